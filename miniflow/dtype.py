@@ -1,0 +1,76 @@
+"""Data types: the four dtypes miniflow knows, their NumPy mapping and the float16 limits.
+
+``float16`` is IEEE binary16: max finite 65504, values >= 65520 round to inf, smallest normal
+2^-14, smallest subnormal 2^-24 (values at or below 2^-25 round to zero). Source: IEEE 754-2008,
+summarised in ``shared/design/REFERENCE.md``.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+__all__ = ["DType", "float64", "float32", "float16", "int64", "as_dtype",
+           "FP16_MAX", "FP16_OVERFLOW", "FP16_MIN_NORMAL", "FP16_MIN_SUBNORMAL"]
+
+FP16_MAX = 65504.0
+"""Largest finite float16 value."""
+FP16_OVERFLOW = 65520.0
+"""Smallest value that rounds to +inf when converted to float16 (round-to-nearest-even)."""
+FP16_MIN_NORMAL = 2.0 ** -14
+FP16_MIN_SUBNORMAL = 2.0 ** -24
+
+
+class DType:
+    """A miniflow dtype: a name, a short printed form (``f32``) and the NumPy dtype of its storage.
+
+    Instances are singletons (``miniflow.float32`` etc.); compare them with ``is`` or ``==``.
+    """
+
+    __slots__ = ("name", "short", "np", "is_float")
+
+    def __init__(self, name: str, short: str, np_dtype, is_float: bool):
+        self.name = name
+        self.short = short
+        self.np = np.dtype(np_dtype)
+        self.is_float = is_float
+
+    @property
+    def itemsize(self) -> int:
+        """Bytes per element."""
+        return self.np.itemsize
+
+    def __repr__(self) -> str:
+        return f"miniflow.{self.name}"
+
+    def __reduce__(self):
+        return (as_dtype, (self.name,))
+
+
+float64 = DType("float64", "f64", np.float64, True)
+float32 = DType("float32", "f32", np.float32, True)
+float16 = DType("float16", "f16", np.float16, True)
+int64 = DType("int64", "i64", np.int64, False)
+
+_ALL = {d.name: d for d in (float64, float32, float16, int64)}
+_BY_NP = {d.np: d for d in _ALL.values()}
+
+
+def as_dtype(x) -> DType:
+    """Convert a DType, a NumPy dtype/type or a name (``"float16"``) to a miniflow DType.
+
+    Integer NumPy types of other widths (int32, uint8) map to int64 is NOT done silently: they raise.
+
+    Raises:
+        TypeError: for a dtype miniflow does not support, naming the supported ones.
+    """
+    if isinstance(x, DType):
+        return x
+    if isinstance(x, str) and x in _ALL:
+        return _ALL[x]
+    try:
+        npd = np.dtype(x)
+    except TypeError:
+        npd = None
+    if npd is not None and npd in _BY_NP:
+        return _BY_NP[npd]
+    raise TypeError(f"unsupported dtype {x!r}: miniflow supports "
+                    f"{', '.join(_ALL)} (convert your array with .astype first)")

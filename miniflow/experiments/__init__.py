@@ -1,0 +1,1 @@
+"""Experiments behind the command-line jobs (training run, stability study)."""

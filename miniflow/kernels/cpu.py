@@ -1,0 +1,102 @@
+"""The CPU backend: ``KERNELS``, op type -> kernel builder.
+
+A builder is ``builder(node, ins, outs) -> list[(fn, args)]``. ``ins`` / ``outs`` are the node's
+preallocated C-contiguous NumPy buffers (float16 as ``np.float16``); the builder runs once, when the
+plan is built, and precomputes everything a step needs (fp16 ``uint16`` views, 1-D/transposed views,
+stride tables, scratch buffers), so that a step is one call ``fn(*args)`` that writes every output
+(update ops write their variable inputs instead) and allocates nothing.
+
+Kernels live in ``cpu_elementwise`` (map / zip / broadcast / cast), ``cpu_reduce`` (reduce_sum,
+softmax family, cross entropy) and ``cpu_update`` (SGD, Adam); this module adds matmul (NumPy's BLAS)
+and the data-movement ops (``np.copyto``: no arithmetic, nothing to convert).
+
+Precision: f16 and f32 compute in float32, f64 in float64; sums accumulate in that type; matmul on
+f16 widens to float32, multiplies in float32 and rounds the product to f16 (a GPU fp16 GEMM's
+contract). float16 conversions: ``miniflow.kernels.fp16``.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from . import cpu_elementwise, cpu_reduce, cpu_update
+from .cpu_common import PARALLEL_MIN_SIZE  # re-exported; builders read cpu_common.PARALLEL_MIN_SIZE
+from .cpu_elementwise import cast_steps
+
+__all__ = ["KERNELS", "PARALLEL_MIN_SIZE"]
+
+
+def build_matmul(node, ins, outs):
+    """``out = op(a) @ op(b)`` (2-D; ``op`` = transpose when ``transpose_a``/``transpose_b``).
+
+    f32/f64: one ``np.matmul`` on precomputed ``.T`` views (BLAS reads them without copying).
+    f16: widen a and b into float32 scratch, matmul in float32, round into out.
+    """
+    a, b, out = ins[0], ins[1], outs[0]
+    steps = []
+    if out.dtype == np.float16:
+        a32, b32, out32 = (np.empty(t.shape, np.float32) for t in (a, b, out))
+        steps += cast_steps(a, a32) + cast_steps(b, b32)
+        a, b, target = a32, b32, out32
+    else:
+        target = out
+    a = a.T if node.attrs.get("transpose_a", False) else a
+    b = b.T if node.attrs.get("transpose_b", False) else b
+    steps.append((np.matmul, (a, b, target)))
+    if target is not out:
+        steps += cast_steps(target, out)
+    return steps
+
+
+def build_reshape(node, ins, outs):
+    """``out = x.reshape(attrs["shape"])`` (a copy: outputs are separate buffers)."""
+    return [(np.copyto, (outs[0].reshape(-1), ins[0].reshape(-1)))]
+
+
+def build_transpose(node, ins, outs):
+    """``out = x.transpose(attrs["perm"])``: ``out[i, j, ...] = x[perm-permuted index]``."""
+    return [(np.copyto, (outs[0], ins[0].transpose(tuple(node.attrs["perm"]))))]
+
+
+def build_broadcast_like(node, ins, outs):
+    """``out = broadcast_to(x, like.shape)``; x is like's shape with ``broadcast_axes`` removed or 1."""
+    x, out = ins[0], outs[0]
+    axes = tuple(node.attrs["broadcast_axes"])
+    if x.ndim < out.ndim:
+        shape = list(x.shape)
+        for ax in sorted(ax % out.ndim for ax in axes):
+            shape.insert(ax, 1)
+        x = x.reshape(shape)
+    return [(np.copyto, (out, x))]
+
+
+def _fill(out: np.ndarray, value: float):
+    """Steps for ``out[...] = value``: converted once here (overflow to inf without a warning)."""
+    with np.errstate(over="ignore"):
+        v = np.array(value, out.dtype)
+    return [(np.copyto, (out, v))]
+
+
+def build_ones_like(node, ins, outs):
+    """``out[...] = 1`` (x is read for its shape only)."""
+    return _fill(outs[0], 1.0)
+
+
+def build_constant(node, ins, outs):
+    """``out[...] = attrs["value"]`` (rounded once to out's dtype, as NumPy does)."""
+    return _fill(outs[0], float(node.attrs["value"]))
+
+
+KERNELS = {
+    **cpu_elementwise.BUILDERS,
+    **cpu_reduce.BUILDERS,
+    **cpu_update.BUILDERS,
+    "matmul": build_matmul,
+    "reshape": build_reshape,
+    "transpose": build_transpose,
+    "broadcast_like": build_broadcast_like,
+    "ones_like": build_ones_like,
+    "constant": build_constant,
+    **dict.fromkeys(("amp_white_identity", "amp_black_identity"),
+                    cpu_elementwise.BUILDERS["identity"]),
+}
+"""Op type -> builder ``(node, ins, outs) -> [(fn, args), ...]`` for the CPU backend."""

@@ -1,0 +1,251 @@
+"""Elementwise CPU kernels and their builders: map, map with a scalar, zip, broadcasting zip, cast.
+
+Every kernel is made by a factory from a scalar function of ``miniflow.kernels.scalar`` (one source
+per loop shape, memoised per ``(fn, parallel)``). Arrays arrive as 1-D kernel views (``flat``); the
+result of ``fn`` is rounded to the output's compute type, then stored (``fp16.store``).
+
+Broadcasting (NumPy rules) is planned once in the builder: dims are aligned, given element strides
+(0 along broadcast dims), size-1 dims dropped and adjacent dims merged where every operand is
+contiguous across them. Same-shape operands reduce to one flat dim and take the flat ``zip`` loop.
+"""
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+
+from . import scalar
+from .cpu_common import flat, jit, jitable, loop_for, use_parallel
+from .fp16 import load, store, to_compute
+
+__all__ = ["map_kernel", "map_scalar_kernel", "zip_kernel", "zip_strided_kernel", "cast_kernel",
+           "broadcast_plan", "map_steps", "zip_steps", "cast_steps", "BUILDERS"]
+
+
+# ----------------------------------------------------------------------------- kernel factories
+for _name in scalar.__all__:      # callable from njit code, also inside fused functions
+    jitable(getattr(scalar, _name))
+
+
+@functools.cache
+def map_kernel(fn, parallel: bool):
+    """``kernel(x, out)``: ``out[i] = fn(x[i])``; x, out 1-D of the same size."""
+    fn, loop = jitable(fn), loop_for(parallel)
+
+    @jit(parallel)
+    def kernel(x, out):
+        for i in loop(out.size):
+            store(out, i, to_compute(out, fn(load(x, i))))
+
+    return kernel
+
+
+@functools.cache
+def map_scalar_kernel(fn, parallel: bool):
+    """``kernel(x, s, out)``: ``out[i] = fn(x[i], s)``, s (a Python float) in x's compute type."""
+    fn, loop = jitable(fn), loop_for(parallel)
+
+    @jit(parallel)
+    def kernel(x, s, out):
+        c = to_compute(x, s)
+        for i in loop(out.size):
+            store(out, i, to_compute(out, fn(load(x, i), c)))
+
+    return kernel
+
+
+@functools.cache
+def zip_kernel(fn, parallel: bool):
+    """``kernel(x, y, out)``: ``out[i] = fn(x[i], y[i])``; all 1-D of the same size."""
+    fn, loop = jitable(fn), loop_for(parallel)
+
+    @jit(parallel)
+    def kernel(x, y, out):
+        for i in loop(out.size):
+            store(out, i, to_compute(out, fn(load(x, i), load(y, i))))
+
+    return kernel
+
+
+@jit(False)
+def _offset(row, shape, strides):
+    """Element offset of the first element of ``row`` (index over all dims but the last)."""
+    off = 0
+    for d in range(shape.size - 2, -1, -1):
+        idx = row % shape[d]
+        row //= shape[d]
+        off += idx * strides[d]
+    return off
+
+
+@functools.cache
+def zip_strided_kernel(fn, parallel: bool):
+    """``kernel(x, y, out, shape, xst, yst)``: ``out[idx] = fn(x[idx . xst], y[idx . yst])``.
+
+    ``shape`` (int64, ndim >= 1, no zeros) is out's collapsed shape, ``xst``/``yst`` element strides
+    (0 = broadcast); x, y, out are 1-D views. Rows (all dims but the last) run in the outer loop.
+    """
+    fn, loop = jitable(fn), loop_for(parallel)
+
+    @jit(parallel)
+    def kernel(x, y, out, shape, xst, yst):
+        inner = shape[shape.size - 1]
+        xs, ys = xst[shape.size - 1], yst[shape.size - 1]
+        for row_ in loop(out.size // inner):
+            row = np.int64(row_)  # prange indices are unsigned
+            xo, yo, base = _offset(row, shape, xst), _offset(row, shape, yst), row * inner
+            for j in range(inner):
+                v = fn(load(x, xo + j * xs), load(y, yo + j * ys))
+                store(out, base + j, to_compute(out, v))
+
+    return kernel
+
+
+@functools.cache
+def cast_kernel(parallel: bool):
+    """``kernel(x, out)``: ``out[i] = x[i]`` converted with one rounding (NumPy ``astype``)."""
+    loop = loop_for(parallel)
+
+    @jit(parallel)
+    def kernel(x, out):
+        for i in loop(out.size):
+            store(out, i, load(x, i))
+
+    return kernel
+
+
+# ----------------------------------------------------------------------------- planning helpers
+def broadcast_plan(out_shape, *in_shapes):
+    """Collapse a NumPy broadcast into ``(shape, [strides per input])`` as int64 arrays.
+
+    ``in_shapes`` broadcast to ``out_shape`` (NumPy rules, aligned on the right). Strides are in
+    elements, 0 along broadcast dims. Returns None when out is empty. A single element gives
+    shape (1,) with stride 0.
+    """
+    out_shape = tuple(out_shape)
+    nd = len(out_shape)
+    if 0 in out_shape:
+        return None
+    per_input = []
+    for s in in_shapes:
+        s = (1,) * (nd - len(s)) + tuple(s)
+        st, acc = [0] * nd, 1
+        for d in range(nd - 1, -1, -1):
+            st[d] = acc if s[d] == out_shape[d] and s[d] != 1 else 0
+            acc *= s[d]
+        per_input.append(st)
+    dims = [d for d in range(nd) if out_shape[d] != 1]
+    shape, strides = [], [[] for _ in in_shapes]
+    for d in dims:
+        n = out_shape[d]
+        if shape and all(st[-1] == src[d] * n for st, src in zip(strides, per_input)):
+            shape[-1] *= n
+            for st, src in zip(strides, per_input):
+                st[-1] = src[d]
+        else:
+            shape.append(n)
+            for st, src in zip(strides, per_input):
+                st.append(src[d])
+    if not shape:
+        shape, strides = [1], [[0] for _ in in_shapes]
+    return np.array(shape, np.int64), [np.array(st, np.int64) for st in strides]
+
+
+def map_steps(fn, x: np.ndarray, out: np.ndarray):
+    """Steps for ``out = fn(x)`` elementwise (same shape)."""
+    return [(map_kernel(fn, use_parallel(out.size)), (flat(x), flat(out)))]
+
+
+def cast_steps(x: np.ndarray, out: np.ndarray):
+    """Steps for ``out = x.astype(out.dtype)`` (same shape)."""
+    return [(cast_kernel(use_parallel(out.size)), (flat(x), flat(out)))]
+
+
+def zip_steps(fn, x: np.ndarray, y: np.ndarray, out: np.ndarray, x_shape=None, y_shape=None):
+    """Steps for ``out = fn(x, y)`` with NumPy broadcasting.
+
+    ``x_shape``/``y_shape`` override the shapes used for broadcasting (bias_add passes b as
+    ``(1, n, 1, ...)``); the arrays themselves are C-contiguous.
+    """
+    x_shape = x.shape if x_shape is None else x_shape
+    y_shape = y.shape if y_shape is None else y_shape
+    plan = broadcast_plan(out.shape, x_shape, y_shape)
+    if plan is None:
+        return []
+    shape, (xst, yst) = plan
+    parallel = use_parallel(out.size)
+    if shape.size == 1 and xst[0] == 1 and yst[0] == 1:
+        return [(zip_kernel(fn, parallel), (flat(x), flat(y), flat(out)))]
+    return [(zip_strided_kernel(fn, parallel), (flat(x), flat(y), flat(out), shape, xst, yst))]
+
+
+# ----------------------------------------------------------------------------- builders
+def _unary(fn):
+    """Builder for ``out = fn(x)``."""
+    return lambda node, ins, outs: map_steps(fn, ins[0], outs[0])
+
+
+def _binary(fn):
+    """Builder for ``out = fn(x, y)`` with broadcasting."""
+    return lambda node, ins, outs: zip_steps(fn, ins[0], ins[1], outs[0])
+
+
+def _with_scalar(fn):
+    """Builder for ``out = fn(x, attrs["scalar"])``."""
+    def build(node, ins, outs):
+        kernel = map_scalar_kernel(fn, use_parallel(outs[0].size))
+        return [(kernel, (flat(ins[0]), float(node.attrs["scalar"]), flat(outs[0])))]
+    return build
+
+
+def build_bias_add(node, ins, outs):
+    """``out = a + b`` with 1-D ``b`` along ``attrs["axis"]``: ``out[i, j, k] = a[i, j, k] + b[j]``."""
+    a, b = ins
+    axis = node.attrs["axis"] % a.ndim
+    b_shape = [1] * a.ndim
+    b_shape[axis] = b.shape[0]
+    return zip_steps(scalar.add, a, b, outs[0], y_shape=tuple(b_shape))
+
+
+def build_add_n(node, ins, outs):
+    """``out = x0 + x1 + ...`` summed in the compute type (float32 scratch for float16)."""
+    out = outs[0]
+    if len(ins) == 1:
+        return cast_steps(ins[0], out)
+    if len(ins) == 2 or out.dtype != np.float16:
+        acc = out
+    else:
+        acc = np.empty(out.shape, np.float32)
+    steps = zip_steps(scalar.add, ins[0], ins[1], acc if len(ins) > 2 else out)
+    for k, x in enumerate(ins[2:], start=3):
+        steps += zip_steps(scalar.add, acc, x, out if k == len(ins) else acc)
+    return steps
+
+
+def build_cast(node, ins, outs):
+    """``out = x.astype(attrs["dtype"])`` (bit-exact with NumPy, incl. fp16 rounding)."""
+    return cast_steps(ins[0], outs[0])
+
+
+BUILDERS = {
+    "negative": _unary(scalar.neg),
+    "exp": _unary(scalar.exp),
+    "log": _unary(scalar.log),
+    "relu": _unary(scalar.relu),
+    "tanh": _unary(scalar.tanh),
+    "sigmoid": _unary(scalar.sigmoid),
+    "identity": _unary(scalar.identity),
+    "scalar_add": _with_scalar(scalar.add),
+    "scalar_mul": _with_scalar(scalar.mul),
+    "broadcast_add": _binary(scalar.add),
+    "broadcast_sub": _binary(scalar.sub),
+    "broadcast_mul": _binary(scalar.mul),
+    "broadcast_div": _binary(scalar.div),
+    "relu_grad": _binary(scalar.relu_grad),
+    "tanh_grad": _binary(scalar.tanh_grad),
+    "sigmoid_grad": _binary(scalar.sigmoid_grad),
+    "bias_add": build_bias_add,
+    "add_n": build_add_n,
+    "cast": build_cast,
+}
+"""Op type -> builder for the elementwise ops."""

@@ -1,0 +1,258 @@
+"""float16 on Numba's CPU target: bit conversions and the typed ``load`` / ``store`` helpers.
+
+Numba's CPU target has no float16 type, so fp16 arrays reach kernels as ``arr.view(np.uint16)``
+(the raw IEEE binary16 bits). Kernels never touch those bits directly; they call
+
+* ``load(a, i)``: the element as its *compute* value: float32 for uint16 (fp16 bits) and float32
+  arrays, float64 for float64, int64 for int64. ``i`` is an int or an index tuple.
+* ``store(a, i, v)``: write ``v`` into ``a``'s storage, rounding once (uint16: round-to-nearest-even
+  to fp16, overflow to inf at >= 65520, subnormals kept).
+* ``to_compute(a, v)``: a scalar ``v`` converted to ``a``'s compute type (float literals in Numba are
+  float64; kernels use this to keep f16/f32 math in float32).
+
+so one kernel source serves f16, f32 and f64.
+They are ``numba.extending.overload`` s resolved by the argument types at compile time (plain calls;
+LLVM inlines them; Numba-IR inlining is avoided, see ``cpu_common.jitable``).
+
+Two conversion paths, chosen once at import (``PATH``):
+
+* ``"intrinsic"``: two LLVM intrinsics, ``bitcast i16->half; fpext half->float`` and
+  ``fptrunc float->half; bitcast half->i16``. With F16C these are single instructions
+  (vcvtph2ps / vcvtps2ph) and bit-exact with NumPy. Used when the target CPU has ``+f16c`` and
+  ``NUMBA_CPU_NAME`` is not ``generic`` (with a generic CPU, LLVM lowers the ``half`` conversions
+  to runtime-library calls instead, and the compiled kernel segfaults).
+* ``"fallback"``: pure integer bit manipulation (``widen_fallback`` / ``narrow_fallback``), with
+  only plain ``bitcast`` between same-width ints and floats. Also bit-exact with NumPy.
+
+``MINIFLOW_FP16_FALLBACK=1`` in the environment *before* miniflow is imported forces the fallback
+(read once, here). Numba's on-disk cache keys a compiled kernel by its signature, bytecode, closure
+and the target CPU name/features, not by which conversion path its helpers used. The automatic
+choice depends only on the CPU name/features, so it is keyed correctly; the forced switch is not, so
+when it is set, ``JIT_CACHE`` is False and kernels compile without the disk cache (no stale
+intrinsic-path code is loaded, none is written). Note also that Numba's cache does not track edits
+to helper modules: after editing this file or ``scalar.py``, clear ``NUMBA_CACHE_DIR``.
+
+float64 -> fp16 (``narrow64``) always uses the integer algorithm: a direct, single rounding (going
+through float32 would round twice), and hardware F16C has no double->half instruction.
+
+Source: IEEE 754-2008 binary16; NumPy's ``npy_half.c`` semantics (tested bit for bit in
+``tests/test_fp16.py``).
+"""
+from __future__ import annotations
+
+import os
+
+import llvmlite.binding as llvm
+import numba
+import numpy as np
+from llvmlite import ir
+from numba import types
+from numba.extending import intrinsic, overload
+
+__all__ = ["PATH", "FORCE_FALLBACK", "JIT_CACHE", "widen", "narrow", "narrow64",
+           "widen_intrinsic", "narrow_intrinsic", "widen_fallback", "narrow_fallback",
+           "load", "store", "to_compute"]
+
+FORCE_FALLBACK = os.environ.get("MINIFLOW_FP16_FALLBACK", "") == "1"
+"""True when ``MINIFLOW_FP16_FALLBACK=1`` was set before import."""
+
+
+def _target_has_f16c() -> bool:
+    """Whether the CPU Numba compiles for has F16C (Numba's own rule for the target CPU)."""
+    if numba.config.CPU_NAME == "generic":
+        return False
+    features = numba.config.CPU_FEATURES
+    if features is None:
+        features = llvm.get_host_cpu_features().flatten()
+    return "+f16c" in features.split(",")
+
+
+PATH = "fallback" if FORCE_FALLBACK or not _target_has_f16c() else "intrinsic"
+"""The conversion path compiled into kernels: ``"intrinsic"`` or ``"fallback"``."""
+
+JIT_CACHE = not FORCE_FALLBACK
+"""``cache=`` for every CPU kernel (off when the fallback is forced; see the module docstring)."""
+
+
+# ----------------------------------------------------------------------------- LLVM intrinsics
+@intrinsic
+def widen_intrinsic(typingctx, bits):
+    """fp16 bits (uint16) -> float32, exact: ``fpext(bitcast(bits to half) to float)``."""
+    if bits != types.uint16:
+        return None
+
+    def codegen(context, builder, sig, args):
+        return builder.fpext(builder.bitcast(args[0], ir.HalfType()), ir.FloatType())
+
+    return types.float32(types.uint16), codegen
+
+
+@intrinsic
+def narrow_intrinsic(typingctx, x):
+    """float32 -> fp16 bits (uint16), round-to-nearest-even: ``bitcast(fptrunc(x to half))``."""
+    if x != types.float32:
+        return None
+
+    def codegen(context, builder, sig, args):
+        return builder.bitcast(builder.fptrunc(args[0], ir.HalfType()), ir.IntType(16))
+
+    return types.uint16(types.float32), codegen
+
+
+def _bitcast_intrinsic(src, dst, llvm_dst):
+    """An intrinsic reinterpreting the bits of a ``src`` scalar as ``dst`` (same width)."""
+    @intrinsic
+    def bitcast(typingctx, x):
+        if x != src:
+            return None
+
+        def codegen(context, builder, sig, args):
+            return builder.bitcast(args[0], llvm_dst)
+
+        return dst(src), codegen
+
+    return bitcast
+
+
+_u32_as_f32 = _bitcast_intrinsic(types.uint32, types.float32, ir.FloatType())
+_f64_as_i64 = _bitcast_intrinsic(types.float64, types.int64, ir.IntType(64))
+
+
+# ----------------------------------------------------------------------------- integer algorithms
+# All integer arithmetic is int64: Numba types uint64 op int64 as float64, and every intermediate
+# here fits comfortably in 63 bits.
+@numba.njit(cache=JIT_CACHE)
+def widen_fallback(bits):
+    """fp16 bits (uint16) -> float32, exact, by integer manipulation of the bit fields.
+
+    Normal: exponent rebiased (15 -> 127); subnormal m * 2^-24: normalised; inf kept; NaN keeps its
+    sign and payload, with the quiet bit set (as F16C's vcvtph2ps does).
+    """
+    h = np.int64(bits)
+    sign = (h & 0x8000) << 16
+    exp = (h >> 10) & 0x1F
+    mant = h & 0x3FF
+    if exp == 0x1F:
+        out = sign | 0x7F800000 | (mant << 13)
+        if mant != 0:
+            out |= 0x00400000
+    elif exp != 0:
+        out = sign | ((exp + 112) << 23) | (mant << 13)
+    elif mant == 0:
+        out = sign
+    else:
+        shift = 0
+        while (mant & 0x400) == 0:
+            mant <<= 1
+            shift += 1
+        out = sign | ((113 - shift) << 23) | ((mant & 0x3FF) << 13)
+    return _u32_as_f32(np.uint32(out))
+
+
+@numba.njit(cache=JIT_CACHE)
+def narrow64(x):
+    """float64 -> fp16 bits (uint16) with one round-to-nearest-even (used by both paths).
+
+    |x| >= 65520 -> inf; |x| <= 2^-25 -> signed zero; in between subnormals are kept;
+    NaN -> quiet NaN with x's sign.
+    """
+    b = _f64_as_i64(np.float64(x))
+    sign = np.int64(0x8000) if b < 0 else np.int64(0)
+    a = b & 0x7FFFFFFFFFFFFFFF
+    exp = a >> 52
+    mant = a & 0xFFFFFFFFFFFFF
+    if exp == 0x7FF:
+        if mant == 0:
+            return np.uint16(sign | 0x7C00)
+        return np.uint16(sign | 0x7E00 | (mant >> 42))
+    e = exp - 1023
+    if e >= 16:
+        return np.uint16(sign | 0x7C00)
+    if e < -25:
+        return np.uint16(sign)
+    if e >= -14:                       # normal: keep 10 of 52 mantissa bits
+        h = ((e + 15) << 10) | (mant >> 42)
+        shift = np.int64(42)
+        rem = mant & ((np.int64(1) << 42) - 1)
+    else:                              # subnormal: units of 2^-24
+        sig = mant | (np.int64(1) << 52)
+        shift = 28 - e
+        h = sig >> shift
+        rem = sig & ((np.int64(1) << shift) - 1)
+    half = np.int64(1) << (shift - 1)
+    if rem > half or (rem == half and (h & 1) == 1):
+        h += 1                         # a carry into the exponent is right, up to inf (0x7C00)
+    return np.uint16(sign | h)
+
+
+@numba.njit(cache=JIT_CACHE)
+def narrow_fallback(x):
+    """float32 -> fp16 bits (uint16), round-to-nearest-even: float32 -> float64 is exact, so
+    ``narrow64`` rounds once, exactly like ``fptrunc float->half``."""
+    return narrow64(np.float64(x))
+
+
+widen = widen_intrinsic if PATH == "intrinsic" else widen_fallback
+"""fp16 bits -> float32 on the selected path (callable from njit code)."""
+narrow = narrow_intrinsic if PATH == "intrinsic" else narrow_fallback
+"""float32 -> fp16 bits on the selected path (callable from njit code)."""
+
+
+# ----------------------------------------------------------------------------- load / store
+def _compute_type(dtype):
+    """The Numba compute type of an array's storage dtype (None if unsupported)."""
+    return {types.uint16: types.float32, types.float32: types.float32,
+            types.float64: types.float64, types.int64: types.int64}.get(dtype)
+
+
+def load(a, i):
+    """``a[i]`` as its compute value (njit only): fp16 bits widen to float32."""
+    raise NotImplementedError("load is only callable from Numba-compiled code")
+
+
+def store(a, i, v):
+    """``a[i] = v`` converted to ``a``'s storage with one rounding (njit only)."""
+    raise NotImplementedError("store is only callable from Numba-compiled code")
+
+
+def to_compute(a, v):
+    """Scalar ``v`` as ``a``'s compute type (njit only)."""
+    raise NotImplementedError("to_compute is only callable from Numba-compiled code")
+
+
+@overload(load)
+def _load(a, i):
+    if a.dtype == types.uint16:
+        return lambda a, i: widen(a[i])
+    if _compute_type(a.dtype) is not None:
+        return lambda a, i: a[i]
+    return None
+
+
+@overload(store)
+def _store(a, i, v):
+    if a.dtype == types.uint16:
+        if v == types.float32:
+            def impl(a, i, v):
+                a[i] = narrow(v)
+        else:
+            def impl(a, i, v):
+                a[i] = narrow64(np.float64(v))
+        return impl
+    if _compute_type(a.dtype) is not None:
+        def impl(a, i, v):
+            a[i] = v
+        return impl
+    return None
+
+
+@overload(to_compute)
+def _to_compute(a, v):
+    ct = _compute_type(a.dtype)
+    if ct == types.float32:
+        return lambda a, v: np.float32(v)
+    if ct == types.float64:
+        return lambda a, v: np.float64(v)
+    if ct == types.int64:
+        return lambda a, v: np.int64(v)
+    return None

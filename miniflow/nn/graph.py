@@ -1,0 +1,199 @@
+"""``nn.Graph``: OneFlow's lazy-graph API (``oneflow.nn.Graph``).
+
+Subclass it, assign modules as attributes, call ``self.add_optimizer(opt)`` and implement
+``build(*inputs)``. The first call with a new input signature (shapes and dtypes) traces ``build``
+into an IR graph, runs the pass pipeline and builds a plan; later calls with that signature only
+copy the inputs in and run the plan. Up to :attr:`Graph.max_plans` plans are kept (least recently
+used evicted). Parameters and optimizer state are graph variables shared by every plan.
+"""
+from __future__ import annotations
+
+import inspect
+from collections import OrderedDict
+
+import numpy as np
+
+from ..amp.lists import AmpLists
+from ..amp.report import AmpReport, amp_report
+from ..dtype import as_dtype, float16
+from ..ir import Graph as IRGraph
+from ..passes.auto_mixed_precision import AmpConfig
+from ..passes.pipeline import CompileContext, run_passes
+from ..runtime.backend import get_backend
+from ..runtime.plan import Plan
+from ..tensor import Tensor
+from ..trace import Tracer
+from .module import Module
+
+__all__ = ["Graph", "GraphConfig"]
+
+
+class GraphConfig:
+    """Per-graph options (``self.config`` inside an nn.Graph); set them before the first call.
+
+    Attributes:
+        print_ir: print the IR after trace and after every pass when a plan is compiled.
+        amp: the AMP settings (an ``AmpConfig``), or None when AMP is off.
+    """
+
+    def __init__(self):
+        self.print_ir = False
+        self.amp: AmpConfig | None = None
+
+    def debug(self, print_ir: bool = True) -> None:
+        """Print the IR after every pass at the next compilation."""
+        self.print_ir = bool(print_ir)
+
+    def enable_amp(self, enabled: bool = True, dtype=float16, *, lists: AmpLists | None = None,
+                   white_add=(), black_add=(), gray_add=(), clear_add=(), white_remove=(),
+                   black_remove=(), gray_remove=(), clear_remove=()) -> None:
+        """Turn automatic mixed precision on (or off with ``enabled=False``).
+
+        The AMP pass then runs after autograd on the forward and backward graph: white ops run in
+        ``dtype`` (float16), casts go on the edges between white and other ops, parameters stay
+        float32 master weights (OneFlow's ``config.enable_amp``).
+
+        Args:
+            dtype: the half type; only ``miniflow.float16``.
+            lists: the op type lists to start from (an :class:`~miniflow.amp.AmpLists`; default
+                OneFlow's lists, ``miniflow.amp.lists``); it is copied.
+            white_add ... clear_add: op type names to put in that list (out of any other).
+            white_remove ... clear_remove: op type names to take out of that list (unlisted).
+
+        Raises:
+            TypeError: ``dtype`` is not float16.
+            ValueError: an unknown op type name, or one that is not in the list it is removed from.
+        """
+        if not enabled:
+            self.amp = None
+            return
+        lists = (AmpLists() if lists is None else lists).with_changes(
+            add={"white": white_add, "black": black_add, "gray": gray_add, "clear": clear_add},
+            remove={"white": white_remove, "black": black_remove, "gray": gray_remove,
+                    "clear": clear_remove})
+        self.amp = AmpConfig(lists, dtype)
+
+
+class Graph:
+    """Base class of lazily compiled models. See the module docstring."""
+
+    max_plans = 8
+
+    def __init__(self):
+        self.config = GraphConfig()
+        self._optimizers: list = []
+        self._plans: "OrderedDict[tuple, Plan]" = OrderedDict()
+        self.ir: IRGraph | None = None
+        self.compile_count = 0
+        self._amp_result = None
+
+    def build(self, *inputs):
+        raise NotImplementedError(f"{type(self).__name__} must implement build(*inputs)")
+
+    def add_optimizer(self, optimizer) -> None:
+        """Train the optimizer's parameters with the loss marked by ``backward()`` in build."""
+        self._optimizers.append(optimizer)
+
+    # ------------------------------------------------------------------ modules & names
+    def _modules(self):
+        return [(k, v) for k, v in vars(self).items() if isinstance(v, Module)]
+
+    def named_parameters(self):
+        """``(name, Parameter)`` for every module attribute, names prefixed by the attribute."""
+        seen = set()
+        for attr, m in self._modules():
+            for name, p in m.named_parameters(attr + "."):
+                if id(p) not in seen:
+                    seen.add(id(p))
+                    yield name, p
+
+    # ------------------------------------------------------------------ calling
+    def __call__(self, *inputs):
+        """Run the graph on NumPy arrays (or eager Tensors); returns Tensor(s) as build returned.
+
+        Raises:
+            TypeError: wrong number of inputs, or an unsupported dtype.
+            ValueError/TypeError from op inference when build cannot trace with these inputs.
+        """
+        arrays = [self._as_array(i, x) for i, x in enumerate(inputs)]
+        key = tuple((a.shape, a.dtype.str) for a in arrays)
+        plan = self._plans.get(key)
+        if plan is None:
+            plan = self._compile(arrays)
+            self._plans[key] = plan
+            if len(self._plans) > self.max_plans:
+                self._plans.popitem(last=False)
+        else:
+            self._plans.move_to_end(key)
+        outs = plan.run(arrays)
+        self._after_run(plan)
+        result = tuple(Tensor(get_backend().from_numpy(o)) for o in outs)
+        return result[0] if self._single_output else result
+
+    def _after_run(self, plan) -> None:
+        """Hook for subclasses/extensions that read state after a step (loss scaling)."""
+
+    @staticmethod
+    def _as_array(i: int, x) -> np.ndarray:
+        if isinstance(x, Tensor):
+            x = x.numpy()
+        arr = np.ascontiguousarray(x)
+        try:
+            as_dtype(arr.dtype)
+        except TypeError as e:
+            raise TypeError(f"graph input {i}: {e}") from None
+        return arr
+
+    def _compile(self, arrays) -> Plan:
+        sig = inspect.signature(self.build)
+        params = list(sig.parameters.values())
+        if not any(p.kind == p.VAR_POSITIONAL for p in params) and len(params) != len(arrays):
+            raise TypeError(f"{type(self).__name__}.build takes {len(params)} input(s) "
+                            f"({', '.join(p.name for p in params)}), got {len(arrays)}")
+        names = [p.name for p in params if p.kind != p.VAR_POSITIONAL]
+        names += [f"input{i}" for i in range(len(names), len(arrays))]
+        graph = IRGraph()
+        param_names = {id(p): name for name, p in self.named_parameters()}
+        tracer = Tracer(graph, param_names)
+        with tracer:
+            lazy = [Tensor(_value=graph.add_input(n, a.shape, as_dtype(a.dtype)), _tracer=tracer)
+                    for n, a in zip(names, arrays)]
+            out = self.build(*lazy)
+        self._single_output = not isinstance(out, (tuple, list))
+        outs = [out] if self._single_output else list(out)
+        for o in outs:
+            if not isinstance(o, Tensor):
+                raise TypeError(f"build must return Tensors, got {type(o).__name__}")
+        graph.outputs = [tracer.value_of(o) for o in outs]
+        if graph.loss is None and self._optimizers:
+            raise RuntimeError("this graph has an optimizer but build never called loss.backward()")
+        ctx = self._compile_context(param_names)
+        graph = run_passes(graph, ctx)
+        self.ir = graph
+        self._amp_result = ctx.amp_result
+        self.compile_count += 1
+        return Plan(graph, get_backend())
+
+    def _compile_context(self, param_names) -> CompileContext:
+        trainable = [param_names[id(p)] for opt in self._optimizers for p in opt.params
+                     if id(p) in param_names]
+        return CompileContext(trainable=trainable, optimizers=self._optimizers,
+                              param_names=param_names, amp=self.config.amp,
+                              print_ir=self.config.print_ir)
+
+    def amp_report(self) -> AmpReport:
+        """What AMP decided for the last compiled plan: per node its color, dtype and the rule or
+        neighbour that decided it; counts of float16 nodes, float32 nodes and inserted casts.
+
+        Raises:
+            RuntimeError: AMP is not enabled, or the graph has not been called (compiled) yet.
+        """
+        if self._amp_result is None:
+            raise RuntimeError(f"{type(self).__name__}.amp_report(): no AMP decisions yet; enable "
+                               "AMP (self.config.enable_amp()) and call the graph once")
+        return amp_report(self._amp_result, self.ir)
+
+    @property
+    def plans(self) -> "OrderedDict[tuple, Plan]":
+        """The cached plans, keyed by input signature, least recently used first."""
+        return self._plans

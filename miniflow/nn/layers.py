@@ -1,0 +1,69 @@
+"""Layers: Linear, ReLU, Sequential (PyTorch's ``torch.nn`` names, shapes and initialisation)."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from ..random import generator
+from . import functional as F
+from .module import Module, Parameter
+
+__all__ = ["Linear", "ReLU", "Sequential"]
+
+
+class Linear(Module):
+    """``y = x @ weight.T + bias``; x [..., in_features] -> y [..., out_features].
+
+    weight: f32[out_features, in_features], bias: f32[out_features]; both initialised
+    U(-1/sqrt(in_features), 1/sqrt(in_features)) like PyTorch (kaiming_uniform with a=sqrt(5)).
+    """
+
+    def __init__(self, in_features: int, out_features: int, bias: bool = True):
+        super().__init__()
+        if in_features <= 0 or out_features <= 0:
+            raise ValueError(f"Linear: in_features and out_features must be positive, got "
+                             f"{in_features}, {out_features}")
+        self.in_features, self.out_features = int(in_features), int(out_features)
+        bound = 1.0 / math.sqrt(in_features)
+        g = generator()
+        self.weight = Parameter(g.uniform(-bound, bound, (out_features, in_features))
+                                .astype(np.float32))
+        self.bias = (Parameter(g.uniform(-bound, bound, out_features).astype(np.float32))
+                     if bias else None)
+
+    def forward(self, x):
+        return F.linear(x, self.weight, self.bias)
+
+    def extra_repr(self):
+        return (f"in_features={self.in_features}, out_features={self.out_features}, "
+                f"bias={self.bias is not None}")
+
+
+class ReLU(Module):
+    """``max(x, 0)`` elementwise."""
+
+    def forward(self, x):
+        return F.relu(x)
+
+
+class Sequential(Module):
+    """Modules applied in order; parameters named by position (``0.weight``)."""
+
+    def __init__(self, *modules: Module):
+        super().__init__()
+        for i, m in enumerate(modules):
+            if not isinstance(m, Module):
+                raise TypeError(f"Sequential: argument {i} is {type(m).__name__}, not a Module")
+            setattr(self, str(i), m)
+
+    def forward(self, x):
+        for m in self._modules.values():
+            x = m(x)
+        return x
+
+    def __getitem__(self, i: int) -> Module:
+        return list(self._modules.values())[i]
+
+    def __len__(self) -> int:
+        return len(self._modules)

@@ -1,0 +1,108 @@
+"""Helpers shared by op definitions: input checks with clear messages, sample data, un-broadcasting."""
+from __future__ import annotations
+
+import numpy as np
+
+from ..dtype import DType, float16, float32, float64, int64
+from ..ir import format_shape
+
+FLOATS = (float16, float32, float64)
+
+
+def fmt(v) -> str:
+    """``%3 (f32[64,10])`` for error messages."""
+    return f"%{v.name} ({v.type_str})"
+
+
+def check_arity(op: str, inputs, n: int) -> None:
+    """Raise ValueError unless ``op`` got exactly ``n`` inputs."""
+    if len(inputs) != n:
+        raise ValueError(f"{op}: expects {n} input(s), got {len(inputs)}")
+
+
+def check_float(op: str, *vals) -> DType:
+    """All ``vals`` must share one floating dtype; returns it. Raises TypeError naming the op."""
+    dt = vals[0].dtype
+    for v in vals:
+        if not v.dtype.is_float:
+            raise TypeError(f"{op}: input {fmt(v)} must be floating point (f16/f32/f64); "
+                            f"cast it with .to(miniflow.float32)")
+        if v.dtype is not dt:
+            raise TypeError(f"{op}: inputs have different dtypes: "
+                            + ", ".join(fmt(x) for x in vals)
+                            + "; cast one of them with .to() so they match")
+    return dt
+
+
+def norm_axes(op: str, axis, ndim: int) -> tuple:
+    """Normalise ``axis`` (None, int or sequence) to a sorted tuple of non-negative ints."""
+    if axis is None:
+        return tuple(range(ndim))
+    if isinstance(axis, (int, np.integer)):
+        axis = (int(axis),)
+    out = []
+    for a in axis:
+        a = int(a)
+        if not -ndim <= a < max(ndim, 1) or (ndim == 0):
+            raise ValueError(f"{op}: axis {a} is out of range for a tensor of rank {ndim}")
+        out.append(a % ndim)
+    if len(set(out)) != len(out):
+        raise ValueError(f"{op}: repeated axis in {tuple(axis)}")
+    return tuple(sorted(out))
+
+
+def broadcast_shape(op: str, a, b) -> tuple:
+    """NumPy broadcasting of two Values' shapes; ValueError naming the op and both shapes."""
+    try:
+        return tuple(np.broadcast_shapes(a.shape, b.shape))
+    except ValueError:
+        raise ValueError(f"{op}: shapes {format_shape(a.shape)} of %{a.name} and "
+                         f"{format_shape(b.shape)} of %{b.name} cannot be broadcast together") from None
+
+
+def y_dy_infer(op: str):
+    """Inference for activation-gradient ops ``op(y, dy) -> dx``: same shape and float dtype."""
+    def infer(inputs, attrs):
+        check_arity(op, inputs, 2)
+        dt = check_float(op, *inputs)
+        if inputs[0].shape != inputs[1].shape:
+            raise ValueError(f"{op}: y {fmt(inputs[0])} and dy {fmt(inputs[1])} must have one shape")
+        return [(inputs[0].shape, dt)]
+    return infer
+
+
+def unbroadcast(emit, g, shape: tuple):
+    """Sum gradient ``g`` over the axes that broadcasting expanded, back to ``shape``."""
+    if g.shape == tuple(shape):
+        return g
+    lead = len(g.shape) - len(shape)
+    axes = tuple(range(lead)) + tuple(lead + i for i, s in enumerate(shape)
+                                      if s == 1 and g.shape[lead + i] != 1)
+    r = emit("reduce_sum", g, axis=axes, keepdims=False) if axes else g
+    if r.shape != tuple(shape):
+        r = emit("reshape", r, shape=tuple(shape))
+    return r
+
+
+# --------------------------------------------------------------------- samples for kernel tests
+def rng() -> np.random.Generator:
+    """A fixed-seed generator, so sample inputs are the same in every test process."""
+    return np.random.default_rng(1234)
+
+
+def rand(*shape, dtype=np.float32, lo=-2.0, hi=2.0, r=None) -> np.ndarray:
+    """Uniform random array in [lo, hi) of ``dtype``."""
+    r = r if r is not None else rng()
+    return r.uniform(lo, hi, size=shape).astype(dtype)
+
+
+def float_samples(make):
+    """Run ``make(np_dtype) -> list[(inputs, attrs)]`` for f32 and f16 and concatenate."""
+    out = []
+    for dt in (np.float32, np.float16):
+        out.extend(make(dt))
+    return out
+
+
+__all__ = ["FLOATS", "fmt", "check_arity", "check_float", "norm_axes", "broadcast_shape",
+           "unbroadcast", "y_dy_infer", "rand", "rng", "float_samples", "int64", "float32"]

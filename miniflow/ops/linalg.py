@@ -1,0 +1,64 @@
+"""``matmul``: 2-D matrix product with optional transposes (OneFlow ``matmul`` op).
+
+Gradient (OneFlow ``matmul`` backward): for out = op(a) @ op(b),
+``da = dy @ b^T`` (or its transposed form), ``db = a^T @ dy``, emitted as matmul nodes with the
+transpose flags chosen so no explicit transpose node is needed.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .common import check_arity, check_float, float_samples, fmt, rand
+from .registry import register
+
+
+def _norm(inputs, attrs):
+    return {"transpose_a": bool(attrs.get("transpose_a", False)),
+            "transpose_b": bool(attrs.get("transpose_b", False))}
+
+
+def _infer(inputs, attrs):
+    check_arity("matmul", inputs, 2)
+    a, b = inputs
+    dt = check_float("matmul", a, b)
+    if len(a.shape) != 2 or len(b.shape) != 2:
+        raise ValueError(f"matmul: both inputs must be 2-D, got {fmt(a)} and {fmt(b)}")
+    m, k = a.shape[::-1] if attrs["transpose_a"] else a.shape
+    k2, n = b.shape[::-1] if attrs["transpose_b"] else b.shape
+    if k != k2:
+        raise ValueError(f"matmul: inner dimensions differ: {fmt(a)} "
+                         f"(transpose_a={attrs['transpose_a']}) and {fmt(b)} "
+                         f"(transpose_b={attrs['transpose_b']}) give {k} vs {k2}")
+    return [((m, n), dt)]
+
+
+def _grad(n, gs, emit):
+    a, b = n.inputs
+    dy = gs[0]
+    ta, tb = n.attrs["transpose_a"], n.attrs["transpose_b"]
+    # da: shape of a.  out = A @ B with A = op(a), B = op(b); dA = dy @ B^T, dB = A^T @ dy.
+    if not ta:
+        da = emit("matmul", dy, b, transpose_a=False, transpose_b=not tb)
+    else:  # a = A^T -> da = dA^T = B @ dy^T
+        da = emit("matmul", b, dy, transpose_a=tb, transpose_b=True)
+    if not tb:
+        db = emit("matmul", a, dy, transpose_a=not ta, transpose_b=False)
+    else:  # b = B^T -> db = dB^T = dy^T @ A
+        db = emit("matmul", dy, a, transpose_a=True, transpose_b=ta)
+    return [da, db]
+
+
+def _samples():
+    def make(dt):
+        r = np.random.default_rng(11)
+        return [([rand(5, 3, dtype=dt, r=r), rand(3, 7, dtype=dt, r=r)], {}),
+                ([rand(3, 5, dtype=dt, r=r), rand(3, 7, dtype=dt, r=r)], {"transpose_a": True}),
+                ([rand(5, 3, dtype=dt, r=r), rand(7, 3, dtype=dt, r=r)], {"transpose_b": True}),
+                ([rand(1, 1, dtype=dt, r=r), rand(1, 2, dtype=dt, r=r)], {}),
+                ([rand(2, 0, dtype=dt, r=r), rand(0, 3, dtype=dt, r=r)], {}),
+                ([np.full((1, 4), 200.0, dt), np.full((4, 1), 100.0, dt)], {})]
+    return float_samples(make)
+
+
+register("matmul", _infer, normalize=_norm, grad=_grad, samples=_samples,
+         doc="out[m, n] = sum_k op(a)[m, k] * op(b)[k, n], op = transpose if flagged")

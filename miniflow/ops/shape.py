@@ -1,0 +1,239 @@
+"""Reductions, layout and creation ops: reduce_sum, broadcast_like, add_n, reshape, transpose,
+ones_like, constant, cast.
+
+Gradients (OneFlow): reduce_sum -> broadcast_like(dy, x); broadcast_like -> reduce_sum;
+reshape -> reshape back; transpose -> inverse transpose; cast -> cast back to the input dtype.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ..dtype import as_dtype
+from ..ir import format_shape
+from .common import check_arity, check_float, float_samples, fmt, norm_axes, rand
+from .registry import register
+
+
+# ------------------------------------------------------------------------------ reduce_sum
+def _reduce_norm(inputs, attrs):
+    ndim = len(inputs[0].shape) if inputs else 0
+    attrs["axis"] = norm_axes("reduce_sum", attrs.get("axis"), ndim) if ndim else ()
+    attrs["keepdims"] = bool(attrs.get("keepdims", False))
+    return attrs
+
+
+def _reduce_infer(inputs, attrs):
+    check_arity("reduce_sum", inputs, 1)
+    x = inputs[0]
+    dt = check_float("reduce_sum", x)
+    axes = attrs["axis"]
+    if attrs["keepdims"]:
+        shape = tuple(1 if i in axes else s for i, s in enumerate(x.shape))
+    else:
+        shape = tuple(s for i, s in enumerate(x.shape) if i not in axes)
+    return [(shape, dt)]
+
+
+def _reduce_grad(n, gs, emit):
+    return [emit("broadcast_like", gs[0], n.inputs[0], broadcast_axes=n.attrs["axis"])]
+
+
+def _reduce_samples():
+    def make(dt):
+        x = rand(3, 4, 5, dtype=dt)
+        return [([x], {"axis": (1,)}), ([x], {"axis": (0, 2)}), ([x], {"axis": (0, 1, 2)}),
+                ([x], {"axis": (2,), "keepdims": True}), ([rand(0, 3, dtype=dt)], {"axis": (0,)}),
+                ([np.full((4,), 30000.0, dt)], {"axis": (0,)}),
+                ([np.array([1.0, np.nan], dt)], {"axis": (0,)})]
+    return float_samples(make)
+
+
+register("reduce_sum", _reduce_infer, normalize=_reduce_norm, grad=_reduce_grad,
+         samples=_reduce_samples, doc="out = sum of x over `axis` (accumulated in f32/f64)")
+
+
+# ------------------------------------------------------------------------------ broadcast_like
+def _bl_norm(inputs, attrs):
+    ndim = len(inputs[1].shape) if len(inputs) > 1 else 0
+    attrs["broadcast_axes"] = norm_axes("broadcast_like", attrs.get("broadcast_axes", ()), ndim) \
+        if ndim else ()
+    return attrs
+
+
+def _bl_infer(inputs, attrs):
+    check_arity("broadcast_like", inputs, 2)
+    x, like = inputs
+    dt = check_float("broadcast_like", x)
+    axes = attrs["broadcast_axes"]
+    removed = tuple(s for i, s in enumerate(like.shape) if i not in axes)
+    kept = tuple(1 if i in axes else s for i, s in enumerate(like.shape))
+    if x.shape not in (removed, kept):
+        raise ValueError(f"broadcast_like: x {fmt(x)} cannot broadcast to like {fmt(like)} "
+                         f"along axes {axes}: expected {format_shape(removed)} or "
+                         f"{format_shape(kept)}")
+    return [(like.shape, dt)]
+
+
+def _bl_grad(n, gs, emit):
+    x = n.inputs[0]
+    keep = len(x.shape) == len(n.inputs[1].shape) and len(n.attrs["broadcast_axes"]) > 0
+    return [emit("reduce_sum", gs[0], axis=n.attrs["broadcast_axes"], keepdims=keep), None]
+
+
+def _bl_samples():
+    def make(dt):
+        return [([rand(3, dtype=dt), rand(2, 3, dtype=dt)], {"broadcast_axes": (0,)}),
+                ([rand(2, 1, dtype=dt), rand(2, 5, dtype=dt)], {"broadcast_axes": (1,)}),
+                ([rand(dtype=dt), rand(2, 3, dtype=dt)], {"broadcast_axes": (0, 1)})]
+    return float_samples(make)
+
+
+register("broadcast_like", _bl_infer, normalize=_bl_norm, grad=_bl_grad, samples=_bl_samples,
+         doc="out (shape of like) = x repeated along broadcast_axes")
+
+
+# ------------------------------------------------------------------------------ add_n
+def _add_n_infer(inputs, attrs):
+    if not inputs:
+        raise ValueError("add_n: needs at least one input")
+    dt = check_float("add_n", *inputs)
+    for v in inputs[1:]:
+        if v.shape != inputs[0].shape:
+            raise ValueError(f"add_n: inputs must share one shape, got {fmt(inputs[0])} and {fmt(v)}")
+    return [(inputs[0].shape, dt)]
+
+
+def _add_n_samples():
+    def make(dt):
+        r = np.random.default_rng(5)
+        return [([rand(3, 4, dtype=dt, r=r) for _ in range(3)], {}),
+                ([rand(5, dtype=dt, r=r)], {})]
+    return float_samples(make)
+
+
+register("add_n", _add_n_infer, grad=lambda n, gs, emit: [gs[0]] * len(n.inputs),
+         samples=_add_n_samples, doc="out = x0 + x1 + ... (sums fan-out gradients)")
+
+
+# ------------------------------------------------------------------------------ reshape / transpose
+def _reshape_norm(inputs, attrs):
+    shape = list(attrs["shape"])
+    size = inputs[0].size if inputs else 0
+    if shape.count(-1) > 1:
+        raise ValueError(f"reshape: at most one -1 allowed in {tuple(shape)}")
+    if -1 in shape:
+        known = int(np.prod([s for s in shape if s != -1], dtype=np.int64))
+        if known == 0 or size % known:
+            raise ValueError(f"reshape: cannot reshape {fmt(inputs[0])} to {tuple(shape)}")
+        shape[shape.index(-1)] = size // known
+    attrs["shape"] = tuple(int(s) for s in shape)
+    return attrs
+
+
+def _reshape_infer(inputs, attrs):
+    check_arity("reshape", inputs, 1)
+    x = inputs[0]
+    shape = attrs["shape"]
+    if int(np.prod(shape, dtype=np.int64)) != x.size or any(s < 0 for s in shape):
+        raise ValueError(f"reshape: cannot reshape {fmt(x)} ({x.size} elements) to "
+                         f"{format_shape(shape)}")
+    return [(shape, x.dtype)]
+
+
+register("reshape", _reshape_infer, normalize=_reshape_norm,
+         grad=lambda n, gs, emit: [emit("reshape", gs[0], shape=n.inputs[0].shape)],
+         samples=lambda: float_samples(lambda dt: [([rand(3, 4, dtype=dt)], {"shape": (2, 6)}),
+                                                   ([rand(3, 4, dtype=dt)], {"shape": (12,)})]),
+         doc="out = x with a new shape (same elements, C order)")
+
+
+def _transpose_norm(inputs, attrs):
+    ndim = len(inputs[0].shape) if inputs else 0
+    perm = attrs.get("perm")
+    perm = tuple(reversed(range(ndim))) if perm is None else tuple(int(p) % max(ndim, 1) for p in perm)
+    attrs["perm"] = perm
+    return attrs
+
+
+def _transpose_infer(inputs, attrs):
+    check_arity("transpose", inputs, 1)
+    x = inputs[0]
+    perm = attrs["perm"]
+    if sorted(perm) != list(range(len(x.shape))):
+        raise ValueError(f"transpose: perm {perm} is not a permutation of the axes of {fmt(x)}")
+    return [(tuple(x.shape[p] for p in perm), x.dtype)]
+
+
+def _transpose_grad(n, gs, emit):
+    inv = tuple(int(i) for i in np.argsort(n.attrs["perm"]))
+    return [emit("transpose", gs[0], perm=inv)]
+
+
+register("transpose", _transpose_infer, normalize=_transpose_norm, grad=_transpose_grad,
+         samples=lambda: float_samples(lambda dt: [([rand(3, 4, dtype=dt)], {"perm": (1, 0)}),
+                                                   ([rand(2, 3, 4, dtype=dt)], {"perm": (2, 0, 1)})]),
+         doc="out = x with axes permuted by perm")
+
+
+# ------------------------------------------------------------------------------ creation
+def _ones_like_infer(inputs, attrs):
+    check_arity("ones_like", inputs, 1)
+    return [(inputs[0].shape, inputs[0].dtype)]
+
+
+register("ones_like", _ones_like_infer, grad=lambda n, gs, emit: [None],
+         samples=lambda: float_samples(lambda dt: [([rand(2, 3, dtype=dt)], {}),
+                                                   ([rand(dtype=dt)], {})]),
+         doc="out = 1 with the shape/dtype of x (x is a real input, as in OneFlow)")
+
+
+def _constant_norm(inputs, attrs):
+    attrs["value"] = float(attrs["value"])
+    attrs["shape"] = tuple(int(s) for s in attrs.get("shape", ()))
+    attrs["dtype"] = as_dtype(attrs.get("dtype", "float32"))
+    return attrs
+
+
+def _constant_infer(inputs, attrs):
+    check_arity("constant", inputs, 0)
+    return [(attrs["shape"], attrs["dtype"])]
+
+
+register("constant", _constant_infer, normalize=_constant_norm, grad=lambda n, gs, emit: [],
+         samples=lambda: [([], {"value": 3.0, "shape": (2, 3), "dtype": d})
+                          for d in ("float32", "float16")]
+         + [([], {"value": 65536.0, "shape": (1,), "dtype": "float16"})],
+         doc="out = value, filled, with attrs shape and dtype")
+
+
+# ------------------------------------------------------------------------------ cast
+def _cast_norm(inputs, attrs):
+    attrs["dtype"] = as_dtype(attrs["dtype"])
+    return attrs
+
+
+def _cast_infer(inputs, attrs):
+    check_arity("cast", inputs, 1)
+    return [(inputs[0].shape, attrs["dtype"])]
+
+
+def _cast_grad(n, gs, emit):
+    x = n.inputs[0]
+    if not x.dtype.is_float:
+        return [None]
+    return [emit("cast", gs[0], dtype=x.dtype)]
+
+
+def _cast_samples():
+    special = np.array([65504, 65519.99, 65520, 2.0 ** -24, 2.0 ** -25, 3 * 2.0 ** -26,
+                        np.inf, -np.inf, np.nan, -1.5, 0.0], np.float32)
+    out = [([special], {"dtype": "float16"}), ([rand(7, 3)], {"dtype": "float16"}),
+           ([special.astype(np.float16)], {"dtype": "float32"}),
+           ([rand(3, 2, dtype=np.float16)], {"dtype": "float32"}),
+           ([np.arange(5, dtype=np.int64)], {"dtype": "float32"})]
+    return out
+
+
+register("cast", _cast_infer, normalize=_cast_norm, grad=_cast_grad, samples=_cast_samples,
+         doc="out = x converted to attrs dtype (f32->f16 rounds to nearest even)")
+

@@ -1,0 +1,88 @@
+"""Optimizer update ops. They have no outputs: they write their variable inputs in place, are
+marked side-effecting, and dead-code elimination keeps them.
+
+* ``sgd_update(model, model_diff, skip_if[, momentum_buf])`` {lr, momentum, weight_decay}:
+  PyTorch ``torch.optim.SGD``: ``g = diff + wd * p; buf = momentum * buf + g; p -= lr * buf``.
+* ``adam_update(model, model_diff, skip_if, m, v, step)`` {lr, beta1, beta2, eps, weight_decay}:
+  PyTorch ``torch.optim.Adam`` (Kingma & Ba 2015, arXiv:1412.6980) with bias correction.
+
+``skip_if`` is an int64 ``[1]`` value; when non-zero the op changes nothing (parameters, moments, step
+count), as OneFlow's update kernels return early on ``skip_if`` (loss scaling skips overflowing steps).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ..dtype import int64
+from .common import fmt, rand
+from .registry import register
+
+
+def _check(op, inputs, n_state):
+    if len(inputs) != 3 + n_state:
+        raise ValueError(f"{op}: expects {3 + n_state} inputs, got {len(inputs)}")
+    model, diff, skip_if = inputs[:3]
+    if not model.dtype.is_float or model.kind != "variable":
+        raise TypeError(f"{op}: model {fmt(model)} must be a floating-point variable")
+    if diff.shape != model.shape or diff.dtype is not model.dtype:
+        raise ValueError(f"{op}: model_diff {fmt(diff)} must match model {fmt(model)} in shape "
+                         f"and dtype (fp16 gradients are cast to the master weight dtype first)")
+    if skip_if.dtype is not int64 or skip_if.shape != (1,):
+        raise TypeError(f"{op}: skip_if {fmt(skip_if)} must be i64[1]")
+
+
+def _sgd_norm(inputs, attrs):
+    for k, d in (("lr", None), ("momentum", 0.0), ("weight_decay", 0.0)):
+        if k not in attrs and d is None:
+            raise ValueError(f"sgd_update: missing attribute {k!r}")
+        attrs[k] = float(attrs.get(k, d))
+    return attrs
+
+
+def _sgd_infer(inputs, attrs):
+    n_state = 1 if attrs["momentum"] != 0.0 else 0
+    _check("sgd_update", inputs, n_state)
+    if n_state and inputs[3].shape != inputs[0].shape:
+        raise ValueError(f"sgd_update: momentum buffer {fmt(inputs[3])} must match {fmt(inputs[0])}")
+    return []
+
+
+def _adam_norm(inputs, attrs):
+    for k, d in (("lr", 1e-3), ("beta1", 0.9), ("beta2", 0.999), ("eps", 1e-8),
+                 ("weight_decay", 0.0)):
+        attrs[k] = float(attrs.get(k, d))
+    return attrs
+
+
+def _adam_infer(inputs, attrs):
+    _check("adam_update", inputs, 3)
+    m, v, step = inputs[3:]
+    for s in (m, v):
+        if s.shape != inputs[0].shape or s.dtype is not inputs[0].dtype:
+            raise ValueError(f"adam_update: moment {fmt(s)} must match {fmt(inputs[0])}")
+    if step.dtype is not int64 or step.shape != (1,):
+        raise TypeError(f"adam_update: step {fmt(step)} must be i64[1]")
+    return []
+
+
+def _samples(n_state, attrs):
+    def make():
+        out = []
+        for skip in (0, 1):
+            r = np.random.default_rng(21)
+            p, g = rand(4, 3, r=r), rand(4, 3, r=r)
+            state = [rand(4, 3, r=r) for _ in range(min(n_state, 1))]
+            if n_state == 3:
+                state = [rand(4, 3, r=r) * 0.1, rand(4, 3, r=r, lo=0.0, hi=0.1),
+                         np.array([3], np.int64)]
+            out.append(([p, g, np.array([skip], np.int64), *state], dict(attrs)))
+        return out
+    return make
+
+
+register("sgd_update", _sgd_infer, normalize=_sgd_norm, side_effect=True, writes=(0, 3),
+         samples=_samples(1, {"lr": 0.1, "momentum": 0.9, "weight_decay": 0.01}),
+         doc="p -= lr * (momentum buffer of diff + wd * p); skipped when skip_if != 0")
+register("adam_update", _adam_infer, normalize=_adam_norm, side_effect=True, writes=(0, 3, 4, 5),
+         samples=_samples(3, {"lr": 0.01, "weight_decay": 0.01}),
+         doc="Adam with bias correction; skipped when skip_if != 0")

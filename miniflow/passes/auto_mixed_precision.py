@@ -1,0 +1,283 @@
+"""Automatic mixed precision: color every node, run the white ones in float16, insert casts.
+
+Assumes: autograd has run, so the graph holds the forward AND backward nodes, and the parameter
+gradients in ``graph.grads`` have no readers yet (the loss-scale and optimizer passes run later);
+``graph.nodes`` is in topological order; ``ctx.amp`` is an :class:`AmpConfig`.
+
+Guarantees:
+
+* Every node gets ``node.amp_color``: ``"white"`` (runs in float16), ``"black"`` (black list or
+  black propagation), else its list category (``"gray"``, ``"clear"``) or ``"unlisted"``; every
+  non-white node runs in float32. Inserted casts get ``"cast"``.
+* Casts, only of values that were float32: a value read by a white node from a non-white producer
+  (or a graph input, variable or constant) is cast to float16; a white node's output read by a
+  non-white node or returned from the graph is cast back to float32. One cast node per value and
+  dtype, shared by all its readers.
+* White nodes' outputs are re-inferred (float16); other nodes keep their dtypes. Values keep their
+  identity and names, so ``graph.loss``, ``graph.initial_grad`` and ``graph.grads`` stay valid.
+  Parameter gradients made by white nodes stay float16: the optimizer stage casts them.
+* Parameters are float32 master weights (else TypeError); they are read through casts, never changed.
+* ``ctx.amp_result``: an :class:`AmpResult` (per node: color and the rule or neighbour that decided
+  it; the inserted casts), read by ``miniflow.amp.report``.
+
+Coloring, exactly as OneFlow's ``AutoMixedPrecision::Apply`` (``oneflow/core/job_rewriter/
+auto_mixed_precision.cpp``; summarised in ``shared/design/REFERENCE.md``):
+
+1. Black set. Walk up from black and gray nodes, collecting clear nodes that feed one of the
+   collected nodes; then walk down from black nodes: a collected node with a black producer is black.
+2. White set. Walk up from white nodes and from gray/clear sinks, collecting non-black gray/clear
+   nodes with a collected consumer; then walk down from white nodes: a collected node with a white
+   producer is white. So a gray node is white only between white nodes, or a white node and a sink.
+3. Clear propagation. A non-black clear node with a white producer turns white (downward walk), then
+   one with a white consumer (upward walk).
+
+Every walk is :func:`_walk`, a port of ``DfsTopoGraphTraversal`` (``pass_util.cpp``). A sink is a
+node without readers; a graph output counts as read by an unlisted node (OneFlow's ``output`` op), so
+a returned loss is not a sink, while parameter gradients are. OneFlow lets only CUDA nodes with
+outputs run in half; miniflow's CPU backend has true float16, so every node with outputs may.
+As in OneFlow, a gray/clear sink in the black set can still join the white set when a producer is
+white (the white walk does not exclude black start nodes); casts follow the white set.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ..dtype import DType, as_dtype, float16, float32
+from ..ir import Graph, Node
+from ..ops import get_op
+
+__all__ = ["AmpConfig", "AmpDecision", "AmpResult", "auto_mixed_precision"]
+
+
+@dataclass
+class AmpConfig:
+    """AMP settings of one graph: ``lists`` (a ``miniflow.amp.AmpLists``) and the half ``dtype``.
+
+    Raises:
+        TypeError: a dtype other than float16 (miniflow's only half type).
+    """
+
+    lists: object
+    dtype: DType = float16
+
+    def __post_init__(self):
+        try:
+            dtype = as_dtype(self.dtype)
+        except TypeError:
+            dtype = None
+        if dtype is not float16:
+            raise TypeError(f"enable_amp: dtype must be miniflow.float16, the only half type "
+                            f"miniflow has (no bfloat16), got {self.dtype!r}")
+        self.dtype = dtype
+
+
+@dataclass(eq=False)
+class AmpDecision:
+    """The color of one node and the rule or neighbour that decided it."""
+
+    node: Node
+    color: str
+    reason: str
+
+
+@dataclass
+class AmpResult:
+    """What the pass decided: one decision per node it saw (graph order) and the casts it inserted."""
+
+    decisions: list = field(default_factory=list)
+    casts: list = field(default_factory=list)
+
+
+# ---------------------------------------------------------------------------------- coloring
+@dataclass
+class _Topology:
+    """Node-level edges: distinct producers and consumers of each node, and the sinks."""
+
+    producers: dict
+    consumers: dict
+    sinks: set
+
+
+def _topology(graph: Graph) -> _Topology:
+    made_by = {id(v): n for n in graph.nodes for v in n.outputs}
+    producers = {n: {} for n in graph.nodes}  # dicts as ordered sets
+    consumers = {n: {} for n in graph.nodes}
+    for n in graph.nodes:
+        for v in n.inputs:
+            p = made_by.get(id(v))
+            if p is not None:
+                producers[n][p] = None
+                consumers[p][n] = None
+    returned = {id(v) for v in graph.outputs}
+    sinks = {n for n in graph.nodes
+             if not consumers[n] and not any(id(v) in returned for v in n.outputs)}
+    return _Topology({n: list(p) for n, p in producers.items()},
+                     {n: list(c) for n, c in consumers.items()}, sinks)
+
+
+def _walk(order, fathers, is_start, is_satisfied, members: dict) -> dict:
+    """OneFlow's ``DfsTopoGraphTraversal``, adding nodes to ``members`` (node -> witness).
+
+    ``order`` is topological (reversed for an upward walk), so a node's fathers (its producers in a
+    downward walk, its consumers in an upward one) are visited first. A node joins if it
+    ``is_start`` (witness None), or if it ``is_satisfied`` and at least one father is already a
+    member (the witness: the first such father).
+    """
+    for node in order:
+        if is_start(node):
+            members[node] = None
+        elif is_satisfied(node):
+            witness = next((f for f in fathers[node] if f in members), None)
+            if witness is not None:
+                members[node] = witness
+    return members
+
+
+def _allowed_half(node: Node) -> bool:
+    """OneFlow's IsAllowedToRunWithHalf on a backend with float16: the node has outputs."""
+    return bool(node.outputs)
+
+
+@dataclass
+class _Sets:
+    """The sets the walks build, each node -> witness (see :func:`_walk`)."""
+
+    category: dict
+    near_black: dict    # OneFlow's upstream_or_part_of_black_and_gray
+    black: dict
+    near_white: dict    # OneFlow's upstream_or_part_of_white
+    white: dict
+    white_rule: dict    # white node -> "white walk" | "clear down" | "clear up"
+
+
+def _color(graph: Graph, lists) -> _Sets:
+    nodes, topo = graph.nodes, _topology(graph)
+    cat = {n: lists.category(n.op) for n in nodes}
+    up, down = nodes[::-1], nodes
+
+    near_black = _walk(up, topo.consumers, lambda n: cat[n] in ("black", "gray"),
+                       lambda n: cat[n] == "clear", {})
+    black = _walk(down, topo.producers, lambda n: cat[n] == "black",
+                  lambda n: n in near_black, {})
+
+    def white_or_sink(n):
+        return _allowed_half(n) and (cat[n] == "white"
+                                     or (n in topo.sinks and cat[n] in ("gray", "clear")))
+
+    near_white = _walk(up, topo.consumers, white_or_sink,
+                       lambda n: n not in black and _allowed_half(n) and cat[n] in ("gray", "clear"),
+                       {})
+    white = _walk(down, topo.producers, lambda n: _allowed_half(n) and cat[n] == "white",
+                  lambda n: n in near_white, {})
+    rule = dict.fromkeys(white, "white walk")
+
+    def clear_joins(n):
+        return n not in white and n not in black and cat[n] == "clear" and _allowed_half(n)
+
+    for name, order, fathers in (("clear down", down, topo.producers),
+                                 ("clear up", up, topo.consumers)):
+        _walk(order, fathers, lambda n: False, clear_joins, white)
+        rule.update((n, name) for n in white if n not in rule)
+    return _Sets(cat, near_black, black, near_white, white, rule)
+
+
+def _label(node: Node) -> str:
+    return f"{node.op} %{node.outputs[0].name}" if node.outputs else node.op
+
+
+def _decide(node: Node, s: _Sets) -> AmpDecision:
+    """The color of ``node`` and a one-line reason naming the rule or neighbour."""
+    cat = s.category[node]
+    kind = cat or "unlisted"
+    if node in s.white:
+        return AmpDecision(node, "white", _white_reason(node, s, kind))
+    if node in s.black:
+        witness = s.black[node]
+        if witness is None:
+            return AmpDecision(node, "black", "black list")
+        via = (f", and it feeds gray/black {_label(s.near_black[node])}" if cat == "clear" else "")
+        return AmpDecision(node, "black", f"{kind}: producer {_label(witness)} is black{via}")
+    if cat is None:
+        return AmpDecision(node, kind, "unlisted: never float16, does not pass white through")
+    if cat == "clear":
+        return AmpDecision(node, kind, "clear: no white neighbour")
+    if node in s.near_white:
+        return AmpDecision(node, kind, "gray: leads to a white node or sink, no producer is white")
+    return AmpDecision(node, kind, "gray: does not lead to a white node or sink")
+
+
+def _white_reason(node: Node, s: _Sets, kind: str) -> str:
+    witness, rule = s.white[node], s.white_rule[node]
+    if rule == "clear down":
+        return f"clear: producer {_label(witness)} is white"
+    if rule == "clear up":
+        return f"clear: consumer {_label(witness)} is white"
+    if witness is None:
+        return "white list"
+    ahead = s.near_white[node]
+    to = "it is a sink" if ahead is None else f"it leads to white/sink via {_label(ahead)}"
+    also = " (also black-propagated; casts follow the white set, as in OneFlow)" \
+        if node in s.black else ""
+    return f"{kind}: producer {_label(witness)} is white and {to}{also}"
+
+
+# ---------------------------------------------------------------------------------- casts
+def _reinfer(node: Node) -> None:
+    """Set the output dtypes of a white node from its (now float16) inputs."""
+    try:
+        metas = get_op(node.op).infer(node.inputs, node.attrs)
+    except (TypeError, ValueError) as e:
+        raise TypeError(f"auto_mixed_precision: {node.op} cannot run in float16 here: {e} "
+                        f"(node: {node.format()}); put {node.op!r} in the black list with "
+                        f"enable_amp(black_add=[{node.op!r}])") from None
+    for v, (_, dtype) in zip(node.outputs, metas):
+        v.dtype = dtype
+
+
+def _insert_casts(graph: Graph, white: dict, half: DType) -> list:
+    """Rebuild ``graph.nodes`` with casts on white/non-white edges; returns the cast nodes."""
+    was_f32 = {id(v) for n in white for v in n.outputs if v.dtype is float32}
+    shared: dict = {}
+    casts = []
+
+    def cast(v, dtype):
+        key = (id(v), dtype.name)
+        if key not in shared:
+            shared[key] = graph.emit("cast", v, dtype=dtype)  # appended to the new node list
+            casts.append(graph.nodes[-1])
+            graph.nodes[-1].amp_color = "cast"
+        return shared[key]
+
+    old, graph.nodes = graph.nodes, []
+    for node in old:
+        if node in white:
+            node.inputs = [cast(v, half) if v.dtype is float32 else v for v in node.inputs]
+            _reinfer(node)
+        else:
+            node.inputs = [cast(v, float32) if id(v) in was_f32 else v for v in node.inputs]
+        graph.nodes.append(node)
+    graph.outputs = [cast(v, float32) if id(v) in was_f32 else v for v in graph.outputs]
+    return casts
+
+
+# ---------------------------------------------------------------------------------- the pass
+def _check_master_weights(graph: Graph, ctx) -> None:
+    for name in ctx.param_names.values():
+        v = graph.variables.get(name)
+        if v is not None and v.dtype is not float32:
+            raise TypeError(f"enable_amp: parameter {name!r} is {v.dtype.name}, but master weights "
+                            f"must stay float32 under AMP (the pass casts them to float16 where "
+                            f"white ops read them); keep the model in float32 instead of "
+                            f"converting it to half")
+
+
+def auto_mixed_precision(graph: Graph, ctx) -> Graph:
+    """Color ``graph`` by ``ctx.amp.lists`` and insert casts (see the module docstring)."""
+    _check_master_weights(graph, ctx)
+    sets = _color(graph, ctx.amp.lists)
+    decisions = [_decide(n, sets) for n in graph.nodes]
+    for d in decisions:
+        d.node.amp_color = d.color
+    casts = _insert_casts(graph, sets.white, ctx.amp.dtype)
+    ctx.amp_result = AmpResult(decisions, casts)
+    return graph

@@ -1,0 +1,86 @@
+"""Graph autograd: reverse-mode differentiation as a pass that emits backward nodes into the IR.
+
+Assumes: ``graph.loss`` is set (by ``loss.backward()`` in build) or the graph is inference-only.
+Guarantees: the initial gradient is ``ones_like(loss)`` (the loss is its real input, as in OneFlow),
+recorded in ``graph.initial_grad`` so later passes find it; every trainable variable reachable from
+the loss has its gradient Value in ``graph.grads[name]``; fan-out gradients are summed with one
+``add_n``; gradients are emitted only for values on a path from a trainable variable to the loss,
+and backward nodes that no parameter gradient needs are removed before the pass returns.
+
+Source: OneFlow ``oneflow/core/job_rewriter/autograd.cpp`` (backward ops generated into the same job);
+STYLE.md pattern 5 (walk nodes in reverse, call each op's gradient rule).
+"""
+from __future__ import annotations
+
+from ..ir import Graph
+from ..ops import get_op
+
+__all__ = ["autograd"]
+
+
+def _needs_grad(graph: Graph, trainable: set) -> set:
+    """ids of Values that depend on a trainable variable AND that the loss depends on."""
+    fwd = {id(graph.variables[n]) for n in trainable if n in graph.variables}
+    for node in graph.nodes:
+        if any(id(v) in fwd for v in node.inputs):
+            fwd.update(id(v) for v in node.outputs)
+    back = {id(graph.loss)}
+    for node in reversed(graph.nodes):
+        if any(id(v) in back for v in node.outputs):
+            back.update(id(v) for v in node.inputs)
+    return fwd & back
+
+
+def autograd(graph: Graph, ctx) -> Graph:
+    """Emit the backward graph of ``graph.loss`` w.r.t. ``ctx.trainable`` (variable names)."""
+    if graph.loss is None:
+        return graph
+    forward = list(graph.nodes)
+    needs = _needs_grad(graph, set(ctx.trainable))
+    emit = graph.emit
+    seed = emit("ones_like", graph.loss)
+    if ctx.initial_grad_identity is not None:
+        seed = emit(ctx.initial_grad_identity, seed)
+    graph.initial_grad = seed
+    contributions: dict = {id(graph.loss): [seed]}
+
+    def total(v):
+        parts = contributions.pop(id(v), None)
+        if not parts:
+            return None
+        return parts[0] if len(parts) == 1 else emit("add_n", *parts)
+
+    for node in reversed(forward):
+        if not any(id(v) in needs for v in node.inputs):
+            continue
+        out_grads = [total(v) for v in node.outputs]
+        if all(g is None for g in out_grads):
+            continue
+        opdef = get_op(node.op)
+        if opdef.grad is None:
+            raise NotImplementedError(f"autograd: op {node.op!r} has no gradient rule "
+                                      f"(node: {node.format()})")
+        for v, g in zip(node.inputs, opdef.grad(node, out_grads, emit)):
+            if g is not None and id(v) in needs:
+                contributions.setdefault(id(v), []).append(g)
+    for name in ctx.trainable:
+        v = graph.variables.get(name)
+        if v is not None and id(v) in contributions:
+            graph.grads[name] = total(v)
+    _drop_unused_backward(graph, len(forward))
+    return graph
+
+
+def _drop_unused_backward(graph: Graph, n_forward: int) -> None:
+    """Remove backward nodes that no parameter gradient needs.
+
+    A gradient rule emits a gradient for every input (matmul's ``dx`` for a graph input ``x`` too).
+    OneFlow's autograd never generates those; left in, they would be sinks that the AMP pass colors.
+    """
+    live = {id(v) for v in graph.grads.values()} | {id(graph.initial_grad)}
+    kept = []
+    for node in reversed(graph.nodes[n_forward:]):
+        if any(id(v) in live for v in node.outputs):
+            kept.append(node)
+            live.update(id(v) for v in node.inputs)
+    graph.nodes = graph.nodes[:n_forward] + kept[::-1]

@@ -1,0 +1,42 @@
+"""Optimizer pass: insert one update op per trained parameter (OneFlow ``GenerateOptimizerOpConfs``).
+
+Assumes: the autograd pass filled ``graph.grads``. Each optimizer in ``ctx.optimizers`` emits its
+update op (``sgd_update``/``adam_update``) and declares its state as graph variables. ``skip_if`` is
+``ctx.skip_if`` when a loss-scale pass provided one, else a constant 0.
+
+This is the one place where a gradient whose dtype differs from its parameter's (a float16 gradient
+of a float32 master weight, made by a white node under AMP) is cast to the parameter's dtype: one
+cast per parameter, right before its update op (OneFlow casts fp16 model diffs to fp32 at the start
+of ``GenerateOptimizerOpConfs``). ``graph.grads`` keeps the gradient as autograd/AMP made it.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ..ir import Graph
+
+__all__ = ["optimizer"]
+
+
+def optimizer(graph: Graph, ctx) -> Graph:
+    """Emit update ops for every parameter that has a gradient."""
+    if not graph.grads or not ctx.optimizers:
+        return graph
+    skip_if = ctx.skip_if if ctx.skip_if is not None else graph.add_constant(np.zeros(1, np.int64))
+    for opt in ctx.optimizers:
+        for i, p in enumerate(opt.params):
+            name = ctx.param_names.get(id(p))
+            if name is None:
+                raise ValueError("optimizer has a parameter that is not an attribute of this "
+                                 "nn.Graph's modules; assign the module to the graph (self.model = ...)")
+            grad = graph.grads.get(name)
+            if grad is None:
+                continue  # like PyTorch: a parameter without a gradient is not updated
+            param = graph.variables[name]
+            opt.emit_update(graph, i, name, param, _master_grad(graph, param, grad), skip_if)
+    return graph
+
+
+def _master_grad(graph: Graph, param, grad):
+    """``grad`` in the parameter's dtype: a float16 gradient of a float32 parameter is cast."""
+    return grad if grad.dtype is param.dtype else graph.emit("cast", grad, dtype=param.dtype)

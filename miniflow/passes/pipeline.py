@@ -1,0 +1,75 @@
+"""The pass pipeline: the order passes run in, and the context they share.
+
+Order (ARCHITECTURE.md): autograd -> auto_mixed_precision -> prune_amp_identity -> optimizer ->
+dead_code_elimination. The two AMP passes run only when AMP is enabled (``ctx.amp`` is set). The
+IR is verified after every pass; with ``print_ir=True`` it is printed after every pass too.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ..ir import Graph
+from .auto_mixed_precision import AmpConfig, AmpResult, auto_mixed_precision
+from .autograd import autograd
+from .dead_code_elimination import dead_code_elimination
+from .optimizer import optimizer
+from .prune_amp_identity import prune_amp_identity
+
+__all__ = ["CompileContext", "PASSES", "AMP_PASSES", "passes_for", "run_passes"]
+
+
+@dataclass
+class CompileContext:
+    """What the passes need besides the graph.
+
+    Attributes:
+        trainable: names of variables to differentiate (parameters of the graph's optimizers).
+        optimizers: the graph's optimizers (they emit their update ops).
+        param_names: ``id(parameter) -> variable name``.
+        skip_if: an i64[1] Value that update ops take as ``skip_if`` (set by loss scaling).
+        initial_grad_identity: op type put on ``ones_like(loss)`` by autograd, or None.
+        amp: the AMP settings (:class:`~miniflow.passes.auto_mixed_precision.AmpConfig`), or None
+            when AMP is off.
+        amp_result: filled by the AMP pass: per node color and reason, inserted casts.
+        print_ir: print the IR after every pass.
+    """
+
+    trainable: list = field(default_factory=list)
+    optimizers: list = field(default_factory=list)
+    param_names: dict = field(default_factory=dict)
+    skip_if: object = None
+    initial_grad_identity: str | None = None
+    amp: AmpConfig | None = None
+    amp_result: AmpResult | None = None
+    print_ir: bool = False
+
+
+PASSES = [
+    ("autograd", autograd),
+    ("auto_mixed_precision", auto_mixed_precision),
+    ("prune_amp_identity", prune_amp_identity),
+    ("optimizer", optimizer),
+    ("dead_code_elimination", dead_code_elimination),
+]
+
+AMP_PASSES = ("auto_mixed_precision", "prune_amp_identity")
+"""Passes that run only with AMP enabled."""
+
+
+def passes_for(ctx: CompileContext) -> list:
+    """The ``(name, pass)`` list that ``ctx`` asks for: :data:`PASSES`, minus the AMP passes when
+    AMP is off."""
+    return [(name, fn) for name, fn in PASSES if ctx.amp is not None or name not in AMP_PASSES]
+
+
+def run_passes(graph: Graph, ctx: CompileContext, passes=None) -> Graph:
+    """Run ``passes`` (default :func:`passes_for` ``(ctx)``) in order, verifying the IR after each."""
+    graph.verify()
+    if ctx.print_ir:
+        print(f"# IR after trace\n{graph}\n")
+    for name, fn in (passes_for(ctx) if passes is None else passes):
+        graph = fn(graph, ctx)
+        graph.verify()
+        if ctx.print_ir:
+            print(f"# IR after {name}\n{graph}\n")
+    return graph

@@ -1,0 +1,1 @@
+"""Runtime: backend selection, plan building and execution, eager op execution."""

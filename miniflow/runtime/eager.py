@@ -1,0 +1,30 @@
+"""Eager execution: run one op now, on the same kernels a plan would use (forward only)."""
+from __future__ import annotations
+
+from ..dtype import as_dtype
+from ..ir import Node, Value
+from ..ops import get_op
+from .backend import get_backend
+from .plan import build_steps
+
+__all__ = ["run_op"]
+
+
+def run_op(op: str, arrays: list, attrs: dict) -> list:
+    """Run op type ``op`` on backend ``arrays`` with ``attrs``; returns the output arrays.
+
+    Shapes and dtypes are inferred and checked exactly as while tracing, so eager and lazy code
+    raise the same errors.
+    """
+    backend = get_backend()
+    opdef = get_op(op)
+    ins = [Value(f"in{i}", a.shape, as_dtype(a.dtype), kind="input") for i, a in enumerate(arrays)]
+    attrs = opdef.normalize_attrs(ins, attrs)
+    metas = opdef.infer(ins, attrs)
+    node = Node(op, ins, [], attrs)
+    node.outputs = [Value(f"out{i}", s, d, producer=node) for i, (s, d) in enumerate(metas)]
+    buffers = {id(v): a for v, a in zip(ins, arrays)}
+    steps, _ = build_steps([node], buffers, backend)
+    for fn, args in steps:
+        fn(*args)
+    return [buffers[id(v)] for v in node.outputs]

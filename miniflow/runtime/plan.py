@@ -1,0 +1,104 @@
+"""Plans: a compiled graph as a flat list of kernel calls over preallocated buffers.
+
+Building a plan (once per input signature) allocates a buffer for every Value, binds variables to
+the arrays that hold their state, and asks the backend's kernel builder of every node for its steps.
+Running a plan copies the inputs in, runs ``fn(*args)`` for every step, and copies the outputs out:
+no shape inference, no allocation per node, no dict lookups (ARCHITECTURE.md, "Plan, not
+interpreter"; STYLE.md pattern 6).
+"""
+from __future__ import annotations
+
+from ..ir import Graph
+
+__all__ = ["Plan", "build_steps"]
+
+
+def build_steps(nodes, buffers: dict, backend):
+    """Kernel steps for ``nodes``; allocates the buffers of their outputs into ``buffers``.
+
+    Returns ``(steps, owners)``: the ``(fn, args)`` list and, per step, the index of its node.
+
+    Raises:
+        NotImplementedError: the backend has no kernel for an op type (names the op and backend).
+    """
+    kernels = backend.kernels
+    steps, owners = [], []
+    for i, node in enumerate(nodes):
+        for v in node.outputs:
+            buffers[id(v)] = backend.empty(v.shape, v.dtype.np)
+        builder = kernels.get(node.op)
+        if builder is None:
+            raise NotImplementedError(f"backend {backend.name!r} has no kernel for op "
+                                      f"{node.op!r} (node: {node.format()})")
+        ins = [buffers[id(v)] for v in node.inputs]
+        outs = [buffers[id(v)] for v in node.outputs]
+        for step in builder(node, ins, outs):
+            steps.append(step)
+            owners.append(i)
+    return steps, owners
+
+
+class Plan:
+    """A runnable form of one compiled :class:`~miniflow.ir.Graph` for one input signature.
+
+    Args:
+        graph: a verified graph whose variables all have data in ``graph.variable_data``
+            (arrays of ``backend``, shared with the modules and optimizers that own them).
+        backend: the backend whose kernels and memory the plan uses.
+    """
+
+    def __init__(self, graph: Graph, backend):
+        self.graph = graph
+        self.backend = backend
+        buffers: dict = {}
+        self.input_buffers = []
+        for v in graph.inputs:
+            buffers[id(v)] = backend.empty(v.shape, v.dtype.np)
+            self.input_buffers.append(buffers[id(v)])
+        for name, v in graph.variables.items():
+            buffers[id(v)] = graph.variable_data[name]
+        for name, data in graph.constant_data.items():
+            buffers[name] = backend.from_numpy(data)
+        for n in graph.nodes:
+            for v in n.inputs:
+                if v.kind == "constant":
+                    buffers[id(v)] = buffers[v.name]
+        self.steps, self._owners = build_steps(graph.nodes, buffers, backend)
+        for v in graph.outputs:
+            if v.kind == "constant":
+                buffers[id(v)] = buffers[v.name]
+        self.output_buffers = [buffers[id(v)] for v in graph.outputs]
+        self.buffers = buffers
+
+    def run(self, arrays) -> list:
+        """Copy ``arrays`` into the input buffers, run every step, return host copies of the outputs.
+
+        Raises:
+            the kernel's exception type, with a message naming the node that failed.
+        """
+        copy_in = self.backend.copy_in
+        for buf, a in zip(self.input_buffers, arrays):
+            copy_in(buf, a)
+        i = 0
+        try:
+            for i, (fn, args) in enumerate(self.steps):
+                fn(*args)
+        except Exception as e:  # name the failing node, keep the exception type where we can
+            node = self.graph.nodes[self._owners[i]]
+            msg = f"while running node {self._owners[i]} `{node.format()}`: {e}"
+            cls = type(e) if isinstance(e, (ValueError, TypeError, IndexError)) else RuntimeError
+            raise cls(msg) from e
+        to_numpy = self.backend.to_numpy
+        return [to_numpy(b) for b in self.output_buffers]
+
+    def __len__(self) -> int:
+        return len(self.steps)
+
+    def describe(self) -> str:
+        """One line per step: the node it belongs to and the kernel's name."""
+        lines = []
+        for (fn, _), i in zip(self.steps, self._owners):
+            name = getattr(fn, "__name__", None) or getattr(getattr(fn, "py_func", None), "__name__", "?")
+            lines.append(f"{i:4d} {self.graph.nodes[i].op:<34s} {name}")
+        return "\n".join(lines)
+

@@ -1,0 +1,81 @@
+"""Tracing: while an ``nn.Graph`` builds, ops on Tensors record Nodes instead of running.
+
+The :class:`Tracer` is the one piece of "current graph" state (a stack, like PyTorch FX's tracer).
+It lifts eager Tensors that a traced op touches into the IR: a module parameter becomes a graph
+variable named after its module path (``model.0.weight``) that shares the parameter's storage; any
+other eager Tensor becomes a constant.
+"""
+from __future__ import annotations
+
+from .ir import Graph, Value
+
+__all__ = ["Tracer", "current_tracer"]
+
+_STACK: list = []
+
+
+def current_tracer():
+    """The active Tracer, or None outside ``nn.Graph.build``."""
+    return _STACK[-1] if _STACK else None
+
+
+class Tracer:
+    """Records ops into ``graph``.
+
+    Args:
+        graph: the IR being built.
+        param_names: ``id(parameter) -> name`` for every parameter the nn.Graph owns.
+    """
+
+    def __init__(self, graph: Graph, param_names: dict):
+        self.graph = graph
+        self.param_names = param_names
+        self._lifted: dict = {}
+        self._keepalive: list = []
+
+    def __enter__(self):
+        _STACK.append(self)
+        return self
+
+    def __exit__(self, *exc):
+        _STACK.pop()
+
+    def value_of(self, t) -> Value:
+        """The IR Value for Tensor ``t``: its own if lazy, else the lifted variable/constant.
+
+        Raises:
+            RuntimeError: a lazy Tensor from another (finished) trace, e.g. one kept in a global.
+        """
+        if t._value is not None:
+            if t._tracer is not self:
+                raise RuntimeError(f"tensor %{t._value.name} belongs to another graph's trace; "
+                                   "lazy tensors cannot be kept between nn.Graph builds")
+            return t._value
+        key = id(t)
+        if key in self._lifted:
+            return self._lifted[key]
+        name = self.param_names.get(key)
+        if name is not None:
+            v = self.graph.add_variable(name, t.shape, t.dtype, data=t._data)
+        else:
+            v = self.graph.add_constant(t.numpy())
+        self._lifted[key] = v
+        self._keepalive.append(t)
+        return v
+
+    def set_loss(self, t) -> None:
+        """Mark ``t`` as the loss (``Tensor.backward()`` inside build).
+
+        Raises:
+            RuntimeError: backward() called twice, or on a tensor of more than one element.
+        """
+        if self.graph.loss is not None:
+            raise RuntimeError("backward() was already called in this build; call it once, on the "
+                               "total loss (add the losses first)")
+        v = self.value_of(t)
+        if v.size != 1:
+            raise RuntimeError(f"backward() needs a scalar loss, got %{v.name} with shape "
+                               f"{list(v.shape)}; reduce it first, e.g. loss.mean()")
+        if not v.dtype.is_float:
+            raise RuntimeError(f"backward() needs a floating-point loss, got {v.type_str}")
+        self.graph.loss = v

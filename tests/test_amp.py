@@ -1,0 +1,430 @@
+"""The AMP pass: lists, coloring (golden IR printouts, forward and backward), casts, identities,
+report, DOT export and bad input.
+
+Golden files live in ``tests/golden/amp/<name>.txt`` and are compared exactly. Each holds the IR after
+autograd, the AMP report, and the IR after auto_mixed_precision and after prune_amp_identity, for a
+small hand-built graph. After an intended change, regenerate them and review the diff:
+
+    MINIFLOW_UPDATE_GOLDEN=1 python -m pytest tests/test_amp.py
+"""
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import miniflow as mf
+from miniflow import nn
+from miniflow.amp import AmpLists, amp_report
+from miniflow.amp.lists import BLACK, CATEGORIES, CLEAR, GRAY, UNLISTED, WHITE
+from miniflow.ir import Graph
+from miniflow.ops import OP_REGISTRY
+from miniflow.passes.auto_mixed_precision import AmpConfig, auto_mixed_precision
+from miniflow.passes.autograd import autograd
+from miniflow.passes.pipeline import CompileContext, passes_for, run_passes
+from miniflow.passes.prune_amp_identity import prune_amp_identity
+
+GOLDEN = Path(__file__).parent / "golden" / "amp"
+UPDATE = os.environ.get("MINIFLOW_UPDATE_GOLDEN") == "1"
+f16, f32 = mf.float16, mf.float32
+
+
+# ------------------------------------------------------------------------------ helpers
+def _amp(graph, trainable=(), lists=None):
+    """Run autograd -> auto_mixed_precision -> prune_amp_identity; returns (ctx, golden text)."""
+    ctx = CompileContext(trainable=list(trainable), amp=AmpConfig(lists or AmpLists()))
+    run_passes(graph, ctx, [("autograd", autograd)])
+    before = str(graph)
+    run_passes(graph, ctx, [("auto_mixed_precision", auto_mixed_precision)])
+    after = str(graph)
+    run_passes(graph, ctx, [("prune_amp_identity", prune_amp_identity)])
+    text = (f"# after autograd\n{before}\n\n# AMP report\n{amp_report(ctx.amp_result, graph)}\n\n"
+            f"# after auto_mixed_precision\n{after}\n\n# after prune_amp_identity\n{graph}\n")
+    return ctx, text
+
+
+def _golden(name, text):
+    path = GOLDEN / f"{name}.txt"
+    header = f"# golden: {name}; regenerate: MINIFLOW_UPDATE_GOLDEN=1 pytest tests/test_amp.py\n"
+    if UPDATE:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(header + text)
+        return
+    assert path.exists(), f"{path} is missing; run MINIFLOW_UPDATE_GOLDEN=1 pytest tests/test_amp.py"
+    assert header + text == path.read_text(), (
+        f"IR differs from {path}; if the change is intended, regenerate with "
+        f"MINIFLOW_UPDATE_GOLDEN=1 and review the diff. Got:\n{text}")
+
+
+def _colors(ctx) -> dict:
+    """``"op %out"`` -> color, for every node the AMP pass saw."""
+    return {f"{d.node.op} %{d.node.outputs[0].name}": d.color for d in ctx.amp_result.decisions}
+
+
+def _by_op(graph, op):
+    return [n for n in graph.nodes if n.op == op]
+
+
+def _producer(graph, v):
+    return next((n for n in graph.nodes if v in n.outputs), None)
+
+
+def _mlp_graph(*, black_before_sum=False):
+    """x -> matmul(w) -> relu [-> black_identity] -> reduce_sum, returned as the loss."""
+    g = Graph()
+    x = g.add_input("x", (4, 3), f32)
+    w = g.add_variable("w", (3, 2), f32)
+    r = g.emit("relu", g.emit("matmul", x, w))
+    if black_before_sum:
+        r = g.emit("amp_black_identity", r)
+    s = g.emit("reduce_sum", r)
+    g.outputs, g.loss = [s], s
+    return g
+
+
+# ------------------------------------------------------------------------------ lists
+def test_every_op_type_is_in_exactly_one_list_or_documented_unlisted():
+    lists = {"white": WHITE, "black": BLACK, "gray": GRAY, "clear": CLEAR}
+    seen = {}
+    for category, ops in lists.items():
+        for op in ops:
+            assert op in OP_REGISTRY, f"{op} in the {category} list is not a registered op type"
+            assert op not in seen, f"{op} is in the {seen[op]} and the {category} list"
+            seen[op] = category
+    for op, reason in UNLISTED.items():
+        assert op in OP_REGISTRY and op not in seen and reason, op
+    missing = sorted(set(OP_REGISTRY) - set(seen) - set(UNLISTED))
+    assert not missing, (f"op types in no AMP list and not documented in miniflow.amp.lists."
+                         f"UNLISTED: {missing}")
+
+
+def test_lists_follow_oneflow_after_pr_9126():
+    lists = AmpLists()
+    assert lists.ops("white") == ("amp_white_identity", "matmul")
+    assert lists.ops("black") == ("amp_black_identity",)
+    assert lists.category("sigmoid_grad") == "gray" and lists.category("sigmoid") is None
+    assert lists.category("ones_like") == "clear" and lists.category("cast") is None
+
+
+def test_lists_add_moves_remove_unlists_and_copies_are_independent():
+    base = AmpLists()
+    mine = base.with_changes(add={"black": "tanh"}, remove={"clear": ["identity"]})
+    assert mine.category("tanh") == "black" and mine.category("identity") is None
+    assert base.category("tanh") == "gray" and base == AmpLists()
+    assert mine.copy() == mine and mine.copy() is not mine
+
+
+def test_unknown_or_conflicting_op_type_names_are_rejected():
+    with pytest.raises(ValueError, match=r"unknown op type\(s\) 'matmull'"):
+        AmpLists(white=["matmull"])
+    with pytest.raises(ValueError, match="'relu' is in both the gray and the clear list"):
+        AmpLists(gray=GRAY + ("relu",))
+    with pytest.raises(ValueError, match="cannot remove 'tanh' from the white list: it is in the "
+                                         "gray list"):
+        AmpLists().remove("white", "tanh")
+    with pytest.raises(ValueError, match="unknown list 'grey'"):
+        AmpLists().add("grey", "tanh")
+    cfg = nn.GraphConfig()
+    with pytest.raises(ValueError, match="'softmaks', 'tahn'"):
+        cfg.enable_amp(black_add=["softmaks", "tahn"])
+    with pytest.raises(ValueError, match="'tanh' is added to both the white and the black list"):
+        cfg.enable_amp(white_add=["tanh"], black_add=["tanh"])
+
+
+# ------------------------------------------------------------------------------ golden coloring
+def test_matmul_relu_sum_loss_is_all_fp16_forward_and_backward():
+    g = _mlp_graph()
+    ctx, text = _amp(g, trainable=["w"])
+    _golden("matmul_relu_sum", text)
+    assert set(_colors(ctx).values()) == {"white"}  # the loss turns white via ones_like + matmul
+    for n in g.nodes:
+        if n.op != "cast":
+            assert all(v.dtype is f16 for v in n.outputs), n.format()
+    assert g.loss.dtype is f16 and g.initial_grad.dtype is f16 and g.grads["w"].dtype is f16
+    out = _producer(g, g.outputs[0])  # graph outputs are read by an unlisted node: cast back
+    assert out.op == "cast" and g.outputs[0].dtype is f32 and out.inputs[0] is g.loss
+    assert g.variables["w"].dtype is f32
+
+
+def test_black_identity_before_sum_keeps_sum_and_its_gradient_fp32():
+    g = _mlp_graph(black_before_sum=True)
+    ctx, text = _amp(g, trainable=["w"])
+    _golden("black_identity_before_sum", text)
+    colors = _colors(ctx)
+    assert colors["reduce_sum %4"] == "black" and colors["broadcast_like %6"] == "black"
+    (total,) = _by_op(g, "reduce_sum")
+    (grad,) = _by_op(g, "broadcast_like")
+    assert total.outputs[0].dtype is f32 and grad.outputs[0].dtype is f32
+    h2f = _producer(g, total.inputs[0])  # relu's f16 output, cast up right before the sum
+    assert h2f.op == "cast" and h2f.attrs["dtype"] is f32 and h2f.inputs[0].dtype is f16
+    assert not [n for n in g.nodes if n.op.startswith("amp_")]  # pruned ...
+    assert _by_op(g, "relu")[0].outputs[0].dtype is f16  # ... while their effect stays
+
+
+def _gray_chain(white_identity):
+    """Inference: x -> matmul(w) -> tanh -> scalar_mul [-> white_identity], returned."""
+    g = Graph()
+    x = g.add_input("x", (4, 3), f32)
+    w = g.add_variable("w", (3, 2), f32)
+    y = g.emit("scalar_mul", g.emit("tanh", g.emit("matmul", x, w)), scalar=2.0)
+    if white_identity:
+        y = g.emit("amp_white_identity", y)
+    g.outputs = [y]
+    return g
+
+
+def test_white_identity_pulls_a_gray_chain_to_fp16():
+    plain = _gray_chain(white_identity=False)
+    ctx, _ = _amp(plain)
+    assert _colors(ctx) == {"matmul %1": "white", "tanh %2": "gray", "scalar_mul %3": "gray"}
+    pulled = _gray_chain(white_identity=True)
+    ctx, text = _amp(pulled)
+    _golden("white_identity_gray_chain", text)
+    assert _colors(ctx) == {"matmul %1": "white", "tanh %2": "white", "scalar_mul %3": "white",
+                            "amp_white_identity %4": "white"}
+    assert [n.outputs[0].dtype for n in pulled.nodes if n.op in ("tanh", "scalar_mul")] == [f16, f16]
+    assert not _by_op(pulled, "amp_white_identity") and pulled.outputs[0].dtype is f32
+
+
+def _black_gray_clear_gray(black_identity):
+    """matmul -> [black_identity ->] tanh -> reshape -> scalar_mul -> matmul -> reduce_sum loss."""
+    g = Graph()
+    x = g.add_input("x", (4, 3), f32)
+    w1 = g.add_variable("w1", (3, 2), f32)
+    w2 = g.add_variable("w2", (2, 5), f32)
+    h = g.emit("matmul", x, w1)
+    if black_identity:
+        h = g.emit("amp_black_identity", h)
+    h = g.emit("scalar_mul", g.emit("reshape", g.emit("tanh", h), shape=(4, 2)), scalar=0.5)
+    s = g.emit("reduce_sum", g.emit("matmul", h, w2))
+    g.outputs, g.loss = [s], s
+    return g
+
+
+def test_black_gray_clear_gray_stays_fp32():
+    ctx, _ = _amp(_black_gray_clear_gray(black_identity=False), trainable=["w1", "w2"])
+    assert {_colors(ctx)[k] for k in ("tanh %2", "reshape %3", "scalar_mul %4")} == {"white"}
+    g = _black_gray_clear_gray(black_identity=True)
+    ctx, text = _amp(g, trainable=["w1", "w2"])
+    _golden("black_gray_clear_gray", text)
+    colors = _colors(ctx)
+    assert [colors[k] for k in ("tanh %3", "reshape %4", "scalar_mul %5")] == ["black"] * 3
+    for op in ("tanh", "reshape", "scalar_mul", "tanh_grad"):
+        assert all(n.outputs[0].dtype is f32 for n in _by_op(g, op)), op
+    assert all(n.outputs[0].dtype is f16 for n in _by_op(g, "matmul"))
+
+
+def _matmul_tanh_matmul():
+    g = Graph()
+    x = g.add_input("x", (4, 3), f32)
+    w1 = g.add_variable("w1", (3, 2), f32)
+    w2 = g.add_variable("w2", (2, 5), f32)
+    s = g.emit("reduce_sum", g.emit("matmul", g.emit("tanh", g.emit("matmul", x, w1)), w2))
+    g.outputs, g.loss = [s], s
+    return g
+
+
+def test_user_added_black_op_type_is_honored():
+    ctx, _ = _amp(_matmul_tanh_matmul(), trainable=["w1", "w2"])
+    assert _colors(ctx)["tanh %2"] == "white"
+    g = _matmul_tanh_matmul()
+    ctx, text = _amp(g, trainable=["w1", "w2"], lists=AmpLists().add("black", "tanh"))
+    _golden("user_black_tanh", text)
+    # tanh_grad reads tanh's output, so black spreads into the backward pass too
+    assert _colors(ctx)["tanh %2"] == "black" and _colors(ctx)["tanh_grad %9"] == "black"
+    (tanh,) = _by_op(g, "tanh")
+    assert tanh.outputs[0].dtype is f32 and _producer(g, tanh.inputs[0]).op == "cast"
+
+
+# ------------------------------------------------------------------------------ rules in isolation
+def _forward(*ops, returned=True):
+    """x -> matmul(w) -> ops... ; the last value is returned (or left unread)."""
+    g = Graph()
+    v = g.emit("matmul", g.add_input("x", (4, 3), f32), g.add_variable("w", (3, 3), f32))
+    for op in ops:
+        v = g.emit(op, v) if op != "matmul" else g.emit(op, v, g.variables["w"])
+    g.outputs = [v] if returned else []
+    return g
+
+
+def test_a_returned_value_is_not_a_sink_but_an_unread_one_is():
+    ctx, _ = _amp(_forward("tanh", returned=True))
+    assert _colors(ctx)["tanh %2"] == "gray"
+    ctx, _ = _amp(_forward("tanh", returned=False))
+    assert _colors(ctx)["tanh %2"] == "white"
+
+
+def test_unlisted_ops_run_fp32_and_do_not_pass_white_through():
+    g = _forward("exp", "tanh", "matmul")
+    ctx, _ = _amp(g)
+    assert [d.color for d in ctx.amp_result.decisions] == ["white", "unlisted", "gray", "white"]
+    (exp,) = _by_op(g, "exp")
+    assert exp.outputs[0].dtype is f32 and _producer(g, exp.inputs[0]).attrs["dtype"] is f32
+
+
+def test_a_black_sink_with_a_white_producer_turns_white_as_in_oneflow():
+    g = Graph()
+    a = g.emit("matmul", g.add_input("x", (4, 3), f32), g.add_variable("w", (3, 3), f32))
+    b = g.emit("amp_black_identity", g.add_input("y", (4, 3), f32))
+    g.emit("broadcast_add", a, b)  # unread: a sink, black-propagated, white producer
+    ctx, _ = _amp(g)
+    (add,) = ctx.amp_result.decisions[2:]
+    assert add.color == "white" and "also black-propagated" in add.reason
+    assert add.node.outputs[0].dtype is f16
+
+
+def test_one_cast_per_value_and_dtype_shared_by_all_readers():
+    g = _forward("matmul", "matmul")  # w read by three white matmuls
+    ctx, _ = _amp(g)
+    casts = [(id(n.inputs[0]), n.attrs["dtype"].name) for n in _by_op(g, "cast")]
+    assert len(casts) == len(set(casts)) == 3  # x and w to f16, the output back to f32
+    assert len({id(n.inputs[1]) for n in _by_op(g, "matmul")}) == 1
+
+
+def test_only_float32_values_are_cast():
+    g = Graph()
+    logits = g.emit("matmul", g.add_input("x", (4, 3), f32), g.add_variable("w", (3, 5), f32))
+    _, loss = g.emit("sparse_softmax_cross_entropy", logits, g.add_input("y", (4,), mf.int64))
+    g.outputs = [g.emit("reduce_sum", loss)]
+    _amp(g)
+    assert all(n.inputs[0].dtype is not mf.int64 for n in _by_op(g, "cast"))
+
+
+def test_parameters_stay_fp32_and_fp16_grads_are_cast_once_before_the_update():
+    mf.manual_seed(0)
+    model = nn.Sequential(nn.Linear(3, 4), nn.ReLU(), nn.Linear(4, 2))
+
+    class Step(nn.Graph):
+        def __init__(self):
+            super().__init__()
+            self.model = model
+            self.add_optimizer(mf.optim.SGD(model.parameters(), lr=0.1))
+            self.config.enable_amp(True)
+
+        def build(self, x):
+            loss = self.model(x).sum()
+            loss.backward()
+            return loss
+
+    step = Step()
+    step(np.ones((5, 3), np.float32))
+    ir = step.ir
+    assert all(v.dtype is f32 for v in ir.variables.values())
+    updates = _by_op(ir, "sgd_update")
+    assert len(updates) == 4
+    for u in updates:
+        cast = _producer(ir, u.inputs[1])
+        assert cast.op == "cast" and cast.inputs[0] is ir.grads[u.inputs[0].name]
+        assert cast.inputs[0].dtype is f16 and u.inputs[1].dtype is f32
+    to_f32 = [n for n in _by_op(ir, "cast") if n.inputs[0] in ir.grads.values()]
+    assert len(to_f32) == 4
+
+
+# ------------------------------------------------------------------------------ identities
+def test_identity_ops_are_identity_with_same_op_gradient_and_public_functions():
+    assert mf.amp.white_identity is nn.functional.white_identity
+    assert mf.amp.black_identity is nn.functional.black_identity
+    x = np.array([1.5, -2.0, 65504.0], np.float32)
+    np.testing.assert_array_equal(mf.amp.white_identity(mf.tensor(x)).numpy(), x)
+    g = Graph()
+    w = g.add_variable("w", (3,), f32)
+    s = g.emit("reduce_sum", g.emit("amp_black_identity", g.emit("amp_white_identity", w)))
+    g.loss = s
+    autograd(g, CompileContext(trainable=["w"]))
+    ops = [n.op for n in g.nodes]
+    assert ops.count("amp_white_identity") == 2 and ops.count("amp_black_identity") == 2
+
+
+def test_pruning_an_identity_rewires_readers_outputs_and_the_loss():
+    g = Graph()
+    w = g.add_variable("w", (3,), f32)
+    s = g.emit("reduce_sum", g.emit("broadcast_mul", w, w))
+    loss = g.emit("amp_white_identity", s)
+    g.outputs, g.loss = [loss], loss
+    _amp(g, trainable=["w"])
+    assert not _by_op(g, "amp_white_identity")
+    f2h = _producer(g, g.loss)  # the white identity's input was cast to f16; the loss is that now
+    assert f2h.op == "cast" and f2h.inputs == [s] and g.loss.dtype is f16
+    assert _producer(g, g.outputs[0]).inputs == [g.loss] and g.outputs[0].dtype is f32
+    assert g.initial_grad in _by_op(g, "ones_like")[0].outputs
+    g.verify()
+
+
+def test_identities_run_as_copies_without_amp_and_are_pruned_with_it():
+    class Fn(nn.Graph):
+        def build(self, x):
+            return mf.amp.black_identity(mf.amp.white_identity(x * 2.0))
+
+    x = np.arange(6, dtype=np.float32).reshape(2, 3)
+    plain = Fn()
+    np.testing.assert_array_equal(plain(x).numpy(), x * 2)
+    assert "amp_white_identity" in plain.ir.count_ops()
+    amp = Fn()
+    amp.config.enable_amp(True)
+    np.testing.assert_array_equal(amp(x).numpy(), x * 2)
+    assert not any(op.startswith("amp_") for op in amp.ir.count_ops())
+
+
+# ------------------------------------------------------------------------------ seeing it
+def test_amp_report_counts_and_to_dot(tmp_path):
+    g = _mlp_graph(black_before_sum=True)
+    ctx, _ = _amp(g, trainable=["w"])
+    rep = amp_report(ctx.amp_result, g)
+    assert (rep.n_fp16, rep.n_fp32, rep.n_casts) == (4, 3, 4)
+    assert [r.kept for r in rep.rows if r.op == "amp_black_identity"] == [False, False]
+    assert "4 float16 nodes, 3 float32 nodes, 4 inserted casts" in str(rep)
+    dot = g.to_dot(str(tmp_path / "amp.png"))
+    assert (tmp_path / "amp.dot").read_text() == dot
+    assert 'label="reduce_sum\\n%4: f32[]", fillcolor=black' in dot
+    assert 'label="matmul\\n%1: f16[4,2]", fillcolor=white' in dot and "fillcolor=gold" in dot
+
+
+def test_graph_amp_report_needs_amp_and_a_compiled_plan():
+    class Fn(nn.Graph):
+        def build(self, x):
+            return x * 2.0
+
+    g = Fn()
+    with pytest.raises(RuntimeError, match="enable AMP"):
+        g.amp_report()
+    g.config.enable_amp(True)
+    g(np.ones(3, np.float32))
+    assert g.amp_report().rows[0].color == "gray"
+
+
+def test_amp_passes_run_only_when_enabled():
+    names = [n for n, _ in passes_for(CompileContext())]
+    assert "auto_mixed_precision" not in names and "prune_amp_identity" not in names
+    names = [n for n, _ in passes_for(CompileContext(amp=AmpConfig(AmpLists())))]
+    assert names.index("autograd") < names.index("auto_mixed_precision") \
+        < names.index("prune_amp_identity") < names.index("optimizer")
+
+
+# ------------------------------------------------------------------------------ bad input
+def test_half_parameters_are_rejected_master_weights_stay_fp32():
+    model = nn.Linear(3, 2, bias=False)
+    model.weight = nn.Parameter(model.weight.numpy().astype(np.float16))
+
+    class Fn(nn.Graph):
+        def __init__(self):
+            super().__init__()
+            self.model = model
+            self.config.enable_amp(True)
+
+        def build(self, x):
+            return self.model(x.to(mf.float16))
+
+    with pytest.raises(TypeError, match="'model.weight' is float16.*master weights must stay "
+                                        "float32"):
+        Fn()(np.ones((2, 3), np.float32))
+
+
+@pytest.mark.parametrize("dtype", [mf.float32, "bfloat16", np.float64])
+def test_enable_amp_rejects_dtypes_other_than_float16(dtype):
+    with pytest.raises(TypeError, match="dtype must be miniflow.float16"):
+        nn.GraphConfig().enable_amp(True, dtype=dtype)
+    cfg = nn.GraphConfig()
+    cfg.enable_amp(True, dtype="float16")
+    assert cfg.amp.dtype is f16
+    cfg.enable_amp(False)
+    assert cfg.amp is None

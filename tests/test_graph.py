@@ -1,0 +1,175 @@
+"""nn.Graph tracing, IR printing/verification, plan reuse, the flat hot path and eager mode."""
+import re
+import tracemalloc
+
+import numpy as np
+import pytest
+
+import miniflow as mf
+from miniflow import nn
+from miniflow.ir import Graph, VerifyError
+from miniflow.ops import inference_calls
+from miniflow.experiments.mlp import EvalGraph, TrainGraph, mlp
+
+
+def _train_graph(seed=0, hidden=8):
+    mf.manual_seed(seed)
+    model = mlp((4, hidden, 3))
+    return model, TrainGraph(model, mf.optim.SGD(model.parameters(), lr=0.1, momentum=0.9))
+
+
+def _batch(n=5, seed=0):
+    r = np.random.default_rng(seed)
+    return r.random((n, 4), dtype=np.float32), r.integers(0, 3, n).astype(np.int64)
+
+
+def test_ir_printer_one_line_per_node_with_types():
+    _, g = _train_graph()
+    g(*_batch())
+    text = str(g.ir)
+    assert re.search(r"%\d+: f32\[5,8\] = matmul\(%x, %model\.0\.weight\) \{transpose_a=False, "
+                     r"transpose_b=True\}", text), text
+    assert "ones_like(%" in text and "sgd_update(%model.0.weight" in text
+    assert "%model.2.bias: f32[3],  # variable" in text
+    assert len([ln for ln in text.splitlines() if " = " in ln or "_update(" in ln]) == len(g.ir.nodes)
+
+
+def test_verifier_names_the_node_and_prints_context():
+    g = Graph()
+    x = g.add_input("x", (2, 3), mf.float32)
+    y = g.emit("relu", x)
+    g.emit("exp", y)
+    g.nodes[1].outputs[0].shape = (3, 2)
+    with pytest.raises(VerifyError, match=r"node 1 \(exp\).*infers f32\[2,3\]") as e:
+        g.verify()
+    assert "--> " in str(e.value) and "relu(%x)" in str(e.value)
+    g2 = Graph()
+    a = g2.add_input("a", (2,), mf.float32)
+    late = g2.emit("negative", a)
+    g2.emit("exp", a)
+    g2.nodes.reverse()  # use before definition
+    g2.nodes[0].inputs = [late]
+    with pytest.raises(VerifyError, match="used before it is defined"):
+        g2.verify()
+
+
+def test_plan_reused_for_same_signature_and_new_plan_for_new_shape():
+    _, g = _train_graph()
+    g(*_batch(5))
+    g(*_batch(5, seed=1))
+    assert g.compile_count == 1
+    g(*_batch(7))
+    assert g.compile_count == 2 and len(g.plans) == 2
+
+
+def test_plan_cache_keeps_at_most_8_lru():
+    _, g = _train_graph()
+    for n in range(1, 11):
+        g(*_batch(n))
+    assert len(g.plans) == 8
+    sizes = [k[0][0][0] for k in g.plans]
+    assert sizes == list(range(3, 11))
+
+
+def test_variables_shared_between_plans_and_modules():
+    model, g = _train_graph()
+    w0 = model[0].weight.numpy()
+    g(*_batch(5))
+    w1 = model[0].weight.numpy()
+    assert not np.array_equal(w0, w1)
+    g(*_batch(6))  # a second plan updates the same storage
+    assert not np.array_equal(w1, model[0].weight.numpy())
+    eager = model(mf.tensor(_batch(2)[0])).numpy()
+    graph_out = EvalGraph(model)(_batch(2)[0]).numpy()
+    np.testing.assert_array_equal(eager, graph_out)
+
+
+def test_hot_path_runs_no_inference_and_allocates_no_node_buffers():
+    _, g = _train_graph(hidden=64)
+    x, y = _batch(32)
+    g(x, y)
+    calls = inference_calls()
+    tracemalloc.start()
+    base, _ = tracemalloc.get_traced_memory()
+    tracemalloc.reset_peak()
+    for _ in range(20):
+        g(x, y)
+    _, peak = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    assert inference_calls() == calls
+    # a single per-node buffer here is 32*64*4 = 8 KiB; the steady-state step must stay far below
+    assert peak - base < 4096, peak - base
+
+
+def test_print_ir_after_every_pass(capsys):
+    _, g = _train_graph()
+    g.config.debug(print_ir=True)
+    g(*_batch())
+    out = capsys.readouterr().out
+    for name in ("trace", "autograd", "optimizer", "dead_code_elimination"):
+        assert f"# IR after {name}" in out
+
+
+def test_autograd_records_initial_grad_and_sums_fan_out():
+    class G(nn.Graph):
+        def __init__(self):
+            super().__init__()
+            self.lin = nn.Linear(3, 3)
+            self.add_optimizer(mf.optim.SGD(self.lin.parameters(), lr=0.1))
+
+        def build(self, x):
+            h = self.lin(x)
+            loss = (h * h + h).sum()  # h fans out twice
+            loss.backward()
+            return loss
+
+    g = G()
+    g(np.ones((2, 3), np.float32))
+    ir = g.ir
+    assert ir.initial_grad.producer.op == "ones_like"
+    assert ir.initial_grad.producer.inputs[0] is ir.loss
+    assert ir.count_ops().get("add_n", 0) >= 1
+
+
+def test_inference_graph_has_no_backward_or_updates():
+    model, _ = _train_graph()
+    e = EvalGraph(model)
+    e(_batch()[0])
+    ops = e.ir.count_ops()
+    assert "ones_like" not in ops and "sgd_update" not in ops
+
+
+def test_state_dict_round_trip_and_checks():
+    model, _ = _train_graph()
+    sd = model.state_dict()
+    assert list(sd) == ["0.weight", "0.bias", "2.weight", "2.bias"]
+    assert sd["0.weight"].shape == (8, 4)
+    sd["0.bias"][:] = 7
+    model.load_state_dict(sd)
+    assert (model[0].bias.numpy() == 7).all()
+    with pytest.raises(KeyError, match="missing keys"):
+        model.load_state_dict({"0.weight": sd["0.weight"]})
+    bad = dict(sd)
+    bad["0.weight"] = np.zeros((4, 8), np.float32)
+    with pytest.raises(ValueError, match="0.weight"):
+        model.load_state_dict(bad)
+    bad["0.weight"] = sd["0.weight"].astype(np.float64)
+    with pytest.raises(ValueError, match="0.weight"):
+        model.load_state_dict(bad)
+
+
+def test_eager_tensor_api():
+    a = mf.tensor([[1.0, 2.0], [3.0, 4.0]])
+    b = mf.tensor([0.5, -1.0])
+    assert a.dtype is mf.float32
+    np.testing.assert_allclose((a + b).numpy(), [[1.5, 1.0], [3.5, 3.0]])
+    np.testing.assert_allclose((a @ a).numpy(), np.array([[7, 10], [15, 22]]))
+    np.testing.assert_allclose((2 - a).numpy(), 2 - a.numpy())
+    np.testing.assert_allclose((1 / a).numpy(), 1 / a.numpy(), rtol=1e-6)
+    np.testing.assert_allclose(a.mean(axis=0).numpy(), [2, 3])
+    np.testing.assert_allclose((-a).T.numpy(), -a.numpy().T)
+    assert a.to(mf.float16).dtype is mf.float16
+    np.testing.assert_allclose(nn.functional.softmax(a, dim=0).numpy().sum(0), [1, 1], rtol=1e-6)
+    assert a.reshape(4).shape == (4,)
+    with pytest.raises(RuntimeError, match="inside nn.Graph.build"):
+        a.sum().backward()

@@ -1,0 +1,457 @@
+"""CPU kernels against NumPy float64: one table row per (op, case), run for f16, f32 and f64.
+
+Each case builds a bare ``Node`` (no op registry), allocates outputs filled with a sentinel, runs the
+builder's steps and compares with a float64 NumPy reference computed from the same (rounded) inputs.
+"""
+import os
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from miniflow.dtype import float16, float32, float64, int64
+from miniflow.ir import Node, Value
+from miniflow.kernels.cpu import KERNELS, PARALLEL_MIN_SIZE
+
+FLOATS = [float16, float32, float64]
+TOL = {float16: 2e-3, float32: 2e-5, float64: 1e-12}
+SENTINEL = -777.0
+
+
+def run(op, ins, out_specs, attrs=None):
+    """Build ``op``'s steps for ``ins`` -> outputs of ``out_specs`` [(shape, DType)], run them."""
+    ins = [np.ascontiguousarray(a) for a in ins]
+    node = Node(op, [Value(f"i{k}", a.shape, a.dtype) for k, a in enumerate(ins)],
+                [Value(f"o{k}", s, d) for k, (s, d) in enumerate(out_specs)], dict(attrs or {}))
+    outs = [np.full(s, SENTINEL, d.np) for s, d in out_specs]
+    for fn, args in KERNELS[op](node, ins, outs):
+        fn(*args)
+    return outs
+
+
+def rand(rng, shape, dt, lo=-2.0, hi=2.0):
+    """Uniform values rounded to ``dt``."""
+    return rng.uniform(lo, hi, shape).astype(dt.np)
+
+
+def check(out, ref, dt):
+    """``out`` (dtype dt) close to the float64 ``ref`` at dt's tolerance; nan where ref is nan."""
+    ref = np.asarray(ref, np.float64)
+    assert out.shape == ref.shape and out.dtype == dt.np
+    np.testing.assert_allclose(out.astype(np.float64), ref, rtol=TOL[dt], atol=TOL[dt])
+
+
+def f64(*arrays):
+    return [np.asarray(a, np.float64) for a in arrays]
+
+
+# ----------------------------------------------------------------------------- elementwise table
+def _sigmoid(x):
+    return 1.0 / (1.0 + np.exp(-x))
+
+
+UNARY = {
+    "negative": (np.negative, (-2, 2)),
+    "exp": (np.exp, (-3, 3)),
+    "log": (np.log, (0.1, 4)),
+    "relu": (lambda x: np.maximum(x, 0.0), (-2, 2)),
+    "tanh": (np.tanh, (-3, 3)),
+    "sigmoid": (_sigmoid, (-8, 8)),
+    "identity": (lambda x: x, (-2, 2)),
+}
+SHAPES = [(3, 4), (2, 1, 5), (0, 3), (), (1,)]
+
+
+@pytest.mark.parametrize("dt", FLOATS, ids=lambda d: d.short)
+@pytest.mark.parametrize("op", sorted(UNARY))
+def test_unary(op, dt):
+    rng = np.random.default_rng(0)
+    ref_fn, (lo, hi) = UNARY[op]
+    for shape in SHAPES:
+        x = rand(rng, shape, dt, lo, hi)
+        (out,) = run(op, [x], [(shape, dt)])
+        check(out, ref_fn(*f64(x)), dt)
+
+
+@pytest.mark.parametrize("dt", FLOATS, ids=lambda d: d.short)
+@pytest.mark.parametrize("op,ref_fn", [("scalar_add", np.add), ("scalar_mul", np.multiply)])
+def test_scalar_ops(op, ref_fn, dt):
+    rng = np.random.default_rng(1)
+    for shape in SHAPES:
+        x = rand(rng, shape, dt)
+        (out,) = run(op, [x], [(shape, dt)], {"scalar": 2.5})
+        check(out, ref_fn(*f64(x), 2.5), dt)
+
+
+BROADCAST_SHAPES = [((3, 4), (3, 4)), ((3, 4), (4,)), ((2, 1, 4), (3, 1)), ((1,), (5,)),
+                    ((2, 3, 4), ()), ((0, 3), (3,)), ((4, 1), (1, 5)), ((2, 3, 4), (2, 1, 4)),
+                    ((1, 1), (1, 1))]
+BINARY = {"broadcast_add": np.add, "broadcast_sub": np.subtract, "broadcast_mul": np.multiply,
+          "broadcast_div": np.divide}
+
+
+@pytest.mark.parametrize("dt", FLOATS, ids=lambda d: d.short)
+@pytest.mark.parametrize("op", sorted(BINARY))
+def test_broadcast_binary(op, dt):
+    rng = np.random.default_rng(2)
+    for xs, ys in BROADCAST_SHAPES:
+        x, y = rand(rng, xs, dt), rand(rng, ys, dt, 0.5, 2.0)
+        shape = np.broadcast_shapes(xs, ys)
+        (out,) = run(op, [x, y], [(shape, dt)])
+        check(out, BINARY[op](*f64(x, y)), dt)
+        (out,) = run(op, [y, x], [(shape, dt)])       # broadcast operand first
+        check(out, BINARY[op](*f64(y, x)), dt)
+
+
+GRADS = {
+    "relu_grad": (lambda y, dy: np.where(y > 0, dy, 0.0), (0.0, 2.0)),
+    "tanh_grad": (lambda y, dy: dy * (1 - y * y), (-1.0, 1.0)),
+    "sigmoid_grad": (lambda y, dy: dy * y * (1 - y), (0.0, 1.0)),
+}
+
+
+@pytest.mark.parametrize("dt", FLOATS, ids=lambda d: d.short)
+@pytest.mark.parametrize("op", sorted(GRADS))
+def test_activation_grads(op, dt):
+    rng = np.random.default_rng(3)
+    ref_fn, (lo, hi) = GRADS[op]
+    y, dy = rand(rng, (4, 6), dt, lo, hi), rand(rng, (4, 6), dt)
+    if op == "relu_grad":
+        y[0, :3] = 0.0
+    (out,) = run(op, [y, dy], [((4, 6), dt)])
+    check(out, ref_fn(*f64(y, dy)), dt)
+
+
+@pytest.mark.parametrize("dt", FLOATS, ids=lambda d: d.short)
+@pytest.mark.parametrize("shape,axis", [((2, 3, 4), 1), ((2, 3, 4), 2), ((5, 3), 0), ((3,), 0)])
+def test_bias_add(shape, axis, dt):
+    rng = np.random.default_rng(4)
+    a, b = rand(rng, shape, dt), rand(rng, (shape[axis],), dt)
+    bshape = [1] * len(shape)
+    bshape[axis] = shape[axis]
+    (out,) = run("bias_add", [a, b], [(shape, dt)], {"axis": axis})
+    check(out, f64(a)[0] + f64(b)[0].reshape(bshape), dt)
+
+
+@pytest.mark.parametrize("dt", FLOATS, ids=lambda d: d.short)
+@pytest.mark.parametrize("n", [1, 2, 3, 4])
+def test_add_n(n, dt):
+    rng = np.random.default_rng(5)
+    xs = [rand(rng, (3, 5), dt) for _ in range(n)]
+    (out,) = run("add_n", xs, [((3, 5), dt)])
+    check(out, np.sum(f64(*xs), axis=0), dt)
+
+
+CAST_DTYPES = [float16, float32, float64, int64]
+
+
+@pytest.mark.parametrize("src", CAST_DTYPES, ids=lambda d: d.short)
+@pytest.mark.parametrize("dst", FLOATS, ids=lambda d: d.short)
+def test_cast_bit_exact(src, dst):
+    rng = np.random.default_rng(6)
+    x = rng.standard_normal(2000) * np.exp2(rng.uniform(-30, 20, 2000))
+    x = np.concatenate([x, [65504, 65519.99, 65520, 2.0**-24, 2.0**-25, 3 * 2.0**-26, 1e6,
+                            np.inf, -np.inf, np.nan, -np.nan, 0.0, -0.0]])
+    if src is int64:
+        x = np.concatenate([np.arange(-3000, 3000), [2**24 + 1, 65519, 65520, -(2**40)]])
+    with np.errstate(over="ignore", invalid="ignore"):
+        x = x.astype(src.np)
+        expect = x.astype(dst.np)
+    (out,) = run("cast", [x], [(x.shape, dst)], {"dtype": dst})
+    nan = np.isnan(expect)
+    assert np.isnan(out[nan]).all() and np.array_equal(np.signbit(out[nan]), np.signbit(expect[nan]))
+    assert np.array_equal(out[~nan].view(f"u{dst.itemsize}"), expect[~nan].view(f"u{dst.itemsize}"))
+
+
+# ----------------------------------------------------------------------------- reductions, rows
+REDUCE_CASES = [((2, 3, 4), (0, 2)), ((2, 3, 4), (1,)), ((2, 3, 4), (0, 1, 2)), ((2, 3, 4), ()),
+                ((4, 1, 5, 6), (1, 2)), ((3, 0, 2), (1,)), ((3, 0, 2), (0,)), ((1,), (0,)),
+                ((), ()), ((2, 3, 4, 5), (0, 2)), ((2, 3, 4, 5), (1, 3)), ((5, 7), (0,))]
+
+
+@pytest.mark.parametrize("dt", FLOATS, ids=lambda d: d.short)
+@pytest.mark.parametrize("keepdims", [False, True])
+def test_reduce_sum(keepdims, dt):
+    rng = np.random.default_rng(7)
+    for shape, axis in REDUCE_CASES:
+        x = rand(rng, shape, dt)
+        ref = np.sum(f64(x)[0], axis=axis, keepdims=keepdims)
+        (out,) = run("reduce_sum", [x], [(ref.shape, dt)], {"axis": axis, "keepdims": keepdims})
+        check(out, ref, dt)
+
+
+def _softmax(x):
+    e = np.exp(x - x.max(-1, keepdims=True))
+    return e / e.sum(-1, keepdims=True)
+
+
+def _log_softmax(x):
+    m = x.max(-1, keepdims=True)
+    return x - m - np.log(np.exp(x - m).sum(-1, keepdims=True))
+
+
+@pytest.mark.parametrize("dt", FLOATS, ids=lambda d: d.short)
+@pytest.mark.parametrize("op,ref_fn", [("softmax", _softmax), ("log_softmax", _log_softmax)])
+def test_softmax(op, ref_fn, dt):
+    rng = np.random.default_rng(8)
+    for shape, scale in [((4, 7), 1.0), ((2, 3, 5), 30.0), ((1, 1), 1.0), ((0, 4), 1.0)]:
+        x = rand(rng, shape, dt, -scale, scale)
+        (out,) = run(op, [x], [(shape, dt)])
+        check(out, ref_fn(f64(x)[0]), dt)
+
+
+@pytest.mark.parametrize("dt", FLOATS, ids=lambda d: d.short)
+def test_softmax_grads(dt):
+    rng = np.random.default_rng(9)
+    x = rng.uniform(-2, 2, (4, 6))
+    y, ly, dy = _softmax(x).astype(dt.np), _log_softmax(x).astype(dt.np), rand(rng, (4, 6), dt)
+    (out,) = run("softmax_grad", [y, dy], [((4, 6), dt)])
+    yy, dd = f64(y, dy)
+    check(out, yy * (dd - (dd * yy).sum(-1, keepdims=True)), dt)
+    (out,) = run("log_softmax_grad", [ly, dy], [((4, 6), dt)])
+    ll = f64(ly)[0]
+    check(out, dd - np.exp(ll) * dd.sum(-1, keepdims=True), dt)
+
+
+@pytest.mark.parametrize("dt", FLOATS, ids=lambda d: d.short)
+def test_sparse_softmax_cross_entropy(dt):
+    rng = np.random.default_rng(10)
+    pred, label = rand(rng, (5, 7), dt, -4, 4), rng.integers(0, 7, 5)
+    prob, loss = run("sparse_softmax_cross_entropy", [pred, label], [((5, 7), dt), ((5,), dt)])
+    p = f64(pred)[0]
+    check(prob, _softmax(p), dt)
+    check(loss, -_log_softmax(p)[np.arange(5), label], dt)
+    dy = rand(rng, (5,), dt)
+    (dx,) = run("sparse_softmax_cross_entropy_grad", [dy, label, prob], [((5, 7), dt)])
+    ref = f64(prob)[0] - np.eye(7)[label]
+    check(dx, f64(dy)[0][:, None] * ref, dt)
+
+
+@pytest.mark.parametrize("bad", [-1, 7])
+def test_sparse_softmax_cross_entropy_label_out_of_range(bad):
+    pred, label = np.zeros((3, 7), np.float32), np.array([0, bad, 2])
+    with pytest.raises(ValueError, match=r"label out of range \[0, num_classes\)"):
+        run("sparse_softmax_cross_entropy", [pred, label], [((3, 7), float32), ((3,), float32)])
+
+
+# ----------------------------------------------------------------------------- matmul, movement
+@pytest.mark.parametrize("dt", FLOATS, ids=lambda d: d.short)
+@pytest.mark.parametrize("ta,tb", [(False, False), (True, False), (False, True), (True, True)])
+def test_matmul(ta, tb, dt):
+    rng = np.random.default_rng(11)
+    for m, k, n in [(3, 4, 5), (1, 1, 1), (2, 0, 3), (16, 33, 8)]:
+        a = rand(rng, (k, m) if ta else (m, k), dt)
+        b = rand(rng, (n, k) if tb else (k, n), dt)
+        (out,) = run("matmul", [a, b], [((m, n), dt)], {"transpose_a": ta, "transpose_b": tb})
+        aa, bb = f64(a, b)
+        ref = (aa.T if ta else aa) @ (bb.T if tb else bb)
+        if dt is float16:      # fp32 accumulation, one rounding to fp16
+            ref = ((aa.T if ta else aa).astype(np.float32) @ (bb.T if tb else bb).astype(np.float32))
+        check(out, ref, dt)
+
+
+@pytest.mark.parametrize("dt", FLOATS, ids=lambda d: d.short)
+def test_data_movement(dt):
+    rng = np.random.default_rng(12)
+    x = rand(rng, (2, 3, 4), dt)
+    (out,) = run("reshape", [x], [((6, 4), dt)], {"shape": (6, 4)})
+    assert np.array_equal(out, x.reshape(6, 4))
+    (out,) = run("transpose", [x], [((4, 2, 3), dt)], {"perm": (2, 0, 1)})
+    assert np.array_equal(out, x.transpose(2, 0, 1))
+    (out,) = run("ones_like", [x], [(x.shape, dt)])
+    assert np.array_equal(out, np.ones_like(x))
+    (out,) = run("constant", [], [((2, 3), dt)], {"value": 0.1, "shape": (2, 3), "dtype": dt})
+    assert np.array_equal(out, np.full((2, 3), 0.1, dt.np))
+    like = np.zeros((2, 3, 4), dt.np)
+    for xs, axes in [((3, 4), (0,)), ((2, 1, 4), (1,)), ((2, 3), (2,)), ((), (0, 1, 2))]:
+        x = rand(rng, xs, dt)
+        (out,) = run("broadcast_like", [x, like], [(like.shape, dt)], {"broadcast_axes": axes})
+        expect = x.reshape([1 if d in axes else like.shape[d] for d in range(3)])
+        assert np.array_equal(out, np.broadcast_to(expect, like.shape))
+
+
+# ----------------------------------------------------------------------------- special values
+@pytest.mark.parametrize("dt", FLOATS, ids=lambda d: d.short)
+def test_nan_propagates(dt):
+    x = np.array([[1.0, np.nan, -2.0], [0.5, 1.0, -1.0]], dt.np)
+    for op in ["relu", "exp", "tanh", "sigmoid", "negative", "log"]:
+        (out,) = run(op, [x], [(x.shape, dt)])
+        assert np.isnan(out[0, 1]), op
+    for op in ["softmax", "log_softmax"]:
+        (out,) = run(op, [x], [(x.shape, dt)])
+        assert np.isnan(out[0]).all() and not np.isnan(out[1]).any(), op
+    (out,) = run("reduce_sum", [x], [((2,), dt)], {"axis": (1,), "keepdims": False})
+    assert np.isnan(out[0]) and not np.isnan(out[1])
+    (out,) = run("broadcast_add", [x, np.ones(3, dt.np)], [(x.shape, dt)])
+    assert np.isnan(out[0, 1]) and np.isfinite(np.delete(out.ravel(), 1)).all()
+
+
+@pytest.mark.parametrize("dt", FLOATS, ids=lambda d: d.short)
+def test_relu_gives_positive_zero(dt):
+    x = np.array([-3.0, -0.0, 0.0, -np.inf, 2.0], dt.np)
+    (out,) = run("relu", [x], [(x.shape, dt)])
+    assert np.array_equal(out, [0, 0, 0, 0, 2]) and not np.signbit(out[:4]).any()
+
+
+def test_fp16_overflow_and_exact_scalar():
+    x = np.array([60000.0, 30000.0, -60000.0], np.float16)
+    (out,) = run("scalar_mul", [x], [(x.shape, float16)], {"scalar": 2.0})
+    assert np.array_equal(out, np.array([np.inf, 60000.0, -np.inf], np.float16))
+    (out,) = run("constant", [], [((1,), float16)], {"value": 65536.0, "shape": (1,), "dtype": float16})
+    assert np.isinf(out[0])
+
+
+def test_sigmoid_stable_for_large_inputs():
+    x = np.array([-1000.0, -100.0, 100.0, 1000.0, -np.inf, np.inf])
+    with np.errstate(all="raise"):
+        (out,) = run("sigmoid", [x], [(x.shape, float64)])
+    np.testing.assert_allclose(out, [0.0, _sigmoid(-100.0), 1.0, 1.0, 0.0, 1.0], rtol=1e-15, atol=0)
+
+
+def test_division_by_zero_is_ieee():
+    x, y = np.array([1.0, -1.0, 0.0], np.float32), np.zeros(3, np.float32)
+    (out,) = run("broadcast_div", [x, y], [((3,), float32)])
+    assert out[0] == np.inf and out[1] == -np.inf and np.isnan(out[2])
+
+
+@pytest.mark.parametrize("dt", [float16, float32], ids=lambda d: d.short)
+def test_parallel_path(dt):
+    rng = np.random.default_rng(13)
+    n = PARALLEL_MIN_SIZE + 17
+    x, y = rand(rng, (n,), dt), rand(rng, (n // 1,), dt)
+    (out,) = run("broadcast_mul", [x, y], [((n,), dt)])
+    check(out, np.multiply(*f64(x, y)), dt)
+    xb = rand(rng, (n // 17 + 1, 17), dt)
+    (out,) = run("bias_add", [xb, y[:17]], [(xb.shape, dt)], {"axis": 1})
+    check(out, f64(xb)[0] + f64(y[:17])[0], dt)
+    (out,) = run("reduce_sum", [xb], [((17,), dt)], {"axis": (0,), "keepdims": False})
+    np.testing.assert_allclose(out, f64(xb)[0].sum(0), rtol=1e-2, atol=0.5)
+    (out,) = run("softmax", [xb], [(xb.shape, dt)])
+    check(out, _softmax(f64(xb)[0]), dt)
+
+
+# ----------------------------------------------------------------------------- hypothesis: shapes
+_dims = st.lists(st.integers(0, 3), min_size=0, max_size=4)
+
+
+@settings(max_examples=60, deadline=None)
+@given(_dims, st.data())
+def test_broadcast_and_reduce_random_shapes(shape, data):
+    """broadcast_sub of random broadcast-compatible shapes, then reduce_sum over random axes."""
+    y_shape = tuple(data.draw(st.sampled_from([1, n])) for n in shape[data.draw(st.integers(0, len(shape))):])
+    rng = np.random.default_rng(len(shape))
+    x, y = rng.standard_normal(shape), rng.standard_normal(y_shape)
+    out_shape = np.broadcast_shapes(x.shape, y.shape)
+    (out,) = run("broadcast_sub", [y, x], [(out_shape, float64)])
+    np.testing.assert_allclose(out, y - x, rtol=1e-15)
+    axes = tuple(sorted(data.draw(st.sets(st.integers(0, max(len(shape) - 1, 0)))) if shape else ()))
+    keep = data.draw(st.booleans())
+    ref = np.sum(x, axis=axes, keepdims=keep)
+    (got,) = run("reduce_sum", [x], [(ref.shape, float64)], {"axis": axes, "keepdims": keep})
+    np.testing.assert_allclose(got, ref, rtol=1e-12, atol=1e-12)
+
+
+# ----------------------------------------------------------------------------- optimizer updates
+def _torch_sgd(p, g, buf, steps, lr, mu, wd):
+    for _ in range(steps):
+        d = g + wd * p
+        if mu:
+            buf[...] = mu * buf + d
+            d = buf
+        p = p - lr * d
+    return p, buf
+
+
+@pytest.mark.parametrize("dt", [float32, float64], ids=lambda d: d.short)
+@pytest.mark.parametrize("mu,wd", [(0.0, 0.0), (0.9, 0.0), (0.9, 0.01), (0.0, 0.1)])
+def test_sgd_update(mu, wd, dt):
+    rng = np.random.default_rng(14)
+    p, g = rand(rng, (3, 4), dt), rand(rng, (3, 4), dt)
+    buf = np.zeros_like(p)
+    ins = [p.copy(), g, np.zeros(1, np.int64)] + ([buf.copy()] if mu else [])
+    attrs = {"lr": 0.1, "momentum": mu, "weight_decay": wd}
+    node = Node("sgd_update", [Value(f"i{k}", a.shape, a.dtype) for k, a in enumerate(ins)], [], attrs)
+    steps = KERNELS["sgd_update"](node, ins, [])
+    for _ in range(3):
+        for fn, args in steps:
+            fn(*args)
+    ref_p, ref_buf = _torch_sgd(*f64(p, g, buf), 3, 0.1, mu, wd)
+    check(ins[0], ref_p, dt)
+    if mu:
+        check(ins[3], ref_buf, dt)
+    ins[2][0] = 1                                      # skip_if
+    before = [a.copy() for a in ins]
+    for fn, args in steps:
+        fn(*args)
+    assert all(np.array_equal(a.view(np.uint8), b.view(np.uint8)) for a, b in zip(ins, before))
+
+
+@pytest.mark.parametrize("dt", [float32, float64], ids=lambda d: d.short)
+@pytest.mark.parametrize("wd", [0.0, 0.01])
+def test_adam_update(wd, dt):
+    rng = np.random.default_rng(15)
+    p, g = rand(rng, (5, 3), dt), rand(rng, (5, 3), dt)
+    ins = [p.copy(), g, np.zeros(1, np.int64), np.zeros_like(p), np.zeros_like(p),
+           np.zeros(1, np.int64)]
+    a = {"lr": 1e-2, "beta1": 0.9, "beta2": 0.999, "eps": 1e-8, "weight_decay": wd}
+    node = Node("adam_update", [Value(f"i{k}", x.shape, x.dtype) for k, x in enumerate(ins)], [], a)
+    steps = KERNELS["adam_update"](node, ins, [])
+    rp, rg = f64(p, g)
+    m, v = np.zeros_like(rp), np.zeros_like(rp)
+    for t in range(1, 4):
+        for fn, args in steps:
+            fn(*args)
+        d = rg + wd * rp
+        m, v = 0.9 * m + 0.1 * d, 0.999 * v + 0.001 * d * d
+        rp = rp - a["lr"] / (1 - 0.9**t) * m / (np.sqrt(v) / np.sqrt(1 - 0.999**t) + 1e-8)
+    assert ins[5][0] == 3
+    check(ins[0], rp, dt)
+    check(ins[3], m, dt)
+    check(ins[4], v, dt)
+    ins[2][0] = 5
+    before = [x.copy() for x in ins]
+    for fn, args in steps:
+        fn(*args)
+    assert all(np.array_equal(x.view(np.uint8), y.view(np.uint8)) for x, y in zip(ins, before))
+
+
+def test_sgd_momentum_without_buffer_is_an_error():
+    ins = [np.zeros(3, np.float32), np.zeros(3, np.float32), np.zeros(1, np.int64)]
+    node = Node("sgd_update", [Value(f"i{k}", a.shape, a.dtype) for k, a in enumerate(ins)], [],
+                {"lr": 0.1, "momentum": 0.9, "weight_decay": 0.0})
+    with pytest.raises(ValueError, match="momentum_buf"):
+        KERNELS["sgd_update"](node, ins, [])
+
+
+# ----------------------------------------------------------------------------- on-disk cache
+_CACHE_SCRIPT = textwrap.dedent("""
+    import numpy as np
+    from miniflow.dtype import float32
+    from miniflow.ir import Node, Value
+    from miniflow.kernels.cpu import KERNELS
+    x = np.linspace(-2, 2, 11, dtype=np.float32)
+    hits = 0
+    for op, ref in [("negative", -x), ("exp", np.exp(x)), ("relu", np.maximum(x, 0)),
+                    ("tanh", np.tanh(x)), ("broadcast_add", x + x), ("broadcast_mul", x * x)]:
+        ins = [x] if op.startswith(("neg", "exp", "relu", "tanh")) else [x, x]
+        node = Node(op, [Value("a", x.shape, float32) for _ in ins], [Value("o", x.shape, float32)])
+        out = np.empty_like(x)
+        ((fn, args),) = KERNELS[op](node, ins, [out])
+        fn(*args)
+        np.testing.assert_allclose(out, ref, rtol=1e-6)
+        hits += sum(fn.stats.cache_hits.values())
+    print("HITS", hits)
+""")
+
+
+def test_cache_keeps_scalar_functions_apart(tmp_path):
+    """Kernels from one factory with different scalar functions get separate cache entries."""
+    env = dict(os.environ, NUMBA_CACHE_DIR=str(tmp_path))
+    runs = [subprocess.run([sys.executable, "-c", _CACHE_SCRIPT], env=env, capture_output=True,
+                           text=True) for _ in range(2)]
+    for r in runs:
+        assert r.returncode == 0, r.stderr
+    assert "HITS 0" in runs[0].stdout and "HITS 6" in runs[1].stdout
