@@ -14,7 +14,7 @@ from collections import OrderedDict
 import numpy as np
 
 from ..amp.lists import AmpLists
-from ..amp.report import AmpReport, amp_report
+from ..amp.report import AmpReport, amp_report as build_amp_report
 from ..dtype import as_dtype, float16
 from ..ir import Graph as IRGraph
 from ..passes.auto_mixed_precision import AmpConfig
@@ -191,7 +191,7 @@ class Graph:
         if self._amp_result is None:
             raise RuntimeError(f"{type(self).__name__}.amp_report(): no AMP decisions yet; enable "
                                "AMP (self.config.enable_amp()) and call the graph once")
-        return amp_report(self._amp_result, self.ir)
+        return build_amp_report(self._amp_result, self.ir)
 
     @property
     def plans(self) -> "OrderedDict[tuple, Plan]":
