@@ -130,7 +130,10 @@ class Graph:
     * ``loss``: the Value ``backward()`` was called on (None for inference graphs).
     * ``initial_grad``: the Value the autograd pass seeded the backward pass with (``ones_like(loss)``
       or an identity of it); the loss-scale pass finds it here even after AMP inserted casts.
-    * ``grads``: variable name -> gradient Value, filled by the autograd pass.
+    * ``grads``: variable name -> gradient Value, filled by the autograd pass (the loss-scale pass
+      replaces them by the unscaled float32 gradients).
+    * ``scaled_initial_grad``, ``nonfinite_counts`` (i64[n], one count per name in
+      ``nonfinite_names``): set by the loss-scale pass.
     * ``constant_data``: name -> NumPy array for ``kind == "constant"`` Values.
     * ``variable_data``: name -> backend array holding a variable's state (not owned by the IR).
     """
@@ -145,6 +148,9 @@ class Graph:
         self.loss: Value | None = None
         self.initial_grad: Value | None = None
         self.grads: dict[str, Value] = {}
+        self.scaled_initial_grad: Value | None = None
+        self.nonfinite_counts: Value | None = None
+        self.nonfinite_names: list = []
         self._counter = 0
 
     # ----------------------------------------------------------------- building

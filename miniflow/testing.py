@@ -26,7 +26,8 @@ def gradient_graph(op: str, inputs: list, attrs: dict, seed: int = 0):
 
     Returns:
         (graph, plan, var_arrays) where running the plan returns ``[loss, *grads]`` and
-        ``var_arrays`` are the (mutable) backend arrays of the float inputs.
+        ``var_arrays`` are the (mutable) backend arrays of the float inputs that got a gradient
+        (an op may leave an input undifferentiated, e.g. the scale of scalar_mul_by_tensor).
     """
     backend = get_backend()
     g = Graph()
@@ -52,9 +53,10 @@ def gradient_graph(op: str, inputs: list, attrs: dict, seed: int = 0):
     loss = terms[0] if len(terms) == 1 else g.emit("add_n", *terms)
     g.loss = loss
     g = autograd(g, CompileContext(trainable=names))
-    g.outputs = [loss] + [g.grads[n] for n in names if n in g.grads]
+    differentiated = [i for i, n in enumerate(names) if n in g.grads]
+    g.outputs = [loss] + [g.grads[names[i]] for i in differentiated]
     g.verify()
-    return g, Plan(g, backend), arrays
+    return g, Plan(g, backend), [arrays[i] for i in differentiated]
 
 
 def check_grad(op: str, inputs: list, attrs: dict | None = None, eps: float = 1e-6,

@@ -299,7 +299,8 @@ def test_parameters_stay_fp32_and_fp16_grads_are_cast_once_before_the_update():
             super().__init__()
             self.model = model
             self.add_optimizer(mf.optim.SGD(model.parameters(), lr=0.1))
-            self.config.enable_amp(True)
+            # without the "fp32" policy's identity on the initial gradient, every grad is fp16
+            self.config.enable_amp(True, loss_scale_policy="legacy")
 
         def build(self, x):
             loss = self.model(x).sum()

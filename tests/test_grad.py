@@ -47,6 +47,8 @@ CASES = [
     ("broadcast_like", [u(3), u(2, 3)], {"broadcast_axes": (0,)}),
     ("broadcast_like", [u(2, 1), u(2, 4)], {"broadcast_axes": (1,)}),
     ("cast", [u(3, 2)], {"dtype": "float32"}),
+    ("scalar_mul_by_tensor", [u(3, 2), u(1, lo=0.5, hi=2.0)], {}),
+    ("reciprocal", [u(2, 3, lo=0.5, hi=2.0)], {}),
 ]
 
 

@@ -31,7 +31,8 @@ GRAY = ("add_n", "bias_add", "reduce_sum", "scalar_mul", "scalar_add",
         "broadcast_add", "broadcast_sub", "broadcast_mul", "broadcast_div",
         "tanh", "tanh_grad", "sigmoid_grad",
         "softmax", "softmax_grad", "log_softmax", "log_softmax_grad",
-        "sparse_softmax_cross_entropy", "sparse_softmax_cross_entropy_grad")
+        "sparse_softmax_cross_entropy", "sparse_softmax_cross_entropy_grad",
+        "scalar_mul_by_tensor", "reciprocal")
 
 CLEAR = ("reshape", "transpose", "relu", "relu_grad", "identity", "broadcast_like", "ones_like")
 
@@ -45,6 +46,8 @@ UNLISTED = {
     "constant": "creation op with a dtype attribute and no input to take a color from",
     "sgd_update": "optimizer update: runs after AMP, writes the float32 master weights",
     "adam_update": "optimizer update: runs after AMP, writes the float32 master weights",
+    "multi_count_not_finite": "loss-scale stage: runs after AMP on the float32 unscaled gradients",
+    "dynamic_loss_scale_schedule": "loss-scale stage: runs after AMP, writes the float32 scale",
 }
 """Op types in no list, with the reason."""
 

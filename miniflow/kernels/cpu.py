@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import cpu_elementwise, cpu_reduce, cpu_update
+from . import cpu_elementwise, cpu_loss_scale, cpu_reduce, cpu_update
 from .cpu_common import PARALLEL_MIN_SIZE  # re-exported; builders read cpu_common.PARALLEL_MIN_SIZE
 from .cpu_elementwise import cast_steps
 
@@ -90,6 +90,7 @@ KERNELS = {
     **cpu_elementwise.BUILDERS,
     **cpu_reduce.BUILDERS,
     **cpu_update.BUILDERS,
+    **cpu_loss_scale.BUILDERS,
     "matmul": build_matmul,
     "reshape": build_reshape,
     "transpose": build_transpose,

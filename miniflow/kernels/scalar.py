@@ -13,7 +13,7 @@ NaN propagates through every function (``relu(nan) = nan``, as in PyTorch).
 import math
 
 __all__ = ["add", "sub", "mul", "div", "neg", "identity", "exp", "log", "relu", "tanh", "sigmoid",
-           "relu_grad", "tanh_grad", "sigmoid_grad"]
+           "relu_grad", "tanh_grad", "sigmoid_grad", "reciprocal"]
 
 
 def add(a, b):
@@ -91,3 +91,8 @@ def tanh_grad(y, dy):
 def sigmoid_grad(y, dy):
     """dy * (1 - y) * y with y = sigmoid(x) (PyTorch's order)."""
     return dy * (1.0 - y) * y
+
+
+def reciprocal(x):
+    """1 / x (IEEE: 1/0 = inf)"""
+    return 1.0 / x

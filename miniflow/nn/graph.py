@@ -13,11 +13,13 @@ from collections import OrderedDict
 
 import numpy as np
 
+from ..amp.grad_scaler import GradScaler, StaticGradScaler
 from ..amp.lists import AmpLists
 from ..amp.report import AmpReport, amp_report as build_amp_report
 from ..dtype import as_dtype, float16
 from ..ir import Graph as IRGraph
 from ..passes.auto_mixed_precision import AmpConfig
+from ..passes.loss_scale import POLICIES
 from ..passes.pipeline import CompileContext, run_passes
 from ..runtime.backend import get_backend
 from ..runtime.plan import Plan
@@ -34,11 +36,14 @@ class GraphConfig:
     Attributes:
         print_ir: print the IR after trace and after every pass when a plan is compiled.
         amp: the AMP settings (an ``AmpConfig``), or None when AMP is off.
+        loss_scale_policy: how the loss scale meets a float16 initial gradient (``"fp32"``,
+            ``"cast_back"`` or ``"legacy"``; see ``miniflow.passes.loss_scale``).
     """
 
     def __init__(self):
         self.print_ir = False
         self.amp: AmpConfig | None = None
+        self.loss_scale_policy = POLICIES[0]
 
     def debug(self, print_ir: bool = True) -> None:
         """Print the IR after every pass at the next compilation."""
@@ -46,7 +51,8 @@ class GraphConfig:
 
     def enable_amp(self, enabled: bool = True, dtype=float16, *, lists: AmpLists | None = None,
                    white_add=(), black_add=(), gray_add=(), clear_add=(), white_remove=(),
-                   black_remove=(), gray_remove=(), clear_remove=()) -> None:
+                   black_remove=(), gray_remove=(), clear_remove=(),
+                   loss_scale_policy: str = POLICIES[0]) -> None:
         """Turn automatic mixed precision on (or off with ``enabled=False``).
 
         The AMP pass then runs after autograd on the forward and backward graph: white ops run in
@@ -59,11 +65,20 @@ class GraphConfig:
                 OneFlow's lists, ``miniflow.amp.lists``); it is copied.
             white_add ... clear_add: op type names to put in that list (out of any other).
             white_remove ... clear_remove: op type names to take out of that list (unlisted).
+            loss_scale_policy: ``"fp32"`` (default: the autograd pass puts ``amp_black_identity``
+                on the initial gradient so the loss-gradient path stays float32), ``"cast_back"``
+                (OneFlow PR 9126) or ``"legacy"`` (OneFlow before it); see
+                ``miniflow.passes.loss_scale``.
 
         Raises:
             TypeError: ``dtype`` is not float16.
-            ValueError: an unknown op type name, or one that is not in the list it is removed from.
+            ValueError: an unknown op type name, or one that is not in the list it is removed
+                from; an unknown loss_scale_policy.
         """
+        if loss_scale_policy not in POLICIES:
+            raise ValueError(f"enable_amp: unknown loss_scale_policy {loss_scale_policy!r}; choose "
+                             f"one of {', '.join(map(repr, POLICIES))}")
+        self.loss_scale_policy = loss_scale_policy
         if not enabled:
             self.amp = None
             return
@@ -86,6 +101,7 @@ class Graph:
         self.ir: IRGraph | None = None
         self.compile_count = 0
         self._amp_result = None
+        self._grad_scaler = None
 
     def build(self, *inputs):
         raise NotImplementedError(f"{type(self).__name__} must implement build(*inputs)")
@@ -93,6 +109,18 @@ class Graph:
     def add_optimizer(self, optimizer) -> None:
         """Train the optimizer's parameters with the loss marked by ``backward()`` in build."""
         self._optimizers.append(optimizer)
+
+    def set_grad_scaler(self, scaler) -> None:
+        """Scale the loss with ``scaler`` (``miniflow.amp.GradScaler`` or ``StaticGradScaler``),
+        with or without AMP. Set it before the first call.
+
+        Raises:
+            TypeError: not a miniflow grad scaler.
+        """
+        if not isinstance(scaler, (GradScaler, StaticGradScaler)):
+            raise TypeError(f"set_grad_scaler: expected miniflow.amp.GradScaler or "
+                            f"StaticGradScaler, got {type(scaler).__name__}")
+        self._grad_scaler = scaler
 
     # ------------------------------------------------------------------ modules & names
     def _modules(self):
@@ -125,13 +153,15 @@ class Graph:
                 self._plans.popitem(last=False)
         else:
             self._plans.move_to_end(key)
+        scaler = self._grad_scaler
+        scale_before = scaler.scale if scaler is not None else None
         outs = plan.run(arrays)
-        self._after_run(plan)
+        counts = plan.graph.nonfinite_counts
+        if scaler is not None and counts is not None:
+            counts = get_backend().to_numpy(plan.buffers[id(counts)])
+            scaler._record_step(counts, scale_before, plan.graph.nonfinite_names)
         result = tuple(Tensor(get_backend().from_numpy(o)) for o in outs)
         return result[0] if self._single_output else result
-
-    def _after_run(self, plan) -> None:
-        """Hook for subclasses/extensions that read state after a step (loss scaling)."""
 
     @staticmethod
     def _as_array(i: int, x) -> np.ndarray:
@@ -177,9 +207,12 @@ class Graph:
     def _compile_context(self, param_names) -> CompileContext:
         trainable = [param_names[id(p)] for opt in self._optimizers for p in opt.params
                      if id(p) in param_names]
+        policy = self.config.loss_scale_policy
+        identity = "amp_black_identity" if self.config.amp and policy == "fp32" else None
         return CompileContext(trainable=trainable, optimizers=self._optimizers,
                               param_names=param_names, amp=self.config.amp,
-                              print_ir=self.config.print_ir)
+                              grad_scaler=self._grad_scaler, loss_scale_policy=policy,
+                              initial_grad_identity=identity, print_ir=self.config.print_ir)
 
     def amp_report(self) -> AmpReport:
         """What AMP decided for the last compiled plan: per node its color, dtype and the rule or

@@ -15,7 +15,7 @@ import numpy as np
 
 from ..ir import Graph
 
-__all__ = ["optimizer"]
+__all__ = ["optimizer", "master_grad"]
 
 
 def optimizer(graph: Graph, ctx) -> Graph:
@@ -33,10 +33,10 @@ def optimizer(graph: Graph, ctx) -> Graph:
             if grad is None:
                 continue  # like PyTorch: a parameter without a gradient is not updated
             param = graph.variables[name]
-            opt.emit_update(graph, i, name, param, _master_grad(graph, param, grad), skip_if)
+            opt.emit_update(graph, i, name, param, master_grad(graph, param, grad), skip_if)
     return graph
 
 
-def _master_grad(graph: Graph, param, grad):
+def master_grad(graph: Graph, param, grad):
     """``grad`` in the parameter's dtype: a float16 gradient of a float32 parameter is cast."""
     return grad if grad.dtype is param.dtype else graph.emit("cast", grad, dtype=param.dtype)

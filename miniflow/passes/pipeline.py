@@ -1,7 +1,7 @@
 """The pass pipeline: the order passes run in, and the context they share.
 
-Order (ARCHITECTURE.md): autograd -> auto_mixed_precision -> prune_amp_identity -> optimizer ->
-dead_code_elimination. The two AMP passes run only when AMP is enabled (``ctx.amp`` is set). The
+Order (ARCHITECTURE.md): autograd -> auto_mixed_precision -> prune_amp_identity -> loss_scale ->
+optimizer -> dead_code_elimination. The two AMP passes run only when AMP is enabled (``ctx.amp`` is set). The
 IR is verified after every pass; with ``print_ir=True`` it is printed after every pass too.
 """
 from __future__ import annotations
@@ -12,6 +12,7 @@ from ..ir import Graph
 from .auto_mixed_precision import AmpConfig, AmpResult, auto_mixed_precision
 from .autograd import autograd
 from .dead_code_elimination import dead_code_elimination
+from .loss_scale import POLICIES, loss_scale
 from .optimizer import optimizer
 from .prune_amp_identity import prune_amp_identity
 
@@ -31,6 +32,8 @@ class CompileContext:
         amp: the AMP settings (:class:`~miniflow.passes.auto_mixed_precision.AmpConfig`), or None
             when AMP is off.
         amp_result: filled by the AMP pass: per node color and reason, inserted casts.
+        grad_scaler: a ``miniflow.amp.GradScaler`` / ``StaticGradScaler``, or None.
+        loss_scale_policy: ``"fp32"`` (default), ``"cast_back"`` or ``"legacy"``.
         print_ir: print the IR after every pass.
     """
 
@@ -41,6 +44,8 @@ class CompileContext:
     initial_grad_identity: str | None = None
     amp: AmpConfig | None = None
     amp_result: AmpResult | None = None
+    grad_scaler: object = None
+    loss_scale_policy: str = POLICIES[0]
     print_ir: bool = False
 
 
@@ -48,6 +53,7 @@ PASSES = [
     ("autograd", autograd),
     ("auto_mixed_precision", auto_mixed_precision),
     ("prune_amp_identity", prune_amp_identity),
+    ("loss_scale", loss_scale),
     ("optimizer", optimizer),
     ("dead_code_elimination", dead_code_elimination),
 ]

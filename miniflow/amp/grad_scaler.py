@@ -1,0 +1,202 @@
+"""Loss scalers for ``nn.Graph.set_grad_scaler``: dynamic (:class:`GradScaler`) and static.
+
+The scale and the growth tracker are graph variables (float32 ``[1]`` and int64 ``[1]``) whose
+storage the scaler owns; the loss-scale pass (``miniflow.passes.loss_scale``) multiplies the initial
+gradient by the scale, unscales the parameter gradients, counts non-finite values, makes every update
+op skip a non-finite step and, for a dynamic scaler, updates scale and tracker in the graph. After each
+call of the graph the scaler reads the step's outcome (``found_inf``, ``num_skipped_steps``).
+
+Semantics follow ``torch.amp.GradScaler`` (init 2^16, growth 2, backoff 0.5, interval 2000; never
+grows to a non-finite float32 scale) with two additions from REFERENCE.md's list of failure classes:
+a floor ``min_scale`` and :class:`NonFiniteGradientsError` after ``max_consecutive_skips`` skipped
+steps at the floor (NaN from data or a diverging model is not fixed by a smaller scale).
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from ..runtime.backend import get_backend
+
+__all__ = ["GradScaler", "StaticGradScaler", "NonFiniteGradientsError"]
+
+
+class NonFiniteGradientsError(FloatingPointError):
+    """Raised when gradients stay non-finite at the lowest scale for too many steps in a row."""
+
+
+def _check_scale(name: str, value) -> float:
+    value = float(value)
+    if not (math.isfinite(value) and value > 0):
+        raise ValueError(f"{name} must be a finite number > 0, got {value!r}")
+    return value
+
+
+class _Scaler:
+    """State and bookkeeping shared by the static and the dynamic scaler."""
+
+    dynamic = False
+
+    def __init__(self, scale: float, max_consecutive_skips: int, skip_nonfinite: bool = True):
+        if int(max_consecutive_skips) < 1:
+            raise ValueError(f"max_consecutive_skips must be >= 1, got {max_consecutive_skips!r}")
+        backend = get_backend()
+        self._scale = backend.from_numpy(np.array([scale], np.float32))
+        self._growth_tracker = backend.from_numpy(np.zeros(1, np.int64))
+        self.max_consecutive_skips = int(max_consecutive_skips)
+        self.skip_nonfinite = bool(skip_nonfinite)
+        self.found_inf = False
+        self.num_skipped_steps = 0
+        self.consecutive_floor_skips = 0
+
+    # ------------------------------------------------------------------ state readers
+    @property
+    def scale(self) -> float:
+        """The current loss scale (float32 value as a Python float)."""
+        return float(get_backend().to_numpy(self._scale)[0])
+
+    @property
+    def growth_tracker(self) -> int:
+        """Finite steps since the scale last changed (PyTorch's ``_growth_tracker``)."""
+        return int(get_backend().to_numpy(self._growth_tracker)[0])
+
+    def _record_step(self, counts: np.ndarray, scale_before: float, param_names: list) -> None:
+        """Update the host-side counters after one graph call (the graph state is committed).
+
+        Raises:
+            NonFiniteGradientsError: this call completed ``max_consecutive_skips`` consecutive skips
+                at the floor; names the first parameter whose gradient was non-finite.
+        """
+        self.found_inf = bool(counts.any())
+        if not self.found_inf:
+            self.consecutive_floor_skips = 0
+            return
+        if self.skip_nonfinite:
+            self.num_skipped_steps += 1
+        if not self._at_floor(scale_before):
+            self.consecutive_floor_skips = 0
+            return
+        self.consecutive_floor_skips += 1
+        if self.consecutive_floor_skips >= self.max_consecutive_skips:
+            k = int(np.flatnonzero(counts)[0])
+            raise NonFiniteGradientsError(
+                f"{self.consecutive_floor_skips} consecutive steps skipped with non-finite "
+                f"gradients at the lowest loss scale ({scale_before:g}); first non-finite gradient: "
+                f"{param_names[k]!r} ({int(counts[k])} elements). {self._floor_advice}")
+
+    # ------------------------------------------------------------------ state dict
+    def state_dict(self) -> dict:
+        """PyTorch's keys (``scale``, ``growth_factor``, ``backoff_factor``, ``growth_interval``,
+        ``_growth_tracker``) plus miniflow's (``min_scale``, ``max_consecutive_skips``,
+        ``found_inf``, ``num_skipped_steps``, ``consecutive_floor_skips``, ``skip_nonfinite``)."""
+        return {"scale": self.scale, "_growth_tracker": self.growth_tracker,
+                "max_consecutive_skips": self.max_consecutive_skips,
+                "skip_nonfinite": self.skip_nonfinite, "found_inf": self.found_inf,
+                "num_skipped_steps": self.num_skipped_steps,
+                "consecutive_floor_skips": self.consecutive_floor_skips}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Restore every field of :meth:`state_dict` (in place: compiled graphs see it).
+
+        Raises:
+            ValueError: an invalid value (same checks as the constructor); KeyError: a missing key.
+        """
+        backend = get_backend()
+        backend.copy_in(self._scale, np.array([_check_scale("scale", state["scale"])], np.float32))
+        backend.copy_in(self._growth_tracker, np.array([int(state["_growth_tracker"])], np.int64))
+        if int(state["max_consecutive_skips"]) < 1:
+            raise ValueError("max_consecutive_skips must be >= 1")
+        self.max_consecutive_skips = int(state["max_consecutive_skips"])
+        self.skip_nonfinite = bool(state["skip_nonfinite"])
+        self.found_inf = bool(state["found_inf"])
+        self.num_skipped_steps = int(state["num_skipped_steps"])
+        self.consecutive_floor_skips = int(state["consecutive_floor_skips"])
+
+
+class GradScaler(_Scaler):
+    """Dynamic loss scaling (``torch.amp.GradScaler`` semantics, in the graph).
+
+    Every step: non-finite gradients -> the step is skipped (no parameter or optimizer state
+    changes), ``scale = max(scale * backoff_factor, min_scale)``, tracker = 0; finite -> tracker += 1
+    and after ``growth_interval`` finite steps ``scale *= growth_factor`` (unless that is not finite
+    in float32), tracker = 0.
+
+    Args:
+        init_scale: first scale (float32; PyTorch and OneFlow default 2^16).
+        growth_factor: > 1. backoff_factor: in (0, 1). growth_interval: >= 1 steps.
+        min_scale: > 0, the floor. max_consecutive_skips: >= 1 (see :class:`NonFiniteGradientsError`).
+
+    Raises:
+        ValueError: any argument outside its range, quoting the value.
+    """
+
+    dynamic = True
+
+    def __init__(self, init_scale: float = 2.0 ** 16, growth_factor: float = 2.0,
+                 backoff_factor: float = 0.5, growth_interval: int = 2000, min_scale: float = 1.0,
+                 max_consecutive_skips: int = 64):
+        init_scale = _check_scale("init_scale", init_scale)
+        self._set_schedule(growth_factor, backoff_factor, growth_interval, min_scale)
+        super().__init__(init_scale, max_consecutive_skips)
+
+    def _set_schedule(self, growth_factor, backoff_factor, growth_interval, min_scale):
+        if not float(growth_factor) > 1:
+            raise ValueError(f"growth_factor must be > 1, got {growth_factor!r}")
+        if not 0 < float(backoff_factor) < 1:
+            raise ValueError(f"backoff_factor must be in (0, 1), got {backoff_factor!r}")
+        if int(growth_interval) < 1 or int(growth_interval) != growth_interval:
+            raise ValueError(f"growth_interval must be an integer >= 1, got {growth_interval!r}")
+        self.growth_factor = float(growth_factor)
+        self.backoff_factor = float(backoff_factor)
+        self.growth_interval = int(growth_interval)
+        self.min_scale = _check_scale("min_scale", min_scale)
+
+    _floor_advice = ("The scale cannot go lower, so this is NaN/inf from the data or a diverging "
+                     "model, not float16 overflow: check the inputs and the learning rate")
+
+    def _at_floor(self, scale_before: float) -> bool:
+        return scale_before <= self.min_scale
+
+    def schedule_attrs(self) -> dict:
+        """Attributes of the ``dynamic_loss_scale_schedule`` op."""
+        return {"growth_factor": self.growth_factor, "backoff_factor": self.backoff_factor,
+                "growth_interval": self.growth_interval, "min_scale": self.min_scale}
+
+    def state_dict(self) -> dict:
+        return {**super().state_dict(), "growth_factor": self.growth_factor,
+                "backoff_factor": self.backoff_factor, "growth_interval": self.growth_interval,
+                "min_scale": self.min_scale}
+
+    def load_state_dict(self, state: dict) -> None:
+        self._set_schedule(state["growth_factor"], state["backoff_factor"],
+                           state["growth_interval"], state["min_scale"])
+        super().load_state_dict(state)
+
+    def __repr__(self) -> str:
+        return (f"GradScaler(scale={self.scale:g}, growth_factor={self.growth_factor}, "
+                f"backoff_factor={self.backoff_factor}, growth_interval={self.growth_interval}, "
+                f"min_scale={self.min_scale})")
+
+
+class StaticGradScaler(_Scaler):
+    """A constant loss scale. Non-finite steps are skipped (``skip_nonfinite=True``, default) or
+    applied anyway (``False``: what frameworks without a check do, so a model can be watched turning
+    to NaN). Every skipped step counts as a skip at the floor.
+
+    Raises:
+        ValueError: scale <= 0, NaN or inf; max_consecutive_skips < 1.
+    """
+
+    def __init__(self, scale: float, skip_nonfinite: bool = True, max_consecutive_skips: int = 64):
+        super().__init__(_check_scale("scale", scale), max_consecutive_skips, skip_nonfinite)
+
+    _floor_advice = ("A static scale never changes: lower it, use loss_scale_policy='fp32' if "
+                     "the scaled initial gradient overflows float16, or check the inputs and the "
+                     "learning rate")
+
+    def _at_floor(self, scale_before: float) -> bool:
+        return self.skip_nonfinite
+
+    def __repr__(self) -> str:
+        return f"StaticGradScaler(scale={self.scale:g}, skip_nonfinite={self.skip_nonfinite})"

@@ -1,0 +1,118 @@
+"""Ops of the loss-scale stage (OneFlow's names and semantics).
+
+* ``scalar_mul_by_tensor(x, scalar[1]) -> out``: ``out = x * scalar[0]``; x and scalar share one
+  dtype (OneFlow checks this: PR 9126's intermediate version failed it with an fp16 static scale).
+* ``reciprocal(x) -> out``: ``1 / x`` elementwise (the inverse loss scale).
+* ``multi_count_not_finite(g0, g1, ...) -> (counts i64[n], total i64[1])``: number of NaN/inf
+  elements of each input, and their sum, in one fused kernel (OneFlow ``multi_count_not_finite``).
+* ``dynamic_loss_scale_schedule(total i64[1], loss_scale f32[1], growth_tracker i64[1])``
+  {growth_factor, backoff_factor, growth_interval, min_scale}: writes scale and tracker in place,
+  with ``torch.amp.GradScaler``'s rules (``_amp_update_scale_``) plus a floor:
+  total > 0 -> ``scale = max(scale * backoff_factor, min_scale)``, tracker = 0;
+  else tracker += 1 and at ``growth_interval``: ``scale *= growth_factor`` unless the product is not
+  finite in float32, tracker = 0.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ..dtype import float32, int64
+from .common import check_arity, check_float, float_samples, fmt, rand
+from .registry import register
+
+
+def _smbt_infer(inputs, attrs):
+    check_arity("scalar_mul_by_tensor", inputs, 2)
+    x, s = inputs
+    dt = check_float("scalar_mul_by_tensor", x, s)
+    if s.shape != (1,):
+        raise ValueError(f"scalar_mul_by_tensor: scalar {fmt(s)} must have shape [1]")
+    return [(x.shape, dt)]
+
+
+def _smbt_samples():
+    def make(dt):
+        return [([rand(3, 4, dtype=dt), np.array([0.5], dt)], {}),
+                ([rand(dtype=dt), np.array([65504.0], dt)], {}),
+                ([np.array([2.0, np.nan, 1e-3], dt), np.array([65536.0], np.float32).astype(dt)], {})]
+    return float_samples(make)
+
+
+register("scalar_mul_by_tensor", _smbt_infer, samples=_smbt_samples,
+         grad=lambda n, gs, emit: [emit("scalar_mul_by_tensor", gs[0], n.inputs[1]), None],
+         doc="out = x * scalar[0]")
+
+
+def _unary_float(op):
+    def infer(inputs, attrs):
+        check_arity(op, inputs, 1)
+        return [(inputs[0].shape, check_float(op, inputs[0]))]
+    return infer
+
+
+def _reciprocal_grad(n, gs, emit):
+    out = n.outputs[0]  # d(1/x) = -dy / x^2 = -dy * out * out
+    return [emit("negative", emit("broadcast_mul", gs[0], emit("broadcast_mul", out, out)))]
+
+
+register("reciprocal", _unary_float("reciprocal"), elementwise="reciprocal", grad=_reciprocal_grad,
+         samples=lambda: float_samples(lambda dt: [([rand(2, 3, dtype=dt, lo=0.5, hi=4)], {}),
+                                                   ([np.array([65536.0, 0.0, -2.0], dt)], {})]),
+         doc="out = 1 / x; dx = -dy * out^2")
+
+
+def _count_infer(inputs, attrs):
+    if not inputs:
+        raise ValueError("multi_count_not_finite: needs at least one input")
+    for v in inputs:
+        if not v.dtype.is_float:
+            raise TypeError(f"multi_count_not_finite: input {fmt(v)} must be floating point")
+    if len({v.dtype for v in inputs}) != 1:
+        raise TypeError("multi_count_not_finite: inputs must share one dtype, got "
+                        + ", ".join(fmt(v) for v in inputs))
+    return [((len(inputs),), int64), ((1,), int64)]
+
+
+def _count_samples():
+    def make(dt):
+        a = rand(3, 4, dtype=dt)
+        b = np.array([1.0, np.inf, -np.inf, np.nan], dt)
+        return [([a, b, rand(0, dtype=dt)], {}), ([a], {})]
+    return float_samples(make)
+
+
+register("multi_count_not_finite", _count_infer, samples=_count_samples,
+         doc="counts[k] = number of non-finite elements of input k; total[0] = sum(counts)")
+
+
+def _schedule_norm(inputs, attrs):
+    return {"growth_factor": float(attrs["growth_factor"]),
+            "backoff_factor": float(attrs["backoff_factor"]),
+            "growth_interval": int(attrs["growth_interval"]),
+            "min_scale": float(attrs["min_scale"])}
+
+
+def _schedule_infer(inputs, attrs):
+    op = "dynamic_loss_scale_schedule"
+    check_arity(op, inputs, 3)
+    total, scale, tracker = inputs
+    if total.dtype is not int64 or total.shape != (1,):
+        raise TypeError(f"{op}: count {fmt(total)} must be i64[1]")
+    if scale.dtype is not float32 or scale.shape != (1,) or scale.kind != "variable":
+        raise TypeError(f"{op}: loss_scale {fmt(scale)} must be an f32[1] variable")
+    if tracker.dtype is not int64 or tracker.shape != (1,) or tracker.kind != "variable":
+        raise TypeError(f"{op}: growth_tracker {fmt(tracker)} must be an i64[1] variable")
+    return []
+
+
+def _schedule_samples():
+    attrs = {"growth_factor": 2.0, "backoff_factor": 0.5, "growth_interval": 3, "min_scale": 1.0}
+    cases = [(0, 1024.0, 0), (0, 1024.0, 2), (3, 1024.0, 2), (1, 1.0, 0),
+             (0, 2.0 ** 127, 2)]
+    return [([np.array([c], np.int64), np.array([s], np.float32), np.array([t], np.int64)],
+             dict(attrs)) for c, s, t in cases]
+
+
+register("dynamic_loss_scale_schedule", _schedule_infer, normalize=_schedule_norm,
+         side_effect=True, writes=(1, 2), samples=_schedule_samples,
+         doc="update loss_scale and growth_tracker from the non-finite count (GradScaler rules)")

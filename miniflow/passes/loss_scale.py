@@ -1,0 +1,108 @@
+"""Loss-scale pass: scale the initial gradient, unscale and check the parameter gradients, make the
+update ops skip non-finite steps, and schedule a dynamic scale — all inside the graph.
+
+Runs after AMP and before the optimizer pass (OneFlow: inside ``GenerateOptimizerOpConfs``, whose
+order this follows: cast fp16 model diffs to fp32 -> scale the initial diff -> unscale model diffs
+(x 1/scale) -> count not-finite -> updates take the count as ``skip_if``; and
+``DynamicLossScaleSchedulePass``). Steps, in order (ARCHITECTURE.md, "The loss-scale pass"):
+
+1. The initial gradient is the Value the autograd pass recorded in ``graph.initial_grad``
+   (``ones_like(loss)``, possibly float16 after AMP).
+2. Scale it by ``ctx.loss_scale_policy``:
+
+   * ``"legacy"`` (OneFlow before PR 9126): the scale is made in the diff's dtype first (a static
+     scale as a ``constant`` shaped like the diff; a dynamic float32 scale ``cast`` down), then
+     multiplied. With a float16 diff any scale >= 65520 is inf.
+   * ``"cast_back"`` (PR 9126): a float16 diff is cast to float32, multiplied by the float32 scale,
+     and the product cast back to float16: exact scale, but a product above 65504 still overflows.
+   * ``"fp32"`` (miniflow's default): the autograd pass already put ``amp_black_identity`` on the
+     initial gradient, so AMP kept the loss-gradient path float32; the multiply is float32 and no cast
+     is needed here (the same code path as ``"cast_back"`` with a float32 diff).
+
+3. Cast each float16 parameter gradient to its float32 master dtype (``optimizer.master_grad``, the
+   one place this cast is made) and multiply by 1/scale in float32.
+4. ``multi_count_not_finite`` over all unscaled gradients (one fused kernel).
+5. ``ctx.skip_if`` = the total count: every update op skips a non-finite step (unless a static scaler
+   was made with ``skip_nonfinite=False``).
+6. ``dynamic_loss_scale_schedule`` updates scale and tracker; it is appended after every node that
+   reads the scale (the initial-gradient multiply and the reciprocal used to unscale).
+"""
+from __future__ import annotations
+
+import warnings
+
+from ..dtype import FP16_MAX, float16, float32
+from ..ir import Graph
+from .optimizer import master_grad
+
+__all__ = ["loss_scale", "POLICIES", "LossScaleOverflowWarning"]
+
+POLICIES = ("fp32", "cast_back", "legacy")
+"""The loss-scale policies, the default first."""
+
+
+class LossScaleOverflowWarning(UserWarning):
+    """The policy cannot represent the scaled initial gradient (it will be inf)."""
+
+
+def loss_scale(graph: Graph, ctx) -> Graph:
+    """Insert the loss-scale stage for ``ctx.grad_scaler`` (no-op without a scaler or gradients)."""
+    scaler = ctx.grad_scaler
+    if scaler is None or graph.loss is None or not graph.grads:
+        return graph
+    scale_var = tracker_var = None
+    if scaler.dynamic:
+        scale_var = graph.add_variable("loss_scale", (1,), float32, data=scaler._scale)
+        tracker_var = graph.add_variable("loss_scale.growth_tracker", (1,), "int64",
+                                         data=scaler._growth_tracker)
+    _scale_initial_grad(graph, ctx.loss_scale_policy, scaler, scale_var)
+    inv_scale = graph.emit("reciprocal", scale_var) if scaler.dynamic else None
+    names = list(graph.grads)
+    for name in names:
+        g = master_grad(graph, graph.variables[name], graph.grads[name])
+        graph.grads[name] = (graph.emit("scalar_mul_by_tensor", g, inv_scale) if scaler.dynamic
+                             else graph.emit("scalar_mul", g, scalar=1.0 / scaler.scale))
+    counts, total = graph.emit("multi_count_not_finite", *(graph.grads[n] for n in names))
+    graph.nonfinite_counts, graph.nonfinite_names = counts, names
+    if scaler.skip_nonfinite:
+        ctx.skip_if = total
+    if scaler.dynamic:
+        graph.emit("dynamic_loss_scale_schedule", total, scale_var, tracker_var,
+                   **scaler.schedule_attrs())
+    return graph
+
+
+def _scale_initial_grad(graph: Graph, policy: str, scaler, scale_var) -> None:
+    """Multiply ``graph.initial_grad`` by the scale right after it is made, as ``policy`` says."""
+    diff = graph.initial_grad
+    readers = [n for n in graph.nodes if any(v is diff for v in n.inputs)]
+    pos = [graph.nodes.index(diff.producer) + 1]
+
+    def emit(op, *inputs, **attrs):
+        out = graph.emit(op, *inputs, index=pos[0], **attrs)
+        pos[0] += 1
+        return out
+
+    dtype = diff.dtype
+    if dtype is float16 and policy != "fp32" and scaler.scale > FP16_MAX:
+        warnings.warn(f"loss scale {scaler.scale:g} > {FP16_MAX:g} cannot be represented by the "
+                      f"float16 initial gradient under loss_scale_policy={policy!r}: every step "
+                      "will overflow. Use loss_scale_policy='fp32' or put amp.black_identity on "
+                      "the loss path", LossScaleOverflowWarning, stacklevel=2)
+    if policy == "legacy":
+        if scale_var is None:
+            s = emit("constant", value=scaler.scale, shape=diff.shape, dtype=dtype)
+            scaled = emit("broadcast_mul", diff, s)
+        else:
+            s = scale_var if dtype is float32 else emit("cast", scale_var, dtype=dtype)
+            scaled = emit("scalar_mul_by_tensor", diff, s)
+    else:  # "cast_back" and "fp32" (whose diff is already float32: no casts)
+        d32 = diff if dtype is float32 else emit("cast", diff, dtype=float32)
+        if scale_var is None:
+            s = emit("constant", value=scaler.scale, shape=d32.shape, dtype=float32)
+            product = emit("broadcast_mul", d32, s)
+        else:
+            product = emit("scalar_mul_by_tensor", d32, scale_var)
+        scaled = product if dtype is float32 else emit("cast", product, dtype=dtype)
+    graph.replace_uses(diff, scaled, nodes=readers)
+    graph.scaled_initial_grad = scaled
