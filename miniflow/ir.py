@@ -98,8 +98,8 @@ class Node:
 
 _DOT_COLORS = {"white": ("white", "black"), "black": ("black", "white"), "gray": ("gray70", "black"),
                "clear": ("lightblue", "black"), "unlisted": ("khaki", "black"),
-               "cast": ("gold", "black")}
-"""AMP color -> (fill, font) in :meth:`Graph.to_dot`."""
+               "cast": ("gold", "black"), None: ("lavender", "black")}
+"""AMP color -> (fill, font) in :meth:`Graph.to_dot` (None: no AMP, or made after the AMP pass)."""
 
 
 def _write_dot(text: str, path: str) -> None:
@@ -294,7 +294,8 @@ class Graph:
         labelled with the value's type, ellipses for graph inputs, variables and constants.
 
         Colors (``node.amp_color``): white = white fill (float16), black = black fill, gray = gray,
-        clear = light blue, unlisted = khaki, inserted cast = gold; no fill without AMP.
+        clear = light blue, unlisted = khaki, inserted cast = gold; lavender = no AMP color (AMP
+        off, or a node made by a later pass: loss scaling, optimizer).
 
         Args:
             path: when given, the DOT text is written to ``<path minus suffix>.dot`` and, if
@@ -312,7 +313,7 @@ class Graph:
                     lines.append(f'  {sources[id(v)]} [shape=ellipse, fillcolor=white, '
                                  f'label="%{v.name}\\n{v.kind}"];')
         for i, n in enumerate(self.nodes):
-            fill, font = _DOT_COLORS.get(n.amp_color, ("white", "black"))
+            fill, font = _DOT_COLORS[n.amp_color]
             outs = "\\n".join(f"%{v.name}: {v.type_str}" for v in n.outputs)
             lines.append(f'  n{i} [label="{n.op}\\n{outs}", fillcolor={fill}, fontcolor={font}];')
             for v in n.inputs:

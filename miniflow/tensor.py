@@ -62,11 +62,25 @@ class Tensor:
         return get_backend().to_numpy(self._data)
 
     def item(self) -> float:
-        """The single element as a Python number."""
-        return self.numpy().reshape(-1)[0].item()
+        """The single element as a Python number.
+
+        Raises:
+            ValueError: the tensor does not have exactly one element.
+        """
+        a = self.numpy()
+        if a.size != 1:
+            raise ValueError(f"item(): the tensor has {a.size} elements (shape {list(a.shape)}); "
+                             "only one-element tensors can be converted to Python numbers")
+        return a.reshape(-1)[0].item()
 
     def __float__(self) -> float:
         return float(self.item())
+
+    def __bool__(self) -> bool:
+        if self._value is not None:
+            raise RuntimeError(f"the truth value of lazy tensor %{self._value.name} is unknown "
+                               "inside nn.Graph.build (no data-dependent Python control flow)")
+        return bool(self.item())
 
     def __repr__(self) -> str:
         if self._value is not None:
@@ -74,6 +88,8 @@ class Tensor:
         return f"tensor({np.array2string(self.numpy(), precision=4)}, dtype={self.dtype!r})"
 
     def __len__(self) -> int:
+        if not self.shape:
+            raise TypeError("len() of a 0-d tensor")
         return self.shape[0]
 
     # ------------------------------------------------------------------ conversions
@@ -121,8 +137,8 @@ class Tensor:
     __rmul__ = __mul__
 
     def __truediv__(self, o):
-        return self._binary(o, "broadcast_div",
-                            lambda t, s: apply("scalar_mul", [t], scalar=1.0 / s))
+        return self._binary(o, "broadcast_div",  # x / 0 = +-inf or nan, as IEEE (and torch)
+                            lambda t, s: apply("scalar_mul", [t], scalar=_reciprocal(s)))
 
     def __rtruediv__(self, o):
         return self._binary(o, "broadcast_div",
@@ -182,6 +198,12 @@ class Tensor:
         return self.transpose()
 
 
+def _reciprocal(s: float) -> float:
+    """1 / s with IEEE semantics (1/0 = inf, 1/-0 = -inf) instead of ZeroDivisionError."""
+    with np.errstate(divide="ignore"):
+        return float(np.float64(1.0) / np.float64(s))
+
+
 def tensor(data, dtype=None) -> Tensor:
     """Create an eager Tensor from array-like ``data``.
 
@@ -212,6 +234,10 @@ def apply(op: str, inputs: list, **attrs):
 
     Returns one Tensor, or a tuple for multi-output ops.
     """
+    for i, t in enumerate(inputs):
+        if not isinstance(t, Tensor):
+            raise TypeError(f"{op}: input {i} is a {type(t).__name__}, not a miniflow Tensor; "
+                            "wrap data with miniflow.tensor(...) (graph inputs are Tensors already)")
     tr = current_tracer()
     if tr is None:
         for t in inputs:

@@ -101,9 +101,9 @@ def test_optimizer_without_backward():
 
 def test_bad_hyper_parameters():
     p = nn.Linear(2, 2).parameters()
-    with pytest.raises(ValueError, match="lr must be > 0"):
+    with pytest.raises(ValueError, match="lr must be finite"):
         mf.optim.SGD(p, lr=0)
-    with pytest.raises(ValueError, match="betas"):
+    with pytest.raises(ValueError, match=r"beta1 must be finite and in \[0, 1\)"):
         mf.optim.Adam(nn.Linear(2, 2).parameters(), betas=(1.0, 0.9))
     with pytest.raises(ValueError, match="reduction"):
         nn.functional.cross_entropy(mf.tensor(np.zeros((2, 3))), [0, 1], reduction="avg")
@@ -121,3 +121,175 @@ def test_lazy_tensor_cannot_escape_build():
         kept[0] + 1.0
     with pytest.raises(RuntimeError, match="cannot read the value of lazy tensor"):
         Fn(lambda self, x: mf.tensor(x.numpy()))(np.ones(3, np.float32))
+
+
+# ------------------------------------------------------------------------------ found by a new user
+def _step_graph(model, opt, scaler=None):
+    class S(nn.Graph):
+        def __init__(self):
+            super().__init__()
+            self.model = model
+            self.add_optimizer(opt)
+            if scaler is not None:
+                self.set_grad_scaler(scaler)
+
+        def build(self, x, y):
+            loss = nn.functional.cross_entropy(self.model(x), y)
+            loss.backward()
+            return loss
+    return S()
+
+
+def _xy(n=4):
+    r = np.random.default_rng(0)
+    return r.random((n, 4), dtype=np.float32), r.integers(0, 3, n).astype(np.int64)
+
+
+def test_optimizer_parameters_of_unattached_modules_are_an_error():
+    free = nn.Linear(4, 3)
+
+    class S(nn.Graph):
+        def __init__(self):
+            super().__init__()
+            self.layers = [free]  # a plain list: not found
+            self.add_optimizer(mf.optim.SGD(free.parameters(), lr=0.1))
+
+        def build(self, x, y):
+            loss = nn.functional.cross_entropy(self.layers[0](x), y)
+            loss.backward()
+            return loss
+
+    with pytest.raises(ValueError, match=r"SGD parameter 0 \(f32\[3, 4\]\) is not a parameter"):
+        S()(*_xy())
+
+
+def test_changed_hyper_parameters_and_config_recompile_the_plans():
+    mf.manual_seed(0)
+    model = mlp((4, 8, 3))
+    opt = mf.optim.SGD(model.parameters(), lr=0.1)
+    g = _step_graph(model, opt)
+    g(*_xy())
+    opt.param_groups[0]["lr"] = 1e-30  # like an LR schedule
+    w = model[0].weight.numpy()
+    g(*_xy())
+    assert g.compile_count == 2
+    np.testing.assert_allclose(model[0].weight.numpy(), w, rtol=0, atol=1e-20)
+    g.config.enable_amp(True)
+    g(*_xy())
+    assert g.compile_count == 3 and "cast" in g.ir.count_ops()
+    with pytest.raises(ValueError, match="lr must be finite"):
+        opt.param_groups[0]["lr"] = float("nan")
+    with pytest.raises(KeyError, match="cannot set 'lrr'"):
+        opt.param_groups[0]["lrr"] = 0.1
+
+
+def test_optimizer_added_twice_or_sharing_parameters_is_an_error():
+    model = nn.Linear(4, 3)
+    opt = mf.optim.SGD(model.parameters(), lr=0.1)
+    g = _step_graph(model, opt)
+    with pytest.raises(ValueError, match="already added"):
+        g.add_optimizer(opt)
+    with pytest.raises(ValueError, match="already trained by another optimizer"):
+        g.add_optimizer(mf.optim.Adam(model.parameters()))
+    with pytest.raises(TypeError, match="expected a miniflow.optim optimizer"):
+        g.add_optimizer(None)
+
+
+def test_static_scaler_without_skipping_applies_non_finite_steps():
+    mf.manual_seed(0)
+    model = mlp((4, 8, 3))
+    scaler = mf.amp.StaticGradScaler(8.0, skip_nonfinite=False)
+    g = _step_graph(model, mf.optim.SGD(model.parameters(), lr=0.1), scaler)
+    x, y = _xy()
+    x[0, 0] = np.nan
+    g(x, y)
+    assert scaler.found_inf and scaler.num_skipped_steps == 0
+    assert np.isnan(model[0].weight.numpy()).any()
+
+
+@pytest.mark.parametrize("make,err,match", [
+    (lambda p: mf.optim.SGD(p, lr=0.1, momentum=float("inf")), ValueError, "momentum must be finite"),
+    (lambda p: mf.optim.SGD(p, lr=float("nan")), ValueError, "lr must be finite"),
+    (lambda p: mf.optim.SGD(p, lr="0.1"), TypeError, "lr must be a real number"),
+    (lambda p: mf.optim.Adam(p, eps=float("nan")), ValueError, "eps must be finite"),
+    (lambda p: mf.optim.Adam(p, betas=0.9), TypeError, "betas must be a pair"),
+    (lambda p: mf.optim.SGD([np.ones(3)], lr=0.1), TypeError, "not an nn.Parameter"),
+    (lambda p: mf.optim.SGD([{"params": p}], lr=0.1), TypeError, "param-group dicts"),
+])
+def test_optimizer_arguments_are_checked_at_construction(make, err, match):
+    with pytest.raises(err, match=match):
+        make(list(nn.Linear(2, 2).parameters()))
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    ({"init_scale": 1e40}, "float32 can hold"), ({"min_scale": 1e6}, "min_scale 1e\\+06 is above"),
+    ({"growth_factor": float("inf")}, "growth_factor must be a finite"),
+    ({"max_consecutive_skips": 2.7}, "integer >= 1")])
+def test_grad_scaler_arguments_beyond_the_basic_ranges(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        mf.amp.GradScaler(**kwargs)
+    with pytest.raises(ValueError, match="float32 can hold"):
+        mf.amp.StaticGradScaler(1e-50)
+
+
+def test_failed_load_state_dict_changes_nothing():
+    mf.manual_seed(0)
+    model = mlp((4, 8, 3))
+    before = model.state_dict()
+    bad = {k: np.full_like(v, 7) for k, v in before.items()}
+    bad["2.bias"] = np.zeros(5, np.float32)
+    with pytest.raises(ValueError, match="2.bias"):
+        model.load_state_dict(bad)
+    for k, v in model.state_dict().items():
+        np.testing.assert_array_equal(v, before[k])
+    good = {k: mf.tensor(v) for k, v in before.items()}  # Tensors are accepted too
+    model.load_state_dict(good)
+    scaler = mf.amp.GradScaler()
+    sd = scaler.state_dict()
+    with pytest.raises(ValueError):
+        scaler.load_state_dict(dict(sd, growth_factor=3.0, scale=-1.0))
+    assert scaler.growth_factor == 2.0
+    with pytest.raises(KeyError, match=r"missing keys \['growth_factor'\]"):
+        scaler.load_state_dict({k: v for k, v in sd.items() if k != "growth_factor"})
+
+
+def test_tensor_truth_value_and_item():
+    assert bool(mf.tensor(3.0)) and not bool(mf.tensor([0.0]))
+    with pytest.raises(ValueError, match="2 elements"):
+        mf.tensor([1.0, 2.0]).item()
+    with pytest.raises(ValueError, match="2 elements"):
+        bool(mf.tensor([1.0, 2.0]))
+    with pytest.raises(TypeError, match="0-d"):
+        len(mf.tensor(1.0))
+    assert (mf.tensor([1.0, -1.0]) / 0).numpy().tolist() == [np.inf, -np.inf]
+
+
+def test_graph_api_misuse_gets_clear_errors():
+    class NoSuper(nn.Graph):
+        def __init__(self):
+            pass
+
+        def build(self, x):
+            return x
+
+    with pytest.raises(RuntimeError, match="must call super"):
+        NoSuper()(np.ones(2, np.float32))
+
+    class WithDefault(nn.Graph):
+        def build(self, x, scale=2.0):
+            return x * scale
+
+    assert WithDefault()([1.0, 2.0]).numpy().tolist() == [2.0, 4.0]  # a list input: float32
+    with pytest.raises(TypeError, match=r"takes 1 to 2 input\(s\)"):
+        WithDefault()()
+    with pytest.raises(TypeError, match="relu: input 0 is a ndarray, not a miniflow Tensor"):
+        nn.functional.relu(np.ones(3))
+    inner = WithDefault()
+    with pytest.raises(RuntimeError, match="nested nn.Graph calls are not supported"):
+        Fn(lambda self, x: inner(x))(np.ones(2, np.float32))
+    with pytest.raises(TypeError, match="enabled must be True or False"):
+        nn.GraphConfig().enable_amp("yes")
+    with pytest.raises(ValueError, match="in_features must be a positive integer"):
+        nn.Linear(4.5, 3)
+    with pytest.raises(TypeError, match="axis must be"):
+        mf.tensor([1.0, 2.0]).sum(0.5)

@@ -14,6 +14,7 @@ steps at the floor (NaN from data or a diverging model is not fixed by a smaller
 from __future__ import annotations
 
 import math
+import numbers
 
 import numpy as np
 
@@ -27,10 +28,21 @@ class NonFiniteGradientsError(FloatingPointError):
 
 
 def _check_scale(name: str, value) -> float:
-    value = float(value)
-    if not (math.isfinite(value) and value > 0):
-        raise ValueError(f"{name} must be a finite number > 0, got {value!r}")
-    return value
+    """A scale as the float32 value it will be stored as; must be finite and > 0 in float32."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{name} must be a real number, got {value!r}")
+    with np.errstate(over="ignore", under="ignore"):
+        stored = float(np.float32(value))
+    if not (math.isfinite(stored) and stored > 0):
+        raise ValueError(f"{name} must be a finite number > 0 that float32 can hold "
+                         f"(about 1.2e-38 to 3.4e38), got {value!r}")
+    return stored
+
+
+def _check_count(name: str, value) -> int:
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
+        raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+    return int(value)
 
 
 class _Scaler:
@@ -39,12 +51,10 @@ class _Scaler:
     dynamic = False
 
     def __init__(self, scale: float, max_consecutive_skips: int, skip_nonfinite: bool = True):
-        if int(max_consecutive_skips) < 1:
-            raise ValueError(f"max_consecutive_skips must be >= 1, got {max_consecutive_skips!r}")
         backend = get_backend()
         self._scale = backend.from_numpy(np.array([scale], np.float32))
         self._growth_tracker = backend.from_numpy(np.zeros(1, np.int64))
-        self.max_consecutive_skips = int(max_consecutive_skips)
+        self.max_consecutive_skips = _check_count("max_consecutive_skips", max_consecutive_skips)
         self.skip_nonfinite = bool(skip_nonfinite)
         self.found_inf = False
         self.num_skipped_steps = 0
@@ -99,14 +109,26 @@ class _Scaler:
     def load_state_dict(self, state: dict) -> None:
         """Restore every field of :meth:`state_dict` (in place: compiled graphs see it).
 
+        Everything is checked before anything changes, so a failed load leaves the scaler as it was.
+
         Raises:
-            ValueError: an invalid value (same checks as the constructor); KeyError: a missing key.
+            KeyError: missing keys (listed); ValueError/TypeError: an invalid value (same checks as
+                the constructor).
         """
+        missing = sorted(set(self.state_dict()) - set(state))
+        if missing:
+            raise KeyError(f"{type(self).__name__}.load_state_dict: missing keys {missing}")
+        self._check_state(state)
+        self._apply_state(state)
+
+    def _check_state(self, state: dict) -> None:
+        _check_scale("scale", state["scale"])
+        _check_count("max_consecutive_skips", state["max_consecutive_skips"])
+
+    def _apply_state(self, state: dict) -> None:
         backend = get_backend()
-        backend.copy_in(self._scale, np.array([_check_scale("scale", state["scale"])], np.float32))
+        backend.copy_in(self._scale, np.array([state["scale"]], np.float32))
         backend.copy_in(self._growth_tracker, np.array([int(state["_growth_tracker"])], np.int64))
-        if int(state["max_consecutive_skips"]) < 1:
-            raise ValueError("max_consecutive_skips must be >= 1")
         self.max_consecutive_skips = int(state["max_consecutive_skips"])
         self.skip_nonfinite = bool(state["skip_nonfinite"])
         self.found_inf = bool(state["found_inf"])
@@ -137,20 +159,32 @@ class GradScaler(_Scaler):
                  backoff_factor: float = 0.5, growth_interval: int = 2000, min_scale: float = 1.0,
                  max_consecutive_skips: int = 64):
         init_scale = _check_scale("init_scale", init_scale)
-        self._set_schedule(growth_factor, backoff_factor, growth_interval, min_scale)
+        self._set_schedule(*self._check_schedule(growth_factor, backoff_factor, growth_interval,
+                                                 min_scale, init_scale))
         super().__init__(init_scale, max_consecutive_skips)
 
-    def _set_schedule(self, growth_factor, backoff_factor, growth_interval, min_scale):
-        if not float(growth_factor) > 1:
+    @staticmethod
+    def _check_schedule(growth_factor, backoff_factor, growth_interval, min_scale, scale):
+        """Validated ``(growth_factor, backoff_factor, growth_interval, min_scale)``."""
+        for name, v in (("growth_factor", growth_factor), ("backoff_factor", backoff_factor)):
+            if isinstance(v, bool) or not isinstance(v, numbers.Real) or not math.isfinite(v):
+                raise ValueError(f"{name} must be a finite number, got {v!r}")
+        if not growth_factor > 1:
             raise ValueError(f"growth_factor must be > 1, got {growth_factor!r}")
-        if not 0 < float(backoff_factor) < 1:
+        if not 0 < backoff_factor < 1:
             raise ValueError(f"backoff_factor must be in (0, 1), got {backoff_factor!r}")
-        if int(growth_interval) < 1 or int(growth_interval) != growth_interval:
-            raise ValueError(f"growth_interval must be an integer >= 1, got {growth_interval!r}")
-        self.growth_factor = float(growth_factor)
-        self.backoff_factor = float(backoff_factor)
-        self.growth_interval = int(growth_interval)
-        self.min_scale = _check_scale("min_scale", min_scale)
+        growth_interval = _check_count("growth_interval", growth_interval)
+        min_scale = _check_scale("min_scale", min_scale)
+        if min_scale > scale:
+            raise ValueError(f"min_scale {min_scale:g} is above the scale {scale:g}: the floor "
+                             "must not be higher than the starting scale")
+        return float(growth_factor), float(backoff_factor), growth_interval, min_scale
+
+    def _set_schedule(self, growth_factor, backoff_factor, growth_interval, min_scale):
+        self.growth_factor = growth_factor
+        self.backoff_factor = backoff_factor
+        self.growth_interval = growth_interval
+        self.min_scale = min_scale
 
     _floor_advice = ("The scale cannot go lower, so this is NaN/inf from the data or a diverging "
                      "model, not float16 overflow: check the inputs and the learning rate")
@@ -168,10 +202,16 @@ class GradScaler(_Scaler):
                 "backoff_factor": self.backoff_factor, "growth_interval": self.growth_interval,
                 "min_scale": self.min_scale}
 
-    def load_state_dict(self, state: dict) -> None:
-        self._set_schedule(state["growth_factor"], state["backoff_factor"],
-                           state["growth_interval"], state["min_scale"])
-        super().load_state_dict(state)
+    def _check_state(self, state: dict) -> None:
+        super()._check_state(state)
+        self._check_schedule(state["growth_factor"], state["backoff_factor"],
+                             state["growth_interval"], state["min_scale"], state["scale"])
+
+    def _apply_state(self, state: dict) -> None:
+        self._set_schedule(*self._check_schedule(state["growth_factor"], state["backoff_factor"],
+                                                 state["growth_interval"], state["min_scale"],
+                                                 state["scale"]))
+        super()._apply_state(state)
 
     def __repr__(self) -> str:
         return (f"GradScaler(scale={self.scale:g}, growth_factor={self.growth_factor}, "

@@ -18,20 +18,22 @@ from ..amp.lists import AmpLists
 from ..amp.report import AmpReport, amp_report as build_amp_report
 from ..dtype import as_dtype, float16
 from ..ir import Graph as IRGraph
+from ..optim.optimizer import Optimizer
 from ..passes.auto_mixed_precision import AmpConfig
 from ..passes.loss_scale import POLICIES
 from ..passes.pipeline import CompileContext, run_passes
 from ..runtime.backend import get_backend
 from ..runtime.plan import Plan
-from ..tensor import Tensor
-from ..trace import Tracer
+from ..tensor import Tensor, tensor
+from ..trace import Tracer, current_tracer
 from .module import Module
 
 __all__ = ["Graph", "GraphConfig"]
 
 
 class GraphConfig:
-    """Per-graph options (``self.config`` inside an nn.Graph); set them before the first call.
+    """Per-graph options (``self.config`` inside an nn.Graph). A change after the graph has been
+    called makes it recompile its plans at the next call.
 
     Attributes:
         print_ir: print the IR after trace and after every pass when a plan is compiled.
@@ -44,10 +46,12 @@ class GraphConfig:
         self.print_ir = False
         self.amp: AmpConfig | None = None
         self.loss_scale_policy = POLICIES[0]
+        self.version = 0  # bumped by every change: the owning nn.Graph then recompiles
 
     def debug(self, print_ir: bool = True) -> None:
         """Print the IR after every pass at the next compilation."""
         self.print_ir = bool(print_ir)
+        self.version += 1
 
     def enable_amp(self, enabled: bool = True, dtype=float16, *, lists: AmpLists | None = None,
                    white_add=(), black_add=(), gray_add=(), clear_add=(), white_remove=(),
@@ -71,13 +75,19 @@ class GraphConfig:
                 ``miniflow.passes.loss_scale``.
 
         Raises:
-            TypeError: ``dtype`` is not float16.
+            TypeError: ``enabled`` is not a bool, ``lists`` not an AmpLists, ``dtype`` not float16.
             ValueError: an unknown op type name, or one that is not in the list it is removed
                 from; an unknown loss_scale_policy.
         """
+        if not isinstance(enabled, bool):
+            raise TypeError(f"enable_amp: enabled must be True or False, got {enabled!r}")
+        if lists is not None and not isinstance(lists, AmpLists):
+            raise TypeError(f"enable_amp: lists must be a miniflow.amp.AmpLists, got "
+                            f"{type(lists).__name__} (or use white_add=..., black_add=...)")
         if loss_scale_policy not in POLICIES:
             raise ValueError(f"enable_amp: unknown loss_scale_policy {loss_scale_policy!r}; choose "
                              f"one of {', '.join(map(repr, POLICIES))}")
+        self.version += 1
         self.loss_scale_policy = loss_scale_policy
         if not enabled:
             self.amp = None
@@ -95,6 +105,8 @@ class Graph:
     max_plans = 8
 
     def __init__(self):
+        self._version = 0
+        self._stamp = None
         self.config = GraphConfig()
         self._optimizers: list = []
         self._plans: "OrderedDict[tuple, Plan]" = OrderedDict()
@@ -103,12 +115,33 @@ class Graph:
         self._amp_result = None
         self._grad_scaler = None
 
+    def __setattr__(self, name, value):
+        if isinstance(value, Module) and "_version" in self.__dict__:
+            self._version += 1  # a (re)assigned module: recompile at the next call
+        object.__setattr__(self, name, value)
+
     def build(self, *inputs):
         raise NotImplementedError(f"{type(self).__name__} must implement build(*inputs)")
 
     def add_optimizer(self, optimizer) -> None:
-        """Train the optimizer's parameters with the loss marked by ``backward()`` in build."""
+        """Train the optimizer's parameters with the loss marked by ``backward()`` in build.
+
+        Raises:
+            TypeError: not a ``miniflow.optim`` optimizer.
+            ValueError: the optimizer is already added, or shares a parameter with another one.
+        """
+        if not isinstance(optimizer, Optimizer):
+            raise TypeError(f"add_optimizer: expected a miniflow.optim optimizer (SGD, Adam), got "
+                            f"{type(optimizer).__name__}")
+        if any(o is optimizer for o in self._optimizers):
+            raise ValueError("add_optimizer: this optimizer is already added (its update would "
+                             "run twice)")
+        mine = {id(p) for o in self._optimizers for p in o.params}
+        if any(id(p) in mine for p in optimizer.params):
+            raise ValueError("add_optimizer: a parameter of this optimizer is already trained by "
+                             "another optimizer of the graph")
         self._optimizers.append(optimizer)
+        self._version += 1
 
     def set_grad_scaler(self, scaler) -> None:
         """Scale the loss with ``scaler`` (``miniflow.amp.GradScaler`` or ``StaticGradScaler``),
@@ -121,6 +154,7 @@ class Graph:
             raise TypeError(f"set_grad_scaler: expected miniflow.amp.GradScaler or "
                             f"StaticGradScaler, got {type(scaler).__name__}")
         self._grad_scaler = scaler
+        self._version += 1
 
     # ------------------------------------------------------------------ modules & names
     def _modules(self):
@@ -143,6 +177,16 @@ class Graph:
             TypeError: wrong number of inputs, or an unsupported dtype.
             ValueError/TypeError from op inference when build cannot trace with these inputs.
         """
+        if current_tracer() is not None:
+            raise RuntimeError(f"{type(self).__name__} was called inside another graph's build; "
+                               "nested nn.Graph calls are not supported: call its modules instead")
+        if "_plans" not in self.__dict__:
+            raise RuntimeError(f"{type(self).__name__}.__init__ must call super().__init__() "
+                               "before anything else")
+        stamp = (self._version, self.config.version, *(o.version for o in self._optimizers))
+        if stamp != self._stamp:  # configuration, modules or hyper-parameters changed
+            self._plans.clear()
+            self._stamp = stamp
         arrays = [self._as_array(i, x) for i, x in enumerate(inputs)]
         key = tuple((a.shape, a.dtype.str) for a in arrays)
         plan = self._plans.get(key)
@@ -167,6 +211,8 @@ class Graph:
     def _as_array(i: int, x) -> np.ndarray:
         if isinstance(x, Tensor):
             x = x.numpy()
+        if not isinstance(x, np.ndarray):  # lists and scalars: float32 / int64, as miniflow.tensor
+            x = tensor(x).numpy()
         arr = np.ascontiguousarray(x)
         try:
             as_dtype(arr.dtype)
@@ -175,13 +221,7 @@ class Graph:
         return arr
 
     def _compile(self, arrays) -> Plan:
-        sig = inspect.signature(self.build)
-        params = list(sig.parameters.values())
-        if not any(p.kind == p.VAR_POSITIONAL for p in params) and len(params) != len(arrays):
-            raise TypeError(f"{type(self).__name__}.build takes {len(params)} input(s) "
-                            f"({', '.join(p.name for p in params)}), got {len(arrays)}")
-        names = [p.name for p in params if p.kind != p.VAR_POSITIONAL]
-        names += [f"input{i}" for i in range(len(names), len(arrays))]
+        names = self._input_names(len(arrays))
         graph = IRGraph()
         param_names = {id(p): name for name, p in self.named_parameters()}
         tracer = Tracer(graph, param_names)
@@ -204,9 +244,34 @@ class Graph:
         self.compile_count += 1
         return Plan(graph, get_backend())
 
+    def _input_names(self, n: int) -> list:
+        """Names of the first ``n`` inputs of ``build`` (``input<i>`` for ``*args``).
+
+        Raises:
+            TypeError: too few inputs for build's required parameters, or too many.
+        """
+        params = [p for p in inspect.signature(self.build).parameters.values()
+                  if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+        required = [p for p in params if p.default is p.empty]
+        varargs = any(p.kind == p.VAR_POSITIONAL
+                      for p in inspect.signature(self.build).parameters.values())
+        if n < len(required) or (n > len(params) and not varargs):
+            takes = (f"{len(required)} to {len(params)}" if len(required) != len(params)
+                     else str(len(params)))
+            raise TypeError(f"{type(self).__name__}.build takes {takes} input(s) "
+                            f"({', '.join(p.name for p in params)}), got {n}")
+        return [p.name for p in params[:n]] + [f"input{i}" for i in range(len(params), n)]
+
     def _compile_context(self, param_names) -> CompileContext:
-        trainable = [param_names[id(p)] for opt in self._optimizers for p in opt.params
-                     if id(p) in param_names]
+        for opt in self._optimizers:
+            for i, p in enumerate(opt.params):
+                if id(p) not in param_names:
+                    raise ValueError(
+                        f"{type(opt).__name__} parameter {i} ({p.dtype.short}{list(p.shape)}) is "
+                        f"not a parameter of a module attribute of {type(self).__name__}: assign "
+                        "its module to the graph (self.model = model) so the graph can train it "
+                        "(modules kept in plain lists or dicts are not found)")
+        trainable = [param_names[id(p)] for opt in self._optimizers for p in opt.params]
         policy = self.config.loss_scale_policy
         identity = "amp_black_identity" if self.config.amp and policy == "fp32" else None
         return CompileContext(trainable=trainable, optimizers=self._optimizers,

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import math
+import numbers
 
 import numpy as np
 
@@ -21,9 +22,9 @@ class Linear(Module):
 
     def __init__(self, in_features: int, out_features: int, bias: bool = True):
         super().__init__()
-        if in_features <= 0 or out_features <= 0:
-            raise ValueError(f"Linear: in_features and out_features must be positive, got "
-                             f"{in_features}, {out_features}")
+        for name, v in (("in_features", in_features), ("out_features", out_features)):
+            if isinstance(v, bool) or not isinstance(v, numbers.Integral) or v <= 0:
+                raise ValueError(f"Linear: {name} must be a positive integer, got {v!r}")
         self.in_features, self.out_features = int(in_features), int(out_features)
         bound = 1.0 / math.sqrt(in_features)
         g = generator()

@@ -85,6 +85,8 @@ class Module:
     def load_state_dict(self, state_dict, strict: bool = True) -> None:
         """Copy values into the parameters in place (bound graphs see them).
 
+        Values may be NumPy arrays or Tensors. Everything is checked before anything is copied.
+
         Raises:
             KeyError: missing or unexpected names (strict), listing them.
             ValueError: a shape or dtype differs from the parameter's, naming it.
@@ -94,15 +96,18 @@ class Module:
         unexpected = sorted(set(state_dict) - set(own))
         if strict and (missing or unexpected):
             raise KeyError(f"load_state_dict: missing keys {missing}, unexpected keys {unexpected}")
-        backend = get_backend()
+        checked = []  # check everything first: a failed load changes nothing
         for name, value in state_dict.items():
             if name not in own:
                 continue
             p = own[name]
-            arr = np.asarray(value)
-            if arr.shape != p.shape or as_dtype(arr.dtype) is not p.dtype:
+            arr = value.numpy() if isinstance(value, Tensor) else np.asarray(value)
+            if arr.shape != p.shape or arr.dtype != p.dtype.np:
                 raise ValueError(f"load_state_dict: {name!r} is {p.dtype.short}{list(p.shape)} in "
                                  f"the model but {arr.dtype}{list(arr.shape)} in the state dict")
+            checked.append((p, arr))
+        backend = get_backend()
+        for p, arr in checked:
             backend.copy_in(p._data, arr)
 
     def __repr__(self) -> str:

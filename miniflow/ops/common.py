@@ -40,6 +40,9 @@ def norm_axes(op: str, axis, ndim: int) -> tuple:
         return tuple(range(ndim))
     if isinstance(axis, (int, np.integer)):
         axis = (int(axis),)
+    if not isinstance(axis, (tuple, list)) or not all(
+            isinstance(a, (int, np.integer)) and not isinstance(a, bool) for a in axis):
+        raise TypeError(f"{op}: axis must be None, an int or a sequence of ints, got {axis!r}")
     out = []
     for a in axis:
         a = int(a)

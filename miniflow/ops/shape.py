@@ -118,6 +118,8 @@ register("add_n", _add_n_infer, grad=lambda n, gs, emit: [gs[0]] * len(n.inputs)
 # ------------------------------------------------------------------------------ reshape / transpose
 def _reshape_norm(inputs, attrs):
     shape = list(attrs["shape"])
+    if not all(isinstance(d, (int, np.integer)) and not isinstance(d, bool) for d in shape):
+        raise TypeError(f"reshape: shape must be ints, got {tuple(shape)}")
     size = inputs[0].size if inputs else 0
     if shape.count(-1) > 1:
         raise ValueError(f"reshape: at most one -1 allowed in {tuple(shape)}")

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .optimizer import Optimizer
+from .optimizer import Optimizer, check_real
 
 __all__ = ["Adam"]
 
@@ -15,22 +15,27 @@ class Adam(Optimizer):
     State: ``exp_avg`` (m), ``exp_avg_sq`` (v) and ``step`` (i64[1]), PyTorch's names.
 
     Raises:
-        ValueError: lr <= 0, betas outside [0, 1), eps < 0 or weight_decay < 0.
+        TypeError: betas not a pair, or a hyper-parameter that is not a real number.
+        ValueError: lr not finite > 0, betas outside [0, 1), eps or weight_decay not finite >= 0.
     """
 
     state_names = ("exp_avg", "exp_avg_sq", "step")
 
     def __init__(self, params, lr: float = 1e-3, betas=(0.9, 0.999), eps: float = 1e-8,
                  weight_decay: float = 0.0):
-        b1, b2 = (float(b) for b in betas)
-        if not lr > 0:
-            raise ValueError(f"Adam: lr must be > 0, got {lr}")
-        if not (0 <= b1 < 1 and 0 <= b2 < 1):
-            raise ValueError(f"Adam: betas must be in [0, 1), got {tuple(betas)}")
-        if eps < 0 or weight_decay < 0:
-            raise ValueError(f"Adam: eps and weight_decay must be >= 0, got {eps}, {weight_decay}")
-        super().__init__(params, dict(lr=float(lr), beta1=b1, beta2=b2, eps=float(eps),
-                                      weight_decay=float(weight_decay)))
+        try:
+            b1, b2 = betas
+        except (TypeError, ValueError):
+            raise TypeError(f"Adam: betas must be a pair (beta1, beta2), got {betas!r}") from None
+        super().__init__(params, dict(lr=lr, beta1=b1, beta2=b2, eps=eps,
+                                      weight_decay=weight_decay))
+
+    def check_hyper(self, hyper: dict) -> dict:
+        return {"lr": check_real("Adam", "lr", hyper["lr"], low_inclusive=False),
+                "beta1": check_real("Adam", "beta1", hyper["beta1"], high=1.0),
+                "beta2": check_real("Adam", "beta2", hyper["beta2"], high=1.0),
+                "eps": check_real("Adam", "eps", hyper["eps"]),
+                "weight_decay": check_real("Adam", "weight_decay", hyper["weight_decay"])}
 
     def _initial_state(self, name, p) -> np.ndarray:
         if name == "step":
@@ -39,4 +44,4 @@ class Adam(Optimizer):
 
     def emit_update(self, graph, index, name, param, grad, skip_if) -> None:
         m, v, step = self._state_values(graph, name, index)
-        graph.emit("adam_update", param, grad, skip_if, m, v, step, **self.defaults)
+        graph.emit("adam_update", param, grad, skip_if, m, v, step, **self.hyper)

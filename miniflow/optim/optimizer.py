@@ -1,38 +1,115 @@
-"""Optimizer base class: parameters, hyper-parameters, per-parameter state and its state_dict.
+"""Optimizer base class: parameters, hyper-parameters (``param_groups``), per-parameter state and
+its state_dict.
 
 State arrays (momentum buffers, Adam moments, step counts) are created when the optimizer is made,
 live in backend memory and are bound as graph variables named ``<param>.<state>``, so every plan of
-the graph updates the same state. Hyper-parameters are read when a graph is compiled.
+the graph updates the same state. Hyper-parameters become attributes of the update ops when a graph
+is compiled; changing one (``opt.param_groups[0]["lr"] = 0.01``, as a PyTorch LR schedule does)
+bumps :attr:`Optimizer.version`, and an nn.Graph recompiles its plans at its next call.
 """
 from __future__ import annotations
+
+import math
+import numbers
 
 import numpy as np
 
 from ..dtype import as_dtype
+from ..nn.module import Parameter
 from ..runtime.backend import get_backend
 
-__all__ = ["Optimizer"]
+__all__ = ["Optimizer", "ParamGroup", "check_real"]
+
+
+def check_real(owner: str, name: str, value, low: float = 0.0, low_inclusive: bool = True,
+               high: float = math.inf, high_inclusive: bool = False) -> float:
+    """``value`` as a float, checked to be a finite real number in the given range.
+
+    Raises:
+        TypeError: not a real number (a string, a bool, None ...).
+        ValueError: NaN, inf or outside the range, quoting the value.
+    """
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{owner}: {name} must be a real number, got {value!r}")
+    v = float(value)
+    ok = math.isfinite(v) and (v >= low if low_inclusive else v > low) and \
+        (v <= high if high_inclusive else v < high)
+    if not ok:
+        lo = "[" if low_inclusive else "("
+        hi = "]" if high_inclusive else ")"
+        raise ValueError(f"{owner}: {name} must be finite and in {lo}{low:g}, {high:g}{hi}, "
+                         f"got {value!r}")
+    return v
+
+
+class ParamGroup(dict):
+    """The hyper-parameters of an optimizer (PyTorch's ``param_groups[0]``; ``"params"`` lists the
+    parameters). Setting a key validates the value and marks compiled graphs for recompilation.
+
+    Raises:
+        KeyError: an unknown key; TypeError/ValueError: an invalid value (as the constructor).
+    """
+
+    def __init__(self, owner, values: dict, params: list):
+        super().__init__(values, params=params)
+        self._owner = owner
+
+    def __setitem__(self, key, value):
+        if key not in self or key == "params":
+            raise KeyError(f"{type(self._owner).__name__}.param_groups: cannot set {key!r}; "
+                           f"hyper-parameters are {sorted(k for k in self if k != 'params')}")
+        checked = self._owner.check_hyper({**self.hyper(), key: value})
+        super().__setitem__(key, checked[key])
+        self._owner.version += 1
+
+    def hyper(self) -> dict:
+        """The hyper-parameters without ``params``."""
+        return {k: v for k, v in self.items() if k != "params"}
 
 
 class Optimizer:
-    """Base optimizer: subclasses set ``state_names`` and implement :meth:`emit_update`.
+    """Base optimizer: subclasses set ``state_names``, implement :meth:`check_hyper` and
+    :meth:`emit_update`.
+
+    Args:
+        params: an iterable of ``nn.Parameter`` (one group; PyTorch's per-group dicts are not
+            supported).
+        hyper: the hyper-parameters, validated by :meth:`check_hyper`.
 
     Raises:
-        ValueError: empty parameter list, or a parameter listed twice.
+        TypeError: an element that is not an nn.Parameter (e.g. a param-group dict or an array).
+        ValueError: an empty parameter list, or a parameter listed twice.
     """
 
     state_names: tuple = ()
 
-    def __init__(self, params, defaults: dict):
+    def __init__(self, params, hyper: dict):
+        name = type(self).__name__
         self.params = list(params)
         if not self.params:
-            raise ValueError(f"{type(self).__name__}: got an empty parameter list")
+            raise ValueError(f"{name}: got an empty parameter list")
+        for i, p in enumerate(self.params):
+            if not isinstance(p, Parameter):
+                hint = (" (param-group dicts are not supported: use one optimizer per group)"
+                        if isinstance(p, dict) else "")
+                raise TypeError(f"{name}: parameter {i} is a {type(p).__name__}, not an "
+                                f"nn.Parameter; pass model.parameters(){hint}")
         if len({id(p) for p in self.params}) != len(self.params):
-            raise ValueError(f"{type(self).__name__}: a parameter appears twice")
-        self.defaults = dict(defaults)
+            raise ValueError(f"{name}: a parameter appears twice")
+        self.version = 0
+        self.param_groups = [ParamGroup(self, self.check_hyper(hyper), self.params)]
         backend = get_backend()
-        self.state = [{name: backend.from_numpy(self._initial_state(name, p))
-                       for name in self.state_names} for p in self.params]
+        self.state = [{s: backend.from_numpy(self._initial_state(s, p)) for s in self.state_names}
+                      for p in self.params]
+
+    @property
+    def hyper(self) -> dict:
+        """The current hyper-parameters (``param_groups[0]`` without ``params``)."""
+        return self.param_groups[0].hyper()
+
+    def check_hyper(self, hyper: dict) -> dict:
+        """Validated, normalised hyper-parameters (raises TypeError/ValueError naming the bad one)."""
+        raise NotImplementedError
 
     def _initial_state(self, name: str, p) -> np.ndarray:
         return np.zeros(p.shape, p.dtype.np)
@@ -42,10 +119,10 @@ class Optimizer:
         Value ``grad``) taking ``skip_if`` (called by the optimizer pass)."""
         raise NotImplementedError
 
-    def _state_values(self, graph, name, index):
-        """Declare the parameter's state arrays as graph variables; returns their Values."""
+    def _state_values(self, graph, name, index, names=None):
+        """Declare the parameter's state arrays (``names``, default all) as graph variables."""
         vals = []
-        for s in self.state_names:
+        for s in (self.state_names if names is None else names):
             arr = self.state[index][s]
             vals.append(graph.add_variable(f"{name}.{s}", arr.shape, as_dtype(arr.dtype), data=arr))
         return vals
@@ -54,25 +131,35 @@ class Optimizer:
         """PyTorch layout: ``{"state": {i: {name: ndarray}}, "param_groups": [{..., "params": [i]}]}``."""
         to_numpy = get_backend().to_numpy
         return {"state": {i: {k: to_numpy(v) for k, v in s.items()} for i, s in enumerate(self.state)},
-                "param_groups": [dict(self.defaults, params=list(range(len(self.params))))]}
+                "param_groups": [dict(self.hyper, params=list(range(len(self.params))))]}
 
     def load_state_dict(self, state_dict: dict) -> None:
-        """Copy state arrays in place and restore hyper-parameters.
+        """Restore state arrays (in place) and hyper-parameters; everything is checked first, so a
+        failed load changes nothing.
 
         Raises:
-            ValueError: a different number of parameters, or a state array of another shape.
+            KeyError: a missing entry; ValueError/TypeError: a wrong count, shape or value.
         """
-        st = state_dict["state"]
+        name = type(self).__name__
+        try:
+            st, group = state_dict["state"], dict(state_dict["param_groups"][0])
+            arrays = [{k: np.asarray(st[i][k]) for k in s} for i, s in enumerate(self.state)]
+        except (KeyError, IndexError, TypeError) as e:
+            raise KeyError(f"{name}.load_state_dict: missing or malformed entry {e}; expected "
+                           f"'state' with {self.state_names} per parameter and 'param_groups'") from None
         if len(st) != len(self.params):
-            raise ValueError(f"{type(self).__name__}.load_state_dict: {len(st)} parameter states "
-                             f"for {len(self.params)} parameters")
-        backend = get_backend()
-        for i, s in enumerate(self.state):
+            raise ValueError(f"{name}.load_state_dict: {len(st)} parameter states for "
+                             f"{len(self.params)} parameters")
+        for i, (s, new) in enumerate(zip(self.state, arrays)):
             for k, v in s.items():
-                new = np.asarray(st[i][k])
-                if new.shape != v.shape:
-                    raise ValueError(f"state {k!r} of parameter {i}: shape {new.shape} != {v.shape}")
-                backend.copy_in(v, new.astype(v.dtype))
-        group = dict(state_dict["param_groups"][0])
+                if new[k].shape != v.shape:
+                    raise ValueError(f"{name}.load_state_dict: state {k!r} of parameter {i} has "
+                                     f"shape {new[k].shape}, expected {v.shape}")
         group.pop("params", None)
-        self.defaults.update(group)
+        hyper = self.check_hyper(group)
+        backend = get_backend()
+        for s, new in zip(self.state, arrays):
+            for k, v in s.items():
+                backend.copy_in(v, new[k].astype(v.dtype))
+        self.param_groups[0] = ParamGroup(self, hyper, self.params)
+        self.version += 1

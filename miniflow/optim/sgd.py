@@ -1,7 +1,7 @@
 """SGD with momentum and weight decay (``torch.optim.SGD`` semantics, no dampening/nesterov)."""
 from __future__ import annotations
 
-from .optimizer import Optimizer
+from .optimizer import Optimizer, check_real
 
 __all__ = ["SGD"]
 
@@ -9,20 +9,24 @@ __all__ = ["SGD"]
 class SGD(Optimizer):
     """``g = grad + weight_decay * p; buf = momentum * buf + g; p -= lr * buf`` (op ``sgd_update``).
 
+    State: ``momentum_buffer`` (PyTorch's name; used when momentum != 0).
+
     Raises:
-        ValueError: lr <= 0, momentum < 0 or weight_decay < 0.
+        TypeError: a hyper-parameter that is not a real number.
+        ValueError: lr not finite > 0, momentum or weight_decay not finite >= 0.
     """
 
+    state_names = ("momentum_buffer",)
+
     def __init__(self, params, lr: float, momentum: float = 0.0, weight_decay: float = 0.0):
-        if not lr > 0:
-            raise ValueError(f"SGD: lr must be > 0, got {lr}")
-        if momentum < 0 or weight_decay < 0:
-            raise ValueError(f"SGD: momentum and weight_decay must be >= 0, got {momentum}, "
-                             f"{weight_decay}")
-        self.state_names = ("momentum_buffer",) if momentum != 0 else ()
-        super().__init__(params, dict(lr=float(lr), momentum=float(momentum),
-                                      weight_decay=float(weight_decay)))
+        super().__init__(params, dict(lr=lr, momentum=momentum, weight_decay=weight_decay))
+
+    def check_hyper(self, hyper: dict) -> dict:
+        return {"lr": check_real("SGD", "lr", hyper["lr"], low_inclusive=False),
+                "momentum": check_real("SGD", "momentum", hyper["momentum"]),
+                "weight_decay": check_real("SGD", "weight_decay", hyper["weight_decay"])}
 
     def emit_update(self, graph, index, name, param, grad, skip_if) -> None:
-        state = self._state_values(graph, name, index)
-        graph.emit("sgd_update", param, grad, skip_if, *state, **self.defaults)
+        hyper = self.hyper
+        state = self._state_values(graph, name, index) if hyper["momentum"] != 0 else []
+        graph.emit("sgd_update", param, grad, skip_if, *state, **hyper)

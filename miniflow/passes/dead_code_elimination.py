@@ -1,7 +1,7 @@
 """Dead-code elimination: drop nodes whose outputs nothing uses.
 
 Keeps: nodes of side-effecting ops (update ops, which write variables), nodes producing graph
-outputs, and everything they depend on. Unused inputs stay declared (the caller still passes them).
+outputs or the non-finite counts the grad scaler reads, and everything they depend on. Unused inputs stay declared (the caller still passes them).
 """
 from __future__ import annotations
 
@@ -14,6 +14,8 @@ __all__ = ["dead_code_elimination"]
 def dead_code_elimination(graph: Graph, ctx=None) -> Graph:
     """Remove dead nodes in place; returns the graph."""
     live = {id(v) for v in graph.outputs}
+    if graph.nonfinite_counts is not None:  # read back by the grad scaler after every step
+        live.add(id(graph.nonfinite_counts))
     kept = []
     for node in reversed(graph.nodes):
         if get_op(node.op).side_effect or any(id(v) in live for v in node.outputs):

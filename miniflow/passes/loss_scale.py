@@ -85,10 +85,12 @@ def _scale_initial_grad(graph: Graph, policy: str, scaler, scale_var) -> None:
 
     dtype = diff.dtype
     if dtype is float16 and policy != "fp32" and scaler.scale > FP16_MAX:
+        outcome = ("steps overflow and are skipped until the dynamic scale backs off below it"
+                   if scaler.dynamic else "every step will overflow and be skipped")
         warnings.warn(f"loss scale {scaler.scale:g} > {FP16_MAX:g} cannot be represented by the "
-                      f"float16 initial gradient under loss_scale_policy={policy!r}: every step "
-                      "will overflow. Use loss_scale_policy='fp32' or put amp.black_identity on "
-                      "the loss path", LossScaleOverflowWarning, stacklevel=2)
+                      f"float16 initial gradient under loss_scale_policy={policy!r}: {outcome}. "
+                      "Use loss_scale_policy='fp32' or put amp.black_identity on the loss path",
+                      LossScaleOverflowWarning, stacklevel=2)
     if policy == "legacy":
         if scale_var is None:
             s = emit("constant", value=scaler.scale, shape=diff.shape, dtype=dtype)

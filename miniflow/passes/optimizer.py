@@ -25,10 +25,7 @@ def optimizer(graph: Graph, ctx) -> Graph:
     skip_if = ctx.skip_if if ctx.skip_if is not None else graph.add_constant(np.zeros(1, np.int64))
     for opt in ctx.optimizers:
         for i, p in enumerate(opt.params):
-            name = ctx.param_names.get(id(p))
-            if name is None:
-                raise ValueError("optimizer has a parameter that is not an attribute of this "
-                                 "nn.Graph's modules; assign the module to the graph (self.model = ...)")
+            name = ctx.param_names[id(p)]  # nn.Graph checked every parameter is a variable
             grad = graph.grads.get(name)
             if grad is None:
                 continue  # like PyTorch: a parameter without a gradient is not updated
