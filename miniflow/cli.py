@@ -1,24 +1,68 @@
-"""``miniflow`` / ``python -m miniflow``: subcommands ``info`` and ``train``."""
+"""``miniflow`` / ``python -m miniflow``: subcommands ``info``, ``train`` and ``stability``."""
 from __future__ import annotations
 
 import argparse
+import math
 import platform
+import sys
 
 
 def _info(args) -> int:
+    """Versions, the backend, the GPU (or why there is none), the float16 path, the kernel cache."""
+    import importlib.metadata
+
     import numba
     import numpy
 
     import miniflow
-    backend = miniflow.get_backend()
+    from .kernels import fp16
+    from .runtime.backend import BackendUnavailableError, cuda_status
+
+    try:
+        numba_cuda = importlib.metadata.version("numba-cuda")
+    except importlib.metadata.PackageNotFoundError:
+        numba_cuda = "not installed (pip install 'miniflow[cuda]')"
     print(f"miniflow {miniflow.__version__}")
     print(f"python {platform.python_version()} on {platform.machine()}")
-    print(f"numpy {numpy.__version__}, numba {numba.__version__}")
+    print(f"numpy {numpy.__version__}, numba {numba.__version__}, numba-cuda {numba_cuda}")
+    usable, gpu = cuda_status()
+    print(f"GPU: {gpu}" if usable else f"GPU: no GPU ({gpu})")
+    try:
+        backend = miniflow.get_backend()
+    except BackendUnavailableError as e:
+        print(f"backend: unavailable: {e}")
+        return 1
     print(f"backend: {backend.name}")
-    from .kernels import fp16
     print(f"float16 conversion on the CPU: {fp16.PATH}")
     print(f"numba cache dir: {numba.config.CACHE_DIR or '(next to the sources)'}")
+    print(f"kernels from the Numba cache: {_cache_probe(backend)}")
     return 0
+
+
+def _cache_probe(backend) -> str:
+    """Run one small kernel (relu, f32) on ``backend`` and say whether it was loaded from Numba's
+    on-disk cache or compiled now."""
+    import numpy as np
+
+    from .dtype import float32
+    from .ir import Node, Value
+    from .runtime.plan import build_steps
+
+    node = Node("relu", [Value("x", (4,), float32, kind="input")], [])
+    node.outputs = [Value("y", (4,), float32, producer=node)]
+    buffers = {id(node.inputs[0]): backend.from_numpy(np.zeros(4, np.float32))}
+    steps, _ = build_steps([node], buffers, backend)
+    for fn, a in steps:
+        fn(*a)
+    kernel = getattr(steps[0][0], "kernel", steps[0][0])
+    stats = getattr(kernel, "stats", None)
+    if stats is None:
+        return "no (the CUDA simulator runs kernels as Python)"
+    if sum(stats.cache_hits.values()):
+        return "yes (loaded, not compiled)"
+    if not getattr(stats, "cache_path", None):
+        return "no (caching is off for these kernels)"
+    return "no (compiled now and cached for the next run)"
 
 
 def _train(args) -> int:
@@ -32,18 +76,81 @@ def _train(args) -> int:
     return 0
 
 
+def _stability(args) -> int:
+    """The training-stability study (``miniflow.experiments.stability``)."""
+    import dataclasses
+    from pathlib import Path
+
+    import miniflow
+    from .experiments import stability
+    from .experiments.stability_report import headline_table
+
+    if args.backend:
+        miniflow.set_backend(args.backend)
+    cfg = stability.QUICK if args.quick else stability.StudyConfig()
+    cfg = dataclasses.replace(cfg, seeds=args.seeds or cfg.seeds, steps=args.steps or cfg.steps)
+    out = Path(args.out)
+    metrics = stability.run_study(cfg, out)
+    print(headline_table(metrics))
+    print(f"{len(metrics['runs'])} runs in {metrics['config']['seconds']:.0f} s; figures, "
+          f"metrics.json and summary.md in {out}/")
+    return 0
+
+
+def _positive(text: str) -> int:
+    """argparse type: an integer >= 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be an integer >= 1, got {text!r}")
+    return value
+
+
+def _real(low: float, low_inclusive: bool):
+    """argparse type: a finite float above ``low`` (or at it when ``low_inclusive``)."""
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            value = float("nan")
+        ok = math.isfinite(value) and (value >= low if low_inclusive else value > low)
+        if not ok:
+            bound = f">= {low:g}" if low_inclusive else f"> {low:g}"
+            raise argparse.ArgumentTypeError(f"must be a finite number {bound}, got {text!r}")
+        return value
+    return parse
+
+
 def main(argv=None) -> int:
     """Parse ``argv`` and run the subcommand; returns the exit code."""
     p = argparse.ArgumentParser(prog="miniflow", description="a small lazy-graph DL framework")
     sub = p.add_subparsers(dest="command", required=True)
-    sub.add_parser("info", help="backend, versions, float16 path").set_defaults(fn=_info)
+    sub.add_parser("info", help="backend, versions, GPU, float16 path, kernel cache").set_defaults(
+        fn=_info)
     t = sub.add_parser("train", help="train the 64-128-10 MLP on the digits data set")
-    t.add_argument("--epochs", type=int, default=20)
-    t.add_argument("--batch-size", type=int, default=64)
-    t.add_argument("--lr", type=float, default=0.1)
-    t.add_argument("--momentum", type=float, default=0.9)
-    t.add_argument("--hidden", type=int, default=128)
+    t.add_argument("--epochs", type=_positive, default=20)
+    t.add_argument("--batch-size", type=_positive, default=64)
+    t.add_argument("--lr", type=_real(0.0, False), default=0.1)
+    t.add_argument("--momentum", type=_real(0.0, True), default=0.9)
+    t.add_argument("--hidden", type=_positive, default=128)
     t.add_argument("--seed", type=int, default=0)
     t.set_defaults(fn=_train)
+    st = sub.add_parser("stability", help="training-stability study of the loss-scale policies: "
+                        "figures, metrics.json, summary.md")
+    st.add_argument("--quick", action="store_true", help="1 seed, 220 steps per run (for CI)")
+    st.add_argument("--out", default="stability-results", help="output folder")
+    st.add_argument("--seeds", type=_positive, help="seeds 0..N-1 of every run (default 3; "
+                    "--quick: 1)")
+    st.add_argument("--steps", type=_positive, help="steps per run (default 660; --quick: 220)")
+    st.add_argument("--backend", choices=["cpu", "cuda"], help="default: MINIFLOW_BACKEND, else "
+                    "cuda with a GPU, else cpu")
+    st.set_defaults(fn=_stability)
     args = p.parse_args(argv)
-    return args.fn(args)
+    from .runtime.backend import BackendUnavailableError
+    try:
+        return args.fn(args)
+    except BackendUnavailableError as e:    # MINIFLOW_BACKEND=cuda without a GPU: no traceback
+        print(e, file=sys.stderr)
+        return 2

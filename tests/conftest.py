@@ -1,8 +1,42 @@
-"""Shared pytest setup: hypothesis profile sized for a 2-core CI machine."""
-import os
+"""Shared pytest setup: hypothesis profile sized for a 2-core CI machine; the CUDA simulator lane.
 
+``tests/cuda`` must run in its own process with ``NUMBA_ENABLE_CUDASIM=1`` set before numba is
+imported. A session collects it only when it is named on the command line
+(``NUMBA_ENABLE_CUDASIM=1 python -m pytest tests/cuda``); the main session runs it as a subprocess
+(``test_cuda_simulator_lane.py``) and prints its summary line at the end.
+"""
+import os
+from pathlib import Path
+
+import pytest
 from hypothesis import settings
 
 settings.register_profile("ci", max_examples=25, deadline=None)
 settings.register_profile("dev", max_examples=10, deadline=None)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+
+CUDA_LANE = Path(__file__).resolve().parent / "cuda"
+LANE_SUMMARY = pytest.StashKey[list]()
+
+
+def _inside_lane(path: Path) -> bool:
+    return path == CUDA_LANE or CUDA_LANE in path.parents
+
+
+def pytest_ignore_collect(collection_path, config):
+    if _inside_lane(Path(collection_path).resolve()):
+        here = config.invocation_params.dir
+        asked = any(_inside_lane((here / str(a).split("::")[0]).resolve()) for a in config.args)
+        return None if asked else True
+    return None
+
+
+@pytest.fixture
+def lane_summary(request) -> list:
+    """Lines to print in the terminal summary (the simulator lane's result)."""
+    return request.config.stash.setdefault(LANE_SUMMARY, [])
+
+
+def pytest_terminal_summary(terminalreporter, config):
+    for line in config.stash.get(LANE_SUMMARY, []):
+        terminalreporter.write_line(line)

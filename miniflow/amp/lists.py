@@ -48,6 +48,8 @@ UNLISTED = {
     "adam_update": "optimizer update: runs after AMP, writes the float32 master weights",
     "multi_count_not_finite": "loss-scale stage: runs after AMP on the float32 unscaled gradients",
     "dynamic_loss_scale_schedule": "loss-scale stage: runs after AMP, writes the float32 scale",
+    "fused_elementwise": "made by the fusion pass after AMP from already colored nodes; its expr "
+                         "keeps their dtypes and casts",
 }
 """Op types in no list, with the reason."""
 

@@ -2,8 +2,10 @@
 
 One row per node the AMP pass colored (forward and backward, in graph order): the node, its color,
 its output dtype(s) and the rule or neighbouring node that decided it; then the casts the pass
-inserted, and the counts of float16 nodes, float32 nodes and casts. Rows of nodes that later passes
-removed (the pruned AMP identities) are marked and left out of the counts.
+inserted, and the counts of float16 nodes, float32 nodes and casts. The counts are the AMP pass's
+decisions: a node that a later pass fused into a ``fused_elementwise`` kernel still computes in the
+dtype AMP chose, so it is counted; the AMP identities, which ``prune_amp_identity`` removes, are
+marked and left out.
 """
 from __future__ import annotations
 
@@ -11,11 +13,14 @@ from dataclasses import dataclass
 
 __all__ = ["AmpRow", "AmpReport", "amp_report"]
 
+PRUNED = ("amp_white_identity", "amp_black_identity")
+"""Op types that ``prune_amp_identity`` removes right after the AMP pass."""
+
 
 @dataclass
 class AmpRow:
     """One node: ``op``, its ``outputs`` (``"%5"``), ``color``, ``dtype`` (``"f16"``, comma-separated
-    for several outputs), ``reason``, and ``kept`` (still in the compiled graph)."""
+    for several outputs), ``reason``, and ``kept`` (False for the pruned AMP identities)."""
 
     op: str
     outputs: str
@@ -40,21 +45,21 @@ class AmpReport:
                  f"{self.n_casts} inserted casts",
                  f"  {'node':<42} {'color':<9} {'dtype':<8} reason"]
         for r in self.rows:
-            note = "" if r.kept else "  [removed after AMP]"
+            note = "" if r.kept else "  [pruned after AMP]"
             lines.append(f"  {r.op + ' ' + r.outputs:<42} {r.color:<9} {r.dtype:<8} {r.reason}{note}")
         lines.append("inserted casts:")
         lines.extend("  " + c for c in self.casts)
         return "\n".join(lines)
 
 
-def amp_report(result, graph) -> AmpReport:
-    """The report of ``result`` (an ``AmpResult`` from the AMP pass) on compiled ``graph``."""
-    final = set(graph.nodes)
+def amp_report(result, graph=None) -> AmpReport:
+    """The report of ``result`` (an ``AmpResult`` from the AMP pass). ``graph``, the compiled IR,
+    is accepted for symmetry with ``nn.Graph.amp_report`` and not needed."""
     rows = [AmpRow(d.node.op, ", ".join("%" + v.name for v in d.node.outputs), d.color,
-                   ",".join(v.dtype.short for v in d.node.outputs), d.reason, d.node in final)
+                   ",".join(v.dtype.short for v in d.node.outputs), d.reason,
+                   d.node.op not in PRUNED)
             for d in result.decisions]
     kept = [r for r in rows if r.kept]
-    casts = [c for c in result.casts if c in final]
-    return AmpReport(rows, [c.format() for c in casts],
+    return AmpReport(rows, [c.format() for c in result.casts],
                      n_fp16=sum(r.color == "white" for r in kept),
-                     n_fp32=sum(r.color != "white" for r in kept), n_casts=len(casts))
+                     n_fp32=sum(r.color != "white" for r in kept), n_casts=len(result.casts))

@@ -6,9 +6,11 @@ plan is built, and precomputes everything a step needs (fp16 ``uint16`` views, 1
 stride tables, scratch buffers), so that a step is one call ``fn(*args)`` that writes every output
 (update ops write their variable inputs instead) and allocates nothing.
 
-Kernels live in ``cpu_elementwise`` (map / zip / broadcast / cast), ``cpu_reduce`` (reduce_sum,
-softmax family, cross entropy) and ``cpu_update`` (SGD, Adam); this module adds matmul (NumPy's BLAS)
-and the data-movement ops (``np.copyto``: no arithmetic, nothing to convert).
+Kernels live in ``cpu_elementwise`` (map / zip / broadcast / cast), ``cpu_fused`` (generated
+kernels of ``fused_elementwise``), ``cpu_reduce`` (reduce_sum, softmax family, cross entropy),
+``cpu_matmul`` (NumPy's BLAS and loops for skinny shapes), ``cpu_update`` (SGD, Adam) and
+``cpu_loss_scale``; this module adds the data-movement ops (``np.copyto``: no arithmetic, nothing to
+convert).
 
 Precision: f16 and f32 compute in float32, f64 in float64; sums accumulate in that type; matmul on
 f16 widens to float32, multiplies in float32 and rounds the product to f16 (a GPU fp16 GEMM's
@@ -18,33 +20,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import cpu_elementwise, cpu_loss_scale, cpu_reduce, cpu_update
+from . import cpu_elementwise, cpu_fused, cpu_loss_scale, cpu_reduce, cpu_update
+from .cpu_matmul import build_matmul
 from .cpu_common import PARALLEL_MIN_SIZE  # re-exported; builders read cpu_common.PARALLEL_MIN_SIZE
-from .cpu_elementwise import cast_steps
 
 __all__ = ["KERNELS", "PARALLEL_MIN_SIZE"]
-
-
-def build_matmul(node, ins, outs):
-    """``out = op(a) @ op(b)`` (2-D; ``op`` = transpose when ``transpose_a``/``transpose_b``).
-
-    f32/f64: one ``np.matmul`` on precomputed ``.T`` views (BLAS reads them without copying).
-    f16: widen a and b into float32 scratch, matmul in float32, round into out.
-    """
-    a, b, out = ins[0], ins[1], outs[0]
-    steps = []
-    if out.dtype == np.float16:
-        a32, b32, out32 = (np.empty(t.shape, np.float32) for t in (a, b, out))
-        steps += cast_steps(a, a32) + cast_steps(b, b32)
-        a, b, target = a32, b32, out32
-    else:
-        target = out
-    a = a.T if node.attrs.get("transpose_a", False) else a
-    b = b.T if node.attrs.get("transpose_b", False) else b
-    steps.append((np.matmul, (a, b, target)))
-    if target is not out:
-        steps += cast_steps(target, out)
-    return steps
 
 
 def build_reshape(node, ins, outs):
@@ -97,6 +77,7 @@ KERNELS = {
     "broadcast_like": build_broadcast_like,
     "ones_like": build_ones_like,
     "constant": build_constant,
+    "fused_elementwise": cpu_fused.build_fused_elementwise,
     **dict.fromkeys(("amp_white_identity", "amp_black_identity"),
                     cpu_elementwise.BUILDERS["identity"]),
 }

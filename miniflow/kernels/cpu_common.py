@@ -3,10 +3,21 @@
 Kernels are ``numba.njit(cache=True, error_model="numpy")`` functions (IEEE semantics: x/0 = inf, no
 ZeroDivisionError). Each kernel factory takes ``parallel`` and closes over the loop it uses,
 ``numba.prange`` or ``range``: the closure is part of Numba's cache key, so the serial and the
-parallel compilation of one source never share a cache entry. Builders pick the parallel variant for
-arrays of at least ``PARALLEL_MIN_SIZE`` elements (below it a parallel launch costs more than it saves).
+parallel compilation of one source never share a cache entry.
+
+Builders pick the parallel variant (:func:`use_parallel`, when the plan is built) for arrays of at
+least ``PARALLEL_MIN_SIZE`` elements, when Numba has more than one thread and BLAS runs on one.
+Below 2^16 elements a launch of Numba's default (OpenMP) pool costs more than it saves (2 cores:
+relu on 16K elements 2.2 us serial, 2.8 us parallel; on 64K, 8.1 us against 5.8 us). And the two
+pools do not share cores: OpenMP's and OpenBLAS's idle threads both spin, waiting for the next
+call, and take each other's cores (the 64-1024-1024-10 MLP's training step at batch 64 took 43 ms
+with both pools on 2 threads, 4.5 ms with both on one, 3.2 ms with a 2-thread BLAS and serial
+Numba kernels). The matmuls are most of the work, so BLAS keeps the threads; a sleeping pool
+(``OMP_WAIT_POLICY=passive``, Numba's workqueue layer) costs 75-130 us per launch instead.
 """
 from __future__ import annotations
+
+import functools
 
 import numba
 import numpy as np
@@ -14,15 +25,18 @@ from numba.extending import register_jitable
 
 from . import fp16
 
-__all__ = ["PARALLEL_MIN_SIZE", "jit", "loop_for", "use_parallel", "flat", "kview", "jitable"]
+__all__ = ["PARALLEL_MIN_SIZE", "jit", "loop_for", "use_parallel", "blas_libraries", "flat",
+           "kview", "jitable"]
 
 PARALLEL_MIN_SIZE = 1 << 16
 """Elements from which builders choose the ``parallel=True`` variant of a kernel."""
 
 
-def jit(parallel: bool):
-    """The decorator for CPU kernels (``cache`` follows ``fp16.JIT_CACHE``)."""
-    return numba.njit(cache=fp16.JIT_CACHE, parallel=parallel, error_model="numpy")
+def jit(parallel: bool, fastmath=()):
+    """The decorator for CPU kernels (``cache`` follows ``fp16.JIT_CACHE``); ``fastmath``: LLVM
+    fast-math flags, e.g. ``("reassoc",)`` to let a sum vectorize (it changes the order of adds)."""
+    return numba.njit(cache=fp16.JIT_CACHE, parallel=parallel, error_model="numpy",
+                      fastmath=set(fastmath))
 
 
 def loop_for(parallel: bool):
@@ -31,8 +45,18 @@ def loop_for(parallel: bool):
 
 
 def use_parallel(size: int) -> bool:
-    """Whether a kernel over ``size`` elements should run its parallel variant."""
-    return size >= PARALLEL_MIN_SIZE
+    """Whether a kernel over ``size`` elements runs its parallel variant: at least
+    ``PARALLEL_MIN_SIZE`` elements, more than one Numba thread and BLAS on one thread (see the
+    module docstring; decided when the plan is built)."""
+    return (size >= PARALLEL_MIN_SIZE and numba.get_num_threads() > 1
+            and all(lib.num_threads == 1 for lib in blas_libraries()))
+
+
+@functools.cache
+def blas_libraries() -> list:
+    """threadpoolctl's controllers of the BLAS libraries loaded in this process (looked up once)."""
+    from threadpoolctl import ThreadpoolController
+    return ThreadpoolController().select(user_api="blas").lib_controllers
 
 
 _REGISTERED: set = set()

@@ -79,24 +79,26 @@ def _offset(row, shape, strides):
 
 
 @functools.cache
-def zip_strided_kernel(fn, parallel: bool):
+def zip_strided_kernel(fn, parallel: bool, x_inner: bool, y_inner: bool):
     """``kernel(x, y, out, shape, xst, yst)``: ``out[idx] = fn(x[idx . xst], y[idx . yst])``.
 
     ``shape`` (int64, ndim >= 1, no zeros) is out's collapsed shape, ``xst``/``yst`` element strides
     (0 = broadcast); x, y, out are 1-D views. Rows (all dims but the last) run in the outer loop.
+    ``x_inner`` / ``y_inner``: whether x / y advance along the last dim (stride 1) or repeat one
+    element (stride 0); as compile-time constants they let the inner loop vectorize.
     """
     fn, loop = jitable(fn), loop_for(parallel)
 
     @jit(parallel)
     def kernel(x, y, out, shape, xst, yst):
         inner = shape[shape.size - 1]
-        xs, ys = xst[shape.size - 1], yst[shape.size - 1]
         for row_ in loop(out.size // inner):
             row = np.int64(row_)  # prange indices are unsigned
-            xo, yo, base = _offset(row, shape, xst), _offset(row, shape, yst), row * inner
+            xr, yr = x[_offset(row, shape, xst):], y[_offset(row, shape, yst):]
+            outr = out[row * inner:]
             for j in range(inner):
-                v = fn(load(x, xo + j * xs), load(y, yo + j * ys))
-                store(out, base + j, to_compute(out, v))
+                v = fn(load(xr, j if x_inner else 0), load(yr, j if y_inner else 0))
+                store(outr, j, to_compute(out, v))
 
     return kernel
 
@@ -176,7 +178,8 @@ def zip_steps(fn, x: np.ndarray, y: np.ndarray, out: np.ndarray, x_shape=None, y
     parallel = use_parallel(out.size)
     if shape.size == 1 and xst[0] == 1 and yst[0] == 1:
         return [(zip_kernel(fn, parallel), (flat(x), flat(y), flat(out)))]
-    return [(zip_strided_kernel(fn, parallel), (flat(x), flat(y), flat(out), shape, xst, yst))]
+    kernel = zip_strided_kernel(fn, parallel, bool(xst[-1]), bool(yst[-1]))
+    return [(kernel, (flat(x), flat(y), flat(out), shape, xst, yst))]
 
 
 # ----------------------------------------------------------------------------- builders

@@ -14,9 +14,11 @@ import math
 import numpy as np
 
 from .cpu_common import flat, jit, loop_for, use_parallel
+from .cpu_elementwise import cast_steps
 from .fp16 import load, store, to_compute
 
-__all__ = ["reduce_sum_kernel", "softmax_kernel", "softmax_grad_kernel", "sparse_xent_kernel",
+__all__ = ["reduce_sum_kernel", "reduce_sum_columns_kernel", "softmax_kernel", "softmax_grad_kernel",
+           "sparse_xent_kernel",
            "sparse_xent_grad_kernel", "reduce_plan", "BUILDERS"]
 
 LABEL_ERROR = "sparse_softmax_cross_entropy: label out of range [0, num_classes)"
@@ -38,6 +40,39 @@ def reduce_sum_kernel(parallel: bool):
             for r in range(red):
                 acc += load(x, base + r * inner)
             store(out, ok, acc)
+
+    return kernel
+
+
+COLUMN_BLOCK = 512
+"""Columns one iteration of :func:`reduce_sum_columns_kernel` adds up (its unit of parallelism)."""
+
+
+@functools.cache
+def reduce_sum_columns_kernel(parallel: bool):
+    """``kernel(x, out, acc, outer, red, inner)``: ``out[o, k] = sum_r x[o, r, k]`` row by row:
+    ``acc[o, k] += x[o, r, k]`` for ``r = 0, 1, ...``, contiguous in k so the loop vectorizes (each
+    sum adds in the same order as :func:`reduce_sum_kernel`, so the bits agree). ``acc`` is a
+    compute-type scratch of out's size; blocks of ``COLUMN_BLOCK`` columns run in parallel."""
+    loop = loop_for(parallel)
+
+    @jit(parallel)
+    def kernel(x, out, acc, outer, red, inner):
+        blocks = (inner + COLUMN_BLOCK - 1) // COLUMN_BLOCK
+        for ob_ in loop(outer * blocks):
+            ob = np.int64(ob_)  # prange indices are unsigned
+            o = ob // blocks
+            k0 = o * inner + (ob - o * blocks) * COLUMN_BLOCK
+            n = min(COLUMN_BLOCK, (o + 1) * inner - k0)
+            a = acc[k0:k0 + n]
+            a[:] = 0
+            for r in range(red):
+                xr = x[k0 + o * (red - 1) * inner + r * inner:]
+                for k in range(n):
+                    a[k] += load(xr, k)
+            outr = out[k0:]
+            for k in range(n):
+                store(outr, k, a[k])
 
     return kernel
 
@@ -196,8 +231,14 @@ def build_reduce_sum(node, ins, outs):
         outer, red_n, inner = math.prod(sizes[:j]), sizes[j], math.prod(sizes[j + 1:])
     else:
         outer, red_n, inner = math.prod(sizes), 1, 1
-    kernel = reduce_sum_kernel(use_parallel(x.size) and outer * inner > 1)
-    return steps + [(kernel, (flat(src), flat(out), outer, red_n, inner))]
+    parallel = use_parallel(x.size) and outer * inner > 1
+    if red_n == 1:                        # nothing to add up: a copy (keeps -0.0, as NumPy's sum)
+        return steps + cast_steps(src, out)
+    if inner > 1:
+        acc = np.empty(out.size, np.float64 if out.dtype == np.float64 else np.float32)
+        kernel = reduce_sum_columns_kernel(parallel)
+        return steps + [(kernel, (flat(src), flat(out), acc, outer, red_n, inner))]
+    return steps + [(reduce_sum_kernel(parallel), (flat(src), flat(out), outer, red_n, inner))]
 
 
 def _rows_cols(a: np.ndarray):

@@ -49,9 +49,9 @@ class GraphConfig:
         self.version = 0  # bumped by every change: the owning nn.Graph then recompiles
 
     def debug(self, print_ir: bool = True) -> None:
-        """Print the IR after every pass at the next compilation."""
+        """Print the IR after every pass when a plan is next compiled (a new input signature, or
+        a changed configuration); it does not recompile existing plans by itself."""
         self.print_ir = bool(print_ir)
-        self.version += 1
 
     def enable_amp(self, enabled: bool = True, dtype=float16, *, lists: AmpLists | None = None,
                    white_add=(), black_add=(), gray_add=(), clear_add=(), white_remove=(),

@@ -63,11 +63,11 @@ def _scalar_norm(op):
 
 
 register("scalar_add", _unary_infer("scalar_add"), normalize=_scalar_norm("scalar_add"),
-         grad=lambda n, gs, emit: [gs[0]], elementwise="add_scalar",
+         grad=lambda n, gs, emit: [gs[0]], elementwise="add",
          samples=_unary_samples(scalar=0.5), doc="out = x + scalar; dx = dy")
 register("scalar_mul", _unary_infer("scalar_mul"), normalize=_scalar_norm("scalar_mul"),
          grad=lambda n, gs, emit: [emit("scalar_mul", gs[0], scalar=n.attrs["scalar"])],
-         elementwise="mul_scalar", samples=_unary_samples(scalar=2.0),
+         elementwise="mul", samples=_unary_samples(scalar=2.0),
          doc="out = x * scalar; dx = dy * scalar")
 
 

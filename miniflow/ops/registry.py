@@ -38,7 +38,9 @@ class OpDef:
         writes: indices of the inputs it writes in place.
         samples: ``() -> list[(list[np.ndarray], attrs)]`` small example inputs for kernel tests.
         elementwise: a scalar function name in ``miniflow.kernels.scalar`` when the op is
-            elementwise (used by the kernel builders and the fusion pass).
+            elementwise: ``out[i] = fn(in0[i], in1[i], ...)`` with the inputs broadcast to the
+            output (NumPy rules), followed by ``attrs["scalar"]`` when the op has that attribute.
+            The fusion pass (``passes/fuse_elementwise``) merges chains of such ops.
     """
 
     name: str

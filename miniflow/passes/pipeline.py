@@ -1,8 +1,9 @@
 """The pass pipeline: the order passes run in, and the context they share.
 
 Order (ARCHITECTURE.md): autograd -> auto_mixed_precision -> prune_amp_identity -> loss_scale ->
-optimizer -> dead_code_elimination. The two AMP passes run only when AMP is enabled (``ctx.amp`` is set). The
-IR is verified after every pass; with ``print_ir=True`` it is printed after every pass too.
+optimizer -> fuse_elementwise -> dead_code_elimination. The two AMP passes run only when AMP is
+enabled (``ctx.amp`` is set). The IR is verified after every pass; with ``print_ir=True`` it is
+printed after every pass too.
 """
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from ..ir import Graph
 from .auto_mixed_precision import AmpConfig, AmpResult, auto_mixed_precision
 from .autograd import autograd
 from .dead_code_elimination import dead_code_elimination
+from .fuse_elementwise import fuse_elementwise
 from .loss_scale import POLICIES, loss_scale
 from .optimizer import optimizer
 from .prune_amp_identity import prune_amp_identity
@@ -55,6 +57,7 @@ PASSES = [
     ("prune_amp_identity", prune_amp_identity),
     ("loss_scale", loss_scale),
     ("optimizer", optimizer),
+    ("fuse_elementwise", fuse_elementwise),
     ("dead_code_elimination", dead_code_elimination),
 ]
 

@@ -1,19 +1,31 @@
 """Backend selection and the backend protocol.
 
-A backend provides ``kernels`` (op type -> kernel builder, see ``miniflow.kernels.cpu``) and four
+A backend provides ``kernels`` (op type -> kernel builder, see ``miniflow.kernels.cpu``), four
 memory functions: ``empty(shape, np_dtype)``, ``from_numpy(array)`` (a copy in backend memory),
-``to_numpy(array)`` (a host copy) and ``copy_in(dst, src)`` (host array into a backend buffer).
+``to_numpy(array)`` (a host copy) and ``copy_in(dst, src)`` (host array into a backend buffer), and
+``owns(array)``: whether an array lives in this backend's memory (plans check their variables).
+
+Backends: ``cpu`` (NumPy arrays, Numba CPU kernels) and ``cuda`` (numba-cuda device arrays and
+kernels; needs the ``cuda`` extra, ``pip install "miniflow[cuda]"``, and an NVIDIA GPU).
 
 Selection: ``miniflow.set_backend("cpu" | "cuda")`` or the environment variable ``MINIFLOW_BACKEND``
-(read on first use). The default is ``"cpu"`` until a CUDA backend is registered.
+(read on first use). The default is ``"cuda"`` when a real GPU is usable, else ``"cpu"``. Under
+numba's CUDA simulator (``NUMBA_ENABLE_CUDASIM=1``, where ``numba.cuda.is_available()`` is true)
+the default stays ``"cpu"``: the simulated ``cuda`` backend runs only when asked for.
 """
 from __future__ import annotations
 
+import importlib.util
 import os
 
 import numpy as np
 
-__all__ = ["Backend", "CpuBackend", "get_backend", "set_backend", "BACKENDS"]
+__all__ = ["Backend", "CpuBackend", "CudaBackend", "BackendUnavailableError", "get_backend",
+           "set_backend", "default_backend_name", "cuda_status", "BACKENDS"]
+
+
+class BackendUnavailableError(RuntimeError):
+    """The requested backend cannot run on this machine (the message says why and what to do)."""
 
 
 class Backend:
@@ -35,6 +47,9 @@ class Backend:
         raise NotImplementedError
 
     def copy_in(self, dst, src: np.ndarray) -> None:
+        raise NotImplementedError
+
+    def owns(self, array) -> bool:
         raise NotImplementedError
 
 
@@ -60,9 +75,119 @@ class CpuBackend(Backend):
     def copy_in(self, dst, src):
         np.copyto(dst, src, casting="no")
 
+    def owns(self, array) -> bool:
+        return isinstance(array, np.ndarray)
 
-BACKENDS: dict = {"cpu": CpuBackend}
+
+def cuda_status() -> tuple:
+    """``(usable, description)`` of CUDA on this machine, without raising.
+
+    ``usable`` is True for a real GPU, or for numba's simulator when ``NUMBA_ENABLE_CUDASIM=1``;
+    ``description`` is the GPU's name, ``"CUDA simulator"``, or why there is no GPU
+    (numba-cuda not installed, no driver, no device).
+    """
+    if importlib.util.find_spec("numba_cuda") is None:
+        return False, "numba-cuda is not installed"
+    from numba import config
+    try:
+        from numba import cuda
+    except Exception as e:  # noqa: BLE001 (a broken CUDA install: report it, do not crash)
+        return False, f"numba.cuda cannot be imported: {e}"
+    if config.ENABLE_CUDASIM:
+        return True, "CUDA simulator"
+    if cuda.is_available():
+        dev = cuda.get_current_device()
+        name = dev.name.decode() if isinstance(dev.name, bytes) else str(dev.name)
+        major, minor = dev.compute_capability
+        return True, f"{name} (compute capability {major}.{minor})"
+    try:                                     # ask the driver why, keep only its message
+        from numba.cuda.cudadrv.driver import driver
+        driver.get_device_count()
+        reason = "the CUDA driver reports no usable device"
+    except Exception as e:  # noqa: BLE001 (CudaSupportError, CudaDriverError, OSError ...)
+        reason = " ".join(str(e).replace("Error at driver init:", "").split()).rstrip(" :")
+        reason = reason or type(e).__name__
+    return False, reason
+
+
+def _real_gpu_present() -> bool:
+    """True when a real CUDA GPU is usable (never under the simulator)."""
+    from numba import config
+    usable, _ = cuda_status()
+    return usable and not config.ENABLE_CUDASIM
+
+
+class CudaBackend(Backend):
+    """numba-cuda device arrays and CUDA kernels (``miniflow.kernels.cuda``).
+
+    Host copies happen only in ``from_numpy`` / ``copy_in`` (graph inputs, parameters) and
+    ``to_numpy`` (graph outputs, ``Tensor.numpy()``); kernels read and write device arrays.
+
+    Raises:
+        BackendUnavailableError: on construction, when there is no CUDA device (or no numba-cuda),
+            saying how to use the cpu backend instead.
+    """
+
+    name = "cuda"
+
+    def __init__(self):
+        usable, why = cuda_status()
+        if not usable:
+            raise BackendUnavailableError(
+                f"miniflow: the cuda backend was requested but no CUDA device was found ({why}). "
+                f"Use the cpu backend: unset MINIFLOW_BACKEND or set MINIFLOW_BACKEND=cpu "
+                f"(in Python: miniflow.set_backend('cpu')). To use an NVIDIA GPU, install its "
+                f"driver and the cuda extra: pip install 'miniflow[cuda]'.")
+        from numba import cuda
+        self._cuda = cuda
+
+    @property
+    def kernels(self) -> dict:
+        from ..kernels.cuda import KERNELS
+        return KERNELS
+
+    def empty(self, shape, np_dtype):
+        return self._cuda.device_array(shape, np_dtype)
+
+    def from_numpy(self, array):
+        return self._cuda.to_device(np.asarray(array, order="C"))
+
+    def to_numpy(self, array):
+        if isinstance(array, np.ndarray):
+            return np.array(array, copy=True)
+        return array.copy_to_host()
+
+    def copy_in(self, dst, src):
+        """Copy host ``src`` into device buffer ``dst`` (same shape and dtype, as the CPU's
+        ``np.copyto(casting="no")``).
+
+        Raises:
+            TypeError: dtype mismatch; ValueError: shape mismatch.
+        """
+        src = np.asarray(src)
+        if src.dtype != dst.dtype:
+            raise TypeError(f"cannot copy a {src.dtype} array into a {dst.dtype} device buffer; "
+                            f"convert it with .astype({dst.dtype})")
+        if src.shape != dst.shape:
+            raise ValueError(f"cannot copy an array of shape {src.shape} into a device buffer of "
+                             f"shape {dst.shape}")
+        dst.copy_to_device(np.asarray(src, order="C"))
+
+    def owns(self, array) -> bool:
+        """A numba device array (or the simulator's stand-in for one)."""
+        return not isinstance(array, np.ndarray) and hasattr(array, "copy_to_host")
+
+
+BACKENDS: dict = {"cpu": CpuBackend, "cuda": CudaBackend}
 _current: list = []
+
+
+def default_backend_name() -> str:
+    """``MINIFLOW_BACKEND`` if set, else ``"cuda"`` with a real GPU, else ``"cpu"``."""
+    env = os.environ.get("MINIFLOW_BACKEND", "").strip()
+    if env:
+        return env
+    return "cuda" if _real_gpu_present() else "cpu"
 
 
 def set_backend(name: str) -> Backend:
@@ -70,6 +195,7 @@ def set_backend(name: str) -> Backend:
 
     Raises:
         ValueError: unknown backend name, listing the known ones.
+        BackendUnavailableError: ``"cuda"`` without a CUDA device.
     """
     if name not in BACKENDS:
         raise ValueError(f"unknown backend {name!r}; choose one of {sorted(BACKENDS)}")
@@ -79,7 +205,7 @@ def set_backend(name: str) -> Backend:
 
 
 def get_backend() -> Backend:
-    """The current backend (from ``MINIFLOW_BACKEND`` on first use, else the default)."""
+    """The current backend (chosen by :func:`default_backend_name` on first use)."""
     if not _current:
-        set_backend(os.environ.get("MINIFLOW_BACKEND", "cpu"))
+        set_backend(default_backend_name())
     return _current[0]

@@ -5,7 +5,7 @@ from ..dtype import as_dtype
 from ..ir import Node, Value
 from ..ops import get_op
 from .backend import get_backend
-from .plan import build_steps
+from .plan import build_steps, check_owned
 
 __all__ = ["run_op"]
 
@@ -17,6 +17,8 @@ def run_op(op: str, arrays: list, attrs: dict) -> list:
     raise the same errors.
     """
     backend = get_backend()
+    for i, a in enumerate(arrays):
+        check_owned(backend, a, f"{op}: input {i}")
     opdef = get_op(op)
     ins = [Value(f"in{i}", a.shape, as_dtype(a.dtype), kind="input") for i, a in enumerate(arrays)]
     attrs = opdef.normalize_attrs(ins, attrs)

@@ -9,8 +9,25 @@ interpreter"; STYLE.md pattern 6).
 from __future__ import annotations
 
 from ..ir import Graph
+from .notice import compile_notice
 
-__all__ = ["Plan", "build_steps"]
+__all__ = ["Plan", "build_steps", "check_owned"]
+
+
+def check_owned(backend, array, what: str):
+    """``array`` if it lives in ``backend``'s memory (or is None).
+
+    Raises:
+        TypeError: it belongs to another backend (e.g. a model created before ``set_backend``),
+            naming ``what`` and the fix.
+    """
+    if array is not None and not backend.owns(array):
+        kind = f"{type(array).__module__}.{type(array).__name__}"
+        raise TypeError(f"{what} holds a {kind}, not an array of the {backend.name!r} backend this "
+                        f"runs on: it was created while another backend was selected. Call "
+                        f"miniflow.set_backend({backend.name!r}) (or set MINIFLOW_BACKEND) before "
+                        f"creating models, optimizers and tensors.")
+    return array
 
 
 def build_steps(nodes, buffers: dict, backend):
@@ -56,7 +73,7 @@ class Plan:
             buffers[id(v)] = backend.empty(v.shape, v.dtype.np)
             self.input_buffers.append(buffers[id(v)])
         for name, v in graph.variables.items():
-            buffers[id(v)] = graph.variable_data[name]
+            buffers[id(v)] = check_owned(backend, graph.variable_data[name], f"variable %{name}")
         for name, data in graph.constant_data.items():
             buffers[name] = backend.from_numpy(data)
         for n in graph.nodes:
@@ -69,6 +86,7 @@ class Plan:
                 buffers[id(v)] = buffers[v.name]
         self.output_buffers = [buffers[id(v)] for v in graph.outputs]
         self.buffers = buffers
+        self._ran = False
 
     def run(self, arrays) -> list:
         """Copy ``arrays`` into the input buffers, run every step, return host copies of the outputs.
@@ -79,17 +97,27 @@ class Plan:
         copy_in = self.backend.copy_in
         for buf, a in zip(self.input_buffers, arrays):
             copy_in(buf, a)
-        i = 0
-        try:
-            for i, (fn, args) in enumerate(self.steps):
-                fn(*args)
-        except Exception as e:  # name the failing node, keep the exception type where we can
-            node = self.graph.nodes[self._owners[i]]
-            msg = f"while running node {self._owners[i]} `{node.format()}`: {e}"
-            cls = type(e) if isinstance(e, (ValueError, TypeError, IndexError)) else RuntimeError
-            raise cls(msg) from e
+        if self._ran:
+            self._execute()
+        else:                       # kernels compile (or load from the cache) at the first run
+            with compile_notice():
+                self._execute()
+            self._ran = True
         to_numpy = self.backend.to_numpy
         return [to_numpy(b) for b in self.output_buffers]
+
+    def _execute(self) -> None:
+        """Run every step: the hot loop (no index kept; a failure finds its step afterwards)."""
+        fn = args = None
+        try:
+            for fn, args in self.steps:
+                fn(*args)
+        except Exception as e:  # name the failing node, keep the exception type where we can
+            k = next(k for k, (f, a) in enumerate(self.steps) if f is fn and a is args)
+            i = self._owners[k]
+            msg = f"while running node {i} `{self.graph.nodes[i].format()}`: {e}"
+            cls = type(e) if isinstance(e, (ValueError, TypeError, IndexError)) else RuntimeError
+            raise cls(msg) from e
 
     def __len__(self) -> int:
         return len(self.steps)

@@ -1,0 +1,96 @@
+"""The CPU kernel of ``fused_elementwise``: a Numba function generated from the node's expression
+(:mod:`miniflow.kernels.codegen` lowers it and caches the module on disk).
+
+One kernel per (expression with its numbers as arguments, input dtypes, broadcast kinds, loop
+shape, serial or parallel). For ``relu(add(x0, x1))`` over f32 ``[64,128]`` with ``x1: f32[128]``
+(a row) the generated kernel is::
+
+    @jit(False)
+    def kernel(x0, x1, out0, rows, cols):
+        for r_ in range(rows):
+            r = np.int64(r_)
+            x0r = x0[r * cols:(r + 1) * cols]
+            out0r = out0[r * cols:(r + 1) * cols]
+            for c in range(cols):
+                a0 = load(x0r, c)
+                a1 = load(x1, c)
+                v0 = float32(add(a0, a1))
+                v1 = float32(relu(v0))
+                y0 = v1
+                store(out0r, c, y0)
+
+Inputs arrive as 1-D kernel views (float16 as uint16 bits, ``cpu_common.flat``); ``load`` widens,
+``store`` rounds once (``fp16``). Two dims when some input is a row or a column, else one flat loop
+over ``n`` elements. The parallel variant (``prange`` over rows or elements) is chosen by size
+(``cpu_common.use_parallel``).
+"""
+from __future__ import annotations
+
+import functools
+
+from . import codegen, scalar
+from .cpu_common import flat, jitable, use_parallel
+from ..dtype import as_dtype
+from ..ops.fused import broadcast_kinds, parse
+
+__all__ = ["CPU", "fused_source", "build_fused_elementwise"]
+
+CPU = codegen.Dialect(load=lambda array, index, dtype: f"load({array}, {index})",
+                      store="store({array}, {index}, {value})", f16="widen(narrow({value}))",
+                      f16_wide="widen(narrow64(float64({value})))")
+"""The CPU spelling of loads, stores and float16 rounding (``miniflow.kernels.fp16``)."""
+
+ROW_SLICES = {**codegen.FLAT, "full": ("r", "c")}
+"""Two dims: full inputs and outputs are read and written through their row's slice ``x<k>r`` at
+column ``c``; indexing the whole array at ``r * cols + c`` keeps LLVM from vectorizing the loop
+in the parallel variant (5x slower)."""
+
+
+def fused_source(expr: str, input_dtypes, kinds, two_dims: bool, parallel: bool):
+    """``(source, numbers)``: the generated module for ``expr`` and the values of its numbers in
+    the order the kernel takes them.
+
+    ``input_dtypes``: the inputs' DTypes; ``kinds``: their broadcast kinds
+    (``ops.fused.broadcast_kinds``); ``two_dims``: loop over ``(rows, cols)``, else over ``n``.
+    """
+    program = parse(expr)
+    low = codegen.lower(program, list(input_dtypes), kinds, two_dims, CPU,
+                        ROW_SLICES if two_dims else codegen.FLAT)
+    for fn in low.functions:
+        jitable(getattr(scalar, fn))
+    loop = "prange" if parallel else "range"
+    if two_dims:
+        sliced = [f"x{k}" for k, kind in enumerate(kinds) if kind == "full"]
+        sliced += [f"out{k}" for k in range(len(program.outputs))]
+        head = [f"for r_ in {loop}(rows):", "    r = np.int64(r_)",
+                *(f"    {a}r = {a}[r * cols:(r + 1) * cols]" for a in sliced),
+                "    for c in range(cols):"]
+    else:
+        head = [f"for i in {loop}(n):"]
+    imports = ["import numpy as np", "from numba import prange",
+               "from numpy import float32, float64", "",
+               "from miniflow.kernels.cpu_common import jit",
+               "from miniflow.kernels.fp16 import load, narrow, narrow64, store, widen"]
+    if low.functions:
+        imports.append(f"from miniflow.kernels.scalar import {', '.join(sorted(low.functions))}")
+    source = codegen.module_source("miniflow.kernels.cpu_fused", low, input_dtypes, kinds, imports,
+                                   f"@jit({parallel})", head)
+    return source, [v for v, _ in low.numbers]
+
+
+@functools.cache
+def _kernel(expr: str, input_dtypes: tuple, kinds: tuple, two_dims: bool, parallel: bool):
+    """``(kernel, numbers)`` for :func:`fused_source`'s arguments (memoised per process)."""
+    source, numbers = fused_source(expr, input_dtypes, kinds, two_dims, parallel)
+    return codegen.load_source("fused_cpu", source).kernel, numbers
+
+
+def build_fused_elementwise(node, ins, outs):
+    """``outs = expr(ins)`` elementwise, inputs broadcast: one call of the generated kernel."""
+    if outs[0].size == 0:
+        return []
+    dims, kinds = broadcast_kinds(outs[0].shape, [a.shape for a in ins])
+    dtypes = tuple(as_dtype(a.dtype) for a in ins)
+    kernel, numbers = _kernel(node.attrs["expr"], dtypes, tuple(kinds), len(dims) == 2,
+                              use_parallel(outs[0].size))
+    return [(kernel, (*(flat(a) for a in ins), *numbers, *(flat(o) for o in outs), *dims))]

@@ -1,0 +1,91 @@
+"""The CUDA backend's kernels: ``KERNELS``, op type -> kernel builder (numba-cuda).
+
+Same contract as ``miniflow.kernels.cpu``: a builder is ``builder(node, ins, outs) ->
+list[(fn, args)]``, run once when the plan is built; ``ins`` / ``outs`` are the node's
+preallocated C-contiguous device arrays. The builder precomputes everything a step needs (flat
+views, launch configurations, broadcast strides, scratch buffers), so that a step is one kernel
+launch ``fn(*args)`` that allocates nothing and copies nothing between host and device.
+
+Kernels live in ``cuda_elementwise`` (map / zip / broadcast / cast / fill / gather),
+``cuda_reduce`` (reduce_sum, softmax family, cross entropy), ``cuda_update`` (SGD, Adam) and
+``cuda_loss_scale`` (loss-scale stage), ``cuda_fused`` (generated fused elementwise kernels); this
+module adds the tiled matmul. Types and shared helpers: ``cuda_common``; block sizes, grids and the
+matmul tile: ``cuda_launch``.
+
+Precision: the CPU backend's contract. f16 and f32 compute in float32, f64 in float64; f16 is
+converted on load and store only; matmul accumulates in float32 (float64 for f64) and rounds the
+result once.
+"""
+from __future__ import annotations
+
+import functools
+
+from numba import cuda
+
+from . import cuda_elementwise, cuda_fused, cuda_loss_scale, cuda_reduce, cuda_update
+from .cuda_common import compute_type, flat, jit, storage_type
+from .cuda_elementwise import short
+from .cuda_launch import current, tile_steps
+
+__all__ = ["KERNELS", "matmul_kernel"]
+
+
+@functools.cache
+def matmul_kernel(ct, st, tile: int):
+    """``kernel(a, b, out, M, N, K, sam, sak, sbk, sbn)``:
+    ``out[m, n] = sum_k a[m*sam + k*sak] * b[k*sbk + n*sbn]`` (a, b, out flat; the strides encode
+    the transposes).
+
+    Tiled: block (bx, by) of ``tile x tile`` threads computes the output tile at rows
+    ``by*tile ...``, columns ``bx*tile ...``; for every ``tile``-wide slice of K it loads one tile
+    of op(a) and one of op(b) into shared memory (widened to the compute type, zero past the edges,
+    so M, N and K need not be multiples of the tile), synchronises, and each thread accumulates its
+    dot product in the compute type. One rounding to out's dtype at the end.
+    """
+
+    @jit
+    def kernel(a, b, out, M, N, K, sam, sak, sbk, sbn):
+        sa = cuda.shared.array((tile, tile), ct)
+        sb = cuda.shared.array((tile, tile), ct)
+        tx, ty = cuda.threadIdx.x, cuda.threadIdx.y
+        row = cuda.blockIdx.y * tile + ty
+        col = cuda.blockIdx.x * tile + tx
+        acc = ct(0)
+        for k0 in range(0, K, tile):
+            ka, kb = k0 + tx, k0 + ty
+            sa[ty, tx] = ct(a[row * sam + ka * sak]) if row < M and ka < K else ct(0)
+            sb[ty, tx] = ct(b[kb * sbk + col * sbn]) if kb < K and col < N else ct(0)
+            cuda.syncthreads()
+            for kk in range(tile):
+                acc += sa[ty, kk] * sb[kk, tx]
+            cuda.syncthreads()
+        if row < M and col < N:
+            out[row * N + col] = st(acc)
+
+    return kernel
+
+
+def build_matmul(node, ins, outs):
+    """``out = op(a) @ op(b)`` (2-D; ``op`` = transpose when ``transpose_a``/``transpose_b``)."""
+    a, b, out = ins[0], ins[1], outs[0]
+    ta, tb = node.attrs.get("transpose_a", False), node.attrs.get("transpose_b", False)
+    m, n = out.shape
+    k = a.shape[0] if ta else a.shape[1]
+    sam, sak = (1, m) if ta else (k, 1)          # a is [K, M] when transposed, else [M, K]
+    sbk, sbn = (1, k) if tb else (n, 1)          # b is [N, K] when transposed, else [K, N]
+    kernel = matmul_kernel(compute_type(out.dtype), storage_type(out.dtype), current().tile)
+    return tile_steps(kernel, m, n, (flat(a), flat(b), flat(out), m, n, k, sam, sak, sbk, sbn),
+                      f"matmul {short(out.dtype)}")
+
+
+KERNELS = {
+    **cuda_elementwise.BUILDERS,
+    **cuda_reduce.BUILDERS,
+    **cuda_update.BUILDERS,
+    **cuda_loss_scale.BUILDERS,
+    "matmul": build_matmul,
+    "fused_elementwise": cuda_fused.build_fused_elementwise,
+    **dict.fromkeys(("amp_white_identity", "amp_black_identity"),
+                    cuda_elementwise.BUILDERS["identity"]),
+}
+"""Op type -> builder ``(node, ins, outs) -> [(fn, args), ...]`` for the CUDA backend."""

@@ -1,0 +1,179 @@
+"""Shared pieces of the CUDA kernels: the jit decorators, compute/storage types, device helpers.
+
+Types. Kernels get device arrays in their storage dtype (float16 arrays are numba ``float16``
+arrays). A kernel factory closes over two numba types: ``ct``, the compute type (float32 for f16 and
+f32 storage, float64 for f64), and ``st``, the output's storage type. A load is ``ct(a[i])`` and a
+store ``out[i] = st(v)``: on the GPU each is one PTX ``cvt`` (``cvt.f32.f16`` widens exactly;
+``cvt.rn.f16.f32`` / ``cvt.rn.f16.f64`` / ``cvt.rn.f16.s64`` round once to nearest even, overflow to
+inf, keep subnormals), the same results as NumPy's ``astype``. NaN stays NaN (hardware returns the
+canonical NaN, so its sign and payload may differ from NumPy's). No arithmetic happens in float16
+and no kernel uses atomics: reductions combine partial results in shared memory.
+
+Caching. Kernels are ``cuda.jit(cache=True)`` (on a GPU). Numba keys a cached kernel by its
+bytecode and the pickled contents of its closure; the closures hold numba types, numbers and
+``cuda.jit(device=True)`` dispatchers of module-level functions, which pickle by reference, so the
+key is stable across processes. As on the CPU, edits to ``scalar.py`` or to device helpers in
+another module are not tracked: clear ``NUMBA_CACHE_DIR`` after editing them.
+
+The simulator (``NUMBA_ENABLE_CUDASIM=1``) runs kernels as Python: ``math.exp(1e4)`` raises
+OverflowError and ``math.log(0.0)`` ValueError there, where CUDA returns inf and -inf. ``math``
+in kernel modules (``from .cuda_common import math``) and in device-compiled scalar functions is
+therefore, under the simulator only, :class:`SimulatorMath`, which gives the IEEE results.
+"""
+from __future__ import annotations
+
+import functools
+import math as _math
+import types as _pytypes
+
+import numpy as np
+from numba import config as numba_config
+from numba import cuda, types
+
+from . import scalar
+
+__all__ = ["SIMULATOR", "jit", "device", "compute_type", "storage_type", "flat", "scratch", "math",
+           "SimulatorMath", "nan_max", "block_sum", "block_max", "strided_offset"]
+
+SIMULATOR = bool(numba_config.ENABLE_CUDASIM)
+"""True when numba runs CUDA kernels in its simulator (``NUMBA_ENABLE_CUDASIM=1``)."""
+
+
+class SimulatorMath:
+    """The ``math`` functions kernels use, with CUDA's IEEE results, for the simulator only."""
+
+    inf = _math.inf
+    nan = _math.nan
+
+    @staticmethod
+    def exp(x):
+        with np.errstate(all="ignore"):
+            return np.exp(x)
+
+    @staticmethod
+    def log(x):
+        with np.errstate(all="ignore"):
+            return np.log(x)
+
+    @staticmethod
+    def tanh(x):
+        return np.tanh(x)
+
+    @staticmethod
+    def sqrt(x):
+        with np.errstate(all="ignore"):
+            return np.sqrt(x)
+
+    isfinite = staticmethod(_math.isfinite)
+
+
+math = SimulatorMath if SIMULATOR else _math
+"""``math`` for kernel code: the real module, or :class:`SimulatorMath` under the simulator."""
+
+
+def jit(fn):
+    """Compile ``fn`` as a CUDA kernel (lazily, per argument types; cached on disk on a GPU)."""
+    return cuda.jit(cache=not SIMULATOR)(fn)
+
+
+@functools.cache
+def device(fn):
+    """The plain scalar function ``fn`` (``miniflow.kernels.scalar``) as a CUDA device function.
+
+    Under the simulator ``fn`` is first rebuilt with :class:`SimulatorMath` as its ``math``.
+    """
+    if SIMULATOR:
+        fn = _pytypes.FunctionType(fn.__code__, {**fn.__globals__, "math": SimulatorMath},
+                                   fn.__name__, fn.__defaults__, fn.__closure__)
+    return cuda.jit(device=True)(fn)
+
+
+_STORAGE = {np.dtype(np.float16): types.float16, np.dtype(np.float32): types.float32,
+            np.dtype(np.float64): types.float64, np.dtype(np.int64): types.int64}
+
+
+def storage_type(dtype):
+    """The numba type of an array element of NumPy ``dtype`` (f16, f32, f64, i64).
+
+    Raises:
+        TypeError: another dtype, naming the supported ones.
+    """
+    try:
+        return _STORAGE[np.dtype(dtype)]
+    except KeyError:
+        raise TypeError(f"cuda kernels: unsupported dtype {np.dtype(dtype)}; miniflow tensors are "
+                        f"float16, float32, float64 or int64") from None
+
+
+def compute_type(dtype):
+    """The numba type kernels compute in for storage ``dtype``: float32 for f16/f32, else itself."""
+    st = storage_type(dtype)
+    return types.float32 if st == types.float16 else st
+
+
+def flat(a):
+    """A 1-D view of a C-contiguous (device) array; a 0-d array becomes shape (1,)."""
+    return a.reshape(a.size)
+
+
+def scratch(like, shape, dtype):
+    """A scratch buffer allocated once at build time, in the same memory as ``like``.
+
+    Device memory for device arrays; host memory when builders are run on host stand-ins (the
+    PTX test does that to list every kernel signature without a GPU).
+    """
+    if isinstance(like, np.ndarray):
+        return np.empty(shape, dtype)
+    return cuda.device_array(shape, dtype)
+
+
+# ----------------------------------------------------------------------------- device helpers
+@cuda.jit(device=True)
+def nan_max(a, b):
+    """max(a, b), NaN if either is NaN (CPU kernels stop at the first NaN of a row)."""
+    if b > a or b != b:
+        return b
+    return a
+
+
+def _block_reduce(combine, what):
+    """A device function ``reduce(sm, v)``: ``combine`` of ``v`` over the block's threads (1-D block
+    of power-of-two size), returned to every thread.
+
+    ``sm`` is a shared array of ``blockDim.x`` elements: a tree reduction with one ``syncthreads``
+    per level, and a last one so that ``sm`` may be reused as soon as this returns.
+    """
+    def reduce(sm, v):
+        t = cuda.threadIdx.x
+        sm[t] = v
+        cuda.syncthreads()
+        s = cuda.blockDim.x // 2
+        while s > 0:
+            if t < s:
+                sm[t] = combine(sm[t], sm[t + s])
+            cuda.syncthreads()
+            s //= 2
+        total = sm[0]
+        cuda.syncthreads()
+        return total
+
+    reduce.__name__ = reduce.__qualname__ = f"block_{what}"
+    reduce.__doc__ = f"{what} of ``v`` over the block's threads, returned to every thread."
+    return cuda.jit(device=True)(reduce)
+
+
+block_sum = _block_reduce(device(scalar.add), "sum")
+"""``block_sum(sm, v)``: sum of ``v`` over the block's threads (shared scratch ``sm``)."""
+block_max = _block_reduce(nan_max, "max")
+"""``block_max(sm, v)``: NaN-propagating max of ``v`` over the block's threads."""
+
+
+@cuda.jit(device=True)
+def strided_offset(i, shape, strides):
+    """Element offset of C-order flat index ``i`` of ``shape`` in an array with element ``strides``
+    (tuples of equal length; stride 0 = broadcast)."""
+    off = 0
+    for d in range(len(shape) - 1, -1, -1):
+        off += (i % shape[d]) * strides[d]
+        i //= shape[d]
+    return off

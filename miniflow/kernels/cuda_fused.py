@@ -1,0 +1,79 @@
+"""The CUDA kernel of ``fused_elementwise``: a numba-cuda kernel generated from the node's
+expression, lowered by :mod:`miniflow.kernels.codegen` exactly as the CPU kernel is (same rounding
+of every result, so both backends agree with their unfused kernels) and cached on disk the same way.
+
+For ``relu(add(x0, x1))`` over f16 ``[64,128]`` with ``x1: f16[128]`` (a row) the kernel is::
+
+    @jit
+    def kernel(x0, x1, out0, rows, cols):
+        for i in range(cuda.grid(1), rows * cols, cuda.gridsize(1)):
+            r = i // cols
+            c = i - r * cols
+            a0 = float32(x0[i])
+            a1 = float32(x1[c])
+            v0 = float32(float16(float32(add(a0, a1))))
+            v1 = float32(float16(float32(relu(v0))))
+            y0 = v1
+            out0[i] = float16(y0)
+
+A 1-D grid-stride loop (``cuda_launch.flat_steps``); loads widen to the compute type
+(``cuda_common``), a float16 round trip is one ``cvt`` each way; scalar functions are the shared
+``scalar`` ones compiled as device functions (``cuda_common.device``).
+"""
+from __future__ import annotations
+
+import functools
+
+from . import codegen
+from .cuda_common import flat
+from .cuda_launch import flat_steps
+from ..dtype import as_dtype
+from ..ops.fused import broadcast_kinds, parse
+
+__all__ = ["CUDA", "fused_source", "build_fused_elementwise"]
+
+
+def _load(array: str, index: str, dtype) -> str:
+    if not dtype.is_float:
+        return f"{array}[{index}]"
+    return f"{'float64' if dtype.name == 'float64' else 'float32'}({array}[{index}])"
+
+
+CUDA = codegen.Dialect(load=_load, store="{array}[{index}] = {dtype}({value})",
+                       f16="float32(float16({value}))", f16_wide="float32(float16({value}))")
+"""The CUDA spelling of loads, stores and float16 rounding (numba types as conversions)."""
+
+
+def fused_source(expr: str, input_dtypes, kinds, two_dims: bool):
+    """``(source, numbers)`` of the generated module (as ``cpu_fused.fused_source``)."""
+    low = codegen.lower(parse(expr), list(input_dtypes), kinds, two_dims, CUDA)
+    size = "rows * cols" if two_dims else "n"
+    loop = [f"for i in range(cuda.grid(1), {size}, cuda.gridsize(1)):"]
+    if two_dims:
+        loop += ["    r = i // cols", "    c = i - r * cols"]
+    imports = ["from numba import cuda", "from numba.types import float16, float32, float64", "",
+               "from miniflow.kernels import scalar",
+               "from miniflow.kernels.cuda_common import device, jit", "",
+               *(f"{fn} = device(scalar.{fn})" for fn in sorted(low.functions))]
+    source = codegen.module_source("miniflow.kernels.cuda_fused", low, input_dtypes, kinds, imports,
+                                   "@jit", loop)
+    return source, [v for v, _ in low.numbers]
+
+
+@functools.cache
+def _kernel(expr: str, input_dtypes: tuple, kinds: tuple, two_dims: bool):
+    """``(kernel, numbers)`` for :func:`fused_source`'s arguments (memoised per process)."""
+    source, numbers = fused_source(expr, input_dtypes, kinds, two_dims)
+    return codegen.load_source("fused_cuda", source).kernel, numbers
+
+
+def build_fused_elementwise(node, ins, outs):
+    """``outs = expr(ins)`` elementwise, inputs broadcast: one grid-stride launch."""
+    size = outs[0].size
+    if size == 0:
+        return []
+    dims, kinds = broadcast_kinds(outs[0].shape, [a.shape for a in ins])
+    kernel, numbers = _kernel(node.attrs["expr"], tuple(as_dtype(a.dtype) for a in ins),
+                              tuple(kinds), len(dims) == 2)
+    args = (*(flat(a) for a in ins), *numbers, *(flat(o) for o in outs), *dims)
+    return flat_steps(kernel, size, args, f"fused[{node.attrs['expr']}]")

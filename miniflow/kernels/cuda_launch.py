@@ -1,0 +1,149 @@
+"""Launch configuration of every CUDA kernel, in one place: block sizes, grid caps, the matmul tile.
+
+Kernels come in three launch shapes, each with a helper that returns the builder's steps:
+
+* ``flat_steps``: 1-D grid-stride loops over ``n`` elements (elementwise, casts, copies, updates);
+  ``blocks = min(ceil(n / block), max_blocks)`` of ``block`` threads.
+* ``row_steps``: one block of ``row_block`` threads per row (reductions, softmax family); the block
+  strides over the row's columns and combines partial results in shared memory; at most
+  ``max_row_blocks`` blocks, each looping over rows ``blockIdx.x, blockIdx.x + gridDim.x, ...``.
+* ``tile_steps``: the matmul grid, ``(ceil(N / tile), ceil(M / tile))`` blocks of
+  ``tile x tile`` threads; each block computes one ``tile x tile`` output tile.
+
+Two presets: ``GPU`` (real hardware) and ``SIMULATOR``. The CUDA simulator runs every thread as a
+Python thread (about 0.1 ms per thread for simple kernels, up to ~2 ms with several
+``syncthreads``), so its preset uses tiny blocks and grids; kernel code is the same, only these
+numbers change. The preset is chosen at import (``NUMBA_ENABLE_CUDASIM``); builders read
+``current()`` when a plan is built, and ``use_config`` switches it (tests run GPU-sized launches
+in the simulator).
+
+A step's ``fn`` is a :class:`Launch`: the kernel with its grid and block, called as ``fn(*args)``.
+Empty launches (``n == 0``) produce no step.
+"""
+from __future__ import annotations
+
+import contextlib
+import warnings
+from dataclasses import dataclass
+
+from numba import config as numba_config
+
+__all__ = ["LaunchConfig", "GPU", "SIMULATOR", "current", "use_config", "Launch",
+           "flat_steps", "row_steps", "tile_steps"]
+
+
+@dataclass(frozen=True)
+class LaunchConfig:
+    """Launch numbers shared by all kernels.
+
+    Attributes:
+        name: ``"gpu"`` or ``"simulator"``.
+        block: threads per block of 1-D grid-stride kernels.
+        max_blocks: cap on the 1-D grid (threads beyond the data loop; more data strides).
+        row_block: threads per block of row kernels; a power of two (tree reduction).
+        max_row_blocks: cap on the number of row blocks.
+        tile: matmul tile edge; a block is ``tile x tile`` threads and two ``tile x tile``
+            shared-memory tiles (f32: 2 KiB at tile 16).
+    """
+
+    name: str
+    block: int
+    max_blocks: int
+    row_block: int
+    max_row_blocks: int
+    tile: int
+
+
+GPU = LaunchConfig("gpu", block=256, max_blocks=4096, row_block=128, max_row_blocks=65535, tile=16)
+"""Real hardware: 256-thread blocks, 128-thread row blocks, 16 x 16 matmul tiles."""
+SIMULATOR = LaunchConfig("simulator", block=32, max_blocks=2, row_block=8, max_row_blocks=2, tile=4)
+"""The CUDA simulator: at most 64 threads per 1-D launch, 8-thread rows, 4 x 4 tiles."""
+
+_CONFIG = [SIMULATOR if numba_config.ENABLE_CUDASIM else GPU]
+
+
+def current() -> LaunchConfig:
+    """The launch configuration builders use now."""
+    return _CONFIG[0]
+
+
+@contextlib.contextmanager
+def use_config(cfg: LaunchConfig):
+    """Build plans with ``cfg`` inside the ``with`` block (steps keep the config they got)."""
+    old = _CONFIG[0]
+    _CONFIG[0] = cfg
+    try:
+        yield cfg
+    finally:
+        _CONFIG[0] = old
+
+
+class Launch:
+    """A kernel bound to its launch: ``Launch(kernel, grid, block, name)(*args)`` runs
+    ``kernel[grid, block](*args)``.
+
+    ``kernel`` is a ``numba.cuda.jit`` dispatcher (``kernel.py_func`` is its Python source, which
+    the PTX test compiles); ``name`` (also ``__name__``) labels it in plan listings and timings.
+    The simulator's kernels keep their launch configuration in the kernel object itself, so under
+    the simulator the configuration is applied at every call instead of once.
+    """
+
+    __slots__ = ("kernel", "grid", "block", "name", "_configured")
+
+    def __init__(self, kernel, grid, block, name: str):
+        self.kernel, self.grid, self.block, self.name = kernel, grid, block, name
+        self._configured = None
+        if not numba_config.ENABLE_CUDASIM:
+            with warnings.catch_warnings():  # small graphs launch small grids on purpose
+                warnings.filterwarnings("ignore", message="Grid size")
+                self._configured = kernel[grid, block]
+
+    @property
+    def __name__(self) -> str:
+        return self.name
+
+    def __call__(self, *args):
+        if self._configured is None:
+            return self.kernel[self.grid, self.block](*args)
+        return self._configured(*args)
+
+    def __repr__(self) -> str:
+        return f"Launch({self.name}, grid={self.grid}, block={self.block})"
+
+
+def _ceil_div(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def flat_steps(kernel, n: int, args: tuple, name: str) -> list:
+    """Steps for a 1-D grid-stride kernel over ``n`` elements ([] when ``n == 0``)."""
+    cfg = current()
+    if n == 0:
+        return []
+    blocks = min(_ceil_div(n, cfg.block), cfg.max_blocks)
+    return [(Launch(kernel, blocks, cfg.block, name), tuple(args))]
+
+
+def row_steps(kernel, rows: int, args: tuple, name: str) -> list:
+    """Steps for a row kernel over ``rows`` rows, ``current().row_block`` threads per row."""
+    cfg = current()
+    if rows == 0:
+        return []
+    blocks = min(rows, cfg.max_row_blocks)
+    return [(Launch(kernel, blocks, cfg.row_block, name), tuple(args))]
+
+
+def tile_steps(kernel, m: int, n: int, args: tuple, name: str) -> list:
+    """Steps for the tiled matmul over an ``m x n`` output.
+
+    Raises:
+        ValueError: ``m`` needs more than 65535 tile rows (the grid's y limit), naming the fix.
+    """
+    cfg = current()
+    if m == 0 or n == 0:
+        return []
+    grid = (_ceil_div(n, cfg.tile), _ceil_div(m, cfg.tile))
+    if grid[1] > 65535:
+        raise ValueError(f"{name}: {m} rows need {grid[1]} tile rows, more than CUDA's grid limit "
+                         f"65535; split the batch")
+    return [(Launch(kernel, grid, (cfg.tile, cfg.tile), name), tuple(args))]

@@ -1,0 +1,181 @@
+"""Elementwise fusion: merge chains of elementwise ops (casts included) into ``fused_elementwise``
+nodes, each run by one generated kernel (``miniflow/kernels/cpu_fused.py``).
+
+Assumes: the IR is final but for dead code (autograd, AMP, loss scaling and the optimizer pass have
+run), so dtypes and casts are decided. Fusible nodes: ops whose definition names a scalar function
+(``OpDef.elementwise``) and casts to a float dtype; ``bias_add`` only along the last axis, where it
+is NumPy broadcasting. AMP identities stay visible (a user put them there; AMP prunes them).
+
+Guarantees: the graph computes the same bits as before: the fused expression rounds every result to
+its dtype where the unfused node stored it (``ops/fused.py``). A fused node takes the place of the
+last node of its group and reuses the group's Values, so readers need no rewiring. Every Value read
+outside its group, returned, or named by the graph's bookkeeping (``loss``, ``grads``,
+``initial_grad`` ...) is an output of its fused node; the others live only in registers. A group is
+formed only if every outside reader of its values comes after its last node and no update op writes
+one of its inputs in between. A group has one output shape; a producer of a smaller shape (the cast
+of a bias) joins only when nothing outside the group reads it, and is then recomputed per element,
+which is exact. Groups of one node are left alone.
+
+Greedy, in node order: each fusible node joins the groups of the producers of its inputs where that
+is legal. Source: XLA's loop and multi-output fusion (``xla/service/instruction_fusion.cc``), TVM's
+``FuseOps`` pass for injective ops.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ..ir import Graph, Node, Value
+from ..ops import get_op
+from ..ops.amp_ops import AMP_IDENTITY_OPS
+from ..ops.fused import broadcast_kinds, format_program
+from .dead_code_elimination import dead_code_elimination
+
+__all__ = ["fuse_elementwise"]
+
+_CASTS = {"float16": "f16", "float32": "f32", "float64": "f64"}
+
+
+def fuse_elementwise(graph: Graph, ctx=None) -> Graph:
+    """Replace each fusible group of two or more nodes by one ``fused_elementwise`` node.
+
+    Dead nodes are removed first: a dead member would add an input its expression never reads."""
+    graph = dead_code_elimination(graph)
+    fusion = _Fusion(graph)
+    groups = fusion.groups()
+    last = {id(g[-1]): g for g in groups}
+    fused = {id(n) for g in groups for n in g}
+    nodes = []
+    for node in graph.nodes:
+        if id(node) in last:
+            nodes.append(fusion.fused_node(last[id(node)]))
+        elif id(node) not in fused:
+            nodes.append(node)
+    graph.nodes = nodes
+    return graph
+
+
+def _term(node: Node, args: list):
+    """The expression term of ``node`` applied to argument terms ``args``."""
+    if node.op == "cast":
+        return ("call", _CASTS[node.attrs["dtype"].name], tuple(args))
+    if "scalar" in node.attrs:
+        args = args + [("num", node.attrs["scalar"])]
+    return ("call", get_op(node.op).elementwise, tuple(args))
+
+
+def _fusible(node: Node) -> bool:
+    out = node.outputs[0] if len(node.outputs) == 1 else None
+    if out is None or out.size == 0 or node.op in AMP_IDENTITY_OPS:
+        return False
+    if node.op == "cast":
+        ok = out.dtype.name in _CASTS
+    elif node.op == "bias_add":
+        ok = node.attrs["axis"] == len(out.shape) - 1
+    else:
+        ok = get_op(node.op).elementwise is not None
+    return ok and broadcast_kinds(out.shape, [v.shape for v in node.inputs]) is not None
+
+
+class _Fusion:
+    """The grouping of one graph's nodes, then the fused node of each group."""
+
+    def __init__(self, graph: Graph):
+        self.graph = graph
+        self.readers = graph.consumers()
+        self.pos = {id(n): i for i, n in enumerate(graph.nodes)}
+        self.pinned = {id(v) for v in list(graph.outputs) + list(graph.grads.values())}
+        self.pinned.update(id(v) for v in vars(graph).values() if isinstance(v, Value))
+        self.writes: dict = {}                      # id(Value) -> positions of nodes writing it
+        for i, n in enumerate(graph.nodes):
+            for v in (n.inputs[k] for k in get_op(n.op).writes if k < len(n.inputs)):
+                self.writes.setdefault(id(v), []).append(i)
+
+    def groups(self) -> list:
+        """Lists of nodes (in graph order), one per group of two or more."""
+        group_of: dict = {}
+        for i, node in enumerate(self.graph.nodes):
+            if not _fusible(node):
+                continue
+            members = [node]
+            for g in self._producer_groups(node, group_of):
+                if self._legal(g, g + members, i):
+                    members = sorted(g + members, key=lambda n: self.pos[id(n)])
+            for n in members:
+                group_of[id(n)] = members
+        unique = {id(g): g for g in group_of.values() if len(g) > 1}
+        return list(unique.values())
+
+    @staticmethod
+    def _producer_groups(node: Node, group_of: dict) -> list:
+        out, seen = [], set()
+        for v in node.inputs:
+            g = group_of.get(id(v.producer)) if v.producer is not None else None
+            if g is not None and id(g) not in seen:
+                seen.add(id(g))
+                out.append(g)
+        return out
+
+    def _outside_readers(self, v: Value, members: list) -> list:
+        inside = {id(n) for n in members}
+        return [n for n in self.readers.get(id(v), []) if id(n) not in inside]
+
+    def _legal(self, group: list, members: list, last: int) -> bool:
+        """Whether ``members`` (``group`` and the node at ``last``) can be one node there."""
+        shape = self.graph.nodes[last].outputs[0].shape
+        group_shape = group[-1].outputs[0].shape
+        same_shape = group_shape == shape
+        for n in group:
+            for v in n.outputs:
+                outside = self._outside_readers(v, members)
+                if not same_shape and (outside or id(v) in self.pinned):
+                    return False            # a smaller shape is recomputed, so it cannot be output
+                if any(self.pos[id(r)] < last for r in outside):
+                    return False            # a reader would run before the fused node
+        if not same_shape and tuple(np.broadcast_shapes(group_shape, shape)) != shape:
+            return False
+        ins = self._inputs(members)
+        for n in members:                   # an update op between a read and the fused node
+            for v in n.inputs:
+                if any(self.pos[id(n)] < p < last for p in self.writes.get(id(v), ())):
+                    return False
+        return broadcast_kinds(shape, [v.shape for v in ins]) is not None
+
+    @staticmethod
+    def _inputs(members: list) -> list:
+        """Values the group reads from outside, in order of first use."""
+        made = {id(v) for n in members for v in n.outputs}
+        out, seen = [], set()
+        for n in members:
+            for v in n.inputs:
+                if id(v) not in made and id(v) not in seen:
+                    seen.add(id(v))
+                    out.append(v)
+        return out
+
+    def fused_node(self, members: list) -> Node:
+        """The ``fused_elementwise`` node computing ``members``' outside-visible values."""
+        inputs = self._inputs(members)
+        index = {id(v): k for k, v in enumerate(inputs)}
+        uses: dict = {}
+        for n in members:
+            for v in n.inputs:
+                uses[id(v)] = uses.get(id(v), 0) + 1
+        terms, statements, outputs, temps = {}, [], [], 0
+        for n in members:
+            v = n.outputs[0]
+            args = [("x", index[id(a)]) if id(a) in index else terms[id(a)] for a in n.inputs]
+            term = _term(n, args)
+            if self._outside_readers(v, members) or id(v) in self.pinned:
+                name = f"y{len(outputs)}"
+                outputs.append(v)
+            elif uses.get(id(v), 0) > 1:
+                name, temps = f"t{temps}", temps + 1
+            else:
+                terms[id(v)] = term
+                continue
+            statements.append((name, term))
+            terms[id(v)] = ("ref", name)
+        node = Node("fused_elementwise", inputs, outputs, {"expr": format_program(statements)})
+        for v in outputs:
+            v.producer = node
+        return node

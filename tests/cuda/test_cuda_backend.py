@@ -1,0 +1,100 @@
+"""The cuda backend end to end (under the simulator, or on a GPU): selection, device residency,
+training steps that match the cpu backend (fp32 SGD; AMP with a dynamic loss scale and Adam),
+clear errors."""
+import numpy as np
+import pytest
+
+import miniflow as mf
+from miniflow.experiments.mlp import TrainGraph, mlp
+from miniflow.runtime.backend import BACKENDS, cuda_status, default_backend_name, get_backend
+
+from cuda_cases import (TRAIN_X, TRAIN_Y, TRAINING, all_cases, case_signatures, step_signatures,
+                        train_graph, training_signatures)
+
+@pytest.fixture(autouse=True)
+def _restore_backend():
+    yield
+    mf.set_backend("cpu")
+
+
+def test_default_backend_is_cpu_under_the_simulator_and_cuda_on_a_gpu(monkeypatch):
+    monkeypatch.delenv("MINIFLOW_BACKEND", raising=False)
+    simulated = cuda_status() == (True, "CUDA simulator")
+    assert default_backend_name() == ("cpu" if simulated else "cuda")
+    monkeypatch.setenv("MINIFLOW_BACKEND", "cuda")
+    assert default_backend_name() == "cuda"
+
+
+def _train(backend: str, steps: int, amp: bool, adam: bool):
+    """Steps of ``cuda_cases.train_graph`` on ``backend``: (losses, parameters, graph, model)."""
+    mf.set_backend(backend)
+    graph, model = train_graph(amp, adam)
+    losses = [float(graph(TRAIN_X, TRAIN_Y)) for _ in range(steps)]
+    return losses, [p.numpy() for p in model.parameters()], graph, model
+
+
+@pytest.mark.parametrize("name", sorted(TRAINING))
+def test_training_steps_match_the_cpu_backend(name):
+    options = TRAINING[name]
+    cpu_losses, cpu_params, _, _ = _train("cpu", 3, **options)
+    losses, params, graph, model = _train("cuda", 3, **options)
+    tol = 2e-3 if options["amp"] else 1e-5
+    np.testing.assert_allclose(losses, cpu_losses, rtol=tol, atol=tol)
+    for p, q in zip(params, cpu_params):
+        np.testing.assert_allclose(p, q, rtol=tol, atol=tol)
+    backend = get_backend()
+    assert all(backend.owns(p._data) for p in model.parameters()), "parameters live on the device"
+    compiled = {**case_signatures(all_cases()), **training_signatures()}
+    for plan in graph.plans.values():
+        for fn, args in plan.steps:          # kernels get device arrays only: no host copies
+            arrays = [a for a in args if hasattr(a, "dtype") and hasattr(a, "shape")]
+            arrays += [x for a in args if isinstance(a, tuple) for x in a if hasattr(x, "dtype")]
+            assert all(backend.owns(a) for a in arrays), fn
+        # every kernel signature launched here is one the PTX lane compiles
+        launched = step_signatures(plan.steps)
+        missing = sorted(f"{label}{key[1]}" for key, label in launched.items()
+                         if key not in compiled)
+        assert not missing, f"the PTX lane does not compile: {missing}"
+
+
+def test_eager_ops_run_on_the_device():
+    mf.set_backend("cuda")
+    t = mf.tensor(np.array([[1.0, -2.0], [3.0, 0.5]], np.float32))
+    u = (t * 2.0).relu().sum(axis=1)
+    assert get_backend().owns(u._data)
+    np.testing.assert_allclose(u.numpy(), [2.0, 7.0])
+
+
+def test_a_model_from_another_backend_is_a_clear_error():
+    mf.set_backend("cpu")
+    model = mlp((8, 16, 3))
+    graph = TrainGraph(model, mf.optim.SGD(model.parameters(), lr=0.1))
+    mf.set_backend("cuda")
+    with pytest.raises(TypeError, match=r"variable %.*numpy.ndarray.*'cuda' backend.*"
+                                        r"set_backend\('cuda'\)"):
+        graph(TRAIN_X, TRAIN_Y)
+    t = mf.tensor(np.ones(2, np.float32))
+    mf.set_backend("cpu")
+    with pytest.raises(TypeError, match="exp: input 0 holds"):
+        t.exp()
+
+
+def test_cuda_is_registered():
+    assert "cuda" in BACKENDS and mf.set_backend("cuda").name == "cuda"
+
+
+@pytest.mark.parametrize("op,inputs,attrs", [
+    ("matmul", [np.random.default_rng(0).uniform(-1, 1, (2, 3)),
+                np.random.default_rng(1).uniform(-1, 1, (3, 2))], {"transpose_a": False}),
+    ("log_softmax", [np.random.default_rng(2).uniform(-1, 1, (2, 3))], {}),
+], ids=["matmul", "log_softmax"])
+def test_float64_gradient_check_on_the_cuda_backend(op, inputs, attrs):
+    """float64 kernels are exact enough for finite-difference gradient checks, as on the CPU."""
+    from miniflow.testing import check_grad, gradient_graph
+    mf.set_backend("cuda")
+    check_grad(op, inputs, attrs)
+    _, plan, _ = gradient_graph(op, inputs, attrs)
+    compiled = case_signatures(all_cases())
+    missing = sorted(f"{label}{key[1]}" for key, label in step_signatures(plan.steps).items()
+                     if key not in compiled)
+    assert not missing, f"the PTX lane does not compile: {missing}"

@@ -1,0 +1,105 @@
+"""Every CUDA kernel against the CPU kernel, on every registered sample of every op plus the extra
+cases of ``tests/cuda_cases.py``; results agree within a tolerance per dtype (the GPU may fuse
+multiply-adds and sums in another order), casts bit for bit."""
+import numpy as np
+import pytest
+
+from miniflow.kernels import cpu, cuda
+from miniflow.kernels.cuda_launch import GPU, current, use_config
+from miniflow.ops import all_ops
+from miniflow.runtime.backend import CudaBackend
+
+from cuda_cases import Case, all_cases, host_buffers, make_node, results
+
+TOL = {np.dtype(np.float16): (2e-3, 1e-3), np.dtype(np.float32): (2e-5, 2e-6),
+       np.dtype(np.float64): (1e-12, 1e-13), np.dtype(np.int64): (0, 0)}
+BACKEND = CudaBackend()
+
+
+def run_cpu(case: Case) -> list:
+    node = make_node(case)
+    ins, outs = host_buffers(case, node)
+    for fn, args in cpu.KERNELS[case.op](node, ins, outs):
+        fn(*args)
+    return results(case, node, ins, outs)
+
+
+def run_cuda(case: Case) -> list:
+    node = make_node(case)
+    ins, outs = host_buffers(case, node)
+    d_ins = [BACKEND.from_numpy(a) for a in ins]
+    d_outs = [BACKEND.from_numpy(a) for a in outs]
+    for fn, args in cuda.KERNELS[case.op](node, d_ins, d_outs):
+        fn(*args)
+    return results(case, node, [BACKEND.to_numpy(a) for a in d_ins],
+                   [BACKEND.to_numpy(a) for a in d_outs])
+
+
+def assert_bit_exact(got, want, what):
+    assert got.dtype == want.dtype and got.shape == want.shape, what
+    nan = np.isnan(want) if want.dtype.kind == "f" else np.zeros(want.shape, bool)
+    got_nan = np.isnan(got) if got.dtype.kind == "f" else nan
+    assert np.array_equal(got_nan, nan), f"{what}: NaN positions"
+    bits = f"u{want.dtype.itemsize}"
+    bad = got[~nan].view(bits) != want[~nan].view(bits)
+    assert not bad.any(), (f"{what}: {bad.sum()} elements differ, first: cuda "
+                           f"{got[~nan][bad][:3]} vs cpu {want[~nan][bad][:3]}")
+
+
+def assert_close(got, want, what):
+    assert got.dtype == want.dtype and got.shape == want.shape, what
+    rtol, atol = TOL[want.dtype]
+    np.testing.assert_allclose(got.astype(np.float64), want.astype(np.float64), rtol=rtol,
+                               atol=atol, equal_nan=True, err_msg=what)
+
+
+def test_every_op_has_a_cuda_kernel_and_samples():
+    """An op with a CPU kernel must have a CUDA kernel and samples (so both lanes cover it)."""
+    missing = sorted(op for op in cpu.KERNELS if op not in cuda.KERNELS)
+    assert not missing, f"ops with a CPU kernel but no CUDA kernel: {missing}; add a builder to " \
+                        f"miniflow/kernels/cuda*.py"
+    no_samples = sorted(name for name, d in all_ops().items() if name in cpu.KERNELS
+                        and not (d.samples and d.samples()))
+    assert not no_samples, f"ops without samples: {no_samples}; register samples= in miniflow/ops"
+
+
+CASES = all_cases(current())
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
+def test_cuda_kernel_matches_cpu(case):
+    want, got = run_cpu(case), run_cuda(case)
+    for k, (g, w) in enumerate(zip(got, want)):
+        what = f"{case.id} result {k}"
+        if case.op == "cast":
+            assert_bit_exact(g, w, what)
+        else:
+            assert_close(g, w, what)
+
+
+@pytest.mark.parametrize("case", [
+    Case("matmul", [np.random.default_rng(0).uniform(-1, 1, (17, 18)).astype(np.float16),
+                    np.random.default_rng(1).uniform(-1, 1, (5, 18)).astype(np.float16)],
+         {"transpose_b": True}, "gpu-tile"),
+    Case("log_softmax", [np.random.default_rng(2).uniform(-9, 9, (2, 131)).astype(np.float32)],
+         {}, "gpu-row-block"),
+    Case("reduce_sum", [np.random.default_rng(3).uniform(-1, 1, (130, 2)).astype(np.float32)],
+         {"axis": (0,)}, "gpu-row-block"),
+], ids=lambda c: c.id)
+def test_gpu_sized_launch(case):
+    """The kernels with the GPU preset's tile (16) and row block (128), as a real GPU runs them."""
+    with use_config(GPU):
+        got = run_cuda(case)
+    for g, w in zip(got, run_cpu(case)):
+        assert_close(g, w, case.id)
+
+
+def test_labels_out_of_range_give_nan():
+    """The CPU kernel raises; a CUDA kernel cannot, so the row's loss and gradient are NaN."""
+    pred = np.zeros((3, 4), np.float32)
+    label = np.array([0, 4, -1])
+    prob, loss = run_cuda(Case("sparse_softmax_cross_entropy", [pred, label]))
+    assert loss[0] == pytest.approx(np.log(4)) and np.isnan(loss[1:]).all()
+    (dx,) = run_cuda(Case("sparse_softmax_cross_entropy_grad",
+                          [np.ones(3, np.float32), label, prob]))
+    assert np.isfinite(dx[0]).all() and np.isnan(dx[1:]).all()

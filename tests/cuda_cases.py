@@ -1,0 +1,282 @@
+"""Kernel cases shared by the CUDA simulator lane (``tests/cuda``) and the PTX lane
+(``tests/test_cuda_ptx.py``): every registered sample of every op, a float64 variant of each op,
+and extra cases sized from a launch preset (non-multiples of the block and tile, grid-stride
+loops, size-1 and empty dims, fp16 overflow, NaN), plus the small training graphs the simulator
+lane runs end to end.
+
+A new op is covered by both lanes as soon as it registers ``samples`` and has kernels.
+Both lanes build the same cases (``all_cases(SIMULATOR)``) and training graphs
+(``training_signatures``), so the PTX lane compiles every kernel for every signature the
+simulator lane launches (the simulator lane checks that for its training runs).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from miniflow.dtype import as_dtype
+from miniflow.ir import Node, Value
+from miniflow.kernels.cuda_launch import SIMULATOR, LaunchConfig
+from miniflow.ops import all_ops, get_op
+
+SENTINEL = -777.0
+"""Outputs start filled with this (exact in f16), so an element a kernel never writes shows."""
+
+
+@dataclass
+class Case:
+    """One kernel run: op type, input arrays, attributes, and a label for the test id."""
+
+    op: str
+    inputs: list
+    attrs: dict = field(default_factory=dict)
+    label: str = ""
+
+    @property
+    def id(self) -> str:
+        dts = ",".join(as_dtype(a.dtype).short for a in self.inputs) or \
+            as_dtype(self.attrs.get("dtype", "float32")).short
+        return f"{self.op}[{self.label}:{dts}]"
+
+
+def registry_cases() -> list:
+    """Every registered sample of every op."""
+    return [Case(name, list(ins), dict(attrs), f"s{k}")
+            for name, opdef in sorted(all_ops().items())
+            for k, (ins, attrs) in enumerate(opdef.samples() if opdef.samples else [])]
+
+
+def _to_f64(a):
+    return a.astype(np.float64) if a.dtype == np.float32 else a
+
+
+def float64_cases() -> list:
+    """Every sample with float32 inputs, widened to float64 (casts: ``cast_cases``)."""
+    out = [Case("constant", [], {"value": 0.1, "shape": (2, 3), "dtype": "float64"}, "f64")]
+    for name, opdef in sorted(all_ops().items()):
+        if name in ("cast", "constant"):
+            continue
+        for k, (ins, attrs) in enumerate(opdef.samples() if opdef.samples else []):
+            case = Case(name, [_to_f64(a) for a in ins], dict(attrs), f"s{k}-f64")
+            if any(a.dtype == np.float32 for a in ins) and _accepts(case):
+                out.append(case)
+    return out
+
+
+def _accepts(case) -> bool:
+    """Whether the op's type checks accept the case (some ops are float32-only)."""
+    try:
+        make_node(case)
+    except TypeError:
+        return False
+    return True
+
+
+def _r(*shape, dt=np.float32, lo=-2.0, hi=2.0, seed=0):
+    return np.random.default_rng(seed).uniform(lo, hi, shape).astype(dt)
+
+
+def extra_cases(cfg: LaunchConfig = SIMULATOR) -> list:
+    """Cases beyond the samples, sized from ``cfg``. Shapes that reach strided kernels are fixed
+    (their tuple arguments' length is part of the kernel signature); only flat, row and matmul
+    sizes follow ``cfg``."""
+    n = cfg.block * (cfg.max_blocks + 1) + 5        # > one full grid, not a multiple of the block
+    cols = 2 * cfg.row_block + 3                    # a row longer than the block, not a multiple
+    t = cfg.tile
+    cases = []
+    for dt in (np.float32, np.float16):
+        cases += [
+            Case("relu", [_r(n, dt=dt)], {}, "grid-stride"),
+            Case("broadcast_mul", [_r(n, dt=dt), _r(n, dt=dt, seed=1)], {}, "grid-stride"),
+            Case("broadcast_mul", [_r(5, 1, 7, dt=dt), _r(3, 1, dt=dt, seed=1)], {},
+                 "3d-broadcast"),
+            Case("softmax", [_r(3, cols, dt=dt, lo=-6, hi=6)], {}, "long-rows"),
+            Case("log_softmax", [_r(3, cols, dt=dt, lo=-6, hi=6)], {}, "long-rows"),
+            Case("softmax", [_r(4, 1, dt=dt)], {}, "one-column"),
+            Case("sparse_softmax_cross_entropy",
+                 [_r(3, cols, dt=dt, lo=-4, hi=4), np.array([0, cols - 1, 5], np.int64)], {},
+                 "long-rows"),
+            Case("reduce_sum", [_r(3, cols, dt=dt)], {"axis": (1,)}, "long-rows"),
+            Case("reduce_sum", [_r(cols, 5, dt=dt)], {"axis": (0,)}, "long-columns"),
+            Case("reduce_sum", [_r(2, 3, 4, 5, dt=dt)], {"axis": (0, 2), "keepdims": True},
+                 "gathered"),
+            Case("reduce_sum", [_r(3, 0, 2, dt=dt)], {"axis": (1,)}, "empty-reduced-dim"),
+            Case("matmul", [_r(2 * t + 1, 2 * t + 3, dt=dt), _r(2 * t + 3, t + 2, dt=dt, seed=1)],
+                 {}, "not-tile-multiple"),
+            Case("matmul", [_r(1, 2 * t + 3, dt=dt), _r(2 * t + 3, 1, dt=dt, seed=1)], {},
+                 "dot"),
+            Case("transpose", [_r(1, 5, 1, dt=dt)], {"perm": (2, 0, 1)}, "size-1-dims"),
+            Case("broadcast_like", [_r(1, 3, dt=dt), _r(4, 3, dt=dt)], {"broadcast_axes": (0,)},
+                 "size-1"),
+            Case("add_n", [np.full((2, 3), 40000.0, dt) for _ in range(3)], {}, "overflow"),
+            Case("broadcast_add", [np.array([60000.0, -60000.0, np.nan, 1.0], dt),
+                                   np.array([60000.0, -60000.0, 1.0, np.nan], dt)], {},
+                 "overflow-nan"),
+            Case("exp", [np.array([12.0, -20.0, np.inf, -np.inf, np.nan], dt)], {},
+                 "overflow-nan"),
+            Case("matmul", [np.array([[1.0, np.nan], [2.0, 3.0]], dt), _r(2, 3, dt=dt)], {},
+                 "nan"),
+        ]
+    for ta in (False, True):
+        for tb in (False, True):
+            m, k, nn = 2 * t + 1, 2 * t + 3, t + 2
+            a = _r(k, m) if ta else _r(m, k)
+            b = _r(nn, k, seed=1) if tb else _r(k, nn, seed=1)
+            cases.append(Case("matmul", [a, b], {"transpose_a": ta, "transpose_b": tb},
+                              f"not-tile-multiple-t{int(ta)}{int(tb)}"))
+    cases.append(Case("multi_count_not_finite",      # one gradient per parameter of a 2-layer MLP
+                      [_r(16, 8), np.array([np.inf] * 16, np.float32), _r(3, 16), _r(3)], {},
+                      "mlp-gradients"))
+    cases.append(Case("sgd_update", [_r(n), _r(n, seed=1), np.zeros(1, np.int64)],
+                      {"lr": 0.1, "momentum": 0.0}, "no-momentum-grid-stride"))
+    cases.append(Case("adam_update", [_r(n), _r(n, seed=1), np.zeros(1, np.int64),
+                                      _r(n, seed=2) * 0.1, _r(n, seed=3, lo=0, hi=0.1),
+                                      np.array([7], np.int64)], {"lr": 0.01}, "grid-stride"))
+    return cases
+
+
+def cast_cases() -> list:
+    """Every cast between f16, f32, f64 and i64 -> float, on values that probe every rounding case
+    (fp16 overflow at 65520, subnormals, ties, inf, NaN, signed zero)."""
+    r = np.random.default_rng(6)
+    x = r.standard_normal(300) * np.exp2(r.uniform(-30, 20, 300))
+    x = np.concatenate([x, [65504, 65519.99, 65520, 2.0 ** -24, 2.0 ** -25, 3 * 2.0 ** -26, 1e6,
+                            np.inf, -np.inf, np.nan, -np.nan, 0.0, -0.0, 1 + 2.0 ** -11]])
+    ints = np.concatenate([np.arange(-300, 300), [2 ** 24 + 1, 65519, 65520, -(2 ** 40)]])
+    cases = []
+    for src in ("float16", "float32", "float64", "int64"):
+        with np.errstate(over="ignore", invalid="ignore"):
+            xs = ints.astype(np.int64) if src == "int64" else x.astype(src)
+        for dst in ("float16", "float32", "float64"):
+            cases.append(Case("cast", [xs], {"dtype": dst}, f"exact-to-{dst}"))
+    return cases
+
+
+def all_cases(cfg: LaunchConfig = SIMULATOR) -> list:
+    """Registry samples, float64 variants, extra cases and cast cases."""
+    return registry_cases() + float64_cases() + extra_cases(cfg) + cast_cases()
+
+
+# ----------------------------------------------------------------------------- building
+def make_node(case: Case) -> Node:
+    """A Node for ``case`` with output Values from the op's own normalisation and inference.
+
+    Inputs an update op writes are declared as variables (update ops require that).
+    """
+    opdef = get_op(case.op)
+    vals = [Value(f"in{i}", a.shape, as_dtype(a.dtype),
+                  kind="variable" if i in opdef.writes else "input")
+            for i, a in enumerate(case.inputs)]
+    attrs = opdef.normalize_attrs(vals, case.attrs)
+    node = Node(case.op, vals, [], attrs)
+    node.outputs = [Value(f"out{i}", s, d, producer=node)
+                    for i, (s, d) in enumerate(opdef.infer(vals, attrs))]
+    return node
+
+
+def host_buffers(case: Case, node: Node):
+    """Fresh host copies of the inputs and sentinel-filled host outputs."""
+    ins = [np.ascontiguousarray(a).copy() for a in case.inputs]
+    outs = [np.full(v.shape, SENTINEL, v.dtype.np) for v in node.outputs]
+    return ins, outs
+
+
+def results(case: Case, node: Node, ins, outs) -> list:
+    """What a run produced: every output, then every input the op writes (update ops)."""
+    return list(outs) + [ins[i] for i in get_op(case.op).writes if i < len(ins)]
+
+
+def arg_type(a):
+    """The numba type a kernel argument is compiled for: a device array (real or simulated) types
+    as the C-contiguous array of its dtype and rank, like the host stand-in it replaces."""
+    import numba
+    from numba import types
+    if isinstance(a, tuple):
+        return types.BaseTuple.from_types([arg_type(x) for x in a])
+    if not isinstance(a, np.ndarray) and hasattr(a, "copy_to_host"):
+        return types.Array(numba.from_dtype(a.dtype), len(a.shape), "C")
+    return numba.typeof(a)
+
+
+def step_signatures(steps) -> dict:
+    """``{(kernel py_func, argument types): kernel label}`` of a list of CUDA steps."""
+    out = {}
+    for fn, args in steps:
+        sig = tuple(arg_type(a) for a in args)
+        out.setdefault((fn.kernel.py_func, sig), fn.name)
+    return out
+
+
+def case_signatures(cases) -> dict:
+    """Signatures of every kernel the CUDA builders launch for ``cases``, found by running the
+    builders on host stand-in arrays (nothing is compiled or launched)."""
+    from miniflow.kernels.cuda import KERNELS
+    out = {}
+    for case in cases:
+        node = make_node(case)
+        ins, outs = host_buffers(case, node)
+        for key, name in step_signatures(KERNELS[case.op](node, ins, outs)).items():
+            out.setdefault(key, name)
+    return out
+
+
+# ----------------------------------------------------------------------------- training graphs
+TRAINING = {"fp32-sgd": {"amp": False, "adam": False}, "amp-adam": {"amp": True, "adam": True}}
+"""The training runs of the simulator lane: plain SGD in float32, and AMP with a dynamic loss
+scale and Adam (fp16 matmuls, casts, fused elementwise ops, the loss-scale ops)."""
+TRAIN_X = np.random.default_rng(0).uniform(-1, 1, (6, 8)).astype(np.float32)
+TRAIN_Y = np.array([0, 1, 2, 1, 0, 2], np.int64)
+
+
+def train_graph(amp: bool, adam: bool):
+    """An 8-16-3 MLP and its training graph on the current backend: ``(graph, model)``."""
+    import miniflow as mf
+    from miniflow.experiments.mlp import TrainGraph, mlp
+    mf.manual_seed(0)
+    model = mlp((8, 16, 3))
+    opt = (mf.optim.Adam(model.parameters(), lr=0.01) if adam
+           else mf.optim.SGD(model.parameters(), lr=0.5, momentum=0.9))
+    graph = TrainGraph(model, opt)
+    if amp:
+        graph.config.enable_amp(True)
+        graph.set_grad_scaler(mf.amp.GradScaler(2.0 ** 16, growth_interval=2))
+    return graph, model
+
+
+def training_signatures() -> dict:
+    """Signatures of every kernel the CUDA builders launch for the ``TRAINING`` graphs, found by
+    compiling them on a stand-in backend (host memory, CUDA builders, steps that do nothing)."""
+    import miniflow as mf
+    from miniflow.kernels.cuda import KERNELS
+    from miniflow.runtime.backend import BACKENDS, CpuBackend, get_backend
+
+    found: dict = {}
+
+    class SignatureRecorder(CpuBackend):
+        name = "cuda-signatures"
+
+        @property
+        def kernels(self):
+            return {op: self._record(build) for op, build in KERNELS.items()}
+
+        @staticmethod
+        def _record(build):
+            def recording(node, ins, outs):
+                steps = build(node, ins, outs)
+                for key, label in step_signatures(steps).items():
+                    found.setdefault(key, label)
+                return [(lambda *args: None, args) for _, args in steps]
+            return recording
+
+    previous = get_backend().name
+    BACKENDS[SignatureRecorder.name] = SignatureRecorder
+    try:
+        mf.set_backend(SignatureRecorder.name)
+        for options in TRAINING.values():
+            graph, _ = train_graph(**options)
+            graph(TRAIN_X, TRAIN_Y)
+    finally:
+        del BACKENDS[SignatureRecorder.name]
+        mf.set_backend(previous)
+    return found

@@ -1,0 +1,116 @@
+"""PTX lane: every CUDA kernel compiled to PTX with ``numba.cuda.compile_ptx`` for compute
+capability 7.5 and 9.0, for every signature the simulator lane launches it with.
+
+The CUDA simulator runs kernels as Python, so it accepts code real CUDA rejects (atomics on
+float16, NumPy-style float16 promotion, unsupported math); this lane compiles the real thing. It
+needs no GPU, only numba-cuda's ``cu12`` extra (NVVM and libdevice); it is skipped when that is
+missing, except under CI, which installs it (``.[dev]``) and fails instead.
+
+Signatures come from ``cuda_cases``: the CUDA builders run on host stand-in arrays for exactly the
+simulator lane's cases and training graphs (``case_signatures(all_cases())``,
+``training_signatures()``). The kernels are the GPU launch preset's
+(block sizes and the matmul tile are closure constants of the kernels).
+
+Device functions (``cuda.jit(device=True)``) are compiled by numba-cuda for "the current device",
+which needs a driver; without a GPU the test stands in a compute-capability-7.5 device for them.
+Their LLVM IR is linked into each kernel, and ``compile_ptx`` compiles the whole kernel for each
+compute capability.
+"""
+import importlib.util
+import os
+import re
+
+import pytest
+from numba import config
+
+from miniflow.kernels import cpu
+from miniflow.kernels.cuda_launch import GPU, SIMULATOR, use_config
+from miniflow.ops import all_ops
+
+from cuda_cases import all_cases, case_signatures, training_signatures
+
+CCS = [(7, 5), (9, 0)]
+HALF_MATH = re.compile(r"\b(add|sub|mul|div|fma|neg|abs|max|min|ex2|sqrt|rcp)(\.[a-z0-9]+)*"
+                       r"\.f16x?2?\b|\b_Z\w*6__half\w*")
+"""Float16 arithmetic in PTX: an ``.f16`` instruction, or a call to a ``cuda_fp16`` operator on
+``__half`` (how numba-cuda lowers float16 math). Loads, stores and ``cvt`` conversions are fine."""
+
+
+def _unavailable():
+    """Why compile_ptx cannot run here (None when it can)."""
+    if config.ENABLE_CUDASIM:
+        return "the PTX lane runs without NUMBA_ENABLE_CUDASIM"
+    if importlib.util.find_spec("numba_cuda") is None:
+        return "numba-cuda is not installed (pip install -e '.[dev]')"
+    from numba import cuda, types
+
+    def probe(x):
+        x[0] = 1.0
+
+    try:
+        cuda.compile_ptx(probe, (types.float32[::1],), cc=CCS[0])
+    except Exception as e:  # noqa: BLE001 (NVVM or libdevice missing: the cu12 extra)
+        return f"numba.cuda.compile_ptx does not work ({type(e).__name__}: {e}); install " \
+               f"numba-cuda[cu12] (pip install -e '.[dev]')"
+    return None
+
+
+REASON = _unavailable()
+if REASON is not None and not config.ENABLE_CUDASIM and os.environ.get("CI"):
+    raise RuntimeError(f"PTX lane cannot run under CI: {REASON}")
+pytestmark = pytest.mark.skipif(REASON is not None, reason=str(REASON))
+
+with use_config(GPU):
+    SIGNATURES = {**case_signatures(all_cases(SIMULATOR)), **training_signatures()} \
+        if REASON is None else {}
+KEYS = [(cc, key) for cc in CCS for key in SIGNATURES]   # all of 7.5 first (see the docstring)
+
+
+class _StandInDevice:
+    compute_capability = CCS[0]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _stand_in_device():
+    import numba.cuda.dispatcher as dispatcher
+    mp = pytest.MonkeyPatch()
+    mp.setattr(dispatcher, "get_current_device", lambda: _StandInDevice)
+    yield
+    mp.undo()
+
+
+def _id(item):
+    cc, (py_func, sig) = item
+    args = ",".join(str(t).replace("array(", "").replace(", 1d, C)", "[]") for t in sig)
+    return f"{SIGNATURES[(py_func, sig)]}({args})-sm{cc[0]}{cc[1]}"
+
+
+@pytest.mark.parametrize("item", KEYS, ids=[_id(k) for k in KEYS])
+def test_kernel_compiles_to_ptx(item):
+    from numba import cuda
+    cc, (py_func, sig) = item
+    ptx, _ = cuda.compile_ptx(py_func, sig, cc=cc)
+    assert f".target sm_{cc[0]}{cc[1]}" in ptx
+    assert "atom." not in ptx, "kernels use no atomics (reductions go through shared memory)"
+    half_math = HALF_MATH.search(ptx)
+    assert half_math is None, f"float16 arithmetic ({half_math.group(0)}): compute in float32"
+
+
+def test_every_op_is_compiled():
+    """Every op with a CPU kernel launches at least one CUDA kernel in the cases compiled here."""
+    from miniflow.kernels.cuda import KERNELS
+    missing = sorted(op for op in cpu.KERNELS if op not in KERNELS)
+    assert not missing, f"ops with a CPU kernel but no CUDA kernel: {missing}"
+    no_samples = sorted(n for n, d in all_ops().items() if not (d.samples and d.samples()))
+    assert not no_samples, f"ops without samples: {no_samples}; register samples= in miniflow/ops"
+    with use_config(GPU):
+        launched = {c.op for c in all_cases(SIMULATOR) if case_signatures([c])}
+    assert launched >= set(cpu.KERNELS), f"never launched: {sorted(set(cpu.KERNELS) - launched)}"
+
+
+def test_gpu_sized_cases_add_no_signature():
+    """The GPU-sized cases (benchmarks/gpu_check.py runs them) add no signature to compile."""
+    with use_config(GPU):
+        gpu = case_signatures(all_cases(GPU))
+    extra = sorted(f"{name}{key[1]}" for key, name in gpu.items() if key not in SIGNATURES)
+    assert not extra, f"add cases with these signatures to tests/cuda_cases.py: {extra}"

@@ -1,0 +1,198 @@
+"""The plan executor and the kernel paths issue 8 added for speed: the failing node is named, the
+cold-start notice appears only when Numba compiles, skinny matmuls and column sums agree with NumPy,
+and the serial/parallel choice follows the size."""
+import os
+import subprocess
+import sys
+import textwrap
+
+import numba
+import numpy as np
+import pytest
+from threadpoolctl import threadpool_limits
+
+import miniflow as mf
+from miniflow.dtype import float16, float32, float64
+from miniflow.experiments.mlp import TrainGraph, mlp
+from miniflow.ir import Node, Value
+from miniflow.kernels import cpu_matmul
+from miniflow.kernels.cpu import KERNELS, PARALLEL_MIN_SIZE
+from miniflow.kernels.cpu_common import blas_libraries
+from miniflow.runtime.notice import NOTICE
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _run(op, ins, out_specs, attrs=None):
+    """``(steps, outputs)`` of ``op``'s CPU builder on ``ins``, after running the steps."""
+    node = Node(op, [Value(f"i{k}", a.shape, a.dtype) for k, a in enumerate(ins)],
+                [Value(f"o{k}", s, d) for k, (s, d) in enumerate(out_specs)], dict(attrs or {}))
+    outs = [np.full(s, -777.0, d.np) for s, d in out_specs]
+    steps = KERNELS[op](node, ins, outs)
+    for fn, args in steps:
+        fn(*args)
+    return steps, outs
+
+
+def test_a_failing_step_names_its_node():
+    mf.manual_seed(0)
+    model = mlp((4, 8, 3))
+    g = TrainGraph(model, mf.optim.SGD(model.parameters(), lr=0.1))
+    g(np.zeros((2, 4), np.float32), np.array([0, 1]))
+    with pytest.raises(ValueError, match=r"while running node \d+ `%\d+: f32\[2,3\], %\d+: "
+                                         r"f32\[2\] = sparse_softmax_cross_entropy"):
+        g(np.zeros((2, 4), np.float32), np.array([0, 3]))
+
+
+# ------------------------------------------------------------------------------ cold start
+_SCRIPT = textwrap.dedent("""
+    import numpy as np
+    import miniflow as mf
+    from miniflow import nn
+
+    class Fn(nn.Graph):
+        def build(self, x):
+            return (x * 3.0 + 1.0).exp()
+
+    print(Fn()(np.ones((2, 3), np.float32)).numpy()[0, 0])
+""")
+
+
+def test_compile_notice_only_when_kernels_compile(tmp_path):
+    env = dict(os.environ, NUMBA_CACHE_DIR=str(tmp_path / "cache"), PYTHONPATH=ROOT)
+    env.pop("MINIFLOW_BACKEND", None)
+    runs = [subprocess.run([sys.executable, "-c", _SCRIPT], env=env, capture_output=True,
+                           text=True, timeout=300) for _ in range(2)]
+    for r in runs:
+        assert r.returncode == 0, r.stderr
+        assert float(r.stdout) == pytest.approx(np.exp(4.0), rel=1e-6)
+    assert runs[0].stderr.count(NOTICE) == 1, runs[0].stderr
+    assert NOTICE not in runs[1].stderr, runs[1].stderr        # a warm cache: nothing compiles
+    assert os.listdir(tmp_path / "cache" / "miniflow_generated")
+
+
+# ------------------------------------------------------------------------------ matmul paths
+def _matmul(a, b, ta=False, tb=False):
+    dt = mf.dtype.as_dtype(a.dtype)
+    m = a.shape[1] if ta else a.shape[0]
+    n = b.shape[0] if tb else b.shape[1]
+    steps, (out,) = _run("matmul", [a, b], [((m, n), dt)], {"transpose_a": ta, "transpose_b": tb})
+    ref = (a.astype(np.float64).T if ta else a) @ (b.astype(np.float64).T if tb else b)
+    return steps, out, ref
+
+
+@pytest.mark.parametrize("dt", [float16, float32, float64], ids=lambda d: d.short)
+@pytest.mark.parametrize("shape,ta,tb,kernel", [
+    ((3, 300, 1000), False, True, "rows_times_kernel"),     # forward at batch 3: x @ W.T
+    ((8, 300, 1000), False, True, "rows_times_kernel"),
+    ((3, 1000, 300), False, False, "rows_times_kernel"),    # input gradient: dy @ W
+    ((1000, 2, 300), True, False, "outer_sum_kernel"),      # weight gradient: dy.T @ x
+    ((64, 1, 128), True, False, "outer_sum_kernel"),        # an outer product (batch 1)
+    ((64, 32, 16), False, True, "dot"),              # small: BLAS
+    ((16, 300, 1000), False, True, "dot"),           # too many rows for the loops
+])
+def test_matmul_takes_the_fast_path_and_agrees_with_numpy(shape, ta, tb, kernel, dt):
+    m, k, n = shape
+    r = np.random.default_rng(0)
+    a = r.uniform(-1, 1, (k, m) if ta else (m, k)).astype(dt.np)
+    b = r.uniform(-1, 1, (n, k) if tb else (k, n)).astype(dt.np)
+    steps, out, ref = _matmul(a, b, ta, tb)
+    made_by = {fn.py_func.__qualname__.split(".")[0] if hasattr(fn, "py_func")
+               else fn.__name__.split()[0] for fn, _ in steps}
+    assert kernel in made_by, made_by
+    tol = {float16: 2e-2, float32: 1e-4, float64: 1e-12}[dt] * np.sqrt(k)
+    np.testing.assert_allclose(out.astype(np.float64), ref, rtol=tol, atol=tol)
+
+
+def test_rows_times_reads_a_transposed_weight_in_place():
+    assert cpu_matmul.SKINNY <= cpu_matmul.SKINNY_DOT
+    a = np.ones((3, 300), np.float32)
+    w = np.ones((1000, 300), np.float32)
+    fn, args = cpu_matmul._product_step(a, w.T, np.empty((3, 1000), np.float32))
+    assert fn is cpu_matmul.rows_times_kernel(True, False) and args[1] is not w.T
+    np.testing.assert_array_equal(args[1], w)
+
+
+# ------------------------------------------------------------------------------ reductions
+@pytest.mark.parametrize("dt", [float16, float32, float64], ids=lambda d: d.short)
+@pytest.mark.parametrize("shape,axis", [((300, 700), (0,)), ((3, 50, 9), (1,)),
+                                        ((PARALLEL_MIN_SIZE // 64 + 1, 64), (0,))])
+def test_column_sums_add_row_by_row_in_order(shape, axis, dt):
+    """Each sum adds in the order r = 0, 1, ... in the compute type: the same bits as a NumPy
+    loop over the reduced axis."""
+    x = np.random.default_rng(1).uniform(-2, 2, shape).astype(dt.np)
+    out_shape = tuple(s for i, s in enumerate(shape) if i not in axis)
+    _, (out,) = _run("reduce_sum", [x], [(out_shape, dt)], {"axis": axis, "keepdims": False})
+    ct = np.float64 if dt is float64 else np.float32
+    moved = np.moveaxis(x, axis[0], 0).astype(ct)
+    acc = np.zeros(out_shape, ct)
+    for row in moved:
+        acc += row
+    np.testing.assert_array_equal(out, acc.astype(dt.np))
+
+
+def test_small_products_run_blas_on_one_thread():
+    a, b = np.ones((64, 64), np.float32), np.ones((64, 128), np.float32)
+    with threadpool_limits(2, user_api="blas"):
+        fn, _ = cpu_matmul._product_step(a, b, np.empty((64, 128), np.float32))
+        libs = blas_libraries()
+        if not any(lib.num_threads > 1 for lib in libs):
+            pytest.skip("BLAS runs one thread here")
+        assert isinstance(fn, cpu_matmul.OneThreadBlas)
+        before = [lib.num_threads for lib in libs]
+        out = np.empty((64, 128), np.float32)
+        fn(a, b, out)
+        assert [lib.num_threads for lib in libs] == before
+    np.testing.assert_array_equal(out, a @ b)
+    with threadpool_limits(1, user_api="blas"):
+        assert cpu_matmul._product_step(a, b, out)[0] is np.dot
+
+
+def _parallel(steps) -> bool:
+    return any(getattr(fn, "targetoptions", {}).get("parallel", False) for fn, _ in steps)
+
+
+def test_parallel_kernels_from_the_threshold_and_only_with_one_blas_thread():
+    small = np.ones((8, 16), np.float32)
+    big = np.ones((PARALLEL_MIN_SIZE // 16, 16), np.float32)
+    more = numba.get_num_threads() > 1
+    with threadpool_limits(1, user_api="blas"):
+        assert not _parallel(_run("relu", [small], [(small.shape, float32)])[0])
+        assert _parallel(_run("relu", [big], [(big.shape, float32)])[0]) is more
+    with threadpool_limits(2, user_api="blas"):
+        if any(lib.num_threads > 1 for lib in blas_libraries()):
+            assert not _parallel(_run("relu", [big], [(big.shape, float32)])[0])
+
+
+_PARALLEL_CASES = [
+    ("broadcast_mul", [(300, 301), (301,)], {}),
+    ("bias_add", [(300, 301), (301,)], {"axis": 1}),
+    ("fused_elementwise", [(300, 301), (300, 1)], {"expr": "y0 = relu(sub(x0, x1)); y1 = exp(y0)"}),
+    ("reduce_sum", [(300, 301)], {"axis": (0,), "keepdims": False}),
+    ("reduce_sum", [(300, 301)], {"axis": (1,), "keepdims": False}),
+    ("softmax", [(300, 301)], {}),
+    ("matmul", [(3, 300), (1000, 300)], {"transpose_b": True}),
+    ("matmul", [(3, 1000), (1000, 300)], {}),
+    ("matmul", [(2, 1000), (2, 300)], {"transpose_a": True}),
+]
+
+
+@pytest.mark.skipif(numba.get_num_threads() < 2, reason="one Numba thread: no parallel kernels")
+@pytest.mark.parametrize("dt", [float16, float32], ids=lambda d: d.short)
+@pytest.mark.parametrize("op,shapes,attrs", _PARALLEL_CASES, ids=lambda c: str(c)[:40])
+def test_parallel_kernels_compute_the_serial_bits(op, shapes, attrs, dt):
+    r = np.random.default_rng(2)
+    ins = [r.uniform(-2, 2, s).astype(dt.np) for s in shapes]
+    node_ins = [Value(f"i{k}", a.shape, dt) for k, a in enumerate(ins)]
+    opdef = mf.ops.get_op(op)
+    attrs = opdef.normalize_attrs(node_ins, attrs)
+    specs = opdef.infer(node_ins, attrs)
+    results = {}
+    for blas in (1, 2):     # BLAS on one thread: parallel Numba kernels; else serial ones
+        with threadpool_limits(blas, user_api="blas"):
+            steps, outs = _run(op, ins, specs, attrs)
+            results[_parallel(steps)] = outs
+    if len(results) < 2:
+        pytest.skip(f"only {'parallel' if True in results else 'serial'} kernels ran here")
+    for a, b in zip(results[True], results[False]):
+        np.testing.assert_array_equal(a, b)

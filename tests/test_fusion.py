@@ -1,0 +1,268 @@
+"""The elementwise-fusion pass: fused and unfused graphs compute the same bits (fp32 and fp16, whole
+training runs and random elementwise chains), the fused IR prints readably, the pass respects
+readers, update ops and broadcasting, and the expression language parses what it prints."""
+import os
+import re
+
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+
+import miniflow as mf
+from miniflow.dtype import float16, float32, float64
+from miniflow.experiments.mlp import TrainGraph, mlp
+from miniflow.ir import Graph
+from miniflow.kernels import codegen, cpu_fused
+from miniflow.ops.fused import broadcast_kinds, format_program, parse
+from miniflow.passes import pipeline
+from miniflow.passes.dead_code_elimination import dead_code_elimination
+from miniflow.passes.fuse_elementwise import fuse_elementwise
+from miniflow.runtime.backend import get_backend
+from miniflow.runtime.plan import Plan
+
+
+def _same_bits(a, b, what=""):
+    """Equal dtype, shape and bits; NaN only where the other has NaN (payloads may differ)."""
+    a, b = np.asarray(a), np.asarray(b)
+    assert a.dtype == b.dtype and a.shape == b.shape, what
+    nan = np.isnan(b) if b.dtype.kind == "f" else np.zeros(b.shape, bool)
+    assert np.array_equal(np.isnan(a) if a.dtype.kind == "f" else nan, nan), what
+    bits = f"u{b.dtype.itemsize}"
+    np.testing.assert_array_equal(a[~nan].view(bits), b[~nan].view(bits), err_msg=what)
+
+
+def _without_fusion(monkeypatch):
+    monkeypatch.setattr(pipeline, "PASSES",
+                        [p for p in pipeline.PASSES if p[0] != "fuse_elementwise"])
+
+
+# ------------------------------------------------------------------------------ whole training runs
+def _train(amp: bool, steps: int = 12, hidden: int = 32):
+    """Losses and final parameters of an SGD-momentum run of the digits-shaped MLP."""
+    mf.manual_seed(0)
+    model = mlp((64, hidden, 10))
+    graph = TrainGraph(model, mf.optim.SGD(model.parameters(), lr=0.1, momentum=0.9))
+    if amp:
+        graph.config.enable_amp()
+        graph.set_grad_scaler(mf.amp.GradScaler(init_scale=1024.0, growth_interval=4))
+    rng = np.random.default_rng(0)
+    losses = []
+    for batch in [16, 16, 5, 16] * (steps // 4):
+        x = rng.normal(size=(batch, 64)).astype(np.float32)
+        losses.append(graph(x, rng.integers(0, 10, batch)).numpy())
+    return graph, losses, model.state_dict()
+
+
+@pytest.mark.parametrize("amp", [False, True], ids=["fp32", "amp_fp16"])
+def test_training_is_bit_identical_with_and_without_fusion(amp, monkeypatch):
+    fused, fused_losses, fused_params = _train(amp)
+    assert "fused_elementwise" in fused.ir.count_ops()
+    _without_fusion(monkeypatch)
+    plain, plain_losses, plain_params = _train(amp)
+    assert "fused_elementwise" not in plain.ir.count_ops()
+    assert len(plain.ir.nodes) > len(fused.ir.nodes)
+    for k, (a, b) in enumerate(zip(fused_losses, plain_losses)):
+        _same_bits(a, b, f"loss {k}")
+    for name in plain_params:
+        _same_bits(fused_params[name], plain_params[name], name)
+
+
+def test_fused_ir_prints_readably():
+    graph, _, _ = _train(amp=False, steps=4)
+    text = str(graph.ir)
+    assert re.search(r"%\d+: f32\[5,32\] = fused_elementwise\(%\d+, %model\.0\.bias\) "
+                     r"\{expr='relu\(add\(x0, x1\)\)'\}", text), text
+    amp, _, _ = _train(amp=True, steps=4)
+    assert re.search(r"%\d+: f16\[5,32\] = fused_elementwise\(%model\.0\.bias, %\d+\) "
+                     r"\{expr='relu\(add\(x1, f16\(x0\)\)\)'\}", str(amp.ir)), str(amp.ir)
+
+
+# ------------------------------------------------------------------------------ random chains
+UNARY = ["relu", "exp", "tanh", "sigmoid", "negative", "identity"]
+BINARY = ["broadcast_add", "broadcast_sub", "broadcast_mul", "broadcast_div", "relu_grad",
+          "tanh_grad", "sigmoid_grad"]
+DTYPES = {"f16": float16, "f32": float32, "f64": float64}
+
+
+def _compile(graph, fuse: bool):
+    """Plan of ``graph`` after (fusion and) dead-code elimination."""
+    if fuse:
+        graph = fuse_elementwise(graph)
+    graph = dead_code_elimination(graph)
+    graph.verify()
+    return Plan(graph, get_backend()), graph
+
+
+@st.composite
+def _recipes(draw):
+    """Ops of a random elementwise chain: ``(op, argument indices, attrs)``; values 0, 1 are the
+    inputs (full shape), 2 a row vector; every op appends one value."""
+    recipe, types = [], [("in", True), ("in", True), ("in", False)]   # (dtype, full shape?)
+    for _ in range(draw(st.integers(3, 8))):
+        x = draw(st.integers(0, len(types) - 1))
+        kind = draw(st.sampled_from(["unary", "binary", "scalar", "cast"]))
+        dtype, full = types[x]
+        if kind == "unary":
+            recipe.append((draw(st.sampled_from(UNARY)), (x,), {}))
+        elif kind == "scalar":
+            recipe.append((draw(st.sampled_from(["scalar_add", "scalar_mul"])), (x,),
+                           {"scalar": draw(st.floats(-4, 4, width=32))}))
+        elif kind == "cast":
+            dtype = draw(st.sampled_from(sorted(DTYPES)))
+            recipe.append(("cast", (x,), {"dtype": DTYPES[dtype]}))
+        else:
+            op = draw(st.sampled_from(BINARY))
+            same = [k for k, t in enumerate(types)
+                    if t[0] == dtype and (op.startswith("broadcast") or t[1] == full)]
+            y = draw(st.sampled_from(same))
+            recipe.append((op, (x, y), {}))
+            full = full or types[y][1]
+        types.append((dtype, full))
+    return recipe, draw(st.booleans())
+
+
+def _build(recipe, all_outputs: bool, dtype, shape):
+    """The graph of ``recipe`` (see :func:`_recipes`), returning every value or the last one."""
+    g = Graph()
+    vals = [g.add_input("a", shape, dtype), g.add_input("b", shape, dtype),
+            g.add_input("row", shape[-1:], dtype)]
+    for op, args, attrs in recipe:
+        vals.append(g.emit(op, *(vals[k] for k in args), **attrs))
+    g.outputs = vals[3:] if all_outputs else vals[-1:]
+    return g
+
+
+@settings(deadline=None)
+@given(recipe=_recipes(), dtype=st.sampled_from(["f16", "f32"]),
+       shape=st.sampled_from([(3, 5), (1, 7), (4, 1), (2, 3, 4)]), seed=st.integers(0, 3))
+def test_random_elementwise_chains_fuse_bit_exactly(recipe, dtype, shape, seed):
+    rng = np.random.default_rng(seed)
+    arrays = [rng.uniform(-3, 3, s).astype(DTYPES[dtype].np) for s in (shape, shape, shape[-1:])]
+    arrays[0].flat[0] = np.nan
+    want = _compile(_build(*recipe, DTYPES[dtype], shape), fuse=False)[0].run(arrays)
+    fused, fused_ir = _compile(_build(*recipe, DTYPES[dtype], shape), fuse=True)
+    for k, (a, b) in enumerate(zip(fused.run(arrays), want)):
+        _same_bits(a, b, f"output {k} of\n{fused_ir}")
+
+
+def test_dead_member_does_not_add_an_unread_input():
+    """Found by hypothesis: relu(a) -> add(b, .) (dead) and relu(.) (returned)."""
+    recipe = ([("relu", (0,), {}), ("broadcast_add", (1, 3), {}), ("relu", (3,), {})], False)
+    fused, ir = _compile(_build(*recipe, float16, (3, 5)), fuse=True)
+    assert [n.op for n in ir.nodes] == ["fused_elementwise"] and len(ir.nodes[0].inputs) == 1
+    x = np.linspace(-2, 2, 15, dtype=np.float16).reshape(3, 5)
+    _same_bits(fused.run([x, x, x[0]])[0], np.maximum(x, 0), str(ir))
+
+
+# ------------------------------------------------------------------------------ legality
+def _graph(shape=(4, 6), dtype=float32):
+    g = Graph()
+    return g, g.add_input("x", shape, dtype), g.add_input("y", shape, dtype)
+
+
+def test_chain_becomes_one_node_and_reused_values_become_outputs():
+    g, x, y = _graph()
+    a = g.emit("broadcast_add", x, y)
+    r = g.emit("relu", a)
+    e = g.emit("exp", r)
+    g.outputs = [g.emit("broadcast_mul", e, r), a]
+    g = fuse_elementwise(g)
+    g.verify()
+    assert [n.op for n in g.nodes] == ["fused_elementwise"]
+    assert g.nodes[0].attrs["expr"] == "y0 = add(x0, x1); t0 = relu(y0); y1 = mul(exp(t0), t0)"
+    assert g.nodes[0].outputs == [a, g.outputs[0]]
+
+
+def test_reader_before_the_last_member_keeps_the_value_out_of_the_group():
+    g, x, y = _graph()
+    a = g.emit("relu", x)
+    s = g.emit("reduce_sum", a, axis=(0,))               # reads a before b exists
+    b = g.emit("broadcast_add", a, y)
+    g.outputs = [s, b]
+    g = fuse_elementwise(g)
+    assert [n.op for n in g.nodes] == ["relu", "reduce_sum", "broadcast_add"]
+
+
+def test_an_update_between_a_read_and_the_fused_node_stops_fusion():
+    g = Graph()
+    w = g.add_variable("w", (4, 6), float32, data=np.ones((4, 6), np.float32))
+    x = g.add_input("x", (4, 6), float32)
+    skip = g.add_constant(np.zeros(1, np.int64))
+    c = g.emit("cast", w, dtype=float16)
+    g.emit("sgd_update", w, x, skip, lr=0.1)
+    g.outputs = [g.emit("relu", c)]
+    g = fuse_elementwise(g)
+    assert [n.op for n in g.nodes] == ["cast", "sgd_update", "relu"]
+
+
+def test_smaller_producer_joins_only_when_nothing_else_reads_it():
+    g, x, _ = _graph()
+    bias = g.add_input("b", (6,), float32)
+    c = g.emit("scalar_mul", bias, scalar=2.0)
+    g.outputs = [g.emit("relu", g.emit("bias_add", x, c))]
+    fused = fuse_elementwise(g)
+    assert fused.nodes[0].attrs["expr"] == "relu(add(x1, mul(x0, 2.0)))"
+    g, x, _ = _graph()
+    bias = g.add_input("b", (6,), float32)
+    c = g.emit("scalar_mul", bias, scalar=2.0)
+    g.outputs = [g.emit("relu", g.emit("bias_add", x, c)), c]
+    assert [n.op for n in fuse_elementwise(g).nodes] == ["scalar_mul", "fused_elementwise"]
+
+
+def test_broadcasts_beyond_rows_and_columns_stay_unfused():
+    g = Graph()
+    x = g.add_input("x", (2, 3, 4), float32)
+    y = g.add_input("y", (2, 1, 4), float32)
+    g.outputs = [g.emit("relu", g.emit("broadcast_add", x, y))]
+    assert broadcast_kinds((2, 3, 4), [(2, 3, 4), (2, 1, 4)]) is None
+    assert [n.op for n in fuse_elementwise(g).nodes] == ["broadcast_add", "relu"]
+    kinds = broadcast_kinds((2, 3, 4), [(3, 4), (2, 1, 1), ()])
+    assert kinds == ((2, 12), ["row", "col", "scalar"])
+
+
+def test_amp_identities_are_not_fused():
+    g, x, _ = _graph()
+    g.outputs = [g.emit("relu", g.emit("amp_white_identity", g.emit("exp", x)))]
+    assert [n.op for n in fuse_elementwise(g).nodes] == ["exp", "amp_white_identity", "relu"]
+
+
+# ------------------------------------------------------------------------------ expressions
+@pytest.mark.parametrize("expr", ["relu(add(x0, x1))", "mul(x0, -0.5)", "add(x0, inf)",
+                                  "t0 = f32(x0); y0 = f16(mul(t0, t0)); y1 = sigmoid(t0)",
+                                  "sub(x1, nan)"])
+def test_expressions_round_trip(expr):
+    program = parse(expr)
+    assert format_program(program.statements) == expr
+
+
+@pytest.mark.parametrize("expr,match", [("relu(add(x0, z1))", "unknown name"),
+                                        ("softmax(x0)", "unknown function"),
+                                        ("relu(x0, x1)", "relu takes 1 operand"),
+                                        ("x0 +", "bad expr"),
+                                        ("y1 = relu(x0)", "outputs must be y0"),
+                                        ("t0 = relu(x0)", "outputs must be y0")])
+def test_bad_expressions_are_rejected(expr, match):
+    with pytest.raises(ValueError, match=match):
+        parse(expr)
+
+
+def test_mixed_dtypes_in_a_function_are_a_type_error():
+    g = Graph()
+    a, b = g.add_input("a", (3,), float32), g.add_input("b", (3,), float16)
+    with pytest.raises(TypeError, match="add needs operands of one float dtype"):
+        g.emit("fused_elementwise", a, b, expr="add(x0, x1)")
+
+
+# ------------------------------------------------------------------------------ generated files
+def test_generated_source_lives_in_the_cache_folder_and_is_written_once():
+    source, numbers = cpu_fused.fused_source("mul(relu(x0), 0.25)", (float32,), ["full"],
+                                             False, False)
+    assert numbers == [0.25] and "0.25" not in source   # numbers are arguments
+    module = codegen.load_source("fused_cpu", source)
+    path = module.__file__
+    assert os.path.dirname(path) == codegen.generated_dir()
+    assert not path.startswith(os.path.dirname(os.path.dirname(os.path.abspath(mf.__file__))))
+    mtime = os.stat(path).st_mtime_ns
+    codegen._MODULES.clear()
+    assert codegen.load_source("fused_cpu", source).__file__ == path
+    assert os.stat(path).st_mtime_ns == mtime

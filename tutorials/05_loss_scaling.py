@@ -1,0 +1,202 @@
+"""Lesson 5: loss scaling. Why it is needed, static versus dynamic scalers, and the three
+loss-scale policies side by side on one model, with the IR difference between them.
+
+What this lesson shows:
+
+1. Why: float16 has a narrow range. Its smallest subnormal is 2^-24 (about 6e-8): anything below
+   about 3e-8 rounds to 0 (*underflow*), and values below 2^-14 (6.1e-5) keep fewer bits. Real
+   gradients of a trained model are that small. Multiplying the loss (in practice: the initial
+   gradient) by a *scale* S multiplies every gradient by S and lifts them into range; the optimizer
+   stage divides by S again in float32. Too large an S overflows float16 (> 65504 is inf).
+2. Static scaler (``StaticGradScaler(S)``): S never changes. Dynamic scaler (``GradScaler``,
+   PyTorch's rules): a step with non-finite gradients is *skipped* (no update) and S is halved;
+   after ``growth_interval`` finite steps S doubles. Both live in the graph: the scale is a graph
+   variable, the update ops take the non-finite count as ``skip_if``.
+3. The three ``loss_scale_policy`` values (``config.enable_amp(..., loss_scale_policy=...)``) differ
+   in one place only: how the scale meets the initial gradient ``ones_like(loss)``.
+
+   * ``"legacy"`` (OneFlow before PR 9126): the scale is made/cast in the gradient's dtype. Under
+     AMP that dtype is float16 (lesson 4, section 5), so any S >= 65520 becomes inf.
+   * ``"cast_back"`` (OneFlow PR 9126): cast the gradient to float32, multiply, cast back to
+     float16. Exact, but since the initial gradient is 1, the product *is* S: S > 65504 still
+     overflows on the way back.
+   * ``"fp32"`` (miniflow's default): autograd puts ``amp_black_identity`` on the initial gradient,
+     so AMP keeps the whole loss-gradient path float32 (lesson 4, section 4); the first cast to
+     float16 comes after the mean's 1/N, where a white matmul reads the gradient.
+
+   On the digits MLP (batch 64): with a static S = 2^17 "legacy" and "cast_back" skip *every* step
+   and learn nothing, "fp32" trains; with a dynamic scaler from 2^16 the first two never apply a
+   step at a scale above 2^15, while "fp32" grows until real gradients overflow.
+4. The IR of the loss-scale stage under each policy, node by node.
+
+Assumes from lesson 1: nn.Graph, plans; lesson 2: the initial gradient ``ones_like(loss)`` and
+``graph.grads``; lesson 4: AMP colors, casts, ``amp_black_identity``, and that without it the loss
+path is float16.
+
+Run:  python tutorials/05_loss_scaling.py [--quick] [--out DIR]   (about 6 s; writes a figure)
+"""
+import argparse
+import warnings
+from pathlib import Path
+
+import numpy as np
+
+import miniflow as mf
+from miniflow.amp import GradScaler, StaticGradScaler
+from miniflow.data import batches, load_digits
+from miniflow.dtype import FP16_MAX, FP16_MIN_NORMAL, FP16_MIN_SUBNORMAL
+from miniflow.experiments.mlp import EvalGraph, TrainGraph, accuracy, mlp
+from miniflow.passes.loss_scale import LossScaleOverflowWarning
+
+DEFAULT_OUT = Path(__file__).resolve().parent.parent / "tutorial-output" / "05_loss_scaling"
+POLICIES = ("legacy", "cast_back", "fp32")
+
+
+def make_step(policy=None, scaler=None, seed=0, hidden=128):
+    """The digits MLP training step (lesson 1's TrainGraph), optionally with AMP and a scaler."""
+    mf.manual_seed(seed)
+    model = mlp((64, hidden, 10))
+    step = TrainGraph(model, mf.optim.SGD(model.parameters(), lr=0.1, momentum=0.9))
+    if policy is not None:
+        step.config.enable_amp(True, loss_scale_policy=policy)
+    if scaler is not None:
+        step.set_grad_scaler(scaler)
+    return model, step
+
+
+def train(step, scaler, data, epochs):
+    """Run ``epochs`` epochs; per step: the scale it used, whether it was skipped, its loss."""
+    rng = np.random.default_rng(0)
+    scales, skipped, losses = [], [], []
+    # A skipped step has inf/NaN gradients; NumPy's matmul in the CPU kernels would warn about them.
+    with np.errstate(invalid="ignore", over="ignore"), warnings.catch_warnings():
+        warnings.simplefilter("ignore", LossScaleOverflowWarning)
+        for _ in range(epochs):
+            for xb, yb in batches(data.x_train, data.y_train, 64, rng=rng):
+                scales.append(scaler.scale if scaler else 1.0)
+                losses.append(float(step(xb, yb)))
+                skipped.append(bool(scaler and scaler.found_inf))
+    return np.array(scales), np.array(skipped), np.array(losses)
+
+
+def main():
+    p = argparse.ArgumentParser(description="Lesson 5: loss scaling")
+    p.add_argument("--quick", action="store_true", help="3 epochs per run instead of 10")
+    p.add_argument("--out", type=Path, default=DEFAULT_OUT, help="folder for the figure")
+    args = p.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    mf.set_backend("cpu")
+    epochs = 3 if args.quick else 10
+    data = load_digits()
+
+    print("== 1. Why scale: float16 underflow ==")
+    with np.errstate(over="ignore"):
+        tiny, huge = float(np.float16(1e-8)), float(np.float16(1e5))
+    print(f"float16 range: largest {FP16_MAX:g}, smallest normal {FP16_MIN_NORMAL:.3g}, "
+          f"smallest subnormal {FP16_MIN_SUBNORMAL:.3g}; 1e-8 in float16 is {tiny}, "
+          f"1e5 is {huge}")
+    model, step = make_step()
+    train(step, None, data, 3)
+    logits = EvalGraph(model)(data.x_train[:64]).numpy().astype(np.float64)
+    prob = np.exp(logits - logits.max(1, keepdims=True))
+    prob /= prob.sum(1, keepdims=True)
+    grad = prob.copy()
+    grad[np.arange(64), data.y_train[:64]] -= 1
+    grad /= 64                                   # d(mean cross-entropy) / d(logits)
+    g = grad[grad != 0]
+    print(f"gradient of the mean loss w.r.t. the logits (float32 MLP after 3 epochs, batch 64; "
+          f"AMP casts it to float16 before the backward matmuls): {g.size} non-zero values, "
+          f"|g| from {np.abs(g).min():.1e} to {np.abs(g).max():.1e}, "
+          f"median {np.median(np.abs(g)):.1e}")
+    print("scaled gradient cast to float16, by scale: % rounded to 0 | % subnormal (precision "
+          "lost) | % overflowed to inf")
+    for k in (0, 4, 8, 12, 16, 20, 24):
+        with np.errstate(over="ignore"):
+            h = (g * 2.0 ** k).astype(np.float16)
+        zero = 100 * np.mean(h == 0)
+        sub = 100 * np.mean((h != 0) & (np.abs(h) < FP16_MIN_NORMAL))
+        inf = 100 * np.mean(np.isinf(h))
+        print(f"float16 cast of gradient x 2^{k:<2d}: {zero:5.1f}% zero | {sub:5.1f}% subnormal | "
+              f"{inf:5.1f}% inf")
+
+    print("\n== 2 and 3. Static and dynamic scalers, three policies, one model ==")
+    print(f"each run: the digits MLP (64-128-10, batch 64, SGD momentum 0.9, seed 0), AMP on, "
+          f"{epochs} epochs = {epochs * 23} steps")
+    runs = {}
+    for policy in POLICIES:
+        for kind in ("static", "dynamic"):
+            scaler = (StaticGradScaler(2.0 ** 17, max_consecutive_skips=10 ** 6) if kind == "static"
+                      else GradScaler(init_scale=2.0 ** 16, growth_interval=10))
+            model, step = make_step(policy, scaler)
+            scales, skipped, losses = train(step, scaler, data, epochs)
+            acc = accuracy(EvalGraph(model), data.x_test, data.y_test)
+            applied = scales[~skipped]
+            top = f"2^{np.log2(applied.max()):.0f}" if applied.size else "none"
+            runs[policy, kind] = (scales, skipped, losses)
+            what = "static 2^17" if kind == "static" else "dynamic from 2^16, growth every 10"
+            print(f"policy {policy:<9} | {what:<34}: skipped {skipped.sum():3d}/{len(skipped)} "
+                  f"steps, largest scale of an applied step {top:>5}, final scale "
+                  f"2^{np.log2(scaler.scale):.0f}, test accuracy {100 * acc:5.1f}%")
+    print("reading: with a static 2^17, 'legacy' and 'cast_back' overflow the float16 initial "
+          "gradient at every step, so every update is skipped and the model stays at its random "
+          "start; 'fp32' multiplies in float32 and trains")
+    print("reading: with a dynamic scaler, 'legacy' and 'cast_back' skip a step every time the "
+          "scale grows to 2^16, so they can never use more than 2^15; 'fp32' grows until real "
+          "gradients overflow")
+
+    print("\n== 4. The IR difference: the loss-scale stage under each policy ==")
+    x, y = data.x_train[:64], data.y_train[:64]
+    for policy in POLICIES:
+        _, step = make_step(policy, GradScaler(init_scale=2.0 ** 16), hidden=16)
+        with warnings.catch_warnings(record=True) as caught, np.errstate(invalid="ignore"):
+            warnings.simplefilter("always", LossScaleOverflowWarning)
+            step(x, y)
+        caught = [w for w in caught if issubclass(w.category, LossScaleOverflowWarning)]
+        ir = step.ir
+        nodes = ir.nodes
+        start = next(i for i, n in enumerate(nodes) if n.op == "ones_like")
+        end = next(i for i, n in enumerate(nodes) if i > start and n.op == "matmul")
+        print(f"policy {policy!r}: initial gradient %{ir.initial_grad.name} is "
+              f"{ir.initial_grad.dtype.short}, scaled initial gradient "
+              f"%{ir.scaled_initial_grad.name} is {ir.scaled_initial_grad.dtype.short}; IR from "
+              f"ones_like to the first backward matmul:")
+        for n in nodes[start:end + 1]:
+            mark = "scale" if ir.variables.get("loss_scale") in n.inputs else "     "
+            print(f"    {mark} {n.format()}")
+        for w in caught:
+            print(f"policy {policy!r} compile-time warning: {w.category.__name__}: {w.message}")
+        if not caught:
+            print(f"policy {policy!r} compile-time warning: none")
+    print("the rest of the stage is the same for every policy (from the 'fp32' IR): unscale in "
+          "float32, count non-finite values, update the scale, skip_if on every update:")
+    last_matmul = max(i for i, n in enumerate(nodes) if n.op == "matmul")
+    for n in nodes[last_matmul + 1:]:
+        print(f"    {n.format()}")
+
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
+    for policy, style in zip(POLICIES, ("-", "--", "-")):
+        scales, skipped, _ = runs[policy, "dynamic"]
+        steps = np.arange(len(scales))
+        line, = ax1.plot(steps, np.log2(scales), style, label=policy)
+        ax1.plot(steps[skipped], np.log2(scales[skipped]), "x", color=line.get_color())
+        ax2.plot(runs[policy, "static"][2], style, label=policy)
+    ax1.axhline(np.log2(FP16_MAX), color="0.5", lw=0.8)
+    ax1.set_title("dynamic scaler from 2^16 (x = skipped step; gray: float16 max)")
+    ax1.set_xlabel("step")
+    ax1.set_ylabel("log2(loss scale)")
+    ax1.legend()
+    ax2.set_title("static scale 2^17: training loss")
+    ax2.set_xlabel("step")
+    ax2.set_ylabel("mean cross-entropy")
+    ax2.legend()
+    fig.tight_layout()
+    path = args.out / "05_loss_scale_policies.png"
+    fig.savefig(path, dpi=100)
+    print(f"figure (scale per step, dynamic; loss per step, static) written to: {path}")
+
+
+if __name__ == "__main__":
+    main()
