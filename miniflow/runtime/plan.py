@@ -8,6 +8,8 @@ interpreter"; STYLE.md pattern 6).
 """
 from __future__ import annotations
 
+import numpy as np
+
 from ..ir import Graph
 from .notice import compile_notice
 
@@ -107,11 +109,16 @@ class Plan:
         return [to_numpy(b) for b in self.output_buffers]
 
     def _execute(self) -> None:
-        """Run every step: the hot loop (no index kept; a failure finds its step afterwards)."""
+        """Run every step: the hot loop (no index kept; a failure finds its step afterwards).
+
+        Floating-point warnings are off for the loop: the NumPy-backed steps (BLAS matmul) follow
+        the Numba kernels' IEEE semantics, where inf and NaN are values (the loss scaler counts
+        them), not warnings printed on every overflowing step."""
         fn = args = None
         try:
-            for fn, args in self.steps:
-                fn(*args)
+            with np.errstate(all="ignore"):
+                for fn, args in self.steps:
+                    fn(*args)
         except Exception as e:  # name the failing node, keep the exception type where we can
             k = next(k for k, (f, a) in enumerate(self.steps) if f is fn and a is args)
             i = self._owners[k]
