@@ -78,7 +78,5 @@ KERNELS = {
     "ones_like": build_ones_like,
     "constant": build_constant,
     "fused_elementwise": cpu_fused.build_fused_elementwise,
-    **dict.fromkeys(("amp_white_identity", "amp_black_identity"),
-                    cpu_elementwise.BUILDERS["identity"]),
 }
 """Op type -> builder ``(node, ins, outs) -> [(fn, args), ...]`` for the CPU backend."""

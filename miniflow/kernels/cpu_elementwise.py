@@ -14,7 +14,7 @@ import functools
 
 import numpy as np
 
-from . import scalar
+from . import elementwise_table, scalar
 from .cpu_common import flat, jit, jitable, loop_for, use_parallel
 from .fp16 import load, store, to_compute
 
@@ -231,22 +231,7 @@ def build_cast(node, ins, outs):
 
 
 BUILDERS = {
-    "negative": _unary(scalar.neg),
-    "exp": _unary(scalar.exp),
-    "log": _unary(scalar.log),
-    "relu": _unary(scalar.relu),
-    "tanh": _unary(scalar.tanh),
-    "sigmoid": _unary(scalar.sigmoid),
-    "identity": _unary(scalar.identity),
-    "scalar_add": _with_scalar(scalar.add),
-    "scalar_mul": _with_scalar(scalar.mul),
-    "broadcast_add": _binary(scalar.add),
-    "broadcast_sub": _binary(scalar.sub),
-    "broadcast_mul": _binary(scalar.mul),
-    "broadcast_div": _binary(scalar.div),
-    "relu_grad": _binary(scalar.relu_grad),
-    "tanh_grad": _binary(scalar.tanh_grad),
-    "sigmoid_grad": _binary(scalar.sigmoid_grad),
+    **elementwise_table.builders(_unary, _with_scalar, _binary),
     "bias_add": build_bias_add,
     "add_n": build_add_n,
     "cast": build_cast,

@@ -1,4 +1,4 @@
-"""CPU kernels of the loss-scale stage: scalar_mul_by_tensor, reciprocal, multi_count_not_finite,
+"""CPU kernels of the loss-scale stage: scalar_mul_by_tensor, multi_count_not_finite,
 dynamic_loss_scale_schedule (semantics in ``miniflow.ops.loss_scale``)."""
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import numpy as np
 
 from . import scalar
 from .cpu_common import flat, jit
-from .cpu_elementwise import map_steps, zip_steps
+from .cpu_elementwise import zip_steps
 from .fp16 import load
 
 __all__ = ["count_not_finite_kernel", "schedule_kernel", "BUILDERS"]
@@ -53,11 +53,6 @@ def build_scalar_mul_by_tensor(node, ins, outs):
     return zip_steps(scalar.mul, x, s, outs[0], y_shape=(1,) * x.ndim)
 
 
-def build_reciprocal(node, ins, outs):
-    """``out[i] = 1 / x[i]``."""
-    return map_steps(scalar.reciprocal, ins[0], outs[0])
-
-
 def build_multi_count_not_finite(node, ins, outs):
     """One call of :func:`count_not_finite_kernel` over all inputs."""
     return [(count_not_finite_kernel, (tuple(flat(g) for g in ins), outs[0], outs[1]))]
@@ -72,7 +67,6 @@ def build_dynamic_loss_scale_schedule(node, ins, outs):
 
 BUILDERS = {
     "scalar_mul_by_tensor": build_scalar_mul_by_tensor,
-    "reciprocal": build_reciprocal,
     "multi_count_not_finite": build_multi_count_not_finite,
     "dynamic_loss_scale_schedule": build_dynamic_loss_scale_schedule,
 }

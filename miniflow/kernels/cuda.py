@@ -85,7 +85,5 @@ KERNELS = {
     **cuda_loss_scale.BUILDERS,
     "matmul": build_matmul,
     "fused_elementwise": cuda_fused.build_fused_elementwise,
-    **dict.fromkeys(("amp_white_identity", "amp_black_identity"),
-                    cuda_elementwise.BUILDERS["identity"]),
 }
 """Op type -> builder ``(node, ins, outs) -> [(fn, args), ...]`` for the CUDA backend."""

@@ -1,4 +1,4 @@
-"""CUDA kernels of the loss-scale stage: scalar_mul_by_tensor, reciprocal, multi_count_not_finite,
+"""CUDA kernels of the loss-scale stage: scalar_mul_by_tensor, multi_count_not_finite,
 dynamic_loss_scale_schedule (semantics in ``miniflow.ops.loss_scale``, CPU twins in
 ``cpu_loss_scale``).
 
@@ -15,7 +15,7 @@ from numba import cuda, types
 
 from . import scalar
 from .cuda_common import block_sum, compute_type, flat, jit, math
-from .cuda_elementwise import map_steps, short, zip_steps
+from .cuda_elementwise import short, zip_steps
 from .cuda_launch import current, flat_steps, row_steps
 
 __all__ = ["count_not_finite_kernel", "sum_counts_kernel", "schedule_kernel", "BUILDERS"]
@@ -87,11 +87,6 @@ def build_scalar_mul_by_tensor(node, ins, outs):
     return zip_steps(scalar.mul, x, s, outs[0], y_shape=(1,) * len(x.shape))
 
 
-def build_reciprocal(node, ins, outs):
-    """``out[i] = 1 / x[i]``."""
-    return map_steps(scalar.reciprocal, ins[0], outs[0])
-
-
 def build_multi_count_not_finite(node, ins, outs):
     """``counts, total = multi_count_not_finite(g0, g1, ...)``: a row kernel, a summing kernel."""
     counts, total = outs
@@ -111,7 +106,6 @@ def build_dynamic_loss_scale_schedule(node, ins, outs):
 
 BUILDERS = {
     "scalar_mul_by_tensor": build_scalar_mul_by_tensor,
-    "reciprocal": build_reciprocal,
     "multi_count_not_finite": build_multi_count_not_finite,
     "dynamic_loss_scale_schedule": build_dynamic_loss_scale_schedule,
 }
