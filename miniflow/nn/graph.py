@@ -199,12 +199,12 @@ class Graph:
             self._plans.move_to_end(key)
         scaler = self._grad_scaler
         scale_before = scaler.scale if scaler is not None else None
-        outs = plan.run(arrays)
+        outs = plan.run(arrays, to_host=False)
         counts = plan.graph.nonfinite_counts
         if scaler is not None and counts is not None:
             counts = get_backend().to_numpy(plan.buffers[id(counts)])
             scaler._record_step(counts, scale_before, plan.graph.nonfinite_names)
-        result = tuple(Tensor(get_backend().from_numpy(o)) for o in outs)
+        result = tuple(Tensor(o) for o in outs)
         return result[0] if self._single_output else result
 
     @staticmethod

@@ -1,9 +1,10 @@
 """Backend selection and the backend protocol.
 
-A backend provides ``kernels`` (op type -> kernel builder, see ``miniflow.kernels.cpu``), four
+A backend provides ``kernels`` (op type -> kernel builder, see ``miniflow.kernels.cpu``), five
 memory functions: ``empty(shape, np_dtype)``, ``from_numpy(array)`` (a copy in backend memory),
-``to_numpy(array)`` (a host copy) and ``copy_in(dst, src)`` (host array into a backend buffer), and
-``owns(array)``: whether an array lives in this backend's memory (plans check their variables).
+``to_numpy(array)`` (a host copy), ``clone(array)`` (a copy in backend memory) and
+``copy_in(dst, src)`` (host array into a backend buffer), and ``owns(array)``: whether an array
+lives in this backend's memory (plans check their variables).
 
 Backends: ``cpu`` (NumPy arrays, Numba CPU kernels) and ``cuda`` (numba-cuda device arrays and
 kernels; needs the ``cuda`` extra, ``pip install "miniflow[cuda]"``, and an NVIDIA GPU).
@@ -46,6 +47,10 @@ class Backend:
     def to_numpy(self, array) -> np.ndarray:
         raise NotImplementedError
 
+    def clone(self, array):
+        """A copy of a backend array in backend memory (no host round trip)."""
+        raise NotImplementedError
+
     def copy_in(self, dst, src: np.ndarray) -> None:
         raise NotImplementedError
 
@@ -70,6 +75,9 @@ class CpuBackend(Backend):
         return np.array(array, copy=True, order="C")
 
     def to_numpy(self, array):
+        return np.array(array, copy=True)
+
+    def clone(self, array):
         return np.array(array, copy=True)
 
     def copy_in(self, dst, src):
@@ -156,6 +164,11 @@ class CudaBackend(Backend):
         if isinstance(array, np.ndarray):
             return np.array(array, copy=True)
         return array.copy_to_host()
+
+    def clone(self, array):
+        out = self._cuda.device_array_like(array)
+        out.copy_to_device(array)  # device to device
+        return out
 
     def copy_in(self, dst, src):
         """Copy host ``src`` into device buffer ``dst`` (same shape and dtype, as the CPU's

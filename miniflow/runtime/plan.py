@@ -90,8 +90,9 @@ class Plan:
         self.buffers = buffers
         self._ran = False
 
-    def run(self, arrays) -> list:
-        """Copy ``arrays`` into the input buffers, run every step, return host copies of the outputs.
+    def run(self, arrays, to_host: bool = True) -> list:
+        """Copy ``arrays`` into the input buffers, run every step, return copies of the outputs:
+        NumPy arrays (``to_host``), or backend arrays (device memory on cuda: no host round trip).
 
         Raises:
             the kernel's exception type, with a message naming the node that failed.
@@ -105,8 +106,8 @@ class Plan:
             with compile_notice():
                 self._execute()
             self._ran = True
-        to_numpy = self.backend.to_numpy
-        return [to_numpy(b) for b in self.output_buffers]
+        copy = self.backend.to_numpy if to_host else self.backend.clone
+        return [copy(b) for b in self.output_buffers]
 
     def _execute(self) -> None:
         """Run every step: the hot loop (no index kept; a failure finds its step afterwards).
