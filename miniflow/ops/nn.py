@@ -101,7 +101,19 @@ def _sce_samples():
     return float_samples(make)
 
 
+def _diagnose_labels(node, arrays):
+    """Name the first label outside [0, C) (``label`` is input 1 of both ops)."""
+    label, classes = arrays[1], node.inputs[0 if node.op.endswith("entropy") else 2].shape[1]
+    bad = np.flatnonzero((label < 0) | (label >= classes))
+    if not bad.size:
+        return None
+    i = int(bad[0])
+    return (f"labels must be class indices in [0, {classes}): label[{i}] = {int(label[i])} "
+            f"({bad.size} of {label.size} out of range)")
+
+
 register("sparse_softmax_cross_entropy", _sce_infer, grad=_sce_grad, samples=_sce_samples,
+         diagnose=_diagnose_labels,
          doc="prob = softmax(prediction), out[n] = -log(prob[n, label[n]])")
 
 
@@ -126,4 +138,5 @@ def _sce_grad_samples():
 
 
 register("sparse_softmax_cross_entropy_grad", _sce_grad_infer, samples=_sce_grad_samples,
+         diagnose=_diagnose_labels,
          doc="dx[n, c] = dy[n] * (prob[n, c] - (c == label[n]))")

@@ -41,6 +41,9 @@ class OpDef:
             elementwise: ``out[i] = fn(in0[i], in1[i], ...)`` with the inputs broadcast to the
             output (NumPy rules), followed by ``attrs["scalar"]`` when the op has that attribute.
             The fusion pass (``passes/fuse_elementwise``) merges chains of such ops.
+        diagnose: ``(node, host input arrays) -> str | None``: when the op's kernel raised, a
+            sentence about the offending values (e.g. which label is out of range) that the
+            executor appends to the error.
     """
 
     name: str
@@ -51,6 +54,7 @@ class OpDef:
     writes: tuple = ()
     samples: Callable | None = None
     elementwise: str | None = None
+    diagnose: Callable | None = None
     doc: str = field(default="", repr=False)
 
     def infer(self, inputs, attrs):

@@ -11,6 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..ir import Graph
+from ..ops import get_op
 from .notice import compile_notice
 
 __all__ = ["Plan", "build_steps", "check_owned"]
@@ -123,7 +124,13 @@ class Plan:
         except Exception as e:  # name the failing node, keep the exception type where we can
             k = next(k for k, (f, a) in enumerate(self.steps) if f is fn and a is args)
             i = self._owners[k]
-            msg = f"while running node {i} `{self.graph.nodes[i].format()}`: {e}"
+            node = self.graph.nodes[i]
+            msg = f"while running node {i} `{node.format()}`: {e}"
+            diagnose = get_op(node.op).diagnose
+            if diagnose is not None:
+                detail = diagnose(node, [self.backend.to_numpy(self.buffers[id(v)])
+                                         for v in node.inputs])
+                msg += f"; {detail}" if detail else ""
             cls = type(e) if isinstance(e, (ValueError, TypeError, IndexError)) else RuntimeError
             raise cls(msg) from e
 
