@@ -293,3 +293,73 @@ def test_graph_api_misuse_gets_clear_errors():
         nn.Linear(4.5, 3)
     with pytest.raises(TypeError, match="axis must be"):
         mf.tensor([1.0, 2.0]).sum(0.5)
+
+
+# ------------------------------------------------------------------------------ second new-user pass
+def test_replacing_a_submodule_or_parameter_recompiles():
+    class Wrap(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.Linear(3, 2)
+
+        def forward(self, x):
+            return self.fc(x)
+
+    w = Wrap()
+    f = Fn(lambda self, x: self.model(x), model=w)
+    x = np.ones((1, 3), np.float32)
+    a = f(x).numpy()
+    w.fc = nn.Linear(3, 2)
+    np.testing.assert_array_equal(f(x).numpy(), w(mf.tensor(x)).numpy())
+    assert f.compile_count == 2 and not np.array_equal(a, f(x).numpy())
+    w.fc.weight = nn.Parameter(np.zeros((2, 3), np.float32))
+    np.testing.assert_array_equal(f(x).numpy(), w.fc.bias.numpy()[None])
+
+
+def test_param_group_update_is_checked_and_recompiles_and_removal_is_refused():
+    mf.manual_seed(0)
+    model = mlp((4, 8, 3))
+    opt = mf.optim.Adam(model.parameters(), lr=0.1)
+    g = _step_graph(model, opt)
+    g(*_xy())
+    opt.param_groups[0].update(lr=0.01, betas=(0.8, 0.9))
+    g(*_xy())
+    assert g.compile_count == 2 and "lr=0.01, beta1=0.8, beta2=0.9" in str(g.ir)
+    with pytest.raises(ValueError, match="lr must be finite"):
+        opt.param_groups[0].update(lr=-5.0)
+    with pytest.raises(TypeError, match="cannot be removed"):
+        opt.param_groups[0].pop("lr")
+    sd = opt.state_dict()
+    assert sd["param_groups"][0]["betas"] == (0.8, 0.9)  # PyTorch's layout
+    opt.load_state_dict(sd)
+
+
+def test_loaded_scaler_settings_reach_the_compiled_graph():
+    mf.manual_seed(0)
+    model = mlp((4, 8, 3))
+    scaler = mf.amp.GradScaler(init_scale=8.0, growth_interval=1000)
+    g = _step_graph(model, mf.optim.SGD(model.parameters(), lr=0.1), scaler)
+    g(*_xy())
+    sd = dict(scaler.state_dict(), growth_interval=1, _growth_tracker=0)
+    scaler.load_state_dict(sd)
+    g(*_xy())
+    assert scaler.scale == 16.0
+    scaler.growth_interval = 2
+    g(*_xy())
+    g(*_xy())
+    assert scaler.scale == 32.0 and "growth_interval=2" in str(g.ir)
+    with pytest.raises(KeyError, match="unexpected keys"):
+        mf.amp.StaticGradScaler(4.0).load_state_dict(scaler.state_dict())
+    g.set_grad_scaler(None)
+    g(*_xy())
+    assert "multi_count_not_finite" not in g.ir.count_ops()
+
+
+def test_more_misuse_gets_clear_errors():
+    g = Fn(lambda self, x: self.model(x), model=nn.Linear(4, 2))
+    with pytest.raises(RuntimeError, match="nothing is compiled yet"):
+        g.ir.to_dot("/tmp/never.dot")
+    with pytest.raises(TypeError, match="graph input 0: .*a str"):
+        g("abc")
+    with pytest.raises(TypeError, match="print_ir must be True or False"):
+        g.config.debug("no")

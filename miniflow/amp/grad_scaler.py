@@ -45,10 +45,25 @@ def _check_count(name: str, value) -> int:
     return int(value)
 
 
+_COMPILED_SETTINGS = frozenset({"growth_factor", "backoff_factor", "growth_interval", "min_scale",
+                                "skip_nonfinite"})
+"""Attributes that become part of a compiled graph: setting one bumps ``version``."""
+
+
 class _Scaler:
-    """State and bookkeeping shared by the static and the dynamic scaler."""
+    """State and bookkeeping shared by the static and the dynamic scaler.
+
+    ``version`` counts changes that compiled graphs depend on (schedule settings, ``skip_nonfinite``,
+    a loaded state: a static scale is a constant in the graph); nn.Graph recompiles when it moves.
+    """
 
     dynamic = False
+    version = 0
+
+    def __setattr__(self, name, value):
+        if name in _COMPILED_SETTINGS:
+            object.__setattr__(self, "version", self.version + 1)
+        object.__setattr__(self, name, value)
 
     def __init__(self, scale: float, max_consecutive_skips: int, skip_nonfinite: bool = True):
         backend = get_backend()
@@ -126,6 +141,7 @@ class _Scaler:
         _check_count("max_consecutive_skips", state["max_consecutive_skips"])
 
     def _apply_state(self, state: dict) -> None:
+        self.version += 1  # a static scale is compiled into the graph as a constant
         backend = get_backend()
         backend.copy_in(self._scale, np.array([state["scale"]], np.float32))
         backend.copy_in(self._growth_tracker, np.array([int(state["_growth_tracker"])], np.int64))
@@ -237,6 +253,13 @@ class StaticGradScaler(_Scaler):
 
     def _at_floor(self, scale_before: float) -> bool:
         return self.skip_nonfinite
+
+    def _check_state(self, state: dict) -> None:
+        extra = sorted(set(state) - set(self.state_dict()))
+        if extra:
+            raise KeyError(f"StaticGradScaler.load_state_dict: unexpected keys {extra} (a "
+                           "GradScaler's state? load it into a GradScaler)")
+        super()._check_state(state)
 
     def __repr__(self) -> str:
         return f"StaticGradScaler(scale={self.scale:g}, skip_nonfinite={self.skip_nonfinite})"

@@ -26,7 +26,7 @@ from ..runtime.backend import get_backend
 from ..runtime.plan import Plan
 from ..tensor import Tensor, tensor
 from ..trace import Tracer, current_tracer
-from .module import Module
+from .module import Module, replaced_count
 
 __all__ = ["Graph", "GraphConfig"]
 
@@ -50,8 +50,14 @@ class GraphConfig:
 
     def debug(self, print_ir: bool = True) -> None:
         """Print the IR after every pass when a plan is next compiled (a new input signature, or
-        a changed configuration); it does not recompile existing plans by itself."""
-        self.print_ir = bool(print_ir)
+        a changed configuration); it does not recompile existing plans by itself.
+
+        Raises:
+            TypeError: ``print_ir`` is not a bool.
+        """
+        if not isinstance(print_ir, bool):
+            raise TypeError(f"debug: print_ir must be True or False, got {print_ir!r}")
+        self.print_ir = print_ir
 
     def enable_amp(self, enabled: bool = True, dtype=float16, *, lists: AmpLists | None = None,
                    white_add=(), black_add=(), gray_add=(), clear_add=(), white_remove=(),
@@ -110,7 +116,7 @@ class Graph:
         self.config = GraphConfig()
         self._optimizers: list = []
         self._plans: "OrderedDict[tuple, Plan]" = OrderedDict()
-        self.ir: IRGraph | None = None
+        self._ir: IRGraph | None = None
         self.compile_count = 0
         self._amp_result = None
         self._grad_scaler = None
@@ -145,12 +151,12 @@ class Graph:
 
     def set_grad_scaler(self, scaler) -> None:
         """Scale the loss with ``scaler`` (``miniflow.amp.GradScaler`` or ``StaticGradScaler``),
-        with or without AMP. Set it before the first call.
+        with or without AMP; ``None`` removes it. The graph recompiles at its next call.
 
         Raises:
-            TypeError: not a miniflow grad scaler.
+            TypeError: not a miniflow grad scaler (nor None).
         """
-        if not isinstance(scaler, (GradScaler, StaticGradScaler)):
+        if scaler is not None and not isinstance(scaler, (GradScaler, StaticGradScaler)):
             raise TypeError(f"set_grad_scaler: expected miniflow.amp.GradScaler or "
                             f"StaticGradScaler, got {type(scaler).__name__}")
         self._grad_scaler = scaler
@@ -183,7 +189,10 @@ class Graph:
         if "_plans" not in self.__dict__:
             raise RuntimeError(f"{type(self).__name__}.__init__ must call super().__init__() "
                                "before anything else")
-        stamp = (self._version, self.config.version, *(o.version for o in self._optimizers))
+        scaler = self._grad_scaler
+        stamp = (self._version, self.config.version, replaced_count(),
+                 scaler.version if scaler is not None else -1,
+                 *(o.version for o in self._optimizers))
         if stamp != self._stamp:  # configuration, modules or hyper-parameters changed
             self._plans.clear()
             self._stamp = stamp
@@ -197,7 +206,6 @@ class Graph:
                 self._plans.popitem(last=False)
         else:
             self._plans.move_to_end(key)
-        scaler = self._grad_scaler
         scale_before = scaler.scale if scaler is not None else None
         outs = plan.run(arrays, to_host=False)
         counts = plan.graph.nonfinite_counts
@@ -211,8 +219,11 @@ class Graph:
     def _as_array(i: int, x) -> np.ndarray:
         if isinstance(x, Tensor):
             x = x.numpy()
-        if not isinstance(x, np.ndarray):  # lists and scalars: float32 / int64, as miniflow.tensor
-            x = tensor(x).numpy()
+        try:
+            if not isinstance(x, np.ndarray):  # lists, scalars: float32 / int64, as miniflow.tensor
+                x = tensor(x).numpy()
+        except (TypeError, ValueError) as e:
+            raise TypeError(f"graph input {i}: {e} (a {type(x).__name__})") from None
         arr = np.ascontiguousarray(x)
         try:
             as_dtype(arr.dtype)
@@ -239,7 +250,7 @@ class Graph:
             raise RuntimeError("this graph has an optimizer but build never called loss.backward()")
         ctx = self._compile_context(param_names)
         graph = run_passes(graph, ctx)
-        self.ir = graph
+        self._ir = graph
         self._amp_result = ctx.amp_result
         self.compile_count += 1
         return Plan(graph, get_backend())
@@ -289,7 +300,19 @@ class Graph:
         if self._amp_result is None:
             raise RuntimeError(f"{type(self).__name__}.amp_report(): no AMP decisions yet; enable "
                                "AMP (self.config.enable_amp()) and call the graph once")
-        return build_amp_report(self._amp_result, self.ir)
+        return build_amp_report(self._amp_result, self._ir)
+
+    @property
+    def ir(self) -> IRGraph:
+        """The IR of the most recently compiled plan (``print(g.ir)``, ``g.ir.to_dot(path)``).
+
+        Raises:
+            RuntimeError: the graph has not been called yet, so nothing is compiled.
+        """
+        if self._ir is None:
+            raise RuntimeError(f"{type(self).__name__}.ir: nothing is compiled yet; call the graph "
+                               "once with example inputs (the first call traces and compiles)")
+        return self._ir
 
     @property
     def plans(self) -> "OrderedDict[tuple, Plan]":

@@ -14,7 +14,7 @@ from ..dtype import as_dtype
 from ..runtime.backend import get_backend
 from ..tensor import Tensor
 
-__all__ = ["Module", "Parameter"]
+__all__ = ["Module", "Parameter", "replaced_count"]
 
 
 class Parameter(Tensor):
@@ -27,6 +27,15 @@ class Parameter(Tensor):
         self.requires_grad = True
 
 
+_REPLACED = [0]
+
+
+def replaced_count() -> int:
+    """How many times a registered Parameter or sub-Module of any Module was replaced or removed
+    (nn.Graph compares it between calls and recompiles when it changed)."""
+    return _REPLACED[0]
+
+
 class Module:
     """Base class of layers and models: override ``forward``; call the module to run it."""
 
@@ -37,6 +46,8 @@ class Module:
     def __setattr__(self, name, value):
         if "_parameters" not in self.__dict__:
             raise AttributeError("call super().__init__() before assigning attributes of a Module")
+        if name in self._parameters or name in self._modules:
+            _REPLACED[0] += 1  # compiled graphs may hold the old one: they recompile
         self._parameters.pop(name, None)
         self._modules.pop(name, None)
         if isinstance(value, Parameter):
@@ -44,6 +55,13 @@ class Module:
         elif isinstance(value, Module):
             self._modules[name] = value
         object.__setattr__(self, name, value)
+
+    def __delattr__(self, name):
+        if name in self._parameters or name in self._modules:
+            _REPLACED[0] += 1
+            self._parameters.pop(name, None)
+            self._modules.pop(name, None)
+        object.__delattr__(self, name)
 
     def forward(self, *args, **kwargs):
         raise NotImplementedError(f"{type(self).__name__} must implement forward()")

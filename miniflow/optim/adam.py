@@ -23,17 +23,20 @@ class Adam(Optimizer):
 
     def __init__(self, params, lr: float = 1e-3, betas=(0.9, 0.999), eps: float = 1e-8,
                  weight_decay: float = 0.0):
-        try:
-            b1, b2 = betas
-        except (TypeError, ValueError):
-            raise TypeError(f"Adam: betas must be a pair (beta1, beta2), got {betas!r}") from None
-        super().__init__(params, dict(lr=lr, beta1=b1, beta2=b2, eps=eps,
-                                      weight_decay=weight_decay))
+        super().__init__(params, dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay))
 
     def check_hyper(self, hyper: dict) -> dict:
+        missing = sorted({"lr", "betas", "eps", "weight_decay"} - set(hyper))
+        if missing:
+            raise KeyError(f"Adam: missing hyper-parameters {missing}")
+        try:
+            b1, b2 = hyper["betas"]
+        except (TypeError, ValueError):
+            raise TypeError(f"Adam: betas must be a pair (beta1, beta2), got "
+                            f"{hyper['betas']!r}") from None
         return {"lr": check_real("Adam", "lr", hyper["lr"], low_inclusive=False),
-                "beta1": check_real("Adam", "beta1", hyper["beta1"], high=1.0),
-                "beta2": check_real("Adam", "beta2", hyper["beta2"], high=1.0),
+                "betas": (check_real("Adam", "beta1", b1, high=1.0),
+                          check_real("Adam", "beta2", b2, high=1.0)),
                 "eps": check_real("Adam", "eps", hyper["eps"]),
                 "weight_decay": check_real("Adam", "weight_decay", hyper["weight_decay"])}
 
@@ -44,4 +47,7 @@ class Adam(Optimizer):
 
     def emit_update(self, graph, index, name, param, grad, skip_if) -> None:
         m, v, step = self._state_values(graph, name, index)
-        graph.emit("adam_update", param, grad, skip_if, m, v, step, **self.hyper)
+        h = self.hyper
+        graph.emit("adam_update", param, grad, skip_if, m, v, step, lr=h["lr"],
+                   beta1=h["betas"][0], beta2=h["betas"][1], eps=h["eps"],
+                   weight_decay=h["weight_decay"])

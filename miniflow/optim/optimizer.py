@@ -62,6 +62,17 @@ class ParamGroup(dict):
         super().__setitem__(key, checked[key])
         self._owner.version += 1
 
+    def update(self, *args, **kwargs):
+        """Set several hyper-parameters, each checked like ``group[key] = value``."""
+        for key, value in dict(*args, **kwargs).items():
+            self[key] = value
+
+    def _no_removal(self, *args, **kwargs):
+        raise TypeError(f"{type(self._owner).__name__}.param_groups: hyper-parameters cannot be "
+                        "removed or added; assign a new value with group[key] = value")
+
+    pop = popitem = clear = setdefault = __delitem__ = _no_removal
+
     def hyper(self) -> dict:
         """The hyper-parameters without ``params``."""
         return {k: v for k, v in self.items() if k != "params"}

@@ -22,6 +22,9 @@ class SGD(Optimizer):
         super().__init__(params, dict(lr=lr, momentum=momentum, weight_decay=weight_decay))
 
     def check_hyper(self, hyper: dict) -> dict:
+        missing = sorted({"lr", "momentum", "weight_decay"} - set(hyper))
+        if missing:
+            raise KeyError(f"SGD: missing hyper-parameters {missing}")
         return {"lr": check_real("SGD", "lr", hyper["lr"], low_inclusive=False),
                 "momentum": check_real("SGD", "momentum", hyper["momentum"]),
                 "weight_decay": check_real("SGD", "weight_decay", hyper["weight_decay"])}
