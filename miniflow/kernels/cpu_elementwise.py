@@ -183,16 +183,6 @@ def zip_steps(fn, x: np.ndarray, y: np.ndarray, out: np.ndarray, x_shape=None, y
 
 
 # ----------------------------------------------------------------------------- builders
-def _unary(fn):
-    """Builder for ``out = fn(x)``."""
-    return lambda node, ins, outs: map_steps(fn, ins[0], outs[0])
-
-
-def _binary(fn):
-    """Builder for ``out = fn(x, y)`` with broadcasting."""
-    return lambda node, ins, outs: zip_steps(fn, ins[0], ins[1], outs[0])
-
-
 def _with_scalar(fn):
     """Builder for ``out = fn(x, attrs["scalar"])``."""
     def build(node, ins, outs):
@@ -231,7 +221,7 @@ def build_cast(node, ins, outs):
 
 
 BUILDERS = {
-    **elementwise_table.builders(_unary, _with_scalar, _binary),
+    **elementwise_table.builders(map_steps, _with_scalar, zip_steps),
     "bias_add": build_bias_add,
     "add_n": build_add_n,
     "cast": build_cast,

@@ -19,7 +19,7 @@ from .fp16 import load, store, to_compute
 
 __all__ = ["reduce_sum_kernel", "reduce_sum_columns_kernel", "softmax_kernel", "softmax_grad_kernel",
            "sparse_xent_kernel",
-           "sparse_xent_grad_kernel", "reduce_plan", "BUILDERS"]
+           "sparse_xent_grad_kernel", "reduce_plan", "reduce_layout", "BUILDERS"]
 
 LABEL_ERROR = "sparse_softmax_cross_entropy: label out of range [0, num_classes)"
 
@@ -211,26 +211,42 @@ def reduce_plan(shape, axes):
     return sizes, reduced
 
 
+def reduce_layout(shape, axes):
+    """How a ``reduce_sum`` over ``axes`` of ``shape`` runs, on any backend.
+
+    Returns ``(gather, (outer, red_n, inner))``: the input viewed as ``[outer, red_n, inner]`` is
+    summed over its middle dim. ``gather`` is None, or ``(sizes, order)`` when the reduced dims are
+    not one block: then x (merged to ``sizes``) is first copied with its dims permuted by ``order``
+    (kept dims first, then reduced ones), which makes them one block.
+    """
+    sizes, reduced = reduce_plan(shape, axes)
+    gather = None
+    if sum(reduced) > 1:
+        order = ([d for d, r in enumerate(reduced) if not r]
+                 + [d for d, r in enumerate(reduced) if r])
+        gather = (sizes, order)
+        kept = len(reduced) - sum(reduced)
+        sizes = [math.prod(sizes[d] for d in order[:kept]),
+                 math.prod(sizes[d] for d in order[kept:])]
+        reduced = [False, True]
+    if True not in reduced:
+        return gather, (math.prod(sizes), 1, 1)
+    j = reduced.index(True)
+    return gather, (math.prod(sizes[:j]), sizes[j], math.prod(sizes[j + 1:]))
+
+
 def build_reduce_sum(node, ins, outs):
     """``out = x.sum(axis=attrs["axis"], keepdims=attrs["keepdims"])``, accumulated in compute type."""
     x, out = ins[0], outs[0]
     if out.size == 0:
         return []
-    sizes, reduced = reduce_plan(x.shape, tuple(node.attrs["axis"]))
+    gather, (outer, red_n, inner) = reduce_layout(x.shape, tuple(node.attrs["axis"]))
     steps, src = [], x
-    if sum(reduced) > 1:                  # several reduced blocks: copy x as (kept..., reduced...)
-        kept = [d for d, r in enumerate(reduced) if not r]
-        red = [d for d, r in enumerate(reduced) if r]
+    if gather is not None:                # copy x as (kept..., reduced...)
+        sizes, order = gather
         src = np.empty(x.size, x.dtype)
-        moved = src.reshape([sizes[d] for d in kept + red])
-        steps.append((np.copyto, (moved, x.reshape(sizes).transpose(kept + red))))
-        sizes = [math.prod(sizes[d] for d in kept), math.prod(sizes[d] for d in red)]
-        reduced = [False, True]
-    if True in reduced:
-        j = reduced.index(True)
-        outer, red_n, inner = math.prod(sizes[:j]), sizes[j], math.prod(sizes[j + 1:])
-    else:
-        outer, red_n, inner = math.prod(sizes), 1, 1
+        moved = src.reshape([sizes[d] for d in order])
+        steps.append((np.copyto, (moved, x.reshape(sizes).transpose(order))))
     parallel = use_parallel(x.size) and outer * inner > 1
     if red_n == 1:                        # nothing to add up: a copy (keeps -0.0, as NumPy's sum)
         return steps + cast_steps(src, out)

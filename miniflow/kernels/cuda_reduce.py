@@ -8,7 +8,7 @@ atomics. Softmax-like kernels subtract the row max before ``exp`` (a NaN anywher
 the max, hence the whole row, NaN, as on the CPU). Sums accumulate in the compute type (float32 for
 f16/f32, float64 for f64).
 
-``reduce_sum`` views its input as ``(outer, red, inner)`` with ``cpu_reduce.reduce_plan`` and runs
+``reduce_sum`` views its input as ``(outer, red, inner)`` with ``cpu_reduce.reduce_layout`` and runs
 one row per output element; when the reduced dims are not one block, the builder first gathers the
 input, kept dims first, into a scratch buffer (as the CPU builder does).
 
@@ -24,7 +24,7 @@ import math as _math
 import numpy as np
 from numba import cuda
 
-from .cpu_reduce import reduce_plan
+from .cpu_reduce import reduce_layout
 from .cuda_common import (block_max, block_sum, compute_type, flat, jit, math, nan_max, scratch,
                           storage_type)
 from .cuda_elementwise import c_strides, fill_steps, gather_steps, short
@@ -172,22 +172,14 @@ def build_reduce_sum(node, ins, outs):
     x, out = ins[0], outs[0]
     if out.size == 0:
         return []
-    sizes, reduced = reduce_plan(x.shape, tuple(node.attrs["axis"]))
+    gather, (outer, red_n, inner) = reduce_layout(x.shape, tuple(node.attrs["axis"]))
     steps, src = [], x
-    if sum(reduced) > 1:        # several reduced blocks: gather x as (kept..., reduced...)
-        kept = [d for d, r in enumerate(reduced) if not r]
-        red = [d for d, r in enumerate(reduced) if r]
+    if gather is not None:      # gather x as (kept..., reduced...)
+        sizes, order = gather
         src = scratch(x, (x.size,), x.dtype)
         xst = c_strides(sizes)
-        steps += gather_steps(x, src, [sizes[d] for d in kept + red], [xst[d] for d in kept + red],
+        steps += gather_steps(x, src, [sizes[d] for d in order], [xst[d] for d in order],
                               "reduce_gather")
-        sizes = [_math.prod(sizes[d] for d in kept), _math.prod(sizes[d] for d in red)]
-        reduced = [False, True]
-    if True in reduced:
-        j = reduced.index(True)
-        outer, red_n, inner = _math.prod(sizes[:j]), sizes[j], _math.prod(sizes[j + 1:])
-    else:
-        outer, red_n, inner = _math.prod(sizes), 1, 1
     kernel = reduce_sum_kernel(*_types(out), current().row_block)
     return steps + row_steps(kernel, outer * inner, (flat(src), flat(out), outer, red_n, inner),
                              f"reduce_sum {short(out.dtype)}")

@@ -1,8 +1,9 @@
 """Which scalar function each elementwise op type runs, in one place for every backend.
 
-A backend supplies three builder factories (``unary(fn)``, ``with_scalar(fn)``, ``binary(fn)``)
-and gets the builders of all elementwise op types from :func:`builders`; adding an elementwise op
-is one scalar function in ``scalar.py``, one op definition and one line here.
+A backend supplies its step makers (``map_steps(fn, x, out)``, ``zip_steps(fn, x, y, out)`` with
+NumPy broadcasting) and a builder factory ``with_scalar(fn)``, and gets the builders of all
+elementwise op types from :func:`builders`; adding an elementwise op is one scalar function in
+``scalar.py``, one op definition and one line here.
 """
 from __future__ import annotations
 
@@ -25,8 +26,14 @@ BINARY = {"broadcast_add": scalar.add, "broadcast_sub": scalar.sub, "broadcast_m
 """``out[idx] = fn(x[idx], y[idx])`` with NumPy broadcasting."""
 
 
-def builders(unary, with_scalar, binary) -> dict:
-    """Op type -> builder for every op in the three tables, made by the backend's factories."""
+def builders(map_steps, with_scalar, zip_steps) -> dict:
+    """Op type -> builder ``(node, ins, outs) -> steps`` for every op in the three tables."""
+    def unary(fn):
+        return lambda node, ins, outs: map_steps(fn, ins[0], outs[0])
+
+    def binary(fn):
+        return lambda node, ins, outs: zip_steps(fn, ins[0], ins[1], outs[0])
+
     return {**{op: unary(fn) for op, fn in UNARY.items()},
             **{op: with_scalar(fn) for op, fn in WITH_SCALAR.items()},
             **{op: binary(fn) for op, fn in BINARY.items()}}
