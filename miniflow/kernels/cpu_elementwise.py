@@ -191,39 +191,6 @@ def _with_scalar(fn):
     return build
 
 
-def build_bias_add(node, ins, outs):
-    """``out = a + b`` with 1-D ``b`` along ``attrs["axis"]``: ``out[i, j, k] = a[i, j, k] + b[j]``."""
-    a, b = ins
-    axis = node.attrs["axis"] % a.ndim
-    b_shape = [1] * a.ndim
-    b_shape[axis] = b.shape[0]
-    return zip_steps(scalar.add, a, b, outs[0], y_shape=tuple(b_shape))
-
-
-def build_add_n(node, ins, outs):
-    """``out = x0 + x1 + ...`` summed in the compute type (float32 scratch for float16)."""
-    out = outs[0]
-    if len(ins) == 1:
-        return cast_steps(ins[0], out)
-    if len(ins) == 2 or out.dtype != np.float16:
-        acc = out
-    else:
-        acc = np.empty(out.shape, np.float32)
-    steps = zip_steps(scalar.add, ins[0], ins[1], acc if len(ins) > 2 else out)
-    for k, x in enumerate(ins[2:], start=3):
-        steps += zip_steps(scalar.add, acc, x, out if k == len(ins) else acc)
-    return steps
-
-
-def build_cast(node, ins, outs):
-    """``out = x.astype(attrs["dtype"])`` (bit-exact with NumPy, incl. fp16 rounding)."""
-    return cast_steps(ins[0], outs[0])
-
-
-BUILDERS = {
-    **elementwise_table.builders(map_steps, _with_scalar, zip_steps),
-    "bias_add": build_bias_add,
-    "add_n": build_add_n,
-    "cast": build_cast,
-}
+BUILDERS = elementwise_table.builders(map_steps, _with_scalar, zip_steps, cast_steps,
+                                      lambda like, shape, dtype: np.empty(shape, dtype))
 """Op type -> builder for the elementwise ops."""

@@ -19,7 +19,7 @@ import functools
 import numpy as np
 from numba import cuda
 
-from . import elementwise_table, scalar
+from . import elementwise_table
 from .cpu_elementwise import broadcast_plan
 from .cuda_common import compute_type, device, flat, jit, scratch, storage_type, strided_offset
 from .cuda_launch import flat_steps
@@ -191,35 +191,6 @@ def _with_scalar(fn):
     return build
 
 
-def build_bias_add(node, ins, outs):
-    """``out = a + b``, 1-D ``b`` along ``attrs["axis"]``: ``out[i, j, k] = a[i, j, k] + b[j]``."""
-    a, b = ins
-    b_shape = [1] * len(a.shape)
-    b_shape[node.attrs["axis"] % len(a.shape)] = b.shape[0]
-    return zip_steps(scalar.add, a, b, outs[0], y_shape=tuple(b_shape))
-
-
-def build_add_n(node, ins, outs):
-    """``out = x0 + x1 + ...``, pairwise zips summed in the compute type (a float32 scratch
-    accumulator for float16 with more than two inputs)."""
-    out = outs[0]
-    if len(ins) == 1:
-        return cast_steps(ins[0], out)
-    if len(ins) == 2 or out.dtype != np.float16:
-        acc = out
-    else:
-        acc = scratch(out, out.shape, np.float32)
-    steps = zip_steps(scalar.add, ins[0], ins[1], acc if len(ins) > 2 else out)
-    for k, x in enumerate(ins[2:], start=3):
-        steps += zip_steps(scalar.add, acc, x, out if k == len(ins) else acc)
-    return steps
-
-
-def build_cast(node, ins, outs):
-    """``out = x.astype(attrs["dtype"])``, bit-exact with NumPy (one rounding, NaN stays NaN)."""
-    return cast_steps(ins[0], outs[0])
-
-
 def build_reshape(node, ins, outs):
     """``out = x.reshape(attrs["shape"])``: a flat copy."""
     return cast_steps(ins[0], outs[0])
@@ -267,10 +238,8 @@ def build_constant(node, ins, outs):
 
 
 BUILDERS = {
-    **elementwise_table.builders(map_steps, _with_scalar, zip_steps),
-    "bias_add": build_bias_add,
-    "add_n": build_add_n,
-    "cast": build_cast,
+    **elementwise_table.builders(map_steps, _with_scalar, zip_steps, cast_steps,
+                                 scratch),
     "reshape": build_reshape,
     "transpose": build_transpose,
     "broadcast_like": build_broadcast_like,
