@@ -155,18 +155,23 @@ class Tensor:
         return apply("negative", [self])
 
     def exp(self):
+        """exp(x) elementwise (op ``exp``)."""
         return apply("exp", [self])
 
     def log(self):
+        """Natural log elementwise (op ``log``); log(0) = -inf, log(x<0) = NaN."""
         return apply("log", [self])
 
     def relu(self):
+        """max(x, 0) elementwise, NaN propagating (op ``relu``)."""
         return apply("relu", [self])
 
     def tanh(self):
+        """tanh(x) elementwise (op ``tanh``)."""
         return apply("tanh", [self])
 
     def sigmoid(self):
+        """1 / (1 + exp(-x)) elementwise (op ``sigmoid``)."""
         return apply("sigmoid", [self])
 
     def sum(self, axis=None, keepdims: bool = False):
@@ -195,6 +200,7 @@ class Tensor:
 
     @property
     def T(self):
+        """The tensor with its axes reversed (op ``transpose``)."""
         return self.transpose()
 
 

@@ -71,9 +71,11 @@ class Module:
 
     # ------------------------------------------------------------------ traversal
     def named_children(self):
+        """Yield ``(attribute name, sub-Module)`` for the direct sub-modules, in assignment order."""
         return iter(self._modules.items())
 
     def children(self):
+        """Yield the direct sub-modules, in assignment order."""
         return iter(self._modules.values())
 
     def named_parameters(self, prefix: str = ""):
