@@ -2,7 +2,18 @@
 
 User code in ``nn.Graph.build`` records ops into an IR; passes (autograd, optimizer, ...) rewrite it;
 Numba kernels execute it. See ``README.md`` and ``tutorials/``.
+
+Numba's ``NUMBA_DISABLE_JIT=1`` is refused here, at import, with one sentence: the kernels' float16
+helpers are LLVM intrinsics and Numba overloads, which exist only in compiled code, and plain Python
+raises where kernels rely on IEEE results (``math.exp`` overflow, ``math.log(0.0)``).
 """
+import numba as _numba
+
+if _numba.config.DISABLE_JIT:
+    raise ImportError("miniflow does not support NUMBA_DISABLE_JIT=1 (its kernels need Numba's "
+                      "compiler: float16 intrinsics and IEEE arithmetic); unset NUMBA_DISABLE_JIT "
+                      "to use miniflow", name=__name__)
+
 from .dtype import DType, float16, float32, float64, int64
 from .random import manual_seed
 from .runtime.backend import get_backend, set_backend

@@ -8,7 +8,11 @@ import sys
 
 
 def _info(args) -> int:
-    """Versions, the backend, the GPU (or why there is none), the float16 path, the kernel cache."""
+    """Versions, the backend, the GPU (or why there is none), the float16 path, the kernel cache.
+
+    Never a traceback: a backend that cannot be used (``MINIFLOW_BACKEND=cuda`` without a GPU, a
+    bad ``MINIFLOW_BACKEND``) is reported on the ``backend:`` line and the exit code is 1.
+    """
     import importlib.metadata
 
     import numba
@@ -16,7 +20,8 @@ def _info(args) -> int:
 
     import miniflow
     from .kernels import fp16
-    from .runtime.backend import BackendUnavailableError, cuda_status
+    from .kernels.cache import CACHE
+    from .runtime.backend import BackendUnavailableError, UnknownBackendError, cuda_status
 
     try:
         numba_cuda = importlib.metadata.version("numba-cuda")
@@ -29,19 +34,24 @@ def _info(args) -> int:
     print(f"GPU: {gpu}" if usable else f"GPU: no GPU ({gpu})")
     try:
         backend = miniflow.get_backend()
-    except BackendUnavailableError as e:
+        print(f"backend: {backend.name}")
+    except (BackendUnavailableError, UnknownBackendError) as e:
+        backend = None
         print(f"backend: unavailable: {e}")
-        return 1
-    print(f"backend: {backend.name}")
     print(f"float16 conversion on the CPU: {fp16.PATH}")
-    print(f"numba cache dir: {numba.config.CACHE_DIR or '(next to the sources)'}")
+    print(f"Numba cache of the kernels: {CACHE.describe()}")
+    if CACHE.enabled and not fp16.JIT_CACHE:
+        print("  (off for the CPU kernels: MINIFLOW_FP16_FALLBACK=1)")
+    if backend is None:
+        print("kernels from the Numba cache: not checked (no usable backend)")
+        return 1
     print(f"kernels from the Numba cache: {_cache_probe(backend)}")
     return 0
 
 
 def _cache_probe(backend) -> str:
     """Run one small kernel (relu, f32) on ``backend`` and say whether it was loaded from Numba's
-    on-disk cache or compiled now."""
+    on-disk cache or compiled now (or why it could not run: ``info`` never raises)."""
     import numpy as np
 
     from .dtype import float32
@@ -50,10 +60,13 @@ def _cache_probe(backend) -> str:
 
     node = Node("relu", [Value("x", (4,), float32, kind="input")], [])
     node.outputs = [Value("y", (4,), float32, producer=node)]
-    buffers = {id(node.inputs[0]): backend.from_numpy(np.zeros(4, np.float32))}
-    steps, _ = build_steps([node], buffers, backend)
-    for fn, a in steps:
-        fn(*a)
+    try:
+        buffers = {id(node.inputs[0]): backend.from_numpy(np.zeros(4, np.float32))}
+        steps, _ = build_steps([node], buffers, backend)
+        for fn, a in steps:
+            fn(*a)
+    except Exception as e:  # noqa: BLE001 (a diagnostic: report the failure, do not crash)
+        return f"unknown: the probe kernel failed ({type(e).__name__}: {e})"
     kernel = getattr(steps[0][0], "kernel", steps[0][0])
     stats = getattr(kernel, "stats", None)
     if stats is None:
@@ -90,6 +103,11 @@ def _stability(args) -> int:
     cfg = stability.QUICK if args.quick else stability.StudyConfig()
     cfg = dataclasses.replace(cfg, seeds=args.seeds or cfg.seeds, steps=args.steps or cfg.steps)
     out = Path(args.out)
+    try:
+        stability.check_out_dir(out)   # before any run: the study takes minutes
+    except stability.OutputDirError as e:
+        print(f"miniflow stability: {e}", file=sys.stderr)
+        return 2
     metrics = stability.run_study(cfg, out)
     print(headline_table(metrics))
     print(f"{len(metrics['runs'])} runs in {metrics['config']['seconds']:.0f} s; figures, "
@@ -97,15 +115,24 @@ def _stability(args) -> int:
     return 0
 
 
-def _positive(text: str) -> int:
-    """argparse type: an integer >= 1."""
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be an integer >= 1, got {text!r}")
-    return value
+def _integer(low: int):
+    """argparse type: an integer >= ``low``."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            value = low - 1
+        if value < low:
+            raise argparse.ArgumentTypeError(f"must be an integer >= {low}, got {text!r}")
+        return value
+    return parse
+
+
+_positive = _integer(1)
+"""argparse type: an integer >= 1."""
+_seed = _integer(0)
+"""argparse type: a seed, an integer >= 0 (``miniflow.manual_seed``; NumPy takes no negative
+seeds)."""
 
 
 def _real(low: float, low_inclusive: bool):
@@ -135,7 +162,7 @@ def main(argv=None) -> int:
     t.add_argument("--lr", type=_real(0.0, False), default=0.1)
     t.add_argument("--momentum", type=_real(0.0, True), default=0.9)
     t.add_argument("--hidden", type=_positive, default=128)
-    t.add_argument("--seed", type=int, default=0)
+    t.add_argument("--seed", type=_seed, default=0, help="any integer >= 0 (default 0)")
     t.set_defaults(fn=_train)
     st = sub.add_parser("stability", help="training-stability study of the loss-scale policies: "
                         "figures, metrics.json, summary.md")
@@ -143,14 +170,15 @@ def main(argv=None) -> int:
     st.add_argument("--out", default="stability-results", help="output folder")
     st.add_argument("--seeds", type=_positive, help="seeds 0..N-1 of every run (default 3; "
                     "--quick: 1)")
-    st.add_argument("--steps", type=_positive, help="steps per run (default 660; --quick: 220)")
+    st.add_argument("--steps", type=_positive, help="steps per run, any number >= 1 (default "
+                    "660 = 30 epochs of 22 steps; --quick: 220)")
     st.add_argument("--backend", choices=["cpu", "cuda"], help="default: MINIFLOW_BACKEND, else "
                     "cuda with a GPU, else cpu")
     st.set_defaults(fn=_stability)
     args = p.parse_args(argv)
-    from .runtime.backend import BackendUnavailableError
+    from .runtime.backend import BackendUnavailableError, UnknownBackendError
     try:
         return args.fn(args)
-    except BackendUnavailableError as e:    # MINIFLOW_BACKEND=cuda without a GPU: no traceback
-        print(e, file=sys.stderr)
+    except (BackendUnavailableError, UnknownBackendError) as e:  # a bad MINIFLOW_BACKEND, or cuda
+        print(e, file=sys.stderr)                                # without a GPU: no traceback
         return 2

@@ -6,9 +6,16 @@ shape and a dtype, and is defined once: as a graph input, a variable (persistent
 parameter), a constant, or an output of exactly one Node. Update ops (``sgd_update``...) have no
 outputs; they write their variable inputs in place and are kept by dead-code elimination.
 
-Printed form, one line per node (JAX jaxpr / PyTorch FX style)::
+Printed form (``str(graph)``): a header declaring the inputs, variables and constants, then one line
+per node (JAX jaxpr / PyTorch FX style)::
 
-    %7: f32[64,10] = matmul(%3, %model.0.weight) {transpose_b=True}
+    graph(
+        %x: f32[64,64],  # input
+        %model.0.weight: f32[128,64],  # variable
+        %c21: i64[1],  # constant [0]
+    ) {
+      %1: f32[64,128] = matmul(%x, %model.0.weight) {transpose_a=False, transpose_b=True}
+      ...
 
 Sources: PyTorch FX ``torch/fx/graph.py`` (a readable program), JAX ``core.py`` (typed equations).
 """
@@ -119,6 +126,16 @@ def _fmt_attr(v: Any) -> str:
     if isinstance(v, tuple):
         return "(" + ",".join(_fmt_attr(x) for x in v) + ("," if len(v) == 1 else "") + ")"
     return repr(v)
+
+
+_CONSTANT_VALUES_SHOWN = 8
+"""The printer shows the value of a constant with at most this many elements."""
+
+
+def _fmt_data(data: np.ndarray) -> str:
+    """A small array as nested lists, each element in its dtype's shortest form: ``[0]``, ``2.0``."""
+    text = np.array2string(data, separator=", ", formatter={"all": str}, max_line_width=10 ** 9)
+    return text.replace("\n", "")  # rows of a 2-D+ array: one line
 
 
 class Graph:
@@ -271,11 +288,19 @@ class Graph:
 
     # ----------------------------------------------------------------- printing
     def __str__(self) -> str:
+        """The graph as text: a header declaring the inputs, variables and the constants the
+        nodes use (with their value when it has at most ``_CONSTANT_VALUES_SHOWN`` elements), then
+        one line per node, the returned values and the loss. Every ``%name`` is declared."""
         lines = ["graph("]
         for v in self.inputs:
             lines.append(f"    %{v.name}: {v.type_str},  # input")
         for v in self.variables.values():
             lines.append(f"    %{v.name}: {v.type_str},  # variable")
+        for v in self._used_constants():
+            data = self.constant_data.get(v.name)
+            value = ("(no data)" if data is None else _fmt_data(data)
+                     if data.size <= _CONSTANT_VALUES_SHOWN else f"({data.size} elements)")
+            lines.append(f"    %{v.name}: {v.type_str},  # constant {value}")
         lines.append(") {")
         for n in self.nodes:
             lines.append("  " + n.format())
@@ -285,6 +310,14 @@ class Graph:
             lines.append(f"  # loss: %{self.loss.name}")
         lines.append("}")
         return "\n".join(lines)
+
+    def _used_constants(self) -> list:
+        """The constant Values that nodes read or the graph returns, in order of first use."""
+        seen: dict = {}
+        for v in [v for n in self.nodes for v in n.inputs] + list(self.outputs):
+            if v.kind == "constant":
+                seen.setdefault(v.name, v)
+        return list(seen.values())
 
     def __repr__(self) -> str:
         return f"<miniflow.ir.Graph: {len(self.nodes)} nodes>"

@@ -27,7 +27,7 @@ def gradient_graph(op: str, inputs: list, attrs: dict, seed: int = 0):
     Returns:
         (graph, plan, var_arrays) where running the plan returns ``[loss, *grads]`` and
         ``var_arrays`` are the (mutable) backend arrays of the float inputs that got a gradient
-        (an op may leave an input undifferentiated, e.g. the scale of scalar_mul_by_tensor).
+        (an op may leave an input undifferentiated, e.g. the labels of sparse_softmax_cross_entropy).
     """
     backend = get_backend()
     g = Graph()

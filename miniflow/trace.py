@@ -1,22 +1,33 @@
 """Tracing: while an ``nn.Graph`` builds, ops on Tensors record Nodes instead of running.
 
-The :class:`Tracer` is the one piece of "current graph" state (a stack, like PyTorch FX's tracer).
+The :class:`Tracer` is the one piece of "current graph" state (a stack per thread, like PyTorch FX's tracer).
 It lifts eager Tensors that a traced op touches into the IR: a module parameter becomes a graph
 variable named after its module path (``model.0.weight``) that shares the parameter's storage; any
 other eager Tensor becomes a constant.
 """
 from __future__ import annotations
 
+import threading
+
 from .ir import Graph, Value
 
 __all__ = ["Tracer", "current_tracer"]
 
-_STACK: list = []
+_LOCAL = threading.local()
+"""Per thread: ``stack``, the Tracers of the builds running in this thread (two threads may trace
+two different graphs at once without seeing each other's trace)."""
+
+
+def _stack() -> list:
+    if not hasattr(_LOCAL, "stack"):
+        _LOCAL.stack = []
+    return _LOCAL.stack
 
 
 def current_tracer():
-    """The active Tracer, or None outside ``nn.Graph.build``."""
-    return _STACK[-1] if _STACK else None
+    """The active Tracer of this thread, or None outside ``nn.Graph.build``."""
+    stack = _stack()
+    return stack[-1] if stack else None
 
 
 class Tracer:
@@ -34,11 +45,11 @@ class Tracer:
         self._keepalive: list = []
 
     def __enter__(self):
-        _STACK.append(self)
+        _stack().append(self)
         return self
 
     def __exit__(self, *exc):
-        _STACK.pop()
+        _stack().pop()
 
     def value_of(self, t) -> Value:
         """The IR Value for Tensor ``t``: its own if lazy, else the lifted variable/constant.

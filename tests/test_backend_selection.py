@@ -1,5 +1,6 @@
 """Backend selection without a GPU: the default is cpu, ``MINIFLOW_BACKEND=cuda`` is a clear error
-(no driver traceback), ``miniflow info`` reports versions and the GPU."""
+(no driver traceback), ``MINIFLOW_BACKEND`` in any case, a bad name is an error naming the variable,
+``miniflow info`` reports versions and the GPU."""
 import os
 import subprocess
 import sys
@@ -7,7 +8,8 @@ import sys
 import pytest
 
 import miniflow as mf
-from miniflow.runtime.backend import BackendUnavailableError, cuda_status, default_backend_name
+from miniflow.runtime.backend import (BackendUnavailableError, UnknownBackendError, cuda_status,
+                                      default_backend_name)
 
 HAS_GPU = cuda_status()[0]
 no_gpu = pytest.mark.skipif(HAS_GPU, reason="a CUDA device is present")
@@ -48,3 +50,32 @@ def test_info_reports_versions_gpu_and_cache():
     out = r.stdout
     assert "numba-cuda" in out and "backend: " in out and "kernels from the Numba cache: " in out
     assert ("GPU: no GPU (" in out) != HAS_GPU
+
+
+@pytest.mark.parametrize("value,name", [("CPU", "cpu"), (" Cuda ", "cuda"), ("cpu\n", "cpu")])
+def test_miniflow_backend_accepts_any_case_and_spaces(value, name, monkeypatch):
+    monkeypatch.setenv("MINIFLOW_BACKEND", value)
+    assert default_backend_name() == name
+
+
+def test_bad_miniflow_backend_names_the_variable_and_the_valid_values(monkeypatch):
+    monkeypatch.setenv("MINIFLOW_BACKEND", "gpu")
+    with pytest.raises(UnknownBackendError, match=r"MINIFLOW_BACKEND='gpu' is not a backend; set "
+                       r"it to one of cpu, cuda \(any case\), or unset it"):
+        default_backend_name()
+
+
+@pytest.mark.parametrize("name", ["gpu", "CPU", None, ["cpu"]])
+def test_set_backend_unknown_name_lists_the_valid_ones(name):
+    with pytest.raises(UnknownBackendError, match=r"set_backend: unknown backend .*; choose one "
+                       r"of 'cpu', 'cuda'"):
+        mf.set_backend(name)
+    assert issubclass(UnknownBackendError, ValueError)
+
+
+def test_train_with_a_bad_miniflow_backend_is_one_line_and_exit_2():
+    r = _cli("train", "--epochs", "1", MINIFLOW_BACKEND="gpu")
+    assert r.returncode == 2
+    assert r.stderr.strip().splitlines() == [
+        "miniflow: MINIFLOW_BACKEND='gpu' is not a backend; set it to one of cpu, cuda (any case), "
+        "or unset it to use cuda when a GPU is usable, else cpu"]

@@ -20,3 +20,32 @@ def test_info_prints_backend_and_versions(capsys):
     assert main(["info"]) == 0
     out = capsys.readouterr().out
     assert "backend: cpu" in out and "numba " in out and "float16 conversion on the CPU" in out
+
+
+@pytest.mark.parametrize("value", ["-1", "1.5", "abc"])
+def test_train_rejects_a_bad_seed_naming_what_is_accepted(value, capsys):
+    with pytest.raises(SystemExit) as e:
+        main(["train", "--seed", value])
+    err = capsys.readouterr().err
+    assert e.value.code == 2
+    assert f"argument --seed: must be an integer >= 0, got {value!r}" in err
+
+
+def test_stability_backend_option_selects_the_backend(monkeypatch, tmp_path, capsys):
+    """``--backend cpu`` reaches ``set_backend`` before the study starts; another name is a usage
+    error listing the choices."""
+    import miniflow as mf
+    from miniflow.experiments import stability
+
+    class Started(Exception):
+        pass
+
+    def run_study(cfg, out):
+        raise Started(mf.get_backend().name)
+
+    monkeypatch.setattr(stability, "run_study", run_study)
+    with pytest.raises(Started, match="^cpu$"):
+        main(["stability", "--quick", "--backend", "cpu", "--out", str(tmp_path / "out")])
+    with pytest.raises(SystemExit) as e:
+        main(["stability", "--backend", "gpu"])
+    assert e.value.code == 2 and "invalid choice: 'gpu'" in capsys.readouterr().err

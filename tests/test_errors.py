@@ -101,8 +101,8 @@ def test_optimizer_without_backward():
 
 def test_bad_hyper_parameters():
     p = nn.Linear(2, 2).parameters()
-    with pytest.raises(ValueError, match="lr must be finite"):
-        mf.optim.SGD(p, lr=0)
+    with pytest.raises(ValueError, match=r"lr must be finite and in \[0, inf\), got -0.1"):
+        mf.optim.SGD(p, lr=-0.1)
     with pytest.raises(ValueError, match=r"beta1 must be finite and in \[0, 1\)"):
         mf.optim.Adam(nn.Linear(2, 2).parameters(), betas=(1.0, 0.9))
     with pytest.raises(ValueError, match="reduction"):

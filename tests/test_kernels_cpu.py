@@ -311,6 +311,16 @@ def test_sigmoid_stable_for_large_inputs():
     np.testing.assert_allclose(out, [0.0, _sigmoid(-100.0), 1.0, 1.0, 0.0, 1.0], rtol=1e-15, atol=0)
 
 
+@pytest.mark.parametrize("dt", FLOATS, ids=lambda d: d.short)
+@pytest.mark.parametrize("x_shape,s_shape", [((3, 4), (1,)), ((2, 3), ()), ((4,), (1, 1)),
+                                             ((), (1, 1)), ((2, 1, 3), (1, 1, 1))])
+def test_scalar_mul_by_tensor_with_any_one_element_scalar(x_shape, s_shape, dt):
+    rng = np.random.default_rng(3)
+    x, s = rand(rng, x_shape, dt), rand(rng, s_shape, dt, 0.5, 2.0)
+    (out,) = run("scalar_mul_by_tensor", [x, s], [(x_shape, dt)])
+    check(out, f64(x)[0] * f64(s)[0].reshape(()), dt)
+
+
 def test_division_by_zero_is_ieee():
     x, y = np.array([1.0, -1.0, 0.0], np.float32), np.zeros(3, np.float32)
     (out,) = run("broadcast_div", [x, y], [((3,), float32)])

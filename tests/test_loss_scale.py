@@ -102,11 +102,51 @@ def _digits_run(policy, scaler, epochs=5, black_logits=False, amp=True):
 
 
 @pytest.mark.parametrize("policy", ["legacy", "cast_back"])
-def test_static_65536_skips_every_step_under_legacy_and_cast_back(policy):
+def test_static_65536_skips_every_step_under_legacy_and_cast_back_with_miniflows_default(policy):
+    # miniflow's StaticGradScaler skips non-finite steps by default; OneFlow would apply them
     scaler = StaticGradScaler(65536.0, max_consecutive_skips=10 ** 6)
     _, n, acc = _digits_run(policy, scaler, epochs=1)
     assert scaler.num_skipped_steps == n == 23
     assert acc < 0.5  # the initial weights: nothing was learnt
+
+
+def _one_static_legacy_step(scaler):
+    """One "legacy" AMP step of the digits MLP (mean cross-entropy, first batch of 64) under the
+    static ``scaler``; returns the parameters before and after it and the graph."""
+    data = load_digits()
+    mf.manual_seed(0)
+    model = mlp((64, 128, 10))
+    step = Step(model, scaler, policy="legacy", lr=0.1, momentum=0.9,
+                loss_fn=lambda m, x, y: nn.functional.cross_entropy(m(x), y))
+    before = _params(model)
+    with warnings.catch_warnings(), np.errstate(invalid="ignore", over="ignore"):
+        warnings.simplefilter("ignore", LossScaleOverflowWarning)
+        step(data.x_train[:64], data.y_train[:64])
+    return before, _params(model), step
+
+
+def test_oneflow_static_2_16_legacy_applies_the_inf_step_and_the_weights_turn_nan():
+    """OneFlow never skips a step under a static loss scale (autograd.cpp's
+    CountNotFiniteIfNeeded and optimizer.cpp's SetDynamicLossScaleSkipIf return early without a
+    dynamic policy): ``skip_nonfinite=False`` is that. The scale 2^16 made in the float16 initial
+    gradient's dtype is inf, and the update applies the inf/NaN gradients."""
+    scaler = StaticGradScaler(2.0 ** 16, skip_nonfinite=False)
+    before, after, step = _one_static_legacy_step(scaler)
+    assert step.ir.initial_grad.dtype is mf.float16
+    assert scaler.found_inf and scaler.num_skipped_steps == 0
+    assert all(np.isfinite(b).all() for b in before)
+    assert all(np.isnan(a).any() for a in after)          # every parameter holds NaN
+    assert np.mean(~np.isfinite(np.concatenate([a.ravel() for a in after]))) > 0.5
+
+
+def test_miniflow_default_static_2_16_legacy_skips_and_keeps_the_weights_bit_identical():
+    """miniflow's ``StaticGradScaler`` skips non-finite steps by default (not OneFlow's
+    behaviour): the same step changes no weight, bit for bit."""
+    scaler = StaticGradScaler(2.0 ** 16)
+    before, after, _ = _one_static_legacy_step(scaler)
+    assert scaler.found_inf and scaler.num_skipped_steps == 1
+    for a, b in zip(before, after):
+        assert a.tobytes() == b.tobytes()
 
 
 def test_static_65536_trains_under_fp32_policy():

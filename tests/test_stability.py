@@ -1,12 +1,18 @@
 """``miniflow stability --quick``, the CI run of the training-stability study (issue 6): it writes
 its figures, summary.md and metrics.json, and metrics.json shows the qualitative results:
 
-* static 2^17: "legacy" and "cast_back" skip every step; "fp32" and fp32 training reach >= 90%;
+* static 2^16 and 2^17, as OneFlow runs them (no skip: OneFlow checks for non-finite gradients
+  only under a dynamic scaler): "legacy" and "cast_back" make the weights NaN at step 1 and the
+  loss NaN from step 2; with miniflow's skip they skip every step and the weights never change;
+  "fp32" and fp32 training reach >= 90%;
 * dynamic scaler from 2^16: the largest scale applied on a step is <= 2^15 under "legacy" (and
   "cast_back") and >= 2^17 under "fp32";
 * the gray-path model skips (and does not learn) without black_identity and trains with it;
 * the controls: white_identity adds float16 nodes at no accuracy cost, small gradients underflow
   without loss scaling, and no skipping makes the weights NaN.
+
+It also checks the command line: an unwritable ``--out`` fails before any run, and a ``--steps``
+shorter than one epoch works.
 """
 import json
 
@@ -14,6 +20,8 @@ import numpy as np
 import pytest
 
 from miniflow.cli import main
+from miniflow.data import load_digits
+from miniflow.experiments import stability
 from miniflow.experiments.stability_plots import FIGURES
 
 
@@ -49,6 +57,15 @@ def test_quick_writes_figures_summary_and_metrics(study):
     for heading in ("## Headline", "## Static scale sweep", "## Dynamic scaler",
                     "## Gray-path control", "## Why loss scaling", "## Skipping matters"):
         assert heading in summary
+    headline = summary[summary.index("## Headline"):summary.index("## Static scale sweep")]
+    rows = {line.split(" | ")[0][2:]: line for line in headline.splitlines()
+            if line.startswith("| ")}
+    for policy in ("legacy (OneFlow before PR 9126)", "cast_back (OneFlow PR 9126)"):
+        # static 2^16, 2^17, 2^20 as OneFlow runs them, then with miniflow's skip
+        assert rows[f"{policy}, as in OneFlow: no skip"].count("| NaN at step 1: 10.0%") == 3
+        skip = rows[f"{policy.split()[0]} + miniflow's skip (not OneFlow)"]
+        assert skip.count("(100.0% skipped)") == 3 and skip.endswith("| as above |")
+    assert "OneFlow itself never inserts that op there" in headline
     assert metrics["config"]["seeds"] == 1 and metrics["config"]["steps"] == 220
     assert len({r["seed"] for r in metrics["runs"]}) == 1
 
@@ -62,6 +79,10 @@ def test_per_run_results_agree_with_the_per_step_series(metrics):
         assert r["max_applied_scale"] == (max(applied) if applied else None)
         assert r["final_test_accuracy"] == pytest.approx(r["evaluations"]["test_accuracy"][-1],
                                                          abs=1e-4)
+        bad = [i + 1 for i, f in enumerate(s["nonfinite_params"]) if f is None or f > 0]
+        assert r["first_nonfinite_step"] == (bad[0] if bad else None)
+        nan_loss = [i + 1 for i, v in enumerate(s["loss"]) if v is None]
+        assert r["first_nonfinite_loss_step"] == (nan_loss[0] if nan_loss else None)
 
 
 def test_float16_gradients_are_found_under_amp_only(metrics):
@@ -74,11 +95,42 @@ def test_float16_gradients_are_found_under_amp_only(metrics):
     assert all(n is not None and n > 0 for n in amp["grad_norm"] + fp32["grad_norm"])
 
 
+@pytest.mark.parametrize("log2_scale", [16, 17, 20])
 @pytest.mark.parametrize("policy", ["legacy", "cast_back"])
-def test_legacy_and_cast_back_skip_every_step_at_static_2_17(metrics, policy):
-    run = _one(metrics, "static_sweep", policy=policy, scale=2.0 ** 17)
+def test_as_in_oneflow_legacy_and_cast_back_turn_the_weights_nan_at_step_1(metrics, policy,
+                                                                            log2_scale):
+    """OneFlow applies the inf update under a static scale: weights NaN after step 1, the loss NaN
+    from step 2 on, the NaN model predicts class 0 for every image (10% of the test set)."""
+    run = _one(metrics, "static_sweep", policy=policy, scale=2.0 ** log2_scale,
+               skip_nonfinite=False)
+    assert run["first_nonfinite_step"] == 1 and run["first_nonfinite_loss_step"] == 2
+    assert run["skipped_fraction"] == 0.0 and run["final_nonfinite_params"] > 0.5
+    assert all(v is None for v in run["per_step"]["loss"][1:])
+    class_0 = float(np.mean(load_digits().y_test == 0))
+    assert run["final_test_accuracy"] == pytest.approx(class_0, abs=1e-4)
+
+
+@pytest.mark.parametrize("policy", ["legacy", "cast_back"])
+def test_with_miniflows_skip_legacy_and_cast_back_skip_every_step_at_static_2_17(metrics, policy):
+    run = _one(metrics, "static_sweep", policy=policy, scale=2.0 ** 17, skip_nonfinite=True)
     assert run["skipped_fraction"] == 1.0
     assert run["max_applied_scale"] is None
+    assert run["first_nonfinite_step"] is None and run["final_test_accuracy"] < 0.5
+
+
+@pytest.mark.parametrize("policy", ["legacy", "cast_back"])
+def test_below_65504_skipping_changes_nothing(metrics, policy):
+    """At 2^15 nothing overflows: with and without skipping the same training, loss for loss."""
+    runs = {r["skip_nonfinite"]: r for r in _runs(metrics, "static_sweep", policy=policy,
+                                                  scale=2.0 ** 15)}
+    assert runs[False]["per_step"]["loss"] == runs[True]["per_step"]["loss"]
+    assert runs[False]["first_nonfinite_step"] is None and runs[False]["skipped_fraction"] == 0
+    assert runs[False]["final_test_accuracy"] >= 0.90
+
+
+def test_only_oneflows_policies_run_without_skipping_in_the_sweep(metrics):
+    no_skip = {r["policy"] for r in _runs(metrics, "static_sweep", skip_nonfinite=False)}
+    assert no_skip == set(stability.ONEFLOW_POLICIES)
 
 
 @pytest.mark.parametrize("policy", ["fp32", "none"])
@@ -127,6 +179,58 @@ def test_small_gradients_underflow_without_loss_scaling(metrics):
 def test_without_skipping_the_weights_turn_to_nan(metrics):
     for r in _runs(metrics, "skipping"):
         if r["skip_nonfinite"]:
-            assert r["final_nonfinite_params"] == 0.0
+            assert r["final_nonfinite_params"] == 0.0 and r["first_nonfinite_step"] is None
         else:
             assert r["final_nonfinite_params"] > 0.5 and r["skipped_fraction"] == 0.0
+            assert r["first_nonfinite_step"] >= 1
+
+
+# ------------------------------------------------------------------------------ command line
+@pytest.fixture
+def no_runs(monkeypatch):
+    """Make any training run fail the test: the output check must come first."""
+    def train_run(*args):
+        raise AssertionError("a run started before the output folder was checked")
+    monkeypatch.setattr(stability, "train_run", train_run)
+
+
+@pytest.mark.parametrize("where,reason", [("file", "it exists and is not a folder"),
+                                          ("file/sub", "Not a directory")])
+def test_unwritable_out_fails_before_any_run(tmp_path, capsys, no_runs, where, reason):
+    (tmp_path / "file").write_text("")
+    out = tmp_path / where
+    assert main(["stability", "--quick", "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert f"miniflow stability: cannot write the study's results to {str(out)!r}: {reason}; " \
+           "pass a writable folder with --out DIR" in err
+    assert "Traceback" not in err
+
+
+def test_unwritable_default_out_fails_before_any_run(tmp_path, monkeypatch, capsys, no_runs):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "stability-results").write_text("")
+    assert main(["stability", "--quick"]) == 2
+    assert "cannot write the study's results to 'stability-results'" in capsys.readouterr().err
+
+
+def test_check_out_dir_creates_the_folder_and_leaves_it_empty(tmp_path):
+    out = tmp_path / "a" / "b"
+    stability.check_out_dir(out)
+    assert out.is_dir() and not any(out.iterdir())
+
+
+def test_steps_shorter_than_one_epoch_work(tmp_path):
+    assert main(["stability", "--steps", "5", "--seeds", "1", "--out", str(tmp_path)]) == 0
+    metrics = json.loads((tmp_path / "metrics.json").read_text())
+    assert metrics["config"]["steps"] == 5
+    assert all(len(r["per_step"]["loss"]) == 5 for r in metrics["runs"])
+    assert all(r["evaluations"]["step"] == [0, 5] for r in metrics["runs"])
+    for name in FIGURES:
+        assert (tmp_path / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", name
+
+
+@pytest.mark.parametrize("field,value", [("steps", 0), ("seeds", -1), ("eval_every", 1.5)])
+def test_study_config_rejects_bad_values(field, value):
+    with pytest.raises(ValueError, match=f"StudyConfig.{field} must be an integer >= 1, got "
+                                         f"{value!r}"):
+        stability.StudyConfig(**{field: value})

@@ -79,7 +79,7 @@ def main():
     print(build_lines.rstrip())
     print(f"first call returned: a Tensor of shape {out.shape}, dtype {out.dtype!r}")
     traced = sections[0].split("\n", 1)[1]
-    print("IR as traced by build (inputs and variables first, then one line per recorded op):")
+    print("IR as traced by build (inputs, variables and constants first, then one line per recorded op):")
     print(indent(traced.strip()))
     print(f"passes run on it, in order: {[sec.split(chr(10), 1)[0] for sec in sections[1:]]} "
           f"(without a loss or an optimizer, the training passes have nothing to do here)")

@@ -19,7 +19,8 @@ What this lesson shows:
    longer exceed 2^15 even under the default ``"fp32"`` policy (lesson 5).
 4. A black identity on the logits is the user-side fix of the ``"legacy"`` policy (OneFlow before
    PR 9126): the initial gradient becomes float32, and a static scale of 2^16, which makes "legacy"
-   skip every step, trains.
+   skip every step (with miniflow's skipping ``StaticGradScaler``; OneFlow itself would apply the
+   non-finite steps and turn the weights NaN at step 1), trains.
 
 Assumes from lesson 4: AMP lists and colors, ``amp_report()``, casts; lesson 5: loss scalers,
 skipped steps, the three policies, why a float16 initial gradient limits the scale.

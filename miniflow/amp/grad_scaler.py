@@ -39,11 +39,44 @@ def _check_scale(name: str, value) -> float:
     return stored
 
 
-def _check_count(name: str, value) -> int:
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
-        raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+def _check_count(name: str, value, low: int = 1) -> int:
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < low:
+        raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
     return int(value)
 
+
+def _check_bool(name: str, value) -> bool:
+    if not isinstance(value, (bool, np.bool_)):
+        raise TypeError(f"{name} must be True or False, got {value!r}")
+    return bool(value)
+
+
+def _check_factor(name: str, value, low: float, high: float) -> float:
+    """A finite real number strictly between ``low`` and ``high``."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value):
+        raise ValueError(f"{name} must be a finite number, got {value!r}")
+    if not low < value < high:
+        bounds = f"> {low:g}" if high == math.inf else f"in ({low:g}, {high:g})"
+        raise ValueError(f"{name} must be {bounds}, got {value!r}")
+    return float(value)
+
+
+_FIELDS = {
+    "growth_factor": lambda n, v: _check_factor(n, v, 1.0, math.inf),
+    "backoff_factor": lambda n, v: _check_factor(n, v, 0.0, 1.0),
+    "growth_interval": _check_count,
+    "min_scale": _check_scale,
+    "max_consecutive_skips": _check_count,
+    "skip_nonfinite": _check_bool,
+    "found_inf": _check_bool,
+    "num_skipped_steps": lambda n, v: _check_count(n, v, 0),
+    "consecutive_floor_skips": lambda n, v: _check_count(n, v, 0),
+}
+"""Setting name -> ``check(name, value)`` returning the normalised value: used by the
+constructors, by attribute assignment after construction and by ``load_state_dict``."""
+
+_STATE_FIELDS = {"scale": _check_scale, "_growth_tracker": lambda n, v: _check_count(n, v, 0)}
+"""The state_dict keys held in the graph variables (not attributes), with their checks."""
 
 _COMPILED_SETTINGS = frozenset({"growth_factor", "backoff_factor", "growth_interval", "min_scale",
                                 "skip_nonfinite"})
@@ -55,22 +88,48 @@ class _Scaler:
 
     ``version`` counts changes that compiled graphs depend on (schedule settings, ``skip_nonfinite``,
     a loaded state: a static scale is a constant in the graph); nn.Graph recompiles when it moves.
+
+    Every setting in ``_settings`` is checked when it is assigned, at construction or later
+    (``scaler.growth_interval = 0`` raises like ``GradScaler(growth_interval=0)``); assigning any
+    other public attribute (a misspelt setting) is an AttributeError.
     """
 
     dynamic = False
     version = 0
+    _settings = ("max_consecutive_skips", "skip_nonfinite", "found_inf", "num_skipped_steps",
+                 "consecutive_floor_skips")
+    _required_keys = ("scale",)
+    """Keys ``load_state_dict`` needs; the other keys of :meth:`state_dict` are optional."""
 
     def __setattr__(self, name, value):
-        if name in _COMPILED_SETTINGS:
-            object.__setattr__(self, "version", self.version + 1)
+        if name in self._settings:
+            value = self._checked(name, value, f"{type(self).__name__}: ")
+            if name == "min_scale" and "_scale" in self.__dict__ and value > self.scale:
+                raise ValueError(f"{type(self).__name__}: min_scale {value:g} is above the scale "
+                                 f"{self.scale:g}: the floor must not be higher than the scale")
+            if name in _COMPILED_SETTINGS:
+                object.__setattr__(self, "version", self.version + 1)
+        elif not name.startswith("_") and name != "version":
+            raise AttributeError(f"{type(self).__name__} has no setting {name!r}; its settings are "
+                                 f"{', '.join(self._settings)}")
         object.__setattr__(self, name, value)
+
+    @staticmethod
+    def _checked(name: str, value, prefix: str, check=None):
+        """``value`` checked as setting or state key ``name`` (or by ``check``); errors start
+        with ``prefix``."""
+        check = check or _FIELDS.get(name) or _STATE_FIELDS[name]
+        try:
+            return check(name, value)
+        except (TypeError, ValueError) as e:
+            raise type(e)(prefix + str(e)) from None
 
     def __init__(self, scale: float, max_consecutive_skips: int, skip_nonfinite: bool = True):
         backend = get_backend()
         self._scale = backend.from_numpy(np.array([scale], np.float32))
         self._growth_tracker = backend.from_numpy(np.zeros(1, np.int64))
-        self.max_consecutive_skips = _check_count("max_consecutive_skips", max_consecutive_skips)
-        self.skip_nonfinite = bool(skip_nonfinite)
+        self.max_consecutive_skips = max_consecutive_skips
+        self.skip_nonfinite = skip_nonfinite
         self.found_inf = False
         self.num_skipped_steps = 0
         self.consecutive_floor_skips = 0
@@ -116,40 +175,43 @@ class _Scaler:
         ``_growth_tracker``) plus miniflow's (``min_scale``, ``max_consecutive_skips``,
         ``found_inf``, ``num_skipped_steps``, ``consecutive_floor_skips``, ``skip_nonfinite``)."""
         return {"scale": self.scale, "_growth_tracker": self.growth_tracker,
-                "max_consecutive_skips": self.max_consecutive_skips,
-                "skip_nonfinite": self.skip_nonfinite, "found_inf": self.found_inf,
-                "num_skipped_steps": self.num_skipped_steps,
-                "consecutive_floor_skips": self.consecutive_floor_skips}
+                **{k: getattr(self, k) for k in self._settings}}
 
     def load_state_dict(self, state: dict) -> None:
-        """Restore every field of :meth:`state_dict` (in place: compiled graphs see it).
+        """Restore the fields of :meth:`state_dict` (in place: compiled graphs see them).
 
-        Everything is checked before anything changes, so a failed load leaves the scaler as it was.
+        The keys of ``_required_keys`` must be there: for :class:`GradScaler` PyTorch's keys, so a
+        ``torch.amp.GradScaler`` state dict loads; a missing miniflow-only key keeps its current
+        value (its default on a new scaler). Every value gets the constructor's check, and all are
+        checked before anything changes, so a failed load leaves the scaler as it was.
 
         Raises:
-            KeyError: missing keys (listed); ValueError/TypeError: an invalid value (same checks as
-                the constructor).
+            KeyError: missing or unknown keys (listed); ValueError/TypeError: an invalid value
+                (naming the key and the value).
         """
-        missing = sorted(set(self.state_dict()) - set(state))
+        where = f"{type(self).__name__}.load_state_dict: "
+        if not isinstance(state, dict):
+            raise TypeError(f"{where}expected a dict (a state_dict()), got {type(state).__name__}")
+        current = self.state_dict()
+        missing = sorted(set(self._required_keys) - set(state))
         if missing:
-            raise KeyError(f"{type(self).__name__}.load_state_dict: missing keys {missing}")
-        self._check_state(state)
-        self._apply_state(state)
+            raise KeyError(f"{where}missing keys {missing}")
+        extra = sorted(set(state) - set(current), key=str)
+        if extra:
+            raise KeyError(f"{where}unexpected keys {extra}{self._extra_keys_hint}")
+        merged = {**current, **{k: self._checked(k, v, where) for k, v in state.items()}}
+        if merged.get("min_scale", 0.0) > merged["scale"]:
+            raise ValueError(f"{where}min_scale {merged['min_scale']:g} is above the scale "
+                             f"{merged['scale']:g}; load a lower min_scale with it, or set "
+                             "scaler.min_scale lower before loading")
+        backend = get_backend()  # everything is valid: assign
+        backend.copy_in(self._scale, np.array([merged["scale"]], np.float32))
+        backend.copy_in(self._growth_tracker, np.array([merged["_growth_tracker"]], np.int64))
+        for k in self._settings:
+            object.__setattr__(self, k, merged[k])
+        object.__setattr__(self, "version", self.version + 1)  # a static scale is a constant
 
-    def _check_state(self, state: dict) -> None:
-        _check_scale("scale", state["scale"])
-        _check_count("max_consecutive_skips", state["max_consecutive_skips"])
-
-    def _apply_state(self, state: dict) -> None:
-        self.version += 1  # a static scale is compiled into the graph as a constant
-        backend = get_backend()
-        backend.copy_in(self._scale, np.array([state["scale"]], np.float32))
-        backend.copy_in(self._growth_tracker, np.array([int(state["_growth_tracker"])], np.int64))
-        self.max_consecutive_skips = int(state["max_consecutive_skips"])
-        self.skip_nonfinite = bool(state["skip_nonfinite"])
-        self.found_inf = bool(state["found_inf"])
-        self.num_skipped_steps = int(state["num_skipped_steps"])
-        self.consecutive_floor_skips = int(state["consecutive_floor_skips"])
+    _extra_keys_hint = ""
 
 
 class GradScaler(_Scaler):
@@ -163,40 +225,27 @@ class GradScaler(_Scaler):
     Args:
         init_scale: first scale (float32; PyTorch and OneFlow default 2^16).
         growth_factor: > 1. backoff_factor: in (0, 1). growth_interval: >= 1 steps.
-        min_scale: > 0, the floor. max_consecutive_skips: >= 1 (see :class:`NonFiniteGradientsError`).
+        min_scale: > 0, the floor, not above the scale. max_consecutive_skips: >= 1 (see
+            :class:`NonFiniteGradientsError`).
+
+    The settings can be changed later (``scaler.growth_interval = 100``), with the same checks;
+    a compiled graph then recompiles at its next call.
 
     Raises:
-        ValueError: any argument outside its range, quoting the value.
+        ValueError/TypeError: any argument outside its range or of the wrong type, quoting it.
     """
 
     dynamic = True
+    _settings = ("growth_factor", "backoff_factor", "growth_interval", "min_scale",
+                 *_Scaler._settings)
+    _required_keys = ("scale", "growth_factor", "backoff_factor", "growth_interval",
+                      "_growth_tracker")
 
     def __init__(self, init_scale: float = 2.0 ** 16, growth_factor: float = 2.0,
                  backoff_factor: float = 0.5, growth_interval: int = 2000, min_scale: float = 1.0,
                  max_consecutive_skips: int = 64):
-        init_scale = _check_scale("init_scale", init_scale)
-        self._set_schedule(*self._check_schedule(growth_factor, backoff_factor, growth_interval,
-                                                 min_scale, init_scale))
-        super().__init__(init_scale, max_consecutive_skips)
-
-    @staticmethod
-    def _check_schedule(growth_factor, backoff_factor, growth_interval, min_scale, scale):
-        """Validated ``(growth_factor, backoff_factor, growth_interval, min_scale)``."""
-        for name, v in (("growth_factor", growth_factor), ("backoff_factor", backoff_factor)):
-            if isinstance(v, bool) or not isinstance(v, numbers.Real) or not math.isfinite(v):
-                raise ValueError(f"{name} must be a finite number, got {v!r}")
-        if not growth_factor > 1:
-            raise ValueError(f"growth_factor must be > 1, got {growth_factor!r}")
-        if not 0 < backoff_factor < 1:
-            raise ValueError(f"backoff_factor must be in (0, 1), got {backoff_factor!r}")
-        growth_interval = _check_count("growth_interval", growth_interval)
-        min_scale = _check_scale("min_scale", min_scale)
-        if min_scale > scale:
-            raise ValueError(f"min_scale {min_scale:g} is above the scale {scale:g}: the floor "
-                             "must not be higher than the starting scale")
-        return float(growth_factor), float(backoff_factor), growth_interval, min_scale
-
-    def _set_schedule(self, growth_factor, backoff_factor, growth_interval, min_scale):
+        super().__init__(self._checked("init_scale", init_scale, "GradScaler: ", _check_scale),
+                         max_consecutive_skips)
         self.growth_factor = growth_factor
         self.backoff_factor = backoff_factor
         self.growth_interval = growth_interval
@@ -213,22 +262,6 @@ class GradScaler(_Scaler):
         return {"growth_factor": self.growth_factor, "backoff_factor": self.backoff_factor,
                 "growth_interval": self.growth_interval, "min_scale": self.min_scale}
 
-    def state_dict(self) -> dict:
-        return {**super().state_dict(), "growth_factor": self.growth_factor,
-                "backoff_factor": self.backoff_factor, "growth_interval": self.growth_interval,
-                "min_scale": self.min_scale}
-
-    def _check_state(self, state: dict) -> None:
-        super()._check_state(state)
-        self._check_schedule(state["growth_factor"], state["backoff_factor"],
-                             state["growth_interval"], state["min_scale"], state["scale"])
-
-    def _apply_state(self, state: dict) -> None:
-        self._set_schedule(*self._check_schedule(state["growth_factor"], state["backoff_factor"],
-                                                 state["growth_interval"], state["min_scale"],
-                                                 state["scale"]))
-        super()._apply_state(state)
-
     def __repr__(self) -> str:
         return (f"GradScaler(scale={self.scale:g}, growth_factor={self.growth_factor}, "
                 f"backoff_factor={self.backoff_factor}, growth_interval={self.growth_interval}, "
@@ -237,15 +270,19 @@ class GradScaler(_Scaler):
 
 class StaticGradScaler(_Scaler):
     """A constant loss scale. Non-finite steps are skipped (``skip_nonfinite=True``, default) or
-    applied anyway (``False``: what frameworks without a check do, so a model can be watched turning
-    to NaN). Every skipped step counts as a skip at the floor.
+    applied anyway (``False``: what OneFlow does under a static loss scale, where only a dynamic
+    policy adds the non-finite check and ``skip_if``; a model can be watched turning to NaN). Every skipped step counts as a skip at the floor.
 
     Raises:
         ValueError: scale <= 0, NaN or inf; max_consecutive_skips < 1.
+        TypeError: skip_nonfinite not a bool.
     """
 
+    _extra_keys_hint = " (a GradScaler's state? load it into a GradScaler)"
+
     def __init__(self, scale: float, skip_nonfinite: bool = True, max_consecutive_skips: int = 64):
-        super().__init__(_check_scale("scale", scale), max_consecutive_skips, skip_nonfinite)
+        super().__init__(self._checked("scale", scale, "StaticGradScaler: ", _check_scale),
+                         max_consecutive_skips, skip_nonfinite)
 
     _floor_advice = ("A static scale never changes: lower it, use loss_scale_policy='fp32' if "
                      "the scaled initial gradient overflows float16, or check the inputs and the "
@@ -253,13 +290,6 @@ class StaticGradScaler(_Scaler):
 
     def _at_floor(self, scale_before: float) -> bool:
         return self.skip_nonfinite
-
-    def _check_state(self, state: dict) -> None:
-        extra = sorted(set(state) - set(self.state_dict()))
-        if extra:
-            raise KeyError(f"StaticGradScaler.load_state_dict: unexpected keys {extra} (a "
-                           "GradScaler's state? load it into a GradScaler)")
-        super()._check_state(state)
 
     def __repr__(self) -> str:
         return f"StaticGradScaler(scale={self.scale:g}, skip_nonfinite={self.skip_nonfinite})"

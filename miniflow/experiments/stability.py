@@ -1,26 +1,39 @@
 """The training-stability study behind ``miniflow stability``: the digits MLP trained under every
-loss-scale policy, with static and dynamic loss scales, plus three controls.
+loss-scale policy, with static and dynamic loss scales, plus four controls.
 
 What: each run trains a model with SGD on the bundled digits data and records, per step, the loss,
-the loss scale used, whether the step was skipped, the gradient norm and the fraction of zero
-float16 gradient elements; and every epoch the test accuracy. :func:`run_study` runs the
-experiments of :func:`experiment_specs` for several seeds and writes ``metrics.json``,
-``summary.md`` (``stability_report``) and the figures (``stability_plots``).
+the loss scale used, whether the step was skipped, the gradient norm, the fraction of zero float16
+gradient elements and of non-finite weights; every epoch the test accuracy; and the first step whose
+update made a weight NaN or inf. :func:`run_study` runs the experiments of
+:func:`experiment_specs` for several seeds and writes ``metrics.json``, ``summary.md``
+(``stability_report``) and the figures (``stability_plots``).
 
 Why: OneFlow before PR 9126 built the loss scale in the dtype of the initial gradient
-(``ones_like(loss)``, float16 under AMP), so its default dynamic scale 2^16 = 65536 became inf and
-every step was skipped; the PR multiplies in float32 but casts the product back to float16, which
-still overflows above 65504. miniflow's default policy ("fp32") keeps the loss-gradient path in
-float32 with an ``amp_black_identity`` (ARCHITECTURE.md, "The loss-scale pass"). The study shows
-what each policy really does, and why loss scaling and step skipping exist at all.
+(``ones_like(loss)``, float16 under AMP), so any scale above 65504 became inf; the PR multiplies in
+float32 but casts the product back to float16, which still overflows above 65504. What happens next
+depends on the scaler, in OneFlow's ``autograd.cpp`` and ``optimizer.cpp``:
 
-Source: OneFlow PR 9126 "Fix loss scale precision" (``oneflow/core/job_rewriter/autograd.cpp``);
-Micikevicius et al., "Mixed Precision Training", ICLR 2018 (loss scaling against fp16 underflow);
-``shared/design/REFERENCE.md``.
+* static scale (``loss_scale_factor``): ``CountNotFiniteIfNeeded`` and
+  ``SetDynamicLossScaleSkipIf`` return early without a dynamic policy, so nothing counts the
+  non-finite gradients and no update is skipped: the inf/NaN update is applied and the weights are
+  NaN after step 1. The sweep runs this as ``StaticGradScaler(scale, skip_nonfinite=False)``
+  (:data:`ONEFLOW_POLICIES`), next to miniflow's safer default that skips;
+* dynamic scale: the count is the update ops' ``skip_if``; the step is skipped and the scale halved,
+  so a dynamic scaler never applies a step above 2^15.
+
+miniflow's default policy ("fp32") is miniflow's own design: it puts the ``amp_black_identity`` op
+that PR 9126 added on the initial gradient, so AMP keeps the loss-gradient path in float32
+(OneFlow itself never inserts that op there; docs/architecture.md, "Loss scaling is a pass").
+
+Source: OneFlow PR 9126 "Fix loss scale precision" (``oneflow/core/job_rewriter/autograd.cpp``:
+``ScaleInitialDiffByLossScale``, ``CountNotFiniteIfNeeded``; ``optimizer.cpp``:
+``SetDynamicLossScaleSkipIf``); Micikevicius et al., "Mixed Precision Training", ICLR 2018 (loss
+scaling against fp16 underflow).
 """
 from __future__ import annotations
 
 import json
+import tempfile
 import time
 import warnings
 from dataclasses import asdict, dataclass
@@ -40,11 +53,18 @@ from ..runtime.backend import get_backend
 from .mlp import EvalGraph, TrainGraph, accuracy, mlp
 
 __all__ = ["StudyConfig", "QUICK", "RunSpec", "experiment_specs", "train_run", "run_study",
-           "EnergyShareMLP", "TemperatureMLP", "POLICIES"]
+           "check_out_dir", "OutputDirError", "EnergyShareMLP", "TemperatureMLP", "POLICIES",
+           "ONEFLOW_POLICIES", "first_step"]
 
 POLICIES = ("none", "legacy", "cast_back", "fp32")
 """Run policies: "none" trains in float32 (AMP off, same scaler); the others are AMP with that
 ``loss_scale_policy``."""
+
+ONEFLOW_POLICIES = ("legacy", "cast_back")
+"""The policies that are OneFlow's (before and after PR 9126); "fp32" is miniflow's design. The
+static sweep runs these twice: without skipping non-finite steps, as OneFlow does under a static
+loss scale (``CountNotFiniteIfNeeded`` and ``SetDynamicLossScaleSkipIf`` return early without a
+dynamic policy), and with miniflow's default ``StaticGradScaler`` (skip)."""
 
 SWEEP_LOG2_SCALES = (0, 8, 12, 15, 16, 17, 20)
 UNDERFLOW_LOG2_SCALES = (0, 4, 8, 12, 16, 20, 24)
@@ -62,13 +82,23 @@ end (the default, 64, raises ``NonFiniteGradientsError`` after 64 skipped steps)
 
 @dataclass(frozen=True)
 class StudyConfig:
-    """How much to run: ``seeds`` seeds (0 .. seeds-1) of ``steps`` training steps per run, test
-    accuracy every ``eval_every`` steps, the fp32 underflow reference every ``probe_every`` steps."""
+    """How much to run: ``seeds`` seeds (0 .. seeds-1) of ``steps`` training steps per run (any
+    number, also less than an epoch), test accuracy every ``eval_every`` steps and after the last,
+    the fp32 underflow reference every ``probe_every`` steps.
+
+    Raises:
+        ValueError: a field that is not an integer >= 1 (named, with its value).
+    """
 
     seeds: int = 3
     steps: int = 30 * STEPS_PER_EPOCH
     eval_every: int = STEPS_PER_EPOCH
     probe_every: int = 11
+
+    def __post_init__(self):
+        for name, value in asdict(self).items():
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"StudyConfig.{name} must be an integer >= 1, got {value!r}")
 
 
 QUICK = StudyConfig(seeds=1, steps=10 * STEPS_PER_EPOCH)
@@ -84,7 +114,8 @@ class RunSpec:
         policy: a :data:`POLICIES` key. model: a :data:`MODELS` key.
         scale: the static scale, or the initial scale when ``dynamic``.
         dynamic: ``GradScaler(scale, growth_interval=25)`` instead of ``StaticGradScaler(scale)``.
-        skip_nonfinite: the static scaler's flag (False: non-finite steps are applied).
+        skip_nonfinite: the static scaler's flag (False: non-finite steps are applied, as OneFlow
+            does under any static scale; True: miniflow's default).
         loss_log2_weight: the loss is multiplied by 2^w and the learning rate by 2^-w (in float32
             the same training, bit for bit: only powers of two change).
         probe_underflow: measure the fp16 gradient underflow against a float32 reference.
@@ -267,6 +298,13 @@ def underflow_fraction(fp16: dict, reference: dict) -> float:
     return lost / live
 
 
+def first_step(flags) -> int | None:
+    """The 1-based number of the first step whose flag is true (None if none is): with
+    ``nonfinite_params > 0`` the step whose update first made a weight NaN or inf, with a
+    non-finite loss the first step whose loss was NaN or inf."""
+    return next((i + 1 for i, flag in enumerate(flags) if flag), None)
+
+
 def nonfinite_fraction(model) -> float:
     """Fraction of the model's parameter elements that are NaN or inf."""
     arrays = [p.numpy() for p in model.parameters()]
@@ -364,6 +402,8 @@ def _record(spec: RunSpec, seed: int, graph, s: dict, evals: dict, underflow: di
         "skipped_fraction": float(np.mean(s["skipped"])),
         "max_applied_scale": max(applied) if applied else None,
         "final_nonfinite_params": s["nonfinite_params"][-1],
+        "first_nonfinite_step": first_step(f > 0 for f in s["nonfinite_params"]),
+        "first_nonfinite_loss_step": first_step(not np.isfinite(v) for v in s["loss"]),
         "mean_underflow": float(np.mean(underflow["fraction"])) if underflow["step"] else None,
         "per_step": {"loss": _rounded(s["loss"], 5), "scale": s["scale"],
                      "skipped": s["skipped"], "grad_norm": _rounded(s["grad_norm"], 4),
@@ -376,10 +416,26 @@ def _record(spec: RunSpec, seed: int, graph, s: dict, evals: dict, underflow: di
 
 
 # ---------------------------------------------------------------------------------- experiments
+def _skip_label(policy: str, skip: bool) -> str:
+    """How a static run treats non-finite steps, and whose behaviour that is."""
+    if skip:
+        return "skip (miniflow's default)"
+    return "no skip (OneFlow)" if policy in ONEFLOW_POLICIES else "no skip"
+
+
+def _static_variants(policy: str) -> list:
+    """``(label, skip_nonfinite)`` of the static-sweep runs of ``policy``: the OneFlow policies as
+    OneFlow runs them (no skip) and with miniflow's skip; the others with the default (skip)."""
+    if policy not in ONEFLOW_POLICIES:
+        return [(policy, True)]
+    return [(f"{policy}, {_skip_label(policy, skip)}", skip) for skip in (False, True)]
+
+
 def experiment_specs() -> list:
-    """Every run of the study, per seed (issue 6 lists the experiments)."""
-    specs = [RunSpec("static_sweep", p, policy=p, scale=2.0 ** k)
-             for k in SWEEP_LOG2_SCALES for p in POLICIES]
+    """Every run of the study, per seed (issue 6 lists the experiments; issue 11 adds the static
+    runs without skipping, as OneFlow runs them)."""
+    specs = [RunSpec("static_sweep", label, policy=p, scale=2.0 ** k, skip_nonfinite=skip)
+             for k in SWEEP_LOG2_SCALES for p in POLICIES for label, skip in _static_variants(p)]
     specs += [RunSpec("dynamic", p, policy=p, scale=DYNAMIC_INIT_SCALE, dynamic=True)
               for p in POLICIES]
     gray = {"no AMP": ("none", "energy_share"), "AMP": ("fp32", "energy_share"),
@@ -393,19 +449,47 @@ def experiment_specs() -> list:
     specs += [RunSpec("underflow", label, scale=2.0 ** k, loss_log2_weight=w, probe_underflow=True)
               for label, w in regimes.items() for k in UNDERFLOW_LOG2_SCALES]
     for policy, k in (("legacy", 17), ("fp32", 20)):
-        specs += [RunSpec("skipping", f"{policy}, 2^{k}, {'skip' if skip else 'no skip'}",
+        specs += [RunSpec("skipping", f"{policy}, 2^{k}, {_skip_label(policy, skip)}",
                           policy=policy, scale=2.0 ** k, skip_nonfinite=skip)
                   for skip in (True, False)]
     return specs
 
 
+class OutputDirError(OSError):
+    """The study's output folder cannot be created or written."""
+
+
+def check_out_dir(out: Path) -> None:
+    """Create ``out`` (and its parents) and write and delete a probe file in it, so that a study
+    that cannot save its results fails before its first run, not after minutes of training.
+
+    Raises:
+        OutputDirError: ``out`` is a file, lies under a file, or is not writable; the message names
+            the folder and the reason.
+    """
+    try:
+        if out.exists() and not out.is_dir():
+            raise NotADirectoryError(0, "it exists and is not a folder")
+        out.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=out):
+            pass
+    except OSError as e:
+        raise OutputDirError(f"cannot write the study's results to {str(out)!r}: "
+                             f"{e.strerror or e}; pass a writable folder with --out DIR") from None
+
+
 def run_study(cfg: StudyConfig, out: Path, progress: bool = True) -> dict:
     """Run every experiment for every seed; write ``metrics.json``, ``summary.md`` and the
-    figures into ``out``; returns the metrics."""
+    figures into ``out``; returns the metrics.
+
+    Raises:
+        OutputDirError: ``out`` cannot be written (checked before the first run).
+    """
     from tqdm import tqdm
 
     from . import stability_plots, stability_report
 
+    check_out_dir(out)
     data = load_digits()
     specs = experiment_specs()
     runs = []
@@ -421,7 +505,6 @@ def run_study(cfg: StudyConfig, out: Path, progress: bool = True) -> dict:
                           "momentum": MOMENTUM, "backend": get_backend().name,
                           "seconds": round(time.perf_counter() - t0, 1)},
                "runs": runs}
-    out.mkdir(parents=True, exist_ok=True)
     (out / "metrics.json").write_text(json.dumps(metrics, separators=(",", ":")))
     figures = stability_plots.plot_all(metrics, out)
     (out / "summary.md").write_text(stability_report.summary_markdown(metrics, figures))

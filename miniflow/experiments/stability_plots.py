@@ -12,7 +12,9 @@ from pathlib import Path
 
 import numpy as np
 
-from .stability_report import POLICY_NAMES, group, runs_of
+from .stability import ONEFLOW_POLICIES
+from .stability_report import (POLICY_NAMES, group, log2_label, nan_steps, runs_of,
+                                 static_row_name)
 
 __all__ = ["plot_all"]
 
@@ -21,6 +23,17 @@ STYLE = {"none": dict(color="black", marker="s", linestyle="-"),
          "cast_back": dict(color="tab:orange", marker="o", linestyle=":", fillstyle="none"),
          "fp32": dict(color="tab:blue", marker="^", linestyle="-")}
 """Line style per run policy (legacy and cast_back coincide, so they differ in marker and dash)."""
+
+
+def _static_style(policy: str, skip: bool) -> dict:
+    """:data:`STYLE` of the policy; for OneFlow's policies a thick line as OneFlow runs them (no
+    skip) and a thin dotted one, hollow markers, with miniflow's skip."""
+    style = dict(STYLE[policy])
+    if policy in ONEFLOW_POLICIES:
+        style.update(dict(linewidth=2.6) if not skip else
+                     dict(linewidth=1.2, linestyle=(0, (1, 2)), fillstyle="none", markersize=9,
+                          marker="s" if policy == "legacy" else "D"))
+    return style
 
 RUN_COLORS = ("black", "tab:red", "tab:blue", "tab:green")
 
@@ -37,8 +50,8 @@ def _title(fig, title: str, width_in: float) -> None:
     fig.suptitle(textwrap.fill(title, width=int(10 * width_in)), fontsize=12)
 
 
-def _figure(ncols: int, title: str, height: float = 4.4):
-    width = max(6.2 * ncols, 9.0)
+def _figure(ncols: int, title: str, height: float = 4.4, col_width: float = 6.2):
+    width = max(col_width * ncols, 9.0)
     fig, axes = _plt().subplots(1, ncols, figsize=(width, height), squeeze=False)
     _title(fig, title, width)
     return fig, list(axes[0])
@@ -101,20 +114,33 @@ def _accuracy_band(ax, runs, label, **style) -> None:
 
 # ---------------------------------------------------------------------------------- figures
 def static_sweep(metrics: dict, path: Path) -> str:
-    g = group(runs_of(metrics, "static_sweep"), "policy")
-    fig, (acc, skip) = _figure(2, "Static loss scale: legacy and cast_back skip every step from "
-                               "2^16 (65536 > float16 max 65504); fp32 keeps training")
-    for (policy,), runs in g.items():
-        _against_scale(((acc, "final_test_accuracy"), (skip, "skipped_fraction")), runs,
-                       POLICY_NAMES[policy], **STYLE[policy])
-    for ax in (acc, skip):
-        _log2_axis(ax, [math.log2(r["scale"]) for r in runs_of(metrics, "static_sweep")],
-                   fp16_max=True)
+    runs = runs_of(metrics, "static_sweep")
+    oneflow_nan = [r for r in runs if r["policy"] in ONEFLOW_POLICIES and not r["skip_nonfinite"]
+                   and r["first_nonfinite_step"] is not None]
+    step = nan_steps(oneflow_nan) or "-"
+    above = log2_label(min(r["scale"] for r in oneflow_nan)) if oneflow_nan else "-"
+    fig, (acc, bad, skip) = _figure(
+        3, f"Static loss scale {above} and above (float16 max 65504): OneFlow never skips a step "
+        f"under a static scale, so legacy and cast_back apply the inf update and the weights are "
+        f"NaN after step {step}. miniflow's skip keeps them finite but untrained; fp32 (miniflow) "
+        f"trains", height=4.8, col_width=5.4)
+    for (policy, skip_nonfinite), g in group(runs, "policy", "skip_nonfinite").items():
+        _against_scale(((acc, "final_test_accuracy"), (bad, "final_nonfinite_params"),
+                        (skip, "skipped_fraction")), g, static_row_name(policy, skip_nonfinite),
+                       **_static_style(policy, skip_nonfinite))
+    for ax in (acc, bad, skip):
+        _log2_axis(ax, [math.log2(r["scale"]) for r in runs], fp16_max=True)
+    if oneflow_nan:
+        bad.text(math.log2(min(r["scale"] for r in oneflow_nan)) - 0.8, 80,
+                 f"legacy, cast_back\nas in OneFlow (no skip):\nNaN after step {step}",
+                 color=STYLE["legacy"]["color"], ha="right", va="center", fontsize=8)
     _percent_axis(acc, f"test accuracy after {metrics['config']['steps']} steps (%)")
+    _percent_axis(bad, "NaN or inf weights at the end (%)")
     _percent_axis(skip, "skipped steps (%)")
-    acc.legend(loc="lower left", fontsize=8)
+    acc.legend(loc="lower left", fontsize=7)
     _save(fig, path)
-    return "test accuracy and skipped steps against the static loss scale, per policy (headline)"
+    return ("test accuracy, non-finite weights and skipped steps against the static loss scale: "
+            "OneFlow's policies as OneFlow runs them (no skip) and with miniflow's skip (headline)")
 
 
 def dynamic_scale(metrics: dict, path: Path) -> str:
@@ -124,8 +150,8 @@ def dynamic_scale(metrics: dict, path: Path) -> str:
               "policy")
     fig, axes = _plt().subplots(len(g), 1, figsize=(10, 2.2 * len(g) + 1.2), sharex=True,
                                 sharey=True, squeeze=False)
-    _title(fig, "Dynamic scaler from 2^16: legacy and cast_back never apply a step above 2^15; "
-           "fp32 grows until real gradients overflow", 10)
+    _title(fig, "Dynamic scaler from 2^16 (it skips non-finite steps in OneFlow too): legacy and "
+           "cast_back never apply a step above 2^15; fp32 grows until real gradients overflow", 10)
     for ax, ((policy,), (run,)) in zip(axes[:, 0], g.items()):
         s = np.log2(run["per_step"]["scale"])
         skipped = np.flatnonzero(run["per_step"]["skipped"])
@@ -151,7 +177,7 @@ def _epoch_means(losses: list, per_epoch: int) -> list:
 
 
 def dynamic_loss(metrics: dict, path: Path) -> str:
-    per_epoch = metrics["config"]["eval_every"]
+    per_epoch = min(metrics["config"]["eval_every"], metrics["config"]["steps"])
     fig, (ax,) = _figure(1, "With a dynamic scaler every policy trains: the loss curves overlap "
                          "(legacy and cast_back lose one step per growth attempt)")
     for (policy,), runs in group(runs_of(metrics, "dynamic"), "policy").items():
@@ -238,8 +264,9 @@ def underflow(metrics: dict, path: Path) -> str:
 
 
 def skipping(metrics: dict, path: Path) -> str:
-    fig, (bad, acc) = _figure(2, "Without skipping, the first overflowing step turns the weights "
-                              "to NaN for good; with skipping they stay finite")
+    fig, (bad, acc) = _figure(2, "Without skipping (OneFlow under a static scale), the first "
+                              "overflowing step turns the weights to NaN for good; with miniflow's "
+                              "skip they stay finite")
     for label, runs, widths in _labelled(metrics, "skipping"):
         style = dict(widths, color=STYLE[runs[0]["policy"]]["color"],
                      linestyle="-" if runs[0]["skip_nonfinite"] else "--")

@@ -3,8 +3,13 @@ hyper-parameters and numbers, all computed from the run records in ``metrics.jso
 
 A run record (``stability.train_run``) holds its :class:`~miniflow.experiments.stability.RunSpec`
 fields, ``seed``, per-run results (``final_test_accuracy``, ``skipped_fraction``,
-``max_applied_scale``, ``final_nonfinite_params``, ``mean_underflow``, ``amp_nodes``) and the
-series ``per_step``, ``evaluations`` and ``underflow``. Numbers in tables are means over seeds.
+``max_applied_scale``, ``final_nonfinite_params``, ``first_nonfinite_step``,
+``first_nonfinite_loss_step``, ``mean_underflow``, ``amp_nodes``) and the series ``per_step``,
+``evaluations`` and ``underflow``. Numbers in tables are means over seeds.
+
+The static sweep runs OneFlow's policies ("legacy", "cast_back") twice: without skipping non-finite
+steps, as OneFlow does under a static loss scale (its rows say "as in OneFlow"), and with miniflow's
+default ``StaticGradScaler``, which skips them (its rows say "miniflow's skip").
 """
 from __future__ import annotations
 
@@ -12,12 +17,29 @@ import math
 
 import numpy as np
 
-__all__ = ["POLICY_NAMES", "runs_of", "group", "mean_of", "log2_label", "headline_table",
-           "summary_markdown"]
+from .stability import ONEFLOW_POLICIES
+
+__all__ = ["POLICY_NAMES", "STATIC_ROWS", "static_row_name", "runs_of", "group", "mean_of",
+           "log2_label", "nan_steps", "headline_table", "summary_markdown"]
 
 POLICY_NAMES = {"none": "fp32 training (no AMP)", "legacy": "legacy (OneFlow before PR 9126)",
-                "cast_back": "cast_back (OneFlow PR 9126)", "fp32": "fp32 (miniflow default)"}
+                "cast_back": "cast_back (OneFlow PR 9126)", "fp32": "fp32 (miniflow's default)"}
 """Display names of the run policies."""
+
+STATIC_ROWS = (("none", True), ("legacy", False), ("legacy", True), ("cast_back", False),
+               ("cast_back", True), ("fp32", True))
+"""``(policy, skip_nonfinite)`` of the static-sweep rows, in table order: each OneFlow policy as
+OneFlow runs it (no skip), then with miniflow's skip."""
+
+
+def static_row_name(policy: str, skip: bool) -> str:
+    """The name of a static-sweep row: the policy, and for OneFlow's policies whose step-skipping
+    it is (OneFlow never skips under a static scale; skipping is miniflow's default)."""
+    if policy not in ONEFLOW_POLICIES:
+        return POLICY_NAMES[policy]
+    if skip:
+        return f"{policy} + miniflow's skip (not OneFlow)"
+    return f"{POLICY_NAMES[policy]}, as in OneFlow: no skip"
 
 
 def runs_of(metrics: dict, experiment: str) -> list:
@@ -54,6 +76,29 @@ def _table(header: list, rows: list) -> str:
     return "\n".join(lines)
 
 
+def nan_steps(runs: list, field: str = "first_nonfinite_step") -> str:
+    """The step (range over seeds) whose update first made a weight NaN or inf (``field``
+    ``"first_nonfinite_loss_step"``: whose loss was NaN or inf first), with how many seeds did so
+    if not all; ``""`` if none did."""
+    steps = [r[field] for r in runs if r[field] is not None]
+    if not steps:
+        return ""
+    lo, hi = min(steps), max(steps)
+    text = str(lo) if lo == hi else f"{lo}-{hi}"
+    return text if len(steps) == len(runs) else f"{text} ({len(steps)} of {len(runs)} seeds)"
+
+
+def _static_cell(runs: list) -> str:
+    """``97.4%``; ``12.4% (100.0% skipped)``; or ``NaN at step 1: 10.0%`` (test accuracy after
+    the weights became NaN or inf)."""
+    acc = _pct(mean_of(runs, "final_test_accuracy"))
+    nan = nan_steps(runs)
+    if nan:
+        return f"NaN at step {nan}: {acc}"
+    skipped = mean_of(runs, "skipped_fraction")
+    return f"{acc} ({_pct(skipped)} skipped)" if skipped else acc
+
+
 def _max_applied(runs: list) -> str:
     """The largest scale applied on a step, over the seeds (``-`` if every step was skipped)."""
     values = [r["max_applied_scale"] for r in runs if r["max_applied_scale"] is not None]
@@ -65,30 +110,50 @@ HEADLINE_LOG2_SCALES = (15, 16, 17, 20)
 
 
 def headline_table(metrics: dict) -> str:
-    """Per policy: test accuracy and skipped steps at static 2^15 .. 2^20, and under the dynamic
-    scaler the largest scale applied on a step, the skipped steps and the accuracy."""
-    static = group(runs_of(metrics, "static_sweep"), "policy", "scale")
+    """Per static-sweep row (:data:`STATIC_ROWS`): the static cells (:func:`_static_cell`) at
+    2^15 .. 2^20; per policy, under the dynamic scaler (which skips in OneFlow and miniflow alike,
+    so the "miniflow's skip" rows say "as above"), the largest scale applied on a step, the skipped
+    steps and the accuracy."""
+    static = group(runs_of(metrics, "static_sweep"), "policy", "skip_nonfinite", "scale")
     dynamic = group(runs_of(metrics, "dynamic"), "policy")
-    header = (["policy"] + [f"static {'2^%d' % k}: accuracy (skipped)" for k in HEADLINE_LOG2_SCALES]
+    header = (["policy"] + [f"static {'2^%d' % k}" for k in HEADLINE_LOG2_SCALES]
               + ["dynamic: largest applied scale", "dynamic: skipped", "dynamic: accuracy"])
     rows = []
-    for policy, name in POLICY_NAMES.items():
-        cells = [f"{_pct(mean_of(g, 'final_test_accuracy'))} ({_pct(mean_of(g, 'skipped_fraction'))})"
-                 for g in (static[(policy, 2.0 ** k)] for k in HEADLINE_LOG2_SCALES)]
-        d = dynamic[(policy,)]
-        rows.append([name, *cells, _max_applied(d), _pct(mean_of(d, "skipped_fraction")),
-                     _pct(mean_of(d, "final_test_accuracy"))])
+    for policy, skip in STATIC_ROWS:
+        cells = [_static_cell(static[(policy, skip, 2.0 ** k)]) for k in HEADLINE_LOG2_SCALES]
+        if policy in ONEFLOW_POLICIES and skip:
+            dyn = ["as above"] * 3
+        else:
+            d = dynamic[(policy,)]
+            dyn = [_max_applied(d), _pct(mean_of(d, "skipped_fraction")),
+                   _pct(mean_of(d, "final_test_accuracy"))]
+        rows.append([static_row_name(policy, skip), *cells, *dyn])
     return _table(header, rows)
 
 
 def _static_table(metrics: dict) -> str:
     runs = runs_of(metrics, "static_sweep")
     scales = sorted({r["scale"] for r in runs})
-    g = group(runs, "policy", "scale")
-    rows = [[POLICY_NAMES[p]] + [f"{_pct(mean_of(g[(p, s)], 'final_test_accuracy'))} "
-                                 f"({_pct(mean_of(g[(p, s)], 'skipped_fraction'))})" for s in scales]
-            for p in POLICY_NAMES]
+    g = group(runs, "policy", "skip_nonfinite", "scale")
+    rows = [[static_row_name(p, k)] + [_static_cell(g[(p, k, s)]) for s in scales]
+            for p, k in STATIC_ROWS]
     return _table(["policy \\ static scale"] + [log2_label(s) for s in scales], rows)
+
+
+def _oneflow_nan_table(metrics: dict) -> str:
+    """The static runs without skipping (OneFlow's behaviour) whose weights became non-finite."""
+    rows = []
+    for (policy, scale), g in group([r for r in runs_of(metrics, "static_sweep")
+                                     if not r["skip_nonfinite"]], "policy", "scale").items():
+        if not nan_steps(g):
+            continue
+        rows.append([POLICY_NAMES[policy], log2_label(scale), nan_steps(g),
+                     nan_steps(g, "first_nonfinite_loss_step") or "-",
+                     _pct(mean_of(g, "final_nonfinite_params")),
+                     _pct(mean_of(g, "final_test_accuracy"))])
+    return _table(["policy (no skip, as in OneFlow)", "static scale",
+                   "weights NaN or inf from step", "loss NaN from step",
+                   "non-finite weights at the end", "test accuracy"], rows)
 
 
 def _dynamic_table(metrics: dict) -> str:
@@ -117,6 +182,7 @@ def _nodes(g: list, dtype: str):
 _COLUMNS = {
     "fp16 nodes": lambda g: _nodes(g, "fp16"), "fp32 nodes": lambda g: _nodes(g, "fp32"),
     "skipped steps": lambda g: _pct(mean_of(g, "skipped_fraction")),
+    "weights NaN or inf from step": lambda g: nan_steps(g) or "-",
     "non-finite weights at the end": lambda g: _pct(mean_of(g, "final_nonfinite_params")),
     "test accuracy": lambda g: _pct(mean_of(g, "final_test_accuracy")),
 }
@@ -158,14 +224,33 @@ def summary_markdown(metrics: dict, figures: list) -> str:
             f"Made by `miniflow stability` ({c['seeds']} seed(s), {c['steps']} steps per run, "
             f"backend `{c['backend']}`, {len(metrics['runs'])} runs in {c['seconds']:.0f} s). "
             f"Numbers are means over the seeds; the figures show min-max bands.\n\n"
-            f"## Headline\n\nTest accuracy after {c['steps']} steps (and the fraction of skipped "
-            f"steps) of the digits MLP, batch {c['batch_size']}, mean cross-entropy:\n\n"
-            f"{headline_table(metrics)}\n")
+            f"## Headline\n\nTest accuracy of the digits MLP after {c['steps']} steps, batch "
+            f"{c['batch_size']}, mean cross-entropy. " + _CELLS + "\n\n"
+            f"{headline_table(metrics)}\n\n" + _READING)
     sections = [head] + [text.format(table=table(metrics), **c) for text, table in _SECTIONS]
     sections.append("## Figures\n\n" + "\n".join(f"- `{f}`: {cap}" for f, cap in figures) + "\n")
     sections.append(_NOTES.format(seeds_minus_one=c["seeds"] - 1, **c))
     return "\n".join(sections)
 
+
+_CELLS = ("Static cells: the test accuracy, with the fraction of skipped steps where steps were "
+          "skipped; \"NaN at step n\" where the update of step n made the weights NaN or inf "
+          "(they stay so, and the NaN model's arg-max is class 0 for every test image).")
+
+_READING = (
+    "**What OneFlow does.** With a static loss scale OneFlow never skips a step: its autograd "
+    "pass counts non-finite gradients (`CountNotFiniteIfNeeded`) and its optimizer passes make "
+    "the update ops skip on that count (`SetDynamicLossScaleSkipIf`) only when a dynamic "
+    "loss-scale policy is configured. Above 65504 the scaled float16 initial gradient is inf under "
+    "\"legacy\" and \"cast_back\", and OneFlow applies the inf/NaN update: the rows \"as in "
+    "OneFlow: no skip\" have NaN weights after step 1. The rows \"+ miniflow's skip (not "
+    "OneFlow)\" are the same policies with miniflow's default `StaticGradScaler`, which skips "
+    "non-finite steps: the weights stay finite but never change, so the model stays at its "
+    "random start. With a dynamic scaler OneFlow does skip and halve the scale, as miniflow does: "
+    "\"legacy\" and \"cast_back\" never apply a step above 2^15. \"fp32\" is miniflow's own "
+    "design: the autograd pass puts `amp_black_identity` (an op PR 9126 added) on the initial "
+    "gradient, so the scale multiplies in float32; OneFlow itself never inserts that op "
+    "there.\n")
 
 _COMMON = ("SGD, learning rate {lr}, momentum {momentum}, batch {batch_size} (last partial batch "
            "of each epoch dropped: 22 steps per epoch), {steps} steps, mean softmax cross-entropy; "
@@ -173,13 +258,19 @@ _COMMON = ("SGD, learning rate {lr}, momentum {momentum}, batch {batch_size} (la
 
 _SECTIONS = [
     ("## Static scale sweep\n\nModel: the 64-128-10 ReLU MLP. " + _COMMON + ". Scaler: "
-     "`StaticGradScaler(scale, max_consecutive_skips=10**9)`. AMP policies: `enable_amp(True, "
-     "loss_scale_policy=...)`; \"fp32 training\" is AMP off with the same scaler. Cells: test "
-     "accuracy (skipped steps).\n\n{table}\n", _static_table),
+     "`StaticGradScaler(scale, skip_nonfinite=False, max_consecutive_skips=10**9)` in the rows "
+     "\"as in OneFlow: no skip\" (OneFlow applies non-finite steps under a static scale), "
+     "`StaticGradScaler(scale, max_consecutive_skips=10**9)` (miniflow's default: skip) in the "
+     "others. AMP policies: `enable_amp(True, loss_scale_policy=...)`; \"fp32 training\" is AMP "
+     "off with the same scaler. " + _CELLS + "\n\n{table}\n",
+     lambda m: _static_table(m) + "\n\nThe runs without skipping whose weights became NaN or "
+     "inf (the loss is NaN from the next step on):\n\n" + _oneflow_nan_table(m)),
     ("## Dynamic scaler\n\nThe same MLP and training; `GradScaler(init_scale=2**16, "
-     "growth_interval=25)` (growth 2, backoff 0.5, floor 1). \"legacy\" and \"cast_back\" cannot "
-     "apply a step above 2^15: each growth to 2^16 overflows the float16 initial gradient and the "
-     "step is skipped; \"fp32\" grows until real gradients overflow.\n\n{table}\n",
+     "growth_interval=25)` (growth 2, backoff 0.5, floor 1). A dynamic scaler skips non-finite "
+     "steps in OneFlow too (the count is the update ops' `skip_if`), so these are OneFlow's "
+     "results for \"legacy\" and \"cast_back\": they cannot apply a step above 2^15, since each "
+     "growth to 2^16 overflows the float16 initial gradient and the step is skipped and the scale "
+     "halved; \"fp32\" grows until real gradients overflow.\n\n{table}\n",
      _dynamic_table),
     ("## Gray-path control: black_identity\n\nModel: `EnergyShareMLP`: Linear(64, 128) -> ReLU -> "
      "energy share `128 * h^2 / sum(h^2)` (scale-invariant) -> Linear(128, 10), on raw pixel "
@@ -209,10 +300,10 @@ _SECTIONS = [
      _COMMON +
      ". Cells: underflow / test accuracy.\n\n{table}\n", _underflow_section),
     ("## Skipping matters\n\nThe MLP; `StaticGradScaler(scale, skip_nonfinite=False)` applies "
-     "steps with non-finite gradients, as a framework without the check would; \"skip\" is the "
-     "default. legacy at 2^17 overflows on every step; fp32 at 2^20 only on some steps (real "
-     "gradient overflow). " + _COMMON + ".\n\n{table}\n",
-     lambda m: _label_table(m, "skipping", _columns("skipped steps",
+     "steps with non-finite gradients, as OneFlow does under any static loss scale; \"skip\" is "
+     "miniflow's default. legacy at 2^17 overflows on every step; fp32 at 2^20 only on some steps "
+     "(real gradient overflow). " + _COMMON + ".\n\n{table}\n",
+     lambda m: _label_table(m, "skipping", _columns("skipped steps", "weights NaN or inf from step",
                                                     "non-finite weights at the end",
                                                     "test accuracy"))),
 ]
@@ -228,7 +319,9 @@ _NOTES = """## Notes
   (the scale the step used), `skipped` (1 = not applied), `grad_norm` (L2 norm of all unscaled
   float32 gradients), `fp16_zero_fraction` (exact zeros among the float16 gradient elements,
   structural zeros included; null without AMP), `nonfinite_params` (NaN or inf weights after the
-  step); every {eval_every} steps `test_accuracy`; and the underflow probes. null stands for NaN or
-  inf.
+  step); every {eval_every} steps `test_accuracy`; the underflow probes; and per run
+  `first_nonfinite_step` (the step whose update first made a weight NaN or inf) and
+  `first_nonfinite_loss_step` (the first step whose loss was NaN or inf), null if none. In the
+  series null stands for NaN or inf.
 - Seeds 0..{seeds_minus_one} set the initial weights (`miniflow.manual_seed`) and the batch order.
 """

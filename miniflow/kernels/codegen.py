@@ -15,8 +15,10 @@ bytecode; a function made by ``exec`` has no file and compiles again in every pr
 modules therefore live in real files, one per source text, named by its hash
 (``<prefix>_<hash>.py``), written once (a temporary file renamed into place, so no process reads
 half a file) and never rewritten, in :func:`generated_dir`: ``$NUMBA_CACHE_DIR/miniflow_generated``
-when Numba's cache folder is set, else ``miniflow/generated`` in the user's cache folder
+when Numba caches in ``NUMBA_CACHE_DIR``, else ``miniflow/generated`` in the user's cache folder
 (``$XDG_CACHE_HOME``, default ``~/.cache``); never in the source tree. Deleting it is always safe.
+When Numba cannot cache (no writable folder, ``miniflow.kernels.cache``), no file is written: the
+module compiles from memory and its kernel with ``cache=False``.
 """
 from __future__ import annotations
 
@@ -26,11 +28,11 @@ import itertools
 import os
 import sys
 import tempfile
+import types
 from dataclasses import dataclass
 from typing import Callable
 
-import numba
-
+from .cache import CACHE
 from ..dtype import as_dtype
 from ..ops.fused import CASTS, term_dtype
 
@@ -152,12 +154,10 @@ def module_source(generator: str, lowered: Lowered, input_dtypes, kinds, imports
 _MODULES: dict = {}
 
 
-def generated_dir() -> str:
-    """The folder generated sources are written to."""
-    if numba.config.CACHE_DIR:
-        return os.path.join(numba.config.CACHE_DIR, "miniflow_generated")
-    root = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return os.path.join(root, "miniflow", "generated")
+def generated_dir() -> str | None:
+    """The folder generated sources are written to (``miniflow.kernels.cache.CACHE.generated``);
+    None when Numba cannot cache and they compile from memory."""
+    return CACHE.generated
 
 
 def _write_once(path: str, source: str) -> None:
@@ -174,14 +174,21 @@ def _write_once(path: str, source: str) -> None:
 
 def load_source(prefix: str, source: str):
     """The module made from ``source``: imported from its file in :func:`generated_dir` (written
-    there first if missing); memoised per process."""
+    there first if missing), or compiled from memory when there is no such folder; memoised per
+    process."""
     name = f"{prefix}_{hashlib.sha1(source.encode()).hexdigest()[:20]}"
     if name not in _MODULES:
-        path = os.path.join(generated_dir(), name + ".py")
-        _write_once(path, source)
-        spec = importlib.util.spec_from_file_location(f"_miniflow_generated_{name}", path)
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[spec.name] = module
-        spec.loader.exec_module(module)
+        folder, module_name = generated_dir(), f"_miniflow_generated_{name}"
+        if folder is None:
+            module = types.ModuleType(module_name)
+            sys.modules[module_name] = module
+            exec(compile(source, f"<generated {name}>", "exec"), module.__dict__)
+        else:
+            path = os.path.join(folder, name + ".py")
+            _write_once(path, source)
+            spec = importlib.util.spec_from_file_location(module_name, path)
+            module = importlib.util.module_from_spec(spec)
+            sys.modules[spec.name] = module
+            spec.loader.exec_module(module)
         _MODULES[name] = module
     return _MODULES[name]

@@ -48,7 +48,8 @@ def schedule_kernel(total, scale, tracker, growth_factor, backoff_factor, growth
 
 
 def build_scalar_mul_by_tensor(node, ins, outs):
-    """``out[i] = x[i] * scalar[0]``: a broadcasting zip against the [1]-shaped scalar."""
+    """``out[i] = x[i] * scalar``: a broadcasting zip against the one-element scalar, whatever its
+    shape (``[]``, ``[1]``, ``[1,1]`` ...): it is read flat and broadcast as ``(1,) * x.ndim``."""
     x, s = ins
     return zip_steps(scalar.mul, x, s, outs[0], y_shape=(1,) * x.ndim)
 

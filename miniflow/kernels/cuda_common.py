@@ -9,7 +9,8 @@ inf, keep subnormals), the same results as NumPy's ``astype``. NaN stays NaN (ha
 canonical NaN, so its sign and payload may differ from NumPy's). No arithmetic happens in float16
 and no kernel uses atomics: reductions combine partial results in shared memory.
 
-Caching. Kernels are ``cuda.jit(cache=True)`` (on a GPU). Numba keys a cached kernel by its
+Caching. Kernels are ``cuda.jit(cache=True)`` on a GPU when Numba has a writable cache folder
+(``miniflow.kernels.cache``), else ``cache=False``. Numba keys a cached kernel by its
 bytecode and the pickled contents of its closure; the closures hold numba types, numbers and
 ``cuda.jit(device=True)`` dispatchers of module-level functions, which pickle by reference, so the
 key is stable across processes. As on the CPU, edits to ``scalar.py`` or to device helpers in
@@ -31,6 +32,7 @@ from numba import config as numba_config
 from numba import cuda, types
 
 from . import scalar
+from .cache import CACHE
 
 __all__ = ["SIMULATOR", "jit", "device", "compute_type", "storage_type", "flat", "scratch", "math",
            "SimulatorMath", "nan_max", "block_sum", "block_max", "strided_offset"]
@@ -72,8 +74,9 @@ math = SimulatorMath if SIMULATOR else _math
 
 
 def jit(fn):
-    """Compile ``fn`` as a CUDA kernel (lazily, per argument types; cached on disk on a GPU)."""
-    return cuda.jit(cache=not SIMULATOR)(fn)
+    """Compile ``fn`` as a CUDA kernel (lazily, per argument types; cached on disk on a GPU when
+    Numba can cache)."""
+    return cuda.jit(cache=CACHE.enabled and not SIMULATOR)(fn)
 
 
 @functools.cache

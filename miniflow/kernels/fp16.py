@@ -29,8 +29,9 @@ Two conversion paths, chosen once at import (``PATH``):
 and the target CPU name/features, not by which conversion path its helpers used. The automatic
 choice depends only on the CPU name/features, so it is keyed correctly; the forced switch is not, so
 when it is set, ``JIT_CACHE`` is False and kernels compile without the disk cache (no stale
-intrinsic-path code is loaded, none is written). Note also that Numba's cache does not track edits
-to helper modules: after editing this file or ``scalar.py``, clear ``NUMBA_CACHE_DIR``.
+intrinsic-path code is loaded, none is written). ``JIT_CACHE`` is also False when Numba has no
+writable cache folder (``miniflow.kernels.cache``). Note also that Numba's cache does not track
+edits to helper modules: after editing this file or ``scalar.py``, clear ``NUMBA_CACHE_DIR``.
 
 float64 -> fp16 (``narrow64``) always uses the integer algorithm: a direct, single rounding (going
 through float32 would round twice), and hardware F16C has no double->half instruction.
@@ -48,6 +49,8 @@ import numpy as np
 from llvmlite import ir
 from numba import types
 from numba.extending import intrinsic, overload
+
+from .cache import CACHE
 
 __all__ = ["PATH", "FORCE_FALLBACK", "JIT_CACHE", "widen", "narrow", "narrow64",
            "widen_intrinsic", "narrow_intrinsic", "widen_fallback", "narrow_fallback",
@@ -70,8 +73,9 @@ def _target_has_f16c() -> bool:
 PATH = "fallback" if FORCE_FALLBACK or not _target_has_f16c() else "intrinsic"
 """The conversion path compiled into kernels: ``"intrinsic"`` or ``"fallback"``."""
 
-JIT_CACHE = not FORCE_FALLBACK
-"""``cache=`` for every CPU kernel (off when the fallback is forced; see the module docstring)."""
+JIT_CACHE = CACHE.enabled and not FORCE_FALLBACK
+"""``cache=`` for every CPU kernel (off when the fallback is forced or Numba cannot cache; see the
+module docstring)."""
 
 
 # ----------------------------------------------------------------------------- LLVM intrinsics

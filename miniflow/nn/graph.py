@@ -5,10 +5,17 @@ Subclass it, assign modules as attributes, call ``self.add_optimizer(opt)`` and 
 into an IR graph, runs the pass pipeline and builds a plan; later calls with that signature only
 copy the inputs in and run the plan. Up to :attr:`Graph.max_plans` plans are kept (least recently
 used evicted). Parameters and optimizer state are graph variables shared by every plan.
+
+Calls of one graph instance are serialized by a lock: a plan owns one set of input, intermediate
+and output buffers, and the scaler counts one step at a time, so two threads calling the same graph
+take turns (each gets its own result). Different graph instances have separate locks: graphs that
+share modules, optimizers or a scaler must not be called concurrently (their updates would
+interleave), as with PyTorch modules.
 """
 from __future__ import annotations
 
 import inspect
+import threading
 from collections import OrderedDict
 
 import numpy as np
@@ -120,6 +127,7 @@ class Graph:
         self.compile_count = 0
         self._amp_result = None
         self._grad_scaler = None
+        self._lock = threading.RLock()  # one call at a time (see the module docstring)
 
     def __setattr__(self, name, value):
         if isinstance(value, Module) and "_version" in self.__dict__:
@@ -179,16 +187,28 @@ class Graph:
     def __call__(self, *inputs):
         """Run the graph on NumPy arrays (or eager Tensors); returns Tensor(s) as build returned.
 
+        Thread-safe: the whole call (recompiling, copying the inputs in, running the plan, cloning
+        the outputs and the scaler's bookkeeping) holds this graph's lock, so concurrent calls of
+        one graph run one after the other.
+
         Raises:
             TypeError: wrong number of inputs, or an unsupported dtype.
             ValueError/TypeError from op inference when build cannot trace with these inputs.
+            RuntimeError: called from inside a build (nested graph calls), or ``__init__`` did
+                not call ``super().__init__()``.
         """
-        if current_tracer() is not None:
-            raise RuntimeError(f"{type(self).__name__} was called inside another graph's build; "
-                               "nested nn.Graph calls are not supported: call its modules instead")
         if "_plans" not in self.__dict__:
             raise RuntimeError(f"{type(self).__name__}.__init__ must call super().__init__() "
                                "before anything else")
+        with self._lock:  # reentrant: a call from this graph's own build reaches the check below
+            if current_tracer() is not None:
+                raise RuntimeError(f"{type(self).__name__} was called inside another graph's "
+                                   "build; nested nn.Graph calls are not supported: call its "
+                                   "modules instead")
+            return self._run(inputs)
+
+    def _run(self, inputs):
+        """The body of :meth:`__call__`, under the lock."""
         scaler = self._grad_scaler
         stamp = (self._version, self.config.version, replaced_count(),
                  scaler.version if scaler is not None else -1,
@@ -207,7 +227,7 @@ class Graph:
         else:
             self._plans.move_to_end(key)
         scale_before = scaler.scale if scaler is not None else None
-        outs = plan.run(arrays, to_host=False)
+        outs = plan.run(arrays, to_host=False)  # copies of the output buffers
         counts = plan.graph.nonfinite_counts
         if scaler is not None and counts is not None:
             counts = get_backend().to_numpy(plan.buffers[id(counts)])

@@ -1,7 +1,10 @@
 """Ops of the loss-scale stage (OneFlow's names and semantics).
 
-* ``scalar_mul_by_tensor(x, scalar[1]) -> out``: ``out = x * scalar[0]``; x and scalar share one
-  dtype (OneFlow checks this: PR 9126's intermediate version failed it with an fp16 static scale).
+* ``scalar_mul_by_tensor(x, scalar) -> out``: ``out = x * scalar``, where ``scalar`` has exactly one
+  element and any shape (``[]``, ``[1]``, ``[1,1]`` ...; OneFlow checks ``elem_cnt() == 1``) and
+  ``out`` has x's shape; x and scalar share one dtype (OneFlow checks this: PR 9126's intermediate
+  version failed it with an fp16 static scale). Gradients as OneFlow's ``TensorScalarMul``:
+  ``dx = dy * scalar``, ``dscalar = sum(dy * x)`` (in the scalar's shape).
 * ``reciprocal(x) -> out``: ``1 / x`` elementwise (the inverse loss scale).
 * ``multi_count_not_finite(g0, g1, ...) -> (counts i64[n], total i64[1])``: number of NaN/inf
   elements of each input, and their sum, in one fused kernel (OneFlow ``multi_count_not_finite``).
@@ -25,8 +28,9 @@ def _smbt_infer(inputs, attrs):
     check_arity("scalar_mul_by_tensor", inputs, 2)
     x, s = inputs
     dt = check_float("scalar_mul_by_tensor", x, s)
-    if s.shape != (1,):
-        raise ValueError(f"scalar_mul_by_tensor: scalar {fmt(s)} must have shape [1]")
+    if s.size != 1:
+        raise ValueError(f"scalar_mul_by_tensor: scalar {fmt(s)} must have exactly one element "
+                         f"(shape [], [1], [1,1] ...), it has {s.size}")
     return [(x.shape, dt)]
 
 
@@ -34,13 +38,27 @@ def _smbt_samples():
     def make(dt):
         return [([rand(3, 4, dtype=dt), np.array([0.5], dt)], {}),
                 ([rand(dtype=dt), np.array([65504.0], dt)], {}),
-                ([np.array([2.0, np.nan, 1e-3], dt), np.array([65536.0], np.float32).astype(dt)], {})]
+                ([np.array([2.0, np.nan, 1e-3], dt),
+                  np.array([65536.0], np.float32).astype(dt)], {}),
+                ([rand(2, 3, dtype=dt), np.array(-1.5, dt)], {}),  # a 0-d scalar
+                ([rand(4, dtype=dt), np.array([[0.25]], dt)], {}),  # scalar of higher rank
+                ([rand(dtype=dt), np.array([[3.0]], dt)], {})]
     return float_samples(make)
 
 
-register("scalar_mul_by_tensor", _smbt_infer, samples=_smbt_samples,
-         grad=lambda n, gs, emit: [emit("scalar_mul_by_tensor", gs[0], n.inputs[1]), None],
-         doc="out = x * scalar[0]")
+def _smbt_grad(n, gs, emit):
+    """OneFlow ``TensorScalarMul``: ``dx = dy * scalar``; ``dscalar = reduce_sum(dy * x)``."""
+    x, s = n.inputs
+    ds = emit("broadcast_mul", gs[0], x)
+    if x.shape:
+        ds = emit("reduce_sum", ds, axis=tuple(range(len(x.shape))), keepdims=False)
+    if ds.shape != s.shape:
+        ds = emit("reshape", ds, shape=s.shape)
+    return [emit("scalar_mul_by_tensor", gs[0], s), ds]
+
+
+register("scalar_mul_by_tensor", _smbt_infer, samples=_smbt_samples, grad=_smbt_grad,
+         doc="out = x * scalar (scalar: one element, any shape)")
 
 
 def _unary_float(op):

@@ -16,10 +16,12 @@ class Adam(Optimizer):
 
     Raises:
         TypeError: betas not a pair, or a hyper-parameter that is not a real number.
-        ValueError: lr not finite > 0, betas outside [0, 1), eps or weight_decay not finite >= 0.
+        ValueError: lr, eps or weight_decay not finite >= 0 (lr=0 is allowed, as in PyTorch),
+            betas outside [0, 1).
     """
 
     state_names = ("exp_avg", "exp_avg_sq", "step")
+    nonnegative_states = ("exp_avg_sq",)
 
     def __init__(self, params, lr: float = 1e-3, betas=(0.9, 0.999), eps: float = 1e-8,
                  weight_decay: float = 0.0):
@@ -34,7 +36,7 @@ class Adam(Optimizer):
         except (TypeError, ValueError):
             raise TypeError(f"Adam: betas must be a pair (beta1, beta2), got "
                             f"{hyper['betas']!r}") from None
-        return {"lr": check_real("Adam", "lr", hyper["lr"], low_inclusive=False),
+        return {"lr": check_real("Adam", "lr", hyper["lr"]),
                 "betas": (check_real("Adam", "beta1", b1, high=1.0),
                           check_real("Adam", "beta2", b2, high=1.0)),
                 "eps": check_real("Adam", "eps", hyper["eps"]),

@@ -9,6 +9,7 @@ bumps :attr:`Optimizer.version`, and an nn.Graph recompiles its plans at its nex
 """
 from __future__ import annotations
 
+import copy
 import math
 import numbers
 
@@ -16,14 +17,14 @@ import numpy as np
 
 from ..dtype import as_dtype
 from ..nn.module import Parameter
+from ..tensor import Tensor
 from ..runtime.backend import get_backend
 
 __all__ = ["Optimizer", "ParamGroup", "check_real"]
 
 
-def check_real(owner: str, name: str, value, low: float = 0.0, low_inclusive: bool = True,
-               high: float = math.inf, high_inclusive: bool = False) -> float:
-    """``value`` as a float, checked to be a finite real number in the given range.
+def check_real(owner: str, name: str, value, low: float = 0.0, high: float = math.inf) -> float:
+    """``value`` as a float, checked to be a finite real number in ``[low, high)``.
 
     Raises:
         TypeError: not a real number (a string, a bool, None ...).
@@ -32,22 +33,26 @@ def check_real(owner: str, name: str, value, low: float = 0.0, low_inclusive: bo
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise TypeError(f"{owner}: {name} must be a real number, got {value!r}")
     v = float(value)
-    ok = math.isfinite(v) and (v >= low if low_inclusive else v > low) and \
-        (v <= high if high_inclusive else v < high)
-    if not ok:
-        lo = "[" if low_inclusive else "("
-        hi = "]" if high_inclusive else ")"
-        raise ValueError(f"{owner}: {name} must be finite and in {lo}{low:g}, {high:g}{hi}, "
+    if not (math.isfinite(v) and low <= v < high):
+        raise ValueError(f"{owner}: {name} must be finite and in [{low:g}, {high:g}), "
                          f"got {value!r}")
     return v
 
 
 class ParamGroup(dict):
     """The hyper-parameters of an optimizer (PyTorch's ``param_groups[0]``; ``"params"`` lists the
-    parameters). Setting a key validates the value and marks compiled graphs for recompilation.
+    parameters). Every change is validated and marks compiled graphs for recompilation.
+
+    ``group[key] = v``, ``group.update(...)``, ``group |= {...}`` check all new values together with
+    the optimizer's :meth:`~Optimizer.check_hyper` and apply all or none of them; ``setdefault``
+    returns an existing value. Adding or removing keys (``del``, ``pop``, ``popitem``, ``clear``,
+    ``setdefault`` of a new key) and setting ``"params"`` are refused. ``copy.copy(group)``,
+    ``group.copy()``, ``dict(group)`` and ``group | {...}`` are plain dicts: snapshots that change
+    no optimizer. ``copy.deepcopy`` and pickling of the optimizer give a group bound to the copy.
 
     Raises:
-        KeyError: an unknown key; TypeError/ValueError: an invalid value (as the constructor).
+        KeyError: an unknown key; TypeError/ValueError: an invalid value (as the constructor);
+        TypeError: adding or removing a key.
     """
 
     def __init__(self, owner, values: dict, params: list):
@@ -55,27 +60,83 @@ class ParamGroup(dict):
         self._owner = owner
 
     def __setitem__(self, key, value):
-        if key not in self or key == "params":
-            raise KeyError(f"{type(self._owner).__name__}.param_groups: cannot set {key!r}; "
-                           f"hyper-parameters are {sorted(k for k in self if k != 'params')}")
-        checked = self._owner.check_hyper({**self.hyper(), key: value})
-        super().__setitem__(key, checked[key])
-        self._owner.version += 1
+        self.update({key: value})
 
     def update(self, *args, **kwargs):
-        """Set several hyper-parameters, each checked like ``group[key] = value``."""
-        for key, value in dict(*args, **kwargs).items():
-            self[key] = value
+        """Set several hyper-parameters at once: all are checked first, then all are applied."""
+        changes = dict(*args, **kwargs)
+        for key in changes:
+            if key not in self or key == "params":
+                raise KeyError(f"{self._name}: cannot set {key!r}; hyper-parameters are "
+                               f"{sorted(self.hyper())}"
+                               + (" (make a new optimizer for other parameters)"
+                                  if key == "params" else ""))
+        if not changes:
+            return
+        checked = self._owner.check_hyper({**self.hyper(), **changes})
+        for key in changes:
+            dict.__setitem__(self, key, checked[key])
+        self._owner.version += 1
 
-    def _no_removal(self, *args, **kwargs):
-        raise TypeError(f"{type(self._owner).__name__}.param_groups: hyper-parameters cannot be "
-                        "removed or added; assign a new value with group[key] = value")
+    def __ior__(self, other):
+        self.update(other)
+        return self
 
-    pop = popitem = clear = setdefault = __delitem__ = _no_removal
+    def setdefault(self, key, default=None):
+        """``group[key]`` for an existing key; adding a key is refused (TypeError)."""
+        if key in self:
+            return self[key]
+        self._no_change("setdefault", key)
+
+    def _no_change(self, method, *args):
+        what = (f"del group[{args[0]!r}]" if method == "del" else
+                f"{method}({args[0]!r})" if args else f"{method}()")
+        raise TypeError(f"{self._name}: {what} is refused: hyper-parameters cannot be removed or "
+                        "added; assign a new value with group[key] = value")
+
+    def pop(self, key, *default):
+        self._no_change("pop", key)
+
+    def popitem(self):
+        self._no_change("popitem")
+
+    def clear(self):
+        self._no_change("clear")
+
+    def __delitem__(self, key):
+        self._no_change("del", key)
+
+    @property
+    def _name(self) -> str:
+        return f"{type(self._owner).__name__}.param_groups[0]"
 
     def hyper(self) -> dict:
         """The hyper-parameters without ``params``."""
         return {k: v for k, v in self.items() if k != "params"}
+
+    def __copy__(self) -> dict:
+        return dict(self)
+
+    def __deepcopy__(self, memo) -> dict:
+        owner = memo.get(id(self._owner))
+        if owner is None:  # the group alone: a snapshot, like copy.copy
+            return copy.deepcopy(dict(self), memo)
+        return ParamGroup(owner, copy.deepcopy(self.hyper(), memo),
+                          copy.deepcopy(self["params"], memo))
+
+    def __reduce__(self):
+        return ParamGroup, (self._owner, self.hyper(), self["params"])
+
+
+class _ParamGroups(tuple):
+    """``Optimizer.param_groups``: a tuple of the one ParamGroup that refuses item assignment
+    with a message saying what to do instead."""
+
+    def _refuse(self, *args):
+        raise TypeError("param_groups cannot be changed (miniflow optimizers have one group); "
+                        "change a value with opt.param_groups[0][key] = value")
+
+    __setitem__ = __delitem__ = _refuse
 
 
 class Optimizer:
@@ -86,6 +147,12 @@ class Optimizer:
         params: an iterable of ``nn.Parameter`` (one group; PyTorch's per-group dicts are not
             supported).
         hyper: the hyper-parameters, validated by :meth:`check_hyper`.
+
+    ``copy.deepcopy`` and ``pickle`` copy everything: the parameters (as they copy any object:
+    to keep an optimizer on its model, copy or pickle them together, ``(model, opt)``, as with
+    PyTorch), the hyper-parameters (a ParamGroup bound to, and validated by, the copy) and the
+    state arrays (pickled as NumPy arrays, restored in the current backend's memory).
+    ``copy.copy`` keeps the same Parameters and copies the rest.
 
     Raises:
         TypeError: an element that is not an nn.Parameter (e.g. a param-group dict or an array).
@@ -108,15 +175,26 @@ class Optimizer:
         if len({id(p) for p in self.params}) != len(self.params):
             raise ValueError(f"{name}: a parameter appears twice")
         self.version = 0
-        self.param_groups = [ParamGroup(self, self.check_hyper(hyper), self.params)]
+        self._group = ParamGroup(self, self.check_hyper(hyper), self.params)
         backend = get_backend()
         self.state = [{s: backend.from_numpy(self._initial_state(s, p)) for s in self.state_names}
                       for p in self.params]
 
     @property
+    def param_groups(self) -> "_ParamGroups":
+        """PyTorch's list of parameter groups: here always one :class:`ParamGroup`. Change its
+        values (``opt.param_groups[0]["lr"] = 0.01``); the list itself cannot be changed."""
+        return _ParamGroups((self._group,))
+
+    @param_groups.setter
+    def param_groups(self, value):
+        raise AttributeError(f"{type(self).__name__}.param_groups cannot be replaced; change a "
+                             "value with opt.param_groups[0][key] = value, or use load_state_dict")
+
+    @property
     def hyper(self) -> dict:
         """The current hyper-parameters (``param_groups[0]`` without ``params``)."""
-        return self.param_groups[0].hyper()
+        return self._group.hyper()
 
     def check_hyper(self, hyper: dict) -> dict:
         """Validated, normalised hyper-parameters (raises TypeError/ValueError naming the bad one)."""
@@ -145,32 +223,119 @@ class Optimizer:
                 "param_groups": [dict(self.hyper, params=list(range(len(self.params))))]}
 
     def load_state_dict(self, state_dict: dict) -> None:
-        """Restore state arrays (in place) and hyper-parameters; everything is checked first, so a
+        """Restore state arrays (in place: compiled graphs see them) and hyper-parameters from
+        :meth:`state_dict`'s layout. Everything is checked before anything is assigned, so a
         failed load changes nothing.
 
+        Checked: one param group, its ``params`` (``[0, 1, ...]``) and hyper-parameters (as the
+        constructor; no unknown keys); for every parameter every state array of
+        :attr:`state_names`, with the current shape, a real-number dtype, finite values, whole
+        numbers >= 0 for integer state (step counts; whole floats such as PyTorch's float step
+        are accepted) and values >= 0 for :attr:`nonnegative_states`.
+
         Raises:
-            KeyError: a missing entry; ValueError/TypeError: a wrong count, shape or value.
+            KeyError: a missing entry or an unknown hyper-parameter (named);
+            ValueError/TypeError: a wrong count, shape, dtype or value (naming the key and value).
         """
-        name = type(self).__name__
+        where = f"{type(self).__name__}.load_state_dict"
         try:
-            st, group = state_dict["state"], dict(state_dict["param_groups"][0])
-            arrays = [{k: np.asarray(st[i][k]) for k in s} for i, s in enumerate(self.state)]
-        except (KeyError, IndexError, TypeError) as e:
-            raise KeyError(f"{name}.load_state_dict: missing or malformed entry {e}; expected "
-                           f"'state' with {self.state_names} per parameter and 'param_groups'") from None
-        if len(st) != len(self.params):
-            raise ValueError(f"{name}.load_state_dict: {len(st)} parameter states for "
-                             f"{len(self.params)} parameters")
-        for i, (s, new) in enumerate(zip(self.state, arrays)):
-            for k, v in s.items():
-                if new[k].shape != v.shape:
-                    raise ValueError(f"{name}.load_state_dict: state {k!r} of parameter {i} has "
-                                     f"shape {new[k].shape}, expected {v.shape}")
-        group.pop("params", None)
-        hyper = self.check_hyper(group)
-        backend = get_backend()
+            st, groups = state_dict["state"], state_dict["param_groups"]
+        except (KeyError, TypeError):
+            raise KeyError(f"{where}: expected a dict with 'state' and 'param_groups' "
+                           "(Optimizer.state_dict()'s layout), got "
+                           f"{_short(state_dict)}") from None
+        if not isinstance(groups, (list, tuple)) or len(groups) != 1 \
+                or not isinstance(groups[0], dict):
+            raise ValueError(f"{where}: 'param_groups' must be a list of one dict (miniflow "
+                             f"optimizers have one group), got {_short(groups)}")
+        hyper = self._checked_group(where, dict(groups[0]))
+        if not isinstance(st, dict) or len(st) != len(self.params):
+            raise ValueError(f"{where}: 'state' must map each of the {len(self.params)} "
+                             f"parameter indices to its state, got {_short(st)}")
+        arrays = [{k: self._checked_state(where, i, k, st, v) for k, v in s.items()}
+                  for i, s in enumerate(self.state)]
+        backend = get_backend()  # everything is valid: assign
         for s, new in zip(self.state, arrays):
             for k, v in s.items():
-                backend.copy_in(v, new[k].astype(v.dtype))
-        self.param_groups[0] = ParamGroup(self, hyper, self.params)
+                backend.copy_in(v, new[k])
+        dict.update(self._group, hyper)  # in place: references to param_groups[0] stay valid
         self.version += 1
+
+    nonnegative_states: tuple = ()
+    """State arrays whose values must be >= 0 (checked by :meth:`load_state_dict`)."""
+
+    def _checked_group(self, where: str, group: dict) -> dict:
+        """The validated hyper-parameters of a loaded param group."""
+        params = group.pop("params", None)
+        expected = list(range(len(self.params)))
+        if params is not None and list(params) != expected:
+            raise ValueError(f"{where}: param_groups[0]['params'] is {_short(params)}, expected "
+                             f"{expected} (one index per parameter)")
+        unknown = sorted(set(group) - set(self.hyper), key=str)
+        if unknown:
+            raise KeyError(f"{where}: unknown hyper-parameters {unknown} in param_groups[0]; "
+                           f"{type(self).__name__} has {sorted(self.hyper)}")
+        try:
+            return self.check_hyper(group)
+        except (KeyError, TypeError, ValueError) as e:
+            raise type(e)(f"{where}: param_groups[0]: {e.args[0]}") from None
+
+    def _checked_state(self, where: str, i: int, key: str, st: dict, current) -> np.ndarray:
+        """Loaded state ``key`` of parameter ``i`` as an array of ``current``'s dtype and shape."""
+        what = f"state[{i}][{key!r}]"
+        try:
+            value = st[i][key]
+        except (KeyError, IndexError, TypeError):
+            raise KeyError(f"{where}: missing {what}; every parameter needs "
+                           f"{list(self.state_names)}") from None
+        if isinstance(value, Tensor):
+            value = value.numpy()
+        a = np.asarray(value)
+        dtype = np.dtype(current.dtype)
+        if a.dtype.kind not in "iuf":
+            raise TypeError(f"{where}: {what} has dtype {a.dtype} ({_short(value)}), expected "
+                            f"real numbers for a {dtype} state")
+        if a.shape != tuple(current.shape):
+            raise ValueError(f"{where}: {what} has shape {list(a.shape)}, expected "
+                             f"{list(current.shape)}")
+        with np.errstate(all="ignore"):
+            out = a.astype(dtype)
+            bad = ~np.isfinite(out) if dtype.kind == "f" else out != a
+        if key in self.nonnegative_states or dtype.kind in "iu":
+            bad |= a < 0
+        if bad.any():
+            k = np.unravel_index(int(np.flatnonzero(bad)[0]), a.shape)
+            need = ("finite" + (" and >= 0" if key in self.nonnegative_states else "")
+                    if dtype.kind == "f" else f"a count >= 0 that {dtype} holds")
+            raise ValueError(f"{where}: {what} must be {need}; element {[int(j) for j in k]} is "
+                             f"{a[k].item()!r}")
+        return out
+
+    # ------------------------------------------------------------------ copy and pickle
+    def __getstate__(self) -> dict:
+        """State arrays as NumPy copies (device arrays do not pickle); parameters as they are."""
+        state = dict(self.__dict__)
+        to_numpy = get_backend().to_numpy
+        state["state"] = [{k: to_numpy(v) for k, v in s.items()} for s in self.state]
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        backend = get_backend()
+        state["state"] = [{k: backend.from_numpy(v) for k, v in s.items()} for s in state["state"]]
+        self.__dict__.update(state)
+
+    def __copy__(self) -> "Optimizer":
+        """``copy.copy``: an optimizer of the same Parameters with copies of the state arrays and
+        its own ParamGroup (a shared group would change both optimizers' hyper-parameters while
+        only one of them marks its graphs for recompilation)."""
+        new = type(self).__new__(type(self))
+        new.__setstate__(self.__getstate__())
+        new.params = list(self.params)
+        new._group = ParamGroup(new, self.hyper, new.params)
+        return new
+
+
+def _short(value, limit: int = 80) -> str:
+    """``repr(value)`` cut to ``limit`` characters, for error messages."""
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit - 3] + "..."

@@ -13,7 +13,8 @@ class SGD(Optimizer):
 
     Raises:
         TypeError: a hyper-parameter that is not a real number.
-        ValueError: lr not finite > 0, momentum or weight_decay not finite >= 0.
+        ValueError: lr, momentum or weight_decay not finite >= 0 (lr=0 is allowed, as in
+            PyTorch).
     """
 
     state_names = ("momentum_buffer",)
@@ -25,7 +26,7 @@ class SGD(Optimizer):
         missing = sorted({"lr", "momentum", "weight_decay"} - set(hyper))
         if missing:
             raise KeyError(f"SGD: missing hyper-parameters {missing}")
-        return {"lr": check_real("SGD", "lr", hyper["lr"], low_inclusive=False),
+        return {"lr": check_real("SGD", "lr", hyper["lr"]),
                 "momentum": check_real("SGD", "momentum", hyper["momentum"]),
                 "weight_decay": check_real("SGD", "weight_decay", hyper["weight_decay"])}
 

@@ -4,7 +4,8 @@ update ops skip non-finite steps, and schedule a dynamic scale — all inside th
 Runs after AMP and before the optimizer pass (OneFlow: inside ``GenerateOptimizerOpConfs``, whose
 order this follows: cast fp16 model diffs to fp32 -> scale the initial diff -> unscale model diffs
 (x 1/scale) -> count not-finite -> updates take the count as ``skip_if``; and
-``DynamicLossScaleSchedulePass``). Steps, in order (ARCHITECTURE.md, "The loss-scale pass"):
+``DynamicLossScaleSchedulePass``). Steps, in order (docs/architecture.md, "Loss scaling is a
+pass"):
 
 1. The initial gradient is the Value the autograd pass recorded in ``graph.initial_grad``
    (``ones_like(loss)``, possibly float16 after AMP).
@@ -15,15 +16,22 @@ order this follows: cast fp16 model diffs to fp32 -> scale the initial diff -> u
      multiplied. With a float16 diff any scale >= 65520 is inf.
    * ``"cast_back"`` (PR 9126): a float16 diff is cast to float32, multiplied by the float32 scale,
      and the product cast back to float16: exact scale, but a product above 65504 still overflows.
-   * ``"fp32"`` (miniflow's default): the autograd pass already put ``amp_black_identity`` on the
-     initial gradient, so AMP kept the loss-gradient path float32; the multiply is float32 and no cast
-     is needed here (the same code path as ``"cast_back"`` with a float32 diff).
+   * ``"fp32"`` (miniflow's default, and miniflow's own design): the autograd pass already put
+     ``amp_black_identity`` (the op PR 9126 added) on the initial gradient, so AMP kept the
+     loss-gradient path float32; the multiply is float32 and no cast is needed here (the same code
+     path as ``"cast_back"`` with a float32 diff). OneFlow itself never inserts
+     ``amp_black_identity`` on the initial gradient: there the diff is float16 whenever AMP colors
+     the loss-gradient ops float16.
 
 3. Cast each float16 parameter gradient to its float32 master dtype (``optimizer.master_grad``, the
    one place this cast is made) and multiply by 1/scale in float32.
 4. ``multi_count_not_finite`` over all unscaled gradients (one fused kernel).
 5. ``ctx.skip_if`` = the total count: every update op skips a non-finite step (unless a static scaler
-   was made with ``skip_nonfinite=False``).
+   was made with ``skip_nonfinite=False``). OneFlow differs under a static scale: it counts and
+   skips only with a dynamic policy (``CountNotFiniteIfNeeded`` in ``autograd.cpp`` and
+   ``SetDynamicLossScaleSkipIf`` in ``optimizer.cpp`` return early otherwise), so it applies an
+   inf/NaN update; ``StaticGradScaler(scale, skip_nonfinite=False)`` reproduces that, and skipping
+   is miniflow's safer default.
 6. ``dynamic_loss_scale_schedule`` updates scale and tracker; it is appended after every node that
    reads the scale (the initial-gradient multiply and the reciprocal used to unscale).
 """

@@ -10,9 +10,11 @@ Backends: ``cpu`` (NumPy arrays, Numba CPU kernels) and ``cuda`` (numba-cuda dev
 kernels; needs the ``cuda`` extra, ``pip install "miniflow[cuda]"``, and an NVIDIA GPU).
 
 Selection: ``miniflow.set_backend("cpu" | "cuda")`` or the environment variable ``MINIFLOW_BACKEND``
-(read on first use). The default is ``"cuda"`` when a real GPU is usable, else ``"cpu"``. Under
-numba's CUDA simulator (``NUMBA_ENABLE_CUDASIM=1``, where ``numba.cuda.is_available()`` is true)
-the default stays ``"cpu"``: the simulated ``cuda`` backend runs only when asked for.
+(read on first use; any case and surrounding spaces accepted, ``" Cuda "`` is ``"cuda"``; another
+value is an :class:`UnknownBackendError` naming the variable). The default is ``"cuda"`` when a
+real GPU is usable, else ``"cpu"``. Under numba's CUDA simulator (``NUMBA_ENABLE_CUDASIM=1``,
+where ``numba.cuda.is_available()`` is true) the default stays ``"cpu"``: the simulated ``cuda``
+backend runs only when asked for.
 """
 from __future__ import annotations
 
@@ -21,12 +23,17 @@ import os
 
 import numpy as np
 
-__all__ = ["Backend", "CpuBackend", "CudaBackend", "BackendUnavailableError", "get_backend",
-           "set_backend", "default_backend_name", "cuda_status", "BACKENDS"]
+__all__ = ["Backend", "CpuBackend", "CudaBackend", "BackendUnavailableError", "UnknownBackendError",
+           "get_backend", "set_backend", "default_backend_name", "cuda_status", "BACKENDS"]
 
 
 class BackendUnavailableError(RuntimeError):
     """The requested backend cannot run on this machine (the message says why and what to do)."""
+
+
+class UnknownBackendError(ValueError):
+    """A backend name that is not one of :data:`BACKENDS` (``set_backend``'s argument or
+    ``MINIFLOW_BACKEND``; the message names it and the valid ones)."""
 
 
 class Backend:
@@ -196,22 +203,35 @@ _current: list = []
 
 
 def default_backend_name() -> str:
-    """``MINIFLOW_BACKEND`` if set, else ``"cuda"`` with a real GPU, else ``"cpu"``."""
-    env = os.environ.get("MINIFLOW_BACKEND", "").strip()
-    if env:
-        return env
-    return "cuda" if _real_gpu_present() else "cpu"
+    """``MINIFLOW_BACKEND`` if set (lower-cased, spaces stripped), else ``"cuda"`` with a real GPU,
+    else ``"cpu"``.
+
+    Raises:
+        UnknownBackendError: ``MINIFLOW_BACKEND`` names no backend, naming the variable, its value
+            and the valid values.
+    """
+    env = os.environ.get("MINIFLOW_BACKEND", "")
+    name = env.strip().lower()
+    if not name:
+        return "cuda" if _real_gpu_present() else "cpu"
+    if name not in BACKENDS:
+        raise UnknownBackendError(
+            f"miniflow: MINIFLOW_BACKEND={env!r} is not a backend; set it to one of "
+            f"{', '.join(sorted(BACKENDS))} (any case), or unset it to use cuda when a GPU is "
+            f"usable, else cpu")
+    return name
 
 
 def set_backend(name: str) -> Backend:
     """Select the backend for graphs compiled and eager ops run from now on.
 
     Raises:
-        ValueError: unknown backend name, listing the known ones.
+        UnknownBackendError: unknown backend name (a ValueError), listing the known ones.
         BackendUnavailableError: ``"cuda"`` without a CUDA device.
     """
-    if name not in BACKENDS:
-        raise ValueError(f"unknown backend {name!r}; choose one of {sorted(BACKENDS)}")
+    if not isinstance(name, str) or name not in BACKENDS:
+        raise UnknownBackendError(f"set_backend: unknown backend {name!r}; choose one of "
+                                  f"{', '.join(repr(b) for b in sorted(BACKENDS))}")
     backend = BACKENDS[name]()
     _current[:] = [backend]
     return backend

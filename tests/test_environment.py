@@ -1,0 +1,195 @@
+"""miniflow under a hostile environment: no writable Numba cache folder, an unwritable
+``NUMBA_CACHE_DIR``, ``NUMBA_DISABLE_JIT=1``, a bad ``MINIFLOW_BACKEND``, no numba-cuda.
+
+"Unwritable" is made without root's help (root ignores file modes): a folder below a regular *file*
+can be neither created nor written, so ``NUMBA_CACHE_DIR=<file>/x`` is unwritable, and a copy of the
+package whose ``kernels/__pycache__`` is a file has an unwritable source tree, as a read-only
+site-packages has. Each subprocess compiles one small graph (about a second).
+"""
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import numba
+import numpy as np
+import pytest
+
+import miniflow as mf
+from miniflow.kernels import cache as kcache
+from miniflow.runtime.backend import cuda_status
+
+PACKAGE = Path(mf.__file__).resolve().parent
+
+_SCRIPT = textwrap.dedent("""
+    import numpy as np
+    import miniflow as mf
+    from miniflow import nn
+    from miniflow.kernels import fp16
+    from miniflow.kernels.cache import CACHE
+
+    class Fn(nn.Graph):
+        def build(self, x):
+            return (x * 3.0 + 1.0).exp()
+
+    y = Fn()(np.ones((2, 3), np.float32)).numpy()
+    print(mf.__file__)
+    print(float(y[0, 0]), fp16.JIT_CACHE, CACHE.path, CACHE.generated)
+""")
+
+
+def _run(args, tmp_path, **env):
+    """Run ``python args`` in ``tmp_path`` (so the repository is not on ``sys.path`` unless
+    ``PYTHONPATH`` says so), without the caller's ``MINIFLOW_BACKEND``."""
+    full = {k: v for k, v in os.environ.items() if k not in ("MINIFLOW_BACKEND", "PYTHONPATH")}
+    full.update(env)
+    return subprocess.run([sys.executable, *args], capture_output=True, text=True, env=full,
+                          cwd=tmp_path, timeout=300)
+
+
+def _package_copy(tmp_path, writable_tree: bool) -> Path:
+    """A copy of the miniflow package under ``tmp_path/pkg``; its kernel folder's ``__pycache__``
+    is a regular file unless ``writable_tree`` (then neither Python nor Numba can write there)."""
+    root = tmp_path / "pkg"
+    shutil.copytree(PACKAGE, root / "miniflow", ignore=shutil.ignore_patterns("__pycache__"))
+    if not writable_tree:
+        (root / "miniflow" / "kernels" / "__pycache__").write_text("not a folder")
+    return root
+
+
+def test_no_writable_cache_folder_kernels_run_uncached_with_one_notice(tmp_path):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    root = _package_copy(tmp_path, writable_tree=False)
+    env = dict(PYTHONPATH=str(root), NUMBA_CACHE_DIR=str(blocker / "x"),
+               XDG_CACHE_HOME=str(blocker / "y"))
+    (tmp_path / "s.py").write_text(_SCRIPT)
+    r = _run(["s.py"], tmp_path, **env)
+    assert r.returncode == 0, r.stderr
+    where, values = r.stdout.splitlines()
+    assert where.startswith(str(root))
+    assert float(values.split()[0]) == pytest.approx(np.exp(4.0), rel=1e-6)
+    assert values.split()[1:] == ["False", "None", "None"]        # uncached, sources in memory
+    assert "Traceback" not in r.stderr
+    notice = [ln for ln in r.stderr.splitlines() if ln.startswith("miniflow:")]
+    assert len(notice) == 1, r.stderr
+    assert notice[0].startswith("miniflow: compiling kernels without Numba's disk cache, so every "
+                                "run compiles them again: Numba finds no writable cache folder (")
+    assert f"NUMBA_CACHE_DIR={blocker / 'x'}" in notice[0]
+    assert str(root / "miniflow" / "kernels" / "__pycache__") in notice[0]
+    assert notice[0].endswith("set NUMBA_CACHE_DIR to a writable folder to cache them")
+    assert not list(root.rglob("*.nbi")) and not list(tmp_path.rglob("fused_*.py"))
+
+    info = _run(["-m", "miniflow", "info"], tmp_path, **env)
+    assert info.returncode == 0, info.stderr
+    assert "Numba cache of the kernels: off (Numba finds no writable cache folder: " in info.stdout
+    assert "kernels from the Numba cache: no (caching is off for these kernels)" in info.stdout
+
+
+def test_unwritable_numba_cache_dir_caches_where_numba_falls_back(tmp_path):
+    """Numba passes over an unwritable NUMBA_CACHE_DIR and caches next to the sources; miniflow
+    says so once, writes its generated sources to the user cache folder, and ``info`` reports the
+    folder Numba really writes to."""
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    root = _package_copy(tmp_path, writable_tree=True)
+    env = dict(PYTHONPATH=str(root), NUMBA_CACHE_DIR=str(blocker / "x"),
+               XDG_CACHE_HOME=str(tmp_path / "xdg"))
+    (tmp_path / "s.py").write_text(_SCRIPT)
+    r = _run(["s.py"], tmp_path, **env)
+    assert r.returncode == 0, r.stderr
+    in_tree = root / "miniflow" / "kernels" / "__pycache__"
+    generated = tmp_path / "xdg" / "miniflow" / "generated"
+    assert r.stdout.split()[-3:] == ["True", str(in_tree), str(generated)]
+    notice = [ln for ln in r.stderr.splitlines() if ln.startswith("miniflow:")]
+    assert notice == [f"miniflow: compiling kernels (first run only; later runs load them from "
+                      f"Numba's cache); NUMBA_CACHE_DIR={blocker / 'x'} is not writable, so Numba "
+                      f"caches them in {in_tree}"], r.stderr
+    assert list(generated.glob("fused_cpu_*.py"))       # the fused kernel, cached next to it
+    assert list((generated / "__pycache__").glob("fused_cpu_*.nbi"))
+
+    info = _run(["-m", "miniflow", "info"], tmp_path, **env)   # its probe kernel: relu
+    assert info.returncode == 0, info.stderr
+    assert (f"Numba cache of the kernels: {in_tree} (next to the sources; "
+            f"NUMBA_CACHE_DIR={blocker / 'x'} is not writable)") in info.stdout
+    assert "kernels from the Numba cache: no (compiled now and cached" in info.stdout
+    assert list(in_tree.glob("cpu_elementwise.*.nbi"))           # where info said
+
+
+def test_locate_follows_numbas_locators(tmp_path, monkeypatch):
+    """:func:`locate` in process: NUMBA_CACHE_DIR when writable; no folder at all (Numba's own
+    locators restricted to NUMBA_CACHE_DIR); an unwritable generated-sources folder."""
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    monkeypatch.setattr(numba.config, "CACHE_DIR", str(tmp_path / "cache"))
+    c = kcache.locate()
+    assert c.enabled and c.path.startswith(str(tmp_path / "cache" / "kernels_"))
+    assert c.generated == str(tmp_path / "cache" / "miniflow_generated")
+    assert c.problem is None and c.describe() == f"{c.path} (in NUMBA_CACHE_DIR)"
+
+    monkeypatch.setattr(numba.config, "CACHE_DIR", str(blocker / "x"))
+    monkeypatch.setattr(numba.config, "CACHE_LOCATOR_CLASSES", "UserProvidedCacheLocator")
+    c = kcache.locate()
+    assert not c.enabled and c.generated is None
+    assert c.describe().startswith("off (Numba finds no writable cache folder: cannot cache "
+                                   "function '_probe': no locator available")
+
+    monkeypatch.setattr(numba.config, "CACHE_LOCATOR_CLASSES", "")
+    monkeypatch.setattr(numba.config, "CACHE_DIR", "")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(blocker / "y"))
+    c = kcache.locate()
+    assert not c.enabled
+    assert c.problem == (f"the generated kernel sources cannot be written to "
+                         f"{blocker / 'y' / 'miniflow' / 'generated'}: Not a directory")
+
+
+def test_numba_disable_jit_is_refused_at_import_in_one_sentence(tmp_path):
+    sentence = ("miniflow does not support NUMBA_DISABLE_JIT=1 (its kernels need Numba's compiler: "
+                "float16 intrinsics and IEEE arithmetic); unset NUMBA_DISABLE_JIT to use miniflow")
+    env = dict(PYTHONPATH=str(PACKAGE.parent), NUMBA_DISABLE_JIT="1")
+    r = _run(["-c", "import miniflow"], tmp_path, **env)
+    assert r.returncode == 1
+    assert r.stderr.splitlines()[-1] == f"ImportError: {sentence}"
+    assert len(r.stderr.splitlines()) <= 5, r.stderr      # the import line, not a traceback wall
+    cli = _run(["-m", "miniflow", "info"], tmp_path, **env)
+    assert cli.returncode == 1 and cli.stdout == ""
+    assert cli.stderr.count("\n") == 1 and f"(ImportError: {sentence})" in cli.stderr
+
+
+@pytest.mark.parametrize("env,backend_line,code", [
+    ({"MINIFLOW_BACKEND": "gpu"},
+     "backend: unavailable: miniflow: MINIFLOW_BACKEND='gpu' is not a backend; set it to one of "
+     "cpu, cuda (any case)", 1),
+    ({"MINIFLOW_BACKEND": " CPU "}, "backend: cpu", 0),
+    pytest.param({"MINIFLOW_BACKEND": "cuda"}, "backend: unavailable: miniflow: the cuda backend "
+                 "was requested but no CUDA device was found", 1,
+                 marks=pytest.mark.skipif(cuda_status()[0], reason="a CUDA device is present")),
+])
+def test_info_reports_a_bad_backend_without_a_traceback(env, backend_line, code, tmp_path):
+    r = _run(["-m", "miniflow", "info"], tmp_path, PYTHONPATH=str(PACKAGE.parent), **env)
+    assert r.returncode == code, r.stderr
+    assert backend_line in r.stdout and "Traceback" not in r.stderr
+    assert "Numba cache of the kernels: " in r.stdout and "float16 conversion" in r.stdout
+
+
+def test_info_without_numba_cuda(tmp_path):
+    """numba-cuda hidden from the import system: ``info`` says it is not installed, runs on cpu."""
+    script = textwrap.dedent("""
+        import importlib.metadata, sys
+
+        sys.modules["numba_cuda"] = None      # find_spec: None, import: ImportError
+        real = importlib.metadata.version
+        def version(name):
+            if name == "numba-cuda":
+                raise importlib.metadata.PackageNotFoundError(name)
+            return real(name)
+        importlib.metadata.version = version
+        from miniflow.cli import main
+        raise SystemExit(main(["info"]))
+    """)
+    r = _run(["-c", script], tmp_path, PYTHONPATH=str(PACKAGE.parent))
+    assert r.returncode == 0, r.stderr
+    assert "numba-cuda not installed (pip install 'miniflow[cuda]')" in r.stdout
+    assert "GPU: no GPU (numba-cuda is not installed)" in r.stdout and "backend: cpu" in r.stdout
