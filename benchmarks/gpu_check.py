@@ -83,7 +83,7 @@ def kernel_times(backend_name: str, reps: int, batch: int) -> dict:
                 fn(*args)
             _sync(backend_name)
             times.append((time.perf_counter() - t0) / reps)
-        per_op[plan.graph.nodes[owner].op] += statistics.median(times) * 1e6
+        per_op[plan.graph.nodes[owner].op.name] += statistics.median(times) * 1e6
     return dict(per_op)
 
 

@@ -45,8 +45,9 @@ def plan_steps(op: str, ins: list, out_specs: list, attrs=None) -> list:
     from miniflow.dtype import as_dtype
     from miniflow.ir import Node, Value
     from miniflow.kernels.cpu import KERNELS
+    from miniflow.ops import get_op
 
-    node = Node(op, [Value(f"i{k}", a.shape, as_dtype(a.dtype)) for k, a in enumerate(ins)],
+    node = Node(get_op(op), [Value(f"i{k}", a.shape, as_dtype(a.dtype)) for k, a in enumerate(ins)],
                 [Value(f"o{k}", s, as_dtype(d)) for k, (s, d) in enumerate(out_specs)],
                 dict(attrs or {}))
     outs = [np.empty(s, d) for s, d in out_specs]
@@ -116,7 +117,7 @@ def conversions(n: int, repeats: int) -> list:
 def crossover(repeats: int) -> list:
     """Rows ``(elements, serial us, parallel us)`` of ``relu`` f32 from 2^10 to 2^22 elements."""
     from miniflow.kernels.cpu_elementwise import map_kernel
-    from miniflow.kernels import scalar
+    from miniflow.ops import get_op
 
     rows = []
     for e in range(10, 23, 2):
@@ -124,7 +125,7 @@ def crossover(repeats: int) -> list:
         out = np.empty_like(x)
         times = []
         for parallel in (False, True):
-            k = map_kernel(scalar.relu, parallel)
+            k = map_kernel(get_op("relu").scalar, parallel)
             k(x, out)
             times.append(1e6 * seconds(lambda: k(x, out), repeats))
         rows.append((1 << e, *times))

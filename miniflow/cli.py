@@ -56,9 +56,10 @@ def _cache_probe(backend) -> str:
 
     from .dtype import float32
     from .ir import Node, Value
+    from .ops import get_op
     from .runtime.plan import build_steps
 
-    node = Node("relu", [Value("x", (4,), float32, kind="input")], [])
+    node = Node(get_op("relu"), [Value("x", (4,), float32, kind="input")], [])
     node.outputs = [Value("y", (4,), float32, producer=node)]
     try:
         buffers = {id(node.inputs[0]): backend.from_numpy(np.zeros(4, np.float32))}

@@ -1,8 +1,7 @@
 """Data types: the four dtypes miniflow knows, their NumPy mapping and the float16 limits.
 
 ``float16`` is IEEE binary16: max finite 65504, values >= 65520 round to inf, smallest normal
-2^-14, smallest subnormal 2^-24 (values at or below 2^-25 round to zero). Source: IEEE 754-2008,
-summarised in ``shared/design/REFERENCE.md``.
+2^-14, smallest subnormal 2^-24 (values at or below 2^-25 round to zero). Source: IEEE 754-2008.
 """
 from __future__ import annotations
 

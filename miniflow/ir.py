@@ -1,29 +1,56 @@
-"""The graph IR: flat SSA of Values and Nodes, a verifier, a text printer and a Graphviz export.
+"""The graph IR: flat SSA of Values and Nodes, a verifier, a text printer, a Graphviz export and a
+reference interpreter.
 
-A :class:`Graph` is an ordered list of :class:`Node` s. Every Node has an op type (a name in the op
-registry, ``miniflow.ops``), input Values, output Values and attributes. Every Value has a name, a
-shape and a dtype, and is defined once: as a graph input, a variable (persistent state such as a
-parameter), a constant, or an output of exactly one Node. Update ops (``sgd_update``...) have no
-outputs; they write their variable inputs in place and are kept by dead-code elimination.
+A :class:`Graph` holds its ``inputs``, ``variables`` (persistent state such as parameters, name ->
+Value, with ``variable_data``), ``constants`` (name -> Value, with ``constant_data``), an ordered
+list of :class:`Node` s and one dict of named ``results``: the user's outputs (``"output0"``,
+``"output1"`` ...), the ``"loss"``, the parameter gradients (``"grad:<variable>"``) and the
+loss-scale stage's ``"nonfinite_counts"``. Every pass treats the results alike: dead-code
+elimination keeps them, fusion makes them outputs of their fused node, :meth:`Graph.replace_uses`
+updates them. State that only passes share lives in their compile context, not here
+(``miniflow.passes.pipeline.CompileContext``); what a pass decides per node goes to
+``Node.meta`` (the AMP pass's ``meta["amp_color"]``, as PyTorch FX's ``Node.meta``).
+
+A Node holds its op's definition (``node.op``, an ``OpDef`` of ``miniflow.ops``), input and output
+Values and attributes; this module only calls the OpDef's ``normalize_attrs``, ``infer``,
+``reference``, ``writes`` and ``name``, so it imports nothing from ``miniflow.ops``. Every Value
+has a shape and a dtype and is defined once: as a graph input, a variable, a constant, or an output
+of exactly one Node. Update ops (``sgd_update``...) have no outputs; they write their variable inputs
+in place (``op.writes``) and are kept by dead-code elimination.
+
+New nodes go to the end of the graph, or where an insertion point says (PyTorch FX's
+``graph.inserting_after(node)``): ``with graph.inserting_after(n): graph.emit(...)``.
 
 Printed form (``str(graph)``): a header declaring the inputs, variables and constants, then one line
-per node (JAX jaxpr / PyTorch FX style)::
+per node (JAX jaxpr / PyTorch FX style). Names are given at print time: node outputs are numbered
+``%0, %1 ...`` in order of definition, constants ``%c0, %c1 ...`` in order of first use, inputs and
+variables keep their names, so every printed name is declared::
 
     graph(
         %x: f32[64,64],  # input
         %model.0.weight: f32[128,64],  # variable
-        %c21: i64[1],  # constant [0]
+        %c0: i64[1],  # constant [0]
     ) {
-      %1: f32[64,128] = matmul(%x, %model.0.weight) {transpose_a=False, transpose_b=True}
+      %0: f32[64,128] = matmul(%x, %model.0.weight) {transpose_a=False, transpose_b=True}
       ...
+      return (%8)
+      # results: loss=%8, grad:model.0.weight=%19
+    }
 
-Sources: PyTorch FX ``torch/fx/graph.py`` (a readable program), JAX ``core.py`` (typed equations).
+:func:`evaluate` runs any graph through its ops' NumPy float64 references: a reference interpreter
+to read, and the oracle of the kernel tests.
+
+Sources: PyTorch FX ``torch/fx/graph.py`` (a readable program, insertion points, ``Node.meta``),
+JAX ``core.py`` and ``docs/autodidax.py`` (typed equations, names given when printing, an
+evaluator that walks the equations).
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import subprocess
+import textwrap
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -31,7 +58,8 @@ import numpy as np
 
 from .dtype import DType, as_dtype
 
-__all__ = ["Value", "Node", "Graph", "VerifyError", "format_shape"]
+__all__ = ["Value", "Node", "Graph", "VerifyError", "format_shape", "evaluate", "output_name",
+           "grad_name"]
 
 
 class VerifyError(ValueError):
@@ -43,11 +71,28 @@ def format_shape(shape) -> str:
     return "[" + ",".join(str(int(s)) for s in shape) + "]"
 
 
+def output_name(i: int) -> str:
+    """The result name of the user's ``i``-th output: ``"output0"`` ..."""
+    return f"output{i}"
+
+
+def grad_name(variable: str) -> str:
+    """The result name of the gradient of ``variable``: ``"grad:model.0.weight"``."""
+    return f"grad:{variable}"
+
+
+def _is_output(result: str) -> bool:
+    """Whether result name ``result`` is a user output (``"output<i>"``)."""
+    return result.startswith("output") and result[6:].isdigit()
+
+
 class Value:
     """An SSA value: ``name``, ``shape`` (tuple of ints, ``()`` for a scalar) and ``dtype``.
 
     ``kind`` is ``"input"``, ``"variable"``, ``"constant"`` or ``"node"`` (a node output);
-    ``producer`` is the Node that defines it (None for the others).
+    ``producer`` is the Node that defines it (None for the others). ``name`` identifies inputs,
+    variables and constants; for node outputs it is a unique tag used in error messages before a
+    graph is printed (the printer numbers them afresh). Values hash by identity.
     """
 
     __slots__ = ("name", "shape", "dtype", "kind", "producer")
@@ -77,27 +122,35 @@ class Value:
 class Node:
     """One op application: ``outputs = op(*inputs) {attrs}``.
 
-    ``amp_color`` is set by the AMP pass (``"white"``, ``"black"``, ``"gray"``, ``"clear"``,
-    ``"unlisted"`` or ``"cast"``) and used by :meth:`Graph.to_dot`; None without AMP.
+    ``op`` is the op's definition (an ``OpDef``; ``op.name`` is the op type). ``meta`` holds what
+    passes decide about the node, e.g. ``meta["amp_color"]``: ``"white"``, ``"black"``,
+    ``"gray"``, ``"clear"``, ``"unlisted"`` or ``"cast"``, set by the AMP pass and drawn by
+    :meth:`Graph.to_dot`.
     """
 
-    op: str
+    op: Any
     inputs: list
     outputs: list
     attrs: dict = field(default_factory=dict)
-    amp_color: str | None = None
+    meta: dict = field(default_factory=dict)
 
-    def format(self) -> str:
-        """The node as one line of text, e.g. ``%7: f32[64,10] = matmul(%3, %w) {transpose_b=True}``."""
-        args = ", ".join("%" + v.name for v in self.inputs)
+    def format(self, names: dict | None = None) -> str:
+        """The node as one line of text: ``%7: f32[64,10] = matmul(%3, %w) {transpose_b=True}``.
+
+        ``names``: Value -> printed name (:meth:`Graph.names`); without it, Values show their
+        ``name``."""
+        def name(v):
+            return names.get(v, v.name) if names is not None else v.name
+
+        args = ", ".join("%" + name(v) for v in self.inputs)
         attrs = ""
         if self.attrs:
             attrs = " {" + ", ".join(f"{k}={_fmt_attr(v)}" for k, v in self.attrs.items()) + "}"
         if self.outputs:
-            lhs = ", ".join(f"%{v.name}: {v.type_str}" for v in self.outputs) + " = "
+            lhs = ", ".join(f"%{name(v)}: {v.type_str}" for v in self.outputs) + " = "
         else:
             lhs = ""
-        return f"{lhs}{self.op}({args}){attrs}"
+        return f"{lhs}{self.op.name}({args}){attrs}"
 
     def __repr__(self) -> str:
         return f"Node({self.format()})"
@@ -139,40 +192,55 @@ def _fmt_data(data: np.ndarray) -> str:
 
 
 class Graph:
-    """An IR graph: ``inputs``, ``variables`` (name -> Value), ``constants`` and ordered ``nodes``.
+    """An IR graph: ``inputs``, ``variables`` and ``constants`` (name -> Value), ordered ``nodes``
+    and named ``results`` (see the module docstring).
 
-    Bookkeeping that passes share:
-
-    * ``outputs``: Values returned by the user's ``build``.
-    * ``loss``: the Value ``backward()`` was called on (None for inference graphs).
-    * ``initial_grad``: the Value the autograd pass seeded the backward pass with (``ones_like(loss)``
-      or an identity of it); the loss-scale pass finds it here even after AMP inserted casts.
-    * ``grads``: variable name -> gradient Value, filled by the autograd pass (the loss-scale pass
-      replaces them by the unscaled float32 gradients).
-    * ``scaled_initial_grad``, ``nonfinite_counts`` (i64[n], one count per name in
-      ``nonfinite_names``): set by the loss-scale pass.
-    * ``constant_data``: name -> NumPy array for ``kind == "constant"`` Values.
-    * ``variable_data``: name -> backend array holding a variable's state (not owned by the IR).
+    ``variable_data``: name -> backend array holding a variable's state (not owned by the IR);
+    ``constant_data``: name -> NumPy array of each constant. ``outputs``, ``loss`` and ``grads`` are
+    read-only views of ``results``; :meth:`set_outputs` writes the user outputs.
     """
 
     def __init__(self):
         self.nodes: list[Node] = []
         self.inputs: list[Value] = []
         self.variables: dict[str, Value] = {}
-        self.constant_data: dict[str, np.ndarray] = {}
         self.variable_data: dict = {}
-        self.outputs: list[Value] = []
-        self.loss: Value | None = None
-        self.initial_grad: Value | None = None
-        self.grads: dict[str, Value] = {}
-        self.scaled_initial_grad: Value | None = None
-        self.nonfinite_counts: Value | None = None
-        self.nonfinite_names: list = []
+        self.constants: dict[str, Value] = {}
+        self.constant_data: dict[str, np.ndarray] = {}
+        self.results: dict[str, Value] = {}
         self._counter = 0
+        self._point = None  # None: append; ("after" | "before", node): see inserting_after
+
+    # ----------------------------------------------------------------- results
+    @property
+    def outputs(self) -> list:
+        """The user's outputs, ``results["output0"], results["output1"] ...``."""
+        out = []
+        while output_name(len(out)) in self.results:
+            out.append(self.results[output_name(len(out))])
+        return out
+
+    @property
+    def loss(self) -> Value | None:
+        """``results["loss"]``: the Value ``backward()`` was called on (None for inference)."""
+        return self.results.get("loss")
+
+    @property
+    def grads(self) -> dict:
+        """Variable name -> gradient Value, from the ``"grad:<variable>"`` results."""
+        prefix = grad_name("")
+        return {k[len(prefix):]: v for k, v in self.results.items() if k.startswith(prefix)}
+
+    def set_outputs(self, values) -> None:
+        """Make ``values`` the user's outputs (``results["output0"]`` ...), replacing any before."""
+        for k in [k for k in self.results if _is_output(k)]:
+            del self.results[k]
+        for i, v in enumerate(values):
+            self.results[output_name(i)] = v
 
     # ----------------------------------------------------------------- building
     def fresh_name(self) -> str:
-        """A new unique numeric value name."""
+        """A new unique value tag."""
         self._counter += 1
         return str(self._counter)
 
@@ -200,97 +268,146 @@ class Graph:
         name = "c" + self.fresh_name()
         data = np.ascontiguousarray(data)
         v = Value(name, data.shape, as_dtype(data.dtype), kind="constant")
+        self.constants[name] = v
         self.constant_data[name] = data
         return v
 
-    def emit(self, op: str, *inputs: Value, index: int | None = None, **attrs):
-        """Append (or insert at ``index``) a node of type ``op``; returns its output Value(s).
+    def emit(self, op, *inputs: Value, **attrs):
+        """Add a node of ``op`` (an ``OpDef``; by name: ``miniflow.ops.emitter(graph)``) at the
+        insertion point (default: the end); returns its output Value(s).
 
         Shapes and dtypes of the outputs come from the op's inference function, which also
         validates the inputs (raising ValueError/TypeError that name the op at build time).
         Returns a single Value for one-output ops, a tuple for several, None for none.
-        """
-        from .ops import get_op
 
-        opdef = get_op(op)
-        attrs = opdef.normalize_attrs(list(inputs), attrs)
-        metas = opdef.infer(list(inputs), attrs)
+        Raises:
+            TypeError: ``op`` is a name, not an OpDef.
+        """
+        if isinstance(op, str):
+            raise TypeError(f"Graph.emit takes an OpDef, got the name {op!r}: use "
+                            f"miniflow.ops.get_op({op!r}), or emit = miniflow.ops.emitter(graph)")
+        attrs = op.normalize_attrs(list(inputs), attrs)
+        metas = op.infer(list(inputs), attrs)
         node = Node(op, list(inputs), [], attrs)
         node.outputs = [Value(self.fresh_name(), s, d, producer=node) for s, d in metas]
-        if index is None:
-            self.nodes.append(node)
-        else:
-            self.nodes.insert(index, node)
+        self._insert(node)
         if len(node.outputs) == 1:
             return node.outputs[0]
         return tuple(node.outputs) if node.outputs else None
 
+    def _insert(self, node: Node) -> None:
+        if self._point is None:
+            self.nodes.append(node)
+            return
+        where, anchor = self._point
+        if where == "after":
+            self.nodes.insert(self.nodes.index(anchor) + 1, node)
+            self._point = ("after", node)   # the next emit goes after this one
+        else:
+            self.nodes.insert(self.nodes.index(anchor), node)
+
+    @contextlib.contextmanager
+    def inserting_after(self, node: Node):
+        """Inside the block, :meth:`emit` puts new nodes right after ``node``, in emit order."""
+        saved, self._point = self._point, ("after", node)
+        try:
+            yield
+        finally:
+            self._point = saved
+
+    @contextlib.contextmanager
+    def inserting_before(self, node: Node):
+        """Inside the block, :meth:`emit` puts new nodes right before ``node``, in emit order."""
+        saved, self._point = self._point, ("before", node)
+        try:
+            yield
+        finally:
+            self._point = saved
+
     def replace_uses(self, old: Value, new: Value, nodes=None) -> None:
-        """Make every node (or only ``nodes``) that reads ``old`` read ``new``; updates bookkeeping."""
+        """Make every node (or only ``nodes``) that reads ``old`` read ``new``; without ``nodes``
+        the results that are ``old`` become ``new`` too."""
         for n in (self.nodes if nodes is None else nodes):
             n.inputs = [new if v is old else v for v in n.inputs]
         if nodes is None:
-            self.outputs = [new if v is old else v for v in self.outputs]
-            for k, v in self.grads.items():
+            for k, v in self.results.items():
                 if v is old:
-                    self.grads[k] = new
-            if self.initial_grad is old:
-                self.initial_grad = new
+                    self.results[k] = new
 
-    def consumers(self) -> dict:
-        """Map id(Value) -> list of Nodes reading it."""
+    def uses(self, value: Value) -> list:
+        """The nodes that read ``value``, in graph order."""
+        return [n for n in self.nodes if any(v is value for v in n.inputs)]
+
+    def users(self) -> dict:
+        """Value -> the nodes that read it, in graph order: :meth:`uses` for every value at once."""
         out: dict = {}
         for n in self.nodes:
-            for v in n.inputs:
-                out.setdefault(id(v), []).append(n)
+            for v in dict.fromkeys(n.inputs):
+                out.setdefault(v, []).append(n)
         return out
 
     # ----------------------------------------------------------------- checking
     def verify(self) -> None:
-        """Check SSA and types: every input defined before use, each Value defined once, and every
-        node's output shapes/dtypes equal to what its op infers from its inputs.
+        """Check SSA and types: every input defined before use, each Value defined once, every
+        node's output shapes/dtypes equal to what its op infers from its inputs, and every result
+        defined.
 
         Raises:
             VerifyError: naming the faulty node and printing the nodes around it.
         """
-        from .ops import get_op
-
-        defined = {id(v) for v in self.inputs}
-        defined.update(id(v) for v in self.variables.values())
+        names = self.names()
+        defined = set(self.inputs) | set(self.variables.values())
         for i, n in enumerate(self.nodes):
             for v in n.inputs:
                 if v.kind == "constant":
                     if v.name not in self.constant_data:
-                        self._fail(i, f"constant %{v.name} has no data")
-                elif id(v) not in defined:
-                    self._fail(i, f"input %{v.name} is used before it is defined (or never defined)")
+                        self._fail(i, f"constant %{names.get(v, v.name)} has no data", names)
+                elif v not in defined:
+                    self._fail(i, f"input %{names.get(v, v.name)} is used before it is defined "
+                                  f"(or never defined)", names)
             try:
-                metas = get_op(n.op).infer(n.inputs, n.attrs)
+                metas = n.op.infer(n.inputs, n.attrs)
             except (ValueError, TypeError, KeyError) as e:
-                self._fail(i, f"op inference failed: {e}")
+                self._fail(i, f"op inference failed: {e}", names)
             if len(metas) != len(n.outputs):
-                self._fail(i, f"op infers {len(metas)} outputs, node has {len(n.outputs)}")
+                self._fail(i, f"op infers {len(metas)} outputs, node has {len(n.outputs)}", names)
             for v, (shape, dtype) in zip(n.outputs, metas):
                 if v.shape != tuple(shape) or v.dtype is not dtype:
-                    self._fail(i, f"output %{v.name} is {v.type_str} but {n.op} infers "
-                                  f"{dtype.short}{format_shape(shape)}")
-                if id(v) in defined:
-                    self._fail(i, f"%{v.name} is defined twice")
-                defined.add(id(v))
-        for v in self.outputs:
-            if v.kind != "constant" and id(v) not in defined:
-                raise VerifyError(f"graph output %{v.name} is never defined")
+                    self._fail(i, f"output %{names[v]} is {v.type_str} but {n.op.name} infers "
+                                  f"{dtype.short}{format_shape(shape)}", names)
+                if v in defined:
+                    self._fail(i, f"%{names[v]} is defined twice", names)
+                defined.add(v)
+        for k, v in self.results.items():
+            if v.kind != "constant" and v not in defined:
+                raise VerifyError(f"result {k!r} (%{names.get(v, v.name)}) is never defined")
 
-    def _fail(self, i: int, msg: str):
+    def _fail(self, i: int, msg: str, names: dict):
         lo, hi = max(0, i - 3), min(len(self.nodes), i + 4)
-        ctx = "\n".join(("--> " if j == i else "    ") + self.nodes[j].format() for j in range(lo, hi))
-        raise VerifyError(f"node {i} ({self.nodes[i].op}): {msg}\n{ctx}")
+        ctx = "\n".join(("--> " if j == i else "    ") + self.nodes[j].format(names)
+                        for j in range(lo, hi))
+        raise VerifyError(f"node {i} ({self.nodes[i].op.name}): {msg}\n{ctx}")
 
     # ----------------------------------------------------------------- printing
+    def names(self) -> dict:
+        """Value -> its printed name: inputs and variables by name, constants ``c0, c1 ...`` in
+        order of first use, node outputs ``0, 1 ...`` in order of definition."""
+        out = {v: v.name for v in self.inputs}
+        out.update((v, name) for name, v in self.variables.items())
+        out.update((v, f"c{k}") for k, v in enumerate(self._used_constants()))
+        k = 0
+        for n in self.nodes:
+            for v in n.outputs:
+                out[v] = str(k)
+                k += 1
+        return out
+
     def __str__(self) -> str:
         """The graph as text: a header declaring the inputs, variables and the constants the
         nodes use (with their value when it has at most ``_CONSTANT_VALUES_SHOWN`` elements), then
-        one line per node, the returned values and the loss. Every ``%name`` is declared."""
+        one line per node, the returned values (user outputs) and the other results. Every
+        ``%name`` is declared."""
+        names = self.names()
         lines = ["graph("]
         for v in self.inputs:
             lines.append(f"    %{v.name}: {v.type_str},  # input")
@@ -300,21 +417,24 @@ class Graph:
             data = self.constant_data.get(v.name)
             value = ("(no data)" if data is None else _fmt_data(data)
                      if data.size <= _CONSTANT_VALUES_SHOWN else f"({data.size} elements)")
-            lines.append(f"    %{v.name}: {v.type_str},  # constant {value}")
+            lines.append(f"    %{names[v]}: {v.type_str},  # constant {value}")
         lines.append(") {")
         for n in self.nodes:
-            lines.append("  " + n.format())
-        outs = ", ".join("%" + v.name for v in self.outputs)
-        lines.append(f"  return ({outs})")
-        if self.loss is not None:
-            lines.append(f"  # loss: %{self.loss.name}")
+            lines.append("  " + n.format(names))
+        outputs = self.outputs
+        lines.append(f"  return ({', '.join('%' + names.get(v, v.name) for v in outputs)})")
+        others = [f"{k}=%{names.get(v, v.name)}" for k, v in self.results.items()
+                  if not _is_output(k)]
+        if others:
+            lines += textwrap.wrap(", ".join(others), width=100, initial_indent="  # results: ",
+                                   subsequent_indent="  #   ", break_on_hyphens=False)
         lines.append("}")
         return "\n".join(lines)
 
     def _used_constants(self) -> list:
-        """The constant Values that nodes read or the graph returns, in order of first use."""
+        """The constant Values that nodes read or the graph's results are, in order of first use."""
         seen: dict = {}
-        for v in [v for n in self.nodes for v in n.inputs] + list(self.outputs):
+        for v in [v for n in self.nodes for v in n.inputs] + list(self.results.values()):
             if v.kind == "constant":
                 seen.setdefault(v.name, v)
         return list(seen.values())
@@ -326,9 +446,10 @@ class Graph:
         """The graph as Graphviz DOT: a box per node filled by its AMP color, an edge per read
         labelled with the value's type, ellipses for graph inputs, variables and constants.
 
-        Colors (``node.amp_color``): white = white fill (float16), black = black fill, gray = gray,
-        clear = light blue, unlisted = khaki, inserted cast = gold; lavender = no AMP color (AMP
-        off, or a node made by a later pass: loss scaling, optimizer).
+        Colors (``node.meta["amp_color"]``): white = white fill (float16), black = black fill,
+        gray = gray, clear = light blue, unlisted = khaki, inserted cast = gold; lavender = no AMP
+        color (AMP off, or a node made by a later pass: loss scaling, optimizer). Values are named
+        as the printer names them.
 
         Args:
             path: when given, the DOT text is written to ``<path minus suffix>.dot`` and, if
@@ -336,25 +457,27 @@ class Graph:
         Returns:
             the DOT text.
         """
-        made_by = {id(v): f"n{i}" for i, n in enumerate(self.nodes) for v in n.outputs}
+        names = self.names()
+        made_by = {v: f"n{i}" for i, n in enumerate(self.nodes) for v in n.outputs}
         lines = ["digraph miniflow {", '  node [shape=box, style=filled, fontname="Helvetica"];']
         sources = {}
         for n in self.nodes:
             for v in n.inputs:
-                if id(v) not in made_by and id(v) not in sources:
-                    sources[id(v)] = f"v{len(sources)}"
-                    lines.append(f'  {sources[id(v)]} [shape=ellipse, fillcolor=white, '
-                                 f'label="%{v.name}\\n{v.kind}"];')
+                if v not in made_by and v not in sources:
+                    sources[v] = f"v{len(sources)}"
+                    lines.append(f'  {sources[v]} [shape=ellipse, fillcolor=white, '
+                                 f'label="%{names.get(v, v.name)}\\n{v.kind}"];')
         for i, n in enumerate(self.nodes):
-            fill, font = _DOT_COLORS[n.amp_color]
-            outs = "\\n".join(f"%{v.name}: {v.type_str}" for v in n.outputs)
-            lines.append(f'  n{i} [label="{n.op}\\n{outs}", fillcolor={fill}, fontcolor={font}];')
+            fill, font = _DOT_COLORS[n.meta.get("amp_color")]
+            outs = "\\n".join(f"%{names[v]}: {v.type_str}" for v in n.outputs)
+            lines.append(f'  n{i} [label="{n.op.name}\\n{outs}", fillcolor={fill}, '
+                         f'fontcolor={font}];')
             for v in n.inputs:
-                src = made_by.get(id(v)) or sources[id(v)]
+                src = made_by.get(v) or sources[v]
                 lines.append(f'  {src} -> n{i} [label="{v.type_str}"];')
         lines.append('  ret [shape=ellipse, label="return"];')
         for v in self.outputs:
-            src = made_by.get(id(v)) or sources.get(id(v))
+            src = made_by.get(v) or sources.get(v)
             if src is not None:
                 lines.append(f'  {src} -> ret [label="{v.type_str}"];')
         lines.append("}")
@@ -364,8 +487,79 @@ class Graph:
         return text
 
     def count_ops(self) -> dict:
-        """Op type -> number of nodes of that type."""
+        """Op type name -> number of nodes of that type."""
         out: dict = {}
         for n in self.nodes:
-            out[n.op] = out.get(n.op, 0) + 1
+            out[n.op.name] = out.get(n.op.name, 0) + 1
         return out
+
+
+# --------------------------------------------------------------------- the reference interpreter
+def _as64(a) -> np.ndarray:
+    """A host copy of ``a`` (a NumPy or device array) in float64, or int64 for integers."""
+    a = a.copy_to_host() if hasattr(a, "copy_to_host") else np.asarray(a)
+    return a.astype(np.int64 if a.dtype.kind in "iub" else np.float64)
+
+
+def evaluate(graph: Graph, inputs, variables: dict | None = None) -> dict:
+    """Run ``graph`` through its ops' NumPy references in float64 (integers in int64): the reference
+    interpreter (JAX's ``eval_jaxpr``). Each node's ``op.reference`` maps its input arrays to its
+    output arrays; an op that writes inputs (``op.writes``) returns their new values, which later
+    nodes then read. Only ``cast`` and ``constant`` round (to their dtype).
+
+    Args:
+        inputs: one array per ``graph.inputs``, in order.
+        variables: name -> array for some or all variables; the others are read from
+            ``graph.variable_data`` (never written: the new values are returned).
+
+    Returns:
+        ``{result name: array}`` for every result, plus ``{variable name: new array}`` for every
+        variable an update op wrote.
+
+    Raises:
+        ValueError: a wrong number of inputs, a variable without a value, a reference whose
+            outputs differ in number or shape from the node's, or a written variable named like a
+            result.
+        NotImplementedError: an op without a reference, naming it.
+    """
+    if len(inputs) != len(graph.inputs):
+        raise ValueError(f"evaluate: the graph has {len(graph.inputs)} input(s), got {len(inputs)}")
+    env = {v: _as64(a) for v, a in zip(graph.inputs, inputs)}
+    given = variables or {}
+    for name, v in graph.variables.items():
+        data = given[name] if name in given else graph.variable_data.get(name)
+        if data is None:
+            raise ValueError(f"evaluate: variable %{name} has no value; pass variables={{{name!r}: "
+                             f"array}}")
+        env[v] = _as64(data)
+    constants = {name: _as64(a) for name, a in graph.constant_data.items()}
+    var_name = {v: name for name, v in graph.variables.items()}
+    written: dict = {}
+
+    def read(v):
+        return constants[v.name] if v.kind == "constant" else env[v]
+
+    with np.errstate(all="ignore"):  # inf and NaN are values, as in the kernels
+        for i, node in enumerate(graph.nodes):
+            op = node.op
+            if op.reference is None:
+                raise NotImplementedError(f"evaluate: op {op.name!r} has no reference (node {i}: "
+                                          f"{node.format()}); declare reference= in its OpDef")
+            targets = ([node.inputs[k] for k in op.writes if k < len(node.inputs)] if op.writes
+                       else node.outputs)
+            arrays = [_as64(a) for a in op.reference([read(v) for v in node.inputs], node.attrs)]
+            if len(arrays) != len(targets):
+                raise ValueError(f"evaluate: the reference of {op.name} gave {len(arrays)} "
+                                 f"array(s) for {len(targets)} value(s)")
+            for v, a in zip(targets, arrays):
+                if a.shape != v.shape:
+                    raise ValueError(f"evaluate: the reference of {op.name} gave shape "
+                                     f"{format_shape(a.shape)} for %{v.name} ({v.type_str})")
+                env[v] = a
+                if v in var_name:
+                    written[var_name[v]] = a
+    out = {k: read(v) for k, v in graph.results.items()}
+    clash = sorted(set(out) & set(written))
+    if clash:
+        raise ValueError(f"evaluate: written variable(s) {clash} are named like results")
+    return {**out, **written}

@@ -10,6 +10,7 @@ import numbers
 import numpy as np
 
 from .dtype import DType, as_dtype
+from .ops import get_op
 from .runtime.backend import get_backend
 from .trace import current_tracer
 
@@ -236,9 +237,13 @@ def tensor(data, dtype=None) -> Tensor:
 
 
 def apply(op: str, inputs: list, **attrs):
-    """Apply op type ``op`` to Tensors: record a node while tracing, else run the kernel now.
+    """Apply op type ``op`` (a registered name) to Tensors: record a node while tracing, else run
+    the kernel now.
 
     Returns one Tensor, or a tuple for multi-output ops.
+
+    Raises:
+        TypeError: an input that is not a Tensor. KeyError: an unknown op type.
     """
     for i, t in enumerate(inputs):
         if not isinstance(t, Tensor):
@@ -253,7 +258,7 @@ def apply(op: str, inputs: list, **attrs):
         outs = [Tensor(a) for a in run_op(op, [t._data for t in inputs], attrs)]
     else:
         vals = [tr.value_of(t) for t in inputs]
-        res = tr.graph.emit(op, *vals, **attrs)
+        res = tr.graph.emit(get_op(op), *vals, **attrs)
         res = res if isinstance(res, tuple) else (res,)
         outs = [Tensor(_value=v, _tracer=tr) for v in res]
     return outs[0] if len(outs) == 1 else tuple(outs)

@@ -11,6 +11,7 @@ import numpy as np
 
 from .dtype import as_dtype
 from .ir import Graph
+from .ops import emitter
 from .passes.autograd import autograd
 from .passes.pipeline import CompileContext
 from .runtime.backend import get_backend
@@ -42,19 +43,20 @@ def gradient_graph(op: str, inputs: list, attrs: dict, seed: int = 0):
             arrays.append(data)
         else:
             vals.append(g.add_constant(a))
-    outs = g.emit(op, *vals, **attrs)
+    emit = emitter(g)
+    outs = emit(op, *vals, **attrs)
     outs = outs if isinstance(outs, tuple) else (outs,)
     terms = []
     for o in outs:
         if not o.dtype.is_float:
             continue
         w = g.add_constant(rng.uniform(0.5, 1.5, o.shape).astype(o.dtype.np))
-        terms.append(g.emit("reduce_sum", g.emit("broadcast_mul", o, w), axis=None))
-    loss = terms[0] if len(terms) == 1 else g.emit("add_n", *terms)
-    g.loss = loss
+        terms.append(emit("reduce_sum", emit("broadcast_mul", o, w), axis=None))
+    loss = terms[0] if len(terms) == 1 else emit("add_n", *terms)
+    g.results["loss"] = loss
     g = autograd(g, CompileContext(trainable=names))
     differentiated = [i for i, n in enumerate(names) if n in g.grads]
-    g.outputs = [loss] + [g.grads[names[i]] for i in differentiated]
+    g.set_outputs([loss] + [g.grads[names[i]] for i in differentiated])
     g.verify()
     return g, Plan(g, backend), [arrays[i] for i in differentiated]
 

@@ -89,4 +89,4 @@ class Tracer:
                                f"{list(v.shape)}; reduce it first, e.g. loss.mean()")
         if not v.dtype.is_float:
             raise RuntimeError(f"backward() needs a floating-point loss, got {v.type_str}")
-        self.graph.loss = v
+        self.graph.results["loss"] = v

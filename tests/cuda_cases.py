@@ -1,76 +1,24 @@
-"""Kernel cases shared by the CUDA simulator lane (``tests/cuda``) and the PTX lane
-(``tests/test_cuda_ptx.py``): every registered sample of every op, a float64 variant of each op,
-and extra cases sized from a launch preset (non-multiples of the block and tile, grid-stride
-loops, size-1 and empty dims, fp16 overflow, NaN), plus the small training graphs the simulator
-lane runs end to end.
+"""Kernel cases of the CUDA simulator lane (``tests/cuda``) and the PTX lane
+(``tests/test_cuda_ptx.py``): the cases of every registered op (``op_cases``: every sample, a
+float64 variant of each, every cast), extra cases sized from a launch preset (non-multiples of the
+block and tile, grid-stride loops, size-1 and empty dims, fp16 overflow, NaN), plus the small
+training graphs the simulator lane runs end to end.
 
-A new op is covered by both lanes as soon as it registers ``samples`` and has kernels.
+A new op is covered by both lanes as soon as it registers ``samples`` and a ``reference``: its
+CUDA kernels are derived from its declaration like the CPU ones, the simulator lane checks them
+against the CPU kernels and the float64 reference, the PTX lane compiles them.
 Both lanes build the same cases (``all_cases(SIMULATOR)``) and training graphs
 (``training_signatures``), so the PTX lane compiles every kernel for every signature the
 simulator lane launches (the simulator lane checks that for its training runs).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
 import numpy as np
 
-from miniflow.dtype import as_dtype
-from miniflow.ir import Node, Value
 from miniflow.kernels.cuda_launch import SIMULATOR, LaunchConfig
-from miniflow.ops import all_ops, get_op
 
-SENTINEL = -777.0
-"""Outputs start filled with this (exact in f16), so an element a kernel never writes shows."""
-
-
-@dataclass
-class Case:
-    """One kernel run: op type, input arrays, attributes, and a label for the test id."""
-
-    op: str
-    inputs: list
-    attrs: dict = field(default_factory=dict)
-    label: str = ""
-
-    @property
-    def id(self) -> str:
-        dts = ",".join(as_dtype(a.dtype).short for a in self.inputs) or \
-            as_dtype(self.attrs.get("dtype", "float32")).short
-        return f"{self.op}[{self.label}:{dts}]"
-
-
-def registry_cases() -> list:
-    """Every registered sample of every op."""
-    return [Case(name, list(ins), dict(attrs), f"s{k}")
-            for name, opdef in sorted(all_ops().items())
-            for k, (ins, attrs) in enumerate(opdef.samples() if opdef.samples else [])]
-
-
-def _to_f64(a):
-    return a.astype(np.float64) if a.dtype == np.float32 else a
-
-
-def float64_cases() -> list:
-    """Every sample with float32 inputs, widened to float64 (casts: ``cast_cases``)."""
-    out = [Case("constant", [], {"value": 0.1, "shape": (2, 3), "dtype": "float64"}, "f64")]
-    for name, opdef in sorted(all_ops().items()):
-        if name in ("cast", "constant"):
-            continue
-        for k, (ins, attrs) in enumerate(opdef.samples() if opdef.samples else []):
-            case = Case(name, [_to_f64(a) for a in ins], dict(attrs), f"s{k}-f64")
-            if any(a.dtype == np.float32 for a in ins) and _accepts(case):
-                out.append(case)
-    return out
-
-
-def _accepts(case) -> bool:
-    """Whether the op's type checks accept the case (some ops are float32-only)."""
-    try:
-        make_node(case)
-    except TypeError:
-        return False
-    return True
+from op_cases import (Case, cast_cases, float64_cases, host_buffers, make_node,  # noqa: F401
+                      registry_cases, results)
 
 
 def _r(*shape, dt=np.float32, lo=-2.0, hi=2.0, seed=0):
@@ -136,55 +84,9 @@ def extra_cases(cfg: LaunchConfig = SIMULATOR) -> list:
     return cases
 
 
-def cast_cases() -> list:
-    """Every cast between f16, f32, f64 and i64 -> float, on values that probe every rounding case
-    (fp16 overflow at 65520, subnormals, ties, inf, NaN, signed zero)."""
-    r = np.random.default_rng(6)
-    x = r.standard_normal(300) * np.exp2(r.uniform(-30, 20, 300))
-    x = np.concatenate([x, [65504, 65519.99, 65520, 2.0 ** -24, 2.0 ** -25, 3 * 2.0 ** -26, 1e6,
-                            np.inf, -np.inf, np.nan, -np.nan, 0.0, -0.0, 1 + 2.0 ** -11]])
-    ints = np.concatenate([np.arange(-300, 300), [2 ** 24 + 1, 65519, 65520, -(2 ** 40)]])
-    cases = []
-    for src in ("float16", "float32", "float64", "int64"):
-        with np.errstate(over="ignore", invalid="ignore"):
-            xs = ints.astype(np.int64) if src == "int64" else x.astype(src)
-        for dst in ("float16", "float32", "float64"):
-            cases.append(Case("cast", [xs], {"dtype": dst}, f"exact-to-{dst}"))
-    return cases
-
-
 def all_cases(cfg: LaunchConfig = SIMULATOR) -> list:
     """Registry samples, float64 variants, extra cases and cast cases."""
     return registry_cases() + float64_cases() + extra_cases(cfg) + cast_cases()
-
-
-# ----------------------------------------------------------------------------- building
-def make_node(case: Case) -> Node:
-    """A Node for ``case`` with output Values from the op's own normalisation and inference.
-
-    Inputs an update op writes are declared as variables (update ops require that).
-    """
-    opdef = get_op(case.op)
-    vals = [Value(f"in{i}", a.shape, as_dtype(a.dtype),
-                  kind="variable" if i in opdef.writes else "input")
-            for i, a in enumerate(case.inputs)]
-    attrs = opdef.normalize_attrs(vals, case.attrs)
-    node = Node(case.op, vals, [], attrs)
-    node.outputs = [Value(f"out{i}", s, d, producer=node)
-                    for i, (s, d) in enumerate(opdef.infer(vals, attrs))]
-    return node
-
-
-def host_buffers(case: Case, node: Node):
-    """Fresh host copies of the inputs and sentinel-filled host outputs."""
-    ins = [np.ascontiguousarray(a).copy() for a in case.inputs]
-    outs = [np.full(v.shape, SENTINEL, v.dtype.np) for v in node.outputs]
-    return ins, outs
-
-
-def results(case: Case, node: Node, ins, outs) -> list:
-    """What a run produced: every output, then every input the op writes (update ops)."""
-    return list(outs) + [ins[i] for i in get_op(case.op).writes if i < len(ins)]
 
 
 def arg_type(a):

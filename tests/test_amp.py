@@ -23,6 +23,7 @@ from miniflow.passes.auto_mixed_precision import AmpConfig, auto_mixed_precision
 from miniflow.passes.autograd import autograd
 from miniflow.passes.pipeline import CompileContext, passes_for, run_passes
 from miniflow.passes.prune_amp_identity import prune_amp_identity
+from miniflow.ops import emitter
 
 GOLDEN = Path(__file__).parent / "golden" / "amp"
 UPDATE = os.environ.get("MINIFLOW_UPDATE_GOLDEN") == "1"
@@ -58,11 +59,13 @@ def _golden(name, text):
 
 def _colors(ctx) -> dict:
     """``"op %out"`` -> color, for every node the AMP pass saw."""
-    return {f"{d.node.op} %{d.node.outputs[0].name}": d.color for d in ctx.amp_result.decisions}
+    names = ctx.amp_result.names  # as the graph printed after the AMP pass names the values
+    return {f"{d.node.op.name} %{names[d.node.outputs[0]]}": d.color
+            for d in ctx.amp_result.decisions}
 
 
 def _by_op(graph, op):
-    return [n for n in graph.nodes if n.op == op]
+    return [n for n in graph.nodes if n.op.name == op]
 
 
 def _producer(graph, v):
@@ -72,13 +75,15 @@ def _producer(graph, v):
 def _mlp_graph(*, black_before_sum=False):
     """x -> matmul(w) -> relu [-> black_identity] -> reduce_sum, returned as the loss."""
     g = Graph()
+    emit = emitter(g)
     x = g.add_input("x", (4, 3), f32)
     w = g.add_variable("w", (3, 2), f32)
-    r = g.emit("relu", g.emit("matmul", x, w))
+    r = emit("relu", emit("matmul", x, w))
     if black_before_sum:
-        r = g.emit("amp_black_identity", r)
-    s = g.emit("reduce_sum", r)
-    g.outputs, g.loss = [s], s
+        r = emit("amp_black_identity", r)
+    s = emit("reduce_sum", r)
+    g.set_outputs([s])
+    g.results["loss"] = s
     return g
 
 
@@ -138,11 +143,11 @@ def test_matmul_relu_sum_loss_is_all_fp16_forward_and_backward():
     _golden("matmul_relu_sum", text)
     assert set(_colors(ctx).values()) == {"white"}  # the loss turns white via ones_like + matmul
     for n in g.nodes:
-        if n.op != "cast":
+        if n.op.name != "cast":
             assert all(v.dtype is f16 for v in n.outputs), n.format()
-    assert g.loss.dtype is f16 and g.initial_grad.dtype is f16 and g.grads["w"].dtype is f16
+    assert g.loss.dtype is f16 and ctx.initial_grad.dtype is f16 and g.grads["w"].dtype is f16
     out = _producer(g, g.outputs[0])  # graph outputs are read by an unlisted node: cast back
-    assert out.op == "cast" and g.outputs[0].dtype is f32 and out.inputs[0] is g.loss
+    assert out.op.name == "cast" and g.outputs[0].dtype is f32 and out.inputs[0] is g.loss
     assert g.variables["w"].dtype is f32
 
 
@@ -151,64 +156,68 @@ def test_black_identity_before_sum_keeps_sum_and_its_gradient_fp32():
     ctx, text = _amp(g, trainable=["w"])
     _golden("black_identity_before_sum", text)
     colors = _colors(ctx)
-    assert colors["reduce_sum %4"] == "black" and colors["broadcast_like %6"] == "black"
+    assert colors["reduce_sum %6"] == "black" and colors["broadcast_like %8"] == "black"
     (total,) = _by_op(g, "reduce_sum")
     (grad,) = _by_op(g, "broadcast_like")
     assert total.outputs[0].dtype is f32 and grad.outputs[0].dtype is f32
     h2f = _producer(g, total.inputs[0])  # relu's f16 output, cast up right before the sum
-    assert h2f.op == "cast" and h2f.attrs["dtype"] is f32 and h2f.inputs[0].dtype is f16
-    assert not [n for n in g.nodes if n.op.startswith("amp_")]  # pruned ...
+    assert h2f.op.name == "cast" and h2f.attrs["dtype"] is f32 and h2f.inputs[0].dtype is f16
+    assert not [n for n in g.nodes if n.op.name.startswith("amp_")]  # pruned ...
     assert _by_op(g, "relu")[0].outputs[0].dtype is f16  # ... while their effect stays
 
 
 def _gray_chain(white_identity):
     """Inference: x -> matmul(w) -> tanh -> scalar_mul [-> white_identity], returned."""
     g = Graph()
+    emit = emitter(g)
     x = g.add_input("x", (4, 3), f32)
     w = g.add_variable("w", (3, 2), f32)
-    y = g.emit("scalar_mul", g.emit("tanh", g.emit("matmul", x, w)), scalar=2.0)
+    y = emit("scalar_mul", emit("tanh", emit("matmul", x, w)), scalar=2.0)
     if white_identity:
-        y = g.emit("amp_white_identity", y)
-    g.outputs = [y]
+        y = emit("amp_white_identity", y)
+    g.set_outputs([y])
     return g
 
 
 def test_white_identity_pulls_a_gray_chain_to_fp16():
     plain = _gray_chain(white_identity=False)
     ctx, _ = _amp(plain)
-    assert _colors(ctx) == {"matmul %1": "white", "tanh %2": "gray", "scalar_mul %3": "gray"}
+    assert _colors(ctx) == {"matmul %2": "white", "tanh %4": "gray", "scalar_mul %5": "gray"}
     pulled = _gray_chain(white_identity=True)
     ctx, text = _amp(pulled)
     _golden("white_identity_gray_chain", text)
-    assert _colors(ctx) == {"matmul %1": "white", "tanh %2": "white", "scalar_mul %3": "white",
-                            "amp_white_identity %4": "white"}
-    assert [n.outputs[0].dtype for n in pulled.nodes if n.op in ("tanh", "scalar_mul")] == [f16, f16]
+    assert _colors(ctx) == {"matmul %2": "white", "tanh %3": "white", "scalar_mul %4": "white",
+                            "amp_white_identity %5": "white"}
+    assert [n.outputs[0].dtype for n in pulled.nodes
+            if n.op.name in ("tanh", "scalar_mul")] == [f16, f16]
     assert not _by_op(pulled, "amp_white_identity") and pulled.outputs[0].dtype is f32
 
 
 def _black_gray_clear_gray(black_identity):
     """matmul -> [black_identity ->] tanh -> reshape -> scalar_mul -> matmul -> reduce_sum loss."""
     g = Graph()
+    emit = emitter(g)
     x = g.add_input("x", (4, 3), f32)
     w1 = g.add_variable("w1", (3, 2), f32)
     w2 = g.add_variable("w2", (2, 5), f32)
-    h = g.emit("matmul", x, w1)
+    h = emit("matmul", x, w1)
     if black_identity:
-        h = g.emit("amp_black_identity", h)
-    h = g.emit("scalar_mul", g.emit("reshape", g.emit("tanh", h), shape=(4, 2)), scalar=0.5)
-    s = g.emit("reduce_sum", g.emit("matmul", h, w2))
-    g.outputs, g.loss = [s], s
+        h = emit("amp_black_identity", h)
+    h = emit("scalar_mul", emit("reshape", emit("tanh", h), shape=(4, 2)), scalar=0.5)
+    s = emit("reduce_sum", emit("matmul", h, w2))
+    g.set_outputs([s])
+    g.results["loss"] = s
     return g
 
 
 def test_black_gray_clear_gray_stays_fp32():
     ctx, _ = _amp(_black_gray_clear_gray(black_identity=False), trainable=["w1", "w2"])
-    assert {_colors(ctx)[k] for k in ("tanh %2", "reshape %3", "scalar_mul %4")} == {"white"}
+    assert {_colors(ctx)[k] for k in ("tanh %3", "reshape %4", "scalar_mul %5")} == {"white"}
     g = _black_gray_clear_gray(black_identity=True)
     ctx, text = _amp(g, trainable=["w1", "w2"])
     _golden("black_gray_clear_gray", text)
     colors = _colors(ctx)
-    assert [colors[k] for k in ("tanh %3", "reshape %4", "scalar_mul %5")] == ["black"] * 3
+    assert [colors[k] for k in ("tanh %5", "reshape %6", "scalar_mul %7")] == ["black"] * 3
     for op in ("tanh", "reshape", "scalar_mul", "tanh_grad"):
         assert all(n.outputs[0].dtype is f32 for n in _by_op(g, op)), op
     assert all(n.outputs[0].dtype is f16 for n in _by_op(g, "matmul"))
@@ -216,42 +225,45 @@ def test_black_gray_clear_gray_stays_fp32():
 
 def _matmul_tanh_matmul():
     g = Graph()
+    emit = emitter(g)
     x = g.add_input("x", (4, 3), f32)
     w1 = g.add_variable("w1", (3, 2), f32)
     w2 = g.add_variable("w2", (2, 5), f32)
-    s = g.emit("reduce_sum", g.emit("matmul", g.emit("tanh", g.emit("matmul", x, w1)), w2))
-    g.outputs, g.loss = [s], s
+    s = emit("reduce_sum", emit("matmul", emit("tanh", emit("matmul", x, w1)), w2))
+    g.set_outputs([s])
+    g.results["loss"] = s
     return g
 
 
 def test_user_added_black_op_type_is_honored():
     ctx, _ = _amp(_matmul_tanh_matmul(), trainable=["w1", "w2"])
-    assert _colors(ctx)["tanh %2"] == "white"
+    assert _colors(ctx)["tanh %3"] == "white"
     g = _matmul_tanh_matmul()
     ctx, text = _amp(g, trainable=["w1", "w2"], lists=AmpLists().add("black", "tanh"))
     _golden("user_black_tanh", text)
     # tanh_grad reads tanh's output, so black spreads into the backward pass too
-    assert _colors(ctx)["tanh %2"] == "black" and _colors(ctx)["tanh_grad %9"] == "black"
+    assert _colors(ctx)["tanh %4"] == "black" and _colors(ctx)["tanh_grad %14"] == "black"
     (tanh,) = _by_op(g, "tanh")
-    assert tanh.outputs[0].dtype is f32 and _producer(g, tanh.inputs[0]).op == "cast"
+    assert tanh.outputs[0].dtype is f32 and _producer(g, tanh.inputs[0]).op.name == "cast"
 
 
 # ------------------------------------------------------------------------------ rules in isolation
 def _forward(*ops, returned=True):
     """x -> matmul(w) -> ops... ; the last value is returned (or left unread)."""
     g = Graph()
-    v = g.emit("matmul", g.add_input("x", (4, 3), f32), g.add_variable("w", (3, 3), f32))
+    emit = emitter(g)
+    v = emit("matmul", g.add_input("x", (4, 3), f32), g.add_variable("w", (3, 3), f32))
     for op in ops:
-        v = g.emit(op, v) if op != "matmul" else g.emit(op, v, g.variables["w"])
-    g.outputs = [v] if returned else []
+        v = emit(op, v) if op != "matmul" else emit(op, v, g.variables["w"])
+    g.set_outputs([v] if returned else [])
     return g
 
 
 def test_a_returned_value_is_not_a_sink_but_an_unread_one_is():
     ctx, _ = _amp(_forward("tanh", returned=True))
-    assert _colors(ctx)["tanh %2"] == "gray"
+    assert _colors(ctx)["tanh %4"] == "gray"
     ctx, _ = _amp(_forward("tanh", returned=False))
-    assert _colors(ctx)["tanh %2"] == "white"
+    assert _colors(ctx)["tanh %3"] == "white"
 
 
 def test_unlisted_ops_run_fp32_and_do_not_pass_white_through():
@@ -264,9 +276,10 @@ def test_unlisted_ops_run_fp32_and_do_not_pass_white_through():
 
 def test_a_black_sink_with_a_white_producer_turns_white_as_in_oneflow():
     g = Graph()
-    a = g.emit("matmul", g.add_input("x", (4, 3), f32), g.add_variable("w", (3, 3), f32))
-    b = g.emit("amp_black_identity", g.add_input("y", (4, 3), f32))
-    g.emit("broadcast_add", a, b)  # unread: a sink, black-propagated, white producer
+    emit = emitter(g)
+    a = emit("matmul", g.add_input("x", (4, 3), f32), g.add_variable("w", (3, 3), f32))
+    b = emit("amp_black_identity", g.add_input("y", (4, 3), f32))
+    emit("broadcast_add", a, b)  # unread: a sink, black-propagated, white producer
     ctx, _ = _amp(g)
     (add,) = ctx.amp_result.decisions[2:]
     assert add.color == "white" and "also black-propagated" in add.reason
@@ -283,9 +296,10 @@ def test_one_cast_per_value_and_dtype_shared_by_all_readers():
 
 def test_only_float32_values_are_cast():
     g = Graph()
-    logits = g.emit("matmul", g.add_input("x", (4, 3), f32), g.add_variable("w", (3, 5), f32))
-    _, loss = g.emit("sparse_softmax_cross_entropy", logits, g.add_input("y", (4,), mf.int64))
-    g.outputs = [g.emit("reduce_sum", loss)]
+    emit = emitter(g)
+    logits = emit("matmul", g.add_input("x", (4, 3), f32), g.add_variable("w", (3, 5), f32))
+    _, loss = emit("sparse_softmax_cross_entropy", logits, g.add_input("y", (4,), mf.int64))
+    g.set_outputs([emit("reduce_sum", loss)])
     _amp(g)
     assert all(n.inputs[0].dtype is not mf.int64 for n in _by_op(g, "cast"))
 
@@ -315,7 +329,7 @@ def test_parameters_stay_fp32_and_fp16_grads_are_cast_once_before_the_update():
     assert len(updates) == 4
     for u in updates:
         cast = _producer(ir, u.inputs[1])
-        assert cast.op == "cast" and cast.inputs[0] is ir.grads[u.inputs[0].name]
+        assert cast.op.name == "cast" and cast.inputs[0] is ir.grads[u.inputs[0].name]
         assert cast.inputs[0].dtype is f16 and u.inputs[1].dtype is f32
     to_f32 = [n for n in _by_op(ir, "cast") if n.inputs[0] in ir.grads.values()]
     assert len(to_f32) == 4
@@ -328,26 +342,29 @@ def test_identity_ops_are_identity_with_same_op_gradient_and_public_functions():
     x = np.array([1.5, -2.0, 65504.0], np.float32)
     np.testing.assert_array_equal(mf.amp.white_identity(mf.tensor(x)).numpy(), x)
     g = Graph()
+    emit = emitter(g)
     w = g.add_variable("w", (3,), f32)
-    s = g.emit("reduce_sum", g.emit("amp_black_identity", g.emit("amp_white_identity", w)))
-    g.loss = s
+    s = emit("reduce_sum", emit("amp_black_identity", emit("amp_white_identity", w)))
+    g.results["loss"] = s
     autograd(g, CompileContext(trainable=["w"]))
-    ops = [n.op for n in g.nodes]
+    ops = [n.op.name for n in g.nodes]
     assert ops.count("amp_white_identity") == 2 and ops.count("amp_black_identity") == 2
 
 
 def test_pruning_an_identity_rewires_readers_outputs_and_the_loss():
     g = Graph()
+    emit = emitter(g)
     w = g.add_variable("w", (3,), f32)
-    s = g.emit("reduce_sum", g.emit("broadcast_mul", w, w))
-    loss = g.emit("amp_white_identity", s)
-    g.outputs, g.loss = [loss], loss
-    _amp(g, trainable=["w"])
+    s = emit("reduce_sum", emit("broadcast_mul", w, w))
+    loss = emit("amp_white_identity", s)
+    g.set_outputs([loss])
+    g.results["loss"] = loss
+    ctx, _ = _amp(g, trainable=["w"])
     assert not _by_op(g, "amp_white_identity")
     f2h = _producer(g, g.loss)  # the white identity's input was cast to f16; the loss is that now
-    assert f2h.op == "cast" and f2h.inputs == [s] and g.loss.dtype is f16
+    assert f2h.op.name == "cast" and f2h.inputs == [s] and g.loss.dtype is f16
     assert _producer(g, g.outputs[0]).inputs == [g.loss] and g.outputs[0].dtype is f32
-    assert g.initial_grad in _by_op(g, "ones_like")[0].outputs
+    assert ctx.initial_grad in _by_op(g, "ones_like")[0].outputs
     g.verify()
 
 
@@ -376,8 +393,8 @@ def test_amp_report_counts_and_to_dot(tmp_path):
     assert "4 float16 nodes, 3 float32 nodes, 4 inserted casts" in str(rep)
     dot = g.to_dot(str(tmp_path / "amp.png"))
     assert (tmp_path / "amp.dot").read_text() == dot
-    assert 'label="reduce_sum\\n%4: f32[]", fillcolor=black' in dot
-    assert 'label="matmul\\n%1: f16[4,2]", fillcolor=white' in dot and "fillcolor=gold" in dot
+    assert 'label="reduce_sum\\n%5: f32[]", fillcolor=black' in dot   # named as str(g) names them
+    assert 'label="matmul\\n%2: f16[4,2]", fillcolor=white' in dot and "fillcolor=gold" in dot
 
 
 def test_graph_amp_report_needs_amp_and_a_compiled_plan():

@@ -58,7 +58,8 @@ def _unavailable():
 REASON = _unavailable()
 if REASON is not None and not config.ENABLE_CUDASIM and os.environ.get("CI"):
     raise RuntimeError(f"PTX lane cannot run under CI: {REASON}")
-pytestmark = pytest.mark.skipif(REASON is not None, reason=str(REASON))
+pytestmark = [pytest.mark.ptx, pytest.mark.slow,
+              pytest.mark.skipif(REASON is not None, reason=str(REASON))]
 
 with use_config(GPU):
     SIGNATURES = {**case_signatures(all_cases(SIMULATOR)), **training_signatures()} \

@@ -14,6 +14,8 @@ ROOT = Path(__file__).resolve().parent.parent
 TIMEOUT_S = 600
 
 
+@pytest.mark.cuda_sim
+@pytest.mark.slow
 @pytest.mark.skipif(config.ENABLE_CUDASIM, reason="already under the simulator: run tests/cuda")
 def test_cuda_simulator_lane(lane_summary):
     env = {k: v for k, v in os.environ.items() if k != "MINIFLOW_BACKEND"}

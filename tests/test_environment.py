@@ -59,6 +59,7 @@ def _package_copy(tmp_path, writable_tree: bool) -> Path:
     return root
 
 
+@pytest.mark.slow  # compiles kernels in fresh processes
 def test_no_writable_cache_folder_kernels_run_uncached_with_one_notice(tmp_path):
     blocker = tmp_path / "a-file"
     blocker.write_text("")
@@ -88,6 +89,7 @@ def test_no_writable_cache_folder_kernels_run_uncached_with_one_notice(tmp_path)
     assert "kernels from the Numba cache: no (caching is off for these kernels)" in info.stdout
 
 
+@pytest.mark.slow  # compiles kernels in fresh processes
 def test_unwritable_numba_cache_dir_caches_where_numba_falls_back(tmp_path):
     """Numba passes over an unwritable NUMBA_CACHE_DIR and caches next to the sources; miniflow
     says so once, writes its generated sources to the user cache folder, and ``info`` reports the

@@ -18,6 +18,7 @@ from miniflow.ir import Node, Value
 from miniflow.kernels import cpu_matmul
 from miniflow.kernels.cpu import KERNELS, PARALLEL_MIN_SIZE
 from miniflow.kernels.cpu_common import blas_libraries
+from miniflow.ops import get_op
 from miniflow.runtime.notice import NOTICE
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -25,7 +26,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 def _run(op, ins, out_specs, attrs=None):
     """``(steps, outputs)`` of ``op``'s CPU builder on ``ins``, after running the steps."""
-    node = Node(op, [Value(f"i{k}", a.shape, a.dtype) for k, a in enumerate(ins)],
+    node = Node(get_op(op), [Value(f"i{k}", a.shape, a.dtype) for k, a in enumerate(ins)],
                 [Value(f"o{k}", s, d) for k, (s, d) in enumerate(out_specs)], dict(attrs or {}))
     outs = [np.full(s, -777.0, d.np) for s, d in out_specs]
     steps = KERNELS[op](node, ins, outs)
@@ -58,6 +59,7 @@ _SCRIPT = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow  # compiles kernels in fresh processes
 def test_compile_notice_only_when_kernels_compile(tmp_path):
     env = dict(os.environ, NUMBA_CACHE_DIR=str(tmp_path / "cache"), PYTHONPATH=ROOT)
     env.pop("MINIFLOW_BACKEND", None)

@@ -127,6 +127,7 @@ _KERNEL_SCRIPT = textwrap.dedent("""
     from miniflow.ir import Node, Value
     from miniflow.kernels import fp16
     from miniflow.kernels.cpu import KERNELS
+    from miniflow.ops import get_op
     rng = np.random.default_rng(0)
     x = (rng.standard_normal(5000) * np.exp2(rng.uniform(-30, 18, 5000))).astype(np.float32)
     for op, src, attrs, want in [
@@ -134,7 +135,8 @@ _KERNEL_SCRIPT = textwrap.dedent("""
         ("scalar_mul", x.astype(np.float16), {"scalar": 3.0},
          (x.astype(np.float16).astype(np.float32) * np.float32(3.0)).astype(np.float16)),
     ]:
-        node = Node(op, [Value("a", src.shape, src.dtype)], [Value("o", src.shape, float16)], attrs)
+        node = Node(get_op(op), [Value("a", src.shape, src.dtype)],
+                    [Value("o", src.shape, float16)], attrs)
         out = np.empty(src.shape, np.float16)
         for fn, args in KERNELS[op](node, [src], [out]):
             fn(*args)

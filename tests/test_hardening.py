@@ -28,6 +28,7 @@ from miniflow.passes.loss_scale import LossScaleOverflowWarning
 from miniflow.runtime.backend import get_backend
 from miniflow.runtime.plan import Plan
 from miniflow.testing import check_grad
+from miniflow.ops import emitter
 
 README = Path(__file__).resolve().parent.parent / "README.md"
 
@@ -542,10 +543,10 @@ def test_scalar_mul_by_tensor_takes_any_one_element_scalar(x_shape, s_shape):
     x = r.uniform(-2, 2, x_shape).astype(np.float32)
     s = r.uniform(0.5, 2, s_shape).astype(np.float32)
     g = IRGraph()
-    out = g.emit("scalar_mul_by_tensor", g.add_input("x", x_shape, mf.float32),
-                 g.add_input("s", s_shape, mf.float32))
+    out = emitter(g)("scalar_mul_by_tensor", g.add_input("x", x_shape, mf.float32),
+                     g.add_input("s", s_shape, mf.float32))
     assert out.shape == x_shape
-    g.outputs = [out]
+    g.set_outputs([out])
     g.verify()
     (got,) = Plan(g, get_backend()).run([x, s])
     np.testing.assert_allclose(got, x.astype(np.float64) * float(s.reshape(())), rtol=1e-6)
@@ -559,7 +560,7 @@ def test_scalar_mul_by_tensor_refuses_a_scalar_of_several_elements():
     x = g.add_input("x", (3,), mf.float32)
     with pytest.raises(ValueError, match=r"scalar_mul_by_tensor: scalar %s \(f32\[1,2\]\) must "
                                          r"have exactly one element .*it has 2"):
-        g.emit("scalar_mul_by_tensor", x, g.add_input("s", (1, 2), mf.float32))
+        emitter(g)("scalar_mul_by_tensor", x, g.add_input("s", (1, 2), mf.float32))
 
 
 # ------------------------------------------------------------------------------ 4. copy, pickle
@@ -662,10 +663,11 @@ def test_the_printer_shows_small_constant_values_and_summarises_large_ones():
     x = g.add_input("x", (2, 16), mf.float32)  # small: [2,1], broadcast over the columns
     small = g.add_constant(np.array([[0.5], [2.0]], np.float32))
     large = g.add_constant(np.zeros((2, 16), np.float32))
-    g.outputs = [g.emit("broadcast_add", g.emit("broadcast_mul", x, small), large)]
-    text = str(g)
-    assert f"    %{small.name}: f32[2,1],  # constant [[0.5], [2.0]]" in text
-    assert f"    %{large.name}: f32[2,16],  # constant (32 elements)" in text
+    emit = emitter(g)
+    g.set_outputs([emit("broadcast_add", emit("broadcast_mul", x, small), large)])
+    text, names = str(g), g.names()
+    assert f"    %{names[small]}: f32[2,1],  # constant [[0.5], [2.0]]" in text
+    assert f"    %{names[large]}: f32[2,16],  # constant (32 elements)" in text
     assert not _undeclared(text)
 
 

@@ -1,7 +1,8 @@
 """CPU kernels against NumPy float64: one table row per (op, case), run for f16, f32 and f64.
 
-Each case builds a bare ``Node`` (no op registry), allocates outputs filled with a sentinel, runs the
-builder's steps and compares with a float64 NumPy reference computed from the same (rounded) inputs.
+Each case builds a bare ``Node`` of the op's definition (no inference: the output specs are given),
+allocates outputs filled with a sentinel, runs the builder's steps and compares with a float64 NumPy
+reference computed from the same (rounded) inputs.
 """
 import os
 import subprocess
@@ -15,6 +16,7 @@ from hypothesis import given, settings, strategies as st
 from miniflow.dtype import float16, float32, float64, int64
 from miniflow.ir import Node, Value
 from miniflow.kernels.cpu import KERNELS, PARALLEL_MIN_SIZE
+from miniflow.ops import get_op
 
 FLOATS = [float16, float32, float64]
 TOL = {float16: 2e-3, float32: 2e-5, float64: 1e-12}
@@ -24,7 +26,7 @@ SENTINEL = -777.0
 def run(op, ins, out_specs, attrs=None):
     """Build ``op``'s steps for ``ins`` -> outputs of ``out_specs`` [(shape, DType)], run them."""
     ins = [np.ascontiguousarray(a) for a in ins]
-    node = Node(op, [Value(f"i{k}", a.shape, a.dtype) for k, a in enumerate(ins)],
+    node = Node(get_op(op), [Value(f"i{k}", a.shape, a.dtype) for k, a in enumerate(ins)],
                 [Value(f"o{k}", s, d) for k, (s, d) in enumerate(out_specs)], dict(attrs or {}))
     outs = [np.full(s, SENTINEL, d.np) for s, d in out_specs]
     for fn, args in KERNELS[op](node, ins, outs):
@@ -383,7 +385,8 @@ def test_sgd_update(mu, wd, dt):
     buf = np.zeros_like(p)
     ins = [p.copy(), g, np.zeros(1, np.int64)] + ([buf.copy()] if mu else [])
     attrs = {"lr": 0.1, "momentum": mu, "weight_decay": wd}
-    node = Node("sgd_update", [Value(f"i{k}", a.shape, a.dtype) for k, a in enumerate(ins)], [], attrs)
+    node = Node(get_op("sgd_update"), [Value(f"i{k}", a.shape, a.dtype) for k, a in enumerate(ins)],
+                [], attrs)
     steps = KERNELS["sgd_update"](node, ins, [])
     for _ in range(3):
         for fn, args in steps:
@@ -407,7 +410,8 @@ def test_adam_update(wd, dt):
     ins = [p.copy(), g, np.zeros(1, np.int64), np.zeros_like(p), np.zeros_like(p),
            np.zeros(1, np.int64)]
     a = {"lr": 1e-2, "beta1": 0.9, "beta2": 0.999, "eps": 1e-8, "weight_decay": wd}
-    node = Node("adam_update", [Value(f"i{k}", x.shape, x.dtype) for k, x in enumerate(ins)], [], a)
+    node = Node(get_op("adam_update"),
+                [Value(f"i{k}", x.shape, x.dtype) for k, x in enumerate(ins)], [], a)
     steps = KERNELS["adam_update"](node, ins, [])
     rp, rg = f64(p, g)
     m, v = np.zeros_like(rp), np.zeros_like(rp)
@@ -430,8 +434,8 @@ def test_adam_update(wd, dt):
 
 def test_sgd_momentum_without_buffer_is_an_error():
     ins = [np.zeros(3, np.float32), np.zeros(3, np.float32), np.zeros(1, np.int64)]
-    node = Node("sgd_update", [Value(f"i{k}", a.shape, a.dtype) for k, a in enumerate(ins)], [],
-                {"lr": 0.1, "momentum": 0.9, "weight_decay": 0.0})
+    node = Node(get_op("sgd_update"), [Value(f"i{k}", a.shape, a.dtype) for k, a in enumerate(ins)],
+                [], {"lr": 0.1, "momentum": 0.9, "weight_decay": 0.0})
     with pytest.raises(ValueError, match="momentum_buf"):
         KERNELS["sgd_update"](node, ins, [])
 
@@ -442,12 +446,14 @@ _CACHE_SCRIPT = textwrap.dedent("""
     from miniflow.dtype import float32
     from miniflow.ir import Node, Value
     from miniflow.kernels.cpu import KERNELS
+    from miniflow.ops import get_op
     x = np.linspace(-2, 2, 11, dtype=np.float32)
     hits = 0
     for op, ref in [("negative", -x), ("exp", np.exp(x)), ("relu", np.maximum(x, 0)),
                     ("tanh", np.tanh(x)), ("broadcast_add", x + x), ("broadcast_mul", x * x)]:
         ins = [x] if op.startswith(("neg", "exp", "relu", "tanh")) else [x, x]
-        node = Node(op, [Value("a", x.shape, float32) for _ in ins], [Value("o", x.shape, float32)])
+        node = Node(get_op(op), [Value("a", x.shape, float32) for _ in ins],
+                    [Value("o", x.shape, float32)])
         out = np.empty_like(x)
         ((fn, args),) = KERNELS[op](node, ins, [out])
         fn(*args)

@@ -24,6 +24,8 @@ from miniflow.data import load_digits
 from miniflow.experiments import stability
 from miniflow.experiments.stability_plots import FIGURES
 
+pytestmark = pytest.mark.slow  # the stability study (-m "not slow" skips it)
+
 
 @pytest.fixture(scope="module")
 def study(tmp_path_factory):

@@ -8,6 +8,8 @@ from miniflow.experiments.mlp import TrainGraph, mlp, train_digits
 
 from reference_mlp import adam_step, forward_backward, sgd_step
 
+pytestmark = pytest.mark.slow  # training runs (-m "not slow" skips them)
+
 
 def _setup(opt_factory, seed=3):
     mf.manual_seed(seed)

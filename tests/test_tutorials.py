@@ -16,6 +16,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.slow  # every lesson in a subprocess (-m "not slow" skips them)
+
 ROOT = Path(__file__).resolve().parent.parent
 TUTORIALS = ROOT / "tutorials"
 TIMEOUT_S = 180

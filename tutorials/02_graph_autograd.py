@@ -7,8 +7,9 @@ What this lesson shows:
    (``tanh`` -> ``tanh_grad``, ``matmul`` -> two matmuls with transposes). The backward graph is
    part of the same IR, so later passes (AMP, loss scaling, the optimizer) see and rewrite it too.
 2. A value used twice gets two gradient contributions, summed by one ``add_n`` node.
-3. The backward starts from ``ones_like(loss)`` (the *initial gradient*, recorded in
-   ``graph.initial_grad``); each parameter's gradient value is in ``graph.grads``.
+3. The backward starts from ``ones_like(loss)`` (the *initial gradient*, recorded in the passes'
+   ``CompileContext`` as ``ctx.initial_grad``); each parameter's gradient is a named result of the
+   graph, ``graph.results["grad:w"]`` (``graph.grads`` lists them).
 4. The gradients are right: equal to the hand-derived formula, and to central finite differences
    ``(L(w + eps) - L(w - eps)) / (2 eps)`` in float64, for the whole graph and for single ops
    (``miniflow.testing.check_grad``).
@@ -17,7 +18,8 @@ What this lesson shows:
 
 Assumes from lesson 1: the IR printout (``%out: dtype[shape] = op(inputs) {attrs}``), graph inputs
 and variables, nn.Graph and plans. Here we build the IR by hand with ``Graph.emit`` (exactly the
-nodes that tracing ``build`` would record) so that we can run one pass at a time.
+nodes that tracing ``build`` would record; ``ops.emitter(g)`` emits an op by its name) so that we
+can run one pass at a time.
 
 Run:  python tutorials/02_graph_autograd.py [--out DIR]   (a few seconds; writes one text file)
 """
@@ -32,7 +34,7 @@ import numpy as np
 import miniflow as mf
 from miniflow import nn
 from miniflow.ir import Graph
-from miniflow.ops import get_op
+from miniflow.ops import emitter, get_op
 from miniflow.passes.autograd import autograd
 from miniflow.passes.pipeline import CompileContext
 from miniflow.runtime.plan import Plan
@@ -48,12 +50,13 @@ def indent(text: str, prefix: str = "    ") -> str:
 def build_ir(w_data: np.ndarray) -> Graph:
     """loss = sum(h * h) with h = tanh(x @ w): x is an input, w a variable (a parameter)."""
     g = Graph()
+    emit = emitter(g)
     x = g.add_input("x", (4, 3), mf.float64)
     w = g.add_variable("w", (3, 2), mf.float64, data=w_data)   # the plan reads w_data in place
-    h = g.emit("tanh", g.emit("matmul", x, w))
-    loss = g.emit("reduce_sum", g.emit("broadcast_mul", h, h), axis=None)  # h is used twice
-    g.outputs = [loss]
-    g.loss = loss          # what loss.backward() records inside build
+    h = emit("tanh", emit("matmul", x, w))
+    loss = emit("reduce_sum", emit("broadcast_mul", h, h), axis=None)  # h is used twice
+    g.set_outputs([loss])
+    g.results["loss"] = loss   # what loss.backward() records inside build
     return g
 
 
@@ -75,27 +78,29 @@ def main():
 
     print("\n== 2. Run the autograd pass: it emits backward nodes into the same IR ==")
     for op in dict.fromkeys(n.op for n in g.nodes):
-        print(f"op definition of {op:<14} (its doc string): {get_op(op).doc}")
+        print(f"op definition of {op.name:<14} (its doc string): {op.doc}")
     print("the rule of broadcast_mul, as written in miniflow/ops/elementwise.py:")
     print(indent(inspect.getsource(get_op("broadcast_mul").grad).rstrip()))
-    g = autograd(g, CompileContext(trainable=["w"]))
+    ctx = CompileContext(trainable=["w"])
+    g = autograd(g, ctx)
     g.verify()
+    names = g.names()      # the printer's names: %0, %1 ... in order
     print("IR after autograd (fwd = recorded by build, bwd = emitted by the pass):")
     for i, node in enumerate(g.nodes):
-        print(f"    {'fwd' if i < n_forward else 'bwd'}  {node.format()}")
-    backward_ops = [n.op for n in g.nodes[n_forward:]]
+        print(f"    {'fwd' if i < n_forward else 'bwd'}  {node.format(names)}")
+    backward_ops = [n.op.name for n in g.nodes[n_forward:]]
     print(f"backward node types, in order: {backward_ops}")
-    print(f"initial gradient (seed of the backward pass, graph.initial_grad): "
-          f"{g.initial_grad.producer.format()}")
+    print(f"initial gradient (seed of the backward pass, ctx.initial_grad): "
+          f"{ctx.initial_grad.producer.format(names)}")
     print(f"h = tanh(...) is read twice, so its two gradient contributions are summed by: "
-          f"{[n.format() for n in g.nodes if n.op == 'add_n']}")
-    print(f"gradient of each trainable variable (graph.grads): "
-          f"{ {k: repr(v) for k, v in g.grads.items()} }")
-    print("dropped node: matmul's rule also emitted the gradient of the input x (%11, missing from "
-          "the numbering above); no parameter needs it, so the pass removed it before returning")
+          f"{[n.format(names) for n in g.nodes if n.op.name == 'add_n']}")
+    print(f"gradient of each trainable variable (the results \"grad:<name>\"): "
+          f"{ {k: '%' + names[v] for k, v in g.results.items() if k.startswith('grad:')} }")
+    print("dropped node: matmul's rule also emitted the gradient of the input x; no parameter "
+          "needs it, so the pass removed it before returning (one matmul is left in the backward)")
 
     print("\n== 3. Run it: the gradient is the hand-derived one ==")
-    g.outputs = [g.loss, g.grads["w"]]
+    g.set_outputs([g.loss, g.grads["w"]])
     plan = Plan(g, mf.get_backend())
     loss, dw = plan.run([x])
     h = np.tanh(x @ w)

@@ -2,10 +2,11 @@
 
 What this lesson shows, for the op ``sigmoid``:
 
-1. The math is one plain Python function of floats, ``miniflow.kernels.scalar.sigmoid``. It is
+1. The math is one plain Python function of floats, ``miniflow.ops.elementwise.sigmoid``. It is
    never decorated: each backend compiles it its own way.
-2. The op definition (``miniflow/ops/elementwise.py``) names that function (``elementwise=``) and
-   gives the gradient rule; the AMP category lives in ``miniflow.amp.lists``.
+2. The op declaration next to it (``elementwise("sigmoid", sigmoid, ...)`` in
+   ``miniflow/ops/elementwise.py``) gives that function (``OpDef.scalar``), the NumPy reference,
+   the gradient rule and the AMP category; the kernels of every backend are derived from it.
 3. CPU: a *kernel factory* (``cpu_elementwise.map_kernel``) closes over the scalar function and
    returns a ``numba.njit`` loop ``out[i] = fn(x[i])``, serial (``range``) or parallel
    (``numba.prange``). Numba's CPU target has no float16, so float16 arrays reach the kernel as
@@ -72,28 +73,30 @@ def cpu_lesson(args) -> None:
     import miniflow as mf
     from miniflow import nn
     from miniflow.amp import AmpLists
-    from miniflow.kernels import cpu_elementwise, scalar
+    from miniflow.kernels import cpu_elementwise
     from miniflow.ops import get_op
+    from miniflow.ops.elementwise import sigmoid, sigmoid_grad
 
     mf.set_backend("cpu")
 
-    print("== 1. The scalar function (miniflow/kernels/scalar.py) ==")
-    print(indent(inspect.getsource(scalar.sigmoid).rstrip()))
-    print(f"scalar.sigmoid on Python floats: sigmoid(0.0) = {scalar.sigmoid(0.0)}, "
-          f"sigmoid(-800.0) = {scalar.sigmoid(-800.0)} (no overflow), "
-          f"sigmoid(2.0) = {scalar.sigmoid(2.0):.6f}")
+    print("== 1. The scalar function (miniflow/ops/elementwise.py) ==")
+    print(indent(inspect.getsource(sigmoid).rstrip()))
+    print(f"sigmoid on Python floats: sigmoid(0.0) = {sigmoid(0.0)}, "
+          f"sigmoid(-800.0) = {sigmoid(-800.0)} (no overflow), "
+          f"sigmoid(2.0) = {sigmoid(2.0):.6f}")
 
-    print("\n== 2. The op definition names it ==")
+    print("\n== 2. The op declaration gives it ==")
     op = get_op("sigmoid")
-    print(f"op 'sigmoid': elementwise scalar function = scalar.{op.elementwise}; doc: {op.doc}")
-    print(f"op 'sigmoid': AMP category = {AmpLists().category('sigmoid')!r} "
-          f"(None = unlisted: runs in float32 under AMP, lesson 4)")
+    print(f"op 'sigmoid': scalar function = {op.scalar.__module__}.{op.scalar.__name__}; "
+          f"doc: {op.doc}")
+    print(f"op 'sigmoid': AMP category = {op.amp!r} (None = unlisted: runs in float32 under AMP, "
+          f"lesson 4; AmpLists() reads it: {AmpLists().category('sigmoid')!r})")
 
     print("\n== 3. The CPU kernel: a factory compiles the scalar function into a loop ==")
     print("the factory (miniflow/kernels/cpu_elementwise.py):")
     print(indent(inspect.getsource(cpu_elementwise.map_kernel).rstrip()))
-    serial = cpu_elementwise.map_kernel(scalar.sigmoid, False)
-    parallel = cpu_elementwise.map_kernel(scalar.sigmoid, True)
+    serial = cpu_elementwise.map_kernel(sigmoid, False)
+    parallel = cpu_elementwise.map_kernel(sigmoid, True)
     x = np.random.default_rng(0).uniform(-8, 8, 1000).astype(np.float32)
     out = np.empty_like(x)
     t0 = time.perf_counter()
@@ -135,8 +138,8 @@ def cpu_lesson(args) -> None:
 
     print("\n== 4. Timing against NumPy (float32, best of 5 rounds) ==")
     from miniflow.kernels.cpu_common import PARALLEL_MIN_SIZE
-    grad_serial = cpu_elementwise.zip_kernel(scalar.sigmoid_grad, False)
-    grad_parallel = cpu_elementwise.zip_kernel(scalar.sigmoid_grad, True)
+    grad_serial = cpu_elementwise.zip_kernel(sigmoid_grad, False)
+    grad_parallel = cpu_elementwise.zip_kernel(sigmoid_grad, True)
     sizes = [10 ** 4, 10 ** 6] if args.quick else [10 ** 3, 10 ** 4, 10 ** 5, 10 ** 6, 10 ** 7]
     budget = 0.1 if args.quick else 0.25
     threads = numba.get_num_threads()
@@ -204,7 +207,7 @@ def cuda_child(args) -> None:
     global cuda  # the simulator swaps a kernel's *global* `cuda` for its fake one: import it there
     from numba import config, cuda
 
-    from miniflow.kernels import scalar
+    from miniflow.ops.elementwise import sigmoid
 
     sim = bool(config.ENABLE_CUDASIM)
     if sim:
@@ -214,7 +217,7 @@ def cuda_child(args) -> None:
         print(f"device: {name.decode() if isinstance(name, bytes) else name}")
 
     # (a) By hand: exactly what miniflow's CUDA backend does with the scalar function.
-    sigmoid_device = cuda.jit(device=True)(scalar.sigmoid)   # the same function as the CPU's
+    sigmoid_device = cuda.jit(device=True)(sigmoid)   # the same function as the CPU's
 
     @cuda.jit
     def sigmoid_kernel(x, out):

@@ -3,8 +3,9 @@ AMP report and the DOT picture.
 
 What this lesson shows:
 
-1. Every op type is in one AMP list (``miniflow/amp/lists.py``, OneFlow's lists): *white* ops run in
-   float16 (``matmul``), *black* ops in float32, *gray* ops follow their neighbours (``bias_add``,
+1. Every op type declares its AMP list where it is defined (``OpDef.amp``;
+   ``miniflow/amp/lists.py`` collects them: OneFlow's lists): *white* ops run in float16
+   (``matmul``), *black* ops in float32, *gray* ops follow their neighbours (``bias_add``,
    ``reduce_sum``, softmax cross-entropy ...), *clear* ops are layout/trivial ops that take the
    color of their white neighbours (``relu``, ``reshape``, ``ones_like``). Unlisted ops stay
    float32.
@@ -23,7 +24,8 @@ What this lesson shows:
    Graphviz.
 
 Assumes from lesson 1: the IR printout, nn.Graph; from lesson 2: the autograd pass, backward nodes,
-``graph.initial_grad``, building an IR by hand with ``Graph.emit``.
+``ctx.initial_grad``, building an IR by hand with ``ops.emitter``. Values are named as the printer
+names them (``graph.names()``), so the names here match each printout.
 
 Run:  python tutorials/04_amp_pass.py [--out DIR]   (a few seconds; writes .dot and .png files)
 """
@@ -36,6 +38,7 @@ import miniflow as mf
 from miniflow.amp import AmpLists, amp_report
 from miniflow.experiments.mlp import TrainGraph, mlp
 from miniflow.ir import Graph
+from miniflow.ops import emitter
 from miniflow.passes import auto_mixed_precision as amp_pass
 from miniflow.passes.autograd import autograd
 from miniflow.passes.pipeline import CompileContext
@@ -46,7 +49,7 @@ PARAMS = ["w1", "b1", "w2", "b2"]
 FILL = {"white": "white", "black": "black", "gray": "0.7", "clear": "lightblue",
         "unlisted": "khaki", "cast": "gold", "added after AMP": "lavender"}
 """AMP color -> fill in the matplotlib picture (the colors of ``Graph.to_dot``); nodes that later
-passes added (the optimizer's casts and updates) have no AMP color."""
+passes added (the optimizer's casts and updates) have no AMP color (``node.meta["amp_color"]``)."""
 
 
 def indent(text: str, prefix: str = "    ") -> str:
@@ -57,28 +60,31 @@ def mlp_ir(batch=8, n_in=4, hidden=5, classes=3) -> Graph:
     """The IR that tracing ``cross_entropy(Linear -> ReLU -> Linear)`` records (as in lesson 1)."""
     f32 = mf.float32
     g = Graph()
+    emit = emitter(g)
     x = g.add_input("x", (batch, n_in), f32)
     y = g.add_input("y", (batch,), mf.int64)
     w1, b1 = g.add_variable("w1", (hidden, n_in), f32), g.add_variable("b1", (hidden,), f32)
     w2, b2 = g.add_variable("w2", (classes, hidden), f32), g.add_variable("b2", (classes,), f32)
-    h = g.emit("relu", g.emit("bias_add", g.emit("matmul", x, w1, transpose_b=True), b1, axis=1))
-    z = g.emit("bias_add", g.emit("matmul", h, w2, transpose_b=True), b2, axis=1)
-    _, per_sample = g.emit("sparse_softmax_cross_entropy", z, y)
-    loss = g.emit("scalar_mul", g.emit("reduce_sum", per_sample, axis=None), scalar=1.0 / batch)
-    g.outputs, g.loss = [loss], loss
+    h = emit("relu", emit("bias_add", emit("matmul", x, w1, transpose_b=True), b1, axis=1))
+    z = emit("bias_add", emit("matmul", h, w2, transpose_b=True), b2, axis=1)
+    _, per_sample = emit("sparse_softmax_cross_entropy", z, y)
+    loss = emit("scalar_mul", emit("reduce_sum", per_sample, axis=None), scalar=1.0 / batch)
+    g.set_outputs([loss])
+    g.results["loss"] = loss
     return g
 
 
-def label(node) -> str:
-    return f"{node.op} %{node.outputs[0].name}" if node.outputs else node.op
+def label(node, names: dict) -> str:
+    """``"matmul %3"``, the value named as ``names`` (``Graph.names()``) names it."""
+    return f"{node.op.name} %{names[node.outputs[0]]}" if node.outputs else node.op.name
 
 
-def show_set(title: str, members: dict, why: str) -> None:
+def show_set(title: str, members: dict, why: str, names: dict) -> None:
     """Print one walk's result: node -> witness (the member that let it join; None = start node)."""
     print(f"{title}: {len(members)} nodes ({why})")
     for node, witness in members.items():
-        how = "start node" if witness is None else f"joined via {label(witness)}"
-        print(f"    {label(node):<42} {how}")
+        how = "start node" if witness is None else f"joined via {label(witness, names)}"
+        print(f"    {label(node, names):<42} {how}")
 
 
 def draw_colored_ir(graph: Graph, path: Path, title: str) -> None:
@@ -86,7 +92,8 @@ def draw_colored_ir(graph: Graph, path: Path, title: str) -> None:
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    lines = [(n.format(), n.amp_color or "added after AMP") for n in graph.nodes]
+    names = graph.names()
+    lines = [(n.format(names), n.meta.get("amp_color") or "added after AMP") for n in graph.nodes]
     fig = plt.figure(figsize=(11, 0.3 * len(lines) + 1.2))
     fig.text(0.01, 0.99, title, fontsize=10, va="top")
     for i, (text, color) in enumerate(lines):
@@ -109,7 +116,7 @@ def main():
     mf.set_backend("cpu")
     lists = AmpLists()
 
-    print("== 1. The AMP lists (miniflow/amp/lists.py) ==")
+    print("== 1. The AMP lists (each op's OpDef.amp, collected by miniflow/amp/lists.py) ==")
     for category in ("white", "black", "gray", "clear"):
         print(f"AMP {category} list: {', '.join(lists.ops(category))}")
 
@@ -118,9 +125,10 @@ def main():
     ctx = CompileContext(trainable=PARAMS, amp=amp_pass.AmpConfig(lists),
                          initial_grad_identity="amp_black_identity")  # nn.Graph's default
     autograd(g, ctx)
+    names = g.names()
     print("IR before AMP, with each node's AMP list (category) on the right:")
     for n in g.nodes:
-        print(f"    {n.format():<88} [{lists.category(n.op) or 'unlisted'}]")
+        print(f"    {n.format(names):<88} [{lists.category(n.op.name) or 'unlisted'}]")
     print("note: the amp_black_identity after ones_like is what nn.Graph adds by default "
           "(loss_scale_policy='fp32', lesson 5); it is black")
 
@@ -128,32 +136,35 @@ def main():
     # _color is the pass's internal helper; we call it here only to watch each stage.
     s = amp_pass._color(g, lists)
     show_set("step 1a, walk UP from black and gray nodes, collecting clear producers",
-             s.near_black, "candidates for black")
+             s.near_black, "candidates for black", names)
     show_set("step 1b, walk DOWN from black nodes through the candidates = the BLACK set",
-             s.black, "black: float32")
+             s.black, "black: float32", names)
     show_set("step 2a, walk UP from white nodes and gray/clear sinks through non-black gray/clear",
-             s.near_white, "candidates for white")
+             s.near_white, "candidates for white", names)
     show_set("step 2b, walk DOWN from white nodes through the candidates = the WHITE set",
-             s.white, "white: float16")
-    added = [f"{label(n)} ({rule})" for n, rule in s.white_rule.items() if rule != "white walk"]
+             s.white, "white: float16", names)
+    added = [f"{label(n, names)} ({rule})" for n, rule in s.white_rule.items()
+             if rule != "white walk"]
     print(f"step 3, clear propagation (clear nodes next to white ones turn white): "
           f"{added or 'no node added'}")
-    untouched = [label(n) for n in g.nodes if n not in s.white and n not in s.black]
+    untouched = [label(n, names) for n in g.nodes if n not in s.white and n not in s.black]
     print(f"neither white nor black (they stay float32 in their list's color): {untouched}")
 
     print("\n== 4. Casts: the pass rewrites the IR ==")
     before = {id(n) for n in g.nodes}
     amp_pass.auto_mixed_precision(g, ctx)
-    print("IR after auto_mixed_precision (+cast = inserted by the pass):")
+    names = g.names()      # casts were inserted: the printer numbers the values afresh
+    print("IR after auto_mixed_precision (+cast = inserted by the pass; values renumbered):")
     for n in g.nodes:
-        print(f"    {'+cast' if id(n) not in before else '     '} {n.format()}")
+        print(f"    {'+cast' if id(n) not in before else '     '} {n.format(names)}")
     report = amp_report(ctx.amp_result, g)
     print("AMP report of the hand-built MLP:")
     print(indent(str(report)))
     prune_amp_identity(g, ctx)
     g.verify()
-    print(f"after prune_amp_identity: {sum(n.op.startswith('amp_') for n in g.nodes)} amp identity "
-          f"nodes left, {len(g.nodes)} nodes; the colors they caused stay")
+    left = sum(n.op.name.startswith("amp_") for n in g.nodes)
+    print(f"after prune_amp_identity: {left} amp identity nodes left, {len(g.nodes)} nodes; the "
+          f"colors they caused stay")
     print(f"parameters after AMP are still: "
           f"{ {k: v.type_str for k, v in g.variables.items()} } (float32 master weights)")
     draw_colored_ir(g, args.out / "04_hand_built_mlp_ir.png", "hand-built MLP after AMP")
@@ -169,8 +180,8 @@ def main():
     print(f"AMP report counts without the identity: {rep.n_fp16} float16 nodes, {rep.n_fp32} "
           f"float32 nodes, {rep.n_casts} inserted casts")
     print(f"loss dtype without the identity: {plain.loss.dtype.short} (with it: "
-          f"{g.loss.dtype.short}); initial gradient: {plain.initial_grad.dtype.short} (with it: "
-          f"{g.initial_grad.dtype.short})")
+          f"{g.loss.dtype.short}); initial gradient: {ctx_plain.initial_grad.dtype.short} (with "
+          f"it: {ctx.initial_grad.dtype.short})")
     print("why: ones_like reads the loss, so forward and backward form one chain of gray/clear "
           "nodes between white matmuls, and OneFlow's rule makes such a chain white")
 

@@ -179,26 +179,27 @@ def main():
             warnings.simplefilter("always", LossScaleOverflowWarning)
             step(x, y)
         caught = [w for w in caught if issubclass(w.category, LossScaleOverflowWarning)]
-        ir = step.ir
-        nodes = ir.nodes
-        start = next(i for i, n in enumerate(nodes) if n.op == "ones_like")
-        end = next(i for i, n in enumerate(nodes) if i > start and n.op == "matmul")
-        print(f"policy {policy!r}: initial gradient %{ir.initial_grad.name} is "
-              f"{ir.initial_grad.dtype.short}, scaled initial gradient "
-              f"%{ir.scaled_initial_grad.name} is {ir.scaled_initial_grad.dtype.short}; IR from "
+        ir, ctx = step.ir, step.compile_context
+        nodes, names = ir.nodes, ir.names()
+        start = next(i for i, n in enumerate(nodes) if n.op.name == "ones_like")
+        end = next(i for i, n in enumerate(nodes) if i > start and n.op.name == "matmul")
+        initial, scaled = ctx.initial_grad, ctx.scaled_initial_grad
+        print(f"policy {policy!r}: initial gradient %{names[initial]} is "
+              f"{initial.dtype.short}, scaled initial gradient "
+              f"%{names.get(scaled, '(inside a fused node)')} is {scaled.dtype.short}; IR from "
               f"ones_like to the first backward matmul:")
         for n in nodes[start:end + 1]:
             mark = "scale" if ir.variables.get("loss_scale") in n.inputs else "     "
-            print(f"    {mark} {n.format()}")
+            print(f"    {mark} {n.format(names)}")
         for w in caught:
             print(f"policy {policy!r} compile-time warning: {w.category.__name__}: {w.message}")
         if not caught:
             print(f"policy {policy!r} compile-time warning: none")
     print("the rest of the stage is the same for every policy (from the 'fp32' IR): unscale in "
           "float32, count non-finite values, update the scale, skip_if on every update:")
-    last_matmul = max(i for i, n in enumerate(nodes) if n.op == "matmul")
+    last_matmul = max(i for i, n in enumerate(nodes) if n.op.name == "matmul")
     for n in nodes[last_matmul + 1:]:
-        print(f"    {n.format()}")
+        print(f"    {n.format(names)}")
 
     import matplotlib
     matplotlib.use("Agg")

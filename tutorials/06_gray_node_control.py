@@ -117,9 +117,10 @@ def run(placement, policy, scaler, data, epochs):
     return step, model, skipped, max(applied, default=0.0), loss
 
 
-def graph_for_batch(step, n: int):
-    """The IR of ``step``'s plan for batches of ``n`` (``step.ir`` is the last one compiled)."""
-    return next(p.graph for p in step.plans.values() if p.graph.inputs[0].shape[0] == n)
+def plan_for_batch(step, n: int):
+    """``step``'s plan for batches of ``n`` (``step.ir`` is the last one compiled): its ``graph``
+    and ``context`` (what the passes recorded)."""
+    return next(p for p in step.plans.values() if p.graph.inputs[0].shape[0] == n)
 
 
 def colors(step) -> dict:
@@ -177,11 +178,12 @@ def main():
               f"applied scale 2^{np.log2(top):.0f}, final scale 2^{np.log2(scaler.scale):.0f}, "
               f"last loss {loss:.7f} (a float16 number: {float(np.float16(loss)) == loss}), "
               f"test accuracy {100 * acc:.1f}%")
-    ir = graph_for_batch(results["white(loss)"][0], 64)
-    ig = ir.scaled_initial_grad
-    readers = [n.format() for n in ir.nodes if ig in n.inputs]
-    print(f"scaled initial gradient with white(loss), batch 64: %{ig.name} {ig.type_str}, first "
-          f"read by: {readers[0] if readers else '-'}")
+    plan = plan_for_batch(results["white(loss)"][0], 64)
+    ir, ig = plan.graph, plan.context.scaled_initial_grad
+    names = ir.names()
+    readers = [n.format(names) for n in ir.uses(ig)]
+    print(f"scaled initial gradient with white(loss), batch 64: %{names.get(ig, '(fused)')} "
+          f"{ig.type_str}, first read by: {readers[0] if readers else '- (inside a fused node)'}")
     print("reading: white(loss) made the loss path float16, so the scaled initial gradient is cast "
           "to float16 and a scale of 2^16 overflows: the scale is capped at 2^15 and the loss "
           "value itself is a float16 number; the other placements leave the "
@@ -194,7 +196,7 @@ def main():
         acc = accuracy(EvalGraph(model), data.x_test, data.y_test)
         print(f"legacy policy, static scale 2^16, placement {name:<14}: skipped "
               f"{skipped:2d}/{epochs * 23} steps, initial gradient "
-              f"{step.ir.initial_grad.dtype.short}, test accuracy {100 * acc:.1f}%")
+              f"{step.compile_context.initial_grad.dtype.short}, test accuracy {100 * acc:.1f}%")
     print("reading: with the black identity, the loss and its gradient path are float32, so even "
           "'legacy' (which makes the scale in the initial gradient's dtype) has nothing to cast")
 

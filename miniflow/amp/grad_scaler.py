@@ -7,9 +7,10 @@ op skip a non-finite step and, for a dynamic scaler, updates scale and tracker i
 call of the graph the scaler reads the step's outcome (``found_inf``, ``num_skipped_steps``).
 
 Semantics follow ``torch.amp.GradScaler`` (init 2^16, growth 2, backoff 0.5, interval 2000; never
-grows to a non-finite float32 scale) with two additions from REFERENCE.md's list of failure classes:
-a floor ``min_scale`` and :class:`NonFiniteGradientsError` after ``max_consecutive_skips`` skipped
-steps at the floor (NaN from data or a diverging model is not fixed by a smaller scale).
+grows to a non-finite float32 scale) with two additions of miniflow's, for gradients that stay
+non-finite whatever the scale: a floor ``min_scale`` and :class:`NonFiniteGradientsError` after
+``max_consecutive_skips`` skipped steps at the floor (NaN from data or a diverging model is not
+fixed by a smaller scale).
 """
 from __future__ import annotations
 

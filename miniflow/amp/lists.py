@@ -1,59 +1,53 @@
 """The AMP lists: which op types run in float16 (white), float32 (black), or follow their neighbours.
 
-This module is the one source of truth for AMP categories (op definitions carry none). The lists are
-OneFlow's after PR 9126 "Fix loss scale precision" (``oneflow/core/job_rewriter/
+The lists are OneFlow's after PR 9126 "Fix loss scale precision" (``oneflow/core/job_rewriter/
 auto_mixed_precision_lists.cpp``), restricted to the op types miniflow defines, gradient op types
-included:
+included. Each op declares its list where it is defined (``OpDef.amp``, with ``OpDef.amp_note``
+for a remark), and this module reads them from the registry, so the lists cannot disagree with the
+ops:
 
-* **white**: always float16 (products accumulated in float32 by the kernel).
-* **black**: always float32; black spreads downstream through gray ops.
-* **gray**: float16 only between white ops (or a white op and a graph sink), float32 after black ops.
-* **clear**: layout/trivial ops that take the color of their white neighbours.
+* **white**: always float16 (products accumulated in float32 by the kernel): ``matmul``,
+  ``amp_white_identity``.
+* **black**: always float32; black spreads downstream through gray ops: ``amp_black_identity``.
+* **gray**: float16 only between white ops (or a white op and a graph sink), float32 after black
+  ops: the arithmetic, reductions, softmax and loss ops and their gradients.
+* **clear**: layout/trivial ops that take the color of their white neighbours (``reshape``,
+  ``transpose``, ``relu``, ``identity``, ``broadcast_like``, ``ones_like`` ...).
 
-Every registered op type is in exactly one list or in :data:`UNLISTED` with the reason
-(``tests/test_amp.py`` enforces it; a new op type must be added to one of them). Unlisted op types
-never run in float16 and stop white propagation, like an op outside OneFlow's lists.
+An op in no list (``amp=None``) must say why in its ``amp_note``: :data:`UNLISTED` collects them
+(``sigmoid``, ``exp``, ``log``: not in OneFlow's lists; ``cast``, ``constant``, the update and
+loss-scale ops, ``fused_elementwise``: made or run outside AMP's coloring). Unlisted op types never
+run in float16 and stop white propagation, like an op outside OneFlow's lists.
 
-Per graph, :class:`AmpLists` copies these defaults and lets a user move op types between lists
+``WHITE``, ``BLACK``, ``GRAY``, ``CLEAR`` (tuples of op type names, sorted) and ``UNLISTED`` (name
+-> reason) are read from the registry when asked for, so ops registered later are included. Per
+graph, :class:`AmpLists` copies these defaults and lets a user move op types between lists
 (``nn.Graph.config.enable_amp(..., black_add=("tanh",))``).
 """
 from __future__ import annotations
 
 from ..ops import OP_REGISTRY
+from ..ops.registry import AMP_CATEGORIES
 
-__all__ = ["WHITE", "BLACK", "GRAY", "CLEAR", "UNLISTED", "CATEGORIES", "AmpLists"]
+__all__ = ["WHITE", "BLACK", "GRAY", "CLEAR", "UNLISTED", "CATEGORIES", "AmpLists", "defaults"]
 
-WHITE = ("matmul", "amp_white_identity")
+CATEGORIES = AMP_CATEGORIES
+"""The four lists, in OneFlow's order."""
 
-BLACK = ("amp_black_identity",)
 
-GRAY = ("add_n", "bias_add", "reduce_sum", "scalar_mul", "scalar_add",
-        "broadcast_add", "broadcast_sub", "broadcast_mul", "broadcast_div",
-        "tanh", "tanh_grad", "sigmoid_grad",
-        "softmax", "softmax_grad", "log_softmax", "log_softmax_grad",
-        "sparse_softmax_cross_entropy", "sparse_softmax_cross_entropy_grad",
-        "scalar_mul_by_tensor", "reciprocal")
+def defaults(category: str) -> tuple:
+    """The op types whose definition puts them in list ``category``, sorted."""
+    _check_category(category)
+    return tuple(sorted(name for name, op in OP_REGISTRY.items() if op.amp == category))
 
-CLEAR = ("reshape", "transpose", "relu", "relu_grad", "identity", "broadcast_like", "ones_like")
 
-UNLISTED = {
-    "sigmoid": "not in OneFlow's lists after PR 9126 (only sigmoid_grad is gray); kept unlisted to "
-               "match, so it runs in float32",
-    "negative": "not in OneFlow's lists",
-    "exp": "not in OneFlow's lists (PyTorch's autocast also runs exp in float32)",
-    "log": "not in OneFlow's lists (PyTorch's autocast also runs log in float32)",
-    "cast": "changes dtype on purpose; the AMP pass inserts the casts it needs itself",
-    "constant": "creation op with a dtype attribute and no input to take a color from",
-    "sgd_update": "optimizer update: runs after AMP, writes the float32 master weights",
-    "adam_update": "optimizer update: runs after AMP, writes the float32 master weights",
-    "multi_count_not_finite": "loss-scale stage: runs after AMP on the float32 unscaled gradients",
-    "dynamic_loss_scale_schedule": "loss-scale stage: runs after AMP, writes the float32 scale",
-    "fused_elementwise": "made by the fusion pass after AMP from already colored nodes; its expr "
-                         "keeps their dtypes and casts",
-}
-"""Op types in no list, with the reason."""
-
-CATEGORIES = ("white", "black", "gray", "clear")
+def __getattr__(name):
+    """``WHITE`` ... ``CLEAR`` and ``UNLISTED``, read from the op registry now."""
+    if name in ("WHITE", "BLACK", "GRAY", "CLEAR"):
+        return defaults(name.lower())
+    if name == "UNLISTED":
+        return {n: op.amp_note for n, op in sorted(OP_REGISTRY.items()) if op.amp is None}
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def _names(op_types) -> tuple:
@@ -78,15 +72,16 @@ class AmpLists:
     """The white/black/gray/clear lists one graph uses (a copy of the defaults unless given).
 
     Args:
-        white, black, gray, clear: op type names; default the module's lists.
+        white, black, gray, clear: op type names; default (None) the ops' own lists
+            (:func:`defaults`).
 
     Raises:
         ValueError: an unknown op type name (listing the registered ones), or an op type in two lists.
     """
 
-    def __init__(self, white=WHITE, black=BLACK, gray=GRAY, clear=CLEAR):
-        given = {"white": _names(white), "black": _names(black), "gray": _names(gray),
-                 "clear": _names(clear)}
+    def __init__(self, white=None, black=None, gray=None, clear=None):
+        given = {c: defaults(c) if ops is None else _names(ops)
+                 for c, ops in zip(CATEGORIES, (white, black, gray, clear))}
         self._category: dict = {}
         for category, op_types in given.items():
             _check_registered(op_types)

@@ -5,16 +5,15 @@ its output dtype(s) and the rule or neighbouring node that decided it; then the 
 inserted, and the counts of float16 nodes, float32 nodes and casts. The counts are the AMP pass's
 decisions: a node that a later pass fused into a ``fused_elementwise`` kernel still computes in the
 dtype AMP chose, so it is counted; the AMP identities, which ``prune_amp_identity`` removes, are
-marked and left out.
+marked and left out. Values are named as the graph printed right after the AMP pass names them.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["AmpRow", "AmpReport", "amp_report"]
+from ..ops.amp_ops import AMP_IDENTITY_OPS as PRUNED
 
-PRUNED = ("amp_white_identity", "amp_black_identity")
-"""Op types that ``prune_amp_identity`` removes right after the AMP pass."""
+__all__ = ["AmpRow", "AmpReport", "amp_report"]
 
 
 @dataclass
@@ -55,11 +54,12 @@ class AmpReport:
 def amp_report(result, graph=None) -> AmpReport:
     """The report of ``result`` (an ``AmpResult`` from the AMP pass). ``graph``, the compiled IR,
     is accepted for symmetry with ``nn.Graph.amp_report`` and not needed."""
-    rows = [AmpRow(d.node.op, ", ".join("%" + v.name for v in d.node.outputs), d.color,
+    names = result.names
+    rows = [AmpRow(d.node.op.name, ", ".join("%" + names[v] for v in d.node.outputs), d.color,
                    ",".join(v.dtype.short for v in d.node.outputs), d.reason,
-                   d.node.op not in PRUNED)
+                   d.node.op.name not in PRUNED)
             for d in result.decisions]
     kept = [r for r in rows if r.kept]
-    return AmpReport(rows, [c.format() for c in result.casts],
+    return AmpReport(rows, [c.format(names) for c in result.casts],
                      n_fp16=sum(r.color == "white" for r in kept),
                      n_fp32=sum(r.color != "white" for r in kept), n_casts=len(result.casts))

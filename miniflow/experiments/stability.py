@@ -240,7 +240,7 @@ def _backward_grad(value, shape):
     shape, reaches ``g``, the output of the backward's matmul or reduce_sum: float16 where AMP ran
     that op in float16, and multiplied by the loss scale.
     """
-    while value.producer is not None and value.producer.op in _LOSS_SCALE_STAGE:
+    while value.producer is not None and value.producer.op.name in _LOSS_SCALE_STAGE:
         same = [v for v in value.producer.inputs if v.shape == shape]
         if not same:
             break

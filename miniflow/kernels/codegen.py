@@ -35,8 +35,10 @@ from typing import Callable
 from .cache import CACHE
 from ..dtype import as_dtype
 from ..ops.fused import CASTS, term_dtype
+from ..ops.registry import scalar_functions
 
-__all__ = ["Dialect", "Lowered", "FLAT", "lower", "module_source", "generated_dir", "load_source"]
+__all__ = ["Dialect", "Lowered", "FLAT", "lower", "functions", "function_imports", "module_source",
+           "generated_dir", "load_source"]
 
 FLAT = {"full": ("", "i"), "row": ("", "c"), "col": ("", "r"), "scalar": ("", "0")}
 """Where each broadcast kind (``ops.fused.broadcast_kinds``) is read: ``(suffix of the array's
@@ -133,6 +135,24 @@ def lower(program, input_dtypes, kinds, two_dims: bool, dialect: Dialect,
                   + [f"out{k}" for k in range(len(program.outputs))]
                   + (["rows", "cols"] if two_dims else ["n"]))
     return out
+
+
+def functions(lowered: Lowered) -> list:
+    """The scalar functions ``lowered`` calls (ops' ``OpDef.scalar``), sorted by name."""
+    table = scalar_functions()
+    return [table[name] for name in sorted(lowered.functions)]
+
+
+def function_imports(fns, alias: str = "") -> list:
+    """Import lines of a generated module for the scalar functions ``fns``, from the modules that
+    declare them (``from miniflow.ops.elementwise import add, relu``); each is bound to
+    ``alias + name``."""
+    by_module: dict = {}
+    for fn in fns:
+        by_module.setdefault(fn.__module__, []).append(fn.__name__)
+    return [f"from {module} import "
+            + ", ".join(n if not alias else f"{n} as {alias}{n}" for n in names)
+            for module, names in sorted(by_module.items())]
 
 
 def module_source(generator: str, lowered: Lowered, input_dtypes, kinds, imports: list,

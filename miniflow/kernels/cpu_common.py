@@ -63,7 +63,7 @@ _REGISTERED: set = set()
 
 
 def jitable(fn):
-    """Make a plain scalar function (``miniflow.kernels.scalar``) callable from njit code.
+    """Make a plain scalar function (an op's ``OpDef.scalar``) callable from njit code.
 
     No Numba-IR inlining (``inline="always"``): on Numba 0.68 it miscompiles some kernels (a tuple
     assignment followed by a conditional expression lost its stores); LLVM inlines these small

@@ -1,12 +1,15 @@
 """Elementwise CPU kernels and their builders: map, map with a scalar, zip, broadcasting zip, cast.
 
-Every kernel is made by a factory from a scalar function of ``miniflow.kernels.scalar`` (one source
-per loop shape, memoised per ``(fn, parallel)``). Arrays arrive as 1-D kernel views (``flat``); the
-result of ``fn`` is rounded to the output's compute type, then stored (``fp16.store``).
+Every kernel is made by a factory from the scalar function of an elementwise op (``OpDef.scalar``,
+declared in ``miniflow.ops``; one source per loop shape, memoised per ``(fn, parallel)``); the
+builders of every elementwise op come from ``elementwise_table``. Arrays arrive as 1-D kernel views
+(``flat``); the result of ``fn`` is rounded to the output's compute type, then stored
+(``fp16.store``).
 
-Broadcasting (NumPy rules) is planned once in the builder: dims are aligned, given element strides
-(0 along broadcast dims), size-1 dims dropped and adjacent dims merged where every operand is
-contiguous across them. Same-shape operands reduce to one flat dim and take the flat ``zip`` loop.
+Broadcasting (NumPy rules) is planned once in the builder (``layout.broadcast_plan``): dims are
+aligned, given element strides (0 along broadcast dims), size-1 dims dropped and adjacent dims
+merged where every operand is contiguous across them. Same-shape operands reduce to one flat dim
+and take the flat ``zip`` loop.
 """
 from __future__ import annotations
 
@@ -14,19 +17,16 @@ import functools
 
 import numpy as np
 
-from . import elementwise_table, scalar
+from . import elementwise_table
 from .cpu_common import flat, jit, jitable, loop_for, use_parallel
 from .fp16 import load, store, to_compute
+from .layout import broadcast_plan
 
 __all__ = ["map_kernel", "map_scalar_kernel", "zip_kernel", "zip_strided_kernel", "cast_kernel",
-           "broadcast_plan", "map_steps", "zip_steps", "cast_steps", "BUILDERS"]
+           "map_steps", "zip_steps", "cast_steps", "BUILDERS"]
 
 
 # ----------------------------------------------------------------------------- kernel factories
-for _name in scalar.__all__:      # callable from njit code, also inside fused functions
-    jitable(getattr(scalar, _name))
-
-
 @functools.cache
 def map_kernel(fn, parallel: bool):
     """``kernel(x, out)``: ``out[i] = fn(x[i])``; x, out 1-D of the same size."""
@@ -117,42 +117,6 @@ def cast_kernel(parallel: bool):
 
 
 # ----------------------------------------------------------------------------- planning helpers
-def broadcast_plan(out_shape, *in_shapes):
-    """Collapse a NumPy broadcast into ``(shape, [strides per input])`` as int64 arrays.
-
-    ``in_shapes`` broadcast to ``out_shape`` (NumPy rules, aligned on the right). Strides are in
-    elements, 0 along broadcast dims. Returns None when out is empty. A single element gives
-    shape (1,) with stride 0.
-    """
-    out_shape = tuple(out_shape)
-    nd = len(out_shape)
-    if 0 in out_shape:
-        return None
-    per_input = []
-    for s in in_shapes:
-        s = (1,) * (nd - len(s)) + tuple(s)
-        st, acc = [0] * nd, 1
-        for d in range(nd - 1, -1, -1):
-            st[d] = acc if s[d] == out_shape[d] and s[d] != 1 else 0
-            acc *= s[d]
-        per_input.append(st)
-    dims = [d for d in range(nd) if out_shape[d] != 1]
-    shape, strides = [], [[] for _ in in_shapes]
-    for d in dims:
-        n = out_shape[d]
-        if shape and all(st[-1] == src[d] * n for st, src in zip(strides, per_input)):
-            shape[-1] *= n
-            for st, src in zip(strides, per_input):
-                st[-1] = src[d]
-        else:
-            shape.append(n)
-            for st, src in zip(strides, per_input):
-                st.append(src[d])
-    if not shape:
-        shape, strides = [1], [[0] for _ in in_shapes]
-    return np.array(shape, np.int64), [np.array(st, np.int64) for st in strides]
-
-
 def map_steps(fn, x: np.ndarray, out: np.ndarray):
     """Steps for ``out = fn(x)`` elementwise (same shape)."""
     return [(map_kernel(fn, use_parallel(out.size)), (flat(x), flat(out)))]
@@ -183,11 +147,11 @@ def zip_steps(fn, x: np.ndarray, y: np.ndarray, out: np.ndarray, x_shape=None, y
 
 
 # ----------------------------------------------------------------------------- builders
-def _with_scalar(fn):
-    """Builder for ``out = fn(x, attrs["scalar"])``."""
+def _with_scalar(fn, attr: str):
+    """Builder for ``out = fn(x, attrs[attr])``."""
     def build(node, ins, outs):
         kernel = map_scalar_kernel(fn, use_parallel(outs[0].size))
-        return [(kernel, (flat(ins[0]), float(node.attrs["scalar"]), flat(outs[0])))]
+        return [(kernel, (flat(ins[0]), float(node.attrs[attr]), flat(outs[0])))]
     return build
 
 

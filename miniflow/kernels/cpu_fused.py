@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import functools
 
-from . import codegen, scalar
+from . import codegen
 from .cpu_common import flat, jitable, use_parallel
 from ..dtype import as_dtype
 from ..ops.fused import broadcast_kinds, parse
@@ -56,8 +56,9 @@ def fused_source(expr: str, input_dtypes, kinds, two_dims: bool, parallel: bool)
     program = parse(expr)
     low = codegen.lower(program, list(input_dtypes), kinds, two_dims, CPU,
                         ROW_SLICES if two_dims else codegen.FLAT)
-    for fn in low.functions:
-        jitable(getattr(scalar, fn))
+    functions = codegen.functions(low)
+    for fn in functions:
+        jitable(fn)
     loop = "prange" if parallel else "range"
     if two_dims:
         sliced = [f"x{k}" for k, kind in enumerate(kinds) if kind == "full"]
@@ -71,8 +72,7 @@ def fused_source(expr: str, input_dtypes, kinds, two_dims: bool, parallel: bool)
                "from numpy import float32, float64", "",
                "from miniflow.kernels.cpu_common import jit",
                "from miniflow.kernels.fp16 import load, narrow, narrow64, store, widen"]
-    if low.functions:
-        imports.append(f"from miniflow.kernels.scalar import {', '.join(sorted(low.functions))}")
+    imports += codegen.function_imports(functions)
     source = codegen.module_source("miniflow.kernels.cpu_fused", low, input_dtypes, kinds, imports,
                                    f"@jit({parallel})", head)
     return source, [v for v, _ in low.numbers]

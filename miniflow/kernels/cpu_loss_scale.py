@@ -6,10 +6,10 @@ import math
 
 import numpy as np
 
-from . import scalar
 from .cpu_common import flat, jit
 from .cpu_elementwise import zip_steps
 from .fp16 import load
+from ..ops.elementwise import mul
 
 __all__ = ["count_not_finite_kernel", "schedule_kernel", "BUILDERS"]
 
@@ -51,7 +51,7 @@ def build_scalar_mul_by_tensor(node, ins, outs):
     """``out[i] = x[i] * scalar``: a broadcasting zip against the one-element scalar, whatever its
     shape (``[]``, ``[1]``, ``[1,1]`` ...): it is read flat and broadcast as ``(1,) * x.ndim``."""
     x, s = ins
-    return zip_steps(scalar.mul, x, s, outs[0], y_shape=(1,) * x.ndim)
+    return zip_steps(mul, x, s, outs[0], y_shape=(1,) * x.ndim)
 
 
 def build_multi_count_not_finite(node, ins, outs):

@@ -16,10 +16,11 @@ import numpy as np
 from .cpu_common import flat, jit, loop_for, use_parallel
 from .cpu_elementwise import cast_steps
 from .fp16 import load, store, to_compute
+from .layout import reduce_layout
 
 __all__ = ["reduce_sum_kernel", "reduce_sum_columns_kernel", "softmax_kernel", "softmax_grad_kernel",
            "sparse_xent_kernel",
-           "sparse_xent_grad_kernel", "reduce_plan", "reduce_layout", "BUILDERS"]
+           "sparse_xent_grad_kernel", "BUILDERS"]
 
 LABEL_ERROR = "sparse_softmax_cross_entropy: label out of range [0, num_classes)"
 
@@ -192,49 +193,6 @@ def sparse_xent_grad_kernel(parallel: bool):
 
 
 # ----------------------------------------------------------------------------- builders
-def reduce_plan(shape, axes):
-    """Merge ``shape`` into alternating kept/reduced dims.
-
-    Returns ``(sizes, reduced)``: merged sizes and a bool per merged dim (True = reduced); size-1
-    dims are dropped, so e.g. ``((4, 1, 5, 6), (1, 2))`` -> ``([4, 5, 6], [False, True, False])``.
-    """
-    sizes, reduced = [], []
-    for d, n in enumerate(shape):
-        if n == 1:
-            continue
-        r = d in axes
-        if reduced and reduced[-1] == r:
-            sizes[-1] *= n
-        else:
-            sizes.append(n)
-            reduced.append(r)
-    return sizes, reduced
-
-
-def reduce_layout(shape, axes):
-    """How a ``reduce_sum`` over ``axes`` of ``shape`` runs, on any backend.
-
-    Returns ``(gather, (outer, red_n, inner))``: the input viewed as ``[outer, red_n, inner]`` is
-    summed over its middle dim. ``gather`` is None, or ``(sizes, order)`` when the reduced dims are
-    not one block: then x (merged to ``sizes``) is first copied with its dims permuted by ``order``
-    (kept dims first, then reduced ones), which makes them one block.
-    """
-    sizes, reduced = reduce_plan(shape, axes)
-    gather = None
-    if sum(reduced) > 1:
-        order = ([d for d, r in enumerate(reduced) if not r]
-                 + [d for d, r in enumerate(reduced) if r])
-        gather = (sizes, order)
-        kept = len(reduced) - sum(reduced)
-        sizes = [math.prod(sizes[d] for d in order[:kept]),
-                 math.prod(sizes[d] for d in order[kept:])]
-        reduced = [False, True]
-    if True not in reduced:
-        return gather, (math.prod(sizes), 1, 1)
-    j = reduced.index(True)
-    return gather, (math.prod(sizes[:j]), sizes[j], math.prod(sizes[j + 1:]))
-
-
 def build_reduce_sum(node, ins, outs):
     """``out = x.sum(axis=attrs["axis"], keepdims=attrs["keepdims"])``, accumulated in compute type."""
     x, out = ins[0], outs[0]

@@ -13,13 +13,16 @@ Caching. Kernels are ``cuda.jit(cache=True)`` on a GPU when Numba has a writable
 (``miniflow.kernels.cache``), else ``cache=False``. Numba keys a cached kernel by its
 bytecode and the pickled contents of its closure; the closures hold numba types, numbers and
 ``cuda.jit(device=True)`` dispatchers of module-level functions, which pickle by reference, so the
-key is stable across processes. As on the CPU, edits to ``scalar.py`` or to device helpers in
-another module are not tracked: clear ``NUMBA_CACHE_DIR`` after editing them.
+key is stable across processes. As on the CPU, edits to the ops' scalar functions
+(``miniflow.ops``) or to device helpers in another module are not tracked: clear
+``NUMBA_CACHE_DIR`` after editing them.
 
 The simulator (``NUMBA_ENABLE_CUDASIM=1``) runs kernels as Python: ``math.exp(1e4)`` raises
 OverflowError and ``math.log(0.0)`` ValueError there, where CUDA returns inf and -inf. ``math``
 in kernel modules (``from .cuda_common import math``) and in device-compiled scalar functions is
-therefore, under the simulator only, :class:`SimulatorMath`, which gives the IEEE results.
+therefore, under the simulator only, :data:`SimulatorMath`: ``math`` with the functions that raise
+on IEEE cases replaced by NumPy's (every other ``math`` function, ``erf`` say, is the real one, so a
+new scalar function needs nothing here).
 """
 from __future__ import annotations
 
@@ -31,8 +34,8 @@ import numpy as np
 from numba import config as numba_config
 from numba import cuda, types
 
-from . import scalar
 from .cache import CACHE
+from ..ops.elementwise import add
 
 __all__ = ["SIMULATOR", "jit", "device", "compute_type", "storage_type", "flat", "scratch", "math",
            "SimulatorMath", "nan_max", "block_sum", "block_max", "strided_offset"]
@@ -41,32 +44,21 @@ SIMULATOR = bool(numba_config.ENABLE_CUDASIM)
 """True when numba runs CUDA kernels in its simulator (``NUMBA_ENABLE_CUDASIM=1``)."""
 
 
-class SimulatorMath:
-    """The ``math`` functions kernels use, with CUDA's IEEE results, for the simulator only."""
-
-    inf = _math.inf
-    nan = _math.nan
-
-    @staticmethod
-    def exp(x):
+def _ieee(np_fn):
+    """``np_fn`` without floating-point warnings: inf and NaN results, as CUDA gives them."""
+    def fn(x):
         with np.errstate(all="ignore"):
-            return np.exp(x)
+            return np_fn(x)
+    fn.__name__ = np_fn.__name__
+    return fn
 
-    @staticmethod
-    def log(x):
-        with np.errstate(all="ignore"):
-            return np.log(x)
 
-    @staticmethod
-    def tanh(x):
-        return np.tanh(x)
-
-    @staticmethod
-    def sqrt(x):
-        with np.errstate(all="ignore"):
-            return np.sqrt(x)
-
-    isfinite = staticmethod(_math.isfinite)
+SimulatorMath = _pytypes.SimpleNamespace(**{
+    **{k: getattr(_math, k) for k in dir(_math) if not k.startswith("_")},
+    **{fn.__name__: _ieee(fn) for fn in (np.exp, np.expm1, np.log, np.log1p, np.log2, np.log10,
+                                         np.sqrt, np.tanh, np.cosh, np.sinh)}})
+"""``math`` for kernels under the simulator: the functions that raise in Python on IEEE cases
+(``exp`` overflow, ``log`` of 0 or a negative number ...) give CUDA's inf/NaN instead."""
 
 
 math = SimulatorMath if SIMULATOR else _math
@@ -81,9 +73,9 @@ def jit(fn):
 
 @functools.cache
 def device(fn):
-    """The plain scalar function ``fn`` (``miniflow.kernels.scalar``) as a CUDA device function.
+    """The plain scalar function ``fn`` (an op's ``OpDef.scalar``) as a CUDA device function.
 
-    Under the simulator ``fn`` is first rebuilt with :class:`SimulatorMath` as its ``math``.
+    Under the simulator ``fn`` is first rebuilt with :data:`SimulatorMath` as its ``math``.
     """
     if SIMULATOR:
         fn = _pytypes.FunctionType(fn.__code__, {**fn.__globals__, "math": SimulatorMath},
@@ -165,7 +157,7 @@ def _block_reduce(combine, what):
     return cuda.jit(device=True)(reduce)
 
 
-block_sum = _block_reduce(device(scalar.add), "sum")
+block_sum = _block_reduce(device(add), "sum")
 """``block_sum(sm, v)``: sum of ``v`` over the block's threads (shared scratch ``sm``)."""
 block_max = _block_reduce(nan_max, "max")
 """``block_max(sm, v)``: NaN-propagating max of ``v`` over the block's threads."""

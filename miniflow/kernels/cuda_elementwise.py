@@ -3,14 +3,14 @@ fill and strided gather (transpose, broadcast_like), plus the builders of the op
 
 Every kernel is a 1-D grid-stride loop (``for i in range(cuda.grid(1), n, cuda.gridsize(1))``) over
 flat views, launched by ``cuda_launch.flat_steps``. Map and zip kernels come from one factory each,
-keyed by a scalar function of ``miniflow.kernels.scalar`` compiled with ``cuda.jit(device=True)``
-(the same functions the CPU kernels use) and by the compute/storage types (``cuda_common``): loads
+keyed by an op's scalar function (``OpDef.scalar``) compiled with ``cuda.jit(device=True)`` (the
+same functions the CPU kernels use) and by the compute/storage types (``cuda_common``): loads
 widen to the compute type, ``fn``'s result is rounded to the compute type and then stored, exactly
-as the CPU kernels do.
+as the CPU kernels do. The builders of every elementwise op come from ``elementwise_table``.
 
-Broadcasting is planned once in the builder (``cpu_elementwise.broadcast_plan``: dims aligned,
-size-1 dims dropped, mergeable dims merged); the strided kernel gets the collapsed shape and each
-operand's element strides (0 = broadcast) as tuples.
+Broadcasting is planned once in the builder (``layout.broadcast_plan``: dims aligned, size-1 dims
+dropped, mergeable dims merged); the strided kernel gets the collapsed shape and each operand's
+element strides (0 = broadcast) as tuples.
 """
 from __future__ import annotations
 
@@ -20,9 +20,9 @@ import numpy as np
 from numba import cuda
 
 from . import elementwise_table
-from .cpu_elementwise import broadcast_plan
 from .cuda_common import compute_type, device, flat, jit, scratch, storage_type, strided_offset
 from .cuda_launch import flat_steps
+from .layout import broadcast_plan
 from ..dtype import as_dtype
 
 __all__ = ["map_kernel", "map_scalar_kernel", "zip_kernel", "zip_strided_kernel", "cast_kernel",
@@ -181,12 +181,12 @@ def zip_steps(fn, x, y, out, x_shape=None, y_shape=None):
 
 
 # ----------------------------------------------------------------------------- builders
-def _with_scalar(fn):
-    """Builder for ``out = fn(x, attrs["scalar"])``."""
+def _with_scalar(fn, attr: str):
+    """Builder for ``out = fn(x, attrs[attr])``."""
     def build(node, ins, outs):
         out = outs[0]
         return flat_steps(map_scalar_kernel(fn, *_types(out)), out.size,
-                          (flat(ins[0]), float(node.attrs["scalar"]), flat(out)),
+                          (flat(ins[0]), float(node.attrs[attr]), flat(out)),
                           f"map_scalar[{fn.__name__}] {short(out.dtype)}")
     return build
 

@@ -17,8 +17,9 @@ For ``relu(add(x0, x1))`` over f16 ``[64,128]`` with ``x1: f16[128]`` (a row) th
             out0[i] = float16(y0)
 
 A 1-D grid-stride loop (``cuda_launch.flat_steps``); loads widen to the compute type
-(``cuda_common``), a float16 round trip is one ``cvt`` each way; scalar functions are the shared
-``scalar`` ones compiled as device functions (``cuda_common.device``).
+(``cuda_common``), a float16 round trip is one ``cvt`` each way; scalar functions are the ops'
+scalar functions (imported from their declaring module) compiled as device functions
+(``cuda_common.device``).
 """
 from __future__ import annotations
 
@@ -51,10 +52,11 @@ def fused_source(expr: str, input_dtypes, kinds, two_dims: bool):
     loop = [f"for i in range(cuda.grid(1), {size}, cuda.gridsize(1)):"]
     if two_dims:
         loop += ["    r = i // cols", "    c = i - r * cols"]
+    functions = codegen.functions(low)
     imports = ["from numba import cuda", "from numba.types import float16, float32, float64", "",
-               "from miniflow.kernels import scalar",
-               "from miniflow.kernels.cuda_common import device, jit", "",
-               *(f"{fn} = device(scalar.{fn})" for fn in sorted(low.functions))]
+               "from miniflow.kernels.cuda_common import device, jit",
+               *codegen.function_imports(functions, alias="_"), "",
+               *(f"{fn.__name__} = device(_{fn.__name__})" for fn in functions)]
     source = codegen.module_source("miniflow.kernels.cuda_fused", low, input_dtypes, kinds, imports,
                                    "@jit", loop)
     return source, [v for v, _ in low.numbers]

@@ -13,10 +13,10 @@ import functools
 
 from numba import cuda, types
 
-from . import scalar
 from .cuda_common import block_sum, compute_type, flat, jit, math
 from .cuda_elementwise import short, zip_steps
 from .cuda_launch import current, flat_steps, row_steps
+from ..ops.elementwise import mul
 
 __all__ = ["count_not_finite_kernel", "sum_counts_kernel", "schedule_kernel", "BUILDERS"]
 
@@ -85,7 +85,7 @@ def build_scalar_mul_by_tensor(node, ins, outs):
     """``out[i] = x[i] * scalar``: a broadcasting zip against the one-element scalar, whatever its
     shape (``[]``, ``[1]``, ``[1,1]`` ...): it is read flat and broadcast as ``(1,) * x.ndim``."""
     x, s = ins
-    return zip_steps(scalar.mul, x, s, outs[0], y_shape=(1,) * len(x.shape))
+    return zip_steps(mul, x, s, outs[0], y_shape=(1,) * len(x.shape))
 
 
 def build_multi_count_not_finite(node, ins, outs):

@@ -8,7 +8,7 @@ atomics. Softmax-like kernels subtract the row max before ``exp`` (a NaN anywher
 the max, hence the whole row, NaN, as on the CPU). Sums accumulate in the compute type (float32 for
 f16/f32, float64 for f64).
 
-``reduce_sum`` views its input as ``(outer, red, inner)`` with ``cpu_reduce.reduce_layout`` and runs
+``reduce_sum`` views its input as ``(outer, red, inner)`` with ``layout.reduce_layout`` and runs
 one row per output element; when the reduced dims are not one block, the builder first gathers the
 input, kept dims first, into a scratch buffer (as the CPU builder does).
 
@@ -24,11 +24,11 @@ import math as _math
 import numpy as np
 from numba import cuda
 
-from .cpu_reduce import reduce_layout
 from .cuda_common import (block_max, block_sum, compute_type, flat, jit, math, nan_max, scratch,
                           storage_type)
 from .cuda_elementwise import c_strides, fill_steps, gather_steps, short
 from .cuda_launch import current, flat_steps, row_steps
+from .layout import reduce_layout
 
 __all__ = ["reduce_sum_kernel", "row_max_sumexp", "softmax_kernel", "softmax_grad_kernel",
            "sparse_xent_kernel", "sparse_xent_grad_kernel", "BUILDERS"]

@@ -31,7 +31,8 @@ choice depends only on the CPU name/features, so it is keyed correctly; the forc
 when it is set, ``JIT_CACHE`` is False and kernels compile without the disk cache (no stale
 intrinsic-path code is loaded, none is written). ``JIT_CACHE`` is also False when Numba has no
 writable cache folder (``miniflow.kernels.cache``). Note also that Numba's cache does not track
-edits to helper modules: after editing this file or ``scalar.py``, clear ``NUMBA_CACHE_DIR``.
+edits to helper modules: after editing this file or an op's scalar function (``miniflow.ops``),
+clear ``NUMBA_CACHE_DIR``.
 
 float64 -> fp16 (``narrow64``) always uses the integer algorithm: a direct, single rounding (going
 through float32 would round twice), and hardware F16C has no double->half instruction.

@@ -1,8 +1,20 @@
-"""Neural-network API: Module, Parameter, layers, functional ops and the lazy nn.Graph."""
-from . import functional
-from .graph import Graph, GraphConfig
-from .layers import Linear, ReLU, Sequential
+"""Neural-network API: Module, Parameter, layers, activations, functional ops, and (re-exported
+from the compile driver ``miniflow.graph``) the lazy ``nn.Graph`` and ``nn.GraphConfig``.
+
+``nn.Graph`` lives above this package (it compiles modules, optimizers and AMP settings), so it is
+imported on first use (``__getattr__``), the one import from ``miniflow.nn`` to a higher layer.
+"""
+from . import activations, functional
+from .activations import *  # noqa: F401,F403  (ReLU ... and their functional forms)
+from .layers import Linear, Sequential
 from .module import Module, Parameter
 
-__all__ = ["Graph", "GraphConfig", "Linear", "Module", "Parameter", "ReLU", "Sequential",
-           "functional"]
+__all__ = ["Graph", "GraphConfig", "Linear", "Module", "Parameter", "Sequential", "functional",
+           *(name for name in activations.__all__ if not name.islower())]
+
+
+def __getattr__(name):
+    if name in ("Graph", "GraphConfig"):
+        from .. import graph  # the compile driver sits above nn: imported when first asked for
+        return getattr(graph, name)
+    raise AttributeError(f"module 'miniflow.nn' has no attribute {name!r}")

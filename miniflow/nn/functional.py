@@ -1,10 +1,13 @@
-"""Functional ops (``torch.nn.functional`` names) built from registered op types."""
+"""Functional ops (``torch.nn.functional`` names) built from registered op types; the activation
+functions (``relu``, ...) are ``miniflow.nn.activations``' and re-exported here."""
 from __future__ import annotations
 
 from ..tensor import Tensor, apply, tensor
+from . import activations
+from .activations import *  # noqa: F401,F403  (the activation functions: relu ...)
 
-__all__ = ["relu", "softmax", "log_softmax", "cross_entropy", "linear", "white_identity",
-           "black_identity"]
+__all__ = ["softmax", "log_softmax", "cross_entropy", "linear", "white_identity",
+           "black_identity", *(name for name in activations.__all__ if name.islower())]
 
 
 def _last_axis(op, x: Tensor, dim: int):
@@ -18,11 +21,6 @@ def _last_axis(op, x: Tensor, dim: int):
     perm = tuple(i for i in range(nd) if i != dim) + (dim,)
     inv = tuple(perm.index(i) for i in range(nd))
     return apply(op, [x.transpose(perm)]).transpose(inv)
-
-
-def relu(x: Tensor) -> Tensor:
-    """max(x, 0), NaN propagating (op ``relu``)."""
-    return apply("relu", [x])
 
 
 def softmax(x: Tensor, dim: int = -1) -> Tensor:

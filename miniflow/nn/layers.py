@@ -1,4 +1,5 @@
-"""Layers: Linear, ReLU, Sequential (PyTorch's ``torch.nn`` names, shapes and initialisation)."""
+"""Layers: Linear, Sequential (PyTorch's ``torch.nn`` names, shapes and initialisation); the
+activation modules are in ``miniflow.nn.activations``."""
 from __future__ import annotations
 
 import math
@@ -10,7 +11,7 @@ from ..random import generator
 from . import functional as F
 from .module import Module, Parameter
 
-__all__ = ["Linear", "ReLU", "Sequential"]
+__all__ = ["Linear", "Sequential"]
 
 
 class Linear(Module):
@@ -39,13 +40,6 @@ class Linear(Module):
     def extra_repr(self):
         return (f"in_features={self.in_features}, out_features={self.out_features}, "
                 f"bias={self.bias is not None}")
-
-
-class ReLU(Module):
-    """``max(x, 0)`` elementwise."""
-
-    def forward(self, x):
-        return F.relu(x)
 
 
 class Sequential(Module):

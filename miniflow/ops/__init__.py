@@ -1,8 +1,11 @@
 """Op definitions: one registry record per op type (OneFlow's op type names).
 
-Importing this package registers every op type. See ``registry.OpDef`` for what an op declares.
+Importing this package registers every op type. See ``registry.OpDef`` for what an op declares,
+and ``elementwise.elementwise`` for declaring an elementwise op with its scalar function.
 """
-from .registry import OP_REGISTRY, OpDef, all_ops, get_op, inference_calls, register
+from .registry import (OP_REGISTRY, OpDef, all_ops, emitter, get_op, inference_calls, register,
+                       scalar_functions)
 from . import amp_ops, elementwise, fused, linalg, loss_scale, nn, shape, update  # noqa: F401  (registers the op types)
 
-__all__ = ["OP_REGISTRY", "OpDef", "all_ops", "get_op", "inference_calls", "register"]
+__all__ = ["OP_REGISTRY", "OpDef", "all_ops", "emitter", "get_op", "inference_calls", "register",
+           "scalar_functions"]

@@ -5,26 +5,20 @@ gradient, so the backward path is pinned the same way as the forward one. ``amp_
 the AMP white list (it makes the gray ops between it and another white op or a sink run in float16),
 ``amp_black_identity`` in the black list (the gray ops after it run in float32). The
 ``prune_amp_identity`` pass removes both after the AMP pass, so they cost nothing at run time; a graph
-compiled without AMP runs them as plain copies (the CPU backend reuses the ``identity`` kernel).
+compiled without AMP runs them as plain copies (elementwise ops with the ``identity`` scalar
+function, so their kernels are the ``identity`` kernels).
 
 Source: OneFlow PR 9126 "Fix loss scale precision" (``oneflow/user/ops/amp_white_identity_op.cpp``,
-``amp_black_identity``), summarised in ``shared/design/REFERENCE.md``.
+``amp_black_identity``).
 """
 from __future__ import annotations
 
 import numpy as np
 
-from .common import check_arity, check_float, float_samples, rand
-from .registry import register
+from .common import float_samples, rand
+from .elementwise import elementwise, identity
 
 AMP_IDENTITY_OPS = ("amp_white_identity", "amp_black_identity")
-
-
-def _infer(op):
-    def infer(inputs, attrs):
-        check_arity(op, inputs, 1)
-        return [(inputs[0].shape, check_float(op, inputs[0]))]
-    return infer
 
 
 def _grad(op):
@@ -38,6 +32,7 @@ def _samples():
     return float_samples(make)
 
 
-for _op in AMP_IDENTITY_OPS:
-    register(_op, _infer(_op), grad=_grad(_op), elementwise="identity", samples=_samples,
-             doc="out = x; gradient: the same identity op on dy (pins AMP colors, pruned after AMP)")
+for _op, _amp in zip(AMP_IDENTITY_OPS, ("white", "black")):
+    elementwise(_op, identity, np.copy, amp=_amp, grad=_grad(_op), samples=_samples,
+                doc="out = x; gradient: the same identity op on dy (pins AMP colors, pruned after "
+                    "AMP)")

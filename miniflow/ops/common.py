@@ -1,4 +1,5 @@
-"""Helpers shared by op definitions: input checks with clear messages, sample data, un-broadcasting."""
+"""Helpers shared by op definitions: input checks with clear messages, sample data, un-broadcasting,
+and rounding for the float64 references."""
 from __future__ import annotations
 
 import numpy as np
@@ -63,13 +64,15 @@ def broadcast_shape(op: str, a, b) -> tuple:
                          f"{format_shape(b.shape)} of %{b.name} cannot be broadcast together") from None
 
 
-def y_dy_infer(op: str):
-    """Inference for activation-gradient ops ``op(y, dy) -> dx``: same shape and float dtype."""
+def y_dy_infer(op: str, first: str = "y"):
+    """Inference for activation-gradient ops ``op(y, dy) -> dx`` (``first`` names the first input:
+    ``"y"``, the forward output, or ``"x"``, its input): same shape and float dtype."""
     def infer(inputs, attrs):
         check_arity(op, inputs, 2)
         dt = check_float(op, *inputs)
         if inputs[0].shape != inputs[1].shape:
-            raise ValueError(f"{op}: y {fmt(inputs[0])} and dy {fmt(inputs[1])} must have one shape")
+            raise ValueError(f"{op}: {first} {fmt(inputs[0])} and dy {fmt(inputs[1])} must have "
+                             f"one shape")
         return [(inputs[0].shape, dt)]
     return infer
 
@@ -85,6 +88,16 @@ def unbroadcast(emit, g, shape: tuple):
     if r.shape != tuple(shape):
         r = emit("reshape", r, shape=tuple(shape))
     return r
+
+
+def rounded(x, dtype) -> np.ndarray:
+    """``x`` rounded to ``dtype`` (a DType or NumPy dtype), held as float64 (int64 for an integer
+    dtype): the value a tensor of that dtype stores. The references round only where the op's
+    meaning does (``cast``, ``constant``, the float32 loss scale)."""
+    np_dtype = np.dtype(getattr(dtype, "np", dtype))
+    with np.errstate(all="ignore"):
+        out = np.asarray(x).astype(np_dtype)
+    return out.astype(np.int64 if np_dtype.kind in "iu" else np.float64)
 
 
 # --------------------------------------------------------------------- samples for kernel tests
@@ -111,4 +124,5 @@ def float_samples(make):
 
 
 __all__ = ["FLOATS", "fmt", "check_arity", "check_float", "norm_axes", "broadcast_shape",
-           "unbroadcast", "y_dy_infer", "rand", "rng", "float_samples", "int64", "float32"]
+           "unbroadcast", "y_dy_infer", "rounded", "rand", "rng", "float_samples", "int64",
+           "float32"]

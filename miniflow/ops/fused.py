@@ -11,15 +11,18 @@ The expression language is a small subset of Python syntax (parsed with ``ast``)
 * ``x0``, ``x1`` ...: the node's inputs, in order;
 * numbers (``0.015625``, ``-2.5``, ``inf``, ``nan``): scalar attributes; a number takes the compute
   type of the other operands (float32 for f16 and f32), as ``scalar_mul``'s ``scalar`` does;
-* ``fn(a, ...)``: a scalar function of ``miniflow.kernels.scalar`` (``add``, ``relu``,
-  ``relu_grad`` ...) on operands of one float dtype, which is also the result's dtype;
+* ``fn(a, ...)``: the scalar function of a registered elementwise op, by its name (``add``,
+  ``relu``, ``relu_grad`` ...: ``registry.scalar_functions``, so a newly declared op is known
+  here at once) on operands of one float dtype, which is also the result's dtype;
 * ``f16(a)``, ``f32(a)``, ``f64(a)``: a cast (from any dtype, int64 included);
 * statements ``t0 = ...; y0 = ...; y1 = ...`` when there are several outputs or a value is used
   twice: ``y`` names are the outputs in order, ``t`` names temporaries. A bare expression is the
   single output ``y0``.
 
 Every function and cast result is rounded to its dtype (float16 results to float16) exactly where
-the unfused graph stored it, so a fused graph computes the same bits as the unfused one.
+the unfused graph stored it, so a fused graph computes the same bits as the unfused one. The
+float64 reference (:func:`reference`) computes each function with the reference of an op that
+declares it, rounding only at casts, as ``miniflow.ir.evaluate`` does for the unfused nodes.
 
 Broadcasting is limited to what kernels index without a stride table: after merging dims that every
 input treats alike, at most two dims ``(rows, cols)`` remain and each input is ``"full"``, a
@@ -32,25 +35,26 @@ OneFlow fuses the same chains by hand (``fused_bias_add_gelu``, ``fused_scale_ma
 from __future__ import annotations
 
 import ast
-import inspect
 import math
 from dataclasses import dataclass
 
 import numpy as np
 
 from ..dtype import float16, float32, float64
-from ..kernels import scalar
-from .common import float_samples, fmt, rand
-from .registry import register
+from .common import float_samples, fmt, rand, rounded
+from .registry import CAST_FUNCTIONS, register, scalar_functions, scalar_ops
 
-__all__ = ["Program", "parse", "format_program", "term_dtype", "broadcast_kinds", "CASTS"]
+__all__ = ["Program", "parse", "format_program", "term_dtype", "broadcast_kinds", "CASTS",
+           "arity", "reference"]
 
-CASTS = {"f16": float16, "f32": float32, "f64": float64}
+CASTS = dict(zip(CAST_FUNCTIONS, (float16, float32, float64)))
 """Cast function name -> result dtype."""
 
-ARITY = {**{fn: len(inspect.signature(getattr(scalar, fn)).parameters) for fn in scalar.__all__},
-         **dict.fromkeys(CASTS, 1)}
-"""Function (scalar function or cast) -> number of operands."""
+
+def arity() -> dict:
+    """Function (scalar function of a registered op, or cast) -> number of operands."""
+    return {**{name: fn.__code__.co_argcount for name, fn in scalar_functions().items()},
+            **dict.fromkeys(CASTS, 1)}
 
 
 @dataclass(frozen=True)
@@ -166,11 +170,11 @@ def _parse_term(node, expr: str, defined: set):
         if inner[0] == "num":
             return ("num", -inner[1])
     if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and not node.keywords:
-        fn = node.func.id
-        if fn not in ARITY:
-            raise _bad(expr, f"unknown function {fn!r}; known: {', '.join(sorted(ARITY))}")
-        if len(node.args) != ARITY[fn]:
-            raise _bad(expr, f"{fn} takes {ARITY[fn]} operand(s), got {len(node.args)}")
+        fn, known = node.func.id, arity()
+        if fn not in known:
+            raise _bad(expr, f"unknown function {fn!r}; known: {', '.join(sorted(known))}")
+        if len(node.args) != known[fn]:
+            raise _bad(expr, f"{fn} takes {known[fn]} operand(s), got {len(node.args)}")
         return ("call", fn, tuple(_parse_term(a, expr, defined) for a in node.args))
     raise _bad(expr, f"unsupported syntax {ast.dump(node)}")
 
@@ -244,6 +248,42 @@ def broadcast_kinds(out_shape, in_shapes):
     return tuple(dims), [names[(a, b)] for a, b in zip(*pattern)]
 
 
+# ------------------------------------------------------------------------------ reference
+def _call(fn: str, operands: list):
+    """Function ``fn`` on float64 operands through the reference of an op declaring it: tensor
+    operands as its inputs, the last operand as its scalar attribute when it has one."""
+    op = scalar_ops()[fn]
+    if op.scalar_attr is None:
+        return op.reference(operands, {})[0]
+    return op.reference(operands[:-1], {op.scalar_attr: operands[-1]})[0]
+
+
+def reference(arrays, attrs) -> list:
+    """``fused_elementwise`` in NumPy float64: the expression evaluated on whole arrays, inputs
+    broadcast; casts round to their dtype (``f16(...)`` to float16 values), functions do not."""
+    program = parse(attrs["expr"])
+    named: dict = {}
+
+    def value(term):
+        kind = term[0]
+        if kind == "x":
+            return arrays[term[1]]
+        if kind == "num":
+            return np.float64(term[1])
+        if kind == "ref":
+            return named[term[1]]
+        operands = [value(a) for a in term[2]]
+        if term[1] in CASTS:
+            return rounded(operands[0], CASTS[term[1]])
+        return _call(term[1], operands)
+
+    for name, term in program.statements:
+        named[name] = value(term)
+    shape = np.broadcast_shapes(*(a.shape for a in arrays))
+    return [np.broadcast_to(np.asarray(named[y], np.float64), shape).copy()
+            for y in program.outputs]
+
+
 # ------------------------------------------------------------------------------ the op
 def _normalize(inputs, attrs):
     if "expr" not in attrs:
@@ -284,6 +324,8 @@ def _samples():
     return float_samples(make) + casts
 
 
-register("fused_elementwise", _infer, normalize=_normalize, samples=_samples,
+register("fused_elementwise", _infer, normalize=_normalize, samples=_samples, reference=reference,
+         amp=None, amp_note="made by the fusion pass after AMP from already colored nodes; its "
+                            "expr keeps their dtypes and casts",
          doc="outputs = expr evaluated per element, inputs broadcast (made by fuse_elementwise)")
 

@@ -60,5 +60,10 @@ def _samples():
     return float_samples(make)
 
 
-register("matmul", _infer, normalize=_norm, grad=_grad, samples=_samples,
-         doc="out[m, n] = sum_k op(a)[m, k] * op(b)[k, n], op = transpose if flagged")
+def _reference(arrays, attrs):
+    a, b = arrays
+    return [(a.T if attrs["transpose_a"] else a) @ (b.T if attrs["transpose_b"] else b)]
+
+
+register("matmul", _infer, normalize=_norm, grad=_grad, reference=_reference, samples=_samples,
+         amp="white", doc="out[m, n] = sum_k op(a)[m, k] * op(b)[k, n], op = transpose if flagged")

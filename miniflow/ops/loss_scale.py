@@ -5,7 +5,8 @@
   ``out`` has x's shape; x and scalar share one dtype (OneFlow checks this: PR 9126's intermediate
   version failed it with an fp16 static scale). Gradients as OneFlow's ``TensorScalarMul``:
   ``dx = dy * scalar``, ``dscalar = sum(dy * x)`` (in the scalar's shape).
-* ``reciprocal(x) -> out``: ``1 / x`` elementwise (the inverse loss scale).
+* ``reciprocal(x) -> out``: ``1 / x`` elementwise (the inverse loss scale; an elementwise op
+  declared with its scalar function here).
 * ``multi_count_not_finite(g0, g1, ...) -> (counts i64[n], total i64[1])``: number of NaN/inf
   elements of each input, and their sum, in one fused kernel (OneFlow ``multi_count_not_finite``).
 * ``dynamic_loss_scale_schedule(total i64[1], loss_scale f32[1], growth_tracker i64[1])``
@@ -20,8 +21,14 @@ from __future__ import annotations
 import numpy as np
 
 from ..dtype import float32, int64
-from .common import check_arity, check_float, float_samples, fmt, rand
+from .common import check_arity, check_float, float_samples, fmt, rand, rounded
+from .elementwise import elementwise
 from .registry import register
+
+
+def reciprocal(x):
+    """1 / x (IEEE: 1/0 = inf); the scalar function of op ``reciprocal``."""
+    return 1.0 / x
 
 
 def _smbt_infer(inputs, attrs):
@@ -58,14 +65,8 @@ def _smbt_grad(n, gs, emit):
 
 
 register("scalar_mul_by_tensor", _smbt_infer, samples=_smbt_samples, grad=_smbt_grad,
+         reference=lambda xs, a: [xs[0] * xs[1].reshape(())], amp="gray",
          doc="out = x * scalar (scalar: one element, any shape)")
-
-
-def _unary_float(op):
-    def infer(inputs, attrs):
-        check_arity(op, inputs, 1)
-        return [(inputs[0].shape, check_float(op, inputs[0]))]
-    return infer
 
 
 def _reciprocal_grad(n, gs, emit):
@@ -73,10 +74,10 @@ def _reciprocal_grad(n, gs, emit):
     return [emit("negative", emit("broadcast_mul", gs[0], emit("broadcast_mul", out, out)))]
 
 
-register("reciprocal", _unary_float("reciprocal"), elementwise="reciprocal", grad=_reciprocal_grad,
-         samples=lambda: float_samples(lambda dt: [([rand(2, 3, dtype=dt, lo=0.5, hi=4)], {}),
-                                                   ([np.array([65536.0, 0.0, -2.0], dt)], {})]),
-         doc="out = 1 / x; dx = -dy * out^2")
+elementwise("reciprocal", reciprocal, lambda x: 1.0 / x, amp="gray", grad=_reciprocal_grad,
+            samples=lambda: float_samples(lambda dt: [([rand(2, 3, dtype=dt, lo=0.5, hi=4)], {}),
+                                                      ([np.array([65536.0, 0.0, -2.0], dt)], {})]),
+            doc="out = 1 / x; dx = -dy * out^2")
 
 
 def _count_infer(inputs, attrs):
@@ -99,7 +100,13 @@ def _count_samples():
     return float_samples(make)
 
 
-register("multi_count_not_finite", _count_infer, samples=_count_samples,
+def _count_ref(arrays, attrs):
+    counts = np.array([np.count_nonzero(~np.isfinite(a)) for a in arrays], np.int64)
+    return [counts, counts.sum(keepdims=True)]
+
+
+register("multi_count_not_finite", _count_infer, samples=_count_samples, reference=_count_ref,
+         amp=None, amp_note="loss-scale stage: runs after AMP on the float32 unscaled gradients",
          doc="counts[k] = number of non-finite elements of input k; total[0] = sum(counts)")
 
 
@@ -131,6 +138,20 @@ def _schedule_samples():
              dict(attrs)) for c, s, t in cases]
 
 
+def _schedule_ref(arrays, attrs):
+    """The new (loss_scale, growth_tracker): float64 arithmetic, the scale stored in float32."""
+    total, scale, tracker = arrays
+    if total[0] != 0:
+        return [rounded(np.maximum(scale * attrs["backoff_factor"], attrs["min_scale"]),
+                        float32), np.zeros(1, np.int64)]
+    tracker = tracker + 1
+    if tracker[0] < attrs["growth_interval"]:
+        return [scale.copy(), tracker]
+    grown = rounded(scale * attrs["growth_factor"], float32)
+    return [grown if np.isfinite(grown).all() else scale.copy(), np.zeros(1, np.int64)]
+
+
 register("dynamic_loss_scale_schedule", _schedule_infer, normalize=_schedule_norm,
-         side_effect=True, writes=(1, 2), samples=_schedule_samples,
+         writes=(1, 2), samples=_schedule_samples, reference=_schedule_ref, amp=None,
+         amp_note="loss-scale stage: runs after AMP, writes the float32 scale",
          doc="update loss_scale and growth_tracker from the non-finite count (GradScaler rules)")

@@ -45,16 +45,27 @@ def _row_grad_samples(log):
     return lambda: float_samples(make)
 
 
+def _log_softmax(x):
+    """log_softmax over the last axis in float64 (max-subtracted)."""
+    m = x.max(-1, keepdims=True) if x.size else x
+    z = x - m
+    return z - np.log(np.exp(z).sum(-1, keepdims=True))
+
+
 register("softmax", _row_infer("softmax"),
          grad=lambda n, gs, emit: [emit("softmax_grad", n.outputs[0], gs[0])],
-         samples=_row_samples, doc="y = softmax(x) over the last axis")
+         reference=lambda xs, a: [np.exp(_log_softmax(xs[0]))],
+         samples=_row_samples, amp="gray", doc="y = softmax(x) over the last axis")
 register("log_softmax", _row_infer("log_softmax"),
          grad=lambda n, gs, emit: [emit("log_softmax_grad", n.outputs[0], gs[0])],
-         samples=_row_samples, doc="y = log_softmax(x) over the last axis")
+         reference=lambda xs, a: [_log_softmax(xs[0])],
+         samples=_row_samples, amp="gray", doc="y = log_softmax(x) over the last axis")
 register("softmax_grad", y_dy_infer("softmax_grad"), samples=_row_grad_samples(False),
-         doc="dx = y * (dy - sum(dy * y, last axis))")
+         reference=lambda xs, a: [xs[0] * (xs[1] - (xs[1] * xs[0]).sum(-1, keepdims=True))],
+         amp="gray", doc="dx = y * (dy - sum(dy * y, last axis))")
 register("log_softmax_grad", y_dy_infer("log_softmax_grad"),
-         samples=_row_grad_samples(True),
+         reference=lambda xs, a: [xs[1] - np.exp(xs[0]) * xs[1].sum(-1, keepdims=True)],
+         samples=_row_grad_samples(True), amp="gray",
          doc="dx = dy - exp(y) * sum(dy, last axis)")
 
 
@@ -103,7 +114,7 @@ def _sce_samples():
 
 def _diagnose_labels(node, arrays):
     """Name the first label outside [0, C) (``label`` is input 1 of both ops)."""
-    label, classes = arrays[1], node.inputs[0 if node.op.endswith("entropy") else 2].shape[1]
+    label, classes = arrays[1], node.inputs[0 if node.op.name.endswith("entropy") else 2].shape[1]
     bad = np.flatnonzero((label < 0) | (label >= classes))
     if not bad.size:
         return None
@@ -112,8 +123,24 @@ def _diagnose_labels(node, arrays):
             f"({bad.size} of {label.size} out of range)")
 
 
+def _checked_labels(label, classes):
+    """The int64 labels, or ValueError naming the first one outside [0, classes)."""
+    bad = np.flatnonzero((label < 0) | (label >= classes))
+    if bad.size:
+        raise ValueError(f"sparse_softmax_cross_entropy: label out of range [0, {classes}): "
+                         f"label[{bad[0]}] = {label[bad[0]]}")
+    return label
+
+
+def _sce_ref(arrays, attrs):
+    pred, label = arrays
+    logp = _log_softmax(pred)
+    label = _checked_labels(label, pred.shape[1])
+    return [np.exp(logp), -logp[np.arange(label.size), label]]
+
+
 register("sparse_softmax_cross_entropy", _sce_infer, grad=_sce_grad, samples=_sce_samples,
-         diagnose=_diagnose_labels,
+         diagnose=_diagnose_labels, reference=_sce_ref, amp="gray",
          doc="prob = softmax(prediction), out[n] = -log(prob[n, label[n]])")
 
 
@@ -137,6 +164,12 @@ def _sce_grad_samples():
     return float_samples(make)
 
 
+def _sce_grad_ref(arrays, attrs):
+    dy, label, prob = arrays
+    onehot = np.eye(prob.shape[1])[_checked_labels(label, prob.shape[1])]
+    return [dy[:, None] * (prob - onehot)]
+
+
 register("sparse_softmax_cross_entropy_grad", _sce_grad_infer, samples=_sce_grad_samples,
-         diagnose=_diagnose_labels,
+         diagnose=_diagnose_labels, reference=_sce_grad_ref, amp="gray",
          doc="dx[n, c] = dy[n] * (prob[n, c] - (c == label[n]))")

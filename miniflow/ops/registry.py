@@ -1,19 +1,34 @@
-"""The op registry: one :class:`OpDef` record per op type.
+"""The op registry: one :class:`OpDef` record per op type, everything about the op in one place.
 
-An op type is defined once: its inputs/outputs, attribute normalisation, shape/dtype inference, its
-gradient rule (which *emits* backward nodes made of registered ops, needle/OneFlow style) and sample
-inputs used by the kernel tests. Kernels live elsewhere (``miniflow.kernels``) and register per
-backend under the same op type name. AMP categories (white/black/gray/clear) are not stored here:
-their one source of truth is ``miniflow.amp.lists``, laid out like OneFlow's list file.
+An op type is declared once: attribute normalisation, shape/dtype inference, its gradient rule
+(which *emits* backward nodes made of registered ops, OneFlow style), sample inputs, a NumPy float64
+reference, its AMP category, which inputs it writes in place, and, for an elementwise op, its scalar
+function. Everything else is derived from these records: the CPU and CUDA elementwise kernels
+(``miniflow.kernels.elementwise_table``), the fusion pass's fusible ops and the function table of
+the fused-expression language (:func:`scalar_functions`), the AMP default lists
+(``miniflow.amp.lists``), dead-code elimination's "keep it" (:attr:`OpDef.side_effect`), the
+reference interpreter ``miniflow.ir.evaluate`` and the registry-wide kernel tests. Kernels register
+per backend under the op's name (``miniflow.kernels.cpu.KERNELS``).
+
+A node of the IR holds its ``OpDef`` (``node.op``), so ``miniflow.ir`` never imports this package.
+Code that names ops by string resolves them here: :func:`get_op`, and :func:`emitter`, the
+``emit(name, *inputs, **attrs)`` that gradient rules and passes use.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Callable
 
-__all__ = ["OpDef", "register", "get_op", "all_ops", "OP_REGISTRY", "inference_calls"]
+__all__ = ["OpDef", "register", "get_op", "all_ops", "OP_REGISTRY", "inference_calls", "emitter",
+           "scalar_functions", "scalar_ops", "AMP_CATEGORIES", "CAST_FUNCTIONS"]
 
 OP_REGISTRY: dict[str, "OpDef"] = {}
+
+AMP_CATEGORIES = ("white", "black", "gray", "clear")
+"""The AMP lists an op can be in (``OpDef.amp``; None: in no list, "unlisted")."""
+
+CAST_FUNCTIONS = ("f16", "f32", "f64")
+"""Names the fused-expression language reserves for casts: no scalar function may take them."""
 
 _INFER_CALLS = [0]
 
@@ -23,39 +38,56 @@ def inference_calls() -> int:
     return _INFER_CALLS[0]
 
 
-@dataclass
+@dataclass(eq=False)
 class OpDef:
     """Definition of one op type.
 
     Attributes:
         name: OneFlow op type name (``"matmul"``, ``"bias_add"`` ...).
-        infer: ``(inputs: list[Value], attrs) -> list[(shape, DType)]``; raises ValueError/TypeError
-            naming the op and the offending shapes/dtypes.
-        grad: ``(node, out_grads, emit) -> list[Value | None]`` (one entry per input), or None when the
-            op is not differentiable. ``emit`` is ``Graph.emit``.
+        infer_fn: ``(inputs: list[Value], attrs) -> list[(shape, DType)]``; raises
+            ValueError/TypeError naming the op and the offending shapes/dtypes.
+        grad: ``(node, out_grads, emit) -> list[Value | None]`` (one entry per input), or None when
+            the op is not differentiable. ``emit(name, *inputs, **attrs)`` (:func:`emitter`).
         normalize: ``(inputs, attrs) -> attrs`` filling defaults and canonicalising attributes.
-        side_effect: the op writes some of its inputs (update ops); dead-code elimination keeps it.
-        writes: indices of the inputs it writes in place.
+        reference: ``(arrays, attrs) -> list[np.ndarray]``: the op in NumPy float64 (int64 stays
+            int64), one array per output; an op that writes inputs (``writes``) returns their new
+            values instead, in ``writes`` order (those of its inputs that exist). Used by
+            ``miniflow.ir.evaluate``. Only ``cast`` and ``constant`` round, to their dtype.
         samples: ``() -> list[(list[np.ndarray], attrs)]`` small example inputs for kernel tests.
-        elementwise: a scalar function name in ``miniflow.kernels.scalar`` when the op is
-            elementwise: ``out[i] = fn(in0[i], in1[i], ...)`` with the inputs broadcast to the
-            output (NumPy rules), followed by ``attrs["scalar"]`` when the op has that attribute.
-            The fusion pass (``passes/fuse_elementwise``) merges chains of such ops.
+        amp: the op's AMP list, ``"white"``, ``"black"``, ``"gray"`` or ``"clear"`` (OneFlow's
+            lists, ``miniflow.amp.lists``), or None: in no list.
+        amp_note: why the op is in no list (required then), or a remark on its list.
+        writes: indices of the inputs the op writes in place (update ops).
+        scalar: for an elementwise op, its scalar function: a plain Python function of floats
+            (``math`` only), ``out[idx] = scalar(in0[idx], in1[idx], ..., attrs[scalar_attr])`` with
+            the inputs broadcast to the output (NumPy rules). The CPU and CUDA kernels and the
+            fused kernels are compiled from it. Ops that compute elementwise but not in this form
+            (``bias_add``, ``add_n``, ``cast``) leave it None and have their own kernel rules.
+        scalar_attr: the attribute passed as the scalar function's last operand, or None.
         diagnose: ``(node, host input arrays) -> str | None``: when the op's kernel raised, a
             sentence about the offending values (e.g. which label is out of range) that the
             executor appends to the error.
+        doc: one line: what the op computes.
     """
 
     name: str
     infer_fn: Callable
     grad: Callable | None = None
     normalize: Callable | None = None
-    side_effect: bool = False
-    writes: tuple = ()
+    reference: Callable | None = None
     samples: Callable | None = None
-    elementwise: str | None = None
+    amp: str | None = None
+    amp_note: str = ""
+    writes: tuple = ()
+    scalar: Callable | None = None
+    scalar_attr: str | None = None
     diagnose: Callable | None = None
     doc: str = field(default="", repr=False)
+
+    @property
+    def side_effect(self) -> bool:
+        """The op writes some of its inputs (update ops): dead-code elimination keeps it."""
+        return bool(self.writes)
 
     def infer(self, inputs, attrs):
         """Shape/dtype inference (counted, so tests can prove the hot path never calls it)."""
@@ -66,12 +98,54 @@ class OpDef:
         """Canonical attributes for ``inputs`` (defaults filled, axes made non-negative)."""
         return self.normalize(inputs, dict(attrs)) if self.normalize else dict(attrs)
 
+    @property
+    def tensor_arity(self) -> int:
+        """Number of tensor inputs of an elementwise op: its scalar function's operands, less the
+        scalar attribute."""
+        return self.scalar.__code__.co_argcount - (self.scalar_attr is not None)
+
+    def __repr__(self) -> str:
+        return f"OpDef({self.name!r})"
+
+
+def _check(op: OpDef) -> None:
+    """The declaration's own consistency (raised at import, naming the op)."""
+    if op.amp is not None and op.amp not in AMP_CATEGORIES:
+        raise ValueError(f"op {op.name!r}: amp={op.amp!r}; choose one of "
+                         f"{', '.join(AMP_CATEGORIES)} or None (unlisted, with amp_note)")
+    if op.amp is None and not op.amp_note:
+        raise ValueError(f"op {op.name!r} is in no AMP list: say why in amp_note")
+    if op.scalar is None:
+        if op.scalar_attr is not None:
+            raise ValueError(f"op {op.name!r}: scalar_attr without a scalar function")
+        return
+    fn_name = op.scalar.__name__
+    if fn_name in CAST_FUNCTIONS:
+        raise ValueError(f"op {op.name!r}: scalar function name {fn_name!r} is reserved for a cast")
+    known = scalar_functions().get(fn_name)
+    if known is not None and known is not op.scalar:
+        raise ValueError(f"op {op.name!r}: scalar function {fn_name!r} "
+                         f"({op.scalar.__module__}) clashes with another function of that name "
+                         f"({known.__module__}); give it another name")
+    if op.tensor_arity not in (1, 2) or (op.scalar_attr is not None and op.tensor_arity != 1):
+        raise ValueError(f"op {op.name!r}: elementwise kernels take one tensor (with or without "
+                         f"a scalar attribute) or two tensors; {fn_name} has "
+                         f"{op.tensor_arity} tensor operand(s)")
+
 
 def register(name: str, infer, **kw) -> OpDef:
-    """Register an op type; returns its OpDef. Re-registering a name is an error."""
+    """Register an op type; returns its OpDef.
+
+    Raises:
+        KeyError: the name is already registered.
+        ValueError: an inconsistent declaration (unknown AMP list, unlisted without a note, a
+            scalar function whose name another function already has, or of an arity no
+            elementwise kernel takes).
+    """
     if name in OP_REGISTRY:
         raise KeyError(f"op type {name!r} is already registered")
     op = OpDef(name, infer, **kw)
+    _check(op)
     OP_REGISTRY[name] = op
     return op
 
@@ -91,3 +165,31 @@ def get_op(name: str) -> OpDef:
 def all_ops() -> dict:
     """All registered op types, name -> OpDef."""
     return dict(OP_REGISTRY)
+
+
+def emitter(graph):
+    """``emit(name, *inputs, **attrs)``: append a node of the op type ``name`` to ``graph``
+    (``graph.emit(get_op(name), ...)``, at its insertion point); returns its output Value(s).
+
+    This is the ``emit`` that gradient rules receive and that passes use."""
+    def emit(name: str, *inputs, **attrs):
+        return graph.emit(get_op(name), *inputs, **attrs)
+    return emit
+
+
+def scalar_ops() -> dict:
+    """Scalar function name -> the first registered op that declares it. Every op declaring one
+    function computes ``out = fn(*inputs broadcast, attrs[scalar_attr])``, so any of them can
+    stand for the function (the fused-expression reference uses its ``reference``)."""
+    out: dict = {}
+    for op in OP_REGISTRY.values():
+        if op.scalar is not None:
+            out.setdefault(op.scalar.__name__, op)
+    return out
+
+
+def scalar_functions() -> dict:
+    """Function name -> scalar function, over every registered elementwise op: the functions of
+    the fused-expression language (``miniflow.ops.fused``). Names are unique (:func:`register`
+    checks), so the name of a function identifies it in an expression and in generated code."""
+    return {name: op.scalar for name, op in scalar_ops().items()}

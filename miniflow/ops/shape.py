@@ -3,6 +3,7 @@ ones_like, constant, cast.
 
 Gradients (OneFlow): reduce_sum -> broadcast_like(dy, x); broadcast_like -> reduce_sum;
 reshape -> reshape back; transpose -> inverse transpose; cast -> cast back to the input dtype.
+The references round only where the op means it: ``cast`` and ``constant`` to their dtype.
 """
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import numpy as np
 
 from ..dtype import as_dtype
 from ..ir import format_shape
-from .common import check_arity, check_float, float_samples, fmt, norm_axes, rand
+from .common import check_arity, check_float, float_samples, fmt, norm_axes, rand, rounded
 from .registry import register
 
 
@@ -49,7 +50,9 @@ def _reduce_samples():
 
 
 register("reduce_sum", _reduce_infer, normalize=_reduce_norm, grad=_reduce_grad,
-         samples=_reduce_samples, doc="out = sum of x over `axis` (accumulated in f32/f64)")
+         reference=lambda xs, a: [np.sum(xs[0], axis=a["axis"], keepdims=a["keepdims"])],
+         samples=_reduce_samples, amp="gray",
+         doc="out = sum of x over `axis` (accumulated in f32/f64)")
 
 
 # ------------------------------------------------------------------------------ broadcast_like
@@ -80,6 +83,12 @@ def _bl_grad(n, gs, emit):
     return [emit("reduce_sum", gs[0], axis=n.attrs["broadcast_axes"], keepdims=keep), None]
 
 
+def _bl_ref(arrays, attrs):
+    x, like = arrays
+    kept = [1 if i in attrs["broadcast_axes"] else s for i, s in enumerate(like.shape)]
+    return [np.broadcast_to(x.reshape(kept), like.shape).copy()]
+
+
 def _bl_samples():
     def make(dt):
         return [([rand(3, dtype=dt), rand(2, 3, dtype=dt)], {"broadcast_axes": (0,)}),
@@ -88,7 +97,8 @@ def _bl_samples():
     return float_samples(make)
 
 
-register("broadcast_like", _bl_infer, normalize=_bl_norm, grad=_bl_grad, samples=_bl_samples,
+register("broadcast_like", _bl_infer, normalize=_bl_norm, grad=_bl_grad, reference=_bl_ref,
+         samples=_bl_samples, amp="clear",
          doc="out (shape of like) = x repeated along broadcast_axes")
 
 
@@ -112,7 +122,8 @@ def _add_n_samples():
 
 
 register("add_n", _add_n_infer, grad=lambda n, gs, emit: [gs[0]] * len(n.inputs),
-         samples=_add_n_samples, doc="out = x0 + x1 + ... (sums fan-out gradients)")
+         reference=lambda xs, a: [sum(xs[1:], xs[0].copy())], samples=_add_n_samples, amp="gray",
+         doc="out = x0 + x1 + ... (sums fan-out gradients)")
 
 
 # ------------------------------------------------------------------------------ reshape / transpose
@@ -144,6 +155,7 @@ def _reshape_infer(inputs, attrs):
 
 register("reshape", _reshape_infer, normalize=_reshape_norm,
          grad=lambda n, gs, emit: [emit("reshape", gs[0], shape=n.inputs[0].shape)],
+         reference=lambda xs, a: [xs[0].reshape(a["shape"])], amp="clear",
          samples=lambda: float_samples(lambda dt: [([rand(3, 4, dtype=dt)], {"shape": (2, 6)}),
                                                    ([rand(3, 4, dtype=dt)], {"shape": (12,)})]),
          doc="out = x with a new shape (same elements, C order)")
@@ -172,6 +184,7 @@ def _transpose_grad(n, gs, emit):
 
 
 register("transpose", _transpose_infer, normalize=_transpose_norm, grad=_transpose_grad,
+         reference=lambda xs, a: [xs[0].transpose(a["perm"]).copy()], amp="clear",
          samples=lambda: float_samples(lambda dt: [([rand(3, 4, dtype=dt)], {"perm": (1, 0)}),
                                                    ([rand(2, 3, 4, dtype=dt)], {"perm": (2, 0, 1)})]),
          doc="out = x with axes permuted by perm")
@@ -184,6 +197,7 @@ def _ones_like_infer(inputs, attrs):
 
 
 register("ones_like", _ones_like_infer, grad=lambda n, gs, emit: [None],
+         reference=lambda xs, a: [np.ones(xs[0].shape)], amp="clear",
          samples=lambda: float_samples(lambda dt: [([rand(2, 3, dtype=dt)], {}),
                                                    ([rand(dtype=dt)], {})]),
          doc="out = 1 with the shape/dtype of x (x is a real input, as in OneFlow)")
@@ -202,6 +216,8 @@ def _constant_infer(inputs, attrs):
 
 
 register("constant", _constant_infer, normalize=_constant_norm, grad=lambda n, gs, emit: [],
+         reference=lambda xs, a: [rounded(np.full(a["shape"], a["value"]), a["dtype"])],
+         amp=None, amp_note="creation op with a dtype attribute and no input to take a color from",
          samples=lambda: [([], {"value": 3.0, "shape": (2, 3), "dtype": d})
                           for d in ("float32", "float16")]
          + [([], {"value": 65536.0, "shape": (1,), "dtype": "float16"})],
@@ -239,5 +255,7 @@ def _cast_samples():
 
 
 register("cast", _cast_infer, normalize=_cast_norm, grad=_cast_grad, samples=_cast_samples,
+         reference=lambda xs, a: [rounded(xs[0], a["dtype"])], amp=None,
+         amp_note="changes dtype on purpose; the AMP pass inserts the casts it needs itself",
          doc="out = x converted to attrs dtype (f32->f16 rounds to nearest even)")
 

@@ -1,5 +1,6 @@
-"""Optimizer update ops. They have no outputs: they write their variable inputs in place, are
-marked side-effecting, and dead-code elimination keeps them.
+"""Optimizer update ops. They have no outputs: they write their variable inputs in place
+(``writes``), which makes them side-effecting, so dead-code elimination keeps them. Their references
+return the new values of the written inputs (float64 arithmetic).
 
 * ``sgd_update(model, model_diff, skip_if[, momentum_buf])`` {lr, momentum, weight_decay}:
   PyTorch ``torch.optim.SGD``: ``g = diff + wd * p; buf = momentum * buf + g; p -= lr * buf``.
@@ -80,9 +81,37 @@ def _samples(n_state, attrs):
     return make
 
 
-register("sgd_update", _sgd_infer, normalize=_sgd_norm, side_effect=True, writes=(0, 3),
+def _sgd_ref(arrays, attrs):
+    """PyTorch's SGD step: the new parameter (and momentum buffer)."""
+    p, diff, skip_if, *buf = arrays
+    if skip_if[0] != 0:
+        return [p.copy(), *(b.copy() for b in buf)]
+    g = diff + attrs["weight_decay"] * p
+    if buf:
+        buf = [attrs["momentum"] * buf[0] + g]
+        g = buf[0]
+    return [p - attrs["lr"] * g, *buf]
+
+
+def _adam_ref(arrays, attrs):
+    """PyTorch's Adam step with bias correction: the new parameter, moments and step count."""
+    p, diff, skip_if, m, v, step = arrays
+    if skip_if[0] != 0:
+        return [p.copy(), m.copy(), v.copy(), step.copy()]
+    b1, b2, t = attrs["beta1"], attrs["beta2"], step + 1
+    g = diff + attrs["weight_decay"] * p
+    m = b1 * m + (1.0 - b1) * g
+    v = b2 * v + (1.0 - b2) * g * g
+    bc1, bc2 = 1.0 - b1 ** t[0], 1.0 - b2 ** t[0]
+    return [p - attrs["lr"] / bc1 * m / (np.sqrt(v) / np.sqrt(bc2) + attrs["eps"]), m, v, t]
+
+
+_UPDATE_NOTE = "optimizer update: runs after AMP, writes the float32 master weights"
+
+register("sgd_update", _sgd_infer, normalize=_sgd_norm, writes=(0, 3), reference=_sgd_ref,
          samples=_samples(1, {"lr": 0.1, "momentum": 0.9, "weight_decay": 0.01}),
+         amp=None, amp_note=_UPDATE_NOTE,
          doc="p -= lr * (momentum buffer of diff + wd * p); skipped when skip_if != 0")
-register("adam_update", _adam_infer, normalize=_adam_norm, side_effect=True, writes=(0, 3, 4, 5),
-         samples=_samples(3, {"lr": 0.01, "weight_decay": 0.01}),
+register("adam_update", _adam_infer, normalize=_adam_norm, writes=(0, 3, 4, 5), reference=_adam_ref,
+         samples=_samples(3, {"lr": 0.01, "weight_decay": 0.01}), amp=None, amp_note=_UPDATE_NOTE,
          doc="Adam with bias correction; skipped when skip_if != 0")

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..ops import emitter
 from .optimizer import Optimizer, check_real
 
 __all__ = ["Adam"]
@@ -50,6 +51,6 @@ class Adam(Optimizer):
     def emit_update(self, graph, index, name, param, grad, skip_if) -> None:
         m, v, step = self._state_values(graph, name, index)
         h = self.hyper
-        graph.emit("adam_update", param, grad, skip_if, m, v, step, lr=h["lr"],
+        emitter(graph)("adam_update", param, grad, skip_if, m, v, step, lr=h["lr"],
                    beta1=h["betas"][0], beta2=h["betas"][1], eps=h["eps"],
                    weight_decay=h["weight_decay"])

@@ -1,6 +1,7 @@
 """SGD with momentum and weight decay (``torch.optim.SGD`` semantics, no dampening/nesterov)."""
 from __future__ import annotations
 
+from ..ops import emitter
 from .optimizer import Optimizer, check_real
 
 __all__ = ["SGD"]
@@ -33,4 +34,4 @@ class SGD(Optimizer):
     def emit_update(self, graph, index, name, param, grad, skip_if) -> None:
         hyper = self.hyper
         state = self._state_values(graph, name, index) if hyper["momentum"] != 0 else []
-        graph.emit("sgd_update", param, grad, skip_if, *state, **hyper)
+        emitter(graph)("sgd_update", param, grad, skip_if, *state, **hyper)

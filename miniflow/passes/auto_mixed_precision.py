@@ -1,27 +1,29 @@
 """Automatic mixed precision: color every node, run the white ones in float16, insert casts.
 
 Assumes: autograd has run, so the graph holds the forward AND backward nodes, and the parameter
-gradients in ``graph.grads`` have no readers yet (the loss-scale and optimizer passes run later);
+gradients (``graph.grads``) have no readers yet (the loss-scale and optimizer passes run later);
 ``graph.nodes`` is in topological order; ``ctx.amp`` is an :class:`AmpConfig`.
 
 Guarantees:
 
-* Every node gets ``node.amp_color``: ``"white"`` (runs in float16), ``"black"`` (black list or
-  black propagation), else its list category (``"gray"``, ``"clear"``) or ``"unlisted"``; every
-  non-white node runs in float32. Inserted casts get ``"cast"``.
+* Every node gets ``node.meta["amp_color"]``: ``"white"`` (runs in float16), ``"black"`` (black
+  list or black propagation), else its list category (``"gray"``, ``"clear"``) or ``"unlisted"``;
+  every non-white node runs in float32. Inserted casts get ``"cast"``.
 * Casts, only of values that were float32: a value read by a white node from a non-white producer
-  (or a graph input, variable or constant) is cast to float16; a white node's output read by a
-  non-white node or returned from the graph is cast back to float32. One cast node per value and
-  dtype, shared by all its readers.
+  (or a graph input, variable or constant) is cast to float16, right before its first white reader
+  (``graph.inserting_before``); a white node's output read by a non-white node is cast back to
+  float32 there, and a returned one (a user output) at the end. One cast node per value and dtype,
+  shared by all its readers.
 * White nodes' outputs are re-inferred (float16); other nodes keep their dtypes. Values keep their
-  identity and names, so ``graph.loss``, ``graph.initial_grad`` and ``graph.grads`` stay valid.
-  Parameter gradients made by white nodes stay float16: the optimizer stage casts them.
+  identity, so the results (``loss``, gradients) and ``ctx.initial_grad`` stay valid. Parameter
+  gradients made by white nodes stay float16: the optimizer stage casts them.
 * Parameters are float32 master weights (else TypeError); they are read through casts, never changed.
 * ``ctx.amp_result``: an :class:`AmpResult` (per node: color and the rule or neighbour that decided
-  it; the inserted casts), read by ``miniflow.amp.report``.
+  it, naming values as the graph after this pass prints them; the inserted casts), read by
+  ``miniflow.amp.report``.
 
 Coloring, exactly as OneFlow's ``AutoMixedPrecision::Apply`` (``oneflow/core/job_rewriter/
-auto_mixed_precision.cpp``; summarised in ``shared/design/REFERENCE.md``):
+auto_mixed_precision.cpp``):
 
 1. Black set. Walk up from black and gray nodes, collecting clear nodes that feed one of the
    collected nodes; then walk down from black nodes: a collected node with a black producer is black.
@@ -43,8 +45,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ..dtype import DType, as_dtype, float16, float32
-from ..ir import Graph, Node
-from ..ops import get_op
+from ..ir import Graph, Node, output_name
+from ..ops import emitter
 
 __all__ = ["AmpConfig", "AmpDecision", "AmpResult", "auto_mixed_precision"]
 
@@ -82,10 +84,12 @@ class AmpDecision:
 
 @dataclass
 class AmpResult:
-    """What the pass decided: one decision per node it saw (graph order) and the casts it inserted."""
+    """What the pass decided: one decision per node it saw (graph order), the casts it inserted,
+    and ``names``: Value -> name as the graph printed right after the pass shows it."""
 
     decisions: list = field(default_factory=list)
     casts: list = field(default_factory=list)
+    names: dict = field(default_factory=dict)
 
 
 # ---------------------------------------------------------------------------------- coloring
@@ -152,7 +156,7 @@ class _Sets:
 
 def _color(graph: Graph, lists) -> _Sets:
     nodes, topo = graph.nodes, _topology(graph)
-    cat = {n: lists.category(n.op) for n in nodes}
+    cat = {n: lists.category(n.op.name) for n in nodes}
     up, down = nodes[::-1], nodes
 
     near_black = _walk(up, topo.consumers, lambda n: cat[n] in ("black", "gray"),
@@ -181,22 +185,25 @@ def _color(graph: Graph, lists) -> _Sets:
     return _Sets(cat, near_black, black, near_white, white, rule)
 
 
-def _label(node: Node) -> str:
-    return f"{node.op} %{node.outputs[0].name}" if node.outputs else node.op
+def _label(node: Node, names: dict) -> str:
+    """``"matmul %3"``: the op and its first output as ``names`` (``Graph.names``) prints it."""
+    return f"{node.op.name} %{names[node.outputs[0]]}" if node.outputs else node.op.name
 
 
-def _decide(node: Node, s: _Sets) -> AmpDecision:
+def _decide(node: Node, s: _Sets, names: dict) -> AmpDecision:
     """The color of ``node`` and a one-line reason naming the rule or neighbour."""
     cat = s.category[node]
     kind = cat or "unlisted"
     if node in s.white:
-        return AmpDecision(node, "white", _white_reason(node, s, kind))
+        return AmpDecision(node, "white", _white_reason(node, s, kind, names))
     if node in s.black:
         witness = s.black[node]
         if witness is None:
             return AmpDecision(node, "black", "black list")
-        via = (f", and it feeds gray/black {_label(s.near_black[node])}" if cat == "clear" else "")
-        return AmpDecision(node, "black", f"{kind}: producer {_label(witness)} is black{via}")
+        via = (f", and it feeds gray/black {_label(s.near_black[node], names)}" if cat == "clear"
+               else "")
+        return AmpDecision(node, "black",
+                           f"{kind}: producer {_label(witness, names)} is black{via}")
     if cat is None:
         return AmpDecision(node, kind, "unlisted: never float16, does not pass white through")
     if cat == "clear":
@@ -206,57 +213,62 @@ def _decide(node: Node, s: _Sets) -> AmpDecision:
     return AmpDecision(node, kind, "gray: does not lead to a white node or sink")
 
 
-def _white_reason(node: Node, s: _Sets, kind: str) -> str:
+def _white_reason(node: Node, s: _Sets, kind: str, names: dict) -> str:
     witness, rule = s.white[node], s.white_rule[node]
     if rule == "clear down":
-        return f"clear: producer {_label(witness)} is white"
+        return f"clear: producer {_label(witness, names)} is white"
     if rule == "clear up":
-        return f"clear: consumer {_label(witness)} is white"
+        return f"clear: consumer {_label(witness, names)} is white"
     if witness is None:
         return "white list"
     ahead = s.near_white[node]
-    to = "it is a sink" if ahead is None else f"it leads to white/sink via {_label(ahead)}"
+    to = "it is a sink" if ahead is None else f"it leads to white/sink via {_label(ahead, names)}"
     also = " (also black-propagated; casts follow the white set, as in OneFlow)" \
         if node in s.black else ""
-    return f"{kind}: producer {_label(witness)} is white and {to}{also}"
+    return f"{kind}: producer {_label(witness, names)} is white and {to}{also}"
 
 
 # ---------------------------------------------------------------------------------- casts
 def _reinfer(node: Node) -> None:
     """Set the output dtypes of a white node from its (now float16) inputs."""
     try:
-        metas = get_op(node.op).infer(node.inputs, node.attrs)
+        metas = node.op.infer(node.inputs, node.attrs)
     except (TypeError, ValueError) as e:
-        raise TypeError(f"auto_mixed_precision: {node.op} cannot run in float16 here: {e} "
-                        f"(node: {node.format()}); put {node.op!r} in the black list with "
-                        f"enable_amp(black_add=[{node.op!r}])") from None
+        name = node.op.name
+        raise TypeError(f"auto_mixed_precision: {name} cannot run in float16 here: {e} "
+                        f"(node: {node.format()}); put {name!r} in the black list with "
+                        f"enable_amp(black_add=[{name!r}])") from None
     for v, (_, dtype) in zip(node.outputs, metas):
         v.dtype = dtype
 
 
 def _insert_casts(graph: Graph, white: dict, half: DType) -> list:
-    """Rebuild ``graph.nodes`` with casts on white/non-white edges; returns the cast nodes."""
-    was_f32 = {id(v) for n in white for v in n.outputs if v.dtype is float32}
+    """Put casts on white/non-white edges (before the first reader of each cast) and on white
+    user outputs (at the end); returns the cast nodes."""
+    was_f32 = {v for n in white for v in n.outputs if v.dtype is float32}
+    emit = emitter(graph)
     shared: dict = {}
     casts = []
 
     def cast(v, dtype):
-        key = (id(v), dtype.name)
+        key = (v, dtype.name)
         if key not in shared:
-            shared[key] = graph.emit("cast", v, dtype=dtype)  # appended to the new node list
-            casts.append(graph.nodes[-1])
-            graph.nodes[-1].amp_color = "cast"
+            shared[key] = emit("cast", v, dtype=dtype)
+            cast_node = shared[key].producer
+            cast_node.meta["amp_color"] = "cast"
+            casts.append(cast_node)
         return shared[key]
 
-    old, graph.nodes = graph.nodes, []
-    for node in old:
-        if node in white:
-            node.inputs = [cast(v, half) if v.dtype is float32 else v for v in node.inputs]
-            _reinfer(node)
-        else:
-            node.inputs = [cast(v, float32) if id(v) in was_f32 else v for v in node.inputs]
-        graph.nodes.append(node)
-    graph.outputs = [cast(v, float32) if id(v) in was_f32 else v for v in graph.outputs]
+    for node in list(graph.nodes):
+        with graph.inserting_before(node):
+            if node in white:
+                node.inputs = [cast(v, half) if v.dtype is float32 else v for v in node.inputs]
+                _reinfer(node)
+            else:
+                node.inputs = [cast(v, float32) if v in was_f32 else v for v in node.inputs]
+    for i, v in enumerate(graph.outputs):
+        if v in was_f32:
+            graph.results[output_name(i)] = cast(v, float32)
     return casts
 
 
@@ -275,9 +287,11 @@ def auto_mixed_precision(graph: Graph, ctx) -> Graph:
     """Color ``graph`` by ``ctx.amp.lists`` and insert casts (see the module docstring)."""
     _check_master_weights(graph, ctx)
     sets = _color(graph, ctx.amp.lists)
-    decisions = [_decide(n, sets) for n in graph.nodes]
-    for d in decisions:
-        d.node.amp_color = d.color
+    colored = list(graph.nodes)
     casts = _insert_casts(graph, sets.white, ctx.amp.dtype)
-    ctx.amp_result = AmpResult(decisions, casts)
+    names = graph.names()
+    decisions = [_decide(n, sets, names) for n in colored]
+    for d in decisions:
+        d.node.meta["amp_color"] = d.color
+    ctx.amp_result = AmpResult(decisions, casts, names)
     return graph

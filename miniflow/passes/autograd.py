@@ -1,19 +1,22 @@
 """Graph autograd: reverse-mode differentiation as a pass that emits backward nodes into the IR.
 
-Assumes: ``graph.loss`` is set (by ``loss.backward()`` in build) or the graph is inference-only.
+Assumes: ``graph.loss`` (the ``"loss"`` result) is set by ``loss.backward()`` in build, or the
+graph is inference-only.
 Guarantees: the initial gradient is ``ones_like(loss)`` (the loss is its real input, as in OneFlow),
-recorded in ``graph.initial_grad`` so later passes find it; every trainable variable reachable from
-the loss has its gradient Value in ``graph.grads[name]``; fan-out gradients are summed with one
-``add_n``; gradients are emitted only for values on a path from a trainable variable to the loss,
-and backward nodes that no parameter gradient needs are removed before the pass returns.
+recorded in ``ctx.initial_grad`` so later passes find it (``ctx.initial_grad_identity``, when set,
+is applied on top of it and seeds the backward pass); every trainable variable reachable from the
+loss has its gradient Value in ``graph.results["grad:<name>"]``; fan-out gradients are summed with
+one ``add_n``; gradients are emitted only for values on a path from a trainable variable to the
+loss, and backward nodes that no parameter gradient needs are removed before the pass returns.
 
-Source: OneFlow ``oneflow/core/job_rewriter/autograd.cpp`` (backward ops generated into the same job);
-STYLE.md pattern 5 (walk nodes in reverse, call each op's gradient rule).
+Source: OneFlow ``oneflow/core/job_rewriter/autograd.cpp`` (backward ops generated into the same
+job); the gradient rules are a table over the IR, walked in reverse (tinygrad's
+``mixin/gradient.py``, micrograd's ``backward``).
 """
 from __future__ import annotations
 
-from ..ir import Graph
-from ..ops import get_op
+from ..ir import Graph, grad_name
+from ..ops import emitter
 
 __all__ = ["autograd"]
 
@@ -37,11 +40,10 @@ def autograd(graph: Graph, ctx) -> Graph:
         return graph
     forward = list(graph.nodes)
     needs = _needs_grad(graph, set(ctx.trainable))
-    emit = graph.emit
-    seed = emit("ones_like", graph.loss)
+    emit = emitter(graph)
+    seed = ctx.initial_grad = emit("ones_like", graph.loss)
     if ctx.initial_grad_identity is not None:
         seed = emit(ctx.initial_grad_identity, seed)
-    graph.initial_grad = seed
     contributions: dict = {id(graph.loss): [seed]}
 
     def total(v):
@@ -56,28 +58,27 @@ def autograd(graph: Graph, ctx) -> Graph:
         out_grads = [total(v) for v in node.outputs]
         if all(g is None for g in out_grads):
             continue
-        opdef = get_op(node.op)
-        if opdef.grad is None:
-            raise NotImplementedError(f"autograd: op {node.op!r} has no gradient rule "
-                                      f"(node: {node.format()})")
-        for v, g in zip(node.inputs, opdef.grad(node, out_grads, emit)):
+        if node.op.grad is None:
+            raise NotImplementedError(f"autograd: op {node.op.name!r} has no gradient rule "
+                                      f"(node: {node.format(graph.names())})")
+        for v, g in zip(node.inputs, node.op.grad(node, out_grads, emit)):
             if g is not None and id(v) in needs:
                 contributions.setdefault(id(v), []).append(g)
     for name in ctx.trainable:
         v = graph.variables.get(name)
         if v is not None and id(v) in contributions:
-            graph.grads[name] = total(v)
-    _drop_unused_backward(graph, len(forward))
+            graph.results[grad_name(name)] = total(v)
+    _drop_unused_backward(graph, len(forward), ctx.initial_grad)
     return graph
 
 
-def _drop_unused_backward(graph: Graph, n_forward: int) -> None:
+def _drop_unused_backward(graph: Graph, n_forward: int, initial_grad) -> None:
     """Remove backward nodes that no parameter gradient needs.
 
     A gradient rule emits a gradient for every input (matmul's ``dx`` for a graph input ``x`` too).
     OneFlow's autograd never generates those; left in, they would be sinks that the AMP pass colors.
     """
-    live = {id(v) for v in graph.grads.values()} | {id(graph.initial_grad)}
+    live = {id(v) for v in graph.grads.values()} | {id(initial_grad)}
     kept = []
     for node in reversed(graph.nodes[n_forward:]):
         if any(id(v) in live for v in node.outputs):

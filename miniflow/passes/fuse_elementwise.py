@@ -2,15 +2,17 @@
 nodes, each run by one generated kernel (``miniflow/kernels/cpu_fused.py``).
 
 Assumes: the IR is final but for dead code (autograd, AMP, loss scaling and the optimizer pass have
-run), so dtypes and casts are decided. Fusible nodes: ops whose definition names a scalar function
-(``OpDef.elementwise``) and casts to a float dtype; ``bias_add`` only along the last axis, where it
-is NumPy broadcasting. AMP identities stay visible (a user put them there; AMP prunes them).
+run), so dtypes and casts are decided. Fusible nodes: ops whose definition has a scalar function
+(``OpDef.scalar``, any op declared that way, so a new elementwise op fuses without a change here)
+and casts to a float dtype; ``bias_add`` only along the last axis, where it is NumPy broadcasting
+(``broadcast_add``'s function). AMP identities stay visible (a user put them there; AMP prunes
+them).
 
 Guarantees: the graph computes the same bits as before: the fused expression rounds every result to
 its dtype where the unfused node stored it (``ops/fused.py``). A fused node takes the place of the
 last node of its group and reuses the group's Values, so readers need no rewiring. Every Value read
-outside its group, returned, or named by the graph's bookkeeping (``loss``, ``grads``,
-``initial_grad`` ...) is an output of its fused node; the others live only in registers. A group is
+outside its group or named by a result (``graph.results``: outputs, loss, gradients, counts, all
+alike) is an output of its fused node; the others live only in registers. A group is
 formed only if every outside reader of its values comes after its last node and no update op writes
 one of its inputs in between. A group has one output shape; a producer of a smaller shape (the cast
 of a bias) joins only when nothing outside the group reads it, and is then recomputed per element,
@@ -27,12 +29,14 @@ import numpy as np
 from ..ir import Graph, Node, Value
 from ..ops import get_op
 from ..ops.amp_ops import AMP_IDENTITY_OPS
+from ..ops.fused import CASTS
 from ..ops.fused import broadcast_kinds, format_program
 from .dead_code_elimination import dead_code_elimination
 
 __all__ = ["fuse_elementwise"]
 
-_CASTS = {"float16": "f16", "float32": "f32", "float64": "f64"}
+_CASTS = {dtype.name: fn for fn, dtype in CASTS.items()}
+"""Cast target dtype name -> the expression language's cast function (``f16`` ...)."""
 
 
 def fuse_elementwise(graph: Graph, ctx=None) -> Graph:
@@ -56,23 +60,27 @@ def fuse_elementwise(graph: Graph, ctx=None) -> Graph:
 
 def _term(node: Node, args: list):
     """The expression term of ``node`` applied to argument terms ``args``."""
-    if node.op == "cast":
+    op = node.op
+    if op.name == "cast":
         return ("call", _CASTS[node.attrs["dtype"].name], tuple(args))
-    if "scalar" in node.attrs:
-        args = args + [("num", node.attrs["scalar"])]
-    return ("call", get_op(node.op).elementwise, tuple(args))
+    if op.name == "bias_add":            # along the last axis: NumPy broadcasting of an add
+        op = get_op("broadcast_add")
+    if op.scalar_attr is not None:
+        args = args + [("num", node.attrs[op.scalar_attr])]
+    return ("call", op.scalar.__name__, tuple(args))
 
 
 def _fusible(node: Node) -> bool:
     out = node.outputs[0] if len(node.outputs) == 1 else None
-    if out is None or out.size == 0 or node.op in AMP_IDENTITY_OPS:
+    name = node.op.name
+    if out is None or out.size == 0 or name in AMP_IDENTITY_OPS:
         return False
-    if node.op == "cast":
+    if name == "cast":
         ok = out.dtype.name in _CASTS
-    elif node.op == "bias_add":
+    elif name == "bias_add":
         ok = node.attrs["axis"] == len(out.shape) - 1
     else:
-        ok = get_op(node.op).elementwise is not None
+        ok = node.op.scalar is not None
     return ok and broadcast_kinds(out.shape, [v.shape for v in node.inputs]) is not None
 
 
@@ -81,13 +89,12 @@ class _Fusion:
 
     def __init__(self, graph: Graph):
         self.graph = graph
-        self.readers = graph.consumers()
+        self.readers = graph.users()
         self.pos = {id(n): i for i, n in enumerate(graph.nodes)}
-        self.pinned = {id(v) for v in list(graph.outputs) + list(graph.grads.values())}
-        self.pinned.update(id(v) for v in vars(graph).values() if isinstance(v, Value))
+        self.pinned = {id(v) for v in graph.results.values()}
         self.writes: dict = {}                      # id(Value) -> positions of nodes writing it
         for i, n in enumerate(graph.nodes):
-            for v in (n.inputs[k] for k in get_op(n.op).writes if k < len(n.inputs)):
+            for v in (n.inputs[k] for k in n.op.writes if k < len(n.inputs)):
                 self.writes.setdefault(id(v), []).append(i)
 
     def groups(self) -> list:
@@ -117,7 +124,7 @@ class _Fusion:
 
     def _outside_readers(self, v: Value, members: list) -> list:
         inside = {id(n) for n in members}
-        return [n for n in self.readers.get(id(v), []) if id(n) not in inside]
+        return [n for n in self.readers.get(v, []) if id(n) not in inside]
 
     def _legal(self, group: list, members: list, last: int) -> bool:
         """Whether ``members`` (``group`` and the node at ``last``) can be one node there."""
@@ -175,7 +182,8 @@ class _Fusion:
                 continue
             statements.append((name, term))
             terms[id(v)] = ("ref", name)
-        node = Node("fused_elementwise", inputs, outputs, {"expr": format_program(statements)})
+        node = Node(get_op("fused_elementwise"), inputs, outputs,
+                    {"expr": format_program(statements)})
         for v in outputs:
             v.producer = node
         return node

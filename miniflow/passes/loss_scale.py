@@ -7,8 +7,9 @@ order this follows: cast fp16 model diffs to fp32 -> scale the initial diff -> u
 ``DynamicLossScaleSchedulePass``). Steps, in order (docs/architecture.md, "Loss scaling is a
 pass"):
 
-1. The initial gradient is the Value the autograd pass recorded in ``graph.initial_grad``
-   (``ones_like(loss)``, possibly float16 after AMP).
+1. The initial gradient is the Value the autograd pass recorded in ``ctx.initial_grad``
+   (``ones_like(loss)``, possibly float16 after AMP). The scaling nodes go right after it
+   (``graph.inserting_after``) and its readers read the scaled value (``ctx.scaled_initial_grad``).
 2. Scale it by ``ctx.loss_scale_policy``:
 
    * ``"legacy"`` (OneFlow before PR 9126): the scale is made in the diff's dtype first (a static
@@ -24,8 +25,11 @@ pass"):
      the loss-gradient ops float16.
 
 3. Cast each float16 parameter gradient to its float32 master dtype (``optimizer.master_grad``, the
-   one place this cast is made) and multiply by 1/scale in float32.
-4. ``multi_count_not_finite`` over all unscaled gradients (one fused kernel).
+   one place this cast is made) and multiply by 1/scale in float32: the gradient results become
+   these unscaled gradients.
+4. ``multi_count_not_finite`` over all unscaled gradients (one fused kernel): the result
+   ``"nonfinite_counts"`` (one count per name in ``ctx.nonfinite_names``), which the grad scaler
+   reads after every step.
 5. ``ctx.skip_if`` = the total count: every update op skips a non-finite step (unless a static scaler
    was made with ``skip_nonfinite=False``). OneFlow differs under a static scale: it counts and
    skips only with a dynamic policy (``CountNotFiniteIfNeeded`` in ``autograd.cpp`` and
@@ -40,7 +44,8 @@ from __future__ import annotations
 import warnings
 
 from ..dtype import FP16_MAX, float16, float32
-from ..ir import Graph
+from ..ir import Graph, grad_name
+from ..ops import emitter
 from .optimizer import master_grad
 
 __all__ = ["loss_scale", "POLICIES", "LossScaleOverflowWarning"]
@@ -63,34 +68,38 @@ def loss_scale(graph: Graph, ctx) -> Graph:
         scale_var = graph.add_variable("loss_scale", (1,), float32, data=scaler._scale)
         tracker_var = graph.add_variable("loss_scale.growth_tracker", (1,), "int64",
                                          data=scaler._growth_tracker)
-    _scale_initial_grad(graph, ctx.loss_scale_policy, scaler, scale_var)
-    inv_scale = graph.emit("reciprocal", scale_var) if scaler.dynamic else None
+    emit = emitter(graph)
+    ctx.scaled_initial_grad = _scale_initial_grad(graph, ctx.initial_grad, ctx.loss_scale_policy,
+                                                  scaler, scale_var)
+    inv_scale = emit("reciprocal", scale_var) if scaler.dynamic else None
     names = list(graph.grads)
     for name in names:
         g = master_grad(graph, graph.variables[name], graph.grads[name])
-        graph.grads[name] = (graph.emit("scalar_mul_by_tensor", g, inv_scale) if scaler.dynamic
-                             else graph.emit("scalar_mul", g, scalar=1.0 / scaler.scale))
-    counts, total = graph.emit("multi_count_not_finite", *(graph.grads[n] for n in names))
-    graph.nonfinite_counts, graph.nonfinite_names = counts, names
+        graph.results[grad_name(name)] = (
+            emit("scalar_mul_by_tensor", g, inv_scale) if scaler.dynamic
+            else emit("scalar_mul", g, scalar=1.0 / scaler.scale))
+    counts, total = emit("multi_count_not_finite", *(graph.grads[n] for n in names))
+    graph.results["nonfinite_counts"], ctx.nonfinite_names = counts, names
     if scaler.skip_nonfinite:
         ctx.skip_if = total
     if scaler.dynamic:
-        graph.emit("dynamic_loss_scale_schedule", total, scale_var, tracker_var,
-                   **scaler.schedule_attrs())
+        emit("dynamic_loss_scale_schedule", total, scale_var, tracker_var,
+             **scaler.schedule_attrs())
     return graph
 
 
-def _scale_initial_grad(graph: Graph, policy: str, scaler, scale_var) -> None:
-    """Multiply ``graph.initial_grad`` by the scale right after it is made, as ``policy`` says."""
-    diff = graph.initial_grad
-    readers = [n for n in graph.nodes if any(v is diff for v in n.inputs)]
-    pos = [graph.nodes.index(diff.producer) + 1]
+def _scale_initial_grad(graph: Graph, diff, policy: str, scaler, scale_var):
+    """Multiply the initial gradient ``diff`` by the scale right after it is made, as ``policy``
+    says; its readers read the product, which is returned."""
+    readers = graph.uses(diff)
+    with graph.inserting_after(diff.producer):
+        scaled = _scaled(emitter(graph), diff, policy, scaler, scale_var)
+    graph.replace_uses(diff, scaled, nodes=readers)
+    return scaled
 
-    def emit(op, *inputs, **attrs):
-        out = graph.emit(op, *inputs, index=pos[0], **attrs)
-        pos[0] += 1
-        return out
 
+def _scaled(emit, diff, policy: str, scaler, scale_var):
+    """The nodes of ``diff * scale`` under ``policy``; returns the product."""
     dtype = diff.dtype
     if dtype is float16 and policy != "fp32" and scaler.scale > FP16_MAX:
         outcome = ("steps overflow and are skipped until the dynamic scale backs off below it"
@@ -114,5 +123,4 @@ def _scale_initial_grad(graph: Graph, policy: str, scaler, scale_var) -> None:
         else:
             product = emit("scalar_mul_by_tensor", d32, scale_var)
         scaled = product if dtype is float32 else emit("cast", product, dtype=dtype)
-    graph.replace_uses(diff, scaled, nodes=readers)
-    graph.scaled_initial_grad = scaled
+    return scaled

@@ -1,19 +1,22 @@
 """Optimizer pass: insert one update op per trained parameter (OneFlow ``GenerateOptimizerOpConfs``).
 
-Assumes: the autograd pass filled ``graph.grads``. Each optimizer in ``ctx.optimizers`` emits its
-update op (``sgd_update``/``adam_update``) and declares its state as graph variables. ``skip_if`` is
-``ctx.skip_if`` when a loss-scale pass provided one, else a constant 0.
+Assumes: the autograd pass filled the gradient results (``graph.grads``). Each optimizer in
+``ctx.optimizers`` emits its update op (``sgd_update``/``adam_update``) and declares its state as
+graph variables. ``skip_if`` is ``ctx.skip_if`` when a loss-scale pass provided one, else a
+constant 0.
 
 This is the one place where a gradient whose dtype differs from its parameter's (a float16 gradient
 of a float32 master weight, made by a white node under AMP) is cast to the parameter's dtype: one
 cast per parameter, right before its update op (OneFlow casts fp16 model diffs to fp32 at the start
-of ``GenerateOptimizerOpConfs``). ``graph.grads`` keeps the gradient as autograd/AMP made it.
+of ``GenerateOptimizerOpConfs``). The gradient results keep the gradient as autograd/AMP (or the
+loss-scale pass) made it.
 """
 from __future__ import annotations
 
 import numpy as np
 
 from ..ir import Graph
+from ..ops import emitter
 
 __all__ = ["optimizer", "master_grad"]
 
@@ -36,4 +39,4 @@ def optimizer(graph: Graph, ctx) -> Graph:
 
 def master_grad(graph: Graph, param, grad):
     """``grad`` in the parameter's dtype: a float16 gradient of a float32 parameter is cast."""
-    return grad if grad.dtype is param.dtype else graph.emit("cast", grad, dtype=param.dtype)
+    return grad if grad.dtype is param.dtype else emitter(graph)("cast", grad, dtype=param.dtype)

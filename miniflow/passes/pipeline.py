@@ -1,9 +1,13 @@
 """The pass pipeline: the order passes run in, and the context they share.
 
-Order (ARCHITECTURE.md): autograd -> auto_mixed_precision -> prune_amp_identity -> loss_scale ->
-optimizer -> fuse_elementwise -> dead_code_elimination. The two AMP passes run only when AMP is
+Order (docs/architecture.md): autograd -> auto_mixed_precision -> prune_amp_identity -> loss_scale
+-> optimizer -> fuse_elementwise -> dead_code_elimination. The two AMP passes run only when AMP is
 enabled (``ctx.amp`` is set). The IR is verified after every pass; with ``print_ir=True`` it is
 printed after every pass too.
+
+What passes tell each other goes through the :class:`CompileContext` (OneFlow's ``JobPassCtx``),
+not the IR: the initial gradient, ``skip_if``, the AMP decisions ... The IR carries only what the
+plan needs: nodes and named results.
 """
 from __future__ import annotations
 
@@ -23,32 +27,42 @@ __all__ = ["CompileContext", "PASSES", "AMP_PASSES", "passes_for", "run_passes"]
 
 @dataclass
 class CompileContext:
-    """What the passes need besides the graph.
+    """What the passes need besides the graph, and what they hand each other.
 
-    Attributes:
+    Settings (from the compile driver, ``miniflow.graph``):
         trainable: names of variables to differentiate (parameters of the graph's optimizers).
         optimizers: the graph's optimizers (they emit their update ops).
         param_names: ``id(parameter) -> variable name``.
-        skip_if: an i64[1] Value that update ops take as ``skip_if`` (set by loss scaling).
         initial_grad_identity: op type put on ``ones_like(loss)`` by autograd, or None.
         amp: the AMP settings (:class:`~miniflow.passes.auto_mixed_precision.AmpConfig`), or None
             when AMP is off.
-        amp_result: filled by the AMP pass: per node color and reason, inserted casts.
-        grad_scaler: a ``miniflow.amp.GradScaler`` / ``StaticGradScaler``, or None.
+        grad_scaler: a loss scaler (``miniflow.amp.GradScaler`` / ``StaticGradScaler``: the
+            loss-scale pass reads its ``dynamic``, ``scale``, ``skip_nonfinite``,
+            ``schedule_attrs()`` and state arrays), or None.
         loss_scale_policy: ``"fp32"`` (default), ``"cast_back"`` or ``"legacy"``.
         print_ir: print the IR after every pass.
+
+    Set by the passes:
+        initial_grad: the ``ones_like(loss)`` Value autograd seeds the backward pass with.
+        scaled_initial_grad: the loss-scale pass's product of it and the scale.
+        skip_if: an i64[1] Value that update ops take as ``skip_if`` (set by loss scaling).
+        nonfinite_names: the variable names the ``"nonfinite_counts"`` result counts, in order.
+        amp_result: filled by the AMP pass: per node color and reason, inserted casts.
     """
 
     trainable: list = field(default_factory=list)
     optimizers: list = field(default_factory=list)
     param_names: dict = field(default_factory=dict)
-    skip_if: object = None
     initial_grad_identity: str | None = None
     amp: AmpConfig | None = None
-    amp_result: AmpResult | None = None
     grad_scaler: object = None
     loss_scale_policy: str = POLICIES[0]
     print_ir: bool = False
+    initial_grad: object = None
+    scaled_initial_grad: object = None
+    skip_if: object = None
+    nonfinite_names: list = field(default_factory=list)
+    amp_result: AmpResult | None = None
 
 
 PASSES = [

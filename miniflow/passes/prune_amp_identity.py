@@ -2,9 +2,9 @@
 
 Assumes: the AMP pass has run, so the identities have done their only job (pinning the colors of their
 neighbours; the casts the AMP pass inserted around them stay). Guarantees: no AMP identity node is
-left; every reader of an identity's output (and ``graph.outputs``, ``graph.grads``,
-``graph.initial_grad``, ``graph.loss``) reads its input instead. Identity in value and dtype, so the
-graph computes the same values with fewer copies.
+left; every reader of an identity's output, and every result that was it (``graph.replace_uses``),
+reads its input instead. Identity in value and dtype, so the graph computes the same values with
+fewer copies.
 
 Source: OneFlow's ``PruneAmpWhiteIdentityOpPass`` (in ``oneflow/core/job_rewriter/``), which runs
 right after AutoMixedPrecision and prunes both identity op types. Its first version never pruned
@@ -22,12 +22,10 @@ def prune_amp_identity(graph: Graph, ctx=None) -> Graph:
     """Drop every AMP identity node, rewiring its readers to its input; returns the graph."""
     kept = []
     for node in graph.nodes:
-        if node.op not in AMP_IDENTITY_OPS:
+        if node.op.name not in AMP_IDENTITY_OPS:
             kept.append(node)
             continue
         (src,), (out,) = node.inputs, node.outputs
         graph.replace_uses(out, src)
-        if graph.loss is out:
-            graph.loss = src
     graph.nodes = kept
     return graph

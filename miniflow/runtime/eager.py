@@ -23,7 +23,7 @@ def run_op(op: str, arrays: list, attrs: dict) -> list:
     ins = [Value(f"in{i}", a.shape, as_dtype(a.dtype), kind="input") for i, a in enumerate(arrays)]
     attrs = opdef.normalize_attrs(ins, attrs)
     metas = opdef.infer(ins, attrs)
-    node = Node(op, ins, [], attrs)
+    node = Node(opdef, ins, [], attrs)
     node.outputs = [Value(f"out{i}", s, d, producer=node) for i, (s, d) in enumerate(metas)]
     buffers = {id(v): a for v, a in zip(ins, arrays)}
     steps, _ = build_steps([node], buffers, backend)

@@ -3,15 +3,14 @@
 Building a plan (once per input signature) allocates a buffer for every Value, binds variables to
 the arrays that hold their state, and asks the backend's kernel builder of every node for its steps.
 Running a plan copies the inputs in, runs ``fn(*args)`` for every step, and copies the outputs out:
-no shape inference, no allocation per node, no dict lookups (ARCHITECTURE.md, "Plan, not
-interpreter"; STYLE.md pattern 6).
+no shape inference, no allocation per node, no dict lookups (docs/architecture.md, "Plan, not
+interpreter"). Kernels are found by op name in the backend's table once, when the plan is built.
 """
 from __future__ import annotations
 
 import numpy as np
 
 from ..ir import Graph
-from ..ops import get_op
 from .notice import compile_notice
 
 __all__ = ["Plan", "build_steps", "check_owned"]
@@ -46,10 +45,10 @@ def build_steps(nodes, buffers: dict, backend):
     for i, node in enumerate(nodes):
         for v in node.outputs:
             buffers[id(v)] = backend.empty(v.shape, v.dtype.np)
-        builder = kernels.get(node.op)
+        builder = kernels.get(node.op.name)
         if builder is None:
             raise NotImplementedError(f"backend {backend.name!r} has no kernel for op "
-                                      f"{node.op!r} (node: {node.format()})")
+                                      f"{node.op.name!r} (node: {node.format()})")
         ins = [buffers[id(v)] for v in node.inputs]
         outs = [buffers[id(v)] for v in node.outputs]
         for step in builder(node, ins, outs):
@@ -65,11 +64,14 @@ class Plan:
         graph: a verified graph whose variables all have data in ``graph.variable_data``
             (arrays of ``backend``, shared with the modules and optimizers that own them).
         backend: the backend whose kernels and memory the plan uses.
+        context: what the compile driver keeps with the plan (``nn.Graph``: the passes'
+            ``CompileContext``, e.g. the names behind the ``"nonfinite_counts"`` result).
     """
 
-    def __init__(self, graph: Graph, backend):
+    def __init__(self, graph: Graph, backend, context=None):
         self.graph = graph
         self.backend = backend
+        self.context = context
         buffers: dict = {}
         self.input_buffers = []
         for v in graph.inputs:
@@ -79,14 +81,10 @@ class Plan:
             buffers[id(v)] = check_owned(backend, graph.variable_data[name], f"variable %{name}")
         for name, data in graph.constant_data.items():
             buffers[name] = backend.from_numpy(data)
-        for n in graph.nodes:
-            for v in n.inputs:
-                if v.kind == "constant":
-                    buffers[id(v)] = buffers[v.name]
-        self.steps, self._owners = build_steps(graph.nodes, buffers, backend)
-        for v in graph.outputs:
+        for v in [v for n in graph.nodes for v in n.inputs] + list(graph.results.values()):
             if v.kind == "constant":
                 buffers[id(v)] = buffers[v.name]
+        self.steps, self._owners = build_steps(graph.nodes, buffers, backend)
         self.output_buffers = [buffers[id(v)] for v in graph.outputs]
         self.buffers = buffers
         self._ran = False
@@ -125,8 +123,8 @@ class Plan:
             k = next(k for k, (f, a) in enumerate(self.steps) if f is fn and a is args)
             i = self._owners[k]
             node = self.graph.nodes[i]
-            msg = f"while running node {i} `{node.format()}`: {e}"
-            diagnose = get_op(node.op).diagnose
+            msg = f"while running node {i} `{node.format(self.graph.names())}`: {e}"
+            diagnose = node.op.diagnose
             if diagnose is not None:
                 detail = diagnose(node, [self.backend.to_numpy(self.buffers[id(v)])
                                          for v in node.inputs])
@@ -142,6 +140,6 @@ class Plan:
         lines = []
         for (fn, _), i in zip(self.steps, self._owners):
             name = getattr(fn, "__name__", None) or getattr(getattr(fn, "py_func", None), "__name__", "?")
-            lines.append(f"{i:4d} {self.graph.nodes[i].op:<34s} {name}")
+            lines.append(f"{i:4d} {self.graph.nodes[i].op.name:<34s} {name}")
         return "\n".join(lines)
 

@@ -1,6 +1,8 @@
-"""Every CUDA kernel against the CPU kernel, on every registered sample of every op plus the extra
-cases of ``tests/cuda_cases.py``; results agree within a tolerance per dtype (the GPU may fuse
-multiply-adds and sums in another order), casts bit for bit."""
+"""Every CUDA kernel against the CPU kernel and against the op's float64 reference
+(``miniflow.ir.evaluate``, as ``tests/test_registry.py`` checks the CPU kernels), on every
+registered sample of every op plus the extra cases of ``tests/cuda_cases.py``; results agree
+within a tolerance per dtype (the GPU may fuse multiply-adds and sums in another order), casts
+bit for bit."""
 import numpy as np
 import pytest
 
@@ -10,9 +12,11 @@ from miniflow.ops import all_ops
 from miniflow.runtime.backend import CudaBackend
 
 from cuda_cases import Case, all_cases, host_buffers, make_node, results
+from op_cases import assert_bit_exact, assert_close, assert_matches_reference
 
 TOL = {np.dtype(np.float16): (2e-3, 1e-3), np.dtype(np.float32): (2e-5, 2e-6),
        np.dtype(np.float64): (1e-12, 1e-13), np.dtype(np.int64): (0, 0)}
+"""CUDA against CPU: ``(rtol, atol)`` per dtype (tighter than against the float64 reference)."""
 BACKEND = CudaBackend()
 
 
@@ -35,24 +39,6 @@ def run_cuda(case: Case) -> list:
                    [BACKEND.to_numpy(a) for a in d_outs])
 
 
-def assert_bit_exact(got, want, what):
-    assert got.dtype == want.dtype and got.shape == want.shape, what
-    nan = np.isnan(want) if want.dtype.kind == "f" else np.zeros(want.shape, bool)
-    got_nan = np.isnan(got) if got.dtype.kind == "f" else nan
-    assert np.array_equal(got_nan, nan), f"{what}: NaN positions"
-    bits = f"u{want.dtype.itemsize}"
-    bad = got[~nan].view(bits) != want[~nan].view(bits)
-    assert not bad.any(), (f"{what}: {bad.sum()} elements differ, first: cuda "
-                           f"{got[~nan][bad][:3]} vs cpu {want[~nan][bad][:3]}")
-
-
-def assert_close(got, want, what):
-    assert got.dtype == want.dtype and got.shape == want.shape, what
-    rtol, atol = TOL[want.dtype]
-    np.testing.assert_allclose(got.astype(np.float64), want.astype(np.float64), rtol=rtol,
-                               atol=atol, equal_nan=True, err_msg=what)
-
-
 def test_every_op_has_a_cuda_kernel_and_samples():
     """An op with a CPU kernel must have a CUDA kernel and samples (so both lanes cover it)."""
     missing = sorted(op for op in cpu.KERNELS if op not in cuda.KERNELS)
@@ -67,14 +53,15 @@ CASES = all_cases(current())
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
-def test_cuda_kernel_matches_cpu(case):
+def test_cuda_kernel_matches_cpu_and_the_float64_reference(case):
     want, got = run_cpu(case), run_cuda(case)
     for k, (g, w) in enumerate(zip(got, want)):
-        what = f"{case.id} result {k}"
+        what = f"{case.id} result {k}: cuda against cpu"
         if case.op == "cast":
             assert_bit_exact(g, w, what)
         else:
-            assert_close(g, w, what)
+            assert_close(g, w, what, TOL)
+    assert_matches_reference(case, got)
 
 
 @pytest.mark.parametrize("case", [
@@ -91,7 +78,8 @@ def test_gpu_sized_launch(case):
     with use_config(GPU):
         got = run_cuda(case)
     for g, w in zip(got, run_cpu(case)):
-        assert_close(g, w, case.id)
+        assert_close(g, w, case.id, TOL)
+    assert_matches_reference(case, got)
 
 
 def test_labels_out_of_range_give_nan():

@@ -1,4 +1,9 @@
-"""``nn.Graph``: OneFlow's lazy-graph API (``oneflow.nn.Graph``).
+"""The compile driver: ``nn.Graph``, OneFlow's lazy-graph API (``oneflow.nn.Graph``), and its
+``GraphConfig``; re-exported as ``miniflow.nn.Graph`` / ``miniflow.nn.GraphConfig``.
+
+It sits above every other layer (modules, optimizers, AMP, passes, runtime): tracing ``build`` with
+``miniflow.trace``, running ``miniflow.passes.pipeline`` with a ``CompileContext`` made from the
+graph's optimizers, AMP settings and scaler, and building ``miniflow.runtime.plan`` plans.
 
 Subclass it, assign modules as attributes, call ``self.add_optimizer(opt)`` and implement
 ``build(*inputs)``. The first call with a new input signature (shapes and dtypes) traces ``build``
@@ -20,20 +25,20 @@ from collections import OrderedDict
 
 import numpy as np
 
-from ..amp.grad_scaler import GradScaler, StaticGradScaler
-from ..amp.lists import AmpLists
-from ..amp.report import AmpReport, amp_report as build_amp_report
-from ..dtype import as_dtype, float16
-from ..ir import Graph as IRGraph
-from ..optim.optimizer import Optimizer
-from ..passes.auto_mixed_precision import AmpConfig
-from ..passes.loss_scale import POLICIES
-from ..passes.pipeline import CompileContext, run_passes
-from ..runtime.backend import get_backend
-from ..runtime.plan import Plan
-from ..tensor import Tensor, tensor
-from ..trace import Tracer, current_tracer
-from .module import Module, replaced_count
+from .amp.grad_scaler import GradScaler, StaticGradScaler
+from .amp.lists import AmpLists
+from .amp.report import AmpReport, amp_report as build_amp_report
+from .dtype import as_dtype, float16
+from .ir import Graph as IRGraph
+from .nn.module import Module, replaced_count
+from .optim.optimizer import Optimizer
+from .passes.auto_mixed_precision import AmpConfig
+from .passes.loss_scale import POLICIES
+from .passes.pipeline import CompileContext, run_passes
+from .runtime.backend import get_backend
+from .runtime.plan import Plan
+from .tensor import Tensor, tensor
+from .trace import Tracer, current_tracer
 
 __all__ = ["Graph", "GraphConfig"]
 
@@ -124,8 +129,8 @@ class Graph:
         self._optimizers: list = []
         self._plans: "OrderedDict[tuple, Plan]" = OrderedDict()
         self._ir: IRGraph | None = None
+        self._context: CompileContext | None = None
         self.compile_count = 0
-        self._amp_result = None
         self._grad_scaler = None
         self._lock = threading.RLock()  # one call at a time (see the module docstring)
 
@@ -228,10 +233,10 @@ class Graph:
             self._plans.move_to_end(key)
         scale_before = scaler.scale if scaler is not None else None
         outs = plan.run(arrays, to_host=False)  # copies of the output buffers
-        counts = plan.graph.nonfinite_counts
+        counts = plan.graph.results.get("nonfinite_counts")
         if scaler is not None and counts is not None:
             counts = get_backend().to_numpy(plan.buffers[id(counts)])
-            scaler._record_step(counts, scale_before, plan.graph.nonfinite_names)
+            scaler._record_step(counts, scale_before, plan.context.nonfinite_names)
         result = tuple(Tensor(o) for o in outs)
         return result[0] if self._single_output else result
 
@@ -252,6 +257,7 @@ class Graph:
         return arr
 
     def _compile(self, arrays) -> Plan:
+        """Trace, run the passes and build a plan (its ``context``: the passes' CompileContext)."""
         names = self._input_names(len(arrays))
         graph = IRGraph()
         param_names = {id(p): name for name, p in self.named_parameters()}
@@ -265,15 +271,14 @@ class Graph:
         for o in outs:
             if not isinstance(o, Tensor):
                 raise TypeError(f"build must return Tensors, got {type(o).__name__}")
-        graph.outputs = [tracer.value_of(o) for o in outs]
+        graph.set_outputs([tracer.value_of(o) for o in outs])
         if graph.loss is None and self._optimizers:
             raise RuntimeError("this graph has an optimizer but build never called loss.backward()")
         ctx = self._compile_context(param_names)
         graph = run_passes(graph, ctx)
-        self._ir = graph
-        self._amp_result = ctx.amp_result
+        self._ir, self._context = graph, ctx
         self.compile_count += 1
-        return Plan(graph, get_backend())
+        return Plan(graph, get_backend(), context=ctx)
 
     def _input_names(self, n: int) -> list:
         """Names of the first ``n`` inputs of ``build`` (``input<i>`` for ``*args``).
@@ -317,10 +322,10 @@ class Graph:
         Raises:
             RuntimeError: AMP is not enabled, or the graph has not been called (compiled) yet.
         """
-        if self._amp_result is None:
+        if self._context is None or self._context.amp_result is None:
             raise RuntimeError(f"{type(self).__name__}.amp_report(): no AMP decisions yet; enable "
                                "AMP (self.config.enable_amp()) and call the graph once")
-        return build_amp_report(self._amp_result, self._ir)
+        return build_amp_report(self._context.amp_result, self._ir)
 
     @property
     def ir(self) -> IRGraph:
@@ -333,6 +338,20 @@ class Graph:
             raise RuntimeError(f"{type(self).__name__}.ir: nothing is compiled yet; call the graph "
                                "once with example inputs (the first call traces and compiles)")
         return self._ir
+
+    @property
+    def compile_context(self) -> CompileContext:
+        """What the passes recorded for the most recently compiled plan (the
+        :class:`~miniflow.passes.pipeline.CompileContext`: ``initial_grad``, ``skip_if``,
+        ``amp_result`` ...; every plan keeps its own as ``plan.context``).
+
+        Raises:
+            RuntimeError: the graph has not been called yet, so nothing is compiled.
+        """
+        if self._context is None:
+            raise RuntimeError(f"{type(self).__name__}.compile_context: nothing is compiled yet; "
+                               "call the graph once with example inputs")
+        return self._context
 
     @property
     def plans(self) -> "OrderedDict[tuple, Plan]":

@@ -1,0 +1,180 @@
+"""Kernel cases of every registered op, shared by the registry-wide test (``test_registry.py``: the
+CPU kernels against ``ir.evaluate``) and the CUDA lanes (``cuda_cases``): every registered sample,
+a float64 variant of each, and every cast between the dtypes; how to build one node of a case, run
+it on host buffers, and what the float64 reference (``miniflow.ir.evaluate`` of a one-node graph)
+says it must give.
+
+A new op is covered as soon as it registers ``samples`` (and a ``reference``, or it fails).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from miniflow.dtype import as_dtype
+from miniflow.ir import Graph, Node, Value, evaluate
+from miniflow.ops import all_ops, get_op
+
+__all__ = ["SENTINEL", "Case", "registry_cases", "float64_cases", "cast_cases", "make_node",
+           "host_buffers", "results", "reference", "TOL", "assert_bit_exact", "assert_close",
+           "assert_matches_reference"]
+
+SENTINEL = -777.0
+"""Outputs start filled with this (exact in f16), so an element a kernel never writes shows."""
+
+
+@dataclass
+class Case:
+    """One kernel run: op type, input arrays, attributes, and a label for the test id."""
+
+    op: str
+    inputs: list
+    attrs: dict = field(default_factory=dict)
+    label: str = ""
+
+    @property
+    def id(self) -> str:
+        dts = ",".join(as_dtype(a.dtype).short for a in self.inputs) or \
+            as_dtype(self.attrs.get("dtype", "float32")).short
+        return f"{self.op}[{self.label}:{dts}]"
+
+
+def registry_cases() -> list:
+    """Every registered sample of every op."""
+    return [Case(name, list(ins), dict(attrs), f"s{k}")
+            for name, opdef in sorted(all_ops().items())
+            for k, (ins, attrs) in enumerate(opdef.samples() if opdef.samples else [])]
+
+
+def _to_f64(a):
+    return a.astype(np.float64) if a.dtype == np.float32 else a
+
+
+def float64_cases() -> list:
+    """Every sample with float32 inputs, widened to float64 (casts: ``cast_cases``)."""
+    out = [Case("constant", [], {"value": 0.1, "shape": (2, 3), "dtype": "float64"}, "f64")]
+    for name, opdef in sorted(all_ops().items()):
+        if name in ("cast", "constant"):
+            continue
+        for k, (ins, attrs) in enumerate(opdef.samples() if opdef.samples else []):
+            case = Case(name, [_to_f64(a) for a in ins], dict(attrs), f"s{k}-f64")
+            if any(a.dtype == np.float32 for a in ins) and _accepts(case):
+                out.append(case)
+    return out
+
+
+def _accepts(case) -> bool:
+    """Whether the op's type checks accept the case (some ops are float32-only)."""
+    try:
+        make_node(case)
+    except TypeError:
+        return False
+    return True
+
+
+def cast_cases() -> list:
+    """Every cast between f16, f32, f64 and i64 -> float, on values that probe every rounding case
+    (fp16 overflow at 65520, subnormals, ties, inf, NaN, signed zero)."""
+    r = np.random.default_rng(6)
+    x = r.standard_normal(300) * np.exp2(r.uniform(-30, 20, 300))
+    x = np.concatenate([x, [65504, 65519.99, 65520, 2.0 ** -24, 2.0 ** -25, 3 * 2.0 ** -26, 1e6,
+                            np.inf, -np.inf, np.nan, -np.nan, 0.0, -0.0, 1 + 2.0 ** -11]])
+    ints = np.concatenate([np.arange(-300, 300), [2 ** 24 + 1, 65519, 65520, -(2 ** 40)]])
+    cases = []
+    for src in ("float16", "float32", "float64", "int64"):
+        with np.errstate(over="ignore", invalid="ignore"):
+            xs = ints.astype(np.int64) if src == "int64" else x.astype(src)
+        for dst in ("float16", "float32", "float64"):
+            cases.append(Case("cast", [xs], {"dtype": dst}, f"exact-to-{dst}"))
+    return cases
+
+
+# ----------------------------------------------------------------------------- building
+def make_node(case: Case) -> Node:
+    """A Node for ``case`` with output Values from the op's own normalisation and inference.
+
+    Inputs an update op writes are declared as variables (update ops require that).
+    """
+    opdef = get_op(case.op)
+    vals = [Value(f"in{i}", a.shape, as_dtype(a.dtype),
+                  kind="variable" if i in opdef.writes else "input")
+            for i, a in enumerate(case.inputs)]
+    attrs = opdef.normalize_attrs(vals, case.attrs)
+    node = Node(opdef, vals, [], attrs)
+    node.outputs = [Value(f"out{i}", s, d, producer=node)
+                    for i, (s, d) in enumerate(opdef.infer(vals, attrs))]
+    return node
+
+
+def host_buffers(case: Case, node: Node):
+    """Fresh host copies of the inputs and sentinel-filled host outputs."""
+    ins = [np.ascontiguousarray(a).copy() for a in case.inputs]
+    outs = [np.full(v.shape, SENTINEL, v.dtype.np) for v in node.outputs]
+    return ins, outs
+
+
+def results(case: Case, node: Node, ins, outs) -> list:
+    """What a run produced: every output, then every input the op writes (update ops)."""
+    return list(outs) + [ins[i] for i in get_op(case.op).writes if i < len(ins)]
+
+
+def reference(case: Case) -> list:
+    """What ``case`` must give, from the op's float64 reference: ``ir.evaluate`` of a one-node
+    graph (inputs the op writes are variables), in the order of :func:`results`."""
+    opdef = get_op(case.op)
+    g = Graph()
+    vals, inputs, variables = [], [], {}
+    for i, a in enumerate(case.inputs):
+        if i in opdef.writes:
+            vals.append(g.add_variable(f"in{i}", a.shape, as_dtype(a.dtype)))
+            variables[f"in{i}"] = a
+        else:
+            vals.append(g.add_input(f"in{i}", a.shape, as_dtype(a.dtype)))
+            inputs.append(a)
+    outs = g.emit(opdef, *vals, **case.attrs)
+    g.set_outputs([] if outs is None else list(outs) if isinstance(outs, tuple) else [outs])
+    got = evaluate(g, inputs, variables)
+    return ([got[f"output{k}"] for k in range(len(g.outputs))]
+            + [got[f"in{i}"] for i in opdef.writes if i < len(case.inputs)])
+
+
+TOL = {np.dtype(np.float16): (2e-3, 2e-3), np.dtype(np.float32): (2e-5, 2e-5),
+       np.dtype(np.float64): (1e-12, 1e-12), np.dtype(np.int64): (0, 0)}
+"""Per result dtype, ``(rtol, atol)`` of a kernel against the float64 reference rounded to that
+dtype (the kernels compute in float32 for f16/f32, and may round intermediate results)."""
+
+
+def assert_bit_exact(got, want, what):
+    """Same dtype, shape and bits; NaN only where ``want`` has NaN (payloads may differ)."""
+    assert got.dtype == want.dtype and got.shape == want.shape, what
+    nan = np.isnan(want) if want.dtype.kind == "f" else np.zeros(want.shape, bool)
+    got_nan = np.isnan(got) if got.dtype.kind == "f" else nan
+    assert np.array_equal(got_nan, nan), f"{what}: NaN positions"
+    bits = f"u{want.dtype.itemsize}"
+    bad = got[~nan].view(bits) != want[~nan].view(bits)
+    assert not bad.any(), (f"{what}: {bad.sum()} elements differ, first: "
+                           f"{got[~nan][bad][:3]} vs {want[~nan][bad][:3]}")
+
+
+def assert_close(got, want, what, tol=TOL):
+    """Same dtype and shape, values within ``tol`` of ``want``'s dtype (NaN where NaN)."""
+    assert got.dtype == want.dtype and got.shape == want.shape, what
+    rtol, atol = tol[want.dtype]
+    np.testing.assert_allclose(got.astype(np.float64), want.astype(np.float64), rtol=rtol,
+                               atol=atol, equal_nan=True, err_msg=what)
+
+
+def assert_matches_reference(case: Case, got: list) -> None:
+    """``got`` (a kernel's :func:`results`) against :func:`reference`, each reference array rounded
+    to the kernel's dtype: bit for bit for casts (NumPy's ``astype``), else at :data:`TOL`."""
+    want = reference(case)
+    assert len(got) == len(want), f"{case.id}: {len(got)} results, the reference has {len(want)}"
+    for k, (g, w) in enumerate(zip(got, want)):
+        with np.errstate(over="ignore", invalid="ignore"):
+            w = w.astype(g.dtype)      # the value a tensor of the kernel's dtype holds
+        what = f"{case.id} result {k} against the float64 reference"
+        if case.op == "cast":
+            assert_bit_exact(g, w, what)
+        else:
+            assert_close(g, w, what)

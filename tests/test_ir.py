@@ -1,0 +1,125 @@
+"""The plain IR: named results that every pass treats alike, ``uses``/``users``, insertion
+points, print-time numbering, op definitions on nodes, and the compile driver's context."""
+import re
+
+import numpy as np
+import pytest
+
+import miniflow as mf
+from miniflow import graph as driver
+from miniflow import nn
+from miniflow.ir import Graph, evaluate, grad_name
+from miniflow.ops import emitter, get_op
+from miniflow.passes.dead_code_elimination import dead_code_elimination
+from miniflow.passes.fuse_elementwise import fuse_elementwise
+
+f32 = mf.float32
+
+
+def _chain():
+    g = Graph()
+    emit = emitter(g)
+    x = g.add_input("x", (2, 3), f32)
+    a = emit("relu", x)
+    b = emit("exp", a)
+    c = emit("broadcast_add", a, b)
+    return g, emit, x, a, b, c
+
+
+def test_a_node_holds_its_op_definition_and_emit_refuses_a_name():
+    g, _, x, a, _, _ = _chain()
+    assert a.producer.op is get_op("relu") and a.producer.op.name == "relu"
+    with pytest.raises(TypeError, match=r"Graph.emit takes an OpDef, got the name 'relu': use "
+                                         r"miniflow.ops.get_op\('relu'\)"):
+        g.emit("relu", x)
+
+
+def test_uses_and_users_list_the_readers_in_graph_order():
+    g, _, x, a, b, c = _chain()
+    assert g.uses(a) == [b.producer, c.producer]
+    assert g.uses(c) == [] and g.uses(x) == [a.producer]
+    users = g.users()
+    assert users[a] == g.uses(a) and users[x] == g.uses(x) and c not in users
+
+
+def test_insertion_points_put_nodes_after_or_before_a_node_in_emit_order():
+    g, emit, x, a, b, c = _chain()
+    with g.inserting_after(a.producer):
+        n1 = emit("negative", a)
+        n2 = emit("tanh", n1)
+    with g.inserting_before(c.producer):
+        n3 = emit("identity", b)
+        n4 = emit("identity", n3)
+    n5 = emit("sigmoid", c)                     # outside a block: appended
+    order = [n.outputs[0] for n in g.nodes]
+    assert order == [a, n1, n2, b, n3, n4, c, n5]
+    g.verify()
+
+
+def test_the_printer_numbers_values_in_order_and_declares_constants():
+    g, emit, x, a, b, c = _chain()
+    k = g.add_constant(np.full((2, 3), 2.0, np.float32))
+    g.set_outputs([emit("broadcast_mul", c, k)])
+    with g.inserting_before(a.producer):        # defined first now: it is %0
+        first = emit("negative", x)
+    text = str(g)
+    assert re.findall(r"^  %(\d+):", text, re.M) == ["0", "1", "2", "3", "4"]
+    assert "    %c0: f32[2,3],  # constant [[2.0, 2.0, 2.0], [2.0, 2.0, 2.0]]" in text
+    assert "%4: f32[2,3] = broadcast_mul(%3, %c0)" in text and "return (%4)" in text
+    assert g.names()[first] == "0" and first.name != "0"  # names are given when printing
+
+
+def test_results_are_kept_pinned_and_rewired_alike():
+    g, emit, x, a, b, c = _chain()
+    g.results["custom"] = b                    # any named result, not only outputs
+    g.set_outputs([c])
+    dead = emit("tanh", a)
+    dead_code_elimination(g)
+    assert dead.producer not in g.nodes and b.producer in g.nodes
+    fused = fuse_elementwise(g)
+    (node,) = fused.nodes
+    assert b in node.outputs and c in node.outputs   # every result is an output of its fused node
+    fresh = emitter(fused)("identity", b)
+    fused.replace_uses(b, fresh)
+    assert fused.results["custom"] is fresh
+    assert "# results: custom=%" in str(fused)
+
+
+def test_fusion_keeps_the_float64_reference_result():
+    """evaluate() of a fused graph equals evaluate() of the unfused one: the fused reference
+    interprets its expression with the same float64 functions (and rounds only at casts)."""
+    g, emit, x, a, b, c = _chain()
+    g.set_outputs([emit("scalar_mul", emit("cast", c, dtype=mf.float16), scalar=0.5)])
+    arrays = [np.random.default_rng(0).uniform(-3, 3, (2, 3)).astype(np.float32)]
+    want = evaluate(g, arrays)["output0"]
+    fused = fuse_elementwise(g)
+    assert [n.op.name for n in fused.nodes] == ["fused_elementwise"]
+    np.testing.assert_array_equal(evaluate(fused, arrays)["output0"], want)
+
+
+def test_training_results_and_the_compile_context():
+    mf.manual_seed(0)
+    model = nn.Sequential(nn.Linear(3, 2))
+
+    class Step(nn.Graph):
+        def __init__(self):
+            super().__init__()
+            self.model = model
+            self.add_optimizer(mf.optim.SGD(model.parameters(), lr=0.1))
+
+        def build(self, x):
+            loss = self.model(x).sum()
+            loss.backward()
+            return loss
+
+    step = Step()
+    with pytest.raises(RuntimeError, match="nothing is compiled yet; call the graph once"):
+        step.compile_context
+    step(np.ones((4, 3), np.float32))
+    ir, ctx = step.ir, step.compile_context
+    assert set(ir.results) == {"output0", "loss", grad_name("model.0.weight"),
+                               grad_name("model.0.bias")}
+    assert ir.outputs == [ir.loss] and ir.grads["model.0.bias"] is ir.results["grad:model.0.bias"]
+    assert ctx.initial_grad.producer.op.name == "ones_like" and ctx.amp_result is None
+    assert next(iter(step.plans.values())).context is ctx
+    assert nn.Graph is driver.Graph and nn.GraphConfig is driver.GraphConfig  # the re-export

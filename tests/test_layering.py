@@ -1,0 +1,134 @@
+"""One dependency direction: every import inside ``miniflow/`` goes down the layer table, never up.
+
+The checker parses every module with ``ast`` (module-level AND function-level imports, relative
+imports resolved) and reports each import of a higher layer, of the other layer-3 package
+(``passes`` <-> ``kernels``) or of the other backend's kernels (``kernels.cpu*`` <->
+``kernels.cuda*``), unless :data:`ALLOWLIST` names it. A second test feeds it a synthetic
+back-import and checks that it is reported.
+"""
+import ast
+from pathlib import Path
+
+import miniflow
+
+PACKAGE = Path(miniflow.__file__).resolve().parent
+
+LAYERS = {
+    "miniflow.dtype": 0, "miniflow.random": 0,
+    "miniflow.ir": 1,
+    "miniflow.ops": 2,
+    "miniflow.passes": 3, "miniflow.kernels": 3,
+    "miniflow.runtime": 4,
+    "miniflow.tensor": 5, "miniflow.trace": 5,
+    "miniflow.nn": 6,
+    "miniflow.optim": 7,
+    "miniflow.amp": 8,
+    "miniflow.graph": 9,
+    "miniflow.data": 10, "miniflow.experiments": 10, "miniflow.cli": 10, "miniflow.testing": 10,
+    "miniflow.__main__": 10, "miniflow": 10,
+}
+"""Module (or package) -> layer; a module is in the layer of its longest listed prefix."""
+
+APART = [("miniflow.passes", "miniflow.kernels"), ("miniflow.kernels.cpu", "miniflow.kernels.cuda")]
+"""Pairs of the same layer that must not import each other (prefixes of the module name: the CPU
+and CUDA kernels share only backend-neutral modules, such as ``kernels.layout``)."""
+
+ALLOWLIST = {
+    # nn.Graph is the compile driver (miniflow/graph.py, above nn, optim and amp); miniflow.nn
+    # re-exports it as nn.Graph / nn.GraphConfig, imported on first use in nn.__getattr__.
+    ("miniflow.nn", "miniflow.graph"),
+}
+"""Back-imports that are allowed, each with its reason."""
+
+
+def modules(root: Path = PACKAGE) -> dict:
+    """Module name -> source of every ``.py`` file under ``root`` (``miniflow/nn/__init__.py`` is
+    ``miniflow.nn``)."""
+    out = {}
+    for path in sorted(root.rglob("*.py")):
+        parts = ("miniflow",) + path.relative_to(root).with_suffix("").parts
+        if parts[-1] == "__init__":
+            parts = parts[:-1]
+        out[".".join(parts)] = path.read_text()
+    return out
+
+
+def imports(name: str, source: str, known: set) -> set:
+    """The ``miniflow`` modules that module ``name`` imports, anywhere in its source.
+
+    ``from X import y`` imports ``X.y`` when that is a module, else ``X``; relative imports are
+    resolved against the module's package."""
+    is_package = f"{name}.__init__" in known or any(k.startswith(name + ".") for k in known)
+    package = name.split(".") if is_package else name.split(".")[:-1]
+    found = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            found.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = package[:len(package) - node.level + 1] if node.level else []
+            target = ".".join(base + (node.module.split(".") if node.module else []))
+            for alias in node.names:
+                sub = f"{target}.{alias.name}"
+                found.add(sub if sub in known else target)
+    return {m for m in found if m == "miniflow" or m.startswith("miniflow.")}
+
+
+def layer(module: str) -> int:
+    """The layer of ``module``: that of its longest prefix in :data:`LAYERS`."""
+    parts = module.split(".")
+    for k in range(len(parts), 0, -1):
+        if ".".join(parts[:k]) in LAYERS:
+            return LAYERS[".".join(parts[:k])]
+    raise KeyError(f"{module} is in no layer: add it to LAYERS in tests/test_layering.py")
+
+
+def _group(module: str, prefixes) -> str | None:
+    return next((p for p in prefixes if module.startswith(p)), None)
+
+
+def back_imports(sources: dict) -> list:
+    """``"importer -> imported (reason)"`` for every import that breaks the layering and is not in
+    :data:`ALLOWLIST`."""
+    known = set(sources)
+    bad = []
+    for name, source in sorted(sources.items()):
+        for target in sorted(imports(name, source, known)):
+            if target == name or name.startswith(target + ".") or (name, target) in ALLOWLIST:
+                continue                     # a package importing itself, a module its package
+            if layer(target) > layer(name):
+                bad.append(f"{name} -> {target} (layer {layer(name)} imports layer "
+                           f"{layer(target)})")
+            for pair in APART:
+                a, b = _group(name, pair), _group(target, pair)
+                if a and b and a != b:
+                    bad.append(f"{name} -> {target} ({a} and {b} must not import each other)")
+    return bad
+
+
+def test_every_import_goes_down_the_layers():
+    bad = back_imports(modules())
+    assert not bad, "imports against the layering:\n" + "\n".join(bad)
+
+
+def test_every_module_has_a_layer_and_every_allowlist_entry_is_used():
+    sources = modules()
+    for name in sources:
+        layer(name)
+    known = set(sources)
+    used = {(name, t) for name, s in sources.items() for t in imports(name, s, known)}
+    assert ALLOWLIST <= used, f"allowlist entries no module needs: {ALLOWLIST - used}"
+
+
+def test_a_back_import_is_reported():
+    sources = modules()
+    sources["miniflow.ir"] += "\n\ndef _late():\n    from .ops import get_op\n    return get_op\n"
+    sources["miniflow.kernels.cuda_elementwise"] += "\nfrom .cpu_elementwise import map_steps\n"
+    sources["miniflow.passes.autograd"] += "\nimport miniflow.kernels.cpu\n"
+    sources["miniflow.optim.sgd"] += "\nfrom ..graph import Graph\n"
+    bad = back_imports(sources)
+    assert "miniflow.ir -> miniflow.ops (layer 1 imports layer 2)" in bad
+    assert any(b.startswith("miniflow.kernels.cuda_elementwise -> miniflow.kernels.cpu_elementwise")
+               for b in bad)
+    assert any(b.startswith("miniflow.passes.autograd -> miniflow.kernels.cpu ") for b in bad)
+    assert "miniflow.optim.sgd -> miniflow.graph (layer 7 imports layer 9)" in bad
+    assert len(bad) == 4, bad

@@ -1,0 +1,119 @@
+"""Registry-wide: every op declares what the rest of miniflow derives from it, and every op's CPU
+kernel, on every sample (and its float64 variant, and every cast), agrees with the op's own NumPy
+float64 reference run through ``miniflow.ir.evaluate``. An op without a reference or samples
+fails here; the CUDA simulator lane runs the same comparison for the CUDA kernels
+(``tests/cuda/test_cuda_kernels.py``).
+
+Also: ``evaluate`` itself (a whole training step against the plan), and what the registry
+derives (the elementwise kernel tables, the fused-expression functions, ``side_effect``).
+"""
+import numpy as np
+import pytest
+
+import miniflow as mf
+from miniflow.experiments.mlp import TrainGraph, mlp
+from miniflow.ir import Graph, evaluate
+from miniflow.kernels import cpu
+from miniflow.kernels.elementwise_table import elementwise_ops
+from miniflow.ops import all_ops, emitter, get_op, register, scalar_functions
+from miniflow.ops.fused import arity
+from miniflow.ops.registry import OP_REGISTRY
+
+from op_cases import (assert_matches_reference, cast_cases, float64_cases, host_buffers,
+                      make_node, registry_cases, results)
+
+CASES = registry_cases() + float64_cases() + cast_cases()
+
+
+@pytest.mark.parametrize("name", sorted(all_ops()))
+def test_every_op_declares_a_reference_samples_an_amp_list_and_a_kernel(name):
+    op = get_op(name)
+    assert op.reference is not None, f"{name}: declare reference= (NumPy float64) in its OpDef"
+    assert op.samples is not None and op.samples(), f"{name}: declare samples= in its OpDef"
+    assert op.amp is not None or op.amp_note, f"{name}: in no AMP list, without a reason"
+    assert name in cpu.KERNELS, f"{name}: no CPU kernel"
+
+
+def run_cpu(case) -> list:
+    node = make_node(case)
+    ins, outs = host_buffers(case, node)
+    for fn, args in cpu.KERNELS[case.op](node, ins, outs):
+        fn(*args)
+    return results(case, node, ins, outs)
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
+def test_cpu_kernel_matches_the_float64_reference(case):
+    assert_matches_reference(case, run_cpu(case))
+
+
+def test_an_op_without_a_reference_fails_evaluate_naming_it():
+    op = register("test_no_reference", lambda ins, attrs: [(ins[0].shape, ins[0].dtype)],
+                  amp=None, amp_note="a test op")
+    try:
+        g = Graph()
+        g.set_outputs([g.emit(op, g.add_input("x", (2,), mf.float32))])
+        with pytest.raises(NotImplementedError, match="op 'test_no_reference' has no reference"):
+            evaluate(g, [np.zeros(2, np.float32)])
+    finally:
+        del OP_REGISTRY["test_no_reference"]
+
+
+def test_evaluate_runs_a_training_step_like_the_plan():
+    """A whole SGD-momentum step (forward, backward, updates) in float64 against the float32 plan:
+    the loss, every gradient and every updated parameter and momentum buffer."""
+    mf.manual_seed(0)
+    model = mlp((4, 8, 3))
+    step = TrainGraph(model, mf.optim.SGD(model.parameters(), lr=0.1, momentum=0.9))
+    r = np.random.default_rng(0)
+    x, y = r.random((5, 4), dtype=np.float32), r.integers(0, 3, 5)
+    before = {f"model.{k}": v.copy() for k, v in model.state_dict().items()}  # variable names
+    loss = float(step(x, y))
+    ir = step.ir
+    state = {name: before[name] if name in before else np.zeros(v.shape, np.float32)
+             for name, v in ir.variables.items()}  # the momentum buffers start at zero
+    got = evaluate(ir, [x, y], state)
+    assert got["loss"].dtype == np.float64 and abs(float(got["loss"]) - loss) < 1e-6
+    assert set(ir.grads) == set(before)
+    for key, p in model.state_dict().items():
+        name = f"model.{key}"
+        np.testing.assert_allclose(got[name], p, rtol=1e-5, atol=1e-6, err_msg=name)
+        np.testing.assert_allclose(got[f"{name}.momentum_buffer"],
+                                   ir.variable_data[f"{name}.momentum_buffer"], rtol=1e-5,
+                                   atol=1e-6)
+    assert not np.array_equal(state["model.0.weight"], got["model.0.weight"])
+
+
+def test_evaluate_checks_its_arguments():
+    g = Graph()
+    x = g.add_input("x", (2,), mf.float32)
+    w = g.add_variable("w", (2,), mf.float32)
+    g.set_outputs([emitter(g)("broadcast_add", x, w)])
+    with pytest.raises(ValueError, match="the graph has 1 input"):
+        evaluate(g, [])
+    with pytest.raises(ValueError, match=r"variable %w has no value; pass variables="):
+        evaluate(g, [np.ones(2, np.float32)])
+    out = evaluate(g, [np.ones(2, np.float32)], {"w": np.array([0.5, 2.0])})
+    np.testing.assert_array_equal(out["output0"], [1.5, 3.0])
+
+
+def test_kernel_tables_fusion_functions_and_side_effects_are_derived_from_the_registry():
+    elementwise = elementwise_ops()
+    assert set(elementwise) == {n for n, op in all_ops().items() if op.scalar is not None}
+    assert set(elementwise) <= set(cpu.KERNELS)
+    functions = scalar_functions()
+    assert set(functions) == {op.scalar.__name__ for op in elementwise.values()}
+    assert {"f16", "f32", "f64"} <= set(arity()) and set(functions) <= set(arity())
+    assert {n for n, op in all_ops().items() if op.side_effect} == {
+        "sgd_update", "adam_update", "dynamic_loss_scale_schedule"}
+
+
+def test_a_scalar_function_name_clash_is_an_error_at_registration():
+    def relu(x):             # not the registered relu
+        return x
+
+    with pytest.raises(ValueError, match="scalar function 'relu' .* clashes with another"):
+        register("test_clash", lambda ins, attrs: [], scalar=relu, amp="clear")
+    with pytest.raises(ValueError, match="in no AMP list: say why in amp_note"):
+        register("test_unlisted", lambda ins, attrs: [])
+    assert "test_clash" not in OP_REGISTRY and "test_unlisted" not in OP_REGISTRY
