@@ -44,14 +44,14 @@ def plan_steps(op: str, ins: list, out_specs: list, attrs=None) -> list:
     """The CPU steps of one node of ``op`` on ``ins``, built and run once (compiled)."""
     from miniflow.dtype import as_dtype
     from miniflow.ir import Node, Value
-    from miniflow.kernels.cpu import KERNELS
+    from miniflow.kernels.cpu import builder_for
     from miniflow.ops import get_op
 
     node = Node(get_op(op), [Value(f"i{k}", a.shape, as_dtype(a.dtype)) for k, a in enumerate(ins)],
                 [Value(f"o{k}", s, as_dtype(d)) for k, (s, d) in enumerate(out_specs)],
                 dict(attrs or {}))
     outs = [np.empty(s, d) for s, d in out_specs]
-    steps = KERNELS[op](node, ins, outs)
+    steps = builder_for(node.op)(node, ins, outs)
     run = _runner(steps)
     run()
     return run
@@ -77,7 +77,7 @@ def elementwise(n: int, repeats: int) -> list:
     parallel variants with BLAS on one thread, as plans choose them)."""
     from threadpoolctl import threadpool_limits
 
-    from miniflow.kernels import cpu_common
+    from miniflow.kernels.cpu import common as cpu_common
 
     rows, threshold = [], cpu_common.PARALLEL_MIN_SIZE
     for dt in (np.float32, np.float16):
@@ -116,7 +116,7 @@ def conversions(n: int, repeats: int) -> list:
 
 def crossover(repeats: int) -> list:
     """Rows ``(elements, serial us, parallel us)`` of ``relu`` f32 from 2^10 to 2^22 elements."""
-    from miniflow.kernels.cpu_elementwise import map_kernel
+    from miniflow.kernels.cpu.elementwise import map_kernel
     from miniflow.ops import get_op
 
     rows = []

@@ -19,8 +19,8 @@ def _info(args) -> int:
     import numpy
 
     import miniflow
-    from .kernels import fp16
-    from .kernels.cache import CACHE
+    from .kernels.common.cache import CACHE
+    from .kernels.cpu import fp16
     from .runtime.backend import BackendUnavailableError, UnknownBackendError, cuda_status
 
     try:

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from miniflow.kernels.cuda_launch import SIMULATOR, LaunchConfig
+from miniflow.kernels.cuda.launch import SIMULATOR, LaunchConfig
 
 from op_cases import (Case, cast_cases, float64_cases, host_buffers, make_node,  # noqa: F401
                       registry_cases, results)
@@ -113,12 +113,12 @@ def step_signatures(steps) -> dict:
 def case_signatures(cases) -> dict:
     """Signatures of every kernel the CUDA builders launch for ``cases``, found by running the
     builders on host stand-in arrays (nothing is compiled or launched)."""
-    from miniflow.kernels.cuda import KERNELS
+    from miniflow.kernels.cuda import builder_for
     out = {}
     for case in cases:
         node = make_node(case)
         ins, outs = host_buffers(case, node)
-        for key, name in step_signatures(KERNELS[case.op](node, ins, outs)).items():
+        for key, name in step_signatures(builder_for(node.op)(node, ins, outs)).items():
             out.setdefault(key, name)
     return out
 
@@ -150,7 +150,7 @@ def training_signatures() -> dict:
     """Signatures of every kernel the CUDA builders launch for the ``TRAINING`` graphs, found by
     compiling them on a stand-in backend (host memory, CUDA builders, steps that do nothing)."""
     import miniflow as mf
-    from miniflow.kernels.cuda import KERNELS
+    from miniflow.kernels.cuda import builder_for
     from miniflow.runtime.backend import BACKENDS, CpuBackend, get_backend
 
     found: dict = {}
@@ -158,12 +158,9 @@ def training_signatures() -> dict:
     class SignatureRecorder(CpuBackend):
         name = "cuda-signatures"
 
-        @property
-        def kernels(self):
-            return {op: self._record(build) for op, build in KERNELS.items()}
+        def builder_for(self, op):
+            build = builder_for(op)
 
-        @staticmethod
-        def _record(build):
             def recording(node, ins, outs):
                 steps = build(node, ins, outs)
                 for key, label in step_signatures(steps).items():

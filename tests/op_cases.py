@@ -2,23 +2,25 @@
 CPU kernels against ``ir.evaluate``) and the CUDA lanes (``cuda_cases``): every registered sample,
 a float64 variant of each, and every cast between the dtypes; how to build one node of a case, run
 it on host buffers, and what the float64 reference (``miniflow.ir.evaluate`` of a one-node graph)
-says it must give.
+says it must give. Also :func:`late_op`, an elementwise op registered by a test, after the kernel
+packages were imported.
 
 A new op is covered as soon as it registers ``samples`` (and a ``reference``, or it fails).
 """
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from miniflow.dtype import as_dtype
 from miniflow.ir import Graph, Node, Value, evaluate
-from miniflow.ops import all_ops, get_op
+from miniflow.ops import all_ops, get_op, unregister
 
 __all__ = ["SENTINEL", "Case", "registry_cases", "float64_cases", "cast_cases", "make_node",
            "host_buffers", "results", "reference", "TOL", "assert_bit_exact", "assert_close",
-           "assert_matches_reference"]
+           "assert_matches_reference", "cube", "late_op"]
 
 SENTINEL = -777.0
 """Outputs start filled with this (exact in f16), so an element a kernel never writes shows."""
@@ -178,3 +180,45 @@ def assert_matches_reference(case: Case, got: list) -> None:
             assert_bit_exact(g, w, what)
         else:
             assert_close(g, w, what)
+
+
+def cube(x):
+    """x * x * x: the scalar function of :func:`late_op`'s op."""
+    return x * x * x
+
+
+@contextlib.contextmanager
+def late_op():
+    """The elementwise op ``test_cube`` (:func:`cube`), registered for the ``with`` block and then
+    unregistered. Yields ``(op, check)``: ``check()`` runs the op through ``nn.Graph`` on the
+    current backend, alone (its derived kernel) and fused with ``exp`` (a generated kernel that
+    imports ``cube`` from this module), compares both with NumPy, and returns the lone op's plan.
+    """
+    import miniflow as mf
+    from miniflow.ops.elementwise import elementwise
+    from miniflow.tensor import apply
+
+    class Cube(mf.nn.Graph):
+        def build(self, x):
+            return apply("test_cube", [x])
+
+    class CubeExp(mf.nn.Graph):
+        def build(self, x):
+            return apply("test_cube", [x]).exp()
+
+    def check():
+        x = np.linspace(-1.5, 1.5, 12, dtype=np.float32).reshape(3, 4)
+        alone, fused = Cube(), CubeExp()
+        np.testing.assert_allclose(alone(x).numpy(), x.astype(np.float64) ** 3, rtol=1e-6)
+        np.testing.assert_allclose(fused(x).numpy(), np.exp(x.astype(np.float64) ** 3),
+                                   rtol=1e-6)
+        assert [n.op.name for n in alone.ir.nodes] == ["test_cube"]
+        assert [n.op.name for n in fused.ir.nodes] == ["fused_elementwise"]
+        (plan,) = alone.plans.values()
+        return plan
+
+    op = elementwise("test_cube", cube, lambda x: x ** 3, amp=None, amp_note="a throwaway op")
+    try:
+        yield op, check
+    finally:
+        unregister("test_cube")

@@ -3,7 +3,7 @@
 
 "Unwritable" is made without root's help (root ignores file modes): a folder below a regular *file*
 can be neither created nor written, so ``NUMBA_CACHE_DIR=<file>/x`` is unwritable, and a copy of the
-package whose ``kernels/__pycache__`` is a file has an unwritable source tree, as a read-only
+package whose kernel folders' ``__pycache__`` are files has an unwritable source tree, as a read-only
 site-packages has. Each subprocess compiles one small graph (about a second).
 """
 import os
@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 import miniflow as mf
-from miniflow.kernels import cache as kcache
+from miniflow.kernels.common import cache as kcache
 from miniflow.runtime.backend import cuda_status
 
 PACKAGE = Path(mf.__file__).resolve().parent
@@ -27,8 +27,8 @@ _SCRIPT = textwrap.dedent("""
     import numpy as np
     import miniflow as mf
     from miniflow import nn
-    from miniflow.kernels import fp16
-    from miniflow.kernels.cache import CACHE
+    from miniflow.kernels.common.cache import CACHE
+    from miniflow.kernels.cpu import fp16
 
     class Fn(nn.Graph):
         def build(self, x):
@@ -36,7 +36,7 @@ _SCRIPT = textwrap.dedent("""
 
     y = Fn()(np.ones((2, 3), np.float32)).numpy()
     print(mf.__file__)
-    print(float(y[0, 0]), fp16.JIT_CACHE, CACHE.path, CACHE.generated)
+    print(float(y[0, 0]), fp16.JIT_CACHE, (CACHE.paths or {}).get("cpu"), CACHE.generated)
 """)
 
 
@@ -50,12 +50,13 @@ def _run(args, tmp_path, **env):
 
 
 def _package_copy(tmp_path, writable_tree: bool) -> Path:
-    """A copy of the miniflow package under ``tmp_path/pkg``; its kernel folder's ``__pycache__``
-    is a regular file unless ``writable_tree`` (then neither Python nor Numba can write there)."""
+    """A copy of the miniflow package under ``tmp_path/pkg``; its kernel folders' ``__pycache__``
+    are regular files unless ``writable_tree`` (then neither Python nor Numba can write there)."""
     root = tmp_path / "pkg"
     shutil.copytree(PACKAGE, root / "miniflow", ignore=shutil.ignore_patterns("__pycache__"))
     if not writable_tree:
-        (root / "miniflow" / "kernels" / "__pycache__").write_text("not a folder")
+        for folder in ("common", "cpu", "cuda"):
+            (root / "miniflow" / "kernels" / folder / "__pycache__").write_text("not a folder")
     return root
 
 
@@ -79,7 +80,7 @@ def test_no_writable_cache_folder_kernels_run_uncached_with_one_notice(tmp_path)
     assert notice[0].startswith("miniflow: compiling kernels without Numba's disk cache, so every "
                                 "run compiles them again: Numba finds no writable cache folder (")
     assert f"NUMBA_CACHE_DIR={blocker / 'x'}" in notice[0]
-    assert str(root / "miniflow" / "kernels" / "__pycache__") in notice[0]
+    assert str(root / "miniflow" / "kernels" / "cpu" / "__pycache__") in notice[0]
     assert notice[0].endswith("set NUMBA_CACHE_DIR to a writable folder to cache them")
     assert not list(root.rglob("*.nbi")) and not list(tmp_path.rglob("fused_*.py"))
 
@@ -102,22 +103,23 @@ def test_unwritable_numba_cache_dir_caches_where_numba_falls_back(tmp_path):
     (tmp_path / "s.py").write_text(_SCRIPT)
     r = _run(["s.py"], tmp_path, **env)
     assert r.returncode == 0, r.stderr
-    in_tree = root / "miniflow" / "kernels" / "__pycache__"
+    in_tree = root / "miniflow" / "kernels" / "cpu" / "__pycache__"
+    folders = f"cpu: {in_tree}, cuda: {root / 'miniflow' / 'kernels' / 'cuda' / '__pycache__'}"
     generated = tmp_path / "xdg" / "miniflow" / "generated"
     assert r.stdout.split()[-3:] == ["True", str(in_tree), str(generated)]
     notice = [ln for ln in r.stderr.splitlines() if ln.startswith("miniflow:")]
     assert notice == [f"miniflow: compiling kernels (first run only; later runs load them from "
                       f"Numba's cache); NUMBA_CACHE_DIR={blocker / 'x'} is not writable, so Numba "
-                      f"caches them in {in_tree}"], r.stderr
+                      f"caches them in {folders}"], r.stderr
     assert list(generated.glob("fused_cpu_*.py"))       # the fused kernel, cached next to it
     assert list((generated / "__pycache__").glob("fused_cpu_*.nbi"))
 
     info = _run(["-m", "miniflow", "info"], tmp_path, **env)   # its probe kernel: relu
     assert info.returncode == 0, info.stderr
-    assert (f"Numba cache of the kernels: {in_tree} (next to the sources; "
+    assert (f"Numba cache of the kernels: {folders} (next to the sources; "
             f"NUMBA_CACHE_DIR={blocker / 'x'} is not writable)") in info.stdout
     assert "kernels from the Numba cache: no (compiled now and cached" in info.stdout
-    assert list(in_tree.glob("cpu_elementwise.*.nbi"))           # where info said
+    assert list(in_tree.glob("elementwise.*.nbi"))           # where info said
 
 
 def test_locate_follows_numbas_locators(tmp_path, monkeypatch):
@@ -127,9 +129,11 @@ def test_locate_follows_numbas_locators(tmp_path, monkeypatch):
     blocker.write_text("")
     monkeypatch.setattr(numba.config, "CACHE_DIR", str(tmp_path / "cache"))
     c = kcache.locate()
-    assert c.enabled and c.path.startswith(str(tmp_path / "cache" / "kernels_"))
+    assert c.enabled and list(c.paths) == ["cpu", "cuda"]
+    assert all(c.paths[k].startswith(str(tmp_path / "cache" / f"{k}_")) for k in c.paths)
     assert c.generated == str(tmp_path / "cache" / "miniflow_generated")
-    assert c.problem is None and c.describe() == f"{c.path} (in NUMBA_CACHE_DIR)"
+    assert c.problem is None and c.describe() == (f"cpu: {c.paths['cpu']}, cuda: "
+                                                  f"{c.paths['cuda']} (in NUMBA_CACHE_DIR)")
 
     monkeypatch.setattr(numba.config, "CACHE_DIR", str(blocker / "x"))
     monkeypatch.setattr(numba.config, "CACHE_LOCATOR_CLASSES", "UserProvidedCacheLocator")

@@ -15,9 +15,8 @@ import miniflow as mf
 from miniflow.dtype import float16, float32, float64
 from miniflow.experiments.mlp import TrainGraph, mlp
 from miniflow.ir import Node, Value
-from miniflow.kernels import cpu_matmul
-from miniflow.kernels.cpu import KERNELS, PARALLEL_MIN_SIZE
-from miniflow.kernels.cpu_common import blas_libraries
+from miniflow.kernels.cpu import builder_for, matmul as cpu_matmul
+from miniflow.kernels.cpu.common import PARALLEL_MIN_SIZE, blas_libraries
 from miniflow.ops import get_op
 from miniflow.runtime.notice import NOTICE
 
@@ -29,7 +28,7 @@ def _run(op, ins, out_specs, attrs=None):
     node = Node(get_op(op), [Value(f"i{k}", a.shape, a.dtype) for k, a in enumerate(ins)],
                 [Value(f"o{k}", s, d) for k, (s, d) in enumerate(out_specs)], dict(attrs or {}))
     outs = [np.full(s, -777.0, d.np) for s, d in out_specs]
-    steps = KERNELS[op](node, ins, outs)
+    steps = builder_for(node.op)(node, ins, outs)
     for fn, args in steps:
         fn(*args)
     return steps, outs

@@ -12,7 +12,8 @@ import miniflow as mf
 from miniflow.dtype import float16, float32, float64
 from miniflow.experiments.mlp import TrainGraph, mlp
 from miniflow.ir import Graph
-from miniflow.kernels import codegen, cpu_fused
+from miniflow.kernels.common import codegen
+from miniflow.kernels.cpu import fused as cpu_fused
 from miniflow.ops.fused import broadcast_kinds, format_program, parse
 from miniflow.passes import pipeline
 from miniflow.passes.dead_code_elimination import dead_code_elimination

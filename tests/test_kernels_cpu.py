@@ -15,7 +15,8 @@ from hypothesis import given, settings, strategies as st
 
 from miniflow.dtype import float16, float32, float64, int64
 from miniflow.ir import Node, Value
-from miniflow.kernels.cpu import KERNELS, PARALLEL_MIN_SIZE
+from miniflow.kernels.cpu import builder_for
+from miniflow.kernels.cpu.common import PARALLEL_MIN_SIZE
 from miniflow.ops import get_op
 
 FLOATS = [float16, float32, float64]
@@ -29,7 +30,7 @@ def run(op, ins, out_specs, attrs=None):
     node = Node(get_op(op), [Value(f"i{k}", a.shape, a.dtype) for k, a in enumerate(ins)],
                 [Value(f"o{k}", s, d) for k, (s, d) in enumerate(out_specs)], dict(attrs or {}))
     outs = [np.full(s, SENTINEL, d.np) for s, d in out_specs]
-    for fn, args in KERNELS[op](node, ins, outs):
+    for fn, args in builder_for(node.op)(node, ins, outs):
         fn(*args)
     return outs
 
@@ -387,7 +388,7 @@ def test_sgd_update(mu, wd, dt):
     attrs = {"lr": 0.1, "momentum": mu, "weight_decay": wd}
     node = Node(get_op("sgd_update"), [Value(f"i{k}", a.shape, a.dtype) for k, a in enumerate(ins)],
                 [], attrs)
-    steps = KERNELS["sgd_update"](node, ins, [])
+    steps = builder_for(node.op)(node, ins, [])
     for _ in range(3):
         for fn, args in steps:
             fn(*args)
@@ -412,7 +413,7 @@ def test_adam_update(wd, dt):
     a = {"lr": 1e-2, "beta1": 0.9, "beta2": 0.999, "eps": 1e-8, "weight_decay": wd}
     node = Node(get_op("adam_update"),
                 [Value(f"i{k}", x.shape, x.dtype) for k, x in enumerate(ins)], [], a)
-    steps = KERNELS["adam_update"](node, ins, [])
+    steps = builder_for(node.op)(node, ins, [])
     rp, rg = f64(p, g)
     m, v = np.zeros_like(rp), np.zeros_like(rp)
     for t in range(1, 4):
@@ -437,7 +438,7 @@ def test_sgd_momentum_without_buffer_is_an_error():
     node = Node(get_op("sgd_update"), [Value(f"i{k}", a.shape, a.dtype) for k, a in enumerate(ins)],
                 [], {"lr": 0.1, "momentum": 0.9, "weight_decay": 0.0})
     with pytest.raises(ValueError, match="momentum_buf"):
-        KERNELS["sgd_update"](node, ins, [])
+        builder_for(node.op)(node, ins, [])
 
 
 # ----------------------------------------------------------------------------- on-disk cache
@@ -445,7 +446,7 @@ _CACHE_SCRIPT = textwrap.dedent("""
     import numpy as np
     from miniflow.dtype import float32
     from miniflow.ir import Node, Value
-    from miniflow.kernels.cpu import KERNELS
+    from miniflow.kernels.cpu import builder_for
     from miniflow.ops import get_op
     x = np.linspace(-2, 2, 11, dtype=np.float32)
     hits = 0
@@ -455,7 +456,7 @@ _CACHE_SCRIPT = textwrap.dedent("""
         node = Node(get_op(op), [Value("a", x.shape, float32) for _ in ins],
                     [Value("o", x.shape, float32)])
         out = np.empty_like(x)
-        ((fn, args),) = KERNELS[op](node, ins, [out])
+        ((fn, args),) = builder_for(node.op)(node, ins, [out])
         fn(*args)
         np.testing.assert_allclose(out, ref, rtol=1e-6)
         hits += sum(fn.stats.cache_hits.values())

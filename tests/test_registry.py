@@ -5,8 +5,11 @@ fails here; the CUDA simulator lane runs the same comparison for the CUDA kernel
 (``tests/cuda/test_cuda_kernels.py``).
 
 Also: ``evaluate`` itself (a whole training step against the plan), and what the registry
-derives (the elementwise kernel tables, the fused-expression functions, ``side_effect``).
+derives (the elementwise kernels, also of an op registered late, the fused-expression functions,
+``side_effect``).
 """
+import types
+
 import numpy as np
 import pytest
 
@@ -14,13 +17,14 @@ import miniflow as mf
 from miniflow.experiments.mlp import TrainGraph, mlp
 from miniflow.ir import Graph, evaluate
 from miniflow.kernels import cpu
-from miniflow.kernels.elementwise_table import elementwise_ops
-from miniflow.ops import all_ops, emitter, get_op, register, scalar_functions
+from miniflow.kernels.common.elementwise import elementwise_ops
+from miniflow.kernels.common.table import kernel_table
+from miniflow.ops import all_ops, emitter, get_op, register, scalar_functions, unregister
 from miniflow.ops.fused import arity
 from miniflow.ops.registry import OP_REGISTRY
 
 from op_cases import (assert_matches_reference, cast_cases, float64_cases, host_buffers,
-                      make_node, registry_cases, results)
+                      late_op, make_node, registry_cases, results)
 
 CASES = registry_cases() + float64_cases() + cast_cases()
 
@@ -31,13 +35,13 @@ def test_every_op_declares_a_reference_samples_an_amp_list_and_a_kernel(name):
     assert op.reference is not None, f"{name}: declare reference= (NumPy float64) in its OpDef"
     assert op.samples is not None and op.samples(), f"{name}: declare samples= in its OpDef"
     assert op.amp is not None or op.amp_note, f"{name}: in no AMP list, without a reason"
-    assert name in cpu.KERNELS, f"{name}: no CPU kernel"
+    assert cpu.builder_for(op) is not None, f"{name}: no CPU kernel"
 
 
 def run_cpu(case) -> list:
     node = make_node(case)
     ins, outs = host_buffers(case, node)
-    for fn, args in cpu.KERNELS[case.op](node, ins, outs):
+    for fn, args in cpu.builder_for(node.op)(node, ins, outs):
         fn(*args)
     return results(case, node, ins, outs)
 
@@ -56,7 +60,10 @@ def test_an_op_without_a_reference_fails_evaluate_naming_it():
         with pytest.raises(NotImplementedError, match="op 'test_no_reference' has no reference"):
             evaluate(g, [np.zeros(2, np.float32)])
     finally:
-        del OP_REGISTRY["test_no_reference"]
+        unregister("test_no_reference")
+    assert "test_no_reference" not in OP_REGISTRY
+    with pytest.raises(KeyError, match="unknown op type 'test_no_reference'"):
+        unregister("test_no_reference")
 
 
 def test_evaluate_runs_a_training_step_like_the_plan():
@@ -100,7 +107,8 @@ def test_evaluate_checks_its_arguments():
 def test_kernel_tables_fusion_functions_and_side_effects_are_derived_from_the_registry():
     elementwise = elementwise_ops()
     assert set(elementwise) == {n for n, op in all_ops().items() if op.scalar is not None}
-    assert set(elementwise) <= set(cpu.KERNELS)
+    assert all(cpu.builder_for(op) is not None for op in elementwise.values())
+    assert not set(elementwise) & set(cpu.KERNELS)      # derived, not kept in the table
     functions = scalar_functions()
     assert set(functions) == {op.scalar.__name__ for op in elementwise.values()}
     assert {"f16", "f32", "f64"} <= set(arity()) and set(functions) <= set(arity())
@@ -117,3 +125,21 @@ def test_a_scalar_function_name_clash_is_an_error_at_registration():
     with pytest.raises(ValueError, match="in no AMP list: say why in amp_note"):
         register("test_unlisted", lambda ins, attrs: [])
     assert "test_clash" not in OP_REGISTRY and "test_unlisted" not in OP_REGISTRY
+
+
+
+def test_an_elementwise_op_registered_late_runs_through_nn_graph():
+    """Elementwise kernels are derived when a plan is built, so an op registered after the kernel
+    packages were imported runs at once, alone and fused."""
+    with late_op() as (op, check):
+        assert "test_cube" not in cpu.KERNELS and cpu.builder_for(op) is not None
+        check()
+    assert "test_cube" not in all_ops() and "cube" not in scalar_functions()
+
+
+def test_a_kernel_table_refuses_two_builders_for_one_op():
+    first = types.SimpleNamespace(__name__="first", BUILDERS={"relu": lambda n, i, o: []})
+    second = types.SimpleNamespace(__name__="second", BUILDERS={"relu": lambda n, i, o: []})
+    assert set(kernel_table(first)) == {"relu"}
+    with pytest.raises(ValueError, match="op 'relu' has builders in first and second; keep one"):
+        kernel_table(first, second)

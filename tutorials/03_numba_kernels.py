@@ -7,8 +7,8 @@ What this lesson shows, for the op ``sigmoid``:
 2. The op declaration next to it (``elementwise("sigmoid", sigmoid, ...)`` in
    ``miniflow/ops/elementwise.py``) gives that function (``OpDef.scalar``), the NumPy reference,
    the gradient rule and the AMP category; the kernels of every backend are derived from it.
-3. CPU: a *kernel factory* (``cpu_elementwise.map_kernel``) closes over the scalar function and
-   returns a ``numba.njit`` loop ``out[i] = fn(x[i])``, serial (``range``) or parallel
+3. CPU: a *kernel factory* (``kernels.cpu.elementwise.map_kernel``) closes over the scalar
+   function and returns a ``numba.njit`` loop ``out[i] = fn(x[i])``, serial (``range``) or parallel
    (``numba.prange``). Numba's CPU target has no float16, so float16 arrays reach the kernel as
    their ``uint16`` bits and the loop converts on load and store (float32 arithmetic).
 4. Timing against NumPy for growing sizes (a figure: time per element), for the forward kernel
@@ -73,7 +73,7 @@ def cpu_lesson(args) -> None:
     import miniflow as mf
     from miniflow import nn
     from miniflow.amp import AmpLists
-    from miniflow.kernels import cpu_elementwise
+    from miniflow.kernels.cpu import elementwise as cpu_elementwise
     from miniflow.ops import get_op
     from miniflow.ops.elementwise import sigmoid, sigmoid_grad
 
@@ -93,7 +93,7 @@ def cpu_lesson(args) -> None:
           f"lesson 4; AmpLists() reads it: {AmpLists().category('sigmoid')!r})")
 
     print("\n== 3. The CPU kernel: a factory compiles the scalar function into a loop ==")
-    print("the factory (miniflow/kernels/cpu_elementwise.py):")
+    print("the factory (miniflow/kernels/cpu/elementwise.py):")
     print(indent(inspect.getsource(cpu_elementwise.map_kernel).rstrip()))
     serial = cpu_elementwise.map_kernel(sigmoid, False)
     parallel = cpu_elementwise.map_kernel(sigmoid, True)
@@ -137,7 +137,7 @@ def cpu_lesson(args) -> None:
     print(f"graph output equals the kernel called by hand: {bool(np.array_equal(y, out))}")
 
     print("\n== 4. Timing against NumPy (float32, best of 5 rounds) ==")
-    from miniflow.kernels.cpu_common import PARALLEL_MIN_SIZE
+    from miniflow.kernels.cpu.common import PARALLEL_MIN_SIZE
     grad_serial = cpu_elementwise.zip_kernel(sigmoid_grad, False)
     grad_parallel = cpu_elementwise.zip_kernel(sigmoid_grad, True)
     sizes = [10 ** 4, 10 ** 6] if args.quick else [10 ** 3, 10 ** 4, 10 ** 5, 10 ** 6, 10 ** 7]
@@ -178,7 +178,7 @@ def cpu_lesson(args) -> None:
           f"speed. sigmoid_grad is memory-bound: the kernel reads y and dy once and writes once, "
           f"NumPy makes two temporary arrays ((1 - y), dy * (1 - y)) and reads them back")
     print(f"parallel variant: worth it only for large arrays on idle cores; plan builders choose "
-          f"it from {PARALLEL_MIN_SIZE:,d} elements (cpu_common.PARALLEL_MIN_SIZE)")
+          f"it from {PARALLEL_MIN_SIZE:,d} elements (kernels.cpu.common.PARALLEL_MIN_SIZE)")
 
     import matplotlib
     matplotlib.use("Agg")
@@ -262,8 +262,8 @@ def cuda_child(args) -> None:
         print(f"miniflow cuda backend: unavailable ({why}); part (b) skipped")
         return
     mf.set_backend("cuda")
-    from miniflow.kernels import cuda_elementwise
-    print("miniflow's CUDA kernel factory (miniflow/kernels/cuda_elementwise.py):")
+    from miniflow.kernels.cuda import elementwise as cuda_elementwise
+    print("miniflow's CUDA kernel factory (miniflow/kernels/cuda/elementwise.py):")
     print(indent(inspect.getsource(cuda_elementwise.map_kernel).rstrip()))
 
     class Sigmoid(nn.Graph):

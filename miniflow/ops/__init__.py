@@ -4,8 +4,8 @@ Importing this package registers every op type. See ``registry.OpDef`` for what 
 and ``elementwise.elementwise`` for declaring an elementwise op with its scalar function.
 """
 from .registry import (OP_REGISTRY, OpDef, all_ops, emitter, get_op, inference_calls, register,
-                       scalar_functions)
+                       scalar_functions, unregister)
 from . import amp_ops, elementwise, fused, linalg, loss_scale, nn, shape, update  # noqa: F401  (registers the op types)
 
 __all__ = ["OP_REGISTRY", "OpDef", "all_ops", "emitter", "get_op", "inference_calls", "register",
-           "scalar_functions"]
+           "scalar_functions", "unregister"]

@@ -4,11 +4,12 @@ An op type is declared once: attribute normalisation, shape/dtype inference, its
 (which *emits* backward nodes made of registered ops, OneFlow style), sample inputs, a NumPy float64
 reference, its AMP category, which inputs it writes in place, and, for an elementwise op, its scalar
 function. Everything else is derived from these records: the CPU and CUDA elementwise kernels
-(``miniflow.kernels.elementwise_table``), the fusion pass's fusible ops and the function table of
+(``miniflow.kernels.common.elementwise``), the fusion pass's fusible ops and the function table of
 the fused-expression language (:func:`scalar_functions`), the AMP default lists
 (``miniflow.amp.lists``), dead-code elimination's "keep it" (:attr:`OpDef.side_effect`), the
 reference interpreter ``miniflow.ir.evaluate`` and the registry-wide kernel tests. Kernels register
-per backend under the op's name (``miniflow.kernels.cpu.KERNELS``).
+per backend under the op's name (``miniflow.kernels.cpu.KERNELS``), or are derived from the
+scalar function when a plan is built (``builder_for``).
 
 A node of the IR holds its ``OpDef`` (``node.op``), so ``miniflow.ir`` never imports this package.
 Code that names ops by string resolves them here: :func:`get_op`, and :func:`emitter`, the
@@ -19,8 +20,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable
 
-__all__ = ["OpDef", "register", "get_op", "all_ops", "OP_REGISTRY", "inference_calls", "emitter",
-           "scalar_functions", "scalar_ops", "AMP_CATEGORIES", "CAST_FUNCTIONS"]
+__all__ = ["OpDef", "register", "unregister", "get_op", "all_ops", "OP_REGISTRY", "inference_calls",
+           "emitter", "scalar_functions", "scalar_ops", "AMP_CATEGORIES", "CAST_FUNCTIONS"]
 
 OP_REGISTRY: dict[str, "OpDef"] = {}
 
@@ -147,6 +148,19 @@ def register(name: str, infer, **kw) -> OpDef:
     op = OpDef(name, infer, **kw)
     _check(op)
     OP_REGISTRY[name] = op
+    return op
+
+
+def unregister(name: str) -> OpDef:
+    """Remove op type ``name`` (a throwaway op of a test or a tutorial); returns its OpDef. Nothing
+    else holds a registered op: kernels of elementwise ops are derived when a plan is built, so
+    the name, and its scalar function's name, can be registered again.
+
+    Raises:
+        KeyError: unknown op type, listing the registered ones.
+    """
+    op = get_op(name)
+    del OP_REGISTRY[name]
     return op
 
 

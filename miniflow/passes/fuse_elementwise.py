@@ -1,5 +1,5 @@
 """Elementwise fusion: merge chains of elementwise ops (casts included) into ``fused_elementwise``
-nodes, each run by one generated kernel (``miniflow/kernels/cpu_fused.py``).
+nodes, each run by one generated kernel (``miniflow/kernels/cpu/fused.py``).
 
 Assumes: the IR is final but for dead code (autograd, AMP, loss scaling and the optimizer pass have
 run), so dtypes and casts are decided. Fusible nodes: ops whose definition has a scalar function

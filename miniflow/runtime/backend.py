@@ -1,10 +1,4 @@
-"""Backend selection and the backend protocol.
-
-A backend provides ``kernels`` (op type -> kernel builder, see ``miniflow.kernels.cpu``), five
-memory functions: ``empty(shape, np_dtype)``, ``from_numpy(array)`` (a copy in backend memory),
-``to_numpy(array)`` (a host copy), ``clone(array)`` (a copy in backend memory) and
-``copy_in(dst, src)`` (host array into a backend buffer), and ``owns(array)``: whether an array
-lives in this backend's memory (plans check their variables).
+"""Backend selection and the backend protocol (:class:`Backend`, the one place it is written).
 
 Backends: ``cpu`` (NumPy arrays, Numba CPU kernels) and ``cuda`` (numba-cuda device arrays and
 kernels; needs the ``cuda`` extra, ``pip install "miniflow[cuda]"``, and an NVIDIA GPU).
@@ -37,12 +31,46 @@ class UnknownBackendError(ValueError):
 
 
 class Backend:
-    """The backend protocol; subclasses fill ``name`` and ``kernels``."""
+    """The backend protocol: what a backend provides. Subclasses fill ``name`` and every method.
+
+    Memory (backend arrays: NumPy arrays for ``cpu``, numba-cuda device arrays for ``cuda``):
+
+    * ``empty(shape, np_dtype)``: a new C-contiguous array (contents undefined);
+    * ``from_numpy(array)``: a copy of a host array in backend memory;
+    * ``to_numpy(array)``: a host copy;
+    * ``clone(array)``: a copy in backend memory (no host round trip);
+    * ``copy_in(dst, src)``: host array ``src`` into the backend buffer ``dst`` (same shape and
+      dtype, else TypeError / ValueError);
+    * ``owns(array)``: whether ``array`` lives in this backend's memory (plans check variables).
+
+    Kernels: ``builder_for(op)`` is the kernel builder of op type ``op`` (an ``OpDef``), or None
+    when the backend has none (the plan then raises NotImplementedError naming the op). A
+    backend's kernel package (``miniflow.kernels.cpu``, ``miniflow.kernels.cuda``) keeps a table
+    ``KERNELS`` (op name -> builder) and derives the builder of every elementwise op from its
+    scalar function when asked (``kernels.common.elementwise``), so an op registered at any time
+    runs on it.
+
+    The builder contract: ``builder(node, ins, outs) -> [(fn, args), ...]``.
+
+    * ``ins`` / ``outs`` are the node's preallocated buffers, one backend array per input / output
+      Value, C-contiguous, of the Values' shapes and dtypes.
+    * The builder runs once, when the plan is built. It reads ``node.attrs`` and the buffers'
+      shapes and dtypes, raises what inference could not check (ValueError / TypeError naming
+      the op), and precomputes everything a step needs: kernel views, launch configurations,
+      stride tables, scratch buffers (allocated now, in the backend's memory).
+    * A step ``fn(*args)`` reads ``ins`` and writes every element of ``outs`` (an op with
+      ``OpDef.writes`` writes those inputs in place instead), using only its own scratch buffers
+      besides. It allocates nothing, copies nothing between host and device, looks nothing up and
+      keeps no state between calls; steps run in the order returned (an empty output may have
+      none). A step may raise on bad data (ValueError, e.g. a label out of range): the plan
+      names the node. ``fn.__name__`` labels it in ``Plan.describe()``.
+    * Precision: f16 and f32 compute in float32, f64 in float64; every result is rounded once,
+      when it is stored in its dtype.
+    """
 
     name = "?"
 
-    @property
-    def kernels(self) -> dict:
+    def builder_for(self, op):
         raise NotImplementedError
 
     def empty(self, shape, np_dtype):
@@ -55,7 +83,6 @@ class Backend:
         raise NotImplementedError
 
     def clone(self, array):
-        """A copy of a backend array in backend memory (no host round trip)."""
         raise NotImplementedError
 
     def copy_in(self, dst, src: np.ndarray) -> None:
@@ -70,10 +97,9 @@ class CpuBackend(Backend):
 
     name = "cpu"
 
-    @property
-    def kernels(self) -> dict:
-        from ..kernels.cpu import KERNELS
-        return KERNELS
+    def builder_for(self, op):
+        from ..kernels.cpu import builder_for
+        return builder_for(op)
 
     def empty(self, shape, np_dtype):
         return np.empty(shape, np_dtype)
@@ -156,10 +182,9 @@ class CudaBackend(Backend):
         from numba import cuda
         self._cuda = cuda
 
-    @property
-    def kernels(self) -> dict:
-        from ..kernels.cuda import KERNELS
-        return KERNELS
+    def builder_for(self, op):
+        from ..kernels.cuda import builder_for
+        return builder_for(op)
 
     def empty(self, shape, np_dtype):
         return self._cuda.device_array(shape, np_dtype)

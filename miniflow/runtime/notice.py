@@ -7,9 +7,9 @@ which fires for a compilation and not for a cache hit (``numba/core/dispatcher.p
 through ``tqdm.external_write_mode``, so a progress bar (``miniflow train``) is cleared first and
 redrawn below it.
 
-When Numba cannot cache where it was asked to (``miniflow.kernels.cache``), the same single line
-says so: it names the unwritable ``NUMBA_CACHE_DIR`` and where Numba caches instead, or, with no
-writable folder at all, that kernels compile in every run and what to do.
+When Numba cannot cache where it was asked to (``miniflow.kernels.common.cache``), the same single
+line says so: it names the unwritable ``NUMBA_CACHE_DIR`` and where Numba caches instead, or, with
+no writable folder at all, that kernels compile in every run and what to do.
 """
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ import sys
 
 from numba.core import event
 
-from ..kernels.cache import CACHE
+from ..kernels.common.cache import CACHE
 
 __all__ = ["NOTICE", "notice_text", "compile_notice"]
 
@@ -27,14 +27,14 @@ NOTICE = "miniflow: compiling kernels (first run only; later runs load them from
 
 
 def notice_text() -> str:
-    """The notice for this process's cache (``miniflow.kernels.cache.CACHE``): :data:`NOTICE`, with
+    """The notice for this process's cache (``kernels.common.cache.CACHE``): :data:`NOTICE`, with
     what went wrong when Numba does not cache where it was asked to, or cannot cache at all."""
     if not CACHE.enabled:
         return (f"miniflow: compiling kernels without Numba's disk cache, so every run compiles "
                 f"them again: {CACHE.problem}; set NUMBA_CACHE_DIR to a writable folder to cache "
                 f"them")
     if CACHE.problem:
-        return f"{NOTICE}; {CACHE.problem}, so Numba caches them in {CACHE.path}"
+        return f"{NOTICE}; {CACHE.problem}, so Numba caches them in {CACHE.folders()}"
     return NOTICE
 
 

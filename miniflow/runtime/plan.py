@@ -4,7 +4,8 @@ Building a plan (once per input signature) allocates a buffer for every Value, b
 the arrays that hold their state, and asks the backend's kernel builder of every node for its steps.
 Running a plan copies the inputs in, runs ``fn(*args)`` for every step, and copies the outputs out:
 no shape inference, no allocation per node, no dict lookups (docs/architecture.md, "Plan, not
-interpreter"). Kernels are found by op name in the backend's table once, when the plan is built.
+interpreter"). Kernels are found once, when the plan is built (``Backend.builder_for``; the builder
+contract is in ``miniflow.runtime.backend.Backend``).
 """
 from __future__ import annotations
 
@@ -40,12 +41,11 @@ def build_steps(nodes, buffers: dict, backend):
     Raises:
         NotImplementedError: the backend has no kernel for an op type (names the op and backend).
     """
-    kernels = backend.kernels
     steps, owners = [], []
     for i, node in enumerate(nodes):
         for v in node.outputs:
             buffers[id(v)] = backend.empty(v.shape, v.dtype.np)
-        builder = kernels.get(node.op.name)
+        builder = backend.builder_for(node.op)
         if builder is None:
             raise NotImplementedError(f"backend {backend.name!r} has no kernel for op "
                                       f"{node.op.name!r} (node: {node.format()})")

@@ -6,13 +6,14 @@ bit for bit."""
 import numpy as np
 import pytest
 
+import miniflow as mf
 from miniflow.kernels import cpu, cuda
-from miniflow.kernels.cuda_launch import GPU, current, use_config
+from miniflow.kernels.cuda.launch import GPU, current, use_config
 from miniflow.ops import all_ops
 from miniflow.runtime.backend import CudaBackend
 
 from cuda_cases import Case, all_cases, host_buffers, make_node, results
-from op_cases import assert_bit_exact, assert_close, assert_matches_reference
+from op_cases import assert_bit_exact, assert_close, assert_matches_reference, late_op
 
 TOL = {np.dtype(np.float16): (2e-3, 1e-3), np.dtype(np.float32): (2e-5, 2e-6),
        np.dtype(np.float64): (1e-12, 1e-13), np.dtype(np.int64): (0, 0)}
@@ -23,7 +24,7 @@ BACKEND = CudaBackend()
 def run_cpu(case: Case) -> list:
     node = make_node(case)
     ins, outs = host_buffers(case, node)
-    for fn, args in cpu.KERNELS[case.op](node, ins, outs):
+    for fn, args in cpu.builder_for(node.op)(node, ins, outs):
         fn(*args)
     return results(case, node, ins, outs)
 
@@ -33,7 +34,7 @@ def run_cuda(case: Case) -> list:
     ins, outs = host_buffers(case, node)
     d_ins = [BACKEND.from_numpy(a) for a in ins]
     d_outs = [BACKEND.from_numpy(a) for a in outs]
-    for fn, args in cuda.KERNELS[case.op](node, d_ins, d_outs):
+    for fn, args in cuda.builder_for(node.op)(node, d_ins, d_outs):
         fn(*args)
     return results(case, node, [BACKEND.to_numpy(a) for a in d_ins],
                    [BACKEND.to_numpy(a) for a in d_outs])
@@ -41,11 +42,11 @@ def run_cuda(case: Case) -> list:
 
 def test_every_op_has_a_cuda_kernel_and_samples():
     """An op with a CPU kernel must have a CUDA kernel and samples (so both lanes cover it)."""
-    missing = sorted(op for op in cpu.KERNELS if op not in cuda.KERNELS)
+    with_cpu = {name: op for name, op in all_ops().items() if cpu.builder_for(op) is not None}
+    missing = sorted(name for name, op in with_cpu.items() if cuda.builder_for(op) is None)
     assert not missing, f"ops with a CPU kernel but no CUDA kernel: {missing}; add a builder to " \
-                        f"miniflow/kernels/cuda*.py"
-    no_samples = sorted(name for name, d in all_ops().items() if name in cpu.KERNELS
-                        and not (d.samples and d.samples()))
+                        f"miniflow/kernels/cuda/"
+    no_samples = sorted(name for name, d in with_cpu.items() if not (d.samples and d.samples()))
     assert not no_samples, f"ops without samples: {no_samples}; register samples= in miniflow/ops"
 
 
@@ -91,3 +92,18 @@ def test_labels_out_of_range_give_nan():
     (dx,) = run_cuda(Case("sparse_softmax_cross_entropy_grad",
                           [np.ones(3, np.float32), label, prob]))
     assert np.isfinite(dx[0]).all() and np.isnan(dx[1:]).all()
+
+
+
+def test_an_elementwise_op_registered_late_runs_on_both_backends():
+    """Elementwise kernels are derived when a plan is built, so an op registered after both kernel
+    packages were imported runs through ``nn.Graph`` on both backends at once."""
+    with late_op() as (op, check):
+        assert "test_cube" not in cuda.KERNELS and cuda.builder_for(op) is not None
+        check()
+        mf.set_backend("cuda")
+        try:
+            plan = check()
+        finally:
+            mf.set_backend("cpu")
+    assert "map[cube] f32" in plan.describe()          # the CUDA launch of the derived kernel

@@ -1,4 +1,5 @@
-"""Shared pieces of the CPU kernels: the ``jit`` decorator, the serial/parallel choice, array views.
+"""Shared pieces of the CPU kernels: the ``jit`` decorator, the serial/parallel choice, array views,
+scalar functions made callable from kernels (:func:`jitable`).
 
 Kernels are ``numba.njit(cache=True, error_model="numpy")`` functions (IEEE semantics: x/0 = inf, no
 ZeroDivisionError). Each kernel factory takes ``parallel`` and closes over the loop it uses,
@@ -26,7 +27,7 @@ from numba.extending import register_jitable
 from . import fp16
 
 __all__ = ["PARALLEL_MIN_SIZE", "jit", "loop_for", "use_parallel", "blas_libraries", "flat",
-           "kview", "jitable"]
+           "kview", "jitable", "scratch"]
 
 PARALLEL_MIN_SIZE = 1 << 16
 """Elements from which builders choose the ``parallel=True`` variant of a kernel."""
@@ -63,7 +64,8 @@ _REGISTERED: set = set()
 
 
 def jitable(fn):
-    """Make a plain scalar function (an op's ``OpDef.scalar``) callable from njit code.
+    """Make a plain scalar function (an op's ``OpDef.scalar``, a body of ``kernels.common``)
+    callable from njit code.
 
     No Numba-IR inlining (``inline="always"``): on Numba 0.68 it miscompiles some kernels (a tuple
     assignment followed by a conditional expression lost its stores); LLVM inlines these small
@@ -88,3 +90,8 @@ def flat(a: np.ndarray) -> np.ndarray:
     """A 1-D C-contiguous kernel view of a C-contiguous array (a 0-d array becomes shape (1,))."""
     return kview(a).reshape(-1)
 
+
+
+def scratch(like, shape, dtype) -> np.ndarray:
+    """A scratch buffer allocated once at build time (host memory, like every CPU array)."""
+    return np.empty(shape, dtype)

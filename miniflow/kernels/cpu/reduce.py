@@ -1,10 +1,9 @@
 """Reduction CPU kernels and builders: reduce_sum, softmax / log_softmax (+ grads), sparse softmax
 cross entropy (+ grad). Sums accumulate in the compute type (float32 for f16/f32, float64 for f64).
 
-``reduce_sum`` views its input as ``(outer, red, inner)``: size-1 dims are dropped and adjacent dims
-of the same kind (kept / reduced) merged; when the reduced dims are not one block (e.g. axis (0, 2)
-of a 3-D tensor) the builder first copies the input, kept dims first, into a scratch buffer.
-Row ops work on the last axis, the input viewed as ``(rows, cols)``.
+``reduce_sum`` views its input as ``(outer, red, inner)`` (``kernels.common.reduce`` plans the
+layout and the gather for both backends; :func:`sum_steps` picks the loop). Row ops work on the
+last axis, the input viewed as ``(rows, cols)``.
 """
 from __future__ import annotations
 
@@ -13,14 +12,15 @@ import math
 
 import numpy as np
 
-from .cpu_common import flat, jit, loop_for, use_parallel
-from .cpu_elementwise import cast_steps
+from .common import flat, jit, loop_for, scratch, use_parallel
+from .elementwise import cast_steps
 from .fp16 import load, store, to_compute
-from .layout import reduce_layout
+from .movement import transpose_steps
+from ..common import reduce
 
-__all__ = ["reduce_sum_kernel", "reduce_sum_columns_kernel", "softmax_kernel", "softmax_grad_kernel",
-           "sparse_xent_kernel",
-           "sparse_xent_grad_kernel", "BUILDERS"]
+__all__ = ["reduce_sum_kernel", "reduce_sum_columns_kernel", "softmax_kernel",
+           "softmax_grad_kernel", "sparse_xent_kernel", "sparse_xent_grad_kernel", "sum_steps",
+           "softmax_steps", "softmax_grad_steps", "xent_steps", "xent_grad_steps", "BUILDERS"]
 
 LABEL_ERROR = "sparse_softmax_cross_entropy: label out of range [0, num_classes)"
 
@@ -192,74 +192,46 @@ def sparse_xent_grad_kernel(parallel: bool):
     return kernel
 
 
-# ----------------------------------------------------------------------------- builders
-def build_reduce_sum(node, ins, outs):
-    """``out = x.sum(axis=attrs["axis"], keepdims=attrs["keepdims"])``, accumulated in compute type."""
-    x, out = ins[0], outs[0]
-    if out.size == 0:
-        return []
-    gather, (outer, red_n, inner) = reduce_layout(x.shape, tuple(node.attrs["axis"]))
-    steps, src = [], x
-    if gather is not None:                # copy x as (kept..., reduced...)
-        sizes, order = gather
-        src = np.empty(x.size, x.dtype)
-        moved = src.reshape([sizes[d] for d in order])
-        steps.append((np.copyto, (moved, x.reshape(sizes).transpose(order))))
+# ----------------------------------------------------------------------------- step makers
+def sum_steps(x: np.ndarray, out: np.ndarray, outer: int, red: int, inner: int):
+    """Steps for ``out[o, k] = sum_r x[o, r, k]``: a copy when ``red == 1`` (keeps -0.0, as
+    NumPy's sum), :func:`reduce_sum_columns_kernel` when ``inner > 1``, else
+    :func:`reduce_sum_kernel`."""
     parallel = use_parallel(x.size) and outer * inner > 1
-    if red_n == 1:                        # nothing to add up: a copy (keeps -0.0, as NumPy's sum)
-        return steps + cast_steps(src, out)
+    if red == 1:
+        return cast_steps(x, out)
     if inner > 1:
         acc = np.empty(out.size, np.float64 if out.dtype == np.float64 else np.float32)
         kernel = reduce_sum_columns_kernel(parallel)
-        return steps + [(kernel, (flat(src), flat(out), acc, outer, red_n, inner))]
-    return steps + [(reduce_sum_kernel(parallel), (flat(src), flat(out), outer, red_n, inner))]
+        return [(kernel, (flat(x), flat(out), acc, outer, red, inner))]
+    return [(reduce_sum_kernel(parallel), (flat(x), flat(out), outer, red, inner))]
 
 
-def _rows_cols(a: np.ndarray):
-    """``(rows, cols)`` of ``a`` viewed as 2-D over its last axis."""
-    return math.prod(a.shape[:-1]), a.shape[-1]
+def softmax_steps(log: bool, x, out, rows: int, cols: int):
+    """One call of :func:`softmax_kernel`."""
+    return [(softmax_kernel(log, use_parallel(x.size)), (flat(x), flat(out), rows, cols))]
 
 
-def _softmax(log):
-    def build(node, ins, outs):
-        rows, cols = _rows_cols(ins[0])
-        kernel = softmax_kernel(log, use_parallel(ins[0].size))
-        return [(kernel, (flat(ins[0]), flat(outs[0]), rows, cols))]
-    build.__doc__ = f"``out = {'log_' if log else ''}softmax(x)`` over the last axis."
-    return build
+def softmax_grad_steps(log: bool, y, dy, dx, rows: int, cols: int):
+    """One call of :func:`softmax_grad_kernel`."""
+    kernel = softmax_grad_kernel(log, use_parallel(y.size))
+    return [(kernel, (flat(y), flat(dy), flat(dx), rows, cols))]
 
 
-def _softmax_grad(log):
-    def build(node, ins, outs):
-        rows, cols = _rows_cols(ins[0])
-        kernel = softmax_grad_kernel(log, use_parallel(ins[0].size))
-        return [(kernel, (flat(ins[0]), flat(ins[1]), flat(outs[0]), rows, cols))]
-    build.__doc__ = f"``dx = {'log_' if log else ''}softmax_grad(y, dy)`` over the last axis."
-    return build
+def xent_steps(x, label, prob, out, rows: int, cols: int):
+    """One call of :func:`sparse_xent_kernel` (it raises ValueError for a label out of range)."""
+    kernel = sparse_xent_kernel(use_parallel(x.size))
+    return [(kernel, (flat(x), label.reshape(-1), flat(prob), flat(out), rows, cols))]
 
 
-def build_sparse_xent(node, ins, outs):
-    """``prob, out = sparse_softmax_cross_entropy(prediction [N, C], label [N] int64)``."""
-    rows, cols = _rows_cols(ins[0])
-    kernel = sparse_xent_kernel(use_parallel(ins[0].size))
-    return [(kernel, (flat(ins[0]), ins[1].reshape(-1), flat(outs[0]), flat(outs[1]),
-                      rows, cols))]
+def xent_grad_steps(dy, label, prob, dx, rows: int, cols: int):
+    """One call of :func:`sparse_xent_grad_kernel` (it raises ValueError for a label out of
+    range)."""
+    kernel = sparse_xent_grad_kernel(use_parallel(prob.size))
+    return [(kernel, (flat(dy), label.reshape(-1), flat(prob), flat(dx), rows, cols))]
 
 
-def build_sparse_xent_grad(node, ins, outs):
-    """``dx = sparse_softmax_cross_entropy_grad(dy [N], label [N] int64, prob [N, C])``."""
-    rows, cols = _rows_cols(ins[2])
-    kernel = sparse_xent_grad_kernel(use_parallel(ins[2].size))
-    return [(kernel, (flat(ins[0]), ins[1].reshape(-1), flat(ins[2]), flat(outs[0]), rows, cols))]
-
-
-BUILDERS = {
-    "reduce_sum": build_reduce_sum,
-    "softmax": _softmax(False),
-    "log_softmax": _softmax(True),
-    "softmax_grad": _softmax_grad(False),
-    "log_softmax_grad": _softmax_grad(True),
-    "sparse_softmax_cross_entropy": build_sparse_xent,
-    "sparse_softmax_cross_entropy_grad": build_sparse_xent_grad,
-}
+BUILDERS = reduce.builders(transpose_steps=transpose_steps, scratch=scratch, sum_steps=sum_steps,
+                           softmax_steps=softmax_steps, softmax_grad_steps=softmax_grad_steps,
+                           xent_steps=xent_steps, xent_grad_steps=xent_grad_steps)
 """Op type -> builder for the reductions and row ops."""

@@ -1,20 +1,7 @@
-"""The CUDA backend's kernels: ``KERNELS``, op type -> kernel builder (numba-cuda).
+"""``matmul`` on CUDA: a tiled kernel over shared memory (launch: ``launch.tile_steps``).
 
-Same contract as ``miniflow.kernels.cpu``: a builder is ``builder(node, ins, outs) ->
-list[(fn, args)]``, run once when the plan is built; ``ins`` / ``outs`` are the node's
-preallocated C-contiguous device arrays. The builder precomputes everything a step needs (flat
-views, launch configurations, broadcast strides, scratch buffers), so that a step is one kernel
-launch ``fn(*args)`` that allocates nothing and copies nothing between host and device.
-
-Kernels live in ``cuda_elementwise`` (map / zip / broadcast / cast / fill / gather),
-``cuda_reduce`` (reduce_sum, softmax family, cross entropy), ``cuda_update`` (SGD, Adam) and
-``cuda_loss_scale`` (loss-scale stage), ``cuda_fused`` (generated fused elementwise kernels); this
-module adds the tiled matmul. Types and shared helpers: ``cuda_common``; block sizes, grids and the
-matmul tile: ``cuda_launch``.
-
-Precision: the CPU backend's contract. f16 and f32 compute in float32, f64 in float64; f16 is
-converted on load and store only; matmul accumulates in float32 (float64 for f64) and rounds the
-result once.
+The product accumulates in the compute type (float32 for f16/f32, float64 for f64) and is rounded
+once to out's dtype; the transposes are strides, read in place.
 """
 from __future__ import annotations
 
@@ -22,12 +9,10 @@ import functools
 
 from numba import cuda
 
-from . import cuda_elementwise, cuda_fused, cuda_loss_scale, cuda_reduce, cuda_update
-from .cuda_common import compute_type, flat, jit, storage_type
-from .cuda_elementwise import short
-from .cuda_launch import current, tile_steps
+from .common import compute_type, flat, jit, short, storage_type
+from .launch import current, tile_steps
 
-__all__ = ["KERNELS", "matmul_kernel"]
+__all__ = ["BUILDERS", "matmul_kernel", "build_matmul"]
 
 
 @functools.cache
@@ -78,12 +63,5 @@ def build_matmul(node, ins, outs):
                       f"matmul {short(out.dtype)}")
 
 
-KERNELS = {
-    **cuda_elementwise.BUILDERS,
-    **cuda_reduce.BUILDERS,
-    **cuda_update.BUILDERS,
-    **cuda_loss_scale.BUILDERS,
-    "matmul": build_matmul,
-    "fused_elementwise": cuda_fused.build_fused_elementwise,
-}
-"""Op type -> builder ``(node, ins, outs) -> [(fn, args), ...]`` for the CUDA backend."""
+BUILDERS = {"matmul": build_matmul}
+"""Op type -> builder."""

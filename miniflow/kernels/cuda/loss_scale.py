@@ -1,11 +1,13 @@
-"""CUDA kernels of the loss-scale stage: scalar_mul_by_tensor, multi_count_not_finite,
-dynamic_loss_scale_schedule (semantics in ``miniflow.ops.loss_scale``, CPU twins in
-``cpu_loss_scale``).
+"""CUDA kernels of the loss-scale stage: multi_count_not_finite and dynamic_loss_scale_schedule
+(semantics in ``miniflow.ops.loss_scale``; ``scalar_mul_by_tensor`` is an elementwise rule of
+``kernels.common.elementwise``).
 
 ``multi_count_not_finite`` is one row kernel over all gradients at once: block ``k`` counts the
 non-finite elements of input ``k`` (the inputs arrive as one tuple of flat arrays of one dtype) and
 combines the per-thread counts in shared memory; a one-thread kernel then sums the counts into the
-total. The schedule is a one-thread kernel that updates the scale and the growth tracker in place.
+total. The schedule is a one-thread kernel over the scalar body
+``kernels.common.loss_scale.schedule`` (the CPU's math) that updates the scale and the growth
+tracker in place.
 """
 from __future__ import annotations
 
@@ -13,10 +15,9 @@ import functools
 
 from numba import cuda, types
 
-from .cuda_common import block_sum, compute_type, flat, jit, math
-from .cuda_elementwise import short, zip_steps
-from .cuda_launch import current, flat_steps, row_steps
-from ..ops.elementwise import mul
+from .common import block_sum, compute_type, device, flat, jit, math, short
+from .launch import current, flat_steps, row_steps
+from ..common.loss_scale import schedule, schedule_builder
 
 __all__ = ["count_not_finite_kernel", "sum_counts_kernel", "schedule_kernel", "BUILDERS"]
 
@@ -59,33 +60,21 @@ def sum_counts_kernel():
 @functools.cache
 def schedule_kernel():
     """``kernel(total, scale, tracker, growth_factor, backoff_factor, growth_interval, min_scale)``
-    (one thread): ``total[0] != 0`` -> ``scale = max(scale * backoff, min_scale)``, tracker = 0;
-    else tracker += 1 and at ``growth_interval`` ``scale *= growth`` unless that is not finite in
-    float32, tracker = 0."""
+    (one thread): ``scale[0], tracker[0] = schedule(total[0], scale[0], tracker[0], ...)``."""
+    step = device(schedule)
 
     @jit
     def kernel(total, scale, tracker, growth_factor, backoff_factor, growth_interval, min_scale):
-        if cuda.grid(1) != 0:
-            return
-        if total[0] != 0:
-            scale[0] = types.float32(max(types.float64(scale[0]) * backoff_factor, min_scale))
-            tracker[0] = 0
-            return
-        tracker[0] += 1
-        if tracker[0] >= growth_interval:
-            grown = types.float32(types.float64(scale[0]) * growth_factor)
-            if math.isfinite(grown):
-                scale[0] = grown
-            tracker[0] = 0
+        if cuda.grid(1) == 0:
+            scale[0], tracker[0] = step(total[0], scale[0], tracker[0], growth_factor,
+                                        backoff_factor, growth_interval, min_scale)
 
     return kernel
 
 
-def build_scalar_mul_by_tensor(node, ins, outs):
-    """``out[i] = x[i] * scalar``: a broadcasting zip against the one-element scalar, whatever its
-    shape (``[]``, ``[1]``, ``[1,1]`` ...): it is read flat and broadcast as ``(1,) * x.ndim``."""
-    x, s = ins
-    return zip_steps(mul, x, s, outs[0], y_shape=(1,) * len(x.shape))
+def schedule_steps(*args):
+    """One one-thread launch of :func:`schedule_kernel`; writes loss_scale and growth_tracker."""
+    return flat_steps(schedule_kernel(), 1, args, "loss_scale_schedule")
 
 
 def build_multi_count_not_finite(node, ins, outs):
@@ -97,17 +86,8 @@ def build_multi_count_not_finite(node, ins, outs):
             + flat_steps(sum_counts_kernel(), 1, (counts, total), "sum_counts"))
 
 
-def build_dynamic_loss_scale_schedule(node, ins, outs):
-    """One launch of :func:`schedule_kernel`; writes loss_scale and growth_tracker in place."""
-    a = node.attrs
-    return flat_steps(schedule_kernel(), 1,
-                      (*ins, float(a["growth_factor"]), float(a["backoff_factor"]),
-                       int(a["growth_interval"]), float(a["min_scale"])), "loss_scale_schedule")
-
-
 BUILDERS = {
-    "scalar_mul_by_tensor": build_scalar_mul_by_tensor,
     "multi_count_not_finite": build_multi_count_not_finite,
-    "dynamic_loss_scale_schedule": build_dynamic_loss_scale_schedule,
+    "dynamic_loss_scale_schedule": schedule_builder(schedule_steps),
 }
 """Op type -> builder for the loss-scale stage."""

@@ -1,7 +1,9 @@
 """Layout planning shared by every backend's kernels, done once when a plan is built: how a NumPy
 broadcast collapses to few dims with element strides (:func:`broadcast_plan`, for the zip and
-gather kernels) and how a ``reduce_sum`` views its input as ``[outer, red, inner]``
-(:func:`reduce_layout`). Plain Python on shapes; no kernel code, no backend imports.
+gather kernels), how a ``reduce_sum`` views its input as ``[outer, red, inner]``
+(:func:`reduce_layout`), how row ops view theirs as ``[rows, cols]`` (:func:`rows_cols`) and
+where ``broadcast_like`` puts its size-1 dims (:func:`unsqueezed`). Plain Python on shapes; no
+kernel code, no backend imports.
 """
 from __future__ import annotations
 
@@ -9,7 +11,7 @@ import math
 
 import numpy as np
 
-__all__ = ["broadcast_plan", "reduce_plan", "reduce_layout"]
+__all__ = ["broadcast_plan", "unsqueezed", "reduce_plan", "reduce_layout", "rows_cols"]
 
 
 def broadcast_plan(out_shape, *in_shapes):
@@ -46,6 +48,17 @@ def broadcast_plan(out_shape, *in_shapes):
     if not shape:
         shape, strides = [1], [[0] for _ in in_shapes]
     return np.array(shape, np.int64), [np.array(st, np.int64) for st in strides]
+
+
+def unsqueezed(shape, axes, ndim: int) -> tuple:
+    """``shape`` with a 1 inserted at each of ``axes`` (of the ``ndim``-dim result; negative axes
+    count from its end) when it has fewer than ``ndim`` dims: ``broadcast_like``'s input as the
+    shape it broadcasts from, e.g. ``((3,), (0,), 2)`` -> ``(1, 3)``."""
+    shape = list(shape)
+    if len(shape) < ndim:
+        for ax in sorted(ax % ndim for ax in axes):
+            shape.insert(ax, 1)
+    return tuple(shape)
 
 
 def reduce_plan(shape, axes):
@@ -89,3 +102,9 @@ def reduce_layout(shape, axes):
         return gather, (math.prod(sizes), 1, 1)
     j = reduced.index(True)
     return gather, (math.prod(sizes[:j]), sizes[j], math.prod(sizes[j + 1:]))
+
+
+def rows_cols(shape) -> tuple:
+    """``(rows, cols)`` of an array of ``shape`` viewed as 2-D over its last axis (row ops)."""
+    shape = tuple(shape)             # the CUDA simulator's shape type has no negative indexing
+    return math.prod(shape[:-1]), shape[-1]

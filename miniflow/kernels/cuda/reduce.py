@@ -1,16 +1,15 @@
 """Reduction and row CUDA kernels: reduce_sum, softmax / log_softmax (+ grads), sparse softmax cross
 entropy (+ grad).
 
-Row kernels (``cuda_launch.row_steps``): one block of ``row_block`` threads per row (blocks loop
+Row kernels (``launch.row_steps``): one block of ``row_block`` threads per row (blocks loop
 over rows when there are more rows than blocks). The block's threads stride over the row's columns,
-and partial results are combined in shared memory (``cuda_common.block_sum`` / ``block_max``): no
+and partial results are combined in shared memory (``common.block_sum`` / ``block_max``): no
 atomics. Softmax-like kernels subtract the row max before ``exp`` (a NaN anywhere in a row makes
 the max, hence the whole row, NaN, as on the CPU). Sums accumulate in the compute type (float32 for
 f16/f32, float64 for f64).
 
-``reduce_sum`` views its input as ``(outer, red, inner)`` with ``layout.reduce_layout`` and runs
-one row per output element; when the reduced dims are not one block, the builder first gathers the
-input, kept dims first, into a scratch buffer (as the CPU builder does).
+``reduce_sum`` views its input as ``(outer, red, inner)`` (``kernels.common.reduce`` plans the
+layout and the gather for both backends) and runs one row per output element.
 
 Labels out of range. The CPU kernels raise ValueError; a CUDA kernel cannot raise, so a row whose
 label is outside ``[0, C)`` gets a NaN loss (and a NaN gradient row), which the loss-scale pass's
@@ -19,19 +18,18 @@ non-finite count and any printed loss show.
 from __future__ import annotations
 
 import functools
-import math as _math
 
 import numpy as np
 from numba import cuda
 
-from .cuda_common import (block_max, block_sum, compute_type, flat, jit, math, nan_max, scratch,
-                          storage_type)
-from .cuda_elementwise import c_strides, fill_steps, gather_steps, short
-from .cuda_launch import current, flat_steps, row_steps
-from .layout import reduce_layout
+from .common import block_max, block_sum, flat, jit, math, nan_max, scratch, short, types_of
+from .launch import current, flat_steps, row_steps
+from .movement import fill_steps, transpose_steps
+from ..common import reduce
 
 __all__ = ["reduce_sum_kernel", "row_max_sumexp", "softmax_kernel", "softmax_grad_kernel",
-           "sparse_xent_kernel", "sparse_xent_grad_kernel", "BUILDERS"]
+           "sparse_xent_kernel", "sparse_xent_grad_kernel", "sum_steps", "softmax_steps",
+           "softmax_grad_steps", "xent_steps", "xent_grad_steps", "BUILDERS"]
 
 
 # ----------------------------------------------------------------------------- kernels
@@ -162,86 +160,50 @@ def sparse_xent_grad_kernel(ct, st):
     return kernel
 
 
-# ----------------------------------------------------------------------------- builders
-def _types(a):
-    return compute_type(a.dtype), storage_type(a.dtype)
+# ----------------------------------------------------------------------------- step makers
+def sum_steps(x, out, outer: int, red: int, inner: int):
+    """Steps for ``out[o, k] = sum_r x[o, r, k]``: one row block per output element."""
+    kernel = reduce_sum_kernel(*types_of(out), current().row_block)
+    return row_steps(kernel, outer * inner, (flat(x), flat(out), outer, red, inner),
+                     f"reduce_sum {short(out.dtype)}")
 
 
-def build_reduce_sum(node, ins, outs):
-    """``out = x.sum(axis=attrs["axis"], keepdims=attrs["keepdims"])``, summed in compute type."""
-    x, out = ins[0], outs[0]
+def softmax_steps(log: bool, x, out, rows: int, cols: int):
+    """Row launches of :func:`softmax_kernel` (none for an empty output)."""
     if out.size == 0:
         return []
-    gather, (outer, red_n, inner) = reduce_layout(x.shape, tuple(node.attrs["axis"]))
-    steps, src = [], x
-    if gather is not None:      # gather x as (kept..., reduced...)
-        sizes, order = gather
-        src = scratch(x, (x.size,), x.dtype)
-        xst = c_strides(sizes)
-        steps += gather_steps(x, src, [sizes[d] for d in order], [xst[d] for d in order],
-                              "reduce_gather")
-    kernel = reduce_sum_kernel(*_types(out), current().row_block)
-    return steps + row_steps(kernel, outer * inner, (flat(src), flat(out), outer, red_n, inner),
-                             f"reduce_sum {short(out.dtype)}")
+    kernel = softmax_kernel(log, *types_of(out), current().row_block)
+    return row_steps(kernel, rows, (flat(x), flat(out), rows, cols),
+                     f"{'log_' if log else ''}softmax {short(out.dtype)}")
 
 
-def _rows_cols(a):
-    """``(rows, cols)`` of ``a`` viewed as 2-D over its last axis."""
-    shape = tuple(a.shape)           # the simulator's shape type has no negative indexing
-    return _math.prod(shape[:-1]), shape[-1]
+def softmax_grad_steps(log: bool, y, dy, dx, rows: int, cols: int):
+    """Row launches of :func:`softmax_grad_kernel` (none for an empty output)."""
+    if dx.size == 0:
+        return []
+    kernel = softmax_grad_kernel(log, *types_of(dx), current().row_block)
+    return row_steps(kernel, rows, (flat(y), flat(dy), flat(dx), rows, cols),
+                     f"{'log_' if log else ''}softmax_grad {short(dx.dtype)}")
 
 
-def _softmax(log):
-    def build(node, ins, outs):
-        x, out = ins[0], outs[0]
-        rows, cols = _rows_cols(x)
-        if out.size == 0:
-            return []
-        kernel = softmax_kernel(log, *_types(out), current().row_block)
-        return row_steps(kernel, rows, (flat(x), flat(out), rows, cols),
-                         f"{'log_' if log else ''}softmax {short(out.dtype)}")
-    build.__doc__ = f"``out = {'log_' if log else ''}softmax(x)`` over the last axis."
-    return build
+def xent_steps(x, label, prob, out, rows: int, cols: int):
+    """Row launches of :func:`sparse_xent_kernel`; with no rows or no classes (then every label is
+    out of range) a NaN fill of the loss."""
+    if prob.size == 0:
+        return fill_steps(out, np.nan)
+    kernel = sparse_xent_kernel(*types_of(prob), current().row_block)
+    return row_steps(kernel, rows, (flat(x), flat(label), flat(prob), flat(out), rows, cols),
+                     f"sparse_xent {short(prob.dtype)}")
 
 
-def _softmax_grad(log):
-    def build(node, ins, outs):
-        rows, cols = _rows_cols(ins[0])
-        if outs[0].size == 0:
-            return []
-        kernel = softmax_grad_kernel(log, *_types(outs[0]), current().row_block)
-        return row_steps(kernel, rows, (flat(ins[0]), flat(ins[1]), flat(outs[0]), rows, cols),
-                         f"{'log_' if log else ''}softmax_grad {short(outs[0].dtype)}")
-    build.__doc__ = f"``dx = {'log_' if log else ''}softmax_grad(y, dy)`` over the last axis."
-    return build
+def xent_grad_steps(dy, label, prob, dx, rows: int, cols: int):
+    """A grid-stride launch of :func:`sparse_xent_grad_kernel` over dx."""
+    kernel = sparse_xent_grad_kernel(*types_of(dx))
+    return flat_steps(kernel, dx.size, (flat(dy), flat(label), flat(prob), flat(dx), cols),
+                      f"sparse_xent_grad {short(dx.dtype)}")
 
 
-def build_sparse_xent(node, ins, outs):
-    """``prob, out = sparse_softmax_cross_entropy(prediction [N, C], label [N] int64)``."""
-    rows, cols = _rows_cols(ins[0])
-    if outs[0].size == 0:        # no rows, or no classes (then every label is out of range)
-        return fill_steps(outs[1], np.nan)
-    kernel = sparse_xent_kernel(*_types(outs[0]), current().row_block)
-    return row_steps(kernel, rows, (flat(ins[0]), flat(ins[1]), flat(outs[0]), flat(outs[1]),
-                                    rows, cols), f"sparse_xent {short(outs[0].dtype)}")
-
-
-def build_sparse_xent_grad(node, ins, outs):
-    """``dx = sparse_softmax_cross_entropy_grad(dy [N], label [N] int64, prob [N, C])``."""
-    rows, cols = _rows_cols(ins[2])
-    kernel = sparse_xent_grad_kernel(*_types(outs[0]))
-    return flat_steps(kernel, outs[0].size, (flat(ins[0]), flat(ins[1]), flat(ins[2]),
-                                             flat(outs[0]), cols),
-                      f"sparse_xent_grad {short(outs[0].dtype)}")
-
-
-BUILDERS = {
-    "reduce_sum": build_reduce_sum,
-    "softmax": _softmax(False),
-    "log_softmax": _softmax(True),
-    "softmax_grad": _softmax_grad(False),
-    "log_softmax_grad": _softmax_grad(True),
-    "sparse_softmax_cross_entropy": build_sparse_xent,
-    "sparse_softmax_cross_entropy_grad": build_sparse_xent_grad,
-}
+BUILDERS = reduce.builders(transpose_steps=transpose_steps, scratch=scratch, sum_steps=sum_steps,
+                           softmax_steps=softmax_steps, softmax_grad_steps=softmax_grad_steps,
+                           xent_steps=xent_steps, xent_grad_steps=xent_grad_steps)
 """Op type -> builder for the reductions and row ops."""

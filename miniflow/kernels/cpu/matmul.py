@@ -30,11 +30,11 @@ import functools
 
 import numpy as np
 
-from .cpu_common import blas_libraries, jit, loop_for, use_parallel
-from .cpu_elementwise import cast_steps
+from .common import blas_libraries, jit, loop_for, use_parallel
+from .elementwise import cast_steps
 from .fp16 import to_compute
 
-__all__ = ["SKINNY", "SKINNY_DOT", "BIG", "ONE_THREAD_FROM", "ONE_THREAD_BELOW", "OneThreadBlas",
+__all__ = ["BUILDERS", "SKINNY", "SKINNY_DOT", "BIG", "ONE_THREAD_FROM", "ONE_THREAD_BELOW", "OneThreadBlas",
            "rows_times_kernel",
            "outer_sum_kernel", "build_matmul"]
 
@@ -169,3 +169,7 @@ def build_matmul(node, ins, outs):
     if target is not out:
         steps += cast_steps(target, out)
     return steps
+
+
+BUILDERS = {"matmul": build_matmul}
+"""Op type -> builder."""

@@ -1,5 +1,5 @@
 """The CPU kernel of ``fused_elementwise``: a Numba function generated from the node's expression
-(:mod:`miniflow.kernels.codegen` lowers it and caches the module on disk).
+(``kernels.common.codegen`` lowers it and caches the module on disk).
 
 One kernel per (expression with its numbers as arguments, input dtypes, broadcast kinds, loop
 shape, serial or parallel). For ``relu(add(x0, x1))`` over f32 ``[64,128]`` with ``x1: f32[128]``
@@ -19,26 +19,26 @@ shape, serial or parallel). For ``relu(add(x0, x1))`` over f32 ``[64,128]`` with
                 y0 = v1
                 store(out0r, c, y0)
 
-Inputs arrive as 1-D kernel views (float16 as uint16 bits, ``cpu_common.flat``); ``load`` widens,
+Inputs arrive as 1-D kernel views (float16 as uint16 bits, ``common.flat``); ``load`` widens,
 ``store`` rounds once (``fp16``). Two dims when some input is a row or a column, else one flat loop
 over ``n`` elements. The parallel variant (``prange`` over rows or elements) is chosen by size
-(``cpu_common.use_parallel``).
+(``common.use_parallel``).
 """
 from __future__ import annotations
 
 import functools
 
-from . import codegen
-from .cpu_common import flat, jitable, use_parallel
-from ..dtype import as_dtype
-from ..ops.fused import broadcast_kinds, parse
+from .common import flat, jitable, use_parallel
+from ..common import codegen
+from ...dtype import as_dtype
+from ...ops.fused import broadcast_kinds, parse
 
-__all__ = ["CPU", "fused_source", "build_fused_elementwise"]
+__all__ = ["BUILDERS", "CPU", "fused_source", "build_fused_elementwise"]
 
 CPU = codegen.Dialect(load=lambda array, index, dtype: f"load({array}, {index})",
                       store="store({array}, {index}, {value})", f16="widen(narrow({value}))",
                       f16_wide="widen(narrow64(float64({value})))")
-"""The CPU spelling of loads, stores and float16 rounding (``miniflow.kernels.fp16``)."""
+"""The CPU spelling of loads, stores and float16 rounding (``fp16``)."""
 
 ROW_SLICES = {**codegen.FLAT, "full": ("r", "c")}
 """Two dims: full inputs and outputs are read and written through their row's slice ``x<k>r`` at
@@ -70,10 +70,10 @@ def fused_source(expr: str, input_dtypes, kinds, two_dims: bool, parallel: bool)
         head = [f"for i in {loop}(n):"]
     imports = ["import numpy as np", "from numba import prange",
                "from numpy import float32, float64", "",
-               "from miniflow.kernels.cpu_common import jit",
-               "from miniflow.kernels.fp16 import load, narrow, narrow64, store, widen"]
+               "from miniflow.kernels.cpu.common import jit",
+               "from miniflow.kernels.cpu.fp16 import load, narrow, narrow64, store, widen"]
     imports += codegen.function_imports(functions)
-    source = codegen.module_source("miniflow.kernels.cpu_fused", low, input_dtypes, kinds, imports,
+    source = codegen.module_source("miniflow.kernels.cpu.fused", low, input_dtypes, kinds, imports,
                                    f"@jit({parallel})", head)
     return source, [v for v, _ in low.numbers]
 
@@ -94,3 +94,7 @@ def build_fused_elementwise(node, ins, outs):
     kernel, numbers = _kernel(node.attrs["expr"], dtypes, tuple(kinds), len(dims) == 2,
                               use_parallel(outs[0].size))
     return [(kernel, (*(flat(a) for a in ins), *numbers, *(flat(o) for o in outs), *dims))]
+
+
+BUILDERS = {"fused_elementwise": build_fused_elementwise}
+"""Op type -> builder."""

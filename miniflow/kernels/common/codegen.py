@@ -1,7 +1,7 @@
 """Kernel source generation: lowering a ``fused_elementwise`` expression to lines of kernel code,
 and writing generated modules to files so that Numba's disk cache works for them.
 
-Lowering (:func:`lower`) is shared by the CPU and CUDA kernels (``cpu_fused``, ``cuda_fused``); a
+Lowering (:func:`lower`) is shared by the CPU and CUDA kernels (``cpu.fused``, ``cuda.fused``); a
 :class:`Dialect` says how each backend loads an input, rounds to float16 and stores an output.
 Every function or cast result gets a local ``v<k>``, rounded to its dtype as the unfused kernel
 rounds before a store (so fused and unfused graphs compute the same bits): f32 / f64 results are
@@ -17,7 +17,7 @@ modules therefore live in real files, one per source text, named by its hash
 half a file) and never rewritten, in :func:`generated_dir`: ``$NUMBA_CACHE_DIR/miniflow_generated``
 when Numba caches in ``NUMBA_CACHE_DIR``, else ``miniflow/generated`` in the user's cache folder
 (``$XDG_CACHE_HOME``, default ``~/.cache``); never in the source tree. Deleting it is always safe.
-When Numba cannot cache (no writable folder, ``miniflow.kernels.cache``), no file is written: the
+When Numba cannot cache (no writable folder, ``kernels.common.cache``), no file is written: the
 module compiles from memory and its kernel with ``cache=False``.
 """
 from __future__ import annotations
@@ -33,9 +33,9 @@ from dataclasses import dataclass
 from typing import Callable
 
 from .cache import CACHE
-from ..dtype import as_dtype
-from ..ops.fused import CASTS, term_dtype
-from ..ops.registry import scalar_functions
+from ...dtype import as_dtype
+from ...ops.fused import CASTS, term_dtype
+from ...ops.registry import scalar_functions
 
 __all__ = ["Dialect", "Lowered", "FLAT", "lower", "functions", "function_imports", "module_source",
            "generated_dir", "load_source"]
@@ -175,7 +175,7 @@ _MODULES: dict = {}
 
 
 def generated_dir() -> str | None:
-    """The folder generated sources are written to (``miniflow.kernels.cache.CACHE.generated``);
+    """The folder generated sources are written to (``kernels.common.cache.CACHE.generated``);
     None when Numba cannot cache and they compile from memory."""
     return CACHE.generated
 

@@ -1,4 +1,5 @@
-"""Shared pieces of the CUDA kernels: the jit decorators, compute/storage types, device helpers.
+"""Shared pieces of the CUDA kernels: the jit decorators, compute/storage types, device helpers,
+scalar functions as device functions (:func:`device`).
 
 Types. Kernels get device arrays in their storage dtype (float16 arrays are numba ``float16``
 arrays). A kernel factory closes over two numba types: ``ct``, the compute type (float32 for f16 and
@@ -10,16 +11,16 @@ canonical NaN, so its sign and payload may differ from NumPy's). No arithmetic h
 and no kernel uses atomics: reductions combine partial results in shared memory.
 
 Caching. Kernels are ``cuda.jit(cache=True)`` on a GPU when Numba has a writable cache folder
-(``miniflow.kernels.cache``), else ``cache=False``. Numba keys a cached kernel by its
+(``kernels.common.cache``), else ``cache=False``. Numba keys a cached kernel by its
 bytecode and the pickled contents of its closure; the closures hold numba types, numbers and
 ``cuda.jit(device=True)`` dispatchers of module-level functions, which pickle by reference, so the
 key is stable across processes. As on the CPU, edits to the ops' scalar functions
-(``miniflow.ops``) or to device helpers in another module are not tracked: clear
-``NUMBA_CACHE_DIR`` after editing them.
+(``miniflow.ops``), to the scalar bodies of ``kernels.common`` or to device helpers in another
+module are not tracked: clear ``NUMBA_CACHE_DIR`` after editing them.
 
 The simulator (``NUMBA_ENABLE_CUDASIM=1``) runs kernels as Python: ``math.exp(1e4)`` raises
 OverflowError and ``math.log(0.0)`` ValueError there, where CUDA returns inf and -inf. ``math``
-in kernel modules (``from .cuda_common import math``) and in device-compiled scalar functions is
+in kernel modules (``from .common import math``) and in device-compiled scalar functions is
 therefore, under the simulator only, :data:`SimulatorMath`: ``math`` with the functions that raise
 on IEEE cases replaced by NumPy's (every other ``math`` function, ``erf`` say, is the real one, so a
 new scalar function needs nothing here).
@@ -34,11 +35,13 @@ import numpy as np
 from numba import config as numba_config
 from numba import cuda, types
 
-from .cache import CACHE
-from ..ops.elementwise import add
+from ..common.cache import CACHE
+from ...dtype import as_dtype
+from ...ops.elementwise import add
 
-__all__ = ["SIMULATOR", "jit", "device", "compute_type", "storage_type", "flat", "scratch", "math",
-           "SimulatorMath", "nan_max", "block_sum", "block_max", "strided_offset"]
+__all__ = ["SIMULATOR", "jit", "device", "compute_type", "storage_type", "types_of", "short",
+           "flat", "scratch", "math", "SimulatorMath", "nan_max", "block_sum", "block_max",
+           "strided_offset"]
 
 SIMULATOR = bool(numba_config.ENABLE_CUDASIM)
 """True when numba runs CUDA kernels in its simulator (``NUMBA_ENABLE_CUDASIM=1``)."""
@@ -73,7 +76,8 @@ def jit(fn):
 
 @functools.cache
 def device(fn):
-    """The plain scalar function ``fn`` (an op's ``OpDef.scalar``) as a CUDA device function.
+    """The plain scalar function ``fn`` (an op's ``OpDef.scalar``, a body of ``kernels.common``)
+    as a CUDA device function.
 
     Under the simulator ``fn`` is first rebuilt with :data:`SimulatorMath` as its ``math``.
     """
@@ -104,6 +108,17 @@ def compute_type(dtype):
     """The numba type kernels compute in for storage ``dtype``: float32 for f16/f32, else itself."""
     st = storage_type(dtype)
     return types.float32 if st == types.float16 else st
+
+
+def types_of(a):
+    """``(compute type, storage type)`` of array ``a``'s elements (the types kernel factories
+    close over)."""
+    return compute_type(a.dtype), storage_type(a.dtype)
+
+
+def short(dtype) -> str:
+    """``f16`` for float16 etc. (kernel labels)."""
+    return as_dtype(np.dtype(dtype)).short
 
 
 def flat(a):

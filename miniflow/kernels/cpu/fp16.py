@@ -12,7 +12,7 @@ Numba's CPU target has no float16 type, so fp16 arrays reach kernels as ``arr.vi
 
 so one kernel source serves f16, f32 and f64.
 They are ``numba.extending.overload`` s resolved by the argument types at compile time (plain calls;
-LLVM inlines them; Numba-IR inlining is avoided, see ``cpu_common.jitable``).
+LLVM inlines them; Numba-IR inlining is avoided, see ``cpu.common.jitable``).
 
 Two conversion paths, chosen once at import (``PATH``):
 
@@ -30,9 +30,9 @@ and the target CPU name/features, not by which conversion path its helpers used.
 choice depends only on the CPU name/features, so it is keyed correctly; the forced switch is not, so
 when it is set, ``JIT_CACHE`` is False and kernels compile without the disk cache (no stale
 intrinsic-path code is loaded, none is written). ``JIT_CACHE`` is also False when Numba has no
-writable cache folder (``miniflow.kernels.cache``). Note also that Numba's cache does not track
-edits to helper modules: after editing this file or an op's scalar function (``miniflow.ops``),
-clear ``NUMBA_CACHE_DIR``.
+writable cache folder (``kernels.common.cache``). Note also that Numba's cache does not track
+edits to helper modules: after editing this file, an op's scalar function (``miniflow.ops``) or
+a scalar body of ``kernels.common``, clear ``NUMBA_CACHE_DIR``.
 
 float64 -> fp16 (``narrow64``) always uses the integer algorithm: a direct, single rounding (going
 through float32 would round twice), and hardware F16C has no double->half instruction.
@@ -51,7 +51,7 @@ from llvmlite import ir
 from numba import types
 from numba.extending import intrinsic, overload
 
-from .cache import CACHE
+from ..common.cache import CACHE
 
 __all__ = ["PATH", "FORCE_FALLBACK", "JIT_CACHE", "widen", "narrow", "narrow64",
            "widen_intrinsic", "narrow_intrinsic", "widen_fallback", "narrow_fallback",

@@ -1,5 +1,5 @@
 """The CUDA kernel of ``fused_elementwise``: a numba-cuda kernel generated from the node's
-expression, lowered by :mod:`miniflow.kernels.codegen` exactly as the CPU kernel is (same rounding
+expression, lowered by ``kernels.common.codegen`` exactly as the CPU kernel is (same rounding
 of every result, so both backends agree with their unfused kernels) and cached on disk the same way.
 
 For ``relu(add(x0, x1))`` over f16 ``[64,128]`` with ``x1: f16[128]`` (a row) the kernel is::
@@ -16,22 +16,22 @@ For ``relu(add(x0, x1))`` over f16 ``[64,128]`` with ``x1: f16[128]`` (a row) th
             y0 = v1
             out0[i] = float16(y0)
 
-A 1-D grid-stride loop (``cuda_launch.flat_steps``); loads widen to the compute type
-(``cuda_common``), a float16 round trip is one ``cvt`` each way; scalar functions are the ops'
+A 1-D grid-stride loop (``launch.flat_steps``); loads widen to the compute type
+(``common``), a float16 round trip is one ``cvt`` each way; scalar functions are the ops'
 scalar functions (imported from their declaring module) compiled as device functions
-(``cuda_common.device``).
+(``common.device``).
 """
 from __future__ import annotations
 
 import functools
 
-from . import codegen
-from .cuda_common import flat
-from .cuda_launch import flat_steps
-from ..dtype import as_dtype
-from ..ops.fused import broadcast_kinds, parse
+from .common import flat
+from .launch import flat_steps
+from ..common import codegen
+from ...dtype import as_dtype
+from ...ops.fused import broadcast_kinds, parse
 
-__all__ = ["CUDA", "fused_source", "build_fused_elementwise"]
+__all__ = ["BUILDERS", "CUDA", "fused_source", "build_fused_elementwise"]
 
 
 def _load(array: str, index: str, dtype) -> str:
@@ -46,7 +46,7 @@ CUDA = codegen.Dialect(load=_load, store="{array}[{index}] = {dtype}({value})",
 
 
 def fused_source(expr: str, input_dtypes, kinds, two_dims: bool):
-    """``(source, numbers)`` of the generated module (as ``cpu_fused.fused_source``)."""
+    """``(source, numbers)`` of the generated module (as ``kernels.cpu.fused.fused_source``)."""
     low = codegen.lower(parse(expr), list(input_dtypes), kinds, two_dims, CUDA)
     size = "rows * cols" if two_dims else "n"
     loop = [f"for i in range(cuda.grid(1), {size}, cuda.gridsize(1)):"]
@@ -54,10 +54,10 @@ def fused_source(expr: str, input_dtypes, kinds, two_dims: bool):
         loop += ["    r = i // cols", "    c = i - r * cols"]
     functions = codegen.functions(low)
     imports = ["from numba import cuda", "from numba.types import float16, float32, float64", "",
-               "from miniflow.kernels.cuda_common import device, jit",
+               "from miniflow.kernels.cuda.common import device, jit",
                *codegen.function_imports(functions, alias="_"), "",
                *(f"{fn.__name__} = device(_{fn.__name__})" for fn in functions)]
-    source = codegen.module_source("miniflow.kernels.cuda_fused", low, input_dtypes, kinds, imports,
+    source = codegen.module_source("miniflow.kernels.cuda.fused", low, input_dtypes, kinds, imports,
                                    "@jit", loop)
     return source, [v for v, _ in low.numbers]
 
@@ -79,3 +79,7 @@ def build_fused_elementwise(node, ins, outs):
                               tuple(kinds), len(dims) == 2)
     args = (*(flat(a) for a in ins), *numbers, *(flat(o) for o in outs), *dims)
     return flat_steps(kernel, size, args, f"fused[{node.attrs['expr']}]")
+
+
+BUILDERS = {"fused_elementwise": build_fused_elementwise}
+"""Op type -> builder."""

@@ -1,10 +1,10 @@
-"""Elementwise CPU kernels and their builders: map, map with a scalar, zip, broadcasting zip, cast.
+"""Elementwise CPU kernels and their step makers: map, map with a scalar, zip, broadcasting zip,
+cast (:data:`STEPS`; the builders of every elementwise op come from ``kernels.common.elementwise``).
 
 Every kernel is made by a factory from the scalar function of an elementwise op (``OpDef.scalar``,
-declared in ``miniflow.ops``; one source per loop shape, memoised per ``(fn, parallel)``); the
-builders of every elementwise op come from ``elementwise_table``. Arrays arrive as 1-D kernel views
-(``flat``); the result of ``fn`` is rounded to the output's compute type, then stored
-(``fp16.store``).
+declared in ``miniflow.ops``; one source per loop shape, memoised per ``(fn, parallel)``). Arrays
+arrive as 1-D kernel views (``flat``); the result of ``fn`` is rounded to the output's compute
+type, then stored (``fp16.store``).
 
 Broadcasting (NumPy rules) is planned once in the builder (``layout.broadcast_plan``): dims are
 aligned, given element strides (0 along broadcast dims), size-1 dims dropped and adjacent dims
@@ -17,13 +17,13 @@ import functools
 
 import numpy as np
 
-from . import elementwise_table
-from .cpu_common import flat, jit, jitable, loop_for, use_parallel
+from .common import flat, jit, jitable, loop_for, scratch, use_parallel
 from .fp16 import load, store, to_compute
-from .layout import broadcast_plan
+from ..common.elementwise import StepMakers, builders
+from ..common.layout import broadcast_plan
 
 __all__ = ["map_kernel", "map_scalar_kernel", "zip_kernel", "zip_strided_kernel", "cast_kernel",
-           "map_steps", "zip_steps", "cast_steps", "BUILDERS"]
+           "map_steps", "map_scalar_steps", "zip_steps", "cast_steps", "STEPS", "BUILDERS"]
 
 
 # ----------------------------------------------------------------------------- kernel factories
@@ -116,10 +116,15 @@ def cast_kernel(parallel: bool):
     return kernel
 
 
-# ----------------------------------------------------------------------------- planning helpers
+# ----------------------------------------------------------------------------- step makers
 def map_steps(fn, x: np.ndarray, out: np.ndarray):
     """Steps for ``out = fn(x)`` elementwise (same shape)."""
     return [(map_kernel(fn, use_parallel(out.size)), (flat(x), flat(out)))]
+
+
+def map_scalar_steps(fn, x: np.ndarray, s: float, out: np.ndarray):
+    """Steps for ``out = fn(x, s)`` elementwise (same shape; ``s`` a Python float)."""
+    return [(map_scalar_kernel(fn, use_parallel(out.size)), (flat(x), s, flat(out)))]
 
 
 def cast_steps(x: np.ndarray, out: np.ndarray):
@@ -127,15 +132,13 @@ def cast_steps(x: np.ndarray, out: np.ndarray):
     return [(cast_kernel(use_parallel(out.size)), (flat(x), flat(out)))]
 
 
-def zip_steps(fn, x: np.ndarray, y: np.ndarray, out: np.ndarray, x_shape=None, y_shape=None):
+def zip_steps(fn, x: np.ndarray, y: np.ndarray, out: np.ndarray, y_shape=None):
     """Steps for ``out = fn(x, y)`` with NumPy broadcasting.
 
-    ``x_shape``/``y_shape`` override the shapes used for broadcasting (bias_add passes b as
-    ``(1, n, 1, ...)``); the arrays themselves are C-contiguous.
+    ``y_shape`` overrides y's shape for broadcasting (bias_add passes b as ``(1, n, 1, ...)``); the
+    arrays themselves are C-contiguous.
     """
-    x_shape = x.shape if x_shape is None else x_shape
-    y_shape = y.shape if y_shape is None else y_shape
-    plan = broadcast_plan(out.shape, x_shape, y_shape)
+    plan = broadcast_plan(out.shape, x.shape, y.shape if y_shape is None else y_shape)
     if plan is None:
         return []
     shape, (xst, yst) = plan
@@ -146,15 +149,9 @@ def zip_steps(fn, x: np.ndarray, y: np.ndarray, out: np.ndarray, x_shape=None, y
     return [(kernel, (flat(x), flat(y), flat(out), shape, xst, yst))]
 
 
-# ----------------------------------------------------------------------------- builders
-def _with_scalar(fn, attr: str):
-    """Builder for ``out = fn(x, attrs[attr])``."""
-    def build(node, ins, outs):
-        kernel = map_scalar_kernel(fn, use_parallel(outs[0].size))
-        return [(kernel, (flat(ins[0]), float(node.attrs[attr]), flat(outs[0])))]
-    return build
+STEPS = StepMakers(map=map_steps, map_scalar=map_scalar_steps, zip=zip_steps, cast=cast_steps,
+                   scratch=scratch)
+"""The CPU's elementwise step makers (for ``kernels.common.elementwise``)."""
 
-
-BUILDERS = elementwise_table.builders(map_steps, _with_scalar, zip_steps, cast_steps,
-                                      lambda like, shape, dtype: np.empty(shape, dtype))
-"""Op type -> builder for the elementwise ops."""
+BUILDERS = builders(STEPS)
+"""Op type -> builder of the elementwise ops with their own rules (the others are derived)."""

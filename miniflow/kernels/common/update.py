@@ -1,0 +1,81 @@
+"""The optimizer updates (``sgd_update``, ``adam_update``) of every backend: their per-element
+math as scalar bodies, and their builders.
+
+The bodies follow PyTorch's single-tensor rules (``torch/optim/sgd.py``, ``torch/optim/adam.py``;
+Adam, not AdamW: weight decay is added to the gradient). They are plain Python functions of
+scalars that return tuples, compiled into each backend's loop (``numba.njit`` via
+``register_jitable`` on the CPU, ``cuda.jit(device=True)`` on CUDA): the backends own only the
+loops, ``skip_if`` (nothing happens when ``skip_if[0] != 0``: OneFlow's update kernels return
+early; the loss-scale pass feeds the non-finite count there) and the conversions. Every operand
+of a body is in the model's compute type (float32 for f16/f32, float64 for f64; Numba types
+float literals as float64, so the bodies have none), except :func:`adam_corrections`, which is
+float64 throughout.
+"""
+from __future__ import annotations
+
+import math
+
+__all__ = ["sgd_element", "adam_corrections", "adam_element", "sgd_builder", "adam_builder"]
+
+
+# ----------------------------------------------------------------------------- scalar bodies
+def sgd_element(p, g, buf, lr, mu, wd, momentum):
+    """One element of an SGD step: ``(p, buf)`` after ``g += wd*p``; with ``momentum``
+    ``buf = mu*buf + g; g = buf``; ``p -= lr*g`` (buf starts at zeros, which equals PyTorch's
+    first step ``buf = g``; without ``momentum`` buf is returned as given)."""
+    g = g + wd * p
+    if momentum:
+        buf = mu * buf + g
+        g = buf
+    return p - lr * g, buf
+
+
+def adam_corrections(lr, beta1, beta2, t):
+    """Adam's bias corrections at step ``t`` (1, 2, ...), in float64: ``(lr / bc1, sqrt(bc2))``
+    with ``bc = 1 - beta**t``."""
+    return lr / (1.0 - beta1 ** t), math.sqrt(1.0 - beta2 ** t)
+
+
+def adam_element(p, g, m, v, hyper):
+    """One element of an Adam step: ``(p, m, v)`` after ``g += wd*p; m = b1*m + (1-b1)*g;
+    v = b2*v + (1-b2)*(g*g); p -= step_size * m / (sqrt(v)/bc2_sqrt + eps)``.
+
+    ``hyper``: ``(step_size, bc2_sqrt, b1, b2, 1 - b1, 1 - b2, eps, wd)`` in the compute type
+    (the first two from :func:`adam_corrections`)."""
+    step_size, bc2_sqrt, b1, b2, one_b1, one_b2, eps, wd = hyper
+    g = g + wd * p
+    m = b1 * m + one_b1 * g
+    v = b2 * v + one_b2 * (g * g)
+    return p - step_size * (m / (math.sqrt(v) / bc2_sqrt + eps)), m, v
+
+
+# ----------------------------------------------------------------------------- builders
+def sgd_builder(sgd_steps):
+    """The ``sgd_update`` builder over a backend's ``sgd_steps(p, grad, skip_if, buf, lr, mu,
+    wd)`` (``buf`` None without momentum; lr, mu, wd Python floats)."""
+    def build_sgd_update(node, ins, outs):
+        """``sgd_update(model, model_diff, skip_if[, momentum_buf]) {lr, momentum, weight_decay}``.
+
+        Raises:
+            ValueError: ``momentum != 0`` without a momentum buffer input.
+        """
+        a = node.attrs
+        mu = float(a.get("momentum", 0.0))
+        if mu != 0.0 and len(ins) < 4:
+            raise ValueError("sgd_update: momentum != 0 needs a momentum_buf input (4 inputs)")
+        p, grad, skip_if = ins[:3]
+        return sgd_steps(p, grad, skip_if, ins[3] if mu != 0.0 else None, float(a["lr"]), mu,
+                         float(a.get("weight_decay", 0.0)))
+    return build_sgd_update
+
+
+def adam_builder(adam_steps):
+    """The ``adam_update`` builder over a backend's ``adam_steps(p, grad, skip_if, m, v, step,
+    lr, beta1, beta2, eps, wd)`` (the hyperparameters Python floats)."""
+    def build_adam_update(node, ins, outs):
+        """``adam_update(model, model_diff, skip_if, m, v, step)``
+        ``{lr, beta1, beta2, eps, weight_decay}``."""
+        a = node.attrs
+        return adam_steps(*ins, float(a["lr"]), float(a["beta1"]), float(a["beta2"]),
+                          float(a["eps"]), float(a.get("weight_decay", 0.0)))
+    return build_adam_update

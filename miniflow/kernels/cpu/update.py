@@ -1,0 +1,84 @@
+"""Optimizer update CPU kernels (in place, no outputs): ``sgd_update`` and ``adam_update``.
+
+The loops over the scalar bodies of ``kernels.common.update`` (PyTorch's rules; the builders are
+there too). Unless ``skip_if[0] != 0`` (then nothing changes), a kernel converts its
+hyperparameters to the model's compute type (``to_compute``) and runs the body on every element,
+loading and storing through ``fp16``. Adam's bias corrections are float64.
+"""
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+
+from .common import flat, jit, jitable, loop_for, use_parallel
+from .fp16 import load, store, to_compute
+from ..common.update import (adam_builder, adam_corrections, adam_element, sgd_builder,
+                             sgd_element)
+
+__all__ = ["sgd_kernel", "adam_kernel", "BUILDERS"]
+
+_sgd, _corrections, _adam = jitable(sgd_element), jitable(adam_corrections), jitable(adam_element)
+
+
+@functools.cache
+def sgd_kernel(momentum: bool, parallel: bool):
+    """``kernel(p, grad, skip_if, buf, lr, mu, wd)``: ``p[i], buf[i] = sgd_element(...)`` unless
+    skip_if[0] (buf is read and written only with ``momentum``)."""
+    loop = loop_for(parallel)
+
+    @jit(parallel)
+    def kernel(p, grad, skip_if, buf, lr, mu, wd):
+        if skip_if[0] != 0:
+            return
+        lr_c, mu_c, wd_c = to_compute(p, lr), to_compute(p, mu), to_compute(p, wd)
+        for i in loop(p.size):
+            b = load(buf, i) if momentum else mu_c
+            pi, b = _sgd(load(p, i), load(grad, i), b, lr_c, mu_c, wd_c, momentum)
+            if momentum:
+                store(buf, i, b)
+            store(p, i, pi)
+
+    return kernel
+
+
+@functools.cache
+def adam_kernel(parallel: bool):
+    """``kernel(p, grad, skip_if, m, v, step, lr, beta1, beta2, eps, wd)``, unless skip_if[0]:
+    ``step += 1``, then ``p[i], m[i], v[i] = adam_element(...)``."""
+    loop = loop_for(parallel)
+
+    @jit(parallel)
+    def kernel(p, grad, skip_if, m, v, step, lr, beta1, beta2, eps, wd):
+        if skip_if[0] != 0:
+            return
+        step[0] += 1
+        step_size, bc2_sqrt = _corrections(lr, beta1, beta2, step[0])
+        hyper = (to_compute(p, step_size), to_compute(p, bc2_sqrt), to_compute(p, beta1),
+                 to_compute(p, beta2), to_compute(p, 1.0 - beta1), to_compute(p, 1.0 - beta2),
+                 to_compute(p, eps), to_compute(p, wd))
+        for i in loop(p.size):
+            pi, mi, vi = _adam(load(p, i), load(grad, i), load(m, i), load(v, i), hyper)
+            store(m, i, mi)
+            store(v, i, vi)
+            store(p, i, pi)
+
+    return kernel
+
+
+def sgd_steps(p, grad, skip_if, buf, lr, mu, wd):
+    """One call of :func:`sgd_kernel` (a one-element stand-in for ``buf`` without momentum)."""
+    kernel = sgd_kernel(buf is not None, use_parallel(p.size))
+    buf = flat(np.zeros(1, p.dtype)) if buf is None else flat(buf)
+    return [(kernel, (flat(p), flat(grad), skip_if.reshape(-1), buf, lr, mu, wd))]
+
+
+def adam_steps(p, grad, skip_if, m, v, step, lr, beta1, beta2, eps, wd):
+    """One call of :func:`adam_kernel`."""
+    return [(adam_kernel(use_parallel(p.size)),
+             (flat(p), flat(grad), skip_if.reshape(-1), flat(m), flat(v), step.reshape(-1),
+              lr, beta1, beta2, eps, wd))]
+
+
+BUILDERS = {"sgd_update": sgd_builder(sgd_steps), "adam_update": adam_builder(adam_steps)}
+"""Op type -> builder for the optimizer updates."""

@@ -1,0 +1,31 @@
+"""The CUDA backend's kernels (numba-cuda): :data:`KERNELS` (op type -> builder) and
+:func:`builder_for`, which also derives the builder of every elementwise op from its scalar
+function (the builder contract: ``miniflow.runtime.backend.Backend``).
+
+Arrays are C-contiguous device arrays; a step is one kernel launch (a ``launch.Launch``) that
+copies nothing between host and device. Modules, mirrored from ``kernels.cpu``: ``common`` (jit
+decorators, compute/storage types, device helpers, the simulator's ``math``), ``elementwise``
+(map / zip / broadcast / cast), ``movement`` (reshape, transpose, broadcast_like, fills: gathers
+and copies), ``reduce`` (reduce_sum, softmax family, cross entropy), ``matmul`` (tiled),
+``update`` (SGD, Adam), ``loss_scale`` (the loss-scale stage), ``fused`` (generated kernels of
+``fused_elementwise``); CUDA only: ``launch`` (block sizes, grids, the matmul tile). Builders
+shared with the CPU backend come from ``kernels.common``.
+
+Precision: the CPU backend's contract. f16 and f32 compute in float32, f64 in float64; f16 is
+converted on load and store only; matmul accumulates in float32 (float64 for f64) and rounds the
+result once.
+"""
+from __future__ import annotations
+
+from . import elementwise, fused, loss_scale, matmul, movement, reduce, update
+from ..common import table
+
+__all__ = ["KERNELS", "builder_for"]
+
+KERNELS = table.kernel_table(elementwise, movement, reduce, matmul, update, loss_scale, fused)
+"""Op type -> builder of the ops whose kernels are not derived from a scalar function."""
+
+
+def builder_for(op):
+    """The CUDA builder of ``op`` (an OpDef), found or derived by ``table.builder_for``."""
+    return table.builder_for(op, KERNELS, elementwise.STEPS)

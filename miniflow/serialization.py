@@ -1,0 +1,326 @@
+"""Checkpoints on disk: :func:`save` and :func:`load` (OneFlow's ``flow.save`` / ``flow.load``).
+
+A checkpoint is ONE safetensors file (https://github.com/huggingface/safetensors): the NumPy arrays
+of the state are its tensors; everything else (the nesting, dict keys, Python scalars) is a JSON
+tree stored as a string in the safetensors metadata, with a placeholder for every array. Nothing is
+pickled, so loading a file never runs code.
+
+Tensor keys (the names in the safetensors file) are the dotted paths of the arrays in the state:
+dict keys and list/tuple indices joined with ``"."``. A model's ``state_dict()`` saved on its own
+is a flat dict, so its arrays are stored under exactly its keys (``0.weight``, ``0.bias``, ...), and
+``safetensors.torch.load_file(path)`` gives the tensors under the keys of the equivalent PyTorch
+model's ``state_dict()``. A nested state ``{"model": m.state_dict(), "optimizer": opt.state_dict(),
+"step": 100}`` stores ``model.0.weight``, ``optimizer.state.0.momentum_buffer``, ...; an array at
+the root is stored under ``""``. Two arrays whose paths join to the same key (``{"a.b": x,
+"a": {"b": y}}``) are refused by :func:`save`.
+
+The JSON tree (metadata key ``miniflow.tree``) encodes a value as:
+
+=====================================  ==================================================
+``None``, ``bool``, ``int``, ``str``   themselves (JSON null, true/false, number, string)
+finite ``float``                       a JSON number (Python's shortest round-trip repr)
+``nan``, ``inf``, ``-inf``             ``{"float": "nan"}`` / ``"inf"`` / ``"-inf"``
+``dict``                               ``{"dict": [[key, value], ...]}`` (order kept; a key
+                                       is a JSON string or integer, so int keys load as int)
+``list`` / ``tuple``                   ``{"list": [...]}`` / ``{"tuple": [...]}``
+``np.ndarray``                         ``{"tensor": key, "dtype": "float32", "shape": [..],
+                                       "sha256": hex}``
+NumPy scalar (``np.float32(1)``)       the same with ``"scalar": true``
+=====================================  ==================================================
+
+Integrity: every placeholder holds the SHA-256 of its array's bytes, dtype and shape, and the
+metadata holds the SHA-256 of the tree (``miniflow.tree_sha256``): :func:`load` checks all of
+them, so an edited or truncated file raises :class:`CheckpointError` naming the file and the key.
+
+Atomicity: :func:`save` writes a temporary file in the target's folder (``.<name>.<pid>.<random>
+.tmp``), fsyncs it, renames it over the target with ``os.replace`` and fsyncs the folder, so a
+crash at any moment leaves either the previous file or the new one, never a mix. A temporary file
+left by a killed process has a unique name: it never blocks a later save (delete it at leisure).
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import numbers
+import os
+import secrets
+
+import numpy as np
+import safetensors
+import safetensors.numpy
+
+__all__ = ["CheckpointError", "load", "save"]
+
+FORMAT_VERSION = "1"
+_FORMAT_KEY, _TREE_KEY, _TREE_HASH_KEY = ("miniflow.checkpoint", "miniflow.tree",
+                                          "miniflow.tree_sha256")
+_DTYPES = ("bool", "int8", "uint8", "int16", "uint16", "int32", "uint32", "int64", "uint64",
+           "float16", "float32", "float64", "complex64")
+"""NumPy dtypes safetensors' NumPy API stores and loads."""
+_CHUNK = 16 << 20
+"""Bytes per ``os.write`` call when writing a checkpoint."""
+
+
+class CheckpointError(ValueError):
+    """A file that is not a valid miniflow checkpoint: not safetensors, not written by
+    :func:`save`, truncated or edited. The message names the file and, where one is to blame,
+    the tensor key or the part of the file."""
+
+
+# ---------------------------------------------------------------------------------------- save
+def save(state, path) -> None:
+    """Write ``state`` to the checkpoint file ``path`` atomically (see the module docstring).
+
+    Args:
+        state: any nesting of dicts (str or int keys; ``OrderedDict``/``Counter`` and other dict
+            subclasses load back as ``dict``), lists and tuples (tuple subclasses load back as
+            ``tuple``) of NumPy arrays (dtypes: bool, (u)int8..64, float16/32/64, complex64;
+            any memory layout and byte order: they load back C-contiguous, little-endian), NumPy
+            scalars and Python ``None``, ``bool``, ``int``, ``float`` (inf and nan included) and
+            ``str``, as ``state_dict()`` methods return them. An array that appears twice is
+            stored twice and loads as two arrays.
+        path: the file (str or ``os.PathLike``); its folder must exist. ``.safetensors`` is
+            the conventional suffix.
+
+    Raises:
+        TypeError: an unsupported value or dict key, naming its place (``state['model']['w']``).
+        ValueError: an unsupported dtype, two arrays with the same tensor key, or a state that
+            contains itself.
+        FileNotFoundError / IsADirectoryError: the folder does not exist / ``path`` is a folder.
+        OSError: writing failed (disk full ...): the previous file at ``path`` is untouched and
+            the temporary file is removed.
+    """
+    path = os.fspath(path)
+    folder = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(folder):
+        raise FileNotFoundError(f"miniflow.save: the folder {folder!r} of {path!r} does not "
+                                "exist; create it first (os.makedirs)")
+    if os.path.isdir(path):
+        raise IsADirectoryError(f"miniflow.save: {path!r} is a folder; give a file name such "
+                                "as 'checkpoint.safetensors'")
+    tensors, paths = {}, {}
+    tree = _encode(state, (), tensors, paths, set())
+    tree_json = json.dumps(tree, allow_nan=False, separators=(",", ":"))
+    metadata = {_FORMAT_KEY: FORMAT_VERSION, _TREE_KEY: tree_json,
+                _TREE_HASH_KEY: hashlib.sha256(tree_json.encode()).hexdigest()}
+    _write_atomic(path, safetensors.numpy.save(tensors, metadata=metadata))
+
+
+def _where(keys: tuple) -> str:
+    """``state['model'][0]``: the place of a value in the state, for error messages."""
+    return "state" + "".join(f"[{k!r}]" for k in keys)
+
+
+def _encode(value, keys: tuple, tensors: dict, paths: dict, active: set):
+    """The JSON tree of ``value`` (at ``keys`` in the state); arrays go into ``tensors``."""
+    if isinstance(value, (np.ndarray, np.generic)):
+        return _encode_array(value, keys, tensors, paths)
+    if value is None or isinstance(value, (bool, int, str)):
+        return value
+    if isinstance(value, float):
+        return value if math.isfinite(value) else {"float": repr(value)}
+    if isinstance(value, (dict, list, tuple)):
+        if id(value) in active:
+            raise ValueError(f"miniflow.save: {_where(keys)} contains itself; a checkpoint "
+                             "must be a tree")
+        active.add(id(value))
+        if isinstance(value, dict):
+            node = {"dict": [[_key(k, keys), _encode(v, keys + (k,), tensors, paths, active)]
+                             for k, v in value.items()]}
+        else:
+            node = {"tuple" if isinstance(value, tuple) else "list":
+                    [_encode(v, keys + (i,), tensors, paths, active) for i, v in enumerate(value)]}
+        active.discard(id(value))
+        return node
+    hint = (" (a Tensor? save its array: t.numpy(); state_dict() methods return arrays)"
+            if callable(getattr(value, "numpy", None)) else "")
+    raise TypeError(f"miniflow.save: {_where(keys)} is a {type(value).__module__}."
+                    f"{type(value).__qualname__}{hint}; a checkpoint holds dicts, lists, tuples, "
+                    "NumPy arrays and scalars, None, bool, int, float and str")
+
+
+def _key(key, keys: tuple):
+    """A dict key as stored in the tree: str, or int (NumPy integers become int)."""
+    if isinstance(key, str):
+        return key
+    if isinstance(key, numbers.Integral) and not isinstance(key, (bool, np.bool_)):
+        return int(key)
+    raise TypeError(f"miniflow.save: {_where(keys)} has the key {key!r} of type "
+                    f"{type(key).__name__}; dict keys must be str or int")
+
+
+def _encode_array(value, keys: tuple, tensors: dict, paths: dict) -> dict:
+    if isinstance(value, np.ma.MaskedArray):
+        raise TypeError(f"miniflow.save: {_where(keys)} is a masked array; its mask would be "
+                        "lost: save .data and .mask as two arrays")
+    a = np.asarray(value, order="C")  # safetensors reads the raw buffer: it must be C order
+    if a.dtype.name not in _DTYPES:
+        raise ValueError(f"miniflow.save: {_where(keys)} has dtype {a.dtype}; a checkpoint "
+                         f"stores {', '.join(_DTYPES)}")
+    if a.dtype.byteorder == ">":
+        a = a.astype(a.dtype.newbyteorder("<"))
+    key = ".".join(str(k) for k in keys)
+    if key in tensors:
+        raise ValueError(f"miniflow.save: {_where(paths[key])} and {_where(keys)} would both be "
+                         f"stored under the tensor key {key!r}; rename one of the keys")
+    tensors[key], paths[key] = a, keys
+    node = {"tensor": key, "dtype": a.dtype.name, "shape": list(a.shape), "sha256": _digest(a)}
+    if isinstance(value, np.generic):
+        node["scalar"] = True
+    return node
+
+
+def _digest(a: np.ndarray) -> str:
+    """SHA-256 of a C-contiguous array's bytes."""
+    return hashlib.sha256(a.reshape(-1).view(np.uint8)).hexdigest()
+
+
+def _write_atomic(path: str, data: bytes) -> None:
+    """Write ``data`` to a new temporary file beside ``path``, fsync it, rename it over ``path``
+    (``os.replace``: atomic on POSIX and Windows), fsync the folder so the rename is durable."""
+    folder, name = os.path.split(os.path.abspath(path))
+    tmp = os.path.join(folder, f".{name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0), 0o666)
+    try:
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view[:_CHUNK]):]
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+    if os.name == "posix":  # a folder cannot be opened for fsync on Windows
+        dir_fd = os.open(folder, os.O_RDONLY)
+        try:
+            os.fsync(dir_fd)
+        finally:
+            os.close(dir_fd)
+
+
+# ---------------------------------------------------------------------------------------- load
+def load(path):
+    """Read a checkpoint written by :func:`save`: a new object equal to the saved state (dicts as
+    ``dict`` with their key types and order, lists, tuples, bit-identical writable NumPy arrays,
+    NumPy scalars, Python scalars). Every checksum is verified before anything is returned.
+
+    Raises:
+        FileNotFoundError: no such file.
+        CheckpointError (a ValueError): not a safetensors file; a safetensors file that
+            :func:`save` did not write (e.g. a plain PyTorch one: read it with
+            ``safetensors.numpy.load_file``); a format version this code does not know; a
+            truncated file (naming the first incomplete tensor); an edited file (naming the
+            tensor key, or the tree); each message names the file.
+    """
+    path = os.fspath(path)
+    with open(path, "rb") as f:
+        data = f.read()
+    header, start = _read_header(path, data)
+    metadata = header.pop("__metadata__", None) or {}
+    if _FORMAT_KEY not in metadata:
+        names = sorted(header)[:4]
+        raise CheckpointError(f"miniflow.load: {path!r} is a safetensors file but not a miniflow "
+                              f"checkpoint (no {_FORMAT_KEY!r} metadata; tensors {names}"
+                              f"{' ...' if len(header) > 4 else ''}); read plain safetensors "
+                              "files with safetensors.numpy.load_file")
+    if metadata[_FORMAT_KEY] != FORMAT_VERSION:
+        raise CheckpointError(f"miniflow.load: {path!r} has checkpoint format "
+                              f"{metadata[_FORMAT_KEY]!r}; this miniflow reads format "
+                              f"{FORMAT_VERSION!r} (written by a newer miniflow?)")
+    tree_json = metadata.get(_TREE_KEY, "")
+    if hashlib.sha256(tree_json.encode()).hexdigest() != metadata.get(_TREE_HASH_KEY):
+        raise CheckpointError(f"miniflow.load: {path!r} is corrupted: the checksum of its "
+                              f"structure ({_TREE_KEY!r}, the non-array values) does not match")
+    _check_size(path, header, start, len(data))
+    try:
+        arrays = safetensors.numpy.load(data)
+    except safetensors.SafetensorError as e:
+        raise CheckpointError(f"miniflow.load: {path!r} is corrupted: {e}") from None
+    unused = dict(arrays)
+    state = _decode(json.loads(tree_json), arrays, unused, path)
+    if unused:
+        raise CheckpointError(f"miniflow.load: {path!r} is corrupted: tensors {sorted(unused)} "
+                              "are not part of the saved state")
+    return state
+
+
+def _read_header(path: str, data: bytes) -> tuple:
+    """The safetensors JSON header of ``data`` (an 8-byte little-endian length, then JSON) and
+    where the tensor data starts."""
+    if len(data) < 10:
+        raise CheckpointError(f"miniflow.load: {path!r} has {len(data)} bytes: too short for a "
+                              "checkpoint (truncated, or not written by miniflow.save)")
+    n = int.from_bytes(data[:8], "little")
+    if data[8:9] == b"{" and 8 + n > len(data):
+        raise CheckpointError(f"miniflow.load: {path!r} is truncated: {len(data)} bytes, but "
+                              f"its header alone needs {8 + n}")
+    try:
+        if n < 2 or data[8:9] != b"{":
+            raise ValueError("no safetensors header")
+        header = json.loads(data[8:8 + n])
+        if not isinstance(header, dict):
+            raise ValueError("the header is not a JSON object")
+    except ValueError:  # includes json.JSONDecodeError and UnicodeDecodeError
+        raise CheckpointError(f"miniflow.load: {path!r} is not a safetensors file (miniflow "
+                              "checkpoints are written by miniflow.save)") from None
+    return header, 8 + n
+
+
+def _check_size(path: str, header: dict, start: int, size: int) -> None:
+    """Raise if the file is shorter (truncated) or longer than its header says (tensor data
+    from byte ``start``)."""
+    try:
+        ends = sorted((info["data_offsets"][1], key) for key, info in header.items())
+    except (KeyError, IndexError, TypeError):
+        raise CheckpointError(f"miniflow.load: {path!r} is corrupted: its safetensors header "
+                              "has an entry without data offsets") from None
+    need = start + (ends[-1][0] if ends else 0)
+    if size < need:
+        cut = next(key for end, key in ends if start + end > size)
+        raise CheckpointError(f"miniflow.load: {path!r} is truncated: {size} bytes of {need}; "
+                              f"tensor {cut!r} is incomplete")
+    if size > need:
+        raise CheckpointError(f"miniflow.load: {path!r} is corrupted: {size - need} bytes "
+                              "after the last tensor")
+
+
+def _decode(node, arrays: dict, unused: dict, path: str):
+    """The value of a JSON tree node (the inverse of :func:`_encode`)."""
+    if not isinstance(node, (dict, list)):
+        return node
+    if isinstance(node, dict) and "tensor" in node:
+        return _decode_array(node, arrays, unused, path)
+    kind, body = (next(iter(node.items())) if isinstance(node, dict) and len(node) == 1
+                  else (None, None))
+    if kind not in ("float", "dict", "list", "tuple"):
+        raise CheckpointError(f"miniflow.load: {path!r} is corrupted: unexpected node "
+                              f"{json.dumps(node)[:80]} in its structure")
+    if kind == "float":
+        return float(body)
+    if kind == "dict":
+        return {k: _decode(v, arrays, unused, path) for k, v in body}
+    items = [_decode(v, arrays, unused, path) for v in body]
+    return tuple(items) if kind == "tuple" else items
+
+
+def _decode_array(node: dict, arrays: dict, unused: dict, path: str):
+    key = node["tensor"]
+    if key not in unused:
+        raise CheckpointError(f"miniflow.load: {path!r} is corrupted: tensor {key!r} is "
+                              + ("used twice" if key in arrays else "missing"))
+    a = unused.pop(key)
+    saved = f"{node['dtype']}{node['shape']}"
+    if a.dtype.name != node["dtype"] or list(a.shape) != node["shape"]:
+        raise CheckpointError(f"miniflow.load: {path!r} is corrupted: tensor {key!r} is "
+                              f"{a.dtype.name}{list(a.shape)} in the file but was saved as {saved}")
+    if _digest(a) != node["sha256"]:
+        raise CheckpointError(f"miniflow.load: {path!r} is corrupted: the data of tensor {key!r} "
+                              f"({saved}) does not match its checksum")
+    return a[()] if node.get("scalar") else a
