@@ -48,6 +48,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import shutil
 import subprocess
 import textwrap
@@ -84,6 +85,17 @@ def grad_name(variable: str) -> str:
 def _is_output(result: str) -> bool:
     """Whether result name ``result`` is a user output (``"output<i>"``)."""
     return result.startswith("output") and result[6:].isdigit()
+
+
+def _printed_names(msg: str, values, names: dict) -> str:
+    """``msg`` (an op's error, which names Values as ``%<Value.name>``) with each of ``values``
+    named as the printer names it (``names``)."""
+    tags = {v.name: names[v] for v in values if v in names and names[v] != v.name}
+    if not tags:
+        return msg
+    longest_first = sorted(tags, key=len, reverse=True)
+    pattern = "%(" + "|".join(re.escape(t) for t in longest_first) + r")(?!\w)"
+    return re.sub(pattern, lambda m: "%" + tags[m.group(1)], msg)
 
 
 class Value:
@@ -137,10 +149,11 @@ class Node:
     def format(self, names: dict | None = None) -> str:
         """The node as one line of text: ``%7: f32[64,10] = matmul(%3, %w) {transpose_b=True}``.
 
-        ``names``: Value -> printed name (:meth:`Graph.names`); without it, Values show their
+        ``names``: Value -> printed name (:meth:`Graph.names`); a Value missing from it (defined
+        nowhere in the graph) prints as ``%?<its name>``. Without ``names``, Values show their
         ``name``."""
         def name(v):
-            return names.get(v, v.name) if names is not None else v.name
+            return v.name if names is None else names.get(v, "?" + v.name)
 
         args = ", ".join("%" + name(v) for v in self.inputs)
         attrs = ""
@@ -362,13 +375,18 @@ class Graph:
                 if v.kind == "constant":
                     if v.name not in self.constant_data:
                         self._fail(i, f"constant %{names.get(v, v.name)} has no data", names)
-                elif v not in defined:
-                    self._fail(i, f"input %{names.get(v, v.name)} is used before it is defined "
-                                  f"(or never defined)", names)
+                elif v in names:
+                    if v not in defined:
+                        self._fail(i, f"input %{names[v]} is used before it is defined", names)
+                else:
+                    self._fail(i, f"input %?{v.name} is defined nowhere in the graph (the output "
+                                  f"of a removed node? rewire its readers first: "
+                                  f"graph.replace_uses(old, new))", names)
             try:
                 metas = n.op.infer(n.inputs, n.attrs)
             except (ValueError, TypeError, KeyError) as e:
-                self._fail(i, f"op inference failed: {e}", names)
+                msg = _printed_names(str(e.args[0]) if e.args else str(e), n.inputs, names)
+                self._fail(i, f"op inference failed: {msg}", names)
             if len(metas) != len(n.outputs):
                 self._fail(i, f"op infers {len(metas)} outputs, node has {len(n.outputs)}", names)
             for v, (shape, dtype) in zip(n.outputs, metas):
@@ -380,7 +398,8 @@ class Graph:
                 defined.add(v)
         for k, v in self.results.items():
             if v.kind != "constant" and v not in defined:
-                raise VerifyError(f"result {k!r} (%{names.get(v, v.name)}) is never defined")
+                raise VerifyError(f"result {k!r} (%{names.get(v, '?' + v.name)}) is never "
+                                  f"defined")
 
     def _fail(self, i: int, msg: str, names: dict):
         lo, hi = max(0, i - 3), min(len(self.nodes), i + 4)

@@ -57,6 +57,29 @@ def test_verifier_names_the_node_and_prints_context():
         g2.verify()
 
 
+def test_verifier_names_values_as_the_printer_does():
+    """Undefined values print as ``%?<tag>`` (a tag may equal another value's printed number), and
+    an op's inference error names the node's inputs by their printed names, not their tags."""
+    g = Graph()
+    emit = emitter(g)
+    x = g.add_input("x", (3,), mf.float32)
+    a = emit("relu", x)
+    emit("exp", emit("negative", a))      # tags 1, 2, 3: printed %0, %1, %2
+    del g.nodes[1]                         # drop negative without rewiring exp
+    with pytest.raises(VerifyError, match=r"node 1 \(exp\): input %\?2 is defined nowhere in the "
+                                          r"graph .*replace_uses") as e:
+        g.verify()
+    assert "--> %1: f32[3] = exp(%?2)" in str(e.value)
+    g = Graph()
+    emit = emitter(g)
+    a = emit("relu", g.add_input("x", (3,), mf.float32))
+    b = emit("relu", g.add_input("y", (4,), mf.float32))
+    emit("broadcast_mul", a, a).producer.inputs = [a, b]
+    with pytest.raises(VerifyError, match=r"shapes \[3\] of %0 and \[4\] of %1 cannot be "
+                                          r"broadcast"):
+        g.verify()
+
+
 def test_plan_reused_for_same_signature_and_new_plan_for_new_shape():
     _, g = _train_graph()
     g(*_batch(5))

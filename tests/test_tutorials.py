@@ -32,6 +32,29 @@ def _accuracy_at_least(pct: float):
     return check
 
 
+def _kernel_checks(backend: str, label: str = ""):
+    """Lesson 8's sample checks on ``backend``: both ops, all three dtypes, all within tolerance."""
+    def check(out: str):
+        found = re.findall(rf"^{re.escape(label)}{backend} kernel of (softplus(?:_grad)?) +"
+                           rf"(float\d+): \d+ samples, .*within tolerance: (\w+)$", out, re.M)
+        assert sorted((op, dt) for op, dt, _ in found) == sorted(
+            (op, dt) for op in ("softplus", "softplus_grad")
+            for dt in ("float16", "float32", "float64")), f"{backend} sample checks: {found}"
+        assert all(ok == "True" for _, _, ok in found), f"{backend} sample checks: {found}"
+    return check
+
+
+def _lesson8_accuracy(out: str):
+    m = re.search(r"MLP with Softplus, AMP on, \d+ epochs .*test accuracy ([\d.]+)%", out)
+    assert m and float(m.group(1)) >= 85.0, f"softplus MLP accuracy: {m and m.group(0)}"
+
+
+def _cse_in_nn_graph(out: str):
+    m = re.search(r"trained 5 steps on loss = sum\(y \* y\): (\d+) nodes without CSE, (\d+) with; "
+                  r"losses bit-identical: True, parameters bit-identical: True", out)
+    assert m and int(m.group(2)) < int(m.group(1)), f"CSE inside nn.Graph: {m and m.group(0)}"
+
+
 CASES = {
     "01_lazy_graph.py": ([], [
         r"compile_count after 2 calls with the same input shape: 1\n",
@@ -77,6 +100,50 @@ CASES = {
     "07_train_digits.py": (["--quick", "--no-progress", "--out"], [
         _accuracy_at_least(90.0),
         r"loss scale: started 2\^16, final 2\^\d+, skipped steps \d+ of 115",
+    ]),
+    "08_add_an_op.py": ([], [
+        r"registered: OpDef\('softplus'\) and OpDef\('softplus_grad'\); .* AMP list 'gray', "
+        r"side_effect False\n",
+        r"no AMP list and no note -> ValueError: op 'softplus_nolist' is in no AMP list",
+        r"another function named softplus -> ValueError: .*clashes with another function",
+        r"softplus of an int64 input -> TypeError: softplus: input %labels \(i64\[4\]\) must be "
+        r"floating point",
+        r"'softplus' in miniflow\.kernels\.cpu\.KERNELS: False",
+        r"the float32 plan's step: map_kernel\.<locals>\.kernel from miniflow\.kernels\.cpu\.",
+        _kernel_checks("cpu"),
+        r"the autograd pass emitted, .*'softplus_grad'\]",
+        r"check_grad\('softplus'\): max \|rule - central finite differences\| = "
+        r"\d\.\de-(0[89]|1\d) .*agrees",
+        _lesson8_accuracy,
+        r"softplus +%\d+ +color white +dtype f16",
+        r"fused expression 'softplus\(add\(x0, x1\)\)'",
+        r"from __main__ import softplus",
+        r"Predict's plan vs ir\.evaluate of its IR \(float64\), max \|difference\|: "
+        r"\d\.\de-(0[5-9]|1\d)",
+        r"after ops\.unregister: 'softplus' in all_ops\(\): False, in scalar_functions\(\): False",
+    ] + ([r"\[cuda child\] 'softplus' in miniflow\.kernels\.cuda\.KERNELS: False; "
+          r"cuda\.builder_for\(op\) derived: True",
+          _kernel_checks("cuda", "  [cuda child] "),
+          r"\[cuda child\] the float32 plan on the cuda backend: .*map\[softplus\] f32"]
+         if HAS_NUMBA_CUDA else [])),
+    "09_write_a_pass.py": ([], [
+        r"CSE on the forward graph: 14 -> 12 nodes",
+        r"ir\.evaluate before vs after CSE \(float64\): loss .*, equal: True",
+        r"pipeline with CSE, nodes after each pass: autograd 30, "
+        r"common_subexpression_elimination 27,",
+        r"nodes CSE removed right after autograd, per op: \{'matmul': 1, 'tanh': 1, "
+        r"'broadcast_mul': 1\}",
+        r"loss bit-identical: True, dL/dw bit-identical: True",
+        _cse_in_nn_graph,
+        r"with update ops: 2 sgd_update nodes kept, 2 tanh\(w\) nodes kept .*new w equal: True, "
+        r"tanh\(w\) after the updates equal: True",
+        r"cse_forgetting_readers: VerifyError: node 3 \(tanh\): input %\?\d+ is defined nowhere "
+        r"in the graph",
+        r"cse_ignoring_attributes on reduce_sum over axis 0 and 1: VerifyError: node \d+ "
+        r"\(broadcast_mul\): op inference failed: .*cannot be broadcast",
+        r"cse_ignoring_attributes on sum\(2 t\) \+ sum\(3 t\): verify\(\) passed, ir\.evaluate "
+        r"gives ([\d.]+) instead of (?!\1)[\d.]+",
+        r"the correct pass on the same graph: [\d.]+, 2 scalar_mul nodes kept",
     ]),
 }
 
