@@ -64,7 +64,7 @@ def init_weights(sizes, seed: int = 0) -> list:
 
 
 def miniflow_step(sizes, weights, x, y, half: bool):
-    """A miniflow training step (``TrainGraph``), returning the loss as a float."""
+    """A miniflow training step (``TrainGraph``, as ``step.graph``), returning the loss."""
     import miniflow as mf
     from miniflow.experiments.mlp import TrainGraph, mlp
 
@@ -74,7 +74,12 @@ def miniflow_step(sizes, weights, x, y, half: bool):
     graph = TrainGraph(model, mf.optim.SGD(model.parameters(), lr=LR, momentum=MOMENTUM))
     if half:
         graph.config.enable_amp()
-    return lambda: graph(x, y)
+
+    def step():
+        return graph(x, y)
+
+    step.graph = graph
+    return step
 
 
 def torch_step(sizes, weights, x, y, half: bool):

@@ -7,9 +7,11 @@ an error on every rank; ``mpiexec -n 2 miniflow train --ddp``. The MPI tests ski
 the ``dist`` extra."""
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -304,3 +306,18 @@ def test_miniflow_train_ddp(tmp_path):
     state = mf.load(str(save))
     assert sorted(state) == ["0.bias", "0.weight", "2.bias", "2.weight"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["model.safetensors"]
+
+
+@requires_mpi
+def test_ddp_benchmark_runs_and_prints_the_seeds_lines(tmp_path):
+    """``benchmarks/ddp.py`` (miniflow's lines; PyTorch's too where it is installed)."""
+    script = Path(__file__).resolve().parents[1] / "benchmarks" / "ddp.py"
+    cmd = [find_mpiexec(), "-n", "2", sys.executable, str(script), "--repeats", "1", "--models",
+           "mlp", "--batches", "8", "--dtypes", "fp32", "--json", str(tmp_path / "ddp.json")]
+    res = subprocess.run(cmd, capture_output=True, text=True, env=child_env(), timeout=180,
+                         stdin=subprocess.DEVNULL)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert re.search(r"^miniflow mlp time: \d+\.\d{3}ms \(= \d+\.\dms / \d+, "
+                     r"input_shape=\[8, 64\], ddp, world size=2\)$", res.stdout, re.M), res.stdout
+    (result,) = json.loads((tmp_path / "ddp.json").read_text())["results"]
+    assert result["model"] == "mlp" and result["step_s"]["miniflow"] > 0

@@ -14,6 +14,9 @@ MLP through nn.Graph. ``python training.py OUT MODE``; every rank writes OUT/ran
 * ``raise``: rank 1 feeds an out-of-range label at step 3 (the kernel raises ValueError).
 * ``mismatch``: rank 1's model is 64-64-10 instead of 64-128-10, then its batch has 31 rows
   instead of 32: writes the RankMismatchError every rank got.
+* ``tiny``: 4 AMP steps (dynamic GradScaler, Adam) of an 8-16-3 MLP on 6 random rows per rank,
+  on the backend ``MINIFLOW_BACKEND`` names (the cuda lane runs it under the CUDA simulator):
+  writes the losses, the scale and every variable.
 """
 import hashlib
 import json
@@ -154,5 +157,20 @@ elif mode == "mismatch":
     except dist.RankMismatchError as e:
         errors["batch"] = str(e)
     save(errors)
+elif mode == "tiny":
+    model = model_for_rank((8, 16, 3))
+    graph = TrainGraph(model, mf.optim.Adam(model.parameters(), lr=0.01))
+    graph.config.enable_amp()
+    scaler = mf.amp.GradScaler(2.0 ** 16, growth_interval=2)
+    graph.set_grad_scaler(scaler)
+    rows = np.random.default_rng(0).uniform(-1, 1, (6 * size, 8)).astype(np.float32)
+    x = np.ascontiguousarray(rows[6 * rank:6 * rank + 6])
+    y = np.arange(6 * rank, 6 * rank + 6, dtype=np.int64) % 3
+    losses, scales = [], []
+    for _ in range(4):
+        losses.append(float(graph(x, y)))
+        scales.append(scaler.scale)
+    save({"losses": losses, "scales": scales, "backend": mf.get_backend().name},
+         variables(graph))
 else:
     raise SystemExit(f"unknown mode {mode!r}")
