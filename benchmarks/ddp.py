@@ -29,7 +29,8 @@ barrier and lasts as long as its slowest rank; the reported step time is the med
     PyTorch mlp time: 1.532ms (= 153.2ms / 100, input_shape=[16, 64], ddp, world size=2)
     Relative speed: 12.77 (= 1.532ms / 0.120ms)
 
-then a Markdown table; rank 0 writes ``benchmarks/results/ddp.json`` (``--json PATH``).
+then the float16 bucket comparison (:func:`fp16_bucket`) and a Markdown table; rank 0 writes
+``benchmarks/results/ddp.json`` (``--json PATH``).
 """
 from __future__ import annotations
 
@@ -47,7 +48,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(1, str(Path(__file__).resolve().parent.parent))
 
 import harness  # noqa: E402
-from speed import LABEL, LR, MODELS, MOMENTUM, init_weights, miniflow_step  # noqa: E402
+from speed import LABEL, MODELS, init_weights, miniflow_step, torch_step  # noqa: E402
 
 ROUND_SECONDS = 0.1
 """Target duration of one framework's share of a round (sets N)."""
@@ -55,27 +56,11 @@ WORLD_SIZE = 2
 
 
 def torch_ddp_step(sizes, weights, x, y, half: bool, torch):
-    """The training step of ``speed.torch_step`` with the model in ``DistributedDataParallel``."""
-    layers = []
-    for k, (w, b) in enumerate(weights):
-        lin = torch.nn.Linear(w.shape[1], w.shape[0])
-        with torch.no_grad():
-            lin.weight.copy_(torch.from_numpy(w))
-            lin.bias.copy_(torch.from_numpy(b))
-        layers += [lin] + ([torch.nn.ReLU()] if k < len(weights) - 1 else [])
-    net = torch.nn.parallel.DistributedDataParallel(torch.nn.Sequential(*layers))
-    opt = torch.optim.SGD(net.parameters(), lr=LR, momentum=MOMENTUM)
-    tx, ty = torch.from_numpy(x), torch.from_numpy(y)
-
-    def step():
-        opt.zero_grad(set_to_none=True)
-        with torch.autocast("cpu", dtype=torch.float16, enabled=half):
-            loss = torch.nn.functional.cross_entropy(net(tx), ty)
-        loss.backward()
-        opt.step()
-        return loss.detach()
-
-    step.weights = lambda: np.concatenate([p.detach().numpy().ravel() for p in net.parameters()])
+    """``speed.torch_step`` with the model in ``DistributedDataParallel``."""
+    step = torch_step(sizes, weights, x, y, half,
+                      wrap=torch.nn.parallel.DistributedDataParallel)
+    step.weights = lambda: np.concatenate([p.detach().numpy().ravel()
+                                           for p in step.model.parameters()])
     return step
 
 
@@ -144,6 +129,51 @@ def time_case(model, dtype, batch, data, frameworks, repeats, comm) -> dict:
             "total_s": {k: statistics.median(t) for k, t in rounds.items()},
             "step_s": {k: statistics.median(t) / n for k, t in rounds.items()},
             "rounds_s": rounds}
+
+
+def fp16_bucket(comm, repeats: int) -> dict:
+    """The two ways to average a float16 gradient bucket, timed on the wide MLP's float16 AMP
+    gradients (every weight and hidden bias): the collective's own float16 path
+    (``allreduce_mean_step``: NumPy widens, MPI sums float32, NumPy rounds) against what the
+    ``data_parallel`` pass emits (``cast`` kernels to float32, a float32 ``all_reduce``, ``cast``
+    back). Also checks that both give the same bits."""
+    import miniflow as mf
+    from miniflow import distributed
+    from miniflow.ir import Graph
+    from miniflow.ops import emitter
+    from miniflow.runtime.plan import Plan
+
+    shapes = [(10, 1024), (1024,), (1024, 1024), (1024,), (1024, 64)]
+    rng = np.random.default_rng(comm.Get_rank())
+    grads = [(rng.standard_normal(s) * 1e-2).astype(np.float16) for s in shapes]
+    direct = [g.copy() for g in grads]
+    fn, args = distributed.allreduce_mean_step(direct)
+
+    g = Graph()
+    emit = emitter(g)
+    ins = [g.add_input(f"g{k}", s, mf.float16) for k, s in enumerate(shapes)]
+    means = emit("all_reduce", *[emit("cast", v, dtype=mf.float32) for v in ins])
+    g.set_outputs([emit("cast", m, dtype=mf.float16) for m in means])
+    plan = Plan(g, mf.get_backend())
+    for buf, a in zip(plan.input_buffers, grads):
+        np.copyto(buf, a)
+
+    def run_plan():
+        for step, step_args in plan.steps:
+            step(*step_args)
+
+    timings = {}
+    for name, call in (("float16 all_reduce", lambda: fn(*args)), ("casts + float32", run_plan)):
+        call()
+        rounds = [round_time(comm, call, 10) / 10 for _ in range(repeats)]
+        timings[name] = statistics.median(rounds)
+    fn(*args)                         # both once more from the same inputs: compare the bits
+    for d, a in zip(direct, grads):
+        np.copyto(d, a)
+    fn(*args)
+    run_plan()
+    same = all(np.asarray(o).tobytes() == d.tobytes() for o, d in zip(plan.output_buffers, direct))
+    return {"elements": int(sum(a.size for a in grads)), "step_s": timings, "same_bits": same}
 
 
 def report(model: str, dtype: str, batch: int, res: dict) -> None:
@@ -220,14 +250,21 @@ def main(argv=None) -> None:
                 results.append({"model": model, "dtype": dtype, "batch": batch, **res})
                 if rank0:
                     report(model, dtype, batch, res)
+    bucket = fp16_bucket(comm, args.repeats)
     info["load_after"] = harness.load_average()
     if rank0:
+        t = bucket["step_s"]
+        print(f"float16 gradient bucket of wide_mlp ({bucket['elements']:,} elements): "
+              f"all_reduce in float16 {1e3 * t['float16 all_reduce']:.3f}ms, cast + float32 "
+              f"all_reduce + cast {1e3 * t['casts + float32']:.3f}ms (the data_parallel pass's "
+              f"choice); same bits: {bucket['same_bits']}")
         print(f"load average (1 min) after: {info['load_after']:.2f}")
         print()
         print(table(results))
         path = Path(args.json)
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps({"machine": info, "results": results}, indent=1))
+        path.write_text(json.dumps({"machine": info, "results": results, "fp16_bucket": bucket},
+                                   indent=1))
         print(f"wrote {path}")
     if torch is not None:
         torch.distributed.destroy_process_group()

@@ -117,8 +117,11 @@ class _World:
         self.control = self.comm.Dup() if mpi is not None else None
         self.rank = self.comm.Get_rank() if mpi is not None else 0
         self.size = self.comm.Get_size() if mpi is not None else 1
-        self.local_size = (self.comm.Split_type(mpi.COMM_TYPE_SHARED).Get_size()
-                           if mpi is not None else 1)
+        self.local_size = 1
+        if mpi is not None:
+            node = self.comm.Split_type(mpi.COMM_TYPE_SHARED)   # the ranks sharing this machine
+            self.local_size = node.Get_size()
+            node.Free()
         self.watch = _Watchdog(self, timeout) if self.size > 1 else None
 
     def abort(self, code: int) -> None:

@@ -1,11 +1,11 @@
 """Loss-scale pass: scale the initial gradient, unscale and check the parameter gradients, make the
 update ops skip non-finite steps, and schedule a dynamic scale — all inside the graph.
 
-Runs after AMP and before the optimizer pass (OneFlow: inside ``GenerateOptimizerOpConfs``, whose
-order this follows: cast fp16 model diffs to fp32 -> scale the initial diff -> unscale model diffs
-(x 1/scale) -> count not-finite -> updates take the count as ``skip_if``; and
-``DynamicLossScaleSchedulePass``). Steps, in order (docs/architecture.md, "Loss scaling is a
-pass"):
+Runs after AMP and data_parallel, before the optimizer pass (OneFlow: inside
+``GenerateOptimizerOpConfs``, whose order this follows: cast fp16 model diffs to fp32 -> scale the
+initial diff -> unscale model diffs (x 1/scale) -> count not-finite -> updates take the count as
+``skip_if``; and ``DynamicLossScaleSchedulePass``). Steps, in order (docs/architecture.md, "Loss
+scaling is a pass"):
 
 1. The initial gradient is the Value the autograd pass recorded in ``ctx.initial_grad``
    (``ones_like(loss)``, possibly float16 after AMP). The scaling nodes go right after it
