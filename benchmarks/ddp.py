@@ -50,7 +50,7 @@ sys.path.insert(1, str(Path(__file__).resolve().parent.parent))
 import harness  # noqa: E402
 from speed import LABEL, MODELS, init_weights, miniflow_step, torch_step  # noqa: E402
 
-ROUND_SECONDS = 0.1
+ROUND_SECONDS = 0.2
 """Target duration of one framework's share of a round (sets N)."""
 WORLD_SIZE = 2
 
