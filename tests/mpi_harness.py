@@ -120,3 +120,19 @@ def alive(pid: int) -> bool:
         except ProcessLookupError:
             return False
         return True
+
+
+def kill_a_rank(script: str, out: Path, *args, timeout: float = 60) -> tuple[int, str, float]:
+    """Start ``script`` on 2 ranks (it writes ``out/pid<r>.json`` once running, then loops),
+    SIGKILL rank 1 and wait for the job: ``(return code, output, seconds after the kill)``. Fails
+    the test if rank 0 is still alive then; leftover ranks are killed in any case."""
+    proc = launch(script, 2, out, *args)
+    wait_for_files([out / "pid0.json", out / "pid1.json"], proc, timeout=120)
+    pids = [json.loads((out / f"pid{r}.json").read_text())["pid"] for r in range(2)]
+    try:
+        os.kill(pids[1], signal.SIGKILL)
+        rc, output, seconds = finish(proc, timeout=timeout)
+        assert not alive(pids[0]), f"rank 0 outlived the job:\n{output}"
+        return rc, output, seconds
+    finally:
+        kill_ranks(pids)
