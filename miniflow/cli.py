@@ -8,7 +8,8 @@ import sys
 
 
 def _info(args) -> int:
-    """Versions, the backend, the GPU (or why there is none), the float16 path, the kernel cache.
+    """Versions (MPI's for data parallel too), the backend, the GPU (or why there is none), the
+    float16 path, the kernel cache.
 
     Never a traceback: a backend that cannot be used (``MINIFLOW_BACKEND=cuda`` without a GPU, a
     bad ``MINIFLOW_BACKEND``) is reported on the ``backend:`` line and the exit code is 1.
@@ -30,6 +31,12 @@ def _info(args) -> int:
     print(f"miniflow {miniflow.__version__}")
     print(f"python {platform.python_version()} on {platform.machine()}")
     print(f"numpy {numpy.__version__}, numba {numba.__version__}, numba-cuda {numba_cuda}")
+    try:
+        mpi = (f"mpi4py {importlib.metadata.version('mpi4py')}, "
+               f"mpich {importlib.metadata.version('mpich')} (mpiexec -n N ...)")
+    except importlib.metadata.PackageNotFoundError:
+        mpi = "not installed (pip install 'miniflow[dist]')"
+    print(f"data parallel: {mpi}")
     usable, gpu = cuda_status()
     print(f"GPU: {gpu}" if usable else f"GPU: no GPU ({gpu})")
     try:

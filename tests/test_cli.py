@@ -20,6 +20,8 @@ def test_info_prints_backend_and_versions(capsys):
     assert main(["info"]) == 0
     out = capsys.readouterr().out
     assert "backend: cpu" in out and "numba " in out and "float16 conversion on the CPU" in out
+    assert "data parallel: mpi4py " in out or \
+        "data parallel: not installed (pip install 'miniflow[dist]')" in out
 
 
 @pytest.mark.parametrize("value", ["-1", "1.5", "abc"])
