@@ -131,7 +131,8 @@ class GraphConfig:
                     "clear": clear_remove})
         self.amp = AmpConfig(lists, dtype)
 
-    def enable_data_parallel(self, enabled: bool = True, *, bucket_cap_mb: float = 25.0) -> None:
+    def enable_data_parallel(self, enabled: bool = True, *,
+                             bucket_cap_mb: float = distributed.DEFAULT_BUCKET_CAP_MB) -> None:
         """Average the gradients across the ranks of the process world (``miniflow.distributed``),
         or not (``enabled=False``).
 
