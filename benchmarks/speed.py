@@ -64,7 +64,7 @@ def init_weights(sizes, seed: int = 0) -> list:
 
 
 def miniflow_step(sizes, weights, x, y, half: bool):
-    """A miniflow training step (``TrainGraph``), returning the loss as a float."""
+    """A miniflow training step (``TrainGraph``, as ``step.graph``), returning the loss."""
     import miniflow as mf
     from miniflow.experiments.mlp import TrainGraph, mlp
 
@@ -74,11 +74,16 @@ def miniflow_step(sizes, weights, x, y, half: bool):
     graph = TrainGraph(model, mf.optim.SGD(model.parameters(), lr=LR, momentum=MOMENTUM))
     if half:
         graph.config.enable_amp()
-    return lambda: graph(x, y)
+
+    def step():
+        return graph(x, y)
+
+    step.graph = graph
+    return step
 
 
-def torch_step(sizes, weights, x, y, half: bool):
-    """The same step in PyTorch eager (``torch.autocast`` for AMP)."""
+def torch_model(weights):
+    """The MLP in PyTorch (``torch.nn.Sequential`` of Linear and ReLU) with ``weights``."""
     import torch
 
     layers = []
@@ -88,7 +93,17 @@ def torch_step(sizes, weights, x, y, half: bool):
             lin.weight.copy_(torch.from_numpy(w))
             lin.bias.copy_(torch.from_numpy(b))
         layers += [lin] + ([torch.nn.ReLU()] if k < len(weights) - 1 else [])
-    model = torch.nn.Sequential(*layers)
+    return torch.nn.Sequential(*layers)
+
+
+def torch_step(sizes, weights, x, y, half: bool, wrap=None):
+    """The same step in PyTorch eager (``torch.autocast`` for AMP); ``wrap(model)`` wraps the
+    model (``benchmarks/ddp.py``: in ``DistributedDataParallel``). ``step.model`` is the model."""
+    import torch
+
+    model = torch_model(weights)
+    if wrap is not None:
+        model = wrap(model)
     opt = torch.optim.SGD(model.parameters(), lr=LR, momentum=MOMENTUM)
     tx, ty = torch.from_numpy(x), torch.from_numpy(y)
 
@@ -100,6 +115,7 @@ def torch_step(sizes, weights, x, y, half: bool):
         opt.step()
         return loss.detach()
 
+    step.model = model
     return step
 
 

@@ -8,7 +8,8 @@ import sys
 
 
 def _info(args) -> int:
-    """Versions, the backend, the GPU (or why there is none), the float16 path, the kernel cache.
+    """Versions (MPI's for data parallel too), the backend, the GPU (or why there is none), the
+    float16 path, the kernel cache.
 
     Never a traceback: a backend that cannot be used (``MINIFLOW_BACKEND=cuda`` without a GPU, a
     bad ``MINIFLOW_BACKEND``) is reported on the ``backend:`` line and the exit code is 1.
@@ -30,6 +31,12 @@ def _info(args) -> int:
     print(f"miniflow {miniflow.__version__}")
     print(f"python {platform.python_version()} on {platform.machine()}")
     print(f"numpy {numpy.__version__}, numba {numba.__version__}, numba-cuda {numba_cuda}")
+    try:
+        mpi = (f"mpi4py {importlib.metadata.version('mpi4py')}, "
+               f"mpich {importlib.metadata.version('mpich')} (mpiexec -n N ...)")
+    except importlib.metadata.PackageNotFoundError:
+        mpi = "not installed (pip install 'miniflow[dist]')"
+    print(f"data parallel: {mpi}")
     usable, gpu = cuda_status()
     print(f"GPU: {gpu}" if usable else f"GPU: no GPU ({gpu})")
     try:
@@ -80,14 +87,46 @@ def _cache_probe(backend) -> str:
 
 
 def _train(args) -> int:
+    """Train the digits MLP; with ``--ddp`` on every rank of the MPI world, rank 0 alone printing
+    and writing ``--save``."""
     from .experiments.mlp import train_digits
+    if args.ddp:
+        from . import distributed
+        distributed.init()
+        threads = _pin_threads(distributed.local_world_size())
     r = train_digits(epochs=args.epochs, batch_size=args.batch_size, lr=args.lr,
-                     momentum=args.momentum, hidden=args.hidden, seed=args.seed)
-    print(f"final loss: {r['losses'][-1]:.4f}")
+                     momentum=args.momentum, hidden=args.hidden, seed=args.seed, ddp=args.ddp)
+    if r["rank"] != 0:
+        return 0
+    if args.ddp:
+        print(f"data parallel: world size {r['world_size']}, batch {args.batch_size} per rank "
+              f"({args.batch_size * r['world_size']} per step), {threads} thread(s) per rank")
+    print(f"final loss: {r['losses'][-1]:.4f}" + (" (rank 0's batch)" if args.ddp else ""))
     print(f"train accuracy: {100 * r['train_accuracy']:.2f}%")
     print(f"test accuracy: {100 * r['test_accuracy']:.2f}% (360 test images)")
     print(f"time: {r['seconds']:.1f} s for {len(r['losses'])} steps")
+    if args.save:
+        from .serialization import save
+        save(r["graph"].model.state_dict(), args.save)
+        print(f"saved the model's state_dict to {args.save}")
     return 0
+
+
+def _pin_threads(local_ranks: int) -> int:
+    """Give each of the ``local_ranks`` ranks on this machine its share of the cores: Numba's and
+    the BLAS's thread pools get ``cores // local_ranks`` threads (at least 1), so ranks never
+    share a core with another rank's pool (MPICH busy-polls while a rank waits). Returns it."""
+    import os
+
+    import numba
+    from threadpoolctl import threadpool_limits
+
+    from .kernels import cpu  # noqa: F401  (first: it picks Numba's threading layer)
+
+    n = max(1, (os.cpu_count() or 1) // local_ranks)
+    numba.set_num_threads(min(n, numba.config.NUMBA_NUM_THREADS))
+    threadpool_limits(n, user_api="blas")
+    return n
 
 
 def _stability(args) -> int:
@@ -164,6 +203,10 @@ def main(argv=None) -> int:
     t.add_argument("--momentum", type=_real(0.0, True), default=0.9)
     t.add_argument("--hidden", type=_positive, default=128)
     t.add_argument("--seed", type=_seed, default=0, help="any integer >= 0 (default 0)")
+    t.add_argument("--ddp", action="store_true", help="data parallel on every rank of "
+                   "`mpiexec -n N miniflow train --ddp` (--batch-size is per rank)")
+    t.add_argument("--save", metavar="PATH", help="write the trained model's state_dict (a "
+                   "miniflow.save checkpoint) to PATH")
     t.set_defaults(fn=_train)
     st = sub.add_parser("stability", help="training-stability study of the loss-scale policies: "
                         "figures, metrics.json, summary.md")
@@ -179,7 +222,11 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     from .runtime.backend import BackendUnavailableError, UnknownBackendError
     try:
-        return args.fn(args)
+        code = args.fn(args)
     except (BackendUnavailableError, UnknownBackendError) as e:  # a bad MINIFLOW_BACKEND, or cuda
         print(e, file=sys.stderr)                                # without a GPU: no traceback
-        return 2
+        code = 2
+    if code:
+        from . import distributed
+        distributed.abort(code)
+    return code

@@ -5,6 +5,14 @@ It sits above every other layer (modules, optimizers, AMP, passes, runtime): tra
 ``miniflow.trace``, running ``miniflow.passes.pipeline`` with a ``CompileContext`` made from the
 graph's optimizers, AMP settings and scaler, and building ``miniflow.runtime.plan`` plans.
 
+Data parallel (``miniflow.distributed``, MPI): a graph that trains, started by ``mpiexec -n N``
+with N > 1, averages its gradients across the ranks (the ``data_parallel`` pass: ``all_reduce``
+nodes), unless ``config.enable_data_parallel(False)`` turns it off. Every time such a graph compiles
+the ranks check that they compiled the same graph (:class:`miniflow.distributed.RankMismatchError`
+on every rank otherwise) and take rank 0's parameters, optimizer state and loss scale (an MPI
+broadcast), so every replica starts equal. Graphs without an optimizer (evaluation) stay local:
+rank 0 may run one alone.
+
 Subclass it, assign modules as attributes, call ``self.add_optimizer(opt)`` and implement
 ``build(*inputs)``. The first call with a new input signature (shapes and dtypes) traces ``build``
 into an IR graph, runs the pass pipeline and builds a plan; later calls with that signature only
@@ -25,6 +33,7 @@ from collections import OrderedDict
 
 import numpy as np
 
+from . import distributed
 from .amp.grad_scaler import GradScaler, StaticGradScaler
 from .amp.lists import AmpLists
 from .amp.report import AmpReport, amp_report as build_amp_report
@@ -33,6 +42,7 @@ from .ir import Graph as IRGraph
 from .nn.module import Module, replaced_count
 from .optim.optimizer import Optimizer
 from .passes.auto_mixed_precision import AmpConfig
+from .passes.data_parallel import DataParallelConfig
 from .passes.loss_scale import POLICIES
 from .passes.pipeline import CompileContext, run_passes
 from .runtime.backend import get_backend
@@ -52,12 +62,17 @@ class GraphConfig:
         amp: the AMP settings (an ``AmpConfig``), or None when AMP is off.
         loss_scale_policy: how the loss scale meets a float16 initial gradient (``"fp32"``,
             ``"cast_back"`` or ``"legacy"``; see ``miniflow.passes.loss_scale``).
+        data_parallel: the data-parallel settings (a ``DataParallelConfig``).
+        data_parallel_enabled: True or False as ``enable_data_parallel`` set it; None (the
+            default): on when the process world has more than one rank.
     """
 
     def __init__(self):
         self.print_ir = False
         self.amp: AmpConfig | None = None
         self.loss_scale_policy = POLICIES[0]
+        self.data_parallel = DataParallelConfig()
+        self.data_parallel_enabled: bool | None = None
         self.version = 0  # bumped by every change: the owning nn.Graph then recompiles
 
     def debug(self, print_ir: bool = True) -> None:
@@ -115,6 +130,32 @@ class GraphConfig:
             remove={"white": white_remove, "black": black_remove, "gray": gray_remove,
                     "clear": clear_remove})
         self.amp = AmpConfig(lists, dtype)
+
+    def enable_data_parallel(self, enabled: bool = True, *,
+                             bucket_cap_mb: float = distributed.DEFAULT_BUCKET_CAP_MB) -> None:
+        """Average the gradients across the ranks of the process world (``miniflow.distributed``),
+        or not (``enabled=False``).
+
+        Without this call a graph that trains is data parallel whenever the world has more than
+        one rank (``mpiexec -n 2 python train.py``): ranks that train apart would drift apart
+        silently. ``enable_data_parallel(False)`` trains each rank on its own;
+        ``enable_data_parallel(True)`` in a one-process world keeps the ``all_reduce`` nodes
+        (the identity there), e.g. to read the IR.
+
+        Args:
+            enabled: True or False.
+            bucket_cap_mb: the gradient bucket size in MiB (PyTorch DDP's ``bucket_cap_mb``).
+
+        Raises:
+            TypeError: ``enabled`` is not a bool.
+            ValueError: ``bucket_cap_mb`` is not a finite number > 0.
+        """
+        if not isinstance(enabled, bool):
+            raise TypeError(f"enable_data_parallel: enabled must be True or False, got "
+                            f"{enabled!r}")
+        self.data_parallel = DataParallelConfig(bucket_cap_mb)
+        self.data_parallel_enabled = enabled
+        self.version += 1
 
 
 class Graph:
@@ -276,9 +317,34 @@ class Graph:
             raise RuntimeError("this graph has an optimizer but build never called loss.backward()")
         ctx = self._compile_context(param_names)
         graph = run_passes(graph, ctx)
+        if ctx.all_reduce_buckets and distributed.world_size() > 1:
+            self._sync_ranks(graph, ctx)
         self._ir, self._context = graph, ctx
         self.compile_count += 1
         return Plan(graph, get_backend(), context=ctx)
+
+    def _sync_ranks(self, graph: IRGraph, ctx: CompileContext) -> None:
+        """Check that every rank compiled the same graph, then give every rank rank 0's variables
+        (parameters, optimizer state, loss scale): collective, at every compile.
+
+        Raises:
+            RankMismatchError: on every rank, when the ranks' trained parameters (names, shapes,
+                dtypes) or compiled graphs differ, naming the first difference.
+        """
+        name = type(self).__name__
+        params = "\n".join(f"{n} {graph.variables[n].type_str}" for n in ctx.trainable)
+        distributed.check_same_across_ranks(params, f"trained parameters of {name}")
+        distributed.check_same_across_ranks(str(graph), f"compiled graphs of {name} (the "
+                                            f"printed IR: inputs, variables, nodes)")
+        backend = get_backend()
+        names = sorted(graph.variables)
+        arrays = [graph.variable_data[n] for n in names]
+        hosts = [a if isinstance(a, np.ndarray) else backend.to_numpy(a) for a in arrays]
+        fn, args = distributed.broadcast_step(hosts, root=0)
+        fn(*args)
+        for a, h in zip(arrays, hosts):
+            if a is not h:
+                backend.copy_in(a, h)
 
     def _input_names(self, n: int) -> list:
         """Names of the first ``n`` inputs of ``build`` (``input<i>`` for ``*args``).
@@ -313,7 +379,22 @@ class Graph:
         return CompileContext(trainable=trainable, optimizers=self._optimizers,
                               param_names=param_names, amp=self.config.amp,
                               grad_scaler=self._grad_scaler, loss_scale_policy=policy,
-                              initial_grad_identity=identity, print_ir=self.config.print_ir)
+                              initial_grad_identity=identity,
+                              data_parallel=self._data_parallel(trainable),
+                              print_ir=self.config.print_ir)
+
+    def _data_parallel(self, trainable: list) -> DataParallelConfig | None:
+        """The data-parallel settings if this graph averages its gradients across the ranks: it
+        trains, and ``config.enable_data_parallel`` said so or (not called) the world has more
+        than one rank (set up here: ``distributed.init()``, a one-rank world without a
+        launcher)."""
+        enabled = self.config.data_parallel_enabled
+        if not trainable or enabled is False:
+            return None
+        distributed.init()
+        if enabled is None and distributed.world_size() == 1:
+            return None
+        return self.config.data_parallel
 
     def amp_report(self) -> AmpReport:
         """What AMP decided for the last compiled plan: per node its color, dtype and the rule or

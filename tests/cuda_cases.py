@@ -101,10 +101,18 @@ def arg_type(a):
     return numba.typeof(a)
 
 
+HOST_STEP_OPS = ("all_reduce",)
+"""Ops whose CUDA steps launch no kernel: the collective copies device buffers to host buffers,
+runs MPI on them and copies back (``miniflow.kernels.cuda.collective``)."""
+
+
 def step_signatures(steps) -> dict:
-    """``{(kernel py_func, argument types): kernel label}`` of a list of CUDA steps."""
+    """``{(kernel py_func, argument types): kernel label}`` of a list of CUDA steps (host steps,
+    which launch no kernel, have none)."""
     out = {}
     for fn, args in steps:
+        if not hasattr(fn, "kernel"):
+            continue
         sig = tuple(arg_type(a) for a in args)
         out.setdefault((fn.kernel.py_func, sig), fn.name)
     return out

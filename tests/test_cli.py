@@ -20,6 +20,8 @@ def test_info_prints_backend_and_versions(capsys):
     assert main(["info"]) == 0
     out = capsys.readouterr().out
     assert "backend: cpu" in out and "numba " in out and "float16 conversion on the CPU" in out
+    assert "data parallel: mpi4py " in out or \
+        "data parallel: not installed (pip install 'miniflow[dist]')" in out
 
 
 @pytest.mark.parametrize("value", ["-1", "1.5", "abc"])
@@ -49,3 +51,15 @@ def test_stability_backend_option_selects_the_backend(monkeypatch, tmp_path, cap
     with pytest.raises(SystemExit) as e:
         main(["stability", "--backend", "gpu"])
     assert e.value.code == 2 and "invalid choice: 'gpu'" in capsys.readouterr().err
+
+
+def test_train_ddp_in_a_one_rank_world_and_save(tmp_path, capsys):
+    """``miniflow train --ddp`` without a launcher: a world of one rank, the sampler's order;
+    ``--save`` writes the model's state_dict."""
+    import miniflow as mf
+    path = tmp_path / "model.safetensors"
+    assert main(["train", "--ddp", "--epochs", "1", "--save", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "data parallel: world size 1, batch 64 per rank (64 per step)" in out
+    assert "23 steps" in out and f"saved the model's state_dict to {path}" in out
+    assert sorted(mf.load(str(path))) == ["0.bias", "0.weight", "2.bias", "2.weight"]

@@ -16,6 +16,7 @@ PACKAGE = Path(miniflow.__file__).resolve().parent
 
 LAYERS = {
     "miniflow.dtype": 0, "miniflow.random": 0, "miniflow.serialization": 0,
+    "miniflow.distributed": 0,
     "miniflow.ir": 1,
     "miniflow.ops": 2,
     "miniflow.passes": 3, "miniflow.kernels": 3,
@@ -139,3 +140,10 @@ def test_a_back_import_is_reported():
     assert "miniflow.passes.autograd -> miniflow.kernels.cpu (layer 3 imports layer 3.5)" in bad
     assert "miniflow.optim.sgd -> miniflow.graph (layer 7 imports layer 9)" in bad
     assert len(bad) == 6, bad
+
+
+def test_distributed_imports_nothing_from_miniflow():
+    """``miniflow.distributed`` is the lowest layer: the kernels, the compile driver and the data
+    sampler all import it, and it imports none of them (nor anything else of miniflow)."""
+    sources = modules()
+    assert imports("miniflow.distributed", sources["miniflow.distributed"], set(sources)) == set()

@@ -40,21 +40,37 @@ def load_digits() -> Digits:
     return Digits(np.ascontiguousarray(x_tr), y_tr, np.ascontiguousarray(x_te), y_te)
 
 
-def batches(x: np.ndarray, y: np.ndarray, batch_size: int, shuffle: bool = True,
-            drop_last: bool = False, rng: np.random.Generator | None = None):
+def batches(x: np.ndarray, y: np.ndarray, batch_size: int, shuffle: bool | None = None,
+            drop_last: bool = False, rng: np.random.Generator | None = None, sampler=None):
     """Yield ``(x_batch, y_batch)`` pairs covering the data once (one epoch).
 
-    Shuffling uses ``rng`` or miniflow's global generator (``miniflow.manual_seed``).
+    Shuffling (``shuffle``, default True) uses ``rng`` or miniflow's global generator
+    (``miniflow.manual_seed``). With a ``sampler`` (a :class:`DistributedSampler`, or anything
+    whose ``indices()`` returns row indices) the batches cover the sampler's indices in its order
+    instead, this rank's shard of the epoch; the sampler then does the shuffling.
 
     Raises:
-        ValueError: batch_size < 1 or x and y of different lengths.
+        ValueError: batch_size < 1, x and y of different lengths, a sampler together with
+            ``shuffle=True`` or ``rng``, or a sampler index outside ``[0, len(x))``.
     """
     if batch_size < 1:
         raise ValueError(f"batches: batch_size must be >= 1, got {batch_size}")
     if len(x) != len(y):
         raise ValueError(f"batches: x has {len(x)} rows but y has {len(y)}")
-    idx = (rng or generator()).permutation(len(x)) if shuffle else np.arange(len(x))
-    stop = len(x) - (len(x) % batch_size if drop_last else 0)
+    if sampler is not None:
+        if shuffle or rng is not None:
+            raise ValueError("batches: pass a sampler or shuffle=True/rng, not both: the sampler "
+                             "shuffles (DistributedSampler(..., shuffle=True, seed=...))")
+        idx = np.asarray(sampler.indices())
+        if idx.size and not 0 <= idx.min() <= idx.max() < len(x):
+            raise ValueError(f"batches: the sampler gave row indices in [{idx.min()}, "
+                             f"{idx.max()}] but x has {len(x)} rows; make the sampler for this "
+                             f"data set")
+    elif shuffle is None or shuffle:
+        idx = (rng or generator()).permutation(len(x))
+    else:
+        idx = np.arange(len(x))
+    stop = len(idx) - (len(idx) % batch_size if drop_last else 0)
     for i in range(0, stop, batch_size):
         j = idx[i:i + batch_size]
         yield np.ascontiguousarray(x[j]), np.ascontiguousarray(y[j])

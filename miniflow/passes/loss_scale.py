@@ -1,11 +1,11 @@
 """Loss-scale pass: scale the initial gradient, unscale and check the parameter gradients, make the
 update ops skip non-finite steps, and schedule a dynamic scale — all inside the graph.
 
-Runs after AMP and before the optimizer pass (OneFlow: inside ``GenerateOptimizerOpConfs``, whose
-order this follows: cast fp16 model diffs to fp32 -> scale the initial diff -> unscale model diffs
-(x 1/scale) -> count not-finite -> updates take the count as ``skip_if``; and
-``DynamicLossScaleSchedulePass``). Steps, in order (docs/architecture.md, "Loss scaling is a
-pass"):
+Runs after AMP and data_parallel, before the optimizer pass (OneFlow: inside
+``GenerateOptimizerOpConfs``, whose order this follows: cast fp16 model diffs to fp32 -> scale the
+initial diff -> unscale model diffs (x 1/scale) -> count not-finite -> updates take the count as
+``skip_if``; and ``DynamicLossScaleSchedulePass``). Steps, in order (docs/architecture.md, "Loss
+scaling is a pass"):
 
 1. The initial gradient is the Value the autograd pass recorded in ``ctx.initial_grad``
    (``ones_like(loss)``, possibly float16 after AMP). The scaling nodes go right after it
@@ -29,7 +29,10 @@ pass"):
    these unscaled gradients.
 4. ``multi_count_not_finite`` over all unscaled gradients (one fused kernel): the result
    ``"nonfinite_counts"`` (one count per name in ``ctx.nonfinite_names``), which the grad scaler
-   reads after every step.
+   reads after every step. Under data parallel (``ctx.all_reduce_buckets``: the gradients are
+   means over the ranks) the counts and their total are summed across the ranks
+   (``all_reduce {reduce='sum'}``), so every rank takes the same decision below; a non-finite
+   element of a mean is non-finite on every rank, so it counts once per rank.
 5. ``ctx.skip_if`` = the total count: every update op skips a non-finite step (unless a static scaler
    was made with ``skip_nonfinite=False``). OneFlow differs under a static scale: it counts and
    skips only with a dynamic policy (``CountNotFiniteIfNeeded`` in ``autograd.cpp`` and
@@ -79,6 +82,8 @@ def loss_scale(graph: Graph, ctx) -> Graph:
             emit("scalar_mul_by_tensor", g, inv_scale) if scaler.dynamic
             else emit("scalar_mul", g, scalar=1.0 / scaler.scale))
     counts, total = emit("multi_count_not_finite", *(graph.grads[n] for n in names))
+    if ctx.all_reduce_buckets:   # data parallel: every rank skips, and rescales, together
+        counts, total = emit("all_reduce", counts, total, reduce="sum")
     graph.results["nonfinite_counts"], ctx.nonfinite_names = counts, names
     if scaler.skip_nonfinite:
         ctx.skip_if = total

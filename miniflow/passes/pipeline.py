@@ -1,9 +1,10 @@
 """The pass pipeline: the order passes run in, and the context they share.
 
-Order (docs/architecture.md): autograd -> auto_mixed_precision -> prune_amp_identity -> loss_scale
--> optimizer -> fuse_elementwise -> dead_code_elimination. The two AMP passes run only when AMP is
-enabled (``ctx.amp`` is set). The IR is verified after every pass; with ``print_ir=True`` it is
-printed after every pass too.
+Order (docs/architecture.md): autograd -> auto_mixed_precision -> prune_amp_identity ->
+data_parallel -> loss_scale -> optimizer -> fuse_elementwise -> dead_code_elimination. The two AMP
+passes run only when AMP is enabled (``ctx.amp`` is set), data_parallel only when data-parallel
+training is (``ctx.data_parallel``). The IR is verified after every pass; with ``print_ir=True``
+it is printed after every pass too.
 
 What passes tell each other goes through the :class:`CompileContext` (OneFlow's ``JobPassCtx``),
 not the IR: the initial gradient, ``skip_if``, the AMP decisions ... The IR carries only what the
@@ -16,13 +17,15 @@ from dataclasses import dataclass, field
 from ..ir import Graph
 from .auto_mixed_precision import AmpConfig, AmpResult, auto_mixed_precision
 from .autograd import autograd
+from .data_parallel import DataParallelConfig, data_parallel
 from .dead_code_elimination import dead_code_elimination
 from .fuse_elementwise import fuse_elementwise
 from .loss_scale import POLICIES, loss_scale
 from .optimizer import optimizer
 from .prune_amp_identity import prune_amp_identity
 
-__all__ = ["CompileContext", "PASSES", "AMP_PASSES", "passes_for", "run_passes"]
+__all__ = ["CompileContext", "PASSES", "AMP_PASSES", "DATA_PARALLEL_PASSES", "passes_for",
+           "run_passes"]
 
 
 @dataclass
@@ -40,13 +43,19 @@ class CompileContext:
             loss-scale pass reads its ``dynamic``, ``scale``, ``skip_nonfinite``,
             ``schedule_attrs()`` and state arrays), or None.
         loss_scale_policy: ``"fp32"`` (default), ``"cast_back"`` or ``"legacy"``.
+        data_parallel: the data-parallel settings
+            (:class:`~miniflow.passes.data_parallel.DataParallelConfig`) when the gradients are
+            averaged across the ranks, else None.
         print_ir: print the IR after every pass.
 
     Set by the passes:
         initial_grad: the ``ones_like(loss)`` Value autograd seeds the backward pass with.
         scaled_initial_grad: the loss-scale pass's product of it and the scale.
         skip_if: an i64[1] Value that update ops take as ``skip_if`` (set by loss scaling).
-        nonfinite_names: the variable names the ``"nonfinite_counts"`` result counts, in order.
+        nonfinite_names: the variable names the ``"nonfinite_counts"`` result counts, in order
+            (under data parallel: summed over the ranks).
+        all_reduce_buckets: the variable names of each gradient bucket the data-parallel pass
+            all-reduces (empty when it did not run).
         amp_result: filled by the AMP pass: per node color and reason, inserted casts.
     """
 
@@ -57,11 +66,13 @@ class CompileContext:
     amp: AmpConfig | None = None
     grad_scaler: object = None
     loss_scale_policy: str = POLICIES[0]
+    data_parallel: DataParallelConfig | None = None
     print_ir: bool = False
     initial_grad: object = None
     scaled_initial_grad: object = None
     skip_if: object = None
     nonfinite_names: list = field(default_factory=list)
+    all_reduce_buckets: list = field(default_factory=list)
     amp_result: AmpResult | None = None
 
 
@@ -69,6 +80,7 @@ PASSES = [
     ("autograd", autograd),
     ("auto_mixed_precision", auto_mixed_precision),
     ("prune_amp_identity", prune_amp_identity),
+    ("data_parallel", data_parallel),
     ("loss_scale", loss_scale),
     ("optimizer", optimizer),
     ("fuse_elementwise", fuse_elementwise),
@@ -78,11 +90,16 @@ PASSES = [
 AMP_PASSES = ("auto_mixed_precision", "prune_amp_identity")
 """Passes that run only with AMP enabled."""
 
+DATA_PARALLEL_PASSES = ("data_parallel",)
+"""Passes that run only with data-parallel training enabled."""
+
 
 def passes_for(ctx: CompileContext) -> list:
     """The ``(name, pass)`` list that ``ctx`` asks for: :data:`PASSES`, minus the AMP passes when
-    AMP is off."""
-    return [(name, fn) for name, fn in PASSES if ctx.amp is not None or name not in AMP_PASSES]
+    AMP is off and the data-parallel pass when data parallel is off."""
+    return [(name, fn) for name, fn in PASSES
+            if (ctx.amp is not None or name not in AMP_PASSES)
+            and (ctx.data_parallel is not None or name not in DATA_PARALLEL_PASSES)]
 
 
 def run_passes(graph: Graph, ctx: CompileContext, passes=None) -> Graph:

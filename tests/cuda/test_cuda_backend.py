@@ -1,6 +1,6 @@
 """The cuda backend end to end (under the simulator, or on a GPU): selection, device residency,
 training steps that match the cpu backend (fp32 SGD; AMP with a dynamic loss scale and Adam),
-clear errors."""
+clear errors; data parallel on two ranks (``mpiexec -n 2``)."""
 import numpy as np
 import pytest
 
@@ -10,6 +10,7 @@ from miniflow.runtime.backend import BACKENDS, cuda_status, default_backend_name
 
 from cuda_cases import (TRAIN_X, TRAIN_Y, TRAINING, all_cases, case_signatures, step_signatures,
                         train_graph, training_signatures)
+from mpi_harness import rank_results, requires_mpi, run_mpi
 
 @pytest.fixture(autouse=True)
 def _restore_backend():
@@ -98,3 +99,28 @@ def test_float64_gradient_check_on_the_cuda_backend(op, inputs, attrs):
     missing = sorted(f"{label}{key[1]}" for key, label in step_signatures(plan.steps).items()
                      if key not in compiled)
     assert not missing, f"the PTX lane does not compile: {missing}"
+
+
+@requires_mpi
+def test_data_parallel_on_two_ranks_matches_the_cpu_backend(tmp_path):
+    """``mpiexec -n 2`` AMP training on the cuda backend: the all-reduces staged through host
+    buffers and the compile-time broadcast (device -> host -> device) give bitwise equal ranks,
+    and the cpu backend's numbers."""
+    results = {}
+    for backend in ("cpu", "cuda"):
+        (tmp_path / backend).mkdir()
+        rc, output, _ = run_mpi("training.py", 2, tmp_path / backend, "tiny", timeout=300,
+                                env={"MINIFLOW_BACKEND": backend})
+        assert rc == 0, output
+        results[backend] = [(info, dict(np.load(tmp_path / backend / f"rank{r}.npz")))
+                            for r, info in enumerate(rank_results(tmp_path / backend, 2))]
+    for backend, ((i0, v0), (i1, v1)) in results.items():
+        assert i0["backend"] == i1["backend"] == backend
+        assert i0["scales"] == i1["scales"]
+        assert v0.keys() == v1.keys() and all(v0[k].tobytes() == v1[k].tobytes() for k in v0)
+    (cpu, cpu_vars), _ = results["cpu"]
+    (cuda, cuda_vars), _ = results["cuda"]
+    np.testing.assert_allclose(cuda["losses"], cpu["losses"], rtol=2e-3, atol=2e-3)
+    assert cuda["scales"] == cpu["scales"]
+    for k, v in cpu_vars.items():
+        np.testing.assert_allclose(cuda_vars[k], v, rtol=2e-3, atol=2e-3, err_msg=k)

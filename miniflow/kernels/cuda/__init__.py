@@ -17,12 +17,13 @@ result once.
 """
 from __future__ import annotations
 
-from . import elementwise, fused, loss_scale, matmul, movement, reduce, update
+from . import collective, elementwise, fused, loss_scale, matmul, movement, reduce, update
 from ..common import table
 
 __all__ = ["KERNELS", "builder_for"]
 
-KERNELS = table.kernel_table(elementwise, movement, reduce, matmul, update, loss_scale, fused)
+KERNELS = table.kernel_table(elementwise, movement, reduce, matmul, update, loss_scale, fused,
+                             collective)
 """Op type -> builder of the ops whose kernels are not derived from a scalar function."""
 
 
