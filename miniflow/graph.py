@@ -234,8 +234,13 @@ class Graph:
         scale_before = scaler.scale if scaler is not None else None
         outs = plan.run(arrays, to_host=False)  # copies of the output buffers
         counts = plan.graph.results.get("nonfinite_counts")
-        if scaler is not None and counts is not None:
+        if counts is not None:
             counts = get_backend().to_numpy(plan.buffers[id(counts)])
+        if plan.graph.grads:  # the updates ran (or were skipped): the optimizers count the step
+            skipped = counts is not None and scaler.skip_nonfinite and bool(counts.any())
+            for opt in self._optimizers:
+                opt._record_step(skipped)
+        if counts is not None:
             scaler._record_step(counts, scale_before, plan.context.nonfinite_names)
         result = tuple(Tensor(o) for o in outs)
         return result[0] if self._single_output else result

@@ -76,11 +76,13 @@ def extra_cases(cfg: LaunchConfig = SIMULATOR) -> list:
     cases.append(Case("multi_count_not_finite",      # one gradient per parameter of a 2-layer MLP
                       [_r(16, 8), np.array([np.inf] * 16, np.float32), _r(3, 16), _r(3)], {},
                       "mlp-gradients"))
-    cases.append(Case("sgd_update", [_r(n), _r(n, seed=1), np.zeros(1, np.int64)],
-                      {"lr": 0.1, "momentum": 0.0}, "no-momentum-grid-stride"))
-    cases.append(Case("adam_update", [_r(n), _r(n, seed=1), np.zeros(1, np.int64),
-                                      _r(n, seed=2) * 0.1, _r(n, seed=3, lo=0, hi=0.1),
-                                      np.array([7], np.int64)], {"lr": 0.01}, "grid-stride"))
+    cases.append(Case("sgd_update", [_r(n), _r(n, seed=1), np.array([0.1]),
+                                     np.zeros(1, np.int64)],
+                      {"momentum": 0.0}, "no-momentum-grid-stride"))
+    cases.append(Case("adam_update", [_r(n), _r(n, seed=1), np.array([0.01]),
+                                      np.zeros(1, np.int64), _r(n, seed=2) * 0.1,
+                                      _r(n, seed=3, lo=0, hi=0.1), np.array([7], np.int64)], {},
+                      "grid-stride"))
     return cases
 
 

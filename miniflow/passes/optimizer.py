@@ -1,9 +1,11 @@
 """Optimizer pass: insert one update op per trained parameter (OneFlow ``GenerateOptimizerOpConfs``).
 
 Assumes: the autograd pass filled the gradient results (``graph.grads``). Each optimizer in
-``ctx.optimizers`` emits its update op (``sgd_update``/``adam_update``) and declares its state as
-graph variables. ``skip_if`` is ``ctx.skip_if`` when a loss-scale pass provided one, else a
-constant 0.
+``ctx.optimizers`` (the k-th) declares its learning-rate array as the f64[1] variable
+``optimizer<k>.learning_rate`` (OneFlow's ``learning_rate`` input of the update ops: a new lr is a
+new value of that variable, never a new graph) and emits one update op per parameter
+(``sgd_update``/``adam_update``), declaring its state as graph variables. ``skip_if`` is
+``ctx.skip_if`` when a loss-scale pass provided one, else a constant 0.
 
 This is the one place where a gradient whose dtype differs from its parameter's (a float16 gradient
 of a float32 master weight, made by a white node under AMP) is cast to the parameter's dtype: one
@@ -15,10 +17,16 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..dtype import float64
 from ..ir import Graph
 from ..ops import emitter
 
-__all__ = ["optimizer", "master_grad"]
+__all__ = ["optimizer", "master_grad", "learning_rate_name"]
+
+
+def learning_rate_name(k: int) -> str:
+    """The variable name of the k-th optimizer's learning rate."""
+    return f"optimizer{k}.learning_rate"
 
 
 def optimizer(graph: Graph, ctx) -> Graph:
@@ -26,14 +34,20 @@ def optimizer(graph: Graph, ctx) -> Graph:
     if not graph.grads or not ctx.optimizers:
         return graph
     skip_if = ctx.skip_if if ctx.skip_if is not None else graph.add_constant(np.zeros(1, np.int64))
-    for opt in ctx.optimizers:
+    for k, opt in enumerate(ctx.optimizers):
+        trained = []  # (index, variable name, parameter Value, master gradient)
         for i, p in enumerate(opt.params):
             name = ctx.param_names[id(p)]  # nn.Graph checked every parameter is a variable
             grad = graph.grads.get(name)
             if grad is None:
                 continue  # like PyTorch: a parameter without a gradient is not updated
             param = graph.variables[name]
-            opt.emit_update(graph, i, name, param, master_grad(graph, param, grad), skip_if)
+            trained.append((i, name, param, master_grad(graph, param, grad)))
+        if not trained:
+            continue
+        lr = graph.add_variable(learning_rate_name(k), (1,), float64, data=opt.learning_rate)
+        for i, name, param, grad in trained:
+            opt.emit_update(graph, i, name, param, grad, lr, skip_if)
     return graph
 
 
