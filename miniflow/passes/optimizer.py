@@ -7,6 +7,14 @@ new value of that variable, never a new graph) and emits one update op per param
 (``sgd_update``/``adam_update``), declaring its state as graph variables. ``skip_if`` is
 ``ctx.skip_if`` when a loss-scale pass provided one, else a constant 0.
 
+Gradient clipping (OneFlow's ``ClipGradient`` in ``GenerateOptimizerOpConfs``, per optimizer
+whose param group sets ``clip_grad_max_norm``): one ``clip_grad_norm`` over the optimizer's
+master gradients, then every gradient times its ``clip_coef`` (``scalar_mul_by_tensor``); the
+gradient results become the clipped gradients (as ``torch.nn.utils.clip_grad_norm_`` changes
+``.grad``). It runs here, after the loss-scale pass, so it sees the unscaled gradients (and, with
+gradient accumulation, their mean) and the non-finite count was taken before it: a skipped step
+(``skip_if`` set) gets ``clip_coef = 1`` and clips nothing.
+
 This is the one place where a gradient whose dtype differs from its parameter's (a float16 gradient
 of a float32 master weight, made by a white node under AMP) is cast to the parameter's dtype: one
 cast per parameter, right before its update op (OneFlow casts fp16 model diffs to fp32 at the start
@@ -18,7 +26,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..dtype import float64
-from ..ir import Graph
+from ..ir import Graph, grad_name
 from ..ops import emitter
 
 __all__ = ["optimizer", "master_grad", "learning_rate_name"]
@@ -45,10 +53,26 @@ def optimizer(graph: Graph, ctx) -> Graph:
             trained.append((i, name, param, master_grad(graph, param, grad)))
         if not trained:
             continue
+        if opt.clip_grad is not None:
+            trained = _clipped(graph, trained, skip_if, *opt.clip_grad)
         lr = graph.add_variable(learning_rate_name(k), (1,), float64, data=opt.learning_rate)
         for i, name, param, grad in trained:
             opt.emit_update(graph, i, name, param, grad, lr, skip_if)
     return graph
+
+
+def _clipped(graph: Graph, trained: list, skip_if, max_norm: float, norm_type: float) -> list:
+    """``trained`` with every gradient clipped by the global norm (the module docstring); the
+    gradient results become the clipped gradients."""
+    emit = emitter(graph)
+    _, coef = emit("clip_grad_norm", skip_if, *(g for *_, g in trained), max_norm=max_norm,
+                   norm_type=norm_type)
+    out = []
+    for i, name, param, grad in trained:
+        clipped = emit("scalar_mul_by_tensor", grad, coef)
+        graph.results[grad_name(name)] = clipped
+        out.append((i, name, param, clipped))
+    return out
 
 
 def master_grad(graph: Graph, param, grad):

@@ -7,8 +7,8 @@ bits, ``fp16``). Modules, mirrored in ``kernels.cuda``: ``common`` (the ``jit`` 
 serial/parallel choice, flat views), ``elementwise`` (map / zip / broadcast / cast), ``movement``
 (reshape, transpose, broadcast_like, fills: ``np.copyto``), ``reduce`` (reduce_sum, softmax
 family, cross entropy), ``matmul`` (NumPy's BLAS and loops for skinny shapes), ``update`` (SGD,
-Adam), ``loss_scale`` (the loss-scale stage), ``fused`` (generated kernels of
-``fused_elementwise``); CPU only: ``fp16`` (float16 conversions). Builders shared with the CUDA
+Adam), ``loss_scale`` (the loss-scale stage), ``clip`` (gradient clipping), ``fused`` (generated
+kernels of ``fused_elementwise``); CPU only: ``fp16`` (float16 conversions). Builders shared with the CUDA
 backend come from ``kernels.common``.
 
 Precision: f16 and f32 compute in float32, f64 in float64; sums accumulate in that type; matmul on
@@ -17,12 +17,13 @@ contract).
 """
 from __future__ import annotations
 
-from . import elementwise, fused, loss_scale, matmul, movement, reduce, update
+from . import clip, elementwise, fused, loss_scale, matmul, movement, reduce, update
 from ..common import table
 
 __all__ = ["KERNELS", "builder_for"]
 
-KERNELS = table.kernel_table(elementwise, movement, reduce, matmul, update, loss_scale, fused)
+KERNELS = table.kernel_table(elementwise, movement, reduce, matmul, update, loss_scale, clip,
+                             fused)
 """Op type -> builder of the ops whose kernels are not derived from a scalar function."""
 
 
