@@ -5,7 +5,7 @@ and ``elementwise.elementwise`` for declaring an elementwise op with its scalar 
 """
 from .registry import (OP_REGISTRY, OpDef, all_ops, emitter, get_op, inference_calls, register,
                        scalar_functions, unregister)
-from . import (amp_ops, clip, elementwise, fused, linalg, loss_scale, nn, shape,  # noqa: F401
+from . import (accumulation, amp_ops, clip, elementwise, fused, linalg, loss_scale, nn, shape,  # noqa: F401
                update)  # (registers the op types)
 
 __all__ = ["OP_REGISTRY", "OpDef", "all_ops", "emitter", "get_op", "inference_calls", "register",

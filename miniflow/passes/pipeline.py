@@ -1,7 +1,7 @@
 """The pass pipeline: the order passes run in, and the context they share.
 
-Order (docs/architecture.md): autograd -> auto_mixed_precision -> prune_amp_identity -> loss_scale
--> optimizer -> fuse_elementwise -> dead_code_elimination. The two AMP passes run only when AMP is
+Order (docs/architecture.md): autograd -> auto_mixed_precision -> prune_amp_identity ->
+gradient_accumulation -> loss_scale -> optimizer -> fuse_elementwise -> dead_code_elimination. The two AMP passes run only when AMP is
 enabled (``ctx.amp`` is set). The IR is verified after every pass; with ``print_ir=True`` it is
 printed after every pass too.
 
@@ -18,6 +18,7 @@ from .auto_mixed_precision import AmpConfig, AmpResult, auto_mixed_precision
 from .autograd import autograd
 from .dead_code_elimination import dead_code_elimination
 from .fuse_elementwise import fuse_elementwise
+from .gradient_accumulation import gradient_accumulation
 from .loss_scale import POLICIES, loss_scale
 from .optimizer import optimizer
 from .prune_amp_identity import prune_amp_identity
@@ -40,6 +41,8 @@ class CompileContext:
             loss-scale pass reads its ``dynamic``, ``scale``, ``skip_nonfinite``,
             ``schedule_attrs()`` and state arrays), or None.
         loss_scale_policy: ``"fp32"`` (default), ``"cast_back"`` or ``"legacy"``.
+        accumulation_steps: micro-batches per call (``set_gradient_accumulation_steps``; the
+            driver already split the inputs and packed the outputs).
         print_ir: print the IR after every pass.
 
     Set by the passes:
@@ -57,6 +60,7 @@ class CompileContext:
     amp: AmpConfig | None = None
     grad_scaler: object = None
     loss_scale_policy: str = POLICIES[0]
+    accumulation_steps: int = 1
     print_ir: bool = False
     initial_grad: object = None
     scaled_initial_grad: object = None
@@ -69,6 +73,7 @@ PASSES = [
     ("autograd", autograd),
     ("auto_mixed_precision", auto_mixed_precision),
     ("prune_amp_identity", prune_amp_identity),
+    ("gradient_accumulation", gradient_accumulation),
     ("loss_scale", loss_scale),
     ("optimizer", optimizer),
     ("fuse_elementwise", fuse_elementwise),
