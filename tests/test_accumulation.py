@@ -351,3 +351,42 @@ def test_changing_the_number_of_micro_batches_recompiles():
     g.config.set_gradient_accumulation_steps(2)
     assert g(x, y).shape == (2,) and g.compile_count == 2
     assert math.isfinite(float(g(x, y).numpy().mean()))
+
+
+@pytest.mark.parametrize("policy", ["fp32", "cast_back", "legacy"])
+def test_oneflow_issue_9075_amp_scale_2_30_and_accumulation_2_skips_until_it_backs_off(policy):
+    """OneFlow issue 9075's setting: AMP, GradScaler(2^30), gradient accumulation 2 (there with a
+    conv-bn network; here the MLP until convolutions and batch norm land). No crash and no silent
+    NaN: steps overflow and are skipped, each halves the scale, no weight ever becomes non-finite,
+    and once the scale has backed off the updates apply and the loss falls."""
+    mf.manual_seed(0)
+    model = mlp((64, 32, 10))
+    g = TrainGraph(model, mf.optim.SGD(model.parameters(), lr=0.1, momentum=0.9))
+    g.config.enable_amp(True, loss_scale_policy=policy)
+    scaler = mf.amp.GradScaler(init_scale=2.0 ** 30, growth_interval=1000)
+    g.set_grad_scaler(scaler)
+    g.config.set_gradient_accumulation_steps(2)
+    skipped, losses = [], []
+    with pytest.warns(UserWarning) if policy != "fp32" else _no_warning():
+        for step in range(40):
+            x, y = _batch(step, dtype=np.float32)
+            losses.append(float(g(x, y).numpy().mean()))
+            skipped.append(scaler.found_inf)
+            assert all(np.isfinite(p.numpy()).all() for p in model.parameters()), step
+    first_applied = skipped.index(False)
+    assert first_applied >= 1 and all(skipped[:first_applied])  # skipped until it backed off
+    if policy != "fp32":  # a float16 initial gradient: the scale must fit float16
+        assert 2.0 ** 30 / 2 ** first_applied < 65504
+    assert sum(skipped[first_applied:]) <= 3                    # then (nearly) every step applies
+    assert np.mean(losses[-5:]) < np.mean(losses[first_applied:first_applied + 5])
+
+
+class _no_warning:
+    def __enter__(self):
+        import warnings
+        self._catch = warnings.catch_warnings()
+        self._catch.__enter__()
+        warnings.simplefilter("error")
+
+    def __exit__(self, *exc):
+        return self._catch.__exit__(*exc)

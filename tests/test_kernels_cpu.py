@@ -480,3 +480,20 @@ def test_cache_keeps_scalar_functions_apart(tmp_path):
     for r in runs:
         assert r.returncode == 0, r.stderr
     assert "HITS 0" in runs[0].stdout and "HITS 6" in runs[1].stdout
+
+
+@pytest.mark.parametrize("dt", [float32, float64], ids=lambda d: d.short)
+def test_the_learning_rate_input_is_rounded_once_to_the_compute_type(dt):
+    """``lr[0]`` (float64) becomes the model's compute type once, as the lr attribute it replaced
+    did (a Python float): the update is bit for bit ``p - lr_c * g`` in that type, so training
+    with a constant lr gives the bits it gave when the lr was an attribute."""
+    rng = np.random.default_rng(16)
+    p, g = rand(rng, (64,), dt), rand(rng, (64,), dt)
+    lr = 0.1 + 1e-9  # not representable in float32: the rounding shows
+    ins = [p.copy(), g, np.array([lr]), np.zeros(1, np.int64)]
+    node = Node(get_op("sgd_update"), [Value(f"i{k}", a.shape, a.dtype) for k, a in enumerate(ins)],
+                [], {"momentum": 0.0, "weight_decay": 0.0})
+    for fn, args in builder_for(node.op)(node, ins, []):
+        fn(*args)
+    want = p - dt.np.type(lr) * g
+    assert np.array_equal(ins[0].view(np.uint8), want.view(np.uint8))

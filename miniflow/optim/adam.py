@@ -37,7 +37,7 @@ class Adam(Optimizer):
                                       clip_grad_norm_type=clip_grad_norm_type))
 
     def check_hyper(self, hyper: dict) -> dict:
-        missing = sorted({"lr", "betas", "eps", "weight_decay"} - set(hyper))
+        missing = sorted({"betas", "eps", "weight_decay"} - set(hyper))
         if missing:
             raise KeyError(f"Adam: missing hyper-parameters {missing}")
         try:
@@ -45,8 +45,7 @@ class Adam(Optimizer):
         except (TypeError, ValueError):
             raise TypeError(f"Adam: betas must be a pair (beta1, beta2), got "
                             f"{hyper['betas']!r}") from None
-        return {"lr": check_real("Adam", "lr", hyper["lr"]),
-                "betas": (check_real("Adam", "beta1", b1, high=1.0),
+        return {"betas": (check_real("Adam", "beta1", b1, high=1.0),
                           check_real("Adam", "beta2", b2, high=1.0)),
                 "eps": check_real("Adam", "eps", hyper["eps"]),
                 "weight_decay": check_real("Adam", "weight_decay", hyper["weight_decay"])}

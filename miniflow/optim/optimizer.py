@@ -82,6 +82,11 @@ class ParamGroup(dict):
         self._owner = owner
 
     def __setitem__(self, key, value):
+        if key == "lr":  # what a schedule does every step: check it, write the lr array
+            v = check_real(type(self._owner).__name__, "lr", value)
+            dict.__setitem__(self, "lr", v)
+            self._owner._write_lr(v)
+            return
         self.update({key: value})
 
     def update(self, *args, **kwargs):
@@ -211,7 +216,8 @@ class Optimizer:
         self.num_skipped_steps = 0
         checked = self.validated(hyper)
         backend = get_backend()
-        self.learning_rate = backend.from_numpy(np.array([checked["lr"]], np.float64))
+        self._lr_host = np.array([checked["lr"]], np.float64)  # staging for _write_lr
+        self.learning_rate = backend.from_numpy(self._lr_host)
         self._group = ParamGroup(self, checked, self.params)
         self.state = [{s: backend.from_numpy(self._initial_state(s, p)) for s in self.state_names}
                       for p in self.params]
@@ -233,14 +239,15 @@ class Optimizer:
         return self._group.hyper()
 
     def check_hyper(self, hyper: dict) -> dict:
-        """The subclass's own hyper-parameters of ``hyper``, validated and normalised (raises
-        KeyError for a missing one, TypeError/ValueError naming the bad one)."""
+        """The subclass's own hyper-parameters of ``hyper`` (all but ``lr`` and the clipping
+        settings, which :meth:`validated` checks), validated and normalised (raises KeyError
+        for a missing one, TypeError/ValueError naming the bad one)."""
         raise NotImplementedError
 
     def validated(self, hyper: dict) -> dict:
-        """All hyper-parameters of ``hyper`` validated: the subclass's (:meth:`check_hyper`),
-        the clipping settings (missing ones: the defaults, no clipping) and ``initial_lr`` if
-        present.
+        """All hyper-parameters of ``hyper`` validated: ``lr`` (finite >= 0; 0 is allowed, as in
+        PyTorch), the subclass's (:meth:`check_hyper`), the clipping settings (missing ones: the
+        defaults, no clipping) and ``initial_lr`` if present (as lr).
 
         ``clip_grad_max_norm``: None, or a finite number > 0; ``clip_grad_norm_type``: a number
         > 0, ``inf`` included (1, 2 and inf are the usual ones).
@@ -249,7 +256,9 @@ class Optimizer:
             KeyError / TypeError / ValueError naming the bad key and value.
         """
         name = type(self).__name__
-        out = self.check_hyper(hyper)
+        if "lr" not in hyper:
+            raise KeyError(f"{name}: missing hyper-parameters ['lr']")
+        out = {"lr": check_real(name, "lr", hyper["lr"]), **self.check_hyper(hyper)}
         max_norm = hyper.get("clip_grad_max_norm")
         if max_norm is not None:
             max_norm = check_real(name, "clip_grad_max_norm", max_norm)
@@ -272,9 +281,14 @@ class Optimizer:
         """After ``keys`` of the param group changed: write a new lr into
         :attr:`learning_rate`; bump :attr:`version` when a compiled key changed."""
         if "lr" in keys:
-            get_backend().copy_in(self.learning_rate, np.array([self._group["lr"]], np.float64))
+            self._write_lr(self._group["lr"])
         if any(k not in RUNTIME_KEYS for k in keys):
             self.version += 1
+
+    def _write_lr(self, lr: float) -> None:
+        """Put a (checked) learning rate into :attr:`learning_rate`."""
+        self._lr_host[0] = lr
+        get_backend().copy_in(self.learning_rate, self._lr_host)
 
     @property
     def clip_grad(self):
@@ -376,7 +390,7 @@ class Optimizer:
                 for k, v in s.items():
                     backend.copy_in(v, new[k])
             dict.update(self._group, hyper)  # in place: references to param_groups[0] stay valid
-            backend.copy_in(self.learning_rate, np.array([hyper["lr"]], np.float64))
+            self._write_lr(hyper["lr"])
             self.__dict__.update(counts)
             self.version += 1
         return assign
@@ -446,6 +460,7 @@ class Optimizer:
         backend = get_backend()
         state["state"] = [{k: backend.from_numpy(v) for k, v in s.items()} for s in state["state"]]
         state["learning_rate"] = backend.from_numpy(state["learning_rate"])
+        state["_lr_host"] = np.array(state["_lr_host"])
         self.__dict__.update(state)
 
     def __copy__(self) -> "Optimizer":

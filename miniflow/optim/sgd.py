@@ -32,11 +32,10 @@ class SGD(Optimizer):
                                       clip_grad_norm_type=clip_grad_norm_type))
 
     def check_hyper(self, hyper: dict) -> dict:
-        missing = sorted({"lr", "momentum", "weight_decay"} - set(hyper))
+        missing = sorted({"momentum", "weight_decay"} - set(hyper))
         if missing:
             raise KeyError(f"SGD: missing hyper-parameters {missing}")
-        return {"lr": check_real("SGD", "lr", hyper["lr"]),
-                "momentum": check_real("SGD", "momentum", hyper["momentum"]),
+        return {"momentum": check_real("SGD", "momentum", hyper["momentum"]),
                 "weight_decay": check_real("SGD", "weight_decay", hyper["weight_decay"])}
 
     def emit_update(self, graph, index, name, param, grad, lr, skip_if) -> None:
