@@ -90,9 +90,8 @@ def _train(args) -> int:
                          lr_schedule=args.lr_schedule, accumulate=args.accumulate,
                          clip_norm=args.clip_norm, amp=args.amp, checkpoint=args.checkpoint,
                          resume=args.resume, checkpoint_every=args.checkpoint_every)
-    except (ResumeError, CheckpointError, KeyError, TypeError, ValueError, OSError) as e:
-        message = e.args[0] if isinstance(e, KeyError) and e.args else e
-        print(f"miniflow train: {message}", file=sys.stderr)
+    except (ResumeError, CheckpointError, OSError) as e:
+        print(f"miniflow train: {e}", file=sys.stderr)
         return 2
     run_steps = r["steps"] - (r["resumed_from"] or 0)
     if r["resumed_from"] is not None:

@@ -153,10 +153,9 @@ def train_digits(epochs: int = 20, batch_size: int = 64, lr: float = 0.1, moment
         ValueError: batch_size not a multiple of accumulate; an unknown lr_schedule; resume
             without checkpoint.
         ResumeError: nothing to resume in ``checkpoint``, a checkpoint there without ``resume``,
-            or one made with other settings (naming them).
+            one made with other settings (naming them), or one that does not fit the model,
+            optimizer ... (naming the part and the key; nothing is loaded).
         miniflow.CheckpointError: the checkpoint file is truncated or edited (naming the key).
-        KeyError/ValueError/TypeError: the checkpoint does not fit the model, optimizer ...
-            (``miniflow.checkpoint.restore``: nothing is loaded).
         OSError: the checkpoint folder cannot be created or written (before the first step).
     """
     from tqdm import tqdm
@@ -248,8 +247,9 @@ def _resume(path: str, config: dict, **objects) -> dict:
     made with ``config``; returns its run record (step, epoch, batch, order, losses).
 
     Raises:
-        ResumeError: no checkpoint at ``path``, or one made with other settings.
-        as ``miniflow.load`` and ``miniflow.checkpoint.restore``.
+        ResumeError: no checkpoint at ``path``, one made with other settings, or one that does
+            not fit the model, optimizer ... (``restore``'s message: nothing is loaded).
+        miniflow.CheckpointError: a truncated or edited file (``miniflow.load``).
     """
     if not os.path.exists(path):
         raise ResumeError(f"nothing to resume: {path!r} does not exist (train without --resume "
@@ -264,7 +264,11 @@ def _resume(path: str, config: dict, **objects) -> dict:
     if differ:
         raise ResumeError(f"{path!r} was saved by a run with other settings: "
                           f"{'; '.join(differ)}; resume with the same options")
-    restore(ckpt, **objects)
+    try:
+        restore(ckpt, **objects)
+    except (KeyError, TypeError, ValueError) as e:  # nothing was loaded
+        message = e.args[0] if e.args else type(e).__name__
+        raise ResumeError(f"{path!r} does not fit this run: {message}") from None
     run = dict(ckpt["run"])
     run["losses"] = list(run["losses"])
     return run
