@@ -82,8 +82,8 @@ class GraphConfig:
 
         A call passes one mini-batch. Every input is split along dim 0 into ``value`` equal
         micro-batches (``unpack``), ``build`` runs on one micro-batch, and the forward and
-        backward nodes run once per micro-batch, accumulating into shared buffers (the memory of
-        one micro-batch, not of the mini-batch). The parameter gradients are summed over the
+        backward nodes run once per micro-batch, in one set of buffers (the activations of one
+        micro-batch, not of the mini-batch). The parameter gradients are summed over the
         micro-batches and divided by ``value`` (the mean of the micro-batch gradients: for a
         mean-reduced loss over equal micro-batches, the mini-batch's gradient), then the
         loss-scale stage, clipping and the optimizer updates run once. Every output is packed

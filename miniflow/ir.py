@@ -66,8 +66,8 @@ import numpy as np
 
 from .dtype import DType, as_dtype
 
-__all__ = ["Value", "Node", "Graph", "VerifyError", "MicroBatchSchedule", "format_shape",
-           "evaluate", "output_name", "grad_name"]
+__all__ = ["Value", "Node", "Graph", "VerifyError", "MicroBatchSchedule", "runs_per_micro_batch",
+           "format_shape", "evaluate", "output_name", "grad_name"]
 
 
 class VerifyError(ValueError):
@@ -164,7 +164,7 @@ class Node:
         return f"Node({self.format()})"
 
 
-def _per_micro_batch(node) -> bool:
+def runs_per_micro_batch(node) -> bool:
     """Whether ``node`` is a boundary op of the micro-batches (``op.micro_batch``) that runs once
     per micro-batch: one without the ``micro_batch`` attribute (a node that has it is the call of
     that one micro-batch, run once, as in the op's samples)."""
@@ -424,16 +424,16 @@ class Graph:
 
         Raises:
             VerifyError: the boundary ops disagree on the number of micro-batches; an ``unpack``
-                of a per-micro-batch value; a node of the micro-batches that reads an ``acc``/``pack`` output (complete only
-                after the last micro-batch); a node run before the micro-batches that reads a
-                variable a micro-batch node writes earlier in the program; a user output that is
-                one micro-batch's value (pack it).
+                of a per-micro-batch value; a node of the micro-batches that reads an
+                ``acc``/``pack`` output (complete only after the last micro-batch); a node run
+                before the micro-batches that reads a variable a micro-batch node writes earlier
+                in the program; a user output that is one micro-batch's value (pack it).
         """
         names = self.names()
         per, each, counts = set(), [], set()
         collected = {}  # id(value) -> index of the collecting node that makes it
         for i, n in enumerate(self.nodes):
-            kind = n.op.micro_batch[0] if _per_micro_batch(n) else None
+            kind = n.op.micro_batch[0] if runs_per_micro_batch(n) else None
             if kind:
                 counts.add(n.attrs[n.op.micro_batch[1]])
             reads_each = any(id(v) in per for v in n.inputs)
@@ -652,7 +652,7 @@ def evaluate(graph: Graph, inputs, variables: dict | None = None) -> dict:
         targets = ([node.inputs[k] for k in op.writes if k < len(node.inputs)] if op.writes
                    else node.outputs)
         args, attrs = [read(v) for v in node.inputs], node.attrs
-        if _per_micro_batch(node):  # a boundary op: the micro-batch, and the output so far
+        if runs_per_micro_batch(node):  # a boundary op: the micro-batch, and the output so far
             attrs = {**attrs, "micro_batch": micro_batch}
             if op.micro_batch[0] == "collect" and micro_batch > 0:
                 args += [env[v] for v in node.outputs]

@@ -3,10 +3,10 @@ interpreter and job passes insert when ``config.set_gradient_accumulation_steps(
 
 A graph that holds them runs in ``n`` micro-batches: the nodes that depend on an ``unpack``
 output run once per micro-batch, the others once per call, before or after the micro-batches
-(``miniflow.ir.Graph.micro_batch_schedule``; OneFlow expresses the same with time shapes). These three
-ops are the boundaries, with ``OpDef.micro_batch`` set (kind ``"split"``: its input is read once
-per call, its output is one micro-batch's; ``"collect"``: its input is one micro-batch's, its
-output is complete after the last micro-batch):
+(``miniflow.ir.Graph.micro_batch_schedule``; OneFlow expresses the same with time shapes).
+These three ops are the boundaries, with ``OpDef.micro_batch`` set (kind ``"split"``: its input
+is read once per call, its output is one micro-batch's; ``"collect"``: its input is one
+micro-batch's, its output is complete after the last micro-batch):
 
 * ``unpack(in) -> out`` {unpack_num}: micro-batch ``i`` of ``in`` along dim 0:
   ``out = in[i*m:(i+1)*m]`` with ``m = in.shape[0] / unpack_num`` (every graph input).
@@ -17,8 +17,9 @@ output is complete after the last micro-batch):
 
 They run once per micro-batch with the attribute ``micro_batch = i`` added (by the plan and by
 ``ir.evaluate``; the graph's node has none), and that is also their single-call semantics, the
-one their kernels and samples have (a node that has the attribute is that one call, run once): ``unpack`` writes slice ``i``; ``acc`` copies ``in`` at
-``i = 0`` and adds it to ``out`` after; ``pack`` writes slice ``i`` of ``out``. The references
+one their kernels and samples have (a node that has the attribute is that one call, run once):
+``unpack`` writes slice ``i``; ``acc`` copies ``in`` at ``i = 0`` and adds it to ``out`` after;
+``pack`` writes slice ``i`` of ``out``. The references
 of ``acc`` and ``pack`` receive the output so far as an extra last array when ``i > 0``. The
 samples cover one call each (``acc`` at ``i = 0``, ``pack`` with ``pack_num = 1``); whole loops
 are tested through plans and ``evaluate`` (``tests/test_accumulation.py``).

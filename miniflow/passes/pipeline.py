@@ -1,9 +1,9 @@
 """The pass pipeline: the order passes run in, and the context they share.
 
 Order (docs/architecture.md): autograd -> auto_mixed_precision -> prune_amp_identity ->
-gradient_accumulation -> loss_scale -> optimizer -> fuse_elementwise -> dead_code_elimination. The two AMP passes run only when AMP is
-enabled (``ctx.amp`` is set). The IR is verified after every pass; with ``print_ir=True`` it is
-printed after every pass too.
+gradient_accumulation -> loss_scale -> optimizer -> fuse_elementwise -> dead_code_elimination.
+The two AMP passes run only when AMP is enabled (``ctx.amp`` is set). The IR is verified after
+every pass; with ``print_ir=True`` it is printed after every pass too.
 
 What passes tell each other goes through the :class:`CompileContext` (OneFlow's ``JobPassCtx``),
 not the IR: the initial gradient, ``skip_if``, the AMP decisions ... The IR carries only what the

@@ -20,7 +20,7 @@ import dataclasses
 
 import numpy as np
 
-from ..ir import Graph
+from ..ir import Graph, runs_per_micro_batch
 from .notice import compile_notice
 
 __all__ = ["Plan", "build_steps", "check_owned"]
@@ -63,7 +63,7 @@ def build_steps(nodes, buffers: dict, backend, micro_batch: int | None = None):
         if builder is None:
             raise NotImplementedError(f"backend {backend.name!r} has no kernel for op "
                                       f"{node.op.name!r} (node: {node.format()})")
-        if micro_batch is not None and node.op.micro_batch and "micro_batch" not in node.attrs:
+        if micro_batch is not None and runs_per_micro_batch(node):
             node = dataclasses.replace(node, attrs={**node.attrs, "micro_batch": micro_batch})
         ins = [buffers[id(v)] for v in node.inputs]
         outs = [buffers[id(v)] for v in node.outputs]
@@ -95,8 +95,7 @@ def _scheduled_steps(graph: Graph, buffers: dict, backend):
 
     append(build(schedule.before), schedule.before)
     each = build(schedule.each, 0)
-    boundary = [i for i in schedule.each
-                if nodes[i].op.micro_batch and "micro_batch" not in nodes[i].attrs]
+    boundary = [i for i in schedule.each if runs_per_micro_batch(nodes[i])]
     for k in range(schedule.count):
         if k:
             each.update(build(boundary, k))

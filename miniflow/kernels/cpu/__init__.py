@@ -8,8 +8,8 @@ serial/parallel choice, flat views), ``elementwise`` (map / zip / broadcast / ca
 (reshape, transpose, broadcast_like, fills: ``np.copyto``), ``reduce`` (reduce_sum, softmax
 family, cross entropy), ``matmul`` (NumPy's BLAS and loops for skinny shapes), ``update`` (SGD,
 Adam), ``loss_scale`` (the loss-scale stage), ``clip`` (gradient clipping), ``fused`` (generated
-kernels of ``fused_elementwise``); CPU only: ``fp16`` (float16 conversions). Builders shared with the CUDA
-backend come from ``kernels.common``.
+kernels of ``fused_elementwise``); CPU only: ``fp16`` (float16 conversions). Builders shared with
+the CUDA backend come from ``kernels.common``.
 
 Precision: f16 and f32 compute in float32, f64 in float64; sums accumulate in that type; matmul on
 f16 widens to float32, multiplies in float32 and rounds the product to f16 (a GPU fp16 GEMM's
