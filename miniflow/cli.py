@@ -87,24 +87,40 @@ def _cache_probe(backend) -> str:
 
 
 def _train(args) -> int:
-    """Train the digits MLP; with ``--ddp`` on every rank of the MPI world, rank 0 alone printing
-    and writing ``--save``."""
-    from .experiments.mlp import train_digits
+    """Train the digits MLP (``miniflow.experiments.mlp.train_digits``); with ``--ddp`` on every
+    rank of the MPI world, rank 0 alone printing and writing files. A checkpoint that cannot be
+    used is a message and exit code 2, not a traceback."""
+    from .experiments.mlp import ResumeError, train_digits
+    from .serialization import CheckpointError
     if args.ddp:
         from . import distributed
         distributed.init()
         threads = _pin_threads(distributed.local_world_size())
-    r = train_digits(epochs=args.epochs, batch_size=args.batch_size, lr=args.lr,
-                     momentum=args.momentum, hidden=args.hidden, seed=args.seed, ddp=args.ddp)
+    try:
+        r = train_digits(epochs=args.epochs, batch_size=args.batch_size, lr=args.lr,
+                         momentum=args.momentum, hidden=args.hidden, seed=args.seed,
+                         lr_schedule=args.lr_schedule, accumulate=args.accumulate,
+                         clip_norm=args.clip_norm, amp=args.amp, checkpoint=args.checkpoint,
+                         resume=args.resume, checkpoint_every=args.checkpoint_every,
+                         ddp=args.ddp)
+    except (ResumeError, CheckpointError, OSError) as e:
+        print(f"miniflow train: {e}", file=sys.stderr)
+        return 2
     if r["rank"] != 0:
         return 0
+    run_steps = r["steps"] - (r["resumed_from"] or 0)
     if args.ddp:
         print(f"data parallel: world size {r['world_size']}, batch {args.batch_size} per rank "
               f"({args.batch_size * r['world_size']} per step), {threads} thread(s) per rank")
-    print(f"final loss: {r['losses'][-1]:.4f}" + (" (rank 0's batch)" if args.ddp else ""))
+    if r["resumed_from"] is not None:
+        print(f"resumed from step {r['resumed_from']} ({r['checkpoint']})")
+    if r["losses"]:
+        print(f"final loss: {r['losses'][-1]:.4f}" + (" (rank 0's batch)" if args.ddp else ""))
     print(f"train accuracy: {100 * r['train_accuracy']:.2f}%")
     print(f"test accuracy: {100 * r['test_accuracy']:.2f}% (360 test images)")
-    print(f"time: {r['seconds']:.1f} s for {len(r['losses'])} steps")
+    print(f"time: {r['seconds']:.1f} s for {run_steps} steps")
+    if r["checkpoint"] is not None:
+        print(f"checkpoint: {r['checkpoint']} (step {r['steps']})")
     if args.save:
         from .serialization import save
         save(r["graph"].model.state_dict(), args.save)
@@ -190,8 +206,18 @@ def _real(low: float, low_inclusive: bool):
     return parse
 
 
+def _check_train_args(args) -> None:
+    """Usage errors (exit code 2) between ``miniflow train``'s options."""
+    if args.resume and args.checkpoint is None:
+        args.parser.error("--resume needs --checkpoint DIR (the folder of the run to continue)")
+    if args.batch_size % args.accumulate:
+        args.parser.error(f"--batch-size {args.batch_size} must be a multiple of --accumulate "
+                          f"{args.accumulate} (equal micro-batches)")
+
+
 def main(argv=None) -> int:
     """Parse ``argv`` and run the subcommand; returns the exit code."""
+    from .experiments.mlp import SCHEDULES
     p = argparse.ArgumentParser(prog="miniflow", description="a small lazy-graph DL framework")
     sub = p.add_subparsers(dest="command", required=True)
     sub.add_parser("info", help="backend, versions, GPU, float16 path, kernel cache").set_defaults(
@@ -207,7 +233,29 @@ def main(argv=None) -> int:
                    "`mpiexec -n N miniflow train --ddp` (--batch-size is per rank)")
     t.add_argument("--save", metavar="PATH", help="write the trained model's state_dict (a "
                    "miniflow.save checkpoint) to PATH")
-    t.set_defaults(fn=_train)
+    t.add_argument("--lr-schedule", choices=list(SCHEDULES), default="constant",
+                   help="how the lr changes over the run, stepped once per update (a step the "
+                   "grad scaler skips does not count): "
+                   + "; ".join(f"{k}: {v}" for k, v in SCHEDULES.items()).replace("%", "%%"))
+    t.add_argument("--accumulate", type=_positive, default=1, metavar="N",
+                   help="gradient accumulation: run every batch as N micro-batches and one "
+                   "update (the memory of a micro-batch, the update of the batch; "
+                   "--batch-size must be a multiple of N)")
+    t.add_argument("--clip-norm", type=_real(0.0, False), metavar="X",
+                   help="clip the gradients to a total L2 norm of at most X before each update "
+                   "(the optimizer's clip_grad_max_norm; default: no clipping)")
+    t.add_argument("--amp", action="store_true", help="mixed precision (float16 matmuls) with "
+                   "a dynamic loss scale (GradScaler)")
+    t.add_argument("--checkpoint", metavar="DIR", help="save the training state (model, "
+                   "optimizer, grad scaler, LR scheduler, step, data order, random state) to "
+                   "DIR/checkpoint.safetensors every --checkpoint-every updates and at the end; "
+                   "written atomically: a crash during a save keeps the previous checkpoint")
+    t.add_argument("--checkpoint-every", type=_positive, default=100, metavar="STEPS",
+                   help="updates between checkpoints (default 100)")
+    t.add_argument("--resume", action="store_true", help="continue the run saved in "
+                   "--checkpoint DIR (same options as that run); the rest of the run is "
+                   "bit-identical to an uninterrupted one")
+    t.set_defaults(fn=_train, parser=t)
     st = sub.add_parser("stability", help="training-stability study of the loss-scale policies: "
                         "figures, metrics.json, summary.md")
     st.add_argument("--quick", action="store_true", help="1 seed, 220 steps per run (for CI)")
@@ -220,6 +268,8 @@ def main(argv=None) -> int:
                     "cuda with a GPU, else cpu")
     st.set_defaults(fn=_stability)
     args = p.parse_args(argv)
+    if args.command == "train":
+        _check_train_args(args)
     from .runtime.backend import BackendUnavailableError, UnknownBackendError
     try:
         code = args.fn(args)

@@ -28,6 +28,7 @@ interleave), as with PyTorch modules.
 from __future__ import annotations
 
 import inspect
+import numbers
 import threading
 from collections import OrderedDict
 
@@ -40,6 +41,7 @@ from .amp.report import AmpReport, amp_report as build_amp_report
 from .dtype import as_dtype, float16
 from .ir import Graph as IRGraph
 from .nn.module import Module, replaced_count
+from .ops import emitter
 from .optim.optimizer import Optimizer
 from .passes.auto_mixed_precision import AmpConfig
 from .passes.data_parallel import DataParallelConfig
@@ -65,6 +67,8 @@ class GraphConfig:
         data_parallel: the data-parallel settings (a ``DataParallelConfig``).
         data_parallel_enabled: True or False as ``enable_data_parallel`` set it; None (the
             default): on when the process world has more than one rank.
+        gradient_accumulation_steps: micro-batches per call (1: none; see
+            :meth:`set_gradient_accumulation_steps`).
     """
 
     def __init__(self):
@@ -73,6 +77,7 @@ class GraphConfig:
         self.loss_scale_policy = POLICIES[0]
         self.data_parallel = DataParallelConfig()
         self.data_parallel_enabled: bool | None = None
+        self.gradient_accumulation_steps = 1
         self.version = 0  # bumped by every change: the owning nn.Graph then recompiles
 
     def debug(self, print_ir: bool = True) -> None:
@@ -85,6 +90,32 @@ class GraphConfig:
         if not isinstance(print_ir, bool):
             raise TypeError(f"debug: print_ir must be True or False, got {print_ir!r}")
         self.print_ir = print_ir
+
+    def set_gradient_accumulation_steps(self, value: int) -> None:
+        """Run every call of the graph as ``value`` micro-batches and one update (OneFlow's
+        ``config.set_gradient_accumulation_steps``, with OneFlow's semantics).
+
+        A call passes one mini-batch. Every input is split along dim 0 into ``value`` equal
+        micro-batches (``unpack``), ``build`` runs on one micro-batch, and the forward and
+        backward nodes run once per micro-batch, in one set of buffers (the activations of one
+        micro-batch, not of the mini-batch). The parameter gradients are summed over the
+        micro-batches and divided by ``value`` (the mean of the micro-batch gradients: for a
+        mean-reduced loss over equal micro-batches, the mini-batch's gradient), then the
+        loss-scale stage, clipping and the optimizer updates run once. Every output is packed
+        along dim 0 (``pack``): a scalar loss comes back as the ``[value]`` micro-batch losses
+        (their mean is the mini-batch's loss). With a grad scaler, the initial gradient is scaled
+        in every micro-batch and a non-finite gradient in any micro-batch skips the whole update.
+        See ``miniflow.passes.gradient_accumulation``. The graph recompiles at its next call.
+
+        Raises:
+            ValueError: ``value`` is not an integer >= 1. (At the next call: ValueError when an
+                input's dim 0 does not split into ``value`` equal parts.)
+        """
+        if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
+            raise ValueError(f"set_gradient_accumulation_steps: value must be an integer >= 1 "
+                             f"(1: no accumulation), got {value!r}")
+        self.gradient_accumulation_steps = int(value)
+        self.version += 1
 
     def enable_amp(self, enabled: bool = True, dtype=float16, *, lists: AmpLists | None = None,
                    white_add=(), black_add=(), gray_add=(), clear_add=(), white_remove=(),
@@ -275,8 +306,13 @@ class Graph:
         scale_before = scaler.scale if scaler is not None else None
         outs = plan.run(arrays, to_host=False)  # copies of the output buffers
         counts = plan.graph.results.get("nonfinite_counts")
-        if scaler is not None and counts is not None:
+        if counts is not None:
             counts = get_backend().to_numpy(plan.buffers[id(counts)])
+        if plan.graph.grads:  # the updates ran (or were skipped): the optimizers count the step
+            skipped = counts is not None and scaler.skip_nonfinite and bool(counts.any())
+            for opt in self._optimizers:
+                opt._record_step(skipped)
+        if counts is not None:
             scaler._record_step(counts, scale_before, plan.context.nonfinite_names)
         result = tuple(Tensor(o) for o in outs)
         return result[0] if self._single_output else result
@@ -301,18 +337,33 @@ class Graph:
         """Trace, run the passes and build a plan (its ``context``: the passes' CompileContext)."""
         names = self._input_names(len(arrays))
         graph = IRGraph()
+        emit = emitter(graph)
+        micro = self.config.gradient_accumulation_steps
         param_names = {id(p): name for name, p in self.named_parameters()}
         tracer = Tracer(graph, param_names)
         with tracer:
-            lazy = [Tensor(_value=graph.add_input(n, a.shape, as_dtype(a.dtype)), _tracer=tracer)
-                    for n, a in zip(names, arrays)]
+            lazy = []
+            for name, a in zip(names, arrays):
+                v = graph.add_input(name, a.shape, as_dtype(a.dtype))
+                if micro > 1:  # OneFlow's GradAccTryInsertUnpackAfterInput
+                    if a.ndim == 0 or a.shape[0] % micro:
+                        raise ValueError(
+                            f"{type(self).__name__}: input {name!r} has shape {list(a.shape)}, "
+                            f"but set_gradient_accumulation_steps({micro}) splits every input "
+                            f"along dim 0 into {micro} equal micro-batches: pass a dim 0 that is "
+                            f"a multiple of {micro}")
+                    v = emit("unpack", v, unpack_num=micro)
+                lazy.append(Tensor(_value=v, _tracer=tracer))
             out = self.build(*lazy)
         self._single_output = not isinstance(out, (tuple, list))
         outs = [out] if self._single_output else list(out)
         for o in outs:
             if not isinstance(o, Tensor):
                 raise TypeError(f"build must return Tensors, got {type(o).__name__}")
-        graph.set_outputs([tracer.value_of(o) for o in outs])
+        values = [tracer.value_of(o) for o in outs]
+        if micro > 1:  # OneFlow's GradAccTryInsertPackBeforeOutput
+            values = [emit("pack", v, pack_num=micro) for v in values]
+        graph.set_outputs(values)
         if graph.loss is None and self._optimizers:
             raise RuntimeError("this graph has an optimizer but build never called loss.backward()")
         ctx = self._compile_context(param_names)
@@ -381,7 +432,8 @@ class Graph:
                               grad_scaler=self._grad_scaler, loss_scale_policy=policy,
                               initial_grad_identity=identity,
                               data_parallel=self._data_parallel(trainable),
-                              print_ir=self.config.print_ir)
+                              print_ir=self.config.print_ir,
+                              accumulation_steps=self.config.gradient_accumulation_steps)
 
     def _data_parallel(self, trainable: list) -> DataParallelConfig | None:
         """The data-parallel settings if this graph averages its gradients across the ranks: it

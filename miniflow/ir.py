@@ -40,6 +40,14 @@ variables keep their names, so every printed name is declared::
 :func:`evaluate` runs any graph through its ops' NumPy float64 references: a reference interpreter
 to read, and the oracle of the kernel tests.
 
+Micro-batches (gradient accumulation, ``miniflow.ops.accumulation``): a graph with ``unpack``,
+``acc`` or ``pack`` nodes runs in ``n`` micro-batches. Which node runs when follows from the data
+flow (:meth:`Graph.micro_batch_schedule`, OneFlow's time shapes): a node that reads a value of
+one micro-batch (an ``unpack`` output, or the output of such a node) runs once per micro-batch,
+and so do the boundary ops; the other nodes run once per call, before the micro-batches if the
+micro-batch nodes need them, else after. The node list stays one list in program order; the plan
+and :func:`evaluate` run it in that schedule.
+
 Sources: PyTorch FX ``torch/fx/graph.py`` (a readable program, insertion points, ``Node.meta``),
 JAX ``core.py`` and ``docs/autodidax.py`` (typed equations, names given when printing, an
 evaluator that walks the equations).
@@ -59,8 +67,8 @@ import numpy as np
 
 from .dtype import DType, as_dtype
 
-__all__ = ["Value", "Node", "Graph", "VerifyError", "format_shape", "evaluate", "output_name",
-           "grad_name"]
+__all__ = ["Value", "Node", "Graph", "VerifyError", "MicroBatchSchedule", "runs_per_micro_batch",
+           "format_shape", "evaluate", "output_name", "grad_name"]
 
 
 class VerifyError(ValueError):
@@ -167,6 +175,33 @@ class Node:
 
     def __repr__(self) -> str:
         return f"Node({self.format()})"
+
+
+def runs_per_micro_batch(node) -> bool:
+    """Whether ``node`` is a boundary op of the micro-batches (``op.micro_batch``) that runs once
+    per micro-batch: one without the ``micro_batch`` attribute (a node that has it is the call of
+    that one micro-batch, run once, as in the op's samples)."""
+    return node.op.micro_batch is not None and "micro_batch" not in node.attrs
+
+
+@dataclass(frozen=True)
+class MicroBatchSchedule:
+    """When each node of a graph runs (:meth:`Graph.micro_batch_schedule`).
+
+    Attributes:
+        count: the number of micro-batches (1 for a graph without micro-batch ops).
+        before: indices of the nodes that run once, before the micro-batches (what they need that
+            depends on no micro-batch: a cast of a weight, a constant), in program order.
+        each: indices of the nodes that run once per micro-batch, in program order (every node
+            of a graph without micro-batch ops).
+        after: indices of the nodes that run once, after the last micro-batch (the mean of the
+            accumulated gradients, the updates, the loss-scale schedule), in program order.
+    """
+
+    count: int
+    before: tuple
+    each: tuple
+    after: tuple
 
 
 _DOT_COLORS = {"white": ("white", "black"), "black": ("black", "white"), "gray": ("gray70", "black"),
@@ -400,6 +435,74 @@ class Graph:
             if v.kind != "constant" and v not in defined:
                 raise VerifyError(f"result {k!r} (%{names.get(v, '?' + v.name)}) is never "
                                   f"defined")
+        self.micro_batch_schedule()
+
+    def micro_batch_schedule(self) -> MicroBatchSchedule:
+        """Which nodes run before, during (once per micro-batch) and after the micro-batches (see
+        the module docstring; the boundary ops are those whose ``op.micro_batch`` is set).
+
+        Raises:
+            VerifyError: the boundary ops disagree on the number of micro-batches; an ``unpack``
+                of a per-micro-batch value; a node of the micro-batches that reads an
+                ``acc``/``pack`` output (complete only after the last micro-batch); a node run
+                before the micro-batches that reads a variable a micro-batch node writes earlier
+                in the program; a user output that is one micro-batch's value (pack it).
+        """
+        names = self.names()
+        per, each, counts = set(), [], set()
+        collected = {}  # id(value) -> index of the collecting node that makes it
+        for i, n in enumerate(self.nodes):
+            kind = n.op.micro_batch[0] if runs_per_micro_batch(n) else None
+            if kind:
+                counts.add(n.attrs[n.op.micro_batch[1]])
+            reads_each = any(id(v) in per for v in n.inputs)
+            reads_collected = [v for v in n.inputs if id(v) in collected]
+            if kind == "split" and reads_each:
+                self._fail(i, f"{n.op.name} reads a value of one micro-batch; it splits values "
+                              "read once per call (graph inputs)", names)
+            if (kind or reads_each) and reads_collected:
+                v = reads_collected[0]
+                self._fail(i, f"%{names[v]} is the output of "
+                              f"{self.nodes[collected[id(v)]].op.name}, complete only after the "
+                              "last micro-batch: it cannot be read inside the micro-batches",
+                           names)
+            if kind or reads_each:
+                each.append(i)
+                if kind == "collect":
+                    collected.update((id(v), i) for v in n.outputs)
+                else:
+                    per.update(id(v) for v in n.outputs)
+        if len(counts) > 1:
+            raise VerifyError(f"the micro-batch ops disagree on the number of micro-batches: "
+                              f"{sorted(counts)}")
+        if not counts:
+            return MicroBatchSchedule(1, (), tuple(range(len(self.nodes))), ())
+        in_each, needed, before = set(each), set(), []
+        for i in range(len(self.nodes) - 1, -1, -1):
+            n = self.nodes[i]
+            if i in in_each or any(id(v) in needed for v in n.outputs):
+                needed.update(id(v) for v in n.inputs)
+                if i not in in_each:
+                    before.append(i)
+        before.reverse()
+        written = {}  # id(variable) -> index of the first micro-batch node that writes it
+        for i in each:
+            for k in self.nodes[i].op.writes:
+                if k < len(self.nodes[i].inputs):
+                    written.setdefault(id(self.nodes[i].inputs[k]), i)
+        for i in before:
+            for v in self.nodes[i].inputs:
+                if written.get(id(v), len(self.nodes)) < i:
+                    self._fail(i, f"reads %{names[v]} after node {written[id(v)]} writes it in "
+                                  "every micro-batch, but would run before the micro-batches",
+                               names)
+        for k, v in self.results.items():
+            if _is_output(k) and id(v) in per:
+                raise VerifyError(f"output {k!r} (%{names[v]}) is a value of one micro-batch; "
+                                  "pack it (the pack op) to return all micro-batches")
+        shown = set(before) | in_each
+        return MicroBatchSchedule(counts.pop(), tuple(before), tuple(each),
+                                  tuple(i for i in range(len(self.nodes)) if i not in shown))
 
     def _fail(self, i: int, msg: str, names: dict):
         lo, hi = max(0, i - 3), min(len(self.nodes), i + 4)
@@ -524,7 +627,8 @@ def evaluate(graph: Graph, inputs, variables: dict | None = None) -> dict:
     """Run ``graph`` through its ops' NumPy references in float64 (integers in int64): the reference
     interpreter (JAX's ``eval_jaxpr``). Each node's ``op.reference`` maps its input arrays to its
     output arrays; an op that writes inputs (``op.writes``) returns their new values, which later
-    nodes then read. Only ``cast`` and ``constant`` round (to their dtype).
+    nodes then read. Only ``cast`` and ``constant`` round (to their dtype). A graph with
+    micro-batches runs in its :meth:`Graph.micro_batch_schedule`.
 
     Args:
         inputs: one array per ``graph.inputs``, in order.
@@ -558,25 +662,40 @@ def evaluate(graph: Graph, inputs, variables: dict | None = None) -> dict:
     def read(v):
         return constants[v.name] if v.kind == "constant" else env[v]
 
+    def run(i: int, micro_batch: int) -> None:
+        node = graph.nodes[i]
+        op = node.op
+        if op.reference is None:
+            raise NotImplementedError(f"evaluate: op {op.name!r} has no reference (node {i}: "
+                                      f"{node.format()}); declare reference= in its OpDef")
+        targets = ([node.inputs[k] for k in op.writes if k < len(node.inputs)] if op.writes
+                   else node.outputs)
+        args, attrs = [read(v) for v in node.inputs], node.attrs
+        if runs_per_micro_batch(node):  # a boundary op: the micro-batch, and the output so far
+            attrs = {**attrs, "micro_batch": micro_batch}
+            if op.micro_batch[0] == "collect" and micro_batch > 0:
+                args += [env[v] for v in node.outputs]
+        arrays = [_as64(a) for a in op.reference(args, attrs)]
+        if len(arrays) != len(targets):
+            raise ValueError(f"evaluate: the reference of {op.name} gave {len(arrays)} "
+                             f"array(s) for {len(targets)} value(s)")
+        for v, a in zip(targets, arrays):
+            if a.shape != v.shape:
+                raise ValueError(f"evaluate: the reference of {op.name} gave shape "
+                                 f"{format_shape(a.shape)} for %{v.name} ({v.type_str})")
+            env[v] = a
+            if v in var_name:
+                written[var_name[v]] = a
+
+    schedule = graph.micro_batch_schedule()
     with np.errstate(all="ignore"):  # inf and NaN are values, as in the kernels
-        for i, node in enumerate(graph.nodes):
-            op = node.op
-            if op.reference is None:
-                raise NotImplementedError(f"evaluate: op {op.name!r} has no reference (node {i}: "
-                                          f"{node.format()}); declare reference= in its OpDef")
-            targets = ([node.inputs[k] for k in op.writes if k < len(node.inputs)] if op.writes
-                       else node.outputs)
-            arrays = [_as64(a) for a in op.reference([read(v) for v in node.inputs], node.attrs)]
-            if len(arrays) != len(targets):
-                raise ValueError(f"evaluate: the reference of {op.name} gave {len(arrays)} "
-                                 f"array(s) for {len(targets)} value(s)")
-            for v, a in zip(targets, arrays):
-                if a.shape != v.shape:
-                    raise ValueError(f"evaluate: the reference of {op.name} gave shape "
-                                     f"{format_shape(a.shape)} for %{v.name} ({v.type_str})")
-                env[v] = a
-                if v in var_name:
-                    written[var_name[v]] = a
+        for i in schedule.before:
+            run(i, 0)
+        for k in range(schedule.count):
+            for i in schedule.each:
+                run(i, k)
+        for i in schedule.after:
+            run(i, 0)
     out = {k: read(v) for k, v in graph.results.items()}
     clash = sorted(set(out) & set(written))
     if clash:

@@ -1,12 +1,14 @@
 """The global random generator: ``miniflow.manual_seed(n)`` makes initialisation and batching
-reproducible (one NumPy ``Generator``, like ``torch.manual_seed``)."""
+reproducible (one NumPy ``Generator``, like ``torch.manual_seed``); :class:`RngState` saves and
+restores where it is (PyTorch's ``get_rng_state`` / ``set_rng_state``), so a resumed training
+run shuffles as the uninterrupted one."""
 from __future__ import annotations
 
 import numbers
 
 import numpy as np
 
-__all__ = ["manual_seed", "generator"]
+__all__ = ["manual_seed", "generator", "RngState"]
 
 _GEN = [np.random.default_rng()]
 
@@ -34,3 +36,47 @@ def manual_seed(seed: int) -> np.random.Generator:
 def generator() -> np.random.Generator:
     """The global generator (used by parameter init and data batching)."""
     return _GEN[0]
+
+
+class RngState:
+    """The global generator's state as a ``state_dict()`` / ``load_state_dict()`` object for
+    checkpoints: the bit generator's state, a plain dict of strings and integers
+    (``numpy.random.Generator.bit_generator.state``: PCG64's 128-bit state and increment), which
+    ``miniflow.save`` stores exactly.
+    """
+
+    def state_dict(self) -> dict:
+        """The global generator's current state (a copy)."""
+        return _copy(generator().bit_generator.state)
+
+    def load_state_dict(self, state: dict) -> None:
+        """Make the global generator continue from ``state``.
+
+        Raises:
+            TypeError/ValueError: not a state of the global generator's bit generator (PCG64).
+        """
+        self.prepare_load_state_dict(state)()
+
+    def prepare_load_state_dict(self, state: dict):
+        """Check ``state`` and return a function of no arguments that sets it.
+
+        Raises:
+            as :meth:`load_state_dict`.
+        """
+        kind = type(generator().bit_generator)
+        probe = kind()
+        try:
+            probe.state = state
+        except (TypeError, ValueError, KeyError) as e:
+            raise type(e)(f"RngState.load_state_dict: not a state of the {kind.__name__} "
+                          f"generator ({e}); expected RngState().state_dict()'s layout") from None
+        state = _copy(state)
+
+        def assign():
+            generator().bit_generator.state = state
+        return assign
+
+
+def _copy(state):
+    """A deep copy of a bit-generator state (dicts of ints and strings)."""
+    return {k: _copy(v) for k, v in state.items()} if isinstance(state, dict) else state

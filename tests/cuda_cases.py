@@ -76,11 +76,13 @@ def extra_cases(cfg: LaunchConfig = SIMULATOR) -> list:
     cases.append(Case("multi_count_not_finite",      # one gradient per parameter of a 2-layer MLP
                       [_r(16, 8), np.array([np.inf] * 16, np.float32), _r(3, 16), _r(3)], {},
                       "mlp-gradients"))
-    cases.append(Case("sgd_update", [_r(n), _r(n, seed=1), np.zeros(1, np.int64)],
-                      {"lr": 0.1, "momentum": 0.0}, "no-momentum-grid-stride"))
-    cases.append(Case("adam_update", [_r(n), _r(n, seed=1), np.zeros(1, np.int64),
-                                      _r(n, seed=2) * 0.1, _r(n, seed=3, lo=0, hi=0.1),
-                                      np.array([7], np.int64)], {"lr": 0.01}, "grid-stride"))
+    cases.append(Case("sgd_update", [_r(n), _r(n, seed=1), np.array([0.1]),
+                                     np.zeros(1, np.int64)],
+                      {"momentum": 0.0}, "no-momentum-grid-stride"))
+    cases.append(Case("adam_update", [_r(n), _r(n, seed=1), np.array([0.01]),
+                                      np.zeros(1, np.int64), _r(n, seed=2) * 0.1,
+                                      _r(n, seed=3, lo=0, hi=0.1), np.array([7], np.int64)], {},
+                      "grid-stride"))
     return cases
 
 
@@ -132,25 +134,31 @@ def case_signatures(cases) -> dict:
 
 
 # ----------------------------------------------------------------------------- training graphs
-TRAINING = {"fp32-sgd": {"amp": False, "adam": False}, "amp-adam": {"amp": True, "adam": True}}
-"""The training runs of the simulator lane: plain SGD in float32, and AMP with a dynamic loss
-scale and Adam (fp16 matmuls, casts, fused elementwise ops, the loss-scale ops)."""
+TRAINING = {"fp32-sgd": {"amp": False, "adam": False}, "amp-adam": {"amp": True, "adam": True},
+            "amp-adam-accumulate-clip": {"amp": True, "adam": True, "accumulate": 3,
+                                         "clip": 0.5}}
+"""The training runs of the simulator lane: plain SGD in float32; AMP with a dynamic loss scale
+and Adam (fp16 matmuls, casts, fused elementwise ops, the loss-scale ops); the same in 3
+micro-batches with gradient clipping (unpack, acc, pack, clip_grad_norm)."""
 TRAIN_X = np.random.default_rng(0).uniform(-1, 1, (6, 8)).astype(np.float32)
 TRAIN_Y = np.array([0, 1, 2, 1, 0, 2], np.int64)
 
 
-def train_graph(amp: bool, adam: bool):
-    """An 8-16-3 MLP and its training graph on the current backend: ``(graph, model)``."""
+def train_graph(amp: bool, adam: bool, accumulate: int = 1, clip: float | None = None):
+    """An 8-16-3 MLP and its training graph on the current backend: ``(graph, model)``
+    (``accumulate`` micro-batches per call; gradients clipped to a total norm ``clip``)."""
     import miniflow as mf
     from miniflow.experiments.mlp import TrainGraph, mlp
     mf.manual_seed(0)
     model = mlp((8, 16, 3))
-    opt = (mf.optim.Adam(model.parameters(), lr=0.01) if adam
-           else mf.optim.SGD(model.parameters(), lr=0.5, momentum=0.9))
+    opt = (mf.optim.Adam(model.parameters(), lr=0.01, clip_grad_max_norm=clip) if adam
+           else mf.optim.SGD(model.parameters(), lr=0.5, momentum=0.9, clip_grad_max_norm=clip))
     graph = TrainGraph(model, opt)
     if amp:
         graph.config.enable_amp(True)
         graph.set_grad_scaler(mf.amp.GradScaler(2.0 ** 16, growth_interval=2))
+    if accumulate > 1:
+        graph.config.set_gradient_accumulation_steps(accumulate)
     return graph, model
 
 

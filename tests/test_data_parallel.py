@@ -104,6 +104,21 @@ def test_one_bucket_in_reverse_parameter_order_and_the_printed_ir():
                             "all_reduce(%12, %14, %16, %17) {reduce='mean'}")
 
 
+def test_with_gradient_accumulation_the_all_reduce_runs_once_per_call_on_the_mean_gradient():
+    """gradient_accumulation runs before data_parallel: the ranks exchange the accumulated mean
+    gradient once per call (PyTorch's ``no_sync`` pattern), not every micro-batch's."""
+    g = train_graph()
+    g.config.enable_data_parallel()
+    g.config.set_gradient_accumulation_steps(4)
+    g(X, Y)
+    (node,) = all_reduces(g)
+    schedule = g.ir.micro_batch_schedule()
+    assert schedule.count == 4
+    assert g.ir.nodes.index(node) in schedule.after
+    for v in node.inputs:                       # the means of the accumulated gradients
+        assert g.ir.nodes.index(v.producer) in schedule.after
+
+
 def test_buckets_follow_the_cap():
     """64-128-10 gradients: 40, 5120, 512 and 32768 bytes in reverse order; a 6 KiB cap closes
     a bucket at 5160 and 38440 bytes: two buckets."""
@@ -137,7 +152,7 @@ def test_amp_buckets_per_dtype_cast_around_a_float32_all_reduce_and_sum_the_coun
     assert g.ir.results["nonfinite_counts"] is count.outputs[0]
     schedule = next(n for n in g.ir.nodes if n.op.name == "dynamic_loss_scale_schedule")
     assert schedule.inputs[0] is count.outputs[1]        # every rank's scale moves alike
-    assert all(n.inputs[2] is count.outputs[1] for n in g.ir.nodes if n.op.name == "sgd_update")
+    assert all(n.inputs[3] is count.outputs[1] for n in g.ir.nodes if n.op.name == "sgd_update")
 
 
 def test_float16_bucket_means_equal_the_collectives_own_float16_path(monkeypatch):
@@ -214,7 +229,9 @@ def test_two_ranks_of_32_equal_one_rank_of_64(tmp_path):
         assert one[f"{opt}_buckets"] == []                  # one rank: no data parallel
         assert two[0][f"{opt}_buckets"] == [["model.2.bias", "model.2.weight", "model.0.bias",
                                              "model.0.weight"]]
-    assert set(w_one) == set(w_two[0]) and len(w_one) == 8 + 16 + 16  # sgd, adam, resync
+    # the graph variables of sgd (4 params + 4 momentum buffers + the learning rate), adam (4
+    # params + 12 moments/steps + the learning rate) and the resynced adam graph
+    assert set(w_one) == set(w_two[0]) and len(w_one) == 9 + 17 + 17
     for key, value in w_one.items():
         assert w_two[0][key].tobytes() == w_two[1][key].tobytes(), key   # the replicas agree
         np.testing.assert_allclose(w_two[0][key], value, rtol=1e-5, atol=1e-5, err_msg=key)

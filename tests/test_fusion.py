@@ -199,7 +199,7 @@ def test_an_update_between_a_read_and_the_fused_node_stops_fusion():
     x = g.add_input("x", (4, 6), float32)
     skip = g.add_constant(np.zeros(1, np.int64))
     c = emit("cast", w, dtype=float16)
-    emit("sgd_update", w, x, skip, lr=0.1)
+    emit("sgd_update", w, x, g.add_constant(np.array([0.1])), skip)
     g.set_outputs([emit("relu", c)])
     g = fuse_elementwise(g)
     assert [n.op.name for n in g.nodes] == ["cast", "sgd_update", "relu"]

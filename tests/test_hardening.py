@@ -238,25 +238,31 @@ def _trained_step(opt_cls=mf.optim.SGD, **kw):
     return model, opt, g
 
 
-def test_param_group_ior_is_checked_and_recompiles():
+def test_param_group_ior_is_checked_and_a_compiled_key_recompiles():
     _, opt, g = _trained_step(lr=0.1)
     group = opt.param_groups[0]
     with pytest.raises(ValueError, match=r"SGD: lr must be finite and in \[0, inf\), got -5.0"):
         group |= {"lr": -5.0}
     assert opt.param_groups[0]["lr"] == 0.1 and opt.version == 0
-    group |= {"lr": 0.05}
-    assert group is opt.param_groups[0] and group["lr"] == 0.05 and opt.version == 1
+    group |= {"lr": 0.05}  # the learning-rate variable: no recompilation
+    assert group is opt.param_groups[0] and group["lr"] == 0.05 and opt.version == 0
+    assert opt.learning_rate[0] == 0.05 and "lr=" not in str(g.ir)
+    group |= {"momentum": 0.5}
+    assert opt.version == 1
     g(*_xy())
-    assert g.compile_count == 2 and "lr=0.05" in str(g.ir) and "lr=0.1," not in str(g.ir)
+    assert g.compile_count == 2 and "momentum=0.5" in str(g.ir)
 
 
 def test_param_group_update_is_all_or_nothing():
     _, opt, _ = _trained_step(lr=0.1, momentum=0.9)
     with pytest.raises(ValueError, match="momentum must be finite"):
         opt.param_groups[0].update(lr=0.01, momentum=-1.0)
-    assert opt.hyper == {"lr": 0.1, "momentum": 0.9, "weight_decay": 0.0} and opt.version == 0
+    assert opt.hyper == {"lr": 0.1, "momentum": 0.9, "weight_decay": 0.0,
+                         "clip_grad_max_norm": None, "clip_grad_norm_type": 2.0}
+    assert opt.version == 0
     with pytest.raises(KeyError, match=r"cannot set 'nesterov'; hyper-parameters are "
-                                       r"\['lr', 'momentum', 'weight_decay'\]"):
+                                       r"\['clip_grad_max_norm', 'clip_grad_norm_type', 'lr', "
+                                       r"'momentum', 'weight_decay'\]"):
         opt.param_groups[0].update(lr=0.01, nesterov=True)
     with pytest.raises(KeyError, match=r"cannot set 'params'.*make a new optimizer"):
         opt.param_groups[0]["params"] = []
@@ -525,9 +531,10 @@ def test_scaler_settings_are_checked_at_construction_too_and_valid_changes_recom
 def test_lr_zero_is_accepted_and_changes_no_weight(opt_cls):
     model = _model()
     before = _params(model)
-    g = Step(model, opt_cls(model.parameters(), lr=0.0))
+    opt = opt_cls(model.parameters(), lr=0.0)
+    g = Step(model, opt)
     g(*_xy())
-    assert "lr=0.0" in str(g.ir)
+    assert opt.learning_rate[0] == 0.0 and "%optimizer0.learning_rate" in str(g.ir)
     for a, b in zip(before, _params(model)):
         np.testing.assert_array_equal(a, b)
     with pytest.raises(ValueError, match=rf"{opt_cls.__name__}: lr must be finite and in "
@@ -584,9 +591,12 @@ def test_optimizer_copies_are_complete_and_independent(clone):
     assert group["params"] is opt_2.params
     with pytest.raises(ValueError, match="Adam: lr must be finite"):
         group["lr"] = -1.0
-    group["lr"] = 0.02
-    assert opt.hyper["lr"] == 0.01 and opt_2.version == opt.version + 1
-    group["lr"] = 0.01
+    group["lr"] = 0.02  # the copy's own learning-rate array
+    assert opt.hyper["lr"] == 0.01 and opt.learning_rate[0] == 0.01
+    assert opt_2.learning_rate[0] == 0.02
+    group["eps"] = 1e-6
+    assert opt.hyper["eps"] == 1e-8 and opt_2.version == opt.version + 1
+    group.update(lr=0.01, eps=1e-8)
     g_2 = Step(model_2, opt_2)
     g(*_xy(seed=5))
     g_2(*_xy(seed=5))  # the same step on both: the same result, separate storage
@@ -613,7 +623,10 @@ def test_a_shallow_copy_shares_the_parameters_but_not_the_group_or_the_state():
     assert shallow.params[0] is model[0].weight
     assert shallow.param_groups[0] is not opt.param_groups[0]
     shallow.param_groups[0]["lr"] = 0.5
-    assert opt.hyper["lr"] == 0.1 and opt.version == 0 and shallow.version == 1
+    assert opt.hyper["lr"] == 0.1 and opt.learning_rate[0] == 0.1
+    assert shallow.learning_rate[0] == 0.5
+    shallow.param_groups[0]["momentum"] = 0.5
+    assert opt.hyper["momentum"] == 0.9 and opt.version == 0 and shallow.version == 1
     buf = shallow.state_dict()["state"][0]["momentum_buffer"].copy()
     g(*_xy())  # trains with opt: its momentum buffer moves, the copy's does not
     np.testing.assert_array_equal(shallow.state_dict()["state"][0]["momentum_buffer"], buf)

@@ -384,19 +384,24 @@ def test_sgd_update(mu, wd, dt):
     rng = np.random.default_rng(14)
     p, g = rand(rng, (3, 4), dt), rand(rng, (3, 4), dt)
     buf = np.zeros_like(p)
-    ins = [p.copy(), g, np.zeros(1, np.int64)] + ([buf.copy()] if mu else [])
-    attrs = {"lr": 0.1, "momentum": mu, "weight_decay": wd}
+    lr = np.array([0.1])
+    ins = [p.copy(), g, lr, np.zeros(1, np.int64)] + ([buf.copy()] if mu else [])
+    attrs = {"momentum": mu, "weight_decay": wd}
     node = Node(get_op("sgd_update"), [Value(f"i{k}", a.shape, a.dtype) for k, a in enumerate(ins)],
                 [], attrs)
     steps = builder_for(node.op)(node, ins, [])
-    for _ in range(3):
+    for _ in range(2):
         for fn, args in steps:
             fn(*args)
-    ref_p, ref_buf = _torch_sgd(*f64(p, g, buf), 3, 0.1, mu, wd)
+    lr[0] = 0.05                                       # read when the kernel runs: same steps
+    for fn, args in steps:
+        fn(*args)
+    p2, buf2 = _torch_sgd(*f64(p, g, buf), 2, 0.1, mu, wd)
+    ref_p, ref_buf = _torch_sgd(p2, f64(g)[0], buf2, 1, 0.05, mu, wd)
     check(ins[0], ref_p, dt)
     if mu:
-        check(ins[3], ref_buf, dt)
-    ins[2][0] = 1                                      # skip_if
+        check(ins[4], ref_buf, dt)
+    ins[3][0] = 1                                      # skip_if
     before = [a.copy() for a in ins]
     for fn, args in steps:
         fn(*args)
@@ -408,25 +413,27 @@ def test_sgd_update(mu, wd, dt):
 def test_adam_update(wd, dt):
     rng = np.random.default_rng(15)
     p, g = rand(rng, (5, 3), dt), rand(rng, (5, 3), dt)
-    ins = [p.copy(), g, np.zeros(1, np.int64), np.zeros_like(p), np.zeros_like(p),
+    lr = np.array([1e-2])
+    ins = [p.copy(), g, lr, np.zeros(1, np.int64), np.zeros_like(p), np.zeros_like(p),
            np.zeros(1, np.int64)]
-    a = {"lr": 1e-2, "beta1": 0.9, "beta2": 0.999, "eps": 1e-8, "weight_decay": wd}
+    a = {"beta1": 0.9, "beta2": 0.999, "eps": 1e-8, "weight_decay": wd}
     node = Node(get_op("adam_update"),
                 [Value(f"i{k}", x.shape, x.dtype) for k, x in enumerate(ins)], [], a)
     steps = builder_for(node.op)(node, ins, [])
     rp, rg = f64(p, g)
     m, v = np.zeros_like(rp), np.zeros_like(rp)
-    for t in range(1, 4):
+    for t, lr_t in zip(range(1, 4), (1e-2, 3e-3, 2e-2)):   # a new lr every step, same steps
+        lr[0] = lr_t
         for fn, args in steps:
             fn(*args)
         d = rg + wd * rp
         m, v = 0.9 * m + 0.1 * d, 0.999 * v + 0.001 * d * d
-        rp = rp - a["lr"] / (1 - 0.9**t) * m / (np.sqrt(v) / np.sqrt(1 - 0.999**t) + 1e-8)
-    assert ins[5][0] == 3
+        rp = rp - lr_t / (1 - 0.9**t) * m / (np.sqrt(v) / np.sqrt(1 - 0.999**t) + 1e-8)
+    assert ins[6][0] == 3
     check(ins[0], rp, dt)
-    check(ins[3], m, dt)
-    check(ins[4], v, dt)
-    ins[2][0] = 5
+    check(ins[4], m, dt)
+    check(ins[5], v, dt)
+    ins[3][0] = 5
     before = [x.copy() for x in ins]
     for fn, args in steps:
         fn(*args)
@@ -434,9 +441,10 @@ def test_adam_update(wd, dt):
 
 
 def test_sgd_momentum_without_buffer_is_an_error():
-    ins = [np.zeros(3, np.float32), np.zeros(3, np.float32), np.zeros(1, np.int64)]
+    ins = [np.zeros(3, np.float32), np.zeros(3, np.float32), np.array([0.1]),
+           np.zeros(1, np.int64)]
     node = Node(get_op("sgd_update"), [Value(f"i{k}", a.shape, a.dtype) for k, a in enumerate(ins)],
-                [], {"lr": 0.1, "momentum": 0.9, "weight_decay": 0.0})
+                [], {"momentum": 0.9, "weight_decay": 0.0})
     with pytest.raises(ValueError, match="momentum_buf"):
         builder_for(node.op)(node, ins, [])
 
@@ -472,3 +480,20 @@ def test_cache_keeps_scalar_functions_apart(tmp_path):
     for r in runs:
         assert r.returncode == 0, r.stderr
     assert "HITS 0" in runs[0].stdout and "HITS 6" in runs[1].stdout
+
+
+@pytest.mark.parametrize("dt", [float32, float64], ids=lambda d: d.short)
+def test_the_learning_rate_input_is_rounded_once_to_the_compute_type(dt):
+    """``lr[0]`` (float64) becomes the model's compute type once, as the lr attribute it replaced
+    did (a Python float): the update is bit for bit ``p - lr_c * g`` in that type, so training
+    with a constant lr gives the bits it gave when the lr was an attribute."""
+    rng = np.random.default_rng(16)
+    p, g = rand(rng, (64,), dt), rand(rng, (64,), dt)
+    lr = 0.1 + 1e-9  # not representable in float32: the rounding shows
+    ins = [p.copy(), g, np.array([lr]), np.zeros(1, np.int64)]
+    node = Node(get_op("sgd_update"), [Value(f"i{k}", a.shape, a.dtype) for k, a in enumerate(ins)],
+                [], {"momentum": 0.0, "weight_decay": 0.0})
+    for fn, args in builder_for(node.op)(node, ins, []):
+        fn(*args)
+    want = p - dt.np.type(lr) * g
+    assert np.array_equal(ins[0].view(np.uint8), want.view(np.uint8))

@@ -190,6 +190,16 @@ class _Scaler:
             KeyError: missing or unknown keys (listed); ValueError/TypeError: an invalid value
                 (naming the key and the value).
         """
+        self.prepare_load_state_dict(state)()
+
+    def prepare_load_state_dict(self, state: dict):
+        """Check ``state`` as :meth:`load_state_dict` does and return a function of no
+        arguments that assigns it (``miniflow.checkpoint.restore`` checks several objects
+        before it assigns any).
+
+        Raises:
+            as :meth:`load_state_dict`.
+        """
         where = f"{type(self).__name__}.load_state_dict: "
         if not isinstance(state, dict):
             raise TypeError(f"{where}expected a dict (a state_dict()), got {type(state).__name__}")
@@ -205,12 +215,15 @@ class _Scaler:
             raise ValueError(f"{where}min_scale {merged['min_scale']:g} is above the scale "
                              f"{merged['scale']:g}; load a lower min_scale with it, or set "
                              "scaler.min_scale lower before loading")
-        backend = get_backend()  # everything is valid: assign
-        backend.copy_in(self._scale, np.array([merged["scale"]], np.float32))
-        backend.copy_in(self._growth_tracker, np.array([merged["_growth_tracker"]], np.int64))
-        for k in self._settings:
-            object.__setattr__(self, k, merged[k])
-        object.__setattr__(self, "version", self.version + 1)  # a static scale is a constant
+
+        def assign():
+            backend = get_backend()  # everything is valid: assign
+            backend.copy_in(self._scale, np.array([merged["scale"]], np.float32))
+            backend.copy_in(self._growth_tracker, np.array([merged["_growth_tracker"]], np.int64))
+            for k in self._settings:
+                object.__setattr__(self, k, merged[k])
+            object.__setattr__(self, "version", self.version + 1)  # a static scale: a constant
+        return assign
 
     _extra_keys_hint = ""
 

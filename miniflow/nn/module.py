@@ -111,6 +111,19 @@ class Module:
             KeyError: missing or unexpected names (strict), listing them.
             ValueError: a shape or dtype differs from the parameter's, naming it.
         """
+        self.prepare_load_state_dict(state_dict, strict)()
+
+    def prepare_load_state_dict(self, state_dict, strict: bool = True):
+        """Check ``state_dict`` as :meth:`load_state_dict` does and return a function of no
+        arguments that copies it in (a caller restoring several objects checks them all before
+        it assigns any: ``miniflow.checkpoint.restore``).
+
+        Raises:
+            TypeError: not a dict; otherwise as :meth:`load_state_dict`.
+        """
+        if not isinstance(state_dict, dict):
+            raise TypeError(f"load_state_dict: expected a dict of parameter name -> array (a "
+                            f"state_dict()), got {type(state_dict).__name__}")
         own = dict(self.named_parameters())
         missing = sorted(set(own) - set(state_dict))
         unexpected = sorted(set(state_dict) - set(own))
@@ -126,9 +139,12 @@ class Module:
                 raise ValueError(f"load_state_dict: {name!r} is {p.dtype.short}{list(p.shape)} in "
                                  f"the model but {arr.dtype}{list(arr.shape)} in the state dict")
             checked.append((p, arr))
-        backend = get_backend()
-        for p, arr in checked:
-            backend.copy_in(p._data, arr)
+
+        def assign():
+            backend = get_backend()
+            for p, arr in checked:
+                backend.copy_in(p._data, arr)
+        return assign
 
     def __repr__(self) -> str:
         lines = [f"{type(self).__name__}({self.extra_repr()}"]

@@ -68,6 +68,13 @@ class OpDef:
         diagnose: ``(node, host input arrays) -> str | None``: when the op's kernel raised, a
             sentence about the offending values (e.g. which label is out of range) that the
             executor appends to the error.
+        micro_batch: for the boundary ops of gradient accumulation (``miniflow.ops.accumulation``),
+            ``(kind, count attribute)``: kind ``"split"`` (its output is one micro-batch of its
+            input) or ``"collect"`` (its input is one micro-batch's, its output is complete after
+            the last one; its reference receives the output so far as an extra last array after
+            the first micro-batch), and the attribute holding the number of micro-batches; None
+            for every other op. Such an op runs once per micro-batch with ``attrs["micro_batch"]``
+            set to the micro-batch's index (``miniflow.ir.Graph.micro_batch_schedule``).
         doc: one line: what the op computes.
     """
 
@@ -83,6 +90,7 @@ class OpDef:
     scalar: Callable | None = None
     scalar_attr: str | None = None
     diagnose: Callable | None = None
+    micro_batch: tuple | None = None
     doc: str = field(default="", repr=False)
 
     @property
@@ -116,6 +124,10 @@ def _check(op: OpDef) -> None:
                          f"{', '.join(AMP_CATEGORIES)} or None (unlisted, with amp_note)")
     if op.amp is None and not op.amp_note:
         raise ValueError(f"op {op.name!r} is in no AMP list: say why in amp_note")
+    if op.micro_batch is not None and (len(op.micro_batch) != 2
+                                       or op.micro_batch[0] not in ("split", "collect")):
+        raise ValueError(f"op {op.name!r}: micro_batch={op.micro_batch!r}; give ('split' or "
+                         "'collect', the attribute holding the count), or None")
     if op.scalar is None:
         if op.scalar_attr is not None:
             raise ValueError(f"op {op.name!r}: scalar_attr without a scalar function")

@@ -1,6 +1,8 @@
-"""Optimizers. They declare their update ops; the optimizer pass inserts them into the graph."""
+"""Optimizers (they declare their update ops; the optimizer pass inserts them into the graph)
+and learning-rate schedulers (``miniflow.optim.lr_scheduler``, PyTorch's)."""
 from .optimizer import Optimizer
 from .sgd import SGD
 from .adam import Adam
+from . import lr_scheduler
 
-__all__ = ["Optimizer", "SGD", "Adam"]
+__all__ = ["Optimizer", "SGD", "Adam", "lr_scheduler"]

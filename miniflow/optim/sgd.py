@@ -12,26 +12,34 @@ class SGD(Optimizer):
 
     State: ``momentum_buffer`` (PyTorch's name; used when momentum != 0).
 
+    Args:
+        clip_grad_max_norm, clip_grad_norm_type: clip the gradients of these parameters to a
+            total norm of at most ``clip_grad_max_norm`` before the update (OneFlow's param-group
+            keys, ``torch.nn.utils.clip_grad_norm_``'s rule; None: no clipping).
+
     Raises:
         TypeError: a hyper-parameter that is not a real number.
         ValueError: lr, momentum or weight_decay not finite >= 0 (lr=0 is allowed, as in
-            PyTorch).
+            PyTorch); clip_grad_max_norm not finite > 0; clip_grad_norm_type not > 0.
     """
 
     state_names = ("momentum_buffer",)
 
-    def __init__(self, params, lr: float, momentum: float = 0.0, weight_decay: float = 0.0):
-        super().__init__(params, dict(lr=lr, momentum=momentum, weight_decay=weight_decay))
+    def __init__(self, params, lr: float, momentum: float = 0.0, weight_decay: float = 0.0,
+                 clip_grad_max_norm: float | None = None, clip_grad_norm_type: float = 2.0):
+        super().__init__(params, dict(lr=lr, momentum=momentum, weight_decay=weight_decay,
+                                      clip_grad_max_norm=clip_grad_max_norm,
+                                      clip_grad_norm_type=clip_grad_norm_type))
 
     def check_hyper(self, hyper: dict) -> dict:
-        missing = sorted({"lr", "momentum", "weight_decay"} - set(hyper))
+        missing = sorted({"momentum", "weight_decay"} - set(hyper))
         if missing:
             raise KeyError(f"SGD: missing hyper-parameters {missing}")
-        return {"lr": check_real("SGD", "lr", hyper["lr"]),
-                "momentum": check_real("SGD", "momentum", hyper["momentum"]),
+        return {"momentum": check_real("SGD", "momentum", hyper["momentum"]),
                 "weight_decay": check_real("SGD", "weight_decay", hyper["weight_decay"])}
 
-    def emit_update(self, graph, index, name, param, grad, skip_if) -> None:
-        hyper = self.hyper
-        state = self._state_values(graph, name, index) if hyper["momentum"] != 0 else []
-        emitter(graph)("sgd_update", param, grad, skip_if, *state, **hyper)
+    def emit_update(self, graph, index, name, param, grad, lr, skip_if) -> None:
+        h = self.hyper
+        state = self._state_values(graph, name, index) if h["momentum"] != 0 else []
+        emitter(graph)("sgd_update", param, grad, lr, skip_if, *state, momentum=h["momentum"],
+                       weight_decay=h["weight_decay"])

@@ -25,8 +25,9 @@ scaling is a pass"):
      the loss-gradient ops float16.
 
 3. Cast each float16 parameter gradient to its float32 master dtype (``optimizer.master_grad``, the
-   one place this cast is made) and multiply by 1/scale in float32: the gradient results become
-   these unscaled gradients.
+   one place this cast is made) and multiply by 1/scale in float32 (in float64 for the gradients of
+   a float64 model: the float32 1/scale cast up, exactly): the gradient results become these
+   unscaled gradients.
 4. ``multi_count_not_finite`` over all unscaled gradients (one fused kernel): the result
    ``"nonfinite_counts"`` (one count per name in ``ctx.nonfinite_names``), which the grad scaler
    reads after every step. Under data parallel (``ctx.all_reduce_buckets``: the gradients are
@@ -74,12 +75,14 @@ def loss_scale(graph: Graph, ctx) -> Graph:
     emit = emitter(graph)
     ctx.scaled_initial_grad = _scale_initial_grad(graph, ctx.initial_grad, ctx.loss_scale_policy,
                                                   scaler, scale_var)
-    inv_scale = emit("reciprocal", scale_var) if scaler.dynamic else None
+    inv_scale = {float32: emit("reciprocal", scale_var)} if scaler.dynamic else None
     names = list(graph.grads)
     for name in names:
         g = master_grad(graph, graph.variables[name], graph.grads[name])
+        if scaler.dynamic and g.dtype not in inv_scale:  # a float64 model: 1/scale in float64
+            inv_scale[g.dtype] = emit("cast", inv_scale[float32], dtype=g.dtype)
         graph.results[grad_name(name)] = (
-            emit("scalar_mul_by_tensor", g, inv_scale) if scaler.dynamic
+            emit("scalar_mul_by_tensor", g, inv_scale[g.dtype]) if scaler.dynamic
             else emit("scalar_mul", g, scalar=1.0 / scaler.scale))
     counts, total = emit("multi_count_not_finite", *(graph.grads[n] for n in names))
     if ctx.all_reduce_buckets:   # data parallel: every rank skips, and rescales, together

@@ -1,9 +1,19 @@
 """Optimizer pass: insert one update op per trained parameter (OneFlow ``GenerateOptimizerOpConfs``).
 
 Assumes: the autograd pass filled the gradient results (``graph.grads``). Each optimizer in
-``ctx.optimizers`` emits its update op (``sgd_update``/``adam_update``) and declares its state as
-graph variables. ``skip_if`` is ``ctx.skip_if`` when a loss-scale pass provided one, else a
-constant 0.
+``ctx.optimizers`` (the k-th) declares its learning-rate array as the f64[1] variable
+``optimizer<k>.learning_rate`` (OneFlow's ``learning_rate`` input of the update ops: a new lr is a
+new value of that variable, never a new graph) and emits one update op per parameter
+(``sgd_update``/``adam_update``), declaring its state as graph variables. ``skip_if`` is
+``ctx.skip_if`` when a loss-scale pass provided one, else a constant 0.
+
+Gradient clipping (OneFlow's ``ClipGradient`` in ``GenerateOptimizerOpConfs``, per optimizer
+whose param group sets ``clip_grad_max_norm``): one ``clip_grad_norm`` over the optimizer's
+master gradients, then every gradient times its ``clip_coef`` (``scalar_mul_by_tensor``); the
+gradient results become the clipped gradients (as ``torch.nn.utils.clip_grad_norm_`` changes
+``.grad``). It runs here, after the loss-scale pass, so it sees the unscaled gradients (and, with
+gradient accumulation, their mean) and the non-finite count was taken before it: a skipped step
+(``skip_if`` set) gets ``clip_coef = 1`` and clips nothing.
 
 This is the one place where a gradient whose dtype differs from its parameter's (a float16 gradient
 of a float32 master weight, made by a white node under AMP) is cast to the parameter's dtype: one
@@ -15,10 +25,16 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..ir import Graph
+from ..dtype import float64
+from ..ir import Graph, grad_name
 from ..ops import emitter
 
-__all__ = ["optimizer", "master_grad"]
+__all__ = ["optimizer", "master_grad", "learning_rate_name"]
+
+
+def learning_rate_name(k: int) -> str:
+    """The variable name of the k-th optimizer's learning rate."""
+    return f"optimizer{k}.learning_rate"
 
 
 def optimizer(graph: Graph, ctx) -> Graph:
@@ -26,15 +42,37 @@ def optimizer(graph: Graph, ctx) -> Graph:
     if not graph.grads or not ctx.optimizers:
         return graph
     skip_if = ctx.skip_if if ctx.skip_if is not None else graph.add_constant(np.zeros(1, np.int64))
-    for opt in ctx.optimizers:
+    for k, opt in enumerate(ctx.optimizers):
+        trained = []  # (index, variable name, parameter Value, master gradient)
         for i, p in enumerate(opt.params):
             name = ctx.param_names[id(p)]  # nn.Graph checked every parameter is a variable
             grad = graph.grads.get(name)
             if grad is None:
                 continue  # like PyTorch: a parameter without a gradient is not updated
             param = graph.variables[name]
-            opt.emit_update(graph, i, name, param, master_grad(graph, param, grad), skip_if)
+            trained.append((i, name, param, master_grad(graph, param, grad)))
+        if not trained:
+            continue
+        if opt.clip_grad is not None:
+            trained = _clipped(graph, trained, skip_if, *opt.clip_grad)
+        lr = graph.add_variable(learning_rate_name(k), (1,), float64, data=opt.learning_rate)
+        for i, name, param, grad in trained:
+            opt.emit_update(graph, i, name, param, grad, lr, skip_if)
     return graph
+
+
+def _clipped(graph: Graph, trained: list, skip_if, max_norm: float, norm_type: float) -> list:
+    """``trained`` with every gradient clipped by the global norm (the module docstring); the
+    gradient results become the clipped gradients."""
+    emit = emitter(graph)
+    _, coef = emit("clip_grad_norm", skip_if, *(g for *_, g in trained), max_norm=max_norm,
+                   norm_type=norm_type)
+    out = []
+    for i, name, param, grad in trained:
+        clipped = emit("scalar_mul_by_tensor", grad, coef)
+        graph.results[grad_name(name)] = clipped
+        out.append((i, name, param, clipped))
+    return out
 
 
 def master_grad(graph: Graph, param, grad):

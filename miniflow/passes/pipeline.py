@@ -1,10 +1,11 @@
 """The pass pipeline: the order passes run in, and the context they share.
 
 Order (docs/architecture.md): autograd -> auto_mixed_precision -> prune_amp_identity ->
-data_parallel -> loss_scale -> optimizer -> fuse_elementwise -> dead_code_elimination. The two AMP
-passes run only when AMP is enabled (``ctx.amp`` is set), data_parallel only when data-parallel
-training is (``ctx.data_parallel``). The IR is verified after every pass; with ``print_ir=True``
-it is printed after every pass too.
+gradient_accumulation -> data_parallel -> loss_scale -> optimizer -> fuse_elementwise ->
+dead_code_elimination. The two AMP passes run only when AMP is enabled (``ctx.amp`` is set),
+data_parallel only when data-parallel training is (``ctx.data_parallel``; it averages the
+accumulated gradients, once per call). The IR is verified after every pass; with
+``print_ir=True`` it is printed after every pass too.
 
 What passes tell each other goes through the :class:`CompileContext` (OneFlow's ``JobPassCtx``),
 not the IR: the initial gradient, ``skip_if``, the AMP decisions ... The IR carries only what the
@@ -20,6 +21,7 @@ from .autograd import autograd
 from .data_parallel import DataParallelConfig, data_parallel
 from .dead_code_elimination import dead_code_elimination
 from .fuse_elementwise import fuse_elementwise
+from .gradient_accumulation import gradient_accumulation
 from .loss_scale import POLICIES, loss_scale
 from .optimizer import optimizer
 from .prune_amp_identity import prune_amp_identity
@@ -46,6 +48,8 @@ class CompileContext:
         data_parallel: the data-parallel settings
             (:class:`~miniflow.passes.data_parallel.DataParallelConfig`) when the gradients are
             averaged across the ranks, else None.
+        accumulation_steps: micro-batches per call (``set_gradient_accumulation_steps``; the
+            driver already split the inputs and packed the outputs).
         print_ir: print the IR after every pass.
 
     Set by the passes:
@@ -67,6 +71,7 @@ class CompileContext:
     grad_scaler: object = None
     loss_scale_policy: str = POLICIES[0]
     data_parallel: DataParallelConfig | None = None
+    accumulation_steps: int = 1
     print_ir: bool = False
     initial_grad: object = None
     scaled_initial_grad: object = None
@@ -80,6 +85,7 @@ PASSES = [
     ("autograd", autograd),
     ("auto_mixed_precision", auto_mixed_precision),
     ("prune_amp_identity", prune_amp_identity),
+    ("gradient_accumulation", gradient_accumulation),
     ("data_parallel", data_parallel),
     ("loss_scale", loss_scale),
     ("optimizer", optimizer),

@@ -6,12 +6,21 @@ Running a plan copies the inputs in, runs ``fn(*args)`` for every step, and copi
 no shape inference, no allocation per node, no dict lookups (docs/architecture.md, "Plan, not
 interpreter"). Kernels are found once, when the plan is built (``Backend.builder_for``; the builder
 contract is in ``miniflow.runtime.backend.Backend``).
+
+A graph with micro-batches (gradient accumulation) is still one flat list of steps: the steps of
+the nodes that run before the micro-batches, then those of the micro-batch nodes once per
+micro-batch, then the rest (``Graph.micro_batch_schedule``). The micro-batch nodes share their
+buffers across the micro-batches; only the boundary ops (``unpack``, ``acc``, ``pack``) get steps
+of their own per micro-batch (built with ``attrs["micro_batch"] = i``), the other nodes' steps are
+built once and repeated.
 """
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 
-from ..ir import Graph
+from ..ir import Graph, runs_per_micro_batch
 from .notice import compile_notice
 
 __all__ = ["Plan", "build_steps", "check_owned"]
@@ -33,8 +42,12 @@ def check_owned(backend, array, what: str):
     return array
 
 
-def build_steps(nodes, buffers: dict, backend):
-    """Kernel steps for ``nodes``; allocates the buffers of their outputs into ``buffers``.
+def build_steps(nodes, buffers: dict, backend, micro_batch: int | None = None):
+    """Kernel steps for ``nodes``; allocates the buffers of their outputs into ``buffers`` (those
+    not there yet).
+
+    ``micro_batch``: build the boundary ops of the micro-batches (``op.micro_batch``) for that
+    micro-batch (``attrs["micro_batch"]``).
 
     Returns ``(steps, owners)``: the ``(fn, args)`` list and, per step, the index of its node.
 
@@ -44,16 +57,50 @@ def build_steps(nodes, buffers: dict, backend):
     steps, owners = [], []
     for i, node in enumerate(nodes):
         for v in node.outputs:
-            buffers[id(v)] = backend.empty(v.shape, v.dtype.np)
+            if id(v) not in buffers:
+                buffers[id(v)] = backend.empty(v.shape, v.dtype.np)
         builder = backend.builder_for(node.op)
         if builder is None:
             raise NotImplementedError(f"backend {backend.name!r} has no kernel for op "
                                       f"{node.op.name!r} (node: {node.format()})")
+        if micro_batch is not None and runs_per_micro_batch(node):
+            node = dataclasses.replace(node, attrs={**node.attrs, "micro_batch": micro_batch})
         ins = [buffers[id(v)] for v in node.inputs]
         outs = [buffers[id(v)] for v in node.outputs]
         for step in builder(node, ins, outs):
             steps.append(step)
             owners.append(i)
+    return steps, owners
+
+
+def _scheduled_steps(graph: Graph, buffers: dict, backend):
+    """``(steps, owners)`` of the whole graph in its micro-batch schedule (owners: indices into
+    ``graph.nodes``): the boundary ops built per micro-batch, the other nodes' steps built once."""
+    schedule, nodes = graph.micro_batch_schedule(), graph.nodes
+    steps, owners = [], []
+
+    def build(indices, micro_batch=None) -> dict:
+        built, built_owners = build_steps([nodes[i] for i in indices], buffers, backend,
+                                          micro_batch)
+        per_node: dict = {}
+        for step, k in zip(built, built_owners):
+            per_node.setdefault(indices[k], []).append(step)
+        return per_node
+
+    def append(per_node: dict, indices) -> None:
+        for i in indices:
+            for step in per_node.get(i, ()):
+                steps.append(step)
+                owners.append(i)
+
+    append(build(schedule.before), schedule.before)
+    each = build(schedule.each, 0)
+    boundary = [i for i in schedule.each if runs_per_micro_batch(nodes[i])]
+    for k in range(schedule.count):
+        if k:
+            each.update(build(boundary, k))
+        append(each, schedule.each)
+    append(build(schedule.after), schedule.after)
     return steps, owners
 
 
@@ -84,7 +131,7 @@ class Plan:
         for v in [v for n in graph.nodes for v in n.inputs] + list(graph.results.values()):
             if v.kind == "constant":
                 buffers[id(v)] = buffers[v.name]
-        self.steps, self._owners = build_steps(graph.nodes, buffers, backend)
+        self.steps, self._owners = _scheduled_steps(graph, buffers, backend)
         self.output_buffers = [buffers[id(v)] for v in graph.outputs]
         self.buffers = buffers
         self._ran = False

@@ -26,11 +26,12 @@ def test_default_backend_is_cpu_under_the_simulator_and_cuda_on_a_gpu(monkeypatc
     assert default_backend_name() == "cuda"
 
 
-def _train(backend: str, steps: int, amp: bool, adam: bool):
-    """Steps of ``cuda_cases.train_graph`` on ``backend``: (losses, parameters, graph, model)."""
+def _train(backend: str, steps: int, **options):
+    """Steps of ``cuda_cases.train_graph`` on ``backend``: (losses, parameters, graph, model);
+    a loss is the mean of the micro-batch losses when the graph accumulates."""
     mf.set_backend(backend)
-    graph, model = train_graph(amp, adam)
-    losses = [float(graph(TRAIN_X, TRAIN_Y)) for _ in range(steps)]
+    graph, model = train_graph(**options)
+    losses = [float(graph(TRAIN_X, TRAIN_Y).numpy().mean()) for _ in range(steps)]
     return losses, [p.numpy() for p in model.parameters()], graph, model
 
 

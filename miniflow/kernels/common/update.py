@@ -6,7 +6,9 @@ Adam, not AdamW: weight decay is added to the gradient). They are plain Python f
 scalars that return tuples, compiled into each backend's loop (``numba.njit`` via
 ``register_jitable`` on the CPU, ``cuda.jit(device=True)`` on CUDA): the backends own only the
 loops, ``skip_if`` (nothing happens when ``skip_if[0] != 0``: OneFlow's update kernels return
-early; the loss-scale pass feeds the non-finite count there) and the conversions. Every operand
+early; the loss-scale pass feeds the non-finite count there) and the conversions. The learning
+rate is read from its f64[1] input (``lr[0]``) when the kernel runs, so a new lr needs no new
+plan. Every operand
 of a body is in the model's compute type (float32 for f16/f32, float64 for f64; Numba types
 float literals as float64, so the bodies have none), except :func:`adam_corrections`, which is
 float64 throughout.
@@ -51,31 +53,34 @@ def adam_element(p, g, m, v, hyper):
 
 # ----------------------------------------------------------------------------- builders
 def sgd_builder(sgd_steps):
-    """The ``sgd_update`` builder over a backend's ``sgd_steps(p, grad, skip_if, buf, lr, mu,
-    wd)`` (``buf`` None without momentum; lr, mu, wd Python floats)."""
+    """The ``sgd_update`` builder over a backend's ``sgd_steps(p, grad, lr, skip_if, buf, mu,
+    wd)`` (``lr`` the f64[1] learning-rate array, ``buf`` None without momentum; mu, wd Python
+    floats)."""
     def build_sgd_update(node, ins, outs):
-        """``sgd_update(model, model_diff, skip_if[, momentum_buf]) {lr, momentum, weight_decay}``.
+        """``sgd_update(model, model_diff, learning_rate, skip_if[, momentum_buf])``
+        ``{momentum, weight_decay}``.
 
         Raises:
             ValueError: ``momentum != 0`` without a momentum buffer input.
         """
         a = node.attrs
         mu = float(a.get("momentum", 0.0))
-        if mu != 0.0 and len(ins) < 4:
-            raise ValueError("sgd_update: momentum != 0 needs a momentum_buf input (4 inputs)")
-        p, grad, skip_if = ins[:3]
-        return sgd_steps(p, grad, skip_if, ins[3] if mu != 0.0 else None, float(a["lr"]), mu,
+        if mu != 0.0 and len(ins) < 5:
+            raise ValueError("sgd_update: momentum != 0 needs a momentum_buf input (5 inputs)")
+        p, grad, lr, skip_if = ins[:4]
+        return sgd_steps(p, grad, lr, skip_if, ins[4] if mu != 0.0 else None, mu,
                          float(a.get("weight_decay", 0.0)))
     return build_sgd_update
 
 
 def adam_builder(adam_steps):
-    """The ``adam_update`` builder over a backend's ``adam_steps(p, grad, skip_if, m, v, step,
-    lr, beta1, beta2, eps, wd)`` (the hyperparameters Python floats)."""
+    """The ``adam_update`` builder over a backend's ``adam_steps(p, grad, lr, skip_if, m, v,
+    step, beta1, beta2, eps, wd)`` (``lr`` the f64[1] learning-rate array; the other
+    hyperparameters Python floats)."""
     def build_adam_update(node, ins, outs):
-        """``adam_update(model, model_diff, skip_if, m, v, step)``
-        ``{lr, beta1, beta2, eps, weight_decay}``."""
+        """``adam_update(model, model_diff, learning_rate, skip_if, m, v, step)``
+        ``{beta1, beta2, eps, weight_decay}``."""
         a = node.attrs
-        return adam_steps(*ins, float(a["lr"]), float(a["beta1"]), float(a["beta2"]),
-                          float(a["eps"]), float(a.get("weight_decay", 0.0)))
+        return adam_steps(*ins, float(a["beta1"]), float(a["beta2"]), float(a["eps"]),
+                          float(a.get("weight_decay", 0.0)))
     return build_adam_update

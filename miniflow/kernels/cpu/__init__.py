@@ -7,9 +7,9 @@ bits, ``fp16``). Modules, mirrored in ``kernels.cuda``: ``common`` (the ``jit`` 
 serial/parallel choice, flat views), ``elementwise`` (map / zip / broadcast / cast), ``movement``
 (reshape, transpose, broadcast_like, fills: ``np.copyto``), ``reduce`` (reduce_sum, softmax
 family, cross entropy), ``matmul`` (NumPy's BLAS and loops for skinny shapes), ``update`` (SGD,
-Adam), ``loss_scale`` (the loss-scale stage), ``fused`` (generated kernels of
-``fused_elementwise``); CPU only: ``fp16`` (float16 conversions). Builders shared with the CUDA
-backend come from ``kernels.common``.
+Adam), ``loss_scale`` (the loss-scale stage), ``clip`` (gradient clipping), ``fused`` (generated
+kernels of ``fused_elementwise``); CPU only: ``fp16`` (float16 conversions). Builders shared with
+the CUDA backend come from ``kernels.common``.
 
 Precision: f16 and f32 compute in float32, f64 in float64; sums accumulate in that type; matmul on
 f16 widens to float32, multiplies in float32 and rounds the product to f16 (a GPU fp16 GEMM's
@@ -17,13 +17,13 @@ contract).
 """
 from __future__ import annotations
 
-from . import collective, elementwise, fused, loss_scale, matmul, movement, reduce, update
+from . import clip, collective, elementwise, fused, loss_scale, matmul, movement, reduce, update
 from ..common import table
 
 __all__ = ["KERNELS", "builder_for"]
 
-KERNELS = table.kernel_table(elementwise, movement, reduce, matmul, update, loss_scale, fused,
-                             collective)
+KERNELS = table.kernel_table(elementwise, movement, reduce, matmul, update, loss_scale, clip,
+                             fused, collective)
 """Op type -> builder of the ops whose kernels are not derived from a scalar function."""
 
 

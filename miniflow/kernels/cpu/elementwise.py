@@ -19,6 +19,7 @@ import numpy as np
 
 from .common import flat, jit, jitable, loop_for, scratch, use_parallel
 from .fp16 import load, store, to_compute
+from ..common import accumulation
 from ..common.elementwise import StepMakers, builders
 from ..common.layout import broadcast_plan
 
@@ -153,5 +154,6 @@ STEPS = StepMakers(map=map_steps, map_scalar=map_scalar_steps, zip=zip_steps, ca
                    scratch=scratch)
 """The CPU's elementwise step makers (for ``kernels.common.elementwise``)."""
 
-BUILDERS = builders(STEPS)
-"""Op type -> builder of the elementwise ops with their own rules (the others are derived)."""
+BUILDERS = {**builders(STEPS), **accumulation.builders(STEPS)}
+"""Op type -> builder of the elementwise ops with their own rules (the others are derived) and
+of gradient accumulation's copies and adds (``unpack``, ``acc``, ``pack``)."""

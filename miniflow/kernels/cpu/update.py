@@ -3,7 +3,8 @@
 The loops over the scalar bodies of ``kernels.common.update`` (PyTorch's rules; the builders are
 there too). Unless ``skip_if[0] != 0`` (then nothing changes), a kernel converts its
 hyperparameters to the model's compute type (``to_compute``) and runs the body on every element,
-loading and storing through ``fp16``. Adam's bias corrections are float64.
+loading and storing through ``fp16``. The learning rate is read from its f64[1] array when the
+kernel runs; Adam's bias corrections are float64.
 """
 from __future__ import annotations
 
@@ -23,15 +24,16 @@ _sgd, _corrections, _adam = jitable(sgd_element), jitable(adam_corrections), jit
 
 @functools.cache
 def sgd_kernel(momentum: bool, parallel: bool):
-    """``kernel(p, grad, skip_if, buf, lr, mu, wd)``: ``p[i], buf[i] = sgd_element(...)`` unless
-    skip_if[0] (buf is read and written only with ``momentum``)."""
+    """``kernel(p, grad, lr, skip_if, buf, mu, wd)``: ``p[i], buf[i] = sgd_element(...)`` with
+    the learning rate ``lr[0]``, unless skip_if[0] (buf is read and written only with
+    ``momentum``)."""
     loop = loop_for(parallel)
 
     @jit(parallel)
-    def kernel(p, grad, skip_if, buf, lr, mu, wd):
+    def kernel(p, grad, lr, skip_if, buf, mu, wd):
         if skip_if[0] != 0:
             return
-        lr_c, mu_c, wd_c = to_compute(p, lr), to_compute(p, mu), to_compute(p, wd)
+        lr_c, mu_c, wd_c = to_compute(p, lr[0]), to_compute(p, mu), to_compute(p, wd)
         for i in loop(p.size):
             b = load(buf, i) if momentum else mu_c
             pi, b = _sgd(load(p, i), load(grad, i), b, lr_c, mu_c, wd_c, momentum)
@@ -44,16 +46,17 @@ def sgd_kernel(momentum: bool, parallel: bool):
 
 @functools.cache
 def adam_kernel(parallel: bool):
-    """``kernel(p, grad, skip_if, m, v, step, lr, beta1, beta2, eps, wd)``, unless skip_if[0]:
-    ``step += 1``, then ``p[i], m[i], v[i] = adam_element(...)``."""
+    """``kernel(p, grad, lr, skip_if, m, v, step, beta1, beta2, eps, wd)``, unless skip_if[0]:
+    ``step += 1``, then ``p[i], m[i], v[i] = adam_element(...)`` with the learning rate
+    ``lr[0]``."""
     loop = loop_for(parallel)
 
     @jit(parallel)
-    def kernel(p, grad, skip_if, m, v, step, lr, beta1, beta2, eps, wd):
+    def kernel(p, grad, lr, skip_if, m, v, step, beta1, beta2, eps, wd):
         if skip_if[0] != 0:
             return
         step[0] += 1
-        step_size, bc2_sqrt = _corrections(lr, beta1, beta2, step[0])
+        step_size, bc2_sqrt = _corrections(lr[0], beta1, beta2, step[0])
         hyper = (to_compute(p, step_size), to_compute(p, bc2_sqrt), to_compute(p, beta1),
                  to_compute(p, beta2), to_compute(p, 1.0 - beta1), to_compute(p, 1.0 - beta2),
                  to_compute(p, eps), to_compute(p, wd))
@@ -66,18 +69,18 @@ def adam_kernel(parallel: bool):
     return kernel
 
 
-def sgd_steps(p, grad, skip_if, buf, lr, mu, wd):
+def sgd_steps(p, grad, lr, skip_if, buf, mu, wd):
     """One call of :func:`sgd_kernel` (a one-element stand-in for ``buf`` without momentum)."""
     kernel = sgd_kernel(buf is not None, use_parallel(p.size))
     buf = flat(np.zeros(1, p.dtype)) if buf is None else flat(buf)
-    return [(kernel, (flat(p), flat(grad), skip_if.reshape(-1), buf, lr, mu, wd))]
+    return [(kernel, (flat(p), flat(grad), lr.reshape(-1), skip_if.reshape(-1), buf, mu, wd))]
 
 
-def adam_steps(p, grad, skip_if, m, v, step, lr, beta1, beta2, eps, wd):
+def adam_steps(p, grad, lr, skip_if, m, v, step, beta1, beta2, eps, wd):
     """One call of :func:`adam_kernel`."""
     return [(adam_kernel(use_parallel(p.size)),
-             (flat(p), flat(grad), skip_if.reshape(-1), flat(m), flat(v), step.reshape(-1),
-              lr, beta1, beta2, eps, wd))]
+             (flat(p), flat(grad), lr.reshape(-1), skip_if.reshape(-1), flat(m), flat(v),
+              step.reshape(-1), beta1, beta2, eps, wd))]
 
 
 BUILDERS = {"sgd_update": sgd_builder(sgd_steps), "adam_update": adam_builder(adam_steps)}

@@ -7,9 +7,9 @@ copies nothing between host and device. Modules, mirrored from ``kernels.cpu``: 
 decorators, compute/storage types, device helpers, the simulator's ``math``), ``elementwise``
 (map / zip / broadcast / cast), ``movement`` (reshape, transpose, broadcast_like, fills: gathers
 and copies), ``reduce`` (reduce_sum, softmax family, cross entropy), ``matmul`` (tiled),
-``update`` (SGD, Adam), ``loss_scale`` (the loss-scale stage), ``fused`` (generated kernels of
-``fused_elementwise``); CUDA only: ``launch`` (block sizes, grids, the matmul tile). Builders
-shared with the CPU backend come from ``kernels.common``.
+``update`` (SGD, Adam), ``loss_scale`` (the loss-scale stage), ``clip`` (gradient clipping),
+``fused`` (generated kernels of ``fused_elementwise``); CUDA only: ``launch`` (block sizes,
+grids, the matmul tile). Builders shared with the CPU backend come from ``kernels.common``.
 
 Precision: the CPU backend's contract. f16 and f32 compute in float32, f64 in float64; f16 is
 converted on load and store only; matmul accumulates in float32 (float64 for f64) and rounds the
@@ -17,13 +17,13 @@ result once.
 """
 from __future__ import annotations
 
-from . import collective, elementwise, fused, loss_scale, matmul, movement, reduce, update
+from . import clip, collective, elementwise, fused, loss_scale, matmul, movement, reduce, update
 from ..common import table
 
 __all__ = ["KERNELS", "builder_for"]
 
-KERNELS = table.kernel_table(elementwise, movement, reduce, matmul, update, loss_scale, fused,
-                             collective)
+KERNELS = table.kernel_table(elementwise, movement, reduce, matmul, update, loss_scale, clip,
+                             fused, collective)
 """Op type -> builder of the ops whose kernels are not derived from a scalar function."""
 
 

@@ -20,6 +20,7 @@ from numba import cuda
 
 from .common import device, flat, jit, scratch, short, storage_type, strided_offset, types_of
 from .launch import flat_steps
+from ..common import accumulation
 from ..common.elementwise import StepMakers, builders
 from ..common.layout import broadcast_plan
 
@@ -139,5 +140,6 @@ STEPS = StepMakers(map=map_steps, map_scalar=map_scalar_steps, zip=zip_steps, ca
                    scratch=scratch)
 """The CUDA backend's elementwise step makers (for ``kernels.common.elementwise``)."""
 
-BUILDERS = builders(STEPS)
-"""Op type -> builder of the elementwise ops with their own rules (the others are derived)."""
+BUILDERS = {**builders(STEPS), **accumulation.builders(STEPS)}
+"""Op type -> builder of the elementwise ops with their own rules (the others are derived) and
+of gradient accumulation's copies and adds (``unpack``, ``acc``, ``pack``)."""

@@ -1,0 +1,669 @@
+"""Learning-rate schedulers with ``torch.optim.lr_scheduler``'s names, arguments, formulas and
+``state_dict`` keys: :class:`StepLR`, :class:`MultiStepLR`, :class:`CosineAnnealingLR`,
+:class:`LinearLR` (warm-up), :class:`LambdaLR` and :class:`SequentialLR`.
+
+Use them as in PyTorch: make the scheduler after the optimizer (this sets the first lr), call
+``scheduler.step()`` once after every optimizer step (every call of a training nn.Graph), read
+the lr with ``get_last_lr()``. A scheduler sets ``group["lr"]`` of every param group of its
+optimizer: any object with ``param_groups``, a sequence of dicts with a real ``"lr"`` (miniflow
+optimizers have one group). On a miniflow optimizer that writes the optimizer's learning-rate
+variable, which the compiled graph reads at its next call: a schedule that changes the lr every
+step never recompiles (``miniflow.optim.optimizer``).
+
+Skipped steps do not count. When the grad scaler of an nn.Graph skips a step (non-finite
+gradients: no parameter changed), the optimizer counts it (``num_steps`` and
+``num_skipped_steps``, which nn.Graph updates after every call), and the next ``step()`` of its
+schedulers does nothing: ``last_epoch`` and the lr stay, so the lr of the k-th *applied* update
+is the schedule's k-th lr, whatever the scaler skipped. Precisely: ``step()`` advances unless the
+optimizer ran at least one graph step since the previous ``step()`` and all of them were
+skipped; so a per-epoch schedule (one ``step()`` per epoch) advances unless the whole epoch was
+skipped, and ``step()`` without any graph call in between (or on an optimizer that counts no
+steps, such as a plain object with ``param_groups``) always advances. PyTorch advances anyway
+(and warns that ``optimizer.step()`` was not called). The counts the scheduler last saw are in
+its ``state_dict()`` (``_optimizer_steps_seen``), so a resumed run skips the same steps.
+
+The lr sequences are PyTorch's to rounding: each ``get_lr`` is PyTorch's recursive ("chainable")
+form, which computes the next lr from the current one (so changes made to ``group["lr"]`` by
+other code carry on, as in PyTorch), and :class:`SequentialLR` restarts a scheduler at its
+milestone with that scheduler's closed form, as PyTorch does. :class:`CosineAnnealingLR` follows
+PyTorch's recursion, not the textbook closed form (they differ by rounding), and keeps going
+past ``T_max`` as PyTorch does (the lr rises again towards the base lr).
+
+Differences from PyTorch:
+
+- The initial lr is PyTorch's: every param group gets ``group["initial_lr"]``, set by the first
+  scheduler made for the optimizer (``group.setdefault("initial_lr", group["lr"])``) and used as
+  ``base_lrs`` by every later one (that is why a cosine schedule made after a warm-up still
+  starts from the full lr). A miniflow ``ParamGroup`` accepts that one new key, checks it like
+  ``lr``, and keeps it out of the compiled graph; it is in the optimizer's ``state_dict()``, as in
+  PyTorch.
+- ``last_epoch`` must be -1 (its default): resume by making the scheduler afresh and calling
+  ``load_state_dict`` (PyTorch's ``last_epoch=n`` resume path is deprecated there).
+- Skipped steps do not count (above).
+- ``step()`` takes no ``epoch`` (deprecated in PyTorch); there are no call-order warnings
+  (miniflow optimizers have no ``step()`` to watch).
+- Arguments are validated (PyTorch accepts e.g. ``gamma=0``, ``T_max=0`` or decreasing
+  milestones and fails later or never); a SequentialLR cannot contain a SequentialLR (PyTorch's
+  fails at the first milestone); every new lr must be a finite real number (a ``LambdaLR``
+  returning NaN raises) and a step that raises changes nothing.
+- ``load_state_dict`` checks the keys and values (PyTorch's ``state_dict`` of the same class
+  loads: its transient flags ``_get_lr_called_within_step`` and ``_is_initial`` are accepted and
+  ignored) and applies all or nothing. It does not touch the optimizer: load the optimizer's
+  state too, it holds the current lr (as in PyTorch).
+"""
+from __future__ import annotations
+
+import math
+import numbers
+import types
+from bisect import bisect_right
+from collections import Counter
+
+__all__ = ["CosineAnnealingLR", "LRScheduler", "LambdaLR", "LinearLR", "MultiStepLR",
+           "SequentialLR", "StepLR"]
+
+_TORCH_FLAGS = ("_get_lr_called_within_step", "_is_initial")
+"""Keys of PyTorch's scheduler state dicts that are always False between calls."""
+
+_SEEN = "_optimizer_steps_seen"
+"""miniflow's state-dict key: the optimizer's step counts at the scheduler's last step."""
+
+
+# ------------------------------------------------------------------------------------ checks
+def _int(owner: str, name: str, value, low: int) -> int:
+    """``value`` as an int >= ``low`` (bools refused)."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < low:
+        raise ValueError(f"{owner}: {name} must be an integer >= {low}, got {value!r}")
+    return int(value)
+
+
+def _real(owner: str, name: str, value, low: float = -math.inf, high: float = math.inf,
+          low_open: bool = False) -> float:
+    """``value`` as a finite float in ``[low, high]`` (``(low, high]`` with ``low_open``).
+
+    Raises:
+        TypeError: not a real number (str, bool, None ...). ValueError: NaN, inf, out of range.
+    """
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{owner}: {name} must be a real number, got {value!r}")
+    v = float(value)
+    if not (math.isfinite(v) and (v > low if low_open else v >= low) and v <= high):
+        bounds = ("(" if low_open else "[") + f"{low:g}, {high:g}" + (")" if high == math.inf
+                                                                        else "]")
+        raise ValueError(f"{owner}: {name} must be finite and in {bounds}, got {value!r}")
+    return v
+
+
+def _reals(owner: str, name: str, values, count: int) -> list:
+    """A list of ``count`` finite floats (``base_lrs``, ``_last_lr``)."""
+    if not isinstance(values, (list, tuple)) or len(values) != count:
+        raise ValueError(f"{owner}: {name} must be a list of {count} numbers (one per param "
+                         f"group), got {values!r}")
+    return [_real(owner, f"{name}[{i}]", v) for i, v in enumerate(values)]
+
+
+def _param_groups(owner: str, optimizer) -> list:
+    """``optimizer.param_groups``, checked: a non-empty sequence of dicts with a real lr."""
+    groups = getattr(optimizer, "param_groups", None)
+    if not isinstance(groups, (list, tuple)) or not groups or \
+            not all(isinstance(g, dict) and "lr" in g for g in groups):
+        raise TypeError(f"{owner}: expected an optimizer (an object whose param_groups is a "
+                        f"non-empty list of dicts with 'lr'), got {type(optimizer).__name__} "
+                        f"with param_groups={groups!r:.80}")
+    for i, g in enumerate(groups):
+        _real(owner, f"param_groups[{i}]['lr']", g["lr"])
+    return list(groups)
+
+
+def _initial_lrs(owner: str, optimizer) -> list:
+    """The optimizer's initial lrs: ``group.setdefault("initial_lr", group["lr"])`` for every
+    param group (PyTorch's rule: the first scheduler made for the optimizer records them)."""
+    groups = _param_groups(owner, optimizer)
+    return [_real(owner, f"param_groups[{i}]['initial_lr']", g.setdefault("initial_lr", g["lr"]))
+            for i, g in enumerate(groups)]
+
+
+def _step_counts(optimizer):
+    """``(num_steps, num_skipped_steps)`` of a miniflow optimizer (see the module docstring), or
+    None for an optimizer that does not count its steps."""
+    counts = (getattr(optimizer, "num_steps", None), getattr(optimizer, "num_skipped_steps", None))
+    return None if None in counts else counts
+
+
+def _seen_list(counts):
+    """Step counts as the state dict holds them: a list, or None."""
+    return None if counts is None else list(counts)
+
+
+def _seen_counts(owner: str, name: str, value):
+    """A saved ``_optimizer_steps_seen``: None or ``[num_steps, num_skipped_steps]``."""
+    if value is None:
+        return None
+    if not isinstance(value, (list, tuple)) or len(value) != 2:
+        raise ValueError(f"{owner}: {name} must be None or [num_steps, num_skipped_steps], got "
+                         f"{value!r}")
+    steps, skipped = (_int(owner, f"{name}[{i}]", v, 0) for i, v in enumerate(value))
+    if skipped > steps:
+        raise ValueError(f"{owner}: {name} has more skipped steps than steps: {value!r}")
+    return steps, skipped
+
+
+def _milestone_list(owner: str, milestones, strict: bool, low: int) -> list:
+    """Milestones as a list of ints >= ``low``, increasing (non-decreasing unless ``strict``)."""
+    try:
+        values = list(milestones)
+    except TypeError:
+        raise TypeError(f"{owner}: milestones must be a list of integers, got "
+                        f"{milestones!r}") from None
+    values = [_int(owner, f"milestones[{i}]", m, low) for i, m in enumerate(values)]
+    for a, b in zip(values, values[1:]):
+        if b < a or (strict and b == a):
+            order = "strictly increasing" if strict else "non-decreasing"
+            raise ValueError(f"{owner}: milestones must be {order}, got {values}")
+    return values
+
+
+def _check_last_epoch(owner: str, last_epoch) -> None:
+    if isinstance(last_epoch, bool) or last_epoch != -1:
+        raise ValueError(f"{owner}: last_epoch={last_epoch!r} is not supported: to resume, make "
+                         "the scheduler with last_epoch=-1 and call load_state_dict(saved state)")
+
+
+# ------------------------------------------------------------------------------------- base
+class LRScheduler:
+    """Base class: subclasses implement :meth:`get_lr` (the lrs at ``last_epoch`` from the
+    current ones) and, where one exists, :meth:`_get_closed_form_lr` (from ``base_lrs``).
+
+    Attributes:
+        optimizer: the optimizer whose ``param_groups[i]["lr"]`` this sets.
+        base_lrs: the initial lr of each group (see the module docstring).
+        last_epoch: how many times :meth:`step` advanced (0 after construction; a step after
+            skipped optimizer steps does not advance, see the module docstring).
+
+    Args:
+        optimizer: see the module docstring.
+        last_epoch: must be -1 (resume with :meth:`load_state_dict`).
+
+    Raises:
+        TypeError: an optimizer without valid ``param_groups``.
+        ValueError: ``last_epoch`` other than -1.
+    """
+
+    _hyper: dict = {}
+    """Constructor argument -> ``check(owner, name, value)``: the hyper-parameters, kept in the
+    state dict under their names (PyTorch's keys)."""
+
+    def __init__(self, optimizer, last_epoch: int = -1):
+        name = type(self).__name__
+        _check_last_epoch(name, last_epoch)
+        self.optimizer = optimizer
+        self.base_lrs = _initial_lrs(name, optimizer)
+        self.last_epoch = -1
+        self._seen_steps = _step_counts(optimizer)
+        self._initial_step()
+
+    def _set_hyper(self, **values) -> None:
+        """Check and set hyper-parameters with :attr:`_hyper` (constructor errors)."""
+        for k, v in values.items():
+            setattr(self, k, self._hyper[k](type(self).__name__, k, v))
+
+    def _initial_step(self) -> None:
+        """Step to epoch 0: the first lr. (``_step_count`` counts the steps, as PyTorch's; it is
+        kept for the state dict only.)"""
+        self._step_count = 0
+        self._advance()
+
+    def get_lr(self) -> list:
+        """The lr of each param group at :attr:`last_epoch`, computed from the current lrs
+        (PyTorch's recursive form). Called by :meth:`step`; read the current lrs with
+        :meth:`get_last_lr`."""
+        raise NotImplementedError(f"{type(self).__name__} must implement get_lr()")
+
+    def _get_closed_form_lr(self) -> list:
+        """The lrs at :attr:`last_epoch` from :attr:`base_lrs` (SequentialLR restarts a
+        scheduler with it); :meth:`get_lr` where there is no closed form (as PyTorch)."""
+        return self.get_lr()
+
+    def get_last_lr(self) -> list:
+        """The lr of each param group set by the last :meth:`step` (a new list)."""
+        return list(self._last_lr)
+
+    def step(self) -> None:
+        """Advance one epoch/iteration and set the optimizer's lrs, unless every optimizer step
+        since the last call was skipped by the grad scaler (then nothing changes; see the module
+        docstring). Call it after each optimizer step (each call of the training graph).
+
+        Raises:
+            ValueError/TypeError: a new lr is not a finite real number (e.g. a LambdaLR's
+                function returned NaN), or the optimizer refused it (a miniflow ParamGroup
+                refuses lr < 0); nothing changes.
+        """
+        if not self._skipped():
+            self._advance()
+
+    def _skipped(self) -> bool:
+        """Whether the optimizer ran graph steps since the last call and the grad scaler skipped
+        all of them; records the optimizer's step counts."""
+        now = _step_counts(self.optimizer)
+        seen, self._seen_steps = self._seen_steps, now
+        if now is None or seen is None:
+            return False
+        steps, skipped = now[0] - seen[0], now[1] - seen[1]
+        return steps > 0 and skipped == steps
+
+    def _advance(self) -> None:
+        """One step of the schedule (:meth:`step` without the skipped-step rule)."""
+        self._update_lr()
+        self._step_count += 1
+
+    def _update_lr(self, epoch: int | None = None) -> None:
+        """Move to ``last_epoch + 1`` with :meth:`get_lr`, or to ``epoch`` with the closed form,
+        and set the lrs; on any error restore ``last_epoch`` and the lrs."""
+        before = self.last_epoch
+        groups = self.optimizer.param_groups
+        old = self._current()
+        try:
+            self.last_epoch = before + 1 if epoch is None else epoch
+            values = self.get_lr() if epoch is None else self._get_closed_form_lr()
+            values = [_real(type(self).__name__,
+                            f"the lr of param group {i} at epoch {self.last_epoch}", v)
+                      for i, v in enumerate(values)]
+            for g, v in zip(groups, values, strict=True):
+                if g["lr"] != v:  # an unchanged lr is not set (nothing to write)
+                    g["lr"] = v
+        except BaseException:
+            self.last_epoch = before
+            for g, v in zip(groups, old):
+                if g["lr"] != v:
+                    g["lr"] = v
+            raise
+        self._last_lr = self._current()
+
+    def _current(self) -> list:
+        """The current lr of each param group."""
+        return [g["lr"] for g in self.optimizer.param_groups]
+
+    # ------------------------------------------------------------------------ state dict
+    def state_dict(self) -> dict:
+        """PyTorch's keys: the hyper-parameters (the constructor's argument names), ``base_lrs``,
+        ``last_epoch``, ``_step_count`` and ``_last_lr``, plus miniflow's
+        ``_optimizer_steps_seen`` (the optimizer's step counts at the last :meth:`step`, or
+        None); plain values (lists, numbers), as :func:`miniflow.save` stores them."""
+        state = {k: getattr(self, k) for k in self._hyper}
+        state.update(base_lrs=list(self.base_lrs), last_epoch=self.last_epoch,
+                     _step_count=self._step_count, _last_lr=list(self._last_lr),
+                     _optimizer_steps_seen=_seen_list(self._seen_steps))
+        return state
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        """Restore :meth:`state_dict`'s values (PyTorch's scheduler state dict of the same class
+        loads too). Everything is checked before anything is assigned. The optimizer is not
+        touched: restore its state as well (it holds the current lr).
+
+        ``_optimizer_steps_seen`` may be missing (a PyTorch state dict): the optimizer's current
+        step counts are taken.
+
+        Raises:
+            KeyError: missing or unknown keys (listed); ValueError/TypeError: a value that the
+                constructor would refuse, or lists of the wrong length (naming the key).
+        """
+        self.prepare_load_state_dict(state_dict)()
+
+    def prepare_load_state_dict(self, state_dict: dict):
+        """Check ``state_dict`` as :meth:`load_state_dict` does and return a function of no
+        arguments that assigns it (a caller restoring several objects checks them all first).
+
+        Raises:
+            as :meth:`load_state_dict`.
+        """
+        checked = self._checked(state_dict)
+        return lambda: self._apply(dict(checked))
+
+    def _state_keys(self) -> tuple:
+        return (*self._hyper, "base_lrs", "last_epoch", "_step_count", "_last_lr")
+
+    def _checked(self, state: dict) -> dict:
+        """The validated values of a state dict (raises as :meth:`load_state_dict`)."""
+        where = f"{type(self).__name__}.load_state_dict"
+        if not isinstance(state, dict):
+            raise TypeError(f"{where}: expected a dict (a state_dict()), got "
+                            f"{type(state).__name__}")
+        keys = self._state_keys()
+        missing = [k for k in keys if k not in state]
+        unknown = sorted(set(state) - set(keys) - set(_TORCH_FLAGS) - {_SEEN}, key=str)
+        if missing or unknown:
+            raise KeyError(f"{where}: missing keys {missing}, unknown keys {unknown} (a state "
+                           f"dict of another scheduler class?); {type(self).__name__} has "
+                           f"{list(keys)}")
+        for flag in _TORCH_FLAGS:
+            if state.get(flag, False) is not False:
+                raise ValueError(f"{where}: {flag} must be False (saved between steps), got "
+                                 f"{state[flag]!r}")
+        n = len(self.optimizer.param_groups)
+        return {**{k: check(where, k, state[k]) for k, check in self._hyper.items()},
+                **self._checked_extra(where, state),
+                "base_lrs": _reals(where, "base_lrs", state["base_lrs"], n),
+                "_last_lr": _reals(where, "_last_lr", state["_last_lr"], n),
+                "last_epoch": _int(where, "last_epoch", state["last_epoch"], -1),
+                "_step_count": _int(where, "_step_count", state["_step_count"], 0),
+                "_seen_steps": self._checked_seen(where, state)}
+
+    def _checked_seen(self, where: str, state: dict):
+        """The loaded ``_optimizer_steps_seen``, or the optimizer's counts when it is missing."""
+        if _SEEN not in state:
+            return _step_counts(self.optimizer)
+        return _seen_counts(where, _SEEN, state[_SEEN])
+
+    def _checked_extra(self, where: str, state: dict) -> dict:
+        """Subclass state beyond the hyper-parameters and the common keys."""
+        return {}
+
+    def _apply(self, checked: dict) -> None:
+        for k, v in checked.items():
+            setattr(self, k, v)
+
+
+# ------------------------------------------------------------------------------ schedulers
+class StepLR(LRScheduler):
+    """Multiply the lr by ``gamma`` every ``step_size`` epochs: ``lr_e = base_lr *
+    gamma ** (e // step_size)`` (PyTorch's ``StepLR``).
+
+    Raises:
+        ValueError: step_size not an integer >= 1; gamma not finite > 0 (TypeError: not a
+            number).
+    """
+
+    _hyper = {"step_size": lambda o, n, v: _int(o, n, v, 1),
+              "gamma": lambda o, n, v: _real(o, n, v, 0.0, low_open=True)}
+
+    def __init__(self, optimizer, step_size: int, gamma: float = 0.1, last_epoch: int = -1):
+        self._set_hyper(step_size=step_size, gamma=gamma)
+        super().__init__(optimizer, last_epoch)
+
+    def get_lr(self) -> list:
+        if self.last_epoch == 0 or self.last_epoch % self.step_size != 0:
+            return self._current()
+        return [lr * self.gamma for lr in self._current()]
+
+    def _get_closed_form_lr(self) -> list:
+        return [b * self.gamma ** (self.last_epoch // self.step_size) for b in self.base_lrs]
+
+
+def _milestone_counts(owner: str, name: str, value) -> Counter:
+    """MultiStepLR's state: ``{milestone: times listed}`` (PyTorch's Counter)."""
+    if not isinstance(value, dict):
+        raise TypeError(f"{owner}: {name} must be a dict milestone -> count (a Counter), got "
+                        f"{value!r}")
+    return Counter({_int(owner, f"{name} key", m, 0): _int(owner, f"{name}[{m!r}]", c, 1)
+                    for m, c in value.items()})
+
+
+class MultiStepLR(LRScheduler):
+    """Multiply the lr by ``gamma`` at each milestone: ``lr_e = base_lr * gamma ** (number of
+    milestones <= e)``; a milestone listed k times multiplies by ``gamma ** k`` (PyTorch's
+    ``MultiStepLR``). ``milestones`` is stored as a Counter, as in PyTorch.
+
+    Raises:
+        ValueError: a milestone not an integer >= 0, milestones decreasing, gamma not finite
+            > 0 (TypeError: gamma not a number, milestones not iterable).
+    """
+
+    _hyper = {"milestones": _milestone_counts,
+              "gamma": lambda o, n, v: _real(o, n, v, 0.0, low_open=True)}
+
+    def __init__(self, optimizer, milestones, gamma: float = 0.1, last_epoch: int = -1):
+        self.milestones = Counter(_milestone_list("MultiStepLR", milestones, strict=False,
+                                                  low=0))
+        self._set_hyper(gamma=gamma)
+        super().__init__(optimizer, last_epoch)
+
+    def get_lr(self) -> list:
+        if self.last_epoch not in self.milestones:
+            return self._current()
+        return [lr * self.gamma ** self.milestones[self.last_epoch] for lr in self._current()]
+
+    def _get_closed_form_lr(self) -> list:
+        passed = bisect_right(sorted(self.milestones.elements()), self.last_epoch)
+        return [b * self.gamma ** passed for b in self.base_lrs]
+
+    def state_dict(self) -> dict:
+        return {**super().state_dict(), "milestones": Counter(self.milestones)}
+
+
+class CosineAnnealingLR(LRScheduler):
+    """Cosine annealing from the base lr to ``eta_min`` over ``T_max`` epochs (Loshchilov &
+    Hutter, SGDR, arXiv:1608.03983, without restarts), PyTorch's ``CosineAnnealingLR``:
+    ``lr_e ~ eta_min + (base_lr - eta_min) (1 + cos(pi e / T_max)) / 2``, computed by PyTorch's
+    recursion ``lr_e = eta_min + (lr_{e-1} - eta_min) (1 + cos(pi e / T_max)) /
+    (1 + cos(pi (e - 1) / T_max))``, with PyTorch's special step where the denominator is 0
+    (e = T_max + 1 mod 2 T_max): past ``T_max`` the lr rises again, as PyTorch's does.
+
+    Raises:
+        ValueError: T_max not an integer >= 1; eta_min not finite >= 0.
+    """
+
+    _hyper = {"T_max": lambda o, n, v: _int(o, n, v, 1),
+              "eta_min": lambda o, n, v: _real(o, n, v, 0.0)}
+
+    def __init__(self, optimizer, T_max: int, eta_min: float = 0.0, last_epoch: int = -1):
+        self._set_hyper(T_max=T_max, eta_min=eta_min)
+        super().__init__(optimizer, last_epoch)
+
+    def get_lr(self) -> list:
+        e, t, lo = self.last_epoch, self.T_max, self.eta_min
+        if e == 0:
+            return self._current()
+        if (e - 1 - t) % (2 * t) == 0:
+            return [lr + (b - lo) * (1 - math.cos(math.pi / t)) / 2
+                    for b, lr in zip(self.base_lrs, self._current(), strict=True)]
+        return [(1 + math.cos(math.pi * e / t)) / (1 + math.cos(math.pi * (e - 1) / t))
+                * (lr - lo) + lo for lr in self._current()]
+
+    def _get_closed_form_lr(self) -> list:
+        return [self.eta_min + (b - self.eta_min) * (1 + math.cos(math.pi * self.last_epoch
+                                                                  / self.T_max)) / 2
+                for b in self.base_lrs]
+
+
+class LinearLR(LRScheduler):
+    """Scale the lr by a factor going linearly from ``start_factor`` to ``end_factor`` over
+    ``total_iters`` epochs, then keep it (a warm-up when end_factor is 1): ``lr_e = base_lr *
+    (start + (end - start) * min(e, total_iters) / total_iters)``, computed by PyTorch's
+    recursion (PyTorch's ``LinearLR``).
+
+    Raises:
+        ValueError: start_factor outside (0, 1], end_factor outside [0, 1], total_iters not an
+            integer >= 1 (TypeError: a factor that is not a number).
+    """
+
+    _hyper = {"start_factor": lambda o, n, v: _real(o, n, v, 0.0, 1.0, low_open=True),
+              "end_factor": lambda o, n, v: _real(o, n, v, 0.0, 1.0),
+              "total_iters": lambda o, n, v: _int(o, n, v, 1)}
+
+    def __init__(self, optimizer, start_factor: float = 1.0 / 3, end_factor: float = 1.0,
+                 total_iters: int = 5, last_epoch: int = -1):
+        self._set_hyper(start_factor=start_factor, end_factor=end_factor,
+                        total_iters=total_iters)
+        super().__init__(optimizer, last_epoch)
+
+    def get_lr(self) -> list:
+        e, s, d = self.last_epoch, self.start_factor, self.end_factor - self.start_factor
+        if e == 0:
+            return [lr * s for lr in self._current()]
+        if e > self.total_iters:
+            return self._current()
+        return [lr * (1.0 + d / (self.total_iters * s + (e - 1) * d)) for lr in self._current()]
+
+    def _get_closed_form_lr(self) -> list:
+        d = self.end_factor - self.start_factor
+        return [b * (self.start_factor + d * min(self.total_iters, self.last_epoch)
+                     / self.total_iters) for b in self.base_lrs]
+
+
+class LambdaLR(LRScheduler):
+    """``lr_e = base_lr * lr_lambda(e)`` (PyTorch's ``LambdaLR``).
+
+    Args:
+        lr_lambda: a function of the epoch (int) returning a factor, or a list of them, one per
+            param group.
+
+    ``state_dict()["lr_lambdas"]`` holds, per function, None for a plain function or lambda
+    (code is not saved: make the scheduler with the same functions before loading) and a copy
+    of ``__dict__`` for a callable object, restored by ``load_state_dict``, as in PyTorch.
+
+    Raises:
+        TypeError: a lr_lambda that is not callable; ValueError: a list of the wrong length.
+    """
+
+    def __init__(self, optimizer, lr_lambda, last_epoch: int = -1):
+        n = len(_param_groups("LambdaLR", optimizer))
+        fns = list(lr_lambda) if isinstance(lr_lambda, (list, tuple)) else [lr_lambda] * n
+        if len(fns) != n:
+            raise ValueError(f"LambdaLR: expected {n} lr_lambdas (one per param group), got "
+                             f"{len(fns)}")
+        for i, fn in enumerate(fns):
+            if not callable(fn):
+                raise TypeError(f"LambdaLR: lr_lambda {i} must be callable (a function of the "
+                                f"epoch returning a factor), got {fn!r}")
+        self.lr_lambdas = fns
+        super().__init__(optimizer, last_epoch)
+
+    def get_lr(self) -> list:
+        return [b * fn(self.last_epoch) for fn, b in zip(self.lr_lambdas, self.base_lrs,
+                                                          strict=True)]
+
+    def state_dict(self) -> dict:
+        saved = [None if isinstance(fn, types.FunctionType) or not hasattr(fn, "__dict__")
+                 else dict(fn.__dict__) for fn in self.lr_lambdas]
+        return {**super().state_dict(), "lr_lambdas": saved}
+
+    def _state_keys(self) -> tuple:
+        return (*super()._state_keys(), "lr_lambdas")
+
+    def _checked_extra(self, where: str, state: dict) -> dict:
+        saved = state["lr_lambdas"]
+        if not isinstance(saved, (list, tuple)) or len(saved) != len(self.lr_lambdas) or \
+                not all(s is None or isinstance(s, dict) for s in saved):
+            raise ValueError(f"{where}: lr_lambdas must be a list of {len(self.lr_lambdas)} "
+                             f"entries, each None or a dict, got {saved!r:.80}")
+        for i, s in enumerate(saved):
+            if s is not None and not hasattr(self.lr_lambdas[i], "__dict__"):
+                raise ValueError(f"{where}: lr_lambdas[{i}] has saved attributes but this "
+                                 f"scheduler's function {self.lr_lambdas[i]!r} has none")
+        return {"lr_lambdas": list(saved)}
+
+    def _apply(self, checked: dict) -> None:
+        for fn, saved in zip(self.lr_lambdas, checked.pop("lr_lambdas")):
+            if saved is not None:
+                fn.__dict__.update(saved)
+        super()._apply(checked)
+
+
+class SequentialLR(LRScheduler):
+    """Run ``schedulers[0]`` until ``milestones[0]``, then ``schedulers[1]`` (restarted from
+    its epoch 0 with its closed form) until ``milestones[1]``, ... (PyTorch's ``SequentialLR``;
+    e.g. ``SequentialLR(opt, [LinearLR(opt, 0.1, total_iters=5), CosineAnnealingLR(opt, 95)],
+    milestones=[5])``: 5 warm-up epochs, then cosine from the full lr).
+
+    Making it resets the lrs to the initial lrs and starts ``schedulers[0]`` afresh; the
+    others wait for their milestone (their ``last_epoch`` is -1 until then).
+
+    Raises:
+        TypeError: an element that is not an LRScheduler, or a SequentialLR (not supported).
+        ValueError: no schedulers, a scheduler of another optimizer or listed twice, not
+            ``len(schedulers) - 1`` milestones, milestones not strictly increasing integers >= 1.
+    """
+
+    def __init__(self, optimizer, schedulers, milestones, last_epoch: int = -1):
+        _check_last_epoch("SequentialLR", last_epoch)
+        schedulers = list(schedulers)
+        if not schedulers:
+            raise ValueError("SequentialLR: expects at least one scheduler, got none")
+        for i, s in enumerate(schedulers):
+            if not isinstance(s, LRScheduler) or isinstance(s, SequentialLR):
+                raise TypeError(f"SequentialLR: schedulers[{i}] must be an LRScheduler other "
+                                f"than SequentialLR, got {type(s).__name__}")
+            if s.optimizer is not optimizer:
+                raise ValueError(f"SequentialLR: schedulers[{i}] ({type(s).__name__}) belongs "
+                                 "to another optimizer; all must use the SequentialLR's")
+            if any(s is t for t in schedulers[:i]):
+                raise ValueError(f"SequentialLR: schedulers[{i}] is listed twice; make one "
+                                 "scheduler per phase")
+        milestones = _milestone_list("SequentialLR", milestones, strict=True, low=1)
+        if len(milestones) != len(schedulers) - 1:
+            raise ValueError(f"SequentialLR: expects one milestone fewer than schedulers, got "
+                             f"{len(schedulers)} schedulers and milestones {milestones}")
+        self.optimizer = optimizer
+        self._schedulers = schedulers
+        self._milestones = milestones
+        for g, lr in zip(optimizer.param_groups, _initial_lrs("SequentialLR", optimizer)):
+            g["lr"] = lr
+        for s in schedulers:  # undo the initial step each made
+            s.last_epoch -= 1
+        self.last_epoch = 0
+        self._seen_steps = _step_counts(optimizer)
+        schedulers[0]._initial_step()
+        self._last_lr = schedulers[0].get_last_lr()
+
+    def step(self) -> None:
+        """Advance one epoch: step the current scheduler, or restart the next one at its
+        milestone; nothing when every optimizer step since the last call was skipped (the
+        module docstring)."""
+        if self._skipped():
+            return
+        epoch = self.last_epoch + 1
+        idx = bisect_right(self._milestones, epoch)
+        scheduler = self._schedulers[idx]
+        if idx > 0 and self._milestones[idx - 1] == epoch:
+            scheduler._update_lr(0)
+        else:
+            scheduler._advance()
+        self.last_epoch = epoch
+        self._last_lr = scheduler.get_last_lr()
+
+    def state_dict(self) -> dict:
+        """PyTorch's keys: ``_milestones``, ``last_epoch``, ``_last_lr`` and ``_schedulers`` (the
+        state dict of each scheduler), plus miniflow's ``_optimizer_steps_seen``."""
+        return {"_milestones": list(self._milestones), "last_epoch": self.last_epoch,
+                "_last_lr": list(self._last_lr),
+                "_schedulers": [s.state_dict() for s in self._schedulers],
+                _SEEN: _seen_list(self._seen_steps)}
+
+    def _state_keys(self) -> tuple:
+        return ("_milestones", "last_epoch", "_last_lr", "_schedulers")
+
+    def _checked(self, state: dict) -> dict:
+        where = "SequentialLR.load_state_dict"
+        if not isinstance(state, dict):
+            raise TypeError(f"{where}: expected a dict (a state_dict()), got "
+                            f"{type(state).__name__}")
+        keys = self._state_keys()
+        missing = [k for k in keys if k not in state]
+        unknown = sorted(set(state) - set(keys) - {_SEEN}, key=str)
+        if missing or unknown:
+            raise KeyError(f"{where}: missing keys {missing}, unknown keys {unknown}; "
+                           f"SequentialLR has {list(keys)}")
+        milestones = _milestone_list(where, state["_milestones"], strict=True, low=1)
+        subs = state["_schedulers"]
+        if len(milestones) != len(self._milestones) or not isinstance(subs, (list, tuple)) \
+                or len(subs) != len(self._schedulers):
+            raise ValueError(f"{where}: the state has milestones {milestones} and "
+                             f"{len(subs) if isinstance(subs, (list, tuple)) else subs!r} "
+                             f"schedulers; this SequentialLR has {len(self._schedulers)} "
+                             "schedulers")
+        checked = []
+        for i, (s, sub) in enumerate(zip(self._schedulers, subs)):
+            try:
+                checked.append(s._checked(sub))
+            except (KeyError, TypeError, ValueError) as e:
+                raise type(e)(f"{where}: _schedulers[{i}]: {e.args[0]}") from None
+        return {"_milestones": milestones,
+                "last_epoch": _int(where, "last_epoch", state["last_epoch"], 0),
+                "_last_lr": _reals(where, "_last_lr", state["_last_lr"],
+                                   len(self.optimizer.param_groups)),
+                "_schedulers": checked, "_seen_steps": self._checked_seen(where, state)}
+
+    def _apply(self, checked: dict) -> None:
+        for s, sub in zip(self._schedulers, checked.pop("_schedulers")):
+            s._apply(sub)
+        super()._apply(checked)

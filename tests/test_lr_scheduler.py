@@ -1,0 +1,534 @@
+"""Learning-rate schedulers against PyTorch: the lr sequences of ``fixtures/lr_schedules.json``
+(made by ``fixtures/make_lr_schedules.py``) and live when torch is installed; state dicts
+(PyTorch's loading into miniflow's and back, through ``miniflow.save``); argument checks; with
+an nn.Graph: a new lr every step never recompiles and trains as the float64 oracle with that lr
+sequence, and steps skipped by the grad scaler do not advance a schedule."""
+import json
+import math
+import sys
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import miniflow as mf
+from miniflow import load, nn, save
+from miniflow.data import batches, load_digits
+from miniflow.experiments.mlp import TrainGraph, mlp
+from miniflow.optim import lr_scheduler
+from miniflow.optim.lr_scheduler import (CosineAnnealingLR, LambdaLR, LinearLR, LRScheduler,
+                                         MultiStepLR, SequentialLR, StepLR)
+
+from reference_mlp import adam_step, forward_backward, sgd_step
+
+FIXTURES = Path(__file__).parent / "fixtures"
+sys.path.insert(0, str(FIXTURES))
+import lr_schedule_configs as cfg  # noqa: E402
+
+FIXTURE = json.loads((FIXTURES / "lr_schedules.json").read_text())
+
+
+class FakeOptimizer:
+    """Just ``param_groups``: a list of dicts with ``"lr"`` (PyTorch's layout)."""
+
+    def __init__(self, lrs):
+        self.param_groups = [{"lr": lr} for lr in lrs]
+
+
+def sgd(lr=0.1):
+    mf.manual_seed(0)
+    return mf.optim.SGD(nn.Linear(3, 2).parameters(), lr=lr, momentum=0.9)
+
+
+def assert_lrs_equal(got, expected):
+    """To 1e-12 relative (in practice the sequences are bit-identical: the same float ops)."""
+    np.testing.assert_allclose(np.array(got), np.array(expected), rtol=1e-12, atol=1e-15)
+
+
+# ------------------------------------------------------------------------- against PyTorch
+@pytest.mark.parametrize("name", sorted(cfg.CONFIGS))
+def test_lr_sequence_matches_the_pytorch_fixture(name):
+    lrs, spec = cfg.CONFIGS[name]
+    opt = FakeOptimizer(lrs)
+    sched = cfg.build(lr_scheduler, opt, spec)
+    got = cfg.lr_sequence(sched)
+    assert len(got) == cfg.NUM_STEPS + 1
+    assert_lrs_equal(got, FIXTURE["configs"][name]["lrs"])
+    assert [g["lr"] for g in opt.param_groups] == got[-1]
+
+
+@pytest.mark.parametrize("name", [n for n, (lrs, _) in sorted(cfg.CONFIGS.items())
+                                  if len(lrs) == 1])
+def test_lr_sequence_on_a_miniflow_optimizer(name):
+    """A real SGD: every change of lr goes through its validated ParamGroup into the optimizer's
+    learning-rate array (what a compiled graph reads) and changes no compiled hyper-parameter
+    (the version stays)."""
+    lrs, spec = cfg.CONFIGS[name]
+    opt = sgd(lrs[0])
+    sched = cfg.build(lr_scheduler, opt, spec)
+    seen = []
+
+    def record():
+        seen.append((opt.param_groups[0]["lr"], float(opt.learning_rate[0])))
+    got = cfg.lr_sequence(sched, record)
+    assert_lrs_equal(got, FIXTURE["configs"][name]["lrs"])
+    assert [lr for lr, _ in seen] == [g[0] for g in got[:-1]]
+    assert all(lr == held for lr, held in seen) and opt.version == 0
+
+
+def test_lr_sequences_match_live_pytorch():
+    pytest.importorskip("torch")
+    import make_lr_schedules as make
+    live = make.schedules()["configs"]
+    for name, (lrs, spec) in cfg.CONFIGS.items():
+        got = cfg.lr_sequence(cfg.build(lr_scheduler, FakeOptimizer(lrs), spec))
+        assert_lrs_equal(got, live[name]["lrs"])
+
+
+@pytest.mark.parametrize("name", sorted(cfg.CONFIGS))
+def test_a_pytorch_state_dict_loads_and_the_schedule_continues(name):
+    """The fixture's torch state dict after STATE_AT steps, loaded into a fresh miniflow
+    scheduler whose optimizer has the lr of that step (as optimizer.load_state_dict does)."""
+    lrs, spec = cfg.CONFIGS[name]
+    expected = FIXTURE["configs"][name]["lrs"]
+    opt = FakeOptimizer(lrs)
+    sched = cfg.build(lr_scheduler, opt, spec)
+    for g, lr in zip(opt.param_groups, expected[cfg.STATE_AT]):
+        g["lr"] = lr
+    sched.load_state_dict(cfg.from_json(FIXTURE["configs"][name]["state"]))
+    assert sched.get_last_lr() == expected[cfg.STATE_AT]
+    assert_lrs_equal(cfg.lr_sequence(sched, steps=cfg.NUM_STEPS - cfg.STATE_AT),
+                     expected[cfg.STATE_AT:])
+
+
+def test_pytorch_schedulers_load_miniflow_state_dicts():
+    torch = pytest.importorskip("torch")
+    import make_lr_schedules as make
+    for name, (lrs, spec) in cfg.CONFIGS.items():
+        ours = cfg.build(lr_scheduler, FakeOptimizer(lrs), spec)
+        cfg.lr_sequence(ours, steps=cfg.STATE_AT)
+        topt = make.torch_optimizer(lrs)
+        theirs = cfg.build(torch.optim.lr_scheduler, topt, spec)
+        for g, lr in zip(topt.param_groups, ours.get_last_lr()):
+            g["lr"] = lr
+        theirs.load_state_dict(ours.state_dict())
+        rest = cfg.NUM_STEPS - cfg.STATE_AT
+        assert_lrs_equal(cfg.lr_sequence(theirs, topt.step, rest),
+                         cfg.lr_sequence(ours, steps=rest))
+
+
+@pytest.mark.parametrize("name", sorted(cfg.CONFIGS))
+def test_resume_through_miniflow_save_continues_the_same_sequence(tmp_path, name):
+    lrs, spec = cfg.CONFIGS[name]
+    opt = FakeOptimizer(lrs)
+    sched = cfg.build(lr_scheduler, opt, spec)
+    cfg.lr_sequence(sched, steps=37)
+    save({"scheduler": sched.state_dict(), "lrs": [g["lr"] for g in opt.param_groups]},
+         tmp_path / "s.safetensors")
+    straight = cfg.lr_sequence(sched, steps=40)
+
+    ckpt = load(tmp_path / "s.safetensors")
+    opt2 = FakeOptimizer(lrs)
+    sched2 = cfg.build(lr_scheduler, opt2, spec)
+    for g, lr in zip(opt2.param_groups, ckpt["lrs"]):
+        g["lr"] = lr
+    sched2.load_state_dict(ckpt["scheduler"])
+    assert cfg.lr_sequence(sched2, steps=40) == straight
+    assert sched2.state_dict() == sched.state_dict()
+
+
+def test_resume_recipe_with_a_miniflow_optimizer(tmp_path):
+    """PyTorch's order: make the optimizer and the schedulers, then load the optimizer's state
+    (it holds the current lr) and the scheduler's."""
+    def make():
+        opt = sgd(0.1)
+        return opt, SequentialLR(opt, [LinearLR(opt, 0.1, total_iters=10),
+                                       CosineAnnealingLR(opt, T_max=90)], milestones=[10])
+    opt, sched = make()
+    cfg.lr_sequence(sched, steps=37)
+    save({"optimizer": opt.state_dict(), "scheduler": sched.state_dict()}, tmp_path / "c.st")
+    straight = cfg.lr_sequence(sched, steps=40)
+    assert_lrs_equal(straight, FIXTURE["configs"]["warmup_then_cosine"]["lrs"][37:78])
+
+    opt2, sched2 = make()
+    ckpt = load(tmp_path / "c.st")
+    opt2.load_state_dict(ckpt["optimizer"])
+    sched2.load_state_dict(ckpt["scheduler"])
+    assert cfg.lr_sequence(sched2, steps=40) == straight
+
+
+# ----------------------------------------------------------------------------- semantics
+def test_a_scheduler_made_after_a_warm_up_starts_from_the_initial_lr():
+    """PyTorch's group["initial_lr"], set by the first scheduler of the optimizer."""
+    opt = sgd(0.1)
+    warm = LinearLR(opt, start_factor=0.1, total_iters=4)
+    assert opt.param_groups[0]["lr"] == pytest.approx(0.01)
+    cos = CosineAnnealingLR(opt, T_max=10)
+    assert warm.base_lrs == cos.base_lrs == [0.1]
+    other = FakeOptimizer([0.5])
+    assert StepLR(other, 3).base_lrs == [0.5]  # per optimizer
+    opt.param_groups[0]["lr"] = 0.3  # PyTorch's setdefault: the first record stays
+    assert StepLR(opt, 3).base_lrs == [0.1]
+
+
+def test_initial_lr_is_a_checked_param_group_key_outside_the_compiled_graph():
+    """The one key a ParamGroup lets a scheduler add: checked like lr, saved and loaded with the
+    optimizer (PyTorch's layout), and never a reason to recompile."""
+    opt = sgd(0.1)
+    assert "initial_lr" not in opt.param_groups[0]
+    StepLR(opt, 3)
+    assert opt.param_groups[0]["initial_lr"] == 0.1 and opt.version == 0
+    assert opt.state_dict()["param_groups"][0]["initial_lr"] == 0.1
+    with pytest.raises(ValueError, match=r"SGD: initial_lr must be finite and in \[0, inf\), "
+                                         r"got -1.0"):
+        opt.param_groups[0]["initial_lr"] = -1.0
+    with pytest.raises(TypeError, match=r"setdefault\('nesterov'\) is refused"):
+        opt.param_groups[0].setdefault("nesterov", True)
+    fresh = sgd(0.1)  # no scheduler yet: loading a group with initial_lr adds it
+    fresh.load_state_dict(opt.state_dict())
+    assert fresh.param_groups[0]["initial_lr"] == 0.1 and StepLR(fresh, 3).base_lrs == [0.1]
+    bad = opt.state_dict()
+    bad["param_groups"][0]["initial_lr"] = float("nan")
+    with pytest.raises(ValueError, match=r"param_groups\[0\]: SGD: initial_lr must be finite"):
+        sgd(0.1).load_state_dict(bad)
+
+
+def test_step_sets_every_param_group_and_get_last_lr_is_a_copy():
+    opt = FakeOptimizer([0.1, 0.01])
+    sched = StepLR(opt, step_size=2, gamma=0.5)
+    for _ in range(2):
+        sched.step()
+    assert [g["lr"] for g in opt.param_groups] == [0.05, 0.005] == sched.get_last_lr()
+    sched.get_last_lr().append(1.0)
+    assert sched.get_last_lr() == [0.05, 0.005] and sched.last_epoch == 2
+
+
+def test_cosine_follows_pytorchs_recursion_not_the_closed_form():
+    """PyTorch's get_lr recursion, written out here, is matched exactly; the textbook closed
+    form differs from it by rounding (~1e-14 relative: below the fixture tests' 1e-12, so this
+    test is the one that tells them apart)."""
+    t, lo, base = 30, 0.001, 0.1
+    opt = FakeOptimizer([base])
+    got = [lr[0] for lr in cfg.lr_sequence(CosineAnnealingLR(opt, T_max=t, eta_min=lo),
+                                           steps=95)]
+    expected = [base]
+    for e in range(1, 96):
+        lr = expected[-1]
+        if (e - 1 - t) % (2 * t) == 0:
+            expected.append(lr + (base - lo) * (1 - math.cos(math.pi / t)) / 2)
+        else:
+            expected.append((1 + math.cos(math.pi * e / t)) / (1 + math.cos(math.pi * (e - 1) / t))
+                            * (lr - lo) + lo)
+    assert got == expected
+    closed = [lo + (base - lo) * (1 + math.cos(math.pi * e / t)) / 2 for e in range(96)]
+    assert got != closed
+    np.testing.assert_allclose(got, closed, rtol=1e-12)
+    assert got[30] == pytest.approx(lo) and got[60] == pytest.approx(base)  # rises past T_max
+
+
+def test_multistep_repeated_milestones_multiply_by_gamma_per_repeat():
+    opt = FakeOptimizer([1.0])
+    sched = MultiStepLR(opt, milestones=[2, 2, 2, 5], gamma=0.5)
+    assert [lr[0] for lr in cfg.lr_sequence(sched, steps=6)] == [1, 1, 0.125, 0.125, 0.125,
+                                                                0.0625, 0.0625]
+    assert sched.state_dict()["milestones"] == Counter({2: 3, 5: 1})
+
+
+def test_a_failed_step_changes_nothing():
+    opt = FakeOptimizer([0.1])
+    sched = LambdaLR(opt, lambda e: float("nan") if e == 3 else 1.0 / (e + 1))
+    sched.step()
+    sched.step()
+    with pytest.raises(ValueError, match=r"LambdaLR: the lr of param group 0 at epoch 3 must be "
+                                         r"finite .*got nan"):
+        sched.step()
+    assert sched.last_epoch == 2 and opt.param_groups[0]["lr"] == pytest.approx(0.1 / 3)
+    assert sched.get_last_lr() == [opt.param_groups[0]["lr"]]
+
+    real = sgd(0.1)  # the ParamGroup refuses a negative lr: the step is undone the same way
+    neg = LambdaLR(real, lambda e: 1.0 - e)
+    neg.step()
+    with pytest.raises(ValueError, match=r"SGD: lr must be finite and in \[0, inf\)"):
+        neg.step()
+    assert neg.last_epoch == 1 and real.param_groups[0]["lr"] == 0.0 == neg.get_last_lr()[0]
+
+
+def test_lambda_lr_saves_callable_objects_attributes_not_functions():
+    class Factor:
+        def __init__(self, base):
+            self.base = base
+
+        def __call__(self, epoch):
+            return self.base ** epoch
+
+    opt = FakeOptimizer([1.0, 1.0])
+    sched = LambdaLR(opt, [Factor(0.5), lambda e: 1.0])
+    assert sched.state_dict()["lr_lambdas"] == [{"base": 0.5}, None]
+    fresh = LambdaLR(FakeOptimizer([1.0, 1.0]), [Factor(0.9), lambda e: 1.0])
+    fresh.load_state_dict(sched.state_dict())
+    assert fresh.lr_lambdas[0].base == 0.5
+    fresh.step()
+    assert fresh.get_last_lr() == [0.5, 1.0]
+
+
+def test_sequential_lr_state_holds_each_schedulers_state():
+    opt = FakeOptimizer([0.1])
+    seq = SequentialLR(opt, [LinearLR(opt, 0.5, total_iters=2), StepLR(opt, 3)], milestones=[2])
+    state = seq.state_dict()
+    assert sorted(state) == ["_last_lr", "_milestones", "_optimizer_steps_seen", "_schedulers",
+                             "last_epoch"]
+    assert [sorted(s) for s in state["_schedulers"]] == [
+        ["_last_lr", "_optimizer_steps_seen", "_step_count", "base_lrs", "end_factor",
+         "last_epoch", "start_factor", "total_iters"],
+        ["_last_lr", "_optimizer_steps_seen", "_step_count", "base_lrs", "gamma", "last_epoch",
+         "step_size"]]
+    assert state["_schedulers"][1]["last_epoch"] == -1  # waits for its milestone
+
+
+# ------------------------------------------------------------------------- argument checks
+O = FakeOptimizer
+
+
+@pytest.mark.parametrize("make, error, match", [
+    (lambda: StepLR(O([0.1]), 0), ValueError, r"StepLR: step_size must be an integer >= 1, got 0"),
+    (lambda: StepLR(O([0.1]), 2.5), ValueError, r"step_size must be an integer >= 1, got 2.5"),
+    (lambda: StepLR(O([0.1]), True), ValueError, r"step_size must be an integer"),
+    (lambda: StepLR(O([0.1]), 3, gamma=0), ValueError,
+     r"StepLR: gamma must be finite and in \(0, inf\), got 0"),
+    (lambda: StepLR(O([0.1]), 3, gamma=-0.5), ValueError, r"gamma must be finite .*got -0.5"),
+    (lambda: StepLR(O([0.1]), 3, gamma=float("nan")), ValueError, r"gamma .*got nan"),
+    (lambda: StepLR(O([0.1]), 3, gamma="0.1"), TypeError,
+     r"StepLR: gamma must be a real number, got '0.1'"),
+    (lambda: MultiStepLR(O([0.1]), [30, 10]), ValueError,
+     r"MultiStepLR: milestones must be non-decreasing, got \[30, 10\]"),
+    (lambda: MultiStepLR(O([0.1]), [-1, 5]), ValueError,
+     r"milestones\[0\] must be an integer >= 0, got -1"),
+    (lambda: MultiStepLR(O([0.1]), 5), TypeError, r"milestones must be a list of integers"),
+    (lambda: MultiStepLR(O([0.1]), [5], gamma=0.0), ValueError, r"MultiStepLR: gamma"),
+    (lambda: CosineAnnealingLR(O([0.1]), 0), ValueError,
+     r"CosineAnnealingLR: T_max must be an integer >= 1, got 0"),
+    (lambda: CosineAnnealingLR(O([0.1]), 10, eta_min=-0.1), ValueError,
+     r"eta_min must be finite and in \[0, inf\), got -0.1"),
+    (lambda: LinearLR(O([0.1]), start_factor=0), ValueError,
+     r"LinearLR: start_factor must be finite and in \(0, 1\], got 0"),
+    (lambda: LinearLR(O([0.1]), start_factor=1.5), ValueError, r"start_factor .*got 1.5"),
+    (lambda: LinearLR(O([0.1]), end_factor=-0.1), ValueError,
+     r"end_factor must be finite and in \[0, 1\], got -0.1"),
+    (lambda: LinearLR(O([0.1]), end_factor=1.1), ValueError, r"end_factor .*got 1.1"),
+    (lambda: LinearLR(O([0.1]), total_iters=0), ValueError, r"total_iters must be an integer >= 1"),
+    (lambda: LambdaLR(O([0.1]), 0.5), TypeError, r"LambdaLR: lr_lambda 0 must be callable"),
+    (lambda: LambdaLR(O([0.1, 0.2]), [abs]), ValueError,
+     r"expected 2 lr_lambdas \(one per param group\), got 1"),
+    (lambda: StepLR(object(), 3), TypeError,
+     r"StepLR: expected an optimizer \(an object whose param_groups is a non-empty list"),
+    (lambda: StepLR(O([]), 3), TypeError, r"expected an optimizer"),
+    (lambda: StepLR(O(["0.1"]), 3), TypeError, r"param_groups\[0\]\['lr'\] must be a real number"),
+    (lambda: StepLR(O([0.1]), 3, last_epoch=5), ValueError,
+     r"StepLR: last_epoch=5 is not supported: .* call load_state_dict"),
+])
+def test_invalid_arguments_are_refused(make, error, match):
+    with pytest.raises(error, match=match):
+        make()
+
+
+def _seq_case(kind):
+    opt = FakeOptimizer([0.1])
+    a, b = LinearLR(opt, total_iters=3), StepLR(opt, 2)
+    return {
+        "empty": lambda: SequentialLR(opt, [], []),
+        "other optimizer": lambda: SequentialLR(opt, [a, StepLR(FakeOptimizer([1.0]), 2)], [3]),
+        "not a scheduler": lambda: SequentialLR(opt, [a, "cosine"], [3]),
+        "nested": lambda: SequentialLR(opt, [a, SequentialLR(opt, [b], [])], [3]),
+        "milestone count": lambda: SequentialLR(opt, [a, b], [3, 6]),
+        "not increasing": lambda: SequentialLR(opt, [a, b, CosineAnnealingLR(opt, 4)], [3, 3]),
+        "zero milestone": lambda: SequentialLR(opt, [a, b], [0]),
+        "twice": lambda: SequentialLR(opt, [a, a], [3]),
+        "last_epoch": lambda: SequentialLR(opt, [a, b], [3], last_epoch=2),
+    }[kind]
+
+
+@pytest.mark.parametrize("kind, error, match", [
+    ("empty", ValueError, r"SequentialLR: expects at least one scheduler"),
+    ("other optimizer", ValueError, r"schedulers\[1\] \(StepLR\) belongs to another optimizer"),
+    ("not a scheduler", TypeError, r"schedulers\[1\] must be an LRScheduler .*got str"),
+    ("nested", TypeError, r"other than SequentialLR, got SequentialLR"),
+    ("milestone count", ValueError, r"one milestone fewer than schedulers, got 2 schedulers and "
+                                    r"milestones \[3, 6\]"),
+    ("not increasing", ValueError, r"milestones must be strictly increasing, got \[3, 3\]"),
+    ("zero milestone", ValueError, r"milestones\[0\] must be an integer >= 1, got 0"),
+    ("twice", ValueError, r"schedulers\[1\] is listed twice"),
+    ("last_epoch", ValueError, r"SequentialLR: last_epoch=2 is not supported"),
+])
+def test_invalid_sequential_lr_is_refused(kind, error, match):
+    make = _seq_case(kind)
+    with pytest.raises(error, match=match):
+        make()
+
+
+# ------------------------------------------------------------------------ load_state_dict
+def test_load_state_dict_refuses_bad_state_and_changes_nothing():
+    opt = FakeOptimizer([0.1])
+    sched = StepLR(opt, 3, gamma=0.5)
+    sched.step()
+    before = sched.state_dict()
+    cos = CosineAnnealingLR(FakeOptimizer([0.1]), 5).state_dict()
+    cases = [
+        (cos, KeyError, r"missing keys \['step_size', 'gamma'\], unknown keys \['T_max', "
+                        r"'eta_min'\] \(a state dict of another scheduler class\?\)"),
+        ({**before, "gamma": -1.0}, ValueError,
+         r"StepLR.load_state_dict: gamma must be finite and in \(0, inf\), got -1.0"),
+        ({**before, "base_lrs": [0.1, 0.2]}, ValueError,
+         r"base_lrs must be a list of 1 numbers \(one per param group\)"),
+        ({**before, "last_epoch": "3"}, ValueError, r"last_epoch must be an integer >= -1"),
+        ({**before, "_is_initial": True}, ValueError, r"_is_initial must be False"),
+        ([1, 2], TypeError, r"expected a dict"),
+    ]
+    for state, error, match in cases:
+        with pytest.raises(error, match=match):
+            sched.load_state_dict(state)
+        assert sched.state_dict() == before
+
+
+def test_a_sequential_lr_load_is_all_or_nothing():
+    opt = FakeOptimizer([0.1])
+    seq = SequentialLR(opt, [LinearLR(opt, 0.5, total_iters=2), StepLR(opt, 3)], milestones=[2])
+    for _ in range(5):
+        seq.step()
+    before = seq.state_dict()
+    good = json.loads(json.dumps(before))
+    good["_schedulers"][0]["last_epoch"] = 0
+    good["_schedulers"][1]["gamma"] = 0.0  # the second is bad: the first must not be loaded
+    with pytest.raises(ValueError, match=r"SequentialLR.load_state_dict: _schedulers\[1\]: "
+                                         r"StepLR.load_state_dict: gamma must be finite"):
+        seq.load_state_dict(good)
+    assert seq.state_dict() == before
+
+
+def test_base_class_needs_get_lr():
+    class NoRule(LRScheduler):
+        pass
+    with pytest.raises(NotImplementedError, match="NoRule must implement get_lr"):
+        NoRule(FakeOptimizer([0.1]))
+
+
+# ----------------------------------------------------------------------------- with nn.Graph
+def _digits(steps, bs=16):
+    d = load_digits()
+    it = batches(d.x_train, d.y_train, bs, rng=np.random.default_rng(0), drop_last=True)
+    return [next(it) for _ in range(steps)]
+
+
+@pytest.mark.parametrize("kind", ["sgd", "adam"])
+def test_a_new_lr_every_step_never_recompiles_and_trains_like_the_oracle(kind):
+    """Warm-up then cosine: the lr changes at every step, the graph compiles once, and every
+    step uses the lr of its step (the float64 oracle with the same lr sequence)."""
+    mf.manual_seed(3)
+    model = mlp((64, 32, 10))
+    ref = [p.numpy().astype(np.float64) for p in model.parameters()]
+    opt = (mf.optim.SGD(model.parameters(), lr=0.2, momentum=0.9) if kind == "sgd"
+           else mf.optim.Adam(model.parameters(), lr=2e-2))
+    sched = SequentialLR(opt, [LinearLR(opt, 0.1, total_iters=5),
+                               CosineAnnealingLR(opt, T_max=15)], milestones=[5])
+    graph = TrainGraph(model, opt)
+    state = [np.zeros_like(p) for p in ref] if kind == "sgd" else \
+        [(np.zeros_like(p), np.zeros_like(p)) for p in ref]
+    lrs = []
+    for t, (xb, yb) in enumerate(_digits(20), start=1):
+        lr = opt.param_groups[0]["lr"]
+        lrs.append(lr)
+        loss = float(graph(xb, yb))
+        ref_loss, grads = forward_backward(ref, xb.astype(np.float64), yb)
+        if kind == "sgd":
+            sgd_step(ref, grads, state, lr, 0.9)
+        else:
+            adam_step(ref, grads, state, t, lr, 0.9, 0.999, 1e-8)
+        assert loss == pytest.approx(ref_loss, rel=1e-4)
+        sched.step()
+    assert graph.compile_count == 1 and opt.version == 0
+    assert len(set(lrs)) == 20 and lrs[0] == pytest.approx(0.1 * lrs[5])
+    for p, r in zip(model.parameters(), ref):
+        np.testing.assert_allclose(p.numpy(), r, rtol=1e-3, atol=1e-5)
+
+
+def _scaled_graph(lr=0.1):
+    mf.manual_seed(0)
+    model = mlp((64, 16, 10))
+    opt = mf.optim.SGD(model.parameters(), lr=lr)
+    graph = TrainGraph(model, opt)
+    graph.set_grad_scaler(mf.amp.GradScaler(init_scale=1024.0))
+    return model, opt, graph
+
+
+def _batch(bad: bool):
+    x, y = _digits(1)[0]
+    x = x.copy()
+    if bad:
+        x[0, 0] = np.inf  # the loss and every gradient are non-finite: the scaler skips
+    return x, y
+
+
+def test_a_step_skipped_by_the_grad_scaler_does_not_advance_the_schedule():
+    """The k-th applied update uses the schedule's k-th lr; a skipped step changes no weight and
+    no scheduler; the optimizer counts both kinds of steps."""
+    model, opt, graph = _scaled_graph()
+    sched = StepLR(opt, step_size=1, gamma=0.5)
+    pattern = [False, True, True, False, True, False, False]
+    applied_lrs = []
+    for bad in pattern:
+        before = model[0].weight.numpy()
+        lr = opt.param_groups[0]["lr"]
+        graph(*_batch(bad))
+        assert graph._grad_scaler.found_inf is bad
+        assert np.array_equal(model[0].weight.numpy(), before) is bad
+        if not bad:
+            applied_lrs.append(lr)
+        sched.step()
+    assert applied_lrs == [0.1, 0.05, 0.025, 0.0125]
+    assert sched.last_epoch == 4 and sched.get_last_lr() == [0.1 / 16]
+    assert (opt.num_steps, opt.num_skipped_steps) == (7, 3)
+    assert graph.compile_count == 1
+
+
+def test_a_per_epoch_schedule_advances_unless_the_whole_epoch_was_skipped():
+    _, opt, graph = _scaled_graph()
+    sched = StepLR(opt, step_size=1, gamma=0.5)
+    for epoch in ([True, False, True], [True, True], [False]):
+        for bad in epoch:
+            graph(*_batch(bad))
+        sched.step()
+    assert sched.last_epoch == 2  # the second epoch skipped every step
+    sched.step()                  # no graph call since: a plain step
+    assert sched.last_epoch == 3
+
+
+def test_the_skipped_step_rule_survives_a_checkpoint(tmp_path):
+    """The optimizer's step counts and the scheduler's record of them are in their state
+    dicts: after a resume, a skipped step still does not advance the schedule."""
+    _, opt, graph = _scaled_graph()
+    sched = CosineAnnealingLR(opt, T_max=10)
+    for bad in (False, True, False):
+        graph(*_batch(bad))
+        sched.step()
+    save({"optimizer": opt.state_dict(), "scheduler": sched.state_dict()}, tmp_path / "c.st")
+    assert opt.state_dict()["num_skipped_steps"] == 1
+    _, opt2, graph2 = _scaled_graph()
+    sched2 = CosineAnnealingLR(opt2, T_max=10)
+    ckpt = load(tmp_path / "c.st")
+    opt2.load_state_dict(ckpt["optimizer"])
+    sched2.load_state_dict(ckpt["scheduler"])
+    assert (opt2.num_steps, opt2.num_skipped_steps) == (3, 1)
+    assert sched2.state_dict() == sched.state_dict()
+    for g, s in ((graph, sched), (graph2, sched2)):
+        g(*_batch(True))
+        s.step()
+    assert sched2.last_epoch == sched.last_epoch == 2
+    assert sched2.get_last_lr() == sched.get_last_lr() == [opt2.param_groups[0]["lr"]]
+    bad = dict(ckpt["scheduler"], _optimizer_steps_seen=[1, 2])
+    with pytest.raises(ValueError, match=r"_optimizer_steps_seen has more skipped steps than "
+                                         r"steps: \[1, 2\]"):
+        sched2.load_state_dict(bad)
+    bad_opt = dict(ckpt["optimizer"], num_steps=-1)
+    with pytest.raises(ValueError, match=r"SGD.load_state_dict: num_steps must be an integer "
+                                         r">= 0, got -1"):
+        opt2.load_state_dict(bad_opt)
