@@ -30,7 +30,7 @@ from .amp.lists import AmpLists
 from .amp.report import AmpReport, amp_report as build_amp_report
 from .dtype import as_dtype, float16
 from .ir import Graph as IRGraph
-from .nn.module import Module, replaced_count
+from .nn.module import Module, mode_changes, replaced_count
 from .optim.optimizer import Optimizer
 from .passes.auto_mixed_precision import AmpConfig
 from .passes.loss_scale import POLICIES
@@ -188,6 +188,16 @@ class Graph:
                     seen.add(id(p))
                     yield name, p
 
+    def named_buffers(self):
+        """``(name, buffer)`` for every module attribute's buffers (batch norm's running
+        statistics ...), names prefixed by the attribute: graph variables, like parameters."""
+        seen = set()
+        for attr, m in self._modules():
+            for name, b in m.named_buffers(attr + "."):
+                if id(b) not in seen:
+                    seen.add(id(b))
+                    yield name, b
+
     # ------------------------------------------------------------------ calling
     def __call__(self, *inputs):
         """Run the graph on NumPy arrays (or eager Tensors); returns Tensor(s) as build returned.
@@ -215,7 +225,7 @@ class Graph:
     def _run(self, inputs):
         """The body of :meth:`__call__`, under the lock."""
         scaler = self._grad_scaler
-        stamp = (self._version, self.config.version, replaced_count(),
+        stamp = (self._version, self.config.version, replaced_count(), mode_changes(),
                  scaler.version if scaler is not None else -1,
                  *(o.version for o in self._optimizers))
         if stamp != self._stamp:  # configuration, modules or hyper-parameters changed
@@ -261,7 +271,8 @@ class Graph:
         names = self._input_names(len(arrays))
         graph = IRGraph()
         param_names = {id(p): name for name, p in self.named_parameters()}
-        tracer = Tracer(graph, param_names)
+        buffer_names = {id(b): name for name, b in self.named_buffers()}
+        tracer = Tracer(graph, {**buffer_names, **param_names})
         with tracer:
             lazy = [Tensor(_value=graph.add_input(n, a.shape, as_dtype(a.dtype)), _tracer=tracer)
                     for n, a in zip(names, arrays)]

@@ -13,10 +13,11 @@ updates them. State that only passes share lives in their compile context, not h
 
 A Node holds its op's definition (``node.op``, an ``OpDef`` of ``miniflow.ops``), input and output
 Values and attributes; this module only calls the OpDef's ``normalize_attrs``, ``infer``,
-``reference``, ``writes`` and ``name``, so it imports nothing from ``miniflow.ops``. Every Value
+``reference``, ``written`` and ``name``, so it imports nothing from ``miniflow.ops``. Every Value
 has a shape and a dtype and is defined once: as a graph input, a variable, a constant, or an output
-of exactly one Node. Update ops (``sgd_update``...) have no outputs; they write their variable inputs
-in place (``op.writes``) and are kept by dead-code elimination.
+of exactly one Node. Some nodes also write variable inputs in place (:attr:`Node.written`): update
+ops (``sgd_update``...), which have no outputs, and a training-mode ``normalization`` (its moving
+statistics); dead-code elimination keeps them.
 
 New nodes go to the end of the graph, or where an insertion point says (PyTorch FX's
 ``graph.inserting_after(node)``): ``with graph.inserting_after(n): graph.emit(...)``.
@@ -133,6 +134,11 @@ class Node:
     outputs: list
     attrs: dict = field(default_factory=dict)
     meta: dict = field(default_factory=dict)
+
+    @property
+    def written(self) -> list:
+        """The input Values this node writes in place (``op.written(attrs)``; those that exist)."""
+        return [self.inputs[k] for k in self.op.written(self.attrs) if k < len(self.inputs)]
 
     def format(self, names: dict | None = None) -> str:
         """The node as one line of text: ``%7: f32[64,10] = matmul(%3, %w) {transpose_b=True}``.
@@ -349,8 +355,8 @@ class Graph:
     # ----------------------------------------------------------------- checking
     def verify(self) -> None:
         """Check SSA and types: every input defined before use, each Value defined once, every
-        node's output shapes/dtypes equal to what its op infers from its inputs, and every result
-        defined.
+        node's output shapes/dtypes equal to what its op infers from its inputs, every written
+        input a variable (state the plan binds, never a scratch value), and every result defined.
 
         Raises:
             VerifyError: naming the faulty node and printing the nodes around it.
@@ -365,6 +371,10 @@ class Graph:
                 elif v not in defined:
                     self._fail(i, f"input %{names.get(v, v.name)} is used before it is defined "
                                   f"(or never defined)", names)
+            for v in n.written:
+                if v.kind != "variable":
+                    self._fail(i, f"writes %{names.get(v, v.name)} in place, which is a {v.kind}, "
+                                  f"not a variable", names)
             try:
                 metas = n.op.infer(n.inputs, n.attrs)
             except (ValueError, TypeError, KeyError) as e:
@@ -504,8 +514,8 @@ def _as64(a) -> np.ndarray:
 def evaluate(graph: Graph, inputs, variables: dict | None = None) -> dict:
     """Run ``graph`` through its ops' NumPy references in float64 (integers in int64): the reference
     interpreter (JAX's ``eval_jaxpr``). Each node's ``op.reference`` maps its input arrays to its
-    output arrays; an op that writes inputs (``op.writes``) returns their new values, which later
-    nodes then read. Only ``cast`` and ``constant`` round (to their dtype).
+    output arrays, then the new values of the inputs it writes (:attr:`Node.written`), which
+    later nodes then read. Only ``cast`` and ``constant`` round (to their dtype).
 
     Args:
         inputs: one array per ``graph.inputs``, in order.
@@ -545,8 +555,7 @@ def evaluate(graph: Graph, inputs, variables: dict | None = None) -> dict:
             if op.reference is None:
                 raise NotImplementedError(f"evaluate: op {op.name!r} has no reference (node {i}: "
                                           f"{node.format()}); declare reference= in its OpDef")
-            targets = ([node.inputs[k] for k in op.writes if k < len(node.inputs)] if op.writes
-                       else node.outputs)
+            targets = node.outputs + node.written
             arrays = [_as64(a) for a in op.reference([read(v) for v in node.inputs], node.attrs)]
             if len(arrays) != len(targets):
                 raise ValueError(f"evaluate: the reference of {op.name} gave {len(arrays)} "

@@ -105,8 +105,15 @@ def test_every_op_type_is_in_exactly_one_list_or_documented_unlisted():
 
 def test_lists_follow_oneflow_after_pr_9126():
     lists = AmpLists()
-    assert lists.ops("white") == ("amp_white_identity", "matmul")
+    assert lists.ops("white") == ("amp_white_identity", "conv2d", "conv_bias_grad",
+                                  "conv_data_grad", "conv_filter_grad", "matmul")
     assert lists.ops("black") == ("amp_black_identity",)
+    assert {op: lists.category(op) for op in (
+        "normalization", "normalization_grad", "avg_pool_2d", "avg_pool_2d_grad", "max_pool_2d",
+        "max_pool_2d_grad", "relu", "reshape", "adaptive_avg_pool2d", "flatten")} == {
+        "normalization": "gray", "normalization_grad": "gray", "avg_pool_2d": "gray",
+        "avg_pool_2d_grad": "gray", "max_pool_2d": "clear", "max_pool_2d_grad": "clear",
+        "relu": "clear", "reshape": "clear", "adaptive_avg_pool2d": None, "flatten": None}
     assert lists.category("sigmoid_grad") == "gray" and lists.category("sigmoid") is None
     assert lists.category("ones_like") == "clear" and lists.category("cast") is None
 

@@ -5,7 +5,8 @@ and ``elementwise.elementwise`` for declaring an elementwise op with its scalar 
 """
 from .registry import (OP_REGISTRY, OpDef, all_ops, emitter, get_op, inference_calls, register,
                        scalar_functions, unregister)
-from . import amp_ops, elementwise, fused, linalg, loss_scale, nn, shape, update  # noqa: F401  (registers the op types)
+from . import (amp_ops, conv, elementwise, fused, linalg, loss_scale, nn,  # noqa: F401
+               normalization, pool, shape, update)  # (registers the op types)
 
 __all__ = ["OP_REGISTRY", "OpDef", "all_ops", "emitter", "get_op", "inference_calls", "register",
            "scalar_functions", "unregister"]

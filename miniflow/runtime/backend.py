@@ -59,7 +59,7 @@ class Backend:
       the op), and precomputes everything a step needs: kernel views, launch configurations,
       stride tables, scratch buffers (allocated now, in the backend's memory).
     * A step ``fn(*args)`` reads ``ins`` and writes every element of ``outs`` (an op with
-      ``OpDef.writes`` writes those inputs in place instead), using only its own scratch buffers
+      ``Node.written`` inputs also writes those in place), using only its own scratch buffers
       besides. It allocates nothing, copies nothing between host and device, looks nothing up and
       keeps no state between calls; steps run in the order returned (an empty output may have
       none). A step may raise on bad data (ValueError, e.g. a label out of range): the plan

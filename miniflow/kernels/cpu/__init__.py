@@ -8,7 +8,8 @@ serial/parallel choice, flat views), ``elementwise`` (map / zip / broadcast / ca
 (reshape, transpose, broadcast_like, fills: ``np.copyto``), ``reduce`` (reduce_sum, softmax
 family, cross entropy), ``matmul`` (NumPy's BLAS and loops for skinny shapes), ``update`` (SGD,
 Adam), ``loss_scale`` (the loss-scale stage), ``fused`` (generated kernels of
-``fused_elementwise``); CPU only: ``fp16`` (float16 conversions). Builders shared with the CUDA
+``fused_elementwise``), ``conv`` (im2col + BLAS, Winograd F(2x2, 3x3)), ``normalization`` (batch
+norm), ``pool`` (max, average, adaptive average); CPU only: ``fp16`` (float16 conversions). Builders shared with the CUDA
 backend come from ``kernels.common``.
 
 Precision: f16 and f32 compute in float32, f64 in float64; sums accumulate in that type; matmul on
@@ -17,15 +18,10 @@ contract).
 """
 from __future__ import annotations
 
-from . import elementwise, fused, loss_scale, matmul, movement, reduce, update
 from ..common import table
 
 __all__ = ["KERNELS", "builder_for"]
 
-KERNELS = table.kernel_table(elementwise, movement, reduce, matmul, update, loss_scale, fused)
-"""Op type -> builder of the ops whose kernels are not derived from a scalar function."""
-
-
-def builder_for(op):
-    """The CPU builder of ``op`` (an OpDef), found or derived by ``table.builder_for``."""
-    return table.builder_for(op, KERNELS, elementwise.STEPS)
+KERNELS, builder_for = table.backend_kernels(__name__)
+"""``KERNELS``: op type -> builder of the ops whose kernels are not derived from a scalar function
+(merged from ``table.MODULES``); ``builder_for(op)``: its builder, found or derived."""
