@@ -6,10 +6,11 @@ It sits above every other layer (modules, optimizers, AMP, passes, runtime): tra
 graph's optimizers, AMP settings and scaler, and building ``miniflow.runtime.plan`` plans.
 
 Subclass it, assign modules as attributes, call ``self.add_optimizer(opt)`` and implement
-``build(*inputs)``. The first call with a new input signature (shapes and dtypes) traces ``build``
-into an IR graph, runs the pass pipeline and builds a plan; later calls with that signature only
-copy the inputs in and run the plan. Up to :attr:`Graph.max_plans` plans are kept (least recently
-used evicted). Parameters and optimizer state are graph variables shared by every plan.
+``build(*inputs)``. The first call with a new input signature (shapes and dtypes) and a new
+combination of its modules' modes (``Module.train()`` / ``eval()``: batch norm traces
+differently in each) traces ``build`` into an IR graph, runs the pass pipeline and builds a plan;
+later calls with that signature and those modes only copy the inputs in and run the plan. Up to
+:attr:`Graph.max_plans` plans are kept (least recently used evicted). Parameters and optimizer state are graph variables shared by every plan.
 
 Calls of one graph instance are serialized by a lock: a plan owns one set of input, intermediate
 and output buffers, and the scaler counts one step at a time, so two threads calling the same graph
@@ -132,6 +133,7 @@ class Graph:
         self._context: CompileContext | None = None
         self.compile_count = 0
         self._grad_scaler = None
+        self._mode_count, self._mode_key = None, ()
         self._lock = threading.RLock()  # one call at a time (see the module docstring)
 
     def __setattr__(self, name, value):
@@ -225,14 +227,15 @@ class Graph:
     def _run(self, inputs):
         """The body of :meth:`__call__`, under the lock."""
         scaler = self._grad_scaler
-        stamp = (self._version, self.config.version, replaced_count(), mode_changes(),
+        stamp = (self._version, self.config.version, replaced_count(),
                  scaler.version if scaler is not None else -1,
                  *(o.version for o in self._optimizers))
         if stamp != self._stamp:  # configuration, modules or hyper-parameters changed
             self._plans.clear()
             self._stamp = stamp
+            self._mode_count = None
         arrays = [self._as_array(i, x) for i, x in enumerate(inputs)]
-        key = tuple((a.shape, a.dtype.str) for a in arrays)
+        key = (*((a.shape, a.dtype.str) for a in arrays), self._modes())
         plan = self._plans.get(key)
         if plan is None:
             plan = self._compile(arrays)
@@ -249,6 +252,17 @@ class Graph:
             scaler._record_step(counts, scale_before, plan.context.nonfinite_names)
         result = tuple(Tensor(o) for o in outs)
         return result[0] if self._single_output else result
+
+    def _modes(self) -> tuple:
+        """The ``training`` flags of every module of the graph, in order: part of a plan's key,
+        so a plan is compiled for each mode seen (train and eval plans are both kept). Computed
+        again only after some module's mode changed (``nn.module.mode_changes``)."""
+        count = mode_changes()
+        if self._mode_count != count:
+            self._mode_key = tuple(m.training for _, top in self._modules()
+                                   for m in top.modules())
+            self._mode_count = count
+        return self._mode_key
 
     @staticmethod
     def _as_array(i: int, x) -> np.ndarray:
@@ -366,5 +380,6 @@ class Graph:
 
     @property
     def plans(self) -> "OrderedDict[tuple, Plan]":
-        """The cached plans, keyed by input signature, least recently used first."""
+        """The cached plans, least recently used first, keyed by input signature (``(shape,
+        dtype)`` per input) followed by the modules' ``training`` flags."""
         return self._plans

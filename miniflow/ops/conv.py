@@ -138,7 +138,7 @@ def _bias_grad_norm(inputs, attrs):
     fmt_ = attrs.get("data_format", CHANNELS_FIRST)
     if fmt_ != CHANNELS_FIRST or set(attrs) - {"data_format"}:
         raise ValueError(f"conv_bias_grad: takes only data_format='channels_first', got {attrs}")
-    return {"data_format": CHANNELS_FIRST}
+    return {}
 
 
 def _bias_grad_infer(inputs, attrs):

@@ -5,9 +5,9 @@ backends' kernel builders use these same functions (kernels may import ops, neve
 inference, reference and kernels cannot disagree on a geometry.
 
 Attribute names and layouts follow OneFlow (``oneflow/ir/include/OneFlow/OneFlowUserOps.td``,
-``OneFlowBase.td``): NCHW only (``data_format="channels_first"``), every 2-D attribute a pair
-``(h, w)`` (a tuple once normalized), the same padding on both sides (OneFlow's
-``padding_before``).
+``OneFlowBase.td``): NCHW only (``data_format="channels_first"``: accepted, checked and, being
+the only layout, left out of the normalized attributes), every 2-D attribute a pair ``(h, w)`` (a
+tuple once normalized), the same padding on both sides (OneFlow's ``padding_before``).
 
 Output sizes (``oneflow/user/ops/nn_util.cpp`` ``CalcConvOut``, ``max_pool_kernel_util.cpp``
 ``GetWindowedOutputShape``; the same as PyTorch's):
@@ -66,7 +66,8 @@ def _check_4d(op: str, what: str, shape) -> None:
 def conv_attrs(op: str, attrs: dict) -> dict:
     """The convolution attributes with OneFlow's names, defaults filled and pairs expanded:
     ``kernel_size`` (required), ``strides`` (1, 1), ``padding_before`` (0, 0), ``dilation_rate``
-    (1, 1), ``groups`` 1, ``data_format`` "channels_first". Other keys are refused.
+    (1, 1), ``groups`` 1 (``data_format`` may be given: "channels_first" only). Other keys are
+    refused.
 
     Raises:
         ValueError: a missing ``kernel_size``, a bad pair, groups < 1, another data_format, an
@@ -88,7 +89,7 @@ def conv_attrs(op: str, attrs: dict) -> dict:
             "strides": pair(op, "strides", attrs.get("strides", 1), 1),
             "padding_before": pair(op, "padding_before", attrs.get("padding_before", 0), 0),
             "dilation_rate": pair(op, "dilation_rate", attrs.get("dilation_rate", 1), 1),
-            "groups": int(groups), "data_format": CHANNELS_FIRST}
+            "groups": int(groups)}
 
 
 @dataclass(frozen=True)
@@ -251,7 +252,7 @@ def pool_attrs(op: str, attrs: dict, avg: bool) -> dict:
     out = {"kernel_size": k,
            "stride": pair(op, "stride", k if stride in (None, [], ()) else stride, 1),
            "padding": pair(op, "padding", attrs.get("padding", 0), 0),
-           "ceil_mode": bool(attrs.get("ceil_mode", False)), "data_format": CHANNELS_FIRST}
+           "ceil_mode": bool(attrs.get("ceil_mode", False))}
     if any(2 * p > kk for p, kk in zip(out["padding"], k)):
         raise ValueError(f"{op}: padding {out['padding']} must be at most half of kernel_size {k}")
     if avg:
@@ -332,7 +333,7 @@ def pool_geometry(op: str, x_shape, attrs: dict, avg: bool) -> PoolGeometry:
 
 
 def adaptive_attrs(op: str, attrs: dict) -> dict:
-    """``output_size`` as ``(oh, ow)`` (an int means both), ``data_format`` "channels_first".
+    """``output_size`` as ``(oh, ow)`` (an int means both); ``data_format`` "channels_first" only.
 
     Raises:
         ValueError: a missing or non-positive output_size, another data_format.
@@ -343,7 +344,7 @@ def adaptive_attrs(op: str, attrs: dict) -> dict:
     size = attrs["output_size"]
     if isinstance(size, (list, tuple)) and len(size) == 1:
         size = size[0]
-    return {"output_size": pair(op, "output_size", size, 1), "data_format": CHANNELS_FIRST}
+    return {"output_size": pair(op, "output_size", size, 1)}
 
 
 def adaptive_output_size(op: str, x_shape, attrs: dict) -> tuple:
