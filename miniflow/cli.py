@@ -1,4 +1,5 @@
-"""``miniflow`` / ``python -m miniflow``: subcommands ``info``, ``train`` and ``stability``."""
+"""``miniflow`` / ``python -m miniflow``: subcommands ``info``, ``train`` (``--model mlp|lenet|
+resnet18``, ``--amp``) and ``stability``."""
 from __future__ import annotations
 
 import argparse
@@ -80,12 +81,22 @@ def _cache_probe(backend) -> str:
 
 
 def _train(args) -> int:
-    from .experiments.mlp import train_digits
-    r = train_digits(epochs=args.epochs, batch_size=args.batch_size, lr=args.lr,
-                     momentum=args.momentum, hidden=args.hidden, seed=args.seed)
+    """Train ``--model`` on the digits (``miniflow.experiments.train``) and print the result."""
+    from .experiments.train import train_digits
+    r = train_digits(args.model, epochs=args.epochs, batch_size=args.batch_size, lr=args.lr,
+                     momentum=args.momentum, weight_decay=args.weight_decay, hidden=args.hidden,
+                     amp=args.amp, seed=args.seed, progress=not args.no_progress)
+    recipe = r["recipe"]
+    print(f"model: {args.model}, {recipe.epochs} epochs of SGD (lr {recipe.lr:g}"
+          f"{', cosine' if recipe.cosine else ''}, momentum {recipe.momentum:g}, weight decay "
+          f"{recipe.weight_decay:g}, batch {recipe.batch_size}), "
+          + ("AMP (float16) with a dynamic loss scale" if args.amp else "float32"))
     print(f"final loss: {r['losses'][-1]:.4f}")
     print(f"train accuracy: {100 * r['train_accuracy']:.2f}%")
     print(f"test accuracy: {100 * r['test_accuracy']:.2f}% (360 test images)")
+    if r["scaler"] is not None:
+        print(f"loss scale: {r['scaler'].scale:g} at the end, "
+              f"{r['scaler'].num_skipped_steps} steps skipped")
     print(f"time: {r['seconds']:.1f} s for {len(r['losses'])} steps")
     return 0
 
@@ -157,13 +168,26 @@ def main(argv=None) -> int:
     sub = p.add_subparsers(dest="command", required=True)
     sub.add_parser("info", help="backend, versions, GPU, float16 path, kernel cache").set_defaults(
         fn=_info)
-    t = sub.add_parser("train", help="train the 64-128-10 MLP on the digits data set")
-    t.add_argument("--epochs", type=_positive, default=20)
-    t.add_argument("--batch-size", type=_positive, default=64)
-    t.add_argument("--lr", type=_real(0.0, False), default=0.1)
-    t.add_argument("--momentum", type=_real(0.0, True), default=0.9)
-    t.add_argument("--hidden", type=_positive, default=128)
+    from .experiments.train import MODELS, RECIPES
+    t = sub.add_parser("train", help="train a model (mlp, lenet, resnet18) on the digits data set")
+    t.add_argument("--model", choices=MODELS, default="mlp",
+                   help="mlp: 64-128-10; lenet: a LeNet with batch norm; resnet18: ResNet-18 with "
+                        "the small-input stem (default mlp)")
+    defaults = ", ".join(f"{m} {r.epochs}" for m, r in RECIPES.items())
+    t.add_argument("--epochs", type=_positive, help=f"default per model: {defaults}")
+    t.add_argument("--batch-size", type=_positive, help="default 64")
+    t.add_argument("--lr", type=_real(0.0, False),
+                   help="default per model: " + ", ".join(f"{m} {r.lr:g}"
+                                                          for m, r in RECIPES.items()))
+    t.add_argument("--momentum", type=_real(0.0, True), help="default 0.9")
+    t.add_argument("--weight-decay", type=_real(0.0, True),
+                   help="default per model: " + ", ".join(f"{m} {r.weight_decay:g}"
+                                                          for m, r in RECIPES.items()))
+    t.add_argument("--hidden", type=_positive, default=128, help="the MLP's hidden units")
+    t.add_argument("--amp", action="store_true",
+                   help="mixed precision (float16) with a dynamic GradScaler")
     t.add_argument("--seed", type=_seed, default=0, help="any integer >= 0 (default 0)")
+    t.add_argument("--no-progress", action="store_true", help="no progress bar")
     t.set_defaults(fn=_train)
     st = sub.add_parser("stability", help="training-stability study of the loss-scale policies: "
                         "figures, metrics.json, summary.md")

@@ -52,11 +52,13 @@ GEOMETRIES = [
     ("stride-larger-than-kernel", 2, 2, 9, 9, 2, attrs(2, 3, 0)),
     ("3x3-pad2", 2, 2, 6, 5, 3, attrs(3, 1, 2)),
     ("batch-1", 1, 3, 6, 6, 2, attrs(3, 2, 1)),
+    ("1x1-map-3x3-pad1", 3, 4, 1, 1, 2, attrs(3, 1, 1)),
+    ("2x2-map-3x3-s2-pad1", 2, 2, 2, 3, 3, attrs(3, 2, 1)),
 ]
 """Geometries reaching every convolution path under each forced algorithm: padding (also 2,
 Winograd's data gradient limit), strides (the rows a data gradient skips), dilation, groups,
 pointwise and strided 1x1 products, a depthwise convolution, one sample, odd output sizes (the
-Winograd tiles cut at the edge)."""
+Winograd tiles cut at the edge), and maps so small that padding hides kernel taps."""
 
 
 @contextlib.contextmanager
@@ -110,15 +112,34 @@ def test_kernels_match_the_reference(geo, dt, algo):
 def test_winograd_is_used_exactly_for_3x3_stride_1_without_groups():
     """The "winograd" algorithm really reaches the Winograd kernels, and only where it applies
     (its 16 GEMMs are one ``np.matmul`` step)."""
+    from miniflow.kernels.common.conv import live_taps
+    from miniflow.ops.geometry import conv_geometry
     for label, n, c, h, w, o, a in GEOMETRIES:
         x, wt, dy = conv_sample_inputs(np.float32, n, c, h, w, o, a)
+        uncropped = live_taps(conv_geometry("conv2d", x.shape, wt.shape, a)) is None
         applies = a["kernel_size"] == 3 and a["strides"] == 1 and a["dilation_rate"] == 1 \
-            and a["groups"] == 1
+            and a["groups"] == 1 and uncropped
         with algorithm("winograd"):
             for case in cases(x, wt, dy, a)[:3]:
                 data_grad_pad_ok = case.op != "conv_data_grad" or np.max(a["padding_before"]) <= 2
                 assert ("matmul" in step_names(case)) == (applies and data_grad_pad_ok), \
                     (label, case.op)
+
+
+def test_taps_hidden_by_padding_are_cropped():
+    """On a 1x1 map a padded 3x3 kernel reads only its centre; on a 2x2 map with stride 2 the
+    single output reads rows and columns 0-1 of the input through taps 1-2."""
+    from miniflow.kernels.common.conv import cropped, live_taps
+    from miniflow.ops.geometry import conv_geometry
+    one = conv_geometry("conv2d", (2, 4, 1, 1), (2, 4, 3, 3), attrs(3, 1, 1))
+    assert live_taps(one) == (1, 2, 1, 2)
+    small = cropped(one, live_taps(one))
+    assert (small.kh, small.kw, small.ph, small.pw, small.oh, small.ow) == (1, 1, 0, 0, 1, 1)
+    two = conv_geometry("conv2d", (2, 2, 2, 2), (3, 2, 3, 3), attrs(3, 2, 1))
+    assert live_taps(two) == (1, 3, 1, 3)
+    assert live_taps(conv_geometry("conv2d", (1, 1, 5, 5), (1, 1, 3, 3), attrs(3, 1, 1))) is None
+    x, wt, _ = conv_sample_inputs(np.float32, 3, 4, 1, 1, 2, attrs(3, 1, 1))
+    assert "copyto" in step_names(Case("conv2d", [x, wt], attrs(3, 1, 1)))
 
 
 def test_default_choice_by_size():

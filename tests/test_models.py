@@ -1,7 +1,11 @@
 """``miniflow.models``: the ResNets have torchvision's structure (parameter counts, state dict keys
-and shapes), and a torchvision-identical PyTorch ResNet (written here: torchvision itself is not
-needed) loads into them and gives the same eval outputs to 1e-4 in float32 (skipped without
-torch); the small-input stem and the digits LeNet have the shapes they promise."""
+and shapes), and the state dict of a torchvision-identical PyTorch ResNet
+(``benchmarks/torch_resnet.py``: torchvision itself is not needed) loads into them and gives the
+same eval outputs to 1e-4 in float32 (skipped without torch); the small-input stem and the digits
+LeNet have the shapes they promise."""
+import sys
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -15,6 +19,9 @@ try:
 except ImportError:   # torch is optional: its comparisons skip
     torch = tnn = None
 needs_torch = pytest.mark.skipif(torch is None, reason="torch is not installed")
+if torch is not None:   # the torchvision-identical PyTorch ResNet (benchmarks/torch_resnet.py)
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+    from torch_resnet import torch_resnet
 
 
 class Eval(nn.Graph):
@@ -59,87 +66,6 @@ def test_small_input_stem_and_lenet_shapes():
 
 
 # ----------------------------------------------------------------------------- PyTorch
-def _torch_resnet(block, layers, num_classes=1000, in_channels=3, small_input=False):
-    """A ResNet written exactly as torchvision's ``torchvision/models/resnet.py`` (v1.5): same
-    modules, names and forward."""
-    def conv3x3(i, o, stride=1):
-        return tnn.Conv2d(i, o, 3, stride, 1, bias=False)
-
-    def conv1x1(i, o, stride=1):
-        return tnn.Conv2d(i, o, 1, stride, bias=False)
-
-    class BasicBlock(tnn.Module):
-        expansion = 1
-
-        def __init__(self, inplanes, planes, stride=1, downsample=None):
-            super().__init__()
-            self.conv1 = conv3x3(inplanes, planes, stride)
-            self.bn1 = tnn.BatchNorm2d(planes)
-            self.relu = tnn.ReLU(inplace=True)
-            self.conv2 = conv3x3(planes, planes)
-            self.bn2 = tnn.BatchNorm2d(planes)
-            self.downsample = downsample
-
-        def forward(self, x):
-            out = self.bn2(self.conv2(self.relu(self.bn1(self.conv1(x)))))
-            return self.relu(out + (x if self.downsample is None else self.downsample(x)))
-
-    class Bottleneck(tnn.Module):
-        expansion = 4
-
-        def __init__(self, inplanes, planes, stride=1, downsample=None):
-            super().__init__()
-            self.conv1 = conv1x1(inplanes, planes)
-            self.bn1 = tnn.BatchNorm2d(planes)
-            self.conv2 = conv3x3(planes, planes, stride)
-            self.bn2 = tnn.BatchNorm2d(planes)
-            self.conv3 = conv1x1(planes, planes * 4)
-            self.bn3 = tnn.BatchNorm2d(planes * 4)
-            self.relu = tnn.ReLU(inplace=True)
-            self.downsample = downsample
-
-        def forward(self, x):
-            out = self.relu(self.bn1(self.conv1(x)))
-            out = self.bn3(self.conv3(self.relu(self.bn2(self.conv2(out)))))
-            return self.relu(out + (x if self.downsample is None else self.downsample(x)))
-
-    blocks = {"basic": BasicBlock, "bottleneck": Bottleneck}[block]
-
-    class ResNet(tnn.Module):
-        def __init__(self):
-            super().__init__()
-            self.inplanes = 64
-            self.conv1 = (tnn.Conv2d(in_channels, 64, 3, 1, 1, bias=False) if small_input
-                          else tnn.Conv2d(in_channels, 64, 7, 2, 3, bias=False))
-            self.bn1 = tnn.BatchNorm2d(64)
-            self.relu = tnn.ReLU(inplace=True)
-            self.maxpool = tnn.Identity() if small_input else tnn.MaxPool2d(3, 2, 1)
-            self.layer1 = self._make_layer(64, layers[0])
-            self.layer2 = self._make_layer(128, layers[1], 2)
-            self.layer3 = self._make_layer(256, layers[2], 2)
-            self.layer4 = self._make_layer(512, layers[3], 2)
-            self.avgpool = tnn.AdaptiveAvgPool2d((1, 1))
-            self.fc = tnn.Linear(512 * blocks.expansion, num_classes)
-
-        def _make_layer(self, planes, n, stride=1):
-            downsample = None
-            if stride != 1 or self.inplanes != planes * blocks.expansion:
-                downsample = tnn.Sequential(conv1x1(self.inplanes, planes * blocks.expansion,
-                                                    stride),
-                                            tnn.BatchNorm2d(planes * blocks.expansion))
-            out = [blocks(self.inplanes, planes, stride, downsample)]
-            self.inplanes = planes * blocks.expansion
-            out += [blocks(self.inplanes, planes) for _ in range(1, n)]
-            return tnn.Sequential(*out)
-
-        def forward(self, x):
-            x = self.maxpool(self.relu(self.bn1(self.conv1(x))))
-            x = self.layer4(self.layer3(self.layer2(self.layer1(x))))
-            return self.fc(torch.flatten(self.avgpool(x), 1))
-
-    return ResNet()
-
-
 def _randomize_statistics(model, seed):
     """Non-trivial running statistics and affine parameters, as after training."""
     g = torch.Generator().manual_seed(seed)
@@ -163,7 +89,7 @@ def _randomize_statistics(model, seed):
 def test_a_torchvision_state_dict_loads_and_gives_the_same_eval_outputs(name, block, layers,
                                                                         make, size, kw):
     torch.manual_seed(0)
-    ref = _torch_resnet(block, layers, num_classes=10, **kw)
+    ref = torch_resnet(block, layers, num_classes=10, **kw)
     _randomize_statistics(ref, 1)
     ref.eval()
     mf.manual_seed(0)

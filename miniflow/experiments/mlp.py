@@ -1,18 +1,15 @@
-"""The digits MLP and its training loop, used by ``miniflow train``, the tutorials and the tests.
+"""The digits MLP and the training and evaluation graphs shared by ``miniflow train``
+(``experiments.train``), the stability study, the tutorials and the tests.
 
 Model: ``Linear(64, hidden) -> ReLU -> Linear(hidden, 10)``; loss: mean softmax cross-entropy.
 """
 from __future__ import annotations
 
-import time
-
 import numpy as np
 
-from .. import nn, optim
-from ..data import batches, load_digits
-from ..random import manual_seed
+from .. import nn
 
-__all__ = ["mlp", "TrainGraph", "EvalGraph", "accuracy", "train_digits"]
+__all__ = ["mlp", "TrainGraph", "EvalGraph", "accuracy"]
 
 
 def mlp(sizes=(64, 128, 10)) -> nn.Sequential:
@@ -54,31 +51,3 @@ def accuracy(eval_graph: EvalGraph, x: np.ndarray, y: np.ndarray) -> float:
     """Fraction of rows of ``x`` whose arg-max logit equals ``y``."""
     logits = eval_graph(x).numpy()
     return float((logits.argmax(axis=1) == y).mean())
-
-
-def train_digits(epochs: int = 20, batch_size: int = 64, lr: float = 0.1, momentum: float = 0.9,
-                 hidden: int = 128, seed: int = 0, progress: bool = True) -> dict:
-    """Train the digits MLP with SGD; returns losses per step, test accuracy and timings.
-
-    Returns:
-        dict with ``losses`` (list of float), ``test_accuracy`` (float in [0, 1]),
-        ``train_accuracy``, ``seconds`` (wall time of the whole run), ``graph`` (the TrainGraph).
-    """
-    from tqdm import tqdm
-
-    manual_seed(seed)
-    data = load_digits()
-    model = mlp((64, hidden, data.num_classes))
-    graph = TrainGraph(model, optim.SGD(model.parameters(), lr=lr, momentum=momentum))
-    evaluator = EvalGraph(model)
-    losses = []
-    t0 = time.perf_counter()
-    bar = tqdm(range(epochs), desc="train", unit="epoch", disable=not progress)
-    for epoch in bar:
-        for xb, yb in batches(data.x_train, data.y_train, batch_size):
-            losses.append(float(graph(xb, yb)))
-        acc = accuracy(evaluator, data.x_test, data.y_test)
-        bar.set_postfix(epoch=epoch + 1, loss=f"{losses[-1]:.4f}", test_acc=f"{acc:.3f}")
-    return {"losses": losses, "test_accuracy": accuracy(evaluator, data.x_test, data.y_test),
-            "train_accuracy": accuracy(evaluator, data.x_train, data.y_train),
-            "seconds": time.perf_counter() - t0, "graph": graph}

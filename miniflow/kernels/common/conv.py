@@ -7,9 +7,36 @@ algorithms: im2col + BLAS and Winograd on the CPU, implicit GEMM on CUDA.
 """
 from __future__ import annotations
 
-from ...ops.geometry import conv_data_grad_geometry, conv_filter_grad_geometry, conv_geometry
+import dataclasses
 
-__all__ = ["builders"]
+from ...ops.geometry import (ConvGeometry, conv_data_grad_geometry, conv_filter_grad_geometry,
+                             conv_geometry)
+
+__all__ = ["builders", "live_taps", "cropped"]
+
+
+def _live(k: int, s: int, pad: int, d: int, size: int, out: int) -> tuple:
+    hits = [t for t in range(k) if any(0 <= i * s - pad + t * d < size for i in range(out))]
+    return (hits[0], hits[-1] + 1) if hits else (0, 1)
+
+
+def live_taps(g: ConvGeometry):
+    """``(p0, p1, q0, q1)``: the kernel rows ``[p0, p1)`` and columns ``[q0, q1)`` that some output
+    position reads inside the input, or None when that is the whole kernel. On small maps the
+    padding hides taps: a 3x3 convolution with padding 1 on a 1x1 map reads only the centre tap
+    (ResNet-18's last stage on the 8x8 digits), so 8/9 of an im2col GEMM multiplies zeros."""
+    (p0, p1), (q0, q1) = (_live(g.kh, g.sh, g.ph, g.dh, g.h, g.oh),
+                          _live(g.kw, g.sw, g.pw, g.dw, g.w, g.ow))
+    return None if (p0, p1, q0, q1) == (0, g.kh, 0, g.kw) else (p0, p1, q0, q1)
+
+
+def cropped(g: ConvGeometry, taps) -> ConvGeometry:
+    """The same convolution with the kernel cut to ``taps`` (:func:`live_taps`): the same
+    output, read from the same input positions (the padding becomes the offset of the first live
+    tap, possibly negative)."""
+    p0, p1, q0, q1 = taps
+    return dataclasses.replace(g, kh=p1 - p0, kw=q1 - q0, ph=g.ph - p0 * g.dh,
+                               pw=g.pw - q0 * g.dw)
 
 
 def builders(*, forward_steps, data_grad_steps, filter_grad_steps, bias_grad_steps,

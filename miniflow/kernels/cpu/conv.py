@@ -48,6 +48,7 @@ import functools
 import numpy as np
 
 from ..common import conv
+from ..common.conv import cropped, live_taps
 from .common import jit, kview, loop_for, use_parallel
 from .elementwise import cast_steps
 from .fp16 import load, store, to_compute
@@ -84,33 +85,35 @@ def valid_range(off, stride, size, count):
 
 @functools.cache
 def im2col_kernel(parallel: bool):
-    """``kernel(x, cols, window)``: ``cols[(c*kh + p)*kw + q, i*OW + j] =
-    x[c, i*sh - ph + p*dh, j*sw - pw + q*dw]`` (0 outside ``x``), widened to ``cols``' dtype.
+    """``kernel(x, cols, window)``: ``cols[(c*kh + p)*kw + q, (n*OH + i)*OW + j] =
+    x[n, c, i*sh - ph + p*dh, j*sw - pw + q*dw]`` (0 outside ``x``), widened to ``cols``' dtype.
 
-    ``x`` is one sample ``[C, H, W]`` (kernel view: float16 as uint16 bits), ``cols`` a 2-D
-    compute-type array ``[C*kh*kw, OH*OW]`` (its rows contiguous; it may be a column block of a
-    wider matrix), ``window`` is ``ConvGeometry.window()``. The parallel variant splits the rows.
+    ``x`` is ``[N, C, H, W]`` (kernel view: float16 as uint16 bits; one sample ``x[n:n+1]`` for
+    the per-sample layout), ``cols`` a 2-D compute-type array ``[C*kh*kw, N*OH*OW]`` (its rows
+    contiguous), ``window`` is ``ConvGeometry.window()``: one call fills the whole batch. The
+    parallel variant splits the rows.
     """
     loop = loop_for(parallel)
 
     @jit(parallel)
     def kernel(x, cols, window):
         kh, kw, sh, sw, ph, pw, dh, dw, oh, ow = window
-        h, w = x.shape[1], x.shape[2]
+        n_n, h, w = x.shape[0], x.shape[2], x.shape[3]
         for r_ in loop(cols.shape[0]):
             r = np.int64(r_)  # prange indices are unsigned
             c, p, q = r // (kh * kw), (r // kw) % kh, r % kw
             off = q * dw - pw
             j0, j1 = valid_range(off, sw, w, ow)
             row = cols[r]
-            for i in range(oh):
+            for ni in range(n_n * oh):
+                n, i = ni // oh, ni % oh
                 ih = i * sh - ph + p * dh
-                seg = row[i * ow:(i + 1) * ow]
+                seg = row[ni * ow:(ni + 1) * ow]
                 if ih < 0 or ih >= h:
                     seg[:] = 0
                     continue
                 seg[:j0] = 0
-                dst, src = seg[j0:j1], x[c, ih, j0 * sw + off:]
+                dst, src = seg[j0:j1], x[n, c, ih, j0 * sw + off:]
                 if sw == 1:      # loops from 0 over fresh slices vectorize (4x faster)
                     for j in range(j1 - j0):
                         dst[j] = load(src, j)
@@ -125,22 +128,25 @@ def im2col_kernel(parallel: bool):
 @functools.cache
 def col2im_kernel(narrow: bool, parallel: bool):
     """``kernel(dcols, acc, dx, window)``: the adjoint of :func:`im2col_kernel`: every
-    ``dcols[(c*kh + p)*kw + q, i*OW + j]`` added into ``acc[c, ih, iw]`` at the input position
-    im2col read it from (``acc`` zeroed first; compute type ``[C, H, W]``).
+    ``dcols[(c*kh + p)*kw + q, (n*OH + i)*OW + j]`` added into ``acc[n, c, ih, iw]`` at the input
+    position im2col read it from (``acc`` zeroed first; compute type ``[N, C, H, W]``; one sample
+    for the per-sample layout).
 
-    ``narrow``: ``dx`` (``[C, H*W]``, kernel view) is a separate lower-precision output and each
-    finished plane of ``acc`` is rounded into it once; otherwise ``acc`` is the output itself and
-    ``dx`` is not touched. The parallel variant splits the channels (each owns its plane).
+    ``narrow``: ``dx`` (``[N, C, H*W]``, kernel view) is a separate lower-precision output and
+    each finished plane of ``acc`` is rounded into it once; otherwise ``acc`` is the output itself
+    and ``dx`` is not touched. The parallel variant splits the ``(n, c)`` planes (each owns its
+    plane).
     """
     loop = loop_for(parallel)
 
     @jit(parallel)
     def kernel(dcols, acc, dx, window):
         kh, kw, sh, sw, ph, pw, dh, dw, oh, ow = window
-        c_n, h, w = acc.shape
-        for c_ in loop(c_n):
-            c = np.int64(c_)
-            plane = acc[c]
+        n_n, c_n, h, w = acc.shape
+        for nc_ in loop(n_n * c_n):
+            nc = np.int64(nc_)
+            n, c = nc // c_n, nc % c_n
+            plane = acc[n, c]
             plane[:] = 0
             for p in range(kh):
                 for q in range(kw):
@@ -151,7 +157,8 @@ def col2im_kernel(narrow: bool, parallel: bool):
                         ih = i * sh - ph + p * dh
                         if 0 <= ih < h:
                             dst = plane[ih, j0 * sw + off:]
-                            src = row[i * ow + j0:i * ow + j1]
+                            base = (n * oh + i) * ow
+                            src = row[base + j0:base + j1]
                             if sw == 1:    # as in im2col: fresh slices vectorize
                                 for j in range(src.size):
                                     dst[j] += src[j]
@@ -159,7 +166,7 @@ def col2im_kernel(narrow: bool, parallel: bool):
                                 for j in range(src.size):
                                     dst[j * sw] += src[j]
             if narrow:
-                out = dx[c]
+                out = dx[n, c]
                 for ih in range(h):
                     for iw in range(w):
                         store(out, ih * w + iw, plane[ih, iw])
@@ -469,29 +476,42 @@ class _Conv:
         self.steps.append((np.copyto, (out.reshape(n, c, -1),
                                        cols.reshape(c, n, -1).transpose(1, 0, 2))))
 
-    def block(self, cols: np.ndarray, n: int) -> np.ndarray:
-        """Sample ``n``'s columns of a batched ``[K, N*OHW]`` matrix, or the per-sample matrix."""
-        return cols[:, n * self.ohw:(n + 1) * self.ohw] if self.batched else cols
-
     def im2col(self, x: np.ndarray, cols: np.ndarray, n: int) -> None:
-        """The step writing im2col of sample ``n`` of ``x`` into its block of ``cols``."""
-        kernel = im2col_kernel(use_parallel(cols.shape[0] * self.ohw))
-        self.steps.append((kernel, (kview(x)[n], self.block(cols, n), self.g.window())))
+        """The step writing im2col of sample ``n`` of ``x`` into ``cols`` (per-sample layout)."""
+        kernel = im2col_kernel(use_parallel(cols.size))
+        self.steps.append((kernel, (kview(x)[n:n + 1], cols, self.g.window())))
 
     def columns(self, x: np.ndarray) -> np.ndarray:
-        """Batched layout: ``x`` as the whole batch's im2col matrix ``[G*K, N*OHW]`` (a
-        transposing copy for pointwise convolutions)."""
+        """Batched layout: ``x`` as the whole batch's im2col matrix ``[G*K, N*OHW]``, one step
+        (a transposing copy for pointwise convolutions)."""
         if self.g.pointwise:
             return self.to_columns(x)
         cols = self.scratch(self.g.groups * self.g.kg, self.g.n * self.ohw)
-        for n in range(self.g.n):
-            self.im2col(x, cols, n)
+        kernel = im2col_kernel(use_parallel(cols.size))
+        self.steps.append((kernel, (kview(x), cols, self.g.window())))
         return cols
+
+
+def _live_weight(w, g):
+    """``(steps, w, g)``: where padding hides kernel taps from every output (``live_taps``), a
+    step copying the live taps of ``w`` into a scratch weight and the cropped geometry; else no
+    step and ``w`` and ``g`` as they are."""
+    taps = live_taps(g)
+    if taps is None:
+        return [], w, g
+    p0, p1, q0, q1 = taps
+    live = np.empty((g.o, g.cg, p1 - p0, q1 - q0), w.dtype)
+    return [(np.copyto, (live, w[:, :, p0:p1, q0:q1]))], live, cropped(g, taps)
 
 
 def forward_steps(x, w, out, g):
     """Steps for ``out = conv2d(x, w)``: ``out[n][g] = W[g] @ im2col(x[n])[g]``, or Winograd
-    (see the module docstring)."""
+    (see the module docstring); only over the kernel taps that reach the input."""
+    crop, w, g = _live_weight(w, g)
+    return crop + _forward_steps(x, w, out, g)
+
+
+def _forward_steps(x, w, out, g):
     cv = _Conv(g, out.dtype)
     if winograd_applies(g):
         return winograd_steps(x, cv.widened(w), out, g.ph, g.pw, cv.ct, cv.steps)
@@ -516,7 +536,13 @@ def forward_steps(x, w, out, g):
 
 def data_grad_steps(dy, w, dx, g):
     """Steps for ``dx = conv_data_grad(dy, w)``: ``dcols[g] = W[g].T @ dy[n][g]``, then col2im
-    into ``dx[n]`` (pointwise: the product is ``dx[n][g]``); Winograd for 3x3 stride 1."""
+    into ``dx[n]`` (pointwise: the product is ``dx[n][g]``); Winograd for 3x3 stride 1; only over
+    the kernel taps that reach the input."""
+    crop, w, g = _live_weight(w, g)
+    return crop + _data_grad_steps(dy, w, dx, g)
+
+
+def _data_grad_steps(dy, w, dx, g):
     cv = _Conv(g, dx.dtype)
     if winograd_applies(g) and g.ph <= 2 and g.pw <= 2:
         # a stride-1 3x3 convolution of dy with the flipped, transposed weight, padded 2 - p
@@ -541,23 +567,25 @@ def data_grad_steps(dy, w, dx, g):
             cv.gemms(wts, split(dy3[n], g.groups), split(t3[n], g.groups))
         return cv.finish(target, dx)
     narrow = dx.dtype != cv.ct
-    acc = cv.scratch(g.c, g.h, g.w) if narrow else None
+    dxv = kview(dx).reshape(g.n, g.c, g.h * g.w)
+    if cv.batched:       # one col2im over the whole batch
+        acc = cv.scratch(g.n, g.c, g.h, g.w) if narrow else dx
+        kernel = col2im_kernel(narrow, use_parallel(dx.size))
+        cv.steps.append((kernel, (dcols, acc, dxv, g.window())))
+        return cv.steps
+    acc = cv.scratch(1, g.c, g.h, g.w) if narrow else None
     kernel = col2im_kernel(narrow, use_parallel(g.c * g.h * g.w))
-    if not cv.batched:
-        dcols = cv.scratch(g.groups * g.kg, cv.ohw)
-    dxv = kview(dx)
+    dcols = cv.scratch(g.groups * g.kg, cv.ohw)
     for n in range(g.n):
-        if not cv.batched:
-            cv.gemms(wts, split(dy3[n], g.groups), split(dcols, g.groups))
-        acc_n = acc if narrow else dx[n]
-        cv.steps.append((kernel, (cv.block(dcols, n), acc_n, dxv[n].reshape(g.c, g.h * g.w),
+        cv.gemms(wts, split(dy3[n], g.groups), split(dcols, g.groups))
+        cv.steps.append((kernel, (dcols, acc if narrow else dx[n:n + 1], dxv[n:n + 1],
                                   g.window())))
     return cv.steps
 
 
 TRANSPOSED_FROM = 1024
 """Terms per product from which a filter gradient's GEMM runs transposed (see
-:func:`build_conv_filter_grad`)."""
+:func:`filter_grad_steps`)."""
 
 
 def filter_grad_steps(dy, x, dw, g):
@@ -568,7 +596,20 @@ def filter_grad_steps(dy, x, dw, g):
     (91 against 77 GFLOP/s at 64x256 over 3136), so when ``K > O/G`` and each product sums at
     least ``TRANSPOSED_FROM`` terms the builder computes ``dW[g].T = im2col[g] @ dy[g].T`` into a
     ``[K, O/G]`` scratch and copies it into place once (the transposing copy costs more than it
-    saves on shorter sums: 1x1 2048->512 at 7x7, 5.8 against 2.5 ms)."""
+    saves on shorter sums: 1x1 2048->512 at 7x7, 5.8 against 2.5 ms).
+
+    Kernel taps that never reach the input (``live_taps``) get 0, the others are computed by the
+    cropped convolution."""
+    taps = live_taps(g)
+    if taps is None:
+        return _filter_grad_steps(dy, x, dw, g)
+    p0, p1, q0, q1 = taps
+    live = np.empty((g.o, g.cg, p1 - p0, q1 - q0), dw.dtype)
+    return (_filter_grad_steps(dy, x, live, cropped(g, taps)) + fill_steps(dw, 0.0)
+            + [(np.copyto, (dw[:, :, p0:p1, q0:q1], live))])
+
+
+def _filter_grad_steps(dy, x, dw, g):
     cv = _Conv(g, dw.dtype)
     target = cv.target(dw)
     if winograd_applies(g):
