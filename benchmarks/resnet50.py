@@ -147,6 +147,120 @@ def run(batches, dtypes, times: int, warmup: int, size: int, with_torch: bool) -
     return rows
 
 
+CATEGORIES = {
+    "conv forward": ("conv2d",), "conv backward": ("conv_data_grad", "conv_filter_grad"),
+    "batch norm forward": ("normalization",), "batch norm backward": ("normalization_grad",),
+    "pools (+ grads)": ("max_pool_2d", "max_pool_2d_grad", "adaptive_avg_pool2d",
+                        "adaptive_avg_pool2d_grad"),
+    "relu, add (+ grads)": ("relu", "relu_grad", "add_n", "broadcast_add", "fused_elementwise"),
+    "SGD update": ("sgd_update",),
+}
+"""Profile categories: miniflow op types in each (the rest is "other")."""
+TORCH_CATEGORIES = {
+    "conv forward": ("aten::mkldnn_convolution", "aten::thnn_conv2d",
+                     "aten::_slow_conv2d_forward"),
+    "conv backward": ("aten::convolution_backward",),
+    "batch norm forward": ("aten::native_batch_norm",),
+    "batch norm backward": ("aten::native_batch_norm_backward",),
+    "pools (+ grads)": ("aten::max_pool2d_with_indices", "aten::max_pool2d_with_indices_backward",
+                        "aten::mean", "aten::adaptive_avg_pool2d", "aten::sum", "aten::expand",
+                        "aten::div"),
+    "relu, add (+ grads)": ("aten::relu_", "aten::clamp_min_", "aten::threshold_backward",
+                            "aten::add_", "aten::add"),
+    "SGD update": ("aten::_foreach_add_", "aten::_foreach_mul_", "aten::_foreach_add",
+                   "aten::mul_"),
+}
+"""PyTorch's self-time events per category (``add_`` is counted with the residual adds; SGD's
+momentum and update are ``_foreach`` ops)."""
+
+
+def _miniflow_profile(batch: int, size: int) -> tuple:
+    """``(per category ms, per conv layer ms, state dict)`` of one fp32 training step:
+    every plan step timed alone (after a warm-up step)."""
+    import miniflow as mf
+    from miniflow.experiments.mlp import TrainGraph
+    from miniflow.models import resnet50
+
+    mf.manual_seed(0)
+    model = resnet50(CLASSES)
+    graph = TrainGraph(model, mf.optim.SGD(model.parameters(), lr=LR, momentum=MOMENTUM))
+    x, y = data(batch, size)
+    graph(x, y)
+    plan = next(reversed(graph.plans.values()))
+    for buf, a in zip(plan.input_buffers, (x, y)):
+        plan.backend.copy_in(buf, a)
+    per_node: dict = {}
+    for k, (fn, args) in enumerate(plan.steps):
+        t0 = time.perf_counter()
+        fn(*args)
+        i = plan._owners[k]
+        per_node[i] = per_node.get(i, 0.0) + time.perf_counter() - t0
+    cats, layers = {}, {}
+    for i, dt in per_node.items():
+        node = plan.graph.nodes[i]
+        op = node.op.name
+        cat = next((c for c, ops in CATEGORIES.items() if op in ops), "other")
+        cats[cat] = cats.get(cat, 0.0) + 1e3 * dt
+        if op in ("conv2d", "conv_data_grad", "conv_filter_grad"):
+            x_shape = node.inputs[2 if op == "conv_data_grad" else 1 if op == "conv_filter_grad"
+                                  else 0].shape
+            w_shape = (node.inputs[1].shape if op != "conv_filter_grad" else node.outputs[0].shape)
+            key = (tuple(x_shape), tuple(w_shape), "forward" if op == "conv2d" else "backward")
+            layers[key] = layers.get(key, 0.0) + 1e3 * dt
+    return cats, layers, model.state_dict()
+
+
+def _torch_profile(batch: int, size: int, state: dict) -> tuple:
+    """``(per category ms, per conv layer ms)`` of one PyTorch fp32 training step
+    (``torch.profiler``, self CPU time per op and input shapes, after a warm-up step)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    step = torch_step("fp32", state)
+    x, y = data(batch, size)
+    step(x, y)
+    with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
+        step(x, y)
+    cats, layers = {}, {}
+    for ev in prof.key_averages(group_by_input_shape=True):
+        ms = ev.self_cpu_time_total / 1e3
+        cat = next((c for c, ops in TORCH_CATEGORIES.items() if ev.key in ops), "other")
+        cats[cat] = cats.get(cat, 0.0) + ms
+        shapes = ev.input_shapes
+        if ev.key in TORCH_CATEGORIES["conv forward"] and len(shapes) >= 2:
+            key = (tuple(shapes[0]), tuple(shapes[1]), "forward")
+        elif ev.key == "aten::convolution_backward" and len(shapes) >= 3:
+            key = (tuple(shapes[1]), tuple(shapes[2]), "backward")
+        else:
+            continue
+        layers[key] = layers.get(key, 0.0) + ms
+    return cats, layers
+
+
+def profile_step(batch: int, size: int) -> str:
+    """Where the time of one fp32 training step goes, miniflow against PyTorch (Markdown)."""
+    cats, layers, state = _miniflow_profile(batch, size)
+    t_cats, t_layers = _torch_profile(batch, size, state)
+    names = list(CATEGORIES) + ["other"]
+    out = [f"One fp32 training step at input_shape [{batch}, 3, {size}, {size}], ms (miniflow: "
+           f"every plan step timed alone; PyTorch: torch.profiler self CPU time):", "",
+           "| part | miniflow | PyTorch | PyTorch / miniflow |", "|---|---:|---:|---:|"]
+    for n in names:
+        m, t = cats.get(n, 0.0), t_cats.get(n, 0.0)
+        out.append(f"| {n} | {m:.1f} | {t:.1f} | {t / m:.2f} |" if m else
+                   f"| {n} | {m:.1f} | {t:.1f} | - |")
+    out.append(f"| total | {sum(cats.values()):.1f} | {sum(t_cats.values()):.1f} | "
+               f"{sum(t_cats.values()) / sum(cats.values()):.2f} |")
+    out += ["", "Convolution layers (forward; backward = data + filter gradient), grouped by "
+            "input and weight shape, slowest against PyTorch first:", "",
+            "| input | weight | pass | miniflow | PyTorch | PyTorch / miniflow |",
+            "|---|---|---|---:|---:|---:|"]
+    common = [k for k in layers if k in t_layers]
+    for k in sorted(common, key=lambda k: t_layers[k] / layers[k]):
+        out.append(f"| {list(k[0])} | {list(k[1])} | {k[2]} | {layers[k]:.1f} | "
+                   f"{t_layers[k]:.1f} | {t_layers[k] / layers[k]:.2f} |")
+    return "\n".join(out)
+
+
 def table(rows) -> str:
     """The results as a Markdown table."""
     out = ["| dtype | input_shape | miniflow (ms) | PyTorch (ms) | relative speed |",
@@ -168,6 +282,9 @@ def main(argv=None) -> int:
     p.add_argument("--image-size", type=int, default=224)
     p.add_argument("--no-torch", action="store_true", help="time miniflow only")
     p.add_argument("--no-save", action="store_true", help="do not write results/resnet50.json")
+    p.add_argument("--profile", type=int, metavar="BATCH",
+                   help="instead: where one fp32 step's time goes at this batch, miniflow "
+                        "against PyTorch (needs torch)")
     args = p.parse_args(argv)
     if args.warmup < 1 or (args.times is not None and args.times < 1):
         p.error("--warmup and --times must be >= 1")
@@ -190,6 +307,11 @@ def main(argv=None) -> int:
     threads = args.threads or os.cpu_count()
     print(f"machine: {harness.describe(harness.machine())}")
     print(f"backend: {backend}; threads: {harness.pin_threads(threads)}")
+    if args.profile:
+        if not with_torch:
+            p.error("--profile compares with PyTorch: install torch, run on the cpu backend")
+        print(profile_step(args.profile, args.image_size))
+        return 0
     rows = run(args.batch, args.dtypes, times, args.warmup, args.image_size, with_torch)
     print(table(rows))
     if not args.no_save:

@@ -7,6 +7,7 @@ from unittest import mock
 
 import numpy as np
 import pytest
+from hypothesis import assume, given, settings, strategies as st
 
 from miniflow.kernels.cpu import normalization as cpu_norm
 from miniflow.ops.normalization import normalization_reference
@@ -96,6 +97,15 @@ def test_gradients_match_finite_differences(shape, axis, training):
     """Through autograd and a plan, in float64: dx, dgamma, dbeta of y, and (training) the
     gradients through the mean and inv_variance outputs too (check_grad sums every output)."""
     check_grad("normalization", inputs(np.float64, shape, axis, seed=3),
+               {"axis": axis, "training": training})
+
+
+@settings(max_examples=20, deadline=None)
+@given(st.lists(st.integers(1, 3), min_size=2, max_size=4), st.data(), st.booleans())
+def test_gradients_match_finite_differences_on_random_shapes(shape, data, training):
+    axis = data.draw(st.integers(0, len(shape) - 1))
+    assume(not training or np.prod(shape) // shape[axis] >= 2)
+    check_grad("normalization", inputs(np.float64, tuple(shape), axis, seed=len(shape)),
                {"axis": axis, "training": training})
 
 

@@ -7,7 +7,7 @@ from unittest import mock
 
 import numpy as np
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import assume, given, settings, strategies as st
 
 from miniflow.kernels import cpu
 from miniflow.kernels.cpu import pool as cpu_pool
@@ -136,6 +136,34 @@ def test_max_pool_nan_and_ties():
 def test_gradients_match_finite_differences(op, shape, attrs):
     x = np.random.default_rng(4).permutation(np.prod(shape)).reshape(shape) / 10.0  # no ties
     check_grad(op, [x], attrs)
+
+
+def _distinct(shape, seed):
+    """Values with no ties (a max pool's gradient is defined), in float64."""
+    return np.random.default_rng(seed).permutation(int(np.prod(shape))).reshape(shape) / 7.0
+
+
+@settings(max_examples=25, deadline=None)
+@given(windows(avg=False), st.integers(0, 2 ** 16))
+def test_max_pool_gradient_matches_finite_differences_on_random_windows(geo, seed):
+    shape, attrs = geo
+    x = _distinct(shape, seed)
+    y, _ = run(Case("max_pool_2d", [x], attrs))
+    assume(np.isfinite(y).all())        # a window entirely in the padding has no derivative
+    check_grad("max_pool_2d", [x], attrs)
+
+
+@settings(max_examples=25, deadline=None)
+@given(windows(avg=True), st.integers(0, 2 ** 16))
+def test_avg_pool_gradient_matches_finite_differences_on_random_windows(geo, seed):
+    shape, attrs = geo
+    check_grad("avg_pool_2d", [_distinct(shape, seed)], attrs)
+
+
+@settings(max_examples=20, deadline=None)
+@given(st.integers(1, 6), st.integers(1, 6), st.integers(1, 6), st.integers(1, 6))
+def test_adaptive_avg_pool_gradient_matches_finite_differences(h, w, oh, ow):
+    check_grad("adaptive_avg_pool2d", [_distinct((2, 2, h, w), h * w)], {"output_size": (oh, ow)})
 
 
 @needs_torch
