@@ -123,6 +123,16 @@ def results(case: Case, node: Node, ins, outs) -> list:
     return list(outs) + [ins[k] for k in node.op.written(node.attrs) if k < len(ins)]
 
 
+def run_cpu(case: Case) -> list:
+    """``case`` on the CPU kernels: its outputs, then the inputs it writes (:func:`results`)."""
+    from miniflow.kernels import cpu
+    node = make_node(case)
+    ins, outs = host_buffers(case, node)
+    for fn, args in cpu.builder_for(node.op)(node, ins, outs):
+        fn(*args)
+    return results(case, node, ins, outs)
+
+
 def reference(case: Case) -> list:
     """What ``case`` must give, from the op's float64 reference: ``ir.evaluate`` of a one-node
     graph (inputs the op writes are variables), in the order of :func:`results`."""

@@ -8,6 +8,7 @@ import pytest
 
 import miniflow as mf
 from miniflow import nn
+from miniflow.experiments.mlp import EvalGraph as Eval
 
 try:
     import torch
@@ -37,14 +38,6 @@ class Train(nn.Graph):
         loss.backward()
         return loss
 
-
-class Eval(nn.Graph):
-    def __init__(self, model):
-        super().__init__()
-        self.model = model
-
-    def build(self, x):
-        return self.model(x)
 
 
 def data(n=6, seed=0):

@@ -21,7 +21,7 @@ from miniflow.kernels.cpu import conv as cpu_conv
 from miniflow.ops.conv import conv_sample_inputs
 from miniflow.testing import check_grad, gradient_graph
 
-from op_cases import Case, assert_matches_reference, host_buffers, make_node, results
+from op_cases import Case, assert_matches_reference, host_buffers, make_node, run_cpu as run
 
 try:
     import torch
@@ -80,16 +80,6 @@ def cases(x, w, dy, a):
     """The four convolution ops on one geometry."""
     return [Case("conv2d", [x, w], a), Case("conv_data_grad", [dy, w, x], a),
             Case("conv_filter_grad", [dy, x], a), Case("conv_bias_grad", [dy], {})]
-
-
-def run(case):
-    """``case`` on the CPU kernels: its outputs (``op_cases.results``)."""
-    node = make_node(case)
-    ins, outs = host_buffers(case, node)
-    steps = cpu.builder_for(node.op)(node, ins, outs)
-    for fn, args in steps:
-        fn(*args)
-    return results(case, node, ins, outs)
 
 
 def step_names(case) -> set:

@@ -11,6 +11,7 @@ import pytest
 
 import miniflow as mf
 from miniflow import nn
+from miniflow.experiments.mlp import EvalGraph as Eval
 from miniflow.models import lenet, resnet18, resnet34, resnet50
 
 try:
@@ -23,14 +24,6 @@ if torch is not None:   # the torchvision-identical PyTorch ResNet (benchmarks/t
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
     from torch_resnet import torch_resnet
 
-
-class Eval(nn.Graph):
-    def __init__(self, model):
-        super().__init__()
-        self.model = model
-
-    def build(self, x):
-        return self.model(x)
 
 
 @pytest.mark.parametrize("make,params,keys", [(resnet18, 11_689_512, 122),

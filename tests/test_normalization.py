@@ -13,7 +13,7 @@ from miniflow.kernels.cpu import normalization as cpu_norm
 from miniflow.ops.normalization import normalization_reference
 from miniflow.testing import check_grad
 
-from op_cases import Case, assert_matches_reference, host_buffers, make_node, results
+from op_cases import Case, assert_matches_reference, host_buffers, make_node, run_cpu as run
 
 try:
     import torch
@@ -34,13 +34,6 @@ def inputs(dt, shape, axis, seed=0, mean=1.0, std=2.0):
     return [x, mm, r.uniform(0.5, 2.0, c).astype(pt), gamma, beta]
 
 
-def run(case):
-    node = make_node(case)
-    ins, outs = host_buffers(case, node)
-    from miniflow.kernels import cpu
-    for fn, args in cpu.builder_for(node.op)(node, ins, outs):
-        fn(*args)
-    return results(case, node, ins, outs)
 
 
 @pytest.mark.parametrize("parallel", [False, True])

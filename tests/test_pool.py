@@ -14,7 +14,7 @@ from miniflow.kernels.cpu import pool as cpu_pool
 from miniflow.ops.pool import max_pool_reference
 from miniflow.testing import check_grad
 
-from op_cases import Case, assert_matches_reference, host_buffers, make_node, results
+from op_cases import Case, assert_matches_reference, make_node, run_cpu as run
 
 try:
     import torch
@@ -26,12 +26,6 @@ needs_torch = pytest.mark.skipif(torch is None, reason="torch is not installed")
 FLOATS = [np.float16, np.float32, np.float64]
 
 
-def run(case):
-    node = make_node(case)
-    ins, outs = host_buffers(case, node)
-    for fn, args in cpu.builder_for(node.op)(node, ins, outs):
-        fn(*args)
-    return results(case, node, ins, outs)
 
 
 @st.composite
