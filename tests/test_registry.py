@@ -6,7 +6,7 @@ fails here; the CUDA simulator lane runs the same comparison for the CUDA kernel
 
 Also: ``evaluate`` itself (a whole training step against the plan), and what the registry
 derives (the elementwise kernels, also of an op registered late, the fused-expression functions,
-``side_effect``).
+the inputs each op writes).
 """
 import types
 

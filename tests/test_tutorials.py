@@ -103,7 +103,7 @@ CASES = {
     ]),
     "08_add_an_op.py": ([], [
         r"registered: OpDef\('softplus'\) and OpDef\('softplus_grad'\); .* AMP list 'gray', "
-        r"side_effect False\n",
+        r"writes \(\)\n",
         r"no AMP list and no note -> ValueError: op 'softplus_nolist' is in no AMP list",
         r"another function named softplus -> ValueError: .*clashes with another function",
         r"softplus of an int64 input -> TypeError: softplus: input %labels \(i64\[4\]\) must be "

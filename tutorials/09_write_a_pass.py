@@ -11,8 +11,8 @@ What this lesson shows:
    Values (unchanged since), with the same attributes as an earlier node computes the same
    outputs, so its readers can read the earlier node's outputs (``graph.replace_uses``, which also
    rewires the graph's named results) and the node is dropped. Ops that write their inputs
-   (``op.side_effect``: the update ops) are never merged, and a variable they write is a new
-   version for the nodes after them.
+   (``node.written``: the update ops, a training-mode batch norm) are never merged, and a variable
+   they write is a new version for the nodes after them.
 3. The IR before and after, on a graph with a copy-pasted subexpression.
 4. Into the pipeline: ``passes_for(ctx)`` is the list of ``(name, pass)`` pairs ``nn.Graph`` runs;
    the lesson inserts CSE right after autograd (whose gradient rule for ``x * x`` emits the same
@@ -73,7 +73,7 @@ def common_subexpression_elimination(graph: Graph, ctx=None) -> Graph:
     Guarantees: the graph computes the same values. Every reader of a dropped node's outputs, every
     result naming one (``graph.replace_uses``) and every Value the compile context holds
     (``ctx.initial_grad`` ...) reads the first node's outputs instead. Ops that write inputs
-    (``op.side_effect``) are never merged or dropped; after one, the Values it wrote count as new.
+    (``node.written``) are never merged or dropped; after one, the Values it wrote count as new.
     Nodes keep their order. Run it before the AMP pass: AMP's decisions (``ctx.amp_result``) name
     nodes, which this pass would drop.
 
@@ -85,11 +85,10 @@ def common_subexpression_elimination(graph: Graph, ctx=None) -> Graph:
     replaced: dict = {}     # dropped output -> the output that replaces it
     kept = []
     for node in graph.nodes:
-        if node.op.side_effect:
+        if node.written:
             kept.append(node)
-            for k in node.op.writes:
-                if k < len(node.inputs):
-                    version[node.inputs[k]] = version.get(node.inputs[k], 0) + 1
+            for v in node.written:
+                version[v] = version.get(v, 0) + 1
             continue
         key = (node.op, tuple((v, version.get(v, 0)) for v in node.inputs), attrs_key(node.attrs))
         earlier = first.get(key)
@@ -115,7 +114,7 @@ def cse_forgetting_readers(graph: Graph, ctx=None) -> Graph:
     seen, kept = set(), []
     for node in graph.nodes:
         key = (node.op, tuple(node.inputs), attrs_key(node.attrs))
-        if node.op.side_effect or key not in seen:
+        if node.written or key not in seen:
             seen.add(key)
             kept.append(node)
     graph.nodes = kept
@@ -127,7 +126,7 @@ def cse_ignoring_attributes(graph: Graph, ctx=None) -> Graph:
     first, kept = {}, []
     for node in graph.nodes:
         key = (node.op, tuple(node.inputs))
-        if node.op.side_effect or key not in first:
+        if node.written or key not in first:
             first.setdefault(key, node)
             kept.append(node)
             continue
