@@ -124,11 +124,13 @@ class GraphConfig:
         """Turn automatic mixed precision on (or off with ``enabled=False``).
 
         The AMP pass then runs after autograd on the forward and backward graph: white ops run in
-        ``dtype`` (float16), casts go on the edges between white and other ops, parameters stay
-        float32 master weights (OneFlow's ``config.enable_amp``).
+        ``dtype`` (float16 or bfloat16), casts go on the edges between white and other ops,
+        parameters stay float32 master weights (OneFlow's ``config.enable_amp``). bfloat16 has
+        float32's range, so it needs no loss scaling (a grad scaler may still be set); float16
+        usually does (``set_grad_scaler``).
 
         Args:
-            dtype: the half type; only ``miniflow.float16``.
+            dtype: the half type: ``miniflow.float16`` (default) or ``miniflow.bfloat16``.
             lists: the op type lists to start from (an :class:`~miniflow.amp.AmpLists`; default
                 OneFlow's lists, ``miniflow.amp.lists``); it is copied.
             white_add ... clear_add: op type names to put in that list (out of any other).
@@ -139,7 +141,8 @@ class GraphConfig:
                 ``miniflow.passes.loss_scale``.
 
         Raises:
-            TypeError: ``enabled`` is not a bool, ``lists`` not an AmpLists, ``dtype`` not float16.
+            TypeError: ``enabled`` is not a bool, ``lists`` not an AmpLists, ``dtype`` not a half
+                type.
             ValueError: an unknown op type name, or one that is not in the list it is removed
                 from; an unknown loss_scale_policy.
         """

@@ -438,11 +438,14 @@ def test_half_parameters_are_rejected_master_weights_stay_fp32():
         Fn()(np.ones((2, 3), np.float32))
 
 
-@pytest.mark.parametrize("dtype", [mf.float32, "bfloat16", np.float64])
-def test_enable_amp_rejects_dtypes_other_than_float16(dtype):
-    with pytest.raises(TypeError, match="dtype must be miniflow.float16"):
+@pytest.mark.parametrize("dtype", [mf.float32, "int64", np.float64])
+def test_enable_amp_rejects_dtypes_other_than_the_half_types(dtype):
+    with pytest.raises(TypeError, match="dtype must be a half type, miniflow.float16 or "
+                                        "miniflow.bfloat16"):
         nn.GraphConfig().enable_amp(True, dtype=dtype)
     cfg = nn.GraphConfig()
+    cfg.enable_amp(True, dtype="bfloat16")
+    assert cfg.amp.dtype is mf.bfloat16
     cfg.enable_amp(True, dtype="float16")
     assert cfg.amp.dtype is f16
     cfg.enable_amp(False)

@@ -23,10 +23,10 @@ from miniflow.ops import all_ops, emitter, get_op, register, scalar_functions, u
 from miniflow.ops.fused import arity
 from miniflow.ops.registry import OP_REGISTRY
 
-from op_cases import (assert_matches_reference, cast_cases, float64_cases, host_buffers,
-                      late_op, make_node, registry_cases, results)
+from op_cases import (assert_matches_reference, bfloat16_cases, cast_cases, float64_cases,
+                      host_buffers, late_op, make_node, registry_cases, results)
 
-CASES = registry_cases() + float64_cases() + cast_cases()
+CASES = registry_cases() + float64_cases() + bfloat16_cases() + cast_cases()
 
 
 @pytest.mark.parametrize("name", sorted(all_ops()))

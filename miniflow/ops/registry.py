@@ -28,7 +28,7 @@ OP_REGISTRY: dict[str, "OpDef"] = {}
 AMP_CATEGORIES = ("white", "black", "gray", "clear")
 """The AMP lists an op can be in (``OpDef.amp``; None: in no list, "unlisted")."""
 
-CAST_FUNCTIONS = ("f16", "f32", "f64")
+CAST_FUNCTIONS = ("f16", "bf16", "f32", "f64")
 """Names the fused-expression language reserves for casts: no scalar function may take them."""
 
 _INFER_CALLS = [0]
