@@ -16,7 +16,7 @@ Values and attributes; this module only calls the OpDef's ``normalize_attrs``, `
 ``reference``, ``writes`` and ``name``, so it imports nothing from ``miniflow.ops``. Every Value
 has a shape and a dtype and is defined once: as a graph input, a variable, a constant, or an output
 of exactly one Node. Update ops (``sgd_update``...) have no outputs; they write their variable inputs
-in place (``op.writes``) and are kept by dead-code elimination.
+in place (``op.written_inputs``) and are kept by dead-code elimination.
 
 New nodes go to the end of the graph, or where an insertion point says (PyTorch FX's
 ``graph.inserting_after(node)``): ``with graph.inserting_after(n): graph.emit(...)``.
@@ -487,9 +487,9 @@ class Graph:
         before.reverse()
         written = {}  # id(variable) -> index of the first micro-batch node that writes it
         for i in each:
-            for k in self.nodes[i].op.writes:
-                if k < len(self.nodes[i].inputs):
-                    written.setdefault(id(self.nodes[i].inputs[k]), i)
+            n = self.nodes[i]
+            for k in n.op.written_inputs(len(n.inputs), n.attrs):
+                written.setdefault(id(n.inputs[k]), i)
         for i in before:
             for v in self.nodes[i].inputs:
                 if written.get(id(v), len(self.nodes)) < i:
@@ -668,8 +668,8 @@ def evaluate(graph: Graph, inputs, variables: dict | None = None) -> dict:
         if op.reference is None:
             raise NotImplementedError(f"evaluate: op {op.name!r} has no reference (node {i}: "
                                       f"{node.format()}); declare reference= in its OpDef")
-        targets = ([node.inputs[k] for k in op.writes if k < len(node.inputs)] if op.writes
-                   else node.outputs)
+        targets = ([node.inputs[k] for k in op.written_inputs(len(node.inputs), node.attrs)]
+                   if op.writes else node.outputs)
         args, attrs = [read(v) for v in node.inputs], node.attrs
         if runs_per_micro_batch(node):  # a boundary op: the micro-batch, and the output so far
             attrs = {**attrs, "micro_batch": micro_batch}

@@ -119,8 +119,9 @@ def make_node(case: Case) -> Node:
     Inputs an update op writes are declared as variables (update ops require that).
     """
     opdef = get_op(case.op)
+    writes = opdef.written_inputs(len(case.inputs), case.attrs)
     vals = [Value(f"in{i}", a.shape, as_dtype(a.dtype),
-                  kind="variable" if i in opdef.writes else "input")
+                  kind="variable" if i in writes else "input")
             for i, a in enumerate(case.inputs)]
     attrs = opdef.normalize_attrs(vals, case.attrs)
     node = Node(opdef, vals, [], attrs)
@@ -138,17 +139,18 @@ def host_buffers(case: Case, node: Node):
 
 def results(case: Case, node: Node, ins, outs) -> list:
     """What a run produced: every output, then every input the op writes (update ops)."""
-    return list(outs) + [ins[i] for i in get_op(case.op).writes if i < len(ins)]
+    return list(outs) + [ins[i] for i in get_op(case.op).written_inputs(len(ins), case.attrs)]
 
 
 def reference(case: Case) -> list:
     """What ``case`` must give, from the op's float64 reference: ``ir.evaluate`` of a one-node
     graph (inputs the op writes are variables), in the order of :func:`results`."""
     opdef = get_op(case.op)
+    writes = opdef.written_inputs(len(case.inputs), case.attrs)
     g = Graph()
     vals, inputs, variables = [], [], {}
     for i, a in enumerate(case.inputs):
-        if i in opdef.writes:
+        if i in writes:
             vals.append(g.add_variable(f"in{i}", a.shape, as_dtype(a.dtype)))
             variables[f"in{i}"] = a
         else:
@@ -158,7 +160,7 @@ def reference(case: Case) -> list:
     g.set_outputs([] if outs is None else list(outs) if isinstance(outs, tuple) else [outs])
     got = evaluate(g, inputs, variables)
     return ([got[f"output{k}"] for k in range(len(g.outputs))]
-            + [got[f"in{i}"] for i in opdef.writes if i < len(case.inputs)])
+            + [got[f"in{i}"] for i in writes])
 
 
 TOL = {np.dtype(np.float16): (2e-3, 2e-3), bfloat16.np: (1.6e-2, 1.6e-2),

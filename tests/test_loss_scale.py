@@ -39,6 +39,8 @@ class Step(nn.Graph):
         self.add_optimizer(mf.optim.SGD(model.parameters(), lr=lr, momentum=momentum))
         if amp:
             self.config.enable_amp(True, loss_scale_policy=policy)
+            # the loss-scale stage as its pass makes it (fused: tests/test_fused_update.py)
+            self.config.enable_fused_model_update_cast(False)
         if scaler is not None:
             self.set_grad_scaler(scaler)
 

@@ -58,7 +58,9 @@ class OpDef:
         amp: the op's AMP list, ``"white"``, ``"black"``, ``"gray"`` or ``"clear"`` (OneFlow's
             lists, ``miniflow.amp.lists``), or None: in no list.
         amp_note: why the op is in no list (required then), or a remark on its list.
-        writes: indices of the inputs the op writes in place (update ops).
+        writes: indices of the inputs the op writes in place (update ops), or, for an op with
+            a variable number of inputs (the multi-tensor updates), a function
+            ``(number of inputs, attrs) -> indices``; read it through :meth:`written_inputs`.
         scalar: for an elementwise op, its scalar function: a plain Python function of floats
             (``math`` only), ``out[idx] = scalar(in0[idx], in1[idx], ..., attrs[scalar_attr])`` with
             the inputs broadcast to the output (NumPy rules). The CPU and CUDA kernels and the
@@ -86,7 +88,7 @@ class OpDef:
     samples: Callable | None = None
     amp: str | None = None
     amp_note: str = ""
-    writes: tuple = ()
+    writes: tuple | Callable = ()
     scalar: Callable | None = None
     scalar_attr: str | None = None
     diagnose: Callable | None = None
@@ -97,6 +99,13 @@ class OpDef:
     def side_effect(self) -> bool:
         """The op writes some of its inputs (update ops): dead-code elimination keeps it."""
         return bool(self.writes)
+
+    def written_inputs(self, n_inputs: int, attrs) -> tuple:
+        """Indices (ascending) of the inputs a node of this op with ``n_inputs`` inputs and
+        ``attrs`` writes in place."""
+        if callable(self.writes):
+            return tuple(self.writes(n_inputs, attrs))
+        return tuple(k for k in self.writes if k < n_inputs)
 
     def infer(self, inputs, attrs):
         """Shape/dtype inference (counted, so tests can prove the hot path never calls it)."""

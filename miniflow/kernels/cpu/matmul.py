@@ -43,6 +43,7 @@ import numpy as np
 from .common import blas_libraries, jit, loop_for, use_parallel
 from .elementwise import cast_steps
 from .fp16 import to_compute
+from .loss_scale import cast_count_steps
 
 __all__ = ["BUILDERS", "SKINNY", "BIG", "DOT_MIN_K", "DOT_MAX_ROWS", "RANK_MAX_INNER",
            "SWAP_MAX_ROWS", "ONE_THREAD_FROM", "ONE_THREAD_BELOW", "OneThreadBlas",
@@ -263,9 +264,17 @@ def _product_step(a, b, out):
 
 
 def build_matmul(node, ins, outs):
-    """``out = op(a) @ op(b)`` (2-D; ``op`` = transpose when ``transpose_a``/``transpose_b``)."""
+    """``out = op(a) @ op(b)`` (2-D; ``op`` = transpose when ``transpose_a``/``transpose_b``);
+    with ``count_not_finite`` also ``outs[1][0]`` = the number of non-finite elements of out,
+    counted in the pass that rounds the float32 product into a half out (a float32 out is
+    computed into a scratch and copied by that pass)."""
     a, b, out = ins[0], ins[1], outs[0]
     steps = []
+    if len(outs) > 1 and out.dtype.itemsize != 2:
+        target = np.empty(out.shape, out.dtype)
+        a = a.T if node.attrs.get("transpose_a", False) else a
+        b = b.T if node.attrs.get("transpose_b", False) else b
+        return [_product_step(a, b, target)] + cast_count_steps(target, out, outs[1])
     if out.dtype.itemsize == 2:             # a half type: the product in float32
         a32, b32, out32 = (np.empty(t.shape, np.float32) for t in (a, b, out))
         steps += cast_steps(a, a32) + cast_steps(b, b32)
@@ -275,7 +284,9 @@ def build_matmul(node, ins, outs):
     a = a.T if node.attrs.get("transpose_a", False) else a
     b = b.T if node.attrs.get("transpose_b", False) else b
     steps.append(_product_step(a, b, target))
-    if target is not out:
+    if len(outs) > 1:                   # count_not_finite: counted where the product is rounded
+        steps += cast_count_steps(target, out, outs[1])
+    elif target is not out:
         steps += cast_steps(target, out)
     return steps
 
