@@ -21,9 +21,9 @@ count), as OneFlow's update kernels return early on ``skip_if`` (loss scaling sk
 
 The multi-tensor updates with cast (OneFlow's ``multi_tensor_sgd_update_with_cast`` /
 ``multi_tensor_momentum_update_with_cast`` and ``multi_tensor_adam_update_with_cast``, made by
-the ``fuse_amp_update`` pass under AMP) update several parameters in one kernel and, in the same
-pass over memory, unscale the gradient and write the half copy of each weight that the next
-step's matmuls read:
+the ``fuse_model_update_cast`` pass under AMP) update several parameters in one kernel and, in
+the same pass over memory, unscale the gradient and write the half copy of each weight that the
+next step's matmuls read:
 
 * ``multi_tensor_sgd_update_with_cast(learning_rate, skip_if, scale_by_tensor, model_0..n-1,
   model_diff_0.., model_copy_0..[, momentum_buf_0..])`` {momentum, weight_decay,
@@ -331,7 +331,7 @@ def _multi_samples(adam: bool):
 
 
 _CAST_NOTE = ("optimizer update with the half copy of the weight (OneFlow's multi-tensor update "
-              "with cast): made by the fuse_amp_update pass after AMP")
+              "with cast): made by the fuse_model_update_cast pass after AMP")
 
 register("multi_tensor_sgd_update_with_cast", _sgd_cast_infer, normalize=_sgd_cast_norm,
          writes=_sgd_cast_writes, reference=_sgd_cast_ref, samples=_multi_samples(False),
