@@ -29,7 +29,7 @@ FP16_OVERFLOW = 65520.0
 """Smallest value that rounds to +inf when converted to float16 (round-to-nearest-even)."""
 FP16_MIN_NORMAL = 2.0 ** -14
 FP16_MIN_SUBNORMAL = 2.0 ** -24
-BF16_MAX = float(np.finfo(ml_dtypes.bfloat16).max)
+BF16_MAX = float(ml_dtypes.finfo(ml_dtypes.bfloat16).max)   # np.finfo: ml_dtypes >= 0.7 only
 """Largest finite bfloat16 value (3.3895e38)."""
 
 
