@@ -62,6 +62,9 @@ then Markdown tables (step times, CPU/wall); writes ``benchmarks/results/speed.j
 ``speed.png``. JAX and PyTorch are the optional ``bench`` extra; a missing package, or a
 torch.compile that cannot build (it needs a C++ compiler), skips its columns with the reason.
 
+``--profile`` prints, per case, where miniflow's step spends its CPU time: the nodes that take
+the most, with their kernels (:func:`profile`); no other framework runs.
+
 ``--check`` runs ``--check-steps`` steps of every framework on the selected cases instead of
 timing, and fails unless the loss of every step agrees with miniflow's (relative to
 max(1, |loss|): fp32 1e-4; AMP 1e-2, as the formats and roundings differ). The timing run checks
@@ -69,6 +72,7 @@ the first losses the same way.
 
     python benchmarks/speed.py [--core N] [--runs 3] [--rounds 9] [--models mlp,wide_mlp]
                                [--dtypes fp32,fp16] [--batches 1,16,256] [--quick] [--check]
+                               [--profile]
 """
 from __future__ import annotations
 
@@ -402,6 +406,61 @@ def check(models, dtypes, batches, data, frameworks, steps: int) -> list:
     return lines
 
 
+# ----------------------------------------------------------------------------- profile
+def profile(model: str, dtype: str, batch: int, data, steps: int) -> dict:
+    """Where miniflow's step spends its time: every plan step timed by the process's CPU time
+    (``time.process_time_ns``, so time the core spent on other processes is left out) over
+    ``steps`` steps, summed per node. Returns ``{"step_us": whole step, "nodes": [(us, node
+    index, op type, kernel names)], most first}``."""
+    import time
+
+    step = miniflow_step(MODELS[model], init_weights(MODELS[model]), data[0][:batch],
+                         data[1][:batch], dtype)
+    for _ in range(3):
+        step()
+    plan = next(reversed(step.graph.plans.values()))
+    spent, kernels = {}, {}
+    for _ in range(steps):
+        for (fn, args), i in zip(plan.steps, plan._owners):
+            t0 = time.process_time_ns()
+            fn(*args)
+            spent[i] = spent.get(i, 0) + time.process_time_ns() - t0
+            kernels.setdefault(i, {})[_kernel_name(fn)] = None
+    t0 = time.process_time_ns()
+    for _ in range(steps):
+        step()
+    nodes = [(spent[i] / steps / 1e3, i, _node_label(plan.graph.nodes[i]), " + ".join(kernels[i]))
+             for i in spent]
+    return {"step_us": (time.process_time_ns() - t0) / steps / 1e3,
+            "nodes": sorted(nodes, reverse=True)}
+
+
+def _kernel_name(fn) -> str:
+    """A step's kernel factory (``dot_block_kernel``) or function name (``swapped_dot``)."""
+    py_func = getattr(fn, "py_func", None)
+    return py_func.__qualname__.split(".")[0] if py_func is not None else fn.__name__
+
+
+def _node_label(node) -> str:
+    """``matmul f16[16,1024] x f16[1024,1024]^T -> f32`` style: op, inputs, output dtype."""
+    t = ("^T" if node.attrs.get("transpose_a") else "", "^T" if node.attrs.get("transpose_b")
+         else "")
+    ins = [f"{v.dtype.short}{list(v.shape)}{t[k] if k < 2 and node.op.name == 'matmul' else ''}"
+           for k, v in enumerate(node.inputs[:3])]
+    more = ", ..." if len(node.inputs) > 3 else ""
+    return f"{node.op.name}({', '.join(ins)}{more}) -> {node.outputs[0].dtype.short}" \
+        if node.outputs else f"{node.op.name}({', '.join(ins)}{more})"
+
+
+def profile_lines(model: str, dtype: str, batch: int, res: dict, top: int = 8) -> list:
+    """The printed profile: the step, then the ``top`` nodes by time with their share."""
+    total = res["step_us"]
+    lines = [f"{model} {LABEL[dtype]} batch {batch}: {total:.0f} us per step (CPU time)"]
+    lines += [f"  {us:8.0f} us {100 * us / total:5.1f}%  node {i:3d} {op} ({kernel})"
+              for us, i, op, kernel in res["nodes"][:top]]
+    return lines
+
+
 # ----------------------------------------------------------------------------- timing
 def time_case(model: str, dtype: str, batch: int, data, frameworks, runs: int,
               rounds: int) -> dict:
@@ -531,6 +590,8 @@ def main(argv=None) -> None:
     p.add_argument("--check", action="store_true",
                    help="check that every framework's losses agree with miniflow's; no timing")
     p.add_argument("--check-steps", type=int, default=5)
+    p.add_argument("--profile", action="store_true",
+                   help="miniflow only: CPU time per node of the step (where the time goes)")
     args = p.parse_args(argv)
     if args.quick:
         args.runs, args.rounds, args.batches = 1, 3, "1,16,256"
@@ -544,6 +605,13 @@ def main(argv=None) -> None:
     for name, reason in skipped.items():
         print(f"{name}: skipped: {reason}")
     data = digits()
+    if args.profile:
+        for model in models:
+            for dtype in dtypes:
+                for batch in batches:
+                    print("\n".join(profile_lines(model, dtype, batch,
+                                                   profile(model, dtype, batch, data, 20))))
+        return
     if args.check:
         check(models, dtypes, batches, data, frameworks, args.check_steps)
         print(f"check passed: {', '.join(frameworks)} agree with miniflow")

@@ -78,3 +78,15 @@ def test_pin_core_rejects_an_unavailable_core():
 
     with pytest.raises(ValueError, match="pin_core: core 100000 is not available"):
         harness.pin_core(100000)
+
+
+def test_profile_times_every_node_once_and_names_its_kernels(data):
+    res = speed.profile("mlp", "bf16", 8, data, steps=2)
+    nodes = res["nodes"]
+    assert len({i for _, i, _, _ in nodes}) == len(nodes)
+    ops = {label.split("(")[0] for _, _, label, _ in nodes}
+    assert {"matmul", "multi_tensor_sgd_update_with_cast"} <= ops      # AMP's fused update
+    assert any("cast_kernel" in kernels for *_, kernels in nodes)       # bf16 matmul widens
+    assert [n[0] for n in nodes] == sorted((n[0] for n in nodes), reverse=True)
+    lines = speed.profile_lines("mlp", "bf16", 8, res, top=3)
+    assert len(lines) == 4 and lines[0].startswith("mlp AMP bf16 batch 8: ")
