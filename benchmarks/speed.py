@@ -42,12 +42,14 @@ JAX is imported); ``harness.start_on_one_core`` does it.
 
 Timing: a warm-up (compilation) is excluded; then ``--runs`` runs of ``--rounds`` rounds; in every
 round each framework does N steps, the frameworks alternating (the order rotates from round to
-round). The reported step time is the median over runs of each run's median round / N. Each round
-also records the process's CPU time and the main thread's: ``cpu/wall`` well below 1 means the
-core was shared with other load; ``other threads`` is the share of the CPU time spent outside the
-main thread: JAX runs its computations on a thread of its own (0.4-1.0 here), and a pool that
-was not kept to one thread would show here (on one core its threads take turns with the main
-thread, so the step gets slower too, while cpu/wall stays near 1).
+round). The reported step time is the median over runs of each run's median round / N; the same
+median of the process's CPU time is the CPU time per step, the fairer measure on a core that
+other processes share (wall time counts their turns too). Each round also records the main
+thread's CPU time: ``cpu/wall`` well below 1 means the core was shared with other load;
+``other threads`` is the share of the CPU time spent outside the main thread: JAX runs its
+computations on a thread of its own (0.4-1.0 here), and a pool that was not kept to one thread
+would show here (on one core its threads take turns with the main thread, so the step gets
+slower too, while cpu/wall stays near 1).
 
 Prints, per model, dtype and batch size::
 
@@ -476,6 +478,7 @@ def time_case(model: str, dtype: str, batch: int, data, frameworks, runs: int,
     n = int(min(200, max(3, ROUND_SECONDS / slowest)))
     names = list(steps)
     per_run = {name: [] for name in names}
+    per_run_cpu = {name: [] for name in names}
     samples = {name: [] for name in names}     # (wall, process cpu, main thread cpu) per round
     for run in range(runs):
         walls = {name: [] for name in names}
@@ -486,9 +489,11 @@ def time_case(model: str, dtype: str, batch: int, data, frameworks, runs: int,
                 samples[name].append(sample)
         for name in names:
             per_run[name].append(statistics.median(walls[name]))
+            per_run_cpu[name].append(statistics.median(s[1] for s in samples[name][-rounds:]))
     total = {name: statistics.median(t) for name, t in per_run.items()}
     return {"steps": n, "losses": losses, "total_s": total,
             "step_s": {name: t / n for name, t in total.items()},
+            "cpu_step_s": {name: statistics.median(t) / n for name, t in per_run_cpu.items()},
             "cpu_per_wall": {name: statistics.median(c / w for w, c, _ in s)
                              for name, s in samples.items()},
             "other_threads": {name: statistics.median(max(0.0, c - t) / c if c > 0 else 0.0
@@ -512,13 +517,15 @@ def report(model: str, dtype: str, batch: int, res: dict) -> None:
                   f"(= {name} / miniflow)")
 
 
-def table(results: list) -> str:
-    """A Markdown table of every case (times in ms, relative speeds)."""
+def table(results: list, key: str = "step_s") -> str:
+    """A Markdown table of every case (times in ms, relative speeds): wall-clock step times
+    (``step_s``), or the process's CPU time per step (``cpu_step_s``: on a shared core the time
+    other processes held it is left out; JAX's own thread is counted)."""
     rows = ["| model | dtype | batch | " + " | ".join(FRAMEWORKS) + " | "
             + " | ".join(f"{k} / miniflow" for k in OTHERS) + " |",
             "|---|---|---:|" + "---:|" * (2 * len(FRAMEWORKS) - 1)]
     for r in results:
-        t = r["step_s"]
+        t = r[key]
         ms = [f"{1e3 * t[k]:.3f}" if k in t else "-" for k in FRAMEWORKS]
         rel = [f"{t[k] / t['miniflow']:.2f}" if k in t else "-" for k in OTHERS]
         rows.append(f"| {r['model']} | {LABEL[r['dtype']]} | {r['batch']} | "
@@ -634,6 +641,10 @@ def main(argv=None) -> None:
     print(f"load average (1 min) after: {info['load_after']:.2f}")
     print()
     print(table(results))
+    print()
+    print("The same by CPU time per step (the process's, all its threads):")
+    print()
+    print(table(results, "cpu_step_s"))
     print()
     print("CPU time / wall time (share of the CPU time in other threads than the main one):")
     print()

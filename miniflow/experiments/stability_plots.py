@@ -144,8 +144,8 @@ def static_sweep(metrics: dict, path: Path) -> str:
     acc.legend(loc="lower left", fontsize=7)
     _save(fig, path)
     return ("test accuracy, non-finite weights and skipped steps against the static loss scale: "
-            "OneFlow's policies as OneFlow runs them (no skip) and with miniflow's skip, and legacy "
-            "without skipping in bfloat16 (headline)")
+            "OneFlow's policies as OneFlow runs them (no skip) and with miniflow's skip, and "
+            "legacy without skipping in bfloat16 (headline)")
 
 
 def dynamic_scale(metrics: dict, path: Path) -> str:
