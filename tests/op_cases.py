@@ -116,14 +116,14 @@ def cast_cases() -> list:
 def make_node(case: Case) -> Node:
     """A Node for ``case`` with output Values from the op's own normalisation and inference.
 
-    Inputs an update op writes are declared as variables (update ops require that).
+    Inputs the node writes are declared as variables (update ops require that).
     """
     opdef = get_op(case.op)
-    writes = opdef.written_inputs(len(case.inputs), case.attrs)
-    vals = [Value(f"in{i}", a.shape, as_dtype(a.dtype),
-                  kind="variable" if i in writes else "input")
+    vals = [Value(f"in{i}", a.shape, as_dtype(a.dtype), kind="input")
             for i, a in enumerate(case.inputs)]
     attrs = opdef.normalize_attrs(vals, case.attrs)
+    for k in opdef.written(attrs, len(vals)):
+        vals[k].kind = "variable"
     node = Node(opdef, vals, [], attrs)
     node.outputs = [Value(f"out{i}", s, d, producer=node)
                     for i, (s, d) in enumerate(opdef.infer(vals, attrs))]
@@ -132,25 +132,26 @@ def make_node(case: Case) -> Node:
 
 def host_buffers(case: Case, node: Node):
     """Fresh host copies of the inputs and sentinel-filled host outputs."""
-    ins = [np.ascontiguousarray(a).copy() for a in case.inputs]
+    ins = [np.array(a, copy=True, order="C") for a in case.inputs]   # keeps 0-d arrays 0-d
     outs = [np.full(v.shape, SENTINEL, v.dtype.np) for v in node.outputs]
     return ins, outs
 
 
 def results(case: Case, node: Node, ins, outs) -> list:
-    """What a run produced: every output, then every input the op writes (update ops)."""
-    return list(outs) + [ins[i] for i in get_op(case.op).written_inputs(len(ins), case.attrs)]
+    """What a run produced: every output, then every input the node writes (``Node.written``)."""
+    return list(outs) + [ins[k] for k in node.op.written(node.attrs, len(ins))]
 
 
 def reference(case: Case) -> list:
     """What ``case`` must give, from the op's float64 reference: ``ir.evaluate`` of a one-node
     graph (inputs the op writes are variables), in the order of :func:`results`."""
     opdef = get_op(case.op)
-    writes = opdef.written_inputs(len(case.inputs), case.attrs)
+    node = make_node(case)
+    written = opdef.written(node.attrs, len(case.inputs))
     g = Graph()
     vals, inputs, variables = [], [], {}
     for i, a in enumerate(case.inputs):
-        if i in writes:
+        if i in written:
             vals.append(g.add_variable(f"in{i}", a.shape, as_dtype(a.dtype)))
             variables[f"in{i}"] = a
         else:
@@ -160,7 +161,7 @@ def reference(case: Case) -> list:
     g.set_outputs([] if outs is None else list(outs) if isinstance(outs, tuple) else [outs])
     got = evaluate(g, inputs, variables)
     return ([got[f"output{k}"] for k in range(len(g.outputs))]
-            + [got[f"in{i}"] for i in writes])
+            + [got[f"in{i}"] for i in written])
 
 
 TOL = {np.dtype(np.float16): (2e-3, 2e-3), bfloat16.np: (1.6e-2, 1.6e-2),

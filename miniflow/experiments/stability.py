@@ -1,5 +1,6 @@
 """The training-stability study behind ``miniflow stability``: the digits MLP trained under every
-loss-scale policy, with static and dynamic loss scales, plus four controls.
+loss-scale policy, with static and dynamic loss scales, four controls, and the static sweep again
+on a convolutional network with batch norm (the digits LeNet).
 
 What: each run trains a model with SGD on the bundled digits data and records, per step, the loss,
 the loss scale used, whether the step was skipped, the gradient norm, the fraction of zero float16
@@ -47,6 +48,7 @@ import numpy as np
 
 from .. import nn
 from ..amp import GradScaler, StaticGradScaler, black_identity, white_identity
+from ..models import lenet
 from ..data import batches, load_digits
 from ..ops.amp_ops import AMP_IDENTITY_OPS
 from ..optim import SGD
@@ -56,8 +58,8 @@ from ..runtime.backend import get_backend
 from .mlp import EvalGraph, TrainGraph, accuracy, mlp
 
 __all__ = ["StudyConfig", "QUICK", "RunSpec", "experiment_specs", "train_run", "run_study",
-           "check_out_dir", "OutputDirError", "EnergyShareMLP", "TemperatureMLP", "POLICIES",
-           "ONEFLOW_POLICIES", "first_step"]
+           "check_out_dir", "OutputDirError", "EnergyShareMLP", "TemperatureMLP", "DigitsLeNet",
+           "POLICIES", "ONEFLOW_POLICIES", "first_step"]
 
 POLICIES = ("none", "legacy", "cast_back", "fp32")
 """Run policies: "none" trains in float32 (AMP off, same scaler); the others are AMP with that
@@ -74,6 +76,15 @@ BF16_LABEL = "bfloat16 AMP, legacy, no skip (OneFlow)"
 """The bfloat16 row of the static sweep (experiment ``"bfloat16"``): OneFlow's most fragile setup,
 the legacy policy without skipping, whose initial gradient is bfloat16: float32's exponent range,
 so no static scale of the sweep overflows it."""
+CNN_LOG2_SCALES = (12, 15, 16, 17)
+CNN_ROWS = (("none", True), ("legacy", False), ("cast_back", False), ("fp32", True))
+"""The static sweep on the LeNet: ``(policy, skip_nonfinite)`` per row, OneFlow's policies as
+OneFlow runs them (no skip under a static scale), at 2^12 and 2^15 (all train), 2^16 and 2^17
+(the float16 initial gradient overflows under OneFlow's policies; at 2^17 real gradients of the
+convolutions overflow on some steps too)."""
+CNN_LR = 0.05
+"""The LeNet's learning rate (``miniflow train --model lenet``'s): at the MLP's 0.1 the weights
+move so fast that batch norm's running statistics lag them and the eval accuracy suffers."""
 UNDERFLOW_LOG2_SCALES = (0, 4, 8, 12, 16, 20, 24)
 SMALL_LOSS_LOG2_WEIGHT = -20
 """The small-gradient regime of the underflow experiment: loss x 2^-20, learning rate x 2^20."""
@@ -90,8 +101,10 @@ end (the default, 64, raises ``NonFiniteGradientsError`` after 64 skipped steps)
 @dataclass(frozen=True)
 class StudyConfig:
     """How much to run: ``seeds`` seeds (0 .. seeds-1) of ``steps`` training steps per run (any
-    number, also less than an epoch), test accuracy every ``eval_every`` steps and after the last,
-    the fp32 underflow reference every ``probe_every`` steps.
+    number, also less than an epoch; the LeNet runs at most ``cnn_steps``: two epochs take it to
+    about 90% test accuracy and keep the study within half again of its MLP-only wall time), test
+    accuracy every ``eval_every`` steps and after the last, the fp32 underflow reference every
+    ``probe_every`` steps.
 
     Raises:
         ValueError: a field that is not an integer >= 1 (named, with its value).
@@ -99,6 +112,7 @@ class StudyConfig:
 
     seeds: int = 3
     steps: int = 30 * STEPS_PER_EPOCH
+    cnn_steps: int = 2 * STEPS_PER_EPOCH
     eval_every: int = STEPS_PER_EPOCH
     probe_every: int = 11
 
@@ -108,7 +122,7 @@ class StudyConfig:
                 raise ValueError(f"StudyConfig.{name} must be an integer >= 1, got {value!r}")
 
 
-QUICK = StudyConfig(seeds=1, steps=10 * STEPS_PER_EPOCH)
+QUICK = StudyConfig(seeds=1, steps=10 * STEPS_PER_EPOCH, cnn_steps=STEPS_PER_EPOCH)
 """``miniflow stability --quick`` (CI)."""
 
 
@@ -126,6 +140,8 @@ class RunSpec:
         loss_log2_weight: the loss is multiplied by 2^w and the learning rate by 2^-w (in float32
             the same training, bit for bit: only powers of two change).
         probe_underflow: measure the fp16 gradient underflow against a float32 reference.
+        cnn: a LeNet run, of at most the study's ``cnn_steps`` steps.
+        lr: SGD's learning rate (:data:`LR`; the LeNet's :data:`CNN_LR`).
         amp_dtype: AMP's half type, ``"float16"`` or ``"bfloat16"`` (``enable_amp(dtype=...)``).
     """
 
@@ -139,6 +155,12 @@ class RunSpec:
     loss_log2_weight: int = 0
     probe_underflow: bool = False
     amp_dtype: str = "float16"
+    cnn: bool = False
+    lr: float = LR
+
+    def steps(self, cfg: StudyConfig) -> int:
+        """The steps of this run in a study of ``cfg``."""
+        return min(cfg.steps, cfg.cnn_steps) if self.cnn else cfg.steps
 
 
 # ---------------------------------------------------------------------------------- control models
@@ -192,8 +214,23 @@ class TemperatureMLP(nn.Module):
         return white_identity(z) if self.white else z
 
 
+class DigitsLeNet(nn.Module):
+    """``miniflow.models.lenet`` (two convolutions with batch norm, max pools, two linear layers)
+    on the flat digits: ``[N, 64]`` seen as ``[N, 1, 8, 8]``. Under AMP its convolutions and their
+    gradients are white, batch norm (gray between them) runs in float16 with float32 statistics,
+    gamma and beta (OneFlow's no-cast inputs), relu and max pool follow (clear)."""
+
+    def __init__(self):
+        super().__init__()
+        self.net = lenet()
+
+    def forward(self, x):
+        return self.net(x.reshape(-1, 1, 8, 8))
+
+
 MODELS = {
     "mlp": lambda: mlp((64, 128, 10)),
+    "lenet": DigitsLeNet,
     "energy_share": EnergyShareMLP,
     "energy_share_pinned": lambda: EnergyShareMLP(pin_fp32=True),
     "temperature": TemperatureMLP,
@@ -218,10 +255,10 @@ class WeightedTrainGraph(TrainGraph):
 
 
 def make_graph(model, policy: str, scaler, log2_weight: int = 0,
-               amp_dtype: str = "float16") -> WeightedTrainGraph:
-    """An SGD(lr 0.1 x 2^-w, momentum 0.9) training graph of ``model`` under ``policy`` (AMP in
+               lr: float = LR, amp_dtype: str = "float16") -> WeightedTrainGraph:
+    """An SGD(lr x 2^-w, momentum 0.9) training graph of ``model`` under ``policy`` (AMP in
     ``amp_dtype``)."""
-    graph = WeightedTrainGraph(model, SGD(model.parameters(), lr=LR * 2.0 ** -log2_weight,
+    graph = WeightedTrainGraph(model, SGD(model.parameters(), lr=lr * 2.0 ** -log2_weight,
                                           momentum=MOMENTUM), weight=2.0 ** log2_weight)
     if policy != "none":
         graph.config.enable_amp(True, dtype=amp_dtype, loss_scale_policy=policy)
@@ -360,7 +397,7 @@ def train_run(spec: RunSpec, seed: int, cfg: StudyConfig, data) -> dict:
     manual_seed(seed)
     model = MODELS[spec.model]()
     scaler = make_scaler(spec)
-    graph = make_graph(model, spec.policy, scaler, spec.loss_log2_weight, spec.amp_dtype)
+    graph = make_graph(model, spec.policy, scaler, spec.loss_log2_weight, spec.lr, spec.amp_dtype)
     reader, evaluator = GradientReader(graph), EvalGraph(model)
     probe = UnderflowProbe(spec) if spec.probe_underflow else None
     weight = 2.0 ** spec.loss_log2_weight
@@ -370,14 +407,17 @@ def train_run(spec: RunSpec, seed: int, cfg: StudyConfig, data) -> dict:
     underflow = {"step": [], "fraction": []}
 
     def evaluate(step):
+        model.eval()                          # batch norm: the running statistics
         evals["step"].append(step)
         evals["test_accuracy"].append(accuracy(evaluator, data.x_test, data.y_test))
+        model.train()
 
     # NaN and inf are what the study is about: no LossScaleOverflowWarning (legacy and cast_back
     # above 65504 warn at compile time) and no NumPy warnings from kernels that meet them
     with warnings.catch_warnings(), np.errstate(invalid="ignore", over="ignore", divide="ignore"):
         warnings.simplefilter("ignore", LossScaleOverflowWarning)
-        for step, (x, y) in enumerate(_stream(data, cfg.steps, np.random.default_rng(seed))):
+        steps = spec.steps(cfg)
+        for step, (x, y) in enumerate(_stream(data, steps, np.random.default_rng(seed))):
             if step % cfg.eval_every == 0:
                 evaluate(step)
             probing = probe is not None and step % cfg.probe_every == 0
@@ -392,7 +432,7 @@ def train_run(spec: RunSpec, seed: int, cfg: StudyConfig, data) -> dict:
             if probing:
                 underflow["step"].append(step)
                 underflow["fraction"].append(underflow_fraction(fp16, reference))
-        evaluate(cfg.steps)
+        evaluate(steps)
     return _record(spec, seed, graph, s, evals, underflow)
 
 
@@ -445,7 +485,8 @@ def _static_variants(policy: str) -> list:
 
 def experiment_specs() -> list:
     """Every run of the study, per seed (issue 6 lists the experiments; issue 11 adds the static
-    runs without skipping, as OneFlow runs them; issue 16 the static sweep in bfloat16)."""
+    runs without skipping, as OneFlow runs them; issue 13 the static sweep on the LeNet; issue 16
+    the static sweep in bfloat16)."""
     specs = [RunSpec("static_sweep", label, policy=p, scale=2.0 ** k, skip_nonfinite=skip)
              for k in SWEEP_LOG2_SCALES for p in POLICIES for label, skip in _static_variants(p)]
     specs += [RunSpec("bfloat16", BF16_LABEL, policy="legacy", scale=2.0 ** k,
@@ -466,6 +507,10 @@ def experiment_specs() -> list:
         specs += [RunSpec("skipping", f"{policy}, 2^{k}, {_skip_label(policy, skip)}",
                           policy=policy, scale=2.0 ** k, skip_nonfinite=skip)
                   for skip in (True, False)]
+    specs += [RunSpec("cnn_static_sweep", f"{policy}, {_skip_label(policy, skip)}",
+                      policy=policy, model="lenet", scale=2.0 ** k, skip_nonfinite=skip,
+                      cnn=True, lr=CNN_LR)
+              for k in CNN_LOG2_SCALES for policy, skip in CNN_ROWS]
     return specs
 
 

@@ -176,14 +176,14 @@ def _sgd_cast_per_tensor(attrs) -> int:
     return 4 if float(attrs.get("momentum", 0.0)) != 0.0 else 3
 
 
-def _sgd_cast_writes(n_inputs: int, attrs) -> tuple:
+def _sgd_cast_writes(attrs, n_inputs: int) -> tuple:
     per = _sgd_cast_per_tensor(attrs)
     n = _n_tensors("multi_tensor_sgd_update_with_cast", n_inputs, per)
     groups = (0, 2, 3)[:per - 1]                  # models, copies, momentum buffers
     return tuple(MULTI_FIXED + g * n + i for g in groups for i in range(n))
 
 
-def _adam_cast_writes(n_inputs: int, attrs) -> tuple:
+def _adam_cast_writes(attrs, n_inputs: int) -> tuple:
     n = _n_tensors("multi_tensor_adam_update_with_cast", n_inputs, 6)
     return tuple(MULTI_FIXED + g * n + i for g in (0, 2, 3, 4, 5) for i in range(n))
 

@@ -1,6 +1,6 @@
 """Launch configuration of every CUDA kernel, in one place: block sizes, grid caps, the matmul tile.
 
-Kernels come in three launch shapes, each with a helper that returns the builder's steps:
+Kernels come in four launch shapes, each with a helper that returns the builder's steps:
 
 * ``flat_steps``: 1-D grid-stride loops over ``n`` elements (elementwise, casts, copies, updates);
   ``blocks = min(ceil(n / block), max_blocks)`` of ``block`` threads.
@@ -9,6 +9,8 @@ Kernels come in three launch shapes, each with a helper that returns the builder
   ``max_row_blocks`` blocks, each looping over rows ``blockIdx.x, blockIdx.x + gridDim.x, ...``.
 * ``tile_steps``: the matmul grid, ``(ceil(N / tile), ceil(M / tile))`` blocks of
   ``tile x tile`` threads; each block computes one ``tile x tile`` output tile.
+* ``conv_tile_steps``: the convolutions' implicit GEMMs, ``(ceil(M / tile), ceil(N / tile),
+  groups)`` blocks of ``tile x tile`` threads (one group per ``blockIdx.z``).
 
 Two presets: ``GPU`` (real hardware) and ``SIMULATOR``. The CUDA simulator runs every thread as a
 Python thread (about 0.1 ms per thread for simple kernels, up to ~2 ms with several
@@ -29,7 +31,7 @@ from dataclasses import dataclass
 from numba import config as numba_config
 
 __all__ = ["LaunchConfig", "GPU", "SIMULATOR", "current", "use_config", "Launch",
-           "flat_steps", "row_steps", "tile_steps"]
+           "flat_steps", "row_steps", "tile_steps", "conv_tile_steps"]
 
 
 @dataclass(frozen=True)
@@ -146,4 +148,22 @@ def tile_steps(kernel, m: int, n: int, args: tuple, name: str) -> list:
     if grid[1] > 65535:
         raise ValueError(f"{name}: {m} rows need {grid[1]} tile rows, more than CUDA's grid limit "
                          f"65535; split the batch")
+    return [(Launch(kernel, grid, (cfg.tile, cfg.tile), name), tuple(args))]
+
+
+def conv_tile_steps(kernel, m: int, n: int, groups: int, args: tuple, name: str) -> list:
+    """Steps for a convolution's implicit GEMM over an ``m x n`` output per group: a grid
+    ``(ceil(m / tile), ceil(n / tile), groups)`` of ``tile x tile`` blocks (rows along
+    ``threadIdx.x``, so consecutive threads gather consecutive output positions).
+
+    Raises:
+        ValueError: more than 65535 column tiles or groups (the grid's y and z limits).
+    """
+    cfg = current()
+    if m == 0 or n == 0:
+        return []
+    grid = (_ceil_div(m, cfg.tile), _ceil_div(n, cfg.tile), groups)
+    if grid[1] > 65535 or grid[2] > 65535:
+        raise ValueError(f"{name}: {n} columns and {groups} groups exceed CUDA's grid limits "
+                         f"(65535 tiles / groups)")
     return [(Launch(kernel, grid, (cfg.tile, cfg.tile), name), tuple(args))]
