@@ -41,7 +41,7 @@ from .amp.lists import AmpLists
 from .amp.report import AmpReport, amp_report as build_amp_report
 from .dtype import as_dtype, float16
 from .ir import Graph as IRGraph
-from .nn.module import Module, mode_changes, replaced_count
+from .nn.module import HalfCopies, Module, mode_changes, replaced_count
 from .ops import emitter
 from .optim.optimizer import Optimizer
 from .passes.auto_mixed_precision import AmpConfig
@@ -70,6 +70,9 @@ class GraphConfig:
             default): on when the process world has more than one rank.
         gradient_accumulation_steps: micro-batches per call (1: none; see
             :meth:`set_gradient_accumulation_steps`).
+        fused_model_update_cast: under AMP, fuse the weight casts and the unscaling into
+            multi-tensor updates that write half copies of the weights (on by default; see
+            :meth:`enable_fused_model_update_cast`).
     """
 
     def __init__(self):
@@ -79,6 +82,7 @@ class GraphConfig:
         self.data_parallel = DataParallelConfig()
         self.data_parallel_enabled: bool | None = None
         self.gradient_accumulation_steps = 1
+        self.fused_model_update_cast = True
         self.version = 0  # bumped by every change: the owning nn.Graph then recompiles
 
     def debug(self, print_ir: bool = True) -> None:
@@ -125,11 +129,13 @@ class GraphConfig:
         """Turn automatic mixed precision on (or off with ``enabled=False``).
 
         The AMP pass then runs after autograd on the forward and backward graph: white ops run in
-        ``dtype`` (float16), casts go on the edges between white and other ops, parameters stay
-        float32 master weights (OneFlow's ``config.enable_amp``).
+        ``dtype`` (float16 or bfloat16), casts go on the edges between white and other ops,
+        parameters stay float32 master weights (OneFlow's ``config.enable_amp``). bfloat16 has
+        float32's range, so it needs no loss scaling (a grad scaler may still be set); float16
+        usually does (``set_grad_scaler``).
 
         Args:
-            dtype: the half type; only ``miniflow.float16``.
+            dtype: the half type: ``miniflow.float16`` (default) or ``miniflow.bfloat16``.
             lists: the op type lists to start from (an :class:`~miniflow.amp.AmpLists`; default
                 OneFlow's lists, ``miniflow.amp.lists``); it is copied.
             white_add ... clear_add: op type names to put in that list (out of any other).
@@ -140,7 +146,8 @@ class GraphConfig:
                 ``miniflow.passes.loss_scale``.
 
         Raises:
-            TypeError: ``enabled`` is not a bool, ``lists`` not an AmpLists, ``dtype`` not float16.
+            TypeError: ``enabled`` is not a bool, ``lists`` not an AmpLists, ``dtype`` not a half
+                type.
             ValueError: an unknown op type name, or one that is not in the list it is removed
                 from; an unknown loss_scale_policy.
         """
@@ -162,6 +169,25 @@ class GraphConfig:
             remove={"white": white_remove, "black": black_remove, "gray": gray_remove,
                     "clear": clear_remove})
         self.amp = AmpConfig(lists, dtype)
+
+    def enable_fused_model_update_cast(self, mode: bool = True) -> None:
+        """Under AMP, fuse the optimizer updates with the weights' half casts and the gradients'
+        unscaling (OneFlow's ``enable_fused_model_update_cast`` and
+        ``enable_multi_tensor_update``; here on by default): one multi-tensor update per
+        optimizer reads the backward's gradients, unscales, updates the float32 master weights
+        and writes their half copies, which the next step's matmuls read; the non-finite count
+        moves into the matmuls that make the gradients. The same bits as the unfused graph
+        (``miniflow.passes.fuse_model_update_cast``). ``False`` keeps the separate casts and
+        unscaling (the stability study reads the unscaled gradients). Recompiles.
+
+        Raises:
+            TypeError: ``mode`` is not a bool.
+        """
+        if not isinstance(mode, bool):
+            raise TypeError(f"enable_fused_model_update_cast: mode must be True or False, got "
+                            f"{mode!r}")
+        self.fused_model_update_cast = mode
+        self.version += 1
 
     def enable_data_parallel(self, enabled: bool = True, *,
                              bucket_cap_mb: float = distributed.DEFAULT_BUCKET_CAP_MB) -> None:
@@ -317,7 +343,9 @@ class Graph:
         else:
             self._plans.move_to_end(key)
         scale_before = scaler.scale if scaler is not None else None
+        plan.half_copies.refresh()
         outs = plan.run(arrays, to_host=False)  # copies of the output buffers
+        plan.half_copies.stepped()
         counts = plan.graph.results.get("nonfinite_counts")
         if counts is not None:
             counts = get_backend().to_numpy(plan.buffers[id(counts)])
@@ -393,11 +421,15 @@ class Graph:
             raise RuntimeError("this graph has an optimizer but build never called loss.backward()")
         ctx = self._compile_context(param_names)
         graph = run_passes(graph, ctx)
+        copies = HalfCopies(graph, ctx, dict(self.named_parameters()), get_backend())
         if ctx.all_reduce_buckets and distributed.world_size() > 1:
             self._sync_ranks(graph, ctx)
+            copies.stale()
         self._ir, self._context = graph, ctx
         self.compile_count += 1
-        return Plan(graph, get_backend(), context=ctx)
+        plan = Plan(graph, get_backend(), context=ctx)
+        plan.half_copies = copies
+        return plan
 
     def _sync_ranks(self, graph: IRGraph, ctx: CompileContext) -> None:
         """Check that every rank compiled the same graph, then give every rank rank 0's variables
@@ -458,7 +490,8 @@ class Graph:
                               initial_grad_identity=identity,
                               data_parallel=self._data_parallel(trainable),
                               print_ir=self.config.print_ir,
-                              accumulation_steps=self.config.gradient_accumulation_steps)
+                              accumulation_steps=self.config.gradient_accumulation_steps,
+                              fuse_model_update_cast=self.config.fused_model_update_cast)
 
     def _data_parallel(self, trainable: list) -> DataParallelConfig | None:
         """The data-parallel settings if this graph averages its gradients across the ranks: it

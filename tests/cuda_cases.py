@@ -17,8 +17,8 @@ import numpy as np
 
 from miniflow.kernels.cuda.launch import SIMULATOR, LaunchConfig
 
-from op_cases import (Case, cast_cases, float64_cases, host_buffers, make_node,  # noqa: F401
-                      registry_cases, results)
+from op_cases import (Case, bfloat16_cases, cast_cases, float64_cases,  # noqa: F401
+                      host_buffers, make_node, registry_cases, results)
 
 
 def _r(*shape, dt=np.float32, lo=-2.0, hi=2.0, seed=0):
@@ -87,8 +87,9 @@ def extra_cases(cfg: LaunchConfig = SIMULATOR) -> list:
 
 
 def all_cases(cfg: LaunchConfig = SIMULATOR) -> list:
-    """Registry samples, float64 variants, extra cases and cast cases."""
-    return registry_cases() + float64_cases() + extra_cases(cfg) + cast_cases()
+    """Registry samples, float64 and bfloat16 variants, extra cases and cast cases."""
+    return (registry_cases() + float64_cases() + bfloat16_cases() + extra_cases(cfg)
+            + cast_cases())
 
 
 def arg_type(a):
@@ -136,17 +137,23 @@ def case_signatures(cases) -> dict:
 # ----------------------------------------------------------------------------- training graphs
 TRAINING = {"fp32-sgd": {"amp": False, "adam": False}, "amp-adam": {"amp": True, "adam": True},
             "amp-adam-accumulate-clip": {"amp": True, "adam": True, "accumulate": 3,
-                                         "clip": 0.5}}
+                                         "clip": 0.5},
+            "amp-bf16-sgd": {"amp": True, "adam": False, "half": "bfloat16"},
+            "amp-sgd-unfused": {"amp": True, "adam": False, "fused": False}}
 """The training runs of the simulator lane: plain SGD in float32; AMP with a dynamic loss scale
-and Adam (fp16 matmuls, casts, fused elementwise ops, the loss-scale ops); the same in 3
-micro-batches with gradient clipping (unpack, acc, pack, clip_grad_norm)."""
+and Adam (fp16 matmuls, fused elementwise ops, the fused update with half copies and the counts
+in the matmuls); the same in 3 micro-batches with gradient clipping (unpack, acc, pack,
+clip_grad_norm); bfloat16 AMP with SGD (no loss scale); AMP with the unfused update (the casts
+and unscaling as separate kernels)."""
 TRAIN_X = np.random.default_rng(0).uniform(-1, 1, (6, 8)).astype(np.float32)
 TRAIN_Y = np.array([0, 1, 2, 1, 0, 2], np.int64)
 
 
-def train_graph(amp: bool, adam: bool, accumulate: int = 1, clip: float | None = None):
+def train_graph(amp: bool, adam: bool, accumulate: int = 1, clip: float | None = None,
+                half: str = "float16", fused: bool = True):
     """An 8-16-3 MLP and its training graph on the current backend: ``(graph, model)``
-    (``accumulate`` micro-batches per call; gradients clipped to a total norm ``clip``)."""
+    (``accumulate`` micro-batches per call; gradients clipped to a total norm ``clip``; AMP in
+    ``half``, float16 with a dynamic loss scale; ``fused``: the fused AMP update)."""
     import miniflow as mf
     from miniflow.experiments.mlp import TrainGraph, mlp
     mf.manual_seed(0)
@@ -155,8 +162,10 @@ def train_graph(amp: bool, adam: bool, accumulate: int = 1, clip: float | None =
            else mf.optim.SGD(model.parameters(), lr=0.5, momentum=0.9, clip_grad_max_norm=clip))
     graph = TrainGraph(model, opt)
     if amp:
-        graph.config.enable_amp(True)
-        graph.set_grad_scaler(mf.amp.GradScaler(2.0 ** 16, growth_interval=2))
+        graph.config.enable_amp(True, dtype=half)
+        graph.config.enable_fused_model_update_cast(fused)
+        if half == "float16":
+            graph.set_grad_scaler(mf.amp.GradScaler(2.0 ** 16, growth_interval=2))
     if accumulate > 1:
         graph.config.set_gradient_accumulation_steps(accumulate)
     return graph, model

@@ -50,6 +50,7 @@ def _graph(model, opt_name, scaled, micro, clip=None, amp=False, lr=None):
     g = TrainGraph(model, opt)
     if amp:
         g.config.enable_amp(True)
+        g.config.enable_fused_model_update_cast(False)   # reads the unscaled mean gradients
     if scaled:
         g.set_grad_scaler(mf.amp.GradScaler(init_scale=2.0 ** 12, growth_interval=2))
     if micro > 1:

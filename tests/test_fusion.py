@@ -40,13 +40,14 @@ def _without_fusion(monkeypatch):
 
 
 # ------------------------------------------------------------------------------ whole training runs
-def _train(amp: bool, steps: int = 12, hidden: int = 32):
+def _train(amp: bool, steps: int = 12, hidden: int = 32, fused_update: bool = True):
     """Losses and final parameters of an SGD-momentum run of the digits-shaped MLP."""
     mf.manual_seed(0)
     model = mlp((64, hidden, 10))
     graph = TrainGraph(model, mf.optim.SGD(model.parameters(), lr=0.1, momentum=0.9))
     if amp:
         graph.config.enable_amp()
+        graph.config.enable_fused_model_update_cast(fused_update)
         graph.set_grad_scaler(mf.amp.GradScaler(init_scale=1024.0, growth_interval=4))
     rng = np.random.default_rng(0)
     losses = []
@@ -75,9 +76,13 @@ def test_fused_ir_prints_readably():
     text = str(graph.ir)
     assert re.search(r"%\d+: f32\[5,32\] = fused_elementwise\(%\d+, %model\.0\.bias\) "
                      r"\{expr='relu\(add\(x0, x1\)\)'\}", text), text
-    amp, _, _ = _train(amp=True, steps=4)
+    amp, _, _ = _train(amp=True, steps=4, fused_update=False)
     assert re.search(r"%\d+: f16\[5,32\] = fused_elementwise\(%model\.0\.bias, %\d+\) "
                      r"\{expr='relu\(add\(x1, f16\(x0\)\)\)'\}", str(amp.ir)), str(amp.ir)
+    amp, _, _ = _train(amp=True, steps=4)          # the bias's half copy instead of its cast
+    assert re.search(r"%\d+: f16\[5,32\] = fused_elementwise\(%\d+, "
+                     r"%model\.0\.bias\.float16_copy\) \{expr='relu\(add\(x0, x1\)\)'\}",
+                     str(amp.ir)), str(amp.ir)
 
 
 # ------------------------------------------------------------------------------ random chains

@@ -9,13 +9,15 @@ import pytest
 import miniflow as mf
 from miniflow.kernels import cpu, cuda
 from miniflow.kernels.cuda.launch import GPU, current, use_config
+from miniflow.dtype import bfloat16
 from miniflow.ops import all_ops
 from miniflow.runtime.backend import CudaBackend
 
 from cuda_cases import Case, all_cases, host_buffers, make_node, results
 from op_cases import assert_bit_exact, assert_close, assert_matches_reference, late_op
 
-TOL = {np.dtype(np.float16): (2e-3, 1e-3), np.dtype(np.float32): (2e-5, 2e-6),
+TOL = {np.dtype(np.float16): (2e-3, 1e-3), bfloat16.np: (1.6e-2, 8e-3),
+       np.dtype(np.float32): (2e-5, 2e-6),
        np.dtype(np.float64): (1e-12, 1e-13), np.dtype(np.int64): (0, 0)}
 """CUDA against CPU: ``(rtol, atol)`` per dtype (tighter than against the float64 reference)."""
 BACKEND = CudaBackend()

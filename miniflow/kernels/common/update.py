@@ -1,5 +1,7 @@
-"""The optimizer updates (``sgd_update``, ``adam_update``) of every backend: their per-element
-math as scalar bodies, and their builders.
+"""The optimizer updates (``sgd_update``, ``adam_update`` and the multi-tensor updates with cast,
+``multi_tensor_sgd_update_with_cast``, ``multi_tensor_adam_update_with_cast``) of every backend:
+their per-element math as scalar bodies, and their builders (the multi-tensor ones hand the
+backend the per-tensor buffers grouped: models, model_diffs, model_copies, state).
 
 The bodies follow PyTorch's single-tensor rules (``torch/optim/sgd.py``, ``torch/optim/adam.py``;
 Adam, not AdamW: weight decay is added to the gradient). They are plain Python functions of
@@ -17,7 +19,8 @@ from __future__ import annotations
 
 import math
 
-__all__ = ["sgd_element", "adam_corrections", "adam_element", "sgd_builder", "adam_builder"]
+__all__ = ["sgd_element", "adam_corrections", "adam_element", "sgd_builder", "adam_builder",
+           "multi_tensor_groups", "multi_sgd_builder", "multi_adam_builder"]
 
 
 # ----------------------------------------------------------------------------- scalar bodies
@@ -84,3 +87,41 @@ def adam_builder(adam_steps):
         return adam_steps(*ins, float(a["beta1"]), float(a["beta2"]), float(a["eps"]),
                           float(a.get("weight_decay", 0.0)))
     return build_adam_update
+
+
+def multi_tensor_groups(ins, per_tensor: int) -> tuple:
+    """``(lr, skip_if, scale, groups)``: a multi-tensor update's buffers, the per-tensor ones in
+    ``per_tensor`` lists (models, model_diffs, model_copies, then the state)."""
+    n = (len(ins) - 3) // per_tensor
+    rest = ins[3:]
+    return (*ins[:3], [list(rest[g * n:(g + 1) * n]) for g in range(per_tensor)])
+
+
+def multi_sgd_builder(multi_sgd_steps):
+    """The ``multi_tensor_sgd_update_with_cast`` builder over a backend's
+    ``multi_sgd_steps(models, diffs, copies, bufs, lr, skip_if, scale, mu, wd)`` (``bufs`` None
+    without momentum; mu, wd Python floats)."""
+    def build_multi_tensor_sgd_update_with_cast(node, ins, outs):
+        """``multi_tensor_sgd_update_with_cast(learning_rate, skip_if, scale_by_tensor, models,
+        model_diffs, model_copies[, momentum_bufs])`` ``{momentum, weight_decay}``."""
+        a = node.attrs
+        mu = float(a.get("momentum", 0.0))
+        lr, skip_if, scale, groups = multi_tensor_groups(ins, 4 if mu != 0.0 else 3)
+        return multi_sgd_steps(*groups[:3], groups[3] if mu != 0.0 else None, lr, skip_if, scale,
+                               mu, float(a.get("weight_decay", 0.0)))
+    return build_multi_tensor_sgd_update_with_cast
+
+
+def multi_adam_builder(multi_adam_steps):
+    """The ``multi_tensor_adam_update_with_cast`` builder over a backend's
+    ``multi_adam_steps(models, diffs, copies, ms, vs, steps, lr, skip_if, scale, beta1, beta2,
+    eps, wd)``."""
+    def build_multi_tensor_adam_update_with_cast(node, ins, outs):
+        """``multi_tensor_adam_update_with_cast(learning_rate, skip_if, scale_by_tensor, models,
+        model_diffs, model_copies, m, v, steps)`` ``{beta1, beta2, eps, weight_decay}``."""
+        a = node.attrs
+        lr, skip_if, scale, groups = multi_tensor_groups(ins, 6)
+        return multi_adam_steps(*groups, lr, skip_if, scale, float(a["beta1"]),
+                                float(a["beta2"]), float(a["eps"]),
+                                float(a.get("weight_decay", 0.0)))
+    return build_multi_tensor_adam_update_with_cast

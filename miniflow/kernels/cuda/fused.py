@@ -37,12 +37,17 @@ __all__ = ["BUILDERS", "CUDA", "fused_source", "build_fused_elementwise"]
 def _load(array: str, index: str, dtype) -> str:
     if not dtype.is_float:
         return f"{array}[{index}]"
+    if dtype.name == "bfloat16":
+        return f"bf16_to_f32({array}[{index}])"
     return f"{'float64' if dtype.name == 'float64' else 'float32'}({array}[{index}])"
 
 
 CUDA = codegen.Dialect(load=_load, store="{array}[{index}] = {dtype}({value})",
-                       f16="float32(float16({value}))", f16_wide="float32(float16({value}))")
-"""The CUDA spelling of loads, stores and float16 rounding (numba types as conversions)."""
+                       f16="float32(float16({value}))", f16_wide="float32(float16({value}))",
+                       bf16="bf16_to_f32(to_bf16({value}))",
+                       bf16_wide="bf16_to_f32(to_bf16({value}))")
+"""The CUDA spelling of loads, stores and half rounding (numba types as conversions; bfloat16
+through ``common.bf16_to_f32`` and ``common.to_bf16``, which rounds float64 once too)."""
 
 
 def fused_source(expr: str, input_dtypes, kinds, two_dims: bool):
@@ -54,7 +59,8 @@ def fused_source(expr: str, input_dtypes, kinds, two_dims: bool):
         loop += ["    r = i // cols", "    c = i - r * cols"]
     functions = codegen.functions(low)
     imports = ["from numba import cuda", "from numba.types import float16, float32, float64", "",
-               "from miniflow.kernels.cuda.common import device, jit",
+               "from miniflow.kernels.cuda.common import bf16_to_f32, device, jit, to_bf16",
+               "bfloat16 = to_bf16                      # the store of a bfloat16 output",
                *codegen.function_imports(functions, alias="_"), "",
                *(f"{fn.__name__} = device(_{fn.__name__})" for fn in functions)]
     source = codegen.module_source("miniflow.kernels.cuda.fused", low, input_dtypes, kinds, imports,

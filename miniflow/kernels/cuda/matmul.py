@@ -9,14 +9,15 @@ import functools
 
 from numba import cuda
 
-from .common import compute_type, flat, jit, short, storage_type
+from .common import flat, jit, short, types_of
 from .launch import current, tile_steps
+from .loss_scale import count_steps
 
 __all__ = ["BUILDERS", "matmul_kernel", "build_matmul"]
 
 
 @functools.cache
-def matmul_kernel(ct, st, tile: int):
+def matmul_kernel(ld, ct, st, tile: int):
     """``kernel(a, b, out, M, N, K, sam, sak, sbk, sbn)``:
     ``out[m, n] = sum_k a[m*sam + k*sak] * b[k*sbk + n*sbn]`` (a, b, out flat; the strides encode
     the transposes).
@@ -38,8 +39,8 @@ def matmul_kernel(ct, st, tile: int):
         acc = ct(0)
         for k0 in range(0, K, tile):
             ka, kb = k0 + tx, k0 + ty
-            sa[ty, tx] = ct(a[row * sam + ka * sak]) if row < M and ka < K else ct(0)
-            sb[ty, tx] = ct(b[kb * sbk + col * sbn]) if kb < K and col < N else ct(0)
+            sa[ty, tx] = ld(a[row * sam + ka * sak]) if row < M and ka < K else ct(0)
+            sb[ty, tx] = ld(b[kb * sbk + col * sbn]) if kb < K and col < N else ct(0)
             cuda.syncthreads()
             for kk in range(tile):
                 acc += sa[ty, kk] * sb[kk, tx]
@@ -58,9 +59,10 @@ def build_matmul(node, ins, outs):
     k = a.shape[0] if ta else a.shape[1]
     sam, sak = (1, m) if ta else (k, 1)          # a is [K, M] when transposed, else [M, K]
     sbk, sbn = (1, k) if tb else (n, 1)          # b is [N, K] when transposed, else [K, N]
-    kernel = matmul_kernel(compute_type(out.dtype), storage_type(out.dtype), current().tile)
-    return tile_steps(kernel, m, n, (flat(a), flat(b), flat(out), m, n, k, sam, sak, sbk, sbn),
-                      f"matmul {short(out.dtype)}")
+    kernel = matmul_kernel(*types_of(out), current().tile)
+    steps = tile_steps(kernel, m, n, (flat(a), flat(b), flat(out), m, n, k, sam, sak, sbk, sbn),
+                       f"matmul {short(out.dtype)}")
+    return steps + (count_steps(out, outs[1]) if len(outs) > 1 else [])  # count_not_finite
 
 
 BUILDERS = {"matmul": build_matmul}

@@ -34,7 +34,7 @@ __all__ = ["reduce_sum_kernel", "row_max_sumexp", "softmax_kernel", "softmax_gra
 
 # ----------------------------------------------------------------------------- kernels
 @functools.cache
-def reduce_sum_kernel(ct, st, block: int):
+def reduce_sum_kernel(ld, ct, st, block: int):
     """``kernel(x, out, outer, red, inner)``: ``out[o, k] = sum_r x[o, r, k]``, block per (o, k)."""
 
     @jit
@@ -45,7 +45,7 @@ def reduce_sum_kernel(ct, st, block: int):
             base = o * red * inner + (ok - o * inner)
             acc = ct(0)
             for r in range(cuda.threadIdx.x, red, block):
-                acc += ct(x[base + r * inner])
+                acc += ld(x[base + r * inner])
             total = block_sum(sm, acc)
             if cuda.threadIdx.x == 0:
                 out[ok] = st(total)
@@ -54,7 +54,7 @@ def reduce_sum_kernel(ct, st, block: int):
 
 
 @functools.cache
-def row_max_sumexp(ct):
+def row_max_sumexp(ld, ct):
     """Device function ``(m, s) = f(sm, x, base, cols)`` for the block's row
     ``x[base:base+cols]``: ``m = max(x)`` (NaN if any is NaN) and ``s = sum exp(x - m)``, both in
     the compute type."""
@@ -63,21 +63,21 @@ def row_max_sumexp(ct):
     def row_max_sumexp(sm, x, base, cols):
         m = ct(-math.inf)
         for c in range(cuda.threadIdx.x, cols, cuda.blockDim.x):
-            m = nan_max(m, ct(x[base + c]))
+            m = nan_max(m, ld(x[base + c]))
         m = block_max(sm, m)
         s = ct(0)
         for c in range(cuda.threadIdx.x, cols, cuda.blockDim.x):
-            s += math.exp(ct(x[base + c]) - m)
+            s += math.exp(ld(x[base + c]) - m)
         return m, block_sum(sm, s)
 
     return row_max_sumexp
 
 
 @functools.cache
-def softmax_kernel(log: bool, ct, st, block: int):
+def softmax_kernel(log: bool, ld, ct, st, block: int):
     """``kernel(x, out, rows, cols)``, per row: ``out = exp(x - m) / s`` or, for ``log``,
     ``out = x - m - log(s)`` (``m``, ``s`` from :func:`row_max_sumexp`)."""
-    stats = row_max_sumexp(ct)
+    stats = row_max_sumexp(ld, ct)
 
     @jit
     def kernel(x, out, rows, cols):
@@ -87,14 +87,14 @@ def softmax_kernel(log: bool, ct, st, block: int):
             m, s = stats(sm, x, base, cols)
             log_s = math.log(s)
             for c in range(cuda.threadIdx.x, cols, block):
-                v = ct(x[base + c]) - m
+                v = ld(x[base + c]) - m
                 out[base + c] = st(ct(v - log_s) if log else ct(math.exp(v) / s))
 
     return kernel
 
 
 @functools.cache
-def softmax_grad_kernel(log: bool, ct, st, block: int):
+def softmax_grad_kernel(log: bool, ld, ct, st, block: int):
     """``kernel(y, dy, dx, rows, cols)``, per row: ``dx = y * (dy - sum(dy * y))``, or for ``log``
     (y = log_softmax) ``dx = dy - exp(y) * sum(dy)``."""
 
@@ -105,21 +105,21 @@ def softmax_grad_kernel(log: bool, ct, st, block: int):
             base = r * cols
             part = ct(0)
             for c in range(cuda.threadIdx.x, cols, block):
-                part += ct(dy[base + c]) if log else ct(dy[base + c]) * ct(y[base + c])
+                part += ld(dy[base + c]) if log else ld(dy[base + c]) * ld(y[base + c])
             s = block_sum(sm, part)
             for c in range(cuda.threadIdx.x, cols, block):
-                yc, dyc = ct(y[base + c]), ct(dy[base + c])
+                yc, dyc = ld(y[base + c]), ld(dy[base + c])
                 dx[base + c] = st(ct(dyc - math.exp(yc) * s) if log else ct(yc * (dyc - s)))
 
     return kernel
 
 
 @functools.cache
-def sparse_xent_kernel(ct, st, block: int):
+def sparse_xent_kernel(ld, ct, st, block: int):
     """``kernel(x, label, prob, out, rows, cols)``, per row: ``prob = softmax(x)``,
     ``out[r] = m + log(s) - x[r, label[r]]`` (logsumexp minus the picked logit); NaN for a label
     outside ``[0, cols)``."""
-    stats = row_max_sumexp(ct)
+    stats = row_max_sumexp(ld, ct)
 
     @jit
     def kernel(x, label, prob, out, rows, cols):
@@ -128,11 +128,11 @@ def sparse_xent_kernel(ct, st, block: int):
             base = r * cols
             m, s = stats(sm, x, base, cols)
             for c in range(cuda.threadIdx.x, cols, block):
-                prob[base + c] = st(ct(math.exp(ct(x[base + c]) - m) / s))
+                prob[base + c] = st(ct(math.exp(ld(x[base + c]) - m) / s))
             if cuda.threadIdx.x == 0:
                 lab = label[r]
                 if 0 <= lab < cols:
-                    out[r] = st(ct(m + math.log(s) - ct(x[base + lab])))
+                    out[r] = st(ct(m + math.log(s) - ld(x[base + lab])))
                 else:
                     out[r] = st(math.nan)
 
@@ -140,7 +140,7 @@ def sparse_xent_kernel(ct, st, block: int):
 
 
 @functools.cache
-def sparse_xent_grad_kernel(ct, st):
+def sparse_xent_grad_kernel(ld, ct, st):
     """``kernel(dy, label, prob, dx, cols)``: ``dx[r, c] = dy[r] * (prob[r, c] - (c == label[r]))``
     (flat over r, c); a NaN row for a label outside ``[0, cols)``."""
 
@@ -149,13 +149,13 @@ def sparse_xent_grad_kernel(ct, st):
         for i in range(cuda.grid(1), dx.size, cuda.gridsize(1)):
             r = i // cols
             lab = label[r]
-            p = ct(prob[i])
+            p = ld(prob[i])
             if lab < 0 or lab >= cols:
                 dx[i] = st(math.nan)
             elif i - r * cols == lab:
-                dx[i] = st(ct(ct(dy[r]) * (p - ct(1))))
+                dx[i] = st(ct(ld(dy[r]) * (p - ct(1))))
             else:
-                dx[i] = st(ct(ct(dy[r]) * p))
+                dx[i] = st(ct(ld(dy[r]) * p))
 
     return kernel
 
