@@ -253,8 +253,19 @@ def install(record: bool = False, graphs: bool = False) -> None:
         "cuDevicePrimaryCtxRelease": lambda n: None, "cuDevicePrimaryCtxReset": lambda n: None,
         "cuModuleUnload": lambda h: None, "cuLibraryUnload": lambda h: None,
     }
+    success = b.CUresult.CUDA_SUCCESS
+
+    def binding_call(fn):
+        """``fn`` as ``cuda.bindings.driver`` returns: ``(CUresult, *values)``."""
+        def call(*args):
+            r = fn(*args)
+            return (success,) if r is None else (success, *r) if isinstance(r, tuple) \
+                else (success, r)
+        return call
+
     for name, fn in fns.items():
-        setattr(d, name, fn)
+        setattr(d, name, fn)                  # numba-cuda's Driver: values, errors raised
+        setattr(cudrv, name, binding_call(fn))
     d.is_initialized, d.initialization_error, d.pid = True, None, None
     drv._logger = drv.make_logger()             # what Driver.ensure_initialized would set
     d.devices[0] = StandInDevice()
@@ -278,7 +289,6 @@ def install(record: bool = False, graphs: bool = False) -> None:
                              tuple(config.block), param_bytes(kernelargs, holder.ptr)))
 
     dispatcher.launch = core_launch
-    success = b.CUresult.CUDA_SUCCESS
 
     def cu_launch_kernel(f, gx, gy, gz, bx, by, bz, shmem, stream, params, extra):
         count("launch")

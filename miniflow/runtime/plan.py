@@ -5,7 +5,10 @@ the arrays that hold their state, and asks the backend's kernel builder of every
 Running a plan copies the inputs in, runs ``fn(*args)`` for every step, and copies the outputs out:
 no shape inference, no allocation per node, no dict lookups (docs/architecture.md, "Plan, not
 interpreter"). Kernels are found once, when the plan is built (``Backend.builder_for``; the builder
-contract is in ``miniflow.runtime.backend.Backend``).
+contract is in ``miniflow.runtime.backend.Backend``). At its first run the backend turns the steps
+into the calls it makes at every run (``Backend.prepare``: the steps themselves on the cpu; packed
+launches or one CUDA graph on cuda), and the inputs and outputs go through the backend's input
+stager and output copiers (pinned, asynchronous and pooled on cuda).
 
 A graph with micro-batches (gradient accumulation) is still one flat list of steps: the steps of
 the nodes that run before the micro-batches, then those of the micro-batch nodes once per
@@ -134,29 +137,35 @@ class Plan:
         self.steps, self._owners = _scheduled_steps(graph, buffers, backend)
         self.output_buffers = [buffers[id(v)] for v in graph.outputs]
         self.buffers = buffers
-        self._ran = False
+        self._stage = backend.input_stager(self.input_buffers)
+        self._copiers = [backend.output_copier(b) for b in self.output_buffers]
+        self._calls = self._call_steps = None
+        self.how = None
+        """How the steps run (``Backend.prepare``'s note), once the plan has run."""
+        self.state: dict = {}
+        """What the compile driver keeps per plan (``nn.Graph``: the scaler's read-backs)."""
 
     def run(self, arrays, to_host: bool = True) -> list:
         """Copy ``arrays`` into the input buffers, run every step, return copies of the outputs:
-        NumPy arrays (``to_host``), or backend arrays (device memory on cuda: no host round trip).
+        NumPy arrays (``to_host``), or backend arrays (device memory on cuda: no host round trip;
+        a later run never changes them).
 
         Raises:
             the kernel's exception type, with a message naming the node that failed.
         """
-        copy_in = self.backend.copy_in
-        for buf, a in zip(self.input_buffers, arrays):
-            copy_in(buf, a)
-        if self._ran:
+        self._stage(arrays)
+        if self._calls is not None:
             self._execute()
         else:                       # kernels compile (or load from the cache) at the first run
             with compile_notice():
+                self._calls, self._call_steps, self.how = self.backend.prepare(self.steps)
                 self._execute()
-            self._ran = True
-        copy = self.backend.to_numpy if to_host else self.backend.clone
-        return [copy(b) for b in self.output_buffers]
+        if to_host:
+            return [self.backend.to_numpy(b) for b in self.output_buffers]
+        return [copy() for copy in self._copiers]
 
     def _execute(self) -> None:
-        """Run every step: the hot loop (no index kept; a failure finds its step afterwards).
+        """Run every call: the hot loop (no index kept; a failure finds its call afterwards).
 
         Floating-point warnings are off for the loop: the NumPy-backed steps (BLAS matmul) follow
         the Numba kernels' IEEE semantics, where inf and NaN are values (the loss scaler counts
@@ -164,10 +173,13 @@ class Plan:
         fn = args = None
         try:
             with np.errstate(all="ignore"):
-                for fn, args in self.steps:
+                for fn, args in self._calls:
                     fn(*args)
         except Exception as e:  # name the failing node, keep the exception type where we can
-            k = next(k for k, (f, a) in enumerate(self.steps) if f is fn and a is args)
+            c = next(c for c, (f, a) in enumerate(self._calls) if f is fn and a is args)
+            k = self._call_steps[c]
+            if k is None:
+                raise RuntimeError(f"while running the plan ({self.how}): {e}") from e
             i = self._owners[k]
             node = self.graph.nodes[i]
             msg = f"while running node {i} `{node.format(self.graph.names())}`: {e}"
