@@ -60,21 +60,48 @@ def _graph(sizes, amp: bool, opt: str, batch: int):
     return graph, x, y
 
 
-def measure(name: str, steps: int, batch: int) -> dict:
-    """One workload: compile, one call, then ``steps`` timed calls; per-step means of the counts."""
+PATHS = ("dispatcher", "packed", "graph")
+"""How the plan's launches are made: numba-cuda's dispatcher at every launch (the launch path
+before packed launches; everything else as now), packed launches, one CUDA graph (the stub
+accepts the capture; on a real GPU this path is unverified)."""
+
+
+def _use_path(path: str):
+    """Switch the cuda runtime (and the stub) to ``path``; returns a function restoring it."""
+    import cuda_stub
+    from miniflow.runtime import cuda as runtime
+    saved = (runtime.prepare, runtime.GRAPHS[0], cuda_stub.SETTINGS["graphs"])
+    runtime.GRAPHS[0] = cuda_stub.SETTINGS["graphs"] = path == "graph"
+    if path == "dispatcher":
+        runtime.prepare = lambda steps, stream: (list(steps), list(range(len(steps))),
+                                                 "dispatcher calls")
+
+    def restore():
+        runtime.prepare, runtime.GRAPHS[0], cuda_stub.SETTINGS["graphs"] = saved
+    return restore
+
+
+def measure(name: str, steps: int, batch: int, path: str) -> dict:
+    """One workload on one launch path: compile, two calls, then ``steps`` timed calls; per-step
+    means of the counts."""
     from cuda_stub import COUNTS
-    graph, x, y = _graph(*WORKLOADS[name], batch)
-    loss = graph(x, y)                                   # compiles and runs once
-    loss = graph(x, y)
-    gc.collect()
-    before = COUNTS.copy()
-    times = []
-    for _ in range(steps):
-        t0 = time.perf_counter()
+    restore = _use_path(path)
+    try:
+        graph, x, y = _graph(*WORKLOADS[name], batch)
+        loss = graph(x, y)                               # compiles and runs once
         loss = graph(x, y)
-        times.append(time.perf_counter() - t0)
-    del loss
-    c = COUNTS - before
+        gc.collect()
+        before = COUNTS.copy()
+        times = []
+        for _ in range(steps):
+            t0 = time.perf_counter()
+            loss = graph(x, y)
+            times.append(time.perf_counter() - t0)
+        del loss
+        c = COUNTS - before
+        plan = next(iter(graph.plans.values()))
+    finally:
+        restore()
     per = {k: v / steps for k, v in c.items()}
     copies = sum(v for k, v in per.items() if k.startswith(("h2d", "d2h", "d2d")))
     return {"host_us_median": statistics.median(times) * 1e6,
@@ -84,17 +111,64 @@ def measure(name: str, steps: int, batch: int) -> dict:
             "d2h": per.get("d2h", 0.0) + per.get("d2h_async", 0.0),
             "d2d": per.get("d2d", 0.0) + per.get("d2d_async", 0.0), "copies": copies,
             "syncs": per.get("sync", 0.0), "allocs": per.get("alloc", 0.0),
-            "frees": per.get("free", 0.0), "steps": steps,
+            "frees": per.get("free", 0.0), "steps": steps, "how": plan.how,
+            "kernel_steps": len(plan.steps),
             "counts": {k: v / steps for k, v in sorted(c.items())}}
+
+
+def check_packing(name: str, batch: int) -> dict:
+    """Every packed launch of the workload's plan passes the driver the kernel, grid, block and
+    parameter bytes that numba-cuda's dispatcher passes for the same step; the CUDA graph
+    captures the same kernels in the same order. Returns ``{"launches": n, "mismatches": [...],
+    "graph_kernels_match": bool}``."""
+    import cuda_stub
+    from miniflow.kernels.cuda.launch import Launch
+    graph, x, y = _graph(*WORKLOADS[name], batch)
+    restore = _use_path("packed")
+    try:
+        graph(x, y)
+    finally:
+        restore()
+    plan = next(iter(graph.plans.values()))
+    table = {run.params: run.kernelargs for run, _ in plan._calls if hasattr(run, "params")}
+    mismatches, n = [], 0
+    cuda_stub.SETTINGS["record"] = True
+    try:
+        for (run, _), (fn, args) in zip(plan._calls, plan.steps):
+            if not isinstance(fn, Launch):
+                continue
+            cuda_stub.LAUNCHES.clear()
+            run()
+            fn(*args)                                     # numba-cuda's dispatcher
+            (_, f1, g1, b1, params), (_, f2, g2, b2, packed) = cuda_stub.LAUNCHES
+            mine = cuda_stub.param_bytes(table[params], params)
+            n += 1
+            if (f1, tuple(g1), tuple(b1), mine) != (f2, g2, b2, packed):
+                mismatches.append(fn.name)
+    finally:
+        cuda_stub.SETTINGS["record"] = False
+    handles = [int(run.launch_args[0]) for run, _ in plan._calls if hasattr(run, "params")]
+    restore = _use_path("graph")
+    try:
+        graph2, _, _ = _graph(*WORKLOADS[name], batch)
+        graph2(x, y)
+    finally:
+        restore()
+    plan2 = next(iter(graph2.plans.values()))
+    captured = cuda_stub.GRAPHS[int(plan2._calls[0][0]._keep[0])]
+    return {"launches": n, "mismatches": mismatches,
+            "graph_kernels": len(captured), "graph_kernels_match": captured == handles,
+            "graph_how": plan2.how}
 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--steps", type=int, default=300, help="timed steps per workload")
+    p.add_argument("--steps", type=int, default=300, help="timed steps per workload and path")
     p.add_argument("--batch", type=int, default=64)
     p.add_argument("--json", type=Path, help="write the report (JSON) here")
     p.add_argument("--smoke", action="store_true", help="one step per workload (the CI test)")
     p.add_argument("--only", nargs="*", default=None, help="workload names (default: all)")
+    p.add_argument("--paths", nargs="*", default=list(PATHS), choices=PATHS)
     args = p.parse_args(argv)
     os.environ.pop("NUMBA_ENABLE_CUDASIM", None)
     import cuda_stub
@@ -107,21 +181,33 @@ def main(argv=None) -> int:
     import importlib.metadata as md
     report = {"machine_load": os.getloadavg(), "numba": numba.__version__,
               "numba_cuda": md.version("numba-cuda"), "cuda_core": md.version("cuda-core"),
+              "cuda_bindings": md.version("cuda-bindings"),
               "device": "stubbed driver, compute capability 9.0", "batch": args.batch,
-              "workloads": {}}
+              "steps": steps, "workloads": {}}
     print(f"# cuda host overhead (stubbed driver), batch {args.batch}, {steps} steps, load "
-          f"{report['machine_load'][0]:.2f}")
-    print(f"{'workload':<20s}{'host us':>10s}{'launch':>8s}{'copies':>8s}{'syncs':>7s}"
-          f"{'allocs':>8s}{'frees':>7s}")
+          f"{report['machine_load'][0]:.2f}; host us per step (median)")
+    print(f"{'workload':<18s}" + "".join(f"{p + ' us':>14s}" for p in args.paths)
+          + f"{'launches':>9s}{'copies':>8s}{'syncs':>7s}{'allocs':>8s}{'frees':>7s}  packing")
     for name in names:
-        r = measure(name, steps, args.batch)
+        r = {path: measure(name, steps, args.batch, path) for path in args.paths}
+        r["packing"] = check_packing(name, args.batch)
         report["workloads"][name] = r
-        print(f"{name:<20s}{r['host_us_median']:10.1f}{r['launches']:8.1f}{r['copies']:8.2f}"
-              f"{r['syncs']:7.2f}{r['allocs']:8.2f}{r['frees']:7.2f}", flush=True)
+        main_path = r.get("packed") or r[args.paths[0]]
+        ok = not r["packing"]["mismatches"] and r["packing"]["graph_kernels_match"]
+        print(f"{name:<18s}" + "".join(f"{r[p]['host_us_median']:14.1f}" for p in args.paths)
+              + f"{main_path['launches']:9.1f}{main_path['copies']:8.2f}"
+              f"{main_path['syncs']:7.2f}{main_path['allocs']:8.2f}{main_path['frees']:7.2f}"
+              f"  {'same bytes' if ok else 'MISMATCH'} ({r['packing']['launches']})",
+              flush=True)
     report["machine_load_after"] = os.getloadavg()
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(report, indent=1) + "\n")
+    bad = [n for n, r in report["workloads"].items()
+           if r["packing"]["mismatches"] or not r["packing"]["graph_kernels_match"]]
+    if bad:
+        print(f"packed launches differ from numba-cuda's dispatcher: {bad}", file=sys.stderr)
+        return 1
     return 0
 
 

@@ -22,8 +22,8 @@ What is stood in (numba-cuda 0.30, ``numba_cuda/numba/cuda``):
   ``cuda.bindings.driver.cuLaunchKernel`` (miniflow's pre-packed launches) records its packed
   parameters; neither runs anything;
 * CUDA graph capture (``cuStreamBeginCapture``): refused with ``CUDA_ERROR_NOT_SUPPORTED``
-  (``install(graphs=True)`` accepts it, records the launches made during a capture as the graph,
-  and counts ``cuGraphLaunch`` as one launch).
+  unless ``SETTINGS["graphs"]``; then the launches made during a capture become the graph (not
+  counted as launches) and ``cuGraphLaunch`` is counted as ``graph_launch``.
 
 :data:`COUNTS` counts what a step costs: ``launch`` (kernel launches), ``graph_launch``,
 ``alloc`` / ``free`` (device memory), ``host_alloc`` (pinned memory), ``h2d`` / ``d2h`` / ``d2d``
@@ -40,13 +40,19 @@ import ctypes
 import itertools
 from collections import Counter
 
-__all__ = ["install", "COUNTS", "LAUNCHES", "param_bytes", "StandInDevice"]
+__all__ = ["install", "COUNTS", "LAUNCHES", "SETTINGS", "GRAPHS", "param_bytes",
+           "StandInDevice"]
 
 COUNTS: Counter = Counter()
 """What the stand-in driver was asked to do (see the module docstring)."""
 LAUNCHES: list = []
-"""``(kind, kernel handle, grid, block, packed parameter bytes)`` of every recorded launch, when
-``install(record=True)``; ``kind`` is ``"dispatcher"`` or ``"prepacked"``."""
+"""The launches recorded while ``SETTINGS["record"]``: ``("dispatcher", kernel handle, grid,
+block, packed parameter bytes)`` for numba-cuda's launches, ``("packed", kernel handle, grid,
+block, parameter array address)`` for ``cuLaunchKernel``."""
+SETTINGS = {"record": False, "graphs": False}
+"""Switches, read at every call: record launches; accept CUDA graph capture."""
+GRAPHS: dict = {}
+"""Captured graphs: handle -> the kernel handles launched during the capture."""
 
 _MEMORY: dict = {}                      # address -> ctypes buffer (device and pinned memory)
 _HANDLES = itertools.count(0x1000)
@@ -162,9 +168,9 @@ class _FakeCufunc:
         pass
 
 
-def install(record: bool = False, graphs: bool = False) -> None:
-    """Stand the driver in (see the module docstring). ``record``: keep every launch's packed
-    parameters in :data:`LAUNCHES`; ``graphs``: accept CUDA graph capture.
+def install() -> None:
+    """Stand the driver in (see the module docstring; :data:`SETTINGS` switch recording and graph
+    capture).
 
     Raises:
         RuntimeError: numba's CUDA simulator is on, or a CUDA context already exists.
@@ -182,7 +188,7 @@ def install(record: bool = False, graphs: bool = False) -> None:
         raise RuntimeError("cuda_stub.install: a CUDA context exists already; install first")
     b = drv.binding
     d = drv.driver
-    state = {"current": b.CUcontext(0), "capturing": None, "graphs": {}}
+    state = {"current": b.CUcontext(0), "capturing": None}
 
     def count(kind, n=1):
         COUNTS[kind] += n
@@ -284,26 +290,26 @@ def install(record: bool = False, graphs: bool = False) -> None:
         """cuda.core's ``launch`` up to its driver call: the arguments packed by ParamHolder."""
         holder = ParamHolder(kernelargs)
         count("launch")
-        if record:
+        if SETTINGS["record"]:
             LAUNCHES.append(("dispatcher", int(kernel.handle), tuple(config.grid),
                              tuple(config.block), param_bytes(kernelargs, holder.ptr)))
 
     dispatcher.launch = core_launch
 
     def cu_launch_kernel(f, gx, gy, gz, bx, by, bz, shmem, stream, params, extra):
-        count("launch")
         if state["capturing"] is not None:
             state["capturing"].append(int(f))
-        packed = getattr(cu_launch_kernel, "describe", None)
-        if record and packed is not None:
-            LAUNCHES.append(("prepacked", int(f), (gx, gy, gz), (bx, by, bz), packed(params)))
+            return (success,)
+        count("launch")
+        if SETTINGS["record"]:
+            LAUNCHES.append(("packed", int(f), (gx, gy, gz), (bx, by, bz), int(params)))
         return (success,)
 
     cudrv.cuLaunchKernel = cu_launch_kernel
     not_supported = b.CUresult.CUDA_ERROR_NOT_SUPPORTED
 
     def begin_capture(stream, mode):
-        if not graphs:
+        if not SETTINGS["graphs"]:
             return (not_supported,)
         state["capturing"] = []
         return (success,)
@@ -311,7 +317,7 @@ def install(record: bool = False, graphs: bool = False) -> None:
     def end_capture(stream):
         nodes, state["capturing"] = state["capturing"], None
         handle = next(_HANDLES)
-        state["graphs"][handle] = nodes
+        GRAPHS[handle] = nodes
         return (success, b.CUgraph(handle))
 
     def instantiate(graph, flags):

@@ -135,6 +135,7 @@ def packed_launch(launch: Launch, args: tuple, stream):
 
     run.__name__ = name
     run.launch, run.kernelargs, run.params = launch, kernelargs, holder.ptr
+    run.launch_args = call.args
     run._keep = (holder, args, overload)
     return run
 
