@@ -76,6 +76,12 @@ def extra_cases(cfg: LaunchConfig = SIMULATOR) -> list:
     cases.append(Case("multi_count_not_finite",      # one gradient per parameter of a 2-layer MLP
                       [_r(16, 8), np.array([np.inf] * 16, np.float32), _r(3, 16), _r(3)], {},
                       "mlp-gradients"))
+    for dt in (np.float32, np.float16):              # more elements than the grid's threads
+        big = _r(n, dt=dt)
+        big[[0, cfg.block, n // 2, n - 1]] = [np.nan, np.inf, -np.inf, np.nan]
+        cases.append(Case("multi_count_not_finite",
+                          [big, _r(3, dt=dt), np.array([np.inf], dt), np.zeros(0, dt)], {},
+                          "grid-stride"))
     cases.append(Case("sgd_update", [_r(n), _r(n, seed=1), np.array([0.1]),
                                      np.zeros(1, np.int64)],
                       {"momentum": 0.0}, "no-momentum-grid-stride"))
@@ -133,6 +139,47 @@ def case_signatures(cases) -> dict:
     return out
 
 
+# ----------------------------------------------------------------------------- fused pairs
+def fused_pair_cases(cfg: LaunchConfig = SIMULATOR) -> list:
+    """``(reduce_sum case, consumer op, consumer attrs)`` of the pairs the CUDA backend builds as
+    one kernel (``kernels.cuda.fused_builder``): the mean (``scalar_mul`` by 1/N) and a unary map
+    of a sum, every float dtype, rows longer than a row block."""
+    cols = 2 * cfg.row_block + 3
+    out = []
+    for dt in (np.float16, np.float32, np.float64):
+        out.append((Case("reduce_sum", [_r(cols, dt=dt)], {"axis": (0,)}, "mean"), "scalar_mul",
+                    {"scalar": 1.0 / cols}))
+        out.append((Case("reduce_sum", [_r(3, cols, dt=dt)], {"axis": (1,)}, "rows"), "exp", {}))
+    return out
+
+
+def fused_pair_nodes(case: Case, consumer: str, attrs: dict):
+    """``(producer node, consumer node)`` of a :func:`fused_pair_cases` entry."""
+    from miniflow.ir import Node, Value
+    from miniflow.ops import get_op
+    producer = make_node(case)
+    op = get_op(consumer)
+    vals = [producer.outputs[0]]
+    attrs = op.normalize_attrs(vals, attrs)
+    node = Node(op, vals, [], attrs)
+    node.outputs = [Value("fused_out", s, d, producer=node) for s, d in op.infer(vals, attrs)]
+    return producer, node
+
+
+def fused_signatures(cfg: LaunchConfig = SIMULATOR) -> dict:
+    """Signatures of the fused kernels of :func:`fused_pair_cases` (host stand-ins)."""
+    from miniflow.kernels.cuda import fused_builder
+    out = {}
+    for case, consumer, attrs in fused_pair_cases(cfg):
+        producer, node = fused_pair_nodes(case, consumer, attrs)
+        ins, _ = host_buffers(case, producer)
+        outs = [np.zeros(v.shape, v.dtype.np) for v in node.outputs]
+        steps = fused_builder(producer.op, node.op)(producer, node, ins, outs)
+        for key, name in step_signatures(steps).items():
+            out.setdefault(key, name)
+    return out
+
+
 # ----------------------------------------------------------------------------- training graphs
 TRAINING = {"fp32-sgd": {"amp": False, "adam": False}, "amp-adam": {"amp": True, "adam": True},
             "amp-adam-accumulate-clip": {"amp": True, "adam": True, "accumulate": 3,
@@ -166,23 +213,28 @@ def training_signatures() -> dict:
     """Signatures of every kernel the CUDA builders launch for the ``TRAINING`` graphs, found by
     compiling them on a stand-in backend (host memory, CUDA builders, steps that do nothing)."""
     import miniflow as mf
-    from miniflow.kernels.cuda import builder_for
+    from miniflow.kernels.cuda import builder_for, fused_builder
     from miniflow.runtime.backend import BACKENDS, CpuBackend, get_backend
 
     found: dict = {}
+
+    def recording(build):
+        def record(*node_ins_outs):
+            steps = build(*node_ins_outs)
+            for key, label in step_signatures(steps).items():
+                found.setdefault(key, label)
+            return [(lambda *args: None, args) for _, args in steps]
+        return record
 
     class SignatureRecorder(CpuBackend):
         name = "cuda-signatures"
 
         def builder_for(self, op):
-            build = builder_for(op)
+            return recording(builder_for(op))
 
-            def recording(node, ins, outs):
-                steps = build(node, ins, outs)
-                for key, label in step_signatures(steps).items():
-                    found.setdefault(key, label)
-                return [(lambda *args: None, args) for _, args in steps]
-            return recording
+        def fused_builder(self, producer, consumer):
+            build = fused_builder(producer, consumer)
+            return None if build is None else recording(build)
 
     previous = get_backend().name
     BACKENDS[SignatureRecorder.name] = SignatureRecorder

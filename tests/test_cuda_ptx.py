@@ -27,7 +27,8 @@ from miniflow.kernels import cpu
 from miniflow.kernels.cuda.launch import GPU, SIMULATOR, use_config
 from miniflow.ops import all_ops
 
-from cuda_cases import HOST_STEP_OPS, all_cases, case_signatures, training_signatures
+from cuda_cases import (HOST_STEP_OPS, all_cases, case_signatures, fused_signatures,
+                        training_signatures)
 
 CCS = [(7, 5), (9, 0)]
 HALF_MATH = re.compile(r"\b(add|sub|mul|div|fma|neg|abs|max|min|ex2|sqrt|rcp)(\.[a-z0-9]+)*"
@@ -62,8 +63,8 @@ pytestmark = [pytest.mark.ptx, pytest.mark.slow,
               pytest.mark.skipif(REASON is not None, reason=str(REASON))]
 
 with use_config(GPU):
-    SIGNATURES = {**case_signatures(all_cases(SIMULATOR)), **training_signatures()} \
-        if REASON is None else {}
+    SIGNATURES = {**case_signatures(all_cases(SIMULATOR)), **fused_signatures(SIMULATOR),
+                  **training_signatures()} if REASON is None else {}
 KEYS = [(cc, key) for cc in CCS for key in SIGNATURES]   # all of 7.5 first (see the docstring)
 
 

@@ -91,6 +91,13 @@ class Backend:
     def builder_for(self, op):
         raise NotImplementedError
 
+    def fused_builder(self, producer, consumer):
+        """A builder ``(producer_node, consumer_node, ins, outs)`` of op types ``producer`` then
+        ``consumer`` (OpDefs) as one, or None (the default: none). ``ins`` are the producer's
+        inputs then the consumer's other inputs, ``outs`` the consumer's outputs; the producer's
+        output is read by the consumer only (``runtime.plan.fused_pairs``)."""
+        return None
+
     def empty(self, shape, np_dtype):
         raise NotImplementedError
 
@@ -249,6 +256,11 @@ class CudaBackend(Backend):
     def builder_for(self, op):
         from ..kernels.cuda import builder_for
         return builder_for(op)
+
+    def fused_builder(self, producer, consumer):
+        """The CUDA kernels' fused pairs (``kernels.cuda.fused_builder``)."""
+        from ..kernels.cuda import fused_builder
+        return fused_builder(producer, consumer)
 
     def empty(self, shape, np_dtype):
         return self._cuda.device_array(shape, np_dtype)

@@ -12,7 +12,8 @@ from miniflow.kernels.cuda.launch import GPU, current, use_config
 from miniflow.ops import all_ops
 from miniflow.runtime.backend import CudaBackend
 
-from cuda_cases import Case, all_cases, host_buffers, make_node, results
+from cuda_cases import (Case, all_cases, fused_pair_cases, fused_pair_nodes, host_buffers,
+                        make_node, results)
 from op_cases import assert_bit_exact, assert_close, assert_matches_reference, late_op
 
 TOL = {np.dtype(np.float16): (2e-3, 1e-3), np.dtype(np.float32): (2e-5, 2e-6),
@@ -107,3 +108,26 @@ def test_an_elementwise_op_registered_late_runs_on_both_backends():
         finally:
             mf.set_backend("cpu")
     assert "map[cube] f32" in plan.describe()          # the CUDA launch of the derived kernel
+
+
+FUSED = fused_pair_cases(current())
+
+
+@pytest.mark.parametrize("pair", FUSED, ids=[f"{c.id}+{op}" for c, op, _ in FUSED])
+def test_fused_pair_is_bit_identical_to_its_two_kernels(pair):
+    """``reduce_sum`` then a map as one kernel (the mean loss) gives the bits of the two
+    kernels run one after the other."""
+    case, consumer, attrs = pair
+    producer, node = fused_pair_nodes(case, consumer, attrs)
+    x = BACKEND.from_numpy(case.inputs[0])
+    mid = BACKEND.empty(producer.outputs[0].shape, producer.outputs[0].dtype.np)
+    want = BACKEND.empty(node.outputs[0].shape, node.outputs[0].dtype.np)
+    got = BACKEND.empty(node.outputs[0].shape, node.outputs[0].dtype.np)
+    for fn, args in (cuda.builder_for(producer.op)(producer, [x], [mid])
+                     + cuda.builder_for(node.op)(node, [mid], [want])):
+        fn(*args)
+    steps = cuda.fused_builder(producer.op, node.op)(producer, node, [x], [got])
+    assert len(steps) == 1
+    for fn, args in steps:
+        fn(*args)
+    assert_bit_exact(BACKEND.to_numpy(got), BACKEND.to_numpy(want), f"{case.id} + {consumer}")

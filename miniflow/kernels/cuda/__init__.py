@@ -20,7 +20,7 @@ from __future__ import annotations
 from . import clip, collective, elementwise, fused, loss_scale, matmul, movement, reduce, update
 from ..common import table
 
-__all__ = ["KERNELS", "builder_for"]
+__all__ = ["KERNELS", "builder_for", "fused_builder"]
 
 KERNELS = table.kernel_table(elementwise, movement, reduce, matmul, update, loss_scale, clip,
                              fused, collective)
@@ -30,3 +30,13 @@ KERNELS = table.kernel_table(elementwise, movement, reduce, matmul, update, loss
 def builder_for(op):
     """The CUDA builder of ``op`` (an OpDef), found or derived by ``table.builder_for``."""
     return table.builder_for(op, KERNELS, elementwise.STEPS)
+
+
+def fused_builder(producer, consumer):
+    """The builder of op types ``producer`` then ``consumer`` (OpDefs) as one kernel, or None
+    (``Backend.fused_builder``): ``reduce_sum`` then an elementwise map of one tensor operand
+    (the mean loss: ``scalar_mul`` of the sum) is ``reduce.reduce_sum_then``."""
+    if (producer.name == "reduce_sum" and consumer.scalar is not None
+            and consumer.tensor_arity == 1):
+        return reduce.reduce_sum_then(consumer)
+    return None

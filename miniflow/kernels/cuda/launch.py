@@ -7,6 +7,10 @@ Kernels come in three launch shapes, each with a helper that returns the builder
 * ``row_steps``: one block of ``row_block`` threads per row (reductions, softmax family); the block
   strides over the row's columns and combines partial results in shared memory; at most
   ``max_row_blocks`` blocks, each looping over rows ``blockIdx.x, blockIdx.x + gridDim.x, ...``.
+* ``grid_steps``: grid-wide reductions (``multi_count_not_finite``): ``reduce_grid(n)`` blocks of
+  ``block`` threads, at most ``reduce_blocks``, striding over ``n`` elements; each block combines
+  its threads' partial results in shared memory and writes one partial result per block, which a
+  one-block kernel combines.
 * ``tile_steps``: the matmul grid, ``(ceil(N / tile), ceil(M / tile))`` blocks of
   ``tile x tile`` threads; each block computes one ``tile x tile`` output tile.
 
@@ -29,7 +33,7 @@ from dataclasses import dataclass
 from numba import config as numba_config
 
 __all__ = ["LaunchConfig", "GPU", "SIMULATOR", "current", "use_config", "Launch",
-           "flat_steps", "row_steps", "tile_steps"]
+           "flat_steps", "row_steps", "reduce_grid", "grid_steps", "tile_steps"]
 
 
 @dataclass(frozen=True)
@@ -42,6 +46,8 @@ class LaunchConfig:
         max_blocks: cap on the 1-D grid (threads beyond the data loop; more data strides).
         row_block: threads per block of row kernels; a power of two (tree reduction).
         max_row_blocks: cap on the number of row blocks.
+        reduce_blocks: cap on the grid of grid-wide reductions (a few blocks per SM: enough
+            to fill the GPU, few partial results to combine).
         tile: matmul tile edge; a block is ``tile x tile`` threads and two ``tile x tile``
             shared-memory tiles (f32: 2 KiB at tile 16).
     """
@@ -51,12 +57,16 @@ class LaunchConfig:
     max_blocks: int
     row_block: int
     max_row_blocks: int
+    reduce_blocks: int
     tile: int
 
 
-GPU = LaunchConfig("gpu", block=256, max_blocks=4096, row_block=128, max_row_blocks=65535, tile=16)
-"""Real hardware: 256-thread blocks, 128-thread row blocks, 16 x 16 matmul tiles."""
-SIMULATOR = LaunchConfig("simulator", block=32, max_blocks=2, row_block=8, max_row_blocks=2, tile=4)
+GPU = LaunchConfig("gpu", block=256, max_blocks=4096, row_block=128, max_row_blocks=65535,
+                   reduce_blocks=1024, tile=16)
+"""Real hardware: 256-thread blocks, 128-thread row blocks, reductions over at most 1024 blocks
+(about 8 per SM of a 132-SM GPU), 16 x 16 matmul tiles."""
+SIMULATOR = LaunchConfig("simulator", block=32, max_blocks=2, row_block=8, max_row_blocks=2,
+                         reduce_blocks=2, tile=4)
 """The CUDA simulator: at most 64 threads per 1-D launch, 8-thread rows, 4 x 4 tiles."""
 
 _CONFIG = [SIMULATOR if numba_config.ENABLE_CUDASIM else GPU]
@@ -131,6 +141,19 @@ def row_steps(kernel, rows: int, args: tuple, name: str) -> list:
         return []
     blocks = min(rows, cfg.max_row_blocks)
     return [(Launch(kernel, blocks, cfg.row_block, name), tuple(args))]
+
+
+def reduce_grid(n: int) -> int:
+    """Blocks of a grid-wide reduction over ``n`` elements: ``ceil(n / block)``, at least 1 and
+    at most ``reduce_blocks``."""
+    cfg = current()
+    return max(1, min(_ceil_div(n, cfg.block), cfg.reduce_blocks))
+
+
+def grid_steps(kernel, blocks: int, args: tuple, name: str) -> list:
+    """Steps for a grid-wide reduction kernel on ``blocks`` blocks of ``current().block``
+    threads (:func:`reduce_grid`)."""
+    return [(Launch(kernel, blocks, current().block, name), tuple(args))]
 
 
 def tile_steps(kernel, m: int, n: int, args: tuple, name: str) -> list:
