@@ -66,13 +66,14 @@ def extra_cases(cfg: LaunchConfig = SIMULATOR) -> list:
             Case("matmul", [np.array([[1.0, np.nan], [2.0, 3.0]], dt), _r(2, 3, dt=dt)], {},
                  "nan"),
         ]
-    for ta in (False, True):
-        for tb in (False, True):
-            m, k, nn = 2 * t + 1, 2 * t + 3, t + 2
-            a = _r(k, m) if ta else _r(m, k)
-            b = _r(nn, k, seed=1) if tb else _r(k, nn, seed=1)
-            cases.append(Case("matmul", [a, b], {"transpose_a": ta, "transpose_b": tb},
-                              f"not-tile-multiple-t{int(ta)}{int(tb)}"))
+    for dt in (np.float32, np.float16, np.float64):  # every transpose pair, odd sizes
+        for ta in (False, True):
+            for tb in (False, True):
+                m, k, nn = 2 * t + 1, 2 * t + 3, t + 2
+                a = _r(k, m, dt=dt) if ta else _r(m, k, dt=dt)
+                b = _r(nn, k, dt=dt, seed=1) if tb else _r(k, nn, dt=dt, seed=1)
+                cases.append(Case("matmul", [a, b], {"transpose_a": ta, "transpose_b": tb},
+                                  f"not-tile-multiple-t{int(ta)}{int(tb)}"))
     cases.append(Case("multi_count_not_finite",      # one gradient per parameter of a 2-layer MLP
                       [_r(16, 8), np.array([np.inf] * 16, np.float32), _r(3, 16), _r(3)], {},
                       "mlp-gradients"))

@@ -142,16 +142,17 @@ def packed_launch(launch: Launch, args: tuple, stream):
 
 def graph_capture_reason(steps) -> str | None:
     """Why ``steps`` cannot be captured as one CUDA graph, or None when they can: under the
-    simulator, turned off (:data:`GRAPHS`), a host step (not a kernel ``Launch``: e.g. the MPI
-    collective, which copies through host memory), an empty plan, or no stream capture in the
-    installed ``cuda.bindings``."""
+    simulator, turned off (:data:`GRAPHS`), a host step (neither a kernel ``Launch`` nor a step
+    marked ``capturable``, the cuBLAS GEMM: e.g. the MPI collective, which copies through host
+    memory), an empty plan, or no stream capture in the installed ``cuda.bindings``."""
     if SIMULATOR:
         return "the CUDA simulator has no graphs"
     if not GRAPHS[0]:
         return "CUDA graphs are turned off"
     if not steps:
         return "the plan has no steps"
-    host = [getattr(fn, "__name__", "?") for fn, _ in steps if not isinstance(fn, Launch)]
+    host = [getattr(fn, "__name__", "?") for fn, _ in steps
+            if not isinstance(fn, Launch) and not getattr(fn, "capturable", False)]
     if host:
         return f"host steps ({', '.join(sorted(set(host)))}) cannot be captured"
     drv = _driver()
@@ -206,11 +207,13 @@ def prepare(steps, stream):
     step call ``k`` runs (None for a CUDA graph, which runs them all); ``graph_note`` says why
     the plan is not a CUDA graph (None when it is). Under the simulator the steps themselves
     (numba-cuda's dispatcher at every call); otherwise packed launches (host steps stay as they
-    are), captured into a CUDA graph when :func:`graph_capture_reason` allows it.
+    are; a step with ``on_stream(stream)``, the cuBLAS GEMM, is bound to the stream), captured
+    into a CUDA graph when :func:`graph_capture_reason` allows it.
     """
     if SIMULATOR:
         return list(steps), list(range(len(steps))), "the CUDA simulator has no graphs"
-    calls = [((packed_launch(fn, args, stream), ()) if isinstance(fn, Launch) else (fn, args))
+    calls = [((packed_launch(fn, args, stream), ()) if isinstance(fn, Launch)
+              else (fn.on_stream(stream), ()) if hasattr(fn, "on_stream") else (fn, args))
              for fn, args in steps]
     note = graph_capture_reason(steps)
     if note is None:

@@ -70,13 +70,17 @@ def test_cuda_kernel_matches_cpu_and_the_float64_reference(case):
     Case("matmul", [np.random.default_rng(0).uniform(-1, 1, (17, 18)).astype(np.float16),
                     np.random.default_rng(1).uniform(-1, 1, (5, 18)).astype(np.float16)],
          {"transpose_b": True}, "gpu-tile"),
+    Case("matmul", [np.random.default_rng(4).uniform(-1, 1, (17, 65)).astype(np.float32),
+                    np.random.default_rng(5).uniform(-1, 1, (3, 17)).astype(np.float32)],
+         {"transpose_a": True, "transpose_b": True}, "gpu-tile-transposed"),
     Case("log_softmax", [np.random.default_rng(2).uniform(-9, 9, (2, 131)).astype(np.float32)],
          {}, "gpu-row-block"),
     Case("reduce_sum", [np.random.default_rng(3).uniform(-1, 1, (130, 2)).astype(np.float32)],
          {"axis": (0,)}, "gpu-row-block"),
 ], ids=lambda c: c.id)
 def test_gpu_sized_launch(case):
-    """The kernels with the GPU preset's tile (16) and row block (128), as a real GPU runs them."""
+    """The kernels with the GPU preset's matmul tile (64, 4 x 4 per thread) and row block (128),
+    as a real GPU runs them."""
     with use_config(GPU):
         got = run_cuda(case)
     for g, w in zip(got, run_cpu(case)):

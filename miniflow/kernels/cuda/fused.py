@@ -16,6 +16,8 @@ For ``relu(add(x0, x1))`` over f16 ``[64,128]`` with ``x1: f16[128]`` (a row) th
             y0 = v1
             out0[i] = float16(y0)
 
+(float32 results are ``round_float32(...)``: see :data:`CUDA`.)
+
 A 1-D grid-stride loop (``launch.flat_steps``); loads widen to the compute type
 (``common``), a float16 round trip is one ``cvt`` each way; scalar functions are the ops'
 scalar functions (imported from their declaring module) compiled as device functions
@@ -41,8 +43,13 @@ def _load(array: str, index: str, dtype) -> str:
 
 
 CUDA = codegen.Dialect(load=_load, store="{array}[{index}] = {dtype}({value})",
-                       f16="float32(float16({value}))", f16_wide="float32(float16({value}))")
-"""The CUDA spelling of loads, stores and float16 rounding (numba types as conversions)."""
+                       f16="float32(float16({value}))", f16_wide="float32(float16({value}))",
+                       exact="round_{dtype}({value})")
+"""The CUDA spelling of loads, stores and rounding: numba types as conversions, and every float32
+or float64 result through ``common.round_float32`` / ``round_float64``, an add of -0.0 with
+explicit rounding that NVVM does not contract into a neighbouring multiply (NVVM fuses a
+multiply and an add into one FMA by default, which rounds once where the unfused kernels round
+twice)."""
 
 
 def fused_source(expr: str, input_dtypes, kinds, two_dims: bool):
@@ -54,7 +61,8 @@ def fused_source(expr: str, input_dtypes, kinds, two_dims: bool):
         loop += ["    r = i // cols", "    c = i - r * cols"]
     functions = codegen.functions(low)
     imports = ["from numba import cuda", "from numba.types import float16, float32, float64", "",
-               "from miniflow.kernels.cuda.common import device, jit",
+               "from miniflow.kernels.cuda.common import device, jit, round_float32, "
+               "round_float64",
                *codegen.function_imports(functions, alias="_"), "",
                *(f"{fn.__name__} = device(_{fn.__name__})" for fn in functions)]
     source = codegen.module_source("miniflow.kernels.cuda.fused", low, input_dtypes, kinds, imports,

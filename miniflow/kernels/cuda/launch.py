@@ -12,7 +12,8 @@ Kernels come in three launch shapes, each with a helper that returns the builder
   its threads' partial results in shared memory and writes one partial result per block, which a
   one-block kernel combines.
 * ``tile_steps``: the matmul grid, ``(ceil(N / tile), ceil(M / tile))`` blocks of
-  ``tile x tile`` threads; each block computes one ``tile x tile`` output tile.
+  ``(tile / tile_reg)^2`` threads; each block computes one ``tile x tile`` output tile, each
+  thread ``tile_reg x tile_reg`` of its outputs (register tiling).
 
 Two presets: ``GPU`` (real hardware) and ``SIMULATOR``. The CUDA simulator runs every thread as a
 Python thread (about 0.1 ms per thread for simple kernels, up to ~2 ms with several
@@ -48,8 +49,10 @@ class LaunchConfig:
         max_row_blocks: cap on the number of row blocks.
         reduce_blocks: cap on the grid of grid-wide reductions (a few blocks per SM: enough
             to fill the GPU, few partial results to combine).
-        tile: matmul tile edge; a block is ``tile x tile`` threads and two ``tile x tile``
-            shared-memory tiles (f32: 2 KiB at tile 16).
+        tile: matmul block tile edge: a block computes a ``tile x tile`` tile of the product.
+        tile_k: the K-slice of the operand tiles a block stages in shared memory at a time (two
+            ``tile_k x (tile + 1)`` tiles: 8.3 KiB in f32 at 16 x 64).
+        tile_reg: outputs per thread along each dim (``tile / tile_reg`` threads per dim).
     """
 
     name: str
@@ -59,15 +62,26 @@ class LaunchConfig:
     max_row_blocks: int
     reduce_blocks: int
     tile: int
+    tile_k: int
+    tile_reg: int
+
+    def __post_init__(self):
+        threads = (self.tile // self.tile_reg) ** 2
+        if self.tile % self.tile_reg or (self.tile * self.tile_k) % threads:
+            raise ValueError(f"LaunchConfig {self.name}: tile {self.tile} must be a multiple of "
+                             f"tile_reg {self.tile_reg}, and tile * tile_k a multiple of the "
+                             f"{threads} threads of a matmul block")
 
 
 GPU = LaunchConfig("gpu", block=256, max_blocks=4096, row_block=128, max_row_blocks=65535,
-                   reduce_blocks=1024, tile=16)
+                   reduce_blocks=1024, tile=64, tile_k=16, tile_reg=4)
 """Real hardware: 256-thread blocks, 128-thread row blocks, reductions over at most 1024 blocks
-(about 8 per SM of a 132-SM GPU), 16 x 16 matmul tiles."""
+(about 8 per SM of a 132-SM GPU), 64 x 64 matmul tiles of 16 x 16 threads computing 4 x 4
+outputs each."""
 SIMULATOR = LaunchConfig("simulator", block=32, max_blocks=2, row_block=8, max_row_blocks=2,
-                         reduce_blocks=2, tile=4)
-"""The CUDA simulator: at most 64 threads per 1-D launch, 8-thread rows, 4 x 4 tiles."""
+                         reduce_blocks=2, tile=8, tile_k=4, tile_reg=2)
+"""The CUDA simulator: at most 64 threads per 1-D launch, 8-thread rows, 8 x 8 matmul tiles of
+4 x 4 threads."""
 
 _CONFIG = [SIMULATOR if numba_config.ENABLE_CUDASIM else GPU]
 
@@ -169,4 +183,5 @@ def tile_steps(kernel, m: int, n: int, args: tuple, name: str) -> list:
     if grid[1] > 65535:
         raise ValueError(f"{name}: {m} rows need {grid[1]} tile rows, more than CUDA's grid limit "
                          f"65535; split the batch")
-    return [(Launch(kernel, grid, (cfg.tile, cfg.tile), name), tuple(args))]
+    threads = cfg.tile // cfg.tile_reg
+    return [(Launch(kernel, grid, (threads, threads), name), tuple(args))]
