@@ -49,8 +49,10 @@ LAUNCHES: list = []
 """The launches recorded while ``SETTINGS["record"]``: ``("dispatcher", kernel handle, grid,
 block, packed parameter bytes)`` for numba-cuda's launches, ``("packed", kernel handle, grid,
 block, parameter array address)`` for ``cuLaunchKernel``."""
-SETTINGS = {"record": False, "graphs": False}
-"""Switches, read at every call: record launches; accept CUDA graph capture."""
+SETTINGS = {"record": False, "graphs": False, "events_done": True}
+"""Switches, read at every call: record launches; accept CUDA graph capture; whether events have
+completed when queried (False: ``cuEventQuery`` answers ``CUDA_ERROR_NOT_READY``, as when the GPU
+runs behind the host, until ``cuEventSynchronize`` waits for the event)."""
 GRAPHS: dict = {}
 """Captured graphs: handle -> the kernel handles launched during the capture."""
 
@@ -188,6 +190,7 @@ def install() -> None:
         raise RuntimeError("cuda_stub.install: a CUDA context exists already; install first")
     b = drv.binding
     d = drv.driver
+    success, not_ready = b.CUresult.CUDA_SUCCESS, b.CUresult.CUDA_ERROR_NOT_READY
     state = {"current": b.CUcontext(0), "capturing": None}
 
     def count(kind, n=1):
@@ -230,12 +233,21 @@ def install() -> None:
     def sync(*args):
         count("sync")
 
+    done = set()                                     # events waited for since their record
+
+    def event_record(event, stream=None):
+        count("event_record")
+        done.discard(int(event))
+
     def event_sync(event):
         count("sync")
         count("event_wait")
+        done.add(int(event))
 
     def event_query(event):
         count("event_query")
+        if not SETTINGS["events_done"] and int(event) not in done:
+            raise drv.CudaAPIError(not_ready, "cuEventQuery: not ready")
 
     fns = {
         "cuInit": lambda flags: None, "cuDeviceGetCount": lambda: 1,
@@ -253,18 +265,19 @@ def install() -> None:
         "cuStreamCreate": lambda flags: (count("stream_create"), b.CUstream(next(_HANDLES)))[1],
         "cuStreamDestroy": lambda h: None, "cuStreamWaitEvent": lambda *a: None,
         "cuEventCreate": lambda flags: b.CUevent(next(_HANDLES)),
-        "cuEventDestroy": lambda h: None, "cuEventRecord": lambda *a: count("event_record"),
+        "cuEventDestroy": lambda h: None, "cuEventRecord": event_record,
         "cuEventQuery": event_query, "cuEventSynchronize": event_sync,
         "cuEventElapsedTime": lambda a, b_: 0.0,
         "cuDevicePrimaryCtxRelease": lambda n: None, "cuDevicePrimaryCtxReset": lambda n: None,
         "cuModuleUnload": lambda h: None, "cuLibraryUnload": lambda h: None,
     }
-    success = b.CUresult.CUDA_SUCCESS
-
     def binding_call(fn):
         """``fn`` as ``cuda.bindings.driver`` returns: ``(CUresult, *values)``."""
         def call(*args):
-            r = fn(*args)
+            try:
+                r = fn(*args)
+            except drv.CudaAPIError as e:
+                return (e.code,)
             return (success,) if r is None else (success, *r) if isinstance(r, tuple) \
                 else (success, r)
         return call

@@ -21,6 +21,28 @@ from op_cases import (Case, cast_cases, float64_cases, host_buffers, make_node, 
                       registry_cases, results)
 
 
+def ptx_unavailable(cc=(7, 5)):
+    """Why ``numba.cuda.compile_ptx`` cannot run here (None when it can): the simulator is on,
+    numba-cuda is missing, or NVVM / libdevice (numba-cuda's ``cu12`` extra) are."""
+    import importlib.util
+    from numba import config
+    if config.ENABLE_CUDASIM:
+        return "compile_ptx runs without NUMBA_ENABLE_CUDASIM"
+    if importlib.util.find_spec("numba_cuda") is None:
+        return "numba-cuda is not installed (pip install -e '.[dev]')"
+    from numba import cuda, types
+
+    def probe(x):
+        x[0] = 1.0
+
+    try:
+        cuda.compile_ptx(probe, (types.float32[::1],), cc=cc)
+    except Exception as e:  # noqa: BLE001 (NVVM or libdevice missing: the cu12 extra)
+        return f"numba.cuda.compile_ptx does not work ({type(e).__name__}: {e}); install " \
+               f"numba-cuda[cu12] (pip install -e '.[dev]')"
+    return None
+
+
 def _r(*shape, dt=np.float32, lo=-2.0, hi=2.0, seed=0):
     return np.random.default_rng(seed).uniform(lo, hi, shape).astype(dt)
 

@@ -16,7 +16,6 @@ which needs a driver; without a GPU the test stands in a compute-capability-7.5 
 Their LLVM IR is linked into each kernel, and ``compile_ptx`` compiles the whole kernel for each
 compute capability.
 """
-import importlib.util
 import os
 import re
 
@@ -28,7 +27,7 @@ from miniflow.kernels.cuda.launch import GPU, SIMULATOR, use_config
 from miniflow.ops import all_ops
 
 from cuda_cases import (HOST_STEP_OPS, all_cases, case_signatures, fused_signatures,
-                        training_signatures)
+                        ptx_unavailable, training_signatures)
 
 CCS = [(7, 5), (9, 0)]
 HALF_MATH = re.compile(r"\b(add|sub|mul|div|fma|neg|abs|max|min|ex2|sqrt|rcp)(\.[a-z0-9]+)*"
@@ -37,26 +36,7 @@ HALF_MATH = re.compile(r"\b(add|sub|mul|div|fma|neg|abs|max|min|ex2|sqrt|rcp)(\.
 ``__half`` (how numba-cuda lowers float16 math). Loads, stores and ``cvt`` conversions are fine."""
 
 
-def _unavailable():
-    """Why compile_ptx cannot run here (None when it can)."""
-    if config.ENABLE_CUDASIM:
-        return "the PTX lane runs without NUMBA_ENABLE_CUDASIM"
-    if importlib.util.find_spec("numba_cuda") is None:
-        return "numba-cuda is not installed (pip install -e '.[dev]')"
-    from numba import cuda, types
-
-    def probe(x):
-        x[0] = 1.0
-
-    try:
-        cuda.compile_ptx(probe, (types.float32[::1],), cc=CCS[0])
-    except Exception as e:  # noqa: BLE001 (NVVM or libdevice missing: the cu12 extra)
-        return f"numba.cuda.compile_ptx does not work ({type(e).__name__}: {e}); install " \
-               f"numba-cuda[cu12] (pip install -e '.[dev]')"
-    return None
-
-
-REASON = _unavailable()
+REASON = ptx_unavailable(CCS[0])
 if REASON is not None and not config.ENABLE_CUDASIM and os.environ.get("CI"):
     raise RuntimeError(f"PTX lane cannot run under CI: {REASON}")
 pytestmark = [pytest.mark.ptx, pytest.mark.slow,
