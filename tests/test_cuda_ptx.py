@@ -100,3 +100,30 @@ def test_gpu_sized_cases_add_no_signature():
         gpu = case_signatures(all_cases(GPU))
     extra = sorted(f"{name}{key[1]}" for key, name in gpu.items() if key not in SIGNATURES)
     assert not extra, f"add cases with these signatures to tests/cuda_cases.py: {extra}"
+
+
+def _fmas(ptx: str) -> list:
+    return re.findall(r"\bfma(\.[a-z0-9]+)*\.f(32|64)\b", ptx)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_fused_multiply_add_chain_is_not_contracted(dtype):
+    """``add(mul(x0, x1), x2)``: the unfused graph rounds the product before the add (two
+    kernels), so the fused kernel must not compute it as one FMA (one rounding). The same
+    arithmetic written plainly is contracted by NVVM: the control shows this test sees an FMA."""
+    from numba import cuda, types
+    from miniflow.dtype import as_dtype
+    from miniflow.kernels.cuda.fused import _kernel
+    kernel, _ = _kernel("add(mul(x0, x1), x2)", (as_dtype(dtype),) * 3, ("full",) * 3, False)
+    t = getattr(types, dtype)[::1]
+    ptx, _ = cuda.compile_ptx(kernel.py_func, (t, t, t, t, types.int64), cc=CCS[1])
+    assert f"mul.rn.f{dtype[-2:]}" in ptx or f"mul.f{dtype[-2:]}" in ptx
+    assert not _fmas(ptx), f"fused kernel contracts mul+add into an FMA: {_fmas(ptx)}"
+
+    def plain(x0, x1, x2, out, n):
+        i = cuda.grid(1)
+        if i < n:
+            out[i] = x0[i] * x1[i] + x2[i]
+
+    control, _ = cuda.compile_ptx(plain, (t, t, t, t, types.int64), cc=CCS[1])
+    assert _fmas(control), "NVVM no longer contracts a*b+c: this test would not see an FMA"
