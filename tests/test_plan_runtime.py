@@ -1,5 +1,6 @@
 """How plans run, on every backend: constant nodes computed once, node pairs a backend builds as
-one kernel (``Backend.fused_builder``), and the lazy read-back of the grad scaler's outcome
+one kernel (``Backend.fused_builder``), node groups it builds as one (``Backend.group_builder``:
+multi-tensor updates, and when moving a node into a group would change a result), and the lazy read-back of the grad scaler's outcome
 (``miniflow.runtime.readback``) with a backend whose read-backs arrive late, as on a GPU that
 runs behind the host."""
 import numpy as np
@@ -9,7 +10,11 @@ import miniflow as mf
 from miniflow.amp.grad_scaler import NonFiniteGradientsError
 from miniflow.experiments.mlp import TrainGraph, mlp
 from miniflow.runtime.backend import BACKENDS, CpuBackend
-from miniflow.runtime.plan import constant_nodes, fused_pairs
+from miniflow.dtype import float32, float64, int64
+from miniflow.ir import Graph
+from miniflow.kernels.common.update import GroupBuilder
+from miniflow.ops import emitter
+from miniflow.runtime.plan import constant_nodes, fused_pairs, grouped_nodes
 from miniflow.runtime.readback import LEDGER, HostReadback
 
 
@@ -195,3 +200,87 @@ def test_changing_a_scaler_setting_applies_the_pending_steps_first():
         assert len(LEDGER) == 0 and scaler.__dict__["num_skipped_steps"] == 1
     finally:
         del BACKENDS[LateBackend.name]
+
+
+# ----------------------------------------------------------------------------- node groups
+class GroupingBackend(CpuBackend):
+    """The cpu backend building groups of ``sgd_update`` nodes as one step (that runs the cpu
+    kernel of each member, in order)."""
+
+    name = "cpu-grouping"
+    built: list = []
+
+    def group_builder(self, op):
+        if op.name != "sgd_update":
+            return None
+        single = self.builder_for(op)
+
+        def build(nodes, ins, outs):
+            GroupingBackend.built.append(len(nodes))
+            steps = [s for n, i, o in zip(nodes, ins, outs) for s in single(n, i, o)]
+
+            def step():
+                for fn, args in steps:
+                    fn(*args)
+            step.__name__ = f"sgd_update x{len(nodes)}"
+            return [(step, ())]
+        return GroupBuilder(build)
+
+
+def _updates(*layout):
+    """A graph of ``sgd_update`` nodes and readers, as ``layout`` says: ``("sgd", k, lr, wd)``
+    updates parameter ``k`` with learning rate variable ``lr`` and weight decay ``wd``;
+    ``("read", k)`` reads parameter ``k`` (a ``negative``); ``("write_grad", k)`` is an update
+    (weight decay 0.5) whose parameter is gradient ``k``."""
+    g = Graph()
+    emit = emitter(g)
+    params = [g.add_variable(f"p{k}", (3,), float32) for k in range(4)]
+    grads = [g.add_variable(f"g{k}", (3,), float32) for k in range(4)]
+    lrs = [g.add_variable(f"lr{k}", (1,), float64) for k in range(2)]
+    skip = g.add_variable("skip", (1,), int64)
+    for item in layout:
+        if item[0] == "sgd":
+            _, k, lr, wd = item
+            emit("sgd_update", params[k], grads[k], lrs[lr], skip, weight_decay=wd)
+        elif item[0] == "read":
+            emit("negative", params[item[1]])
+        else:
+            emit("sgd_update", grads[item[1]], params[3], lrs[0], skip, weight_decay=0.5)
+    return g
+
+
+@pytest.mark.parametrize("layout,groups", [
+    ([("sgd", 0, 0, 0.0), ("sgd", 1, 0, 0.0), ("sgd", 2, 0, 0.0)], {2: [0, 1, 2]}),
+    ([("sgd", 0, 0, 0.0), ("sgd", 1, 1, 0.0), ("sgd", 2, 0, 0.0)], {2: [0, 2]}),  # other lr
+    ([("sgd", 0, 0, 0.0), ("sgd", 1, 0, 0.9), ("sgd", 2, 0, 0.0)], {2: [0, 2]}),  # other attrs
+    ([("sgd", 0, 0, 0.0), ("read", 0), ("sgd", 1, 0, 0.0)], {}),           # p0 read between
+    ([("sgd", 0, 0, 0.0), ("read", 2), ("sgd", 1, 0, 0.0)], {2: [0, 2]}),  # another read
+    ([("sgd", 0, 0, 0.0), ("write_grad", 0), ("sgd", 1, 0, 0.0)], {}),     # g0 written between
+    ([("sgd", 0, 0, 0.0), ("sgd", 0, 0, 0.0)], {}),                        # p0 updated twice
+    ([("sgd", 0, 0, 0.0), ("read", 0), ("sgd", 1, 0, 0.0), ("sgd", 2, 0, 0.0)], {3: [2, 3]}),
+])
+def test_update_groups_form_only_where_moving_them_changes_nothing(layout, groups):
+    assert grouped_nodes(_updates(*layout), GroupingBackend(), set()) == groups
+
+
+def test_grouped_updates_train_bit_for_bit_as_single_ones():
+    BACKENDS[GroupingBackend.name] = GroupingBackend
+    GroupingBackend.built.clear()
+    try:
+        mf.set_backend(GroupingBackend.name)
+        g, x, y = _graph()
+        for _ in range(3):
+            g(x, y)
+        grouped = [p.numpy() for p in g.model.parameters()]
+        plan = next(iter(g.plans.values()))
+        assert GroupingBackend.built == [4], plan.describe()       # 2 weights, 2 biases
+        assert "sgd_update x4" in plan.describe()
+        assert sum(plan.graph.nodes[i].op.name == "sgd_update" for i in plan._owners) == 1
+        mf.set_backend("cpu")
+        g2, _, _ = _graph()
+        for _ in range(3):
+            g2(x, y)
+        for a, b in zip(grouped, [p.numpy() for p in g2.model.parameters()]):
+            assert a.tobytes() == b.tobytes()
+    finally:
+        del BACKENDS[GroupingBackend.name]

@@ -98,6 +98,13 @@ class Backend:
         output is read by the consumer only (``runtime.plan.fused_pairs``)."""
         return None
 
+    def group_builder(self, op):
+        """A ``kernels.common.update.GroupBuilder`` of several nodes of op type ``op`` (an
+        OpDef) as one kernel (multi-tensor updates), or None (the default: none). The plan
+        groups nodes where moving them together changes no result
+        (``runtime.plan.grouped_nodes``)."""
+        return None
+
     def empty(self, shape, np_dtype):
         raise NotImplementedError
 
@@ -261,6 +268,11 @@ class CudaBackend(Backend):
         """The CUDA kernels' fused pairs (``kernels.cuda.fused_builder``)."""
         from ..kernels.cuda import fused_builder
         return fused_builder(producer, consumer)
+
+    def group_builder(self, op):
+        """The CUDA kernels' multi-tensor updates (``kernels.cuda.group_builder``)."""
+        from ..kernels.cuda import group_builder
+        return group_builder(op)
 
     def empty(self, shape, np_dtype):
         return self._cuda.device_array(shape, np_dtype)

@@ -26,7 +26,7 @@ import numpy as np
 from ..ir import Graph, runs_per_micro_batch
 from .notice import compile_notice
 
-__all__ = ["Plan", "build_steps", "check_owned", "constant_nodes", "fused_pairs"]
+__all__ = ["Plan", "build_steps", "check_owned", "constant_nodes", "fused_pairs", "grouped_nodes"]
 
 
 def check_owned(backend, array, what: str):
@@ -46,14 +46,16 @@ def check_owned(backend, array, what: str):
 
 
 def build_steps(nodes, buffers: dict, backend, micro_batch: int | None = None,
-                fused: dict | None = None):
+                fused: dict | None = None, groups: dict | None = None):
     """Kernel steps for ``nodes``; allocates the buffers of their outputs into ``buffers`` (those
     not there yet).
 
     ``micro_batch``: build the boundary ops of the micro-batches (``op.micro_batch``) for that
     micro-batch (``attrs["micro_batch"]``). ``fused``: ``id(node) -> consumer``: build that node
     and its consumer as one (``Backend.fused_builder``), in the node's place; the consumer is
-    not in ``nodes``.
+    not in ``nodes``. ``groups``: ``id(node) -> member nodes``: build the members (the node
+    last) as one (``Backend.group_builder``), in the node's place; the others are not in
+    ``nodes``.
 
     Returns ``(steps, owners)``: the ``(fn, args)`` list and, per step, the index of its node.
 
@@ -63,10 +65,15 @@ def build_steps(nodes, buffers: dict, backend, micro_batch: int | None = None,
     steps, owners = [], []
     for i, node in enumerate(nodes):
         consumer = fused.get(id(node)) if fused else None
+        members = groups.get(id(node)) if groups else None
         for v in node.outputs + (consumer.outputs if consumer is not None else []):
             if id(v) not in buffers:
                 buffers[id(v)] = backend.empty(v.shape, v.dtype.np)
-        if consumer is not None:
+        if members is not None:
+            built = backend.group_builder(node.op).build(
+                members, [[buffers[id(v)] for v in m.inputs] for m in members],
+                [[buffers[id(v)] for v in m.outputs] for m in members])
+        elif consumer is not None:
             ins = [buffers[id(v)] for v in node.inputs]
             ins += [buffers[id(v)] for v in consumer.inputs if v is not node.outputs[0]]
             built = backend.fused_builder(node.op, consumer.op)(
@@ -137,16 +144,59 @@ def fused_pairs(graph: Graph, backend, skip) -> dict:
     return pairs
 
 
+def grouped_nodes(graph: Graph, backend, skip) -> dict:
+    """``{last member index: member indices}`` of the node groups the backend builds as one
+    launch (``Backend.group_builder``; on cuda the optimizer updates of many parameters).
+
+    Members share the op type, the attributes, the input dtypes and the values of the group
+    builder's ``shared`` inputs (learning rate, ``skip_if``), and run in the same part of the
+    micro-batch schedule. The group runs where its last member is, so a member joins only if
+    moving the earlier ones there changes nothing: no node in between reads what a member
+    writes or writes what a member reads or writes, and no two members touch a value one of
+    them writes. Nodes in ``skip`` take part in none; groups of one are left out."""
+    nodes = graph.nodes
+    schedule = graph.micro_batch_schedule()
+    part = {i: p for p, group in enumerate((schedule.before, schedule.each, schedule.after))
+            for i in group}
+    open_groups: dict = {}          # key -> [members, ids read, ids written]
+    groups = []
+    for i, node in enumerate(nodes):
+        written = {id(node.inputs[k]) for k in node.op.writes if k < len(node.inputs)}
+        read = {id(v) for v in node.inputs}
+        builder = None if i in skip else backend.group_builder(node.op)
+        key = joined = None
+        if builder is not None:
+            key = (node.op.name, part.get(i), tuple(sorted(node.attrs.items())),
+                   tuple(v.dtype.name for v in node.inputs),
+                   tuple(id(node.inputs[k]) for k in builder.shared))
+            group = open_groups.get(key)
+            if group is not None and not (read & group[2] or written & group[1]):
+                joined = group
+        for k, group in list(open_groups.items()):
+            if group is not joined and (read & group[2] or written & group[1]):
+                del open_groups[k]  # this node must see the members before it, or precede them
+        if joined is not None:
+            joined[0].append(i)
+            joined[1] |= read
+            joined[2] |= written
+        elif key is not None:
+            open_groups[key] = [[i], read, written]
+            groups.append(open_groups[key][0])
+    return {members[-1]: members for members in groups if len(members) > 1}
+
+
 def _scheduled_steps(graph: Graph, buffers: dict, backend):
     """``(steps, owners, once_steps, once_owners)`` of the whole graph (owners: indices into
     ``graph.nodes``): the constant nodes' steps (:func:`constant_nodes`), run once; the others in
     the micro-batch schedule, the boundary ops built per micro-batch, the other nodes' steps
-    built once, :func:`fused_pairs` built as one."""
+    built once, :func:`fused_pairs` and :func:`grouped_nodes` built as one."""
     schedule, nodes = graph.micro_batch_schedule(), graph.nodes
     once = constant_nodes(graph)
     pairs = fused_pairs(graph, backend, once)
     fused = {id(nodes[p]): nodes[c] for p, c in pairs.items()}
-    skip = set(once) | set(pairs.values())
+    grouped = grouped_nodes(graph, backend, set(once) | set(pairs) | set(pairs.values()))
+    groups = {id(nodes[last]): [nodes[i] for i in members] for last, members in grouped.items()}
+    skip = set(once) | set(pairs.values()) | {i for m in grouped.values() for i in m[:-1]}
     for node in nodes:                   # first: constant nodes may read later values' shapes
         for v in node.outputs:
             if id(v) not in buffers:
@@ -155,7 +205,7 @@ def _scheduled_steps(graph: Graph, buffers: dict, backend):
 
     def build(indices, micro_batch=None) -> dict:
         built, built_owners = build_steps([nodes[i] for i in indices], buffers, backend,
-                                          micro_batch, fused)
+                                          micro_batch, fused, groups)
         per_node: dict = {}
         for step, k in zip(built, built_owners):
             per_node.setdefault(indices[k], []).append(step)

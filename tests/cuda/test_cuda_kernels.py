@@ -135,3 +135,66 @@ def test_fused_pair_is_bit_identical_to_its_two_kernels(pair):
     for fn, args in steps:
         fn(*args)
     assert_bit_exact(BACKEND.to_numpy(got), BACKEND.to_numpy(want), f"{case.id} + {consumer}")
+
+
+def _update_group(op: str, sizes, skip: int, seed: int = 0):
+    """``op`` nodes (``sgd_update`` with momentum and weight decay, or ``adam_update``) over
+    parameters of ``sizes``, sharing one lr and skip_if: ``(nodes, host input lists)``."""
+    from miniflow.dtype import float32, float64, int64
+    from miniflow.ir import Graph
+    from miniflow.ops import emitter
+    g = Graph()
+    emit = emitter(g)
+    rng = np.random.default_rng(seed)
+    lr, skip_if = g.add_variable("lr", (1,), float64), g.add_variable("skip", (1,), int64)
+    lr_data, skip_data = np.array([0.05]), np.array([skip], np.int64)
+    nodes, ins = [], []
+    for k, n in enumerate(sizes):
+        state = [g.add_variable(f"{name}{k}", (n,), float32) for name in ("p", "g", "a", "b")]
+        data = [rng.uniform(-1, 1, n).astype(np.float32) for _ in range(3)]
+        data.append(rng.uniform(0, 1, n).astype(np.float32))
+        if op == "sgd_update":
+            emit(op, *state[:2], lr, skip_if, state[2], momentum=0.9, weight_decay=0.01)
+            ins.append([data[0], data[1], lr_data, skip_data, data[2]])
+        else:
+            step = g.add_variable(f"t{k}", (1,), int64)
+            emit(op, *state[:2], lr, skip_if, state[2], state[3], step, beta1=0.9, beta2=0.99,
+                 eps=1e-8, weight_decay=0.01)
+            ins.append([data[0], data[1], lr_data, skip_data, data[2], data[3],
+                        np.array([k], np.int64)])
+        nodes.append(g.nodes[-1])
+    return nodes, ins
+
+
+@pytest.mark.parametrize("op", ["sgd_update", "adam_update"])
+@pytest.mark.parametrize("skip", [0, 1])
+def test_multi_tensor_update_is_the_single_updates_bit_for_bit(op, skip, monkeypatch):
+    """One launch over parameters of odd sizes (the grid-stride loop over their concatenation
+    starts each tensor at another thread; more elements than threads) gives the bits of one
+    launch per parameter and agrees with the CPU kernels; a large group is split into launches
+    of at most ``MAX_ARRAYS`` arrays; ``skip_if`` changes nothing."""
+    from miniflow.kernels.cuda import update
+    sizes = [5, 70, 1, 3 * current().block * current().max_blocks + 7]
+    nodes, ins = _update_group(op, sizes, skip)
+    group = [[BACKEND.from_numpy(a) for a in arrays] for arrays in ins]
+    single = [[BACKEND.from_numpy(a) for a in arrays] for arrays in ins]
+    cpu_ins = [[a.copy() for a in arrays] for arrays in ins]
+    monkeypatch.setattr(update, "MAX_ARRAYS", 11)         # 3 sgd / 2 adam parameters a launch
+    steps = cuda.group_builder(nodes[0].op).build(nodes, group, [[] for _ in nodes])
+    per_launch = 3 if op == "sgd_update" else 2
+    launches = -(-len(sizes) // per_launch) * (1 if op == "sgd_update" else 2)
+    assert len(steps) == launches, [fn.__name__ for fn, _ in steps]
+    for fn, args in steps:
+        fn(*args)
+    for node, arrays, cpu_arrays in zip(nodes, single, cpu_ins):
+        for fn, args in cuda.builder_for(node.op)(node, arrays, []):
+            fn(*args)
+        for fn, args in cpu.builder_for(node.op)(node, cpu_arrays, []):
+            fn(*args)
+    for k, node in enumerate(nodes):
+        for i in node.op.writes:
+            got, want = BACKEND.to_numpy(group[k][i]), BACKEND.to_numpy(single[k][i])
+            assert_bit_exact(got, want, f"{op} parameter {k} input {i}")
+            assert_close(got, cpu_ins[k][i], f"{op} vs cpu, {k}/{i}", TOL)
+            if skip:
+                assert_bit_exact(got, ins[k][i], f"{op} skipped, {k}/{i}")

@@ -7,7 +7,7 @@ copies nothing between host and device. Modules, mirrored from ``kernels.cpu``: 
 decorators, compute/storage types, device helpers, the simulator's ``math``), ``elementwise``
 (map / zip / broadcast / cast), ``movement`` (reshape, transpose, broadcast_like, fills: gathers
 and copies), ``reduce`` (reduce_sum, softmax family, cross entropy), ``matmul`` (tiled),
-``update`` (SGD, Adam), ``loss_scale`` (the loss-scale stage), ``clip`` (gradient clipping),
+``update`` (SGD, Adam, multi-tensor), ``loss_scale`` (the loss-scale stage), ``clip`` (gradient clipping),
 ``fused`` (generated kernels of ``fused_elementwise``); CUDA only: ``launch`` (block sizes,
 grids, the matmul tile). Builders shared with the CPU backend come from ``kernels.common``.
 
@@ -20,7 +20,7 @@ from __future__ import annotations
 from . import clip, collective, elementwise, fused, loss_scale, matmul, movement, reduce, update
 from ..common import table
 
-__all__ = ["KERNELS", "builder_for", "fused_builder"]
+__all__ = ["KERNELS", "builder_for", "fused_builder", "group_builder"]
 
 KERNELS = table.kernel_table(elementwise, movement, reduce, matmul, update, loss_scale, clip,
                              fused, collective)
@@ -40,3 +40,9 @@ def fused_builder(producer, consumer):
             and consumer.tensor_arity == 1):
         return reduce.reduce_sum_then(consumer)
     return None
+
+
+def group_builder(op):
+    """The builder of several nodes of op type ``op`` (an OpDef) as one launch, or None
+    (``Backend.group_builder``): ``sgd_update`` and ``adam_update`` (``update.GROUPS``)."""
+    return update.GROUPS.get(op.name)
