@@ -11,7 +11,10 @@ Per step it reports the host time (median of the per-step wall times, and the me
 launches, the host<->device copies, the calls that wait for the device ("syncs": synchronous
 reads, pageable host-to-device copies, stream/context/event synchronisation), device allocations
 and frees. The host time is what the Python side costs up to the driver calls; the driver's own
-time per launch (a few microseconds on a real GPU) is not in it.
+time per launch (a few microseconds on a real GPU) is not in it. For the AMP workloads it also
+reports, with the GPU running behind the host (the stub's events complete a few records later),
+the blocking waits per step when the loop reads nothing and when it reads ``scaler.found_inf``
+after every step.
 
 ``--smoke`` runs one step of each workload (the CI test checks the report's fields); ``--json``
 writes the report. Results depend on the machine's load: the report records the load average.
@@ -81,26 +84,43 @@ def _use_path(path: str):
     return restore
 
 
-def measure(name: str, steps: int, batch: int, path: str) -> dict:
+GPU_LAG = 3
+"""Events recorded after an event before it completes, in the runs with the GPU behind the host
+(AMP: two events a step, the inputs' and the read-back's: about 1.5 steps behind)."""
+
+
+def measure(name: str, steps: int, batch: int, path: str, reads: bool = False,
+            gpu_behind: bool = False) -> dict:
     """One workload on one launch path: compile, two calls, then ``steps`` timed calls; per-step
-    means of the counts."""
+    means of the counts. ``reads``: the loop reads the grad scaler's ``found_inf`` after every
+    step (AMP workloads); ``gpu_behind``: the stub's events complete :data:`GPU_LAG` records
+    later (or when waited for), as when the GPU runs behind the host."""
+    import cuda_stub
     from cuda_stub import COUNTS
     restore = _use_path(path)
+    cuda_stub.SETTINGS["events_done"] = not gpu_behind
+    cuda_stub.SETTINGS["lag"] = GPU_LAG if gpu_behind else None
     try:
         graph, x, y = _graph(*WORKLOADS[name], batch)
+        scaler = graph._grad_scaler if reads else None
         loss = graph(x, y)                               # compiles and runs once
         loss = graph(x, y)
+        if scaler is not None:
+            scaler.found_inf                             # the steps before are read too
         gc.collect()
         before = COUNTS.copy()
         times = []
         for _ in range(steps):
             t0 = time.perf_counter()
             loss = graph(x, y)
+            if scaler is not None:
+                scaler.found_inf
             times.append(time.perf_counter() - t0)
         del loss
         c = COUNTS - before
         plan = next(iter(graph.plans.values()))
     finally:
+        cuda_stub.SETTINGS["events_done"], cuda_stub.SETTINGS["lag"] = True, None
         restore()
     per = {k: v / steps for k, v in c.items()}
     copies = sum(v for k, v in per.items() if k.startswith(("h2d", "d2h", "d2d")))
@@ -188,8 +208,13 @@ def main(argv=None) -> int:
           f"{report['machine_load'][0]:.2f}; host us per step (median)")
     print(f"{'workload':<18s}" + "".join(f"{p + ' us':>14s}" for p in args.paths)
           + f"{'launches':>9s}{'copies':>8s}{'syncs':>7s}{'allocs':>8s}{'frees':>7s}  packing")
+    lazy = []
     for name in names:
         r = {path: measure(name, steps, args.batch, path) for path in args.paths}
+        if "amp" in name:
+            for mode, reads in (("behind", False), ("behind_reads", True)):
+                m = measure(name, steps, args.batch, "packed", reads, gpu_behind=True)
+                r[mode] = {k: m[k] for k in ("host_us_median", "syncs", "d2h")}
         r["packing"] = check_packing(name, args.batch)
         report["workloads"][name] = r
         main_path = r.get("packed") or r[args.paths[0]]
@@ -199,6 +224,15 @@ def main(argv=None) -> int:
               f"{main_path['syncs']:7.2f}{main_path['allocs']:8.2f}{main_path['frees']:7.2f}"
               f"  {'same bytes' if ok else 'MISMATCH'} ({r['packing']['launches']})",
               flush=True)
+        if "behind" in r:
+            lazy.append(f"{name:<18s}{r['behind']['syncs']:10.2f}{r['behind']['d2h']:8.2f}"
+                        f"{r['behind_reads']['syncs']:14.2f}")
+    if lazy:
+        print(f"# packed launches, GPU {GPU_LAG} events behind the host: blocking waits and "
+              f"async D2H copies per step when nothing is read; waits when the loop reads "
+              f"scaler.found_inf every step")
+        print(f"{'workload':<18s}{'syncs':>10s}{'d2h':>8s}{'reads: syncs':>14s}")
+        print("\n".join(lazy))
     report["machine_load_after"] = os.getloadavg()
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)

@@ -49,10 +49,12 @@ LAUNCHES: list = []
 """The launches recorded while ``SETTINGS["record"]``: ``("dispatcher", kernel handle, grid,
 block, packed parameter bytes)`` for numba-cuda's launches, ``("packed", kernel handle, grid,
 block, parameter array address)`` for ``cuLaunchKernel``."""
-SETTINGS = {"record": False, "graphs": False, "events_done": True}
+SETTINGS = {"record": False, "graphs": False, "events_done": True, "lag": None}
 """Switches, read at every call: record launches; accept CUDA graph capture; whether events have
 completed when queried (False: ``cuEventQuery`` answers ``CUDA_ERROR_NOT_READY``, as when the GPU
-runs behind the host, until ``cuEventSynchronize`` waits for the event)."""
+runs behind the host, until ``cuEventSynchronize`` waits for the event); ``lag`` (with
+``events_done`` False): an event has also completed once ``lag`` events were recorded after it
+(a GPU that runs that far behind the host)."""
 GRAPHS: dict = {}
 """Captured graphs: handle -> the kernel handles launched during the capture."""
 
@@ -234,10 +236,12 @@ def install() -> None:
         count("sync")
 
     done = set()                                     # events waited for since their record
+    recorded = {}                                    # event -> serial number of its record
 
     def event_record(event, stream=None):
         count("event_record")
         done.discard(int(event))
+        recorded[int(event)] = state["records"] = state.get("records", 0) + 1
 
     def event_sync(event):
         count("sync")
@@ -246,7 +250,9 @@ def install() -> None:
 
     def event_query(event):
         count("event_query")
-        if not SETTINGS["events_done"] and int(event) not in done:
+        lag = SETTINGS["lag"]
+        behind = lag is None or state.get("records", 0) - recorded.get(int(event), 0) < lag
+        if not SETTINGS["events_done"] and int(event) not in done and behind:
             raise drv.CudaAPIError(not_ready, "cuEventQuery: not ready")
 
     fns = {

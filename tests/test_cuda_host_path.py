@@ -74,6 +74,9 @@ def test_host_overhead_benchmark_smoke(tmp_path):
         assert dispatcher["launches"] == packed["launches"], name
         assert w["packing"]["mismatches"] == [] and w["packing"]["launches"] > 0, name
         assert w["packing"]["graph_kernels_match"], name
+        if "amp" in name:          # the GPU behind: no wait unless the loop reads the scaler
+            assert w["behind"]["syncs"] == 0 and w["behind"]["d2h"] == 2, (name, w["behind"])
+            assert w["behind_reads"]["syncs"] == 1, (name, w["behind_reads"])
     assert "same bytes" in r.stdout
 
 
