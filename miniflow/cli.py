@@ -138,7 +138,7 @@ def _train(args) -> int:
         distributed.init()
         threads = _pin_threads(distributed.local_world_size())
     line = choose_backend("train", args.backend)
-    if distributed.rank() == 0:
+    if not args.ddp or distributed.rank() == 0:
         print(line, flush=True)
     try:
         r = train_digits(epochs=args.epochs, batch_size=args.batch_size, lr=args.lr,

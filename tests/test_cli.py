@@ -98,3 +98,16 @@ def test_train_prints_its_backend_first(monkeypatch, capsys):
     with pytest.raises(Started):
         main(["train", "--epochs", "1", "--backend", "cpu"])
     assert capsys.readouterr().out.splitlines() == ["backend: cpu (--backend cpu)"]
+
+
+def test_train_without_ddp_runs_in_a_fresh_process():
+    """No process world is set up without ``--ddp`` (rank 0 is the only process)."""
+    import os
+    import subprocess
+    import sys
+    env = {k: v for k, v in os.environ.items() if k != "MINIFLOW_BACKEND"}
+    r = subprocess.run([sys.executable, "-m", "miniflow", "train", "--epochs", "1", "--hidden",
+                        "8", "--backend", "cpu"], capture_output=True, text=True, timeout=300,
+                       env=env)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.stdout.splitlines()[0] == "backend: cpu (--backend cpu)"
