@@ -144,3 +144,15 @@ def test_cublas_is_not_used_for_host_stand_ins_or_without_the_binding():
     import importlib.util
     if importlib.util.find_spec("cupy") is None:
         assert cublas._binding() is None
+
+
+def test_a_block_over_1024_threads_is_refused_when_the_step_is_built():
+    from miniflow.kernels.cuda.launch import Launch
+
+    class Kernel:
+        def __getitem__(self, config):
+            return lambda *args: None
+    assert Launch(Kernel(), (2, 2), (32, 32), "ok").block == (32, 32)
+    with pytest.raises(ValueError, match=r"conv: a block of \(64, 64\) is 4096 threads, more "
+                                         r"than CUDA's 1024 per block"):
+        Launch(Kernel(), (2, 2), (64, 64), "conv")

@@ -33,7 +33,8 @@ from dataclasses import dataclass
 
 from numba import config as numba_config
 
-__all__ = ["LaunchConfig", "GPU", "SIMULATOR", "current", "use_config", "Launch",
+__all__ = ["LaunchConfig", "GPU", "SIMULATOR", "MAX_BLOCK_THREADS", "current", "use_config",
+           "Launch",
            "flat_steps", "row_steps", "reduce_grid", "grid_steps", "tile_steps"]
 
 
@@ -85,6 +86,9 @@ SIMULATOR = LaunchConfig("simulator", block=32, max_blocks=2, row_block=8, max_r
 
 _CONFIG = [SIMULATOR if numba_config.ENABLE_CUDASIM else GPU]
 
+MAX_BLOCK_THREADS = 1024
+"""CUDA's limit on the threads of one block (every compute capability since 2.0)."""
+
 
 def current() -> LaunchConfig:
     """The launch configuration builders use now."""
@@ -115,6 +119,16 @@ class Launch:
     __slots__ = ("kernel", "grid", "block", "name", "_configured")
 
     def __init__(self, kernel, grid, block, name: str):
+        """Raises:
+            ValueError: a block of more than :data:`MAX_BLOCK_THREADS` threads (CUDA refuses
+                the launch), naming the kernel."""
+        threads = 1
+        for d in (block if isinstance(block, tuple) else (block,)):
+            threads *= d
+        if threads > MAX_BLOCK_THREADS:
+            raise ValueError(f"{name}: a block of {block} is {threads} threads, more than CUDA's "
+                             f"{MAX_BLOCK_THREADS} per block; use a smaller tile or block in "
+                             f"kernels/cuda/launch.py")
         self.kernel, self.grid, self.block, self.name = kernel, grid, block, name
         self._configured = None
         if not numba_config.ENABLE_CUDASIM:
