@@ -175,11 +175,12 @@ def update_ir(w_data: np.ndarray) -> Graph:
     g = Graph()
     emit = emitter(g)
     w = g.add_variable("w", (3,), mf.float64, data=w_data)
+    lr = g.add_constant(np.full(1, 0.1))                 # the learning rate is an f64[1] input
     skip = g.add_constant(np.zeros(1, np.int64))
     before = emit("tanh", w)
     grad = emit("ones_like", w)
-    emit("sgd_update", w, grad, skip, lr=0.1)
-    emit("sgd_update", w, grad, skip, lr=0.1)
+    emit("sgd_update", w, grad, lr, skip)
+    emit("sgd_update", w, grad, lr, skip)
     after = emit("tanh", w)
     g.set_outputs([before, after])
     return g
