@@ -284,3 +284,17 @@ def test_grouped_updates_train_bit_for_bit_as_single_ones():
             assert a.tobytes() == b.tobytes()
     finally:
         del BACKENDS[GroupingBackend.name]
+
+
+def test_a_node_with_outputs_joins_no_group_past_a_reader_of_them():
+    class Negatives(CpuBackend):
+        def group_builder(self, op):
+            return GroupBuilder(None, shared=()) if op.name == "negative" else None
+    g = Graph()
+    emit = emitter(g)
+    x, y = g.add_input("x", (3,), float32), g.add_input("y", (3,), float32)
+    a = emit("negative", x)
+    emit("relu", a)                  # reads a: negative(x) cannot move after it
+    emit("negative", y)
+    emit("negative", x)
+    assert grouped_nodes(g, Negatives(), set()) == {3: [2, 3]}

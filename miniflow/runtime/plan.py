@@ -152,8 +152,8 @@ def grouped_nodes(graph: Graph, backend, skip) -> dict:
     builder's ``shared`` inputs (learning rate, ``skip_if``), and run in the same part of the
     micro-batch schedule. The group runs where its last member is, so a member joins only if
     moving the earlier ones there changes nothing: no node in between reads what a member
-    writes or writes what a member reads or writes, and no two members touch a value one of
-    them writes. Nodes in ``skip`` take part in none; groups of one are left out."""
+    writes or defines (its outputs) or writes what a member reads or writes, and no two members
+    touch a value one of them writes or defines. Nodes in ``skip`` take part in none; groups of one are left out."""
     nodes = graph.nodes
     schedule = graph.micro_batch_schedule()
     part = {i: p for p, group in enumerate((schedule.before, schedule.each, schedule.after))
@@ -162,6 +162,7 @@ def grouped_nodes(graph: Graph, backend, skip) -> dict:
     groups = []
     for i, node in enumerate(nodes):
         written = {id(node.inputs[k]) for k in node.op.writes if k < len(node.inputs)}
+        written |= {id(v) for v in node.outputs}    # moved later, a member defines them later
         read = {id(v) for v in node.inputs}
         builder = None if i in skip else backend.group_builder(node.op)
         key = joined = None
