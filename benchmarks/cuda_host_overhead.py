@@ -137,15 +137,20 @@ def measure(name: str, steps: int, batch: int, path: str, reads: bool = False,
 
 
 def check_packing(name: str, batch: int) -> dict:
-    """Every packed launch of the workload's plan passes the driver the kernel, grid, block and
-    parameter bytes that numba-cuda's dispatcher passes for the same step; the CUDA graph
-    captures the same kernels in the same order. Returns ``{"launches": n, "mismatches": [...],
-    "graph_kernels_match": bool}``."""
+    """:func:`packing_report` of workload ``name``."""
+    return packing_report(lambda: _graph(*WORKLOADS[name], batch))
+
+
+def packing_report(make) -> dict:
+    """Every packed launch of the plan of ``make()`` (a fresh ``(graph, x, y)``) passes the
+    driver the kernel, grid, block and parameter bytes that numba-cuda's dispatcher passes for
+    the same step; the CUDA graph captures the same kernels in the same order. Returns
+    ``{"launches": n, "mismatches": [...], "graph_kernels_match": bool, ...}``."""
     import cuda_stub
     from miniflow.kernels.cuda.launch import Launch
-    graph, x, y = _graph(*WORKLOADS[name], batch)
     restore = _use_path("packed")
     try:
+        graph, x, y = make()
         graph(x, y)
     finally:
         restore()
@@ -170,12 +175,12 @@ def check_packing(name: str, batch: int) -> dict:
     handles = [int(run.launch_args[0]) for run, _ in plan._calls if hasattr(run, "params")]
     restore = _use_path("graph")
     try:
-        graph2, _, _ = _graph(*WORKLOADS[name], batch)
-        graph2(x, y)
+        graph2, x2, y2 = make()
+        graph2(x2, y2)
     finally:
         restore()
     plan2 = next(iter(graph2.plans.values()))
-    captured = cuda_stub.GRAPHS[int(plan2._calls[0][0]._keep[0])]
+    captured = cuda_stub.GRAPHS.get(int(getattr(plan2._calls[0][0], "_keep", [0])[0]), [])
     return {"launches": n, "mismatches": mismatches,
             "graph_kernels": len(captured), "graph_kernels_match": captured == handles,
             "graph_how": plan2.how}
