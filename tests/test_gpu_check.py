@@ -1,6 +1,7 @@
 """``benchmarks/gpu_check.py`` end to end under numba's CUDA simulator (``--simulator``, tiny
 sizes): versions first, every section reported and the report file rewritten after each, a
-failing section and a hanging one (stopped at its time limit) reported while the check goes on. On a real GPU it is run by hand."""
+failing section and a hanging one (stopped at its time limit) reported while the check goes
+on. On a real GPU it is run by hand."""
 import os
 import subprocess
 import sys

@@ -153,7 +153,8 @@ def grouped_nodes(graph: Graph, backend, skip) -> dict:
     micro-batch schedule. The group runs where its last member is, so a member joins only if
     moving the earlier ones there changes nothing: no node in between reads what a member
     writes or defines (its outputs) or writes what a member reads or writes, and no two members
-    touch a value one of them writes or defines. Nodes in ``skip`` take part in none; groups of one are left out."""
+    touch a value one of them writes or defines. Nodes in ``skip`` take part in none; groups of
+    one are left out."""
     nodes = graph.nodes
     schedule = graph.micro_batch_schedule()
     part = {i: p for p, group in enumerate((schedule.before, schedule.each, schedule.after))

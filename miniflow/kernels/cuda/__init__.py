@@ -7,8 +7,8 @@ copies nothing between host and device. Modules, mirrored from ``kernels.cpu``: 
 decorators, compute/storage types, device helpers, the simulator's ``math``), ``elementwise``
 (map / zip / broadcast / cast), ``movement`` (reshape, transpose, broadcast_like, fills: gathers
 and copies), ``reduce`` (reduce_sum, softmax family, cross entropy), ``matmul`` (tiled),
-``update`` (SGD, Adam, multi-tensor), ``loss_scale`` (the loss-scale stage), ``clip`` (gradient clipping),
-``fused`` (generated kernels of ``fused_elementwise``); CUDA only: ``launch`` (block sizes,
+``update`` (SGD, Adam, multi-tensor), ``loss_scale`` (the loss-scale stage), ``clip``
+(gradient clipping), ``fused`` (generated kernels of ``fused_elementwise``); CUDA only: ``launch`` (block sizes,
 grids, the matmul tile). Builders shared with the CPU backend come from ``kernels.common``.
 
 Precision: the CPU backend's contract. f16 and f32 compute in float32, f64 in float64; f16 is
