@@ -26,7 +26,8 @@ Kernels compile on the first run (about a minute). Every section runs at most
 ``--section-limit`` seconds (sections 2 and 7 are subprocesses with that timeout; the others are
 stopped by an alarm) and within what is left of ``--budget``. ``--simulator`` smoke-tests the
 script under numba's CUDA simulator (``NUMBA_ENABLE_CUDASIM=1``, tiny sizes;
-``tests/test_gpu_check.py`` runs it). Exits 1 without a GPU. Copy the report into ``benchmarks/README.md``.
+``tests/test_gpu_check.py`` runs it). Exits 1 without a GPU. Copy the report into
+``benchmarks/README.md``.
 """
 from __future__ import annotations
 

@@ -1,8 +1,8 @@
 """How plans run, on every backend: constant nodes computed once, node pairs a backend builds as
 one kernel (``Backend.fused_builder``), node groups it builds as one (``Backend.group_builder``:
 multi-tensor updates, and when moving a node into a group would change a result), and the
-lazy read-back of the grad scaler's outcome (``miniflow.runtime.readback``) with a backend whose read-backs arrive late, as on a GPU that
-runs behind the host."""
+lazy read-back of the grad scaler's outcome (``miniflow.runtime.readback``) with a backend
+whose read-backs arrive late, as on a GPU that runs behind the host."""
 import numpy as np
 import pytest
 
