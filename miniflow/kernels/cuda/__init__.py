@@ -9,7 +9,8 @@ decorators, compute/storage types, device helpers, the simulator's ``math``), ``
 and copies), ``reduce`` (reduce_sum, softmax family, cross entropy), ``matmul`` (tiled),
 ``update`` (SGD, Adam, multi-tensor), ``loss_scale`` (the loss-scale stage), ``clip``
 (gradient clipping), ``fused`` (generated kernels of ``fused_elementwise``); CUDA only:
-``launch`` (block sizes, grids, the matmul tile). Builders shared with the CPU backend come from ``kernels.common``.
+``launch`` (block sizes, grids, the matmul tile). Builders shared with the CPU backend come
+from ``kernels.common``.
 
 Precision: the CPU backend's contract. f16 and f32 compute in float32, f64 in float64; f16 is
 converted on load and store only; matmul accumulates in float32 (float64 for f64) and rounds the
