@@ -236,7 +236,7 @@ def training_signatures() -> dict:
     """Signatures of every kernel the CUDA builders launch for the ``TRAINING`` graphs, found by
     compiling them on a stand-in backend (host memory, CUDA builders, steps that do nothing)."""
     import miniflow as mf
-    from miniflow.kernels.common.update import GroupBuilder
+    from miniflow.kernels.common.table import GroupBuilder
     from miniflow.kernels.cuda import builder_for, fused_builder, group_builder
     from miniflow.runtime.backend import BACKENDS, CpuBackend, get_backend
 
@@ -262,7 +262,7 @@ def training_signatures() -> dict:
 
         def group_builder(self, op):
             group = group_builder(op)
-            return None if group is None else GroupBuilder(recording(group.build), group.shared)
+            return None if group is None else GroupBuilder(recording(group.build), group.shared, group.select)
 
     previous = get_backend().name
     BACKENDS[SignatureRecorder.name] = SignatureRecorder

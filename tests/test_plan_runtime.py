@@ -12,7 +12,7 @@ from miniflow.experiments.mlp import TrainGraph, mlp
 from miniflow.runtime.backend import BACKENDS, CpuBackend
 from miniflow.dtype import float32, float64, int64
 from miniflow.ir import Graph
-from miniflow.kernels.common.update import GroupBuilder
+from miniflow.kernels.common.table import GroupBuilder
 from miniflow.ops import emitter
 from miniflow.runtime.plan import constant_nodes, fused_pairs, grouped_nodes
 from miniflow.runtime.readback import LEDGER, HostReadback

@@ -99,7 +99,7 @@ class Backend:
         return None
 
     def group_builder(self, op):
-        """A ``kernels.common.update.GroupBuilder`` of several nodes of op type ``op`` (an
+        """A ``kernels.common.table.GroupBuilder`` of several nodes of op type ``op`` (an
         OpDef) as one kernel (multi-tensor updates), or None (the default: none). The plan
         groups nodes where moving them together changes no result
         (``runtime.plan.grouped_nodes``)."""

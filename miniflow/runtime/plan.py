@@ -146,12 +146,14 @@ def fused_pairs(graph: Graph, backend, skip) -> dict:
 
 def grouped_nodes(graph: Graph, backend, skip) -> dict:
     """``{last member index: member indices}`` of the node groups the backend builds as one
-    launch (``Backend.group_builder``; on cuda the optimizer updates of many parameters).
+    launch (``Backend.group_builder``; on cuda the optimizer updates of many parameters and the
+    one-dimensional fused elementwise nodes of one expression, AMP's cast-and-unscale of every
+    gradient).
 
     Members share the op type, the attributes, the input dtypes and the values of the group
-    builder's ``shared`` inputs (learning rate, ``skip_if``), and run in the same part of the
-    micro-batch schedule. The group runs where its last member is, so a member joins only if
-    moving the earlier ones there changes nothing: no node in between reads what a member
+    builder's shared inputs (``GroupBuilder.shared_inputs``: learning rate, ``skip_if``), and
+    run in the same part of the micro-batch schedule. The group runs where its last member is,
+    so a member joins only if moving the earlier ones there changes nothing: no node in between reads what a member
     writes or defines (its outputs) or writes what a member reads or writes, and no two members
     touch a value one of them writes or defines. Nodes in ``skip`` take part in none; groups of
     one are left out."""
@@ -166,11 +168,12 @@ def grouped_nodes(graph: Graph, backend, skip) -> dict:
         written |= {id(v) for v in node.outputs}    # moved later, a member defines them later
         read = {id(v) for v in node.inputs}
         builder = None if i in skip else backend.group_builder(node.op)
+        shared = None if builder is None else builder.shared_inputs(node)
         key = joined = None
-        if builder is not None:
+        if shared is not None:
             key = (node.op.name, part.get(i), tuple(sorted(node.attrs.items())),
-                   tuple(v.dtype.name for v in node.inputs),
-                   tuple(id(node.inputs[k]) for k in builder.shared))
+                   tuple(v.dtype.name for v in node.inputs), tuple(shared),
+                   tuple(id(node.inputs[k]) for k in shared))
             group = open_groups.get(key)
             if group is not None and not (read & group[2] or written & group[1]):
                 joined = group

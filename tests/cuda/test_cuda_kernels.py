@@ -173,13 +173,13 @@ def test_multi_tensor_update_is_the_single_updates_bit_for_bit(op, skip, monkeyp
     starts each tensor at another thread; more elements than threads) gives the bits of one
     launch per parameter and agrees with the CPU kernels; a large group is split into launches
     of at most ``MAX_ARRAYS`` arrays; ``skip_if`` changes nothing."""
-    from miniflow.kernels.cuda import update
+    from miniflow.kernels.cuda import launch
     sizes = [5, 70, 1, 3 * current().block * current().max_blocks + 7]
     nodes, ins = _update_group(op, sizes, skip)
     group = [[BACKEND.from_numpy(a) for a in arrays] for arrays in ins]
     single = [[BACKEND.from_numpy(a) for a in arrays] for arrays in ins]
     cpu_ins = [[a.copy() for a in arrays] for arrays in ins]
-    monkeypatch.setattr(update, "MAX_ARRAYS", 11)         # 3 sgd / 2 adam parameters a launch
+    monkeypatch.setattr(launch, "MAX_ARRAYS", 11)         # 3 sgd / 2 adam parameters a launch
     steps = cuda.group_builder(nodes[0].op).build(nodes, group, [[] for _ in nodes])
     per_launch = 3 if op == "sgd_update" else 2
     launches = -(-len(sizes) // per_launch) * (1 if op == "sgd_update" else 2)
@@ -198,3 +198,43 @@ def test_multi_tensor_update_is_the_single_updates_bit_for_bit(op, skip, monkeyp
             assert_close(got, cpu_ins[k][i], f"{op} vs cpu, {k}/{i}", TOL)
             if skip:
                 assert_bit_exact(got, ins[k][i], f"{op} skipped, {k}/{i}")
+
+
+@pytest.mark.parametrize("expr", ["mul(f32(x0), x1)",
+                                  "t0 = f32(x0); y0 = f16(mul(t0, x1)); y1 = sigmoid(t0)"])
+def test_multi_tensor_fused_kernel_is_the_single_kernels_bit_for_bit(expr, monkeypatch):
+    """One-dimensional ``fused_elementwise`` nodes of one expression sharing their one-element
+    input (AMP's cast and unscale of every gradient) as one launch give the bits of one launch
+    each, over tensors of odd sizes (more elements than threads), split into launches of at
+    most ``MAX_ARRAYS`` arrays."""
+    from miniflow.dtype import float16, float32
+    from miniflow.ir import Graph
+    from miniflow.kernels.cuda import launch
+    from miniflow.ops import emitter
+    from miniflow.runtime.plan import grouped_nodes
+    g = Graph()
+    emit = emitter(g)
+    scale = g.add_input("s", (1,), float32)
+    sizes = [(5,), (7, 10), (2,), (3 * current().block * current().max_blocks + 7,)]
+    xs = [g.add_input(f"x{k}", shape, float16) for k, shape in enumerate(sizes)]
+    for x in xs:
+        emit("fused_elementwise", x, scale, expr=expr)
+    nodes = list(g.nodes)
+    assert grouped_nodes(g, BACKEND, set()) == {3: [0, 1, 2, 3]}
+    rng = np.random.default_rng(0)
+    host = [rng.uniform(-3, 3, v.shape).astype(np.float16) for v in xs]
+    s = BACKEND.from_numpy(np.array([0.37], np.float32))
+    ins = [[BACKEND.from_numpy(h), s] for h in host]
+    outs = [[BACKEND.empty(v.shape, v.dtype.np) for v in n.outputs] for n in nodes]
+    want = [[BACKEND.empty(v.shape, v.dtype.np) for v in n.outputs] for n in nodes]
+    monkeypatch.setattr(launch, "MAX_ARRAYS", 2 * (1 + len(nodes[0].outputs)))  # 2 a launch
+    steps = cuda.group_builder(nodes[0].op).build(nodes, ins, outs)
+    assert [fn.__name__ for fn, _ in steps] == [f"fused[{expr}] x2"] * 2
+    for fn, args in steps:
+        fn(*args)
+    for node, i, w in zip(nodes, ins, want):
+        for fn, args in cuda.builder_for(node.op)(node, i, w):
+            fn(*args)
+    for k, (o, w) in enumerate(zip(outs, want)):
+        for a, b in zip(o, w):
+            assert_bit_exact(BACKEND.to_numpy(a), BACKEND.to_numpy(b), f"tensor {k}")

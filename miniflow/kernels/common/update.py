@@ -16,10 +16,11 @@ float64 throughout.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+
+from .table import GroupBuilder
 
 __all__ = ["sgd_element", "adam_corrections", "adam_element", "sgd_builder", "adam_builder",
-           "GroupBuilder", "multi_sgd_builder", "multi_adam_builder"]
+           "multi_sgd_builder", "multi_adam_builder"]
 
 
 # ----------------------------------------------------------------------------- scalar bodies
@@ -97,18 +98,6 @@ def adam_builder(adam_steps):
         return adam_steps(*ins, float(a["beta1"]), float(a["beta2"]), float(a["eps"]),
                           float(a.get("weight_decay", 0.0)))
     return build_adam_update
-
-
-@dataclass(frozen=True)
-class GroupBuilder:
-    """The builder of a group of update nodes of one op type run as one kernel (multi-tensor):
-    ``build(nodes, ins, outs)`` with ``ins[j]`` / ``outs[j]`` node ``j``'s arrays. The plan
-    groups only nodes whose ``shared`` inputs are the same values (the learning rate and
-    ``skip_if``) and whose attributes and input dtypes are equal (``runtime.plan.grouped_nodes``).
-    """
-
-    build: object
-    shared: tuple = (2, 3)
 
 
 def multi_sgd_builder(multi_sgd_steps):

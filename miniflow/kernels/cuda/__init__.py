@@ -45,5 +45,6 @@ def fused_builder(producer, consumer):
 
 def group_builder(op):
     """The builder of several nodes of op type ``op`` (an OpDef) as one launch, or None
-    (``Backend.group_builder``): ``sgd_update`` and ``adam_update`` (``update.GROUPS``)."""
-    return update.GROUPS.get(op.name)
+    (``Backend.group_builder``): ``sgd_update`` and ``adam_update`` (``update.GROUPS``),
+    one-dimensional ``fused_elementwise`` (``fused.GROUPS``)."""
+    return update.GROUPS.get(op.name) or fused.GROUPS.get(op.name)

@@ -33,8 +33,8 @@ from dataclasses import dataclass
 
 from numba import config as numba_config
 
-__all__ = ["LaunchConfig", "GPU", "SIMULATOR", "MAX_BLOCK_THREADS", "current", "use_config",
-           "Launch",
+__all__ = ["LaunchConfig", "GPU", "SIMULATOR", "MAX_BLOCK_THREADS", "MAX_ARRAYS", "chunks",
+           "current", "use_config", "Launch",
            "flat_steps", "row_steps", "reduce_grid", "grid_steps", "tile_steps"]
 
 
@@ -88,6 +88,18 @@ _CONFIG = [SIMULATOR if numba_config.ENABLE_CUDASIM else GPU]
 
 MAX_BLOCK_THREADS = 1024
 """CUDA's limit on the threads of one block (every compute capability since 2.0)."""
+
+MAX_ARRAYS = 64
+"""Array arguments of one multi-tensor launch at most: numba-cuda passes an array as 56 bytes of
+kernel parameters, and CUDA's limit is 4 KiB before compute capability 9.0 (64 x 56 bytes =
+3.5 KiB); a larger group is split into several launches (:func:`chunks`)."""
+
+
+def chunks(items: list, arrays_each: int) -> list:
+    """``items`` (one per tensor of a multi-tensor launch, each passing ``arrays_each`` arrays)
+    in runs of at most ``MAX_ARRAYS // arrays_each``."""
+    n = max(1, MAX_ARRAYS // arrays_each)
+    return [items[i:i + n] for i in range(0, len(items), n)]
 
 
 def current() -> LaunchConfig:

@@ -8,9 +8,8 @@ and runs one grid-stride loop over their concatenation: thread ``t`` updates the
 share the grid evenly. A single ``sgd_update`` / ``adam_update`` node is a group of one
 (:data:`BUILDERS`); the plan groups the update nodes that share their hyperparameters, learning
 rate and ``skip_if`` into one launch (``runtime.plan.grouped_nodes``, :data:`GROUPS`). A launch
-takes at most :data:`MAX_ARRAYS` array arguments (numba-cuda passes an array as 56 bytes of
-kernel parameters; CUDA's limit is 4 KiB before compute capability 9.0), so a larger group is
-split into several launches.
+takes at most ``launch.MAX_ARRAYS`` array arguments (CUDA's 4 KiB of kernel parameters), so a
+larger group is split into several launches.
 
 The scalar bodies are those of ``kernels.common.update`` (PyTorch's rules; the builders are
 there too), compiled as device functions: the same math as the CPU kernels. When
@@ -31,19 +30,15 @@ import functools
 from numba import cuda
 
 from .common import device, flat, jit, short, types_of
-from .launch import flat_steps
+from .launch import chunks, flat_steps
 from ..common.update import (adam_builder, adam_corrections, adam_element, multi_adam_builder,
                              multi_sgd_builder, sgd_builder, sgd_element)
 
-__all__ = ["MAX_ARRAYS", "multi_sgd_kernel", "multi_adam_kernel", "multi_adam_step_kernel",
+__all__ = ["first_index", "multi_sgd_kernel", "multi_adam_kernel", "multi_adam_step_kernel",
            "sgd_steps", "adam_steps", "BUILDERS", "GROUPS"]
 
-MAX_ARRAYS = 64
-"""Array arguments of one update launch at most (64 x 56 bytes = 3.5 KiB of parameters)."""
-
-
 @cuda.jit(device=True)
-def _first(start, stride, offset):
+def first_index(start, stride, offset):
     """The first index ``i >= 0`` of a tensor starting at ``offset`` in the concatenation that
     thread ``start`` of a grid-stride loop of ``stride`` visits (``offset + i = start mod
     stride``)."""
@@ -66,7 +61,7 @@ def multi_sgd_kernel(momentum: bool, ct, st):
         offset = 0
         for k in range(len(ps)):
             p, grad, buf = ps[k], grads[k], bufs[k]
-            for i in range(_first(start, stride, offset), p.size, stride):
+            for i in range(first_index(start, stride, offset), p.size, stride):
                 pi, b = sgd(ct(p[i]), ct(grad[i]), ct(buf[i]) if momentum else mu_c, lr_c,
                             mu_c, wd_c, momentum)
                 if momentum:
@@ -95,7 +90,7 @@ def multi_adam_kernel(ct, st):
             step_size, bc2_sqrt = corrections(lr[0], beta1, beta2, steps[k][0] + 1)
             hyper = (ct(step_size), ct(bc2_sqrt), ct(beta1), ct(beta2), ct(1.0 - beta1),
                      ct(1.0 - beta2), ct(eps), ct(wd))
-            for i in range(_first(start, stride, offset), p.size, stride):
+            for i in range(first_index(start, stride, offset), p.size, stride):
                 pi, mi, vi = adam(ct(p[i]), ct(grad[i]), ct(m[i]), ct(v[i]), hyper)
                 m[i], v[i], p[i] = st(mi), st(vi), st(pi)
             offset += p.size
@@ -117,12 +112,6 @@ def multi_adam_step_kernel():
     return kernel
 
 
-def _chunks(items: list, arrays_each: int) -> list:
-    """``items`` in runs of at most ``MAX_ARRAYS // arrays_each``."""
-    n = max(1, MAX_ARRAYS // arrays_each)
-    return [items[i:i + n] for i in range(0, len(items), n)]
-
-
 def _label(op: str, ps) -> str:
     return f"{op} {short(ps[0].dtype)}" + (f" x{len(ps)}" if len(ps) > 1 else "")
 
@@ -133,7 +122,7 @@ def multi_sgd_steps(ps, grads, lr, skip_if, bufs, mu, wd):
     kernel = multi_sgd_kernel(bufs is not None, *types_of(ps[0]))
     bufs = ps if bufs is None else bufs
     steps = []
-    for part in _chunks(list(range(len(ps))), 3):
+    for part in chunks(list(range(len(ps))), 3):
         p = tuple(flat(ps[k]) for k in part)
         steps += flat_steps(kernel, sum(a.size for a in p),
                             (p, tuple(flat(grads[k]) for k in part),
@@ -147,7 +136,7 @@ def multi_adam_steps(ps, grads, lr, skip_if, ms, vs, step_arrays, beta1, beta2, 
     one of :func:`multi_adam_step_kernel` over the same parameters' step counters."""
     kernel, counter = multi_adam_kernel(*types_of(ps[0])), multi_adam_step_kernel()
     steps = []
-    for part in _chunks(list(range(len(ps))), 5):
+    for part in chunks(list(range(len(ps))), 5):
         p = tuple(flat(ps[k]) for k in part)
         t = tuple(flat(step_arrays[k]) for k in part)
         steps += flat_steps(kernel, sum(a.size for a in p),
