@@ -6,6 +6,7 @@ the miniflow lines are printed)::
 
     mpiexec -n 2 python benchmarks/ddp.py [--repeats 5] [--models mlp,wide_mlp]
         [--batches 16,64] [--dtypes fp32,fp16]
+    mpiexec -n 2 python benchmarks/ddp.py --models resnet50 --batches 16 [--image-size 224]
 
 Models as ``speed.py``: ``mlp`` (64-128-10) and ``wide_mlp`` (64-1024-1024-10), Linear-ReLU-...-
 Linear from ``speed.init_weights`` (both frameworks start from these weights), mean softmax
@@ -14,7 +15,12 @@ PyTorch ``torch.autocast("cpu", dtype=torch.float16)``), no loss scaling. Rank r
 fixed batch, rows ``[r * batch, (r + 1) * batch)`` of the digits training set, every step;
 ``batch`` is per rank (``input_shape``). The frameworks' mean first losses over the ranks are
 checked to agree, and after timing every rank's weights are checked to be equal (both averaged
-the gradients). ResNet-50 rows come with the convolution ops (not in miniflow yet).
+the gradients). ``resnet50``: ``benchmarks/resnet50.py``'s steps (``miniflow.models.resnet50``,
+the torchvision-identical PyTorch model with the same initial weights, 1000 classes, SGD lr 0.01
+momentum 0.9; its AMP has a dynamic loss scale on both sides) on a random batch per rank
+(``input_shape=[B, 3, 224, 224]``); after timing the ranks' *parameters* are checked equal (the
+batch-norm running statistics are each rank's own: PyTorch DDP broadcasts rank 0's buffers at
+every forward, miniflow only when the graph compiles).
 
 Threads: every pool (Numba, BLAS, OpenMP, PyTorch intra-op; PyTorch inter-op 1) gets
 ``cores // ranks on this machine`` threads, the same for both frameworks; MPICH busy-polls while a
@@ -47,6 +53,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(1, str(Path(__file__).resolve().parent.parent))
 
 import harness  # noqa: E402
+import resnet50 as rn  # noqa: E402
 from speed import LABEL, MODELS, init_weights, miniflow_step, torch_step  # noqa: E402
 
 ROUND_SECONDS = 0.2
@@ -69,6 +76,26 @@ def miniflow_ddp_step(sizes, weights, x, y, half: bool):
     step.weights = lambda: np.concatenate([a.ravel() for a in
                                            step.graph.model.state_dict().values()])
     return step
+
+
+def resnet50_steps(frameworks, x, y, dtype: str, torch) -> dict:
+    """ResNet-50 steps ``step()`` for the frameworks named in ``frameworks``, from the same
+    weights, each with ``step.weights()`` (its parameters, flat) and ``step.model``."""
+    mf_step, state = rn.miniflow_step("amp" if dtype == "fp16" else "fp32", None)
+    steps = {"miniflow": (mf_step, lambda: np.concatenate([p.numpy().ravel() for p in
+                                                           mf_step.model.parameters()]))}
+    if "PyTorch" in frameworks:
+        pt = rn.torch_step("amp" if dtype == "fp16" else "fp32", state,
+                           wrap=torch.nn.parallel.DistributedDataParallel)
+        steps["PyTorch"] = (pt, lambda: np.concatenate([p.detach().numpy().ravel()
+                                                       for p in pt.model.parameters()]))
+    out = {}
+    for name, (fn, weights) in steps.items():
+        def step(fn=fn):
+            return fn(x, y)
+        step.weights = weights
+        out[name] = step
+    return out
 
 
 def init_torch(comm):
@@ -97,14 +124,20 @@ def same_on_every_rank(comm, weights: np.ndarray) -> bool:
     return all(g == gathered[0] for g in gathered)
 
 
-def time_case(model, dtype, batch, data, frameworks, repeats, comm) -> dict:
+def time_case(model, dtype, batch, data, frameworks, repeats, comm, image_size=224,
+              torch=None) -> dict:
     """Median step times (seconds) and the N used, for every framework, on one case."""
     rank = comm.Get_rank()
-    sizes, half = MODELS[model], dtype == "fp16"
-    x = np.ascontiguousarray(data.x_train[rank * batch:(rank + 1) * batch])
-    y = np.ascontiguousarray(data.y_train[rank * batch:(rank + 1) * batch])
-    weights = init_weights(sizes)
-    steps = {name: make(sizes, weights, x, y, half) for name, make in frameworks.items()}
+    half = dtype == "fp16"
+    if model == "resnet50":
+        x, y = rn.data(batch, image_size, seed=rank)
+        steps = resnet50_steps(frameworks, x, y, dtype, torch)
+    else:
+        sizes = MODELS[model]
+        x = np.ascontiguousarray(data.x_train[rank * batch:(rank + 1) * batch])
+        y = np.ascontiguousarray(data.y_train[rank * batch:(rank + 1) * batch])
+        weights = init_weights(sizes)
+        steps = {name: make(sizes, weights, x, y, half) for name, make in frameworks.items()}
     losses = {name: comm.allreduce(float(step())) / comm.Get_size()   # miniflow compiles here
               for name, step in steps.items()}
     first = losses["miniflow"]
@@ -124,7 +157,7 @@ def time_case(model, dtype, batch, data, frameworks, repeats, comm) -> dict:
         if not same_on_every_rank(comm, step.weights()):
             raise AssertionError(f"{model} {dtype} batch {batch}: {name}'s ranks' weights differ "
                                  f"after training")
-    return {"steps": n, "first_mean_loss": losses,
+    return {"steps": n, "shape": list(x.shape), "first_mean_loss": losses,
             "total_s": {k: statistics.median(t) for k, t in rounds.items()},
             "step_s": {k: statistics.median(t) / n for k, t in rounds.items()},
             "rounds_s": rounds}
@@ -179,7 +212,7 @@ def report(model: str, dtype: str, batch: int, res: dict) -> None:
     """The seed's output lines for one case."""
     for name, total in res["total_s"].items():
         print(f"{name} {model} time: {1e3 * total / res['steps']:.3f}ms (= {1e3 * total:.1f}ms / "
-              f"{res['steps']}, input_shape=[{batch}, 64], ddp, world size={WORLD_SIZE}"
+              f"{res['steps']}, input_shape={res['shape']}, ddp, world size={WORLD_SIZE}"
               f"{'' if dtype == 'fp32' else ', ' + LABEL[dtype]})")
     t = res["step_s"]
     if "PyTorch" in t:     # the seed's form: (= PyTorch's time / miniflow's)
@@ -204,9 +237,11 @@ def table(results: list) -> str:
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--repeats", type=int, default=5, help="rounds per case (median)")
-    p.add_argument("--models", default=",".join(MODELS))
+    p.add_argument("--models", default=",".join(MODELS),
+                   help=f"of {', '.join(MODELS)}, resnet50 (default: the MLPs)")
     p.add_argument("--batches", default="16,64", help="batch sizes per rank")
     p.add_argument("--dtypes", default="fp32,fp16")
+    p.add_argument("--image-size", type=int, default=224, help="resnet50's input size")
     p.add_argument("--json", default=str(harness.RESULTS / "ddp.json"),
                    help="where rank 0 writes the results (default benchmarks/results/ddp.json)")
     args = p.parse_args(argv)
@@ -245,7 +280,8 @@ def main(argv=None) -> None:
     for model in args.models.split(","):
         for dtype in args.dtypes.split(","):
             for batch in map(int, args.batches.split(",")):
-                res = time_case(model, dtype, batch, data, frameworks, args.repeats, comm)
+                res = time_case(model, dtype, batch, data, frameworks, args.repeats, comm,
+                                args.image_size, torch)
                 results.append({"model": model, "dtype": dtype, "batch": batch, **res})
                 if rank0:
                     report(model, dtype, batch, res)

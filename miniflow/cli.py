@@ -1,4 +1,5 @@
-"""``miniflow`` / ``python -m miniflow``: subcommands ``info``, ``train`` and ``stability``."""
+"""``miniflow`` / ``python -m miniflow``: subcommands ``info``, ``train`` (``--model mlp|lenet|
+resnet18``, ``--amp``) and ``stability``."""
 from __future__ import annotations
 
 import argparse
@@ -87,8 +88,8 @@ def _cache_probe(backend) -> str:
 
 
 JOB_BACKEND_RULE = {
-    "train": "a cpu step of its 64-128-10 MLP takes ~0.06 ms, a cuda step makes 17 kernel "
-             "launches for a few microseconds of GPU work each",
+    "train": "a cpu step of its default 64-128-10 MLP takes ~0.06 ms, a cuda step makes 14 "
+             "kernel launches for a few microseconds of GPU work each",
     "stability": "a cpu step of its 64-128-10 MLPs takes under 0.1 ms, a cuda step makes "
                  "dozens of kernel launches and the study reads its metrics back after every "
                  "step",
@@ -128,11 +129,11 @@ def choose_backend(job: str, requested: str | None) -> str:
 
 
 def _train(args) -> int:
-    """Train the digits MLP (``miniflow.experiments.mlp.train_digits``); with ``--ddp`` on every
+    """Train ``--model`` on the digits (``miniflow.experiments.train``); with ``--ddp`` on every
     rank of the MPI world, rank 0 alone printing and writing files. A checkpoint that cannot be
     used is a message and exit code 2, not a traceback."""
     from . import distributed
-    from .experiments.mlp import ResumeError, train_digits
+    from .experiments.train import ResumeError, train_digits
     from .serialization import CheckpointError
     if args.ddp:
         distributed.init()
@@ -141,9 +142,10 @@ def _train(args) -> int:
     if not args.ddp or distributed.rank() == 0:
         print(line, flush=True)
     try:
-        r = train_digits(epochs=args.epochs, batch_size=args.batch_size, lr=args.lr,
-                         momentum=args.momentum, hidden=args.hidden, seed=args.seed,
-                         lr_schedule=args.lr_schedule, accumulate=args.accumulate,
+        r = train_digits(args.model, epochs=args.epochs, batch_size=args.batch_size,
+                         lr=args.lr, momentum=args.momentum, weight_decay=args.weight_decay,
+                         lr_schedule=args.lr_schedule, hidden=args.hidden, seed=args.seed,
+                         progress=not args.no_progress, accumulate=args.accumulate,
                          clip_norm=args.clip_norm, amp=args.amp, checkpoint=args.checkpoint,
                          resume=args.resume, checkpoint_every=args.checkpoint_every,
                          ddp=args.ddp)
@@ -153,15 +155,23 @@ def _train(args) -> int:
     if r["rank"] != 0:
         return 0
     run_steps = r["steps"] - (r["resumed_from"] or 0)
+    recipe = r["recipe"]
+    print(f"model: {args.model}, {recipe.epochs} epochs of SGD (lr {recipe.lr:g}, "
+          f"{recipe.lr_schedule} schedule, momentum {recipe.momentum:g}, weight decay "
+          f"{recipe.weight_decay:g}, batch {recipe.batch_size}), "
+          + ("AMP (float16) with a dynamic loss scale" if args.amp else "float32"))
     if args.ddp:
-        print(f"data parallel: world size {r['world_size']}, batch {args.batch_size} per rank "
-              f"({args.batch_size * r['world_size']} per step), {threads} thread(s) per rank")
+        print(f"data parallel: world size {r['world_size']}, batch {recipe.batch_size} per rank "
+              f"({recipe.batch_size * r['world_size']} per step), {threads} thread(s) per rank")
     if r["resumed_from"] is not None:
         print(f"resumed from step {r['resumed_from']} ({r['checkpoint']})")
     if r["losses"]:
         print(f"final loss: {r['losses'][-1]:.4f}" + (" (rank 0's batch)" if args.ddp else ""))
     print(f"train accuracy: {100 * r['train_accuracy']:.2f}%")
     print(f"test accuracy: {100 * r['test_accuracy']:.2f}% (360 test images)")
+    if r["scaler"] is not None:
+        print(f"loss scale: {r['scaler'].scale:g} at the end, "
+              f"{r['scaler'].num_skipped_steps} steps skipped")
     print(f"time: {r['seconds']:.1f} s for {run_steps} steps")
     if r["checkpoint"] is not None:
         print(f"checkpoint: {r['checkpoint']} (step {r['steps']})")
@@ -252,32 +262,47 @@ def _check_train_args(args) -> None:
     """Usage errors (exit code 2) between ``miniflow train``'s options."""
     if args.resume and args.checkpoint is None:
         args.parser.error("--resume needs --checkpoint DIR (the folder of the run to continue)")
-    if args.batch_size % args.accumulate:
-        args.parser.error(f"--batch-size {args.batch_size} must be a multiple of --accumulate "
+    from .experiments.train import RECIPES
+    batch = args.batch_size or RECIPES[args.model].batch_size
+    if batch % args.accumulate:
+        args.parser.error(f"--batch-size {batch} must be a multiple of --accumulate "
                           f"{args.accumulate} (equal micro-batches)")
 
 
 def main(argv=None) -> int:
     """Parse ``argv`` and run the subcommand; returns the exit code."""
-    from .experiments.mlp import SCHEDULES
     p = argparse.ArgumentParser(prog="miniflow", description="a small lazy-graph DL framework")
     sub = p.add_subparsers(dest="command", required=True)
     sub.add_parser("info", help="backend, versions, GPU, float16 path, kernel cache").set_defaults(
         fn=_info)
-    t = sub.add_parser("train", help="train the 64-128-10 MLP on the digits data set")
-    t.add_argument("--epochs", type=_positive, default=20)
-    t.add_argument("--batch-size", type=_positive, default=64)
-    t.add_argument("--lr", type=_real(0.0, False), default=0.1)
-    t.add_argument("--momentum", type=_real(0.0, True), default=0.9)
-    t.add_argument("--hidden", type=_positive, default=128)
+    from .experiments.train import MODELS, RECIPES, SCHEDULES
+    t = sub.add_parser("train", help="train a model (mlp, lenet, resnet18) on the digits data set")
+    t.add_argument("--model", choices=MODELS, default="mlp",
+                   help="mlp: 64-128-10; lenet: a LeNet with batch norm; resnet18: ResNet-18 with "
+                        "the small-input stem (default mlp)")
+    defaults = ", ".join(f"{m} {r.epochs}" for m, r in RECIPES.items())
+    t.add_argument("--epochs", type=_positive, help=f"default per model: {defaults}")
+    t.add_argument("--batch-size", type=_positive, help="default 64")
+    t.add_argument("--lr", type=_real(0.0, False),
+                   help="default per model: " + ", ".join(f"{m} {r.lr:g}"
+                                                          for m, r in RECIPES.items()))
+    t.add_argument("--momentum", type=_real(0.0, True), help="default 0.9")
+    t.add_argument("--weight-decay", type=_real(0.0, True),
+                   help="default per model: " + ", ".join(f"{m} {r.weight_decay:g}"
+                                                          for m, r in RECIPES.items()))
+    t.add_argument("--hidden", type=_positive, default=128, help="the MLP's hidden units")
+    t.add_argument("--amp", action="store_true",
+                   help="mixed precision (float16) with a dynamic GradScaler")
     t.add_argument("--seed", type=_seed, default=0, help="any integer >= 0 (default 0)")
+    t.add_argument("--no-progress", action="store_true", help="no progress bar")
     t.add_argument("--ddp", action="store_true", help="data parallel on every rank of "
                    "`mpiexec -n N miniflow train --ddp` (--batch-size is per rank)")
     t.add_argument("--save", metavar="PATH", help="write the trained model's state_dict (a "
                    "miniflow.save checkpoint) to PATH")
-    t.add_argument("--lr-schedule", choices=list(SCHEDULES), default="constant",
+    t.add_argument("--lr-schedule", choices=list(SCHEDULES),
                    help="how the lr changes over the run, stepped once per update (a step the "
-                   "grad scaler skips does not count): "
+                   "grad scaler skips does not count; default per model: "
+                   + ", ".join(f"{m} {r.lr_schedule}" for m, r in RECIPES.items()) + "): "
                    + "; ".join(f"{k}: {v}" for k, v in SCHEDULES.items()).replace("%", "%%"))
     t.add_argument("--accumulate", type=_positive, default=1, metavar="N",
                    help="gradient accumulation: run every batch as N micro-batches and one "
@@ -286,8 +311,6 @@ def main(argv=None) -> int:
     t.add_argument("--clip-norm", type=_real(0.0, False), metavar="X",
                    help="clip the gradients to a total L2 norm of at most X before each update "
                    "(the optimizer's clip_grad_max_norm; default: no clipping)")
-    t.add_argument("--amp", action="store_true", help="mixed precision (float16 matmuls) with "
-                   "a dynamic loss scale (GradScaler)")
     t.add_argument("--checkpoint", metavar="DIR", help="save the training state (model, "
                    "optimizer, grad scaler, LR scheduler, step, data order, random state) to "
                    "DIR/checkpoint.safetensors every --checkpoint-every updates and at the end; "

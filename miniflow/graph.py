@@ -14,10 +14,11 @@ broadcast), so every replica starts equal. Graphs without an optimizer (evaluati
 rank 0 may run one alone.
 
 Subclass it, assign modules as attributes, call ``self.add_optimizer(opt)`` and implement
-``build(*inputs)``. The first call with a new input signature (shapes and dtypes) traces ``build``
-into an IR graph, runs the pass pipeline and builds a plan; later calls with that signature only
-copy the inputs in and run the plan. Up to :attr:`Graph.max_plans` plans are kept (least recently
-used evicted). Parameters and optimizer state are graph variables shared by every plan.
+``build(*inputs)``. The first call with a new input signature (shapes and dtypes) and a new
+combination of its modules' modes (``Module.train()`` / ``eval()``: batch norm traces
+differently in each) traces ``build`` into an IR graph, runs the pass pipeline and builds a plan;
+later calls with that signature and those modes only copy the inputs in and run the plan. Up to
+:attr:`Graph.max_plans` plans are kept (least recently used evicted). Parameters and optimizer state are graph variables shared by every plan.
 
 Calls of one graph instance are serialized by a lock: a plan owns one set of input, intermediate
 and output buffers, and the scaler counts one step at a time, so two threads calling the same graph
@@ -41,7 +42,7 @@ from .amp.lists import AmpLists
 from .amp.report import AmpReport, amp_report as build_amp_report
 from .dtype import as_dtype, float16
 from .ir import Graph as IRGraph
-from .nn.module import Module, replaced_count
+from .nn.module import Module, mode_changes, replaced_count
 from .ops import emitter
 from .optim.optimizer import Optimizer
 from .passes.auto_mixed_precision import AmpConfig
@@ -217,6 +218,7 @@ class Graph:
         self._context: CompileContext | None = None
         self.compile_count = 0
         self._grad_scaler = None
+        self._mode_count, self._mode_key = None, ()
         self._lock = threading.RLock()  # one call at a time (see the module docstring)
 
     def __setattr__(self, name, value):
@@ -273,6 +275,16 @@ class Graph:
                     seen.add(id(p))
                     yield name, p
 
+    def named_buffers(self):
+        """``(name, buffer)`` for every module attribute's buffers (batch norm's running
+        statistics ...), names prefixed by the attribute: graph variables, like parameters."""
+        seen = set()
+        for attr, m in self._modules():
+            for name, b in m.named_buffers(attr + "."):
+                if id(b) not in seen:
+                    seen.add(id(b))
+                    yield name, b
+
     # ------------------------------------------------------------------ calling
     def __call__(self, *inputs):
         """Run the graph on NumPy arrays (or eager Tensors); returns Tensor(s) as build returned.
@@ -306,8 +318,9 @@ class Graph:
         if stamp != self._stamp:  # configuration, modules or hyper-parameters changed
             self._plans.clear()
             self._stamp = stamp
+            self._mode_count = None
         arrays = [self._as_array(i, x) for i, x in enumerate(inputs)]
-        key = tuple((a.shape, a.dtype.str) for a in arrays)
+        key = (*((a.shape, a.dtype.str) for a in arrays), self._modes())
         plan = self._plans.get(key)
         if plan is None:
             plan = self._compile(arrays)
@@ -335,6 +348,17 @@ class Graph:
         LEDGER.poll()
         result = tuple(Tensor(o) for o in outs)
         return result[0] if self._single_output else result
+
+    def _modes(self) -> tuple:
+        """The ``training`` flags of every module of the graph, in order: part of a plan's key,
+        so a plan is compiled for each mode seen (train and eval plans are both kept). Computed
+        again only after some module's mode changed (``nn.module.mode_changes``)."""
+        count = mode_changes()
+        if self._mode_count != count:
+            self._mode_key = tuple(m.training for _, top in self._modules()
+                                   for m in top.modules())
+            self._mode_count = count
+        return self._mode_key
 
     @staticmethod
     def _scaler_readback(plan: Plan, scaler, counts):
@@ -375,7 +399,8 @@ class Graph:
         emit = emitter(graph)
         micro = self.config.gradient_accumulation_steps
         param_names = {id(p): name for name, p in self.named_parameters()}
-        tracer = Tracer(graph, param_names)
+        buffer_names = {id(b): name for name, b in self.named_buffers()}
+        tracer = Tracer(graph, {**buffer_names, **param_names})
         with tracer:
             lazy = []
             for name, a in zip(names, arrays):
@@ -523,5 +548,6 @@ class Graph:
 
     @property
     def plans(self) -> "OrderedDict[tuple, Plan]":
-        """The cached plans, keyed by input signature, least recently used first."""
+        """The cached plans, least recently used first, keyed by input signature (``(shape,
+        dtype)`` per input) followed by the modules' ``training`` flags."""
         return self._plans

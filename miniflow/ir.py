@@ -13,10 +13,11 @@ updates them. State that only passes share lives in their compile context, not h
 
 A Node holds its op's definition (``node.op``, an ``OpDef`` of ``miniflow.ops``), input and output
 Values and attributes; this module only calls the OpDef's ``normalize_attrs``, ``infer``,
-``reference``, ``writes`` and ``name``, so it imports nothing from ``miniflow.ops``. Every Value
+``reference``, ``written`` and ``name``, so it imports nothing from ``miniflow.ops``. Every Value
 has a shape and a dtype and is defined once: as a graph input, a variable, a constant, or an output
-of exactly one Node. Update ops (``sgd_update``...) have no outputs; they write their variable inputs
-in place (``op.writes``) and are kept by dead-code elimination.
+of exactly one Node. Some nodes also write variable inputs in place (:attr:`Node.written`): update
+ops (``sgd_update``...), which have no outputs, and a training-mode ``normalization`` (its moving
+statistics); dead-code elimination keeps them.
 
 New nodes go to the end of the graph, or where an insertion point says (PyTorch FX's
 ``graph.inserting_after(node)``): ``with graph.inserting_after(n): graph.emit(...)``.
@@ -153,6 +154,11 @@ class Node:
     outputs: list
     attrs: dict = field(default_factory=dict)
     meta: dict = field(default_factory=dict)
+
+    @property
+    def written(self) -> list:
+        """The input Values this node writes in place (``op.written(attrs)``; those that exist)."""
+        return [self.inputs[k] for k in self.op.written(self.attrs) if k < len(self.inputs)]
 
     def format(self, names: dict | None = None) -> str:
         """The node as one line of text: ``%7: f32[64,10] = matmul(%3, %w) {transpose_b=True}``.
@@ -397,8 +403,8 @@ class Graph:
     # ----------------------------------------------------------------- checking
     def verify(self) -> None:
         """Check SSA and types: every input defined before use, each Value defined once, every
-        node's output shapes/dtypes equal to what its op infers from its inputs, and every result
-        defined.
+        node's output shapes/dtypes equal to what its op infers from its inputs, every written
+        input a variable (state the plan binds, never a scratch value), and every result defined.
 
         Raises:
             VerifyError: naming the faulty node and printing the nodes around it.
@@ -417,6 +423,10 @@ class Graph:
                     self._fail(i, f"input %?{v.name} is defined nowhere in the graph (the output "
                                   f"of a removed node? rewire its readers first: "
                                   f"graph.replace_uses(old, new))", names)
+            for v in n.written:
+                if v.kind != "variable":
+                    self._fail(i, f"writes %{names.get(v, v.name)} in place, which is a {v.kind}, "
+                                  f"not a variable", names)
             try:
                 metas = n.op.infer(n.inputs, n.attrs)
             except (ValueError, TypeError, KeyError) as e:
@@ -487,9 +497,8 @@ class Graph:
         before.reverse()
         written = {}  # id(variable) -> index of the first micro-batch node that writes it
         for i in each:
-            for k in self.nodes[i].op.writes:
-                if k < len(self.nodes[i].inputs):
-                    written.setdefault(id(self.nodes[i].inputs[k]), i)
+            for v in self.nodes[i].written:
+                written.setdefault(id(v), i)
         for i in before:
             for v in self.nodes[i].inputs:
                 if written.get(id(v), len(self.nodes)) < i:
@@ -626,8 +635,8 @@ def _as64(a) -> np.ndarray:
 def evaluate(graph: Graph, inputs, variables: dict | None = None) -> dict:
     """Run ``graph`` through its ops' NumPy references in float64 (integers in int64): the reference
     interpreter (JAX's ``eval_jaxpr``). Each node's ``op.reference`` maps its input arrays to its
-    output arrays; an op that writes inputs (``op.writes``) returns their new values, which later
-    nodes then read. Only ``cast`` and ``constant`` round (to their dtype). A graph with
+    output arrays, then the new values of the inputs it writes (:attr:`Node.written`), which
+    later nodes then read. Only ``cast`` and ``constant`` round (to their dtype). A graph with
     micro-batches runs in its :meth:`Graph.micro_batch_schedule`.
 
     Args:
@@ -668,8 +677,7 @@ def evaluate(graph: Graph, inputs, variables: dict | None = None) -> dict:
         if op.reference is None:
             raise NotImplementedError(f"evaluate: op {op.name!r} has no reference (node {i}: "
                                       f"{node.format()}); declare reference= in its OpDef")
-        targets = ([node.inputs[k] for k in op.writes if k < len(node.inputs)] if op.writes
-                   else node.outputs)
+        targets = node.outputs + node.written
         args, attrs = [read(v) for v in node.inputs], node.attrs
         if runs_per_micro_batch(node):  # a boundary op: the micro-batch, and the output so far
             attrs = {**attrs, "micro_batch": micro_batch}

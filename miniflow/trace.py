@@ -1,9 +1,9 @@
 """Tracing: while an ``nn.Graph`` builds, ops on Tensors record Nodes instead of running.
 
 The :class:`Tracer` is the one piece of "current graph" state (a stack per thread, like PyTorch FX's tracer).
-It lifts eager Tensors that a traced op touches into the IR: a module parameter becomes a graph
-variable named after its module path (``model.0.weight``) that shares the parameter's storage; any
-other eager Tensor becomes a constant.
+It lifts eager Tensors that a traced op touches into the IR: a module parameter or buffer becomes
+a graph variable named after its module path (``model.0.weight``, ``model.1.running_mean``) that
+shares its storage; any other eager Tensor becomes a constant.
 """
 from __future__ import annotations
 
@@ -35,12 +35,13 @@ class Tracer:
 
     Args:
         graph: the IR being built.
-        param_names: ``id(parameter) -> name`` for every parameter the nn.Graph owns.
+        variable_names: ``id(tensor) -> name`` for every parameter and buffer the nn.Graph
+            owns (they become variables).
     """
 
-    def __init__(self, graph: Graph, param_names: dict):
+    def __init__(self, graph: Graph, variable_names: dict):
         self.graph = graph
-        self.param_names = param_names
+        self.variable_names = variable_names
         self._lifted: dict = {}
         self._keepalive: list = []
 
@@ -65,7 +66,7 @@ class Tracer:
         key = id(t)
         if key in self._lifted:
             return self._lifted[key]
-        name = self.param_names.get(key)
+        name = self.variable_names.get(key)
         if name is not None:
             v = self.graph.add_variable(name, t.shape, t.dtype, data=t._data)
         else:

@@ -96,13 +96,15 @@ def cast_cases() -> list:
 def make_node(case: Case) -> Node:
     """A Node for ``case`` with output Values from the op's own normalisation and inference.
 
-    Inputs an update op writes are declared as variables (update ops require that).
+    Inputs the node writes are declared as variables (update ops require that).
     """
     opdef = get_op(case.op)
-    vals = [Value(f"in{i}", a.shape, as_dtype(a.dtype),
-                  kind="variable" if i in opdef.writes else "input")
+    vals = [Value(f"in{i}", a.shape, as_dtype(a.dtype), kind="input")
             for i, a in enumerate(case.inputs)]
     attrs = opdef.normalize_attrs(vals, case.attrs)
+    for k in opdef.written(attrs):
+        if k < len(vals):
+            vals[k].kind = "variable"
     node = Node(opdef, vals, [], attrs)
     node.outputs = [Value(f"out{i}", s, d, producer=node)
                     for i, (s, d) in enumerate(opdef.infer(vals, attrs))]
@@ -111,24 +113,26 @@ def make_node(case: Case) -> Node:
 
 def host_buffers(case: Case, node: Node):
     """Fresh host copies of the inputs and sentinel-filled host outputs."""
-    ins = [np.ascontiguousarray(a).copy() for a in case.inputs]
+    ins = [np.array(a, copy=True, order="C") for a in case.inputs]   # keeps 0-d arrays 0-d
     outs = [np.full(v.shape, SENTINEL, v.dtype.np) for v in node.outputs]
     return ins, outs
 
 
 def results(case: Case, node: Node, ins, outs) -> list:
-    """What a run produced: every output, then every input the op writes (update ops)."""
-    return list(outs) + [ins[i] for i in get_op(case.op).writes if i < len(ins)]
+    """What a run produced: every output, then every input the node writes (``Node.written``)."""
+    return list(outs) + [ins[k] for k in node.op.written(node.attrs) if k < len(ins)]
 
 
 def reference(case: Case) -> list:
     """What ``case`` must give, from the op's float64 reference: ``ir.evaluate`` of a one-node
     graph (inputs the op writes are variables), in the order of :func:`results`."""
     opdef = get_op(case.op)
+    node = make_node(case)
+    written = opdef.written(node.attrs)
     g = Graph()
     vals, inputs, variables = [], [], {}
     for i, a in enumerate(case.inputs):
-        if i in opdef.writes:
+        if i in written:
             vals.append(g.add_variable(f"in{i}", a.shape, as_dtype(a.dtype)))
             variables[f"in{i}"] = a
         else:
@@ -138,7 +142,7 @@ def reference(case: Case) -> list:
     g.set_outputs([] if outs is None else list(outs) if isinstance(outs, tuple) else [outs])
     got = evaluate(g, inputs, variables)
     return ([got[f"output{k}"] for k in range(len(g.outputs))]
-            + [got[f"in{i}"] for i in opdef.writes if i < len(case.inputs)])
+            + [got[f"in{i}"] for i in written if i < len(case.inputs)])
 
 
 TOL = {np.dtype(np.float16): (2e-3, 2e-3), np.dtype(np.float32): (2e-5, 2e-5),

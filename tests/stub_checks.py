@@ -253,6 +253,41 @@ def the_compile_notice_prints_when_a_cuda_kernel_compiles():
     assert err.getvalue() == "", err.getvalue()
 
 
+@check
+def a_conv_net_runs_packed_and_as_one_graph_with_the_dispatchers_bytes():
+    """The digits LeNet (conv2d, batch norm, max pools; AMP, Adam): every packed launch gets
+    numba-cuda's bytes, the CUDA graph captures every kernel, a step allocates and waits for
+    nothing."""
+    import miniflow as mf
+    from cuda_host_overhead import packing_report
+    from cuda_stub import COUNTS
+    from miniflow.experiments.mlp import TrainGraph
+    from miniflow.models import lenet
+
+    def make():
+        mf.manual_seed(0)
+        model = lenet(width=4)
+        graph = TrainGraph(model, mf.optim.Adam(model.parameters(), lr=1e-3))
+        graph.config.enable_amp(True)
+        graph.set_grad_scaler(mf.amp.GradScaler())
+        x = np.random.default_rng(0).uniform(0, 1, (4, 1, 8, 8)).astype(np.float32)
+        return graph, x, np.array([0, 1, 2, 3], np.int64)
+
+    report = packing_report(make)
+    assert report["launches"] > 0 and not report["mismatches"], report
+    assert report["graph_kernels_match"] and report["graph_how"] == "one CUDA graph", report
+    graph, x, y = make()
+    graph(x, y)
+    graph(x, y)
+    ops = {n.op.name for n in next(iter(graph.plans.values())).graph.nodes}
+    assert {"conv2d", "normalization", "max_pool_2d", "increment"} <= ops, ops
+    before = COUNTS.copy()
+    for _ in range(5):
+        graph(x, y)
+    counts = COUNTS - before
+    assert counts["alloc"] == 0 and counts["sync"] == 0, counts
+
+
 def main() -> int:
     os.environ.pop("NUMBA_ENABLE_CUDASIM", None)
     import cuda_stub

@@ -4,7 +4,8 @@ dynamic grad scaler, to 1e-6; AMP keeps float32 master weights, so under AMP the
 accumulated gradient equals the mean of the micro-batches' own AMP gradients to 1e-6 and one
 batch of 64 to float16 rounding), the losses come back packed, a non-finite micro-batch skips the
 whole update;
-the micro-batch schedule of the IR (which nodes run once, which once per micro-batch), its plan
+batch norm under accumulation (OneFlow's semantics: moving statistics once per micro-batch);
+OneFlow issue 9075's setting on a conv-bn network; the micro-batch schedule of the IR (which nodes run once, which once per micro-batch), its plan
 (one flat list of steps) and ``ir.evaluate`` on it; the boundary ops' kernels over whole loops;
 bad input."""
 import math
@@ -356,15 +357,92 @@ def test_changing_the_number_of_micro_batches_recompiles():
     assert math.isfinite(float(g(x, y).numpy().mean()))
 
 
-@pytest.mark.parametrize("policy", ["fp32", "cast_back", "legacy"])
-def test_oneflow_issue_9075_amp_scale_2_30_and_accumulation_2_skips_until_it_backs_off(policy):
-    """OneFlow issue 9075's setting: AMP, GradScaler(2^30), gradient accumulation 2 (there with a
-    conv-bn network; here the MLP until convolutions and batch norm land). No crash and no silent
-    NaN: steps overflow and are skipped, each halves the scale, no weight ever becomes non-finite,
-    and once the scale has backed off the updates apply and the loss falls."""
+def conv_bn_net(seed=0, dtype=np.float64):
+    """conv-bn-relu-pool and a linear layer over 1x8x8 images, parameters and batch-norm
+    statistics in ``dtype``."""
+    mf.manual_seed(seed)
+    model = nn.Sequential(nn.Conv2d(1, 4, 3, padding=1), nn.BatchNorm2d(4), nn.ReLU(),
+                          nn.MaxPool2d(2), nn.Flatten(), nn.Linear(4 * 4 * 4, 10))
+    for m in model.modules():
+        for k, p in list(m._parameters.items()):
+            setattr(m, k, nn.Parameter(p.numpy().astype(dtype)))
+        for k, b in list(m._buffers.items()):
+            if b.dtype == mf.float32:
+                setattr(m, k, b.numpy().astype(dtype))
+    return model
+
+
+def _images(seed=0, n=32):
+    r = np.random.default_rng(seed)
+    return r.standard_normal((n, 1, 8, 8)), r.integers(0, 10, n)
+
+
+def test_batch_norm_under_accumulation_follows_oneflow():
+    """Batch norm with 4 micro-batches of 8 (float64), OneFlow's semantics: each micro-batch is
+    normalized by its own batch statistics and updates the moving statistics in turn, once per
+    micro-batch (OneFlow's ``NormalizationExponentialAverageAutoTickPass`` ties
+    ``moving_mean``/``moving_variance`` to the tick of ``x``; here the ``normalization`` node
+    reads a micro-batch's value, so it runs once per micro-batch), so the update is the mean of
+    the micro-batches' own gradients, not one batch of 32's; ``num_batches_tracked`` counts one
+    per step (OneFlow's ``num_batches_tracked.add_(1)`` reads no micro-batch value; PyTorch,
+    running 4 forwards, would count 4)."""
+    x, y = _images()
+    model = conv_bn_net()
+    g = TrainGraph(model, mf.optim.SGD(model.parameters(), lr=0.5))
+    g.config.set_gradient_accumulation_steps(4)
+    g(x, y)
+    got = model.state_dict()
+
+    # the moving statistics: 4 training-mode calls on the micro-batches in order (lr 0)
+    seq = conv_bn_net()
+    g_seq = TrainGraph(seq, mf.optim.SGD(seq.parameters(), lr=0.0))
+    for k in range(4):
+        g_seq(x[8 * k:8 * k + 8], y[8 * k:8 * k + 8])
+    for key in ("1.running_mean", "1.running_var"):
+        np.testing.assert_allclose(got[key], seq.state_dict()[key], rtol=1e-12, atol=1e-14)
+    assert not np.allclose(got["1.running_mean"], 0.0)  # they moved
+    assert int(got["1.num_batches_tracked"]) == 1 and int(seq.state_dict()[
+        "1.num_batches_tracked"]) == 4
+
+    # the parameters: the mean of one SGD step from the same start on each micro-batch
+    # (plain SGD is linear in the gradient)
+    steps = []
+    for k in range(4):
+        m = conv_bn_net()
+        TrainGraph(m, mf.optim.SGD(m.parameters(), lr=0.5))(x[8 * k:8 * k + 8],
+                                                            y[8 * k:8 * k + 8])
+        steps.append(m.state_dict())
+    for key, _ in model.named_parameters():
+        np.testing.assert_allclose(got[key], np.mean([s[key] for s in steps], axis=0),
+                                   rtol=1e-10, atol=1e-12)
+
+    # and not one batch of 32 (its batch statistics are those of all 32 images)
+    whole = conv_bn_net()
+    TrainGraph(whole, mf.optim.SGD(whole.parameters(), lr=0.5))(x, y)
+    assert not np.allclose(got["0.weight"], whole.state_dict()["0.weight"], rtol=1e-6)
+
+
+def _9075_model(name):
+    if name == "mlp":
+        mf.manual_seed(0)
+        return mlp((64, 32, 10)), lambda x: x
     mf.manual_seed(0)
-    model = mlp((64, 32, 10))
-    g = TrainGraph(model, mf.optim.SGD(model.parameters(), lr=0.1, momentum=0.9))
+    return mf.models.lenet(10), lambda x: x.reshape(-1, 1, 8, 8)
+
+
+@pytest.mark.parametrize("model_name", ["lenet", "mlp"])
+@pytest.mark.parametrize("policy", ["fp32", "cast_back", "legacy"])
+def test_oneflow_issue_9075_amp_scale_2_30_and_accumulation_2_skips_until_it_backs_off(
+        policy, model_name):
+    """OneFlow issue 9075's setting: AMP, GradScaler(2^30), gradient accumulation 2, a conv-bn
+    network (the digits LeNet: conv-bn-relu-pool twice; and the MLP), on the digits. No crash
+    and no silent NaN: steps overflow and are skipped, each halves the scale, no weight and no
+    batch-norm statistic ever becomes non-finite, and once the scale has backed off the updates
+    apply and the loss falls."""
+    from miniflow.data import load_digits
+    data = load_digits()
+    model, shape = _9075_model(model_name)
+    g = TrainGraph(model, mf.optim.SGD(model.parameters(), lr=0.05, momentum=0.9))
     g.config.enable_amp(True, loss_scale_policy=policy)
     scaler = mf.amp.GradScaler(init_scale=2.0 ** 30, growth_interval=1000)
     g.set_grad_scaler(scaler)
@@ -372,10 +450,12 @@ def test_oneflow_issue_9075_amp_scale_2_30_and_accumulation_2_skips_until_it_bac
     skipped, losses = [], []
     with pytest.warns(UserWarning) if policy != "fp32" else _no_warning():
         for step in range(40):
-            x, y = _batch(step, dtype=np.float32)
-            losses.append(float(g(x, y).numpy().mean()))
+            rows = slice(32 * step % 1400, 32 * step % 1400 + 32)
+            x = np.ascontiguousarray(shape(data.x_train[rows]))
+            losses.append(float(g(x, data.y_train[rows]).numpy().mean()))
             skipped.append(scaler.found_inf)
-            assert all(np.isfinite(p.numpy()).all() for p in model.parameters()), step
+            for name, a in model.state_dict().items():
+                assert np.isfinite(a).all(), (step, name)
     first_applied = skipped.index(False)
     assert first_applied >= 1 and all(skipped[:first_applied])  # skipped until it backed off
     if policy != "fp32":  # a float16 initial gradient: the scale must fit float16

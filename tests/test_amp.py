@@ -105,8 +105,15 @@ def test_every_op_type_is_in_exactly_one_list_or_documented_unlisted():
 
 def test_lists_follow_oneflow_after_pr_9126():
     lists = AmpLists()
-    assert lists.ops("white") == ("amp_white_identity", "matmul")
+    assert lists.ops("white") == ("amp_white_identity", "conv2d", "conv_bias_grad",
+                                  "conv_data_grad", "conv_filter_grad", "matmul")
     assert lists.ops("black") == ("amp_black_identity",)
+    assert {op: lists.category(op) for op in (
+        "normalization", "normalization_grad", "avg_pool_2d", "avg_pool_2d_grad", "max_pool_2d",
+        "max_pool_2d_grad", "relu", "reshape", "adaptive_avg_pool2d", "flatten")} == {
+        "normalization": "gray", "normalization_grad": "gray", "avg_pool_2d": "gray",
+        "avg_pool_2d_grad": "gray", "max_pool_2d": "clear", "max_pool_2d_grad": "clear",
+        "relu": "clear", "reshape": "clear", "adaptive_avg_pool2d": None, "flatten": None}
     assert lists.category("sigmoid_grad") == "gray" and lists.category("sigmoid") is None
     assert lists.category("ones_like") == "clear" and lists.category("cast") is None
 
@@ -245,6 +252,59 @@ def test_user_added_black_op_type_is_honored():
     assert _colors(ctx)["tanh %4"] == "black" and _colors(ctx)["tanh_grad %14"] == "black"
     (tanh,) = _by_op(g, "tanh")
     assert tanh.outputs[0].dtype is f32 and _producer(g, tanh.inputs[0]).op.name == "cast"
+
+
+def _conv_bn_relu_pool(training=True):
+    """x -> conv2d(w) -> normalization(moving stats, gamma, beta) -> relu -> max_pool_2d ->
+    conv2d(w2) -> reduce_sum, the loss: a ResNet block's layers between two convolutions."""
+    g = Graph()
+    emit = emitter(g)
+    x = g.add_input("x", (2, 3, 6, 6), f32)
+    w = g.add_variable("w", (4, 3, 3, 3), f32)
+    stats = [g.add_variable(n, (4,), f32) for n in ("mean", "var", "gamma", "beta")]
+    w2 = g.add_variable("w2", (2, 4, 1, 1), f32)
+    h = emit("conv2d", x, w, padding_before=1)
+    h = emit("normalization", h, *stats, training=training)
+    h = emit("max_pool_2d", emit("relu", h[0] if training else h), kernel_size=2)[0]
+    s = emit("reduce_sum", emit("conv2d", h, w2))
+    g.set_outputs([s])
+    g.results["loss"] = s
+    return g
+
+
+def test_conv_bn_relu_pool_runs_in_fp16_with_fp32_statistics():
+    """OneFlow's coloring of a CNN block: conv2d and its gradients white, batch norm (gray
+    between white nodes) white with its moving statistics, gamma and beta left float32 (no-cast
+    inputs, explained by amp_report), relu and max pool (clear) white, indices int64."""
+    g = _conv_bn_relu_pool()
+    ctx, text = _amp(g, trainable=["w", "gamma", "beta", "w2"])
+    _golden("conv_bn_relu_pool", text)
+    colors = {k.split()[0]: c for k, c in _colors(ctx).items()}
+    for op in ("conv2d", "normalization", "relu", "max_pool_2d", "conv_data_grad",
+               "conv_filter_grad", "max_pool_2d_grad", "relu_grad", "normalization_grad"):
+        assert colors[op] == "white", op
+    (bn,) = _by_op(g, "normalization")
+    assert [v.dtype for v in bn.inputs] == [f16, f32, f32, f32, f32]
+    assert [v.dtype for v in bn.outputs] == [f16, f32, f32]      # y; mean, inv_variance
+    assert bn.written == [g.variables["mean"], g.variables["var"]]   # the variables themselves
+    (bn_grad,) = _by_op(g, "normalization_grad")
+    assert [v.dtype for v in bn_grad.inputs] == [f16, f16, f32, f32, f32]
+    assert [v.dtype for v in bn_grad.outputs] == [f32, f32, f16]
+    assert _by_op(g, "max_pool_2d")[0].outputs[1].dtype is mf.int64
+    casts = [c.inputs[0] for c in _by_op(g, "cast")]
+    assert not {g.variables[n] for n in ("mean", "var", "gamma", "beta")} & set(casts)
+    report = str(amp_report(ctx.amp_result))
+    for name in ("moving_mean", "moving_variance", "gamma", "beta"):
+        assert f"({name}, input" in report
+    assert "normalization_grad" in report.split("no-cast inputs")[1]
+
+
+def test_eval_bn_reads_its_statistics_without_casts_and_writes_nothing():
+    g = _conv_bn_relu_pool(training=False)
+    ctx, _ = _amp(g, trainable=["w", "gamma", "beta", "w2"])
+    (bn,) = _by_op(g, "normalization")
+    assert [v.dtype for v in bn.inputs] == [f16, f32, f32, f32, f32] and bn.written == []
+    assert _colors(ctx)[f"normalization %{ctx.amp_result.names[bn.outputs[0]]}"] == "white"
 
 
 # ------------------------------------------------------------------------------ rules in isolation

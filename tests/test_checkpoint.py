@@ -16,8 +16,9 @@ import miniflow as mf
 from miniflow import CheckpointError, load, save
 from miniflow.checkpoint import restore
 from miniflow.cli import main
-from miniflow.experiments.mlp import (CHECKPOINT_FILE, ResumeError, TrainGraph, epoch_batches,
-                                      make_lr_schedule, mlp, train_digits)
+from miniflow.experiments.mlp import TrainGraph, mlp
+from miniflow.experiments.train import (CHECKPOINT_FILE, ResumeError, epoch_batches,
+                                        make_lr_schedule, train_digits)
 from miniflow.optim.lr_scheduler import CosineAnnealingLR
 from miniflow.random import RngState
 

@@ -85,16 +85,16 @@ def test_cli_jobs_run_on_the_cpu_unless_asked_and_say_why(monkeypatch):
 
 
 def test_train_prints_its_backend_first(monkeypatch, capsys):
-    from miniflow.experiments import mlp
+    from miniflow.experiments import train
 
     class Started(Exception):
         pass
 
-    def train_digits(**kwargs):
+    def train_digits(*args, **kwargs):
         raise Started
 
     monkeypatch.delenv("MINIFLOW_BACKEND", raising=False)
-    monkeypatch.setattr(mlp, "train_digits", train_digits)
+    monkeypatch.setattr(train, "train_digits", train_digits)
     with pytest.raises(Started):
         main(["train", "--epochs", "1", "--backend", "cpu"])
     assert capsys.readouterr().out.splitlines() == ["backend: cpu (--backend cpu)"]

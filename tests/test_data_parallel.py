@@ -316,6 +316,28 @@ def test_miniflow_train_ddp(tmp_path):
 
 
 @requires_mpi
+def test_miniflow_train_lenet_ddp(tmp_path):
+    """``mpiexec -n 2 miniflow train --model lenet --ddp``: the conv-bn LeNet trains data
+    parallel (its gradients all-reduced; each rank's batch-norm statistics its own, evaluated on
+    rank 0), one rank reports, the saved parameters are rank 0's (equal on both ranks)."""
+    save = tmp_path / "lenet.safetensors"
+    cmd = [find_mpiexec(), "-n", "2", sys.executable, "-m", "miniflow", "train", "--model",
+           "lenet", "--ddp", "--epochs", "6", "--batch-size", "32", "--save", str(save),
+           "--no-progress"]
+    res = subprocess.run(cmd, capture_output=True, text=True, env=child_env(), timeout=300,
+                         stdin=subprocess.DEVNULL, cwd=tmp_path)
+    assert res.returncode == 0, res.stdout + res.stderr
+    out = res.stdout
+    assert out.count("test accuracy:") == 1 and "model: lenet" in out, out
+    assert "data parallel: world size 2, batch 32 per rank (64 per step)" in out, out
+    assert "138 steps" in out                                # 6 epochs of 719 rows / 32 per rank
+    assert float(out.split("test accuracy: ")[1].split("%")[0]) > 95, out
+    state = mf.load(str(save))
+    assert "bn1.running_mean" in state and int(state["bn1.num_batches_tracked"]) == 138, \
+        sorted(state)
+
+
+@requires_mpi
 def test_ddp_benchmark_runs_and_prints_the_seeds_lines(tmp_path):
     """``benchmarks/ddp.py`` (miniflow's lines; PyTorch's too where it is installed)."""
     script = Path(__file__).resolve().parents[1] / "benchmarks" / "ddp.py"

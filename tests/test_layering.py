@@ -23,7 +23,7 @@ LAYERS = {
     "miniflow.kernels.cpu": 3.5, "miniflow.kernels.cuda": 3.5,
     "miniflow.runtime": 4,
     "miniflow.tensor": 5, "miniflow.trace": 5,
-    "miniflow.nn": 6,
+    "miniflow.nn": 6, "miniflow.models": 6.5,
     "miniflow.optim": 7,
     "miniflow.amp": 8,
     "miniflow.graph": 9,

@@ -113,8 +113,33 @@ def test_kernel_tables_fusion_functions_and_side_effects_are_derived_from_the_re
     functions = scalar_functions()
     assert set(functions) == {op.scalar.__name__ for op in elementwise.values()}
     assert {"f16", "f32", "f64"} <= set(arity()) and set(functions) <= set(arity())
-    assert {n for n, op in all_ops().items() if op.side_effect} == {
-        "sgd_update", "adam_update", "dynamic_loss_scale_schedule"}
+    assert {n for n, op in all_ops().items() if op.writes and not callable(op.writes)} == {
+        "sgd_update", "adam_update", "dynamic_loss_scale_schedule", "increment"}
+    assert {n for n, op in all_ops().items() if callable(op.writes)} == {"normalization"}
+
+
+def test_what_a_node_writes_depends_on_its_attributes():
+    """``normalization`` writes its moving statistics in training mode only: ``Node.written``
+    says so, dead-code elimination keeps an unused training node and drops an unused eval one,
+    and ``ir.evaluate`` assigns the new statistics only in training mode."""
+    from miniflow.passes.dead_code_elimination import dead_code_elimination
+    r = np.random.default_rng(0)
+    x = r.standard_normal((4, 3, 2, 2)).astype(np.float32)
+    stats = {"mm": np.zeros(3, np.float32), "mv": np.ones(3, np.float32),
+             "gamma": np.ones(3, np.float32), "beta": np.zeros(3, np.float32)}
+    for training in (True, False):
+        g = Graph()
+        xv = g.add_input("x", x.shape, mf.float32)
+        vs = [g.add_variable(k, (3,), mf.float32, data=v) for k, v in stats.items()]
+        out = emitter(g)("normalization", xv, *vs, training=training)
+        node = g.nodes[0]
+        assert node.written == (vs[:2] if training else [])
+        got = evaluate(g, [x])
+        assert ("mm" in got) is training and ("mv" in got) is training
+        if training:
+            np.testing.assert_allclose(got["mm"], 0.1 * x.mean(axis=(0, 2, 3)), rtol=1e-6)
+        g.set_outputs([])
+        assert len(dead_code_elimination(g).nodes) == int(training), out
 
 
 def test_a_scalar_function_name_clash_is_an_error_at_registration():

@@ -9,7 +9,9 @@ its figures, summary.md and metrics.json, and metrics.json shows the qualitative
   "cast_back") and >= 2^17 under "fp32";
 * the gray-path model skips (and does not learn) without black_identity and trains with it;
 * the controls: white_identity adds float16 nodes at no accuracy cost, small gradients underflow
-  without loss scaling, and no skipping makes the weights NaN.
+  without loss scaling, and no skipping makes the weights NaN;
+* the LeNet with batch norm (float16 convolutions, float32 statistics): the same bug at static
+  2^16 and 2^17 under "legacy" and "cast_back" as OneFlow runs them, while "fp32" trains.
 
 It also checks the command line: an unwritable ``--out`` fails before any run, and a ``--steps``
 shorter than one epoch works.
@@ -57,7 +59,8 @@ def test_quick_writes_figures_summary_and_metrics(study):
         assert (out / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", name
     summary = (out / "summary.md").read_text()
     for heading in ("## Headline", "## Static scale sweep", "## Dynamic scaler",
-                    "## Gray-path control", "## Why loss scaling", "## Skipping matters"):
+                    "## Gray-path control", "## Why loss scaling", "## Skipping matters",
+                    "## A convolutional network with batch norm"):
         assert heading in summary
     headline = summary[summary.index("## Headline"):summary.index("## Static scale sweep")]
     rows = {line.split(" | ")[0][2:]: line for line in headline.splitlines()
@@ -75,7 +78,8 @@ def test_quick_writes_figures_summary_and_metrics(study):
 def test_per_run_results_agree_with_the_per_step_series(metrics):
     for r in metrics["runs"]:
         s = r["per_step"]
-        assert len(s["loss"]) == len(s["scale"]) == len(s["skipped"]) == 220
+        steps = 22 if r["cnn"] else 220          # QUICK: 10 epochs, the LeNet 1
+        assert len(s["loss"]) == len(s["scale"]) == len(s["skipped"]) == steps
         assert r["skipped_fraction"] == pytest.approx(np.mean(s["skipped"]))
         applied = [sc for sc, k in zip(s["scale"], s["skipped"]) if not k]
         assert r["max_applied_scale"] == (max(applied) if applied else None)
@@ -236,3 +240,23 @@ def test_study_config_rejects_bad_values(field, value):
     with pytest.raises(ValueError, match=f"StudyConfig.{field} must be an integer >= 1, got "
                                          f"{value!r}"):
         stability.StudyConfig(**{field: value})
+
+
+@pytest.mark.parametrize("log2_scale", [16, 17])
+@pytest.mark.parametrize("policy", ["legacy", "cast_back"])
+def test_the_bug_on_a_cnn_with_batch_norm(metrics, policy, log2_scale):
+    """The LeNet (convolutions, batch norm, max pools) under AMP: above 65504 OneFlow's policies
+    make the weights NaN at step 1 (as in OneFlow: no skip), at 2^15 they train; miniflow's
+    "fp32" trains at 2^16 without skipping a step, like float32 training."""
+    bad = _one(metrics, "cnn_static_sweep", policy=policy, scale=2.0 ** log2_scale)
+    assert bad["model"] == "lenet" and not bad["skip_nonfinite"]
+    assert bad["first_nonfinite_step"] == 1 and bad["final_nonfinite_params"] > 0.5
+    class_0 = float(np.mean(load_digits().y_test == 0))
+    assert bad["final_test_accuracy"] == pytest.approx(class_0, abs=1e-4)
+    assert _one(metrics, "cnn_static_sweep", policy=policy,
+                scale=2.0 ** 15)["final_test_accuracy"] > 0.8
+    fp32 = _one(metrics, "cnn_static_sweep", policy="fp32", scale=2.0 ** 16)
+    plain = _one(metrics, "cnn_static_sweep", policy="none", scale=2.0 ** 16)
+    assert fp32["skipped_fraction"] == 0.0 and fp32["first_nonfinite_step"] is None
+    assert fp32["final_test_accuracy"] > 0.8 and plain["final_test_accuracy"] > 0.8
+    assert fp32["amp_nodes"]["fp16"] > fp32["amp_nodes"]["fp32"]    # the convolutions, bn ...

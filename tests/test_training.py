@@ -4,7 +4,8 @@ import pytest
 
 import miniflow as mf
 from miniflow.data import batches, load_digits
-from miniflow.experiments.mlp import TrainGraph, mlp, train_digits
+from miniflow.experiments.mlp import TrainGraph, mlp
+from miniflow.experiments.train import train_digits
 
 from reference_mlp import adam_step, forward_backward, sgd_step
 
@@ -48,6 +49,6 @@ def test_adam_matches_numpy_float64():
 
 
 def test_train_command_defaults_reach_95_percent():
-    r = train_digits(epochs=20, batch_size=64, lr=0.1, momentum=0.9, progress=False)
+    r = train_digits("mlp", epochs=20, batch_size=64, lr=0.1, momentum=0.9, progress=False)
     assert r["test_accuracy"] >= 0.95, r["test_accuracy"]
     assert r["losses"][-1] < r["losses"][0] / 5

@@ -99,8 +99,8 @@ def main():
     second_ms = 1e3 * (time.perf_counter() - t0)
     print(f"second call printed nothing from build; output shape {out2.shape}")
     print(f"compile_count after 2 calls with the same input shape: {graph.compile_count}")
-    print(f"cached plans after 2 calls: {len(graph.plans)}, keyed by input signature "
-          f"{list(graph.plans)}")
+    print(f"cached plans after 2 calls: {len(graph.plans)}, keyed by input signature and the "
+          f"modules' training flags {list(graph.plans)}")
     print(f"time of call 1 (trace + passes + plan + kernel load): {first_ms:.1f} ms")
     print(f"time of call 2 (copy input in, run the plan):           {second_ms:.3f} ms")
     plan = next(iter(graph.plans.values()))

@@ -2,7 +2,9 @@
 
 One row per node the AMP pass colored (forward and backward, in graph order): the node, its color,
 its output dtype(s) and the rule or neighbouring node that decided it; then the casts the pass
-inserted, and the counts of float16 nodes, float32 nodes and casts. The counts are the AMP pass's
+inserted, the inputs it left float32 beside float16 ones (an op's no-cast inputs, OneFlow's
+``REGISTER_NO_CAST_REGISTRY``: batch norm's statistics and affine parameters), and the counts of
+float16 nodes, float32 nodes and casts. The counts are the AMP pass's
 decisions: a node that a later pass fused into a ``fused_elementwise`` kernel still computes in the
 dtype AMP chose, so it is counted; the AMP identities, which ``prune_amp_identity`` removes, are
 marked and left out. Values are named as the graph printed right after the AMP pass names them.
@@ -31,13 +33,15 @@ class AmpRow:
 
 @dataclass
 class AmpReport:
-    """Rows, the inserted casts (printed IR lines) and the counts of kept nodes and casts."""
+    """Rows, the inserted casts (printed IR lines), the no-cast inputs (one line each: node,
+    input and why it stays float32) and the counts of kept nodes and casts."""
 
     rows: list
     casts: list
     n_fp16: int
     n_fp32: int
     n_casts: int
+    no_cast: list
 
     def __str__(self) -> str:
         lines = [f"AMP: {self.n_fp16} float16 nodes, {self.n_fp32} float32 nodes, "
@@ -48,6 +52,10 @@ class AmpReport:
             lines.append(f"  {r.op + ' ' + r.outputs:<42} {r.color:<9} {r.dtype:<8} {r.reason}{note}")
         lines.append("inserted casts:")
         lines.extend("  " + c for c in self.casts)
+        if self.no_cast:
+            lines.append("float32 inputs of float16 nodes (no-cast inputs, as OneFlow's "
+                         "REGISTER_NO_CAST_REGISTRY):")
+            lines.extend("  " + c for c in self.no_cast)
         return "\n".join(lines)
 
 
@@ -60,6 +68,10 @@ def amp_report(result, graph=None) -> AmpReport:
                    d.node.op.name not in PRUNED)
             for d in result.decisions]
     kept = [r for r in rows if r.kept]
+    no_cast = [f"{node.op.name} %{names[node.outputs[0]]} reads %{names[node.inputs[k]]} "
+               f"({name}, input {k}) as {node.inputs[k].dtype.short}: the op never casts it"
+               for node, k, name in result.no_cast]
     return AmpReport(rows, [c.format(names) for c in result.casts],
                      n_fp16=sum(r.color == "white" for r in kept),
-                     n_fp32=sum(r.color != "white" for r in kept), n_casts=len(result.casts))
+                     n_fp32=sum(r.color != "white" for r in kept), n_casts=len(result.casts),
+                     no_cast=no_cast)

@@ -1,5 +1,6 @@
 """The training-stability study behind ``miniflow stability``: the digits MLP trained under every
-loss-scale policy, with static and dynamic loss scales, plus four controls.
+loss-scale policy, with static and dynamic loss scales, four controls, and the static sweep again
+on a convolutional network with batch norm (the digits LeNet).
 
 What: each run trains a model with SGD on the bundled digits data and records, per step, the loss,
 the loss scale used, whether the step was skipped, the gradient norm, the fraction of zero float16
@@ -43,6 +44,7 @@ import numpy as np
 
 from .. import nn
 from ..amp import GradScaler, StaticGradScaler, black_identity, white_identity
+from ..models import lenet
 from ..data import batches, load_digits
 from ..dtype import float16
 from ..ops.amp_ops import AMP_IDENTITY_OPS
@@ -53,8 +55,8 @@ from ..runtime.backend import get_backend
 from .mlp import EvalGraph, TrainGraph, accuracy, mlp
 
 __all__ = ["StudyConfig", "QUICK", "RunSpec", "experiment_specs", "train_run", "run_study",
-           "check_out_dir", "OutputDirError", "EnergyShareMLP", "TemperatureMLP", "POLICIES",
-           "ONEFLOW_POLICIES", "first_step"]
+           "check_out_dir", "OutputDirError", "EnergyShareMLP", "TemperatureMLP", "DigitsLeNet",
+           "POLICIES", "ONEFLOW_POLICIES", "first_step"]
 
 POLICIES = ("none", "legacy", "cast_back", "fp32")
 """Run policies: "none" trains in float32 (AMP off, same scaler); the others are AMP with that
@@ -67,6 +69,15 @@ loss scale (``CountNotFiniteIfNeeded`` and ``SetDynamicLossScaleSkipIf`` return 
 dynamic policy), and with miniflow's default ``StaticGradScaler`` (skip)."""
 
 SWEEP_LOG2_SCALES = (0, 8, 12, 15, 16, 17, 20)
+CNN_LOG2_SCALES = (12, 15, 16, 17)
+CNN_ROWS = (("none", True), ("legacy", False), ("cast_back", False), ("fp32", True))
+"""The static sweep on the LeNet: ``(policy, skip_nonfinite)`` per row, OneFlow's policies as
+OneFlow runs them (no skip under a static scale), at 2^12 and 2^15 (all train), 2^16 and 2^17
+(the float16 initial gradient overflows under OneFlow's policies; at 2^17 real gradients of the
+convolutions overflow on some steps too)."""
+CNN_LR = 0.05
+"""The LeNet's learning rate (``miniflow train --model lenet``'s): at the MLP's 0.1 the weights
+move so fast that batch norm's running statistics lag them and the eval accuracy suffers."""
 UNDERFLOW_LOG2_SCALES = (0, 4, 8, 12, 16, 20, 24)
 SMALL_LOSS_LOG2_WEIGHT = -20
 """The small-gradient regime of the underflow experiment: loss x 2^-20, learning rate x 2^20."""
@@ -83,8 +94,10 @@ end (the default, 64, raises ``NonFiniteGradientsError`` after 64 skipped steps)
 @dataclass(frozen=True)
 class StudyConfig:
     """How much to run: ``seeds`` seeds (0 .. seeds-1) of ``steps`` training steps per run (any
-    number, also less than an epoch), test accuracy every ``eval_every`` steps and after the last,
-    the fp32 underflow reference every ``probe_every`` steps.
+    number, also less than an epoch; the LeNet runs at most ``cnn_steps``: two epochs take it to
+    about 90% test accuracy and keep the study within half again of its MLP-only wall time), test
+    accuracy every ``eval_every`` steps and after the last, the fp32 underflow reference every
+    ``probe_every`` steps.
 
     Raises:
         ValueError: a field that is not an integer >= 1 (named, with its value).
@@ -92,6 +105,7 @@ class StudyConfig:
 
     seeds: int = 3
     steps: int = 30 * STEPS_PER_EPOCH
+    cnn_steps: int = 2 * STEPS_PER_EPOCH
     eval_every: int = STEPS_PER_EPOCH
     probe_every: int = 11
 
@@ -101,7 +115,7 @@ class StudyConfig:
                 raise ValueError(f"StudyConfig.{name} must be an integer >= 1, got {value!r}")
 
 
-QUICK = StudyConfig(seeds=1, steps=10 * STEPS_PER_EPOCH)
+QUICK = StudyConfig(seeds=1, steps=10 * STEPS_PER_EPOCH, cnn_steps=STEPS_PER_EPOCH)
 """``miniflow stability --quick`` (CI)."""
 
 
@@ -119,6 +133,8 @@ class RunSpec:
         loss_log2_weight: the loss is multiplied by 2^w and the learning rate by 2^-w (in float32
             the same training, bit for bit: only powers of two change).
         probe_underflow: measure the fp16 gradient underflow against a float32 reference.
+        cnn: a LeNet run, of at most the study's ``cnn_steps`` steps.
+        lr: SGD's learning rate (:data:`LR`; the LeNet's :data:`CNN_LR`).
     """
 
     experiment: str
@@ -130,6 +146,12 @@ class RunSpec:
     skip_nonfinite: bool = True
     loss_log2_weight: int = 0
     probe_underflow: bool = False
+    cnn: bool = False
+    lr: float = LR
+
+    def steps(self, cfg: StudyConfig) -> int:
+        """The steps of this run in a study of ``cfg``."""
+        return min(cfg.steps, cfg.cnn_steps) if self.cnn else cfg.steps
 
 
 # ---------------------------------------------------------------------------------- control models
@@ -183,8 +205,23 @@ class TemperatureMLP(nn.Module):
         return white_identity(z) if self.white else z
 
 
+class DigitsLeNet(nn.Module):
+    """``miniflow.models.lenet`` (two convolutions with batch norm, max pools, two linear layers)
+    on the flat digits: ``[N, 64]`` seen as ``[N, 1, 8, 8]``. Under AMP its convolutions and their
+    gradients are white, batch norm (gray between them) runs in float16 with float32 statistics,
+    gamma and beta (OneFlow's no-cast inputs), relu and max pool follow (clear)."""
+
+    def __init__(self):
+        super().__init__()
+        self.net = lenet()
+
+    def forward(self, x):
+        return self.net(x.reshape(-1, 1, 8, 8))
+
+
 MODELS = {
     "mlp": lambda: mlp((64, 128, 10)),
+    "lenet": DigitsLeNet,
     "energy_share": EnergyShareMLP,
     "energy_share_pinned": lambda: EnergyShareMLP(pin_fp32=True),
     "temperature": TemperatureMLP,
@@ -208,9 +245,10 @@ class WeightedTrainGraph(TrainGraph):
         return loss
 
 
-def make_graph(model, policy: str, scaler, log2_weight: int = 0) -> WeightedTrainGraph:
-    """An SGD(lr 0.1 x 2^-w, momentum 0.9) training graph of ``model`` under ``policy``."""
-    graph = WeightedTrainGraph(model, SGD(model.parameters(), lr=LR * 2.0 ** -log2_weight,
+def make_graph(model, policy: str, scaler, log2_weight: int = 0,
+               lr: float = LR) -> WeightedTrainGraph:
+    """An SGD(lr x 2^-w, momentum 0.9) training graph of ``model`` under ``policy``."""
+    graph = WeightedTrainGraph(model, SGD(model.parameters(), lr=lr * 2.0 ** -log2_weight,
                                           momentum=MOMENTUM), weight=2.0 ** log2_weight)
     if policy != "none":
         graph.config.enable_amp(True, loss_scale_policy=policy)
@@ -348,7 +386,7 @@ def train_run(spec: RunSpec, seed: int, cfg: StudyConfig, data) -> dict:
     manual_seed(seed)
     model = MODELS[spec.model]()
     scaler = make_scaler(spec)
-    graph = make_graph(model, spec.policy, scaler, spec.loss_log2_weight)
+    graph = make_graph(model, spec.policy, scaler, spec.loss_log2_weight, spec.lr)
     reader, evaluator = GradientReader(graph), EvalGraph(model)
     probe = UnderflowProbe(spec) if spec.probe_underflow else None
     weight = 2.0 ** spec.loss_log2_weight
@@ -358,14 +396,17 @@ def train_run(spec: RunSpec, seed: int, cfg: StudyConfig, data) -> dict:
     underflow = {"step": [], "fraction": []}
 
     def evaluate(step):
+        model.eval()                          # batch norm: the running statistics
         evals["step"].append(step)
         evals["test_accuracy"].append(accuracy(evaluator, data.x_test, data.y_test))
+        model.train()
 
     # NaN and inf are what the study is about: no LossScaleOverflowWarning (legacy and cast_back
     # above 65504 warn at compile time) and no NumPy warnings from kernels that meet them
     with warnings.catch_warnings(), np.errstate(invalid="ignore", over="ignore", divide="ignore"):
         warnings.simplefilter("ignore", LossScaleOverflowWarning)
-        for step, (x, y) in enumerate(_stream(data, cfg.steps, np.random.default_rng(seed))):
+        steps = spec.steps(cfg)
+        for step, (x, y) in enumerate(_stream(data, steps, np.random.default_rng(seed))):
             if step % cfg.eval_every == 0:
                 evaluate(step)
             probing = probe is not None and step % cfg.probe_every == 0
@@ -380,7 +421,7 @@ def train_run(spec: RunSpec, seed: int, cfg: StudyConfig, data) -> dict:
             if probing:
                 underflow["step"].append(step)
                 underflow["fraction"].append(underflow_fraction(fp16, reference))
-        evaluate(cfg.steps)
+        evaluate(steps)
     return _record(spec, seed, graph, s, evals, underflow)
 
 
@@ -433,7 +474,7 @@ def _static_variants(policy: str) -> list:
 
 def experiment_specs() -> list:
     """Every run of the study, per seed (issue 6 lists the experiments; issue 11 adds the static
-    runs without skipping, as OneFlow runs them)."""
+    runs without skipping, as OneFlow runs them; issue 13 the static sweep on the LeNet)."""
     specs = [RunSpec("static_sweep", label, policy=p, scale=2.0 ** k, skip_nonfinite=skip)
              for k in SWEEP_LOG2_SCALES for p in POLICIES for label, skip in _static_variants(p)]
     specs += [RunSpec("dynamic", p, policy=p, scale=DYNAMIC_INIT_SCALE, dynamic=True)
@@ -452,6 +493,10 @@ def experiment_specs() -> list:
         specs += [RunSpec("skipping", f"{policy}, 2^{k}, {_skip_label(policy, skip)}",
                           policy=policy, scale=2.0 ** k, skip_nonfinite=skip)
                   for skip in (True, False)]
+    specs += [RunSpec("cnn_static_sweep", f"{policy}, {_skip_label(policy, skip)}",
+                      policy=policy, model="lenet", scale=2.0 ** k, skip_nonfinite=skip,
+                      cnn=True, lr=CNN_LR)
+              for k in CNN_LOG2_SCALES for policy, skip in CNN_ROWS]
     return specs
 
 

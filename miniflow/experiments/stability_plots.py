@@ -143,6 +143,33 @@ def static_sweep(metrics: dict, path: Path) -> str:
             "OneFlow's policies as OneFlow runs them (no skip) and with miniflow's skip (headline)")
 
 
+def cnn_static_sweep(metrics: dict, path: Path) -> str:
+    """The static sweep of the digits LeNet (convolutions, batch norm, max pools)."""
+    runs = runs_of(metrics, "cnn_static_sweep")
+    oneflow_nan = [r for r in runs if r["policy"] in ONEFLOW_POLICIES
+                   and r["first_nonfinite_step"] is not None]
+    step = nan_steps(oneflow_nan) or "-"
+    above = log2_label(min(r["scale"] for r in oneflow_nan)) if oneflow_nan else "-"
+    steps = runs[0]["evaluations"]["step"][-1]
+    fig, (acc, bad) = _figure(
+        2, f"A CNN with batch norm (LeNet, {steps} steps): from a static scale of {above}, "
+        f"legacy and cast_back as in OneFlow make the weights (and batch norm's running "
+        f"statistics) NaN after step {step}; fp32 (miniflow) trains like float32", height=4.8,
+        col_width=5.8)
+    for (policy, skip_nonfinite), g in group(runs, "policy", "skip_nonfinite").items():
+        _against_scale(((acc, "final_test_accuracy"), (bad, "final_nonfinite_params")), g,
+                       static_row_name(policy, skip_nonfinite),
+                       **_static_style(policy, skip_nonfinite))
+    for ax in (acc, bad):
+        _log2_axis(ax, [math.log2(r["scale"]) for r in runs], fp16_max=True)
+    _percent_axis(acc, f"test accuracy after {steps} steps (%)")
+    _percent_axis(bad, "NaN or inf weights at the end (%)")
+    acc.legend(loc="lower left", fontsize=7)
+    _save(fig, path)
+    return ("the static sweep on the digits LeNet with batch norm (float16 convolutions, float32 "
+            "batch-norm statistics): test accuracy and non-finite weights against the scale")
+
+
 def dynamic_scale(metrics: dict, path: Path) -> str:
     from matplotlib.ticker import MaxNLocator
 
@@ -287,7 +314,7 @@ def skipping(metrics: dict, path: Path) -> str:
 FIGURES = {"static_sweep.png": static_sweep, "dynamic_scale.png": dynamic_scale,
            "dynamic_loss.png": dynamic_loss, "gray_path.png": gray_path,
            "white_identity.png": white_identity, "underflow.png": underflow,
-           "skipping.png": skipping}
+           "skipping.png": skipping, "cnn_static_sweep.png": cnn_static_sweep}
 
 
 def plot_all(metrics: dict, out: Path) -> list:

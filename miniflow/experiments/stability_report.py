@@ -17,7 +17,7 @@ import math
 
 import numpy as np
 
-from .stability import ONEFLOW_POLICIES
+from .stability import CNN_LR, CNN_ROWS, ONEFLOW_POLICIES
 
 __all__ = ["POLICY_NAMES", "STATIC_ROWS", "static_row_name", "runs_of", "group", "mean_of",
            "log2_label", "nan_steps", "headline_table", "summary_markdown"]
@@ -154,6 +154,18 @@ def _oneflow_nan_table(metrics: dict) -> str:
     return _table(["policy (no skip, as in OneFlow)", "static scale",
                    "weights NaN or inf from step", "loss NaN from step",
                    "non-finite weights at the end", "test accuracy"], rows)
+
+
+def _cnn_table(metrics: dict) -> str:
+    """The LeNet's static sweep: one row per ``CNN_ROWS`` entry, then its AMP node counts."""
+    runs = runs_of(metrics, "cnn_static_sweep")
+    scales = sorted({r["scale"] for r in runs})
+    g = group(runs, "policy", "skip_nonfinite", "scale")
+    rows = [[static_row_name(p, k)] + [_static_cell(g[(p, k, s)]) for s in scales]
+            + [_nodes(g[(p, k, scales[0])], "fp16"), _nodes(g[(p, k, scales[0])], "fp32")]
+            for p, k in CNN_ROWS]
+    return _table(["policy \\ static scale"] + [log2_label(s) for s in scales]
+                  + ["fp16 nodes", "fp32 nodes"], rows)
 
 
 def _dynamic_table(metrics: dict) -> str:
@@ -299,6 +311,20 @@ _SECTIONS = [
      "smaller, as in a model whose loss is a mean over many more terms or is weighted down. " +
      _COMMON +
      ". Cells: underflow / test accuracy.\n\n{table}\n", _underflow_section),
+    ("## A convolutional network with batch norm\n\nModel: `DigitsLeNet`, "
+     "`miniflow.models.lenet` on the 8x8 digits as 1x8x8 images: conv 3x3 (1 -> 16) -> batch "
+     "norm -> ReLU -> 2x2 max pool -> conv 3x3 (16 -> 32) -> batch norm -> ReLU -> 2x2 max pool "
+     "-> Linear(128, 64) -> ReLU -> Linear(64, 10). Under AMP (OneFlow's lists) the convolutions "
+     "and their gradients are white (float16), batch norm is gray between them and runs in "
+     "float16 too, with its moving statistics, gamma and beta left float32 (OneFlow's no-cast "
+     "inputs) and its batch statistics computed in float32; relu and max pool are clear. The "
+     "running statistics are updated in the graph in training mode, and the test accuracy is "
+     "measured in eval mode (running statistics). The scalers are the static sweep's: OneFlow's "
+     "policies as OneFlow runs them (no skip), the others with miniflow's skip. SGD, learning "
+     "rate " + str(CNN_LR) + ", momentum {momentum}, batch {batch_size}, {cnn_steps} steps "
+     "(at most; fewer if the study runs fewer). The bug is the MLP's: the float16 initial gradient is inf above 65504 under "
+     "\"legacy\" and \"cast_back\", the update makes the weights NaN, and so does batch norm's "
+     "next update of its running statistics.\n\n{table}\n", _cnn_table),
     ("## Skipping matters\n\nThe MLP; `StaticGradScaler(scale, skip_nonfinite=False)` applies "
      "steps with non-finite gradients, as OneFlow does under any static loss scale; \"skip\" is "
      "miniflow's default. legacy at 2^17 overflows on every step; fp32 at 2^20 only on some steps "

@@ -1,4 +1,5 @@
-"""Neural-network API: Module, Parameter, layers, activations, functional ops, and (re-exported
+"""Neural-network API: Module, Parameter, layers (Linear, Conv2d, BatchNorm2d, pools, Flatten ...),
+activations, functional ops, and (re-exported
 from the compile driver ``miniflow.graph``) the lazy ``nn.Graph`` and ``nn.GraphConfig``.
 
 ``nn.Graph`` lives above this package (it compiles modules, optimizers and AMP settings), so it is
@@ -6,11 +7,15 @@ imported on first use (``__getattr__``), the one import from ``miniflow.nn`` to 
 """
 from . import activations, functional
 from .activations import *  # noqa: F401,F403  (ReLU ... and their functional forms)
-from .layers import Linear, Sequential
+from .conv import Conv2d
+from .layers import Flatten, Identity, Linear, Sequential
 from .module import Module, Parameter
+from .normalization import BatchNorm2d
+from .pooling import AdaptiveAvgPool2d, AvgPool2d, MaxPool2d
 
-__all__ = ["Graph", "GraphConfig", "Linear", "Module", "Parameter", "Sequential", "functional",
-           *(name for name in activations.__all__ if not name.islower())]
+__all__ = ["Graph", "GraphConfig", "Linear", "Module", "Parameter", "Sequential", "Flatten",
+           "Identity", "Conv2d", "BatchNorm2d", "MaxPool2d", "AvgPool2d", "AdaptiveAvgPool2d",
+           "functional", *(name for name in activations.__all__ if not name.islower())]
 
 
 def __getattr__(name):

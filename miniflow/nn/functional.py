@@ -1,12 +1,23 @@
-"""Functional ops (``torch.nn.functional`` names) built from registered op types; the activation
-functions (``relu``, ...) are ``miniflow.nn.activations``' and re-exported here."""
+"""Functional ops (``torch.nn.functional`` names and arguments) built from registered op types;
+the activation functions (``relu``, ...) are ``miniflow.nn.activations``' and re-exported here.
+
+The convolution, pooling and batch-norm functions take PyTorch's arguments and emit OneFlow's ops
+(``conv2d`` + ``bias_add``, ``max_pool_2d``, ``avg_pool_2d``, ``adaptive_avg_pool2d``,
+``normalization``, ``flatten``), converting as OneFlow's functional layer does: batch norm's
+``momentum`` becomes the op's ``1 - momentum``.
+"""
 from __future__ import annotations
+
+import numbers
+
+import numpy as np
 
 from ..tensor import Tensor, apply, tensor
 from . import activations
 from .activations import *  # noqa: F401,F403  (the activation functions: relu ...)
 
-__all__ = ["softmax", "log_softmax", "cross_entropy", "linear", "white_identity",
+__all__ = ["softmax", "log_softmax", "cross_entropy", "linear", "conv2d", "max_pool2d",
+           "avg_pool2d", "adaptive_avg_pool2d", "batch_norm", "flatten", "white_identity",
            "black_identity", *(name for name in activations.__all__ if name.islower())]
 
 
@@ -41,6 +52,113 @@ def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
     if bias is not None:
         y = apply("bias_add", [y, bias], axis=1)
     return y if x.ndim == 2 else y.reshape(*lead, weight.shape[0])
+
+
+def _padding(fn: str, padding, kernel_size, dilation):
+    """PyTorch's ``padding`` (an int, a pair, ``"valid"`` or ``"same"``) as a pair."""
+    if isinstance(padding, str):
+        if padding == "valid":
+            return 0
+        if padding == "same":
+            k = (kernel_size, kernel_size) if isinstance(kernel_size, numbers.Integral) \
+                else tuple(kernel_size)
+            d = (dilation, dilation) if isinstance(dilation, numbers.Integral) else tuple(dilation)
+            spans = [dd * (kk - 1) for kk, dd in zip(k, d)]
+            if any(span % 2 for span in spans):
+                raise ValueError(f"{fn}: padding='same' needs an odd dilated kernel (symmetric "
+                                 f"padding), got kernel_size={kernel_size}, dilation={dilation}")
+            return tuple(span // 2 for span in spans)
+        raise ValueError(f"{fn}: padding must be an int, a pair, 'valid' or 'same', got "
+                         f"{padding!r}")
+    return padding
+
+
+def conv2d(input: Tensor, weight: Tensor, bias: Tensor | None = None, stride=1, padding=0,
+           dilation=1, groups: int = 1) -> Tensor:
+    """2-D convolution (cross-correlation) of ``input [N, C, H, W]`` with ``weight
+    [O, C/groups, kh, kw]`` (+ ``bias [O]``) -> ``[N, O, OH, OW]``, as
+    ``torch.nn.functional.conv2d`` (``padding="same"`` for stride 1 and odd dilated kernels).
+
+    Ops ``conv2d`` {strides, padding_before, dilation_rate, groups} and ``bias_add`` (axis 1).
+
+    Raises:
+        ValueError / TypeError at trace time (the op's inference): channels that do not match
+        the weight, a kernel larger than the padded input, a non-4-D input or weight, groups that
+        do not divide the channels, bad strides or paddings.
+    """
+    if padding == "same" and stride not in (1, (1, 1), [1, 1]):
+        raise ValueError(f"conv2d: padding='same' is only supported with stride 1, got "
+                         f"stride={stride}")
+    kernel = tuple(weight.shape[2:]) if weight.ndim == 4 else 1
+    y = apply("conv2d", [input, weight], strides=stride,
+              padding_before=_padding("conv2d", padding, kernel, dilation),
+              dilation_rate=dilation, groups=groups)
+    return y if bias is None else apply("bias_add", [y, bias], axis=1)
+
+
+def max_pool2d(input: Tensor, kernel_size, stride=None, padding=0, dilation=1,
+               ceil_mode: bool = False, return_indices: bool = False):
+    """Max over each window of ``input [N, C, H, W]`` (``torch.nn.functional.max_pool2d``);
+    with ``return_indices`` also the int64 flat ``H*W`` index of each window's first maximum.
+    Op ``max_pool_2d`` (its gradient scatters to those indices)."""
+    y, indices = apply("max_pool_2d", [input], kernel_size=kernel_size, stride=stride,
+                       padding=padding, dilation=dilation, ceil_mode=ceil_mode)
+    return (y, indices) if return_indices else y
+
+
+def avg_pool2d(input: Tensor, kernel_size, stride=None, padding=0, ceil_mode: bool = False,
+               count_include_pad: bool = True, divisor_override=None) -> Tensor:
+    """Mean over each window of ``input [N, C, H, W]`` (``torch.nn.functional.avg_pool2d``:
+    ``count_include_pad`` counts the padding in the divisor, ``divisor_override`` replaces it).
+    Op ``avg_pool_2d``."""
+    return apply("avg_pool_2d", [input], kernel_size=kernel_size, stride=stride, padding=padding,
+                 ceil_mode=ceil_mode, count_include_pad=count_include_pad,
+                 divisor_override=divisor_override or 0)
+
+
+def adaptive_avg_pool2d(input: Tensor, output_size) -> Tensor:
+    """Mean over PyTorch's adaptive windows of ``input [N, C, H, W]`` giving ``output_size``
+    (an int, or a pair whose None entries keep the input's size). Op ``adaptive_avg_pool2d``."""
+    if isinstance(output_size, (tuple, list)):
+        output_size = tuple(input.shape[2 + i] if s is None else s
+                            for i, s in enumerate(output_size))
+    return apply("adaptive_avg_pool2d", [input], output_size=output_size)
+
+
+def batch_norm(input: Tensor, running_mean: Tensor, running_var: Tensor,
+               weight: Tensor | None = None, bias: Tensor | None = None, training: bool = False,
+               momentum: float = 0.1, eps: float = 1e-5) -> Tensor:
+    """Batch normalization over every dim of ``input [N, C, ...]`` but dim 1
+    (``torch.nn.functional.batch_norm``). Training uses the batch statistics and updates
+    ``running_mean`` / ``running_var`` in place (PyTorch's ``momentum``: ``new = (1 - momentum)
+    * old + momentum * batch``, the variance unbiased); eval uses the running statistics.
+    ``weight`` / ``bias`` default to ones / zeros. Op ``normalization`` with OneFlow's attribute
+    ``momentum = 1 - momentum`` (OneFlow's ``NormalizationFunctor`` converts the same way).
+
+    Raises:
+        ValueError: no running statistics (miniflow's op always has them: pass buffers), a
+            ``momentum`` that is None (PyTorch's cumulative average is not supported) or outside
+            [0, 1]; at trace time, training with one value per channel.
+    """
+    if running_mean is None or running_var is None:
+        raise ValueError("batch_norm: running_mean and running_var are required (pass buffers; "
+                         "nn.BatchNorm2d(track_running_stats=False) keeps scratch ones)")
+    if momentum is None or not 0.0 <= float(momentum) <= 1.0:
+        raise ValueError(f"batch_norm: momentum must be a number in [0, 1], got {momentum!r} "
+                         f"(the cumulative moving average, momentum=None, is not supported)")
+    c = input.shape[1] if input.ndim > 1 else 0
+    dtype = running_mean.dtype
+    weight = weight if weight is not None else tensor(np.ones(c), dtype=dtype)
+    bias = bias if bias is not None else tensor(np.zeros(c), dtype=dtype)
+    outs = apply("normalization", [input, running_mean, running_var, weight, bias], axis=1,
+                 epsilon=float(eps), momentum=1.0 - float(momentum), training=bool(training))
+    return outs[0] if training else outs
+
+
+def flatten(input: Tensor, start_dim: int = 0, end_dim: int = -1) -> Tensor:
+    """``input`` with dims ``start_dim .. end_dim`` merged into one (``torch.flatten``). Op
+    ``flatten``."""
+    return apply("flatten", [input], start_dim=start_dim, end_dim=end_dim)
 
 
 def cross_entropy(logits: Tensor, labels, reduction: str = "mean") -> Tensor:

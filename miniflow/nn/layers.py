@@ -1,5 +1,6 @@
-"""Layers: Linear, Sequential (PyTorch's ``torch.nn`` names, shapes and initialisation); the
-activation modules are in ``miniflow.nn.activations``."""
+"""Layers: Linear, Sequential, Flatten, Identity (PyTorch's ``torch.nn`` names, shapes and
+initialisation); the activation modules are in ``miniflow.nn.activations``, convolution, batch
+norm and pooling in ``conv``, ``normalization`` and ``pooling``."""
 from __future__ import annotations
 
 import math
@@ -11,7 +12,7 @@ from ..random import generator
 from . import functional as F
 from .module import Module, Parameter
 
-__all__ = ["Linear", "Sequential"]
+__all__ = ["Linear", "Sequential", "Flatten", "Identity"]
 
 
 class Linear(Module):
@@ -62,3 +63,25 @@ class Sequential(Module):
 
     def __len__(self) -> int:
         return len(self._modules)
+
+
+class Flatten(Module):
+    """``x`` with dims ``start_dim .. end_dim`` merged (``torch.nn.Flatten``: start_dim 1, so
+    ``[N, C, H, W]`` -> ``[N, C*H*W]``). Op ``flatten``."""
+
+    def __init__(self, start_dim: int = 1, end_dim: int = -1):
+        super().__init__()
+        self.start_dim, self.end_dim = start_dim, end_dim
+
+    def forward(self, x):
+        return F.flatten(x, self.start_dim, self.end_dim)
+
+    def extra_repr(self):
+        return f"start_dim={self.start_dim}, end_dim={self.end_dim}"
+
+
+class Identity(Module):
+    """Returns its input (``torch.nn.Identity``): a placeholder layer, no op."""
+
+    def forward(self, x):
+        return x

@@ -1,8 +1,16 @@
 """``nn.Module`` and ``nn.Parameter``, following PyTorch's API (``torch.nn.Module``).
 
 Attributes that are Parameters or Modules are registered in assignment order, which gives
-PyTorch's parameter names (``0.weight``, ``encoder.bias``). Parameters hold their data in backend
-arrays that nn.Graph binds as graph variables, so a graph step updates them in place.
+PyTorch's parameter names (``0.weight``, ``encoder.bias``). Buffers (:meth:`Module.register_buffer`:
+state that is not trained, such as batch norm's ``running_mean``) are registered the same way.
+Parameters and buffers hold their data in backend arrays that nn.Graph binds as graph variables,
+so a graph step updates them in place (the optimizer the parameters, a training-mode batch norm
+its running statistics). ``state_dict()`` lists, as PyTorch does, each module's parameters, then
+its persistent buffers, then its children's, depth first.
+
+``Module.training`` (set for a whole tree by :meth:`Module.train` / :meth:`Module.eval`) is the
+mode layers read when traced; every change of any module's mode is counted
+(:func:`mode_changes`), so an nn.Graph recompiles at its next call after one.
 """
 from __future__ import annotations
 
@@ -14,7 +22,7 @@ from ..dtype import as_dtype
 from ..runtime.backend import get_backend
 from ..tensor import Tensor
 
-__all__ = ["Module", "Parameter", "replaced_count"]
+__all__ = ["Module", "Parameter", "replaced_count", "mode_changes"]
 
 
 class Parameter(Tensor):
@@ -31,25 +39,72 @@ _REPLACED = [0]
 
 
 def replaced_count() -> int:
-    """How many times a registered Parameter or sub-Module of any Module was replaced or removed
-    (nn.Graph compares it between calls and recompiles when it changed)."""
+    """How many times a registered Parameter, buffer or sub-Module of any Module was replaced or
+    removed (nn.Graph compares it between calls and recompiles when it changed)."""
     return _REPLACED[0]
 
 
+_MODES = [0]
+
+
+def mode_changes() -> int:
+    """How many times any Module's ``training`` flag changed (``train()`` / ``eval()`` or an
+    assignment); nn.Graph compares it between calls and recompiles when it changed."""
+    return _MODES[0]
+
+
+def _as_buffer(name: str, value):
+    """``value`` (None, a Tensor or array-like) as a buffer: None or an eager Tensor that owns
+    its backend array."""
+    if value is None:
+        return None
+    if isinstance(value, Tensor):
+        if value.is_lazy:
+            raise TypeError(f"register_buffer: {name!r} is a lazy tensor of a trace; buffers "
+                            f"hold data (create them in __init__)")
+        return value
+    arr = np.asarray(value)
+    as_dtype(arr.dtype)
+    return Tensor(get_backend().from_numpy(arr))
+
+
 class Module:
-    """Base class of layers and models: override ``forward``; call the module to run it."""
+    """Base class of layers and models: override ``forward``; call the module to run it.
+
+    Attributes:
+        training: True (the default) in training mode, False in eval mode (:meth:`train`,
+            :meth:`eval`); batch norm reads it.
+    """
 
     def __init__(self):
         object.__setattr__(self, "_parameters", OrderedDict())
+        object.__setattr__(self, "_buffers", OrderedDict())
+        object.__setattr__(self, "_non_persistent", set())
         object.__setattr__(self, "_modules", OrderedDict())
+        object.__setattr__(self, "training", True)
 
     def __setattr__(self, name, value):
         if "_parameters" not in self.__dict__:
             raise AttributeError("call super().__init__() before assigning attributes of a Module")
-        if name in self._parameters or name in self._modules:
+        if name == "training":
+            if not isinstance(value, bool):
+                raise TypeError(f"{type(self).__name__}.training must be True or False, got "
+                                f"{value!r}")
+            if value != self.training:
+                _MODES[0] += 1  # compiled graphs traced the other mode: they recompile
+            object.__setattr__(self, name, value)
+            return
+        if name in self._buffers and not isinstance(value, (Parameter, Module)):
+            self._buffers[name] = _as_buffer(name, value)   # assigning a buffer replaces it
+            _REPLACED[0] += 1
+            object.__setattr__(self, name, self._buffers[name])
+            return
+        if name in self._parameters or name in self._modules or name in self._buffers:
             _REPLACED[0] += 1  # compiled graphs may hold the old one: they recompile
         self._parameters.pop(name, None)
         self._modules.pop(name, None)
+        self._buffers.pop(name, None)
+        self._non_persistent.discard(name)
         if isinstance(value, Parameter):
             self._parameters[name] = value
         elif isinstance(value, Module):
@@ -57,11 +112,60 @@ class Module:
         object.__setattr__(self, name, value)
 
     def __delattr__(self, name):
-        if name in self._parameters or name in self._modules:
+        if name in self._parameters or name in self._modules or name in self._buffers:
             _REPLACED[0] += 1
             self._parameters.pop(name, None)
             self._modules.pop(name, None)
+            self._buffers.pop(name, None)
+            self._non_persistent.discard(name)
         object.__delattr__(self, name)
+
+    def register_buffer(self, name: str, tensor, persistent: bool = True) -> None:
+        """Add a buffer: state of the module that is not a parameter (not trained), e.g. batch
+        norm's ``running_mean``. It is reachable as ``self.<name>`` (an eager Tensor, or None),
+        bound as a graph variable when traced (so graph steps may update it in place), listed by
+        :meth:`named_buffers` and, when ``persistent``, in :meth:`state_dict`.
+
+        Args:
+            tensor: a Tensor, an array-like (copied into the backend's memory) or None.
+
+        Raises:
+            KeyError: ``name`` is already a parameter or sub-module, or is empty or dotted.
+            TypeError: an unsupported dtype, or a lazy tensor.
+        """
+        if not isinstance(name, str) or not name or "." in name:
+            raise KeyError(f"register_buffer: the name must be a non-empty string without '.', "
+                           f"got {name!r}")
+        if name in self._parameters or name in self._modules:
+            raise KeyError(f"register_buffer: {name!r} is already a "
+                           f"{'parameter' if name in self._parameters else 'sub-module'} of "
+                           f"{type(self).__name__}")
+        if name in self._buffers:
+            _REPLACED[0] += 1
+        self._buffers[name] = _as_buffer(name, tensor)
+        if persistent:
+            self._non_persistent.discard(name)
+        else:
+            self._non_persistent.add(name)
+        object.__setattr__(self, name, self._buffers[name])
+
+    # ------------------------------------------------------------------ modes
+    def train(self, mode: bool = True) -> "Module":
+        """Set training mode (``mode=True``) or eval mode on this module and every sub-module;
+        returns self. A graph that traced the other mode recompiles at its next call.
+
+        Raises:
+            TypeError: ``mode`` is not a bool.
+        """
+        if not isinstance(mode, bool):
+            raise TypeError(f"train: mode must be True or False, got {mode!r}")
+        for m in self.modules():
+            m.training = mode
+        return self
+
+    def eval(self) -> "Module":
+        """Eval mode: ``train(False)``; returns self."""
+        return self.train(False)
 
     def forward(self, *args, **kwargs):
         raise NotImplementedError(f"{type(self).__name__} must implement forward()")
@@ -77,6 +181,25 @@ class Module:
     def children(self):
         """Yield the direct sub-modules, in assignment order."""
         return iter(self._modules.values())
+
+    def named_modules(self, prefix: str = ""):
+        """Yield ``(name, module)`` for this module (name ``prefix``) and every sub-module, depth
+        first, each module once."""
+        seen = set()
+
+        def walk(m, name):
+            if id(m) in seen:
+                return
+            seen.add(id(m))
+            yield name, m
+            for child_name, child in m._modules.items():
+                yield from walk(child, f"{name}.{child_name}" if name else child_name)
+        yield from walk(self, prefix)
+
+    def modules(self):
+        """Yield this module and every sub-module, depth first, each once."""
+        for _, m in self.named_modules():
+            yield m
 
     def named_parameters(self, prefix: str = ""):
         """Yield ``(name, Parameter)`` pairs, depth first, each parameter once."""
@@ -97,19 +220,50 @@ class Module:
         for _, p in self.named_parameters():
             yield p
 
+    def named_buffers(self, prefix: str = ""):
+        """Yield ``(name, buffer)`` for every buffer that is not None (persistent or not), depth
+        first, each once."""
+        seen = set()
+        for name, m in self.named_modules(prefix.rstrip(".")):
+            for key, b in m._buffers.items():
+                if b is not None and id(b) not in seen:
+                    seen.add(id(b))
+                    yield (f"{name}.{key}" if name else key), b
+
+    def buffers(self):
+        """Yield every buffer (not None) once."""
+        for _, b in self.named_buffers():
+            yield b
+
     # ------------------------------------------------------------------ state
+    def _state(self, prefix: str = ""):
+        """``(name, tensor)`` of the state dict: per module its parameters, then its persistent
+        buffers, then its children's (PyTorch's order); a tensor shared by two names once."""
+        seen = set()
+        for name, m in self.named_modules(prefix):
+            dot = f"{name}." if name else ""
+            own = list(m._parameters.items()) + [(k, b) for k, b in m._buffers.items()
+                                                 if k not in m._non_persistent]
+            for key, t in own:
+                if t is not None and id(t) not in seen:
+                    seen.add(id(t))
+                    yield dot + key, t
+
     def state_dict(self) -> "OrderedDict[str, np.ndarray]":
-        """Parameter name -> NumPy copy of its value."""
-        return OrderedDict((n, p.numpy()) for n, p in self.named_parameters())
+        """Name -> NumPy copy of every parameter and persistent buffer, in PyTorch's order."""
+        return OrderedDict((n, t.numpy()) for n, t in self._state())
 
     def load_state_dict(self, state_dict, strict: bool = True) -> None:
-        """Copy values into the parameters in place (bound graphs see them).
+        """Copy values into the parameters and persistent buffers in place (bound graphs see
+        them).
 
-        Values may be NumPy arrays or Tensors. Everything is checked before anything is copied.
+        Values may be NumPy arrays or Tensors (a PyTorch state dict converted with
+        ``{k: v.numpy() for k, v in sd.items()}`` loads: same names, shapes and dtypes).
+        Everything is checked before anything is copied.
 
         Raises:
             KeyError: missing or unexpected names (strict), listing them.
-            ValueError: a shape or dtype differs from the parameter's, naming it.
+            ValueError: a shape or dtype differs from the model's, naming it.
         """
         self.prepare_load_state_dict(state_dict, strict)()
 
@@ -122,9 +276,9 @@ class Module:
             TypeError: not a dict; otherwise as :meth:`load_state_dict`.
         """
         if not isinstance(state_dict, dict):
-            raise TypeError(f"load_state_dict: expected a dict of parameter name -> array (a "
+            raise TypeError(f"load_state_dict: expected a dict of name -> array (a "
                             f"state_dict()), got {type(state_dict).__name__}")
-        own = dict(self.named_parameters())
+        own = dict(self._state())
         missing = sorted(set(own) - set(state_dict))
         unexpected = sorted(set(state_dict) - set(own))
         if strict and (missing or unexpected):
@@ -135,7 +289,7 @@ class Module:
                 continue
             p = own[name]
             arr = value.numpy() if isinstance(value, Tensor) else np.asarray(value)
-            if arr.shape != p.shape or arr.dtype != p.dtype.np:
+            if arr.shape != tuple(p.shape) or arr.dtype != p.dtype.np:
                 raise ValueError(f"load_state_dict: {name!r} is {p.dtype.short}{list(p.shape)} in "
                                  f"the model but {arr.dtype}{list(arr.shape)} in the state dict")
             checked.append((p, arr))

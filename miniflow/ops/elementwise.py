@@ -87,6 +87,11 @@ def sigmoid(x):
     return z / (1.0 + z)
 
 
+def rsqrt(x):
+    """1 / sqrt(x) (rsqrt(0) = inf, rsqrt(x<0) = nan)."""
+    return 1.0 / math.sqrt(x)
+
+
 def relu_grad(y, dy):
     """dy where y > 0, else 0 (y = relu(x); PyTorch's threshold_backward: y <= 0 -> 0)."""
     if y <= 0.0:
@@ -251,6 +256,17 @@ elementwise("log", log, np.log, amp=None,
             amp_note="not in OneFlow's lists (PyTorch's autocast also runs log in float32)",
             grad=lambda n, gs, emit: [emit("broadcast_div", gs[0], n.inputs[0])],
             samples=unary_samples(0.1, 3.0), doc="out = log(x); dx = dy / x")
+def _rsqrt_grad(n, gs, emit):
+    """dx = -0.5 * dy * y^3 with y = rsqrt(x)."""
+    y = n.outputs[0]
+    cube = emit("broadcast_mul", emit("broadcast_mul", y, y), y)
+    return [emit("scalar_mul", emit("broadcast_mul", gs[0], cube), scalar=-0.5)]
+
+
+elementwise("rsqrt", rsqrt, lambda x: 1.0 / np.sqrt(x), amp=None,
+            amp_note="not in OneFlow's lists (batch norm's eval-mode gradient uses it on the "
+                     "float32 moving variance)",
+            grad=_rsqrt_grad, samples=unary_samples(0.1, 3.0), doc="out = 1 / sqrt(x)")
 elementwise("relu", relu, _relu_ref, amp="clear",
             grad=lambda n, gs, emit: [emit("relu_grad", n.outputs[0], gs[0])],
             doc="out = max(x, 0) (NaN propagates); dx = relu_grad(out, dy)")
@@ -366,7 +382,11 @@ def _bias_add_infer(inputs, attrs):
 
 
 def _bias_add_grad(n, gs, emit):
+    """da = dy; db = dy summed over every axis but ``axis``: ``conv_bias_grad`` for a channel bias
+    of an NCHW input (a convolution's bias, a white op under AMP), else ``reduce_sum``."""
     a = n.inputs[0]
+    if len(a.shape) == 4 and n.attrs["axis"] == 1:
+        return [gs[0], emit("conv_bias_grad", gs[0])]
     axes = tuple(i for i in range(len(a.shape)) if i != n.attrs["axis"])
     return [gs[0], emit("reduce_sum", gs[0], axis=axes, keepdims=False)]
 
@@ -387,6 +407,7 @@ def _bias_samples():
 
 register("bias_add", _bias_add_infer, normalize=_bias_add_norm, grad=_bias_add_grad,
          reference=_bias_add_ref, samples=_bias_samples, amp="gray",
-         doc="out = a + b broadcast along `axis` (b is 1-D); da = dy, db = reduce_sum(dy). Not "
+         doc="out = a + b broadcast along `axis` (b is 1-D); da = dy, db = reduce_sum(dy) "
+             "(conv_bias_grad(dy) for a channel bias of NCHW). Not "
              "NumPy broadcasting, so no scalar function: its kernels and fusion have their own "
              "rule (fused along the last axis only)")

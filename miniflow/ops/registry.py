@@ -2,14 +2,15 @@
 
 An op type is declared once: attribute normalisation, shape/dtype inference, its gradient rule
 (which *emits* backward nodes made of registered ops, OneFlow style), sample inputs, a NumPy float64
-reference, its AMP category, which inputs it writes in place, and, for an elementwise op, its scalar
-function. Everything else is derived from these records: the CPU and CUDA elementwise kernels
+reference, its AMP category (and the inputs AMP never casts), which inputs it writes in place (for
+every node, or depending on its attributes), and, for an elementwise op, its scalar function.
+Everything else is derived from these records: the CPU and CUDA elementwise kernels
 (``miniflow.kernels.common.elementwise``), the fusion pass's fusible ops and the function table of
 the fused-expression language (:func:`scalar_functions`), the AMP default lists
-(``miniflow.amp.lists``), dead-code elimination's "keep it" (:attr:`OpDef.side_effect`), the
-reference interpreter ``miniflow.ir.evaluate`` and the registry-wide kernel tests. Kernels register
-per backend under the op's name (``miniflow.kernels.cpu.KERNELS``), or are derived from the
-scalar function when a plan is built (``builder_for``).
+(``miniflow.amp.lists``), dead-code elimination's "keep it" (:meth:`OpDef.written`, read through
+``Node.written``), the reference interpreter ``miniflow.ir.evaluate`` and the registry-wide kernel
+tests. Kernels register per backend under the op's name (``miniflow.kernels.cpu.KERNELS``), or are
+derived from the scalar function when a plan is built (``builder_for``).
 
 A node of the IR holds its ``OpDef`` (``node.op``), so ``miniflow.ir`` never imports this package.
 Code that names ops by string resolves them here: :func:`get_op`, and :func:`emitter`, the
@@ -51,14 +52,19 @@ class OpDef:
             the op is not differentiable. ``emit(name, *inputs, **attrs)`` (:func:`emitter`).
         normalize: ``(inputs, attrs) -> attrs`` filling defaults and canonicalising attributes.
         reference: ``(arrays, attrs) -> list[np.ndarray]``: the op in NumPy float64 (int64 stays
-            int64), one array per output; an op that writes inputs (``writes``) returns their new
-            values instead, in ``writes`` order (those of its inputs that exist). Used by
+            int64), one array per output, then, for an op that writes inputs (:meth:`written`),
+            their new values in that order (those of its inputs that exist). Used by
             ``miniflow.ir.evaluate``. Only ``cast`` and ``constant`` round, to their dtype.
         samples: ``() -> list[(list[np.ndarray], attrs)]`` small example inputs for kernel tests.
         amp: the op's AMP list, ``"white"``, ``"black"``, ``"gray"`` or ``"clear"`` (OneFlow's
             lists, ``miniflow.amp.lists``), or None: in no list.
         amp_note: why the op is in no list (required then), or a remark on its list.
-        writes: indices of the inputs the op writes in place (update ops).
+        no_cast_inputs: input index -> input name of the inputs the AMP pass never casts, even
+            when the node runs in float16 (OneFlow's ``REGISTER_NO_CAST_REGISTRY``: batch norm's
+            statistics and affine parameters stay float32 while ``x`` is float16).
+        writes: indices of the inputs the op writes in place (update ops), or a function
+            ``attrs -> indices`` when that depends on the node (``normalization`` writes its
+            moving statistics only in training mode). Read it through :meth:`written`.
         scalar: for an elementwise op, its scalar function: a plain Python function of floats
             (``math`` only), ``out[idx] = scalar(in0[idx], in1[idx], ..., attrs[scalar_attr])`` with
             the inputs broadcast to the output (NumPy rules). The CPU and CUDA kernels and the
@@ -90,7 +96,8 @@ class OpDef:
     samples: Callable | None = None
     amp: str | None = None
     amp_note: str = ""
-    writes: tuple = ()
+    no_cast_inputs: dict = field(default_factory=dict)
+    writes: tuple | Callable = ()
     scalar: Callable | None = None
     scalar_attr: str | None = None
     diagnose: Callable | None = None
@@ -98,10 +105,11 @@ class OpDef:
     shape_inputs: tuple = ()
     doc: str = field(default="", repr=False)
 
-    @property
-    def side_effect(self) -> bool:
-        """The op writes some of its inputs (update ops): dead-code elimination keeps it."""
-        return bool(self.writes)
+    def written(self, attrs) -> tuple:
+        """Indices of the inputs a node of this op with (normalized) ``attrs`` writes in place:
+        the one accessor of ``writes`` (``Node.written`` calls it; dead-code elimination keeps
+        such nodes, ``ir.evaluate`` assigns the new values, fusion keeps reads before writes)."""
+        return tuple(self.writes(attrs)) if callable(self.writes) else tuple(self.writes)
 
     def infer(self, inputs, attrs):
         """Shape/dtype inference (counted, so tests can prove the hot path never calls it)."""
@@ -133,6 +141,9 @@ def _check(op: OpDef) -> None:
                                        or op.micro_batch[0] not in ("split", "collect")):
         raise ValueError(f"op {op.name!r}: micro_batch={op.micro_batch!r}; give ('split' or "
                          "'collect', the attribute holding the count), or None")
+    if not all(isinstance(k, int) and isinstance(v, str) for k, v in op.no_cast_inputs.items()):
+        raise ValueError(f"op {op.name!r}: no_cast_inputs must map input indices to input names, "
+                         f"got {op.no_cast_inputs!r}")
     if op.scalar is None:
         if op.scalar_attr is not None:
             raise ValueError(f"op {op.name!r}: scalar_attr without a scalar function")

@@ -9,18 +9,23 @@ Guarantees:
 * Every node gets ``node.meta["amp_color"]``: ``"white"`` (runs in float16), ``"black"`` (black
   list or black propagation), else its list category (``"gray"``, ``"clear"``) or ``"unlisted"``;
   every non-white node runs in float32. Inserted casts get ``"cast"``.
-* Casts, only of values that were float32: a value read by a white node from a non-white producer
-  (or a graph input, variable or constant) is cast to float16, right before its first white reader
-  (``graph.inserting_before``); a white node's output read by a non-white node is cast back to
-  float32 there, and a returned one (a user output) at the end. One cast node per value and dtype,
-  shared by all its readers.
+* Casts, only on the edges between white and other nodes (OneFlow's ``InsertCastOp``), only of
+  values that were float32: a float32 value read by a white node from a non-white producer (or a
+  graph input, variable or constant) is cast to float16, right before its first white reader
+  (``graph.inserting_before``), unless it is one of the op's no-cast inputs
+  (``OpDef.no_cast_inputs``, OneFlow's ``REGISTER_NO_CAST_REGISTRY``: batch norm's moving
+  statistics, gamma and beta stay float32 beside a float16 ``x``); a white node's float16 output
+  read by a non-white node is cast back to float32 there, and a returned one (a user output) at
+  the end. Outputs a white node keeps in float32 (batch norm's ``mean`` and ``inv_variance``, in
+  the parameter dtype) are read as they are. One cast node per value and dtype, shared by all
+  its readers.
 * White nodes' outputs are re-inferred (float16); other nodes keep their dtypes. Values keep their
   identity, so the results (``loss``, gradients) and ``ctx.initial_grad`` stay valid. Parameter
   gradients made by white nodes stay float16: the optimizer stage casts them.
 * Parameters are float32 master weights (else TypeError); they are read through casts, never changed.
 * ``ctx.amp_result``: an :class:`AmpResult` (per node: color and the rule or neighbour that decided
-  it, naming values as the graph after this pass prints them; the inserted casts), read by
-  ``miniflow.amp.report``.
+  it, naming values as the graph after this pass prints them; the inserted casts; the no-cast
+  inputs left float32), read by ``miniflow.amp.report``.
 
 Coloring, exactly as OneFlow's ``AutoMixedPrecision::Apply`` (``oneflow/core/job_rewriter/
 auto_mixed_precision.cpp``):
@@ -85,11 +90,13 @@ class AmpDecision:
 @dataclass
 class AmpResult:
     """What the pass decided: one decision per node it saw (graph order), the casts it inserted,
+    the no-cast inputs it left float32 (``(node, input index, input name)``, white nodes only),
     and ``names``: Value -> name as the graph printed right after the pass shows it."""
 
     decisions: list = field(default_factory=list)
     casts: list = field(default_factory=list)
     names: dict = field(default_factory=dict)
+    no_cast: list = field(default_factory=list)
 
 
 # ---------------------------------------------------------------------------------- coloring
@@ -242,13 +249,27 @@ def _reinfer(node: Node) -> None:
         v.dtype = dtype
 
 
-def _insert_casts(graph: Graph, white: dict, half: DType) -> list:
+def _insert_casts(graph: Graph, white: dict, half: DType) -> tuple:
     """Put casts on white/non-white edges (before the first reader of each cast) and on white
-    user outputs (at the end); returns the cast nodes."""
+    user outputs (at the end); returns the cast nodes and the no-cast inputs left float32."""
     was_f32 = {v for n in white for v in n.outputs if v.dtype is float32}
     emit = emitter(graph)
     shared: dict = {}
-    casts = []
+    casts, kept = [], []
+
+    def to_half(node, k, v):
+        """Input ``k`` (``v``) of white ``node``: cast if it is a float32 value from outside the
+        white set, unless the op never casts that input."""
+        if v.dtype is not float32 or v.producer in white:
+            return v
+        if k in node.op.no_cast_inputs:
+            kept.append((node, k, node.op.no_cast_inputs[k]))
+            return v
+        return cast(v, half)
+
+    def half_output(v):
+        """A white node's output that was float32 and is float16 now (not one kept float32)."""
+        return v in was_f32 and v.dtype is not float32
 
     def cast(v, dtype):
         key = (v, dtype.name)
@@ -262,14 +283,14 @@ def _insert_casts(graph: Graph, white: dict, half: DType) -> list:
     for node in list(graph.nodes):
         with graph.inserting_before(node):
             if node in white:
-                node.inputs = [cast(v, half) if v.dtype is float32 else v for v in node.inputs]
+                node.inputs = [to_half(node, k, v) for k, v in enumerate(node.inputs)]
                 _reinfer(node)
             else:
-                node.inputs = [cast(v, float32) if v in was_f32 else v for v in node.inputs]
+                node.inputs = [cast(v, float32) if half_output(v) else v for v in node.inputs]
     for i, v in enumerate(graph.outputs):
-        if v in was_f32:
+        if half_output(v):
             graph.results[output_name(i)] = cast(v, float32)
-    return casts
+    return casts, kept
 
 
 # ---------------------------------------------------------------------------------- the pass
@@ -288,10 +309,10 @@ def auto_mixed_precision(graph: Graph, ctx) -> Graph:
     _check_master_weights(graph, ctx)
     sets = _color(graph, ctx.amp.lists)
     colored = list(graph.nodes)
-    casts = _insert_casts(graph, sets.white, ctx.amp.dtype)
+    casts, kept = _insert_casts(graph, sets.white, ctx.amp.dtype)
     names = graph.names()
     decisions = [_decide(n, sets, names) for n in colored]
     for d in decisions:
         d.node.meta["amp_color"] = d.color
-    ctx.amp_result = AmpResult(decisions, casts, names)
+    ctx.amp_result = AmpResult(decisions, casts, names, kept)
     return graph

@@ -1,6 +1,7 @@
 """Dead-code elimination: drop nodes whose outputs nothing uses.
 
-Keeps: nodes of side-effecting ops (``op.side_effect``: update ops, which write variables), nodes
+Keeps: nodes that write variables in place (``Node.written``: update ops, a training-mode
+``normalization``), nodes
 producing a result (user outputs, the loss, gradients, the non-finite counts the grad scaler reads:
 every ``graph.results`` entry alike), and everything they depend on. Unused variables and constants
 are dropped; unused inputs stay declared (the caller still passes them).
@@ -17,7 +18,7 @@ def dead_code_elimination(graph: Graph, ctx=None) -> Graph:
     live = set(graph.results.values())
     kept = []
     for node in reversed(graph.nodes):
-        if node.op.side_effect or any(v in live for v in node.outputs):
+        if node.written or any(v in live for v in node.outputs):
             kept.append(node)
             live.update(node.inputs)
     graph.nodes = kept[::-1]

@@ -101,7 +101,7 @@ class _Fusion:
         self.pinned = {id(v) for v in graph.results.values()}
         self.writes: dict = {}                      # id(Value) -> positions of nodes writing it
         for i, n in enumerate(graph.nodes):
-            for v in (n.inputs[k] for k in n.op.writes if k < len(n.inputs)):
+            for v in n.written:
                 self.writes.setdefault(id(v), []).append(i)
 
     def groups(self) -> list:

@@ -60,12 +60,13 @@ class Backend:
       the op), and precomputes everything a step needs: kernel views, launch configurations,
       stride tables, scratch buffers (allocated now, in the backend's memory).
     * A step ``fn(*args)`` reads ``ins`` and writes every element of ``outs`` (an op with
-      ``OpDef.writes`` writes those inputs in place instead), using only its own scratch buffers
+      ``Node.written`` inputs also writes those in place), using only its own scratch buffers
       besides. It allocates nothing, copies nothing between host and device (except the
       collectives' steps on ``cuda``, which stage device buffers through host buffers for MPI:
       ``kernels.cuda.collective``), looks nothing up and keeps no state between calls; steps run
-      in the order returned (an empty output may have none). A step may raise on bad data (ValueError, e.g. a label out of range): the plan
-      names the node. ``fn.__name__`` labels it in ``Plan.describe()``.
+      in the order returned (an empty output may have none). A step may raise on bad data
+      (ValueError, e.g. a label out of range): the plan names the node. ``fn.__name__`` labels
+      it in ``Plan.describe()``.
     * Precision: f16 and f32 compute in float32, f64 in float64; every result is rounded once,
       when it is stored in its dtype.
 

@@ -102,7 +102,7 @@ def constant_nodes(graph: Graph) -> list:
     known = {id(v) for v in graph.constants.values()}
     out = []
     for i, node in enumerate(graph.nodes):
-        if node.op.side_effect or node.op.micro_batch is not None:
+        if node.written or node.op.micro_batch is not None:
             continue
         shape_inputs = node.op.shape_inputs
         if all(id(v) in known for k, v in enumerate(node.inputs) if k not in shape_inputs):
@@ -164,7 +164,7 @@ def grouped_nodes(graph: Graph, backend, skip) -> dict:
     open_groups: dict = {}          # key -> [members, ids read, ids written]
     groups = []
     for i, node in enumerate(nodes):
-        written = {id(node.inputs[k]) for k in node.op.writes if k < len(node.inputs)}
+        written = {id(v) for v in node.written}
         written |= {id(v) for v in node.outputs}    # moved later, a member defines them later
         read = {id(v) for v in node.inputs}
         builder = None if i in skip else backend.group_builder(node.op)

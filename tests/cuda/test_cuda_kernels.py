@@ -192,7 +192,7 @@ def test_multi_tensor_update_is_the_single_updates_bit_for_bit(op, skip, monkeyp
         for fn, args in cpu.builder_for(node.op)(node, cpu_arrays, []):
             fn(*args)
     for k, node in enumerate(nodes):
-        for i in node.op.writes:
+        for i in node.op.written(node.attrs):
             got, want = BACKEND.to_numpy(group[k][i]), BACKEND.to_numpy(single[k][i])
             assert_bit_exact(got, want, f"{op} parameter {k} input {i}")
             assert_close(got, cpu_ins[k][i], f"{op} vs cpu, {k}/{i}", TOL)

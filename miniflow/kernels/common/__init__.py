@@ -5,8 +5,9 @@ importing neither.
   derives the builder of an elementwise op when it has no entry;
 * ``elementwise``: those derived builders and the other elementwise builders, over a backend's
   step makers (``StepMakers``);
-* ``movement``, ``reduce``, ``update``, ``loss_scale``: the builders whose planning is the same on
-  every backend, over the backend's loops; ``update`` and ``loss_scale`` also hold the scalar
+* ``movement``, ``reduce``, ``update``, ``loss_scale``, ``conv``, ``normalization``, ``pool``:
+  the builders whose planning is the same on every backend (layouts, geometries, empty outputs),
+  over the backend's loops; ``update`` and ``loss_scale`` also hold the scalar
   bodies of the optimizer updates and of the dynamic loss-scale schedule, compiled for both
   backends (``numba.njit`` and ``cuda.jit(device=True)``);
 * ``layout``: broadcast, reduction and row planning on shapes;

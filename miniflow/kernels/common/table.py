@@ -1,15 +1,22 @@
-"""A backend's kernel table and its lookup: ``KERNELS`` is merged from the ``BUILDERS`` of the
-backend's modules (:func:`kernel_table`); :func:`builder_for` finds an op's builder there, or
-derives it from the op's scalar function when the plan is built; :class:`GroupBuilder` is what
-a backend's ``group_builder(op)`` returns."""
+"""A backend's kernel table and its lookup: every backend package has the kernel modules
+:data:`MODULES` (mirrored file names); ``KERNELS`` is merged from their ``BUILDERS``
+(:func:`kernel_table`); :func:`builder_for` finds an op's builder there, or derives it from the
+op's scalar function when the plan is built. :func:`backend_kernels` makes both for a package;
+:class:`GroupBuilder` is what a backend's ``group_builder(op)`` returns."""
 from __future__ import annotations
 
+import importlib
 from dataclasses import dataclass
 from typing import Callable
 
 from .elementwise import StepMakers, derived_builder
 
-__all__ = ["kernel_table", "builder_for", "GroupBuilder"]
+__all__ = ["MODULES", "kernel_table", "builder_for", "backend_kernels", "GroupBuilder"]
+
+MODULES = ("elementwise", "movement", "reduce", "matmul", "update", "loss_scale", "clip", "fused",
+           "collective", "conv", "normalization", "pool")
+"""The kernel modules of every backend package, each with its ``BUILDERS`` (``elementwise`` also
+has ``STEPS``, the step makers of the derived elementwise builders)."""
 
 
 def kernel_table(*modules) -> dict:
@@ -34,6 +41,26 @@ def builder_for(op, table: dict, steps: StepMakers):
     if neither."""
     builder = table.get(op.name)
     return builder if builder is not None else derived_builder(op, steps)
+
+
+def backend_kernels(package: str) -> tuple:
+    """``(KERNELS, builder_for)`` of the backend package ``package`` (``"miniflow.kernels.cpu"``):
+    the table merged from its :data:`MODULES` and the lookup over it.
+
+    Raises:
+        ModuleNotFoundError: the package lacks one of :data:`MODULES` (the backends mirror them).
+        ValueError: two modules build the same op type (:func:`kernel_table`).
+    """
+    modules = [importlib.import_module(f"{package}.{name}") for name in MODULES]
+    kernels = kernel_table(*modules)
+    steps = modules[MODULES.index("elementwise")].STEPS
+
+    def lookup(op):
+        return builder_for(op, kernels, steps)
+
+    lookup.__doc__ = (f"The {package.rsplit('.', 1)[-1].upper()} builder of ``op`` (an OpDef), "
+                      f"found in KERNELS or derived from its scalar function.")
+    return kernels, lookup
 
 
 @dataclass(frozen=True)

@@ -2,14 +2,16 @@
 also derives the builder of every elementwise op from its scalar function (the builder contract:
 ``miniflow.runtime.backend.Backend``).
 
-Arrays are C-contiguous NumPy buffers (float16 as ``np.float16``; kernels see its ``uint16``
-bits, ``fp16``). Modules, mirrored in ``kernels.cuda``: ``common`` (the ``jit`` decorator, the
+Arrays are C-contiguous NumPy buffers (float16 as ``np.float16``; kernels see its ``uint16`` bits,
+``fp16``). Modules, mirrored in ``kernels.cuda``: ``common`` (the ``jit`` decorator, the
 serial/parallel choice, flat views), ``elementwise`` (map / zip / broadcast / cast), ``movement``
-(reshape, transpose, broadcast_like, fills: ``np.copyto``), ``reduce`` (reduce_sum, softmax
-family, cross entropy), ``matmul`` (NumPy's BLAS and loops for skinny shapes), ``update`` (SGD,
-Adam), ``loss_scale`` (the loss-scale stage), ``clip`` (gradient clipping), ``fused`` (generated
-kernels of ``fused_elementwise``); CPU only: ``fp16`` (float16 conversions). Builders shared with
-the CUDA backend come from ``kernels.common``.
+(reshape, transpose, broadcast_like, fills: ``np.copyto``), ``reduce`` (reduce_sum, softmax family,
+cross entropy), ``matmul`` (NumPy's BLAS and loops for skinny shapes), ``update`` (SGD, Adam),
+``loss_scale`` (the loss-scale stage), ``clip`` (gradient clipping), ``collective`` (all-reduce,
+broadcast), ``fused`` (generated kernels of ``fused_elementwise``), ``conv`` (im2col + BLAS,
+Winograd F(2x2, 3x3)), ``normalization`` (batch norm), ``pool`` (max, average, adaptive average);
+CPU only: ``fp16`` (float16 conversions). Builders shared with the CUDA backend come from
+``kernels.common``.
 
 Precision: f16 and f32 compute in float32, f64 in float64; sums accumulate in that type; matmul on
 f16 widens to float32, multiplies in float32 and rounds the product to f16 (a GPU fp16 GEMM's
@@ -17,16 +19,10 @@ contract).
 """
 from __future__ import annotations
 
-from . import clip, collective, elementwise, fused, loss_scale, matmul, movement, reduce, update
 from ..common import table
 
 __all__ = ["KERNELS", "builder_for"]
 
-KERNELS = table.kernel_table(elementwise, movement, reduce, matmul, update, loss_scale, clip,
-                             fused, collective)
-"""Op type -> builder of the ops whose kernels are not derived from a scalar function."""
-
-
-def builder_for(op):
-    """The CPU builder of ``op`` (an OpDef), found or derived by ``table.builder_for``."""
-    return table.builder_for(op, KERNELS, elementwise.STEPS)
+KERNELS, builder_for = table.backend_kernels(__name__)
+"""``KERNELS``: op type -> builder of the ops whose kernels are not derived from a scalar function
+(merged from ``table.MODULES``); ``builder_for(op)``: its builder, found or derived."""

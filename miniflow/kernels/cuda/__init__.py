@@ -4,13 +4,14 @@ function (the builder contract: ``miniflow.runtime.backend.Backend``).
 
 Arrays are C-contiguous device arrays; a step is one kernel launch (a ``launch.Launch``) that
 copies nothing between host and device. Modules, mirrored from ``kernels.cpu``: ``common`` (jit
-decorators, compute/storage types, device helpers, the simulator's ``math``), ``elementwise``
-(map / zip / broadcast / cast), ``movement`` (reshape, transpose, broadcast_like, fills: gathers
-and copies), ``reduce`` (reduce_sum, softmax family, cross entropy), ``matmul`` (tiled),
-``update`` (SGD, Adam, multi-tensor), ``loss_scale`` (the loss-scale stage), ``clip``
-(gradient clipping), ``fused`` (generated kernels of ``fused_elementwise``); CUDA only:
-``launch`` (block sizes, grids, the matmul tile). Builders shared with the CPU backend come
-from ``kernels.common``.
+decorators, compute/storage types, device helpers, the simulator's ``math``), ``elementwise`` (map
+/ zip / broadcast / cast), ``movement`` (reshape, transpose, broadcast_like, fills: gathers and
+copies), ``reduce`` (reduce_sum, softmax family, cross entropy), ``matmul`` (tiled), ``update``
+(SGD, Adam, multi-tensor), ``loss_scale`` (the loss-scale stage), ``clip`` (gradient clipping),
+``collective`` (MPI collectives staged through host memory), ``fused`` (generated kernels of
+``fused_elementwise``), ``conv`` (implicit GEMM), ``normalization`` (batch norm), ``pool`` (max,
+average, adaptive average); CUDA only: ``launch`` (block sizes, grids, the tiles). Builders shared
+with the CPU backend come from ``kernels.common``.
 
 Precision: the CPU backend's contract. f16 and f32 compute in float32, f64 in float64; f16 is
 converted on load and store only; matmul accumulates in float32 (float64 for f64) and rounds the
@@ -18,19 +19,14 @@ result once.
 """
 from __future__ import annotations
 
-from . import clip, collective, elementwise, fused, loss_scale, matmul, movement, reduce, update
+from . import fused, reduce, update
 from ..common import table
 
 __all__ = ["KERNELS", "builder_for", "fused_builder", "group_builder"]
 
-KERNELS = table.kernel_table(elementwise, movement, reduce, matmul, update, loss_scale, clip,
-                             fused, collective)
-"""Op type -> builder of the ops whose kernels are not derived from a scalar function."""
-
-
-def builder_for(op):
-    """The CUDA builder of ``op`` (an OpDef), found or derived by ``table.builder_for``."""
-    return table.builder_for(op, KERNELS, elementwise.STEPS)
+KERNELS, builder_for = table.backend_kernels(__name__)
+"""``KERNELS``: op type -> builder of the ops whose kernels are not derived from a scalar function
+(merged from ``table.MODULES``); ``builder_for(op)``: its builder, found or derived."""
 
 
 def fused_builder(producer, consumer):

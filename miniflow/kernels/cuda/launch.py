@@ -1,6 +1,6 @@
 """Launch configuration of every CUDA kernel, in one place: block sizes, grid caps, the matmul tile.
 
-Kernels come in three launch shapes, each with a helper that returns the builder's steps:
+Kernels come in four launch shapes, each with a helper that returns the builder's steps:
 
 * ``flat_steps``: 1-D grid-stride loops over ``n`` elements (elementwise, casts, copies, updates);
   ``blocks = min(ceil(n / block), max_blocks)`` of ``block`` threads.
@@ -14,6 +14,9 @@ Kernels come in three launch shapes, each with a helper that returns the builder
 * ``tile_steps``: the matmul grid, ``(ceil(N / tile), ceil(M / tile))`` blocks of
   ``(tile / tile_reg)^2`` threads; each block computes one ``tile x tile`` output tile, each
   thread ``tile_reg x tile_reg`` of its outputs (register tiling).
+* ``conv_tile_steps``: the convolutions' implicit GEMMs, ``(ceil(M / conv_tile), ceil(N /
+  conv_tile), groups)`` blocks of ``conv_tile x conv_tile`` threads (one group per
+  ``blockIdx.z``).
 
 Two presets: ``GPU`` (real hardware) and ``SIMULATOR``. The CUDA simulator runs every thread as a
 Python thread (about 0.1 ms per thread for simple kernels, up to ~2 ms with several
@@ -34,8 +37,8 @@ from dataclasses import dataclass
 from numba import config as numba_config
 
 __all__ = ["LaunchConfig", "GPU", "SIMULATOR", "MAX_BLOCK_THREADS", "MAX_ARRAYS", "chunks",
-           "current", "use_config", "Launch",
-           "flat_steps", "row_steps", "reduce_grid", "grid_steps", "tile_steps"]
+           "current", "use_config", "Launch", "flat_steps", "row_steps", "reduce_grid",
+           "grid_steps", "tile_steps", "conv_tile_steps"]
 
 
 @dataclass(frozen=True)
@@ -54,6 +57,8 @@ class LaunchConfig:
         tile_k: the K-slice of the operand tiles a block stages in shared memory at a time (two
             ``tile_k x (tile + 1)`` tiles: 8.3 KiB in f32 at 16 x 64).
         tile_reg: outputs per thread along each dim (``tile / tile_reg`` threads per dim).
+        conv_tile: the convolutions' implicit-GEMM tile edge: ``conv_tile x conv_tile`` threads,
+            one output each (``kernels.cuda.conv``).
     """
 
     name: str
@@ -65,6 +70,7 @@ class LaunchConfig:
     tile: int
     tile_k: int
     tile_reg: int
+    conv_tile: int
 
     def __post_init__(self):
         threads = (self.tile // self.tile_reg) ** 2
@@ -75,14 +81,14 @@ class LaunchConfig:
 
 
 GPU = LaunchConfig("gpu", block=256, max_blocks=4096, row_block=128, max_row_blocks=65535,
-                   reduce_blocks=1024, tile=64, tile_k=16, tile_reg=4)
+                   reduce_blocks=1024, tile=64, tile_k=16, tile_reg=4, conv_tile=16)
 """Real hardware: 256-thread blocks, 128-thread row blocks, reductions over at most 1024 blocks
 (about 8 per SM of a 132-SM GPU), 64 x 64 matmul tiles of 16 x 16 threads computing 4 x 4
-outputs each."""
+outputs each, 16 x 16 convolution tiles."""
 SIMULATOR = LaunchConfig("simulator", block=32, max_blocks=2, row_block=8, max_row_blocks=2,
-                         reduce_blocks=2, tile=8, tile_k=4, tile_reg=2)
+                         reduce_blocks=2, tile=8, tile_k=4, tile_reg=2, conv_tile=4)
 """The CUDA simulator: at most 64 threads per 1-D launch, 8-thread rows, 8 x 8 matmul tiles of
-4 x 4 threads."""
+4 x 4 threads, 4 x 4 convolution tiles."""
 
 _CONFIG = [SIMULATOR if numba_config.ENABLE_CUDASIM else GPU]
 
@@ -211,3 +217,22 @@ def tile_steps(kernel, m: int, n: int, args: tuple, name: str) -> list:
                          f"65535; split the batch")
     threads = cfg.tile // cfg.tile_reg
     return [(Launch(kernel, grid, (threads, threads), name), tuple(args))]
+
+
+def conv_tile_steps(kernel, m: int, n: int, groups: int, args: tuple, name: str) -> list:
+    """Steps for a convolution's implicit GEMM over an ``m x n`` output per group: a grid
+    ``(ceil(m / conv_tile), ceil(n / conv_tile), groups)`` of ``conv_tile x conv_tile`` blocks
+    (rows along ``threadIdx.x``, so consecutive threads gather consecutive output positions).
+
+    Raises:
+        ValueError: more than 65535 column tiles or groups (the grid's y and z limits).
+    """
+    cfg = current()
+    if m == 0 or n == 0:
+        return []
+    tile = cfg.conv_tile
+    grid = (_ceil_div(m, tile), _ceil_div(n, tile), groups)
+    if grid[1] > 65535 or grid[2] > 65535:
+        raise ValueError(f"{name}: {n} columns and {groups} groups exceed CUDA's grid limits "
+                         f"(65535 tiles / groups)")
+    return [(Launch(kernel, grid, (tile, tile), name), tuple(args))]

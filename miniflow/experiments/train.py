@@ -1,0 +1,335 @@
+"""``miniflow train``: a model trained on the bundled digits (1,437 training and 360 test images of
+8x8 pixels) with SGD and momentum, in float32 or under AMP with a dynamic loss scale.
+
+Models (:data:`MODELS`): ``mlp`` (64-128-10, flat pixels), ``lenet`` (``miniflow.models.lenet``,
+with batch norm) and ``resnet18`` (``miniflow.models.resnet18`` with the small-input stem, one
+input channel); the convolutional ones see the images as ``[N, 1, 8, 8]``. Each has a recipe
+(:data:`RECIPES`: epochs, learning rate and its schedule, momentum, weight decay), any part of
+which the caller can override. Batch norm trains in training mode and is evaluated in eval mode
+(its running statistics): the accuracy after every epoch and at the end comes from an eval graph
+of the same model.
+
+The loop can schedule the learning rate (``miniflow.optim.lr_scheduler``), accumulate gradients
+over micro-batches (``config.set_gradient_accumulation_steps``), clip them
+(``clip_grad_max_norm``), and save a checkpoint (``miniflow.save``) that a later run resumes bit
+for bit: the model (buffers included), the optimizer, the grad scaler, the LR scheduler, the step
+count, the epoch's data order and the generator's state. Data parallel (``ddp=True``,
+``mpiexec -n N miniflow train --ddp``): every rank trains on its shard of every epoch
+(``DistributedSampler``) with ``batch_size`` rows per step, and the training graph averages the
+gradients across the ranks; rank 0 alone evaluates, shows progress and writes the checkpoint
+(every rank resumes from it).
+"""
+from __future__ import annotations
+
+import math
+import os
+import tempfile
+import time
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from .. import distributed, models, optim
+from ..amp import GradScaler
+from ..checkpoint import restore
+from ..data import DistributedSampler, load_digits
+from ..optim import lr_scheduler
+from ..random import RngState, generator, manual_seed
+from ..serialization import load, save
+from .mlp import EvalGraph, TrainGraph, accuracy, mlp
+
+__all__ = ["MODELS", "Recipe", "RECIPES", "make_model", "train_digits", "SCHEDULES",
+           "make_lr_schedule", "epoch_batches", "ResumeError", "CHECKPOINT_FILE"]
+
+MODELS = ("mlp", "lenet", "resnet18")
+"""The models ``miniflow train --model`` knows."""
+
+SCHEDULES = {
+    "constant": "the same lr for every update (no scheduler)",
+    "step": "StepLR: the lr times 0.1 after each third of the updates",
+    "cosine": "CosineAnnealingLR: cosine decay from the lr to 0 over the run",
+    "warmup-cosine": "LinearLR from 0.1 x the lr over the first 5% of the updates (at least 1), "
+                     "then CosineAnnealingLR to 0 (SequentialLR)",
+}
+"""``--lr-schedule`` name -> what it does (the scheduler steps once per update)."""
+
+CHECKPOINT_FILE = "checkpoint.safetensors"
+"""The checkpoint's file name in the ``--checkpoint`` folder."""
+
+
+class ResumeError(ValueError):
+    """A run cannot start from (or over) the checkpoint folder it was given: nothing to resume,
+    a checkpoint that another run would overwrite, or a checkpoint of other settings."""
+
+
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """How a model is trained by default: ``epochs`` of SGD (``lr``, ``momentum``,
+    ``weight_decay``) on batches of ``batch_size``, the learning rate following ``lr_schedule``
+    (a :data:`SCHEDULES` name; ``cosine`` is Loshchilov & Hutter's SGDR without restarts, 2017)."""
+
+    epochs: int
+    lr: float
+    momentum: float = 0.9
+    weight_decay: float = 0.0
+    batch_size: int = 64
+    lr_schedule: str = "constant"
+
+
+RECIPES = {"mlp": Recipe(epochs=20, lr=0.1),
+           "lenet": Recipe(epochs=20, lr=0.05, weight_decay=5e-4),
+           "resnet18": Recipe(epochs=10, lr=0.05, weight_decay=5e-4, lr_schedule="cosine")}
+"""The default recipe of each model (measured test accuracies: the README's "Convolutional
+networks")."""
+
+
+def make_model(name: str, hidden: int = 128, classes: int = 10):
+    """The model ``name`` (:data:`MODELS`), with parameters from miniflow's generator.
+
+    Raises:
+        ValueError: an unknown name, listing the known ones.
+    """
+    if name == "mlp":
+        return mlp((64, hidden, classes))
+    if name == "lenet":
+        return models.lenet(classes)
+    if name == "resnet18":
+        return models.resnet18(classes, in_channels=1, small_input=True)
+    raise ValueError(f"train: unknown model {name!r}; choose one of {', '.join(MODELS)}")
+
+
+def make_lr_schedule(opt, name: str, total_steps: int):
+    """The LR scheduler of :data:`SCHEDULES` ``name`` for a run of ``total_steps`` updates (None
+    for ``"constant"``).
+
+    Raises:
+        ValueError: an unknown name, listing the known ones.
+    """
+    if name not in SCHEDULES:
+        raise ValueError(f"unknown lr schedule {name!r}; choose one of {', '.join(SCHEDULES)}")
+    S = lr_scheduler
+    if name == "constant":
+        return None
+    if name == "step":
+        return S.StepLR(opt, step_size=max(1, math.ceil(total_steps / 3)), gamma=0.1)
+    if name == "cosine":
+        return S.CosineAnnealingLR(opt, T_max=max(1, total_steps))
+    warm = max(1, total_steps // 20)
+    return S.SequentialLR(opt, [S.LinearLR(opt, start_factor=0.1, total_iters=warm),
+                                S.CosineAnnealingLR(opt, T_max=max(1, total_steps - warm))],
+                          milestones=[warm])
+
+
+def epoch_batches(n: int, batch_size: int, accumulate: int = 1) -> list:
+    """``(start, stop)`` of every batch of an epoch over ``n`` shuffled rows: ``batch_size``
+    rows each, the last one shorter; with gradient accumulation every batch is cut to a
+    multiple of ``accumulate`` rows (a last batch of fewer rows is dropped)."""
+    spans = []
+    for start in range(0, n, batch_size):
+        rows = min(batch_size, n - start)
+        rows -= rows % accumulate
+        if rows:
+            spans.append((start, start + rows))
+    return spans
+
+
+def train_digits(model: str = "mlp", *, epochs: int | None = None,
+                 batch_size: int | None = None, lr: float | None = None,
+                 momentum: float | None = None, weight_decay: float | None = None,
+                 lr_schedule: str | None = None, hidden: int = 128, seed: int = 0,
+                 progress: bool = True, accumulate: int = 1, clip_norm: float | None = None,
+                 amp: bool = False, checkpoint: str | os.PathLike | None = None,
+                 resume: bool = False, checkpoint_every: int = 100, ddp: bool = False) -> dict:
+    """Train ``model`` on the digits; ``None`` arguments come from its :data:`RECIPES` entry.
+
+    Args:
+        lr_schedule: a name of :data:`SCHEDULES`; the scheduler steps after every update (a
+            step the grad scaler skips does not count).
+        accumulate: micro-batches per batch (``set_gradient_accumulation_steps``); batch_size
+            must be a multiple of it.
+        clip_norm: clip the gradients to this total L2 norm (``clip_grad_max_norm``), or None.
+        amp: mixed precision (``config.enable_amp``) with a dynamic ``GradScaler`` (PyTorch's
+            defaults: initial scale 2^16, growth every 2000 steps).
+        progress: a tqdm progress bar over the steps (loss and the last test accuracy).
+        checkpoint: a folder: the training state is saved to ``<folder>/checkpoint.safetensors``
+            every ``checkpoint_every`` updates and at the end (atomically, ``miniflow.save``; by
+            rank 0 alone under ``ddp``). A folder that holds a checkpoint is refused unless
+            ``resume``.
+        resume: continue the run saved in ``checkpoint`` (made with the same settings): the
+            rest of the run is bit-identical to the uninterrupted one.
+        ddp: data parallel over the process world (``miniflow.distributed``; a world of one
+            without an MPI launcher): each rank trains on its ``DistributedSampler`` shard
+            (shuffled with ``seed`` and the epoch), ``batch_size`` rows per rank and step, and only
+            rank 0 evaluates, shows the progress bar and writes the checkpoint.
+
+    Returns:
+        dict with ``losses`` (one float per update since the start of the run, the mean of the
+        micro-batch losses with accumulation; this rank's batches under ``ddp``),
+        ``test_accuracy`` and ``train_accuracy`` (in [0, 1], eval mode; None on the ranks other
+        than 0 under ``ddp``), ``epoch_test_accuracy`` (after every epoch of this call, rank 0),
+        ``seconds`` (wall time of this call, compilation included), ``steps`` (updates done in
+        total), ``resumed_from`` (the checkpoint's step, or None), ``checkpoint`` (its path, or
+        None), ``recipe`` (the settings used), ``graph`` (the TrainGraph), ``model``, ``scaler``
+        (None without AMP), ``rank`` and ``world_size``.
+
+    Raises:
+        ValueError: an unknown model (listing the known ones); batch_size not a multiple of
+            accumulate; an unknown lr_schedule; resume without checkpoint.
+        ResumeError: nothing to resume in ``checkpoint``, a checkpoint there without ``resume``,
+            one made with other settings (naming them), or one that does not fit the model,
+            optimizer ... (naming the part and the key; nothing is loaded).
+        miniflow.CheckpointError: the checkpoint file is truncated or edited (naming the key).
+        OSError: the checkpoint folder cannot be created or written (before the first step).
+    """
+    from tqdm import tqdm
+
+    if model not in RECIPES:
+        raise ValueError(f"train: unknown model {model!r}; choose one of {', '.join(MODELS)}")
+    given = {"epochs": epochs, "batch_size": batch_size, "lr": lr, "momentum": momentum,
+             "weight_decay": weight_decay, "lr_schedule": lr_schedule}
+    r = replace(RECIPES[model], **{k: v for k, v in given.items() if v is not None})
+    if r.batch_size % accumulate:
+        raise ValueError(f"train_digits: batch_size {r.batch_size} must be a multiple of "
+                         f"accumulate {accumulate} (equal micro-batches)")
+    if resume and checkpoint is None:
+        raise ValueError("train_digits: resume needs the checkpoint folder to resume from")
+    config = {"model": model, **{k: getattr(r, k) for k in given}, "hidden": hidden,
+              "seed": seed, "accumulate": accumulate, "clip_norm": clip_norm, "amp": amp}
+    t0 = time.perf_counter()
+    manual_seed(seed)
+    data = load_digits()
+    shape = (-1, 64) if model == "mlp" else (-1, 1, 8, 8)
+    x_train, x_test = data.x_train.reshape(shape), data.x_test.reshape(shape)
+    net = make_model(model, hidden, data.num_classes)
+    opt = optim.SGD(net.parameters(), lr=r.lr, momentum=r.momentum,
+                    weight_decay=r.weight_decay, clip_grad_max_norm=clip_norm)
+    graph = TrainGraph(net, opt)
+    scaler = GradScaler() if amp else None
+    if amp:
+        graph.config.enable_amp(True)
+        graph.set_grad_scaler(scaler)
+    if accumulate > 1:
+        graph.config.set_gradient_accumulation_steps(accumulate)
+    sampler = None
+    if ddp:
+        distributed.init()
+        sampler = DistributedSampler(x_train, seed=seed)
+        config["world_size"] = distributed.world_size()   # another world shards another way
+    rank = distributed.rank() if ddp else 0
+    spans = epoch_batches(len(x_train) if sampler is None else len(sampler), r.batch_size,
+                          accumulate)
+    total = r.epochs * len(spans)
+    sched = make_lr_schedule(opt, r.lr_schedule, total)
+    run = {"step": 0, "epoch": 0, "batch": 0, "order": None, "losses": []}
+    path = None if checkpoint is None else _checkpoint_path(checkpoint, resume)
+    if resume:
+        run = _resume(path, config, model=net, optimizer=opt, grad_scaler=scaler,
+                      scheduler=sched, rng=RngState())
+    resumed_from = saved_at = run["step"] if resume else None
+
+    def save_state() -> None:
+        nonlocal saved_at
+        if rank == 0:  # under ddp every rank holds the same state; one writes it
+            save({"config": config, "run": run, "model": net.state_dict(),
+                  "optimizer": opt.state_dict(), "grad_scaler": scaler and scaler.state_dict(),
+                  "scheduler": sched and sched.state_dict(), "rng": RngState().state_dict()},
+                 path)
+        saved_at = run["step"]
+
+    evaluator = EvalGraph(net)
+
+    def eval_accuracy(x, y) -> float:
+        net.eval()          # batch norm from its running statistics (an eval-mode plan)
+        try:
+            return accuracy(evaluator, x, y)
+        finally:
+            net.train()
+
+    losses, epoch_acc = run["losses"], []
+    with tqdm(total=total, initial=run["step"], desc=f"train {model}", unit="step",
+              disable=not progress or rank != 0) as bar:
+        for epoch in range(run["epoch"], r.epochs):
+            if sampler is not None:  # this rank's shard of the epoch (seed + epoch, all alike)
+                sampler.set_epoch(epoch)
+                run["order"] = sampler.indices()
+            elif run["order"] is None:  # the epoch's shuffle (what miniflow.data.batches draws)
+                run["order"] = generator().permutation(len(x_train))
+            order = run["order"]
+            for b in range(run["batch"], len(spans)):
+                rows = order[spans[b][0]:spans[b][1]]
+                loss = graph(np.ascontiguousarray(x_train[rows]), data.y_train[rows])
+                losses.append(float(loss.numpy().mean()))
+                if sched is not None:
+                    sched.step()
+                run.update(step=run["step"] + 1, epoch=epoch, batch=b + 1)
+                if path is not None and run["step"] % checkpoint_every == 0:
+                    save_state()
+                bar.update()
+                bar.set_postfix(epoch=epoch + 1, loss=f"{losses[-1]:.4f}",
+                                test_acc=f"{epoch_acc[-1]:.3f}" if epoch_acc else "-")
+            run.update(epoch=epoch + 1, batch=0, order=None)
+            if rank == 0:
+                epoch_acc.append(eval_accuracy(x_test, data.y_test))
+                bar.set_postfix(epoch=epoch + 1, loss=f"{losses[-1]:.4f}",
+                                test_acc=f"{epoch_acc[-1]:.3f}")
+    if path is not None and saved_at != run["step"]:
+        save_state()
+    first = rank == 0
+    return {"losses": losses,
+            "test_accuracy": eval_accuracy(x_test, data.y_test) if first else None,
+            "train_accuracy": eval_accuracy(x_train, data.y_train) if first else None,
+            "epoch_test_accuracy": epoch_acc, "seconds": time.perf_counter() - t0,
+            "steps": run["step"], "resumed_from": resumed_from, "checkpoint": path,
+            "recipe": r, "graph": graph, "model": net, "scaler": scaler, "rank": rank,
+            "world_size": distributed.world_size() if ddp else 1}
+
+def _checkpoint_path(folder, resume: bool) -> str:
+    """``<folder>/checkpoint.safetensors``, the folder created and checked for writing.
+
+    Raises:
+        ResumeError: a checkpoint is there and ``resume`` is not set (it would be overwritten).
+        OSError: the folder cannot be created or written.
+    """
+    folder = os.fspath(folder)
+    os.makedirs(folder, exist_ok=True)
+    with tempfile.TemporaryFile(dir=folder):
+        pass
+    path = os.path.join(folder, CHECKPOINT_FILE)
+    if os.path.exists(path) and not resume:
+        raise ResumeError(f"{path!r} holds a checkpoint that a new run would overwrite: pass "
+                          "--resume to continue that run, or give another --checkpoint folder")
+    return path
+
+
+def _resume(path: str, config: dict, **objects) -> dict:
+    """Load the checkpoint at ``path`` into ``objects`` (all or nothing) after checking it was
+    made with ``config``; returns its run record (step, epoch, batch, order, losses).
+
+    Raises:
+        ResumeError: no checkpoint at ``path``, one made with other settings, or one that does
+            not fit the model, optimizer ... (``restore``'s message: nothing is loaded).
+        miniflow.CheckpointError: a truncated or edited file (``miniflow.load``).
+    """
+    if not os.path.exists(path):
+        raise ResumeError(f"nothing to resume: {path!r} does not exist (train without --resume "
+                          "to start a run that saves there)")
+    ckpt = load(path)
+    saved = ckpt.get("config") if isinstance(ckpt, dict) else None
+    if not isinstance(saved, dict) or not isinstance(ckpt.get("run"), dict):
+        raise ResumeError(f"{path!r} is not a checkpoint of miniflow train (no 'config' and "
+                          "'run' entries)")
+    differ = [f"--{k.replace('_', '-')} {saved.get(k)!r} (this run: {v!r})"
+              for k, v in config.items() if saved.get(k) != v]
+    if differ:
+        raise ResumeError(f"{path!r} was saved by a run with other settings: "
+                          f"{'; '.join(differ)}; resume with the same options")
+    try:
+        restore(ckpt, **objects)
+    except (KeyError, TypeError, ValueError) as e:  # nothing was loaded
+        message = e.args[0] if e.args else type(e).__name__
+        raise ResumeError(f"{path!r} does not fit this run: {message}") from None
+    run = dict(ckpt["run"])
+    run["losses"] = list(run["losses"])
+    return run

@@ -1,0 +1,174 @@
+"""Batch norm on the CPU: ``normalization`` (training and eval), ``normalization_grad`` and
+``increment`` (their builders: ``kernels.common.normalization``; these are the step makers).
+
+One kernel per op, one channel per (parallel) iteration. Training computes the channel's mean
+first, then the sum of squared deviations from it: two passes over data that stays in cache,
+exact up to rounding for any mean (one-pass ``E[x^2] - E[x]^2`` in float32 loses the variance of
+float16 data at mean 1000 and std 1 to cancellation), then the normalized output; it writes
+``mean``, ``inv_variance`` and the moving statistics in place. The gradient sums ``dy`` and
+``dy * (x - mean)`` in one pass, then writes ``dx``. Statistics and parameters are in the
+parameter dtype (float32 for float16 ``x``, OneFlow's); float16 ``x`` / ``y`` / ``dy`` / ``dx``
+are widened on load and rounded once on store.
+"""
+from __future__ import annotations
+
+import functools
+import math
+
+import numpy as np
+
+from ..common import normalization
+from .common import flat, jit, loop_for, use_parallel
+from .fp16 import load, store, to_compute
+
+__all__ = ["norm_train_kernel", "norm_eval_kernel", "norm_grad_kernel", "increment_kernel",
+           "train_steps", "eval_steps", "grad_steps", "increment_steps", "BUILDERS"]
+
+
+@functools.cache
+def norm_train_kernel(parallel: bool):
+    """``kernel(x, y, mean, inv_var, moving_mean, moving_var, gamma, beta, outer, inner, eps,
+    momentum)``: training-mode batch norm of ``x`` viewed as ``[outer, C, inner]`` (flat kernel
+    views), one channel per (parallel) iteration: the mean, then the sum of squared deviations
+    from it, ``inv_var = 1 / sqrt(var + eps)``, the moving statistics updated in place
+    (``momentum * old + (1 - momentum) * batch``, the variance unbiased), and
+    ``y = (x - mean) * (gamma * inv_var) + beta``. Computed in the parameters' dtype."""
+    loop = loop_for(parallel)
+
+    @jit(parallel, fastmath=("reassoc",))
+    def kernel(x, y, mean, inv_var, moving_mean, moving_var, gamma, beta, outer, inner, eps,
+               momentum):
+        c_n = mean.size
+        m = to_compute(mean, outer * inner)
+        one = to_compute(mean, 1.0)
+        k = to_compute(mean, momentum)
+        for c_ in loop(c_n):
+            c = np.int64(c_)
+            s = to_compute(mean, 0.0)
+            for o in range(outer):
+                base, part = (o * c_n + c) * inner, to_compute(mean, 0.0)
+                for i in range(inner):
+                    part += load(x, base + i)
+                s += part
+            mu = s / m
+            s2 = to_compute(mean, 0.0)
+            for o in range(outer):
+                base, part = (o * c_n + c) * inner, to_compute(mean, 0.0)
+                for i in range(inner):
+                    d = load(x, base + i) - mu
+                    part += d * d
+                s2 += part
+            inv = one / math.sqrt(s2 / m + to_compute(mean, eps))
+            mean[c], inv_var[c] = mu, inv
+            moving_mean[c] = k * moving_mean[c] + (one - k) * mu
+            moving_var[c] = k * moving_var[c] + (one - k) * (s2 / (m - one))
+            scale, shift = gamma[c] * inv, beta[c]
+            for o in range(outer):
+                base = (o * c_n + c) * inner
+                for i in range(inner):
+                    store(y, base + i, (load(x, base + i) - mu) * scale + shift)
+
+    return kernel
+
+
+@functools.cache
+def norm_eval_kernel(parallel: bool):
+    """``kernel(x, y, moving_mean, moving_var, gamma, beta, outer, inner, eps)``:
+    ``y = (x - moving_mean) * (gamma / sqrt(moving_var + eps)) + beta`` per channel, one
+    ``(outer, channel)`` row per (parallel) iteration."""
+    loop = loop_for(parallel)
+
+    @jit(parallel)
+    def kernel(x, y, moving_mean, moving_var, gamma, beta, outer, inner, eps):
+        c_n = gamma.size
+        for r_ in loop(outer * c_n):
+            r = np.int64(r_)
+            c = r % c_n
+            mu = moving_mean[c]
+            scale = gamma[c] / math.sqrt(moving_var[c] + to_compute(gamma, eps))
+            shift = beta[c]
+            for i in range(r * inner, (r + 1) * inner):
+                store(y, i, (load(x, i) - mu) * scale + shift)
+
+    return kernel
+
+
+@functools.cache
+def norm_grad_kernel(parallel: bool):
+    """``kernel(x, dy, mean, inv_var, gamma, gamma_diff, beta_diff, dx, outer, inner)``: per
+    channel ``beta_diff = sum(dy)``, ``gamma_diff = sum(dy * xhat)`` with
+    ``xhat = (x - mean) * inv_var``, then
+    ``dx = gamma * inv_var * (dy - beta_diff / M - xhat * gamma_diff / M)``."""
+    loop = loop_for(parallel)
+
+    @jit(parallel, fastmath=("reassoc",))
+    def kernel(x, dy, mean, inv_var, gamma, gamma_diff, beta_diff, dx, outer, inner):
+        c_n = mean.size
+        m = to_compute(mean, outer * inner)
+        for c_ in loop(c_n):
+            c = np.int64(c_)
+            mu, iv = mean[c], inv_var[c]
+            sdy, sdx = to_compute(mean, 0.0), to_compute(mean, 0.0)
+            for o in range(outer):
+                base = (o * c_n + c) * inner
+                pdy, pdx = to_compute(mean, 0.0), to_compute(mean, 0.0)
+                for i in range(inner):
+                    d = load(dy, base + i)
+                    pdy += d
+                    pdx += d * (load(x, base + i) - mu)
+                sdy += pdy
+                sdx += pdx
+            sdx *= iv
+            beta_diff[c], gamma_diff[c] = sdy, sdx
+            a, mdy, mdx = gamma[c] * iv, sdy / m, sdx / m * iv
+            for o in range(outer):
+                base = (o * c_n + c) * inner
+                for i in range(inner):
+                    j = base + i
+                    store(dx, j, a * (load(dy, j) - mdy - (load(x, j) - mu) * mdx))
+
+    return kernel
+
+
+@functools.cache
+def increment_kernel():
+    """``kernel(counter)``: ``counter[0] += 1`` (a flat int64 view)."""
+
+    @jit(False)
+    def kernel(counter):
+        counter[0] += 1
+
+    return kernel
+
+
+def train_steps(x, y, mean, inv, mm, mv, gamma, beta, layout, eps: float, momentum: float):
+    """The step of a training-mode ``normalization`` (one channel per parallel iteration)."""
+    outer, c, inner = layout
+    kernel = norm_train_kernel(use_parallel(x.size) and c > 1)
+    return [(kernel, (flat(x), flat(y), mean, inv, mm, mv, gamma, beta, outer, inner, float(eps),
+                      float(momentum)))]
+
+
+def eval_steps(x, y, mm, mv, gamma, beta, layout, eps: float):
+    """The step of an eval-mode ``normalization`` (one ``(outer, channel)`` row per iteration)."""
+    outer, c, inner = layout
+    kernel = norm_eval_kernel(use_parallel(x.size) and outer * c > 1)
+    return [(kernel, (flat(x), flat(y), mm, mv, gamma, beta, outer, inner, float(eps)))]
+
+
+def grad_steps(x, dy, mean, inv, gamma, gamma_diff, beta_diff, dx, layout):
+    """The step of ``normalization_grad``."""
+    outer, c, inner = layout
+    kernel = norm_grad_kernel(use_parallel(x.size) and c > 1)
+    return [(kernel, (flat(x), flat(dy), mean, inv, gamma, gamma_diff, beta_diff, flat(dx),
+                      outer, inner))]
+
+
+def increment_steps(counter):
+    """The step of ``increment``."""
+    return [(increment_kernel(), (counter.reshape(-1),))]
+
+
+BUILDERS = normalization.builders(train_steps=train_steps, eval_steps=eval_steps,
+                                  grad_steps=grad_steps, increment_steps=increment_steps)
+"""Op type -> builder of the batch-norm ops."""

@@ -1,0 +1,157 @@
+"""Batch norm on CUDA: ``normalization`` (training and eval), ``normalization_grad`` and
+``increment`` (their builders: ``kernels.common.normalization``; these are the step makers).
+
+Training and the gradient run one block of ``row_block`` threads per channel, combined in shared
+memory (``common.block_sum``): two passes for the statistics (the mean, then the squared
+deviations from it), thread 0 writes the statistics and the moving statistics, then every thread
+writes its share of ``y`` (or ``dx``). Eval is a grid-stride loop over ``x``. Statistics and
+parameters are in the compute type (float32 for f16/f32 ``x``, OneFlow's parameter dtype).
+"""
+from __future__ import annotations
+
+import functools
+
+from numba import cuda
+
+from ..common import normalization
+from .common import block_sum, flat, jit, math, short, types_of
+from .launch import current, flat_steps, row_steps
+
+__all__ = ["norm_train_kernel", "norm_eval_kernel", "norm_grad_kernel", "increment_kernel",
+           "train_steps", "eval_steps", "grad_steps", "increment_steps", "BUILDERS"]
+
+
+@cuda.jit(device=True)
+def _channel_index(i, ch, c, inner):
+    """Flat index of the ``i``-th element of channel ``ch`` in ``[outer, C, inner]``."""
+    return (i // inner * c + ch) * inner + i % inner
+
+
+@functools.cache
+def norm_train_kernel(ct, st, block: int):
+    """``kernel(x, y, mean, inv_var, moving_mean, moving_var, gamma, beta, outer, c, inner, eps,
+    momentum)``: training batch norm, one block per channel: the mean, then the squared
+    deviations from it (two block sums), ``inv_var = 1 / sqrt(var + eps)``, the moving
+    statistics (thread 0; the variance unbiased), then ``y = (x - mean) * gamma * inv_var + beta``.
+    Statistics and parameters are in the compute type ``ct``."""
+
+    @jit
+    def kernel(x, y, mean, inv_var, moving_mean, moving_var, gamma, beta, outer, c, inner, eps,
+               momentum):
+        sm = cuda.shared.array(block, ct)
+        m = outer * inner
+        for ch in range(cuda.blockIdx.x, c, cuda.gridDim.x):
+            s = ct(0)
+            for i in range(cuda.threadIdx.x, m, block):
+                s += ct(x[_channel_index(i, ch, c, inner)])
+            mu = ct(block_sum(sm, s) / ct(m))
+            s = ct(0)
+            for i in range(cuda.threadIdx.x, m, block):
+                d = ct(x[_channel_index(i, ch, c, inner)]) - mu
+                s += d * d
+            s2 = block_sum(sm, s)
+            inv = ct(ct(1) / math.sqrt(ct(s2 / ct(m)) + ct(eps)))
+            if cuda.threadIdx.x == 0:
+                k = ct(momentum)
+                mean[ch], inv_var[ch] = mu, inv
+                moving_mean[ch] = ct(k * moving_mean[ch] + (ct(1) - k) * mu)
+                moving_var[ch] = ct(k * moving_var[ch] + (ct(1) - k) * ct(s2 / ct(m - 1)))
+            scale, shift = ct(gamma[ch] * inv), beta[ch]
+            for i in range(cuda.threadIdx.x, m, block):
+                j = _channel_index(i, ch, c, inner)
+                y[j] = st((ct(x[j]) - mu) * scale + shift)
+
+    return kernel
+
+
+@functools.cache
+def norm_eval_kernel(ct, st):
+    """``kernel(x, y, moving_mean, moving_var, gamma, beta, c, inner, eps)``, flat over x:
+    ``y = (x - moving_mean) * gamma / sqrt(moving_var + eps) + beta`` of its channel."""
+
+    @jit
+    def kernel(x, y, moving_mean, moving_var, gamma, beta, c, inner, eps):
+        for i in range(cuda.grid(1), y.size, cuda.gridsize(1)):
+            ch = i // inner % c
+            scale = ct(gamma[ch] / math.sqrt(moving_var[ch] + ct(eps)))
+            y[i] = st((ct(x[i]) - moving_mean[ch]) * scale + beta[ch])
+
+    return kernel
+
+
+@functools.cache
+def norm_grad_kernel(ct, st, block: int):
+    """``kernel(x, dy, mean, inv_var, gamma, gamma_diff, beta_diff, dx, outer, c, inner)``, one
+    block per channel: ``beta_diff = sum(dy)``, ``gamma_diff = sum(dy * xhat)``, then
+    ``dx = gamma * inv_var * (dy - beta_diff / M - xhat * gamma_diff / M)``."""
+
+    @jit
+    def kernel(x, dy, mean, inv_var, gamma, gamma_diff, beta_diff, dx, outer, c, inner):
+        sm = cuda.shared.array(block, ct)
+        m = outer * inner
+        for ch in range(cuda.blockIdx.x, c, cuda.gridDim.x):
+            mu, iv = mean[ch], inv_var[ch]
+            pdy, pdx = ct(0), ct(0)
+            for i in range(cuda.threadIdx.x, m, block):
+                j = _channel_index(i, ch, c, inner)
+                d = ct(dy[j])
+                pdy += d
+                pdx += d * (ct(x[j]) - mu)
+            sdy = block_sum(sm, pdy)
+            sdx = ct(block_sum(sm, pdx) * iv)
+            if cuda.threadIdx.x == 0:
+                beta_diff[ch], gamma_diff[ch] = sdy, sdx
+            a, mdy, mdx = ct(gamma[ch] * iv), ct(sdy / ct(m)), ct(sdx / ct(m) * iv)
+            for i in range(cuda.threadIdx.x, m, block):
+                j = _channel_index(i, ch, c, inner)
+                dx[j] = st(a * (ct(dy[j]) - mdy - (ct(x[j]) - mu) * mdx))
+
+    return kernel
+
+
+@functools.cache
+def increment_kernel():
+    """``kernel(counter)``: ``counter[0] += 1`` (one thread; a flat int64 view)."""
+
+    @jit
+    def kernel(counter):
+        if cuda.grid(1) == 0:
+            counter[0] += 1
+
+    return kernel
+
+
+def train_steps(x, y, mean, inv, mm, mv, gamma, beta, layout, eps: float, momentum: float):
+    """Row launches of :func:`norm_train_kernel`, one block per channel."""
+    outer, c, inner = layout
+    kernel = norm_train_kernel(*types_of(x), current().row_block)
+    return row_steps(kernel, c, (flat(x), flat(y), mean, inv, mm, mv, gamma, beta, outer, c,
+                                 inner, float(eps), float(momentum)),
+                     f"normalization {short(x.dtype)}")
+
+
+def eval_steps(x, y, mm, mv, gamma, beta, layout, eps: float):
+    """A grid-stride launch of :func:`norm_eval_kernel` over ``x``."""
+    outer, c, inner = layout
+    return flat_steps(norm_eval_kernel(*types_of(x)), x.size,
+                      (flat(x), flat(y), mm, mv, gamma, beta, c, inner, float(eps)),
+                      f"normalization_eval {short(x.dtype)}")
+
+
+def grad_steps(x, dy, mean, inv, gamma, gamma_diff, beta_diff, dx, layout):
+    """Row launches of :func:`norm_grad_kernel`, one block per channel."""
+    outer, c, inner = layout
+    kernel = norm_grad_kernel(*types_of(x), current().row_block)
+    return row_steps(kernel, c, (flat(x), flat(dy), mean, inv, gamma, gamma_diff, beta_diff,
+                                 flat(dx), outer, c, inner),
+                     f"normalization_grad {short(x.dtype)}")
+
+
+def increment_steps(counter):
+    """One single-thread launch of :func:`increment_kernel`."""
+    return flat_steps(increment_kernel(), 1, (flat(counter),), "increment i64")
+
+
+BUILDERS = normalization.builders(train_steps=train_steps, eval_steps=eval_steps,
+                                  grad_steps=grad_steps, increment_steps=increment_steps)
+"""Op type -> builder of the batch-norm ops."""

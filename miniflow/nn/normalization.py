@@ -1,0 +1,85 @@
+"""``nn.BatchNorm2d``: PyTorch's ``torch.nn.BatchNorm2d`` (arguments, defaults, the parameters
+``weight`` / ``bias`` and the buffers ``running_mean``, ``running_var``, ``num_batches_tracked``
+in the state dict), running OneFlow's ``normalization`` op.
+
+In training mode (``Module.train()``) the op normalizes with the batch statistics and updates the
+running statistics in place, in the graph (PyTorch's ``momentum`` 0.1 is the op's attribute 0.9,
+as OneFlow's ``NormalizationFunctor`` converts it), and ``increment`` adds 1 to
+``num_batches_tracked``; in eval mode (``Module.eval()``) it normalizes with the running
+statistics and changes nothing.
+"""
+from __future__ import annotations
+
+import numbers
+
+import numpy as np
+
+from ..tensor import apply
+from . import functional as F
+from .module import Module, Parameter
+
+__all__ = ["BatchNorm2d"]
+
+
+class BatchNorm2d(Module):
+    """Batch normalization of ``x [N, num_features, H, W]`` per channel.
+
+    Args:
+        num_features: C.
+        eps: added to the variance (1e-5).
+        momentum: PyTorch's: ``running = (1 - momentum) * running + momentum * batch`` (0.1).
+        affine: learn ``weight`` (ones) and ``bias`` (zeros).
+        track_running_stats: keep running statistics for eval mode; if False, the batch
+            statistics are used in both modes and no buffers are in the state dict.
+
+    Raises:
+        ValueError: a bad size, momentum (None, PyTorch's cumulative average, is not supported)
+            or eps; at trace time, a non-4-D input or one whose dim 1 is not ``num_features``.
+    """
+
+    def __init__(self, num_features: int, eps: float = 1e-5, momentum: float = 0.1,
+                 affine: bool = True, track_running_stats: bool = True):
+        super().__init__()
+        if isinstance(num_features, bool) or not isinstance(num_features, numbers.Integral) \
+                or num_features <= 0:
+            raise ValueError(f"BatchNorm2d: num_features must be a positive integer, got "
+                             f"{num_features!r}")
+        if momentum is None or not 0.0 <= float(momentum) <= 1.0:
+            raise ValueError(f"BatchNorm2d: momentum must be a number in [0, 1], got "
+                             f"{momentum!r} (momentum=None, the cumulative moving average, is "
+                             f"not supported)")
+        if not float(eps) >= 0.0:
+            raise ValueError(f"BatchNorm2d: eps must be >= 0, got {eps!r}")
+        c = int(num_features)
+        self.num_features, self.eps, self.momentum = c, float(eps), float(momentum)
+        self.affine, self.track_running_stats = bool(affine), bool(track_running_stats)
+        if affine:
+            self.weight = Parameter(np.ones(c, np.float32))
+            self.bias = Parameter(np.zeros(c, np.float32))
+        else:
+            self.register_buffer("_ones", np.ones(c, np.float32), persistent=False)
+            self.register_buffer("_zeros", np.zeros(c, np.float32), persistent=False)
+        persistent = bool(track_running_stats)   # else: scratch the op needs, not state
+        self.register_buffer("running_mean", np.zeros(c, np.float32), persistent)
+        self.register_buffer("running_var", np.ones(c, np.float32), persistent)
+        if track_running_stats:
+            self.register_buffer("num_batches_tracked", np.array(0, np.int64))
+
+    def forward(self, x):
+        if x.ndim != 4:
+            raise ValueError(f"BatchNorm2d: expected a 4-D input [N, C, H, W], got shape "
+                             f"{list(x.shape)}")
+        if x.shape[1] != self.num_features:
+            raise ValueError(f"BatchNorm2d({self.num_features}): the input has {x.shape[1]} "
+                             f"channels (shape {list(x.shape)})")
+        batch_stats = self.training or not self.track_running_stats
+        if self.training and self.track_running_stats:
+            apply("increment", [self.num_batches_tracked])
+        weight = self.weight if self.affine else self._ones
+        bias = self.bias if self.affine else self._zeros
+        return F.batch_norm(x, self.running_mean, self.running_var, weight, bias,
+                            training=batch_stats, momentum=self.momentum, eps=self.eps)
+
+    def extra_repr(self):
+        return (f"{self.num_features}, eps={self.eps}, momentum={self.momentum}, "
+                f"affine={self.affine}, track_running_stats={self.track_running_stats}")

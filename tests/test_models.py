@@ -1,0 +1,108 @@
+"""``miniflow.models``: the ResNets have torchvision's structure (parameter counts, state dict keys
+and shapes), and the state dict of a torchvision-identical PyTorch ResNet
+(``benchmarks/torch_resnet.py``: torchvision itself is not needed) loads into them and gives the
+same eval outputs to 1e-4 in float32 (skipped without torch); the small-input stem and the digits
+LeNet have the shapes they promise."""
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import miniflow as mf
+from miniflow import nn
+from miniflow.models import lenet, resnet18, resnet34, resnet50
+
+try:
+    import torch
+    from torch import nn as tnn
+except ImportError:   # torch is optional: its comparisons skip
+    torch = tnn = None
+needs_torch = pytest.mark.skipif(torch is None, reason="torch is not installed")
+if torch is not None:   # the torchvision-identical PyTorch ResNet (benchmarks/torch_resnet.py)
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+    from torch_resnet import torch_resnet
+
+
+class Eval(nn.Graph):
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+
+    def build(self, x):
+        return self.model(x)
+
+
+@pytest.mark.parametrize("make,params,keys", [(resnet18, 11_689_512, 122),
+                                              (resnet34, 21_797_672, 218),
+                                              (resnet50, 25_557_032, 320)])
+def test_resnets_have_torchvisions_parameter_counts_and_keys(make, params, keys):
+    """torchvision's counts: resnet18 11,689,512 parameters, resnet34 21,797,672, resnet50
+    25,557,032; their state dicts have 122, 218 and 320 entries."""
+    mf.manual_seed(0)
+    m = make()
+    assert sum(int(np.prod(p.shape)) for p in m.parameters()) == params
+    sd = m.state_dict()
+    assert len(sd) == keys
+    assert list(sd)[:6] == ["conv1.weight", "bn1.weight", "bn1.bias", "bn1.running_mean",
+                            "bn1.running_var", "bn1.num_batches_tracked"]
+    assert list(sd)[-2:] == ["fc.weight", "fc.bias"]
+    assert "layer2.0.downsample.0.weight" in sd and "layer2.0.downsample.1.running_var" in sd
+
+
+def test_small_input_stem_and_lenet_shapes():
+    mf.manual_seed(0)
+    m = resnet18(num_classes=10, in_channels=1, small_input=True)
+    assert m.conv1.weight.shape == (64, 1, 3, 3) and isinstance(m.maxpool, nn.Identity)
+    assert set(m.state_dict()) == set(resnet18(10, in_channels=1).state_dict())
+    x = np.random.default_rng(0).random((2, 1, 8, 8), dtype=np.float32)
+    m.eval()
+    assert Eval(m)(x).shape == (2, 10)
+    net = lenet()
+    assert sum(int(np.prod(p.shape)) for p in net.parameters()) == 13_754
+    assert Eval(net)(x).shape == (2, 10)
+    with pytest.raises(ValueError, match="layers must be 4 positive block counts"):
+        mf.models.ResNet(mf.models.BasicBlock, [2, 2, 2])
+
+
+# ----------------------------------------------------------------------------- PyTorch
+def _randomize_statistics(model, seed):
+    """Non-trivial running statistics and affine parameters, as after training."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for m in model.modules():
+            if isinstance(m, tnn.BatchNorm2d):
+                m.running_mean.normal_(0, 0.1, generator=g)
+                m.running_var.uniform_(0.5, 1.5, generator=g)
+                m.weight.uniform_(0.5, 1.5, generator=g)
+                m.bias.normal_(0, 0.1, generator=g)
+                m.num_batches_tracked.fill_(3)
+
+
+@needs_torch
+@pytest.mark.parametrize("name,block,layers,make,size,kw", [
+    ("resnet18", "basic", [2, 2, 2, 2], resnet18, 64, {}),
+    ("resnet18-small", "basic", [2, 2, 2, 2], resnet18, 8, {"in_channels": 1,
+                                                           "small_input": True}),
+    ("resnet50", "bottleneck", [3, 4, 6, 3], resnet50, 64, {}),
+])
+def test_a_torchvision_state_dict_loads_and_gives_the_same_eval_outputs(name, block, layers,
+                                                                        make, size, kw):
+    torch.manual_seed(0)
+    ref = torch_resnet(block, layers, num_classes=10, **kw)
+    _randomize_statistics(ref, 1)
+    ref.eval()
+    mf.manual_seed(0)
+    m = make(num_classes=10, **kw)
+    sd = {k: v.detach().numpy() for k, v in ref.state_dict().items()}
+    assert list(sd) == list(m.state_dict())
+    assert all(sd[k].shape == v.shape and sd[k].dtype == v.dtype
+               for k, v in m.state_dict().items())
+    m.load_state_dict(sd)
+    m.eval()
+    x = np.random.default_rng(2).standard_normal((2, kw.get("in_channels", 3), size, size))
+    x = x.astype(np.float32)
+    got = Eval(m)(x).numpy()
+    with torch.no_grad():
+        want = ref(torch.from_numpy(x)).numpy()
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)

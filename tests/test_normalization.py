@@ -1,0 +1,167 @@
+"""Batch norm ops: the CPU kernels against the float64 references (also with the parallel variants
+and where one-pass statistics would fail), writes only in training mode, the gradient rules
+against finite differences (training, eval, the statistics outputs), PyTorch's
+``F.batch_norm`` forward, backward and running statistics in float64 (skipped without torch),
+and the errors."""
+from unittest import mock
+
+import numpy as np
+import pytest
+from hypothesis import assume, given, settings, strategies as st
+
+from miniflow.kernels.cpu import normalization as cpu_norm
+from miniflow.ops.normalization import normalization_reference
+from miniflow.testing import check_grad
+
+from op_cases import Case, assert_matches_reference, host_buffers, make_node, results
+
+try:
+    import torch
+    import torch.nn.functional as F
+except ImportError:   # torch is optional: its comparisons skip
+    torch = F = None
+needs_torch = pytest.mark.skipif(torch is None, reason="torch is not installed")
+
+SHAPES = [((3, 4, 5, 6), 1), ((9, 5), 1), ((2, 3, 4), 2), ((4, 3, 1, 1), 1), ((2, 5, 3), 0)]
+
+
+def inputs(dt, shape, axis, seed=0, mean=1.0, std=2.0):
+    r = np.random.default_rng(seed)
+    pt = np.float32 if dt == np.float16 else dt
+    c = shape[axis]
+    x = (mean + std * r.standard_normal(shape)).astype(dt)
+    mm, gamma, beta = (r.standard_normal(c).astype(pt) for _ in range(3))
+    return [x, mm, r.uniform(0.5, 2.0, c).astype(pt), gamma, beta]
+
+
+def run(case):
+    node = make_node(case)
+    ins, outs = host_buffers(case, node)
+    from miniflow.kernels import cpu
+    for fn, args in cpu.builder_for(node.op)(node, ins, outs):
+        fn(*args)
+    return results(case, node, ins, outs)
+
+
+@pytest.mark.parametrize("parallel", [False, True])
+@pytest.mark.parametrize("dt", [np.float16, np.float32, np.float64], ids=lambda d: d.__name__)
+@pytest.mark.parametrize("shape,axis", SHAPES)
+def test_kernels_match_the_reference(shape, axis, dt, parallel):
+    with mock.patch.object(cpu_norm, "use_parallel", lambda size: parallel):
+        ins = inputs(dt, shape, axis)
+        for training in (True, False):
+            case = Case("normalization", ins, {"axis": axis, "training": training})
+            assert_matches_reference(case, run(case))
+        pt = np.float64 if dt == np.float64 else np.float32
+        f64 = [a.astype(np.float64) for a in ins]
+        _, mean, inv, _, _ = normalization_reference(f64, {"axis": axis, "epsilon": 1e-5,
+                                                           "momentum": 0.9, "training": True})
+        dy = np.random.default_rng(1).standard_normal(shape).astype(dt)
+        case = Case("normalization_grad", [ins[0], dy, mean.astype(pt), inv.astype(pt), ins[3]],
+                    {"axis": axis})
+        assert_matches_reference(case, run(case))
+
+
+def test_training_writes_the_moving_statistics_and_eval_writes_nothing():
+    ins = inputs(np.float32, (4, 3, 5, 5), 1)
+    y, mean, inv, mm, mv = run(Case("normalization", ins, {"training": True, "momentum": 0.9}))
+    x = ins[0].astype(np.float64)
+    np.testing.assert_allclose(mm, 0.9 * ins[1] + 0.1 * x.mean(axis=(0, 2, 3)), rtol=1e-5)
+    np.testing.assert_allclose(mv, 0.9 * ins[2] + 0.1 * x.var(axis=(0, 2, 3), ddof=1), rtol=1e-5)
+    case = Case("normalization", ins, {"training": False})
+    node = make_node(case)
+    bufs, outs = host_buffers(case, node)
+    from miniflow.kernels import cpu
+    for fn, args in cpu.builder_for(node.op)(node, bufs, outs):
+        fn(*args)
+    assert len(outs) == 1 and node.written == []
+    for a, b in zip(bufs, ins):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_statistics_are_exact_for_float16_data_at_a_large_mean():
+    """Two passes: float16 data at mean 1000 and std 1 gets its variance right (one-pass
+    ``E[x^2] - E[x]^2`` in float32 loses it to cancellation)."""
+    ins = inputs(np.float16, (8, 2, 16, 16), 1, mean=1000.0, std=1.0)
+    got = run(Case("normalization", ins, {"training": True}))
+    want = normalization_reference([a.astype(np.float64) for a in ins],
+                                   {"axis": 1, "epsilon": 1e-5, "momentum": 0.9,
+                                    "training": True})
+    for g, w in zip(got[1:], want[1:]):
+        np.testing.assert_allclose(g, w, rtol=1e-4)
+
+
+@pytest.mark.parametrize("training", [True, False])
+@pytest.mark.parametrize("shape,axis", [((3, 2, 3, 2), 1), ((4, 3, 2), 2), ((5, 3), 1)])
+def test_gradients_match_finite_differences(shape, axis, training):
+    """Through autograd and a plan, in float64: dx, dgamma, dbeta of y, and (training) the
+    gradients through the mean and inv_variance outputs too (check_grad sums every output)."""
+    check_grad("normalization", inputs(np.float64, shape, axis, seed=3),
+               {"axis": axis, "training": training})
+
+
+@settings(max_examples=20, deadline=None)
+@given(st.lists(st.integers(1, 3), min_size=2, max_size=4), st.data(), st.booleans())
+def test_gradients_match_finite_differences_on_random_shapes(shape, data, training):
+    axis = data.draw(st.integers(0, len(shape) - 1))
+    assume(not training or np.prod(shape) // shape[axis] >= 2)
+    check_grad("normalization", inputs(np.float64, tuple(shape), axis, seed=len(shape)),
+               {"axis": axis, "training": training})
+
+
+def test_a_training_batch_needs_two_values_per_channel():
+    with pytest.raises(ValueError, match=r"normalization: training needs more than 1 value per "
+                                         r"channel, got x %in0 \(f32\[1,3,1,1\]\)"):
+        make_node(Case("normalization", inputs(np.float32, (1, 3, 1, 1), 1), {"training": True}))
+
+
+@pytest.mark.parametrize("change,error,message", [
+    (lambda a: a.__setitem__(1, a[1][:2]), ValueError,
+     r"normalization: moving_mean %in1 \(f32\[2\]\) must have shape \[3\]"),
+    (lambda a: a.__setitem__(3, a[3].astype(np.float16)), TypeError,
+     r"normalization: gamma %in3 \(f16\[3\]\) must be float32 for x of dtype float16"),
+    (lambda a: a.__setitem__(0, a[0].reshape(-1)), ValueError,
+     r"normalization: x must have at least 2 dims"),
+])
+def test_bad_parameters_name_the_input(change, error, message):
+    ins = inputs(np.float16, (2, 3, 2, 2), 1)
+    change(ins)
+    with pytest.raises(error, match=message):
+        make_node(Case("normalization", ins, {"training": True}))
+
+
+def test_bad_attributes():
+    ins = inputs(np.float32, (2, 3, 2, 2), 1)
+    with pytest.raises(ValueError, match=r"momentum \(OneFlow's: the weight of the old moving "
+                                         r"value, 1 - PyTorch's momentum\) must be in \[0, 1\]"):
+        make_node(Case("normalization", ins, {"momentum": 1.5}))
+    with pytest.raises(ValueError, match=r"normalization: axis=4 is out of range"):
+        make_node(Case("normalization", ins, {"axis": 4}))
+    with pytest.raises(TypeError, match=r"increment: counter .* must be an int64 tensor of one"):
+        make_node(Case("increment", [np.zeros(2, np.int64)], {}))
+
+
+@needs_torch
+@pytest.mark.parametrize("shape", [(4, 3, 5, 6), (7, 5), (2, 3, 4)])
+def test_kernels_match_torch_in_float64(shape):
+    """The kernels against ``F.batch_norm`` (training: y and the running statistics; eval: y)
+    and ``torch.autograd`` (dx, dgamma, dbeta), in float64 to 1e-5."""
+    r = np.random.default_rng(1)
+    c = shape[1]
+    x, dy = r.standard_normal(shape) * 3 + 1, r.standard_normal(shape)
+    mm, gamma, beta = r.standard_normal((3, c))
+    mv = r.uniform(0.5, 2.0, c)
+    tx, tg, tb = (torch.tensor(a, requires_grad=True) for a in (x, gamma, beta))
+    tmm, tmv = torch.tensor(mm), torch.tensor(mv)
+    ty = F.batch_norm(tx, tmm, tmv, tg, tb, training=True, momentum=0.1, eps=1e-5)
+    tgx, tgg, tgb = torch.autograd.grad(ty, (tx, tg, tb), torch.tensor(dy))
+    y, mean, inv, new_mm, new_mv = run(Case("normalization", [x, mm, mv, gamma, beta],
+                                            {"momentum": 0.9, "training": True}))
+    gd, bd, dx = run(Case("normalization_grad", [x, dy, mean, inv, gamma], {}))
+    for mine, theirs in ((y, ty.detach()), (new_mm, tmm), (new_mv, tmv), (dx, tgx), (gd, tgg),
+                         (bd, tgb)):
+        np.testing.assert_allclose(mine, theirs.numpy(), rtol=1e-5, atol=1e-5)
+    (ye,) = run(Case("normalization", [x, mm, mv, gamma, beta], {"training": False}))
+    te = F.batch_norm(*(torch.tensor(a) for a in (x, mm, mv, gamma, beta)), training=False,
+                      eps=1e-5)
+    np.testing.assert_allclose(ye, te.numpy(), rtol=1e-5, atol=1e-5)
