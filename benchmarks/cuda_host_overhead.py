@@ -141,6 +141,17 @@ def check_packing(name: str, batch: int) -> dict:
     return packing_report(lambda: _graph(*WORKLOADS[name], batch))
 
 
+def _plan_on(path: str, make):
+    """The plan of ``make()``'s graph after one call on launch path ``path``."""
+    restore = _use_path(path)
+    try:
+        graph, x, y = make()
+        graph(x, y)
+    finally:
+        restore()
+    return next(iter(graph.plans.values()))
+
+
 def packing_report(make) -> dict:
     """Every packed launch of the plan of ``make()`` (a fresh ``(graph, x, y)``) passes the
     driver the kernel, grid, block and parameter bytes that numba-cuda's dispatcher passes for
@@ -148,13 +159,7 @@ def packing_report(make) -> dict:
     ``{"launches": n, "mismatches": [...], "graph_kernels_match": bool, ...}``."""
     import cuda_stub
     from miniflow.kernels.cuda.launch import Launch
-    restore = _use_path("packed")
-    try:
-        graph, x, y = make()
-        graph(x, y)
-    finally:
-        restore()
-    plan = next(iter(graph.plans.values()))
+    plan = _plan_on("packed", make)
     table = {run.params: run.kernelargs for run, _ in plan._calls if hasattr(run, "params")}
     mismatches, n = [], 0
     cuda_stub.SETTINGS["record"] = True
@@ -173,13 +178,7 @@ def packing_report(make) -> dict:
     finally:
         cuda_stub.SETTINGS["record"] = False
     handles = [int(run.launch_args[0]) for run, _ in plan._calls if hasattr(run, "params")]
-    restore = _use_path("graph")
-    try:
-        graph2, x2, y2 = make()
-        graph2(x2, y2)
-    finally:
-        restore()
-    plan2 = next(iter(graph2.plans.values()))
+    plan2 = _plan_on("graph", make)
     captured = cuda_stub.GRAPHS.get(int(getattr(plan2._calls[0][0], "_keep", [0])[0]), [])
     return {"launches": n, "mismatches": mismatches,
             "graph_kernels": len(captured), "graph_kernels_match": captured == handles,
