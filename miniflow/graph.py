@@ -28,6 +28,7 @@ interleave), as with PyTorch modules.
 """
 from __future__ import annotations
 
+import functools
 import inspect
 import numbers
 import threading
@@ -50,10 +51,22 @@ from .passes.loss_scale import POLICIES
 from .passes.pipeline import CompileContext, run_passes
 from .runtime.backend import get_backend
 from .runtime.plan import Plan
+from .runtime.readback import LEDGER
 from .tensor import Tensor, tensor
 from .trace import Tracer, current_tracer
 
 __all__ = ["Graph", "GraphConfig"]
+
+
+def _record_outcome(scaler, skip_nonfinite: bool, optimizers, names, hosts) -> None:
+    """A step's outcome read back (``hosts``: the scale it started from, its non-finite counts):
+    the optimizers count the step (skipped or not), the scaler records it (and may raise
+    ``NonFiniteGradientsError``)."""
+    scale_before, counts = float(hosts[0][0]), hosts[1]
+    skipped = skip_nonfinite and bool(counts.any())
+    for opt in optimizers:
+        opt._record_step(skipped)
+    scaler._record_step(counts, scale_before, names)
 
 
 class GraphConfig:
@@ -342,19 +355,26 @@ class Graph:
                 self._plans.popitem(last=False)
         else:
             self._plans.move_to_end(key)
-        scale_before = scaler.scale if scaler is not None else None
         plan.half_copies.refresh()
-        outs = plan.run(arrays, to_host=False)  # copies of the output buffers
-        plan.half_copies.stepped()
         counts = plan.graph.results.get("nonfinite_counts")
-        if counts is not None:
-            counts = get_backend().to_numpy(plan.buffers[id(counts)])
-        if plan.graph.grads:  # the updates ran (or were skipped): the optimizers count the step
-            skipped = counts is not None and scaler.skip_nonfinite and bool(counts.any())
-            for opt in self._optimizers:
-                opt._record_step(skipped)
-        if counts is not None:
-            scaler._record_step(counts, scale_before, plan.context.nonfinite_names)
+        if counts is None:
+            outs = plan.run(arrays, to_host=False)  # copies of the output buffers
+            plan.half_copies.stepped()
+            if plan.graph.grads:  # the updates ran: the optimizers count the step
+                for opt in self._optimizers:
+                    opt._record_step(False)
+        else:  # the step's outcome is read back lazily (miniflow.runtime.readback)
+            readback = self._scaler_readback(plan, scaler, counts)
+            readback.copy(0)  # the scale the step starts from
+            outs = plan.run(arrays, to_host=False)
+            plan.half_copies.stepped()
+            readback.copy(1)  # the non-finite counts
+            readback.record()
+            optimizers = tuple(self._optimizers) if plan.graph.grads else ()
+            LEDGER.defer(readback, functools.partial(
+                _record_outcome, scaler, scaler.skip_nonfinite, optimizers,
+                plan.context.nonfinite_names))
+        LEDGER.poll()
         result = tuple(Tensor(o) for o in outs)
         return result[0] if self._single_output else result
 
@@ -368,6 +388,22 @@ class Graph:
                                    for m in top.modules())
             self._mode_count = count
         return self._mode_key
+
+    @staticmethod
+    def _scaler_readback(plan: Plan, scaler, counts):
+        """The next of ``plan``'s read-backs of (scale, non-finite counts), a ring of
+        ``backend.readback_depth``; when it is still pending, the ledger is flushed first (so at
+        most that many steps are pending per plan)."""
+        ring = plan.state.get("scaler_readbacks")
+        if ring is None:
+            arrays = [scaler._scale, plan.buffers[id(counts)]]
+            ring = plan.state["scaler_readbacks"] = [
+                [plan.backend.readback(arrays) for _ in range(plan.backend.readback_depth)], 0]
+        slots, k = ring
+        ring[1] = (k + 1) % len(slots)
+        if slots[k].pending:
+            LEDGER.flush()
+        return slots[k]
 
     @staticmethod
     def _as_array(i: int, x) -> np.ndarray:

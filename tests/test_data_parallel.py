@@ -145,9 +145,10 @@ def test_amp_buckets_per_dtype_cast_around_a_float32_all_reduce_and_sum_the_coun
     assert all(v.producer.op.name == "cast" and v.producer.inputs[0].dtype is mf.float16
                for v in half.inputs)
     users = g.ir.users()
-    for out in half.outputs:      # cast back to float16 (fused with the master-grad cast)
-        (reader,) = users[out]
-        assert reader.op.name == "fused_elementwise" and reader.attrs["expr"] == "f32(f16(x0))"
+    for out in half.outputs:      # cast back to float16, fused with the master-grad cast and the
+        (reader,) = users[out]    # unscale (by 1/scale, the fused node's second input)
+        assert reader.op.name == "fused_elementwise"
+        assert reader.attrs["expr"] == "mul(f32(f16(x0)), x1)" and reader.inputs[0] is out
     (count,) = counts
     assert [v.producer.op.name for v in count.inputs] == ["multi_count_not_finite"] * 2
     assert g.ir.results["nonfinite_counts"] is count.outputs[0]

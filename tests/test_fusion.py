@@ -288,3 +288,32 @@ def test_generated_source_lives_in_the_cache_folder_and_is_written_once():
     codegen._MODULES.clear()
     assert codegen.load_source("fused_cpu", source).__file__ == path
     assert os.stat(path).st_mtime_ns == mtime
+
+
+def test_amp_cast_and_unscale_of_each_gradient_fuse():
+    """With AMP each float16 weight gradient is cast to float32 and unscaled
+    (``scalar_mul_by_tensor`` by 1/scale): one fused node each, bit for bit the two nodes
+    (``test_training_is_bit_identical_with_and_without_fusion`` runs the same graph)."""
+    graph, _, _ = _train(amp=True, steps=4)
+    fused = [n.attrs["expr"] for n in graph.ir.nodes if n.op.name == "fused_elementwise"]
+    assert fused.count("mul(f32(x0), x1)") == 3, fused  # float16: both weights, the first bias
+    left = [n.inputs[0].producer for n in graph.ir.nodes if n.op.name == "scalar_mul_by_tensor"]
+    assert left and all(p is None or p.op.name != "cast" for p in left), left  # no cast + unscale
+
+
+def test_scalar_mul_by_tensor_fuses_only_with_a_scalar_that_broadcasts_into_the_output():
+    g = Graph()
+    emit = emitter(g)
+    x, s = g.add_input("x", (2, 3), float32), g.add_input("s", (1,), float32)
+    t = g.add_input("t", (1, 1, 1), float32)
+    g.set_outputs([emit("relu", emit("scalar_mul_by_tensor", x, s)),
+                   emit("relu", emit("scalar_mul_by_tensor", x, t))])
+    assert [n.op.name for n in fuse_elementwise(g).nodes] == \
+        ["fused_elementwise", "scalar_mul_by_tensor", "relu"]
+    plan, fused = _compile(g, True)
+    rng = np.random.default_rng(0)
+    xs = [rng.normal(size=(2, 3)).astype(np.float32), np.array([0.3], np.float32),
+          np.array([[[0.7]]], np.float32)]
+    want = [np.maximum(xs[0] * xs[1], 0), np.maximum(xs[0] * xs[2][0, 0], 0)]
+    for got, w in zip(plan.run(xs), want):
+        _same_bits(got, w.astype(np.float32))

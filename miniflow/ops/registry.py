@@ -83,6 +83,10 @@ class OpDef:
             the first micro-batch), and the attribute holding the number of micro-batches; None
             for every other op. Such an op runs once per micro-batch with ``attrs["micro_batch"]``
             set to the micro-batch's index (``miniflow.ir.Graph.micro_batch_schedule``).
+        shape_inputs: indices of the inputs read for their shape only (``ones_like``'s x,
+            ``broadcast_like``'s like): a node whose other inputs are all constants (``constant``
+            has none) computes a constant, which a plan computes once, at its first run
+            (``runtime.plan.constant_nodes``).
         doc: one line: what the op computes.
     """
 
@@ -100,6 +104,7 @@ class OpDef:
     scalar_attr: str | None = None
     diagnose: Callable | None = None
     micro_batch: tuple | None = None
+    shape_inputs: tuple = ()
     doc: str = field(default="", repr=False)
 
     def written(self, attrs, n_inputs: int) -> tuple:

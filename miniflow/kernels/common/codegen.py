@@ -58,6 +58,11 @@ class Dialect:
         f16: format rounding a float32 ``value`` to float16, held as float32.
         f16_wide: format rounding a float64 or int64 ``value`` to float16 once, held as float32.
         bf16, bf16_wide: the same for bfloat16.
+        exact: format rounding ``value`` to ``dtype`` (``float32`` or ``float64``) so that the
+            compiler cannot merge it with what reads it: the unfused graph stores every result,
+            so a multiply whose product the next function adds to must not become one fused
+            multiply-add (the CUDA dialect's ``round_float32``; on the CPU, Numba contracts
+            nothing without fastmath, and the plain conversion is exact).
     """
 
     load: Callable
@@ -66,6 +71,7 @@ class Dialect:
     f16_wide: str
     bf16: str
     bf16_wide: str
+    exact: str = "{dtype}({value})"
 
 
 @dataclass
@@ -84,7 +90,7 @@ class Lowered:
 def _rounded(dialect: Dialect, dtype, text: str, source=None) -> str:
     """Code rounding ``text`` (of DType ``source`` when it is a cast) to ``dtype``."""
     if dtype.name in ("float32", "float64"):
-        return f"{dtype.name}({text})"
+        return dialect.exact.format(dtype=dtype.name, value=text)
     narrow, wide = ((dialect.bf16, dialect.bf16_wide) if dtype.name == "bfloat16"
                     else (dialect.f16, dialect.f16_wide))
     if source is not None and source.name in ("float64", "int64"):

@@ -21,8 +21,9 @@ import numpy as np
 
 from .common import flat, jit, jitable, loop_for, use_parallel
 from .fp16 import load, store, to_compute
-from ..common.update import (adam_builder, adam_corrections, adam_element, multi_adam_builder,
-                             multi_sgd_builder, sgd_builder, sgd_element)
+from ..common.update import (adam_builder, adam_corrections, adam_element,
+                             multi_adam_cast_builder, multi_sgd_cast_builder, sgd_builder,
+                             sgd_element)
 
 __all__ = ["sgd_kernel", "adam_kernel", "multi_sgd_kernel", "multi_adam_kernel", "BUILDERS"]
 
@@ -174,6 +175,6 @@ def adam_steps(p, grad, lr, skip_if, m, v, step, beta1, beta2, eps, wd):
 
 
 BUILDERS = {"sgd_update": sgd_builder(sgd_steps), "adam_update": adam_builder(adam_steps),
-            "multi_tensor_sgd_update_with_cast": multi_sgd_builder(multi_sgd_steps),
-            "multi_tensor_adam_update_with_cast": multi_adam_builder(multi_adam_steps)}
+            "multi_tensor_sgd_update_with_cast": multi_sgd_cast_builder(multi_sgd_steps),
+            "multi_tensor_adam_update_with_cast": multi_adam_cast_builder(multi_adam_steps)}
 """Op type -> builder for the optimizer updates."""

@@ -51,7 +51,8 @@ from ...ops.elementwise import add
 
 __all__ = ["SIMULATOR", "jit", "device", "compute_type", "storage_type", "load_type", "types_of",
            "short", "flat", "scratch", "math", "SimulatorMath", "nan_max", "block_sum",
-           "block_max", "strided_offset", "bf16_to_f32", "to_bf16"]
+           "block_max", "strided_offset", "bf16_to_f32", "to_bf16", "round_float32",
+           "round_float64"]
 
 SIMULATOR = bool(numba_config.ENABLE_CUDASIM)
 """True when numba runs CUDA kernels in its simulator (``NUMBA_ENABLE_CUDASIM=1``)."""
@@ -206,6 +207,33 @@ def scratch(like, shape, dtype):
 
 
 # ----------------------------------------------------------------------------- device helpers
+if SIMULATOR:                   # the simulator computes in NumPy and contracts nothing
+    @cuda.jit(device=True)
+    def round_float32(x):
+        """x rounded to float32."""
+        return types.float32(x)
+
+    @cuda.jit(device=True)
+    def round_float64(x):
+        """x rounded to float64."""
+        return types.float64(x)
+else:
+    from numba.cuda import libdevice
+
+    @cuda.jit(device=True)
+    def round_float32(x):
+        """x rounded to float32, never merged with a neighbouring multiply or add: the libdevice
+        add with explicit round-to-nearest (``add.rn.f32``, which neither NVVM nor ptxas
+        contracts into an FMA) of -0.0 (``x + -0.0`` is ``x`` for every x, -0.0, inf and NaN
+        included). Fused kernels round every float32 result through it (``kernels.cuda.fused``)."""
+        return libdevice.fadd_rn(types.float32(x), types.float32(-0.0))
+
+    @cuda.jit(device=True)
+    def round_float64(x):
+        """:func:`round_float32` in float64 (``add.rn.f64``)."""
+        return libdevice.dadd_rn(types.float64(x), types.float64(-0.0))
+
+
 @cuda.jit(device=True)
 def nan_max(a, b):
     """max(a, b), NaN if either is NaN (CPU kernels stop at the first NaN of a row)."""

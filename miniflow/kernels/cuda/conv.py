@@ -13,9 +13,9 @@ data grad     (n, h, w) of dx      in channel (group)   (o, p, q)        dy gath
 filter grad   (c, p, q) of dW      out channel (group)  (n, oh, ow)      x gather / dy
 ============  ===================  ===================  ===============  =====================
 
-Each block of ``tile x tile`` threads owns one output tile (``launch.conv_tile_steps``); for
-every ``tile``-wide slice of K it loads one tile of A and one of B into shared memory (widened to
-the compute type; 0 for padding, for positions a strided data gradient never reads, and past the
+Each block of ``tile x tile`` threads (``LaunchConfig.conv_tile``: 16 on a GPU) owns one output
+tile (``launch.conv_tile_steps``); for every ``tile``-wide slice of K it loads one tile of A and
+one of B into shared memory (widened to the compute type; 0 for padding, for positions a strided data gradient never reads, and past the
 edges), synchronises, and each thread accumulates its dot product in the compute type (float32
 for f16/f32, float64 for f64); one rounding at the store. Threads along ``threadIdx.x`` take
 consecutive rows, so the x / dy gathers and the output stores of consecutive ``ow`` are
@@ -203,7 +203,7 @@ def bias_grad_kernel(ld, ct, st, block: int):
 
 def _gemm_steps(kind: str, a, b, out, g, m: int, n: int, k: int) -> list:
     """The launch of :func:`conv_gemm_kernel` of ``kind`` over an ``m x n`` output per group."""
-    kernel = conv_gemm_kernel(kind, *types_of(out), current().tile)
+    kernel = conv_gemm_kernel(kind, *types_of(out), current().conv_tile)
     return conv_tile_steps(kernel, m, n, g.groups,
                            (flat(a), flat(b), flat(out), conv_params(g), m, n, k),
                            f"conv2d_{kind} {short(out.dtype)}")

@@ -22,12 +22,14 @@ import functools
 import numpy as np
 from numba import cuda
 
-from .common import block_max, block_sum, flat, jit, math, nan_max, scratch, short, types_of
+from .common import (block_max, block_sum, device, flat, jit, math, nan_max, scratch, short,
+                     types_of)
 from .launch import current, flat_steps, row_steps
 from .movement import fill_steps, transpose_steps
 from ..common import reduce
 
-__all__ = ["reduce_sum_kernel", "row_max_sumexp", "softmax_kernel", "softmax_grad_kernel",
+__all__ = ["reduce_sum_kernel", "reduce_sum_map_kernel", "reduce_sum_then", "row_max_sumexp",
+           "softmax_kernel", "softmax_grad_kernel",
            "sparse_xent_kernel", "sparse_xent_grad_kernel", "sum_steps", "softmax_steps",
            "softmax_grad_steps", "xent_steps", "xent_grad_steps", "BUILDERS"]
 
@@ -49,6 +51,32 @@ def reduce_sum_kernel(ld, ct, st, block: int):
             total = block_sum(sm, acc)
             if cuda.threadIdx.x == 0:
                 out[ok] = st(total)
+
+    return kernel
+
+
+@functools.cache
+def reduce_sum_map_kernel(fn, scalar: bool, ld, ct, st, block: int):
+    """``kernel(x, out, outer, red, inner, s)``: ``out[o, k] = fn(sum_r x[o, r, k][, s])``, the
+    sum rounded to out's dtype first (as ``reduce_sum`` stores it), ``fn``'s result rounded to
+    the compute type, then stored (as the map kernel of ``fn``): the mean loss
+    (``reduce_sum`` then ``scalar_mul``) in one launch, bit for bit the two kernels' result."""
+    f = device(fn)
+
+    @jit
+    def kernel(x, out, outer, red, inner, s):
+        sm = cuda.shared.array(block, ct)
+        c = ct(s)
+        for ok in range(cuda.blockIdx.x, outer * inner, cuda.gridDim.x):
+            o = ok // inner
+            base = o * red * inner + (ok - o * inner)
+            acc = ct(0)
+            for r in range(cuda.threadIdx.x, red, block):
+                acc += ld(x[base + r * inner])
+            total = block_sum(sm, acc)
+            if cuda.threadIdx.x == 0:
+                v = ld(st(total))
+                out[ok] = st(ct(f(v, c)) if scalar else ct(f(v)))
 
     return kernel
 
@@ -166,6 +194,26 @@ def sum_steps(x, out, outer: int, red: int, inner: int):
     kernel = reduce_sum_kernel(*types_of(out), current().row_block)
     return row_steps(kernel, outer * inner, (flat(x), flat(out), outer, red, inner),
                      f"reduce_sum {short(out.dtype)}")
+
+
+def sum_map_steps(fn, scalar, s, x, out, outer: int, red: int, inner: int):
+    """Steps for ``out[o, k] = fn(sum_r x[o, r, k][, s])`` (:func:`reduce_sum_map_kernel`)."""
+    kernel = reduce_sum_map_kernel(fn, scalar, *types_of(out), current().row_block)
+    return row_steps(kernel, outer * inner, (flat(x), flat(out), outer, red, inner, float(s)),
+                     f"reduce_sum+map[{fn.__name__}] {short(out.dtype)}")
+
+
+def reduce_sum_then(op):
+    """The fused builder of ``reduce_sum`` then the elementwise map ``op`` (an OpDef with a
+    scalar function of one tensor operand, e.g. ``scalar_mul``): ``(producer, consumer, ins,
+    outs)``, as ``runtime.plan.build_steps`` calls it."""
+    fn, attr = op.scalar, op.scalar_attr
+
+    def build(producer, consumer, ins, outs):
+        s = float(consumer.attrs[attr]) if attr is not None else 0.0
+        sum_steps = functools.partial(sum_map_steps, fn, attr is not None, s)
+        return reduce.reduce_sum_builder(transpose_steps, scratch, sum_steps)(producer, ins, outs)
+    return build
 
 
 def softmax_steps(log: bool, x, out, rows: int, cols: int):
