@@ -10,8 +10,9 @@ the miniflow lines are printed)::
 
 Models as ``speed.py``: ``mlp`` (64-128-10) and ``wide_mlp`` (64-1024-1024-10), Linear-ReLU-...-
 Linear from ``speed.init_weights`` (both frameworks start from these weights), mean softmax
-cross-entropy, SGD (lr 0.01, momentum 0.9), fp32 or AMP fp16 (miniflow ``config.enable_amp()``,
-PyTorch ``torch.autocast("cpu", dtype=torch.float16)``), no loss scaling. Rank r trains on its own
+cross-entropy, SGD (``speed.LR``, momentum 0.9), fp32 or AMP fp16 (miniflow ``config.enable_amp()``
+with ``speed.miniflow_step``'s dynamic scaler, PyTorch ``torch.autocast("cpu",
+dtype=torch.float16)`` without one). Rank r trains on its own
 fixed batch, rows ``[r * batch, (r + 1) * batch)`` of the digits training set, every step;
 ``batch`` is per rank (``input_shape``). The frameworks' mean first losses over the ranks are
 checked to agree, and after timing every rank's weights are checked to be equal (both averaged
@@ -61,18 +62,18 @@ ROUND_SECONDS = 0.2
 WORLD_SIZE = 2
 
 
-def torch_ddp_step(sizes, weights, x, y, half: bool, torch):
+def torch_ddp_step(sizes, weights, x, y, dtype: str, torch):
     """``speed.torch_step`` with the model in ``DistributedDataParallel``."""
-    step = torch_step(sizes, weights, x, y, half,
+    step = torch_step(sizes, weights, x, y, dtype,
                       wrap=torch.nn.parallel.DistributedDataParallel)
     step.weights = lambda: np.concatenate([p.detach().numpy().ravel()
                                            for p in step.model.parameters()])
     return step
 
 
-def miniflow_ddp_step(sizes, weights, x, y, half: bool):
+def miniflow_ddp_step(sizes, weights, x, y, dtype: str):
     """``speed.miniflow_step``: under ``mpiexec -n 2`` its TrainGraph is data parallel."""
-    step = miniflow_step(sizes, weights, x, y, half)
+    step = miniflow_step(sizes, weights, x, y, dtype)
     step.weights = lambda: np.concatenate([a.ravel() for a in
                                            step.graph.model.state_dict().values()])
     return step
@@ -128,7 +129,7 @@ def time_case(model, dtype, batch, data, frameworks, repeats, comm, image_size=2
               torch=None) -> dict:
     """Median step times (seconds) and the N used, for every framework, on one case."""
     rank = comm.Get_rank()
-    half = dtype == "fp16"
+    half = dtype != "fp32"
     if model == "resnet50":
         x, y = rn.data(batch, image_size, seed=rank)
         steps = resnet50_steps(frameworks, x, y, dtype, torch)
@@ -137,7 +138,7 @@ def time_case(model, dtype, batch, data, frameworks, repeats, comm, image_size=2
         x = np.ascontiguousarray(data.x_train[rank * batch:(rank + 1) * batch])
         y = np.ascontiguousarray(data.y_train[rank * batch:(rank + 1) * batch])
         weights = init_weights(sizes)
-        steps = {name: make(sizes, weights, x, y, half) for name, make in frameworks.items()}
+        steps = {name: make(sizes, weights, x, y, dtype) for name, make in frameworks.items()}
     losses = {name: comm.allreduce(float(step())) / comm.Get_size()   # miniflow compiles here
               for name, step in steps.items()}
     first = losses["miniflow"]

@@ -1,7 +1,11 @@
-"""Shared pieces of the benchmarks: thread pinning, the machine description, median timing, results.
+"""Shared pieces of the benchmarks: thread and core pinning, the machine description, median timing
+(wall and CPU time), results.
 
 Benchmarks run on shared machines: timings are medians of repeated rounds, and the machine's load
-average is recorded before and after so a noisy run shows.
+average is recorded before and after so a noisy run shows. A round records the process's CPU time
+and the calling thread's next to the wall time: CPU time below wall time means the process waited
+(other load on its core), CPU time of other threads means a thread pool (or a framework's worker
+thread) did part of the work.
 """
 from __future__ import annotations
 
@@ -45,6 +49,83 @@ def pin_threads(n: int) -> str:
         parts.append(f"{info['internal_api']} {info['num_threads']} "
                      f"({os.path.basename(info['filepath'])})")
     return ", ".join(parts)
+
+
+def default_core() -> int:
+    """The highest-numbered core this process may run on (``os.sched_getaffinity``)."""
+    return max(os.sched_getaffinity(0))
+
+
+def pin_core(core: int) -> int:
+    """Pin every thread of this process to ``core``; returns how many threads were pinned.
+
+    ``os.sched_setaffinity(0, ...)`` on Linux sets the calling thread's mask only (threads started
+    later inherit their creator's mask), so the threads already running, e.g. the BLAS pool
+    started when NumPy was imported, are pinned one by one through ``/proc/self/task``.
+
+    Raises:
+        ValueError: ``core`` is not one of the cores this process may use.
+    """
+    allowed = os.sched_getaffinity(0)
+    if core not in allowed:
+        raise ValueError(f"pin_core: core {core} is not available to this process; choose one "
+                         f"of {sorted(allowed)}")
+    tids = [int(t) for t in os.listdir("/proc/self/task")]
+    for tid in tids:
+        try:
+            os.sched_setaffinity(tid, {core})
+        except ProcessLookupError:      # the thread ended meanwhile
+            pass
+    return len(tids)
+
+
+def threads_off_core(core: int) -> list:
+    """Ids of this process's threads that may run on a core other than ``core``."""
+    off = []
+    for t in os.listdir("/proc/self/task"):
+        try:
+            if os.sched_getaffinity(int(t)) != {core}:
+                off.append(int(t))
+        except ProcessLookupError:
+            pass
+    return off
+
+
+XLA_FLAGS = "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1"
+"""XLA's CPU thread settings for one thread (read when JAX starts; alone they did not keep JAX on
+one core, hence :func:`pin_core`)."""
+
+
+def start_on_one_core(core: int) -> tuple:
+    """Pin this process to ``core`` and start the optional frameworks with every pool on one
+    thread: Numba, BLAS/OpenMP (threadpoolctl), PyTorch intra-op and inter-op (when installed),
+    XLA (``XLA_FLAGS``, set before JAX is imported, when installed).
+
+    Returns ``(description, missing)``: the pools as one line, and ``{"torch" | "jax": reason}``
+    for the frameworks that are not installed.
+
+    Raises:
+        ValueError: ``core`` is not available (:func:`pin_core`).
+        RuntimeError: a thread is still not pinned after the frameworks started.
+    """
+    pin_core(core)
+    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " " + XLA_FLAGS).strip()
+    missing = {}
+    try:
+        import torch  # noqa: F401  (before pin_threads, so its pools are pinned too)
+    except ImportError:
+        missing["torch"] = "PyTorch is not installed (pip install -e '.[bench]')"
+    description = pin_threads(1)
+    try:
+        import jax
+        description += f", jax {jax.__version__} on {jax.devices()[0]} (XLA_FLAGS={XLA_FLAGS!r})"
+    except ImportError:
+        missing["jax"] = "JAX is not installed (pip install -e '.[bench]')"
+    pin_core(core)              # the threads the frameworks started
+    off = threads_off_core(core)
+    if off:
+        raise RuntimeError(f"start_on_one_core: threads {off} are not pinned to core {core}")
+    return description, missing
 
 
 def load_average() -> float:
@@ -95,6 +176,15 @@ def round_time(fn, steps: int) -> float:
     for _ in range(steps):
         fn()
     return time.perf_counter() - t0
+
+
+def cpu_round(fn, steps: int) -> tuple:
+    """``(wall, process CPU, this thread's CPU)`` seconds for ``steps`` calls of ``fn``
+    (``perf_counter``, ``process_time``, ``thread_time``)."""
+    w0, c0, t0 = time.perf_counter(), time.process_time(), time.thread_time()
+    for _ in range(steps):
+        fn()
+    return (time.perf_counter() - w0, time.process_time() - c0, time.thread_time() - t0)
 
 
 def median_time(fn, steps: int, repeats: int) -> float:

@@ -8,8 +8,11 @@
    ``copyto(casting="same_kind")``, in G elements/s.
 3. Serial against parallel kernels per size: where a ``parallel=True`` launch starts to pay, which
    checks ``PARALLEL_MIN_SIZE`` (with ``--threads`` > 1).
-4. Matmul GFLOP/s: the plan's matmul step (BLAS or the skinny loops; the fp16 path widens,
-   multiplies in float32 and rounds) against ``numpy.dot`` in float32, on the MLPs' shapes.
+4. Matmul GFLOP/s and % of the measured single-core sgemm peak: the plan's matmul step (the
+   kernel it picks: BLAS, BLAS on the transposed problem or a Numba loop; the fp16 path widens,
+   multiplies in float32 and rounds) against ``numpy.dot`` in float32, for every product of the
+   wide MLP's training step (each forward and its two gradients) at batch 16, 64 and 256, one
+   core, from CPU time (``--only matmul`` runs this part alone).
 5. Cold start: a fresh process that imports miniflow, compiles ``miniflow train``'s graph (the
    64-128-10 MLP, SGD with momentum, batch 64) and runs one training step, with an empty and with
    a warm Numba cache (``NUMBA_CACHE_DIR``).
@@ -17,7 +20,7 @@
 Times are medians (``--repeats``); thread pools are pinned (``--threads``, default all cores) and
 printed. Writes ``benchmarks/results/kernels.json``.
 
-    python benchmarks/kernels.py [--threads N] [--repeats 7] [--skip-cold-start]
+    python benchmarks/kernels.py [--threads N] [--repeats 7] [--skip-cold-start] [--only matmul]
 """
 from __future__ import annotations
 
@@ -61,7 +64,15 @@ def _runner(steps):
     def run():
         for fn, args in steps:
             fn(*args)
+    names = [_step_name(fn) for fn, _ in steps]
+    run.kernel = next((n for n in names if n != "cast_kernel"), "")
     return run
+
+
+def _step_name(fn) -> str:
+    """A step's kernel factory (``dot_block_kernel``) or function name (``dot``)."""
+    py_func = getattr(fn, "py_func", None)
+    return py_func.__qualname__.split(".")[0] if py_func is not None else fn.__name__
 
 
 def seconds(fn, repeats: int, budget: float = 0.05) -> float:
@@ -133,27 +144,97 @@ def crossover(repeats: int) -> list:
 
 
 # ----------------------------------------------------------------------------- 4 matmul
-MATMULS = [(1, 64, 128), (16, 64, 128), (64, 64, 128), (256, 64, 128), (64, 128, 64),
-           (4, 1024, 1024), (16, 1024, 1024), (64, 1024, 1024), (256, 1024, 1024)]
-"""``(m, k, n)``: forward ``x @ W.T`` shapes of the two MLPs (``W`` stored ``[n, k]``)."""
+WIDE = (64, 1024, 1024, 10)
+"""The wide MLP's layer sizes; its matmuls are timed at :data:`MATMUL_BATCHES`."""
+MATMUL_BATCHES = (16, 64, 256)
 
 
-def matmuls(repeats: int) -> list:
-    """Rows ``(m, k, n, miniflow fp32, miniflow fp16 path, numpy.dot fp32)`` in GFLOP/s."""
+def cpu_seconds(fn, repeats: int, budget: float = 0.02) -> float:
+    """Median process CPU seconds per call of ``fn`` (rounds of about ``budget``): on a shared
+    machine the time other processes held the core is left out."""
+    fn()
+    one = harness.cpu_round(fn, 1)[1]
+    calls = max(1, min(10000, int(budget / max(one, 1e-7))))
+    return min(sorted(harness.cpu_round(fn, calls)[1] / calls for _ in range(repeats))[
+        repeats // 2], float("inf"))
+
+
+def sgemm_peak(repeats: int) -> float:
+    """The single-core float32 GEMM peak, GFLOP/s: the best of ``numpy.dot`` on 512^3 and
+    1024^3 (every pool on one thread)."""
+    best = 0.0
+    for n in (512, 1024):
+        a, b = (np.random.default_rng(0).uniform(-1, 1, (n, n)).astype(np.float32)
+                for _ in range(2))
+        out = np.empty((n, n), np.float32)
+        best = max(best, 2.0 * n ** 3 / cpu_seconds(lambda: np.dot(a, b, out), repeats) / 1e9)
+    return best
+
+
+def mlp_products(sizes, batch: int) -> list:
+    """``(label, m, k, n, transpose_a, transpose_b)`` of every matmul of one training step of
+    the MLP ``sizes`` at ``batch``, as the IR holds them: per layer ``l`` with ``W [out, in]``
+    the forward ``x @ W.T``, the input gradient ``dy @ W`` (not for the first layer) and the
+    weight gradient ``dy.T @ x``."""
+    out = []
+    for l, (n_in, n_out) in enumerate(zip(sizes[:-1], sizes[1:])):
+        out.append((f"L{l} {n_in}->{n_out} x @ W.T", batch, n_in, n_out, False, True))
+        if l:
+            out.append((f"L{l} {n_in}->{n_out} dy @ W", batch, n_out, n_in, False, False))
+        out.append((f"L{l} {n_in}->{n_out} dy.T @ x", n_out, batch, n_in, True, False))
+    return out
+
+
+def matmuls(repeats: int) -> dict:
+    """The plan's matmul step (the kernel it picks; fp32, and the fp16 path that widens,
+    multiplies in float32 and rounds) against ``numpy.dot`` in float32 on the same views, for
+    every product of the wide MLP's step at :data:`MATMUL_BATCHES`, one core (BLAS and Numba on
+    one thread), GFLOP/s from CPU time. Returns ``{"peak": GFLOP/s, "rows": [...]}``."""
+    import numba
+    from threadpoolctl import threadpool_limits
+
     rows = []
-    for m, k, n in MATMULS:
-        r = np.random.default_rng(0)
-        x, w = (r.uniform(-1, 1, s).astype(np.float32) for s in ((m, k), (n, k)))
-        out = np.empty((m, n), np.float32)
-        flop = 2.0 * m * k * n
-        rates = []
-        for dt in (np.float32, np.float16):
-            run = plan_steps("matmul", [x.astype(dt), w.astype(dt)], [((m, n), dt)],
-                             {"transpose_b": True})
-            rates.append(flop / seconds(run, repeats) / 1e9)
-        rates.append(flop / seconds(lambda: np.dot(x, w.T, out), repeats) / 1e9)
-        rows.append((m, k, n, *rates))
-    return rows
+    threads = numba.get_num_threads()
+    numba.set_num_threads(1)
+    try:
+        with threadpool_limits(1):
+            peak = sgemm_peak(repeats)
+            for batch in MATMUL_BATCHES:
+                for label, m, k, n, ta, tb in mlp_products(WIDE, batch):
+                    r = np.random.default_rng(0)
+                    a = r.uniform(-1, 1, (k, m) if ta else (m, k)).astype(np.float32)
+                    b = r.uniform(-1, 1, (n, k) if tb else (k, n)).astype(np.float32)
+                    out = np.empty((m, n), np.float32)
+                    flop = 2.0 * m * k * n
+                    attrs = {"transpose_a": ta, "transpose_b": tb}
+                    rates, kernel = [], None
+                    for dt in (np.float32, np.float16):
+                        run = plan_steps("matmul", [a.astype(dt), b.astype(dt)], [((m, n), dt)],
+                                         attrs)
+                        kernel = kernel or run.kernel
+                        rates.append(flop / cpu_seconds(run, repeats) / 1e9)
+                    av, bv = (a.T if ta else a), (b.T if tb else b)
+                    rates.append(flop / cpu_seconds(lambda: np.dot(av, bv, out), repeats) / 1e9)
+                    rows.append({"batch": batch, "product": label, "m": m, "k": k, "n": n,
+                                 "kernel": kernel, "fp32": rates[0], "fp16": rates[1],
+                                 "numpy_dot": rates[2]})
+    finally:
+        numba.set_num_threads(threads)
+    return {"peak": peak, "rows": rows}
+
+
+def matmul_table(res: dict) -> str:
+    """A Markdown table of :func:`matmuls`: GFLOP/s and % of the measured peak."""
+    peak = res["peak"]
+    lines = [f"single-core sgemm peak (numpy.dot, 512^3 / 1024^3): {peak:.1f} GFLOP/s", "",
+             "| batch | product | m, k, n | kernel | miniflow fp32 | % of peak | fp16 path | "
+             "numpy.dot fp32 | % of peak |", "|---:|---|---|---|---:|---:|---:|---:|---:|"]
+    for r in res["rows"]:
+        lines.append(f"| {r['batch']} | `{r['product']}` | {r['m']}, {r['k']}, {r['n']} | "
+                     f"{r['kernel']} | {r['fp32']:.1f} | {100 * r['fp32'] / peak:.0f} | "
+                     f"{r['fp16']:.1f} | {r['numpy_dot']:.1f} | "
+                     f"{100 * r['numpy_dot'] / peak:.0f} |")
+    return "\n".join(lines)
 
 
 # ----------------------------------------------------------------------------- 5 cold start
@@ -197,6 +278,7 @@ def main(argv=None) -> None:
     p.add_argument("--repeats", type=int, default=7)
     p.add_argument("--elements", type=int, default=10 ** 7)
     p.add_argument("--skip-cold-start", action="store_true")
+    p.add_argument("--only", choices=("matmul",), help="run one part only")
     args = p.parse_args(argv)
     info = harness.machine()
     info["threads"] = harness.pin_threads(args.threads)
@@ -205,6 +287,25 @@ def main(argv=None) -> None:
     print(f"threads: {info['threads']}; load average before: {info['load_before']:.2f}")
     out = {"machine": info}
 
+    if args.only != "matmul":
+        bandwidth(out, args)
+    print("\nmatmul, every product of the wide MLP's training step, one core (GFLOP/s from CPU "
+          "time):\n")
+    out["matmul"] = matmuls(args.repeats)
+    print(matmul_table(out["matmul"]))
+    if not args.skip_cold_start and args.only is None:
+        print("\ncold start (new process: import, compile or load, one training step):")
+        out["cold_start"] = cold_start()
+        for label, total, imp, first in out["cold_start"]:
+            print(f"  {label:<12s} {total:5.2f} s in all (import {imp:.2f} s, graph + first step "
+                  f"{first:.2f} s)")
+    info["load_after"] = harness.load_average()
+    print(f"\nload average after: {info['load_after']:.2f}")
+    print(f"wrote {harness.save_json('kernels', out)}")
+
+
+def bandwidth(out: dict, args) -> None:
+    """Parts 1-3 (elementwise, conversions, serial/parallel), printed and put into ``out``."""
     n = args.elements
     print(f"\nelementwise, {n:.0e} elements (GB/s read + written; copy = numpy.copyto):")
     out["elementwise"] = elementwise(n, args.repeats)
@@ -220,20 +321,6 @@ def main(argv=None) -> None:
     for size, serial, parallel in out["crossover"]:
         print(f"  {size:>9d} elements: serial {serial:9.2f}  parallel {parallel:9.2f}  "
               f"({'parallel' if parallel < serial else 'serial'} faster)")
-    print("\nmatmul x @ W.T (GFLOP/s):")
-    out["matmul"] = matmuls(args.repeats)
-    for m, k, nn, f32, f16, blas in out["matmul"]:
-        print(f"  m={m:<4d} k={k:<5d} n={nn:<5d} miniflow fp32 {f32:6.1f}  fp16 path {f16:6.1f}  "
-              f"numpy.dot fp32 {blas:6.1f}")
-    if not args.skip_cold_start:
-        print("\ncold start (new process: import, compile or load, one training step):")
-        out["cold_start"] = cold_start()
-        for label, total, imp, first in out["cold_start"]:
-            print(f"  {label:<12s} {total:5.2f} s in all (import {imp:.2f} s, graph + first step "
-                  f"{first:.2f} s)")
-    info["load_after"] = harness.load_average()
-    print(f"\nload average after: {info['load_after']:.2f}")
-    print(f"wrote {harness.save_json('kernels', out)}")
 
 
 if __name__ == "__main__":

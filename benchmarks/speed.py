@@ -1,34 +1,86 @@
-"""Training-step time of the digits MLP: miniflow against PyTorch CPU eager and plain NumPy.
+"""Training-step time of the digits MLPs: miniflow against JAX jit, torch.compile, PyTorch eager and
+NumPy, all pinned to one core.
 
 Models: ``mlp`` (64-128-10) and ``wide_mlp`` (64-1024-1024-10), Linear-ReLU-...-Linear, mean softmax
-cross-entropy, SGD (lr 0.01, momentum 0.9); batch sizes 1, 2, 4, 8, 16, 64, 256 of the digits data;
-fp32 and AMP fp16 (miniflow: ``config.enable_amp()``; PyTorch: ``torch.autocast("cpu",
-dtype=torch.float16)``; NumPy: float16 activations with matmuls widened to float32, as miniflow's
-CPU backend does). No loss scaling in any of them. All three start from the same weights and train
-on the same batch; their first losses are checked to agree.
+cross-entropy, SGD (lr 0.1, momentum 0.9, PyTorch's rule ``buf = 0.9 buf + g; p -= 0.1 buf``);
+batch sizes 1, 2, 4, 8, 16, 64, 256 of the digits data. Every framework starts from the same
+weights and trains on the same batch. The steps:
 
-Timing: a warm-up (miniflow's first call compiles its plan and kernels) is excluded; then
-``--repeats`` rounds of N steps per framework, the frameworks alternating inside each round (the
-order rotates from round to round); the reported step time is the median round's time / N. Thread
-pools are pinned to ``--threads`` (Numba, BLAS, OpenMP and PyTorch all share the cores) and printed;
-the load average is printed before and after, since a busy machine skews every number.
+* miniflow: ``TrainGraph`` (``miniflow.experiments.mlp``) with ``optim.SGD``.
+* JAX jit: one ``jax.jit`` function doing ``jax.value_and_grad`` of the loss and the momentum
+  update, parameters and momentum buffers donated (``donate_argnums``); each call is waited for
+  (``block_until_ready``), as miniflow's and PyTorch's calls return finished results.
+* torch.compile: the same functional step (``torch.func.grad_and_value`` and in-place momentum
+  updates) in one ``torch.compile(fullgraph=True, dynamic=False)`` function.
+* PyTorch: eager ``nn.Sequential`` + ``optim.SGD`` (its default for-loop update on the CPU).
+* NumPy: forward, backward and update written out.
+
+AMP rows, what each column computes. ``fp16`` (AMP float16):
+
+* miniflow: ``config.enable_amp()`` (float16, OneFlow's lists) with ``amp.GradScaler()`` (dynamic:
+  init 2^16, growth 2 every 2000 finite steps, backoff 0.5, floor 1; a step with a non-finite
+  gradient changes no weight).
+* JAX jit and NumPy: the same algorithm written out: float32 master weights cast to float16 for
+  each step, float16 activations and matmuls, logits widened to float32 for the loss, the loss
+  gradient scaled by the loss scale and cast to float16 before the last matmul, weight gradients
+  widened to float32, unscaled, checked for non-finite values, the update skipped and the scale
+  schedule applied as in miniflow's GradScaler. Matmuls: JAX's ``float16 @ float16``, which XLA's
+  CPU backend compiles (jax 0.10) to widening converts, a float32 dot and a rounding convert;
+  NumPy does the same by hand; both are miniflow's CPU contract.
+* PyTorch and torch.compile: ``torch.autocast("cpu", dtype=torch.float16)``, no loss scaling.
+
+``bf16`` (AMP bfloat16, no loss scaling: bfloat16 has float32's range): miniflow
+``config.enable_amp(dtype=miniflow.bfloat16)``; JAX and NumPy the algorithm above in bfloat16
+without the scale (NumPy's bfloat16 is ``ml_dtypes.bfloat16``); PyTorch and torch.compile
+``torch.autocast("cpu", dtype=torch.bfloat16)``.
+
+Pinning: the whole process runs on one core (``--core``, default the highest this process may
+use): ``os.sched_setaffinity`` for every thread (before and after the frameworks start theirs),
+and every pool on one thread: Numba, BLAS/OpenMP (threadpoolctl), PyTorch intra-op and inter-op,
+XLA (``XLA_FLAGS=--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1``, set before
+JAX is imported); ``harness.start_on_one_core`` does it.
+
+Timing: a warm-up (compilation) is excluded; then ``--runs`` runs of ``--rounds`` rounds; in every
+round each framework does N steps, the frameworks alternating (the order rotates from round to
+round). The reported step time is the median over runs of each run's median round / N; the same
+median of the process's CPU time is the CPU time per step, the fairer measure on a core that
+other processes share (wall time counts their turns too). Each round also records the main
+thread's CPU time: ``cpu/wall`` well below 1 means the core was shared with other load;
+``other threads`` is the share of the CPU time spent outside the main thread: JAX runs its
+computations on a thread of its own (0.4-1.0 here), and a pool that was not kept to one thread
+would show here (on one core its threads take turns with the main thread, so the step gets
+slower too, while cpu/wall stays near 1).
 
 Prints, per model, dtype and batch size::
 
-    miniflow mlp time: 0.041ms (= 4.1ms / 100, input_shape=[16, 64], fp32)
-    PyTorch mlp time: 0.210ms (= 21.0ms / 100, input_shape=[16, 64], fp32)
-    NumPy mlp time: 0.090ms (= 9.0ms / 100, input_shape=[16, 64], fp32)
+    miniflow mlp time: 0.041ms (= 4.1ms / 100, input_shape=[16, 64], fp32) cpu/wall 0.99, \
+other threads 0.00
+    JAX jit mlp time: ...
     Relative speed: 5.12 (= PyTorch / miniflow)
-    Relative speed to NumPy: 2.20 (= NumPy / miniflow)
+    Relative speed to JAX jit: 1.60 (= JAX jit / miniflow)
+    ...
 
-then a Markdown table; writes ``benchmarks/results/speed.json`` and ``speed.png``. PyTorch is the
-optional ``bench`` extra (``pip install -e ".[bench]"``); without it the PyTorch columns are empty.
+then Markdown tables (step times, CPU/wall); writes ``benchmarks/results/speed.json`` and
+``speed.png``. JAX and PyTorch are the optional ``bench`` extra; a missing package, or a
+torch.compile that cannot build (it needs a C++ compiler), skips its columns with the reason.
 
-    python benchmarks/speed.py [--threads 1] [--repeats 7] [--models mlp,wide_mlp] [--quick]
+``--profile`` prints, per case, where miniflow's step spends its CPU time: the nodes that take
+the most, with their kernels (:func:`profile`); no other framework runs.
+
+``--check`` runs ``--check-steps`` steps of every framework on the selected cases instead of
+timing, and fails unless the loss of every step agrees with miniflow's (relative to
+max(1, |loss|): fp32 1e-4; AMP 1e-2, as the formats and roundings differ). The timing run checks
+the first losses the same way.
+
+    python benchmarks/speed.py [--core N] [--runs 3] [--rounds 9] [--models mlp,wide_mlp]
+                               [--dtypes fp32,fp16] [--batches 1,16,256] [--quick] [--check]
+                               [--profile]
 """
 from __future__ import annotations
 
 import argparse
+import os
+import shutil
 import statistics
 import sys
 from pathlib import Path
@@ -41,17 +93,23 @@ sys.path.insert(1, str(Path(__file__).resolve().parent.parent))
 import harness  # noqa: E402
 
 MODELS = {"mlp": (64, 128, 10), "wide_mlp": (64, 1024, 1024, 10)}
-TARGETS = {"mlp": 2.0, "wide_mlp": 0.9}
-"""Issue 8's acceptance line for fp32 PyTorch / miniflow (the small MLP's at batch <= 16)."""
 BATCHES = (1, 2, 4, 8, 16, 64, 256)
-DTYPES = ("fp32", "fp16")
-LABEL = {"fp32": "fp32", "fp16": "AMP fp16"}
-LR, MOMENTUM = 0.01, 0.9
-ROUND_SECONDS = 0.1
+DTYPES = ("fp32", "fp16", "bf16")
+LABEL = {"fp32": "fp32", "fp16": "AMP fp16", "bf16": "AMP bf16"}
+LR, MOMENTUM = 0.1, 0.9
+SCALER = {"init_scale": 2.0 ** 16, "growth_factor": 2.0, "backoff_factor": 0.5,
+          "growth_interval": 2000, "min_scale": 1.0}
+"""The dynamic loss scale (miniflow's ``GradScaler`` defaults), for the steps written out."""
+FRAMEWORKS = ("miniflow", "JAX jit", "torch.compile", "PyTorch", "NumPy")
+OTHERS = FRAMEWORKS[1:]
+TARGETS = {"mlp": 1.0, "wide_mlp": 1.0}
+"""Issue 16's fp32 acceptance line: relative speed >= 1.0 against every framework."""
+ROUND_SECONDS = 0.05
 """Target duration of one framework's share of a round (sets N)."""
+CHECK_RTOL = {"fp32": 1e-4, "fp16": 1e-2, "bf16": 3e-2}
 
 
-# ----------------------------------------------------------------------------- the three steps
+# ----------------------------------------------------------------------------- the steps
 def init_weights(sizes, seed: int = 0) -> list:
     """``[(W [out, in], b [out]), ...]`` float32, PyTorch's default ``Linear`` init."""
     rng = np.random.default_rng(seed)
@@ -63,8 +121,18 @@ def init_weights(sizes, seed: int = 0) -> list:
     return out
 
 
-def miniflow_step(sizes, weights, x, y, half: bool):
-    """A miniflow training step (``TrainGraph``, as ``step.graph``), returning the loss."""
+def next_scale(xp, finite, scale, tracker):
+    """miniflow's ``GradScaler`` schedule (``SCALER``) in array namespace ``xp`` (NumPy or
+    ``jax.numpy``): returns ``(scale, tracker)`` after a step whose gradients were ``finite``."""
+    grow = tracker + 1 >= SCALER["growth_interval"]
+    scale = xp.where(finite, xp.where(grow, scale * SCALER["growth_factor"], scale),
+                     xp.maximum(scale * SCALER["backoff_factor"], SCALER["min_scale"]))
+    return scale.astype(np.float32), xp.where(finite & ~grow, tracker + 1, 0)
+
+
+def miniflow_step(sizes, weights, x, y, dtype: str):
+    """A miniflow training step (``TrainGraph``; ``fp16``: AMP float16 with a dynamic
+    ``GradScaler``; ``bf16``: AMP bfloat16, no scaler). ``step.graph`` is the graph."""
     import miniflow as mf
     from miniflow.experiments.mlp import TrainGraph, mlp
 
@@ -72,14 +140,62 @@ def miniflow_step(sizes, weights, x, y, half: bool):
     model.load_state_dict({f"{2 * k}.{name}": a for k, (w, b) in enumerate(weights)
                            for name, a in (("weight", w), ("bias", b))})
     graph = TrainGraph(model, mf.optim.SGD(model.parameters(), lr=LR, momentum=MOMENTUM))
-    if half:
+    if dtype == "fp16":
         graph.config.enable_amp()
+        graph.set_grad_scaler(mf.amp.GradScaler(**SCALER))
+    elif dtype == "bf16":
+        graph.config.enable_amp(dtype=mf.bfloat16)
 
     def step():
         return graph(x, y)
 
     step.graph = graph
     return step
+
+
+def jax_step(sizes, weights, x, y, dtype: str):
+    """The step as one ``jax.jit`` function (value_and_grad + momentum SGD, donated buffers)."""
+    import jax
+    import jax.numpy as jnp
+
+    act = {"fp32": jnp.float32, "fp16": jnp.float16, "bf16": jnp.bfloat16}[dtype]
+    scaled = dtype == "fp16"
+    params = [jnp.asarray(a) for wb in weights for a in wb]     # w0, b0, w1, b1, ...
+    state = ([jnp.zeros_like(p) for p in params],
+             jnp.float32(SCALER["init_scale"]), jnp.int32(0))
+    jx, jy = jnp.asarray(x), jnp.asarray(y.astype(np.int32))
+
+    def loss_fn(params, scale):
+        h = jx.astype(act)
+        for k in range(0, len(params), 2):
+            h = h @ params[k].astype(act).T + params[k + 1].astype(act)
+            if k < len(params) - 2:
+                h = jax.nn.relu(h)
+        logp = jax.nn.log_softmax(h.astype(jnp.float32))
+        loss = -jnp.mean(jnp.take_along_axis(logp, jy[:, None], axis=1))
+        return loss * scale, loss     # scale is 1 without loss scaling
+
+    def step(params, state):
+        bufs, scale, tracker = state
+        (_, loss), grads = jax.value_and_grad(loss_fn, has_aux=True)(
+            params, scale if scaled else jnp.float32(1))
+        finite = jnp.bool_(True)
+        if scaled:
+            grads = [g * (1 / scale) for g in grads]
+            finite = jnp.all(jnp.stack([jnp.isfinite(g).all() for g in grads]))
+            scale, tracker = next_scale(jnp, finite, scale, tracker)
+        bufs = [jnp.where(finite, MOMENTUM * b + g, b) for b, g in zip(bufs, grads)]
+        params = [jnp.where(finite, p - LR * b, p) for p, b in zip(params, bufs)]
+        return params, (bufs, scale, tracker), loss
+
+    jstep = jax.jit(step, donate_argnums=(0, 1))
+    box = [params, state]
+
+    def run():
+        box[0], box[1], loss = jstep(box[0], box[1])
+        return loss.block_until_ready()
+
+    return run
 
 
 def torch_model(weights):
@@ -96,9 +212,16 @@ def torch_model(weights):
     return torch.nn.Sequential(*layers)
 
 
-def torch_step(sizes, weights, x, y, half: bool, wrap=None):
-    """The same step in PyTorch eager (``torch.autocast`` for AMP); ``wrap(model)`` wraps the
-    model (``benchmarks/ddp.py``: in ``DistributedDataParallel``). ``step.model`` is the model."""
+def _autocast(torch, dtype: str):
+    """``torch.autocast("cpu", ...)`` for ``dtype`` (disabled for fp32)."""
+    half = {"fp16": torch.float16, "bf16": torch.bfloat16}.get(dtype, torch.bfloat16)
+    return torch.autocast("cpu", dtype=half, enabled=dtype != "fp32")
+
+
+def torch_step(sizes, weights, x, y, dtype: str, wrap=None):
+    """The step in PyTorch eager (AMP: ``torch.autocast("cpu")`` in float16 or bfloat16, no
+    scaler); ``wrap(model)`` wraps the model (``benchmarks/ddp.py``: in
+    ``DistributedDataParallel``). ``step.model`` is the model."""
     import torch
 
     model = torch_model(weights)
@@ -109,7 +232,7 @@ def torch_step(sizes, weights, x, y, half: bool, wrap=None):
 
     def step():
         opt.zero_grad(set_to_none=True)
-        with torch.autocast("cpu", dtype=torch.float16, enabled=half):
+        with _autocast(torch, dtype):
             loss = torch.nn.functional.cross_entropy(model(tx), ty)
         loss.backward()
         opt.step()
@@ -119,21 +242,61 @@ def torch_step(sizes, weights, x, y, half: bool, wrap=None):
     return step
 
 
-def numpy_step(sizes, weights, x, y, half: bool):
-    """The same step in NumPy: forward, softmax cross-entropy, backward, SGD with momentum.
+def torch_compile_step(sizes, weights, x, y, dtype: str):
+    """The step as one ``torch.compile`` graph: ``torch.func.grad_and_value`` of the functional
+    model and the momentum update in place (AMP: autocast, as :func:`torch_step`)."""
+    import torch
 
-    ``half``: activations and gradients of activations in float16, matmuls on float16 operands
-    computed in float32 and rounded to float16; master weights, their updates and the loss float32.
+    params = [torch.from_numpy(a.copy()) for wb in weights for a in wb]
+    bufs = [torch.zeros_like(p) for p in params]
+    tx, ty = torch.from_numpy(x), torch.from_numpy(y)
+
+    def loss_fn(params, x, y):
+        h = x
+        with _autocast(torch, dtype):
+            for k in range(0, len(params), 2):
+                h = torch.nn.functional.linear(h, params[k], params[k + 1])
+                if k < len(params) - 2:
+                    h = torch.relu(h)
+            return torch.nn.functional.cross_entropy(h, y)
+
+    def step(params, bufs, x, y):
+        grads, loss = torch.func.grad_and_value(loss_fn)(params, x, y)
+        with torch.no_grad():
+            for p, b, g in zip(params, bufs, grads):
+                b.mul_(MOMENTUM).add_(g)
+                p.add_(b, alpha=-LR)
+        return loss
+
+    compiled = torch.compile(step, fullgraph=True, dynamic=False)
+    return lambda: compiled(params, bufs, tx, ty)
+
+
+def numpy_step(sizes, weights, x, y, dtype: str):
+    """The step in NumPy: forward, softmax cross-entropy, backward, SGD with momentum.
+
+    ``fp16`` / ``bf16``: activations and activation gradients in that type (bfloat16:
+    ``ml_dtypes.bfloat16``), matmuls on them computed in float32 and rounded; float32 master
+    weights, updates and loss; fp16 with dynamic loss scaling as miniflow's GradScaler (see the
+    module docstring).
     """
-    act = np.float16 if half else np.float32
+    half = dtype != "fp32"
+    if dtype == "bf16":
+        import ml_dtypes
+        act = ml_dtypes.bfloat16
+    else:
+        act = np.float16 if half else np.float32
+    scaled = dtype == "fp16"
     params = [(w.copy(), b.copy()) for w, b in weights]
     bufs = [(np.zeros_like(w), np.zeros_like(b)) for w, b in weights]
     onehot = np.eye(sizes[-1], dtype=np.float32)[y]
+    scaler = [np.float32(SCALER["init_scale"] if scaled else 1.0), 0]
 
     def mm(a, b):
         return (a.astype(np.float32) @ b.astype(np.float32)).astype(act) if half else a @ b
 
     def step():
+        scale = scaler[0]
         hs = [x.astype(act)]
         for k, (w, b) in enumerate(params):
             z = mm(hs[-1], w.astype(act).T) + b.astype(act)
@@ -142,13 +305,22 @@ def numpy_step(sizes, weights, x, y, half: bool):
         p = np.exp(z)
         p /= p.sum(axis=1, keepdims=True)
         loss = -np.mean(np.log(p[np.arange(len(y)), y]))
-        g = ((p - onehot) / len(y)).astype(act)
+        g = (p - onehot) * (scale / len(y))             # float32, scaled
+        grads = [None] * len(params)
         for k in range(len(params) - 1, -1, -1):
-            w, b = params[k]
-            grads = (mm(g.T, hs[k]).astype(np.float32), g.sum(axis=0, dtype=np.float32))
+            bias_grad = g.sum(axis=0, dtype=np.float32)
+            g = g.astype(act)
+            grads[k] = (mm(g.T, hs[k]).astype(np.float32), bias_grad)
             if k > 0:
-                g = mm(g, w.astype(act)) * (hs[k] > 0)
-            for p_, buf, grad in zip((w, b), bufs[k], grads):
+                g = mm(g, params[k][0].astype(act)) * (hs[k] > 0)
+        if scaled:
+            grads = [tuple(a * (1 / scale) for a in gw) for gw in grads]
+            finite = all(np.isfinite(a).all() for gw in grads for a in gw)
+            scaler[:] = next_scale(np, np.bool_(finite), scale, scaler[1])
+            if not finite:
+                return loss
+        for (w, b), bw, gw in zip(params, bufs, grads):
+            for p_, buf, grad in zip((w, b), bw, gw):
                 buf *= MOMENTUM
                 buf += grad
                 p_ -= LR * buf
@@ -157,71 +329,235 @@ def numpy_step(sizes, weights, x, y, half: bool):
     return step
 
 
-FRAMEWORKS = {"miniflow": miniflow_step, "PyTorch": torch_step, "NumPy": numpy_step}
+BUILDERS = {"miniflow": miniflow_step, "JAX jit": jax_step, "torch.compile": torch_compile_step,
+            "PyTorch": torch_step, "NumPy": numpy_step}
 
 
-# ----------------------------------------------------------------------------- timing
-def time_case(model: str, dtype: str, batch: int, data, frameworks, repeats: int) -> dict:
-    """Median step times (seconds) and the N used, for every framework, on one case."""
+# ----------------------------------------------------------------------------- setup
+def start_frameworks(core: int) -> tuple:
+    """Pin this process to ``core``, start the optional frameworks with every pool on one thread
+    (``harness.start_on_one_core``). Returns ``(frameworks, skipped, threads)``: the usable
+    framework names, ``{name: reason}`` for the others, and the pools' description."""
+    threads, missing = harness.start_on_one_core(core)
+    skipped = {}
+    if "torch" in missing:
+        skipped.update({"torch.compile": missing["torch"], "PyTorch": missing["torch"]})
+    else:
+        reason = torch_compile_unusable()
+        if reason:
+            skipped["torch.compile"] = reason
+    if "jax" in missing:
+        skipped["JAX jit"] = missing["jax"]
+    return [f for f in FRAMEWORKS if f not in skipped], skipped, threads
+
+
+def torch_compile_unusable() -> str:
+    """Why torch.compile's inductor cannot build a CPU kernel here ('' when it can)."""
+    import torch
+
+    compiler = os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++") \
+        or shutil.which("clang++")
+    if compiler is None:
+        return "no C++ compiler (g++/c++/clang++) on PATH: inductor's CPU kernels are C++"
+    try:
+        torch.compile(lambda a: torch.relu(a) * 2, fullgraph=True)(torch.ones(3))
+    except Exception as e:  # noqa: BLE001  (any failure to build makes the column unusable)
+        return f"torch.compile failed with {compiler}: {type(e).__name__}: {str(e)[:200]}"
+    torch._dynamo.config.cache_size_limit = 256   # one compilation per case, same code object
+    return ""
+
+
+def digits():
+    """The first 256 digits examples: ``(x float32 [256, 64], y int64 [256])``."""
+    from miniflow.data import load_digits
+
+    data = load_digits()
+    return data.x_train[:256].astype(np.float32), data.y_train[:256].astype(np.int64)
+
+
+def build(model: str, dtype: str, batch: int, data, frameworks) -> dict:
+    """``{framework: step}`` for one case, each from the same weights and batch."""
     sizes = MODELS[model]
     x, y = data[0][:batch], data[1][:batch]
     weights = init_weights(sizes)
-    steps = {name: FRAMEWORKS[name](sizes, weights, x, y, dtype == "fp16") for name in frameworks}
-    losses = {name: float(step()) for name, step in steps.items()}   # miniflow compiles here
+    return {name: BUILDERS[name](sizes, weights, x, y, dtype) for name in frameworks}
+
+
+# ----------------------------------------------------------------------------- check
+def check(models, dtypes, batches, data, frameworks, steps: int) -> list:
+    """Run ``steps`` steps of every framework per case; raise AssertionError unless every step's
+    loss agrees with miniflow's (``CHECK_RTOL``). Returns the printed lines."""
+    lines = []
+    for model in models:
+        for dtype in dtypes:
+            for batch in batches:
+                built = build(model, dtype, batch, data, frameworks)
+                losses = {name: [float(step()) for _ in range(steps)]
+                          for name, step in built.items()}
+                ref = np.array(losses["miniflow"])
+                for name, got in losses.items():
+                    err = np.max(np.abs(np.array(got) - ref) / np.maximum(1, abs(ref)))
+                    line = (f"{model} {LABEL[dtype]} batch {batch} {name}: losses "
+                            f"{', '.join(f'{v:.6f}' for v in got)}; max relative difference to "
+                            f"miniflow {err:.2e}")
+                    lines.append(line)
+                    print(line)
+                    if not err <= CHECK_RTOL[dtype]:
+                        raise AssertionError(f"{line} > {CHECK_RTOL[dtype]}: {name} does not "
+                                             "compute miniflow's step")
+    return lines
+
+
+# ----------------------------------------------------------------------------- profile
+def profile(model: str, dtype: str, batch: int, data, steps: int) -> dict:
+    """Where miniflow's step spends its time: every plan step timed by the process's CPU time
+    (``time.process_time_ns``, so time the core spent on other processes is left out) over
+    ``steps`` steps, summed per node. Returns ``{"step_us": whole step, "nodes": [(us, node
+    index, op type, kernel names)], most first}``."""
+    import time
+
+    step = miniflow_step(MODELS[model], init_weights(MODELS[model]), data[0][:batch],
+                         data[1][:batch], dtype)
+    for _ in range(3):
+        step()
+    plan = next(reversed(step.graph.plans.values()))
+    spent, kernels = {}, {}
+    for _ in range(steps):
+        for (fn, args), i in zip(plan.steps, plan._owners):
+            t0 = time.process_time_ns()
+            fn(*args)
+            spent[i] = spent.get(i, 0) + time.process_time_ns() - t0
+            kernels.setdefault(i, {})[_kernel_name(fn)] = None
+    t0 = time.process_time_ns()
+    for _ in range(steps):
+        step()
+    nodes = [(spent[i] / steps / 1e3, i, _node_label(plan.graph.nodes[i]), " + ".join(kernels[i]))
+             for i in spent]
+    return {"step_us": (time.process_time_ns() - t0) / steps / 1e3,
+            "nodes": sorted(nodes, reverse=True)}
+
+
+def _kernel_name(fn) -> str:
+    """A step's kernel factory (``dot_block_kernel``) or function name (``swapped_dot``)."""
+    py_func = getattr(fn, "py_func", None)
+    return py_func.__qualname__.split(".")[0] if py_func is not None else fn.__name__
+
+
+def _node_label(node) -> str:
+    """``matmul f16[16,1024] x f16[1024,1024]^T -> f32`` style: op, inputs, output dtype."""
+    t = ("^T" if node.attrs.get("transpose_a") else "", "^T" if node.attrs.get("transpose_b")
+         else "")
+    ins = [f"{v.dtype.short}{list(v.shape)}{t[k] if k < 2 and node.op.name == 'matmul' else ''}"
+           for k, v in enumerate(node.inputs[:3])]
+    more = ", ..." if len(node.inputs) > 3 else ""
+    return f"{node.op.name}({', '.join(ins)}{more}) -> {node.outputs[0].dtype.short}" \
+        if node.outputs else f"{node.op.name}({', '.join(ins)}{more})"
+
+
+def profile_lines(model: str, dtype: str, batch: int, res: dict, top: int = 8) -> list:
+    """The printed profile: the step, then the ``top`` nodes by time with their share."""
+    total = res["step_us"]
+    lines = [f"{model} {LABEL[dtype]} batch {batch}: {total:.0f} us per step (CPU time)"]
+    lines += [f"  {us:8.0f} us {100 * us / total:5.1f}%  node {i:3d} {op} ({kernel})"
+              for us, i, op, kernel in res["nodes"][:top]]
+    return lines
+
+
+# ----------------------------------------------------------------------------- timing
+def time_case(model: str, dtype: str, batch: int, data, frameworks, runs: int,
+              rounds: int) -> dict:
+    """Median step times (seconds), CPU-time shares and the N used, per framework, on one case."""
+    steps = build(model, dtype, batch, data, frameworks)
+    losses = {name: float(step()) for name, step in steps.items()}   # compiles here
     first = losses["miniflow"]
-    tol = 0.05 if dtype == "fp16" else 1e-4
     for name, loss in losses.items():
-        if abs(loss - first) > tol * max(1.0, abs(first)):
+        if not abs(loss - first) <= CHECK_RTOL[dtype] * max(1.0, abs(first)):
             raise AssertionError(f"{model} {dtype} batch {batch}: first loss of {name} is {loss}, "
                                  f"miniflow's {first}: the frameworks do not compute the same step")
     slowest = max(harness.round_time(step, 3) / 3 for step in steps.values())   # warm-up
     n = int(min(200, max(3, ROUND_SECONDS / slowest)))
-    rounds = {name: [] for name in steps}
     names = list(steps)
-    for r in range(repeats):
-        for name in names[r % len(names):] + names[:r % len(names)]:
-            rounds[name].append(harness.round_time(steps[name], n))
-    return {"steps": n, "losses": losses,
-            "total_s": {name: statistics.median(t) for name, t in rounds.items()},
-            "step_s": {name: statistics.median(t) / n for name, t in rounds.items()},
-            "rounds_s": rounds}
+    per_run = {name: [] for name in names}
+    per_run_cpu = {name: [] for name in names}
+    samples = {name: [] for name in names}     # (wall, process cpu, main thread cpu) per round
+    for run in range(runs):
+        walls = {name: [] for name in names}
+        for r in range(rounds):
+            for name in names[r % len(names):] + names[:r % len(names)]:
+                sample = harness.cpu_round(steps[name], n)
+                walls[name].append(sample[0])
+                samples[name].append(sample)
+        for name in names:
+            per_run[name].append(statistics.median(walls[name]))
+            per_run_cpu[name].append(statistics.median(s[1] for s in samples[name][-rounds:]))
+    total = {name: statistics.median(t) for name, t in per_run.items()}
+    return {"steps": n, "losses": losses, "total_s": total,
+            "step_s": {name: t / n for name, t in total.items()},
+            "cpu_step_s": {name: statistics.median(t) / n for name, t in per_run_cpu.items()},
+            "cpu_per_wall": {name: statistics.median(c / w for w, c, _ in s)
+                             for name, s in samples.items()},
+            "other_threads": {name: statistics.median(max(0.0, c - t) / c if c > 0 else 0.0
+                                                      for _, c, t in s)
+                              for name, s in samples.items()},
+            "rounds_s": {name: [s[0] for s in samples[name]] for name in names}}
 
 
 def report(model: str, dtype: str, batch: int, res: dict) -> None:
-    """The issue's output lines for one case."""
+    """The output lines for one case."""
     for name, total in res["total_s"].items():
         print(f"{name} {model} time: {1e3 * total / res['steps']:.3f}ms (= {1e3 * total:.1f}ms / "
-              f"{res['steps']}, input_shape=[{batch}, 64], {LABEL[dtype]})")
+              f"{res['steps']}, input_shape=[{batch}, 64], {LABEL[dtype]}) cpu/wall "
+              f"{res['cpu_per_wall'][name]:.2f}, other threads {res['other_threads'][name]:.2f}")
     t = res["step_s"]
     if "PyTorch" in t:
         print(f"Relative speed: {t['PyTorch'] / t['miniflow']:.2f} (= PyTorch / miniflow)")
-    if "NumPy" in t:
-        print(f"Relative speed to NumPy: {t['NumPy'] / t['miniflow']:.2f} (= NumPy / miniflow)")
+    for name in OTHERS:
+        if name in t and name != "PyTorch":
+            print(f"Relative speed to {name}: {t[name] / t['miniflow']:.2f} "
+                  f"(= {name} / miniflow)")
 
 
-def table(results: list) -> str:
-    """A Markdown table of every case (times in ms)."""
-    rows = ["| model | dtype | batch | miniflow | PyTorch | NumPy | PyTorch / miniflow | "
-            "NumPy / miniflow |", "|---|---|---:|---:|---:|---:|---:|---:|"]
+def table(results: list, key: str = "step_s") -> str:
+    """A Markdown table of every case (times in ms, relative speeds): wall-clock step times
+    (``step_s``), or the process's CPU time per step (``cpu_step_s``: on a shared core the time
+    other processes held it is left out; JAX's own thread is counted)."""
+    rows = ["| model | dtype | batch | " + " | ".join(FRAMEWORKS) + " | "
+            + " | ".join(f"{k} / miniflow" for k in OTHERS) + " |",
+            "|---|---|---:|" + "---:|" * (2 * len(FRAMEWORKS) - 1)]
     for r in results:
-        t = r["step_s"]
-        ms = [f"{1e3 * t[k]:.3f}" if k in t else "-" for k in ("miniflow", "PyTorch", "NumPy")]
-        rel = [f"{t[k] / t['miniflow']:.2f}" if k in t else "-" for k in ("PyTorch", "NumPy")]
-        rows.append(f"| {r['model']} | {LABEL[r['dtype']]} | {r['batch']} | " + " | ".join(ms + rel)
-                    + " |")
+        t = r[key]
+        ms = [f"{1e3 * t[k]:.3f}" if k in t else "-" for k in FRAMEWORKS]
+        rel = [f"{t[k] / t['miniflow']:.2f}" if k in t else "-" for k in OTHERS]
+        rows.append(f"| {r['model']} | {LABEL[r['dtype']]} | {r['batch']} | "
+                    + " | ".join(ms + rel) + " |")
+    return "\n".join(rows)
+
+
+def cpu_table(results: list) -> str:
+    """CPU time / wall time (and the share of CPU time in threads other than the main one)."""
+    rows = ["| model | dtype | batch | " + " | ".join(FRAMEWORKS) + " |",
+            "|---|---|---:|" + "---:|" * len(FRAMEWORKS)]
+    for r in results:
+        c, o = r["cpu_per_wall"], r["other_threads"]
+        rows.append(f"| {r['model']} | {LABEL[r['dtype']]} | {r['batch']} | " + " | ".join(
+            f"{c[k]:.2f} ({o[k]:.2f})" if k in c else "-" for k in FRAMEWORKS) + " |")
     return "\n".join(rows)
 
 
 def amp_ratios(results: list) -> str:
-    """miniflow's AMP fp16 step time over its fp32 step time, per model and batch."""
+    """miniflow's AMP step time over its fp32 step time, per model and batch."""
     t = {(r["model"], r["dtype"], r["batch"]): r["step_s"]["miniflow"] for r in results}
-    parts = [f"{m} batch {b}: {t[(m, 'fp16', b)] / t[(m, 'fp32', b)]:.2f}"
-             for (m, d, b) in t if d == "fp32" and (m, "fp16", b) in t]
-    return "miniflow AMP fp16 / fp32 step time: " + ", ".join(parts)
+    lines = []
+    for half in DTYPES[1:]:
+        parts = [f"{m} batch {b}: {t[(m, half, b)] / t[(m, 'fp32', b)]:.2f}"
+                 for (m, d, b) in t if d == "fp32" and (m, half, b) in t]
+        if parts:
+            lines.append(f"miniflow {LABEL[half]} / fp32 step time: " + ", ".join(parts))
+    return "\n".join(lines)
 
 
 def plot(results: list, path: Path) -> None:
-    """Relative speed against PyTorch (and NumPy) per batch size, one panel per model."""
+    """Relative speed against every other framework per batch size, one panel per model."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -229,64 +565,91 @@ def plot(results: list, path: Path) -> None:
     models = sorted({r["model"] for r in results}, key=list(MODELS).index)
     fig, axes = plt.subplots(1, len(models), figsize=(6 * len(models), 4.2), squeeze=False)
     for ax, model in zip(axes[0], models):
-        for dtype, style in (("fp32", "-"), ("fp16", "--")):
+        for dtype, style in (("fp32", "-"), ("fp16", "--"), ("bf16", ":")):
             rows = [r for r in results if r["model"] == model and r["dtype"] == dtype]
-            for other, color in (("PyTorch", "C0"), ("NumPy", "C1")):
+            for k, other in enumerate(OTHERS):
                 pts = [(r["batch"], r["step_s"][other] / r["step_s"]["miniflow"]) for r in rows
                        if other in r["step_s"]]
                 if pts:
-                    ax.plot(*zip(*pts), style, color=color, marker="o",
+                    ax.plot(*zip(*pts), style, color=f"C{k}", marker="o",
                             label=f"{other} / miniflow, {LABEL[dtype]}")
-        ax.axhline(1.0, color="gray", lw=0.8)
         ax.axhline(TARGETS[model], color="gray", lw=0.8, ls=":", label="target (fp32)")
         ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
         ax.set_xlabel("batch size")
         ax.set_ylabel("relative speed (higher: miniflow faster)")
-        ax.set_title(f"{model} {'-'.join(map(str, MODELS[model]))}: training step")
-        ax.legend(fontsize=8)
+        ax.set_title(f"{model} {'-'.join(map(str, MODELS[model]))}: training step, one core")
+        ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
 
 
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--threads", type=int, default=1, help="threads per pool (default 1)")
-    p.add_argument("--repeats", type=int, default=7, help="rounds per case (median)")
+    p.add_argument("--core", type=int, default=harness.default_core(),
+                   help="the core to pin the process to (default: the highest available)")
+    p.add_argument("--runs", type=int, default=3, help="runs per case (median of run medians)")
+    p.add_argument("--rounds", type=int, default=9, help="interleaved rounds per run")
     p.add_argument("--models", default=",".join(MODELS))
     p.add_argument("--dtypes", default=",".join(DTYPES))
     p.add_argument("--batches", default=",".join(map(str, BATCHES)))
-    p.add_argument("--quick", action="store_true", help="3 rounds, batches 1, 16, 256")
+    p.add_argument("--quick", action="store_true", help="1 run of 3 rounds, batches 1, 16, 256")
+    p.add_argument("--check", action="store_true",
+                   help="check that every framework's losses agree with miniflow's; no timing")
+    p.add_argument("--check-steps", type=int, default=5)
+    p.add_argument("--profile", action="store_true",
+                   help="miniflow only: CPU time per node of the step (where the time goes)")
     args = p.parse_args(argv)
     if args.quick:
-        args.repeats, args.batches = 3, "1,16,256"
-    frameworks = ["miniflow", "PyTorch", "NumPy"]
-    try:
-        import torch  # noqa: F401  (imported before pinning, so its pools are pinned too)
-    except ImportError:
-        frameworks.remove("PyTorch")
-        print("PyTorch is not installed (pip install -e '.[bench]'): miniflow and NumPy only")
-    from miniflow.data import load_digits
-
-    data = load_digits()
-    data = ((data.x_train[:256]).astype(np.float32), data.y_train[:256].astype(np.int64))
+        args.runs, args.rounds, args.batches = 1, 3, "1,16,256"
+    models, dtypes = args.models.split(","), args.dtypes.split(",")
+    batches = [int(b) for b in args.batches.split(",")]
+    for name, values, known in (("model", models, MODELS), ("dtype", dtypes, DTYPES)):
+        bad = [v for v in values if v not in known]
+        if bad:
+            p.error(f"unknown {name} {', '.join(bad)}; choose from {', '.join(known)}")
+    frameworks, skipped, threads = start_frameworks(args.core)
+    for name, reason in skipped.items():
+        print(f"{name}: skipped: {reason}")
+    data = digits()
+    if args.profile:
+        for model in models:
+            for dtype in dtypes:
+                for batch in batches:
+                    print("\n".join(profile_lines(model, dtype, batch,
+                                                   profile(model, dtype, batch, data, 20))))
+        return
+    if args.check:
+        check(models, dtypes, batches, data, frameworks, args.check_steps)
+        print(f"check passed: {', '.join(frameworks)} agree with miniflow")
+        return
     info = harness.machine()
-    info["threads"] = harness.pin_threads(args.threads)
-    info["load_before"] = harness.load_average()
+    info.update(core=args.core, threads=threads, skipped=skipped,
+                load_before=harness.load_average())
     print(f"machine: {harness.describe(info)}")
-    print(f"threads: {info['threads']}")
-    print(f"load average (1 min) before: {info['load_before']:.2f}; medians of {args.repeats} "
-          f"alternating rounds")
+    print(f"pinned to core {args.core}; threads: {threads}")
+    print(f"load average (1 min) before: {info['load_before']:.2f}; medians of {args.runs} runs x "
+          f"{args.rounds} interleaved rounds")
     results = []
-    for model in args.models.split(","):
-        for dtype in args.dtypes.split(","):
-            for batch in map(int, args.batches.split(",")):
-                res = time_case(model, dtype, batch, data, frameworks, args.repeats)
+    for model in models:
+        for dtype in dtypes:
+            for batch in batches:
+                res = time_case(model, dtype, batch, data, frameworks, args.runs, args.rounds)
                 report(model, dtype, batch, res)
                 results.append({"model": model, "dtype": dtype, "batch": batch, **res})
     info["load_after"] = harness.load_average()
     print(f"load average (1 min) after: {info['load_after']:.2f}")
     print()
     print(table(results))
+    print()
+    print("The same by CPU time per step (the process's, all its threads):")
+    print()
+    print(table(results, "cpu_step_s"))
+    print()
+    print("CPU time / wall time (share of the CPU time in other threads than the main one):")
+    print()
+    print(cpu_table(results))
+    print()
     print(amp_ratios(results))
     harness.save_json("speed", {"machine": info, "results": results})
     plot(results, harness.RESULTS / "speed.png")

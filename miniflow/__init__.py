@@ -14,7 +14,7 @@ if _numba.config.DISABLE_JIT:
                       "compiler: float16 intrinsics and IEEE arithmetic); unset NUMBA_DISABLE_JIT "
                       "to use miniflow", name=__name__)
 
-from .dtype import DType, float16, float32, float64, int64
+from .dtype import DType, bfloat16, float16, float32, float64, int64
 from .random import manual_seed
 from .serialization import CheckpointError, load, save
 from .runtime.backend import get_backend, set_backend
@@ -23,6 +23,6 @@ from . import amp, distributed, ir, models, nn, ops, optim  # noqa: E402
 
 __version__ = "0.1.0"
 
-__all__ = ["CheckpointError", "DType", "Tensor", "amp", "distributed", "float16", "float32",
-           "float64", "get_backend", "int64", "ir", "load", "manual_seed", "models", "nn", "ops", "optim",
-           "save", "set_backend", "tensor"]
+__all__ = ["CheckpointError", "DType", "Tensor", "amp", "bfloat16", "distributed", "float16",
+           "float32", "float64", "get_backend", "int64", "ir", "load", "manual_seed", "models",
+           "nn", "ops", "optim", "save", "set_backend", "tensor"]

@@ -87,16 +87,60 @@ def _cache_probe(backend) -> str:
     return "no (compiled now and cached for the next run)"
 
 
+JOB_BACKEND_RULE = {
+    "train": "a cpu step of its default 64-128-10 MLP takes ~0.06 ms, a cuda step makes 14 "
+             "kernel launches for a few microseconds of GPU work each",
+    "stability": "a cpu step of its 64-128-10 MLPs takes under 0.1 ms, a cuda step makes "
+                 "dozens of kernel launches and the study reads its metrics back after every "
+                 "step",
+}
+"""Why the CLI jobs run on the cpu backend by default, even with a GPU (benchmarks/README.md,
+"cuda host overhead"): until a cuda step is measured faster than the cpu step for the job's
+workload on a real GPU, the cpu is the faster choice for these small models."""
+
+
+def choose_backend(job: str, requested: str | None) -> str:
+    """Select the backend of CLI job ``job`` (``"train"``, ``"stability"``) and return one line
+    saying which and why. ``requested`` (``--backend``) wins, then ``MINIFLOW_BACKEND``; else
+    ``cpu``, for the reason in :data:`JOB_BACKEND_RULE` (the library's own default,
+    ``runtime.backend.default_backend_name``, is cuda whenever a GPU is usable).
+
+    Raises:
+        UnknownBackendError: a bad ``MINIFLOW_BACKEND``; BackendUnavailableError: cuda without a
+            GPU.
+    """
+    import os
+
+    import miniflow
+    from .runtime.backend import cuda_status, default_backend_name
+    env = os.environ.get("MINIFLOW_BACKEND", "").strip()
+    if requested:
+        name, why = requested, f"--backend {requested}"
+    elif env:
+        name, why = default_backend_name(), f"MINIFLOW_BACKEND={env}"
+    else:
+        usable, gpu = cuda_status()
+        name = "cpu"
+        why = (f"the default for this job, although a GPU is usable ({gpu}): "
+               f"{JOB_BACKEND_RULE[job]}; --backend cuda to use the GPU"
+               if usable and gpu != "CUDA simulator" else "no GPU")
+    miniflow.set_backend(name)
+    return f"backend: {name} ({why})"
+
+
 def _train(args) -> int:
     """Train ``--model`` on the digits (``miniflow.experiments.train``); with ``--ddp`` on every
     rank of the MPI world, rank 0 alone printing and writing files. A checkpoint that cannot be
     used is a message and exit code 2, not a traceback."""
+    from . import distributed
     from .experiments.train import ResumeError, train_digits
     from .serialization import CheckpointError
     if args.ddp:
-        from . import distributed
         distributed.init()
         threads = _pin_threads(distributed.local_world_size())
+    line = choose_backend("train", args.backend)
+    if not args.ddp or distributed.rank() == 0:
+        print(line, flush=True)
     try:
         r = train_digits(args.model, epochs=args.epochs, batch_size=args.batch_size,
                          lr=args.lr, momentum=args.momentum, weight_decay=args.weight_decay,
@@ -160,12 +204,10 @@ def _stability(args) -> int:
     import dataclasses
     from pathlib import Path
 
-    import miniflow
     from .experiments import stability
     from .experiments.stability_report import headline_table
 
-    if args.backend:
-        miniflow.set_backend(args.backend)
+    print(choose_backend("stability", args.backend), flush=True)
     cfg = stability.QUICK if args.quick else stability.StudyConfig()
     cfg = dataclasses.replace(cfg, seeds=args.seeds or cfg.seeds, steps=args.steps or cfg.steps)
     out = Path(args.out)
@@ -278,6 +320,9 @@ def main(argv=None) -> int:
     t.add_argument("--resume", action="store_true", help="continue the run saved in "
                    "--checkpoint DIR (same options as that run); the rest of the run is "
                    "bit-identical to an uninterrupted one")
+    t.add_argument("--backend", choices=["cpu", "cuda"], help="default: MINIFLOW_BACKEND, "
+                   "else cpu (faster than cuda for this small MLP; the first line printed says "
+                   "which and why)")
     t.set_defaults(fn=_train, parser=t)
     st = sub.add_parser("stability", help="training-stability study of the loss-scale policies: "
                         "figures, metrics.json, summary.md")
@@ -287,8 +332,9 @@ def main(argv=None) -> int:
                     "--quick: 1)")
     st.add_argument("--steps", type=_positive, help="steps per run, any number >= 1 (default "
                     "660 = 30 epochs of 22 steps; --quick: 220)")
-    st.add_argument("--backend", choices=["cpu", "cuda"], help="default: MINIFLOW_BACKEND, else "
-                    "cuda with a GPU, else cpu")
+    st.add_argument("--backend", choices=["cpu", "cuda"], help="default: MINIFLOW_BACKEND, "
+                    "else cpu (faster than cuda for this study's small MLPs; the first line "
+                    "printed says which and why)")
     st.set_defaults(fn=_stability)
     args = p.parse_args(argv)
     if args.command == "train":

@@ -51,6 +51,7 @@ import threading
 import time
 import traceback
 
+import ml_dtypes
 import numpy as np
 
 __all__ = ["RankMismatchError", "abort", "allreduce_mean_step", "allreduce_sum_int64_step",
@@ -68,7 +69,10 @@ DEFAULT_BUCKET_CAP_MB = 25.0
 _LAUNCHER_VARS = ("PMI_RANK", "PMI_SIZE", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE",
                   "PMIX_RANK")
 _SIZE_VARS = ("PMI_SIZE", "OMPI_COMM_WORLD_SIZE")
-_MEAN_DTYPES = (np.dtype(np.float16), np.dtype(np.float32), np.dtype(np.float64))
+_MEAN_DTYPES = (np.dtype(np.float16), np.dtype(ml_dtypes.bfloat16), np.dtype(np.float32),
+                np.dtype(np.float64))
+_HALF = _MEAN_DTYPES[:2]
+"""The half types: summed in float32 (MPI has no 16-bit float sum)."""
 
 
 class RankMismatchError(RuntimeError):
@@ -459,8 +463,8 @@ def allreduce_mean_step(buffers, out=None):
 
     Numerics: float32 and float64 are summed in their dtype, then divided by the world size: for 2
     ranks that is ``np.mean`` over the ranks' arrays, bit for bit. MPI has no float16 sum, so a
-    float16 bucket is widened exactly to a float32 staging buffer, summed and divided in float32
-    and rounded once to float16 (round to nearest even) - NumPy's own ``np.mean`` of float16
+    float16 (or bfloat16) bucket is widened exactly to a float32 staging buffer, summed and
+    divided in float32 and rounded once to its type (round to nearest even) - NumPy's own ``np.mean`` of float16
     arrays (float32 intermediates), and no spurious overflow: two gradients of 60000 average to
     60000, not to inf. inf and NaN propagate as in float16 arithmetic. Every rank rounds the same
     float32 sum the same way, so the result is bitwise identical on every rank whenever MPI
@@ -470,7 +474,8 @@ def allreduce_mean_step(buffers, out=None):
     instead cast to float32 with its own kernels and all-reduce float32.
 
     Args:
-        buffers: C-contiguous NumPy arrays, all of one dtype (float16, float32 or float64), of any
+        buffers: C-contiguous NumPy arrays, all of one dtype (float16, bfloat16 (``ml_dtypes``),
+            float32 or float64), of any
             shapes; typically a bucket from :func:`compute_bucket_assignment_by_size`.
         out: None (average ``buffers`` in place, so they must be writeable) or C-contiguous,
             writeable arrays of the same count, shapes and dtypes, which receive the means
@@ -482,7 +487,8 @@ def allreduce_mean_step(buffers, out=None):
 
     Raises:
         RuntimeError: before :func:`init`.
-        TypeError: an array is not a NumPy array, or not float16/32/64, or the dtypes differ.
+        TypeError: an array is not a NumPy array, or not float16/bfloat16/float32/float64, or the
+            dtypes differ.
         ValueError: no arrays, an array is not C-contiguous, a written array is read-only, or
             ``out`` does not match ``buffers``.
     """
@@ -536,7 +542,7 @@ def _allreduce_step(caller: str, buffers, out, dtypes, mean: bool):
         return one_rank, ()
 
     mpi, comm, n = world.mpi, world.comm, world.size
-    wire = np.dtype(np.float32) if dtype == np.float16 else dtype
+    wire = np.dtype(np.float32) if dtype in _HALF else dtype
     srcs, dsts = [a.reshape(-1) for a in arrays], [o.reshape(-1) for o in outs]
     span = _span(srcs) if out is None and wire == dtype else None
     if span is not None:                    # the arrays are one bucket's views already
@@ -561,7 +567,7 @@ def _allreduce_step(caller: str, buffers, out, dtypes, mean: bool):
         if mean:
             divide(bucket, n, out=bucket)
         for _, part, dst in staged:
-            copyto(dst, part)
+            copyto(dst, part, casting="unsafe")   # float32 -> half: round to nearest even
     step.__name__ = step.__qualname__ = name
     return step, ()
 

@@ -1,14 +1,27 @@
-"""Data types: the four dtypes miniflow knows, their NumPy mapping and the float16 limits.
+"""Data types: the five dtypes miniflow knows, their NumPy mapping and the half types' limits.
 
 ``float16`` is IEEE binary16: max finite 65504, values >= 65520 round to inf, smallest normal
 2^-14, smallest subnormal 2^-24 (values at or below 2^-25 round to zero). Source: IEEE 754-2008.
+
+``bfloat16`` (Google Brain's "brain float", the upper 16 bits of a float32: 8 exponent bits, 7
+mantissa bits) has float32's range: max finite 3.3895e38 (``BF16_MAX``), smallest normal 2^-126;
+its NumPy dtype is ``ml_dtypes.bfloat16`` (arrays in and out of miniflow are of that dtype).
+Narrowing rounds to nearest even once (from float64 too), overflows to inf, keeps subnormals and
+turns every NaN into the quiet NaN of its sign (``0x7FC0`` / ``0xFFC0``), exactly as
+``ml_dtypes`` does. Sources: ``ml_dtypes``; the bfloat16 format of Intel's BF16 white paper
+(document 338302) and TensorFlow's ``bfloat16.h``.
+
+The half types (float16, bfloat16: :data:`HALF_DTYPES`) are AMP's low-precision types; kernels
+compute in float32 and store them with one rounding.
 """
 from __future__ import annotations
 
+import ml_dtypes
 import numpy as np
 
-__all__ = ["DType", "float64", "float32", "float16", "int64", "as_dtype",
-           "FP16_MAX", "FP16_OVERFLOW", "FP16_MIN_NORMAL", "FP16_MIN_SUBNORMAL"]
+__all__ = ["DType", "float64", "float32", "float16", "bfloat16", "int64", "as_dtype",
+           "HALF_DTYPES", "FP16_MAX", "FP16_OVERFLOW", "FP16_MIN_NORMAL", "FP16_MIN_SUBNORMAL",
+           "BF16_MAX"]
 
 FP16_MAX = 65504.0
 """Largest finite float16 value."""
@@ -16,6 +29,8 @@ FP16_OVERFLOW = 65520.0
 """Smallest value that rounds to +inf when converted to float16 (round-to-nearest-even)."""
 FP16_MIN_NORMAL = 2.0 ** -14
 FP16_MIN_SUBNORMAL = 2.0 ** -24
+BF16_MAX = float(ml_dtypes.finfo(ml_dtypes.bfloat16).max)   # np.finfo: ml_dtypes >= 0.7 only
+"""Largest finite bfloat16 value (3.3895e38)."""
 
 
 class DType:
@@ -37,6 +52,11 @@ class DType:
         """Bytes per element."""
         return self.np.itemsize
 
+    @property
+    def is_half(self) -> bool:
+        """A 16-bit float (float16 or bfloat16): AMP's low-precision types."""
+        return self.is_float and self.np.itemsize == 2
+
     def __repr__(self) -> str:
         return f"miniflow.{self.name}"
 
@@ -47,9 +67,13 @@ class DType:
 float64 = DType("float64", "f64", np.float64, True)
 float32 = DType("float32", "f32", np.float32, True)
 float16 = DType("float16", "f16", np.float16, True)
+bfloat16 = DType("bfloat16", "bf16", ml_dtypes.bfloat16, True)
 int64 = DType("int64", "i64", np.int64, False)
 
-_ALL = {d.name: d for d in (float64, float32, float16, int64)}
+HALF_DTYPES = (float16, bfloat16)
+"""The 16-bit float types."""
+
+_ALL = {d.name: d for d in (float64, float32, float16, bfloat16, int64)}
 _BY_NP = {d.np: d for d in _ALL.values()}
 
 

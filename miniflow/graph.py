@@ -28,6 +28,7 @@ interleave), as with PyTorch modules.
 """
 from __future__ import annotations
 
+import functools
 import inspect
 import numbers
 import threading
@@ -41,7 +42,7 @@ from .amp.lists import AmpLists
 from .amp.report import AmpReport, amp_report as build_amp_report
 from .dtype import as_dtype, float16
 from .ir import Graph as IRGraph
-from .nn.module import Module, mode_changes, replaced_count
+from .nn.module import HalfCopies, Module, mode_changes, replaced_count
 from .ops import emitter
 from .optim.optimizer import Optimizer
 from .passes.auto_mixed_precision import AmpConfig
@@ -50,10 +51,22 @@ from .passes.loss_scale import POLICIES
 from .passes.pipeline import CompileContext, run_passes
 from .runtime.backend import get_backend
 from .runtime.plan import Plan
+from .runtime.readback import LEDGER
 from .tensor import Tensor, tensor
 from .trace import Tracer, current_tracer
 
 __all__ = ["Graph", "GraphConfig"]
+
+
+def _record_outcome(scaler, skip_nonfinite: bool, optimizers, names, hosts) -> None:
+    """A step's outcome read back (``hosts``: the scale it started from, its non-finite counts):
+    the optimizers count the step (skipped or not), the scaler records it (and may raise
+    ``NonFiniteGradientsError``)."""
+    scale_before, counts = float(hosts[0][0]), hosts[1]
+    skipped = skip_nonfinite and bool(counts.any())
+    for opt in optimizers:
+        opt._record_step(skipped)
+    scaler._record_step(counts, scale_before, names)
 
 
 class GraphConfig:
@@ -70,6 +83,9 @@ class GraphConfig:
             default): on when the process world has more than one rank.
         gradient_accumulation_steps: micro-batches per call (1: none; see
             :meth:`set_gradient_accumulation_steps`).
+        fused_model_update_cast: under AMP, fuse the weight casts and the unscaling into
+            multi-tensor updates that write half copies of the weights (on by default; see
+            :meth:`enable_fused_model_update_cast`).
     """
 
     def __init__(self):
@@ -79,6 +95,7 @@ class GraphConfig:
         self.data_parallel = DataParallelConfig()
         self.data_parallel_enabled: bool | None = None
         self.gradient_accumulation_steps = 1
+        self.fused_model_update_cast = True
         self.version = 0  # bumped by every change: the owning nn.Graph then recompiles
 
     def debug(self, print_ir: bool = True) -> None:
@@ -125,11 +142,13 @@ class GraphConfig:
         """Turn automatic mixed precision on (or off with ``enabled=False``).
 
         The AMP pass then runs after autograd on the forward and backward graph: white ops run in
-        ``dtype`` (float16), casts go on the edges between white and other ops, parameters stay
-        float32 master weights (OneFlow's ``config.enable_amp``).
+        ``dtype`` (float16 or bfloat16), casts go on the edges between white and other ops,
+        parameters stay float32 master weights (OneFlow's ``config.enable_amp``). bfloat16 has
+        float32's range, so it needs no loss scaling (a grad scaler may still be set); float16
+        usually does (``set_grad_scaler``).
 
         Args:
-            dtype: the half type; only ``miniflow.float16``.
+            dtype: the half type: ``miniflow.float16`` (default) or ``miniflow.bfloat16``.
             lists: the op type lists to start from (an :class:`~miniflow.amp.AmpLists`; default
                 OneFlow's lists, ``miniflow.amp.lists``); it is copied.
             white_add ... clear_add: op type names to put in that list (out of any other).
@@ -140,7 +159,8 @@ class GraphConfig:
                 ``miniflow.passes.loss_scale``.
 
         Raises:
-            TypeError: ``enabled`` is not a bool, ``lists`` not an AmpLists, ``dtype`` not float16.
+            TypeError: ``enabled`` is not a bool, ``lists`` not an AmpLists, ``dtype`` not a half
+                type.
             ValueError: an unknown op type name, or one that is not in the list it is removed
                 from; an unknown loss_scale_policy.
         """
@@ -162,6 +182,25 @@ class GraphConfig:
             remove={"white": white_remove, "black": black_remove, "gray": gray_remove,
                     "clear": clear_remove})
         self.amp = AmpConfig(lists, dtype)
+
+    def enable_fused_model_update_cast(self, mode: bool = True) -> None:
+        """Under AMP, fuse the optimizer updates with the weights' half casts and the gradients'
+        unscaling (OneFlow's ``enable_fused_model_update_cast`` and
+        ``enable_multi_tensor_update``; here on by default): one multi-tensor update per
+        optimizer reads the backward's gradients, unscales, updates the float32 master weights
+        and writes their half copies, which the next step's matmuls read; the non-finite count
+        moves into the matmuls that make the gradients. The same bits as the unfused graph
+        (``miniflow.passes.fuse_model_update_cast``). ``False`` keeps the separate casts and
+        unscaling (the stability study reads the unscaled gradients). Recompiles.
+
+        Raises:
+            TypeError: ``mode`` is not a bool.
+        """
+        if not isinstance(mode, bool):
+            raise TypeError(f"enable_fused_model_update_cast: mode must be True or False, got "
+                            f"{mode!r}")
+        self.fused_model_update_cast = mode
+        self.version += 1
 
     def enable_data_parallel(self, enabled: bool = True, *,
                              bucket_cap_mb: float = distributed.DEFAULT_BUCKET_CAP_MB) -> None:
@@ -316,17 +355,26 @@ class Graph:
                 self._plans.popitem(last=False)
         else:
             self._plans.move_to_end(key)
-        scale_before = scaler.scale if scaler is not None else None
-        outs = plan.run(arrays, to_host=False)  # copies of the output buffers
+        plan.half_copies.refresh()
         counts = plan.graph.results.get("nonfinite_counts")
-        if counts is not None:
-            counts = get_backend().to_numpy(plan.buffers[id(counts)])
-        if plan.graph.grads:  # the updates ran (or were skipped): the optimizers count the step
-            skipped = counts is not None and scaler.skip_nonfinite and bool(counts.any())
-            for opt in self._optimizers:
-                opt._record_step(skipped)
-        if counts is not None:
-            scaler._record_step(counts, scale_before, plan.context.nonfinite_names)
+        if counts is None:
+            outs = plan.run(arrays, to_host=False)  # copies of the output buffers
+            plan.half_copies.stepped()
+            if plan.graph.grads:  # the updates ran: the optimizers count the step
+                for opt in self._optimizers:
+                    opt._record_step(False)
+        else:  # the step's outcome is read back lazily (miniflow.runtime.readback)
+            readback = self._scaler_readback(plan, scaler, counts)
+            readback.copy(0)  # the scale the step starts from
+            outs = plan.run(arrays, to_host=False)
+            plan.half_copies.stepped()
+            readback.copy(1)  # the non-finite counts
+            readback.record()
+            optimizers = tuple(self._optimizers) if plan.graph.grads else ()
+            LEDGER.defer(readback, functools.partial(
+                _record_outcome, scaler, scaler.skip_nonfinite, optimizers,
+                plan.context.nonfinite_names))
+        LEDGER.poll()
         result = tuple(Tensor(o) for o in outs)
         return result[0] if self._single_output else result
 
@@ -340,6 +388,22 @@ class Graph:
                                    for m in top.modules())
             self._mode_count = count
         return self._mode_key
+
+    @staticmethod
+    def _scaler_readback(plan: Plan, scaler, counts):
+        """The next of ``plan``'s read-backs of (scale, non-finite counts), a ring of
+        ``backend.readback_depth``; when it is still pending, the ledger is flushed first (so at
+        most that many steps are pending per plan)."""
+        ring = plan.state.get("scaler_readbacks")
+        if ring is None:
+            arrays = [scaler._scale, plan.buffers[id(counts)]]
+            ring = plan.state["scaler_readbacks"] = [
+                [plan.backend.readback(arrays) for _ in range(plan.backend.readback_depth)], 0]
+        slots, k = ring
+        ring[1] = (k + 1) % len(slots)
+        if slots[k].pending:
+            LEDGER.flush()
+        return slots[k]
 
     @staticmethod
     def _as_array(i: int, x) -> np.ndarray:
@@ -393,11 +457,15 @@ class Graph:
             raise RuntimeError("this graph has an optimizer but build never called loss.backward()")
         ctx = self._compile_context(param_names)
         graph = run_passes(graph, ctx)
+        copies = HalfCopies(graph, ctx, dict(self.named_parameters()), get_backend())
         if ctx.all_reduce_buckets and distributed.world_size() > 1:
             self._sync_ranks(graph, ctx)
+            copies.stale()
         self._ir, self._context = graph, ctx
         self.compile_count += 1
-        return Plan(graph, get_backend(), context=ctx)
+        plan = Plan(graph, get_backend(), context=ctx)
+        plan.half_copies = copies
+        return plan
 
     def _sync_ranks(self, graph: IRGraph, ctx: CompileContext) -> None:
         """Check that every rank compiled the same graph, then give every rank rank 0's variables
@@ -458,7 +526,8 @@ class Graph:
                               initial_grad_identity=identity,
                               data_parallel=self._data_parallel(trainable),
                               print_ir=self.config.print_ir,
-                              accumulation_steps=self.config.gradient_accumulation_steps)
+                              accumulation_steps=self.config.gradient_accumulation_steps,
+                              fuse_model_update_cast=self.config.fused_model_update_cast)
 
     def _data_parallel(self, trainable: list) -> DataParallelConfig | None:
         """The data-parallel settings if this graph averages its gradients across the ranks: it

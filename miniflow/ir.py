@@ -157,8 +157,8 @@ class Node:
 
     @property
     def written(self) -> list:
-        """The input Values this node writes in place (``op.written(attrs)``; those that exist)."""
-        return [self.inputs[k] for k in self.op.written(self.attrs) if k < len(self.inputs)]
+        """The input Values this node writes in place (``op.written(attrs, n_inputs)``)."""
+        return [self.inputs[k] for k in self.op.written(self.attrs, len(self.inputs))]
 
     def format(self, names: dict | None = None) -> str:
         """The node as one line of text: ``%7: f32[64,10] = matmul(%3, %w) {transpose_b=True}``.

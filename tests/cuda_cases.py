@@ -17,8 +17,30 @@ import numpy as np
 
 from miniflow.kernels.cuda.launch import SIMULATOR, LaunchConfig
 
-from op_cases import (Case, cast_cases, float64_cases, host_buffers, make_node,  # noqa: F401
-                      registry_cases, results)
+from op_cases import (Case, bfloat16_cases, cast_cases, float64_cases,  # noqa: F401
+                      host_buffers, make_node, registry_cases, results)
+
+
+def ptx_unavailable(cc=(7, 5)):
+    """Why ``numba.cuda.compile_ptx`` cannot run here (None when it can): the simulator is on,
+    numba-cuda is missing, or NVVM / libdevice (numba-cuda's ``cu12`` extra) are."""
+    import importlib.util
+    from numba import config
+    if config.ENABLE_CUDASIM:
+        return "compile_ptx runs without NUMBA_ENABLE_CUDASIM"
+    if importlib.util.find_spec("numba_cuda") is None:
+        return "numba-cuda is not installed (pip install -e '.[dev]')"
+    from numba import cuda, types
+
+    def probe(x):
+        x[0] = 1.0
+
+    try:
+        cuda.compile_ptx(probe, (types.float32[::1],), cc=cc)
+    except Exception as e:  # noqa: BLE001 (NVVM or libdevice missing: the cu12 extra)
+        return f"numba.cuda.compile_ptx does not work ({type(e).__name__}: {e}); install " \
+               f"numba-cuda[cu12] (pip install -e '.[dev]')"
+    return None
 
 
 def _r(*shape, dt=np.float32, lo=-2.0, hi=2.0, seed=0):
@@ -66,16 +88,23 @@ def extra_cases(cfg: LaunchConfig = SIMULATOR) -> list:
             Case("matmul", [np.array([[1.0, np.nan], [2.0, 3.0]], dt), _r(2, 3, dt=dt)], {},
                  "nan"),
         ]
-    for ta in (False, True):
-        for tb in (False, True):
-            m, k, nn = 2 * t + 1, 2 * t + 3, t + 2
-            a = _r(k, m) if ta else _r(m, k)
-            b = _r(nn, k, seed=1) if tb else _r(k, nn, seed=1)
-            cases.append(Case("matmul", [a, b], {"transpose_a": ta, "transpose_b": tb},
-                              f"not-tile-multiple-t{int(ta)}{int(tb)}"))
+    for dt in (np.float32, np.float16, np.float64):  # every transpose pair, odd sizes
+        for ta in (False, True):
+            for tb in (False, True):
+                m, k, nn = 2 * t + 1, 2 * t + 3, t + 2
+                a = _r(k, m, dt=dt) if ta else _r(m, k, dt=dt)
+                b = _r(nn, k, dt=dt, seed=1) if tb else _r(k, nn, dt=dt, seed=1)
+                cases.append(Case("matmul", [a, b], {"transpose_a": ta, "transpose_b": tb},
+                                  f"not-tile-multiple-t{int(ta)}{int(tb)}"))
     cases.append(Case("multi_count_not_finite",      # one gradient per parameter of a 2-layer MLP
                       [_r(16, 8), np.array([np.inf] * 16, np.float32), _r(3, 16), _r(3)], {},
                       "mlp-gradients"))
+    for dt in (np.float32, np.float16):              # more elements than the grid's threads
+        big = _r(n, dt=dt)
+        big[[0, cfg.block, n // 2, n - 1]] = [np.nan, np.inf, -np.inf, np.nan]
+        cases.append(Case("multi_count_not_finite",
+                          [big, _r(3, dt=dt), np.array([np.inf], dt), np.zeros(0, dt)], {},
+                          "grid-stride"))
     cases.append(Case("sgd_update", [_r(n), _r(n, seed=1), np.array([0.1]),
                                      np.zeros(1, np.int64)],
                       {"momentum": 0.0}, "no-momentum-grid-stride"))
@@ -87,8 +116,9 @@ def extra_cases(cfg: LaunchConfig = SIMULATOR) -> list:
 
 
 def all_cases(cfg: LaunchConfig = SIMULATOR) -> list:
-    """Registry samples, float64 variants, extra cases and cast cases."""
-    return registry_cases() + float64_cases() + extra_cases(cfg) + cast_cases()
+    """Registry samples, float64 and bfloat16 variants, extra cases and cast cases."""
+    return (registry_cases() + float64_cases() + bfloat16_cases() + extra_cases(cfg)
+            + cast_cases())
 
 
 def arg_type(a):
@@ -133,20 +163,67 @@ def case_signatures(cases) -> dict:
     return out
 
 
+# ----------------------------------------------------------------------------- fused pairs
+def fused_pair_cases(cfg: LaunchConfig = SIMULATOR) -> list:
+    """``(reduce_sum case, consumer op, consumer attrs)`` of the pairs the CUDA backend builds as
+    one kernel (``kernels.cuda.fused_builder``): the mean (``scalar_mul`` by 1/N) and a unary map
+    of a sum, every float dtype, rows longer than a row block."""
+    cols = 2 * cfg.row_block + 3
+    out = []
+    for dt in (np.float16, np.float32, np.float64):
+        out.append((Case("reduce_sum", [_r(cols, dt=dt)], {"axis": (0,)}, "mean"), "scalar_mul",
+                    {"scalar": 1.0 / cols}))
+        out.append((Case("reduce_sum", [_r(3, cols, dt=dt)], {"axis": (1,)}, "rows"), "exp", {}))
+    return out
+
+
+def fused_pair_nodes(case: Case, consumer: str, attrs: dict):
+    """``(producer node, consumer node)`` of a :func:`fused_pair_cases` entry."""
+    from miniflow.ir import Node, Value
+    from miniflow.ops import get_op
+    producer = make_node(case)
+    op = get_op(consumer)
+    vals = [producer.outputs[0]]
+    attrs = op.normalize_attrs(vals, attrs)
+    node = Node(op, vals, [], attrs)
+    node.outputs = [Value("fused_out", s, d, producer=node) for s, d in op.infer(vals, attrs)]
+    return producer, node
+
+
+def fused_signatures(cfg: LaunchConfig = SIMULATOR) -> dict:
+    """Signatures of the fused kernels of :func:`fused_pair_cases` (host stand-ins)."""
+    from miniflow.kernels.cuda import fused_builder
+    out = {}
+    for case, consumer, attrs in fused_pair_cases(cfg):
+        producer, node = fused_pair_nodes(case, consumer, attrs)
+        ins, _ = host_buffers(case, producer)
+        outs = [np.zeros(v.shape, v.dtype.np) for v in node.outputs]
+        steps = fused_builder(producer.op, node.op)(producer, node, ins, outs)
+        for key, name in step_signatures(steps).items():
+            out.setdefault(key, name)
+    return out
+
+
 # ----------------------------------------------------------------------------- training graphs
 TRAINING = {"fp32-sgd": {"amp": False, "adam": False}, "amp-adam": {"amp": True, "adam": True},
             "amp-adam-accumulate-clip": {"amp": True, "adam": True, "accumulate": 3,
-                                         "clip": 0.5}}
+                                         "clip": 0.5},
+            "amp-bf16-sgd": {"amp": True, "adam": False, "half": "bfloat16"},
+            "amp-sgd-unfused": {"amp": True, "adam": False, "fused": False}}
 """The training runs of the simulator lane: plain SGD in float32; AMP with a dynamic loss scale
-and Adam (fp16 matmuls, casts, fused elementwise ops, the loss-scale ops); the same in 3
-micro-batches with gradient clipping (unpack, acc, pack, clip_grad_norm)."""
+and Adam (fp16 matmuls, fused elementwise ops, the fused update with half copies and the counts
+in the matmuls); the same in 3 micro-batches with gradient clipping (unpack, acc, pack,
+clip_grad_norm); bfloat16 AMP with SGD (no loss scale); AMP with the unfused update (the casts
+and unscaling as separate kernels)."""
 TRAIN_X = np.random.default_rng(0).uniform(-1, 1, (6, 8)).astype(np.float32)
 TRAIN_Y = np.array([0, 1, 2, 1, 0, 2], np.int64)
 
 
-def train_graph(amp: bool, adam: bool, accumulate: int = 1, clip: float | None = None):
+def train_graph(amp: bool, adam: bool, accumulate: int = 1, clip: float | None = None,
+                half: str = "float16", fused: bool = True):
     """An 8-16-3 MLP and its training graph on the current backend: ``(graph, model)``
-    (``accumulate`` micro-batches per call; gradients clipped to a total norm ``clip``)."""
+    (``accumulate`` micro-batches per call; gradients clipped to a total norm ``clip``; AMP in
+    ``half``, float16 with a dynamic loss scale; ``fused``: the fused AMP update)."""
     import miniflow as mf
     from miniflow.experiments.mlp import TrainGraph, mlp
     mf.manual_seed(0)
@@ -155,8 +232,10 @@ def train_graph(amp: bool, adam: bool, accumulate: int = 1, clip: float | None =
            else mf.optim.SGD(model.parameters(), lr=0.5, momentum=0.9, clip_grad_max_norm=clip))
     graph = TrainGraph(model, opt)
     if amp:
-        graph.config.enable_amp(True)
-        graph.set_grad_scaler(mf.amp.GradScaler(2.0 ** 16, growth_interval=2))
+        graph.config.enable_amp(True, dtype=half)
+        graph.config.enable_fused_model_update_cast(fused)
+        if half == "float16":
+            graph.set_grad_scaler(mf.amp.GradScaler(2.0 ** 16, growth_interval=2))
     if accumulate > 1:
         graph.config.set_gradient_accumulation_steps(accumulate)
     return graph, model
@@ -166,23 +245,33 @@ def training_signatures() -> dict:
     """Signatures of every kernel the CUDA builders launch for the ``TRAINING`` graphs, found by
     compiling them on a stand-in backend (host memory, CUDA builders, steps that do nothing)."""
     import miniflow as mf
-    from miniflow.kernels.cuda import builder_for
+    from miniflow.kernels.common.table import GroupBuilder
+    from miniflow.kernels.cuda import builder_for, fused_builder, group_builder
     from miniflow.runtime.backend import BACKENDS, CpuBackend, get_backend
 
     found: dict = {}
+
+    def recording(build):
+        def record(*node_ins_outs):
+            steps = build(*node_ins_outs)
+            for key, label in step_signatures(steps).items():
+                found.setdefault(key, label)
+            return [(lambda *args: None, args) for _, args in steps]
+        return record
 
     class SignatureRecorder(CpuBackend):
         name = "cuda-signatures"
 
         def builder_for(self, op):
-            build = builder_for(op)
+            return recording(builder_for(op))
 
-            def recording(node, ins, outs):
-                steps = build(node, ins, outs)
-                for key, label in step_signatures(steps).items():
-                    found.setdefault(key, label)
-                return [(lambda *args: None, args) for _, args in steps]
-            return recording
+        def fused_builder(self, producer, consumer):
+            build = fused_builder(producer, consumer)
+            return None if build is None else recording(build)
+
+        def group_builder(self, op):
+            group = group_builder(op)
+            return None if group is None else GroupBuilder(recording(group.build), group.shared, group.select)
 
     previous = get_backend().name
     BACKENDS[SignatureRecorder.name] = SignatureRecorder

@@ -14,11 +14,12 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from miniflow.dtype import as_dtype
+from miniflow.dtype import as_dtype, bfloat16
 from miniflow.ir import Graph, Node, Value, evaluate
 from miniflow.ops import all_ops, get_op, unregister
 
-__all__ = ["SENTINEL", "Case", "registry_cases", "float64_cases", "cast_cases", "make_node",
+__all__ = ["SENTINEL", "Case", "registry_cases", "float64_cases", "bfloat16_cases", "cast_cases",
+           "make_node",
            "host_buffers", "results", "reference", "TOL", "assert_bit_exact", "assert_close",
            "assert_matches_reference", "cube", "late_op"]
 
@@ -66,6 +67,22 @@ def float64_cases() -> list:
     return out
 
 
+def bfloat16_cases() -> list:
+    """Every sample with float16 inputs, as bfloat16 (every op that takes float16 takes bfloat16;
+    casts: ``cast_cases``)."""
+    out = []
+    for name, opdef in sorted(all_ops().items()):
+        if name in ("cast", "constant"):
+            continue
+        for k, (ins, attrs) in enumerate(opdef.samples() if opdef.samples else []):
+            if any(a.dtype == np.float16 for a in ins):
+                case = Case(name, [a.astype(bfloat16.np) if a.dtype == np.float16 else a
+                                   for a in ins], dict(attrs), f"s{k}-bf16")
+                out.append(case)
+    return out + [Case("constant", [], {"value": 65536.0, "shape": (2, 3), "dtype": "bfloat16"},
+                       "bf16")]
+
+
 def _accepts(case) -> bool:
     """Whether the op's type checks accept the case (some ops are float32-only)."""
     try:
@@ -76,18 +93,21 @@ def _accepts(case) -> bool:
 
 
 def cast_cases() -> list:
-    """Every cast between f16, f32, f64 and i64 -> float, on values that probe every rounding case
-    (fp16 overflow at 65520, subnormals, ties, inf, NaN, signed zero)."""
+    """Every cast between f16, bf16, f32, f64 and i64 -> float, on values that probe every
+    rounding case (fp16 overflow at 65520, bf16 overflow, subnormals of both, ties, inf, NaN,
+    signed zero)."""
     r = np.random.default_rng(6)
     x = r.standard_normal(300) * np.exp2(r.uniform(-30, 20, 300))
     x = np.concatenate([x, [65504, 65519.99, 65520, 2.0 ** -24, 2.0 ** -25, 3 * 2.0 ** -26, 1e6,
-                            np.inf, -np.inf, np.nan, -np.nan, 0.0, -0.0, 1 + 2.0 ** -11]])
+                            np.inf, -np.inf, np.nan, -np.nan, 0.0, -0.0, 1 + 2.0 ** -11,
+                            1 + 2.0 ** -8, 1 + 3 * 2.0 ** -8, 1 + 2.0 ** -8 + 2.0 ** -40,
+                            3.3961776e38, 3.3961775e38, 2.0 ** -133, 2.0 ** -134, 1e-45]])
     ints = np.concatenate([np.arange(-300, 300), [2 ** 24 + 1, 65519, 65520, -(2 ** 40)]])
     cases = []
-    for src in ("float16", "float32", "float64", "int64"):
+    for src in ("float16", "bfloat16", "float32", "float64", "int64"):
         with np.errstate(over="ignore", invalid="ignore"):
-            xs = ints.astype(np.int64) if src == "int64" else x.astype(src)
-        for dst in ("float16", "float32", "float64"):
+            xs = ints.astype(np.int64) if src == "int64" else x.astype(as_dtype(src).np)
+        for dst in ("float16", "bfloat16", "float32", "float64"):
             cases.append(Case("cast", [xs], {"dtype": dst}, f"exact-to-{dst}"))
     return cases
 
@@ -102,9 +122,8 @@ def make_node(case: Case) -> Node:
     vals = [Value(f"in{i}", a.shape, as_dtype(a.dtype), kind="input")
             for i, a in enumerate(case.inputs)]
     attrs = opdef.normalize_attrs(vals, case.attrs)
-    for k in opdef.written(attrs):
-        if k < len(vals):
-            vals[k].kind = "variable"
+    for k in opdef.written(attrs, len(vals)):
+        vals[k].kind = "variable"
     node = Node(opdef, vals, [], attrs)
     node.outputs = [Value(f"out{i}", s, d, producer=node)
                     for i, (s, d) in enumerate(opdef.infer(vals, attrs))]
@@ -120,7 +139,7 @@ def host_buffers(case: Case, node: Node):
 
 def results(case: Case, node: Node, ins, outs) -> list:
     """What a run produced: every output, then every input the node writes (``Node.written``)."""
-    return list(outs) + [ins[k] for k in node.op.written(node.attrs) if k < len(ins)]
+    return list(outs) + [ins[k] for k in node.op.written(node.attrs, len(ins))]
 
 
 def run_cpu(case: Case) -> list:
@@ -138,7 +157,7 @@ def reference(case: Case) -> list:
     graph (inputs the op writes are variables), in the order of :func:`results`."""
     opdef = get_op(case.op)
     node = make_node(case)
-    written = opdef.written(node.attrs)
+    written = opdef.written(node.attrs, len(case.inputs))
     g = Graph()
     vals, inputs, variables = [], [], {}
     for i, a in enumerate(case.inputs):
@@ -152,10 +171,11 @@ def reference(case: Case) -> list:
     g.set_outputs([] if outs is None else list(outs) if isinstance(outs, tuple) else [outs])
     got = evaluate(g, inputs, variables)
     return ([got[f"output{k}"] for k in range(len(g.outputs))]
-            + [got[f"in{i}"] for i in written if i < len(case.inputs)])
+            + [got[f"in{i}"] for i in written])
 
 
-TOL = {np.dtype(np.float16): (2e-3, 2e-3), np.dtype(np.float32): (2e-5, 2e-5),
+TOL = {np.dtype(np.float16): (2e-3, 2e-3), bfloat16.np: (1.6e-2, 1.6e-2),
+       np.dtype(np.float32): (2e-5, 2e-5),
        np.dtype(np.float64): (1e-12, 1e-12), np.dtype(np.int64): (0, 0)}
 """Per result dtype, ``(rtol, atol)`` of a kernel against the float64 reference rounded to that
 dtype (the kernels compute in float32 for f16/f32, and may round intermediate results)."""
@@ -164,8 +184,9 @@ dtype (the kernels compute in float32 for f16/f32, and may round intermediate re
 def assert_bit_exact(got, want, what):
     """Same dtype, shape and bits; NaN only where ``want`` has NaN (payloads may differ)."""
     assert got.dtype == want.dtype and got.shape == want.shape, what
-    nan = np.isnan(want) if want.dtype.kind == "f" else np.zeros(want.shape, bool)
-    got_nan = np.isnan(got) if got.dtype.kind == "f" else nan
+    floating = want.dtype.kind == "f" or want.dtype == bfloat16.np
+    nan = np.isnan(want) if floating else np.zeros(want.shape, bool)
+    got_nan = np.isnan(got) if floating else nan
     assert np.array_equal(got_nan, nan), f"{what}: NaN positions"
     bits = f"u{want.dtype.itemsize}"
     bad = got[~nan].view(bits) != want[~nan].view(bits)

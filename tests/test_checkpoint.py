@@ -87,6 +87,7 @@ def test_a_run_killed_while_saving_resumes_bit_identical_to_an_uninterrupted_run
     straight, killed = tmp_path / "straight", tmp_path / "killed"
     a = _child([*RUN, "--checkpoint", str(straight)])
     b = _child([*RUN, "--checkpoint", str(killed)], pause_at=2)   # the save at step 200
+    assert b.stdout.readline().startswith(b"backend: cpu")    # the CLI says its backend first
     assert b.stdout.readline() == b"paused\n"
     b.send_signal(signal.SIGKILL)
     assert b.wait() == -signal.SIGKILL

@@ -63,3 +63,51 @@ def test_train_ddp_in_a_one_rank_world_and_save(tmp_path, capsys):
     assert "data parallel: world size 1, batch 64 per rank (64 per step)" in out
     assert "23 steps" in out and f"saved the model's state_dict to {path}" in out
     assert sorted(mf.load(str(path))) == ["0.bias", "0.weight", "2.bias", "2.weight"]
+
+
+def test_cli_jobs_run_on_the_cpu_unless_asked_and_say_why(monkeypatch):
+    """``choose_backend``: cpu by default even with a GPU (a cuda step of these small MLPs is
+    not faster), with the reason on one line; ``--backend`` and ``MINIFLOW_BACKEND`` win."""
+    import miniflow as mf
+    import miniflow.runtime.backend as backend
+    from miniflow.cli import choose_backend
+    monkeypatch.delenv("MINIFLOW_BACKEND", raising=False)
+    monkeypatch.setattr(backend, "cuda_status", lambda: (False, "no driver"))
+    assert choose_backend("train", None) == "backend: cpu (no GPU)"
+    monkeypatch.setattr(backend, "cuda_status", lambda: (True, "H100 (compute capability 9.0)"))
+    line = choose_backend("stability", None)
+    assert line.startswith("backend: cpu (the default for this job, although a GPU is usable "
+                           "(H100 (compute capability 9.0)): ") and "--backend cuda" in line
+    assert "\n" not in line and mf.get_backend().name == "cpu"
+    assert choose_backend("train", "cpu") == "backend: cpu (--backend cpu)"
+    monkeypatch.setenv("MINIFLOW_BACKEND", " CPU ")
+    assert choose_backend("train", None) == "backend: cpu (MINIFLOW_BACKEND=CPU)"
+
+
+def test_train_prints_its_backend_first(monkeypatch, capsys):
+    from miniflow.experiments import train
+
+    class Started(Exception):
+        pass
+
+    def train_digits(*args, **kwargs):
+        raise Started
+
+    monkeypatch.delenv("MINIFLOW_BACKEND", raising=False)
+    monkeypatch.setattr(train, "train_digits", train_digits)
+    with pytest.raises(Started):
+        main(["train", "--epochs", "1", "--backend", "cpu"])
+    assert capsys.readouterr().out.splitlines() == ["backend: cpu (--backend cpu)"]
+
+
+def test_train_without_ddp_runs_in_a_fresh_process():
+    """No process world is set up without ``--ddp`` (rank 0 is the only process)."""
+    import os
+    import subprocess
+    import sys
+    env = {k: v for k, v in os.environ.items() if k != "MINIFLOW_BACKEND"}
+    r = subprocess.run([sys.executable, "-m", "miniflow", "train", "--epochs", "1", "--hidden",
+                        "8", "--backend", "cpu"], capture_output=True, text=True, timeout=300,
+                       env=env)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.stdout.splitlines()[0] == "backend: cpu (--backend cpu)"

@@ -16,7 +16,6 @@ which needs a driver; without a GPU the test stands in a compute-capability-7.5 
 Their LLVM IR is linked into each kernel, and ``compile_ptx`` compiles the whole kernel for each
 compute capability.
 """
-import importlib.util
 import os
 import re
 
@@ -27,7 +26,8 @@ from miniflow.kernels import cpu
 from miniflow.kernels.cuda.launch import GPU, SIMULATOR, use_config
 from miniflow.ops import all_ops
 
-from cuda_cases import HOST_STEP_OPS, all_cases, case_signatures, training_signatures
+from cuda_cases import (HOST_STEP_OPS, all_cases, case_signatures, fused_signatures,
+                        ptx_unavailable, training_signatures)
 
 CCS = [(7, 5), (9, 0)]
 HALF_MATH = re.compile(r"\b(add|sub|mul|div|fma|neg|abs|max|min|ex2|sqrt|rcp)(\.[a-z0-9]+)*"
@@ -36,34 +36,15 @@ HALF_MATH = re.compile(r"\b(add|sub|mul|div|fma|neg|abs|max|min|ex2|sqrt|rcp)(\.
 ``__half`` (how numba-cuda lowers float16 math). Loads, stores and ``cvt`` conversions are fine."""
 
 
-def _unavailable():
-    """Why compile_ptx cannot run here (None when it can)."""
-    if config.ENABLE_CUDASIM:
-        return "the PTX lane runs without NUMBA_ENABLE_CUDASIM"
-    if importlib.util.find_spec("numba_cuda") is None:
-        return "numba-cuda is not installed (pip install -e '.[dev]')"
-    from numba import cuda, types
-
-    def probe(x):
-        x[0] = 1.0
-
-    try:
-        cuda.compile_ptx(probe, (types.float32[::1],), cc=CCS[0])
-    except Exception as e:  # noqa: BLE001 (NVVM or libdevice missing: the cu12 extra)
-        return f"numba.cuda.compile_ptx does not work ({type(e).__name__}: {e}); install " \
-               f"numba-cuda[cu12] (pip install -e '.[dev]')"
-    return None
-
-
-REASON = _unavailable()
+REASON = ptx_unavailable(CCS[0])
 if REASON is not None and not config.ENABLE_CUDASIM and os.environ.get("CI"):
     raise RuntimeError(f"PTX lane cannot run under CI: {REASON}")
 pytestmark = [pytest.mark.ptx, pytest.mark.slow,
               pytest.mark.skipif(REASON is not None, reason=str(REASON))]
 
 with use_config(GPU):
-    SIGNATURES = {**case_signatures(all_cases(SIMULATOR)), **training_signatures()} \
-        if REASON is None else {}
+    SIGNATURES = {**case_signatures(all_cases(SIMULATOR)), **fused_signatures(SIMULATOR),
+                  **training_signatures()} if REASON is None else {}
 KEYS = [(cc, key) for cc in CCS for key in SIGNATURES]   # all of 7.5 first (see the docstring)
 
 
@@ -119,3 +100,30 @@ def test_gpu_sized_cases_add_no_signature():
         gpu = case_signatures(all_cases(GPU))
     extra = sorted(f"{name}{key[1]}" for key, name in gpu.items() if key not in SIGNATURES)
     assert not extra, f"add cases with these signatures to tests/cuda_cases.py: {extra}"
+
+
+def _fmas(ptx: str) -> list:
+    return re.findall(r"\bfma(\.[a-z0-9]+)*\.f(32|64)\b", ptx)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_fused_multiply_add_chain_is_not_contracted(dtype):
+    """``add(mul(x0, x1), x2)``: the unfused graph rounds the product before the add (two
+    kernels), so the fused kernel must not compute it as one FMA (one rounding). The same
+    arithmetic written plainly is contracted by NVVM: the control shows this test sees an FMA."""
+    from numba import cuda, types
+    from miniflow.dtype import as_dtype
+    from miniflow.kernels.cuda.fused import _kernel
+    kernel, _ = _kernel("add(mul(x0, x1), x2)", (as_dtype(dtype),) * 3, ("full",) * 3, False)
+    t = getattr(types, dtype)[::1]
+    ptx, _ = cuda.compile_ptx(kernel.py_func, (t, t, t, t, types.int64), cc=CCS[1])
+    assert f"mul.rn.f{dtype[-2:]}" in ptx or f"mul.f{dtype[-2:]}" in ptx
+    assert not _fmas(ptx), f"fused kernel contracts mul+add into an FMA: {_fmas(ptx)}"
+
+    def plain(x0, x1, x2, out, n):
+        i = cuda.grid(1)
+        if i < n:
+            out[i] = x0[i] * x1[i] + x2[i]
+
+    control, _ = cuda.compile_ptx(plain, (t, t, t, t, types.int64), cc=CCS[1])
+    assert _fmas(control), "NVVM no longer contracts a*b+c: this test would not see an FMA"

@@ -132,6 +132,7 @@ def test_buckets_follow_the_cap():
 
 def test_amp_buckets_per_dtype_cast_around_a_float32_all_reduce_and_sum_the_counts():
     g = train_graph(amp=True, scaler=mf.amp.GradScaler())
+    g.config.enable_fused_model_update_cast(False)      # the casts the unfused update reads
     g.config.enable_data_parallel()
     g(X, Y)
     means, counts = [n for n in all_reduces(g) if n.attrs["reduce"] == "mean"], \
@@ -144,9 +145,10 @@ def test_amp_buckets_per_dtype_cast_around_a_float32_all_reduce_and_sum_the_coun
     assert all(v.producer.op.name == "cast" and v.producer.inputs[0].dtype is mf.float16
                for v in half.inputs)
     users = g.ir.users()
-    for out in half.outputs:      # cast back to float16 (fused with the master-grad cast)
-        (reader,) = users[out]
-        assert reader.op.name == "fused_elementwise" and reader.attrs["expr"] == "f32(f16(x0))"
+    for out in half.outputs:      # cast back to float16, fused with the master-grad cast and the
+        (reader,) = users[out]    # unscale (by 1/scale, the fused node's second input)
+        assert reader.op.name == "fused_elementwise"
+        assert reader.attrs["expr"] == "mul(f32(f16(x0)), x1)" and reader.inputs[0] is out
     (count,) = counts
     assert [v.producer.op.name for v in count.inputs] == ["multi_count_not_finite"] * 2
     assert g.ir.results["nonfinite_counts"] is count.outputs[0]
@@ -163,7 +165,7 @@ def test_float16_bucket_means_equal_the_collectives_own_float16_path(monkeypatch
     direct = train_graph(amp=True)
     direct.config.enable_data_parallel()
     from miniflow.passes import data_parallel as dp
-    monkeypatch.setattr(dp, "float16", None)             # no bucket counts as float16: no casts
+    monkeypatch.setattr(dp, "summed_in_float32", lambda dtype: False)    # no casts
     direct(X, Y)
     monkeypatch.undo()
     g(X, Y)

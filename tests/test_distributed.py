@@ -126,8 +126,8 @@ def test_steps_in_a_one_process_world_are_the_identity(fresh):
     ([[1.0, 2.0]], TypeError, r"array 0 is a builtins\.list, not a NumPy array.*stage device"),
     ([np.zeros((4, 4), np.float32)[:, ::2]], ValueError,
      r"array 0 \(shape \[4, 2\], strides \(16, 8\)\) is not C-contiguous"),
-    ([np.zeros(3, np.int64)], TypeError, r"array 0 has dtype int64, expected float16 or float32 "
-                                         r"or float64"),
+    ([np.zeros(3, np.int64)], TypeError, r"array 0 has dtype int64, expected float16 or bfloat16 "
+                                         r"or float32 or float64"),
     ([np.zeros(3, np.float32), np.zeros(2, np.float16)], TypeError,
      r"a bucket holds one dtype; array 0 is float32 but array 1 is float16 \(group the arrays "
      r"with compute_bucket_assignment_by_size\)"),

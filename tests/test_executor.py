@@ -84,13 +84,16 @@ def _matmul(a, b, ta=False, tb=False):
 
 @pytest.mark.parametrize("dt", [float16, float32, float64], ids=lambda d: d.short)
 @pytest.mark.parametrize("shape,ta,tb,kernel", [
-    ((3, 300, 1000), False, True, "rows_times_kernel"),     # forward at batch 3: x @ W.T
-    ((8, 300, 1000), False, True, "rows_times_kernel"),
-    ((3, 1000, 300), False, False, "rows_times_kernel"),    # input gradient: dy @ W
-    ((1000, 2, 300), True, False, "outer_sum_kernel"),      # weight gradient: dy.T @ x
-    ((64, 1, 128), True, False, "outer_sum_kernel"),        # an outer product (batch 1)
+    ((3, 300, 1000), False, True, "dot_block_kernel"),      # forward at batch 3: x @ W.T
+    ((16, 300, 1000), False, True, "dot_block_kernel"),     # ... at batch 16
+    ((7, 301, 1001), False, True, "dot_block_kernel"),      # rows and columns past the blocks
+    ((3, 1000, 300), False, False, "rows_times_kernel"),    # input gradient at batch 3: dy @ W
+    ((16, 1000, 300), False, False, "swapped_dot"),         # ... at batch 16
+    ((1000, 2, 1100), True, False, "rank_update_kernel"),   # weight gradient: dy.T @ x
+    ((1001, 13, 1100), True, False, "rank_update_kernel"),  # ... past the blocks of 8 and 4
+    ((64, 1, 128), True, False, "rank_update_kernel"),      # an outer product (batch 1)
     ((64, 32, 16), False, True, "dot"),              # small: BLAS
-    ((16, 300, 1000), False, True, "dot"),           # too many rows for the loops
+    ((300, 300, 1000), False, True, "dot"),          # too many rows for the loops
 ])
 def test_matmul_takes_the_fast_path_and_agrees_with_numpy(shape, ta, tb, kernel, dt):
     m, k, n = shape
@@ -105,12 +108,12 @@ def test_matmul_takes_the_fast_path_and_agrees_with_numpy(shape, ta, tb, kernel,
     np.testing.assert_allclose(out.astype(np.float64), ref, rtol=tol, atol=tol)
 
 
-def test_rows_times_reads_a_transposed_weight_in_place():
-    assert cpu_matmul.SKINNY <= cpu_matmul.SKINNY_DOT
+def test_dot_block_reads_a_transposed_weight_in_place():
     a = np.ones((3, 300), np.float32)
     w = np.ones((1000, 300), np.float32)
     fn, args = cpu_matmul._product_step(a, w.T, np.empty((3, 1000), np.float32))
-    assert fn is cpu_matmul.rows_times_kernel(True, False) and args[1] is not w.T
+    assert fn is cpu_matmul.dot_block_kernel(False)
+    assert args[1].flags.c_contiguous and np.shares_memory(args[1], w)
     np.testing.assert_array_equal(args[1], w)
 
 

@@ -40,13 +40,14 @@ def _without_fusion(monkeypatch):
 
 
 # ------------------------------------------------------------------------------ whole training runs
-def _train(amp: bool, steps: int = 12, hidden: int = 32):
+def _train(amp: bool, steps: int = 12, hidden: int = 32, fused_update: bool = True):
     """Losses and final parameters of an SGD-momentum run of the digits-shaped MLP."""
     mf.manual_seed(0)
     model = mlp((64, hidden, 10))
     graph = TrainGraph(model, mf.optim.SGD(model.parameters(), lr=0.1, momentum=0.9))
     if amp:
         graph.config.enable_amp()
+        graph.config.enable_fused_model_update_cast(fused_update)
         graph.set_grad_scaler(mf.amp.GradScaler(init_scale=1024.0, growth_interval=4))
     rng = np.random.default_rng(0)
     losses = []
@@ -75,9 +76,13 @@ def test_fused_ir_prints_readably():
     text = str(graph.ir)
     assert re.search(r"%\d+: f32\[5,32\] = fused_elementwise\(%\d+, %model\.0\.bias\) "
                      r"\{expr='relu\(add\(x0, x1\)\)'\}", text), text
-    amp, _, _ = _train(amp=True, steps=4)
+    amp, _, _ = _train(amp=True, steps=4, fused_update=False)
     assert re.search(r"%\d+: f16\[5,32\] = fused_elementwise\(%model\.0\.bias, %\d+\) "
                      r"\{expr='relu\(add\(x1, f16\(x0\)\)\)'\}", str(amp.ir)), str(amp.ir)
+    amp, _, _ = _train(amp=True, steps=4)          # the bias's half copy instead of its cast
+    assert re.search(r"%\d+: f16\[5,32\] = fused_elementwise\(%\d+, "
+                     r"%model\.0\.bias\.float16_copy\) \{expr='relu\(add\(x0, x1\)\)'\}",
+                     str(amp.ir)), str(amp.ir)
 
 
 # ------------------------------------------------------------------------------ random chains
@@ -283,3 +288,32 @@ def test_generated_source_lives_in_the_cache_folder_and_is_written_once():
     codegen._MODULES.clear()
     assert codegen.load_source("fused_cpu", source).__file__ == path
     assert os.stat(path).st_mtime_ns == mtime
+
+
+def test_amp_cast_and_unscale_of_each_gradient_fuse():
+    """With AMP and the unfused update (the fused one unscales inside the multi-tensor update)
+    each float16 weight gradient is cast to float32 and unscaled (``scalar_mul_by_tensor`` by
+    1/scale): one fused node each, bit for bit the two nodes."""
+    graph, _, _ = _train(amp=True, steps=4, fused_update=False)
+    fused = [n.attrs["expr"] for n in graph.ir.nodes if n.op.name == "fused_elementwise"]
+    assert fused.count("mul(f32(x0), x1)") == 3, fused  # float16: both weights, the first bias
+    left = [n.inputs[0].producer for n in graph.ir.nodes if n.op.name == "scalar_mul_by_tensor"]
+    assert left and all(p is None or p.op.name != "cast" for p in left), left  # no cast + unscale
+
+
+def test_scalar_mul_by_tensor_fuses_only_with_a_scalar_that_broadcasts_into_the_output():
+    g = Graph()
+    emit = emitter(g)
+    x, s = g.add_input("x", (2, 3), float32), g.add_input("s", (1,), float32)
+    t = g.add_input("t", (1, 1, 1), float32)
+    g.set_outputs([emit("relu", emit("scalar_mul_by_tensor", x, s)),
+                   emit("relu", emit("scalar_mul_by_tensor", x, t))])
+    assert [n.op.name for n in fuse_elementwise(g).nodes] == \
+        ["fused_elementwise", "scalar_mul_by_tensor", "relu"]
+    plan, fused = _compile(g, True)
+    rng = np.random.default_rng(0)
+    xs = [rng.normal(size=(2, 3)).astype(np.float32), np.array([0.3], np.float32),
+          np.array([[[0.7]]], np.float32)]
+    want = [np.maximum(xs[0] * xs[1], 0), np.maximum(xs[0] * xs[2][0, 0], 0)]
+    for got, w in zip(plan.run(xs), want):
+        _same_bits(got, w.astype(np.float32))

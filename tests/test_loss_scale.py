@@ -32,13 +32,15 @@ class Step(nn.Graph):
     """One SGD step of ``model`` on ``loss_fn(model, x, y...)`` with optional AMP and a scaler."""
 
     def __init__(self, model, scaler=None, amp=True, policy="fp32", loss_fn=None, lr=0.01,
-                 momentum=0.0):
+                 momentum=0.0, dtype=mf.float16):
         super().__init__()
         self.model = model
         self.loss_fn = loss_fn or (lambda m, x: m(x).sum())
         self.add_optimizer(mf.optim.SGD(model.parameters(), lr=lr, momentum=momentum))
         if amp:
-            self.config.enable_amp(True, loss_scale_policy=policy)
+            self.config.enable_amp(True, dtype, loss_scale_policy=policy)
+            # the loss-scale stage as its pass makes it (fused: tests/test_fused_update.py)
+            self.config.enable_fused_model_update_cast(False)
         if scaler is not None:
             self.set_grad_scaler(scaler)
 
@@ -110,13 +112,13 @@ def test_static_65536_skips_every_step_under_legacy_and_cast_back_with_miniflows
     assert acc < 0.5  # the initial weights: nothing was learnt
 
 
-def _one_static_legacy_step(scaler):
-    """One "legacy" AMP step of the digits MLP (mean cross-entropy, first batch of 64) under the
-    static ``scaler``; returns the parameters before and after it and the graph."""
+def _one_static_legacy_step(scaler, dtype=mf.float16):
+    """One "legacy" AMP step (in ``dtype``) of the digits MLP (mean cross-entropy, first batch of
+    64) under the static ``scaler``; returns the parameters before and after it and the graph."""
     data = load_digits()
     mf.manual_seed(0)
     model = mlp((64, 128, 10))
-    step = Step(model, scaler, policy="legacy", lr=0.1, momentum=0.9,
+    step = Step(model, scaler, policy="legacy", lr=0.1, momentum=0.9, dtype=dtype,
                 loss_fn=lambda m, x, y: nn.functional.cross_entropy(m(x), y))
     before = _params(model)
     with warnings.catch_warnings(), np.errstate(invalid="ignore", over="ignore"):
@@ -137,6 +139,19 @@ def test_oneflow_static_2_16_legacy_applies_the_inf_step_and_the_weights_turn_na
     assert all(np.isfinite(b).all() for b in before)
     assert all(np.isnan(a).any() for a in after)          # every parameter holds NaN
     assert np.mean(~np.isfinite(np.concatenate([a.ravel() for a in after]))) > 0.5
+
+
+def test_bfloat16_static_2_20_legacy_without_skipping_applies_a_finite_step():
+    """The same OneFlow setup in bfloat16: the initial gradient is bfloat16, whose exponent range
+    is float32's, so the scale 2^20 made in its dtype is finite, no gradient overflows, no
+    warning is given, and the step changes every parameter to finite values."""
+    scaler = StaticGradScaler(2.0 ** 20, skip_nonfinite=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", LossScaleOverflowWarning)
+        before, after, step = _one_static_legacy_step(scaler, mf.bfloat16)
+    assert step.compile_context.initial_grad.dtype is mf.bfloat16
+    assert not scaler.found_inf
+    assert all(np.isfinite(a).all() and not np.array_equal(a, b) for a, b in zip(after, before))
 
 
 def test_miniflow_default_static_2_16_legacy_skips_and_keeps_the_weights_bit_identical():

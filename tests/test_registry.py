@@ -23,10 +23,10 @@ from miniflow.ops import all_ops, emitter, get_op, register, scalar_functions, u
 from miniflow.ops.fused import arity
 from miniflow.ops.registry import OP_REGISTRY
 
-from op_cases import (assert_matches_reference, cast_cases, float64_cases, host_buffers,
-                      late_op, make_node, registry_cases, results)
+from op_cases import (assert_matches_reference, bfloat16_cases, cast_cases, float64_cases,
+                      host_buffers, late_op, make_node, registry_cases, results)
 
-CASES = registry_cases() + float64_cases() + cast_cases()
+CASES = registry_cases() + float64_cases() + bfloat16_cases() + cast_cases()
 
 
 @pytest.mark.parametrize("name", sorted(all_ops()))
@@ -115,7 +115,8 @@ def test_kernel_tables_fusion_functions_and_side_effects_are_derived_from_the_re
     assert {"f16", "f32", "f64"} <= set(arity()) and set(functions) <= set(arity())
     assert {n for n, op in all_ops().items() if op.writes and not callable(op.writes)} == {
         "sgd_update", "adam_update", "dynamic_loss_scale_schedule", "increment"}
-    assert {n for n, op in all_ops().items() if callable(op.writes)} == {"normalization"}
+    assert {n for n, op in all_ops().items() if callable(op.writes)} == {
+        "normalization", "multi_tensor_sgd_update_with_cast", "multi_tensor_adam_update_with_cast"}
 
 
 def test_what_a_node_writes_depends_on_its_attributes():

@@ -5,6 +5,7 @@ its figures, summary.md and metrics.json, and metrics.json shows the qualitative
   only under a dynamic scaler): "legacy" and "cast_back" make the weights NaN at step 1 and the
   loss NaN from step 2; with miniflow's skip they skip every step and the weights never change;
   "fp32" and fp32 training reach >= 90%;
+* in bfloat16, "legacy" without skipping trains at every static scale of the sweep;
 * dynamic scaler from 2^16: the largest scale applied on a step is <= 2^15 under "legacy" (and
   "cast_back") and >= 2^17 under "fp32";
 * the gray-path model skips (and does not learn) without black_identity and trains with it;
@@ -71,6 +72,8 @@ def test_quick_writes_figures_summary_and_metrics(study):
         skip = rows[f"{policy.split()[0]} + miniflow's skip (not OneFlow)"]
         assert skip.count("(100.0% skipped)") == 3 and skip.endswith("| as above |")
     assert "OneFlow itself never inserts that op there" in headline
+    bf16 = rows[stability.BF16_LABEL]
+    assert "NaN" not in bf16 and "skipped" not in bf16 and bf16.endswith("| - | - | - |")
     assert metrics["config"]["seeds"] == 1 and metrics["config"]["steps"] == 220
     assert len({r["seed"] for r in metrics["runs"]}) == 1
 
@@ -137,6 +140,19 @@ def test_below_65504_skipping_changes_nothing(metrics, policy):
 def test_only_oneflows_policies_run_without_skipping_in_the_sweep(metrics):
     no_skip = {r["policy"] for r in _runs(metrics, "static_sweep", skip_nonfinite=False)}
     assert no_skip == set(stability.ONEFLOW_POLICIES)
+
+
+def test_bfloat16_legacy_without_skipping_trains_at_every_static_scale(metrics):
+    """bfloat16 retired the bug class: its initial gradient holds any scale of the sweep, so
+    OneFlow's most fragile setup (legacy, no skip) trains everywhere, with bfloat16 gradients."""
+    runs = {r["scale"]: r for r in _runs(metrics, "bfloat16")}
+    assert sorted(runs) == [2.0 ** k for k in stability.SWEEP_LOG2_SCALES]
+    for scale, r in runs.items():
+        assert (r["policy"], r["skip_nonfinite"], r["amp_dtype"]) == ("legacy", False, "bfloat16")
+        assert r["first_nonfinite_step"] is None and r["skipped_fraction"] == 0.0, scale
+        assert r["final_test_accuracy"] >= 0.90, (scale, r["final_test_accuracy"])
+        assert all(0 < z < 1 for z in r["per_step"]["fp16_zero_fraction"])   # half gradients
+        assert r["amp_nodes"]["fp16"] > 0
 
 
 @pytest.mark.parametrize("policy", ["fp32", "none"])

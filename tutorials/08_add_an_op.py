@@ -186,7 +186,7 @@ def main_lesson() -> None:
     print(f"registered: {op!r} and {grad_op!r}; op 'softplus' now has: scalar function "
           f"{op.scalar.__module__}.{op.scalar.__name__} ({op.tensor_arity} tensor operand), "
           f"reference {op.reference is not None}, gradient rule {op.grad is not None}, "
-          f"samples {len(op.samples())}, AMP list {op.amp!r}, writes {op.written({})}")
+          f"samples {len(op.samples())}, AMP list {op.amp!r}, writes {op.written({}, 1)}")
     print(f"its AMP note: {op.amp_note}")
     print(f"the function softplus is now in the fused-expression language: "
           f"{'softplus' in scalar_functions()}")

@@ -3,8 +3,14 @@
 The scale and the growth tracker are graph variables (float32 ``[1]`` and int64 ``[1]``) whose
 storage the scaler owns; the loss-scale pass (``miniflow.passes.loss_scale``) multiplies the initial
 gradient by the scale, unscales the parameter gradients, counts non-finite values, makes every update
-op skip a non-finite step and, for a dynamic scaler, updates scale and tracker in the graph. After each
-call of the graph the scaler reads the step's outcome (``found_inf``, ``num_skipped_steps``).
+op skip a non-finite step and, for a dynamic scaler, updates scale and tracker in the graph. The
+step's outcome (the non-finite counts and the scale the step started from) is read back lazily
+(``miniflow.runtime.readback``): ``found_inf``, ``num_skipped_steps`` and
+``consecutive_floor_skips`` are up to date whenever they are read, and a loop that reads none of
+them never waits for the device. On the cpu backend they are updated, and
+:class:`NonFiniteGradientsError` is raised, by the graph call that made the step; on cuda by the
+first later call that finds the step finished on the GPU (at most
+``CudaBackend.readback_depth`` calls later), or by the first read.
 
 Semantics follow ``torch.amp.GradScaler`` (init 2^16, growth 2, backoff 0.5, interval 2000; never
 grows to a non-finite float32 scale) with two additions of miniflow's, for gradients that stay
@@ -20,6 +26,7 @@ import numbers
 import numpy as np
 
 from ..runtime.backend import get_backend
+from ..runtime.readback import LEDGER, LedgerAttribute
 
 __all__ = ["GradScaler", "StaticGradScaler", "NonFiniteGradientsError"]
 
@@ -97,6 +104,9 @@ class _Scaler:
 
     dynamic = False
     version = 0
+    found_inf = LedgerAttribute()
+    num_skipped_steps = LedgerAttribute()
+    consecutive_floor_skips = LedgerAttribute()
     _settings = ("max_consecutive_skips", "skip_nonfinite", "found_inf", "num_skipped_steps",
                  "consecutive_floor_skips")
     _required_keys = ("scale",)
@@ -104,6 +114,7 @@ class _Scaler:
 
     def __setattr__(self, name, value):
         if name in self._settings:
+            LEDGER.flush()                   # pending steps were made with the old settings
             value = self._checked(name, value, f"{type(self).__name__}: ")
             if name == "min_scale" and "_scale" in self.__dict__ and value > self.scale:
                 raise ValueError(f"{type(self).__name__}: min_scale {value:g} is above the scale "
@@ -147,26 +158,28 @@ class _Scaler:
         return int(get_backend().to_numpy(self._growth_tracker)[0])
 
     def _record_step(self, counts: np.ndarray, scale_before: float, param_names: list) -> None:
-        """Update the host-side counters after one graph call (the graph state is committed).
+        """Update the host-side counters with one step's outcome (applied from the read-back
+        ledger, in step order, so it writes ``__dict__`` directly).
 
         Raises:
-            NonFiniteGradientsError: this call completed ``max_consecutive_skips`` consecutive skips
-                at the floor; names the first parameter whose gradient was non-finite.
+            NonFiniteGradientsError: this step completed ``max_consecutive_skips`` consecutive
+                skips at the floor; names the first parameter whose gradient was non-finite.
         """
-        self.found_inf = bool(counts.any())
-        if not self.found_inf:
-            self.consecutive_floor_skips = 0
+        d = self.__dict__
+        d["found_inf"] = found = bool(counts.any())
+        if not found:
+            d["consecutive_floor_skips"] = 0
             return
         if self.skip_nonfinite:
-            self.num_skipped_steps += 1
+            d["num_skipped_steps"] += 1
         if not self._at_floor(scale_before):
-            self.consecutive_floor_skips = 0
+            d["consecutive_floor_skips"] = 0
             return
-        self.consecutive_floor_skips += 1
-        if self.consecutive_floor_skips >= self.max_consecutive_skips:
+        d["consecutive_floor_skips"] += 1
+        if d["consecutive_floor_skips"] >= self.max_consecutive_skips:
             k = int(np.flatnonzero(counts)[0])
             raise NonFiniteGradientsError(
-                f"{self.consecutive_floor_skips} consecutive steps skipped with non-finite "
+                f"{d['consecutive_floor_skips']} consecutive steps skipped with non-finite "
                 f"gradients at the lowest loss scale ({scale_before:g}); first non-finite gradient: "
                 f"{param_names[k]!r} ({int(counts[k])} elements). {self._floor_advice}")
 

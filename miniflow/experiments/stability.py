@@ -22,6 +22,10 @@ depends on the scaler, in OneFlow's ``autograd.cpp`` and ``optimizer.cpp``:
 * dynamic scale: the count is the update ops' ``skip_if``; the step is skipped and the scale halved,
   so a dynamic scaler never applies a step above 2^15.
 
+bfloat16 retires this class of bug: its exponent range is float32's, so the same "legacy" policy
+without skipping (experiment ``"bfloat16"``, :data:`BF16_LABEL`) trains at every static scale of
+the sweep.
+
 miniflow's default policy ("fp32") is miniflow's own design: it puts the ``amp_black_identity`` op
 that PR 9126 added on the initial gradient, so AMP keeps the loss-gradient path in float32
 (OneFlow itself never inserts that op there; docs/architecture.md, "Loss scaling is a pass").
@@ -46,7 +50,6 @@ from .. import nn
 from ..amp import GradScaler, StaticGradScaler, black_identity, white_identity
 from ..models import lenet
 from ..data import batches, load_digits
-from ..dtype import float16
 from ..ops.amp_ops import AMP_IDENTITY_OPS
 from ..optim import SGD
 from ..passes.loss_scale import LossScaleOverflowWarning
@@ -69,6 +72,10 @@ loss scale (``CountNotFiniteIfNeeded`` and ``SetDynamicLossScaleSkipIf`` return 
 dynamic policy), and with miniflow's default ``StaticGradScaler`` (skip)."""
 
 SWEEP_LOG2_SCALES = (0, 8, 12, 15, 16, 17, 20)
+BF16_LABEL = "bfloat16 AMP, legacy, no skip (OneFlow)"
+"""The bfloat16 row of the static sweep (experiment ``"bfloat16"``): OneFlow's most fragile setup,
+the legacy policy without skipping, whose initial gradient is bfloat16: float32's exponent range,
+so no static scale of the sweep overflows it."""
 CNN_LOG2_SCALES = (12, 15, 16, 17)
 CNN_ROWS = (("none", True), ("legacy", False), ("cast_back", False), ("fp32", True))
 """The static sweep on the LeNet: ``(policy, skip_nonfinite)`` per row, OneFlow's policies as
@@ -135,6 +142,7 @@ class RunSpec:
         probe_underflow: measure the fp16 gradient underflow against a float32 reference.
         cnn: a LeNet run, of at most the study's ``cnn_steps`` steps.
         lr: SGD's learning rate (:data:`LR`; the LeNet's :data:`CNN_LR`).
+        amp_dtype: AMP's half type, ``"float16"`` or ``"bfloat16"`` (``enable_amp(dtype=...)``).
     """
 
     experiment: str
@@ -146,6 +154,7 @@ class RunSpec:
     skip_nonfinite: bool = True
     loss_log2_weight: int = 0
     probe_underflow: bool = False
+    amp_dtype: str = "float16"
     cnn: bool = False
     lr: float = LR
 
@@ -246,12 +255,13 @@ class WeightedTrainGraph(TrainGraph):
 
 
 def make_graph(model, policy: str, scaler, log2_weight: int = 0,
-               lr: float = LR) -> WeightedTrainGraph:
-    """An SGD(lr x 2^-w, momentum 0.9) training graph of ``model`` under ``policy``."""
+               lr: float = LR, amp_dtype: str = "float16") -> WeightedTrainGraph:
+    """An SGD(lr x 2^-w, momentum 0.9) training graph of ``model`` under ``policy`` (AMP in
+    ``amp_dtype``)."""
     graph = WeightedTrainGraph(model, SGD(model.parameters(), lr=lr * 2.0 ** -log2_weight,
                                           momentum=MOMENTUM), weight=2.0 ** log2_weight)
     if policy != "none":
-        graph.config.enable_amp(True, loss_scale_policy=policy)
+        graph.config.enable_amp(True, dtype=amp_dtype, loss_scale_policy=policy)
     if scaler is not None:
         graph.set_grad_scaler(scaler)
     return graph
@@ -296,8 +306,8 @@ class GradientReader:
 
     def read(self) -> tuple:
         """``(unscaled, fp16)``: dicts name -> array of the float32 unscaled gradients, and of the
-        scaled float16 gradients the backward made (parameters whose gradient is float32 under AMP,
-        or every parameter without AMP, are absent)."""
+        scaled half (float16 or bfloat16) gradients the backward made (parameters whose gradient
+        is float32 under AMP, or every parameter without AMP, are absent)."""
         plan = next(reversed(self.graph.plans.values()))
         if plan is not self._plan:
             self._plan = plan
@@ -306,7 +316,7 @@ class GradientReader:
             self._fp16 = {}
             for n, v in plan.graph.grads.items():
                 g = _backward_grad(v, variables[n].shape)
-                if g.dtype is float16:
+                if g.dtype.is_half:
                     self._fp16[n] = plan.buffers[id(g)]
         to_numpy = get_backend().to_numpy
         return ({n: to_numpy(b) for n, b in self._unscaled.items()},
@@ -319,7 +329,8 @@ def grad_norm(unscaled: dict) -> float:
 
 
 def zero_fraction(fp16: dict):
-    """Fraction of float16 gradient elements that are exactly zero (None without fp16 gradients).
+    """Fraction of half (float16 or bfloat16) gradient elements that are exactly zero (None
+    without half gradients).
 
     This counts structural zeros too (weights of always-black pixels, dead ReLUs), so it is for
     comparing runs, not an underflow count: :func:`underflow_fraction` is that.
@@ -386,7 +397,7 @@ def train_run(spec: RunSpec, seed: int, cfg: StudyConfig, data) -> dict:
     manual_seed(seed)
     model = MODELS[spec.model]()
     scaler = make_scaler(spec)
-    graph = make_graph(model, spec.policy, scaler, spec.loss_log2_weight, spec.lr)
+    graph = make_graph(model, spec.policy, scaler, spec.loss_log2_weight, spec.lr, spec.amp_dtype)
     reader, evaluator = GradientReader(graph), EvalGraph(model)
     probe = UnderflowProbe(spec) if spec.probe_underflow else None
     weight = 2.0 ** spec.loss_log2_weight
@@ -474,9 +485,12 @@ def _static_variants(policy: str) -> list:
 
 def experiment_specs() -> list:
     """Every run of the study, per seed (issue 6 lists the experiments; issue 11 adds the static
-    runs without skipping, as OneFlow runs them; issue 13 the static sweep on the LeNet)."""
+    runs without skipping, as OneFlow runs them; issue 13 the static sweep on the LeNet; issue 16
+    the static sweep in bfloat16)."""
     specs = [RunSpec("static_sweep", label, policy=p, scale=2.0 ** k, skip_nonfinite=skip)
              for k in SWEEP_LOG2_SCALES for p in POLICIES for label, skip in _static_variants(p)]
+    specs += [RunSpec("bfloat16", BF16_LABEL, policy="legacy", scale=2.0 ** k,
+                      skip_nonfinite=False, amp_dtype="bfloat16") for k in SWEEP_LOG2_SCALES]
     specs += [RunSpec("dynamic", p, policy=p, scale=DYNAMIC_INIT_SCALE, dynamic=True)
               for p in POLICIES]
     gray = {"no AMP": ("none", "energy_share"), "AMP": ("fp32", "energy_share"),

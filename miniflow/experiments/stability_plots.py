@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .stability import ONEFLOW_POLICIES
+from .stability import BF16_LABEL, ONEFLOW_POLICIES
 from .stability_report import (POLICY_NAMES, group, log2_label, nan_steps, runs_of,
                                  static_row_name)
 
@@ -23,6 +23,8 @@ STYLE = {"none": dict(color="black", marker="s", linestyle="-"),
          "cast_back": dict(color="tab:orange", marker="o", linestyle=":", fillstyle="none"),
          "fp32": dict(color="tab:blue", marker="^", linestyle="-")}
 """Line style per run policy (legacy and cast_back coincide, so they differ in marker and dash)."""
+BF16_STYLE = dict(color="tab:green", marker="*", linestyle="-.", markersize=9)
+"""Line style of the bfloat16 row of the static sweep."""
 
 
 def _static_style(policy: str, skip: bool) -> dict:
@@ -123,11 +125,13 @@ def static_sweep(metrics: dict, path: Path) -> str:
         3, f"Static loss scale {above} and above (float16 max 65504): OneFlow never skips a step "
         f"under a static scale, so legacy and cast_back apply the inf update and the weights are "
         f"NaN after step {step}. miniflow's skip keeps them finite but untrained; fp32 (miniflow) "
-        f"trains", height=4.8, col_width=5.4)
+        f"trains, and so does legacy without skipping in bfloat16", height=4.8, col_width=5.4)
+    panels = ((acc, "final_test_accuracy"), (bad, "final_nonfinite_params"),
+              (skip, "skipped_fraction"))
     for (policy, skip_nonfinite), g in group(runs, "policy", "skip_nonfinite").items():
-        _against_scale(((acc, "final_test_accuracy"), (bad, "final_nonfinite_params"),
-                        (skip, "skipped_fraction")), g, static_row_name(policy, skip_nonfinite),
+        _against_scale(panels, g, static_row_name(policy, skip_nonfinite),
                        **_static_style(policy, skip_nonfinite))
+    _against_scale(panels, runs_of(metrics, "bfloat16"), BF16_LABEL, **BF16_STYLE)
     for ax in (acc, bad, skip):
         _log2_axis(ax, [math.log2(r["scale"]) for r in runs], fp16_max=True)
     if oneflow_nan:
@@ -140,7 +144,8 @@ def static_sweep(metrics: dict, path: Path) -> str:
     acc.legend(loc="lower left", fontsize=7)
     _save(fig, path)
     return ("test accuracy, non-finite weights and skipped steps against the static loss scale: "
-            "OneFlow's policies as OneFlow runs them (no skip) and with miniflow's skip (headline)")
+            "OneFlow's policies as OneFlow runs them (no skip) and with miniflow's skip, and "
+            "legacy without skipping in bfloat16 (headline)")
 
 
 def cnn_static_sweep(metrics: dict, path: Path) -> str:

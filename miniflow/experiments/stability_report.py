@@ -9,7 +9,8 @@ fields, ``seed``, per-run results (``final_test_accuracy``, ``skipped_fraction``
 
 The static sweep runs OneFlow's policies ("legacy", "cast_back") twice: without skipping non-finite
 steps, as OneFlow does under a static loss scale (its rows say "as in OneFlow"), and with miniflow's
-default ``StaticGradScaler``, which skips them (its rows say "miniflow's skip").
+default ``StaticGradScaler``, which skips them (its rows say "miniflow's skip"). Its last row is
+the experiment ``"bfloat16"``: "legacy" without skipping, with AMP in bfloat16.
 """
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ import math
 
 import numpy as np
 
-from .stability import CNN_LR, CNN_ROWS, ONEFLOW_POLICIES
+from .stability import BF16_LABEL, CNN_LR, CNN_ROWS, ONEFLOW_POLICIES
 
 __all__ = ["POLICY_NAMES", "STATIC_ROWS", "static_row_name", "runs_of", "group", "mean_of",
            "log2_label", "nan_steps", "headline_table", "summary_markdown"]
@@ -109,11 +110,18 @@ def _max_applied(runs: list) -> str:
 HEADLINE_LOG2_SCALES = (15, 16, 17, 20)
 
 
+def _bf16_row(metrics: dict, scales) -> list:
+    """The bfloat16 row (:data:`~miniflow.experiments.stability.BF16_LABEL`): its name and static
+    cells at ``scales``."""
+    g = group(runs_of(metrics, "bfloat16"), "scale")
+    return [BF16_LABEL] + [_static_cell(g[(s,)]) for s in scales]
+
+
 def headline_table(metrics: dict) -> str:
-    """Per static-sweep row (:data:`STATIC_ROWS`): the static cells (:func:`_static_cell`) at
-    2^15 .. 2^20; per policy, under the dynamic scaler (which skips in OneFlow and miniflow alike,
-    so the "miniflow's skip" rows say "as above"), the largest scale applied on a step, the skipped
-    steps and the accuracy."""
+    """Per static-sweep row (:data:`STATIC_ROWS`, then the bfloat16 row): the static cells
+    (:func:`_static_cell`) at 2^15 .. 2^20; per policy, under the dynamic scaler (which skips in
+    OneFlow and miniflow alike, so the "miniflow's skip" rows say "as above"; not run in
+    bfloat16: "-"), the largest scale applied on a step, the skipped steps and the accuracy."""
     static = group(runs_of(metrics, "static_sweep"), "policy", "skip_nonfinite", "scale")
     dynamic = group(runs_of(metrics, "dynamic"), "policy")
     header = (["policy"] + [f"static {'2^%d' % k}" for k in HEADLINE_LOG2_SCALES]
@@ -128,6 +136,7 @@ def headline_table(metrics: dict) -> str:
             dyn = [_max_applied(d), _pct(mean_of(d, "skipped_fraction")),
                    _pct(mean_of(d, "final_test_accuracy"))]
         rows.append([static_row_name(policy, skip), *cells, *dyn])
+    rows.append(_bf16_row(metrics, [2.0 ** k for k in HEADLINE_LOG2_SCALES]) + ["-"] * 3)
     return _table(header, rows)
 
 
@@ -136,7 +145,7 @@ def _static_table(metrics: dict) -> str:
     scales = sorted({r["scale"] for r in runs})
     g = group(runs, "policy", "skip_nonfinite", "scale")
     rows = [[static_row_name(p, k)] + [_static_cell(g[(p, k, s)]) for s in scales]
-            for p, k in STATIC_ROWS]
+            for p, k in STATIC_ROWS] + [_bf16_row(metrics, scales)]
     return _table(["policy \\ static scale"] + [log2_label(s) for s in scales], rows)
 
 
@@ -262,7 +271,10 @@ _READING = (
     "\"legacy\" and \"cast_back\" never apply a step above 2^15. \"fp32\" is miniflow's own "
     "design: the autograd pass puts `amp_black_identity` (an op PR 9126 added) on the initial "
     "gradient, so the scale multiplies in float32; OneFlow itself never inserts that op "
-    "there.\n")
+    "there. The last row is \"legacy\" as in OneFlow (no skip) with AMP in bfloat16 "
+    "(`enable_amp(True, dtype=miniflow.bfloat16)`): its initial gradient is bfloat16, which has "
+    "float32's exponent range, so no scale of the sweep overflows it and every static scale "
+    "trains: bfloat16 retired this class of bug.\n")
 
 _COMMON = ("SGD, learning rate {lr}, momentum {momentum}, batch {batch_size} (last partial batch "
            "of each epoch dropped: 22 steps per epoch), {steps} steps, mean softmax cross-entropy; "
@@ -273,8 +285,9 @@ _SECTIONS = [
      "`StaticGradScaler(scale, skip_nonfinite=False, max_consecutive_skips=10**9)` in the rows "
      "\"as in OneFlow: no skip\" (OneFlow applies non-finite steps under a static scale), "
      "`StaticGradScaler(scale, max_consecutive_skips=10**9)` (miniflow's default: skip) in the "
-     "others. AMP policies: `enable_amp(True, loss_scale_policy=...)`; \"fp32 training\" is AMP "
-     "off with the same scaler. " + _CELLS + "\n\n{table}\n",
+     "others. AMP policies: `enable_amp(True, loss_scale_policy=...)` (float16), and in the last "
+     "row `enable_amp(True, dtype=miniflow.bfloat16, loss_scale_policy=\"legacy\")`; \"fp32 "
+     "training\" is AMP off with the same scaler. " + _CELLS + "\n\n{table}\n",
      lambda m: _static_table(m) + "\n\nThe runs without skipping whose weights became NaN or "
      "inf (the loss is NaN from the next step on):\n\n" + _oneflow_nan_table(m)),
     ("## Dynamic scaler\n\nThe same MLP and training; `GradScaler(init_scale=2**16, "

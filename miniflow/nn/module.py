@@ -11,6 +11,11 @@ its persistent buffers, then its children's, depth first.
 ``Module.training`` (set for a whole tree by :meth:`Module.train` / :meth:`Module.eval`) is the
 mode layers read when traced; every change of any module's mode is counted
 (:func:`mode_changes`), so an nn.Graph recompiles at its next call after one.
+
+Under AMP with fused updates a parameter also owns half copies of its value (one per half dtype:
+``Parameter.half_copy``), which the fused updates write and the next step's matmuls read; a
+version counter says when something else wrote the parameter (:class:`HalfCopies` then refreshes
+the copy before the next step).
 """
 from __future__ import annotations
 
@@ -18,21 +23,103 @@ from collections import OrderedDict
 
 import numpy as np
 
-from ..dtype import as_dtype
+from ..dtype import as_dtype, float32
+from ..ir import Node, Value
+from ..ops import get_op
 from ..runtime.backend import get_backend
 from ..tensor import Tensor
 
-__all__ = ["Module", "Parameter", "replaced_count", "mode_changes"]
+__all__ = ["Module", "Parameter", "HalfCopies", "replaced_count", "mode_changes"]
 
 
 class Parameter(Tensor):
-    """A trainable eager Tensor owned by a Module (float32 master weights by default)."""
+    """A trainable eager Tensor owned by a Module (float32 master weights by default).
+
+    ``version`` counts the writes of its value that its half copies did not follow (loading a
+    state dict, an update that wrote no copy): :class:`HalfCopies` compares it with the version
+    each copy was made from."""
 
     def __init__(self, data):
         arr = np.asarray(data)
         as_dtype(arr.dtype)
         super().__init__(get_backend().from_numpy(arr))
         self.requires_grad = True
+        self.version = 0
+        self._half_copies = {}
+
+    def half_copy(self, dtype) -> "_HalfCopy":
+        """The parameter's copy in half ``dtype`` (made on first use, stale until refreshed)."""
+        copies = self.__dict__.setdefault("_half_copies", {})
+        if dtype.name not in copies:
+            copies[dtype.name] = _HalfCopy(get_backend().empty(self.shape, dtype.np))
+        return copies[dtype.name]
+
+    def written(self) -> None:
+        """Record a write of the value that the half copies did not follow."""
+        self.version = getattr(self, "version", 0) + 1
+
+
+class _HalfCopy:
+    """A half copy's array and the parameter ``version`` it equals (-1: never made)."""
+
+    __slots__ = ("array", "version")
+
+    def __init__(self, array):
+        self.array, self.version = array, -1
+
+
+class HalfCopies:
+    """The half weight copies of one compiled graph (``ctx.half_copies`` of the
+    ``fuse_model_update_cast`` pass): binds each copy variable to its parameter's copy, makes a
+    stale copy equal to the parameter rounded (:meth:`refresh`, before a step: one ``cast``
+    kernel) and, after a step, records what the step wrote (:meth:`stepped`): the fused updates
+    wrote parameters and copies together, the other updates only parameters.
+
+    Args:
+        graph: the compiled IR graph (its copy variables get their data here).
+        ctx: its compile context (``half_copies``, ``trainable``, and ``optimizers``: whether the
+            graph updates parameters).
+        params: variable name -> Parameter of the graph's modules.
+        backend: the backend the plan runs on (the cast kernel).
+    """
+
+    def __init__(self, graph, ctx, params: dict, backend):
+        self.fused, self.refreshes = [], []
+        fused_names = set()
+        cast = backend.builder_for(get_op("cast"))
+        for name, copy_name in ctx.half_copies:
+            p, v = params[name], graph.variables[copy_name]
+            entry = p.half_copy(v.dtype)
+            graph.variable_data[copy_name] = entry.array
+            node = Node(get_op("cast"), [Value(name, p.shape, float32, kind="variable")],
+                        [Value(copy_name, p.shape, v.dtype, kind="variable")], {"dtype": v.dtype})
+            self.refreshes.append((p, entry, cast(node, [p._data], [entry.array])))
+            self.fused.append((p, entry))
+            fused_names.add(name)
+        self.plain = ([params[n] for n in ctx.trainable if n not in fused_names]
+                      if ctx.optimizers and graph.grads else [])
+
+    def stale(self) -> None:
+        """Mark every copy stale (the parameters were written behind the copies' backs)."""
+        for _, entry, _ in self.refreshes:
+            entry.version = -1
+
+    def refresh(self) -> None:
+        """Make every stale copy equal to its parameter rounded to the copy's dtype."""
+        for p, entry, steps in self.refreshes:
+            if entry.version != p.version:
+                for fn, args in steps:
+                    fn(*args)
+                entry.version = p.version
+
+    def stepped(self) -> None:
+        """After a step: parameters written by plain updates are ahead of their copies; the
+        fused ones wrote their copy of this dtype too (copies of other dtypes fall behind)."""
+        for p in self.plain:
+            p.written()
+        for p, entry in self.fused:
+            p.written()
+            entry.version = p.version
 
 
 _REPLACED = [0]
@@ -298,6 +385,8 @@ class Module:
             backend = get_backend()
             for p, arr in checked:
                 backend.copy_in(p._data, arr)
+                if isinstance(p, Parameter):
+                    p.written()
         return assign
 
     def __repr__(self) -> str:

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..dtype import DType, float16, float32, float64, int64
+from ..dtype import DType, bfloat16, float16, float32, float64, int64
 from ..ir import format_shape
 
-FLOATS = (float16, float32, float64)
+FLOATS = (float16, bfloat16, float32, float64)
 
 
 def fmt(v) -> str:
@@ -26,7 +26,7 @@ def check_float(op: str, *vals) -> DType:
     dt = vals[0].dtype
     for v in vals:
         if not v.dtype.is_float:
-            raise TypeError(f"{op}: input {fmt(v)} must be floating point (f16/f32/f64); "
+            raise TypeError(f"{op}: input {fmt(v)} must be floating point (f16/bf16/f32/f64); "
                             f"cast it with .to(miniflow.float32)")
         if v.dtype is not dt:
             raise TypeError(f"{op}: inputs have different dtypes: "

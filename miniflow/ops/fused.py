@@ -14,12 +14,12 @@ The expression language is a small subset of Python syntax (parsed with ``ast``)
 * ``fn(a, ...)``: the scalar function of a registered elementwise op, by its name (``add``,
   ``relu``, ``relu_grad`` ...: ``registry.scalar_functions``, so a newly declared op is known
   here at once) on operands of one float dtype, which is also the result's dtype;
-* ``f16(a)``, ``f32(a)``, ``f64(a)``: a cast (from any dtype, int64 included);
+* ``f16(a)``, ``bf16(a)``, ``f32(a)``, ``f64(a)``: a cast (from any dtype, int64 included);
 * statements ``t0 = ...; y0 = ...; y1 = ...`` when there are several outputs or a value is used
   twice: ``y`` names are the outputs in order, ``t`` names temporaries. A bare expression is the
   single output ``y0``.
 
-Every function and cast result is rounded to its dtype (float16 results to float16) exactly where
+Every function and cast result is rounded to its dtype (half results to float16 or bfloat16) exactly where
 the unfused graph stored it, so a fused graph computes the same bits as the unfused one. The
 float64 reference (:func:`reference`) computes each function with the reference of an op that
 declares it, rounding only at casts, as ``miniflow.ir.evaluate`` does for the unfused nodes.
@@ -40,14 +40,14 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..dtype import float16, float32, float64
+from ..dtype import bfloat16, float16, float32, float64
 from .common import float_samples, fmt, rand, rounded
 from .registry import CAST_FUNCTIONS, register, scalar_functions, scalar_ops
 
 __all__ = ["Program", "parse", "format_program", "term_dtype", "broadcast_kinds", "CASTS",
            "arity", "reference"]
 
-CASTS = dict(zip(CAST_FUNCTIONS, (float16, float32, float64)))
+CASTS = dict(zip(CAST_FUNCTIONS, (float16, bfloat16, float32, float64)))
 """Cast function name -> result dtype."""
 
 

@@ -3,18 +3,27 @@
 Gradient (OneFlow ``matmul`` backward): for out = op(a) @ op(b),
 ``da = dy @ b^T`` (or its transposed form), ``db = a^T @ dy``, emitted as matmul nodes with the
 transpose flags chosen so no explicit transpose node is needed.
+
+``count_not_finite=True`` (set by the ``fuse_model_update_cast`` pass on the matmul that makes a
+weight's gradient, never by users) adds a second output, ``i64[1]``: the number of non-finite
+elements of the product as stored (after the rounding to out's dtype), counted in the pass that
+writes the product, so the loss-scale stage's ``multi_count_not_finite`` needs no pass of its own
+over that gradient. The attribute is absent from the other matmuls.
 """
 from __future__ import annotations
 
 import numpy as np
 
-from .common import check_arity, check_float, float_samples, fmt, rand
+from .common import check_arity, check_float, float_samples, fmt, int64, rand
 from .registry import register
 
 
 def _norm(inputs, attrs):
-    return {"transpose_a": bool(attrs.get("transpose_a", False)),
-            "transpose_b": bool(attrs.get("transpose_b", False))}
+    out = {"transpose_a": bool(attrs.get("transpose_a", False)),
+           "transpose_b": bool(attrs.get("transpose_b", False))}
+    if attrs.get("count_not_finite", False):
+        out["count_not_finite"] = True
+    return out
 
 
 def _infer(inputs, attrs):
@@ -29,7 +38,7 @@ def _infer(inputs, attrs):
         raise ValueError(f"matmul: inner dimensions differ: {fmt(a)} "
                          f"(transpose_a={attrs['transpose_a']}) and {fmt(b)} "
                          f"(transpose_b={attrs['transpose_b']}) give {k} vs {k2}")
-    return [((m, n), dt)]
+    return [((m, n), dt)] + ([((1,), int64)] if attrs.get("count_not_finite") else [])
 
 
 def _grad(n, gs, emit):
@@ -52,6 +61,8 @@ def _samples():
     def make(dt):
         r = np.random.default_rng(11)
         return [([rand(5, 3, dtype=dt, r=r), rand(3, 7, dtype=dt, r=r)], {}),
+                ([np.array([[1.0, np.nan, 0.0, 2.0], [np.inf, 1.0, 0.0, 0.0], [1.0] * 4], dt),
+                  rand(4, 20, dtype=dt, r=r)], {"count_not_finite": True}),
                 ([rand(3, 5, dtype=dt, r=r), rand(3, 7, dtype=dt, r=r)], {"transpose_a": True}),
                 ([rand(5, 3, dtype=dt, r=r), rand(7, 3, dtype=dt, r=r)], {"transpose_b": True}),
                 ([rand(1, 1, dtype=dt, r=r), rand(1, 2, dtype=dt, r=r)], {}),
@@ -62,7 +73,10 @@ def _samples():
 
 def _reference(arrays, attrs):
     a, b = arrays
-    return [(a.T if attrs["transpose_a"] else a) @ (b.T if attrs["transpose_b"] else b)]
+    out = (a.T if attrs["transpose_a"] else a) @ (b.T if attrs["transpose_b"] else b)
+    if not attrs.get("count_not_finite"):
+        return [out]
+    return [out, np.array([np.count_nonzero(~np.isfinite(out))], np.int64)]
 
 
 register("matmul", _infer, normalize=_norm, grad=_grad, reference=_reference, samples=_samples,

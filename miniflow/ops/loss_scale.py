@@ -7,8 +7,11 @@
   ``dx = dy * scalar``, ``dscalar = sum(dy * x)`` (in the scalar's shape).
 * ``reciprocal(x) -> out``: ``1 / x`` elementwise (the inverse loss scale; an elementwise op
   declared with its scalar function here).
-* ``multi_count_not_finite(g0, g1, ...) -> (counts i64[n], total i64[1])``: number of NaN/inf
-  elements of each input, and their sum, in one fused kernel (OneFlow ``multi_count_not_finite``).
+* ``multi_count_not_finite(g0, g1, ...) -> (counts i64[n], total i64[1])`` {precounted}: number
+  of NaN/inf elements of each input (float inputs of any float dtypes), and their sum, in one
+  fused kernel (OneFlow ``multi_count_not_finite``). The inputs listed in ``precounted`` are
+  ``i64[1]`` counts their producers already took (a matmul with ``count_not_finite``, made by the
+  ``fuse_model_update_cast`` pass): they are copied, not scanned.
 * ``dynamic_loss_scale_schedule(total i64[1], loss_scale f32[1], growth_tracker i64[1])``
   {growth_factor, backoff_factor, growth_interval, min_scale}: writes scale and tracker in place,
   with ``torch.amp.GradScaler``'s rules (``_amp_update_scale_``) plus a floor:
@@ -80,15 +83,25 @@ elementwise("reciprocal", reciprocal, lambda x: 1.0 / x, amp="gray", grad=_recip
             doc="out = 1 / x; dx = -dy * out^2")
 
 
+def _count_norm(inputs, attrs):
+    pre = tuple(sorted(int(k) for k in attrs.get("precounted", ())))
+    return {"precounted": pre} if pre else {}
+
+
 def _count_infer(inputs, attrs):
     if not inputs:
         raise ValueError("multi_count_not_finite: needs at least one input")
-    for v in inputs:
-        if not v.dtype.is_float:
+    pre = attrs.get("precounted", ())
+    if any(not 0 <= k < len(inputs) for k in pre):
+        raise ValueError(f"multi_count_not_finite: precounted {pre} names inputs that do not "
+                         f"exist ({len(inputs)} inputs)")
+    for k, v in enumerate(inputs):
+        if k in pre:
+            if v.dtype is not int64 or v.shape != (1,):
+                raise TypeError(f"multi_count_not_finite: precounted input {k} {fmt(v)} must be "
+                                "an i64[1] count")
+        elif not v.dtype.is_float:
             raise TypeError(f"multi_count_not_finite: input {fmt(v)} must be floating point")
-    if len({v.dtype for v in inputs}) != 1:
-        raise TypeError("multi_count_not_finite: inputs must share one dtype, got "
-                        + ", ".join(fmt(v) for v in inputs))
     return [((len(inputs),), int64), ((1,), int64)]
 
 
@@ -96,16 +109,21 @@ def _count_samples():
     def make(dt):
         a = rand(3, 4, dtype=dt)
         b = np.array([1.0, np.inf, -np.inf, np.nan], dt)
-        return [([a, b, rand(0, dtype=dt)], {}), ([a], {})]
+        return [([a, b, rand(0, dtype=dt)], {}), ([a], {}),
+                ([b, np.array([5], np.int64), a.astype(np.float32), np.array([0], np.int64)],
+                 {"precounted": (1, 3)})]            # mixed dtypes and producers' counts
     return float_samples(make)
 
 
 def _count_ref(arrays, attrs):
-    counts = np.array([np.count_nonzero(~np.isfinite(a)) for a in arrays], np.int64)
+    pre = attrs.get("precounted", ())
+    counts = np.array([a[0] if k in pre else np.count_nonzero(~np.isfinite(a))
+                       for k, a in enumerate(arrays)], np.int64)
     return [counts, counts.sum(keepdims=True)]
 
 
-register("multi_count_not_finite", _count_infer, samples=_count_samples, reference=_count_ref,
+register("multi_count_not_finite", _count_infer, normalize=_count_norm, samples=_count_samples,
+         reference=_count_ref,
          amp=None, amp_note="loss-scale stage: runs after AMP on the float32 unscaled gradients",
          doc="counts[k] = number of non-finite elements of input k; total[0] = sum(counts)")
 

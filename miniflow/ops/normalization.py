@@ -15,7 +15,7 @@ outputs and attributes: ``oneflow/user/ops/normalization_op.cpp``, ``OneFlowUser
   - ``training=False``: the single output ``y = (x - moving_mean) / sqrt(moving_variance +
     epsilon) * gamma + beta``; nothing is written.
 
-  Statistics and parameters have OneFlow's parameter dtype: float32 for a float16 ``x``
+  Statistics and parameters have OneFlow's parameter dtype: float32 for a half ``x``
   (``MakeFwDataTypeInferFn``), else ``x``'s. Under AMP the op is gray, and its moving statistics,
   gamma and beta are no-cast inputs (``REGISTER_NO_CAST_REGISTRY`` in ``auto_mixed_precision.cpp``):
   they stay float32 while ``x`` and ``y`` are float16.
@@ -34,7 +34,7 @@ import numbers
 
 import numpy as np
 
-from ..dtype import float16, float32, int64
+from ..dtype import float32, int64
 from .common import check_arity, fmt, rand
 from .geometry import norm_layout
 from .registry import register
@@ -48,8 +48,9 @@ op default is 0) and ``momentum`` (0.9, PyTorch's default 0.1 as OneFlow's funct
 
 
 def param_dtype(x_dtype):
-    """OneFlow's batch-norm parameter dtype for ``x`` of ``x_dtype``: float32 for float16."""
-    return float32 if x_dtype is float16 else x_dtype
+    """OneFlow's batch-norm parameter dtype for ``x`` of ``x_dtype``: float32 for a half type
+    (float16, bfloat16)."""
+    return float32 if x_dtype.is_half else x_dtype
 
 
 # ----------------------------------------------------------------------------- references
@@ -130,7 +131,7 @@ def _params(op, x, named: dict, axis: int):
         TypeError: a non-float ``x``, a vector of another dtype. ValueError: a wrong shape.
     """
     if not x.dtype.is_float:
-        raise TypeError(f"{op}: x {fmt(x)} must be floating point (f16/f32/f64)")
+        raise TypeError(f"{op}: x {fmt(x)} must be floating point (f16/bf16/f32/f64)")
     layout = norm_layout(op, x.shape, axis)
     pt, c = param_dtype(x.dtype), layout[1]
     for name, v in named.items():
@@ -139,7 +140,8 @@ def _params(op, x, named: dict, axis: int):
                              f"channels along axis {axis})")
         if v.dtype is not pt:
             raise TypeError(f"{op}: {name} {fmt(v)} must be {pt.name} for x of dtype "
-                            f"{x.dtype.name} (OneFlow's parameter dtype: float32 for float16 x)")
+                            f"{x.dtype.name} (OneFlow's parameter dtype: float32 for a float16 "
+                            f"or bfloat16 x)")
     return pt, layout
 
 
@@ -273,7 +275,7 @@ register("normalization", _norm_infer,
          grad=_norm_grad, reference=normalization_reference, samples=_norm_samples, amp="gray",
          amp_note=_NO_CAST,
          no_cast_inputs={1: "moving_mean", 2: "moving_variance", 3: "gamma", 4: "beta"},
-         writes=lambda attrs: (1, 2) if attrs["training"] else (),
+         writes=lambda attrs, n_inputs: (1, 2) if attrs["training"] else (),
          doc="batch norm: y = (x - mean) * gamma / sqrt(var + eps) + beta; training: batch "
              "statistics, moving statistics updated in place")
 register("normalization_grad", _norm_grad_infer,

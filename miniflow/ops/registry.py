@@ -29,7 +29,7 @@ OP_REGISTRY: dict[str, "OpDef"] = {}
 AMP_CATEGORIES = ("white", "black", "gray", "clear")
 """The AMP lists an op can be in (``OpDef.amp``; None: in no list, "unlisted")."""
 
-CAST_FUNCTIONS = ("f16", "f32", "f64")
+CAST_FUNCTIONS = ("f16", "bf16", "f32", "f64")
 """Names the fused-expression language reserves for casts: no scalar function may take them."""
 
 _INFER_CALLS = [0]
@@ -63,8 +63,10 @@ class OpDef:
             when the node runs in float16 (OneFlow's ``REGISTER_NO_CAST_REGISTRY``: batch norm's
             statistics and affine parameters stay float32 while ``x`` is float16).
         writes: indices of the inputs the op writes in place (update ops), or a function
-            ``attrs -> indices`` when that depends on the node (``normalization`` writes its
-            moving statistics only in training mode). Read it through :meth:`written`.
+            ``(attrs, number of inputs) -> indices`` when that depends on the node
+            (``normalization`` writes its moving statistics only in training mode; the
+            multi-tensor updates write a number of inputs that depends on how many tensors
+            they update). Read it through :meth:`written`.
         scalar: for an elementwise op, its scalar function: a plain Python function of floats
             (``math`` only), ``out[idx] = scalar(in0[idx], in1[idx], ..., attrs[scalar_attr])`` with
             the inputs broadcast to the output (NumPy rules). The CPU and CUDA kernels and the
@@ -81,6 +83,10 @@ class OpDef:
             the first micro-batch), and the attribute holding the number of micro-batches; None
             for every other op. Such an op runs once per micro-batch with ``attrs["micro_batch"]``
             set to the micro-batch's index (``miniflow.ir.Graph.micro_batch_schedule``).
+        shape_inputs: indices of the inputs read for their shape only (``ones_like``'s x,
+            ``broadcast_like``'s like): a node whose other inputs are all constants (``constant``
+            has none) computes a constant, which a plan computes once, at its first run
+            (``runtime.plan.constant_nodes``).
         doc: one line: what the op computes.
     """
 
@@ -98,13 +104,17 @@ class OpDef:
     scalar_attr: str | None = None
     diagnose: Callable | None = None
     micro_batch: tuple | None = None
+    shape_inputs: tuple = ()
     doc: str = field(default="", repr=False)
 
-    def written(self, attrs) -> tuple:
-        """Indices of the inputs a node of this op with (normalized) ``attrs`` writes in place:
-        the one accessor of ``writes`` (``Node.written`` calls it; dead-code elimination keeps
-        such nodes, ``ir.evaluate`` assigns the new values, fusion keeps reads before writes)."""
-        return tuple(self.writes(attrs)) if callable(self.writes) else tuple(self.writes)
+    def written(self, attrs, n_inputs: int) -> tuple:
+        """Indices (ascending) of the inputs a node of this op with (normalized) ``attrs`` and
+        ``n_inputs`` inputs writes in place: the one accessor of ``writes`` (``Node.written``
+        calls it; dead-code elimination keeps such nodes, ``ir.evaluate`` assigns the new
+        values, fusion keeps reads before writes)."""
+        if callable(self.writes):
+            return tuple(self.writes(attrs, n_inputs))
+        return tuple(k for k in self.writes if k < n_inputs)
 
     def infer(self, inputs, attrs):
         """Shape/dtype inference (counted, so tests can prove the hot path never calls it)."""

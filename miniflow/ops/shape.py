@@ -98,7 +98,7 @@ def _bl_samples():
 
 
 register("broadcast_like", _bl_infer, normalize=_bl_norm, grad=_bl_grad, reference=_bl_ref,
-         samples=_bl_samples, amp="clear",
+         samples=_bl_samples, amp="clear", shape_inputs=(1,),
          doc="out (shape of like) = x repeated along broadcast_axes")
 
 
@@ -197,7 +197,7 @@ def _ones_like_infer(inputs, attrs):
 
 
 register("ones_like", _ones_like_infer, grad=lambda n, gs, emit: [None],
-         reference=lambda xs, a: [np.ones(xs[0].shape)], amp="clear",
+         reference=lambda xs, a: [np.ones(xs[0].shape)], amp="clear", shape_inputs=(0,),
          samples=lambda: float_samples(lambda dt: [([rand(2, 3, dtype=dt)], {}),
                                                    ([rand(dtype=dt)], {})]),
          doc="out = 1 with the shape/dtype of x (x is a real input, as in OneFlow)")

@@ -18,13 +18,31 @@ corrections come from its ``step`` variable in the kernel (OneFlow computes them
 
 ``skip_if`` is an int64 ``[1]`` value; when non-zero the op changes nothing (parameters, moments, step
 count), as OneFlow's update kernels return early on ``skip_if`` (loss scaling skips overflowing steps).
+
+The multi-tensor updates with cast (OneFlow's ``multi_tensor_sgd_update_with_cast`` /
+``multi_tensor_momentum_update_with_cast`` and ``multi_tensor_adam_update_with_cast``, made by
+the ``fuse_model_update_cast`` pass under AMP) update several parameters in one kernel and, in
+the same pass over memory, unscale the gradient and write the half copy of each weight that the
+next step's matmuls read:
+
+* ``multi_tensor_sgd_update_with_cast(learning_rate, skip_if, scale_by_tensor, model_0..n-1,
+  model_diff_0.., model_copy_0..[, momentum_buf_0..])`` {momentum, weight_decay,
+  model_copy_dtype}: per tensor ``g = model_diff * scale_by_tensor`` (the diff in float32 or a
+  half type, widened; ``scale_by_tensor`` is 1 / loss scale, f32[1]), then ``sgd_update``'s step
+  on the float32 model, then ``model_copy = model`` rounded to ``model_copy_dtype``. OneFlow has
+  a separate momentum op; here, as ``sgd_update``, momentum != 0 adds the buffers.
+* ``multi_tensor_adam_update_with_cast(learning_rate, skip_if, scale_by_tensor, model_0..,
+  model_diff_0.., model_copy_0.., m_0.., v_0.., step_0..)`` {beta1, beta2, eps, weight_decay,
+  model_copy_dtype}: the same around ``adam_update``'s step, each tensor with its step count.
+
+With ``skip_if`` set nothing changes: no model, no state, no copy.
 """
 from __future__ import annotations
 
 import numpy as np
 
-from ..dtype import float64, int64
-from .common import fmt, rand
+from ..dtype import bfloat16, float32, float64, int64
+from .common import fmt, rand, rounded
 from .registry import register
 
 
@@ -138,3 +156,190 @@ register("adam_update", _adam_infer, normalize=_adam_norm,
          writes=(0, N_FIXED, N_FIXED + 1, N_FIXED + 2), reference=_adam_ref,
          samples=_samples(3, 0.01, {"weight_decay": 0.01}), amp=None, amp_note=_UPDATE_NOTE,
          doc="Adam with bias correction; skipped when skip_if != 0")
+
+
+# ----------------------------------------------------------------------------- multi-tensor, with cast
+MULTI_FIXED = 3
+"""Inputs every multi-tensor update starts with: learning_rate, skip_if, scale_by_tensor."""
+
+
+def _n_tensors(op: str, n_inputs: int, per_tensor: int) -> int:
+    n, rest = divmod(n_inputs - MULTI_FIXED, per_tensor)
+    if n < 1 or rest:
+        raise ValueError(f"{op}: expects learning_rate, skip_if, scale_by_tensor and then "
+                         f"{per_tensor} inputs per tensor, got {n_inputs} inputs")
+    return n
+
+
+def _sgd_cast_per_tensor(attrs) -> int:
+    """model, model_diff, model_copy (and momentum_buf with momentum)."""
+    return 4 if float(attrs.get("momentum", 0.0)) != 0.0 else 3
+
+
+def _sgd_cast_writes(attrs, n_inputs: int) -> tuple:
+    per = _sgd_cast_per_tensor(attrs)
+    n = _n_tensors("multi_tensor_sgd_update_with_cast", n_inputs, per)
+    groups = (0, 2, 3)[:per - 1]                  # models, copies, momentum buffers
+    return tuple(MULTI_FIXED + g * n + i for g in groups for i in range(n))
+
+
+def _adam_cast_writes(attrs, n_inputs: int) -> tuple:
+    n = _n_tensors("multi_tensor_adam_update_with_cast", n_inputs, 6)
+    return tuple(MULTI_FIXED + g * n + i for g in (0, 2, 3, 4, 5) for i in range(n))
+
+
+def _multi_check(op, inputs, attrs, per_tensor: int) -> list:
+    """Check the fixed inputs and the model / model_diff / model_copy groups; returns the groups
+    of per-tensor inputs (a list of ``per_tensor`` lists)."""
+    n = _n_tensors(op, len(inputs), per_tensor)
+    lr, skip_if, scale = inputs[:MULTI_FIXED]
+    if lr.dtype is not float64 or lr.shape != (1,):
+        raise TypeError(f"{op}: learning_rate {fmt(lr)} must be f64[1] (the optimizer's lr "
+                        "variable)")
+    if skip_if.dtype is not int64 or skip_if.shape != (1,):
+        raise TypeError(f"{op}: skip_if {fmt(skip_if)} must be i64[1]")
+    if scale.dtype is not float32 or scale.shape != (1,):
+        raise TypeError(f"{op}: scale_by_tensor {fmt(scale)} must be f32[1] (1 / loss scale)")
+    groups = [list(inputs[MULTI_FIXED + g * n:MULTI_FIXED + (g + 1) * n])
+              for g in range(per_tensor)]
+    half = attrs["model_copy_dtype"]
+    if len({d.dtype for d in groups[1]}) != 1:
+        raise TypeError(f"{op}: every model_diff must have one dtype, got "
+                        + ", ".join(fmt(d) for d in groups[1]))
+    for model, diff, copy in zip(*groups[:3]):
+        if model.dtype is not float32 or model.kind != "variable":
+            raise TypeError(f"{op}: model {fmt(model)} must be a float32 variable (the master "
+                            "weight)")
+        if diff.shape != model.shape or not (diff.dtype is float32 or diff.dtype.is_half):
+            raise ValueError(f"{op}: model_diff {fmt(diff)} must have the shape of model "
+                             f"{fmt(model)} and be float32 or a half type")
+        if copy.shape != model.shape or copy.dtype is not half or copy.kind != "variable":
+            raise ValueError(f"{op}: model_copy {fmt(copy)} must be a {half.name} variable "
+                             f"shaped like model {fmt(model)}")
+    for group in groups[3:]:
+        for state, model in zip(group, groups[0]):
+            if state.dtype is int64:
+                if state.shape != (1,):
+                    raise TypeError(f"{op}: step {fmt(state)} must be i64[1]")
+            elif state.shape != model.shape or state.dtype is not model.dtype:
+                raise ValueError(f"{op}: state {fmt(state)} must match {fmt(model)}")
+    return groups
+
+
+def _copy_dtype_norm(op, inputs, attrs, per_tensor: int):
+    """``model_copy_dtype``: the dtype of the copies (all alike), from the inputs."""
+    n = _n_tensors(op, len(inputs), per_tensor)
+    copies = inputs[MULTI_FIXED + 2 * n:MULTI_FIXED + 3 * n]
+    dtypes = {v.dtype for v in copies}
+    if len(dtypes) != 1 or not next(iter(dtypes)).is_half:
+        raise TypeError(f"{op}: every model_copy must have one half dtype (float16 or "
+                        f"bfloat16), got " + ", ".join(fmt(v) for v in copies))
+    attrs["model_copy_dtype"] = dtypes.pop()
+    return attrs
+
+
+def _sgd_cast_norm(inputs, attrs):
+    _sgd_norm(inputs, attrs)
+    return _copy_dtype_norm("multi_tensor_sgd_update_with_cast", inputs, attrs,
+                            _sgd_cast_per_tensor(attrs))
+
+
+def _sgd_cast_infer(inputs, attrs):
+    _multi_check("multi_tensor_sgd_update_with_cast", inputs, attrs, _sgd_cast_per_tensor(attrs))
+    return []
+
+
+def _adam_cast_norm(inputs, attrs):
+    _adam_norm(inputs, attrs)
+    return _copy_dtype_norm("multi_tensor_adam_update_with_cast", inputs, attrs, 6)
+
+
+def _adam_cast_infer(inputs, attrs):
+    _multi_check("multi_tensor_adam_update_with_cast", inputs, attrs, 6)
+    return []
+
+
+def _split(arrays, per_tensor: int):
+    """``(lr, skip_if, scale, groups)`` of a multi-tensor update's arrays."""
+    n = (len(arrays) - MULTI_FIXED) // per_tensor
+    rest = arrays[MULTI_FIXED:]
+    return (*arrays[:MULTI_FIXED], [rest[g * n:(g + 1) * n] for g in range(per_tensor)])
+
+
+def _sgd_cast_ref(arrays, attrs):
+    """Per tensor: ``g = model_diff * scale_by_tensor``, PyTorch's SGD step on the model (and
+    momentum buffer), ``model_copy = model`` rounded to the copy's dtype; the new models, copies
+    and buffers (none changes when skip_if != 0)."""
+    lr, skip_if, scale, groups = _split(arrays, _sgd_cast_per_tensor(attrs))
+    models, diffs, copies, *bufs = groups
+    if skip_if[0] != 0:
+        return [a.copy() for g in (models, copies, *bufs) for a in g]
+    new_models, new_bufs = [], []
+    for k, (p, d) in enumerate(zip(models, diffs)):
+        p_new, *b = _sgd_ref([p, d * scale[0], lr, skip_if, *(g[k] for g in bufs)], attrs)
+        new_models.append(p_new)
+        new_bufs += b
+    new_copies = [rounded(p, attrs["model_copy_dtype"]) for p in new_models]
+    return new_models + new_copies + new_bufs
+
+
+def _adam_cast_ref(arrays, attrs):
+    """Per tensor: ``g = model_diff * scale_by_tensor``, PyTorch's Adam step (its own step
+    count), ``model_copy = model`` rounded; the new models, copies, m, v and steps."""
+    lr, skip_if, scale, (models, diffs, copies, ms, vs, steps) = _split(arrays, 6)
+    if skip_if[0] != 0:
+        return [a.copy() for g in (models, copies, ms, vs, steps) for a in g]
+    new = [_adam_ref([p, d * scale[0], lr, skip_if, m, v, t], attrs)
+           for p, d, m, v, t in zip(models, diffs, ms, vs, steps)]
+    new_models = [x[0] for x in new]
+    return (new_models + [rounded(p, attrs["model_copy_dtype"]) for p in new_models]
+            + [x[1] for x in new] + [x[2] for x in new] + [x[3] for x in new])
+
+
+def _multi_samples(adam: bool):
+    """Two tensors (one of them 1-D), float16 and bfloat16 diffs and copies, scale 1/8 (and
+    a non-finite diff that ``skip_if`` skips), skipped and not."""
+    def make():
+        out = []
+        for half in (np.float16, bfloat16.np):
+            for skip in (0, 1):
+                r = np.random.default_rng(5)
+                shapes = [(4, 3), (5,)]
+                models = [rand(*s, r=r) for s in shapes]
+                diffs = [(rand(*s, r=r) * 8).astype(half) for s in shapes]
+                if skip:
+                    diffs[1][0] = np.inf
+                copies = [m.astype(half) for m in models]
+                fixed = [np.array([0.01 if adam else 0.1]), np.array([skip], np.int64),
+                         np.array([0.125], np.float32)]
+                if adam:
+                    state = ([rand(*s, r=r) * 0.1 for s in shapes]
+                             + [rand(*s, r=r, lo=0.0, hi=0.1) for s in shapes]
+                             + [np.array([3], np.int64) for _ in shapes])
+                    attrs = {"weight_decay": 0.01}
+                else:
+                    state = [rand(*s, r=r) for s in shapes]
+                    attrs = {"momentum": 0.9, "weight_decay": 0.01}
+                out.append((fixed + models + diffs + copies + state, attrs))
+        r = np.random.default_rng(6)
+        if not adam:                                # without momentum: no buffers
+            m = rand(6, r=r)
+            out.append(([np.array([0.5]), np.array([0], np.int64), np.array([1.0], np.float32),
+                         m, rand(6, r=r), m.astype(np.float16)], {}))
+        return out
+    return make
+
+
+_CAST_NOTE = ("optimizer update with the half copy of the weight (OneFlow's multi-tensor update "
+              "with cast): made by the fuse_model_update_cast pass after AMP")
+
+register("multi_tensor_sgd_update_with_cast", _sgd_cast_infer, normalize=_sgd_cast_norm,
+         writes=_sgd_cast_writes, reference=_sgd_cast_ref, samples=_multi_samples(False),
+         amp=None, amp_note=_CAST_NOTE,
+         doc="per tensor: g = diff * scale; SGD (momentum) on the float32 model; model_copy = "
+             "half(model); skipped when skip_if != 0")
+register("multi_tensor_adam_update_with_cast", _adam_cast_infer, normalize=_adam_cast_norm,
+         writes=_adam_cast_writes, reference=_adam_cast_ref, samples=_multi_samples(True),
+         amp=None, amp_note=_CAST_NOTE,
+         doc="per tensor: g = diff * scale; Adam on the float32 model; model_copy = "
+             "half(model); skipped when skip_if != 0")

@@ -29,6 +29,7 @@ from ..dtype import as_dtype
 from ..nn.module import Parameter
 from ..tensor import Tensor
 from ..runtime.backend import get_backend
+from ..runtime.readback import LEDGER, LedgerAttribute
 
 __all__ = ["Optimizer", "ParamGroup", "check_real", "RUNTIME_KEYS", "CLIP_KEYS"]
 
@@ -182,7 +183,9 @@ class Optimizer:
         learning_rate: the f64[1] backend array holding ``param_groups[0]["lr"]``, the
             ``learning_rate`` input of the update ops.
         num_steps, num_skipped_steps: how many calls of a graph ran this optimizer's updates,
-            and how many of them the grad scaler skipped (non-finite gradients).
+            and how many of them the grad scaler skipped (non-finite gradients). With a grad
+            scaler on cuda they are counted when the step's outcome is read back
+            (``miniflow.runtime.readback``): reading them waits for it.
         version: bumped by every change a compiled graph depends on.
 
     ``copy.deepcopy`` and ``pickle`` copy everything: the parameters (as they copy any object:
@@ -197,6 +200,8 @@ class Optimizer:
     """
 
     state_names: tuple = ()
+    num_steps = LedgerAttribute()
+    num_skipped_steps = LedgerAttribute()
 
     def __init__(self, params, hyper: dict):
         name = type(self).__name__
@@ -300,8 +305,9 @@ class Optimizer:
     def _record_step(self, skipped: bool) -> None:
         """Count one call of a graph that ran this optimizer's updates (nn.Graph calls it):
         :attr:`num_steps`, and :attr:`num_skipped_steps` when the grad scaler skipped it."""
-        self.num_steps += 1
-        self.num_skipped_steps += bool(skipped)
+        d = self.__dict__                    # not the LedgerAttributes: this may run in a flush
+        d["num_steps"] += 1
+        d["num_skipped_steps"] += bool(skipped)
 
     def _initial_state(self, name: str, p) -> np.ndarray:
         return np.zeros(p.shape, p.dtype.np)
@@ -450,6 +456,7 @@ class Optimizer:
     def __getstate__(self) -> dict:
         """State arrays and the learning-rate array as NumPy copies (device arrays do not
         pickle); parameters as they are."""
+        LEDGER.flush()                       # the step counts up to date
         state = dict(self.__dict__)
         to_numpy = get_backend().to_numpy
         state["state"] = [{k: to_numpy(v) for k, v in s.items()} for s in self.state]

@@ -1,4 +1,5 @@
-"""Automatic mixed precision: color every node, run the white ones in float16, insert casts.
+"""Automatic mixed precision: color every node, run the white ones in the half type (float16 or
+bfloat16), insert casts.
 
 Assumes: autograd has run, so the graph holds the forward AND backward nodes, and the parameter
 gradients (``graph.grads``) have no readers yet (the loss-scale and optimizer passes run later);
@@ -6,7 +7,8 @@ gradients (``graph.grads``) have no readers yet (the loss-scale and optimizer pa
 
 Guarantees:
 
-* Every node gets ``node.meta["amp_color"]``: ``"white"`` (runs in float16), ``"black"`` (black
+* Every node gets ``node.meta["amp_color"]``: ``"white"`` (runs in the half type ``ctx.amp.dtype``,
+  float16 or bfloat16; "float16" below stands for either), ``"black"`` (black
   list or black propagation), else its list category (``"gray"``, ``"clear"``) or ``"unlisted"``;
   every non-white node runs in float32. Inserted casts get ``"cast"``.
 * Casts, only on the edges between white and other nodes (OneFlow's ``InsertCastOp``), only of
@@ -49,7 +51,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ..dtype import DType, as_dtype, float16, float32
+from ..dtype import HALF_DTYPES, DType, as_dtype, float16, float32
 from ..ir import Graph, Node, output_name
 from ..ops import emitter
 
@@ -58,10 +60,11 @@ __all__ = ["AmpConfig", "AmpDecision", "AmpResult", "auto_mixed_precision"]
 
 @dataclass
 class AmpConfig:
-    """AMP settings of one graph: ``lists`` (a ``miniflow.amp.AmpLists``) and the half ``dtype``.
+    """AMP settings of one graph: ``lists`` (a ``miniflow.amp.AmpLists``) and the half ``dtype``
+    (float16 or bfloat16).
 
     Raises:
-        TypeError: a dtype other than float16 (miniflow's only half type).
+        TypeError: a dtype other than float16 or bfloat16.
     """
 
     lists: object
@@ -72,9 +75,9 @@ class AmpConfig:
             dtype = as_dtype(self.dtype)
         except TypeError:
             dtype = None
-        if dtype is not float16:
-            raise TypeError(f"enable_amp: dtype must be miniflow.float16, the only half type "
-                            f"miniflow has (no bfloat16), got {self.dtype!r}")
+        if dtype not in HALF_DTYPES:
+            raise TypeError(f"enable_amp: dtype must be a half type, miniflow.float16 or "
+                            f"miniflow.bfloat16, got {self.dtype!r}")
         self.dtype = dtype
 
 
@@ -242,7 +245,8 @@ def _reinfer(node: Node) -> None:
         metas = node.op.infer(node.inputs, node.attrs)
     except (TypeError, ValueError) as e:
         name = node.op.name
-        raise TypeError(f"auto_mixed_precision: {name} cannot run in float16 here: {e} "
+        raise TypeError(f"auto_mixed_precision: {name} cannot run in {node.inputs[0].dtype.name} "
+                        f"here: {e} "
                         f"(node: {node.format()}); put {name!r} in the black list with "
                         f"enable_amp(black_add=[{name!r}])") from None
     for v, (_, dtype) in zip(node.outputs, metas):

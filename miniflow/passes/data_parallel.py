@@ -12,9 +12,9 @@ the trainable variables (``ctx.trainable``, in parameter order). Guarantees:
    per gradient dtype, a bucket closes once it holds ``bucket_cap_mb`` MiB (25, DDP's default).
 2. Every bucket becomes one ``all_reduce`` node ``{reduce='mean'}`` after the backward nodes, and
    each gradient result becomes its mean over the ranks, in the dtype AMP chose for the gradient.
-   MPI has no float16 sum, so a float16 bucket is summed in float32 anyway; the pass makes that
-   explicit in the IR: ``cast`` to float32, ``all_reduce`` in float32, ``cast`` of the means back to
-   float16. That is bit for bit what the collective's own float16 path gives (sum and divide in
+   MPI has no float16 sum, so a float16 (or bfloat16) bucket is summed in float32 anyway; the
+   pass makes that explicit in the IR: ``cast`` to float32, ``all_reduce`` in float32, ``cast`` of
+   the means back to the half type. That is bit for bit what the collective's own float16 path gives (sum and divide in
    float32, one rounding to float16), and faster: the cast kernels convert in a pass over memory
    where the collective converts with NumPy (``benchmarks/README.md``, "Data parallel").
 3. ``ctx.all_reduce_buckets`` lists each bucket's variable names. The loss-scale pass then sums the
@@ -30,11 +30,11 @@ import math
 from dataclasses import dataclass
 
 from ..distributed import DEFAULT_BUCKET_CAP_MB, compute_bucket_assignment_by_size
-from ..dtype import float16, float32
+from ..dtype import float32
 from ..ir import Graph, grad_name
 from ..ops import emitter
 
-__all__ = ["DataParallelConfig", "data_parallel"]
+__all__ = ["DataParallelConfig", "data_parallel", "summed_in_float32"]
 
 
 @dataclass(frozen=True)
@@ -59,6 +59,12 @@ class DataParallelConfig:
                              f"> 0, got {cap!r}")
 
 
+def summed_in_float32(dtype) -> bool:
+    """Whether a bucket of ``dtype`` is all-reduced as float32 between two casts: the half types
+    (MPI has no 16-bit float sum)."""
+    return dtype.is_half
+
+
 def data_parallel(graph: Graph, ctx) -> Graph:
     """Average the gradient results across the ranks (no-op without ``ctx.data_parallel`` or
     gradients); see the module docstring."""
@@ -74,13 +80,13 @@ def data_parallel(graph: Graph, ctx) -> Graph:
     for bucket in buckets:
         bucket_names = [names[i] for i in bucket]
         values = [grads[n] for n in bucket_names]
-        half = values[0].dtype is float16
-        if half:
+        half = values[0].dtype if summed_in_float32(values[0].dtype) else None
+        if half is not None:
             values = [emit("cast", v, dtype=float32) for v in values]
         means = emit("all_reduce", *values, reduce="mean")
         means = list(means) if isinstance(means, tuple) else [means]
-        if half:
-            means = [emit("cast", m, dtype=float16) for m in means]
+        if half is not None:
+            means = [emit("cast", m, dtype=half) for m in means]
         for name, mean in zip(bucket_names, means):
             graph.results[grad_name(name)] = mean
         ctx.all_reduce_buckets.append(bucket_names)

@@ -5,7 +5,10 @@ Assumes: the IR is final but for dead code (autograd, AMP, loss scaling and the 
 run), so dtypes and casts are decided. Fusible nodes: ops whose definition has a scalar function
 (``OpDef.scalar``, any op declared that way, so a new elementwise op fuses without a change here)
 and casts to a float dtype; ``bias_add`` only along the last axis, where it is NumPy broadcasting
-(``broadcast_add``'s function). AMP identities stay visible (a user put them there; AMP prunes
+(``broadcast_add``'s function); ``scalar_mul_by_tensor`` (the loss scaler's unscale, the clip
+factor) where its one-element tensor has no more dims than the output, NumPy broadcasting too
+(``broadcast_mul``'s function): with AMP the cast of each float16 gradient to float32 and its
+unscale become one kernel. AMP identities stay visible (a user put them there; AMP prunes
 them).
 
 Guarantees: the graph computes the same bits as before: the fused expression rounds every result to
@@ -65,6 +68,8 @@ def _term(node: Node, args: list):
         return ("call", _CASTS[node.attrs["dtype"].name], tuple(args))
     if op.name == "bias_add":            # along the last axis: NumPy broadcasting of an add
         op = get_op("broadcast_add")
+    elif op.name == "scalar_mul_by_tensor":     # a one-element tensor: NumPy broadcasting
+        op = get_op("broadcast_mul")
     if op.scalar_attr is not None:
         args = args + [("num", node.attrs[op.scalar_attr])]
     return ("call", op.scalar.__name__, tuple(args))
@@ -79,6 +84,8 @@ def _fusible(node: Node) -> bool:
         ok = out.dtype.name in _CASTS
     elif name == "bias_add":
         ok = node.attrs["axis"] == len(out.shape) - 1
+    elif name == "scalar_mul_by_tensor":
+        ok = len(node.inputs[1].shape) <= len(out.shape)
     else:
         ok = node.op.scalar is not None
     return ok and broadcast_kinds(out.shape, [v.shape for v in node.inputs]) is not None

@@ -41,7 +41,8 @@ scaling is a pass"):
    inf/NaN update; ``StaticGradScaler(scale, skip_nonfinite=False)`` reproduces that, and skipping
    is miniflow's safer default.
 6. ``dynamic_loss_scale_schedule`` updates scale and tracker; it is appended after every node that
-   reads the scale (the initial-gradient multiply and the reciprocal used to unscale).
+   reads the scale (the initial-gradient multiply and the reciprocal used to unscale, which is
+   ``ctx.inv_scale``).
 """
 from __future__ import annotations
 
@@ -76,6 +77,7 @@ def loss_scale(graph: Graph, ctx) -> Graph:
     ctx.scaled_initial_grad = _scale_initial_grad(graph, ctx.initial_grad, ctx.loss_scale_policy,
                                                   scaler, scale_var)
     inv_scale = {float32: emit("reciprocal", scale_var)} if scaler.dynamic else None
+    ctx.inv_scale = inv_scale[float32] if scaler.dynamic else None
     names = list(graph.grads)
     for name in names:
         g = master_grad(graph, graph.variables[name], graph.grads[name])

@@ -1,8 +1,9 @@
 """The pass pipeline: the order passes run in, and the context they share.
 
 Order (docs/architecture.md): autograd -> auto_mixed_precision -> prune_amp_identity ->
-gradient_accumulation -> data_parallel -> loss_scale -> optimizer -> fuse_elementwise ->
-dead_code_elimination. The two AMP passes run only when AMP is enabled (``ctx.amp`` is set),
+gradient_accumulation -> data_parallel -> loss_scale -> optimizer -> fuse_model_update_cast ->
+fuse_elementwise -> dead_code_elimination. The three AMP passes run only when AMP is enabled
+(``ctx.amp`` is set; ``fuse_model_update_cast`` also needs ``ctx.fuse_model_update_cast``),
 data_parallel only when data-parallel training is (``ctx.data_parallel``; it averages the
 accumulated gradients, once per call). The IR is verified after every pass; with
 ``print_ir=True`` it is printed after every pass too.
@@ -21,6 +22,7 @@ from .autograd import autograd
 from .data_parallel import DataParallelConfig, data_parallel
 from .dead_code_elimination import dead_code_elimination
 from .fuse_elementwise import fuse_elementwise
+from .fuse_model_update_cast import fuse_model_update_cast
 from .gradient_accumulation import gradient_accumulation
 from .loss_scale import POLICIES, loss_scale
 from .optimizer import optimizer
@@ -50,12 +52,17 @@ class CompileContext:
             averaged across the ranks, else None.
         accumulation_steps: micro-batches per call (``set_gradient_accumulation_steps``; the
             driver already split the inputs and packed the outputs).
+        fuse_model_update_cast: under AMP, fuse the weight casts, unscaling and updates
+            (``config.enable_fused_model_update_cast``, on by default).
         print_ir: print the IR after every pass.
 
     Set by the passes:
         initial_grad: the ``ones_like(loss)`` Value autograd seeds the backward pass with.
         scaled_initial_grad: the loss-scale pass's product of it and the scale.
         skip_if: an i64[1] Value that update ops take as ``skip_if`` (set by loss scaling).
+        inv_scale: the f32[1] Value ``1 / loss_scale`` of a dynamic scaler (set by loss scaling).
+        half_copies: ``(parameter, copy variable)`` names of the half weight copies the
+            ``fuse_model_update_cast`` pass declared (without data: the driver binds them).
         nonfinite_names: the variable names the ``"nonfinite_counts"`` result counts, in order
             (under data parallel: summed over the ranks).
         all_reduce_buckets: the variable names of each gradient bucket the data-parallel pass
@@ -72,10 +79,13 @@ class CompileContext:
     loss_scale_policy: str = POLICIES[0]
     data_parallel: DataParallelConfig | None = None
     accumulation_steps: int = 1
+    fuse_model_update_cast: bool = True
     print_ir: bool = False
     initial_grad: object = None
     scaled_initial_grad: object = None
     skip_if: object = None
+    inv_scale: object = None
+    half_copies: list = field(default_factory=list)
     nonfinite_names: list = field(default_factory=list)
     all_reduce_buckets: list = field(default_factory=list)
     amp_result: AmpResult | None = None
@@ -89,11 +99,12 @@ PASSES = [
     ("data_parallel", data_parallel),
     ("loss_scale", loss_scale),
     ("optimizer", optimizer),
+    ("fuse_model_update_cast", fuse_model_update_cast),
     ("fuse_elementwise", fuse_elementwise),
     ("dead_code_elimination", dead_code_elimination),
 ]
 
-AMP_PASSES = ("auto_mixed_precision", "prune_amp_identity")
+AMP_PASSES = ("auto_mixed_precision", "prune_amp_identity", "fuse_model_update_cast")
 """Passes that run only with AMP enabled."""
 
 DATA_PARALLEL_PASSES = ("data_parallel",)

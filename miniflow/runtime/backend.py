@@ -12,6 +12,7 @@ backend runs only when asked for.
 """
 from __future__ import annotations
 
+import functools
 import importlib.util
 import os
 
@@ -68,12 +69,42 @@ class Backend:
       it in ``Plan.describe()``.
     * Precision: f16 and f32 compute in float32, f64 in float64; every result is rounded once,
       when it is stored in its dtype.
+
+    Running plans (``miniflow.runtime.plan``; all built when a plan first runs):
+
+    * ``prepare(steps) -> (calls, step_of, note)``: the calls that run the plan's steps, in
+      order (``(fn, args)``; ``step_of[k]``: the step call ``k`` runs, None when it runs them
+      all, e.g. a CUDA graph; ``note``: a phrase on how, for ``Plan.describe``). Kernels are
+      compiled (or loaded from the cache) here at the latest.
+    * ``input_stager(buffers) -> stage``: ``stage(arrays)`` copies host arrays into the input
+      buffers (as ``copy_in``, possibly asynchronously: the arrays may be changed as soon as it
+      returns).
+    * ``output_copier(buffer) -> copy``: ``copy()`` returns a new backend array holding
+      ``buffer``'s values; later runs never change it.
+    * ``readback(arrays)``: a reusable read-back of device ``arrays`` into host arrays
+      (``miniflow.runtime.readback``: ``copy(i)``, ``record()``, ``ready()``, ``wait()``);
+      ``readback_depth``: how many may be pending per plan.
     """
 
     name = "?"
+    readback_depth = 1
 
     def builder_for(self, op):
         raise NotImplementedError
+
+    def fused_builder(self, producer, consumer):
+        """A builder ``(producer_node, consumer_node, ins, outs)`` of op types ``producer`` then
+        ``consumer`` (OpDefs) as one, or None (the default: none). ``ins`` are the producer's
+        inputs then the consumer's other inputs, ``outs`` the consumer's outputs; the producer's
+        output is read by the consumer only (``runtime.plan.fused_pairs``)."""
+        return None
+
+    def group_builder(self, op):
+        """A ``kernels.common.table.GroupBuilder`` of several nodes of op type ``op`` (an
+        OpDef) as one kernel (multi-tensor updates), or None (the default: none). The plan
+        groups nodes where moving them together changes no result
+        (``runtime.plan.grouped_nodes``)."""
+        return None
 
     def empty(self, shape, np_dtype):
         raise NotImplementedError
@@ -91,6 +122,18 @@ class Backend:
         raise NotImplementedError
 
     def owns(self, array) -> bool:
+        raise NotImplementedError
+
+    def prepare(self, steps):
+        raise NotImplementedError
+
+    def input_stager(self, buffers):
+        raise NotImplementedError
+
+    def output_copier(self, buffer):
+        raise NotImplementedError
+
+    def readback(self, arrays):
         raise NotImplementedError
 
 
@@ -120,6 +163,28 @@ class CpuBackend(Backend):
 
     def owns(self, array) -> bool:
         return isinstance(array, np.ndarray)
+
+    def prepare(self, steps):
+        """The steps themselves, called one after the other."""
+        return list(steps), list(range(len(steps))), "steps called in turn"
+
+    def input_stager(self, buffers):
+        """``np.copyto`` into each buffer."""
+        buffers = list(buffers)
+
+        def stage(arrays):
+            for buf, a in zip(buffers, arrays):
+                np.copyto(buf, a, casting="no")
+        return stage
+
+    def output_copier(self, buffer):
+        """A NumPy copy of ``buffer`` per call."""
+        return functools.partial(np.array, buffer, copy=True)
+
+    def readback(self, arrays):
+        """Copies made at once (``readback.HostReadback``)."""
+        from .readback import HostReadback
+        return HostReadback(arrays, lambda array, host: np.copyto(host, array))
 
 
 def cuda_status() -> tuple:
@@ -163,8 +228,10 @@ def _real_gpu_present() -> bool:
 class CudaBackend(Backend):
     """numba-cuda device arrays and CUDA kernels (``miniflow.kernels.cuda``).
 
-    Host copies happen only in ``from_numpy`` / ``copy_in`` (graph inputs, parameters) and
-    ``to_numpy`` (graph outputs, ``Tensor.numpy()``); kernels read and write device arrays.
+    Host copies happen only in ``from_numpy`` / ``copy_in`` (parameters, optimizer state),
+    ``to_numpy`` (``Tensor.numpy()``), a plan's input stager and read-backs; kernels read and
+    write device arrays. Plans run on the backend's stream (``stream``) as packed launches or a
+    CUDA graph, with pinned inputs and pooled outputs (``miniflow.runtime.cuda``).
 
     Raises:
         BackendUnavailableError: on construction, when there is no CUDA device (or no numba-cuda),
@@ -183,10 +250,30 @@ class CudaBackend(Backend):
                 f"driver and the cuda extra: pip install 'miniflow[cuda]'.")
         from numba import cuda
         self._cuda = cuda
+        self._stream = None
+
+    readback_depth = 8
+
+    @property
+    def stream(self):
+        """The stream every plan of this backend runs on (created on first use)."""
+        if self._stream is None:
+            self._stream = self._cuda.stream()
+        return self._stream
 
     def builder_for(self, op):
         from ..kernels.cuda import builder_for
         return builder_for(op)
+
+    def fused_builder(self, producer, consumer):
+        """The CUDA kernels' fused pairs (``kernels.cuda.fused_builder``)."""
+        from ..kernels.cuda import fused_builder
+        return fused_builder(producer, consumer)
+
+    def group_builder(self, op):
+        """The CUDA kernels' multi-tensor updates (``kernels.cuda.group_builder``)."""
+        from ..kernels.cuda import group_builder
+        return group_builder(op)
 
     def empty(self, shape, np_dtype):
         return self._cuda.device_array(shape, np_dtype)
@@ -200,9 +287,8 @@ class CudaBackend(Backend):
         return array.copy_to_host()
 
     def clone(self, array):
-        out = self._cuda.device_array_like(array)
-        out.copy_to_device(array)  # device to device
-        return out
+        from . import cuda as runtime
+        return runtime.clone(array)
 
     def copy_in(self, dst, src):
         """Copy host ``src`` into device buffer ``dst`` (same shape and dtype, as the CPU's
@@ -211,18 +297,49 @@ class CudaBackend(Backend):
         Raises:
             TypeError: dtype mismatch; ValueError: shape mismatch.
         """
+        from .cuda import check_copy
         src = np.asarray(src)
-        if src.dtype != dst.dtype:
-            raise TypeError(f"cannot copy a {src.dtype} array into a {dst.dtype} device buffer; "
-                            f"convert it with .astype({dst.dtype})")
-        if src.shape != dst.shape:
-            raise ValueError(f"cannot copy an array of shape {src.shape} into a device buffer of "
-                             f"shape {dst.shape}")
+        check_copy(dst, src)
         dst.copy_to_device(np.asarray(src, order="C"))
 
     def owns(self, array) -> bool:
         """A numba device array (or the simulator's stand-in for one)."""
         return not isinstance(array, np.ndarray) and hasattr(array, "copy_to_host")
+
+    def prepare(self, steps):
+        """Packed launches on :attr:`stream`, or one CUDA graph (``runtime.cuda.prepare``)."""
+        from . import cuda as runtime
+        calls, step_of, why_not_graph = runtime.prepare(steps, self.stream)
+        note = ("one CUDA graph" if why_not_graph is None
+                else f"packed launches (no CUDA graph: {why_not_graph})")
+        return calls, step_of, "dispatcher calls" if runtime.SIMULATOR else note
+
+    def input_stager(self, buffers):
+        """Pinned host buffers, asynchronous copies (``runtime.cuda.InputStager``)."""
+        from . import cuda as runtime
+        if runtime.SIMULATOR:
+            buffers = list(buffers)
+
+            def stage(arrays):
+                for buf, a in zip(buffers, arrays):
+                    self.copy_in(buf, a)
+            return stage
+        return runtime.InputStager(buffers, self.stream)
+
+    def output_copier(self, buffer):
+        """A pooled device copy per call (``runtime.cuda.OutputPool``)."""
+        from . import cuda as runtime
+        if runtime.SIMULATOR:
+            return functools.partial(runtime.clone, buffer)
+        return runtime.OutputPool(buffer, self.stream)
+
+    def readback(self, arrays):
+        """Asynchronous copies into pinned buffers (``runtime.cuda.Readback``)."""
+        from . import cuda as runtime
+        if runtime.SIMULATOR:
+            from .readback import HostReadback
+            return HostReadback(arrays, lambda array, host: array.copy_to_host(host))
+        return runtime.Readback(arrays, self.stream)
 
 
 BACKENDS: dict = {"cpu": CpuBackend, "cuda": CudaBackend}

@@ -3,7 +3,11 @@
 Kernels compile (or load from Numba's disk cache) the first time a plan runs. Compiling a graph's
 kernels takes seconds, loading them a fraction of one, so the notice is printed, to stderr and once
 per process, only when Numba actually compiles: it listens for Numba's ``numba:compile`` event,
-which fires for a compilation and not for a cache hit (``numba/core/dispatcher.py``). It is written
+which fires for a compilation and not for a cache hit (``numba/core/dispatcher.py``), and, once
+numba-cuda is imported, for numba-cuda's ``numba-cuda:run_pass`` event (numba-cuda has an event
+module of its own, ``numba.cuda.core.event``, and fires no ``numba:compile`` for kernels: its
+compiler pipeline fires ``numba-cuda:run_pass`` for every pass it runs, which it does only when
+it compiles, a kernel or a device function, never when it loads one from the cache). It is written
 through ``tqdm.external_write_mode``, so a progress bar (``miniflow train``) is cleared first and
 redrawn below it.
 
@@ -41,26 +45,34 @@ def notice_text() -> str:
 _SHOWN = [False]
 
 
-class _Listener(event.Listener):
-    """Prints :func:`notice_text` at the first compilation it hears of."""
+def _show(ev=None) -> None:
+    """Print :func:`notice_text` unless it was printed already."""
+    if not _SHOWN[0]:
+        _SHOWN[0] = True
+        from tqdm import tqdm
+        with tqdm.external_write_mode(file=sys.stderr):
+            print(notice_text(), file=sys.stderr, flush=True)
 
-    def on_start(self, ev) -> None:
-        if not _SHOWN[0]:
-            _SHOWN[0] = True
-            from tqdm import tqdm
-            with tqdm.external_write_mode(file=sys.stderr):
-                print(notice_text(), file=sys.stderr, flush=True)
 
-    def on_end(self, ev) -> None:
-        pass
+def _listener(events):
+    """A listener of Numba's (or numba-cuda's) ``events`` module that shows the notice at the
+    first event it hears of."""
+    cls = type("_NoticeListener", (events.Listener,),
+               {"on_start": lambda self, ev: _show(), "on_end": lambda self, ev: None})
+    return cls()
 
 
 @contextlib.contextmanager
 def compile_notice():
-    """Inside the block, the first Numba compilation prints :func:`notice_text` (once per
-    process)."""
+    """Inside the block, the first Numba compilation (CPU or, once numba-cuda is imported, CUDA)
+    prints :func:`notice_text` (once per process)."""
     if _SHOWN[0]:
         yield
         return
-    with event.install_listener("numba:compile", _Listener()):
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(event.install_listener("numba:compile", _listener(event)))
+        cuda_events = sys.modules.get("numba.cuda.core.event")
+        if cuda_events is not None:
+            stack.enter_context(cuda_events.install_listener("numba-cuda:run_pass",
+                                                             _listener(cuda_events)))
         yield

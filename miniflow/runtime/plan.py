@@ -5,7 +5,10 @@ the arrays that hold their state, and asks the backend's kernel builder of every
 Running a plan copies the inputs in, runs ``fn(*args)`` for every step, and copies the outputs out:
 no shape inference, no allocation per node, no dict lookups (docs/architecture.md, "Plan, not
 interpreter"). Kernels are found once, when the plan is built (``Backend.builder_for``; the builder
-contract is in ``miniflow.runtime.backend.Backend``).
+contract is in ``miniflow.runtime.backend.Backend``). At its first run the backend turns the steps
+into the calls it makes at every run (``Backend.prepare``: the steps themselves on the cpu; packed
+launches or one CUDA graph on cuda), and the inputs and outputs go through the backend's input
+stager and output copiers (pinned, asynchronous and pooled on cuda).
 
 A graph with micro-batches (gradient accumulation) is still one flat list of steps: the steps of
 the nodes that run before the micro-batches, then those of the micro-batch nodes once per
@@ -23,7 +26,7 @@ import numpy as np
 from ..ir import Graph, runs_per_micro_batch
 from .notice import compile_notice
 
-__all__ = ["Plan", "build_steps", "check_owned"]
+__all__ = ["Plan", "build_steps", "check_owned", "constant_nodes", "fused_pairs", "grouped_nodes"]
 
 
 def check_owned(backend, array, what: str):
@@ -42,12 +45,17 @@ def check_owned(backend, array, what: str):
     return array
 
 
-def build_steps(nodes, buffers: dict, backend, micro_batch: int | None = None):
+def build_steps(nodes, buffers: dict, backend, micro_batch: int | None = None,
+                fused: dict | None = None, groups: dict | None = None):
     """Kernel steps for ``nodes``; allocates the buffers of their outputs into ``buffers`` (those
     not there yet).
 
     ``micro_batch``: build the boundary ops of the micro-batches (``op.micro_batch``) for that
-    micro-batch (``attrs["micro_batch"]``).
+    micro-batch (``attrs["micro_batch"]``). ``fused``: ``id(node) -> consumer``: build that node
+    and its consumer as one (``Backend.fused_builder``), in the node's place; the consumer is
+    not in ``nodes``. ``groups``: ``id(node) -> member nodes``: build the members (the node
+    last) as one (``Backend.group_builder``), in the node's place; the others are not in
+    ``nodes``.
 
     Returns ``(steps, owners)``: the ``(fn, args)`` list and, per step, the index of its node.
 
@@ -56,32 +64,153 @@ def build_steps(nodes, buffers: dict, backend, micro_batch: int | None = None):
     """
     steps, owners = [], []
     for i, node in enumerate(nodes):
-        for v in node.outputs:
+        consumer = fused.get(id(node)) if fused else None
+        members = groups.get(id(node)) if groups else None
+        for v in node.outputs + (consumer.outputs if consumer is not None else []):
             if id(v) not in buffers:
                 buffers[id(v)] = backend.empty(v.shape, v.dtype.np)
-        builder = backend.builder_for(node.op)
-        if builder is None:
-            raise NotImplementedError(f"backend {backend.name!r} has no kernel for op "
-                                      f"{node.op.name!r} (node: {node.format()})")
-        if micro_batch is not None and runs_per_micro_batch(node):
-            node = dataclasses.replace(node, attrs={**node.attrs, "micro_batch": micro_batch})
-        ins = [buffers[id(v)] for v in node.inputs]
-        outs = [buffers[id(v)] for v in node.outputs]
-        for step in builder(node, ins, outs):
+        if members is not None:
+            built = backend.group_builder(node.op).build(
+                members, [[buffers[id(v)] for v in m.inputs] for m in members],
+                [[buffers[id(v)] for v in m.outputs] for m in members])
+        elif consumer is not None:
+            ins = [buffers[id(v)] for v in node.inputs]
+            ins += [buffers[id(v)] for v in consumer.inputs if v is not node.outputs[0]]
+            built = backend.fused_builder(node.op, consumer.op)(
+                node, consumer, ins, [buffers[id(v)] for v in consumer.outputs])
+        else:
+            builder = backend.builder_for(node.op)
+            if builder is None:
+                raise NotImplementedError(f"backend {backend.name!r} has no kernel for op "
+                                          f"{node.op.name!r} (node: {node.format()})")
+            if micro_batch is not None and runs_per_micro_batch(node):
+                node = dataclasses.replace(node, attrs={**node.attrs, "micro_batch": micro_batch})
+            built = builder(node, [buffers[id(v)] for v in node.inputs],
+                            [buffers[id(v)] for v in node.outputs])
+        for step in built:
             steps.append(step)
             owners.append(i)
     return steps, owners
 
 
+def constant_nodes(graph: Graph) -> list:
+    """Indices of the nodes whose outputs are known when the plan is built, in program order:
+    every input they read the values of (all but ``op.shape_inputs``) is a graph constant or
+    such an output. The initial gradient is one: ``ones_like(loss)`` (the loss is read for its
+    shape), its ``scalar_mul`` by 1/N and the ``broadcast_like`` of that. Never an op that writes
+    its inputs or a micro-batch boundary op."""
+    known = {id(v) for v in graph.constants.values()}
+    out = []
+    for i, node in enumerate(graph.nodes):
+        if node.written or node.op.micro_batch is not None:
+            continue
+        shape_inputs = node.op.shape_inputs
+        if all(id(v) in known for k, v in enumerate(node.inputs) if k not in shape_inputs):
+            out.append(i)
+            known.update(id(v) for v in node.outputs)
+    return out
+
+
+def fused_pairs(graph: Graph, backend, skip) -> dict:
+    """``{producer index: consumer index}`` of the node pairs the backend builds as one
+    (``Backend.fused_builder``; e.g. on cuda ``reduce_sum`` then ``scalar_mul``, the mean loss):
+    the producer's single output is read by the consumer alone and is no graph result, both run
+    in the same part of the micro-batch schedule (neither a boundary op), and every other input
+    of the consumer exists before the producer runs. Nodes in ``skip`` take part in none."""
+    nodes, users = graph.nodes, graph.users()
+    index = {id(n): i for i, n in enumerate(nodes)}
+    results = {id(v) for v in graph.results.values()} | {id(v) for v in graph.outputs}
+    schedule = graph.micro_batch_schedule()
+    part = {i: p for p, group in enumerate((schedule.before, schedule.each, schedule.after))
+            for i in group}
+    pairs, taken = {}, set(skip)
+    for i, node in enumerate(nodes):
+        if i in taken or len(node.outputs) != 1 or id(node.outputs[0]) in results:
+            continue
+        readers = users.get(node.outputs[0], [])
+        if len(readers) != 1:
+            continue
+        c = index[id(readers[0])]
+        consumer = nodes[c]
+        if (c in taken or part.get(i) != part.get(c) or node.op.micro_batch is not None
+                or consumer.op.micro_batch is not None
+                or backend.fused_builder(node.op, consumer.op) is None):
+            continue
+        if any(v.producer is not None and index.get(id(v.producer), -1) > i
+               for v in consumer.inputs if v is not node.outputs[0]):
+            continue
+        pairs[i] = c
+        taken.update((i, c))
+    return pairs
+
+
+def grouped_nodes(graph: Graph, backend, skip) -> dict:
+    """``{last member index: member indices}`` of the node groups the backend builds as one
+    launch (``Backend.group_builder``; on cuda the optimizer updates of many parameters and the
+    one-dimensional fused elementwise nodes of one expression, AMP's cast-and-unscale of every
+    gradient).
+
+    Members share the op type, the attributes, the input dtypes and the values of the group
+    builder's shared inputs (``GroupBuilder.shared_inputs``: learning rate, ``skip_if``), and
+    run in the same part of the micro-batch schedule. The group runs where its last member is,
+    so a member joins only if moving the earlier ones there changes nothing: no node in between reads what a member
+    writes or defines (its outputs) or writes what a member reads or writes, and no two members
+    touch a value one of them writes or defines. Nodes in ``skip`` take part in none; groups of
+    one are left out."""
+    nodes = graph.nodes
+    schedule = graph.micro_batch_schedule()
+    part = {i: p for p, group in enumerate((schedule.before, schedule.each, schedule.after))
+            for i in group}
+    open_groups: dict = {}          # key -> [members, ids read, ids written]
+    groups = []
+    for i, node in enumerate(nodes):
+        written = {id(v) for v in node.written}
+        written |= {id(v) for v in node.outputs}    # moved later, a member defines them later
+        read = {id(v) for v in node.inputs}
+        builder = None if i in skip else backend.group_builder(node.op)
+        shared = None if builder is None else builder.shared_inputs(node)
+        key = joined = None
+        if shared is not None:
+            key = (node.op.name, part.get(i), tuple(sorted(node.attrs.items())),
+                   tuple(v.dtype.name for v in node.inputs), tuple(shared),
+                   tuple(id(node.inputs[k]) for k in shared))
+            group = open_groups.get(key)
+            if group is not None and not (read & group[2] or written & group[1]):
+                joined = group
+        for k, group in list(open_groups.items()):
+            if group is not joined and (read & group[2] or written & group[1]):
+                del open_groups[k]  # this node must see the members before it, or precede them
+        if joined is not None:
+            joined[0].append(i)
+            joined[1] |= read
+            joined[2] |= written
+        elif key is not None:
+            open_groups[key] = [[i], read, written]
+            groups.append(open_groups[key][0])
+    return {members[-1]: members for members in groups if len(members) > 1}
+
+
 def _scheduled_steps(graph: Graph, buffers: dict, backend):
-    """``(steps, owners)`` of the whole graph in its micro-batch schedule (owners: indices into
-    ``graph.nodes``): the boundary ops built per micro-batch, the other nodes' steps built once."""
+    """``(steps, owners, once_steps, once_owners)`` of the whole graph (owners: indices into
+    ``graph.nodes``): the constant nodes' steps (:func:`constant_nodes`), run once; the others in
+    the micro-batch schedule, the boundary ops built per micro-batch, the other nodes' steps
+    built once, :func:`fused_pairs` and :func:`grouped_nodes` built as one."""
     schedule, nodes = graph.micro_batch_schedule(), graph.nodes
+    once = constant_nodes(graph)
+    pairs = fused_pairs(graph, backend, once)
+    fused = {id(nodes[p]): nodes[c] for p, c in pairs.items()}
+    grouped = grouped_nodes(graph, backend, set(once) | set(pairs) | set(pairs.values()))
+    groups = {id(nodes[last]): [nodes[i] for i in members] for last, members in grouped.items()}
+    skip = set(once) | set(pairs.values()) | {i for m in grouped.values() for i in m[:-1]}
+    for node in nodes:                   # first: constant nodes may read later values' shapes
+        for v in node.outputs:
+            if id(v) not in buffers:
+                buffers[id(v)] = backend.empty(v.shape, v.dtype.np)
     steps, owners = [], []
 
     def build(indices, micro_batch=None) -> dict:
         built, built_owners = build_steps([nodes[i] for i in indices], buffers, backend,
-                                          micro_batch)
+                                          micro_batch, fused, groups)
         per_node: dict = {}
         for step, k in zip(built, built_owners):
             per_node.setdefault(indices[k], []).append(step)
@@ -93,15 +222,20 @@ def _scheduled_steps(graph: Graph, buffers: dict, backend):
                 steps.append(step)
                 owners.append(i)
 
-    append(build(schedule.before), schedule.before)
-    each = build(schedule.each, 0)
-    boundary = [i for i in schedule.each if runs_per_micro_batch(nodes[i])]
+    constant = build(once)
+    once_steps = [step for i in once for step in constant.get(i, ())]
+    once_owners = [i for i in once for _ in constant.get(i, ())]
+    before, each_nodes, after = ([i for i in part if i not in skip]
+                                 for part in (schedule.before, schedule.each, schedule.after))
+    append(build(before), before)
+    each = build(each_nodes, 0)
+    boundary = [i for i in each_nodes if runs_per_micro_batch(nodes[i])]
     for k in range(schedule.count):
         if k:
             each.update(build(boundary, k))
-        append(each, schedule.each)
-    append(build(schedule.after), schedule.after)
-    return steps, owners
+        append(each, each_nodes)
+    append(build(after), after)
+    return steps, owners, once_steps, once_owners
 
 
 class Plan:
@@ -131,32 +265,42 @@ class Plan:
         for v in [v for n in graph.nodes for v in n.inputs] + list(graph.results.values()):
             if v.kind == "constant":
                 buffers[id(v)] = buffers[v.name]
-        self.steps, self._owners = _scheduled_steps(graph, buffers, backend)
+        self.steps, self._owners, self.once_steps, self._once_owners = _scheduled_steps(
+            graph, buffers, backend)
         self.output_buffers = [buffers[id(v)] for v in graph.outputs]
         self.buffers = buffers
-        self._ran = False
+        self._stage = backend.input_stager(self.input_buffers)
+        self._copiers = [backend.output_copier(b) for b in self.output_buffers]
+        self._calls = self._call_steps = None
+        self.how = None
+        """How the steps run (``Backend.prepare``'s note), once the plan has run."""
+        self.state: dict = {}
+        """What the compile driver keeps per plan (``nn.Graph``: the scaler's read-backs)."""
 
     def run(self, arrays, to_host: bool = True) -> list:
         """Copy ``arrays`` into the input buffers, run every step, return copies of the outputs:
-        NumPy arrays (``to_host``), or backend arrays (device memory on cuda: no host round trip).
+        NumPy arrays (``to_host``), or backend arrays (device memory on cuda: no host round trip;
+        a later run never changes them).
 
         Raises:
             the kernel's exception type, with a message naming the node that failed.
         """
-        copy_in = self.backend.copy_in
-        for buf, a in zip(self.input_buffers, arrays):
-            copy_in(buf, a)
-        if self._ran:
-            self._execute()
+        self._stage(arrays)
+        if self._calls is not None:
+            self._execute(self._calls, self._call_steps, self._owners)
         else:                       # kernels compile (or load from the cache) at the first run
             with compile_notice():
-                self._execute()
-            self._ran = True
-        copy = self.backend.to_numpy if to_host else self.backend.clone
-        return [copy(b) for b in self.output_buffers]
+                once, once_steps, _ = self.backend.prepare(self.once_steps)
+                self._execute(once, once_steps, self._once_owners)
+                self._calls, self._call_steps, self.how = self.backend.prepare(self.steps)
+                self._execute(self._calls, self._call_steps, self._owners)
+        if to_host:
+            return [self.backend.to_numpy(b) for b in self.output_buffers]
+        return [copy() for copy in self._copiers]
 
-    def _execute(self) -> None:
-        """Run every step: the hot loop (no index kept; a failure finds its step afterwards).
+    def _execute(self, calls, call_steps, owners) -> None:
+        """Run ``calls`` (``call_steps[k]``: the step call ``k`` runs, of which ``owners`` gives
+        the node): the hot loop (no index kept; a failure finds its call afterwards).
 
         Floating-point warnings are off for the loop: the NumPy-backed steps (BLAS matmul) follow
         the Numba kernels' IEEE semantics, where inf and NaN are values (the loss scaler counts
@@ -164,11 +308,14 @@ class Plan:
         fn = args = None
         try:
             with np.errstate(all="ignore"):
-                for fn, args in self.steps:
+                for fn, args in calls:
                     fn(*args)
         except Exception as e:  # name the failing node, keep the exception type where we can
-            k = next(k for k, (f, a) in enumerate(self.steps) if f is fn and a is args)
-            i = self._owners[k]
+            c = next(c for c, (f, a) in enumerate(calls) if f is fn and a is args)
+            k = call_steps[c]
+            if k is None:
+                raise RuntimeError(f"while running the plan ({self.how}): {e}") from e
+            i = owners[k]
             node = self.graph.nodes[i]
             msg = f"while running node {i} `{node.format(self.graph.names())}`: {e}"
             diagnose = node.op.diagnose
@@ -183,10 +330,14 @@ class Plan:
         return len(self.steps)
 
     def describe(self) -> str:
-        """One line per step: the node it belongs to and the kernel's name."""
+        """One line per step: the node it belongs to and the kernel's name; the steps run once,
+        at the first run (:func:`constant_nodes`), first, marked ``once``."""
         lines = []
-        for (fn, _), i in zip(self.steps, self._owners):
-            name = getattr(fn, "__name__", None) or getattr(getattr(fn, "py_func", None), "__name__", "?")
-            lines.append(f"{i:4d} {self.graph.nodes[i].op.name:<34s} {name}")
+        for steps, owners, mark in ((self.once_steps, self._once_owners, " once"),
+                                    (self.steps, self._owners, "")):
+            for (fn, _), i in zip(steps, owners):
+                name = (getattr(fn, "__name__", None)
+                        or getattr(getattr(fn, "py_func", None), "__name__", "?"))
+                lines.append(f"{i:4d} {self.graph.nodes[i].op.name:<34s} {name}{mark}")
         return "\n".join(lines)
 

@@ -125,3 +125,28 @@ def test_data_parallel_on_two_ranks_matches_the_cpu_backend(tmp_path):
     assert cuda["scales"] == cpu["scales"]
     for k, v in cpu_vars.items():
         np.testing.assert_allclose(cuda_vars[k], v, rtol=2e-3, atol=2e-3, err_msg=k)
+
+
+@pytest.mark.skipif(cuda_status() == (True, "CUDA simulator"),
+                    reason="a real GPU: the simulator has neither packed launches nor graphs")
+@pytest.mark.parametrize("name", sorted(TRAINING))
+def test_cuda_graph_and_packed_launches_give_the_dispatchers_bits(name, monkeypatch):
+    """On a real GPU: the plan captured as one CUDA graph, and as packed launches, trains bit for
+    bit as numba-cuda's dispatcher called at every step (``runtime.cuda.prepare``)."""
+    from miniflow.runtime import cuda as runtime
+    results = {}
+    for path in ("dispatcher", "packed", "graph"):
+        monkeypatch.setattr(runtime, "GRAPHS", [path == "graph"])
+        if path == "dispatcher":
+            monkeypatch.setattr(runtime, "prepare", lambda steps, stream: (
+                list(steps), list(range(len(steps))), "dispatcher calls"))
+        losses, params, graph, _ = _train("cuda", 3, **TRAINING[name])
+        results[path] = losses, params
+        how = next(iter(graph.plans.values())).how
+        assert how == {"dispatcher": "dispatcher calls", "graph": "one CUDA graph"}.get(
+            path, how) and (path != "packed" or how.startswith("packed launches")), how
+        monkeypatch.undo()
+    for path in ("packed", "graph"):
+        assert results[path][0] == results["dispatcher"][0], path
+        for a, b in zip(results[path][1], results["dispatcher"][1]):
+            assert a.tobytes() == b.tobytes(), path

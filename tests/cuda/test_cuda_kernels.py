@@ -9,13 +9,16 @@ import pytest
 import miniflow as mf
 from miniflow.kernels import cpu, cuda
 from miniflow.kernels.cuda.launch import GPU, current, use_config
+from miniflow.dtype import bfloat16
 from miniflow.ops import all_ops
 from miniflow.runtime.backend import CudaBackend
 
-from cuda_cases import Case, all_cases, host_buffers, make_node, results
+from cuda_cases import (Case, all_cases, fused_pair_cases, fused_pair_nodes, host_buffers,
+                        make_node, results)
 from op_cases import assert_bit_exact, assert_close, assert_matches_reference, late_op
 
-TOL = {np.dtype(np.float16): (2e-3, 1e-3), np.dtype(np.float32): (2e-5, 2e-6),
+TOL = {np.dtype(np.float16): (2e-3, 1e-3), bfloat16.np: (1.6e-2, 8e-3),
+       np.dtype(np.float32): (2e-5, 2e-6),
        np.dtype(np.float64): (1e-12, 1e-13), np.dtype(np.int64): (0, 0)}
 """CUDA against CPU: ``(rtol, atol)`` per dtype (tighter than against the float64 reference)."""
 BACKEND = CudaBackend()
@@ -69,13 +72,17 @@ def test_cuda_kernel_matches_cpu_and_the_float64_reference(case):
     Case("matmul", [np.random.default_rng(0).uniform(-1, 1, (17, 18)).astype(np.float16),
                     np.random.default_rng(1).uniform(-1, 1, (5, 18)).astype(np.float16)],
          {"transpose_b": True}, "gpu-tile"),
+    Case("matmul", [np.random.default_rng(4).uniform(-1, 1, (17, 65)).astype(np.float32),
+                    np.random.default_rng(5).uniform(-1, 1, (3, 17)).astype(np.float32)],
+         {"transpose_a": True, "transpose_b": True}, "gpu-tile-transposed"),
     Case("log_softmax", [np.random.default_rng(2).uniform(-9, 9, (2, 131)).astype(np.float32)],
          {}, "gpu-row-block"),
     Case("reduce_sum", [np.random.default_rng(3).uniform(-1, 1, (130, 2)).astype(np.float32)],
          {"axis": (0,)}, "gpu-row-block"),
 ], ids=lambda c: c.id)
 def test_gpu_sized_launch(case):
-    """The kernels with the GPU preset's tile (16) and row block (128), as a real GPU runs them."""
+    """The kernels with the GPU preset's matmul tile (64, 4 x 4 per thread) and row block (128),
+    as a real GPU runs them."""
     with use_config(GPU):
         got = run_cuda(case)
     for g, w in zip(got, run_cpu(case)):
@@ -107,3 +114,171 @@ def test_an_elementwise_op_registered_late_runs_on_both_backends():
         finally:
             mf.set_backend("cpu")
     assert "map[cube] f32" in plan.describe()          # the CUDA launch of the derived kernel
+
+
+FUSED = fused_pair_cases(current())
+
+
+@pytest.mark.parametrize("pair", FUSED, ids=[f"{c.id}+{op}" for c, op, _ in FUSED])
+def test_fused_pair_is_bit_identical_to_its_two_kernels(pair):
+    """``reduce_sum`` then a map as one kernel (the mean loss) gives the bits of the two
+    kernels run one after the other."""
+    case, consumer, attrs = pair
+    producer, node = fused_pair_nodes(case, consumer, attrs)
+    x = BACKEND.from_numpy(case.inputs[0])
+    mid = BACKEND.empty(producer.outputs[0].shape, producer.outputs[0].dtype.np)
+    want = BACKEND.empty(node.outputs[0].shape, node.outputs[0].dtype.np)
+    got = BACKEND.empty(node.outputs[0].shape, node.outputs[0].dtype.np)
+    for fn, args in (cuda.builder_for(producer.op)(producer, [x], [mid])
+                     + cuda.builder_for(node.op)(node, [mid], [want])):
+        fn(*args)
+    steps = cuda.fused_builder(producer.op, node.op)(producer, node, [x], [got])
+    assert len(steps) == 1
+    for fn, args in steps:
+        fn(*args)
+    assert_bit_exact(BACKEND.to_numpy(got), BACKEND.to_numpy(want), f"{case.id} + {consumer}")
+
+
+def _update_group(op: str, sizes, skip: int, seed: int = 0):
+    """``op`` nodes (``sgd_update`` with momentum and weight decay, or ``adam_update``) over
+    parameters of ``sizes``, sharing one lr and skip_if: ``(nodes, host input lists)``."""
+    from miniflow.dtype import float32, float64, int64
+    from miniflow.ir import Graph
+    from miniflow.ops import emitter
+    g = Graph()
+    emit = emitter(g)
+    rng = np.random.default_rng(seed)
+    lr, skip_if = g.add_variable("lr", (1,), float64), g.add_variable("skip", (1,), int64)
+    lr_data, skip_data = np.array([0.05]), np.array([skip], np.int64)
+    nodes, ins = [], []
+    for k, n in enumerate(sizes):
+        state = [g.add_variable(f"{name}{k}", (n,), float32) for name in ("p", "g", "a", "b")]
+        data = [rng.uniform(-1, 1, n).astype(np.float32) for _ in range(3)]
+        data.append(rng.uniform(0, 1, n).astype(np.float32))
+        if op == "sgd_update":
+            emit(op, *state[:2], lr, skip_if, state[2], momentum=0.9, weight_decay=0.01)
+            ins.append([data[0], data[1], lr_data, skip_data, data[2]])
+        else:
+            step = g.add_variable(f"t{k}", (1,), int64)
+            emit(op, *state[:2], lr, skip_if, state[2], state[3], step, beta1=0.9, beta2=0.99,
+                 eps=1e-8, weight_decay=0.01)
+            ins.append([data[0], data[1], lr_data, skip_data, data[2], data[3],
+                        np.array([k], np.int64)])
+        nodes.append(g.nodes[-1])
+    return nodes, ins
+
+
+@pytest.mark.parametrize("op", ["sgd_update", "adam_update"])
+@pytest.mark.parametrize("skip", [0, 1])
+def test_multi_tensor_update_is_the_single_updates_bit_for_bit(op, skip, monkeypatch):
+    """One launch over parameters of odd sizes (the grid-stride loop over their concatenation
+    starts each tensor at another thread; more elements than threads) gives the bits of one
+    launch per parameter and agrees with the CPU kernels; a large group is split into launches
+    of at most ``MAX_ARRAYS`` arrays; ``skip_if`` changes nothing."""
+    from miniflow.kernels.cuda import launch
+    sizes = [5, 70, 1, 3 * current().block * current().max_blocks + 7]
+    nodes, ins = _update_group(op, sizes, skip)
+    group = [[BACKEND.from_numpy(a) for a in arrays] for arrays in ins]
+    single = [[BACKEND.from_numpy(a) for a in arrays] for arrays in ins]
+    cpu_ins = [[a.copy() for a in arrays] for arrays in ins]
+    monkeypatch.setattr(launch, "MAX_ARRAYS", 11)         # 3 sgd / 2 adam parameters a launch
+    steps = cuda.group_builder(nodes[0].op).build(nodes, group, [[] for _ in nodes])
+    per_launch = 3 if op == "sgd_update" else 2
+    launches = -(-len(sizes) // per_launch) * (1 if op == "sgd_update" else 2)
+    assert len(steps) == launches, [fn.__name__ for fn, _ in steps]
+    for fn, args in steps:
+        fn(*args)
+    for node, arrays, cpu_arrays in zip(nodes, single, cpu_ins):
+        for fn, args in cuda.builder_for(node.op)(node, arrays, []):
+            fn(*args)
+        for fn, args in cpu.builder_for(node.op)(node, cpu_arrays, []):
+            fn(*args)
+    for k, node in enumerate(nodes):
+        for i in node.op.written(node.attrs, len(node.inputs)):
+            got, want = BACKEND.to_numpy(group[k][i]), BACKEND.to_numpy(single[k][i])
+            assert_bit_exact(got, want, f"{op} parameter {k} input {i}")
+            assert_close(got, cpu_ins[k][i], f"{op} vs cpu, {k}/{i}", TOL)
+            if skip:
+                assert_bit_exact(got, ins[k][i], f"{op} skipped, {k}/{i}")
+
+
+@pytest.mark.parametrize("adam", [False, True])
+@pytest.mark.parametrize("half", [np.float16, bfloat16.np])
+def test_multi_tensor_update_with_cast_splits_into_launches_as_the_cpu(adam, half, monkeypatch):
+    """The fused AMP update (``multi_tensor_*_update_with_cast``) over more tensors than one
+    launch takes runs as several launches of the multi-tensor kernel (SGD: 4 arrays a tensor,
+    Adam: 6, plus one counter launch each) and agrees with the CPU kernel; every copy is its new
+    model rounded to the half dtype, bit for bit."""
+    from miniflow.kernels.cuda import launch
+    rng = np.random.default_rng(3)
+    sizes = [5, 70, 1, 2 * current().block * current().max_blocks + 3, 9]
+    models = [rng.uniform(-1, 1, n).astype(np.float32) for n in sizes]
+    diffs = [(rng.uniform(-1, 1, n) * 8).astype(half) for n in sizes]
+    copies = [m.astype(half) for m in models]
+    fixed = [np.array([0.01 if adam else 0.1]), np.array([0], np.int64),
+             np.array([0.125], np.float32)]
+    if adam:
+        state = ([rng.uniform(-0.1, 0.1, n).astype(np.float32) for n in sizes]
+                 + [rng.uniform(0, 0.1, n).astype(np.float32) for n in sizes]
+                 + [np.array([k], np.int64) for k in range(len(sizes))])
+        case = Case("multi_tensor_adam_update_with_cast", fixed + models + diffs + copies + state,
+                    {"weight_decay": 0.01})
+    else:
+        state = [rng.uniform(-1, 1, n).astype(np.float32) for n in sizes]
+        case = Case("multi_tensor_sgd_update_with_cast", fixed + models + diffs + copies + state,
+                    {"momentum": 0.9, "weight_decay": 0.01})
+    monkeypatch.setattr(launch, "MAX_ARRAYS", 12)         # 3 sgd / 2 adam tensors a launch
+    node = make_node(case)
+    ins, outs = host_buffers(case, node)
+    d_ins = [BACKEND.from_numpy(a) for a in ins]
+    steps = cuda.builder_for(node.op)(node, d_ins, [])
+    assert len(steps) == (2 * 3 if adam else 2), [fn.__name__ for fn, _ in steps]
+    for fn, args in steps:
+        fn(*args)
+    got = results(case, node, [BACKEND.to_numpy(a) for a in d_ins], [])
+    want = run_cpu(case)
+    n = len(sizes)
+    for k, (g, w) in enumerate(zip(got, want)):
+        assert_close(g, w, f"{case.op} written input {k}", TOL)
+    for k in range(n):                                    # the copies follow the models
+        assert_bit_exact(got[n + k], got[k].astype(half), f"{case.op} copy {k}")
+
+
+@pytest.mark.parametrize("expr", ["mul(f32(x0), x1)",
+                                  "t0 = f32(x0); y0 = f16(mul(t0, x1)); y1 = sigmoid(t0)"])
+def test_multi_tensor_fused_kernel_is_the_single_kernels_bit_for_bit(expr, monkeypatch):
+    """One-dimensional ``fused_elementwise`` nodes of one expression sharing their one-element
+    input (AMP's cast and unscale of every gradient) as one launch give the bits of one launch
+    each, over tensors of odd sizes (more elements than threads), split into launches of at
+    most ``MAX_ARRAYS`` arrays."""
+    from miniflow.dtype import float16, float32
+    from miniflow.ir import Graph
+    from miniflow.kernels.cuda import launch
+    from miniflow.ops import emitter
+    from miniflow.runtime.plan import grouped_nodes
+    g = Graph()
+    emit = emitter(g)
+    scale = g.add_input("s", (1,), float32)
+    sizes = [(5,), (7, 10), (2,), (3 * current().block * current().max_blocks + 7,)]
+    xs = [g.add_input(f"x{k}", shape, float16) for k, shape in enumerate(sizes)]
+    for x in xs:
+        emit("fused_elementwise", x, scale, expr=expr)
+    nodes = list(g.nodes)
+    assert grouped_nodes(g, BACKEND, set()) == {3: [0, 1, 2, 3]}
+    rng = np.random.default_rng(0)
+    host = [rng.uniform(-3, 3, v.shape).astype(np.float16) for v in xs]
+    s = BACKEND.from_numpy(np.array([0.37], np.float32))
+    ins = [[BACKEND.from_numpy(h), s] for h in host]
+    outs = [[BACKEND.empty(v.shape, v.dtype.np) for v in n.outputs] for n in nodes]
+    want = [[BACKEND.empty(v.shape, v.dtype.np) for v in n.outputs] for n in nodes]
+    monkeypatch.setattr(launch, "MAX_ARRAYS", 2 * (1 + len(nodes[0].outputs)))  # 2 a launch
+    steps = cuda.group_builder(nodes[0].op).build(nodes, ins, outs)
+    assert [fn.__name__ for fn, _ in steps] == [f"fused[{expr}] x2"] * 2
+    for fn, args in steps:
+        fn(*args)
+    for node, i, w in zip(nodes, ins, want):
+        for fn, args in cuda.builder_for(node.op)(node, i, w):
+            fn(*args)
+    for k, (o, w) in enumerate(zip(outs, want)):
+        for a, b in zip(o, w):
+            assert_bit_exact(BACKEND.to_numpy(a), BACKEND.to_numpy(b), f"tensor {k}")

@@ -6,7 +6,8 @@ Lowering (:func:`lower`) is shared by the CPU and CUDA kernels (``cpu.fused``, `
 Every function or cast result gets a local ``v<k>``, rounded to its dtype as the unfused kernel
 rounds before a store (so fused and unfused graphs compute the same bits): f32 / f64 results are
 ``float32(...)`` / ``float64(...)`` of the value; f16 results are rounded to float16 and held in
-float32 (``dialect.f16``), and a cast to f16 from f64 or i64 rounds once (``dialect.f16_wide``).
+float32 (``dialect.f16``), and a cast to f16 from f64 or i64 rounds once (``dialect.f16_wide``);
+bf16 results the same with ``dialect.bf16`` and ``dialect.bf16_wide``.
 Numbers become kernel arguments ``s<j>``, converted once to their function's compute type
 (``c<j>``), so expressions that differ only in numbers share one kernel.
 
@@ -56,12 +57,21 @@ class Dialect:
             ``dtype`` (the NumPy dtype name).
         f16: format rounding a float32 ``value`` to float16, held as float32.
         f16_wide: format rounding a float64 or int64 ``value`` to float16 once, held as float32.
+        bf16, bf16_wide: the same for bfloat16.
+        exact: format rounding ``value`` to ``dtype`` (``float32`` or ``float64``) so that the
+            compiler cannot merge it with what reads it: the unfused graph stores every result,
+            so a multiply whose product the next function adds to must not become one fused
+            multiply-add (the CUDA dialect's ``round_float32``; on the CPU, Numba contracts
+            nothing without fastmath, and the plain conversion is exact).
     """
 
     load: Callable
     store: str
     f16: str
     f16_wide: str
+    bf16: str
+    bf16_wide: str
+    exact: str = "{dtype}({value})"
 
 
 @dataclass
@@ -80,10 +90,12 @@ class Lowered:
 def _rounded(dialect: Dialect, dtype, text: str, source=None) -> str:
     """Code rounding ``text`` (of DType ``source`` when it is a cast) to ``dtype``."""
     if dtype.name in ("float32", "float64"):
-        return f"{dtype.name}({text})"
+        return dialect.exact.format(dtype=dtype.name, value=text)
+    narrow, wide = ((dialect.bf16, dialect.bf16_wide) if dtype.name == "bfloat16"
+                    else (dialect.f16, dialect.f16_wide))
     if source is not None and source.name in ("float64", "int64"):
-        return dialect.f16_wide.format(value=text)
-    return dialect.f16.format(value=f"float32({text})")
+        return wide.format(value=text)
+    return narrow.format(value=f"float32({text})")
 
 
 def lower(program, input_dtypes, kinds, two_dims: bool, dialect: Dialect,

@@ -80,11 +80,11 @@ def builders(steps: StepMakers) -> dict:
 
     def add_n(node, ins, outs):
         """``out = x0 + x1 + ...``, pairwise zips summed in the compute type (a float32 scratch
-        accumulator for float16 with more than two inputs)."""
+        accumulator for a half type with more than two inputs)."""
         out = outs[0]
         if len(ins) == 1:
             return steps.cast(ins[0], out)
-        if len(ins) == 2 or out.dtype != np.float16:
+        if len(ins) == 2 or out.dtype.itemsize != 2:
             acc = out
         else:
             acc = steps.scratch(out, out.shape, np.float32)

@@ -7,7 +7,26 @@ from __future__ import annotations
 
 from .layout import reduce_layout, rows_cols
 
-__all__ = ["builders"]
+__all__ = ["builders", "reduce_sum_builder"]
+
+
+def reduce_sum_builder(transpose_steps, scratch, sum_steps):
+    """The ``reduce_sum`` builder over a backend's step makers (see :func:`builders`)."""
+    def reduce_sum(node, ins, outs):
+        """``out = x.sum(axis=attrs["axis"], keepdims=attrs["keepdims"])``; when the reduced dims
+        are not one block (axis (0, 2) of a 3-D x), x is first copied, kept dims first, into a
+        scratch buffer."""
+        x, out = ins[0], outs[0]
+        if out.size == 0:
+            return []
+        gather, (outer, red_n, inner) = reduce_layout(x.shape, tuple(node.attrs["axis"]))
+        steps, src = [], x
+        if gather is not None:
+            sizes, order = gather
+            src = scratch(x, (x.size,), x.dtype)
+            steps = transpose_steps(x, sizes, order, src)
+        return steps + sum_steps(src, out, outer, red_n, inner)
+    return reduce_sum
 
 
 def builders(*, transpose_steps, scratch, sum_steps, softmax_steps, softmax_grad_steps,
@@ -27,20 +46,7 @@ def builders(*, transpose_steps, scratch, sum_steps, softmax_steps, softmax_grad
     * ``xent_grad_steps(dy, label, prob, dx, rows, cols)``:
       ``dx[r, c] = dy[r] * (prob[r, c] - (c == label[r]))``.
     """
-    def reduce_sum(node, ins, outs):
-        """``out = x.sum(axis=attrs["axis"], keepdims=attrs["keepdims"])``; when the reduced dims
-        are not one block (axis (0, 2) of a 3-D x), x is first copied, kept dims first, into a
-        scratch buffer."""
-        x, out = ins[0], outs[0]
-        if out.size == 0:
-            return []
-        gather, (outer, red_n, inner) = reduce_layout(x.shape, tuple(node.attrs["axis"]))
-        steps, src = [], x
-        if gather is not None:
-            sizes, order = gather
-            src = scratch(x, (x.size,), x.dtype)
-            steps = transpose_steps(x, sizes, order, src)
-        return steps + sum_steps(src, out, outer, red_n, inner)
+    reduce_sum = reduce_sum_builder(transpose_steps, scratch, sum_steps)
 
     def softmax(log: bool):
         def build(node, ins, outs):

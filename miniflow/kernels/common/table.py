@@ -1,14 +1,17 @@
 """A backend's kernel table and its lookup: every backend package has the kernel modules
 :data:`MODULES` (mirrored file names); ``KERNELS`` is merged from their ``BUILDERS``
 (:func:`kernel_table`); :func:`builder_for` finds an op's builder there, or derives it from the
-op's scalar function when the plan is built. :func:`backend_kernels` makes both for a package."""
+op's scalar function when the plan is built. :func:`backend_kernels` makes both for a package;
+:class:`GroupBuilder` is what a backend's ``group_builder(op)`` returns."""
 from __future__ import annotations
 
 import importlib
+from dataclasses import dataclass
+from typing import Callable
 
 from .elementwise import StepMakers, derived_builder
 
-__all__ = ["MODULES", "kernel_table", "builder_for", "backend_kernels"]
+__all__ = ["MODULES", "kernel_table", "builder_for", "backend_kernels", "GroupBuilder"]
 
 MODULES = ("elementwise", "movement", "reduce", "matmul", "update", "loss_scale", "clip", "fused",
            "collective", "conv", "normalization", "pool")
@@ -58,3 +61,23 @@ def backend_kernels(package: str) -> tuple:
     lookup.__doc__ = (f"The {package.rsplit('.', 1)[-1].upper()} builder of ``op`` (an OpDef), "
                       f"found in KERNELS or derived from its scalar function.")
     return kernels, lookup
+
+
+@dataclass(frozen=True)
+class GroupBuilder:
+    """The builder of a group of nodes of one op type run as one kernel (multi-tensor):
+    ``build(nodes, ins, outs)`` with ``ins[j]`` / ``outs[j]`` node ``j``'s arrays. The plan
+    groups only nodes whose shared inputs (:meth:`shared_inputs`) are the same values and whose
+    attributes and input dtypes are equal (``runtime.plan.grouped_nodes``).
+
+    ``shared``: the indices of the inputs every member shares (an update's learning rate and
+    ``skip_if``); ``select``: instead, ``node -> indices``, or None when the node cannot be
+    grouped (a ``fused_elementwise`` node: its one-element inputs, if it is one-dimensional)."""
+
+    build: Callable
+    shared: tuple = (2, 3)
+    select: Callable | None = None
+
+    def shared_inputs(self, node):
+        """The indices of ``node``'s inputs its group shares, or None: it joins no group."""
+        return self.shared if self.select is None else self.select(node)

@@ -1,5 +1,7 @@
-"""The optimizer updates (``sgd_update``, ``adam_update``) of every backend: their per-element
-math as scalar bodies, and their builders.
+"""The optimizer updates (``sgd_update``, ``adam_update`` and the multi-tensor updates with cast,
+``multi_tensor_sgd_update_with_cast``, ``multi_tensor_adam_update_with_cast``) of every backend:
+their per-element math as scalar bodies, and their builders (the multi-tensor ones hand the
+backend the per-tensor buffers grouped: models, model_diffs, model_copies, state).
 
 The bodies follow PyTorch's single-tensor rules (``torch/optim/sgd.py``, ``torch/optim/adam.py``;
 Adam, not AdamW: weight decay is added to the gradient). They are plain Python functions of
@@ -17,7 +19,11 @@ from __future__ import annotations
 
 import math
 
-__all__ = ["sgd_element", "adam_corrections", "adam_element", "sgd_builder", "adam_builder"]
+from .table import GroupBuilder
+
+__all__ = ["sgd_element", "adam_corrections", "adam_element", "sgd_builder", "adam_builder",
+           "multi_tensor_groups", "multi_sgd_cast_builder", "multi_adam_cast_builder",
+           "multi_sgd_builder", "multi_adam_builder"]
 
 
 # ----------------------------------------------------------------------------- scalar bodies
@@ -52,6 +58,19 @@ def adam_element(p, g, m, v, hyper):
 
 
 # ----------------------------------------------------------------------------- builders
+def _momentum(attrs, ins) -> float:
+    """The momentum of ``sgd_update`` nodes with ``attrs`` and input arrays ``ins`` (one list
+    per node).
+
+    Raises:
+        ValueError: ``momentum != 0`` without a momentum buffer input.
+    """
+    mu = float(attrs.get("momentum", 0.0))
+    if mu != 0.0 and any(len(arrays) < 5 for arrays in ins):
+        raise ValueError("sgd_update: momentum != 0 needs a momentum_buf input (5 inputs)")
+    return mu
+
+
 def sgd_builder(sgd_steps):
     """The ``sgd_update`` builder over a backend's ``sgd_steps(p, grad, lr, skip_if, buf, mu,
     wd)`` (``lr`` the f64[1] learning-rate array, ``buf`` None without momentum; mu, wd Python
@@ -64,9 +83,7 @@ def sgd_builder(sgd_steps):
             ValueError: ``momentum != 0`` without a momentum buffer input.
         """
         a = node.attrs
-        mu = float(a.get("momentum", 0.0))
-        if mu != 0.0 and len(ins) < 5:
-            raise ValueError("sgd_update: momentum != 0 needs a momentum_buf input (5 inputs)")
+        mu = _momentum(a, [ins])
         p, grad, lr, skip_if = ins[:4]
         return sgd_steps(p, grad, lr, skip_if, ins[4] if mu != 0.0 else None, mu,
                          float(a.get("weight_decay", 0.0)))
@@ -84,3 +101,71 @@ def adam_builder(adam_steps):
         return adam_steps(*ins, float(a["beta1"]), float(a["beta2"]), float(a["eps"]),
                           float(a.get("weight_decay", 0.0)))
     return build_adam_update
+
+
+def multi_tensor_groups(ins, per_tensor: int) -> tuple:
+    """``(lr, skip_if, scale, groups)``: a multi-tensor update's buffers, the per-tensor ones in
+    ``per_tensor`` lists (models, model_diffs, model_copies, then the state)."""
+    n = (len(ins) - 3) // per_tensor
+    rest = ins[3:]
+    return (*ins[:3], [list(rest[g * n:(g + 1) * n]) for g in range(per_tensor)])
+
+
+def multi_sgd_cast_builder(multi_sgd_steps):
+    """The ``multi_tensor_sgd_update_with_cast`` builder over a backend's
+    ``multi_sgd_steps(models, diffs, copies, bufs, lr, skip_if, scale, mu, wd)`` (``bufs`` None
+    without momentum; mu, wd Python floats)."""
+    def build_multi_tensor_sgd_update_with_cast(node, ins, outs):
+        """``multi_tensor_sgd_update_with_cast(learning_rate, skip_if, scale_by_tensor, models,
+        model_diffs, model_copies[, momentum_bufs])`` ``{momentum, weight_decay}``."""
+        a = node.attrs
+        mu = float(a.get("momentum", 0.0))
+        lr, skip_if, scale, groups = multi_tensor_groups(ins, 4 if mu != 0.0 else 3)
+        return multi_sgd_steps(*groups[:3], groups[3] if mu != 0.0 else None, lr, skip_if, scale,
+                               mu, float(a.get("weight_decay", 0.0)))
+    return build_multi_tensor_sgd_update_with_cast
+
+
+def multi_adam_cast_builder(multi_adam_steps):
+    """The ``multi_tensor_adam_update_with_cast`` builder over a backend's
+    ``multi_adam_steps(models, diffs, copies, ms, vs, steps, lr, skip_if, scale, beta1, beta2,
+    eps, wd)``."""
+    def build_multi_tensor_adam_update_with_cast(node, ins, outs):
+        """``multi_tensor_adam_update_with_cast(learning_rate, skip_if, scale_by_tensor, models,
+        model_diffs, model_copies, m, v, steps)`` ``{beta1, beta2, eps, weight_decay}``."""
+        a = node.attrs
+        lr, skip_if, scale, groups = multi_tensor_groups(ins, 6)
+        return multi_adam_steps(*groups, lr, skip_if, scale, float(a["beta1"]),
+                                float(a["beta2"]), float(a["eps"]),
+                                float(a.get("weight_decay", 0.0)))
+    return build_multi_tensor_adam_update_with_cast
+
+
+def multi_sgd_builder(multi_sgd_steps):
+    """The group builder of ``sgd_update`` over a backend's ``multi_sgd_steps(ps, grads, lr,
+    skip_if, bufs, mu, wd)`` (lists of arrays, ``bufs`` None without momentum)."""
+    def build_multi_sgd_update(nodes, ins, outs):
+        """The ``sgd_update`` nodes ``nodes`` (equal attributes, one lr and skip_if) as one.
+
+        Raises:
+            ValueError: ``momentum != 0`` without a momentum buffer input.
+        """
+        a = nodes[0].attrs
+        mu = _momentum(a, ins)
+        bufs = [arrays[4] for arrays in ins] if mu != 0.0 else None
+        return multi_sgd_steps([x[0] for x in ins], [x[1] for x in ins], ins[0][2], ins[0][3],
+                               bufs, mu, float(a.get("weight_decay", 0.0)))
+    return GroupBuilder(build_multi_sgd_update)
+
+
+def multi_adam_builder(multi_adam_steps):
+    """The group builder of ``adam_update`` over a backend's ``multi_adam_steps(ps, grads, lr,
+    skip_if, ms, vs, steps, beta1, beta2, eps, wd)`` (lists of arrays)."""
+    def build_multi_adam_update(nodes, ins, outs):
+        """The ``adam_update`` nodes ``nodes`` (equal attributes, one lr and skip_if) as one."""
+        a = nodes[0].attrs
+        return multi_adam_steps([x[0] for x in ins], [x[1] for x in ins], ins[0][2], ins[0][3],
+                                [x[4] for x in ins], [x[5] for x in ins], [x[6] for x in ins],
+                                float(a["beta1"]), float(a["beta2"]), float(a["eps"]),
+                                float(a.get("weight_decay", 0.0)))
+    return GroupBuilder(build_multi_adam_update)

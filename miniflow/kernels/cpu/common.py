@@ -25,6 +25,7 @@ import numpy as np
 from numba.extending import register_jitable
 
 from . import fp16
+from ...dtype import bfloat16
 
 __all__ = ["PARALLEL_MIN_SIZE", "jit", "loop_for", "use_parallel", "blas_libraries", "flat",
            "kview", "jitable", "scratch"]
@@ -81,9 +82,16 @@ def jitable(fn):
     return fn
 
 
+_BITS = {np.dtype(np.float16): np.dtype(np.uint16), bfloat16.np: np.dtype(np.int16)}
+"""The integer view each half type reaches kernels as (``fp16``: uint16 is float16, int16 is
+bfloat16)."""
+
+
 def kview(a: np.ndarray) -> np.ndarray:
-    """The array as kernels see it: float16 as its uint16 bits, everything else as is."""
-    return a.view(np.uint16) if a.dtype == np.float16 else a
+    """The array as kernels see it: float16 as its uint16 bits, bfloat16 as its int16 bits,
+    everything else as is."""
+    bits = _BITS.get(a.dtype)
+    return a if bits is None else a.view(bits)
 
 
 def flat(a: np.ndarray) -> np.ndarray:

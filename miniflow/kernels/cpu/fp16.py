@@ -1,16 +1,20 @@
-"""float16 on Numba's CPU target: bit conversions and the typed ``load`` / ``store`` helpers.
+"""The half types on Numba's CPU target: bit conversions and the typed ``load`` / ``store`` helpers.
 
-Numba's CPU target has no float16 type, so fp16 arrays reach kernels as ``arr.view(np.uint16)``
-(the raw IEEE binary16 bits). Kernels never touch those bits directly; they call
+Numba's CPU target has neither float16 nor bfloat16, so half arrays reach kernels as integer views
+of their bits (``common.kview``): float16 as ``uint16`` (the raw IEEE binary16 bits), bfloat16
+as ``int16`` (its bits; int16 is no miniflow dtype, so the view type alone says which half type
+an array holds). Kernels never touch those bits directly; they call
 
-* ``load(a, i)``: the element as its *compute* value: float32 for uint16 (fp16 bits) and float32
-  arrays, float64 for float64, int64 for int64. ``i`` is an int or an index tuple.
+* ``load(a, i)``: the element as its *compute* value: float32 for uint16 (fp16 bits), int16
+  (bf16 bits) and float32 arrays, float64 for float64, int64 for int64. ``i`` is an int or an
+  index tuple.
 * ``store(a, i, v)``: write ``v`` into ``a``'s storage, rounding once (uint16: round-to-nearest-even
-  to fp16, overflow to inf at >= 65520, subnormals kept).
+  to fp16, overflow to inf at >= 65520, subnormals kept; int16: round-to-nearest-even to bf16,
+  overflow to inf, NaN to the quiet NaN of its sign, as ``ml_dtypes``).
 * ``to_compute(a, v)``: a scalar ``v`` converted to ``a``'s compute type (float literals in Numba are
   float64; kernels use this to keep f16/f32 math in float32).
 
-so one kernel source serves f16, f32 and f64.
+so one kernel source serves f16, bf16, f32 and f64 (a new kernel gets bfloat16 by using them).
 They are ``numba.extending.overload`` s resolved by the argument types at compile time (plain calls;
 LLVM inlines them; Numba-IR inlining is avoided, see ``cpu.common.jitable``).
 
@@ -37,8 +41,17 @@ a scalar body of ``kernels.common``, clear ``NUMBA_CACHE_DIR``.
 float64 -> fp16 (``narrow64``) always uses the integer algorithm: a direct, single rounding (going
 through float32 would round twice), and hardware F16C has no double->half instruction.
 
+bfloat16: widening is the bits shifted into the upper half of a float32 (exact), narrowing from
+float32 adds ``0x7FFF`` plus the lowest kept bit and drops the low 16 bits (round to nearest even,
+TensorFlow's and ``ml_dtypes``' algorithm; ``narrow_bf16_intrinsic`` does it in 32-bit integers,
+which Numba's own integer typing would widen to 64), and narrowing from float64
+(``narrow64_bf16``) first rounds to float32 *to odd* (inexact results get their last bit set),
+which makes the second rounding exact: one rounding in all, as ``ml_dtypes`` does (Boldo and
+Melquiond, "When double rounding is odd", 2005).
+
 Source: IEEE 754-2008 binary16; NumPy's ``npy_half.c`` semantics (tested bit for bit in
-``tests/test_fp16.py``).
+``tests/test_fp16.py``); ``ml_dtypes.bfloat16`` (tested on all 65536 patterns in
+``tests/test_bf16.py``).
 """
 from __future__ import annotations
 
@@ -55,7 +68,8 @@ from ..common.cache import CACHE
 
 __all__ = ["PATH", "FORCE_FALLBACK", "JIT_CACHE", "widen", "narrow", "narrow64",
            "widen_intrinsic", "narrow_intrinsic", "widen_fallback", "narrow_fallback",
-           "load", "store", "to_compute"]
+           "widen_bf16", "narrow_bf16", "narrow_bf16_intrinsic", "narrow64_bf16", "load", "store",
+           "to_compute"]
 
 FORCE_FALLBACK = os.environ.get("MINIFLOW_FP16_FALLBACK", "") == "1"
 """True when ``MINIFLOW_FP16_FALLBACK=1`` was set before import."""
@@ -119,7 +133,34 @@ def _bitcast_intrinsic(src, dst, llvm_dst):
     return bitcast
 
 
+@intrinsic
+def narrow_bf16_intrinsic(typingctx, x):
+    """float32 -> bf16 bits (int16) in 32-bit integer arithmetic: ``b`` the float's bits,
+    ``(b + 0x7FFF + ((b >> 16) & 1)) >> 16`` (round to nearest even; overflow carries into
+    inf), or ``((b >> 16) & 0x8000) | 0x7FC0`` for a NaN (the quiet NaN of its sign); a select,
+    not a branch, so loops over it vectorize in 16 lanes (2.2x the int64 version Numba types)."""
+    if x != types.float32:
+        return None
+
+    def codegen(context, builder, sig, args):
+        i32 = ir.IntType(32)
+
+        def c(v):
+            return ir.Constant(i32, v)
+
+        b = builder.bitcast(args[0], i32)
+        hi = builder.lshr(b, c(16))
+        rounded = builder.lshr(builder.add(builder.add(b, c(0x7FFF)), builder.and_(hi, c(1))),
+                               c(16))
+        quiet = builder.or_(builder.and_(hi, c(0x8000)), c(0x7FC0))
+        nan = builder.icmp_unsigned(">", builder.and_(b, c(0x7FFFFFFF)), c(0x7F800000))
+        return builder.trunc(builder.select(nan, quiet, rounded), ir.IntType(16))
+
+    return types.int16(types.float32), codegen
+
+
 _u32_as_f32 = _bitcast_intrinsic(types.uint32, types.float32, ir.FloatType())
+_f32_as_i32 = _bitcast_intrinsic(types.float32, types.int32, ir.IntType(32))
 _f64_as_i64 = _bitcast_intrinsic(types.float64, types.int64, ir.IntType(64))
 
 
@@ -197,6 +238,42 @@ def narrow_fallback(x):
     return narrow64(np.float64(x))
 
 
+# ----------------------------------------------------------------------------- bfloat16
+@numba.njit(cache=JIT_CACHE)
+def widen_bf16(bits):
+    """bf16 bits (int16) -> float32, exact: the bits become the upper half of a float32."""
+    return _u32_as_f32(np.uint32((np.int64(bits) & 0xFFFF) << 16))
+
+
+@numba.njit(cache=JIT_CACHE)
+def _bf16_from_f32_bits(b):
+    """float32 bits ``b`` (int64, 0 <= b < 2^32) -> bf16 bits (int16), round to nearest even."""
+    if (b & 0x7FFFFFFF) > 0x7F800000:                   # NaN: the quiet NaN of its sign
+        return np.int16(np.uint16(((b >> 16) & 0x8000) | 0x7FC0))
+    return np.int16(np.uint16(((b + 0x7FFF + ((b >> 16) & 1)) >> 16) & 0xFFFF))
+
+
+@numba.njit(cache=JIT_CACHE)
+def narrow_bf16(x):
+    """float32 -> bf16 bits (int16), round to nearest even (overflow to inf, NaN quieted):
+    :func:`narrow_bf16_intrinsic`."""
+    return narrow_bf16_intrinsic(np.float32(x))
+
+
+@numba.njit(cache=JIT_CACHE)
+def narrow64_bf16(x):
+    """float64 -> bf16 bits (int16) with one rounding to nearest even: float32 rounded to odd
+    (see the module docstring), then :func:`narrow_bf16`'s rounding."""
+    x = np.float64(x)
+    f = np.float32(x)
+    b = np.int64(_f32_as_i32(f)) & 0xFFFFFFFF
+    if x == x and np.float64(f) != x:                   # inexact: round to odd instead
+        if abs(np.float64(f)) > abs(x):
+            b -= 1                                      # one ulp toward zero (sign-magnitude)
+        b |= 1
+    return _bf16_from_f32_bits(b)
+
+
 widen = widen_intrinsic if PATH == "intrinsic" else widen_fallback
 """fp16 bits -> float32 on the selected path (callable from njit code)."""
 narrow = narrow_intrinsic if PATH == "intrinsic" else narrow_fallback
@@ -206,8 +283,9 @@ narrow = narrow_intrinsic if PATH == "intrinsic" else narrow_fallback
 # ----------------------------------------------------------------------------- load / store
 def _compute_type(dtype):
     """The Numba compute type of an array's storage dtype (None if unsupported)."""
-    return {types.uint16: types.float32, types.float32: types.float32,
-            types.float64: types.float64, types.int64: types.int64}.get(dtype)
+    return {types.uint16: types.float32, types.int16: types.float32,
+            types.float32: types.float32, types.float64: types.float64,
+            types.int64: types.int64}.get(dtype)
 
 
 def load(a, i):
@@ -229,6 +307,8 @@ def to_compute(a, v):
 def _load(a, i):
     if a.dtype == types.uint16:
         return lambda a, i: widen(a[i])
+    if a.dtype == types.int16:
+        return lambda a, i: widen_bf16(a[i])
     if _compute_type(a.dtype) is not None:
         return lambda a, i: a[i]
     return None
@@ -243,6 +323,14 @@ def _store(a, i, v):
         else:
             def impl(a, i, v):
                 a[i] = narrow64(np.float64(v))
+        return impl
+    if a.dtype == types.int16:
+        if v == types.float32:
+            def impl(a, i, v):
+                a[i] = narrow_bf16(v)
+        else:
+            def impl(a, i, v):
+                a[i] = narrow64_bf16(v)
         return impl
     if _compute_type(a.dtype) is not None:
         def impl(a, i, v):

@@ -19,7 +19,7 @@ shape, serial or parallel). For ``relu(add(x0, x1))`` over f32 ``[64,128]`` with
                 y0 = v1
                 store(out0r, c, y0)
 
-Inputs arrive as 1-D kernel views (float16 as uint16 bits, ``common.flat``); ``load`` widens,
+Inputs arrive as 1-D kernel views (float16 as uint16 bits, bfloat16 as int16 bits, ``common.flat``); ``load`` widens,
 ``store`` rounds once (``fp16``). Two dims when some input is a row or a column, else one flat loop
 over ``n`` elements. The parallel variant (``prange`` over rows or elements) is chosen by size
 (``common.use_parallel``).
@@ -37,8 +37,10 @@ __all__ = ["BUILDERS", "CPU", "fused_source", "build_fused_elementwise"]
 
 CPU = codegen.Dialect(load=lambda array, index, dtype: f"load({array}, {index})",
                       store="store({array}, {index}, {value})", f16="widen(narrow({value}))",
-                      f16_wide="widen(narrow64(float64({value})))")
-"""The CPU spelling of loads, stores and float16 rounding (``fp16``)."""
+                      f16_wide="widen(narrow64(float64({value})))",
+                      bf16="widen_bf16(narrow_bf16({value}))",
+                      bf16_wide="widen_bf16(narrow64_bf16({value}))")
+"""The CPU spelling of loads, stores and half rounding (``fp16``)."""
 
 ROW_SLICES = {**codegen.FLAT, "full": ("r", "c")}
 """Two dims: full inputs and outputs are read and written through their row's slice ``x<k>r`` at
@@ -71,7 +73,8 @@ def fused_source(expr: str, input_dtypes, kinds, two_dims: bool, parallel: bool)
     imports = ["import numpy as np", "from numba import prange",
                "from numpy import float32, float64", "",
                "from miniflow.kernels.cpu.common import jit",
-               "from miniflow.kernels.cpu.fp16 import load, narrow, narrow64, store, widen"]
+               "from miniflow.kernels.cpu.fp16 import (load, narrow, narrow64, narrow64_bf16,",
+               "                                       narrow_bf16, store, widen, widen_bf16)"]
     imports += codegen.function_imports(functions)
     source = codegen.module_source("miniflow.kernels.cpu.fused", low, input_dtypes, kinds, imports,
                                    f"@jit({parallel})", head)

@@ -1,10 +1,17 @@
-"""Optimizer update CPU kernels (in place, no outputs): ``sgd_update`` and ``adam_update``.
+"""Optimizer update CPU kernels (in place, no outputs): ``sgd_update``, ``adam_update`` and the
+multi-tensor updates with cast.
 
 The loops over the scalar bodies of ``kernels.common.update`` (PyTorch's rules; the builders are
 there too). Unless ``skip_if[0] != 0`` (then nothing changes), a kernel converts its
 hyperparameters to the model's compute type (``to_compute``) and runs the body on every element,
 loading and storing through ``fp16``. The learning rate is read from its f64[1] array when the
 kernel runs; Adam's bias corrections are float64.
+
+The multi-tensor kernels take tuples of 1-D views (one tuple per group: models, diffs, copies,
+state) and loop over the tensors: per element ``g = load(diff) * scale`` (float32; the product
+the unfused ``scalar_mul_by_tensor`` stores), the same body as the single-tensor kernel, and one
+extra store of the new weight into its half copy, rounded as a ``cast`` rounds it: the fused
+graph computes the bits of the unfused one.
 """
 from __future__ import annotations
 
@@ -14,10 +21,11 @@ import numpy as np
 
 from .common import flat, jit, jitable, loop_for, use_parallel
 from .fp16 import load, store, to_compute
-from ..common.update import (adam_builder, adam_corrections, adam_element, sgd_builder,
+from ..common.update import (adam_builder, adam_corrections, adam_element,
+                             multi_adam_cast_builder, multi_sgd_cast_builder, sgd_builder,
                              sgd_element)
 
-__all__ = ["sgd_kernel", "adam_kernel", "BUILDERS"]
+__all__ = ["sgd_kernel", "adam_kernel", "multi_sgd_kernel", "multi_adam_kernel", "BUILDERS"]
 
 _sgd, _corrections, _adam = jitable(sgd_element), jitable(adam_corrections), jitable(adam_element)
 
@@ -69,6 +77,89 @@ def adam_kernel(parallel: bool):
     return kernel
 
 
+@functools.cache
+def multi_sgd_kernel(momentum: bool, parallel: bool):
+    """``kernel(models, diffs, copies, bufs, lr, skip_if, scale, mu, wd)`` (tuples of 1-D views;
+    ``bufs`` read and written only with ``momentum``): unless skip_if[0], for every tensor k and
+    element i ``g = diffs[k][i] * scale[0]``, ``models[k][i], bufs[k][i] = sgd_element(...)``,
+    ``copies[k][i] = models[k][i]`` rounded to the copy's half type."""
+    loop = loop_for(parallel)
+
+    @jit(parallel)
+    def kernel(models, diffs, copies, bufs, lr, skip_if, scale, mu, wd):
+        if skip_if[0] != 0:
+            return
+        p0 = models[0]
+        lr_c, mu_c, wd_c = to_compute(p0, lr[0]), to_compute(p0, mu), to_compute(p0, wd)
+        s = to_compute(p0, scale[0])
+        for k in range(len(models)):
+            p, d, c, buf = models[k], diffs[k], copies[k], bufs[k]
+            for i in loop(p.size):
+                b = load(buf, i) if momentum else mu_c
+                pi, b = _sgd(load(p, i), load(d, i) * s, b, lr_c, mu_c, wd_c, momentum)
+                if momentum:
+                    store(buf, i, b)
+                store(p, i, pi)
+                store(c, i, pi)
+
+    return kernel
+
+
+@functools.cache
+def multi_adam_kernel(parallel: bool):
+    """``kernel(models, diffs, copies, ms, vs, steps, lr, skip_if, scale, beta1, beta2, eps,
+    wd)``: unless skip_if[0], for every tensor k ``steps[k] += 1``, then per element
+    ``g = diffs[k][i] * scale[0]``, ``adam_element`` on the model and moments, and the half copy
+    of the new weight."""
+    loop = loop_for(parallel)
+
+    @jit(parallel)
+    def kernel(models, diffs, copies, ms, vs, steps, lr, skip_if, scale, beta1, beta2, eps, wd):
+        if skip_if[0] != 0:
+            return
+        p0 = models[0]
+        s = to_compute(p0, scale[0])
+        for k in range(len(models)):
+            p, d, c, m, v, step = models[k], diffs[k], copies[k], ms[k], vs[k], steps[k]
+            step[0] += 1
+            step_size, bc2_sqrt = _corrections(lr[0], beta1, beta2, step[0])
+            hyper = (to_compute(p, step_size), to_compute(p, bc2_sqrt), to_compute(p, beta1),
+                     to_compute(p, beta2), to_compute(p, 1.0 - beta1),
+                     to_compute(p, 1.0 - beta2), to_compute(p, eps), to_compute(p, wd))
+            for i in loop(p.size):
+                pi, mi, vi = _adam(load(p, i), load(d, i) * s, load(m, i), load(v, i), hyper)
+                store(m, i, mi)
+                store(v, i, vi)
+                store(p, i, pi)
+                store(c, i, pi)
+
+    return kernel
+
+
+def _views(arrays) -> tuple:
+    return tuple(flat(a) for a in arrays)
+
+
+def multi_sgd_steps(models, diffs, copies, bufs, lr, skip_if, scale, mu, wd):
+    """One call of :func:`multi_sgd_kernel` over every tensor (the models stand in for the
+    buffers without momentum: the kernel never touches them then)."""
+    size = sum(p.size for p in models)
+    kernel = multi_sgd_kernel(bufs is not None, use_parallel(size))
+    return [(kernel, (_views(models), _views(diffs), _views(copies),
+                      _views(models if bufs is None else bufs), lr.reshape(-1),
+                      skip_if.reshape(-1), scale.reshape(-1), mu, wd))]
+
+
+def multi_adam_steps(models, diffs, copies, ms, vs, steps, lr, skip_if, scale, beta1, beta2,
+                     eps, wd):
+    """One call of :func:`multi_adam_kernel` over every tensor."""
+    size = sum(p.size for p in models)
+    return [(multi_adam_kernel(use_parallel(size)),
+             (_views(models), _views(diffs), _views(copies), _views(ms), _views(vs),
+              tuple(t.reshape(-1) for t in steps), lr.reshape(-1), skip_if.reshape(-1),
+              scale.reshape(-1), beta1, beta2, eps, wd))]
+
+
 def sgd_steps(p, grad, lr, skip_if, buf, mu, wd):
     """One call of :func:`sgd_kernel` (a one-element stand-in for ``buf`` without momentum)."""
     kernel = sgd_kernel(buf is not None, use_parallel(p.size))
@@ -83,5 +174,7 @@ def adam_steps(p, grad, lr, skip_if, m, v, step, beta1, beta2, eps, wd):
               step.reshape(-1), beta1, beta2, eps, wd))]
 
 
-BUILDERS = {"sgd_update": sgd_builder(sgd_steps), "adam_update": adam_builder(adam_steps)}
+BUILDERS = {"sgd_update": sgd_builder(sgd_steps), "adam_update": adam_builder(adam_steps),
+            "multi_tensor_sgd_update_with_cast": multi_sgd_cast_builder(multi_sgd_steps),
+            "multi_tensor_adam_update_with_cast": multi_adam_cast_builder(multi_adam_steps)}
 """Op type -> builder for the optimizer updates."""

@@ -7,8 +7,8 @@ copies nothing between host and device. Modules, mirrored from ``kernels.cpu``: 
 decorators, compute/storage types, device helpers, the simulator's ``math``), ``elementwise`` (map
 / zip / broadcast / cast), ``movement`` (reshape, transpose, broadcast_like, fills: gathers and
 copies), ``reduce`` (reduce_sum, softmax family, cross entropy), ``matmul`` (tiled), ``update``
-(SGD, Adam), ``loss_scale`` (the loss-scale stage), ``clip`` (gradient clipping), ``collective``
-(MPI collectives staged through host memory), ``fused`` (generated kernels of
+(SGD, Adam, multi-tensor), ``loss_scale`` (the loss-scale stage), ``clip`` (gradient clipping),
+``collective`` (MPI collectives staged through host memory), ``fused`` (generated kernels of
 ``fused_elementwise``), ``conv`` (implicit GEMM), ``normalization`` (batch norm), ``pool`` (max,
 average, adaptive average); CUDA only: ``launch`` (block sizes, grids, the tiles). Builders shared
 with the CPU backend come from ``kernels.common``.
@@ -19,10 +19,28 @@ result once.
 """
 from __future__ import annotations
 
+from . import fused, reduce, update
 from ..common import table
 
-__all__ = ["KERNELS", "builder_for"]
+__all__ = ["KERNELS", "builder_for", "fused_builder", "group_builder"]
 
 KERNELS, builder_for = table.backend_kernels(__name__)
 """``KERNELS``: op type -> builder of the ops whose kernels are not derived from a scalar function
 (merged from ``table.MODULES``); ``builder_for(op)``: its builder, found or derived."""
+
+
+def fused_builder(producer, consumer):
+    """The builder of op types ``producer`` then ``consumer`` (OpDefs) as one kernel, or None
+    (``Backend.fused_builder``): ``reduce_sum`` then an elementwise map of one tensor operand
+    (the mean loss: ``scalar_mul`` of the sum) is ``reduce.reduce_sum_then``."""
+    if (producer.name == "reduce_sum" and consumer.scalar is not None
+            and consumer.tensor_arity == 1):
+        return reduce.reduce_sum_then(consumer)
+    return None
+
+
+def group_builder(op):
+    """The builder of several nodes of op type ``op`` (an OpDef) as one launch, or None
+    (``Backend.group_builder``): ``sgd_update`` and ``adam_update`` (``update.GROUPS``),
+    one-dimensional ``fused_elementwise`` (``fused.GROUPS``)."""
+    return update.GROUPS.get(op.name) or fused.GROUPS.get(op.name)

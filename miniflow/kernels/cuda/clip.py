@@ -13,7 +13,7 @@ import math as _math
 
 from numba import cuda, types
 
-from .common import block_max, block_sum, compute_type, device, flat, jit, scratch, short
+from .common import block_max, block_sum, device, flat, jit, load_type, scratch, short
 from .launch import current, flat_steps, row_steps
 from ..common.clip import (clip_builder, clip_coefficient, norm_accumulate, norm_combine,
                            norm_finish)
@@ -22,7 +22,7 @@ __all__ = ["partial_norm_kernel", "finish_kernel", "BUILDERS"]
 
 
 @functools.cache
-def partial_norm_kernel(ct, block: int):
+def partial_norm_kernel(ld, block: int):
     """``kernel(grads, partial, p)``: ``partial[k]`` = the accumulated ``|grads[k]|`` (block k)."""
     accumulate = device(norm_accumulate)
     f64 = types.float64
@@ -34,7 +34,7 @@ def partial_norm_kernel(ct, block: int):
             g = grads[k]
             acc = f64(0.0)
             for i in range(cuda.threadIdx.x, g.size, block):
-                acc = accumulate(acc, f64(ct(g[i])), p)
+                acc = accumulate(acc, f64(ld(g[i])), p)
             total = block_max(sm, acc) if p == _math.inf else block_sum(sm, acc)
             if cuda.threadIdx.x == 0:
                 partial[k] = total
@@ -66,7 +66,7 @@ def clip_steps(skip_if, grads, total, coef, max_norm, p):
     """A row kernel over the gradients into a float64 scratch of partial results, then the
     one-thread finishing kernel."""
     partial = scratch(total, (len(grads),), "float64")
-    kernel = partial_norm_kernel(compute_type(grads[0].dtype), current().row_block)
+    kernel = partial_norm_kernel(load_type(grads[0].dtype), current().row_block)
     return (row_steps(kernel, len(grads), (tuple(flat(g) for g in grads), partial, p),
                       f"clip_partial_norm {short(grads[0].dtype)}")
             + flat_steps(finish_kernel(), 1, (flat(skip_if), partial, total, coef, max_norm, p),

@@ -2,13 +2,23 @@
 scalar functions as device functions (:func:`device`).
 
 Types. Kernels get device arrays in their storage dtype (float16 arrays are numba ``float16``
-arrays). A kernel factory closes over two numba types: ``ct``, the compute type (float32 for f16 and
-f32 storage, float64 for f64), and ``st``, the output's storage type. A load is ``ct(a[i])`` and a
-store ``out[i] = st(v)``: on the GPU each is one PTX ``cvt`` (``cvt.f32.f16`` widens exactly;
-``cvt.rn.f16.f32`` / ``cvt.rn.f16.f64`` / ``cvt.rn.f16.s64`` round once to nearest even, overflow to
-inf, keep subnormals), the same results as NumPy's ``astype``. NaN stays NaN (hardware returns the
-canonical NaN, so its sign and payload may differ from NumPy's). No arithmetic happens in float16
-and no kernel uses atomics: reductions combine partial results in shared memory.
+arrays; bfloat16 arrays, ``ml_dtypes.bfloat16`` device arrays, reach kernels as ``uint16`` views
+of their bits, :func:`flat`). A kernel factory closes over three conversions (:func:`types_of`):
+``ld``, the load of an element as its compute value; ``ct``, the compute type (float32 for f16,
+bf16 and f32 storage, float64 for f64); and ``st``, the store into the output's storage. A load
+is ``ld(a[i])`` and a store ``out[i] = st(v)``. For f16, f32, f64 and i64 ``ld`` and ``st`` are
+numba types, each one PTX ``cvt`` on the GPU (``cvt.f32.f16`` widens exactly; ``cvt.rn.f16.f32``
+/ ``cvt.rn.f16.f64`` / ``cvt.rn.f16.s64`` round once to nearest even, overflow to inf, keep
+subnormals), the same results as NumPy's ``astype``. NaN stays NaN (hardware returns the
+canonical NaN, so its sign and payload may differ from NumPy's). For bf16 they are the device
+functions :func:`bf16_to_f32` (the bits shifted into a float32: exact) and :func:`to_bf16` (one
+round to nearest even from float32, float64 or int64, through float32 rounded to odd, NaN to the
+quiet NaN of its sign: the bits of ``ml_dtypes`` and of the CPU kernels, ``kernels.cpu.fp16``).
+numba-cuda's own ``bfloat16`` type is not used: its conversions are C++ shims compiled by NVRTC
+at link time (``numba.cuda.bf16``), which the PTX lane cannot link and the simulator does not
+have (``numba.cuda.simulator``'s ``bfloat16`` is None). A new kernel gets bfloat16 by loading and
+storing through ``types_of``. No arithmetic happens in a half type and no kernel uses atomics:
+reductions combine partial results in shared memory.
 
 Caching. Kernels are ``cuda.jit(cache=True)`` on a GPU when Numba has a writable cache folder
 (``kernels.common.cache``), else ``cache=False``. Numba keys a cached kernel by its
@@ -36,12 +46,13 @@ from numba import config as numba_config
 from numba import cuda, types
 
 from ..common.cache import CACHE
-from ...dtype import as_dtype
+from ...dtype import as_dtype, bfloat16
 from ...ops.elementwise import add
 
-__all__ = ["SIMULATOR", "jit", "device", "compute_type", "storage_type", "types_of", "short",
-           "flat", "scratch", "math", "SimulatorMath", "nan_max", "block_sum", "block_max",
-           "strided_offset"]
+__all__ = ["SIMULATOR", "jit", "device", "compute_type", "storage_type", "load_type", "types_of",
+           "short", "flat", "scratch", "math", "SimulatorMath", "nan_max", "block_sum",
+           "block_max", "strided_offset", "bf16_to_f32", "to_bf16", "round_float32",
+           "round_float64"]
 
 SIMULATOR = bool(numba_config.ENABLE_CUDASIM)
 """True when numba runs CUDA kernels in its simulator (``NUMBA_ENABLE_CUDASIM=1``)."""
@@ -87,12 +98,59 @@ def device(fn):
     return cuda.jit(device=True)(fn)
 
 
+# ----------------------------------------------------------------------------- bfloat16 bits
+if SIMULATOR:
+    def _float_as_bits(x):
+        return int(np.array(x, np.float32).view(np.uint32))
+
+    def _bits_as_float(b):
+        return np.array(b & 0xFFFFFFFF, np.uint32).view(np.float32)[()]
+else:
+    from numba.cuda import libdevice as _libdevice
+
+    @cuda.jit(device=True)
+    def _float_as_bits(x):
+        return types.int64(_libdevice.float_as_int(types.float32(x))) & 0xFFFFFFFF
+
+    @cuda.jit(device=True)
+    def _bits_as_float(b):
+        return _libdevice.int_as_float(types.int32(types.uint32(b & 0xFFFFFFFF)))
+
+
+@cuda.jit(device=True)
+def bf16_to_f32(bits):
+    """bf16 bits (uint16) -> float32, exact: the bits become the upper half of a float32."""
+    return types.float32(_bits_as_float((types.int64(bits) & 0xFFFF) << 16))
+
+
+@cuda.jit(device=True)
+def to_bf16(x):
+    """float32, float64 or int64 ``x`` -> bf16 bits (uint16), one round to nearest even: float32
+    rounded to odd when inexact (which makes the second rounding exact), then ``+ 0x7FFF + lsb``
+    and the upper 16 bits; overflow to inf; NaN to ``0x7FC0`` / ``0xFFC0``."""
+    d = types.float64(x)
+    f = types.float32(x)
+    b = _float_as_bits(f)
+    if d == d and types.float64(f) != d:
+        if abs(types.float64(f)) > abs(d):
+            b -= 1
+        b |= 1
+    if (b & 0x7FFFFFFF) > 0x7F800000:
+        return types.uint16(((b >> 16) & 0x8000) | 0x7FC0)
+    return types.uint16(((b + 0x7FFF + ((b >> 16) & 1)) >> 16) & 0xFFFF)
+
+
 _STORAGE = {np.dtype(np.float16): types.float16, np.dtype(np.float32): types.float32,
-            np.dtype(np.float64): types.float64, np.dtype(np.int64): types.int64}
+            np.dtype(np.float64): types.float64, np.dtype(np.int64): types.int64,
+            bfloat16.np: to_bf16}
+_LOAD = {np.dtype(np.float16): types.float32, np.dtype(np.float32): types.float32,
+         np.dtype(np.float64): types.float64, np.dtype(np.int64): types.int64,
+         bfloat16.np: bf16_to_f32}
 
 
 def storage_type(dtype):
-    """The numba type of an array element of NumPy ``dtype`` (f16, f32, f64, i64).
+    """The store conversion into an array of NumPy ``dtype``: the numba type of its elements
+    (f16, f32, f64, i64), or :func:`to_bf16` for bfloat16 (its bits).
 
     Raises:
         TypeError: another dtype, naming the supported ones.
@@ -101,19 +159,28 @@ def storage_type(dtype):
         return _STORAGE[np.dtype(dtype)]
     except KeyError:
         raise TypeError(f"cuda kernels: unsupported dtype {np.dtype(dtype)}; miniflow tensors are "
-                        f"float16, float32, float64 or int64") from None
+                        f"float16, bfloat16, float32, float64 or int64") from None
+
+
+def load_type(dtype):
+    """The load conversion of an element of NumPy ``dtype`` to its compute value: the compute
+    type (float32 for f16/f32, float64, int64), or :func:`bf16_to_f32` for bfloat16 bits."""
+    storage_type(dtype)
+    return _LOAD[np.dtype(dtype)]
 
 
 def compute_type(dtype):
-    """The numba type kernels compute in for storage ``dtype``: float32 for f16/f32, else itself."""
-    st = storage_type(dtype)
-    return types.float32 if st == types.float16 else st
+    """The numba type kernels compute in for storage ``dtype``: float32 for f16, bf16 and f32,
+    else the storage type."""
+    storage_type(dtype)
+    ld = _LOAD[np.dtype(dtype)]
+    return types.float32 if ld is bf16_to_f32 else ld
 
 
 def types_of(a):
-    """``(compute type, storage type)`` of array ``a``'s elements (the types kernel factories
-    close over)."""
-    return compute_type(a.dtype), storage_type(a.dtype)
+    """``(ld, ct, st)`` of array ``a``'s elements: the load conversion, the compute type and the
+    store conversion (what kernel factories close over; see the module docstring)."""
+    return load_type(a.dtype), compute_type(a.dtype), storage_type(a.dtype)
 
 
 def short(dtype) -> str:
@@ -122,8 +189,10 @@ def short(dtype) -> str:
 
 
 def flat(a):
-    """A 1-D view of a C-contiguous (device) array; a 0-d array becomes shape (1,)."""
-    return a.reshape(a.size)
+    """A 1-D view of a C-contiguous (device) array, bfloat16 as its uint16 bits; a 0-d array
+    becomes shape (1,)."""
+    out = a.reshape(a.size)
+    return out.view(np.uint16) if out.dtype == bfloat16.np else out
 
 
 def scratch(like, shape, dtype):
@@ -138,6 +207,33 @@ def scratch(like, shape, dtype):
 
 
 # ----------------------------------------------------------------------------- device helpers
+if SIMULATOR:                   # the simulator computes in NumPy and contracts nothing
+    @cuda.jit(device=True)
+    def round_float32(x):
+        """x rounded to float32."""
+        return types.float32(x)
+
+    @cuda.jit(device=True)
+    def round_float64(x):
+        """x rounded to float64."""
+        return types.float64(x)
+else:
+    from numba.cuda import libdevice
+
+    @cuda.jit(device=True)
+    def round_float32(x):
+        """x rounded to float32, never merged with a neighbouring multiply or add: the libdevice
+        add with explicit round-to-nearest (``add.rn.f32``, which neither NVVM nor ptxas
+        contracts into an FMA) of -0.0 (``x + -0.0`` is ``x`` for every x, -0.0, inf and NaN
+        included). Fused kernels round every float32 result through it (``kernels.cuda.fused``)."""
+        return libdevice.fadd_rn(types.float32(x), types.float32(-0.0))
+
+    @cuda.jit(device=True)
+    def round_float64(x):
+        """:func:`round_float32` in float64 (``add.rn.f64``)."""
+        return libdevice.dadd_rn(types.float64(x), types.float64(-0.0))
+
+
 @cuda.jit(device=True)
 def nan_max(a, b):
     """max(a, b), NaN if either is NaN (CPU kernels stop at the first NaN of a row)."""

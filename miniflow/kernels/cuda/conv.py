@@ -13,9 +13,9 @@ data grad     (n, h, w) of dx      in channel (group)   (o, p, q)        dy gath
 filter grad   (c, p, q) of dW      out channel (group)  (n, oh, ow)      x gather / dy
 ============  ===================  ===================  ===============  =====================
 
-Each block of ``tile x tile`` threads owns one output tile (``launch.conv_tile_steps``); for
-every ``tile``-wide slice of K it loads one tile of A and one of B into shared memory (widened to
-the compute type; 0 for padding, for positions a strided data gradient never reads, and past the
+Each block of ``tile x tile`` threads (``LaunchConfig.conv_tile``: 16 on a GPU) owns one output
+tile (``launch.conv_tile_steps``); for every ``tile``-wide slice of K it loads one tile of A and
+one of B into shared memory (widened to the compute type; 0 for padding, for positions a strided data gradient never reads, and past the
 edges), synchronises, and each thread accumulates its dot product in the compute type (float32
 for f16/f32, float64 for f64); one rounding at the store. Threads along ``threadIdx.x`` take
 consecutive rows, so the x / dy gathers and the output stores of consecutive ``ow`` are
@@ -150,7 +150,7 @@ _GEMMS = {"forward": (_fwd_a, _fwd_b, _fwd_out),
 
 # ----------------------------------------------------------------------------- convolutions
 @functools.cache
-def conv_gemm_kernel(kind: str, ct, st, tile: int):
+def conv_gemm_kernel(kind: str, ld, ct, st, tile: int):
     """``kernel(a, b, out, geo, M, N, K)``: the implicit GEMM ``out = A @ B`` of ``kind``
     (``"forward"``, ``"data_grad"``, ``"filter_grad"``; see the module docstring) for group
     ``blockIdx.z``; ``a``, ``b``, ``out`` are flat, ``geo`` is :func:`conv_params`.
@@ -170,9 +170,9 @@ def conv_gemm_kernel(kind: str, ct, st, tile: int):
         acc = ct(0)
         for k0 in range(0, K, tile):
             ia = a_at(geo, grp, m0 + tx, k0 + ty) if m0 + tx < M and k0 + ty < K else -1
-            sa[ty, tx] = ct(a[ia]) if ia >= 0 else ct(0)
+            sa[ty, tx] = ld(a[ia]) if ia >= 0 else ct(0)
             ib = b_at(geo, grp, k0 + tx, n0 + ty) if k0 + tx < K and n0 + ty < N else -1
-            sb[tx, ty] = ct(b[ib]) if ib >= 0 else ct(0)
+            sb[tx, ty] = ld(b[ib]) if ib >= 0 else ct(0)
             cuda.syncthreads()
             for kk in range(tile):
                 acc += sa[kk, tx] * sb[kk, ty]
@@ -184,7 +184,7 @@ def conv_gemm_kernel(kind: str, ct, st, tile: int):
 
 
 @functools.cache
-def bias_grad_kernel(ct, st, block: int):
+def bias_grad_kernel(ld, ct, st, block: int):
     """``kernel(dy, out, n, c, hw)``: ``out[c] = sum_{n, k} dy[n, c, k]``, one block per channel."""
 
     @jit
@@ -193,7 +193,7 @@ def bias_grad_kernel(ct, st, block: int):
         for ch in range(cuda.blockIdx.x, c, cuda.gridDim.x):
             acc = ct(0)
             for i in range(cuda.threadIdx.x, n * hw, block):
-                acc += ct(dy[(i // hw * c + ch) * hw + i % hw])
+                acc += ld(dy[(i // hw * c + ch) * hw + i % hw])
             total = block_sum(sm, acc)
             if cuda.threadIdx.x == 0:
                 out[ch] = st(total)
@@ -203,7 +203,7 @@ def bias_grad_kernel(ct, st, block: int):
 
 def _gemm_steps(kind: str, a, b, out, g, m: int, n: int, k: int) -> list:
     """The launch of :func:`conv_gemm_kernel` of ``kind`` over an ``m x n`` output per group."""
-    kernel = conv_gemm_kernel(kind, *types_of(out), current().tile)
+    kernel = conv_gemm_kernel(kind, *types_of(out), current().conv_tile)
     return conv_tile_steps(kernel, m, n, g.groups,
                            (flat(a), flat(b), flat(out), conv_params(g), m, n, k),
                            f"conv2d_{kind} {short(out.dtype)}")
@@ -228,7 +228,8 @@ def filter_grad_steps(dy, x, dw, g):
 def bias_grad_steps(dy, out, n: int, c: int, hw: int):
     """``out[c] = sum dy[n, c, hw]``: one row block per channel."""
     kernel = bias_grad_kernel(*types_of(out), current().row_block)
-    return row_steps(kernel, c, (flat(dy), out, n, c, hw), f"conv_bias_grad {short(out.dtype)}")
+    return row_steps(kernel, c, (flat(dy), flat(out), n, c, hw),
+                     f"conv_bias_grad {short(out.dtype)}")
 
 
 BUILDERS = conv.builders(forward_steps=forward_steps, data_grad_steps=data_grad_steps,

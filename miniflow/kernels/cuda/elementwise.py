@@ -18,7 +18,8 @@ import functools
 
 from numba import cuda
 
-from .common import device, flat, jit, scratch, short, storage_type, strided_offset, types_of
+from .common import (device, flat, jit, load_type, scratch, short, storage_type, strided_offset,
+                     types_of)
 from .launch import flat_steps
 from ..common import accumulation
 from ..common.elementwise import StepMakers, builders
@@ -30,20 +31,20 @@ __all__ = ["map_kernel", "map_scalar_kernel", "zip_kernel", "zip_strided_kernel"
 
 # ----------------------------------------------------------------------------- kernel factories
 @functools.cache
-def map_kernel(fn, ct, st):
+def map_kernel(fn, ld, ct, st):
     """``kernel(x, out)``: ``out[i] = fn(x[i])``."""
     f = device(fn)
 
     @jit
     def kernel(x, out):
         for i in range(cuda.grid(1), out.size, cuda.gridsize(1)):
-            out[i] = st(ct(f(ct(x[i]))))
+            out[i] = st(ct(f(ld(x[i]))))
 
     return kernel
 
 
 @functools.cache
-def map_scalar_kernel(fn, ct, st):
+def map_scalar_kernel(fn, ld, ct, st):
     """``kernel(x, s, out)``: ``out[i] = fn(x[i], s)`` with the float ``s`` in the compute type."""
     f = device(fn)
 
@@ -51,26 +52,26 @@ def map_scalar_kernel(fn, ct, st):
     def kernel(x, s, out):
         c = ct(s)
         for i in range(cuda.grid(1), out.size, cuda.gridsize(1)):
-            out[i] = st(ct(f(ct(x[i]), c)))
+            out[i] = st(ct(f(ld(x[i]), c)))
 
     return kernel
 
 
 @functools.cache
-def zip_kernel(fn, ct, st):
+def zip_kernel(fn, ld, ld_y, ct, st):
     """``kernel(x, y, out)``: ``out[i] = fn(x[i], y[i])`` (same sizes)."""
     f = device(fn)
 
     @jit
     def kernel(x, y, out):
         for i in range(cuda.grid(1), out.size, cuda.gridsize(1)):
-            out[i] = st(ct(f(ct(x[i]), ct(y[i]))))
+            out[i] = st(ct(f(ld(x[i]), ld_y(y[i]))))
 
     return kernel
 
 
 @functools.cache
-def zip_strided_kernel(fn, ct, st):
+def zip_strided_kernel(fn, ld, ld_y, ct, st):
     """``kernel(x, y, out, shape, xst, yst)``: ``out[idx] = fn(x[idx . xst], y[idx . yst])``
     over the collapsed ``shape`` (tuples; strides in elements, 0 = broadcast)."""
     f = device(fn)
@@ -78,41 +79,50 @@ def zip_strided_kernel(fn, ct, st):
     @jit
     def kernel(x, y, out, shape, xst, yst):
         for i in range(cuda.grid(1), out.size, cuda.gridsize(1)):
-            v = f(ct(x[strided_offset(i, shape, xst)]), ct(y[strided_offset(i, shape, yst)]))
+            v = f(ld(x[strided_offset(i, shape, xst)]), ld_y(y[strided_offset(i, shape, yst)]))
             out[i] = st(ct(v))
 
     return kernel
 
 
 @functools.cache
-def cast_kernel(st):
-    """``kernel(x, out)``: ``out[i] = st(x[i])``, one rounding (NumPy ``astype``); a copy when the
-    dtypes agree."""
+def cast_kernel(ld, st):
+    """``kernel(x, out)``: ``out[i] = st(ld(x[i]))``: x's element loaded exactly (widened to its
+    compute type), then stored with one rounding (NumPy ``astype``); a copy when the dtypes
+    agree."""
 
     @jit
     def kernel(x, out):
         for i in range(cuda.grid(1), out.size, cuda.gridsize(1)):
-            out[i] = st(x[i])
+            out[i] = st(ld(x[i]))
 
     return kernel
 
 
 # ----------------------------------------------------------------------------- step makers
+def _types(*arrays):
+    """The loads of the inputs (each its own: add_n adds a float32 accumulator to half inputs),
+    then the compute type and the store of the output (the last array)."""
+    out = arrays[-1]
+    return (*(load_type(a.dtype) for a in arrays[:-1]), *types_of(out)[1:])
+
+
 def map_steps(fn, x, out):
     """Steps for ``out = fn(x)`` elementwise (same shape)."""
-    return flat_steps(map_kernel(fn, *types_of(out)), out.size, (flat(x), flat(out)),
+    return flat_steps(map_kernel(fn, *_types(x, out)), out.size, (flat(x), flat(out)),
                       f"map[{fn.__name__}] {short(out.dtype)}")
 
 
 def map_scalar_steps(fn, x, s: float, out):
     """Steps for ``out = fn(x, s)`` elementwise (same shape; ``s`` a Python float)."""
-    return flat_steps(map_scalar_kernel(fn, *types_of(out)), out.size, (flat(x), s, flat(out)),
+    return flat_steps(map_scalar_kernel(fn, *_types(x, out)), out.size, (flat(x), s, flat(out)),
                       f"map_scalar[{fn.__name__}] {short(out.dtype)}")
 
 
 def cast_steps(x, out):
     """Steps for ``out = x.astype(out.dtype)`` (same size; a copy when the dtypes agree)."""
-    return flat_steps(cast_kernel(storage_type(out.dtype)), out.size, (flat(x), flat(out)),
+    return flat_steps(cast_kernel(load_type(x.dtype), storage_type(out.dtype)), out.size,
+                      (flat(x), flat(out)),
                       f"cast {short(x.dtype)}->{short(out.dtype)}")
 
 
@@ -128,10 +138,11 @@ def zip_steps(fn, x, y, out, y_shape=None):
     shape, (xst, yst) = plan
     label = short(out.dtype)
     if len(shape) == 1 and xst[0] == 1 and yst[0] == 1:
-        return flat_steps(zip_kernel(fn, *types_of(out)), out.size, (flat(x), flat(y), flat(out)),
+        return flat_steps(zip_kernel(fn, *_types(x, y, out)), out.size,
+                          (flat(x), flat(y), flat(out)),
                           f"zip[{fn.__name__}] {label}")
     shape, xst, yst = (tuple(int(s) for s in t) for t in (shape, xst, yst))
-    return flat_steps(zip_strided_kernel(fn, *types_of(out)), out.size,
+    return flat_steps(zip_strided_kernel(fn, *_types(x, y, out)), out.size,
                       (flat(x), flat(y), flat(out), shape, xst, yst),
                       f"zip_strided[{fn.__name__}] {label}")
 

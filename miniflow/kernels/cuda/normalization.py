@@ -28,7 +28,7 @@ def _channel_index(i, ch, c, inner):
 
 
 @functools.cache
-def norm_train_kernel(ct, st, block: int):
+def norm_train_kernel(ld, ct, st, block: int):
     """``kernel(x, y, mean, inv_var, moving_mean, moving_var, gamma, beta, outer, c, inner, eps,
     momentum)``: training batch norm, one block per channel: the mean, then the squared
     deviations from it (two block sums), ``inv_var = 1 / sqrt(var + eps)``, the moving
@@ -43,11 +43,11 @@ def norm_train_kernel(ct, st, block: int):
         for ch in range(cuda.blockIdx.x, c, cuda.gridDim.x):
             s = ct(0)
             for i in range(cuda.threadIdx.x, m, block):
-                s += ct(x[_channel_index(i, ch, c, inner)])
+                s += ld(x[_channel_index(i, ch, c, inner)])
             mu = ct(block_sum(sm, s) / ct(m))
             s = ct(0)
             for i in range(cuda.threadIdx.x, m, block):
-                d = ct(x[_channel_index(i, ch, c, inner)]) - mu
+                d = ld(x[_channel_index(i, ch, c, inner)]) - mu
                 s += d * d
             s2 = block_sum(sm, s)
             inv = ct(ct(1) / math.sqrt(ct(s2 / ct(m)) + ct(eps)))
@@ -59,13 +59,13 @@ def norm_train_kernel(ct, st, block: int):
             scale, shift = ct(gamma[ch] * inv), beta[ch]
             for i in range(cuda.threadIdx.x, m, block):
                 j = _channel_index(i, ch, c, inner)
-                y[j] = st((ct(x[j]) - mu) * scale + shift)
+                y[j] = st((ld(x[j]) - mu) * scale + shift)
 
     return kernel
 
 
 @functools.cache
-def norm_eval_kernel(ct, st):
+def norm_eval_kernel(ld, ct, st):
     """``kernel(x, y, moving_mean, moving_var, gamma, beta, c, inner, eps)``, flat over x:
     ``y = (x - moving_mean) * gamma / sqrt(moving_var + eps) + beta`` of its channel."""
 
@@ -74,13 +74,13 @@ def norm_eval_kernel(ct, st):
         for i in range(cuda.grid(1), y.size, cuda.gridsize(1)):
             ch = i // inner % c
             scale = ct(gamma[ch] / math.sqrt(moving_var[ch] + ct(eps)))
-            y[i] = st((ct(x[i]) - moving_mean[ch]) * scale + beta[ch])
+            y[i] = st((ld(x[i]) - moving_mean[ch]) * scale + beta[ch])
 
     return kernel
 
 
 @functools.cache
-def norm_grad_kernel(ct, st, block: int):
+def norm_grad_kernel(ld, ct, st, block: int):
     """``kernel(x, dy, mean, inv_var, gamma, gamma_diff, beta_diff, dx, outer, c, inner)``, one
     block per channel: ``beta_diff = sum(dy)``, ``gamma_diff = sum(dy * xhat)``, then
     ``dx = gamma * inv_var * (dy - beta_diff / M - xhat * gamma_diff / M)``."""
@@ -94,9 +94,9 @@ def norm_grad_kernel(ct, st, block: int):
             pdy, pdx = ct(0), ct(0)
             for i in range(cuda.threadIdx.x, m, block):
                 j = _channel_index(i, ch, c, inner)
-                d = ct(dy[j])
+                d = ld(dy[j])
                 pdy += d
-                pdx += d * (ct(x[j]) - mu)
+                pdx += d * (ld(x[j]) - mu)
             sdy = block_sum(sm, pdy)
             sdx = ct(block_sum(sm, pdx) * iv)
             if cuda.threadIdx.x == 0:
@@ -104,7 +104,7 @@ def norm_grad_kernel(ct, st, block: int):
             a, mdy, mdx = ct(gamma[ch] * iv), ct(sdy / ct(m)), ct(sdx / ct(m) * iv)
             for i in range(cuda.threadIdx.x, m, block):
                 j = _channel_index(i, ch, c, inner)
-                dx[j] = st(a * (ct(dy[j]) - mdy - (ct(x[j]) - mu) * mdx))
+                dx[j] = st(a * (ld(dy[j]) - mdy - (ld(x[j]) - mu) * mdx))
 
     return kernel
 

@@ -20,7 +20,7 @@ __all__ = ["max_pool_kernel", "max_pool_grad_kernel", "avg_pool_kernel", "avg_po
 
 
 @functools.cache
-def max_pool_kernel(ct, st):
+def max_pool_kernel(ld, ct, st):
     """``kernel(x, y, indice, window)``, flat over y: each window's max (padding ``-inf``) and
     the flat ``ih * W + iw`` of its first maximum (a NaN wins); ``-inf`` and -1 for a window
     outside the input."""
@@ -37,7 +37,7 @@ def max_pool_kernel(ct, st):
                 for q in range(kw):
                     iw = j * sw - pw + q * dw
                     if 0 <= ih < h and 0 <= iw < w:
-                        v = ct(x[pl * h * w + ih * w + iw])
+                        v = ld(x[pl * h * w + ih * w + iw])
                         if at < 0 or v > best or v != v:
                             best, at = v, ih * w + iw
             y[t] = st(best)
@@ -47,7 +47,7 @@ def max_pool_kernel(ct, st):
 
 
 @functools.cache
-def max_pool_grad_kernel(ct, st):
+def max_pool_grad_kernel(ld, ct, st):
     """``kernel(indice, dy, dx, window)``, flat over dx: the sum of the ``dy`` of every window
     containing the element whose index names it (a gather: no atomics)."""
 
@@ -66,7 +66,7 @@ def max_pool_grad_kernel(ct, st):
                         if tj >= 0 and tj % sw == 0 and tj // sw < ow:
                             k = pl * oh * ow + (ti // sh) * ow + tj // sw
                             if indice[k] == r:
-                                acc += ct(dy[k])
+                                acc += ld(dy[k])
             dx[t] = st(acc)
 
     return kernel
@@ -86,7 +86,7 @@ def _avg_divisor(i, j, window, count_include_pad, divisor_override):
 
 
 @functools.cache
-def avg_pool_kernel(ct, st):
+def avg_pool_kernel(ld, ct, st):
     """``kernel(x, y, window, count_include_pad, divisor_override)``, flat over y: each window's
     sum over the input divided by its divisor."""
 
@@ -99,7 +99,7 @@ def avg_pool_kernel(ct, st):
             acc = ct(0)
             for ih in range(max(i * sh - ph, 0), min(i * sh - ph + kh, h)):
                 for iw in range(max(j * sw - pw, 0), min(j * sw - pw + kw, w)):
-                    acc += ct(x[pl * h * w + ih * w + iw])
+                    acc += ld(x[pl * h * w + ih * w + iw])
             div = _avg_divisor(i, j, window, count_include_pad, divisor_override)
             y[t] = st(acc / ct(div))
 
@@ -107,7 +107,7 @@ def avg_pool_kernel(ct, st):
 
 
 @functools.cache
-def avg_pool_grad_kernel(ct, st):
+def avg_pool_grad_kernel(ld, ct, st):
     """``kernel(dy, dx, window, count_include_pad, divisor_override)``, flat over dx: the sum of
     ``dy / divisor`` over the windows containing the element."""
 
@@ -121,14 +121,14 @@ def avg_pool_grad_kernel(ct, st):
             for i in range(max(0, (ih + ph - kh + sh) // sh), min(oh, (ih + ph) // sh + 1)):
                 for j in range(max(0, (iw + pw - kw + sw) // sw), min(ow, (iw + pw) // sw + 1)):
                     div = _avg_divisor(i, j, window, count_include_pad, divisor_override)
-                    acc += ct(dy[pl * oh * ow + i * ow + j]) / ct(div)
+                    acc += ld(dy[pl * oh * ow + i * ow + j]) / ct(div)
             dx[t] = st(acc)
 
     return kernel
 
 
 @functools.cache
-def adaptive_avg_pool_kernel(ct, st):
+def adaptive_avg_pool_kernel(ld, ct, st):
     """``kernel(x, y, h, w, oh, ow)``, flat over y: the mean of the adaptive window
     ``[floor(i*H/OH), ceil((i+1)*H/OH)) x [floor(j*W/OW), ceil((j+1)*W/OW))``."""
 
@@ -142,14 +142,14 @@ def adaptive_avg_pool_kernel(ct, st):
             acc = ct(0)
             for ih in range(h0, h1):
                 for iw in range(w0, w1):
-                    acc += ct(x[pl * h * w + ih * w + iw])
+                    acc += ld(x[pl * h * w + ih * w + iw])
             y[t] = st(acc / ct((h1 - h0) * (w1 - w0)))
 
     return kernel
 
 
 @functools.cache
-def adaptive_avg_pool_grad_kernel(ct, st):
+def adaptive_avg_pool_grad_kernel(ld, ct, st):
     """``kernel(dy, dx, h, w, oh, ow)``, flat over dx: the sum of ``dy / area`` over the adaptive
     windows containing the element (``i`` in ``[floor(ih*OH/H), ((ih+1)*OH - 1) // H]``)."""
 
@@ -163,7 +163,7 @@ def adaptive_avg_pool_grad_kernel(ct, st):
                 hn = ((i + 1) * h + oh - 1) // oh - (i * h) // oh
                 for j in range((iw * ow) // w, ((iw + 1) * ow - 1) // w + 1):
                     wn = ((j + 1) * w + ow - 1) // ow - (j * w) // ow
-                    acc += ct(dy[pl * oh * ow + i * ow + j]) / ct(hn * wn)
+                    acc += ld(dy[pl * oh * ow + i * ow + j]) / ct(hn * wn)
             dx[t] = st(acc)
 
     return kernel

@@ -22,19 +22,21 @@ import functools
 import numpy as np
 from numba import cuda
 
-from .common import block_max, block_sum, flat, jit, math, nan_max, scratch, short, types_of
+from .common import (block_max, block_sum, device, flat, jit, math, nan_max, scratch, short,
+                     types_of)
 from .launch import current, flat_steps, row_steps
 from .movement import fill_steps, transpose_steps
 from ..common import reduce
 
-__all__ = ["reduce_sum_kernel", "row_max_sumexp", "softmax_kernel", "softmax_grad_kernel",
+__all__ = ["reduce_sum_kernel", "reduce_sum_map_kernel", "reduce_sum_then", "row_max_sumexp",
+           "softmax_kernel", "softmax_grad_kernel",
            "sparse_xent_kernel", "sparse_xent_grad_kernel", "sum_steps", "softmax_steps",
            "softmax_grad_steps", "xent_steps", "xent_grad_steps", "BUILDERS"]
 
 
 # ----------------------------------------------------------------------------- kernels
 @functools.cache
-def reduce_sum_kernel(ct, st, block: int):
+def reduce_sum_kernel(ld, ct, st, block: int):
     """``kernel(x, out, outer, red, inner)``: ``out[o, k] = sum_r x[o, r, k]``, block per (o, k)."""
 
     @jit
@@ -45,7 +47,7 @@ def reduce_sum_kernel(ct, st, block: int):
             base = o * red * inner + (ok - o * inner)
             acc = ct(0)
             for r in range(cuda.threadIdx.x, red, block):
-                acc += ct(x[base + r * inner])
+                acc += ld(x[base + r * inner])
             total = block_sum(sm, acc)
             if cuda.threadIdx.x == 0:
                 out[ok] = st(total)
@@ -54,7 +56,33 @@ def reduce_sum_kernel(ct, st, block: int):
 
 
 @functools.cache
-def row_max_sumexp(ct):
+def reduce_sum_map_kernel(fn, scalar: bool, ld, ct, st, block: int):
+    """``kernel(x, out, outer, red, inner, s)``: ``out[o, k] = fn(sum_r x[o, r, k][, s])``, the
+    sum rounded to out's dtype first (as ``reduce_sum`` stores it), ``fn``'s result rounded to
+    the compute type, then stored (as the map kernel of ``fn``): the mean loss
+    (``reduce_sum`` then ``scalar_mul``) in one launch, bit for bit the two kernels' result."""
+    f = device(fn)
+
+    @jit
+    def kernel(x, out, outer, red, inner, s):
+        sm = cuda.shared.array(block, ct)
+        c = ct(s)
+        for ok in range(cuda.blockIdx.x, outer * inner, cuda.gridDim.x):
+            o = ok // inner
+            base = o * red * inner + (ok - o * inner)
+            acc = ct(0)
+            for r in range(cuda.threadIdx.x, red, block):
+                acc += ld(x[base + r * inner])
+            total = block_sum(sm, acc)
+            if cuda.threadIdx.x == 0:
+                v = ld(st(total))
+                out[ok] = st(ct(f(v, c)) if scalar else ct(f(v)))
+
+    return kernel
+
+
+@functools.cache
+def row_max_sumexp(ld, ct):
     """Device function ``(m, s) = f(sm, x, base, cols)`` for the block's row
     ``x[base:base+cols]``: ``m = max(x)`` (NaN if any is NaN) and ``s = sum exp(x - m)``, both in
     the compute type."""
@@ -63,21 +91,21 @@ def row_max_sumexp(ct):
     def row_max_sumexp(sm, x, base, cols):
         m = ct(-math.inf)
         for c in range(cuda.threadIdx.x, cols, cuda.blockDim.x):
-            m = nan_max(m, ct(x[base + c]))
+            m = nan_max(m, ld(x[base + c]))
         m = block_max(sm, m)
         s = ct(0)
         for c in range(cuda.threadIdx.x, cols, cuda.blockDim.x):
-            s += math.exp(ct(x[base + c]) - m)
+            s += math.exp(ld(x[base + c]) - m)
         return m, block_sum(sm, s)
 
     return row_max_sumexp
 
 
 @functools.cache
-def softmax_kernel(log: bool, ct, st, block: int):
+def softmax_kernel(log: bool, ld, ct, st, block: int):
     """``kernel(x, out, rows, cols)``, per row: ``out = exp(x - m) / s`` or, for ``log``,
     ``out = x - m - log(s)`` (``m``, ``s`` from :func:`row_max_sumexp`)."""
-    stats = row_max_sumexp(ct)
+    stats = row_max_sumexp(ld, ct)
 
     @jit
     def kernel(x, out, rows, cols):
@@ -87,14 +115,14 @@ def softmax_kernel(log: bool, ct, st, block: int):
             m, s = stats(sm, x, base, cols)
             log_s = math.log(s)
             for c in range(cuda.threadIdx.x, cols, block):
-                v = ct(x[base + c]) - m
+                v = ld(x[base + c]) - m
                 out[base + c] = st(ct(v - log_s) if log else ct(math.exp(v) / s))
 
     return kernel
 
 
 @functools.cache
-def softmax_grad_kernel(log: bool, ct, st, block: int):
+def softmax_grad_kernel(log: bool, ld, ct, st, block: int):
     """``kernel(y, dy, dx, rows, cols)``, per row: ``dx = y * (dy - sum(dy * y))``, or for ``log``
     (y = log_softmax) ``dx = dy - exp(y) * sum(dy)``."""
 
@@ -105,21 +133,21 @@ def softmax_grad_kernel(log: bool, ct, st, block: int):
             base = r * cols
             part = ct(0)
             for c in range(cuda.threadIdx.x, cols, block):
-                part += ct(dy[base + c]) if log else ct(dy[base + c]) * ct(y[base + c])
+                part += ld(dy[base + c]) if log else ld(dy[base + c]) * ld(y[base + c])
             s = block_sum(sm, part)
             for c in range(cuda.threadIdx.x, cols, block):
-                yc, dyc = ct(y[base + c]), ct(dy[base + c])
+                yc, dyc = ld(y[base + c]), ld(dy[base + c])
                 dx[base + c] = st(ct(dyc - math.exp(yc) * s) if log else ct(yc * (dyc - s)))
 
     return kernel
 
 
 @functools.cache
-def sparse_xent_kernel(ct, st, block: int):
+def sparse_xent_kernel(ld, ct, st, block: int):
     """``kernel(x, label, prob, out, rows, cols)``, per row: ``prob = softmax(x)``,
     ``out[r] = m + log(s) - x[r, label[r]]`` (logsumexp minus the picked logit); NaN for a label
     outside ``[0, cols)``."""
-    stats = row_max_sumexp(ct)
+    stats = row_max_sumexp(ld, ct)
 
     @jit
     def kernel(x, label, prob, out, rows, cols):
@@ -128,11 +156,11 @@ def sparse_xent_kernel(ct, st, block: int):
             base = r * cols
             m, s = stats(sm, x, base, cols)
             for c in range(cuda.threadIdx.x, cols, block):
-                prob[base + c] = st(ct(math.exp(ct(x[base + c]) - m) / s))
+                prob[base + c] = st(ct(math.exp(ld(x[base + c]) - m) / s))
             if cuda.threadIdx.x == 0:
                 lab = label[r]
                 if 0 <= lab < cols:
-                    out[r] = st(ct(m + math.log(s) - ct(x[base + lab])))
+                    out[r] = st(ct(m + math.log(s) - ld(x[base + lab])))
                 else:
                     out[r] = st(math.nan)
 
@@ -140,7 +168,7 @@ def sparse_xent_kernel(ct, st, block: int):
 
 
 @functools.cache
-def sparse_xent_grad_kernel(ct, st):
+def sparse_xent_grad_kernel(ld, ct, st):
     """``kernel(dy, label, prob, dx, cols)``: ``dx[r, c] = dy[r] * (prob[r, c] - (c == label[r]))``
     (flat over r, c); a NaN row for a label outside ``[0, cols)``."""
 
@@ -149,13 +177,13 @@ def sparse_xent_grad_kernel(ct, st):
         for i in range(cuda.grid(1), dx.size, cuda.gridsize(1)):
             r = i // cols
             lab = label[r]
-            p = ct(prob[i])
+            p = ld(prob[i])
             if lab < 0 or lab >= cols:
                 dx[i] = st(math.nan)
             elif i - r * cols == lab:
-                dx[i] = st(ct(ct(dy[r]) * (p - ct(1))))
+                dx[i] = st(ct(ld(dy[r]) * (p - ct(1))))
             else:
-                dx[i] = st(ct(ct(dy[r]) * p))
+                dx[i] = st(ct(ld(dy[r]) * p))
 
     return kernel
 
@@ -166,6 +194,26 @@ def sum_steps(x, out, outer: int, red: int, inner: int):
     kernel = reduce_sum_kernel(*types_of(out), current().row_block)
     return row_steps(kernel, outer * inner, (flat(x), flat(out), outer, red, inner),
                      f"reduce_sum {short(out.dtype)}")
+
+
+def sum_map_steps(fn, scalar, s, x, out, outer: int, red: int, inner: int):
+    """Steps for ``out[o, k] = fn(sum_r x[o, r, k][, s])`` (:func:`reduce_sum_map_kernel`)."""
+    kernel = reduce_sum_map_kernel(fn, scalar, *types_of(out), current().row_block)
+    return row_steps(kernel, outer * inner, (flat(x), flat(out), outer, red, inner, float(s)),
+                     f"reduce_sum+map[{fn.__name__}] {short(out.dtype)}")
+
+
+def reduce_sum_then(op):
+    """The fused builder of ``reduce_sum`` then the elementwise map ``op`` (an OpDef with a
+    scalar function of one tensor operand, e.g. ``scalar_mul``): ``(producer, consumer, ins,
+    outs)``, as ``runtime.plan.build_steps`` calls it."""
+    fn, attr = op.scalar, op.scalar_attr
+
+    def build(producer, consumer, ins, outs):
+        s = float(consumer.attrs[attr]) if attr is not None else 0.0
+        sum_steps = functools.partial(sum_map_steps, fn, attr is not None, s)
+        return reduce.reduce_sum_builder(transpose_steps, scratch, sum_steps)(producer, ins, outs)
+    return build
 
 
 def softmax_steps(log: bool, x, out, rows: int, cols: int):

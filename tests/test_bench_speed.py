@@ -1,0 +1,92 @@
+"""Tests of benchmarks/speed.py: every framework computes miniflow's training step, and the check
+notices one that does not."""
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+
+import speed  # noqa: E402
+
+FRAMEWORKS = ["miniflow", "NumPy"]
+for _name, _module in (("JAX jit", "jax"), ("PyTorch", "torch")):
+    try:
+        __import__(_module)
+        FRAMEWORKS.append(_name)
+    except ImportError:
+        pass
+
+
+@pytest.fixture(scope="module")
+def data():
+    return speed.digits()
+
+
+@pytest.mark.parametrize("dtype", ["fp32", "fp16", "bf16"])
+def test_frameworks_compute_miniflows_step(data, dtype):
+    lines = speed.check(["mlp"], [dtype], [8], data, FRAMEWORKS, steps=4)
+    assert len(lines) == len(FRAMEWORKS)
+
+
+def test_check_fails_on_a_different_step(data, monkeypatch):
+    def other_labels(sizes, weights, x, y, dtype):
+        return speed.numpy_step(sizes, weights, x, np.roll(y, 1), dtype)
+
+    monkeypatch.setitem(speed.BUILDERS, "NumPy", other_labels)
+    with pytest.raises(AssertionError, match="NumPy does not compute miniflow's step"):
+        speed.check(["mlp"], ["fp32"], [8], data, ["miniflow", "NumPy"], steps=2)
+
+
+def test_next_scale_follows_grad_scaler():
+    interval = speed.SCALER["growth_interval"]
+    scale, tracker = speed.next_scale(np, np.bool_(True), np.float32(8), 3)
+    assert (float(scale), int(tracker)) == (8.0, 4)
+    scale, tracker = speed.next_scale(np, np.bool_(True), np.float32(8), interval - 1)
+    assert (float(scale), int(tracker)) == (16.0, 0)
+    scale, tracker = speed.next_scale(np, np.bool_(False), np.float32(8), 5)
+    assert (float(scale), int(tracker)) == (4.0, 0)
+    scale, tracker = speed.next_scale(np, np.bool_(False), np.float32(1.5), 5)
+    assert (float(scale), int(tracker)) == (speed.SCALER["min_scale"], 0)
+
+
+def test_pin_core_pins_every_thread():
+    import os
+    import threading
+
+    import harness
+
+    allowed = os.sched_getaffinity(0)
+    core = harness.default_core()
+    stop = threading.Event()
+    worker = threading.Thread(target=stop.wait)
+    worker.start()                                   # a thread started before pinning
+    try:
+        assert harness.pin_core(core) >= 2
+        assert harness.threads_off_core(core) == []
+        assert os.sched_getaffinity(worker.native_id) == {core}
+    finally:
+        stop.set()
+        worker.join()
+        for tid in os.listdir("/proc/self/task"):    # give the test process its cores back
+            os.sched_setaffinity(int(tid), allowed)
+
+
+def test_pin_core_rejects_an_unavailable_core():
+    import harness
+
+    with pytest.raises(ValueError, match="pin_core: core 100000 is not available"):
+        harness.pin_core(100000)
+
+
+def test_profile_times_every_node_once_and_names_its_kernels(data):
+    res = speed.profile("mlp", "bf16", 8, data, steps=2)
+    nodes = res["nodes"]
+    assert len({i for _, i, _, _ in nodes}) == len(nodes)
+    ops = {label.split("(")[0] for _, _, label, _ in nodes}
+    assert {"matmul", "multi_tensor_sgd_update_with_cast"} <= ops      # AMP's fused update
+    assert any("cast_kernel" in kernels for *_, kernels in nodes)       # bf16 matmul widens
+    assert [n[0] for n in nodes] == sorted((n[0] for n in nodes), reverse=True)
+    lines = speed.profile_lines("mlp", "bf16", 8, res, top=3)
+    assert len(lines) == 4 and lines[0].startswith("mlp AMP bf16 batch 8: ")
