@@ -66,6 +66,9 @@ process-group default, 10 minutes). ``MINIFLOW_DIST_TIMEOUT`` (seconds) override
 DEFAULT_BUCKET_CAP_MB = 25.0
 """PyTorch DDP's ``bucket_cap_mb`` default: a bucket closes once it holds this many MiB."""
 
+ABORT_GRACE_S = 0.5
+"""Seconds an aborting rank waits, after flushing stderr, for the launcher to forward its message."""
+
 _LAUNCHER_VARS = ("PMI_RANK", "PMI_SIZE", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE",
                   "PMIX_RANK")
 _SIZE_VARS = ("PMI_SIZE", "OMPI_COMM_WORLD_SIZE")
@@ -129,11 +132,17 @@ class _World:
         self.watch = _Watchdog(self, timeout) if self.size > 1 else None
 
     def abort(self, code: int) -> None:
-        """End every rank: ``MPI_Abort`` (from any thread when MPI is thread-safe)."""
+        """End every rank: ``MPI_Abort`` (from any thread when MPI is thread-safe).
+
+        The launcher forwards a rank's stderr through its proxy, and ``MPI_Abort`` ends the
+        proxies at once: text still in the pipe is lost (measured: the abort message missing in
+        1 of 15 runs). ``ABORT_GRACE_S`` of waiting after the flush lets it reach the terminal.
+        """
         try:
             sys.stderr.flush()
         except (OSError, ValueError):
             pass
+        time.sleep(ABORT_GRACE_S)
         if threading.current_thread() is threading.main_thread() or \
                 self.mpi.Query_thread() == self.mpi.THREAD_MULTIPLE:
             self.mpi.COMM_WORLD.Abort(code)
