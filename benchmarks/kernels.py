@@ -9,8 +9,8 @@
 3. Serial against parallel kernels per size: where a ``parallel=True`` launch starts to pay, which
    checks ``PARALLEL_MIN_SIZE`` (with ``--threads`` > 1).
 4. Matmul GFLOP/s and % of the measured single-core sgemm peak: the plan's matmul step (the
-   kernel it picks: BLAS, BLAS on the transposed problem or a Numba loop; the fp16 path widens,
-   multiplies in float32 and rounds) against ``numpy.dot`` in float32, for every product of the
+   kernel it picks: BLAS or a Numba loop; in fp16 the loops read the half operands as they are
+   and BLAS gets widened copies, the product in float32 rounded once) against ``numpy.dot`` in float32, for every product of the
    wide MLP's training step (each forward and its two gradients) at batch 16, 64 and 256, one
    core, from CPU time (``--only matmul`` runs this part alone).
 5. Cold start: a fresh process that imports miniflow, compiles ``miniflow train``'s graph (the
@@ -186,8 +186,8 @@ def mlp_products(sizes, batch: int) -> list:
 
 
 def matmuls(repeats: int) -> dict:
-    """The plan's matmul step (the kernel it picks; fp32, and the fp16 path that widens,
-    multiplies in float32 and rounds) against ``numpy.dot`` in float32 on the same views, for
+    """The plan's matmul step (the kernel it picks; fp32, and the fp16 path: float32 products of
+    half operands, rounded once) against ``numpy.dot`` in float32 on the same views, for
     every product of the wide MLP's step at :data:`MATMUL_BATCHES`, one core (BLAS and Numba on
     one thread), GFLOP/s from CPU time. Returns ``{"peak": GFLOP/s, "rows": [...]}``."""
     import numba

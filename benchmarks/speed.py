@@ -438,7 +438,7 @@ def profile(model: str, dtype: str, batch: int, data, steps: int) -> dict:
 
 
 def _kernel_name(fn) -> str:
-    """A step's kernel factory (``dot_block_kernel``) or function name (``swapped_dot``)."""
+    """A step's kernel factory (``dot_block_kernel``) or function name (``dot``)."""
     py_func = getattr(fn, "py_func", None)
     return py_func.__qualname__.split(".")[0] if py_func is not None else fn.__name__
 

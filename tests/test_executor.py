@@ -12,7 +12,7 @@ import pytest
 from threadpoolctl import threadpool_limits
 
 import miniflow as mf
-from miniflow.dtype import float16, float32, float64
+from miniflow.dtype import bfloat16, float16, float32, float64
 from miniflow.experiments.mlp import TrainGraph, mlp
 from miniflow.ir import Node, Value
 from miniflow.kernels.cpu import builder_for, matmul as cpu_matmul
@@ -82,16 +82,17 @@ def _matmul(a, b, ta=False, tb=False):
     return steps, out, ref
 
 
-@pytest.mark.parametrize("dt", [float16, float32, float64], ids=lambda d: d.short)
+@pytest.mark.parametrize("dt", [float16, bfloat16, float32, float64], ids=lambda d: d.short)
 @pytest.mark.parametrize("shape,ta,tb,kernel", [
     ((3, 300, 1000), False, True, "dot_block_kernel"),      # forward at batch 3: x @ W.T
     ((16, 300, 1000), False, True, "dot_block_kernel"),     # ... at batch 16
     ((7, 301, 1001), False, True, "dot_block_kernel"),      # rows and columns past the blocks
     ((3, 1000, 300), False, False, "rows_times_kernel"),    # input gradient at batch 3: dy @ W
-    ((16, 1000, 300), False, False, "swapped_dot"),         # ... at batch 16
-    ((1000, 2, 1100), True, False, "rank_update_kernel"),   # weight gradient: dy.T @ x
-    ((1001, 13, 1100), True, False, "rank_update_kernel"),  # ... past the blocks of 8 and 4
-    ((64, 1, 128), True, False, "rank_update_kernel"),      # an outer product (batch 1)
+    ((16, 1000, 300), False, False, "outer_block_kernel"),  # ... at batch 16
+    ((1000, 2, 1100), True, False, "outer_block_kernel"),   # weight gradient: dy.T @ x
+    ((1001, 13, 1100), True, False, "outer_block_kernel"),  # ... past the blocks of 4 and 64
+    ((64, 1, 128), True, False, "outer_block_kernel"),      # an outer product (batch 1)
+    ((1024, 300, 200), True, False, "dot"),          # a big strided dy.T: BLAS packs it
     ((64, 32, 16), False, True, "dot"),              # small: BLAS
     ((300, 300, 1000), False, True, "dot"),          # too many rows for the loops
 ])
@@ -101,11 +102,46 @@ def test_matmul_takes_the_fast_path_and_agrees_with_numpy(shape, ta, tb, kernel,
     a = r.uniform(-1, 1, (k, m) if ta else (m, k)).astype(dt.np)
     b = r.uniform(-1, 1, (n, k) if tb else (k, n)).astype(dt.np)
     steps, out, ref = _matmul(a, b, ta, tb)
-    made_by = {fn.py_func.__qualname__.split(".")[0] if hasattr(fn, "py_func")
-               else fn.__name__.split()[0] for fn, _ in steps}
+    made_by = [fn.py_func.__qualname__.split(".")[0] if hasattr(fn, "py_func")
+               else fn.__name__.split()[0] for fn, _ in steps]
+    if kernel == "outer_block_kernel" and dt is float64:    # float32 vectors: float64 is BLAS's
+        kernel = "dot"
     assert kernel in made_by, made_by
-    tol = {float16: 2e-2, float32: 1e-4, float64: 1e-12}[dt] * np.sqrt(k)
+    if kernel != "dot":              # the loops read half operands as they are: no widening copy
+        assert made_by[0] == kernel, made_by
+    tol = {float16: 2e-2, bfloat16: 2e-2, float32: 1e-4, float64: 1e-12}[dt] * np.sqrt(k)
     np.testing.assert_allclose(out.astype(np.float64), ref, rtol=tol, atol=tol)
+
+
+@pytest.mark.parametrize("dt", [float16, bfloat16, float32], ids=lambda d: d.short)
+@pytest.mark.parametrize("shape,ta,kernel", [
+    ((1001, 13, 1100), True, "outer_block_kernel"),  # a weight gradient, past the blocks
+    ((16, 300, 200), False, "outer_block_kernel"),   # an input gradient
+    ((1024, 300, 200), True, "dot"),                 # BLAS, then the rounding pass counts
+])
+def test_counting_matmul_counts_the_non_finite_elements_it_writes(shape, ta, kernel, dt):
+    """``count_not_finite``: ``outs[1]`` is the number of inf/NaN elements of out as rounded to
+    out's dtype (float16 overflows from 65520: rows of 300s make products of 90000)."""
+    m, k, n = shape
+    r = np.random.default_rng(3)
+    a = r.uniform(-1, 1, (k, m) if ta else (m, k))
+    b = r.uniform(-1, 1, (k, n))
+    rows = (slice(None), slice(0, m, 7)) if ta else (slice(0, m, 7), slice(None))
+    a[rows] = 300.0
+    b[:, ::5] = 300.0
+    a[(2, 3) if ta else (3, 2)], b[4, 9] = np.inf, np.nan
+    a, b = a.astype(dt.np), b.astype(dt.np)
+    steps, (out, count) = _run("matmul", [a, b], [((m, n), dt), ((1,), mf.dtype.int64)],
+                               {"transpose_a": ta, "count_not_finite": True})
+    made_by = [fn.py_func.__qualname__.split(".")[0] if hasattr(fn, "py_func")
+               else fn.__name__.split()[0] for fn, _ in steps]
+    assert made_by[0 if kernel != "dot" else -2] == kernel, made_by
+    bad = int(np.count_nonzero(~np.isfinite(out.astype(np.float64))))
+    assert count[0] == bad and bad >= (m * n // 35 if dt is float16 else m + n - 1), (count, bad)
+    ref = (a.astype(np.float64).T if ta else a.astype(np.float64)) @ b.astype(np.float64)
+    ok = np.isfinite(ref) & (np.abs(ref) < 6e4)
+    tol = {float16: 2e-2, bfloat16: 2e-2, float32: 1e-4}[dt] * np.sqrt(k) * 300 ** 2
+    np.testing.assert_allclose(out.astype(np.float64)[ok], ref[ok], rtol=1e-2, atol=tol)
 
 
 def test_dot_block_reads_a_transposed_weight_in_place():
@@ -136,7 +172,7 @@ def test_column_sums_add_row_by_row_in_order(shape, axis, dt):
 
 
 def test_small_products_run_blas_on_one_thread():
-    a, b = np.ones((64, 64), np.float32), np.ones((64, 128), np.float32)
+    a, b = np.ones((64, 64), np.float32), np.ones((128, 64), np.float32).T     # x @ W.T
     with threadpool_limits(2, user_api="blas"):
         fn, _ = cpu_matmul._product_step(a, b, np.empty((64, 128), np.float32))
         libs = blas_libraries()

@@ -6,16 +6,16 @@ Arrays are C-contiguous NumPy buffers (float16 as ``np.float16``; kernels see it
 ``fp16``). Modules, mirrored in ``kernels.cuda``: ``common`` (the ``jit`` decorator, the
 serial/parallel choice, flat views), ``elementwise`` (map / zip / broadcast / cast), ``movement``
 (reshape, transpose, broadcast_like, fills: ``np.copyto``), ``reduce`` (reduce_sum, softmax family,
-cross entropy), ``matmul`` (NumPy's BLAS and loops for skinny shapes), ``update`` (SGD, Adam),
+cross entropy), ``matmul`` (NumPy's BLAS and register-blocked loops), ``update`` (SGD, Adam),
 ``loss_scale`` (the loss-scale stage), ``clip`` (gradient clipping), ``collective`` (all-reduce,
 broadcast), ``fused`` (generated kernels of ``fused_elementwise``), ``conv`` (im2col + BLAS,
 Winograd F(2x2, 3x3)), ``normalization`` (batch norm), ``pool`` (max, average, adaptive average);
-CPU only: ``fp16`` (float16 conversions). Builders shared with the CUDA backend come from
-``kernels.common``.
+CPU only: ``fp16`` (float16 and bfloat16 conversions), ``simd`` (16-lane float32 vectors for the
+matmul micro-kernel). Builders shared with the CUDA backend come from ``kernels.common``.
 
 Precision: f16 and f32 compute in float32, f64 in float64; sums accumulate in that type; matmul on
-f16 widens to float32, multiplies in float32 and rounds the product to f16 (a GPU fp16 GEMM's
-contract).
+half types multiplies in float32 (operands widened as they load) and rounds the product to the half
+type once (a GPU fp16 GEMM's contract).
 """
 from __future__ import annotations
 

@@ -13,16 +13,17 @@ GFLOP/s and % of the measured peak for every product of the MLPs):
   vectorizes along ``k``, each loaded element used four times). Nothing is packed or copied: it
   runs at 95-105 GFLOP/s (98% of the peak) from 8 rows up, where OpenBLAS's gemm, which packs
   the 4 MiB weight on every call, does 25 (m = 8), 40 (16), 76 (64) and 97 (256).
-* ``m <= SKINNY`` rows against a big ``B`` stored ``[k, n]`` (an input gradient ``dy @ W`` at
-  batch 1-4): :func:`rows_times_kernel` streams ``B`` once.
-* ``k <= RANK_MAX_INNER`` against a big output (``4 * BIG`` elements; a weight gradient
-  ``dy.T @ x`` at batch 1-16):
-  :func:`rank_update_kernel`, the output written once per block of 8 rows of ``B``, four output
-  rows at a time (k = 1 is an outer product).
-* ``m <= SWAP_MAX_ROWS`` rows of a C-contiguous ``A`` against a big ``B`` with ``n >= 4 m`` (the
-  input gradient ``dy @ W`` at batch 8-128): BLAS on the transposed problem, ``out.T = B.T @ A.T`` into a ``[n, m]``
-  scratch, then one transposing copy (:func:`swapped_dot`): OpenBLAS is 5-40% faster on the
-  tall-and-skinny form than on the short-and-wide one.
+* ``m < OUTER_MIN_ROWS`` rows against a big ``B`` stored ``[k, n]`` (an input gradient
+  ``dy @ W`` at batch 1-3): :func:`rows_times_kernel` streams ``B`` once.
+* ``B`` stored ``[k, n]`` (rows of unit stride) with ``n >= OUTER_MIN_COLS``, ``m >=
+  OUTER_MIN_ROWS``, and ``A`` C-contiguous or smaller than ``BIG`` (every input gradient
+  ``dy @ W`` and weight gradient ``dy.T @ x`` of an MLP from batch 4 up, float32 and the half
+  types): :func:`outer_block_kernel`, a BLAS micro-kernel's register tile (4 x 64 outputs in
+  sixteen vectors, ``simd``) without BLAS's packing. On the wide MLP at batch 16 it runs the
+  input gradient (16 x 1024 x 1024) at 99-102% of the peak and the weight gradient
+  (1024 x 16 x 1024) at 72-91%, where OpenBLAS did 48-56% and 32-40%; at batch 64 101-104%
+  against 79-85%. A strided ``A`` bigger than ``BIG`` (the weight gradient at batch 256) is left
+  to BLAS, which packs it (98.6% against 91.6%).
 * otherwise one ``np.dot`` (BLAS; less call overhead than ``np.matmul``). Between
   ``ONE_THREAD_FROM`` and ``ONE_THREAD_BELOW`` multiply-adds it runs with BLAS on one thread
   (:class:`OneThreadBlas`) when BLAS has more: a multithreaded BLAS pays only for large products,
@@ -31,27 +32,35 @@ GFLOP/s and % of the measured peak for every product of the MLPs):
   switching (about 3 us) would only cost.
 
 The loops accumulate in the compute type (float32 for f16/f32) in a fixed order, so results are
-deterministic, but not the bits BLAS gives. Half types (float16, bfloat16): a and b are widened
-into float32 scratch and the float32 product rounded into out (a GPU half GEMM's contract).
+deterministic, but not the bits BLAS gives. Half types (float16, bfloat16): the product is float32,
+rounded into out once (a GPU half GEMM's contract); the loops read the half operands as they
+are (widening each element or vector as it loads: no copy of a half weight is made), BLAS gets
+them widened into float32 scratch first.
 """
 from __future__ import annotations
 
 import functools
+import math
 
 import numpy as np
 
-from .common import blas_libraries, jit, loop_for, use_parallel
+from . import fp16
+from .common import blas_libraries, jit, jitable, kview, loop_for, use_parallel
 from .elementwise import cast_steps
-from .fp16 import to_compute
+from .fp16 import load, store, to_compute
 from .loss_scale import cast_count_steps
+from .simd import vcount_nonfinite, vfma, vload, vsplat, vstore, vzero
 
-__all__ = ["BUILDERS", "SKINNY", "BIG", "DOT_MIN_K", "DOT_MAX_ROWS", "RANK_MAX_INNER",
-           "SWAP_MAX_ROWS", "ONE_THREAD_FROM", "ONE_THREAD_BELOW", "OneThreadBlas",
-           "dot_block_kernel", "rows_times_kernel", "rank_update_kernel", "swapped_dot",
+__all__ = ["BUILDERS", "OUTER_MIN_ROWS", "OUTER_MIN_COLS", "BIG", "DOT_MIN_K", "DOT_MAX_ROWS",
+           "ONE_THREAD_FROM", "ONE_THREAD_BELOW", "OneThreadBlas",
+           "dot_block_kernel", "outer_block_kernel", "rows_times_kernel",
            "build_matmul"]
 
-SKINNY = 4
-"""Rows up to which :func:`rows_times_kernel` beats BLAS on a big ``B`` stored ``[k, n]``."""
+OUTER_MIN_ROWS = 4
+"""Rows from which :func:`outer_block_kernel` (four rows a block) beats :func:`rows_times_kernel`
+(at 4 x 1024 x 1024: 109 us against 255; at one row 141 against 85)."""
+OUTER_MIN_COLS = 64
+"""Columns from which :func:`outer_block_kernel` is used (one register tile is 64 wide)."""
 BIG = 1 << 18
 """Elements of the big operand (or output) from which the loops pay (below it BLAS is as fast)."""
 DOT_MIN_K = 256
@@ -60,12 +69,6 @@ GFLOP/s: each dot product is too short for its final reductions)."""
 DOT_MAX_ROWS = 128
 """Rows up to which :func:`dot_block_kernel` is used (98% of the peak at 16 and 64 rows, 82% at
 256, where BLAS, which blocks for the caches, reaches 91%)."""
-RANK_MAX_INNER = 16
-"""Inner dimension up to which :func:`rank_update_kernel` beats BLAS on an output of at least
-``4 * BIG`` elements (the 1024 x 1024 weight gradient at batch 16: 56-67 GFLOP/s against 42-53;
-at 32 BLAS is faster, and on the 256 x 1024 input gradient of a 10-wide layer too)."""
-SWAP_MAX_ROWS = 128
-"""Rows up to which :func:`swapped_dot` (BLAS on the transposed problem) pays."""
 ONE_THREAD_FROM, ONE_THREAD_BELOW = 1 << 18, 1 << 22
 """Multiply-adds for which BLAS runs on one thread: OpenBLAS's own single-thread limit (2^18), and
 the measured crossover on 2 cores (2^21-2^23)."""
@@ -99,23 +102,23 @@ def dot_block_kernel(parallel: bool):
                 a00 = a01 = a02 = a03 = a10 = a11 = a12 = a13 = z
                 a20 = a21 = a22 = a23 = a30 = a31 = a32 = a33 = z
                 for p in range(k):
-                    u0, u1, u2, u3 = w0[p], w1[p], w2[p], w3[p]
-                    c = x0[p]
+                    u0, u1, u2, u3 = load(w0, p), load(w1, p), load(w2, p), load(w3, p)
+                    c = load(x0, p)
                     a00 += c * u0
                     a01 += c * u1
                     a02 += c * u2
                     a03 += c * u3
-                    c = x1[p]
+                    c = load(x1, p)
                     a10 += c * u0
                     a11 += c * u1
                     a12 += c * u2
                     a13 += c * u3
-                    c = x2[p]
+                    c = load(x2, p)
                     a20 += c * u0
                     a21 += c * u1
                     a22 += c * u2
                     a23 += c * u3
-                    c = x3[p]
+                    c = load(x3, p)
                     a30 += c * u0
                     a31 += c * u1
                     a32 += c * u2
@@ -132,15 +135,114 @@ def dot_block_kernel(parallel: bool):
                 for i in range(m4, m):
                     xi, acc = x[i], z
                     for p in range(k):
-                        acc += xi[p] * wj[p]
+                        acc += load(xi, p) * load(wj, p)
                     out[i, jj] = acc
         for j in range(n4, n):                  # the rows of w past the last block of four
             wj = w[j]
             for i in range(m):
                 xi, acc = x[i], z
                 for p in range(k):
-                    acc += xi[p] * wj[p]
+                    acc += load(xi, p) * load(wj, p)
                 out[i, j] = acc
+
+    return kernel
+
+
+@jitable
+def _store_row(out, i, j, v0, v1, v2, v3):
+    """``out[i, j:j + 64] = v0, v1, v2, v3`` (four 16-lane vectors, rounded to out's type)."""
+    vstore(out, i, j, v0)
+    vstore(out, i, j + 16, v1)
+    vstore(out, i, j + 32, v2)
+    vstore(out, i, j + 48, v3)
+
+
+@jitable
+def _count_row(out, v0, v1, v2, v3):
+    """How many of the 64 values are not finite once rounded to out's type."""
+    return (vcount_nonfinite(out, v0) + vcount_nonfinite(out, v1) + vcount_nonfinite(out, v2)
+            + vcount_nonfinite(out, v3))
+
+
+@functools.cache
+def outer_block_kernel(parallel: bool, counted: bool):
+    """``kernel(a, b, out, count)``: ``out = a @ b`` for ``b`` stored ``[k, n]`` (rows of unit
+    stride) and any ``a`` (a ``.T`` view too; its elements are read one at a time); ``a``, ``b`` and
+    ``out`` float32 or half bits (``fp16``). With ``counted``, ``count[0]`` = the number of
+    non-finite elements of out (the loss scaler's check, made as out is written).
+
+    The register tile of a BLAS micro-kernel (``simd``): a block of 4 rows x 64 columns of out
+    stays in sixteen 16-lane vectors while ``p`` runs over the whole inner dimension; per ``p`` four
+    vectors of ``b[p]`` are loaded (half bits widened as they load) and each of ``a``'s four
+    elements is broadcast into four multiply-adds. Nothing is packed or copied, and every output
+    element is written once, rounded once to out's type. Rows past the last block of four are one
+    row of 64 columns at a time; columns past the last block of 64 are 16-lane vectors, then
+    single dot products. Sums run in float32 in order of ``p`` (one rounding per multiply-add).
+    The parallel variant splits the blocks of 64 columns (then, for the last columns, the rows).
+    """
+    loop = loop_for(parallel)
+
+    @jit(parallel)
+    def kernel(a, b, out, count):
+        m, k = a.shape
+        n = out.shape[1]
+        m4, n64, n16 = m - m % 4, n - n % 64, n - n % 16
+        bad = 0
+        for jb in loop(n64 // 64):
+            j = 64 * np.int64(jb)
+            for i in range(0, m4, 4):
+                c00 = c01 = c02 = c03 = c10 = c11 = c12 = c13 = vzero()
+                c20 = c21 = c22 = c23 = c30 = c31 = c32 = c33 = vzero()
+                for p in range(k):
+                    b0, b1 = vload(b, p, j), vload(b, p, j + 16)
+                    b2, b3 = vload(b, p, j + 32), vload(b, p, j + 48)
+                    x = vsplat(load(a, (i, p)))
+                    c00, c01, c02, c03 = (vfma(x, b0, c00), vfma(x, b1, c01), vfma(x, b2, c02),
+                                          vfma(x, b3, c03))
+                    x = vsplat(load(a, (i + 1, p)))
+                    c10, c11, c12, c13 = (vfma(x, b0, c10), vfma(x, b1, c11), vfma(x, b2, c12),
+                                          vfma(x, b3, c13))
+                    x = vsplat(load(a, (i + 2, p)))
+                    c20, c21, c22, c23 = (vfma(x, b0, c20), vfma(x, b1, c21), vfma(x, b2, c22),
+                                          vfma(x, b3, c23))
+                    x = vsplat(load(a, (i + 3, p)))
+                    c30, c31, c32, c33 = (vfma(x, b0, c30), vfma(x, b1, c31), vfma(x, b2, c32),
+                                          vfma(x, b3, c33))
+                _store_row(out, i, j, c00, c01, c02, c03)
+                _store_row(out, i + 1, j, c10, c11, c12, c13)
+                _store_row(out, i + 2, j, c20, c21, c22, c23)
+                _store_row(out, i + 3, j, c30, c31, c32, c33)
+                if counted:
+                    bad += (_count_row(out, c00, c01, c02, c03)
+                            + _count_row(out, c10, c11, c12, c13)
+                            + _count_row(out, c20, c21, c22, c23)
+                            + _count_row(out, c30, c31, c32, c33))
+            for i in range(m4, m):              # the rows past the last block of four
+                c0 = c1 = c2 = c3 = vzero()
+                for p in range(k):
+                    x = vsplat(load(a, (i, p)))
+                    c0, c1 = vfma(x, vload(b, p, j), c0), vfma(x, vload(b, p, j + 16), c1)
+                    c2, c3 = vfma(x, vload(b, p, j + 32), c2), vfma(x, vload(b, p, j + 48), c3)
+                _store_row(out, i, j, c0, c1, c2, c3)
+                if counted:
+                    bad += _count_row(out, c0, c1, c2, c3)
+        for i in loop(m if n64 < n else 0):     # the columns past the last block of 64
+            for j in range(n64, n16, 16):
+                c = vzero()
+                for p in range(k):
+                    c = vfma(vsplat(load(a, (i, p))), vload(b, p, j), c)
+                vstore(out, i, j, c)
+                if counted:
+                    bad += vcount_nonfinite(out, c)
+            for j in range(n16, n):
+                acc = np.float32(0)
+                for p in range(k):
+                    acc += load(a, (i, p)) * load(b, (p, j))
+                store(out, (i, j), acc)
+                if counted and not math.isfinite(load(out, (i, j))):
+                    bad += 1
+        if counted:
+            count[0] = bad
 
     return kernel
 
@@ -163,59 +265,11 @@ def rows_times_kernel(parallel: bool):
             for p in range(k):
                 wp = w[p, j0:j1]
                 for i in range(m):
-                    xip, o = x[i, p], out[i, j0:j1]
+                    xip, o = load(x, (i, p)), out[i, j0:j1]
                     for j in range(j1 - j0):
-                        o[j] += xip * wp[j]
+                        o[j] += xip * load(wp, j)
 
     return kernel
-
-
-@functools.cache
-def rank_update_kernel(parallel: bool):
-    """``kernel(a, b, out)``: ``out = a @ b`` for a small inner dimension ``k``:
-    ``out[i, :] = sum_p a[i, p] * b[p, :]`` (``b`` is ``[k, n]`` C-contiguous; ``a`` may be a
-    transposed view). Four output rows at a time take eight rows of ``b`` per pass (each loaded
-    element of ``b`` feeds four multiply-adds, each output element is read and written once per
-    pass); the rows of ``b`` past the last block of eight are one pass each, as are the output
-    rows past the last block of four. The parallel variant splits the blocks of output rows."""
-    loop = loop_for(parallel)
-
-    @jit(parallel, fastmath=("contract",))
-    def kernel(a, b, out):
-        m, k = a.shape
-        n = out.shape[1]
-        m4, k8 = m - m % 4, k - k % 8
-        for ib in loop((m4 + 3) // 4 + (m - m4)):
-            i = 4 * np.int64(ib) if 4 * np.int64(ib) < m4 else m4 + np.int64(ib) - m4 // 4
-            rows = 4 if i < m4 else 1
-            for r in range(rows):
-                out[i + r] = 0
-            for p in range(0, k8, 8):
-                b0, b1, b2, b3 = b[p], b[p + 1], b[p + 2], b[p + 3]
-                b4, b5, b6, b7 = b[p + 4], b[p + 5], b[p + 6], b[p + 7]
-                for r in range(rows):
-                    o = out[i + r]
-                    d0, d1, d2, d3 = a[i + r, p], a[i + r, p + 1], a[i + r, p + 2], a[i + r, p + 3]
-                    d4, d5, d6, d7 = (a[i + r, p + 4], a[i + r, p + 5], a[i + r, p + 6],
-                                      a[i + r, p + 7])
-                    for j in range(n):
-                        o[j] += (d0 * b0[j] + d1 * b1[j] + d2 * b2[j] + d3 * b3[j]
-                                 + d4 * b4[j] + d5 * b5[j] + d6 * b6[j] + d7 * b7[j])
-            for p in range(k8, k):
-                bp = b[p]
-                for r in range(rows):
-                    o, d = out[i + r], a[i + r, p]
-                    for j in range(n):
-                        o[j] += d * bp[j]
-
-    return kernel
-
-
-def swapped_dot(a, b, out, scratch):
-    """``out = a @ b`` as BLAS computes ``scratch = b.T @ a.T`` (``scratch``: ``[n, m]``), then
-    one transposing copy into ``out``."""
-    np.dot(b.T, a.T, scratch)
-    np.copyto(out, scratch.T)
 
 
 class OneThreadBlas:
@@ -247,43 +301,69 @@ def _blas_step(a, b, out):
     return np.dot, (a, b, out)
 
 
-def _product_step(a, b, out):
-    """The step computing ``out = a @ b`` (a, b possibly ``.T`` views; see the module docstring)."""
+def _vector_kinds() -> set:
+    """The kernel dtypes :mod:`simd` vectors load and store (float16 bits on F16C's path only)."""
+    return {np.dtype(np.float32), np.dtype(np.int16)} | (
+        {np.dtype(np.uint16)} if fp16.PATH == "intrinsic" else set())
+
+
+def _outer_fits(a, b, out) -> bool:
+    """Whether :func:`outer_block_kernel` computes ``out = a @ b`` (kernel views; see the module
+    docstring)."""
+    (m, k), n = a.shape, b.shape[1]
+    return ({a.dtype, b.dtype, out.dtype} <= _vector_kinds() and b.strides[1] == b.itemsize
+            and n >= OUTER_MIN_COLS and m >= OUTER_MIN_ROWS
+            and (a.flags.c_contiguous or a.size < BIG))
+
+
+def _loop_step(a, b, out):
+    """A Numba loop computing ``out = a @ b`` into a float32 or float64 ``out`` (see the module
+    docstring), or None where BLAS is faster. ``a`` and ``b`` may be ``.T`` views and kernel
+    views of a half type (their bits: the loops widen each element as they load it)."""
     (m, k), n = a.shape, b.shape[1]
     transposed = b.flags.f_contiguous and not b.flags.c_contiguous
     if (transposed and a.flags.c_contiguous and k >= DOT_MIN_K and k * n >= BIG
             and m <= DOT_MAX_ROWS):
         return dot_block_kernel(use_parallel(b.size)), (a, b.T, out)
-    if m <= SKINNY and not transposed and k * n >= BIG and a.flags.c_contiguous:
+    if m < OUTER_MIN_ROWS and not transposed and k * n >= BIG and a.flags.c_contiguous:
         return rows_times_kernel(use_parallel(b.size)), (a, b, out)
-    if k <= RANK_MAX_INNER and (k == 1 or m * n >= 4 * BIG) and b.flags.c_contiguous:
-        return rank_update_kernel(use_parallel(out.size)), (a, b, out)
-    if m <= SWAP_MAX_ROWS and n >= 4 * m and k * n >= BIG and a.flags.c_contiguous:
-        return swapped_dot, (a, b, out, np.empty((n, m), out.dtype))
-    return _blas_step(a, b, out)
+    return None
+
+
+def _product_step(a, b, out):
+    """The step computing ``out = a @ b`` (a, b possibly ``.T`` views, of out's dtype) where
+    :func:`outer_block_kernel` does not: a loop where one is faster, else BLAS."""
+    return _loop_step(a, b, out) or _blas_step(a, b, out)
 
 
 def build_matmul(node, ins, outs):
     """``out = op(a) @ op(b)`` (2-D; ``op`` = transpose when ``transpose_a``/``transpose_b``);
-    with ``count_not_finite`` also ``outs[1][0]`` = the number of non-finite elements of out,
-    counted in the pass that rounds the float32 product into a half out (a float32 out is
-    computed into a scratch and copied by that pass)."""
+    with ``count_not_finite`` also ``outs[1][0]`` = the number of non-finite elements of out.
+
+    :func:`outer_block_kernel` writes out in its own type and counts as it writes. Otherwise the
+    product goes into a float32 scratch (for a half or counted out) and one pass rounds it into
+    out, counting; half operands are read as they are by the loops, and widened into float32
+    scratch for BLAS."""
     a, b, out = ins[0], ins[1], outs[0]
-    steps = []
-    if len(outs) > 1 and out.dtype.itemsize != 2:
-        target = np.empty(out.shape, out.dtype)
-        a = a.T if node.attrs.get("transpose_a", False) else a
-        b = b.T if node.attrs.get("transpose_b", False) else b
-        return [_product_step(a, b, target)] + cast_count_steps(target, out, outs[1])
-    if out.dtype.itemsize == 2:             # a half type: the product in float32
-        a32, b32, out32 = (np.empty(t.shape, np.float32) for t in (a, b, out))
-        steps += cast_steps(a, a32) + cast_steps(b, b32)
-        a, b, target = a32, b32, out32
+    ta, tb = node.attrs.get("transpose_a", False), node.attrs.get("transpose_b", False)
+    bits_a, bits_b = kview(a).T if ta else kview(a), kview(b).T if tb else kview(b)
+    if _outer_fits(bits_a, bits_b, kview(out)):
+        count = outs[1].reshape(-1) if len(outs) > 1 else np.zeros(1, np.int64)
+        kernel = outer_block_kernel(use_parallel(out.size), len(outs) > 1)
+        return [(kernel, (bits_a, bits_b, kview(out), count))]
+    half = out.dtype.itemsize == 2
+    target = np.empty(out.shape, np.float32 if half else out.dtype) if half or len(outs) > 1 \
+        else out
+    step = _loop_step(bits_a, bits_b, target) if half else None
+    if step is not None:
+        steps = [step]
     else:
-        target = out
-    a = a.T if node.attrs.get("transpose_a", False) else a
-    b = b.T if node.attrs.get("transpose_b", False) else b
-    steps.append(_product_step(a, b, target))
+        steps = []
+        if half:                            # BLAS: the product in float32 on widened copies
+            a32, b32 = np.empty(a.shape, np.float32), np.empty(b.shape, np.float32)
+            steps += cast_steps(a, a32) + cast_steps(b, b32)
+            a, b = a32, b32
+        steps.append(_product_step(a.T if ta else a, b.T if tb else b, target))
     if len(outs) > 1:                   # count_not_finite: counted where the product is rounded
         steps += cast_count_steps(target, out, outs[1])
     elif target is not out:

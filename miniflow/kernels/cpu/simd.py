@@ -1,0 +1,209 @@
+"""Explicit SIMD for Numba CPU kernels: a 16-lane float32 vector type and five operations on it.
+
+Why: LLVM's loop vectorizer only vectorizes a kernel's innermost loop. A matrix-multiply
+micro-kernel needs the opposite: a block of the output held in vector registers while the loop
+over the inner dimension runs, each loaded vector of ``b`` feeding several rows (Goto and van de
+Geijn, "Anatomy of high-performance matrix multiplication", ACM TOMS 34(3), 2008; the BLIS
+micro-kernel). Plain Numba code cannot say "keep these 16 vectors in registers": scalar
+accumulators are not vectorized across columns (measured: 6 GFLOP/s), and accumulating into the
+output in memory is bound by loads and stores (48% of the single-core peak). With vector values
+Numba hands LLVM exactly the register tile, as the C intrinsics of a BLAS micro-kernel do.
+
+``f32x16`` is a Numba type whose data model is LLVM's ``<16 x float>``; LLVM lowers it to one
+AVX-512 register, two AVX2 ones or four SSE ones, whatever the target CPU has. Operations (njit
+only; each is one or two LLVM instructions):
+
+* ``vload(a, i, j)``: the 16 elements ``a[i, j:j + 16]`` of a 2-D array whose last axis has unit
+  stride, as float32: float32 arrays directly, float16 bits (``uint16``, see ``fp16``) widened with
+  ``fpext`` (one ``vcvtph2ps``; only when ``fp16.PATH == "intrinsic"``, else a typing error) and
+  bfloat16 bits (``int16``) shifted into the upper half of each lane (exact).
+* ``vstore(a, i, j, v)``: ``a[i, j:j + 16] = v``, rounded once to ``a``'s type (float32,
+  float16 bits with ``fptrunc`` on the ``"intrinsic"`` path, bfloat16 bits to nearest even).
+* ``vcount_nonfinite(a, v)``: how many lanes of ``v`` are inf or NaN once rounded to ``a``'s type
+  (a loss-scaling check fused into the kernel that writes ``a``).
+* ``vsplat(x)``: a scalar (converted to float32) in every lane.
+* ``vzero()``: sixteen zeros.
+* ``vfma(x, y, z)``: ``x * y + z`` with one rounding per lane (``llvm.fma``).
+
+Indices are not bounds-checked: the caller keeps ``j + 16 <= a.shape[1]``.
+"""
+from __future__ import annotations
+
+import numpy as np
+from llvmlite import ir
+from numba import types
+from numba.core import cgutils
+from numba.extending import intrinsic, models, register_model
+
+from . import fp16
+
+__all__ = ["LANES", "f32x16", "vload", "vstore", "vcount_nonfinite", "vsplat", "vzero", "vfma"]
+
+LANES = 16
+"""float32 lanes of one vector (one AVX-512 register)."""
+_VEC = ir.VectorType(ir.FloatType(), LANES)
+
+
+class F32x16(types.Type):
+    """The Numba type of a ``<16 x float>`` LLVM vector."""
+
+    def __init__(self):
+        super().__init__(name="f32x16")
+
+
+f32x16 = F32x16()
+
+
+@register_model(F32x16)
+class _F32x16Model(models.PrimitiveModel):
+    def __init__(self, dmm, fe_type):
+        super().__init__(dmm, fe_type, _VEC)
+
+
+def _row_pointer(context, builder, aryty, ary, i, j, element):
+    """A pointer to ``a[i, j]``, typed as pointing to ``LANES`` elements of LLVM type ``element``."""
+    a = context.make_array(aryty)(context, builder, ary)
+    shape, strides = (cgutils.unpack_tuple(builder, t) for t in (a.shape, a.strides))
+    ptr = cgutils.get_item_pointer2(context, builder, a.data, shape, strides, aryty.layout, [i, j])
+    return builder.bitcast(ptr, ir.VectorType(element, LANES).as_pointer())
+
+
+def _check_2d(name, a, dtypes):
+    if not (isinstance(a, types.Array) and a.ndim == 2 and a.dtype in dtypes):
+        raise TypeError(f"{name}: expected a 2-D array of {', '.join(map(str, dtypes))}, got {a}")
+
+
+@intrinsic
+def vload(typingctx, a, i, j):
+    """``a[i, j:j + 16]`` as an ``f32x16`` (see the module docstring)."""
+    loads = [types.float32, types.int16] + ([types.uint16] if fp16.PATH == "intrinsic" else [])
+    _check_2d("vload", a, loads)
+
+    def codegen(context, builder, sig, args):
+        aryty = sig.args[0]
+        (ary, i, j), kind = args, aryty.dtype
+        i = context.cast(builder, i, sig.args[1], types.intp)
+        j = context.cast(builder, j, sig.args[2], types.intp)
+        if kind == types.float32:
+            return builder.load(_row_pointer(context, builder, aryty, ary, i, j, ir.FloatType()),
+                                align=4)
+        bits = builder.load(_row_pointer(context, builder, aryty, ary, i, j, ir.IntType(16)),
+                            align=2)
+        if kind == types.uint16:            # IEEE binary16 bits
+            return builder.fpext(builder.bitcast(bits, ir.VectorType(ir.HalfType(), LANES)), _VEC)
+        wide = builder.zext(bits, ir.VectorType(ir.IntType(32), LANES))    # bfloat16 bits
+        return builder.bitcast(builder.shl(wide, ir.Constant(wide.type, [16] * LANES)), _VEC)
+
+    return f32x16(a, i, j), codegen
+
+
+def _store_types():
+    return [types.float32, types.int16] + ([types.uint16] if fp16.PATH == "intrinsic" else [])
+
+
+@intrinsic
+def vstore(typingctx, a, i, j, v):
+    """``a[i, j:j + 16] = v`` rounded once to ``a``'s type: float32 as is, float16 bits with
+    ``fptrunc`` (IEEE round-to-nearest-even, overflow to inf; ``fp16.PATH == "intrinsic"`` only),
+    bfloat16 bits rounded to nearest even in integers (NaN to the quiet NaN of its sign), as
+    ``fp16.store`` does element by element."""
+    _check_2d("vstore", a, _store_types())
+
+    def codegen(context, builder, sig, args):
+        aryty = sig.args[0]
+        (ary, i, j, v), kind = args, aryty.dtype
+        i = context.cast(builder, i, sig.args[1], types.intp)
+        j = context.cast(builder, j, sig.args[2], types.intp)
+        if kind == types.float32:
+            bits, element = v, ir.FloatType()
+        elif kind == types.uint16:
+            bits = builder.bitcast(builder.fptrunc(v, ir.VectorType(ir.HalfType(), LANES)),
+                                   ir.VectorType(ir.IntType(16), LANES))
+            element = ir.IntType(16)
+        else:
+            bits, element = _narrow_bf16(builder, v), ir.IntType(16)
+        builder.store(bits, _row_pointer(context, builder, aryty, ary, i, j, element),
+                      align=4 if kind == types.float32 else 2)
+        return context.get_dummy_value()
+
+    return types.none(a, i, j, v), codegen
+
+
+def _narrow_bf16(builder, v):
+    """``<16 x float>`` -> ``<16 x i16>`` bfloat16 bits, round to nearest even (``fp16``'s
+    ``_bf16_from_f32_bits`` on every lane)."""
+    i32 = ir.VectorType(ir.IntType(32), LANES)
+
+    def splat(c):
+        return ir.Constant(i32, [c] * LANES)
+
+    bits = builder.bitcast(v, i32)
+    odd = builder.and_(builder.lshr(bits, splat(16)), splat(1))
+    rounded = builder.lshr(builder.add(builder.add(bits, splat(0x7FFF)), odd), splat(16))
+    quiet = builder.or_(builder.and_(builder.lshr(bits, splat(16)), splat(0x8000)), splat(0x7FC0))
+    nan = builder.fcmp_unordered("uno", v, v)
+    return builder.trunc(builder.select(nan, quiet, rounded), ir.VectorType(ir.IntType(16), LANES))
+
+
+_LIMITS = {types.float32: float("inf"), types.uint16: 65520.0,
+           types.int16: float(np.frombuffer(np.uint32(0x7F7F8000).tobytes(), np.float32)[0])}
+"""The smallest float32 magnitude that is not finite once rounded to each storage type (float16:
+65520 rounds to inf; bfloat16: 0x7F7F8000, halfway between its largest finite value and 2^128)."""
+
+
+@intrinsic
+def vcount_nonfinite(typingctx, a, v):
+    """The number of lanes of ``v`` (int64) that are inf or NaN once rounded to ``a``'s type
+    (``vstore``'s rounding): ``not |v| < limit``, in registers."""
+    _check_2d("vcount_nonfinite", a, _store_types())
+
+    def codegen(context, builder, sig, args):
+        v = args[1]
+        fabs = cgutils.get_or_insert_function(builder.module, ir.FunctionType(_VEC, [_VEC]),
+                                              "llvm.fabs.v16f32")
+        limit = ir.Constant(_VEC, [_LIMITS[sig.args[0].dtype]] * LANES)
+        bad = builder.fcmp_unordered("uge", builder.call(fabs, [v]), limit)     # NaN or >= limit
+        mask_type = ir.IntType(LANES)
+        mask = builder.bitcast(bad, mask_type)
+        ctpop = cgutils.get_or_insert_function(
+            builder.module, ir.FunctionType(mask_type, [mask_type]), f"llvm.ctpop.i{LANES}")
+        return builder.zext(builder.call(ctpop, [mask]), ir.IntType(64))
+
+    return types.int64(a, v), codegen
+
+
+@intrinsic
+def vsplat(typingctx, x):
+    """``x`` (any number, converted to float32) in every lane."""
+
+    def codegen(context, builder, sig, args):
+        x = context.cast(builder, args[0], sig.args[0], types.float32)
+        undef, zero = ir.Constant(_VEC, ir.Undefined), ir.Constant(ir.IntType(32), 0)
+        lane0 = ir.Constant(ir.VectorType(ir.IntType(32), LANES), [0] * LANES)
+        return builder.shuffle_vector(builder.insert_element(undef, x, zero), undef, lane0)
+
+    return f32x16(x), codegen
+
+
+@intrinsic
+def vzero(typingctx):
+    """Sixteen float32 zeros."""
+
+    def codegen(context, builder, sig, args):
+        return ir.Constant(_VEC, [0.0] * LANES)
+
+    return f32x16(), codegen
+
+
+@intrinsic
+def vfma(typingctx, x, y, z):
+    """``x * y + z`` lane by lane, rounded once (``llvm.fma.v16f32``)."""
+    if not all(t == f32x16 for t in (x, y, z)):
+        raise TypeError(f"vfma: expected three f32x16, got {x}, {y}, {z}")
+
+    def codegen(context, builder, sig, args):
+        fma = cgutils.get_or_insert_function(builder.module, ir.FunctionType(_VEC, [_VEC] * 3),
+                                             "llvm.fma.v16f32")
+        return builder.call(fma, args)
+
+    return f32x16(x, y, z), codegen

@@ -1,0 +1,101 @@
+"""``kernels.cpu.simd``: the 16-lane vectors load, round, store and count bit for bit as NumPy and
+ml_dtypes convert element by element (NaN stays NaN of its sign; a signaling NaN comes out quiet,
+as from the F16C instructions and miniflow's scalar conversions, where NumPy keeps it signaling)."""
+import ml_dtypes
+import numba
+import numpy as np
+import pytest
+
+from miniflow.kernels.cpu import fp16
+from miniflow.kernels.cpu.simd import vcount_nonfinite, vfma, vload, vsplat, vstore, vzero
+
+HALVES = [np.float16, ml_dtypes.bfloat16]
+BITS = {np.float16: np.uint16, ml_dtypes.bfloat16: np.int16}
+
+
+@numba.njit
+def _round_trip(src, dst):
+    """dst[i, :] = src[i, :] (vload then vstore, 16 lanes at a time); the non-finite count."""
+    bad = 0
+    for i in range(src.shape[0]):
+        for j in range(0, src.shape[1], 16):
+            v = vload(src, i, j)
+            vstore(dst, i, j, v)
+            bad += vcount_nonfinite(dst, v)
+    return bad
+
+
+@numba.njit
+def _axpy(x, a, y, out):
+    """out[0, :16] = a * x[0, :16] + y[0, :16] with one rounding (vfma)."""
+    vstore(out, 0, 0, vfma(vsplat(a), vload(x, 0, 0), vfma(vzero(), vzero(), vload(y, 0, 0))))
+
+
+def _assert_same(got_bits, want_bits, kind):
+    """Bit for bit, except that a NaN only needs to be a NaN of the same sign."""
+    got, want = got_bits.view(kind), want_bits.view(kind)
+    nan = np.isnan(want.astype(np.float32))
+    np.testing.assert_array_equal(np.isnan(got.astype(np.float32)), nan)
+    np.testing.assert_array_equal(np.signbit(got.astype(np.float32)),
+                                  np.signbit(want.astype(np.float32)))
+    np.testing.assert_array_equal(got_bits[~nan], want_bits[~nan])
+
+
+def _specials() -> np.ndarray:
+    """float32 values around every rounding edge: halfway cases of both half types, their
+    overflow thresholds, subnormals, signed zeros, inf and NaN, and random values."""
+    edges = np.array([0.0, -0.0, np.inf, -np.inf, np.nan, -np.nan, 65504.0, 65519.996, 65520.0,
+                      -65520.0, 6e-8, 3e-8, 2.98e-8, 1e-45, -1e-45, 1.0 + 2.0 ** -8,
+                      1.0 + 3 * 2.0 ** -8, 1.0 + 2.0 ** -11, 1.0 + 3 * 2.0 ** -11],
+                     np.float32)
+    bits = np.array([0x7F7F7FFF, 0x7F7F8000, 0xFF7F8000, 0x3F808000, 0x3F818000, 0x7FC00001,
+                     0xFF800001], np.uint32).view(np.float32)
+    r = np.random.default_rng(0)
+    rand = (r.standard_normal(4096) * np.exp(r.uniform(-30, 30, 4096))).astype(np.float32)
+    x = np.concatenate([edges, bits, rand])
+    return np.resize(x, (len(x) + 15) // 16 * 16).reshape(-1, 16)
+
+
+@pytest.mark.parametrize("half", HALVES, ids=lambda t: np.dtype(t).name)
+def test_vstore_rounds_float32_as_numpy_and_ml_dtypes_do(half):
+    if half is np.float16 and fp16.PATH != "intrinsic":
+        pytest.skip("float16 vectors need F16C (fp16.PATH == 'intrinsic')")
+    x = _specials()
+    got = np.empty(x.shape, BITS[half])
+    bad = _round_trip(x, got)
+    with np.errstate(over="ignore", invalid="ignore"):
+        want = x.astype(half)
+    _assert_same(got, want.view(BITS[half]), half)
+    assert bad == np.count_nonzero(~np.isfinite(want.astype(np.float32))) > 0
+
+
+@pytest.mark.parametrize("half", HALVES, ids=lambda t: np.dtype(t).name)
+def test_vload_widens_every_half_pattern_exactly(half):
+    if half is np.float16 and fp16.PATH != "intrinsic":
+        pytest.skip("float16 vectors need F16C (fp16.PATH == 'intrinsic')")
+    bits = np.arange(65536, dtype=np.uint32).astype(np.uint16).view(BITS[half]).reshape(-1, 16)
+    got = np.empty(bits.shape, np.float32)
+    bad = _round_trip(bits, got)
+    want = bits.view(half).astype(np.float32)
+    _assert_same(got.view(np.uint32), want.view(np.uint32), np.float32)
+    assert bad == np.count_nonzero(~np.isfinite(want))
+
+
+def test_float32_round_trip_and_fma_round_once():
+    x = _specials()
+    got = np.empty_like(x)
+    bad = _round_trip(x, got)
+    _assert_same(got.view(np.uint32), x.view(np.uint32), np.float32)
+    assert bad == np.count_nonzero(~np.isfinite(x))
+    r = np.random.default_rng(1)
+    a, xs, ys = np.float32(1 + 2.0 ** -12), r.standard_normal((1, 16)).astype(np.float32), \
+        r.standard_normal((1, 16)).astype(np.float32)
+    out = np.empty((1, 16), np.float32)
+    _axpy(xs, a, ys, out)
+    exact = (np.float64(a) * xs.astype(np.float64) + ys).astype(np.float32)    # one rounding
+    np.testing.assert_array_equal(out, exact)
+
+
+def test_a_wrong_array_is_a_type_error():
+    with pytest.raises(TypeError, match="vload: expected a 2-D array"):
+        _round_trip(np.zeros((2, 16)), np.zeros((2, 16), np.float32))        # float64
