@@ -17,6 +17,7 @@ from miniflow.experiments.mlp import TrainGraph, mlp
 from miniflow.ir import Node, Value
 from miniflow.kernels.cpu import builder_for, matmul as cpu_matmul
 from miniflow.kernels.cpu.common import PARALLEL_MIN_SIZE, blas_libraries
+from miniflow.kernels.cpu.simd import HAS_BF16_DOT
 from miniflow.ops import get_op
 from miniflow.runtime.notice import NOTICE
 
@@ -82,6 +83,18 @@ def _matmul(a, b, ta=False, tb=False):
     return steps, out, ref
 
 
+def _bf16_kernel(kernel, shape, ta, tb):
+    """The kernel a bfloat16 matmul takes where the CPU has AVX512-BF16 (``kernel`` elsewhere):
+    ``vdot_pairs`` tiles also on a big strided ``dy.T``, and ``x @ W.T`` from
+    ``PACK_MIN_ROWS`` rows with ``W`` packed in pairs."""
+    m, k, n = shape
+    if not HAS_BF16_DOT or k % 2 or n < cpu_matmul.OUTER_MIN_COLS or m < cpu_matmul.OUTER_MIN_ROWS:
+        return kernel
+    if tb:
+        return "pack_pairs_kernel" if m >= cpu_matmul.PACK_MIN_ROWS else kernel
+    return "outer_block_kernel"
+
+
 @pytest.mark.parametrize("dt", [float16, bfloat16, float32, float64], ids=lambda d: d.short)
 @pytest.mark.parametrize("shape,ta,tb,kernel", [
     ((3, 300, 1000), False, True, "dot_block_kernel"),      # forward at batch 3: x @ W.T
@@ -95,9 +108,12 @@ def _matmul(a, b, ta=False, tb=False):
     ((1024, 300, 200), True, False, "dot"),          # a big strided dy.T: BLAS packs it
     ((64, 32, 16), False, True, "dot"),              # small: BLAS
     ((300, 300, 1000), False, True, "dot"),          # too many rows for the loops
+    ((64, 300, 1000), False, True, "dot_block_kernel"),     # the forward at batch 64
 ])
 def test_matmul_takes_the_fast_path_and_agrees_with_numpy(shape, ta, tb, kernel, dt):
     m, k, n = shape
+    if dt is bfloat16:
+        kernel = _bf16_kernel(kernel, shape, ta, tb)
     r = np.random.default_rng(0)
     a = r.uniform(-1, 1, (k, m) if ta else (m, k)).astype(dt.np)
     b = r.uniform(-1, 1, (n, k) if tb else (k, n)).astype(dt.np)
@@ -109,20 +125,29 @@ def test_matmul_takes_the_fast_path_and_agrees_with_numpy(shape, ta, tb, kernel,
     assert kernel in made_by, made_by
     if kernel != "dot":              # the loops read half operands as they are: no widening copy
         assert made_by[0] == kernel, made_by
+    if kernel in ("outer_block_kernel", "pack_pairs_kernel"):   # vdpbf16ps where the CPU has it
+        layout = {"pack_pairs_kernel": "packed", "outer_block_kernel": "rows"}[kernel]
+        if layout == "rows" and dt is bfloat16 and k % 2 == 0 and HAS_BF16_DOT:
+            layout = "pairs"
+        kernels = {cpu_matmul.outer_block_kernel(par, False, layout) for par in (False, True)}
+        assert steps[-1][0] in kernels
     tol = {float16: 2e-2, bfloat16: 2e-2, float32: 1e-4, float64: 1e-12}[dt] * np.sqrt(k)
     np.testing.assert_allclose(out.astype(np.float64), ref, rtol=tol, atol=tol)
 
 
 @pytest.mark.parametrize("dt", [float16, bfloat16, float32], ids=lambda d: d.short)
-@pytest.mark.parametrize("shape,ta,kernel", [
-    ((1001, 13, 1100), True, "outer_block_kernel"),  # a weight gradient, past the blocks
-    ((16, 300, 200), False, "outer_block_kernel"),   # an input gradient
-    ((1024, 300, 200), True, "dot"),                 # BLAS, then the rounding pass counts
+@pytest.mark.parametrize("shape,ta,tb,kernel", [
+    ((1001, 13, 1100), True, False, "outer_block_kernel"),  # a weight gradient, past the blocks
+    ((16, 300, 200), False, False, "outer_block_kernel"),   # an input gradient
+    ((1024, 300, 200), True, False, "dot"),          # BLAS (bfloat16: vdot_pairs), then counted
+    ((100, 300, 200), False, True, "dot"),           # a forward (bfloat16: W packed in pairs)
 ])
-def test_counting_matmul_counts_the_non_finite_elements_it_writes(shape, ta, kernel, dt):
+def test_counting_matmul_counts_the_non_finite_elements_it_writes(shape, ta, tb, kernel, dt):
     """``count_not_finite``: ``outs[1]`` is the number of inf/NaN elements of out as rounded to
     out's dtype (float16 overflows from 65520: rows of 300s make products of 90000)."""
     m, k, n = shape
+    if dt is bfloat16:
+        kernel = _bf16_kernel(kernel, shape, ta, tb)
     r = np.random.default_rng(3)
     a = r.uniform(-1, 1, (k, m) if ta else (m, k))
     b = r.uniform(-1, 1, (k, n))
@@ -131,11 +156,12 @@ def test_counting_matmul_counts_the_non_finite_elements_it_writes(shape, ta, ker
     b[:, ::5] = 300.0
     a[(2, 3) if ta else (3, 2)], b[4, 9] = np.inf, np.nan
     a, b = a.astype(dt.np), b.astype(dt.np)
-    steps, (out, count) = _run("matmul", [a, b], [((m, n), dt), ((1,), mf.dtype.int64)],
-                               {"transpose_a": ta, "count_not_finite": True})
+    steps, (out, count) = _run("matmul", [a, np.ascontiguousarray(b.T) if tb else b],
+                               [((m, n), dt), ((1,), mf.dtype.int64)],
+                               {"transpose_a": ta, "transpose_b": tb, "count_not_finite": True})
     made_by = [fn.py_func.__qualname__.split(".")[0] if hasattr(fn, "py_func")
                else fn.__name__.split()[0] for fn, _ in steps]
-    assert made_by[0 if kernel != "dot" else -2] == kernel, made_by
+    assert made_by[-2 if kernel == "dot" else 0] == kernel, made_by
     bad = int(np.count_nonzero(~np.isfinite(out.astype(np.float64))))
     assert count[0] == bad and bad >= (m * n // 35 if dt is float16 else m + n - 1), (count, bad)
     ref = (a.astype(np.float64).T if ta else a.astype(np.float64)) @ b.astype(np.float64)

@@ -15,7 +15,7 @@ PATHS = {
     "intrinsic": (fp16.widen_intrinsic, fp16.narrow_intrinsic),
     "fallback": (fp16.widen_fallback, fp16.narrow_fallback),
 }
-needs_f16c = pytest.mark.skipif(not fp16._target_has_f16c(), reason="target CPU has no F16C")
+needs_f16c = pytest.mark.skipif(not fp16.target_has("f16c"), reason="target CPU has no F16C")
 PATH_PARAMS = [pytest.param("intrinsic", marks=needs_f16c), "fallback"]
 
 

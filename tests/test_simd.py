@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 
 from miniflow.kernels.cpu import fp16
-from miniflow.kernels.cpu.simd import vcount_nonfinite, vfma, vload, vsplat, vstore, vzero
+from miniflow.kernels.cpu.simd import (HAS_BF16_DOT, vcount_nonfinite, vdot_pairs, vfma, vload,
+                                       vload_pairs, vsplat, vsplat_pair, vstore, vzero)
 
 HALVES = [np.float16, ml_dtypes.bfloat16]
 BITS = {np.float16: np.uint16, ml_dtypes.bfloat16: np.int16}
@@ -99,3 +100,28 @@ def test_float32_round_trip_and_fma_round_once():
 def test_a_wrong_array_is_a_type_error():
     with pytest.raises(TypeError, match="vload: expected a 2-D array"):
         _round_trip(np.zeros((2, 16)), np.zeros((2, 16), np.float32))        # float64
+
+
+@numba.njit
+def _dot_pairs(acc, x0, x1, b, out):
+    """out[0, :16] = acc[0, :16] + x0 * b[0, :16] + x1 * b[1, :16] (vdot_pairs)."""
+    vstore(out, 0, 0, vdot_pairs(vload(acc, 0, 0), vsplat_pair(x0, x1), vload_pairs(b, 0, 0)))
+
+
+def _bf16_bits(values) -> np.ndarray:
+    return np.asarray(values, np.float32).astype(ml_dtypes.bfloat16).view(np.int16)
+
+
+@pytest.mark.skipif(not HAS_BF16_DOT, reason="the target CPU has no AVX512-BF16")
+def test_vdot_pairs_adds_the_products_of_rows_p_and_p_plus_1():
+    r = np.random.default_rng(2)
+    b = _bf16_bits(r.integers(-64, 64, (2, 16)))         # small integers: every sum is exact
+    acc = r.integers(-1000, 1000, (1, 16)).astype(np.float32)
+    x0, x1 = _bf16_bits(3.0)[()], _bf16_bits(-5.0)[()]
+    out = np.empty((1, 16), np.float32)
+    _dot_pairs(acc, x0, x1, b, out)
+    b32 = b.view(ml_dtypes.bfloat16).astype(np.float32)
+    np.testing.assert_array_equal(out, acc + 3 * b32[:1] - 5 * b32[1:])
+    tiny = _bf16_bits(2.0 ** -130)[()]                 # a bfloat16 subnormal: read as zero
+    _dot_pairs(acc, tiny, x1, b, out)
+    np.testing.assert_array_equal(out, acc - 5 * b32[1:])

@@ -66,7 +66,7 @@ from numba.extending import intrinsic, overload
 
 from ..common.cache import CACHE
 
-__all__ = ["PATH", "FORCE_FALLBACK", "JIT_CACHE", "widen", "narrow", "narrow64",
+__all__ = ["PATH", "FORCE_FALLBACK", "JIT_CACHE", "target_has", "widen", "narrow", "narrow64",
            "widen_intrinsic", "narrow_intrinsic", "widen_fallback", "narrow_fallback",
            "widen_bf16", "narrow_bf16", "narrow_bf16_intrinsic", "narrow64_bf16", "load", "store",
            "to_compute"]
@@ -75,17 +75,18 @@ FORCE_FALLBACK = os.environ.get("MINIFLOW_FP16_FALLBACK", "") == "1"
 """True when ``MINIFLOW_FP16_FALLBACK=1`` was set before import."""
 
 
-def _target_has_f16c() -> bool:
-    """Whether the CPU Numba compiles for has F16C (Numba's own rule for the target CPU)."""
+def target_has(feature: str) -> bool:
+    """Whether the CPU Numba compiles for has ``feature`` (an LLVM name: ``"f16c"``,
+    ``"avx512bf16"``), by Numba's own rule for the target CPU (none on a ``generic`` one)."""
     if numba.config.CPU_NAME == "generic":
         return False
     features = numba.config.CPU_FEATURES
     if features is None:
         features = llvm.get_host_cpu_features().flatten()
-    return "+f16c" in features.split(",")
+    return f"+{feature}" in features.split(",")
 
 
-PATH = "fallback" if FORCE_FALLBACK or not _target_has_f16c() else "intrinsic"
+PATH = "fallback" if FORCE_FALLBACK or not target_has("f16c") else "intrinsic"
 """The conversion path compiled into kernels: ``"intrinsic"`` or ``"fallback"``."""
 
 JIT_CACHE = CACHE.enabled and not FORCE_FALLBACK

@@ -25,7 +25,22 @@ only; each is one or two LLVM instructions):
 * ``vzero()``: sixteen zeros.
 * ``vfma(x, y, z)``: ``x * y + z`` with one rounding per lane (``llvm.fma``).
 
-Indices are not bounds-checked: the caller keeps ``j + 16 <= a.shape[1]``.
+bfloat16 dot products (``HAS_BF16_DOT``: the target CPU has AVX512-BF16). ``bf16x32`` is 32
+bfloat16 values as 16 pairs, the operand of ``vdpbf16ps`` (LLVM's
+``llvm.x86.avx512bf16.dpbf16ps.512``), which adds to each float32 lane the two products of its
+pair, twice the multiply-adds of one ``vfma``:
+
+* ``vload_pairs(a, p, j)``: the pairs ``(a[p, j + l], a[p + 1, j + l])`` for ``l < 16``, two rows
+  of bfloat16 bits interleaved (an outer product's ``b`` operand, two steps of the inner loop).
+* ``vload_run(a, i, j)``: the 32 values ``a[i, j:j + 32]`` as 16 pairs (rows of pairs packed
+  ahead, ``matmul.pack_pairs_kernel``).
+* ``vsplat_pair(x0, x1)``: the pair of bfloat16 bits ``(x0, x1)`` in every lane.
+* ``vdot_pairs(acc, x, y)``: per lane, ``acc`` plus the two products of the lane's pairs (exact in
+  float32; two additions, each rounded to nearest even). The instruction treats subnormal inputs
+  as zero and flushes subnormal results to zero (Intel SDM, VDPBF16PS), as oneDNN's bfloat16
+  GEMMs on it do: products below 2^-126 in magnitude are lost, where the float32 path keeps them.
+
+Indices are not bounds-checked: the caller keeps ``j + 16 <= a.shape[1]`` (``j + 32`` for runs).
 """
 from __future__ import annotations
 
@@ -37,11 +52,17 @@ from numba.extending import intrinsic, models, register_model
 
 from . import fp16
 
-__all__ = ["LANES", "f32x16", "vload", "vstore", "vcount_nonfinite", "vsplat", "vzero", "vfma"]
+__all__ = ["LANES", "HAS_BF16_DOT", "f32x16", "bf16x32", "vload", "vstore", "vcount_nonfinite",
+           "vsplat", "vzero", "vfma", "vload_pairs", "vload_run", "vsplat_pair", "vdot_pairs"]
 
 LANES = 16
 """float32 lanes of one vector (one AVX-512 register)."""
 _VEC = ir.VectorType(ir.FloatType(), LANES)
+_PAIRS = ir.VectorType(ir.IntType(16), 2 * LANES)
+_I32 = ir.VectorType(ir.IntType(32), LANES)
+
+HAS_BF16_DOT = fp16.target_has("avx512bf16")
+"""Whether the target CPU has AVX512-BF16's ``vdpbf16ps`` (then bfloat16 matmuls use it)."""
 
 
 class F32x16(types.Type):
@@ -60,8 +81,40 @@ class _F32x16Model(models.PrimitiveModel):
         super().__init__(dmm, fe_type, _VEC)
 
 
+class BF16x32(types.Type):
+    """The Numba type of 32 bfloat16 values as 16 pairs (LLVM ``<32 x i16>``)."""
+
+    def __init__(self):
+        super().__init__(name="bf16x32")
+
+
+bf16x32 = BF16x32()
+
+
+@register_model(BF16x32)
+class _BF16x32Model(models.PrimitiveModel):
+    def __init__(self, dmm, fe_type):
+        super().__init__(dmm, fe_type, _PAIRS)
+
+
+class _BFloat(ir.Type):
+    """LLVM's ``bfloat`` (llvmlite has no such type; only the intrinsic's signature needs it)."""
+
+    def _to_string(self):
+        return "bfloat"
+
+    def __eq__(self, other):
+        return isinstance(other, _BFloat)
+
+    def __hash__(self):
+        return hash("bfloat")
+
+
+_BF16_OPERAND = ir.VectorType(_BFloat(), 2 * LANES)
+
+
 def _row_pointer(context, builder, aryty, ary, i, j, element):
-    """A pointer to ``a[i, j]``, typed as pointing to ``LANES`` elements of LLVM type ``element``."""
+    """A pointer to ``a[i, j]``, typed as pointing to ``LANES`` elements of type ``element``."""
     a = context.make_array(aryty)(context, builder, ary)
     shape, strides = (cgutils.unpack_tuple(builder, t) for t in (a.shape, a.strides))
     ptr = cgutils.get_item_pointer2(context, builder, a.data, shape, strides, aryty.layout, [i, j])
@@ -207,3 +260,74 @@ def vfma(typingctx, x, y, z):
         return builder.call(fma, args)
 
     return f32x16(x, y, z), codegen
+
+
+def _index(context, builder, sig, args, k):
+    return context.cast(builder, args[k], sig.args[k], types.intp)
+
+
+@intrinsic
+def vload_pairs(typingctx, a, p, j):
+    """Rows ``p`` and ``p + 1`` of bfloat16 bits, columns ``j:j + 16``, interleaved into pairs."""
+    _check_2d("vload_pairs", a, [types.int16])
+
+    def codegen(context, builder, sig, args):
+        aryty, ary = sig.args[0], args[0]
+        p, j = _index(context, builder, sig, args, 1), _index(context, builder, sig, args, 2)
+        half = ir.VectorType(ir.IntType(16), LANES)
+        rows = [builder.load(builder.bitcast(
+            _row_pointer(context, builder, aryty, ary, q, j, ir.IntType(16)), half.as_pointer()),
+            align=2) for q in (p, builder.add(p, ir.Constant(p.type, 1)))]
+        order = [x for lane in range(LANES) for x in (lane, lane + LANES)]
+        return builder.shuffle_vector(rows[0], rows[1],
+                                      ir.Constant(ir.VectorType(ir.IntType(32), 2 * LANES), order))
+
+    return bf16x32(a, p, j), codegen
+
+
+@intrinsic
+def vload_run(typingctx, a, i, j):
+    """``a[i, j:j + 32]``, bfloat16 bits, as 16 pairs."""
+    _check_2d("vload_run", a, [types.int16])
+
+    def codegen(context, builder, sig, args):
+        i, j = _index(context, builder, sig, args, 1), _index(context, builder, sig, args, 2)
+        ptr = _row_pointer(context, builder, sig.args[0], args[0], i, j, ir.IntType(16))
+        return builder.load(builder.bitcast(ptr, _PAIRS.as_pointer()), align=2)
+
+    return bf16x32(a, i, j), codegen
+
+
+@intrinsic
+def vsplat_pair(typingctx, x0, x1):
+    """The bfloat16 bits ``(x0, x1)`` (int16 scalars) in every lane."""
+    if not (x0 == types.int16 and x1 == types.int16):
+        raise TypeError(f"vsplat_pair: expected two int16 (bfloat16 bits), got {x0}, {x1}")
+
+    def codegen(context, builder, sig, args):
+        lo, hi = (builder.zext(x, ir.IntType(32)) for x in args)
+        word = builder.or_(lo, builder.shl(hi, ir.Constant(ir.IntType(32), 16)))
+        undef = ir.Constant(_I32, ir.Undefined)
+        lane0 = ir.Constant(ir.VectorType(ir.IntType(32), LANES), [0] * LANES)
+        one = builder.insert_element(undef, word, ir.Constant(ir.IntType(32), 0))
+        return builder.bitcast(builder.shuffle_vector(one, undef, lane0), _PAIRS)
+
+    return bf16x32(x0, x1), codegen
+
+
+@intrinsic
+def vdot_pairs(typingctx, acc, x, y):
+    """``acc`` plus the two products of each lane's pairs (``vdpbf16ps``; see the module
+    docstring)."""
+    if not (acc == f32x16 and x == bf16x32 and y == bf16x32):
+        raise TypeError(f"vdot_pairs: expected f32x16, bf16x32, bf16x32, got {acc}, {x}, {y}")
+    if not HAS_BF16_DOT:
+        raise TypeError("vdot_pairs: the target CPU has no AVX512-BF16 (simd.HAS_BF16_DOT)")
+
+    def codegen(context, builder, sig, args):
+        dot = cgutils.get_or_insert_function(
+            builder.module, ir.FunctionType(_VEC, [_VEC, _BF16_OPERAND, _BF16_OPERAND]),
+            "llvm.x86.avx512bf16.dpbf16ps.512")
+        return builder.call(dot, [args[0]] + [builder.bitcast(v, _BF16_OPERAND) for v in args[1:]])
+
+    return f32x16(acc, x, y), codegen
