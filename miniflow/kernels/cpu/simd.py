@@ -65,36 +65,35 @@ HAS_BF16_DOT = fp16.target_has("avx512bf16")
 """Whether the target CPU has AVX512-BF16's ``vdpbf16ps`` (then bfloat16 matmuls use it)."""
 
 
-class F32x16(types.Type):
-    """The Numba type of a ``<16 x float>`` LLVM vector."""
+class _VectorType(types.Type):
+    """A Numba type whose values are the LLVM vector ``LLVM`` (named after the class)."""
+
+    LLVM = None
 
     def __init__(self):
-        super().__init__(name="f32x16")
+        super().__init__(name=type(self).__name__.lower())
 
 
-f32x16 = F32x16()
-
-
-@register_model(F32x16)
-class _F32x16Model(models.PrimitiveModel):
+class _VectorModel(models.PrimitiveModel):
     def __init__(self, dmm, fe_type):
-        super().__init__(dmm, fe_type, _VEC)
+        super().__init__(dmm, fe_type, fe_type.LLVM)
 
 
-class BF16x32(types.Type):
-    """The Numba type of 32 bfloat16 values as 16 pairs (LLVM ``<32 x i16>``)."""
+class F32x16(_VectorType):
+    """``<16 x float>``: 16 float32 lanes."""
 
-    def __init__(self):
-        super().__init__(name="bf16x32")
-
-
-bf16x32 = BF16x32()
+    LLVM = _VEC
 
 
-@register_model(BF16x32)
-class _BF16x32Model(models.PrimitiveModel):
-    def __init__(self, dmm, fe_type):
-        super().__init__(dmm, fe_type, _PAIRS)
+class BF16x32(_VectorType):
+    """``<32 x i16>``: 32 bfloat16 values as 16 pairs."""
+
+    LLVM = _PAIRS
+
+
+for _vector in (F32x16, BF16x32):
+    register_model(_vector)(_VectorModel)
+f32x16, bf16x32 = F32x16(), BF16x32()
 
 
 class _BFloat(ir.Type):
