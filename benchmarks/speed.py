@@ -41,8 +41,12 @@ XLA (``XLA_FLAGS=--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads
 JAX is imported); ``harness.start_on_one_core`` does it.
 
 Timing: a warm-up (compilation) is excluded; then ``--runs`` runs of ``--rounds`` rounds; in every
-round each framework does N steps, the frameworks alternating (the order rotates from round to
-round). The reported step time is the median over runs of each run's median round / N; the same
+round each framework does one untimed step and then N timed steps, the frameworks alternating (the
+order rotates from round to round). The untimed step keeps the measure a training loop's steady
+state: the first step of a round finds the caches holding the previous framework's data, and with
+N = 3 (the N of a case where one framework is slow, e.g. PyTorch's float16 autocast) that cold step
+was a third of the round (measured: miniflow's AMP wide MLP step at batch 16 1.93 ms with it timed,
+against 1.70 ms run back to back). The reported step time is the median over runs of each run's median round / N; the same
 median of the process's CPU time is the CPU time per step, the fairer measure on a core that
 other processes share (wall time counts their turns too). Each round also records the main
 thread's CPU time: ``cpu/wall`` well below 1 means the core was shared with other load;
@@ -484,6 +488,7 @@ def time_case(model: str, dtype: str, batch: int, data, frameworks, runs: int,
         walls = {name: [] for name in names}
         for r in range(rounds):
             for name in names[r % len(names):] + names[:r % len(names)]:
+                steps[name]()                   # untimed: back to a warm steady state
                 sample = harness.cpu_round(steps[name], n)
                 walls[name].append(sample[0])
                 samples[name].append(sample)

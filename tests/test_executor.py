@@ -83,6 +83,15 @@ def _matmul(a, b, ta=False, tb=False):
     return steps, out, ref
 
 
+def _assert_only_small_operands_widened(steps, made_by, kernel):
+    """Before the product's loop only casts of operands of at most ``WIDEN_MAX`` elements (no
+    big operand of these shapes is used ``WIDEN_REUSE`` times)."""
+    k = made_by.index(kernel)
+    assert set(made_by[:k]) <= {"cast_kernel", "pack_pairs_kernel"}, made_by
+    assert all(args[0].size <= cpu_matmul.WIDEN_MAX for (fn, args), name in zip(steps, made_by[:k])
+               if name == "cast_kernel"), made_by
+
+
 def _bf16_kernel(kernel, shape, ta, tb):
     """The kernel a bfloat16 matmul takes where the CPU has AVX512-BF16 (``kernel`` elsewhere):
     ``vdot_pairs`` tiles also on a big strided ``dy.T``, and ``x @ W.T`` from
@@ -123,8 +132,8 @@ def test_matmul_takes_the_fast_path_and_agrees_with_numpy(shape, ta, tb, kernel,
     if kernel == "outer_block_kernel" and dt is float64:    # float32 vectors: float64 is BLAS's
         kernel = "dot"
     assert kernel in made_by, made_by
-    if kernel != "dot":              # the loops read half operands as they are: no widening copy
-        assert made_by[0] == kernel, made_by
+    if kernel != "dot":              # the loops read a big half operand as it is: no widened copy
+        _assert_only_small_operands_widened(steps, made_by, kernel)
     if kernel in ("outer_block_kernel", "pack_pairs_kernel"):   # vdpbf16ps where the CPU has it
         layout = {"pack_pairs_kernel": "packed", "outer_block_kernel": "rows"}[kernel]
         if layout == "rows" and dt is bfloat16 and k % 2 == 0 and HAS_BF16_DOT:
@@ -161,7 +170,9 @@ def test_counting_matmul_counts_the_non_finite_elements_it_writes(shape, ta, tb,
                                {"transpose_a": ta, "transpose_b": tb, "count_not_finite": True})
     made_by = [fn.py_func.__qualname__.split(".")[0] if hasattr(fn, "py_func")
                else fn.__name__.split()[0] for fn, _ in steps]
-    assert made_by[-2 if kernel == "dot" else 0] == kernel, made_by
+    assert (made_by[-2] == kernel) if kernel == "dot" else (kernel in made_by), made_by
+    if kernel != "dot":
+        _assert_only_small_operands_widened(steps, made_by, kernel)
     bad = int(np.count_nonzero(~np.isfinite(out.astype(np.float64))))
     assert count[0] == bad and bad >= (m * n // 35 if dt is float16 else m + n - 1), (count, bad)
     ref = (a.astype(np.float64).T if ta else a.astype(np.float64)) @ b.astype(np.float64)

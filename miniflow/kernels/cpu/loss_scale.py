@@ -25,6 +25,16 @@ __all__ = ["count_not_finite_kernel", "count_into_kernel", "copy_counts_kernel",
 _schedule = jitable(schedule)
 
 
+@jitable
+def _not_finite(g):
+    """``#{i : not isfinite(g[i])}`` for a 1-D kernel view ``g``."""
+    c = 0
+    for i in range(g.size):
+        if not math.isfinite(load(g, i)):
+            c += 1
+    return c
+
+
 @jit(False)
 def count_not_finite_kernel(grads, counts, total):
     """``counts[k] = #{i : not isfinite(grads[k][i])}``; ``total[0] = sum(counts)``.
@@ -32,13 +42,8 @@ def count_not_finite_kernel(grads, counts, total):
     ``grads`` is a tuple of 1-D kernel views of one dtype: one call covers every parameter."""
     t = 0
     for k in range(len(grads)):
-        g = grads[k]
-        c = 0
-        for i in range(g.size):
-            if not math.isfinite(load(g, i)):
-                c += 1
-        counts[k] = c
-        t += c
+        counts[k] = _not_finite(grads[k])
+        t += counts[k]
     total[0] = t
 
 
@@ -46,12 +51,7 @@ def count_not_finite_kernel(grads, counts, total):
 def count_into_kernel(grads, index, counts):
     """``counts[index[k]] = #{i : not isfinite(grads[k][i])}`` (``grads``: one dtype)."""
     for k in range(len(grads)):
-        g = grads[k]
-        c = 0
-        for i in range(g.size):
-            if not math.isfinite(load(g, i)):
-                c += 1
-        counts[index[k]] = c
+        counts[index[k]] = _not_finite(grads[k])
 
 
 @jit(False)

@@ -50,6 +50,7 @@ import math
 
 import numpy as np
 
+from ...dtype import bfloat16
 from . import fp16
 from .common import blas_libraries, jit, jitable, kview, loop_for, use_parallel
 from .elementwise import cast_steps
@@ -58,10 +59,10 @@ from .loss_scale import cast_count_steps
 from .simd import (HAS_BF16_DOT, vcount_nonfinite, vdot_pairs, vfma, vload, vload_pairs, vload_run,
                    vsplat, vsplat_pair, vstore, vzero)
 
-__all__ = ["BUILDERS", "OUTER_MIN_ROWS", "OUTER_MIN_COLS", "PACK_MIN_ROWS", "LAYOUTS", "BIG",
-           "DOT_MIN_K", "DOT_MAX_ROWS", "ONE_THREAD_FROM", "ONE_THREAD_BELOW", "OneThreadBlas",
-           "dot_block_kernel", "outer_block_kernel", "pack_pairs_kernel", "rows_times_kernel",
-           "build_matmul"]
+__all__ = ["BUILDERS", "OUTER_MIN_ROWS", "OUTER_MIN_COLS", "PACK_MIN_ROWS", "LAYOUTS",
+           "WIDEN_MAX", "WIDEN_REUSE", "BIG", "DOT_MIN_K", "DOT_MAX_ROWS", "ONE_THREAD_FROM",
+           "ONE_THREAD_BELOW", "OneThreadBlas", "dot_block_kernel", "outer_block_kernel",
+           "pack_pairs_kernel", "rows_times_kernel", "build_matmul"]
 
 OUTER_MIN_ROWS = 4
 """Rows from which :func:`outer_block_kernel` (four rows a block) beats :func:`rows_times_kernel`
@@ -73,6 +74,16 @@ PACK_MIN_ROWS = 64
 (:func:`pack_pairs_kernel`, about 265 us for 1024 x 1024) for the ``vdot_pairs`` tile: at
 64 x 1024 x 1024 1078 us in all against 1500 for :func:`dot_block_kernel`, at 256 rows 3104
 against 5900; at 16 rows the packing would cost more than it saves."""
+WIDEN_MAX = 1 << 16
+"""Elements up to which a half operand is widened into float32 scratch once per product (an
+activation or gradient of a batch up to 64 on 1024 features, about 5 us), rather than converted
+at every load: each vector of it feeds four or more multiply-adds, and the conversions compete
+with them (a float16 ``dy @ W`` at batch 16: 364 us with dy converted as it loads, against 303 in
+float32)."""
+WIDEN_REUSE = 128
+"""Uses of each element (the other operand's free dimension) from which a half operand of any
+size is widened once: a float16 ``dy @ W`` at batch 256 took 5572 us with ``W`` converted at
+every load, against 4991 for the float32 product (widening ``W`` costs about 150 us)."""
 BIG = 1 << 18
 """Elements of the big operand (or output) from which the loops pay (below it BLAS is as fast)."""
 DOT_MIN_K = 256
@@ -429,24 +440,42 @@ def _product_step(a, b, out):
     return _loop_step(a, b, out) or _blas_step(a, b, out)
 
 
+def _widened(x, steps: list, most: float = np.inf):
+    """``x`` widened into float32 scratch by a step appended to ``steps`` if it is a half type of
+    at most ``most`` elements, else ``x`` itself."""
+    if x.dtype.itemsize != 2 or x.size > most:
+        return x
+    wide = np.empty(x.shape, np.float32)
+    steps += cast_steps(x, wide)
+    return wide
+
+
 def build_matmul(node, ins, outs):
     """``out = op(a) @ op(b)`` (2-D; ``op`` = transpose when ``transpose_a``/``transpose_b``);
     with ``count_not_finite`` also ``outs[1][0]`` = the number of non-finite elements of out.
 
     :func:`outer_block_kernel` writes out in its own type and counts as it writes. Otherwise the
     product goes into a float32 scratch (for a half or counted out) and one pass rounds it into
-    out, counting; half operands are read as they are by the loops, and widened into float32
-    scratch for BLAS."""
+    out, counting. Half operands: small ones (activations, gradients, ``WIDEN_MAX``) and ones
+    each of whose elements is used ``WIDEN_REUSE`` times or more are widened into float32 scratch
+    once; the others (a weight at a small batch) are read as they are by the loops (widened as
+    they load; ``vdot_pairs`` reads bfloat16 pairs directly), and widened for BLAS."""
     a, b, out = ins[0], ins[1], outs[0]
     ta, tb = node.attrs.get("transpose_a", False), node.attrs.get("transpose_b", False)
-    bits_a, bits_b = kview(a).T if ta else kview(a), kview(b).T if tb else kview(b)
-    bits_out, counted = kview(out), len(outs) > 1
+    counted = len(outs) > 1
     count = outs[1].reshape(-1) if counted else np.zeros(1, np.int64)
-    paired = (HAS_BF16_DOT and bits_a.dtype == bits_b.dtype == np.int16
-              and bits_a.shape[1] % 2 == 0)
+    paired = (HAS_BF16_DOT and a.dtype == b.dtype == bfloat16.np
+              and a.shape[0 if ta else 1] % 2 == 0)
+    steps = []
+    if not paired:                          # widen the small or much reused half operands once
+        m, n = out.shape
+        a = _widened(a, steps, np.inf if n >= WIDEN_REUSE else WIDEN_MAX)
+        b = _widened(b, steps, np.inf if m >= WIDEN_REUSE else WIDEN_MAX)
+    bits_a, bits_b = kview(a).T if ta else kview(a), kview(b).T if tb else kview(b)
+    bits_out = kview(out)
     if _outer_fits(bits_a, bits_b, bits_out, paired):
         kernel = outer_block_kernel(use_parallel(out.size), counted, "pairs" if paired else "rows")
-        return [(kernel, (bits_a, bits_b, bits_out, count))]
+        return steps + [(kernel, (bits_a, bits_b, bits_out, count))]
     if paired and _packs(bits_a, bits_b, bits_out):     # x @ W.T in bfloat16: W packed in pairs
         w = bits_b.T
         packed = np.empty((w.shape[1] // 2, w.shape[0]), np.uint32)
@@ -454,19 +483,14 @@ def build_matmul(node, ins, outs):
                 (outer_block_kernel(use_parallel(out.size), counted, "packed"),
                  (bits_a, packed.view(np.int16), bits_out, count))]
     half = out.dtype.itemsize == 2
-    target = np.empty(out.shape, np.float32 if half else out.dtype) if half or len(outs) > 1 \
-        else out
+    target = np.empty(out.shape, np.float32 if half else out.dtype) if half or counted else out
     step = _loop_step(bits_a, bits_b, target) if half else None
     if step is not None:
-        steps = [step]
-    else:
-        steps = []
-        if half:                            # BLAS: the product in float32 on widened copies
-            a32, b32 = np.empty(a.shape, np.float32), np.empty(b.shape, np.float32)
-            steps += cast_steps(a, a32) + cast_steps(b, b32)
-            a, b = a32, b32
+        steps.append(step)
+    else:                                   # BLAS: the product in float32 on widened copies
+        a, b = _widened(a, steps), _widened(b, steps)
         steps.append(_product_step(a.T if ta else a, b.T if tb else b, target))
-    if len(outs) > 1:                   # count_not_finite: counted where the product is rounded
+    if counted:                         # count_not_finite: counted where the product is rounded
         steps += cast_count_steps(target, out, outs[1])
     elif target is not out:
         steps += cast_steps(target, out)
