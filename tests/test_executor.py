@@ -94,14 +94,15 @@ def _assert_only_small_operands_widened(steps, made_by, kernel):
 
 def _bf16_kernel(kernel, shape, ta, tb):
     """The kernel a bfloat16 matmul takes where the CPU has AVX512-BF16 (``kernel`` elsewhere):
-    ``vdot_pairs`` tiles also on a big strided ``dy.T``, and ``x @ W.T`` from
-    ``PACK_MIN_ROWS`` rows with ``W`` packed in pairs."""
+    ``vdot_pairs`` tiles also on a big strided ``dy.T``, and from ``PACK_MIN_ROWS`` rows ``B``
+    packed in pairs first (``W`` of ``x @ W.T`` transposed, a ``B`` stored ``[k, n]``
+    interleaved)."""
     m, k, n = shape
     if not HAS_BF16_DOT or k % 2 or n < cpu_matmul.OUTER_MIN_COLS or m < cpu_matmul.OUTER_MIN_ROWS:
         return kernel
     if tb:
         return "pack_pairs_kernel" if m >= cpu_matmul.PACK_MIN_ROWS else kernel
-    return "outer_block_kernel"
+    return "interleave_pairs_kernel" if m >= cpu_matmul.PACK_MIN_ROWS else "outer_block_kernel"
 
 
 @pytest.mark.parametrize("dt", [float16, bfloat16, float32, float64], ids=lambda d: d.short)
@@ -134,8 +135,8 @@ def test_matmul_takes_the_fast_path_and_agrees_with_numpy(shape, ta, tb, kernel,
     assert kernel in made_by, made_by
     if kernel != "dot":              # the loops read a big half operand as it is: no widened copy
         _assert_only_small_operands_widened(steps, made_by, kernel)
-    if kernel in ("outer_block_kernel", "pack_pairs_kernel"):   # vdpbf16ps where the CPU has it
-        layout = {"pack_pairs_kernel": "packed", "outer_block_kernel": "rows"}[kernel]
+    if kernel in ("outer_block_kernel", "pack_pairs_kernel", "interleave_pairs_kernel"):
+        layout = "rows" if kernel == "outer_block_kernel" else "packed"    # packed: vdpbf16ps
         if layout == "rows" and dt is bfloat16 and k % 2 == 0 and HAS_BF16_DOT:
             layout = "pairs"
         kernels = {cpu_matmul.outer_block_kernel(par, False, layout) for par in (False, True)}

@@ -25,11 +25,13 @@ GFLOP/s and % of the measured peak for every product of the MLPs):
   against 79-85%. A strided ``A`` bigger than ``BIG`` (the weight gradient at batch 256) is left
   to BLAS, which packs it (98.6% against 91.6%), except in bfloat16 with ``vdot_pairs``.
 * bfloat16 where the CPU has AVX512-BF16 (``simd.HAS_BF16_DOT``) and ``k`` is even: the same tile
-  with ``vdot_pairs``, two products per lane and instruction (the ``"pairs"`` layout, rows ``p``
-  and ``p + 1`` of ``B`` interleaved as they load: 140-150 GFLOP/s at the wide MLP's gradients,
-  against 95-105 for the float32 tile), and for ``x @ W.T`` from ``PACK_MIN_ROWS`` rows ``W``
-  packed into pairs first (:func:`pack_pairs_kernel`, the ``"packed"`` layout: 125 GFLOP/s at
-  batch 64, 173 at 256, packing included).
+  with ``vdot_pairs``, two products per lane and instruction. Below ``PACK_MIN_ROWS`` rows of out
+  the ``"pairs"`` layout, rows ``p`` and ``p + 1`` of ``B`` interleaved as they load (the input
+  gradient at batch 16: 149 GFLOP/s, against 95-105 for the float32 tile); from there ``B`` is
+  packed into pairs first, the ``"packed"`` layout: a ``B`` stored ``[k, n]`` by
+  :func:`interleave_pairs_kernel` (the gradients at batch 64: 185-204 GFLOP/s, 214-217 at 256,
+  packing included, against 145-150 interleaving as they load), ``W`` of ``x @ W.T`` by
+  :func:`pack_pairs_kernel` (126 GFLOP/s at batch 64, 183 at 256).
 * otherwise one ``np.dot`` (BLAS; less call overhead than ``np.matmul``). Between
   ``ONE_THREAD_FROM`` and ``ONE_THREAD_BELOW`` multiply-adds it runs with BLAS on one thread
   (:class:`OneThreadBlas`) when BLAS has more: a multithreaded BLAS pays only for large products,
@@ -62,7 +64,7 @@ from .simd import (HAS_BF16_DOT, vcount_nonfinite, vdot_pairs, vfma, vload, vloa
 __all__ = ["BUILDERS", "OUTER_MIN_ROWS", "OUTER_MIN_COLS", "PACK_MIN_ROWS", "LAYOUTS",
            "WIDEN_MAX", "WIDEN_REUSE", "BIG", "DOT_MIN_K", "DOT_MAX_ROWS", "ONE_THREAD_FROM",
            "ONE_THREAD_BELOW", "OneThreadBlas", "dot_block_kernel", "outer_block_kernel",
-           "pack_pairs_kernel", "rows_times_kernel", "build_matmul"]
+           "pack_pairs_kernel", "interleave_pairs_kernel", "rows_times_kernel", "build_matmul"]
 
 OUTER_MIN_ROWS = 4
 """Rows from which :func:`outer_block_kernel` (four rows a block) beats :func:`rows_times_kernel`
@@ -70,10 +72,11 @@ OUTER_MIN_ROWS = 4
 OUTER_MIN_COLS = 64
 """Columns from which :func:`outer_block_kernel` is used (one register tile is 64 wide)."""
 PACK_MIN_ROWS = 64
-"""Rows of ``x`` from which a bfloat16 ``x @ W.T`` packs ``W`` into pairs
-(:func:`pack_pairs_kernel`, about 265 us for 1024 x 1024) for the ``vdot_pairs`` tile: at
-64 x 1024 x 1024 1078 us in all against 1500 for :func:`dot_block_kernel`, at 256 rows 3104
-against 5900; at 16 rows the packing would cost more than it saves."""
+"""Rows of out from which a bfloat16 product packs ``B`` into pairs for the ``vdot_pairs`` tile
+(:func:`interleave_pairs_kernel`, :func:`pack_pairs_kernel`: about 265 us for a 1024 x 1024
+``W`` of ``x @ W.T``). ``x @ W.T`` at 64 x 1024 x 1024: 1064 us in all against 1500 for
+:func:`dot_block_kernel`, at 256 rows 2930 against 5900; at 16 rows the packing would cost
+more than it saves (the input gradient there: 226 us interleaving as it loads)."""
 WIDEN_MAX = 1 << 16
 """Elements up to which a half operand is widened into float32 scratch once per product (an
 activation or gradient of a batch up to 64 on 1024 features, about 5 us), rather than converted
@@ -207,8 +210,8 @@ def _fma(acc, x, y):
 
 @jitable
 def _load_packed(b, p, j):
-    """The pairs of steps ``p, p + 1`` for columns ``j:j + 16`` from :func:`pack_pairs_kernel`'s
-    layout (row ``p // 2`` holds them side by side)."""
+    """The pairs of steps ``p, p + 1`` for columns ``j:j + 16`` from the ``"packed"`` layout (row
+    ``p // 2`` holds them side by side)."""
     return vload_run(b, p >> 1, 2 * j)
 
 
@@ -220,13 +223,14 @@ def _at(b, p, j):
 
 @jitable
 def _packed_at(b, p, j):
-    """Element ``[p, j]`` of the product's ``b`` from :func:`pack_pairs_kernel`'s layout."""
+    """Element ``[p, j]`` of the product's ``b`` from the ``"packed"`` layout."""
     return load(b, (p >> 1, 2 * j + (p & 1)))
 
 
 LAYOUTS = ("rows", "pairs", "packed")
 """How :func:`outer_block_kernel` reads ``b``: float32 vectors of rows ``[k, n]``; bfloat16 rows
-paired as they load; bfloat16 pairs packed ahead by :func:`pack_pairs_kernel`."""
+paired as they load; bfloat16 pairs packed ahead (``[k / 2, 2 n]``: row ``q`` holds rows ``2q``
+and ``2q + 1`` interleaved) by :func:`interleave_pairs_kernel` or :func:`pack_pairs_kernel`."""
 
 
 @functools.cache
@@ -238,7 +242,7 @@ def outer_block_kernel(parallel: bool, counted: bool, layout: str = "rows"):
     (:data:`LAYOUTS`): ``"rows"`` multiplies float32 vectors; ``"pairs"`` and ``"packed"``
     (bfloat16 ``a`` and ``b``, even ``k``, ``simd.HAS_BF16_DOT``) make each multiply-add a
     ``vdot_pairs`` over two steps of ``p``, twice the work per instruction, with ``b`` stored
-    ``[k, n]`` or packed by :func:`pack_pairs_kernel` (``[k / 2, 2 n]``).
+    ``[k, n]`` or packed ahead (``[k / 2, 2 n]``).
 
     The register tile of a BLAS micro-kernel (``simd``): a block of 4 rows x 64 columns of out
     stays in sixteen 16-lane vectors while ``p`` runs over the whole inner dimension; per ``p`` four
@@ -339,6 +343,26 @@ def pack_pairs_kernel(parallel: bool):
             for q in range(half_k):
                 for j in range(j0, min(j0 + 8, n)):
                     packed[q, j] = w[j, q]
+
+    return kernel
+
+
+@functools.cache
+def interleave_pairs_kernel(parallel: bool):
+    """``kernel(b, packed)``: for bfloat16 bits ``b`` ``[k, n]`` (``k`` even; a ``b`` stored
+    ``[k, n]``), ``packed[q, 2j + r] = b[2q + r, j]``: rows ``2q`` and ``2q + 1`` interleaved
+    into pairs once (:func:`outer_block_kernel`'s ``"packed"`` layout), instead of at every load
+    of a row by each block of four output rows. The parallel variant splits the pairs of rows."""
+    loop = loop_for(parallel)
+
+    @jit(parallel)
+    def kernel(b, packed):
+        k, n = b.shape
+        for q in loop(k // 2):
+            even, odd, row = b[2 * q], b[2 * q + 1], packed[q]
+            for j in range(n):
+                row[2 * j] = even[j]
+                row[2 * j + 1] = odd[j]
 
     return kernel
 
@@ -474,6 +498,11 @@ def build_matmul(node, ins, outs):
     bits_a, bits_b = kview(a).T if ta else kview(a), kview(b).T if tb else kview(b)
     bits_out = kview(out)
     if _outer_fits(bits_a, bits_b, bits_out, paired):
+        if paired and out.shape[0] >= PACK_MIN_ROWS:    # b's rows interleaved in pairs once
+            packed = np.empty((bits_b.shape[0] // 2, 2 * bits_b.shape[1]), np.int16)
+            return [(interleave_pairs_kernel(use_parallel(packed.size)), (bits_b, packed)),
+                    (outer_block_kernel(use_parallel(out.size), counted, "packed"),
+                     (bits_a, packed, bits_out, count))]
         kernel = outer_block_kernel(use_parallel(out.size), counted, "pairs" if paired else "rows")
         return steps + [(kernel, (bits_a, bits_b, bits_out, count))]
     if paired and _packs(bits_a, bits_b, bits_out):     # x @ W.T in bfloat16: W packed in pairs
