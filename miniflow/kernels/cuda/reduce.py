@@ -28,7 +28,8 @@ from .launch import current, flat_steps, row_steps
 from .movement import fill_steps, transpose_steps
 from ..common import reduce
 
-__all__ = ["reduce_sum_kernel", "reduce_sum_map_kernel", "reduce_sum_then", "row_max_sumexp",
+__all__ = ["column_total", "reduce_sum_kernel", "reduce_sum_map_kernel", "reduce_sum_then",
+           "row_max_sumexp",
            "softmax_kernel", "softmax_grad_kernel",
            "sparse_xent_kernel", "sparse_xent_grad_kernel", "sum_steps", "softmax_steps",
            "softmax_grad_steps", "xent_steps", "xent_grad_steps", "BUILDERS"]
@@ -36,21 +37,35 @@ __all__ = ["reduce_sum_kernel", "reduce_sum_map_kernel", "reduce_sum_then", "row
 
 # ----------------------------------------------------------------------------- kernels
 @functools.cache
+def column_total(ld, ct, block: int):
+    """Device function ``total = f(sm, x, ok, red, inner)``: the sum over ``r`` of
+    ``x[o, r, k]`` for the output element ``ok = o * inner + k``, in the compute type, the
+    block's threads striding over ``r`` and combining in shared memory ``sm``."""
+
+    @cuda.jit(device=True)
+    def column_total(sm, x, ok, red, inner):
+        o = ok // inner
+        base = o * red * inner + (ok - o * inner)
+        acc = ct(0)
+        for r in range(cuda.threadIdx.x, red, block):
+            acc += ld(x[base + r * inner])
+        return block_sum(sm, acc)
+
+    return column_total
+
+
+@functools.cache
 def reduce_sum_kernel(ld, ct, st, block: int):
     """``kernel(x, out, outer, red, inner)``: ``out[o, k] = sum_r x[o, r, k]``, block per (o, k)."""
+    total = column_total(ld, ct, block)
 
     @jit
     def kernel(x, out, outer, red, inner):
         sm = cuda.shared.array(block, ct)
         for ok in range(cuda.blockIdx.x, outer * inner, cuda.gridDim.x):
-            o = ok // inner
-            base = o * red * inner + (ok - o * inner)
-            acc = ct(0)
-            for r in range(cuda.threadIdx.x, red, block):
-                acc += ld(x[base + r * inner])
-            total = block_sum(sm, acc)
+            t = total(sm, x, ok, red, inner)
             if cuda.threadIdx.x == 0:
-                out[ok] = st(total)
+                out[ok] = st(t)
 
     return kernel
 
@@ -58,24 +73,18 @@ def reduce_sum_kernel(ld, ct, st, block: int):
 @functools.cache
 def reduce_sum_map_kernel(fn, scalar: bool, ld, ct, st, block: int):
     """``kernel(x, out, outer, red, inner, s)``: ``out[o, k] = fn(sum_r x[o, r, k][, s])``, the
-    sum rounded to out's dtype first (as ``reduce_sum`` stores it), ``fn``'s result rounded to
     the compute type, then stored (as the map kernel of ``fn``): the mean loss
     (``reduce_sum`` then ``scalar_mul``) in one launch, bit for bit the two kernels' result."""
-    f = device(fn)
+    f, total = device(fn), column_total(ld, ct, block)
 
     @jit
     def kernel(x, out, outer, red, inner, s):
         sm = cuda.shared.array(block, ct)
         c = ct(s)
         for ok in range(cuda.blockIdx.x, outer * inner, cuda.gridDim.x):
-            o = ok // inner
-            base = o * red * inner + (ok - o * inner)
-            acc = ct(0)
-            for r in range(cuda.threadIdx.x, red, block):
-                acc += ld(x[base + r * inner])
-            total = block_sum(sm, acc)
+            t = total(sm, x, ok, red, inner)
             if cuda.threadIdx.x == 0:
-                v = ld(st(total))
+                v = ld(st(t))
                 out[ok] = st(ct(f(v, c)) if scalar else ct(f(v)))
 
     return kernel
