@@ -15,21 +15,14 @@ from miniflow.runtime.backend import CudaBackend
 
 from cuda_cases import (Case, all_cases, fused_pair_cases, fused_pair_nodes, host_buffers,
                         make_node, results)
-from op_cases import assert_bit_exact, assert_close, assert_matches_reference, late_op
+from op_cases import (assert_bit_exact, assert_close, assert_matches_reference, late_op,
+                      run_cpu)
 
 TOL = {np.dtype(np.float16): (2e-3, 1e-3), bfloat16.np: (1.6e-2, 8e-3),
        np.dtype(np.float32): (2e-5, 2e-6),
        np.dtype(np.float64): (1e-12, 1e-13), np.dtype(np.int64): (0, 0)}
 """CUDA against CPU: ``(rtol, atol)`` per dtype (tighter than against the float64 reference)."""
 BACKEND = CudaBackend()
-
-
-def run_cpu(case: Case) -> list:
-    node = make_node(case)
-    ins, outs = host_buffers(case, node)
-    for fn, args in cpu.builder_for(node.op)(node, ins, outs):
-        fn(*args)
-    return results(case, node, ins, outs)
 
 
 def run_cuda(case: Case) -> list:
