@@ -83,13 +83,21 @@ def _matmul(a, b, ta=False, tb=False):
     return steps, out, ref
 
 
-def _assert_only_small_operands_widened(steps, made_by, kernel):
-    """Before the product's loop only casts of operands of at most ``WIDEN_MAX`` elements (no
-    big operand of these shapes is used ``WIDEN_REUSE`` times)."""
-    k = made_by.index(kernel)
-    assert set(made_by[:k]) <= {"cast_kernel", "pack_pairs_kernel"}, made_by
-    assert all(args[0].size <= cpu_matmul.WIDEN_MAX for (fn, args), name in zip(steps, made_by[:k])
-               if name == "cast_kernel"), made_by
+def _assert_only_small_operands_widened(steps, made_by, kernel, shape):
+    """Before the product's loop only casts of operands of at most ``WIDEN_MAX`` elements or
+    used ``WIDEN_REUSE`` times (``a`` [m, k] when ``n`` is that big, ``b`` [k, n] when ``m`` is),
+    and transposed copies of big operands (``BIG`` elements: a strided ``dy.T``, ``W`` of a
+    forward with many rows)."""
+    m, k, n = shape
+    reused = {m * k} if n >= cpu_matmul.WIDEN_REUSE else set()
+    reused |= {k * n} if m >= cpu_matmul.WIDEN_REUSE else set()
+    first = made_by.index(kernel)
+    before = list(zip(steps[:first], made_by[:first]))
+    assert set(made_by[:first]) <= {"cast_kernel", "pack_pairs_kernel", "transpose_kernel"}, made_by
+    assert all(args[0].size <= cpu_matmul.WIDEN_MAX or args[0].size in reused
+               for (fn, args), name in before if name == "cast_kernel"), made_by
+    assert all(args[0].size >= cpu_matmul.BIG
+               for (fn, args), name in before if name == "transpose_kernel"), made_by
 
 
 def _bf16_kernel(kernel, shape, ta, tb):
@@ -115,9 +123,10 @@ def _bf16_kernel(kernel, shape, ta, tb):
     ((1000, 2, 1100), True, False, "outer_block_kernel"),   # weight gradient: dy.T @ x
     ((1001, 13, 1100), True, False, "outer_block_kernel"),  # ... past the blocks of 4 and 64
     ((64, 1, 128), True, False, "outer_block_kernel"),      # an outer product (batch 1)
-    ((1024, 300, 200), True, False, "dot"),          # a big strided dy.T: BLAS packs it
+    ((1024, 300, 200), True, False, "outer_block_kernel"),  # a big strided dy.T: copied first
     ((64, 32, 16), False, True, "dot"),              # small: BLAS
-    ((300, 300, 1000), False, True, "dot"),          # too many rows for the loops
+    ((300, 300, 1000), False, True, "outer_block_kernel"),  # too many rows: W.T copied first
+    ((300, 100, 1000), False, True, "dot"),          # ... with a short k: BLAS
     ((64, 300, 1000), False, True, "dot_block_kernel"),     # the forward at batch 64
 ])
 def test_matmul_takes_the_fast_path_and_agrees_with_numpy(shape, ta, tb, kernel, dt):
@@ -134,7 +143,7 @@ def test_matmul_takes_the_fast_path_and_agrees_with_numpy(shape, ta, tb, kernel,
         kernel = "dot"
     assert kernel in made_by, made_by
     if kernel != "dot":              # the loops read a big half operand as it is: no widened copy
-        _assert_only_small_operands_widened(steps, made_by, kernel)
+        _assert_only_small_operands_widened(steps, made_by, kernel, shape)
     if kernel in ("outer_block_kernel", "pack_pairs_kernel", "interleave_pairs_kernel"):
         layout = "rows" if kernel == "outer_block_kernel" else "packed"    # packed: vdpbf16ps
         if layout == "rows" and dt is bfloat16 and k % 2 == 0 and HAS_BF16_DOT:
@@ -149,7 +158,8 @@ def test_matmul_takes_the_fast_path_and_agrees_with_numpy(shape, ta, tb, kernel,
 @pytest.mark.parametrize("shape,ta,tb,kernel", [
     ((1001, 13, 1100), True, False, "outer_block_kernel"),  # a weight gradient, past the blocks
     ((16, 300, 200), False, False, "outer_block_kernel"),   # an input gradient
-    ((1024, 300, 200), True, False, "dot"),          # BLAS (bfloat16: vdot_pairs), then counted
+    ((1024, 300, 200), True, False, "outer_block_kernel"),  # a big strided dy.T copied first
+    ((300, 300, 1000), False, True, "outer_block_kernel"),  # a forward, W.T copied first
     ((100, 300, 200), False, True, "dot"),           # a forward (bfloat16: W packed in pairs)
 ])
 def test_counting_matmul_counts_the_non_finite_elements_it_writes(shape, ta, tb, kernel, dt):
@@ -173,7 +183,7 @@ def test_counting_matmul_counts_the_non_finite_elements_it_writes(shape, ta, tb,
                else fn.__name__.split()[0] for fn, _ in steps]
     assert (made_by[-2] == kernel) if kernel == "dot" else (kernel in made_by), made_by
     if kernel != "dot":
-        _assert_only_small_operands_widened(steps, made_by, kernel)
+        _assert_only_small_operands_widened(steps, made_by, kernel, shape)
     bad = int(np.count_nonzero(~np.isfinite(out.astype(np.float64))))
     assert count[0] == bad and bad >= (m * n // 35 if dt is float16 else m + n - 1), (count, bad)
     ref = (a.astype(np.float64).T if ta else a.astype(np.float64)) @ b.astype(np.float64)

@@ -7,8 +7,10 @@ import numpy as np
 import pytest
 
 from miniflow.kernels.cpu import fp16
+from miniflow.kernels.cpu.matmul import transpose_kernel
 from miniflow.kernels.cpu.simd import (HAS_BF16_DOT, vcount_nonfinite, vdot_pairs, vfma, vload,
-                                       vload_pairs, vsplat, vsplat_pair, vstore, vzero)
+                                       vload_pairs, vsplat, vsplat_pair, vstore, vtranspose_block,
+                                       vzero)
 
 HALVES = [np.float16, ml_dtypes.bfloat16]
 BITS = {np.float16: np.uint16, ml_dtypes.bfloat16: np.int16}
@@ -95,6 +97,55 @@ def test_float32_round_trip_and_fma_round_once():
     _axpy(xs, a, ys, out)
     exact = (np.float64(a) * xs.astype(np.float64) + ys).astype(np.float32)    # one rounding
     np.testing.assert_array_equal(out, exact)
+
+
+@numba.njit
+def _block_transposed(src, i, j, dst, p, q):
+    vtranspose_block(src, i, j, dst, p, q)
+
+
+@pytest.mark.parametrize("kind", [np.float32, np.float16, ml_dtypes.bfloat16],
+                         ids=lambda t: np.dtype(t).name)
+def test_vtranspose_block_moves_every_element_of_its_block_exactly(kind):
+    """One 16 x 16 block at an offset, every other element of out untouched; half bits widened
+    exactly (every float16 / bfloat16 pattern appears in some block), float32 rounded to half
+    bits as ``vstore`` rounds."""
+    if kind is np.float16 and fp16.PATH != "intrinsic":
+        pytest.skip("float16 vectors need F16C (fp16.PATH == 'intrinsic')")
+    bits = BITS.get(kind, np.float32)
+    if kind is np.float32:
+        src = np.resize(_specials().reshape(-1), (37, 45))
+    else:
+        src = np.arange(65536, dtype=np.uint32).astype(np.uint16).view(bits).reshape(256, 256)
+    for i, j in ((0, 0), (3, 5), (src.shape[0] - 16, src.shape[1] - 16)):
+        out = np.full((src.shape[1] + 2, src.shape[0] + 3), -7.0, np.float32)
+        _block_transposed(src, i, j, out, j + 1, i + 2)
+        want = np.full_like(out, -7.0)
+        want[j + 1:j + 17, i + 2:i + 18] = src[i:i + 16, j:j + 16].T.view(kind).astype(np.float32)
+        _assert_same(out.view(np.uint32), want.view(np.uint32), np.float32)
+    if kind is np.float32:                         # float32 in, half bits out: rounded
+        for half in HALVES:
+            if half is np.float16 and fp16.PATH != "intrinsic":
+                continue
+            out = np.zeros((16, 16), BITS[half])
+            _block_transposed(src, 0, 0, out, 0, 0)
+            with np.errstate(over="ignore", invalid="ignore"):
+                want = src[:16, :16].T.astype(half)
+            _assert_same(out, want.view(BITS[half]), half)
+
+
+@pytest.mark.parametrize("shape", [(16, 16), (1024, 256), (37, 45), (5, 3), (300, 17)])
+@pytest.mark.parametrize("kind", [np.float32, np.float16, ml_dtypes.bfloat16],
+                         ids=lambda t: np.dtype(t).name)
+@pytest.mark.parametrize("parallel", [False, True])
+def test_transpose_kernel_copies_the_transpose_widened(shape, kind, parallel):
+    """Full blocks, the rows and columns past them, and shapes smaller than one block."""
+    if kind is np.float16 and fp16.PATH != "intrinsic":
+        pytest.skip("float16 vectors need F16C (fp16.PATH == 'intrinsic')")
+    x = np.random.default_rng(2).standard_normal(shape).astype(kind)
+    out = np.full(shape[::-1], np.nan, np.float32)
+    transpose_kernel(parallel)(x.view(BITS.get(kind, np.float32)), out)
+    np.testing.assert_array_equal(out, x.T.astype(np.float32))
 
 
 def test_a_wrong_array_is_a_type_error():

@@ -21,9 +21,12 @@ GFLOP/s and % of the measured peak for every product of the MLPs):
   types): :func:`outer_block_kernel`, a BLAS micro-kernel's register tile (4 x 64 outputs in
   sixteen vectors, ``simd``) without BLAS's packing. On the wide MLP at batch 16 it runs the
   input gradient (16 x 1024 x 1024) at 99-102% of the peak and the weight gradient
-  (1024 x 16 x 1024) at 72-91%, where OpenBLAS did 48-56% and 32-40%; at batch 64 101-104%
-  against 79-85%. A strided ``A`` bigger than ``BIG`` (the weight gradient at batch 256) is left
-  to BLAS, which packs it (98.6% against 91.6%), except in bfloat16 with ``vdot_pairs``.
+  (1024 x 16 x 1024) at 67-101% (it writes its 4 MiB output once), where OpenBLAS did 48-56%
+  and 32-40%; at batch 64 101-104% against 79-85%. A strided ``A`` bigger than ``BIG`` (the
+  weight gradient ``dy.T`` from batch 256), read in place, would run at 91.6% where BLAS, which
+  packs it, does 98.6%: it is copied contiguous first (:func:`transpose_kernel`, widened in the
+  same pass; :func:`_transposed_copies` gives the measurements), as is ``W.T`` of a forward
+  with more rows than :func:`dot_block_kernel` takes.
 * bfloat16 where the CPU has AVX512-BF16 (``simd.HAS_BF16_DOT``) and ``k`` is even: the same tile
   with ``vdot_pairs``, two products per lane and instruction. Below ``PACK_MIN_ROWS`` rows of out
   the ``"pairs"`` layout, rows ``p`` and ``p + 1`` of ``B`` interleaved as they load (the input
@@ -59,12 +62,13 @@ from .elementwise import cast_steps
 from .fp16 import load, store, to_compute
 from .loss_scale import cast_count_steps
 from .simd import (HAS_BF16_DOT, vcount_nonfinite, vdot_pairs, vfma, vload, vload_pairs, vload_run,
-                   vsplat, vsplat_pair, vstore, vzero)
+                   vsplat, vsplat_pair, vstore, vtranspose_block, vzero)
 
 __all__ = ["BUILDERS", "OUTER_MIN_ROWS", "OUTER_MIN_COLS", "PACK_MIN_ROWS", "LAYOUTS",
            "WIDEN_MAX", "WIDEN_REUSE", "BIG", "DOT_MIN_K", "DOT_MAX_ROWS", "ONE_THREAD_FROM",
            "ONE_THREAD_BELOW", "OneThreadBlas", "dot_block_kernel", "outer_block_kernel",
-           "pack_pairs_kernel", "interleave_pairs_kernel", "rows_times_kernel", "build_matmul"]
+           "pack_pairs_kernel", "interleave_pairs_kernel", "transpose_kernel", "rows_times_kernel",
+           "build_matmul"]
 
 OUTER_MIN_ROWS = 4
 """Rows from which :func:`outer_block_kernel` (four rows a block) beats :func:`rows_times_kernel`
@@ -94,7 +98,8 @@ DOT_MIN_K = 256
 GFLOP/s: each dot product is too short for its final reductions)."""
 DOT_MAX_ROWS = 128
 """Rows up to which :func:`dot_block_kernel` is used (98% of the peak at 16 and 64 rows, 82% at
-256, where BLAS, which blocks for the caches, reaches 91%)."""
+256, where BLAS, which blocks for the caches, reaches 91% and :func:`outer_block_kernel` on a
+transposed copy of ``W`` 95%)."""
 ONE_THREAD_FROM, ONE_THREAD_BELOW = 1 << 18, 1 << 22
 """Multiply-adds for which BLAS runs on one thread: OpenBLAS's own single-thread limit (2^18), and
 the measured crossover on 2 cores (2^21-2^23)."""
@@ -368,6 +373,33 @@ def interleave_pairs_kernel(parallel: bool):
 
 
 @functools.cache
+def transpose_kernel(parallel: bool):
+    """``kernel(src, dst)``: ``dst = src.T`` in ``dst``'s type, ``src`` ``[r, c]`` (float32 or
+    half bits, C-contiguous) into float32 ``dst`` ``[c, r]``: 16 x 16 blocks transposed in
+    registers (``simd.vtranspose_block``), the rows and columns past the last full block one
+    element at a time. It makes a product's strided operand contiguous (and float32) for
+    :func:`outer_block_kernel`. The parallel variant splits the blocks of ``src``'s rows."""
+    loop = loop_for(parallel)
+
+    @jit(parallel)
+    def kernel(src, dst):
+        r, c = src.shape
+        r16, c16 = r - r % 16, c - c % 16
+        for ib in loop(r16 // 16):
+            i = 16 * np.int64(ib)
+            for j in range(0, c16, 16):
+                vtranspose_block(src, i, j, dst, j, i)
+            for j in range(c16, c):
+                for q in range(i, i + 16):
+                    store(dst, (j, q), load(src, (q, j)))
+        for q in range(r16, r):
+            for j in range(c):
+                store(dst, (j, q), load(src, (q, j)))
+
+    return kernel
+
+
+@functools.cache
 def rows_times_kernel(parallel: bool):
     """``kernel(x, w, out)``: ``out = x @ w`` for few rows of ``x`` ``[m, k]`` and ``w`` stored
     ``[k, n]``, reading ``w`` once: ``out[i, :] += x[i, p] * w[p, :]`` for ``p = 0, 1, ...``.
@@ -474,6 +506,41 @@ def _widened(x, steps: list, most: float = np.inf):
     return wide
 
 
+def _transposed_copies(a, b, out, ta: bool, tb: bool) -> tuple:
+    """``(copy_a, copy_b)``: whether ``out = op(a) @ op(b)`` (``op`` = transpose where ``ta`` /
+    ``tb``) first copies ``op(a)`` / ``op(b)`` contiguous in float32 (:func:`transpose_kernel`,
+    widening a half operand in the same pass) so that :func:`outer_block_kernel` takes a product
+    it would otherwise leave to BLAS, which packs both operands at every call:
+
+    * ``a`` transposed and big (``BIG`` elements; the weight gradient ``dy.T @ x`` from batch 256
+      at 1024 features): 1024 x 256 x 1024 in float32 5370 us against 6004 for BLAS and the
+      count, float16 4906 against 5687 (at batch 512 10235 against 11248).
+    * ``b`` transposed (``x @ W.T``) with more rows than :func:`dot_block_kernel` takes
+      (``DOT_MAX_ROWS``), ``k >= DOT_MIN_K`` and ``B`` big: 256 x 1024 x 1024 in float32 5518 us
+      against 5784, float16 6085 against 6573 (192 rows: 4340 against 4591; 512: 10699 against
+      11262).
+
+    Only for C-contiguous operands and operands and out the vectors load and store (float32,
+    half bits), and only where
+    the other operand then suits the kernel (rows of unit stride, ``OUTER_MIN_COLS`` columns,
+    ``OUTER_MIN_ROWS`` rows)."""
+    (m, n), k = out.shape, a.shape[0 if ta else 1]
+    if (not {kview(a).dtype, kview(b).dtype, kview(out).dtype} <= _vector_kinds()
+            or not (a.flags.c_contiguous and b.flags.c_contiguous)):
+        return False, False
+    fits = n >= OUTER_MIN_COLS and m >= OUTER_MIN_ROWS
+    copy_b = fits and tb and m > DOT_MAX_ROWS and k >= DOT_MIN_K and k * n >= BIG
+    copy_a = fits and ta and a.size >= BIG and (copy_b or not tb)
+    return copy_a, copy_b
+
+
+def _transposed(x, steps: list):
+    """``x.T`` copied into float32 scratch (C-contiguous) by a step appended to ``steps``."""
+    copy = np.empty(x.shape[::-1], np.float32)
+    steps.append((transpose_kernel(use_parallel(x.size)), (kview(x), copy)))
+    return copy
+
+
 def build_matmul(node, ins, outs):
     """``out = op(a) @ op(b)`` (2-D; ``op`` = transpose when ``transpose_a``/``transpose_b``);
     with ``count_not_finite`` also ``outs[1][0]`` = the number of non-finite elements of out.
@@ -491,10 +558,14 @@ def build_matmul(node, ins, outs):
     paired = (HAS_BF16_DOT and a.dtype == b.dtype == bfloat16.np
               and a.shape[0 if ta else 1] % 2 == 0)
     steps = []
-    if not paired:                          # widen the small or much reused half operands once
+    if not paired:      # transposed copies where they pay, then widen small or much reused halves
         m, n = out.shape
-        a = _widened(a, steps, np.inf if n >= WIDEN_REUSE else WIDEN_MAX)
-        b = _widened(b, steps, np.inf if m >= WIDEN_REUSE else WIDEN_MAX)
+        copy_a, copy_b = _transposed_copies(a, b, out, ta, tb)
+        a = (_transposed(a, steps) if copy_a
+             else _widened(a, steps, np.inf if n >= WIDEN_REUSE else WIDEN_MAX))
+        b = (_transposed(b, steps) if copy_b
+             else _widened(b, steps, np.inf if m >= WIDEN_REUSE else WIDEN_MAX))
+        ta, tb = ta and not copy_a, tb and not copy_b
     bits_a, bits_b = kview(a).T if ta else kview(a), kview(b).T if tb else kview(b)
     bits_out = kview(out)
     if _outer_fits(bits_a, bits_b, bits_out, paired):
