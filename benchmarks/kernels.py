@@ -65,7 +65,7 @@ def _runner(steps):
         for fn, args in steps:
             fn(*args)
     names = [_step_name(fn) for fn, _ in steps]
-    run.kernel = next((n for n in names if n != "cast_kernel"), "")
+    run.kernel = " + ".join(n for n in names if n not in ("cast_kernel", "cast_count_kernel"))
     return run
 
 

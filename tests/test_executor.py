@@ -83,11 +83,11 @@ def _matmul(a, b, ta=False, tb=False):
     return steps, out, ref
 
 
-def _assert_only_small_operands_widened(steps, made_by, kernel, shape):
+def _assert_only_small_operands_widened(steps, made_by, kernel, shape, ta, tb):
     """Before the product's loop only casts of operands of at most ``WIDEN_MAX`` elements or
     used ``WIDEN_REUSE`` times (``a`` [m, k] when ``n`` is that big, ``b`` [k, n] when ``m`` is),
-    and transposed copies of big operands (``BIG`` elements: a strided ``dy.T``, ``W`` of a
-    forward with many rows)."""
+    and transposed copies of the operands stored transposed (a strided ``dy.T`` of ``BIG``
+    elements, ``W`` of a forward ``dot_block_kernel`` does not take)."""
     m, k, n = shape
     reused = {m * k} if n >= cpu_matmul.WIDEN_REUSE else set()
     reused |= {k * n} if m >= cpu_matmul.WIDEN_REUSE else set()
@@ -96,7 +96,9 @@ def _assert_only_small_operands_widened(steps, made_by, kernel, shape):
     assert set(made_by[:first]) <= {"cast_kernel", "pack_pairs_kernel", "transpose_kernel"}, made_by
     assert all(args[0].size <= cpu_matmul.WIDEN_MAX or args[0].size in reused
                for (fn, args), name in before if name == "cast_kernel"), made_by
-    assert all(args[0].size >= cpu_matmul.BIG
+    stored_transposed = {(k, m)} if ta and k * m >= cpu_matmul.BIG else set()
+    stored_transposed |= {(n, k)} if tb else set()
+    assert all(args[0].shape in stored_transposed
                for (fn, args), name in before if name == "transpose_kernel"), made_by
 
 
@@ -108,8 +110,12 @@ def _bf16_kernel(kernel, shape, ta, tb):
     m, k, n = shape
     if not HAS_BF16_DOT or k % 2 or n < cpu_matmul.OUTER_MIN_COLS or m < cpu_matmul.OUTER_MIN_ROWS:
         return kernel
-    if tb:
-        return "pack_pairs_kernel" if m >= cpu_matmul.PACK_MIN_ROWS else kernel
+    if ta and tb:       # both stored transposed: no vdot_pairs tile, BLAS on widened copies
+        return "dot"
+    if tb:              # below PACK_MIN_ROWS no copy of W.T: vdot_pairs has no tile for it
+        if m >= cpu_matmul.PACK_MIN_ROWS:
+            return "pack_pairs_kernel"
+        return "dot" if kernel == "outer_block_kernel" else kernel
     return "interleave_pairs_kernel" if m >= cpu_matmul.PACK_MIN_ROWS else "outer_block_kernel"
 
 
@@ -123,10 +129,14 @@ def _bf16_kernel(kernel, shape, ta, tb):
     ((1000, 2, 1100), True, False, "outer_block_kernel"),   # weight gradient: dy.T @ x
     ((1001, 13, 1100), True, False, "outer_block_kernel"),  # ... past the blocks of 4 and 64
     ((64, 1, 128), True, False, "outer_block_kernel"),      # an outer product (batch 1)
-    ((1024, 300, 200), True, False, "outer_block_kernel"),  # a big strided dy.T: copied first
+    ((1024, 300, 256), True, False, "outer_block_kernel"),  # a big strided dy.T: copied first
+    ((1024, 300, 200), True, False, "dot"),          # ... past whole tiles: BLAS packs it
+    ((1024, 300, 256), True, True, "outer_block_kernel"),   # both copied
     ((64, 32, 16), False, True, "dot"),              # small: BLAS
-    ((300, 300, 1000), False, True, "outer_block_kernel"),  # too many rows: W.T copied first
-    ((300, 100, 1000), False, True, "dot"),          # ... with a short k: BLAS
+    ((8, 32, 128), False, True, "dot"),              # ... few rows
+    ((300, 300, 1024), False, True, "outer_block_kernel"),  # too many rows: W.T copied first
+    ((19, 64, 128), False, True, "outer_block_kernel"),     # a short k: W.T copied first
+    ((300, 300, 1000), False, True, "dot"),          # past whole tiles: BLAS
     ((64, 300, 1000), False, True, "dot_block_kernel"),     # the forward at batch 64
 ])
 def test_matmul_takes_the_fast_path_and_agrees_with_numpy(shape, ta, tb, kernel, dt):
@@ -143,7 +153,7 @@ def test_matmul_takes_the_fast_path_and_agrees_with_numpy(shape, ta, tb, kernel,
         kernel = "dot"
     assert kernel in made_by, made_by
     if kernel != "dot":              # the loops read a big half operand as it is: no widened copy
-        _assert_only_small_operands_widened(steps, made_by, kernel, shape)
+        _assert_only_small_operands_widened(steps, made_by, kernel, shape, ta, tb)
     if kernel in ("outer_block_kernel", "pack_pairs_kernel", "interleave_pairs_kernel"):
         layout = "rows" if kernel == "outer_block_kernel" else "packed"    # packed: vdpbf16ps
         if layout == "rows" and dt is bfloat16 and k % 2 == 0 and HAS_BF16_DOT:
@@ -158,8 +168,9 @@ def test_matmul_takes_the_fast_path_and_agrees_with_numpy(shape, ta, tb, kernel,
 @pytest.mark.parametrize("shape,ta,tb,kernel", [
     ((1001, 13, 1100), True, False, "outer_block_kernel"),  # a weight gradient, past the blocks
     ((16, 300, 200), False, False, "outer_block_kernel"),   # an input gradient
-    ((1024, 300, 200), True, False, "outer_block_kernel"),  # a big strided dy.T copied first
-    ((300, 300, 1000), False, True, "outer_block_kernel"),  # a forward, W.T copied first
+    ((1024, 300, 256), True, False, "outer_block_kernel"),  # a big strided dy.T copied first
+    ((1024, 300, 200), True, False, "dot"),          # BLAS (bfloat16: vdot_pairs), then counted
+    ((300, 300, 1024), False, True, "outer_block_kernel"),  # a forward, W.T copied first
     ((100, 300, 200), False, True, "dot"),           # a forward (bfloat16: W packed in pairs)
 ])
 def test_counting_matmul_counts_the_non_finite_elements_it_writes(shape, ta, tb, kernel, dt):
@@ -183,7 +194,7 @@ def test_counting_matmul_counts_the_non_finite_elements_it_writes(shape, ta, tb,
                else fn.__name__.split()[0] for fn, _ in steps]
     assert (made_by[-2] == kernel) if kernel == "dot" else (kernel in made_by), made_by
     if kernel != "dot":
-        _assert_only_small_operands_widened(steps, made_by, kernel, shape)
+        _assert_only_small_operands_widened(steps, made_by, kernel, shape, ta, tb)
     bad = int(np.count_nonzero(~np.isfinite(out.astype(np.float64))))
     assert count[0] == bad and bad >= (m * n // 35 if dt is float16 else m + n - 1), (count, bad)
     ref = (a.astype(np.float64).T if ta else a.astype(np.float64)) @ b.astype(np.float64)

@@ -25,8 +25,8 @@ GFLOP/s and % of the measured peak for every product of the MLPs):
   and 32-40%; at batch 64 101-104% against 79-85%. A strided ``A`` bigger than ``BIG`` (the
   weight gradient ``dy.T`` from batch 256), read in place, would run at 91.6% where BLAS, which
   packs it, does 98.6%: it is copied contiguous first (:func:`transpose_kernel`, widened in the
-  same pass; :func:`_transposed_copies` gives the measurements), as is ``W.T`` of a forward
-  with more rows than :func:`dot_block_kernel` takes.
+  same pass; :func:`_transposed_copies` gives the measurements), as is ``W.T`` of every
+  forward :func:`dot_block_kernel` does not take (many rows, a short ``k``, a small ``W``).
 * bfloat16 where the CPU has AVX512-BF16 (``simd.HAS_BF16_DOT``) and ``k`` is even: the same tile
   with ``vdot_pairs``, two products per lane and instruction. Below ``PACK_MIN_ROWS`` rows of out
   the ``"pairs"`` layout, rows ``p`` and ``p + 1`` of ``B`` interleaved as they load (the input
@@ -65,8 +65,8 @@ from .simd import (HAS_BF16_DOT, vcount_nonfinite, vdot_pairs, vfma, vload, vloa
                    vsplat, vsplat_pair, vstore, vtranspose_block, vzero)
 
 __all__ = ["BUILDERS", "OUTER_MIN_ROWS", "OUTER_MIN_COLS", "PACK_MIN_ROWS", "LAYOUTS",
-           "WIDEN_MAX", "WIDEN_REUSE", "BIG", "DOT_MIN_K", "DOT_MAX_ROWS", "ONE_THREAD_FROM",
-           "ONE_THREAD_BELOW", "OneThreadBlas", "dot_block_kernel", "outer_block_kernel",
+           "WIDEN_MAX", "WIDEN_REUSE", "COPY_MIN_ROWS", "COPY_MIN_WORK", "BIG", "DOT_MIN_K",
+           "DOT_MAX_ROWS", "ONE_THREAD_FROM", "ONE_THREAD_BELOW", "OneThreadBlas", "dot_block_kernel", "outer_block_kernel",
            "pack_pairs_kernel", "interleave_pairs_kernel", "transpose_kernel", "rows_times_kernel",
            "build_matmul"]
 
@@ -91,6 +91,9 @@ WIDEN_REUSE = 128
 """Uses of each element (the other operand's free dimension) from which a half operand of any
 size is widened once: a float16 ``dy @ W`` at batch 256 took 5572 us with ``W`` converted at
 every load, against 4991 for the float32 product (widening ``W`` costs about 150 us)."""
+COPY_MIN_ROWS, COPY_MIN_WORK = 16, 1 << 18
+"""Rows of out, or multiply-adds, from which ``x @ W.T`` copies ``W.T`` for
+:func:`outer_block_kernel` (see :func:`_transposed_copies`)."""
 BIG = 1 << 18
 """Elements of the big operand (or output) from which the loops pay (below it BLAS is as fast)."""
 DOT_MIN_K = 256
@@ -510,26 +513,32 @@ def _transposed_copies(a, b, out, ta: bool, tb: bool) -> tuple:
     """``(copy_a, copy_b)``: whether ``out = op(a) @ op(b)`` (``op`` = transpose where ``ta`` /
     ``tb``) first copies ``op(a)`` / ``op(b)`` contiguous in float32 (:func:`transpose_kernel`,
     widening a half operand in the same pass) so that :func:`outer_block_kernel` takes a product
-    it would otherwise leave to BLAS, which packs both operands at every call:
+    it would otherwise leave to BLAS, which packs both operands at every call. Only where out's
+    columns fill whole register tiles (a multiple of ``OUTER_MIN_COLS``: the kernel's columns
+    past them are single vectors and dot products, and the copies lost there, 0.51-0.76 at
+    100 x 300 x 200 and 256 x 300 x 500). Times are one core's, old / new:
 
     * ``a`` transposed and big (``BIG`` elements; the weight gradient ``dy.T @ x`` from batch 256
-      at 1024 features): 1024 x 256 x 1024 in float32 5370 us against 6004 for BLAS and the
-      count, float16 4906 against 5687 (at batch 512 10235 against 11248).
-    * ``b`` transposed (``x @ W.T``) with more rows than :func:`dot_block_kernel` takes
-      (``DOT_MAX_ROWS``), ``k >= DOT_MIN_K`` and ``B`` big: 256 x 1024 x 1024 in float32 5518 us
-      against 5784, float16 6085 against 6573 (192 rows: 4340 against 4591; 512: 10699 against
-      11262).
+      at 1024 features): 1024 x 256 x 1024 in float32 6004 / 5370 us with the count, float16
+      5687 / 4906 (batch 512: 11248 / 10235).
+    * ``b`` transposed (``x @ W.T``) wherever :func:`dot_block_kernel` does not take it, from
+      ``COPY_MIN_ROWS`` rows or ``COPY_MIN_WORK`` multiply-adds: 256 x 1024 x 1024 float32 5784
+      / 5518 us, float16 6573 / 6085; the first layer of the wide MLP, k = 64, at batch 16 / 64 /
+      256: 55.9 / 38.0, 131 / 96, 442 / 351 us (float16 62.5 / 37.7, 143 / 96, 475 / 328); the
+      digits MLP's 16 x 64 x 128: 7.0 / 3.7 us; 64 x 256 x 512: 220 / 175 us. At 8 x 64 x 128 the
+      copy lost (2.2 / 2.8 us), at 4 x 64 x 1024 it won (37.9 / 18.9).
 
     Only for C-contiguous operands and operands and out the vectors load and store (float32,
-    half bits), and only where
-    the other operand then suits the kernel (rows of unit stride, ``OUTER_MIN_COLS`` columns,
+    half bits), and only where the other operand then suits the kernel (rows of unit stride,
     ``OUTER_MIN_ROWS`` rows)."""
     (m, n), k = out.shape, a.shape[0 if ta else 1]
     if (not {kview(a).dtype, kview(b).dtype, kview(out).dtype} <= _vector_kinds()
             or not (a.flags.c_contiguous and b.flags.c_contiguous)):
         return False, False
-    fits = n >= OUTER_MIN_COLS and m >= OUTER_MIN_ROWS
-    copy_b = fits and tb and m > DOT_MAX_ROWS and k >= DOT_MIN_K and k * n >= BIG
+    fits = n % OUTER_MIN_COLS == 0 and m >= OUTER_MIN_ROWS
+    dot_block = k >= DOT_MIN_K and k * n >= BIG and m <= DOT_MAX_ROWS
+    copy_b = (fits and tb and not dot_block
+              and (m >= COPY_MIN_ROWS or m * k * n >= COPY_MIN_WORK))
     copy_a = fits and ta and a.size >= BIG and (copy_b or not tb)
     return copy_a, copy_b
 
@@ -550,7 +559,9 @@ def build_matmul(node, ins, outs):
     out, counting. Half operands: small ones (activations, gradients, ``WIDEN_MAX``) and ones
     each of whose elements is used ``WIDEN_REUSE`` times or more are widened into float32 scratch
     once; the others (a weight at a small batch) are read as they are by the loops (widened as
-    they load; ``vdot_pairs`` reads bfloat16 pairs directly), and widened for BLAS."""
+    they load; ``vdot_pairs`` reads bfloat16 pairs directly), and widened for BLAS. Operands
+    stored transposed are copied where :func:`_transposed_copies` says (not for ``vdot_pairs``,
+    which packs its own)."""
     a, b, out = ins[0], ins[1], outs[0]
     ta, tb = node.attrs.get("transpose_a", False), node.attrs.get("transpose_b", False)
     counted = len(outs) > 1
