@@ -164,6 +164,21 @@ def test_matmul_takes_the_fast_path_and_agrees_with_numpy(shape, ta, tb, kernel,
     np.testing.assert_allclose(out.astype(np.float64), ref, rtol=tol, atol=tol)
 
 
+@pytest.mark.parametrize("strided", ["transposed", "every other column"])
+def test_matmul_refuses_an_out_with_strided_rows_rather_than_writing_it_wrong(strided):
+    """Builders get C-contiguous outs (the ``Backend`` contract); one whose rows are strided
+    does not reach the register tile, which stores whole rows: BLAS refuses it."""
+    r = np.random.default_rng(5)
+    a, b = (r.uniform(-1, 1, (64, 64)).astype(np.float32) for _ in range(2))
+    out = (np.zeros((64, 64), np.float32).T if strided == "transposed"
+           else np.zeros((64, 128), np.float32)[:, ::2])
+    node = Node(get_op("matmul"), [Value("a", a.shape, float32), Value("b", b.shape, float32)],
+                [Value("o", (64, 64), float32)], {})
+    with pytest.raises(ValueError, match="output array is not acceptable"):
+        for fn, args in builder_for(node.op)(node, [a, b], [out]):
+            fn(*args)
+
+
 @pytest.mark.parametrize("dt", [float16, bfloat16, float32], ids=lambda d: d.short)
 @pytest.mark.parametrize("shape,ta,tb,kernel", [
     ((1001, 13, 1100), True, False, "outer_block_kernel"),  # a weight gradient, past the blocks

@@ -467,7 +467,7 @@ def _outer_fits(a, b, out, paired: bool) -> bool:
     docstring); ``paired``: with ``vdot_pairs``, which beats BLAS on a big strided ``a`` too."""
     (m, k), n = a.shape, b.shape[1]
     return ({a.dtype, b.dtype, out.dtype} <= _vector_kinds() and b.strides[1] == b.itemsize
-            and n >= OUTER_MIN_COLS and m >= OUTER_MIN_ROWS
+            and out.strides[1] == out.itemsize and n >= OUTER_MIN_COLS and m >= OUTER_MIN_ROWS
             and (a.flags.c_contiguous or a.size < BIG or paired))
 
 
