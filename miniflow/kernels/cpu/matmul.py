@@ -66,9 +66,9 @@ from .simd import (HAS_BF16_DOT, vcount_nonfinite, vdot_pairs, vfma, vload, vloa
 
 __all__ = ["BUILDERS", "OUTER_MIN_ROWS", "OUTER_MIN_COLS", "PACK_MIN_ROWS", "LAYOUTS",
            "WIDEN_MAX", "WIDEN_REUSE", "COPY_MIN_ROWS", "COPY_MIN_WORK", "BIG", "DOT_MIN_K",
-           "DOT_MAX_ROWS", "ONE_THREAD_FROM", "ONE_THREAD_BELOW", "OneThreadBlas", "dot_block_kernel", "outer_block_kernel",
-           "pack_pairs_kernel", "interleave_pairs_kernel", "transpose_kernel", "rows_times_kernel",
-           "build_matmul"]
+           "DOT_MAX_ROWS", "ONE_THREAD_FROM", "ONE_THREAD_BELOW", "OneThreadBlas",
+           "dot_block_kernel", "outer_block_kernel", "pack_pairs_kernel", "interleave_pairs_kernel",
+           "transpose_kernel", "rows_times_kernel", "build_matmul"]
 
 OUTER_MIN_ROWS = 4
 """Rows from which :func:`outer_block_kernel` (four rows a block) beats :func:`rows_times_kernel`
@@ -479,14 +479,18 @@ def _packs(a, b, out) -> bool:
             and out.dtype in _vector_kinds() and m >= PACK_MIN_ROWS and n >= OUTER_MIN_COLS)
 
 
+def _dot_block_takes(m: int, k: int, n: int) -> bool:
+    """Whether :func:`dot_block_kernel` computes ``x @ W.T`` of these sizes (module docstring)."""
+    return k >= DOT_MIN_K and k * n >= BIG and m <= DOT_MAX_ROWS
+
+
 def _loop_step(a, b, out):
     """A Numba loop computing ``out = a @ b`` into a float32 or float64 ``out`` (see the module
     docstring), or None where BLAS is faster. ``a`` and ``b`` may be ``.T`` views and kernel
     views of a half type (their bits: the loops widen each element as they load it)."""
     (m, k), n = a.shape, b.shape[1]
     transposed = b.flags.f_contiguous and not b.flags.c_contiguous
-    if (transposed and a.flags.c_contiguous and k >= DOT_MIN_K and k * n >= BIG
-            and m <= DOT_MAX_ROWS):
+    if transposed and a.flags.c_contiguous and _dot_block_takes(m, k, n):
         return dot_block_kernel(use_parallel(b.size)), (a, b.T, out)
     if m < OUTER_MIN_ROWS and not transposed and k * n >= BIG and a.flags.c_contiguous:
         return rows_times_kernel(use_parallel(b.size)), (a, b, out)
@@ -528,7 +532,7 @@ def _transposed_copies(a, b, out, ta: bool, tb: bool) -> tuple:
       digits MLP's 16 x 64 x 128: 7.0 / 3.7 us; 64 x 256 x 512: 220 / 175 us. At 8 x 64 x 128 the
       copy lost (2.2 / 2.8 us), at 4 x 64 x 1024 it won (37.9 / 18.9).
 
-    Only for C-contiguous operands and operands and out the vectors load and store (float32,
+    Only for C-contiguous operands whose types, and out's, the vectors load and store (float32,
     half bits), and only where the other operand then suits the kernel (rows of unit stride,
     ``OUTER_MIN_ROWS`` rows)."""
     (m, n), k = out.shape, a.shape[0 if ta else 1]
@@ -536,8 +540,7 @@ def _transposed_copies(a, b, out, ta: bool, tb: bool) -> tuple:
             or not (a.flags.c_contiguous and b.flags.c_contiguous)):
         return False, False
     fits = n % OUTER_MIN_COLS == 0 and m >= OUTER_MIN_ROWS
-    dot_block = k >= DOT_MIN_K and k * n >= BIG and m <= DOT_MAX_ROWS
-    copy_b = (fits and tb and not dot_block
+    copy_b = (fits and tb and not _dot_block_takes(m, k, n)
               and (m >= COPY_MIN_ROWS or m * k * n >= COPY_MIN_WORK))
     copy_a = fits and ta and a.size >= BIG and (copy_b or not tb)
     return copy_a, copy_b

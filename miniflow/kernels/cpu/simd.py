@@ -57,7 +57,8 @@ from numba.extending import intrinsic, models, register_model
 from . import fp16
 
 __all__ = ["LANES", "HAS_BF16_DOT", "f32x16", "bf16x32", "vload", "vstore", "vcount_nonfinite",
-           "vtranspose_block", "vsplat", "vzero", "vfma", "vload_pairs", "vload_run", "vsplat_pair", "vdot_pairs"]
+           "vtranspose_block", "vsplat", "vzero", "vfma", "vload_pairs", "vload_run",
+           "vsplat_pair", "vdot_pairs"]
 
 LANES = 16
 """float32 lanes of one vector (one AVX-512 register)."""

@@ -29,10 +29,9 @@ from .movement import fill_steps, transpose_steps
 from ..common import reduce
 
 __all__ = ["column_total", "reduce_sum_kernel", "reduce_sum_map_kernel", "reduce_sum_then",
-           "row_max_sumexp",
-           "softmax_kernel", "softmax_grad_kernel",
-           "sparse_xent_kernel", "sparse_xent_grad_kernel", "sum_steps", "softmax_steps",
-           "softmax_grad_steps", "xent_steps", "xent_grad_steps", "BUILDERS"]
+           "row_max_sumexp", "softmax_kernel", "softmax_grad_kernel", "sparse_xent_kernel",
+           "sparse_xent_grad_kernel", "sum_steps", "softmax_steps", "softmax_grad_steps",
+           "xent_steps", "xent_grad_steps", "BUILDERS"]
 
 
 # ----------------------------------------------------------------------------- kernels
@@ -73,6 +72,7 @@ def reduce_sum_kernel(ld, ct, st, block: int):
 @functools.cache
 def reduce_sum_map_kernel(fn, scalar: bool, ld, ct, st, block: int):
     """``kernel(x, out, outer, red, inner, s)``: ``out[o, k] = fn(sum_r x[o, r, k][, s])``, the
+    sum rounded to out's dtype first (as ``reduce_sum`` stores it), ``fn``'s result rounded to
     the compute type, then stored (as the map kernel of ``fn``): the mean loss
     (``reduce_sum`` then ``scalar_mul``) in one launch, bit for bit the two kernels' result."""
     f, total = device(fn), column_total(ld, ct, block)
