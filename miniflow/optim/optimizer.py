@@ -22,6 +22,7 @@ from __future__ import annotations
 import copy
 import math
 import numbers
+import weakref
 
 import numpy as np
 
@@ -73,14 +74,32 @@ class ParamGroup(dict):
     ``group | {...}`` are plain dicts: snapshots that change no optimizer. ``copy.deepcopy`` and
     pickling of the optimizer give a group bound to the copy.
 
+    The group holds its optimizer through a weak reference, so an optimizer is in no reference
+    cycle and is freed on ``del`` with the cyclic collector off (PyTorch's
+    ``test/optim/test_lrscheduler.py``, ``test_no_cyclic_references``).
+
     Raises:
         KeyError: an unknown key; TypeError/ValueError: an invalid value (as the constructor);
-        TypeError: adding or removing a key.
+        TypeError: adding or removing a key; ReferenceError: a change after the optimizer was
+        deleted.
     """
 
     def __init__(self, owner, values: dict, params: list):
         super().__init__(values, params=params)
-        self._owner = owner
+        self._owner_ref = weakref.ref(owner)
+
+    @property
+    def _owner(self):
+        """The optimizer this group belongs to.
+
+        Raises:
+            ReferenceError: it was deleted (a group kept alone only reads).
+        """
+        owner = self._owner_ref()
+        if owner is None:
+            raise ReferenceError("this param group's optimizer was deleted; its values cannot "
+                                 "be changed (keep the optimizer, or copy the group: dict(group))")
+        return owner
 
     def __setitem__(self, key, value):
         if key == "lr":  # what a schedule does every step: check it, write the lr array
@@ -167,7 +186,15 @@ class _ParamGroups(tuple):
         raise TypeError("param_groups cannot be changed (miniflow optimizers have one group); "
                         "change a value with opt.param_groups[0][key] = value")
 
-    __setitem__ = __delitem__ = _refuse
+    def __setitem__(self, index, value):
+        """Refused (TypeError), except putting back the group that is there: the second half of
+        ``opt.param_groups[0] |= {...}``, whose first half (``ParamGroup.__ior__``, checked, all
+        or nothing) already changed the group in place, as PyTorch's list of dicts does."""
+        if not (isinstance(index, int) and -len(self) <= index < len(self)
+                and value is tuple.__getitem__(self, index)):
+            self._refuse()
+
+    __delitem__ = _refuse
 
 
 class Optimizer:
