@@ -2,13 +2,15 @@
 and where one-pass statistics would fail), writes only in training mode, the gradient rules
 against finite differences (training, eval, the statistics outputs), PyTorch's
 ``F.batch_norm`` forward, backward and running statistics in float64 (skipped without torch),
-and the errors."""
+and the errors; ``nn.BatchNorm2d``'s ``track_running_stats`` changed after construction and
+state dicts without ``num_batches_tracked``, against ``torch.nn.BatchNorm2d``."""
 from unittest import mock
 
 import numpy as np
 import pytest
 from hypothesis import assume, given, settings, strategies as st
 
+from miniflow import nn
 from miniflow.kernels.cpu import normalization as cpu_norm
 from miniflow.ops.normalization import normalization_reference
 from miniflow.testing import check_grad
@@ -158,3 +160,91 @@ def test_kernels_match_torch_in_float64(shape):
     te = F.batch_norm(*(torch.tensor(a) for a in (x, mm, mv, gamma, beta)), training=False,
                       eps=1e-5)
     np.testing.assert_allclose(ye, te.numpy(), rtol=1e-5, atol=1e-5)
+
+
+# ----------------------------------------------------------------------------- nn.BatchNorm2d
+class _Forward(nn.Graph):
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+
+    def build(self, x):
+        return self.model(x)
+
+
+def _bn_pair(c=3, seed=0):
+    """A trained-looking nn.BatchNorm2d and torch's with the same running statistics."""
+    r = np.random.default_rng(seed)
+    bn = nn.BatchNorm2d(c)
+    bn.load_state_dict({"weight": r.uniform(0.5, 2, c), "bias": r.standard_normal(c),
+                        "running_mean": r.standard_normal(c), "running_var": r.uniform(0.5, 2, c),
+                        "num_batches_tracked": np.array(5)})
+    return bn
+
+
+@needs_torch
+def test_track_running_stats_turned_off_after_construction_updates_nothing_as_torch():
+    """PyTorch's ``_BatchNorm.forward``: with ``track_running_stats = False`` set after
+    construction, a training call passes no running statistics to ``F.batch_norm`` (batch
+    statistics, no buffer changes); eval still uses the running statistics. A compiled graph
+    recompiles when the flag changes."""
+    bn = _bn_pair()
+    ref = torch.nn.BatchNorm2d(3).double()
+    ref.load_state_dict({k: torch.from_numpy(v.astype(np.float64) if v.dtype.kind == "f" else v)
+                         for k, v in bn.state_dict().items()})
+    x = np.random.default_rng(1).standard_normal((4, 3, 5, 5)).astype(np.float32)
+    g = _Forward(bn)
+    g(x)  # compiled tracking: this call updates the running statistics
+    before = bn.state_dict()
+    ref(torch.from_numpy(x.astype(np.float64)))
+    bn.track_running_stats = ref.track_running_stats = False
+    for training in (True, False):
+        bn.train(training), ref.train(training)
+        out = g(x).numpy()
+        want = ref(torch.from_numpy(x.astype(np.float64))).detach().numpy()
+        np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-5)
+        for k, v in bn.state_dict().items():
+            np.testing.assert_array_equal(v, before[k], err_msg=k)
+            np.testing.assert_allclose(v, ref.state_dict()[k].numpy(), rtol=1e-6, err_msg=k)
+    assert g.compile_count == 3  # tracking-train, then untracked train and eval
+    assert list(bn.state_dict()) == list(ref.state_dict())
+    bn.track_running_stats = True
+    bn.train()
+    g(x)
+    assert int(bn.num_batches_tracked.item()) == 7 and g.compile_count == 4
+    assert not np.array_equal(bn.running_mean.numpy(), before["running_mean"])
+
+
+def test_track_running_stats_turned_on_for_a_module_made_without_it_tracks_nothing():
+    bn = nn.BatchNorm2d(2, track_running_stats=False)
+    bn.track_running_stats = True  # PyTorch: no buffers to update, batch statistics in both modes
+    x = np.random.default_rng(2).standard_normal((3, 2, 4, 4)).astype(np.float32)
+    g = _Forward(bn)
+    y_train = g(x).numpy()
+    bn.eval()
+    np.testing.assert_array_equal(g(x).numpy(), y_train)
+    assert list(bn.state_dict()) == ["weight", "bias"]
+
+
+@needs_torch
+@pytest.mark.parametrize("strict", [True, False])
+def test_a_state_dict_without_num_batches_tracked_loads(strict):
+    """Checkpoints of PyTorch before 0.4.1 (and torchvision models made from them) have no
+    ``num_batches_tracked``: PyTorch's ``_BatchNorm._load_from_state_dict`` loads them, strict
+    or not, the counter keeping its value (0 in a new model)."""
+    sd = _bn_pair().state_dict()
+    del sd["num_batches_tracked"]
+    bn, ref = nn.BatchNorm2d(3), torch.nn.BatchNorm2d(3)
+    bn.load_state_dict(sd, strict=strict)
+    ref.load_state_dict({k: torch.from_numpy(v) for k, v in sd.items()}, strict=strict)
+    for k, v in ref.state_dict().items():
+        np.testing.assert_array_equal(bn.state_dict()[k], v.numpy(), err_msg=k)
+    assert int(bn.num_batches_tracked.item()) == 0
+    bn.num_batches_tracked = np.array(9)
+    ref.num_batches_tracked.fill_(9)
+    bn.load_state_dict(sd, strict=strict)
+    ref.load_state_dict({k: torch.from_numpy(v) for k, v in sd.items()}, strict=strict)
+    assert int(bn.num_batches_tracked.item()) == int(ref.num_batches_tracked) == 9
+    del sd["running_var"]
+    with pytest.raises(KeyError, match=r"missing keys \['running_var'\]"):
+        nn.BatchNorm2d(3).load_state_dict(sd)

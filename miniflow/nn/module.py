@@ -6,7 +6,9 @@ state that is not trained, such as batch norm's ``running_mean``) are registered
 Parameters and buffers hold their data in backend arrays that nn.Graph binds as graph variables,
 so a graph step updates them in place (the optimizer the parameters, a training-mode batch norm
 its running statistics). ``state_dict()`` lists, as PyTorch does, each module's parameters, then
-its persistent buffers, then its children's, depth first.
+its persistent buffers, then its children's, depth first, under every name that reaches them
+(a module or parameter assigned to two attributes is listed under both, as in PyTorch;
+``parameters()`` yields it once).
 
 ``Module.training`` (set for a whole tree by :meth:`Module.train` / :meth:`Module.eval`) is the
 mode layers read when traced; every change of any module's mode is counted
@@ -23,17 +25,23 @@ from collections import OrderedDict
 
 import numpy as np
 
-from ..dtype import as_dtype, float32
+from ..dtype import as_dtype, bfloat16, float32
 from ..ir import Node, Value
 from ..ops import get_op
 from ..runtime.backend import get_backend
 from ..tensor import Tensor
 
-__all__ = ["Module", "Parameter", "HalfCopies", "replaced_count", "mode_changes"]
+__all__ = ["Module", "Parameter", "HalfCopies", "replaced_count", "traced_graph_changed",
+           "mode_changes"]
 
 
 class Parameter(Tensor):
     """A trainable eager Tensor owned by a Module (float32 master weights by default).
+
+    ``requires_grad`` (True by default; ``p.requires_grad = False`` or ``p.requires_grad_(False)``
+    freezes it, as in PyTorch): a frozen parameter gets no gradient op and no update in a
+    compiled graph, even when an optimizer lists it; a change recompiles the graphs at their
+    next call (:func:`replaced_count`).
 
     ``version`` counts the writes of its value that its half copies did not follow (loading a
     state dict, an update that wrote no copy): :class:`HalfCopies` compares it with the version
@@ -43,9 +51,32 @@ class Parameter(Tensor):
         arr = np.asarray(data)
         as_dtype(arr.dtype)
         super().__init__(get_backend().from_numpy(arr))
-        self.requires_grad = True
+        self._requires_grad = True
         self.version = 0
         self._half_copies = {}
+
+    @property
+    def requires_grad(self) -> bool:
+        """Whether a graph differentiates and updates this parameter (see the class docstring)."""
+        d = self.__dict__
+        return d.get("_requires_grad", d.get("requires_grad", True))  # (pickles before the property)
+
+    @requires_grad.setter
+    def requires_grad(self, value: bool) -> None:
+        if not isinstance(value, bool):
+            raise TypeError(f"requires_grad must be True or False, got {value!r}")
+        if value != self.requires_grad:
+            traced_graph_changed()
+        self._requires_grad = value
+
+    def requires_grad_(self, requires_grad: bool = True) -> "Parameter":
+        """Set :attr:`requires_grad` in place and return self (``torch.Tensor.requires_grad_``).
+
+        Raises:
+            TypeError: ``requires_grad`` is not a bool.
+        """
+        self.requires_grad = requires_grad
+        return self
 
     def half_copy(self, dtype) -> "_HalfCopy":
         """The parameter's copy in half ``dtype`` (made on first use, stale until refreshed)."""
@@ -127,8 +158,17 @@ _REPLACED = [0]
 
 def replaced_count() -> int:
     """How many times a registered Parameter, buffer or sub-Module of any Module was replaced or
-    removed (nn.Graph compares it between calls and recompiles when it changed)."""
+    removed, or a setting that changes what a module traces changed
+    (:func:`traced_graph_changed`); nn.Graph compares it between calls and recompiles when it
+    changed."""
     return _REPLACED[0]
+
+
+def traced_graph_changed() -> None:
+    """Record that compiled graphs may hold a trace that no longer holds (a replaced attribute,
+    ``Parameter.requires_grad``, ``BatchNorm2d.track_running_stats``): they recompile at their
+    next call."""
+    _REPLACED[0] += 1
 
 
 _MODES = [0]
@@ -183,11 +223,11 @@ class Module:
             return
         if name in self._buffers and not isinstance(value, (Parameter, Module)):
             self._buffers[name] = _as_buffer(name, value)   # assigning a buffer replaces it
-            _REPLACED[0] += 1
+            traced_graph_changed()
             object.__setattr__(self, name, self._buffers[name])
             return
         if name in self._parameters or name in self._modules or name in self._buffers:
-            _REPLACED[0] += 1  # compiled graphs may hold the old one: they recompile
+            traced_graph_changed()  # compiled graphs may hold the old one: they recompile
         self._parameters.pop(name, None)
         self._modules.pop(name, None)
         self._buffers.pop(name, None)
@@ -200,7 +240,7 @@ class Module:
 
     def __delattr__(self, name):
         if name in self._parameters or name in self._modules or name in self._buffers:
-            _REPLACED[0] += 1
+            traced_graph_changed()
             self._parameters.pop(name, None)
             self._modules.pop(name, None)
             self._buffers.pop(name, None)
@@ -228,7 +268,7 @@ class Module:
                            f"{'parameter' if name in self._parameters else 'sub-module'} of "
                            f"{type(self).__name__}")
         if name in self._buffers:
-            _REPLACED[0] += 1
+            traced_graph_changed()
         self._buffers[name] = _as_buffer(name, tensor)
         if persistent:
             self._non_persistent.discard(name)
@@ -324,33 +364,47 @@ class Module:
 
     # ------------------------------------------------------------------ state
     def _state(self, prefix: str = ""):
-        """``(name, tensor)`` of the state dict: per module its parameters, then its persistent
-        buffers, then its children's (PyTorch's order); a tensor shared by two names once."""
-        seen = set()
-        for name, m in self.named_modules(prefix):
-            dot = f"{name}." if name else ""
-            own = list(m._parameters.items()) + [(k, b) for k, b in m._buffers.items()
-                                                 if k not in m._non_persistent]
-            for key, t in own:
-                if t is not None and id(t) not in seen:
-                    seen.add(id(t))
-                    yield dot + key, t
+        """``(name, tensor, module)`` of the state dict: per module its parameters, then its
+        persistent buffers, then its children's (PyTorch's order, ``Module.state_dict``'s
+        recursion); a module or tensor reachable under two names is listed under both, as
+        PyTorch lists it."""
+        own = list(self._parameters.items()) + [(k, b) for k, b in self._buffers.items()
+                                                if k not in self._non_persistent]
+        for key, t in own:
+            if t is not None:
+                yield prefix + key, t, self
+        for name, m in self._modules.items():
+            yield from m._state(f"{prefix}{name}.")
+
+    def _optional_state(self) -> tuple:
+        """Names of this module's persistent buffers that a loaded state dict may lack (they
+        keep their value): buffers older checkpoints do not have, such as batch norm's
+        ``num_batches_tracked`` (PyTorch's ``_BatchNorm._load_from_state_dict``); none by
+        default."""
+        return ()
 
     def state_dict(self) -> "OrderedDict[str, np.ndarray]":
         """Name -> NumPy copy of every parameter and persistent buffer, in PyTorch's order."""
-        return OrderedDict((n, t.numpy()) for n, t in self._state())
+        return OrderedDict((n, t.numpy()) for n, t, _ in self._state())
 
     def load_state_dict(self, state_dict, strict: bool = True) -> None:
         """Copy values into the parameters and persistent buffers in place (bound graphs see
         them).
 
         Values may be NumPy arrays or Tensors (a PyTorch state dict converted with
-        ``{k: v.numpy() for k, v in sd.items()}`` loads: same names, shapes and dtypes).
-        Everything is checked before anything is copied.
+        ``{k: v.numpy() for k, v in sd.items()}`` loads: same names and shapes). As PyTorch's
+        ``Tensor.copy_``, a value of another real dtype is cast to the model's (float64 into a
+        float32 parameter rounds to nearest; beyond float16's range gives inf, as in torch);
+        into an integer tensor (a counter) only whole numbers in its range. A module's buffer that older checkpoints lack (batch norm's
+        ``num_batches_tracked``) keeps its value when missing, under ``strict=True`` too
+        (PyTorch's ``_BatchNorm._load_from_state_dict``). Everything is checked before anything
+        is copied.
 
         Raises:
             KeyError: missing or unexpected names (strict), listing them.
-            ValueError: a shape or dtype differs from the model's, naming it.
+            ValueError: a shape differs from the model's, naming it.
+            TypeError: a value that cannot be cast to the model's dtype (complex, strings,
+                objects; a fraction or an out-of-range value into an integer tensor), naming it.
         """
         self.prepare_load_state_dict(state_dict, strict)()
 
@@ -365,8 +419,12 @@ class Module:
         if not isinstance(state_dict, dict):
             raise TypeError(f"load_state_dict: expected a dict of name -> array (a "
                             f"state_dict()), got {type(state_dict).__name__}")
-        own = dict(self._state())
-        missing = sorted(set(own) - set(state_dict))
+        own, optional = {}, set()
+        for name, t, m in self._state():
+            own[name] = t
+            if name.rsplit(".", 1)[-1] in m._optional_state():
+                optional.add(name)
+        missing = sorted(set(own) - set(state_dict) - optional)
         unexpected = sorted(set(state_dict) - set(own))
         if strict and (missing or unexpected):
             raise KeyError(f"load_state_dict: missing keys {missing}, unexpected keys {unexpected}")
@@ -376,10 +434,10 @@ class Module:
                 continue
             p = own[name]
             arr = value.numpy() if isinstance(value, Tensor) else np.asarray(value)
-            if arr.shape != tuple(p.shape) or arr.dtype != p.dtype.np:
+            if arr.shape != tuple(p.shape):
                 raise ValueError(f"load_state_dict: {name!r} is {p.dtype.short}{list(p.shape)} in "
                                  f"the model but {arr.dtype}{list(arr.shape)} in the state dict")
-            checked.append((p, arr))
+            checked.append((p, _cast_for_load(name, arr, p.dtype)))
 
         def assign():
             backend = get_backend()
@@ -389,6 +447,20 @@ class Module:
                     p.written()
         return assign
 
+    def requires_grad_(self, requires_grad: bool = True) -> "Module":
+        """Set ``requires_grad`` of every parameter (``torch.nn.Module.requires_grad_``: freeze
+        a backbone with ``backbone.requires_grad_(False)``); returns self.
+
+        Raises:
+            TypeError: ``requires_grad`` is not a bool (nothing is changed).
+        """
+        if not isinstance(requires_grad, bool):
+            raise TypeError(f"requires_grad_: requires_grad must be True or False, got "
+                            f"{requires_grad!r}")
+        for p in self.parameters():
+            p.requires_grad = requires_grad
+        return self
+
     def __repr__(self) -> str:
         lines = [f"{type(self).__name__}({self.extra_repr()}"]
         for name, m in self._modules.items():
@@ -397,3 +469,33 @@ class Module:
 
     def extra_repr(self) -> str:
         return ""
+
+
+def _cast_for_load(name: str, arr: np.ndarray, dtype) -> np.ndarray:
+    """``arr`` as miniflow ``dtype`` for :meth:`Module.load_state_dict` (``torch.Tensor.copy_``'s
+    cast, refusing what would change the values: see its docstring).
+
+    Raises:
+        TypeError: a complex, object or string array; into an integer tensor, a value that is
+            not a whole number in its range (naming the first one).
+    """
+    if arr.dtype == dtype.np:
+        return arr
+    real = arr.dtype.kind in "biuf" or arr.dtype == bfloat16.np
+    if not real:
+        raise TypeError(f"load_state_dict: {name!r} has dtype {arr.dtype} in the state dict, "
+                        f"which does not cast to the model's {dtype.name} (real numbers only)")
+    if dtype.is_float:
+        with np.errstate(over="ignore"):  # float64 beyond float16's range: inf, as torch
+            return arr.astype(dtype.np)
+    info = np.iinfo(dtype.np)
+    with np.errstate(invalid="ignore"):
+        a = arr.astype(np.float64) if arr.dtype == bfloat16.np else arr
+        bad = ~((a == np.trunc(a)) & (a >= info.min) & (a <= info.max)) \
+            if a.dtype.kind == "f" else (a < info.min) | (a > info.max)
+    if np.any(bad):
+        first = arr[np.unravel_index(int(np.flatnonzero(bad)[0]), arr.shape)].item()
+        raise TypeError(f"load_state_dict: {name!r} holds {first!r}, which the model's "
+                        f"{dtype.name} cannot hold (an integer tensor takes whole numbers in "
+                        f"[{info.min}, {info.max}])")
+    return a.astype(dtype.np)

@@ -7,6 +7,14 @@ running statistics in place, in the graph (PyTorch's ``momentum`` 0.1 is the op'
 as OneFlow's ``NormalizationFunctor`` converts it), and ``increment`` adds 1 to
 ``num_batches_tracked``; in eval mode (``Module.eval()``) it normalizes with the running
 statistics and changes nothing.
+
+``track_running_stats`` may be changed after construction, with PyTorch's meaning
+(``torch.nn.modules.batchnorm._BatchNorm.forward``): set to False on a module that has running
+statistics, a training-mode call uses the batch statistics and updates no buffer (PyTorch passes
+no running statistics to the kernel; here the op's moving statistics are scratch arrays), while
+eval mode still normalizes with the running statistics; set to True on a module made without
+them, nothing is tracked (there is nothing to track). A change recompiles the graphs at their next
+call.
 """
 from __future__ import annotations
 
@@ -16,7 +24,7 @@ import numpy as np
 
 from ..tensor import apply
 from . import functional as F
-from .module import Module, Parameter
+from .module import Module, Parameter, traced_graph_changed
 
 __all__ = ["BatchNorm2d"]
 
@@ -52,7 +60,8 @@ class BatchNorm2d(Module):
             raise ValueError(f"BatchNorm2d: eps must be >= 0, got {eps!r}")
         c = int(num_features)
         self.num_features, self.eps, self.momentum = c, float(eps), float(momentum)
-        self.affine, self.track_running_stats = bool(affine), bool(track_running_stats)
+        self.affine, self._has_running_stats = bool(affine), bool(track_running_stats)
+        self._track = bool(track_running_stats)
         if affine:
             self.weight = Parameter(np.ones(c, np.float32))
             self.bias = Parameter(np.zeros(c, np.float32))
@@ -65,6 +74,29 @@ class BatchNorm2d(Module):
         if track_running_stats:
             self.register_buffer("num_batches_tracked", np.array(0, np.int64))
 
+    @property
+    def track_running_stats(self) -> bool:
+        """Whether training-mode calls update the running statistics (see the module
+        docstring)."""
+        return self._track
+
+    @track_running_stats.setter
+    def track_running_stats(self, value) -> None:
+        value = bool(value)
+        if value == self._track:
+            return
+        if not value and self._has_running_stats and "_untracked_mean" not in self._buffers:
+            c = self.num_features  # what the op's moving statistics write while not tracking
+            self.register_buffer("_untracked_mean", np.zeros(c, np.float32), persistent=False)
+            self.register_buffer("_untracked_var", np.ones(c, np.float32), persistent=False)
+        self._track = value
+        traced_graph_changed()
+
+    def _optional_state(self) -> tuple:
+        """``num_batches_tracked``: missing from checkpoints of PyTorch before 0.4.1 (batch norm's
+        state-dict version 2); it keeps its value, as PyTorch's ``_load_from_state_dict``."""
+        return ("num_batches_tracked",) if self._has_running_stats else ()
+
     def forward(self, x):
         if x.ndim != 4:
             raise ValueError(f"BatchNorm2d: expected a 4-D input [N, C, H, W], got shape "
@@ -72,13 +104,17 @@ class BatchNorm2d(Module):
         if x.shape[1] != self.num_features:
             raise ValueError(f"BatchNorm2d({self.num_features}): the input has {x.shape[1]} "
                              f"channels (shape {list(x.shape)})")
-        batch_stats = self.training or not self.track_running_stats
-        if self.training and self.track_running_stats:
-            apply("increment", [self.num_batches_tracked])
+        batch_stats = self.training or not self._has_running_stats
+        stats = (self.running_mean, self.running_var)
+        if self.training and self._has_running_stats:
+            if self._track:
+                apply("increment", [self.num_batches_tracked])
+            else:
+                stats = (self._untracked_mean, self._untracked_var)
         weight = self.weight if self.affine else self._ones
         bias = self.bias if self.affine else self._zeros
-        return F.batch_norm(x, self.running_mean, self.running_var, weight, bias,
-                            training=batch_stats, momentum=self.momentum, eps=self.eps)
+        return F.batch_norm(x, *stats, weight, bias, training=batch_stats,
+                            momentum=self.momentum, eps=self.eps)
 
     def extra_repr(self):
         return (f"{self.num_features}, eps={self.eps}, momentum={self.momentum}, "

@@ -1,0 +1,101 @@
+"""``nn.Module``'s state dict against PyTorch's ``torch.nn.Module`` (``state_dict`` /
+``load_state_dict`` docs): a module or parameter reachable under two names is listed under both
+(``parameters()`` yields it once) and a PyTorch checkpoint of such a model loads strictly; a value
+of another real dtype is cast as ``Tensor.copy_`` casts it, and only what cannot be cast is
+refused (nothing is changed then)."""
+import numpy as np
+import pytest
+
+import miniflow as mf
+from miniflow import nn
+
+try:
+    import torch
+except ImportError:   # torch is optional: its comparisons skip
+    torch = None
+needs_torch = pytest.mark.skipif(torch is None, reason="torch is not installed")
+
+
+def _shared(lib):
+    """``net.a = net.b = Linear(2, 3)``, ``net.c``: a module holding ``a.weight`` too (a
+    Parameter of two modules), ``net.d = Sequential(net.a)``; miniflow's (``lib=nn``) or torch's."""
+    net = lib.Module()
+    net.a = net.b = lib.Linear(2, 3)
+    net.c = lib.Module()
+    net.c.w = net.a.weight
+    net.d = lib.Sequential(net.a)
+    return net
+
+
+EXPECTED = ["a.weight", "a.bias", "b.weight", "b.bias", "c.w", "d.0.weight", "d.0.bias"]
+
+
+def test_a_module_under_two_names_is_listed_under_both_and_its_parameters_once():
+    net = _shared(nn)
+    assert list(net.state_dict()) == EXPECTED
+    assert [n for n, _ in net.named_parameters()] == ["a.weight", "a.bias"]
+    assert len(list(net.parameters())) == 2
+    sd = net.state_dict()
+    sd["b.weight"] = sd["b.weight"] + 1  # both names reach one tensor: the last one loaded wins
+    sd["d.0.weight"] = sd["c.w"] = sd["b.weight"]
+    net.load_state_dict(sd)
+    np.testing.assert_array_equal(net.a.weight.numpy(), sd["b.weight"])
+    with pytest.raises(KeyError, match=r"missing keys \['b.bias', 'b.weight'"):
+        net.load_state_dict({k: v for k, v in sd.items() if not k.startswith("b.")})
+
+
+@needs_torch
+def test_a_pytorch_checkpoint_of_a_model_with_a_shared_module_loads_strictly():
+    ref = _shared(torch.nn)
+    assert list(ref.state_dict()) == EXPECTED
+    assert len(list(ref.parameters())) == 2
+    net = _shared(nn)
+    net.load_state_dict({k: v.detach().numpy() for k, v in ref.state_dict().items()}, strict=True)
+    x = np.random.default_rng(0).standard_normal((5, 2)).astype(np.float32)
+    want = ref.d(torch.from_numpy(x)).detach().numpy()
+    np.testing.assert_allclose(net.d(mf.tensor(x)).numpy(), want, rtol=1e-6, atol=1e-6)
+
+
+@needs_torch
+@pytest.mark.parametrize("src", [np.float64, np.float16, "bfloat16", np.int32, np.bool_],
+                         ids=str)
+def test_a_value_of_another_real_dtype_is_cast_as_torch_copy_(src):
+    """``torch.nn.Module.load_state_dict`` copies with ``Tensor.copy_``, which casts."""
+    r = np.random.default_rng(1)
+    w = (r.standard_normal((3, 2)) * 4).astype(mf.bfloat16.np if src == "bfloat16" else src)
+    lin, ref = nn.Linear(2, 3), torch.nn.Linear(2, 3)
+    bias = np.arange(3, dtype=np.float64) / 3
+    lin.load_state_dict({"weight": w, "bias": bias})
+    with torch.no_grad():
+        ref.weight.copy_(torch.from_numpy(w.astype(np.float32) if src == "bfloat16" else w))
+        ref.bias.copy_(torch.from_numpy(bias))
+    assert lin.weight.dtype is mf.float32
+    np.testing.assert_array_equal(lin.weight.numpy(), ref.weight.detach().numpy())
+    np.testing.assert_array_equal(lin.bias.numpy(), ref.bias.detach().numpy())
+
+
+def test_a_float64_value_beyond_float16_loads_as_inf_into_a_float16_tensor():
+    m = nn.Module()
+    m.w = nn.Parameter(np.zeros(2, np.float16))
+    m.load_state_dict({"w": np.array([1e6, 1 / 3])})
+    assert m.w.numpy().tolist() == [np.inf, np.float16(1 / 3)]
+
+
+@pytest.mark.parametrize("key,value,match", [
+    ("weight", np.ones((3, 2), np.complex64), r"'weight' has dtype complex64 .*real numbers"),
+    ("weight", np.array([["a", "b"]] * 3), r"'weight' has dtype <U1"),
+    ("count", np.array(2.5), r"'count' holds 2.5, which the model's int64 cannot hold"),
+    ("count", np.array(np.nan), r"'count' holds nan"),
+    ("count", np.array(2 ** 64 - 1, np.uint64), r"'count' holds 18446744073709551615"),
+])
+def test_what_cannot_be_cast_is_refused_and_nothing_changes(key, value, match):
+    m = nn.Linear(2, 3)
+    m.register_buffer("count", np.array(4, np.int64))
+    before = m.state_dict()
+    sd = dict(before, bias=before["bias"] + 1, **{key: value})
+    with pytest.raises(TypeError, match=match):
+        m.load_state_dict(sd)
+    for k, v in m.state_dict().items():
+        np.testing.assert_array_equal(v, before[k])
+    m.load_state_dict(dict(before, count=np.array(7.0)))  # a whole float counts
+    assert m.count.numpy().dtype == np.int64 and int(m.count.item()) == 7
