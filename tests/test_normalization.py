@@ -11,6 +11,7 @@ import pytest
 from hypothesis import assume, given, settings, strategies as st
 
 from miniflow import nn
+from miniflow.experiments.mlp import EvalGraph
 from miniflow.kernels.cpu import normalization as cpu_norm
 from miniflow.ops.normalization import normalization_reference
 from miniflow.testing import check_grad
@@ -163,15 +164,6 @@ def test_kernels_match_torch_in_float64(shape):
 
 
 # ----------------------------------------------------------------------------- nn.BatchNorm2d
-class _Forward(nn.Graph):
-    def __init__(self, model):
-        super().__init__()
-        self.model = model
-
-    def build(self, x):
-        return self.model(x)
-
-
 def _bn_pair(c=3, seed=0):
     """A trained-looking nn.BatchNorm2d and torch's with the same running statistics."""
     r = np.random.default_rng(seed)
@@ -193,7 +185,7 @@ def test_track_running_stats_turned_off_after_construction_updates_nothing_as_to
     ref.load_state_dict({k: torch.from_numpy(v.astype(np.float64) if v.dtype.kind == "f" else v)
                          for k, v in bn.state_dict().items()})
     x = np.random.default_rng(1).standard_normal((4, 3, 5, 5)).astype(np.float32)
-    g = _Forward(bn)
+    g = EvalGraph(bn)
     g(x)  # compiled tracking: this call updates the running statistics
     before = bn.state_dict()
     ref(torch.from_numpy(x.astype(np.float64)))
@@ -219,7 +211,7 @@ def test_track_running_stats_turned_on_for_a_module_made_without_it_tracks_nothi
     bn = nn.BatchNorm2d(2, track_running_stats=False)
     bn.track_running_stats = True  # PyTorch: no buffers to update, batch statistics in both modes
     x = np.random.default_rng(2).standard_normal((3, 2, 4, 4)).astype(np.float32)
-    g = _Forward(bn)
+    g = EvalGraph(bn)
     y_train = g(x).numpy()
     bn.eval()
     np.testing.assert_array_equal(g(x).numpy(), y_train)
