@@ -36,6 +36,14 @@ Atomicity: :func:`save` writes a temporary file in the target's folder (``.<name
 .tmp``), fsyncs it, renames it over the target with ``os.replace`` and fsyncs the folder, so a
 crash at any moment leaves either the previous file or the new one, never a mix. A temporary file
 left by a killed process has a unique name: it never blocks a later save (delete it at leisure).
+The target is the path with its symlinks resolved: like ``torch.save`` (which opens the path for
+writing), a save writes through a symlink and leaves the link in place, and a file replaced keeps
+its permission bits. Anything at the target that is not a regular file (a device such as
+``/dev/full``, a FIFO, a socket) is refused before anything is written: a rename would replace
+the device node itself.
+
+bfloat16 arrays (``ml_dtypes.bfloat16``, miniflow's ``bfloat16``) are stored as safetensors
+``BF16``, so ``safetensors.torch.load_file`` gives ``torch.bfloat16`` tensors.
 """
 from __future__ import annotations
 
@@ -45,19 +53,22 @@ import math
 import numbers
 import os
 import secrets
+import stat
+import tempfile
 
+import ml_dtypes
 import numpy as np
 import safetensors
 import safetensors.numpy
 
-__all__ = ["CheckpointError", "load", "save"]
+__all__ = ["CheckpointError", "check_save_path", "load", "save"]
 
 FORMAT_VERSION = "1"
 _FORMAT_KEY, _TREE_KEY, _TREE_HASH_KEY = ("miniflow.checkpoint", "miniflow.tree",
                                           "miniflow.tree_sha256")
 _DTYPES = ("bool", "int8", "uint8", "int16", "uint16", "int32", "uint32", "int64", "uint64",
-           "float16", "float32", "float64", "complex64")
-"""NumPy dtypes safetensors' NumPy API stores and loads."""
+           "float16", "float32", "float64", "complex64", "bfloat16")
+"""NumPy dtypes a checkpoint stores (``bfloat16``: ``ml_dtypes.bfloat16``, safetensors ``BF16``)."""
 _CHUNK = 16 << 20
 """Bytes per ``os.write`` call when writing a checkpoint."""
 
@@ -75,36 +86,76 @@ def save(state, path) -> None:
     Args:
         state: any nesting of dicts (str or int keys; ``OrderedDict``/``Counter`` and other dict
             subclasses load back as ``dict``), lists and tuples (tuple subclasses load back as
-            ``tuple``) of NumPy arrays (dtypes: bool, (u)int8..64, float16/32/64, complex64;
-            any memory layout and byte order: they load back C-contiguous, little-endian), NumPy
-            scalars and Python ``None``, ``bool``, ``int``, ``float`` (inf and nan included) and
-            ``str``, as ``state_dict()`` methods return them. An array that appears twice is
-            stored twice and loads as two arrays.
+            ``tuple``) of NumPy arrays (dtypes: bool, (u)int8..64, float16/32/64, bfloat16,
+            complex64; any memory layout and byte order: they load back C-contiguous,
+            little-endian), NumPy scalars and Python ``None``, ``bool``, ``int``, ``float`` (inf
+            and nan included) and ``str``, as ``state_dict()`` methods return them. An array
+            that appears twice is stored twice and loads as two arrays.
         path: the file (str or ``os.PathLike``); its folder must exist. ``.safetensors`` is
-            the conventional suffix.
+            the conventional suffix. A symlink is written through: the file it points to is
+            replaced (created if missing), the link stays.
 
     Raises:
         TypeError: an unsupported value or dict key, naming its place (``state['model']['w']``).
         ValueError: an unsupported dtype, two arrays with the same tensor key, or a state that
             contains itself.
         FileNotFoundError / IsADirectoryError: the folder does not exist / ``path`` is a folder.
-        OSError: writing failed (disk full ...): the previous file at ``path`` is untouched and
-            the temporary file is removed.
+        OSError: ``path`` is (or links to) something other than a regular file, such as a
+            device or a FIFO; or writing failed (disk full ...): the previous file at ``path``
+            is untouched and the temporary file is removed.
     """
-    path = os.fspath(path)
-    folder = os.path.dirname(os.path.abspath(path))
-    if not os.path.isdir(folder):
-        raise FileNotFoundError(f"miniflow.save: the folder {folder!r} of {path!r} does not "
-                                "exist; create it first (os.makedirs)")
-    if os.path.isdir(path):
-        raise IsADirectoryError(f"miniflow.save: {path!r} is a folder; give a file name such "
-                                "as 'checkpoint.safetensors'")
+    target = _target(path)
     tensors, paths = {}, {}
     tree = _encode(state, (), tensors, paths, set())
     tree_json = json.dumps(tree, allow_nan=False, separators=(",", ":"))
     metadata = {_FORMAT_KEY: FORMAT_VERSION, _TREE_KEY: tree_json,
                 _TREE_HASH_KEY: hashlib.sha256(tree_json.encode()).hexdigest()}
-    _write_atomic(path, safetensors.numpy.save(tensors, metadata=metadata))
+    _write_atomic(target, safetensors.numpy.save(tensors, metadata=metadata))
+
+
+def _target(path) -> str:
+    """The file :func:`save` replaces for ``path``: its symlinks resolved (``os.path.realpath``).
+
+    Raises:
+        FileNotFoundError: its folder does not exist. IsADirectoryError: it is a folder.
+        OSError: it is something else than a regular file (a device, a FIFO, a socket), or a
+            symlink loop (ELOOP).
+    """
+    path = os.fspath(path)
+    target = os.path.realpath(path)
+    shown = repr(path) if target == os.path.abspath(path) else f"{path!r} (-> {target!r})"
+    folder = os.path.dirname(target)
+    if not os.path.isdir(folder):
+        raise FileNotFoundError(f"miniflow.save: the folder {folder!r} of {shown} does not "
+                                "exist; create it first (os.makedirs)")
+    try:
+        mode = os.stat(target).st_mode  # a symlink loop raises OSError (ELOOP) here
+    except FileNotFoundError:
+        return target
+    if stat.S_ISDIR(mode):
+        raise IsADirectoryError(f"miniflow.save: {shown} is a folder; give a file name such "
+                                "as 'checkpoint.safetensors'")
+    if not stat.S_ISREG(mode):
+        kind = {stat.S_IFCHR: "character device", stat.S_IFBLK: "block device",
+                stat.S_IFIFO: "FIFO", stat.S_IFSOCK: "socket"}.get(stat.S_IFMT(mode), "special file")
+        raise OSError(f"miniflow.save: {shown} is a {kind}, not a regular file; a checkpoint "
+                      "replaces a regular file or creates a new one: give another path")
+    return target
+
+
+def check_save_path(path) -> str:
+    """Check, before a long job, that :func:`save` can write ``path``: the checks ``save`` makes
+    (folder exists, not a folder, not a device, FIFO or socket) and a temporary file created
+    and removed in the target's folder. Returns the target (symlinks resolved); writes nothing.
+
+    Raises:
+        FileNotFoundError, IsADirectoryError, OSError: as :func:`save`; PermissionError: the
+            folder is not writable.
+    """
+    target = _target(path)
+    with tempfile.TemporaryFile(dir=os.path.dirname(target)):
+        pass
+    return target
 
 
 def _where(keys: tuple) -> str:
@@ -178,12 +229,17 @@ def _digest(a: np.ndarray) -> str:
 
 def _write_atomic(path: str, data: bytes) -> None:
     """Write ``data`` to a new temporary file beside ``path``, fsync it, rename it over ``path``
-    (``os.replace``: atomic on POSIX and Windows), fsync the folder so the rename is durable."""
+    (``os.replace``: atomic on POSIX and Windows), fsync the folder so the rename is durable. A
+    file replaced passes its permission bits on."""
     folder, name = os.path.split(os.path.abspath(path))
     tmp = os.path.join(folder, f".{name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0), 0o666)
     try:
         try:
+            try:
+                os.chmod(tmp, stat.S_IMODE(os.stat(path).st_mode))
+            except FileNotFoundError:
+                pass
             view = memoryview(data)
             while view:
                 view = view[os.write(fd, view[:_CHUNK]):]
@@ -240,7 +296,8 @@ def load(path):
                               f"structure ({_TREE_KEY!r}, the non-array values) does not match")
     _check_size(path, header, start, len(data))
     try:
-        arrays = safetensors.numpy.load(data)
+        arrays = {key: np.frombuffer(t["data"], _np_dtype(t["dtype"])).reshape(t["shape"])
+                  for key, t in safetensors.deserialize(data)}
     except safetensors.SafetensorError as e:
         raise CheckpointError(f"miniflow.load: {path!r} is corrupted: {e}") from None
     unused = dict(arrays)
@@ -249,6 +306,25 @@ def load(path):
         raise CheckpointError(f"miniflow.load: {path!r} is corrupted: tensors {sorted(unused)} "
                               "are not part of the saved state")
     return state
+
+
+_SAFETENSORS_DTYPES = {"BOOL": np.bool_, "I8": np.int8, "U8": np.uint8, "I16": np.int16,
+                       "U16": np.uint16, "I32": np.int32, "U32": np.uint32, "I64": np.int64,
+                       "U64": np.uint64, "F16": np.float16, "F32": np.float32,
+                       "F64": np.float64, "C64": np.complex64, "BF16": ml_dtypes.bfloat16}
+"""safetensors dtype name -> NumPy dtype, for :data:`_DTYPES` (safetensors' NumPy API reads no
+``BF16``, so :func:`load` maps the names itself)."""
+
+
+def _np_dtype(name: str):
+    """The NumPy dtype of a safetensors dtype name (``F32``, ``BF16`` ...).
+
+    Raises:
+        safetensors.SafetensorError: a dtype a checkpoint never holds (F8_E4M3 ...).
+    """
+    if name not in _SAFETENSORS_DTYPES:
+        raise safetensors.SafetensorError(f"tensor dtype {name} is not one miniflow.save writes")
+    return _SAFETENSORS_DTYPES[name]
 
 
 def _read_header(path: str, data: bytes) -> tuple:

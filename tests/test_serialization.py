@@ -310,6 +310,82 @@ def test_save_refuses_a_missing_folder_and_a_folder_path(tmp_path):
         save({}, tmp_path)
 
 
+@pytest.mark.skipif(not hasattr(os, "symlink") or os.name != "posix", reason="symlinks")
+def test_save_writes_through_a_symlink_and_keeps_the_link(tmp_path):
+    """``torch.save(obj, link)`` opens the link for writing: the file it points to gets the
+    data, the link stays a link (a dangling one creates its target). The replaced file keeps
+    its permission bits. (Before: the link was replaced by a regular file, the target kept its
+    old data.)"""
+    target, link = tmp_path / "real.safetensors", tmp_path / "link.safetensors"
+    save({"k": 1}, target)
+    os.chmod(target, 0o640)
+    os.symlink(target, link)
+    save({"k": 2}, link)
+    assert os.path.islink(link) and load(target) == {"k": 2}
+    assert os.stat(target).st_mode & 0o777 == 0o640
+    dangling = tmp_path / "to-be.safetensors"
+    os.symlink(dangling, tmp_path / "dangling")
+    save({"k": 3}, tmp_path / "dangling")
+    assert os.path.islink(tmp_path / "dangling") and load(dangling) == {"k": 3}
+    assert not [f for f in os.listdir(tmp_path) if f.endswith(".tmp")]
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="FIFOs")
+@pytest.mark.parametrize("through_a_link", [False, True])
+def test_save_refuses_what_is_not_a_regular_file_and_leaves_it(tmp_path, through_a_link):
+    """A FIFO stands for any non-regular file (``/dev/full`` as root was replaced by a regular
+    file): refused before anything is written, naming what it is; the FIFO stays a FIFO.
+    ``check_save_path`` (the CLI's check before training) refuses it the same way."""
+    import stat
+    from miniflow.serialization import check_save_path
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    path = tmp_path / "link" if through_a_link else fifo
+    if through_a_link:
+        os.symlink(fifo, path)
+    for write in (lambda: save({"w": np.ones(3)}, path), lambda: check_save_path(path)):
+        with pytest.raises(OSError, match=r"is a FIFO, not a regular file"):
+            write()
+    assert stat.S_ISFIFO(os.stat(fifo).st_mode)
+    assert sorted(os.listdir(tmp_path)) == sorted({"fifo", path.name})
+
+
+def test_check_save_path_checks_the_folder_and_writes_nothing(tmp_path):
+    from miniflow.serialization import check_save_path
+    assert check_save_path(tmp_path / "m.safetensors") == os.path.realpath(
+        tmp_path / "m.safetensors")
+    assert os.listdir(tmp_path) == []
+    with pytest.raises(FileNotFoundError, match=r"folder .*nope.* does not exist"):
+        check_save_path(tmp_path / "nope" / "m.safetensors")
+    with pytest.raises(IsADirectoryError, match="is a folder"):
+        check_save_path(tmp_path)
+
+
+def test_bfloat16_arrays_round_trip_bit_exact_as_safetensors_bf16(tmp_path):
+    """Every one of the 65,536 bfloat16 bit patterns (NaN payloads, signed zeros, subnormals)
+    loads back bit for bit; the file's dtype is safetensors ``BF16``, as
+    ``safetensors.torch.save_file`` writes ``torch.bfloat16`` tensors."""
+    import ml_dtypes
+    every = np.arange(1 << 16, dtype=np.uint16).view(ml_dtypes.bfloat16).reshape(256, 256)
+    state = {"w": every, "t": every[::3, ::7].T, "s": every[1, 2]}
+    loaded = round_trip(state, tmp_path)
+    assert_same(state, loaded)
+    assert loaded["w"].dtype == ml_dtypes.bfloat16
+    header, _ = header_of((tmp_path / "ckpt.safetensors").read_bytes())
+    assert header["w"]["dtype"] == "BF16"
+
+
+def test_pytorch_reads_a_bfloat16_checkpoint_as_torch_bfloat16(tmp_path):
+    torch = pytest.importorskip("torch")
+    st = pytest.importorskip("safetensors.torch")
+    import ml_dtypes
+    x = np.linspace(-3, 3, 12, dtype=np.float32).astype(ml_dtypes.bfloat16)
+    save({"x": x}, tmp_path / "b.safetensors")
+    t = st.load_file(str(tmp_path / "b.safetensors"))["x"]
+    assert t.dtype == torch.bfloat16
+    assert np.array_equal(t.view(torch.int16).numpy().view(np.uint16), x.view(np.uint16))
+
+
 # ---------------------------------------------------------------------------- load errors
 def _checkpoint(tmp_path):
     state = {"model": {"w": np.arange(12, dtype=np.float32).reshape(3, 4),
