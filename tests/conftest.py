@@ -2,8 +2,8 @@
 
 ``tests/cuda`` must run in its own process with ``NUMBA_ENABLE_CUDASIM=1`` set before numba is
 imported. A session collects it only when it is named on the command line
-(``NUMBA_ENABLE_CUDASIM=1 python -m pytest tests/cuda``); the main session runs it as a subprocess
-(``test_cuda_simulator_lane.py``) and prints its summary line at the end.
+(``NUMBA_ENABLE_CUDASIM=1 python -m pytest tests/cuda``); the main session runs it in subprocesses
+(``test_cuda_simulator_lane.py``) and prints their summary lines at the end.
 """
 import os
 from pathlib import Path
@@ -16,7 +16,6 @@ settings.register_profile("dev", max_examples=10, deadline=None)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 CUDA_LANE = Path(__file__).resolve().parent / "cuda"
-LANE_SUMMARY = pytest.StashKey[list]()
 
 
 def _inside_lane(path: Path) -> bool:
@@ -31,12 +30,11 @@ def pytest_ignore_collect(collection_path, config):
     return None
 
 
-@pytest.fixture
-def lane_summary(request) -> list:
-    """Lines to print in the terminal summary (the simulator lane's result)."""
-    return request.config.stash.setdefault(LANE_SUMMARY, [])
-
-
 def pytest_terminal_summary(terminalreporter, config):
-    for line in config.stash.get(LANE_SUMMARY, []):
-        terminalreporter.write_line(line)
+    """Print the ``lane_summary`` lines tests recorded (``record_property``: the simulator lane's
+    results), which reach the controller from pytest-xdist's workers with their reports."""
+    for reports in terminalreporter.stats.values():
+        for report in reports:
+            for name, line in getattr(report, "user_properties", ()):
+                if name == "lane_summary" and getattr(report, "when", None) == "call":
+                    terminalreporter.write_line(line)

@@ -199,3 +199,39 @@ def test_info_without_numba_cuda(tmp_path):
     assert r.returncode == 0, r.stderr
     assert "numba-cuda not installed (pip install 'miniflow[cuda]')" in r.stdout
     assert "GPU: no GPU (numba-cuda is not installed)" in r.stdout and "backend: cpu" in r.stdout
+
+
+def _save_many(folder, first, count, barrier):
+    """Save ``count`` cache entries, keys ``first...``, each with data naming its key."""
+    from numba.core.caching import IndexDataCacheFile
+    from miniflow.kernels.common import cache_lock
+    assert cache_lock.install()
+    cache = IndexDataCacheFile(folder, "kernel", "stamp")
+    barrier.wait()
+    for k in range(first, first + count):
+        cache.save(("key", k), ("data", k))
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork (fcntl locks are POSIX)")
+def test_two_processes_saving_to_one_numba_cache_lose_and_mix_up_nothing(tmp_path):
+    """Two processes each save 150 overloads of one function into one cache folder at the same
+    moment (two pytest-xdist workers, or two MPI ranks, compiling on a cold cache): every key ends
+    in the index, with its own data. Numba's own save (read the index, pick the first free data
+    file, write both, no lock) loses most of them here and can give one key another's data
+    (``miniflow.kernels.common.cache_lock``)."""
+    import multiprocessing
+    from numba.core.caching import IndexDataCacheFile
+    ctx = multiprocessing.get_context("fork")
+    barrier = ctx.Barrier(2)
+    procs = [ctx.Process(target=_save_many, args=(str(tmp_path), first, 150, barrier))
+             for first in (0, 1000)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(120)
+        assert p.exitcode == 0
+    cache = IndexDataCacheFile(str(tmp_path), "kernel", "stamp")
+    keys = [("key", k) for first in (0, 1000) for k in range(first, first + 150)]
+    assert sorted(cache._load_index()) == sorted(keys)
+    assert all(cache.load(key) == ("data", key[1]) for key in keys)
+    assert len(set(cache._load_index().values())) == len(keys)

@@ -5,9 +5,11 @@ allocates outputs filled with a sentinel, runs the builder's steps and compares 
 reference computed from the same (rounded) inputs.
 """
 import os
+import re
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -480,6 +482,49 @@ def test_cache_keeps_scalar_functions_apart(tmp_path):
     for r in runs:
         assert r.returncode == 0, r.stderr
     assert "HITS 0" in runs[0].stdout and "HITS 6" in runs[1].stdout
+
+
+README = Path(__file__).resolve().parent.parent / "README.md"
+_COUNTED = textwrap.dedent("""
+    import collections, sys
+    from numba.core import event
+    compiled = collections.Counter()
+
+    class Count(event.Listener):
+        def on_start(self, ev):
+            compiled[ev.data["dispatcher"].py_func.__qualname__] += 1
+
+        def on_end(self, ev):
+            pass
+
+    event.register("numba:compile", Count())
+    exec(compile(open(sys.argv[1]).read(), "README.md", "exec"), {})
+    print("COMPILED", sum(compiled.values()), dict(compiled))
+""")
+
+
+@pytest.mark.slow
+def test_a_second_process_loads_every_kernel_of_the_readme_example_from_the_cache(tmp_path):
+    """The README's TrainStep example ("What it looks like") run twice in fresh processes sharing
+    a ``NUMBA_CACHE_DIR``: the first compiles its kernels and prints the compile notice once, the
+    second compiles nothing (no ``numba:compile`` event, which Numba fires for a compilation and
+    not for a cache hit: ``numba/core/dispatcher.py``) and prints no notice. A kernel closing over
+    something that pickles differently in every process (an ``@intrinsic``, a Dispatcher) gets a
+    new cache key each run and fails this (issue 22, item 18: the matmul register tile did)."""
+    section = README.read_text().split("## What it looks like", 1)[1].split("\n## ", 1)[0]
+    (tmp_path / "example.py").write_text(re.findall(r"```python\n(.*?)```", section, re.S)[0])
+    env = {k: v for k, v in os.environ.items() if k != "MINIFLOW_BACKEND"}
+    env["NUMBA_CACHE_DIR"] = str(tmp_path / "cache")
+    runs = [subprocess.run([sys.executable, "-c", _COUNTED, str(tmp_path / "example.py")],
+                           env=env, capture_output=True, text=True, timeout=600) for _ in range(2)]
+    for r in runs:
+        assert r.returncode == 0, r.stderr
+    first, second = (int(r.stdout.rsplit("COMPILED ", 1)[1].split()[0]) for r in runs)
+    assert first > 10, runs[0].stdout[-2000:]
+    assert "first run only" in runs[0].stderr
+    assert second == 0, f"compiled again with a warm cache: {runs[1].stdout.rsplit('COMPILED', 1)[1]}"
+    assert "compiling kernels" not in runs[1].stderr, runs[1].stderr
+    assert runs[0].stdout.split("COMPILED")[0] == runs[1].stdout.split("COMPILED")[0]
 
 
 @pytest.mark.parametrize("dt", [float32, float64], ids=lambda d: d.short)

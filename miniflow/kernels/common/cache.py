@@ -22,6 +22,9 @@ function only when its source file exists: ``$NUMBA_CACHE_DIR/miniflow_generated
 caches in ``NUMBA_CACHE_DIR``, else ``miniflow/generated`` in the user's cache folder
 (``$XDG_CACHE_HOME``, default ``~/.cache``). When that folder is not writable either, caching is off
 for every kernel and generated sources compile from memory.
+
+Several processes may compile into one cache at once (``pytest -n 2``, ``mpiexec -n 2``): while
+caching is on, every save to Numba's cache is made under a lock (``cache_lock``).
 """
 from __future__ import annotations
 
@@ -32,6 +35,8 @@ from dataclasses import dataclass
 import numba
 from numba.core.caching import CompileResultCacheImpl
 from numba.misc.appdirs import AppDirs
+
+from . import cache_lock
 
 __all__ = ["KernelCache", "CACHE", "BACKENDS", "locate"]
 
@@ -153,3 +158,5 @@ def locate() -> KernelCache:
 
 CACHE = locate()
 """Numba's disk cache for this process (decided at import)."""
+if CACHE.enabled:
+    cache_lock.install()    # several processes may write the cache at once (cache_lock's docstring)

@@ -217,6 +217,26 @@ def _fma(acc, x, y):
 
 
 @jitable
+def _load_rows(b, p, j):
+    """``b[p, j:j + 16]`` as float32 (``b`` stored ``[k, n]``: the ``"rows"`` layout)."""
+    return vload(b, p, j)
+
+
+@jitable
+def _load_pairs(b, p, j):
+    """Rows ``p`` and ``p + 1`` of bfloat16 ``b``, columns ``j:j + 16``, interleaved into pairs
+    as they load (the ``"pairs"`` layout)."""
+    return vload_pairs(b, p, j)
+
+
+@jitable
+def _dot_pairs(acc, x, y):
+    """``acc`` plus the products of the bfloat16 pairs ``x`` and ``y`` (the paired tile's
+    multiply-add)."""
+    return vdot_pairs(acc, x, y)
+
+
+@jitable
 def _load_packed(b, p, j):
     """The pairs of steps ``p, p + 1`` for columns ``j:j + 16`` from the ``"packed"`` layout (row
     ``p // 2`` holds them side by side)."""
@@ -264,9 +284,11 @@ def outer_block_kernel(parallel: bool, counted: bool, layout: str = "rows"):
     """
     loop = loop_for(parallel)
     step = 1 if layout == "rows" else 2
-    load_b, b_at = {"rows": (vload, _at), "pairs": (vload_pairs, _at),
+    # Plain jitable functions only: a closure over an intrinsic (vload, vdot_pairs) pickles a
+    # per-process uuid into Numba's cache key, and the kernel would compile again in every process.
+    load_b, b_at = {"rows": (_load_rows, _at), "pairs": (_load_pairs, _at),
                     "packed": (_load_packed, _packed_at)}[layout]
-    splat, mac = (_splat, _fma) if layout == "rows" else (_splat_pair, vdot_pairs)
+    splat, mac = (_splat, _fma) if layout == "rows" else (_splat_pair, _dot_pairs)
 
     @jit(parallel)
     def kernel(a, b, out, count):
