@@ -10,7 +10,7 @@ import sys
 
 def _info(args) -> int:
     """Versions (MPI's for data parallel too), the backend, the GPU (or why there is none), the
-    float16 path, the kernel cache.
+    float16 path, the kernel cache, the CPU (ISA, BLAS core type) and the measured kernel choices.
 
     Never a traceback: a backend that cannot be used (``MINIFLOW_BACKEND=cuda`` without a GPU, a
     bad ``MINIFLOW_BACKEND``) is reported on the ``backend:`` line and the exit code is 1.
@@ -54,7 +54,27 @@ def _info(args) -> int:
         print("kernels from the Numba cache: not checked (no usable backend)")
         return 1
     print(f"kernels from the Numba cache: {_cache_probe(backend)}")
+    _print_tuning()
     return 0
+
+
+def _print_tuning() -> None:
+    """The CPU Numba compiles for, the BLAS libraries and the kernel choices measured on this
+    machine (``kernels.cpu.tune``)."""
+    from .kernels.cpu import tune
+
+    m = tune.machine()
+    isa = [f for f in ("avx512bf16", "avx512fp16", "amx-bf16", "avx512f", "avx2", "fma", "f16c",
+                       "neon", "sve") if f in m["features"].split(",")]
+    isa = ", ".join(isa) or "none of the vector extensions miniflow uses"
+    print(f"CPU: {m['cpu']}; Numba compiles for {m['target']} ({isa})")
+    print(f"BLAS (core type): {'; '.join(m['blas']) or 'none loaded'}")
+    try:
+        lines = tune.describe()
+    except ValueError as e:         # a bad MINIFLOW_MATMUL
+        lines = [f"kernel choices: {e}"]
+    for line in lines:
+        print(line)
 
 
 def _cache_probe(backend) -> str:

@@ -55,7 +55,7 @@ import ml_dtypes
 import numpy as np
 
 __all__ = ["RankMismatchError", "abort", "allreduce_mean_step", "allreduce_sum_int64_step",
-           "barrier", "broadcast_step", "check_same_across_ranks",
+           "barrier", "broadcast_object", "broadcast_step", "check_same_across_ranks",
            "compute_bucket_assignment_by_size", "init", "is_initialized", "local_world_size",
            "rank", "world_size"]
 
@@ -317,11 +317,29 @@ def barrier() -> None:
     world.wait("barrier()", _sleep_until_done, request)
 
 
-def _sleep_until_done(request) -> None:
+def _sleep_until_done(request):
+    """Poll ``request`` (backing off to 10 ms sleeps) until it completes; its message (mpi4py's
+    lowercase requests carry one; None for a barrier)."""
     delay = 1e-4
-    while not request.Test():
+    while True:
+        done, message = request.test()
+        if done:
+            return message
         time.sleep(delay)
         delay = min(2 * delay, 0.01)
+
+
+def broadcast_object(obj, what: str, root: int = 0):
+    """Rank ``root``'s ``obj`` (a small picklable object) on every rank; the other ranks' ``obj``
+    is not used. ``obj`` itself in a one-rank world or before :func:`init`. Collective: every
+    rank must call it, in the same order. The wait sleeps as :func:`barrier`'s does (a rank
+    that waits while ``root`` measures takes no core from it); watched by the collective
+    timeout as ``what``."""
+    world = _STATE["world"]
+    if world is None or world.comm is None:
+        return obj
+    request = world.control.ibcast(obj, root)
+    return world.wait(f"broadcast_object({what})", _sleep_until_done, request)
 
 
 # ----------------------------------------------------------------------------- consistency

@@ -11,6 +11,11 @@ from pathlib import Path
 import pytest
 from hypothesis import settings
 
+# The kernel-choice tests (tests/test_tune.py) measure with a fake timer; everywhere else the
+# plans take the built-in rules' kernels, so no test depends on how fast this machine runs them
+# (and none writes to the user's tuning file).
+os.environ.setdefault("MINIFLOW_MATMUL", "numba")
+
 settings.register_profile("ci", max_examples=25, deadline=None)
 settings.register_profile("dev", max_examples=10, deadline=None)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))

@@ -3,9 +3,14 @@ is slow.
 
 ``out = A @ B`` with ``A = op(a)`` of shape ``[m, k]`` and ``B = op(b)`` of shape ``[k, n]``
 (``op`` = transpose when the node says so; transposed operands are ``.T`` views, read in place).
-The builder picks one step per product when the plan is built (measured on one Zen 4 core with
-OpenBLAS 0.3.31; single-core sgemm peak about 104-110 GFLOP/s; ``benchmarks/kernels.py`` prints
-GFLOP/s and % of the measured peak for every product of the MLPs):
+:func:`build_matmul` takes, per product, the steps of the built-in rules below
+(:func:`numba_steps`) or of BLAS alone (:func:`blas_steps`), whichever ``tune`` measured faster
+for the product's class on the machine it runs on, at the threads in force (``MINIFLOW_MATMUL``
+overrides): the rules' thresholds and the register tile were measured on one Zen 4 core, and
+are 2-3x off on other CPUs, where BLAS then wins. The rules pick one step per product when the
+plan is built (measured on one Zen 4 core with OpenBLAS 0.3.31; single-core sgemm peak about
+104-110 GFLOP/s; ``benchmarks/kernels.py`` prints GFLOP/s and % of the measured peak for every
+product of the MLPs):
 
 * ``B`` stored transposed (a layer's forward ``x @ W.T``, ``W`` ``[n, k]``), ``k >= DOT_MIN_K``
   and ``B`` big (``BIG`` elements), ``m <= DOT_MAX_ROWS``: :func:`dot_block_kernel`, dot products
@@ -56,7 +61,7 @@ import math
 import numpy as np
 
 from ...dtype import bfloat16
-from . import fp16
+from . import fp16, tune
 from .common import blas_libraries, jit, jitable, kview, loop_for, use_parallel
 from .elementwise import cast_steps
 from .fp16 import load, store, to_compute
@@ -68,7 +73,8 @@ __all__ = ["BUILDERS", "OUTER_MIN_ROWS", "OUTER_MIN_COLS", "PACK_MIN_ROWS", "LAY
            "WIDEN_MAX", "WIDEN_REUSE", "COPY_MIN_ROWS", "COPY_MIN_WORK", "BIG", "DOT_MIN_K",
            "DOT_MAX_ROWS", "ONE_THREAD_FROM", "ONE_THREAD_BELOW", "OneThreadBlas",
            "dot_block_kernel", "outer_block_kernel", "pack_pairs_kernel", "interleave_pairs_kernel",
-           "transpose_kernel", "rows_times_kernel", "build_matmul"]
+           "transpose_kernel", "rows_times_kernel", "build_matmul", "numba_steps",
+           "blas_steps"]
 
 OUTER_MIN_ROWS = 4
 """Rows from which :func:`outer_block_kernel` (four rows a block) beats :func:`rows_times_kernel`
@@ -575,9 +581,58 @@ def _transposed(x, steps: list):
     return copy
 
 
+def _bucket(x: int) -> int:
+    """The power of two at or above ``x`` (a class's size: sizes within a factor of two share)."""
+    return 1 << max(0, x - 1).bit_length()
+
+
 def build_matmul(node, ins, outs):
     """``out = op(a) @ op(b)`` (2-D; ``op`` = transpose when ``transpose_a``/``transpose_b``);
     with ``count_not_finite`` also ``outs[1][0]`` = the number of non-finite elements of out.
+
+    The steps of :func:`numba_steps` (the built-in rules: Numba loops where they were measured
+    faster, else BLAS) or of :func:`blas_steps` (BLAS alone), whichever ``tune`` measures faster
+    for the product's class on this machine (``MINIFLOW_MATMUL`` overrides): its dtypes,
+    transposes, counting and the powers of two at or above ``m``, ``k`` and ``n``."""
+    a, b, out = ins[0], ins[1], outs[0]
+    ta, tb = node.attrs.get("transpose_a", False), node.attrs.get("transpose_b", False)
+    (m, n), k = out.shape, a.shape[0 if ta else 1]
+    key = (f"{a.dtype.name}{'.T' if ta else ''} @ {b.dtype.name}{'.T' if tb else ''} -> "
+           f"{out.dtype.name}{' counted' if len(outs) > 1 else ''} "
+           f"m{_bucket(m)} k{_bucket(k)} n{_bucket(n)}")
+    return tune.choose("matmul", key, node, ins, outs, {"numba": numba_steps, "blas": blas_steps})
+
+
+def _target(out, counted: bool):
+    """Where a product that is not rounded in its kernel's stores goes: out itself, or float32
+    scratch for a half (or float32 for a counted) out."""
+    half = out.dtype.itemsize == 2
+    return np.empty(out.shape, np.float32 if half else out.dtype) if half or counted else out
+
+
+def _into_out(target, outs) -> list:
+    """Steps rounding ``target`` into ``outs[0]`` (if it is another array), counting its
+    non-finite elements into ``outs[1]`` where the node counts."""
+    if len(outs) > 1:               # count_not_finite: counted where the product is rounded
+        return cast_count_steps(target, outs[0], outs[1])
+    return cast_steps(target, outs[0]) if target is not outs[0] else []
+
+
+def blas_steps(node, ins, outs):
+    """:func:`build_matmul`'s steps through BLAS alone: half operands widened into float32
+    scratch, one ``np.dot`` (:func:`_blas_step`), the product rounded into a half out (and
+    counted) by one pass."""
+    a, b, out = ins[0], ins[1], outs[0]
+    ta, tb = node.attrs.get("transpose_a", False), node.attrs.get("transpose_b", False)
+    steps = []
+    target = _target(out, len(outs) > 1)
+    a, b = _widened(a, steps), _widened(b, steps)
+    steps.append(_blas_step(a.T if ta else a, b.T if tb else b, target))
+    return steps + _into_out(target, outs)
+
+
+def numba_steps(node, ins, outs):
+    """:func:`build_matmul`'s steps by the built-in rules (the module docstring).
 
     :func:`outer_block_kernel` writes out in its own type and counts as it writes. Otherwise the
     product goes into a float32 scratch (for a half or counted out) and one pass rounds it into
@@ -618,19 +673,14 @@ def build_matmul(node, ins, outs):
         return [(pack_pairs_kernel(use_parallel(w.size)), (w.view(np.uint32), packed)),
                 (outer_block_kernel(use_parallel(out.size), counted, "packed"),
                  (bits_a, packed.view(np.int16), bits_out, count))]
-    half = out.dtype.itemsize == 2
-    target = np.empty(out.shape, np.float32 if half else out.dtype) if half or counted else out
-    step = _loop_step(bits_a, bits_b, target) if half else None
+    target = _target(out, counted)
+    step = _loop_step(bits_a, bits_b, target) if out.dtype.itemsize == 2 else None
     if step is not None:
         steps.append(step)
     else:                                   # BLAS: the product in float32 on widened copies
         a, b = _widened(a, steps), _widened(b, steps)
         steps.append(_product_step(a.T if ta else a, b.T if tb else b, target))
-    if counted:                         # count_not_finite: counted where the product is rounded
-        steps += cast_count_steps(target, out, outs[1])
-    elif target is not out:
-        steps += cast_steps(target, out)
-    return steps
+    return steps + _into_out(target, outs)
 
 
 BUILDERS = {"matmul": build_matmul}

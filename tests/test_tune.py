@@ -1,0 +1,230 @@
+"""Kernel choices by measurement (``kernels.cpu.tune``): the file's format and atomic write, a
+corrupt, foreign or unwritable file, the ``MINIFLOW_MATMUL`` override, determinism, the budget,
+``mpiexec`` (one rank measures), and that every candidate computes the product within rounding
+of a float64 oracle, so whichever wins, results are right.
+
+No test times anything: the tuner's timer is a fake that runs the candidate and reports a cost
+per candidate name (cuDNN's benchmark mode and XLA's autotuner are the models;
+``torch.backends.cudnn.benchmark``'s documentation states the same contract: the fastest
+algorithm per input shape, chosen once)."""
+import json
+import os
+
+import numpy as np
+import pytest
+
+from miniflow import distributed
+from miniflow.dtype import bfloat16, float16, float32, float64, int64
+from miniflow.ir import Node, Value
+from miniflow.kernels.cpu import builder_for, matmul as cpu_matmul, tune
+from miniflow.ops import get_op
+
+
+class FakeTimer:
+    """``timer(name, run)``: runs the candidate, returns ``costs[name]`` seconds; counts calls."""
+
+    def __init__(self, **costs):
+        self.costs, self.calls = costs, []
+
+    def __call__(self, name, run):
+        run()
+        self.calls.append(name)
+        return self.costs[name]
+
+
+def _tuner(tmp_path, monkeypatch, timer, path=None) -> tune.Tuner:
+    monkeypatch.setenv("MINIFLOW_MATMUL", "auto")
+    t = tune.Tuner(path=str(path or tmp_path / "tuning.json"), timer=timer)
+    monkeypatch.setattr(tune, "TUNER", t)
+    return t
+
+
+def _matmul(m, k, n, dt=float32, ta=False, tb=False, counted=False, seed=0):
+    """``(steps, out, ref)``: the CPU builder's steps for ``op(a) @ op(b)`` (run), and the float64
+    product."""
+    r = np.random.default_rng(seed)
+    a = r.uniform(-1, 1, (k, m) if ta else (m, k)).astype(dt.np)
+    b = r.uniform(-1, 1, (n, k) if tb else (k, n)).astype(dt.np)
+    outs = [np.full((m, n), -777.0, dt.np)] + ([np.zeros(1, np.int64)] if counted else [])
+    node = Node(get_op("matmul"), [Value("a", a.shape, dt), Value("b", b.shape, dt)],
+                [Value("o", (m, n), dt)] + ([Value("c", (1,), int64)] if counted else []),
+                {"transpose_a": ta, "transpose_b": tb, "count_not_finite": counted})
+    steps = builder_for(node.op)(node, [a, b], outs)
+    for fn, args in steps:
+        fn(*args)
+    a64, b64 = a.astype(np.float64), b.astype(np.float64)
+    return steps, outs[0], (a64.T if ta else a64) @ (b64.T if tb else b64)
+
+
+def _names(steps) -> str:
+    return tune._kernels(steps)
+
+
+def test_the_faster_candidate_is_chosen_and_written_to_the_file(tmp_path, monkeypatch):
+    t = _tuner(tmp_path, monkeypatch, FakeTimer(numba=2e-3, blas=1e-3))
+    steps, _, _ = _matmul(16, 300, 1000, tb=True)          # the rules: dot_block_kernel
+    assert _names(steps) == "dot"
+    data = json.loads((tmp_path / "tuning.json").read_text())
+    assert data["format"] == tune.FORMAT and data["machine"] == tune.machine()
+    [(key, name)] = data["choices"].items()
+    assert name == "blas" and key.startswith("matmul float32 @ float32.T -> float32 m16 k512 "
+                                             "n1024 | dot_block_kernel | threads ")
+    assert tune.MIN_ROUNDS <= t.timer.calls.count("blas") <= tune.MAX_ROUNDS
+    assert t.timer.calls.count("numba") == t.timer.calls.count("blas")    # interleaved rounds
+    t2 = _tuner(tmp_path, monkeypatch, FakeTimer(numba=1e-3, blas=2e-3))
+    assert _names(_matmul(16, 300, 1000, tb=True)[0]) == "dot" and t2.timer.calls == []
+
+
+def test_the_rules_win_ties_and_identical_candidates_are_not_measured(tmp_path, monkeypatch):
+    t = _tuner(tmp_path, monkeypatch, FakeTimer(numba=1e-3, blas=1e-3 / (1 + tune.TIE / 2)))
+    assert _names(_matmul(16, 300, 1000, tb=True)[0]) == "dot_block_kernel"
+    t.timer.calls.clear()
+    assert _names(_matmul(64, 32, 16, tb=True)[0]) == "dot"    # the rules call BLAS too
+    assert t.timer.calls == [] and len(t.choices) == 1
+
+
+def test_the_override_takes_one_candidate_without_measuring(tmp_path, monkeypatch):
+    t = _tuner(tmp_path, monkeypatch, FakeTimer())       # any timing would raise a KeyError
+    for value, expect in (("blas", "dot"), (" Numba ", "dot_block_kernel")):
+        monkeypatch.setenv("MINIFLOW_MATMUL", value)
+        assert _names(_matmul(16, 300, 1000, tb=True)[0]) == expect
+    assert t.timer.calls == [] and not (tmp_path / "tuning.json").exists()
+    monkeypatch.setenv("MINIFLOW_MATMUL", "fast")
+    with pytest.raises(ValueError, match=r"MINIFLOW_MATMUL='fast' is not one of auto, numba, "
+                                         r"blas"):
+        _matmul(16, 300, 1000, tb=True)
+
+
+def test_a_cached_choice_gives_the_same_steps_and_bits_in_a_new_process(tmp_path, monkeypatch):
+    _tuner(tmp_path, monkeypatch, FakeTimer(numba=2e-3, blas=1e-3))
+    steps1, out1, _ = _matmul(256, 300, 256, ta=True, dt=float16)
+    again = _tuner(tmp_path, monkeypatch, FakeTimer())       # a new process: reads the file
+    steps2, out2, _ = _matmul(256, 300, 256, ta=True, dt=float16)
+    assert _names(steps1) == _names(steps2) and again.timer.calls == []
+    np.testing.assert_array_equal(out1.view(np.uint16), out2.view(np.uint16))
+
+
+@pytest.mark.parametrize("content,why", [
+    ("{not json", "cannot be read as JSON"),
+    ('{"format": "miniflow-tuning-0", "machine": {}, "choices": {}}', "is not a miniflow-tuning-1"),
+    ('{"format": "miniflow-tuning-1", "machine": {"cpu": "a VAX"}, "choices": {"k": "blas"}}',
+     "written for another machine"),
+])
+def test_a_corrupt_or_foreign_file_is_ignored_with_one_notice(tmp_path, monkeypatch, capsys,
+                                                               content, why):
+    monkeypatch.setattr(tune, "_SHOWN", set())
+    (tmp_path / "tuning.json").write_text(content)
+    _tuner(tmp_path, monkeypatch, FakeTimer(numba=2e-3, blas=1e-3))
+    _matmul(16, 300, 1000, tb=True)
+    _matmul(16, 1000, 300)
+    err = capsys.readouterr().err
+    assert err.count("miniflow: ignoring the kernel choices in") == 1 and why in err, err
+    data = json.loads((tmp_path / "tuning.json").read_text())      # replaced by a valid file
+    assert data["machine"] == tune.machine() and len(data["choices"]) == 2
+    assert "k" not in data["choices"]
+
+
+def test_the_file_is_written_atomically(tmp_path, monkeypatch, capsys):
+    """A write that fails before ``os.replace`` leaves the old file as it was and no temporary
+    file; the choices stay in memory, said once."""
+    monkeypatch.setattr(tune, "_SHOWN", set())
+    t = _tuner(tmp_path, monkeypatch, FakeTimer(numba=2e-3, blas=1e-3))
+    _matmul(16, 300, 1000, tb=True)
+    before = (tmp_path / "tuning.json").read_text()
+    replaced = []
+
+    def failing_replace(src, dst):
+        replaced.append((os.path.dirname(src), json.loads(open(src).read())))
+        raise OSError(28, "No space left on device")
+    monkeypatch.setattr(tune.os, "replace", failing_replace)
+    assert _names(_matmul(16, 1000, 300)[0]) == "dot"
+    assert (tmp_path / "tuning.json").read_text() == before
+    assert sorted(os.listdir(tmp_path)) == ["tuning.json"]
+    [(where, written)] = replaced          # the whole file, written beside the old one
+    assert where == str(tmp_path) and len(written["choices"]) == 2
+    assert t.in_memory and len(t.choices) == 2
+    _matmul(64, 1000, 300)
+    assert capsys.readouterr().err.count("No space left on device") == 1
+
+
+def test_an_unwritable_folder_measures_in_memory_and_says_so_once(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(tune, "_SHOWN", set())
+    (tmp_path / "a file").write_text("")
+    t = _tuner(tmp_path, monkeypatch, FakeTimer(numba=2e-3, blas=1e-3),
+               path=tmp_path / "a file" / "tuning.json")        # its folder cannot exist
+    assert _names(_matmul(16, 300, 1000, tb=True)[0]) == "dot"
+    assert _names(_matmul(16, 300, 1000, tb=True)[0]) == "dot"
+    _matmul(16, 1000, 300)
+    assert t.in_memory and len(t.choices) == 2 and t.timer.calls.count("blas") <= 2 * 9
+    err = capsys.readouterr().err
+    assert err.count("cannot write the kernel choices") == 1 and "kept in memory" in err
+    assert "kept in memory" in "\n".join(t.describe())
+
+
+def test_the_file_keeps_at_most_max_choices_the_newest(tmp_path, monkeypatch):
+    monkeypatch.setattr(tune, "MAX_CHOICES", 2)
+    _tuner(tmp_path, monkeypatch, FakeTimer(numba=2e-3, blas=1e-3))
+    for m in (4, 16, 64):
+        _matmul(m, 300, 1000, tb=True)
+    keys = list(json.loads((tmp_path / "tuning.json").read_text())["choices"])
+    assert [k.split()[6] for k in keys] == ["m16", "m64"]
+
+
+def test_past_the_budget_the_rules_choose_and_nothing_is_cached(tmp_path, monkeypatch):
+    t = _tuner(tmp_path, monkeypatch, FakeTimer(numba=0.2, blas=0.1))
+    _matmul(16, 300, 1000, tb=True)
+    assert t.spent == pytest.approx(tune.MIN_ROUNDS * 0.3)      # stopped at the class budget
+    t.spent = tune.BUDGET_S
+    assert _names(_matmul(4, 300, 1000, tb=True)[0]) == "dot_block_kernel"
+    assert len(json.loads((tmp_path / "tuning.json").read_text())["choices"]) == 1
+
+
+def test_under_mpiexec_rank_0_measures_and_every_rank_uses_its_choice(tmp_path, monkeypatch):
+    """Rank 0 decides and broadcasts (``distributed.broadcast_object``); another rank measures
+    nothing, writes nothing and takes what it is sent."""
+    sent = []
+    monkeypatch.setattr(distributed, "is_initialized", lambda: True)
+    monkeypatch.setattr(distributed, "world_size", lambda: 2)
+    monkeypatch.setattr(distributed, "broadcast_object",
+                        lambda obj, what: sent.append(obj) or "blas")
+    monkeypatch.setattr(distributed, "rank", lambda: 1)
+    t = _tuner(tmp_path, monkeypatch, FakeTimer())
+    assert _names(_matmul(16, 300, 1000, tb=True)[0]) == "dot"
+    assert sent == [None] and t.timer.calls == [] and not (tmp_path / "tuning.json").exists()
+    monkeypatch.setattr(distributed, "rank", lambda: 0)
+    _tuner(tmp_path, monkeypatch, FakeTimer(numba=2e-3, blas=1e-3))
+    _matmul(16, 300, 1000, tb=True)
+    assert sent[-1] == "blas" and (tmp_path / "tuning.json").exists()
+
+
+PRODUCTS = [  # (m, k, n, ta, tb): the MLPs' products and the rules' edges (test_executor's table)
+    (3, 300, 1000, False, True), (16, 300, 1000, False, True), (7, 301, 1001, False, True),
+    (3, 1000, 300, False, False), (16, 1000, 300, False, False), (1000, 2, 1100, True, False),
+    (1001, 13, 1100, True, False), (64, 1, 128, True, False), (1024, 300, 256, True, False),
+    (1024, 300, 256, True, True), (300, 300, 1024, False, True), (19, 64, 128, False, True),
+    (1, 64, 128, False, True), (0, 64, 128, False, True), (64, 0, 128, True, False),
+]
+
+
+@pytest.mark.parametrize("dt", [float16, bfloat16, float32, float64], ids=lambda d: d.short)
+@pytest.mark.parametrize("m,k,n,ta,tb", PRODUCTS)
+@pytest.mark.parametrize("counted", [False, True], ids=["plain", "counted"])
+def test_every_candidate_agrees_with_the_float64_oracle(monkeypatch, m, k, n, ta, tb, dt, counted):
+    if counted and dt is float64:
+        pytest.skip("the loss scaler counts half and float32 products")
+    results = {}
+    for value in tune.CHOICES["matmul"]:
+        monkeypatch.setenv("MINIFLOW_MATMUL", value)
+        _, out, ref = _matmul(m, k, n, dt, ta, tb, counted, seed=m + k + n)
+        tol = {float16: 2e-2, bfloat16: 2e-2, float32: 1e-4, float64: 1e-12}[dt] * np.sqrt(k + 1)
+        np.testing.assert_allclose(out.astype(np.float64), ref, rtol=tol, atol=tol)
+        results[value] = out
+    assert set(results) == {"numba", "blas"}
+
+
+def test_the_blas_candidate_calls_blas_alone():
+    node = Node(get_op("matmul"), [Value("a", (16, 300), float16), Value("b", (1000, 300), float16)],
+                [Value("o", (16, 1000), float16)], {"transpose_b": True})
+    ins = [np.zeros((16, 300), np.float16), np.zeros((1000, 300), np.float16)]
+    steps = cpu_matmul.blas_steps(node, ins, [np.zeros((16, 1000), np.float16)])
+    assert _names(steps) == "cast_kernel + cast_kernel + dot + cast_kernel"
