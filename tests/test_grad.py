@@ -51,6 +51,10 @@ CASES = [
     ("cast", [u(3, 2)], {"dtype": "float32"}),
     ("scalar_mul_by_tensor", [u(3, 2), u(1, lo=0.5, hi=2.0)], {}),
     ("reciprocal", [u(2, 3, lo=0.5, hi=2.0)], {}),
+    # the first samples of these fill with -inf, where finite differences are NaN
+    ("tril", [u(2, 4, 4)], {"diagonal": 0, "fill_value": -3.0}),
+    ("tril", [u(3, 5)], {"diagonal": -1}),
+    ("masked_fill", [u(2, 3, 4), np.array([[1, 0, 0, 1]] * 3, np.int64)], {"value": 2.0}),
 ]
 
 
