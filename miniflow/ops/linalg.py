@@ -4,8 +4,8 @@
 shape, no broadcasting; PyTorch's ``torch.bmm`` for rank 3, ``torch.matmul`` for equal batches).
 
 Gradient (OneFlow ``matmul`` / ``batch_matmul`` backward): for out = op(a) @ op(b),
-``da = dy @ b^T`` (or its transposed form), ``db = a^T @ dy``, emitted as nodes of the same op with the
-transpose flags chosen so no explicit transpose node is needed.
+``da = dy @ b^T`` (or its transposed form), ``db = a^T @ dy``, emitted as nodes of the same op with
+the transpose flags chosen so no explicit transpose node is needed.
 
 ``count_not_finite=True`` (set by the ``fuse_model_update_cast`` pass on the matmul that makes a
 weight's gradient, never by users) adds a second output, ``i64[1]``: the number of non-finite
