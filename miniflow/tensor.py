@@ -93,6 +93,123 @@ class Tensor:
             raise TypeError("len() of a 0-d tensor")
         return self.shape[0]
 
+    # ------------------------------------------------------------------ PyTorch's forward() surface
+    def size(self, dim: int | None = None):
+        """The shape (a tuple), or the length of dimension ``dim`` (negative counts from the end;
+        ``torch.Tensor.size``).
+
+        Raises:
+            IndexError: ``dim`` out of range (PyTorch's message)."""
+        if dim is None:
+            return self.shape
+        return self.shape[_dim("size", dim, self.ndim)]
+
+    def dim(self) -> int:
+        """The number of dimensions (``torch.Tensor.dim``)."""
+        return self.ndim
+
+    def view(self, *shape) -> "Tensor":
+        """The same elements in ``shape`` (one entry may be -1): op ``reshape`` (miniflow's
+        tensors are always contiguous, so every view is valid)."""
+        return self.reshape(*shape)
+
+    def contiguous(self) -> "Tensor":
+        """This tensor (miniflow's tensors are always contiguous)."""
+        return self
+
+    def unsqueeze(self, dim: int) -> "Tensor":
+        """A dimension of size 1 inserted at ``dim`` (``-ndim - 1 <= dim <= ndim``; op
+        ``reshape``).
+
+        Raises:
+            IndexError: ``dim`` out of range (PyTorch's message)."""
+        d = _dim("unsqueeze", dim, self.ndim + 1)
+        return self.reshape(self.shape[:d] + (1,) + self.shape[d:])
+
+    def flatten(self, start_dim: int = 0, end_dim: int = -1) -> "Tensor":
+        """Dimensions ``start_dim .. end_dim`` merged into one (op ``flatten``)."""
+        if self.ndim == 0:
+            return self.reshape(1)
+        return apply("flatten", [self], start_dim=start_dim, end_dim=end_dim)
+
+    def detach(self) -> "Tensor":
+        """The same values with no gradient flowing back through them (op ``detach``); eager: a
+        tensor sharing this one's data, as in PyTorch."""
+        if self._value is None:
+            return Tensor(self._data)
+        return apply("detach", [self])
+
+    def float(self) -> "Tensor":
+        """Converted to float32 (op ``cast``; this tensor if it is float32 already, as PyTorch)."""
+        return self if self.dtype is as_dtype("float32") else self.to("float32")
+
+    def half(self) -> "Tensor":
+        """Converted to float16 (op ``cast``; this tensor if it is float16 already)."""
+        return self if self.dtype is as_dtype("float16") else self.to("float16")
+
+    def softmax(self, dim: int) -> "Tensor":
+        """exp(x) / sum(exp(x)) along ``dim`` (op ``softmax``, max-subtracted; another axis than
+        the last is moved last and back with ``transpose``)."""
+        d = _dim("softmax", dim, self.ndim)
+        if d == self.ndim - 1:
+            return apply("softmax", [self])
+        perm = tuple(i for i in range(self.ndim) if i != d) + (d,)
+        inv = tuple(perm.index(i) for i in range(self.ndim))
+        moved = apply("transpose", [self], perm=perm)
+        return apply("transpose", [apply("softmax", [moved])], perm=inv)
+
+    def masked_fill(self, mask, value) -> "Tensor":
+        """``value`` where ``mask`` is True (nonzero), else this tensor's element (op
+        ``masked_fill``). ``mask``: a bool or integer array or an int64 Tensor that broadcasts
+        to this tensor's shape (a bool array becomes int64: miniflow has no bool dtype)."""
+        if not isinstance(mask, Tensor):
+            mask = tensor(np.asarray(mask).astype(np.int64))
+        return apply("masked_fill", [self, mask], value=float(value))
+
+    def split(self, split_size_or_sections, dim: int = 0) -> tuple:
+        """Pieces of ``split_size`` along ``dim`` (the last one shorter), or of the given
+        ``sections`` sizes (``torch.Tensor.split``); each an op ``slice``.
+
+        Raises:
+            ValueError: sections that do not add up to the dimension's size."""
+        d = _dim("split", dim, self.ndim)
+        n = self.shape[d]
+        if isinstance(split_size_or_sections, numbers.Integral):
+            size = int(split_size_or_sections)
+            if size <= 0:
+                raise ValueError(f"split: split_size must be a positive integer, got {size}")
+            sizes = [min(size, n - a) for a in range(0, n, size)] or [0]
+        else:
+            sizes = [int(s) for s in split_size_or_sections]
+            if sum(sizes) != n:
+                raise ValueError(f"split: split_sizes {sizes} must sum to {n}, the size of "
+                                 f"dimension {d} of {list(self.shape)}")
+        out, start = [], 0
+        for k in sizes:
+            index = [slice(None)] * self.ndim
+            index[d] = slice(start, start + k)
+            out.append(self[tuple(index)])
+            start += k
+        return tuple(out)
+
+    def __getitem__(self, key) -> "Tensor":
+        """Basic indexing as PyTorch: ints, slices (step > 0), ``None`` and ``...`` (op
+        ``slice``, then ``reshape`` for the dimensions ints remove and ``None`` adds); an int64
+        Tensor selects along dimension 0 (op ``gather``).
+
+        Raises:
+            IndexError: an index out of range or too many indices (PyTorch's messages).
+            ValueError: a step <= 0. TypeError: another kind of index."""
+        if isinstance(key, Tensor):
+            return apply("gather", [self, key], axis=0)
+        key = key if isinstance(key, tuple) else (key,)
+        index, out_shape = _basic_index(key, self.shape)
+        sliced = self
+        if any(s != slice(0, n, 1) for s, n in zip(index, self.shape)):
+            sliced = apply("slice", [self], start=tuple(s.start for s in index),
+                           stop=tuple(s.stop for s in index), step=tuple(s.step for s in index))
+        return sliced if sliced.shape == out_shape else sliced.reshape(out_shape)
+
     # ------------------------------------------------------------------ conversions
     def to(self, dtype) -> "Tensor":
         """A copy converted to ``dtype`` (op ``cast``)."""
@@ -147,10 +264,10 @@ class Tensor:
                             reverse=True)
 
     def __matmul__(self, o):
-        return apply("matmul", [self, o if isinstance(o, Tensor) else tensor(o, dtype=self.dtype)])
+        return _matmul(self, o if isinstance(o, Tensor) else tensor(o, dtype=self.dtype))
 
     def __rmatmul__(self, o):
-        return apply("matmul", [tensor(o, dtype=self.dtype), self])
+        return _matmul(tensor(o, dtype=self.dtype), self)
 
     def __neg__(self):
         return apply("negative", [self])
@@ -203,6 +320,73 @@ class Tensor:
     def T(self):
         """The tensor with its axes reversed (op ``transpose``)."""
         return self.transpose()
+
+
+def _dim(fn: str, dim, ndim: int) -> int:
+    """``dim`` made non-negative for ``ndim`` dimensions; IndexError as PyTorch's."""
+    if isinstance(dim, bool) or not isinstance(dim, numbers.Integral):
+        raise TypeError(f"{fn}: dim must be an int, got {dim!r}")
+    if not -max(ndim, 1) <= dim < max(ndim, 1):
+        raise IndexError(f"{fn}: Dimension out of range (expected to be in range of "
+                         f"[{-max(ndim, 1)}, {max(ndim, 1) - 1}], but got {dim})")
+    return int(dim) % max(ndim, 1)
+
+
+def _basic_index(key: tuple, shape: tuple) -> tuple:
+    """``(slices, out_shape)`` of a basic-indexing key: one normalised ``slice(start, stop,
+    step)`` per dimension of ``shape`` and the result's shape (ints removed, None added)."""
+    if sum(k is Ellipsis for k in key) > 1:
+        raise IndexError("an index can only have a single ellipsis ('...')")
+    used = sum(k is not None and k is not Ellipsis for k in key)
+    if used > len(shape):
+        raise IndexError(f"too many indices for tensor of dimension {len(shape)}")
+    if Ellipsis in key:
+        at = next(i for i, k in enumerate(key) if k is Ellipsis)
+        key = key[:at] + (slice(None),) * (len(shape) - used) + key[at + 1:]
+    else:
+        key = key + (slice(None),) * (len(shape) - used)
+    slices, out_shape, d = [], [], 0
+    for k in key:
+        if k is None:
+            out_shape.append(1)
+            continue
+        n = shape[d]
+        if isinstance(k, numbers.Integral) and not isinstance(k, bool):
+            if not -n <= k < n:
+                raise IndexError(f"index {k} is out of bounds for dimension {d} with size {n}")
+            k = int(k) % n
+            slices.append(slice(k, k + 1, 1))
+        elif isinstance(k, slice):
+            if k.step is not None and k.step <= 0:
+                raise ValueError(f"step must be greater than zero, got {k.step} (dimension {d})")
+            a, b, st = k.indices(n)
+            b = max(a, b)
+            slices.append(slice(a, b, st))
+            out_shape.append(len(range(a, b, st)))
+        else:
+            raise TypeError(f"tensor index {k!r} ({type(k).__name__}): miniflow supports ints, "
+                            f"slices, None, ... and one int64 Tensor (along dimension 0)")
+        d += 1
+    return slices, tuple(out_shape)
+
+
+def _matmul(a: "Tensor", b: "Tensor") -> "Tensor":
+    """``torch.matmul`` for the ranks miniflow has ops for: 2-D @ 2-D (op ``matmul``), N-D @ 2-D
+    (the leading dimensions flattened, op ``matmul``), and N-D @ N-D with equal batch dimensions
+    (op ``batch_matmul``).
+
+    Raises:
+        ValueError: other ranks, or batch dimensions that differ (no broadcasting)."""
+    if a.ndim == 2 and b.ndim == 2:
+        return apply("matmul", [a, b])
+    if a.ndim > 2 and b.ndim == 2:
+        out = apply("matmul", [a.reshape(-1, a.shape[-1]), b])
+        return out.reshape(a.shape[:-1] + (b.shape[1],))
+    if a.ndim >= 3 and a.ndim == b.ndim:
+        return apply("batch_matmul", [a, b])
+    raise ValueError(f"matmul: shapes {list(a.shape)} @ {list(b.shape)}: miniflow multiplies "
+                     f"2-D @ 2-D, N-D @ 2-D and N-D @ N-D with equal batch dimensions; reshape "
+                     f"or expand the operands")
 
 
 def _reciprocal(s: float) -> float:

@@ -105,8 +105,9 @@ def test_every_op_type_is_in_exactly_one_list_or_documented_unlisted():
 
 def test_lists_follow_oneflow_after_pr_9126():
     lists = AmpLists()
-    assert lists.ops("white") == ("amp_white_identity", "conv2d", "conv_bias_grad",
-                                  "conv_data_grad", "conv_filter_grad", "matmul")
+    assert lists.ops("white") == ("amp_white_identity", "batch_matmul", "conv2d",
+                                  "conv_bias_grad", "conv_data_grad", "conv_filter_grad",
+                                  "matmul")
     assert lists.ops("black") == ("amp_black_identity",)
     assert {op: lists.category(op) for op in (
         "normalization", "normalization_grad", "avg_pool_2d", "avg_pool_2d_grad", "max_pool_2d",
@@ -116,6 +117,10 @@ def test_lists_follow_oneflow_after_pr_9126():
         "relu": "clear", "reshape": "clear", "adaptive_avg_pool2d": None, "flatten": None}
     assert lists.category("sigmoid_grad") == "gray" and lists.category("sigmoid") is None
     assert lists.category("ones_like") == "clear" and lists.category("cast") is None
+    assert {op: lists.category(op) for op in (
+        "softmax", "softmax_grad", "layer_norm", "layer_norm_grad", "layer_norm_param_grad")} == {
+        "softmax": "gray", "softmax_grad": "gray", "layer_norm": "gray",
+        "layer_norm_grad": "gray", "layer_norm_param_grad": "gray"}
 
 
 def test_lists_add_moves_remove_unlists_and_copies_are_independent():

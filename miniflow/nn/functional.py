@@ -15,9 +15,11 @@ import numpy as np
 from ..tensor import Tensor, apply, tensor
 from . import activations
 from .activations import *  # noqa: F401,F403  (the activation functions: relu ...)
+from .dropout import dropout
 
 __all__ = ["softmax", "log_softmax", "cross_entropy", "linear", "conv2d", "max_pool2d",
            "avg_pool2d", "adaptive_avg_pool2d", "batch_norm", "flatten", "white_identity",
+           "dropout",
            "black_identity", *(name for name in activations.__all__ if name.islower())]
 
 

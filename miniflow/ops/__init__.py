@@ -5,8 +5,10 @@ and ``elementwise.elementwise`` for declaring an elementwise op with its scalar 
 """
 from .registry import (OP_REGISTRY, OpDef, all_ops, emitter, get_op, inference_calls, register,
                        scalar_functions, unregister)
-from . import (accumulation, amp_ops, clip, collective, conv, elementwise, fused,  # noqa: F401
-               linalg, loss_scale, nn, normalization, pool, shape, update)  # (registers the op types)
+from . import (accumulation, amp_ops, clip, collective, conv, dropout, elementwise,  # noqa: F401
+               fused,
+               indexing, layer_norm, linalg, loss_scale, nn, normalization, pool, shape,
+               update)  # (registers the op types)
 
 __all__ = ["OP_REGISTRY", "OpDef", "all_ops", "emitter", "get_op", "inference_calls", "register",
            "scalar_functions", "unregister"]

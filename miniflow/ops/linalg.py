@@ -1,8 +1,11 @@
-"""``matmul``: 2-D matrix product with optional transposes (OneFlow ``matmul`` op).
+"""``matmul``: 2-D matrix product with optional transposes (OneFlow ``matmul`` op), and
+``batch_matmul``: the same product per batch over equal leading dimensions (OneFlow
+``batch_matmul``, ``oneflow/user/ops/matmul_op.cpp``: both operands of one rank >= 3, one batch
+shape, no broadcasting; PyTorch's ``torch.bmm`` for rank 3, ``torch.matmul`` for equal batches).
 
-Gradient (OneFlow ``matmul`` backward): for out = op(a) @ op(b),
-``da = dy @ b^T`` (or its transposed form), ``db = a^T @ dy``, emitted as matmul nodes with the
-transpose flags chosen so no explicit transpose node is needed.
+Gradient (OneFlow ``matmul`` / ``batch_matmul`` backward): for out = op(a) @ op(b),
+``da = dy @ b^T`` (or its transposed form), ``db = a^T @ dy``, emitted as nodes of the same op with
+the transpose flags chosen so no explicit transpose node is needed.
 
 ``count_not_finite=True`` (set by the ``fuse_model_update_cast`` pass on the matmul that makes a
 weight's gradient, never by users) adds a second output, ``i64[1]``: the number of non-finite
@@ -44,16 +47,17 @@ def _infer(inputs, attrs):
 def _grad(n, gs, emit):
     a, b = n.inputs
     dy = gs[0]
+    op = n.op.name                      # matmul or batch_matmul: the gradients are the same op
     ta, tb = n.attrs["transpose_a"], n.attrs["transpose_b"]
     # da: shape of a.  out = A @ B with A = op(a), B = op(b); dA = dy @ B^T, dB = A^T @ dy.
     if not ta:
-        da = emit("matmul", dy, b, transpose_a=False, transpose_b=not tb)
+        da = emit(op, dy, b, transpose_a=False, transpose_b=not tb)
     else:  # a = A^T -> da = dA^T = B @ dy^T
-        da = emit("matmul", b, dy, transpose_a=tb, transpose_b=True)
+        da = emit(op, b, dy, transpose_a=tb, transpose_b=True)
     if not tb:
-        db = emit("matmul", a, dy, transpose_a=not ta, transpose_b=False)
+        db = emit(op, a, dy, transpose_a=not ta, transpose_b=False)
     else:  # b = B^T -> db = dB^T = dy^T @ A
-        db = emit("matmul", dy, a, transpose_a=True, transpose_b=ta)
+        db = emit(op, dy, a, transpose_a=True, transpose_b=ta)
     return [da, db]
 
 
@@ -81,3 +85,57 @@ def _reference(arrays, attrs):
 
 register("matmul", _infer, normalize=_norm, grad=_grad, reference=_reference, samples=_samples,
          amp="white", doc="out[m, n] = sum_k op(a)[m, k] * op(b)[k, n], op = transpose if flagged")
+
+
+# ------------------------------------------------------------------------------ batch_matmul
+def _batch_norm_attrs(inputs, attrs):
+    return {"transpose_a": bool(attrs.get("transpose_a", False)),
+            "transpose_b": bool(attrs.get("transpose_b", False))}
+
+
+def _batch_infer(inputs, attrs):
+    op = "batch_matmul"
+    check_arity(op, inputs, 2)
+    a, b = inputs
+    dt = check_float(op, a, b)
+    if len(a.shape) < 3 or len(a.shape) != len(b.shape):
+        raise ValueError(f"{op}: both inputs must have one rank >= 3 ([..., m, k] and "
+                         f"[..., k, n]), got {fmt(a)} and {fmt(b)}; use matmul for 2-D operands")
+    if a.shape[:-2] != b.shape[:-2]:
+        raise ValueError(f"{op}: batch dimensions differ: {fmt(a)} and {fmt(b)} (OneFlow's "
+                         f"batch_matmul does not broadcast); expand or reshape one of them")
+    m, k = a.shape[-2:][::-1] if attrs["transpose_a"] else a.shape[-2:]
+    k2, n = b.shape[-2:][::-1] if attrs["transpose_b"] else b.shape[-2:]
+    if k != k2:
+        raise ValueError(f"{op}: inner dimensions differ: {fmt(a)} "
+                         f"(transpose_a={attrs['transpose_a']}) and {fmt(b)} "
+                         f"(transpose_b={attrs['transpose_b']}) give {k} vs {k2}")
+    return [(a.shape[:-2] + (m, n), dt)]
+
+
+def _batch_reference(arrays, attrs):
+    a, b = arrays
+    a = np.swapaxes(a, -1, -2) if attrs["transpose_a"] else a
+    b = np.swapaxes(b, -1, -2) if attrs["transpose_b"] else b
+    return [np.matmul(a, b)]
+
+
+def _batch_samples():
+    def make(dt):
+        r = np.random.default_rng(12)
+        return [([rand(2, 5, 3, dtype=dt, r=r), rand(2, 3, 4, dtype=dt, r=r)], {}),
+                ([rand(2, 3, 4, 3, dtype=dt, r=r), rand(2, 3, 5, 3, dtype=dt, r=r)],
+                 {"transpose_b": True}),
+                ([rand(3, 4, 2, dtype=dt, r=r), rand(3, 4, 6, dtype=dt, r=r)],
+                 {"transpose_a": True}),
+                ([rand(2, 3, 5, dtype=dt, r=r), rand(2, 4, 3, dtype=dt, r=r)],
+                 {"transpose_a": True, "transpose_b": True}),
+                ([rand(0, 2, 3, dtype=dt, r=r), rand(0, 3, 2, dtype=dt, r=r)], {}),
+                ([rand(2, 2, 0, dtype=dt, r=r), rand(2, 0, 3, dtype=dt, r=r)], {}),
+                ([np.full((2, 1, 4), 200.0, dt), np.full((2, 4, 1), 100.0, dt)], {})]
+    return float_samples(make)
+
+
+register("batch_matmul", _batch_infer, normalize=_batch_norm_attrs, grad=_grad,
+         reference=_batch_reference, samples=_batch_samples, amp="white",
+         doc="out[..., m, n] = sum_k op(a)[..., m, k] * op(b)[..., k, n] per batch index")

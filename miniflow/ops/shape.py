@@ -1,8 +1,8 @@
 """Reductions, layout and creation ops: reduce_sum, broadcast_like, add_n, reshape, transpose,
-ones_like, constant, cast.
+detach, ones_like, constant, cast.
 
 Gradients (OneFlow): reduce_sum -> broadcast_like(dy, x); broadcast_like -> reduce_sum;
-reshape -> reshape back; transpose -> inverse transpose; cast -> cast back to the input dtype.
+reshape -> reshape back; transpose -> inverse transpose; detach -> none; cast -> cast back to the input dtype.
 The references round only where the op means it: ``cast`` and ``constant`` to their dtype.
 """
 from __future__ import annotations
@@ -188,6 +188,19 @@ register("transpose", _transpose_infer, normalize=_transpose_norm, grad=_transpo
          samples=lambda: float_samples(lambda dt: [([rand(3, 4, dtype=dt)], {"perm": (1, 0)}),
                                                    ([rand(2, 3, 4, dtype=dt)], {"perm": (2, 0, 1)})]),
          doc="out = x with axes permuted by perm")
+
+
+def _detach_infer(inputs, attrs):
+    check_arity("detach", inputs, 1)
+    return [(inputs[0].shape, inputs[0].dtype)]
+
+
+register("detach", _detach_infer, grad=lambda n, gs, emit: [None],
+         reference=lambda xs, a: [xs[0].copy()], amp="clear",
+         amp_note="not in OneFlow's lists (its detach is a tensor method, not a user op); a copy "
+                  "moves data only, so it keeps its input's dtype, like identity",
+         samples=lambda: float_samples(lambda dt: [([rand(3, 4, dtype=dt)], {})]),
+         doc="out = x, with no gradient to x (Tensor.detach in a graph)")
 
 
 # ------------------------------------------------------------------------------ creation

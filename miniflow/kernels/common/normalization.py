@@ -3,12 +3,15 @@
 ``[outer, C, inner]`` around ``axis`` (``miniflow.ops.geometry.norm_layout``), the training or
 eval variant from the node's ``training`` attribute (the op's ``written`` inputs follow it too).
 The backend's step makers run the loops (one channel per iteration or block, two passes for the
-variance)."""
+variance).
+
+The layer-norm builders (``layer_norm``, ``layer_norm_grad``, ``layer_norm_param_grad``) view
+``x`` as ``[rows, cols]`` around ``begin_norm_axis`` (:func:`layer_norm_builders`)."""
 from __future__ import annotations
 
 from ...ops.geometry import norm_layout
 
-__all__ = ["builders"]
+__all__ = ["builders", "layer_norm_builders"]
 
 
 def builders(*, train_steps, eval_steps, grad_steps, increment_steps) -> dict:
@@ -45,3 +48,50 @@ def builders(*, train_steps, eval_steps, grad_steps, increment_steps) -> dict:
 
     return {"normalization": normalization, "normalization_grad": normalization_grad,
             "increment": increment}
+
+
+def _rows_cols(shape, axis: int) -> tuple:
+    """``(rows, cols)``: the products of ``shape[:axis]`` and ``shape[axis:]``."""
+    rows = cols = 1
+    for d in shape[:axis]:
+        rows *= int(d)
+    for d in shape[axis:]:
+        cols *= int(d)
+    return rows, cols
+
+
+def layer_norm_builders(layer_norm_steps, grad_steps, param_grad_steps) -> dict:
+    """Op type -> builder of the layer-norm ops, over a backend's step makers (``x`` viewed as
+    ``[rows, cols]``; a missing ``gamma`` / ``beta`` is None):
+
+    * ``layer_norm_steps(x, gamma, beta, y, mean, inv_variance, rows, cols, epsilon)``;
+    * ``grad_steps(dy, x, mean, inv_variance, gamma, dx, rows, cols)``;
+    * ``param_grad_steps(dy, x, mean, inv_variance, gamma_diff, beta_diff, rows, cols)``.
+    """
+    def layer_norm(node, ins, outs):
+        """``y, mean, inv_variance = layer_norm(x[, gamma, beta])``."""
+        x = ins[0]
+        gamma, beta = (ins[1], ins[2]) if len(ins) == 3 else (None, None)
+        rows, cols = _rows_cols(x.shape, node.attrs["begin_norm_axis"])
+        if rows == 0:
+            return []
+        return layer_norm_steps(x, gamma, beta, *outs, rows, cols, node.attrs["epsilon"])
+
+    def layer_norm_grad(node, ins, outs):
+        """``dx = layer_norm_grad(dy, x, mean, inv_variance[, gamma])``."""
+        dy, x, mean, inv = ins[:4]
+        rows, cols = _rows_cols(x.shape, node.attrs["begin_norm_axis"])
+        if rows * cols == 0:
+            return []
+        return grad_steps(dy, x, mean, inv, ins[4] if len(ins) == 5 else None, outs[0], rows,
+                          cols)
+
+    def layer_norm_param_grad(node, ins, outs):
+        """``gamma_diff, beta_diff = layer_norm_param_grad(dy, x, mean, inv_variance)``."""
+        rows, cols = _rows_cols(ins[1].shape, node.attrs["begin_params_axis"])
+        if cols == 0:
+            return []
+        return param_grad_steps(*ins, *outs, rows, cols)
+
+    return {"layer_norm": layer_norm, "layer_norm_grad": layer_norm_grad,
+            "layer_norm_param_grad": layer_norm_param_grad}

@@ -14,7 +14,8 @@ from .elementwise import StepMakers, derived_builder
 __all__ = ["MODULES", "kernel_table", "builder_for", "backend_kernels", "GroupBuilder"]
 
 MODULES = ("elementwise", "movement", "reduce", "matmul", "update", "loss_scale", "clip", "fused",
-           "collective", "conv", "normalization", "pool")
+           "collective", "conv", "normalization", "pool", "indexing",
+           "dropout")
 """The kernel modules of every backend package, each with its ``BUILDERS`` (``elementwise`` also
 has ``STEPS``, the step makers of the derived elementwise builders)."""
 

@@ -1,5 +1,5 @@
 """``matmul`` on the CPU: NumPy's BLAS, plus register-blocked Numba loops for the shapes where BLAS
-is slow.
+is slow; ``batch_matmul`` is one such product per batch index (``kernels.common.batch``).
 
 ``out = A @ B`` with ``A = op(a)`` of shape ``[m, k]`` and ``B = op(b)`` of shape ``[k, n]``
 (``op`` = transpose when the node says so; transposed operands are ``.T`` views, read in place).
@@ -62,6 +62,7 @@ import numpy as np
 
 from ...dtype import bfloat16
 from . import fp16, tune
+from ..common.batch import batched
 from .common import blas_libraries, jit, jitable, kview, loop_for, use_parallel
 from .elementwise import cast_steps
 from .fp16 import load, store, to_compute
@@ -683,5 +684,5 @@ def numba_steps(node, ins, outs):
     return steps + _into_out(target, outs)
 
 
-BUILDERS = {"matmul": build_matmul}
+BUILDERS = {"matmul": build_matmul, "batch_matmul": batched(build_matmul)}
 """Op type -> builder."""

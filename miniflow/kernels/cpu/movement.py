@@ -41,6 +41,7 @@ def build_broadcast_like(node, ins, outs):
     return [(np.copyto, (out, x))]
 
 
-BUILDERS = {"reshape": build_reshape, "flatten": build_reshape, "transpose": build_transpose,
+BUILDERS = {"reshape": build_reshape, "flatten": build_reshape, "detach": build_reshape,
+            "transpose": build_transpose,
             "broadcast_like": build_broadcast_like, **movement.builders(fill_steps)}
 """Op type -> builder for the data-movement ops and the fills."""

@@ -1,5 +1,7 @@
 """Batch norm on the CPU: ``normalization`` (training and eval), ``normalization_grad`` and
-``increment`` (their builders: ``kernels.common.normalization``; these are the step makers).
+``increment`` (their builders: ``kernels.common.normalization``; these are the step makers), and
+layer norm: ``layer_norm``, ``layer_norm_grad``, ``layer_norm_param_grad`` (the same step makers,
+builders in ``kernels.common.normalization`` too).
 
 One kernel per op, one channel per (parallel) iteration. Training computes the channel's mean
 first, then the sum of squared deviations from it: two passes over data that stays in cache,
@@ -22,7 +24,9 @@ from .common import flat, jit, loop_for, use_parallel
 from .fp16 import load, store, to_compute
 
 __all__ = ["norm_train_kernel", "norm_eval_kernel", "norm_grad_kernel", "increment_kernel",
-           "train_steps", "eval_steps", "grad_steps", "increment_steps", "BUILDERS"]
+           "layer_norm_kernel", "layer_norm_grad_kernel", "layer_norm_param_grad_kernel",
+           "train_steps", "eval_steps", "grad_steps", "increment_steps", "layer_norm_steps",
+           "layer_norm_grad_steps", "layer_norm_param_grad_steps", "BUILDERS"]
 
 
 @functools.cache
@@ -141,6 +145,115 @@ def increment_kernel():
     return kernel
 
 
+@functools.cache
+def layer_norm_kernel(parallel: bool, affine: bool):
+    """``kernel(x, gamma, beta, y, mean, inv_var, rows, cols, eps)``: layer norm of ``x`` viewed
+    as ``[rows, cols]``, one row per (parallel) iteration: the row's mean, then the sum of squared
+    deviations from it (two passes: no cancellation at any mean), ``inv_var = 1 / sqrt(var +
+    eps)``, ``y = (x - mean) * inv_var`` (``* gamma + beta`` when ``affine``). Statistics in their
+    own dtype (float32 for half ``x``), the row in the compute type."""
+    loop = loop_for(parallel)
+
+    @jit(parallel, fastmath=("reassoc",))
+    def kernel(x, gamma, beta, y, mean, inv_var, rows, cols, eps):
+        n = to_compute(mean, cols)
+        one = to_compute(mean, 1.0)
+        for r_ in loop(rows):
+            base = np.int64(r_) * cols
+            s = to_compute(mean, 0.0)
+            for i in range(cols):
+                s += load(x, base + i)
+            mu = s / n
+            s2 = to_compute(mean, 0.0)
+            for i in range(cols):
+                d = load(x, base + i) - mu
+                s2 += d * d
+            iv = one / math.sqrt(s2 / n + to_compute(mean, eps))
+            mean[r_], inv_var[r_] = mu, iv
+            for i in range(cols):
+                v = (load(x, base + i) - mu) * iv
+                if affine:
+                    v = v * load(gamma, i) + load(beta, i)
+                store(y, base + i, v)
+
+    return kernel
+
+
+@functools.cache
+def layer_norm_grad_kernel(parallel: bool, affine: bool):
+    """``kernel(dy, x, mean, inv_var, gamma, dx, rows, cols)``: per row, with ``g = dy * gamma``
+    (``dy`` without ``affine``) and ``xhat = (x - mean) * inv_var``,
+    ``dx = inv_var * (g - sum(g) / cols - xhat * sum(g * xhat) / cols)``."""
+    loop = loop_for(parallel)
+
+    @jit(parallel, fastmath=("reassoc",))
+    def kernel(dy, x, mean, inv_var, gamma, dx, rows, cols):
+        n = to_compute(mean, cols)
+        for r_ in loop(rows):
+            base = np.int64(r_) * cols
+            mu, iv = mean[r_], inv_var[r_]
+            sg, sgx = to_compute(mean, 0.0), to_compute(mean, 0.0)
+            for i in range(cols):
+                g = load(dy, base + i)
+                if affine:
+                    g = g * load(gamma, i)
+                sg += g
+                sgx += g * (load(x, base + i) - mu) * iv
+            mg, mgx = sg / n, sgx / n
+            for i in range(cols):
+                g = load(dy, base + i)
+                if affine:
+                    g = g * load(gamma, i)
+                store(dx, base + i, iv * (g - mg - (load(x, base + i) - mu) * iv * mgx))
+
+    return kernel
+
+
+@functools.cache
+def layer_norm_param_grad_kernel(parallel: bool):
+    """``kernel(dy, x, mean, inv_var, gamma_diff, beta_diff, rows, cols)``: per column (one per
+    parallel iteration), ``gamma_diff = sum over rows of dy * (x - mean) * inv_var``,
+    ``beta_diff = sum over rows of dy``, accumulated in the statistics' dtype."""
+    loop = loop_for(parallel)
+
+    @jit(parallel, fastmath=("reassoc",))
+    def kernel(dy, x, mean, inv_var, gamma_diff, beta_diff, rows, cols):
+        for c_ in loop(cols):
+            c = np.int64(c_)
+            sg, sb = to_compute(mean, 0.0), to_compute(mean, 0.0)
+            for r in range(rows):
+                d = load(dy, r * cols + c)
+                sb += d
+                sg += d * (load(x, r * cols + c) - mean[r]) * inv_var[r]
+            store(gamma_diff, c, sg)
+            store(beta_diff, c, sb)
+
+    return kernel
+
+
+def layer_norm_steps(x, gamma, beta, y, mean, inv, rows: int, cols: int, eps: float):
+    """The step of ``layer_norm`` (``gamma`` / ``beta`` None without the affine parameters)."""
+    affine = gamma is not None
+    kernel = layer_norm_kernel(use_parallel(x.size) and rows > 1, affine)
+    g, b = (flat(gamma), flat(beta)) if affine else (flat(x), flat(x))
+    return [(kernel, (flat(x), g, b, flat(y), flat(mean), flat(inv), rows, cols, float(eps)))]
+
+
+def layer_norm_grad_steps(dy, x, mean, inv, gamma, dx, rows: int, cols: int):
+    """The step of ``layer_norm_grad`` (``gamma`` None without it)."""
+    affine = gamma is not None
+    kernel = layer_norm_grad_kernel(use_parallel(x.size) and rows > 1, affine)
+    return [(kernel, (flat(dy), flat(x), flat(mean), flat(inv),
+                      flat(gamma) if affine else flat(x), flat(dx), rows, cols))]
+
+
+def layer_norm_param_grad_steps(dy, x, mean, inv, gamma_diff, beta_diff, rows: int, cols: int):
+    """The step of ``layer_norm_param_grad``."""
+    kernel = layer_norm_param_grad_kernel(use_parallel(x.size) and cols > 1)
+    return [(kernel, (flat(dy), flat(x), flat(mean), flat(inv), flat(gamma_diff),
+                      flat(beta_diff), rows, cols))]
+
+
 def train_steps(x, y, mean, inv, mm, mv, gamma, beta, layout, eps: float, momentum: float):
     """The step of a training-mode ``normalization`` (one channel per parallel iteration)."""
     outer, c, inner = layout
@@ -169,6 +282,8 @@ def increment_steps(counter):
     return [(increment_kernel(), (counter.reshape(-1),))]
 
 
-BUILDERS = normalization.builders(train_steps=train_steps, eval_steps=eval_steps,
-                                  grad_steps=grad_steps, increment_steps=increment_steps)
-"""Op type -> builder of the batch-norm ops."""
+BUILDERS = {**normalization.builders(train_steps=train_steps, eval_steps=eval_steps,
+                                     grad_steps=grad_steps, increment_steps=increment_steps),
+            **normalization.layer_norm_builders(layer_norm_steps, layer_norm_grad_steps,
+                                                layer_norm_param_grad_steps)}
+"""Op type -> builder of the batch-norm and layer-norm ops."""

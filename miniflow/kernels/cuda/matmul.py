@@ -1,5 +1,6 @@
 """``matmul`` on CUDA: a register-tiled kernel over shared memory (launch:
-``launch.tile_steps``), or cuBLAS when its binding is installed (``kernels.cuda.cublas``).
+``launch.tile_steps``), or cuBLAS when its binding is installed (``kernels.cuda.cublas``);
+``batch_matmul`` is one such product per batch index (``kernels.common.batch``).
 
 The product accumulates in the compute type (float32 for f16/f32, float64 for f64) and is rounded
 once to out's dtype; the transposes are read in place, each operand in the order its memory is
@@ -13,6 +14,7 @@ import functools
 from numba import cuda
 
 from . import cublas
+from ..common.batch import batched
 from .common import flat, jit, short, types_of
 from .launch import current, tile_steps
 from .loss_scale import count_steps
@@ -115,5 +117,5 @@ def build_matmul(node, ins, outs):
     return steps + (count_steps(out, outs[1]) if len(outs) > 1 else [])  # count_not_finite
 
 
-BUILDERS = {"matmul": build_matmul}
+BUILDERS = {"matmul": build_matmul, "batch_matmul": batched(build_matmul)}
 """Op type -> builder."""

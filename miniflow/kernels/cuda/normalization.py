@@ -6,6 +6,10 @@ memory (``common.block_sum``): two passes for the statistics (the mean, then the
 deviations from it), thread 0 writes the statistics and the moving statistics, then every thread
 writes its share of ``y`` (or ``dx``). Eval is a grid-stride loop over ``x``. Statistics and
 parameters are in the compute type (float32 for f16/f32 ``x``, OneFlow's parameter dtype).
+
+Layer norm (``layer_norm``, ``layer_norm_grad``) runs one block per row of ``x`` viewed as
+``[rows, cols]``, the same two-pass block sums; ``layer_norm_param_grad`` is a grid-stride loop
+over the columns, each thread summing its column over the rows (no atomics).
 """
 from __future__ import annotations
 
@@ -18,7 +22,9 @@ from .common import block_sum, flat, jit, math, short, types_of
 from .launch import current, flat_steps, row_steps
 
 __all__ = ["norm_train_kernel", "norm_eval_kernel", "norm_grad_kernel", "increment_kernel",
-           "train_steps", "eval_steps", "grad_steps", "increment_steps", "BUILDERS"]
+           "layer_norm_kernel", "layer_norm_grad_kernel", "layer_norm_param_grad_kernel",
+           "train_steps", "eval_steps", "grad_steps", "increment_steps", "layer_norm_steps",
+           "layer_norm_grad_steps", "layer_norm_param_grad_steps", "BUILDERS"]
 
 
 @cuda.jit(device=True)
@@ -121,6 +127,114 @@ def increment_kernel():
     return kernel
 
 
+@functools.cache
+def layer_norm_kernel(ld, ct, st, block: int, affine: bool):
+    """``kernel(x, gamma, beta, y, mean, inv_var, rows, cols, eps)``: one block per row of ``x``
+    viewed as ``[rows, cols]``: the mean, then the squared deviations from it (two block sums),
+    thread 0 writes ``mean`` and ``inv_var = 1 / sqrt(var + eps)``, every thread its share of
+    ``y = (x - mean) * inv_var`` (``* gamma + beta`` when ``affine``)."""
+
+    @jit
+    def kernel(x, gamma, beta, y, mean, inv_var, rows, cols, eps):
+        sm = cuda.shared.array(block, ct)
+        for r in range(cuda.blockIdx.x, rows, cuda.gridDim.x):
+            base = r * cols
+            s = ct(0)
+            for i in range(cuda.threadIdx.x, cols, block):
+                s += ld(x[base + i])
+            mu = ct(block_sum(sm, s) / ct(cols))
+            s = ct(0)
+            for i in range(cuda.threadIdx.x, cols, block):
+                d = ld(x[base + i]) - mu
+                s += d * d
+            s2 = block_sum(sm, s)
+            iv = ct(ct(1) / math.sqrt(ct(s2 / ct(cols)) + ct(eps)))
+            if cuda.threadIdx.x == 0:
+                mean[r], inv_var[r] = mu, iv
+            for i in range(cuda.threadIdx.x, cols, block):
+                v = ct((ld(x[base + i]) - mu) * iv)
+                if affine:
+                    v = ct(v * ld(gamma[i]) + ld(beta[i]))
+                y[base + i] = st(v)
+
+    return kernel
+
+
+@functools.cache
+def layer_norm_grad_kernel(ld, ct, st, block: int, affine: bool):
+    """``kernel(dy, x, mean, inv_var, gamma, dx, rows, cols)``: one block per row, with
+    ``g = dy * gamma`` (``dy`` without ``affine``) and ``xhat = (x - mean) * inv_var``:
+    ``dx = inv_var * (g - sum(g) / cols - xhat * sum(g * xhat) / cols)``."""
+
+    @jit
+    def kernel(dy, x, mean, inv_var, gamma, dx, rows, cols):
+        sm = cuda.shared.array(block, ct)
+        for r in range(cuda.blockIdx.x, rows, cuda.gridDim.x):
+            base = r * cols
+            mu, iv = mean[r], inv_var[r]
+            pg, pgx = ct(0), ct(0)
+            for i in range(cuda.threadIdx.x, cols, block):
+                g = ld(dy[base + i])
+                if affine:
+                    g = ct(g * ld(gamma[i]))
+                pg += g
+                pgx += ct(g * ((ld(x[base + i]) - mu) * iv))
+            mg = ct(block_sum(sm, pg) / ct(cols))
+            mgx = ct(block_sum(sm, pgx) / ct(cols))
+            for i in range(cuda.threadIdx.x, cols, block):
+                g = ld(dy[base + i])
+                if affine:
+                    g = ct(g * ld(gamma[i]))
+                dx[base + i] = st(iv * (g - mg - (ld(x[base + i]) - mu) * iv * mgx))
+
+    return kernel
+
+
+@functools.cache
+def layer_norm_param_grad_kernel(ld, ct, st):
+    """``kernel(dy, x, mean, inv_var, gamma_diff, beta_diff, rows, cols)``, grid-stride over the
+    columns: ``gamma_diff = sum over rows of dy * (x - mean) * inv_var``, ``beta_diff = sum over
+    rows of dy``."""
+
+    @jit
+    def kernel(dy, x, mean, inv_var, gamma_diff, beta_diff, rows, cols):
+        for c in range(cuda.grid(1), cols, cuda.gridsize(1)):
+            sg, sb = ct(0), ct(0)
+            for r in range(rows):
+                d = ld(dy[r * cols + c])
+                sb += d
+                sg += ct(d * ((ld(x[r * cols + c]) - mean[r]) * inv_var[r]))
+            gamma_diff[c] = st(sg)
+            beta_diff[c] = st(sb)
+
+    return kernel
+
+
+def layer_norm_steps(x, gamma, beta, y, mean, inv, rows: int, cols: int, eps: float):
+    """Row launches of :func:`layer_norm_kernel`, one block per row."""
+    affine = gamma is not None
+    kernel = layer_norm_kernel(*types_of(x), current().row_block, affine)
+    g, b = (flat(gamma), flat(beta)) if affine else (flat(x), flat(x))
+    return row_steps(kernel, rows, (flat(x), g, b, flat(y), flat(mean), flat(inv), rows, cols,
+                                    float(eps)), f"layer_norm {short(x.dtype)}")
+
+
+def layer_norm_grad_steps(dy, x, mean, inv, gamma, dx, rows: int, cols: int):
+    """Row launches of :func:`layer_norm_grad_kernel`, one block per row."""
+    affine = gamma is not None
+    kernel = layer_norm_grad_kernel(*types_of(x), current().row_block, affine)
+    return row_steps(kernel, rows, (flat(dy), flat(x), flat(mean), flat(inv),
+                                    flat(gamma) if affine else flat(x), flat(dx), rows, cols),
+                     f"layer_norm_grad {short(x.dtype)}")
+
+
+def layer_norm_param_grad_steps(dy, x, mean, inv, gamma_diff, beta_diff, rows: int, cols: int):
+    """A grid-stride launch of :func:`layer_norm_param_grad_kernel` over the columns."""
+    return flat_steps(layer_norm_param_grad_kernel(*types_of(dy)), cols,
+                      (flat(dy), flat(x), flat(mean), flat(inv), flat(gamma_diff),
+                       flat(beta_diff), rows, cols), f"layer_norm_param_grad {short(dy.dtype)}")
+
+
 def train_steps(x, y, mean, inv, mm, mv, gamma, beta, layout, eps: float, momentum: float):
     """Row launches of :func:`norm_train_kernel`, one block per channel."""
     outer, c, inner = layout
@@ -152,6 +266,8 @@ def increment_steps(counter):
     return flat_steps(increment_kernel(), 1, (flat(counter),), "increment i64")
 
 
-BUILDERS = normalization.builders(train_steps=train_steps, eval_steps=eval_steps,
-                                  grad_steps=grad_steps, increment_steps=increment_steps)
-"""Op type -> builder of the batch-norm ops."""
+BUILDERS = {**normalization.builders(train_steps=train_steps, eval_steps=eval_steps,
+                                     grad_steps=grad_steps, increment_steps=increment_steps),
+            **normalization.layer_norm_builders(layer_norm_steps, layer_norm_grad_steps,
+                                                layer_norm_param_grad_steps)}
+"""Op type -> builder of the batch-norm and layer-norm ops."""

@@ -1,0 +1,86 @@
+"""The builders of the indexing ops on every backend (``gather``, ``unsorted_segment_sum_like``,
+``slice``, ``slice_grad``, ``tril``, ``masked_fill``), over the backend's step makers: the layouts
+are planned here once (``[outer, n, inner]`` around the gather axis, the slice's element offset
+and strides, the mask's broadcast strides), the loops are the backend's."""
+from __future__ import annotations
+
+from ...ops.indexing import slice_index
+from .layout import broadcast_plan
+
+__all__ = ["builders", "around", "slice_layout"]
+
+
+def _prod(dims) -> int:
+    out = 1
+    for d in dims:
+        out *= int(d)
+    return out
+
+
+def around(shape, axis: int) -> tuple:
+    """``(outer, n, inner)`` of ``shape`` around ``axis``."""
+    return _prod(shape[:axis]), int(shape[axis]), _prod(shape[axis + 1:])
+
+
+def slice_layout(shape, attrs) -> tuple:
+    """``(offset, strides)``: the element offset of the slice's first element in a C-contiguous
+    array of ``shape``, and the element strides of the slice's axes (C strides times the steps)."""
+    strides, acc = [0] * len(shape), 1
+    for d in range(len(shape) - 1, -1, -1):
+        strides[d] = acc
+        acc *= int(shape[d])
+    offset = sum(a * s for a, s in zip(attrs["start"], strides))
+    return offset, tuple(s * k for s, k in zip(strides, attrs["step"]))
+
+
+def builders(*, gather_steps, segment_sum_steps, slice_steps, slice_grad_steps, tril_steps,
+             masked_fill_steps) -> dict:
+    """Op type -> builder of the indexing ops, over a backend's step makers:
+
+    * ``gather_steps(x, indices, out, outer, n, inner)``: ``out[o, j, i] = x[o, indices[j], i]``;
+    * ``segment_sum_steps(data, ids, out, outer, n, inner)``: ``out[o, s, i] = sum over j with
+      ids[j] == s of data[o, j, i]``;
+    * ``slice_steps(x, out, index, offset, strides)`` and ``slice_grad_steps(dy, dx, index,
+      offset, strides)``: ``index`` the tuple of Python slices, ``offset`` / ``strides`` in
+      elements of ``x`` / ``dx`` (:func:`slice_layout`), whichever the backend uses;
+    * ``tril_steps(x, out, rows, cols, diagonal, fill_value)``;
+    * ``masked_fill_steps(x, mask, out, shape, mask_strides, value)``: the broadcast collapsed
+      (``layout.broadcast_plan``).
+    """
+    def gather(node, ins, outs):
+        """``out = x`` indexed by ``indices`` along ``axis``."""
+        x, idx = ins
+        return gather_steps(x, idx, outs[0], *around(x.shape, node.attrs["axis"]))
+
+    def unsorted_segment_sum_like(node, ins, outs):
+        """``out = 0``, then ``data`` summed at ``segment_ids`` along ``axis``."""
+        data, ids, _ = ins
+        return segment_sum_steps(data, ids, outs[0], *around(outs[0].shape, node.attrs["axis"]))
+
+    def slice_(node, ins, outs):
+        """``out = x[start:stop:step, ...]``."""
+        return slice_steps(ins[0], outs[0], slice_index(node.attrs),
+                           *slice_layout(ins[0].shape, node.attrs))
+
+    def slice_grad(node, ins, outs):
+        """``dx = 0``, then ``dx[start:stop:step, ...] = dy``."""
+        return slice_grad_steps(ins[0], outs[0], slice_index(node.attrs),
+                                *slice_layout(outs[0].shape, node.attrs))
+
+    def tril(node, ins, outs):
+        """``out = x`` where ``col - row <= diagonal``, else ``fill_value``."""
+        rows, cols = (int(d) for d in ins[0].shape[-2:])
+        return tril_steps(ins[0], outs[0], rows, cols, node.attrs["diagonal"],
+                          node.attrs["fill_value"])
+
+    def masked_fill(node, ins, outs):
+        """``out = value`` where ``mask`` (broadcast) is nonzero, else ``x``."""
+        plan = broadcast_plan(outs[0].shape, ins[1].shape)
+        if plan is None:
+            return []
+        shape, (mst,) = plan
+        return masked_fill_steps(ins[0], ins[1], outs[0], tuple(int(s) for s in shape),
+                                 tuple(int(s) for s in mst), node.attrs["value"])
+
+    return {"gather": gather, "unsorted_segment_sum_like": unsorted_segment_sum_like,
+            "slice": slice_, "slice_grad": slice_grad, "tril": tril, "masked_fill": masked_fill}

@@ -1,0 +1,156 @@
+"""The indexing ops on the CPU (builders: ``kernels.common.indexing``; these are the step makers):
+``gather`` and ``unsorted_segment_sum_like`` (Numba loops over ``[outer, n, inner]``), ``slice`` and
+``slice_grad`` (``np.copyto`` through a strided view planned at build time), ``tril`` and
+``masked_fill`` (Numba loops that copy elements as stored: float16 and bfloat16 as their bits,
+the fill value converted to out's dtype once, at build time).
+
+``gather`` checks every index before it copies and raises IndexError on one outside ``[0, n)``;
+the executor then names it (``OpDef.diagnose``). ``unsorted_segment_sum_like`` adds in a scratch
+of the compute type (float32 for half types), in the order of the indices, then rounds once:
+deterministic, whatever the repeats.
+"""
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+
+from ..common import indexing
+from .common import flat, jit, kview, loop_for, use_parallel
+from .fp16 import load, store
+
+__all__ = ["gather_kernel", "segment_sum_kernel", "tril_kernel", "masked_fill_kernel",
+           "BUILDERS"]
+
+
+@functools.cache
+def gather_kernel(parallel: bool):
+    """``kernel(x, idx, out, outer, n, inner)``: ``out[o, j, i] = x[o, idx[j], i]`` (flat kernel
+    views); IndexError, before anything is written, if an index is outside ``[0, n)``."""
+    loop = loop_for(parallel)
+
+    @jit(parallel)
+    def kernel(x, idx, out, outer, n, inner):
+        m = idx.size
+        for j in range(m):
+            if idx[j] < 0 or idx[j] >= n:
+                raise IndexError("gather: an index is out of range")
+        for t_ in loop(outer * m):
+            t = np.int64(t_)
+            src = (t // m * n + idx[t % m]) * inner
+            dst = t * inner
+            for i in range(inner):
+                out[dst + i] = x[src + i]
+
+    return kernel
+
+
+@functools.cache
+def segment_sum_kernel():
+    """``kernel(data, ids, acc, out, outer, n, inner)``: ``acc = 0``, ``acc[o, ids[j], i] +=
+    data[o, j, i]`` for every j in order (ids outside ``[0, n)`` dropped), ``out = acc`` rounded
+    to out's dtype (``acc`` in the compute type)."""
+
+    @jit(False)
+    def kernel(data, ids, acc, out, outer, n, inner):
+        m = ids.size
+        acc[:] = 0
+        for o in range(outer):
+            for j in range(m):
+                s = ids[j]
+                if 0 <= s < n:
+                    dst, src = (o * n + s) * inner, (o * m + j) * inner
+                    for i in range(inner):
+                        acc[dst + i] += load(data, src + i)
+        for k in range(acc.size):
+            store(out, k, acc[k])
+
+    return kernel
+
+
+@functools.cache
+def tril_kernel(parallel: bool):
+    """``kernel(x, out, rows, cols, diagonal, fill)``: ``out[..., r, c] = x[..., r, c]`` where
+    ``c - r <= diagonal``, else ``fill[0]`` (out's dtype, as stored)."""
+    loop = loop_for(parallel)
+
+    @jit(parallel)
+    def kernel(x, out, rows, cols, diagonal, fill):
+        for i_ in loop(out.size):
+            i = np.int64(i_)
+            c = i % cols
+            r = i // cols % rows
+            out[i] = x[i] if c - r <= diagonal else fill[0]
+
+    return kernel
+
+
+@functools.cache
+def masked_fill_kernel(parallel: bool):
+    """``kernel(x, mask, out, shape, mask_strides, fill)``: ``out[i] = fill[0]`` where the mask
+    element broadcast to flat index ``i`` of ``shape`` (C order; stride 0 along broadcast axes)
+    is nonzero, else ``x[i]``."""
+    loop = loop_for(parallel)
+
+    @jit(parallel)
+    def kernel(x, mask, out, shape, mask_strides, fill):
+        nd = len(shape)
+        for i_ in loop(out.size):
+            i = np.int64(i_)
+            rest, off = i, 0
+            for d in range(nd - 1, -1, -1):
+                off += rest % shape[d] * mask_strides[d]
+                rest //= shape[d]
+            out[i] = fill[0] if mask[off] != 0 else x[i]
+
+    return kernel
+
+
+def _fill(out, value: float) -> np.ndarray:
+    """``value`` in out's dtype, as the kernels see it (a one-element kernel view)."""
+    with np.errstate(over="ignore"):
+        return kview(np.array([value], out.dtype))
+
+
+def gather_steps(x, idx, out, outer, n, inner):
+    """The step of ``gather``."""
+    return [(gather_kernel(use_parallel(out.size)), (flat(x), idx.reshape(-1), flat(out),
+                                                     outer, n, inner))]
+
+
+def segment_sum_steps(data, ids, out, outer, n, inner):
+    """The step of ``unsorted_segment_sum_like`` (a compute-type scratch allocated here)."""
+    acc = np.empty(out.size, np.float64 if out.dtype == np.float64 else np.float32)
+    return [(segment_sum_kernel(), (flat(data), ids.reshape(-1), acc, flat(out), outer, n,
+                                    inner))]
+
+
+def slice_steps(x, out, index, offset, strides):
+    """``out = x[index]``: a copy from the strided view."""
+    return [(np.copyto, (out, x[index]))]
+
+
+def slice_grad_steps(dy, dx, index, offset, strides):
+    """``dx = 0``, then ``dx[index] = dy``."""
+    return [(np.copyto, (dx, np.zeros((), dx.dtype))), (np.copyto, (dx[index], dy))]
+
+
+def tril_steps(x, out, rows, cols, diagonal, fill_value):
+    """The step of ``tril``."""
+    if out.size == 0:
+        return []
+    return [(tril_kernel(use_parallel(out.size)), (flat(x), flat(out), rows, cols,
+                                                   int(diagonal), _fill(out, fill_value)))]
+
+
+def masked_fill_steps(x, mask, out, shape, mask_strides, value):
+    """The step of ``masked_fill``."""
+    return [(masked_fill_kernel(use_parallel(out.size)),
+             (flat(x), mask.reshape(-1), flat(out), np.array(shape, np.int64),
+              np.array(mask_strides, np.int64), _fill(out, value)))]
+
+
+BUILDERS = indexing.builders(gather_steps=gather_steps, segment_sum_steps=segment_sum_steps,
+                             slice_steps=slice_steps, slice_grad_steps=slice_grad_steps,
+                             tril_steps=tril_steps, masked_fill_steps=masked_fill_steps)
+"""Op type -> builder of the indexing ops."""

@@ -1,0 +1,169 @@
+"""The indexing ops on CUDA (builders: ``kernels.common.indexing``; these are the step makers),
+grid-stride kernels over flat views (``launch.flat_steps``), no atomics:
+
+* ``gather``: one thread per output element; an index outside ``[0, n)`` gives NaN there (a
+  kernel cannot raise; the CPU kernel raises, as the cross-entropy kernels do for a bad label).
+* ``unsorted_segment_sum_like``: one thread per output element, summing the ``data`` elements
+  whose id is its segment, in index order, in the compute type (deterministic; ``O(out *
+  indices)`` work, fine for an embedding's gradient, no atomics).
+* ``slice``: the strided gather of ``kernels.cuda.movement`` from the slice's first element;
+  ``slice_grad``: a fill with zero, then a strided scatter of ``dy``.
+* ``tril``, ``masked_fill``: elementwise selects; values move as stored, the fill value is
+  rounded to out's dtype.
+"""
+from __future__ import annotations
+
+import functools
+import math
+
+from numba import cuda
+
+from ..common import indexing
+from .common import flat, jit, short, strided_offset, types_of
+from .launch import flat_steps
+from .movement import fill_steps, gather_steps as strided_gather_steps
+
+__all__ = ["gather_kernel", "segment_sum_kernel", "scatter_kernel", "tril_kernel",
+           "masked_fill_kernel", "BUILDERS"]
+
+
+@functools.cache
+def gather_kernel(ld, ct, st):
+    """``kernel(x, idx, out, m, n, inner)``: ``out[o, j, i] = x[o, idx[j], i]`` (``j < m``), NaN
+    for an index outside ``[0, n)``."""
+
+    @jit
+    def kernel(x, idx, out, m, n, inner):
+        for t in range(cuda.grid(1), out.size, cuda.gridsize(1)):
+            i = t % inner
+            j = t // inner % m
+            o = t // (inner * m)
+            k = idx[j]
+            if 0 <= k < n:
+                out[t] = x[(o * n + k) * inner + i]
+            else:
+                out[t] = st(ct(math.nan))
+
+    return kernel
+
+
+@functools.cache
+def segment_sum_kernel(ld, ct, st):
+    """``kernel(data, ids, out, m, n, inner)``: ``out[o, s, i] = sum over j < m with ids[j] == s
+    of data[o, j, i]``, in index order, in the compute type."""
+
+    @jit
+    def kernel(data, ids, out, m, n, inner):
+        for t in range(cuda.grid(1), out.size, cuda.gridsize(1)):
+            i = t % inner
+            s = t // inner % n
+            o = t // (inner * n)
+            acc = ct(0)
+            for j in range(m):
+                if ids[j] == s:
+                    acc += ld(data[(o * m + j) * inner + i])
+            out[t] = st(acc)
+
+    return kernel
+
+
+@functools.cache
+def scatter_kernel():
+    """``kernel(src, out, shape, ost)``: ``out[idx . ost] = src[idx]``, idx over ``shape`` (src's)."""
+
+    @jit
+    def kernel(src, out, shape, ost):
+        for i in range(cuda.grid(1), src.size, cuda.gridsize(1)):
+            out[strided_offset(i, shape, ost)] = src[i]
+
+    return kernel
+
+
+@functools.cache
+def tril_kernel(ld, ct, st):
+    """``kernel(x, out, rows, cols, diagonal, fill)``: ``out[..., r, c] = x[..., r, c]`` where
+    ``c - r <= diagonal``, else ``fill`` rounded to out's dtype."""
+
+    @jit
+    def kernel(x, out, rows, cols, diagonal, fill):
+        for i in range(cuda.grid(1), out.size, cuda.gridsize(1)):
+            c = i % cols
+            r = i // cols % rows
+            if c - r <= diagonal:
+                out[i] = x[i]
+            else:
+                out[i] = st(ct(fill))
+
+    return kernel
+
+
+@functools.cache
+def masked_fill_kernel(ld, ct, st):
+    """``kernel(x, mask, out, shape, mst, value)``: ``out[i] = value`` (rounded to out's dtype)
+    where ``mask[offset of i . mst]`` is nonzero, else ``x[i]``."""
+
+    @jit
+    def kernel(x, mask, out, shape, mst, value):
+        for i in range(cuda.grid(1), out.size, cuda.gridsize(1)):
+            if mask[strided_offset(i, shape, mst)] != 0:
+                out[i] = st(ct(value))
+            else:
+                out[i] = x[i]
+
+    return kernel
+
+
+def gather_steps(x, idx, out, outer, n, inner):
+    """A grid-stride launch of :func:`gather_kernel` over out."""
+    return flat_steps(gather_kernel(*types_of(out)), out.size,
+                      (flat(x), flat(idx), flat(out), int(idx.size), n, inner),
+                      f"gather {short(out.dtype)}")
+
+
+def segment_sum_steps(data, ids, out, outer, n, inner):
+    """A grid-stride launch of :func:`segment_sum_kernel` over out."""
+    return flat_steps(segment_sum_kernel(*types_of(out)), out.size,
+                      (flat(data), flat(ids), flat(out), int(ids.size), n, inner),
+                      f"unsorted_segment_sum_like {short(out.dtype)}")
+
+
+def _dims(shape, strides) -> tuple:
+    return tuple(int(s) for s in shape) or (1,), tuple(int(s) for s in strides) or (0,)
+
+
+def slice_steps(x, out, index, offset, strides):
+    """``out = x[index]``: the strided gather from element ``offset`` of x."""
+    if out.size == 0:
+        return []
+    shape, xst = _dims(out.shape, strides)
+    return strided_gather_steps(flat(x)[offset:], out, shape, xst, "slice")
+
+
+def slice_grad_steps(dy, dx, index, offset, strides):
+    """``dx = 0``, then the strided scatter of ``dy`` from element ``offset`` of dx."""
+    steps = fill_steps(dx, 0.0)
+    if dy.size == 0:
+        return steps
+    shape, ost = _dims(dy.shape, strides)
+    return steps + flat_steps(scatter_kernel(), dy.size, (flat(dy), flat(dx)[offset:], shape, ost),
+                              f"slice_grad {short(dx.dtype)}")
+
+
+def tril_steps(x, out, rows, cols, diagonal, fill_value):
+    """A grid-stride launch of :func:`tril_kernel` over out."""
+    return flat_steps(tril_kernel(*types_of(out)), out.size,
+                      (flat(x), flat(out), rows, cols, int(diagonal), float(fill_value)),
+                      f"tril {short(out.dtype)}")
+
+
+def masked_fill_steps(x, mask, out, shape, mask_strides, value):
+    """A grid-stride launch of :func:`masked_fill_kernel` over out."""
+    return flat_steps(masked_fill_kernel(*types_of(out)), out.size,
+                      (flat(x), flat(mask), flat(out), shape, mask_strides, float(value)),
+                      f"masked_fill {short(out.dtype)}")
+
+
+BUILDERS = indexing.builders(gather_steps=gather_steps, segment_sum_steps=segment_sum_steps,
+                             slice_steps=slice_steps, slice_grad_steps=slice_grad_steps,
+                             tril_steps=tril_steps, masked_fill_steps=masked_fill_steps)
+"""Op type -> builder of the indexing ops."""

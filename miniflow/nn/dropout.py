@@ -1,0 +1,96 @@
+"""``nn.Dropout`` and ``nn.functional.dropout`` (PyTorch's names, arguments and defaults: ``p=0.5``,
+identity in eval mode), on OneFlow's ``dropout`` op (``miniflow.ops.dropout``), and the random
+stream its masks come from.
+
+The stream is one int64 ``[seed, offset]`` tensor for the whole process (:func:`dropout_state`),
+like PyTorch's CUDA generator: every ``nn.Dropout`` holds it as a non-persistent buffer (so a
+compiled graph binds it as a variable its dropout nodes advance in place, and it is in no
+``state_dict``: PyTorch's state dicts load as they are). It is registered with
+``miniflow.random``: ``miniflow.manual_seed(n)`` restarts it at ``[n, 0]`` (masks reproducible), and
+``miniflow.random.RngState`` saves and restores it with the global generator, so a training run
+resumed from a checkpoint draws the masks the uninterrupted run drew.
+"""
+from __future__ import annotations
+
+import numbers
+
+import numpy as np
+
+from ..random import register_stream
+from ..runtime.backend import get_backend
+from ..tensor import Tensor, apply
+from ..trace import current_tracer
+from .module import Module
+
+__all__ = ["Dropout", "dropout", "dropout_state"]
+
+_MASK63 = (1 << 63) - 1
+_STATE: list = []
+
+
+def dropout_state() -> Tensor:
+    """The process's dropout stream: an eager int64 ``[seed, offset]`` Tensor (created on first
+    use, seeded from fresh OS entropy unless ``miniflow.manual_seed`` was called since import)."""
+    if not _STATE:
+        seed = int(np.random.SeedSequence().generate_state(1, np.uint64)[0]) & _MASK63
+        _STATE.append(Tensor(get_backend().from_numpy(np.array([seed, 0], np.int64))))
+    return _STATE[0]
+
+
+def _get() -> list:
+    return [int(v) for v in dropout_state().numpy()]
+
+
+def _put(values) -> None:
+    if len(values) != 2:
+        raise ValueError(f"dropout stream state must be [seed, offset], got {values!r}")
+    get_backend().copy_in(dropout_state()._data, np.array(values, np.int64))
+
+
+register_stream("dropout", _get, _put, lambda seed: _put([seed & _MASK63, 0]))
+
+
+def _check_p(fn: str, p) -> float:
+    if isinstance(p, bool) or not isinstance(p, numbers.Real) or not 0.0 <= p <= 1.0:
+        raise ValueError(f"{fn}: dropout probability has to be between 0 and 1, but got {p!r}")
+    return float(p)
+
+
+def dropout(x: Tensor, p: float = 0.5, training: bool = True, inplace: bool = False) -> Tensor:
+    """Zero each element of ``x`` with probability ``p`` and scale the rest by ``1 / (1 - p)``
+    (op ``dropout``; the mask from :func:`dropout_state`'s stream, which it advances); ``x``
+    itself when not ``training`` or ``p == 0``. ``x``: any float tensor; same shape and dtype out.
+    ``inplace`` is accepted for PyTorch's signature; the result is always a new tensor.
+
+    Raises:
+        ValueError: ``p`` outside [0, 1] (PyTorch's message).
+        RuntimeError: inside ``nn.Graph.build`` when no ``nn.Dropout`` of the graph's modules
+            binds the stream (a graph can only advance a stream it holds as a variable).
+    """
+    p = _check_p("dropout", p)
+    if not training or p == 0.0:
+        return x
+    state = dropout_state()
+    tr = current_tracer()
+    if tr is not None and id(state) not in tr.variable_names:
+        raise RuntimeError("dropout: inside nn.Graph.build the dropout stream must be a graph "
+                           "variable: give the module an nn.Dropout (it holds the stream as its "
+                           "buffer rng_state) and call it, or F.dropout after it exists")
+    return apply("dropout", [x, state], rate=p)[0]
+
+
+class Dropout(Module):
+    """During training, zero each element with probability ``p`` and scale the others by
+    ``1 / (1 - p)``; in eval mode, the identity (``torch.nn.Dropout``). Holds the process's
+    dropout stream (:func:`dropout_state`) as the non-persistent buffer ``rng_state``."""
+
+    def __init__(self, p: float = 0.5, inplace: bool = False):
+        super().__init__()
+        self.p, self.inplace = _check_p("Dropout", p), bool(inplace)
+        self.register_buffer("rng_state", dropout_state(), persistent=False)
+
+    def forward(self, x):
+        return dropout(x, self.p, self.training)
+
+    def extra_repr(self) -> str:
+        return f"p={self.p}, inplace={self.inplace}"

@@ -1,0 +1,355 @@
+"""Indexing ops: ``gather`` (embeddings) with its gradient ``unsorted_segment_sum_like``,
+``slice`` (basic indexing ``x[a:b:s, ...]``) with ``slice_grad``, ``tril`` (the causal mask) and
+``masked_fill``. OneFlow's op names, inputs and attributes (``oneflow/user/ops/gather_op.cpp``,
+``unsorted_segment_sum_op.cpp``, ``slice_op.cpp``, ``tril_op.cpp``, ``masked_fill``); PyTorch's
+semantics (``torch.index_select`` / ``nn.Embedding``, basic slicing, ``torch.tril``,
+``Tensor.masked_fill``).
+
+* ``gather(in, indices)`` {axis 0}: ``out = in`` indexed by the int64 ``indices`` along ``axis``,
+  shape ``in.shape[:axis] + indices.shape + in.shape[axis + 1:]``. An index outside
+  ``[0, in.shape[axis])`` is an error (the CPU kernel raises and the executor names the first
+  offending index and where it is; a CUDA kernel cannot raise and writes NaN there instead, as
+  the cross-entropy kernels do for a bad label). Gradient (OneFlow's ``gather`` backward):
+  ``unsorted_segment_sum_like(dy, indices, in)``.
+* ``unsorted_segment_sum_like(data, segment_ids, like)`` {axis 0}: ``out`` of like's shape, zero,
+  plus ``data[..., j, ...]`` added at ``out[..., segment_ids[j], ...]`` for every j (a scatter-add;
+  repeated ids accumulate, in the compute type; ids outside ``[0, like.shape[axis])`` are
+  dropped, as TensorFlow's and OneFlow's segment sums do).
+* ``slice(x)`` {start, stop, step: one int per axis, Python's slice rules, step > 0}: ``out =
+  x[start_0:stop_0:step_0, ...]``; the attributes are normalised to the in-range form
+  ``slice(...).indices(n)`` gives. Gradient: ``slice_grad(dy)`` {like_shape, start, stop, step}:
+  zeros of ``like_shape`` with ``dy`` written at the slice.
+* ``tril(x)`` {diagonal 0, fill_value 0.0}: ``out[..., i, j] = x[..., i, j]`` where
+  ``j - i <= diagonal``, else ``fill_value`` (``-inf`` makes it the causal mask of attention
+  scores). Gradient: ``tril(dy)`` with fill 0.
+* ``masked_fill(x, mask)`` {value}: ``out = value`` where the int64 ``mask`` (broadcast to x's
+  shape; nonzero is True, miniflow's stand-in for a bool tensor) is set, else ``x``. Gradient:
+  ``masked_fill(dy, mask)`` with value 0.
+"""
+from __future__ import annotations
+
+import numbers
+
+import numpy as np
+
+from ..dtype import int64
+from ..ir import format_shape
+from .common import check_arity, check_float, float_samples, fmt, rand
+from .registry import register
+
+__all__ = ["slice_attrs", "slice_index"]
+
+
+def _int_attr(op, name, v):
+    if isinstance(v, bool) or not isinstance(v, numbers.Integral):
+        raise TypeError(f"{op}: {name} must be an int, got {v!r}")
+    return int(v)
+
+
+def _axis(op, attrs, ndim):
+    a = _int_attr(op, "axis", attrs.get("axis", 0))
+    if not -ndim <= a < ndim:
+        raise ValueError(f"{op}: axis {a} is out of range for a tensor of rank {ndim}")
+    return a % ndim
+
+
+def _check_indices(op, name, v):
+    if v.dtype is not int64:
+        raise TypeError(f"{op}: {name} {fmt(v)} must be int64 (convert with "
+                        f".astype(np.int64), or miniflow.tensor(ids, dtype=miniflow.int64))")
+
+
+# ------------------------------------------------------------------------------ gather
+def _gather_infer(inputs, attrs):
+    op = "gather"
+    check_arity(op, inputs, 2)
+    x, idx = inputs
+    check_float(op, x)
+    _check_indices(op, "indices", idx)
+    axis = attrs["axis"]
+    return [(x.shape[:axis] + idx.shape + x.shape[axis + 1:], x.dtype)]
+
+
+def _first_bad(idx: np.ndarray, n: int):
+    """``(position, value, count)`` of the first index outside ``[0, n)``, or None."""
+    bad = np.flatnonzero((idx < 0) | (idx >= n))
+    if not bad.size:
+        return None
+    pos = tuple(int(p) for p in np.unravel_index(int(bad[0]), idx.shape))
+    return pos, int(idx.reshape(-1)[bad[0]]), int(bad.size)
+
+
+def _out_of_range(op, idx, n, axis, shape) -> str | None:
+    found = _first_bad(idx, n)
+    if found is None:
+        return None
+    pos, value, count = found
+    return (f"{op}: index {value} at indices{list(pos)} is out of range [0, {n}) of axis "
+            f"{axis} of {format_shape(shape)} ({count} of {idx.size} indices out of range)")
+
+
+def _gather_reference(arrays, attrs):
+    x, idx = arrays
+    msg = _out_of_range("gather", idx, x.shape[attrs["axis"]], attrs["axis"], x.shape)
+    if msg is not None:
+        raise ValueError(msg)
+    return [np.take(x, idx, axis=attrs["axis"])]
+
+
+def _gather_diagnose(node, arrays):
+    x = node.inputs[0]
+    return _out_of_range("gather", arrays[1], x.shape[node.attrs["axis"]], node.attrs["axis"],
+                         x.shape)
+
+
+def _gather_samples():
+    def make(dt):
+        r = np.random.default_rng(31)
+        return [([rand(5, 3, dtype=dt, r=r), np.array([4, 0, 2, 0], np.int64)], {"axis": 0}),
+                ([rand(2, 5, 3, dtype=dt, r=r), r.integers(0, 5, (2, 3)).astype(np.int64)],
+                 {"axis": 1}),
+                ([rand(4, 6, dtype=dt, r=r), np.array(5, np.int64)], {"axis": 1}),
+                ([rand(3, 2, dtype=dt, r=r), np.zeros(0, np.int64)], {"axis": 0}),
+                ([np.array([[np.nan, 1.0], [np.inf, 2.0]], dt), np.array([1, 0, 1], np.int64)],
+                 {"axis": 0})]
+    return float_samples(make)
+
+
+register("gather", _gather_infer,
+         normalize=lambda ins, a: {"axis": _axis("gather", a, len(ins[0].shape) if ins else 1)},
+         grad=lambda n, gs, emit: [emit("unsorted_segment_sum_like", gs[0], n.inputs[1],
+                                        n.inputs[0], axis=n.attrs["axis"]), None],
+         reference=_gather_reference, samples=_gather_samples, diagnose=_gather_diagnose,
+         amp="clear", doc="out = in indexed by int64 indices along axis (embedding lookup)")
+
+
+def _segment_infer(inputs, attrs):
+    op = "unsorted_segment_sum_like"
+    check_arity(op, inputs, 3)
+    data, ids, like = inputs
+    dt = check_float(op, data)
+    _check_indices(op, "segment_ids", ids)
+    axis = attrs["axis"]
+    want = like.shape[:axis] + ids.shape + like.shape[axis + 1:]
+    if data.shape != want:
+        raise ValueError(f"{op}: data {fmt(data)} must have shape {format_shape(want)} "
+                         f"(like {fmt(like)} with axis {axis} replaced by segment_ids' shape "
+                         f"{format_shape(ids.shape)})")
+    return [(like.shape, dt)]
+
+
+def _segment_reference(arrays, attrs):
+    data, ids, like = arrays
+    axis, n = attrs["axis"], like.shape[attrs["axis"]]
+    moved = np.moveaxis(data.reshape(like.shape[:axis] + (-1,) + like.shape[axis + 1:]), axis, 0)
+    out = np.zeros((n,) + moved.shape[1:])
+    flat = ids.reshape(-1)
+    keep = (flat >= 0) & (flat < n)
+    np.add.at(out, flat[keep], moved[keep])
+    return [np.moveaxis(out, 0, axis)]
+
+
+def _segment_samples():
+    def make(dt):
+        r = np.random.default_rng(33)
+        return [([rand(4, 3, dtype=dt, r=r), np.array([4, 0, 2, 0], np.int64),
+                  rand(5, 3, dtype=dt, r=r)], {"axis": 0}),
+                ([rand(2, 2, 3, 3, dtype=dt, r=r), r.integers(0, 5, (2, 3)).astype(np.int64),
+                  rand(2, 5, 3, dtype=dt, r=r)], {"axis": 1}),
+                ([rand(0, 2, dtype=dt, r=r), np.zeros(0, np.int64), rand(3, 2, dtype=dt, r=r)],
+                 {"axis": 0}),
+                ([np.full((300, 1), 0.1, dt), np.zeros(300, np.int64), rand(2, 1, dtype=dt, r=r)],
+                 {"axis": 0})]
+    return float_samples(make)
+
+
+register("unsorted_segment_sum_like", _segment_infer,
+         normalize=lambda ins, a: {"axis": _axis("unsorted_segment_sum_like", a,
+                                                 len(ins[2].shape) if len(ins) > 2 else 1)},
+         grad=lambda n, gs, emit: [emit("gather", gs[0], n.inputs[1], axis=n.attrs["axis"]),
+                                   None, None],
+         reference=_segment_reference, samples=_segment_samples, shape_inputs=(2,), amp=None,
+         amp_note="in none of OneFlow's lists: the scatter-add of an embedding's gradient stays "
+                  "in float32, the dtype of the float32 weight it is the gradient of",
+         doc="out (like's shape) = 0 + data scattered and summed at segment_ids along axis")
+
+
+# ------------------------------------------------------------------------------ slice
+def slice_attrs(op: str, shape, attrs) -> dict:
+    """``start``, ``stop``, ``step`` (one int or None per axis, Python's rules) normalised to
+    ``slice(start, stop, step).indices(n)`` per axis, as tuples of ints.
+
+    Raises:
+        ValueError: a list of the wrong length, or a step <= 0 (as PyTorch: "step must be
+            greater than zero"). TypeError: a non-integer entry.
+    """
+    nd = len(shape)
+    out = {}
+    for key in ("start", "stop", "step"):
+        v = attrs.get(key, (None,) * nd)
+        if len(v) != nd:
+            raise ValueError(f"{op}: {key} has {len(v)} entries for a tensor of rank {nd}: "
+                             f"give one per axis")
+        out[key] = [None if e is None else _int_attr(op, key, e) for e in v]
+    start, stop, step = [], [], []
+    for d, n in enumerate(shape):
+        s = 1 if out["step"][d] is None else out["step"][d]
+        if s <= 0:
+            raise ValueError(f"{op}: step {s} on axis {d}: step must be greater than zero "
+                             f"(negative steps are not supported, as in PyTorch)")
+        a, b, s = slice(out["start"][d], out["stop"][d], s).indices(int(n))
+        start.append(a)
+        stop.append(max(a, b))
+        step.append(s)
+    return {"start": tuple(start), "stop": tuple(stop), "step": tuple(step)}
+
+
+def slice_index(attrs) -> tuple:
+    """The tuple of Python slices of normalised slice attributes (``x[slice_index(attrs)]``)."""
+    return tuple(slice(a, b, s) for a, b, s in zip(attrs["start"], attrs["stop"], attrs["step"]))
+
+
+def _slice_shape(attrs) -> tuple:
+    return tuple(len(range(a, b, s)) for a, b, s in zip(attrs["start"], attrs["stop"],
+                                                        attrs["step"]))
+
+
+def _slice_infer(inputs, attrs):
+    check_arity("slice", inputs, 1)
+    return [(_slice_shape(attrs), inputs[0].dtype)]
+
+
+def _slice_samples():
+    def make(dt):
+        r = np.random.default_rng(35)
+        x = rand(4, 5, 6, dtype=dt, r=r)
+        return [([x], {"start": (None, 0, 1), "stop": (None, 3, None), "step": (None, 1, 2)}),
+                ([x], {"start": (1, -4, 0), "stop": (3, 100, 6), "step": (1, 3, 5)}),
+                ([x], {"start": (2, 0, 0), "stop": (2, 5, 6), "step": (1, 1, 1)}),
+                ([rand(6, dtype=dt, r=r)], {"start": (-2,), "stop": (None,), "step": (1,)})]
+    return float_samples(make)
+
+
+register("slice", _slice_infer,
+         normalize=lambda ins, a: slice_attrs("slice", ins[0].shape if ins else (), a),
+         grad=lambda n, gs, emit: [emit("slice_grad", gs[0], like_shape=n.inputs[0].shape,
+                                        **n.attrs)],
+         reference=lambda xs, a: [xs[0][slice_index(a)].copy()], samples=_slice_samples,
+         amp="clear", doc="out = x[start:stop:step] per axis (basic indexing)")
+
+
+def _slice_grad_norm(inputs, attrs):
+    like = tuple(_int_attr("slice_grad", "like_shape", d) for d in attrs["like_shape"])
+    return {"like_shape": like, **slice_attrs("slice_grad", like, attrs)}
+
+
+def _slice_grad_infer(inputs, attrs):
+    op = "slice_grad"
+    check_arity(op, inputs, 1)
+    want = _slice_shape(attrs)
+    if inputs[0].shape != want:
+        raise ValueError(f"{op}: dy {fmt(inputs[0])} must have the slice's shape "
+                         f"{format_shape(want)}")
+    return [(attrs["like_shape"], inputs[0].dtype)]
+
+
+def _slice_grad_reference(arrays, attrs):
+    out = np.zeros(attrs["like_shape"])
+    out[slice_index(attrs)] = arrays[0]
+    return [out]
+
+
+def _slice_grad_samples():
+    def make(dt):
+        r = np.random.default_rng(36)
+        return [([rand(4, 3, 3, dtype=dt, r=r)], {"like_shape": (4, 5, 6), "start": (0, 0, 1),
+                                                  "stop": (4, 3, 6), "step": (1, 1, 2)}),
+                ([rand(2, dtype=dt, r=r)], {"like_shape": (6,), "start": (4,), "stop": (6,),
+                                            "step": (1,)}),
+                ([rand(0, 5, dtype=dt, r=r)], {"like_shape": (4, 5), "start": (2, 0),
+                                               "stop": (2, 5), "step": (1, 1)})]
+    return float_samples(make)
+
+
+register("slice_grad", _slice_grad_infer, normalize=_slice_grad_norm,
+         grad=lambda n, gs, emit: [emit("slice", gs[0], start=n.attrs["start"],
+                                        stop=n.attrs["stop"], step=n.attrs["step"])],
+         reference=_slice_grad_reference, samples=_slice_grad_samples, amp="clear",
+         amp_note="the gradient of a clear op (OneFlow's slice_grad is in no list; it moves "
+                  "data only, so it keeps its input's dtype like slice)",
+         doc="dx = zeros(like_shape) with dy written at x[start:stop:step]")
+
+
+# ------------------------------------------------------------------------------ tril
+def _tril_norm(inputs, attrs):
+    return {"diagonal": _int_attr("tril", "diagonal", attrs.get("diagonal", 0)),
+            "fill_value": float(attrs.get("fill_value", 0.0))}
+
+
+def _tril_infer(inputs, attrs):
+    check_arity("tril", inputs, 1)
+    x = inputs[0]
+    check_float("tril", x)
+    if len(x.shape) < 2:
+        raise ValueError(f"tril: x {fmt(x)} must have at least 2 dimensions (rows, columns)")
+    return [(x.shape, x.dtype)]
+
+
+def _tril_reference(arrays, attrs):
+    x = arrays[0]
+    rows, cols = x.shape[-2:]
+    keep = np.arange(cols)[None, :] - np.arange(rows)[:, None] <= attrs["diagonal"]
+    return [np.where(keep, x, attrs["fill_value"])]
+
+
+def _tril_samples():
+    def make(dt):
+        r = np.random.default_rng(37)
+        return [([rand(2, 4, 4, dtype=dt, r=r)], {"fill_value": -np.inf}),
+                ([rand(3, 5, dtype=dt, r=r)], {"diagonal": 1}),
+                ([rand(5, 3, dtype=dt, r=r)], {"diagonal": -2, "fill_value": 7.0}),
+                ([rand(0, 3, dtype=dt, r=r)], {})]
+    return float_samples(make)
+
+
+register("tril", _tril_infer, normalize=_tril_norm,
+         grad=lambda n, gs, emit: [emit("tril", gs[0], diagonal=n.attrs["diagonal"],
+                                        fill_value=0.0)],
+         reference=_tril_reference, samples=_tril_samples, amp="clear",
+         doc="out = x on and below the diagonal (j - i <= diagonal), fill_value above")
+
+
+# ------------------------------------------------------------------------------ masked_fill
+def _masked_infer(inputs, attrs):
+    op = "masked_fill"
+    check_arity(op, inputs, 2)
+    x, mask = inputs
+    check_float(op, x)
+    _check_indices(op, "mask", mask)
+    try:
+        ok = tuple(np.broadcast_shapes(x.shape, mask.shape)) == x.shape
+    except ValueError:
+        ok = False
+    if not ok:
+        raise ValueError(f"{op}: mask {fmt(mask)} must broadcast to x's shape {fmt(x)}")
+    return [(x.shape, x.dtype)]
+
+
+def _masked_samples():
+    def make(dt):
+        r = np.random.default_rng(38)
+        return [([rand(2, 3, 4, dtype=dt, r=r), r.integers(0, 2, (3, 4)).astype(np.int64)],
+                 {"value": -np.inf}),
+                ([rand(3, 4, dtype=dt, r=r), np.array([[1], [0], [5]], np.int64)],
+                 {"value": 2.5}),
+                ([rand(0, 4, dtype=dt, r=r), np.ones(4, np.int64)], {"value": 0.0})]
+    return float_samples(make)
+
+
+register("masked_fill", _masked_infer, normalize=lambda ins, a: {"value": float(a["value"])},
+         grad=lambda n, gs, emit: [emit("masked_fill", gs[0], n.inputs[1], value=0.0), None],
+         reference=lambda xs, a: [np.where(xs[1] != 0, a["value"], xs[0])],
+         samples=_masked_samples, amp="clear",
+         amp_note="in none of OneFlow's lists (its masked_fill is a where); clear here like "
+                  "tril, the fill OneFlow lists as clear, so a masked score keeps its dtype",
+         doc="out = value where mask (int64, broadcast to x) is nonzero, else x")

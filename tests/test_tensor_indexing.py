@@ -1,0 +1,124 @@
+"""The ``Tensor`` methods a PyTorch ``forward()`` uses (indexing, ``view``, ``unsqueeze``, ``size``,
+``dim``, ``softmax``, ``masked_fill``, ``flatten``, ``split``, ``detach``, ``float`` / ``half``,
+``@`` on batches), eager and traced in an ``nn.Graph``, against NumPy and PyTorch when installed
+(``torch.Tensor``'s documentation and the indexing rules of ``test/test_indexing.py``: basic
+indexing only, steps > 0, PyTorch's error messages)."""
+import numpy as np
+import pytest
+
+import miniflow as mf
+
+R = np.random.default_rng(0)
+X = R.standard_normal((4, 5, 6)).astype(np.float32)
+
+KEYS = [np.s_[:, :3], np.s_[1], np.s_[-1, 2:], np.s_[..., 1], np.s_[None, :, 0], np.s_[1:3, ::2, 4],
+        np.s_[::3, None, ..., -2:], np.s_[2:2], np.s_[:, 10:], np.s_[..., None]]
+
+
+class _Index(mf.nn.Graph):
+    def __init__(self, key):
+        super().__init__()
+        self.key = key
+
+    def build(self, x):
+        return x[self.key]
+
+
+@pytest.mark.parametrize("key", KEYS, ids=[str(k) for k in KEYS])
+def test_basic_indexing_matches_numpy_eager_and_traced(key):
+    want = X[key]
+    eager = mf.tensor(X)[key].numpy()
+    traced = _Index(key)(mf.tensor(X)).numpy()
+    for got in (eager, traced):
+        assert got.shape == want.shape
+        np.testing.assert_array_equal(got, want)
+
+
+def test_an_int64_tensor_index_gathers_rows():
+    idx = np.array([3, 0, 3], np.int64)
+    np.testing.assert_array_equal(mf.tensor(X)[mf.tensor(idx)].numpy(), X[idx])
+
+
+def test_indexing_errors_are_pytorchs():
+    t = mf.tensor(X)
+    with pytest.raises(IndexError, match="index 4 is out of bounds for dimension 0 with size 4"):
+        t[4]
+    with pytest.raises(IndexError, match="too many indices for tensor of dimension 3"):
+        t[0, 0, 0, 0]
+    with pytest.raises(ValueError, match="step must be greater than zero"):
+        t[::-1]
+    with pytest.raises(IndexError, match="Dimension out of range"):
+        t.size(3)
+
+
+class _Grad(mf.nn.Graph):
+    """loss = sum(w * f(x)) for a parameter x: its gradient shows each method's backward."""
+
+    def __init__(self, fn, shape):
+        super().__init__()
+        self.m = mf.nn.Module()
+        self.m.x = mf.nn.Parameter(_first(shape))
+        self.fn = fn
+        self.add_optimizer(mf.optim.SGD(self.m.parameters(), lr=1.0))
+
+    def build(self):
+        y = self.fn(self.m.x)
+        w = mf.tensor(np.arange(1, 1 + int(np.prod(y.shape)), dtype=np.float32).reshape(y.shape))
+        (y * w).sum().backward()
+        return y
+
+
+def _first(shape):
+    """The first elements of X in ``shape`` (a copy)."""
+    return X.reshape(-1)[:int(np.prod(shape))].reshape(shape).copy()
+
+
+def _torch_grad(fn, x):
+    torch = pytest.importorskip("torch")
+    t = torch.tensor(x, requires_grad=True)
+    y = fn(t)
+    w = torch.arange(1, 1 + y.numel(), dtype=torch.float32).reshape(y.shape)
+    (y * w).sum().backward()
+    return y.detach().numpy(), t.grad.numpy()
+
+
+METHODS = {
+    "slice": (lambda t: t[:, 1:4:2, -1], (4, 5, 6)),
+    "view": (lambda t: t.view(2, 2, 30)[:, 1], (4, 5, 6)),
+    "unsqueeze": (lambda t: t.unsqueeze(-1).unsqueeze(0), (3, 4)),
+    "flatten": (lambda t: t.flatten(1), (4, 5, 6)),
+    "softmax": (lambda t: t.softmax(1), (4, 5, 6)),
+    "softmax_last": (lambda t: t.softmax(-1), (4, 5)),
+    "masked_fill": (lambda t: t.masked_fill(_MASK, -2.5), (4, 5)),
+    "split": (lambda t: t.split(2, dim=1)[2] * 3.0, (4, 5)),
+    "detach": (lambda t: t * t.detach(), (3, 4)),
+}
+_MASK = np.tri(4, 5, dtype=bool)
+
+
+@pytest.mark.parametrize("name", sorted(METHODS))
+def test_method_and_its_gradient_match_pytorch(name):
+    fn, shape = METHODS[name]
+    torch = pytest.importorskip("torch")
+    x = _first(shape)
+    tfn = fn if name != "masked_fill" else (lambda t: t.masked_fill(torch.tensor(_MASK), -2.5))
+    want_y, want_g = _torch_grad(tfn, x)
+    g = _Grad(fn, shape)
+    got_y = g().numpy()
+    np.testing.assert_allclose(got_y, want_y, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(x - g.m.x.numpy(), want_g, rtol=1e-5, atol=1e-5)   # lr 1
+
+
+def test_size_dim_float_half_and_batched_matmul():
+    t = mf.tensor(X)
+    assert t.size() == (4, 5, 6) and t.size(-1) == 6 and t.dim() == 3
+    assert t.half().dtype is mf.float16 and t.half().float().dtype is mf.float32
+    assert t.float() is t
+    a = R.standard_normal((2, 3, 4, 5)).astype(np.float32)
+    b = R.standard_normal((2, 3, 5, 6)).astype(np.float32)
+    np.testing.assert_allclose((mf.tensor(a) @ mf.tensor(b)).numpy(), a @ b, rtol=1e-5,
+                               atol=1e-6)
+    np.testing.assert_allclose((mf.tensor(a) @ mf.tensor(b[0, 0])).numpy(), a @ b[0, 0],
+                               rtol=1e-5, atol=1e-6)
+    with pytest.raises(ValueError, match="equal batch dimensions"):
+        mf.tensor(a) @ mf.tensor(b[0])
