@@ -1,5 +1,5 @@
 """``miniflow`` / ``python -m miniflow``: subcommands ``info``, ``train`` (``--model mlp|lenet|
-resnet18``, ``--amp``) and ``stability``."""
+resnet18``, ``--amp``), ``stability`` and ``ir`` (a model's IR after a pass, ``--onnx``)."""
 from __future__ import annotations
 
 import argparse
@@ -243,6 +243,23 @@ def _stability(args) -> int:
     return 0
 
 
+def _ir(args) -> int:
+    """Print a model's IR at a stage of the pass pipeline; with ``--onnx`` export it, with
+    ``--netron`` open it in Netron (``miniflow.experiments.show_ir``)."""
+    from .experiments.show_ir import serve_netron, show_ir
+    from .extras import MissingExtraError
+    from .onnx import OnnxExportError
+    try:
+        print(show_ir(args.model, amp=args.amp, eval=args.eval, after=args.after,
+                      onnx_path=args.onnx, batch_size=args.batch_size))
+        if args.netron:
+            serve_netron(args.onnx)
+    except (ValueError, MissingExtraError, OnnxExportError) as e:
+        print(f"miniflow ir: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
 def _integer(low: int):
     """argparse type: an integer >= ``low``."""
     def parse(text: str) -> int:
@@ -356,9 +373,28 @@ def main(argv=None) -> int:
                     "else cpu (faster than cuda for this study's small MLPs; the first line "
                     "printed says which and why)")
     st.set_defaults(fn=_stability)
+    ir = sub.add_parser("ir", help="print a model's IR after a pass; --onnx exports it, "
+                        "--netron opens it in Netron")
+    ir.add_argument("--model", choices=MODELS, default="mlp", help="as for train (default mlp)")
+    ir.add_argument("--after", metavar="STAGE", help="trace, or a pass: autograd, "
+                    "auto_mixed_precision (amp), prune_amp_identity, gradient_accumulation, "
+                    "loss_scale, optimizer, fuse_model_update_cast, fuse_elementwise, "
+                    "dead_code_elimination (default: every pass; an AMP pass turns --amp on)")
+    ir.add_argument("--amp", action="store_true", help="mixed precision (float16); the "
+                    "training step with a dynamic GradScaler")
+    ir.add_argument("--eval", action="store_true", help="the evaluation graph, not the "
+                    "training step")
+    ir.add_argument("--batch-size", type=_positive, default=64, help="default 64")
+    ir.add_argument("--onnx", metavar="PATH", help="also write the graph at that stage to PATH "
+                    "as ONNX (miniflow-only ops in the ai.miniflow domain; needs the onnx extra)")
+    ir.add_argument("--netron", action="store_true", help="open the --onnx file in Netron "
+                    "(needs the netron extra)")
+    ir.set_defaults(fn=_ir)
     args = p.parse_args(argv)
     if args.command == "train":
         _check_train_args(args)
+    if args.command == "ir" and args.netron and not args.onnx:
+        ir.error("--netron needs --onnx PATH (the file Netron opens)")
     from .runtime.backend import BackendUnavailableError, UnknownBackendError
     try:
         code = args.fn(args)

@@ -48,7 +48,8 @@ from .optim.optimizer import Optimizer
 from .passes.auto_mixed_precision import AmpConfig
 from .passes.data_parallel import DataParallelConfig
 from .passes.loss_scale import POLICIES
-from .passes.pipeline import CompileContext, run_passes
+from .passes.pipeline import (AMP_PASSES, DATA_PARALLEL_PASSES, STAGE_ALIASES, CompileContext,
+                              passes_for, run_passes)
 from .runtime.backend import get_backend
 from .runtime.plan import Plan
 from .runtime.readback import LEDGER
@@ -423,6 +424,64 @@ class Graph:
 
     def _compile(self, arrays) -> Plan:
         """Trace, run the passes and build a plan (its ``context``: the passes' CompileContext)."""
+        graph, ctx = self._trace(arrays)
+        graph = run_passes(graph, ctx)
+        copies = HalfCopies(graph, ctx, dict(self.named_parameters()), get_backend())
+        if ctx.all_reduce_buckets and distributed.world_size() > 1:
+            self._sync_ranks(graph, ctx)
+            copies.stale()
+        self._ir, self._context = graph, ctx
+        self.compile_count += 1
+        plan = Plan(graph, get_backend(), context=ctx)
+        plan.half_copies = copies
+        return plan
+
+    def stages(self, *inputs) -> list:
+        """The names of the IR's stages for these example inputs, in order: ``"trace"`` (the IR
+        ``build`` records), then every pass that runs for this graph
+        (``miniflow.passes.pipeline.passes_for``: the AMP passes only with AMP enabled ...).
+
+        Raises:
+            TypeError / ValueError: as :meth:`__call__`, when build cannot trace these inputs.
+        """
+        with self._lock:
+            _, ctx = self._trace([self._as_array(i, x) for i, x in enumerate(inputs)])
+        return ["trace"] + [name for name, _ in passes_for(ctx)]
+
+    def lower(self, *inputs, after: str | None = None) -> IRGraph:
+        """The IR of ``build`` traced with the example ``inputs`` (arrays or Tensors, as for a
+        call), after pass ``after`` of the pipeline: a fresh graph, compiled for nothing (no plan
+        is built, :attr:`ir` is unchanged, nothing runs). ``after`` is ``"trace"`` (no pass), a
+        pass name of :meth:`stages` (``"autograd"``, ``"auto_mixed_precision"`` or its short name
+        ``"amp"`` ...), or None: every pass (the IR a call runs). The variables' data are the
+        modules' and optimizers' own arrays (read them, do not write them).
+
+        Raises:
+            ValueError: ``after`` is no stage of this graph (naming the stages, and saying why
+                a known pass does not run: AMP off, no data parallel).
+            TypeError / ValueError: as :meth:`__call__`, when build cannot trace these inputs.
+        """
+        stage = STAGE_ALIASES.get(after, after)
+        with self._lock:
+            graph, ctx = self._trace([self._as_array(i, x) for i, x in enumerate(inputs)])
+            passes = passes_for(ctx)
+            names = ["trace"] + [name for name, _ in passes]
+            if stage is not None and stage not in names:
+                why = ""
+                if stage in AMP_PASSES:
+                    why = f" ({stage} runs only with AMP: self.config.enable_amp())"
+                elif stage in DATA_PARALLEL_PASSES:
+                    why = (f" ({stage} runs only for a data-parallel training graph: "
+                           "config.enable_data_parallel(True))")
+                raise ValueError(f"{type(self).__name__}.lower: after={after!r} is no stage of "
+                                 f"this graph{why}; choose one of {', '.join(names)}")
+            if stage is not None:
+                passes = passes[:names.index(stage)]
+            return run_passes(graph, ctx, passes)
+
+    def _trace(self, arrays):
+        """Trace ``build`` on ``arrays`` into a new IR graph; returns it and the CompileContext
+        the passes will share."""
         names = self._input_names(len(arrays))
         graph = IRGraph()
         emit = emitter(graph)
@@ -455,17 +514,7 @@ class Graph:
         graph.set_outputs(values)
         if graph.loss is None and self._optimizers:
             raise RuntimeError("this graph has an optimizer but build never called loss.backward()")
-        ctx = self._compile_context(param_names)
-        graph = run_passes(graph, ctx)
-        copies = HalfCopies(graph, ctx, dict(self.named_parameters()), get_backend())
-        if ctx.all_reduce_buckets and distributed.world_size() > 1:
-            self._sync_ranks(graph, ctx)
-            copies.stale()
-        self._ir, self._context = graph, ctx
-        self.compile_count += 1
-        plan = Plan(graph, get_backend(), context=ctx)
-        plan.half_copies = copies
-        return plan
+        return graph, self._compile_context(param_names)
 
     def _sync_ranks(self, graph: IRGraph, ctx: CompileContext) -> None:
         """Check that every rank compiled the same graph, then give every rank rank 0's variables

@@ -200,3 +200,22 @@ def test_eager_tensor_api():
     assert a.reshape(4).shape == (4,)
     with pytest.raises(RuntimeError, match="inside nn.Graph.build"):
         a.sum().backward()
+
+
+def test_lower_returns_any_stage_without_compiling():
+    """``nn.Graph.lower``: the IR after a stage, as ``torch.fx``'s traced graph is read without
+    running it; nothing is compiled or cached."""
+    model = mlp((4, 3))
+    g = TrainGraph(model, mf.optim.SGD(model.parameters(), lr=0.1))
+    x, y = np.zeros((2, 4), np.float32), np.zeros(2, np.int64)
+    assert g.stages(x, y) == ["trace", "autograd", "gradient_accumulation", "loss_scale",
+                              "optimizer", "fuse_elementwise", "dead_code_elimination"]
+    assert "sgd_update" not in g.lower(x, y, after="autograd").count_ops()
+    assert g.lower(x, y, after="trace").loss is not None
+    assert "sgd_update" in g.lower(x, y).count_ops()
+    assert g.compile_count == 0 and not g.plans
+    with pytest.raises(ValueError, match=r"after='amp' is no stage(.|\n)*runs only with AMP"):
+        g.lower(x, y, after="amp")
+    g.config.enable_amp(True)
+    amp = g.lower(x, y, after="amp")
+    assert {n.meta.get("amp_color") for n in amp.nodes} >= {"white", "cast"}

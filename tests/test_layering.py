@@ -16,7 +16,7 @@ PACKAGE = Path(miniflow.__file__).resolve().parent
 
 LAYERS = {
     "miniflow.dtype": 0, "miniflow.random": 0, "miniflow.serialization": 0,
-    "miniflow.distributed": 0,
+    "miniflow.distributed": 0, "miniflow.extras": 0,
     "miniflow.ir": 1,
     "miniflow.ops": 2,
     "miniflow.passes": 3, "miniflow.kernels": 3,
@@ -28,7 +28,7 @@ LAYERS = {
     "miniflow.amp": 8,
     "miniflow.graph": 9,
     "miniflow.data": 10, "miniflow.experiments": 10, "miniflow.cli": 10, "miniflow.testing": 10,
-    "miniflow.__main__": 10, "miniflow": 10,
+    "miniflow.__main__": 10, "miniflow": 10, "miniflow.onnx": 10, "miniflow.logging": 10,
 }
 """Module (or package) -> layer; a module is in the layer of its longest listed prefix."""
 

@@ -28,8 +28,8 @@ from .loss_scale import POLICIES, loss_scale
 from .optimizer import optimizer
 from .prune_amp_identity import prune_amp_identity
 
-__all__ = ["CompileContext", "PASSES", "AMP_PASSES", "DATA_PARALLEL_PASSES", "passes_for",
-           "run_passes"]
+__all__ = ["CompileContext", "PASSES", "AMP_PASSES", "DATA_PARALLEL_PASSES", "STAGE_ALIASES",
+           "passes_for", "run_passes"]
 
 
 @dataclass
@@ -109,6 +109,10 @@ AMP_PASSES = ("auto_mixed_precision", "prune_amp_identity", "fuse_model_update_c
 
 DATA_PARALLEL_PASSES = ("data_parallel",)
 """Passes that run only with data-parallel training enabled."""
+
+
+STAGE_ALIASES = {"amp": "auto_mixed_precision"}
+"""Short names of stages (``nn.Graph.lower(after="amp")``, ``miniflow ir --after amp``)."""
 
 
 def passes_for(ctx: CompileContext) -> list:

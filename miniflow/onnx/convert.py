@@ -1,0 +1,369 @@
+"""miniflow IR nodes as ONNX nodes: the standard form of each op that has one, and the
+``ai.miniflow`` custom-domain form of any node.
+
+:class:`Builder` collects the ONNX nodes, initializers and value types of one export; the
+converters of :data:`CONVERTERS` (op type -> function) emit a node's standard form into it.
+A converter raises :class:`NoStandardForm` before emitting anything when this node (these
+attributes, these uses of its outputs) has no standard ONNX equivalent; the exporter then emits the
+node in the custom domain (:meth:`Builder.custom`), or refuses (an inference export).
+
+Standard forms (ONNX operator docs, onnx/docs/Operators.md; PyTorch's ``torch.onnx`` symbolic
+functions are the model for the choices):
+
+* ``matmul`` -> ``Gemm`` (transA, transB); ``bias_add`` -> ``Add`` (the bias reshaped to
+  ``[C, 1, ...]`` when the axis is not the last); ``conv2d`` -> ``Conv``; ``normalization`` in
+  eval mode (axis 1) -> ``BatchNormalization`` (x may be float16 with float32 statistics: opset
+  15's T, T1, T2); ``max_pool_2d`` -> ``MaxPool`` when its indices are not read;
+  ``avg_pool_2d`` -> ``AveragePool`` without ``divisor_override``; ``adaptive_avg_pool2d`` ->
+  ``GlobalAveragePool`` for a 1x1 output, ``AveragePool`` when the input divides evenly;
+  ``flatten`` -> ``Flatten`` (else ``Reshape``); ``reshape``, ``transpose``, ``reduce_sum``,
+  ``add_n`` (``Sum``), ``broadcast_like`` (``Unsqueeze`` + ``Expand``), ``softmax``,
+  ``log_softmax``, ``cast``, ``ones_like`` and ``constant`` (``ConstantOfShape``),
+  ``sparse_softmax_cross_entropy`` (``Softmax`` and ``SoftmaxCrossEntropyLoss``, reduction none).
+* Elementwise ops and ``fused_elementwise`` expressions by their scalar functions
+  (:data:`FUNCTIONS`): ``relu`` -> ``Relu``, ``add`` -> ``Add`` ..., ``gelu`` -> ``Gelu`` from
+  opset 20, before it its erf form ``x * 0.5 * (1 + Erf(x / sqrt(2)))``, ``silu`` -> ``x *
+  Sigmoid(x)``, ``rsqrt`` -> ``Reciprocal(Sqrt(x))``. miniflow computes a function of half
+  operands in float32 and rounds the result once; a decomposed function, or a number that the
+  half type does not hold exactly, is computed the same way here (``Cast`` to float32 and back).
+
+Everything else (updates, gradients, ``amp_white_identity``, ``multi_count_not_finite``,
+``all_reduce``, micro-batch ops, training-mode batch norm ...) exists only in miniflow and goes to
+the ``ai.miniflow`` domain with its attributes.
+"""
+from __future__ import annotations
+
+import math
+import numbers
+
+import numpy as np
+
+from ..dtype import DType, float32
+from ..ops.amp_ops import AMP_IDENTITY_OPS
+from ..ops.fused import CASTS, parse, term_dtype
+
+__all__ = ["DOMAIN", "NoStandardForm", "Builder", "CONVERTERS", "FUNCTIONS", "tensor_type",
+           "standard_form"]
+
+DOMAIN = "ai.miniflow"
+"""The ONNX domain of miniflow-only ops (reverse DNS, as ``com.microsoft`` is ORT's)."""
+
+_TENSOR_TYPES = {"f16": "FLOAT16", "bf16": "BFLOAT16", "f32": "FLOAT", "f64": "DOUBLE",
+                 "i64": "INT64"}
+
+
+class NoStandardForm(Exception):
+    """A node has no standard ONNX form; ``args[0]`` says why."""
+
+
+def tensor_type(onnx, dtype: DType) -> int:
+    """The ``onnx.TensorProto`` element type of a miniflow DType."""
+    return getattr(onnx.TensorProto, _TENSOR_TYPES[dtype.short])
+
+
+class Builder:
+    """The nodes, initializers and value types of one ONNX graph being built.
+
+    ``onnx`` is the imported onnx package, ``opset`` the default domain's opset version.
+    """
+
+    def __init__(self, onnx, opset: int):
+        self.onnx, self.opset = onnx, opset
+        self.nodes: list = []
+        self.initializers: list = []
+        self.value_info: list = []
+        self._count = 0
+
+    def fresh(self, hint: str) -> str:
+        """A new value name ``<hint>.<k>`` for an intermediate of a decomposition."""
+        self._count += 1
+        return f"{hint}.{self._count}"
+
+    def node(self, op_type: str, inputs, outputs, domain: str = "", **attrs) -> list:
+        """Append an ONNX node; ``outputs`` is a list of names or a count of fresh ones (named
+        after ``op_type``). Returns the output names."""
+        if isinstance(outputs, int):
+            outputs = [self.fresh(op_type) for _ in range(outputs)]
+        self.nodes.append(self.onnx.helper.make_node(op_type, list(inputs), list(outputs),
+                                                     domain=domain, **attrs))
+        return outputs
+
+    def initializer(self, array: np.ndarray, name: str | None = None) -> str:
+        """Add ``array`` as an initializer (a fresh name unless ``name``); returns its name."""
+        name = name or self.fresh("const")
+        self.initializers.append(self.onnx.numpy_helper.from_array(np.asarray(array), name))
+        return name
+
+    def ints(self, values) -> str:
+        """An int64 1-D initializer (shapes, axes)."""
+        return self.initializer(np.asarray(values, np.int64).reshape(-1))
+
+    def declare(self, name: str, dtype: DType, shape) -> None:
+        """Record the type of intermediate value ``name`` (``value_info``: Netron shows it; the
+        full check compares it with ONNX's shape inference)."""
+        self.value_info.append(self.onnx.helper.make_tensor_value_info(
+            name, tensor_type(self.onnx, dtype), list(shape)))
+
+    def custom(self, node, ins: list, outs: list) -> None:
+        """``node`` in the ``ai.miniflow`` domain: its op type, inputs, ``outs`` (its outputs,
+        then the new values of the variables it writes) and its attributes."""
+        attrs = {k: _attribute(self.onnx, k, v) for k, v in node.attrs.items()}
+        self.nodes.append(self.onnx.helper.make_node(node.op.name, ins, outs, domain=DOMAIN))
+        self.nodes[-1].attribute.extend(attrs.values())
+
+
+def _attribute(onnx, key: str, value):
+    """A miniflow attribute as an ONNX AttributeProto: bools and integers as INT, reals as FLOAT,
+    strings and dtypes (by their short name, ``f16``) as STRING, tuples of numbers as INTS /
+    FLOATS, anything else as its text."""
+    A = onnx.AttributeProto
+    if isinstance(value, DType):
+        value = value.short
+    if isinstance(value, tuple) and all(isinstance(v, numbers.Real) for v in value):
+        integral = all(isinstance(v, numbers.Integral) for v in value)
+        return onnx.helper.make_attribute(key, [int(v) if integral else float(v) for v in value],
+                                          attr_type=A.INTS if integral else A.FLOATS)
+    if isinstance(value, numbers.Integral):
+        return onnx.helper.make_attribute(key, int(value))
+    if isinstance(value, numbers.Real):
+        return onnx.helper.make_attribute(key, float(value))
+    return onnx.helper.make_attribute(key, value if isinstance(value, str) else repr(value))
+
+
+# ----------------------------------------------------------------------------- elementwise
+def _onnx_op(op_type):
+    return lambda b, args, out, dt: b.node(op_type, args, [out])
+
+
+def _gelu(b, args, out, dt):
+    """x * Phi(x) = x * 0.5 * (1 + erf(x / sqrt 2)): ONNX's Gelu from opset 20, its erf form
+    before (as ``torch.onnx``'s symbolic for ``gelu`` before opset 20)."""
+    if b.opset >= 20:
+        return b.node("Gelu", args, [out])
+    x = args[0]
+    c = lambda v: b.initializer(np.array(v, dt.np))  # noqa: E731
+    erf = b.node("Erf", b.node("Mul", [x, c(math.sqrt(0.5))], 1), 1)
+    half_x = b.node("Mul", [x, c(0.5)], 1)
+    return b.node("Mul", half_x + b.node("Add", erf + [c(1.0)], 1), [out])
+
+
+FUNCTIONS = {
+    "neg": (_onnx_op("Neg"), False), "identity": (_onnx_op("Identity"), False),
+    "exp": (_onnx_op("Exp"), False), "log": (_onnx_op("Log"), False),
+    "relu": (_onnx_op("Relu"), False), "tanh": (_onnx_op("Tanh"), False),
+    "sigmoid": (_onnx_op("Sigmoid"), False), "reciprocal": (_onnx_op("Reciprocal"), False),
+    "add": (_onnx_op("Add"), False), "sub": (_onnx_op("Sub"), False),
+    "mul": (_onnx_op("Mul"), False), "div": (_onnx_op("Div"), False),
+    "rsqrt": (lambda b, a, out, dt: b.node("Reciprocal", b.node("Sqrt", a, 1), [out]), True),
+    "silu": (lambda b, a, out, dt: b.node("Mul", [a[0]] + b.node("Sigmoid", a, 1), [out]), True),
+    "gelu": (_gelu, True),
+}
+"""Scalar function name -> (emit(builder, operand names, output name, dtype), decomposed): the
+functions of the elementwise ops with a standard form; ``decomposed`` when it takes several ONNX
+nodes (computed in float32 for half operands, rounded once, as miniflow does)."""
+
+
+def _apply(b: Builder, fn: str, args: list, out: str, dt: DType) -> None:
+    """Emit ``out = fn(*args)`` of dtype ``dt``; an arg is a value name or a number."""
+    emit, decomposed = FUNCTIONS[fn]
+    numbers_ = [a for a in args if not isinstance(a, str)]
+    exact = all(float(np.array(v, dt.np)) == v or math.isnan(v) for v in numbers_)
+    if not dt.is_half or (exact and not decomposed):
+        emit(b, [a if isinstance(a, str) else b.initializer(np.array(a, dt.np)) for a in args],
+             out, dt)
+        return
+    f32 = tensor_type(b.onnx, float32)
+    wide = [b.node("Cast", [a], 1, to=f32)[0] if isinstance(a, str)
+            else b.initializer(np.array(a, np.float32)) for a in args]
+    tmp = b.fresh(fn)
+    emit(b, wide, tmp, float32)
+    b.node("Cast", [tmp], [out], to=tensor_type(b.onnx, dt))
+
+
+def _elementwise(node, ins, outs, b):
+    fn = node.op.scalar.__name__
+    if node.op.name in AMP_IDENTITY_OPS:
+        raise NoStandardForm(f"{node.op.name} only pins AMP colors (the prune_amp_identity pass "
+                             "removes it)")
+    if fn not in FUNCTIONS:
+        raise NoStandardForm(f"its scalar function {fn!r} has no ONNX operator")
+    extra = [node.attrs[node.op.scalar_attr]] if node.op.scalar_attr else []
+    _apply(b, fn, ins + extra, outs[0], node.outputs[0].dtype)
+
+
+def _fused(node, ins, outs, b):
+    program = parse(node.attrs["expr"])
+    missing = sorted({t[1] for t in program.terms() if t[0] == "call"
+                      and t[1] not in CASTS and t[1] not in FUNCTIONS})
+    if missing:
+        raise NoStandardForm(f"its expression uses {', '.join(missing)}, which ha"
+                             f"{'s' if len(missing) == 1 else 've'} no ONNX operator")
+    in_types = [v.dtype for v in node.inputs]
+    env, types = {}, {}
+    out_of = dict(zip(program.outputs, outs))
+
+    def emit(term, out=None):
+        kind = term[0]
+        if kind == "num":
+            return float(term[1])
+        if kind in ("x", "ref"):
+            name = ins[term[1]] if kind == "x" else env[term[1]]
+            return b.node("Identity", [name], [out])[0] if out else name
+        fn, args = term[1], term[2]
+        dt = term_dtype(term, in_types, types)
+        out = out or b.fresh(fn)
+        operands = [emit(a) for a in args]
+        if fn in CASTS:
+            b.node("Cast", operands, [out], to=tensor_type(b.onnx, dt))
+        else:
+            _apply(b, fn, operands, out, dt)
+        return out
+
+    for name, term in program.statements:
+        types[name] = term_dtype(term, in_types, types)
+        env[name] = emit(term, out_of.get(name))
+
+
+# ----------------------------------------------------------------------------- other ops
+def _matmul(node, ins, outs, b):
+    if node.attrs.get("count_not_finite"):
+        raise NoStandardForm("it also counts non-finite gradients (count_not_finite)")
+    b.node("Gemm", ins, outs, transA=int(node.attrs["transpose_a"]),
+           transB=int(node.attrs["transpose_b"]))
+
+
+def _bias_add(node, ins, outs, b):
+    x, bias = node.inputs
+    trailing = len(x.shape) - node.attrs["axis"] - 1
+    if trailing:
+        ins = [ins[0], b.node("Reshape", [ins[1], b.ints(bias.shape + (1,) * trailing)], 1)[0]]
+    b.node("Add", ins, outs)
+
+
+def _conv2d(node, ins, outs, b):
+    a = node.attrs
+    b.node("Conv", ins, outs, kernel_shape=list(a["kernel_size"]), strides=list(a["strides"]),
+           pads=list(a["padding_before"]) * 2, dilations=list(a["dilation_rate"]),
+           group=a["groups"])
+
+
+def _normalization(node, ins, outs, b):
+    a = node.attrs
+    if a["training"]:
+        raise NoStandardForm("in training mode it writes its moving statistics in place")
+    if a["axis"] != 1:
+        raise NoStandardForm(f"ONNX normalizes axis 1, this node axis {a['axis']}")
+    x, mean, var, gamma, beta = ins
+    b.node("BatchNormalization", [x, gamma, beta, mean, var], outs, epsilon=a["epsilon"],
+           momentum=a["momentum"])
+
+
+def _pool_attrs(a: dict) -> dict:
+    return {"kernel_shape": list(a["kernel_size"]), "strides": list(a["stride"]),
+            "pads": list(a["padding"]) * 2, "ceil_mode": int(a["ceil_mode"])}
+
+
+def _max_pool(node, ins, outs, b, used):
+    if node.outputs[1] in used:
+        raise NoStandardForm("its argmax indices are read (ONNX's MaxPool numbers them "
+                             "differently)")
+    b.node("MaxPool", ins, outs[:1], dilations=list(node.attrs["dilation"]),
+           **_pool_attrs(node.attrs))
+
+
+def _avg_pool(node, ins, outs, b):
+    a = node.attrs
+    if a["divisor_override"]:
+        raise NoStandardForm("ONNX's AveragePool has no divisor_override")
+    b.node("AveragePool", ins, outs, count_include_pad=int(a["count_include_pad"]),
+           **_pool_attrs(a))
+
+
+def _adaptive_avg_pool(node, ins, outs, b):
+    (h, w), (oh, ow) = node.inputs[0].shape[2:], node.attrs["output_size"]
+    if (oh, ow) == (1, 1):
+        b.node("GlobalAveragePool", ins, outs)
+    elif h % oh == 0 and w % ow == 0:
+        b.node("AveragePool", ins, outs, kernel_shape=[h // oh, w // ow],
+               strides=[h // oh, w // ow])
+    else:
+        raise NoStandardForm(f"its windows over {h}x{w} -> {oh}x{ow} are uneven")
+
+
+def _flatten(node, ins, outs, b):
+    x, y = node.inputs[0], node.outputs[0]
+    if len(y.shape) == 2 and node.attrs["start_dim"] == 1 and node.attrs["end_dim"] == len(
+            x.shape) - 1:
+        b.node("Flatten", ins, outs, axis=1)
+    else:
+        b.node("Reshape", [ins[0], b.ints(y.shape)], outs)
+
+
+def _reduce_sum(node, ins, outs, b):
+    b.node("ReduceSum", [ins[0], b.ints(node.attrs["axis"])], outs,
+           keepdims=int(node.attrs["keepdims"]), noop_with_empty_axes=1)
+
+
+def _broadcast_like(node, ins, outs, b):
+    x = b.node("Unsqueeze", [ins[0], b.ints(node.attrs["broadcast_axes"])], 1) \
+        if node.attrs["broadcast_axes"] else ins[:1]
+    b.node("Expand", x + [b.ints(node.outputs[0].shape)], outs)
+
+
+def _constant_of_shape(b, shape_name, out, value, dtype):
+    b.node("ConstantOfShape", [shape_name], [out], value=b.onnx.numpy_helper.from_array(
+        np.array([value], dtype.np)))
+
+
+def _sce(node, ins, outs, b):
+    b.node("Softmax", ins[:1], outs[:1], axis=-1)
+    b.node("SoftmaxCrossEntropyLoss", ins, outs[1:], reduction="none")
+
+
+CONVERTERS = {
+    "fused_elementwise": _fused,
+    "matmul": _matmul,
+    "bias_add": _bias_add,
+    "conv2d": _conv2d,
+    "normalization": _normalization,
+    "max_pool_2d": _max_pool,
+    "avg_pool_2d": _avg_pool,
+    "adaptive_avg_pool2d": _adaptive_avg_pool,
+    "flatten": _flatten,
+    "reshape": lambda n, ins, outs, b: b.node("Reshape", [ins[0], b.ints(n.attrs["shape"])],
+                                              outs),
+    "transpose": lambda n, ins, outs, b: b.node("Transpose", ins, outs,
+                                                perm=list(n.attrs["perm"])),
+    "reduce_sum": _reduce_sum,
+    "broadcast_like": lambda n, ins, outs, b: _broadcast_like(n, ins[:1], outs, b),
+    "add_n": lambda n, ins, outs, b: b.node("Sum", ins, outs),
+    "softmax": lambda n, ins, outs, b: b.node("Softmax", ins, outs, axis=-1),
+    "log_softmax": lambda n, ins, outs, b: b.node("LogSoftmax", ins, outs, axis=-1),
+    "cast": lambda n, ins, outs, b: b.node("Cast", ins, outs,
+                                           to=tensor_type(b.onnx, n.attrs["dtype"])),
+    "ones_like": lambda n, ins, outs, b: _constant_of_shape(
+        b, b.node("Shape", ins, 1)[0], outs[0], 1, n.outputs[0].dtype),
+    "constant": lambda n, ins, outs, b: _constant_of_shape(
+        b, b.ints(n.attrs["shape"]), outs[0], n.attrs["value"], n.attrs["dtype"]),
+    "sparse_softmax_cross_entropy": _sce,
+}
+"""Op type -> ``convert(node, input names, output names, builder)`` (``max_pool_2d``'s also
+takes the set of Values read by later nodes or results)."""
+
+
+def standard_form(node, ins: list, outs: list, b: Builder, used: set) -> None:
+    """Emit ``node``'s standard ONNX form into ``b``.
+
+    Raises:
+        NoStandardForm: the op, or this node of it, has none (nothing is emitted).
+    """
+    if node.written:
+        raise NoStandardForm("it writes variables in place")
+    if node.op.name == "max_pool_2d":
+        return _max_pool(node, ins, outs, b, used)
+    convert = CONVERTERS.get(node.op.name)
+    if convert is not None:
+        return convert(node, ins, outs, b)
+    if node.op.scalar is not None:
+        return _elementwise(node, ins, outs, b)
+    raise NoStandardForm("ONNX has no operator for it")

@@ -1,0 +1,266 @@
+"""``miniflow.onnx.export``: an ``nn.Graph`` or a Module as an ONNX model, at any stage of the
+pass pipeline.
+
+Two kinds of export (PyTorch's ``torch.onnx.export`` is the model for the first):
+
+* ``after=None`` (default), the inference graph as it runs: every pass applied (AMP's casts and
+  float16 compute included, fused elementwise chains expanded to their ONNX ops) and only
+  standard ONNX operators, so onnxruntime runs it. A node without a standard form raises
+  :class:`OnnxExportError` naming the op and the stages to export at instead.
+* ``after="<stage>"`` (``"trace"``, a pass name of ``nn.Graph.stages``, ``"amp"`` for
+  ``auto_mixed_precision``), any graph, training graphs included: ops with a standard form as
+  above, the others (updates, gradients, identities, ``multi_count_not_finite``, ...) in the
+  ``ai.miniflow`` domain with their attributes, so a learner can open every stage in Netron.
+
+Every ONNX node carries its IR node (the line ``print(graph.ir)`` shows) and AMP color in its
+``doc_string`` and ``metadata_props`` (``miniflow.amp_color``: white, black, gray, clear,
+unlisted, cast, or none when AMP did not color it). Values keep the printer's names
+(``0``, ``1`` ..., inputs and variables by name), parameters and buffers are initializers with
+their ``state_dict`` names, results are graph outputs by their result names (``output0``,
+``loss``, ``grad:<variable>``), and a variable a node writes in place becomes a new value
+``<variable>.new`` (an output of the node and of the graph), as ONNX's training ops
+(``ai.onnx.preview.training.Momentum``) return their updated tensors.
+"""
+from __future__ import annotations
+
+import numbers
+import os
+import tempfile
+
+import numpy as np
+
+from .. import __version__
+from ..extras import require
+from ..graph import Graph
+from ..nn.module import Module
+from ..passes.pipeline import STAGE_ALIASES
+from ..runtime.backend import get_backend
+from .convert import DOMAIN, Builder, NoStandardForm, standard_form, tensor_type
+
+__all__ = ["export", "to_model", "OnnxExportError", "DEFAULT_OPSET", "MIN_OPSET"]
+
+DEFAULT_OPSET = 17
+"""The default opset (``torch.onnx.export``'s default in PyTorch 2.0 to 2.4)."""
+MIN_OPSET = 15
+"""The oldest opset exported: BatchNormalization takes float16 x with float32 statistics from 15."""
+
+
+class OnnxExportError(ValueError):
+    """A graph cannot be exported as asked (a node without a standard ONNX form in an inference
+    export, a bad opset or stage); the message names the node and what to do."""
+
+
+class _ModuleGraph(Graph):
+    """The inference graph of a Module exported by itself (``build`` calls it)."""
+
+    def __init__(self, module: Module):
+        super().__init__()
+        self.model = module
+
+    def build(self, *inputs):
+        return self.model(*inputs)
+
+
+def export(graph_or_module, example_inputs, path, *, opset: int = DEFAULT_OPSET,
+           after: str | None = None):
+    """Export ``graph_or_module`` traced with ``example_inputs`` to the ONNX file ``path``.
+
+    Args:
+        graph_or_module: an ``nn.Graph`` (exported with its modules in their current modes and
+            its configuration: AMP, optimizers, grad scaler) or a ``Module`` (exported in eval
+            mode, as ``torch.onnx.export``'s default ``training=TrainingMode.EVAL``; its modes
+            are restored after).
+        example_inputs: one array or Tensor, or a tuple of them: the inputs of ``build`` (or
+            ``forward``); their shapes and dtypes are the model's.
+        path: the ``.onnx`` file, written atomically (nothing is left behind on an error).
+        opset: the default domain's opset version, ``MIN_OPSET`` to the newest the installed
+            onnx knows (Gelu is an ONNX op from 20; before it, its erf form).
+        after: None (the inference graph with standard ops only, see the module docstring) or
+            the stage to export with miniflow-only ops in the ``ai.miniflow`` domain.
+
+    Returns:
+        the ``onnx.ModelProto`` written (``onnx.checker.check_model(..., full_check=True)``
+        passed on it).
+
+    Raises:
+        miniflow.extras.MissingExtraError: onnx is not installed (install the ``onnx`` extra).
+        OnnxExportError: a node with no standard form when ``after`` is None (naming it and the
+            stages to export at instead); an opset out of range; ``after`` not a stage.
+        TypeError: ``graph_or_module`` is neither an nn.Graph nor a Module.
+    """
+    onnx = require("onnx", "onnx", "miniflow.onnx.export")
+    newest = onnx.defs.onnx_opset_version()
+    if isinstance(opset, bool) or not isinstance(opset, numbers.Integral) \
+            or not MIN_OPSET <= opset <= newest:
+        raise OnnxExportError(f"miniflow.onnx.export: opset must be an integer from {MIN_OPSET} "
+                              f"to {newest} (the installed onnx's newest), got {opset!r}")
+    inputs = tuple(example_inputs) if isinstance(example_inputs, (tuple, list)) \
+        else (example_inputs,)
+    if isinstance(graph_or_module, Module):
+        modules = list(graph_or_module.modules())
+        modes = [m.training for m in modules]
+        graph_or_module.eval()
+        try:
+            return _export(onnx, _ModuleGraph(graph_or_module), inputs, path, opset, after,
+                           strip="model.")
+        finally:
+            for m, mode in zip(modules, modes):
+                m.training = mode
+    if not isinstance(graph_or_module, Graph):
+        raise TypeError(f"miniflow.onnx.export: expected an nn.Graph or a Module, got "
+                        f"{type(graph_or_module).__name__}")
+    return _export(onnx, graph_or_module, inputs, path, opset, after, strip="")
+
+
+def _export(onnx, graph: Graph, inputs: tuple, path, opset: int, after, strip: str):
+    try:
+        ir = graph.lower(*inputs, after=after)
+    except ValueError as e:
+        if after is not None and "is no stage" in str(e):
+            raise OnnxExportError(f"miniflow.onnx.export: {e}") from None
+        raise
+    stage = STAGE_ALIASES.get(after, after) or graph.stages(*inputs)[-1]
+    try:
+        model = to_model(onnx, ir, opset, stage=stage, strict=after is None, strip=strip)
+    except OnnxExportError as e:
+        raise OnnxExportError(f"{e}\n{_stage_hint(onnx, graph, inputs, opset)}") from None
+    onnx.checker.check_model(model, full_check=True)
+    _save(onnx, model, os.fspath(path))
+    return model
+
+
+def _stage_hint(onnx, graph: Graph, inputs: tuple, opset: int) -> str:
+    """Which stages to export at instead: the latest whose graph has standard ops only (if
+    any), and every stage with the ``ai.miniflow`` domain."""
+    stages = graph.stages(*inputs)
+    standard = None
+    for stage in stages:
+        try:
+            to_model(onnx, graph.lower(*inputs, after=stage), opset)
+            standard = stage
+        except OnnxExportError:
+            pass
+    custom = (f"pass after={stages[-1]!r} (the graph as it runs) or another stage of "
+              f"{', '.join(stages)} to write the miniflow-only ops in the {DOMAIN!r} domain")
+    if standard is None:
+        return f"No stage of this graph has standard ONNX ops only: {custom}."
+    return (f"Export at after={standard!r} for the latest stage with standard ONNX ops only, "
+            f"or {custom}.")
+
+
+def _save(onnx, model, path: str) -> None:
+    """Write ``model`` to ``path`` through a temporary file in the same folder (atomic)."""
+    folder = os.path.dirname(os.path.abspath(path))
+    fd, tmp = tempfile.mkstemp(dir=folder, prefix=".onnx-", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(model.SerializeToString())
+        os.replace(tmp, path)
+    except BaseException:
+        os.unlink(tmp)
+        raise
+
+
+def to_model(onnx, ir, opset: int = DEFAULT_OPSET, *, stage: str = "", strict: bool = True,
+             strip: str = ""):
+    """The ``onnx.ModelProto`` of IR graph ``ir`` (see the module docstring); not checked.
+
+    Args:
+        onnx: the imported onnx package.
+        stage: the stage's name, recorded in the model's metadata (``miniflow.stage``).
+        strict: standard operators only; else nodes without a standard form go to the
+            ``ai.miniflow`` domain.
+        strip: a prefix removed from the variables' names (``"model."`` for a Module exported by
+            itself: the initializers then carry its own ``state_dict`` names).
+
+    Raises:
+        OnnxExportError: ``strict`` and a node without a standard form (naming it).
+    """
+    names = ir.names()
+    name = {v: v.name for v in ir.inputs}
+    name.update((v, n[len(strip):] if n.startswith(strip) else n) for n, v in ir.variables.items())
+    name.update((v, names[v]) for v in ir.constants.values() if v in names)
+    for n in ir.nodes:
+        name.update((v, names[v]) for v in n.outputs)
+    for result, v in reversed(list(ir.results.items())):   # the first result name wins
+        if v.kind == "node":
+            name[v] = result
+    read = {v for n in ir.nodes for v in n.inputs} | set(ir.results.values())
+    b = Builder(onnx, opset)
+    graph_inputs = [_value_info(onnx, name[v], v) for v in ir.inputs]
+    to_numpy = get_backend().to_numpy
+    for n, v in ir.variables.items():
+        data = ir.variable_data.get(n)
+        if v not in read:
+            continue
+        if data is None:   # declared without data (a half copy the driver binds): an input
+            graph_inputs.append(_value_info(onnx, name[v], v))
+        else:
+            b.initializer(data if isinstance(data, np.ndarray) else to_numpy(data), name[v])
+    for v in ir.constants.values():
+        if v in read:
+            b.initializer(ir.constant_data[v.name], name[v])
+    current, writes = {}, {}   # variable -> its newest value's name, and how often written
+    for i, node in enumerate(ir.nodes):
+        ins = [current.get(v, name[v]) for v in node.inputs]
+        outs = [name[v] for v in node.outputs]
+        start = len(b.nodes)
+        try:
+            standard_form(node, ins, outs, b, read)
+        except NoStandardForm as e:
+            if strict:
+                raise OnnxExportError(f"miniflow.onnx.export: node {i} ({node.op.name}) has no "
+                                      f"standard ONNX form: {e.args[0]}\n    "
+                                      f"{node.format(names)}") from None
+            for v in node.written:
+                writes[v] = writes.get(v, 0) + 1
+                current[v] = f"{name[v]}.new" + (str(writes[v]) if writes[v] > 1 else "")
+            b.custom(node, ins, outs + [current[v] for v in node.written])
+        _annotate(onnx, b.nodes[start:], i, node, names)
+    produced = {o for n in b.nodes for o in n.output}
+    outputs, result_names = [], set()
+    for result, v in ir.results.items():
+        src = current.get(v, name[v])
+        if src != result:   # a result that is a variable, an input, or a second name
+            b.node("Identity", [src], [result])
+            b.nodes[-1].doc_string = f"result {result!r}"
+            entry = b.nodes[-1].metadata_props.add()
+            entry.key, entry.value = "miniflow.result", result
+        outputs.append(_value_info(onnx, result, v))
+        result_names.add(result)
+    outputs += [_value_info(onnx, current[v], v) for v in writes]
+    declared = result_names | {o.name for o in outputs}
+    for node in ir.nodes:
+        for v in node.outputs:
+            if name[v] in produced and name[v] not in declared:
+                b.declare(name[v], v.dtype, v.shape)
+    opsets = [onnx.helper.make_opsetid("", opset)]
+    if any(n.domain == DOMAIN for n in b.nodes):
+        opsets.append(onnx.helper.make_opsetid(DOMAIN, 1))
+    graph = onnx.helper.make_graph(b.nodes, f"miniflow_{stage or 'graph'}", graph_inputs,
+                                   outputs, initializer=b.initializers, value_info=b.value_info)
+    model = onnx.helper.make_model(graph, opset_imports=opsets, producer_name="miniflow",
+                                   producer_version=__version__,
+                                   doc_string=f"miniflow IR after stage {stage!r}")
+    # the oldest IR version that holds these opsets and node metadata (10): older runtimes load it
+    model.ir_version = max(10, onnx.helper.find_min_ir_version_for(opsets, True))
+    onnx.helper.set_model_props(model, {"miniflow.stage": stage})
+    return model
+
+
+def _value_info(onnx, name: str, v):
+    return onnx.helper.make_tensor_value_info(name, tensor_type(onnx, v.dtype), list(v.shape))
+
+
+def _annotate(onnx, protos, i: int, node, names: dict) -> None:
+    """Name the ONNX nodes made for IR node ``i`` and give each its IR line and AMP color
+    (``doc_string`` and ``metadata_props``)."""
+    color = node.meta.get("amp_color") or "none"
+    text = node.format(names)
+    for k, proto in enumerate(protos):
+        proto.name = f"{node.op.name}_{i}" + (f".{k}" if len(protos) > 1 else "")
+        proto.doc_string = f"{text}\namp_color: {color}"
+        for key, value in (("miniflow.op", node.op.name), ("miniflow.amp_color", color),
+                           ("miniflow.node", str(i))):
+            entry = proto.metadata_props.add()
+            entry.key, entry.value = key, value

@@ -1,0 +1,241 @@
+"""ONNX export (``miniflow.onnx``, the ``onnx`` extra) and ``miniflow ir --onnx``: onnxruntime runs
+the exported eval graphs of the digits models and matches miniflow; every stage of a training
+graph exports and passes ``onnx.checker.check_model(full_check=True)``.
+
+Followed: PyTorch's ``test/onnx/test_models_onnxruntime.py`` (export a model, run it in
+onnxruntime, compare with the framework's own output) and the ONNX operator docs
+(onnx/docs/Operators.md) for the standard forms; onnxruntime is the independent oracle.
+"""
+import os
+import sys
+
+import numpy as np
+import pytest
+
+import miniflow
+from miniflow import nn, optim
+from miniflow.amp import GradScaler
+from miniflow.experiments.mlp import EvalGraph, TrainGraph
+from miniflow.experiments.train import make_model
+from miniflow.extras import MissingExtraError
+
+onnx = pytest.importorskip("onnx")
+ort = pytest.importorskip("onnxruntime")
+mo = pytest.importorskip("miniflow.onnx")
+
+
+def _x(model: str, n: int = 5, seed: int = 0) -> np.ndarray:
+    shape = (n, 64) if model == "mlp" else (n, 1, 8, 8)
+    return np.random.default_rng(seed).standard_normal(shape).astype(np.float32)
+
+
+def _run(path, feeds: dict) -> list:
+    session = ort.InferenceSession(os.fspath(path), providers=["CPUExecutionProvider"])
+    return session.run(None, feeds)
+
+
+def _f16_ulp(x: np.ndarray) -> float:
+    """float16's spacing at the largest magnitude of ``x``: the unit of the AMP tolerance."""
+    return float(np.spacing(np.float16(np.abs(x).max())))
+
+
+def _trained_bn(model):
+    """``model`` after one training step, so batch norm's running statistics are not 0 and 1."""
+    g = TrainGraph(model, optim.SGD(model.parameters(), lr=0.05, momentum=0.9))
+    x = _x("lenet", 16, seed=3)
+    g(x if any(isinstance(m, nn.Conv2d) for m in model.modules()) else x.reshape(16, 64),
+      np.arange(16) % 10)
+    model.eval()
+    return model
+
+
+@pytest.mark.parametrize("amp", [False, True], ids=["fp32", "amp"])
+@pytest.mark.parametrize("name", ["mlp", "lenet", "resnet18"])
+def test_eval_graph_runs_in_onnxruntime_and_matches_miniflow(name, amp, tmp_path):
+    miniflow.manual_seed(0)
+    model = _trained_bn(make_model(name))
+    graph = EvalGraph(model)
+    if amp:
+        graph.config.enable_amp(True)
+    x = _x(name)
+    want = graph(x).numpy()
+    proto = mo.export(graph, x, tmp_path / "m.onnx")
+    onnx.checker.check_model(onnx.load(tmp_path / "m.onnx"), full_check=True)
+    assert {n.domain for n in proto.graph.node} == {""}
+    inits = {i.name for i in proto.graph.initializer}
+    assert set(dict(graph.named_parameters())) <= inits
+    assert {f"model.{k}" for k in model.state_dict() if "num_batches" not in k} <= inits
+    (got,) = _run(tmp_path / "m.onnx", {"x": x})
+    if not amp:
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+        assert "Cast" not in {n.op_type for n in proto.graph.node}
+        return
+    casts = [n for n in proto.graph.node if n.op_type == "Cast"]
+    half = {v.name for v in proto.graph.value_info
+            if v.type.tensor_type.elem_type == onnx.TensorProto.FLOAT16}
+    compute = [n for n in proto.graph.node if n.op_type in ("Gemm", "Conv")]
+    assert casts and compute and all(n.output[0] in half for n in compute)
+    assert np.abs(got - want).max() <= 4 * _f16_ulp(want)
+
+
+def test_a_module_exports_in_eval_mode_with_its_state_dict_names(tmp_path):
+    miniflow.manual_seed(1)
+    model = _trained_bn(make_model("lenet"))
+    want = EvalGraph(model)(_x("lenet")).numpy()
+    model.train()
+    proto = mo.export(model, (_x("lenet"),), tmp_path / "lenet.onnx")
+    assert model.training and all(m.training for m in model.modules())   # modes restored
+    inits = {i.name for i in proto.graph.initializer}
+    assert {k for k in model.state_dict() if "num_batches" not in k} == inits
+    assert "BatchNormalization" in {n.op_type for n in proto.graph.node}
+    (got,) = _run(tmp_path / "lenet.onnx", {proto.graph.input[0].name: _x("lenet")})
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+class _Zoo(nn.Module):
+    """Ops outside the digits models: gelu, silu, sigmoid, tanh, exp, scalars, avg pools,
+    softmax, transpose, reshape, sum."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(1, 4, 3, padding=1, bias=True)
+        self.pool = nn.AvgPool2d(3, stride=1, padding=1, count_include_pad=False)
+        self.adapt = nn.AdaptiveAvgPool2d(2)
+
+    def forward(self, x):
+        y = self.adapt(self.pool(nn.functional.gelu(self.conv(x))))    # [N, 4, 2, 2]
+        z = nn.functional.silu(y).sigmoid() + y.tanh() * 0.3 - (y * 0.5).exp()
+        z = z.reshape(z.shape[0], 16).transpose(1, 0).transpose(1, 0)
+        return nn.functional.softmax(z, dim=-1), z.sum(axis=1)
+
+
+@pytest.mark.parametrize("opset", [17, 20])
+@pytest.mark.parametrize("amp", [False, True], ids=["fp32", "amp"])
+def test_activations_pools_and_scalars_match_at_both_gelu_forms(opset, amp, tmp_path):
+    miniflow.manual_seed(2)
+    graph = EvalGraph(_Zoo())
+    if amp:
+        graph.config.enable_amp(True)
+    x = _x("lenet", 3, seed=5)
+    want = [t.numpy() for t in graph(x)]
+    proto = mo.export(graph, x, tmp_path / "zoo.onnx", opset=opset)
+    types = {n.op_type for n in proto.graph.node}
+    assert ("Gelu" in types) == (opset >= 20) and ("Erf" in types) == (opset < 20)
+    got = _run(tmp_path / "zoo.onnx", {"x": x})
+    for g, w in zip(got, want):
+        if amp:
+            assert g.dtype == w.dtype and np.abs(g - w).max() <= 4 * _f16_ulp(w)
+        else:
+            np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-5)
+
+
+def _amp_training_graph(name: str):
+    miniflow.manual_seed(0)
+    model = make_model(name)
+    graph = TrainGraph(model, optim.SGD(model.parameters(), lr=0.1, momentum=0.9,
+                                        clip_grad_max_norm=5.0))
+    graph.config.enable_amp(True)
+    graph.set_grad_scaler(GradScaler())
+    return graph, (_x(name, 8), np.arange(8) % 10)
+
+
+@pytest.mark.parametrize("name", ["mlp", "lenet"])
+def test_every_stage_of_an_amp_training_graph_exports_and_checks(name, tmp_path):
+    graph, inputs = _amp_training_graph(name)
+    stages = graph.stages(*inputs)
+    assert stages[0] == "trace" and "auto_mixed_precision" in stages
+    for stage in stages:
+        path = tmp_path / f"{stage}.onnx"
+        proto = mo.export(graph, inputs, path, after=stage)
+        onnx.checker.check_model(onnx.load(path), full_check=True)
+        ir = graph.lower(*inputs, after=stage)
+        custom = [n for n in proto.graph.node if n.domain == mo.DOMAIN]
+        assert [n.op_type for n in custom] == [n.op.name for n in ir.nodes
+                                               if n.op.name in {c.op_type for c in custom}]
+        assert {o.name for o in proto.graph.output} >= set(ir.results)
+        for node in proto.graph.node:
+            meta = {p.key: p.value for p in node.metadata_props}
+            if "miniflow.result" in meta:   # names a result that is not a node's own output
+                assert node.op_type == "Identity" and meta["miniflow.result"] in ir.results
+                continue
+            assert meta["miniflow.amp_color"] in node.doc_string
+            assert meta["miniflow.op"] == ir.nodes[int(meta["miniflow.node"])].op.name
+    final = mo.export(graph, inputs, tmp_path / "final.onnx", after=stages[-1])
+    (update,) = [n for n in final.graph.node if n.op_type.startswith("multi_tensor_sgd")]
+    attrs = {a.name: onnx.helper.get_attribute_value(a) for a in update.attribute}
+    assert attrs["momentum"] == pytest.approx(0.9) and attrs["model_copy_dtype"] == b"f16"
+    assert any(o.endswith(".new") for o in update.output)   # the weights it writes
+
+
+def test_amp_colors_are_in_the_nodes_after_the_amp_pass(tmp_path):
+    graph, inputs = _amp_training_graph("mlp")
+    proto = mo.export(graph, inputs, tmp_path / "amp.onnx", after="amp")
+    ir = graph.lower(*inputs, after="amp")
+    metas = {n.name: {p.key: p.value for p in n.metadata_props} for n in proto.graph.node}
+    colors = {k: m["miniflow.amp_color"] for k, m in metas.items() if "miniflow.node" in m}
+    for i, node in enumerate(ir.nodes):
+        names = [k for k in colors if k.split(".")[0] == f"{node.op.name}_{i}"]
+        assert names and all(colors[k] == node.meta["amp_color"] for k in names)
+    assert {"white", "cast", "black"} <= set(colors.values())
+    assert any(n.op_type == "amp_black_identity" and n.domain == mo.DOMAIN
+               for n in proto.graph.node)
+    assert {p.key: p.value for p in proto.metadata_props}["miniflow.stage"] == \
+        "auto_mixed_precision"
+
+
+def test_an_op_without_onnx_form_names_the_op_and_the_stages(tmp_path):
+    graph, inputs = _amp_training_graph("mlp")
+    with pytest.raises(mo.OnnxExportError, match=r"node \d+ \(scalar_mul_by_tensor\) has no "
+                       r"standard ONNX form(.|\n)*after='trace'(.|\n)*after='dead_code_elim"):
+        mo.export(graph, inputs, tmp_path / "t.onnx")
+    lenet, inputs = _amp_training_graph("lenet")   # training batch norm from the trace on
+    with pytest.raises(mo.OnnxExportError, match=r"\(increment\)(.|\n)*No stage of this graph "
+                       r"has standard ONNX ops only"):
+        mo.export(lenet, inputs, tmp_path / "t.onnx")
+    assert os.listdir(tmp_path) == []   # nothing half-written
+
+
+def test_bad_opset_and_stage_are_refused(tmp_path):
+    graph = EvalGraph(make_model("mlp"))
+    with pytest.raises(mo.OnnxExportError, match="opset must be an integer from 15"):
+        mo.export(graph, _x("mlp"), tmp_path / "m.onnx", opset=11)
+    with pytest.raises(mo.OnnxExportError, match="after='amp' is no stage(.|\n)*only with AMP"):
+        mo.export(graph, _x("mlp"), tmp_path / "m.onnx", after="amp")
+    with pytest.raises(TypeError, match="nn.Graph or a Module"):
+        mo.export("mlp", _x("mlp"), tmp_path / "m.onnx")
+
+
+def test_without_the_onnx_extra_export_names_it(monkeypatch, tmp_path):
+    monkeypatch.setitem(sys.modules, "onnx", None)   # `import onnx` raises ImportError
+    with pytest.raises(MissingExtraError, match=r'pip install -e "\.\[onnx\]"'):
+        mo.export(make_model("mlp"), _x("mlp"), tmp_path / "m.onnx")
+
+
+def test_cli_ir_prints_the_stage_and_writes_onnx(tmp_path, capsys):
+    from miniflow.cli import main
+    out = tmp_path / "out.onnx"
+    assert main(["ir", "--model", "lenet", "--after", "amp", "--onnx", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "the IR after auto_mixed_precision" in text and "amp_black_identity" in text
+    assert f"wrote {out}" in text
+    proto = onnx.load(out)
+    onnx.checker.check_model(proto, full_check=True)
+    assert any(n.domain == mo.DOMAIN for n in proto.graph.node)
+    assert main(["ir", "--model", "mlp", "--after", "bogus"]) == 2
+    assert "is no stage of this graph" in capsys.readouterr().err
+
+
+def test_cli_ir_netron_serves_the_file_or_names_the_extra(tmp_path, monkeypatch, capsys):
+    import types
+
+    from miniflow.cli import main
+    served = []
+    fake = types.SimpleNamespace(start=served.append, wait=lambda: None, stop=lambda: None)
+    monkeypatch.setitem(sys.modules, "netron", fake)
+    out = str(tmp_path / "m.onnx")
+    assert main(["ir", "--eval", "--onnx", out, "--netron"]) == 0 and served == [out]
+    monkeypatch.setitem(sys.modules, "netron", None)
+    assert main(["ir", "--eval", "--onnx", out, "--netron"]) == 2
+    assert 'pip install -e ".[netron]"' in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["ir", "--netron"])
