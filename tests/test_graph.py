@@ -200,3 +200,84 @@ def test_eager_tensor_api():
     assert a.reshape(4).shape == (4,)
     with pytest.raises(RuntimeError, match="inside nn.Graph.build"):
         a.sum().backward()
+
+
+# ------------------------------------------------------------------ requires_grad (freezing)
+def _frozen_run(amp: bool, freeze, steps=10, exclude=False):
+    """``steps`` SGD steps (momentum, weight decay) of the small MLP with the parameters named in
+    ``freeze`` frozen (``exclude``: left out of the optimizer instead, PyTorch's equivalent)."""
+    mf.manual_seed(0)
+    model = mlp((4, 8, 3))
+    named = dict(model.named_parameters())
+    for n in freeze:
+        named[n].requires_grad_(exclude)  # excluded parameters keep requires_grad=True
+    params = [p for n, p in named.items() if not (exclude and n in freeze)]
+    g = TrainGraph(model, mf.optim.SGD(params, lr=0.1, momentum=0.9, weight_decay=0.05))
+    if amp:
+        g.config.enable_amp(True)
+    losses = [float(g(*_batch(seed=s)).numpy()) for s in range(steps)]
+    return model, g, losses
+
+
+@pytest.mark.parametrize("amp", [False, True], ids=["fp32", "amp"])
+def test_a_frozen_parameter_is_bit_identical_after_10_steps_while_the_others_train(amp):
+    """``torch.Tensor.requires_grad`` (PyTorch's "Excluding subgraphs from backward" notes):
+    a parameter with ``requires_grad=False`` gets no gradient and the optimizer skips it, even
+    under momentum and weight decay; the rest trains exactly as with the parameter left out of
+    the optimizer."""
+    mf.manual_seed(0)
+    start = mlp((4, 8, 3)).state_dict()
+    frozen = ("0.weight", "2.bias")
+    model, g, losses = _frozen_run(amp, frozen)
+    end = model.state_dict()
+    for n in frozen:
+        np.testing.assert_array_equal(end[n], start[n], err_msg=n)
+    for n in ("0.bias", "2.weight"):
+        assert not np.array_equal(end[n], start[n]), n
+    ir = str(g.ir)  # no update, so no momentum state, for the frozen ones
+    assert [n for n in start if f"%model.{n}.momentum_buffer" in ir] == ["0.bias", "2.weight"]
+    ref_model, _, ref_losses = _frozen_run(amp, frozen, exclude=True)
+    assert losses == ref_losses
+    for n, v in ref_model.state_dict().items():
+        np.testing.assert_array_equal(end[n], v, err_msg=n)
+
+
+def test_changing_requires_grad_recompiles_and_freezes_or_unfreezes():
+    model, g = _train_graph()
+    g(*_batch())
+    assert g.compile_count == 1
+    w = model[0].weight
+    assert w.requires_grad_(False) is w and not w.requires_grad
+    g(*_batch())
+    assert g.compile_count == 2
+    before = w.numpy()
+    g(*_batch(seed=1))
+    np.testing.assert_array_equal(w.numpy(), before)
+    assert model.requires_grad_(True) is model and w.requires_grad
+    g(*_batch(seed=1))
+    assert g.compile_count == 3 and not np.array_equal(w.numpy(), before)
+    w.requires_grad = True  # no change: no recompilation
+    g(*_batch())
+    assert g.compile_count == 3
+    with pytest.raises(TypeError, match="requires_grad must be True or False, got 0"):
+        w.requires_grad = 0
+    with pytest.raises(TypeError, match="requires_grad_: requires_grad must be True or False"):
+        model.requires_grad_("no")
+    assert all(p.requires_grad for p in model.parameters())
+
+
+def test_a_loss_that_depends_on_no_trainable_parameter_is_an_error_at_compile_time():
+    """PyTorch: ``loss.backward()`` raises "element 0 of tensors does not require grad and does
+    not have a grad_fn" when no parameter the loss depends on requires grad."""
+    model, g = _train_graph()
+    model.requires_grad_(False)
+    before = model.state_dict()
+    with pytest.raises(RuntimeError, match=r"TrainGraph.build: the loss depends on no trainable "
+                                           r"parameter.*requires_grad_\(True\)"):
+        g(*_batch())
+    for n, v in model.state_dict().items():
+        np.testing.assert_array_equal(v, before[n])
+    model[2].bias.requires_grad_()
+    g(*_batch())
+    assert not np.array_equal(model[2].bias.numpy(), before["2.bias"])
+    np.testing.assert_array_equal(model[0].weight.numpy(), before["0.weight"])
