@@ -14,7 +14,10 @@ broadcast), so every replica starts equal. Graphs without an optimizer (evaluati
 rank 0 may run one alone.
 
 Subclass it, assign modules as attributes, call ``self.add_optimizer(opt)`` and implement
-``build(*inputs)``. The first call with a new input signature (shapes and dtypes) and a new
+``build(*inputs)``. The graph trains the optimizers' parameters whose ``requires_grad`` is True
+(PyTorch's freezing: a frozen parameter gets no gradient op and no update; changing the flag
+recompiles); a loss that depends on none of them is an error when the graph compiles, as
+PyTorch's ``backward`` raises. The first call with a new input signature (shapes and dtypes) and a new
 combination of its modules' modes (``Module.train()`` / ``eval()``: batch norm traces
 differently in each) traces ``build`` into an IR graph, runs the pass pipeline and builds a plan;
 later calls with that signature and those modes only copy the inputs in and run the plan. Up to
@@ -426,6 +429,13 @@ class Graph:
         """Trace, run the passes and build a plan (its ``context``: the passes' CompileContext)."""
         graph, ctx = self._trace(arrays)
         graph = run_passes(graph, ctx)
+        if graph.loss is not None and self._optimizers and not graph.grads:
+            raise RuntimeError(
+                f"{type(self).__name__}.build: the loss depends on no trainable parameter: every "
+                f"parameter of the graph's optimizers that it depends on has requires_grad=False "
+                f"(or none reaches it), so backward() has nothing to differentiate (PyTorch's "
+                f"backward raises here too); unfreeze one (p.requires_grad_(True)) or leave "
+                f"backward() and the optimizer out of this graph")
         copies = HalfCopies(graph, ctx, dict(self.named_parameters()), get_backend())
         if ctx.all_reduce_buckets and distributed.world_size() > 1:
             self._sync_ranks(graph, ctx)
@@ -566,7 +576,8 @@ class Graph:
                         f"not a parameter of a module attribute of {type(self).__name__}: assign "
                         "its module to the graph (self.model = model) so the graph can train it "
                         "(modules kept in plain lists or dicts are not found)")
-        trainable = [param_names[id(p)] for opt in self._optimizers for p in opt.params]
+        trainable = [param_names[id(p)] for opt in self._optimizers for p in opt.params
+                     if p.requires_grad]  # a frozen parameter: no gradient op, no update
         policy = self.config.loss_scale_policy
         identity = "amp_black_identity" if self.config.amp and policy == "fp32" else None
         return CompileContext(trainable=trainable, optimizers=self._optimizers,

@@ -292,13 +292,27 @@ class Tensor:
         """1 / (1 + exp(-x)) elementwise (op ``sigmoid``)."""
         return apply("sigmoid", [self])
 
-    def sum(self, axis=None, keepdims: bool = False):
-        """Sum over ``axis`` (None = all) (op ``reduce_sum``)."""
-        return apply("reduce_sum", [self], axis=axis, keepdims=keepdims)
+    def sum(self, dim=None, keepdim: bool = False, *, axis=None, keepdims=None):
+        """Sum over ``dim`` (an int, a sequence of ints, or None: every dim), keeping the reduced
+        dims as size 1 when ``keepdim`` (``torch.Tensor.sum``; NumPy's names ``axis=`` /
+        ``keepdims=`` are accepted too, as torch accepts them). Op ``reduce_sum`` (OneFlow's
+        attributes ``axis`` and ``keepdims``).
 
-    def mean(self, axis=None, keepdims: bool = False):
-        """Mean over ``axis``: traced as ``reduce_sum`` then ``scalar_mul(1/n)`` (no mean op type)."""
-        s = self.sum(axis, keepdims)
+        Raises:
+            TypeError: a dim given twice (``dim`` and ``axis``, ``keepdim`` and ``keepdims``).
+        """
+        dim, keepdim = _reduce_args("sum", dim, keepdim, axis, keepdims)
+        return apply("reduce_sum", [self], axis=dim, keepdims=keepdim)
+
+    def mean(self, dim=None, keepdim: bool = False, *, axis=None, keepdims=None):
+        """Mean over ``dim`` (arguments as :meth:`sum`, ``torch.Tensor.mean``): traced as
+        ``reduce_sum`` then ``scalar_mul(1/n)`` (no mean op type).
+
+        Raises:
+            TypeError: as :meth:`sum`. ValueError: the reduced dims hold no element.
+        """
+        dim, keepdim = _reduce_args("mean", dim, keepdim, axis, keepdims)
+        s = self.sum(dim, keepdim)
         n = int(np.prod(self.shape, dtype=np.int64) // max(1, int(np.prod(s.shape, dtype=np.int64))))
         if n == 0:
             raise ValueError(f"mean: reducing an empty axis of shape {list(self.shape)}")
@@ -310,16 +324,77 @@ class Tensor:
             shape = tuple(shape[0])
         return apply("reshape", [self], shape=shape)
 
-    def transpose(self, *perm):
-        """Axes permuted by ``perm`` (reversed when omitted)."""
-        if len(perm) == 1 and isinstance(perm[0], (tuple, list)):
-            perm = tuple(perm[0])
-        return apply("transpose", [self], perm=perm or None)
+    def transpose(self, dim0: int, dim1: int | None = None):
+        """This tensor with dims ``dim0`` and ``dim1`` swapped (``torch.Tensor.transpose``;
+        negative dims count from the end). Op ``transpose`` with OneFlow's ``perm`` attribute
+        (the identity with the two dims exchanged); for any other order use :meth:`permute`.
+
+        Raises:
+            TypeError: not two dims, or a dim that is not an int. IndexError: a dim out of range.
+        """
+        if dim1 is None:
+            raise TypeError(f"transpose(dim0, dim1) swaps two dims, as torch.Tensor.transpose; "
+                            f"got only {dim0!r}: for an order of all dims use permute(*dims)")
+        a, b = (_wrap_dim("transpose", d, self.ndim) for d in (dim0, dim1))
+        perm = list(range(self.ndim))
+        if perm:
+            perm[a], perm[b] = perm[b], perm[a]
+        return apply("transpose", [self], perm=tuple(perm))
+
+    def permute(self, *dims):
+        """This tensor with its dims reordered: dim ``i`` of the result is dim ``dims[i]`` of
+        this one (``torch.Tensor.permute``: ``x.permute(2, 0, 1)`` or ``x.permute((2, 0, 1))``;
+        negative dims count from the end). Op ``transpose`` with ``perm=dims``.
+
+        Raises:
+            TypeError: a dim that is not an int. IndexError: a dim out of range.
+            ValueError: not one entry per dim, or a dim repeated.
+        """
+        if len(dims) == 1 and isinstance(dims[0], (tuple, list)):
+            dims = tuple(dims[0])
+        perm = tuple(_wrap_dim("permute", d, self.ndim) for d in dims)
+        if len(perm) != self.ndim or len(set(perm)) != len(perm):
+            raise ValueError(f"permute: dims {tuple(dims)} must name each of the {self.ndim} dims "
+                             f"of the tensor of shape {list(self.shape)} once")
+        return apply("transpose", [self], perm=perm)
 
     @property
     def T(self):
-        """The tensor with its axes reversed (op ``transpose``)."""
-        return self.transpose()
+        """The tensor with its dims reversed (``torch.Tensor.T``; op ``transpose``)."""
+        return self.permute(*reversed(range(self.ndim)))
+
+
+def _wrap_dim(op: str, dim, ndim: int) -> int:
+    """``dim`` in ``[0, ndim)`` (a negative one counts from the end; a 0-d tensor takes 0 and
+    -1, as in torch).
+
+    Raises:
+        TypeError: not an int. IndexError: out of range, with the range.
+    """
+    if isinstance(dim, bool) or not isinstance(dim, numbers.Integral):
+        raise TypeError(f"{op}: a dim must be an int, got {dim!r}")
+    n = max(ndim, 1)
+    if not -n <= dim < n:
+        raise IndexError(f"{op}: dim {dim} is out of range for a tensor of {ndim} dims "
+                         f"(expected a dim in [{-n}, {n - 1}])")
+    return int(dim) % n if ndim else 0
+
+
+def _reduce_args(op: str, dim, keepdim, axis, keepdims) -> tuple:
+    """``(dim, keepdim)`` from PyTorch's and NumPy's names (:meth:`Tensor.sum`).
+
+    Raises:
+        TypeError: both names of one argument given.
+    """
+    if axis is not None:
+        if dim is not None:
+            raise TypeError(f"{op}: got both dim={dim!r} and axis={axis!r}; pass one")
+        dim = axis
+    if keepdims is not None:
+        if keepdim is not False:
+            raise TypeError(f"{op}: got both keepdim and keepdims; pass one")
+        keepdim = keepdims
+    return dim, bool(keepdim)
 
 
 def _dim(fn: str, dim, ndim: int) -> int:

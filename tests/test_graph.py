@@ -1,4 +1,7 @@
-"""nn.Graph tracing, IR printing/verification, plan reuse, the flat hot path and eager mode."""
+"""nn.Graph tracing, IR printing/verification, plan reuse, the flat hot path and eager mode
+(Tensor methods against ``torch.Tensor``'s when torch is installed), and freezing parameters
+(``requires_grad``)."""
+import itertools
 import re
 import tracemalloc
 
@@ -10,6 +13,12 @@ from miniflow import nn
 from miniflow.ir import Graph, VerifyError
 from miniflow.ops import emitter, inference_calls
 from miniflow.experiments.mlp import EvalGraph, TrainGraph, mlp
+
+try:
+    import torch
+except ImportError:   # torch is optional: its comparisons skip
+    torch = None
+needs_torch = pytest.mark.skipif(torch is None, reason="torch is not installed")
 
 
 def _train_graph(seed=0, hidden=8):
@@ -219,3 +228,144 @@ def test_lower_returns_any_stage_without_compiling():
     g.config.enable_amp(True)
     amp = g.lower(x, y, after="amp")
     assert {n.meta.get("amp_color") for n in amp.nodes} >= {"white", "cast"}
+
+
+# ------------------------------------------------------------------ requires_grad (freezing)
+def _frozen_run(amp: bool, freeze, steps=10, exclude=False):
+    """``steps`` SGD steps (momentum, weight decay) of the small MLP with the parameters named in
+    ``freeze`` frozen (``exclude``: left out of the optimizer instead, PyTorch's equivalent)."""
+    mf.manual_seed(0)
+    model = mlp((4, 8, 3))
+    named = dict(model.named_parameters())
+    for n in freeze:
+        named[n].requires_grad_(exclude)  # excluded parameters keep requires_grad=True
+    params = [p for n, p in named.items() if not (exclude and n in freeze)]
+    g = TrainGraph(model, mf.optim.SGD(params, lr=0.1, momentum=0.9, weight_decay=0.05))
+    if amp:
+        g.config.enable_amp(True)
+    losses = [float(g(*_batch(seed=s)).numpy()) for s in range(steps)]
+    return model, g, losses
+
+
+@pytest.mark.parametrize("amp", [False, True], ids=["fp32", "amp"])
+def test_a_frozen_parameter_is_bit_identical_after_10_steps_while_the_others_train(amp):
+    """``torch.Tensor.requires_grad`` (PyTorch's "Excluding subgraphs from backward" notes):
+    a parameter with ``requires_grad=False`` gets no gradient and the optimizer skips it, even
+    under momentum and weight decay; the rest trains exactly as with the parameter left out of
+    the optimizer."""
+    mf.manual_seed(0)
+    start = mlp((4, 8, 3)).state_dict()
+    frozen = ("0.weight", "2.bias")
+    model, g, losses = _frozen_run(amp, frozen)
+    end = model.state_dict()
+    for n in frozen:
+        np.testing.assert_array_equal(end[n], start[n], err_msg=n)
+    for n in ("0.bias", "2.weight"):
+        assert not np.array_equal(end[n], start[n]), n
+    ir = str(g.ir)  # no update, so no momentum state, for the frozen ones
+    assert [n for n in start if f"%model.{n}.momentum_buffer" in ir] == ["0.bias", "2.weight"]
+    ref_model, _, ref_losses = _frozen_run(amp, frozen, exclude=True)
+    assert losses == ref_losses
+    for n, v in ref_model.state_dict().items():
+        np.testing.assert_array_equal(end[n], v, err_msg=n)
+
+
+def test_changing_requires_grad_recompiles_and_freezes_or_unfreezes():
+    model, g = _train_graph()
+    g(*_batch())
+    assert g.compile_count == 1
+    w = model[0].weight
+    assert w.requires_grad_(False) is w and not w.requires_grad
+    g(*_batch())
+    assert g.compile_count == 2
+    before = w.numpy()
+    g(*_batch(seed=1))
+    np.testing.assert_array_equal(w.numpy(), before)
+    assert model.requires_grad_(True) is model and w.requires_grad
+    g(*_batch(seed=1))
+    assert g.compile_count == 3 and not np.array_equal(w.numpy(), before)
+    w.requires_grad = True  # no change: no recompilation
+    g(*_batch())
+    assert g.compile_count == 3
+    with pytest.raises(TypeError, match="requires_grad must be True or False, got 0"):
+        w.requires_grad = 0
+    with pytest.raises(TypeError, match="requires_grad_: requires_grad must be True or False"):
+        model.requires_grad_("no")
+    assert all(p.requires_grad for p in model.parameters())
+
+
+def test_a_loss_that_depends_on_no_trainable_parameter_is_an_error_at_compile_time():
+    """PyTorch: ``loss.backward()`` raises "element 0 of tensors does not require grad and does
+    not have a grad_fn" when no parameter the loss depends on requires grad."""
+    model, g = _train_graph()
+    model.requires_grad_(False)
+    before = model.state_dict()
+    with pytest.raises(RuntimeError, match=r"TrainGraph.build: the loss depends on no trainable "
+                                           r"parameter.*requires_grad_\(True\)"):
+        g(*_batch())
+    for n, v in model.state_dict().items():
+        np.testing.assert_array_equal(v, before[n])
+    model[2].bias.requires_grad_()
+    g(*_batch())
+    assert not np.array_equal(model[2].bias.numpy(), before["2.bias"])
+    np.testing.assert_array_equal(model[0].weight.numpy(), before["0.weight"])
+
+
+# ------------------------------------------------------------------ transpose, permute, sum, mean
+@needs_torch
+@pytest.mark.parametrize("shape", [(), (4,), (2, 3), (2, 3, 4)], ids=str)
+def test_transpose_permute_sum_and_mean_match_torch(shape):
+    """``torch.Tensor.transpose(dim0, dim1)`` swaps two dims, ``permute(*dims)`` reorders all;
+    ``sum`` / ``mean`` take ``dim`` (int or tuple, negative counts from the end) and
+    ``keepdim``, and NumPy's ``axis`` / ``keepdims`` too."""
+    a = np.random.default_rng(0).standard_normal(shape)
+    x, t = mf.tensor(a), torch.from_numpy(a)
+    nd = len(shape)
+    dims = list(range(-max(nd, 1), max(nd, 1)))
+    for d0, d1 in itertools.product(dims, dims):
+        np.testing.assert_array_equal(x.transpose(d0, d1).numpy(), t.transpose(d0, d1).numpy())
+    for perm in itertools.permutations(range(nd)):
+        want = t.permute(perm).numpy()
+        for args in (perm, (perm,), [p - nd for p in perm]):
+            np.testing.assert_array_equal(x.permute(*args).numpy(), want)
+    np.testing.assert_array_equal(x.T.numpy(), t.permute(tuple(reversed(range(nd)))).numpy())
+    reductions = [None] + ([0, -1, (0, nd - 1) if nd > 1 else (0,), [nd - 1]] if nd else [])
+    for dim, keep in itertools.product(reductions, (False, True)):
+        for name in ("sum", "mean"):
+            want = getattr(t, name)(dim=dim, keepdim=keep).numpy()
+            for got in (getattr(x, name)(dim=dim, keepdim=keep),
+                        getattr(x, name)(axis=dim, keepdims=keep),
+                        getattr(x, name)(dim, keep)):
+                assert got.shape == want.shape, (name, dim, keep)
+                np.testing.assert_allclose(got.numpy(), want, rtol=1e-12, atol=1e-12)
+
+
+def test_transpose_and_permute_trace_as_oneflow_transpose_with_perm():
+    class G(nn.Graph):
+        def build(self, x):
+            return x.transpose(0, 1).sum(dim=1, keepdim=True), x.permute(2, 0, 1).mean(dim=0)
+
+    x = np.arange(24, dtype=np.float32).reshape(2, 3, 4)
+    g = G()
+    a, b = g(x)
+    np.testing.assert_allclose(a.numpy(), x.transpose(1, 0, 2).sum(1, keepdims=True))
+    np.testing.assert_allclose(b.numpy(), x.transpose(2, 0, 1).mean(0), rtol=1e-6)
+    ir = str(g.ir)
+    assert "transpose(%x) {perm=(1,0,2)}" in ir and "transpose(%x) {perm=(2,0,1)}" in ir
+    assert "axis=(1,), keepdims=True" in ir and "axis=(0,), keepdims=False" in ir
+
+
+@pytest.mark.parametrize("call,error,match", [
+    (lambda x: x.transpose(0, 2), IndexError,
+     r"transpose: dim 2 is out of range for a tensor of 2 dims \(expected a dim in \[-2, 1\]\)"),
+    (lambda x: x.transpose((1, 0)), TypeError, r"swaps two dims.*use permute\(\*dims\)"),
+    (lambda x: x.transpose(0, 1.0), TypeError, r"transpose: a dim must be an int, got 1.0"),
+    (lambda x: x.permute(0), ValueError, r"permute: dims \(0,\) must name each of the 2 dims"),
+    (lambda x: x.permute(1, -1), ValueError, r"permute: dims \(1, -1\) must name each"),
+    (lambda x: x.permute(0, 2), IndexError, r"permute: dim 2 is out of range"),
+    (lambda x: x.sum(dim=0, axis=0), TypeError, r"sum: got both dim=0 and axis=0"),
+    (lambda x: x.mean(0, True, keepdims=True), TypeError, r"mean: got both keepdim and keepdims"),
+])
+def test_bad_dims_are_refused_naming_the_method(call, error, match):
+    with pytest.raises(error, match=match):
+        call(mf.tensor(np.zeros((2, 3), np.float32)))

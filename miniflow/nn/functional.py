@@ -33,7 +33,7 @@ def _last_axis(op, x: Tensor, dim: int):
         return apply(op, [x])
     perm = tuple(i for i in range(nd) if i != dim) + (dim,)
     inv = tuple(perm.index(i) for i in range(nd))
-    return apply(op, [x.transpose(perm)]).transpose(inv)
+    return apply(op, [x.permute(perm)]).permute(inv)
 
 
 def softmax(x: Tensor, dim: int = -1) -> Tensor:
