@@ -151,36 +151,46 @@ def choose_backend(job: str, requested: str | None) -> str:
 def _train(args) -> int:
     """Train ``--model`` on the digits (``miniflow.experiments.train``); with ``--ddp`` on every
     rank of the MPI world, rank 0 alone printing and writing files. A checkpoint that cannot be
-    used is a message and exit code 2, not a traceback."""
+    used, or a ``--save`` path that cannot be written (checked before the first step), is a
+    message and exit code 2, not a traceback; Ctrl-C is one line naming the step and the last
+    checkpoint, and exit code 130 (128 + SIGINT, the shell's convention)."""
     from . import distributed
-    from .experiments.train import ResumeError, train_digits
-    from .serialization import CheckpointError
+    from .experiments.train import ResumeError, TrainingInterrupted, train_digits
+    from .serialization import CheckpointError, check_save_path
     if args.ddp:
         distributed.init()
         threads = _pin_threads(distributed.local_world_size())
+    first = not args.ddp or distributed.rank() == 0
     line = choose_backend("train", args.backend)
-    if not args.ddp or distributed.rank() == 0:
+    if first:
         print(line, flush=True)
+    try:
+        if args.save and first:
+            check_save_path(args.save)
+    except OSError as e:
+        print(f"miniflow train: --save {args.save}: {e}", file=sys.stderr)
+        return 2
     try:
         r = train_digits(args.model, epochs=args.epochs, batch_size=args.batch_size,
                          lr=args.lr, momentum=args.momentum, weight_decay=args.weight_decay,
-                         lr_schedule=args.lr_schedule, hidden=args.hidden, seed=args.seed,
-                         progress=not args.no_progress, accumulate=args.accumulate,
-                         clip_norm=args.clip_norm, amp=args.amp, checkpoint=args.checkpoint,
-                         resume=args.resume, checkpoint_every=args.checkpoint_every,
-                         ddp=args.ddp)
+                         lr_schedule=args.lr_schedule, hidden=args.hidden or 128,
+                         seed=args.seed, progress=not args.no_progress,
+                         accumulate=args.accumulate, clip_norm=args.clip_norm, amp=args.amp,
+                         checkpoint=args.checkpoint, resume=args.resume,
+                         checkpoint_every=args.checkpoint_every or 100, ddp=args.ddp)
     except (ResumeError, CheckpointError, OSError) as e:
         print(f"miniflow train: {e}", file=sys.stderr)
         return 2
+    except TrainingInterrupted as e:
+        if first:
+            print(f"miniflow train: {e}", file=sys.stderr)
+        return 130
     if r["rank"] != 0:
         return 0
     run_steps = r["steps"] - (r["resumed_from"] or 0)
-    recipe = r["recipe"]
-    print(f"model: {args.model}, {recipe.epochs} epochs of SGD (lr {recipe.lr:g}, "
-          f"{recipe.lr_schedule} schedule, momentum {recipe.momentum:g}, weight decay "
-          f"{recipe.weight_decay:g}, batch {recipe.batch_size}), "
-          + ("AMP (float16) with a dynamic loss scale" if args.amp else "float32"))
+    print(_model_line(args.model, r["recipe"], args))
     if args.ddp:
+        recipe = r["recipe"]
         print(f"data parallel: world size {r['world_size']}, batch {recipe.batch_size} per rank "
               f"({recipe.batch_size * r['world_size']} per step), {threads} thread(s) per rank")
     if r["resumed_from"] is not None:
@@ -200,6 +210,19 @@ def _train(args) -> int:
         save(r["graph"].model.state_dict(), args.save)
         print(f"saved the model's state_dict to {args.save}")
     return 0
+
+
+def _model_line(model: str, recipe, args) -> str:
+    """``model: lenet, 1 epoch of SGD (lr 0.05, ...), float32``: the settings of the run."""
+    epochs = f"{recipe.epochs} epoch{'' if recipe.epochs == 1 else 's'}"
+    batch = f"batch {recipe.batch_size}"
+    if args.accumulate > 1:
+        batch += (f" as {args.accumulate} accumulated micro-batches of "
+                  f"{recipe.batch_size // args.accumulate}")
+    clip = "" if args.clip_norm is None else f", gradients clipped to an L2 norm of {args.clip_norm:g}"
+    return (f"model: {model}, {epochs} of SGD (lr {recipe.lr:g}, {recipe.lr_schedule} schedule, "
+            f"momentum {recipe.momentum:g}, weight decay {recipe.weight_decay:g}, {batch}{clip}), "
+            + ("AMP (float16) with a dynamic loss scale" if args.amp else "float32"))
 
 
 def _pin_threads(local_ranks: int) -> int:
@@ -296,9 +319,26 @@ def _real(low: float, low_inclusive: bool):
 
 
 def _check_train_args(args) -> None:
-    """Usage errors (exit code 2) between ``miniflow train``'s options."""
+    """Usage errors (exit code 2) between ``miniflow train``'s options: an option that would
+    be ignored, or a ``--save`` that would replace a file of the ``--checkpoint`` folder."""
+    import os
     if args.resume and args.checkpoint is None:
         args.parser.error("--resume needs --checkpoint DIR (the folder of the run to continue)")
+    if args.checkpoint_every is not None and args.checkpoint is None:
+        args.parser.error("--checkpoint-every needs --checkpoint DIR (without it no checkpoint "
+                          "is saved)")
+    if args.hidden is not None and args.model != "mlp":
+        args.parser.error(f"--hidden sets the MLP's hidden units; --model {args.model} has a "
+                          "fixed architecture (drop --hidden)")
+    if args.save and args.checkpoint:
+        from .experiments.run_folder import CHECKPOINT_FILE, LOCK_FILE, LOSS_LOG
+        own = {os.path.realpath(os.path.join(args.checkpoint, f)): f
+               for f in (CHECKPOINT_FILE, LOCK_FILE, LOSS_LOG)}
+        name = own.get(os.path.realpath(args.save))
+        if name is not None:
+            args.parser.error(f"--save {args.save} would replace the run's {name} in "
+                              f"--checkpoint {args.checkpoint} (and --resume could not continue "
+                              "the run): save the model elsewhere")
     from .experiments.train import RECIPES
     batch = args.batch_size or RECIPES[args.model].batch_size
     if batch % args.accumulate:
@@ -306,8 +346,8 @@ def _check_train_args(args) -> None:
                           f"{args.accumulate} (equal micro-batches)")
 
 
-def main(argv=None) -> int:
-    """Parse ``argv`` and run the subcommand; returns the exit code."""
+def parser() -> argparse.ArgumentParser:
+    """The parser of ``miniflow`` and its subcommands (their ``--help``)."""
     p = argparse.ArgumentParser(prog="miniflow", description="a small lazy-graph DL framework")
     sub = p.add_subparsers(dest="command", required=True)
     sub.add_parser("info", help="backend, versions, GPU, float16 path, kernel cache").set_defaults(
@@ -327,15 +367,18 @@ def main(argv=None) -> int:
     t.add_argument("--weight-decay", type=_real(0.0, True),
                    help="default per model: " + ", ".join(f"{m} {r.weight_decay:g}"
                                                           for m, r in RECIPES.items()))
-    t.add_argument("--hidden", type=_positive, default=128, help="the MLP's hidden units")
+    t.add_argument("--hidden", type=_positive, help="the MLP's hidden units (default 128; "
+                   "--model mlp only)")
     t.add_argument("--amp", action="store_true",
-                   help="mixed precision (float16) with a dynamic GradScaler")
+                   help="mixed precision (float16) with a dynamic GradScaler (default: "
+                   "float32)")
     t.add_argument("--seed", type=_seed, default=0, help="any integer >= 0 (default 0)")
     t.add_argument("--no-progress", action="store_true", help="no progress bar")
     t.add_argument("--ddp", action="store_true", help="data parallel on every rank of "
                    "`mpiexec -n N miniflow train --ddp` (--batch-size is per rank)")
     t.add_argument("--save", metavar="PATH", help="write the trained model's state_dict (a "
-                   "miniflow.save checkpoint) to PATH")
+                   "miniflow.save checkpoint) to PATH, a regular file or a new one (checked "
+                   "before the first step; default: not saved)")
     t.add_argument("--lr-schedule", choices=list(SCHEDULES),
                    help="how the lr changes over the run, stepped once per update (a step the "
                    "grad scaler skips does not count; default per model: "
@@ -344,16 +387,18 @@ def main(argv=None) -> int:
     t.add_argument("--accumulate", type=_positive, default=1, metavar="N",
                    help="gradient accumulation: run every batch as N micro-batches and one "
                    "update (the memory of a micro-batch, the update of the batch; "
-                   "--batch-size must be a multiple of N)")
+                   "--batch-size must be a multiple of N; default 1: no accumulation)")
     t.add_argument("--clip-norm", type=_real(0.0, False), metavar="X",
                    help="clip the gradients to a total L2 norm of at most X before each update "
                    "(the optimizer's clip_grad_max_norm; default: no clipping)")
     t.add_argument("--checkpoint", metavar="DIR", help="save the training state (model, "
                    "optimizer, grad scaler, LR scheduler, step, data order, random state) to "
-                   "DIR/checkpoint.safetensors every --checkpoint-every updates and at the end; "
-                   "written atomically: a crash during a save keeps the previous checkpoint")
-    t.add_argument("--checkpoint-every", type=_positive, default=100, metavar="STEPS",
-                   help="updates between checkpoints (default 100)")
+                   "DIR/checkpoint.safetensors every --checkpoint-every updates, at the end and "
+                   "at Ctrl-C, and every update's loss to DIR/losses.csv; written atomically: a "
+                   "crash during a save keeps the previous checkpoint; DIR/checkpoint.lock "
+                   "keeps a second run out of DIR (default: no checkpoint)")
+    t.add_argument("--checkpoint-every", type=_positive, metavar="STEPS",
+                   help="updates between checkpoints (default 100; needs --checkpoint)")
     t.add_argument("--resume", action="store_true", help="continue the run saved in "
                    "--checkpoint DIR (same options as that run); the rest of the run is "
                    "bit-identical to an uninterrupted one")
@@ -364,7 +409,8 @@ def main(argv=None) -> int:
     st = sub.add_parser("stability", help="training-stability study of the loss-scale policies: "
                         "figures, metrics.json, summary.md")
     st.add_argument("--quick", action="store_true", help="1 seed, 220 steps per run (for CI)")
-    st.add_argument("--out", default="stability-results", help="output folder")
+    st.add_argument("--out", default="stability-results", help="output folder (default "
+                    "stability-results)")
     st.add_argument("--seeds", type=_positive, help="seeds 0..N-1 of every run (default 3; "
                     "--quick: 1)")
     st.add_argument("--steps", type=_positive, help="steps per run, any number >= 1 (default "
@@ -389,12 +435,17 @@ def main(argv=None) -> int:
                     "as ONNX (miniflow-only ops in the ai.miniflow domain; needs the onnx extra)")
     ir.add_argument("--netron", action="store_true", help="open the --onnx file in Netron "
                     "(needs the netron extra)")
-    ir.set_defaults(fn=_ir)
-    args = p.parse_args(argv)
+    ir.set_defaults(fn=_ir, parser=ir)
+    return p
+
+
+def main(argv=None) -> int:
+    """Parse ``argv`` and run the subcommand; returns the exit code."""
+    args = parser().parse_args(argv)
     if args.command == "train":
         _check_train_args(args)
     if args.command == "ir" and args.netron and not args.onnx:
-        ir.error("--netron needs --onnx PATH (the file Netron opens)")
+        args.parser.error("--netron needs --onnx PATH (the file Netron opens)")
     from .runtime.backend import BackendUnavailableError, UnknownBackendError
     try:
         code = args.fn(args)

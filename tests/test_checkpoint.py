@@ -17,6 +17,7 @@ from miniflow import CheckpointError, load, save
 from miniflow.checkpoint import restore
 from miniflow.cli import main
 from miniflow.experiments.mlp import TrainGraph, mlp
+from miniflow.experiments.run_folder import LOSS_LOG, RunFolder
 from miniflow.experiments.train import (CHECKPOINT_FILE, ResumeError, epoch_batches,
                                         make_lr_schedule, train_digits)
 from miniflow.optim.lr_scheduler import CosineAnnealingLR
@@ -94,22 +95,32 @@ def test_a_run_killed_while_saving_resumes_bit_identical_to_an_uninterrupted_run
     temps = [f for f in os.listdir(killed) if f.endswith(".tmp")]
     assert len(temps) == 1 and os.path.getsize(killed / temps[0]) == 1 << 12  # half written
     at_100 = load(killed / CHECKPOINT_FILE)               # the step-100 file, intact
-    assert at_100["run"]["step"] == 100 and len(at_100["run"]["losses"]) == 100
+    assert at_100["run"]["step"] == 100 and "losses" not in at_100["run"]
+    losses_100 = _logged(killed)[:100]     # the log is appended before each checkpoint is
+    assert len(_logged(killed)) == 200     # written: it has the killed save's steps too
     c = _child([*RUN, "--checkpoint", str(killed), "--resume"])
     out_c, err_c = c.communicate()
     out_a, err_a = a.communicate()
     assert a.returncode == 0 and c.returncode == 0, (err_a, err_c)
     assert b"resumed from step 100" in out_c and b"for 130 steps" in out_c
     final_a, final_c = load(straight / CHECKPOINT_FILE), load(killed / CHECKPOINT_FILE)
-    assert final_a["run"]["step"] == 230 and len(final_a["run"]["losses"]) == 230
+    assert final_a["run"]["step"] == 230 and len(_logged(straight)) == 230
     assert final_a["grad_scaler"] is not None and final_a["scheduler"] is not None
-    assert_identical(final_a, final_c)                   # losses, weights, optimizer, scale ...
-    assert final_a["run"]["losses"][:100] == at_100["run"]["losses"]
+    assert_identical(final_a, final_c)                   # weights, optimizer, scale ...
+    assert _logged(straight) == _logged(killed) and _logged(straight)[:100] == losses_100
 
     def results(out):
         return [ln for ln in out.splitlines() if ln.startswith((b"final loss", b"train acc",
                                                                  b"test acc"))]
     assert len(results(out_a)) == 3 and results(out_a) == results(out_c)
+
+
+def _logged(folder) -> list:
+    """The losses of the run's log (``losses.csv``: ``step,loss`` lines after a header)."""
+    lines = (folder / LOSS_LOG).read_text().splitlines()
+    assert lines[0] == "step,loss"
+    assert [int(ln.split(",")[0]) for ln in lines[1:]] == list(range(1, len(lines)))
+    return [float(ln.split(",")[1]) for ln in lines[1:]]
 
 
 def test_resuming_in_process_continues_the_same_run(tmp_path):
@@ -125,6 +136,54 @@ def test_resuming_in_process_continues_the_same_run(tmp_path):
     assert resumed["resumed_from"] == 20 and resumed["losses"] == whole["losses"]
     assert_identical(load(tmp_path / "whole" / CHECKPOINT_FILE),
                      load(tmp_path / "cut" / CHECKPOINT_FILE))
+    assert _logged(tmp_path / "whole") == _logged(tmp_path / "cut") == whole["losses"]
+
+
+def test_the_checkpoint_stays_bounded_and_the_losses_go_to_an_append_only_log(tmp_path):
+    """Issue 22 item 10: a checkpoint holds what resuming needs, so its size does not grow with
+    the run (before: every loss as JSON, 602 KB at step 23,000, rewritten at each save); the
+    losses are appended to ``losses.csv``. A log with lines after the checkpoint's step (a run
+    killed between its log and its checkpoint) is cut back to the checkpoint on resume. As
+    PyTorch's checkpointing recipe ("Saving and loading a general checkpoint"), which saves
+    the states and the epoch, and leaves the loss history to a logger."""
+    kw = dict(epochs=1, hidden=8, progress=False, checkpoint_every=5)
+    short = train_digits(**kw, checkpoint=tmp_path / "short")
+    long = train_digits(**{**kw, "epochs": 4}, checkpoint=tmp_path / "long")
+    size = [os.path.getsize(tmp_path / f / CHECKPOINT_FILE) for f in ("short", "long")]
+    assert abs(size[1] - size[0]) < 16, size        # 23 against 92 steps: a digit or so more
+    assert "losses" not in load(tmp_path / "long" / CHECKPOINT_FILE)["run"]
+    assert _logged(tmp_path / "short") == short["losses"] and len(short["losses"]) == 23
+    assert _logged(tmp_path / "long") == long["losses"] and len(long["losses"]) == 92
+    log = tmp_path / "short" / LOSS_LOG                     # a killed run's extra lines
+    log.write_text(log.read_text() + "24,0.5\n25,0.25\n")
+    again = train_digits(**kw, checkpoint=tmp_path / "short", resume=True)
+    assert again["losses"] == short["losses"] and _logged(tmp_path / "short") == short["losses"]
+    log.write_text("step,loss\n1,2.0\n")
+    with pytest.raises(ResumeError, match=r"losses.csv' holds the losses of 1 steps, but the "
+                                          r"checkpoint is at step 23"):
+        train_digits(**kw, checkpoint=tmp_path / "short", resume=True)
+
+
+OLD_CHECKPOINT = os.path.join(os.path.dirname(__file__), "fixtures",
+                              "train_checkpoint_before_loss_log.safetensors")
+"""A checkpoint written by miniflow before the loss log (commit 3df7358): ``train_digits("mlp",
+epochs=2, hidden=8, checkpoint=DIR, checkpoint_every=20)`` stopped right after its save at
+step 20; its run record holds the 20 losses."""
+
+
+def test_a_checkpoint_written_before_the_loss_log_still_resumes(tmp_path):
+    """The old file resumes, bit-identical to an uninterrupted run of today's code; the log is
+    written from its losses, and the next checkpoint is of the new, bounded kind."""
+    kw = dict(epochs=2, hidden=8, progress=False, checkpoint_every=20)
+    whole = train_digits(**kw, checkpoint=tmp_path / "whole")
+    (tmp_path / "old").mkdir()
+    (tmp_path / "old" / CHECKPOINT_FILE).write_bytes(open(OLD_CHECKPOINT, "rb").read())
+    assert len(load(tmp_path / "old" / CHECKPOINT_FILE)["run"]["losses"]) == 20
+    resumed = train_digits(**kw, checkpoint=tmp_path / "old", resume=True)
+    assert resumed["resumed_from"] == 20 and resumed["losses"] == whole["losses"]
+    assert _logged(tmp_path / "old") == whole["losses"]
+    assert_identical(load(tmp_path / "whole" / CHECKPOINT_FILE),
+                     load(tmp_path / "old" / CHECKPOINT_FILE))
 
 
 def _checkpoint_at(kw, step, folder):
@@ -319,3 +378,82 @@ def test_epoch_batches_cut_to_whole_micro_batches():
     assert epoch_batches(10, 4) == [(0, 4), (4, 8), (8, 10)]
     assert epoch_batches(10, 4, accumulate=4) == [(0, 4), (4, 8)]
     assert epoch_batches(1437, 64, accumulate=2)[-1] == (1408, 1436)
+
+
+# ------------------------------------------------------------- the folder: lock, Ctrl-C, ddp
+@pytest.mark.skipif(os.name != "posix", reason="SIGINT")
+def test_a_second_run_on_a_locked_folder_is_refused_and_ctrl_c_saves_one_line(tmp_path, capsys):
+    """Issue 22 items 6 and 9. A run holds ``checkpoint.lock`` for its whole length: a second
+    run on the folder is refused at once, naming the holder's pid (before: both ran to the end,
+    overwriting each other's checkpoint). SIGINT (Ctrl-C) ends the first run between two steps
+    with a checkpoint of that step, written atomically, one line on stderr and exit code 130
+    (128 + SIGINT), no traceback (before: a 30-line KeyboardInterrupt traceback through the
+    save code), as PyTorch's scripts do with ``except KeyboardInterrupt: save; exit``. The
+    lock goes with the process: the folder is free afterwards."""
+    import time
+    args = ["train", "--epochs", "1000", "--hidden", "8", "--no-progress",
+            "--checkpoint", str(tmp_path), "--checkpoint-every", "10"]
+    env = {k: v for k, v in os.environ.items() if k != "MINIFLOW_BACKEND"}
+    child = subprocess.Popen([sys.executable, "-m", "miniflow", *args], stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, env=env)
+    watchdog = threading.Timer(300, child.kill)
+    watchdog.daemon = True
+    watchdog.start()
+    try:
+        deadline = time.monotonic() + 240
+        while not (tmp_path / CHECKPOINT_FILE).exists():
+            assert child.poll() is None and time.monotonic() < deadline, child.stderr.read()
+            time.sleep(0.05)
+        code = main([*args, "--resume"])
+        err = capsys.readouterr().err
+        assert code == 2 and f"is in use by another run (pid {child.pid} holds" in err, err
+        assert "--checkpoint folder" in err
+        child.send_signal(signal.SIGINT)
+        out, err = child.communicate(timeout=120)
+    finally:
+        child.kill()
+    assert child.returncode == 130, err
+    lines = [ln for ln in err.decode().splitlines()   # the compile notice is no error
+             if not ln.startswith("miniflow: compiling kernels")]
+    assert len(lines) == 1 and "Traceback" not in err.decode(), err
+    import re
+    m = re.fullmatch(r"miniflow train: interrupted at step (\d+); checkpoint (saved|kept) at "
+                     r"step (\d+) in '.*checkpoint.safetensors' \(--resume continues it\)",
+                     lines[0])       # kept: the interrupt came right after a periodic save
+    assert m and m[1] == m[3] and (m[2] == "kept") == (int(m[1]) % 10 == 0), lines
+    ckpt = load(tmp_path / CHECKPOINT_FILE)
+    assert ckpt["run"]["step"] == int(m[1]) > 0 and len(_logged(tmp_path)) == int(m[1])
+    assert not [f for f in os.listdir(tmp_path) if f.endswith(".tmp")]
+    RunFolder(tmp_path).close()                           # the lock was released
+
+
+def test_save_beside_the_checkpoint_is_refused(tmp_path, capsys):
+    """Issue 22 item 6: ``--save DIR/checkpoint.safetensors`` with ``--checkpoint DIR`` would
+    replace the training checkpoint with a bare state dict (``--resume`` then fails): a usage
+    error, also through another spelling of the path; the log and the lock likewise."""
+    for name in (CHECKPOINT_FILE, "./" + LOSS_LOG, "checkpoint.lock"):
+        with pytest.raises(SystemExit) as e:
+            main(["train", "--checkpoint", str(tmp_path), "--save", str(tmp_path / name)])
+        err = capsys.readouterr().err
+        assert e.value.code == 2 and f"would replace the run's {os.path.basename(name)}" in err
+    assert os.listdir(tmp_path) == []
+
+
+@pytest.mark.parametrize("first, then, match", [
+    (["--ddp"], [], r"was saved by a data-parallel run of 1 rank\(s\): resume it with "
+                    r"`mpiexec -n 1 miniflow train --ddp \.\.\. --resume`"),
+    ([], ["--ddp"], r"was saved by a run without --ddp \(one process, its own data order\): "
+                    r"resume it without --ddp"),
+])
+def test_a_data_parallel_checkpoint_resumes_only_with_ddp(tmp_path, capsys, first, then,
+                                                          match):
+    """Issue 22 item 8: the data order of a data-parallel run depends on the world size
+    (``DistributedSampler``), so its checkpoint resumed in one process without ``--ddp`` is
+    refused, naming ``--ddp`` and ``mpiexec -n N`` (before: a crash deep inside, ``mean:
+    reducing an empty axis of shape [0]``, or ``--world-size None``), and the reverse too."""
+    code, _, err = _cli([*first, "--checkpoint", str(tmp_path), "--checkpoint-every", "10"],
+                        capsys)
+    assert code == 0, err
+    code, _, err = _cli([*then, "--checkpoint", str(tmp_path), "--resume"], capsys)
+    assert code == 2 and __import__("re").search(match, err), err
+    assert "world-size" not in err

@@ -111,3 +111,70 @@ def test_train_without_ddp_runs_in_a_fresh_process():
                        env=env)
     assert r.returncode == 0, r.stderr[-3000:]
     assert r.stdout.splitlines()[0] == "backend: cpu (--backend cpu)"
+
+
+def test_save_is_checked_before_the_first_step(monkeypatch, tmp_path, capsys):
+    """Issue 22 item 7: a ``--save`` path that cannot be written (a missing folder, a FIFO
+    standing for a device such as ``/dev/full``) is refused before training starts, exit code
+    2 and no traceback, as ``--checkpoint`` and ``stability --out`` are (before: only after the
+    whole run, in a traceback; as root a device node was replaced by a regular file)."""
+    import os
+    import stat
+
+    from miniflow.experiments import train
+
+    def train_digits(*args, **kwargs):
+        raise AssertionError("training started")
+
+    monkeypatch.setattr(train, "train_digits", train_digits)
+    code = main(["train", "--save", str(tmp_path / "nope" / "m.safetensors")])
+    err = capsys.readouterr().err
+    assert code == 2 and "miniflow train: --save " in err and "does not exist" in err, err
+    if hasattr(os, "mkfifo"):
+        os.mkfifo(tmp_path / "fifo")
+        code = main(["train", "--save", str(tmp_path / "fifo")])
+        err = capsys.readouterr().err
+        assert code == 2 and "is a FIFO, not a regular file" in err, err
+        assert stat.S_ISFIFO(os.stat(tmp_path / "fifo").st_mode)
+
+
+@pytest.mark.parametrize("args, match", [
+    (["--model", "lenet", "--hidden", "64"],
+     "--hidden sets the MLP's hidden units; --model lenet has a fixed architecture"),
+    (["--model", "resnet18", "--hidden", "8"], "--model resnet18 has a fixed architecture"),
+    (["--checkpoint-every", "5"], "--checkpoint-every needs --checkpoint DIR"),
+])
+def test_an_option_that_would_be_ignored_is_a_usage_error(args, match, capsys):
+    """Issue 22 item 21: argparse's rule for options that conflict (``error()``, exit code 2)
+    instead of ignoring them silently (before: the run went on without them)."""
+    with pytest.raises(SystemExit) as e:
+        main(["train", *args])
+    assert e.value.code == 2 and match in capsys.readouterr().err
+
+
+def test_the_model_line_names_every_setting_and_says_1_epoch(capsys):
+    """Issue 22 item 21: accumulation and clipping on the model line, "1 epoch" singular."""
+    assert main(["train", "--epochs", "1", "--hidden", "8", "--accumulate", "2", "--clip-norm",
+                 "0.5", "--no-progress"]) == 0
+    line = next(ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("model:"))
+    assert line == ("model: mlp, 1 epoch of SGD (lr 0.1, constant schedule, momentum 0.9, "
+                    "weight decay 0, batch 64 as 2 accumulated micro-batches of 32, gradients "
+                    "clipped to an L2 norm of 0.5), float32")
+
+
+def test_help_gives_the_default_of_every_option(capsys):
+    """Issue 22 item 21: every option with a value says its default in ``--help`` (as
+    ``argparse.ArgumentDefaultsHelpFormatter`` would; before: ``--hidden`` and ``stability
+    --out`` did not); flags are off by default."""
+    import argparse
+
+    from miniflow.cli import parser
+    commands = next(a for a in parser()._actions if isinstance(a, argparse._SubParsersAction))
+    for command in ("train", "stability"):
+        for action in commands.choices[command]._actions:
+            if action.nargs == 0:             # --help and store_true flags
+                continue
+            assert "default" in action.help, (command, action.option_strings, action.help)
+    with pytest.raises(SystemExit):
+        main(["stability", "--help"])
+    assert "(default stability-results)" in capsys.readouterr().out

@@ -10,7 +10,7 @@ from miniflow.experiments.train import RECIPES, train_digits
 def test_train_command_runs_lenet(capsys):
     assert main(["train", "--model", "lenet", "--epochs", "1", "--no-progress"]) == 0
     out = capsys.readouterr().out
-    assert "model: lenet, 1 epochs of SGD" in out and "test accuracy:" in out
+    assert "model: lenet, 1 epoch of SGD" in out and "test accuracy:" in out
     assert main(["train", "--model", "lenet", "--epochs", "1", "--amp", "--no-progress"]) == 0
     out = capsys.readouterr().out
     assert "AMP (float16) with a dynamic loss scale" in out and "loss scale:" in out

@@ -47,7 +47,31 @@ class EvalGraph(nn.Graph):
         return self.model(x)
 
 
-def accuracy(eval_graph: EvalGraph, x: np.ndarray, y: np.ndarray) -> float:
-    """Fraction of rows of ``x`` whose arg-max logit equals ``y``."""
-    logits = eval_graph(x).numpy()
-    return float((logits.argmax(axis=1) == y).mean())
+def accuracy(eval_graph: EvalGraph, x: np.ndarray, y: np.ndarray,
+             batch_size: int | None = None) -> float:
+    """Fraction of rows of ``x`` whose arg-max logit equals ``y``.
+
+    ``batch_size``: evaluate ``batch_size`` rows at a time (PyTorch's evaluation loop over a
+    ``DataLoader``), the last batch padded with zero rows whose logits are dropped, so one plan
+    (of ``batch_size`` rows) serves every batch: a plan keeps a buffer for every value of the
+    graph, so its memory grows with its rows. Rows are independent in an evaluation (batch norm
+    in eval mode uses its running statistics), so the result does not depend on it. None: the
+    whole of ``x`` as one batch.
+
+    Raises:
+        ValueError: ``x`` has no rows (an accuracy of nothing).
+    """
+    n = len(x)
+    if n == 0:
+        raise ValueError("accuracy: x has no rows; there is nothing to evaluate")
+    if batch_size is None or n <= batch_size:
+        batch_size = n
+    hits = 0
+    for start in range(0, n, batch_size):
+        rows = x[start:start + batch_size]
+        if len(rows) < batch_size:
+            rows = np.concatenate([rows, np.zeros((batch_size - len(rows), *x.shape[1:]),
+                                                  x.dtype)])
+        logits = eval_graph(rows).numpy()[:n - start]
+        hits += int((logits.argmax(axis=1) == y[start:start + batch_size]).sum())
+    return hits / n

@@ -23,7 +23,8 @@ from __future__ import annotations
 
 import math
 import os
-import tempfile
+import signal
+import threading
 import time
 from dataclasses import dataclass, replace
 
@@ -37,9 +38,11 @@ from ..optim import lr_scheduler
 from ..random import RngState, generator, manual_seed
 from ..serialization import load, save
 from .mlp import EvalGraph, TrainGraph, accuracy, mlp
+from .run_folder import CHECKPOINT_FILE, FolderInUseError, RunFolder
 
 __all__ = ["MODELS", "Recipe", "RECIPES", "make_model", "train_digits", "SCHEDULES",
-           "make_lr_schedule", "epoch_batches", "ResumeError", "CHECKPOINT_FILE"]
+           "make_lr_schedule", "epoch_batches", "ResumeError", "TrainingInterrupted",
+           "CHECKPOINT_FILE"]
 
 MODELS = ("mlp", "lenet", "resnet18")
 """The models ``miniflow train --model`` knows."""
@@ -52,9 +55,6 @@ SCHEDULES = {
                      "then CosineAnnealingLR to 0 (SequentialLR)",
 }
 """``--lr-schedule`` name -> what it does (the scheduler steps once per update)."""
-
-CHECKPOINT_FILE = "checkpoint.safetensors"
-"""The checkpoint's file name in the ``--checkpoint`` folder."""
 
 
 class ResumeError(ValueError):
@@ -153,10 +153,11 @@ def train_digits(model: str = "mlp", *, epochs: int | None = None,
         amp: mixed precision (``config.enable_amp``) with a dynamic ``GradScaler`` (PyTorch's
             defaults: initial scale 2^16, growth every 2000 steps).
         progress: a tqdm progress bar over the steps (loss and the last test accuracy).
-        checkpoint: a folder: the training state is saved to ``<folder>/checkpoint.safetensors``
-            every ``checkpoint_every`` updates and at the end (atomically, ``miniflow.save``; by
-            rank 0 alone under ``ddp``). A folder that holds a checkpoint is refused unless
-            ``resume``.
+        checkpoint: a folder (``miniflow.experiments.run_folder``): the training state is
+            saved to ``<folder>/checkpoint.safetensors`` every ``checkpoint_every`` updates, at
+            the end and at a Ctrl-C (atomically, ``miniflow.save``; by rank 0 alone under
+            ``ddp``), the losses to ``<folder>/losses.csv``; the folder is locked for the run.
+            A folder that holds a checkpoint is refused unless ``resume``.
         resume: continue the run saved in ``checkpoint`` (made with the same settings): the
             rest of the run is bit-identical to the uninterrupted one.
         ddp: data parallel over the process world (``miniflow.distributed``; a world of one
@@ -174,12 +175,19 @@ def train_digits(model: str = "mlp", *, epochs: int | None = None,
         None), ``recipe`` (the settings used), ``graph`` (the TrainGraph), ``model``, ``scaler``
         (None without AMP), ``rank`` and ``world_size``.
 
+    Ctrl-C (SIGINT, in the main thread): the step running ends, a checkpoint is saved there
+    (with ``checkpoint``), and :class:`TrainingInterrupted` is raised; a second Ctrl-C stops
+    at once (keeping the last checkpoint).
+
     Raises:
         ValueError: an unknown model (listing the known ones); batch_size not a multiple of
             accumulate; an unknown lr_schedule; resume without checkpoint.
-        ResumeError: nothing to resume in ``checkpoint``, a checkpoint there without ``resume``,
-            one made with other settings (naming them), or one that does not fit the model,
-            optimizer ... (naming the part and the key; nothing is loaded).
+        ResumeError: another run holds ``checkpoint``, nothing to resume there, a checkpoint
+            there without ``resume``, one made with other settings or another world size
+            (naming them, and ``--ddp`` / ``mpiexec -n N``), or one that does not fit the
+            model, optimizer ... (naming the part and the key; nothing is loaded).
+        TrainingInterrupted: Ctrl-C (a ``KeyboardInterrupt``; its message names the step and
+            the last checkpoint).
         miniflow.CheckpointError: the checkpoint file is truncated or edited (naming the key).
         OSError: the checkpoint folder cannot be created or written (before the first step).
     """
@@ -222,60 +230,79 @@ def train_digits(model: str = "mlp", *, epochs: int | None = None,
                           accumulate)
     total = r.epochs * len(spans)
     sched = make_lr_schedule(opt, r.lr_schedule, total)
-    run = {"step": 0, "epoch": 0, "batch": 0, "order": None, "losses": []}
-    path = None if checkpoint is None else _checkpoint_path(checkpoint, resume)
-    if resume:
-        run = _resume(path, config, model=net, optimizer=opt, grad_scaler=scaler,
-                      scheduler=sched, rng=RngState())
-    resumed_from = saved_at = run["step"] if resume else None
+    run = {"step": 0, "epoch": 0, "batch": 0, "order": None}
+    folder = None if checkpoint is None else _run_folder(checkpoint, resume, lock=rank == 0)
+    try:
+        losses = []
+        if resume:
+            run, losses = _resume(folder, config, model=net, optimizer=opt, grad_scaler=scaler,
+                                  scheduler=sched, rng=RngState())
+        if folder is not None and rank == 0:
+            folder.start_log(losses)            # the checkpoint's steps, none after them
+        path = None if folder is None else folder.path
+        resumed_from = saved_at = run["step"] if resume else None
 
-    def save_state() -> None:
-        nonlocal saved_at
-        if rank == 0:  # under ddp every rank holds the same state; one writes it
-            save({"config": config, "run": run, "model": net.state_dict(),
-                  "optimizer": opt.state_dict(), "grad_scaler": scaler and scaler.state_dict(),
-                  "scheduler": sched and sched.state_dict(), "rng": RngState().state_dict()},
-                 path)
-        saved_at = run["step"]
+        def save_state() -> None:
+            nonlocal saved_at
+            if rank == 0:  # under ddp every rank holds the same state; one writes it
+                folder.append_losses(losses, saved_at or 0)  # first: the log covers the file
+                save({"config": config, "run": run, "model": net.state_dict(),
+                      "optimizer": opt.state_dict(),
+                      "grad_scaler": scaler and scaler.state_dict(),
+                      "scheduler": sched and sched.state_dict(), "rng": RngState().state_dict()},
+                     path)
+            saved_at = run["step"]
 
-    evaluator = EvalGraph(net)
+        evaluator = EvalGraph(net)
+        eval_batch = r.batch_size // accumulate   # the rows of a training (micro-)batch
 
-    def eval_accuracy(x, y) -> float:
-        net.eval()          # batch norm from its running statistics (an eval-mode plan)
-        try:
-            return accuracy(evaluator, x, y)
-        finally:
-            net.train()
+        def eval_accuracy(x, y) -> float:
+            net.eval()          # batch norm from its running statistics (an eval-mode plan)
+            try:
+                return accuracy(evaluator, x, y, batch_size=eval_batch)
+            finally:
+                net.train()
 
-    losses, epoch_acc = run["losses"], []
-    with tqdm(total=total, initial=run["step"], desc=f"train {model}", unit="step",
-              disable=not progress or rank != 0) as bar:
-        for epoch in range(run["epoch"], r.epochs):
-            if sampler is not None:  # this rank's shard of the epoch (seed + epoch, all alike)
-                sampler.set_epoch(epoch)
-                run["order"] = sampler.indices()
-            elif run["order"] is None:  # the epoch's shuffle (what miniflow.data.batches draws)
-                run["order"] = generator().permutation(len(x_train))
-            order = run["order"]
-            for b in range(run["batch"], len(spans)):
-                rows = order[spans[b][0]:spans[b][1]]
-                loss = graph(np.ascontiguousarray(x_train[rows]), data.y_train[rows])
-                losses.append(float(loss.numpy().mean()))
-                if sched is not None:
-                    sched.step()
-                run.update(step=run["step"] + 1, epoch=epoch, batch=b + 1)
-                if path is not None and run["step"] % checkpoint_every == 0:
+        epoch_acc = []
+        with tqdm(total=total, initial=run["step"], desc=f"train {model}", unit="step",
+                  disable=not progress or rank != 0) as bar, _deferred_sigint() as sigint:
+            try:
+                for epoch in range(run["epoch"], r.epochs):
+                    if sampler is not None:  # this rank's shard (seed + epoch, all alike)
+                        sampler.set_epoch(epoch)
+                        run["order"] = sampler.indices()
+                    elif run["order"] is None:  # the epoch's shuffle (miniflow.data.batches')
+                        run["order"] = generator().permutation(len(x_train))
+                    order = run["order"]
+                    for b in range(run["batch"], len(spans)):
+                        if sigint.requested:
+                            raise _interrupted(run["step"], path, saved_at, save_state)
+                        rows = order[spans[b][0]:spans[b][1]]
+                        loss = graph(np.ascontiguousarray(x_train[rows]), data.y_train[rows])
+                        losses.append(float(loss.numpy().mean()))
+                        if sched is not None:
+                            sched.step()
+                        run.update(step=run["step"] + 1, epoch=epoch, batch=b + 1)
+                        if path is not None and run["step"] % checkpoint_every == 0:
+                            save_state()
+                        bar.update()
+                        bar.set_postfix(epoch=epoch + 1, loss=f"{losses[-1]:.4f}",
+                                        test_acc=f"{epoch_acc[-1]:.3f}" if epoch_acc else "-")
+                    run.update(epoch=epoch + 1, batch=0, order=None)
+                    if rank == 0:
+                        epoch_acc.append(eval_accuracy(x_test, data.y_test))
+                        bar.set_postfix(epoch=epoch + 1, loss=f"{losses[-1]:.4f}",
+                                        test_acc=f"{epoch_acc[-1]:.3f}")
+                if path is not None and saved_at != run["step"]:
                     save_state()
-                bar.update()
-                bar.set_postfix(epoch=epoch + 1, loss=f"{losses[-1]:.4f}",
-                                test_acc=f"{epoch_acc[-1]:.3f}" if epoch_acc else "-")
-            run.update(epoch=epoch + 1, batch=0, order=None)
-            if rank == 0:
-                epoch_acc.append(eval_accuracy(x_test, data.y_test))
-                bar.set_postfix(epoch=epoch + 1, loss=f"{losses[-1]:.4f}",
-                                test_acc=f"{epoch_acc[-1]:.3f}")
-    if path is not None and saved_at != run["step"]:
-        save_state()
+            except TrainingInterrupted:
+                raise
+            except KeyboardInterrupt:  # a second Ctrl-C: stop at once, no checkpoint now
+                raise TrainingInterrupted(run["step"], path, saved_at, saved_now=False) \
+                    from None
+    finally:
+        if folder is not None:
+            folder.close()
     first = rank == 0
     return {"losses": losses,
             "test_accuracy": eval_accuracy(x_test, data.y_test) if first else None,
@@ -285,33 +312,103 @@ def train_digits(model: str = "mlp", *, epochs: int | None = None,
             "recipe": r, "graph": graph, "model": net, "scaler": scaler, "rank": rank,
             "world_size": distributed.world_size() if ddp else 1}
 
-def _checkpoint_path(folder, resume: bool) -> str:
-    """``<folder>/checkpoint.safetensors``, the folder created and checked for writing.
+
+class TrainingInterrupted(KeyboardInterrupt):
+    """Ctrl-C (SIGINT) stopped :func:`train_digits` after ``step`` updates; ``saved_at`` is the
+    step of the last checkpoint in ``path`` (None: none was written), ``saved_now`` whether it
+    was written at the interrupt. A ``KeyboardInterrupt``, so code that catches that still
+    does; ``str()`` is the one line ``miniflow train`` prints."""
+
+    def __init__(self, step: int, path: str | None, saved_at: int | None, saved_now: bool):
+        self.step, self.path, self.saved_at, self.saved_now = step, path, saved_at, saved_now
+        if path is None:
+            where = "no checkpoint (--checkpoint DIR saves one)"
+        elif saved_at is None:
+            where = f"no checkpoint written yet in {path!r}"
+        else:
+            where = (f"checkpoint {'saved' if saved_now else 'kept'} at step {saved_at} in "
+                     f"{path!r} (--resume continues it)")
+        super().__init__(f"interrupted at step {step}; {where}")
+
+
+def _interrupted(step: int, path, saved_at, save_state) -> TrainingInterrupted:
+    """The exception of a Ctrl-C seen between two steps: the state is whole there, so it is
+    checkpointed first (when the run has a checkpoint folder and the last one is older)."""
+    if path is not None and saved_at != step:
+        save_state()
+        return TrainingInterrupted(step, path, step, saved_now=True)
+    return TrainingInterrupted(step, path, saved_at, saved_now=False)
+
+
+class _deferred_sigint:
+    """While active (in the main thread, where Python's default SIGINT handler is installed),
+    a first SIGINT only sets ``requested``: the loop stops between two steps, where the state
+    is whole and can be saved; a second one raises ``KeyboardInterrupt`` at once."""
+
+    def __enter__(self):
+        self.requested, self._previous = False, None
+        if threading.current_thread() is threading.main_thread() and \
+                signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+            self._previous = signal.signal(signal.SIGINT, self._handle)
+        return self
+
+    def _handle(self, signum, frame):
+        if self.requested:
+            raise KeyboardInterrupt
+        self.requested = True
+
+    def __exit__(self, *exc):
+        if self._previous is not None:
+            signal.signal(signal.SIGINT, self._previous)
+        return False
+
+
+def _run_folder(folder, resume: bool, lock: bool) -> RunFolder:
+    """The checkpoint folder of a run, locked when ``lock`` (see ``run_folder``).
 
     Raises:
-        ResumeError: a checkpoint is there and ``resume`` is not set (it would be overwritten).
+        ResumeError: another run holds the folder, or a checkpoint is there and ``resume`` is
+            not set (it would be overwritten).
         OSError: the folder cannot be created or written.
     """
-    folder = os.fspath(folder)
-    os.makedirs(folder, exist_ok=True)
-    with tempfile.TemporaryFile(dir=folder):
-        pass
-    path = os.path.join(folder, CHECKPOINT_FILE)
-    if os.path.exists(path) and not resume:
-        raise ResumeError(f"{path!r} holds a checkpoint that a new run would overwrite: pass "
-                          "--resume to continue that run, or give another --checkpoint folder")
-    return path
+    try:
+        run_folder = RunFolder(folder, lock=lock)
+    except FolderInUseError as e:
+        raise ResumeError(str(e)) from None
+    if os.path.exists(run_folder.path) and not resume:
+        run_folder.close()
+        raise ResumeError(f"{run_folder.path!r} holds a checkpoint that a new run would "
+                          "overwrite: pass --resume to continue that run, or give another "
+                          "--checkpoint folder")
+    return run_folder
 
 
-def _resume(path: str, config: dict, **objects) -> dict:
-    """Load the checkpoint at ``path`` into ``objects`` (all or nothing) after checking it was
-    made with ``config``; returns its run record (step, epoch, batch, order, losses).
+def _world_mismatch(path: str, saved, this) -> str | None:
+    """Why a checkpoint of a run on ``saved`` ranks (None: without ``--ddp``) cannot continue
+    in a run on ``this`` ranks (the data order depends on the world), or None."""
+    if saved == this:
+        return None
+    if saved is None:
+        return (f"{path!r} was saved by a run without --ddp (one process, its own data order): "
+                "resume it without --ddp")
+    return (f"{path!r} was saved by a data-parallel run of {saved} rank(s)"
+            + ("" if this is None else f", this run has {this}")
+            + f": resume it with `mpiexec -n {saved} miniflow train --ddp ... --resume`")
+
+
+def _resume(folder: RunFolder, config: dict, **objects) -> tuple:
+    """Load the checkpoint of ``folder`` into ``objects`` (all or nothing) after checking it was
+    made with ``config``; returns its run record (step, epoch, batch, order) and the losses of
+    its steps: from the loss log, or from the record itself in a checkpoint written before the
+    log existed (which kept every loss there).
 
     Raises:
-        ResumeError: no checkpoint at ``path``, one made with other settings, or one that does
-            not fit the model, optimizer ... (``restore``'s message: nothing is loaded).
+        ResumeError: no checkpoint at ``path``, one made with other settings or another world
+            size, one that does not fit the model, optimizer ... (``restore``'s message:
+            nothing is loaded), or a loss log that lacks its steps.
         miniflow.CheckpointError: a truncated or edited file (``miniflow.load``).
     """
+    path = folder.path
     if not os.path.exists(path):
         raise ResumeError(f"nothing to resume: {path!r} does not exist (train without --resume "
                           "to start a run that saves there)")
@@ -320,16 +417,23 @@ def _resume(path: str, config: dict, **objects) -> dict:
     if not isinstance(saved, dict) or not isinstance(ckpt.get("run"), dict):
         raise ResumeError(f"{path!r} is not a checkpoint of miniflow train (no 'config' and "
                           "'run' entries)")
+    world = _world_mismatch(path, saved.get("world_size"), config.get("world_size"))
+    if world:
+        raise ResumeError(world)
     differ = [f"--{k.replace('_', '-')} {saved.get(k)!r} (this run: {v!r})"
               for k, v in config.items() if saved.get(k) != v]
     if differ:
         raise ResumeError(f"{path!r} was saved by a run with other settings: "
                           f"{'; '.join(differ)}; resume with the same options")
+    run = dict(ckpt["run"])
+    try:
+        losses = (list(run.pop("losses")) if "losses" in run   # an older checkpoint: no log
+                  else folder.read_losses(run["step"]))
+    except ValueError as e:
+        raise ResumeError(f"{path!r} cannot be resumed: {e}") from None
     try:
         restore(ckpt, **objects)
     except (KeyError, TypeError, ValueError) as e:  # nothing was loaded
         message = e.args[0] if e.args else type(e).__name__
         raise ResumeError(f"{path!r} does not fit this run: {message}") from None
-    run = dict(ckpt["run"])
-    run["losses"] = list(run["losses"])
-    return run
+    return run, losses
