@@ -35,6 +35,21 @@ def pytest_ignore_collect(collection_path, config):
     return None
 
 
+LONGEST_FIRST = ("tests/test_cuda_simulator_lane.py::",
+                 "tests/test_train_cnn.py::test_resnet18_reaches_98_percent")
+"""Node-id prefixes of the longest tests (minutes each on 2 cores: the simulator lane's shards, the
+ResNet-18 training runs), which run first."""
+
+
+def pytest_collection_modifyitems(config, items):
+    """Run :data:`LONGEST_FIRST` first, the rest in their order: pytest-xdist's workers take tests
+    in collection order, and a long test taken last keeps one worker busy while the other idles
+    (longest processing time first)."""
+    first = [item for item in items if item.nodeid.startswith(LONGEST_FIRST)]
+    if first:
+        items[:] = first + [item for item in items if not item.nodeid.startswith(LONGEST_FIRST)]
+
+
 def pytest_terminal_summary(terminalreporter, config):
     """Print the ``lane_summary`` lines tests recorded (``record_property``: the simulator lane's
     results), which reach the controller from pytest-xdist's workers with their reports."""
