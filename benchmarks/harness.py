@@ -56,8 +56,14 @@ def default_core() -> int:
     return max(os.sched_getaffinity(0))
 
 
-def pin_core(core: int) -> int:
-    """Pin every thread of this process to ``core``; returns how many threads were pinned.
+def _cores(core) -> set:
+    """``core`` (one core's number, or several) as a set of cores."""
+    return {core} if isinstance(core, int) else set(core)
+
+
+def pin_core(core) -> int:
+    """Pin every thread of this process to ``core`` (a core's number, or a set of cores); returns
+    how many threads were pinned.
 
     ``os.sched_setaffinity(0, ...)`` on Linux sets the calling thread's mask only (threads started
     later inherit their creator's mask), so the threads already running, e.g. the BLAS pool
@@ -66,65 +72,86 @@ def pin_core(core: int) -> int:
     Raises:
         ValueError: ``core`` is not one of the cores this process may use.
     """
-    allowed = os.sched_getaffinity(0)
-    if core not in allowed:
+    allowed, cores = os.sched_getaffinity(0), _cores(core)
+    if not cores or not cores <= allowed:
         raise ValueError(f"pin_core: core {core} is not available to this process; choose one "
                          f"of {sorted(allowed)}")
     tids = [int(t) for t in os.listdir("/proc/self/task")]
     for tid in tids:
         try:
-            os.sched_setaffinity(tid, {core})
+            os.sched_setaffinity(tid, cores)
         except ProcessLookupError:      # the thread ended meanwhile
             pass
     return len(tids)
 
 
-def threads_off_core(core: int) -> list:
-    """Ids of this process's threads that may run on a core other than ``core``."""
-    off = []
+def threads_off_core(core) -> list:
+    """Ids of this process's threads that may run on a core other than ``core`` (a core's
+    number, or a set of cores)."""
+    off, cores = [], _cores(core)
     for t in os.listdir("/proc/self/task"):
         try:
-            if os.sched_getaffinity(int(t)) != {core}:
+            if os.sched_getaffinity(int(t)) != cores:
                 off.append(int(t))
         except ProcessLookupError:
             pass
     return off
 
 
-XLA_FLAGS = "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1"
-"""XLA's CPU thread settings for one thread (read when JAX starts; alone they did not keep JAX on
-one core, hence :func:`pin_core`)."""
+def xla_flags(threads: int) -> str:
+    """XLA's CPU thread settings for ``threads`` threads (read when JAX starts; alone they did not
+    keep JAX on one core, hence :func:`pin_core`)."""
+    if threads == 1:
+        return "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1"
+    return f"--xla_cpu_multi_thread_eigen=true intra_op_parallelism_threads={threads}"
 
 
-def start_on_one_core(core: int) -> tuple:
-    """Pin this process to ``core`` and start the optional frameworks with every pool on one
-    thread: Numba, BLAS/OpenMP (threadpoolctl), PyTorch intra-op and inter-op (when installed),
-    XLA (``XLA_FLAGS``, set before JAX is imported, when installed).
+def cores_for(core: int, threads: int) -> set:
+    """``threads`` cores: ``core`` and the highest-numbered others this process may use.
+
+    Raises:
+        ValueError: fewer cores are available.
+    """
+    allowed = sorted(os.sched_getaffinity(0), reverse=True)
+    if core not in allowed or threads > len(allowed):
+        raise ValueError(f"cores_for: {threads} threads need {threads} cores including core "
+                         f"{core}; this process may use {sorted(allowed)}")
+    return {core} | set([c for c in allowed if c != core][:threads - 1])
+
+
+def start_on_one_core(core: int, threads: int = 1) -> tuple:
+    """Pin this process to ``core`` (with ``threads`` > 1: to :func:`cores_for` ``threads``
+    cores) and start the optional frameworks with every pool on ``threads`` threads: Numba,
+    BLAS/OpenMP (threadpoolctl), PyTorch intra-op (inter-op: 1; when installed), XLA
+    (:func:`xla_flags`, set before JAX is imported, when installed).
 
     Returns ``(description, missing)``: the pools as one line, and ``{"torch" | "jax": reason}``
     for the frameworks that are not installed.
 
     Raises:
-        ValueError: ``core`` is not available (:func:`pin_core`).
+        ValueError: ``core`` (or enough cores) is not available (:func:`pin_core`).
         RuntimeError: a thread is still not pinned after the frameworks started.
     """
-    pin_core(core)
-    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " " + XLA_FLAGS).strip()
+    cores = cores_for(core, threads)
+    pin_core(cores)
+    flags = xla_flags(threads)
+    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " " + flags).strip()
     missing = {}
     try:
         import torch  # noqa: F401  (before pin_threads, so its pools are pinned too)
     except ImportError:
         missing["torch"] = "PyTorch is not installed (pip install -e '.[bench]')"
-    description = pin_threads(1)
+    description = pin_threads(threads)
     try:
         import jax
-        description += f", jax {jax.__version__} on {jax.devices()[0]} (XLA_FLAGS={XLA_FLAGS!r})"
+        description += f", jax {jax.__version__} on {jax.devices()[0]} (XLA_FLAGS={flags!r})"
     except ImportError:
         missing["jax"] = "JAX is not installed (pip install -e '.[bench]')"
-    pin_core(core)              # the threads the frameworks started
-    off = threads_off_core(core)
+    pin_core(cores)             # the threads the frameworks started
+    off = threads_off_core(cores)
     if off:
-        raise RuntimeError(f"start_on_one_core: threads {off} are not pinned to core {core}")
+        raise RuntimeError(f"start_on_one_core: threads {off} are not pinned to cores "
+                           f"{sorted(cores)}")
     return description, missing
 
 

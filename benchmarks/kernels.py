@@ -11,8 +11,9 @@
 4. Matmul GFLOP/s and % of the measured single-core sgemm peak: the plan's matmul step (the
    kernel it picks: BLAS or a Numba loop; in fp16 the loops read the half operands as they are
    and BLAS gets widened copies, the product in float32 rounded once) against ``numpy.dot`` in float32, for every product of the
-   wide MLP's training step (each forward and its two gradients) at batch 16, 64 and 256, one
-   core, from CPU time (``--only matmul`` runs this part alone).
+   wide MLP's training step (each forward and its two gradients) at batch 16, 64 and 256, on
+   ``--threads`` threads, from CPU time (wall time for more than one thread; ``--only matmul``
+   runs this part alone).
 5. Cold start: a fresh process that imports miniflow, compiles ``miniflow train``'s graph (the
    64-128-10 MLP, SGD with momentum, batch 64) and runs one training step, with an empty and with
    a warm Numba cache (``NUMBA_CACHE_DIR``).
@@ -149,25 +150,42 @@ WIDE = (64, 1024, 1024, 10)
 MATMUL_BATCHES = (16, 64, 256)
 
 
-def cpu_seconds(fn, repeats: int, budget: float = 0.02) -> float:
+def cpu_seconds(fn, repeats: int, budget: float = 0.02, clock: int = 1) -> float:
     """Median process CPU seconds per call of ``fn`` (rounds of about ``budget``): on a shared
-    machine the time other processes held the core is left out."""
+    machine the time other processes held the core is left out. ``clock=0``: wall seconds (for
+    several threads, whose CPU times add up)."""
     fn()
-    one = harness.cpu_round(fn, 1)[1]
+    one = harness.cpu_round(fn, 1)[clock]
     calls = max(1, min(10000, int(budget / max(one, 1e-7))))
-    return min(sorted(harness.cpu_round(fn, calls)[1] / calls for _ in range(repeats))[
+    return min(sorted(harness.cpu_round(fn, calls)[clock] / calls for _ in range(repeats))[
         repeats // 2], float("inf"))
 
 
-def sgemm_peak(repeats: int) -> float:
-    """The single-core float32 GEMM peak, GFLOP/s: the best of ``numpy.dot`` on 512^3 and
-    1024^3 (every pool on one thread)."""
+def interleaved_seconds(fns: list, repeats: int, budget: float = 0.02, clock: int = 1) -> list:
+    """:func:`cpu_seconds` of each of ``fns``, their rounds interleaved (``fns[0]``, ``fns[1]``,
+    ... then again), so that a change of the machine's load hits every one alike."""
+    calls = []
+    for fn in fns:
+        fn()
+        one = harness.cpu_round(fn, 1)[clock]
+        calls.append(max(1, min(10000, int(budget / max(one, 1e-7)))))
+    rounds = [[] for _ in fns]
+    for _ in range(repeats):
+        for k, (fn, n) in enumerate(zip(fns, calls)):
+            rounds[k].append(harness.cpu_round(fn, n)[clock] / n)
+    return [sorted(r)[repeats // 2] for r in rounds]
+
+
+def sgemm_peak(repeats: int, clock: int = 1) -> float:
+    """The float32 GEMM peak, GFLOP/s, at the threads in force: the best of ``numpy.dot`` on
+    512^3 and 1024^3 (``clock``: as :func:`cpu_seconds`)."""
     best = 0.0
     for n in (512, 1024):
         a, b = (np.random.default_rng(0).uniform(-1, 1, (n, n)).astype(np.float32)
                 for _ in range(2))
         out = np.empty((n, n), np.float32)
-        best = max(best, 2.0 * n ** 3 / cpu_seconds(lambda: np.dot(a, b, out), repeats) / 1e9)
+        best = max(best, 2.0 * n ** 3 / cpu_seconds(lambda: np.dot(a, b, out), repeats,
+                                                    clock=clock) / 1e9)
     return best
 
 
@@ -185,20 +203,22 @@ def mlp_products(sizes, batch: int) -> list:
     return out
 
 
-def matmuls(repeats: int) -> dict:
-    """The plan's matmul step (the kernel it picks; fp32, and the fp16 path: float32 products of
-    half operands, rounded once) against ``numpy.dot`` in float32 on the same views, for
-    every product of the wide MLP's step at :data:`MATMUL_BATCHES`, one core (BLAS and Numba on
-    one thread), GFLOP/s from CPU time. Returns ``{"peak": GFLOP/s, "rows": [...]}``."""
+def matmuls(repeats: int, threads: int = 1) -> dict:
+    """The plan's matmul step (the kernel it picks, ``kernels.cpu.tune``'s choice at these
+    threads; fp32, and the fp16 path: float32 products of half operands, rounded once) against
+    ``numpy.dot`` in float32 on the same views, for every product of the wide MLP's step at
+    :data:`MATMUL_BATCHES`, BLAS and Numba on ``threads`` threads, GFLOP/s from CPU time (one
+    thread) or wall time (more). Returns ``{"peak": GFLOP/s, "threads": n, "rows": [...]}``."""
     import numba
     from threadpoolctl import threadpool_limits
 
     rows = []
-    threads = numba.get_num_threads()
-    numba.set_num_threads(1)
+    before = numba.get_num_threads()
+    numba.set_num_threads(min(threads, numba.config.NUMBA_NUM_THREADS))
+    clock = 1 if threads == 1 else 0
     try:
-        with threadpool_limits(1):
-            peak = sgemm_peak(repeats)
+        with threadpool_limits(threads):
+            peak = sgemm_peak(repeats, clock)
             for batch in MATMUL_BATCHES:
                 for label, m, k, n, ta, tb in mlp_products(WIDE, batch):
                     r = np.random.default_rng(0)
@@ -207,33 +227,34 @@ def matmuls(repeats: int) -> dict:
                     out = np.empty((m, n), np.float32)
                     flop = 2.0 * m * k * n
                     attrs = {"transpose_a": ta, "transpose_b": tb}
-                    rates, kernel = [], None
-                    for dt in (np.float32, np.float16):
-                        run = plan_steps("matmul", [a.astype(dt), b.astype(dt)], [((m, n), dt)],
-                                         attrs)
-                        kernel = kernel or run.kernel
-                        rates.append(flop / cpu_seconds(run, repeats) / 1e9)
+                    runs = [plan_steps("matmul", [a.astype(dt), b.astype(dt)], [((m, n), dt)],
+                                       attrs) for dt in (np.float32, np.float16)]
+                    kernel = runs[0].kernel
                     av, bv = (a.T if ta else a), (b.T if tb else b)
-                    rates.append(flop / cpu_seconds(lambda: np.dot(av, bv, out), repeats) / 1e9)
+                    runs.append(lambda: np.dot(av, bv, out))
+                    rates = [flop / t / 1e9
+                             for t in interleaved_seconds(runs, repeats, clock=clock)]
                     rows.append({"batch": batch, "product": label, "m": m, "k": k, "n": n,
                                  "kernel": kernel, "fp32": rates[0], "fp16": rates[1],
                                  "numpy_dot": rates[2]})
     finally:
-        numba.set_num_threads(threads)
-    return {"peak": peak, "rows": rows}
+        numba.set_num_threads(before)
+    return {"peak": peak, "threads": threads, "rows": rows}
 
 
 def matmul_table(res: dict) -> str:
     """A Markdown table of :func:`matmuls`: GFLOP/s and % of the measured peak."""
     peak = res["peak"]
-    lines = [f"single-core sgemm peak (numpy.dot, 512^3 / 1024^3): {peak:.1f} GFLOP/s", "",
+    lines = [f"sgemm peak at {res.get('threads', 1)} thread(s) (numpy.dot, 512^3 / 1024^3): "
+             f"{peak:.1f} GFLOP/s", "",
              "| batch | product | m, k, n | kernel | miniflow fp32 | % of peak | fp16 path | "
-             "numpy.dot fp32 | % of peak |", "|---:|---|---|---|---:|---:|---:|---:|---:|"]
+             "numpy.dot fp32 | % of peak | fp32 / numpy.dot |",
+             "|---:|---|---|---|---:|---:|---:|---:|---:|---:|"]
     for r in res["rows"]:
         lines.append(f"| {r['batch']} | `{r['product']}` | {r['m']}, {r['k']}, {r['n']} | "
                      f"{r['kernel']} | {r['fp32']:.1f} | {100 * r['fp32'] / peak:.0f} | "
                      f"{r['fp16']:.1f} | {r['numpy_dot']:.1f} | "
-                     f"{100 * r['numpy_dot'] / peak:.0f} |")
+                     f"{100 * r['numpy_dot'] / peak:.0f} | {r['fp32'] / r['numpy_dot']:.2f} |")
     return "\n".join(lines)
 
 
@@ -289,9 +310,9 @@ def main(argv=None) -> None:
 
     if args.only != "matmul":
         bandwidth(out, args)
-    print("\nmatmul, every product of the wide MLP's training step, one core (GFLOP/s from CPU "
-          "time):\n")
-    out["matmul"] = matmuls(args.repeats)
+    print(f"\nmatmul, every product of the wide MLP's training step, {args.threads} thread(s) "
+          f"(GFLOP/s from {'CPU' if args.threads == 1 else 'wall'} time):\n")
+    out["matmul"] = matmuls(args.repeats, args.threads)
     print(matmul_table(out["matmul"]))
     if not args.skip_cold_start and args.only is None:
         print("\ncold start (new process: import, compile or load, one training step):")

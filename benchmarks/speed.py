@@ -38,7 +38,9 @@ Pinning: the whole process runs on one core (``--core``, default the highest thi
 use): ``os.sched_setaffinity`` for every thread (before and after the frameworks start theirs),
 and every pool on one thread: Numba, BLAS/OpenMP (threadpoolctl), PyTorch intra-op and inter-op,
 XLA (``XLA_FLAGS=--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1``, set before
-JAX is imported); ``harness.start_on_one_core`` does it.
+JAX is imported); ``harness.start_on_one_core`` does it. ``--threads N``: every pool on N
+threads, the process on N cores (``--core`` and the highest others; XLA with its Eigen pool on
+N threads).
 
 Timing: a warm-up (compilation) is excluded; then ``--runs`` runs of ``--rounds`` rounds; in every
 round each framework does one untimed step and then N timed steps, the frameworks alternating (the
@@ -338,11 +340,12 @@ BUILDERS = {"miniflow": miniflow_step, "JAX jit": jax_step, "torch.compile": tor
 
 
 # ----------------------------------------------------------------------------- setup
-def start_frameworks(core: int) -> tuple:
-    """Pin this process to ``core``, start the optional frameworks with every pool on one thread
-    (``harness.start_on_one_core``). Returns ``(frameworks, skipped, threads)``: the usable
-    framework names, ``{name: reason}`` for the others, and the pools' description."""
-    threads, missing = harness.start_on_one_core(core)
+def start_frameworks(core: int, threads: int = 1) -> tuple:
+    """Pin this process to ``core`` (``threads`` cores), start the optional frameworks with every
+    pool on ``threads`` threads (``harness.start_on_one_core``). Returns ``(frameworks, skipped,
+    threads)``: the usable framework names, ``{name: reason}`` for the others, and the pools'
+    description."""
+    threads, missing = harness.start_on_one_core(core, threads)
     skipped = {}
     if "torch" in missing:
         skipped.update({"torch.compile": missing["torch"], "PyTorch": missing["torch"]})
@@ -593,6 +596,8 @@ def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--core", type=int, default=harness.default_core(),
                    help="the core to pin the process to (default: the highest available)")
+    p.add_argument("--threads", type=int, default=1,
+                   help="threads of every pool, on as many cores (--core and the highest others)")
     p.add_argument("--runs", type=int, default=3, help="runs per case (median of run medians)")
     p.add_argument("--rounds", type=int, default=9, help="interleaved rounds per run")
     p.add_argument("--models", default=",".join(MODELS))
@@ -613,7 +618,7 @@ def main(argv=None) -> None:
         bad = [v for v in values if v not in known]
         if bad:
             p.error(f"unknown {name} {', '.join(bad)}; choose from {', '.join(known)}")
-    frameworks, skipped, threads = start_frameworks(args.core)
+    frameworks, skipped, threads = start_frameworks(args.core, args.threads)
     for name, reason in skipped.items():
         print(f"{name}: skipped: {reason}")
     data = digits()

@@ -177,6 +177,20 @@ def test_past_the_budget_the_rules_choose_and_nothing_is_cached(tmp_path, monkey
     t.spent = tune.BUDGET_S
     assert _names(_matmul(4, 300, 1000, tb=True)[0]) == "dot_block_kernel"
     assert len(json.loads((tmp_path / "tuning.json").read_text())["choices"]) == 1
+    tune.begin_model()                  # a new plan (Backend.begin_plan): a new budget
+    assert _names(_matmul(4, 300, 1000, tb=True)[0]).startswith("dot")
+    assert len(json.loads((tmp_path / "tuning.json").read_text())["choices"]) == 2
+
+
+def test_building_a_plan_starts_a_new_measuring_budget(monkeypatch):
+    import miniflow as mf
+    from miniflow.experiments.mlp import TrainGraph, mlp
+    calls = []
+    monkeypatch.setattr(tune, "begin_model", lambda: calls.append(1))
+    model = mlp((4, 8, 3))
+    TrainGraph(model, mf.optim.SGD(model.parameters(), lr=0.1))(np.zeros((2, 4), np.float32),
+                                                               np.array([0, 1]))
+    assert calls == [1]
 
 
 def test_under_mpiexec_rank_0_measures_and_every_rank_uses_its_choice(tmp_path, monkeypatch):

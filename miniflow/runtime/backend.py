@@ -89,6 +89,10 @@ class Backend:
     name = "?"
     readback_depth = 1
 
+    def begin_plan(self) -> None:
+        """Called once before a plan's steps are built (the default: nothing; the cpu backend
+        gives the kernel tuner a new measuring budget: ``kernels.cpu.tune``)."""
+
     def builder_for(self, op):
         raise NotImplementedError
 
@@ -141,6 +145,12 @@ class CpuBackend(Backend):
     """NumPy arrays in host memory; Numba CPU kernels (``miniflow.kernels.cpu``)."""
 
     name = "cpu"
+
+    def begin_plan(self) -> None:
+        """A new model for the kernel tuner: ``tune.BUDGET_S`` of measuring for its new
+        classes."""
+        from ..kernels.cpu import tune
+        tune.begin_model()
 
     def builder_for(self, op):
         from ..kernels.cpu import builder_for

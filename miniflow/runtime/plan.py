@@ -265,6 +265,7 @@ class Plan:
         for v in [v for n in graph.nodes for v in n.inputs] + list(graph.results.values()):
             if v.kind == "constant":
                 buffers[id(v)] = buffers[v.name]
+        backend.begin_plan()
         self.steps, self._owners, self.once_steps, self._once_owners = _scheduled_steps(
             graph, buffers, backend)
         self.output_buffers = [buffers[id(v)] for v in graph.outputs]

@@ -20,9 +20,9 @@ and its candidates; the tuner answers with the winner's steps on the node's buff
    ``CLASS_BUDGET_S`` is spent) and takes the lowest median; a candidate wins over an earlier one
    only by more than ``TIE`` (so that two runs on a noisy machine choose alike where it hardly
    matters). Candidates whose steps call the same kernels are one: nothing is measured;
-4. a process measures for at most ``BUDGET_S`` seconds (timed runs; a new model's classes fit in
-   it); past it, new classes take the rules' candidate for this process and are measured by a
-   later one.
+4. each new model (a plan being built: ``Backend.begin_plan``) may spend at most ``BUDGET_S``
+   seconds of timed runs measuring; past it, its new classes take the rules' candidate for this
+   process and are measured by a later one.
 
 The file: ``tuning-<digest>.json`` in ``$NUMBA_CACHE_DIR/miniflow_tuning`` (or
 ``miniflow_tuning`` in Numba's user-wide cache folder when ``NUMBA_CACHE_DIR`` is not set), the
@@ -61,7 +61,7 @@ from .common import blas_libraries
 
 __all__ = ["CHOICES", "ENV", "MODES", "FORMAT", "MAX_CHOICES", "BUDGET_S", "CLASS_BUDGET_S",
            "MIN_ROUNDS", "MAX_ROUNDS", "TIE", "Tuner", "TUNER", "choose", "machine", "mode",
-           "folder", "describe", "numpy_blas"]
+           "folder", "describe", "numpy_blas", "begin_model"]
 
 CHOICES = {"matmul": ("numba", "blas")}
 """Kind of choice -> its candidates' names: the built-in rules' first, the library call last."""
@@ -74,7 +74,7 @@ FORMAT = "miniflow-tuning-1"
 MAX_CHOICES = 512
 """Classes a file keeps (a model has a few dozen; about 100 bytes each)."""
 BUDGET_S = 2.0
-"""Seconds of timed runs one process spends measuring, at most (then the rules choose)."""
+"""Seconds of timed runs one model (plan) spends measuring, at most (then the rules choose)."""
 CLASS_BUDGET_S = 0.25
 """Seconds of timed runs after which a class's measurement stops at ``MIN_ROUNDS`` rounds."""
 MIN_ROUNDS, MAX_ROUNDS = 3, 9
@@ -219,7 +219,8 @@ class Tuner:
         self.in_memory = False
         """True once the file could not be written: choices live in this process only."""
         self.spent = 0.0
-        """Seconds of timed runs spent measuring so far (at most about ``BUDGET_S``)."""
+        """Seconds of timed runs spent measuring for the current model (about ``BUDGET_S`` at
+        most; :func:`begin_model` resets it)."""
         self.measured = 0
         """Classes this process measured."""
 
@@ -389,6 +390,11 @@ def choose(kind: str, key: str, node, ins, outs, candidates: dict) -> list:
             ``CHOICES[kind]``.
     """
     return _tuner().choose(kind, key, node, ins, outs, candidates)
+
+
+def begin_model() -> None:
+    """A new model's plan is being built: its new classes get ``BUDGET_S`` of measuring."""
+    _tuner().spent = 0.0
 
 
 def describe() -> list:
