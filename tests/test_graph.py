@@ -10,6 +10,7 @@ from miniflow import nn
 from miniflow.ir import Graph, VerifyError
 from miniflow.ops import emitter, inference_calls
 from miniflow.experiments.mlp import EvalGraph, TrainGraph, mlp
+from miniflow.passes.autograd import AutogradState
 
 
 def _train_graph(seed=0, hidden=8):
@@ -152,7 +153,7 @@ def test_autograd_records_initial_grad_and_sums_fan_out():
 
     g = G()
     g(np.ones((2, 3), np.float32))
-    ir, initial_grad = g.ir, g.compile_context.initial_grad
+    ir, initial_grad = g.ir, g.compile_context.state[AutogradState].initial_grad
     assert initial_grad.producer.op.name == "ones_like"
     assert initial_grad.producer.inputs[0] is ir.loss
     assert ir.count_ops().get("add_n", 0) >= 1
