@@ -2,7 +2,7 @@
 ``GraphConfig``; re-exported as ``miniflow.nn.Graph`` / ``miniflow.nn.GraphConfig``.
 
 It sits above every other layer (modules, optimizers, AMP, passes, runtime): tracing ``build`` with
-``miniflow.trace``, running ``miniflow.passes.pipeline`` with a ``CompileContext`` made from the
+``miniflow.trace``, running ``miniflow.passes.pipeline`` with ``CompileSettings`` made from the
 graph's optimizers, AMP settings and scaler, and building ``miniflow.runtime.plan`` plans.
 
 Data parallel (``miniflow.distributed``, MPI): a graph that trains, started by ``mpiexec -n N``
@@ -48,11 +48,11 @@ from .ir import Graph as IRGraph
 from .nn.module import HalfCopies, Module, mode_changes, replaced_count
 from .ops import emitter
 from .optim.optimizer import Optimizer
-from .passes.auto_mixed_precision import AmpConfig
-from .passes.data_parallel import DataParallelConfig
-from .passes.loss_scale import POLICIES
+from .passes.auto_mixed_precision import AmpConfig, AmpState
+from .passes.data_parallel import DataParallelConfig, DataParallelState
+from .passes.loss_scale import POLICIES, LossScaleState
 from .passes.pipeline import (AMP_PASSES, DATA_PARALLEL_PASSES, STAGE_ALIASES, CompileContext,
-                              passes_for, run_passes)
+                              CompileSettings, passes_for, run_passes)
 from .runtime.backend import get_backend
 from .runtime.plan import Plan
 from .runtime.readback import LEDGER
@@ -377,7 +377,7 @@ class Graph:
             optimizers = tuple(self._optimizers) if plan.graph.grads else ()
             LEDGER.defer(readback, functools.partial(
                 _record_outcome, scaler, scaler.skip_nonfinite, optimizers,
-                plan.context.nonfinite_names))
+                plan.context.state[LossScaleState].nonfinite_names))
         LEDGER.poll()
         result = tuple(Tensor(o) for o in outs)
         return result[0] if self._single_output else result
@@ -437,7 +437,7 @@ class Graph:
                 f"backward raises here too); unfreeze one (p.requires_grad_(True)) or leave "
                 f"backward() and the optimizer out of this graph")
         copies = HalfCopies(graph, ctx, dict(self.named_parameters()), get_backend())
-        if ctx.all_reduce_buckets and distributed.world_size() > 1:
+        if ctx.state.get(DataParallelState) and distributed.world_size() > 1:
             self._sync_ranks(graph, ctx)
             copies.stale()
         self._ir, self._context = graph, ctx
@@ -535,7 +535,7 @@ class Graph:
                 dtypes) or compiled graphs differ, naming the first difference.
         """
         name = type(self).__name__
-        params = "\n".join(f"{n} {graph.variables[n].type_str}" for n in ctx.trainable)
+        params = "\n".join(f"{n} {graph.variables[n].type_str}" for n in ctx.settings.trainable)
         distributed.check_same_across_ranks(params, f"trained parameters of {name}")
         distributed.check_same_across_ranks(str(graph), f"compiled graphs of {name} (the "
                                             f"printed IR: inputs, variables, nodes)")
@@ -580,14 +580,13 @@ class Graph:
                      if p.requires_grad]  # a frozen parameter: no gradient op, no update
         policy = self.config.loss_scale_policy
         identity = "amp_black_identity" if self.config.amp and policy == "fp32" else None
-        return CompileContext(trainable=trainable, optimizers=self._optimizers,
-                              param_names=param_names, amp=self.config.amp,
-                              grad_scaler=self._grad_scaler, loss_scale_policy=policy,
-                              initial_grad_identity=identity,
-                              data_parallel=self._data_parallel(trainable),
-                              print_ir=self.config.print_ir,
-                              accumulation_steps=self.config.gradient_accumulation_steps,
-                              fuse_model_update_cast=self.config.fused_model_update_cast)
+        return CompileContext(CompileSettings(
+            trainable=trainable, optimizers=self._optimizers, param_names=param_names,
+            amp=self.config.amp, grad_scaler=self._grad_scaler, loss_scale_policy=policy,
+            initial_grad_identity=identity, data_parallel=self._data_parallel(trainable),
+            print_ir=self.config.print_ir,
+            accumulation_steps=self.config.gradient_accumulation_steps,
+            fuse_model_update_cast=self.config.fused_model_update_cast))
 
     def _data_parallel(self, trainable: list) -> DataParallelConfig | None:
         """The data-parallel settings if this graph averages its gradients across the ranks: it
@@ -609,10 +608,11 @@ class Graph:
         Raises:
             RuntimeError: AMP is not enabled, or the graph has not been called (compiled) yet.
         """
-        if self._context is None or self._context.amp_result is None:
+        state = None if self._context is None else self._context.state.get(AmpState)
+        if state is None:
             raise RuntimeError(f"{type(self).__name__}.amp_report(): no AMP decisions yet; enable "
                                "AMP (self.config.enable_amp()) and call the graph once")
-        return build_amp_report(self._context.amp_result, self._ir)
+        return build_amp_report(state, self._ir)
 
     @property
     def ir(self) -> IRGraph:
@@ -629,8 +629,9 @@ class Graph:
     @property
     def compile_context(self) -> CompileContext:
         """What the passes recorded for the most recently compiled plan (the
-        :class:`~miniflow.passes.pipeline.CompileContext`: ``initial_grad``, ``skip_if``,
-        ``amp_result`` ...; every plan keeps its own as ``plan.context``).
+        :class:`~miniflow.passes.pipeline.CompileContext`: its ``settings`` and the passes'
+        ``state``, e.g. ``state[AutogradState].initial_grad``, ``state[AmpState]``; every plan
+        keeps its own as ``plan.context``).
 
         Raises:
             RuntimeError: the graph has not been called yet, so nothing is compiled.

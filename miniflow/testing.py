@@ -13,7 +13,7 @@ from .dtype import as_dtype
 from .ir import Graph
 from .ops import emitter
 from .passes.autograd import autograd
-from .passes.pipeline import CompileContext
+from .passes.pipeline import CompileContext, CompileSettings
 from .runtime.backend import get_backend
 from .runtime.plan import Plan
 
@@ -54,7 +54,7 @@ def gradient_graph(op: str, inputs: list, attrs: dict, seed: int = 0):
         terms.append(emit("reduce_sum", emit("broadcast_mul", o, w), axis=None))
     loss = terms[0] if len(terms) == 1 else emit("add_n", *terms)
     g.results["loss"] = loss
-    g = autograd(g, CompileContext(trainable=names))
+    g = autograd(g, CompileContext(CompileSettings(trainable=names)))
     differentiated = [i for i, n in enumerate(names) if n in g.grads]
     g.set_outputs([loss] + [g.grads[names[i]] for i in differentiated])
     g.verify()

@@ -19,9 +19,9 @@ from miniflow.amp import AmpLists, amp_report
 from miniflow.amp.lists import BLACK, CATEGORIES, CLEAR, GRAY, UNLISTED, WHITE
 from miniflow.ir import Graph
 from miniflow.ops import OP_REGISTRY
-from miniflow.passes.auto_mixed_precision import AmpConfig, auto_mixed_precision
-from miniflow.passes.autograd import autograd
-from miniflow.passes.pipeline import CompileContext, passes_for, run_passes
+from miniflow.passes.auto_mixed_precision import AmpConfig, AmpState, auto_mixed_precision
+from miniflow.passes.autograd import AutogradState, autograd
+from miniflow.passes.pipeline import CompileContext, CompileSettings, passes_for, run_passes
 from miniflow.passes.prune_amp_identity import prune_amp_identity
 from miniflow.ops import emitter
 
@@ -33,13 +33,14 @@ f16, f32 = mf.float16, mf.float32
 # ------------------------------------------------------------------------------ helpers
 def _amp(graph, trainable=(), lists=None):
     """Run autograd -> auto_mixed_precision -> prune_amp_identity; returns (ctx, golden text)."""
-    ctx = CompileContext(trainable=list(trainable), amp=AmpConfig(lists or AmpLists()))
+    ctx = CompileContext(CompileSettings(trainable=trainable, amp=AmpConfig(lists or AmpLists())))
     run_passes(graph, ctx, [("autograd", autograd)])
     before = str(graph)
     run_passes(graph, ctx, [("auto_mixed_precision", auto_mixed_precision)])
     after = str(graph)
     run_passes(graph, ctx, [("prune_amp_identity", prune_amp_identity)])
-    text = (f"# after autograd\n{before}\n\n# AMP report\n{amp_report(ctx.amp_result, graph)}\n\n"
+    report = amp_report(ctx.state[AmpState], graph)
+    text = (f"# after autograd\n{before}\n\n# AMP report\n{report}\n\n"
             f"# after auto_mixed_precision\n{after}\n\n# after prune_amp_identity\n{graph}\n")
     return ctx, text
 
@@ -59,9 +60,9 @@ def _golden(name, text):
 
 def _colors(ctx) -> dict:
     """``"op %out"`` -> color, for every node the AMP pass saw."""
-    names = ctx.amp_result.names  # as the graph printed after the AMP pass names the values
+    names = ctx.state[AmpState].names  # as the graph printed after the AMP pass names the values
     return {f"{d.node.op.name} %{names[d.node.outputs[0]]}": d.color
-            for d in ctx.amp_result.decisions}
+            for d in ctx.state[AmpState].decisions}
 
 
 def _by_op(graph, op):
@@ -157,7 +158,8 @@ def test_matmul_relu_sum_loss_is_all_fp16_forward_and_backward():
     for n in g.nodes:
         if n.op.name != "cast":
             assert all(v.dtype is f16 for v in n.outputs), n.format()
-    assert g.loss.dtype is f16 and ctx.initial_grad.dtype is f16 and g.grads["w"].dtype is f16
+    assert g.loss.dtype is f16 and g.grads["w"].dtype is f16
+    assert ctx.state[AutogradState].initial_grad.dtype is f16
     out = _producer(g, g.outputs[0])  # graph outputs are read by an unlisted node: cast back
     assert out.op.name == "cast" and g.outputs[0].dtype is f32 and out.inputs[0] is g.loss
     assert g.variables["w"].dtype is f32
@@ -298,7 +300,7 @@ def test_conv_bn_relu_pool_runs_in_fp16_with_fp32_statistics():
     assert _by_op(g, "max_pool_2d")[0].outputs[1].dtype is mf.int64
     casts = [c.inputs[0] for c in _by_op(g, "cast")]
     assert not {g.variables[n] for n in ("mean", "var", "gamma", "beta")} & set(casts)
-    report = str(amp_report(ctx.amp_result))
+    report = str(amp_report(ctx.state[AmpState]))
     for name in ("moving_mean", "moving_variance", "gamma", "beta"):
         assert f"({name}, input" in report
     assert "normalization_grad" in report.split("no-cast inputs")[1]
@@ -309,7 +311,7 @@ def test_eval_bn_reads_its_statistics_without_casts_and_writes_nothing():
     ctx, _ = _amp(g, trainable=["w", "gamma", "beta", "w2"])
     (bn,) = _by_op(g, "normalization")
     assert [v.dtype for v in bn.inputs] == [f16, f32, f32, f32, f32] and bn.written == []
-    assert _colors(ctx)[f"normalization %{ctx.amp_result.names[bn.outputs[0]]}"] == "white"
+    assert _colors(ctx)[f"normalization %{ctx.state[AmpState].names[bn.outputs[0]]}"] == "white"
 
 
 # ------------------------------------------------------------------------------ rules in isolation
@@ -334,7 +336,8 @@ def test_a_returned_value_is_not_a_sink_but_an_unread_one_is():
 def test_unlisted_ops_run_fp32_and_do_not_pass_white_through():
     g = _forward("exp", "tanh", "matmul")
     ctx, _ = _amp(g)
-    assert [d.color for d in ctx.amp_result.decisions] == ["white", "unlisted", "gray", "white"]
+    colors = [d.color for d in ctx.state[AmpState].decisions]
+    assert colors == ["white", "unlisted", "gray", "white"]
     (exp,) = _by_op(g, "exp")
     assert exp.outputs[0].dtype is f32 and _producer(g, exp.inputs[0]).attrs["dtype"] is f32
 
@@ -346,7 +349,7 @@ def test_a_black_sink_with_a_white_producer_turns_white_as_in_oneflow():
     b = emit("amp_black_identity", g.add_input("y", (4, 3), f32))
     emit("broadcast_add", a, b)  # unread: a sink, black-propagated, white producer
     ctx, _ = _amp(g)
-    (add,) = ctx.amp_result.decisions[2:]
+    (add,) = ctx.state[AmpState].decisions[2:]
     assert add.color == "white" and "also black-propagated" in add.reason
     assert add.node.outputs[0].dtype is f16
 
@@ -413,7 +416,7 @@ def test_identity_ops_are_identity_with_same_op_gradient_and_public_functions():
     w = g.add_variable("w", (3,), f32)
     s = emit("reduce_sum", emit("amp_black_identity", emit("amp_white_identity", w)))
     g.results["loss"] = s
-    autograd(g, CompileContext(trainable=["w"]))
+    autograd(g, CompileContext(CompileSettings(trainable=["w"])))
     ops = [n.op.name for n in g.nodes]
     assert ops.count("amp_white_identity") == 2 and ops.count("amp_black_identity") == 2
 
@@ -431,7 +434,7 @@ def test_pruning_an_identity_rewires_readers_outputs_and_the_loss():
     f2h = _producer(g, g.loss)  # the white identity's input was cast to f16; the loss is that now
     assert f2h.op.name == "cast" and f2h.inputs == [s] and g.loss.dtype is f16
     assert _producer(g, g.outputs[0]).inputs == [g.loss] and g.outputs[0].dtype is f32
-    assert ctx.initial_grad in _by_op(g, "ones_like")[0].outputs
+    assert ctx.state[AutogradState].initial_grad in _by_op(g, "ones_like")[0].outputs
     g.verify()
 
 
@@ -454,7 +457,7 @@ def test_identities_run_as_copies_without_amp_and_are_pruned_with_it():
 def test_amp_report_counts_and_to_dot(tmp_path):
     g = _mlp_graph(black_before_sum=True)
     ctx, _ = _amp(g, trainable=["w"])
-    rep = amp_report(ctx.amp_result, g)
+    rep = amp_report(ctx.state[AmpState], g)
     assert (rep.n_fp16, rep.n_fp32, rep.n_casts) == (4, 3, 4)
     assert [r.kept for r in rep.rows if r.op == "amp_black_identity"] == [False, False]
     assert "4 float16 nodes, 3 float32 nodes, 4 inserted casts" in str(rep)
@@ -480,7 +483,7 @@ def test_graph_amp_report_needs_amp_and_a_compiled_plan():
 def test_amp_passes_run_only_when_enabled():
     names = [n for n, _ in passes_for(CompileContext())]
     assert "auto_mixed_precision" not in names and "prune_amp_identity" not in names
-    names = [n for n, _ in passes_for(CompileContext(amp=AmpConfig(AmpLists())))]
+    names = [n for n, _ in passes_for(CompileContext(CompileSettings(amp=AmpConfig(AmpLists()))))]
     assert names.index("autograd") < names.index("auto_mixed_precision") \
         < names.index("prune_amp_identity") < names.index("optimizer")
 

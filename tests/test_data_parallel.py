@@ -19,7 +19,8 @@ from miniflow import distributed as dist
 from miniflow.experiments.mlp import EvalGraph, TrainGraph, mlp
 from miniflow.ir import Graph, evaluate
 from miniflow.ops import get_op
-from miniflow.passes.pipeline import CompileContext, passes_for
+from miniflow.passes.data_parallel import DataParallelState
+from miniflow.passes.pipeline import CompileContext, CompileSettings, passes_for
 
 from mpi_harness import child_env, find_mpiexec, kill_a_rank, rank_results, requires_mpi, run_mpi
 
@@ -84,7 +85,8 @@ def test_pass_order_and_when_it_runs():
     names = [n for n, _ in passes_for(CompileContext())]
     assert "data_parallel" not in names
     from miniflow.passes.data_parallel import DataParallelConfig
-    names = [n for n, _ in passes_for(CompileContext(data_parallel=DataParallelConfig()))]
+    ctx = CompileContext(CompileSettings(data_parallel=DataParallelConfig()))
+    names = [n for n, _ in passes_for(ctx)]
     assert names.index("autograd") < names.index("data_parallel") < names.index("loss_scale") \
         < names.index("optimizer")
 
@@ -93,11 +95,11 @@ def test_one_bucket_in_reverse_parameter_order_and_the_printed_ir():
     g = train_graph()
     g.config.enable_data_parallel()
     g(X, Y)
-    assert g.compile_context.all_reduce_buckets == [
+    assert g.compile_context.state[DataParallelState].buckets == [
         ["model.2.bias", "model.2.weight", "model.0.bias", "model.0.weight"]]
     (node,) = all_reduces(g)
     assert node.attrs == {"reduce": "mean"}
-    for name, out in zip(g.compile_context.all_reduce_buckets[0], node.outputs):
+    for name, out in zip(g.compile_context.state[DataParallelState].buckets[0], node.outputs):
         assert g.ir.results[f"grad:{name}"] is out          # the updates read the means
     line = next(ln for ln in str(g.ir).splitlines() if "all_reduce(" in ln)
     assert line.strip() == ("%18: f32[10], %19: f32[10,128], %20: f32[128], %21: f32[128,64] = "
@@ -125,8 +127,8 @@ def test_buckets_follow_the_cap():
     g = train_graph()
     g.config.enable_data_parallel(bucket_cap_mb=5000 / 2 ** 20)
     g(X, Y)
-    assert g.compile_context.all_reduce_buckets == [["model.2.bias", "model.2.weight"],
-                                                    ["model.0.bias", "model.0.weight"]]
+    assert g.compile_context.state[DataParallelState].buckets == [
+        ["model.2.bias", "model.2.weight"], ["model.0.bias", "model.0.weight"]]
     assert [len(n.inputs) for n in all_reduces(g)] == [2, 2]
 
 
@@ -138,7 +140,7 @@ def test_amp_buckets_per_dtype_cast_around_a_float32_all_reduce_and_sum_the_coun
     means, counts = [n for n in all_reduces(g) if n.attrs["reduce"] == "mean"], \
         [n for n in all_reduces(g) if n.attrs["reduce"] == "sum"]
     # the last bias's gradient is float32 under AMP, the other three are float16
-    assert g.compile_context.all_reduce_buckets == [
+    assert g.compile_context.state[DataParallelState].buckets == [
         ["model.2.bias"], ["model.2.weight", "model.0.bias", "model.0.weight"]]
     half = means[1]
     assert all(v.dtype is mf.float32 for v in half.inputs + half.outputs)

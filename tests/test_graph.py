@@ -13,6 +13,7 @@ from miniflow import nn
 from miniflow.ir import Graph, VerifyError
 from miniflow.ops import emitter, inference_calls
 from miniflow.experiments.mlp import EvalGraph, TrainGraph, mlp
+from miniflow.passes.autograd import AutogradState
 
 try:
     import torch
@@ -161,7 +162,7 @@ def test_autograd_records_initial_grad_and_sums_fan_out():
 
     g = G()
     g(np.ones((2, 3), np.float32))
-    ir, initial_grad = g.ir, g.compile_context.initial_grad
+    ir, initial_grad = g.ir, g.compile_context.state[AutogradState].initial_grad
     assert initial_grad.producer.op.name == "ones_like"
     assert initial_grad.producer.inputs[0] is ir.loss
     assert ir.count_ops().get("add_n", 0) >= 1

@@ -10,6 +10,8 @@ from miniflow import graph as driver
 from miniflow import nn
 from miniflow.ir import Graph, evaluate, grad_name
 from miniflow.ops import emitter, get_op
+from miniflow.passes.auto_mixed_precision import AmpState
+from miniflow.passes.autograd import AutogradState
 from miniflow.passes.dead_code_elimination import dead_code_elimination
 from miniflow.passes.fuse_elementwise import fuse_elementwise
 
@@ -120,6 +122,7 @@ def test_training_results_and_the_compile_context():
     assert set(ir.results) == {"output0", "loss", grad_name("model.0.weight"),
                                grad_name("model.0.bias")}
     assert ir.outputs == [ir.loss] and ir.grads["model.0.bias"] is ir.results["grad:model.0.bias"]
-    assert ctx.initial_grad.producer.op.name == "ones_like" and ctx.amp_result is None
+    assert ctx.state[AutogradState].initial_grad.producer.op.name == "ones_like"
+    assert ctx.state.get(AmpState) is None
     assert next(iter(step.plans.values())).context is ctx
     assert nn.Graph is driver.Graph and nn.GraphConfig is driver.GraphConfig  # the re-export

@@ -18,7 +18,8 @@ from miniflow import nn
 from miniflow.amp import GradScaler, NonFiniteGradientsError, StaticGradScaler
 from miniflow.data import batches, load_digits
 from miniflow.experiments.mlp import EvalGraph, accuracy, mlp
-from miniflow.passes.loss_scale import LossScaleOverflowWarning
+from miniflow.passes.autograd import AutogradState
+from miniflow.passes.loss_scale import LossScaleOverflowWarning, LossScaleState
 
 FIXTURES = Path(__file__).parent / "fixtures"
 GOLDEN = Path(__file__).parent / "golden" / "loss_scale"
@@ -134,7 +135,7 @@ def test_oneflow_static_2_16_legacy_applies_the_inf_step_and_the_weights_turn_na
     gradient's dtype is inf, and the update applies the inf/NaN gradients."""
     scaler = StaticGradScaler(2.0 ** 16, skip_nonfinite=False)
     before, after, step = _one_static_legacy_step(scaler)
-    assert step.compile_context.initial_grad.dtype is mf.float16
+    assert step.compile_context.state[AutogradState].initial_grad.dtype is mf.float16
     assert scaler.found_inf and scaler.num_skipped_steps == 0
     assert all(np.isfinite(b).all() for b in before)
     assert all(np.isnan(a).any() for a in after)          # every parameter holds NaN
@@ -149,7 +150,7 @@ def test_bfloat16_static_2_20_legacy_without_skipping_applies_a_finite_step():
     with warnings.catch_warnings():
         warnings.simplefilter("error", LossScaleOverflowWarning)
         before, after, step = _one_static_legacy_step(scaler, mf.bfloat16)
-    assert step.compile_context.initial_grad.dtype is mf.bfloat16
+    assert step.compile_context.state[AutogradState].initial_grad.dtype is mf.bfloat16
     assert not scaler.found_inf
     assert all(np.isfinite(a).all() and not np.array_equal(a, b) for a, b in zip(after, before))
 
@@ -174,7 +175,7 @@ def test_black_identity_on_the_logits_makes_legacy_train_at_65536():
     scaler = StaticGradScaler(65536.0)
     step, _, acc = _digits_run("legacy", scaler, black_logits=True)
     assert scaler.num_skipped_steps == 0 and acc >= 0.90, acc
-    assert step.compile_context.initial_grad.dtype is mf.float32
+    assert step.compile_context.state[AutogradState].initial_grad.dtype is mf.float32
 
 
 @pytest.mark.parametrize("policy", POLICIES)
@@ -340,7 +341,7 @@ def test_ir_of_the_loss_scale_stage_per_policy_golden(policy):
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(text + "\n")
     assert text + "\n" == path.read_text(), f"IR differs from {path}:\n{text}"
-    initial = step.compile_context.scaled_initial_grad
+    initial = step.compile_context.state[LossScaleState].scaled_initial_grad
     assert initial.dtype is (mf.float32 if policy == "fp32" else mf.float16)
     ops = [n.op.name for n in step.ir.nodes]
     assert ops.count("dynamic_loss_scale_schedule") == 1

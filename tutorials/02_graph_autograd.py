@@ -7,9 +7,9 @@ What this lesson shows:
    (``tanh`` -> ``tanh_grad``, ``matmul`` -> two matmuls with transposes). The backward graph is
    part of the same IR, so later passes (AMP, loss scaling, the optimizer) see and rewrite it too.
 2. A value used twice gets two gradient contributions, summed by one ``add_n`` node.
-3. The backward starts from ``ones_like(loss)`` (the *initial gradient*, recorded in the passes'
-   ``CompileContext`` as ``ctx.initial_grad``); each parameter's gradient is a named result of the
-   graph, ``graph.results["grad:w"]`` (``graph.grads`` lists them).
+3. The backward starts from ``ones_like(loss)`` (the *initial gradient*, in the autograd pass's
+   state: ``ctx.state[AutogradState].initial_grad``); each parameter's gradient is a named result
+   of the graph, ``graph.results["grad:w"]`` (``graph.grads`` lists them).
 4. The gradients are right: equal to the hand-derived formula, and to central finite differences
    ``(L(w + eps) - L(w - eps)) / (2 eps)`` in float64, for the whole graph and for single ops
    (``miniflow.testing.check_grad``).
@@ -35,8 +35,8 @@ import miniflow as mf
 from miniflow import nn
 from miniflow.ir import Graph
 from miniflow.ops import emitter, get_op
-from miniflow.passes.autograd import autograd
-from miniflow.passes.pipeline import CompileContext
+from miniflow.passes.autograd import AutogradState, autograd
+from miniflow.passes.pipeline import CompileContext, CompileSettings
 from miniflow.runtime.plan import Plan
 from miniflow.testing import check_grad
 
@@ -81,7 +81,7 @@ def main():
         print(f"op definition of {op.name:<14} (its doc string): {op.doc}")
     print("the rule of broadcast_mul, as written in miniflow/ops/elementwise.py:")
     print(indent(inspect.getsource(get_op("broadcast_mul").grad).rstrip()))
-    ctx = CompileContext(trainable=["w"])
+    ctx = CompileContext(CompileSettings(trainable=["w"]))
     g = autograd(g, ctx)
     g.verify()
     names = g.names()      # the printer's names: %0, %1 ... in order
@@ -90,8 +90,8 @@ def main():
         print(f"    {'fwd' if i < n_forward else 'bwd'}  {node.format(names)}")
     backward_ops = [n.op.name for n in g.nodes[n_forward:]]
     print(f"backward node types, in order: {backward_ops}")
-    print(f"initial gradient (seed of the backward pass, ctx.initial_grad): "
-          f"{ctx.initial_grad.producer.format(names)}")
+    print(f"initial gradient (seed of the backward pass, ctx.state[AutogradState].initial_grad): "
+          f"{ctx.state[AutogradState].initial_grad.producer.format(names)}")
     print(f"h = tanh(...) is read twice, so its two gradient contributions are summed by: "
           f"{[n.format(names) for n in g.nodes if n.op.name == 'add_n']}")
     print(f"gradient of each trainable variable (the results \"grad:<name>\"): "

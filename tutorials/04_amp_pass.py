@@ -24,8 +24,8 @@ What this lesson shows:
    Graphviz.
 
 Assumes from lesson 1: the IR printout, nn.Graph; from lesson 2: the autograd pass, backward nodes,
-``ctx.initial_grad``, building an IR by hand with ``ops.emitter``. Values are named as the printer
-names them (``graph.names()``), so the names here match each printout.
+``ctx.state[AutogradState].initial_grad``, building an IR by hand with ``ops.emitter``. Values are
+named as the printer names them (``graph.names()``), so the names here match each printout.
 
 Run:  python tutorials/04_amp_pass.py [--out DIR]   (a few seconds; writes .dot and .png files)
 """
@@ -40,8 +40,8 @@ from miniflow.experiments.mlp import TrainGraph, mlp
 from miniflow.ir import Graph
 from miniflow.ops import emitter
 from miniflow.passes import auto_mixed_precision as amp_pass
-from miniflow.passes.autograd import autograd
-from miniflow.passes.pipeline import CompileContext
+from miniflow.passes.autograd import AutogradState, autograd
+from miniflow.passes.pipeline import CompileContext, CompileSettings
 from miniflow.passes.prune_amp_identity import prune_amp_identity
 
 DEFAULT_OUT = Path(__file__).resolve().parent.parent / "tutorial-output" / "04_amp_pass"
@@ -122,8 +122,9 @@ def main():
 
     print("\n== 2. A small MLP, forward and backward (autograd ran first) ==")
     g = mlp_ir()
-    ctx = CompileContext(trainable=PARAMS, amp=amp_pass.AmpConfig(lists),
-                         initial_grad_identity="amp_black_identity")  # nn.Graph's default
+    ctx = CompileContext(CompileSettings(  # an identity on the initial gradient: nn.Graph's default
+        trainable=PARAMS, amp=amp_pass.AmpConfig(lists),
+        initial_grad_identity="amp_black_identity"))
     autograd(g, ctx)
     names = g.names()
     print("IR before AMP, with each node's AMP list (category) on the right:")
@@ -157,7 +158,7 @@ def main():
     print("IR after auto_mixed_precision (+cast = inserted by the pass; values renumbered):")
     for n in g.nodes:
         print(f"    {'+cast' if id(n) not in before else '     '} {n.format(names)}")
-    report = amp_report(ctx.amp_result, g)
+    report = amp_report(ctx.state[amp_pass.AmpState], g)
     print("AMP report of the hand-built MLP:")
     print(indent(str(report)))
     prune_amp_identity(g, ctx)
@@ -173,15 +174,16 @@ def main():
 
     print("\n== 5. Without the identity on the initial gradient: colors run through the loss ==")
     plain = mlp_ir()
-    ctx_plain = CompileContext(trainable=PARAMS, amp=amp_pass.AmpConfig(lists))
+    ctx_plain = CompileContext(CompileSettings(trainable=PARAMS, amp=amp_pass.AmpConfig(lists)))
     autograd(plain, ctx_plain)
     amp_pass.auto_mixed_precision(plain, ctx_plain)
-    rep = amp_report(ctx_plain.amp_result, plain)
+    rep = amp_report(ctx_plain.state[amp_pass.AmpState], plain)
     print(f"AMP report counts without the identity: {rep.n_fp16} float16 nodes, {rep.n_fp32} "
           f"float32 nodes, {rep.n_casts} inserted casts")
     print(f"loss dtype without the identity: {plain.loss.dtype.short} (with it: "
-          f"{g.loss.dtype.short}); initial gradient: {ctx_plain.initial_grad.dtype.short} (with "
-          f"it: {ctx.initial_grad.dtype.short})")
+          f"{g.loss.dtype.short}); initial gradient: "
+          f"{ctx_plain.state[AutogradState].initial_grad.dtype.short} (with it: "
+          f"{ctx.state[AutogradState].initial_grad.dtype.short})")
     print("why: ones_like reads the loss, so forward and backward form one chain of gray/clear "
           "nodes between white matmuls, and OneFlow's rule makes such a chain white")
 

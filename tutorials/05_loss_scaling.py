@@ -54,7 +54,8 @@ from miniflow.data import batches, load_digits
 from miniflow.dtype import FP16_MAX, FP16_MIN_NORMAL, FP16_MIN_SUBNORMAL
 from miniflow.experiments.mlp import EvalGraph, TrainGraph, accuracy, mlp
 from miniflow.experiments.stability import first_step
-from miniflow.passes.loss_scale import LossScaleOverflowWarning
+from miniflow.passes.autograd import AutogradState
+from miniflow.passes.loss_scale import LossScaleOverflowWarning, LossScaleState
 
 DEFAULT_OUT = Path(__file__).resolve().parent.parent / "tutorial-output" / "05_loss_scaling"
 POLICIES = ("legacy", "cast_back", "fp32")
@@ -183,7 +184,8 @@ def main():
         nodes, names = ir.nodes, ir.names()
         start = next(i for i, n in enumerate(nodes) if n.op.name == "ones_like")
         end = next(i for i, n in enumerate(nodes) if i > start and n.op.name == "matmul")
-        initial, scaled = ctx.initial_grad, ctx.scaled_initial_grad
+        initial = ctx.state[AutogradState].initial_grad
+        scaled = ctx.state[LossScaleState].scaled_initial_grad
         print(f"policy {policy!r}: initial gradient %{names[initial]} is "
               f"{initial.dtype.short}, scaled initial gradient "
               f"%{names.get(scaled, '(inside a fused node)')} is {scaled.dtype.short}; IR from "

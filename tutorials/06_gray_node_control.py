@@ -37,7 +37,8 @@ from miniflow import nn
 from miniflow.amp import GradScaler, StaticGradScaler, black_identity, white_identity
 from miniflow.data import batches, load_digits
 from miniflow.experiments.mlp import EvalGraph, accuracy
-from miniflow.passes.loss_scale import LossScaleOverflowWarning
+from miniflow.passes.autograd import AutogradState
+from miniflow.passes.loss_scale import LossScaleOverflowWarning, LossScaleState
 
 PLACEMENTS = {
     "none": "no identity",
@@ -179,7 +180,7 @@ def main():
               f"last loss {loss:.7f} (a float16 number: {float(np.float16(loss)) == loss}), "
               f"test accuracy {100 * acc:.1f}%")
     plan = plan_for_batch(results["white(loss)"][0], 64)
-    ir, ig = plan.graph, plan.context.scaled_initial_grad
+    ir, ig = plan.graph, plan.context.state[LossScaleState].scaled_initial_grad
     names = ir.names()
     readers = [n.format(names) for n in ir.uses(ig)]
     print(f"scaled initial gradient with white(loss), batch 64: %{names.get(ig, '(fused)')} "
@@ -194,9 +195,10 @@ def main():
         scaler = StaticGradScaler(2.0 ** 16, max_consecutive_skips=10 ** 6)
         step, model, skipped, _, loss = run(name, "legacy", scaler, data, epochs)
         acc = accuracy(EvalGraph(model), data.x_test, data.y_test)
+        initial = step.compile_context.state[AutogradState].initial_grad
         print(f"legacy policy, static scale 2^16, placement {name:<14}: skipped "
               f"{skipped:2d}/{epochs * 23} steps, initial gradient "
-              f"{step.compile_context.initial_grad.dtype.short}, test accuracy {100 * acc:.1f}%")
+              f"{initial.dtype.short}, test accuracy {100 * acc:.1f}%")
     print("reading: with the black identity, the loss and its gradient path are float32, so even "
           "'legacy' (which makes the scale in the initial gradient's dtype) has nothing to cast")
 

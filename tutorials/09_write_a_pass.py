@@ -43,7 +43,7 @@ from miniflow.ir import Graph, Value, VerifyError, evaluate
 from miniflow.ops import emitter
 from miniflow.passes import pipeline
 from miniflow.passes.autograd import autograd
-from miniflow.passes.pipeline import CompileContext, passes_for, run_passes
+from miniflow.passes.pipeline import CompileContext, CompileSettings, passes_for, run_passes
 from miniflow.runtime.plan import Plan
 
 
@@ -71,11 +71,11 @@ def common_subexpression_elimination(graph: Graph, ctx=None) -> Graph:
     in between), and have the same attributes (:func:`attrs_key`). Ops are deterministic.
 
     Guarantees: the graph computes the same values. Every reader of a dropped node's outputs, every
-    result naming one (``graph.replace_uses``) and every Value the compile context holds
-    (``ctx.initial_grad`` ...) reads the first node's outputs instead. Ops that write inputs
-    (``node.written``) are never merged or dropped; after one, the Values it wrote count as new.
-    Nodes keep their order. Run it before the AMP pass: AMP's decisions (``ctx.amp_result``) name
-    nodes, which this pass would drop.
+    result naming one (``graph.replace_uses``) and every Value a pass state holds
+    (``ctx.state[AutogradState].initial_grad`` ...) reads the first node's outputs instead. Ops
+    that write inputs (``node.written``) are never merged or dropped; after one, the Values it
+    wrote count as new. Nodes keep their order. Run it before the AMP pass: AMP's decisions
+    (``ctx.state[AmpState]``) name nodes, which this pass would drop.
 
     Source: value numbering (Cocke 1970; "Engineering a Compiler", Cooper & Torczon, 8.4.1) over a
     single block, as LLVM's EarlyCSE and TVM's ``EliminateCommonSubexpr`` do it.
@@ -100,11 +100,11 @@ def common_subexpression_elimination(graph: Graph, ctx=None) -> Graph:
             graph.replace_uses(old, new)      # later nodes and the results read `new`
             replaced[old] = new
     graph.nodes = kept
-    if ctx is not None:
-        for f in dataclasses.fields(ctx):
-            v = getattr(ctx, f.name)
-            if isinstance(v, Value) and v in replaced:
-                setattr(ctx, f.name, replaced[v])
+    if ctx is not None:     # each pass state is a dataclass: replace the Values it holds
+        for kind, state in list(ctx.state.items()):
+            held = {f.name: getattr(state, f.name) for f in dataclasses.fields(state)}
+            ctx.state[kind] = dataclasses.replace(state, **{
+                k: replaced[v] for k, v in held.items() if isinstance(v, Value) and v in replaced})
     return graph
 
 
@@ -265,20 +265,21 @@ def main():
           f"{float(after['loss']):.12f}, equal: {same}")
 
     print("\n== 3. Into the pipeline: after autograd ==")
-    ctx = CompileContext(trainable=["w"])
+    ctx = CompileContext(CompileSettings(trainable=["w"]))
     print(f"passes_for(ctx), what nn.Graph runs for this context: "
           f"{[name for name, _ in passes_for(ctx)]}")
     runs = {}
     for with_cse in (False, True):
         log: list = []
-        c = CompileContext(trainable=["w"])
+        c = CompileContext(CompileSettings(trainable=["w"]))
         graph = build_ir(w.astype(np.float32), mf.float32)
         graph = run_passes(graph, c, pass_list(with_cse, c, log))
         graph.set_outputs([graph.loss, graph.grads["w"]])
         runs[with_cse] = graph
         print(f"pipeline {'with' if with_cse else 'without'} CSE, nodes after each pass: "
               + ", ".join(f"{name} {n}" for name, n in log))
-    g = run_passes(build_ir(w), CompileContext(trainable=["w"]), [("autograd", autograd)])
+    g = run_passes(build_ir(w), CompileContext(CompileSettings(trainable=["w"])),
+                   [("autograd", autograd)])
     ops_before = g.count_ops()
     ops_after = common_subexpression_elimination(g).count_ops()
     merged = {op: n - ops_after.get(op, 0) for op, n in ops_before.items()

@@ -60,7 +60,7 @@ class AmpReport:
 
 
 def amp_report(result, graph=None) -> AmpReport:
-    """The report of ``result`` (an ``AmpResult`` from the AMP pass). ``graph``, the compiled IR,
+    """The report of ``result`` (the ``AmpState`` the AMP pass stored). ``graph``, the compiled IR,
     is accepted for symmetry with ``nn.Graph.amp_report`` and not needed."""
     names = result.names
     rows = [AmpRow(d.node.op.name, ", ".join("%" + names[v] for v in d.node.outputs), d.color,

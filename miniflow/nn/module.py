@@ -28,6 +28,7 @@ import numpy as np
 from ..dtype import as_dtype, bfloat16, float32
 from ..ir import Node, Value
 from ..ops import get_op
+from ..passes.fuse_model_update_cast import FusedUpdateState
 from ..runtime.backend import get_backend
 from ..tensor import Tensor
 
@@ -100,7 +101,7 @@ class _HalfCopy:
 
 
 class HalfCopies:
-    """The half weight copies of one compiled graph (``ctx.half_copies`` of the
+    """The half weight copies of one compiled graph (``FusedUpdateState.half_copies`` of the
     ``fuse_model_update_cast`` pass): binds each copy variable to its parameter's copy, makes a
     stale copy equal to the parameter rounded (:meth:`refresh`, before a step: one ``cast``
     kernel) and, after a step, records what the step wrote (:meth:`stepped`): the fused updates
@@ -108,8 +109,8 @@ class HalfCopies:
 
     Args:
         graph: the compiled IR graph (its copy variables get their data here).
-        ctx: its compile context (``half_copies``, ``trainable``, and ``optimizers``: whether the
-            graph updates parameters).
+        ctx: its compile context (the ``FusedUpdateState``, and the settings' ``trainable`` and
+            ``optimizers``: whether the graph updates parameters).
         params: variable name -> Parameter of the graph's modules.
         backend: the backend the plan runs on (the cast kernel).
     """
@@ -118,7 +119,8 @@ class HalfCopies:
         self.fused, self.refreshes = [], []
         fused_names = set()
         cast = backend.builder_for(get_op("cast"))
-        for name, copy_name in ctx.half_copies:
+        fused = ctx.state.get(FusedUpdateState)
+        for name, copy_name in (fused.half_copies if fused is not None else ()):
             p, v = params[name], graph.variables[copy_name]
             entry = p.half_copy(v.dtype)
             graph.variable_data[copy_name] = entry.array
@@ -127,8 +129,9 @@ class HalfCopies:
             self.refreshes.append((p, entry, cast(node, [p._data], [entry.array])))
             self.fused.append((p, entry))
             fused_names.add(name)
-        self.plain = ([params[n] for n in ctx.trainable if n not in fused_names]
-                      if ctx.optimizers and graph.grads else [])
+        settings = ctx.settings
+        self.plain = ([params[n] for n in settings.trainable if n not in fused_names]
+                      if settings.optimizers and graph.grads else [])
 
     def stale(self) -> None:
         """Mark every copy stale (the parameters were written behind the copies' backs)."""

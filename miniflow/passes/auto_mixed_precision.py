@@ -3,11 +3,11 @@ bfloat16), insert casts.
 
 Assumes: autograd has run, so the graph holds the forward AND backward nodes, and the parameter
 gradients (``graph.grads``) have no readers yet (the loss-scale and optimizer passes run later);
-``graph.nodes`` is in topological order; ``ctx.amp`` is an :class:`AmpConfig`.
+``graph.nodes`` is in topological order; ``ctx.settings.amp`` is an :class:`AmpConfig`.
 
 Guarantees:
 
-* Every node gets ``node.meta["amp_color"]``: ``"white"`` (runs in the half type ``ctx.amp.dtype``,
+* Every node gets ``node.meta["amp_color"]``: ``"white"`` (runs in the half type ``amp.dtype``,
   float16 or bfloat16; "float16" below stands for either), ``"black"`` (black
   list or black propagation), else its list category (``"gray"``, ``"clear"``) or ``"unlisted"``;
   every non-white node runs in float32. Inserted casts get ``"cast"``.
@@ -22,12 +22,12 @@ Guarantees:
   the parameter dtype) are read as they are. One cast node per value and dtype, shared by all
   its readers.
 * White nodes' outputs are re-inferred (float16); other nodes keep their dtypes. Values keep their
-  identity, so the results (``loss``, gradients) and ``ctx.initial_grad`` stay valid. Parameter
-  gradients made by white nodes stay float16: the optimizer stage casts them.
+  identity, so the results (``loss``, gradients) and ``AutogradState.initial_grad`` stay valid.
+  Parameter gradients made by white nodes stay float16: the optimizer stage casts them.
 * Parameters are float32 master weights (else TypeError); they are read through casts, never changed.
-* ``ctx.amp_result``: an :class:`AmpResult` (per node: color and the rule or neighbour that decided
-  it, naming values as the graph after this pass prints them; the inserted casts; the no-cast
-  inputs left float32), read by ``miniflow.amp.report``.
+* ``ctx.state[AmpState]``: an :class:`AmpState` (per node: color and the rule or neighbour that
+  decided it, naming values as the graph after this pass prints them; the inserted casts; the
+  no-cast inputs left float32), read by ``miniflow.amp.report``.
 
 Coloring, exactly as OneFlow's ``AutoMixedPrecision::Apply`` (``oneflow/core/job_rewriter/
 auto_mixed_precision.cpp``):
@@ -55,7 +55,7 @@ from ..dtype import HALF_DTYPES, DType, as_dtype, float16, float32
 from ..ir import Graph, Node, output_name
 from ..ops import emitter
 
-__all__ = ["AmpConfig", "AmpDecision", "AmpResult", "auto_mixed_precision"]
+__all__ = ["AmpConfig", "AmpDecision", "AmpState", "auto_mixed_precision"]
 
 
 @dataclass
@@ -91,10 +91,11 @@ class AmpDecision:
 
 
 @dataclass
-class AmpResult:
-    """What the pass decided: one decision per node it saw (graph order), the casts it inserted,
-    the no-cast inputs it left float32 (``(node, input index, input name)``, white nodes only),
-    and ``names``: Value -> name as the graph printed right after the pass shows it."""
+class AmpState:
+    """What the pass decided, its state (``ctx.state[AmpState]``, read by ``miniflow.amp.report``):
+    one decision per node it saw (graph order), the casts it inserted, the no-cast inputs it left
+    float32 (``(node, input index, input name)``, white nodes only), and ``names``: Value -> name
+    as the graph printed right after the pass shows it."""
 
     decisions: list = field(default_factory=list)
     casts: list = field(default_factory=list)
@@ -299,7 +300,7 @@ def _insert_casts(graph: Graph, white: dict, half: DType) -> tuple:
 
 # ---------------------------------------------------------------------------------- the pass
 def _check_master_weights(graph: Graph, ctx) -> None:
-    for name in ctx.param_names.values():
+    for name in ctx.settings.param_names.values():
         v = graph.variables.get(name)
         if v is not None and v.dtype is not float32:
             raise TypeError(f"enable_amp: parameter {name!r} is {v.dtype.name}, but master weights "
@@ -309,14 +310,16 @@ def _check_master_weights(graph: Graph, ctx) -> None:
 
 
 def auto_mixed_precision(graph: Graph, ctx) -> Graph:
-    """Color ``graph`` by ``ctx.amp.lists`` and insert casts (see the module docstring)."""
+    """Color ``graph`` by ``settings.amp.lists`` and insert casts (see the module docstring);
+    stores an :class:`AmpState`."""
+    amp = ctx.settings.amp
     _check_master_weights(graph, ctx)
-    sets = _color(graph, ctx.amp.lists)
+    sets = _color(graph, amp.lists)
     colored = list(graph.nodes)
-    casts, kept = _insert_casts(graph, sets.white, ctx.amp.dtype)
+    casts, kept = _insert_casts(graph, sets.white, amp.dtype)
     names = graph.names()
     decisions = [_decide(n, sets, names) for n in colored]
     for d in decisions:
         d.node.meta["amp_color"] = d.color
-    ctx.amp_result = AmpResult(decisions, casts, names, kept)
+    ctx.state[AmpState] = AmpState(decisions, casts, names, kept)
     return graph

@@ -3,11 +3,12 @@
 Assumes: ``graph.loss`` (the ``"loss"`` result) is set by ``loss.backward()`` in build, or the
 graph is inference-only.
 Guarantees: the initial gradient is ``ones_like(loss)`` (the loss is its real input, as in OneFlow),
-recorded in ``ctx.initial_grad`` so later passes find it (``ctx.initial_grad_identity``, when set,
-is applied on top of it and seeds the backward pass); every trainable variable reachable from the
-loss has its gradient Value in ``graph.results["grad:<name>"]``; fan-out gradients are summed with
-one ``add_n``; gradients are emitted only for values on a path from a trainable variable to the
-loss, and backward nodes that no parameter gradient needs are removed before the pass returns.
+recorded as ``ctx.state[AutogradState].initial_grad`` so later passes find it
+(``ctx.settings.initial_grad_identity``, when set, is applied on top of it and seeds the backward
+pass); every trainable variable reachable from the loss has its gradient Value in
+``graph.results["grad:<name>"]``; fan-out gradients are summed with one ``add_n``; gradients are
+emitted only for values on a path from a trainable variable to the loss, and backward nodes that
+no parameter gradient needs are removed before the pass returns.
 
 Source: OneFlow ``oneflow/core/job_rewriter/autograd.cpp`` (backward ops generated into the same
 job); the gradient rules are a table over the IR, walked in reverse (tinygrad's
@@ -15,10 +16,21 @@ job); the gradient rules are a table over the IR, walked in reverse (tinygrad's
 """
 from __future__ import annotations
 
-from ..ir import Graph, grad_name
+from dataclasses import dataclass
+
+from ..ir import Graph, Value, grad_name
 from ..ops import emitter
 
-__all__ = ["autograd"]
+__all__ = ["AutogradState", "autograd"]
+
+
+@dataclass(frozen=True)
+class AutogradState:
+    """What autograd hands on (``ctx.state[AutogradState]``, read by the loss-scale pass):
+    ``initial_grad``, the ``ones_like(loss)`` Value that seeds the backward pass (before
+    ``settings.initial_grad_identity``, if any, is applied on top of it)."""
+
+    initial_grad: Value
 
 
 def _needs_grad(graph: Graph, trainable: set) -> set:
@@ -35,15 +47,18 @@ def _needs_grad(graph: Graph, trainable: set) -> set:
 
 
 def autograd(graph: Graph, ctx) -> Graph:
-    """Emit the backward graph of ``graph.loss`` w.r.t. ``ctx.trainable`` (variable names)."""
+    """Emit the backward graph of ``graph.loss`` w.r.t. ``settings.trainable`` (variable names);
+    stores an :class:`AutogradState`."""
     if graph.loss is None:
         return graph
+    settings = ctx.settings
     forward = list(graph.nodes)
-    needs = _needs_grad(graph, set(ctx.trainable))
+    needs = _needs_grad(graph, set(settings.trainable))
     emit = emitter(graph)
-    seed = ctx.initial_grad = emit("ones_like", graph.loss)
-    if ctx.initial_grad_identity is not None:
-        seed = emit(ctx.initial_grad_identity, seed)
+    seed = initial = emit("ones_like", graph.loss)
+    ctx.state[AutogradState] = AutogradState(initial)
+    if settings.initial_grad_identity is not None:
+        seed = emit(settings.initial_grad_identity, seed)
     contributions: dict = {id(graph.loss): [seed]}
 
     def total(v):
@@ -64,11 +79,11 @@ def autograd(graph: Graph, ctx) -> Graph:
         for v, g in zip(node.inputs, node.op.grad(node, out_grads, emit)):
             if g is not None and id(v) in needs:
                 contributions.setdefault(id(v), []).append(g)
-    for name in ctx.trainable:
+    for name in settings.trainable:
         v = graph.variables.get(name)
         if v is not None and id(v) in contributions:
             graph.results[grad_name(name)] = total(v)
-    _drop_unused_backward(graph, len(forward), ctx.initial_grad)
+    _drop_unused_backward(graph, len(forward), initial)
     return graph
 
 

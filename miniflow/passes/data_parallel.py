@@ -2,10 +2,10 @@
 gradient all-reduce, as graph nodes.
 
 Runs after autograd and AMP, before loss scaling and the optimizer (``pipeline.py``), and only when
-``ctx.data_parallel`` is set: the compile driver sets it for a graph that trains, in a process
-world of more than one rank or when ``config.enable_data_parallel()`` asks for it
+``ctx.settings.data_parallel`` is set: the compile driver sets it for a graph that trains, in a
+process world of more than one rank or when ``config.enable_data_parallel()`` asks for it
 (``miniflow.graph``). Assumes the autograd pass made the gradient results ``grad:<variable>`` of
-the trainable variables (``ctx.trainable``, in parameter order). Guarantees:
+the trainable variables (``settings.trainable``, in parameter order). Guarantees:
 
 1. The gradients are bucketed in reverse parameter order (the order backward produces them, DDP's
    bucket order) by PyTorch DDP's rule, ``miniflow.distributed.compute_bucket_assignment_by_size``:
@@ -17,8 +17,8 @@ the trainable variables (``ctx.trainable``, in parameter order). Guarantees:
    the means back to the half type. That is bit for bit what the collective's own float16 path gives (sum and divide in
    float32, one rounding to float16), and faster: the cast kernels convert in a pass over memory
    where the collective converts with NumPy (``benchmarks/README.md``, "Data parallel").
-3. ``ctx.all_reduce_buckets`` lists each bucket's variable names. The loss-scale pass then sums the
-   non-finite counts across the ranks (``all_reduce {reduce='sum'}``), so that every rank skips the
+3. ``ctx.state[DataParallelState].buckets`` lists each bucket's variable names. The loss-scale
+   pass then sums the non-finite counts across the ranks (``all_reduce {reduce='sum'}``), so that every rank skips the
    same steps and changes its scale the same way.
 
 Another reader of a gradient (autograd makes none: parameter gradients are sinks) keeps reading
@@ -27,14 +27,14 @@ the rank's own gradient; only the results, which the loss-scale and optimizer pa
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from ..distributed import DEFAULT_BUCKET_CAP_MB, compute_bucket_assignment_by_size
 from ..dtype import float32
 from ..ir import Graph, grad_name
 from ..ops import emitter
 
-__all__ = ["DataParallelConfig", "data_parallel", "summed_in_float32"]
+__all__ = ["DataParallelConfig", "DataParallelState", "data_parallel", "summed_in_float32"]
 
 
 @dataclass(frozen=True)
@@ -59,6 +59,15 @@ class DataParallelConfig:
                              f"> 0, got {cap!r}")
 
 
+@dataclass
+class DataParallelState:
+    """What the pass hands on (``ctx.state[DataParallelState]``, read by the loss-scale pass and
+    the compile driver): ``buckets``, the variable names of each gradient bucket it all-reduces,
+    in all-reduce order. Absent when the pass did not run or the graph has no gradients."""
+
+    buckets: list = field(default_factory=list)
+
+
 def summed_in_float32(dtype) -> bool:
     """Whether a bucket of ``dtype`` is all-reduced as float32 between two casts: the half types
     (MPI has no 16-bit float sum)."""
@@ -66,17 +75,18 @@ def summed_in_float32(dtype) -> bool:
 
 
 def data_parallel(graph: Graph, ctx) -> Graph:
-    """Average the gradient results across the ranks (no-op without ``ctx.data_parallel`` or
-    gradients); see the module docstring."""
-    if ctx.data_parallel is None or not graph.grads:
+    """Average the gradient results across the ranks (no-op without ``settings.data_parallel``
+    or gradients) and store a :class:`DataParallelState`; see the module docstring."""
+    settings = ctx.settings
+    if settings.data_parallel is None or not graph.grads:
         return graph
     grads = graph.grads
-    names = [n for n in reversed(ctx.trainable) if n in grads]
+    names = [n for n in reversed(settings.trainable) if n in grads]
     buckets = compute_bucket_assignment_by_size([(grads[n].shape, grads[n].dtype.np)
                                                  for n in names],
-                                                ctx.data_parallel.bucket_cap_mb)
+                                                settings.data_parallel.bucket_cap_mb)
     emit = emitter(graph)
-    ctx.all_reduce_buckets = []
+    state = ctx.state[DataParallelState] = DataParallelState()
     for bucket in buckets:
         bucket_names = [names[i] for i in bucket]
         values = [grads[n] for n in bucket_names]
@@ -89,5 +99,5 @@ def data_parallel(graph: Graph, ctx) -> Graph:
             means = [emit("cast", m, dtype=half) for m in means]
         for name, mean in zip(bucket_names, means):
             graph.results[grad_name(name)] = mean
-        ctx.all_reduce_buckets.append(bucket_names)
+        state.buckets.append(bucket_names)
     return graph

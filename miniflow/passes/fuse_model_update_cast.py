@@ -1,7 +1,7 @@
 """Fuse the AMP weight casts, the unscaling and the optimizer updates into multi-tensor updates with
 cast, and count the non-finite gradient elements where the gradients are made.
 
-Assumes: AMP, the loss-scale pass and the optimizer pass have run (``ctx.amp`` is set): every
+Assumes: AMP, the loss-scale pass and the optimizer pass have run (``settings.amp`` is set): every
 trained float32 parameter ``p`` has one update op (``sgd_update`` / ``adam_update``) reading its
 gradient ``d``, which the loss-scale pass made as ``scalar_mul_by_tensor(cast(h), inv_scale)``
 (dynamic scale), ``scalar_mul(cast(h)) {1/scale}`` (static) or ``cast(h)`` (no scaler), ``h`` the
@@ -12,8 +12,8 @@ Guarantees, for every such parameter read through a half cast (the others are le
 
 * One half variable ``<p>.<half>_copy`` (``model.0.weight.float16_copy``) holds ``p`` rounded
   to the half type; every reader of the casts reads it instead, and the casts are gone. Its array
-  is the parameter's own half copy (the compile driver binds it, ``ctx.half_copies``, and makes
-  it equal ``p`` rounded before a step whenever ``p`` was written by anything else).
+  is the parameter's own half copy (the compile driver binds it, ``FusedUpdateState.half_copies``,
+  and makes it equal ``p`` rounded before a step whenever ``p`` was written by anything else).
 * The update ops become ``multi_tensor_sgd_update_with_cast`` / ``multi_tensor_adam_update_with_
   cast``, one per optimizer, hyper-parameters and gradient dtype (OneFlow's
   ``FuseModelUpdateCastOpsPass`` and ``MultiTensorModelUpdatePass``): they read ``h`` and
@@ -46,6 +46,7 @@ weight) and ``multi_tensor_model_update.cpp``; the kernels are OneFlow's
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -53,13 +54,23 @@ from ..dtype import BF16_MAX, FP16_MAX, bfloat16, float16, float32
 from ..ir import Graph, Node, Value, grad_name
 from ..ops import get_op
 from .dead_code_elimination import dead_code_elimination
+from .loss_scale import LossScaleState
 
-__all__ = ["fuse_model_update_cast", "copy_name", "count_commutes"]
+__all__ = ["fuse_model_update_cast", "FusedUpdateState", "copy_name", "count_commutes"]
 
 FLOAT32_MAX = float(np.finfo(np.float32).max)
 _MAX_FINITE = {float16: FP16_MAX, bfloat16: BF16_MAX, float32: FLOAT32_MAX}
 _FUSED = {"sgd_update": "multi_tensor_sgd_update_with_cast",
           "adam_update": "multi_tensor_adam_update_with_cast"}
+
+
+@dataclass
+class FusedUpdateState:
+    """What the pass hands on (``ctx.state[FusedUpdateState]``, read by the compile driver's
+    ``HalfCopies``): ``half_copies``, the ``(parameter, copy variable)`` names of the half weight
+    copies it declared, without data (the driver binds them). Absent when nothing was fused."""
+
+    half_copies: list = field(default_factory=list)
 
 
 def copy_name(param: str, dtype) -> str:
@@ -98,15 +109,16 @@ def _unscaling(users: dict, update: Node, count: Node | None, ctx):
     ``(d, 1.0, None)``."""
     d = update.inputs[1]
     as_is = (d, 1.0, None)
-    scaler = ctx.grad_scaler
+    scaler = ctx.settings.grad_scaler
     chain, v, scale = [], d, 1.0
     if scaler is not None:
+        inv_scale = ctx.state[LossScaleState].inv_scale
         node = d.producer
         if node is None:
             return as_is
         if scaler.dynamic and node.op.name == "scalar_mul_by_tensor" \
-                and node.inputs[1] is ctx.inv_scale:
-            scale = ctx.inv_scale
+                and node.inputs[1] is inv_scale:
+            scale = inv_scale
         elif not scaler.dynamic and node.op.name == "scalar_mul" \
                 and node.attrs["scalar"] == 1.0 / scaler.scale:
             scale = float(np.float32(1.0 / scaler.scale))
@@ -131,10 +143,11 @@ def _unscaling(users: dict, update: Node, count: Node | None, ctx):
 
 def fuse_model_update_cast(graph: Graph, ctx) -> Graph:
     """Rewrite ``graph`` as the module docstring says (no change without AMP, updates, or when
-    ``ctx.fuse_model_update_cast`` is off)."""
-    if ctx.amp is None or not ctx.fuse_model_update_cast:
+    ``settings.fuse_model_update_cast`` is off); stores a :class:`FusedUpdateState`."""
+    settings = ctx.settings
+    if settings.amp is None or not settings.fuse_model_update_cast:
         return graph
-    half = ctx.amp.dtype
+    half = settings.amp.dtype
     users = graph.users()
     names = {v: k for k, v in graph.variables.items()}
     counts = [n for n in graph.nodes if n.op.name == "multi_count_not_finite"]
@@ -150,12 +163,12 @@ def fuse_model_update_cast(graph: Graph, ctx) -> Graph:
             continue
         diff, scale, unscaled = _unscaling(users, node, count, ctx)
         if unscaled and count is not None and any(v in count.inputs for v in unscaled) \
-                and not count_commutes(diff.dtype, ctx.grad_scaler):
+                and not count_commutes(diff.dtype, settings.grad_scaler):
             diff, scale, unscaled = node.inputs[1], 1.0, None   # the count needs the unscaled
         fusable.append(_Update(node, names[p], casts, diff, scale, unscaled))
     if not fusable:
         return graph
-    _rewrite(graph, ctx, fusable, count, half)
+    ctx.state[FusedUpdateState] = FusedUpdateState(_rewrite(graph, fusable, count, half))
     return graph
 
 
@@ -165,16 +178,18 @@ def _group_key(u: _Update):
             u.diff.dtype.name, id(u.scale) if not isinstance(u.scale, float) else u.scale)
 
 
-def _rewrite(graph: Graph, ctx, fusable: list, count, half) -> None:
-    """Declare the copies, rewire the casts, emit the fused updates, move the counts."""
+def _rewrite(graph: Graph, fusable: list, count, half) -> list:
+    """Declare the copies, rewire the casts, emit the fused updates, move the counts; returns
+    the ``(parameter, copy variable)`` names."""
     groups: dict = {}
+    copies = []
     for u in fusable:
         groups.setdefault(_group_key(u), []).append(u)
     removed = set()
     for u in fusable:
         p = u.node.inputs[0]
         u.copy = graph.add_variable(copy_name(u.name, half), p.shape, half)
-        ctx.half_copies.append((u.name, u.copy.name))
+        copies.append((u.name, u.copy.name))
         for cast in u.casts:
             graph.replace_uses(cast.outputs[0], u.copy)
             removed.add(id(cast))
@@ -200,6 +215,7 @@ def _rewrite(graph: Graph, ctx, fusable: list, count, half) -> None:
                 count.inputs = [u.diff if v in u.unscaled else v for v in count.inputs]
     if count is not None:
         _count_in_producers(graph, count, {id(u.diff) for u in fusable if u.unscaled})
+    return copies
 
 
 def _count_in_producers(graph: Graph, count: Node, moved: set) -> None:

@@ -1,12 +1,12 @@
 """Gradient accumulation pass: the mean of the micro-batches' parameter gradients
 (``config.set_gradient_accumulation_steps(n)``, OneFlow's name).
 
-Assumes: the compile driver split every graph input into ``ctx.accumulation_steps`` micro-batches
-(``unpack``) and packed every output (``pack``) while tracing, as OneFlow's lazy interpreter does
+Assumes: the compile driver split every graph input into ``settings.accumulation_steps``
+micro-batches (``unpack``) and packed every output (``pack``) while tracing, as OneFlow's lazy interpreter does
 (``GradAccTryInsertUnpackAfterInput`` / ``GradAccTryInsertPackBeforeOutput``), so the forward and
 backward nodes run once per micro-batch (``miniflow.ir.Graph.micro_batch_schedule``); autograd and
 AMP ran. Guarantees: every gradient result is ``scalar_mul(acc(g), 1/n)``, once per call: the
-gradient cast to its parameter's dtype first (``optimizer.master_grad``: a float16 gradient is
+gradient cast to its parameter's dtype first (``passes.master_grad``: a float16 gradient is
 summed in float32), summed over the micro-batches (``acc``, OneFlow's ``GradAccCollect``) and
 divided by ``n`` (OneFlow's ``ScaleModelDiffByLossInstanceNum``, which divides the model diffs by
 the loss's element count times its time shape ``n``). For a mean-reduced loss over micro-batches
@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from ..ir import Graph, grad_name
 from ..ops import emitter
-from .optimizer import master_grad
+from .master_grad import master_grad
 
 __all__ = ["gradient_accumulation"]
 
@@ -29,7 +29,7 @@ __all__ = ["gradient_accumulation"]
 def gradient_accumulation(graph: Graph, ctx) -> Graph:
     """Make every gradient result the mean over the micro-batches (no-op for one micro-batch or
     a graph without gradients)."""
-    n = ctx.accumulation_steps
+    n = ctx.settings.accumulation_steps
     if n == 1 or not graph.grads:
         return graph
     emit = emitter(graph)

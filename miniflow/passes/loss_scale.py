@@ -7,10 +7,11 @@ initial diff -> unscale model diffs (x 1/scale) -> count not-finite -> updates t
 ``skip_if``; and ``DynamicLossScaleSchedulePass``). Steps, in order (docs/architecture.md, "Loss
 scaling is a pass"):
 
-1. The initial gradient is the Value the autograd pass recorded in ``ctx.initial_grad``
-   (``ones_like(loss)``, possibly float16 after AMP). The scaling nodes go right after it
-   (``graph.inserting_after``) and its readers read the scaled value (``ctx.scaled_initial_grad``).
-2. Scale it by ``ctx.loss_scale_policy``:
+1. The initial gradient is the Value the autograd pass recorded (``AutogradState.initial_grad``:
+   ``ones_like(loss)``, possibly float16 after AMP). The scaling nodes go right after it
+   (``graph.inserting_after``) and its readers read the scaled value
+   (``LossScaleState.scaled_initial_grad``).
+2. Scale it by ``settings.loss_scale_policy``:
 
    * ``"legacy"`` (OneFlow before PR 9126): the scale is made in the diff's dtype first (a static
      scale as a ``constant`` shaped like the diff; a dynamic float32 scale ``cast`` down), then
@@ -24,36 +25,42 @@ scaling is a pass"):
      ``amp_black_identity`` on the initial gradient: there the diff is float16 whenever AMP colors
      the loss-gradient ops float16.
 
-3. Cast each float16 parameter gradient to its float32 master dtype (``optimizer.master_grad``, the
+3. Cast each float16 parameter gradient to its float32 master dtype (``passes.master_grad``, the
    one place this cast is made) and multiply by 1/scale in float32 (in float64 for the gradients of
    a float64 model: the float32 1/scale cast up, exactly): the gradient results become these
    unscaled gradients.
 4. ``multi_count_not_finite`` over all unscaled gradients (one fused kernel): the result
-   ``"nonfinite_counts"`` (one count per name in ``ctx.nonfinite_names``), which the grad scaler
-   reads after every step. Under data parallel (``ctx.all_reduce_buckets``: the gradients are
-   means over the ranks) the counts and their total are summed across the ranks
+   ``"nonfinite_counts"`` (one count per name in ``LossScaleState.nonfinite_names``), which the
+   grad scaler reads after every step. Under data parallel (a ``DataParallelState``: the
+   gradients are means over the ranks) the counts and their total are summed across the ranks
    (``all_reduce {reduce='sum'}``), so every rank takes the same decision below; a non-finite
    element of a mean is non-finite on every rank, so it counts once per rank.
-5. ``ctx.skip_if`` = the total count: every update op skips a non-finite step (unless a static scaler
-   was made with ``skip_nonfinite=False``). OneFlow differs under a static scale: it counts and
-   skips only with a dynamic policy (``CountNotFiniteIfNeeded`` in ``autograd.cpp`` and
+5. ``LossScaleState.skip_if`` = the total count: every update op skips a non-finite step (unless
+   a static scaler was made with ``skip_nonfinite=False``). OneFlow differs under a static scale:
+   it counts and skips only with a dynamic policy (``CountNotFiniteIfNeeded`` in ``autograd.cpp`` and
    ``SetDynamicLossScaleSkipIf`` in ``optimizer.cpp`` return early otherwise), so it applies an
    inf/NaN update; ``StaticGradScaler(scale, skip_nonfinite=False)`` reproduces that, and skipping
    is miniflow's safer default.
 6. ``dynamic_loss_scale_schedule`` updates scale and tracker; it is appended after every node that
    reads the scale (the initial-gradient multiply and the reciprocal used to unscale, which is
-   ``ctx.inv_scale``).
+   ``LossScaleState.inv_scale``).
+
+What it hands on is a :class:`LossScaleState` (``ctx.state[LossScaleState]``), stored only when
+the stage was inserted.
 """
 from __future__ import annotations
 
 import warnings
+from dataclasses import dataclass
 
 from ..dtype import FP16_MAX, float16, float32
-from ..ir import Graph, grad_name
+from ..ir import Graph, Value, grad_name
 from ..ops import emitter
-from .optimizer import master_grad
+from .autograd import AutogradState
+from .data_parallel import DataParallelState
+from .master_grad import master_grad
 
-__all__ = ["loss_scale", "POLICIES", "LossScaleOverflowWarning"]
+__all__ = ["loss_scale", "LossScaleState", "POLICIES", "LossScaleOverflowWarning"]
 
 POLICIES = ("fp32", "cast_back", "legacy")
 """The loss-scale policies, the default first."""
@@ -63,9 +70,31 @@ class LossScaleOverflowWarning(UserWarning):
     """The policy cannot represent the scaled initial gradient (it will be inf)."""
 
 
+@dataclass(frozen=True)
+class LossScaleState:
+    """What the loss-scale pass hands on (``ctx.state[LossScaleState]``).
+
+    Fields:
+        scaled_initial_grad: the product of the initial gradient and the scale (what the backward
+            pass reads instead of ``AutogradState.initial_grad``).
+        nonfinite_names: the variable names the ``"nonfinite_counts"`` result counts, in order
+            (under data parallel: summed over the ranks); read by the compile driver.
+        skip_if: the i64[1] total count that every update op takes as ``skip_if`` (read by the
+            optimizer pass), or None when the scaler does not skip (``skip_nonfinite=False``).
+        inv_scale: the f32[1] Value ``1 / loss_scale`` of a dynamic scaler (read by
+            ``fuse_model_update_cast``), or None for a static scale.
+    """
+
+    scaled_initial_grad: Value
+    nonfinite_names: tuple
+    skip_if: Value | None
+    inv_scale: Value | None
+
+
 def loss_scale(graph: Graph, ctx) -> Graph:
-    """Insert the loss-scale stage for ``ctx.grad_scaler`` (no-op without a scaler or gradients)."""
-    scaler = ctx.grad_scaler
+    """Insert the loss-scale stage for ``settings.grad_scaler`` (no-op without a scaler or
+    gradients) and store a :class:`LossScaleState`."""
+    scaler = ctx.settings.grad_scaler
     if scaler is None or graph.loss is None or not graph.grads:
         return graph
     scale_var = tracker_var = None
@@ -74,10 +103,9 @@ def loss_scale(graph: Graph, ctx) -> Graph:
         tracker_var = graph.add_variable("loss_scale.growth_tracker", (1,), "int64",
                                          data=scaler._growth_tracker)
     emit = emitter(graph)
-    ctx.scaled_initial_grad = _scale_initial_grad(graph, ctx.initial_grad, ctx.loss_scale_policy,
-                                                  scaler, scale_var)
+    scaled = _scale_initial_grad(graph, ctx.state[AutogradState].initial_grad,
+                                 ctx.settings.loss_scale_policy, scaler, scale_var)
     inv_scale = {float32: emit("reciprocal", scale_var)} if scaler.dynamic else None
-    ctx.inv_scale = inv_scale[float32] if scaler.dynamic else None
     names = list(graph.grads)
     for name in names:
         g = master_grad(graph, graph.variables[name], graph.grads[name])
@@ -87,11 +115,12 @@ def loss_scale(graph: Graph, ctx) -> Graph:
             emit("scalar_mul_by_tensor", g, inv_scale[g.dtype]) if scaler.dynamic
             else emit("scalar_mul", g, scalar=1.0 / scaler.scale))
     counts, total = emit("multi_count_not_finite", *(graph.grads[n] for n in names))
-    if ctx.all_reduce_buckets:   # data parallel: every rank skips, and rescales, together
+    if ctx.state.get(DataParallelState):  # data parallel: every rank skips, rescales, together
         counts, total = emit("all_reduce", counts, total, reduce="sum")
-    graph.results["nonfinite_counts"], ctx.nonfinite_names = counts, names
-    if scaler.skip_nonfinite:
-        ctx.skip_if = total
+    graph.results["nonfinite_counts"] = counts
+    ctx.state[LossScaleState] = LossScaleState(
+        scaled, tuple(names), total if scaler.skip_nonfinite else None,
+        inv_scale[float32] if scaler.dynamic else None)
     if scaler.dynamic:
         emit("dynamic_loss_scale_schedule", total, scale_var, tracker_var,
              **scaler.schedule_attrs())

@@ -1,11 +1,11 @@
 """Optimizer pass: insert one update op per trained parameter (OneFlow ``GenerateOptimizerOpConfs``).
 
 Assumes: the autograd pass filled the gradient results (``graph.grads``). Each optimizer in
-``ctx.optimizers`` (the k-th) declares its learning-rate array as the f64[1] variable
+``settings.optimizers`` (the k-th) declares its learning-rate array as the f64[1] variable
 ``optimizer<k>.learning_rate`` (OneFlow's ``learning_rate`` input of the update ops: a new lr is a
 new value of that variable, never a new graph) and emits one update op per parameter
 (``sgd_update``/``adam_update``), declaring its state as graph variables. ``skip_if`` is
-``ctx.skip_if`` when a loss-scale pass provided one, else a constant 0.
+``LossScaleState.skip_if`` when the loss-scale pass provided one, else a constant 0.
 
 Gradient clipping (OneFlow's ``ClipGradient`` in ``GenerateOptimizerOpConfs``, per optimizer
 whose param group sets ``clip_grad_max_norm``): one ``clip_grad_norm`` over the optimizer's
@@ -15,10 +15,10 @@ gradient results become the clipped gradients (as ``torch.nn.utils.clip_grad_nor
 gradient accumulation, their mean) and the non-finite count was taken before it: a skipped step
 (``skip_if`` set) gets ``clip_coef = 1`` and clips nothing.
 
-This is the one place where a gradient whose dtype differs from its parameter's (a float16 gradient
-of a float32 master weight, made by a white node under AMP) is cast to the parameter's dtype: one
-cast per parameter, right before its update op (OneFlow casts fp16 model diffs to fp32 at the start
-of ``GenerateOptimizerOpConfs``). The gradient results keep the gradient as autograd/AMP (or the
+A gradient whose dtype differs from its parameter's (a float16 gradient of a float32 master
+weight, made by a white node under AMP) is cast to the parameter's dtype by ``master_grad``: one
+cast per parameter, right before its update op, unless the loss-scale or gradient-accumulation pass
+cast it already. The gradient results keep the gradient as autograd/AMP (or the
 loss-scale pass) made it.
 """
 from __future__ import annotations
@@ -28,8 +28,10 @@ import numpy as np
 from ..dtype import float64
 from ..ir import Graph, grad_name
 from ..ops import emitter
+from .loss_scale import LossScaleState
+from .master_grad import master_grad
 
-__all__ = ["optimizer", "master_grad", "learning_rate_name"]
+__all__ = ["optimizer", "learning_rate_name"]
 
 
 def learning_rate_name(k: int) -> str:
@@ -39,13 +41,17 @@ def learning_rate_name(k: int) -> str:
 
 def optimizer(graph: Graph, ctx) -> Graph:
     """Emit update ops for every parameter that has a gradient."""
-    if not graph.grads or not ctx.optimizers:
+    settings = ctx.settings
+    if not graph.grads or not settings.optimizers:
         return graph
-    skip_if = ctx.skip_if if ctx.skip_if is not None else graph.add_constant(np.zeros(1, np.int64))
-    for k, opt in enumerate(ctx.optimizers):
+    scaling = ctx.state.get(LossScaleState)
+    skip_if = scaling.skip_if if scaling is not None else None
+    if skip_if is None:
+        skip_if = graph.add_constant(np.zeros(1, np.int64))
+    for k, opt in enumerate(settings.optimizers):
         trained = []  # (index, variable name, parameter Value, master gradient)
         for i, p in enumerate(opt.params):
-            name = ctx.param_names[id(p)]  # nn.Graph checked every parameter is a variable
+            name = settings.param_names[id(p)]  # nn.Graph checked every parameter is a variable
             grad = graph.grads.get(name)
             if grad is None:
                 continue  # like PyTorch: a parameter without a gradient is not updated
@@ -73,8 +79,3 @@ def _clipped(graph: Graph, trained: list, skip_if, max_norm: float, norm_type: f
         graph.results[grad_name(name)] = clipped
         out.append((i, name, param, clipped))
     return out
-
-
-def master_grad(graph: Graph, param, grad):
-    """``grad`` in the parameter's dtype: a float16 gradient of a float32 parameter is cast."""
-    return grad if grad.dtype is param.dtype else emitter(graph)("cast", grad, dtype=param.dtype)

@@ -30,6 +30,7 @@ import miniflow as mf
 from miniflow import distributed as dist
 from miniflow.data import DistributedSampler, batches, load_digits
 from miniflow.experiments.mlp import TrainGraph, mlp
+from miniflow.passes.data_parallel import DataParallelState
 
 out, mode = Path(sys.argv[1]), sys.argv[2]
 dist.init()
@@ -83,7 +84,8 @@ if mode == "equivalence":
         graph = TrainGraph(model, opt)
         data_stream = stream(GLOBAL_BATCH // size)
         info[f"{name}_losses"] = [float(graph(*next(data_stream))) for _ in range(50)]
-        info[f"{name}_buckets"] = graph.compile_context.all_reduce_buckets
+        reduced = graph.compile_context.state.get(DataParallelState)   # None: one rank
+        info[f"{name}_buckets"] = reduced.buckets if reduced is not None else []
         arrays.update({f"{name}/{k}": v for k, v in variables(graph).items()})
     if rank == 1:        # spoil this rank's Adam state; the recompile gives it rank 0's again
         for k, v in graph.ir.variable_data.items():
