@@ -2,8 +2,8 @@
 identity in eval mode), on OneFlow's ``dropout`` op (``miniflow.ops.dropout``), and the random
 stream its masks come from.
 
-The stream is one int64 ``[seed, offset]`` tensor for the whole process (:func:`dropout_state`),
-like PyTorch's CUDA generator: every ``nn.Dropout`` holds it as a non-persistent buffer (so a
+The stream is one int64 ``[seed, offset]`` tensor for the whole process (:func:`dropout_state`;
+one per backend, each starting from the stream's last state), like PyTorch's CUDA generator: every ``nn.Dropout`` holds it as a non-persistent buffer (so a
 compiled graph binds it as a variable its dropout nodes advance in place, and it is in no
 ``state_dict``: PyTorch's state dicts load as they are). It is registered with
 ``miniflow.random``: ``miniflow.manual_seed(n)`` restarts it at ``[n, 0]`` (masks reproducible), and
@@ -25,16 +25,25 @@ from .module import Module
 __all__ = ["Dropout", "dropout", "dropout_state"]
 
 _MASK63 = (1 << 63) - 1
-_STATE: list = []
+_HOST: list = []
+"""The stream's ``[seed, offset]`` as last set or read on the host (the start of every backend's
+copy)."""
+_STATES: dict = {}
+"""Backend name -> ``(backend, Tensor)``: the stream on each backend it was used on."""
 
 
 def dropout_state() -> Tensor:
-    """The process's dropout stream: an eager int64 ``[seed, offset]`` Tensor (created on first
-    use, seeded from fresh OS entropy unless ``miniflow.manual_seed`` was called since import)."""
-    if not _STATE:
-        seed = int(np.random.SeedSequence().generate_state(1, np.uint64)[0]) & _MASK63
-        _STATE.append(Tensor(get_backend().from_numpy(np.array([seed, 0], np.int64))))
-    return _STATE[0]
+    """The process's dropout stream on the current backend: an eager int64 ``[seed, offset]``
+    Tensor (created on first use, from the stream's last state; seeded from fresh OS entropy
+    unless ``miniflow.manual_seed`` was called since import)."""
+    backend = get_backend()
+    entry = _STATES.get(backend.name)
+    if entry is None or not backend.owns(entry[1]._data):
+        if not _HOST:
+            seed = int(np.random.SeedSequence().generate_state(1, np.uint64)[0]) & _MASK63
+            _HOST.append(np.array([seed, 0], np.int64))
+        entry = _STATES[backend.name] = (backend, Tensor(backend.from_numpy(_HOST[0].copy())))
+    return entry[1]
 
 
 def _get() -> list:
@@ -44,7 +53,10 @@ def _get() -> list:
 def _put(values) -> None:
     if len(values) != 2:
         raise ValueError(f"dropout stream state must be [seed, offset], got {values!r}")
-    get_backend().copy_in(dropout_state()._data, np.array(values, np.int64))
+    host = np.array(values, np.int64)
+    _HOST[:] = [host]
+    for backend, t in _STATES.values():
+        backend.copy_in(t._data, host)
 
 
 register_stream("dropout", _get, _put, lambda seed: _put([seed & _MASK63, 0]))

@@ -6,8 +6,11 @@ return the new values of the written inputs (float64 arithmetic).
   weight_decay}: PyTorch ``torch.optim.SGD``: ``g = diff + wd * p; buf = momentum * buf + g;
   p -= lr * buf``.
 * ``adam_update(model, model_diff, learning_rate, skip_if, m, v, step)`` {beta1, beta2, eps,
-  weight_decay}: PyTorch ``torch.optim.Adam`` (Kingma & Ba 2015, arXiv:1412.6980) with bias
-  correction at step ``step + 1``.
+  weight_decay[, decoupled_weight_decay]}: PyTorch ``torch.optim.Adam`` (Kingma & Ba 2015,
+  arXiv:1412.6980) with bias correction at step ``step + 1``; ``decoupled_weight_decay`` (present
+  only when non-zero) makes it ``torch.optim.AdamW`` (Loshchilov & Hutter 2019,
+  arXiv:1711.05101): ``p *= 1 - lr * decoupled_weight_decay`` before the step (OneFlow's
+  ``adam_update`` calls this one ``weight_decay`` and the coupled one ``l2``).
 
 ``learning_rate`` is an f64 ``[1]`` value (OneFlow's update ops take the learning rate as the
 tensor input ``learning_rate``; OneFlow's is float32, miniflow's float64, so a Python float lr is
@@ -92,6 +95,10 @@ def _adam_norm(inputs, attrs):
     _no_lr_attr("adam_update", attrs)
     for k, d in (("beta1", 0.9), ("beta2", 0.999), ("eps", 1e-8), ("weight_decay", 0.0)):
         attrs[k] = float(attrs.get(k, d))
+    if float(attrs.get("decoupled_weight_decay", 0.0)) != 0.0:
+        attrs["decoupled_weight_decay"] = float(attrs["decoupled_weight_decay"])
+    else:
+        attrs.pop("decoupled_weight_decay", None)
     return attrs
 
 
@@ -140,6 +147,7 @@ def _adam_ref(arrays, attrs):
         return [p.copy(), m.copy(), v.copy(), step.copy()]
     b1, b2, t = attrs["beta1"], attrs["beta2"], step + 1
     g = diff + attrs["weight_decay"] * p
+    p = p * (1.0 - lr[0] * attrs.get("decoupled_weight_decay", 0.0))
     m = b1 * m + (1.0 - b1) * g
     v = b2 * v + (1.0 - b2) * g * g
     bc1, bc2 = 1.0 - b1 ** t[0], 1.0 - b2 ** t[0]
@@ -154,7 +162,9 @@ register("sgd_update", _sgd_infer, normalize=_sgd_norm, writes=(0, N_FIXED),
          doc="p -= lr * (momentum buffer of diff + wd * p); skipped when skip_if != 0")
 register("adam_update", _adam_infer, normalize=_adam_norm,
          writes=(0, N_FIXED, N_FIXED + 1, N_FIXED + 2), reference=_adam_ref,
-         samples=_samples(3, 0.01, {"weight_decay": 0.01}), amp=None, amp_note=_UPDATE_NOTE,
+         samples=lambda: (_samples(3, 0.01, {"weight_decay": 0.01})()
+                          + _samples(3, 0.01, {"decoupled_weight_decay": 0.1})()),
+         amp=None, amp_note=_UPDATE_NOTE,
          doc="Adam with bias correction; skipped when skip_if != 0")
 
 
@@ -316,7 +326,8 @@ def _multi_samples(adam: bool):
                     state = ([rand(*s, r=r) * 0.1 for s in shapes]
                              + [rand(*s, r=r, lo=0.0, hi=0.1) for s in shapes]
                              + [np.array([3], np.int64) for _ in shapes])
-                    attrs = {"weight_decay": 0.01}
+                    attrs = ({"weight_decay": 0.01} if half == np.float16
+                             else {"decoupled_weight_decay": 0.1})       # AdamW
                 else:
                     state = [rand(*s, r=r) for s in shapes]
                     attrs = {"momentum": 0.9, "weight_decay": 0.01}

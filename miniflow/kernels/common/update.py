@@ -21,7 +21,7 @@ import math
 
 from .table import GroupBuilder
 
-__all__ = ["sgd_element", "adam_corrections", "adam_element", "sgd_builder", "adam_builder",
+__all__ = ["sgd_element", "adam_corrections", "adam_element", "weight_decays", "sgd_builder", "adam_builder",
            "multi_tensor_groups", "multi_sgd_cast_builder", "multi_adam_cast_builder",
            "multi_sgd_builder", "multi_adam_builder"]
 
@@ -46,15 +46,25 @@ def adam_corrections(lr, beta1, beta2, t):
 
 def adam_element(p, g, m, v, hyper):
     """One element of an Adam step: ``(p, m, v)`` after ``g += wd*p; m = b1*m + (1-b1)*g;
-    v = b2*v + (1-b2)*(g*g); p -= step_size * m / (sqrt(v)/bc2_sqrt + eps)``.
+    v = b2*v + (1-b2)*(g*g); p = p * decay - step_size * m / (sqrt(v)/bc2_sqrt + eps)``.
 
-    ``hyper``: ``(step_size, bc2_sqrt, b1, b2, 1 - b1, 1 - b2, eps, wd)`` in the compute type
-    (the first two from :func:`adam_corrections`)."""
-    step_size, bc2_sqrt, b1, b2, one_b1, one_b2, eps, wd = hyper
+    ``hyper``: ``(step_size, bc2_sqrt, b1, b2, 1 - b1, 1 - b2, eps, wd, decay)`` in the compute
+    type (the first two from :func:`adam_corrections`; ``decay = 1 - lr * decoupled_weight_decay``,
+    AdamW's decoupled weight decay (Loshchilov and Hutter 2019, ``torch.optim.AdamW``: ``p *= 1 -
+    lr * wd`` before the Adam step), exactly 1 without it)."""
+    step_size, bc2_sqrt, b1, b2, one_b1, one_b2, eps, wd, decay = hyper
     g = g + wd * p
     m = b1 * m + one_b1 * g
     v = b2 * v + one_b2 * (g * g)
-    return p - step_size * (m / (math.sqrt(v) / bc2_sqrt + eps)), m, v
+    return p * decay - step_size * (m / (math.sqrt(v) / bc2_sqrt + eps)), m, v
+
+
+def weight_decays(attrs) -> tuple:
+    """``(weight_decay, decoupled_weight_decay)`` of an Adam update node's ``attrs``: the ``wd``
+    the Adam step makers pass to their kernels (the coupled one is added to the gradient, the
+    decoupled one scales the weight by ``1 - lr * decoupled``)."""
+    return (float(attrs.get("weight_decay", 0.0)),
+            float(attrs.get("decoupled_weight_decay", 0.0)))
 
 
 # ----------------------------------------------------------------------------- builders
@@ -93,13 +103,13 @@ def sgd_builder(sgd_steps):
 def adam_builder(adam_steps):
     """The ``adam_update`` builder over a backend's ``adam_steps(p, grad, lr, skip_if, m, v,
     step, beta1, beta2, eps, wd)`` (``lr`` the f64[1] learning-rate array; the other
-    hyperparameters Python floats)."""
+    hyperparameters Python floats, ``wd`` the pair :func:`weight_decays`)."""
     def build_adam_update(node, ins, outs):
         """``adam_update(model, model_diff, learning_rate, skip_if, m, v, step)``
         ``{beta1, beta2, eps, weight_decay}``."""
         a = node.attrs
         return adam_steps(*ins, float(a["beta1"]), float(a["beta2"]), float(a["eps"]),
-                          float(a.get("weight_decay", 0.0)))
+                          weight_decays(a))
     return build_adam_update
 
 
@@ -136,8 +146,7 @@ def multi_adam_cast_builder(multi_adam_steps):
         a = node.attrs
         lr, skip_if, scale, groups = multi_tensor_groups(ins, 6)
         return multi_adam_steps(*groups, lr, skip_if, scale, float(a["beta1"]),
-                                float(a["beta2"]), float(a["eps"]),
-                                float(a.get("weight_decay", 0.0)))
+                                float(a["beta2"]), float(a["eps"]), weight_decays(a))
     return build_multi_tensor_adam_update_with_cast
 
 
@@ -167,5 +176,5 @@ def multi_adam_builder(multi_adam_steps):
         return multi_adam_steps([x[0] for x in ins], [x[1] for x in ins], ins[0][2], ins[0][3],
                                 [x[4] for x in ins], [x[5] for x in ins], [x[6] for x in ins],
                                 float(a["beta1"]), float(a["beta2"]), float(a["eps"]),
-                                float(a.get("weight_decay", 0.0)))
+                                weight_decays(a))
     return GroupBuilder(build_multi_adam_update)

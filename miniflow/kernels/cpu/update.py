@@ -56,7 +56,7 @@ def sgd_kernel(momentum: bool, parallel: bool):
 def adam_kernel(parallel: bool):
     """``kernel(p, grad, lr, skip_if, m, v, step, beta1, beta2, eps, wd)``, unless skip_if[0]:
     ``step += 1``, then ``p[i], m[i], v[i] = adam_element(...)`` with the learning rate
-    ``lr[0]``."""
+    ``lr[0]`` (``wd``: the pair ``(weight_decay, decoupled_weight_decay)``)."""
     loop = loop_for(parallel)
 
     @jit(parallel)
@@ -67,7 +67,7 @@ def adam_kernel(parallel: bool):
         step_size, bc2_sqrt = _corrections(lr[0], beta1, beta2, step[0])
         hyper = (to_compute(p, step_size), to_compute(p, bc2_sqrt), to_compute(p, beta1),
                  to_compute(p, beta2), to_compute(p, 1.0 - beta1), to_compute(p, 1.0 - beta2),
-                 to_compute(p, eps), to_compute(p, wd))
+                 to_compute(p, eps), to_compute(p, wd[0]), to_compute(p, 1.0 - lr[0] * wd[1]))
         for i in loop(p.size):
             pi, mi, vi = _adam(load(p, i), load(grad, i), load(m, i), load(v, i), hyper)
             store(m, i, mi)
@@ -110,7 +110,7 @@ def multi_adam_kernel(parallel: bool):
     """``kernel(models, diffs, copies, ms, vs, steps, lr, skip_if, scale, beta1, beta2, eps,
     wd)``: unless skip_if[0], for every tensor k ``steps[k] += 1``, then per element
     ``g = diffs[k][i] * scale[0]``, ``adam_element`` on the model and moments, and the half copy
-    of the new weight."""
+    of the new weight (``wd`` as for :func:`adam_kernel`)."""
     loop = loop_for(parallel)
 
     @jit(parallel)
@@ -125,7 +125,8 @@ def multi_adam_kernel(parallel: bool):
             step_size, bc2_sqrt = _corrections(lr[0], beta1, beta2, step[0])
             hyper = (to_compute(p, step_size), to_compute(p, bc2_sqrt), to_compute(p, beta1),
                      to_compute(p, beta2), to_compute(p, 1.0 - beta1),
-                     to_compute(p, 1.0 - beta2), to_compute(p, eps), to_compute(p, wd))
+                     to_compute(p, 1.0 - beta2), to_compute(p, eps), to_compute(p, wd[0]),
+                     to_compute(p, 1.0 - lr[0] * wd[1]))
             for i in loop(p.size):
                 pi, mi, vi = _adam(load(p, i), load(d, i) * s, load(m, i), load(v, i), hyper)
                 store(m, i, mi)

@@ -98,7 +98,8 @@ def multi_adam_kernel(cast: bool, ld, ct, st, ld_g, st_c):
     """``kernel(ps, grads, copies, ms, vs, steps, lr, skip_if, scale, beta1, beta2, eps, wd)``,
     unless skip_if[0]: ``ps[k][i], ms[k][i], vs[k][i] = adam_element(...)`` at step
     ``t = steps[k][0] + 1`` with the learning rate ``lr[0]`` (``cast``: the gradient times
-    ``scale[0]``, the new weight also into ``copies[k][i]``, as :func:`multi_sgd_kernel`)."""
+    ``scale[0]``, the new weight also into ``copies[k][i]``, as :func:`multi_sgd_kernel`; ``wd``
+    the pair ``(weight_decay, decoupled_weight_decay)``)."""
     corrections, adam, rnd = device(adam_corrections), device(adam_element), _rounding(ct)
 
     @jit
@@ -112,7 +113,7 @@ def multi_adam_kernel(cast: bool, ld, ct, st, ld_g, st_c):
             p, grad, copy, m, v = ps[k], grads[k], copies[k], ms[k], vs[k]
             step_size, bc2_sqrt = corrections(lr[0], beta1, beta2, steps[k][0] + 1)
             hyper = (ct(step_size), ct(bc2_sqrt), ct(beta1), ct(beta2), ct(1.0 - beta1),
-                     ct(1.0 - beta2), ct(eps), ct(wd))
+                     ct(1.0 - beta2), ct(eps), ct(wd[0]), ct(1.0 - lr[0] * wd[1]))
             for i in range(first_index(start, stride, offset), p.size, stride):
                 g = rnd(ld_g(grad[i]) * s) if cast else ct(ld_g(grad[i]))
                 pi, mi, vi = adam(ld(p[i]), g, ld(m[i]), ld(v[i]), hyper)
