@@ -156,6 +156,7 @@ def _train(args) -> int:
     checkpoint, and exit code 130 (128 + SIGINT, the shell's convention)."""
     from . import distributed
     from .experiments.train import ResumeError, TrainingInterrupted, train_digits
+    from .extras import MissingExtraError
     from .serialization import CheckpointError, check_save_path
     if args.ddp:
         distributed.init()
@@ -177,8 +178,9 @@ def _train(args) -> int:
                          seed=args.seed, progress=not args.no_progress,
                          accumulate=args.accumulate, clip_norm=args.clip_norm, amp=args.amp,
                          checkpoint=args.checkpoint, resume=args.resume,
-                         checkpoint_every=args.checkpoint_every or 100, ddp=args.ddp)
-    except (ResumeError, CheckpointError, OSError) as e:
+                         checkpoint_every=args.checkpoint_every or 100, ddp=args.ddp,
+                         logdir=args.logdir)
+    except (ResumeError, CheckpointError, OSError, MissingExtraError) as e:
         print(f"miniflow train: {e}", file=sys.stderr)
         return 2
     except TrainingInterrupted as e:
@@ -205,6 +207,8 @@ def _train(args) -> int:
     print(f"time: {r['seconds']:.1f} s for {run_steps} steps")
     if r["checkpoint"] is not None:
         print(f"checkpoint: {r['checkpoint']} (step {r['steps']})")
+    if r["logdir"] is not None:
+        print(f"TensorBoard run: {r['logdir']} (tensorboard --logdir {args.logdir})")
     if args.save:
         from .serialization import save
         save(r["graph"].model.state_dict(), args.save)
@@ -249,6 +253,7 @@ def _stability(args) -> int:
 
     from .experiments import stability
     from .experiments.stability_report import headline_table
+    from .extras import MissingExtraError
 
     print(choose_backend("stability", args.backend), flush=True)
     cfg = stability.QUICK if args.quick else stability.StudyConfig()
@@ -259,10 +264,17 @@ def _stability(args) -> int:
     except stability.OutputDirError as e:
         print(f"miniflow stability: {e}", file=sys.stderr)
         return 2
-    metrics = stability.run_study(cfg, out)
+    try:
+        metrics = stability.run_study(cfg, out, logdir=args.logdir)
+    except MissingExtraError as e:
+        print(f"miniflow stability: {e}", file=sys.stderr)
+        return 2
     print(headline_table(metrics))
     print(f"{len(metrics['runs'])} runs in {metrics['config']['seconds']:.0f} s; figures, "
           f"metrics.json and summary.md in {out}/")
+    if args.logdir:
+        print(f"TensorBoard: one run per experiment, policy and seed in {args.logdir}/ "
+              f"(tensorboard --logdir {args.logdir})")
     return 0
 
 
@@ -405,6 +417,9 @@ def parser() -> argparse.ArgumentParser:
     t.add_argument("--backend", choices=["cpu", "cuda"], help="default: MINIFLOW_BACKEND, "
                    "else cpu (faster than cuda for this small MLP; the first line printed says "
                    "which and why)")
+    t.add_argument("--logdir", metavar="DIR", help="TensorBoard scalars (per step: loss, lr, "
+                   "gradient norm, loss scale, skipped steps; per epoch: test accuracy) in a "
+                   "run folder named after the settings in DIR (needs the tensorboard extra)")
     t.set_defaults(fn=_train, parser=t)
     st = sub.add_parser("stability", help="training-stability study of the loss-scale policies: "
                         "figures, metrics.json, summary.md")
@@ -418,6 +433,9 @@ def parser() -> argparse.ArgumentParser:
     st.add_argument("--backend", choices=["cpu", "cuda"], help="default: MINIFLOW_BACKEND, "
                     "else cpu (faster than cuda for this study's small MLPs; the first line "
                     "printed says which and why)")
+    st.add_argument("--logdir", metavar="DIR", help="TensorBoard scalars of every run (one "
+                    "run folder per experiment, policy or label, scale and seed) in DIR (needs "
+                    "the tensorboard extra)")
     st.set_defaults(fn=_stability)
     ir = sub.add_parser("ir", help="print a model's IR after a pass; --onnx exports it, "
                         "--netron opens it in Netron")

@@ -642,6 +642,16 @@ class Graph:
         return self._context
 
     @property
+    def optimizers(self) -> tuple:
+        """The optimizers added with :meth:`add_optimizer`, in order."""
+        return tuple(self._optimizers)
+
+    @property
+    def grad_scaler(self):
+        """The loss scaler set with :meth:`set_grad_scaler`, or None."""
+        return self._grad_scaler
+
+    @property
     def plans(self) -> "OrderedDict[tuple, Plan]":
         """The cached plans, least recently used first, keyed by input signature (``(shape,
         dtype)`` per input) followed by the modules' ``training`` flags."""

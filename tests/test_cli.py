@@ -42,7 +42,7 @@ def test_stability_backend_option_selects_the_backend(monkeypatch, tmp_path, cap
     class Started(Exception):
         pass
 
-    def run_study(cfg, out):
+    def run_study(cfg, out, logdir=None):
         raise Started(mf.get_backend().name)
 
     monkeypatch.setattr(stability, "run_study", run_study)

@@ -17,6 +17,7 @@ its figures, summary.md and metrics.json, and metrics.json shows the qualitative
 It also checks the command line: an unwritable ``--out`` fails before any run, and a ``--steps``
 shorter than one epoch works.
 """
+import importlib.util
 import json
 
 import numpy as np
@@ -33,7 +34,8 @@ pytestmark = pytest.mark.slow  # the stability study (-m "not slow" skips it)
 @pytest.fixture(scope="module")
 def study(tmp_path_factory):
     out = tmp_path_factory.mktemp("stability")
-    assert main(["stability", "--quick", "--out", str(out)]) == 0
+    logdir = ["--logdir", str(out / "tb")] if importlib.util.find_spec("tensorboardX") else []
+    assert main(["stability", "--quick", "--out", str(out)] + logdir) == 0
     return out, json.loads((out / "metrics.json").read_text())
 
 
@@ -76,6 +78,29 @@ def test_quick_writes_figures_summary_and_metrics(study):
     assert "NaN" not in bf16 and "skipped" not in bf16 and bf16.endswith("| - | - | - |")
     assert metrics["config"]["seeds"] == 1 and metrics["config"]["steps"] == 220
     assert len({r["seed"] for r in metrics["runs"]}) == 1
+
+
+def test_logdir_has_one_tensorboard_run_per_policy_with_the_study_values(study):
+    """``--logdir``: one TensorBoard run per run of the study (the dynamic experiment: one per
+    policy), whose event files (read back with TensorBoard's EventAccumulator) hold the
+    per-step series of metrics.json."""
+    acc = pytest.importorskip("tensorboard.backend.event_processing.event_accumulator")
+    out, metrics = study
+    runs = sorted(str(p.parent.relative_to(out / "tb")) for p in (out / "tb").rglob("events.*"))
+    assert runs == sorted(stability.run_name(stability.RunSpec(**{
+        k: r[k] for k in stability.RunSpec.__dataclass_fields__}), r["seed"])
+        for r in metrics["runs"])
+    assert sorted(r.split("/")[1] for r in runs if r.startswith("dynamic/")) == sorted(
+        stability.POLICIES)
+    for r in _runs(metrics, "dynamic"):
+        ea = acc.EventAccumulator(str(out / "tb" / "dynamic" / r["label"] / "dynamic from 2^16"
+                                      / "seed0"), size_guidance={"scalars": 0})
+        ea.Reload()
+        got = {t: [e.value for e in ea.Scalars(t)] for t in ea.Tags()["scalars"]}
+        assert got["amp/loss_scale"] == r["per_step"]["scale"]
+        assert got["amp/skipped"] == r["per_step"]["skipped"]
+        np.testing.assert_allclose(got["train/loss"], r["per_step"]["loss"], rtol=1e-4)
+        assert got["eval/test_accuracy"][-1] == pytest.approx(r["final_test_accuracy"], abs=1e-4)
 
 
 def test_per_run_results_agree_with_the_per_step_series(metrics):

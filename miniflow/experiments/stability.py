@@ -38,6 +38,7 @@ scaling against fp16 underflow).
 from __future__ import annotations
 
 import json
+import math
 import tempfile
 import time
 import warnings
@@ -50,6 +51,7 @@ from .. import nn
 from ..amp import GradScaler, StaticGradScaler, black_identity, white_identity
 from ..models import lenet
 from ..data import batches, load_digits
+from ..logging import ScalarWriter, grad_norm, run_dir
 from ..ops.amp_ops import AMP_IDENTITY_OPS
 from ..optim import SGD
 from ..passes.loss_scale import LossScaleOverflowWarning
@@ -59,7 +61,7 @@ from .mlp import EvalGraph, TrainGraph, accuracy, mlp
 
 __all__ = ["StudyConfig", "QUICK", "RunSpec", "experiment_specs", "train_run", "run_study",
            "check_out_dir", "OutputDirError", "EnergyShareMLP", "TemperatureMLP", "DigitsLeNet",
-           "POLICIES", "ONEFLOW_POLICIES", "first_step"]
+           "POLICIES", "ONEFLOW_POLICIES", "first_step", "run_name"]
 
 POLICIES = ("none", "legacy", "cast_back", "fp32")
 """Run policies: "none" trains in float32 (AMP off, same scaler); the others are AMP with that
@@ -323,11 +325,6 @@ class GradientReader:
                 {n: to_numpy(b) for n, b in self._fp16.items()})
 
 
-def grad_norm(unscaled: dict) -> float:
-    """L2 norm of all unscaled gradients together (float64 sum of squares); NaN if non-finite."""
-    return float(np.sqrt(sum(np.sum(np.square(g, dtype=np.float64)) for g in unscaled.values())))
-
-
 def zero_fraction(fp16: dict):
     """Fraction of half (float16 or bfloat16) gradient elements that are exactly zero (None
     without half gradients).
@@ -392,8 +389,23 @@ def _rounded(values, digits: int) -> list:
 
 
 # ---------------------------------------------------------------------------------- one run
-def train_run(spec: RunSpec, seed: int, cfg: StudyConfig, data) -> dict:
-    """Train one run; returns its record for ``metrics.json`` (see ``stability_report``)."""
+def run_name(spec: RunSpec, seed: int) -> str:
+    """The TensorBoard run of ``spec`` and ``seed``: ``<experiment>/<label>/<scale>/seed<seed>``
+    (``dynamic/cast_back/2^16/seed0``), a nested folder per part."""
+    k = math.log2(spec.scale)
+    scale = f"2^{k:g}" if k == int(k) else f"{spec.scale:g}"
+    parts = [spec.experiment, spec.label, ("dynamic from " if spec.dynamic else "") + scale,
+             f"seed{seed}"]
+    return "/".join(p.replace("/", "-").replace(":", "-") for p in parts)
+
+
+def train_run(spec: RunSpec, seed: int, cfg: StudyConfig, data, log=None) -> dict:
+    """Train one run; returns its record for ``metrics.json`` (see ``stability_report``).
+
+    ``log``: a ``miniflow.logging.ScalarWriter`` that gets, per step, ``train/loss``,
+    ``train/lr``, ``train/grad_norm``, ``amp/loss_scale`` (the scale the step used),
+    ``amp/skipped`` (1 for a skipped step) and ``amp/skipped_steps`` (so far), and
+    ``eval/test_accuracy`` at every evaluation (x axis: the step), or None."""
     manual_seed(seed)
     model = MODELS[spec.model]()
     scaler = make_scaler(spec)
@@ -411,6 +423,8 @@ def train_run(spec: RunSpec, seed: int, cfg: StudyConfig, data) -> dict:
         evals["step"].append(step)
         evals["test_accuracy"].append(accuracy(evaluator, data.x_test, data.y_test))
         model.train()
+        if log is not None:
+            log.add(step, {"eval/test_accuracy": evals["test_accuracy"][-1]})
 
     # NaN and inf are what the study is about: no LossScaleOverflowWarning (legacy and cast_back
     # above 65504 warn at compile time) and no NumPy warnings from kernels that meet them
@@ -429,6 +443,11 @@ def train_run(spec: RunSpec, seed: int, cfg: StudyConfig, data) -> dict:
             s["grad_norm"].append(grad_norm(unscaled))
             s["fp16_zero_fraction"].append(zero_fraction(fp16))
             s["nonfinite_params"].append(nonfinite_fraction(model))   # after the update
+            if log is not None:
+                log.add(step + 1, {"train/loss": s["loss"][-1], "train/lr": graph.optimizers[
+                    0].param_groups[0]["lr"], "train/grad_norm": s["grad_norm"][-1],
+                    "amp/loss_scale": s["scale"][-1], "amp/skipped": s["skipped"][-1],
+                    "amp/skipped_steps": sum(s["skipped"])})
             if probing:
                 underflow["step"].append(step)
                 underflow["fraction"].append(underflow_fraction(fp16, reference))
@@ -537,12 +556,15 @@ def check_out_dir(out: Path) -> None:
                              f"{e.strerror or e}; pass a writable folder with --out DIR") from None
 
 
-def run_study(cfg: StudyConfig, out: Path, progress: bool = True) -> dict:
+def run_study(cfg: StudyConfig, out: Path, progress: bool = True, logdir=None) -> dict:
     """Run every experiment for every seed; write ``metrics.json``, ``summary.md`` and the
-    figures into ``out``; returns the metrics.
+    figures into ``out``; returns the metrics. With ``logdir``, each run's TensorBoard scalars
+    go to ``<logdir>/<run_name(spec, seed)>`` (see :func:`train_run`).
 
     Raises:
         OutputDirError: ``out`` cannot be written (checked before the first run).
+        miniflow.extras.MissingExtraError: ``logdir`` without the tensorboard extra (before
+            the first run).
     """
     from tqdm import tqdm
 
@@ -558,7 +580,11 @@ def run_study(cfg: StudyConfig, out: Path, progress: bool = True) -> dict:
         for seed in range(cfg.seeds):
             for spec in specs:
                 bar.set_postfix_str(f"seed {seed}: {spec.experiment}, {spec.label}")
-                runs.append(train_run(spec, seed, cfg, data))
+                if logdir is None:
+                    runs.append(train_run(spec, seed, cfg, data))
+                    continue
+                with ScalarWriter(run_dir(logdir, run_name(spec, seed))) as log:
+                    runs.append(train_run(spec, seed, cfg, data, log))
                 bar.update()
     metrics = {"config": {**asdict(cfg), "batch_size": BATCH_SIZE, "lr": LR,
                           "momentum": MOMENTUM, "backend": get_backend().name,

@@ -42,7 +42,7 @@ from .run_folder import CHECKPOINT_FILE, FolderInUseError, RunFolder
 
 __all__ = ["MODELS", "Recipe", "RECIPES", "make_model", "train_digits", "SCHEDULES",
            "make_lr_schedule", "epoch_batches", "ResumeError", "TrainingInterrupted",
-           "CHECKPOINT_FILE"]
+           "CHECKPOINT_FILE", "run_name"]
 
 MODELS = ("mlp", "lenet", "resnet18")
 """The models ``miniflow train --model`` knows."""
@@ -141,7 +141,8 @@ def train_digits(model: str = "mlp", *, epochs: int | None = None,
                  lr_schedule: str | None = None, hidden: int = 128, seed: int = 0,
                  progress: bool = True, accumulate: int = 1, clip_norm: float | None = None,
                  amp: bool = False, checkpoint: str | os.PathLike | None = None,
-                 resume: bool = False, checkpoint_every: int = 100, ddp: bool = False) -> dict:
+                 resume: bool = False, checkpoint_every: int = 100, ddp: bool = False,
+                 logdir: str | os.PathLike | None = None) -> dict:
     """Train ``model`` on the digits; ``None`` arguments come from its :data:`RECIPES` entry.
 
     Args:
@@ -164,6 +165,10 @@ def train_digits(model: str = "mlp", *, epochs: int | None = None,
             without an MPI launcher): each rank trains on its ``DistributedSampler`` shard
             (shuffled with ``seed`` and the epoch), ``batch_size`` rows per rank and step, and only
             rank 0 evaluates, shows the progress bar and writes the checkpoint.
+        logdir: write TensorBoard scalars (``miniflow.logging.TrainingLog``, rank 0) to the run
+            ``<logdir>/<run_name(...)>``: per step the loss, lr, gradient norm, loss scale and
+            skipped steps, per epoch the test accuracy. Under AMP the model-update cast is then
+            not fused (the same bits; the log reads the unscaled gradients).
 
     Returns:
         dict with ``losses`` (one float per update since the start of the run, the mean of the
@@ -173,7 +178,7 @@ def train_digits(model: str = "mlp", *, epochs: int | None = None,
         ``seconds`` (wall time of this call, compilation included), ``steps`` (updates done in
         total), ``resumed_from`` (the checkpoint's step, or None), ``checkpoint`` (its path, or
         None), ``recipe`` (the settings used), ``graph`` (the TrainGraph), ``model``, ``scaler``
-        (None without AMP), ``rank`` and ``world_size``.
+        (None without AMP), ``rank``, ``world_size`` and ``logdir`` (the run's folder, or None).
 
     Ctrl-C (SIGINT, in the main thread): the step running ends, a checkpoint is saved there
     (with ``checkpoint``), and :class:`TrainingInterrupted` is raised; a second Ctrl-C stops
@@ -218,6 +223,8 @@ def train_digits(model: str = "mlp", *, epochs: int | None = None,
     if amp:
         graph.config.enable_amp(True)
         graph.set_grad_scaler(scaler)
+    if amp and logdir is not None:
+        graph.config.enable_fused_model_update_cast(False)
     if accumulate > 1:
         graph.config.set_gradient_accumulation_steps(accumulate)
     sampler = None
@@ -232,6 +239,7 @@ def train_digits(model: str = "mlp", *, epochs: int | None = None,
     sched = make_lr_schedule(opt, r.lr_schedule, total)
     run = {"step": 0, "epoch": 0, "batch": 0, "order": None}
     folder = None if checkpoint is None else _run_folder(checkpoint, resume, lock=rank == 0)
+    log = None
     try:
         losses = []
         if resume:
@@ -253,6 +261,9 @@ def train_digits(model: str = "mlp", *, epochs: int | None = None,
                      path)
             saved_at = run["step"]
 
+        if logdir is not None and rank == 0:
+            from ..logging import TrainingLog
+            log = TrainingLog(logdir, graph, run_name(config), resume_step=resumed_from)
         evaluator = EvalGraph(net)
         eval_batch = r.batch_size // accumulate   # the rows of a training (micro-)batch
 
@@ -280,6 +291,8 @@ def train_digits(model: str = "mlp", *, epochs: int | None = None,
                         rows = order[spans[b][0]:spans[b][1]]
                         loss = graph(np.ascontiguousarray(x_train[rows]), data.y_train[rows])
                         losses.append(float(loss.numpy().mean()))
+                        if log is not None:
+                            log.step(loss)
                         if sched is not None:
                             sched.step()
                         run.update(step=run["step"] + 1, epoch=epoch, batch=b + 1)
@@ -291,6 +304,8 @@ def train_digits(model: str = "mlp", *, epochs: int | None = None,
                     run.update(epoch=epoch + 1, batch=0, order=None)
                     if rank == 0:
                         epoch_acc.append(eval_accuracy(x_test, data.y_test))
+                        if log is not None:
+                            log.epoch(test_accuracy=epoch_acc[-1])
                         bar.set_postfix(epoch=epoch + 1, loss=f"{losses[-1]:.4f}",
                                         test_acc=f"{epoch_acc[-1]:.3f}")
                 if path is not None and saved_at != run["step"]:
@@ -303,6 +318,8 @@ def train_digits(model: str = "mlp", *, epochs: int | None = None,
     finally:
         if folder is not None:
             folder.close()
+        if log is not None:
+            log.close()
     first = rank == 0
     return {"losses": losses,
             "test_accuracy": eval_accuracy(x_test, data.y_test) if first else None,
@@ -310,7 +327,29 @@ def train_digits(model: str = "mlp", *, epochs: int | None = None,
             "epoch_test_accuracy": epoch_acc, "seconds": time.perf_counter() - t0,
             "steps": run["step"], "resumed_from": resumed_from, "checkpoint": path,
             "recipe": r, "graph": graph, "model": net, "scaler": scaler, "rank": rank,
-            "world_size": distributed.world_size() if ddp else 1}
+            "world_size": distributed.world_size() if ddp else 1,
+            "logdir": None if log is None else log.path}
+
+
+def run_name(config: dict) -> str:
+    """The TensorBoard run name of a ``train_digits`` configuration: model, precision, lr and
+    schedule, batch, the settings that differ from the model's recipe and defaults, seed
+    (``mlp-fp32-lr0.1-constant-bs64-seed0``, ``lenet-amp-lr0.05-cosine-bs32-ep3-clip1-seed2``)."""
+    parts = [config["model"], "amp" if config["amp"] else "fp32", f"lr{config['lr']:g}",
+             config["lr_schedule"], f"bs{config['batch_size']}"]
+    recipe = RECIPES[config["model"]]
+    for key, tag in (("epochs", "ep"), ("momentum", "mom"), ("weight_decay", "wd")):
+        if config[key] != getattr(recipe, key):
+            parts.append(f"{tag}{config[key]:g}")
+    if config["model"] == "mlp" and config["hidden"] != 128:
+        parts.append(f"h{config['hidden']}")
+    if config["accumulate"] > 1:
+        parts.append(f"acc{config['accumulate']}")
+    if config["clip_norm"] is not None:
+        parts.append(f"clip{config['clip_norm']:g}")
+    if config.get("world_size", 1) > 1:
+        parts.append(f"ddp{config['world_size']}")
+    return "-".join(parts + [f"seed{config['seed']}"])
 
 
 class TrainingInterrupted(KeyboardInterrupt):

@@ -1,0 +1,179 @@
+"""TensorBoard scalars of training runs (the ``tensorboard`` extra: ``pip install -e
+".[tensorboard]"``), written with tensorboardX's ``SummaryWriter``.
+
+Two lines in a training script (PyTorch's ``torch.utils.tensorboard`` habit)::
+
+    log = miniflow.logging.TrainingLog("runs", graph)   # runs/<graph class>, a new folder
+    ...
+    loss = graph(x, y); log.step(loss)                   # after every training call
+
+:meth:`TrainingLog.step` reads the rest from the graph: the learning rate of each optimizer,
+the loss scale and the number of skipped steps of its grad scaler, and the L2 norm of the
+unscaled gradients of the plan that just ran; :meth:`TrainingLog.epoch` logs per-epoch values
+(accuracy). ``tensorboard --logdir runs`` then shows every run of the folder side by side.
+
+Tags: ``train/loss`` (the call's loss, the mean of the micro-batch losses with accumulation),
+``train/lr`` (``train/lr/<k>`` for optimizer ``k`` > 0), ``train/grad_norm``,
+``amp/loss_scale`` (the scale the step multiplied the loss by; the scaler's scale when the
+log was made, then after each step), ``amp/skipped_steps`` (skipped so far, this step
+included), ``eval/<name>`` per epoch. The x axis is the step, 1-based (an epoch's values at
+the step it ended on). :class:`ScalarWriter` is the plain writer underneath (the stability
+study logs its own metrics with it).
+"""
+from __future__ import annotations
+
+import atexit
+import os
+import time
+
+import numpy as np
+
+from .extras import require
+from .runtime.backend import get_backend
+
+__all__ = ["ScalarWriter", "TrainingLog", "run_dir", "grad_norm", "unscaled_gradients"]
+
+
+def run_dir(logdir, name: str, *, resume: bool = False) -> str:
+    """The folder of run ``name`` in ``logdir``: ``logdir/name``, or ``name-2``, ``name-3`` ...
+    when that is taken, so a new run never mixes its events with an older run's; with ``resume``
+    ``logdir/name`` itself (the run continues)."""
+    base = os.path.join(os.fspath(logdir), name)
+    path, k = base, 1
+    while not resume and os.path.exists(path):
+        k += 1
+        path = f"{base}-{k}"
+    return path
+
+
+class ScalarWriter:
+    """One TensorBoard run: event files in folder ``path`` (created), written by tensorboardX.
+
+    ``purge_step``: a resumed run's first new step; TensorBoard drops the folder's events at or
+    after it (tensorboardX's ``purge_step``). Closed at exit if not before.
+
+    Raises:
+        miniflow.extras.MissingExtraError: tensorboardX is not installed.
+    """
+
+    def __init__(self, path, *, purge_step: int | None = None):
+        tbx = require("tensorboardX", "tensorboard", "miniflow.logging")
+        self._summary = require("tensorboardX.proto.summary_pb2", "tensorboard",
+                                "miniflow.logging").Summary
+        self.path = os.fspath(path)
+        # tensorboardX names event files by the second; two writers of a run within one second
+        # (a quick resume) would share a file: the nanoseconds keep them apart, in order
+        self._writer = tbx.SummaryWriter(self.path, purge_step=purge_step,
+                                         filename_suffix=f".{time.time_ns()}")
+        atexit.register(self.close)
+
+    def add(self, step: int, scalars: dict) -> None:
+        """Log ``{tag: value}`` at global step ``step`` (None values are skipped; NaN and inf
+        are logged as they are): one event of all the step's values (``add_scalar`` per value
+        costs ten times as much)."""
+        values = [self._summary.Value(tag=tag, simple_value=float(value))
+                  for tag, value in scalars.items() if value is not None]
+        self._writer.file_writer.add_summary(self._summary(value=values), int(step))
+
+    def flush(self) -> None:
+        """Write what is queued to the event file."""
+        self._writer.flush()
+
+    def close(self) -> None:
+        """Flush and close the event file (again: nothing)."""
+        if self._writer is not None:
+            self._writer.close()
+            self._writer = None
+            atexit.unregister(self.close)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+def unscaled_gradients(graph) -> dict:
+    """Host copies of the unscaled gradients (``grad:<variable>`` results) of the plan of
+    ``graph`` that ran last: variable name -> array.
+
+    Raises:
+        RuntimeError: the graph has not run a training step yet.
+        ValueError: the plan fused the model-update cast (``enable_fused_model_update_cast``,
+            on by default under AMP), whose gradients are still scaled.
+    """
+    if not graph.plans or not next(reversed(graph.plans.values())).graph.grads:
+        raise RuntimeError(f"{type(graph).__name__}: no training step has run yet (no plan "
+                           "with gradients)")
+    plan = next(reversed(graph.plans.values()))
+    if plan.context.half_copies:
+        raise ValueError(f"{type(graph).__name__}: the fused model-update cast keeps only scaled "
+                         "gradients; call graph.config.enable_fused_model_update_cast(False) to "
+                         "read the unscaled ones (the same bits, a little slower), or log "
+                         "without the gradient norm (grad_norm=False)")
+    to_numpy = get_backend().to_numpy
+    return {n: to_numpy(plan.buffers[id(v)]) for n, v in plan.graph.grads.items()}
+
+
+def grad_norm(unscaled: dict) -> float:
+    """L2 norm of all unscaled gradients together (float64 sum of squares); NaN if non-finite:
+    the total norm ``torch.nn.utils.clip_grad_norm_`` returns, before clipping."""
+    return float(np.sqrt(sum(np.sum(np.square(g, dtype=np.float64)) for g in unscaled.values())))
+
+
+class TrainingLog(ScalarWriter):
+    """TensorBoard scalars of the training run of nn.Graph ``graph`` (see the module docstring).
+
+    Args:
+        logdir: the folder of runs (``tensorboard --logdir``).
+        graph: the training graph; its optimizers and grad scaler are read at every step.
+        run: the run's name (default the graph's class name); a taken name gets ``-2``, ``-3``
+            ... unless ``resume_step`` is given.
+        grad_norm: log ``train/grad_norm`` (needs the unscaled gradients, see
+            :func:`unscaled_gradients`).
+        resume_step: the steps a resumed run has done: the run's own folder is reused and its
+            events after that step are dropped (tensorboardX's ``purge_step``).
+
+    Raises:
+        miniflow.extras.MissingExtraError: tensorboardX is not installed.
+    """
+
+    def __init__(self, logdir, graph, run: str | None = None, *, grad_norm: bool = True,
+                 resume_step: int | None = None):
+        name = run or type(graph).__name__
+        super().__init__(run_dir(logdir, name, resume=resume_step is not None),
+                         purge_step=None if resume_step is None else resume_step + 1)
+        self.graph, self.grad_norm = graph, grad_norm
+        self.steps = resume_step or 0
+        self._scale = None if graph.grad_scaler is None else graph.grad_scaler.scale
+
+    def step(self, loss) -> dict:
+        """Log the training step that returned ``loss`` (a Tensor or array; call it before an
+        LR scheduler steps, so ``train/lr`` is the step's own); returns ``{tag: value}``.
+
+        Raises:
+            ValueError: ``grad_norm`` and the graph's gradients are scaled (see
+                :func:`unscaled_gradients`).
+        """
+        loss = loss.numpy() if hasattr(loss, "numpy") else np.asarray(loss)
+        values = {"train/loss": float(np.mean(loss))}
+        for k, opt in enumerate(self.graph.optimizers):
+            values["train/lr" + (f"/{k}" if k else "")] = opt.param_groups[0]["lr"]
+        if self.grad_norm:
+            values["train/grad_norm"] = grad_norm(unscaled_gradients(self.graph))
+        scaler = self.graph.grad_scaler
+        if scaler is not None:
+            values["amp/loss_scale"] = self._scale        # the scale this step multiplied by
+            values["amp/skipped_steps"] = scaler.num_skipped_steps
+            self._scale = scaler.scale
+        self.steps += 1
+        self.add(self.steps, values)
+        return values
+
+    def epoch(self, **scalars) -> dict:
+        """Log ``eval/<name>`` for each of ``scalars`` (``test_accuracy=0.97``) at the step the
+        epoch ended on, and flush; returns ``{tag: value}``."""
+        values = {f"eval/{k}": v for k, v in scalars.items()}
+        self.add(self.steps, values)
+        self.flush()
+        return values

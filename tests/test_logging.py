@@ -1,0 +1,157 @@
+"""TensorBoard scalars (``miniflow.logging``, the ``tensorboard`` extra; ``miniflow train
+--logdir``): the event files read back with TensorBoard's own ``EventAccumulator`` hold the
+values training computed and printed.
+
+Followed: PyTorch's ``test/test_tensorboard.py`` (write with ``SummaryWriter``, read the event
+file back and compare); the gradient norm is checked against ``miniflow.ir.evaluate``, the
+float64 reference interpreter, and its rule is ``torch.nn.utils.clip_grad_norm_``'s total norm.
+"""
+import re
+import sys
+
+import numpy as np
+import pytest
+
+import miniflow
+from miniflow import optim
+from miniflow.amp import GradScaler
+from miniflow.cli import main
+from miniflow.experiments.mlp import TrainGraph, mlp
+from miniflow.experiments.train import train_digits
+from miniflow.extras import MissingExtraError
+from miniflow.ir import evaluate
+
+pytest.importorskip("tensorboardX")
+event_accumulator = pytest.importorskip("tensorboard.backend.event_processing.event_accumulator")
+tb_log = pytest.importorskip("miniflow.logging")
+
+
+def read_scalars(run_dir) -> dict:
+    """``{tag: [(step, value), ...]}`` of a run folder's event files."""
+    acc = event_accumulator.EventAccumulator(str(run_dir), size_guidance={"scalars": 0})
+    acc.Reload()
+    return {tag: [(e.step, e.value) for e in acc.Scalars(tag)] for tag in acc.Tags()["scalars"]}
+
+
+def _batch(seed: int):
+    r = np.random.default_rng(seed)
+    return r.standard_normal((16, 8)).astype(np.float32), r.integers(0, 4, 16)
+
+
+def test_two_lines_log_loss_lr_and_the_gradient_norm_of_each_step(tmp_path):
+    miniflow.manual_seed(0)
+    model = mlp((8, 16, 4))
+    graph = TrainGraph(model, optim.SGD(model.parameters(), lr=0.05, momentum=0.9))
+    log = tb_log.TrainingLog(tmp_path, graph)
+    losses, norms = [], []
+    for step in range(3):
+        x, y = _batch(step)
+        ref = evaluate(graph.lower(x, y, after="autograd"), [x, y])   # before the update
+        norms.append(np.sqrt(sum(np.sum(g ** 2) for k, g in ref.items() if k.startswith("grad:"))))
+        loss = graph(x, y)
+        log.step(loss)
+        losses.append(float(loss))
+    log.epoch(test_accuracy=0.5)
+    log.close()
+    got = read_scalars(tmp_path / "TrainGraph")
+    assert [s for s, _ in got["train/loss"]] == [1, 2, 3]
+    np.testing.assert_array_equal([v for _, v in got["train/loss"]], np.float32(losses))
+    np.testing.assert_allclose([v for _, v in got["train/grad_norm"]], norms, rtol=1e-5)
+    assert [v for _, v in got["train/lr"]] == [np.float32(0.05)] * 3
+    assert got["eval/test_accuracy"] == [(3, 0.5)] and "amp/loss_scale" not in got
+
+
+def test_loss_scale_and_skips_follow_the_scaler(tmp_path):
+    miniflow.manual_seed(1)
+    model = mlp((8, 16, 4))
+    graph = TrainGraph(model, optim.SGD(model.parameters(), lr=0.05))
+    graph.config.enable_amp(True)
+    graph.config.enable_fused_model_update_cast(False)
+    graph.set_grad_scaler(GradScaler(init_scale=2.0 ** 24))   # float16 grads overflow at first
+    with tb_log.TrainingLog(tmp_path, graph, run="amp") as log:
+        scales, skipped = [], []
+        for step in range(12):
+            scales.append(graph.grad_scaler.scale)
+            log.step(graph(*_batch(step)))
+            skipped.append(graph.grad_scaler.num_skipped_steps)
+    got = read_scalars(tmp_path / "amp")
+    assert [v for _, v in got["amp/loss_scale"]] == scales
+    assert [v for _, v in got["amp/skipped_steps"]] == skipped and 0 < skipped[-1] < 12
+    norms = [v for _, v in got["train/grad_norm"]]
+    assert all(np.isfinite(n) == (a == b) for n, a, b in zip(norms, [0] + skipped, skipped))
+
+
+def test_fused_update_cast_gradients_are_refused_for_the_norm(tmp_path):
+    model = mlp((8, 4))
+    graph = TrainGraph(model, optim.SGD(model.parameters(), lr=0.05))
+    graph.config.enable_amp(True)
+    graph.set_grad_scaler(GradScaler())
+    loss = graph(*_batch(0))
+    with tb_log.TrainingLog(tmp_path, graph) as log:
+        with pytest.raises(ValueError, match=r"enable_fused_model_update_cast\(False\)"):
+            log.step(loss)
+    with tb_log.TrainingLog(tmp_path, graph, grad_norm=False) as log:
+        assert set(log.step(loss)) == {"train/loss", "train/lr", "amp/loss_scale",
+                                       "amp/skipped_steps"}
+        assert log.path.endswith("TrainGraph-2")   # a new run never joins an old one
+
+
+def test_a_resumed_run_continues_its_own_folder(tmp_path):
+    model = mlp((8, 4))
+    graph = TrainGraph(model, optim.SGD(model.parameters(), lr=0.05))
+    with tb_log.TrainingLog(tmp_path, graph, run="r", grad_norm=False) as log:
+        for step in range(4):
+            log.step(graph(*_batch(step)))
+    with tb_log.TrainingLog(tmp_path, graph, run="r", grad_norm=False, resume_step=2) as log:
+        log.step(graph(*_batch(9)))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["r"]
+    assert [s for s, _ in read_scalars(tmp_path / "r")["train/loss"]] == [1, 2, 3]
+
+
+def test_without_the_tensorboard_extra_logging_names_it(monkeypatch, tmp_path, capsys):
+    monkeypatch.setitem(sys.modules, "tensorboardX", None)
+    with pytest.raises(MissingExtraError, match=r'pip install -e "\.\[tensorboard\]"'):
+        tb_log.ScalarWriter(tmp_path)
+    assert main(["train", "--epochs", "1", "--no-progress", "--logdir", str(tmp_path)]) == 2
+    assert 'pip install -e ".[tensorboard]"' in capsys.readouterr().err
+
+
+def test_logging_keeps_the_training_bit_for_bit(tmp_path):
+    plain = train_digits("mlp", epochs=1, amp=True, progress=False)
+    logged = train_digits("mlp", epochs=1, amp=True, progress=False, logdir=tmp_path)
+    assert logged["losses"] == plain["losses"]
+    assert logged["test_accuracy"] == plain["test_accuracy"]
+
+
+def _printed(pattern: str, text: str) -> float:
+    return float(re.search(pattern, text).group(1))
+
+
+@pytest.mark.slow
+def test_train_logdir_logs_what_train_prints_one_run_per_configuration(tmp_path, capsys):
+    for amp in (["--amp"], []):
+        assert main(["train", "--epochs", "2", "--no-progress", "--logdir", str(tmp_path)]
+                    + amp) == 0
+        out = capsys.readouterr().out
+        run = re.search(r"TensorBoard run: (\S+)", out).group(1)
+        got = read_scalars(run)
+        assert len(got["train/loss"]) == 46   # 2 epochs of 23 batches
+        assert abs(got["train/loss"][-1][1] - _printed(r"final loss: ([\d.]+)", out)) <= 5e-5
+        accuracy = _printed(r"test accuracy: ([\d.]+)%", out)
+        assert [s for s, _ in got["eval/test_accuracy"]] == [23, 46]
+        assert abs(100 * got["eval/test_accuracy"][-1][1] - accuracy) <= 5e-3
+        assert {v for _, v in got["train/lr"]} == {np.float32(0.1)}
+        assert all(np.isfinite(v) and v > 0 for _, v in got["train/grad_norm"])
+        if amp:
+            scale = _printed(r"loss scale: ([\d.e+]+) at the end", out)
+            skipped = _printed(r"at the end, (\d+) steps skipped", out)
+            scales = [v for _, v in got["amp/loss_scale"]]
+            counts = [0] + [v for _, v in got["amp/skipped_steps"]]
+            assert counts[-1] == skipped and scales[0] == 2.0 ** 16
+            for k in range(len(scales)):   # halved after each skip, no growth in 46 steps
+                after = scales[k] / 2 if counts[k + 1] > counts[k] else scales[k]
+                assert after == (scales[k + 1] if k + 1 < len(scales) else scale)
+        else:
+            assert "amp/loss_scale" not in got
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "mlp-amp-lr0.1-constant-bs64-ep2-seed0", "mlp-fp32-lr0.1-constant-bs64-ep2-seed0"]
