@@ -3,7 +3,8 @@ transposed filter-gradient products, Winograd F(2x2, 3x3)) against the float64 r
 fixed geometries that reach every path and on random ones (hypothesis), float16 as the float32
 path rounded once, the parallel variants; the gradient rules against central finite differences
 in float64 (hypothesis over shapes, strides, padding, dilation and groups); PyTorch's forward and
-backward in float64 (skipped without torch); and the trace-time errors.
+backward in float64 (skipped without torch); and the trace-time errors; ``nn.Conv2d``'s padding
+strings checked at construction and zero-size inputs, against ``torch.nn.Conv2d``.
 
 The registry-wide tests run every sample of these ops on both backends too (``test_registry.py``,
 ``tests/cuda``); this file forces the algorithms those default choices do not reach.
@@ -313,3 +314,51 @@ def test_empty_batch_gives_zero_filter_and_bias_gradients():
     (dw,) = run(Case("conv_filter_grad", [dy, x], a))
     (db,) = run(Case("conv_bias_grad", [dy], {}))
     assert dw.shape == (2, 3, 3, 3) and not dw.any() and db.shape == (2,) and not db.any()
+
+
+# ----------------------------------------------------------------------------- nn.Conv2d arguments
+@pytest.mark.parametrize("kw,message", [
+    (dict(padding="foo"), r"Conv2d: padding must be an int, a pair, 'valid' or 'same', got 'foo'"),
+    (dict(padding="same", stride=2), r"Conv2d: padding='same' is only supported with stride 1, "
+                                     r"got stride=\(2, 2\)"),
+    (dict(padding="same", stride=(1, 2)), r"only supported with stride 1, got stride=\(1, 2\)"),
+    (dict(padding="same", kernel_size=4), r"Conv2d: padding='same' needs an odd dilated kernel"),
+])
+def test_conv2d_checks_string_padding_at_construction(kw, message):
+    """``torch.nn.Conv2d.__init__`` (``_ConvNd``) refuses a padding string other than 'valid' /
+    'same' and 'same' with a stride; miniflow also refuses 'same' with an even dilated kernel
+    there (it pads symmetrically only)."""
+    kw = {"kernel_size": 3, **kw}
+    with pytest.raises(ValueError, match=message):
+        mf.nn.Conv2d(3, 33, **kw)
+    if torch is not None and kw.get("kernel_size") != 4:
+        with pytest.raises(ValueError):
+            torch.nn.Conv2d(3, 33, **kw)
+
+
+def test_conv2d_with_valid_and_same_padding_constructs_and_runs():
+    x = mf.tensor(np.zeros((1, 3, 8, 8), np.float32))
+    for padding, size in (("valid", 6), ("same", 8)):
+        conv = mf.nn.Conv2d(3, 4, 3, padding=padding, dilation=1)
+        assert conv.padding == padding and conv(x).shape == (1, 4, size, size)
+
+
+@needs_torch
+@pytest.mark.parametrize("shape", [(0, 3, 8, 8), (0, 3, 2, 2)], ids=str)
+def test_an_empty_batch_convolves_to_an_empty_batch_as_torch(shape):
+    conv, ref = mf.nn.Conv2d(3, 4, 3, padding=1), torch.nn.Conv2d(3, 4, 3, padding=1)
+    y = conv(mf.tensor(np.zeros(shape, np.float32)))
+    assert y.shape == tuple(ref(torch.zeros(shape)).shape) == (0, 4, *shape[2:])
+
+
+@pytest.mark.parametrize("shape,message", [
+    ((2, 0, 8, 8), r"conv2d: the input has 0 channels but the weight expects 3"),
+    ((2, 3, 0, 8), r"conv2d: the kernel \(extent 3 .* along H\) is larger than the"),
+])
+def test_an_empty_channel_or_plane_is_refused_as_torch_refuses_it(shape, message):
+    conv = mf.nn.Conv2d(3, 4, 3)
+    with pytest.raises(ValueError, match=message):
+        conv(mf.tensor(np.zeros(shape, np.float32)))
+    if torch is not None:
+        with pytest.raises(RuntimeError):
+            torch.nn.Conv2d(3, 4, 3)(torch.zeros(shape))

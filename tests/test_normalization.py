@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 from hypothesis import assume, given, settings, strategies as st
 
+import miniflow as mf
 from miniflow import nn
 from miniflow.experiments.mlp import EvalGraph
 from miniflow.kernels.cpu import normalization as cpu_norm
@@ -240,3 +241,36 @@ def test_a_state_dict_without_num_batches_tracked_loads(strict):
     del sd["running_var"]
     with pytest.raises(KeyError, match=r"missing keys \['running_var'\]"):
         nn.BatchNorm2d(3).load_state_dict(sd)
+
+
+@needs_torch
+@pytest.mark.parametrize("shape", [(0, 3, 4, 4), (2, 3, 0, 4), (2, 3, 4, 0)], ids=str)
+def test_an_empty_input_in_training_mode_updates_no_statistics_as_torch(shape):
+    """PyTorch's ``batch_norm`` returns early for an input without elements (no statistics, no
+    running-statistics update; ``num_batches_tracked`` still counts the call); gradients of
+    weight and bias are zeros."""
+    class Step(nn.Graph):
+        def __init__(self, bn):
+            super().__init__()
+            self.bn = bn
+            self.add_optimizer(mf.optim.SGD(bn.parameters(), lr=0.5))
+
+        def build(self, x):
+            y = self.bn(x)
+            loss = y.sum()
+            loss.backward()
+            return y
+
+    bn = _bn_pair()
+    ref = torch.nn.BatchNorm2d(3)
+    ref.load_state_dict({k: torch.from_numpy(v) for k, v in bn.state_dict().items()})
+    before = bn.state_dict()
+    x = np.zeros(shape, np.float32)
+    assert bn(mf.tensor(x)).shape == tuple(ref(torch.from_numpy(x)).shape) == shape
+    assert Step(bn)(x).shape == shape
+    ref(torch.from_numpy(x))
+    for k, v in bn.state_dict().items():
+        np.testing.assert_array_equal(v, ref.state_dict()[k].numpy(), err_msg=k)
+        if k != "num_batches_tracked":
+            np.testing.assert_array_equal(v, before[k], err_msg=k)
+    assert int(bn.num_batches_tracked.item()) == 5 + 2  # the eager call and the graph's

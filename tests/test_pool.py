@@ -2,13 +2,16 @@
 (hypothesis: kernel, stride, padding, dilation, ``ceil_mode``, ``count_include_pad``,
 ``divisor_override``) in f16/f32/f64, with their parallel variants, the max pool's NaN and tie
 rule, the gradient rules against finite differences in float64, PyTorch's forward, indices and
-backward in float64 (skipped without torch), and the errors."""
+backward in float64 (skipped without torch), and the errors; the nn pools' zero-size inputs
+against PyTorch's."""
 from unittest import mock
 
 import numpy as np
 import pytest
 from hypothesis import assume, given, settings, strategies as st
 
+import miniflow as mf
+from miniflow.experiments.mlp import EvalGraph
 from miniflow.kernels import cpu
 from miniflow.kernels.cpu import pool as cpu_pool
 from miniflow.ops.pool import max_pool_reference
@@ -243,3 +246,45 @@ def test_max_pool_grad_checks_its_indices():
         make_node(Case("max_pool_2d_grad", [x, np.zeros((1, 1, 2, 2), np.float32),
                                             np.zeros((1, 1, 2, 2), np.float32)],
                        {"kernel_size": 2}))
+
+
+# ----------------------------------------------------------------------------- zero-size inputs
+_POOLS = {"MaxPool2d": ({"kernel_size": 2}, "max_pool_2d"),
+          "AvgPool2d": ({"kernel_size": 2}, "avg_pool_2d"),
+          "AdaptiveAvgPool2d": ({"output_size": 3}, "adaptive_avg_pool2d")}
+"""nn class -> (constructor arguments, op type)."""
+
+_ZERO_SHAPES = [(0, 3, 8, 8), (2, 0, 8, 8), (0, 0, 8, 8), (2, 3, 0, 8), (2, 3, 8, 0)]
+
+
+@needs_torch
+@pytest.mark.parametrize("shape", _ZERO_SHAPES, ids=str)
+@pytest.mark.parametrize("name", list(_POOLS))
+def test_zero_size_inputs_pool_or_raise_as_torch(name, shape):
+    """PyTorch's pools on inputs with a 0 dim (``torch/_meta_registrations.py``'s shape checks):
+    an empty batch pools to an empty batch; ``max_pool2d`` / ``avg_pool2d`` refuse an empty C,
+    H or W ("non-zero size for non-batch dimensions"), ``adaptive_avg_pool2d`` an empty H or W
+    (its 0 channels pool to 0 channels)."""
+    kw, op = _POOLS[name]
+    mine = getattr(mf.nn, name)(**kw)
+    try:
+        want = tuple(getattr(torch.nn, name)(**kw)(torch.zeros(shape)).shape)
+    except RuntimeError:
+        want = None
+    x = np.zeros(shape, np.float32)
+    if want is None:
+        with pytest.raises(ValueError, match=rf"{op}: the input"):
+            mine(mf.tensor(x))
+        with pytest.raises(ValueError, match=rf"{op}: the input"):
+            EvalGraph(mine)(x)
+    else:
+        assert mine(mf.tensor(x)).shape == want
+        assert EvalGraph(mine)(x).shape == want
+
+
+def test_a_pool_names_the_empty_dim():
+    with pytest.raises(ValueError, match=r"max_pool_2d: the input \[N, C, H, W\] = \[2, 0, 8, 8\] "
+                                         r"has an empty C dim; only the batch \(N\) may be 0"):
+        mf.nn.MaxPool2d(2)(mf.tensor(np.zeros((2, 0, 8, 8), np.float32)))
+    with pytest.raises(ValueError, match=r"avg_pool_2d: .* has an empty W dim"):
+        mf.nn.AvgPool2d(1)(mf.tensor(np.zeros((2, 3, 8, 0), np.float32)))

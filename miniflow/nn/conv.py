@@ -38,7 +38,8 @@ class Conv2d(Module):
 
     Raises:
         ValueError: non-positive sizes, groups that do not divide the channels, an unsupported
-            padding mode.
+            padding mode, a padding string other than ``"valid"`` / ``"same"``, ``"same"`` with
+            a stride other than 1 or an even dilated kernel.
     """
 
     def __init__(self, in_channels: int, out_channels: int, kernel_size, stride=1, padding=0,
@@ -56,7 +57,11 @@ class Conv2d(Module):
         self.kernel_size = _pair("kernel_size", kernel_size, 1)
         self.stride = _pair("stride", stride, 1)
         self.dilation = _pair("dilation", dilation, 1)
-        self.padding = padding if isinstance(padding, str) else _pair("padding", padding, 0)
+        if isinstance(padding, str):  # checked here, as torch.nn.Conv2d checks it
+            F._padding("Conv2d", padding, self.kernel_size, self.dilation, self.stride)
+            self.padding = padding
+        else:
+            self.padding = _pair("padding", padding, 0)
         self.padding_mode = padding_mode
         fan_in = in_channels // groups * self.kernel_size[0] * self.kernel_size[1]
         bound = 1.0 / math.sqrt(fan_in)

@@ -56,12 +56,21 @@ def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
     return y if x.ndim == 2 else y.reshape(*lead, weight.shape[0])
 
 
-def _padding(fn: str, padding, kernel_size, dilation):
-    """PyTorch's ``padding`` (an int, a pair, ``"valid"`` or ``"same"``) as a pair."""
+def _padding(fn: str, padding, kernel_size, dilation, stride):
+    """PyTorch's ``padding`` (an int, a pair, ``"valid"`` or ``"same"``) as a pair (a string
+    checked as ``torch.nn.Conv2d.__init__`` checks it; ``nn.Conv2d`` calls this there).
+
+    Raises:
+        ValueError: another string; ``"same"`` with a stride other than 1 or an even dilated
+            kernel (asymmetric padding).
+    """
     if isinstance(padding, str):
         if padding == "valid":
             return 0
         if padding == "same":
+            if stride not in (1, (1, 1), [1, 1]):
+                raise ValueError(f"{fn}: padding='same' is only supported with stride 1, got "
+                                 f"stride={stride} (as in PyTorch)")
             k = (kernel_size, kernel_size) if isinstance(kernel_size, numbers.Integral) \
                 else tuple(kernel_size)
             d = (dilation, dilation) if isinstance(dilation, numbers.Integral) else tuple(dilation)
@@ -88,12 +97,9 @@ def conv2d(input: Tensor, weight: Tensor, bias: Tensor | None = None, stride=1, 
         the weight, a kernel larger than the padded input, a non-4-D input or weight, groups that
         do not divide the channels, bad strides or paddings.
     """
-    if padding == "same" and stride not in (1, (1, 1), [1, 1]):
-        raise ValueError(f"conv2d: padding='same' is only supported with stride 1, got "
-                         f"stride={stride}")
     kernel = tuple(weight.shape[2:]) if weight.ndim == 4 else 1
     y = apply("conv2d", [input, weight], strides=stride,
-              padding_before=_padding("conv2d", padding, kernel, dilation),
+              padding_before=_padding("conv2d", padding, kernel, dilation, stride),
               dilation_rate=dilation, groups=groups)
     return y if bias is None else apply("bias_add", [y, bias], axis=1)
 
@@ -135,7 +141,10 @@ def batch_norm(input: Tensor, running_mean: Tensor, running_var: Tensor,
     ``running_mean`` / ``running_var`` in place (PyTorch's ``momentum``: ``new = (1 - momentum)
     * old + momentum * batch``, the variance unbiased); eval uses the running statistics.
     ``weight`` / ``bias`` default to ones / zeros. Op ``normalization`` with OneFlow's attribute
-    ``momentum = 1 - momentum`` (OneFlow's ``NormalizationFunctor`` converts the same way).
+    ``momentum = 1 - momentum`` (OneFlow's ``NormalizationFunctor`` converts the same way). An
+    empty input (an empty batch, or H or W 0) has no statistics: it is normalized as in eval
+    mode (an empty output; zero gradients for ``weight`` / ``bias``) and updates nothing, as
+    PyTorch's ``batch_norm`` returns early for an input with no element.
 
     Raises:
         ValueError: no running statistics (miniflow's op always has them: pass buffers), a
@@ -149,6 +158,7 @@ def batch_norm(input: Tensor, running_mean: Tensor, running_var: Tensor,
         raise ValueError(f"batch_norm: momentum must be a number in [0, 1], got {momentum!r} "
                          f"(the cumulative moving average, momentum=None, is not supported)")
     c = input.shape[1] if input.ndim > 1 else 0
+    training = bool(training) and 0 not in input.shape
     dtype = running_mean.dtype
     weight = weight if weight is not None else tensor(np.ones(c), dtype=dtype)
     bias = bias if bias is not None else tensor(np.zeros(c), dtype=dtype)

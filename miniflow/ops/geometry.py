@@ -320,11 +320,17 @@ def pool_geometry(op: str, x_shape, attrs: dict, avg: bool) -> PoolGeometry:
     """The geometry of a max (``avg=False``) or average pool of ``x [N, C, H, W]``.
 
     Raises:
-        ValueError: a non-4-D input, a window larger than the padded input, bad attributes.
+        ValueError: a non-4-D input, an empty channel or plane dim (C, H or W is 0: only the
+            batch may be empty, as in PyTorch's ``max_pool2d`` / ``avg_pool2d``), a window larger
+            than the padded input, bad attributes.
     """
     _check_4d(op, "the input", x_shape)
     a = pool_attrs(op, attrs, avg)
     n, c, h, w = x_shape
+    if 0 in (c, h, w):
+        raise ValueError(f"{op}: the input [N, C, H, W] = {list(x_shape)} has an empty "
+                         f"{'C' if c == 0 else 'H' if h == 0 else 'W'} dim; only the batch (N) "
+                         f"may be 0, as in PyTorch")
     (kh, kw), (sh, sw), (ph, pw) = a["kernel_size"], a["stride"], a["padding"]
     dh, dw = (1, 1) if avg else a["dilation"]
     oh = pooled_size(op, h, kh, sh, ph, dh, a["ceil_mode"], "H")
