@@ -168,12 +168,9 @@ def machine() -> dict:
     import numba
     import numpy
 
-    cpu = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo") as f:
-            cpu = next(ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name"))
-    except (OSError, StopIteration):
-        pass
+    from miniflow.experiments.machine import cpu_model_name
+
+    cpu = cpu_model_name()
     try:
         mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2 ** 30
     except (ValueError, OSError, AttributeError):

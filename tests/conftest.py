@@ -1,4 +1,5 @@
-"""Shared pytest setup: hypothesis profile sized for a 2-core CI machine; the CUDA simulator lane.
+"""Shared pytest setup: hypothesis profile sized for a 2-core CI machine; the CUDA simulator lane;
+how pytest-xdist (``-n auto``) shares the tests out: the longest first, some modules on one worker.
 
 ``tests/cuda`` must run in its own process with ``NUMBA_ENABLE_CUDASIM=1`` set before numba is
 imported. A session collects it only when it is named on the command line
@@ -39,6 +40,34 @@ LONGEST_FIRST = ("tests/test_cuda_simulator_lane.py::",
                  "tests/test_train_cnn.py::test_resnet18_reaches_98_percent")
 """Node-id prefixes of the longest tests (minutes each on 2 cores: the simulator lane's shards, the
 ResNet-18 training runs), which run first."""
+
+
+ONE_WORKER = {"tests/test_distributed.py": "mpi", "tests/test_data_parallel.py": "mpi",
+              "tests/test_amp_training.py": "amp_training",
+              "tests/test_cuda_host_path.py": "cuda_host_path", "tests/test_fp16.py": "fp16",
+              "tests/test_loss_scale.py": "loss_scale", "tests/test_stability.py": "stability"}
+"""Test module -> the group whose tests one pytest-xdist worker runs, one after another: the
+modules that start ``mpiexec -n 2`` jobs (two jobs at once beside the other worker would
+oversubscribe a 2-core machine and push them past their timeouts), and modules whose expensive
+module-scoped fixture (training runs, the quick stability study, a stub-GPU subprocess, uncached
+test loops) serves several tests, computed once instead of once per worker."""
+
+
+@pytest.hookimpl(optionalhook=True)      # a hook of pytest-xdist, when it is installed
+def pytest_xdist_make_scheduler(config, log):
+    """pytest-xdist's ``load`` scheduling, except that the tests of each :data:`ONE_WORKER` group
+    go to one worker as one unit (the ``loadgroup`` idea by module: xdist 3.8's ``xdist_group``
+    marks have no effect under pytest 9.2, whose node ids cannot be renamed; pytest-xdist issue
+    1386). Other ``--dist`` modes are left to pytest-xdist."""
+    if config.getvalue("dist") != "load":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class OneWorkerGroups(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return ONE_WORKER.get(nodeid.split("::", 1)[0], nodeid)
+
+    return OneWorkerGroups(config, log)
 
 
 def pytest_collection_modifyitems(config, items):

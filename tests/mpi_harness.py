@@ -40,15 +40,7 @@ def _skip_reason() -> str | None:
 
 
 SKIP_REASON = _skip_reason()
-
-
-def requires_mpi(test):
-    """Mark a test that starts ``mpiexec`` jobs: skipped without the dist extra, and in the
-    pytest-xdist group ``"mpi"`` (``--dist loadgroup``, the README's test command), so that one
-    worker runs every such test, one job at a time: two jobs of 2 ranks at once beside the other
-    worker would oversubscribe a 2-core machine and push the jobs past their timeouts."""
-    test = pytest.mark.skipif(SKIP_REASON is not None, reason=SKIP_REASON or "")(test)
-    return pytest.mark.xdist_group("mpi")(test)
+requires_mpi = pytest.mark.skipif(SKIP_REASON is not None, reason=SKIP_REASON or "")
 
 
 def child_env(extra: dict | None = None) -> dict:

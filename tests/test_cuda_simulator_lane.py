@@ -1,5 +1,5 @@
 """Runs the CUDA simulator lane (``tests/cuda``) in processes of its own, so that one command, the
-README's ``python -m pytest -q -n auto --dist loadgroup``, runs every lane: ``NUMBA_ENABLE_CUDASIM``
+README's ``python -m pytest -q -n auto``, runs every lane: ``NUMBA_ENABLE_CUDASIM``
 must be set before numba is imported, which this process has already done without it.
 
 The lane runs as :data:`SHARDS` processes, one test each (``tests/cuda/conftest.py`` keeps every

@@ -26,6 +26,7 @@ import pytest
 from miniflow.cli import main
 from miniflow.data import load_digits
 from miniflow.experiments import stability
+from miniflow.experiments.machine import cpu_description
 from miniflow.experiments.stability_plots import FIGURES
 
 pytestmark = pytest.mark.slow  # the stability study (-m "not slow" skips it)
@@ -61,6 +62,7 @@ def test_quick_writes_figures_summary_and_metrics(study):
     for name in FIGURES:
         assert (out / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", name
     summary = (out / "summary.md").read_text()
+    assert f"on {cpu_description()}. " in summary and "The numbers depend on the CPU" in summary
     for heading in ("## Headline", "## Static scale sweep", "## Dynamic scaler",
                     "## Gray-path control", "## Why loss scaling", "## Skipping matters",
                     "## A convolutional network with batch norm"):

@@ -57,6 +57,7 @@ from ..optim import SGD
 from ..passes.loss_scale import LossScaleOverflowWarning
 from ..random import manual_seed
 from ..runtime.backend import get_backend
+from .machine import cpu_description
 from .mlp import EvalGraph, TrainGraph, accuracy, mlp
 
 __all__ = ["StudyConfig", "QUICK", "RunSpec", "experiment_specs", "train_run", "run_study",
@@ -588,6 +589,7 @@ def run_study(cfg: StudyConfig, out: Path, progress: bool = True, logdir=None) -
                 bar.update()
     metrics = {"config": {**asdict(cfg), "batch_size": BATCH_SIZE, "lr": LR,
                           "momentum": MOMENTUM, "backend": get_backend().name,
+                          "cpu": cpu_description(),
                           "seconds": round(time.perf_counter() - t0, 1)},
                "runs": runs}
     (out / "metrics.json").write_text(json.dumps(metrics, separators=(",", ":")))

@@ -238,13 +238,21 @@ def _underflow_table(metrics: dict) -> str:
 
 
 # ---------------------------------------------------------------------------------- document
+_CPU = ("The numbers depend on the CPU: its vector width and fused multiply-adds decide the "
+        "roundings of every kernel (as does `NUMBA_CPU_NAME`), so on another CPU some cells move by "
+        "a tenth of a point or more (the float16 and bfloat16 rows most); which policies give NaN, "
+        "skip every step or train does not change.")
+"""What the summary says about the CPU it was made on (``config["cpu"]``)."""
+
+
 def summary_markdown(metrics: dict, figures: list) -> str:
     """The whole ``summary.md``; ``figures``: ``(file name, caption)`` pairs."""
     c = metrics["config"]
     head = (f"# Training stability with and without the loss-scale fix\n\n"
             f"Made by `miniflow stability` ({c['seeds']} seed(s), {c['steps']} steps per run, "
-            f"backend `{c['backend']}`, {len(metrics['runs'])} runs in {c['seconds']:.0f} s). "
-            f"Numbers are means over the seeds; the figures show min-max bands.\n\n"
+            f"backend `{c['backend']}`, {len(metrics['runs'])} runs in {c['seconds']:.0f} s) on "
+            f"{c.get('cpu', 'a CPU it did not record')}. Numbers are means over the seeds; the "
+            f"figures show min-max bands. " + _CPU + "\n\n"
             f"## Headline\n\nTest accuracy of the digits MLP after {c['steps']} steps, batch "
             f"{c['batch_size']}, mean cross-entropy. " + _CELLS + "\n\n"
             f"{headline_table(metrics)}\n\n" + _READING)
