@@ -317,14 +317,9 @@ def barrier() -> None:
     world.wait("barrier()", _sleep_until_done, request)
 
 
-def _sleep_until_done(request):
-    """Poll ``request`` (backing off to 10 ms sleeps) until it completes; its message (mpi4py's
-    lowercase requests carry one; None for a barrier)."""
+def _sleep_until_done(request) -> None:
     delay = 1e-4
-    while True:
-        done, message = request.test()
-        if done:
-            return message
+    while not request.Test():
         time.sleep(delay)
         delay = min(2 * delay, 0.01)
 
@@ -332,14 +327,15 @@ def _sleep_until_done(request):
 def broadcast_object(obj, what: str, root: int = 0):
     """Rank ``root``'s ``obj`` (a small picklable object) on every rank; the other ranks' ``obj``
     is not used. ``obj`` itself in a one-rank world or before :func:`init`. Collective: every
-    rank must call it, in the same order. The wait sleeps as :func:`barrier`'s does (a rank
-    that waits while ``root`` measures takes no core from it); watched by the collective
-    timeout as ``what``."""
+    rank must call it, in the same order. The ranks first meet in a sleeping barrier (as
+    :func:`barrier`'s: a rank that waits while ``root`` works, e.g. measures kernels, takes no
+    core from it), then ``root`` sends; watched by the collective timeout as ``what``."""
     world = _STATE["world"]
     if world is None or world.comm is None:
         return obj
-    request = world.control.ibcast(obj, root)
-    return world.wait(f"broadcast_object({what})", _sleep_until_done, request)
+    what = f"broadcast_object({what})"
+    world.wait(what, _sleep_until_done, world.control.Ibarrier())
+    return world.wait(what, world.control.bcast, obj, root)
 
 
 # ----------------------------------------------------------------------------- consistency

@@ -18,6 +18,7 @@ from miniflow.dtype import bfloat16, float16, float32, float64, int64
 from miniflow.ir import Node, Value
 from miniflow.kernels.cpu import builder_for, matmul as cpu_matmul, tune
 from miniflow.ops import get_op
+from mpi_harness import rank_results, requires_mpi, run_mpi
 
 
 class FakeTimer:
@@ -242,3 +243,15 @@ def test_the_blas_candidate_calls_blas_alone():
     ins = [np.zeros((16, 300), np.float16), np.zeros((1000, 300), np.float16)]
     steps = cpu_matmul.blas_steps(node, ins, [np.zeros((16, 1000), np.float16)])
     assert _names(steps) == "cast_kernel + cast_kernel + dot + cast_kernel"
+
+
+@requires_mpi
+def test_under_a_real_mpiexec_one_rank_measures_and_every_rank_builds_its_choice(tmp_path):
+    rc, output, _ = run_mpi("tuning.py", 2, tmp_path)
+    assert rc == 0, output
+    ranks = rank_results(tmp_path, 2)
+    assert [i["kernels"] for i in ranks] == ["dot", "dot"]        # rank 0's choice: BLAS
+    assert ranks[0]["timed"] > 0 and ranks[1]["timed"] == 0
+    assert [i["file"] for i in ranks] == [True, False]
+    assert [i["choices"] for i in ranks] == [["blas"], ["blas"]]
+    assert [i["echo"] for i in ranks] == [{"from": 0}, {"from": 0}]

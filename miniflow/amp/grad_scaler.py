@@ -157,16 +157,18 @@ class _Scaler:
         """Finite steps since the scale last changed (PyTorch's ``_growth_tracker``)."""
         return int(get_backend().to_numpy(self._growth_tracker)[0])
 
-    def _record_step(self, counts: np.ndarray, scale_before: float, param_names: list) -> None:
+    def _record_step(self, counts: np.ndarray, scale_before: float, param_names: list,
+                     found: bool) -> None:
         """Update the host-side counters with one step's outcome (applied from the read-back
-        ledger, in step order, so it writes ``__dict__`` directly).
+        ledger, in step order, so it writes ``__dict__`` directly); ``found``: whether any of
+        ``counts`` is not 0.
 
         Raises:
             NonFiniteGradientsError: this step completed ``max_consecutive_skips`` consecutive
                 skips at the floor; names the first parameter whose gradient was non-finite.
         """
         d = self.__dict__
-        d["found_inf"] = found = bool(counts.any())
+        d["found_inf"] = found
         if not found:
             d["consecutive_floor_skips"] = 0
             return

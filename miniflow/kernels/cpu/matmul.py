@@ -13,7 +13,8 @@ plan is built (measured on one Zen 4 core with OpenBLAS 0.3.31; single-core sgem
 product of the MLPs):
 
 * ``B`` stored transposed (a layer's forward ``x @ W.T``, ``W`` ``[n, k]``), ``k >= DOT_MIN_K``
-  and ``B`` big (``BIG`` elements), ``m <= DOT_MAX_ROWS``: :func:`dot_block_kernel`, dot products
+  and ``B`` big (``BIG`` elements), ``m <= DOT_MAX_ROWS``, or any product below ``TINY``
+  multiply-adds (the digits MLP at batch 1-3): :func:`dot_block_kernel`, dot products
   in 4 x 4 blocks (four rows of ``x`` against four rows of ``W``: sixteen accumulators that LLVM
   vectorizes along ``k``, each loaded element used four times). Nothing is packed or copied: it
   runs at 95-105 GFLOP/s (98% of the peak) from 8 rows up, where OpenBLAS's gemm, which packs
@@ -71,7 +72,7 @@ from .simd import (HAS_BF16_DOT, vcount_nonfinite, vdot_pairs, vfma, vload, vloa
                    vsplat, vsplat_pair, vstore, vtranspose_block, vzero)
 
 __all__ = ["BUILDERS", "OUTER_MIN_ROWS", "OUTER_MIN_COLS", "PACK_MIN_ROWS", "LAYOUTS",
-           "WIDEN_MAX", "WIDEN_REUSE", "COPY_MIN_ROWS", "COPY_MIN_WORK", "BIG", "DOT_MIN_K",
+           "WIDEN_MAX", "WIDEN_REUSE", "TINY", "COPY_MIN_ROWS", "COPY_MIN_WORK", "BIG", "DOT_MIN_K",
            "DOT_MAX_ROWS", "ONE_THREAD_FROM", "ONE_THREAD_BELOW", "OneThreadBlas",
            "dot_block_kernel", "outer_block_kernel", "pack_pairs_kernel", "interleave_pairs_kernel",
            "transpose_kernel", "rows_times_kernel", "build_matmul", "numba_steps",
@@ -110,6 +111,13 @@ DOT_MAX_ROWS = 128
 """Rows up to which :func:`dot_block_kernel` is used (98% of the peak at 16 and 64 rows, 82% at
 256, where BLAS, which blocks for the caches, reaches 91% and :func:`outer_block_kernel` on a
 transposed copy of ``W`` 95%)."""
+TINY = 1 << 15
+"""Multiply-adds below which a product is one Numba call: :func:`dot_block_kernel` takes
+``x @ W.T`` (BLAS's call costs more than the work), and half operands are read as they are
+rather than widened first (each widening is a kernel call). The digits MLP at batch 1, one Zen 5
+core: 1 x 64 x 128 float16 2.59 us in four steps (two widenings, BLAS, the rounding) against
+1.47 in two, float32 1.22 against 1.19; its weight gradient 128 x 1 x 64 1.33 us widened, 0.88
+read as it is; at 16 x 64 x 128 (131072) the widenings no longer cost more than they save."""
 ONE_THREAD_FROM, ONE_THREAD_BELOW = 1 << 18, 1 << 22
 """Multiply-adds for which BLAS runs on one thread: OpenBLAS's own single-thread limit (2^18), and
 the measured crossover on 2 cores (2^21-2^23)."""
@@ -509,8 +517,9 @@ def _packs(a, b, out) -> bool:
 
 
 def _dot_block_takes(m: int, k: int, n: int) -> bool:
-    """Whether :func:`dot_block_kernel` computes ``x @ W.T`` of these sizes (module docstring)."""
-    return k >= DOT_MIN_K and k * n >= BIG and m <= DOT_MAX_ROWS
+    """Whether :func:`dot_block_kernel` computes ``x @ W.T`` of these sizes (module docstring;
+    any product below ``TINY``)."""
+    return k >= DOT_MIN_K and k * n >= BIG and m <= DOT_MAX_ROWS or m * k * n < TINY
 
 
 def _loop_step(a, b, out):
@@ -637,9 +646,9 @@ def numba_steps(node, ins, outs):
 
     :func:`outer_block_kernel` writes out in its own type and counts as it writes. Otherwise the
     product goes into a float32 scratch (for a half or counted out) and one pass rounds it into
-    out, counting. Half operands: small ones (activations, gradients, ``WIDEN_MAX``) and ones
-    each of whose elements is used ``WIDEN_REUSE`` times or more are widened into float32 scratch
-    once; the others (a weight at a small batch) are read as they are by the loops (widened as
+    out, counting. Half operands of a product of ``TINY`` multiply-adds or more: small ones
+    (activations, gradients, ``WIDEN_MAX``) and ones each of whose elements is used
+    ``WIDEN_REUSE`` times or more are widened into float32 scratch once; the others (a weight at a small batch) are read as they are by the loops (widened as
     they load; ``vdot_pairs`` reads bfloat16 pairs directly), and widened for BLAS. Operands
     stored transposed are copied where :func:`_transposed_copies` says (not for ``vdot_pairs``,
     which packs its own)."""
@@ -651,12 +660,13 @@ def numba_steps(node, ins, outs):
               and a.shape[0 if ta else 1] % 2 == 0)
     steps = []
     if not paired:      # transposed copies where they pay, then widen small or much reused halves
-        m, n = out.shape
+        (m, n), k = out.shape, a.shape[0 if ta else 1]
         copy_a, copy_b = _transposed_copies(a, b, out, ta, tb)
+        tiny = m * k * n < TINY                 # no widening: read as they are
         a = (_transposed(a, steps) if copy_a
-             else _widened(a, steps, np.inf if n >= WIDEN_REUSE else WIDEN_MAX))
+             else _widened(a, steps, -1 if tiny else np.inf if n >= WIDEN_REUSE else WIDEN_MAX))
         b = (_transposed(b, steps) if copy_b
-             else _widened(b, steps, np.inf if m >= WIDEN_REUSE else WIDEN_MAX))
+             else _widened(b, steps, -1 if tiny else np.inf if m >= WIDEN_REUSE else WIDEN_MAX))
         ta, tb = ta and not copy_a, tb and not copy_b
     bits_a, bits_b = kview(a).T if ta else kview(a), kview(b).T if tb else kview(b)
     bits_out = kview(out)
