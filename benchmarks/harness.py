@@ -14,11 +14,63 @@ import json
 import os
 import platform
 import statistics
+import subprocess
+import sys
 import time
 from pathlib import Path
 
 RESULTS = Path(__file__).resolve().parent / "results"
 """Where results go (git-ignored)."""
+
+ISAS = {
+    "native": ({}, ""),
+    "avx2": ({"NUMBA_CPU_NAME": "haswell", "OPENBLAS_CORETYPE": "Haswell",
+              "XLA_FLAGS": "--xla_cpu_max_isa=AVX2", "ATEN_CPU_CAPABILITY": "avx2"}, "+avx2"),
+    "avx512": ({"NUMBA_CPU_NAME": "skylake-avx512", "OPENBLAS_CORETYPE": "SkylakeX",
+                "XLA_FLAGS": "--xla_cpu_max_isa=AVX512", "ATEN_CPU_CAPABILITY": "avx512"},
+               "+avx512f"),
+}
+"""``--isa`` -> (the environment that makes every framework run as on that CPU: Numba's target
+CPU, OpenBLAS's kernels, XLA's and ATen's instruction sets; the host feature it needs)."""
+ISA_VARIABLE = "MINIFLOW_BENCH_ISA"
+"""Set in the re-executed child: the ``--isa`` it runs as."""
+
+
+def add_isa_argument(parser) -> None:
+    """``--isa native|avx2|avx512`` (:data:`ISAS`, :func:`run_as_isa`) on a benchmark's parser."""
+    parser.add_argument("--isa", choices=tuple(ISAS), default="native",
+                        help="run every framework as on an AVX2 or AVX-512 CPU (a child process "
+                        "with NUMBA_CPU_NAME, OPENBLAS_CORETYPE, XLA_FLAGS, ATEN_CPU_CAPABILITY)")
+
+
+def run_as_isa(isa: str, script: str, argv: list) -> bool:
+    """Re-execute ``script`` with ``argv`` in a child process whose environment is
+    :data:`ISAS`'s for ``isa`` (set in the child only: NumPy, Numba, PyTorch and XLA read them when
+    they start) and exit with its status; returns False, doing nothing, where this process is that
+    child or ``isa`` is ``"native"``.
+
+    Raises:
+        SystemExit: the host CPU lacks the ISA (its code would stop at the first instruction),
+            or after the child ran.
+    """
+    if isa == "native" or os.environ.get(ISA_VARIABLE) == isa:
+        return False
+    import llvmlite.binding as llvm
+    env, needs = ISAS[isa]
+    if needs not in llvm.get_host_cpu_features().flatten().split(","):
+        raise SystemExit(f"--isa {isa}: this CPU has no {needs[1:]}; choose --isa native")
+    child = {**os.environ, **env, ISA_VARIABLE: isa}
+    child.pop("NUMBA_CPU_FEATURES", None)
+    print(f"--isa {isa}: re-running as {' '.join(f'{k}={v}' for k, v in env.items())}",
+          flush=True)
+    raise SystemExit(subprocess.run([sys.executable, script, *argv], env=child).returncode)
+
+
+def isa_line() -> str:
+    """The ISA this process runs as (``--isa``) and the CPU the kernels were compiled for."""
+    from miniflow.kernels.cpu import target
+    return f"--isa {os.environ.get(ISA_VARIABLE, 'native')}; kernels for {target.describe()}; " \
+           f"OPENBLAS_CORETYPE={os.environ.get('OPENBLAS_CORETYPE', '(auto)')}"
 
 
 def pin_threads(n: int) -> str:

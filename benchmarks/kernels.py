@@ -19,9 +19,12 @@
    a warm Numba cache (``NUMBA_CACHE_DIR``).
 
 Times are medians (``--repeats``); thread pools are pinned (``--threads``, default all cores) and
-printed. Writes ``benchmarks/results/kernels.json``.
+printed. Writes ``benchmarks/results/kernels.json``. ``--isa avx2|avx512`` runs it all as on
+that CPU (a child process: ``harness.run_as_isa``; the GFLOP/s are then that ISA's, against
+``numpy.dot`` with OpenBLAS's kernels for it).
 
     python benchmarks/kernels.py [--threads N] [--repeats 7] [--skip-cold-start] [--only matmul]
+                                 [--isa native|avx2|avx512]
 """
 from __future__ import annotations
 
@@ -300,11 +303,15 @@ def main(argv=None) -> None:
     p.add_argument("--elements", type=int, default=10 ** 7)
     p.add_argument("--skip-cold-start", action="store_true")
     p.add_argument("--only", choices=("matmul",), help="run one part only")
+    harness.add_isa_argument(p)
     args = p.parse_args(argv)
+    harness.run_as_isa(args.isa, __file__, sys.argv[1:] if argv is None else list(argv))
     info = harness.machine()
     info["threads"] = harness.pin_threads(args.threads)
     info["load_before"] = harness.load_average()
     print(f"machine: {harness.describe(info)}")
+    info["isa"] = harness.isa_line()
+    print(f"ISA: {info['isa']}")
     print(f"threads: {info['threads']}; load average before: {info['load_before']:.2f}")
     out = {"machine": info}
 

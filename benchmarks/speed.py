@@ -78,9 +78,14 @@ timing, and fails unless the loss of every step agrees with miniflow's (relative
 max(1, |loss|): fp32 1e-4; AMP 1e-2, as the formats and roundings differ). The timing run checks
 the first losses the same way.
 
+``--isa avx2`` (or ``avx512``) re-runs the benchmark in a child process in which every framework
+runs as on that CPU: miniflow's kernels compiled for Numba's ``haswell`` (``skylake-avx512``),
+OpenBLAS's ``Haswell`` (``SkylakeX``) kernels, ``XLA_FLAGS=--xla_cpu_max_isa=AVX2`` and
+``ATEN_CPU_CAPABILITY=avx2`` (``harness.ISAS``); the default ``native`` is the host's.
+
     python benchmarks/speed.py [--core N] [--runs 3] [--rounds 9] [--models mlp,wide_mlp]
                                [--dtypes fp32,fp16] [--batches 1,16,256] [--quick] [--check]
-                               [--profile]
+                               [--profile] [--isa native|avx2|avx512]
 """
 from __future__ import annotations
 
@@ -609,7 +614,9 @@ def main(argv=None) -> None:
     p.add_argument("--check-steps", type=int, default=5)
     p.add_argument("--profile", action="store_true",
                    help="miniflow only: CPU time per node of the step (where the time goes)")
+    harness.add_isa_argument(p)
     args = p.parse_args(argv)
+    harness.run_as_isa(args.isa, __file__, sys.argv[1:] if argv is None else list(argv))
     if args.quick:
         args.runs, args.rounds, args.batches = 1, 3, "1,16,256"
     models, dtypes = args.models.split(","), args.dtypes.split(",")
@@ -637,6 +644,8 @@ def main(argv=None) -> None:
     info.update(core=args.core, threads=threads, skipped=skipped,
                 load_before=harness.load_average())
     print(f"machine: {harness.describe(info)}")
+    info["isa"] = harness.isa_line()
+    print(f"ISA: {info['isa']}")
     print(f"pinned to core {args.core}; threads: {threads}")
     print(f"load average (1 min) before: {info['load_before']:.2f}; medians of {args.runs} runs x "
           f"{args.rounds} interleaved rounds")

@@ -80,6 +80,37 @@ def test_pin_core_rejects_an_unavailable_core():
         harness.pin_core(100000)
 
 
+def test_isa_runs_the_benchmark_again_in_a_child_with_that_cpus_environment(tmp_path, capfd):
+    """``--isa avx2``: the benchmark re-executes itself with ``harness.ISAS``'s variables in the
+    child only; there miniflow's kernels compile for ``haswell`` (8-lane vectors, the 6 x 16
+    tile), and the child runs the benchmark itself rather than again."""
+    import os
+
+    import llvmlite.binding as llvm
+
+    import harness
+
+    if "+avx2" not in llvm.get_host_cpu_features().flatten().split(","):
+        pytest.skip("the host has no AVX2")
+    script = tmp_path / "bench.py"
+    script.write_text(
+        "import os, sys\n"
+        f"sys.path[:0] = [{str(Path(harness.__file__).parent)!r}, {str(Path.cwd())!r}]\n"
+        "import harness\n"
+        "assert not harness.run_as_isa('avx2', __file__, sys.argv[1:])\n"
+        "from miniflow.kernels.cpu import target\n"
+        "print('child', sys.argv[1:], os.environ['OPENBLAS_CORETYPE'], os.environ['XLA_FLAGS'],"
+        " os.environ['ATEN_CPU_CAPABILITY'], target.ISA.name, target.ISA.lanes, target.cpu()[1])\n")
+    before = dict(os.environ)
+    with pytest.raises(SystemExit) as done:
+        harness.run_as_isa("avx2", str(script), ["--quick"])
+    assert done.value.code == 0
+    out = capfd.readouterr().out
+    assert "child ['--quick'] Haswell --xla_cpu_max_isa=AVX2 avx2 avx2 8 haswell" in out, out
+    assert dict(os.environ) == before
+    assert harness.run_as_isa("native", str(script), []) is False
+
+
 def test_profile_times_every_node_once_and_names_its_kernels(data):
     res = speed.profile("mlp", "bf16", 8, data, steps=2)
     nodes = res["nodes"]

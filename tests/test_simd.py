@@ -1,6 +1,9 @@
-"""``kernels.cpu.simd``: the 16-lane vectors load, round, store and count bit for bit as NumPy and
-ml_dtypes convert element by element (NaN stays NaN of its sign; a signaling NaN comes out quiet,
-as from the F16C instructions and miniflow's scalar conversions, where NumPy keeps it signaling)."""
+"""``kernels.cpu.simd``: the target's vectors (16, 8 or 4 lanes) load, round, store and count bit
+for bit as NumPy and ml_dtypes convert element by element (NaN stays NaN of its sign; a signaling
+NaN comes out quiet, as from the F16C instructions and miniflow's scalar conversions, where NumPy
+keeps it signaling)."""
+import re
+
 import ml_dtypes
 import numba
 import numpy as np
@@ -8,9 +11,9 @@ import pytest
 
 from miniflow.kernels.cpu import fp16
 from miniflow.kernels.cpu.matmul import transpose_kernel
-from miniflow.kernels.cpu.simd import (HAS_BF16_DOT, vcount_nonfinite, vdot_pairs, vfma, vload,
-                                       vload_pairs, vsplat, vsplat_pair, vstore, vtranspose_block,
-                                       vzero)
+from miniflow.kernels.cpu.simd import (HAS_BF16_DOT, LANES, vcount_nonfinite, vdot_pairs, vfma,
+                                       vload, vload_pairs, vsplat, vsplat_pair, vstore,
+                                       vtranspose_block, vzero)
 
 HALVES = [np.float16, ml_dtypes.bfloat16]
 BITS = {np.float16: np.uint16, ml_dtypes.bfloat16: np.int16}
@@ -18,10 +21,10 @@ BITS = {np.float16: np.uint16, ml_dtypes.bfloat16: np.int16}
 
 @numba.njit
 def _round_trip(src, dst):
-    """dst[i, :] = src[i, :] (vload then vstore, 16 lanes at a time); the non-finite count."""
+    """dst[i, :] = src[i, :] (vload then vstore, LANES at a time); the non-finite count."""
     bad = 0
     for i in range(src.shape[0]):
-        for j in range(0, src.shape[1], 16):
+        for j in range(0, src.shape[1], LANES):
             v = vload(src, i, j)
             vstore(dst, i, j, v)
             bad += vcount_nonfinite(dst, v)
@@ -30,8 +33,9 @@ def _round_trip(src, dst):
 
 @numba.njit
 def _axpy(x, a, y, out):
-    """out[0, :16] = a * x[0, :16] + y[0, :16] with one rounding (vfma)."""
-    vstore(out, 0, 0, vfma(vsplat(a), vload(x, 0, 0), vfma(vzero(), vzero(), vload(y, 0, 0))))
+    """out[0, :16] = a * x[0, :16] + y[0, :16] with one rounding (vfma), LANES at a time."""
+    for j in range(0, 16, LANES):
+        vstore(out, 0, j, vfma(vsplat(a), vload(x, 0, j), vfma(vzero(), vzero(), vload(y, 0, j))))
 
 
 def _assert_same(got_bits, want_bits, kind):
@@ -107,7 +111,7 @@ def _block_transposed(src, i, j, dst, p, q):
 @pytest.mark.parametrize("kind", [np.float32, np.float16, ml_dtypes.bfloat16],
                          ids=lambda t: np.dtype(t).name)
 def test_vtranspose_block_moves_every_element_of_its_block_exactly(kind):
-    """One 16 x 16 block at an offset, every other element of out untouched; half bits widened
+    """One LANES x LANES block at an offset, every other element of out untouched; half bits widened
     exactly (every float16 / bfloat16 pattern appears in some block), float32 rounded to half
     bits as ``vstore`` rounds."""
     if kind is np.float16 and fp16.PATH != "intrinsic":
@@ -117,20 +121,22 @@ def test_vtranspose_block_moves_every_element_of_its_block_exactly(kind):
         src = np.resize(_specials().reshape(-1), (37, 45))
     else:
         src = np.arange(65536, dtype=np.uint32).astype(np.uint16).view(bits).reshape(256, 256)
-    for i, j in ((0, 0), (3, 5), (src.shape[0] - 16, src.shape[1] - 16)):
+    L = LANES
+    for i, j in ((0, 0), (3, 5), (src.shape[0] - L, src.shape[1] - L)):
         out = np.full((src.shape[1] + 2, src.shape[0] + 3), -7.0, np.float32)
         _block_transposed(src, i, j, out, j + 1, i + 2)
         want = np.full_like(out, -7.0)
-        want[j + 1:j + 17, i + 2:i + 18] = src[i:i + 16, j:j + 16].T.view(kind).astype(np.float32)
+        want[j + 1:j + L + 1, i + 2:i + L + 2] = src[i:i + L, j:j + L].T.view(kind).astype(
+            np.float32)
         _assert_same(out.view(np.uint32), want.view(np.uint32), np.float32)
     if kind is np.float32:                         # float32 in, half bits out: rounded
         for half in HALVES:
             if half is np.float16 and fp16.PATH != "intrinsic":
                 continue
-            out = np.zeros((16, 16), BITS[half])
+            out = np.zeros((L, L), BITS[half])
             _block_transposed(src, 0, 0, out, 0, 0)
             with np.errstate(over="ignore", invalid="ignore"):
-                want = src[:16, :16].T.astype(half)
+                want = src[:L, :L].T.astype(half)
             _assert_same(out, want.view(BITS[half]), half)
 
 
@@ -176,3 +182,99 @@ def test_vdot_pairs_adds_the_products_of_rows_p_and_p_plus_1():
     tiny = _bf16_bits(2.0 ** -130)[()]                 # a bfloat16 subnormal: read as zero
     _dot_pairs(acc, tiny, x1, b, out)
     np.testing.assert_array_equal(out, acc - 5 * b32[1:])
+
+
+# ----------------------------------------------------------------------------- every target
+def _unoptimized_ir(fn, *args) -> list:
+    """The LLVM IR modules Numba generates for ``fn`` (a kernel's Python function, compiled
+    afresh, without the cache) on ``args``, before LLVM's passes for the host (which would lower
+    parts of it to x86 intrinsics: NRT's atomics)."""
+    from numba.core import codegen
+    captured, add = [], codegen.CPUCodeLibrary.add_ir_module
+
+    def capture(library, module):
+        captured.append(str(module))
+        return add(library, module)
+
+    codegen.CPUCodeLibrary.add_ir_module = capture
+    try:
+        numba.njit(fn)(*args)
+    finally:
+        codegen.CPUCodeLibrary.add_ir_module = add
+    return captured
+
+
+def _kernels_ir() -> list:
+    """The IR of kernels using every target-independent vector operation: the round trip,
+    the fused multiply-add, the block transpose and the register tile (counted)."""
+    from miniflow.kernels.cpu.matmul import outer_block_kernel
+    x = np.zeros((2, 4 * LANES), np.float32)
+    tile = outer_block_kernel(False, True, "rows").py_func
+    a, b = np.zeros((7, 5), np.float32), np.zeros((5, 9 * LANES + 3), np.float32)
+    return (_unoptimized_ir(_round_trip.py_func, x, np.zeros_like(x))
+            + _unoptimized_ir(_round_trip.py_func, x, np.zeros(x.shape, np.int16))
+            + _unoptimized_ir(_axpy.py_func, x, np.float32(2), x, np.zeros_like(x))
+            + _unoptimized_ir(_block_transposed.py_func, np.zeros((LANES, LANES), np.float32), 0,
+                              0, np.zeros((LANES, LANES), np.float32), 0, 0)
+            + _unoptimized_ir(tile, a, b, np.zeros((7, b.shape[1]), np.float32),
+                              np.zeros(1, np.int64)))
+
+
+def test_no_x86_intrinsic_without_its_feature_gate(monkeypatch):
+    """``simd`` names x86 intrinsics only in ``X86_INTRINSICS`` (each with its feature), emits
+    them only through ``_x86_intrinsic``, which refuses one the target lacks, and the vector
+    kernels that need no such feature emit none."""
+    import ast
+    import inspect
+    from llvmlite import ir
+    from miniflow.kernels.cpu import simd, target
+    tree = ast.parse(inspect.getsource(simd))
+    named = [n.value for n in ast.walk(tree)
+             if isinstance(n, ast.Constant) and isinstance(n.value, str)
+             and n.value.startswith("llvm.x86.")]
+    assert named and set(named) <= set(simd.X86_INTRINSICS), named
+    assert set(simd.X86_INTRINSICS.values()) <= set(target.PROBED)
+    source = inspect.getsource(simd)
+    sources = [ast.get_source_segment(source, n) for n in ast.walk(tree)
+               if isinstance(n, ast.Call) and getattr(n.func, "attr", None) ==
+               "get_or_insert_function"]
+    assert sources and all("llvm.x86" not in s for s in sources), sources
+    calls = {m for text in _kernels_ir() for m in re.findall(r'@"?(llvm\.[\w.]+)', text)}
+    assert calls and not {c for c in calls if c.startswith("llvm.x86.")}, calls
+    assert f"llvm.fma.v{LANES}f32" in calls
+    monkeypatch.setattr(target, "has", lambda feature: False)
+    builder = ir.IRBuilder(ir.Function(ir.Module(), ir.FunctionType(ir.VoidType(), []), "f")
+                           .append_basic_block())
+    name = next(iter(simd.X86_INTRINSICS))
+    with pytest.raises(TypeError, match=f"{re.escape(name)}: the target CPU .* has no"):
+        simd._x86_intrinsic(builder, name, ir.FunctionType(ir.VoidType(), []))
+
+
+AARCH64 = "aarch64-unknown-linux-gnu"
+
+
+def _aarch64_machine():
+    import llvmlite.binding as llvm
+    llvm.initialize_all_targets()
+    llvm.initialize_all_asmprinters()
+    try:
+        target = llvm.Target.from_triple(AARCH64)
+    except RuntimeError:
+        return None
+    return target.create_target_machine(cpu="generic", features="+neon", opt=2)
+
+
+@pytest.mark.skipif(_aarch64_machine() is None, reason="llvmlite's LLVM has no aarch64 target")
+def test_the_vector_kernels_compile_for_aarch64():
+    """The IR the vector kernels generate, retargeted to aarch64 (NEON), compiles, and the
+    fused multiply-adds become NEON ``fmla`` (llvmlite's LLVM has every target it was built
+    with; the wheels include AArch64)."""
+    import llvmlite.binding as llvm
+    machine = _aarch64_machine()
+    fmla = 0
+    for text in _kernels_ir():
+        module = llvm.parse_assembly(re.sub(r"target (triple|datalayout) = .*\n", "", text))
+        module.triple, module.data_layout = AARCH64, str(machine.target_data)
+        module.verify()
+        fmla += machine.emit_assembly(module).count("fmla")
+    assert fmla > 0

@@ -57,13 +57,13 @@ from __future__ import annotations
 
 import os
 
-import llvmlite.binding as llvm
 import numba
 import numpy as np
 from llvmlite import ir
 from numba import types
 from numba.extending import intrinsic, overload
 
+from . import target      # first: it makes NUMBA_CPU_NAME mean that CPU before anything compiles
 from ..common.cache import CACHE
 
 __all__ = ["PATH", "FORCE_FALLBACK", "JIT_CACHE", "target_has", "widen", "narrow", "narrow64",
@@ -77,13 +77,9 @@ FORCE_FALLBACK = os.environ.get("MINIFLOW_FP16_FALLBACK", "") == "1"
 
 def target_has(feature: str) -> bool:
     """Whether the CPU Numba compiles for has ``feature`` (an LLVM name: ``"f16c"``,
-    ``"avx512bf16"``), by Numba's own rule for the target CPU (none on a ``generic`` one)."""
-    if numba.config.CPU_NAME == "generic":
-        return False
-    features = numba.config.CPU_FEATURES
-    if features is None:
-        features = llvm.get_host_cpu_features().flatten()
-    return f"+{feature}" in features.split(",")
+    ``"avx512bf16"``; :data:`target.PROBED`), read back from LLVM for Numba's target CPU name and
+    features (``NUMBA_CPU_NAME`` / ``NUMBA_CPU_FEATURES`` respected: :mod:`.target`)."""
+    return target.has(feature)
 
 
 PATH = "fallback" if FORCE_FALLBACK or not target_has("f16c") else "intrinsic"

@@ -24,8 +24,9 @@ product of the MLPs):
 * ``B`` stored ``[k, n]`` (rows of unit stride) with ``n >= OUTER_MIN_COLS``, ``m >=
   OUTER_MIN_ROWS``, and ``A`` C-contiguous or smaller than ``BIG`` (every input gradient
   ``dy @ W`` and weight gradient ``dy.T @ x`` of an MLP from batch 4 up, float32 and the half
-  types): :func:`outer_block_kernel`, a BLAS micro-kernel's register tile (4 x 64 outputs in
-  sixteen vectors, ``simd``) without BLAS's packing. On the wide MLP at batch 16 it runs the
+  types): :func:`outer_block_kernel`, a BLAS micro-kernel's register tile (the target's:
+  ``target.ISA``, 4 x 64 outputs in sixteen vectors with AVX-512, 6 x 16 in twelve with AVX2;
+  ``simd``) without BLAS's packing. On the wide MLP at batch 16 it runs the
   input gradient (16 x 1024 x 1024) at 99-102% of the peak and the weight gradient
   (1024 x 16 x 1024) at 67-101% (it writes its 4 MiB output once), where OpenBLAS did 48-56%
   and 32-40%; at batch 64 101-104% against 79-85%. A strided ``A`` bigger than ``BIG`` (the
@@ -68,8 +69,9 @@ from .common import blas_libraries, jit, jitable, kview, loop_for, use_parallel
 from .elementwise import cast_steps
 from .fp16 import load, store, to_compute
 from .loss_scale import cast_count_steps
-from .simd import (HAS_BF16_DOT, vcount_nonfinite, vdot_pairs, vfma, vload, vload_pairs, vload_run,
-                   vsplat, vsplat_pair, vstore, vtranspose_block, vzero)
+from .simd import (HAS_BF16_DOT, LANES, fma32, vcount_nonfinite, vdot_pairs, vfma, vload,
+                   vload_pairs, vload_run, vsplat, vsplat_pair, vstore, vtranspose_block, vzero)
+from .target import ISA
 
 __all__ = ["BUILDERS", "OUTER_MIN_ROWS", "OUTER_MIN_COLS", "PACK_MIN_ROWS", "LAYOUTS",
            "WIDEN_MAX", "WIDEN_REUSE", "TINY", "COPY_MIN_ROWS", "COPY_MIN_WORK", "BIG", "DOT_MIN_K",
@@ -82,7 +84,7 @@ OUTER_MIN_ROWS = 4
 """Rows from which :func:`outer_block_kernel` (four rows a block) beats :func:`rows_times_kernel`
 (at 4 x 1024 x 1024: 109 us against 255; at one row 141 against 85)."""
 OUTER_MIN_COLS = 64
-"""Columns from which :func:`outer_block_kernel` is used (one register tile is 64 wide)."""
+"""Columns from which :func:`outer_block_kernel` is used (the AVX-512 register tile is 64 wide)."""
 PACK_MIN_ROWS = 64
 """Rows of out from which a bfloat16 product packs ``B`` into pairs for the ``vdot_pairs`` tile
 (:func:`interleave_pairs_kernel`, :func:`pack_pairs_kernel`: about 265 us for a 1024 x 1024
@@ -121,6 +123,9 @@ read as it is; at 16 x 64 x 128 (131072) the widenings no longer cost more than 
 ONE_THREAD_FROM, ONE_THREAD_BELOW = 1 << 18, 1 << 22
 """Multiply-adds for which BLAS runs on one thread: OpenBLAS's own single-thread limit (2^18), and
 the measured crossover on 2 cores (2^21-2^23)."""
+PANEL_TILES = 4
+"""Tiles of columns whose ``b`` the narrow (6-row) register tile packs into one panel at a time
+(see :func:`outer_block_kernel`)."""
 COLUMNS = 1024
 """Columns of out one parallel iteration of :func:`rows_times_kernel` owns."""
 
@@ -198,19 +203,28 @@ def dot_block_kernel(parallel: bool):
 
 
 @jitable
-def _store_row(out, i, j, v0, v1, v2, v3):
-    """``out[i, j:j + 64] = v0, v1, v2, v3`` (four 16-lane vectors, rounded to out's type)."""
+def _put4(out, i, j, v0, v1, v2, v3, counted):
+    """``out[i, j:j + 4 LANES] = v0, v1, v2, v3`` (rounded to out's type); with ``counted``, how
+    many of the values are not finite once rounded (else 0)."""
     vstore(out, i, j, v0)
-    vstore(out, i, j + 16, v1)
-    vstore(out, i, j + 32, v2)
-    vstore(out, i, j + 48, v3)
+    vstore(out, i, j + LANES, v1)
+    vstore(out, i, j + 2 * LANES, v2)
+    vstore(out, i, j + 3 * LANES, v3)
+    if not counted:
+        return 0
+    return (vcount_nonfinite(out, v0) + vcount_nonfinite(out, v1) + vcount_nonfinite(out, v2)
+            + vcount_nonfinite(out, v3))
 
 
 @jitable
-def _count_row(out, v0, v1, v2, v3):
-    """How many of the 64 values are not finite once rounded to out's type."""
-    return (vcount_nonfinite(out, v0) + vcount_nonfinite(out, v1) + vcount_nonfinite(out, v2)
-            + vcount_nonfinite(out, v3))
+def _put2(out, i, j, v0, v1, counted):
+    """``out[i, j:j + 2 LANES] = v0, v1`` (rounded to out's type); with ``counted``, how many of
+    the values are not finite once rounded (else 0)."""
+    vstore(out, i, j, v0)
+    vstore(out, i, j + LANES, v1)
+    if not counted:
+        return 0
+    return vcount_nonfinite(out, v0) + vcount_nonfinite(out, v1)
 
 
 @jitable
@@ -287,15 +301,26 @@ def outer_block_kernel(parallel: bool, counted: bool, layout: str = "rows"):
     ``vdot_pairs`` over two steps of ``p``, twice the work per instruction, with ``b`` stored
     ``[k, n]`` or packed ahead (``[k / 2, 2 n]``).
 
-    The register tile of a BLAS micro-kernel (``simd``): a block of 4 rows x 64 columns of out
-    stays in sixteen 16-lane vectors while ``p`` runs over the whole inner dimension; per ``p`` four
-    vectors of ``b[p]`` are loaded (half bits widened as they load; paired: rows ``p`` and
-    ``p + 1`` interleaved) and each of ``a``'s four elements is broadcast into four multiply-adds.
-    Nothing is packed or copied, and every output element is written once, rounded once to out's
-    type. Rows past the last block of four are one row of 64 columns at a time; columns past the
-    last block of 64 are 16-lane vectors, then single dot products. Sums run in float32 in order of
-    ``p`` (one rounding per multiply-add; per product of a pair when paired). The parallel
-    variant splits the blocks of 64 columns (then, for the last columns, the rows).
+    The register tile of a BLAS micro-kernel (``simd``), its shape the target's (``target.ISA``,
+    after BLIS's and XNNPACK's per-ISA micro-kernels): a block of out of ``rows`` x ``vectors``
+    vectors stays in registers while ``p`` runs over the whole inner dimension; per ``p`` the
+    ``vectors`` vectors of ``b[p]`` are loaded (half bits widened as they load; paired: rows ``p``
+    and ``p + 1`` interleaved) and each of ``a``'s ``rows`` elements is broadcast into
+    ``vectors`` multiply-adds. AVX-512: 4 rows x 4 vectors of 16 (4 x 64, sixteen of the 32
+    registers); AVX2: 6 x 2 vectors of 8 (6 x 16, twelve of 16, BLIS's haswell sgemm), NEON and
+    SSE 6 x 2 of 4 (6 x 8). The 4-row tile reads ``b`` in place; the 6-row tile first packs the
+    columns of ``PANEL_TILES`` tiles of ``b`` into a contiguous float32 panel (as BLIS packs
+    ``B``): its tile reads 64 bytes of a row of ``b`` per step, and with a power-of-two row
+    stride (1024 columns: 4 KiB) every row maps to the same L1 set, which holds 12 of them
+    (AVX2 build on one Zen 5 core, 252 x 1024 x 1024: 50 GFLOP/s in place, 95 with 1040 columns,
+    102 from the panel). Each output element is rounded once to out's type as it is stored. Rows
+    past the last block: with the 6-row tile, where 4 or 5 remain, one more block of 6 ending at
+    the last row (the rows it shares with the block before are computed again, to the same bits,
+    and not counted again), else one row at a time; columns past the last tile are vectors, then
+    scalars. Sums run in float32 in order of ``p``, one rounding per multiply-add (``vfma``,
+    ``fma32`` in the scalar columns: every element of out gets the same bits whatever the tile,
+    so the AVX2, AVX-512 and generic builds agree; per product of a pair when paired). The
+    parallel variant splits the tiles' columns (then, for the last columns, the rows).
     """
     loop = loop_for(parallel)
     step = 1 if layout == "rows" else 2
@@ -304,63 +329,108 @@ def outer_block_kernel(parallel: bool, counted: bool, layout: str = "rows"):
     load_b, b_at = {"rows": (_load_rows, _at), "pairs": (_load_pairs, _at),
                     "packed": (_load_packed, _packed_at)}[layout]
     splat, mac = (_splat, _fma) if layout == "rows" else (_splat_pair, _dot_pairs)
+    wide = ISA.vectors == 4 or layout != "rows"     # the 4 x 4-vector tile, else 6 x 2 vectors
+    rows, width = ISA.rows, ISA.columns
 
     @jit(parallel)
     def kernel(a, b, out, count):
         m, k = a.shape
         n = out.shape[1]
-        m4, n64, n16 = m - m % 4, n - n % 64, n - n % 16
+        nw, nl = n - n % width, n - n % LANES
+        mr = m - m % rows
+        overlap = not wide and m - mr >= 4 and m >= 6    # 4 or 5 rows left: a last 6-row block
+        blocks, m_tiled = mr // rows + (1 if overlap else 0), m if overlap else mr
         bad = 0
-        for jb in loop(n64 // 64):
-            j = 64 * np.int64(jb)
-            for i in range(0, m4, 4):
-                c00 = c01 = c02 = c03 = c10 = c11 = c12 = c13 = vzero()
-                c20 = c21 = c22 = c23 = c30 = c31 = c32 = c33 = vzero()
-                for p in range(0, k, step):
-                    b0, b1 = load_b(b, p, j), load_b(b, p, j + 16)
-                    b2, b3 = load_b(b, p, j + 32), load_b(b, p, j + 48)
-                    x = splat(a, i, p)
-                    c00, c01, c02, c03 = (mac(c00, x, b0), mac(c01, x, b1), mac(c02, x, b2),
-                                          mac(c03, x, b3))
-                    x = splat(a, i + 1, p)
-                    c10, c11, c12, c13 = (mac(c10, x, b0), mac(c11, x, b1), mac(c12, x, b2),
-                                          mac(c13, x, b3))
-                    x = splat(a, i + 2, p)
-                    c20, c21, c22, c23 = (mac(c20, x, b0), mac(c21, x, b1), mac(c22, x, b2),
-                                          mac(c23, x, b3))
-                    x = splat(a, i + 3, p)
-                    c30, c31, c32, c33 = (mac(c30, x, b0), mac(c31, x, b1), mac(c32, x, b2),
-                                          mac(c33, x, b3))
-                _store_row(out, i, j, c00, c01, c02, c03)
-                _store_row(out, i + 1, j, c10, c11, c12, c13)
-                _store_row(out, i + 2, j, c20, c21, c22, c23)
-                _store_row(out, i + 3, j, c30, c31, c32, c33)
-                if counted:
-                    bad += (_count_row(out, c00, c01, c02, c03)
-                            + _count_row(out, c10, c11, c12, c13)
-                            + _count_row(out, c20, c21, c22, c23)
-                            + _count_row(out, c30, c31, c32, c33))
-            for i in range(m4, m):              # the rows past the last block of four
-                c0 = c1 = c2 = c3 = vzero()
-                for p in range(0, k, step):
-                    x = splat(a, i, p)
-                    c0, c1 = mac(c0, x, load_b(b, p, j)), mac(c1, x, load_b(b, p, j + 16))
-                    c2, c3 = mac(c2, x, load_b(b, p, j + 32)), mac(c3, x, load_b(b, p, j + 48))
-                _store_row(out, i, j, c0, c1, c2, c3)
-                if counted:
-                    bad += _count_row(out, c0, c1, c2, c3)
-        for i in loop(m if n64 < n else 0):     # the columns past the last block of 64
-            for j in range(n64, n16, 16):
+        if wide:
+            for jb in loop(nw // width):
+                j = width * np.int64(jb)
+                j1, j2, j3 = j + LANES, j + 2 * LANES, j + 3 * LANES
+                for i in range(0, mr, 4):
+                    c00 = c01 = c02 = c03 = c10 = c11 = c12 = c13 = vzero()
+                    c20 = c21 = c22 = c23 = c30 = c31 = c32 = c33 = vzero()
+                    for p in range(0, k, step):
+                        b0, b1 = load_b(b, p, j), load_b(b, p, j1)
+                        b2, b3 = load_b(b, p, j2), load_b(b, p, j3)
+                        x = splat(a, i, p)
+                        c00, c01, c02, c03 = (mac(c00, x, b0), mac(c01, x, b1), mac(c02, x, b2),
+                                              mac(c03, x, b3))
+                        x = splat(a, i + 1, p)
+                        c10, c11, c12, c13 = (mac(c10, x, b0), mac(c11, x, b1), mac(c12, x, b2),
+                                              mac(c13, x, b3))
+                        x = splat(a, i + 2, p)
+                        c20, c21, c22, c23 = (mac(c20, x, b0), mac(c21, x, b1), mac(c22, x, b2),
+                                              mac(c23, x, b3))
+                        x = splat(a, i + 3, p)
+                        c30, c31, c32, c33 = (mac(c30, x, b0), mac(c31, x, b1), mac(c32, x, b2),
+                                              mac(c33, x, b3))
+                    bad += (_put4(out, i, j, c00, c01, c02, c03, counted)
+                            + _put4(out, i + 1, j, c10, c11, c12, c13, counted)
+                            + _put4(out, i + 2, j, c20, c21, c22, c23, counted)
+                            + _put4(out, i + 3, j, c30, c31, c32, c33, counted))
+                for i in range(mr, m):          # the rows past the last block of four
+                    c0 = c1 = c2 = c3 = vzero()
+                    for p in range(0, k, step):
+                        x = splat(a, i, p)
+                        c0, c1 = mac(c0, x, load_b(b, p, j)), mac(c1, x, load_b(b, p, j1))
+                        c2, c3 = mac(c2, x, load_b(b, p, j2)), mac(c3, x, load_b(b, p, j3))
+                    bad += _put4(out, i, j, c0, c1, c2, c3, counted)
+        else:
+            tiles = nw // width
+            for cb in loop((tiles + PANEL_TILES - 1) // PANEL_TILES):
+                t0 = PANEL_TILES * np.int64(cb)
+                t1 = min(t0 + PANEL_TILES, tiles)
+                panel = np.empty(((t1 - t0) * k, width), np.float32)   # tile t: rows (t - t0) k...
+                for p in range(k):
+                    for t in range(t0, t1):
+                        q, j = (t - t0) * k + p, width * t
+                        vstore(panel, q, 0, vload(b, p, j))
+                        vstore(panel, q, LANES, vload(b, p, j + LANES))
+                for t in range(t0, t1):
+                    j, q = width * t, (t - t0) * k
+                    for ib in range(blocks):
+                        i = min(6 * ib, m - 6)      # the last block may overlap the one before
+                        c00 = c01 = c10 = c11 = c20 = c21 = vzero()
+                        c30 = c31 = c40 = c41 = c50 = c51 = vzero()
+                        for p in range(k):
+                            b0, b1 = vload(panel, q + p, 0), vload(panel, q + p, LANES)
+                            x = _splat(a, i, p)
+                            c00, c01 = vfma(x, b0, c00), vfma(x, b1, c01)
+                            x = _splat(a, i + 1, p)
+                            c10, c11 = vfma(x, b0, c10), vfma(x, b1, c11)
+                            x = _splat(a, i + 2, p)
+                            c20, c21 = vfma(x, b0, c20), vfma(x, b1, c21)
+                            x = _splat(a, i + 3, p)
+                            c30, c31 = vfma(x, b0, c30), vfma(x, b1, c31)
+                            x = _splat(a, i + 4, p)
+                            c40, c41 = vfma(x, b0, c40), vfma(x, b1, c41)
+                            x = _splat(a, i + 5, p)
+                            c50, c51 = vfma(x, b0, c50), vfma(x, b1, c51)
+                        new = 6 * ib - i                # rows written before: not counted again
+                        bad += (_put2(out, i, j, c00, c01, counted and new <= 0)
+                                + _put2(out, i + 1, j, c10, c11, counted and new <= 1)
+                                + _put2(out, i + 2, j, c20, c21, counted and new <= 2)
+                                + _put2(out, i + 3, j, c30, c31, counted and new <= 3)
+                                + _put2(out, i + 4, j, c40, c41, counted and new <= 4)
+                                + _put2(out, i + 5, j, c50, c51, counted and new <= 5))
+                    for i in range(m_tiled, m):     # then one row at a time
+                        c0 = c1 = vzero()
+                        for p in range(k):
+                            x = _splat(a, i, p)
+                            c0 = vfma(x, vload(panel, q + p, 0), c0)
+                            c1 = vfma(x, vload(panel, q + p, LANES), c1)
+                        bad += _put2(out, i, j, c0, c1, counted)
+        for i in loop(m if nw < n else 0):      # the columns past the last tile
+            for j in range(nw, nl, LANES):
                 c = vzero()
                 for p in range(0, k, step):
                     c = mac(c, splat(a, i, p), load_b(b, p, j))
                 vstore(out, i, j, c)
                 if counted:
                     bad += vcount_nonfinite(out, c)
-            for j in range(n16, n):
+            for j in range(nl, n):
                 acc = np.float32(0)
                 for p in range(k):
-                    acc += load(a, (i, p)) * b_at(b, p, j)
+                    acc = fma32(load(a, (i, p)), b_at(b, p, j), acc)
                 store(out, (i, j), acc)
                 if counted and not math.isfinite(load(out, (i, j))):
                     bad += 1
@@ -415,24 +485,24 @@ def interleave_pairs_kernel(parallel: bool):
 @functools.cache
 def transpose_kernel(parallel: bool):
     """``kernel(src, dst)``: ``dst = src.T`` in ``dst``'s type, ``src`` ``[r, c]`` (float32 or
-    half bits, C-contiguous) into float32 ``dst`` ``[c, r]``: 16 x 16 blocks transposed in
-    registers (``simd.vtranspose_block``), the rows and columns past the last full block one
-    element at a time. It makes a product's strided operand contiguous (and float32) for
+    half bits, C-contiguous) into float32 ``dst`` ``[c, r]``: blocks of ``LANES`` x ``LANES``
+    transposed in registers (``simd.vtranspose_block``), the rows and columns past the last full
+    block one element at a time. It makes a product's strided operand contiguous (and float32) for
     :func:`outer_block_kernel`. The parallel variant splits the blocks of ``src``'s rows."""
     loop = loop_for(parallel)
 
     @jit(parallel)
     def kernel(src, dst):
         r, c = src.shape
-        r16, c16 = r - r % 16, c - c % 16
-        for ib in loop(r16 // 16):
-            i = 16 * np.int64(ib)
-            for j in range(0, c16, 16):
+        rl, cl = r - r % LANES, c - c % LANES
+        for ib in loop(rl // LANES):
+            i = LANES * np.int64(ib)
+            for j in range(0, cl, LANES):
                 vtranspose_block(src, i, j, dst, j, i)
-            for j in range(c16, c):
-                for q in range(i, i + 16):
+            for j in range(cl, c):
+                for q in range(i, i + LANES):
                     store(dst, (j, q), load(src, (q, j)))
-        for q in range(r16, r):
+        for q in range(rl, r):
             for j in range(c):
                 store(dst, (j, q), load(src, (q, j)))
 

@@ -1,36 +1,41 @@
-"""Explicit SIMD for Numba CPU kernels: a 16-lane float32 vector type and the operations on it.
+"""Explicit SIMD for Numba CPU kernels: the target's float32 vector type and the operations on it.
 
 Why: LLVM's loop vectorizer only vectorizes a kernel's innermost loop. A matrix-multiply
 micro-kernel needs the opposite: a block of the output held in vector registers while the loop
 over the inner dimension runs, each loaded vector of ``b`` feeding several rows (Goto and van de
 Geijn, "Anatomy of high-performance matrix multiplication", ACM TOMS 34(3), 2008; the BLIS
-micro-kernel). Plain Numba code cannot say "keep these 16 vectors in registers": scalar
+micro-kernel). Plain Numba code cannot say "keep these vectors in registers": scalar
 accumulators are not vectorized across columns (measured: 6 GFLOP/s), and accumulating into the
 output in memory is bound by loads and stores (48% of the single-core peak). With vector values
 Numba hands LLVM exactly the register tile, as the C intrinsics of a BLAS micro-kernel do.
 
-``f32x16`` is a Numba type whose data model is LLVM's ``<16 x float>``; LLVM lowers it to one
-AVX-512 register, two AVX2 ones or four SSE ones, whatever the target CPU has. Operations (njit
-only; each is one or two LLVM instructions):
+``f32vec`` is a Numba type whose data model is LLVM's ``<LANES x float>``, ``LANES`` the float32
+lanes of one vector register of the CPU Numba compiles for (``target.ISA``: 16 with AVX-512, 8
+with AVX2, 4 with NEON or SSE), so that a register tile of ``f32vec`` values is that many
+registers (a 16-lane type on AVX2 would be two registers per value, and a tile sized for
+AVX-512's 32 registers would spill on AVX2's 16). Operations (njit only; each is one or two LLVM
+instructions; below, ``L`` = ``LANES``):
 
-* ``vload(a, i, j)``: the 16 elements ``a[i, j:j + 16]`` of a 2-D array whose last axis has unit
+* ``vload(a, i, j)``: the ``L`` elements ``a[i, j:j + L]`` of a 2-D array whose last axis has unit
   stride, as float32: float32 arrays directly, float16 bits (``uint16``, see ``fp16``) widened with
   ``fpext`` (one ``vcvtph2ps``; only when ``fp16.PATH == "intrinsic"``, else a typing error) and
   bfloat16 bits (``int16``) shifted into the upper half of each lane (exact).
-* ``vstore(a, i, j, v)``: ``a[i, j:j + 16] = v``, rounded once to ``a``'s type (float32,
+* ``vstore(a, i, j, v)``: ``a[i, j:j + L] = v``, rounded once to ``a``'s type (float32,
   float16 bits with ``fptrunc`` on the ``"intrinsic"`` path, bfloat16 bits to nearest even).
-* ``vtranspose_block(a, i, j, out, p, q)``: ``out[p:p + 16, q:q + 16] = a[i:i + 16, j:j + 16].T``
+* ``vtranspose_block(a, i, j, out, p, q)``: ``out[p:p + L, q:q + L] = a[i:i + L, j:j + L].T``
   in registers, widened from ``a``'s type and rounded to ``out``'s (a transposing copy without
   the cache misses of an element-by-element one: 1024 x 1024 float16 into float32 in about
-  220 us, where a blocked scalar loop takes 580 and NumPy's ``copyto`` of a ``.T`` view 3900).
+  220 us with 16 lanes, where a blocked scalar loop takes 580 and NumPy's ``copyto`` of a ``.T``
+  view 3900).
 * ``vcount_nonfinite(a, v)``: how many lanes of ``v`` are inf or NaN once rounded to ``a``'s type
   (a loss-scaling check fused into the kernel that writes ``a``).
 * ``vsplat(x)``: a scalar (converted to float32) in every lane.
-* ``vzero()``: sixteen zeros.
-* ``vfma(x, y, z)``: ``x * y + z`` with one rounding per lane (``llvm.fma``).
+* ``vzero()``: ``L`` zeros.
+* ``vfma(x, y, z)``: ``x * y + z`` with one rounding per lane (``llvm.fma``); ``fma32`` the same
+  for float32 scalars.
 
-bfloat16 dot products (``HAS_BF16_DOT``: the target CPU has AVX512-BF16). ``bf16x32`` is 32
-bfloat16 values as 16 pairs, the operand of ``vdpbf16ps`` (LLVM's
+bfloat16 dot products (``HAS_BF16_DOT``: the target CPU has AVX512-BF16, so ``L`` is 16). ``bf16x32``
+is 32 bfloat16 values as 16 pairs, the operand of ``vdpbf16ps`` (LLVM's
 ``llvm.x86.avx512bf16.dpbf16ps.512``), which adds to each float32 lane the two products of its
 pair, twice the multiply-adds of one ``vfma``:
 
@@ -44,7 +49,12 @@ pair, twice the multiply-adds of one ``vfma``:
   as zero and flushes subnormal results to zero (Intel SDM, VDPBF16PS), as oneDNN's bfloat16
   GEMMs on it do: products below 2^-126 in magnitude are lost, where the float32 path keeps them.
 
-Indices are not bounds-checked: the caller keeps ``j + 16 <= a.shape[1]`` (``j + 32`` for runs).
+Indices are not bounds-checked: the caller keeps ``j + L <= a.shape[1]`` (``j + 32`` for runs).
+
+Every x86 intrinsic is emitted through :func:`_x86_intrinsic`, which refuses one whose feature
+(:data:`X86_INTRINSICS`) the target lacks; everything else is target-independent LLVM IR (vector
+types, ``shufflevector``, ``llvm.fma``, ``llvm.fabs``, ``llvm.ctpop``), which LLVM lowers for any
+CPU, aarch64 included (``tests/test_simd.py`` compiles it for aarch64).
 """
 from __future__ import annotations
 
@@ -54,20 +64,33 @@ from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic, models, register_model
 
-from . import fp16
+from . import fp16, target
 
-__all__ = ["LANES", "HAS_BF16_DOT", "f32x16", "bf16x32", "vload", "vstore", "vcount_nonfinite",
-           "vtranspose_block", "vsplat", "vzero", "vfma", "vload_pairs", "vload_run",
-           "vsplat_pair", "vdot_pairs"]
+__all__ = ["LANES", "HAS_BF16_DOT", "X86_INTRINSICS", "f32vec", "bf16x32", "vload", "vstore",
+           "vcount_nonfinite", "vtranspose_block", "vsplat", "vzero", "vfma", "fma32",
+           "vload_pairs", "vload_run", "vsplat_pair", "vdot_pairs"]
 
-LANES = 16
-"""float32 lanes of one vector (one AVX-512 register)."""
+LANES = target.ISA.lanes
+"""float32 lanes of one vector (one register of the target: ``target.ISA``)."""
 _VEC = ir.VectorType(ir.FloatType(), LANES)
 _PAIRS = ir.VectorType(ir.IntType(16), 2 * LANES)
 _I32 = ir.VectorType(ir.IntType(32), LANES)
 
-HAS_BF16_DOT = fp16.target_has("avx512bf16")
+HAS_BF16_DOT = fp16.target_has("avx512bf16") and LANES == 16
 """Whether the target CPU has AVX512-BF16's ``vdpbf16ps`` (then bfloat16 matmuls use it)."""
+
+X86_INTRINSICS = {"llvm.x86.avx512bf16.dpbf16ps.512": "avx512bf16"}
+"""Every x86 intrinsic this module emits -> the target feature it needs (``target.has``)."""
+
+
+def _x86_intrinsic(builder, name: str, fnty):
+    """The declaration of x86 intrinsic ``name`` in the module being built, or TypeError where the
+    target lacks its feature (an x86 intrinsic on another CPU fails in LLVM's instruction
+    selection, which aborts the process)."""
+    feature = X86_INTRINSICS[name]
+    if not target.has(feature):
+        raise TypeError(f"{name}: the target CPU ({target.cpu()[1]}) has no {feature}")
+    return cgutils.get_or_insert_function(builder.module, fnty, name)
 
 
 class _VectorType(types.Type):
@@ -84,8 +107,8 @@ class _VectorModel(models.PrimitiveModel):
         super().__init__(dmm, fe_type, fe_type.LLVM)
 
 
-class F32x16(_VectorType):
-    """``<16 x float>``: 16 float32 lanes."""
+class F32Vec(_VectorType):
+    """``<LANES x float>``: one vector register of float32 lanes."""
 
     LLVM = _VEC
 
@@ -96,9 +119,9 @@ class BF16x32(_VectorType):
     LLVM = _PAIRS
 
 
-for _vector in (F32x16, BF16x32):
+for _vector in (F32Vec, BF16x32):
     register_model(_vector)(_VectorModel)
-f32x16, bf16x32 = F32x16(), BF16x32()
+f32vec, bf16x32 = F32Vec(), BF16x32()
 
 
 class _BFloat(ir.Type):
@@ -135,7 +158,7 @@ def _check_2d(name, a, dtypes):
 
 
 def _load_lanes(context, builder, aryty, ary, i, j):
-    """``a[i, j:j + 16]`` widened to ``<16 x float>`` (``vload``; ``i``, ``j`` intp values)."""
+    """``a[i, j:j + LANES]`` widened to ``<LANES x float>`` (``vload``; ``i``, ``j`` intp values)."""
     kind = aryty.dtype
     if kind == types.float32:
         return builder.load(_row_pointer(context, builder, aryty, ary, i, j, ir.FloatType()),
@@ -154,18 +177,18 @@ def _lane_types():
 
 @intrinsic
 def vload(typingctx, a, i, j):
-    """``a[i, j:j + 16]`` as an ``f32x16`` (see the module docstring)."""
+    """``a[i, j:j + LANES]`` as an ``f32vec`` (see the module docstring)."""
     _check_2d("vload", a, _lane_types())
 
     def codegen(context, builder, sig, args):
         i, j = _index(context, builder, sig, args, 1), _index(context, builder, sig, args, 2)
         return _load_lanes(context, builder, sig.args[0], args[0], i, j)
 
-    return f32x16(a, i, j), codegen
+    return f32vec(a, i, j), codegen
 
 
 def _store_lanes(context, builder, aryty, ary, i, j, v):
-    """``a[i, j:j + 16] = v`` rounded to ``a``'s type (``vstore``; ``i``, ``j`` intp values)."""
+    """``a[i, j:j + LANES] = v`` rounded to ``a``'s type (``vstore``; ``i``, ``j`` intp values)."""
     kind = aryty.dtype
     if kind == types.float32:
         bits, element = v, ir.FloatType()
@@ -181,7 +204,7 @@ def _store_lanes(context, builder, aryty, ary, i, j, v):
 
 @intrinsic
 def vstore(typingctx, a, i, j, v):
-    """``a[i, j:j + 16] = v`` rounded once to ``a``'s type: float32 as is, float16 bits with
+    """``a[i, j:j + LANES] = v`` rounded once to ``a``'s type: float32 as is, float16 bits with
     ``fptrunc`` (IEEE round-to-nearest-even, overflow to inf; ``fp16.PATH == "intrinsic"`` only),
     bfloat16 bits rounded to nearest even in integers (NaN to the quiet NaN of its sign), as
     ``fp16.store`` does element by element."""
@@ -196,12 +219,12 @@ def vstore(typingctx, a, i, j, v):
 
 
 def _transposed(builder, rows: list) -> list:
-    """The 16 rows of the transpose of the 16 x 16 block whose rows are ``rows`` (``<16 x
-    float>`` values): four rounds of two-vector shuffles, round ``s`` (1, 2, 4, 8) exchanging bit
-    ``s`` of the row index with bit ``s`` of the lane index (the butterfly transpose of
-    AVX-512 code; LLVM picks the shuffle instructions)."""
+    """The ``LANES`` rows of the transpose of the ``LANES`` x ``LANES`` block whose rows are
+    ``rows`` (``<LANES x float>`` values): log2(``LANES``) rounds of two-vector shuffles, round
+    ``s`` (1, 2, 4, ...) exchanging bit ``s`` of the row index with bit ``s`` of the lane index
+    (the butterfly transpose of AVX-512 code; LLVM picks the shuffle instructions)."""
     rows = list(rows)
-    for s in (1, 2, 4, 8):
+    for s in (1 << b for b in range(LANES.bit_length() - 1)):
         low = [lane if not lane & s else LANES + lane - s for lane in range(LANES)]
         high = [lane + s if not lane & s else LANES + lane for lane in range(LANES)]
         low, high = (ir.Constant(_I32, mask) for mask in (low, high))
@@ -215,9 +238,9 @@ def _transposed(builder, rows: list) -> list:
 
 @intrinsic
 def vtranspose_block(typingctx, a, i, j, out, p, q):
-    """``out[p + l, q + r] = a[i + r, j + l]`` for ``r, l < 16``: a 16 x 16 block of ``a``
-    transposed into ``out`` in registers (16 ``vload``, the shuffles of :func:`_transposed`, 16
-    ``vstore``: widened from ``a``'s type, rounded to ``out``'s)."""
+    """``out[p + l, q + r] = a[i + r, j + l]`` for ``r, l < LANES``: a ``LANES`` x ``LANES`` block
+    of ``a`` transposed into ``out`` in registers (``LANES`` ``vload``, the shuffles of
+    :func:`_transposed`, ``LANES`` ``vstore``: widened from ``a``'s type, rounded to ``out``'s)."""
     _check_2d("vtranspose_block", a, _lane_types())
     _check_2d("vtranspose_block", out, _lane_types())
 
@@ -237,7 +260,7 @@ def vtranspose_block(typingctx, a, i, j, out, p, q):
 
 
 def _narrow_bf16(builder, v):
-    """``<16 x float>`` -> ``<16 x i16>`` bfloat16 bits, round to nearest even (``fp16``'s
+    """``<LANES x float>`` -> ``<LANES x i16>`` bfloat16 bits, round to nearest even (``fp16``'s
     ``_bf16_from_f32_bits`` on every lane)."""
     i32 = ir.VectorType(ir.IntType(32), LANES)
 
@@ -267,7 +290,7 @@ def vcount_nonfinite(typingctx, a, v):
     def codegen(context, builder, sig, args):
         v = args[1]
         fabs = cgutils.get_or_insert_function(builder.module, ir.FunctionType(_VEC, [_VEC]),
-                                              "llvm.fabs.v16f32")
+                                              f"llvm.fabs.v{LANES}f32")
         limit = ir.Constant(_VEC, [_LIMITS[sig.args[0].dtype]] * LANES)
         bad = builder.fcmp_unordered("uge", builder.call(fabs, [v]), limit)     # NaN or >= limit
         mask_type = ir.IntType(LANES)
@@ -289,31 +312,31 @@ def vsplat(typingctx, x):
         lane0 = ir.Constant(ir.VectorType(ir.IntType(32), LANES), [0] * LANES)
         return builder.shuffle_vector(builder.insert_element(undef, x, zero), undef, lane0)
 
-    return f32x16(x), codegen
+    return f32vec(x), codegen
 
 
 @intrinsic
 def vzero(typingctx):
-    """Sixteen float32 zeros."""
+    """``LANES`` float32 zeros."""
 
     def codegen(context, builder, sig, args):
         return ir.Constant(_VEC, [0.0] * LANES)
 
-    return f32x16(), codegen
+    return f32vec(), codegen
 
 
 @intrinsic
 def vfma(typingctx, x, y, z):
-    """``x * y + z`` lane by lane, rounded once (``llvm.fma.v16f32``)."""
-    if not all(t == f32x16 for t in (x, y, z)):
-        raise TypeError(f"vfma: expected three f32x16, got {x}, {y}, {z}")
+    """``x * y + z`` lane by lane, rounded once (``llvm.fma.v<LANES>f32``)."""
+    if not all(t == f32vec for t in (x, y, z)):
+        raise TypeError(f"vfma: expected three f32vec, got {x}, {y}, {z}")
 
     def codegen(context, builder, sig, args):
         fma = cgutils.get_or_insert_function(builder.module, ir.FunctionType(_VEC, [_VEC] * 3),
-                                             "llvm.fma.v16f32")
+                                             f"llvm.fma.v{LANES}f32")
         return builder.call(fma, args)
 
-    return f32x16(x, y, z), codegen
+    return f32vec(x, y, z), codegen
 
 
 @intrinsic
@@ -369,15 +392,31 @@ def vsplat_pair(typingctx, x0, x1):
 def vdot_pairs(typingctx, acc, x, y):
     """``acc`` plus the two products of each lane's pairs (``vdpbf16ps``; see the module
     docstring)."""
-    if not (acc == f32x16 and x == bf16x32 and y == bf16x32):
-        raise TypeError(f"vdot_pairs: expected f32x16, bf16x32, bf16x32, got {acc}, {x}, {y}")
+    if not (acc == f32vec and x == bf16x32 and y == bf16x32):
+        raise TypeError(f"vdot_pairs: expected f32vec, bf16x32, bf16x32, got {acc}, {x}, {y}")
     if not HAS_BF16_DOT:
         raise TypeError("vdot_pairs: the target CPU has no AVX512-BF16 (simd.HAS_BF16_DOT)")
 
     def codegen(context, builder, sig, args):
-        dot = cgutils.get_or_insert_function(
-            builder.module, ir.FunctionType(_VEC, [_VEC, _BF16_OPERAND, _BF16_OPERAND]),
-            "llvm.x86.avx512bf16.dpbf16ps.512")
+        dot = _x86_intrinsic(builder, "llvm.x86.avx512bf16.dpbf16ps.512",
+                             ir.FunctionType(_VEC, [_VEC, _BF16_OPERAND, _BF16_OPERAND]))
         return builder.call(dot, [args[0]] + [builder.bitcast(v, _BF16_OPERAND) for v in args[1:]])
 
-    return f32x16(acc, x, y), codegen
+    return f32vec(acc, x, y), codegen
+
+
+@intrinsic
+def fma32(typingctx, x, y, z):
+    """``x * y + z`` for float32 scalars, rounded once (``llvm.fma.f32``): the scalar columns of a
+    register-tile kernel, so that every element of its out is the same chain of ``vfma`` roundings
+    whatever the tile's width."""
+    if not all(t == types.float32 for t in (x, y, z)):
+        raise TypeError(f"fma32: expected three float32, got {x}, {y}, {z}")
+
+    def codegen(context, builder, sig, args):
+        f32 = ir.FloatType()
+        fma = cgutils.get_or_insert_function(builder.module, ir.FunctionType(f32, [f32] * 3),
+                                             "llvm.fma.f32")
+        return builder.call(fma, args)
+
+    return types.float32(x, y, z), codegen
