@@ -21,7 +21,7 @@ from miniflow.ops import all_ops, get_op, unregister
 __all__ = ["SENTINEL", "Case", "registry_cases", "float64_cases", "bfloat16_cases", "cast_cases",
            "make_node",
            "host_buffers", "results", "reference", "TOL", "assert_bit_exact", "assert_close",
-           "assert_matches_reference", "cube", "late_op"]
+           "assert_matches_reference", "throwaway_cube", "late_op"]
 
 SENTINEL = -777.0
 """Outputs start filled with this (exact in f16), so an element a kernel never writes shows."""
@@ -217,17 +217,18 @@ def assert_matches_reference(case: Case, got: list) -> None:
             assert_close(g, w, what)
 
 
-def cube(x):
+def throwaway_cube(x):
     """x * x * x: the scalar function of :func:`late_op`'s op."""
     return x * x * x
 
 
 @contextlib.contextmanager
 def late_op():
-    """The elementwise op ``test_cube`` (:func:`cube`), registered for the ``with`` block and then
-    unregistered. Yields ``(op, check)``: ``check()`` runs the op through ``nn.Graph`` on the
+    """The elementwise op ``test_cube`` (scalar function :func:`throwaway_cube`), registered for
+    the ``with`` block and then unregistered. Yields ``(op, check)``: ``check()`` runs the op through ``nn.Graph`` on the
     current backend, alone (its derived kernel) and fused with ``exp`` (a generated kernel that
-    imports ``cube`` from this module), compares both with NumPy, and returns the lone op's plan.
+    imports ``throwaway_cube`` from this module), compares both with NumPy, and returns the lone
+    op's plan.
     """
     import miniflow as mf
     from miniflow.ops.elementwise import elementwise
@@ -252,7 +253,7 @@ def late_op():
         (plan,) = alone.plans.values()
         return plan
 
-    op = elementwise("test_cube", cube, lambda x: x ** 3, amp=None, amp_note="a throwaway op")
+    op = elementwise("test_cube", throwaway_cube, lambda x: x ** 3, amp=None, amp_note="a throwaway op")
     try:
         yield op, check
     finally:

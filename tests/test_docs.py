@@ -1,11 +1,19 @@
 """The documentation matches the code and stands alone: ``docs/extending.md`` names only files and
-functions that exist, the README shows the code before the stability study and links the
-checklists, and no file in the repository points outside it."""
+functions that exist, the Python blocks of ``docs/`` run (each in the namespace of the module it
+says it belongs to) and do what the text says, the README shows the code before the stability
+study and links the checklists, and no file in the repository points outside it.
+
+The run markers follow the idea of Python's ``doctest`` (the documentation's examples are
+executed), with whole blocks instead of prompts."""
+import importlib
 import re
 import subprocess
 from pathlib import Path
 
+import numpy as np
 import pytest
+
+import miniflow as mf
 
 ROOT = Path(__file__).resolve().parent.parent
 EXTENDING = ROOT / "docs" / "extending.md"
@@ -76,3 +84,75 @@ def test_no_file_references_anything_outside_the_repository():
             continue                      # figures
         found += [f"{path.relative_to(ROOT)}: {word}" for word in OUTSIDE if word in text]
     assert not found, found
+
+
+RUN_MARKER = re.compile(r"<!-- run: (\S+\.py) -->\n```python\n(.*?)```", re.S)
+"""A Python block of a doc, preceded by the file whose namespace it runs in."""
+
+
+def _python_blocks(path: Path) -> list:
+    """``(module file, code)`` of every Python block in ``path``, in order; every Python block
+    must carry a run marker."""
+    text = path.read_text()
+    blocks = RUN_MARKER.findall(text)
+    assert len(blocks) == text.count("```python"), (
+        f"{path.name}: every ```python block needs a <!-- run: miniflow/....py --> line above it")
+    return blocks
+
+
+def _run_block(module_file: str, code: str, builders: dict) -> dict:
+    """Run ``code`` in a copy of the namespace of the module ``module_file`` names (so the
+    names the file imports are there; ``BUILDERS`` is the fresh dict ``builders``, so nothing is
+    added to the real module); returns the namespace."""
+    module = importlib.import_module(module_file.removesuffix(".py").replace("/", "."))
+    namespace = {**vars(module), "BUILDERS": builders}
+    exec(compile(code, f"{module_file} (docs/extending.md)", "exec"), namespace)
+    return namespace
+
+
+def _sum_pool_oracle(x: np.ndarray, k: int) -> np.ndarray:
+    """Sum over non-overlapping ``k x k`` windows, in float64 (stride ``k``, no padding)."""
+    n, c, h, w = x.shape
+    return x.astype(np.float64).reshape(n, c, h // k, k, w // k, k).sum(axis=(3, 5))
+
+
+def test_the_pool_like_op_of_extending_md_runs_as_written(monkeypatch):
+    """The worked example adds a pool-like op in four places (the op's module, one kernel file
+    per backend, the nn layer) and no shared builder signature; run, it trains nothing but
+    computes the window sums, eagerly and in a graph, against NumPy."""
+    from miniflow.kernels import cpu, cuda
+    from miniflow.ops import unregister
+    blocks = _python_blocks(EXTENDING)
+    assert [f for f, _ in blocks] == ["miniflow/ops/pool.py", "miniflow/kernels/cpu/pool.py",
+                                      "miniflow/kernels/cuda/pool.py", "miniflow/nn/pooling.py"]
+    try:
+        _run_block(*blocks[0], builders={})
+        added = {}
+        for (file, code), package in zip(blocks[1:3], (cpu, cuda)):
+            fresh = {}
+            _run_block(file, code, fresh)
+            assert set(fresh) == {"example_sum_pool_2d"}, (file, fresh)
+            for name, build in fresh.items():
+                monkeypatch.setitem(package.KERNELS, name, build)
+            added[package.__name__] = fresh
+        layer = _run_block(*blocks[3], builders={})["SumPool2d"](2)
+
+        class Pool(mf.nn.Graph):
+            def __init__(self):
+                super().__init__()
+                self.pool = layer
+
+            def build(self, x):
+                return self.pool(x)
+
+        mf.set_backend("cpu")
+        x = np.random.default_rng(0).standard_normal((2, 3, 6, 8)).astype(np.float32)
+        want = _sum_pool_oracle(x, 2)
+        np.testing.assert_allclose(layer(mf.tensor(x)).numpy(), want, rtol=1e-6, atol=1e-6)
+        graph = Pool()
+        np.testing.assert_allclose(graph(x).numpy(), want, rtol=1e-6, atol=1e-6)
+        assert [n.op.name for n in graph.ir.nodes] == ["example_sum_pool_2d"]
+        from miniflow.ir import evaluate
+        np.testing.assert_allclose(evaluate(graph.ir, [x])["output0"], want, rtol=1e-12)
+    finally:
+        unregister("example_sum_pool_2d")

@@ -4,13 +4,19 @@ The checker parses every module with ``ast`` (module-level AND function-level im
 imports resolved) and reports each import of a higher layer, of the other layer-3 package
 (``passes`` <-> ``kernels``) or of the other backend's kernels (``kernels.cpu`` <->
 ``kernels.cuda``), unless :data:`ALLOWLIST` names it. Inside ``kernels``, ``kernels.common`` is
-below the backends (layer 3, the backend packages 3.5): shared code imports no backend. A second test feeds it a synthetic
-back-import and checks that it is reported.
+below the backends (layer 3, the backend packages 3.5): shared code imports no backend. A second
+test feeds it a synthetic back-import and checks that it is reported.
+
+Also: no import circle anywhere (experiments included), and the kernel-family table is explicit:
+every backend imports, by name, one module per family of ``kernels.common.table.FAMILIES``, and
+each family builds the same op types on every backend.
 """
 import ast
+import importlib
 from pathlib import Path
 
 import miniflow
+from miniflow.kernels.common.table import FAMILIES
 
 PACKAGE = Path(miniflow.__file__).resolve().parent
 
@@ -31,6 +37,9 @@ LAYERS = {
     "miniflow.__main__": 10, "miniflow": 10, "miniflow.onnx": 10, "miniflow.logging": 10,
 }
 """Module (or package) -> layer; a module is in the layer of its longest listed prefix."""
+
+BACKEND_PACKAGES = ("miniflow.kernels.cpu", "miniflow.kernels.cuda")
+"""The kernel packages: each has one module per kernel family (``kernels.common.table.FAMILIES``)."""
 
 APART = [("miniflow.passes", "miniflow.kernels"), ("miniflow.kernels.cpu", "miniflow.kernels.cuda")]
 """Pairs of the same layer that must not import each other (prefixes of the module name: the CPU
@@ -147,3 +156,78 @@ def test_distributed_imports_nothing_from_miniflow():
     sampler all import it, and it imports none of them (nor anything else of miniflow)."""
     sources = modules()
     assert imports("miniflow.distributed", sources["miniflow.distributed"], set(sources)) == set()
+
+
+def import_cycles(sources: dict) -> list:
+    """The import circles among ``sources``' modules (module-level and function-level imports;
+    a module importing its own package is not an edge, as in :func:`back_imports`): each
+    strongly connected component of more than one module, sorted (Tarjan's algorithm)."""
+    known = set(sources)
+    edges = {name: sorted(t for t in imports(name, s, known) if t in known and t != name
+                          and not name.startswith(t + "."))
+             for name, s in sources.items()}
+    index, low, stack, on_stack, found = {}, {}, [], set(), []
+
+    def visit(v):
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in edges[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for v in sorted(edges):
+        if v not in index:
+            visit(v)
+    return sorted(found)
+
+
+def test_no_import_circle_anywhere():
+    cycles = import_cycles(modules())
+    assert not cycles, f"import circles (modules importing each other): {cycles}"
+
+
+def test_an_import_circle_is_reported():
+    sources = modules()
+    sources["miniflow.dtype"] += "\nfrom .random import manual_seed\n"
+    sources["miniflow.random"] += "\nfrom .dtype import float32\n"
+    assert ["miniflow.dtype", "miniflow.random"] in import_cycles(sources)
+
+
+def test_every_backend_imports_every_kernel_family():
+    """The family table is explicit: each backend's ``__init__`` imports its family modules by
+    name (so the checks above see those imports), one per name in ``table.FAMILIES``."""
+    sources = modules()
+    known = set(sources)
+    for package in BACKEND_PACKAGES:
+        imported = imports(package, sources[package], known)
+        missing = [f for f in FAMILIES if f"{package}.{f}" not in imported]
+        assert not missing, f"{package}/__init__.py does not import the families {missing}"
+
+
+def test_every_backend_provides_every_family_for_the_same_ops():
+    """Every backend has every family, and each family builds the same op types everywhere (a
+    kernel written for one backend only fails here, naming the family and the ops)."""
+    packages = [importlib.import_module(p) for p in BACKEND_PACKAGES]
+    for family in FAMILIES:
+        ops = {p.__name__: set(importlib.import_module(f"{p.__name__}.{family}").BUILDERS)
+               for p in packages}
+        first = ops[BACKEND_PACKAGES[0]]
+        assert first, family
+        for name, got in ops.items():
+            assert got == first, (f"family {family!r}: {name} builds {sorted(got ^ first)} "
+                                  f"differently from {BACKEND_PACKAGES[0]}")
+    assert all(set(p.KERNELS) == set(packages[0].KERNELS) for p in packages)

@@ -8,7 +8,9 @@ Also: ``evaluate`` itself (a whole training step against the plan), and what the
 derives (the elementwise kernels, also of an op registered late, the fused-expression functions,
 the inputs each op writes).
 """
+import ast
 import types
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -155,13 +157,52 @@ def test_a_scalar_function_name_clash_is_an_error_at_registration():
 
 
 
+THROWAWAY_PREFIXES = ("test_", "lesson", "example_")
+"""How the op types that tests, lessons and doc examples register begin: no library op takes such
+a name, so adding an op to the library never breaks them (``register`` refuses a name twice)."""
+
+
+def _registered_names(path: Path) -> list:
+    """``(line, op type)`` of every ``register(...)`` / ``elementwise(...)`` call in ``path`` whose
+    first argument is a string or a module-level string constant."""
+    tree = ast.parse(path.read_text())
+    constants = {}
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and len(node.targets) == 1:
+            target, value = node.targets[0], node.value
+            pairs = (zip(target.elts, value.elts) if isinstance(target, ast.Tuple)
+                     and isinstance(value, ast.Tuple) else [(target, value)])
+            constants.update({t.id: v.value for t, v in pairs if isinstance(t, ast.Name)
+                              and isinstance(v, ast.Constant) and isinstance(v.value, str)})
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and node.args and getattr(
+                node.func, "id", getattr(node.func, "attr", None)) in ("register", "elementwise"):
+            first = node.args[0]
+            name = (first.value if isinstance(first, ast.Constant)
+                    else constants.get(getattr(first, "id", None)))
+            if isinstance(name, str):
+                found.append((node.lineno, name))
+    return found
+
+
+def test_tests_and_lessons_register_throwaway_op_names_only():
+    root = Path(__file__).resolve().parent.parent
+    paths = [*root.glob("tests/**/*.py"), *root.glob("tutorials/*.py")]
+    names = {f"{p.relative_to(root)}:{line}": name for p in paths
+             for line, name in _registered_names(p)}
+    assert any(n == "lesson08_softplus" for n in names.values())   # the scan sees the lesson
+    bad = {k: n for k, n in names.items() if not n.startswith(THROWAWAY_PREFIXES)}
+    assert not bad, f"register throwaway ops under a prefix of {THROWAWAY_PREFIXES}: {bad}"
+
+
 def test_an_elementwise_op_registered_late_runs_through_nn_graph():
     """Elementwise kernels are derived when a plan is built, so an op registered after the kernel
     packages were imported runs at once, alone and fused."""
     with late_op() as (op, check):
         assert "test_cube" not in cpu.KERNELS and cpu.builder_for(op) is not None
         check()
-    assert "test_cube" not in all_ops() and "cube" not in scalar_functions()
+    assert "test_cube" not in all_ops() and "throwaway_cube" not in scalar_functions()
 
 
 def test_a_kernel_table_refuses_two_builders_for_one_op():

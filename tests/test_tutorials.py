@@ -35,10 +35,10 @@ def _accuracy_at_least(pct: float):
 def _kernel_checks(backend: str, label: str = ""):
     """Lesson 8's sample checks on ``backend``: both ops, all three dtypes, all within tolerance."""
     def check(out: str):
-        found = re.findall(rf"^{re.escape(label)}{backend} kernel of (softplus(?:_grad)?) +"
+        found = re.findall(rf"^{re.escape(label)}{backend} kernel of (lesson08_softplus(?:_grad)?) +"
                            rf"(float\d+): \d+ samples, .*within tolerance: (\w+)$", out, re.M)
         assert sorted((op, dt) for op, dt, _ in found) == sorted(
-            (op, dt) for op in ("softplus", "softplus_grad")
+            (op, dt) for op in ("lesson08_softplus", "lesson08_softplus_grad")
             for dt in ("float16", "float32", "float64")), f"{backend} sample checks: {found}"
         assert all(ok == "True" for _, _, ok in found), f"{backend} sample checks: {found}"
     return check
@@ -102,29 +102,30 @@ CASES = {
         r"loss scale: started 2\^16, final 2\^\d+, skipped steps \d+ of 115",
     ]),
     "08_add_an_op.py": ([], [
-        r"registered: OpDef\('softplus'\) and OpDef\('softplus_grad'\); .* AMP list 'gray', "
-        r"writes \(\)\n",
-        r"no AMP list and no note -> ValueError: op 'softplus_nolist' is in no AMP list",
-        r"another function named softplus -> ValueError: .*clashes with another function",
-        r"softplus of an int64 input -> TypeError: softplus: input %labels \(i64\[4\]\) must be "
-        r"floating point",
-        r"'softplus' in miniflow\.kernels\.cpu\.KERNELS: False",
+        r"registered: OpDef\('lesson08_softplus'\) and OpDef\('lesson08_softplus_grad'\); .* "
+        r"AMP list 'gray', writes \(\)\n",
+        r"no AMP list and no note -> ValueError: op 'lesson08_softplus_nolist' is in no AMP list",
+        r"another function named lesson08_softplus -> ValueError: .*clashes with another function",
+        r"lesson08_softplus of an int64 input -> TypeError: lesson08_softplus: input %labels "
+        r"\(i64\[4\]\) must be floating point",
+        r"'lesson08_softplus' in miniflow\.kernels\.cpu\.KERNELS: False",
         r"the float32 plan's step: map_kernel\.<locals>\.kernel from miniflow\.kernels\.cpu\.",
         _kernel_checks("cpu"),
-        r"the autograd pass emitted, .*'softplus_grad'\]",
-        r"check_grad\('softplus'\): max \|rule - central finite differences\| = "
+        r"the autograd pass emitted, .*'lesson08_softplus_grad'\]",
+        r"check_grad\('lesson08_softplus'\): max \|rule - central finite differences\| = "
         r"\d\.\de-(0[89]|1\d) .*agrees",
         _lesson8_accuracy,
-        r"softplus +%\d+ +color white +dtype f16",
-        r"fused expression 'softplus\(add\(x0, x1\)\)'",
-        r"from __main__ import softplus",
+        r"lesson08_softplus +%\d+ +color white +dtype f16",
+        r"fused expression 'lesson08_softplus\(add\(x0, x1\)\)'",
+        r"from __main__ import lesson08_softplus",
         r"Predict's plan vs ir\.evaluate of its IR \(float64\), max \|difference\|: "
         r"\d\.\de-(0[5-9]|1\d)",
-        r"after ops\.unregister: 'softplus' in all_ops\(\): False, in scalar_functions\(\): False",
-    ] + ([r"\[cuda child\] 'softplus' in miniflow\.kernels\.cuda\.KERNELS: False; "
+        r"after ops\.unregister: 'lesson08_softplus' in all_ops\(\): False, in "
+        r"scalar_functions\(\): False",
+    ] + ([r"\[cuda child\] 'lesson08_softplus' in miniflow\.kernels\.cuda\.KERNELS: False; "
           r"cuda\.builder_for\(op\) derived: True",
           _kernel_checks("cuda", "  [cuda child] "),
-          r"\[cuda child\] the float32 plan on the cuda backend: .*map\[softplus\] f32"]
+          r"\[cuda child\] the float32 plan on the cuda backend: .*map\[lesson08_softplus\] f32"]
          if HAS_NUMBA_CUDA else [])),
     "09_write_a_pass.py": ([], [
         r"CSE on the forward graph: 14 -> 12 nodes",

@@ -1,18 +1,21 @@
-"""Lesson 8: add an op end to end. Declare ``softplus`` and its gradient op ``softplus_grad`` in
-this script, and watch everything else come from the declaration.
+"""Lesson 8: add an op end to end. Declare softplus, log(1 + e**x), as the op ``lesson08_softplus``
+with its gradient op ``lesson08_softplus_grad`` in this script, and watch everything else come from
+the declaration. A lesson's throwaway op takes a name no library op will (``register`` refuses a
+name twice, so a plain ``softplus`` here would break the day the library adds one).
 
 What this lesson shows:
 
 1. The declaration (the checklist of ``docs/extending.md``, "Add an elementwise op"): two scalar
-   functions, plain Python of floats using ``math`` only (:func:`softplus`, :func:`softplus_grad`),
-   and two calls of ``miniflow.ops.elementwise.elementwise`` (:func:`declare`) that give each op
-   its inference (the default one-float-input rule, and ``y_dy_infer`` for the gradient op), the
-   gradient rule (it *emits* ``softplus_grad``), a NumPy float64 reference, sample inputs and an
-   AMP category. ``register`` checks the declaration: an op in no AMP list without a note, or a
-   scalar function whose name another function already has, is refused.
+   functions, plain Python of floats using ``math`` only (:func:`lesson08_softplus`,
+   :func:`lesson08_softplus_grad`), and two calls of ``miniflow.ops.elementwise.elementwise``
+   (:func:`declare`) that give each op its inference (the default one-float-input rule, and
+   ``y_dy_infer`` for the gradient op), the gradient rule (it *emits* ``lesson08_softplus_grad``),
+   a NumPy float64 reference, sample inputs and an AMP category. ``register`` checks the
+   declaration: an op in no AMP list without a note, or a scalar function whose name another
+   function already has, is refused.
 2. Inference validates inputs when a node is emitted: the output's shape and dtype, and an int64
    input refused with a message naming the op.
-3. The CPU kernel is derived, not written: ``softplus`` is in no kernel table
+3. The CPU kernel is derived, not written: ``lesson08_softplus`` is in no kernel table
    (``miniflow.kernels.cpu.KERNELS``); ``builder_for(op)`` derives its builder from the scalar
    function (``kernels/common/elementwise.py``, ``derived_builder``), and the CPU factory
    ``map_kernel`` compiles the function into a ``numba.njit`` loop.
@@ -23,9 +26,9 @@ What this lesson shows:
 5. The gradient rule against central finite differences in float64
    (``miniflow.testing.check_grad``: the autograd pass and a real plan).
 6. In a model: a two-line ``Softplus`` Module, an MLP trained on the digits with AMP. The fusion
-   pass fuses ``bias_add`` + ``softplus`` into one generated kernel, whose source imports
-   ``softplus`` from this script; AMP's ``amp_report()`` shows the gray op turned float16 between
-   the float16 matmuls; an inference graph's output equals ``ir.evaluate`` of its IR.
+   pass fuses ``bias_add`` + ``lesson08_softplus`` into one generated kernel, whose source imports
+   ``lesson08_softplus`` from this script; AMP's ``amp_report()`` shows the gray op turned float16
+   between the float16 matmuls; an inference graph's output equals ``ir.evaluate`` of its IR.
 7. The CUDA kernel, derived the same way (``cuda.jit(device=True)`` of the same function): in a
    child process, under Numba's CUDA simulator when there is no GPU (``NUMBA_ENABLE_CUDASIM=1``
    must be set before numba is imported, as in lesson 3), every sample against ``ir.evaluate``.
@@ -35,9 +38,9 @@ Assumes from lesson 2: gradient rules that emit ops, ``check_grad``; from lesson
 function compiled into CPU and CUDA kernels; from lesson 4: AMP colors and ``amp_report``.
 
 Note on Numba's disk cache: a kernel's cache key holds its closure, so the scalar function in it.
-A function of a script (``__main__``, as here) is keyed with its code, so editing :func:`softplus`
-in this file recompiles the kernel; a function of a module (``miniflow/ops/elementwise.py``) is
-keyed by its name only: after editing one, clear ``NUMBA_CACHE_DIR`` or an old kernel is loaded.
+A function of a script (``__main__``, as here) is keyed with its code, so editing
+:func:`lesson08_softplus` in this file recompiles the kernel; a function of a module
+(``miniflow/ops/elementwise.py``) is keyed by its name only: after editing one, clear ``NUMBA_CACHE_DIR`` or an old kernel is loaded.
 
 Run:  python tutorials/08_add_an_op.py        (about 10 s; a minute with a cold Numba cache)
 """
@@ -66,6 +69,8 @@ TOL = {np.dtype(np.float16): (2e-3, 2e-3), np.dtype(np.float32): (2e-5, 2e-5),
 kernels compute in float32 for f16 and f32): the registry-wide test's tolerances."""
 EPOCHS = 5
 """Training epochs of the digits MLP in part 6."""
+OP, GRAD_OP = "lesson08_softplus", "lesson08_softplus_grad"
+"""The op types this lesson registers (and unregisters at the end)."""
 
 
 def indent(text: str, prefix: str = "    ") -> str:
@@ -73,15 +78,15 @@ def indent(text: str, prefix: str = "    ") -> str:
 
 
 # ============================================================================ 1. the declaration
-def softplus(x):
+def lesson08_softplus(x):
     """log(1 + e**x), evaluated as max(x, 0) + log1p(e**-|x|) so that no exp overflows (NaN
     propagates: every branch keeps it). PyTorch's ``softplus`` with beta=1; OneFlow's op
-    ``softplus`` has the same name (its beta and threshold attributes are left out here)."""
+    ``softplus`` (its beta and threshold attributes are left out here)."""
     m = x if x > 0.0 else 0.0
     return m + math.log1p(math.exp(-abs(x)))
 
 
-def softplus_grad(x, dy):
+def lesson08_softplus_grad(x, dy):
     """dy * sigmoid(x), the derivative of softplus, evaluated so that no exp overflows
     (OneFlow's ``softplus_grad(x, dy)``)."""
     if x >= 0.0:
@@ -95,25 +100,27 @@ AMP_NOTE = ("not in OneFlow's lists (there it runs in float32); declared gray he
 
 
 def declare():
-    """Register ``softplus`` and ``softplus_grad``; returns their OpDefs."""
+    """Register ``lesson08_softplus`` and ``lesson08_softplus_grad``; returns their OpDefs."""
     op = elementwise(
-        "softplus", softplus, lambda x: np.logaddexp(0.0, x),         # reference: float64 NumPy
+        OP, lesson08_softplus, lambda x: np.logaddexp(0.0, x),     # reference: float64 NumPy
         amp="gray", amp_note=AMP_NOTE,
-        grad=lambda node, grads, emit: [emit("softplus_grad", node.inputs[0], grads[0])],
+        grad=lambda node, grads, emit: [emit(GRAD_OP, node.inputs[0], grads[0])],
         samples=unary_samples(-6.0, 6.0),
-        doc="out = log(1 + exp(x)); dx = softplus_grad(x, dy)")
+        doc="out = log(1 + exp(x)); dx = lesson08_softplus_grad(x, dy)")
     grad_op = elementwise(
-        "softplus_grad", softplus_grad, lambda x, dy: dy * np.exp(-np.logaddexp(0.0, -x)),
-        amp="gray", infer=y_dy_infer("softplus_grad", first="x"),
+        GRAD_OP, lesson08_softplus_grad, lambda x, dy: dy * np.exp(-np.logaddexp(0.0, -x)),
+        amp="gray", infer=y_dy_infer(GRAD_OP, first="x"),
         samples=grad_samples(-3.0, 3.0), doc="dx = dy * sigmoid(x)")
     return op, grad_op
 
 
 def declare_clash():
-    """Declare an op whose scalar function is another function named ``softplus`` (refused)."""
-    def softplus(x):
+    """Declare an op whose scalar function is another function named ``lesson08_softplus``
+    (refused)."""
+    def lesson08_softplus(x):
         return math.log(1.0 + math.exp(x))
-    return elementwise("softplus_naive", softplus, lambda x: np.log1p(np.exp(x)), amp="gray")
+    return elementwise("lesson08_softplus_naive", lesson08_softplus, lambda x: np.log1p(np.exp(x)),
+                       amp="gray")
 
 
 def refused(fn) -> str:
@@ -160,18 +167,19 @@ def check_samples(name: str) -> dict:
 
 def print_sample_checks() -> None:
     """One line per op and dtype: :func:`check_samples` on the current backend."""
-    for name in ("softplus", "softplus_grad"):
+    for name in (OP, GRAD_OP):
         for dtype, (n, worst, ok, _) in check_samples(name).items():
-            print(f"{mf.get_backend().name} kernel of {name:<13} {dtype:<7}: {n} samples, max "
+            print(f"{mf.get_backend().name} kernel of {name:<22} {dtype:<7}: {n} samples, max "
                   f"|kernel - float64 reference rounded to {dtype}| {worst:.1e}, within "
                   f"tolerance: {ok}")
 
 
 class Softplus(nn.Module):
-    """``softplus(x)`` elementwise (op ``softplus``): the Module of a new activation."""
+    """``lesson08_softplus(x)`` elementwise (op ``lesson08_softplus``): the Module of a new
+    activation."""
 
     def forward(self, x):
-        return apply("softplus", [x])
+        return apply(OP, [x])
 
 
 # ============================================================================ the CPU process
@@ -180,21 +188,21 @@ def main_lesson() -> None:
     mf.manual_seed(0)
 
     print("== 1. Declare the op: scalar functions and one elementwise(...) call each ==")
-    print(indent(inspect.getsource(softplus).rstrip()))
+    print(indent(inspect.getsource(lesson08_softplus).rstrip()))
     print(indent(inspect.getsource(declare).rstrip()))
     op, grad_op = declare()
-    print(f"registered: {op!r} and {grad_op!r}; op 'softplus' now has: scalar function "
+    print(f"registered: {op!r} and {grad_op!r}; op {OP!r} now has: scalar function "
           f"{op.scalar.__module__}.{op.scalar.__name__} ({op.tensor_arity} tensor operand), "
           f"reference {op.reference is not None}, gradient rule {op.grad is not None}, "
           f"samples {len(op.samples())}, AMP list {op.amp!r}, writes {op.written({}, 1)}")
     print(f"its AMP note: {op.amp_note}")
-    print(f"the function softplus is now in the fused-expression language: "
-          f"{'softplus' in scalar_functions()}")
+    print(f"the function lesson08_softplus is now in the fused-expression language: "
+          f"{'lesson08_softplus' in scalar_functions()}")
     print("register() checks the declaration:")
-    print(f"  registering 'softplus' again -> {refused(declare)}")
-    print(f"  no AMP list and no note -> "
-          f"{refused(lambda: elementwise('softplus_nolist', softplus, np.logaddexp, amp=None))}")
-    print(f"  another function named softplus -> {refused(declare_clash)}")
+    print(f"  registering {OP!r} again -> {refused(declare)}")
+    print(f"  no AMP list and no note -> " + refused(lambda: elementwise(
+        "lesson08_softplus_nolist", lesson08_softplus, np.logaddexp, amp=None)))
+    print(f"  another function named lesson08_softplus -> {refused(declare_clash)}")
 
     print("\n== 2. Inference: emitting a node checks its inputs ==")
     g = Graph()
@@ -202,20 +210,20 @@ def main_lesson() -> None:
     y = g.emit(op, x)
     print(f"  {y.producer.format(g.names())}   (shape and dtype from op.infer)")
     bad = g.add_input("labels", (4,), mf.int64)
-    print(f"  softplus of an int64 input -> {refused(lambda: g.emit(op, bad))}")
+    print(f"  lesson08_softplus of an int64 input -> {refused(lambda: g.emit(op, bad))}")
 
     print("\n== 3. The CPU kernel is derived from the scalar function ==")
     from miniflow.kernels import cpu
     from miniflow.kernels.common import elementwise as common_elementwise
     from miniflow.kernels.cpu import elementwise as cpu_elementwise
-    print(f"'softplus' in miniflow.kernels.cpu.KERNELS: {'softplus' in cpu.KERNELS} "
+    print(f"{OP!r} in miniflow.kernels.cpu.KERNELS: {OP in cpu.KERNELS} "
           f"(the table holds only ops with hand-written kernels)")
     print("cpu.builder_for(op) derives the builder (miniflow/kernels/common/elementwise.py):")
     print(indent(inspect.getsource(common_elementwise.derived_builder).rstrip()))
     print("and the CPU step maker compiles the function with this factory "
           "(miniflow/kernels/cpu/elementwise.py):")
     print(indent(inspect.getsource(cpu_elementwise.map_kernel).rstrip()))
-    results = check_samples("softplus")
+    results = check_samples(OP)
     plan = results["float32"][3]
     (kernel, _), = plan.steps
     print(f"the float32 plan's step: {kernel.py_func.__qualname__} from "
@@ -227,11 +235,11 @@ def main_lesson() -> None:
     print("\n== 5. The gradient rule against finite differences (miniflow.testing.check_grad) ==")
     from miniflow.testing import check_grad, gradient_graph
     x64 = np.random.default_rng(0).uniform(-4.0, 4.0, (3, 5))
-    graph, _, _ = gradient_graph("softplus", [x64], {})
-    print(f"the autograd pass emitted, for loss = sum(softplus(x) * w): "
+    graph, _, _ = gradient_graph(OP, [x64], {})
+    print(f"the autograd pass emitted, for loss = sum(lesson08_softplus(x) * w): "
           f"{[n.op.name for n in graph.nodes]}")
-    worst = check_grad("softplus", [x64])
-    print(f"check_grad('softplus'): max |rule - central finite differences| = {worst:.1e} "
+    worst = check_grad(OP, [x64])
+    print(f"check_grad({OP!r}): max |rule - central finite differences| = {worst:.1e} "
           f"(rtol 1e-5, atol 1e-7): agrees")
 
     print("\n== 6. In a model: nn.Graph, fusion, AMP and ir.evaluate ==")
@@ -269,11 +277,11 @@ def main_lesson() -> None:
     acc = float((predict(data.x_test).numpy().argmax(1) == data.y_test).mean())
     print(f"a 64-64-10 MLP with Softplus, AMP on, {EPOCHS} epochs of SGD on the digits: loss "
           f"{losses[0]:.3f} -> {losses[-1]:.3f}, test accuracy {100 * acc:.1f}%")
-    print(f"AmpLists().category('softplus') = {AmpLists().category('softplus')!r}; "
+    print(f"AmpLists().category({OP!r}) = {AmpLists().category(OP)!r}; "
           f"amp_report() rows of the new ops:")
     for row in step.amp_report().rows:
-        if row.op.startswith("softplus"):
-            print(f"  {row.op:<14} {row.outputs:<5} color {row.color:<6} dtype {row.dtype}: "
+        if row.op.startswith(OP):
+            print(f"  {row.op:<22} {row.outputs:<5} color {row.color:<6} dtype {row.dtype}: "
                   f"{row.reason}")
     fused = [n for n in predict.ir.nodes if n.op.name == "fused_elementwise"]
     print(f"the inference IR after fusion: {[n.op.name for n in predict.ir.nodes]}, "
@@ -284,10 +292,10 @@ def main_lesson() -> None:
     dims, kinds = broadcast_kinds(out_shape, [v.shape for v in fused[0].inputs])
     source, _ = fused_source(fused[0].attrs["expr"], [v.dtype for v in fused[0].inputs], kinds,
                              len(dims) == 2, False)
-    print("its generated kernel (miniflow.kernels.cpu.fused.fused_source) imports softplus from "
-          "the module that declares it, this script:")
+    print("its generated kernel (miniflow.kernels.cpu.fused.fused_source) imports "
+          "lesson08_softplus from the module that declares it, this script:")
     print(indent("\n".join(ln for ln in source.splitlines() if ln.startswith("from __main__")
-                           or "softplus(" in ln)))
+                           or "lesson08_softplus(" in ln)))
     logits = predict(data.x_test).numpy()
     ref = evaluate(predict.ir, [data.x_test])["output0"]
     print(f"Predict's plan vs ir.evaluate of its IR (float64), max |difference|: "
@@ -297,11 +305,11 @@ def main_lesson() -> None:
     run_cuda_part()
 
     print("\n== 8. Unregister ==")
-    unregister("softplus_grad")
-    unregister("softplus")
-    print(f"after ops.unregister: 'softplus' in all_ops(): {'softplus' in all_ops()}, "
-          f"in scalar_functions(): {'softplus' in scalar_functions()}")
-    print(f"get_op('softplus') -> {refused(lambda: get_op('softplus')).split(';')[0]}\"")
+    unregister(GRAD_OP)
+    unregister(OP)
+    print(f"after ops.unregister: {OP!r} in all_ops(): {OP in all_ops()}, "
+          f"in scalar_functions(): {'lesson08_softplus' in scalar_functions()}")
+    print(f"get_op({OP!r}) -> {refused(lambda: get_op(OP)).split(';')[0]}\"")
 
 
 # ============================================================================ the CUDA process
@@ -317,14 +325,14 @@ def cuda_child() -> None:
         return
     mf.set_backend("cuda")
     op, _ = declare()               # a new process: the script declares its ops again
-    print(f"'softplus' in miniflow.kernels.cuda.KERNELS: {'softplus' in cuda.KERNELS}; "
+    print(f"{OP!r} in miniflow.kernels.cuda.KERNELS: {OP in cuda.KERNELS}; "
           f"cuda.builder_for(op) derived: {cuda.builder_for(op) is not None}")
     from miniflow.kernels.cuda import elementwise as cuda_elementwise
     print("the CUDA step maker compiles the function with this factory "
           "(miniflow/kernels/cuda/elementwise.py):")
     print(indent(inspect.getsource(cuda_elementwise.map_kernel).rstrip()))
     print_sample_checks()
-    plan = check_samples("softplus")["float32"][3]
+    plan = check_samples(OP)["float32"][3]
     print(f"the float32 plan on the cuda backend: {plan.describe().strip()}")
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .stability import BF16_LABEL, ONEFLOW_POLICIES
+from .stability_grid import BF16_LABEL, ONEFLOW_POLICIES
 from .stability_report import (POLICY_NAMES, group, log2_label, nan_steps, runs_of,
                                  static_row_name)
 

@@ -18,7 +18,7 @@ import math
 
 import numpy as np
 
-from .stability import BF16_LABEL, CNN_LR, CNN_ROWS, ONEFLOW_POLICIES
+from .stability_grid import BF16_LABEL, CNN_LR, CNN_ROWS, ONEFLOW_POLICIES
 
 __all__ = ["POLICY_NAMES", "STATIC_ROWS", "static_row_name", "runs_of", "group", "mean_of",
            "log2_label", "nan_steps", "headline_table", "summary_markdown"]
@@ -111,7 +111,7 @@ HEADLINE_LOG2_SCALES = (15, 16, 17, 20)
 
 
 def _bf16_row(metrics: dict, scales) -> list:
-    """The bfloat16 row (:data:`~miniflow.experiments.stability.BF16_LABEL`): its name and static
+    """The bfloat16 row (:data:`~miniflow.experiments.stability_grid.BF16_LABEL`): its name and static
     cells at ``scales``."""
     g = group(runs_of(metrics, "bfloat16"), "scale")
     return [BF16_LABEL] + [_static_cell(g[(s,)]) for s in scales]

@@ -1,58 +1,55 @@
-"""The builders of the pools on every backend: ``max_pool_2d``, ``avg_pool_2d``,
-``adaptive_avg_pool2d`` and their gradients. Planned the same way everywhere: the window geometry
-(``miniflow.ops.geometry``, as the ops' inference computes it), and no step for an empty output.
-The backend's step makers run the loops."""
+"""The pool family: its one step-maker protocol (:class:`PoolStepMaker`) and :func:`builders`,
+which makes a backend's pool builders from its step makers, one per op type: ``max_pool_2d``,
+``avg_pool_2d``, ``adaptive_avg_pool2d``, their gradients, and any pool-like op added later.
+Planned the same way everywhere: the window geometry (``miniflow.ops.geometry``, as the ops'
+inference computes it) or the adaptive output size, and no step for an empty output. The
+backend's step makers run the loops.
+
+A backend fills its family record, ``BUILDERS`` of its ``pool.py``, by op type::
+
+    BUILDERS = pool.builders(max_pool_2d=max_steps, ..., adaptive_avg_pool2d=adaptive_steps)
+
+so a new pool-like op adds one step maker and one keyword per backend, and nothing here.
+"""
 from __future__ import annotations
+
+from typing import Protocol
 
 from ...ops.geometry import pool_geometry
 
-__all__ = ["builders"]
+__all__ = ["PoolStepMaker", "plan_of", "builders"]
 
 
-def builders(*, max_steps, max_grad_steps, avg_steps, avg_grad_steps, adaptive_steps,
-             adaptive_grad_steps) -> dict:
-    """Op type -> builder of the pooling ops, over a backend's step makers (``g``: the
-    ``PoolGeometry``; ``attrs``: the node's normalized attributes; ``(oh, ow)``: the adaptive
-    output size):
+class PoolStepMaker(Protocol):
+    """What every pool step maker of every backend is: ``steps(ins, outs, plan, attrs)`` -> the
+    node's steps (``[(kernel, args), ...]``, the contract of ``miniflow.runtime.backend.Backend``).
+    ``ins`` / ``outs``: the node's arrays, in the op's input and output order; ``plan``: the
+    node's :func:`plan_of`; ``attrs``: its normalized attributes. Called only for a non-empty
+    first output."""
 
-    * ``max_steps(x, y, indice, g)``, ``max_grad_steps(indice, dy, dx, g)``;
-    * ``avg_steps(x, y, g, attrs)``, ``avg_grad_steps(dy, dx, g, attrs)``;
-    * ``adaptive_steps(x, y, oh, ow)``, ``adaptive_grad_steps(dy, dx, oh, ow)``.
-    """
-    def geometry(op, node, x, avg):
-        return pool_geometry(op, tuple(x.shape), node.attrs, avg=avg)
+    def __call__(self, ins: list, outs: list, plan, attrs: dict) -> list: ...
 
-    def max_pool_2d(node, ins, outs):
-        """``y, indice = max_pool_2d(x)`` (indices flat in each ``H*W`` plane, int64)."""
-        g = geometry("max_pool_2d", node, ins[0], False)
-        return max_steps(ins[0], outs[0], outs[1], g) if outs[0].size else []
 
-    def max_pool_2d_grad(node, ins, outs):
-        """``dx = max_pool_2d_grad(x, indice, dy)``: ``dy`` added at the indexed inputs."""
-        g = geometry("max_pool_2d_grad", node, ins[0], False)
-        return max_grad_steps(ins[1], ins[2], outs[0], g) if outs[0].size else []
+def plan_of(node, x_shape: tuple):
+    """The plan a pool step maker gets for ``node`` whose first input (``x``, for the gradients
+    too) has shape ``x_shape``, read off its normalized attributes: ``(oh, ow)`` for an adaptive
+    pool (it has ``output_size``), else the window's ``PoolGeometry`` (``pool_geometry``; an
+    average-style window when it has ``count_include_pad``, as ``pool_attrs`` gives it)."""
+    attrs = node.attrs
+    if "output_size" in attrs:
+        return tuple(attrs["output_size"])
+    return pool_geometry(node.op.name, x_shape, attrs, avg="count_include_pad" in attrs)
 
-    def avg_pool_2d(node, ins, outs):
-        """``y = avg_pool_2d(x)``."""
-        g = geometry("avg_pool_2d", node, ins[0], True)
-        return avg_steps(ins[0], outs[0], g, node.attrs) if outs[0].size else []
 
-    def avg_pool_2d_grad(node, ins, outs):
-        """``dx = avg_pool_2d_grad(x, dy)``."""
-        g = geometry("avg_pool_2d_grad", node, ins[0], True)
-        return avg_grad_steps(ins[1], outs[0], g, node.attrs) if outs[0].size else []
+def builders(**steps: PoolStepMaker) -> dict:
+    """Op type -> builder over a backend's step makers ``steps`` (keyword: op type, value: its
+    :class:`PoolStepMaker`)."""
+    def builder(op, make):
+        def build(node, ins, outs):
+            return make(ins, outs, plan_of(node, tuple(ins[0].shape)), node.attrs) \
+                if outs[0].size else []
 
-    def adaptive_avg_pool2d(node, ins, outs):
-        """``y = adaptive_avg_pool2d(x)``."""
-        oh, ow = node.attrs["output_size"]
-        return adaptive_steps(ins[0], outs[0], oh, ow) if outs[0].size else []
+        build.__doc__ = f"The builder of ``{op}``: the node's :func:`plan_of`, ``{make.__name__}``."
+        return build
 
-    def adaptive_avg_pool2d_grad(node, ins, outs):
-        """``dx = adaptive_avg_pool2d_grad(x, dy)``."""
-        oh, ow = node.attrs["output_size"]
-        return adaptive_grad_steps(ins[1], outs[0], oh, ow) if outs[0].size else []
-
-    return {"max_pool_2d": max_pool_2d, "max_pool_2d_grad": max_pool_2d_grad,
-            "avg_pool_2d": avg_pool_2d, "avg_pool_2d_grad": avg_pool_2d_grad,
-            "adaptive_avg_pool2d": adaptive_avg_pool2d,
-            "adaptive_avg_pool2d_grad": adaptive_avg_pool2d_grad}
+    return {op: builder(op, make) for op, make in steps.items()}

@@ -1,23 +1,23 @@
-"""A backend's kernel table and its lookup: every backend package has the kernel modules
-:data:`MODULES` (mirrored file names); ``KERNELS`` is merged from their ``BUILDERS``
-(:func:`kernel_table`); :func:`builder_for` finds an op's builder there, or derives it from the
-op's scalar function when the plan is built. :func:`backend_kernels` makes both for a package;
-:class:`GroupBuilder` is what a backend's ``group_builder(op)`` returns."""
+"""A backend's kernel table and its lookup. Every backend package has one module per kernel
+family, :data:`FAMILIES` (mirrored file names, each with its ``BUILDERS``: op type -> builder,
+the backend's record of that family); its ``__init__`` imports them by name and passes them to
+:func:`backend_kernels`, which merges their ``BUILDERS`` into ``KERNELS`` (:func:`kernel_table`)
+and makes the lookup :func:`builder_for` (found there, or derived from the op's scalar function
+when the plan is built). :class:`GroupBuilder` is what a backend's ``group_builder(op)`` returns."""
 from __future__ import annotations
 
-import importlib
 from dataclasses import dataclass
 from typing import Callable
 
 from .elementwise import StepMakers, derived_builder
 
-__all__ = ["MODULES", "kernel_table", "builder_for", "backend_kernels", "GroupBuilder"]
+__all__ = ["FAMILIES", "kernel_table", "builder_for", "backend_kernels", "GroupBuilder"]
 
-MODULES = ("elementwise", "movement", "reduce", "matmul", "update", "loss_scale", "clip", "fused",
-           "collective", "conv", "normalization", "pool", "indexing",
-           "dropout")
-"""The kernel modules of every backend package, each with its ``BUILDERS`` (``elementwise`` also
-has ``STEPS``, the step makers of the derived elementwise builders)."""
+FAMILIES = ("elementwise", "movement", "reduce", "matmul", "update", "loss_scale", "clip", "fused",
+            "collective", "conv", "normalization", "pool", "indexing", "dropout")
+"""The kernel families: the modules every backend package has, each with its ``BUILDERS``
+(``elementwise`` also has ``STEPS``, the step makers of the derived elementwise builders).
+``tests/test_layering.py`` checks that every backend imports each of them."""
 
 
 def kernel_table(*modules) -> dict:
@@ -44,17 +44,28 @@ def builder_for(op, table: dict, steps: StepMakers):
     return builder if builder is not None else derived_builder(op, steps)
 
 
-def backend_kernels(package: str) -> tuple:
-    """``(KERNELS, builder_for)`` of the backend package ``package`` (``"miniflow.kernels.cpu"``):
-    the table merged from its :data:`MODULES` and the lookup over it.
+def backend_kernels(package: str, modules) -> tuple:
+    """``(KERNELS, builder_for)`` of the backend package ``package`` (``"miniflow.kernels.cpu"``)
+    from ``modules``, its family modules (one per name in :data:`FAMILIES`, any order): the
+    table merged from their ``BUILDERS`` and the lookup over it.
 
     Raises:
-        ModuleNotFoundError: the package lacks one of :data:`MODULES` (the backends mirror them).
-        ValueError: two modules build the same op type (:func:`kernel_table`).
+        ValueError: ``modules`` are not exactly the modules ``package.<family>`` of
+            :data:`FAMILIES` (naming what is missing or extra: the backends mirror them), one
+            has no ``BUILDERS`` dict, or two build the same op type (:func:`kernel_table`).
     """
-    modules = [importlib.import_module(f"{package}.{name}") for name in MODULES]
-    kernels = kernel_table(*modules)
-    steps = modules[MODULES.index("elementwise")].STEPS
+    families = {m.__name__.removeprefix(package + "."): m for m in modules}
+    missing = [f for f in FAMILIES if f not in families]
+    extra = sorted(set(families) - set(FAMILIES))
+    if missing or extra:
+        raise ValueError(f"{package}: its kernel modules must be exactly table.FAMILIES; "
+                         f"missing {missing}, extra {extra}")
+    for name, module in families.items():
+        if not isinstance(getattr(module, "BUILDERS", None), dict):
+            raise ValueError(f"{package}.{name}: a kernel family module needs a BUILDERS dict "
+                             f"(op type -> builder)")
+    kernels = kernel_table(*(families[f] for f in FAMILIES))
+    steps = families["elementwise"].STEPS
 
     def lookup(op):
         return builder_for(op, kernels, steps)

@@ -49,13 +49,13 @@ import numpy as np
 
 from ..common import conv
 from ..common.conv import cropped, live_taps
+from ..common.precision import compute_dtype
 from .common import jit, kview, loop_for, use_parallel
 from .elementwise import cast_steps
 from .fp16 import load, store, to_compute
 from .movement import fill_steps
 
-__all__ = ["BATCH_BELOW", "WINOGRAD_FROM", "WINOGRAD_PAIRS", "TRANSPOSED_FROM", "compute_dtype",
-           "valid_range", "im2col_kernel", "col2im_kernel", "bias_grad_kernel",
+__all__ = ["BATCH_BELOW", "WINOGRAD_FROM", "WINOGRAD_PAIRS", "TRANSPOSED_FROM", "valid_range", "im2col_kernel", "col2im_kernel", "bias_grad_kernel",
            "winograd_pad_kernel", "winograd_input_kernel", "winograd_output_kernel",
            "winograd_grad_kernel", "winograd_applies", "forward_steps", "data_grad_steps",
            "filter_grad_steps", "bias_grad_steps", "BUILDERS"]
@@ -65,11 +65,6 @@ BATCH_BELOW = 128
 batch at once (the batched layout, see the module docstring). Measured at 7x7 (1x1 2048->512,
 batch 4): 4.09 / 4.25 / 4.46 ms (forward / data / filter gradient) batched against 4.54 / 5.16 /
 5.75 per sample; at 14x14 the two layouts tie."""
-
-
-def compute_dtype(dtype) -> np.dtype:
-    """The NumPy dtype kernels compute in for storage ``dtype``: float64 for f64, else float32."""
-    return np.dtype(np.float64 if np.dtype(dtype) == np.float64 else np.float32)
 
 
 # ----------------------------------------------------------------------------- im2col / col2im

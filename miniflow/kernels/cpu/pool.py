@@ -24,8 +24,8 @@ import numpy as np
 
 from ...ops.pool import avg_divisors
 from ..common import pool
+from ..common.precision import compute_dtype
 from .common import jit, kview, loop_for, use_parallel
-from .conv import compute_dtype
 from .fp16 import load, store, to_compute
 
 __all__ = ["takes", "max_pool_kernel", "max_pool_grad_kernel", "avg_pool_kernel",
@@ -300,8 +300,9 @@ def _parallel(a: np.ndarray) -> bool:
     return use_parallel(a.size) and a.shape[0] * a.shape[1] > 1
 
 
-def max_steps(x, y, ind, g):
+def max_steps(ins, outs, g, attrs):
     """The step of ``max_pool_2d`` (scratch rows allocated now)."""
+    (x,), (y, ind) = ins, outs
     parallel = _parallel(x)
     rows, ct = g.planes if parallel else 1, compute_dtype(y.dtype)
     t_n = (g.ow - 1) * g.sw + 1
@@ -311,8 +312,9 @@ def max_steps(x, y, ind, g):
                                          *scratch))]
 
 
-def max_grad_steps(ind, dy, dx, g):
+def max_grad_steps(ins, outs, g, attrs):
     """The step of ``max_pool_2d_grad``: a scatter into a compute-type plane, rounded once."""
+    (_, ind, dy), (dx,) = ins, outs
     narrow = dx.dtype != compute_dtype(dx.dtype)
     acc = np.empty(_planes(dx).shape, compute_dtype(dx.dtype)) if narrow else _planes(dx)
     kernel = max_pool_grad_kernel(narrow, _parallel(dx))
@@ -323,28 +325,32 @@ def _divisors(g, attrs, dtype):
     return avg_divisors(g, attrs).astype(compute_dtype(dtype)).reshape(-1)
 
 
-def avg_steps(x, y, g, attrs):
+def avg_steps(ins, outs, g, attrs):
     """The step of ``avg_pool_2d``."""
+    (x,), (y,) = ins, outs
     return [(avg_pool_kernel(_parallel(x)), (_planes(x), _planes(y), _divisors(g, attrs, y.dtype),
                                              g.window()))]
 
 
-def avg_grad_steps(dy, dx, g, attrs):
+def avg_grad_steps(ins, outs, g, attrs):
     """The step of ``avg_pool_2d_grad``."""
+    (_, dy), (dx,) = ins, outs
     return [(avg_pool_grad_kernel(_parallel(dx)),
              (_planes(dy), _planes(dx), _divisors(g, attrs, dx.dtype), g.window()))]
 
 
-def adaptive_steps(x, y, oh: int, ow: int):
+def adaptive_steps(ins, outs, size, attrs):
     """The step of ``adaptive_avg_pool2d`` (a global one: the sum of each plane)."""
+    (x,), (y,), (oh, ow) = ins, outs, size
     if (oh, ow) == (1, 1):
         return [(global_avg_pool_kernel(_parallel(x)), (_planes(x), kview(y).reshape(-1)))]
     rows, cols = adaptive_windows(x.shape[2], oh), adaptive_windows(x.shape[3], ow)
     return [(adaptive_avg_pool_kernel(_parallel(x)), (_planes3(x), _planes3(y), rows, cols))]
 
 
-def adaptive_grad_steps(dy, dx, oh: int, ow: int):
+def adaptive_grad_steps(ins, outs, size, attrs):
     """The step of ``adaptive_avg_pool2d_grad`` (a global one: a fill of each plane)."""
+    (_, dy), (dx,), (oh, ow) = ins, outs, size
     if (oh, ow) == (1, 1):
         return [(global_avg_pool_grad_kernel(_parallel(dx)), (kview(dy).reshape(-1),
                                                               _planes(dx)))]
@@ -353,7 +359,8 @@ def adaptive_grad_steps(dy, dx, oh: int, ow: int):
              (_planes3(dy), _planes3(dx), rows, cols))]
 
 
-BUILDERS = pool.builders(max_steps=max_steps, max_grad_steps=max_grad_steps, avg_steps=avg_steps,
-                         avg_grad_steps=avg_grad_steps, adaptive_steps=adaptive_steps,
-                         adaptive_grad_steps=adaptive_grad_steps)
-"""Op type -> builder of the pooling ops."""
+BUILDERS = pool.builders(max_pool_2d=max_steps, max_pool_2d_grad=max_grad_steps,
+                         avg_pool_2d=avg_steps, avg_pool_2d_grad=avg_grad_steps,
+                         adaptive_avg_pool2d=adaptive_steps,
+                         adaptive_avg_pool2d_grad=adaptive_grad_steps)
+"""Op type -> builder of the pooling ops (the pool family on the CPU)."""

@@ -17,6 +17,7 @@ from .elementwise import cast_steps
 from .fp16 import load, store, to_compute
 from .movement import transpose_steps
 from ..common import reduce
+from ..common.precision import compute_dtype
 
 __all__ = ["reduce_sum_kernel", "reduce_sum_columns_kernel", "softmax_kernel",
            "softmax_grad_kernel", "sparse_xent_kernel", "sparse_xent_grad_kernel", "sum_steps",
@@ -201,7 +202,7 @@ def sum_steps(x: np.ndarray, out: np.ndarray, outer: int, red: int, inner: int):
     if red == 1:
         return cast_steps(x, out)
     if inner > 1:
-        acc = np.empty(out.size, np.float64 if out.dtype == np.float64 else np.float32)
+        acc = np.empty(out.size, compute_dtype(out.dtype))
         kernel = reduce_sum_columns_kernel(parallel)
         return [(kernel, (flat(x), flat(out), acc, outer, red, inner))]
     return [(reduce_sum_kernel(parallel), (flat(x), flat(out), outer, red, inner))]

@@ -19,14 +19,18 @@ result once.
 """
 from __future__ import annotations
 
-from . import fused, reduce, update
+from . import (clip, collective, conv, dropout, elementwise, fused, indexing, loss_scale, matmul,
+               movement, normalization, pool, reduce, update)
 from ..common import table
 
 __all__ = ["KERNELS", "builder_for", "fused_builder", "group_builder"]
 
-KERNELS, builder_for = table.backend_kernels(__name__)
+KERNELS, builder_for = table.backend_kernels(__name__, [
+    clip, collective, conv, dropout, elementwise, fused, indexing, loss_scale, matmul, movement,
+    normalization, pool, reduce, update])
 """``KERNELS``: op type -> builder of the ops whose kernels are not derived from a scalar function
-(merged from ``table.MODULES``); ``builder_for(op)``: its builder, found or derived."""
+(merged from the ``BUILDERS`` of the families, ``table.FAMILIES``); ``builder_for(op)``: its
+builder, found or derived."""
 
 
 def fused_builder(producer, consumer):

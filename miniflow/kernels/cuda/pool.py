@@ -169,49 +169,56 @@ def adaptive_avg_pool_grad_kernel(ld, ct, st):
     return kernel
 
 
-def max_steps(x, y, ind, g):
+def max_steps(ins, outs, g, attrs):
     """A grid-stride launch of :func:`max_pool_kernel` over ``y``."""
+    (x,), (y, ind) = ins, outs
     return flat_steps(max_pool_kernel(*types_of(y)), y.size,
                       (flat(x), flat(y), flat(ind), g.window()), f"max_pool_2d {short(y.dtype)}")
 
 
-def max_grad_steps(ind, dy, dx, g):
+def max_grad_steps(ins, outs, g, attrs):
     """A grid-stride launch of :func:`max_pool_grad_kernel` over ``dx``."""
+    (_, ind, dy), (dx,) = ins, outs
     return flat_steps(max_pool_grad_kernel(*types_of(dx)), dx.size,
                       (flat(ind), flat(dy), flat(dx), g.window()),
                       f"max_pool_2d_grad {short(dx.dtype)}")
 
 
-def avg_steps(x, y, g, attrs):
+def avg_steps(ins, outs, g, attrs):
     """A grid-stride launch of :func:`avg_pool_kernel` over ``y``."""
+    (x,), (y,) = ins, outs
     return flat_steps(avg_pool_kernel(*types_of(y)), y.size,
                       (flat(x), flat(y), g.window(), attrs["count_include_pad"],
                        attrs["divisor_override"]), f"avg_pool_2d {short(y.dtype)}")
 
 
-def avg_grad_steps(dy, dx, g, attrs):
+def avg_grad_steps(ins, outs, g, attrs):
     """A grid-stride launch of :func:`avg_pool_grad_kernel` over ``dx``."""
+    (_, dy), (dx,) = ins, outs
     return flat_steps(avg_pool_grad_kernel(*types_of(dx)), dx.size,
                       (flat(dy), flat(dx), g.window(), attrs["count_include_pad"],
                        attrs["divisor_override"]), f"avg_pool_2d_grad {short(dx.dtype)}")
 
 
-def adaptive_steps(x, y, oh: int, ow: int):
+def adaptive_steps(ins, outs, size, attrs):
     """A grid-stride launch of :func:`adaptive_avg_pool_kernel` over ``y``."""
+    (x,), (y,), (oh, ow) = ins, outs, size
     h, w = tuple(x.shape)[2:]
     return flat_steps(adaptive_avg_pool_kernel(*types_of(y)), y.size,
                       (flat(x), flat(y), h, w, oh, ow), f"adaptive_avg_pool2d {short(y.dtype)}")
 
 
-def adaptive_grad_steps(dy, dx, oh: int, ow: int):
+def adaptive_grad_steps(ins, outs, size, attrs):
     """A grid-stride launch of :func:`adaptive_avg_pool_grad_kernel` over ``dx``."""
+    (_, dy), (dx,), (oh, ow) = ins, outs, size
     h, w = tuple(dx.shape)[2:]
     return flat_steps(adaptive_avg_pool_grad_kernel(*types_of(dx)), dx.size,
                       (flat(dy), flat(dx), h, w, oh, ow),
                       f"adaptive_avg_pool2d_grad {short(dx.dtype)}")
 
 
-BUILDERS = pool.builders(max_steps=max_steps, max_grad_steps=max_grad_steps, avg_steps=avg_steps,
-                         avg_grad_steps=avg_grad_steps, adaptive_steps=adaptive_steps,
-                         adaptive_grad_steps=adaptive_grad_steps)
-"""Op type -> builder of the pooling ops."""
+BUILDERS = pool.builders(max_pool_2d=max_steps, max_pool_2d_grad=max_grad_steps,
+                         avg_pool_2d=avg_steps, avg_pool_2d_grad=avg_grad_steps,
+                         adaptive_avg_pool2d=adaptive_steps,
+                         adaptive_avg_pool2d_grad=adaptive_grad_steps)
+"""Op type -> builder of the pooling ops (the pool family on CUDA)."""
