@@ -5,6 +5,7 @@ runs the op's kernel at once (eager, forward only), on the same kernels a compil
 """
 from __future__ import annotations
 
+import collections
 import numbers
 
 import numpy as np
@@ -157,6 +158,22 @@ class Tensor:
         inv = tuple(perm.index(i) for i in range(self.ndim))
         moved = apply("transpose", [self], perm=perm)
         return apply("transpose", [apply("softmax", [moved])], perm=inv)
+
+    def max(self, dim: int | None = None, keepdim: bool = False):
+        """Without ``dim``: the largest element (a 0-d tensor; op ``reduce_max``). With ``dim``:
+        ``(values, indices)`` along ``dim`` as PyTorch's ``torch.return_types.max`` (ops
+        ``reduce_max`` and ``argmax``; NaN propagates, the first maximum's index). The
+        gradient of ``values`` is shared equally by tied maxima (OneFlow's rule; PyTorch gives
+        it to the one at ``indices``).
+
+        Raises:
+            IndexError: ``dim`` out of range. ValueError: an empty reduced dimension."""
+        if dim is None:
+            flat = self.reshape(-1) if self.ndim != 1 else self
+            return apply("reduce_max", [flat], axis=0).reshape(())
+        d = _dim("max", dim, self.ndim)
+        return MaxResult(apply("reduce_max", [self], axis=d, keepdims=bool(keepdim)),
+                         apply("argmax", [self], axis=d, keepdims=bool(keepdim)))
 
     def masked_fill(self, mask, value) -> "Tensor":
         """``value`` where ``mask`` is True (nonzero), else this tensor's element (op
@@ -395,6 +412,10 @@ def _reduce_args(op: str, dim, keepdim, axis, keepdims) -> tuple:
             raise TypeError(f"{op}: got both keepdim and keepdims; pass one")
         keepdim = keepdims
     return dim, bool(keepdim)
+
+
+MaxResult = collections.namedtuple("max", ["values", "indices"])
+"""What ``Tensor.max(dim)`` returns (PyTorch's ``torch.return_types.max``)."""
 
 
 def _dim(fn: str, dim, ndim: int) -> int:

@@ -87,6 +87,19 @@ def extra_cases(cfg: LaunchConfig = SIMULATOR) -> list:
                  "overflow-nan"),
             Case("matmul", [np.array([[1.0, np.nan], [2.0, 3.0]], dt), _r(2, 3, dt=dt)], {},
                  "nan"),
+            Case("layer_norm", [_r(3, cols, dt=dt), _r(cols, dt=dt, seed=1),
+                                _r(cols, dt=dt, seed=2)], {}, "long-rows"),
+            Case("layer_norm_grad", [_r(3, cols, dt=dt), _r(3, cols, dt=dt, seed=1),
+                                     _r(3, seed=2), _r(3, seed=3, lo=0.5, hi=2.0),
+                                     _r(cols, dt=dt, seed=4)], {}, "long-rows"),
+            Case("gather", [_r(7, 3, dt=dt), (np.arange(n) % 7).astype(np.int64)], {},
+                 "grid-stride"),
+            Case("dropout", [_r(n, dt=dt), np.array([5, 3], np.int64)], {"rate": 0.25},
+                 "grid-stride"),
+            Case("tril", [_r(2, cols, cols // 2, dt=dt)], {"diagonal": -1, "fill_value": -1e4},
+                 "wide"),
+            Case("batch_matmul", [_r(2, t + 1, 5, dt=dt), _r(2, 5, t + 3, dt=dt, seed=1)], {},
+                 "not-tile-multiple"),
         ]
     for dt in (np.float32, np.float16, np.float64):  # every transpose pair, odd sizes
         for ta in (False, True):

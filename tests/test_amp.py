@@ -519,3 +519,60 @@ def test_enable_amp_rejects_dtypes_other_than_the_half_types(dtype):
     assert cfg.amp.dtype is f16
     cfg.enable_amp(False)
     assert cfg.amp is None
+
+
+def _attention_graph(black_scores):
+    """Inference: ``softmax(q @ k^T * 0.5) @ v`` over ``[2, 3, 4]`` q, k, v (two ``batch_matmul``
+    around the gray ``softmax``), the scores pinned with ``amp_black_identity`` if asked."""
+    g = Graph()
+    emit = emitter(g)
+    q, k, v = (g.add_input(n, (2, 3, 4), f32) for n in "qkv")
+    scores = emit("batch_matmul", q, k, transpose_b=True)
+    if black_scores:
+        scores = emit("amp_black_identity", scores)
+    p = emit("softmax", emit("scalar_mul", scores, scalar=0.5))
+    g.set_outputs([emit("batch_matmul", p, v)])
+    return g
+
+
+def test_softmax_between_two_batch_matmuls_runs_in_float16_golden():
+    """OneFlow's rule: softmax is gray, its producer (through the gray scalar_mul) is the white
+    batch_matmul and its consumer is white: float16, scores and all."""
+    g = _attention_graph(black_scores=False)
+    ctx, text = _amp(g)
+    _golden("attention_softmax_fp16", text)
+    assert _colors(ctx)["softmax %4"] == "white"
+    (softmax,) = _by_op(g, "softmax")
+    assert softmax.inputs[0].dtype is f16 and softmax.outputs[0].dtype is f16
+
+
+def test_amp_black_identity_on_the_scores_keeps_softmax_float32_golden():
+    g = _attention_graph(black_scores=True)
+    ctx, text = _amp(g)
+    _golden("attention_softmax_black_scores", text)
+    (softmax,) = _by_op(g, "softmax")
+    assert softmax.inputs[0].dtype is f32 and softmax.outputs[0].dtype is f32
+    first, second = _by_op(g, "batch_matmul")
+    assert first.outputs[0].dtype is f16 and second.outputs[0].dtype is f16
+    assert _producer(g, second.inputs[0]).op.name == "cast"    # f32 softmax cast down for it
+
+
+def test_layer_norm_between_matmuls_is_float16_with_float32_statistics_golden():
+    """layer_norm is gray: float16 between white matmuls; its mean and inv_variance stay float32
+    and reach layer_norm_grad / layer_norm_param_grad uncast (no-cast inputs)."""
+    g = Graph()
+    emit = emitter(g)
+    x = g.add_input("x", (4, 3), f32)
+    w1, w2 = g.add_variable("w1", (3, 6), f32), g.add_variable("w2", (6, 2), f32)
+    gamma, beta = g.add_variable("gamma", (6,), f32), g.add_variable("beta", (6,), f32)
+    y, _, _ = emit("layer_norm", emit("matmul", x, w1), gamma, beta, begin_norm_axis=1,
+                   begin_params_axis=1)
+    g.results["loss"] = emit("reduce_sum", emit("matmul", y, w2), axis=None)
+    ctx, text = _amp(g, trainable=["w1", "w2", "gamma", "beta"])
+    _golden("layer_norm_between_matmuls", text)
+    (ln,) = _by_op(g, "layer_norm")
+    assert ln.outputs[0].dtype is f16 and ln.outputs[1].dtype is f32 and ln.outputs[2].dtype is f32
+    for op in ("layer_norm_grad", "layer_norm_param_grad"):
+        (node,) = _by_op(g, op)
+        assert node.inputs[2] is ln.outputs[1] and node.inputs[3] is ln.outputs[2], op
+        assert node.inputs[0].dtype is f16

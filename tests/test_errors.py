@@ -367,3 +367,46 @@ def test_more_misuse_gets_clear_errors():
         g("abc")
     with pytest.raises(TypeError, match="print_ir must be True or False"):
         g.config.debug("no")
+
+
+_A = np.zeros((2, 3, 4), np.float32)
+_ATTENTION_OP_ERRORS = [
+    ("batch_matmul", [_A, np.zeros((3, 4, 5), np.float32)], {}, ValueError,
+     r"batch_matmul: batch dimensions differ: .*f32\[2,3,4\].*f32\[3,4,5\].*does not broadcast"),
+    ("batch_matmul", [_A, np.zeros((2, 5, 4), np.float32)], {}, ValueError,
+     r"batch_matmul: inner dimensions differ.*give 4 vs 5"),
+    ("batch_matmul", [np.zeros((3, 4), np.float32)] * 2, {}, ValueError,
+     r"batch_matmul: both inputs must have one rank >= 3.*use matmul"),
+    ("layer_norm", [_A, np.ones(3, np.float32), np.zeros(3, np.float32)], {}, ValueError,
+     r"layer_norm: gamma %in1 \(f32\[3\]\) must have the normalized shape \[4\]"),
+    ("layer_norm", [_A, np.ones(4, np.float16), np.zeros(4, np.float16)], {}, TypeError,
+     r"layer_norm: gamma .* must have x's dtype float32"),
+    ("layer_norm", [_A], {"begin_norm_axis": 1, "begin_params_axis": 2}, ValueError,
+     r"begin_params_axis 2 must equal begin_norm_axis 1"),
+    ("gather", [_A, np.zeros(2, np.float32)], {}, TypeError,
+     r"gather: indices %in1 \(f32\[2\]\) must be int64"),
+    ("slice", [_A], {"start": (0, 0, 0), "stop": (2, 3, 4), "step": (1, -1, 1)}, ValueError,
+     r"slice: step -1 on axis 1: step must be greater than zero"),
+    ("slice", [_A], {"start": (0, 0), "stop": (2, 3), "step": (1, 1)}, ValueError,
+     r"slice: start has 2 entries for a tensor of rank 3"),
+    ("masked_fill", [_A, np.ones((3, 5), np.int64)], {"value": 0.0}, ValueError,
+     r"masked_fill: mask %in1 \(i64\[3,5\]\) must broadcast to x's shape"),
+    ("tril", [np.zeros(4, np.float32)], {}, ValueError,
+     r"tril: x %in0 \(f32\[4\]\) must have at least 2 dimensions"),
+    ("dropout", [_A, np.zeros(2, np.int64)], {"rate": 1.5}, ValueError,
+     r"dropout: rate \(PyTorch's p\) must be a probability in \[0, 1\], got 1.5"),
+    ("dropout", [_A, np.zeros(3, np.int64)], {"rate": 0.5}, TypeError,
+     r"dropout: state .* must be the int64 \[seed, offset\]"),
+]
+
+
+@pytest.mark.parametrize("op,inputs,attrs,err,match", _ATTENTION_OP_ERRORS,
+                         ids=[f"{c[0]}-{i}" for i, c in enumerate(_ATTENTION_OP_ERRORS)])
+def test_attention_ops_refuse_bad_input_at_build(op, inputs, attrs, err, match):
+    from miniflow.ir import Graph
+    from miniflow.ops import emitter
+    g = Graph()
+    vals = [g.add_input(f"in{i}", a.shape, mf.dtype.as_dtype(a.dtype)) for i, a in
+            enumerate(inputs)]
+    with pytest.raises(err, match=match):
+        emitter(g)(op, *vals, **attrs)

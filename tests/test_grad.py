@@ -58,8 +58,8 @@ CASES = [
 ]
 
 
-NOT_CHECKED = ("ones_like", "constant", "detach", "dropout")
-"""Ops whose gradient rule returns no gradient (creation ops, detach): nothing to check; and ``dropout``,
+NOT_CHECKED = ("ones_like", "constant", "detach", "argmax", "dropout")
+"""Ops whose gradient rule returns no gradient (creation ops, detach, argmax): nothing to check; and ``dropout``,
 whose every run draws a new mask (it advances its random stream in place), so finite differences
 see a different function at each evaluation: ``tests/test_dropout.py`` checks its gradient against
 ``dy * mask / (1 - rate)`` instead."""

@@ -92,6 +92,9 @@ METHODS = {
     "masked_fill": (lambda t: t.masked_fill(_MASK, -2.5), (4, 5)),
     "split": (lambda t: t.split(2, dim=1)[2] * 3.0, (4, 5)),
     "detach": (lambda t: t * t.detach(), (3, 4)),
+    "max_dim": (lambda t: t.max(dim=-1)[0] * 2.0, (4, 5)),
+    "max_dim_keepdim": (lambda t: t.max(1, keepdim=True).values, (4, 5, 6)),
+    "max_all": (lambda t: t.max() * 3.0, (4, 5)),
 }
 _MASK = np.tri(4, 5, dtype=bool)
 
@@ -107,6 +110,18 @@ def test_method_and_its_gradient_match_pytorch(name):
     got_y = g().numpy()
     np.testing.assert_allclose(got_y, want_y, rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(x - g.m.x.numpy(), want_g, rtol=1e-5, atol=1e-5)   # lr 1
+
+
+def test_max_returns_values_and_indices_as_pytorch():
+    torch = pytest.importorskip("torch")
+    x = np.array([[1.0, 3.0, 3.0, -1.0], [np.nan, 0.0, 7.0, np.nan]], np.float32)
+    for dim in (0, 1, -1):
+        values, indices = mf.tensor(x).max(dim=dim)
+        want = torch.tensor(x).max(dim=dim)
+        np.testing.assert_array_equal(values.numpy(), want.values.numpy())
+        np.testing.assert_array_equal(indices.numpy(), want.indices.numpy())
+    with pytest.raises(ValueError, match="Expected reduction dim 1 to have non-zero size"):
+        mf.tensor(np.zeros((2, 0), np.float32)).max(dim=1)
 
 
 def test_size_dim_float_half_and_batched_matmul():

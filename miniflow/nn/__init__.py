@@ -7,15 +7,19 @@ imported on first use (``__getattr__``), the one import from ``miniflow.nn`` to 
 """
 from . import activations, functional
 from .activations import *  # noqa: F401,F403  (ReLU ... and their functional forms)
+from .attention import MultiheadAttention
 from .conv import Conv2d
 from .dropout import Dropout
+from .layer_norm import LayerNorm
 from .layers import Flatten, Identity, Linear, Sequential
 from .module import Module, Parameter
 from .normalization import BatchNorm2d
 from .pooling import AdaptiveAvgPool2d, AvgPool2d, MaxPool2d
+from .sparse import Embedding
 
 __all__ = ["Graph", "GraphConfig", "Linear", "Module", "Parameter", "Sequential", "Flatten",
-           "Identity", "Conv2d", "BatchNorm2d", "Dropout", "MaxPool2d", "AvgPool2d", "AdaptiveAvgPool2d",
+           "Identity", "Conv2d", "BatchNorm2d", "Dropout", "LayerNorm", "Embedding",
+           "MultiheadAttention", "MaxPool2d", "AvgPool2d", "AdaptiveAvgPool2d",
            "functional", *(name for name in activations.__all__ if not name.islower())]
 
 

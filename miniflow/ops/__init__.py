@@ -7,7 +7,8 @@ from .registry import (OP_REGISTRY, OpDef, all_ops, emitter, get_op, inference_c
                        scalar_functions, unregister)
 from . import (accumulation, amp_ops, clip, collective, conv, dropout, elementwise,  # noqa: F401
                fused,
-               indexing, layer_norm, linalg, loss_scale, nn, normalization, pool, shape,
+               indexing, layer_norm, linalg, loss_scale, nn, normalization, pool, reduce_max,
+               shape,
                update)  # (registers the op types)
 
 __all__ = ["OP_REGISTRY", "OpDef", "all_ops", "emitter", "get_op", "inference_calls", "register",

@@ -37,7 +37,7 @@ from ..ir import format_shape
 from .common import check_arity, check_float, float_samples, fmt, rand
 from .registry import register
 
-__all__ = ["slice_attrs", "slice_index"]
+__all__ = ["slice_attrs", "slice_index", "first_bad"]
 
 
 def _int_attr(op, name, v):
@@ -70,7 +70,7 @@ def _gather_infer(inputs, attrs):
     return [(x.shape[:axis] + idx.shape + x.shape[axis + 1:], x.dtype)]
 
 
-def _first_bad(idx: np.ndarray, n: int):
+def first_bad(idx: np.ndarray, n: int):
     """``(position, value, count)`` of the first index outside ``[0, n)``, or None."""
     bad = np.flatnonzero((idx < 0) | (idx >= n))
     if not bad.size:
@@ -80,7 +80,7 @@ def _first_bad(idx: np.ndarray, n: int):
 
 
 def _out_of_range(op, idx, n, axis, shape) -> str | None:
-    found = _first_bad(idx, n)
+    found = first_bad(idx, n)
     if found is None:
         return None
     pos, value, count = found

@@ -1,5 +1,6 @@
 """The builders of the indexing ops on every backend (``gather``, ``unsorted_segment_sum_like``,
-``slice``, ``slice_grad``, ``tril``, ``masked_fill``), over the backend's step makers: the layouts
+``slice``, ``slice_grad``, ``tril``, ``masked_fill``, and the one-axis reductions ``reduce_max``,
+``argmax``, ``reduce_max_grad``), over the backend's step makers: the layouts
 are planned here once (``[outer, n, inner]`` around the gather axis, the slice's element offset
 and strides, the mask's broadcast strides), the loops are the backend's."""
 from __future__ import annotations
@@ -34,7 +35,7 @@ def slice_layout(shape, attrs) -> tuple:
 
 
 def builders(*, gather_steps, segment_sum_steps, slice_steps, slice_grad_steps, tril_steps,
-             masked_fill_steps) -> dict:
+             masked_fill_steps, max_steps, max_grad_steps) -> dict:
     """Op type -> builder of the indexing ops, over a backend's step makers:
 
     * ``gather_steps(x, indices, out, outer, n, inner)``: ``out[o, j, i] = x[o, indices[j], i]``;
@@ -45,7 +46,9 @@ def builders(*, gather_steps, segment_sum_steps, slice_steps, slice_grad_steps, 
       elements of ``x`` / ``dx`` (:func:`slice_layout`), whichever the backend uses;
     * ``tril_steps(x, out, rows, cols, diagonal, fill_value)``;
     * ``masked_fill_steps(x, mask, out, shape, mask_strides, value)``: the broadcast collapsed
-      (``layout.broadcast_plan``).
+      (``layout.broadcast_plan``);
+    * ``max_steps(x, out, outer, n, inner, arg)``: ``out[o, i]`` = the maximum (``arg``: its
+      index) of ``x[o, :, i]``; ``max_grad_steps(x, y, dy, dx, outer, n, inner)``.
     """
     def gather(node, ins, outs):
         """``out = x`` indexed by ``indices`` along ``axis``."""
@@ -82,5 +85,24 @@ def builders(*, gather_steps, segment_sum_steps, slice_steps, slice_grad_steps, 
         return masked_fill_steps(ins[0], ins[1], outs[0], tuple(int(s) for s in shape),
                                  tuple(int(s) for s in mst), node.attrs["value"])
 
+    def reduce_max(node, ins, outs):
+        """``out`` = the maximum of ``x`` along ``axis``."""
+        if outs[0].size == 0:
+            return []
+        return max_steps(ins[0], outs[0], *around(ins[0].shape, node.attrs["axis"]), False)
+
+    def argmax(node, ins, outs):
+        """``out`` = the index of the first maximum of ``x`` along ``axis``."""
+        if outs[0].size == 0:
+            return []
+        return max_steps(ins[0], outs[0], *around(ins[0].shape, node.attrs["axis"]), True)
+
+    def reduce_max_grad(node, ins, outs):
+        """``dx`` = ``dy`` shared by the maxima of ``x`` along ``axis``."""
+        if outs[0].size == 0:
+            return []
+        return max_grad_steps(*ins, outs[0], *around(ins[0].shape, node.attrs["axis"]))
+
     return {"gather": gather, "unsorted_segment_sum_like": unsorted_segment_sum_like,
-            "slice": slice_, "slice_grad": slice_grad, "tril": tril, "masked_fill": masked_fill}
+            "slice": slice_, "slice_grad": slice_grad, "tril": tril, "masked_fill": masked_fill,
+            "reduce_max": reduce_max, "argmax": argmax, "reduce_max_grad": reduce_max_grad}

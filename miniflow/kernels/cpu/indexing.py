@@ -2,7 +2,8 @@
 ``gather`` and ``unsorted_segment_sum_like`` (Numba loops over ``[outer, n, inner]``), ``slice`` and
 ``slice_grad`` (``np.copyto`` through a strided view planned at build time), ``tril`` and
 ``masked_fill`` (Numba loops that copy elements as stored: float16 and bfloat16 as their bits,
-the fill value converted to out's dtype once, at build time).
+the fill value converted to out's dtype once, at build time); the one-axis ``reduce_max``,
+``argmax`` and ``reduce_max_grad`` (Numba loops, one output per (parallel) iteration).
 
 ``gather`` checks every index before it copies and raises IndexError on one outside ``[0, n)``;
 the executor then names it (``OpDef.diagnose``). ``unsorted_segment_sum_like`` adds in a scratch
@@ -14,13 +15,14 @@ from __future__ import annotations
 import functools
 
 import numpy as np
+from numba.extending import register_jitable
 
 from ..common import indexing
 from .common import flat, jit, kview, loop_for, use_parallel
-from .fp16 import load, store
+from .fp16 import load, store, to_compute
 
 __all__ = ["gather_kernel", "segment_sum_kernel", "tril_kernel", "masked_fill_kernel",
-           "BUILDERS"]
+           "max_kernel", "argmax_kernel", "max_grad_kernel", "BUILDERS"]
 
 
 @functools.cache
@@ -106,6 +108,77 @@ def masked_fill_kernel(parallel: bool):
     return kernel
 
 
+@register_jitable
+def _max_at(x, base, n, inner):
+    """``(maximum, index)`` of ``x[base + j * inner]`` for j < n (n >= 1): the first NaN wins,
+    else the first largest."""
+    best, k = load(x, base), 0
+    if best != best:
+        return best, k
+    for j in range(1, n):
+        v = load(x, base + j * inner)
+        if v != v:
+            return v, j
+        if v > best:
+            best, k = v, j
+    return best, k
+
+
+@functools.cache
+def max_kernel(parallel: bool):
+    """``kernel(x, out, outer, n, inner)``: ``out[o, i] = max_j x[o, j, i]`` (NaN propagates)."""
+    loop = loop_for(parallel)
+
+    @jit(parallel)
+    def kernel(x, out, outer, n, inner):
+        for t_ in loop(outer * inner):
+            t = np.int64(t_)
+            store(out, t, _max_at(x, t // inner * n * inner + t % inner, n, inner)[0])
+
+    return kernel
+
+
+@functools.cache
+def argmax_kernel(parallel: bool):
+    """``kernel(x, out, outer, n, inner)``: ``out[o, i]`` = the index of the first maximum of
+    ``x[o, :, i]`` (int64; of the first NaN if any)."""
+    loop = loop_for(parallel)
+
+    @jit(parallel)
+    def kernel(x, out, outer, n, inner):
+        for t_ in loop(outer * inner):
+            t = np.int64(t_)
+            out[t] = _max_at(x, t // inner * n * inner + t % inner, n, inner)[1]
+
+    return kernel
+
+
+@functools.cache
+def max_grad_kernel(parallel: bool):
+    """``kernel(x, y, dy, dx, outer, n, inner)``: ``dx[o, j, i] = dy[o, i] / count`` where
+    ``x[o, j, i]`` equals the maximum ``y[o, i]`` (both NaN counts as equal), else 0."""
+    loop = loop_for(parallel)
+
+    @jit(parallel)
+    def kernel(x, y, dy, dx, outer, n, inner):
+        for t_ in loop(outer * inner):
+            t = np.int64(t_)
+            base = t // inner * n * inner + t % inner
+            m = load(y, t)
+            count = 0
+            for j in range(n):
+                v = load(x, base + j * inner)
+                if v == m or (v != v and m != m):
+                    count += 1
+            share, zero = load(dy, t) / count, to_compute(dx, 0.0)
+            for j in range(n):
+                v = load(x, base + j * inner)
+                hit = v == m or (v != v and m != m)
+                store(dx, base + j * inner, share if hit else zero)
+
+    return kernel
+
+
 def _fill(out, value: float) -> np.ndarray:
     """``value`` in out's dtype, as the kernels see it (a one-element kernel view)."""
     with np.errstate(over="ignore"):
@@ -150,7 +223,20 @@ def masked_fill_steps(x, mask, out, shape, mask_strides, value):
               np.array(mask_strides, np.int64), _fill(out, value)))]
 
 
+def max_steps(x, out, outer, n, inner, arg: bool):
+    """The step of ``reduce_max`` (``arg``: of ``argmax``)."""
+    kernel = (argmax_kernel if arg else max_kernel)(use_parallel(x.size) and outer * inner > 1)
+    return [(kernel, (flat(x), flat(out), outer, n, inner))]
+
+
+def max_grad_steps(x, y, dy, dx, outer, n, inner):
+    """The step of ``reduce_max_grad``."""
+    return [(max_grad_kernel(use_parallel(x.size) and outer * inner > 1),
+             (flat(x), flat(y), flat(dy), flat(dx), outer, n, inner))]
+
+
 BUILDERS = indexing.builders(gather_steps=gather_steps, segment_sum_steps=segment_sum_steps,
                              slice_steps=slice_steps, slice_grad_steps=slice_grad_steps,
-                             tril_steps=tril_steps, masked_fill_steps=masked_fill_steps)
+                             tril_steps=tril_steps, masked_fill_steps=masked_fill_steps,
+                             max_steps=max_steps, max_grad_steps=max_grad_steps)
 """Op type -> builder of the indexing ops."""

@@ -10,6 +10,8 @@ grid-stride kernels over flat views (``launch.flat_steps``), no atomics:
   ``slice_grad``: a fill with zero, then a strided scatter of ``dy``.
 * ``tril``, ``masked_fill``: elementwise selects; values move as stored, the fill value is
   rounded to out's dtype.
+* ``reduce_max``, ``argmax``, ``reduce_max_grad`` (one axis): one thread per output, looping
+  over the reduced axis.
 """
 from __future__ import annotations
 
@@ -24,7 +26,7 @@ from .launch import flat_steps
 from .movement import fill_steps, gather_steps as strided_gather_steps
 
 __all__ = ["gather_kernel", "segment_sum_kernel", "scatter_kernel", "tril_kernel",
-           "masked_fill_kernel", "BUILDERS"]
+           "masked_fill_kernel", "max_kernel", "max_grad_kernel", "BUILDERS"]
 
 
 @functools.cache
@@ -113,6 +115,72 @@ def masked_fill_kernel(ld, ct, st):
     return kernel
 
 
+@functools.cache
+def max_kernel(ld, ct, st, arg: bool):
+    """``kernel(x, out, outer, n, inner)``: ``out[o, i]`` = the maximum of ``x[o, :, i]`` (the
+    first NaN wins, else the first largest), or with ``arg`` its index (int64 out)."""
+
+    @jit
+    def kernel(x, out, outer, n, inner):
+        for t in range(cuda.grid(1), outer * inner, cuda.gridsize(1)):
+            base = t // inner * n * inner + t % inner
+            best, k = ld(x[base]), 0
+            if best == best:
+                for j in range(1, n):
+                    v = ld(x[base + j * inner])
+                    if v != v:
+                        best, k = v, j
+                        break
+                    if v > best:
+                        best, k = v, j
+            if arg:
+                out[t] = k
+            else:
+                out[t] = st(best)
+
+    return kernel
+
+
+@functools.cache
+def max_grad_kernel(ld, ct, st):
+    """``kernel(x, y, dy, dx, outer, n, inner)``: ``dx[o, j, i] = dy[o, i] / count`` where
+    ``x[o, j, i]`` equals the maximum ``y[o, i]`` (both NaN counts as equal), else 0."""
+
+    @jit
+    def kernel(x, y, dy, dx, outer, n, inner):
+        for t in range(cuda.grid(1), outer * inner, cuda.gridsize(1)):
+            base = t // inner * n * inner + t % inner
+            m = ld(y[t])
+            count = 0
+            for j in range(n):
+                v = ld(x[base + j * inner])
+                if v == m or (v != v and m != m):
+                    count += 1
+            share = ct(ld(dy[t]) / ct(count))
+            for j in range(n):
+                v = ld(x[base + j * inner])
+                if v == m or (v != v and m != m):
+                    dx[base + j * inner] = st(share)
+                else:
+                    dx[base + j * inner] = st(ct(0))
+
+    return kernel
+
+
+def max_steps(x, out, outer, n, inner, arg: bool):
+    """A grid-stride launch of :func:`max_kernel` over the outputs."""
+    return flat_steps(max_kernel(*types_of(x), bool(arg)), outer * inner,
+                      (flat(x), flat(out), outer, n, inner),
+                      f"{'argmax' if arg else 'reduce_max'} {short(x.dtype)}")
+
+
+def max_grad_steps(x, y, dy, dx, outer, n, inner):
+    """A grid-stride launch of :func:`max_grad_kernel` over the outputs of the reduction."""
+    return flat_steps(max_grad_kernel(*types_of(x)), outer * inner,
+                      (flat(x), flat(y), flat(dy), flat(dx), outer, n, inner),
+                      f"reduce_max_grad {short(x.dtype)}")
+
+
 def gather_steps(x, idx, out, outer, n, inner):
     """A grid-stride launch of :func:`gather_kernel` over out."""
     return flat_steps(gather_kernel(*types_of(out)), out.size,
@@ -165,5 +233,6 @@ def masked_fill_steps(x, mask, out, shape, mask_strides, value):
 
 BUILDERS = indexing.builders(gather_steps=gather_steps, segment_sum_steps=segment_sum_steps,
                              slice_steps=slice_steps, slice_grad_steps=slice_grad_steps,
-                             tril_steps=tril_steps, masked_fill_steps=masked_fill_steps)
+                             tril_steps=tril_steps, masked_fill_steps=masked_fill_steps,
+                             max_steps=max_steps, max_grad_steps=max_grad_steps)
 """Op type -> builder of the indexing ops."""

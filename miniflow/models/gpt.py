@@ -1,0 +1,184 @@
+"""A minGPT / nanoGPT-style decoder-only transformer (Radford et al., "Language Models are
+Unsupervised Multitask Learners", 2019; Karpathy's minGPT and nanoGPT ``model.py``), with their
+module names, so the state dict of a PyTorch model of the same structure loads:
+
+``transformer.wte`` (token embedding ``[vocab_size, n_embd]``) + ``transformer.wpe`` (position
+embedding ``[block_size, n_embd]``) -> ``transformer.drop`` -> ``transformer.h.0 ..
+h.{n_layer - 1}`` (pre-norm blocks: ``x + attn(ln_1(x))``, then ``x + mlp(ln_2(x))``) ->
+``transformer.ln_f`` -> ``lm_head`` (no bias; its weight *is* ``transformer.wte.weight``: weight
+tying, Press and Wolf 2017).
+
+A block's ``attn`` is causal self-attention: ``c_attn`` (``Linear(n_embd, 3 n_embd)``, q, k, v),
+``n_head`` heads, ``softmax(q k^T / sqrt(head size))`` masked causally (op ``tril`` with ``-inf``)
+and ``attn_dropout``, ``c_proj`` and ``resid_dropout``; ``mlp`` is ``c_fc`` (4x), exact GELU,
+``c_proj``, ``dropout``. No ``attn.bias`` buffer: nanoGPT registers it only without PyTorch's
+flash attention, and the causal mask needs no stored table here.
+
+Initialisation as nanoGPT's: weights N(0, 0.02), the residual projections (``c_proj``)
+N(0, 0.02 / sqrt(2 n_layer)), biases zero, LayerNorms ones and zeros.
+"""
+from __future__ import annotations
+
+import math
+import numbers
+
+import numpy as np
+
+from .. import nn
+from ..random import generator
+from ..tensor import apply, tensor
+
+__all__ = ["GPT", "CausalSelfAttention", "gpt"]
+
+
+def _normal(module, std: float) -> None:
+    """``module.weight`` (Linear or Embedding) drawn N(0, std), its bias zero."""
+    module.weight = nn.Parameter(generator().normal(0.0, std, module.weight.shape)
+                                 .astype(np.float32))
+    if getattr(module, "bias", None) is not None:
+        module.bias = nn.Parameter(np.zeros(module.bias.shape, np.float32))
+
+
+class CausalSelfAttention(nn.Module):
+    """Multi-head causal self-attention over ``x [B, T, n_embd]`` (nanoGPT's
+    ``CausalSelfAttention``, the explicit path: two ``batch_matmul`` around a ``softmax``)."""
+
+    def __init__(self, n_embd: int, n_head: int, dropout: float, bias: bool):
+        super().__init__()
+        self.n_embd, self.n_head = n_embd, n_head
+        self.c_attn = nn.Linear(n_embd, 3 * n_embd, bias=bias)
+        self.c_proj = nn.Linear(n_embd, n_embd, bias=bias)
+        self.attn_dropout, self.resid_dropout = nn.Dropout(dropout), nn.Dropout(dropout)
+
+    def forward(self, x):
+        b, t, c = x.shape
+        h = self.n_head
+        q, k, v = self.c_attn(x).split(c, dim=2)
+        q, k, v = (apply("transpose", [z.view(b, t, h, c // h)], perm=(0, 2, 1, 3))
+                   for z in (q, k, v))                                      # [B, h, T, d]
+        att = apply("batch_matmul", [q, k], transpose_b=True) * (1.0 / math.sqrt(c // h))
+        att = apply("tril", [att], diagonal=0, fill_value=-math.inf)
+        att = self.attn_dropout(att.softmax(-1))
+        y = apply("transpose", [apply("batch_matmul", [att, v])], perm=(0, 2, 1, 3))
+        return self.resid_dropout(self.c_proj(y.reshape(b, t, c)))
+
+
+class _MLP(nn.Module):
+    def __init__(self, n_embd: int, dropout: float, bias: bool):
+        super().__init__()
+        self.c_fc = nn.Linear(n_embd, 4 * n_embd, bias=bias)
+        self.gelu = nn.GELU()
+        self.c_proj = nn.Linear(4 * n_embd, n_embd, bias=bias)
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(self, x):
+        return self.dropout(self.c_proj(self.gelu(self.c_fc(x))))
+
+
+class _Block(nn.Module):
+    def __init__(self, n_embd: int, n_head: int, dropout: float, bias: bool):
+        super().__init__()
+        self.ln_1 = nn.LayerNorm(n_embd, bias=bias)
+        self.attn = CausalSelfAttention(n_embd, n_head, dropout, bias)
+        self.ln_2 = nn.LayerNorm(n_embd, bias=bias)
+        self.mlp = _MLP(n_embd, dropout, bias)
+
+    def forward(self, x):
+        x = x + self.attn(self.ln_1(x))
+        return x + self.mlp(self.ln_2(x))
+
+
+class _Transformer(nn.Module):
+    def __init__(self, vocab_size, block_size, n_layer, n_head, n_embd, dropout, bias):
+        super().__init__()
+        self.wte = nn.Embedding(vocab_size, n_embd)
+        self.wpe = nn.Embedding(block_size, n_embd)
+        self.drop = nn.Dropout(dropout)
+        self.h = nn.Sequential(*(_Block(n_embd, n_head, dropout, bias) for _ in range(n_layer)))
+        self.ln_f = nn.LayerNorm(n_embd, bias=bias)
+
+
+class GPT(nn.Module):
+    """See the module docstring. ``forward(idx [B, T] int64[, targets [B, T] int64])`` ->
+    ``logits [B, T, vocab_size]``, and with ``targets`` also the mean cross-entropy loss.
+
+    ``state_dict()`` lists ``lm_head.weight`` as PyTorch's does (the tied tensor under both
+    names); ``load_state_dict`` accepts it when it equals ``transformer.wte.weight``.
+
+    Raises:
+        ValueError: a size that is not a positive integer, ``n_embd`` not divisible by
+            ``n_head``; at build time a sequence longer than ``block_size`` (nanoGPT's message).
+    """
+
+    TIED = ("lm_head.weight", "transformer.wte.weight")
+
+    def __init__(self, vocab_size: int, block_size: int = 256, n_layer: int = 4,
+                 n_head: int = 4, n_embd: int = 128, dropout: float = 0.0, bias: bool = True):
+        super().__init__()
+        for name, v in (("vocab_size", vocab_size), ("block_size", block_size),
+                        ("n_layer", n_layer), ("n_head", n_head), ("n_embd", n_embd)):
+            if isinstance(v, bool) or not isinstance(v, numbers.Integral) or v <= 0:
+                raise ValueError(f"gpt: {name} must be a positive integer, got {v!r}")
+        if n_embd % n_head:
+            raise ValueError(f"gpt: n_embd must be divisible by n_head, got n_embd={n_embd} and "
+                             f"n_head={n_head}")
+        self.vocab_size, self.block_size = int(vocab_size), int(block_size)
+        self.transformer = _Transformer(vocab_size, block_size, n_layer, n_head, n_embd,
+                                        dropout, bias)
+        self.lm_head = nn.Linear(n_embd, vocab_size, bias=False)
+        for _, m in self.named_modules():
+            if isinstance(m, (nn.Linear, nn.Embedding)):
+                _normal(m, 0.02)
+        for name, m in self.named_modules():
+            if name.endswith("c_proj"):
+                _normal(m, 0.02 / math.sqrt(2 * n_layer))
+        self.transformer.wte.weight = self.lm_head.weight          # weight tying
+
+    def forward(self, idx, targets=None):
+        ids = idx if not isinstance(idx, np.ndarray) else tensor(idx.astype(np.int64))
+        if ids.ndim != 2:
+            raise ValueError(f"gpt: idx must be [batch, time] token ids, got shape "
+                             f"{list(ids.shape)}")
+        b, t = ids.shape
+        if t > self.block_size:
+            raise ValueError(f"gpt: Cannot forward sequence of length {t}, block size is only "
+                             f"{self.block_size}")
+        tr = self.transformer
+        x = tr.drop(tr.wte(ids) + tr.wpe(tensor(np.arange(t, dtype=np.int64))))
+        logits = self.lm_head(tr.ln_f(tr.h(x)))
+        if targets is None:
+            return logits
+        labels = targets if not isinstance(targets, np.ndarray) else tensor(
+            targets.astype(np.int64))
+        loss = nn.functional.cross_entropy(logits.reshape(b * t, self.vocab_size),
+                                           labels.reshape(b * t))
+        return logits, loss
+
+    def state_dict(self):
+        """PyTorch's keys and order, ``lm_head.weight`` (the tied weight) included."""
+        out = super().state_dict()
+        out[self.TIED[0]] = out[self.TIED[1]].copy()
+        return out
+
+    def prepare_load_state_dict(self, state_dict, strict: bool = True):
+        """As ``Module``'s, with the tied ``lm_head.weight`` checked against
+        ``transformer.wte.weight`` and then dropped.
+
+        Raises:
+            ValueError: the two tied entries differ (the state dict is not of a tied model)."""
+        if isinstance(state_dict, dict) and self.TIED[0] in state_dict:
+            state_dict = dict(state_dict)
+            head = np.asarray(state_dict.pop(self.TIED[0]))
+            emb = state_dict.get(self.TIED[1])
+            if emb is not None and not np.array_equal(np.asarray(emb), head):
+                raise ValueError(f"gpt: {self.TIED[0]} and {self.TIED[1]} differ: this model "
+                                 f"ties them (one tensor); load a state dict of a tied model")
+            if emb is None:
+                state_dict[self.TIED[1]] = head
+        return super().prepare_load_state_dict(state_dict, strict)
+
+
+def gpt(vocab_size: int, block_size: int = 256, n_layer: int = 4, n_head: int = 4,
+        n_embd: int = 128, dropout: float = 0.0, bias: bool = True) -> GPT:
+    """A :class:`GPT` (character-level defaults: 4 layers, 4 heads, 128 wide, context 256)."""
+    return GPT(vocab_size, block_size, n_layer, n_head, n_embd, dropout, bias)

@@ -1,0 +1,89 @@
+"""``nn.LayerNorm`` and ``nn.functional.layer_norm``: PyTorch's arguments, defaults and state-dict
+keys (``weight``, ``bias``), on OneFlow's ``layer_norm`` op (``miniflow.ops.layer_norm``; Ba, Kiros
+and Hinton 2016). Under AMP the op is gray: it runs in float16 between float16 producers and
+consumers, its row statistics float32."""
+from __future__ import annotations
+
+import numbers
+
+import numpy as np
+
+from ..tensor import Tensor, apply
+from .module import Module, Parameter
+
+__all__ = ["LayerNorm", "layer_norm"]
+
+
+def _normalized(fn: str, normalized_shape) -> tuple:
+    shape = (normalized_shape,) if isinstance(normalized_shape, numbers.Integral) \
+        else tuple(normalized_shape)
+    if not shape or not all(isinstance(d, numbers.Integral) and not isinstance(d, bool)
+                            and d > 0 for d in shape):
+        raise ValueError(f"{fn}: normalized_shape must be a positive int or a non-empty sequence "
+                         f"of positive ints, got {normalized_shape!r}")
+    return tuple(int(d) for d in shape)
+
+
+def layer_norm(input: Tensor, normalized_shape, weight: Tensor | None = None,
+               bias: Tensor | None = None, eps: float = 1e-5) -> Tensor:
+    """``(x - mean) / sqrt(var + eps) * weight + bias`` over the trailing ``normalized_shape``
+    dimensions of ``input [*, *normalized_shape]`` (biased variance;
+    ``torch.nn.functional.layer_norm``). Op ``layer_norm`` (its mean and inv_variance outputs
+    are dropped); ``weight`` / ``bias`` of shape ``normalized_shape`` (a missing one is ones /
+    zeros).
+
+    Raises:
+        ValueError: ``input``'s trailing dimensions are not ``normalized_shape`` (PyTorch's
+            message), or a bad ``normalized_shape`` / ``eps``.
+    """
+    shape = _normalized("layer_norm", normalized_shape)
+    if tuple(input.shape[input.ndim - len(shape):]) != shape or input.ndim < len(shape):
+        raise ValueError(f"layer_norm: Given normalized_shape={list(shape)}, expected input with "
+                         f"shape [*, {', '.join(str(d) for d in shape)}], but got input of size"
+                         f"{list(input.shape)}")
+    if not float(eps) >= 0.0:
+        raise ValueError(f"layer_norm: eps must be >= 0, got {eps!r}")
+    axis = input.ndim - len(shape)
+    params = []
+    if weight is not None or bias is not None:
+        from ..tensor import tensor
+        params = [weight if weight is not None else tensor(np.ones(shape), dtype=input.dtype),
+                  bias if bias is not None else tensor(np.zeros(shape), dtype=input.dtype)]
+    return apply("layer_norm", [input, *params], begin_norm_axis=axis, begin_params_axis=axis,
+                 epsilon=float(eps))[0]
+
+
+class LayerNorm(Module):
+    """Layer normalization over the trailing ``normalized_shape`` dimensions
+    (``torch.nn.LayerNorm``).
+
+    Args:
+        normalized_shape: an int or a shape: the trailing dimensions normalized.
+        eps: added to the variance (1e-5).
+        elementwise_affine: learn ``weight`` (ones) and, with ``bias``, ``bias`` (zeros), both
+            float32 of ``normalized_shape``.
+        bias: whether ``bias`` is learned (PyTorch >= 2.1's argument).
+
+    Raises:
+        ValueError: a bad ``normalized_shape`` or ``eps``; at trace time, an input whose trailing
+            dimensions are not ``normalized_shape``.
+    """
+
+    def __init__(self, normalized_shape, eps: float = 1e-5, elementwise_affine: bool = True,
+                 bias: bool = True):
+        super().__init__()
+        self.normalized_shape = _normalized("LayerNorm", normalized_shape)
+        if not float(eps) >= 0.0:
+            raise ValueError(f"LayerNorm: eps must be >= 0, got {eps!r}")
+        self.eps, self.elementwise_affine = float(eps), bool(elementwise_affine)
+        self.weight = Parameter(np.ones(self.normalized_shape, np.float32)) \
+            if elementwise_affine else None
+        self.bias = Parameter(np.zeros(self.normalized_shape, np.float32)) \
+            if elementwise_affine and bias else None
+
+    def forward(self, x):
+        return layer_norm(x, self.normalized_shape, self.weight, self.bias, self.eps)
+
+    def extra_repr(self) -> str:
+        return (f"{self.normalized_shape}, eps={self.eps}, "
+                f"elementwise_affine={self.elementwise_affine}")

@@ -1,0 +1,78 @@
+"""``nn.Embedding`` and ``nn.functional.embedding`` (PyTorch's ``torch.nn.modules.sparse``: the
+arguments, the ``weight`` key, its N(0, 1) initialisation), on OneFlow's ``gather`` op, whose
+gradient is the scatter-add ``unsorted_segment_sum_like`` (repeated ids accumulate)."""
+from __future__ import annotations
+
+import numbers
+
+import numpy as np
+
+from ..dtype import int64
+from ..ops.indexing import first_bad
+from ..random import generator
+from ..tensor import Tensor, apply, tensor
+from .module import Module, Parameter
+
+__all__ = ["Embedding", "embedding"]
+
+
+def _ids(fn: str, input, num: int) -> Tensor:
+    """``input`` as an int64 Tensor; an eager one checked against ``[0, num)``.
+
+    Raises:
+        TypeError: not an integer tensor. IndexError: an id out of range, naming it and where."""
+    if not isinstance(input, Tensor):
+        arr = np.asarray(input)
+        if arr.dtype.kind not in "iu":
+            raise TypeError(f"{fn}: ids must be integers, got an array of {arr.dtype}")
+        input = tensor(arr.astype(np.int64))
+    if input.dtype is not int64:
+        raise TypeError(f"{fn}: ids must be an int64 tensor (token indices), got "
+                        f"{input.dtype.name}; convert with .astype(np.int64)")
+    if not input.is_lazy:
+        found = first_bad(input.numpy(), num)
+        if found is not None:
+            pos, value, count = found
+            raise IndexError(f"{fn}: index {value} at input{list(pos)} is out of range [0, {num}) "
+                             f"(num_embeddings={num}; {count} of {int(np.prod(input.shape))} "
+                             f"ids out of range)")
+    return input
+
+
+def embedding(input, weight: Tensor) -> Tensor:
+    """``weight[input]``: rows of ``weight [num_embeddings, embedding_dim]`` for the int64 ids
+    ``input [*]``, giving ``[*, embedding_dim]`` (op ``gather`` along axis 0;
+    ``torch.nn.functional.embedding``). Inside ``nn.Graph.build`` the ids are checked when the
+    graph runs (the error names the first bad id and its position).
+
+    Raises:
+        TypeError: non-integer ids. IndexError: an eager id outside ``[0, num_embeddings)``,
+            naming the id and its position.
+    """
+    ids = _ids("embedding", input, weight.shape[0])
+    return apply("gather", [weight, ids], axis=0)
+
+
+class Embedding(Module):
+    """A lookup table of ``num_embeddings`` vectors of ``embedding_dim`` (``torch.nn.Embedding``):
+    ``weight`` f32 ``[num_embeddings, embedding_dim]`` initialised N(0, 1) as PyTorch's;
+    ``forward(ids [*]) -> [*, embedding_dim]``.
+
+    Raises:
+        ValueError: a size that is not a positive integer.
+    """
+
+    def __init__(self, num_embeddings: int, embedding_dim: int):
+        super().__init__()
+        for name, v in (("num_embeddings", num_embeddings), ("embedding_dim", embedding_dim)):
+            if isinstance(v, bool) or not isinstance(v, numbers.Integral) or v <= 0:
+                raise ValueError(f"Embedding: {name} must be a positive integer, got {v!r}")
+        self.num_embeddings, self.embedding_dim = int(num_embeddings), int(embedding_dim)
+        self.weight = Parameter(generator().standard_normal((num_embeddings, embedding_dim))
+                                .astype(np.float32))
+
+    def forward(self, ids):
+        return embedding(ids, self.weight)
+
+    def extra_repr(self) -> str:
+        return f"{self.num_embeddings}, {self.embedding_dim}"

@@ -1,0 +1,192 @@
+"""Attention layers against PyTorch (skipped without it): ``nn.MultiheadAttention``,
+``nn.LayerNorm``, ``nn.Embedding`` loaded with a PyTorch module's state dict give its outputs to
+1e-5 in float32, masks included (the cases of PyTorch's ``test/test_nn.py`` MHA tests: bool and
+float ``attn_mask``, ``key_padding_mask``, ``need_weights``, ``batch_first``), eager and in an
+``nn.Graph``, with gradients after one SGD step; ``F.scaled_dot_product_attention`` with
+``is_causal``; PyTorch's errors at construction or build, in miniflow's wording."""
+import math
+
+import numpy as np
+import pytest
+
+import miniflow as mf
+from miniflow.nn import functional as F
+
+torch = pytest.importorskip("torch")
+R = np.random.default_rng(0)
+
+
+def _sd(module) -> dict:
+    return {k: v.detach().numpy() for k, v in module.state_dict().items()}
+
+
+def _t(a):
+    return torch.tensor(a)
+
+
+class _Call(mf.nn.Graph):
+    """``fn(module, *inputs)`` traced; with ``train``, ``sum(out * w)`` backward and one SGD step
+    (lr 1)."""
+
+    def __init__(self, module, fn, train=False):
+        super().__init__()
+        self.m, self.fn, self.train_ = module, fn, train
+        if train:
+            self.add_optimizer(mf.optim.SGD(module.parameters(), lr=1.0))
+
+    def build(self, *xs):
+        out = self.fn(self.m, *xs)
+        if self.train_:
+            w = mf.tensor(np.linspace(-1, 1, int(np.prod(out.shape)), dtype=np.float32)
+                          .reshape(out.shape))
+            (out * w).sum().backward()
+        return out
+
+
+def _torch_step(module, out):
+    w = torch.linspace(-1, 1, out.numel()).reshape(out.shape)
+    (out * w).sum().backward()
+    return {k: (p - p.grad).detach().numpy() for k, p in module.named_parameters()}
+
+
+MASKS = {
+    "none": lambda L, S, N, H: {},
+    "bool": lambda L, S, N, H: {"attn_mask": np.triu(np.ones((L, S), bool), 1)},
+    "float": lambda L, S, N, H: {"attn_mask": R.standard_normal((L, S)).astype(np.float32)},
+    "3d": lambda L, S, N, H: {"attn_mask": R.random((N * H, L, S)) < 0.3},
+    "padding": lambda L, S, N, H: {"key_padding_mask": np.array([[False] * (S - 1) + [True],
+                                                                  [False] * S])},
+}
+
+
+def _torch_masks(kw):
+    return {k: _t(v) for k, v in kw.items()}
+
+
+@pytest.mark.parametrize("mask", sorted(MASKS))
+@pytest.mark.parametrize("batch_first", [True, False])
+def test_multihead_attention_matches_pytorch(mask, batch_first):
+    n, length, src, e, h = 2, 5, 6, 8, 2
+    ref = torch.nn.MultiheadAttention(e, h, batch_first=batch_first)
+    mha = mf.nn.MultiheadAttention(e, h, batch_first=batch_first)
+    mha.load_state_dict(_sd(ref))
+    shape = (n, length, e) if batch_first else (length, n, e)
+    kv_shape = (n, src, e) if batch_first else (src, n, e)
+    q = R.standard_normal(shape).astype(np.float32)
+    k, v = (R.standard_normal(kv_shape).astype(np.float32) for _ in range(2))
+    kw = MASKS[mask](length, src, n, h)
+    want, want_w = ref(_t(q), _t(k), _t(v), **_torch_masks(kw))
+    got, got_w = mha(mf.tensor(q), mf.tensor(k), mf.tensor(v), **kw)
+    np.testing.assert_allclose(got.numpy(), want.detach().numpy(), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(got_w.numpy(), want_w.detach().numpy(), rtol=1e-5, atol=1e-6)
+    graph = _Call(mha, lambda m, a, b, c: m(a, b, c, need_weights=False, **kw)[0], train=True)
+    np.testing.assert_allclose(graph(mf.tensor(q), mf.tensor(k), mf.tensor(v)).numpy(),
+                               want.detach().numpy(), rtol=1e-5, atol=1e-5)
+    stepped = _torch_step(ref, ref(_t(q), _t(k), _t(v), need_weights=False,
+                                   **_torch_masks(kw))[0])
+    for name, p in mha.state_dict().items():
+        np.testing.assert_allclose(p, stepped[name], rtol=1e-5, atol=1e-5, err_msg=name)
+
+
+def test_multihead_attention_per_head_weights_and_causal_hint():
+    ref = torch.nn.MultiheadAttention(12, 3, batch_first=True)
+    mha = mf.nn.MultiheadAttention(12, 3, batch_first=True)
+    mha.load_state_dict(_sd(ref))
+    x = R.standard_normal((2, 4, 12)).astype(np.float32)
+    causal = np.triu(np.ones((4, 4), bool), 1)
+    want, want_w = ref(_t(x), _t(x), _t(x), attn_mask=_t(causal), is_causal=True,
+                       average_attn_weights=False)
+    got, got_w = mha(mf.tensor(x), mf.tensor(x), mf.tensor(x), attn_mask=causal, is_causal=True,
+                     average_attn_weights=False)
+    np.testing.assert_allclose(got.numpy(), want.detach().numpy(), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(got_w.numpy(), want_w.detach().numpy(), rtol=1e-5, atol=1e-6)
+    assert sorted(mha.state_dict()) == sorted(ref.state_dict())
+
+
+def test_multihead_attention_errors_are_pytorchs():
+    with pytest.raises(ValueError, match="embed_dim must be divisible by num_heads, got "
+                                         "embed_dim=10 and num_heads=3"):
+        mf.nn.MultiheadAttention(10, 3)
+    mha = mf.nn.MultiheadAttention(8, 2, batch_first=True)
+    x = mf.tensor(np.zeros((2, 4, 8), np.float32))
+    with pytest.raises(ValueError, match=r"The shape of the 2D attn_mask is \[4, 5\], but "
+                                         r"should be \[4, 4\]"):
+        mha(x, x, x, attn_mask=np.zeros((4, 5), bool))
+    with pytest.raises(TypeError, match="only bool and floating types of masks are supported"):
+        mha(x, x, x, attn_mask=np.zeros((4, 4), np.int32))
+    with pytest.raises(ValueError, match="was expecting embedding dimension of 8, but got 6"):
+        mha(mf.tensor(np.zeros((2, 4, 6), np.float32)), x, x)
+    with pytest.raises(ValueError, match="Need attn_mask if specifying the is_causal hint"):
+        mha(x, x, x, is_causal=True)
+
+
+@pytest.mark.parametrize("case", ["causal", "bool", "float", "plain"])
+def test_scaled_dot_product_attention_matches_pytorch(case):
+    q = R.standard_normal((2, 3, 5, 4)).astype(np.float32)
+    k = R.standard_normal((2, 3, 7, 4)).astype(np.float32)
+    v = R.standard_normal((2, 3, 7, 6)).astype(np.float32)
+    kw = {"causal": {"is_causal": True}, "plain": {"scale": 0.3},
+          "bool": {"attn_mask": R.random((5, 7)) < 0.7},
+          "float": {"attn_mask": R.standard_normal((3, 5, 7)).astype(np.float32)}}[case]
+    tkw = {k_: (_t(v_) if isinstance(v_, np.ndarray) else v_) for k_, v_ in kw.items()}
+    if case == "bool":
+        kw["attn_mask"][:, 0] = True            # every row attends somewhere (no NaN rows)
+        tkw["attn_mask"] = _t(kw["attn_mask"])
+    want = torch.nn.functional.scaled_dot_product_attention(_t(q), _t(k), _t(v), **tkw)
+    got = F.scaled_dot_product_attention(mf.tensor(q), mf.tensor(k), mf.tensor(v), **kw)
+    np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-5, atol=1e-6)
+    with pytest.raises(ValueError, match="Explicit attn_mask should not be set when "
+                                         "is_causal=True"):
+        F.scaled_dot_product_attention(mf.tensor(q), mf.tensor(k), mf.tensor(v),
+                                       attn_mask=np.ones((5, 7), bool), is_causal=True)
+
+
+@pytest.mark.parametrize("shape,normalized", [((4, 6), 6), ((2, 3, 4), (3, 4))])
+def test_layer_norm_matches_pytorch(shape, normalized):
+    ref = torch.nn.LayerNorm(normalized)
+    with torch.no_grad():
+        ref.weight.copy_(torch.rand(ref.weight.shape) + 0.5)
+        ref.bias.copy_(torch.randn(ref.bias.shape))
+    ln = mf.nn.LayerNorm(normalized)
+    ln.load_state_dict(_sd(ref))
+    x = (R.standard_normal(shape) * 3 + 2).astype(np.float32)
+    want = ref(_t(x))
+    np.testing.assert_allclose(ln(mf.tensor(x)).numpy(), want.detach().numpy(), rtol=1e-5,
+                               atol=1e-5)
+    graph = _Call(ln, lambda m, a: m(a), train=True)
+    np.testing.assert_allclose(graph(mf.tensor(x)).numpy(), want.detach().numpy(), rtol=1e-5,
+                               atol=1e-5)
+    stepped = _torch_step(ref, ref(_t(x)))
+    for name, p in ln.state_dict().items():
+        np.testing.assert_allclose(p, stepped[name], rtol=1e-5, atol=1e-5, err_msg=name)
+    plain = torch.nn.LayerNorm(normalized, elementwise_affine=False)
+    np.testing.assert_allclose(
+        mf.nn.LayerNorm(normalized, elementwise_affine=False)(mf.tensor(x)).numpy(),
+        plain(_t(x)).numpy(), rtol=1e-5, atol=1e-5)
+    with pytest.raises(ValueError, match=r"Given normalized_shape=\[5\], expected input with "
+                                         r"shape \[\*, 5\], but got input of size\[4, 6\]"):
+        mf.nn.LayerNorm(5)(mf.tensor(np.zeros((4, 6), np.float32)))
+
+
+def test_embedding_matches_pytorch_with_scatter_add_gradient():
+    ref = torch.nn.Embedding(10, 4)
+    emb = mf.nn.Embedding(10, 4)
+    emb.load_state_dict(_sd(ref))
+    ids = np.array([[1, 3, 3, 9], [0, 1, 1, 1]], np.int64)          # repeats accumulate
+    want = ref(_t(ids))
+    np.testing.assert_allclose(emb(ids).numpy(), want.detach().numpy(), rtol=0, atol=0)
+    graph = _Call(emb, lambda m, a: m(a), train=True)
+    np.testing.assert_allclose(graph(mf.tensor(ids)).numpy(), want.detach().numpy())
+    stepped = _torch_step(ref, ref(_t(ids)))
+    np.testing.assert_allclose(emb.weight.numpy(), stepped["weight"], rtol=1e-6, atol=1e-6)
+
+
+def test_embedding_ids_out_of_range_are_named():
+    emb = mf.nn.Embedding(10, 4)
+    with pytest.raises(IndexError, match=r"embedding: index 12 at input\[1, 1\] is out of range "
+                                         r"\[0, 10\) \(num_embeddings=10; 2 of 6 ids"):
+        emb(np.array([[0, 1, 2], [3, 12, 10]]))
+    graph = _Call(emb, lambda m, a: m(a))
+    with pytest.raises(IndexError, match=r"gather: index -1 at indices\[0, 1\] is out of range "
+                                         r"\[0, 10\) of axis 0 of \[10,4\]"):
+        graph(mf.tensor(np.array([[2, -1]], np.int64)))

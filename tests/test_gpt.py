@@ -1,0 +1,134 @@
+"""``miniflow.models.gpt`` against nanoGPT's structure in PyTorch (``benchmarks/torch_gpt.py``;
+skipped without torch): a PyTorch model's state dict loads (the tied ``lm_head.weight``
+included) and gives its logits and loss to 1e-5 in float32, and SGD training steps give its
+parameters; the errors of a bad sequence (too long, ids out of range) name what is wrong;
+nanoGPT's attention code, spelled as in PyTorch, runs on miniflow tensors."""
+import math
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import miniflow as mf
+from miniflow.models import gpt
+
+torch = pytest.importorskip("torch")
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+from torch_gpt import TorchGPT  # noqa: E402
+
+CFG = dict(vocab_size=23, block_size=12, n_layer=2, n_head=2, n_embd=16)
+R = np.random.default_rng(0)
+IDX = R.integers(0, 23, (3, 10)).astype(np.int64)
+TGT = R.integers(0, 23, (3, 10)).astype(np.int64)
+
+
+def _pair():
+    torch.manual_seed(0)
+    ref = TorchGPT(**CFG)
+    model = gpt(**CFG)
+    model.load_state_dict({k: v.detach().numpy() for k, v in ref.state_dict().items()})
+    return ref, model
+
+
+class _Train(mf.nn.Graph):
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+        self.add_optimizer(mf.optim.SGD(model.parameters(), lr=0.5))
+
+    def build(self, idx, tgt):
+        _, loss = self.model(idx, tgt)
+        loss.backward()
+        return loss
+
+
+class _Logits(mf.nn.Graph):
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+
+    def build(self, idx):
+        return self.model(idx)
+
+
+def test_state_dict_has_nanogpts_keys_and_the_logits_match():
+    ref, model = _pair()
+    assert list(model.state_dict()) == list(ref.state_dict())
+    want = ref(torch.tensor(IDX)).detach().numpy()
+    np.testing.assert_allclose(model(IDX).numpy(), want, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(_Logits(model)(mf.tensor(IDX)).numpy(), want, rtol=1e-5,
+                               atol=1e-5)
+    assert model.transformer.wte.weight is model.lm_head.weight
+
+
+def test_training_steps_match_pytorch():
+    """SGD, not Adam: the key bias's exact gradient is zero (softmax ignores a shift shared by a
+    row's scores), so both frameworks' gradients there are rounding noise, which Adam would
+    normalise into full-size, uncorrelated steps."""
+    ref, model = _pair()
+    opt = torch.optim.SGD(ref.parameters(), lr=0.5)
+    step = _Train(model)
+    for k in range(3):
+        opt.zero_grad()
+        _, loss = ref(torch.tensor(IDX), torch.tensor(TGT))
+        loss.backward()
+        opt.step()
+        got = float(step(mf.tensor(IDX), mf.tensor(TGT)))
+        assert got == pytest.approx(loss.item(), rel=1e-5)
+    for name, value in ref.state_dict().items():
+        np.testing.assert_allclose(model.state_dict()[name], value.numpy(), rtol=1e-4,
+                                   atol=1e-5, err_msg=name)
+
+
+def test_bad_sequences_and_state_dicts_are_refused_clearly():
+    _, model = _pair()
+    with pytest.raises(ValueError, match="Cannot forward sequence of length 13, block size is "
+                                         "only 12"):
+        model(np.zeros((1, 13), np.int64))
+    with pytest.raises(IndexError, match=r"index 23 at input\[0, 2\] is out of range \[0, 23\)"):
+        model(np.array([[1, 2, 23]]))
+    bad = dict(model.state_dict())
+    bad["lm_head.weight"] = bad["lm_head.weight"] + 1
+    with pytest.raises(ValueError, match="lm_head.weight and transformer.wte.weight differ"):
+        model.load_state_dict(bad)
+    with pytest.raises(ValueError, match="n_embd must be divisible by n_head"):
+        gpt(10, n_embd=10, n_head=3)
+
+
+def _has_pytorch_transpose() -> bool:
+    """Tensor.transpose(dim0, dim1) with PyTorch's meaning (issue 22's change to tensor.py)."""
+    try:
+        return mf.tensor(np.zeros((1, 2, 3), np.float32)).transpose(1, 2).shape == (1, 3, 2)
+    except (ValueError, TypeError):
+        return False
+
+
+def _nano_attention(F, x, w_attn, b_attn, w_proj, b_proj, n_head, mask):
+    """nanoGPT's ``CausalSelfAttention.forward`` (its explicit path), spelled as in PyTorch; the
+    framework's ``functional`` as ``F``, ``mask`` True above the diagonal (a bool tensor for
+    PyTorch, its int64 stand-in for miniflow)."""
+    B, T, C = x.size()
+    q, k, v = F.linear(x, w_attn, b_attn).split(C, dim=2)
+    k = k.view(B, T, n_head, C // n_head).transpose(1, 2)
+    q = q.view(B, T, n_head, C // n_head).transpose(1, 2)
+    v = v.view(B, T, n_head, C // n_head).transpose(1, 2)
+    att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(k.size(-1)))
+    att = att.masked_fill(mask[:, :, :T, :T], float("-inf"))
+    att = F.softmax(att, dim=-1)
+    y = att @ v
+    y = y.transpose(1, 2).contiguous().view(B, T, C)
+    return F.linear(y, w_proj, b_proj)
+
+
+@pytest.mark.skipif(not _has_pytorch_transpose(),
+                    reason="needs Tensor.transpose(dim0, dim1) (issue 22's tensor.py change)")
+def test_nanogpt_attention_code_runs_on_miniflow_tensors():
+    x = R.standard_normal((2, 5, 8)).astype(np.float32)
+    ws = [R.standard_normal(s).astype(np.float32) * 0.3 for s in ((24, 8), (24,), (8, 8), (8,))]
+    mask = np.triu(np.ones((1, 1, 6, 6), bool), 1)
+    want = _nano_attention(torch.nn.functional, torch.tensor(x),
+                           *(torch.tensor(w) for w in ws), 2, torch.tensor(mask))
+    got = _nano_attention(mf.nn.functional, mf.tensor(x), *(mf.tensor(w) for w in ws), 2,
+                          mf.tensor(mask.astype(np.int64)))
+    np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-5, atol=1e-6)
