@@ -573,6 +573,13 @@ class Graph:
     def __repr__(self) -> str:
         return f"<miniflow.ir.Graph: {len(self.nodes)} nodes>"
 
+    def _repr_html_(self) -> str:
+        """The printed graph as HTML, nodes filled by their AMP color and casts and identities
+        marked (``miniflow.ir_html``): how a Jupyter notebook shows a graph (``step.ir`` as the
+        last line of a cell)."""
+        from .ir_html import graph_html
+        return graph_html(self)
+
     def to_dot(self, path: str | None = None) -> str:
         """The graph as Graphviz DOT: a box per node filled by its AMP color, an edge per read
         labelled with the value's type, ellipses for graph inputs, variables and constants.

@@ -3,9 +3,9 @@
 
 Two lines in a training script (PyTorch's ``torch.utils.tensorboard`` habit)::
 
-    log = miniflow.logging.TrainingLog("runs", graph)   # runs/<graph class>, a new folder
+    log = TrainingLog("runs", graph)      # runs/<graph class>, a new folder
     ...
-    loss = graph(x, y); log.step(loss)                   # after every training call
+    loss = graph(x, y); log.step(loss)     # after every training call
 
 :meth:`TrainingLog.step` reads the rest from the graph: the learning rate of each optimizer,
 the loss scale and the number of skipped steps of its grad scaler, and the L2 norm of the

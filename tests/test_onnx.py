@@ -78,6 +78,16 @@ def test_eval_graph_runs_in_onnxruntime_and_matches_miniflow(name, amp, tmp_path
     assert np.abs(got - want).max() <= 4 * _f16_ulp(want)
 
 
+def test_a_bfloat16_amp_graph_exports_bfloat16_compute(tmp_path):
+    graph = EvalGraph(make_model("mlp"))
+    graph.config.enable_amp(True, dtype=miniflow.bfloat16)
+    proto = mo.export(graph, _x("mlp"), tmp_path / "bf16.onnx")
+    bf16 = {v.name for v in proto.graph.value_info
+            if v.type.tensor_type.elem_type == onnx.TensorProto.BFLOAT16}
+    gemms = [n for n in proto.graph.node if n.op_type == "Gemm"]
+    assert len(gemms) == 2 and all(n.output[0] in bf16 for n in gemms)
+
+
 def test_a_module_exports_in_eval_mode_with_its_state_dict_names(tmp_path):
     miniflow.manual_seed(1)
     model = _trained_bn(make_model("lenet"))

@@ -1,3 +1,14 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: py:percent
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+# ---
+
+# %%
 """Lesson 2: autograd as a graph pass. The backward nodes it emits, and a finite-difference check.
 
 What this lesson shows:
@@ -34,19 +45,22 @@ import numpy as np
 import miniflow as mf
 from miniflow import nn
 from miniflow.ir import Graph
+from miniflow.notebook import script_args, script_dir
 from miniflow.ops import emitter, get_op
 from miniflow.passes.autograd import AutogradState, autograd
 from miniflow.passes.pipeline import CompileContext, CompileSettings
 from miniflow.runtime.plan import Plan
 from miniflow.testing import check_grad
 
-DEFAULT_OUT = Path(__file__).resolve().parent.parent / "tutorial-output" / "02_graph_autograd"
+DEFAULT_OUT = script_dir(globals()).parent / "tutorial-output" / "02_graph_autograd"
 
 
+# %%
 def indent(text: str, prefix: str = "    ") -> str:
     return "\n".join(prefix + line for line in text.splitlines())
 
 
+# %%
 def build_ir(w_data: np.ndarray) -> Graph:
     """loss = sum(h * h) with h = tanh(x @ w): x is an input, w a variable (a parameter)."""
     g = Graph()
@@ -60,10 +74,11 @@ def build_ir(w_data: np.ndarray) -> Graph:
     return g
 
 
+# %%
 def main():
     p = argparse.ArgumentParser(description="Lesson 2: autograd as a graph pass")
     p.add_argument("--out", type=Path, default=DEFAULT_OUT, help="folder for the text file")
-    args = p.parse_args()
+    args = p.parse_args(script_args())
     args.out.mkdir(parents=True, exist_ok=True)
     mf.set_backend("cpu")
     rng = np.random.default_rng(0)
@@ -175,5 +190,6 @@ def main():
         print(f"IR after {name:<22}: {len(ops):2d} nodes; op types {sorted(set(ops))}")
 
 
+# %%
 if __name__ == "__main__":
     main()

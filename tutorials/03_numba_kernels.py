@@ -1,3 +1,14 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: py:percent
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+# ---
+
+# %%
 """Lesson 3: one elementwise op, from a scalar function to a CPU kernel and a CUDA kernel.
 
 What this lesson shows, for the op ``sigmoid``:
@@ -36,15 +47,19 @@ from pathlib import Path
 
 import numpy as np
 
-DEFAULT_OUT = Path(__file__).resolve().parent.parent / "tutorial-output" / "03_numba_kernels"
+from miniflow.notebook import script_args, script_dir
+
+DEFAULT_OUT = script_dir(globals()).parent / "tutorial-output" / "03_numba_kernels"
 SIM_SIZE = 64
 """Elements per simulated launch: the simulator runs each GPU thread as a Python thread."""
 
 
+# %%
 def indent(text: str, prefix: str = "    ") -> str:
     return "\n".join(prefix + line for line in text.splitlines())
 
 
+# %%
 def best_time(fn, budget: float) -> float:
     """Seconds per call of ``fn()``: the best of 5 rounds, each repeating it for ~budget/5 s."""
     fn()
@@ -61,11 +76,13 @@ def best_time(fn, budget: float) -> float:
     return best
 
 
+# %%
 def reference(x) -> np.ndarray:
     """sigmoid in float64 NumPy, the reference every kernel is compared with."""
     return 1.0 / (1.0 + np.exp(-np.asarray(x, np.float64)))
 
 
+# %%
 # ====================================================================================== CPU part
 def cpu_lesson(args) -> None:
     import numba
@@ -201,6 +218,7 @@ def cpu_lesson(args) -> None:
     print(f"timing figure written to: {path}")
 
 
+# %%
 # ====================================================================================== CUDA part
 def cuda_child(args) -> None:
     """Runs in the child process (simulator) or on a GPU. Every line is labelled by the parent."""
@@ -284,6 +302,7 @@ def cuda_child(args) -> None:
           f"{100 * np.mean(y16 == ref16):.0f}% equal to the float64 reference rounded to float16")
 
 
+# %%
 def run_cuda_part(args) -> None:
     """Run :func:`cuda_child` on the GPU, or in a child process under the simulator."""
     from miniflow.runtime.backend import cuda_status
@@ -298,7 +317,7 @@ def run_cuda_part(args) -> None:
               f"NUMBA_ENABLE_CUDASIM=1 (Numba's CUDA simulator), {SIM_SIZE} elements")
         env["NUMBA_ENABLE_CUDASIM"] = "1"
     env.pop("MINIFLOW_BACKEND", None)
-    cmd = [sys.executable, os.path.abspath(__file__), "--cuda-child"]
+    cmd = [sys.executable, str(script_dir(globals()) / "03_numba_kernels.py"), "--cuda-child"]
     r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
     for line in r.stdout.splitlines():
         print(f"  [cuda child] {line}")
@@ -308,12 +327,13 @@ def run_cuda_part(args) -> None:
         raise SystemExit(r.returncode)
 
 
+# %%
 def main():
     p = argparse.ArgumentParser(description="Lesson 3: one op from scalar function to kernels")
     p.add_argument("--quick", action="store_true", help="two timing sizes instead of five")
     p.add_argument("--out", type=Path, default=DEFAULT_OUT, help="folder for the figure")
     p.add_argument("--cuda-child", action="store_true", help=argparse.SUPPRESS)
-    args = p.parse_args()
+    args = p.parse_args(script_args())
     if args.cuda_child:
         cuda_child(args)
         return
@@ -323,5 +343,6 @@ def main():
     run_cuda_part(args)
 
 
+# %%
 if __name__ == "__main__":
     main()

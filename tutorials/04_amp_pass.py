@@ -1,3 +1,14 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: py:percent
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+# ---
+
+# %%
 """Lesson 4: the AMP pass. White/black/gray/clear coloring step by step, the casts it inserts, the
 AMP report and the DOT picture.
 
@@ -38,13 +49,14 @@ import miniflow as mf
 from miniflow.amp import AmpLists, amp_report
 from miniflow.experiments.mlp import TrainGraph, mlp
 from miniflow.ir import Graph
+from miniflow.notebook import script_args, script_dir
 from miniflow.ops import emitter
 from miniflow.passes import auto_mixed_precision as amp_pass
 from miniflow.passes.autograd import AutogradState, autograd
 from miniflow.passes.pipeline import CompileContext, CompileSettings
 from miniflow.passes.prune_amp_identity import prune_amp_identity
 
-DEFAULT_OUT = Path(__file__).resolve().parent.parent / "tutorial-output" / "04_amp_pass"
+DEFAULT_OUT = script_dir(globals()).parent / "tutorial-output" / "04_amp_pass"
 PARAMS = ["w1", "b1", "w2", "b2"]
 FILL = {"white": "white", "black": "black", "gray": "0.7", "clear": "lightblue",
         "unlisted": "khaki", "cast": "gold", "added after AMP": "lavender"}
@@ -52,10 +64,12 @@ FILL = {"white": "white", "black": "black", "gray": "0.7", "clear": "lightblue",
 passes added (the optimizer's casts and updates) have no AMP color (``node.meta["amp_color"]``)."""
 
 
+# %%
 def indent(text: str, prefix: str = "    ") -> str:
     return "\n".join(prefix + line for line in text.splitlines())
 
 
+# %%
 def mlp_ir(batch=8, n_in=4, hidden=5, classes=3) -> Graph:
     """The IR that tracing ``cross_entropy(Linear -> ReLU -> Linear)`` records (as in lesson 1)."""
     f32 = mf.float32
@@ -74,11 +88,13 @@ def mlp_ir(batch=8, n_in=4, hidden=5, classes=3) -> Graph:
     return g
 
 
+# %%
 def label(node, names: dict) -> str:
     """``"matmul %3"``, the value named as ``names`` (``Graph.names()``) names it."""
     return f"{node.op.name} %{names[node.outputs[0]]}" if node.outputs else node.op.name
 
 
+# %%
 def show_set(title: str, members: dict, why: str, names: dict) -> None:
     """Print one walk's result: node -> witness (the member that let it join; None = start node)."""
     print(f"{title}: {len(members)} nodes ({why})")
@@ -87,6 +103,7 @@ def show_set(title: str, members: dict, why: str, names: dict) -> None:
         print(f"    {label(node, names):<42} {how}")
 
 
+# %%
 def draw_colored_ir(graph: Graph, path: Path, title: str) -> None:
     """A picture of the IR: one line per node, filled with its AMP color (like the DOT export)."""
     import matplotlib
@@ -108,10 +125,11 @@ def draw_colored_ir(graph: Graph, path: Path, title: str) -> None:
     plt.close(fig)
 
 
+# %%
 def main():
     p = argparse.ArgumentParser(description="Lesson 4: the AMP pass")
     p.add_argument("--out", type=Path, default=DEFAULT_OUT, help="folder for .dot and .png files")
-    args = p.parse_args()
+    args = p.parse_args(script_args())
     args.out.mkdir(parents=True, exist_ok=True)
     mf.set_backend("cpu")
     lists = AmpLists()
@@ -219,5 +237,6 @@ def main():
           f"(|difference| {abs(loss_amp - loss_fp32):.1e}: float16 matmuls, float32 loss)")
 
 
+# %%
 if __name__ == "__main__":
     main()

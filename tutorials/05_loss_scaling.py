@@ -1,3 +1,14 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: py:percent
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+# ---
+
+# %%
 """Lesson 5: loss scaling. Why it is needed, static versus dynamic scalers, and the three
 loss-scale policies side by side on one model, with the IR difference between them.
 
@@ -54,10 +65,11 @@ from miniflow.data import batches, load_digits
 from miniflow.dtype import FP16_MAX, FP16_MIN_NORMAL, FP16_MIN_SUBNORMAL
 from miniflow.experiments.mlp import EvalGraph, TrainGraph, accuracy, mlp
 from miniflow.experiments.stability import first_step
+from miniflow.notebook import script_args, script_dir
 from miniflow.passes.autograd import AutogradState
 from miniflow.passes.loss_scale import LossScaleOverflowWarning, LossScaleState
 
-DEFAULT_OUT = Path(__file__).resolve().parent.parent / "tutorial-output" / "05_loss_scaling"
+DEFAULT_OUT = script_dir(globals()).parent / "tutorial-output" / "05_loss_scaling"
 POLICIES = ("legacy", "cast_back", "fp32")
 STATIC_RUNS = (("legacy", False), ("legacy", True), ("cast_back", False), ("cast_back", True),
                ("fp32", True))
@@ -65,6 +77,7 @@ STATIC_RUNS = (("legacy", False), ("legacy", True), ("cast_back", False), ("cast
 (no skip) and with miniflow's skip; "fp32" (miniflow's) with miniflow's default."""
 
 
+# %%
 def make_step(policy=None, scaler=None, seed=0, hidden=128):
     """The digits MLP training step (lesson 1's TrainGraph), optionally with AMP and a scaler."""
     mf.manual_seed(seed)
@@ -77,6 +90,7 @@ def make_step(policy=None, scaler=None, seed=0, hidden=128):
     return model, step
 
 
+# %%
 def train(model, step, scaler, data, epochs):
     """Run ``epochs`` epochs; per step: the scale it used, whether it was skipped, its loss, and
     whether the weights were NaN or inf after it."""
@@ -95,11 +109,12 @@ def train(model, step, scaler, data, epochs):
 
 
 
+# %%
 def main():
     p = argparse.ArgumentParser(description="Lesson 5: loss scaling")
     p.add_argument("--quick", action="store_true", help="3 epochs per run instead of 10")
     p.add_argument("--out", type=Path, default=DEFAULT_OUT, help="folder for the figure")
-    args = p.parse_args()
+    args = p.parse_args(script_args())
     args.out.mkdir(parents=True, exist_ok=True)
     mf.set_backend("cpu")
     epochs = 3 if args.quick else 10
@@ -239,5 +254,6 @@ def main():
           f"miniflow's skip) written to: {path}")
 
 
+# %%
 if __name__ == "__main__":
     main()

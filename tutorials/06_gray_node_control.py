@@ -1,3 +1,14 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: py:percent
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+# ---
+
+# %%
 """Lesson 6: controlling gray ops with ``amp_black_identity`` and ``amp_white_identity``.
 
 What this lesson shows:
@@ -37,6 +48,7 @@ from miniflow import nn
 from miniflow.amp import GradScaler, StaticGradScaler, black_identity, white_identity
 from miniflow.data import batches, load_digits
 from miniflow.experiments.mlp import EvalGraph, accuracy
+from miniflow.notebook import script_args
 from miniflow.passes.autograd import AutogradState
 from miniflow.passes.loss_scale import LossScaleOverflowWarning, LossScaleState
 
@@ -62,6 +74,7 @@ GRAY_ROWS = [  # (op type, occurrence in graph order) -> what it is in this mode
 ]
 
 
+# %%
 class Net(nn.Module):
     """``Linear(64, 64) -> tanh -> Linear(64, 10)``, with an identity where ``placement`` says."""
 
@@ -82,6 +95,7 @@ class Net(nn.Module):
         return logits
 
 
+# %%
 class TrainStep(nn.Graph):
     def __init__(self, model, placement, policy, scaler):
         super().__init__()
@@ -99,6 +113,7 @@ class TrainStep(nn.Graph):
         return loss
 
 
+# %%
 def run(placement, policy, scaler, data, epochs):
     """Train; returns (step graph, model, steps skipped, largest applied scale, last loss)."""
     mf.manual_seed(0)
@@ -118,12 +133,14 @@ def run(placement, policy, scaler, data, epochs):
     return step, model, skipped, max(applied, default=0.0), loss
 
 
+# %%
 def plan_for_batch(step, n: int):
     """``step``'s plan for batches of ``n`` (``step.ir`` is the last one compiled): its ``graph``
     and ``context`` (what the passes recorded)."""
     return next(p for p in step.plans.values() if p.graph.inputs[0].shape[0] == n)
 
 
+# %%
 def colors(step) -> dict:
     """(op type, occurrence) -> 'f16 white' etc., from the graph's amp_report()."""
     seen, out = {}, {}
@@ -136,10 +153,11 @@ def colors(step) -> dict:
     return out
 
 
+# %%
 def main():
     p = argparse.ArgumentParser(description="Lesson 6: gray-node control with AMP identities")
     p.add_argument("--quick", action="store_true", help="3 epochs per run instead of 10")
-    args = p.parse_args()
+    args = p.parse_args(script_args())
     mf.set_backend("cpu")
     epochs = 3 if args.quick else 10
     data = load_digits()
@@ -203,5 +221,6 @@ def main():
           "'legacy' (which makes the scale in the initial gradient's dtype) has nothing to cast")
 
 
+# %%
 if __name__ == "__main__":
     main()

@@ -1,3 +1,14 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: py:percent
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+# ---
+
+# %%
 """Lesson 7: a complete mixed-precision training run on the digits data, from data to test accuracy.
 
 What this lesson shows (everything from lessons 1-6 in one script, as you would write it):
@@ -33,10 +44,12 @@ from miniflow import nn
 from miniflow.amp import GradScaler
 from miniflow.data import batches, load_digits
 from miniflow.experiments.mlp import mlp
+from miniflow.notebook import script_args, script_dir
 
-DEFAULT_OUT = Path(__file__).resolve().parent.parent / "tutorial-output" / "07_train_digits"
+DEFAULT_OUT = script_dir(globals()).parent / "tutorial-output" / "07_train_digits"
 
 
+# %%
 class TrainStep(nn.Graph):
     """One training step: forward, loss, backward, SGD update, all compiled into one plan."""
 
@@ -55,6 +68,7 @@ class TrainStep(nn.Graph):
         return loss
 
 
+# %%
 class Predict(nn.Graph):
     """Inference: logits of a batch (shares the model's parameters with the training step)."""
 
@@ -68,10 +82,12 @@ class Predict(nn.Graph):
         return self.model(x)
 
 
+# %%
 def accuracy(predict: Predict, x: np.ndarray, y: np.ndarray) -> float:
     return float((predict(x).numpy().argmax(axis=1) == y).mean())
 
 
+# %%
 def train(data, epochs: int, amp: bool, progress: bool, seed: int = 0) -> dict:
     """Train the digits MLP; returns per-step losses, scales, skips and per-epoch test accuracy."""
     mf.manual_seed(seed)
@@ -101,13 +117,14 @@ def train(data, epochs: int, amp: bool, progress: bool, seed: int = 0) -> dict:
             "scaler": scaler, "steps_per_epoch": steps_per_epoch}
 
 
+# %%
 def main():
     p = argparse.ArgumentParser(description="Lesson 7: a complete AMP training run")
     p.add_argument("--quick", action="store_true", help="5 epochs instead of 20")
     p.add_argument("--epochs", type=int, default=None, help="number of epochs (overrides --quick)")
     p.add_argument("--out", type=Path, default=DEFAULT_OUT, help="folder for the figure")
     p.add_argument("--no-progress", action="store_true", help="hide the progress bar")
-    args = p.parse_args()
+    args = p.parse_args(script_args())
     args.out.mkdir(parents=True, exist_ok=True)
     epochs = args.epochs or (5 if args.quick else 20)
     mf.set_backend("cpu")
@@ -164,5 +181,6 @@ def main():
     print(f"figure (loss, test accuracy and loss scale per step) written to: {path}")
 
 
+# %%
 if __name__ == "__main__":
     main()

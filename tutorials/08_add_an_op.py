@@ -1,3 +1,14 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: py:percent
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+# ---
+
+# %%
 """Lesson 8: add an op end to end. Declare softplus, log(1 + e**x), as the op ``lesson08_softplus``
 with its gradient op ``lesson08_softplus_grad`` in this script, and watch everything else come from
 the declaration. A lesson's throwaway op takes a name no library op will (``register`` refuses a
@@ -57,6 +68,7 @@ import miniflow as mf
 from miniflow import nn
 from miniflow.dtype import as_dtype
 from miniflow.ir import Graph, evaluate
+from miniflow.notebook import script_args, script_dir
 from miniflow.ops import all_ops, get_op, scalar_functions, unregister
 from miniflow.ops.common import y_dy_infer
 from miniflow.ops.elementwise import elementwise, grad_samples, unary_samples
@@ -73,6 +85,7 @@ OP, GRAD_OP = "lesson08_softplus", "lesson08_softplus_grad"
 """The op types this lesson registers (and unregisters at the end)."""
 
 
+# %%
 def indent(text: str, prefix: str = "    ") -> str:
     return "\n".join(prefix + line for line in text.splitlines())
 
@@ -99,6 +112,7 @@ AMP_NOTE = ("not in OneFlow's lists (there it runs in float32); declared gray he
             "silu, so it follows its neighbours: its kernel computes in float32 and rounds once")
 
 
+# %%
 def declare():
     """Register ``lesson08_softplus`` and ``lesson08_softplus_grad``; returns their OpDefs."""
     op = elementwise(
@@ -114,6 +128,7 @@ def declare():
     return op, grad_op
 
 
+# %%
 def declare_clash():
     """Declare an op whose scalar function is another function named ``lesson08_softplus``
     (refused)."""
@@ -123,6 +138,7 @@ def declare_clash():
                        amp="gray")
 
 
+# %%
 def refused(fn) -> str:
     """The error ``fn()`` raises, as ``Type: message``."""
     try:
@@ -132,6 +148,7 @@ def refused(fn) -> str:
     raise AssertionError("expected an error")
 
 
+# %%
 # ============================================================================ helpers
 def one_node_graph(name: str, arrays: list, attrs=None) -> Graph:
     """``op(*inputs)`` as a graph with one input per array."""
@@ -141,6 +158,7 @@ def one_node_graph(name: str, arrays: list, attrs=None) -> Graph:
     return g
 
 
+# %%
 def check_samples(name: str) -> dict:
     """Every sample of op ``name`` (plus a float64 copy of each float32 one) on the current backend
     against ``ir.evaluate``; returns dtype -> (samples, worst |error| on finite values, all within
@@ -165,6 +183,7 @@ def check_samples(name: str) -> dict:
     return out
 
 
+# %%
 def print_sample_checks() -> None:
     """One line per op and dtype: :func:`check_samples` on the current backend."""
     for name in (OP, GRAD_OP):
@@ -182,6 +201,7 @@ class Softplus(nn.Module):
         return apply(OP, [x])
 
 
+# %%
 # ============================================================================ the CPU process
 def main_lesson() -> None:
     mf.set_backend("cpu")
@@ -312,6 +332,7 @@ def main_lesson() -> None:
     print(f"get_op({OP!r}) -> {refused(lambda: get_op(OP)).split(';')[0]}\"")
 
 
+# %%
 # ============================================================================ the CUDA process
 def cuda_child() -> None:
     """Runs in the child process (simulator) or on a GPU; the parent labels every line."""
@@ -336,6 +357,7 @@ def cuda_child() -> None:
     print(f"the float32 plan on the cuda backend: {plan.describe().strip()}")
 
 
+# %%
 def run_cuda_part() -> None:
     """Run :func:`cuda_child` on the GPU, or in a child process under the simulator."""
     from miniflow.runtime.backend import cuda_status
@@ -349,7 +371,8 @@ def run_cuda_part() -> None:
               f"NUMBA_ENABLE_CUDASIM=1 (Numba's CUDA simulator)")
         env["NUMBA_ENABLE_CUDASIM"] = "1"
     env.pop("MINIFLOW_BACKEND", None)
-    r = subprocess.run([sys.executable, os.path.abspath(__file__), "--cuda-child"], env=env,
+    me = str(script_dir(globals()) / "08_add_an_op.py")
+    r = subprocess.run([sys.executable, me, "--cuda-child"], env=env,
                        capture_output=True, text=True, timeout=300)
     for line in r.stdout.splitlines():
         print(f"  [cuda child] {line}")
@@ -359,15 +382,17 @@ def run_cuda_part() -> None:
         raise SystemExit(r.returncode)
 
 
+# %%
 def main():
     p = argparse.ArgumentParser(description="Lesson 8: add an op end to end")
     p.add_argument("--cuda-child", action="store_true", help=argparse.SUPPRESS)
-    args = p.parse_args()
+    args = p.parse_args(script_args())
     if args.cuda_child:
         cuda_child()
     else:
         main_lesson()
 
 
+# %%
 if __name__ == "__main__":
     main()

@@ -1,3 +1,14 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: py:percent
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+# ---
+
+# %%
 """Lesson 9: write a pass. Common-subexpression elimination (CSE) over the IR, run inside the pass
 pipeline, checked by values, and two broken versions: one that ``Graph.verify()`` catches, one
 that only a comparison of values catches.
@@ -47,10 +58,12 @@ from miniflow.passes.pipeline import CompileContext, CompileSettings, passes_for
 from miniflow.runtime.plan import Plan
 
 
+# %%
 def indent(text: str, prefix: str = "    ") -> str:
     return "\n".join(prefix + line for line in text.splitlines())
 
 
+# %%
 # ============================================================================ the pass
 def attrs_key(attrs: dict) -> tuple:
     """A hashable form of a node's attributes. Scalars are keyed by type and ``repr``, so ``0.0``
@@ -63,6 +76,7 @@ def attrs_key(attrs: dict) -> tuple:
     return tuple(sorted((k, frozen(v)) for k, v in attrs.items()))
 
 
+# %%
 def common_subexpression_elimination(graph: Graph, ctx=None) -> Graph:
     """Reuse the outputs of the first of several identical nodes.
 
@@ -108,6 +122,7 @@ def common_subexpression_elimination(graph: Graph, ctx=None) -> Graph:
     return graph
 
 
+# %%
 # ============================================================================ two broken versions
 def cse_forgetting_readers(graph: Graph, ctx=None) -> Graph:
     """BROKEN: drops the duplicates but never rewires their readers."""
@@ -121,6 +136,7 @@ def cse_forgetting_readers(graph: Graph, ctx=None) -> Graph:
     return graph
 
 
+# %%
 def cse_ignoring_attributes(graph: Graph, ctx=None) -> Graph:
     """BROKEN: merges nodes of the same op and inputs whatever their attributes."""
     first, kept = {}, []
@@ -136,6 +152,7 @@ def cse_ignoring_attributes(graph: Graph, ctx=None) -> Graph:
     return graph
 
 
+# %%
 # ============================================================================ example graphs
 def build_ir(w_data: np.ndarray, dtype=mf.float64) -> Graph:
     """``loss = sum(col * col) + sum(row * s)`` with ``col = sum_rows(2 * tanh(x @ w))``,
@@ -157,6 +174,7 @@ def build_ir(w_data: np.ndarray, dtype=mf.float64) -> Graph:
     return g
 
 
+# %%
 def same_types_ir() -> Graph:
     """``sum(2 * t) + sum(3 * t)`` with ``t = tanh(x)``: the two scalar_mul nodes differ only in
     an attribute, and have one type."""
@@ -169,6 +187,7 @@ def same_types_ir() -> Graph:
     return g
 
 
+# %%
 def update_ir(w_data: np.ndarray) -> Graph:
     """Two identical SGD steps on ``w`` and ``tanh(w)`` read before and after them."""
     g = Graph()
@@ -185,6 +204,7 @@ def update_ir(w_data: np.ndarray) -> Graph:
     return g
 
 
+# %%
 def counted(name: str, fn, log: list):
     """The pass ``fn`` as a pipeline entry that records the node count after it runs."""
     def run(graph, ctx):
@@ -194,6 +214,7 @@ def counted(name: str, fn, log: list):
     return name, run
 
 
+# %%
 def pass_list(with_cse: bool, ctx: CompileContext, log: list) -> list:
     """``passes_for(ctx)`` (what ``nn.Graph`` runs), with CSE right after autograd if asked."""
     passes = passes_for(ctx)
@@ -203,6 +224,7 @@ def pass_list(with_cse: bool, ctx: CompileContext, log: list) -> list:
     return [counted(name, fn, log) for name, fn in passes]
 
 
+# %%
 def train_with(extra_pass) -> tuple:
     """Train a small MLP for 5 SGD steps with ``extra_pass`` (or None) put into
     ``miniflow.passes.pipeline.PASSES`` after autograd; returns (losses, parameters, IR nodes).
@@ -239,6 +261,7 @@ def train_with(extra_pass) -> tuple:
     return losses, model.state_dict(), len(step.ir.nodes)
 
 
+# %%
 def main():
     mf.set_backend("cpu")
     rng = np.random.default_rng(0)
@@ -343,5 +366,6 @@ def main():
           f"{g.count_ops()['scalar_mul']} scalar_mul nodes kept")
 
 
+# %%
 if __name__ == "__main__":
     main()

@@ -213,7 +213,9 @@ def _fused(node, ins, outs, b):
         dt = term_dtype(term, in_types, types)
         out = out or b.fresh(fn)
         operands = [emit(a) for a in args]
-        if fn in CASTS:
+        if fn in CASTS and isinstance(operands[0], float):   # a cast number: a constant
+            b.node("Identity", [b.initializer(np.array(operands[0], dt.np))], [out])
+        elif fn in CASTS:
             b.node("Cast", operands, [out], to=tensor_type(b.onnx, dt))
         else:
             _apply(b, fn, operands, out, dt)

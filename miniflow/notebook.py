@@ -1,0 +1,82 @@
+"""The lessons as Jupyter notebooks (the ``notebook`` extra: ``pip install -e ".[notebook]"``).
+
+The lessons (``tutorials/*.py``) are in jupytext's percent format: ``# %%`` starts a code cell,
+``# %% [markdown]`` a text cell, so Jupyter (with jupytext) and VS Code open each one as a
+notebook while ``python tutorials/01_lazy_graph.py`` still runs it as a script. In a notebook
+the IR shows as HTML (``Graph._repr_html_``, ``miniflow.ir_html``).
+
+:func:`script_args` and :func:`script_dir` let one lesson file run both ways: a Jupyter kernel's
+``sys.argv`` holds the kernel's own options, and a notebook has no ``__file__`` (Jupyter runs it
+in its folder). :func:`to_notebook` and :func:`execute` convert and run a lesson as a notebook
+(jupytext, then nbclient), as the tests do.
+"""
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+from .extras import require
+
+__all__ = ["in_notebook", "script_args", "script_dir", "to_notebook", "execute", "cell_text"]
+
+
+def in_notebook() -> bool:
+    """Whether this code runs in a Jupyter (IPython) kernel."""
+    shell = getattr(sys.modules.get("IPython"), "get_ipython", lambda: None)()
+    return shell is not None and type(shell).__name__ == "ZMQInteractiveShell"
+
+
+def script_args() -> list | None:
+    """What a lesson's ``argparse`` should parse: None (``sys.argv[1:]``) as a script, ``[]``
+    (the defaults) in a notebook, whose ``sys.argv`` are the kernel's."""
+    return [] if in_notebook() else None
+
+
+def script_dir(module_globals: dict) -> Path:
+    """The folder of the running lesson: its file's folder as a script (``__file__`` in
+    ``module_globals``), the working folder in a notebook (Jupyter starts the kernel in the
+    notebook's folder)."""
+    file = module_globals.get("__file__")
+    return Path(file).resolve().parent if file else Path.cwd()
+
+
+def to_notebook(path):
+    """The lesson at ``path`` (a percent-format ``.py``) as an ``nbformat`` notebook.
+
+    Raises:
+        miniflow.extras.MissingExtraError: jupytext is not installed.
+    """
+    jupytext = require("jupytext", "notebook", "miniflow.notebook")
+    return jupytext.read(os.fspath(path), fmt="py:percent")
+
+
+def execute(path, *, timeout: int = 600, cwd=None):
+    """Convert the lesson at ``path`` with :func:`to_notebook` and run every cell in a fresh
+    Python kernel (nbclient), in ``cwd`` (default: the lesson's folder); returns the executed
+    notebook (outputs filled in).
+
+    Raises:
+        miniflow.extras.MissingExtraError: jupytext, nbclient or ipykernel is not installed.
+        nbclient.exceptions.CellExecutionError: a cell raised (naming the cell and the error).
+    """
+    nbclient = require("nbclient", "notebook", "miniflow.notebook")
+    require("ipykernel", "notebook", "miniflow.notebook")
+    nb = to_notebook(path)
+    folder = os.fspath(cwd or Path(path).resolve().parent)
+    client = nbclient.NotebookClient(nb, timeout=timeout, kernel_name="python3",
+                                     resources={"metadata": {"path": folder}})
+    client.execute()
+    return nb
+
+
+def cell_text(cell) -> str:
+    """The text a code cell showed: its streams, plain-text results and HTML results."""
+    parts = []
+    for out in cell.get("outputs", []):
+        if out.get("output_type") == "stream":
+            parts.append(out["text"])
+        for kind in ("text/plain", "text/html"):
+            if kind in out.get("data", {}):
+                parts.append(out["data"][kind])
+    return "".join(parts)
