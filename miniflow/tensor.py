@@ -83,6 +83,38 @@ class Tensor:
                                "inside nn.Graph.build (no data-dependent Python control flow)")
         return bool(self.item())
 
+    def _compare(self, other, symbol: str):
+        """A comparison: refused on a lazy tensor (its value does not exist at trace time, as
+        for ``float()``); miniflow has no comparison ops, so eager tensors compare as Python
+        objects do (``==`` is identity, ``<`` a TypeError; compare ``t.numpy()``)."""
+        for t in (self, other):
+            if isinstance(t, Tensor) and t._value is not None:
+                raise RuntimeError(f"lazy tensor %{t._value.name} has no value at trace time "
+                                   f"inside nn.Graph.build: '{symbol}' cannot be decided there "
+                                   "(no data-dependent Python control flow); return it from "
+                                   "build and compare the call's result")
+        return NotImplemented
+
+    def __eq__(self, other):
+        return self._compare(other, "==")
+
+    def __ne__(self, other):
+        return self._compare(other, "!=")
+
+    def __lt__(self, other):
+        return self._compare(other, "<")
+
+    def __le__(self, other):
+        return self._compare(other, "<=")
+
+    def __gt__(self, other):
+        return self._compare(other, ">")
+
+    def __ge__(self, other):
+        return self._compare(other, ">=")
+
+    __hash__ = object.__hash__   # tensors are hashed and compared by identity (as torch.Tensor)
+
     def __repr__(self) -> str:
         if self._value is not None:
             return f"tensor(lazy %{self._value.name}: {self._value.type_str})"
