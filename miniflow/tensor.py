@@ -5,6 +5,7 @@ runs the op's kernel at once (eager, forward only), on the same kernels a compil
 """
 from __future__ import annotations
 
+import functools
 import numbers
 
 import numpy as np
@@ -95,23 +96,12 @@ class Tensor:
                                    "build and compare the call's result")
         return NotImplemented
 
-    def __eq__(self, other):
-        return self._compare(other, "==")
-
-    def __ne__(self, other):
-        return self._compare(other, "!=")
-
-    def __lt__(self, other):
-        return self._compare(other, "<")
-
-    def __le__(self, other):
-        return self._compare(other, "<=")
-
-    def __gt__(self, other):
-        return self._compare(other, ">")
-
-    def __ge__(self, other):
-        return self._compare(other, ">=")
+    __eq__ = functools.partialmethod(_compare, symbol="==")
+    __ne__ = functools.partialmethod(_compare, symbol="!=")
+    __lt__ = functools.partialmethod(_compare, symbol="<")
+    __le__ = functools.partialmethod(_compare, symbol="<=")
+    __gt__ = functools.partialmethod(_compare, symbol=">")
+    __ge__ = functools.partialmethod(_compare, symbol=">=")
 
     __hash__ = object.__hash__   # tensors are hashed and compared by identity (as torch.Tensor)
 
