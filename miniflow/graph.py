@@ -264,6 +264,14 @@ class Graph:
     def build(self, *inputs):
         raise NotImplementedError(f"{type(self).__name__} must implement build(*inputs)")
 
+    def __reduce_ex__(self, protocol):
+        """``copy.copy``, ``copy.deepcopy`` and ``pickle`` all come here: refused, as a graph
+        holds compiled plans, their buffers and a lock (OneFlow's ``nn.Graph`` is not copied
+        either; PyTorch copies the ``nn.Module``)."""
+        raise TypeError(f"an nn.Graph ({type(self).__name__}) cannot be copied or pickled; "
+                        "copy the module (copy.deepcopy(model), or save its state_dict) and "
+                        "build a new graph from it")
+
     def add_optimizer(self, optimizer) -> None:
         """Train the optimizer's parameters with the loss marked by ``backward()`` in build.
 

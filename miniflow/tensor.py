@@ -6,6 +6,7 @@ runs the op's kernel at once (eager, forward only), on the same kernels a compil
 from __future__ import annotations
 
 import collections
+import functools
 import numbers
 
 import numpy as np
@@ -83,6 +84,27 @@ class Tensor:
             raise RuntimeError(f"the truth value of lazy tensor %{self._value.name} is unknown "
                                "inside nn.Graph.build (no data-dependent Python control flow)")
         return bool(self.item())
+
+    def _compare(self, other, symbol: str):
+        """A comparison: refused on a lazy tensor (its value does not exist at trace time, as
+        for ``float()``); miniflow has no comparison ops, so eager tensors compare as Python
+        objects do (``==`` is identity, ``<`` a TypeError; compare ``t.numpy()``)."""
+        for t in (self, other):
+            if isinstance(t, Tensor) and t._value is not None:
+                raise RuntimeError(f"lazy tensor %{t._value.name} has no value at trace time "
+                                   f"inside nn.Graph.build: '{symbol}' cannot be decided there "
+                                   "(no data-dependent Python control flow); return it from "
+                                   "build and compare the call's result")
+        return NotImplemented
+
+    __eq__ = functools.partialmethod(_compare, symbol="==")
+    __ne__ = functools.partialmethod(_compare, symbol="!=")
+    __lt__ = functools.partialmethod(_compare, symbol="<")
+    __le__ = functools.partialmethod(_compare, symbol="<=")
+    __gt__ = functools.partialmethod(_compare, symbol=">")
+    __ge__ = functools.partialmethod(_compare, symbol=">=")
+
+    __hash__ = object.__hash__   # tensors are hashed and compared by identity (as torch.Tensor)
 
     def __repr__(self) -> str:
         if self._value is not None:

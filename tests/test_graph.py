@@ -370,3 +370,48 @@ def test_transpose_and_permute_trace_as_oneflow_transpose_with_perm():
 def test_bad_dims_are_refused_naming_the_method(call, error, match):
     with pytest.raises(error, match=match):
         call(mf.tensor(np.zeros((2, 3), np.float32)))
+
+
+@pytest.mark.parametrize("copy_it", ["copy", "deepcopy", "pickle"])
+def test_a_graph_cannot_be_copied_and_says_to_copy_the_module(copy_it):
+    """Issue 22 item 21: ``copy.copy`` / ``copy.deepcopy`` / ``pickle`` of an ``nn.Graph`` say
+    what to do (before: ``cannot pickle '_thread.RLock'``); the module copies, as PyTorch's
+    ``nn.Module`` does (``copy.deepcopy(model)``), and a new graph of the copy runs."""
+    import copy
+    import pickle
+    model, graph = _train_graph()
+    x, y = np.ones((2, 4), np.float32), np.array([0, 2])
+    graph(x, y)
+    how = {"copy": copy.copy, "deepcopy": copy.deepcopy, "pickle": pickle.dumps}[copy_it]
+    with pytest.raises(TypeError, match=r"an nn.Graph \(TrainGraph\) cannot be copied or "
+                                        r"pickled; copy the module"):
+        how(graph)
+    twin = copy.deepcopy(model)
+    assert np.array_equal(EvalGraph(twin)(x).numpy(), EvalGraph(model)(x).numpy())
+
+
+@pytest.mark.parametrize("compare", [
+    lambda x: x > 0, lambda x: x < 0, lambda x: x >= 0, lambda x: x <= 0, lambda x: x == 0,
+    lambda x: x != 0, lambda x: 0 < x, lambda x: x == x * 2.0,
+])
+def test_comparing_a_lazy_tensor_in_build_says_it_has_no_value_yet(compare):
+    """Issue 22 item 21: a comparison of a lazy tensor inside ``build`` cannot be decided at
+    trace time (before: ``TypeError: '>' not supported``, or a silent ``False`` for ``==``):
+    a RuntimeError saying so, as ``float()`` and ``bool()`` of a lazy tensor do (PyTorch's
+    tracer, ``torch.jit.trace``, warns that such a result is fixed at trace time)."""
+    class G(nn.Graph):
+        def build(self, x):
+            compare(x)
+            return x
+    with pytest.raises(RuntimeError, match=r"lazy tensor %\w+ has no value at trace time "
+                                           r"inside nn.Graph.build: '[<>=!]+' cannot be decided"):
+        G()(np.ones(3, np.float32))
+
+
+def test_eager_tensors_compare_by_identity_and_hash():
+    """Outside a trace a Tensor is an object as before: ``==`` is identity (usable in lists,
+    dicts and sets), ordering is a TypeError."""
+    a, b = mf.tensor([1.0]), mf.tensor([1.0])
+    assert a == a and a != b and a in [b, a] and len({a, b}) == 2
+    with pytest.raises(TypeError):
+        a < b
