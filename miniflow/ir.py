@@ -460,28 +460,28 @@ class Graph:
         """
         names = self.names()
         per, each, counts = set(), [], set()
-        collected = {}  # id(value) -> index of the collecting node that makes it
+        collected = {}  # value -> index of the collecting node that makes it
         for i, n in enumerate(self.nodes):
             kind = n.op.micro_batch[0] if runs_per_micro_batch(n) else None
             if kind:
                 counts.add(n.attrs[n.op.micro_batch[1]])
-            reads_each = any(id(v) in per for v in n.inputs)
-            reads_collected = [v for v in n.inputs if id(v) in collected]
+            reads_each = any(v in per for v in n.inputs)
+            reads_collected = [v for v in n.inputs if v in collected]
             if kind == "split" and reads_each:
                 self._fail(i, f"{n.op.name} reads a value of one micro-batch; it splits values "
                               "read once per call (graph inputs)", names)
             if (kind or reads_each) and reads_collected:
                 v = reads_collected[0]
                 self._fail(i, f"%{names[v]} is the output of "
-                              f"{self.nodes[collected[id(v)]].op.name}, complete only after the "
+                              f"{self.nodes[collected[v]].op.name}, complete only after the "
                               "last micro-batch: it cannot be read inside the micro-batches",
                            names)
             if kind or reads_each:
                 each.append(i)
                 if kind == "collect":
-                    collected.update((id(v), i) for v in n.outputs)
+                    collected.update((v, i) for v in n.outputs)
                 else:
-                    per.update(id(v) for v in n.outputs)
+                    per.update(n.outputs)
         if len(counts) > 1:
             raise VerifyError(f"the micro-batch ops disagree on the number of micro-batches: "
                               f"{sorted(counts)}")
@@ -490,23 +490,23 @@ class Graph:
         in_each, needed, before = set(each), set(), []
         for i in range(len(self.nodes) - 1, -1, -1):
             n = self.nodes[i]
-            if i in in_each or any(id(v) in needed for v in n.outputs):
-                needed.update(id(v) for v in n.inputs)
+            if i in in_each or any(v in needed for v in n.outputs):
+                needed.update(n.inputs)
                 if i not in in_each:
                     before.append(i)
         before.reverse()
-        written = {}  # id(variable) -> index of the first micro-batch node that writes it
+        written = {}  # variable -> index of the first micro-batch node that writes it
         for i in each:
             for v in self.nodes[i].written:
-                written.setdefault(id(v), i)
+                written.setdefault(v, i)
         for i in before:
             for v in self.nodes[i].inputs:
-                if written.get(id(v), len(self.nodes)) < i:
-                    self._fail(i, f"reads %{names[v]} after node {written[id(v)]} writes it in "
+                if written.get(v, len(self.nodes)) < i:
+                    self._fail(i, f"reads %{names[v]} after node {written[v]} writes it in "
                                   "every micro-batch, but would run before the micro-batches",
                                names)
         for k, v in self.results.items():
-            if _is_output(k) and id(v) in per:
+            if _is_output(k) and v in per:
                 raise VerifyError(f"output {k!r} (%{names[v]}) is a value of one micro-batch; "
                                   "pack it (the pack op) to return all micro-batches")
         shown = set(before) | in_each

@@ -114,18 +114,18 @@ class _Topology:
 
 
 def _topology(graph: Graph) -> _Topology:
-    made_by = {id(v): n for n in graph.nodes for v in n.outputs}
+    made_by = {v: n for n in graph.nodes for v in n.outputs}
     producers = {n: {} for n in graph.nodes}  # dicts as ordered sets
     consumers = {n: {} for n in graph.nodes}
     for n in graph.nodes:
         for v in n.inputs:
-            p = made_by.get(id(v))
+            p = made_by.get(v)
             if p is not None:
                 producers[n][p] = None
                 consumers[p][n] = None
-    returned = {id(v) for v in graph.outputs}
+    returned = set(graph.outputs)
     sinks = {n for n in graph.nodes
-             if not consumers[n] and not any(id(v) in returned for v in n.outputs)}
+             if not consumers[n] and not any(v in returned for v in n.outputs)}
     return _Topology({n: list(p) for n, p in producers.items()},
                      {n: list(c) for n, c in consumers.items()}, sinks)
 

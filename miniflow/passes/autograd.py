@@ -34,15 +34,15 @@ class AutogradState:
 
 
 def _needs_grad(graph: Graph, trainable: set) -> set:
-    """ids of Values that depend on a trainable variable AND that the loss depends on."""
-    fwd = {id(graph.variables[n]) for n in trainable if n in graph.variables}
+    """The Values that depend on a trainable variable AND that the loss depends on."""
+    fwd = {graph.variables[n] for n in trainable if n in graph.variables}
     for node in graph.nodes:
-        if any(id(v) in fwd for v in node.inputs):
-            fwd.update(id(v) for v in node.outputs)
-    back = {id(graph.loss)}
+        if any(v in fwd for v in node.inputs):
+            fwd.update(node.outputs)
+    back = {graph.loss}
     for node in reversed(graph.nodes):
-        if any(id(v) in back for v in node.outputs):
-            back.update(id(v) for v in node.inputs)
+        if any(v in back for v in node.outputs):
+            back.update(node.inputs)
     return fwd & back
 
 
@@ -59,16 +59,16 @@ def autograd(graph: Graph, ctx) -> Graph:
     ctx.state[AutogradState] = AutogradState(initial)
     if settings.initial_grad_identity is not None:
         seed = emit(settings.initial_grad_identity, seed)
-    contributions: dict = {id(graph.loss): [seed]}
+    contributions: dict = {graph.loss: [seed]}
 
     def total(v):
-        parts = contributions.pop(id(v), None)
+        parts = contributions.pop(v, None)
         if not parts:
             return None
         return parts[0] if len(parts) == 1 else emit("add_n", *parts)
 
     for node in reversed(forward):
-        if not any(id(v) in needs for v in node.inputs):
+        if not any(v in needs for v in node.inputs):
             continue
         out_grads = [total(v) for v in node.outputs]
         if all(g is None for g in out_grads):
@@ -77,11 +77,11 @@ def autograd(graph: Graph, ctx) -> Graph:
             raise NotImplementedError(f"autograd: op {node.op.name!r} has no gradient rule "
                                       f"(node: {node.format(graph.names())})")
         for v, g in zip(node.inputs, node.op.grad(node, out_grads, emit)):
-            if g is not None and id(v) in needs:
-                contributions.setdefault(id(v), []).append(g)
+            if g is not None and v in needs:
+                contributions.setdefault(v, []).append(g)
     for name in settings.trainable:
         v = graph.variables.get(name)
-        if v is not None and id(v) in contributions:
+        if v is not None and v in contributions:
             graph.results[grad_name(name)] = total(v)
     _drop_unused_backward(graph, len(forward), initial)
     return graph
@@ -93,10 +93,10 @@ def _drop_unused_backward(graph: Graph, n_forward: int, initial_grad) -> None:
     A gradient rule emits a gradient for every input (matmul's ``dx`` for a graph input ``x`` too).
     OneFlow's autograd never generates those; left in, they would be sinks that the AMP pass colors.
     """
-    live = {id(v) for v in graph.grads.values()} | {id(initial_grad)}
+    live = set(graph.grads.values()) | {initial_grad}
     kept = []
     for node in reversed(graph.nodes[n_forward:]):
-        if any(id(v) in live for v in node.outputs):
+        if any(v in live for v in node.outputs):
             kept.append(node)
-            live.update(id(v) for v in node.inputs)
+            live.update(node.inputs)
     graph.nodes = graph.nodes[:n_forward] + kept[::-1]

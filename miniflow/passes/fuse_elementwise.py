@@ -49,13 +49,13 @@ def fuse_elementwise(graph: Graph, ctx=None) -> Graph:
     graph = dead_code_elimination(graph)
     fusion = _Fusion(graph)
     groups = fusion.groups()
-    last = {id(g[-1]): g for g in groups}
-    fused = {id(n) for g in groups for n in g}
+    last = {g[-1]: g for g in groups}
+    fused = {n for g in groups for n in g}
     nodes = []
     for node in graph.nodes:
-        if id(node) in last:
-            nodes.append(fusion.fused_node(last[id(node)]))
-        elif id(node) not in fused:
+        if node in last:
+            nodes.append(fusion.fused_node(last[node]))
+        elif node not in fused:
             nodes.append(node)
     graph.nodes = nodes
     return graph
@@ -97,12 +97,12 @@ class _Fusion:
     def __init__(self, graph: Graph):
         self.graph = graph
         self.readers = graph.users()
-        self.pos = {id(n): i for i, n in enumerate(graph.nodes)}
-        self.pinned = {id(v) for v in graph.results.values()}
-        self.writes: dict = {}                      # id(Value) -> positions of nodes writing it
+        self.pos = {n: i for i, n in enumerate(graph.nodes)}
+        self.pinned = set(graph.results.values())
+        self.writes: dict = {}                      # Value -> positions of nodes writing it
         for i, n in enumerate(graph.nodes):
             for v in n.written:
-                self.writes.setdefault(id(v), []).append(i)
+                self.writes.setdefault(v, []).append(i)
 
     def groups(self) -> list:
         """Lists of nodes (in graph order), one per group of two or more."""
@@ -113,9 +113,9 @@ class _Fusion:
             members = [node]
             for g in self._producer_groups(node, group_of):
                 if self._legal(g, g + members, i):
-                    members = sorted(g + members, key=lambda n: self.pos[id(n)])
+                    members = sorted(g + members, key=lambda n: self.pos[n])
             for n in members:
-                group_of[id(n)] = members
+                group_of[n] = members
         unique = {id(g): g for g in group_of.values() if len(g) > 1}
         return list(unique.values())
 
@@ -123,15 +123,15 @@ class _Fusion:
     def _producer_groups(node: Node, group_of: dict) -> list:
         out, seen = [], set()
         for v in node.inputs:
-            g = group_of.get(id(v.producer)) if v.producer is not None else None
+            g = group_of.get(v.producer) if v.producer is not None else None
             if g is not None and id(g) not in seen:
                 seen.add(id(g))
                 out.append(g)
         return out
 
     def _outside_readers(self, v: Value, members: list) -> list:
-        inside = {id(n) for n in members}
-        return [n for n in self.readers.get(v, []) if id(n) not in inside]
+        inside = set(members)
+        return [n for n in self.readers.get(v, []) if n not in inside]
 
     def _legal(self, group: list, members: list, last: int) -> bool:
         """Whether ``members`` (``group`` and the node at ``last``) can be one node there."""
@@ -141,54 +141,54 @@ class _Fusion:
         for n in group:
             for v in n.outputs:
                 outside = self._outside_readers(v, members)
-                if not same_shape and (outside or id(v) in self.pinned):
+                if not same_shape and (outside or v in self.pinned):
                     return False            # a smaller shape is recomputed, so it cannot be output
-                if any(self.pos[id(r)] < last for r in outside):
+                if any(self.pos[r] < last for r in outside):
                     return False            # a reader would run before the fused node
         if not same_shape and tuple(np.broadcast_shapes(group_shape, shape)) != shape:
             return False
         ins = self._inputs(members)
         for n in members:                   # an update op between a read and the fused node
             for v in n.inputs:
-                if any(self.pos[id(n)] < p < last for p in self.writes.get(id(v), ())):
+                if any(self.pos[n] < p < last for p in self.writes.get(v, ())):
                     return False
         return broadcast_kinds(shape, [v.shape for v in ins]) is not None
 
     @staticmethod
     def _inputs(members: list) -> list:
         """Values the group reads from outside, in order of first use."""
-        made = {id(v) for n in members for v in n.outputs}
+        made = {v for n in members for v in n.outputs}
         out, seen = [], set()
         for n in members:
             for v in n.inputs:
-                if id(v) not in made and id(v) not in seen:
-                    seen.add(id(v))
+                if v not in made and v not in seen:
+                    seen.add(v)
                     out.append(v)
         return out
 
     def fused_node(self, members: list) -> Node:
         """The ``fused_elementwise`` node computing ``members``' outside-visible values."""
         inputs = self._inputs(members)
-        index = {id(v): k for k, v in enumerate(inputs)}
+        index = {v: k for k, v in enumerate(inputs)}
         uses: dict = {}
         for n in members:
             for v in n.inputs:
-                uses[id(v)] = uses.get(id(v), 0) + 1
+                uses[v] = uses.get(v, 0) + 1
         terms, statements, outputs, temps = {}, [], [], 0
         for n in members:
             v = n.outputs[0]
-            args = [("x", index[id(a)]) if id(a) in index else terms[id(a)] for a in n.inputs]
+            args = [("x", index[a]) if a in index else terms[a] for a in n.inputs]
             term = _term(n, args)
-            if self._outside_readers(v, members) or id(v) in self.pinned:
+            if self._outside_readers(v, members) or v in self.pinned:
                 name = f"y{len(outputs)}"
                 outputs.append(v)
-            elif uses.get(id(v), 0) > 1:
+            elif uses.get(v, 0) > 1:
                 name, temps = f"t{temps}", temps + 1
             else:
-                terms[id(v)] = term
+                terms[v] = term
                 continue
             statements.append((name, term))
-            terms[id(v)] = ("ref", name)
+            terms[v] = ("ref", name)
         node = Node(get_op("fused_elementwise"), inputs, outputs,
                     {"expr": format_program(statements)})
         for v in outputs:

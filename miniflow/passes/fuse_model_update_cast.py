@@ -174,8 +174,8 @@ def fuse_model_update_cast(graph: Graph, ctx) -> Graph:
 
 def _group_key(u: _Update):
     n = u.node
-    return (n.op.name, tuple(sorted(n.attrs.items())), id(n.inputs[2]), id(n.inputs[3]),
-            u.diff.dtype.name, id(u.scale) if not isinstance(u.scale, float) else u.scale)
+    return (n.op.name, tuple(sorted(n.attrs.items())), n.inputs[2], n.inputs[3],
+            u.diff.dtype.name, u.scale)
 
 
 def _rewrite(graph: Graph, fusable: list, count, half) -> list:
@@ -192,7 +192,7 @@ def _rewrite(graph: Graph, fusable: list, count, half) -> list:
         copies.append((u.name, u.copy.name))
         for cast in u.casts:
             graph.replace_uses(cast.outputs[0], u.copy)
-            removed.add(id(cast))
+            removed.add(cast)
     for members in groups.values():
         first = members[0].node
         scale = members[0].scale
@@ -206,15 +206,15 @@ def _rewrite(graph: Graph, fusable: list, count, half) -> list:
         with graph.inserting_before(first):
             graph.emit(get_op(_FUSED[first.op.name]), lr, skip_if, scale,
                        *(v for group in per_tensor for v in group), **first.attrs)
-        removed.update(id(u.node) for u in members)
-    graph.nodes = [n for n in graph.nodes if id(n) not in removed]
+        removed.update(u.node for u in members)
+    graph.nodes = [n for n in graph.nodes if n not in removed]
     for u in fusable:
         if u.unscaled:
             graph.results[grad_name(u.name)] = u.diff
             if count is not None:
                 count.inputs = [u.diff if v in u.unscaled else v for v in count.inputs]
     if count is not None:
-        _count_in_producers(graph, count, {id(u.diff) for u in fusable if u.unscaled})
+        _count_in_producers(graph, count, {u.diff for u in fusable if u.unscaled})
     return copies
 
 
@@ -227,7 +227,7 @@ def _count_in_producers(graph: Graph, count: Node, moved: set) -> None:
     pre = set(count.attrs.get("precounted", ()))
     for k, v in enumerate(list(count.inputs)):
         node = v.producer
-        if id(v) not in moved or node is None or node.op.name != "matmul" \
+        if v not in moved or node is None or node.op.name != "matmul" \
                 or len(node.outputs) != 1 \
                 or not all(r is count or r.op.name in _FUSED.values() for r in users[v]):
             continue

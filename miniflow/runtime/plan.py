@@ -111,18 +111,25 @@ def constant_nodes(graph: Graph) -> list:
     return out
 
 
-def fused_pairs(graph: Graph, backend, skip) -> dict:
+def _parts(graph: Graph, schedule) -> dict:
+    """Node index -> 0, 1 or 2: before, during (once per micro-batch) or after the micro-batches
+    of ``schedule`` (``graph.micro_batch_schedule()``, computed here when None)."""
+    schedule = graph.micro_batch_schedule() if schedule is None else schedule
+    return {i: p for p, group in enumerate((schedule.before, schedule.each, schedule.after))
+            for i in group}
+
+
+def fused_pairs(graph: Graph, backend, skip, schedule=None) -> dict:
     """``{producer index: consumer index}`` of the node pairs the backend builds as one
     (``Backend.fused_builder``; e.g. on cuda ``reduce_sum`` then ``scalar_mul``, the mean loss):
     the producer's single output is read by the consumer alone and is no graph result, both run
     in the same part of the micro-batch schedule (neither a boundary op), and every other input
-    of the consumer exists before the producer runs. Nodes in ``skip`` take part in none."""
+    of the consumer exists before the producer runs. Nodes in ``skip`` take part in none;
+    ``schedule``: the graph's ``micro_batch_schedule()`` when the caller has it."""
     nodes, users = graph.nodes, graph.users()
     index = {id(n): i for i, n in enumerate(nodes)}
     results = {id(v) for v in graph.results.values()} | {id(v) for v in graph.outputs}
-    schedule = graph.micro_batch_schedule()
-    part = {i: p for p, group in enumerate((schedule.before, schedule.each, schedule.after))
-            for i in group}
+    part = _parts(graph, schedule)
     pairs, taken = {}, set(skip)
     for i, node in enumerate(nodes):
         if i in taken or len(node.outputs) != 1 or id(node.outputs[0]) in results:
@@ -144,7 +151,7 @@ def fused_pairs(graph: Graph, backend, skip) -> dict:
     return pairs
 
 
-def grouped_nodes(graph: Graph, backend, skip) -> dict:
+def grouped_nodes(graph: Graph, backend, skip, schedule=None) -> dict:
     """``{last member index: member indices}`` of the node groups the backend builds as one
     launch (``Backend.group_builder``; on cuda the optimizer updates of many parameters and the
     one-dimensional fused elementwise nodes of one expression, AMP's cast-and-unscale of every
@@ -156,11 +163,10 @@ def grouped_nodes(graph: Graph, backend, skip) -> dict:
     so a member joins only if moving the earlier ones there changes nothing: no node in between reads what a member
     writes or defines (its outputs) or writes what a member reads or writes, and no two members
     touch a value one of them writes or defines. Nodes in ``skip`` take part in none; groups of
-    one are left out."""
+    one are left out; ``schedule``: the graph's ``micro_batch_schedule()`` when the caller has
+    it."""
     nodes = graph.nodes
-    schedule = graph.micro_batch_schedule()
-    part = {i: p for p, group in enumerate((schedule.before, schedule.each, schedule.after))
-            for i in group}
+    part = _parts(graph, schedule)
     open_groups: dict = {}          # key -> [members, ids read, ids written]
     groups = []
     for i, node in enumerate(nodes):
@@ -197,9 +203,10 @@ def _scheduled_steps(graph: Graph, buffers: dict, backend):
     built once, :func:`fused_pairs` and :func:`grouped_nodes` built as one."""
     schedule, nodes = graph.micro_batch_schedule(), graph.nodes
     once = constant_nodes(graph)
-    pairs = fused_pairs(graph, backend, once)
+    pairs = fused_pairs(graph, backend, once, schedule)
     fused = {id(nodes[p]): nodes[c] for p, c in pairs.items()}
-    grouped = grouped_nodes(graph, backend, set(once) | set(pairs) | set(pairs.values()))
+    grouped = grouped_nodes(graph, backend, set(once) | set(pairs) | set(pairs.values()),
+                            schedule)
     groups = {id(nodes[last]): [nodes[i] for i in members] for last, members in grouped.items()}
     skip = set(once) | set(pairs.values()) | {i for m in grouped.values() for i in m[:-1]}
     for node in nodes:                   # first: constant nodes may read later values' shapes
