@@ -5,20 +5,24 @@ The lessons (``tutorials/*.py``) are in jupytext's percent format: ``# %%`` star
 notebook while ``python tutorials/01_lazy_graph.py`` still runs it as a script. In a notebook
 the IR shows as HTML (``Graph._repr_html_``, ``miniflow.ir_html``).
 
-:func:`script_args` and :func:`script_dir` let one lesson file run both ways: a Jupyter kernel's
-``sys.argv`` holds the kernel's own options, and a notebook has no ``__file__`` (Jupyter runs it
-in its folder). :func:`to_notebook` and :func:`execute` convert and run a lesson as a notebook
-(jupytext, then nbclient), as the tests do.
+:func:`script_args`, :func:`script_dir` and :func:`source` let one lesson file run both ways: a
+Jupyter kernel's ``sys.argv`` holds the kernel's own options, a notebook has no ``__file__``
+(Jupyter runs it in its folder), and ``inspect.getsource`` finds no class defined in a cell.
+:func:`to_notebook` and :func:`execute` convert and run a lesson as a notebook (jupytext, then
+nbclient), as the tests do.
 """
 from __future__ import annotations
 
+import inspect
+import linecache
 import os
 import sys
 from pathlib import Path
 
 from .extras import require
 
-__all__ = ["in_notebook", "script_args", "script_dir", "to_notebook", "execute", "cell_text"]
+__all__ = ["in_notebook", "script_args", "script_dir", "source", "to_notebook", "execute",
+           "cell_text"]
 
 
 def in_notebook() -> bool:
@@ -39,6 +43,30 @@ def script_dir(module_globals: dict) -> Path:
     notebook's folder)."""
     file = module_globals.get("__file__")
     return Path(file).resolve().parent if file else Path.cwd()
+
+
+def source(obj) -> str:
+    """``inspect.getsource(obj)``, also for a class defined in a notebook cell (Python before
+    3.13 looks a class up in its module's file, and a notebook's ``__main__`` has none): the
+    block that starts at the ``class`` line above its first method, in that cell's text.
+
+    Raises:
+        OSError / TypeError: as ``inspect.getsource``, when no source is found.
+    """
+    try:
+        return inspect.getsource(obj)
+    except OSError:
+        methods = [f for f in vars(obj).values() if inspect.isfunction(f)] \
+            if inspect.isclass(obj) else []
+        if not methods:
+            raise
+        code = methods[0].__code__
+        lines = linecache.getlines(code.co_filename)
+        start = next((i for i in range(code.co_firstlineno - 1, -1, -1)
+                      if lines[i].lstrip().startswith(f"class {obj.__name__}")), None)
+        if start is None:
+            raise
+        return "".join(inspect.getblock(lines[start:]))
 
 
 def to_notebook(path):

@@ -147,3 +147,19 @@ def test_without_the_notebook_extra_conversion_names_it(monkeypatch):
     monkeypatch.setitem(sys.modules, "jupytext", None)
     with pytest.raises(MissingExtraError, match=r'pip install -e "\.\[notebook\]"'):
         notebook.to_notebook(LESSONS[0])
+
+
+def test_source_finds_a_class_defined_in_a_cell_like_file(tmp_path):
+    """A class whose module has no file (a notebook cell): ``notebook.source`` finds its block
+    through its first method's code, where ``inspect.getsource`` raises OSError."""
+    import linecache
+    text = "x = 1\n\nclass Cell:\n    '''doc'''\n\n    def f(self):\n        return 2\n\ny = 3\n"
+    name = "<ipython-input-cell>"
+    linecache.cache[name] = (len(text), None, text.splitlines(True), name)
+    space = {"__name__": "__main__"}
+    exec(compile(text, name, "exec"), space)
+    with pytest.raises(OSError):
+        __import__("inspect").getsource(space["Cell"])
+    assert notebook.source(space["Cell"]) == "class Cell:\n    '''doc'''\n\n    def f(self):\n" \
+        "        return 2\n"
+    assert notebook.source(notebook.source).startswith("def source(obj)")

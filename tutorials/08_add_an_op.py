@@ -65,7 +65,7 @@ import sys
 import numpy as np
 
 import miniflow as mf
-from miniflow import nn
+from miniflow import nn, notebook
 from miniflow.dtype import as_dtype
 from miniflow.ir import Graph, evaluate
 from miniflow.notebook import script_args, script_dir
@@ -263,7 +263,7 @@ def main_lesson() -> None:
           f"(rtol 1e-5, atol 1e-7): agrees")
 
     print("\n== 6. In a model: nn.Graph, fusion, AMP and ir.evaluate ==")
-    print(indent(inspect.getsource(Softplus).rstrip()))
+    print(indent(notebook.source(Softplus).rstrip()))   # also in a notebook cell
     from miniflow.amp import AmpLists
     from miniflow.data import batches, load_digits
     data = load_digits()
