@@ -52,13 +52,16 @@ product of the MLPs):
 The loops accumulate in the compute type (float32 for f16/f32) in a fixed order, so results are
 deterministic, but not the bits BLAS gives. Half types (float16, bfloat16): the product is float32,
 rounded into out once (a GPU half GEMM's contract); the loops read the half operands as they
-are (widening each element or vector as it loads: no copy of a half weight is made), BLAS gets
-them widened into float32 scratch first.
+are (widening each element or vector as it loads, or into the register tile's panel of a few
+columns: no widened copy of a whole half weight is made), BLAS gets them widened into float32
+scratch first.
 """
 from __future__ import annotations
 
 import functools
 import math
+
+import numba
 
 import numpy as np
 
@@ -284,6 +287,23 @@ def _packed_at(b, p, j):
     return load(b, (p >> 1, 2 * j + (p & 1)))
 
 
+@jitable
+def _pack_panel(b, j, panel):
+    """``(panel, 0)`` with ``panel[p, :] = b[p, j:j + panel.shape[1]]`` widened to float32, one
+    vector at a time: the columns of ``b`` a register tile reads, contiguous (see
+    :func:`outer_block_kernel`)."""
+    for p in range(panel.shape[0]):
+        for v in range(0, panel.shape[1], LANES):
+            vstore(panel, p, v, vload(b, p, j + v))
+    return panel, 0
+
+
+@jitable
+def _in_place(b, j, panel):
+    """``(b, j)``: a tile reads ``b`` itself (the bfloat16 pair layouts)."""
+    return b, j
+
+
 LAYOUTS = ("rows", "pairs", "packed")
 """How :func:`outer_block_kernel` reads ``b``: float32 vectors of rows ``[k, n]``; bfloat16 rows
 paired as they load; bfloat16 pairs packed ahead (``[k / 2, 2 n]``: row ``q`` holds rows ``2q``
@@ -304,19 +324,21 @@ def outer_block_kernel(parallel: bool, counted: bool, layout: str = "rows"):
     The register tile of a BLAS micro-kernel (``simd``), its shape the target's (``target.ISA``,
     after BLIS's and XNNPACK's per-ISA micro-kernels): a block of out of ``rows`` x ``vectors``
     vectors stays in registers while ``p`` runs over the whole inner dimension; per ``p`` the
-    ``vectors`` vectors of ``b[p]`` are loaded (half bits widened as they load; paired: rows ``p``
-    and ``p + 1`` interleaved) and each of ``a``'s ``rows`` elements is broadcast into
+    ``vectors`` vectors of ``b[p]`` are loaded (paired: rows ``p`` and ``p + 1`` interleaved) and each of ``a``'s ``rows`` elements is broadcast into
     ``vectors`` multiply-adds. AVX-512: 4 rows x 4 vectors of 16 (4 x 64, sixteen of the 32
     registers); AVX2: 6 x 2 vectors of 8 (6 x 16, twelve of 16, BLIS's haswell sgemm), NEON and
-    SSE 6 x 2 of 4 (6 x 8). The 4-row tile reads ``b`` in place; the 6-row tile first packs the
-    columns of ``PANEL_TILES`` tiles of ``b`` into a contiguous float32 panel (as BLIS packs
-    ``B``): its tile reads 64 bytes of a row of ``b`` per step, and with a power-of-two row
-    stride (1024 columns: 4 KiB) every row maps to the same L1 set, which holds 12 of them
-    (AVX2 build on one Zen 5 core, 252 x 1024 x 1024: 50 GFLOP/s in place, 95 with 1040 columns,
-    102 from the panel). Each output element is rounded once to out's type as it is stored. Rows
-    past the last block: with the 6-row tile, where 4 or 5 remain, one more block of 6 ending at
-    the last row (the rows it shares with the block before are computed again, to the same bits,
-    and not counted again), else one row at a time; columns past the last tile are vectors, then
+    SSE 6 x 2 of 4 (6 x 8). With float32 vectors (``"rows"``) the tile reads ``b`` from a panel:
+    the columns of ``b`` of one tile (``PANEL_TILES`` tiles for the 6-row one) copied
+    contiguous and widened to float32 first, once per call for all of out's rows (as BLIS packs
+    ``B``; one panel per thread, allocated per call). In place, a tile reads 64 or 256 bytes of
+    a row of ``b`` per step, and with a power-of-two row stride (1024 columns: 4 KiB) every row
+    maps to the same few L1 sets, 12 ways each (one Zen 5 core, 256 x 1024 x 1024: the AVX-512
+    tile 87 GFLOP/s in place, 164-193 from the panel; the AVX2 tile at 252 rows 50 in place, 95
+    with 1040 columns, 99-102 from the panel). The bfloat16 pair layouts read ``b`` in place
+    (``"packed"`` is packed ahead). Each output element is rounded once to out's type as it is
+    stored. Rows past the last block: with the 6-row tile, where 4 or 5 remain, one more block of
+    6 ending at the last row (the rows it shares with the block before are computed again, to the
+    same bits, and not counted again), else one row at a time; columns past the last tile are vectors, then
     scalars. Sums run in float32 in order of ``p``, one rounding per multiply-add (``vfma``,
     ``fma32`` in the scalar columns: every element of out gets the same bits whatever the tile,
     so the AVX2, AVX-512 and generic builds agree; per product of a pair when paired). The
@@ -329,96 +351,92 @@ def outer_block_kernel(parallel: bool, counted: bool, layout: str = "rows"):
     load_b, b_at = {"rows": (_load_rows, _at), "pairs": (_load_pairs, _at),
                     "packed": (_load_packed, _packed_at)}[layout]
     splat, mac = (_splat, _fma) if layout == "rows" else (_splat_pair, _dot_pairs)
+    prepare = _pack_panel if layout == "rows" else _in_place
     wide = ISA.vectors == 4 or layout != "rows"     # the 4 x 4-vector tile, else 6 x 2 vectors
     rows, width = ISA.rows, ISA.columns
+    group = 1 if wide else PANEL_TILES              # tiles one panel holds
+    slots = numba.config.NUMBA_NUM_THREADS if parallel else 1      # a panel per thread
 
     @jit(parallel)
     def kernel(a, b, out, count):
         m, k = a.shape
         n = out.shape[1]
         nw, nl = n - n % width, n - n % LANES
-        mr = m - m % rows
+        tiles, mr = nw // width, m - m % rows
         overlap = not wide and m - mr >= 4 and m >= 6    # 4 or 5 rows left: a last 6-row block
         blocks, m_tiled = mr // rows + (1 if overlap else 0), m if overlap else mr
         bad = 0
-        if wide:
-            for jb in loop(nw // width):
-                j = width * np.int64(jb)
-                j1, j2, j3 = j + LANES, j + 2 * LANES, j + 3 * LANES
-                for i in range(0, mr, 4):
-                    c00 = c01 = c02 = c03 = c10 = c11 = c12 = c13 = vzero()
-                    c20 = c21 = c22 = c23 = c30 = c31 = c32 = c33 = vzero()
+        panels = np.empty((slots, k if layout == "rows" else 0, group * width), np.float32)
+        for cb in loop((tiles + group - 1) // group):
+            t0 = group * np.int64(cb)
+            t1 = min(t0 + group, tiles)
+            panel = panels[numba.get_thread_id() if parallel else 0, :, :(t1 - t0) * width]
+            src, jc = prepare(b, width * t0, panel)     # b's columns of tiles t0..t1, or b
+            for t in range(t0, t1):
+                j, q0 = width * t, jc + width * (t - t0)       # out's column, src's column
+                q1, q2, q3 = q0 + LANES, q0 + 2 * LANES, q0 + 3 * LANES
+                if wide:
+                    for i in range(0, mr, 4):
+                        c00 = c01 = c02 = c03 = c10 = c11 = c12 = c13 = vzero()
+                        c20 = c21 = c22 = c23 = c30 = c31 = c32 = c33 = vzero()
+                        for p in range(0, k, step):
+                            b0, b1 = load_b(src, p, q0), load_b(src, p, q1)
+                            b2, b3 = load_b(src, p, q2), load_b(src, p, q3)
+                            x = splat(a, i, p)
+                            c00, c01, c02, c03 = (mac(c00, x, b0), mac(c01, x, b1),
+                                                  mac(c02, x, b2), mac(c03, x, b3))
+                            x = splat(a, i + 1, p)
+                            c10, c11, c12, c13 = (mac(c10, x, b0), mac(c11, x, b1),
+                                                  mac(c12, x, b2), mac(c13, x, b3))
+                            x = splat(a, i + 2, p)
+                            c20, c21, c22, c23 = (mac(c20, x, b0), mac(c21, x, b1),
+                                                  mac(c22, x, b2), mac(c23, x, b3))
+                            x = splat(a, i + 3, p)
+                            c30, c31, c32, c33 = (mac(c30, x, b0), mac(c31, x, b1),
+                                                  mac(c32, x, b2), mac(c33, x, b3))
+                        bad += (_put4(out, i, j, c00, c01, c02, c03, counted)
+                                + _put4(out, i + 1, j, c10, c11, c12, c13, counted)
+                                + _put4(out, i + 2, j, c20, c21, c22, c23, counted)
+                                + _put4(out, i + 3, j, c30, c31, c32, c33, counted))
+                    for i in range(mr, m):          # the rows past the last block of four
+                        c0 = c1 = c2 = c3 = vzero()
+                        for p in range(0, k, step):
+                            x = splat(a, i, p)
+                            c0, c1 = mac(c0, x, load_b(src, p, q0)), mac(c1, x, load_b(src, p, q1))
+                            c2, c3 = mac(c2, x, load_b(src, p, q2)), mac(c3, x, load_b(src, p, q3))
+                        bad += _put4(out, i, j, c0, c1, c2, c3, counted)
+                    continue
+                for ib in range(blocks):
+                    i = min(6 * ib, m - 6)          # the last block may overlap the one before
+                    c00 = c01 = c10 = c11 = c20 = c21 = vzero()
+                    c30 = c31 = c40 = c41 = c50 = c51 = vzero()
                     for p in range(0, k, step):
-                        b0, b1 = load_b(b, p, j), load_b(b, p, j1)
-                        b2, b3 = load_b(b, p, j2), load_b(b, p, j3)
+                        b0, b1 = load_b(src, p, q0), load_b(src, p, q1)
                         x = splat(a, i, p)
-                        c00, c01, c02, c03 = (mac(c00, x, b0), mac(c01, x, b1), mac(c02, x, b2),
-                                              mac(c03, x, b3))
+                        c00, c01 = mac(c00, x, b0), mac(c01, x, b1)
                         x = splat(a, i + 1, p)
-                        c10, c11, c12, c13 = (mac(c10, x, b0), mac(c11, x, b1), mac(c12, x, b2),
-                                              mac(c13, x, b3))
+                        c10, c11 = mac(c10, x, b0), mac(c11, x, b1)
                         x = splat(a, i + 2, p)
-                        c20, c21, c22, c23 = (mac(c20, x, b0), mac(c21, x, b1), mac(c22, x, b2),
-                                              mac(c23, x, b3))
+                        c20, c21 = mac(c20, x, b0), mac(c21, x, b1)
                         x = splat(a, i + 3, p)
-                        c30, c31, c32, c33 = (mac(c30, x, b0), mac(c31, x, b1), mac(c32, x, b2),
-                                              mac(c33, x, b3))
-                    bad += (_put4(out, i, j, c00, c01, c02, c03, counted)
-                            + _put4(out, i + 1, j, c10, c11, c12, c13, counted)
-                            + _put4(out, i + 2, j, c20, c21, c22, c23, counted)
-                            + _put4(out, i + 3, j, c30, c31, c32, c33, counted))
-                for i in range(mr, m):          # the rows past the last block of four
-                    c0 = c1 = c2 = c3 = vzero()
+                        c30, c31 = mac(c30, x, b0), mac(c31, x, b1)
+                        x = splat(a, i + 4, p)
+                        c40, c41 = mac(c40, x, b0), mac(c41, x, b1)
+                        x = splat(a, i + 5, p)
+                        c50, c51 = mac(c50, x, b0), mac(c51, x, b1)
+                    new = 6 * ib - i                    # rows written before: not counted again
+                    bad += (_put2(out, i, j, c00, c01, counted and new <= 0)
+                            + _put2(out, i + 1, j, c10, c11, counted and new <= 1)
+                            + _put2(out, i + 2, j, c20, c21, counted and new <= 2)
+                            + _put2(out, i + 3, j, c30, c31, counted and new <= 3)
+                            + _put2(out, i + 4, j, c40, c41, counted and new <= 4)
+                            + _put2(out, i + 5, j, c50, c51, counted and new <= 5))
+                for i in range(m_tiled, m):         # then one row at a time
+                    c0 = c1 = vzero()
                     for p in range(0, k, step):
                         x = splat(a, i, p)
-                        c0, c1 = mac(c0, x, load_b(b, p, j)), mac(c1, x, load_b(b, p, j1))
-                        c2, c3 = mac(c2, x, load_b(b, p, j2)), mac(c3, x, load_b(b, p, j3))
-                    bad += _put4(out, i, j, c0, c1, c2, c3, counted)
-        else:
-            tiles = nw // width
-            for cb in loop((tiles + PANEL_TILES - 1) // PANEL_TILES):
-                t0 = PANEL_TILES * np.int64(cb)
-                t1 = min(t0 + PANEL_TILES, tiles)
-                panel = np.empty(((t1 - t0) * k, width), np.float32)   # tile t: rows (t - t0) k...
-                for p in range(k):
-                    for t in range(t0, t1):
-                        q, j = (t - t0) * k + p, width * t
-                        vstore(panel, q, 0, vload(b, p, j))
-                        vstore(panel, q, LANES, vload(b, p, j + LANES))
-                for t in range(t0, t1):
-                    j, q = width * t, (t - t0) * k
-                    for ib in range(blocks):
-                        i = min(6 * ib, m - 6)      # the last block may overlap the one before
-                        c00 = c01 = c10 = c11 = c20 = c21 = vzero()
-                        c30 = c31 = c40 = c41 = c50 = c51 = vzero()
-                        for p in range(k):
-                            b0, b1 = vload(panel, q + p, 0), vload(panel, q + p, LANES)
-                            x = _splat(a, i, p)
-                            c00, c01 = vfma(x, b0, c00), vfma(x, b1, c01)
-                            x = _splat(a, i + 1, p)
-                            c10, c11 = vfma(x, b0, c10), vfma(x, b1, c11)
-                            x = _splat(a, i + 2, p)
-                            c20, c21 = vfma(x, b0, c20), vfma(x, b1, c21)
-                            x = _splat(a, i + 3, p)
-                            c30, c31 = vfma(x, b0, c30), vfma(x, b1, c31)
-                            x = _splat(a, i + 4, p)
-                            c40, c41 = vfma(x, b0, c40), vfma(x, b1, c41)
-                            x = _splat(a, i + 5, p)
-                            c50, c51 = vfma(x, b0, c50), vfma(x, b1, c51)
-                        new = 6 * ib - i                # rows written before: not counted again
-                        bad += (_put2(out, i, j, c00, c01, counted and new <= 0)
-                                + _put2(out, i + 1, j, c10, c11, counted and new <= 1)
-                                + _put2(out, i + 2, j, c20, c21, counted and new <= 2)
-                                + _put2(out, i + 3, j, c30, c31, counted and new <= 3)
-                                + _put2(out, i + 4, j, c40, c41, counted and new <= 4)
-                                + _put2(out, i + 5, j, c50, c51, counted and new <= 5))
-                    for i in range(m_tiled, m):     # then one row at a time
-                        c0 = c1 = vzero()
-                        for p in range(k):
-                            x = _splat(a, i, p)
-                            c0 = vfma(x, vload(panel, q + p, 0), c0)
-                            c1 = vfma(x, vload(panel, q + p, LANES), c1)
-                        bad += _put2(out, i, j, c0, c1, counted)
+                        c0, c1 = mac(c0, x, load_b(src, p, q0)), mac(c1, x, load_b(src, p, q1))
+                    bad += _put2(out, i, j, c0, c1, counted)
         for i in loop(m if nw < n else 0):      # the columns past the last tile
             for j in range(nw, nl, LANES):
                 c = vzero()
