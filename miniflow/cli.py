@@ -1,5 +1,6 @@
 """``miniflow`` / ``python -m miniflow``: subcommands ``info``, ``train`` (``--model mlp|lenet|
-resnet18``, ``--amp``) and ``stability``."""
+resnet18|gpt``, ``--amp [fp16|bf16]``; gpt's options and run: ``miniflow.cli_gpt``) and
+``stability``."""
 from __future__ import annotations
 
 import argparse
@@ -135,6 +136,9 @@ def _train(args) -> int:
     from . import distributed
     from .experiments.train import ResumeError, train_digits
     from .serialization import CheckpointError
+    if args.model == "gpt":
+        from .cli_gpt import train_gpt_command
+        return train_gpt_command(args, choose_backend("train", args.backend))
     if args.ddp:
         distributed.init()
         threads = _pin_threads(distributed.local_world_size())
@@ -146,7 +150,8 @@ def _train(args) -> int:
                          lr=args.lr, momentum=args.momentum, weight_decay=args.weight_decay,
                          lr_schedule=args.lr_schedule, hidden=args.hidden, seed=args.seed,
                          progress=not args.no_progress, accumulate=args.accumulate,
-                         clip_norm=args.clip_norm, amp=args.amp, checkpoint=args.checkpoint,
+                         clip_norm=args.clip_norm, amp=args.amp is not None,
+                         checkpoint=args.checkpoint,
                          resume=args.resume, checkpoint_every=args.checkpoint_every,
                          ddp=args.ddp)
     except (ResumeError, CheckpointError, OSError) as e:
@@ -262,6 +267,12 @@ def _check_train_args(args) -> None:
     """Usage errors (exit code 2) between ``miniflow train``'s options."""
     if args.resume and args.checkpoint is None:
         args.parser.error("--resume needs --checkpoint DIR (the folder of the run to continue)")
+    if args.model == "gpt":
+        from .cli_gpt import check_gpt_args
+        return check_gpt_args(args)
+    if args.amp == "bf16":
+        args.parser.error(f"--amp bf16: --model {args.model} trains with float16 AMP only so "
+                          f"far (bf16 is --model gpt's); use --amp fp16")
     from .experiments.train import RECIPES
     batch = args.batch_size or RECIPES[args.model].batch_size
     if batch % args.accumulate:
@@ -277,9 +288,10 @@ def main(argv=None) -> int:
         fn=_info)
     from .experiments.train import MODELS, RECIPES, SCHEDULES
     t = sub.add_parser("train", help="train a model (mlp, lenet, resnet18) on the digits data set")
-    t.add_argument("--model", choices=MODELS, default="mlp",
+    t.add_argument("--model", choices=MODELS + ("gpt",), default="mlp",
                    help="mlp: 64-128-10; lenet: a LeNet with batch norm; resnet18: ResNet-18 with "
-                        "the small-input stem (default mlp)")
+                        "the small-input stem (default mlp); gpt: a character-level GPT on the "
+                        "standard library's source")
     defaults = ", ".join(f"{m} {r.epochs}" for m, r in RECIPES.items())
     t.add_argument("--epochs", type=_positive, help=f"default per model: {defaults}")
     t.add_argument("--batch-size", type=_positive, help="default 64")
@@ -291,8 +303,9 @@ def main(argv=None) -> int:
                    help="default per model: " + ", ".join(f"{m} {r.weight_decay:g}"
                                                           for m, r in RECIPES.items()))
     t.add_argument("--hidden", type=_positive, default=128, help="the MLP's hidden units")
-    t.add_argument("--amp", action="store_true",
-                   help="mixed precision (float16) with a dynamic GradScaler")
+    t.add_argument("--amp", nargs="?", const="fp16", choices=("fp16", "bf16"),
+                   help="mixed precision: fp16 (the default of a bare --amp) with a dynamic "
+                        "GradScaler, or bf16 (--model gpt)")
     t.add_argument("--seed", type=_seed, default=0, help="any integer >= 0 (default 0)")
     t.add_argument("--no-progress", action="store_true", help="no progress bar")
     t.add_argument("--ddp", action="store_true", help="data parallel on every rank of "
@@ -323,6 +336,8 @@ def main(argv=None) -> int:
     t.add_argument("--backend", choices=["cpu", "cuda"], help="default: MINIFLOW_BACKEND, "
                    "else cpu (faster than cuda for this small MLP; the first line printed says "
                    "which and why)")
+    from .cli_gpt import add_gpt_arguments
+    add_gpt_arguments(t, _positive, _real)
     t.set_defaults(fn=_train, parser=t)
     st = sub.add_parser("stability", help="training-stability study of the loss-scale policies: "
                         "figures, metrics.json, summary.md")
