@@ -1,6 +1,6 @@
 """``miniflow`` / ``python -m miniflow``: subcommands ``info``, ``train`` (``--model mlp|lenet|
-resnet18|gpt``, ``--amp [fp16|bf16]``; gpt's options and run: ``miniflow.cli_gpt``) and
-``stability``."""
+resnet18|gpt``, ``--amp [fp16|bf16]``; gpt's options and run: ``miniflow.cli_gpt``),
+``stability`` and ``attention-study`` (``miniflow.cli_gpt``)."""
 from __future__ import annotations
 
 import argparse
@@ -351,6 +351,8 @@ def main(argv=None) -> int:
                     "else cpu (faster than cuda for this study's small MLPs; the first line "
                     "printed says which and why)")
     st.set_defaults(fn=_stability)
+    from .cli_gpt import add_attention_study
+    add_attention_study(sub)
     args = p.parse_args(argv)
     if args.command == "train":
         _check_train_args(args)

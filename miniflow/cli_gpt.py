@@ -1,11 +1,12 @@
 """``miniflow train --model gpt``: its extra options and its run (``miniflow.experiments.
 train_gpt``), kept apart from the digits models' ``train`` code in ``miniflow.cli``, which calls
-:func:`add_gpt_arguments`, :func:`check_gpt_args` and :func:`train_gpt_command`."""
+:func:`add_gpt_arguments`, :func:`check_gpt_args` and :func:`train_gpt_command`; and the
+``miniflow attention-study`` subcommand (:func:`add_attention_study`)."""
 from __future__ import annotations
 
 import sys
 
-__all__ = ["add_gpt_arguments", "check_gpt_args", "train_gpt_command"]
+__all__ = ["add_gpt_arguments", "check_gpt_args", "train_gpt_command", "add_attention_study"]
 
 
 def add_gpt_arguments(parser, positive, real) -> None:
@@ -77,4 +78,36 @@ def train_gpt_command(args, backend_line: str) -> int:
         print(f"saved the model's state_dict to {args.save}")
     if r["sample"] is not None:
         print("sample:\n" + r["sample"])
+    return 0
+
+
+def add_attention_study(sub) -> None:
+    """The ``attention-study`` subcommand (``miniflow.experiments.attention_study``)."""
+    a = sub.add_parser("attention-study", help="AMP in attention: the IR of a head under AMP, "
+                       "float16 softmax error and overflow against the score scale, "
+                       "amp_black_identity's effect, a figure")
+    a.add_argument("--out", default="attention-study-results", help="output folder")
+    a.set_defaults(fn=_attention_study)
+
+
+def _attention_study(args) -> int:
+    import json
+    import os
+
+    from .experiments.attention_study import SCALES, figure, ir_text, study, summary
+    print("# the attention head under AMP (OneFlow's lists): softmax between two batch_matmuls")
+    print(ir_text("amp"))
+    results = study()
+    print(f"\n{'score std':>10}  " + "  ".join(f"{v:>17}" for v in results))
+    for i, s in enumerate(SCALES):
+        cells = ["inf/NaN" if results[v][i]["nonfinite"] else f"{results[v][i]['out_error']:.2e}"
+                 for v in results]
+        print(f"{s:>10g}  " + "  ".join(f"{c:>17}" for c in cells))
+    print()
+    for line in summary(results):
+        print(line)
+    os.makedirs(args.out, exist_ok=True)
+    with open(os.path.join(args.out, "results.json"), "w") as f:
+        json.dump({"scales": list(SCALES), "results": results}, f, indent=1)
+    print(f"figure: {figure(results, os.path.join(args.out, 'attention_amp.png'))}")
     return 0
