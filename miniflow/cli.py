@@ -1,5 +1,7 @@
 """``miniflow`` / ``python -m miniflow``: subcommands ``info``, ``train`` (``--model mlp|lenet|
-resnet18``, ``--amp``), ``stability`` and ``ir`` (a model's IR after a pass, ``--onnx``)."""
+resnet18|gpt``, ``--amp [fp16|bf16]``; gpt's options and run: ``miniflow.cli_gpt``),
+``stability``, ``attention-study`` (``miniflow.cli_gpt``) and ``ir`` (a model's IR after a pass,
+``--onnx``)."""
 from __future__ import annotations
 
 import argparse
@@ -158,6 +160,9 @@ def _train(args) -> int:
     from .experiments.train import ResumeError, TrainingInterrupted, train_digits
     from .extras import MissingExtraError
     from .serialization import CheckpointError, check_save_path
+    if args.model == "gpt":
+        from .cli_gpt import train_gpt_command
+        return train_gpt_command(args, choose_backend("train", args.backend))
     if args.ddp:
         distributed.init()
         threads = _pin_threads(distributed.local_world_size())
@@ -176,10 +181,10 @@ def _train(args) -> int:
                          lr=args.lr, momentum=args.momentum, weight_decay=args.weight_decay,
                          lr_schedule=args.lr_schedule, hidden=args.hidden or 128,
                          seed=args.seed, progress=not args.no_progress,
-                         accumulate=args.accumulate, clip_norm=args.clip_norm, amp=args.amp,
-                         checkpoint=args.checkpoint, resume=args.resume,
-                         checkpoint_every=args.checkpoint_every or 100, ddp=args.ddp,
-                         logdir=args.logdir)
+                         accumulate=args.accumulate, clip_norm=args.clip_norm,
+                         amp=args.amp is not None, checkpoint=args.checkpoint,
+                         resume=args.resume, checkpoint_every=args.checkpoint_every or 100,
+                         ddp=args.ddp, logdir=args.logdir)
     except (ResumeError, CheckpointError, OSError, MissingExtraError) as e:
         print(f"miniflow train: {e}", file=sys.stderr)
         return 2
@@ -351,6 +356,12 @@ def _check_train_args(args) -> None:
             args.parser.error(f"--save {args.save} would replace the run's {name} in "
                               f"--checkpoint {args.checkpoint} (and --resume could not continue "
                               "the run): save the model elsewhere")
+    if args.model == "gpt":
+        from .cli_gpt import check_gpt_args
+        return check_gpt_args(args)
+    if args.amp == "bf16":
+        args.parser.error(f"--amp bf16: --model {args.model} trains with float16 AMP only so "
+                          f"far (bf16 is --model gpt's); use --amp fp16")
     from .experiments.train import RECIPES
     batch = args.batch_size or RECIPES[args.model].batch_size
     if batch % args.accumulate:
@@ -366,9 +377,10 @@ def parser() -> argparse.ArgumentParser:
         fn=_info)
     from .experiments.train import MODELS, RECIPES, SCHEDULES
     t = sub.add_parser("train", help="train a model (mlp, lenet, resnet18) on the digits data set")
-    t.add_argument("--model", choices=MODELS, default="mlp",
+    t.add_argument("--model", choices=MODELS + ("gpt",), default="mlp",
                    help="mlp: 64-128-10; lenet: a LeNet with batch norm; resnet18: ResNet-18 with "
-                        "the small-input stem (default mlp)")
+                        "the small-input stem (default mlp); gpt: a character-level GPT on the "
+                        "standard library's source")
     defaults = ", ".join(f"{m} {r.epochs}" for m, r in RECIPES.items())
     t.add_argument("--epochs", type=_positive, help=f"default per model: {defaults}")
     t.add_argument("--batch-size", type=_positive, help="default 64")
@@ -381,9 +393,9 @@ def parser() -> argparse.ArgumentParser:
                                                           for m, r in RECIPES.items()))
     t.add_argument("--hidden", type=_positive, help="the MLP's hidden units (default 128; "
                    "--model mlp only)")
-    t.add_argument("--amp", action="store_true",
-                   help="mixed precision (float16) with a dynamic GradScaler (default: "
-                   "float32)")
+    t.add_argument("--amp", nargs="?", const="fp16", choices=("fp16", "bf16"),
+                   help="mixed precision: fp16 (the default of a bare --amp) with a dynamic "
+                        "GradScaler, or bf16 (--model gpt) (default: float32)")
     t.add_argument("--seed", type=_seed, default=0, help="any integer >= 0 (default 0)")
     t.add_argument("--no-progress", action="store_true", help="no progress bar")
     t.add_argument("--ddp", action="store_true", help="data parallel on every rank of "
@@ -420,6 +432,8 @@ def parser() -> argparse.ArgumentParser:
     t.add_argument("--logdir", metavar="DIR", help="TensorBoard scalars (per step: loss, lr, "
                    "gradient norm, loss scale, skipped steps; per epoch: test accuracy) in a "
                    "run folder named after the settings in DIR (needs the tensorboard extra)")
+    from .cli_gpt import add_gpt_arguments
+    add_gpt_arguments(t, _positive, _real)
     t.set_defaults(fn=_train, parser=t)
     st = sub.add_parser("stability", help="training-stability study of the loss-scale policies: "
                         "figures, metrics.json, summary.md")
@@ -454,6 +468,8 @@ def parser() -> argparse.ArgumentParser:
     ir.add_argument("--netron", action="store_true", help="open the --onnx file in Netron "
                     "(needs the netron extra)")
     ir.set_defaults(fn=_ir, parser=ir)
+    from .cli_gpt import add_attention_study
+    add_attention_study(sub)
     return p
 
 

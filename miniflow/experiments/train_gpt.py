@@ -1,0 +1,207 @@
+"""``miniflow train --model gpt``: a character-level GPT (``miniflow.models.gpt``) trained on the
+source of Python's standard library (``miniflow.data.stdlib_text``) with AdamW, in float32 or
+under AMP (``fp16`` with a dynamic loss scale, or ``bf16``), printing the validation loss after
+every epoch against the unigram baseline and, at the end, a sample of generated text.
+
+An epoch is ``steps_per_epoch`` updates on random windows of the training split (offsets from
+miniflow's generator); the validation loss is the mean over ``eval_batches`` fixed windows of the
+validation split (the same every epoch, drawn from their own generator). The learning rate
+follows a schedule of ``miniflow.experiments.train`` (default: linear warm-up, then cosine, as
+nanoGPT's), the gradients can be clipped and accumulated over micro-batches, and a checkpoint
+(model, optimizer, grad scaler, scheduler, the run record and the random state, dropout's stream
+included) lets a later run resume bit for bit.
+"""
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from .. import models, nn, optim
+from ..amp import GradScaler
+from ..data import stdlib_text
+from ..dtype import bfloat16, float16
+from ..random import RngState, generator, manual_seed
+from ..serialization import save
+from ..tensor import tensor
+from .train import _checkpoint_path, _resume, make_lr_schedule
+
+__all__ = ["GPT_DEFAULTS", "TrainGPT", "EvalGPT", "train_gpt", "generate"]
+
+GPT_DEFAULTS = dict(epochs=6, steps_per_epoch=250, batch_size=32, block_size=64, n_layer=2,
+                    n_head=4, n_embd=96, dropout=0.0, lr=3e-3, weight_decay=0.1,
+                    lr_schedule="warmup-cosine", eval_batches=20)
+"""The recipe ``miniflow train --model gpt`` uses unless told otherwise (sized for a few minutes
+on two cores)."""
+
+AMP_DTYPES = {"fp16": float16, "bf16": bfloat16}
+
+
+class TrainGPT(nn.Graph):
+    """One AdamW update of ``model`` on ``(x, y)`` (token windows and their next characters);
+    returns the loss."""
+
+    def __init__(self, model, opt):
+        super().__init__()
+        self.model = model
+        self.add_optimizer(opt)
+
+    def build(self, x, y):
+        _, loss = self.model(x, y)
+        loss.backward()
+        return loss
+
+
+class EvalGPT(nn.Graph):
+    """The loss of ``model`` on ``(x, y)`` (the model in eval mode: no dropout)."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+
+    def build(self, x, y):
+        return self.model(x, y)[1]
+
+
+def generate(model, corpus, prompt: str, length: int, temperature: float = 1.0,
+             top_k: int | None = None, rng=None) -> str:
+    """``prompt`` continued by ``length`` characters sampled from ``model`` (eager, eval mode):
+    each step the logits of the last position, divided by ``temperature``, restricted to the
+    ``top_k`` largest (nanoGPT's ``generate``), softmax, one draw from ``rng`` (default:
+    miniflow's generator). The context is the last ``block_size`` characters.
+
+    Raises:
+        ValueError: ``temperature <= 0`` or ``top_k < 1``."""
+    if not temperature > 0:
+        raise ValueError(f"generate: temperature must be > 0, got {temperature!r}")
+    if top_k is not None and top_k < 1:
+        raise ValueError(f"generate: top_k must be >= 1, got {top_k!r}")
+    rng = generator() if rng is None else rng
+    ids = list(corpus.encode(prompt))
+    was_training = model.training
+    model.eval()
+    try:
+        for _ in range(length):
+            ctx = np.array([ids[-model.block_size:]], np.int64)
+            logits = model(tensor(ctx)).numpy()[0, -1].astype(np.float64) / temperature
+            if top_k is not None and top_k < logits.size:
+                cut = np.sort(logits)[-top_k]
+                logits = np.where(logits < cut, -np.inf, logits)
+            p = np.exp(logits - logits.max())
+            ids.append(int(rng.choice(p.size, p=p / p.sum())))
+    finally:
+        model.train(was_training)
+    return corpus.decode(ids)
+
+
+def _val_loss(evaluator, corpus, batches: int, batch_size: int, block_size: int,
+              seed: int) -> float:
+    rng = np.random.default_rng(seed + 1)
+    losses = [float(evaluator(*(tensor(a) for a in corpus.batch("val", batch_size, block_size,
+                                                                 rng))))
+              for _ in range(batches)]
+    return float(np.mean(losses))
+
+
+def train_gpt(*, epochs=None, steps_per_epoch=None, batch_size=None, block_size=None,
+              n_layer=None, n_head=None, n_embd=None, dropout=None, lr=None, weight_decay=None,
+              lr_schedule=None, eval_batches=None, clip_norm=None, accumulate: int = 1,
+              amp: str | None = None, seed: int = 0, checkpoint=None, resume: bool = False,
+              checkpoint_every: int = 100, sample: int = 0, temperature: float = 1.0,
+              top_k: int | None = None, prompt: str = "def ", progress: bool = True,
+              report=print) -> dict:
+    """Train the GPT (arguments left None take :data:`GPT_DEFAULTS`); ``report(line)`` gets
+    the per-epoch lines.
+
+    Args:
+        amp: None (float32), ``"fp16"`` (with a dynamic ``GradScaler``) or ``"bf16"``.
+        accumulate: micro-batches per update (``batch_size`` must be a multiple of it).
+        checkpoint, resume, checkpoint_every: as ``miniflow.experiments.train.train_digits``.
+        sample, temperature, top_k, prompt: characters generated at the end (0: none).
+
+    Returns:
+        dict: ``val_losses`` (per epoch), ``unigram`` (the baseline, nats per character),
+        ``losses`` (per update), ``sample`` (str or None), ``steps``, ``resumed_from``,
+        ``checkpoint``, ``seconds``, ``model``, ``corpus``, ``config``.
+
+    Raises:
+        ValueError: an unknown ``amp``, or a batch that does not split into ``accumulate``.
+        ResumeError: as ``train_digits``.
+    """
+    given = dict(epochs=epochs, steps_per_epoch=steps_per_epoch, batch_size=batch_size,
+                 block_size=block_size, n_layer=n_layer, n_head=n_head, n_embd=n_embd,
+                 dropout=dropout, lr=lr, weight_decay=weight_decay, lr_schedule=lr_schedule,
+                 eval_batches=eval_batches)
+    c = {k: GPT_DEFAULTS[k] if v is None else v for k, v in given.items()}
+    if amp is not None and amp not in AMP_DTYPES:
+        raise ValueError(f"train_gpt: amp must be None, 'fp16' or 'bf16', got {amp!r}")
+    if c["batch_size"] % accumulate:
+        raise ValueError(f"train_gpt: batch_size {c['batch_size']} is not a multiple of "
+                         f"accumulate {accumulate}")
+    config = {**c, "model": "gpt", "seed": seed, "clip_norm": clip_norm,
+              "accumulate": accumulate, "amp": amp}
+    t0 = time.perf_counter()
+    manual_seed(seed)
+    corpus = stdlib_text()
+    model = models.gpt(corpus.vocab_size, c["block_size"], c["n_layer"], c["n_head"],
+                       c["n_embd"], c["dropout"])
+    opt = optim.AdamW(model.parameters(), lr=c["lr"], weight_decay=c["weight_decay"],
+                      betas=(0.9, 0.99), clip_grad_max_norm=clip_norm)
+    graph = TrainGPT(model, opt)
+    scaler = GradScaler() if amp == "fp16" else None
+    if amp is not None:
+        graph.config.enable_amp(True, AMP_DTYPES[amp])
+        if scaler is not None:
+            graph.set_grad_scaler(scaler)
+    if accumulate > 1:
+        graph.config.set_gradient_accumulation_steps(accumulate)
+    total = c["epochs"] * c["steps_per_epoch"]
+    sched = make_lr_schedule(opt, c["lr_schedule"], total)
+    run = {"step": 0, "losses": [], "val_losses": []}
+    path = None if checkpoint is None else _checkpoint_path(checkpoint, resume)
+    if resume:
+        run = _resume(path, config, model=model, optimizer=opt, grad_scaler=scaler,
+                      scheduler=sched, rng=RngState())
+        run["val_losses"] = list(run["val_losses"])
+    resumed_from = run["step"] if resume else None
+
+    def save_state() -> None:
+        save({"config": config, "run": run, "model": model.state_dict(),
+              "optimizer": opt.state_dict(), "grad_scaler": scaler and scaler.state_dict(),
+              "scheduler": sched and sched.state_dict(), "rng": RngState().state_dict()}, path)
+
+    evaluator = EvalGPT(model)
+    unigram = corpus.unigram_loss()
+    bs, bl = c["batch_size"], c["block_size"]
+    from tqdm import tqdm
+    with tqdm(total=total, initial=run["step"], desc="train gpt", unit="step",
+              disable=not progress) as bar:
+        while run["step"] < total:
+            x, y = corpus.batch("train", bs, bl)
+            run["losses"].append(float(graph(tensor(x), tensor(y))))
+            if sched is not None:
+                sched.step()
+            run["step"] += 1
+            bar.update()
+            bar.set_postfix(loss=f"{run['losses'][-1]:.4f}")
+            if run["step"] % c["steps_per_epoch"] == 0:
+                model.eval()
+                try:
+                    run["val_losses"].append(_val_loss(evaluator, corpus, c["eval_batches"], bs,
+                                                       bl, seed))
+                finally:
+                    model.train()
+            if path is not None and (run["step"] % checkpoint_every == 0
+                                     or run["step"] == total):
+                save_state()
+            if run["step"] % c["steps_per_epoch"] == 0:
+                val = run["val_losses"][-1]
+                report(f"epoch {run['step'] // c['steps_per_epoch']}: validation loss "
+                       f"{val:.4f} nats/char ({val / unigram:.2f} of the unigram model's "
+                       f"{unigram:.4f})")
+    text = generate(model, corpus, prompt, sample, temperature, top_k) if sample else None
+    return {"val_losses": run["val_losses"], "unigram": unigram, "losses": run["losses"],
+            "sample": text, "steps": run["step"], "resumed_from": resumed_from,
+            "checkpoint": path, "seconds": time.perf_counter() - t0, "model": model,
+            "corpus": corpus, "config": config, "scaler": scaler,
+            "parameters": sum(int(np.prod(p.shape)) for p in model.parameters())}

@@ -1,0 +1,41 @@
+"""``miniflow attention-study`` (``miniflow.experiments.attention_study``) on a few scales: float32
+matches float64, AMP's error grows with the score scale and overflows beyond float16's range,
+pinning the scores with ``amp_black_identity`` changes nothing (measured), the float32 block
+does not overflow; the CLI writes its results and figure."""
+import json
+
+import numpy as np
+
+from miniflow.cli import main
+from miniflow.experiments.attention_study import ir_text, run_variant, study, summary
+
+SCALES = (1.0, 64.0, 131072.0)
+
+
+def test_float16_softmax_error_grows_and_overflows_and_the_pin_changes_nothing():
+    r = study(SCALES, batch=2, length=8, d=8)
+    assert all(row["out_error"] < 1e-4 for row in r["fp32"])
+    amp = r["amp"]
+    assert 1e-5 < amp[0]["out_error"] < amp[1]["out_error"] and amp[2]["nonfinite"]
+    assert [x["out_error"] for x in r["amp+black_scores"][:2]] == [x["out_error"]
+                                                                    for x in amp[:2]]
+    assert not any(x["nonfinite"] for x in r["amp+black_matmul"])
+    lines = summary(r, SCALES)
+    assert any("no change at all" in line for line in lines)
+    assert any("non-finite output from score std 131072" in line for line in lines)
+
+
+def test_the_ir_under_amp_has_a_float16_softmax():
+    text = ir_text("amp")
+    assert any("softmax(" in line and "f16" in line.split("=")[0] for line in text.splitlines())
+    assert not run_variant("fp32", 1.0, batch=1, length=4, d=4)["nonfinite"]
+
+
+def test_cli_writes_results_and_figure(tmp_path, capsys):
+    assert main(["attention-study", "--out", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "softmax between two batch_matmuls" in out and "figure:" in out
+    data = json.loads((tmp_path / "results.json").read_text())
+    assert set(data["results"]) == {"fp32", "amp", "amp+black_scores", "amp+black_matmul"}
+    assert (tmp_path / "attention_amp.png").stat().st_size > 10_000
+    assert np.isfinite([r["out_error"] for r in data["results"]["fp32"]]).all()
