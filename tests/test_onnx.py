@@ -252,3 +252,19 @@ def test_cli_ir_netron_serves_the_file_or_names_the_extra(tmp_path, monkeypatch,
     assert 'pip install -e ".[netron]"' in capsys.readouterr().err
     with pytest.raises(SystemExit):
         main(["ir", "--netron"])
+
+
+def test_accumulation_and_data_parallel_ops_export_in_the_miniflow_domain(tmp_path):
+    miniflow.manual_seed(0)
+    model = make_model("mlp")
+    graph = TrainGraph(model, optim.Adam(model.parameters(), lr=1e-3))
+    graph.config.set_gradient_accumulation_steps(2)
+    graph.config.enable_data_parallel(True)   # a one-rank world keeps its all_reduce nodes
+    inputs = (_x("mlp", 8), np.arange(8) % 10)
+    proto = mo.export(graph, inputs, tmp_path / "acc.onnx", after="dead_code_elimination")
+    custom = {n.op_type: n for n in proto.graph.node if n.domain == mo.DOMAIN}
+    assert {"unpack", "acc", "pack", "all_reduce", "adam_update"} <= set(custom)
+    attrs = {a.name: onnx.helper.get_attribute_value(a) for a in custom["unpack"].attribute}
+    assert attrs == {"unpack_num": 2}
+    assert {a.name: onnx.helper.get_attribute_value(a)
+            for a in custom["all_reduce"].attribute} == {"reduce": b"mean"}

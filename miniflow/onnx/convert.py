@@ -349,8 +349,9 @@ CONVERTERS = {
         b, b.ints(n.attrs["shape"]), outs[0], n.attrs["value"], n.attrs["dtype"]),
     "sparse_softmax_cross_entropy": _sce,
 }
-"""Op type -> ``convert(node, input names, output names, builder)`` (``max_pool_2d``'s also
-takes the set of Values read by later nodes or results)."""
+"""Op type -> ``convert(node, input names, output names, builder)``; elementwise ops go by their
+scalar function (:data:`FUNCTIONS`), ``max_pool_2d`` by :func:`standard_form` itself (it needs
+the Values that later nodes or results read)."""
 
 
 def standard_form(node, ins: list, outs: list, b: Builder, used: set) -> None:
