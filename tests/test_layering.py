@@ -35,6 +35,7 @@ LAYERS = {
     "miniflow.graph": 9,
     "miniflow.data": 10, "miniflow.experiments": 10, "miniflow.cli": 10, "miniflow.testing": 10,
     "miniflow.__main__": 10, "miniflow": 10, "miniflow.onnx": 10, "miniflow.logging": 10,
+    "miniflow.exercises": 10,
 }
 """Module (or package) -> layer; a module is in the layer of its longest listed prefix."""
 
