@@ -192,6 +192,31 @@ def sgemm_peak(repeats: int, clock: int = 1) -> float:
     return best
 
 
+def fma_peak(repeats: int) -> float:
+    """The single-core float32 fused multiply-add peak of the ISA the kernels are compiled for,
+    GFLOP/s: twelve independent chains of ``simd.vfma`` in registers (no memory traffic; twelve
+    hide the FMA latency on the cores measured), ``2 LANES`` flops each."""
+    import numba
+
+    from miniflow.kernels.cpu.simd import LANES, vfma, vload, vstore
+
+    @numba.njit
+    def chains(x, steps):
+        c0 = c1 = c2 = c3 = c4 = c5 = c6 = c7 = c8 = c9 = c10 = c11 = vload(x, 0, 0)
+        y, z = vload(x, 1, 0), vload(x, 2, 0)
+        for _ in range(steps):
+            c0, c1, c2, c3 = vfma(c0, y, z), vfma(c1, y, z), vfma(c2, y, z), vfma(c3, y, z)
+            c4, c5, c6, c7 = vfma(c4, y, z), vfma(c5, y, z), vfma(c6, y, z), vfma(c7, y, z)
+            c8, c9, c10, c11 = vfma(c8, y, z), vfma(c9, y, z), vfma(c10, y, z), vfma(c11, y, z)
+        for r, c in enumerate((c0, c1, c2, c3, c4, c5, c6, c7, c8, c9, c10, c11)):
+            vstore(x, 3 + r, 0, c)
+
+    x = np.zeros((15, LANES), np.float32)
+    x[1] = 0.5
+    steps = 1 << 20
+    return 24.0 * LANES * steps / cpu_seconds(lambda: chains(x, steps), repeats) / 1e9
+
+
 def mlp_products(sizes, batch: int) -> list:
     """``(label, m, k, n, transpose_a, transpose_b)`` of every matmul of one training step of
     the MLP ``sizes`` at ``batch``, as the IR holds them: per layer ``l`` with ``W [out, in]``
@@ -211,7 +236,8 @@ def matmuls(repeats: int, threads: int = 1) -> dict:
     threads; fp32, and the fp16 path: float32 products of half operands, rounded once) against
     ``numpy.dot`` in float32 on the same views, for every product of the wide MLP's step at
     :data:`MATMUL_BATCHES`, BLAS and Numba on ``threads`` threads, GFLOP/s from CPU time (one
-    thread) or wall time (more). Returns ``{"peak": GFLOP/s, "threads": n, "rows": [...]}``."""
+    thread) or wall time (more). Returns ``{"peak": GFLOP/s, "fma_peak": GFLOP/s, "threads": n,
+    "rows": [...]}`` (:func:`sgemm_peak`, :func:`fma_peak`)."""
     import numba
     from threadpoolctl import threadpool_limits
 
@@ -221,7 +247,7 @@ def matmuls(repeats: int, threads: int = 1) -> dict:
     clock = 1 if threads == 1 else 0
     try:
         with threadpool_limits(threads):
-            peak = sgemm_peak(repeats, clock)
+            peak, fma = sgemm_peak(repeats, clock), fma_peak(repeats)
             for batch in MATMUL_BATCHES:
                 for label, m, k, n, ta, tb in mlp_products(WIDE, batch):
                     r = np.random.default_rng(0)
@@ -242,14 +268,15 @@ def matmuls(repeats: int, threads: int = 1) -> dict:
                                  "numpy_dot": rates[2]})
     finally:
         numba.set_num_threads(before)
-    return {"peak": peak, "threads": threads, "rows": rows}
+    return {"peak": peak, "fma_peak": fma, "threads": threads, "rows": rows}
 
 
 def matmul_table(res: dict) -> str:
     """A Markdown table of :func:`matmuls`: GFLOP/s and % of the measured peak."""
     peak = res["peak"]
     lines = [f"sgemm peak at {res.get('threads', 1)} thread(s) (numpy.dot, 512^3 / 1024^3): "
-             f"{peak:.1f} GFLOP/s", "",
+             f"{peak:.1f} GFLOP/s; FMA peak of the kernels' ISA (fma_peak): "
+             f"{res['fma_peak']:.1f} GFLOP/s", "",
              "| batch | product | m, k, n | kernel | miniflow fp32 | % of peak | fp16 path | "
              "numpy.dot fp32 | % of peak | fp32 / numpy.dot |",
              "|---:|---|---|---|---:|---:|---:|---:|---:|---:|"]

@@ -129,6 +129,11 @@ the measured crossover on 2 cores (2^21-2^23)."""
 PANEL_TILES = 4
 """Tiles of columns whose ``b`` the narrow (6-row) register tile packs into one panel at a time
 (see :func:`outer_block_kernel`)."""
+PANEL_ACROSS = 1 << 13
+"""Elements of a panel up to which (it stays in L1: 32 KiB) the 6-row tile runs each block of
+rows across the panel's tiles, storing along out's rows (AVX2, 256 x 10 x 1024: 30 GFLOP/s down
+the columns, 100 across), rather than each tile down all the rows, which reuses a bigger panel
+while it is in cache."""
 COLUMNS = 1024
 """Columns of out one parallel iteration of :func:`rows_times_kernel` owns."""
 
@@ -367,71 +372,78 @@ def outer_block_kernel(parallel: bool, counted: bool, layout: str = "rows"):
         blocks, m_tiled = mr // rows + (1 if overlap else 0), m if overlap else mr
         bad = 0
         panels = np.empty((slots, k if layout == "rows" else 0, group * width), np.float32)
+        across = k * group * width <= PANEL_ACROSS     # rows outer: stores along out's rows
         for cb in loop((tiles + group - 1) // group):
             t0 = group * np.int64(cb)
             t1 = min(t0 + group, tiles)
             panel = panels[numba.get_thread_id() if parallel else 0, :, :(t1 - t0) * width]
             src, jc = prepare(b, width * t0, panel)     # b's columns of tiles t0..t1, or b
-            for t in range(t0, t1):
-                j, q0 = width * t, jc + width * (t - t0)       # out's column, src's column
+            if wide:                        # one tile (group 1)
+                j, q0 = width * t0, jc      # out's column, src's column
                 q1, q2, q3 = q0 + LANES, q0 + 2 * LANES, q0 + 3 * LANES
-                if wide:
-                    for i in range(0, mr, 4):
-                        c00 = c01 = c02 = c03 = c10 = c11 = c12 = c13 = vzero()
-                        c20 = c21 = c22 = c23 = c30 = c31 = c32 = c33 = vzero()
-                        for p in range(0, k, step):
-                            b0, b1 = load_b(src, p, q0), load_b(src, p, q1)
-                            b2, b3 = load_b(src, p, q2), load_b(src, p, q3)
-                            x = splat(a, i, p)
-                            c00, c01, c02, c03 = (mac(c00, x, b0), mac(c01, x, b1),
-                                                  mac(c02, x, b2), mac(c03, x, b3))
-                            x = splat(a, i + 1, p)
-                            c10, c11, c12, c13 = (mac(c10, x, b0), mac(c11, x, b1),
-                                                  mac(c12, x, b2), mac(c13, x, b3))
-                            x = splat(a, i + 2, p)
-                            c20, c21, c22, c23 = (mac(c20, x, b0), mac(c21, x, b1),
-                                                  mac(c22, x, b2), mac(c23, x, b3))
-                            x = splat(a, i + 3, p)
-                            c30, c31, c32, c33 = (mac(c30, x, b0), mac(c31, x, b1),
-                                                  mac(c32, x, b2), mac(c33, x, b3))
-                        bad += (_put4(out, i, j, c00, c01, c02, c03, counted)
-                                + _put4(out, i + 1, j, c10, c11, c12, c13, counted)
-                                + _put4(out, i + 2, j, c20, c21, c22, c23, counted)
-                                + _put4(out, i + 3, j, c30, c31, c32, c33, counted))
-                    for i in range(mr, m):          # the rows past the last block of four
-                        c0 = c1 = c2 = c3 = vzero()
-                        for p in range(0, k, step):
-                            x = splat(a, i, p)
-                            c0, c1 = mac(c0, x, load_b(src, p, q0)), mac(c1, x, load_b(src, p, q1))
-                            c2, c3 = mac(c2, x, load_b(src, p, q2)), mac(c3, x, load_b(src, p, q3))
-                        bad += _put4(out, i, j, c0, c1, c2, c3, counted)
-                    continue
-                for ib in range(blocks):
-                    i = min(6 * ib, m - 6)          # the last block may overlap the one before
-                    c00 = c01 = c10 = c11 = c20 = c21 = vzero()
-                    c30 = c31 = c40 = c41 = c50 = c51 = vzero()
+                for i in range(0, mr, 4):
+                    c00 = c01 = c02 = c03 = c10 = c11 = c12 = c13 = vzero()
+                    c20 = c21 = c22 = c23 = c30 = c31 = c32 = c33 = vzero()
                     for p in range(0, k, step):
                         b0, b1 = load_b(src, p, q0), load_b(src, p, q1)
+                        b2, b3 = load_b(src, p, q2), load_b(src, p, q3)
                         x = splat(a, i, p)
-                        c00, c01 = mac(c00, x, b0), mac(c01, x, b1)
+                        c00, c01, c02, c03 = (mac(c00, x, b0), mac(c01, x, b1),
+                                              mac(c02, x, b2), mac(c03, x, b3))
                         x = splat(a, i + 1, p)
-                        c10, c11 = mac(c10, x, b0), mac(c11, x, b1)
+                        c10, c11, c12, c13 = (mac(c10, x, b0), mac(c11, x, b1),
+                                              mac(c12, x, b2), mac(c13, x, b3))
                         x = splat(a, i + 2, p)
-                        c20, c21 = mac(c20, x, b0), mac(c21, x, b1)
+                        c20, c21, c22, c23 = (mac(c20, x, b0), mac(c21, x, b1),
+                                              mac(c22, x, b2), mac(c23, x, b3))
                         x = splat(a, i + 3, p)
-                        c30, c31 = mac(c30, x, b0), mac(c31, x, b1)
-                        x = splat(a, i + 4, p)
-                        c40, c41 = mac(c40, x, b0), mac(c41, x, b1)
-                        x = splat(a, i + 5, p)
-                        c50, c51 = mac(c50, x, b0), mac(c51, x, b1)
-                    new = 6 * ib - i                    # rows written before: not counted again
-                    bad += (_put2(out, i, j, c00, c01, counted and new <= 0)
-                            + _put2(out, i + 1, j, c10, c11, counted and new <= 1)
-                            + _put2(out, i + 2, j, c20, c21, counted and new <= 2)
-                            + _put2(out, i + 3, j, c30, c31, counted and new <= 3)
-                            + _put2(out, i + 4, j, c40, c41, counted and new <= 4)
-                            + _put2(out, i + 5, j, c50, c51, counted and new <= 5))
-                for i in range(m_tiled, m):         # then one row at a time
+                        c30, c31, c32, c33 = (mac(c30, x, b0), mac(c31, x, b1),
+                                              mac(c32, x, b2), mac(c33, x, b3))
+                    bad += (_put4(out, i, j, c00, c01, c02, c03, counted)
+                            + _put4(out, i + 1, j, c10, c11, c12, c13, counted)
+                            + _put4(out, i + 2, j, c20, c21, c22, c23, counted)
+                            + _put4(out, i + 3, j, c30, c31, c32, c33, counted))
+                for i in range(mr, m):          # the rows past the last block of four
+                    c0 = c1 = c2 = c3 = vzero()
+                    for p in range(0, k, step):
+                        x = splat(a, i, p)
+                        c0, c1 = mac(c0, x, load_b(src, p, q0)), mac(c1, x, load_b(src, p, q1))
+                        c2, c3 = mac(c2, x, load_b(src, p, q2)), mac(c3, x, load_b(src, p, q3))
+                    bad += _put4(out, i, j, c0, c1, c2, c3, counted)
+                continue
+            nt = t1 - t0
+            for u in range(blocks * nt):    # (block, tile) pairs, in the order of `across`
+                ib, t = (u // nt, t0 + u % nt) if across else (u % blocks, t0 + u // blocks)
+                i = min(6 * ib, m - 6)      # the last block may overlap the one before
+                new = 6 * ib - i            # rows written before: not counted again
+                j, q0 = width * t, jc + width * (t - t0)
+                q1 = q0 + LANES
+                c00 = c01 = c10 = c11 = c20 = c21 = vzero()
+                c30 = c31 = c40 = c41 = c50 = c51 = vzero()
+                for p in range(0, k, step):
+                    b0, b1 = load_b(src, p, q0), load_b(src, p, q1)
+                    x = splat(a, i, p)
+                    c00, c01 = mac(c00, x, b0), mac(c01, x, b1)
+                    x = splat(a, i + 1, p)
+                    c10, c11 = mac(c10, x, b0), mac(c11, x, b1)
+                    x = splat(a, i + 2, p)
+                    c20, c21 = mac(c20, x, b0), mac(c21, x, b1)
+                    x = splat(a, i + 3, p)
+                    c30, c31 = mac(c30, x, b0), mac(c31, x, b1)
+                    x = splat(a, i + 4, p)
+                    c40, c41 = mac(c40, x, b0), mac(c41, x, b1)
+                    x = splat(a, i + 5, p)
+                    c50, c51 = mac(c50, x, b0), mac(c51, x, b1)
+                bad += (_put2(out, i, j, c00, c01, counted and new <= 0)
+                        + _put2(out, i + 1, j, c10, c11, counted and new <= 1)
+                        + _put2(out, i + 2, j, c20, c21, counted and new <= 2)
+                        + _put2(out, i + 3, j, c30, c31, counted and new <= 3)
+                        + _put2(out, i + 4, j, c40, c41, counted and new <= 4)
+                        + _put2(out, i + 5, j, c50, c51, counted and new <= 5))
+            for i in range(m_tiled, m):     # then one row at a time
+                for t in range(t0, t1):
+                    j, q0 = width * t, jc + width * (t - t0)
+                    q1 = q0 + LANES
                     c0 = c1 = vzero()
                     for p in range(0, k, step):
                         x = splat(a, i, p)
