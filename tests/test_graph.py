@@ -1,8 +1,12 @@
 """nn.Graph tracing, IR printing/verification, plan reuse, the flat hot path and eager mode
-(Tensor methods against ``torch.Tensor``'s when torch is installed), and freezing parameters
-(``requires_grad``)."""
+(Tensor methods against ``torch.Tensor``'s when torch is installed), freezing parameters
+(``requires_grad``), and threads: one graph called, compiled or traced from several threads at
+once."""
 import itertools
 import re
+import sys
+import threading
+import time
 import tracemalloc
 
 import numpy as np
@@ -14,6 +18,9 @@ from miniflow.ir import Graph, VerifyError
 from miniflow.ops import emitter, inference_calls
 from miniflow.experiments.mlp import EvalGraph, TrainGraph, mlp
 from miniflow.passes.autograd import AutogradState
+from miniflow.amp import GradScaler
+
+from graph_cases import Step, param_arrays, small_mlp, xy
 
 try:
     import torch
@@ -415,3 +422,167 @@ def test_eager_tensors_compare_by_identity_and_hash():
     assert a == a and a != b and a in [b, a] and len({a, b}) == 2
     with pytest.raises(TypeError):
         a < b
+
+
+def _run_threads(work, n_threads=2):
+    """Run ``work(k)`` in ``n_threads`` threads started together, with a tiny GIL switch
+    interval so that the threads interleave inside calls; re-raises a thread's exception."""
+    barrier = threading.Barrier(n_threads)
+    errors = []
+
+    def run(k):
+        barrier.wait()
+        try:
+            work(k)
+        except BaseException as e:  # noqa: BLE001 - handed to the main thread
+            errors.append(e)
+
+    old = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    try:
+        threads = [threading.Thread(target=run, args=(k,)) for k in range(n_threads)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    finally:
+        sys.setswitchinterval(old)
+    if errors:
+        raise errors[0]
+
+# ------------------------------------------------------------------------------ 2. threads
+def _mlp_forward(model, x):
+    """The MLP in float64 NumPy: the oracle of the eval graph."""
+    (w1, b1, w2, b2) = [p.numpy().astype(np.float64) for p in model.parameters()]
+    return np.maximum(x @ w1.T + b1, 0.0) @ w2.T + b2
+
+
+def test_one_graph_called_from_two_threads_gives_every_call_its_own_result():
+    model = small_mlp()
+    g = EvalGraph(model)
+    r = np.random.default_rng(1)
+    inputs = [[r.random((3, 4), dtype=np.float32) for _ in range(8)] for _ in range(2)]
+    expected = [[g(x).numpy() for x in xs] for xs in inputs]  # single-threaded results
+    for xs, ys in zip(inputs, expected):
+        for x, y in zip(xs, ys):
+            np.testing.assert_allclose(y, _mlp_forward(model, x), rtol=1e-5, atol=1e-6)
+    wrong = [0, 0]
+
+    def work(k):
+        for i in range(1500):
+            if not np.array_equal(g(inputs[k][i % 8]).numpy(), expected[k][i % 8]):
+                wrong[k] += 1
+
+    _run_threads(work)
+    assert wrong == [0, 0], f"wrong outputs per thread: {wrong} of 1500"
+    assert g.compile_count == 1
+
+
+def test_a_training_graph_with_a_scaler_from_two_threads_equals_the_same_steps_in_one_thread():
+    """The same batch in every call: any order of the 2 x 150 steps is the same sequence, so the
+    weights, the scaler's state and the multiset of losses must equal 300 steps in one thread."""
+    x, y = xy(6)
+
+    def make():
+        model = small_mlp(3)
+        scaler = GradScaler(init_scale=2.0 ** 20, growth_interval=5)
+        return model, scaler, Step(model, mf.optim.Adam(model.parameters(), lr=1e-2), scaler,
+                                   policy="fp32")
+
+    model_1, scaler_1, step_1 = make()
+    losses_1 = sorted(float(step_1(x, y).numpy()) for _ in range(300))
+    model_2, scaler_2, step_2 = make()
+    losses_2 = [[], []]
+    _run_threads(lambda k: losses_2[k].extend(float(step_2(x, y).numpy()) for _ in range(150)))
+    assert sorted(losses_2[0] + losses_2[1]) == losses_1
+    for a, b in zip(param_arrays(model_1), param_arrays(model_2)):
+        np.testing.assert_array_equal(a, b)
+    assert scaler_2.state_dict() == scaler_1.state_dict()
+    assert scaler_1.num_skipped_steps > 0  # the scale overflowed and backed off on the way
+    state_1, state_2 = (s._optimizers[0].state_dict()["state"] for s in (step_1, step_2))
+    for i, s in state_1.items():
+        for k, v in s.items():
+            np.testing.assert_array_equal(state_2[i][k], v)
+    assert state_2[0]["step"][0] == 300 - scaler_2.num_skipped_steps
+
+
+class _SlowBuild(EvalGraph):
+    """An eval graph whose trace takes a while, so a second thread arrives in the middle of it."""
+
+    def build(self, x):
+        out = self.model(x)
+        time.sleep(0.05)
+        return out
+
+
+def test_first_calls_from_two_threads_compile_in_turn():
+    """Two new signatures at once: the second thread waits for the first one's trace (it used to
+    see the other thread's tracer and fail as a nested call)."""
+    model = small_mlp()
+    g = _SlowBuild(model)
+    xs = [np.random.default_rng(k).random((k + 2, 4), dtype=np.float32) for k in range(2)]
+    outs = [None, None]
+
+    def work(k):
+        time.sleep(0.02 * k)  # thread 1 arrives while thread 0 traces
+        outs[k] = g(xs[k]).numpy()
+
+    _run_threads(work)
+    for x, out in zip(xs, outs):
+        np.testing.assert_allclose(out, _mlp_forward(model, x), rtol=1e-5, atol=1e-6)
+    assert g.compile_count == 2
+
+
+def test_a_graph_calling_itself_from_build_gets_the_nested_call_error_not_a_deadlock():
+    class Recursive(nn.Graph):
+        def build(self, x):
+            return self(x)
+
+    g = Recursive()
+    with pytest.raises(RuntimeError, match="Recursive was called inside another graph's build"):
+        g(np.ones(2, np.float32))
+    free = []
+
+    def try_lock():  # from another thread: the lock was released after the error
+        free.append(g._lock.acquire(blocking=False))
+        if free[-1]:
+            g._lock.release()
+
+    t = threading.Thread(target=try_lock)
+    t.start()
+    t.join()
+    assert free == [True]
+
+
+
+def test_two_graphs_tracing_at_the_same_time_in_two_threads_record_into_their_own_graph():
+    both_in_build = threading.Barrier(2, timeout=30)
+
+    class Scaled(nn.Graph):
+        def __init__(self, factor):
+            super().__init__()
+            self.factor = factor
+
+        def build(self, x):
+            both_in_build.wait()          # the other thread is tracing its own graph now
+            return x * self.factor
+
+    graphs = [Scaled(2.0), Scaled(3.0)]
+    x = np.arange(4, dtype=np.float32)
+    results, errors = {}, []
+
+    def call(g):
+        try:
+            results[g.factor] = g(x).numpy()
+        except Exception as e:  # noqa: BLE001 (reported by the assertion below)
+            errors.append(e)
+
+    threads = [threading.Thread(target=call, args=(g,)) for g in graphs]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    np.testing.assert_array_equal(results[2.0], x * 2)
+    np.testing.assert_array_equal(results[3.0], x * 3)
+    assert [len(g.ir.nodes) for g in graphs] == [1, 1]

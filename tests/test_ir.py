@@ -1,6 +1,12 @@
 """The plain IR: named results that every pass treats alike, ``uses``/``users``, insertion
-points, print-time numbering, op definitions on nodes, and the compile driver's context."""
+points, print-time numbering, op definitions on nodes, the compile driver's context, and the
+printer (every value it prints is declared, small constants shown, the README's IR sample is the
+real output of the code beside it)."""
+import io
 import re
+import warnings
+from contextlib import redirect_stdout
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -14,6 +20,13 @@ from miniflow.passes.auto_mixed_precision import AmpState
 from miniflow.passes.autograd import AutogradState
 from miniflow.passes.dead_code_elimination import dead_code_elimination
 from miniflow.passes.fuse_elementwise import fuse_elementwise
+from miniflow.amp import GradScaler, StaticGradScaler
+from miniflow.experiments.mlp import EvalGraph, TrainGraph
+from miniflow.passes.loss_scale import LossScaleOverflowWarning
+
+from graph_cases import Step, small_mlp, xy
+
+README = Path(__file__).resolve().parent.parent / "README.md"
 
 f32 = mf.float32
 
@@ -126,3 +139,72 @@ def test_training_results_and_the_compile_context():
     assert ctx.state.get(AmpState) is None
     assert next(iter(step.plans.values())).context is ctx
     assert nn.Graph is driver.Graph and nn.GraphConfig is driver.GraphConfig  # the re-export
+
+
+# ------------------------------------------------------------------------------ 4. IR printer
+_DECLARED = re.compile(r"^\s+%([\w.]+): ", re.M)  # header lines: inputs, variables, constants
+
+
+def _undeclared(text: str) -> set:
+    declared = set(_DECLARED.findall(text))
+    for line in text.splitlines():
+        if " = " in line and not line.startswith("    %"):  # node outputs: the left-hand side
+            declared.update(re.findall(r"%([\w.]+):", line.split(" = ")[0]))
+    return set(re.findall(r"%([\w.]+)", text)) - declared
+
+
+def _graphs():
+    x, y = xy()
+    model = small_mlp()
+    yield "sgd", Step(model, mf.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)), (x, y)
+    model = small_mlp()
+    yield "eval", EvalGraph(model), (x,)
+    for policy in ("legacy", "cast_back", "fp32"):
+        for scaler in (GradScaler(), StaticGradScaler(1024.0)):
+            model = small_mlp()
+            yield (f"{policy}-{type(scaler).__name__}",
+                   Step(model, mf.optim.Adam(model.parameters()), scaler, policy), (x, y))
+    model = small_mlp()
+    yield "train", TrainGraph(model, mf.optim.SGD(model.parameters(), lr=0.1)), (x, y)
+
+
+def test_the_ir_printer_declares_every_value_it_uses():
+    for label, g, inputs in _graphs():
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", LossScaleOverflowWarning)  # legacy/cast_back at 2^16
+            g(*inputs)
+        text = str(g.ir)
+        assert not _undeclared(text), (label, _undeclared(text), text)
+        if label == "sgd":
+            assert re.search(r"^    %c\d+: i64\[1\],  # constant \[0\]$", text, re.M), text
+
+
+def test_the_printer_shows_small_constant_values_and_summarises_large_ones():
+    g = Graph()
+    x = g.add_input("x", (2, 16), mf.float32)  # small: [2,1], broadcast over the columns
+    small = g.add_constant(np.array([[0.5], [2.0]], np.float32))
+    large = g.add_constant(np.zeros((2, 16), np.float32))
+    emit = emitter(g)
+    g.set_outputs([emit("broadcast_add", emit("broadcast_mul", x, small), large)])
+    text, names = str(g), g.names()
+    assert f"    %{names[small]}: f32[2,1],  # constant [[0.5], [2.0]]" in text
+    assert f"    %{names[large]}: f32[2,16],  # constant (32 elements)" in text
+    assert not _undeclared(text)
+
+
+def test_the_readme_ir_sample_is_the_real_output_of_the_code_beside_it():
+    section = README.read_text().split("## What it looks like", 1)[1].split("\n## ", 1)[0]
+    code, printed = re.findall(r"```(?:python)?\n(.*?)```", section, re.S)[:2]
+    out = io.StringIO()
+    with redirect_stdout(out):
+        exec(compile(code, "README.md", "exec"), {})
+    real = out.getvalue().splitlines()
+    shown = printed.rstrip("\n").splitlines()
+    assert any(ln.strip() == "..." for ln in shown) and len(shown) > 10
+    position = 0
+    for line in shown:  # every line shown is a real line, in the real order
+        if line.strip() == "...":
+            continue
+        assert line in real[position:], f"README line not in the real output (in order): {line!r}"
+        position = real.index(line, position) + 1
+    assert not _undeclared("\n".join(real))

@@ -15,11 +15,18 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
+import miniflow as mf
+
 from miniflow.dtype import float16, float32, float64, int64
 from miniflow.ir import Node, Value
 from miniflow.kernels.cpu import builder_for
 from miniflow.kernels.cpu.common import PARALLEL_MIN_SIZE
 from miniflow.ops import get_op
+from miniflow.ir import Graph as IRGraph
+from miniflow.ops import emitter
+from miniflow.runtime.backend import get_backend
+from miniflow.runtime.plan import Plan
+from miniflow.testing import check_grad
 
 FLOATS = [float16, float32, float64]
 TOL = {float16: 2e-3, float32: 2e-5, float64: 1e-12}
@@ -542,3 +549,31 @@ def test_the_learning_rate_input_is_rounded_once_to_the_compute_type(dt):
         fn(*args)
     want = p - dt.np.type(lr) * g
     assert np.array_equal(ins[0].view(np.uint8), want.view(np.uint8))
+
+
+# ------------------------------------------------------------------------------ 4. scalar shapes
+@pytest.mark.parametrize("x_shape,s_shape", [((3, 2), (1,)), ((3, 2), ()), ((4,), (1, 1)),
+                                             ((), (1, 1)), ((2, 1, 3), (1, 1, 1))])
+def test_scalar_mul_by_tensor_takes_any_one_element_scalar(x_shape, s_shape):
+    r = np.random.default_rng(0)
+    x = r.uniform(-2, 2, x_shape).astype(np.float32)
+    s = r.uniform(0.5, 2, s_shape).astype(np.float32)
+    g = IRGraph()
+    out = emitter(g)("scalar_mul_by_tensor", g.add_input("x", x_shape, mf.float32),
+                     g.add_input("s", s_shape, mf.float32))
+    assert out.shape == x_shape
+    g.set_outputs([out])
+    g.verify()
+    (got,) = Plan(g, get_backend()).run([x, s])
+    np.testing.assert_allclose(got, x.astype(np.float64) * float(s.reshape(())), rtol=1e-6)
+    r64 = np.random.default_rng(1)  # both gradients (dx and dscalar) against finite differences
+    check_grad("scalar_mul_by_tensor", [r64.uniform(-1, 1, x_shape),
+                                        r64.uniform(0.5, 2, s_shape)], {})
+
+
+def test_scalar_mul_by_tensor_refuses_a_scalar_of_several_elements():
+    g = IRGraph()
+    x = g.add_input("x", (3,), mf.float32)
+    with pytest.raises(ValueError, match=r"scalar_mul_by_tensor: scalar %s \(f32\[1,2\]\) must "
+                                         r"have exactly one element .*it has 2"):
+        emitter(g)("scalar_mul_by_tensor", x, g.add_input("s", (1, 2), mf.float32))

@@ -1,5 +1,7 @@
 """Loss scaling in the graph: the three loss-scale policies, static and dynamic scalers, step
-skipping, the scale schedule against PyTorch's GradScaler, persistent non-finite gradients.
+skipping, the scale schedule against PyTorch's GradScaler, persistent non-finite gradients; the
+scaler's state-dict loads (all or nothing, PyTorch's ``GradScaler.state_dict`` accepted) and its
+settings changed after construction (checked, valid ones recompile).
 
 Golden IR printouts (the loss-scale stage under each policy) live in ``tests/golden/loss_scale/``;
 regenerate them with ``MINIFLOW_UPDATE_GOLDEN=1 python -m pytest tests/test_loss_scale.py``.
@@ -20,6 +22,8 @@ from miniflow.data import batches, load_digits
 from miniflow.experiments.mlp import EvalGraph, accuracy, mlp
 from miniflow.passes.autograd import AutogradState
 from miniflow.passes.loss_scale import LossScaleOverflowWarning, LossScaleState
+
+from graph_cases import Step as OneStep, small_mlp, xy
 
 FIXTURES = Path(__file__).parent / "fixtures"
 GOLDEN = Path(__file__).parent / "golden" / "loss_scale"
@@ -412,3 +416,119 @@ def test_scaler_without_amp_trains_like_no_scaler():
             step(np.full((2, 8), 0.5 + i, np.float32))
         runs.append(_params(model)[0])
     np.testing.assert_allclose(runs[0], runs[1], rtol=1e-6)
+
+
+# ------------------------------------------------------------------------------ 3. scaler loads
+def _used_scaler():
+    scaler = GradScaler(init_scale=1024.0, growth_interval=100)
+    model = small_mlp()
+    g = OneStep(model, mf.optim.SGD(model.parameters(), lr=0.1), scaler)
+    g(*xy())
+    g(*xy())
+    return scaler
+
+
+@pytest.mark.parametrize("change,err,match", [
+    ({"scale": 8.0, "_growth_tracker": "x"}, ValueError,
+     r"GradScaler.load_state_dict: _growth_tracker must be an integer >= 0, got 'x'"),
+    ({"scale": 8.0, "_growth_tracker": -1}, ValueError, r"_growth_tracker .*got -1"),
+    ({"scale": 8.0, "_growth_tracker": 1.5}, ValueError, r"_growth_tracker .*got 1.5"),
+    ({"scale": "8"}, TypeError, "scale must be a real number, got '8'"),
+    ({"scale": 8.0, "growth_factor": 0.5}, ValueError, "growth_factor must be > 1, got 0.5"),
+    ({"scale": 8.0, "backoff_factor": "half"}, ValueError,
+     "backoff_factor must be a finite number, got 'half'"),
+    ({"scale": 8.0, "growth_interval": 0}, ValueError, "growth_interval must be an integer >= 1"),
+    ({"scale": 8.0, "skip_nonfinite": "yes"}, TypeError,
+     "skip_nonfinite must be True or False, got 'yes'"),
+    ({"scale": 8.0, "found_inf": 2}, TypeError, "found_inf must be True or False, got 2"),
+    ({"scale": 8.0, "num_skipped_steps": -3}, ValueError, "num_skipped_steps .*got -3"),
+    ({"scale": 8.0, "consecutive_floor_skips": None}, ValueError, "consecutive_floor_skips"),
+    ({"scale": 8.0, "max_consecutive_skips": 0}, ValueError, "max_consecutive_skips .*got 0"),
+    ({"scale": 8.0, "min_scale": 16.0}, ValueError,
+     "min_scale 16 is above the scale 8; load a lower min_scale with it"),
+    ({"scale": 8.0, "loss_scale": 8.0}, KeyError, r"unexpected keys \['loss_scale'\]"),
+])
+def test_failed_scaler_load_changes_nothing(change, err, match):
+    scaler = _used_scaler()
+    before, version = scaler.state_dict(), scaler.version
+    with pytest.raises(err, match=match):
+        scaler.load_state_dict({**before, **change})
+    assert scaler.state_dict() == before and scaler.version == version
+    assert scaler.scale == 1024.0
+
+
+def test_a_pytorch_grad_scaler_state_dict_loads_keeping_miniflow_defaults():
+    torch_state = {"scale": 32768.0, "growth_factor": 2.0, "backoff_factor": 0.5,
+                   "growth_interval": 3, "_growth_tracker": 2}  # torch.amp.GradScaler's keys
+    scaler = GradScaler()
+    defaults = scaler.state_dict()
+    scaler.load_state_dict(torch_state)
+    sd = scaler.state_dict()
+    assert {k: sd[k] for k in torch_state} == torch_state
+    assert {k: sd[k] for k in set(sd) - set(torch_state)} == \
+        {k: defaults[k] for k in set(sd) - set(torch_state)}
+    assert sd["min_scale"] == 1.0 and sd["max_consecutive_skips"] == 64
+    model = small_mlp()
+    g = OneStep(model, mf.optim.SGD(model.parameters(), lr=0.1), scaler, policy="fp32")
+    g(*xy())  # the third finite step since the last change: the scale grows
+    assert scaler.scale == 65536.0 and scaler.growth_tracker == 0
+    with pytest.raises(KeyError, match=r"missing keys \['_growth_tracker'\]"):
+        scaler.load_state_dict({k: v for k, v in torch_state.items() if k != "_growth_tracker"})
+    with pytest.raises(ValueError, match=r"min_scale 1 is above the scale 0.25.*set "
+                                         r"scaler.min_scale lower before loading"):
+        scaler.load_state_dict(dict(torch_state, scale=0.25))  # PyTorch has no floor
+    scaler.min_scale = 0.125
+    scaler.load_state_dict(dict(torch_state, scale=0.25))
+    assert scaler.scale == 0.25
+    with pytest.raises(KeyError, match=r"unexpected keys .*load it into a GradScaler"):
+        StaticGradScaler(8.0).load_state_dict(torch_state)
+
+
+def test_a_live_torch_grad_scaler_state_dict_loads():
+    torch = pytest.importorskip("torch")
+    ts = torch.amp.GradScaler("cpu", init_scale=512.0, growth_factor=4.0, backoff_factor=0.25,
+                              growth_interval=7)
+    scaler = GradScaler()
+    scaler.load_state_dict(ts.state_dict())
+    assert (scaler.scale, scaler.growth_factor, scaler.backoff_factor, scaler.growth_interval,
+            scaler.growth_tracker) == (512.0, 4.0, 0.25, 7, 0)
+
+
+# ------------------------------------------------------------------------------ 4. scaler settings
+@pytest.mark.parametrize("make,attr,value,err,match", [
+    (GradScaler, "growth_factor", 0.5, ValueError,
+     "GradScaler: growth_factor must be > 1, got 0.5"),
+    (GradScaler, "growth_factor", float("nan"), ValueError, "growth_factor must be a finite"),
+    (GradScaler, "backoff_factor", 1.5, ValueError, r"backoff_factor must be in \(0, 1\), got 1.5"),
+    (GradScaler, "growth_interval", 0, ValueError,
+     "growth_interval must be an integer >= 1, got 0"),
+    (GradScaler, "growth_interval", 2.5, ValueError, "growth_interval must be an integer >= 1"),
+    (GradScaler, "min_scale", -1, ValueError, "min_scale must be a finite number > 0 .*got -1"),
+    (GradScaler, "min_scale", 1e6, ValueError, "min_scale 1e\\+06 is above the scale 65536"),
+    (GradScaler, "skip_nonfinite", "yes", TypeError, "skip_nonfinite must be True or False"),
+    (GradScaler, "max_consecutive_skips", 0, ValueError,
+     "max_consecutive_skips must be an integer"),
+    (GradScaler, "growth_intervall", 5, AttributeError,
+     "GradScaler has no setting 'growth_intervall'; its settings are growth_factor, "),
+    (lambda: StaticGradScaler(8.0), "skip_nonfinite", "no", TypeError,
+     "StaticGradScaler: skip_nonfinite must be True or False, got 'no'"),
+    (lambda: StaticGradScaler(8.0), "growth_factor", 2.0, AttributeError,
+     "StaticGradScaler has no setting 'growth_factor'"),
+])
+def test_scaler_settings_changed_after_construction_are_checked(make, attr, value, err, match):
+    scaler = make()
+    before, version = scaler.state_dict(), scaler.version
+    with pytest.raises(err, match=match):
+        setattr(scaler, attr, value)
+    assert scaler.state_dict() == before and scaler.version == version
+    assert not hasattr(scaler, "growth_intervall")
+
+
+def test_scaler_settings_are_checked_at_construction_too_and_valid_changes_recompile():
+    with pytest.raises(TypeError, match="StaticGradScaler: skip_nonfinite must be True or False"):
+        StaticGradScaler(8.0, skip_nonfinite="yes")
+    scaler = GradScaler()
+    version = scaler.version
+    scaler.growth_interval = np.int64(10)
+    assert scaler.growth_interval == 10 and type(scaler.growth_interval) is int
+    assert scaler.version == version + 1

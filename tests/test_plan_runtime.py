@@ -2,7 +2,13 @@
 one kernel (``Backend.fused_builder``), node groups it builds as one (``Backend.group_builder``:
 multi-tensor updates, and when moving a node into a group would change a result), and the
 lazy read-back of the grad scaler's outcome (``miniflow.runtime.readback``) with a backend
-whose read-backs arrive late, as on a GPU that runs behind the host."""
+whose read-backs arrive late, as on a GPU that runs behind the host; a failing step names its node,
+and the cold-start notice appears only when Numba compiles."""
+import os
+import subprocess
+import sys
+import textwrap
+
 import numpy as np
 import pytest
 
@@ -16,6 +22,9 @@ from miniflow.kernels.common.table import GroupBuilder
 from miniflow.ops import emitter
 from miniflow.runtime.plan import constant_nodes, fused_pairs, grouped_nodes
 from miniflow.runtime.readback import LEDGER, HostReadback
+from miniflow.runtime.notice import NOTICE
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _graph(scaler=None, accumulate=1):
@@ -298,3 +307,42 @@ def test_a_node_with_outputs_joins_no_group_past_a_reader_of_them():
     emit("negative", y)
     emit("negative", x)
     assert grouped_nodes(g, Negatives(), set()) == {3: [2, 3]}
+
+
+# ------------------------------------------------------------------------------ failures, cold start
+def test_a_failing_step_names_its_node():
+    mf.manual_seed(0)
+    model = mlp((4, 8, 3))
+    g = TrainGraph(model, mf.optim.SGD(model.parameters(), lr=0.1))
+    g(np.zeros((2, 4), np.float32), np.array([0, 1]))
+    with pytest.raises(ValueError, match=r"while running node \d+ `%\d+: f32\[2,3\], %\d+: "
+                                         r"f32\[2\] = sparse_softmax_cross_entropy"):
+        g(np.zeros((2, 4), np.float32), np.array([0, 3]))
+
+
+# ------------------------------------------------------------------------------ cold start
+_SCRIPT = textwrap.dedent("""
+    import numpy as np
+    import miniflow as mf
+    from miniflow import nn
+
+    class Fn(nn.Graph):
+        def build(self, x):
+            return (x * 3.0 + 1.0).exp()
+
+    print(Fn()(np.ones((2, 3), np.float32)).numpy()[0, 0])
+""")
+
+
+@pytest.mark.slow  # compiles kernels in fresh processes
+def test_compile_notice_only_when_kernels_compile(tmp_path):
+    env = dict(os.environ, NUMBA_CACHE_DIR=str(tmp_path / "cache"), PYTHONPATH=ROOT)
+    env.pop("MINIFLOW_BACKEND", None)
+    runs = [subprocess.run([sys.executable, "-c", _SCRIPT], env=env, capture_output=True,
+                           text=True, timeout=300) for _ in range(2)]
+    for r in runs:
+        assert r.returncode == 0, r.stderr
+        assert float(r.stdout) == pytest.approx(np.exp(4.0), rel=1e-6)
+    assert runs[0].stderr.count(NOTICE) == 1, runs[0].stderr
+    assert NOTICE not in runs[1].stderr, runs[1].stderr        # a warm cache: nothing compiles
+    assert os.listdir(tmp_path / "cache" / "miniflow_generated")

@@ -1,0 +1,273 @@
+"""The optimizers (``torch.optim`` semantics): every way of changing a param group (checked,
+all or nothing, a compiled key recompiles), failed state-dict loads that change nothing and valid
+ones that assign in place, lr = 0, and copying and pickling optimizers (PyTorch's
+``test/optim/test_optim.py`` covers the same ground for ``torch.optim``)."""
+import copy
+import pickle
+
+import numpy as np
+import pytest
+
+import miniflow as mf
+
+from graph_cases import Step, param_arrays, small_mlp, xy
+
+
+# ------------------------------------------------------------------------------ 2. param groups
+def _trained_step(opt_cls=mf.optim.SGD, **kw):
+    model = small_mlp()
+    opt = opt_cls(model.parameters(), **kw)
+    g = Step(model, opt)
+    g(*xy())
+    return model, opt, g
+
+
+def test_param_group_ior_is_checked_and_a_compiled_key_recompiles():
+    _, opt, g = _trained_step(lr=0.1)
+    group = opt.param_groups[0]
+    with pytest.raises(ValueError, match=r"SGD: lr must be finite and in \[0, inf\), got -5.0"):
+        group |= {"lr": -5.0}
+    assert opt.param_groups[0]["lr"] == 0.1 and opt.version == 0
+    group |= {"lr": 0.05}  # the learning-rate variable: no recompilation
+    assert group is opt.param_groups[0] and group["lr"] == 0.05 and opt.version == 0
+    assert opt.learning_rate[0] == 0.05 and "lr=" not in str(g.ir)
+    group |= {"momentum": 0.5}
+    assert opt.version == 1
+    g(*xy())
+    assert g.compile_count == 2 and "momentum=0.5" in str(g.ir)
+
+
+def test_param_group_update_is_all_or_nothing():
+    _, opt, _ = _trained_step(lr=0.1, momentum=0.9)
+    with pytest.raises(ValueError, match="momentum must be finite"):
+        opt.param_groups[0].update(lr=0.01, momentum=-1.0)
+    assert opt.hyper == {"lr": 0.1, "momentum": 0.9, "weight_decay": 0.0,
+                         "clip_grad_max_norm": None, "clip_grad_norm_type": 2.0}
+    assert opt.version == 0
+    with pytest.raises(KeyError, match=r"cannot set 'nesterov'; hyper-parameters are "
+                                       r"\['clip_grad_max_norm', 'clip_grad_norm_type', 'lr', "
+                                       r"'momentum', 'weight_decay'\]"):
+        opt.param_groups[0].update(lr=0.01, nesterov=True)
+    with pytest.raises(KeyError, match=r"cannot set 'params'.*make a new optimizer"):
+        opt.param_groups[0]["params"] = []
+    assert opt.hyper["lr"] == 0.1 and opt.version == 0
+
+
+@pytest.mark.parametrize("change,what", [
+    (lambda g: g.pop("lr"), r"pop\('lr'\)"),
+    (lambda g: g.pop("lr", None), r"pop\('lr'\)"),
+    (lambda g: g.popitem(), r"popitem\(\)"),
+    (lambda g: g.clear(), r"clear\(\)"),
+    (lambda g: g.__delitem__("momentum"), r"del group\['momentum'\]"),
+    (lambda g: g.setdefault("nesterov", True), r"setdefault\('nesterov'\)")])
+def test_param_group_keys_cannot_be_removed_or_added(change, what):
+    _, opt, _ = _trained_step(lr=0.1)
+    before = dict(opt.param_groups[0])
+    with pytest.raises(TypeError, match=rf"SGD.param_groups\[0\]: {what} is refused: "
+                                        "hyper-parameters cannot be removed or added"):
+        change(opt.param_groups[0])
+    assert dict(opt.param_groups[0]) == before and opt.version == 0
+
+
+def test_param_group_setdefault_of_an_existing_key_and_copies_change_nothing():
+    _, opt, _ = _trained_step(lr=0.1)
+    group = opt.param_groups[0]
+    assert group.setdefault("lr", 3.0) == 0.1
+    for snapshot in (copy.copy(group), group.copy(), dict(group), group | {"lr": -1.0},
+                     copy.deepcopy(group)):
+        assert type(snapshot) is dict  # a plain dict: a snapshot, not a back door
+        snapshot["lr"] = -1.0
+    assert group["lr"] == 0.1 and opt.version == 0
+
+
+def test_the_param_group_list_cannot_be_replaced_and_loads_update_the_group_in_place():
+    _, opt, _ = _trained_step(lr=0.1)
+    group = opt.param_groups[0]
+    with pytest.raises(TypeError, match=r"param_groups cannot be changed .*opt.param_groups\[0\]"
+                                        r"\[key\] = value"):
+        opt.param_groups[0] = {"lr": -5.0, "momentum": 0.0, "weight_decay": 0.0}
+    with pytest.raises(AttributeError, match="SGD.param_groups cannot be replaced"):
+        opt.param_groups = [{"lr": -5.0}]
+    assert opt.param_groups[0] is group and opt.hyper["lr"] == 0.1
+    sd = opt.state_dict()
+    sd["param_groups"][0]["lr"] = 0.25
+    opt.load_state_dict(sd)
+    assert group["lr"] == 0.25 and opt.param_groups[0] is group  # a held reference stays live
+    group["lr"] = 0.5
+    assert opt.hyper["lr"] == 0.5
+
+
+# ------------------------------------------------------------------------------ 3. optimizer loads
+def _other_state(opt):
+    """A valid state dict of ``opt`` with every state value and hyper-parameter changed."""
+    sd = opt.state_dict()
+    for i, s in sd["state"].items():
+        for k, v in s.items():
+            s[k] = v + (i + 1) * (3 if k == "step" else 0.5)
+    sd["param_groups"][0]["lr"] = 0.25
+    return sd
+
+
+def _sgd():
+    return mf.optim.SGD(small_mlp().parameters(), lr=0.1, momentum=0.9)
+
+
+def _adam():
+    return mf.optim.Adam(small_mlp().parameters(), lr=0.1)
+
+
+def _set(path, value):
+    def change(sd):
+        *head, last = path
+        d = sd
+        for k in head:
+            d = d[k]
+        d[last] = value(d[last]) if callable(value) else value
+    return change
+
+
+LAST = 3  # the last parameter (model.2.bias): earlier ones would be assigned first
+
+
+@pytest.mark.parametrize("make,change,err,match", [
+    (_sgd, _set(("state", LAST, "momentum_buffer"), np.zeros(5)), ValueError,
+     r"state\[3\]\['momentum_buffer'\] has shape \[5\], expected \[3\]"),
+    (_sgd, _set(("state", LAST, "momentum_buffer"), np.array(["a", "b", "c"])), TypeError,
+     r"state\[3\]\['momentum_buffer'\] has dtype <U1 .*expected real numbers for a float32 "
+     "state"),
+    (_sgd, _set(("state", LAST, "momentum_buffer"), [1.0, "x", 2.0]), TypeError,
+     r"state\[3\]\['momentum_buffer'\] has dtype"),
+    (_sgd, _set(("state", LAST, "momentum_buffer"), np.array([0.0, np.nan, 1.0])), ValueError,
+     r"state\[3\]\['momentum_buffer'\] must be finite; element \[1\] is nan"),
+    (_sgd, _set(("state", LAST, "momentum_buffer"), np.array([0.0, 1e39, 1.0])), ValueError,
+     r"must be finite; element \[1\] is 1e\+39"),
+    (_sgd, _set(("state", LAST), {}), KeyError,
+     r"missing state\[3\]\['momentum_buffer'\]; every parameter needs \['momentum_buffer'\]"),
+    (_sgd, _set(("param_groups", 0, "lr"), -1.0), ValueError,
+     r"SGD.load_state_dict: param_groups\[0\]: SGD: lr must be finite .*got -1.0"),
+    (_sgd, _set(("param_groups", 0, "momentum"), "0.9"), TypeError,
+     "momentum must be a real number, got '0.9'"),
+    (_sgd, _set(("param_groups", 0, "nesterov"), True), KeyError,
+     r"unknown hyper-parameters \['nesterov'\]"),
+    (_sgd, _set(("param_groups", 0, "params"), [0, 1]), ValueError,
+     r"'params'\] is \[0, 1\], expected \[0, 1, 2, 3\]"),
+    (_sgd, _set(("param_groups",), lambda g: g * 2), ValueError, "a list of one dict"),
+    (_sgd, _set(("state",), lambda s: {k: s[k] for k in (0, 1)}), ValueError,
+     "each of the 4 parameter indices"),
+    (_adam, _set(("state", LAST, "step"), np.array([-1])), ValueError,
+     r"state\[3\]\['step'\] must be a count >= 0 that int64 holds; element \[0\] is -1"),
+    (_adam, _set(("state", LAST, "step"), np.array([2.5])), ValueError,
+     r"state\[3\]\['step'\] must be a count >= 0 .*element \[0\] is 2.5"),
+    (_adam, _set(("state", LAST, "step"), np.array(["7"])), TypeError,
+     r"state\[3\]\['step'\] has dtype <U1 .*expected real numbers for a int64 state"),
+    (_adam, _set(("state", LAST, "exp_avg_sq"), np.array([0.0, -1.0, 0.0])), ValueError,
+     r"state\[3\]\['exp_avg_sq'\] must be finite and >= 0; element \[1\] is -1.0"),
+    (_adam, _set(("param_groups", 0, "betas"), (0.9, 1.5)), ValueError, "beta2 must be finite"),
+    (_adam, _set(("param_groups", 0, "amsgrad"), True), KeyError,
+     r"unknown hyper-parameters \['amsgrad'\]"),
+])
+def test_failed_optimizer_load_changes_nothing(make, change, err, match):
+    opt = make()
+    sd = _other_state(opt)
+    change(sd)
+    before = opt.state_dict()
+    with pytest.raises(err, match=match):
+        opt.load_state_dict(sd)
+    after = opt.state_dict()
+    assert after["param_groups"] == before["param_groups"] and opt.version == 0
+    for i, s in before["state"].items():
+        for k, v in s.items():
+            np.testing.assert_array_equal(after["state"][i][k], v, err_msg=f"state[{i}][{k}]")
+
+
+def test_valid_optimizer_load_assigns_everything_in_place():
+    opt = _adam()
+    arrays = [s["exp_avg"] for s in opt.state]
+    sd = _other_state(opt)
+    sd["state"][0]["exp_avg"] = mf.tensor(sd["state"][0]["exp_avg"])  # Tensors are accepted
+    sd["state"][1]["step"] = sd["state"][1]["step"].astype(np.float64)  # whole floats: counts
+    opt.load_state_dict(sd)
+    assert all(a is s["exp_avg"] for a, s in zip(arrays, opt.state))  # graphs keep their bindings
+    got = opt.state_dict()
+    assert got["param_groups"][0]["lr"] == 0.25 and opt.version == 1
+    assert got["state"][1]["step"].tolist() == [6] and got["state"][1]["step"].dtype == np.int64
+    np.testing.assert_array_equal(got["state"][3]["exp_avg"], np.full(3, 2.0, np.float32))
+
+
+# ------------------------------------------------------------------------------ 4. lr = 0
+@pytest.mark.parametrize("opt_cls", [mf.optim.SGD, mf.optim.Adam])
+def test_lr_zero_is_accepted_and_changes_no_weight(opt_cls):
+    model = small_mlp()
+    before = param_arrays(model)
+    opt = opt_cls(model.parameters(), lr=0.0)
+    g = Step(model, opt)
+    g(*xy())
+    assert opt.learning_rate[0] == 0.0 and "%optimizer0.learning_rate" in str(g.ir)
+    for a, b in zip(before, param_arrays(model)):
+        np.testing.assert_array_equal(a, b)
+    with pytest.raises(ValueError, match=rf"{opt_cls.__name__}: lr must be finite and in "
+                                         r"\[0, inf\), got -1e-09"):
+        opt_cls(model.parameters(), lr=-1e-9)
+
+
+# ------------------------------------------------------------------------------ 4. copy, pickle
+@pytest.mark.parametrize("clone", [copy.deepcopy, lambda o: pickle.loads(pickle.dumps(o))],
+                         ids=["deepcopy", "pickle"])
+def test_optimizer_copies_are_complete_and_independent(clone):
+    model = small_mlp()
+    opt = mf.optim.Adam(model.parameters(), lr=0.01, betas=(0.8, 0.9))
+    g = Step(model, opt)
+    for _ in range(3):
+        g(*xy())
+    sd = opt.state_dict()
+    model_2, opt_2 = clone((model, opt))  # together: the copy trains the copied model
+    assert opt_2.params[0] is model_2[0].weight and opt_2.params[0] is not opt.params[0]
+    sd_2 = opt_2.state_dict()
+    assert sd_2["param_groups"] == sd["param_groups"] and opt_2.version == opt.version
+    for i, s in sd["state"].items():
+        for k, v in s.items():
+            np.testing.assert_array_equal(sd_2["state"][i][k], v)
+    group = opt_2.param_groups[0]
+    assert group["params"] is opt_2.params
+    with pytest.raises(ValueError, match="Adam: lr must be finite"):
+        group["lr"] = -1.0
+    group["lr"] = 0.02  # the copy's own learning-rate array
+    assert opt.hyper["lr"] == 0.01 and opt.learning_rate[0] == 0.01
+    assert opt_2.learning_rate[0] == 0.02
+    group["eps"] = 1e-6
+    assert opt.hyper["eps"] == 1e-8 and opt_2.version == opt.version + 1
+    group.update(lr=0.01, eps=1e-8)
+    g_2 = Step(model_2, opt_2)
+    g(*xy(seed=5))
+    g_2(*xy(seed=5))  # the same step on both: the same result, separate storage
+    for a, b in zip(param_arrays(model), param_arrays(model_2)):
+        np.testing.assert_array_equal(a, b)
+    assert opt.state_dict()["state"][0]["step"][0] == opt_2.state_dict()["state"][0]["step"][0] == 4
+    g(*xy(seed=6))
+    assert opt_2.state_dict()["state"][0]["step"][0] == 4
+    assert not np.array_equal(param_arrays(model)[0], param_arrays(model_2)[0])
+
+
+def test_an_optimizer_copied_alone_owns_copies_of_the_parameters():
+    model = small_mlp()
+    opt = mf.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    alone = copy.deepcopy(opt)
+    assert alone.params[0] is not model[0].weight
+    np.testing.assert_array_equal(alone.params[0].numpy(), model[0].weight.numpy())
+    assert alone.param_groups[0]._owner is alone and opt.param_groups[0]._owner is opt
+
+
+def test_a_shallow_copy_shares_the_parameters_but_not_the_group_or_the_state():
+    model, opt, g = _trained_step(lr=0.1, momentum=0.9)
+    shallow = copy.copy(opt)
+    assert shallow.params[0] is model[0].weight
+    assert shallow.param_groups[0] is not opt.param_groups[0]
+    shallow.param_groups[0]["lr"] = 0.5
+    assert opt.hyper["lr"] == 0.1 and opt.learning_rate[0] == 0.1
+    assert shallow.learning_rate[0] == 0.5
+    shallow.param_groups[0]["momentum"] = 0.5
+    assert opt.hyper["momentum"] == 0.9 and opt.version == 0 and shallow.version == 1
+    buf = shallow.state_dict()["state"][0]["momentum_buffer"].copy()
+    g(*xy())  # trains with opt: its momentum buffer moves, the copy's does not
+    np.testing.assert_array_equal(shallow.state_dict()["state"][0]["momentum_buffer"], buf)
+    assert not np.array_equal(opt.state_dict()["state"][0]["momentum_buffer"], buf)
