@@ -9,8 +9,9 @@ serial/parallel choice, flat views), ``elementwise`` (map / zip / broadcast / ca
 cross entropy), ``matmul`` (NumPy's BLAS and register-blocked loops), ``update`` (SGD, Adam),
 ``loss_scale`` (the loss-scale stage), ``clip`` (gradient clipping), ``collective`` (all-reduce,
 broadcast), ``fused`` (generated kernels of ``fused_elementwise``), ``conv`` (im2col + BLAS,
-Winograd F(2x2, 3x3)), ``normalization`` (batch norm), ``pool`` (max, average, adaptive average);
-CPU only: ``fp16`` (float16 and bfloat16 conversions), ``simd`` (16-lane float32 vectors for the
+Winograd F(2x2, 3x3)), ``normalization`` (batch norm, layer norm), ``pool`` (max, average,
+adaptive average), ``indexing`` (gather and its scatter-add, slice, tril, masked_fill, one-axis
+max / argmax), ``dropout`` (counter-based masks); CPU only: ``fp16`` (float16 and bfloat16 conversions), ``simd`` (16-lane float32 vectors for the
 matmul micro-kernel). Builders shared with the CUDA backend come from ``kernels.common``.
 
 Precision: f16 and f32 compute in float32, f64 in float64; sums accumulate in that type; matmul on
