@@ -39,6 +39,12 @@ def test_an_int64_tensor_index_gathers_rows():
     np.testing.assert_array_equal(mf.tensor(X)[mf.tensor(idx)].numpy(), X[idx])
 
 
+def test_an_out_of_range_tensor_index_is_named_eagerly():
+    with pytest.raises(IndexError, match=r"gather: index 7 at indices\[1\] is out of range "
+                                         r"\[0, 4\) of axis 0"):
+        mf.tensor(X)[mf.tensor(np.array([0, 7], np.int64))]
+
+
 def test_indexing_errors_are_pytorchs():
     t = mf.tensor(X)
     with pytest.raises(IndexError, match="index 4 is out of bounds for dimension 0 with size 4"):

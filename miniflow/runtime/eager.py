@@ -27,6 +27,13 @@ def run_op(op: str, arrays: list, attrs: dict) -> list:
     node.outputs = [Value(f"out{i}", s, d, producer=node) for i, (s, d) in enumerate(metas)]
     buffers = {id(v): a for v, a in zip(ins, arrays)}
     steps, _ = build_steps([node], buffers, backend)
-    for fn, args in steps:
-        fn(*args)
+    try:
+        for fn, args in steps:
+            fn(*args)
+    except (ValueError, IndexError) as e:     # a kernel refusing bad data: say which, as a plan
+        detail = opdef.diagnose(node, [backend.to_numpy(a) for a in arrays]) \
+            if opdef.diagnose is not None else None
+        if detail is None:
+            raise
+        raise type(e)(f"{e}; {detail}") from e
     return [buffers[id(v)] for v in node.outputs]

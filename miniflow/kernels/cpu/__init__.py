@@ -9,11 +9,13 @@ serial/parallel choice, flat views), ``elementwise`` (map / zip / broadcast / ca
 cross entropy), ``matmul`` (NumPy's BLAS and register-blocked loops), ``update`` (SGD, Adam),
 ``loss_scale`` (the loss-scale stage), ``clip`` (gradient clipping), ``collective`` (all-reduce,
 broadcast), ``fused`` (generated kernels of ``fused_elementwise``), ``conv`` (im2col + BLAS,
-Winograd F(2x2, 3x3)), ``normalization`` (batch norm), ``pool`` (max, average, adaptive average);
-CPU only: ``target`` (the CPU Numba compiles for: its features, vector width and matmul register
-tile), ``fp16`` (float16 and bfloat16 conversions), ``simd`` (the target's float32 vectors for the
-matmul micro-kernel), ``tune`` (kernel choices measured on this machine, cached on disk). Builders
-shared with the CUDA backend come from ``kernels.common``.
+Winograd F(2x2, 3x3)), ``normalization`` (batch norm, layer norm), ``pool`` (max, average,
+adaptive average), ``indexing`` (gather and its scatter-add, slice, tril, masked_fill, one-axis
+max / argmax), ``dropout`` (counter-based masks); CPU only: ``target`` (the CPU Numba compiles
+for: its features, vector width and matmul register tile), ``fp16`` (float16 and bfloat16
+conversions), ``simd`` (the target's float32 vectors for the matmul micro-kernel), ``tune``
+(kernel choices measured on this machine, cached on disk). Builders shared with the CUDA backend
+come from ``kernels.common``.
 
 Precision: f16 and f32 compute in float32, f64 in float64; sums accumulate in that type; matmul on
 half types multiplies in float32 (operands widened as they load) and rounds the product to the half

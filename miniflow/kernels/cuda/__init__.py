@@ -9,8 +9,9 @@ decorators, compute/storage types, device helpers, the simulator's ``math``), ``
 copies), ``reduce`` (reduce_sum, softmax family, cross entropy), ``matmul`` (tiled), ``update``
 (SGD, Adam, multi-tensor), ``loss_scale`` (the loss-scale stage), ``clip`` (gradient clipping),
 ``collective`` (MPI collectives staged through host memory), ``fused`` (generated kernels of
-``fused_elementwise``), ``conv`` (implicit GEMM), ``normalization`` (batch norm), ``pool`` (max,
-average, adaptive average); CUDA only: ``launch`` (block sizes, grids, the tiles). Builders shared
+``fused_elementwise``), ``conv`` (implicit GEMM), ``normalization`` (batch norm, layer norm),
+``pool`` (max, average, adaptive average), ``indexing`` (gather and its scatter-add, slice, tril,
+masked_fill, one-axis max / argmax), ``dropout`` (counter-based masks); CUDA only: ``launch`` (block sizes, grids, the tiles). Builders shared
 with the CPU backend come from ``kernels.common``.
 
 Precision: the CPU backend's contract. f16 and f32 compute in float32, f64 in float64; f16 is
