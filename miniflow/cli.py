@@ -431,7 +431,8 @@ def parser() -> argparse.ArgumentParser:
                    "which and why)")
     t.add_argument("--logdir", metavar="DIR", help="TensorBoard scalars (per step: loss, lr, "
                    "gradient norm, loss scale, skipped steps; per epoch: test accuracy) in a "
-                   "run folder named after the settings in DIR (needs the tensorboard extra)")
+                   "run folder named after the settings in DIR (needs the tensorboard extra; default: "
+                   "none written)")
     from .cli_gpt import add_gpt_arguments
     add_gpt_arguments(t, _positive, _real)
     t.set_defaults(fn=_train, parser=t)
@@ -449,7 +450,7 @@ def parser() -> argparse.ArgumentParser:
                     "printed says which and why)")
     st.add_argument("--logdir", metavar="DIR", help="TensorBoard scalars of every run (one "
                     "run folder per experiment, policy or label, scale and seed) in DIR (needs "
-                    "the tensorboard extra)")
+                    "the tensorboard extra; default: none written)")
     st.set_defaults(fn=_stability)
     ir = sub.add_parser("ir", help="print a model's IR after a pass; --onnx exports it, "
                         "--netron opens it in Netron")
@@ -464,7 +465,8 @@ def parser() -> argparse.ArgumentParser:
                     "training step")
     ir.add_argument("--batch-size", type=_positive, default=64, help="default 64")
     ir.add_argument("--onnx", metavar="PATH", help="also write the graph at that stage to PATH "
-                    "as ONNX (miniflow-only ops in the ai.miniflow domain; needs the onnx extra)")
+                    "as ONNX (miniflow-only ops in the ai.miniflow domain; needs the onnx extra; "
+                    "default: no file)")
     ir.add_argument("--netron", action="store_true", help="open the --onnx file in Netron "
                     "(needs the netron extra)")
     ir.set_defaults(fn=_ir, parser=ir)

@@ -20,7 +20,7 @@ def add_gpt_arguments(parser, positive, real) -> None:
                    help="characters generated and printed at the end (default 200; 0: none)")
     g.add_argument("--temperature", type=real(0.0, False), default=0.8,
                    help="sampling temperature (default 0.8)")
-    g.add_argument("--top-k", type=positive, help="sample from the k likeliest characters only")
+    g.add_argument("--top-k", type=positive, help="sample from the k likeliest characters only (default: all)")
 
 
 def check_gpt_args(args) -> None:
@@ -86,7 +86,7 @@ def add_attention_study(sub) -> None:
     a = sub.add_parser("attention-study", help="AMP in attention: the IR of a head under AMP, "
                        "float16 softmax error and overflow against the score scale, "
                        "amp_black_identity's effect, a figure")
-    a.add_argument("--out", default="attention-study-results", help="output folder")
+    a.add_argument("--out", default="attention-study-results", help="output folder (default attention-study-results)")
     a.set_defaults(fn=_attention_study)
 
 
