@@ -33,6 +33,7 @@ import miniflow as mf
 from miniflow import nn
 from miniflow.amp import GradScaler
 from miniflow.data import batches, load_digits
+from miniflow.experiments.mlp import EvalGraph, TrainGraph
 from miniflow.kernels.cpu.conv import WINOGRAD_WEIGHT, im2col_kernel, winograd_applies
 from miniflow.models import lenet
 from miniflow.ops import get_op
@@ -56,33 +57,13 @@ def indent(text: str, prefix: str = "    ") -> str:
     return "\n".join(prefix + line for line in text.splitlines())
 
 
-class Forward(nn.Graph):
-    """Inference of ``model`` (optionally under AMP)."""
-
-    def __init__(self, model, amp: bool = False):
-        super().__init__()
-        self.model = model
-        if amp:
-            self.config.enable_amp(True)
-
-    def build(self, x):
-        return self.model(x)
-
-
-class TrainStep(nn.Graph):
-    """Forward, cross-entropy, backward and SGD in one plan; AMP with a dynamic loss scale."""
-
-    def __init__(self, model, optimizer, scaler):
-        super().__init__()
-        self.model = model
-        self.add_optimizer(optimizer)
-        self.config.enable_amp(True)
-        self.set_grad_scaler(scaler)
-
-    def build(self, x, y):
-        loss = nn.functional.cross_entropy(self.model(x), y)
-        loss.backward()
-        return loss
+def forward_graph(model, amp: bool = False) -> EvalGraph:
+    """An inference graph of ``model`` (``miniflow.experiments.mlp.EvalGraph``), under AMP if
+    asked."""
+    graph = EvalGraph(model)
+    if amp:
+        graph.config.enable_amp(True)
+    return graph
 
 
 # %% [markdown]
@@ -93,7 +74,7 @@ def part1_im2col() -> None:
     print("== 1. conv2d: one node in the IR, im2col + one matmul in the kernel ==")
     mf.manual_seed(0)
     conv = nn.Conv2d(2, 4, 3, padding=1, bias=False)
-    fwd = Forward(conv)
+    fwd = forward_graph(conv)
     x = np.random.default_rng(0).standard_normal((1, 2, 5, 5)).astype(np.float32)
     y = fwd(x).numpy()
     print("IR of nn.Conv2d(2, 4, 3, padding=1, bias=False) on x f32[1, 2, 5, 5]:")
@@ -135,7 +116,7 @@ def part2_winograd() -> None:
     mf.manual_seed(0)
     conv = nn.Conv2d(16, 16, 3, padding=1, bias=False)
     conv.load_state_dict({"weight": w})
-    y = Forward(conv)(x).numpy()
+    y = forward_graph(conv)(x).numpy()
     cols = np.empty((g.c * 9, g.n * g.oh * g.ow), np.float32)
     im2col_kernel(False)(x, cols, g.window())
     via_im2col = (w.reshape(16, -1) @ cols).reshape(16, 8, 16, 16).transpose(1, 0, 2, 3)
@@ -180,7 +161,7 @@ def part3_batch_norm() -> None:
 def coloring(model, label: str) -> "mf.amp.report.AmpReport":
     """Print the AMP report rows of ``model``'s inference graph on a [2, 1, 8, 8] batch."""
     model.eval()
-    fwd = Forward(model, amp=True)
+    fwd = forward_graph(model, amp=True)
     out = fwd(np.random.default_rng(2).standard_normal((2, 1, 8, 8)).astype(np.float32))
     rep = fwd.amp_report()
     print(f"{label}: {rep.n_fp16} float16 nodes, {rep.n_fp32} float32 nodes, {rep.n_casts} "
@@ -209,7 +190,7 @@ def part4_coloring() -> None:
 # ## 5. A LeNet trained on the digits under AMP
 
 # %%
-def accuracy(model, predict: Forward, x: np.ndarray, y: np.ndarray) -> float:
+def accuracy(model, predict: EvalGraph, x: np.ndarray, y: np.ndarray) -> float:
     model.eval()                  # batch norm uses its moving statistics (the graph recompiles)
     acc = float((predict(x).numpy().argmax(axis=1) == y).mean())
     model.train()
@@ -225,8 +206,10 @@ def part5_train(epochs: int, out: Path) -> None:
     mf.manual_seed(0)
     model = lenet(data.num_classes)
     scaler = GradScaler(init_scale=2.0 ** 16, growth_interval=50)
-    step = TrainStep(model, mf.optim.SGD(model.parameters(), lr=0.05, momentum=0.9), scaler)
-    predict = Forward(model, amp=True)
+    step = TrainGraph(model, mf.optim.SGD(model.parameters(), lr=0.05, momentum=0.9))
+    step.config.enable_amp(True)                 # forward, backward and update in one plan
+    step.set_grad_scaler(scaler)
+    predict = forward_graph(model, amp=True)
     print(f"model: {sum(p.numpy().size for p in model.parameters())} parameters; SGD lr 0.05 "
           f"momentum 0.9, batch 64, dynamic loss scale from 2^16")
     losses, test_acc, skipped = [], [], 0
