@@ -49,6 +49,11 @@ def _lesson8_accuracy(out: str):
     assert m and float(m.group(1)) >= 85.0, f"softplus MLP accuracy: {m and m.group(0)}"
 
 
+def _lenet_accuracy(out: str):
+    m = re.search(r"LeNet test accuracy \(AMP\): ([\d.]+)%", out)
+    assert m and float(m.group(1)) >= 90.0, f"LeNet AMP accuracy: {m and m.group(0)}"
+
+
 def _cse_in_nn_graph(out: str):
     m = re.search(r"trained 5 steps on loss = sum\(y \* y\): (\d+) nodes without CSE, (\d+) with; "
                   r"losses bit-identical: True, parameters bit-identical: True", out)
@@ -145,6 +150,18 @@ CASES = {
         r"cse_ignoring_attributes on sum\(2 t\) \+ sum\(3 t\): verify\(\) passed, ir\.evaluate "
         r"gives ([\d.]+) instead of (?!\1)[\d.]+",
         r"the correct pass on the same graph: [\d.]+, 2 scalar_mul nodes kept",
+    ]),
+    "10_convnets_under_amp.py": (["--quick", "--out"], [
+        r"weight \[4, 18\] @ cols \[18, 25\] reshaped to \[1, 4, 5, 5\] vs the conv2d plan's "
+        r"output, max \|difference\|: 0\.0e\+00",
+        r"\(16 multiplies\), max \|difference\|: \d\.\de-1[4-7]",
+        r"the plan uses Winograd: True",
+        r"max \|Winograd plan - float64 reference\| \d\.\de-0[6-8]",
+        r"float32 reaches 1\.0030, float16 stays at 1\.0000",
+        r"the block alone: 1 float16 nodes, 3 float32 nodes",
+        r"normalization %\d+ reads %model\.1\.running_mean \(moving_mean, input 1\) as f32",
+        r"5 of 5 conv2d/conv_\*_grad nodes in float16",
+        _lenet_accuracy,
     ]),
 }
 
