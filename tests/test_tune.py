@@ -227,14 +227,11 @@ PRODUCTS = [  # (m, k, n, ta, tb): the MLPs' products and the rules' edges (test
 def test_every_candidate_agrees_with_the_float64_oracle(monkeypatch, m, k, n, ta, tb, dt, counted):
     if counted and dt is float64:
         pytest.skip("the loss scaler counts half and float32 products")
-    results = {}
-    for value in tune.CHOICES["matmul"]:
+    for value in tune.CHOICES["matmul"]:      # the rules' Numba steps, BLAS alone
         monkeypatch.setenv("MINIFLOW_MATMUL", value)
         _, out, ref = _matmul(m, k, n, dt, ta, tb, counted, seed=m + k + n)
         tol = {float16: 2e-2, bfloat16: 2e-2, float32: 1e-4, float64: 1e-12}[dt] * np.sqrt(k + 1)
         np.testing.assert_allclose(out.astype(np.float64), ref, rtol=tol, atol=tol)
-        results[value] = out
-    assert set(results) == {"numba", "blas"}
 
 
 def test_the_blas_candidate_calls_blas_alone():
