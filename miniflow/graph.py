@@ -466,12 +466,13 @@ class Graph:
         ctx = self._compile_context(param_names)
         graph = run_passes(graph, ctx)
         copies = HalfCopies(graph, ctx, dict(self.named_parameters()), get_backend())
-        if ctx.all_reduce_buckets and distributed.world_size() > 1:
+        collective = bool(ctx.all_reduce_buckets) and distributed.world_size() > 1
+        if collective:
             self._sync_ranks(graph, ctx)
             copies.stale()
         self._ir, self._context = graph, ctx
         self.compile_count += 1
-        plan = Plan(graph, get_backend(), context=ctx)
+        plan = Plan(graph, get_backend(), context=ctx, collective=collective)
         plan.half_copies = copies
         plan.updates = bool(graph.grads)    # whether a step runs the updates (not per call)
         return plan
