@@ -453,12 +453,14 @@ class Graph:
                 f"backward raises here too); unfreeze one (p.requires_grad_(True)) or leave "
                 f"backward() and the optimizer out of this graph")
         copies = HalfCopies(graph, ctx, dict(self.named_parameters()), get_backend())
-        if ctx.state.get(DataParallelState) and distributed.world_size() > 1:
+        buckets = getattr(ctx.state.get(DataParallelState), "buckets", None)
+        collective = bool(buckets) and distributed.world_size() > 1
+        if collective:
             self._sync_ranks(graph, ctx)
             copies.stale()
         self._ir, self._context = graph, ctx
         self.compile_count += 1
-        plan = Plan(graph, get_backend(), context=ctx)
+        plan = Plan(graph, get_backend(), context=ctx, collective=collective)
         plan.half_copies = copies
         plan.updates = bool(graph.grads)    # whether a step runs the updates (not per call)
         return plan

@@ -89,9 +89,10 @@ class Backend:
     name = "?"
     readback_depth = 1
 
-    def begin_plan(self) -> None:
+    def begin_plan(self, collective: bool = False) -> None:
         """Called once before a plan's steps are built (the default: nothing; the cpu backend
-        gives the kernel tuner a new measuring budget: ``kernels.cpu.tune``)."""
+        gives the kernel tuner a new measuring budget: ``kernels.cpu.tune``). ``collective``:
+        every rank of the MPI world builds this plan now, in step (a data-parallel graph)."""
 
     def builder_for(self, op):
         raise NotImplementedError
@@ -146,11 +147,11 @@ class CpuBackend(Backend):
 
     name = "cpu"
 
-    def begin_plan(self) -> None:
+    def begin_plan(self, collective: bool = False) -> None:
         """A new model for the kernel tuner: ``tune.BUDGET_S`` of measuring for its new
-        classes."""
+        classes (rank 0 measuring for every rank when ``collective``)."""
         from ..kernels.cpu import tune
-        tune.begin_model()
+        tune.begin_model(collective)
 
     def builder_for(self, op):
         from ..kernels.cpu import builder_for

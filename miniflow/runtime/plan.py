@@ -254,9 +254,10 @@ class Plan:
         backend: the backend whose kernels and memory the plan uses.
         context: what the compile driver keeps with the plan (``nn.Graph``: the passes'
             ``CompileContext``, e.g. the names behind the ``"nonfinite_counts"`` result).
+        collective: every rank of the MPI world builds this plan now (``Backend.begin_plan``).
     """
 
-    def __init__(self, graph: Graph, backend, context=None):
+    def __init__(self, graph: Graph, backend, context=None, collective: bool = False):
         self.graph = graph
         self.backend = backend
         self.context = context
@@ -272,7 +273,7 @@ class Plan:
         for v in [v for n in graph.nodes for v in n.inputs] + list(graph.results.values()):
             if v.kind == "constant":
                 buffers[id(v)] = buffers[v.name]
-        backend.begin_plan()
+        backend.begin_plan(collective)
         self.steps, self._owners, self.once_steps, self._once_owners = _scheduled_steps(
             graph, buffers, backend)
         self.output_buffers = [buffers[id(v)] for v in graph.outputs]

@@ -35,10 +35,12 @@ that is no such JSON, or was written for another machine, is ignored with one no
 replaced; an unwritable folder means the choices are measured in every process and kept in
 memory, said once.
 
-Under ``mpiexec`` one rank measures and all use its choice: rank 0 decides every class (from its
-file or by measuring) and broadcasts the name (``distributed.broadcast_object``), so ranks on
+Under ``mpiexec`` one rank measures and all use its choice: for a plan every rank builds in step
+(a data-parallel graph: ``Backend.begin_plan(collective=True)``) rank 0 decides every class (from
+its file or by measuring) and broadcasts the name (``distributed.broadcast_object``), so ranks on
 machines of different speeds build the same plans; the others measure nothing and write nothing.
-Every rank builds the same plans in the same order (``distributed``), so the broadcasts match.
+A plan one rank builds alone (rank 0's evaluation graph) is decided by that rank, with no
+collective (it would wait for ranks that never come).
 
 Once a class is in the file, the choice, and so every bit of the result, is the same in every run.
 """
@@ -223,6 +225,8 @@ class Tuner:
         most; :func:`begin_model` resets it)."""
         self.measured = 0
         """Classes this process measured."""
+        self.collective = False
+        """Whether the plan being built is built by every rank in step (:func:`begin_model`)."""
 
     # ------------------------------------------------------------------ the file
     def _read(self, notify: bool) -> dict:
@@ -350,7 +354,7 @@ class Tuner:
         first = candidates[names[0]](node, ins, outs)
         key = (f"{kind} {key} | {_kernels(first)} | threads {numba.get_num_threads()}/"
                f"{max((lib.num_threads for lib in numpy_blas()), default=1)}")
-        if distributed.is_initialized() and distributed.world_size() > 1:
+        if self.collective and distributed.is_initialized() and distributed.world_size() > 1:
             name = (self.decide(kind, key, node, ins, outs, candidates, first)
                     if distributed.rank() == 0 else None)
             name = distributed.broadcast_object(name, f"the kernel choice for {key}")
@@ -392,9 +396,11 @@ def choose(kind: str, key: str, node, ins, outs, candidates: dict) -> list:
     return _tuner().choose(kind, key, node, ins, outs, candidates)
 
 
-def begin_model() -> None:
-    """A new model's plan is being built: its new classes get ``BUDGET_S`` of measuring."""
-    _tuner().spent = 0.0
+def begin_model(collective: bool = False) -> None:
+    """A new model's plan is being built: its new classes get ``BUDGET_S`` of measuring;
+    ``collective``: every rank builds it in step, rank 0 decides for all."""
+    t = _tuner()
+    t.spent, t.collective = 0.0, collective
 
 
 def describe() -> list:
