@@ -278,3 +278,19 @@ def test_the_vector_kernels_compile_for_aarch64():
         module.verify()
         fmla += machine.emit_assembly(module).count("fmla")
     assert fmla > 0
+
+
+def test_every_tile_fits_its_register_file_and_the_target_is_read_back():
+    """Each row of ``target.TILES`` (BLIS / XNNPACK shapes): accumulators, loaded vectors of
+    ``b`` and the broadcast fit the ISA's registers; the vectors are the target's width; an
+    unknown feature is an error, not a silent False."""
+    import llvmlite.binding as llvm
+    from miniflow.kernels.cpu import target
+    for isa in target.TILES.values():
+        assert isa.registers_used() <= isa.registers, isa
+    assert LANES == target.ISA.lanes and target.ISA in target.TILES.values()
+    assert target.cpu()[1] == (numba.config.CPU_NAME or llvm.get_host_cpu_name())
+    f16c = fp16.target_has("f16c") and not fp16.FORCE_FALLBACK
+    assert fp16.PATH == ("intrinsic" if f16c else "fallback")
+    with pytest.raises(ValueError, match="target.has: cannot probe 'sse9'"):
+        target.has("sse9")
