@@ -9,6 +9,7 @@ compiled by the test suite are reused.
 import importlib.util
 import os
 import re
+import shutil
 import subprocess
 import sys
 import time
@@ -23,6 +24,8 @@ TUTORIALS = ROOT / "tutorials"
 TIMEOUT_S = 180
 """Per lesson; the budget is 60 s on a 2-core CPU, the rest is slack for a cold Numba cache."""
 HAS_NUMBA_CUDA = importlib.util.find_spec("numba_cuda") is not None
+HAS_MPI = importlib.util.find_spec("mpi4py") is not None and (
+    (Path(sys.executable).parent / "mpiexec").exists() or shutil.which("mpiexec") is not None)
 
 
 def _accuracy_at_least(pct: float):
@@ -163,6 +166,15 @@ CASES = {
         r"5 of 5 conv2d/conv_\*_grad nodes in float16",
         _lenet_accuracy,
     ]),
+    "11_data_parallel.py": (["--out"], [
+        r"%\d+: f32\[10,32\] = all_reduce\(%\d+\) \{reduce='mean'\}",
+        r"%\d+: i64\[4\], %\d+: i64\[1\] = all_reduce\(%\d+, %\d+\) \{reduce='sum'\}",
+        r"bucket_cap_mb=0.0005 \(524 bytes\): 3 buckets, 4 all_reduce nodes",
+        r"bucket 2: \['model.0.bias', 'model.0.weight'\], gradients f16, 4160 bytes",
+    ] + ([r"steps skipped by rank 0: \[3\], by rank 1: \[3\]",
+          r"equal on both ranks: True",
+          r"parameters and buffers of the two ranks after 6 steps \(4 tensors\) bit-identical: "
+          r"True"] if HAS_MPI else [r"skipped the 2-rank run: (mpi4py|mpiexec) is not installed"])),
 }
 
 
