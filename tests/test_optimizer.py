@@ -29,6 +29,7 @@ SCHEDULERS = {
     "LambdaLR": lambda o: lr_scheduler.LambdaLR(o, lambda epoch: 0.5 ** epoch),
     "SequentialLR": lambda o: lr_scheduler.SequentialLR(
         o, [lr_scheduler.LinearLR(o), lr_scheduler.StepLR(o, 2)], milestones=[2]),
+    "ReduceLROnPlateau": lambda o: lr_scheduler.ReduceLROnPlateau(o, patience=0),
 }
 """Every name of ``lr_scheduler.__all__`` -> a factory of that scheduler on an optimizer."""
 
@@ -72,8 +73,9 @@ def test_an_optimizer_is_freed_on_del_without_the_cyclic_collector(no_cyclic_gc,
 def test_a_scheduler_and_its_optimizer_are_freed_on_del_after_steps(no_cyclic_gc, name):
     opt = _sgd()
     sched = SCHEDULERS[name](opt)
+    metric = [1.0] if isinstance(sched, lr_scheduler.ReduceLROnPlateau) else []
     for _ in range(3):
-        sched.step()
+        sched.step(*metric)
     refs = weakref.ref(opt), weakref.ref(sched)
     del sched
     assert refs[1]() is None
