@@ -18,8 +18,8 @@ def _optimizer(kind, params, clip=None):
     extra = {} if clip is None else {"clip_grad_max_norm": clip}
     if kind == "adam":
         return mf.optim.Adam(params, lr=1e-2, weight_decay=0.01, **extra)
-    return mf.optim.SGD(params, lr=0.1, momentum=0.9 if kind == "momentum" else 0.0,
-                        weight_decay=0.01, **extra)
+    return mf.optim.SGD(params, lr=0.1, momentum=0.0 if kind == "plain" else 0.9,
+                        weight_decay=0.01, nesterov=kind == "nesterov", **extra)
 
 
 def _scaler(kind):
@@ -69,6 +69,7 @@ def _train(g, steps, x=X, y=Y):
 @pytest.mark.parametrize("dtype", [mf.float16, mf.bfloat16], ids=lambda d: d.short)
 @pytest.mark.parametrize("opt,scaler", [("momentum", "dynamic"), ("plain", "static"),
                                         ("adam", "dynamic"), ("momentum", "none"),
+                                        ("nesterov", "dynamic"),
                                         ("adam", "none")])
 def test_fused_training_is_bit_identical_to_unfused(dtype, opt, scaler):
     fused, fm, fo, fs = _graph(True, dtype, opt, scaler)

@@ -183,8 +183,8 @@ def test_initial_lr_is_a_checked_param_group_key_outside_the_compiled_graph():
     with pytest.raises(ValueError, match=r"SGD: initial_lr must be finite and in \[0, inf\), "
                                          r"got -1.0"):
         opt.param_groups[0]["initial_lr"] = -1.0
-    with pytest.raises(TypeError, match=r"setdefault\('nesterov'\) is refused"):
-        opt.param_groups[0].setdefault("nesterov", True)
+    with pytest.raises(TypeError, match=r"setdefault\('dampening'\) is refused"):
+        opt.param_groups[0].setdefault("dampening", 0.5)
     fresh = sgd(0.1)  # no scheduler yet: loading a group with initial_lr adds it
     fresh.load_state_dict(opt.state_dict())
     assert fresh.param_groups[0]["initial_lr"] == 0.1 and StepLR(fresh, 3).base_lrs == [0.1]
@@ -532,3 +532,103 @@ def test_the_skipped_step_rule_survives_a_checkpoint(tmp_path):
     with pytest.raises(ValueError, match=r"SGD.load_state_dict: num_steps must be an integer "
                                          r">= 0, got -1"):
         opt2.load_state_dict(bad_opt)
+
+
+# ----------------------------------------------------------------------- ReduceLROnPlateau
+# PyTorch's test/optim/test_lrscheduler.py (test_reduce_lr_on_plateau1..4): a metric sequence
+# and the lr expected after each step (their targets, written out: no torch needed).
+PLATEAU_CASES = {
+    "min-abs-cooldown": (dict(threshold_mode="abs", mode="min", threshold=0.01, patience=5,
+                              cooldown=5), [10 - i * 0.0167 for i in range(20)], [0.5] * 20),
+    "min-abs": (dict(patience=5, cooldown=0, threshold_mode="abs", mode="min", threshold=0.1),
+                [10 - i * 0.0165 for i in range(20)], [0.5] * 6 + [0.05] * 7 + [0.005] * 7),
+    "max-abs-cooldown": (dict(mode="max", patience=5, cooldown=5, threshold_mode="abs"),
+                         [-0.8] * 2 + [-0.234] * 20, [0.5] * 8 + [0.05] * 11 + [0.005] * 3),
+    "max-rel": (dict(mode="max", patience=3, threshold_mode="rel", threshold=0.1),
+                [1.5 * (1.025 ** i) for i in range(20)], [0.5] * 20),
+}
+
+
+def _plateau_run(opt, metrics, **kwargs):
+    sched = lr_scheduler.ReduceLROnPlateau(opt, **kwargs)
+    lrs = []
+    for m in metrics:
+        sched.step(m)
+        lrs.append(sched.get_last_lr())
+    return sched, lrs
+
+
+@pytest.mark.parametrize("name", list(PLATEAU_CASES))
+def test_reduce_lr_on_plateau_gives_pytorchs_targets(name):
+    kwargs, metrics, targets = PLATEAU_CASES[name]
+    _, lrs = _plateau_run(sgd(0.5), metrics, **kwargs)
+    np.testing.assert_allclose([lr[0] for lr in lrs], targets, rtol=1e-12)
+
+
+@pytest.mark.parametrize("kwargs", [dict(), dict(mode="max", factor=0.5, patience=2),
+                                    dict(patience=1, cooldown=2, min_lr=[0.02, 0.001]),
+                                    dict(patience=0, threshold=0.05, eps=1e-3, factor=0.7,
+                                         min_lr=0.004)])
+def test_reduce_lr_on_plateau_follows_live_pytorch_and_its_state_dict_loads(kwargs):
+    torch = pytest.importorskip("torch")
+    metrics = list(np.random.default_rng(4).uniform(0.0, 1.0, 60))
+    opt = FakeOptimizer([0.1, 0.05])
+    sched, lrs = _plateau_run(opt, metrics, **kwargs)
+    t_opt = torch.optim.SGD([{"params": [torch.zeros(1, requires_grad=True)], "lr": lr}
+                             for lr in (0.1, 0.05)])
+    t_sched = torch.optim.lr_scheduler.ReduceLROnPlateau(t_opt, **kwargs)
+    t_lrs = []
+    for m in metrics:
+        t_sched.step(m)
+        t_lrs.append(t_sched.get_last_lr())
+    np.testing.assert_allclose(lrs, t_lrs, rtol=1e-12)
+    assert len(set(map(tuple, lrs))) > 1 or not kwargs       # the lr did change
+    mine, theirs = sched.state_dict(), t_sched.state_dict()
+    _assert_same_state(mine, theirs)
+    fresh = lr_scheduler.ReduceLROnPlateau(FakeOptimizer(lrs[-1]), **kwargs)  # (lr: optimizer's)
+    fresh.load_state_dict(theirs)                              # PyTorch's state loads
+    _assert_same_state(fresh.state_dict(), mine)
+    t_sched.load_state_dict(mine)                              # and miniflow's into PyTorch
+    for m in metrics[:20]:
+        t_sched.step(m)
+        fresh.step(m)
+    assert fresh.get_last_lr() == pytest.approx(t_sched.get_last_lr(), rel=1e-12)
+
+
+def _assert_same_state(a: dict, b: dict):
+    assert set(a) == set(b)
+    for k in a:
+        assert a[k] == (b[k] if isinstance(b[k], (str, type(None)))
+                        else pytest.approx(b[k], rel=1e-12)), k
+
+
+@pytest.mark.parametrize("kwargs,error,match", [
+    (dict(factor=1.0), ValueError, "Factor should be < 1.0"),
+    (dict(mode="mean"), ValueError, r"mode must be one of \['min', 'max'\], got 'mean'"),
+    (dict(threshold_mode="pct"), ValueError, "threshold_mode must be one of"),
+    (dict(patience=-1), ValueError, "patience must be an integer >= 0"),
+    (dict(min_lr=[0.1, 0.2]), ValueError, "expected 1 min_lrs"),
+    (dict(eps="small"), TypeError, "eps must be a real number")])
+def test_reduce_lr_on_plateau_refuses_bad_arguments(kwargs, error, match):
+    with pytest.raises(error, match=match):
+        lr_scheduler.ReduceLROnPlateau(sgd(), **kwargs)
+
+
+def test_reduce_lr_on_plateau_steps_on_a_tensor_metric_and_refuses_nan():
+    opt = sgd(0.5)
+    sched = lr_scheduler.ReduceLROnPlateau(opt, patience=0)
+    sched.step(mf.tensor(np.array(2.0, np.float32)))
+    sched.step(mf.tensor(np.array(3.0, np.float32)))
+    assert opt.param_groups[0]["lr"] == pytest.approx(0.05) and opt.version == 0
+    before = sched.state_dict()
+    with pytest.raises(ValueError, match="metrics must be finite, got nan"):
+        sched.step(float("nan"))
+    with pytest.raises(TypeError, match="metrics must be a number"):
+        sched.step([1.0, 2.0])
+    assert sched.state_dict() == before
+    bad = dict(before, num_bad_epochs=-1)
+    with pytest.raises(ValueError, match="num_bad_epochs must be an integer >= 0"):
+        sched.load_state_dict(bad)
+    with pytest.raises(KeyError, match=r"unknown keys \['verbose'\]"):
+        sched.load_state_dict(dict(before, verbose=True))
+    assert sched.state_dict() == before

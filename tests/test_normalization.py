@@ -274,3 +274,87 @@ def test_an_empty_input_in_training_mode_updates_no_statistics_as_torch(shape):
         if k != "num_batches_tracked":
             np.testing.assert_array_equal(v, before[k], err_msg=k)
     assert int(bn.num_batches_tracked.item()) == 5 + 2  # the eager call and the graph's
+
+
+# ----------------------------------------------------------------------------- nn.BatchNorm1d
+def _bn1d_oracle(x, mean, var, gamma, beta, momentum=0.1, eps=1e-5):
+    """PyTorch's documented BatchNorm1d training step in float64: ``y`` and the new running
+    statistics (statistics over N and L; the running variance unbiased)."""
+    axes = (0,) if x.ndim == 2 else (0, 2)
+    shape = (1, -1) if x.ndim == 2 else (1, -1, 1)
+    mu, v = x.mean(axes), x.var(axes)
+    m = x.size // x.shape[1]
+    y = (x - mu.reshape(shape)) / np.sqrt(v.reshape(shape) + eps)
+    y = y * gamma.reshape(shape) + beta.reshape(shape)
+    return (y, (1 - momentum) * mean + momentum * mu,
+            (1 - momentum) * var + momentum * v * m / (m - 1))
+
+
+@pytest.mark.parametrize("shape", [(8, 3), (4, 3, 5)], ids=str)
+def test_batchnorm1d_trains_as_the_float64_oracle_and_evaluates_with_running_stats(shape):
+    r = np.random.default_rng(3)
+    bn = nn.BatchNorm1d(3, momentum=0.2)
+    gamma, beta = r.uniform(0.5, 2, 3), r.standard_normal(3)
+    bn.load_state_dict({"weight": gamma, "bias": beta, "running_mean": np.zeros(3),
+                        "running_var": np.ones(3), "num_batches_tracked": np.array(0)})
+    g = EvalGraph(bn)
+    mean, var = np.zeros(3), np.ones(3)
+    for step in range(3):
+        x = (r.standard_normal(shape) * 2 + 1).astype(np.float32)
+        want, mean, var = _bn1d_oracle(x.astype(np.float64), mean, var, gamma, beta, 0.2)
+        np.testing.assert_allclose(g(x).numpy(), want, rtol=1e-4, atol=1e-5)
+        np.testing.assert_allclose(bn.running_mean.numpy(), mean, rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(bn.running_var.numpy(), var, rtol=1e-5, atol=1e-6)
+    assert int(bn.num_batches_tracked.item()) == 3
+    bn.eval()
+    x = r.standard_normal(shape).astype(np.float32)
+    s = (1, -1) if len(shape) == 2 else (1, -1, 1)
+    want = (x - mean.reshape(s)) / np.sqrt(var.reshape(s) + 1e-5) * gamma.reshape(s) \
+        + beta.reshape(s)
+    np.testing.assert_allclose(g(x).numpy(), want, rtol=1e-4, atol=1e-5)
+
+
+@needs_torch
+@pytest.mark.parametrize("shape", [(8, 3), (4, 3, 5)], ids=str)
+def test_batchnorm1d_matches_torch_and_loads_its_state_dict(shape):
+    ref = torch.nn.BatchNorm1d(3)
+    with torch.no_grad():
+        ref.weight.uniform_(0.5, 2.0), ref.bias.normal_()
+    bn = nn.BatchNorm1d(3)
+    bn.load_state_dict({k: v.numpy() for k, v in ref.state_dict().items()})
+    assert list(bn.state_dict()) == list(ref.state_dict())
+    g = EvalGraph(bn)
+    r = np.random.default_rng(4)
+    for training in (True, True, False):
+        bn.train(training), ref.train(training)
+        x = r.standard_normal(shape).astype(np.float32)
+        want = ref(torch.from_numpy(x)).detach().numpy()
+        np.testing.assert_allclose(g(x).numpy(), want, rtol=1e-5, atol=1e-5)
+    for k, v in ref.state_dict().items():
+        np.testing.assert_allclose(bn.state_dict()[k], v.numpy(), rtol=1e-5, atol=1e-6,
+                                   err_msg=k)
+
+
+def test_batchnorm1d_refuses_other_ranks_and_one_value_per_channel():
+    g = EvalGraph(nn.BatchNorm1d(3))
+    with pytest.raises(ValueError, match=r"BatchNorm1d: expected a 2-D input \[N, C\] or a 3-D "
+                                         r"input \[N, C, L\], got shape \[2, 3, 4, 4\]"):
+        g(np.zeros((2, 3, 4, 4), np.float32))
+    with pytest.raises(ValueError, match=r"BatchNorm1d\(3\): the input has 4 channels"):
+        EvalGraph(nn.BatchNorm1d(3))(np.zeros((2, 4), np.float32))
+    with pytest.raises(ValueError, match="value per channel"):
+        EvalGraph(nn.BatchNorm1d(3))(np.zeros((1, 3), np.float32))
+    with pytest.raises(ValueError, match="BatchNorm1d: num_features must be a positive"):
+        nn.BatchNorm1d(0)
+
+
+def test_batchnorm1d_under_amp_runs_in_float16_between_two_matmuls():
+    """The same op, so the same AMP treatment: gray between two white matmuls, the
+    normalization runs in float16 (OneFlow's rule), its statistics float32 (no-cast)."""
+    model = nn.Sequential(nn.Linear(4, 3), nn.BatchNorm1d(3), nn.Linear(3, 2))
+    g = EvalGraph(model)
+    g.config.enable_amp(True)
+    g(np.random.default_rng(5).standard_normal((6, 4)).astype(np.float32))
+    (bn,) = [n for n in g.ir.nodes if n.op.name == "normalization"]
+    assert bn.inputs[0].dtype is mf.float16 and bn.outputs[0].dtype is mf.float16
+    assert [v.dtype for v in bn.inputs[1:]] == [mf.float32] * 4

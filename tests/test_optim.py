@@ -41,13 +41,13 @@ def test_param_group_update_is_all_or_nothing():
     _, opt, _ = _trained_step(lr=0.1, momentum=0.9)
     with pytest.raises(ValueError, match="momentum must be finite"):
         opt.param_groups[0].update(lr=0.01, momentum=-1.0)
-    assert opt.hyper == {"lr": 0.1, "momentum": 0.9, "weight_decay": 0.0,
+    assert opt.hyper == {"lr": 0.1, "momentum": 0.9, "weight_decay": 0.0, "nesterov": False,
                          "clip_grad_max_norm": None, "clip_grad_norm_type": 2.0}
     assert opt.version == 0
-    with pytest.raises(KeyError, match=r"cannot set 'nesterov'; hyper-parameters are "
+    with pytest.raises(KeyError, match=r"cannot set 'dampening'; hyper-parameters are "
                                        r"\['clip_grad_max_norm', 'clip_grad_norm_type', 'lr', "
-                                       r"'momentum', 'weight_decay'\]"):
-        opt.param_groups[0].update(lr=0.01, nesterov=True)
+                                       r"'momentum', 'nesterov', 'weight_decay'\]"):
+        opt.param_groups[0].update(lr=0.01, dampening=0.5)
     with pytest.raises(KeyError, match=r"cannot set 'params'.*make a new optimizer"):
         opt.param_groups[0]["params"] = []
     assert opt.hyper["lr"] == 0.1 and opt.version == 0
@@ -59,7 +59,7 @@ def test_param_group_update_is_all_or_nothing():
     (lambda g: g.popitem(), r"popitem\(\)"),
     (lambda g: g.clear(), r"clear\(\)"),
     (lambda g: g.__delitem__("momentum"), r"del group\['momentum'\]"),
-    (lambda g: g.setdefault("nesterov", True), r"setdefault\('nesterov'\)")])
+    (lambda g: g.setdefault("dampening", 0.5), r"setdefault\('dampening'\)")])
 def test_param_group_keys_cannot_be_removed_or_added(change, what):
     _, opt, _ = _trained_step(lr=0.1)
     before = dict(opt.param_groups[0])
@@ -147,8 +147,8 @@ LAST = 3  # the last parameter (model.2.bias): earlier ones would be assigned fi
      r"SGD.load_state_dict: param_groups\[0\]: SGD: lr must be finite .*got -1.0"),
     (_sgd, _set(("param_groups", 0, "momentum"), "0.9"), TypeError,
      "momentum must be a real number, got '0.9'"),
-    (_sgd, _set(("param_groups", 0, "nesterov"), True), KeyError,
-     r"unknown hyper-parameters \['nesterov'\]"),
+    (_sgd, _set(("param_groups", 0, "dampening"), 0.5), KeyError,
+     r"unknown hyper-parameters \['dampening'\]"),
     (_sgd, _set(("param_groups", 0, "params"), [0, 1]), ValueError,
      r"'params'\] is \[0, 1\], expected \[0, 1, 2, 3\]"),
     (_sgd, _set(("param_groups",), lambda g: g * 2), ValueError, "a list of one dict"),

@@ -9,6 +9,7 @@ import gc
 import inspect
 import weakref
 
+import numpy as np
 import pytest
 
 import miniflow as mf
@@ -28,6 +29,7 @@ SCHEDULERS = {
     "LambdaLR": lambda o: lr_scheduler.LambdaLR(o, lambda epoch: 0.5 ** epoch),
     "SequentialLR": lambda o: lr_scheduler.SequentialLR(
         o, [lr_scheduler.LinearLR(o), lr_scheduler.StepLR(o, 2)], milestones=[2]),
+    "ReduceLROnPlateau": lambda o: lr_scheduler.ReduceLROnPlateau(o, patience=0),
 }
 """Every name of ``lr_scheduler.__all__`` -> a factory of that scheduler on an optimizer."""
 
@@ -71,8 +73,9 @@ def test_an_optimizer_is_freed_on_del_without_the_cyclic_collector(no_cyclic_gc,
 def test_a_scheduler_and_its_optimizer_are_freed_on_del_after_steps(no_cyclic_gc, name):
     opt = _sgd()
     sched = SCHEDULERS[name](opt)
+    metric = [1.0] if isinstance(sched, lr_scheduler.ReduceLROnPlateau) else []
     for _ in range(3):
-        sched.step()
+        sched.step(*metric)
     refs = weakref.ref(opt), weakref.ref(sched)
     del sched
     assert refs[1]() is None
@@ -105,3 +108,124 @@ def test_a_refused_param_groups_assignment_changes_nothing():
     with pytest.raises(TypeError, match="param_groups cannot be changed"):
         del opt.param_groups[0]
     assert opt.hyper["lr"] == 0.5 and opt.learning_rate[0] == 0.5 and opt.version == 0
+
+
+# ----------------------------------------------------------------------------- trajectories
+# PyTorch's ``test/optim/test_optim.py`` checks an optimizer by its trajectory on a fixed
+# problem; here a linear least-squares fit, run by miniflow (float32, in an nn.Graph), by
+# torch.optim (skipped without torch) and by a NumPy float64 oracle of PyTorch's documented
+# algorithm (the gradient of the fit written out by hand).
+_R = np.random.default_rng(11)
+_X = _R.standard_normal((30, 16, 8)).astype(np.float32)
+_Y = _R.standard_normal((30, 16, 4)).astype(np.float32)
+
+
+class _Fit(nn.Graph):
+    def __init__(self, model, opt):
+        super().__init__()
+        self.model = model
+        self.add_optimizer(opt)
+
+    def build(self, x, y):
+        d = self.model(x) - y
+        loss = (d * d).mean()
+        loss.backward()
+        return loss
+
+
+def _start():
+    mf.manual_seed(3)
+    return nn.Linear(8, 4)
+
+
+def _miniflow_run(make_opt, steps=30):
+    model = _start()
+    opt = make_opt(model.parameters())
+    fit = _Fit(model, opt)
+    for k in range(steps):
+        fit(mf.tensor(_X[k]), mf.tensor(_Y[k]))
+    return [model.weight.numpy(), model.bias.numpy()], opt
+
+
+def _torch_run(make_opt, steps=30):
+    torch = pytest.importorskip("torch")
+    start = _start()
+    w = torch.tensor(start.weight.numpy(), requires_grad=True)
+    b = torch.tensor(start.bias.numpy(), requires_grad=True)
+    opt = make_opt(torch.optim, [w, b])
+    for k in range(steps):
+        opt.zero_grad()
+        d = torch.tensor(_X[k]) @ w.T + b - torch.tensor(_Y[k])
+        (d * d).mean().backward()
+        opt.step()
+    return [w.detach().numpy(), b.detach().numpy()], opt
+
+
+def _numpy_run(update, steps=30):
+    """``update(k, params, grads, state)`` changes the float64 ``params`` in place (``state``: a
+    dict per parameter, empty at first)."""
+    start = _start()
+    params = [start.weight.numpy().astype(np.float64), start.bias.numpy().astype(np.float64)]
+    state = [{}, {}]
+    for k in range(steps):
+        x, y = _X[k].astype(np.float64), _Y[k].astype(np.float64)
+        d = x @ params[0].T + params[1] - y
+        scale = 2.0 / d.size
+        update(k, params, [scale * d.T @ x, scale * d.sum(0)], state)
+    return params
+
+
+def _close(got, want, tol=1e-5):
+    for g, w in zip(got, want):
+        np.testing.assert_allclose(g, w, rtol=tol, atol=tol)
+
+
+def _sgd_oracle(lr, momentum, weight_decay, nesterov):
+    """``torch.optim.SGD``'s documented algorithm (dampening 0)."""
+    def update(k, params, grads, state):
+        for p, g, s in zip(params, grads, state):
+            g = g + weight_decay * p
+            if momentum:
+                s["buf"] = g.copy() if k == 0 else momentum * s["buf"] + g
+                g = g + momentum * s["buf"] if nesterov else s["buf"]
+            p -= lr * g
+    return update
+
+
+@pytest.mark.parametrize("hyper", [dict(lr=0.05, momentum=0.9, nesterov=True),
+                                   dict(lr=0.02, momentum=0.5, weight_decay=0.1, nesterov=True),
+                                   dict(lr=0.05, momentum=0.9, weight_decay=0.1)],
+                         ids=["nesterov", "nesterov-wd", "momentum-wd"])
+def test_sgd_nesterov_follows_torch_and_the_float64_oracle(hyper):
+    got, opt = _miniflow_run(lambda p: mf.optim.SGD(p, **hyper))
+    full = dict(dict(momentum=0.0, weight_decay=0.0, nesterov=False), **hyper)
+    _close(got, _numpy_run(_sgd_oracle(**full)))
+    assert opt.param_groups[0]["nesterov"] is full["nesterov"]
+    want, _ = _torch_run(lambda optim, p: optim.SGD(p, **hyper))
+    _close(got, want, 1e-6)
+
+
+def test_sgd_nesterov_errors_are_pytorchs():
+    params = list(nn.Linear(2, 2).parameters())
+    with pytest.raises(ValueError, match="Nesterov momentum requires a momentum"):
+        mf.optim.SGD(params, lr=0.1, nesterov=True)
+    with pytest.raises(TypeError, match="nesterov must be True or False, got 'yes'"):
+        mf.optim.SGD(params, lr=0.1, momentum=0.9, nesterov="yes")
+    opt = mf.optim.SGD(params, lr=0.1, momentum=0.9, nesterov=True)
+    with pytest.raises(ValueError, match="Nesterov momentum requires a momentum"):
+        opt.param_groups[0]["momentum"] = 0.0           # flipped after construction: refused
+    assert opt.param_groups[0]["momentum"] == 0.9
+    opt.param_groups[0].update(nesterov=False, momentum=0.0)
+    assert opt.version == 1
+
+
+def test_turning_nesterov_on_after_compiling_recompiles():
+    model = _start()
+    opt = mf.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    fit = _Fit(model, opt)
+    fit(mf.tensor(_X[0]), mf.tensor(_Y[0]))
+    assert not any(n.attrs.get("nesterov") for n in fit.ir.nodes)
+    opt.param_groups[0]["nesterov"] = True
+    fit(mf.tensor(_X[1]), mf.tensor(_Y[1]))
+    assert [n.attrs.get("nesterov") for n in fit.ir.nodes if n.op.name == "sgd_update"] \
+        == [True, True]

@@ -1,4 +1,4 @@
-"""Neural-network API: Module, Parameter, layers (Linear, Conv2d, BatchNorm2d, pools, Flatten ...),
+"""Neural-network API: Module, Parameter, layers (Linear, Conv2d, BatchNorm1d/2d, pools, Flatten ...),
 activations, functional ops, and (re-exported
 from the compile driver ``miniflow.graph``) the lazy ``nn.Graph`` and ``nn.GraphConfig``.
 
@@ -13,12 +13,12 @@ from .dropout import Dropout
 from .layer_norm import LayerNorm
 from .layers import Flatten, Identity, Linear, Sequential
 from .module import Module, Parameter
-from .normalization import BatchNorm2d
+from .normalization import BatchNorm1d, BatchNorm2d
 from .pooling import AdaptiveAvgPool2d, AvgPool2d, MaxPool2d
 from .sparse import Embedding
 
 __all__ = ["Graph", "GraphConfig", "Linear", "Module", "Parameter", "Sequential", "Flatten",
-           "Identity", "Conv2d", "BatchNorm2d", "Dropout", "LayerNorm", "Embedding",
+           "Identity", "Conv2d", "BatchNorm1d", "BatchNorm2d", "Dropout", "LayerNorm", "Embedding",
            "MultiheadAttention", "MaxPool2d", "AvgPool2d", "AdaptiveAvgPool2d",
            "functional", *(name for name in activations.__all__ if not name.islower())]
 

@@ -1,6 +1,9 @@
-"""``nn.BatchNorm2d``: PyTorch's ``torch.nn.BatchNorm2d`` (arguments, defaults, the parameters
+"""``nn.BatchNorm1d`` and ``nn.BatchNorm2d``: PyTorch's ``torch.nn.BatchNorm1d`` /
+``torch.nn.BatchNorm2d`` (arguments, defaults, the parameters
 ``weight`` / ``bias`` and the buffers ``running_mean``, ``running_var``, ``num_batches_tracked``
-in the state dict), running OneFlow's ``normalization`` op.
+in the state dict), running OneFlow's ``normalization`` op over every axis but 1: BatchNorm1d
+takes ``[N, C]`` or ``[N, C, L]``, BatchNorm2d ``[N, C, H, W]``. Under AMP both are the same
+``normalization`` node (its AMP category and no-cast statistics are the op's).
 
 In training mode (``Module.train()``) the op normalizes with the batch statistics and updates the
 running statistics in place, in the graph (PyTorch's ``momentum`` 0.1 is the op's attribute 0.9,
@@ -26,11 +29,12 @@ from ..tensor import apply
 from . import functional as F
 from .module import Module, Parameter, traced_graph_changed
 
-__all__ = ["BatchNorm2d"]
+__all__ = ["BatchNorm1d", "BatchNorm2d"]
 
 
-class BatchNorm2d(Module):
-    """Batch normalization of ``x [N, num_features, H, W]`` per channel.
+class _BatchNorm(Module):
+    """Batch normalization per channel (dim 1) of an input with :attr:`input_dims` dims
+    (PyTorch's ``_BatchNorm``; the subclasses set the dims and their names).
 
     Args:
         num_features: C.
@@ -42,22 +46,28 @@ class BatchNorm2d(Module):
 
     Raises:
         ValueError: a bad size, momentum (None, PyTorch's cumulative average, is not supported)
-            or eps; at trace time, a non-4-D input or one whose dim 1 is not ``num_features``.
+            or eps; at trace time, an input of another rank (PyTorch's ``_check_input_dim``) or
+            one whose dim 1 is not ``num_features``.
     """
+
+    input_dims: tuple = ()
+    """The ranks of the inputs the class takes."""
+    input_layout: str = ""
+    """Their layouts, for error messages."""
 
     def __init__(self, num_features: int, eps: float = 1e-5, momentum: float = 0.1,
                  affine: bool = True, track_running_stats: bool = True):
         super().__init__()
         if isinstance(num_features, bool) or not isinstance(num_features, numbers.Integral) \
                 or num_features <= 0:
-            raise ValueError(f"BatchNorm2d: num_features must be a positive integer, got "
-                             f"{num_features!r}")
+            raise ValueError(f"{type(self).__name__}: num_features must be a positive "
+                             f"integer, got {num_features!r}")
         if momentum is None or not 0.0 <= float(momentum) <= 1.0:
-            raise ValueError(f"BatchNorm2d: momentum must be a number in [0, 1], got "
+            raise ValueError(f"{type(self).__name__}: momentum must be a number in [0, 1], got "
                              f"{momentum!r} (momentum=None, the cumulative moving average, is "
                              f"not supported)")
         if not float(eps) >= 0.0:
-            raise ValueError(f"BatchNorm2d: eps must be >= 0, got {eps!r}")
+            raise ValueError(f"{type(self).__name__}: eps must be >= 0, got {eps!r}")
         c = int(num_features)
         self.num_features, self.eps, self.momentum = c, float(eps), float(momentum)
         self.affine, self._has_running_stats = bool(affine), bool(track_running_stats)
@@ -98,11 +108,12 @@ class BatchNorm2d(Module):
         return ("num_batches_tracked",) if self._has_running_stats else ()
 
     def forward(self, x):
-        if x.ndim != 4:
-            raise ValueError(f"BatchNorm2d: expected a 4-D input [N, C, H, W], got shape "
-                             f"{list(x.shape)}")
+        name = type(self).__name__
+        if x.ndim not in self.input_dims:
+            raise ValueError(f"{name}: expected a {self.input_layout}, got shape "
+                             f"{list(x.shape)} ({x.ndim}-D)")
         if x.shape[1] != self.num_features:
-            raise ValueError(f"BatchNorm2d({self.num_features}): the input has {x.shape[1]} "
+            raise ValueError(f"{name}({self.num_features}): the input has {x.shape[1]} "
                              f"channels (shape {list(x.shape)})")
         batch_stats = self.training or not self._has_running_stats
         stats = (self.running_mean, self.running_var)
@@ -119,3 +130,21 @@ class BatchNorm2d(Module):
     def extra_repr(self):
         return (f"{self.num_features}, eps={self.eps}, momentum={self.momentum}, "
                 f"affine={self.affine}, track_running_stats={self.track_running_stats}")
+
+
+class BatchNorm1d(_BatchNorm):
+    """Batch normalization of ``x [N, num_features]`` or ``[N, num_features, L]`` per channel
+    (``torch.nn.BatchNorm1d``; statistics over N, and L when present). Arguments, state-dict
+    keys and errors as :class:`_BatchNorm`; training on one value per channel (``[1, C]``)
+    raises at trace time, as PyTorch's "Expected more than 1 value per channel"."""
+
+    input_dims = (2, 3)
+    input_layout = "2-D input [N, C] or a 3-D input [N, C, L]"
+
+
+class BatchNorm2d(_BatchNorm):
+    """Batch normalization of ``x [N, num_features, H, W]`` per channel
+    (``torch.nn.BatchNorm2d``); arguments, state-dict keys and errors as :class:`_BatchNorm`."""
+
+    input_dims = (4,)
+    input_layout = "4-D input [N, C, H, W]"

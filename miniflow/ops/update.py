@@ -3,8 +3,9 @@
 return the new values of the written inputs (float64 arithmetic).
 
 * ``sgd_update(model, model_diff, learning_rate, skip_if[, momentum_buf])`` {momentum,
-  weight_decay}: PyTorch ``torch.optim.SGD``: ``g = diff + wd * p; buf = momentum * buf + g;
-  p -= lr * buf``.
+  weight_decay[, nesterov]}: PyTorch ``torch.optim.SGD``: ``g = diff + wd * p; buf = momentum *
+  buf + g; p -= lr * buf``; with ``nesterov`` (present only when true, and only with momentum)
+  ``p -= lr * (g + momentum * buf)``.
 * ``adam_update(model, model_diff, learning_rate, skip_if, m, v, step)`` {beta1, beta2, eps,
   weight_decay[, decoupled_weight_decay]}: PyTorch ``torch.optim.Adam`` (Kingma & Ba 2015,
   arXiv:1412.6980) with bias correction at step ``step + 1``; ``decoupled_weight_decay`` (present
@@ -29,7 +30,7 @@ the same pass over memory, unscale the gradient and write the half copy of each 
 next step's matmuls read:
 
 * ``multi_tensor_sgd_update_with_cast(learning_rate, skip_if, scale_by_tensor, model_0..n-1,
-  model_diff_0.., model_copy_0..[, momentum_buf_0..])`` {momentum, weight_decay,
+  model_diff_0.., model_copy_0..[, momentum_buf_0..])`` {momentum, weight_decay[, nesterov],
   model_copy_dtype}: per tensor ``g = model_diff * scale_by_tensor`` (the diff in float32 or a
   half type, widened; ``scale_by_tensor`` is 1 / loss scale, f32[1]), then ``sgd_update``'s step
   on the float32 model, then ``model_copy = model`` rounded to ``model_copy_dtype``. OneFlow has
@@ -79,6 +80,11 @@ def _sgd_norm(inputs, attrs):
     _no_lr_attr("sgd_update", attrs)
     for k in ("momentum", "weight_decay"):
         attrs[k] = float(attrs.get(k, 0.0))
+    if attrs.pop("nesterov", False):
+        if attrs["momentum"] <= 0.0:
+            raise ValueError("sgd_update: nesterov=True needs momentum > 0, got momentum "
+                             f"{attrs['momentum']:g}")
+        attrs["nesterov"] = True
     return attrs
 
 
@@ -136,7 +142,7 @@ def _sgd_ref(arrays, attrs):
     g = diff + attrs["weight_decay"] * p
     if buf:
         buf = [attrs["momentum"] * buf[0] + g]
-        g = buf[0]
+        g = g + attrs["momentum"] * buf[0] if attrs.get("nesterov") else buf[0]
     return [p - lr[0] * g, *buf]
 
 
@@ -157,7 +163,9 @@ def _adam_ref(arrays, attrs):
 _UPDATE_NOTE = "optimizer update: runs after AMP, writes the float32 master weights"
 
 register("sgd_update", _sgd_infer, normalize=_sgd_norm, writes=(0, N_FIXED),
-         reference=_sgd_ref, samples=_samples(1, 0.1, {"momentum": 0.9, "weight_decay": 0.01}),
+         reference=_sgd_ref,
+         samples=lambda: (_samples(1, 0.1, {"momentum": 0.9, "weight_decay": 0.01})()
+                          + _samples(1, 0.1, {"momentum": 0.9, "nesterov": True})()),
          amp=None, amp_note=_UPDATE_NOTE,
          doc="p -= lr * (momentum buffer of diff + wd * p); skipped when skip_if != 0")
 register("adam_update", _adam_infer, normalize=_adam_norm,
@@ -330,7 +338,8 @@ def _multi_samples(adam: bool):
                              else {"decoupled_weight_decay": 0.1})       # AdamW
                 else:
                     state = [rand(*s, r=r) for s in shapes]
-                    attrs = {"momentum": 0.9, "weight_decay": 0.01}
+                    attrs = {"momentum": 0.9, "weight_decay": 0.01,
+                             "nesterov": half == np.float16}
                 out.append((fixed + models + diffs + copies + state, attrs))
         r = np.random.default_rng(6)
         if not adam:                                # without momentum: no buffers

@@ -1,6 +1,7 @@
 """Learning-rate schedulers with ``torch.optim.lr_scheduler``'s names, arguments, formulas and
 ``state_dict`` keys: :class:`StepLR`, :class:`MultiStepLR`, :class:`CosineAnnealingLR`,
-:class:`LinearLR` (warm-up), :class:`LambdaLR` and :class:`SequentialLR`.
+:class:`LinearLR` (warm-up), :class:`LambdaLR`, :class:`SequentialLR` and
+:class:`ReduceLROnPlateau` (driven by a metric: ``step(val_loss)``; see its docstring).
 
 Use them as in PyTorch: make the scheduler after the optimizer (this sets the first lr), call
 ``scheduler.step()`` once after every optimizer step (every call of a training nn.Graph), read
@@ -60,7 +61,7 @@ from bisect import bisect_right
 from collections import Counter
 
 __all__ = ["CosineAnnealingLR", "LRScheduler", "LambdaLR", "LinearLR", "MultiStepLR",
-           "SequentialLR", "StepLR"]
+           "ReduceLROnPlateau", "SequentialLR", "StepLR"]
 
 _TORCH_FLAGS = ("_get_lr_called_within_step", "_is_initial")
 """Keys of PyTorch's scheduler state dicts that are always False between calls."""
@@ -667,3 +668,180 @@ class SequentialLR(LRScheduler):
         for s, sub in zip(self._schedulers, checked.pop("_schedulers")):
             s._apply(sub)
         super()._apply(checked)
+
+
+class ReduceLROnPlateau(LRScheduler):
+    """Multiply the lr by ``factor`` when a metric stopped improving for more than ``patience``
+    epochs (PyTorch's ``ReduceLROnPlateau``: its arguments, defaults, rule and state-dict keys).
+
+    Call ``step(metrics)`` once per epoch with the monitored value (a float, or a one-element
+    Tensor/array: the validation loss, an accuracy). A value is better than ``best`` when, with
+    ``mode="min"``, it is below ``best * (1 - threshold)`` (``threshold_mode="rel"``) or
+    ``best - threshold`` (``"abs"``), and above ``best * (1 + threshold)`` / ``best +
+    threshold`` with ``mode="max"``. A value that is not better counts a bad epoch; during the
+    ``cooldown`` epochs after a reduction bad epochs are not counted; when more than
+    ``patience`` are counted, every group's lr becomes ``max(lr * factor, min_lr)`` (a change of
+    at most ``eps`` is not made) and the count restarts.
+
+    Unlike the other schedulers it ignores skipped optimizer steps (it follows the metric, as
+    in PyTorch) and it does not record ``initial_lr``, as PyTorch's does not.
+
+    Args:
+        optimizer: see the module docstring.
+        mode: ``"min"`` or ``"max"``; factor: in [0, 1) (default 0.1); patience: int >= 0
+            (10); threshold: finite >= 0 (1e-4); threshold_mode: ``"rel"`` or ``"abs"``;
+            cooldown: int >= 0 (0); min_lr: a number >= 0 or one per param group (0); eps:
+            finite >= 0 (1e-8).
+
+    Raises:
+        TypeError: an optimizer without valid ``param_groups``, a non-real number.
+        ValueError: ``factor >= 1`` (PyTorch's "Factor should be < 1.0."), an unknown mode or
+            threshold_mode, a negative patience/cooldown/threshold/eps/min_lr, a min_lr list of
+            the wrong length; in :meth:`step`, a metric that is not a finite number (NaN
+            included: PyTorch would count it bad silently) and nothing changes.
+    """
+
+    def __init__(self, optimizer, mode: str = "min", factor: float = 0.1, patience: int = 10,
+                 threshold: float = 1e-4, threshold_mode: str = "rel", cooldown: int = 0,
+                 min_lr=0.0, eps: float = 1e-8):
+        name = type(self).__name__
+        groups = _param_groups(name, optimizer)
+        self.optimizer = optimizer
+        hyper = self._checked_hyper(name, dict(
+            mode=mode, factor=factor, patience=patience, threshold=threshold,
+            threshold_mode=threshold_mode, cooldown=cooldown, eps=eps,
+            default_min_lr=None if isinstance(min_lr, (list, tuple)) else min_lr,
+            min_lrs=list(min_lr) if isinstance(min_lr, (list, tuple)) else [min_lr] * len(groups)))
+        self.__dict__.update(hyper)
+        self.last_epoch = 0
+        self._last_lr = self._current()
+        self.best, self.cooldown_counter, self.num_bad_epochs = self.mode_worse, 0, 0
+
+    @staticmethod
+    def _worse(mode: str) -> float:
+        """The worst value in ``mode``: the initial ``best``."""
+        return math.inf if mode == "min" else -math.inf
+
+    def _checked_hyper(self, owner: str, h: dict) -> dict:
+        """The validated hyper-parameters (and ``mode_worse``) of ``h``."""
+        for key, allowed in (("mode", ("min", "max")), ("threshold_mode", ("rel", "abs"))):
+            if h[key] not in allowed:
+                raise ValueError(f"{owner}: {key} must be one of {list(allowed)}, got "
+                                 f"{h[key]!r}")
+        factor = _real(owner, "factor", h["factor"], 0.0)
+        if factor >= 1.0:
+            raise ValueError(f"{owner}: Factor should be < 1.0 (new_lr = lr * factor), got "
+                             f"{h['factor']!r}")
+        n = len(self.optimizer.param_groups)
+        if len(h["min_lrs"]) != n:
+            raise ValueError(f"{owner}: expected {n} min_lrs (one per param group), got "
+                             f"{len(h['min_lrs'])}: {h['min_lrs']!r}")
+        return dict(
+            mode=h["mode"], threshold_mode=h["threshold_mode"], factor=factor,
+            patience=_int(owner, "patience", h["patience"], 0),
+            cooldown=_int(owner, "cooldown", h["cooldown"], 0),
+            threshold=_real(owner, "threshold", h["threshold"], 0.0),
+            eps=_real(owner, "eps", h["eps"], 0.0),
+            default_min_lr=(None if h["default_min_lr"] is None
+                            else _real(owner, "min_lr", h["default_min_lr"], 0.0)),
+            min_lrs=[_real(owner, f"min_lr[{i}]", v, 0.0) for i, v in enumerate(h["min_lrs"])],
+            mode_worse=self._worse(h["mode"]))
+
+    @property
+    def in_cooldown(self) -> bool:
+        """Whether the epochs after a reduction are still being waited out."""
+        return self.cooldown_counter > 0
+
+    def _is_better(self, a: float, best: float) -> bool:
+        sign = 1.0 if self.mode == "max" else -1.0
+        if self.threshold_mode == "rel":
+            return sign * a > sign * best * (1.0 + sign * self.threshold)
+        return sign * a > sign * best + self.threshold
+
+    def get_lr(self) -> list:
+        """The current lrs (the lr changes only in :meth:`step`, from the metric)."""
+        return self._current()
+
+    def step(self, metrics) -> None:
+        """One epoch with the monitored value ``metrics`` (see the class docstring).
+
+        Raises:
+            TypeError: ``metrics`` not convertible to float (a Tensor of several values);
+            ValueError: not finite. Nothing changes then.
+        """
+        try:
+            current = float(metrics.numpy() if hasattr(metrics, "numpy") else metrics)
+        except (TypeError, ValueError) as e:
+            raise TypeError(f"ReduceLROnPlateau.step: metrics must be a number or a "
+                            f"one-element tensor, got {metrics!r:.80} ({e})") from None
+        if not math.isfinite(current):
+            raise ValueError(f"ReduceLROnPlateau.step: metrics must be finite, got {current!r}")
+        self.last_epoch += 1
+        if self._is_better(current, self.best):
+            self.best, self.num_bad_epochs = current, 0
+        else:
+            self.num_bad_epochs += 1
+        if self.in_cooldown:
+            self.cooldown_counter -= 1
+            self.num_bad_epochs = 0           # bad epochs in the cooldown do not count
+        if self.num_bad_epochs > self.patience:
+            self._reduce_lr()
+            self.cooldown_counter, self.num_bad_epochs = self.cooldown, 0
+        self._last_lr = self._current()
+
+    def _reduce_lr(self) -> None:
+        groups = self.optimizer.param_groups
+        if len(groups) != len(self.min_lrs):
+            if self.default_min_lr is None:
+                raise RuntimeError(f"ReduceLROnPlateau: the optimizer has {len(groups)} param "
+                                   f"groups, min_lr lists {len(self.min_lrs)} (a group was "
+                                   "added): set scheduler.min_lrs to one value per group")
+            self.min_lrs = [self.default_min_lr] * len(groups)
+        for g, low in zip(groups, self.min_lrs):
+            old = float(g["lr"])
+            new = max(old * self.factor, low)
+            if old - new > self.eps:
+                g["lr"] = new
+
+    _KEYS = ("factor", "default_min_lr", "min_lrs", "patience", "cooldown", "eps", "last_epoch",
+             "_last_lr", "mode_worse", "mode", "threshold", "threshold_mode", "best",
+             "cooldown_counter", "num_bad_epochs")
+    """PyTorch's state-dict keys (its ``__dict__`` without the optimizer)."""
+
+    def state_dict(self) -> dict:
+        """PyTorch's keys and values (:attr:`_KEYS`); a PyTorch state dict loads and back."""
+        return {k: (list(getattr(self, k)) if isinstance(getattr(self, k), list)
+                    else getattr(self, k)) for k in self._KEYS}
+
+    def prepare_load_state_dict(self, state_dict: dict):
+        """Check ``state_dict`` (as the constructor checks its arguments; ``best`` a number or
+        ``mode_worse``, the counters ints >= 0) and return the function that assigns it.
+
+        Raises:
+            KeyError: missing or unknown keys; TypeError/ValueError: a bad value (named).
+        """
+        where = "ReduceLROnPlateau.load_state_dict"
+        if not isinstance(state_dict, dict):
+            raise TypeError(f"{where}: expected a dict (a state_dict()), got "
+                            f"{type(state_dict).__name__}")
+        missing = [k for k in self._KEYS if k not in state_dict]
+        unknown = sorted(set(state_dict) - set(self._KEYS), key=str)
+        if missing or unknown:
+            raise KeyError(f"{where}: missing keys {missing}, unknown keys {unknown}; "
+                           f"ReduceLROnPlateau has {list(self._KEYS)}")
+        s = state_dict
+        checked = self._checked_hyper(where, {**s, "min_lrs": list(s["min_lrs"])})
+        if s["mode_worse"] != checked["mode_worse"]:
+            raise ValueError(f"{where}: mode_worse {s['mode_worse']!r} does not fit mode "
+                             f"{s['mode']!r}")
+        best = s["best"]
+        if not (isinstance(best, numbers.Real) and not isinstance(best, bool)
+                and (math.isfinite(best) or best == checked["mode_worse"])):
+            raise ValueError(f"{where}: best must be a finite number or {checked['mode_worse']}"
+                             f", got {best!r}")
+        checked.update(
+            best=float(best), last_epoch=_int(where, "last_epoch", s["last_epoch"], 0),
+            cooldown_counter=_int(where, "cooldown_counter", s["cooldown_counter"], 0),
+            num_bad_epochs=_int(where, "num_bad_epochs", s["num_bad_epochs"], 0),
+            _last_lr=_reals(where, "_last_lr", s["_last_lr"], len(self.optimizer.param_groups)))
+        return lambda: self.__dict__.update(checked)

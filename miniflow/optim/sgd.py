@@ -1,5 +1,8 @@
-"""SGD with momentum and weight decay (``torch.optim.SGD`` semantics, no dampening/nesterov)."""
+"""SGD with momentum, Nesterov momentum and weight decay (``torch.optim.SGD`` semantics, no
+dampening)."""
 from __future__ import annotations
+
+import numpy as np
 
 from ..ops import emitter
 from .optimizer import Optimizer, check_real
@@ -8,38 +11,55 @@ __all__ = ["SGD"]
 
 
 class SGD(Optimizer):
-    """``g = grad + weight_decay * p; buf = momentum * buf + g; p -= lr * buf`` (op ``sgd_update``).
+    """``g = grad + weight_decay * p; buf = momentum * buf + g; p -= lr * buf`` (op ``sgd_update``);
+    with ``nesterov=True`` ``p -= lr * (g + momentum * buf)`` (Sutskever et al., "On the
+    importance of initialization and momentum in deep learning", ICML 2013, as
+    ``torch.optim.SGD`` writes it). PyTorch's ``dampening`` is not supported (always 0).
 
     State: ``momentum_buffer`` (PyTorch's name; used when momentum != 0).
 
     Args:
+        nesterov: Nesterov momentum (PyTorch's default False); needs momentum > 0.
         clip_grad_max_norm, clip_grad_norm_type: clip the gradients of these parameters to a
             total norm of at most ``clip_grad_max_norm`` before the update (OneFlow's param-group
             keys, ``torch.nn.utils.clip_grad_norm_``'s rule; None: no clipping).
 
     Raises:
         TypeError: a hyper-parameter that is not a real number.
+        TypeError: nesterov not a bool.
         ValueError: lr, momentum or weight_decay not finite >= 0 (lr=0 is allowed, as in
-            PyTorch); clip_grad_max_norm not finite > 0; clip_grad_norm_type not > 0.
+            PyTorch); nesterov with momentum 0 (PyTorch's "Nesterov momentum requires a
+            momentum and zero dampening"); clip_grad_max_norm not finite > 0;
+            clip_grad_norm_type not > 0.
     """
 
     state_names = ("momentum_buffer",)
 
     def __init__(self, params, lr: float, momentum: float = 0.0, weight_decay: float = 0.0,
-                 clip_grad_max_norm: float | None = None, clip_grad_norm_type: float = 2.0):
+                 nesterov: bool = False, clip_grad_max_norm: float | None = None,
+                 clip_grad_norm_type: float = 2.0):
         super().__init__(params, dict(lr=lr, momentum=momentum, weight_decay=weight_decay,
-                                      clip_grad_max_norm=clip_grad_max_norm,
+                                      nesterov=nesterov, clip_grad_max_norm=clip_grad_max_norm,
                                       clip_grad_norm_type=clip_grad_norm_type))
 
     def check_hyper(self, hyper: dict) -> dict:
         missing = sorted({"momentum", "weight_decay"} - set(hyper))
         if missing:
             raise KeyError(f"SGD: missing hyper-parameters {missing}")
-        return {"momentum": check_real("SGD", "momentum", hyper["momentum"]),
-                "weight_decay": check_real("SGD", "weight_decay", hyper["weight_decay"])}
+        out = {"momentum": check_real("SGD", "momentum", hyper["momentum"]),
+               "weight_decay": check_real("SGD", "weight_decay", hyper["weight_decay"]),
+               "nesterov": hyper.get("nesterov", False)}
+        if not isinstance(out["nesterov"], (bool, np.bool_)):
+            raise TypeError(f"SGD: nesterov must be True or False, got {out['nesterov']!r}")
+        out["nesterov"] = bool(out["nesterov"])
+        if out["nesterov"] and out["momentum"] <= 0.0:
+            raise ValueError("SGD: Nesterov momentum requires a momentum and zero dampening "
+                             f"(nesterov=True needs momentum > 0, got momentum "
+                             f"{out['momentum']:g})")
+        return out
 
     def emit_update(self, graph, index, name, param, grad, lr, skip_if) -> None:
         h = self.hyper
         state = self._state_values(graph, name, index) if h["momentum"] != 0 else []
         emitter(graph)("sgd_update", param, grad, lr, skip_if, *state, momentum=h["momentum"],
-                       weight_decay=h["weight_decay"])
+                       weight_decay=h["weight_decay"], nesterov=h["nesterov"])

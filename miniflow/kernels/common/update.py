@@ -27,14 +27,19 @@ __all__ = ["sgd_element", "adam_corrections", "adam_element", "weight_decays", "
 
 
 # ----------------------------------------------------------------------------- scalar bodies
-def sgd_element(p, g, buf, lr, mu, wd, momentum):
+def sgd_element(p, g, buf, lr, mu, wd, momentum, nesterov):
     """One element of an SGD step: ``(p, buf)`` after ``g += wd*p``; with ``momentum``
-    ``buf = mu*buf + g; g = buf``; ``p -= lr*g`` (buf starts at zeros, which equals PyTorch's
-    first step ``buf = g``; without ``momentum`` buf is returned as given)."""
+    ``buf = mu*buf + g`` and then ``g = buf``, or with ``nesterov`` ``g = g + mu*buf``
+    (Sutskever et al. 2013's Nesterov momentum as ``torch.optim.SGD`` writes it); ``p -= lr*g``
+    (buf starts at zeros, which equals PyTorch's first step ``buf = g``; without ``momentum``
+    buf is returned as given and ``nesterov`` is not read)."""
     g = g + wd * p
     if momentum:
         buf = mu * buf + g
-        g = buf
+        if nesterov:
+            g = g + mu * buf
+        else:
+            g = buf
     return p - lr * g, buf
 
 
@@ -81,13 +86,19 @@ def _momentum(attrs, ins) -> float:
     return mu
 
 
+def _nesterov(attrs) -> bool:
+    """Whether SGD update nodes with ``attrs`` use Nesterov momentum (the attribute is present
+    only when true)."""
+    return bool(attrs.get("nesterov", False))
+
+
 def sgd_builder(sgd_steps):
     """The ``sgd_update`` builder over a backend's ``sgd_steps(p, grad, lr, skip_if, buf, mu,
-    wd)`` (``lr`` the f64[1] learning-rate array, ``buf`` None without momentum; mu, wd Python
-    floats)."""
+    wd, nesterov)`` (``lr`` the f64[1] learning-rate array, ``buf`` None without momentum; mu,
+    wd Python floats, nesterov a bool)."""
     def build_sgd_update(node, ins, outs):
         """``sgd_update(model, model_diff, learning_rate, skip_if[, momentum_buf])``
-        ``{momentum, weight_decay}``.
+        ``{momentum, weight_decay[, nesterov]}``.
 
         Raises:
             ValueError: ``momentum != 0`` without a momentum buffer input.
@@ -96,7 +107,7 @@ def sgd_builder(sgd_steps):
         mu = _momentum(a, [ins])
         p, grad, lr, skip_if = ins[:4]
         return sgd_steps(p, grad, lr, skip_if, ins[4] if mu != 0.0 else None, mu,
-                         float(a.get("weight_decay", 0.0)))
+                         float(a.get("weight_decay", 0.0)), _nesterov(a))
     return build_sgd_update
 
 
@@ -123,16 +134,16 @@ def multi_tensor_groups(ins, per_tensor: int) -> tuple:
 
 def multi_sgd_cast_builder(multi_sgd_steps):
     """The ``multi_tensor_sgd_update_with_cast`` builder over a backend's
-    ``multi_sgd_steps(models, diffs, copies, bufs, lr, skip_if, scale, mu, wd)`` (``bufs`` None
-    without momentum; mu, wd Python floats)."""
+    ``multi_sgd_steps(models, diffs, copies, bufs, lr, skip_if, scale, mu, wd, nesterov)``
+    (``bufs`` None without momentum; mu, wd Python floats)."""
     def build_multi_tensor_sgd_update_with_cast(node, ins, outs):
         """``multi_tensor_sgd_update_with_cast(learning_rate, skip_if, scale_by_tensor, models,
-        model_diffs, model_copies[, momentum_bufs])`` ``{momentum, weight_decay}``."""
+        model_diffs, model_copies[, momentum_bufs])`` ``{momentum, weight_decay[, nesterov]}``."""
         a = node.attrs
         mu = float(a.get("momentum", 0.0))
         lr, skip_if, scale, groups = multi_tensor_groups(ins, 4 if mu != 0.0 else 3)
         return multi_sgd_steps(*groups[:3], groups[3] if mu != 0.0 else None, lr, skip_if, scale,
-                               mu, float(a.get("weight_decay", 0.0)))
+                               mu, float(a.get("weight_decay", 0.0)), _nesterov(a))
     return build_multi_tensor_sgd_update_with_cast
 
 
@@ -152,7 +163,7 @@ def multi_adam_cast_builder(multi_adam_steps):
 
 def multi_sgd_builder(multi_sgd_steps):
     """The group builder of ``sgd_update`` over a backend's ``multi_sgd_steps(ps, grads, lr,
-    skip_if, bufs, mu, wd)`` (lists of arrays, ``bufs`` None without momentum)."""
+    skip_if, bufs, mu, wd, nesterov)`` (lists of arrays, ``bufs`` None without momentum)."""
     def build_multi_sgd_update(nodes, ins, outs):
         """The ``sgd_update`` nodes ``nodes`` (equal attributes, one lr and skip_if) as one.
 
@@ -163,7 +174,7 @@ def multi_sgd_builder(multi_sgd_steps):
         mu = _momentum(a, ins)
         bufs = [arrays[4] for arrays in ins] if mu != 0.0 else None
         return multi_sgd_steps([x[0] for x in ins], [x[1] for x in ins], ins[0][2], ins[0][3],
-                               bufs, mu, float(a.get("weight_decay", 0.0)))
+                               bufs, mu, float(a.get("weight_decay", 0.0)), _nesterov(a))
     return GroupBuilder(build_multi_sgd_update)
 
 

@@ -31,10 +31,10 @@ _sgd, _corrections, _adam = jitable(sgd_element), jitable(adam_corrections), jit
 
 
 @functools.cache
-def sgd_kernel(momentum: bool, parallel: bool):
+def sgd_kernel(momentum: bool, nesterov: bool, parallel: bool):
     """``kernel(p, grad, lr, skip_if, buf, mu, wd)``: ``p[i], buf[i] = sgd_element(...)`` with
     the learning rate ``lr[0]``, unless skip_if[0] (buf is read and written only with
-    ``momentum``)."""
+    ``momentum``; ``nesterov``: Nesterov momentum)."""
     loop = loop_for(parallel)
 
     @jit(parallel)
@@ -44,7 +44,7 @@ def sgd_kernel(momentum: bool, parallel: bool):
         lr_c, mu_c, wd_c = to_compute(p, lr[0]), to_compute(p, mu), to_compute(p, wd)
         for i in loop(p.size):
             b = load(buf, i) if momentum else mu_c
-            pi, b = _sgd(load(p, i), load(grad, i), b, lr_c, mu_c, wd_c, momentum)
+            pi, b = _sgd(load(p, i), load(grad, i), b, lr_c, mu_c, wd_c, momentum, nesterov)
             if momentum:
                 store(buf, i, b)
             store(p, i, pi)
@@ -78,11 +78,12 @@ def adam_kernel(parallel: bool):
 
 
 @functools.cache
-def multi_sgd_kernel(momentum: bool, parallel: bool):
+def multi_sgd_kernel(momentum: bool, nesterov: bool, parallel: bool):
     """``kernel(models, diffs, copies, bufs, lr, skip_if, scale, mu, wd)`` (tuples of 1-D views;
     ``bufs`` read and written only with ``momentum``): unless skip_if[0], for every tensor k and
     element i ``g = diffs[k][i] * scale[0]``, ``models[k][i], bufs[k][i] = sgd_element(...)``,
-    ``copies[k][i] = models[k][i]`` rounded to the copy's half type."""
+    ``copies[k][i] = models[k][i]`` rounded to the copy's half type (``nesterov``: Nesterov
+    momentum)."""
     loop = loop_for(parallel)
 
     @jit(parallel)
@@ -96,7 +97,7 @@ def multi_sgd_kernel(momentum: bool, parallel: bool):
             p, d, c, buf = models[k], diffs[k], copies[k], bufs[k]
             for i in loop(p.size):
                 b = load(buf, i) if momentum else mu_c
-                pi, b = _sgd(load(p, i), load(d, i) * s, b, lr_c, mu_c, wd_c, momentum)
+                pi, b = _sgd(load(p, i), load(d, i) * s, b, lr_c, mu_c, wd_c, momentum, nesterov)
                 if momentum:
                     store(buf, i, b)
                 store(p, i, pi)
@@ -141,11 +142,11 @@ def _views(arrays) -> tuple:
     return tuple(flat(a) for a in arrays)
 
 
-def multi_sgd_steps(models, diffs, copies, bufs, lr, skip_if, scale, mu, wd):
+def multi_sgd_steps(models, diffs, copies, bufs, lr, skip_if, scale, mu, wd, nesterov):
     """One call of :func:`multi_sgd_kernel` over every tensor (the models stand in for the
     buffers without momentum: the kernel never touches them then)."""
     size = sum(p.size for p in models)
-    kernel = multi_sgd_kernel(bufs is not None, use_parallel(size))
+    kernel = multi_sgd_kernel(bufs is not None, nesterov, use_parallel(size))
     return [(kernel, (_views(models), _views(diffs), _views(copies),
                       _views(models if bufs is None else bufs), lr.reshape(-1),
                       skip_if.reshape(-1), scale.reshape(-1), mu, wd))]
@@ -161,9 +162,9 @@ def multi_adam_steps(models, diffs, copies, ms, vs, steps, lr, skip_if, scale, b
               scale.reshape(-1), beta1, beta2, eps, wd))]
 
 
-def sgd_steps(p, grad, lr, skip_if, buf, mu, wd):
+def sgd_steps(p, grad, lr, skip_if, buf, mu, wd, nesterov):
     """One call of :func:`sgd_kernel` (a one-element stand-in for ``buf`` without momentum)."""
-    kernel = sgd_kernel(buf is not None, use_parallel(p.size))
+    kernel = sgd_kernel(buf is not None, nesterov, use_parallel(p.size))
     buf = flat(np.zeros(1, p.dtype)) if buf is None else flat(buf)
     return [(kernel, (flat(p), flat(grad), lr.reshape(-1), skip_if.reshape(-1), buf, mu, wd))]
 

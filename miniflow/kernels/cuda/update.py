@@ -60,13 +60,13 @@ def _rounding(ct):
 
 
 @functools.cache
-def multi_sgd_kernel(momentum: bool, cast: bool, ld, ct, st, ld_g, st_c):
+def multi_sgd_kernel(momentum: bool, nesterov: bool, cast: bool, ld, ct, st, ld_g, st_c):
     """``kernel(ps, grads, bufs, copies, lr, skip_if, scale, mu, wd)``: for every ``k`` and
     ``i``, ``ps[k][i], bufs[k][i] = sgd_element(...)`` with the learning rate ``lr[0]``, unless
     skip_if[0] (``bufs`` is read and written only with ``momentum``; with ``cast`` the gradient
     is ``grads[k][i] * scale[0]`` and ``copies[k][i]`` gets the new weight rounded, else neither
-    ``scale`` nor ``copies`` is touched). ``ld``/``ct``/``st``: the parameters' element types,
-    ``ld_g``: the gradients' load, ``st_c``: the copies' store."""
+    ``scale`` nor ``copies`` is touched; ``nesterov``: Nesterov momentum). ``ld``/``ct``/``st``:
+    the parameters' element types, ``ld_g``: the gradients' load, ``st_c``: the copies' store."""
     sgd, rnd = device(sgd_element), _rounding(ct)
 
     @jit
@@ -82,7 +82,7 @@ def multi_sgd_kernel(momentum: bool, cast: bool, ld, ct, st, ld_g, st_c):
             for i in range(first_index(start, stride, offset), p.size, stride):
                 g = rnd(ld_g(grad[i]) * s) if cast else ct(ld_g(grad[i]))
                 pi, b = sgd(ld(p[i]), g, ld(buf[i]) if momentum else mu_c, lr_c, mu_c, wd_c,
-                            momentum)
+                            momentum, nesterov)
                 if momentum:
                     buf[i] = st(b)
                 p[i] = st(pi)
@@ -143,13 +143,13 @@ def _label(op: str, ps) -> str:
     return f"{op} {short(ps[0].dtype)}" + (f" x{len(ps)}" if len(ps) > 1 else "")
 
 
-def multi_sgd_steps(ps, grads, lr, skip_if, bufs, mu, wd, copies=None, scale=None):
+def multi_sgd_steps(ps, grads, lr, skip_if, bufs, mu, wd, nesterov, copies=None, scale=None):
     """Launches of :func:`multi_sgd_kernel` over parameters ``ps`` (lists; ``bufs`` None without
     momentum: the parameters stand in for the buffers; ``copies`` and the f32[1] ``scale``: the
     update with cast, else the parameters and ``lr`` stand in for them)."""
     cast = copies is not None
     ld_g, st_c = types_of(grads[0])[0], types_of(copies[0] if cast else ps[0])[2]
-    kernel = multi_sgd_kernel(bufs is not None, cast, *types_of(ps[0]), ld_g, st_c)
+    kernel = multi_sgd_kernel(bufs is not None, nesterov, cast, *types_of(ps[0]), ld_g, st_c)
     bufs = ps if bufs is None else bufs
     copies = copies if cast else ps
     op = "multi_tensor_sgd_update_with_cast" if cast else "sgd_update"
@@ -190,9 +190,10 @@ def multi_adam_steps(ps, grads, lr, skip_if, ms, vs, step_arrays, beta1, beta2, 
     return steps
 
 
-def sgd_steps(p, grad, lr, skip_if, buf, mu, wd):
+def sgd_steps(p, grad, lr, skip_if, buf, mu, wd, nesterov):
     """One ``sgd_update`` (``buf`` None without momentum): a group of one."""
-    return multi_sgd_steps([p], [grad], lr, skip_if, None if buf is None else [buf], mu, wd)
+    return multi_sgd_steps([p], [grad], lr, skip_if, None if buf is None else [buf], mu, wd,
+                           nesterov)
 
 
 def adam_steps(p, grad, lr, skip_if, m, v, step, beta1, beta2, eps, wd):
@@ -200,9 +201,9 @@ def adam_steps(p, grad, lr, skip_if, m, v, step, beta1, beta2, eps, wd):
     return multi_adam_steps([p], [grad], lr, skip_if, [m], [v], [step], beta1, beta2, eps, wd)
 
 
-def sgd_cast_steps(models, diffs, copies, bufs, lr, skip_if, scale, mu, wd):
+def sgd_cast_steps(models, diffs, copies, bufs, lr, skip_if, scale, mu, wd, nesterov):
     """One ``multi_tensor_sgd_update_with_cast`` (``bufs`` None without momentum)."""
-    return multi_sgd_steps(models, diffs, lr, skip_if, bufs, mu, wd, copies, scale)
+    return multi_sgd_steps(models, diffs, lr, skip_if, bufs, mu, wd, nesterov, copies, scale)
 
 
 def adam_cast_steps(models, diffs, copies, ms, vs, step_arrays, lr, skip_if, scale, beta1,
