@@ -96,14 +96,6 @@ def test_bad_sequences_and_state_dicts_are_refused_clearly():
         gpt(10, n_embd=10, n_head=3)
 
 
-def _has_pytorch_transpose() -> bool:
-    """Tensor.transpose(dim0, dim1) with PyTorch's meaning (issue 22's change to tensor.py)."""
-    try:
-        return mf.tensor(np.zeros((1, 2, 3), np.float32)).transpose(1, 2).shape == (1, 3, 2)
-    except (ValueError, TypeError):
-        return False
-
-
 def _nano_attention(F, x, w_attn, b_attn, w_proj, b_proj, n_head, mask):
     """nanoGPT's ``CausalSelfAttention.forward`` (its explicit path), spelled as in PyTorch; the
     framework's ``functional`` as ``F``, ``mask`` True above the diagonal (a bool tensor for
@@ -121,8 +113,6 @@ def _nano_attention(F, x, w_attn, b_attn, w_proj, b_proj, n_head, mask):
     return F.linear(y, w_proj, b_proj)
 
 
-@pytest.mark.skipif(not _has_pytorch_transpose(),
-                    reason="needs Tensor.transpose(dim0, dim1) (issue 22's tensor.py change)")
 def test_nanogpt_attention_code_runs_on_miniflow_tensors():
     x = R.standard_normal((2, 5, 8)).astype(np.float32)
     ws = [R.standard_normal(s).astype(np.float32) * 0.3 for s in ((24, 8), (24,), (8, 8), (8,))]

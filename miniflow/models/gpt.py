@@ -102,8 +102,9 @@ class GPT(nn.Module):
     """See the module docstring. ``forward(idx [B, T] int64[, targets [B, T] int64])`` ->
     ``logits [B, T, vocab_size]``, and with ``targets`` also the mean cross-entropy loss.
 
-    ``state_dict()`` lists ``lm_head.weight`` as PyTorch's does (the tied tensor under both
-    names); ``load_state_dict`` accepts it when it equals ``transformer.wte.weight``.
+    ``state_dict()`` lists ``lm_head.weight`` as PyTorch's does (``Module`` lists the tied
+    tensor under both names); ``load_state_dict`` accepts it when it equals
+    ``transformer.wte.weight``.
 
     Raises:
         ValueError: a size that is not a positive integer, ``n_embd`` not divisible by
@@ -154,27 +155,17 @@ class GPT(nn.Module):
                                            labels.reshape(b * t))
         return logits, loss
 
-    def state_dict(self):
-        """PyTorch's keys and order, ``lm_head.weight`` (the tied weight) included."""
-        out = super().state_dict()
-        out[self.TIED[0]] = out[self.TIED[1]].copy()
-        return out
-
     def prepare_load_state_dict(self, state_dict, strict: bool = True):
-        """As ``Module``'s, with the tied ``lm_head.weight`` checked against
-        ``transformer.wte.weight`` and then dropped.
+        """As ``Module``'s (which lists and loads the one tied tensor under both of its names),
+        with the tied ``lm_head.weight`` checked against ``transformer.wte.weight`` first.
 
         Raises:
             ValueError: the two tied entries differ (the state dict is not of a tied model)."""
-        if isinstance(state_dict, dict) and self.TIED[0] in state_dict:
-            state_dict = dict(state_dict)
-            head = np.asarray(state_dict.pop(self.TIED[0]))
-            emb = state_dict.get(self.TIED[1])
-            if emb is not None and not np.array_equal(np.asarray(emb), head):
+        if isinstance(state_dict, dict) and all(k in state_dict for k in self.TIED):
+            head, emb = (np.asarray(state_dict[k]) for k in self.TIED)
+            if not np.array_equal(emb, head):
                 raise ValueError(f"gpt: {self.TIED[0]} and {self.TIED[1]} differ: this model "
                                  f"ties them (one tensor); load a state dict of a tied model")
-            if emb is None:
-                state_dict[self.TIED[1]] = head
         return super().prepare_load_state_dict(state_dict, strict)
 
 

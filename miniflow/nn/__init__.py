@@ -7,7 +7,7 @@ imported on first use (``__getattr__``), the one import from ``miniflow.nn`` to 
 """
 from . import activations, functional
 from .activations import *  # noqa: F401,F403  (ReLU ... and their functional forms)
-from .attention import MultiheadAttention
+from .multihead_attention import MultiheadAttention
 from .conv import Conv2d
 from .dropout import Dropout
 from .layer_norm import LayerNorm

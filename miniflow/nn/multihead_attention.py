@@ -1,0 +1,166 @@
+"""``nn.MultiheadAttention`` (PyTorch's arguments, defaults, masks and state-dict keys:
+``in_proj_weight``, ``in_proj_bias``, ``out_proj.weight``, ``out_proj.bias``; Vaswani et al.,
+"Attention Is All You Need", 2017) over the masks, scores and weighted sums of
+``nn/attention.py`` (kept apart so that ``nn.functional``, which ``nn.Linear`` uses, need not
+import the layers).
+"""
+from __future__ import annotations
+
+import math
+import numbers
+
+import numpy as np
+
+from ..random import generator
+from ..tensor import Tensor, apply
+from .attention import _apply_mask, _mask, _scores, _weighted
+from .dropout import dropout, dropout_state
+from .layers import Linear
+from .module import Module, Parameter
+
+__all__ = ["MultiheadAttention"]
+
+
+def _heads(x: Tensor, n: int, heads: int, length: int) -> Tensor:
+    """``[N, L, E]`` -> ``[N, heads, L, E / heads]`` (ops ``reshape``, ``transpose``)."""
+    x = x.reshape(n, length, heads, x.shape[-1] // heads)
+    return apply("transpose", [x], perm=(0, 2, 1, 3))
+
+
+class MultiheadAttention(Module):
+    """Multi-head attention (``torch.nn.MultiheadAttention``): ``forward(query, key, value)`` ->
+    ``(attn_output, attn_weights)``.
+
+    Args:
+        embed_dim: E, the model dimension; num_heads: H, with ``E % H == 0`` (head size E / H).
+        dropout: dropout on the attention weights in training mode (0.0).
+        bias: learn ``in_proj_bias`` and ``out_proj.bias`` (zeros).
+        batch_first: inputs and output ``[N, L, E]`` (True) or ``[L, N, E]`` (PyTorch's default
+            False).
+
+    Parameters (PyTorch's names and initialisation): ``in_proj_weight [3E, E]`` (Xavier uniform;
+    rows ``q``, ``k``, ``v``), ``in_proj_bias [3E]``, ``out_proj`` a ``Linear(E, E)``.
+
+    Raises:
+        ValueError: ``embed_dim`` not divisible by ``num_heads`` (PyTorch's message, with the
+            values), or a size that is not a positive integer.
+    """
+
+    def __init__(self, embed_dim: int, num_heads: int, dropout: float = 0.0, bias: bool = True,
+                 batch_first: bool = False):
+        super().__init__()
+        for name, v in (("embed_dim", embed_dim), ("num_heads", num_heads)):
+            if isinstance(v, bool) or not isinstance(v, numbers.Integral) or v <= 0:
+                raise ValueError(f"MultiheadAttention: {name} must be a positive integer, got "
+                                 f"{v!r}")
+        if embed_dim % num_heads:
+            raise ValueError(f"MultiheadAttention: embed_dim must be divisible by num_heads, got "
+                             f"embed_dim={embed_dim} and num_heads={num_heads}")
+        if not 0.0 <= float(dropout) <= 1.0:
+            raise ValueError(f"MultiheadAttention: dropout must be in [0, 1], got {dropout!r}")
+        e = int(embed_dim)
+        self.embed_dim, self.num_heads, self.head_dim = e, int(num_heads), e // int(num_heads)
+        self.dropout, self.batch_first = float(dropout), bool(batch_first)
+        bound = math.sqrt(6.0 / (e + 3 * e))                   # xavier_uniform_ of [3E, E]
+        self.in_proj_weight = Parameter(generator().uniform(-bound, bound, (3 * e, e))
+                                        .astype(np.float32))
+        self.in_proj_bias = Parameter(np.zeros(3 * e, np.float32)) if bias else None
+        self.out_proj = Linear(e, e, bias=bias)
+        if bias:
+            self.out_proj.bias = Parameter(np.zeros(e, np.float32))
+        self.register_buffer("rng_state", dropout_state(), persistent=False)
+
+    def _project(self, x: Tensor, k: int) -> Tensor:
+        """Input projection ``k`` (0: q, 1: k, 2: v) of ``x [N, L, E]``."""
+        e = self.embed_dim
+        w = self.in_proj_weight[k * e:(k + 1) * e]
+        b = None if self.in_proj_bias is None else self.in_proj_bias[k * e:(k + 1) * e]
+        y = apply("matmul", [x.reshape(-1, e), w], transpose_b=True)
+        if b is not None:
+            y = apply("bias_add", [y, b], axis=1)
+        return y.reshape(x.shape)
+
+    def _check(self, query, key, value, attn_mask, key_padding_mask):
+        fn = "MultiheadAttention"
+        for name, t in (("query", query), ("key", key), ("value", value)):
+            if t.ndim != 3:
+                raise ValueError(f"{fn}: {name} must be batched 3-D ([N, L, E] with batch_first, "
+                                 f"else [L, N, E]), got shape {list(t.shape)}")
+            if t.shape[-1] != self.embed_dim:
+                raise ValueError(f"{fn}: was expecting embedding dimension of "
+                                 f"{self.embed_dim}, but got {t.shape[-1]} ({name})")
+        if key.shape != value.shape:
+            raise ValueError(f"{fn}: key shape {list(key.shape)} does not match value shape "
+                             f"{list(value.shape)}")
+        n = query.shape[0 if self.batch_first else 1]
+        length = query.shape[1 if self.batch_first else 0]
+        src = key.shape[1 if self.batch_first else 0]
+        if key.shape[0 if self.batch_first else 1] != n:
+            raise ValueError(f"{fn}: query and key have different batch sizes: "
+                             f"{list(query.shape)} and {list(key.shape)}")
+        if attn_mask is not None:
+            shape = tuple(np.shape(attn_mask) if not isinstance(attn_mask, Tensor)
+                          else attn_mask.shape)
+            want = {2: (length, src), 3: (n * self.num_heads, length, src)}.get(len(shape))
+            if want is None:
+                raise ValueError(f"{fn}: attn_mask's dimension {len(shape)} is not supported "
+                                 f"(2-D [L, S] or 3-D [N * num_heads, L, S])")
+            if shape != want:
+                raise ValueError(f"{fn}: The shape of the {len(shape)}D attn_mask is "
+                                 f"{list(shape)}, but should be {list(want)}.")
+        if key_padding_mask is not None:
+            shape = tuple(np.shape(key_padding_mask) if not isinstance(key_padding_mask, Tensor)
+                          else key_padding_mask.shape)
+            if shape != (n, src):
+                raise ValueError(f"{fn}: expected key_padding_mask of shape {[n, src]} "
+                                 f"([N, S]), got {list(shape)}")
+        return n, length, src
+
+    def forward(self, query, key, value, key_padding_mask=None, need_weights: bool = True,
+                attn_mask=None, average_attn_weights: bool = True, is_causal: bool = False):
+        """``attn_output [N, L, E]`` (``[L, N, E]`` unless ``batch_first``) and ``attn_weights``
+        ``[N, L, S]`` (averaged over heads) or ``[N, H, L, S]`` (``average_attn_weights=False``),
+        None without ``need_weights``. Masks (PyTorch's conventions): ``attn_mask`` ``[L, S]`` or
+        ``[N * H, L, S]``, bool (True = not allowed) or float (added); ``key_padding_mask``
+        ``[N, S]`` (True = ignore that key); ``is_causal`` is a hint that ``attn_mask`` is the
+        causal mask (which it then must be given, as PyTorch).
+
+        Raises:
+            ValueError: shapes that do not fit (PyTorch's messages), ``is_causal`` without
+                ``attn_mask``. TypeError: a mask of another dtype.
+        """
+        n, length, src = self._check(query, key, value, attn_mask, key_padding_mask)
+        if is_causal and attn_mask is None:
+            raise ValueError("MultiheadAttention: Need attn_mask if specifying the is_causal "
+                             "hint (pass the causal mask, e.g. np.triu(np.ones((L, L), bool), 1))")
+        if not self.batch_first:
+            query, key, value = (apply("transpose", [t], perm=(1, 0, 2))
+                                 for t in (query, key, value))
+        h, d = self.num_heads, self.head_dim
+        q = _heads(self._project(query, 0), n, h, length)
+        k = _heads(self._project(key, 1), n, h, src)
+        v = _heads(self._project(value, 2), n, h, src)
+        scores = _scores(q, k, 1.0 / math.sqrt(d))              # [N, H, L, S]
+        mask = _mask("MultiheadAttention", attn_mask)
+        if mask is not None and mask[1].ndim == 3:
+            mask = (mask[0], mask[1].reshape(n, h, length, src))
+        scores = _apply_mask(scores, mask)
+        pad = _mask("MultiheadAttention", key_padding_mask)
+        if pad is not None:
+            scores = _apply_mask(scores, (pad[0], pad[1].reshape(n, 1, 1, src)))
+        attn = apply("softmax", [scores])
+        if self.training and self.dropout > 0.0:
+            attn = dropout(attn, self.dropout)
+        out = apply("transpose", [_weighted(attn, v)], perm=(0, 2, 1, 3))
+        out = self.out_proj(out.reshape(n, length, self.embed_dim))
+        if not self.batch_first:
+            out = apply("transpose", [out], perm=(1, 0, 2))
+        if not need_weights:
+            return out, None
+        if average_attn_weights:
+            attn = apply("reduce_sum", [attn], axis=(1,), keepdims=False) * (1.0 / h)
+        return out, attn
+
+    def extra_repr(self) -> str:
+        return (f"embed_dim={self.embed_dim}, num_heads={self.num_heads}, "
+                f"dropout={self.dropout}, batch_first={self.batch_first}")
