@@ -86,7 +86,8 @@ def test_wrong_answer_says_what_is_wrong(number, tmp_path):
 
 def test_throwaway_op_is_unregistered_even_when_the_rule_raises(tmp_path):
     path = tmp_path / "raises.py"
-    path.write_text("def cube_grad(node, grads, emit):\n    return [emit('no_such_op', grads[0])]\n")
+    path.write_text("def cube_grad(node, grads, emit):\n"
+                    "    return [emit('no_such_op', grads[0])]\n")
     r = exercises.check(1, path)
     assert not r.passed and "no_such_op" in r.message, r.message
     assert "exercise1_cube" not in all_ops() and "exercise1_cube" not in scalar_functions()
@@ -96,7 +97,8 @@ def test_missing_or_broken_files_are_explained(tmp_path):
     assert "does not exist; pass the file to check with --file PATH" in \
         exercises.check(2, tmp_path / "nope.py").message
     (tmp_path / "syntax.py").write_text("def amp_lists(:\n")
-    assert "could not be imported: SyntaxError" in exercises.check(2, tmp_path / "syntax.py").message
+    assert "could not be imported: SyntaxError" in \
+        exercises.check(2, tmp_path / "syntax.py").message
     (tmp_path / "other.py").write_text("def something():\n    pass\n")
     assert "defines no function amp_lists()" in exercises.check(2, tmp_path / "other.py").message
     with pytest.raises(ValueError, match="there is no exercise 9; the exercises are 1, 2, 3, 4"):

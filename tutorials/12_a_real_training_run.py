@@ -174,10 +174,10 @@ def main() -> None:
 
     print("== 1. The run: ResNet-18 on the digits ==")
     full = Run(cfg)
-    print(f"model: ResNet-18, small-input stem, {sum(p.numpy().size for p in full.model.parameters())} "
-          f"parameters; {len(full.x)} training images, batch {cfg['batch']} in "
-          f"{cfg['accumulate']} micro-batches of {cfg['batch'] // cfg['accumulate']}, "
-          f"{cfg['epochs']} epochs = {full.total} updates")
+    n_params = sum(p.numpy().size for p in full.model.parameters())
+    print(f"model: ResNet-18, small-input stem, {n_params} parameters; {len(full.x)} training "
+          f"images, batch {cfg['batch']} in {cfg['accumulate']} micro-batches of "
+          f"{cfg['batch'] // cfg['accumulate']}, {cfg['epochs']} epochs = {full.total} updates")
     print(f"SGD lr {cfg['lr']} momentum {cfg['momentum']} weight decay {cfg['weight_decay']}, "
           f"gradients clipped to total L2 norm {cfg['clip_norm']}, AMP float16 with a dynamic "
           f"loss scale from 2^16, warm-up + cosine schedule")

@@ -3,11 +3,12 @@
 checker per exercise that runs the learner's code against an independent reference and says in
 plain words what is wrong.
 
-Run ``python -m miniflow.exercises list`` for the exercises, ``python -m miniflow.exercises check N``
-to check exercise ``N`` (``--file PATH`` checks another file, e.g. a solution). Each checker module
-(``ex1_gradient_rule`` ...) has ``TITLE``, ``STUB`` (the stub's file name), ``FUNCTION`` (what the
-learner writes) and ``check(module)``, which raises :class:`NotYet` with the explanation on the
-first thing that is wrong and returns the list of checks that passed.
+Run ``python -m miniflow.exercises list`` for the exercises and
+``python -m miniflow.exercises check N`` to check exercise ``N`` (``--file PATH`` checks another
+file, e.g. a solution). Each checker module (``ex1_gradient_rule`` ...) has ``TITLE``, ``STUB``
+(the stub's file name), ``FUNCTION`` (what the learner writes) and ``check(module)``, which
+raises :class:`NotYet` with the explanation on the first thing that is wrong and returns the list
+of checks that passed.
 """
 from __future__ import annotations
 
