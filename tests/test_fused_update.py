@@ -16,8 +16,9 @@ Y = R.integers(0, 10, 16)
 
 def _optimizer(kind, params, clip=None):
     extra = {} if clip is None else {"clip_grad_max_norm": clip}
-    if kind == "adam":
-        return mf.optim.Adam(params, lr=1e-2, weight_decay=0.01, **extra)
+    if kind in ("adam", "amsgrad"):
+        return mf.optim.Adam(params, lr=1e-2, weight_decay=0.01, amsgrad=kind == "amsgrad",
+                             **extra)
     return mf.optim.SGD(params, lr=0.1, momentum=0.0 if kind == "plain" else 0.9,
                         weight_decay=0.01, nesterov=kind == "nesterov", **extra)
 
@@ -69,7 +70,7 @@ def _train(g, steps, x=X, y=Y):
 @pytest.mark.parametrize("dtype", [mf.float16, mf.bfloat16], ids=lambda d: d.short)
 @pytest.mark.parametrize("opt,scaler", [("momentum", "dynamic"), ("plain", "static"),
                                         ("adam", "dynamic"), ("momentum", "none"),
-                                        ("nesterov", "dynamic"),
+                                        ("nesterov", "dynamic"), ("amsgrad", "dynamic"),
                                         ("adam", "none")])
 def test_fused_training_is_bit_identical_to_unfused(dtype, opt, scaler):
     fused, fm, fo, fs = _graph(True, dtype, opt, scaler)

@@ -163,8 +163,8 @@ LAST = 3  # the last parameter (model.2.bias): earlier ones would be assigned fi
     (_adam, _set(("state", LAST, "exp_avg_sq"), np.array([0.0, -1.0, 0.0])), ValueError,
      r"state\[3\]\['exp_avg_sq'\] must be finite and >= 0; element \[1\] is -1.0"),
     (_adam, _set(("param_groups", 0, "betas"), (0.9, 1.5)), ValueError, "beta2 must be finite"),
-    (_adam, _set(("param_groups", 0, "amsgrad"), True), KeyError,
-     r"unknown hyper-parameters \['amsgrad'\]"),
+    (_adam, _set(("param_groups", 0, "maximize"), True), KeyError,
+     r"unknown hyper-parameters \['maximize'\]"),
 ])
 def test_failed_optimizer_load_changes_nothing(make, change, err, match):
     opt = make()

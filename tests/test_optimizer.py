@@ -16,8 +16,9 @@ import miniflow as mf
 from miniflow import nn
 from miniflow.optim import Optimizer, lr_scheduler
 
-OPTIMIZERS = {mf.optim.SGD: dict(lr=0.1, momentum=0.9, weight_decay=0.01),
-              mf.optim.Adam: dict(lr=0.01)}
+OPTIMIZERS = {mf.optim.SGD: dict(lr=0.1, momentum=0.9, weight_decay=0.01, nesterov=True),
+              mf.optim.Adam: dict(lr=0.01, amsgrad=True),
+              mf.optim.AdamW: dict(lr=0.01, amsgrad=True)}
 """Every exported optimizer class -> constructor arguments."""
 
 SCHEDULERS = {
@@ -229,3 +230,56 @@ def test_turning_nesterov_on_after_compiling_recompiles():
     fit(mf.tensor(_X[1]), mf.tensor(_Y[1]))
     assert [n.attrs.get("nesterov") for n in fit.ir.nodes if n.op.name == "sgd_update"] \
         == [True, True]
+
+
+def _adam_oracle(lr, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0, amsgrad=False):
+    """``torch.optim.Adam``'s documented algorithm (with AMSGrad's ``max_exp_avg_sq``)."""
+    b1, b2 = betas
+
+    def update(k, params, grads, state):
+        t = k + 1
+        for p, g, s in zip(params, grads, state):
+            g = g + weight_decay * p
+            s["m"] = b1 * s.get("m", 0.0) + (1 - b1) * g
+            s["v"] = b2 * s.get("v", 0.0) + (1 - b2) * g * g
+            v = s["v"]
+            if amsgrad:
+                s["vmax"] = v = np.maximum(s.get("vmax", 0.0), v)
+            p -= lr / (1 - b1 ** t) * s["m"] / (np.sqrt(v) / np.sqrt(1 - b2 ** t) + eps)
+    return update
+
+
+@pytest.mark.parametrize("hyper", [dict(lr=0.05, amsgrad=True),
+                                   dict(lr=0.02, betas=(0.8, 0.9), weight_decay=0.1,
+                                        amsgrad=True)], ids=["amsgrad", "amsgrad-wd"])
+def test_adam_amsgrad_follows_torch_and_the_float64_oracle(hyper):
+    got, opt = _miniflow_run(lambda p: mf.optim.Adam(p, **hyper))
+    _close(got, _numpy_run(_adam_oracle(**hyper)))
+    want, t_opt = _torch_run(lambda optim, p: optim.Adam(p, **hyper))
+    _close(got, want, 1e-6)
+    mine, theirs = opt.state_dict()["state"], t_opt.state_dict()["state"]
+    assert set(mine[0]) == set(theirs[0]) == {"exp_avg", "exp_avg_sq", "max_exp_avg_sq", "step"}
+    for i in (0, 1):
+        np.testing.assert_allclose(mine[i]["max_exp_avg_sq"],
+                                   theirs[i]["max_exp_avg_sq"].numpy(), rtol=1e-5, atol=1e-9)
+    assert "max_exp_avg_sq" not in mf.optim.Adam(_start().parameters()).state_dict()["state"][0]
+
+
+def test_adam_amsgrad_errors_and_its_state_dict_round_trip():
+    params = list(_start().parameters())
+    with pytest.raises(TypeError, match="amsgrad must be True or False, got 1"):
+        mf.optim.Adam(params, amsgrad=1)
+    opt = mf.optim.Adam(params, amsgrad=True)
+    with pytest.raises(ValueError, match="amsgrad cannot be changed after construction"):
+        opt.param_groups[0]["amsgrad"] = False
+    with pytest.raises(ValueError, match="amsgrad cannot be changed after construction"):
+        opt.load_state_dict(mf.optim.Adam(params).state_dict())
+    _, trained = _miniflow_run(lambda p: mf.optim.Adam(p, lr=0.05, amsgrad=True), steps=3)
+    opt.load_state_dict(trained.state_dict())
+    np.testing.assert_array_equal(opt.state_dict()["state"][0]["max_exp_avg_sq"],
+                                  trained.state_dict()["state"][0]["max_exp_avg_sq"])
+    bad = trained.state_dict()
+    bad["state"][1]["max_exp_avg_sq"] = -bad["state"][1]["max_exp_avg_sq"] - 1.0
+    with pytest.raises(ValueError, match=r"state\[1\]\['max_exp_avg_sq'\] must be finite and "
+                                         ">= 0"):
+        opt.load_state_dict(bad)

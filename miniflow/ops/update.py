@@ -6,9 +6,11 @@ return the new values of the written inputs (float64 arithmetic).
   weight_decay[, nesterov]}: PyTorch ``torch.optim.SGD``: ``g = diff + wd * p; buf = momentum *
   buf + g; p -= lr * buf``; with ``nesterov`` (present only when true, and only with momentum)
   ``p -= lr * (g + momentum * buf)``.
-* ``adam_update(model, model_diff, learning_rate, skip_if, m, v, step)`` {beta1, beta2, eps,
-  weight_decay[, decoupled_weight_decay]}: PyTorch ``torch.optim.Adam`` (Kingma & Ba 2015,
-  arXiv:1412.6980) with bias correction at step ``step + 1``; ``decoupled_weight_decay`` (present
+* ``adam_update(model, model_diff, learning_rate, skip_if, m, v, step[, max_v])`` {beta1, beta2,
+  eps, weight_decay[, decoupled_weight_decay][, amsgrad]}: PyTorch ``torch.optim.Adam`` (Kingma &
+  Ba 2015, arXiv:1412.6980) with bias correction at step ``step + 1``; ``amsgrad`` (present only
+  when true; Reddi et al. 2018) keeps ``max_v = max(max_v, v)`` (PyTorch's ``max_exp_avg_sq``)
+  and divides by its root instead of v's; ``decoupled_weight_decay`` (present
   only when non-zero) makes it ``torch.optim.AdamW`` (Loshchilov & Hutter 2019,
   arXiv:1711.05101): ``p *= 1 - lr * decoupled_weight_decay`` before the step (OneFlow's
   ``adam_update`` calls this one ``weight_decay`` and the coupled one ``l2``).
@@ -36,8 +38,8 @@ next step's matmuls read:
   on the float32 model, then ``model_copy = model`` rounded to ``model_copy_dtype``. OneFlow has
   a separate momentum op; here, as ``sgd_update``, momentum != 0 adds the buffers.
 * ``multi_tensor_adam_update_with_cast(learning_rate, skip_if, scale_by_tensor, model_0..,
-  model_diff_0.., model_copy_0.., m_0.., v_0.., step_0..)`` {beta1, beta2, eps, weight_decay,
-  model_copy_dtype}: the same around ``adam_update``'s step, each tensor with its step count.
+  model_diff_0.., model_copy_0.., m_0.., v_0.., step_0..[, max_v_0..])`` {beta1, beta2, eps,
+  weight_decay[, amsgrad], model_copy_dtype}: the same around ``adam_update``'s step, each tensor with its step count.
 
 With ``skip_if`` set nothing changes: no model, no state, no copy.
 """
@@ -105,13 +107,24 @@ def _adam_norm(inputs, attrs):
         attrs["decoupled_weight_decay"] = float(attrs["decoupled_weight_decay"])
     else:
         attrs.pop("decoupled_weight_decay", None)
+    if attrs.pop("amsgrad", False):
+        attrs["amsgrad"] = True
     return attrs
 
 
+def _adam_state(attrs) -> int:
+    """Adam's state inputs per tensor: m, v, step (and max_v with amsgrad)."""
+    return 4 if attrs.get("amsgrad") else 3
+
+
+def _adam_writes(attrs, n_inputs: int) -> tuple:
+    return (0, *range(N_FIXED, N_FIXED + _adam_state(attrs)))
+
+
 def _adam_infer(inputs, attrs):
-    _check("adam_update", inputs, 3)
-    m, v, step = inputs[N_FIXED:]
-    for s in (m, v):
+    _check("adam_update", inputs, _adam_state(attrs))
+    m, v, step = inputs[N_FIXED:N_FIXED + 3]
+    for s in (m, v, *inputs[N_FIXED + 3:]):
         if s.shape != inputs[0].shape or s.dtype is not inputs[0].dtype:
             raise ValueError(f"adam_update: moment {fmt(s)} must match {fmt(inputs[0])}")
     if step.dtype is not int64 or step.shape != (1,):
@@ -126,9 +139,11 @@ def _samples(n_state, lr, attrs):
             r = np.random.default_rng(21)
             p, g = rand(4, 3, r=r), rand(4, 3, r=r)
             state = [rand(4, 3, r=r) for _ in range(min(n_state, 1))]
-            if n_state == 3:
+            if n_state >= 3:
                 state = [rand(4, 3, r=r) * 0.1, rand(4, 3, r=r, lo=0.0, hi=0.1),
                          np.array([3], np.int64)]
+            if n_state == 4:                  # max_v: above v in some elements, below in others
+                state.append(rand(4, 3, r=r, lo=0.0, hi=0.1))
             out.append(([p, g, np.array([lr]), np.array([skip], np.int64), *state], dict(attrs)))
         return out
     return make
@@ -147,17 +162,20 @@ def _sgd_ref(arrays, attrs):
 
 
 def _adam_ref(arrays, attrs):
-    """PyTorch's Adam step with bias correction: the new parameter, moments and step count."""
-    p, diff, lr, skip_if, m, v, step = arrays
+    """PyTorch's Adam step with bias correction: the new parameter, moments and step count
+    (and max_v with amsgrad)."""
+    p, diff, lr, skip_if, m, v, step, *vmax = arrays
     if skip_if[0] != 0:
-        return [p.copy(), m.copy(), v.copy(), step.copy()]
+        return [p.copy(), m.copy(), v.copy(), step.copy(), *(x.copy() for x in vmax)]
     b1, b2, t = attrs["beta1"], attrs["beta2"], step + 1
     g = diff + attrs["weight_decay"] * p
     p = p * (1.0 - lr[0] * attrs.get("decoupled_weight_decay", 0.0))
     m = b1 * m + (1.0 - b1) * g
     v = b2 * v + (1.0 - b2) * g * g
     bc1, bc2 = 1.0 - b1 ** t[0], 1.0 - b2 ** t[0]
-    return [p - lr[0] / bc1 * m / (np.sqrt(v) / np.sqrt(bc2) + attrs["eps"]), m, v, t]
+    vmax = [np.maximum(vmax[0], v)] if vmax else []
+    denom = np.sqrt(vmax[0] if vmax else v) / np.sqrt(bc2) + attrs["eps"]
+    return [p - lr[0] / bc1 * m / denom, m, v, t, *vmax]
 
 
 _UPDATE_NOTE = "optimizer update: runs after AMP, writes the float32 master weights"
@@ -169,9 +187,10 @@ register("sgd_update", _sgd_infer, normalize=_sgd_norm, writes=(0, N_FIXED),
          amp=None, amp_note=_UPDATE_NOTE,
          doc="p -= lr * (momentum buffer of diff + wd * p); skipped when skip_if != 0")
 register("adam_update", _adam_infer, normalize=_adam_norm,
-         writes=(0, N_FIXED, N_FIXED + 1, N_FIXED + 2), reference=_adam_ref,
+         writes=_adam_writes, reference=_adam_ref,
          samples=lambda: (_samples(3, 0.01, {"weight_decay": 0.01})()
-                          + _samples(3, 0.01, {"decoupled_weight_decay": 0.1})()),
+                          + _samples(3, 0.01, {"decoupled_weight_decay": 0.1})()
+                          + _samples(4, 0.01, {"weight_decay": 0.01, "amsgrad": True})()),
          amp=None, amp_note=_UPDATE_NOTE,
          doc="Adam with bias correction; skipped when skip_if != 0")
 
@@ -201,9 +220,15 @@ def _sgd_cast_writes(attrs, n_inputs: int) -> tuple:
     return tuple(MULTI_FIXED + g * n + i for g in groups for i in range(n))
 
 
+def _adam_cast_per_tensor(attrs) -> int:
+    """model, model_diff, model_copy, m, v, step (and max_v with amsgrad)."""
+    return 3 + _adam_state(attrs)
+
+
 def _adam_cast_writes(attrs, n_inputs: int) -> tuple:
-    n = _n_tensors("multi_tensor_adam_update_with_cast", n_inputs, 6)
-    return tuple(MULTI_FIXED + g * n + i for g in (0, 2, 3, 4, 5) for i in range(n))
+    per = _adam_cast_per_tensor(attrs)
+    n = _n_tensors("multi_tensor_adam_update_with_cast", n_inputs, per)
+    return tuple(MULTI_FIXED + g * n + i for g in (0, *range(2, per)) for i in range(n))
 
 
 def _multi_check(op, inputs, attrs, per_tensor: int) -> list:
@@ -269,11 +294,12 @@ def _sgd_cast_infer(inputs, attrs):
 
 def _adam_cast_norm(inputs, attrs):
     _adam_norm(inputs, attrs)
-    return _copy_dtype_norm("multi_tensor_adam_update_with_cast", inputs, attrs, 6)
+    return _copy_dtype_norm("multi_tensor_adam_update_with_cast", inputs, attrs,
+                            _adam_cast_per_tensor(attrs))
 
 
 def _adam_cast_infer(inputs, attrs):
-    _multi_check("multi_tensor_adam_update_with_cast", inputs, attrs, 6)
+    _multi_check("multi_tensor_adam_update_with_cast", inputs, attrs, _adam_cast_per_tensor(attrs))
     return []
 
 
@@ -304,14 +330,15 @@ def _sgd_cast_ref(arrays, attrs):
 def _adam_cast_ref(arrays, attrs):
     """Per tensor: ``g = model_diff * scale_by_tensor``, PyTorch's Adam step (its own step
     count), ``model_copy = model`` rounded; the new models, copies, m, v and steps."""
-    lr, skip_if, scale, (models, diffs, copies, ms, vs, steps) = _split(arrays, 6)
+    lr, skip_if, scale, groups = _split(arrays, _adam_cast_per_tensor(attrs))
+    models, diffs, copies, *state = groups
     if skip_if[0] != 0:
-        return [a.copy() for g in (models, copies, ms, vs, steps) for a in g]
-    new = [_adam_ref([p, d * scale[0], lr, skip_if, m, v, t], attrs)
-           for p, d, m, v, t in zip(models, diffs, ms, vs, steps)]
+        return [a.copy() for g in (models, copies, *state) for a in g]
+    new = [_adam_ref([p, d * scale[0], lr, skip_if, *(g[k] for g in state)], attrs)
+           for k, (p, d) in enumerate(zip(models, diffs))]
     new_models = [x[0] for x in new]
     return (new_models + [rounded(p, attrs["model_copy_dtype"]) for p in new_models]
-            + [x[1] for x in new] + [x[2] for x in new] + [x[3] for x in new])
+            + [x[j] for j in range(1, 1 + len(state)) for x in new])
 
 
 def _multi_samples(adam: bool):
@@ -336,6 +363,9 @@ def _multi_samples(adam: bool):
                              + [np.array([3], np.int64) for _ in shapes])
                     attrs = ({"weight_decay": 0.01} if half == np.float16
                              else {"decoupled_weight_decay": 0.1})       # AdamW
+                    if half == np.float16:                               # and AMSGrad
+                        attrs["amsgrad"] = True
+                        state += [rand(*s, r=r, lo=0.0, hi=0.1) for s in shapes]
                 else:
                     state = [rand(*s, r=r) for s in shapes]
                     attrs = {"momentum": 0.9, "weight_decay": 0.01,

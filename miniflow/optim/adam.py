@@ -13,7 +13,12 @@ class Adam(Optimizer):
     """Per parameter: ``step += 1; g = grad + wd * p; m = b1 m + (1-b1) g; v = b2 v + (1-b2) g^2;
     p -= lr / (1 - b1^step) * m / (sqrt(v) / sqrt(1 - b2^step) + eps)`` (op ``adam_update``).
 
-    State: ``exp_avg`` (m), ``exp_avg_sq`` (v) and ``step`` (i64[1]), PyTorch's names. The
+    With ``amsgrad=True`` (Reddi et al., "On the Convergence of Adam and Beyond", ICLR 2018;
+    ``torch.optim.Adam``'s rule) ``max_exp_avg_sq = max(max_exp_avg_sq, v)`` replaces ``v`` in
+    the denominator.
+
+    State: ``exp_avg`` (m), ``exp_avg_sq`` (v), ``max_exp_avg_sq`` (with amsgrad only, as in
+    PyTorch's state dict) and ``step`` (i64[1]), PyTorch's names. The
     bias corrections are computed from ``step`` when the update runs; the learning rate is read
     from :attr:`learning_rate`: neither is an attribute of the compiled graph.
 
@@ -21,20 +26,29 @@ class Adam(Optimizer):
         clip_grad_max_norm, clip_grad_norm_type: gradient clipping, as for :class:`SGD`.
 
     Raises:
-        TypeError: betas not a pair, or a hyper-parameter that is not a real number.
+        TypeError: betas not a pair, or a hyper-parameter that is not a real number; amsgrad
+            not a bool.
+        ValueError: amsgrad changed after construction (its state would be missing or stale:
+            make a new optimizer).
         ValueError: lr, eps or weight_decay not finite >= 0 (lr=0 is allowed, as in PyTorch),
             betas outside [0, 1); clip_grad_max_norm not finite > 0; clip_grad_norm_type not > 0.
     """
 
-    state_names = ("exp_avg", "exp_avg_sq", "step")
-    nonnegative_states = ("exp_avg_sq",)
+    nonnegative_states = ("exp_avg_sq", "max_exp_avg_sq")
 
     def __init__(self, params, lr: float = 1e-3, betas=(0.9, 0.999), eps: float = 1e-8,
-                 weight_decay: float = 0.0, clip_grad_max_norm: float | None = None,
-                 clip_grad_norm_type: float = 2.0):
+                 weight_decay: float = 0.0, amsgrad: bool = False,
+                 clip_grad_max_norm: float | None = None, clip_grad_norm_type: float = 2.0):
+        self._amsgrad = amsgrad                  # state_names reads it while the base class runs
         super().__init__(params, dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay,
-                                      clip_grad_max_norm=clip_grad_max_norm,
+                                      amsgrad=amsgrad, clip_grad_max_norm=clip_grad_max_norm,
                                       clip_grad_norm_type=clip_grad_norm_type))
+
+    @property
+    def state_names(self) -> tuple:
+        """PyTorch's state keys: ``max_exp_avg_sq`` only with amsgrad."""
+        return ("exp_avg", "exp_avg_sq", *(("max_exp_avg_sq",) if self._amsgrad else ()),
+                "step")
 
     def check_hyper(self, hyper: dict) -> dict:
         missing = sorted({"betas", "eps", "weight_decay"} - set(hyper))
@@ -45,19 +59,32 @@ class Adam(Optimizer):
         except (TypeError, ValueError):
             raise TypeError(f"Adam: betas must be a pair (beta1, beta2), got "
                             f"{hyper['betas']!r}") from None
+        amsgrad = hyper.get("amsgrad", False)
+        if not isinstance(amsgrad, (bool, np.bool_)):
+            raise TypeError(f"Adam: amsgrad must be True or False, got {amsgrad!r}")
+        if bool(amsgrad) != bool(self._amsgrad):
+            raise ValueError(f"Adam: amsgrad cannot be changed after construction (it is "
+                             f"{self._amsgrad}; its max_exp_avg_sq state would be missing or "
+                             "stale): make a new optimizer")
         return {"betas": (check_real("Adam", "beta1", b1, high=1.0),
                           check_real("Adam", "beta2", b2, high=1.0)),
                 "eps": check_real("Adam", "eps", hyper["eps"]),
-                "weight_decay": check_real("Adam", "weight_decay", hyper["weight_decay"])}
+                "weight_decay": check_real("Adam", "weight_decay", hyper["weight_decay"]),
+                "amsgrad": bool(amsgrad)}
 
     def _initial_state(self, name, p) -> np.ndarray:
         if name == "step":
             return np.zeros(1, np.int64)
         return np.zeros(p.shape, p.dtype.np)
 
+    def _adam_inputs(self, graph, index, name) -> list:
+        """The state inputs of ``adam_update``: m, v, step (and max_v with amsgrad)."""
+        names = ("exp_avg", "exp_avg_sq", "step") + (("max_exp_avg_sq",) if self._amsgrad else ())
+        return self._state_values(graph, name, index, names)
+
     def emit_update(self, graph, index, name, param, grad, lr, skip_if) -> None:
-        m, v, step = self._state_values(graph, name, index)
         h = self.hyper
-        emitter(graph)("adam_update", param, grad, lr, skip_if, m, v, step,
-                       beta1=h["betas"][0], beta2=h["betas"][1], eps=h["eps"],
-                       weight_decay=h["weight_decay"])
+        emitter(graph)("adam_update", param, grad, lr, skip_if,
+                       *self._adam_inputs(graph, index, name), beta1=h["betas"][0],
+                       beta2=h["betas"][1], eps=h["eps"], weight_decay=h["weight_decay"],
+                       amsgrad=h["amsgrad"])

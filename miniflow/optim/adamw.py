@@ -15,22 +15,23 @@ class AdamW(Adam):
     :class:`Adam`'s ``weight_decay``).
 
     PyTorch's defaults: ``lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-2``. State, the
-    learning rate and clipping as :class:`Adam` (``exp_avg``, ``exp_avg_sq``, ``step``).
+    learning rate, ``amsgrad`` and clipping as :class:`Adam` (``exp_avg``, ``exp_avg_sq``,
+    ``step``, ``max_exp_avg_sq`` with amsgrad).
 
     Raises:
         as :class:`Adam`.
     """
 
     def __init__(self, params, lr: float = 1e-3, betas=(0.9, 0.999), eps: float = 1e-8,
-                 weight_decay: float = 1e-2, clip_grad_max_norm: float | None = None,
-                 clip_grad_norm_type: float = 2.0):
+                 weight_decay: float = 1e-2, amsgrad: bool = False,
+                 clip_grad_max_norm: float | None = None, clip_grad_norm_type: float = 2.0):
         super().__init__(params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay,
-                         clip_grad_max_norm=clip_grad_max_norm,
+                         amsgrad=amsgrad, clip_grad_max_norm=clip_grad_max_norm,
                          clip_grad_norm_type=clip_grad_norm_type)
 
     def emit_update(self, graph, index, name, param, grad, lr, skip_if) -> None:
-        m, v, step = self._state_values(graph, name, index)
         h = self.hyper
-        emitter(graph)("adam_update", param, grad, lr, skip_if, m, v, step,
-                       beta1=h["betas"][0], beta2=h["betas"][1], eps=h["eps"],
-                       weight_decay=0.0, decoupled_weight_decay=h["weight_decay"])
+        emitter(graph)("adam_update", param, grad, lr, skip_if,
+                       *self._adam_inputs(graph, index, name), beta1=h["betas"][0],
+                       beta2=h["betas"][1], eps=h["eps"], weight_decay=0.0,
+                       decoupled_weight_decay=h["weight_decay"], amsgrad=h["amsgrad"])

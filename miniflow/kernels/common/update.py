@@ -49,9 +49,12 @@ def adam_corrections(lr, beta1, beta2, t):
     return lr / (1.0 - beta1 ** t), math.sqrt(1.0 - beta2 ** t)
 
 
-def adam_element(p, g, m, v, hyper):
-    """One element of an Adam step: ``(p, m, v)`` after ``g += wd*p; m = b1*m + (1-b1)*g;
-    v = b2*v + (1-b2)*(g*g); p = p * decay - step_size * m / (sqrt(v)/bc2_sqrt + eps)``.
+def adam_element(p, g, m, v, vmax, hyper, amsgrad):
+    """One element of an Adam step: ``(p, m, v, vmax)`` after ``g += wd*p; m = b1*m + (1-b1)*g;
+    v = b2*v + (1-b2)*(g*g); p = p * decay - step_size * m / (sqrt(v)/bc2_sqrt + eps)``; with
+    ``amsgrad`` (Reddi et al., "On the Convergence of Adam and Beyond", ICLR 2018, as
+    ``torch.optim.Adam`` writes it) ``vmax = max(vmax, v)`` replaces ``v`` in the denominator
+    (PyTorch's ``max_exp_avg_sq``); without it ``vmax`` is returned as given.
 
     ``hyper``: ``(step_size, bc2_sqrt, b1, b2, 1 - b1, 1 - b2, eps, wd, decay)`` in the compute
     type (the first two from :func:`adam_corrections`; ``decay = 1 - lr * decoupled_weight_decay``,
@@ -61,7 +64,12 @@ def adam_element(p, g, m, v, hyper):
     g = g + wd * p
     m = b1 * m + one_b1 * g
     v = b2 * v + one_b2 * (g * g)
-    return p * decay - step_size * (m / (math.sqrt(v) / bc2_sqrt + eps)), m, v
+    if amsgrad:
+        vmax = vmax if vmax >= v else v     # a NaN v propagates, as torch.maximum
+        denom = math.sqrt(vmax) / bc2_sqrt + eps
+    else:
+        denom = math.sqrt(v) / bc2_sqrt + eps
+    return p * decay - step_size * (m / denom), m, v, vmax
 
 
 def weight_decays(attrs) -> tuple:
@@ -113,15 +121,22 @@ def sgd_builder(sgd_steps):
 
 def adam_builder(adam_steps):
     """The ``adam_update`` builder over a backend's ``adam_steps(p, grad, lr, skip_if, m, v,
-    step, beta1, beta2, eps, wd)`` (``lr`` the f64[1] learning-rate array; the other
-    hyperparameters Python floats, ``wd`` the pair :func:`weight_decays`)."""
+    step, beta1, beta2, eps, wd, vmax)`` (``lr`` the f64[1] learning-rate array; the other
+    hyperparameters Python floats, ``wd`` the pair :func:`weight_decays`; ``vmax`` the
+    ``max_exp_avg_sq`` array with amsgrad, else None)."""
     def build_adam_update(node, ins, outs):
-        """``adam_update(model, model_diff, learning_rate, skip_if, m, v, step)``
-        ``{beta1, beta2, eps, weight_decay}``."""
+        """``adam_update(model, model_diff, learning_rate, skip_if, m, v, step[, max_v])``
+        ``{beta1, beta2, eps, weight_decay[, amsgrad]}``."""
         a = node.attrs
-        return adam_steps(*ins, float(a["beta1"]), float(a["beta2"]), float(a["eps"]),
-                          weight_decays(a))
+        return adam_steps(*ins[:7], float(a["beta1"]), float(a["beta2"]), float(a["eps"]),
+                          weight_decays(a), ins[7] if _amsgrad(a) else None)
     return build_adam_update
+
+
+def _amsgrad(attrs) -> bool:
+    """Whether Adam update nodes with ``attrs`` keep ``max_exp_avg_sq`` (the attribute is
+    present only when true)."""
+    return bool(attrs.get("amsgrad", False))
 
 
 def multi_tensor_groups(ins, per_tensor: int) -> tuple:
@@ -150,14 +165,17 @@ def multi_sgd_cast_builder(multi_sgd_steps):
 def multi_adam_cast_builder(multi_adam_steps):
     """The ``multi_tensor_adam_update_with_cast`` builder over a backend's
     ``multi_adam_steps(models, diffs, copies, ms, vs, steps, lr, skip_if, scale, beta1, beta2,
-    eps, wd)``."""
+    eps, wd, vmaxs)`` (``vmaxs`` None without amsgrad)."""
     def build_multi_tensor_adam_update_with_cast(node, ins, outs):
         """``multi_tensor_adam_update_with_cast(learning_rate, skip_if, scale_by_tensor, models,
-        model_diffs, model_copies, m, v, steps)`` ``{beta1, beta2, eps, weight_decay}``."""
+        model_diffs, model_copies, m, v, steps[, max_v])`` ``{beta1, beta2, eps, weight_decay[,
+        amsgrad]}``."""
         a = node.attrs
-        lr, skip_if, scale, groups = multi_tensor_groups(ins, 6)
-        return multi_adam_steps(*groups, lr, skip_if, scale, float(a["beta1"]),
-                                float(a["beta2"]), float(a["eps"]), weight_decays(a))
+        ams = _amsgrad(a)
+        lr, skip_if, scale, groups = multi_tensor_groups(ins, 7 if ams else 6)
+        return multi_adam_steps(*groups[:6], lr, skip_if, scale, float(a["beta1"]),
+                                float(a["beta2"]), float(a["eps"]), weight_decays(a),
+                                groups[6] if ams else None)
     return build_multi_tensor_adam_update_with_cast
 
 
@@ -180,12 +198,13 @@ def multi_sgd_builder(multi_sgd_steps):
 
 def multi_adam_builder(multi_adam_steps):
     """The group builder of ``adam_update`` over a backend's ``multi_adam_steps(ps, grads, lr,
-    skip_if, ms, vs, steps, beta1, beta2, eps, wd)`` (lists of arrays)."""
+    skip_if, ms, vs, steps, beta1, beta2, eps, wd, vmaxs)`` (lists of arrays, ``vmaxs`` None
+    without amsgrad)."""
     def build_multi_adam_update(nodes, ins, outs):
         """The ``adam_update`` nodes ``nodes`` (equal attributes, one lr and skip_if) as one."""
         a = nodes[0].attrs
         return multi_adam_steps([x[0] for x in ins], [x[1] for x in ins], ins[0][2], ins[0][3],
                                 [x[4] for x in ins], [x[5] for x in ins], [x[6] for x in ins],
                                 float(a["beta1"]), float(a["beta2"]), float(a["eps"]),
-                                weight_decays(a))
+                                weight_decays(a), [x[7] for x in ins] if _amsgrad(a) else None)
     return GroupBuilder(build_multi_adam_update)

@@ -53,14 +53,15 @@ def sgd_kernel(momentum: bool, nesterov: bool, parallel: bool):
 
 
 @functools.cache
-def adam_kernel(parallel: bool):
-    """``kernel(p, grad, lr, skip_if, m, v, step, beta1, beta2, eps, wd)``, unless skip_if[0]:
-    ``step += 1``, then ``p[i], m[i], v[i] = adam_element(...)`` with the learning rate
-    ``lr[0]`` (``wd``: the pair ``(weight_decay, decoupled_weight_decay)``)."""
+def adam_kernel(amsgrad: bool, parallel: bool):
+    """``kernel(p, grad, lr, skip_if, m, v, step, beta1, beta2, eps, wd, vmax)``, unless
+    skip_if[0]: ``step += 1``, then ``p[i], m[i], v[i], vmax[i] = adam_element(...)`` with the
+    learning rate ``lr[0]`` (``wd``: the pair ``(weight_decay, decoupled_weight_decay)``;
+    ``vmax`` read and written only with ``amsgrad``)."""
     loop = loop_for(parallel)
 
     @jit(parallel)
-    def kernel(p, grad, lr, skip_if, m, v, step, beta1, beta2, eps, wd):
+    def kernel(p, grad, lr, skip_if, m, v, step, beta1, beta2, eps, wd, vmax):
         if skip_if[0] != 0:
             return
         step[0] += 1
@@ -69,7 +70,10 @@ def adam_kernel(parallel: bool):
                  to_compute(p, beta2), to_compute(p, 1.0 - beta1), to_compute(p, 1.0 - beta2),
                  to_compute(p, eps), to_compute(p, wd[0]), to_compute(p, 1.0 - lr[0] * wd[1]))
         for i in loop(p.size):
-            pi, mi, vi = _adam(load(p, i), load(grad, i), load(m, i), load(v, i), hyper)
+            pi, mi, vi, xi = _adam(load(p, i), load(grad, i), load(m, i), load(v, i),
+                                   load(vmax, i) if amsgrad else hyper[0], hyper, amsgrad)
+            if amsgrad:
+                store(vmax, i, xi)
             store(m, i, mi)
             store(v, i, vi)
             store(p, i, pi)
@@ -107,21 +111,23 @@ def multi_sgd_kernel(momentum: bool, nesterov: bool, parallel: bool):
 
 
 @functools.cache
-def multi_adam_kernel(parallel: bool):
+def multi_adam_kernel(amsgrad: bool, parallel: bool):
     """``kernel(models, diffs, copies, ms, vs, steps, lr, skip_if, scale, beta1, beta2, eps,
-    wd)``: unless skip_if[0], for every tensor k ``steps[k] += 1``, then per element
+    wd, vmaxs)``: unless skip_if[0], for every tensor k ``steps[k] += 1``, then per element
     ``g = diffs[k][i] * scale[0]``, ``adam_element`` on the model and moments, and the half copy
-    of the new weight (``wd`` as for :func:`adam_kernel`)."""
+    of the new weight (``wd`` and ``vmaxs`` as for :func:`adam_kernel`)."""
     loop = loop_for(parallel)
 
     @jit(parallel)
-    def kernel(models, diffs, copies, ms, vs, steps, lr, skip_if, scale, beta1, beta2, eps, wd):
+    def kernel(models, diffs, copies, ms, vs, steps, lr, skip_if, scale, beta1, beta2, eps, wd,
+               vmaxs):
         if skip_if[0] != 0:
             return
         p0 = models[0]
         s = to_compute(p0, scale[0])
         for k in range(len(models)):
             p, d, c, m, v, step = models[k], diffs[k], copies[k], ms[k], vs[k], steps[k]
+            vmax = vmaxs[k]
             step[0] += 1
             step_size, bc2_sqrt = _corrections(lr[0], beta1, beta2, step[0])
             hyper = (to_compute(p, step_size), to_compute(p, bc2_sqrt), to_compute(p, beta1),
@@ -129,7 +135,10 @@ def multi_adam_kernel(parallel: bool):
                      to_compute(p, 1.0 - beta2), to_compute(p, eps), to_compute(p, wd[0]),
                      to_compute(p, 1.0 - lr[0] * wd[1]))
             for i in loop(p.size):
-                pi, mi, vi = _adam(load(p, i), load(d, i) * s, load(m, i), load(v, i), hyper)
+                pi, mi, vi, xi = _adam(load(p, i), load(d, i) * s, load(m, i), load(v, i),
+                                       load(vmax, i) if amsgrad else hyper[0], hyper, amsgrad)
+                if amsgrad:
+                    store(vmax, i, xi)
                 store(m, i, mi)
                 store(v, i, vi)
                 store(p, i, pi)
@@ -153,13 +162,14 @@ def multi_sgd_steps(models, diffs, copies, bufs, lr, skip_if, scale, mu, wd, nes
 
 
 def multi_adam_steps(models, diffs, copies, ms, vs, steps, lr, skip_if, scale, beta1, beta2,
-                     eps, wd):
-    """One call of :func:`multi_adam_kernel` over every tensor."""
+                     eps, wd, vmaxs):
+    """One call of :func:`multi_adam_kernel` over every tensor (the first moments stand in for
+    ``vmaxs`` without amsgrad: the kernel never touches them then)."""
     size = sum(p.size for p in models)
-    return [(multi_adam_kernel(use_parallel(size)),
+    return [(multi_adam_kernel(vmaxs is not None, use_parallel(size)),
              (_views(models), _views(diffs), _views(copies), _views(ms), _views(vs),
               tuple(t.reshape(-1) for t in steps), lr.reshape(-1), skip_if.reshape(-1),
-              scale.reshape(-1), beta1, beta2, eps, wd))]
+              scale.reshape(-1), beta1, beta2, eps, wd, _views(ms if vmaxs is None else vmaxs)))]
 
 
 def sgd_steps(p, grad, lr, skip_if, buf, mu, wd, nesterov):
@@ -169,11 +179,11 @@ def sgd_steps(p, grad, lr, skip_if, buf, mu, wd, nesterov):
     return [(kernel, (flat(p), flat(grad), lr.reshape(-1), skip_if.reshape(-1), buf, mu, wd))]
 
 
-def adam_steps(p, grad, lr, skip_if, m, v, step, beta1, beta2, eps, wd):
-    """One call of :func:`adam_kernel`."""
-    return [(adam_kernel(use_parallel(p.size)),
+def adam_steps(p, grad, lr, skip_if, m, v, step, beta1, beta2, eps, wd, vmax):
+    """One call of :func:`adam_kernel` (``m`` stands in for ``vmax`` without amsgrad)."""
+    return [(adam_kernel(vmax is not None, use_parallel(p.size)),
              (flat(p), flat(grad), lr.reshape(-1), skip_if.reshape(-1), flat(m), flat(v),
-              step.reshape(-1), beta1, beta2, eps, wd))]
+              step.reshape(-1), beta1, beta2, eps, wd, flat(m if vmax is None else vmax)))]
 
 
 BUILDERS = {"sgd_update": sgd_builder(sgd_steps), "adam_update": adam_builder(adam_steps),

@@ -94,29 +94,34 @@ def multi_sgd_kernel(momentum: bool, nesterov: bool, cast: bool, ld, ct, st, ld_
 
 
 @functools.cache
-def multi_adam_kernel(cast: bool, ld, ct, st, ld_g, st_c):
-    """``kernel(ps, grads, copies, ms, vs, steps, lr, skip_if, scale, beta1, beta2, eps, wd)``,
-    unless skip_if[0]: ``ps[k][i], ms[k][i], vs[k][i] = adam_element(...)`` at step
+def multi_adam_kernel(amsgrad: bool, cast: bool, ld, ct, st, ld_g, st_c):
+    """``kernel(ps, grads, copies, ms, vs, steps, lr, skip_if, scale, beta1, beta2, eps, wd,
+    vmaxs)``, unless skip_if[0]: ``ps[k][i], ms[k][i], vs[k][i], vmaxs[k][i] = adam_element(...)``
+    (``vmaxs`` read and written only with ``amsgrad``) at step
     ``t = steps[k][0] + 1`` with the learning rate ``lr[0]`` (``cast``: the gradient times
     ``scale[0]``, the new weight also into ``copies[k][i]``, as :func:`multi_sgd_kernel`; ``wd``
     the pair ``(weight_decay, decoupled_weight_decay)``)."""
     corrections, adam, rnd = device(adam_corrections), device(adam_element), _rounding(ct)
 
     @jit
-    def kernel(ps, grads, copies, ms, vs, steps, lr, skip_if, scale, beta1, beta2, eps, wd):
+    def kernel(ps, grads, copies, ms, vs, steps, lr, skip_if, scale, beta1, beta2, eps, wd,
+               vmaxs):
         if skip_if[0] != 0:
             return
         s = ct(scale[0]) if cast else ct(1.0)
         start, stride = cuda.grid(1), cuda.gridsize(1)
         offset = 0
         for k in range(len(ps)):
-            p, grad, copy, m, v = ps[k], grads[k], copies[k], ms[k], vs[k]
+            p, grad, copy, m, v, vmax = ps[k], grads[k], copies[k], ms[k], vs[k], vmaxs[k]
             step_size, bc2_sqrt = corrections(lr[0], beta1, beta2, steps[k][0] + 1)
             hyper = (ct(step_size), ct(bc2_sqrt), ct(beta1), ct(beta2), ct(1.0 - beta1),
                      ct(1.0 - beta2), ct(eps), ct(wd[0]), ct(1.0 - lr[0] * wd[1]))
             for i in range(first_index(start, stride, offset), p.size, stride):
                 g = rnd(ld_g(grad[i]) * s) if cast else ct(ld_g(grad[i]))
-                pi, mi, vi = adam(ld(p[i]), g, ld(m[i]), ld(v[i]), hyper)
+                pi, mi, vi, xi = adam(ld(p[i]), g, ld(m[i]), ld(v[i]),
+                                      ld(vmax[i]) if amsgrad else hyper[0], hyper, amsgrad)
+                if amsgrad:
+                    vmax[i] = st(xi)
                 m[i], v[i], p[i] = st(mi), st(vi), st(pi)
                 if cast:
                     copy[i] = st_c(pi)
@@ -166,17 +171,20 @@ def multi_sgd_steps(ps, grads, lr, skip_if, bufs, mu, wd, nesterov, copies=None,
 
 
 def multi_adam_steps(ps, grads, lr, skip_if, ms, vs, step_arrays, beta1, beta2, eps, wd,
-                     copies=None, scale=None):
+                     vmaxs=None, copies=None, scale=None):
     """Launches of :func:`multi_adam_kernel` over parameters ``ps`` (lists), each followed by
-    one of :func:`multi_adam_step_kernel` over the same parameters' step counters (``copies``
-    and ``scale``: the update with cast, as :func:`multi_sgd_steps`)."""
+    one of :func:`multi_adam_step_kernel` over the same parameters' step counters (``vmaxs``
+    None without amsgrad: the first moments stand in for them; ``copies`` and ``scale``: the
+    update with cast, as :func:`multi_sgd_steps`)."""
     cast = copies is not None
     ld_g, st_c = types_of(grads[0])[0], types_of(copies[0] if cast else ps[0])[2]
-    kernel = multi_adam_kernel(cast, *types_of(ps[0]), ld_g, st_c)
+    amsgrad = vmaxs is not None
+    kernel = multi_adam_kernel(amsgrad, cast, *types_of(ps[0]), ld_g, st_c)
+    vmaxs = vmaxs if amsgrad else ms
     counter = multi_adam_step_kernel()
     op = "multi_tensor_adam_update_with_cast" if cast else "adam_update"
     steps = []
-    for part in chunks(list(range(len(ps))), 6 if cast else 5):
+    for part in chunks(list(range(len(ps))), (6 if cast else 5) + amsgrad):
         p = tuple(flat(ps[k]) for k in part)
         t = tuple(flat(step_arrays[k]) for k in part)
         steps += flat_steps(kernel, sum(a.size for a in p),
@@ -184,7 +192,7 @@ def multi_adam_steps(ps, grads, lr, skip_if, ms, vs, step_arrays, beta1, beta2, 
                              tuple(flat(copies[k]) for k in part) if cast else p,
                              tuple(flat(ms[k]) for k in part), tuple(flat(vs[k]) for k in part),
                              t, flat(lr), flat(skip_if), flat(scale if cast else lr), beta1,
-                             beta2, eps, wd),
+                             beta2, eps, wd, tuple(flat(vmaxs[k]) for k in part)),
                             _label(op, p))
         steps += flat_steps(counter, len(t), (flat(skip_if), t), _label("adam_step", p))
     return steps
@@ -196,9 +204,10 @@ def sgd_steps(p, grad, lr, skip_if, buf, mu, wd, nesterov):
                            nesterov)
 
 
-def adam_steps(p, grad, lr, skip_if, m, v, step, beta1, beta2, eps, wd):
-    """One ``adam_update``: a group of one."""
-    return multi_adam_steps([p], [grad], lr, skip_if, [m], [v], [step], beta1, beta2, eps, wd)
+def adam_steps(p, grad, lr, skip_if, m, v, step, beta1, beta2, eps, wd, vmax):
+    """One ``adam_update`` (``vmax`` None without amsgrad): a group of one."""
+    return multi_adam_steps([p], [grad], lr, skip_if, [m], [v], [step], beta1, beta2, eps, wd,
+                            None if vmax is None else [vmax])
 
 
 def sgd_cast_steps(models, diffs, copies, bufs, lr, skip_if, scale, mu, wd, nesterov):
@@ -207,10 +216,10 @@ def sgd_cast_steps(models, diffs, copies, bufs, lr, skip_if, scale, mu, wd, nest
 
 
 def adam_cast_steps(models, diffs, copies, ms, vs, step_arrays, lr, skip_if, scale, beta1,
-                    beta2, eps, wd):
-    """One ``multi_tensor_adam_update_with_cast``."""
+                    beta2, eps, wd, vmaxs):
+    """One ``multi_tensor_adam_update_with_cast`` (``vmaxs`` None without amsgrad)."""
     return multi_adam_steps(models, diffs, lr, skip_if, ms, vs, step_arrays, beta1, beta2, eps,
-                            wd, copies, scale)
+                            wd, vmaxs, copies, scale)
 
 
 BUILDERS = {"sgd_update": sgd_builder(sgd_steps), "adam_update": adam_builder(adam_steps),
