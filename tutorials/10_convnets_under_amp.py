@@ -39,8 +39,10 @@ from miniflow.models import lenet
 from miniflow.ops import get_op
 from miniflow.ops.conv import conv_reference
 from miniflow.ops.geometry import conv_geometry
+from miniflow.notebook import script_args, script_dir
 
-DEFAULT_OUT = Path(__file__).resolve().parent.parent / "tutorial-output" / "10_convnets_under_amp"
+LESSON = script_dir(globals()) / "10_convnets_under_amp.py"
+DEFAULT_OUT = LESSON.parent.parent / "tutorial-output" / "10_convnets_under_amp"
 
 # Winograd F(2x2, 3x3)'s matrices (Lavin & Gray, eq. 7): Y = A^T [(G g G^T) * (B^T d B)] A.
 B_T = np.array([[1, 0, -1, 0], [0, 1, 1, 0], [0, -1, 1, 0], [0, 1, 0, -1]], np.float64)
@@ -259,7 +261,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description="Lesson 10: convolutional networks under AMP")
     p.add_argument("--quick", action="store_true", help="3 training epochs instead of 8")
     p.add_argument("--out", type=Path, default=DEFAULT_OUT, help="folder for the figure")
-    args, _ = p.parse_known_args()    # a notebook kernel passes its own arguments
+    args = p.parse_args(script_args())    # a notebook kernel passes its own arguments
     args.out.mkdir(parents=True, exist_ok=True)
     mf.set_backend("cpu")
     part1_im2col()

@@ -39,8 +39,10 @@ from miniflow import distributed
 from miniflow.amp import GradScaler
 from miniflow.experiments.mlp import TrainGraph, mlp
 from miniflow.ir import grad_name
+from miniflow.notebook import script_args, script_dir
 
-DEFAULT_OUT = Path(__file__).resolve().parent.parent / "tutorial-output" / "11_data_parallel"
+LESSON = script_dir(globals()) / "11_data_parallel.py"
+DEFAULT_OUT = LESSON.parent.parent / "tutorial-output" / "11_data_parallel"
 STEPS = 6
 """Training steps of the 2-rank run."""
 OVERFLOW_STEP = 3
@@ -145,10 +147,11 @@ def part4_two_ranks(out: Path) -> None:
         return
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(
-        [str(Path(mf.__file__).resolve().parents[1])] + [p for p in [env.get("PYTHONPATH")] if p])
+        [str(Path(mf.__path__[0]).resolve().parent)] + [p for p in [env.get("PYTHONPATH")] if p])
     for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "NUMBA_NUM_THREADS"):
         env[var] = "1"                   # two ranks on a small machine: one thread each
-    cmd = [mpiexec, "-n", "2", sys.executable, __file__, "--rank-of-mpi-run", "--out", str(out)]
+    cmd = [mpiexec, "-n", "2", sys.executable, str(LESSON), "--rank-of-mpi-run", "--out",
+           str(out)]
     r = subprocess.run(cmd, stdin=subprocess.DEVNULL, capture_output=True, text=True, env=env,
                        timeout=300)
     if r.returncode != 0:
@@ -173,7 +176,7 @@ def main() -> None:
     p.add_argument("--out", type=Path, default=DEFAULT_OUT, help="folder for the ranks' files")
     p.add_argument("--rank-of-mpi-run", action="store_true",
                    help="internal: run as one rank under mpiexec (the lesson starts it)")
-    args, _ = p.parse_known_args()    # a notebook kernel passes its own arguments
+    args = p.parse_args(script_args())    # a notebook kernel passes its own arguments
     args.out.mkdir(parents=True, exist_ok=True)
     if args.rank_of_mpi_run:
         rank_main(args.out)

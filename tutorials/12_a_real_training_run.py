@@ -42,8 +42,10 @@ from miniflow.experiments.mlp import EvalGraph, TrainGraph, accuracy
 from miniflow.experiments.train import make_lr_schedule
 from miniflow.models import resnet18
 from miniflow.serialization import load, save
+from miniflow.notebook import script_args, script_dir
 
-DEFAULT_OUT = Path(__file__).resolve().parent.parent / "tutorial-output" / "12_a_real_training_run"
+LESSON = script_dir(globals()) / "12_a_real_training_run.py"
+DEFAULT_OUT = LESSON.parent.parent / "tutorial-output" / "12_a_real_training_run"
 SAVE_EVERY = 2
 """Updates between checkpoints."""
 KILL_AFTER_SAVES = 2
@@ -132,11 +134,11 @@ def child_main(cfg: dict, ckpt: Path) -> None:
 def kill_after_saves(quick: bool, ckpt: Path) -> int:
     """Start the run in a child process and SIGKILL it after KILL_AFTER_SAVES checkpoints;
     returns the step of the checkpoint it left."""
-    cmd = [sys.executable, __file__, "--child", "--out", str(ckpt.parent)] + \
+    cmd = [sys.executable, str(LESSON), "--child", "--out", str(ckpt.parent)] + \
         (["--quick"] if quick else [])
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(
-        [str(Path(mf.__file__).resolve().parents[1])] + [p for p in [env.get("PYTHONPATH")] if p])
+        [str(Path(mf.__path__[0]).resolve().parent)] + [p for p in [env.get("PYTHONPATH")] if p])
     child = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
                              env=env)
     saves = 0
@@ -163,7 +165,7 @@ def main() -> None:
     p.add_argument("--out", type=Path, default=DEFAULT_OUT, help="folder for the checkpoint")
     p.add_argument("--child", action="store_true",
                    help="internal: the training process the lesson kills")
-    args, _ = p.parse_known_args()    # a notebook kernel passes its own arguments
+    args = p.parse_args(script_args())    # a notebook kernel passes its own arguments
     args.out.mkdir(parents=True, exist_ok=True)
     mf.set_backend("cpu")
     cfg = settings(args.quick)
