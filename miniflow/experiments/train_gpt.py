@@ -24,7 +24,7 @@ from ..dtype import bfloat16, float16
 from ..random import RngState, generator, manual_seed
 from ..serialization import save
 from ..tensor import tensor
-from .train import _checkpoint_path, _resume, make_lr_schedule
+from .train import _resume, _run_folder, make_lr_schedule
 
 __all__ = ["GPT_DEFAULTS", "TrainGPT", "EvalGPT", "train_gpt", "generate"]
 
@@ -157,19 +157,44 @@ def train_gpt(*, epochs=None, steps_per_epoch=None, batch_size=None, block_size=
         graph.config.set_gradient_accumulation_steps(accumulate)
     total = c["epochs"] * c["steps_per_epoch"]
     sched = make_lr_schedule(opt, c["lr_schedule"], total)
-    run = {"step": 0, "losses": [], "val_losses": []}
-    path = None if checkpoint is None else _checkpoint_path(checkpoint, resume)
-    if resume:
-        run = _resume(path, config, model=model, optimizer=opt, grad_scaler=scaler,
-                      scheduler=sched, rng=RngState())
-        run["val_losses"] = list(run["val_losses"])
-    resumed_from = run["step"] if resume else None
+    run, losses = {"step": 0, "val_losses": []}, []
+    folder = None if checkpoint is None else _run_folder(checkpoint, resume, lock=True)
+    path = None if folder is None else folder.path
+    try:
+        if resume:
+            run, losses = _resume(folder, config, model=model, optimizer=opt,
+                                  grad_scaler=scaler, scheduler=sched, rng=RngState())
+            run["val_losses"] = list(run["val_losses"])
+        if folder is not None:
+            folder.start_log(losses)            # the checkpoint's steps, none after them
+        resumed_from = saved_at = run["step"] if resume else None
 
-    def save_state() -> None:
-        save({"config": config, "run": run, "model": model.state_dict(),
-              "optimizer": opt.state_dict(), "grad_scaler": scaler and scaler.state_dict(),
-              "scheduler": sched and sched.state_dict(), "rng": RngState().state_dict()}, path)
+        def save_state() -> None:
+            nonlocal saved_at
+            folder.append_losses(losses, saved_at or 0)   # first: the log covers the file
+            save({"config": config, "run": run, "model": model.state_dict(),
+                  "optimizer": opt.state_dict(), "grad_scaler": scaler and scaler.state_dict(),
+                  "scheduler": sched and sched.state_dict(), "rng": RngState().state_dict()},
+                 path)
+            saved_at = run["step"]
 
+        _train_loop(graph, model, corpus, c, run, losses, sched, total, seed, report, progress,
+                    save_state if path is not None else None, checkpoint_every)
+    finally:
+        if folder is not None:
+            folder.close()
+    text = generate(model, corpus, prompt, sample, temperature, top_k) if sample else None
+    return {"val_losses": run["val_losses"], "unigram": corpus.unigram_loss(), "losses": losses,
+            "sample": text, "steps": run["step"], "resumed_from": resumed_from,
+            "checkpoint": path, "seconds": time.perf_counter() - t0, "model": model,
+            "corpus": corpus, "config": config, "scaler": scaler,
+            "parameters": sum(int(np.prod(p.shape)) for p in model.parameters())}
+
+
+def _train_loop(graph, model, corpus, c, run, losses, sched, total, seed, report, progress,
+                save_state, checkpoint_every) -> None:
+    """The updates from ``run["step"]`` to ``total``: a validation loss every epoch (reported),
+    ``save_state()`` every ``checkpoint_every`` updates and at the end (None: no checkpoint)."""
     evaluator = EvalGPT(model)
     unigram = corpus.unigram_loss()
     bs, bl = c["batch_size"], c["block_size"]
@@ -178,12 +203,12 @@ def train_gpt(*, epochs=None, steps_per_epoch=None, batch_size=None, block_size=
               disable=not progress) as bar:
         while run["step"] < total:
             x, y = corpus.batch("train", bs, bl)
-            run["losses"].append(float(graph(tensor(x), tensor(y))))
+            losses.append(float(graph(tensor(x), tensor(y))))
             if sched is not None:
                 sched.step()
             run["step"] += 1
             bar.update()
-            bar.set_postfix(loss=f"{run['losses'][-1]:.4f}")
+            bar.set_postfix(loss=f"{losses[-1]:.4f}")
             if run["step"] % c["steps_per_epoch"] == 0:
                 model.eval()
                 try:
@@ -191,17 +216,11 @@ def train_gpt(*, epochs=None, steps_per_epoch=None, batch_size=None, block_size=
                                                        bl, seed))
                 finally:
                     model.train()
-            if path is not None and (run["step"] % checkpoint_every == 0
-                                     or run["step"] == total):
+            if save_state is not None and (run["step"] % checkpoint_every == 0
+                                           or run["step"] == total):
                 save_state()
             if run["step"] % c["steps_per_epoch"] == 0:
                 val = run["val_losses"][-1]
                 report(f"epoch {run['step'] // c['steps_per_epoch']}: validation loss "
                        f"{val:.4f} nats/char ({val / unigram:.2f} of the unigram model's "
                        f"{unigram:.4f})")
-    text = generate(model, corpus, prompt, sample, temperature, top_k) if sample else None
-    return {"val_losses": run["val_losses"], "unigram": unigram, "losses": run["losses"],
-            "sample": text, "steps": run["step"], "resumed_from": resumed_from,
-            "checkpoint": path, "seconds": time.perf_counter() - t0, "model": model,
-            "corpus": corpus, "config": config, "scaler": scaler,
-            "parameters": sum(int(np.prod(p.shape)) for p in model.parameters())}
