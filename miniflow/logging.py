@@ -29,6 +29,7 @@ import time
 import numpy as np
 
 from .extras import require
+from .passes.fuse_model_update_cast import FusedUpdateState
 from .runtime.backend import get_backend
 
 __all__ = ["ScalarWriter", "TrainingLog", "run_dir", "grad_norm", "unscaled_gradients"]
@@ -106,7 +107,8 @@ def unscaled_gradients(graph) -> dict:
         raise RuntimeError(f"{type(graph).__name__}: no training step has run yet (no plan "
                            "with gradients)")
     plan = next(reversed(graph.plans.values()))
-    if plan.context.half_copies:
+    fused = plan.context.state.get(FusedUpdateState)
+    if fused is not None and fused.half_copies:
         raise ValueError(f"{type(graph).__name__}: the fused model-update cast keeps only scaled "
                          "gradients; call graph.config.enable_fused_model_update_cast(False) to "
                          "read the unscaled ones (the same bits, a little slower), or log "

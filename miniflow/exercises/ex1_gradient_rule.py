@@ -17,7 +17,7 @@ from ..ir import Graph, Value, evaluate
 from ..ops import emitter
 from ..ops.elementwise import elementwise
 from ..passes.autograd import autograd
-from ..passes.pipeline import CompileContext
+from ..passes.pipeline import CompileContext, CompileSettings
 from . import NotYet, learner_call
 
 TITLE = "the gradient rule of an op (y = x**3)"
@@ -56,7 +56,7 @@ def _graph(rule, x_data: np.ndarray, w_data: np.ndarray) -> Graph:
     loss = emit("reduce_sum", emit("broadcast_mul", emit(OP, x), w), axis=None)
     g.results["loss"] = loss
     try:
-        g = autograd(g, CompileContext(trainable=["x"]))
+        g = autograd(g, CompileContext(CompileSettings(trainable=["x"])))
     except (NotYet, NotImplementedError):
         raise
     except Exception as e:
