@@ -1,3 +1,13 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: py:percent
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+# ---
+
 # %% [markdown]
 # # Lesson 12: a real training run, killed and resumed bit for bit
 #
@@ -52,6 +62,10 @@ KILL_AFTER_SAVES = 2
 """The parent kills the child once it has written this many checkpoints."""
 
 
+# %% [markdown]
+# ## 1. The recipe, and everything a run holds
+
+# %%
 def settings(quick: bool) -> dict:
     """The recipe: data size, batch, micro-batches, epochs, optimizer and clipping."""
     return {"n_train": 64 if quick else None, "batch": 16 if quick else 64, "accumulate": 2,
@@ -120,6 +134,9 @@ class Run:
             self.model.train()
 
 
+# %% [markdown]
+# ## 2. The run in a child process, killed after its second checkpoint
+
 # %%
 def child_main(cfg: dict, ckpt: Path) -> None:
     """The run the parent kills: train, checkpoint every SAVE_EVERY updates, say so."""
@@ -159,6 +176,10 @@ def kill_after_saves(quick: bool, ckpt: Path) -> int:
     return load(ckpt)["run"]["step"]
 
 
+# %% [markdown]
+# ## 3. The lesson: an uninterrupted run, the killed run, the resumed run, compared
+
+# %%
 def main() -> None:
     p = argparse.ArgumentParser(description="Lesson 12: a real training run, killed and resumed")
     p.add_argument("--quick", action="store_true", help="64 training images, 2 epochs")

@@ -27,7 +27,8 @@ from .. import nn
 from ..nn import functional as F
 from ..tensor import apply, tensor
 
-__all__ = ["VARIANTS", "SCALES", "run_variant", "study", "summary", "figure", "ir_text"]
+__all__ = ["VARIANTS", "SCALES", "run_variant", "study", "summary", "figure", "ir_text",
+           "reference"]
 
 VARIANTS = ("fp32", "amp", "amp+black_scores", "amp+black_matmul")
 SCALES = (1.0, 4.0, 16.0, 64.0, 256.0, 1024.0, 4096.0, 16384.0, 65536.0, 262144.0)
@@ -61,7 +62,10 @@ def _inputs(scale: float, batch: int, length: int, d: int, seed: int):
     return q, k, v
 
 
-def _reference(q, k, v):
+def reference(q, k, v):
+    """``(softmax(q @ k^T) @ v, softmax(q @ k^T))`` in NumPy float64 (the max-subtracted
+    softmax): the oracle the variants are measured against; ``q [B, L, d]``, ``k``, ``v [B, S,
+    d]`` of any float dtype."""
     s = q.astype(np.float64) @ np.swapaxes(k.astype(np.float64), -1, -2)
     p = np.exp(s - s.max(-1, keepdims=True))
     p /= p.sum(-1, keepdims=True)
@@ -75,7 +79,7 @@ def run_variant(variant: str, scale: float, batch: int = 4, length: int = 32, d:
     q, k, v = _inputs(scale, batch, length, d, seed)
     out, p = _Head(variant)(tensor(q), tensor(k), tensor(v))
     out, p = out.numpy().astype(np.float64), p.numpy().astype(np.float64)
-    want_out, want_p = _reference(q, k, v)
+    want_out, want_p = reference(q, k, v)
     finite = np.isfinite(out).all() and np.isfinite(p).all()
     return {"out_error": float(np.abs(out - want_out).max()) if finite else float("nan"),
             "prob_error": float(np.abs(p - want_p).max()) if finite else float("nan"),
