@@ -77,7 +77,8 @@ def _assert_same_results(theirs, ours: dict, cpu: str) -> None:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("cpu", CPUS)
-def test_kernels_compiled_for_another_cpu_pass_and_match_this_build(cpu, tmp_path, lane_summary):
+def test_kernels_compiled_for_another_cpu_pass_and_match_this_build(cpu, tmp_path,
+                                                                   record_property):
     env = _env(cpu)
     t0 = time.perf_counter()
     r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
@@ -92,8 +93,9 @@ def test_kernels_compiled_for_another_cpu_pass_and_match_this_build(cpu, tmp_pat
     assert c.returncode == 0, f"isa_cases.py under {cpu} failed:\n{c.stderr[-4000:]}"
     with np.load(out) as theirs:
         _assert_same_results(theirs, isa_cases.run(), cpu)
-    lane_summary.append(f"ISA lane {cpu} (own process, {time.perf_counter() - t0:.0f} s): "
-                        f"{lines[-1].strip('= ')}; tests/isa_cases.py matches this build")
+    record_property("lane_summary", f"ISA lane {cpu} (own process, "
+                    f"{time.perf_counter() - t0:.0f} s): {lines[-1].strip('= ')}; "
+                    f"tests/isa_cases.py matches this build")
 
 
 def test_the_lane_compares_what_it_says():

@@ -49,6 +49,7 @@ from miniflow import distributed
 from miniflow.amp import GradScaler
 from miniflow.experiments.mlp import TrainGraph, mlp
 from miniflow.ir import grad_name
+from miniflow.passes.data_parallel import DataParallelState
 from miniflow.notebook import script_args, script_dir
 
 LESSON = script_dir(globals()) / "11_data_parallel.py"
@@ -103,7 +104,7 @@ def part1_ir() -> None:
     for cap, g in ((0.0005, graph), (25.0, train_graph()[1])):
         if g is not graph:
             g(*batch(1, 0))
-        buckets = g.compile_context.all_reduce_buckets
+        buckets = g.compile_context.state[DataParallelState].buckets
         print(f"bucket_cap_mb={cap} ({cap * 2 ** 20:.0f} bytes): {len(buckets)} buckets, "
               f"{g.ir.count_ops().get('all_reduce', 0)} all_reduce nodes (one per bucket, one "
               f"for the non-finite counts)")
