@@ -6,6 +6,8 @@ import miniflow as mf
 from miniflow import nn
 from miniflow.experiments.mlp import TrainGraph, mlp
 
+from graph_cases import Step, xy
+
 
 class Fn(nn.Graph):
     """A graph whose build is a plain function, for error tests."""
@@ -124,25 +126,6 @@ def test_lazy_tensor_cannot_escape_build():
 
 
 # ------------------------------------------------------------------------------ found by a new user
-def _step_graph(model, opt, scaler=None):
-    class S(nn.Graph):
-        def __init__(self):
-            super().__init__()
-            self.model = model
-            self.add_optimizer(opt)
-            if scaler is not None:
-                self.set_grad_scaler(scaler)
-
-        def build(self, x, y):
-            loss = nn.functional.cross_entropy(self.model(x), y)
-            loss.backward()
-            return loss
-    return S()
-
-
-def _xy(n=4):
-    r = np.random.default_rng(0)
-    return r.random((n, 4), dtype=np.float32), r.integers(0, 3, n).astype(np.int64)
 
 
 def test_optimizer_parameters_of_unattached_modules_are_an_error():
@@ -160,25 +143,25 @@ def test_optimizer_parameters_of_unattached_modules_are_an_error():
             return loss
 
     with pytest.raises(ValueError, match=r"SGD parameter 0 \(f32\[3, 4\]\) is not a parameter"):
-        S()(*_xy())
+        S()(*xy())
 
 
 def test_a_new_lr_is_read_at_the_next_call_other_changes_recompile():
     mf.manual_seed(0)
     model = mlp((4, 8, 3))
     opt = mf.optim.SGD(model.parameters(), lr=0.1)
-    g = _step_graph(model, opt)
-    g(*_xy())
+    g = Step(model, opt)
+    g(*xy())
     opt.param_groups[0]["lr"] = 1e-30  # like an LR schedule: a graph input, no recompilation
     w = model[0].weight.numpy()
-    g(*_xy())
+    g(*xy())
     assert g.compile_count == 1 and opt.version == 0
     np.testing.assert_allclose(model[0].weight.numpy(), w, rtol=0, atol=1e-20)
     opt.param_groups[0]["weight_decay"] = 0.5  # an attribute of the update ops: recompiles
-    g(*_xy())
+    g(*xy())
     assert g.compile_count == 2 and "weight_decay=0.5" in str(g.ir)
     g.config.enable_amp(True)
-    g(*_xy())
+    g(*xy())
     assert g.compile_count == 3 and "cast" in g.ir.count_ops()
     with pytest.raises(ValueError, match="lr must be finite"):
         opt.param_groups[0]["lr"] = float("nan")
@@ -189,7 +172,7 @@ def test_a_new_lr_is_read_at_the_next_call_other_changes_recompile():
 def test_optimizer_added_twice_or_sharing_parameters_is_an_error():
     model = nn.Linear(4, 3)
     opt = mf.optim.SGD(model.parameters(), lr=0.1)
-    g = _step_graph(model, opt)
+    g = Step(model, opt)
     with pytest.raises(ValueError, match="already added"):
         g.add_optimizer(opt)
     with pytest.raises(ValueError, match="already trained by another optimizer"):
@@ -202,8 +185,8 @@ def test_static_scaler_without_skipping_applies_non_finite_steps():
     mf.manual_seed(0)
     model = mlp((4, 8, 3))
     scaler = mf.amp.StaticGradScaler(8.0, skip_nonfinite=False)
-    g = _step_graph(model, mf.optim.SGD(model.parameters(), lr=0.1), scaler)
-    x, y = _xy()
+    g = Step(model, mf.optim.SGD(model.parameters(), lr=0.1), scaler)
+    x, y = xy()
     x[0, 0] = np.nan
     g(x, y)
     assert scaler.found_inf and scaler.num_skipped_steps == 0
@@ -323,10 +306,10 @@ def test_param_group_update_is_checked_and_recompiles_and_removal_is_refused():
     mf.manual_seed(0)
     model = mlp((4, 8, 3))
     opt = mf.optim.Adam(model.parameters(), lr=0.1)
-    g = _step_graph(model, opt)
-    g(*_xy())
+    g = Step(model, opt)
+    g(*xy())
     opt.param_groups[0].update(lr=0.01, betas=(0.8, 0.9))
-    g(*_xy())
+    g(*xy())
     assert g.compile_count == 2 and "beta1=0.8, beta2=0.9" in str(g.ir)
     assert opt.learning_rate[0] == 0.01
     with pytest.raises(ValueError, match="lr must be finite"):
@@ -342,20 +325,20 @@ def test_loaded_scaler_settings_reach_the_compiled_graph():
     mf.manual_seed(0)
     model = mlp((4, 8, 3))
     scaler = mf.amp.GradScaler(init_scale=8.0, growth_interval=1000)
-    g = _step_graph(model, mf.optim.SGD(model.parameters(), lr=0.1), scaler)
-    g(*_xy())
+    g = Step(model, mf.optim.SGD(model.parameters(), lr=0.1), scaler)
+    g(*xy())
     sd = dict(scaler.state_dict(), growth_interval=1, _growth_tracker=0)
     scaler.load_state_dict(sd)
-    g(*_xy())
+    g(*xy())
     assert scaler.scale == 16.0
     scaler.growth_interval = 2
-    g(*_xy())
-    g(*_xy())
+    g(*xy())
+    g(*xy())
     assert scaler.scale == 32.0 and "growth_interval=2" in str(g.ir)
     with pytest.raises(KeyError, match="unexpected keys"):
         mf.amp.StaticGradScaler(4.0).load_state_dict(scaler.state_dict())
     g.set_grad_scaler(None)
-    g(*_xy())
+    g(*xy())
     assert "multi_count_not_finite" not in g.ir.count_ops()
 
 
