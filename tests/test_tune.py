@@ -34,7 +34,11 @@ class FakeTimer:
 
 
 def _tuner(tmp_path, monkeypatch, timer, path=None) -> tune.Tuner:
+    """A tuner on a file in ``tmp_path``, choosing between the rules and BLAS (the one-thread
+    BLAS candidate, which applies only where BLAS has more threads, has its own test)."""
     monkeypatch.setenv("MINIFLOW_MATMUL", "auto")
+    monkeypatch.setattr(cpu_matmul, "CANDIDATES", {"numba": cpu_matmul.numba_steps,
+                                                   "blas": cpu_matmul.blas_steps})
     t = tune.Tuner(path=str(path or tmp_path / "tuning.json"), timer=timer)
     monkeypatch.setattr(tune, "TUNER", t)
     return t
@@ -76,8 +80,12 @@ def test_the_faster_candidate_is_chosen_and_written_to_the_file(tmp_path, monkey
     assert _names(_matmul(16, 300, 1000, tb=True)[0]) == "dot" and t2.timer.calls == []
 
 
-def test_the_rules_win_ties_and_identical_candidates_are_not_measured(tmp_path, monkeypatch):
-    t = _tuner(tmp_path, monkeypatch, FakeTimer(numba=1e-3, blas=1e-3 / (1 + tune.TIE / 2)))
+def test_blas_wins_unless_beaten_by_the_margin_and_identical_candidates_are_not_measured(
+        tmp_path, monkeypatch):
+    t = _tuner(tmp_path, monkeypatch, FakeTimer(numba=1e-3 / (1 + tune.MARGIN / 2), blas=1e-3))
+    assert _names(_matmul(16, 300, 1000, tb=True)[0]) == "dot"
+    t = _tuner(tmp_path / "2", monkeypatch, FakeTimer(numba=1e-3 / (1 + 2 * tune.MARGIN),
+                                                      blas=1e-3))
     assert _names(_matmul(16, 300, 1000, tb=True)[0]) == "dot_block_kernel"
     t.timer.calls.clear()
     assert _names(_matmul(64, 32, 16, tb=True)[0]) == "dot"    # the rules call BLAS too
@@ -107,8 +115,8 @@ def test_a_cached_choice_gives_the_same_steps_and_bits_in_a_new_process(tmp_path
 
 @pytest.mark.parametrize("content,why", [
     ("{not json", "cannot be read as JSON"),
-    ('{"format": "miniflow-tuning-0", "machine": {}, "choices": {}}', "is not a miniflow-tuning-1"),
-    ('{"format": "miniflow-tuning-1", "machine": {"cpu": "a VAX"}, "choices": {"k": "blas"}}',
+    ('{"format": "miniflow-tuning-1", "machine": {}, "choices": {}}', "is not a miniflow-tuning-2"),
+    ('{"format": "miniflow-tuning-2", "machine": {"cpu": "a VAX"}, "choices": {"k": "blas"}}',
      "written for another machine"),
 ])
 def test_a_corrupt_or_foreign_file_is_ignored_with_one_notice(tmp_path, monkeypatch, capsys,
@@ -156,7 +164,7 @@ def test_an_unwritable_folder_measures_in_memory_and_says_so_once(tmp_path, monk
     assert _names(_matmul(16, 300, 1000, tb=True)[0]) == "dot"
     assert _names(_matmul(16, 300, 1000, tb=True)[0]) == "dot"
     _matmul(16, 1000, 300)
-    assert t.in_memory and len(t.choices) == 2 and t.timer.calls.count("blas") <= 2 * 9
+    assert t.in_memory and len(t.choices) == 2 and t.timer.calls.count("blas") <= 2 * tune.MAX_ROUNDS
     err = capsys.readouterr().err
     assert err.count("cannot write the kernel choices") == 1 and "kept in memory" in err
     assert "kept in memory" in "\n".join(t.describe())
@@ -234,7 +242,7 @@ PRODUCTS = [  # (m, k, n, ta, tb): the MLPs' products and the rules' edges (test
 def test_every_candidate_agrees_with_the_float64_oracle(monkeypatch, m, k, n, ta, tb, dt, counted):
     if counted and dt is float64:
         pytest.skip("the loss scaler counts half and float32 products")
-    for value in tune.CHOICES["matmul"]:      # the rules' Numba steps, BLAS alone
+    for value in ("numba", "blas"):      # the rules' Numba steps, BLAS alone
         monkeypatch.setenv("MINIFLOW_MATMUL", value)
         _, out, ref = _matmul(m, k, n, dt, ta, tb, counted, seed=m + k + n)
         tol = {float16: 2e-2, bfloat16: 2e-2, float32: 1e-4, float64: 1e-12}[dt] * np.sqrt(k + 1)
@@ -247,6 +255,32 @@ def test_the_blas_candidate_calls_blas_alone():
     ins = [np.zeros((16, 300), np.float16), np.zeros((1000, 300), np.float16)]
     steps = cpu_matmul.blas_steps(node, ins, [np.zeros((16, 1000), np.float16)])
     assert _names(steps) == "cast_kernel + cast_kernel + dot + cast_kernel"
+
+
+def test_samples_keep_the_strides_of_views():
+    """The tuner times the candidates on arrays laid out as the plan's (a transposed view, a
+    block of a bigger buffer), not on contiguous copies."""
+    base = np.zeros((6, 8), np.float32)
+    views = [base.T, base[:, 2:5], base[::2], np.zeros((0, 3), np.float16)]
+    for view, sample in zip(views, tune._samples(views, np.random.default_rng(0))):
+        assert sample.shape == view.shape and sample.strides == view.strides
+        assert sample.dtype == view.dtype and (sample.size == 0 or np.abs(sample).max() > 0)
+
+
+def test_one_thread_blas_is_a_candidate_where_blas_has_more_threads(tmp_path, monkeypatch):
+    from threadpoolctl import threadpool_limits
+    _tuner(tmp_path, monkeypatch, FakeTimer(numba=3e-3, blas=2e-3, **{"blas 1 thread": 1e-3}))
+    monkeypatch.setattr(cpu_matmul, "CANDIDATES", {
+        "numba": cpu_matmul.numba_steps, "blas": cpu_matmul.blas_steps,
+        "blas 1 thread": cpu_matmul.blas_one_thread_steps})
+    with threadpool_limits(2, user_api="blas"):
+        if max(lib.num_threads for lib in tune.numpy_blas()) < 2:
+            pytest.skip("NumPy's BLAS has one thread here")
+        steps, out, ref = _matmul(256, 1024, 1024)
+        assert _names(steps) == "dot (1 BLAS thread)"
+        np.testing.assert_allclose(out, ref, rtol=1e-4, atol=1e-3)
+    with threadpool_limits(1, user_api="blas"):
+        assert cpu_matmul.blas_one_thread_steps(None, [], []) is None
 
 
 @requires_mpi
