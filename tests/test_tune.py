@@ -283,6 +283,33 @@ def test_one_thread_blas_is_a_candidate_where_blas_has_more_threads(tmp_path, mo
         assert cpu_matmul.blas_one_thread_steps(None, [], []) is None
 
 
+def test_a_convolution_s_algorithm_and_its_gemms_are_measured_choices(tmp_path, monkeypatch):
+    """Winograd against im2col per convolution class, and every GEMM of the chosen one (BLAS,
+    BLAS on one thread, the register tile) per GEMM class; whatever wins, the result agrees
+    with the direct convolution (float64)."""
+    from miniflow.ops.conv import conv_sample_inputs
+    from op_cases import Case, host_buffers, make_node
+    t = _tuner(tmp_path, monkeypatch, FakeTimer(winograd=3e-3, im2col=1e-3, blas=2e-3,
+                                                tile=1e-3, **{"blas 1 thread": 2e-3}))
+    a = {"kernel_size": 3, "strides": 1, "padding_before": 1, "dilation_rate": 1, "groups": 1}
+    x, w, _ = conv_sample_inputs(np.float32, 4, 8, 16, 16, 64, a)
+    node = make_node(Case("conv2d", [x, w], a))
+    ins, outs = host_buffers(Case("conv2d", [x, w], a), node)
+    steps = builder_for(node.op)(node, ins, outs)
+    names = _names(steps)
+    assert "im2col_kernel" in names and "winograd" not in names and "outer_block_kernel" in names
+    [conv] = [name for key, name in t.choices.items() if key.startswith("conv ")]
+    gemms = {name for key, name in t.choices.items() if key.startswith("gemm ")}
+    assert conv == "im2col" and "tile" in gemms      # Winograd's GEMMs were measured too
+    for fn, args in steps:
+        fn(*args)
+    x64, w64 = x.astype(np.float64), w.astype(np.float64)
+    xp = np.pad(x64, ((0, 0), (0, 0), (1, 1), (1, 1)))
+    ref = sum(np.einsum("nchw,oc->nohw", xp[:, :, i:i + 16, j:j + 16], w64[:, :, i, j])
+              for i in range(3) for j in range(3))
+    np.testing.assert_allclose(outs[0], ref, rtol=1e-4, atol=1e-4)
+
+
 @requires_mpi
 def test_under_a_real_mpiexec_one_rank_measures_and_every_rank_builds_its_choice(tmp_path):
     rc, output, _ = run_mpi("tuning.py", 2, tmp_path)

@@ -7,7 +7,7 @@ is slow; ``batch_matmul`` is one such product per batch index (``kernels.common.
 rules below (:func:`numba_steps`), BLAS alone (:func:`blas_steps`) or BLAS on one thread
 (:func:`blas_one_thread_steps`), as ``tune`` measured for the product's class on the machine it
 runs on, at the threads in force (BLAS unless another is clearly faster; ``MINIFLOW_MATMUL``
-overrides). The rules' thresholds and the register tile were measured on one Zen 4 core, and
+overrides). The convolutions' GEMMs are chosen alike (:func:`gemm_steps`). The rules' thresholds and the register tile were measured on one Zen 4 core, and
 are 2-3x off on other CPUs, where BLAS then wins. The rules pick one step per product when the
 plan is built (measured on one Zen 4 core with OpenBLAS 0.3.31; single-core sgemm peak about
 104-110 GFLOP/s; ``benchmarks/kernels.py`` prints GFLOP/s and % of the measured peak for every
@@ -82,7 +82,7 @@ __all__ = ["BUILDERS", "OUTER_MIN_ROWS", "OUTER_MIN_COLS", "PACK_MIN_ROWS", "LAY
            "DOT_MAX_ROWS", "ONE_THREAD_FROM", "ONE_THREAD_BELOW", "OneThreadBlas",
            "dot_block_kernel", "outer_block_kernel", "pack_pairs_kernel", "interleave_pairs_kernel",
            "transpose_kernel", "rows_times_kernel", "build_matmul", "numba_steps",
-           "blas_steps", "blas_one_thread_steps", "CANDIDATES"]
+           "blas_steps", "blas_one_thread_steps", "CANDIDATES", "GEMM_CANDIDATES", "gemm_steps"]
 
 OUTER_MIN_ROWS = 4
 """Rows from which :func:`outer_block_kernel` (four rows a block) beats :func:`rows_times_kernel`
@@ -804,6 +804,58 @@ def numba_steps(node, ins, outs):
         a, b = _widened(a, steps), _widened(b, steps)
         steps.append(_product_step(a.T if ta else a, b.T if tb else b, target))
     return steps + _into_out(target, outs)
+
+
+def _layout(x) -> str:
+    """``C`` (C-contiguous), ``F`` (a transposed view of one) or ``S`` (other strides)."""
+    return "C" if x.flags.c_contiguous else "F" if x.flags.f_contiguous else "S"
+
+
+def _gemm_blas(node, ins, outs):
+    """A GEMM candidate: ``np.dot`` (``np.matmul`` for stacks) at the threads in force."""
+    a, b, out = ins[0], ins[1], outs[0]
+    return [(np.dot if a.ndim == 2 else np.matmul, (a, b, out))]
+
+
+def _gemm_blas_one_thread(node, ins, outs):
+    """A GEMM candidate: :func:`_gemm_blas` on one BLAS thread, or None where BLAS has one."""
+    multithreaded = [lib for lib in numpy_blas() if lib.num_threads > 1]
+    if not multithreaded:
+        return None
+    [(fn, args)] = _gemm_blas(node, ins, outs)
+    return [(OneThreadBlas(fn, multithreaded), args)]
+
+
+def _gemm_tile(node, ins, outs):
+    """A GEMM candidate: :func:`outer_block_kernel` where it computes the 2-D float32 product
+    (``_outer_fits``), else None."""
+    a, b, out = ins[0], ins[1], outs[0]
+    if a.ndim != 2 or out.dtype != np.float32 or not _outer_fits(a, b, out, False):
+        return None
+    return [(outer_block_kernel(use_parallel(out.size), False, "rows"),
+             (a, b, out, np.zeros(1, np.int64)))]
+
+
+GEMM_CANDIDATES = {"blas": _gemm_blas, "blas 1 thread": _gemm_blas_one_thread,
+                   "tile": _gemm_tile}
+"""The tuner's candidates for a GEMM of another kernel (:func:`gemm_steps`): BLAS, the built-in
+rule, first."""
+
+
+def gemm_steps(a, b, out) -> list:
+    """Steps for ``out = a @ b``, float32 or float64, 2-D (``np.dot``) or stacks of matrices
+    (``np.matmul``; Winograd's 16 products): the candidate of :data:`GEMM_CANDIDATES` ``tune``
+    measured fastest for the GEMM's class on this machine (its dtype, the powers of two at or
+    above ``m``, ``k``, ``n`` and the stack, each operand's layout, the threads in force). The
+    convolutions' im2col and Winograd GEMMs (``conv``) go through it.
+
+    Raises:
+        ValueError: ``MINIFLOW_MATMUL`` is not one of ``tune.MODES``."""
+    (m, k), n = a.shape[-2:], b.shape[-1]
+    stack = f"s{_bucket(a.shape[0])} " if a.ndim == 3 else ""
+    key = (f"{a.dtype.name} {stack}m{_bucket(m)} k{_bucket(k)} n{_bucket(n)} "
+           f"a{_layout(a)} b{_layout(b)} out{_layout(out)}")
+    return tune.choose("gemm", key, None, [a, b], [out], GEMM_CANDIDATES)
 
 
 CANDIDATES = {"numba": numba_steps, "blas": blas_steps, "blas 1 thread": blas_one_thread_steps}
