@@ -29,8 +29,9 @@ with the winner's steps on the node's buffers:
    every CPU, keeps what it does not clearly lose. Candidates whose steps call the same kernels
    are one (the first of them is timed); if all are one, nothing is measured;
 4. each new model (a plan being built: ``Backend.begin_plan``) may spend at most ``BUDGET_S``
-   seconds of timed runs measuring; past it, its new classes take the rules' candidate for this
-   process and are measured by a later one.
+   seconds of timed runs measuring; past it, its new classes take, for this process, the
+   candidate most cached classes of their kind at their thread counts chose (none cached: the
+   rules'; :meth:`Tuner.usual`), and are measured by a later one.
 
 The file: ``tuning-<digest>.json`` in ``$NUMBA_CACHE_DIR/miniflow_tuning`` (or
 ``miniflow_tuning`` in Numba's user-wide cache folder when ``NUMBA_CACHE_DIR`` is not set), the
@@ -319,18 +320,27 @@ class Tuner:
     # ------------------------------------------------------------------ choosing
     def decide(self, key: str, node, ins, outs, candidates: dict, first) -> str:
         """The name of the candidate for class ``key`` (see the module docstring): cached, or
-        measured now (and written to the file), or the first one past the budget."""
+        measured now (and written to the file), or past the budget :meth:`usual`."""
         names = list(candidates)
         known = self.load().get(key)
         if known in names:
             return known
         if self.spent >= BUDGET_S:
-            return names[0]
+            return self.usual(key, names)
         winner, measured = self.measure(node, ins, outs, candidates, first)
         if measured:
             self.choices[key] = winner
             self._save()
         return winner
+
+    def usual(self, key: str, names: list) -> str:
+        """The candidate of ``names`` that most cached classes of ``key``'s kind at its thread
+        counts chose (ties and none: the first, the rules): the guess for a class the budget
+        leaves unmeasured (a threaded BLAS that loses on this machine loses on most classes)."""
+        kind, threads = key.split(" ", 1)[0] + " ", " | " + key.rsplit(" | ", 1)[-1]
+        votes = [name for k, name in self.load().items()
+                 if k.startswith(kind) and k.endswith(threads) and name in names]
+        return max(names, key=lambda name: (votes.count(name), -names.index(name)))
 
     def measure(self, node, ins, outs, candidates: dict, first) -> tuple:
         """``(winner, measured)``: every candidate built on sample arrays and timed (module
