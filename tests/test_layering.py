@@ -232,3 +232,29 @@ def test_every_backend_provides_every_family_for_the_same_ops():
             assert got == first, (f"family {family!r}: {name} builds {sorted(got ^ first)} "
                                   f"differently from {BACKEND_PACKAGES[0]}")
     assert all(set(p.KERNELS) == set(packages[0].KERNELS) for p in packages)
+
+
+def test_every_backend_fills_every_family_record_through_its_protocol():
+    """Every family with a step-maker protocol (``kernels.common.family.PROTOCOL_FAMILIES``):
+    each backend's record (its ``BUILDERS``) has a builder for every op type of the family's
+    ``OPS``, made by the family's ``builders`` (``family.record``) over a step maker of the one
+    signature ``steps(ins, outs, plan, attrs)``, and the family's ``builders`` takes nothing but
+    step makers by op type (what may come before them, conv's ``fill_steps``, is positional)."""
+    import inspect
+
+    from miniflow.kernels.common.family import PROTOCOL_FAMILIES
+    for family in PROTOCOL_FAMILIES:
+        common = importlib.import_module(f"miniflow.kernels.common.{family}")
+        kinds = [p.kind for p in inspect.signature(common.builders).parameters.values()]
+        assert kinds[-1] == inspect.Parameter.VAR_KEYWORD, family
+        assert inspect.Parameter.KEYWORD_ONLY not in kinds, family
+        for package in BACKEND_PACKAGES:
+            record = importlib.import_module(f"{package}.{family}").BUILDERS
+            missing = [op for op in common.OPS if op not in record]
+            assert not missing, f"{package}.{family} has no step maker for {missing}"
+            for op in common.OPS:
+                build = record[op]
+                assert getattr(build, "family", None) == family, (
+                    f"{package}.{family}: {op!r} is not built by {family}.builders")
+                params = inspect.signature(build.step_maker).parameters
+                assert len(params) == 4, (package, op, list(params))
