@@ -1,7 +1,7 @@
 """The one step-maker protocol of the kernel families (``pool``, ``conv``, ``normalization``,
-``movement``): what a backend writes is a :class:`StepMaker` per op type, what every backend
-plans the same way is the family's ``plan_of(node, ins, outs)`` in ``kernels/common/<family>.py``,
-and :func:`record` joins them into the builders of the backend's record of the family, its
+``movement``, ``reduce``): what a backend writes is a :class:`StepMaker` per op type, what every
+backend plans the same way is the family's ``plan_of(node, ins, outs)`` in
+``kernels/common/<family>.py``, and :func:`record` joins them into the builders of the backend's record of the family, its
 ``BUILDERS``::
 
     BUILDERS = conv.builders(fill_steps, conv2d=conv2d_steps, ...)   # in kernels/cpu/conv.py
@@ -20,7 +20,7 @@ from typing import Callable, Protocol
 
 __all__ = ["StepMaker", "record", "PROTOCOL_FAMILIES"]
 
-PROTOCOL_FAMILIES = ("pool", "conv", "normalization", "movement")
+PROTOCOL_FAMILIES = ("pool", "conv", "normalization", "movement", "reduce")
 """The families whose records are built by :func:`record` (each module has ``OPS``, the library's
 op types of the family, and ``builders``)."""
 
