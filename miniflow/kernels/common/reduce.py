@@ -7,14 +7,17 @@ the loops; :func:`gathered` makes ``reduce_sum``'s from the backend's sum loop.
 
 A backend fills its record, ``BUILDERS`` of its ``reduce.py``, by op type::
 
-    BUILDERS = reduce.builders(reduce_sum=gathered(transpose_steps, scratch, sum_steps), ...)
+    BUILDERS = reduce.builders(reduce_sum=gathered(transpose_steps, scratch, sum_steps),
+                               **with_log(softmax=softmax_steps, ...), ...)
 """
 from __future__ import annotations
+
+import functools
 
 from .family import StepMaker, record
 from .layout import reduce_layout, rows_cols
 
-__all__ = ["OPS", "plan_of", "gathered", "builders"]
+__all__ = ["OPS", "plan_of", "gathered", "with_log", "builders"]
 
 OPS = ("reduce_sum", "softmax", "log_softmax", "softmax_grad", "log_softmax_grad",
        "sparse_softmax_cross_entropy", "sparse_softmax_cross_entropy_grad")
@@ -52,6 +55,14 @@ def gathered(transpose_steps, scratch, sum_steps) -> StepMaker:
 
     steps.__name__ = f"gathered({getattr(sum_steps, '__name__', 'sum_steps')})"
     return steps
+
+
+def with_log(**steps) -> dict:
+    """The step makers of each ``op`` and its ``log_`` twin from a backend's
+    ``steps(log, ins, outs, plan, attrs)`` (``softmax=softmax_steps`` gives ``softmax`` and
+    ``log_softmax``): ``log`` bound to False and True."""
+    return {("log_" if log else "") + op: functools.partial(make, log)
+            for op, make in steps.items() for log in (False, True)}
 
 
 def builders(**steps: StepMaker) -> dict:

@@ -17,7 +17,7 @@ from .elementwise import cast_steps
 from .fp16 import load, store, to_compute
 from .movement import transpose_steps
 from ..common import reduce
-from ..common.reduce import gathered
+from ..common.reduce import gathered, with_log
 from ..common.precision import compute_dtype
 
 __all__ = ["reduce_sum_kernel", "reduce_sum_columns_kernel", "softmax_kernel",
@@ -237,11 +237,8 @@ def xent_grad_steps(ins, outs, plan, attrs):
     return [(kernel, (flat(dy), label.reshape(-1), flat(prob), flat(dx), rows, cols))]
 
 
-BUILDERS = reduce.builders(
-    reduce_sum=gathered(transpose_steps, scratch, sum_steps),
-    softmax=functools.partial(softmax_steps, False),
-    log_softmax=functools.partial(softmax_steps, True),
-    softmax_grad=functools.partial(softmax_grad_steps, False),
-    log_softmax_grad=functools.partial(softmax_grad_steps, True),
-    sparse_softmax_cross_entropy=xent_steps, sparse_softmax_cross_entropy_grad=xent_grad_steps)
+BUILDERS = reduce.builders(reduce_sum=gathered(transpose_steps, scratch, sum_steps),
+                           **with_log(softmax=softmax_steps, softmax_grad=softmax_grad_steps),
+                           sparse_softmax_cross_entropy=xent_steps,
+                           sparse_softmax_cross_entropy_grad=xent_grad_steps)
 """Op type -> builder for the reductions and row ops."""

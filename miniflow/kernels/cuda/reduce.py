@@ -27,7 +27,7 @@ from .common import (block_max, block_sum, device, flat, jit, math, nan_max, scr
 from .launch import current, flat_steps, row_steps
 from .movement import fill_steps, transpose_steps
 from ..common import reduce
-from ..common.reduce import gathered
+from ..common.reduce import gathered, with_log
 
 __all__ = ["column_total", "reduce_sum_kernel", "reduce_sum_map_kernel", "reduce_sum_then",
            "row_max_sumexp", "softmax_kernel", "softmax_grad_kernel", "sparse_xent_kernel",
@@ -271,11 +271,8 @@ def xent_grad_steps(ins, outs, plan, attrs):
                       f"sparse_xent_grad {short(dx.dtype)}")
 
 
-BUILDERS = reduce.builders(
-    reduce_sum=gathered(transpose_steps, scratch, sum_steps),
-    softmax=functools.partial(softmax_steps, False),
-    log_softmax=functools.partial(softmax_steps, True),
-    softmax_grad=functools.partial(softmax_grad_steps, False),
-    log_softmax_grad=functools.partial(softmax_grad_steps, True),
-    sparse_softmax_cross_entropy=xent_steps, sparse_softmax_cross_entropy_grad=xent_grad_steps)
+BUILDERS = reduce.builders(reduce_sum=gathered(transpose_steps, scratch, sum_steps),
+                           **with_log(softmax=softmax_steps, softmax_grad=softmax_grad_steps),
+                           sparse_softmax_cross_entropy=xent_steps,
+                           sparse_softmax_cross_entropy_grad=xent_grad_steps)
 """Op type -> builder for the reductions and row ops."""
