@@ -34,7 +34,7 @@ import numpy as np
 
 from .. import __version__
 from ..extras import require
-from ..graph import Graph
+from ..compile import Graph
 from ..nn.module import Module
 from ..passes.pipeline import STAGE_ALIASES
 from ..runtime.backend import get_backend
