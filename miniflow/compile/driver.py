@@ -257,7 +257,7 @@ class Graph:
         most that many steps are pending per plan)."""
         ring = plan.state.get("scaler_readbacks")
         if ring is None:
-            arrays = [scaler._scale, plan.buffers[id(counts)]]
+            arrays = [scaler._scale, plan.buffers[counts]]
             ring = plan.state["scaler_readbacks"] = [
                 [plan.backend.readback(arrays) for _ in range(plan.backend.readback_depth)], 0]
         slots, k = ring
