@@ -155,22 +155,22 @@ class Graph:
 
     def named_parameters(self):
         """``(name, Parameter)`` for every module attribute, names prefixed by the attribute."""
-        seen = set()
-        for attr, m in self._modules():
-            for name, p in m.named_parameters(attr + "."):
-                if id(p) not in seen:
-                    seen.add(id(p))
-                    yield name, p
+        return self._named("named_parameters")
 
     def named_buffers(self):
         """``(name, buffer)`` for every module attribute's buffers (batch norm's running
         statistics ...), names prefixed by the attribute: graph variables, like parameters."""
+        return self._named("named_buffers")
+
+    def _named(self, method: str):
+        """``(name, tensor)`` of ``Module.<method>`` over the module attributes, each tensor
+        once (a module under two attributes is listed under the first)."""
         seen = set()
         for attr, m in self._modules():
-            for name, b in m.named_buffers(attr + "."):
-                if id(b) not in seen:
-                    seen.add(id(b))
-                    yield name, b
+            for name, t in getattr(m, method)(attr + "."):
+                if id(t) not in seen:
+                    seen.add(id(t))
+                    yield name, t
 
     # ------------------------------------------------------------------ calling
     def __call__(self, *inputs):
