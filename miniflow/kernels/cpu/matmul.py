@@ -66,7 +66,7 @@ import numba
 import numpy as np
 
 from ...dtype import bfloat16
-from . import fp16, tune
+from . import fp16, mkl_gemm, tune
 from ..common.batch import batched
 from .common import blas_libraries, jit, jitable, kview, loop_for, use_parallel
 from .elementwise import cast_steps
@@ -703,14 +703,17 @@ def build_matmul(node, ins, outs):
     The steps of :func:`numba_steps` (the built-in rules: Numba loops where they were measured
     faster, else BLAS) or of :func:`blas_steps` (BLAS alone), whichever ``tune`` measures faster
     for the product's class on this machine (``MINIFLOW_MATMUL`` overrides): its dtypes,
-    transposes, counting and the powers of two at or above ``m``, ``k`` and ``n``."""
+    transposes, counting and the powers of two at or above ``m``, ``k`` and ``n``. A half-type
+    product on a CPU with AMX also has oneMKL's (``mkl_gemm.candidate``; its class says ``amx``)."""
     a, b, out = ins[0], ins[1], outs[0]
     ta, tb = node.attrs.get("transpose_a", False), node.attrs.get("transpose_b", False)
     (m, n), k = out.shape, a.shape[0 if ta else 1]
+    mkl = mkl_gemm.candidate(a.T if ta else a, b.T if tb else b, out)
     key = (f"{a.dtype.name}{'.T' if ta else ''} @ {b.dtype.name}{'.T' if tb else ''} -> "
            f"{out.dtype.name}{' counted' if len(outs) > 1 else ''} "
-           f"m{_bucket(m)} k{_bucket(k)} n{_bucket(n)}")
-    return tune.choose("matmul", key, node, ins, outs, {"numba": numba_steps, "blas": blas_steps})
+           f"m{_bucket(m)} k{_bucket(k)} n{_bucket(n)}{' amx' if mkl else ''}")
+    return tune.choose("matmul", key, node, ins, outs, {"numba": numba_steps, "blas": blas_steps}
+                       if mkl is None else {"numba": numba_steps, "mkl": mkl, "blas": blas_steps})
 
 
 def _target(out, counted: bool):
