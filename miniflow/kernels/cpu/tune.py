@@ -12,7 +12,8 @@ and its candidates; the tuner answers with the winner's steps on the node's buff
    call and the thread counts in force (Numba's, BLAS's), so a class holds products the rules
    treat alike, measured at the threads they run at;
 2. ``MINIFLOW_MATMUL=numba`` (``blas``) takes the first (last) candidate of every choice, with no
-   measuring (``mkl``: that candidate where offered, else the first); ``auto`` (the default) looks the class up in the machine's file, then measures;
+   measuring (``mkl``: that candidate where offered, else the first); ``auto`` (the default)
+   looks the class up in the machine's file, then measures;
 3. measuring builds every candidate on sample arrays of the node's shapes and dtypes (random
    values: ``np.empty``'s untouched pages all read the one zero page and would time as if in
    cache), runs each once (compiling or loading its kernels: not counted), then times them in
