@@ -137,6 +137,17 @@ def test_mkl_is_not_a_candidate_without_the_extra_the_feature_or_a_half_type(mon
         assert mkl_gemm.candidate(a, b, out) is None
 
 
+def test_only_half_operands_into_a_float32_or_half_out_are_taken():
+    h, f = np.zeros((4, 8), np.float16), np.zeros((8, 16), np.float16)
+    assert mkl_gemm.takes(h, f, np.zeros((4, 16), np.float32))
+    assert mkl_gemm.takes(h, f, np.zeros((4, 16), bfloat16.np))
+    assert not mkl_gemm.takes(h, f, np.zeros((4, 16), np.float64))      # float32 written
+    assert not mkl_gemm.takes(h, f.astype(bfloat16.np), np.zeros((4, 16), np.float32))
+    assert not mkl_gemm.takes(h.astype(np.float32), f.astype(np.float32),
+                              np.zeros((4, 16), np.float32))
+    assert not mkl_gemm.takes(h[:, :0], f[:0], np.zeros((4, 16), np.float32))
+
+
 @pytest.mark.parametrize("shape,strides,expect", [
     ((3, 5), (10, 2), (mkl_gemm._NO_TRANS, 5)),         # C-contiguous
     ((3, 5), (2, 6), (mkl_gemm._TRANS, 3)),             # a .T view of a C-contiguous (5, 3)

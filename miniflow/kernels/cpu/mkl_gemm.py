@@ -120,10 +120,12 @@ def _operand(x):
 
 def takes(a, b, out) -> bool:
     """Whether oneMKL computes ``out = a @ b`` (``a``, ``b`` possibly ``.T`` views): both of one
-    half dtype of :data:`FUNCTIONS`, out a float (any size), no dimension zero or past the
-    LP64 interface's ``int``, each operand's rows or columns of unit stride."""
+    half dtype of :data:`FUNCTIONS`, out float32 or a half type (the product is float32), no
+    dimension zero or past the LP64 interface's ``int``, each operand's rows or columns of unit
+    stride."""
     (m, k), n = a.shape, b.shape[1]
-    return (a.dtype == b.dtype and a.dtype in FUNCTIONS and out.dtype.kind in "fV"
+    return (a.dtype == b.dtype and a.dtype in FUNCTIONS
+            and (out.dtype == np.float32 or out.dtype in FUNCTIONS)
             and 0 < min(m, k, n) and max(m, k, n) <= _INT_MAX
             and _operand(a) is not None and _operand(b) is not None)
 
