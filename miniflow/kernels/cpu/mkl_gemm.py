@@ -9,8 +9,9 @@ the Linux permission for the tile state (``arch_prctl(ARCH_REQ_XCOMP_PERM)``) th
 Sapphire Rapids core a 256 x 1024 x 1024 bfloat16 product runs at about 716 GFLOP/s there,
 against 146 for OpenBLAS's float32 sgemm; float16 (no AMX-FP16 on that CPU) at 137, as sgemm.
 
-:func:`candidate` is the ``"mkl"`` candidate of ``tune.CHOICES["matmul"]``, offered for a
-product of two bfloat16 (float16) operands only where
+:func:`gemm_step` is the product of the ``"mkl"`` candidate of ``tune.CHOICES["matmul"]``
+(``matmul.mkl_steps``), which :func:`offered` says is offered for a product of two bfloat16
+(float16) operands only where
 
 * the target Numba compiles for (``target.cpu()``: its feature string) has ``amx-bf16``
   (``amx-fp16`` or ``avx512fp16`` for float16): a run as another CPU (``NUMBA_CPU_NAME=haswell``,
@@ -23,7 +24,7 @@ product of two bfloat16 (float16) operands only where
 
 Rounding: the product is float32 (every ``a[i, p] * b[p, j]`` exact in float32, summed in
 float32 in oneMKL's order), rounded into a half out by the same pass as the other candidates
-(``matmul._into_out``). The order differs from the Numba kernels' and OpenBLAS's, so the bits
+(``matmul.mkl_steps``). The order differs from the Numba kernels' and OpenBLAS's, so the bits
 differ from theirs in the last places of the float32 sum: which candidate the tuner chose
 decides the bits, and with the choice cached they are the same in every run (oneMKL runs on
 one thread here, and its result was measured independent of the operands' alignment).
@@ -46,7 +47,7 @@ from ...dtype import bfloat16
 from ...extras import missing
 from . import target, tune
 
-__all__ = ["EXTRA", "FUNCTIONS", "library", "available", "takes", "candidate", "mkl_steps",
+__all__ = ["EXTRA", "FUNCTIONS", "library", "available", "takes", "gemm_step", "offered",
            "describe"]
 
 EXTRA = "amx"
@@ -120,11 +121,11 @@ def _operand(x):
 
 def takes(a, b, out) -> bool:
     """Whether oneMKL computes ``out = a @ b`` (``a``, ``b`` possibly ``.T`` views): both of one
-    half dtype of :data:`FUNCTIONS`, out float32 or a half type (the product is float32), no
-    dimension zero or past the LP64 interface's ``int``, each operand's rows or columns of unit
-    stride."""
+    half dtype of :data:`FUNCTIONS`, out float32 or a half type (the product is float32) and
+    C-contiguous, no dimension zero or past the LP64 interface's ``int``, each operand's rows or
+    columns of unit stride."""
     (m, k), n = a.shape, b.shape[1]
-    return (a.dtype == b.dtype and a.dtype in FUNCTIONS
+    return (a.dtype == b.dtype and a.dtype in FUNCTIONS and out.flags.c_contiguous
             and (out.dtype == np.float32 or out.dtype in FUNCTIONS)
             and 0 < min(m, k, n) and max(m, k, n) <= _INT_MAX
             and _operand(a) is not None and _operand(b) is not None)
@@ -143,53 +144,45 @@ class _Gemm:
         self.fn(*self.args)
 
 
-def mkl_steps(node, ins, outs):
-    """The ``"mkl"`` candidate's steps (the builder contract of ``tune``): one oneMKL call
-    writing the float32 product into out (float32, not counted) or into float32 scratch that
-    one pass rounds into a half out and counts (``matmul._into_out``).
+def gemm_step(a, b, out):
+    """The step computing ``out = a @ b`` by one oneMKL call (``a``, ``b`` possibly ``.T`` views
+    of one half type; ``out`` float32, C-contiguous): ``(function, ())``, the call's arguments
+    fixed when the plan is built.
 
     Raises:
         MissingExtraError: oneMKL is not installed (one sentence naming the extra).
-        ValueError: :func:`takes` does not hold for the product (build it with another
-            candidate).
+        ValueError: :func:`takes` does not hold, or out is not C-contiguous float32.
     """
-    from .matmul import _into_out, _target
     lib = library()
     if lib is None:
         raise missing("mkl", EXTRA, "matmul's mkl candidate (oneMKL)")
-    a, b, out = ins[0], ins[1], outs[0]
-    a = a.T if node.attrs.get("transpose_a", False) else a
-    b = b.T if node.attrs.get("transpose_b", False) else b
-    if not takes(a, b, out):
+    if not (takes(a, b, out) and out.dtype == np.float32):
         raise ValueError(f"matmul (mkl): oneMKL does not take {a.dtype} {a.shape} strides "
-                         f"{a.strides} @ {b.dtype} {b.shape} strides {b.strides} -> {out.dtype}; "
-                         f"use MINIFLOW_MATMUL=auto, numba or blas")
-    target_ = _target(out, len(outs) > 1)
+                         f"{a.strides} @ {b.dtype} {b.shape} strides {b.strides} -> {out.dtype} "
+                         f"{out.shape}; use MINIFLOW_MATMUL=auto, numba or blas")
     (m, k), n = a.shape, b.shape[1]
     (ta, lda), (tb, ldb) = _operand(a), _operand(b)
     fn = getattr(lib, FUNCTIONS[a.dtype][0])
     args = (_ROW_MAJOR, ta, tb, m, n, k, 1.0, a.ctypes.data, lda, b.ctypes.data, ldb, 0.0,
-            target_.ctypes.data, n)
-    return [(_Gemm(fn, args, (a, b, target_)), ())] + _into_out(target_, outs)
+            out.ctypes.data, n)
+    return _Gemm(fn, args, (a, b, out)), ()
 
 
-def candidate(a, b, out):
-    """The ``"mkl"`` builder (:func:`mkl_steps`) where it is offered for ``out = a @ b`` (the
-    module docstring: a half product it takes, on a target with the feature, in mode ``auto``
-    or ``mkl``, oneMKL installed), else None.
+def offered(a, b, out) -> bool:
+    """Whether the ``"mkl"`` candidate (``matmul.mkl_steps``) is offered for ``out = a @ b``
+    (the module docstring: a half product it takes, on a target with the feature, in mode
+    ``auto`` or ``mkl``, oneMKL installed).
 
     Raises:
-        MissingExtraError: ``MINIFLOW_MATMUL=mkl`` and oneMKL is not installed (one sentence
-            naming the extra).
+        MissingExtraError: ``MINIFLOW_MATMUL=mkl``, a half-type product and oneMKL is not
+            installed (one sentence naming the extra).
     """
     how = tune.mode()
     if how not in ("auto", "mkl") or a.dtype not in FUNCTIONS:
-        return None
+        return False
     if how == "mkl" and not available():
         raise missing("mkl", EXTRA, "MINIFLOW_MATMUL=mkl (oneMKL's half-type matmul)")
-    if not (_target_has(FUNCTIONS[a.dtype][1]) and available() and takes(a, b, out)):
-        return None
-    return mkl_steps
+    return _target_has(FUNCTIONS[a.dtype][1]) and available() and takes(a, b, out)
 
 
 def describe() -> str:
