@@ -66,7 +66,7 @@ import numba
 import numpy as np
 
 from ...dtype import bfloat16
-from . import fp16, tune
+from . import fp16, mkl_gemm, tune
 from ..common.batch import batched
 from .common import blas_libraries, jit, jitable, kview, loop_for, use_parallel
 from .elementwise import cast_steps
@@ -81,7 +81,7 @@ __all__ = ["BUILDERS", "OUTER_MIN_ROWS", "OUTER_MIN_COLS", "PACK_MIN_ROWS", "LAY
            "DOT_MAX_ROWS", "ONE_THREAD_FROM", "ONE_THREAD_BELOW", "OneThreadBlas",
            "dot_block_kernel", "outer_block_kernel", "pack_pairs_kernel", "interleave_pairs_kernel",
            "transpose_kernel", "rows_times_kernel", "build_matmul", "numba_steps",
-           "blas_steps"]
+           "blas_steps", "mkl_steps"]
 
 OUTER_MIN_ROWS = 4
 """Rows from which :func:`outer_block_kernel` (four rows a block) beats :func:`rows_times_kernel`
@@ -703,14 +703,20 @@ def build_matmul(node, ins, outs):
     The steps of :func:`numba_steps` (the built-in rules: Numba loops where they were measured
     faster, else BLAS) or of :func:`blas_steps` (BLAS alone), whichever ``tune`` measures faster
     for the product's class on this machine (``MINIFLOW_MATMUL`` overrides): its dtypes,
-    transposes, counting and the powers of two at or above ``m``, ``k`` and ``n``."""
+    transposes, counting and the powers of two at or above ``m``, ``k`` and ``n``. A half-type
+    product on a CPU with AMX also has oneMKL's (:func:`mkl_steps`, where ``mkl_gemm.offered``;
+    its class says ``amx``)."""
     a, b, out = ins[0], ins[1], outs[0]
     ta, tb = node.attrs.get("transpose_a", False), node.attrs.get("transpose_b", False)
     (m, n), k = out.shape, a.shape[0 if ta else 1]
+    mkl = mkl_gemm.offered(a.T if ta else a, b.T if tb else b, out)
     key = (f"{a.dtype.name}{'.T' if ta else ''} @ {b.dtype.name}{'.T' if tb else ''} -> "
            f"{out.dtype.name}{' counted' if len(outs) > 1 else ''} "
-           f"m{_bucket(m)} k{_bucket(k)} n{_bucket(n)}")
-    return tune.choose("matmul", key, node, ins, outs, {"numba": numba_steps, "blas": blas_steps})
+           f"m{_bucket(m)} k{_bucket(k)} n{_bucket(n)}{' amx' if mkl else ''}")
+    candidates = {"numba": numba_steps, "mkl": mkl_steps, "blas": blas_steps}
+    if not mkl:
+        del candidates["mkl"]
+    return tune.choose("matmul", key, node, ins, outs, candidates)
 
 
 def _target(out, counted: bool):
@@ -739,6 +745,22 @@ def blas_steps(node, ins, outs):
     a, b = _widened(a, steps), _widened(b, steps)
     steps.append(_blas_step(a.T if ta else a, b.T if tb else b, target))
     return steps + _into_out(target, outs)
+
+
+def mkl_steps(node, ins, outs):
+    """:func:`build_matmul`'s steps through oneMKL's half-type GEMM (``mkl_gemm``, on AMX): the
+    float32 product into out (float32, not counted) or into float32 scratch, rounded into a half
+    out (and counted) by one pass, as :func:`blas_steps`.
+
+    Raises:
+        MissingExtraError: oneMKL is not installed (the ``amx`` extra).
+        ValueError: oneMKL does not take the product (``mkl_gemm.takes``).
+    """
+    a, b, out = ins[0], ins[1], outs[0]
+    ta, tb = node.attrs.get("transpose_a", False), node.attrs.get("transpose_b", False)
+    target = _target(out, len(outs) > 1)
+    step = mkl_gemm.gemm_step(a.T if ta else a, b.T if tb else b, target)
+    return [step] + _into_out(target, outs)
 
 
 def numba_steps(node, ins, outs):

@@ -12,7 +12,8 @@ and its candidates; the tuner answers with the winner's steps on the node's buff
    call and the thread counts in force (Numba's, BLAS's), so a class holds products the rules
    treat alike, measured at the threads they run at;
 2. ``MINIFLOW_MATMUL=numba`` (``blas``) takes the first (last) candidate of every choice, with no
-   measuring; ``auto`` (the default) looks the class up in the machine's file, then measures;
+   measuring (``mkl``: that candidate where offered, else the first); ``auto`` (the default)
+   looks the class up in the machine's file, then measures;
 3. measuring builds every candidate on sample arrays of the node's shapes and dtypes (random
    values: ``np.empty``'s untouched pages all read the one zero page and would time as if in
    cache), runs each once (compiling or loading its kernels: not counted), then times them in
@@ -65,12 +66,14 @@ __all__ = ["CHOICES", "ENV", "MODES", "FORMAT", "MAX_CHOICES", "BUDGET_S", "CLAS
            "MIN_ROUNDS", "MAX_ROUNDS", "TIE", "Tuner", "TUNER", "choose", "machine", "mode",
            "folder", "describe", "numpy_blas", "begin_model"]
 
-CHOICES = {"matmul": ("numba", "blas")}
-"""Kind of choice -> its candidates' names: the built-in rules' first, the library call last."""
+CHOICES = {"matmul": ("numba", "mkl", "blas")}
+"""Kind of choice -> its candidates' names: the built-in rules' first, the library call last;
+those between are offered only where they run (``mkl``: half types on AMX, ``mkl_gemm``)."""
 ENV = "MINIFLOW_MATMUL"
 """The override: ``auto`` (measure; the default), ``numba`` (every choice's first candidate, the
-built-in rules) or ``blas`` (the last, the library call)."""
-MODES = ("auto", "numba", "blas")
+built-in rules), ``blas`` (the last, the library call) or ``mkl`` (that candidate where it is
+offered, else the first)."""
+MODES = ("auto", "numba", "blas", "mkl")
 FORMAT = "miniflow-tuning-1"
 """The file's ``format`` field; a file with another is ignored (and replaced)."""
 MAX_CHOICES = 512
@@ -96,7 +99,8 @@ def mode() -> str:
     if value not in MODES:
         raise ValueError(f"miniflow: {ENV}={raw!r} is not one of {', '.join(MODES)}: auto "
                          f"measures which kernel is faster on this machine (the default), numba "
-                         f"uses the Numba kernels where the built-in rules do, blas calls BLAS")
+                         f"uses the Numba kernels where the built-in rules do, blas calls BLAS, "
+                         f"mkl calls oneMKL for the half-type products (the amx extra)")
     return value
 
 
@@ -297,7 +301,7 @@ class Tuner:
     def decide(self, kind: str, key: str, node, ins, outs, candidates: dict, first) -> str:
         """The name of ``kind``'s candidate for class ``key`` (see the module docstring):
         cached, or measured now (and written to the file), or the first one past the budget."""
-        names = CHOICES[kind]
+        names = list(candidates)
         known = self.load().get(key)
         if known in names:
             return known
@@ -345,12 +349,14 @@ class Tuner:
     def choose(self, kind: str, key: str, node, ins, outs, candidates: dict) -> list:
         """The steps of the chosen candidate on the node's buffers (module docstring)."""
         names = CHOICES[kind]
-        if tuple(candidates) != names:
-            raise ValueError(f"tune.choose: {kind!r} has the candidates {names}, got "
-                             f"{tuple(candidates)}")
+        if (tuple(candidates) != tuple(n for n in names if n in candidates)
+                or names[0] not in candidates or names[-1] not in candidates):
+            raise ValueError(f"tune.choose: {kind!r} has the candidates {names} (the first and "
+                             f"last always), got {tuple(candidates)}")
         how = mode()
         if how != "auto":
-            return candidates[names[0] if how == "numba" else names[-1]](node, ins, outs)
+            how = {"numba": names[0], "blas": names[-1]}.get(how, how)
+            return candidates[how if how in candidates else names[0]](node, ins, outs)
         first = candidates[names[0]](node, ins, outs)
         key = (f"{kind} {key} | {_kernels(first)} | threads {numba.get_num_threads()}/"
                f"{max((lib.num_threads for lib in numpy_blas()), default=1)}")
