@@ -63,7 +63,7 @@ def _info(args) -> int:
 def _print_tuning() -> None:
     """The CPU Numba compiles for, the BLAS libraries and the kernel choices measured on this
     machine (``kernels.cpu.tune``)."""
-    from .kernels.cpu import tune
+    from .kernels.cpu import mkl_gemm, tune
 
     m = tune.machine()
     isa = [f for f in ("avx512bf16", "avx512fp16", "amx-bf16", "avx512f", "avx2", "fma", "f16c",
@@ -71,6 +71,7 @@ def _print_tuning() -> None:
     isa = ", ".join(isa) or "none of the vector extensions miniflow uses"
     print(f"CPU: {m['cpu']}; Numba compiles for {m['target']} ({isa})")
     print(f"BLAS (core type): {'; '.join(m['blas']) or 'none loaded'}")
+    print(mkl_gemm.describe())
     try:
         lines = tune.describe()
     except ValueError as e:         # a bad MINIFLOW_MATMUL
@@ -92,7 +93,7 @@ def _cache_probe(backend) -> str:
     node = Node(get_op("relu"), [Value("x", (4,), float32, kind="input")], [])
     node.outputs = [Value("y", (4,), float32, producer=node)]
     try:
-        buffers = {id(node.inputs[0]): backend.from_numpy(np.zeros(4, np.float32))}
+        buffers = {node.inputs[0]: backend.from_numpy(np.zeros(4, np.float32))}
         steps, _ = build_steps([node], buffers, backend)
         for fn, a in steps:
             fn(*a)
@@ -192,8 +193,14 @@ def _train(args) -> int:
         if first:
             print(f"miniflow train: {e}", file=sys.stderr)
         return 130
-    if r["rank"] != 0:
-        return 0
+    if r["rank"] == 0:
+        _print_training(r, args, threads if args.ddp else None)
+    return 0
+
+
+def _print_training(r: dict, args, threads: int | None) -> None:
+    """What ``miniflow train`` prints after the run (rank 0): the settings, the losses and
+    accuracies, the loss scale, the time, the files written; ``--save`` writes the model."""
     run_steps = r["steps"] - (r["resumed_from"] or 0)
     print(_model_line(args.model, r["recipe"], args))
     if args.ddp:
@@ -218,7 +225,6 @@ def _train(args) -> int:
         from .serialization import save
         save(r["graph"].model.state_dict(), args.save)
         print(f"saved the model's state_dict to {args.save}")
-    return 0
 
 
 def _model_line(model: str, recipe, args) -> str:
@@ -375,7 +381,17 @@ def parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True)
     sub.add_parser("info", help="backend, versions, GPU, float16 path, kernel cache").set_defaults(
         fn=_info)
-    from .experiments.train import MODELS, RECIPES, SCHEDULES
+    _add_train(sub)
+    _add_stability(sub)
+    _add_ir(sub)
+    from .cli_gpt import add_attention_study
+    add_attention_study(sub)
+    return p
+
+
+def _add_train(sub) -> None:
+    """``miniflow train`` and its options: the model and its recipe, then the run's."""
+    from .experiments.train import MODELS, RECIPES
     t = sub.add_parser("train", help="train a model (mlp, lenet, resnet18) on the digits data set")
     t.add_argument("--model", choices=MODELS + ("gpt",), default="mlp",
                    help="mlp: 64-128-10; lenet: a LeNet with batch norm; resnet18: ResNet-18 with "
@@ -398,6 +414,16 @@ def parser() -> argparse.ArgumentParser:
                         "GradScaler, or bf16 (--model gpt) (default: float32)")
     t.add_argument("--seed", type=_seed, default=0, help="any integer >= 0 (default 0)")
     t.add_argument("--no-progress", action="store_true", help="no progress bar")
+    _add_train_run_options(t)
+    from .cli_gpt import add_gpt_arguments
+    add_gpt_arguments(t, _positive, _real)
+    t.set_defaults(fn=_train, parser=t)
+
+
+def _add_train_run_options(t) -> None:
+    """``miniflow train``'s options after ``--no-progress``: data parallel, the saved model,
+    the schedule, accumulation, clipping, checkpoints, the backend and the log."""
+    from .experiments.train import RECIPES, SCHEDULES
     t.add_argument("--ddp", action="store_true", help="data parallel on every rank of "
                    "`mpiexec -n N miniflow train --ddp` (--batch-size is per rank)")
     t.add_argument("--save", metavar="PATH", help="write the trained model's state_dict (a "
@@ -433,9 +459,10 @@ def parser() -> argparse.ArgumentParser:
                    "gradient norm, loss scale, skipped steps; per epoch: test accuracy) in a "
                    "run folder named after the settings in DIR (needs the tensorboard extra; default: "
                    "none written)")
-    from .cli_gpt import add_gpt_arguments
-    add_gpt_arguments(t, _positive, _real)
-    t.set_defaults(fn=_train, parser=t)
+
+
+def _add_stability(sub) -> None:
+    """``miniflow stability`` and its options."""
     st = sub.add_parser("stability", help="training-stability study of the loss-scale policies: "
                         "figures, metrics.json, summary.md")
     st.add_argument("--quick", action="store_true", help="1 seed, 220 steps per run (for CI)")
@@ -452,6 +479,11 @@ def parser() -> argparse.ArgumentParser:
                     "run folder per experiment, policy or label, scale and seed) in DIR (needs "
                     "the tensorboard extra; default: none written)")
     st.set_defaults(fn=_stability)
+
+
+def _add_ir(sub) -> None:
+    """``miniflow ir`` and its options."""
+    from .experiments.train import MODELS
     ir = sub.add_parser("ir", help="print a model's IR after a pass; --onnx exports it, "
                         "--netron opens it in Netron")
     ir.add_argument("--model", choices=MODELS, default="mlp", help="as for train (default mlp)")
@@ -470,9 +502,6 @@ def parser() -> argparse.ArgumentParser:
     ir.add_argument("--netron", action="store_true", help="open the --onnx file in Netron "
                     "(needs the netron extra)")
     ir.set_defaults(fn=_ir, parser=ir)
-    from .cli_gpt import add_attention_study
-    add_attention_study(sub)
-    return p
 
 
 def main(argv=None) -> int:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import importlib
 
-__all__ = ["MissingExtraError", "require"]
+__all__ = ["MissingExtraError", "require", "missing"]
 
 
 class MissingExtraError(ImportError):
@@ -27,7 +27,13 @@ def require(module: str, extra: str, feature: str):
     try:
         return importlib.import_module(module)
     except ImportError as e:
-        raise MissingExtraError(
-            f"{feature} needs the {module!r} package, which is not installed: install "
-            f"miniflow's {extra} extra (pip install -e \".[{extra}]\" in a checkout, "
-            f"pip install \"miniflow[{extra}]\" otherwise).") from e
+        raise missing(module, extra, feature) from e
+
+
+def missing(package: str, extra: str, feature: str) -> MissingExtraError:
+    """The error saying, in one sentence, that ``feature`` needs ``package`` and which extra
+    installs it (for a package that is not a Python module, e.g. a shared library's wheel)."""
+    return MissingExtraError(
+        f"{feature} needs the {package!r} package, which is not installed: install "
+        f"miniflow's {extra} extra (pip install -e \".[{extra}]\" in a checkout, "
+        f"pip install \"miniflow[{extra}]\" otherwise).")

@@ -114,7 +114,7 @@ def unscaled_gradients(graph) -> dict:
                          "read the unscaled ones (the same bits, a little slower), or log "
                          "without the gradient norm (grad_norm=False)")
     to_numpy = get_backend().to_numpy
-    return {n: to_numpy(plan.buffers[id(v)]) for n, v in plan.graph.grads.items()}
+    return {n: to_numpy(plan.buffers[v]) for n, v in plan.graph.grads.items()}
 
 
 def grad_norm(unscaled: dict) -> float:

@@ -123,7 +123,7 @@ def test_under_amp_the_accumulated_gradient_is_the_mean_of_the_micro_batch_gradi
 def _grads(graph) -> dict:
     """The gradient results of the graph's last call (float32 master gradients)."""
     plan = next(reversed(graph.plans.values()))
-    return {k: get_backend().to_numpy(plan.buffers[id(v)]) for k, v in plan.graph.grads.items()}
+    return {k: get_backend().to_numpy(plan.buffers[v]) for k, v in plan.graph.grads.items()}
 
 
 def test_under_amp_accumulation_trains_like_one_batch_to_float16_rounding():
@@ -187,8 +187,8 @@ def test_the_loss_scale_meets_every_micro_batch_and_the_update_runs_once():
 def _steps_once(plan, i) -> int:
     """Steps node ``i`` makes for one micro-batch (builders may make several)."""
     node = plan.graph.nodes[i]
-    return len(builder_for(node.op)(node, [plan.buffers[id(v)] for v in node.inputs],
-                                    [plan.buffers[id(v)] for v in node.outputs]))
+    return len(builder_for(node.op)(node, [plan.buffers[v] for v in node.inputs],
+                                    [plan.buffers[v] for v in node.outputs]))
 
 
 def test_evaluate_runs_the_micro_batches_like_the_plan():

@@ -35,7 +35,7 @@ def _graphs(max_norm, norm_type, opt_cls=mf.optim.SGD, **kw):
 def grads_of(graph) -> dict:
     """The gradient results of the graph's last call (variable name -> NumPy array)."""
     plan = next(reversed(graph.plans.values()))
-    return {k: get_backend().to_numpy(plan.buffers[id(v)]) for k, v in plan.graph.grads.items()}
+    return {k: get_backend().to_numpy(plan.buffers[v]) for k, v in plan.graph.grads.items()}
 
 
 def clip_oracle(grads: list, max_norm: float, norm_type: float) -> tuple:
@@ -136,7 +136,7 @@ def _clip_factor(graph) -> float:
     """The ``clip_coef`` output of the graph's ``clip_grad_norm`` node at its last call."""
     plan = next(reversed(graph.plans.values()))
     (node,) = [n for n in plan.graph.nodes if n.op.name == "clip_grad_norm"]
-    return float(get_backend().to_numpy(plan.buffers[id(node.outputs[1])])[0])
+    return float(get_backend().to_numpy(plan.buffers[node.outputs[1]])[0])
 
 
 def test_clipping_settings_are_hyper_parameters_that_recompile():

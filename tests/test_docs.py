@@ -1,7 +1,11 @@
-"""The documentation matches the code and stands alone: ``docs/extending.md`` names only files and
-functions that exist, the Python blocks of ``docs/`` run (each in the namespace of the module it
-says it belongs to) and do what the text says, the README shows the code before the stability
-study and links the checklists, and no file in the repository points outside it.
+"""The documentation matches the code and stands alone: every relative link of the README and of
+``docs/`` (and of ``tutorials/README.md``, ``benchmarks/README.md``) leads to a file that exists
+and, with a ``#anchor``, to one of its headings; every Python block of the README and of ``docs/``
+runs (``docs/extending.md``'s each in the namespace of the module it says it belongs to, the
+others in order after the README's, in a scratch folder) and does what the text says;
+``docs/extending.md`` names only files and functions that exist; the README is a front door
+(short, the code first, the two Quickstart commands, a link to every doc and lesson); and no file
+in the repository points outside it.
 
 The run markers follow the idea of Python's ``doctest`` (the documentation's examples are
 executed), with whole blocks instead of prompts."""
@@ -16,7 +20,9 @@ import pytest
 import miniflow as mf
 
 ROOT = Path(__file__).resolve().parent.parent
-EXTENDING = ROOT / "docs" / "extending.md"
+README = ROOT / "README.md"
+DOCS = ROOT / "docs"
+EXTENDING = DOCS / "extending.md"
 OUTSIDE = ("../" + "shared", "STYLE" + ".md", "ARCHITECTURE" + ".md", "REFERENCE" + ".md")
 """Files outside the repository that older versions cited (spelled in two parts, so that this file
 does not cite them either)."""
@@ -56,14 +62,81 @@ def test_every_name_in_extending_md_is_in_the_code():
     assert not missing, f"docs/extending.md names what the code does not have: {missing}"
 
 
-def test_the_readme_shows_the_code_first_and_links_the_checklists():
-    readme = (ROOT / "README.md").read_text()
+def _section(text: str, header: str) -> str:
+    """The body of the ``## header`` section of a Markdown text."""
+    return text.split(f"\n## {header}\n", 1)[1].split("\n## ", 1)[0]
+
+
+def test_the_readme_is_a_front_door():
+    """At most ~170 lines: what miniflow is, the example and its IR, the two Quickstart commands
+    (the second the one CI runs), then links to every doc, lesson and the benchmarks."""
+    readme = README.read_text()
+    assert len(readme.splitlines()) <= 170, "README.md: keep it a front door; move text to docs/"
     headers = re.findall(r"^## (.+)$", readme, re.M)
-    assert headers.index("What it looks like") < headers.index(
-        "The main job: training stability with and without the loss-scale fix")
-    assert "docs/extending.md" in readme
-    assert "(extending.md)" in (ROOT / "docs" / "architecture.md").read_text()
+    assert headers == ["What it looks like", "Quickstart", "Where to read next"], headers
+    commands = [ln for ln in re.findall(r"```bash\n(.*?)```", _section(readme, "Quickstart"),
+                                        re.S)[0].splitlines() if ln and not ln.startswith("#")]
+    assert len(commands) == 2, commands
+    fresh = "python3 -m venv .venv && . .venv/bin/activate && pip install -e "
+    assert commands[0] == fresh + ". && miniflow stability", commands[0]
+    assert 'add_parser("stability"' in (ROOT / "miniflow" / "cli.py").read_text()
+    ci = (ROOT / ".ci" / "run").read_text().splitlines()
+    install, test = commands[1].removeprefix(fresh).split(" && ")
+    assert install == '".[dev]"' and 'python -m pip install -q -e ".[dev]"' in ci, commands[1]
+    assert test == ci[-1] == "python -m pytest -q -n auto", (test, ci[-1])
+    linked = {target.partition("#")[0] for target in _links(README)}
+    wanted = {"tutorials/README.md", "benchmarks/README.md", "docs/stability/summary.md",
+              *(p.relative_to(ROOT).as_posix() for p in DOCS.glob("*.md")),
+              *(p.relative_to(ROOT).as_posix() for p in (ROOT / "tutorials").glob("[0-9]*.py"))}
+    assert not wanted - linked, f"README.md links none of {sorted(wanted - linked)}"
+    assert "(extending.md)" in (DOCS / "architecture.md").read_text()
     assert "(../docs/extending.md)" in (ROOT / "tutorials" / "README.md").read_text()
+
+
+FENCED = re.compile(r"^```.*?^```[^\n]*$", re.S | re.M)
+LINK = re.compile(r"!?\[[^\]]*\]\(([^)\s]+)(?:\s+\"[^\"]*\")?\)")
+LINKED_DOCS = [README, *sorted(DOCS.glob("*.md")), ROOT / "tutorials" / "README.md",
+               ROOT / "benchmarks" / "README.md"]
+
+
+def _links(path: Path) -> list:
+    """The targets of the Markdown links and images of ``path``, outside code blocks and spans."""
+    prose = re.sub(r"(`+).+?\1", "", FENCED.sub("", path.read_text()), flags=re.S)
+    return LINK.findall(prose)
+
+
+def _anchors(path: Path) -> set:
+    """The anchors GitHub gives the headings of ``path``: the text lower-cased, backticks and
+    punctuation other than ``-`` and ``_`` dropped, spaces to ``-``; a repeat gets ``-1``, ``-2``."""
+    seen, anchors = {}, set()
+    for heading in re.findall(r"^#{1,6} +(.+?) *$", FENCED.sub("", path.read_text()), re.M):
+        slug = re.sub(r"[^\w\- ]", "", heading.lower()).replace(" ", "-")
+        anchors.add(slug if slug not in seen else f"{slug}-{seen[slug]}")
+        seen[slug] = seen.get(slug, 0) + 1
+    return anchors
+
+
+@pytest.mark.parametrize("doc", LINKED_DOCS, ids=lambda p: p.relative_to(ROOT).as_posix())
+def test_every_relative_link_leads_to_a_file_and_heading(doc):
+    broken = []
+    for target in _links(doc):
+        if re.match(r"[a-z][a-z0-9+.-]*:", target):
+            continue                                     # https:, mailto:
+        path, _, anchor = target.partition("#")
+        dest = (doc.parent / path).resolve() if path else doc
+        if not dest.is_relative_to(ROOT) or not dest.exists():
+            broken.append(f"{target}: no such file in the repository")
+        elif anchor and (dest.suffix != ".md" or anchor not in _anchors(dest)):
+            broken.append(f"{target}: {dest.name} has no heading with anchor #{anchor}")
+    assert not broken, f"{doc.relative_to(ROOT)}: {broken}"
+
+
+def test_the_anchor_rule_is_githubs(tmp_path):
+    path = tmp_path / "case.md"
+    path.write_text("# A `b` c\n## Data parallel (world size 2)\n```\n# not a heading\n```\n"
+                    "## ResNet-50 (OneFlow CI's benchmark)\n# A b c\n")
+    assert _anchors(path) == {"a-b-c", "data-parallel-world-size-2",
+                              "resnet-50-oneflow-cis-benchmark", "a-b-c-1"}
 
 
 def _repository_files() -> list:
@@ -86,18 +159,73 @@ def test_no_file_references_anything_outside_the_repository():
     assert not found, found
 
 
-RUN_MARKER = re.compile(r"<!-- run: (\S+\.py) -->\n```python\n(.*?)```", re.S)
-"""A Python block of a doc, preceded by the file whose namespace it runs in."""
+RUN_MARKER = re.compile(r"<!-- run(?P<how>[^>]*?) -->\n```python\n(?P<code>.*?)```", re.S)
+"""A Python block of a doc and how it runs: ``<!-- run -->`` in order after the README's blocks,
+``<!-- run (needs MODULE) -->`` the same when ``MODULE`` imports (an optional extra), and
+``<!-- run: miniflow/....py -->`` in the namespace of that module (``docs/extending.md``)."""
+RUN_DOCS = [README, *sorted(p for p in DOCS.glob("*.md")
+                            if p != EXTENDING and "```python" in p.read_text())]
+
+
+def _marked_blocks(path: Path) -> list:
+    """``(how, code)`` of every Python block in ``path``, in order (``code`` after as many blank
+    lines as precede it in ``path``, so a traceback names the doc's line); every Python block must
+    carry a run marker."""
+    text = path.read_text()
+    blocks = [(m["how"].strip(), "\n" * text.count("\n", 0, m.start("code")) + m["code"])
+              for m in RUN_MARKER.finditer(text)]
+    assert len(blocks) == text.count("```python"), (
+        f"{path.name}: every ```python block needs a <!-- run --> line above it")
+    return blocks
 
 
 def _python_blocks(path: Path) -> list:
-    """``(module file, code)`` of every Python block in ``path``, in order; every Python block
-    must carry a run marker."""
-    text = path.read_text()
-    blocks = RUN_MARKER.findall(text)
-    assert len(blocks) == text.count("```python"), (
-        f"{path.name}: every ```python block needs a <!-- run: miniflow/....py --> line above it")
-    return blocks
+    """``(module file, code)`` of every Python block in ``path`` (each marked with its module)."""
+    blocks = _marked_blocks(path)
+    assert all(how.startswith(": ") for how, _ in blocks), f"{path.name}: {blocks}"
+    return [(how.removeprefix(": "), code) for how, code in blocks]
+
+
+def _run_in_order(path: Path, namespace: dict) -> None:
+    """Run the blocks of ``path`` in ``namespace``, in order (``needs``: skip without it)."""
+    for how, code in _marked_blocks(path):
+        needs = re.fullmatch(r"\(needs ([\w.]+)\)", how)
+        assert how == "" or needs, f"{path.name}: only docs/extending.md runs blocks in a module"
+        if needs:
+            pytest.importorskip(needs.group(1))
+        exec(compile(code, str(path.relative_to(ROOT)), "exec"), namespace)
+
+
+def _usage_did_what_it_says(namespace: dict, folder: Path) -> None:
+    assert namespace["losses"].shape == (4,)            # the 4 micro-batch losses
+    assert namespace["sampler"].epoch == 1
+    for written in ("amp.dot", "ckpt.safetensors", "model.safetensors"):
+        assert (folder / written).is_file(), written
+
+
+def _tools_did_what_it_says(namespace: dict, folder: Path) -> None:
+    assert list((folder / "runs").rglob("events.out.tfevents*")), sorted(folder.rglob("*"))
+
+
+AFTERWARDS = {"usage.md": _usage_did_what_it_says, "tools.md": _tools_did_what_it_says}
+"""What a doc's blocks leave behind, checked after they ran."""
+
+
+@pytest.mark.parametrize("doc", RUN_DOCS, ids=lambda p: p.relative_to(ROOT).as_posix())
+def test_the_python_blocks_of_the_readme_and_docs_run(doc, tmp_path, monkeypatch, capsys):
+    """In a scratch folder, the README's blocks then ``doc``'s, in one namespace, as a reader who
+    follows the README into the doc would run them."""
+    from miniflow import distributed as dist
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setitem(dist._STATE, "world", None)      # usage.md's dist.init(): rank 0 of 1
+    namespace = {"__name__": "__docs__"}
+    _run_in_order(README, namespace)
+    assert "sgd_update(%model.0.weight" in capsys.readouterr().out     # the IR it prints
+    if doc != README:
+        _run_in_order(doc, namespace)
+        if doc.name in AFTERWARDS:
+            AFTERWARDS[doc.name](namespace, tmp_path)
+    assert not set(AFTERWARDS) - {p.name for p in RUN_DOCS}
 
 
 def _run_block(module_file: str, code: str, builders: dict) -> dict:

@@ -7,9 +7,16 @@ imports resolved) and reports each import of a higher layer, of the other layer-
 below the backends (layer 3, the backend packages 3.5): shared code imports no backend. A second
 test feeds it a synthetic back-import and checks that it is reported.
 
-Also: no import circle anywhere (experiments included), and the kernel-family table is explicit:
-every backend imports, by name, one module per family of ``kernels.common.table.FAMILIES``, and
-each family builds the same op types on every backend.
+The compile package (``miniflow.compile``: the driver, its configuration, the half weight copies)
+is above ``nn``, ``optim`` and ``amp``: it may import every lower layer; below it only
+``miniflow.nn`` reaches it, in one place: ``nn.__getattr__`` imports the package (not one of its
+modules) to hand out ``nn.Graph`` / ``nn.GraphConfig``. ``nn`` holds layers only: it imports no
+pass (the passes' state is the driver's business).
+
+Also: no import circle anywhere (experiments included), the kernel-family table is explicit
+(every backend imports, by name, one module per family of ``kernels.common.table.FAMILIES``, and
+each family builds the same op types on every backend), and every function of ``miniflow/``
+outside ``miniflow/kernels/`` is shorter than :data:`MAX_FUNCTION_LINES`.
 """
 import ast
 import importlib
@@ -32,7 +39,7 @@ LAYERS = {
     "miniflow.nn": 6, "miniflow.models": 6.5,
     "miniflow.optim": 7,
     "miniflow.amp": 8,
-    "miniflow.graph": 9,
+    "miniflow.compile": 9,
     "miniflow.data": 10, "miniflow.experiments": 10, "miniflow.cli": 10, "miniflow.testing": 10,
     "miniflow.__main__": 10, "miniflow": 10, "miniflow.onnx": 10, "miniflow.logging": 10,
     "miniflow.exercises": 10,
@@ -47,9 +54,10 @@ APART = [("miniflow.passes", "miniflow.kernels"), ("miniflow.kernels.cpu", "mini
 and CUDA kernels share only ``kernels.common``)."""
 
 ALLOWLIST = {
-    # nn.Graph is the compile driver (miniflow/graph.py, above nn, optim and amp); miniflow.nn
-    # re-exports it as nn.Graph / nn.GraphConfig, imported on first use in nn.__getattr__.
-    ("miniflow.nn", "miniflow.graph"),
+    # nn.Graph is the compile driver (miniflow/compile/, above nn, optim and amp); miniflow.nn
+    # re-exports it as nn.Graph / nn.GraphConfig, imported on first use in nn.__getattr__
+    # (test_only_nn_reaches_up_to_the_compile_package holds it to that one function).
+    ("miniflow.nn", "miniflow.compile"),
 }
 """Back-imports that are allowed, each with its reason."""
 
@@ -138,7 +146,7 @@ def test_a_back_import_is_reported():
     sources["miniflow.kernels.cuda.elementwise"] += "\nfrom ..cpu.elementwise import map_steps\n"
     sources["miniflow.kernels.common.update"] += "\nfrom ..cpu.common import jitable\n"
     sources["miniflow.passes.autograd"] += "\nimport miniflow.kernels.cpu\n"
-    sources["miniflow.optim.sgd"] += "\nfrom ..graph import Graph\n"
+    sources["miniflow.optim.sgd"] += "\nfrom ..compile.driver import Graph\n"
     bad = back_imports(sources)
     assert "miniflow.ir -> miniflow.ops (layer 1 imports layer 2)" in bad
     assert ("miniflow.kernels.cuda.elementwise -> miniflow.kernels.cpu.elementwise "
@@ -148,7 +156,7 @@ def test_a_back_import_is_reported():
     assert ("miniflow.passes.autograd -> miniflow.kernels.cpu (miniflow.passes and "
             "miniflow.kernels must not import each other)") in bad
     assert "miniflow.passes.autograd -> miniflow.kernels.cpu (layer 3 imports layer 3.5)" in bad
-    assert "miniflow.optim.sgd -> miniflow.graph (layer 7 imports layer 9)" in bad
+    assert "miniflow.optim.sgd -> miniflow.compile.driver (layer 7 imports layer 9)" in bad
     assert len(bad) == 6, bad
 
 
@@ -232,3 +240,125 @@ def test_every_backend_provides_every_family_for_the_same_ops():
             assert got == first, (f"family {family!r}: {name} builds {sorted(got ^ first)} "
                                   f"differently from {BACKEND_PACKAGES[0]}")
     assert all(set(p.KERNELS) == set(packages[0].KERNELS) for p in packages)
+
+
+def test_every_backend_fills_every_family_record_through_its_protocol():
+    """Every family with a step-maker protocol (``kernels.common.family.PROTOCOL_FAMILIES``):
+    each backend's record (its ``BUILDERS``) has a builder for every op type of the family's
+    ``OPS``, made by the family's ``builders`` (``family.record``) over a step maker of the one
+    signature ``steps(ins, outs, plan, attrs)``, and the family's ``builders`` takes nothing but
+    step makers by op type (what may come before them, conv's ``fill_steps``, is positional)."""
+    import inspect
+
+    from miniflow.kernels.common.family import PROTOCOL_FAMILIES
+    for family in PROTOCOL_FAMILIES:
+        common = importlib.import_module(f"miniflow.kernels.common.{family}")
+        kinds = [p.kind for p in inspect.signature(common.builders).parameters.values()]
+        assert kinds[-1] == inspect.Parameter.VAR_KEYWORD, family
+        assert inspect.Parameter.KEYWORD_ONLY not in kinds, family
+        for package in BACKEND_PACKAGES:
+            record = importlib.import_module(f"{package}.{family}").BUILDERS
+            missing = [op for op in common.OPS if op not in record]
+            assert not missing, f"{package}.{family} has no step maker for {missing}"
+            for op in common.OPS:
+                build = record[op]
+                assert getattr(build, "family", None) == family, (
+                    f"{package}.{family}: {op!r} is not built by {family}.builders")
+                params = inspect.signature(build.step_maker).parameters
+                assert len(params) == 4, (package, op, list(params))
+
+
+COMPILE = "miniflow.compile"
+"""The compile package; :func:`reaches_into_compile` lists who below it imports it."""
+
+
+def reaches_into_compile(sources: dict) -> list:
+    """``"importer: how"`` for every import of the compile package from a lower layer that is not
+    the one allowed: ``miniflow.nn``'s ``__getattr__`` importing the package itself (lazily, so
+    importing ``miniflow.nn`` does not load the driver)."""
+    known, bad = set(sources), []
+    for name, source in sorted(sources.items()):
+        if layer(name) >= LAYERS[COMPILE]:
+            continue
+        tree = ast.parse(source)
+        lazy = {id(n) for f in ast.walk(tree) if isinstance(f, ast.FunctionDef)
+                and f.name == "__getattr__" for n in ast.walk(f)}
+        for node in ast.walk(tree):
+            if not isinstance(node, (ast.Import, ast.ImportFrom)):
+                continue
+            for target in imports(name, ast.unparse(node), known):
+                if target != COMPILE and not target.startswith(COMPILE + "."):
+                    continue
+                if name == "miniflow.nn" and target == COMPILE and id(node) in lazy:
+                    continue
+                where = "in __getattr__" if id(node) in lazy else f"at line {node.lineno}"
+                bad.append(f"{name}: imports {target} {where}")
+    return bad
+
+
+def test_only_nn_reaches_up_to_the_compile_package():
+    sources = modules()
+    assert reaches_into_compile(sources) == []
+    imported = imports("miniflow.nn", sources["miniflow.nn"], set(sources))
+    assert COMPILE in imported, "nn.Graph is no longer re-exported from miniflow.compile"
+    sources["miniflow.nn"] = "from ..compile import Graph\n" + sources["miniflow.nn"]
+    sources["miniflow.nn.module"] += "\n\ndef f():\n    from ..compile.half_copies import x\n"
+    bad = reaches_into_compile(sources)
+    assert bad == ["miniflow.nn: imports miniflow.compile at line 1",
+                   "miniflow.nn.module: imports miniflow.compile.half_copies at line "
+                   f"{sources['miniflow.nn.module'].count(chr(10))}"], bad
+
+
+def test_nn_holds_layers_only():
+    """The compile driver's bookkeeping (pass states, half weight copies, plans) is in
+    ``miniflow.compile``: no module of ``miniflow.nn`` imports a pass or the plan builder."""
+    sources = modules()
+    known = set(sources)
+    bad = [f"{name} -> {target}" for name, source in sorted(sources.items())
+           if name == "miniflow.nn" or name.startswith("miniflow.nn.")
+           for target in sorted(imports(name, source, known))
+           if target.startswith(("miniflow.passes", "miniflow.runtime.plan"))]
+    assert not bad, f"miniflow.nn imports the compile driver's business: {bad}"
+    assert {"miniflow.compile.config", "miniflow.compile.driver",
+            "miniflow.compile.half_copies"} <= known
+
+
+MAX_FUNCTION_LINES = 60
+"""Every function outside ``miniflow/kernels/`` is shorter than this: its lines from ``def`` to
+its last line, its docstring not counted (a kernel is one loop nest that Numba compiles as one
+function; everything else splits into functions a reader takes in at once)."""
+
+
+def long_functions(sources: dict, limit: int = MAX_FUNCTION_LINES) -> list:
+    """``"module.function: N lines"`` for every function (methods and nested functions too) of
+    ``sources`` outside ``miniflow.kernels`` with ``limit`` lines or more, longest first."""
+    found = []
+    for name, source in sources.items():
+        if name.startswith("miniflow.kernels"):
+            continue
+        for node in ast.walk(ast.parse(source)):
+            if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                continue
+            lines = node.end_lineno - node.lineno + 1
+            if ast.get_docstring(node, clean=False) is not None:
+                doc = node.body[0]
+                lines -= doc.end_lineno - doc.lineno + 1
+            if lines >= limit:
+                found.append((lines, f"{name}.{node.name}: {lines} lines"))
+    return [text for _, text in sorted(found, reverse=True)]
+
+
+def test_every_function_outside_the_kernels_is_under_60_lines():
+    bad = long_functions(modules())
+    assert not bad, (f"functions of {MAX_FUNCTION_LINES} lines or more (split them):\n"
+                     + "\n".join(bad))
+
+
+def test_a_long_function_is_reported():
+    body = "".join(f"    x{i} = {i}\n" for i in range(MAX_FUNCTION_LINES - 2))
+    sources = {"miniflow.long": f"def f():\n    \"\"\"Doc\n    string.\"\"\"\n{body}"
+                                f"    return x0\n",
+               "miniflow.kernels.cpu.long": f"def g():\n{body}{body}"}
+    assert long_functions(sources) == [f"miniflow.long.f: {MAX_FUNCTION_LINES} lines"]
+    sources["miniflow.long"] = sources["miniflow.long"].replace("    return x0\n", "")
+    assert long_functions(sources) == []

@@ -309,7 +309,7 @@ def test_fp32_policy_unscaled_gradients_match_a_numpy_fp16_reference():
     x, y = data.x_train[:16], data.y_train[:16]
     step(x, y)
     plan = next(iter(step.plans.values()))
-    got = {n: plan.buffers[id(v)] for n, v in step.ir.grads.items()}
+    got = {n: plan.buffers[v] for n, v in step.ir.grads.items()}
 
     x16, w1_16, w2_16 = _f16(x), _f16(w1), _f16(w2)
     h = np.maximum(_f16(_f16(x16 @ w1_16.T) + _f16(b1)), 0)        # f16 matmul, bias_add, relu

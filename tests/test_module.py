@@ -99,3 +99,30 @@ def test_what_cannot_be_cast_is_refused_and_nothing_changes(key, value, match):
         np.testing.assert_array_equal(v, before[k])
     m.load_state_dict(dict(before, count=np.array(7.0)))  # a whole float counts
     assert m.count.numpy().dtype == np.int64 and int(m.count.item()) == 7
+
+
+def test_module_version_counts_every_change_a_compiled_graph_must_follow():
+    """``Module.version``: ``traced`` for a replaced or removed parameter, buffer or sub-module
+    and a flipped ``requires_grad`` / ``track_running_stats``; ``modes`` for a flipped
+    ``training``; a no-op changes neither."""
+    m = nn.Sequential(nn.Linear(2, 2), nn.BatchNorm1d(2))
+    lin, bn = m[0], m[1]
+
+    def bumps(change):
+        before = nn.Module.version
+        change()
+        after = nn.Module.version
+        return after.traced - before.traced, after.modes - before.modes
+
+    assert bumps(lambda: setattr(lin, "weight", nn.Parameter(np.zeros((2, 2), np.float32)))) \
+        == (1, 0)
+    assert bumps(lambda: delattr(lin, "bias")) == (1, 0)
+    assert bumps(lambda: setattr(bn, "running_mean", np.ones(2, np.float32))) == (1, 0)
+    assert bumps(lambda: setattr(m, "1", nn.Identity())) == (1, 0)
+    assert bumps(lambda: lin.weight.requires_grad_(False)) == (1, 0)
+    assert bumps(lambda: lin.weight.requires_grad_(False)) == (0, 0)
+    assert bumps(lambda: setattr(bn, "track_running_stats", False)) == (1, 0)
+    assert bumps(lambda: setattr(bn, "track_running_stats", False)) == (0, 0)
+    assert bumps(m.eval) == (0, 3)                    # m, its Linear and the Identity
+    assert bumps(m.eval) == (0, 0)
+    assert bumps(lambda: setattr(lin, "plain", 3)) == (0, 0)

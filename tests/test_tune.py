@@ -16,7 +16,7 @@ import pytest
 from miniflow import distributed
 from miniflow.dtype import bfloat16, float16, float32, float64, int64
 from miniflow.ir import Node, Value
-from miniflow.kernels.cpu import builder_for, matmul as cpu_matmul, tune
+from miniflow.kernels.cpu import builder_for, matmul as cpu_matmul, mkl_gemm, tune
 from miniflow.ops import get_op
 from mpi_harness import rank_results, requires_mpi, run_mpi
 
@@ -34,25 +34,28 @@ class FakeTimer:
 
 
 def _tuner(tmp_path, monkeypatch, timer, path=None) -> tune.Tuner:
-    """A tuner on a file in ``tmp_path``, choosing between the rules and BLAS (the one-thread
-    BLAS candidate, which applies only where BLAS has more threads, has its own test)."""
+    """A tuner on a file in ``tmp_path``, choosing between the rules, BLAS and oneMKL (where
+    offered; the one-thread BLAS candidate, which applies only where BLAS has more threads, has
+    its own test)."""
     monkeypatch.setenv("MINIFLOW_MATMUL", "auto")
     monkeypatch.setattr(cpu_matmul, "CANDIDATES", {"numba": cpu_matmul.numba_steps,
-                                                   "blas": cpu_matmul.blas_steps})
+                                                   "blas": cpu_matmul.blas_steps,
+                                                   "mkl": cpu_matmul.mkl_steps})
     t = tune.Tuner(path=str(path or tmp_path / "tuning.json"), timer=timer)
     monkeypatch.setattr(tune, "TUNER", t)
     return t
 
 
-def _matmul(m, k, n, dt=float32, ta=False, tb=False, counted=False, seed=0):
-    """``(steps, out, ref)``: the CPU builder's steps for ``op(a) @ op(b)`` (run), and the float64
-    product."""
+def _matmul(m, k, n, dt=float32, ta=False, tb=False, counted=False, seed=0, out_dt=None):
+    """``(steps, out, ref)``: the CPU builder's steps for ``op(a) @ op(b)`` (run; out of
+    ``out_dt``, default ``dt``), and the float64 product."""
+    out_dt = out_dt or dt
     r = np.random.default_rng(seed)
     a = r.uniform(-1, 1, (k, m) if ta else (m, k)).astype(dt.np)
     b = r.uniform(-1, 1, (n, k) if tb else (k, n)).astype(dt.np)
-    outs = [np.full((m, n), -777.0, dt.np)] + ([np.zeros(1, np.int64)] if counted else [])
+    outs = [np.full((m, n), -777.0, out_dt.np)] + ([np.zeros(1, np.int64)] if counted else [])
     node = Node(get_op("matmul"), [Value("a", a.shape, dt), Value("b", b.shape, dt)],
-                [Value("o", (m, n), dt)] + ([Value("c", (1,), int64)] if counted else []),
+                [Value("o", (m, n), out_dt)] + ([Value("c", (1,), int64)] if counted else []),
                 {"transpose_a": ta, "transpose_b": tb, "count_not_finite": counted})
     steps = builder_for(node.op)(node, [a, b], outs)
     for fn, args in steps:
@@ -105,7 +108,7 @@ def test_the_override_takes_one_candidate_without_measuring(tmp_path, monkeypatc
 
 
 def test_a_cached_choice_gives_the_same_steps_and_bits_in_a_new_process(tmp_path, monkeypatch):
-    _tuner(tmp_path, monkeypatch, FakeTimer(numba=2e-3, blas=1e-3))
+    _tuner(tmp_path, monkeypatch, FakeTimer(numba=2e-3, mkl=3e-3, blas=1e-3))  # mkl: on AMX
     steps1, out1, _ = _matmul(256, 300, 256, ta=True, dt=float16)
     again = _tuner(tmp_path, monkeypatch, FakeTimer())       # a new process: reads the file
     steps2, out2, _ = _matmul(256, 300, 256, ta=True, dt=float16)
@@ -245,7 +248,9 @@ PRODUCTS = [  # (m, k, n, ta, tb): the MLPs' products and the rules' edges (test
 def test_every_candidate_agrees_with_the_float64_oracle(monkeypatch, m, k, n, ta, tb, dt, counted):
     if counted and dt is float64:
         pytest.skip("the loss scaler counts half and float32 products")
-    for value in ("numba", "blas"):      # the rules' Numba steps, BLAS alone
+    for value in ("numba", "mkl", "blas"):      # the rules' Numba steps, oneMKL's, BLAS alone
+        if value == "mkl" and not mkl_gemm.available():
+            continue                          # forcing it would raise (test_mkl_gemm)
         monkeypatch.setenv("MINIFLOW_MATMUL", value)
         _, out, ref = _matmul(m, k, n, dt, ta, tb, counted, seed=m + k + n)
         tol = {float16: 2e-2, bfloat16: 2e-2, float32: 1e-4, float64: 1e-12}[dt] * np.sqrt(k + 1)

@@ -290,12 +290,12 @@ class GradientReader:
         if plan is not self._plan:
             self._plan = plan
             variables = plan.graph.variables
-            self._unscaled = {n: plan.buffers[id(v)] for n, v in plan.graph.grads.items()}
+            self._unscaled = {n: plan.buffers[v] for n, v in plan.graph.grads.items()}
             self._fp16 = {}
             for n, v in plan.graph.grads.items():
                 g = _backward_grad(v, variables[n].shape)
                 if g.dtype.is_half:
-                    self._fp16[n] = plan.buffers[id(g)]
+                    self._fp16[n] = plan.buffers[g]
         to_numpy = get_backend().to_numpy
         return ({n: to_numpy(b) for n, b in self._unscaled.items()},
                 {n: to_numpy(b) for n, b in self._fp16.items()})

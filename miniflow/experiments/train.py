@@ -40,9 +40,9 @@ from ..serialization import load, save
 from .mlp import EvalGraph, TrainGraph, accuracy, mlp
 from .run_folder import CHECKPOINT_FILE, FolderInUseError, RunFolder
 
-__all__ = ["MODELS", "Recipe", "RECIPES", "make_model", "train_digits", "SCHEDULES",
-           "make_lr_schedule", "epoch_batches", "ResumeError", "TrainingInterrupted",
-           "CHECKPOINT_FILE", "run_name"]
+__all__ = ["MODELS", "Recipe", "RECIPES", "TrainSettings", "make_model", "train_digits",
+           "SCHEDULES", "make_lr_schedule", "epoch_batches", "ResumeError",
+           "TrainingInterrupted", "CHECKPOINT_FILE", "run_name"]
 
 MODELS = ("mlp", "lenet", "resnet18")
 """The models ``miniflow train --model`` knows."""
@@ -196,139 +196,230 @@ def train_digits(model: str = "mlp", *, epochs: int | None = None,
         miniflow.CheckpointError: the checkpoint file is truncated or edited (naming the key).
         OSError: the checkpoint folder cannot be created or written (before the first step).
     """
-    from tqdm import tqdm
-
-    if model not in RECIPES:
-        raise ValueError(f"train: unknown model {model!r}; choose one of {', '.join(MODELS)}")
     given = {"epochs": epochs, "batch_size": batch_size, "lr": lr, "momentum": momentum,
              "weight_decay": weight_decay, "lr_schedule": lr_schedule}
+    settings = TrainSettings(model, _recipe(model, given, accumulate), hidden=hidden, seed=seed,
+                             progress=progress, accumulate=accumulate, clip_norm=clip_norm,
+                             amp=amp, checkpoint=checkpoint, resume=resume,
+                             checkpoint_every=checkpoint_every, ddp=ddp, logdir=logdir)
+    if resume and checkpoint is None:
+        raise ValueError("train_digits: resume needs the checkpoint folder to resume from")
+    return _Training(settings).train()
+
+
+def _recipe(model: str, given: dict, accumulate: int) -> Recipe:
+    """``model``'s :data:`RECIPES` entry with the ``given`` values that are not None.
+
+    Raises:
+        ValueError: an unknown model; a batch size that is not a multiple of ``accumulate``.
+    """
+    if model not in RECIPES:
+        raise ValueError(f"train: unknown model {model!r}; choose one of {', '.join(MODELS)}")
     r = replace(RECIPES[model], **{k: v for k, v in given.items() if v is not None})
     if r.batch_size % accumulate:
         raise ValueError(f"train_digits: batch_size {r.batch_size} must be a multiple of "
                          f"accumulate {accumulate} (equal micro-batches)")
-    if resume and checkpoint is None:
-        raise ValueError("train_digits: resume needs the checkpoint folder to resume from")
-    config = {"model": model, **{k: getattr(r, k) for k in given}, "hidden": hidden,
-              "seed": seed, "accumulate": accumulate, "clip_norm": clip_norm, "amp": amp}
-    t0 = time.perf_counter()
-    manual_seed(seed)
-    data = load_digits()
-    shape = (-1, 64) if model == "mlp" else (-1, 1, 8, 8)
-    x_train, x_test = data.x_train.reshape(shape), data.x_test.reshape(shape)
-    net = make_model(model, hidden, data.num_classes)
-    opt = optim.SGD(net.parameters(), lr=r.lr, momentum=r.momentum,
-                    weight_decay=r.weight_decay, clip_grad_max_norm=clip_norm)
+    return r
+
+
+@dataclass(frozen=True)
+class TrainSettings:
+    """What one :func:`train_digits` run is asked to do: the ``model`` name, its ``recipe``
+    (the :data:`RECIPES` entry with the caller's overrides) and the run's options (the
+    keyword arguments of :func:`train_digits`, which documents them)."""
+
+    model: str
+    recipe: Recipe
+    hidden: int = 128
+    seed: int = 0
+    progress: bool = True
+    accumulate: int = 1
+    clip_norm: float | None = None
+    amp: bool = False
+    checkpoint: str | os.PathLike | None = None
+    resume: bool = False
+    checkpoint_every: int = 100
+    ddp: bool = False
+    logdir: str | os.PathLike | None = None
+
+    def config(self) -> dict:
+        """The settings a checkpoint records and a resumed run must repeat (``run_name`` reads
+        them too); ``world_size`` is added under ``ddp``."""
+        r = self.recipe
+        return {"model": self.model, "epochs": r.epochs, "batch_size": r.batch_size,
+                "lr": r.lr, "momentum": r.momentum, "weight_decay": r.weight_decay,
+                "lr_schedule": r.lr_schedule, "hidden": self.hidden, "seed": self.seed,
+                "accumulate": self.accumulate, "clip_norm": self.clip_norm, "amp": self.amp}
+
+
+def _train_graph(net, opt, s: TrainSettings):
+    """The training graph of ``net`` and ``opt`` (AMP with a dynamic ``GradScaler``, gradient
+    accumulation as ``s`` asks) and its scaler (None without AMP)."""
     graph = TrainGraph(net, opt)
-    scaler = GradScaler() if amp else None
-    if amp:
+    scaler = GradScaler() if s.amp else None
+    if s.amp:
         graph.config.enable_amp(True)
         graph.set_grad_scaler(scaler)
-    if amp and logdir is not None:
+    if s.amp and s.logdir is not None:
         graph.config.enable_fused_model_update_cast(False)
-    if accumulate > 1:
-        graph.config.set_gradient_accumulation_steps(accumulate)
-    sampler = None
-    if ddp:
-        distributed.init()
-        sampler = DistributedSampler(x_train, seed=seed)
-        config["world_size"] = distributed.world_size()   # another world shards another way
-    rank = distributed.rank() if ddp else 0
-    spans = epoch_batches(len(x_train) if sampler is None else len(sampler), r.batch_size,
-                          accumulate)
-    total = r.epochs * len(spans)
-    sched = make_lr_schedule(opt, r.lr_schedule, total)
-    run = {"step": 0, "epoch": 0, "batch": 0, "order": None}
-    folder = None if checkpoint is None else _run_folder(checkpoint, resume, lock=rank == 0)
-    log = None
-    try:
-        losses = []
-        if resume:
-            run, losses = _resume(folder, config, model=net, optimizer=opt, grad_scaler=scaler,
-                                  scheduler=sched, rng=RngState())
-        if folder is not None and rank == 0:
-            folder.start_log(losses)            # the checkpoint's steps, none after them
-        path = None if folder is None else folder.path
-        resumed_from = saved_at = run["step"] if resume else None
+    if s.accumulate > 1:
+        graph.config.set_gradient_accumulation_steps(s.accumulate)
+    return graph, scaler
 
-        def save_state() -> None:
-            nonlocal saved_at
-            if rank == 0:  # under ddp every rank holds the same state; one writes it
-                folder.append_losses(losses, saved_at or 0)  # first: the log covers the file
-                save({"config": config, "run": run, "model": net.state_dict(),
-                      "optimizer": opt.state_dict(),
-                      "grad_scaler": scaler and scaler.state_dict(),
-                      "scheduler": sched and sched.state_dict(), "rng": RngState().state_dict()},
-                     path)
-            saved_at = run["step"]
 
-        if logdir is not None and rank == 0:
+class _Training:
+    """One :func:`train_digits` run: the data, model, optimizer, graphs, learning-rate schedule,
+    the run record (``step``, ``epoch``, ``batch``, the epoch's data ``order``) and the
+    checkpoint folder; :meth:`train` runs it."""
+
+    def __init__(self, s: TrainSettings):
+        r = self.recipe = s.recipe
+        self.s, self.config = s, s.config()
+        self.t0 = time.perf_counter()
+        manual_seed(s.seed)
+        data = self.data = load_digits()
+        shape = (-1, 64) if s.model == "mlp" else (-1, 1, 8, 8)
+        self.x_train, self.x_test = data.x_train.reshape(shape), data.x_test.reshape(shape)
+        self.net = make_model(s.model, s.hidden, data.num_classes)
+        self.opt = optim.SGD(self.net.parameters(), lr=r.lr, momentum=r.momentum,
+                             weight_decay=r.weight_decay, clip_grad_max_norm=s.clip_norm)
+        self.graph, self.scaler = _train_graph(self.net, self.opt, s)
+        self.sampler = None
+        if s.ddp:
+            distributed.init()
+            self.sampler = DistributedSampler(self.x_train, seed=s.seed)
+            self.config["world_size"] = distributed.world_size()  # it shards another way
+        self.rank = distributed.rank() if s.ddp else 0
+        rows = len(self.x_train) if self.sampler is None else len(self.sampler)
+        self.spans = epoch_batches(rows, r.batch_size, s.accumulate)
+        self.total = r.epochs * len(self.spans)
+        self.sched = make_lr_schedule(self.opt, r.lr_schedule, self.total)
+        self.run = {"step": 0, "epoch": 0, "batch": 0, "order": None}
+        self.losses, self.epoch_acc = [], []
+        self.folder = self.path = self.log = self.resumed_from = self.saved_at = None
+        self.evaluator = EvalGraph(self.net)
+
+    def train(self) -> dict:
+        """Run the epochs left, with the checkpoint folder and the log open; the result dict of
+        :func:`train_digits`."""
+        s = self.s
+        if s.checkpoint is not None:
+            self.folder = _run_folder(s.checkpoint, s.resume, lock=self.rank == 0)
+            self.path = self.folder.path
+        try:
+            self._start()
+            self._epochs()
+        finally:
+            if self.folder is not None:
+                self.folder.close()
+            if self.log is not None:
+                self.log.close()
+        return self._result()
+
+    def _start(self) -> None:
+        """Resume from the checkpoint (``resume``), start the loss log and the TensorBoard log."""
+        if self.s.resume:
+            self.run, self.losses = _resume(
+                self.folder, self.config, model=self.net, optimizer=self.opt,
+                grad_scaler=self.scaler, scheduler=self.sched, rng=RngState())
+            self.resumed_from = self.saved_at = self.run["step"]
+        if self.folder is not None and self.rank == 0:
+            self.folder.start_log(self.losses)      # the checkpoint's steps, none after them
+        if self.s.logdir is not None and self.rank == 0:
             from ..logging import TrainingLog
-            log = TrainingLog(logdir, graph, run_name(config), resume_step=resumed_from)
-        evaluator = EvalGraph(net)
-        eval_batch = r.batch_size // accumulate   # the rows of a training (micro-)batch
+            self.log = TrainingLog(self.s.logdir, self.graph, run_name(self.config),
+                                   resume_step=self.resumed_from)
 
-        def eval_accuracy(x, y) -> float:
-            net.eval()          # batch norm from its running statistics (an eval-mode plan)
-            try:
-                return accuracy(evaluator, x, y, batch_size=eval_batch)
-            finally:
-                net.train()
+    def _save(self) -> None:
+        """Checkpoint the run (rank 0 writes; under ddp every rank holds the same state)."""
+        if self.rank == 0:
+            self.folder.append_losses(self.losses, self.saved_at or 0)  # the log covers the file
+            sched, scaler = self.sched, self.scaler
+            save({"config": self.config, "run": self.run, "model": self.net.state_dict(),
+                  "optimizer": self.opt.state_dict(),
+                  "grad_scaler": scaler and scaler.state_dict(),
+                  "scheduler": sched and sched.state_dict(), "rng": RngState().state_dict()},
+                 self.path)
+        self.saved_at = self.run["step"]
 
-        epoch_acc = []
-        with tqdm(total=total, initial=run["step"], desc=f"train {model}", unit="step",
-                  disable=not progress or rank != 0) as bar, _deferred_sigint() as sigint:
+    def _accuracy(self, x, y) -> float:
+        """The eval-mode accuracy on ``x``, ``y`` (batch norm from its running statistics: an
+        eval-mode plan), in batches of a training (micro-)batch's rows."""
+        self.net.eval()
+        try:
+            return accuracy(self.evaluator, x, y,
+                            batch_size=self.recipe.batch_size // self.s.accumulate)
+        finally:
+            self.net.train()
+
+    def _epochs(self) -> None:
+        """The epochs left, under a progress bar; a Ctrl-C checkpoints (see
+        :func:`train_digits`), the end of the run too."""
+        from tqdm import tqdm
+
+        run = self.run
+        with tqdm(total=self.total, initial=run["step"], desc=f"train {self.s.model}",
+                  unit="step", disable=not self.s.progress or self.rank != 0) as bar, \
+                _deferred_sigint() as sigint:
             try:
-                for epoch in range(run["epoch"], r.epochs):
-                    if sampler is not None:  # this rank's shard (seed + epoch, all alike)
-                        sampler.set_epoch(epoch)
-                        run["order"] = sampler.indices()
-                    elif run["order"] is None:  # the epoch's shuffle (miniflow.data.batches')
-                        run["order"] = generator().permutation(len(x_train))
-                    order = run["order"]
-                    for b in range(run["batch"], len(spans)):
-                        if sigint.requested:
-                            raise _interrupted(run["step"], path, saved_at, save_state)
-                        rows = order[spans[b][0]:spans[b][1]]
-                        loss = graph(np.ascontiguousarray(x_train[rows]), data.y_train[rows])
-                        losses.append(float(loss.numpy().mean()))
-                        if log is not None:
-                            log.step(loss)
-                        if sched is not None:
-                            sched.step()
-                        run.update(step=run["step"] + 1, epoch=epoch, batch=b + 1)
-                        if path is not None and run["step"] % checkpoint_every == 0:
-                            save_state()
-                        bar.update()
-                        bar.set_postfix(epoch=epoch + 1, loss=f"{losses[-1]:.4f}",
-                                        test_acc=f"{epoch_acc[-1]:.3f}" if epoch_acc else "-")
-                    run.update(epoch=epoch + 1, batch=0, order=None)
-                    if rank == 0:
-                        epoch_acc.append(eval_accuracy(x_test, data.y_test))
-                        if log is not None:
-                            log.epoch(test_accuracy=epoch_acc[-1])
-                        bar.set_postfix(epoch=epoch + 1, loss=f"{losses[-1]:.4f}",
-                                        test_acc=f"{epoch_acc[-1]:.3f}")
-                if path is not None and saved_at != run["step"]:
-                    save_state()
+                for epoch in range(run["epoch"], self.recipe.epochs):
+                    self._epoch(epoch, bar, sigint)
+                if self.path is not None and self.saved_at != run["step"]:
+                    self._save()
             except TrainingInterrupted:
                 raise
             except KeyboardInterrupt:  # a second Ctrl-C: stop at once, no checkpoint now
-                raise TrainingInterrupted(run["step"], path, saved_at, saved_now=False) \
-                    from None
-    finally:
-        if folder is not None:
-            folder.close()
-        if log is not None:
-            log.close()
-    first = rank == 0
-    return {"losses": losses,
-            "test_accuracy": eval_accuracy(x_test, data.y_test) if first else None,
-            "train_accuracy": eval_accuracy(x_train, data.y_train) if first else None,
-            "epoch_test_accuracy": epoch_acc, "seconds": time.perf_counter() - t0,
-            "steps": run["step"], "resumed_from": resumed_from, "checkpoint": path,
-            "recipe": r, "graph": graph, "model": net, "scaler": scaler, "rank": rank,
-            "world_size": distributed.world_size() if ddp else 1,
-            "logdir": None if log is None else log.path}
+                raise TrainingInterrupted(run["step"], self.path, self.saved_at,
+                                          saved_now=False) from None
+
+    def _epoch(self, epoch: int, bar, sigint) -> None:
+        """The batches left of ``epoch``, then (rank 0) its test accuracy."""
+        run = self.run
+        if self.sampler is not None:  # this rank's shard (seed + epoch, alike on every rank)
+            self.sampler.set_epoch(epoch)
+            run["order"] = self.sampler.indices()
+        elif run["order"] is None:    # the epoch's shuffle (as miniflow.data.batches')
+            run["order"] = generator().permutation(len(self.x_train))
+        for b in range(run["batch"], len(self.spans)):
+            if sigint.requested:
+                raise _interrupted(run["step"], self.path, self.saved_at, self._save)
+            self._step(run["order"][self.spans[b][0]:self.spans[b][1]])
+            run.update(step=run["step"] + 1, epoch=epoch, batch=b + 1)
+            if self.path is not None and run["step"] % self.s.checkpoint_every == 0:
+                self._save()
+            bar.update()
+            acc = self.epoch_acc
+            bar.set_postfix(epoch=epoch + 1, loss=f"{self.losses[-1]:.4f}",
+                            test_acc=f"{acc[-1]:.3f}" if acc else "-")
+        run.update(epoch=epoch + 1, batch=0, order=None)
+        if self.rank == 0:
+            self.epoch_acc.append(self._accuracy(self.x_test, self.data.y_test))
+            if self.log is not None:
+                self.log.epoch(test_accuracy=self.epoch_acc[-1])
+            bar.set_postfix(epoch=epoch + 1, loss=f"{self.losses[-1]:.4f}",
+                            test_acc=f"{self.epoch_acc[-1]:.3f}")
+
+    def _step(self, rows) -> None:
+        """One update on the training rows ``rows``: its loss recorded, the schedule stepped."""
+        loss = self.graph(np.ascontiguousarray(self.x_train[rows]), self.data.y_train[rows])
+        self.losses.append(float(loss.numpy().mean()))
+        if self.log is not None:
+            self.log.step(loss)
+        if self.sched is not None:
+            self.sched.step()
+
+    def _result(self) -> dict:
+        """The result dict of :func:`train_digits` (the final accuracies on rank 0)."""
+        first, data = self.rank == 0, self.data
+        return {"losses": self.losses,
+                "test_accuracy": self._accuracy(self.x_test, data.y_test) if first else None,
+                "train_accuracy": self._accuracy(self.x_train, data.y_train) if first else None,
+                "epoch_test_accuracy": self.epoch_acc, "seconds": time.perf_counter() - self.t0,
+                "steps": self.run["step"], "resumed_from": self.resumed_from,
+                "checkpoint": self.path, "recipe": self.recipe, "graph": self.graph,
+                "model": self.net, "scaler": self.scaler, "rank": self.rank,
+                "world_size": distributed.world_size() if self.s.ddp else 1,
+                "logdir": None if self.log is None else self.log.path}
 
 
 def run_name(config: dict) -> str:

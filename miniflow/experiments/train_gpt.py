@@ -143,18 +143,7 @@ def train_gpt(*, epochs=None, steps_per_epoch=None, batch_size=None, block_size=
     t0 = time.perf_counter()
     manual_seed(seed)
     corpus = stdlib_text()
-    model = models.gpt(corpus.vocab_size, c["block_size"], c["n_layer"], c["n_head"],
-                       c["n_embd"], c["dropout"])
-    opt = optim.AdamW(model.parameters(), lr=c["lr"], weight_decay=c["weight_decay"],
-                      betas=(0.9, 0.99), clip_grad_max_norm=clip_norm)
-    graph = TrainGPT(model, opt)
-    scaler = GradScaler() if amp == "fp16" else None
-    if amp is not None:
-        graph.config.enable_amp(True, AMP_DTYPES[amp])
-        if scaler is not None:
-            graph.set_grad_scaler(scaler)
-    if accumulate > 1:
-        graph.config.set_gradient_accumulation_steps(accumulate)
+    model, opt, graph, scaler = _gpt_training(corpus, c, clip_norm, amp, accumulate)
     total = c["epochs"] * c["steps_per_epoch"]
     sched = make_lr_schedule(opt, c["lr_schedule"], total)
     run, losses = {"step": 0, "val_losses": []}, []
@@ -189,6 +178,25 @@ def train_gpt(*, epochs=None, steps_per_epoch=None, batch_size=None, block_size=
             "checkpoint": path, "seconds": time.perf_counter() - t0, "model": model,
             "corpus": corpus, "config": config, "scaler": scaler,
             "parameters": sum(int(np.prod(p.shape)) for p in model.parameters())}
+
+
+def _gpt_training(corpus, c: dict, clip_norm, amp: str | None, accumulate: int) -> tuple:
+    """``(model, optimizer, graph, scaler)`` of a GPT run with the settings ``c``
+    (:data:`GPT_DEFAULTS` filled in): AdamW (nanoGPT's betas 0.9, 0.99), AMP in ``amp``'s dtype
+    (a dynamic ``GradScaler`` for fp16, else None) and ``accumulate`` micro-batches."""
+    model = models.gpt(corpus.vocab_size, c["block_size"], c["n_layer"], c["n_head"],
+                       c["n_embd"], c["dropout"])
+    opt = optim.AdamW(model.parameters(), lr=c["lr"], weight_decay=c["weight_decay"],
+                      betas=(0.9, 0.99), clip_grad_max_norm=clip_norm)
+    graph = TrainGPT(model, opt)
+    scaler = GradScaler() if amp == "fp16" else None
+    if amp is not None:
+        graph.config.enable_amp(True, AMP_DTYPES[amp])
+        if scaler is not None:
+            graph.set_grad_scaler(scaler)
+    if accumulate > 1:
+        graph.config.set_gradient_accumulation_steps(accumulate)
+    return model, opt, graph, scaler
 
 
 def _train_loop(graph, model, corpus, c, run, losses, sched, total, seed, report, progress,

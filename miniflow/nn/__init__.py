@@ -1,6 +1,6 @@
 """Neural-network API: Module, Parameter, layers (Linear, Conv2d, BatchNorm1d/2d, pools, Flatten ...),
 activations, functional ops, and (re-exported
-from the compile driver ``miniflow.graph``) the lazy ``nn.Graph`` and ``nn.GraphConfig``.
+from the compile package ``miniflow.compile``) the lazy ``nn.Graph`` and ``nn.GraphConfig``.
 
 ``nn.Graph`` lives above this package (it compiles modules, optimizers and AMP settings), so it is
 imported on first use (``__getattr__``), the one import from ``miniflow.nn`` to a higher layer.
@@ -25,6 +25,6 @@ __all__ = ["Graph", "GraphConfig", "Linear", "Module", "Parameter", "Sequential"
 
 def __getattr__(name):
     if name in ("Graph", "GraphConfig"):
-        from .. import graph  # the compile driver sits above nn: imported when first asked for
-        return getattr(graph, name)
+        from .. import compile as package  # above nn: imported when first asked for
+        return getattr(package, name)
     raise AttributeError(f"module 'miniflow.nn' has no attribute {name!r}")

@@ -11,29 +11,44 @@ its persistent buffers, then its children's, depth first, under every name that 
 ``parameters()`` yields it once).
 
 ``Module.training`` (set for a whole tree by :meth:`Module.train` / :meth:`Module.eval`) is the
-mode layers read when traced; every change of any module's mode is counted
-(:func:`mode_changes`), so an nn.Graph recompiles at its next call after one.
+mode layers read when traced. Every change of any module that makes a compiled graph's trace
+wrong (a replaced parameter, buffer or sub-module, a flipped ``training``, ``requires_grad`` or
+``track_running_stats``) bumps :attr:`Module.version`, which the compile driver
+(``miniflow.compile.driver``: ``nn.Graph``) compares at every call.
 
-Under AMP with fused updates a parameter also owns half copies of its value (one per half dtype:
-``Parameter.half_copy``), which the fused updates write and the next step's matmuls read; a
-version counter says when something else wrote the parameter (:class:`HalfCopies` then refreshes
-the copy before the next step).
+Under AMP with fused updates a parameter also owns half copies of its value
+(``Parameter.half_copies``, filled and kept fresh by ``miniflow.compile.half_copies``);
+``Parameter.version`` counts the writes of its value that those copies did not follow.
 """
 from __future__ import annotations
 
 from collections import OrderedDict
+from typing import NamedTuple
 
 import numpy as np
 
-from ..dtype import as_dtype, bfloat16, float32
-from ..ir import Node, Value
-from ..ops import get_op
-from ..passes.fuse_model_update_cast import FusedUpdateState
+from ..dtype import as_dtype, bfloat16
 from ..runtime.backend import get_backend
 from ..tensor import Tensor
 
-__all__ = ["Module", "Parameter", "HalfCopies", "replaced_count", "traced_graph_changed",
-           "mode_changes"]
+__all__ = ["Module", "ModuleVersion", "Parameter"]
+
+
+class ModuleVersion(NamedTuple):
+    """:attr:`Module.version`: how many changes of any module a compiled graph has to follow.
+
+    Fields:
+        traced: changes of what modules trace: a registered Parameter, buffer or sub-Module
+            replaced or removed, ``Parameter.requires_grad`` or
+            ``BatchNorm.track_running_stats`` flipped (:meth:`Module.trace_changed`). A graph
+            drops every plan after one.
+        modes: flips of a module's ``training`` flag (``train()`` / ``eval()`` or an
+            assignment). A graph keys its plans by its modules' modes, so it compiles a plan per
+            mode seen and keeps both.
+    """
+
+    traced: int = 0
+    modes: int = 0
 
 
 class Parameter(Tensor):
@@ -42,11 +57,13 @@ class Parameter(Tensor):
     ``requires_grad`` (True by default; ``p.requires_grad = False`` or ``p.requires_grad_(False)``
     freezes it, as in PyTorch): a frozen parameter gets no gradient op and no update in a
     compiled graph, even when an optimizer lists it; a change recompiles the graphs at their
-    next call (:func:`replaced_count`).
+    next call (:attr:`Module.version`).
 
     ``version`` counts the writes of its value that its half copies did not follow (loading a
-    state dict, an update that wrote no copy): :class:`HalfCopies` compares it with the version
-    each copy was made from."""
+    state dict, an update that wrote no copy): ``miniflow.compile.half_copies`` compares it with
+    the version each copy was made from. ``half_copies``: dtype name -> the compile driver's
+    copy of the value in that half dtype (empty until an AMP graph with fused updates
+    compiles)."""
 
     def __init__(self, data):
         arr = np.asarray(data)
@@ -54,7 +71,7 @@ class Parameter(Tensor):
         super().__init__(get_backend().from_numpy(arr))
         self._requires_grad = True
         self.version = 0
-        self._half_copies = {}
+        self.half_copies = {}
 
     @property
     def requires_grad(self) -> bool:
@@ -67,7 +84,7 @@ class Parameter(Tensor):
         if not isinstance(value, bool):
             raise TypeError(f"requires_grad must be True or False, got {value!r}")
         if value != self.requires_grad:
-            traced_graph_changed()
+            Module.trace_changed()
         self._requires_grad = value
 
     def requires_grad_(self, requires_grad: bool = True) -> "Parameter":
@@ -79,108 +96,9 @@ class Parameter(Tensor):
         self.requires_grad = requires_grad
         return self
 
-    def half_copy(self, dtype) -> "_HalfCopy":
-        """The parameter's copy in half ``dtype`` (made on first use, stale until refreshed)."""
-        copies = self.__dict__.setdefault("_half_copies", {})
-        if dtype.name not in copies:
-            copies[dtype.name] = _HalfCopy(get_backend().empty(self.shape, dtype.np))
-        return copies[dtype.name]
-
     def written(self) -> None:
         """Record a write of the value that the half copies did not follow."""
         self.version = getattr(self, "version", 0) + 1
-
-
-class _HalfCopy:
-    """A half copy's array and the parameter ``version`` it equals (-1: never made)."""
-
-    __slots__ = ("array", "version")
-
-    def __init__(self, array):
-        self.array, self.version = array, -1
-
-
-class HalfCopies:
-    """The half weight copies of one compiled graph (``FusedUpdateState.half_copies`` of the
-    ``fuse_model_update_cast`` pass): binds each copy variable to its parameter's copy, makes a
-    stale copy equal to the parameter rounded (:meth:`refresh`, before a step: one ``cast``
-    kernel) and, after a step, records what the step wrote (:meth:`stepped`): the fused updates
-    wrote parameters and copies together, the other updates only parameters.
-
-    Args:
-        graph: the compiled IR graph (its copy variables get their data here).
-        ctx: its compile context (the ``FusedUpdateState``, and the settings' ``trainable`` and
-            ``optimizers``: whether the graph updates parameters).
-        params: variable name -> Parameter of the graph's modules.
-        backend: the backend the plan runs on (the cast kernel).
-    """
-
-    def __init__(self, graph, ctx, params: dict, backend):
-        self.fused, self.refreshes = [], []
-        fused_names = set()
-        cast = backend.builder_for(get_op("cast"))
-        fused = ctx.state.get(FusedUpdateState)
-        for name, copy_name in (fused.half_copies if fused is not None else ()):
-            p, v = params[name], graph.variables[copy_name]
-            entry = p.half_copy(v.dtype)
-            graph.variable_data[copy_name] = entry.array
-            node = Node(get_op("cast"), [Value(name, p.shape, float32, kind="variable")],
-                        [Value(copy_name, p.shape, v.dtype, kind="variable")], {"dtype": v.dtype})
-            self.refreshes.append((p, entry, cast(node, [p._data], [entry.array])))
-            self.fused.append((p, entry))
-            fused_names.add(name)
-        settings = ctx.settings
-        self.plain = ([params[n] for n in settings.trainable if n not in fused_names]
-                      if settings.optimizers and graph.grads else [])
-
-    def stale(self) -> None:
-        """Mark every copy stale (the parameters were written behind the copies' backs)."""
-        for _, entry, _ in self.refreshes:
-            entry.version = -1
-
-    def refresh(self) -> None:
-        """Make every stale copy equal to its parameter rounded to the copy's dtype."""
-        for p, entry, steps in self.refreshes:
-            if entry.version != p.version:
-                for fn, args in steps:
-                    fn(*args)
-                entry.version = p.version
-
-    def stepped(self) -> None:
-        """After a step: parameters written by plain updates are ahead of their copies; the
-        fused ones wrote their copy of this dtype too (copies of other dtypes fall behind)."""
-        for p in self.plain:
-            p.written()
-        for p, entry in self.fused:
-            p.written()
-            entry.version = p.version
-
-
-_REPLACED = [0]
-
-
-def replaced_count() -> int:
-    """How many times a registered Parameter, buffer or sub-Module of any Module was replaced or
-    removed, or a setting that changes what a module traces changed
-    (:func:`traced_graph_changed`); nn.Graph compares it between calls and recompiles when it
-    changed."""
-    return _REPLACED[0]
-
-
-def traced_graph_changed() -> None:
-    """Record that compiled graphs may hold a trace that no longer holds (a replaced attribute,
-    ``Parameter.requires_grad``, ``BatchNorm2d.track_running_stats``): they recompile at their
-    next call."""
-    _REPLACED[0] += 1
-
-
-_MODES = [0]
-
-
-def mode_changes() -> int:
-    """How many times any Module's ``training`` flag changed (``train()`` / ``eval()`` or an
-    assignment); nn.Graph compares it between calls and recompiles when it changed."""
-    return _MODES[0]
 
 
 def _as_buffer(name: str, value):
@@ -204,7 +122,19 @@ class Module:
     Attributes:
         training: True (the default) in training mode, False in eval mode (:meth:`train`,
             :meth:`eval`); batch norm reads it.
+        version: class-wide (one for all modules, read as ``Module.version``): a
+            :class:`ModuleVersion` bumped by every change of any module that a compiled graph
+            has to follow; nn.Graph compares it between calls.
     """
+
+    version = ModuleVersion()
+
+    @staticmethod
+    def trace_changed() -> None:
+        """Record that compiled graphs may hold a trace that no longer holds (a replaced
+        attribute, ``Parameter.requires_grad``, ``BatchNorm2d.track_running_stats``): bumps
+        ``Module.version.traced``, so every graph recompiles at its next call."""
+        Module.version = Module.version._replace(traced=Module.version.traced + 1)
 
     def __init__(self):
         object.__setattr__(self, "_parameters", OrderedDict())
@@ -220,17 +150,17 @@ class Module:
             if not isinstance(value, bool):
                 raise TypeError(f"{type(self).__name__}.training must be True or False, got "
                                 f"{value!r}")
-            if value != self.training:
-                _MODES[0] += 1  # compiled graphs traced the other mode: they recompile
+            if value != self.training:  # compiled graphs traced the other mode: they recompile
+                Module.version = Module.version._replace(modes=Module.version.modes + 1)
             object.__setattr__(self, name, value)
             return
         if name in self._buffers and not isinstance(value, (Parameter, Module)):
             self._buffers[name] = _as_buffer(name, value)   # assigning a buffer replaces it
-            traced_graph_changed()
+            Module.trace_changed()
             object.__setattr__(self, name, self._buffers[name])
             return
         if name in self._parameters or name in self._modules or name in self._buffers:
-            traced_graph_changed()  # compiled graphs may hold the old one: they recompile
+            Module.trace_changed()  # compiled graphs may hold the old one: they recompile
         self._parameters.pop(name, None)
         self._modules.pop(name, None)
         self._buffers.pop(name, None)
@@ -243,7 +173,7 @@ class Module:
 
     def __delattr__(self, name):
         if name in self._parameters or name in self._modules or name in self._buffers:
-            traced_graph_changed()
+            Module.trace_changed()
             self._parameters.pop(name, None)
             self._modules.pop(name, None)
             self._buffers.pop(name, None)
@@ -271,7 +201,7 @@ class Module:
                            f"{'parameter' if name in self._parameters else 'sub-module'} of "
                            f"{type(self).__name__}")
         if name in self._buffers:
-            traced_graph_changed()
+            Module.trace_changed()
         self._buffers[name] = _as_buffer(name, tensor)
         if persistent:
             self._non_persistent.discard(name)

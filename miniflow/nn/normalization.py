@@ -27,7 +27,7 @@ import numpy as np
 
 from ..tensor import apply
 from . import functional as F
-from .module import Module, Parameter, traced_graph_changed
+from .module import Module, Parameter
 
 __all__ = ["BatchNorm1d", "BatchNorm2d"]
 
@@ -100,7 +100,7 @@ class _BatchNorm(Module):
             self.register_buffer("_untracked_mean", np.zeros(c, np.float32), persistent=False)
             self.register_buffer("_untracked_var", np.ones(c, np.float32), persistent=False)
         self._track = value
-        traced_graph_changed()
+        self.trace_changed()
 
     def _optional_state(self) -> tuple:
         """``num_batches_tracked``: missing from checkpoints of PyTorch before 0.4.1 (batch norm's

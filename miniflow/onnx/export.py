@@ -34,7 +34,7 @@ import numpy as np
 
 from .. import __version__
 from ..extras import require
-from ..graph import Graph
+from ..compile import Graph
 from ..nn.module import Module
 from ..passes.pipeline import STAGE_ALIASES
 from ..runtime.backend import get_backend
@@ -180,6 +180,30 @@ def to_model(onnx, ir, opset: int = DEFAULT_OPSET, *, stage: str = "", strict: b
         OnnxExportError: ``strict`` and a node without a standard form (naming it).
     """
     names = ir.names()
+    name = _onnx_names(ir, names, strip)
+    read = {v for n in ir.nodes for v in n.inputs} | set(ir.results.values())
+    b = Builder(onnx, opset)
+    graph_inputs = _inputs_and_initializers(onnx, ir, name, read, b)
+    current, writes = _emit_nodes(onnx, ir, name, names, read, b, strict)
+    outputs = _outputs(onnx, ir, name, current, writes, b)
+    opsets = [onnx.helper.make_opsetid("", opset)]
+    if any(n.domain == DOMAIN for n in b.nodes):
+        opsets.append(onnx.helper.make_opsetid(DOMAIN, 1))
+    graph = onnx.helper.make_graph(b.nodes, f"miniflow_{stage or 'graph'}", graph_inputs,
+                                   outputs, initializer=b.initializers, value_info=b.value_info)
+    model = onnx.helper.make_model(graph, opset_imports=opsets, producer_name="miniflow",
+                                   producer_version=__version__,
+                                   doc_string=f"miniflow IR after stage {stage!r}")
+    # the oldest IR version that holds these opsets and node metadata (10): older runtimes load it
+    model.ir_version = max(10, onnx.helper.find_min_ir_version_for(opsets, True))
+    onnx.helper.set_model_props(model, {"miniflow.stage": stage})
+    return model
+
+
+def _onnx_names(ir, names: dict, strip: str) -> dict:
+    """Value -> its ONNX name: inputs and variables by their own names (``strip`` removed from
+    the variables'), the others by their printed names, a node output that is a result by the
+    first result's name."""
     name = {v: v.name for v in ir.inputs}
     name.update((v, n[len(strip):] if n.startswith(strip) else n) for n, v in ir.variables.items())
     name.update((v, names[v]) for v in ir.constants.values() if v in names)
@@ -188,8 +212,12 @@ def to_model(onnx, ir, opset: int = DEFAULT_OPSET, *, stage: str = "", strict: b
     for result, v in reversed(list(ir.results.items())):   # the first result name wins
         if v.kind == "node":
             name[v] = result
-    read = {v for n in ir.nodes for v in n.inputs} | set(ir.results.values())
-    b = Builder(onnx, opset)
+    return name
+
+
+def _inputs_and_initializers(onnx, ir, name: dict, read: set, b) -> list:
+    """The graph inputs (``ir``'s inputs, and the variables declared without data); the read
+    variables with data and the read constants become ``b``'s initializers."""
     graph_inputs = [_value_info(onnx, name[v], v) for v in ir.inputs]
     to_numpy = get_backend().to_numpy
     for n, v in ir.variables.items():
@@ -203,7 +231,18 @@ def to_model(onnx, ir, opset: int = DEFAULT_OPSET, *, stage: str = "", strict: b
     for v in ir.constants.values():
         if v in read:
             b.initializer(ir.constant_data[v.name], name[v])
-    current, writes = {}, {}   # variable -> its newest value's name, and how often written
+    return graph_inputs
+
+
+def _emit_nodes(onnx, ir, name: dict, names: dict, read: set, b, strict: bool) -> tuple:
+    """Every IR node as ONNX nodes of ``b`` (its standard form, else, unless ``strict``, one
+    ``ai.miniflow`` node); returns ``(current, writes)``: per variable a custom node writes,
+    its newest value's name and how often it was written.
+
+    Raises:
+        OnnxExportError: ``strict`` and a node without a standard form (naming it).
+    """
+    current, writes = {}, {}
     for i, node in enumerate(ir.nodes):
         ins = [current.get(v, name[v]) for v in node.inputs]
         outs = [name[v] for v in node.outputs]
@@ -220,6 +259,13 @@ def to_model(onnx, ir, opset: int = DEFAULT_OPSET, *, stage: str = "", strict: b
                 current[v] = f"{name[v]}.new" + (str(writes[v]) if writes[v] > 1 else "")
             b.custom(node, ins, outs + [current[v] for v in node.written])
         _annotate(onnx, b.nodes[start:], i, node, names)
+    return current, writes
+
+
+def _outputs(onnx, ir, name: dict, current: dict, writes: dict, b) -> list:
+    """The graph outputs: every result under its name (an ``Identity`` where the value has
+    another name), then the newest value of every written variable; the other node outputs
+    are declared in ``b``'s value infos."""
     produced = {o for n in b.nodes for o in n.output}
     outputs, result_names = [], set()
     for result, v in ir.results.items():
@@ -237,18 +283,7 @@ def to_model(onnx, ir, opset: int = DEFAULT_OPSET, *, stage: str = "", strict: b
         for v in node.outputs:
             if name[v] in produced and name[v] not in declared:
                 b.declare(name[v], v.dtype, v.shape)
-    opsets = [onnx.helper.make_opsetid("", opset)]
-    if any(n.domain == DOMAIN for n in b.nodes):
-        opsets.append(onnx.helper.make_opsetid(DOMAIN, 1))
-    graph = onnx.helper.make_graph(b.nodes, f"miniflow_{stage or 'graph'}", graph_inputs,
-                                   outputs, initializer=b.initializers, value_info=b.value_info)
-    model = onnx.helper.make_model(graph, opset_imports=opsets, producer_name="miniflow",
-                                   producer_version=__version__,
-                                   doc_string=f"miniflow IR after stage {stage!r}")
-    # the oldest IR version that holds these opsets and node metadata (10): older runtimes load it
-    model.ir_version = max(10, onnx.helper.find_min_ir_version_for(opsets, True))
-    onnx.helper.set_model_props(model, {"miniflow.stage": stage})
-    return model
+    return outputs
 
 
 def _value_info(onnx, name: str, v):

@@ -25,7 +25,7 @@ def run_op(op: str, arrays: list, attrs: dict) -> list:
     metas = opdef.infer(ins, attrs)
     node = Node(opdef, ins, [], attrs)
     node.outputs = [Value(f"out{i}", s, d, producer=node) for i, (s, d) in enumerate(metas)]
-    buffers = {id(v): a for v, a in zip(ins, arrays)}
+    buffers = dict(zip(ins, arrays))
     steps, _ = build_steps([node], buffers, backend)
     try:
         for fn, args in steps:
@@ -36,4 +36,4 @@ def run_op(op: str, arrays: list, attrs: dict) -> list:
         if detail is None:
             raise
         raise type(e)(f"{e}; {detail}") from e
-    return [buffers[id(v)] for v in node.outputs]
+    return [buffers[v] for v in node.outputs]

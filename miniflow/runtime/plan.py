@@ -51,9 +51,9 @@ def build_steps(nodes, buffers: dict, backend, micro_batch: int | None = None,
     not there yet).
 
     ``micro_batch``: build the boundary ops of the micro-batches (``op.micro_batch``) for that
-    micro-batch (``attrs["micro_batch"]``). ``fused``: ``id(node) -> consumer``: build that node
+    micro-batch (``attrs["micro_batch"]``). ``fused``: ``node -> consumer``: build that node
     and its consumer as one (``Backend.fused_builder``), in the node's place; the consumer is
-    not in ``nodes``. ``groups``: ``id(node) -> member nodes``: build the members (the node
+    not in ``nodes``. ``groups``: ``node -> member nodes``: build the members (the node
     last) as one (``Backend.group_builder``), in the node's place; the others are not in
     ``nodes``.
 
@@ -64,20 +64,20 @@ def build_steps(nodes, buffers: dict, backend, micro_batch: int | None = None,
     """
     steps, owners = [], []
     for i, node in enumerate(nodes):
-        consumer = fused.get(id(node)) if fused else None
-        members = groups.get(id(node)) if groups else None
+        consumer = fused.get(node) if fused else None
+        members = groups.get(node) if groups else None
         for v in node.outputs + (consumer.outputs if consumer is not None else []):
-            if id(v) not in buffers:
-                buffers[id(v)] = backend.empty(v.shape, v.dtype.np)
+            if v not in buffers:
+                buffers[v] = backend.empty(v.shape, v.dtype.np)
         if members is not None:
             built = backend.group_builder(node.op).build(
-                members, [[buffers[id(v)] for v in m.inputs] for m in members],
-                [[buffers[id(v)] for v in m.outputs] for m in members])
+                members, [[buffers[v] for v in m.inputs] for m in members],
+                [[buffers[v] for v in m.outputs] for m in members])
         elif consumer is not None:
-            ins = [buffers[id(v)] for v in node.inputs]
-            ins += [buffers[id(v)] for v in consumer.inputs if v is not node.outputs[0]]
+            ins = [buffers[v] for v in node.inputs]
+            ins += [buffers[v] for v in consumer.inputs if v is not node.outputs[0]]
             built = backend.fused_builder(node.op, consumer.op)(
-                node, consumer, ins, [buffers[id(v)] for v in consumer.outputs])
+                node, consumer, ins, [buffers[v] for v in consumer.outputs])
         else:
             builder = backend.builder_for(node.op)
             if builder is None:
@@ -85,8 +85,8 @@ def build_steps(nodes, buffers: dict, backend, micro_batch: int | None = None,
                                           f"{node.op.name!r} (node: {node.format()})")
             if micro_batch is not None and runs_per_micro_batch(node):
                 node = dataclasses.replace(node, attrs={**node.attrs, "micro_batch": micro_batch})
-            built = builder(node, [buffers[id(v)] for v in node.inputs],
-                            [buffers[id(v)] for v in node.outputs])
+            built = builder(node, [buffers[v] for v in node.inputs],
+                            [buffers[v] for v in node.outputs])
         for step in built:
             steps.append(step)
             owners.append(i)
@@ -99,15 +99,15 @@ def constant_nodes(graph: Graph) -> list:
     such an output. The initial gradient is one: ``ones_like(loss)`` (the loss is read for its
     shape), its ``scalar_mul`` by 1/N and the ``broadcast_like`` of that. Never an op that writes
     its inputs or a micro-batch boundary op."""
-    known = {id(v) for v in graph.constants.values()}
+    known = set(graph.constants.values())
     out = []
     for i, node in enumerate(graph.nodes):
         if node.written or node.op.micro_batch is not None:
             continue
         shape_inputs = node.op.shape_inputs
-        if all(id(v) in known for k, v in enumerate(node.inputs) if k not in shape_inputs):
+        if all(v in known for k, v in enumerate(node.inputs) if k not in shape_inputs):
             out.append(i)
-            known.update(id(v) for v in node.outputs)
+            known.update(node.outputs)
     return out
 
 
@@ -127,23 +127,23 @@ def fused_pairs(graph: Graph, backend, skip, schedule=None) -> dict:
     of the consumer exists before the producer runs. Nodes in ``skip`` take part in none;
     ``schedule``: the graph's ``micro_batch_schedule()`` when the caller has it."""
     nodes, users = graph.nodes, graph.users()
-    index = {id(n): i for i, n in enumerate(nodes)}
-    results = {id(v) for v in graph.results.values()} | {id(v) for v in graph.outputs}
+    index = {n: i for i, n in enumerate(nodes)}
+    results = set(graph.results.values()) | set(graph.outputs)
     part = _parts(graph, schedule)
     pairs, taken = {}, set(skip)
     for i, node in enumerate(nodes):
-        if i in taken or len(node.outputs) != 1 or id(node.outputs[0]) in results:
+        if i in taken or len(node.outputs) != 1 or node.outputs[0] in results:
             continue
         readers = users.get(node.outputs[0], [])
         if len(readers) != 1:
             continue
-        c = index[id(readers[0])]
+        c = index[readers[0]]
         consumer = nodes[c]
         if (c in taken or part.get(i) != part.get(c) or node.op.micro_batch is not None
                 or consumer.op.micro_batch is not None
                 or backend.fused_builder(node.op, consumer.op) is None):
             continue
-        if any(v.producer is not None and index.get(id(v.producer), -1) > i
+        if any(v.producer is not None and index.get(v.producer, -1) > i
                for v in consumer.inputs if v is not node.outputs[0]):
             continue
         pairs[i] = c
@@ -167,19 +167,18 @@ def grouped_nodes(graph: Graph, backend, skip, schedule=None) -> dict:
     it."""
     nodes = graph.nodes
     part = _parts(graph, schedule)
-    open_groups: dict = {}          # key -> [members, ids read, ids written]
+    open_groups: dict = {}          # key -> [members, Values read, Values written]
     groups = []
     for i, node in enumerate(nodes):
-        written = {id(v) for v in node.written}
-        written |= {id(v) for v in node.outputs}    # moved later, a member defines them later
-        read = {id(v) for v in node.inputs}
+        written = set(node.written) | set(node.outputs)  # moved later, a member defines these later
+        read = set(node.inputs)
         builder = None if i in skip else backend.group_builder(node.op)
         shared = None if builder is None else builder.shared_inputs(node)
         key = joined = None
         if shared is not None:
             key = (node.op.name, part.get(i), tuple(sorted(node.attrs.items())),
                    tuple(v.dtype.name for v in node.inputs), tuple(shared),
-                   tuple(id(node.inputs[k]) for k in shared))
+                   tuple(node.inputs[k] for k in shared))
             group = open_groups.get(key)
             if group is not None and not (read & group[2] or written & group[1]):
                 joined = group
@@ -204,15 +203,15 @@ def _scheduled_steps(graph: Graph, buffers: dict, backend):
     schedule, nodes = graph.micro_batch_schedule(), graph.nodes
     once = constant_nodes(graph)
     pairs = fused_pairs(graph, backend, once, schedule)
-    fused = {id(nodes[p]): nodes[c] for p, c in pairs.items()}
+    fused = {nodes[p]: nodes[c] for p, c in pairs.items()}
     grouped = grouped_nodes(graph, backend, set(once) | set(pairs) | set(pairs.values()),
                             schedule)
-    groups = {id(nodes[last]): [nodes[i] for i in members] for last, members in grouped.items()}
+    groups = {nodes[last]: [nodes[i] for i in members] for last, members in grouped.items()}
     skip = set(once) | set(pairs.values()) | {i for m in grouped.values() for i in m[:-1]}
     for node in nodes:                   # first: constant nodes may read later values' shapes
         for v in node.outputs:
-            if id(v) not in buffers:
-                buffers[id(v)] = backend.empty(v.shape, v.dtype.np)
+            if v not in buffers:
+                buffers[v] = backend.empty(v.shape, v.dtype.np)
     steps, owners = [], []
 
     def build(indices, micro_batch=None) -> dict:
@@ -264,20 +263,22 @@ class Plan:
         buffers: dict = {}
         self.input_buffers = []
         for v in graph.inputs:
-            buffers[id(v)] = backend.empty(v.shape, v.dtype.np)
-            self.input_buffers.append(buffers[id(v)])
+            buffers[v] = backend.empty(v.shape, v.dtype.np)
+            self.input_buffers.append(buffers[v])
         for name, v in graph.variables.items():
-            buffers[id(v)] = check_owned(backend, graph.variable_data[name], f"variable %{name}")
+            buffers[v] = check_owned(backend, graph.variable_data[name], f"variable %{name}")
         for name, data in graph.constant_data.items():
             buffers[name] = backend.from_numpy(data)
         for v in [v for n in graph.nodes for v in n.inputs] + list(graph.results.values()):
             if v.kind == "constant":
-                buffers[id(v)] = buffers[v.name]
+                buffers[v] = buffers[v.name]
         backend.begin_plan(collective)
         self.steps, self._owners, self.once_steps, self._once_owners = _scheduled_steps(
             graph, buffers, backend)
-        self.output_buffers = [buffers[id(v)] for v in graph.outputs]
+        self.output_buffers = [buffers[v] for v in graph.outputs]
         self.buffers = buffers
+        """Value of ``graph`` (Values hash by identity; the plan holds the graph, so they live as
+        long as it) -> its backend array; also constant name -> array."""
         self._stage = backend.input_stager(self.input_buffers)
         self._copiers = [backend.output_copier(b) for b in self.output_buffers]
         self._calls = self._call_steps = None
@@ -329,7 +330,7 @@ class Plan:
             msg = f"while running node {i} `{node.format(self.graph.names())}`: {e}"
             diagnose = node.op.diagnose
             if diagnose is not None:
-                detail = diagnose(node, [self.backend.to_numpy(self.buffers[id(v)])
+                detail = diagnose(node, [self.backend.to_numpy(self.buffers[v])
                                          for v in node.inputs])
                 msg += f"; {detail}" if detail else ""
             cls = type(e) if isinstance(e, (ValueError, TypeError, IndexError)) else RuntimeError

@@ -7,7 +7,8 @@ importing neither.
   step makers (``StepMakers``);
 * ``movement``, ``reduce``, ``update``, ``loss_scale``, ``conv``, ``normalization``, ``pool``:
   the builders whose planning is the same on every backend (layouts, geometries, empty outputs),
-  over the backend's loops; ``update`` and ``loss_scale`` also hold the scalar
+  over the backend's loops (``family``: the one step-maker signature of ``pool``, ``conv``,
+  ``normalization``, ``movement`` and ``reduce``, one step maker per op type); ``update`` and ``loss_scale`` also hold the scalar
   bodies of the optimizer updates and of the dynamic loss-scale schedule, compiled for both
   backends (``numba.njit`` and ``cuda.jit(device=True)``);
 * ``layout``: broadcast, reduction and row planning on shapes;

@@ -2,8 +2,9 @@
 ``conv_filter_grad``, ``conv_bias_grad``. What is planned the same way everywhere is planned here:
 the geometry (``miniflow.ops.geometry``, the function the ops' inference calls, so a kernel never
 sees a geometry inference would refuse), empty outputs (no step), and products with nothing to
-sum (an empty batch, zero channels: a fill with 0). The backend's step makers run the
-algorithms: im2col + BLAS and Winograd on the CPU, implicit GEMM on CUDA.
+sum (an empty batch, zero channels: a fill with 0). The backend's step makers (one per op type,
+``family.StepMaker``) run the algorithms: im2col + BLAS and Winograd on the CPU, implicit GEMM on
+CUDA.
 """
 from __future__ import annotations
 
@@ -11,8 +12,12 @@ import dataclasses
 
 from ...ops.geometry import (ConvGeometry, conv_data_grad_geometry, conv_filter_grad_geometry,
                              conv_geometry)
+from .family import record
 
-__all__ = ["builders", "live_taps", "cropped"]
+__all__ = ["OPS", "plan_of", "terms", "builders", "live_taps", "cropped"]
+
+OPS = ("conv2d", "conv_data_grad", "conv_filter_grad", "conv_bias_grad")
+"""The library's convolution op types: every backend's record has a step maker for each."""
 
 
 def _live(k: int, s: int, pad: int, d: int, size: int, out: int) -> tuple:
@@ -39,47 +44,58 @@ def cropped(g: ConvGeometry, taps) -> ConvGeometry:
                                pw=g.pw - q0 * g.dw)
 
 
-def builders(*, forward_steps, data_grad_steps, filter_grad_steps, bias_grad_steps,
-             fill_steps) -> dict:
-    """Op type -> builder of the convolution ops, over a backend's step makers (``g`` is the
-    ``ConvGeometry``; every output is non-empty and every sum has terms when they are called):
+def _geometry(node, ins: list):
+    """The node's plan: its ``ConvGeometry``, or ``(n, c, hw)`` of ``conv_bias_grad``'s dy."""
+    op, a = node.op.name, node.attrs
+    shapes = [tuple(x.shape) for x in ins]
+    if op == "conv2d":
+        return conv_geometry(op, shapes[0], shapes[1], a)
+    if op == "conv_data_grad":
+        return conv_data_grad_geometry(op, shapes[0], shapes[1], shapes[2], a)
+    if op == "conv_filter_grad":
+        return conv_filter_grad_geometry(op, shapes[0], shapes[1], a)
+    n, c, h, w = shapes[0]
+    return n, c, h * w
 
-    * ``forward_steps(x, w, out, g)``: ``out = conv2d(x, w)``;
-    * ``data_grad_steps(dy, w, dx, g)``: ``dx = conv_data_grad(dy, w)``;
-    * ``filter_grad_steps(dy, x, dw, g)``: ``dw = conv_filter_grad(dy, x)``;
-    * ``bias_grad_steps(dy, out, n, c, hw)``: ``out[c] = sum dy[n, c, hw]`` (dy ``[N, C, H, W]``);
-    * ``fill_steps(out, value)``: ``out[...] = value`` (the backend's fill).
+
+def terms(op: str, plan) -> int:
+    """How many terms each output element of ``op`` sums, under its ``plan``."""
+    if op == "conv2d":
+        return plan.kg
+    if op == "conv_data_grad":
+        return plan.og * plan.kh * plan.kw
+    if op == "conv_filter_grad":
+        return plan.n * plan.oh * plan.ow
+    n, _, hw = plan
+    return n * hw
+
+
+def plan_of(node, ins: list, outs: list):
+    """The plan a convolution step maker gets: the ``ConvGeometry`` of ``conv2d``,
+    ``conv_data_grad`` (dy, filter, x_like) or ``conv_filter_grad`` (dy, x), from the function
+    the op's inference calls; ``(n, c, hw)`` for ``conv_bias_grad`` (dy ``[N, C, H, W]``). None
+    (no step) for an empty output."""
+    return None if outs[0].size == 0 else _geometry(node, ins)
+
+
+def builders(fill_steps, **steps) -> dict:
+    """Op type -> builder of the convolution ops, the backend's record of the family: its step
+    makers by op type (``family.StepMaker``: ``steps(ins, outs, plan, attrs)``, ``plan`` from
+    :func:`plan_of`), each called for a non-empty output whose elements sum terms; an output with
+    nothing to sum (an empty batch, zero channels) is filled with 0 by the backend's
+    ``fill_steps(out, value)``.
+
+    * ``conv2d``: ``out = conv2d(x, w)`` (NCHW, no bias);
+    * ``conv_data_grad``: ``dx = conv_data_grad(dy, w, x_like)`` (x_like: dx's shape);
+    * ``conv_filter_grad``: ``dw = conv_filter_grad(dy, x)``;
+    * ``conv_bias_grad``: ``out[c] = sum dy[n, c, hw]``.
     """
-    def zero_or(out, terms: int, steps):
-        if out.size == 0:
-            return []
-        return fill_steps(out, 0.0) if terms == 0 else steps()
+    def summing(op, make):
+        def steps_(ins, outs, plan, attrs):
+            if terms(op, plan) == 0:
+                return fill_steps(outs[0], 0.0)
+            return make(ins, outs, plan, attrs)
+        steps_.__name__ = getattr(make, "__name__", op)
+        return steps_
 
-    def conv2d(node, ins, outs):
-        """``out = conv2d(in, weight)`` (NCHW, no bias)."""
-        x, w, out = ins[0], ins[1], outs[0]
-        g = conv_geometry("conv2d", tuple(x.shape), tuple(w.shape), node.attrs)
-        return zero_or(out, g.kg, lambda: forward_steps(x, w, out, g))
-
-    def conv_data_grad(node, ins, outs):
-        """``dx = conv_data_grad(dy, filter, x_like)`` (x_like: dx's shape)."""
-        dy, w, x_like, dx = ins[0], ins[1], ins[2], outs[0]
-        g = conv_data_grad_geometry("conv_data_grad", tuple(dy.shape), tuple(w.shape),
-                                    tuple(x_like.shape), node.attrs)
-        return zero_or(dx, g.og * g.kh * g.kw, lambda: data_grad_steps(dy, w, dx, g))
-
-    def conv_filter_grad(node, ins, outs):
-        """``filter_diff = conv_filter_grad(dy, x)``."""
-        dy, x, dw = ins[0], ins[1], outs[0]
-        g = conv_filter_grad_geometry("conv_filter_grad", tuple(dy.shape), tuple(x.shape),
-                                      node.attrs)
-        return zero_or(dw, g.n * g.oh * g.ow, lambda: filter_grad_steps(dy, x, dw, g))
-
-    def conv_bias_grad(node, ins, outs):
-        """``bias_diff = conv_bias_grad(dy)``: dy ``[N, C, H, W]`` summed over N, H, W."""
-        dy, out = ins[0], outs[0]
-        n, c, h, w = tuple(dy.shape)
-        return zero_or(out, n * h * w, lambda: bias_grad_steps(dy, out, n, c, h * w))
-
-    return {"conv2d": conv2d, "conv_data_grad": conv_data_grad,
-            "conv_filter_grad": conv_filter_grad, "conv_bias_grad": conv_bias_grad}
+    return record("conv", plan_of, {op: summing(op, make) for op, make in steps.items()})

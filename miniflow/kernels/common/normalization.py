@@ -1,53 +1,28 @@
-"""The builders of batch norm on every backend: ``normalization`` (training and eval),
-``normalization_grad`` and ``increment``. Planned the same way everywhere: ``x`` viewed as
-``[outer, C, inner]`` around ``axis`` (``miniflow.ops.geometry.norm_layout``), the training or
-eval variant from the node's ``training`` attribute (the op's ``written`` inputs follow it too).
-The backend's step makers run the loops (one channel per iteration or block, two passes for the
-variance).
+"""The normalization family of every backend: batch norm (``normalization``, training and eval;
+``normalization_grad``; ``increment``, its step counter) and layer norm (``layer_norm``,
+``layer_norm_grad``, ``layer_norm_param_grad``). Planned the same way everywhere (:func:`plan_of`):
+batch norm views ``x`` as ``[outer, C, inner]`` around ``axis``
+(``miniflow.ops.geometry.norm_layout``), layer norm as ``[rows, cols]`` around
+``begin_norm_axis`` / ``begin_params_axis``, with no step where there is nothing to normalize.
+The backend's step makers (``family.StepMaker``, one per op type; :func:`by_mode` picks the
+training or eval one of ``normalization`` from the node's ``training`` attribute, which the op's
+``written`` inputs follow too) run the loops: one channel per iteration or block, two passes for
+the variance.
 
-The layer-norm builders (``layer_norm``, ``layer_norm_grad``, ``layer_norm_param_grad``) view
-``x`` as ``[rows, cols]`` around ``begin_norm_axis`` (:func:`layer_norm_builders`)."""
+A backend fills its record, ``BUILDERS`` of its ``normalization.py``, by op type::
+
+    BUILDERS = normalization.builders(normalization=by_mode(train_steps, eval_steps), ...)
+"""
 from __future__ import annotations
 
 from ...ops.geometry import norm_layout
+from .family import StepMaker, record
 
-__all__ = ["builders", "layer_norm_builders"]
+__all__ = ["OPS", "plan_of", "by_mode", "param", "builders"]
 
-
-def builders(*, train_steps, eval_steps, grad_steps, increment_steps) -> dict:
-    """Op type -> builder of the batch-norm ops, over a backend's step makers (``layout`` is
-    ``(outer, C, inner)``):
-
-    * ``train_steps(x, y, mean, inv_variance, moving_mean, moving_variance, gamma, beta, layout,
-      epsilon, momentum)``: batch statistics, ``y``, and the moving statistics updated in place;
-    * ``eval_steps(x, y, moving_mean, moving_variance, gamma, beta, layout, epsilon)``;
-    * ``grad_steps(x, dy, mean, inv_variance, gamma, gamma_diff, beta_diff, dx, layout)``;
-    * ``increment_steps(counter)``: ``counter += 1``.
-    """
-    def normalization(node, ins, outs):
-        """``y[, mean, inv_variance] = normalization(x, moving_mean, moving_variance, gamma,
-        beta)``; training writes the moving statistics in place."""
-        x, mm, mv, gamma, beta = ins
-        a = node.attrs
-        layout = norm_layout("normalization", tuple(x.shape), a["axis"])
-        if a["training"]:
-            y, mean, inv = outs
-            return train_steps(x, y, mean, inv, mm, mv, gamma, beta, layout, a["epsilon"],
-                               a["momentum"])
-        return eval_steps(x, outs[0], mm, mv, gamma, beta, layout, a["epsilon"])
-
-    def normalization_grad(node, ins, outs):
-        """``gamma_diff, beta_diff, dx = normalization_grad(x, dy, mean, inv_variance, gamma)``."""
-        x = ins[0]
-        layout = norm_layout("normalization_grad", tuple(x.shape), node.attrs["axis"])
-        return grad_steps(*ins, *outs, layout)
-
-    def increment(node, ins, outs):
-        """``counter += 1`` in place."""
-        return increment_steps(ins[0])
-
-    return {"normalization": normalization, "normalization_grad": normalization_grad,
-            "increment": increment}
+OPS = ("normalization", "normalization_grad", "increment", "layer_norm", "layer_norm_grad",
+       "layer_norm_param_grad")
+"""The library's normalization op types: every backend's record has a step maker for each."""
 
 
 def _rows_cols(shape, axis: int) -> tuple:
@@ -60,38 +35,51 @@ def _rows_cols(shape, axis: int) -> tuple:
     return rows, cols
 
 
-def layer_norm_builders(layer_norm_steps, grad_steps, param_grad_steps) -> dict:
-    """Op type -> builder of the layer-norm ops, over a backend's step makers (``x`` viewed as
-    ``[rows, cols]``; a missing ``gamma`` / ``beta`` is None):
+def plan_of(node, ins: list, outs: list):
+    """The plan a normalization step maker gets, or None (no step):
 
-    * ``layer_norm_steps(x, gamma, beta, y, mean, inv_variance, rows, cols, epsilon)``;
-    * ``grad_steps(dy, x, mean, inv_variance, gamma, dx, rows, cols)``;
-    * ``param_grad_steps(dy, x, mean, inv_variance, gamma_diff, beta_diff, rows, cols)``.
+    * ``normalization`` (x, moving_mean, moving_variance, gamma, beta) and ``normalization_grad``
+      (x, dy, mean, inv_variance, gamma): ``(outer, C, inner)``;
+    * ``increment``: ``()``;
+    * ``layer_norm`` (x[, gamma, beta]): ``(rows, cols)`` of x at ``begin_norm_axis``, None
+      without rows;
+    * ``layer_norm_grad`` (dy, x, mean, inv_variance[, gamma]): the same of x, None when empty;
+    * ``layer_norm_param_grad`` (dy, x, mean, inv_variance): ``(rows, cols)`` of x at
+      ``begin_params_axis``, None without columns.
     """
-    def layer_norm(node, ins, outs):
-        """``y, mean, inv_variance = layer_norm(x[, gamma, beta])``."""
-        x = ins[0]
-        gamma, beta = (ins[1], ins[2]) if len(ins) == 3 else (None, None)
-        rows, cols = _rows_cols(x.shape, node.attrs["begin_norm_axis"])
-        if rows == 0:
-            return []
-        return layer_norm_steps(x, gamma, beta, *outs, rows, cols, node.attrs["epsilon"])
+    op, a = node.op.name, node.attrs
+    if op in ("normalization", "normalization_grad"):
+        return norm_layout(op, tuple(ins[0].shape), a["axis"])
+    if op == "increment":
+        return ()
+    if op == "layer_norm":
+        rows, cols = _rows_cols(ins[0].shape, a["begin_norm_axis"])
+        return (rows, cols) if rows else None
+    if op == "layer_norm_grad":
+        rows, cols = _rows_cols(ins[1].shape, a["begin_norm_axis"])
+        return (rows, cols) if rows * cols else None
+    rows, cols = _rows_cols(ins[1].shape, a["begin_params_axis"])
+    return (rows, cols) if cols else None
 
-    def layer_norm_grad(node, ins, outs):
-        """``dx = layer_norm_grad(dy, x, mean, inv_variance[, gamma])``."""
-        dy, x, mean, inv = ins[:4]
-        rows, cols = _rows_cols(x.shape, node.attrs["begin_norm_axis"])
-        if rows * cols == 0:
-            return []
-        return grad_steps(dy, x, mean, inv, ins[4] if len(ins) == 5 else None, outs[0], rows,
-                          cols)
 
-    def layer_norm_param_grad(node, ins, outs):
-        """``gamma_diff, beta_diff = layer_norm_param_grad(dy, x, mean, inv_variance)``."""
-        rows, cols = _rows_cols(ins[1].shape, node.attrs["begin_params_axis"])
-        if cols == 0:
-            return []
-        return param_grad_steps(*ins, *outs, rows, cols)
+def by_mode(train: StepMaker, evaluate: StepMaker) -> StepMaker:
+    """The step maker of ``normalization``: ``train`` (``y, mean, inv_variance`` and the moving
+    statistics updated in place) for a node with ``training``, else ``evaluate`` (``y`` from the
+    moving statistics)."""
+    def steps(ins, outs, layout, attrs):
+        return (train if attrs["training"] else evaluate)(ins, outs, layout, attrs)
 
-    return {"layer_norm": layer_norm, "layer_norm_grad": layer_norm_grad,
-            "layer_norm_param_grad": layer_norm_param_grad}
+    steps.__name__ = f"by_mode({train.__name__}, {evaluate.__name__})"
+    return steps
+
+
+def param(ins: list, i: int):
+    """Input ``i`` of a layer-norm node, or None where the node has no affine parameters."""
+    return ins[i] if len(ins) > i else None
+
+
+def builders(**steps: StepMaker) -> dict:
+    """Op type -> builder over a backend's step makers ``steps`` (keyword: op type, value: its
+    ``family.StepMaker``, with the plan of :func:`plan_of`), the backend's record of the
+    normalization family."""
+    return record("normalization", plan_of, steps)

@@ -530,9 +530,10 @@ def _live_weight(w, g):
     return [(np.copyto, (live, w[:, :, p0:p1, q0:q1]))], live, cropped(g, taps)
 
 
-def forward_steps(x, w, out, g):
+def forward_steps(ins, outs, g, attrs):
     """Steps for ``out = conv2d(x, w)``: ``out[n][g] = W[g] @ im2col(x[n])[g]``, or Winograd
     (see the module docstring); only over the kernel taps that reach the input."""
+    (x, w), (out,) = ins, outs
     crop, w, g = _live_weight(w, g)
     return crop + algorithm_steps("conv2d", g, [x, w], out, _forward_steps, winograd_fits(g))
 
@@ -560,10 +561,11 @@ def _forward_steps(x, w, out, g, winograd: bool):
     return cv.finish(target, out)
 
 
-def data_grad_steps(dy, w, dx, g):
-    """Steps for ``dx = conv_data_grad(dy, w)``: ``dcols[g] = W[g].T @ dy[n][g]``, then col2im
-    into ``dx[n]`` (pointwise: the product is ``dx[n][g]``); Winograd for 3x3 stride 1; only over
-    the kernel taps that reach the input."""
+def data_grad_steps(ins, outs, g, attrs):
+    """Steps for ``dx = conv_data_grad(dy, w, x_like)``: ``dcols[g] = W[g].T @ dy[n][g]``, then
+    col2im into ``dx[n]`` (pointwise: the product is ``dx[n][g]``); Winograd for 3x3 stride 1;
+    only over the kernel taps that reach the input."""
+    (dy, w, _), (dx,) = ins, outs
     crop, w, g = _live_weight(w, g)
     return crop + algorithm_steps("conv_data_grad", g, [dy, w], dx, _data_grad_steps,
                                   winograd_fits(g) and g.ph <= 2 and g.pw <= 2)
@@ -615,7 +617,7 @@ TRANSPOSED_FROM = 1024
 :func:`filter_grad_steps`)."""
 
 
-def filter_grad_steps(dy, x, dw, g):
+def filter_grad_steps(ins, outs, g, attrs):
     """Steps for ``dw = conv_filter_grad(dy, x)``: ``dW[g] = sum_n dy[n][g] @ im2col(x[n])[g].T``
     (batched layout: one product over the whole batch; Winograd for 3x3 stride 1).
 
@@ -627,6 +629,7 @@ def filter_grad_steps(dy, x, dw, g):
 
     Kernel taps that never reach the input (``live_taps``) get 0, the others are computed by the
     cropped convolution."""
+    (dy, x), (dw,) = ins, outs
     taps = live_taps(g)
     if taps is None:
         return algorithm_steps("conv_filter_grad", g, [dy, x], dw, _filter_grad_steps,
@@ -675,13 +678,13 @@ def _filter_grad_steps(dy, x, dw, g, winograd: bool):
     return cv.finish(target, dw)
 
 
-def bias_grad_steps(dy, out, n: int, c: int, hw: int):
-    """Steps for ``out[c] = sum_{n, k} dy[n, c, k]``."""
+def bias_grad_steps(ins, outs, plan, attrs):
+    """Steps for ``out[c] = sum_{n, k} dy[n, c, k]`` (``plan``: ``(n, c, hw)``)."""
+    (dy,), (out,), (n, c, hw) = ins, outs, plan
     kernel = bias_grad_kernel(use_parallel(dy.size) and c > 1)
     return [(kernel, (kview(dy).reshape(n, c, hw), kview(out)))]
 
 
-BUILDERS = conv.builders(forward_steps=forward_steps, data_grad_steps=data_grad_steps,
-                         filter_grad_steps=filter_grad_steps, bias_grad_steps=bias_grad_steps,
-                         fill_steps=fill_steps)
+BUILDERS = conv.builders(fill_steps, conv2d=forward_steps, conv_data_grad=data_grad_steps,
+                         conv_filter_grad=filter_grad_steps, conv_bias_grad=bias_grad_steps)
 """Op type -> builder of the convolution ops."""

@@ -67,7 +67,7 @@ import numba
 import numpy as np
 
 from ...dtype import bfloat16
-from . import fp16, tune
+from . import fp16, mkl_gemm, tune
 from ..common.batch import batched
 from .common import jit, jitable, kview, loop_for, numpy_blas, use_parallel
 from .elementwise import cast_steps
@@ -82,7 +82,8 @@ __all__ = ["BUILDERS", "OUTER_MIN_ROWS", "OUTER_MIN_COLS", "PACK_MIN_ROWS", "LAY
            "DOT_MAX_ROWS", "ONE_THREAD_FROM", "ONE_THREAD_BELOW", "OneThreadBlas",
            "dot_block_kernel", "outer_block_kernel", "pack_pairs_kernel", "interleave_pairs_kernel",
            "transpose_kernel", "rows_times_kernel", "build_matmul", "numba_steps",
-           "blas_steps", "blas_one_thread_steps", "CANDIDATES", "GEMM_CANDIDATES", "gemm_steps"]
+           "blas_steps", "blas_one_thread_steps", "mkl_steps", "CANDIDATES", "GEMM_CANDIDATES",
+           "gemm_steps"]
 
 OUTER_MIN_ROWS = 4
 """Rows from which :func:`outer_block_kernel` (four rows a block) beats :func:`rows_times_kernel`
@@ -702,16 +703,19 @@ def build_matmul(node, ins, outs):
     with ``count_not_finite`` also ``outs[1][0]`` = the number of non-finite elements of out.
 
     The steps of the candidate of :data:`CANDIDATES` (the built-in rules, :func:`numba_steps`;
-    BLAS alone, :func:`blas_steps`; BLAS on one thread) that ``tune`` measures fastest for the
-    product's class on this machine (``MINIFLOW_MATMUL`` overrides): its dtypes, transposes,
-    counting and the powers of two at or above ``m``, ``k`` and ``n``."""
+    BLAS alone, :func:`blas_steps`; BLAS on one thread; oneMKL's half-type GEMM on AMX,
+    :func:`mkl_steps`, where ``mkl_gemm.offered``, its class saying ``amx``) that ``tune``
+    measures fastest for the product's class on this machine (``MINIFLOW_MATMUL`` overrides):
+    its dtypes, transposes, counting and the powers of two at or above ``m``, ``k`` and ``n``."""
     a, b, out = ins[0], ins[1], outs[0]
     ta, tb = node.attrs.get("transpose_a", False), node.attrs.get("transpose_b", False)
     (m, n), k = out.shape, a.shape[0 if ta else 1]
+    mkl = mkl_gemm.offered(a.T if ta else a, b.T if tb else b, out)
     key = (f"{a.dtype.name}{'.T' if ta else ''} @ {b.dtype.name}{'.T' if tb else ''} -> "
            f"{out.dtype.name}{' counted' if len(outs) > 1 else ''} "
-           f"m{_bucket(m)} k{_bucket(k)} n{_bucket(n)}")
-    return tune.choose("matmul", key, node, ins, outs, CANDIDATES)
+           f"m{_bucket(m)} k{_bucket(k)} n{_bucket(n)}{' amx' if mkl else ''}")
+    candidates = CANDIDATES if mkl else {k: v for k, v in CANDIDATES.items() if k != "mkl"}
+    return tune.choose("matmul", key, node, ins, outs, candidates)
 
 
 def _target(out, counted: bool):
@@ -751,6 +755,22 @@ def blas_one_thread_steps(node, ins, outs):
         return None
     return [(OneThreadBlas(fn, multithreaded), args) if fn is np.dot else (fn, args)
             for fn, args in blas_steps(node, ins, outs)]
+
+
+def mkl_steps(node, ins, outs):
+    """:func:`build_matmul`'s steps through oneMKL's half-type GEMM (``mkl_gemm``, on AMX): the
+    float32 product into out (float32, not counted) or into float32 scratch, rounded into a half
+    out (and counted) by one pass, as :func:`blas_steps`.
+
+    Raises:
+        MissingExtraError: oneMKL is not installed (the ``amx`` extra).
+        ValueError: oneMKL does not take the product (``mkl_gemm.takes``).
+    """
+    a, b, out = ins[0], ins[1], outs[0]
+    ta, tb = node.attrs.get("transpose_a", False), node.attrs.get("transpose_b", False)
+    target = _target(out, len(outs) > 1)
+    step = mkl_gemm.gemm_step(a.T if ta else a, b.T if tb else b, target)
+    return [step] + _into_out(target, outs)
 
 
 def numba_steps(node, ins, outs):
@@ -858,7 +878,8 @@ def gemm_steps(a, b, out) -> list:
     return tune.choose("gemm", key, None, [a, b], [out], GEMM_CANDIDATES)
 
 
-CANDIDATES = {"numba": numba_steps, "blas": blas_steps, "blas 1 thread": blas_one_thread_steps}
+CANDIDATES = {"numba": numba_steps, "blas": blas_steps, "blas 1 thread": blas_one_thread_steps,
+              "mkl": mkl_steps}
 """The tuner's candidates for a product (``tune.choose``): the built-in rules first; one entry
 per candidate (``(node, ins, outs) -> steps``, or None where it does not apply)."""
 

@@ -6,9 +6,10 @@ from __future__ import annotations
 import numpy as np
 
 from ..common import movement
-from ..common.layout import unsqueezed
+from ..common.movement import filling
 
-__all__ = ["transpose_steps", "fill_steps", "BUILDERS"]
+__all__ = ["transpose_steps", "fill_steps", "copy_steps", "permute_steps", "broadcast_steps",
+           "BUILDERS"]
 
 
 def transpose_steps(x: np.ndarray, shape, perm, out: np.ndarray):
@@ -24,24 +25,23 @@ def fill_steps(out: np.ndarray, value: float):
     return [(np.copyto, (out, v))]
 
 
-def build_reshape(node, ins, outs):
-    """``out = x.reshape(attrs["shape"])`` (a copy: outputs are separate buffers)."""
+def copy_steps(ins, outs, plan, attrs):
+    """``out = x`` as a flat copy (``reshape``, ``flatten``, ``detach``: outputs are separate
+    buffers)."""
     return [(np.copyto, (outs[0].reshape(-1), ins[0].reshape(-1)))]
 
 
-def build_transpose(node, ins, outs):
-    """``out = x.transpose(attrs["perm"])``: ``out[i, j, ...] = x[perm-permuted index]``."""
-    return transpose_steps(ins[0], ins[0].shape, node.attrs["perm"], outs[0])
+def permute_steps(ins, outs, perm, attrs):
+    """``out = x.transpose(perm)``: ``out[i, j, ...] = x[perm-permuted index]``."""
+    return transpose_steps(ins[0], ins[0].shape, perm, outs[0])
 
 
-def build_broadcast_like(node, ins, outs):
-    """``out = broadcast_to(x, like.shape)``; x: like's shape, ``broadcast_axes`` removed or 1."""
-    x, out = ins[0], outs[0]
-    x = x.reshape(unsqueezed(x.shape, node.attrs["broadcast_axes"], out.ndim))
-    return [(np.copyto, (out, x))]
+def broadcast_steps(ins, outs, x_shape, attrs):
+    """``out = broadcast_to(x, like.shape)``, x viewed as ``x_shape`` (its broadcast axes 1)."""
+    return [(np.copyto, (outs[0], ins[0].reshape(x_shape)))]
 
 
-BUILDERS = {"reshape": build_reshape, "flatten": build_reshape, "detach": build_reshape,
-            "transpose": build_transpose,
-            "broadcast_like": build_broadcast_like, **movement.builders(fill_steps)}
+BUILDERS = movement.builders(reshape=copy_steps, flatten=copy_steps, detach=copy_steps,
+                             transpose=permute_steps, broadcast_like=broadcast_steps,
+                             ones_like=filling(fill_steps), constant=filling(fill_steps))
 """Op type -> builder for the data-movement ops and the fills."""

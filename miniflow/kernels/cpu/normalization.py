@@ -20,6 +20,7 @@ import math
 import numpy as np
 
 from ..common import normalization
+from ..common.normalization import by_mode, param
 from .common import flat, jit, loop_for, use_parallel
 from .fp16 import load, store, to_compute
 
@@ -231,59 +232,66 @@ def layer_norm_param_grad_kernel(parallel: bool):
     return kernel
 
 
-def layer_norm_steps(x, gamma, beta, y, mean, inv, rows: int, cols: int, eps: float):
+def layer_norm_steps(ins, outs, plan, attrs):
     """The step of ``layer_norm`` (``gamma`` / ``beta`` None without the affine parameters)."""
+    x, gamma, beta, (y, mean, inv), (rows, cols) = ins[0], param(ins, 1), param(ins, 2), outs, plan
+    eps = attrs["epsilon"]
     affine = gamma is not None
     kernel = layer_norm_kernel(use_parallel(x.size) and rows > 1, affine)
     g, b = (flat(gamma), flat(beta)) if affine else (flat(x), flat(x))
     return [(kernel, (flat(x), g, b, flat(y), flat(mean), flat(inv), rows, cols, float(eps)))]
 
 
-def layer_norm_grad_steps(dy, x, mean, inv, gamma, dx, rows: int, cols: int):
+def layer_norm_grad_steps(ins, outs, plan, attrs):
     """The step of ``layer_norm_grad`` (``gamma`` None without it)."""
+    (dy, x, mean, inv), gamma, (dx,), (rows, cols) = ins[:4], param(ins, 4), outs, plan
     affine = gamma is not None
     kernel = layer_norm_grad_kernel(use_parallel(x.size) and rows > 1, affine)
     return [(kernel, (flat(dy), flat(x), flat(mean), flat(inv),
                       flat(gamma) if affine else flat(x), flat(dx), rows, cols))]
 
 
-def layer_norm_param_grad_steps(dy, x, mean, inv, gamma_diff, beta_diff, rows: int, cols: int):
+def layer_norm_param_grad_steps(ins, outs, plan, attrs):
     """The step of ``layer_norm_param_grad``."""
+    (dy, x, mean, inv), (gamma_diff, beta_diff), (rows, cols) = ins, outs, plan
     kernel = layer_norm_param_grad_kernel(use_parallel(x.size) and cols > 1)
     return [(kernel, (flat(dy), flat(x), flat(mean), flat(inv), flat(gamma_diff),
                       flat(beta_diff), rows, cols))]
 
 
-def train_steps(x, y, mean, inv, mm, mv, gamma, beta, layout, eps: float, momentum: float):
+def train_steps(ins, outs, layout, attrs):
     """The step of a training-mode ``normalization`` (one channel per parallel iteration)."""
-    outer, c, inner = layout
+    (x, mm, mv, gamma, beta), (y, mean, inv), (outer, c, inner) = ins, outs, layout
+    eps, momentum = attrs["epsilon"], attrs["momentum"]
     kernel = norm_train_kernel(use_parallel(x.size) and c > 1)
     return [(kernel, (flat(x), flat(y), mean, inv, mm, mv, gamma, beta, outer, inner, float(eps),
                       float(momentum)))]
 
 
-def eval_steps(x, y, mm, mv, gamma, beta, layout, eps: float):
+def eval_steps(ins, outs, layout, attrs):
     """The step of an eval-mode ``normalization`` (one ``(outer, channel)`` row per iteration)."""
-    outer, c, inner = layout
+    (x, mm, mv, gamma, beta), y, (outer, c, inner) = ins, outs[0], layout
+    eps = attrs["epsilon"]
     kernel = norm_eval_kernel(use_parallel(x.size) and outer * c > 1)
     return [(kernel, (flat(x), flat(y), mm, mv, gamma, beta, outer, inner, float(eps)))]
 
 
-def grad_steps(x, dy, mean, inv, gamma, gamma_diff, beta_diff, dx, layout):
+def grad_steps(ins, outs, layout, attrs):
     """The step of ``normalization_grad``."""
-    outer, c, inner = layout
+    (x, dy, mean, inv, gamma), (gamma_diff, beta_diff, dx), (outer, c, inner) = ins, outs, layout
     kernel = norm_grad_kernel(use_parallel(x.size) and c > 1)
     return [(kernel, (flat(x), flat(dy), mean, inv, gamma, gamma_diff, beta_diff, flat(dx),
                       outer, inner))]
 
 
-def increment_steps(counter):
-    """The step of ``increment``."""
-    return [(increment_kernel(), (counter.reshape(-1),))]
+def increment_steps(ins, outs, plan, attrs):
+    """The step of ``increment`` (``counter += 1`` in place)."""
+    return [(increment_kernel(), (ins[0].reshape(-1),))]
 
 
-BUILDERS = {**normalization.builders(train_steps=train_steps, eval_steps=eval_steps,
-                                     grad_steps=grad_steps, increment_steps=increment_steps),
-            **normalization.layer_norm_builders(layer_norm_steps, layer_norm_grad_steps,
-                                                layer_norm_param_grad_steps)}
+BUILDERS = normalization.builders(normalization=by_mode(train_steps, eval_steps),
+                                  normalization_grad=grad_steps, increment=increment_steps,
+                                  layer_norm=layer_norm_steps,
+                                  layer_norm_grad=layer_norm_grad_steps,
+                                  layer_norm_param_grad=layer_norm_param_grad_steps)
 """Op type -> builder of the batch-norm and layer-norm ops."""

@@ -17,6 +17,7 @@ from .elementwise import cast_steps
 from .fp16 import load, store, to_compute
 from .movement import transpose_steps
 from ..common import reduce
+from ..common.reduce import gathered, with_log
 from ..common.precision import compute_dtype
 
 __all__ = ["reduce_sum_kernel", "reduce_sum_columns_kernel", "softmax_kernel",
@@ -208,31 +209,36 @@ def sum_steps(x: np.ndarray, out: np.ndarray, outer: int, red: int, inner: int):
     return [(reduce_sum_kernel(parallel), (flat(x), flat(out), outer, red, inner))]
 
 
-def softmax_steps(log: bool, x, out, rows: int, cols: int):
-    """One call of :func:`softmax_kernel`."""
+def softmax_steps(log: bool, ins, outs, plan, attrs):
+    """One call of :func:`softmax_kernel` (with ``log`` bound: a step maker)."""
+    (x,), (out,), (rows, cols) = ins, outs, plan
     return [(softmax_kernel(log, use_parallel(x.size)), (flat(x), flat(out), rows, cols))]
 
 
-def softmax_grad_steps(log: bool, y, dy, dx, rows: int, cols: int):
-    """One call of :func:`softmax_grad_kernel`."""
+def softmax_grad_steps(log: bool, ins, outs, plan, attrs):
+    """One call of :func:`softmax_grad_kernel` (with ``log`` bound: a step maker)."""
+    (y, dy), (dx,), (rows, cols) = ins, outs, plan
     kernel = softmax_grad_kernel(log, use_parallel(y.size))
     return [(kernel, (flat(y), flat(dy), flat(dx), rows, cols))]
 
 
-def xent_steps(x, label, prob, out, rows: int, cols: int):
+def xent_steps(ins, outs, plan, attrs):
     """One call of :func:`sparse_xent_kernel` (it raises ValueError for a label out of range)."""
+    (x, label), (prob, out), (rows, cols) = ins, outs, plan
     kernel = sparse_xent_kernel(use_parallel(x.size))
     return [(kernel, (flat(x), label.reshape(-1), flat(prob), flat(out), rows, cols))]
 
 
-def xent_grad_steps(dy, label, prob, dx, rows: int, cols: int):
+def xent_grad_steps(ins, outs, plan, attrs):
     """One call of :func:`sparse_xent_grad_kernel` (it raises ValueError for a label out of
     range)."""
+    (dy, label, prob), (dx,), (rows, cols) = ins, outs, plan
     kernel = sparse_xent_grad_kernel(use_parallel(prob.size))
     return [(kernel, (flat(dy), label.reshape(-1), flat(prob), flat(dx), rows, cols))]
 
 
-BUILDERS = reduce.builders(transpose_steps=transpose_steps, scratch=scratch, sum_steps=sum_steps,
-                           softmax_steps=softmax_steps, softmax_grad_steps=softmax_grad_steps,
-                           xent_steps=xent_steps, xent_grad_steps=xent_grad_steps)
+BUILDERS = reduce.builders(reduce_sum=gathered(transpose_steps, scratch, sum_steps),
+                           **with_log(softmax=softmax_steps, softmax_grad=softmax_grad_steps),
+                           sparse_softmax_cross_entropy=xent_steps,
+                           sparse_softmax_cross_entropy_grad=xent_grad_steps)
 """Op type -> builder for the reductions and row ops."""

@@ -13,8 +13,8 @@ with the winner's steps on the node's buffers:
 1. the first candidate's steps are built; the class is that key plus the kernels those steps
    call and the thread counts in force (Numba's, BLAS's), so a class holds products the rules
    treat alike, measured at the threads they run at;
-2. ``MINIFLOW_MATMUL=numba`` (``blas``) takes the candidate of that name, else the first, with
-   no measuring; ``auto`` (the default) looks the class up in the machine's file, then measures;
+2. ``MINIFLOW_MATMUL=numba`` (``blas``, ``mkl``) takes the candidate of that name where it
+   applies, else the first, with no measuring; ``auto`` (the default) looks the class up in the machine's file, then measures;
 3. measuring builds every candidate on sample arrays of the node's shapes, dtypes and strides
    (a transposed view stays a transposed view; random values: ``np.empty``'s untouched pages
    all read the one zero page and would time as if in cache), runs each once (compiling or
@@ -78,9 +78,10 @@ PREFERRED = "blas"
 """The candidate that wins unless another beats it by ``MARGIN``: the library call."""
 ENV = "MINIFLOW_MATMUL"
 """The override: ``auto`` (measure; the default), ``numba`` (the built-in rules: every choice's
-first candidate, or the one named ``numba``) or ``blas`` (the one named ``blas``, else the
-first: a convolution's GEMMs are BLAS in every candidate)."""
-MODES = ("auto", "numba", "blas")
+first candidate, or the one named ``numba``), ``blas`` (the one named ``blas``, else the first:
+a convolution's GEMMs are BLAS in every candidate) or ``mkl`` (oneMKL's half-type GEMM where it
+is offered, ``matmul.mkl_steps``, else the first)."""
+MODES = ("auto", "numba", "blas", "mkl")
 FORMAT = "miniflow-tuning-2"
 """The file's ``format`` field; a file with another is ignored (and replaced)."""
 MAX_CHOICES = 512
@@ -110,7 +111,8 @@ def mode() -> str:
     if value not in MODES:
         raise ValueError(f"miniflow: {ENV}={raw!r} is not one of {', '.join(MODES)}: auto "
                          f"measures which kernel is faster on this machine (the default), numba "
-                         f"uses the Numba kernels where the built-in rules do, blas calls BLAS")
+                         f"uses the Numba kernels where the built-in rules do, blas calls BLAS, "
+                         f"mkl calls oneMKL for the half-type products (the amx extra)")
     return value
 
 

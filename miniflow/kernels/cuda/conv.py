@@ -209,30 +209,33 @@ def _gemm_steps(kind: str, a, b, out, g, m: int, n: int, k: int) -> list:
                            f"conv2d_{kind} {short(out.dtype)}")
 
 
-def forward_steps(x, w, out, g):
+def forward_steps(ins, outs, g, attrs):
     """``out = conv2d(x, w)``: implicit GEMM over (n, oh, ow) x (out channels)."""
+    (x, w), (out,) = ins, outs
     return _gemm_steps("forward", x, w, out, g, g.n * g.oh * g.ow, g.og, g.kg)
 
 
-def data_grad_steps(dy, w, dx, g):
-    """``dx = conv_data_grad(dy, w)``: implicit GEMM over (n, h, w) x (in channels)."""
+def data_grad_steps(ins, outs, g, attrs):
+    """``dx = conv_data_grad(dy, w, x_like)``: implicit GEMM over (n, h, w) x (in channels)."""
+    (dy, w, _), (dx,) = ins, outs
     return _gemm_steps("data_grad", dy, w, dx, g, g.n * g.h * g.w, g.cg, g.og * g.kh * g.kw)
 
 
-def filter_grad_steps(dy, x, dw, g):
+def filter_grad_steps(ins, outs, g, attrs):
     """``dw = conv_filter_grad(dy, x)``: implicit GEMM over (c, p, q) x (out channels), summed
     over (n, oh, ow)."""
+    (dy, x), (dw,) = ins, outs
     return _gemm_steps("filter_grad", x, dy, dw, g, g.kg, g.og, g.n * g.oh * g.ow)
 
 
-def bias_grad_steps(dy, out, n: int, c: int, hw: int):
-    """``out[c] = sum dy[n, c, hw]``: one row block per channel."""
+def bias_grad_steps(ins, outs, plan, attrs):
+    """``out[c] = sum dy[n, c, hw]`` (``plan``: ``(n, c, hw)``): one row block per channel."""
+    (dy,), (out,), (n, c, hw) = ins, outs, plan
     kernel = bias_grad_kernel(*types_of(out), current().row_block)
     return row_steps(kernel, c, (flat(dy), flat(out), n, c, hw),
                      f"conv_bias_grad {short(out.dtype)}")
 
 
-BUILDERS = conv.builders(forward_steps=forward_steps, data_grad_steps=data_grad_steps,
-                         filter_grad_steps=filter_grad_steps, bias_grad_steps=bias_grad_steps,
-                         fill_steps=fill_steps)
+BUILDERS = conv.builders(fill_steps, conv2d=forward_steps, conv_data_grad=data_grad_steps,
+                         conv_filter_grad=filter_grad_steps, conv_bias_grad=bias_grad_steps)
 """Op type -> builder of the convolution ops."""

@@ -11,10 +11,11 @@ from .common import flat, jit, short, storage_type, strided_offset
 from .elementwise import cast_steps
 from .launch import flat_steps
 from ..common import movement
-from ..common.layout import broadcast_plan, unsqueezed
+from ..common.layout import broadcast_plan
+from ..common.movement import filling
 
 __all__ = ["fill_kernel", "gather_kernel", "c_strides", "fill_steps", "gather_steps",
-           "transpose_steps", "BUILDERS"]
+           "transpose_steps", "copy_steps", "permute_steps", "broadcast_steps", "BUILDERS"]
 
 
 @functools.cache
@@ -70,28 +71,28 @@ def transpose_steps(x, shape, perm, out):
     return gather_steps(x, out, [shape[p] for p in perm], [xst[p] for p in perm], "transpose")
 
 
-def build_reshape(node, ins, outs):
-    """``out = x.reshape(attrs["shape"])``: a flat copy."""
+def copy_steps(ins, outs, plan, attrs):
+    """``out = x`` as a flat copy (``reshape``, ``flatten``, ``detach``)."""
     return cast_steps(ins[0], outs[0])
 
 
-def build_transpose(node, ins, outs):
+def permute_steps(ins, outs, perm, attrs):
     """``out = x.transpose(perm)``: ``out[idx] = x[idx . (x's strides permuted by perm)]``."""
-    return transpose_steps(ins[0], tuple(ins[0].shape), node.attrs["perm"], outs[0])
+    return transpose_steps(ins[0], tuple(ins[0].shape), perm, outs[0])
 
 
-def build_broadcast_like(node, ins, outs):
-    """``out = broadcast_to(x, like.shape)``; x: like's shape, ``broadcast_axes`` removed or 1."""
+def broadcast_steps(ins, outs, x_shape, attrs):
+    """``out = broadcast_to(x, like.shape)``, x viewed as ``x_shape`` (its broadcast axes 1): a
+    gather with stride 0 along them."""
     x, out = ins[0], outs[0]
-    plan = broadcast_plan(out.shape, unsqueezed(x.shape, node.attrs["broadcast_axes"],
-                                                len(out.shape)))
+    plan = broadcast_plan(out.shape, x_shape)
     if plan is None:
         return []
     shape, (xst,) = plan
     return gather_steps(x, out, shape, xst, "broadcast")
 
 
-BUILDERS = {"reshape": build_reshape, "flatten": build_reshape, "detach": build_reshape,
-            "transpose": build_transpose,
-            "broadcast_like": build_broadcast_like, **movement.builders(fill_steps)}
+BUILDERS = movement.builders(reshape=copy_steps, flatten=copy_steps, detach=copy_steps,
+                             transpose=permute_steps, broadcast_like=broadcast_steps,
+                             ones_like=filling(fill_steps), constant=filling(fill_steps))
 """Op type -> builder for the data-movement ops and the fills."""

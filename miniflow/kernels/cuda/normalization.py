@@ -18,6 +18,7 @@ import functools
 from numba import cuda
 
 from ..common import normalization
+from ..common.normalization import by_mode, param
 from .common import block_sum, flat, jit, math, short, types_of
 from .launch import current, flat_steps, row_steps
 
@@ -210,8 +211,10 @@ def layer_norm_param_grad_kernel(ld, ct, st):
     return kernel
 
 
-def layer_norm_steps(x, gamma, beta, y, mean, inv, rows: int, cols: int, eps: float):
+def layer_norm_steps(ins, outs, plan, attrs):
     """Row launches of :func:`layer_norm_kernel`, one block per row."""
+    x, gamma, beta, (y, mean, inv), (rows, cols) = ins[0], param(ins, 1), param(ins, 2), outs, plan
+    eps = attrs["epsilon"]
     affine = gamma is not None
     kernel = layer_norm_kernel(*types_of(x), current().row_block, affine)
     g, b = (flat(gamma), flat(beta)) if affine else (flat(x), flat(x))
@@ -219,8 +222,9 @@ def layer_norm_steps(x, gamma, beta, y, mean, inv, rows: int, cols: int, eps: fl
                                     float(eps)), f"layer_norm {short(x.dtype)}")
 
 
-def layer_norm_grad_steps(dy, x, mean, inv, gamma, dx, rows: int, cols: int):
+def layer_norm_grad_steps(ins, outs, plan, attrs):
     """Row launches of :func:`layer_norm_grad_kernel`, one block per row."""
+    (dy, x, mean, inv), gamma, (dx,), (rows, cols) = ins[:4], param(ins, 4), outs, plan
     affine = gamma is not None
     kernel = layer_norm_grad_kernel(*types_of(x), current().row_block, affine)
     return row_steps(kernel, rows, (flat(dy), flat(x), flat(mean), flat(inv),
@@ -228,46 +232,50 @@ def layer_norm_grad_steps(dy, x, mean, inv, gamma, dx, rows: int, cols: int):
                      f"layer_norm_grad {short(x.dtype)}")
 
 
-def layer_norm_param_grad_steps(dy, x, mean, inv, gamma_diff, beta_diff, rows: int, cols: int):
+def layer_norm_param_grad_steps(ins, outs, plan, attrs):
     """A grid-stride launch of :func:`layer_norm_param_grad_kernel` over the columns."""
+    (dy, x, mean, inv), (gamma_diff, beta_diff), (rows, cols) = ins, outs, plan
     return flat_steps(layer_norm_param_grad_kernel(*types_of(dy)), cols,
                       (flat(dy), flat(x), flat(mean), flat(inv), flat(gamma_diff),
                        flat(beta_diff), rows, cols), f"layer_norm_param_grad {short(dy.dtype)}")
 
 
-def train_steps(x, y, mean, inv, mm, mv, gamma, beta, layout, eps: float, momentum: float):
+def train_steps(ins, outs, layout, attrs):
     """Row launches of :func:`norm_train_kernel`, one block per channel."""
-    outer, c, inner = layout
+    (x, mm, mv, gamma, beta), (y, mean, inv), (outer, c, inner) = ins, outs, layout
+    eps, momentum = attrs["epsilon"], attrs["momentum"]
     kernel = norm_train_kernel(*types_of(x), current().row_block)
     return row_steps(kernel, c, (flat(x), flat(y), mean, inv, mm, mv, gamma, beta, outer, c,
                                  inner, float(eps), float(momentum)),
                      f"normalization {short(x.dtype)}")
 
 
-def eval_steps(x, y, mm, mv, gamma, beta, layout, eps: float):
+def eval_steps(ins, outs, layout, attrs):
     """A grid-stride launch of :func:`norm_eval_kernel` over ``x``."""
-    outer, c, inner = layout
+    (x, mm, mv, gamma, beta), y, (outer, c, inner) = ins, outs[0], layout
+    eps = attrs["epsilon"]
     return flat_steps(norm_eval_kernel(*types_of(x)), x.size,
                       (flat(x), flat(y), mm, mv, gamma, beta, c, inner, float(eps)),
                       f"normalization_eval {short(x.dtype)}")
 
 
-def grad_steps(x, dy, mean, inv, gamma, gamma_diff, beta_diff, dx, layout):
+def grad_steps(ins, outs, layout, attrs):
     """Row launches of :func:`norm_grad_kernel`, one block per channel."""
-    outer, c, inner = layout
+    (x, dy, mean, inv, gamma), (gamma_diff, beta_diff, dx), (outer, c, inner) = ins, outs, layout
     kernel = norm_grad_kernel(*types_of(x), current().row_block)
     return row_steps(kernel, c, (flat(x), flat(dy), mean, inv, gamma, gamma_diff, beta_diff,
                                  flat(dx), outer, c, inner),
                      f"normalization_grad {short(x.dtype)}")
 
 
-def increment_steps(counter):
-    """One single-thread launch of :func:`increment_kernel`."""
-    return flat_steps(increment_kernel(), 1, (flat(counter),), "increment i64")
+def increment_steps(ins, outs, plan, attrs):
+    """One single-thread launch of :func:`increment_kernel` (``counter += 1`` in place)."""
+    return flat_steps(increment_kernel(), 1, (flat(ins[0]),), "increment i64")
 
 
-BUILDERS = {**normalization.builders(train_steps=train_steps, eval_steps=eval_steps,
-                                     grad_steps=grad_steps, increment_steps=increment_steps),
-            **normalization.layer_norm_builders(layer_norm_steps, layer_norm_grad_steps,
-                                                layer_norm_param_grad_steps)}
+BUILDERS = normalization.builders(normalization=by_mode(train_steps, eval_steps),
+                                  normalization_grad=grad_steps, increment=increment_steps,
+                                  layer_norm=layer_norm_steps,
+                                  layer_norm_grad=layer_norm_grad_steps,
+                                  layer_norm_param_grad=layer_norm_param_grad_steps)
 """Op type -> builder of the batch-norm and layer-norm ops."""

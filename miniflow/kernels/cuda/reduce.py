@@ -27,6 +27,7 @@ from .common import (block_max, block_sum, device, flat, jit, math, nan_max, scr
 from .launch import current, flat_steps, row_steps
 from .movement import fill_steps, transpose_steps
 from ..common import reduce
+from ..common.reduce import gathered, with_log
 
 __all__ = ["column_total", "reduce_sum_kernel", "reduce_sum_map_kernel", "reduce_sum_then",
            "row_max_sumexp", "softmax_kernel", "softmax_grad_kernel", "sparse_xent_kernel",
@@ -220,13 +221,19 @@ def reduce_sum_then(op):
 
     def build(producer, consumer, ins, outs):
         s = float(consumer.attrs[attr]) if attr is not None else 0.0
-        sum_steps = functools.partial(sum_map_steps, fn, attr is not None, s)
-        return reduce.reduce_sum_builder(transpose_steps, scratch, sum_steps)(producer, ins, outs)
+        plan = reduce.plan_of(producer, ins, outs)
+        if plan is None:
+            return []
+        steps = gathered(transpose_steps, scratch,
+                         functools.partial(sum_map_steps, fn, attr is not None, s))
+        return steps(ins, outs, plan, producer.attrs)
     return build
 
 
-def softmax_steps(log: bool, x, out, rows: int, cols: int):
-    """Row launches of :func:`softmax_kernel` (none for an empty output)."""
+def softmax_steps(log: bool, ins, outs, plan, attrs):
+    """Row launches of :func:`softmax_kernel` (none for an empty output; with ``log`` bound: a
+    step maker)."""
+    (x,), (out,), (rows, cols) = ins, outs, plan
     if out.size == 0:
         return []
     kernel = softmax_kernel(log, *types_of(out), current().row_block)
@@ -234,8 +241,10 @@ def softmax_steps(log: bool, x, out, rows: int, cols: int):
                      f"{'log_' if log else ''}softmax {short(out.dtype)}")
 
 
-def softmax_grad_steps(log: bool, y, dy, dx, rows: int, cols: int):
-    """Row launches of :func:`softmax_grad_kernel` (none for an empty output)."""
+def softmax_grad_steps(log: bool, ins, outs, plan, attrs):
+    """Row launches of :func:`softmax_grad_kernel` (none for an empty output; with ``log`` bound:
+    a step maker)."""
+    (y, dy), (dx,), (rows, cols) = ins, outs, plan
     if dx.size == 0:
         return []
     kernel = softmax_grad_kernel(log, *types_of(dx), current().row_block)
@@ -243,9 +252,10 @@ def softmax_grad_steps(log: bool, y, dy, dx, rows: int, cols: int):
                      f"{'log_' if log else ''}softmax_grad {short(dx.dtype)}")
 
 
-def xent_steps(x, label, prob, out, rows: int, cols: int):
+def xent_steps(ins, outs, plan, attrs):
     """Row launches of :func:`sparse_xent_kernel`; with no rows or no classes (then every label is
     out of range) a NaN fill of the loss."""
+    (x, label), (prob, out), (rows, cols) = ins, outs, plan
     if prob.size == 0:
         return fill_steps(out, np.nan)
     kernel = sparse_xent_kernel(*types_of(prob), current().row_block)
@@ -253,14 +263,16 @@ def xent_steps(x, label, prob, out, rows: int, cols: int):
                      f"sparse_xent {short(prob.dtype)}")
 
 
-def xent_grad_steps(dy, label, prob, dx, rows: int, cols: int):
+def xent_grad_steps(ins, outs, plan, attrs):
     """A grid-stride launch of :func:`sparse_xent_grad_kernel` over dx."""
+    (dy, label, prob), (dx,), (rows, cols) = ins, outs, plan
     kernel = sparse_xent_grad_kernel(*types_of(dx))
     return flat_steps(kernel, dx.size, (flat(dy), flat(label), flat(prob), flat(dx), cols),
                       f"sparse_xent_grad {short(dx.dtype)}")
 
 
-BUILDERS = reduce.builders(transpose_steps=transpose_steps, scratch=scratch, sum_steps=sum_steps,
-                           softmax_steps=softmax_steps, softmax_grad_steps=softmax_grad_steps,
-                           xent_steps=xent_steps, xent_grad_steps=xent_grad_steps)
+BUILDERS = reduce.builders(reduce_sum=gathered(transpose_steps, scratch, sum_steps),
+                           **with_log(softmax=softmax_steps, softmax_grad=softmax_grad_steps),
+                           sparse_softmax_cross_entropy=xent_steps,
+                           sparse_softmax_cross_entropy_grad=xent_grad_steps)
 """Op type -> builder for the reductions and row ops."""

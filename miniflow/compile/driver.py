@@ -1,9 +1,10 @@
-"""The compile driver: ``nn.Graph``, OneFlow's lazy-graph API (``oneflow.nn.Graph``), and its
-``GraphConfig``; re-exported as ``miniflow.nn.Graph`` / ``miniflow.nn.GraphConfig``.
+"""The compile driver: ``nn.Graph``, OneFlow's lazy-graph API (``oneflow.nn.Graph``);
+re-exported as ``miniflow.nn.Graph``.
 
 It sits above every other layer (modules, optimizers, AMP, passes, runtime): tracing ``build`` with
 ``miniflow.trace``, running ``miniflow.passes.pipeline`` with ``CompileSettings`` made from the
-graph's optimizers, AMP settings and scaler, and building ``miniflow.runtime.plan`` plans.
+graph's configuration, optimizers and scaler (``miniflow.compile.config``), and building
+``miniflow.runtime.plan`` plans, whose half weight copies ``miniflow.compile.half_copies`` keeps.
 
 Data parallel (``miniflow.distributed``, MPI): a graph that trains, started by ``mpiexec -n N``
 with N > 1, averages its gradients across the ranks (the ``data_parallel`` pass: ``all_reduce``
@@ -17,11 +18,14 @@ Subclass it, assign modules as attributes, call ``self.add_optimizer(opt)`` and 
 ``build(*inputs)``. The graph trains the optimizers' parameters whose ``requires_grad`` is True
 (PyTorch's freezing: a frozen parameter gets no gradient op and no update; changing the flag
 recompiles); a loss that depends on none of them is an error when the graph compiles, as
-PyTorch's ``backward`` raises. The first call with a new input signature (shapes and dtypes) and a new
-combination of its modules' modes (``Module.train()`` / ``eval()``: batch norm traces
+PyTorch's ``backward`` raises. The first call with a new input signature (shapes and dtypes) and a
+new combination of its modules' modes (``Module.train()`` / ``eval()``: batch norm traces
 differently in each) traces ``build`` into an IR graph, runs the pass pipeline and builds a plan;
 later calls with that signature and those modes only copy the inputs in and run the plan. Up to
-:attr:`Graph.max_plans` plans are kept (least recently used evicted). Parameters and optimizer state are graph variables shared by every plan.
+:attr:`Graph.max_plans` plans are kept (least recently used evicted). Parameters and optimizer
+state are graph variables shared by every plan. Every plan is dropped, and the next call
+recompiles, after a change of the graph's configuration, modules, optimizers (their
+hyper-parameters) or scaler, or of any module's traced attributes (``Module.version.traced``).
 
 Calls of one graph instance are serialized by a lock: a plan owns one set of input, intermediate
 and output buffers, and the scaler counts one step at a time, so two threads calling the same graph
@@ -33,31 +37,31 @@ from __future__ import annotations
 
 import functools
 import inspect
-import numbers
 import threading
 from collections import OrderedDict
 
 import numpy as np
 
-from . import distributed
-from .amp.grad_scaler import GradScaler, StaticGradScaler
-from .amp.lists import AmpLists
-from .amp.report import AmpReport, amp_report as build_amp_report
-from .dtype import as_dtype, float16
-from .ir import Graph as IRGraph
-from .nn.module import HalfCopies, Module, mode_changes, replaced_count
-from .ops import emitter
-from .optim.optimizer import Optimizer
-from .passes.auto_mixed_precision import AmpConfig, AmpState
-from .passes.data_parallel import DataParallelConfig, DataParallelState
-from .passes.loss_scale import POLICIES, LossScaleState
-from .passes.pipeline import (AMP_PASSES, DATA_PARALLEL_PASSES, STAGE_ALIASES, CompileContext,
-                              CompileSettings, passes_for, run_passes)
-from .runtime.backend import get_backend
-from .runtime.plan import Plan
-from .runtime.readback import LEDGER
-from .tensor import Tensor, tensor
-from .trace import Tracer, current_tracer
+from .. import distributed
+from ..amp.grad_scaler import GradScaler, StaticGradScaler
+from ..amp.report import AmpReport, amp_report as build_amp_report
+from ..dtype import as_dtype
+from ..ir import Graph as IRGraph
+from ..nn.module import Module
+from ..ops import emitter
+from ..optim.optimizer import Optimizer
+from ..passes.auto_mixed_precision import AmpState
+from ..passes.data_parallel import DataParallelState
+from ..passes.loss_scale import LossScaleState
+from ..passes.pipeline import (AMP_PASSES, DATA_PARALLEL_PASSES, STAGE_ALIASES, CompileContext,
+                               passes_for, run_passes)
+from ..runtime.backend import get_backend
+from ..runtime.plan import Plan
+from ..runtime.readback import LEDGER
+from ..tensor import Tensor, tensor
+from ..trace import Tracer, current_tracer
+from .config import GraphConfig, compile_settings
+from .half_copies import HalfCopies
 
 __all__ = ["Graph", "GraphConfig"]
 
@@ -78,166 +82,6 @@ _INPUT_DTYPES: set = set()
 next input of one is taken without asking again."""
 
 
-class GraphConfig:
-    """Per-graph options (``self.config`` inside an nn.Graph). A change after the graph has been
-    called makes it recompile its plans at the next call.
-
-    Attributes:
-        print_ir: print the IR after trace and after every pass when a plan is compiled.
-        amp: the AMP settings (an ``AmpConfig``), or None when AMP is off.
-        loss_scale_policy: how the loss scale meets a float16 initial gradient (``"fp32"``,
-            ``"cast_back"`` or ``"legacy"``; see ``miniflow.passes.loss_scale``).
-        data_parallel: the data-parallel settings (a ``DataParallelConfig``).
-        data_parallel_enabled: True or False as ``enable_data_parallel`` set it; None (the
-            default): on when the process world has more than one rank.
-        gradient_accumulation_steps: micro-batches per call (1: none; see
-            :meth:`set_gradient_accumulation_steps`).
-        fused_model_update_cast: under AMP, fuse the weight casts and the unscaling into
-            multi-tensor updates that write half copies of the weights (on by default; see
-            :meth:`enable_fused_model_update_cast`).
-    """
-
-    def __init__(self):
-        self.print_ir = False
-        self.amp: AmpConfig | None = None
-        self.loss_scale_policy = POLICIES[0]
-        self.data_parallel = DataParallelConfig()
-        self.data_parallel_enabled: bool | None = None
-        self.gradient_accumulation_steps = 1
-        self.fused_model_update_cast = True
-        self.version = 0  # bumped by every change: the owning nn.Graph then recompiles
-
-    def debug(self, print_ir: bool = True) -> None:
-        """Print the IR after every pass when a plan is next compiled (a new input signature, or
-        a changed configuration); it does not recompile existing plans by itself.
-
-        Raises:
-            TypeError: ``print_ir`` is not a bool.
-        """
-        if not isinstance(print_ir, bool):
-            raise TypeError(f"debug: print_ir must be True or False, got {print_ir!r}")
-        self.print_ir = print_ir
-
-    def set_gradient_accumulation_steps(self, value: int) -> None:
-        """Run every call of the graph as ``value`` micro-batches and one update (OneFlow's
-        ``config.set_gradient_accumulation_steps``, with OneFlow's semantics).
-
-        A call passes one mini-batch. Every input is split along dim 0 into ``value`` equal
-        micro-batches (``unpack``), ``build`` runs on one micro-batch, and the forward and
-        backward nodes run once per micro-batch, in one set of buffers (the activations of one
-        micro-batch, not of the mini-batch). The parameter gradients are summed over the
-        micro-batches and divided by ``value`` (the mean of the micro-batch gradients: for a
-        mean-reduced loss over equal micro-batches, the mini-batch's gradient), then the
-        loss-scale stage, clipping and the optimizer updates run once. Every output is packed
-        along dim 0 (``pack``): a scalar loss comes back as the ``[value]`` micro-batch losses
-        (their mean is the mini-batch's loss). With a grad scaler, the initial gradient is scaled
-        in every micro-batch and a non-finite gradient in any micro-batch skips the whole update.
-        See ``miniflow.passes.gradient_accumulation``. The graph recompiles at its next call.
-
-        Raises:
-            ValueError: ``value`` is not an integer >= 1. (At the next call: ValueError when an
-                input's dim 0 does not split into ``value`` equal parts.)
-        """
-        if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
-            raise ValueError(f"set_gradient_accumulation_steps: value must be an integer >= 1 "
-                             f"(1: no accumulation), got {value!r}")
-        self.gradient_accumulation_steps = int(value)
-        self.version += 1
-
-    def enable_amp(self, enabled: bool = True, dtype=float16, *, lists: AmpLists | None = None,
-                   white_add=(), black_add=(), gray_add=(), clear_add=(), white_remove=(),
-                   black_remove=(), gray_remove=(), clear_remove=(),
-                   loss_scale_policy: str = POLICIES[0]) -> None:
-        """Turn automatic mixed precision on (or off with ``enabled=False``).
-
-        The AMP pass then runs after autograd on the forward and backward graph: white ops run in
-        ``dtype`` (float16 or bfloat16), casts go on the edges between white and other ops,
-        parameters stay float32 master weights (OneFlow's ``config.enable_amp``). bfloat16 has
-        float32's range, so it needs no loss scaling (a grad scaler may still be set); float16
-        usually does (``set_grad_scaler``).
-
-        Args:
-            dtype: the half type: ``miniflow.float16`` (default) or ``miniflow.bfloat16``.
-            lists: the op type lists to start from (an :class:`~miniflow.amp.AmpLists`; default
-                OneFlow's lists, ``miniflow.amp.lists``); it is copied.
-            white_add ... clear_add: op type names to put in that list (out of any other).
-            white_remove ... clear_remove: op type names to take out of that list (unlisted).
-            loss_scale_policy: ``"fp32"`` (default: the autograd pass puts ``amp_black_identity``
-                on the initial gradient so the loss-gradient path stays float32), ``"cast_back"``
-                (OneFlow PR 9126) or ``"legacy"`` (OneFlow before it); see
-                ``miniflow.passes.loss_scale``.
-
-        Raises:
-            TypeError: ``enabled`` is not a bool, ``lists`` not an AmpLists, ``dtype`` not a half
-                type.
-            ValueError: an unknown op type name, or one that is not in the list it is removed
-                from; an unknown loss_scale_policy.
-        """
-        if not isinstance(enabled, bool):
-            raise TypeError(f"enable_amp: enabled must be True or False, got {enabled!r}")
-        if lists is not None and not isinstance(lists, AmpLists):
-            raise TypeError(f"enable_amp: lists must be a miniflow.amp.AmpLists, got "
-                            f"{type(lists).__name__} (or use white_add=..., black_add=...)")
-        if loss_scale_policy not in POLICIES:
-            raise ValueError(f"enable_amp: unknown loss_scale_policy {loss_scale_policy!r}; choose "
-                             f"one of {', '.join(map(repr, POLICIES))}")
-        self.version += 1
-        self.loss_scale_policy = loss_scale_policy
-        if not enabled:
-            self.amp = None
-            return
-        lists = (AmpLists() if lists is None else lists).with_changes(
-            add={"white": white_add, "black": black_add, "gray": gray_add, "clear": clear_add},
-            remove={"white": white_remove, "black": black_remove, "gray": gray_remove,
-                    "clear": clear_remove})
-        self.amp = AmpConfig(lists, dtype)
-
-    def enable_fused_model_update_cast(self, mode: bool = True) -> None:
-        """Under AMP, fuse the optimizer updates with the weights' half casts and the gradients'
-        unscaling (OneFlow's ``enable_fused_model_update_cast`` and
-        ``enable_multi_tensor_update``; here on by default): one multi-tensor update per
-        optimizer reads the backward's gradients, unscales, updates the float32 master weights
-        and writes their half copies, which the next step's matmuls read; the non-finite count
-        moves into the matmuls that make the gradients. The same bits as the unfused graph
-        (``miniflow.passes.fuse_model_update_cast``). ``False`` keeps the separate casts and
-        unscaling (the stability study reads the unscaled gradients). Recompiles.
-
-        Raises:
-            TypeError: ``mode`` is not a bool.
-        """
-        if not isinstance(mode, bool):
-            raise TypeError(f"enable_fused_model_update_cast: mode must be True or False, got "
-                            f"{mode!r}")
-        self.fused_model_update_cast = mode
-        self.version += 1
-
-    def enable_data_parallel(self, enabled: bool = True, *,
-                             bucket_cap_mb: float = distributed.DEFAULT_BUCKET_CAP_MB) -> None:
-        """Average the gradients across the ranks of the process world (``miniflow.distributed``),
-        or not (``enabled=False``).
-
-        Without this call a graph that trains is data parallel whenever the world has more than
-        one rank (``mpiexec -n 2 python train.py``): ranks that train apart would drift apart
-        silently. ``enable_data_parallel(False)`` trains each rank on its own;
-        ``enable_data_parallel(True)`` in a one-process world keeps the ``all_reduce`` nodes
-        (the identity there), e.g. to read the IR.
-
-        Args:
-            enabled: True or False.
-            bucket_cap_mb: the gradient bucket size in MiB (PyTorch DDP's ``bucket_cap_mb``).
-
-        Raises:
-            TypeError: ``enabled`` is not a bool.
-            ValueError: ``bucket_cap_mb`` is not a finite number > 0.
-        """
-        if not isinstance(enabled, bool):
-            raise TypeError(f"enable_data_parallel: enabled must be True or False, got "
-                            f"{enabled!r}")
-        self.data_parallel = DataParallelConfig(bucket_cap_mb)
-        self.data_parallel_enabled = enabled
-        self.version += 1
-
-
 class Graph:
     """Base class of lazily compiled models. See the module docstring."""
 
@@ -253,7 +97,7 @@ class Graph:
         self._context: CompileContext | None = None
         self.compile_count = 0
         self._grad_scaler = None
-        self._mode_count, self._mode_key = None, ()
+        self._modes_seen, self._mode_key = None, ()
         self._lock = threading.RLock()  # one call at a time (see the module docstring)
 
     def __setattr__(self, name, value):
@@ -311,22 +155,22 @@ class Graph:
 
     def named_parameters(self):
         """``(name, Parameter)`` for every module attribute, names prefixed by the attribute."""
-        seen = set()
-        for attr, m in self._modules():
-            for name, p in m.named_parameters(attr + "."):
-                if id(p) not in seen:
-                    seen.add(id(p))
-                    yield name, p
+        return self._named("named_parameters")
 
     def named_buffers(self):
         """``(name, buffer)`` for every module attribute's buffers (batch norm's running
         statistics ...), names prefixed by the attribute: graph variables, like parameters."""
+        return self._named("named_buffers")
+
+    def _named(self, method: str):
+        """``(name, tensor)`` of ``Module.<method>`` over the module attributes, each tensor
+        once (a module under two attributes is listed under the first)."""
         seen = set()
         for attr, m in self._modules():
-            for name, b in m.named_buffers(attr + "."):
-                if id(b) not in seen:
-                    seen.add(id(b))
-                    yield name, b
+            for name, t in getattr(m, method)(attr + "."):
+                if id(t) not in seen:
+                    seen.add(id(t))
+                    yield name, t
 
     # ------------------------------------------------------------------ calling
     def __call__(self, *inputs):
@@ -355,13 +199,13 @@ class Graph:
     def _run(self, inputs):
         """The body of :meth:`__call__`, under the lock."""
         scaler = self._grad_scaler
-        stamp = (self._version, self.config.version, replaced_count(),
+        stamp = (self._version, self.config.version, Module.version.traced,
                  scaler.version if scaler is not None else -1,
                  *(o.version for o in self._optimizers))
         if stamp != self._stamp:  # configuration, modules or hyper-parameters changed
             self._plans.clear()
             self._stamp = stamp
-            self._mode_count = None
+            self._modes_seen = None
         arrays = [self._as_array(i, x) for i, x in enumerate(inputs)]
         key = (*((a.shape, a.dtype.str) for a in arrays), self._modes())
         plan = self._plans.get(key)
@@ -398,12 +242,12 @@ class Graph:
     def _modes(self) -> tuple:
         """The ``training`` flags of every module of the graph, in order: part of a plan's key,
         so a plan is compiled for each mode seen (train and eval plans are both kept). Computed
-        again only after some module's mode changed (``nn.module.mode_changes``)."""
-        count = mode_changes()
-        if self._mode_count != count:
+        again only after some module's mode changed (``Module.version.modes``)."""
+        seen = Module.version.modes
+        if self._modes_seen != seen:
             self._mode_key = tuple(m.training for _, top in self._modules()
                                    for m in top.modules())
-            self._mode_count = count
+            self._modes_seen = seen
         return self._mode_key
 
     @staticmethod
@@ -413,7 +257,7 @@ class Graph:
         most that many steps are pending per plan)."""
         ring = plan.state.get("scaler_readbacks")
         if ring is None:
-            arrays = [scaler._scale, plan.buffers[id(counts)]]
+            arrays = [scaler._scale, plan.buffers[counts]]
             ring = plan.state["scaler_readbacks"] = [
                 [plan.backend.readback(arrays) for _ in range(plan.backend.readback_depth)], 0]
         slots, k = ring
@@ -543,7 +387,9 @@ class Graph:
         graph.set_outputs(values)
         if graph.loss is None and self._optimizers:
             raise RuntimeError("this graph has an optimizer but build never called loss.backward()")
-        return graph, self._compile_context(param_names)
+        return graph, CompileContext(compile_settings(self.config, self._optimizers,
+                                                      self._grad_scaler, param_names,
+                                                      type(self).__name__))
 
     def _sync_ranks(self, graph: IRGraph, ctx: CompileContext) -> None:
         """Check that every rank compiled the same graph, then give every rank rank 0's variables
@@ -586,40 +432,6 @@ class Graph:
                             f"({', '.join(p.name for p in params)}), got {n}")
         return [p.name for p in params[:n]] + [f"input{i}" for i in range(len(params), n)]
 
-    def _compile_context(self, param_names) -> CompileContext:
-        for opt in self._optimizers:
-            for i, p in enumerate(opt.params):
-                if id(p) not in param_names:
-                    raise ValueError(
-                        f"{type(opt).__name__} parameter {i} ({p.dtype.short}{list(p.shape)}) is "
-                        f"not a parameter of a module attribute of {type(self).__name__}: assign "
-                        "its module to the graph (self.model = model) so the graph can train it "
-                        "(modules kept in plain lists or dicts are not found)")
-        trainable = [param_names[id(p)] for opt in self._optimizers for p in opt.params
-                     if p.requires_grad]  # a frozen parameter: no gradient op, no update
-        policy = self.config.loss_scale_policy
-        identity = "amp_black_identity" if self.config.amp and policy == "fp32" else None
-        return CompileContext(CompileSettings(
-            trainable=trainable, optimizers=self._optimizers, param_names=param_names,
-            amp=self.config.amp, grad_scaler=self._grad_scaler, loss_scale_policy=policy,
-            initial_grad_identity=identity, data_parallel=self._data_parallel(trainable),
-            print_ir=self.config.print_ir,
-            accumulation_steps=self.config.gradient_accumulation_steps,
-            fuse_model_update_cast=self.config.fused_model_update_cast))
-
-    def _data_parallel(self, trainable: list) -> DataParallelConfig | None:
-        """The data-parallel settings if this graph averages its gradients across the ranks: it
-        trains, and ``config.enable_data_parallel`` said so or (not called) the world has more
-        than one rank (set up here: ``distributed.init()``, a one-rank world without a
-        launcher)."""
-        enabled = self.config.data_parallel_enabled
-        if not trainable or enabled is False:
-            return None
-        distributed.init()
-        if enabled is None and distributed.world_size() == 1:
-            return None
-        return self.config.data_parallel
-
     def amp_report(self) -> AmpReport:
         """What AMP decided for the last compiled plan: per node its color, dtype and the rule or
         neighbour that decided it; counts of float16 nodes, float32 nodes and inserted casts.
@@ -640,10 +452,7 @@ class Graph:
         Raises:
             RuntimeError: the graph has not been called yet, so nothing is compiled.
         """
-        if self._ir is None:
-            raise RuntimeError(f"{type(self).__name__}.ir: nothing is compiled yet; call the graph "
-                               "once with example inputs (the first call traces and compiles)")
-        return self._ir
+        return self._compiled(self._ir, "ir")
 
     @property
     def compile_context(self) -> CompileContext:
@@ -655,10 +464,16 @@ class Graph:
         Raises:
             RuntimeError: the graph has not been called yet, so nothing is compiled.
         """
-        if self._context is None:
-            raise RuntimeError(f"{type(self).__name__}.compile_context: nothing is compiled yet; "
-                               "call the graph once with example inputs")
-        return self._context
+        return self._compiled(self._context, "compile_context")
+
+    def _compiled(self, value, what: str):
+        """``value`` (what the last compile recorded as ``what``), or the error of a graph that
+        has not been called yet."""
+        if value is None:
+            raise RuntimeError(f"{type(self).__name__}.{what}: nothing is compiled yet; call the "
+                               "graph once with example inputs (the first call traces and "
+                               "compiles)")
+        return value
 
     @property
     def optimizers(self) -> tuple:
