@@ -391,22 +391,19 @@ def parser() -> argparse.ArgumentParser:
 
 def _add_train(sub) -> None:
     """``miniflow train`` and its options: the model and its recipe, then the run's."""
-    from .experiments.train import MODELS, RECIPES
-    t = sub.add_parser("train", help="train a model (mlp, lenet, resnet18) on the digits data set")
+    from .experiments.train import MODELS
+    t = sub.add_parser("train", help="train a model (mlp, lenet, resnet18) on the digits data "
+                       "set, or a character-level GPT (gpt) on text")
     t.add_argument("--model", choices=MODELS + ("gpt",), default="mlp",
                    help="mlp: 64-128-10; lenet: a LeNet with batch norm; resnet18: ResNet-18 with "
-                        "the small-input stem (default mlp); gpt: a character-level GPT on the "
-                        "standard library's source")
-    defaults = ", ".join(f"{m} {r.epochs}" for m, r in RECIPES.items())
-    t.add_argument("--epochs", type=_positive, help=f"default per model: {defaults}")
-    t.add_argument("--batch-size", type=_positive, help="default 64")
-    t.add_argument("--lr", type=_real(0.0, False),
-                   help="default per model: " + ", ".join(f"{m} {r.lr:g}"
-                                                          for m, r in RECIPES.items()))
-    t.add_argument("--momentum", type=_real(0.0, True), help="default 0.9")
-    t.add_argument("--weight-decay", type=_real(0.0, True),
-                   help="default per model: " + ", ".join(f"{m} {r.weight_decay:g}"
-                                                          for m, r in RECIPES.items()))
+                        "the small-input stem; gpt: a character-level GPT on the standard "
+                        "library's source (default mlp)")
+    t.add_argument("--epochs", type=_positive, help=_per_model("epochs"))
+    t.add_argument("--batch-size", type=_positive, help="default 64 (gpt: 32)")
+    t.add_argument("--lr", type=_real(0.0, False), help=_per_model("lr"))
+    t.add_argument("--momentum", type=_real(0.0, True), help="default 0.9 (SGD's; gpt trains "
+                   "with AdamW)")
+    t.add_argument("--weight-decay", type=_real(0.0, True), help=_per_model("weight_decay"))
     t.add_argument("--hidden", type=_positive, help="the MLP's hidden units (default 128; "
                    "--model mlp only)")
     t.add_argument("--amp", nargs="?", const="fp16", choices=("fp16", "bf16"),
@@ -420,10 +417,20 @@ def _add_train(sub) -> None:
     t.set_defaults(fn=_train, parser=t)
 
 
+def _per_model(key: str) -> str:
+    """``--help``'s "default per model: mlp 20, ..., gpt 6" for a recipe field: the digits
+    models' ``RECIPES`` and ``--model gpt``'s ``GPT_DEFAULTS``."""
+    from .experiments.train import RECIPES
+    from .experiments.train_gpt import GPT_DEFAULTS
+    values = {**{m: getattr(r, key) for m, r in RECIPES.items()}, "gpt": GPT_DEFAULTS[key]}
+    return "default per model: " + ", ".join(
+        f"{m} {v:g}" if isinstance(v, float) else f"{m} {v}" for m, v in values.items())
+
+
 def _add_train_run_options(t) -> None:
     """``miniflow train``'s options after ``--no-progress``: data parallel, the saved model,
     the schedule, accumulation, clipping, checkpoints, the backend and the log."""
-    from .experiments.train import RECIPES, SCHEDULES
+    from .experiments.train import SCHEDULES
     t.add_argument("--ddp", action="store_true", help="data parallel on every rank of "
                    "`mpiexec -n N miniflow train --ddp` (--batch-size is per rank)")
     t.add_argument("--save", metavar="PATH", help="write the trained model's state_dict (a "
@@ -431,8 +438,8 @@ def _add_train_run_options(t) -> None:
                    "before the first step; default: not saved)")
     t.add_argument("--lr-schedule", choices=list(SCHEDULES),
                    help="how the lr changes over the run, stepped once per update (a step the "
-                   "grad scaler skips does not count; default per model: "
-                   + ", ".join(f"{m} {r.lr_schedule}" for m, r in RECIPES.items()) + "): "
+                   "grad scaler skips does not count; "
+                   + _per_model("lr_schedule") + "): "
                    + "; ".join(f"{k}: {v}" for k, v in SCHEDULES.items()).replace("%", "%%"))
     t.add_argument("--accumulate", type=_positive, default=1, metavar="N",
                    help="gradient accumulation: run every batch as N micro-batches and one "

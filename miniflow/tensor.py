@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import collections
 import functools
+import math
 import numbers
 
 import numpy as np
@@ -63,6 +64,18 @@ class Tensor:
             raise RuntimeError(f"cannot read the value of lazy tensor %{self._value.name} inside "
                                "nn.Graph.build: return it from build and read the call's result")
         return get_backend().to_numpy(self._data)
+
+    def __array__(self, dtype=None, copy=None) -> np.ndarray:
+        """``np.asarray(t)``, ``np.array(t)``: :meth:`numpy`'s array (``torch.Tensor.__array__``);
+        without it NumPy would iterate the tensor into an object array of 0-d tensors.
+        ``dtype`` converts as ``ndarray.astype``; ``copy`` is NumPy 2's keyword (the array is
+        a host copy either way).
+
+        Raises:
+            RuntimeError: on a lazy tensor inside ``build`` (as :meth:`numpy`).
+        """
+        a = self.numpy()
+        return a if dtype is None else a.astype(dtype, copy=False)
 
     def item(self) -> float:
         """The single element as a Python number.
@@ -130,6 +143,11 @@ class Tensor:
     def dim(self) -> int:
         """The number of dimensions (``torch.Tensor.dim``)."""
         return self.ndim
+
+    def numel(self) -> int:
+        """The number of elements, the product of the shape (1 for a 0-d tensor;
+        ``torch.Tensor.numel``): ``sum(p.numel() for p in model.parameters())``."""
+        return math.prod(self.shape)
 
     def view(self, *shape) -> "Tensor":
         """The same elements in ``shape`` (one entry may be -1): op ``reshape`` (miniflow's

@@ -162,6 +162,20 @@ def test_the_model_line_names_every_setting_and_says_1_epoch(capsys):
                     "clipped to an L2 norm of 0.5), float32")
 
 
+def test_train_help_gives_gpts_defaults_too(capsys):
+    """``miniflow train --help`` names every ``--model`` choice's defaults (``--model gpt``'s
+    come from ``GPT_DEFAULTS``; they were left out, so its 6 epochs, lr 0.003 and batch 32
+    were nowhere); argparse's documented ``help`` is what the user reads."""
+    from miniflow.experiments.train_gpt import GPT_DEFAULTS
+    with pytest.raises(SystemExit):
+        main(["train", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    for key in ("epochs", "lr", "weight_decay", "lr_schedule"):
+        assert f"gpt {GPT_DEFAULTS[key]:g}" in text if isinstance(GPT_DEFAULTS[key], float) \
+            else f"gpt {GPT_DEFAULTS[key]}" in text, key
+    assert f"default 64 (gpt: {GPT_DEFAULTS['batch_size']})" in text
+
+
 def test_help_gives_the_default_of_every_option(capsys):
     """Issue 22 item 21: every option with a value says its default in ``--help`` (as
     ``argparse.ArgumentDefaultsHelpFormatter`` would; before: ``--hidden`` and ``stability

@@ -3,6 +3,8 @@
 (``parameters()`` yields it once) and a PyTorch checkpoint of such a model loads strictly; a value
 of another real dtype is cast as ``Tensor.copy_`` casts it, and only what cannot be cast is
 refused (nothing is changed then)."""
+from collections import OrderedDict
+
 import numpy as np
 import pytest
 
@@ -126,3 +128,26 @@ def test_module_version_counts_every_change_a_compiled_graph_must_follow():
     assert bumps(m.eval) == (0, 3)                    # m, its Linear and the Identity
     assert bumps(m.eval) == (0, 0)
     assert bumps(lambda: setattr(lin, "plain", 3)) == (0, 0)
+
+
+def test_sequential_takes_an_ordered_dict_and_slices_into_a_sequential():
+    """``torch.nn.Sequential``'s documentation: an ``OrderedDict`` of modules names them by its
+    keys; ``seq[i:j]`` is a Sequential that keeps the names (PyTorch's
+    ``test_nn.py::test_Sequential_getitem``); a name with a dot is refused (``add_module``)."""
+    a, b, c = nn.Linear(2, 3), nn.ReLU(), nn.Linear(3, 1)
+    seq = nn.Sequential(OrderedDict(fc1=a, act=b, fc2=c))
+    assert list(seq.state_dict()) == ["fc1.weight", "fc1.bias", "fc2.weight", "fc2.bias"]
+    assert seq[0] is a and seq[-1] is c and list(seq) == [a, b, c]
+    tail = seq[1:]
+    assert isinstance(tail, nn.Sequential) and list(tail) == [b, c]
+    assert list(tail.state_dict()) == ["fc2.weight", "fc2.bias"]
+    assert list(nn.Sequential(a, b, c)[::2].state_dict()) == ["0.weight", "0.bias", "2.weight",
+                                                             "2.bias"]
+    with pytest.raises(ValueError, match=r"Sequential: module name 'a\.b' must be non-empty"):
+        nn.Sequential(OrderedDict([("a.b", a)]))
+    with pytest.raises(TypeError, match="Sequential: module 'x' is int, not a Module"):
+        nn.Sequential(OrderedDict(x=1))
+    if torch is None:
+        pytest.skip("torch is not installed")
+    want = torch.nn.Sequential(OrderedDict(fc1=torch.nn.Linear(2, 3), act=torch.nn.ReLU()))
+    assert list(want[1:]._modules) == list(seq[1:2]._modules) == ["act"]

@@ -147,8 +147,10 @@ LAST = 3  # the last parameter (model.2.bias): earlier ones would be assigned fi
      r"SGD.load_state_dict: param_groups\[0\]: SGD: lr must be finite .*got -1.0"),
     (_sgd, _set(("param_groups", 0, "momentum"), "0.9"), TypeError,
      "momentum must be a real number, got '0.9'"),
-    (_sgd, _set(("param_groups", 0, "dampening"), 0.5), KeyError,
-     r"unknown hyper-parameters \['dampening'\]"),
+    (_sgd, _set(("param_groups", 0, "lr_decay"), 0.5), KeyError,
+     r"unknown hyper-parameters \['lr_decay'\]"),
+    (_sgd, _set(("param_groups", 0, "dampening"), 0.5), ValueError,
+     r"param_groups\[0\]\['dampening'\] is 0.5; miniflow's SGD runs only PyTorch's dampening=0"),
     (_sgd, _set(("param_groups", 0, "params"), [0, 1]), ValueError,
      r"'params'\] is \[0, 1\], expected \[0, 1, 2, 3\]"),
     (_sgd, _set(("param_groups",), lambda g: g * 2), ValueError, "a list of one dict"),
@@ -163,8 +165,8 @@ LAST = 3  # the last parameter (model.2.bias): earlier ones would be assigned fi
     (_adam, _set(("state", LAST, "exp_avg_sq"), np.array([0.0, -1.0, 0.0])), ValueError,
      r"state\[3\]\['exp_avg_sq'\] must be finite and >= 0; element \[1\] is -1.0"),
     (_adam, _set(("param_groups", 0, "betas"), (0.9, 1.5)), ValueError, "beta2 must be finite"),
-    (_adam, _set(("param_groups", 0, "maximize"), True), KeyError,
-     r"unknown hyper-parameters \['maximize'\]"),
+    (_adam, _set(("param_groups", 0, "maximize"), True), ValueError,
+     r"\['maximize'\] is True; miniflow's Adam runs only PyTorch's maximize=False"),
 ])
 def test_failed_optimizer_load_changes_nothing(make, change, err, match):
     opt = make()
@@ -271,3 +273,48 @@ def test_a_shallow_copy_shares_the_parameters_but_not_the_group_or_the_state():
     g(*xy())  # trains with opt: its momentum buffer moves, the copy's does not
     np.testing.assert_array_equal(shallow.state_dict()["state"][0]["momentum_buffer"], buf)
     assert not np.array_equal(opt.state_dict()["state"][0]["momentum_buffer"], buf)
+
+
+@pytest.mark.parametrize("name,hyper", [("SGD", dict(lr=0.1, momentum=0.9, nesterov=True)),
+                                        ("Adam", dict(lr=0.01, amsgrad=True)),
+                                        ("AdamW", dict(lr=0.01, weight_decay=0.1))])
+def test_a_torch_optim_state_dict_loads_and_training_continues_as_in_torch(name, hyper):
+    """A ``torch.optim`` state dict (PyTorch's inert keys ``dampening``, ``maximize``,
+    ``foreach``, ``differentiable``, ``fused``, ``capturable``, ``decoupled_weight_decay`` at their
+    defaults; Adam's 0-d ``step``) loads, and the next steps match torch's
+    (``torch.optim.Optimizer.load_state_dict``'s round trip, as PyTorch's
+    ``test/optim/test_optim.py`` checks it between optimizers)."""
+    torch = pytest.importorskip("torch")
+    model = small_mlp()
+    tmodel = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 3))
+    tmodel.load_state_dict({k: torch.tensor(v) for k, v in model.state_dict().items()})
+    topt = getattr(torch.optim, name)(tmodel.parameters(), **hyper)
+
+    def torch_step(x, y):
+        topt.zero_grad()
+        torch.nn.functional.cross_entropy(tmodel(torch.tensor(x)), torch.tensor(y)).backward()
+        topt.step()
+
+    for seed in (1, 2):
+        torch_step(*xy(seed=seed))
+    opt = getattr(mf.optim, name)(model.parameters(), **hyper)
+    model.load_state_dict(tmodel.state_dict())
+    opt.load_state_dict(topt.state_dict())
+    step = Step(model, opt)
+    for seed in (3, 4, 5):
+        torch_step(*xy(seed=seed))
+        step(*xy(seed=seed))
+    for (key, want), got in zip(tmodel.state_dict().items(), param_arrays(model)):
+        np.testing.assert_allclose(got, want.numpy(), rtol=1e-5, atol=1e-6, err_msg=key)
+
+
+def test_a_torch_key_off_its_default_is_refused_by_name():
+    opt = mf.optim.SGD(small_mlp().parameters(), lr=0.1, momentum=0.9)
+    sd = opt.state_dict()
+    sd["param_groups"][0].update(dampening=0, maximize=True)
+    with pytest.raises(ValueError, match=r"param_groups\[0\]\['maximize'\] is True; miniflow's "
+                                         "SGD runs only PyTorch's maximize=False"):
+        opt.load_state_dict(sd)
+    sd["param_groups"][0].update(maximize=False, dampening=0.5)
+    with pytest.raises(ValueError, match="dampening=0"):
+        opt.load_state_dict(sd)

@@ -17,6 +17,7 @@ its figures, summary.md and metrics.json, and metrics.json shows the qualitative
 It also checks the command line: an unwritable ``--out`` fails before any run, and a ``--steps``
 shorter than one epoch works.
 """
+import contextlib
 import importlib.util
 import json
 
@@ -260,6 +261,39 @@ def test_unwritable_default_out_fails_before_any_run(tmp_path, monkeypatch, caps
     (tmp_path / "stability-results").write_text("")
     assert main(["stability", "--quick"]) == 2
     assert "cannot write the study's results to 'stability-results'" in capsys.readouterr().err
+
+
+class _Stop(Exception):
+    """Ends a study after a few runs."""
+
+
+@pytest.mark.parametrize("with_logdir", [False, True])
+def test_the_progress_bar_counts_every_run(tmp_path, monkeypatch, with_logdir):
+    """The bar advances by one per finished run, with or without ``--logdir`` (it stayed at
+    0/92 without one). tqdm's documented use: ``update()`` once per finished unit."""
+    import tqdm
+
+    counts = []
+
+    class Bar(tqdm.tqdm):
+        def update(self, n=1):
+            counts.append(n)
+            return super().update(n)
+
+    def train_run(spec, seed, cfg, data, log=None):
+        if len(calls) == 2:
+            raise _Stop
+        calls.append(spec)
+        return {}
+
+    calls = []
+    monkeypatch.setattr(tqdm, "tqdm", Bar)
+    monkeypatch.setattr(stability, "train_run", train_run)
+    monkeypatch.setattr(stability, "ScalarWriter", lambda path: contextlib.nullcontext())
+    with pytest.raises(_Stop):
+        stability.run_study(stability.QUICK, tmp_path / "out", progress=False,
+                            logdir=tmp_path / "tb" if with_logdir else None)
+    assert sum(counts) == len(calls) == 2
 
 
 def test_check_out_dir_creates_the_folder_and_leaves_it_empty(tmp_path):

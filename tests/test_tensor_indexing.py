@@ -143,3 +143,30 @@ def test_size_dim_float_half_and_batched_matmul():
                                rtol=1e-5, atol=1e-6)
     with pytest.raises(ValueError, match="equal batch dimensions"):
         mf.tensor(a) @ mf.tensor(b[0])
+
+
+@pytest.mark.parametrize("shape", [(4, 5, 6), (), (0, 3)])
+def test_numel_and_numpys_array_protocol(shape):
+    """``numel()`` is the product of the shape and ``np.asarray(t)`` / ``np.array(t, dtype)``
+    give the tensor's numbers (``torch.Tensor.numel``, ``torch.Tensor.__array__``), not an object
+    array of 0-d tensors; inside ``build`` both reading ways refuse the lazy tensor alike."""
+    x = R.standard_normal(shape).astype(np.float32)
+    t = mf.tensor(x)
+    assert t.numel() == x.size
+    got = np.asarray(t)
+    assert got.dtype == np.float32 and got.shape == shape
+    np.testing.assert_array_equal(got, x)
+    assert np.array(t, dtype=np.float64).dtype == np.float64
+    torch = pytest.importorskip("torch")
+    assert t.numel() == torch.tensor(x).numel()
+
+
+def test_numpys_array_protocol_refuses_a_lazy_tensor():
+    class Read(mf.nn.Graph):
+        def build(self, x):
+            assert x.numel() == 6
+            np.asarray(x)
+            return x
+
+    with pytest.raises(RuntimeError, match="cannot read the value of lazy tensor"):
+        Read()(np.zeros((2, 3), np.float32))

@@ -558,9 +558,9 @@ def run_study(cfg: StudyConfig, out: Path, progress: bool = True, logdir=None) -
                 bar.set_postfix_str(f"seed {seed}: {spec.experiment}, {spec.label}")
                 if logdir is None:
                     runs.append(train_run(spec, seed, cfg, data))
-                    continue
-                with ScalarWriter(run_dir(logdir, run_name(spec, seed))) as log:
-                    runs.append(train_run(spec, seed, cfg, data, log))
+                else:
+                    with ScalarWriter(run_dir(logdir, run_name(spec, seed))) as log:
+                        runs.append(train_run(spec, seed, cfg, data, log))
                 bar.update()
     metrics = {"config": {**asdict(cfg), "batch_size": BATCH_SIZE, "lr": LR,
                           "momentum": MOMENTUM, "backend": get_backend().name,

@@ -44,21 +44,41 @@ class Linear(Module):
 
 
 class Sequential(Module):
-    """Modules applied in order; parameters named by position (``0.weight``)."""
+    """Modules applied in order (``torch.nn.Sequential``): ``Sequential(m0, m1, ...)`` names them
+    by position (``0.weight``), ``Sequential(OrderedDict(fc=m0, act=m1))`` by the dict's keys
+    (``fc.weight``). ``seq[i]`` is a module, ``seq[i:j]`` a Sequential of those modules under
+    their names (PyTorch's).
 
-    def __init__(self, *modules: Module):
+    Raises:
+        TypeError: an argument (or dict value) that is not a Module, or a name that is not a str.
+        ValueError: a name that is empty or contains ``"."`` (PyTorch's ``add_module`` rule: a
+            dot would make the state-dict keys ambiguous).
+    """
+
+    def __init__(self, *modules):
         super().__init__()
-        for i, m in enumerate(modules):
+        named = len(modules) == 1 and isinstance(modules[0], dict)
+        items = list(modules[0].items()) if named else [(str(i), m) for i, m in enumerate(modules)]
+        for name, m in items:
             if not isinstance(m, Module):
-                raise TypeError(f"Sequential: argument {i} is {type(m).__name__}, not a Module")
-            setattr(self, str(i), m)
+                where = f"module {name!r}" if named else f"argument {name}"
+                raise TypeError(f"Sequential: {where} is {type(m).__name__}, not a Module")
+            if not isinstance(name, str):
+                raise TypeError(f"Sequential: module name {name!r} is {type(name).__name__}, "
+                                "not a str")
+            if not name or "." in name:
+                raise ValueError(f"Sequential: module name {name!r} must be non-empty and "
+                                 "contain no '.' (it becomes a state-dict key prefix)")
+            setattr(self, name, m)
 
     def forward(self, x):
         for m in self._modules.values():
             x = m(x)
         return x
 
-    def __getitem__(self, i: int) -> Module:
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            return Sequential(dict(list(self._modules.items())[i]))
         return list(self._modules.values())[i]
 
     def __len__(self) -> int:

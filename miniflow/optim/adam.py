@@ -35,6 +35,7 @@ class Adam(Optimizer):
     """
 
     nonnegative_states = ("exp_avg_sq", "max_exp_avg_sq")
+    torch_keys = {**Optimizer.torch_keys, "decoupled_weight_decay": False}
 
     def __init__(self, params, lr: float = 1e-3, betas=(0.9, 0.999), eps: float = 1e-8,
                  weight_decay: float = 0.0, amsgrad: bool = False,

@@ -22,6 +22,8 @@ class AdamW(Adam):
         as :class:`Adam`.
     """
 
+    torch_keys = {**Adam.torch_keys, "decoupled_weight_decay": True}
+
     def __init__(self, params, lr: float = 1e-3, betas=(0.9, 0.999), eps: float = 1e-8,
                  weight_decay: float = 1e-2, amsgrad: bool = False,
                  clip_grad_max_norm: float | None = None, clip_grad_norm_type: float = 2.0):

@@ -376,6 +376,11 @@ class Optimizer:
         whole floats such as PyTorch's float step are accepted) and values >= 0 for
         :attr:`nonnegative_states`.
 
+        A ``torch.optim`` state dict of the same algorithm loads: PyTorch's keys of
+        :attr:`torch_keys` are accepted at their no-op values (``dampening=0``, ``maximize=False``
+        ...); ``state`` values may be ``torch.Tensor``s (read with ``np.asarray``) and a step
+        count 0-d (PyTorch's).
+
         Raises:
             KeyError: a missing entry or an unknown hyper-parameter (named);
             ValueError/TypeError: a wrong count, shape, dtype or value (naming the key and value).
@@ -431,6 +436,13 @@ class Optimizer:
     nonnegative_states: tuple = ()
     """State arrays whose values must be >= 0 (checked by :meth:`load_state_dict`)."""
 
+    torch_keys: dict = {"maximize": False, "foreach": None, "capturable": False,
+                        "differentiable": False, "fused": None}
+    """``torch.optim`` param-group keys miniflow has not, each with the value under which
+    PyTorch's update is miniflow's (``torch.optim.SGD`` / ``Adam`` / ``AdamW``'s documented
+    defaults): :meth:`load_state_dict` drops them at that value and refuses any other, so a
+    ``torch.optim`` state dict of the same algorithm loads."""
+
     def _checked_group(self, where: str, group: dict) -> dict:
         """The validated hyper-parameters of a loaded param group."""
         params = group.pop("params", None)
@@ -438,6 +450,13 @@ class Optimizer:
         if params is not None and list(params) != expected:
             raise ValueError(f"{where}: param_groups[0]['params'] is {_short(params)}, expected "
                              f"{expected} (one index per parameter)")
+        for key, neutral in self.torch_keys.items():
+            if key in group and key not in self.hyper:
+                value = group.pop(key)
+                if (value is not None if neutral is None else value is None or value != neutral):
+                    raise ValueError(f"{where}: param_groups[0][{key!r}] is {value!r}; miniflow's "
+                                     f"{type(self).__name__} runs only PyTorch's {key}="
+                                     f"{neutral!r} (leave the key out, or set it to {neutral!r})")
         unknown = sorted(set(group) - set(self.hyper) - {"initial_lr"}, key=str)
         if unknown:
             raise KeyError(f"{where}: unknown hyper-parameters {unknown} in param_groups[0]; "
@@ -463,6 +482,8 @@ class Optimizer:
         if a.dtype.kind not in "iuf":
             raise TypeError(f"{where}: {what} has dtype {a.dtype} ({_short(value)}), expected "
                             f"real numbers for a {dtype} state")
+        if a.shape == () and tuple(current.shape) == (1,):
+            a = a.reshape(1)                 # PyTorch's 0-d step count; miniflow's is [1]
         if a.shape != tuple(current.shape):
             raise ValueError(f"{where}: {what} has shape {list(a.shape)}, expected "
                              f"{list(current.shape)}")

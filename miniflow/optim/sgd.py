@@ -34,6 +34,7 @@ class SGD(Optimizer):
     """
 
     state_names = ("momentum_buffer",)
+    torch_keys = {**Optimizer.torch_keys, "dampening": 0}
 
     def __init__(self, params, lr: float, momentum: float = 0.0, weight_decay: float = 0.0,
                  nesterov: bool = False, clip_grad_max_norm: float | None = None,
