@@ -13,6 +13,7 @@ import sys
 
 import pytest
 from numba import config
+from miniflow.kernels.cuda.launch import SIMULATOR_SWITCH_INTERVAL_S
 from miniflow.runtime.backend import cuda_status
 
 _USABLE, _WHAT = cuda_status()
@@ -20,14 +21,8 @@ if not _USABLE:
     pytest.exit(f"tests/cuda needs the CUDA simulator or a GPU ({_WHAT}); run it as "
                 f"NUMBA_ENABLE_CUDASIM=1 python -m pytest tests/cuda -q", returncode=4)
 
-SWITCH_INTERVAL_S = 2e-4
-"""The simulator runs a block's threads as Python threads while its block manager polls them in
-a loop (``numba/cuda/simulator/kernel.py``, ``BlockManager.run``); with CPython's default
-switch interval (5 ms) the poller holds the GIL for most of the run. At 0.2 ms the lane's kernels
-take about half the CPU time (a conv data gradient, a conv, relu, softmax and a matmul case:
-4.3 s -> 1.9 s, medians of 3, at 1 ms 2.4 s, at 0.05 ms 2.2 s). What runs is unchanged."""
-if config.ENABLE_CUDASIM:
-    sys.setswitchinterval(SWITCH_INTERVAL_S)
+if config.ENABLE_CUDASIM:     # the simulator's block manager polls its threads (see the constant)
+    sys.setswitchinterval(SIMULATOR_SWITCH_INTERVAL_S)
 
 
 
