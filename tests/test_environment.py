@@ -11,6 +11,7 @@ import shutil
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import numba
@@ -235,3 +236,72 @@ def test_two_processes_saving_to_one_numba_cache_lose_and_mix_up_nothing(tmp_pat
     assert sorted(cache._load_index()) == sorted(keys)
     assert all(cache.load(key) == ("data", key[1]) for key in keys)
     assert len(set(cache._load_index().values())) == len(keys)
+
+
+_COMPILE_ONCE = textwrap.dedent("""
+    import sys, time
+    from numba import types
+    from numba.core import event
+    from miniflow.kernels.common import cache_lock
+    from miniflow.kernels.common.cache import CACHE
+    assert CACHE.enabled and cache_lock.install()
+    import kern
+    compiled = []
+
+    class Count(event.Listener):
+        def on_start(self, ev):
+            compiled.append(ev.data["dispatcher"].py_func.__qualname__)
+
+        def on_end(self, ev):
+            pass
+
+    event.register("numba:compile", Count())
+    if sys.argv[1] == "holder":             # holds the key's lock as a compiling process does
+        lock = cache_lock.CompileLock(kern.twice._cache, (types.float64,),
+                                      kern.twice.targetctx.codegen())
+        assert lock.acquire(wait_s=0)
+        print("HELD", flush=True)
+        sys.stdin.readline()
+    else:
+        print("READY", flush=True)
+    t0 = time.perf_counter()
+    assert kern.twice(1.5) == 3.0
+    print("COMPILED", len(compiled), "WAITED", round(time.perf_counter() - t0, 2), flush=True)
+    if sys.argv[1] == "holder":
+        lock.release()
+""")
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="fcntl record locks are POSIX")
+def test_a_process_missing_the_cache_waits_for_another_compiling_the_same_kernel(tmp_path):
+    """Compile once, then read (``cache_lock.CompileLock``): while one process compiles a kernel
+    for a signature (here it holds that key's lock, then compiles), a second process that misses
+    the cache for the same key waits, and then loads the first one's result instead of compiling
+    it again. Numba alone compiles it in both (two pytest-xdist workers, two MPI ranks, the
+    simulator lane's shards on a cold cache), which is CPU time spent twice."""
+    (tmp_path / "kern.py").write_text("import numba\n\n\n@numba.njit(cache=True)\n"
+                                      "def twice(x):\n    return 2 * x\n")
+    env = {k: v for k, v in os.environ.items() if k != "MINIFLOW_BACKEND"}
+    env.update(NUMBA_CACHE_DIR=str(tmp_path / "cache"), PYTHONPATH=os.pathsep.join(
+        [str(tmp_path), str(PACKAGE.parent)]))
+    run = [sys.executable, "-c", _COMPILE_ONCE]
+    holder = subprocess.Popen(run + ["holder"], env=env, cwd=tmp_path, stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "HELD", holder.stderr.read()
+        waiter = subprocess.Popen(run + ["waiter"], env=env, cwd=tmp_path,
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        assert waiter.stdout.readline().strip() == "READY", waiter.stderr.read()
+        time.sleep(1.0)                     # the waiter is past its cache miss by now
+        holder.stdin.write("go\n")
+        holder.stdin.flush()
+        first, second = (p.communicate(timeout=120) + (p.returncode,) for p in (holder, waiter))
+        assert first[2] == 0 and second[2] == 0, first[1] + second[1]
+        words = second[0].split()
+        assert words[:2] == ["COMPILED", "0"], f"the second process compiled it too: {second[0]}"
+        assert float(words[3]) >= 0.9, second[0]              # it waited for the first
+        assert first[0].split()[:2] == ["COMPILED", "1"], first[0]
+    finally:
+        for p in (holder, locals().get("waiter")):
+            if p is not None and p.poll() is None:
+                p.kill()
