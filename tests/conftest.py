@@ -17,6 +17,15 @@ from hypothesis import settings
 # (and none writes to the user's tuning file).
 os.environ.setdefault("MINIFLOW_MATMUL", "numba")
 
+# OpenBLAS's idle worker threads spin for 2**28 cycles (about 0.1 s) after every call before they
+# sleep (its THREAD_TIMEOUT). With two test processes on two cores (-n auto), each one's spinning
+# BLAS thread takes the core the other process needs: tests/test_cnn.py + test_accumulation.py took
+# 28.9 s of user CPU and 16.8 s wall at the default, 12.0 s and 7.0 s at 2**4 cycles (Intel Xeon,
+# 2 cores). The timeout changes only how long an idle thread waits, never a result. Set here, before
+# any test imports NumPy, so the xdist workers and every subprocess (CLI runs, mpiexec jobs, the
+# simulator lane) inherit it; OpenBLAS reads it once, when it loads.
+os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", "4")
+
 settings.register_profile("ci", max_examples=25, deadline=None)
 settings.register_profile("dev", max_examples=10, deadline=None)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
