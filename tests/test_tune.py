@@ -34,7 +34,13 @@ class FakeTimer:
 
 
 def _tuner(tmp_path, monkeypatch, timer, path=None) -> tune.Tuner:
+    """A tuner on a file in ``tmp_path``, choosing between the rules, BLAS and oneMKL (where
+    offered; the one-thread BLAS candidate, which applies only where BLAS has more threads, has
+    its own test)."""
     monkeypatch.setenv("MINIFLOW_MATMUL", "auto")
+    monkeypatch.setattr(cpu_matmul, "CANDIDATES", {"numba": cpu_matmul.numba_steps,
+                                                   "blas": cpu_matmul.blas_steps,
+                                                   "mkl": cpu_matmul.mkl_steps})
     t = tune.Tuner(path=str(path or tmp_path / "tuning.json"), timer=timer)
     monkeypatch.setattr(tune, "TUNER", t)
     return t
@@ -77,8 +83,12 @@ def test_the_faster_candidate_is_chosen_and_written_to_the_file(tmp_path, monkey
     assert _names(_matmul(16, 300, 1000, tb=True)[0]) == "dot" and t2.timer.calls == []
 
 
-def test_the_rules_win_ties_and_identical_candidates_are_not_measured(tmp_path, monkeypatch):
-    t = _tuner(tmp_path, monkeypatch, FakeTimer(numba=1e-3, blas=1e-3 / (1 + tune.TIE / 2)))
+def test_blas_wins_unless_beaten_by_the_margin_and_identical_candidates_are_not_measured(
+        tmp_path, monkeypatch):
+    t = _tuner(tmp_path, monkeypatch, FakeTimer(numba=1e-3 / (1 + tune.MARGIN / 2), blas=1e-3))
+    assert _names(_matmul(16, 300, 1000, tb=True)[0]) == "dot"
+    t = _tuner(tmp_path / "2", monkeypatch, FakeTimer(numba=1e-3 / (1 + 2 * tune.MARGIN),
+                                                      blas=1e-3))
     assert _names(_matmul(16, 300, 1000, tb=True)[0]) == "dot_block_kernel"
     t.timer.calls.clear()
     assert _names(_matmul(64, 32, 16, tb=True)[0]) == "dot"    # the rules call BLAS too
@@ -108,8 +118,8 @@ def test_a_cached_choice_gives_the_same_steps_and_bits_in_a_new_process(tmp_path
 
 @pytest.mark.parametrize("content,why", [
     ("{not json", "cannot be read as JSON"),
-    ('{"format": "miniflow-tuning-0", "machine": {}, "choices": {}}', "is not a miniflow-tuning-1"),
-    ('{"format": "miniflow-tuning-1", "machine": {"cpu": "a VAX"}, "choices": {"k": "blas"}}',
+    ('{"format": "miniflow-tuning-1", "machine": {}, "choices": {}}', "is not a miniflow-tuning-2"),
+    ('{"format": "miniflow-tuning-2", "machine": {"cpu": "a VAX"}, "choices": {"k": "blas"}}',
      "written for another machine"),
 ])
 def test_a_corrupt_or_foreign_file_is_ignored_with_one_notice(tmp_path, monkeypatch, capsys,
@@ -157,7 +167,7 @@ def test_an_unwritable_folder_measures_in_memory_and_says_so_once(tmp_path, monk
     assert _names(_matmul(16, 300, 1000, tb=True)[0]) == "dot"
     assert _names(_matmul(16, 300, 1000, tb=True)[0]) == "dot"
     _matmul(16, 1000, 300)
-    assert t.in_memory and len(t.choices) == 2 and t.timer.calls.count("blas") <= 2 * 9
+    assert t.in_memory and len(t.choices) == 2 and t.timer.calls.count("blas") <= 2 * tune.MAX_ROUNDS
     err = capsys.readouterr().err
     assert err.count("cannot write the kernel choices") == 1 and "kept in memory" in err
     assert "kept in memory" in "\n".join(t.describe())
@@ -172,12 +182,15 @@ def test_the_file_keeps_at_most_max_choices_the_newest(tmp_path, monkeypatch):
     assert [k.split()[6] for k in keys] == ["m16", "m64"]
 
 
-def test_past_the_budget_the_rules_choose_and_nothing_is_cached(tmp_path, monkeypatch):
+def test_past_the_budget_the_usual_choice_is_taken_and_nothing_is_cached(tmp_path, monkeypatch):
     t = _tuner(tmp_path, monkeypatch, FakeTimer(numba=0.2, blas=0.1))
+    t.spent = tune.BUDGET_S             # nothing cached yet: the rules
+    assert _names(_matmul(4, 300, 1000, tb=True)[0]) == "dot_block_kernel"
+    t.spent = 0.0
     _matmul(16, 300, 1000, tb=True)
     assert t.spent == pytest.approx(tune.MIN_ROUNDS * 0.3)      # stopped at the class budget
-    t.spent = tune.BUDGET_S
-    assert _names(_matmul(4, 300, 1000, tb=True)[0]) == "dot_block_kernel"
+    t.spent = tune.BUDGET_S             # what the cached matmul classes at these threads chose
+    assert _names(_matmul(4, 300, 1000, tb=True)[0]).startswith("dot")       # BLAS
     assert len(json.loads((tmp_path / "tuning.json").read_text())["choices"]) == 1
     tune.begin_model()                  # a new plan (Backend.begin_plan): a new budget
     assert _names(_matmul(4, 300, 1000, tb=True)[0]).startswith("dot")
@@ -235,7 +248,7 @@ PRODUCTS = [  # (m, k, n, ta, tb): the MLPs' products and the rules' edges (test
 def test_every_candidate_agrees_with_the_float64_oracle(monkeypatch, m, k, n, ta, tb, dt, counted):
     if counted and dt is float64:
         pytest.skip("the loss scaler counts half and float32 products")
-    for value in tune.CHOICES["matmul"]:      # the rules' Numba steps, oneMKL's, BLAS alone
+    for value in ("numba", "mkl", "blas"):      # the rules' Numba steps, oneMKL's, BLAS alone
         if value == "mkl" and not mkl_gemm.available():
             continue                          # forcing it would raise (test_mkl_gemm)
         monkeypatch.setenv("MINIFLOW_MATMUL", value)
@@ -250,6 +263,59 @@ def test_the_blas_candidate_calls_blas_alone():
     ins = [np.zeros((16, 300), np.float16), np.zeros((1000, 300), np.float16)]
     steps = cpu_matmul.blas_steps(node, ins, [np.zeros((16, 1000), np.float16)])
     assert _names(steps) == "cast_kernel + cast_kernel + dot + cast_kernel"
+
+
+def test_samples_keep_the_strides_of_views():
+    """The tuner times the candidates on arrays laid out as the plan's (a transposed view, a
+    block of a bigger buffer), not on contiguous copies."""
+    base = np.zeros((6, 8), np.float32)
+    views = [base.T, base[:, 2:5], base[::2], np.zeros((0, 3), np.float16)]
+    for view, sample in zip(views, tune._samples(views, np.random.default_rng(0))):
+        assert sample.shape == view.shape and sample.strides == view.strides
+        assert sample.dtype == view.dtype and (sample.size == 0 or np.abs(sample).max() > 0)
+
+
+def test_one_thread_blas_is_a_candidate_where_blas_has_more_threads(tmp_path, monkeypatch):
+    from threadpoolctl import threadpool_limits
+    _tuner(tmp_path, monkeypatch, FakeTimer(numba=3e-3, blas=2e-3, **{"blas 1 thread": 1e-3}))
+    monkeypatch.setattr(cpu_matmul, "CANDIDATES", {
+        "numba": cpu_matmul.numba_steps, "blas": cpu_matmul.blas_steps,
+        "blas 1 thread": cpu_matmul.blas_one_thread_steps})
+    with threadpool_limits(2, user_api="blas"):
+        if max(lib.num_threads for lib in tune.numpy_blas()) < 2:
+            pytest.skip("NumPy's BLAS has one thread here")
+        steps, out, ref = _matmul(256, 1024, 1024)
+        assert _names(steps) == "dot (1 BLAS thread)"
+        np.testing.assert_allclose(out, ref, rtol=1e-4, atol=1e-3)
+    with threadpool_limits(1, user_api="blas"):
+        assert cpu_matmul.blas_one_thread_steps(None, [], []) is None
+
+
+def test_a_convolution_s_algorithm_and_its_gemms_are_measured_choices(tmp_path, monkeypatch):
+    """Winograd against im2col per convolution class, and every GEMM of the chosen one (BLAS,
+    BLAS on one thread, the register tile) per GEMM class; whatever wins, the result agrees
+    with the direct convolution (float64)."""
+    from miniflow.ops.conv import conv_sample_inputs
+    from op_cases import Case, host_buffers, make_node
+    t = _tuner(tmp_path, monkeypatch, FakeTimer(winograd=3e-3, im2col=1e-3, blas=2e-3,
+                                                tile=1e-3, **{"blas 1 thread": 2e-3}))
+    a = {"kernel_size": 3, "strides": 1, "padding_before": 1, "dilation_rate": 1, "groups": 1}
+    x, w, _ = conv_sample_inputs(np.float32, 4, 8, 16, 16, 64, a)
+    node = make_node(Case("conv2d", [x, w], a))
+    ins, outs = host_buffers(Case("conv2d", [x, w], a), node)
+    steps = builder_for(node.op)(node, ins, outs)
+    names = _names(steps)
+    assert "im2col_kernel" in names and "winograd" not in names and "outer_block_kernel" in names
+    [conv] = [name for key, name in t.choices.items() if key.startswith("conv ")]
+    gemms = {name for key, name in t.choices.items() if key.startswith("gemm ")}
+    assert conv == "im2col" and "tile" in gemms      # Winograd's GEMMs were measured too
+    for fn, args in steps:
+        fn(*args)
+    x64, w64 = x.astype(np.float64), w.astype(np.float64)
+    xp = np.pad(x64, ((0, 0), (0, 0), (1, 1), (1, 1)))
+    ref = sum(np.einsum("nchw,oc->nohw", xp[:, :, i:i + 16, j:j + 16], w64[:, :, i, j])
+              for i in range(3) for j in range(3))
+    np.testing.assert_allclose(outs[0], ref, rtol=1e-4, atol=1e-4)
 
 
 @requires_mpi

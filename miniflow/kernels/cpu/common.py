@@ -19,6 +19,7 @@ Numba kernels). The matmuls are most of the work, so BLAS keeps the threads; a s
 from __future__ import annotations
 
 import functools
+import os
 
 import numba
 import numpy as np
@@ -27,7 +28,8 @@ from numba.extending import register_jitable
 from . import fp16
 from ...dtype import bfloat16
 
-__all__ = ["PARALLEL_MIN_SIZE", "jit", "loop_for", "use_parallel", "blas_libraries", "flat",
+__all__ = ["PARALLEL_MIN_SIZE", "jit", "loop_for", "use_parallel", "blas_libraries", "numpy_blas",
+           "flat",
            "kview", "jitable", "scratch"]
 
 PARALLEL_MIN_SIZE = 1 << 16
@@ -51,7 +53,7 @@ def use_parallel(size: int) -> bool:
     ``PARALLEL_MIN_SIZE`` elements, more than one Numba thread and BLAS on one thread (see the
     module docstring; decided when the plan is built)."""
     return (size >= PARALLEL_MIN_SIZE and numba.get_num_threads() > 1
-            and all(lib.num_threads == 1 for lib in blas_libraries()))
+            and all(lib.num_threads == 1 for lib in numpy_blas()))
 
 
 @functools.cache
@@ -59,6 +61,19 @@ def blas_libraries() -> list:
     """threadpoolctl's controllers of the BLAS libraries loaded in this process (looked up once)."""
     from threadpoolctl import ThreadpoolController
     return ThreadpoolController().select(user_api="blas").lib_controllers
+
+
+def numpy_blas() -> list:
+    """threadpoolctl's controllers of the BLAS that ``np.dot`` calls: those loaded from NumPy's
+    own folders (a wheel's ``numpy.libs``), else every BLAS loaded (a NumPy linked to the
+    system's). Another package's BLAS (SciPy's, loaded by scikit-learn or JAX) is not NumPy's:
+    its thread count (left at the default when it is loaded after a ``threadpool_limits``) says
+    nothing about ``np.dot``'s."""
+    site = os.path.dirname(os.path.dirname(os.path.abspath(np.__file__)))
+    libs = blas_libraries()
+    own = [lib for lib in libs if os.path.abspath(lib.filepath).startswith(
+        (os.path.join(site, "numpy") + os.sep, os.path.join(site, "numpy.libs") + os.sep))]
+    return own or libs
 
 
 _REGISTERED: set = set()

@@ -22,6 +22,11 @@ transformed weight ``U = G g G^T`` and input tile ``V = B^T d B`` (4x4), so the 
 additions per element. The data gradient is the same convolution of ``dy`` with the flipped,
 transposed weight; the filter gradient multiplies the transformed ``dy`` tiles with ``V``.
 
+Winograd against im2col is a measured choice (:func:`algorithm_steps`: ``tune`` times both for
+each convolution's class on this machine, the rule above first, and keeps the rule unless the
+other is clearly faster), and so is every GEMM of either (``matmul.gemm_steps``: BLAS at the
+threads in force, BLAS on one thread, or the register tile ``matmul.outer_block_kernel``).
+
 Otherwise two layouts, chosen when the plan is built (:data:`BATCH_BELOW`):
 
 * per sample (large feature maps): one im2col scratch ``[K, OH*OW]`` reused by every sample, one
@@ -50,15 +55,18 @@ import numpy as np
 from ..common import conv
 from ..common.conv import cropped, live_taps
 from ..common.precision import compute_dtype
+from . import tune
 from .common import jit, kview, loop_for, use_parallel
 from .elementwise import cast_steps
 from .fp16 import load, store, to_compute
+from .matmul import gemm_steps
 from .movement import fill_steps
 
-__all__ = ["BATCH_BELOW", "WINOGRAD_FROM", "WINOGRAD_PAIRS", "TRANSPOSED_FROM", "valid_range", "im2col_kernel", "col2im_kernel", "bias_grad_kernel",
-           "winograd_pad_kernel", "winograd_input_kernel", "winograd_output_kernel",
-           "winograd_grad_kernel", "winograd_applies", "forward_steps", "data_grad_steps",
-           "filter_grad_steps", "bias_grad_steps", "BUILDERS"]
+__all__ = ["BATCH_BELOW", "WINOGRAD_FROM", "WINOGRAD_PAIRS", "TRANSPOSED_FROM", "valid_range",
+           "im2col_kernel", "col2im_kernel", "bias_grad_kernel", "winograd_pad_kernel",
+           "winograd_input_kernel", "winograd_output_kernel", "winograd_grad_kernel",
+           "winograd_fits", "winograd_applies", "algorithm_steps", "forward_steps",
+           "data_grad_steps", "filter_grad_steps", "bias_grad_steps", "BUILDERS"]
 
 BATCH_BELOW = 128
 """Output positions per sample (``OH * OW``) below which a convolution's GEMMs run over the whole
@@ -350,13 +358,34 @@ def winograd_grad_kernel(parallel: bool):
     return kernel
 
 
+def winograd_fits(g) -> bool:
+    """Whether Winograd F(2x2, 3x3) computes the convolution: a 3x3 kernel, stride 1, dilation
+    1, no groups."""
+    return g.kh == g.kw == 3 and g.sh == g.sw == 1 and g.dh == g.dw == 1 and g.groups == 1
+
+
 def winograd_applies(g) -> bool:
-    """Whether the convolution builders use Winograd F(2x2, 3x3): a 3x3 kernel, stride 1,
-    dilation 1, no groups, at least ``WINOGRAD_FROM`` tiled output positions (more beyond
-    ``WINOGRAD_PAIRS`` channel pairs)."""
+    """Whether the built-in rule picks Winograd F(2x2, 3x3) (the tuner may pick otherwise,
+    :func:`algorithm_steps`): it fits (:func:`winograd_fits`) and there are at least
+    ``WINOGRAD_FROM`` tiled output positions (more beyond ``WINOGRAD_PAIRS`` channel pairs)."""
     tiles = g.n * (-(-g.oh // 2)) * (-(-g.ow // 2))
-    return (g.kh == g.kw == 3 and g.sh == g.sw == 1 and g.dh == g.dw == 1 and g.groups == 1
-            and 4 * tiles >= WINOGRAD_FROM * max(1.0, g.o * g.c / WINOGRAD_PAIRS))
+    return winograd_fits(g) and 4 * tiles >= WINOGRAD_FROM * max(1.0, g.o * g.c / WINOGRAD_PAIRS)
+
+
+def algorithm_steps(op: str, g, ins: list, out, make, fits: bool) -> list:
+    """The steps of ``make(*ins, out, g, winograd)`` for the algorithm ``tune`` measured faster
+    for this convolution's class on this machine (``op``, the geometry, the dtypes), Winograd
+    or im2col, where Winograd ``fits``; the built-in rule (:func:`winograd_applies`) is the
+    first candidate, and keeps ties (``tune.MARGIN``) and the ``MINIFLOW_MATMUL`` overrides."""
+    rule = winograd_applies(g) and fits
+    if not fits:
+        return make(*ins, out, g, False)
+    names = ("winograd", "im2col") if rule else ("im2col", "winograd")
+    candidates = {name: (lambda node, i, o, wino=name == "winograd": make(*i, o[0], g, wino))
+                  for name in names}
+    key = (f"{op} {'/'.join(a.dtype.name for a in ins)} -> {out.dtype.name} n{g.n} c{g.c} "
+           f"{g.h}x{g.w} o{g.o} 3x3 pad {g.ph},{g.pw}")
+    return tune.choose("conv", key, None, ins, [out], candidates)
 
 
 def winograd_steps(x, w, out, ph: int, pw: int, ct, steps: list) -> list:
@@ -374,11 +403,11 @@ def winograd_steps(x, w, out, ph: int, pw: int, ct, steps: list) -> list:
     v = np.empty((16, c, n * th * tw), ct)
     m = np.empty((16, o, n * th * tw), ct)
     kron = WINOGRAD_WEIGHT.astype(ct)
-    steps.append((np.dot, (kron, w.reshape(o * c, 9).T, u.reshape(16, o * c))))
+    steps += gemm_steps(kron, w.reshape(o * c, 9).T, u.reshape(16, o * c))
     steps.append((winograd_pad_kernel(use_parallel(xp.size) and n * c > 1),
                   (kview(x), xp, ph, pw)))
     steps.append((winograd_input_kernel(use_parallel(v.size) and c > 1), (xp, v)))
-    steps.append((np.matmul, (u, v, m)))
+    steps += gemm_steps(u, v, m)
     steps.append((winograd_output_kernel(use_parallel(m.size) and o > 1), (m, kview(out), th, tw)))
     return steps
 
@@ -404,9 +433,9 @@ def winograd_filter_grad_steps(dy, x, target, ph: int, pw: int, ct, steps: list)
     steps.append((winograd_pad_kernel(use_parallel(dyp.size) and n * o > 1),
                   (kview(dy), dyp, 0, 0)))
     steps.append((winograd_grad_kernel(use_parallel(mdy.size) and o > 1), (dyp, mdy)))
-    steps.append((np.matmul, (mdy, v.transpose(0, 2, 1), du)))
-    steps.append((np.dot, (du.reshape(16, o * c).T, WINOGRAD_WEIGHT.astype(ct),
-                           target.reshape(o * c, 9))))
+    steps += gemm_steps(mdy, v.transpose(0, 2, 1), du)
+    steps += gemm_steps(du.reshape(16, o * c).T, WINOGRAD_WEIGHT.astype(ct),
+                        target.reshape(o * c, 9))
     return steps
 
 
@@ -454,8 +483,10 @@ class _Conv:
         return split(self.widened(w).reshape(self.g.o, self.g.kg), self.g.groups)
 
     def gemms(self, a_blocks, b_blocks, out_blocks) -> None:
-        """One ``np.dot(a, b, out)`` step per group."""
-        self.steps += [(np.dot, abo) for abo in zip(a_blocks, b_blocks, out_blocks)]
+        """One GEMM ``out = a @ b`` per group (``matmul.gemm_steps``: BLAS, or what the tuner
+        measured faster for its class)."""
+        self.steps += [step for abo in zip(a_blocks, b_blocks, out_blocks)
+                       for step in gemm_steps(*abo)]
 
     def to_columns(self, a: np.ndarray) -> np.ndarray:
         """A scratch ``[C, N*HW]`` and the step copying ``a`` ``[N, C, H, W]`` into it."""
@@ -504,12 +535,12 @@ def forward_steps(ins, outs, g, attrs):
     (see the module docstring); only over the kernel taps that reach the input."""
     (x, w), (out,) = ins, outs
     crop, w, g = _live_weight(w, g)
-    return crop + _forward_steps(x, w, out, g)
+    return crop + algorithm_steps("conv2d", g, [x, w], out, _forward_steps, winograd_fits(g))
 
 
-def _forward_steps(x, w, out, g):
+def _forward_steps(x, w, out, g, winograd: bool):
     cv = _Conv(g, out.dtype)
-    if winograd_applies(g):
+    if winograd:
         return winograd_steps(x, cv.widened(w), out, g.ph, g.pw, cv.ct, cv.steps)
     wgs = cv.weight(w)
     if cv.batched:
@@ -536,12 +567,13 @@ def data_grad_steps(ins, outs, g, attrs):
     only over the kernel taps that reach the input."""
     (dy, w, _), (dx,) = ins, outs
     crop, w, g = _live_weight(w, g)
-    return crop + _data_grad_steps(dy, w, dx, g)
+    return crop + algorithm_steps("conv_data_grad", g, [dy, w], dx, _data_grad_steps,
+                                  winograd_fits(g) and g.ph <= 2 and g.pw <= 2)
 
 
-def _data_grad_steps(dy, w, dx, g):
+def _data_grad_steps(dy, w, dx, g, winograd: bool):
     cv = _Conv(g, dx.dtype)
-    if winograd_applies(g) and g.ph <= 2 and g.pw <= 2:
+    if winograd:
         # a stride-1 3x3 convolution of dy with the flipped, transposed weight, padded 2 - p
         flipped = cv.scratch(g.c, g.o, 3, 3)
         wide = cv.widened(w)
@@ -600,17 +632,20 @@ def filter_grad_steps(ins, outs, g, attrs):
     (dy, x), (dw,) = ins, outs
     taps = live_taps(g)
     if taps is None:
-        return _filter_grad_steps(dy, x, dw, g)
+        return algorithm_steps("conv_filter_grad", g, [dy, x], dw, _filter_grad_steps,
+                               winograd_fits(g))
     p0, p1, q0, q1 = taps
     live = np.empty((g.o, g.cg, p1 - p0, q1 - q0), dw.dtype)
-    return (_filter_grad_steps(dy, x, live, cropped(g, taps)) + fill_steps(dw, 0.0)
-            + [(np.copyto, (dw[:, :, p0:p1, q0:q1], live))])
+    g = cropped(g, taps)
+    return (algorithm_steps("conv_filter_grad", g, [dy, x], live, _filter_grad_steps,
+                            winograd_fits(g))
+            + fill_steps(dw, 0.0) + [(np.copyto, (dw[:, :, p0:p1, q0:q1], live))])
 
 
-def _filter_grad_steps(dy, x, dw, g):
+def _filter_grad_steps(dy, x, dw, g, winograd: bool):
     cv = _Conv(g, dw.dtype)
     target = cv.target(dw)
-    if winograd_applies(g):
+    if winograd:
         winograd_filter_grad_steps(dy, x, target, g.ph, g.pw, cv.ct, cv.steps)
         return cv.finish(target, dw)
     t2 = split(target.reshape(g.o, g.kg), g.groups)

@@ -3,10 +3,11 @@ is slow; ``batch_matmul`` is one such product per batch index (``kernels.common.
 
 ``out = A @ B`` with ``A = op(a)`` of shape ``[m, k]`` and ``B = op(b)`` of shape ``[k, n]``
 (``op`` = transpose when the node says so; transposed operands are ``.T`` views, read in place).
-:func:`build_matmul` takes, per product, the steps of the built-in rules below
-(:func:`numba_steps`) or of BLAS alone (:func:`blas_steps`), whichever ``tune`` measured faster
-for the product's class on the machine it runs on, at the threads in force (``MINIFLOW_MATMUL``
-overrides): the rules' thresholds and the register tile were measured on one Zen 4 core, and
+:func:`build_matmul` takes, per product, the steps of one of :data:`CANDIDATES`: the built-in
+rules below (:func:`numba_steps`), BLAS alone (:func:`blas_steps`) or BLAS on one thread
+(:func:`blas_one_thread_steps`), as ``tune`` measured for the product's class on the machine it
+runs on, at the threads in force (BLAS unless another is clearly faster; ``MINIFLOW_MATMUL``
+overrides). The convolutions' GEMMs are chosen alike (:func:`gemm_steps`). The rules' thresholds and the register tile were measured on one Zen 4 core, and
 are 2-3x off on other CPUs, where BLAS then wins. The rules pick one step per product when the
 plan is built (measured on one Zen 4 core with OpenBLAS 0.3.31; single-core sgemm peak about
 104-110 GFLOP/s; ``benchmarks/kernels.py`` prints GFLOP/s and % of the measured peak for every
@@ -68,7 +69,7 @@ import numpy as np
 from ...dtype import bfloat16
 from . import fp16, mkl_gemm, tune
 from ..common.batch import batched
-from .common import blas_libraries, jit, jitable, kview, loop_for, use_parallel
+from .common import jit, jitable, kview, loop_for, numpy_blas, use_parallel
 from .elementwise import cast_steps
 from .fp16 import load, store, to_compute
 from .loss_scale import cast_count_steps
@@ -81,7 +82,8 @@ __all__ = ["BUILDERS", "OUTER_MIN_ROWS", "OUTER_MIN_COLS", "PACK_MIN_ROWS", "LAY
            "DOT_MAX_ROWS", "ONE_THREAD_FROM", "ONE_THREAD_BELOW", "OneThreadBlas",
            "dot_block_kernel", "outer_block_kernel", "pack_pairs_kernel", "interleave_pairs_kernel",
            "transpose_kernel", "rows_times_kernel", "build_matmul", "numba_steps",
-           "blas_steps", "mkl_steps"]
+           "blas_steps", "blas_one_thread_steps", "mkl_steps", "CANDIDATES", "GEMM_CANDIDATES",
+           "gemm_steps"]
 
 OUTER_MIN_ROWS = 4
 """Rows from which :func:`outer_block_kernel` (four rows a block) beats :func:`rows_times_kernel`
@@ -587,7 +589,7 @@ class OneThreadBlas:
 def _blas_step(a, b, out):
     """``np.dot(a, b, out)``, on one BLAS thread for a small product (see the module docstring)."""
     (m, k), n = a.shape, b.shape[1]
-    multithreaded = [lib for lib in blas_libraries() if lib.num_threads > 1]
+    multithreaded = [lib for lib in numpy_blas() if lib.num_threads > 1]
     if ONE_THREAD_FROM <= m * k * n < ONE_THREAD_BELOW and multithreaded:
         return OneThreadBlas(np.dot, multithreaded), (a, b, out)
     return np.dot, (a, b, out)
@@ -700,12 +702,11 @@ def build_matmul(node, ins, outs):
     """``out = op(a) @ op(b)`` (2-D; ``op`` = transpose when ``transpose_a``/``transpose_b``);
     with ``count_not_finite`` also ``outs[1][0]`` = the number of non-finite elements of out.
 
-    The steps of :func:`numba_steps` (the built-in rules: Numba loops where they were measured
-    faster, else BLAS) or of :func:`blas_steps` (BLAS alone), whichever ``tune`` measures faster
-    for the product's class on this machine (``MINIFLOW_MATMUL`` overrides): its dtypes,
-    transposes, counting and the powers of two at or above ``m``, ``k`` and ``n``. A half-type
-    product on a CPU with AMX also has oneMKL's (:func:`mkl_steps`, where ``mkl_gemm.offered``;
-    its class says ``amx``)."""
+    The steps of the candidate of :data:`CANDIDATES` (the built-in rules, :func:`numba_steps`;
+    BLAS alone, :func:`blas_steps`; BLAS on one thread; oneMKL's half-type GEMM on AMX,
+    :func:`mkl_steps`, where ``mkl_gemm.offered``, its class saying ``amx``) that ``tune``
+    measures fastest for the product's class on this machine (``MINIFLOW_MATMUL`` overrides):
+    its dtypes, transposes, counting and the powers of two at or above ``m``, ``k`` and ``n``."""
     a, b, out = ins[0], ins[1], outs[0]
     ta, tb = node.attrs.get("transpose_a", False), node.attrs.get("transpose_b", False)
     (m, n), k = out.shape, a.shape[0 if ta else 1]
@@ -713,9 +714,7 @@ def build_matmul(node, ins, outs):
     key = (f"{a.dtype.name}{'.T' if ta else ''} @ {b.dtype.name}{'.T' if tb else ''} -> "
            f"{out.dtype.name}{' counted' if len(outs) > 1 else ''} "
            f"m{_bucket(m)} k{_bucket(k)} n{_bucket(n)}{' amx' if mkl else ''}")
-    candidates = {"numba": numba_steps, "mkl": mkl_steps, "blas": blas_steps}
-    if not mkl:
-        del candidates["mkl"]
+    candidates = CANDIDATES if mkl else {k: v for k, v in CANDIDATES.items() if k != "mkl"}
     return tune.choose("matmul", key, node, ins, outs, candidates)
 
 
@@ -745,6 +744,17 @@ def blas_steps(node, ins, outs):
     a, b = _widened(a, steps), _widened(b, steps)
     steps.append(_blas_step(a.T if ta else a, b.T if tb else b, target))
     return steps + _into_out(target, outs)
+
+
+def blas_one_thread_steps(node, ins, outs):
+    """:func:`blas_steps` with BLAS on one thread (:class:`OneThreadBlas`) for the call, or None
+    where NumPy's BLAS has one thread anyway: on a machine whose other cores are busy, a threaded
+    BLAS waits for threads that are not scheduled, and the tuner measures whether it does."""
+    multithreaded = [lib for lib in numpy_blas() if lib.num_threads > 1]
+    if not multithreaded:
+        return None
+    return [(OneThreadBlas(fn, multithreaded), args) if fn is np.dot else (fn, args)
+            for fn, args in blas_steps(node, ins, outs)]
 
 
 def mkl_steps(node, ins, outs):
@@ -815,6 +825,63 @@ def numba_steps(node, ins, outs):
         steps.append(_product_step(a.T if ta else a, b.T if tb else b, target))
     return steps + _into_out(target, outs)
 
+
+def _layout(x) -> str:
+    """``C`` (C-contiguous), ``F`` (a transposed view of one) or ``S`` (other strides)."""
+    return "C" if x.flags.c_contiguous else "F" if x.flags.f_contiguous else "S"
+
+
+def _gemm_blas(node, ins, outs):
+    """A GEMM candidate: ``np.dot`` (``np.matmul`` for stacks) at the threads in force."""
+    a, b, out = ins[0], ins[1], outs[0]
+    return [(np.dot if a.ndim == 2 else np.matmul, (a, b, out))]
+
+
+def _gemm_blas_one_thread(node, ins, outs):
+    """A GEMM candidate: :func:`_gemm_blas` on one BLAS thread, or None where BLAS has one."""
+    multithreaded = [lib for lib in numpy_blas() if lib.num_threads > 1]
+    if not multithreaded:
+        return None
+    [(fn, args)] = _gemm_blas(node, ins, outs)
+    return [(OneThreadBlas(fn, multithreaded), args)]
+
+
+def _gemm_tile(node, ins, outs):
+    """A GEMM candidate: :func:`outer_block_kernel` where it computes the 2-D float32 product
+    (``_outer_fits``), else None."""
+    a, b, out = ins[0], ins[1], outs[0]
+    if a.ndim != 2 or out.dtype != np.float32 or not _outer_fits(a, b, out, False):
+        return None
+    return [(outer_block_kernel(use_parallel(out.size), False, "rows"),
+             (a, b, out, np.zeros(1, np.int64)))]
+
+
+GEMM_CANDIDATES = {"blas": _gemm_blas, "blas 1 thread": _gemm_blas_one_thread,
+                   "tile": _gemm_tile}
+"""The tuner's candidates for a GEMM of another kernel (:func:`gemm_steps`): BLAS, the built-in
+rule, first."""
+
+
+def gemm_steps(a, b, out) -> list:
+    """Steps for ``out = a @ b``, float32 or float64, 2-D (``np.dot``) or stacks of matrices
+    (``np.matmul``; Winograd's 16 products): the candidate of :data:`GEMM_CANDIDATES` ``tune``
+    measured fastest for the GEMM's class on this machine (its dtype, the powers of two at or
+    above ``m``, ``k``, ``n`` and the stack, each operand's layout, the threads in force). The
+    convolutions' im2col and Winograd GEMMs (``conv``) go through it.
+
+    Raises:
+        ValueError: ``MINIFLOW_MATMUL`` is not one of ``tune.MODES``."""
+    (m, k), n = a.shape[-2:], b.shape[-1]
+    stack = f"s{_bucket(a.shape[0])} " if a.ndim == 3 else ""
+    key = (f"{a.dtype.name} {stack}m{_bucket(m)} k{_bucket(k)} n{_bucket(n)} "
+           f"a{_layout(a)} b{_layout(b)} out{_layout(out)}")
+    return tune.choose("gemm", key, None, [a, b], [out], GEMM_CANDIDATES)
+
+
+CANDIDATES = {"numba": numba_steps, "blas": blas_steps, "blas 1 thread": blas_one_thread_steps,
+              "mkl": mkl_steps}
+"""The tuner's candidates for a product (``tune.choose``): the built-in rules first; one entry
+per candidate (``(node, ins, outs) -> steps``, or None where it does not apply)."""
 
 BUILDERS = {"matmul": build_matmul, "batch_matmul": batched(build_matmul)}
 """Op type -> builder."""

@@ -9,7 +9,7 @@ the Linux permission for the tile state (``arch_prctl(ARCH_REQ_XCOMP_PERM)``) th
 Sapphire Rapids core a 256 x 1024 x 1024 bfloat16 product runs at about 716 GFLOP/s there,
 against 146 for OpenBLAS's float32 sgemm; float16 (no AMX-FP16 on that CPU) at 137, as sgemm.
 
-:func:`gemm_step` is the product of the ``"mkl"`` candidate of ``tune.CHOICES["matmul"]``
+:func:`gemm_step` is the product of the ``"mkl"`` candidate of ``matmul.CANDIDATES``
 (``matmul.mkl_steps``), which :func:`offered` says is offered for a product of two bfloat16
 (float16) operands only where
 

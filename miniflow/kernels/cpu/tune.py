@@ -1,29 +1,37 @@
 """Kernel choices made by measurement on this machine, kept on disk: cuDNN's benchmark mode
 (``torch.backends.cudnn.benchmark``) and XLA's GEMM autotuner, for the CPU kernels.
 
-The choices are data: :data:`CHOICES` names, per kind of choice, its candidates, each a builder of
-the builder contract (``(node, ins, outs) -> steps``, ``runtime.backend.Backend``). The first is
-the one the built-in rules build (hand-set thresholds, measured on one machine), the last the
-library call (NumPy's BLAS). A builder with a choice to make calls :func:`choose` with the node's
-*class* (for a matmul: the shape bucket, dtypes, transposes and output; ``matmul.build_matmul``)
-and its candidates; the tuner answers with the winner's steps on the node's buffers:
+The candidates are data: a builder with a choice to make (``matmul.build_matmul``, the
+convolutions of ``conv``) calls :func:`choose` with the node's *class* (for a matmul: the shape
+bucket, dtypes, transposes and output) and an ordered dict of its candidates, each a builder of
+the builder contract (``(node, ins, outs) -> steps``, ``runtime.backend.Backend``, or None where
+that candidate does not apply to the node): the first is the built-in rules (hand-set
+thresholds, measured on one machine); one named :data:`PREFERRED` (``"blas"``) is the library
+call. Adding a candidate is one entry in that dict (``matmul.CANDIDATES``). The tuner answers
+with the winner's steps on the node's buffers:
 
 1. the first candidate's steps are built; the class is that key plus the kernels those steps
    call and the thread counts in force (Numba's, BLAS's), so a class holds products the rules
    treat alike, measured at the threads they run at;
-2. ``MINIFLOW_MATMUL=numba`` (``blas``) takes the first (last) candidate of every choice, with no
-   measuring (``mkl``: that candidate where offered, else the first); ``auto`` (the default)
-   looks the class up in the machine's file, then measures;
-3. measuring builds every candidate on sample arrays of the node's shapes and dtypes (random
-   values: ``np.empty``'s untouched pages all read the one zero page and would time as if in
-   cache), runs each once (compiling or loading its kernels: not counted), then times them in
-   interleaved rounds (at least ``MIN_ROUNDS``, at most ``MAX_ROUNDS``, fewer once
-   ``CLASS_BUDGET_S`` is spent) and takes the lowest median; a candidate wins over an earlier one
-   only by more than ``TIE`` (so that two runs on a noisy machine choose alike where it hardly
-   matters). Candidates whose steps call the same kernels are one: nothing is measured;
+2. ``MINIFLOW_MATMUL=numba`` (``blas``, ``mkl``) takes the candidate of that name where it
+   applies, else the first, with no measuring; ``auto`` (the default) looks the class up in the machine's file, then measures;
+3. measuring builds every candidate on sample arrays of the node's shapes, dtypes and strides
+   (a transposed view stays a transposed view; random values: ``np.empty``'s untouched pages
+   all read the one zero page and would time as if in cache), runs each once (compiling or
+   loading its kernels: not counted), then times them in interleaved rounds (at least
+   ``MIN_ROUNDS``, at most ``MAX_ROUNDS``, fewer once ``CLASS_BUDGET_S`` is spent; each timed
+   sample repeats a short candidate to about ``SAMPLE_S``) and compares medians: by the CPU
+   time of the calling thread when Numba and BLAS run one thread (time the machine gave other
+   processes is not counted, so a choice made under load is the one an idle machine makes),
+   else by wall time. The :data:`PREFERRED` candidate (else the first) wins unless another's
+   median beats it by more than ``MARGIN`` (then the fastest such one): so that runs on a noisy
+   machine choose alike where it hardly matters, and the library call, whose speed holds on
+   every CPU, keeps what it does not clearly lose. Candidates whose steps call the same kernels
+   are one (the first of them is timed); if all are one, nothing is measured;
 4. each new model (a plan being built: ``Backend.begin_plan``) may spend at most ``BUDGET_S``
-   seconds of timed runs measuring; past it, its new classes take the rules' candidate for this
-   process and are measured by a later one.
+   seconds of timed runs measuring; past it, its new classes take, for this process, the
+   candidate most cached classes of their kind at their thread counts chose (none cached: the
+   rules'; :meth:`Tuner.usual`), and are measured by a later one.
 
 The file: ``tuning-<digest>.json`` in ``$NUMBA_CACHE_DIR/miniflow_tuning`` (or
 ``miniflow_tuning`` in Numba's user-wide cache folder when ``NUMBA_CACHE_DIR`` is not set), the
@@ -60,21 +68,21 @@ import numba
 import numpy as np
 
 from ... import distributed
-from .common import blas_libraries
+from .common import numpy_blas
 
-__all__ = ["CHOICES", "ENV", "MODES", "FORMAT", "MAX_CHOICES", "BUDGET_S", "CLASS_BUDGET_S",
-           "MIN_ROUNDS", "MAX_ROUNDS", "TIE", "Tuner", "TUNER", "choose", "machine", "mode",
-           "folder", "describe", "numpy_blas", "begin_model"]
+__all__ = ["PREFERRED", "ENV", "MODES", "FORMAT", "MAX_CHOICES", "BUDGET_S", "CLASS_BUDGET_S",
+           "MIN_ROUNDS", "MAX_ROUNDS", "SAMPLE_S", "MARGIN", "Tuner", "TUNER", "choose",
+           "machine", "mode", "folder", "describe", "numpy_blas", "begin_model"]
 
-CHOICES = {"matmul": ("numba", "mkl", "blas")}
-"""Kind of choice -> its candidates' names: the built-in rules' first, the library call last;
-those between are offered only where they run (``mkl``: half types on AMX, ``mkl_gemm``)."""
+PREFERRED = "blas"
+"""The candidate that wins unless another beats it by ``MARGIN``: the library call."""
 ENV = "MINIFLOW_MATMUL"
-"""The override: ``auto`` (measure; the default), ``numba`` (every choice's first candidate, the
-built-in rules), ``blas`` (the last, the library call) or ``mkl`` (that candidate where it is
-offered, else the first)."""
+"""The override: ``auto`` (measure; the default), ``numba`` (the built-in rules: every choice's
+first candidate, or the one named ``numba``), ``blas`` (the one named ``blas``, else the first:
+a convolution's GEMMs are BLAS in every candidate) or ``mkl`` (oneMKL's half-type GEMM where it
+is offered, ``matmul.mkl_steps``, else the first)."""
 MODES = ("auto", "numba", "blas", "mkl")
-FORMAT = "miniflow-tuning-1"
+FORMAT = "miniflow-tuning-2"
 """The file's ``format`` field; a file with another is ignored (and replaced)."""
 MAX_CHOICES = 512
 """Classes a file keeps (a model has a few dozen; about 100 bytes each)."""
@@ -82,10 +90,14 @@ BUDGET_S = 2.0
 """Seconds of timed runs one model (plan) spends measuring, at most (then the rules choose)."""
 CLASS_BUDGET_S = 0.25
 """Seconds of timed runs after which a class's measurement stops at ``MIN_ROUNDS`` rounds."""
-MIN_ROUNDS, MAX_ROUNDS = 3, 9
-"""Interleaved rounds (one timed run of every candidate each) per class."""
-TIE = 0.02
-"""Relative margin a later candidate's median must beat an earlier one's by to win."""
+MIN_ROUNDS, MAX_ROUNDS = 5, 11
+"""Interleaved rounds (one timed sample of every candidate each) per class."""
+SAMPLE_S = 1e-3
+"""Seconds a timed sample lasts at least: a candidate faster than that is run several times per
+sample (as many as the slowest candidate's warm-up run fits), so that a few-microsecond product
+is not timed by one call's jitter."""
+MARGIN = 0.05
+"""Relative margin by which a candidate's median must beat the preferred one's to win."""
 
 
 def mode() -> str:
@@ -114,17 +126,6 @@ def _cpu_model() -> str:
     except OSError:
         pass
     return platform.processor() or platform.machine()
-
-
-def numpy_blas() -> list:
-    """threadpoolctl's controllers of the BLAS that ``np.dot`` calls: those loaded from NumPy's
-    own folders (a wheel's ``numpy.libs``), else every BLAS loaded (a NumPy linked to the
-    system's). Another package's BLAS (SciPy's, loaded by scikit-learn) is not NumPy's."""
-    site = os.path.dirname(os.path.dirname(os.path.abspath(np.__file__)))
-    libs = blas_libraries()
-    own = [lib for lib in libs if os.path.abspath(lib.filepath).startswith(
-        (os.path.join(site, "numpy") + os.sep, os.path.join(site, "numpy.libs") + os.sep))]
-    return own or libs
 
 
 def machine() -> dict:
@@ -164,10 +165,24 @@ def _notice(kind: str, text: str) -> None:
 
 
 def _wall_time(name: str, run) -> float:
-    """Seconds ``run()`` takes (``time.perf_counter``); the default timer of :class:`Tuner`."""
+    """Seconds ``run()`` takes (``time.perf_counter``): :class:`Tuner`'s timer where Numba or
+    BLAS runs more than one thread."""
     t0 = time.perf_counter()
     run()
     return time.perf_counter() - t0
+
+
+def _cpu_time(name: str, run) -> float:
+    """CPU seconds of the calling thread during ``run()`` (``time.thread_time``): :class:`Tuner`'s
+    timer where Numba and BLAS run one thread (every kernel runs on the calling thread)."""
+    t0 = time.thread_time()
+    run()
+    return time.thread_time() - t0
+
+
+def _threads() -> tuple:
+    """``(Numba's threads, the most threads of NumPy's BLAS)`` in force."""
+    return numba.get_num_threads(), max((lib.num_threads for lib in numpy_blas()), default=1)
 
 
 def _run(steps) -> None:
@@ -193,14 +208,20 @@ def _kernels(steps) -> str:
 
 
 def _samples(arrays, rng) -> list:
-    """Arrays of ``arrays``' shapes and dtypes: floats drawn uniformly from [-1, 1), others 0."""
+    """Arrays of ``arrays``' shapes, dtypes and strides (views into a fresh buffer as big as the
+    span the original's strides reach: a transposed view or a block of a bigger matrix is read
+    as the plan reads it): floats drawn uniformly from [-1, 1), others 0."""
     out = []
     for a in arrays:
-        if a.dtype.kind == "f" or a.dtype.itemsize == 2 and a.dtype.kind == "V":
-            x = rng.random(a.shape, dtype=np.float32)
-            out.append((2 * x - 1).astype(a.dtype))
-        else:
+        if a.size == 0 or any(s < 0 for s in a.strides):
             out.append(np.zeros(a.shape, a.dtype))
+            continue
+        span = sum((n - 1) * s for n, s in zip(a.shape, a.strides)) // a.itemsize + 1
+        if a.dtype.kind == "f" or a.dtype.itemsize == 2 and a.dtype.kind == "V":
+            flat = (2 * rng.random(span, dtype=np.float32) - 1).astype(a.dtype)
+        else:
+            flat = np.zeros(span, a.dtype)
+        out.append(np.lib.stride_tricks.as_strided(flat, a.shape, a.strides))
     return out
 
 
@@ -210,8 +231,9 @@ class Tuner:
     Args:
         path: the tuning file (default: :func:`folder`'s file for :func:`machine`), read on first
             use.
-        timer: ``timer(name, run) -> seconds``: calls ``run()`` (one run of candidate ``name``'s
-            steps) and says how long it took (default: wall time; tests pass a fake one).
+        timer: ``timer(name, run) -> seconds``: calls ``run()`` (one timed sample of candidate
+            ``name``'s steps) and says how long it took (default: the calling thread's CPU time
+            at one thread, else wall time; tests pass a fake one).
     """
 
     def __init__(self, path: str | None = None, timer=None):
@@ -220,7 +242,7 @@ class Tuner:
             digest = hashlib.sha256(json.dumps(self.machine, sort_keys=True).encode())
             path = os.path.join(folder(), f"tuning-{digest.hexdigest()[:16]}.json")
         self.path = path
-        self.timer = timer or _wall_time
+        self.timer = timer
         self.choices: dict | None = None
         self.in_memory = False
         """True once the file could not be written: choices live in this process only."""
@@ -298,76 +320,86 @@ class Tuner:
         self.choices = merged
 
     # ------------------------------------------------------------------ choosing
-    def decide(self, kind: str, key: str, node, ins, outs, candidates: dict, first) -> str:
-        """The name of ``kind``'s candidate for class ``key`` (see the module docstring):
-        cached, or measured now (and written to the file), or the first one past the budget."""
+    def decide(self, key: str, node, ins, outs, candidates: dict, first) -> str:
+        """The name of the candidate for class ``key`` (see the module docstring): cached, or
+        measured now (and written to the file), or past the budget :meth:`usual`."""
         names = list(candidates)
         known = self.load().get(key)
         if known in names:
             return known
         if self.spent >= BUDGET_S:
-            return names[0]
+            return self.usual(key, names)
         winner, measured = self.measure(node, ins, outs, candidates, first)
         if measured:
             self.choices[key] = winner
             self._save()
         return winner
 
+    def usual(self, key: str, names: list) -> str:
+        """The candidate of ``names`` that most cached classes of ``key``'s kind at its thread
+        counts chose (ties and none: the first, the rules): the guess for a class the budget
+        leaves unmeasured (a threaded BLAS that loses on this machine loses on most classes)."""
+        kind, threads = key.split(" ", 1)[0] + " ", " | " + key.rsplit(" | ", 1)[-1]
+        votes = [name for k, name in self.load().items()
+                 if k.startswith(kind) and k.endswith(threads) and name in names]
+        return max(names, key=lambda name: (votes.count(name), -names.index(name)))
+
     def measure(self, node, ins, outs, candidates: dict, first) -> tuple:
         """``(winner, measured)``: every candidate built on sample arrays and timed (module
         docstring); ``measured`` is False when their steps call the same kernels (the first
         wins; nothing is timed). ``first``: the first candidate's steps on the real buffers."""
-        names = list(candidates)
         rng = np.random.default_rng(0)
         sample_ins = _samples(ins, rng)
-        built = {}
-        for name in names:
-            sample_outs = [np.empty(o.shape, o.dtype) for o in outs]
-            built[name] = candidates[name](node, sample_ins, sample_outs)
-        if len({_kernels(s) for s in built.values()}) == 1 and _kernels(first) == _kernels(
-                built[names[0]]):
+        built, seen = {}, {}
+        for name, build in candidates.items():
+            steps = build(node, sample_ins, _samples(outs, rng))
+            if steps is not None and seen.setdefault(_kernels(steps), name) == name:
+                built[name] = steps      # candidates calling the same kernels: the first only
+        names = list(built)
+        if len(names) == 1 and _kernels(first) == _kernels(built[names[0]]):
             return names[0], False
+        timer = self.timer or (_cpu_time if _threads() == (1, 1) else _wall_time)
+        slowest = 0.0
         for name in names:      # warm up (not counted): compile or load kernels, touch pages
+            t0 = time.perf_counter()
             _run(built[name])
+            slowest = max(slowest, time.perf_counter() - t0)
+        reps = int(min(100, max(1, SAMPLE_S // max(slowest, 1e-7))))
         times = {name: [] for name in names}
         class_spent = 0.0
         for r in range(MAX_ROUNDS):
             if r >= MIN_ROUNDS and class_spent >= CLASS_BUDGET_S:
                 break
             for name in names if r % 2 == 0 else names[::-1]:
-                t = self.timer(name, lambda s=built[name]: _run(s))
+                t = timer(name, lambda s=built[name]: [_run(s) for _ in range(reps)])
                 times[name].append(t)
                 class_spent += t
         self.spent += class_spent
         self.measured += 1
-        winner = names[0]
-        for name in names[1:]:
-            if np.median(times[name]) * (1 + TIE) < np.median(times[winner]):
-                winner = name
-        return winner, True
+        median = {name: float(np.median(t)) for name, t in times.items()}
+        preferred = PREFERRED if PREFERRED in median else names[0]
+        faster = [n for n in names if median[n] * (1 + MARGIN) < median[preferred]]
+        return (min(faster, key=median.get) if faster else preferred), True
 
     def choose(self, kind: str, key: str, node, ins, outs, candidates: dict) -> list:
         """The steps of the chosen candidate on the node's buffers (module docstring)."""
-        names = CHOICES[kind]
-        if (tuple(candidates) != tuple(n for n in names if n in candidates)
-                or names[0] not in candidates or names[-1] not in candidates):
-            raise ValueError(f"tune.choose: {kind!r} has the candidates {names} (the first and "
-                             f"last always), got {tuple(candidates)}")
         how = mode()
+        first = next(iter(candidates))
         if how != "auto":
-            how = {"numba": names[0], "blas": names[-1]}.get(how, how)
-            return candidates[how if how in candidates else names[0]](node, ins, outs)
-        first = candidates[names[0]](node, ins, outs)
-        key = (f"{kind} {key} | {_kernels(first)} | threads {numba.get_num_threads()}/"
-               f"{max((lib.num_threads for lib in numpy_blas()), default=1)}")
+            steps = candidates[how](node, ins, outs) if how in candidates else None
+            return steps if steps is not None else candidates[first](node, ins, outs)
+        steps = candidates[first](node, ins, outs)
+        numba_threads, blas_threads = _threads()
+        key = f"{kind} {key} | {_kernels(steps)} | threads {numba_threads}/{blas_threads}"
         if self.collective and distributed.is_initialized() and distributed.world_size() > 1:
-            name = (self.decide(kind, key, node, ins, outs, candidates, first)
+            name = (self.decide(key, node, ins, outs, candidates, steps)
                     if distributed.rank() == 0 else None)
             name = distributed.broadcast_object(name, f"the kernel choice for {key}")
             self.load()[key] = name
         else:
-            name = self.decide(kind, key, node, ins, outs, candidates, first)
-        return first if name == names[0] else candidates[name](node, ins, outs)
+            name = self.decide(key, node, ins, outs, candidates, steps)
+        chosen = None if name == first else candidates[name](node, ins, outs)
+        return steps if chosen is None else chosen
 
     def describe(self) -> list:
         """Lines for ``miniflow info``: the file and every cached choice."""
@@ -391,13 +423,13 @@ def _tuner() -> Tuner:
 
 
 def choose(kind: str, key: str, node, ins, outs, candidates: dict) -> list:
-    """The steps of ``kind``'s chosen candidate for ``node`` on its buffers ``ins`` / ``outs``:
-    ``candidates`` maps each of ``CHOICES[kind]``, in order, to its builder; ``key`` describes
-    the node's class (module docstring).
+    """The steps of the chosen candidate for ``node`` on its buffers ``ins`` / ``outs``:
+    ``candidates`` maps names to builders (``(node, ins, outs) -> steps``, or None where the
+    candidate does not apply), the built-in rules first, the first never None; ``kind`` (the
+    op family, ``"matmul"``) and ``key`` describe the node's class (module docstring).
 
     Raises:
-        ValueError: ``MINIFLOW_MATMUL`` is not one of :data:`MODES`; ``candidates`` are not
-            ``CHOICES[kind]``.
+        ValueError: ``MINIFLOW_MATMUL`` is not one of :data:`MODES`.
     """
     return _tuner().choose(kind, key, node, ins, outs, candidates)
 
