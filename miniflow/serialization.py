@@ -28,6 +28,9 @@ finite ``float``                       a JSON number (Python's shortest round-tr
 NumPy scalar (``np.float32(1)``)       the same with ``"scalar": true``
 =====================================  ==================================================
 
+Reproducible: one state saves to the same bytes in every process and on every run (the metadata
+keys in sorted order), so a checkpoint's checksum identifies its contents.
+
 Integrity: every placeholder holds the SHA-256 of its array's bytes, dtype and shape, and the
 metadata holds the SHA-256 of the tree (``miniflow.tree_sha256``): :func:`load` checks all of
 them, so an edited or truncated file raises :class:`CheckpointError` naming the file and the key.
@@ -110,7 +113,23 @@ def save(state, path) -> None:
     tree_json = json.dumps(tree, allow_nan=False, separators=(",", ":"))
     metadata = {_FORMAT_KEY: FORMAT_VERSION, _TREE_KEY: tree_json,
                 _TREE_HASH_KEY: hashlib.sha256(tree_json.encode()).hexdigest()}
-    _write_atomic(target, safetensors.numpy.save(tensors, metadata=metadata))
+    _write_atomic(target, _canonical(safetensors.numpy.save(tensors, metadata=metadata)))
+
+
+def _canonical(data: bytes) -> bytes:
+    """``data`` (a safetensors file) with its metadata keys in sorted order, so that one state
+    saves to the same bytes in every process. safetensors (0.8.0 and earlier) writes the metadata
+    from a Rust ``HashMap`` in its randomly seeded order (safetensors issue 584): the same state
+    saved twice differed in the order of the three keys, and so in every file checksum. The
+    tensor entries keep safetensors' order (that of their data); the header is padded with spaces
+    to a multiple of 8 bytes, as safetensors pads it."""
+    n = int.from_bytes(data[:8], "little")
+    header = json.loads(data[8:8 + n])
+    header["__metadata__"] = dict(sorted(header["__metadata__"].items()))
+    text = json.dumps({"__metadata__": header.pop("__metadata__"), **header},
+                      ensure_ascii=False, separators=(",", ":")).encode()
+    text += b" " * (-len(text) % 8)
+    return len(text).to_bytes(8, "little") + text + data[8 + n:]
 
 
 def _target(path) -> str:

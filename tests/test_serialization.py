@@ -235,6 +235,26 @@ def test_a_model_state_dict_is_stored_under_its_own_keys(tmp_path):
         assert plain[k].tobytes() == v.tobytes()
 
 
+def test_one_state_saves_to_the_same_bytes_every_time(tmp_path):
+    """safetensors writes its metadata in a per-map random order (a Rust HashMap): eight saves
+    of one state gave up to eight different files before save sorted the keys (issue 23:
+    `miniflow train --save` looked non-deterministic by its MD5, the weights were identical)."""
+    model = _mlp()
+    files = set()
+    for i in range(8):
+        save(model.state_dict(), tmp_path / f"{i}.safetensors")
+        files.add((tmp_path / f"{i}.safetensors").read_bytes())
+    assert len(files) == 1
+    data = files.pop()
+    n = int.from_bytes(data[:8], "little")
+    header = json.loads(data[8:8 + n])
+    assert n % 8 == 0 and list(header)[0] == "__metadata__"
+    assert list(header["__metadata__"]) == sorted(header["__metadata__"])
+    plain = safetensors.numpy.load_file(tmp_path / "0.safetensors")
+    for k, v in model.state_dict().items():
+        assert plain[k].tobytes() == v.tobytes()
+
+
 def test_a_nested_state_is_stored_under_dotted_paths(tmp_path):
     model = _mlp()
     opt = mf.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
