@@ -587,7 +587,13 @@ class Graph:
         return [p.name for p in params[:n]] + [f"input{i}" for i in range(len(params), n)]
 
     def _compile_context(self, param_names) -> CompileContext:
+        seen = set()
         for opt in self._optimizers:
+            if seen & {id(p) for p in opt.params}:   # a group added after add_optimizer
+                raise ValueError(f"{type(self).__name__}: a parameter of {type(opt).__name__} is "
+                                 "also trained by another optimizer of the graph (its update "
+                                 "would run twice)")
+            seen.update(id(p) for p in opt.params)
             for i, p in enumerate(opt.params):
                 if id(p) not in param_names:
                     raise ValueError(

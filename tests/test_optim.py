@@ -150,8 +150,13 @@ LAST = 3  # the last parameter (model.2.bias): earlier ones would be assigned fi
     (_sgd, _set(("param_groups", 0, "dampening"), 0.5), KeyError,
      r"unknown hyper-parameters \['dampening'\]"),
     (_sgd, _set(("param_groups", 0, "params"), [0, 1]), ValueError,
-     r"'params'\] is \[0, 1\], expected \[0, 1, 2, 3\]"),
-    (_sgd, _set(("param_groups",), lambda g: g * 2), ValueError, "a list of one dict"),
+     r"doesn't match the size of optimizer's group: param_groups\[0\]\['params'\] is \[0, 1\], "
+     "expected 4 indices"),
+    (_sgd, _set(("param_groups", 0, "params"), [0, 1, 2, 4]), ValueError,
+     r"'params'\] is \[0, 1, 2, 4\], expected \[0, 1, 2, 3\]"),
+    (_sgd, _set(("param_groups",), lambda g: g * 2), ValueError,
+     r"different number of parameter groups \(2; this optimizer has 1\)"),
+    (_sgd, _set(("param_groups",), lambda g: [g[0], 1]), ValueError, "a list of dicts"),
     (_sgd, _set(("state",), lambda s: {k: s[k] for k in (0, 1)}), ValueError,
      "each of the 4 parameter indices"),
     (_adam, _set(("state", LAST, "step"), np.array([-1])), ValueError,
@@ -228,7 +233,7 @@ def test_optimizer_copies_are_complete_and_independent(clone):
         for k, v in s.items():
             np.testing.assert_array_equal(sd_2["state"][i][k], v)
     group = opt_2.param_groups[0]
-    assert group["params"] is opt_2.params
+    assert all(p is q for p, q in zip(group["params"], opt_2.params))
     with pytest.raises(ValueError, match="Adam: lr must be finite"):
         group["lr"] = -1.0
     group["lr"] = 0.02  # the copy's own learning-rate array
