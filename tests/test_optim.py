@@ -142,7 +142,7 @@ LAST = 3  # the last parameter (model.2.bias): earlier ones would be assigned fi
     (_sgd, _set(("state", LAST, "momentum_buffer"), np.array([0.0, 1e39, 1.0])), ValueError,
      r"must be finite; element \[1\] is 1e\+39"),
     (_sgd, _set(("state", LAST), {}), KeyError,
-     r"missing state\[3\]\['momentum_buffer'\]; every parameter needs \['momentum_buffer'\]"),
+     r"missing state\[3\]\['momentum_buffer'\]; parameter 3 needs \['momentum_buffer'\]"),
     (_sgd, _set(("param_groups", 0, "lr"), -1.0), ValueError,
      r"SGD.load_state_dict: param_groups\[0\]: SGD: lr must be finite .*got -1.0"),
     (_sgd, _set(("param_groups", 0, "momentum"), "0.9"), TypeError,

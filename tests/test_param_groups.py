@@ -10,6 +10,8 @@ import pytest
 import miniflow as mf
 from miniflow import nn
 
+from graph_cases import MseFit
+
 _R = np.random.default_rng(5)
 _X = _R.standard_normal((20, 16, 6)).astype(np.float32)
 _Y = _R.standard_normal((20, 16, 3)).astype(np.float32)
@@ -24,19 +26,6 @@ class _Net(nn.Module):
 
     def forward(self, x):
         return self.fc2(self.fc1(x).relu())
-
-
-class _Fit(nn.Graph):
-    def __init__(self, model, opt):
-        super().__init__()
-        self.model = model
-        self.add_optimizer(opt)
-
-    def build(self, x, y):
-        d = self.model(x) - y
-        loss = (d * d).mean()
-        loss.backward()
-        return loss
 
 
 def _net():
@@ -67,7 +56,7 @@ def _miniflow(make, extra, steps=STEPS, schedule=True, add_at=None):
     groups = _groups(net, extra)
     opt = make(mf.optim, groups if add_at is None else groups[:1])
     sched = mf.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=steps) if schedule else None
-    fit = _Fit(net, opt)
+    fit = MseFit(net, opt)
     for k in range(steps):
         if k == add_at:
             opt.add_param_group(groups[1])
@@ -230,7 +219,7 @@ def test_a_param_added_to_a_group_of_another_optimizer_of_the_graph_is_refused()
     a = mf.optim.SGD([net.fc1.weight, net.fc1.bias], lr=0.1)
     b = mf.optim.SGD([net.fc2.weight, net.fc2.bias], lr=0.1)
 
-    class Two(_Fit):
+    class Two(MseFit):
         def __init__(self):
             super().__init__(net, a)
             self.add_optimizer(b)

@@ -578,8 +578,8 @@ class Optimizer:
         try:
             value = st[i][key]
         except (KeyError, IndexError, TypeError):
-            raise KeyError(f"{where}: missing {what}; every parameter needs "
-                           f"{list(self.state_names)}") from None
+            raise KeyError(f"{where}: missing {what}; parameter {i} needs "
+                           f"{list(self.state[i])}") from None
         if isinstance(value, Tensor):
             value = value.numpy()
         a = np.asarray(value)
