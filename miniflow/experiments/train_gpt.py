@@ -39,8 +39,11 @@ __all__ = ["GPT_DEFAULTS", "TrainGPT", "EvalGPT", "train_gpt", "generate"]
 GPT_DEFAULTS = dict(epochs=6, steps_per_epoch=250, batch_size=32, block_size=64, n_layer=2,
                     n_head=4, n_embd=96, dropout=0.0, lr=3e-3, weight_decay=0.1,
                     lr_schedule="warmup-cosine", eval_batches=20)
-"""The recipe ``miniflow train --model gpt`` uses unless told otherwise (sized for a few minutes
-on two cores)."""
+"""The recipe ``miniflow train --model gpt`` uses unless told otherwise: 1500 AdamW updates of
+batch 32 x 64 characters on a 2-layer, 4-head, 96-wide GPT (245,760 parameters), lr 3e-3 with a
+75-step linear warm-up and cosine decay. Measured (``benchmarks/gpt_recipe.py``, README there):
+float32 validation loss 1.4805 nats/char, 0.467 of the unigram model's 3.1709 (0.49 after 1000
+updates), in 526 CPU seconds: at most 526 s (8.8 min) of wall time on 2 idle cores."""
 
 
 class TrainGPT(nn.Graph):
