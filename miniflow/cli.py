@@ -161,14 +161,15 @@ def _train(args) -> int:
     from .experiments.train import ResumeError, TrainingInterrupted, train_digits
     from .extras import MissingExtraError
     from .serialization import CheckpointError, check_save_path
-    if args.model == "gpt":
-        from .cli_gpt import train_gpt_command
-        return train_gpt_command(args, choose_backend("train", args.backend))
+    threads = None
     if args.ddp:
         distributed.init()
         threads = _pin_threads(distributed.local_world_size())
     first = not args.ddp or distributed.rank() == 0
     line = choose_backend("train", args.backend)
+    if args.model == "gpt":
+        from .cli_gpt import train_gpt_command
+        return train_gpt_command(args, line if first else None, threads)
     if first:
         print(line, flush=True)
     try:
@@ -183,7 +184,7 @@ def _train(args) -> int:
                          lr_schedule=args.lr_schedule, hidden=args.hidden or 128,
                          seed=args.seed, progress=not args.no_progress,
                          accumulate=args.accumulate, clip_norm=args.clip_norm,
-                         amp=args.amp is not None, checkpoint=args.checkpoint,
+                         amp=args.amp, checkpoint=args.checkpoint,
                          resume=args.resume, checkpoint_every=args.checkpoint_every or 100,
                          ddp=args.ddp, logdir=args.logdir)
     except (ResumeError, CheckpointError, OSError, MissingExtraError) as e:
@@ -229,6 +230,7 @@ def _print_training(r: dict, args, threads: int | None) -> None:
 
 def _model_line(model: str, recipe, args) -> str:
     """``model: lenet, 1 epoch of SGD (lr 0.05, ...), float32``: the settings of the run."""
+    from .experiments.train import AMP_LINES
     epochs = f"{recipe.epochs} epoch{'' if recipe.epochs == 1 else 's'}"
     batch = f"batch {recipe.batch_size}"
     if args.accumulate > 1:
@@ -237,7 +239,7 @@ def _model_line(model: str, recipe, args) -> str:
     clip = "" if args.clip_norm is None else f", gradients clipped to an L2 norm of {args.clip_norm:g}"
     return (f"model: {model}, {epochs} of SGD (lr {recipe.lr:g}, {recipe.lr_schedule} schedule, "
             f"momentum {recipe.momentum:g}, weight decay {recipe.weight_decay:g}, {batch}{clip}), "
-            + ("AMP (float16) with a dynamic loss scale" if args.amp else "float32"))
+            + AMP_LINES[args.amp])
 
 
 def _pin_threads(local_ranks: int) -> int:
@@ -365,9 +367,6 @@ def _check_train_args(args) -> None:
     if args.model == "gpt":
         from .cli_gpt import check_gpt_args
         return check_gpt_args(args)
-    if args.amp == "bf16":
-        args.parser.error(f"--amp bf16: --model {args.model} trains with float16 AMP only so "
-                          f"far (bf16 is --model gpt's); use --amp fp16")
     from .experiments.train import RECIPES
     batch = args.batch_size or RECIPES[args.model].batch_size
     if batch % args.accumulate:
@@ -408,7 +407,7 @@ def _add_train(sub) -> None:
                    "--model mlp only)")
     t.add_argument("--amp", nargs="?", const="fp16", choices=("fp16", "bf16"),
                    help="mixed precision: fp16 (the default of a bare --amp) with a dynamic "
-                        "GradScaler, or bf16 (--model gpt) (default: float32)")
+                        "GradScaler, or bf16 without loss scaling (default: float32)")
     t.add_argument("--seed", type=_seed, default=0, help="any integer >= 0 (default 0)")
     t.add_argument("--no-progress", action="store_true", help="no progress bar")
     _add_train_run_options(t)

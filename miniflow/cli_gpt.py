@@ -25,8 +25,6 @@ def add_gpt_arguments(parser, positive, real) -> None:
 
 def check_gpt_args(args) -> None:
     """Usage errors of ``--model gpt`` (exit code 2)."""
-    if args.ddp:
-        args.parser.error("--model gpt: --ddp is not supported yet (train it on one rank)")
     if args.momentum is not None:
         args.parser.error("--model gpt trains with AdamW: --momentum does not apply")
     if args.sample < 0:
@@ -38,14 +36,16 @@ def check_gpt_args(args) -> None:
                           f"{args.accumulate} (equal micro-batches)")
 
 
-def train_gpt_command(args, backend_line: str) -> int:
+def train_gpt_command(args, backend_line: str | None, threads: int | None = None) -> int:
     """Run ``miniflow train --model gpt`` with ``args``; prints the backend line, the validation
-    loss per epoch, the result and the sample. A checkpoint that cannot be used is a message
-    and exit code 2."""
-    from .experiments.train import ResumeError
+    loss per epoch, the result and the sample (under ``--ddp`` rank 0 alone: the other ranks
+    get ``backend_line`` None; ``threads``: each rank's thread count). A checkpoint that cannot
+    be used is a message and exit code 2."""
+    from .experiments.train import AMP_LINES, ResumeError
     from .experiments.train_gpt import train_gpt
     from .serialization import CheckpointError
-    print(backend_line, flush=True)
+    if backend_line is not None:
+        print(backend_line, flush=True)
     try:
         r = train_gpt(epochs=args.epochs, steps_per_epoch=args.steps_per_epoch,
                       batch_size=args.batch_size, block_size=args.block_size, lr=args.lr,
@@ -54,16 +54,20 @@ def train_gpt_command(args, backend_line: str) -> int:
                       seed=args.seed, checkpoint=args.checkpoint, resume=args.resume,
                       checkpoint_every=args.checkpoint_every or 100, sample=args.sample,
                       temperature=args.temperature, top_k=args.top_k,
-                      progress=not args.no_progress)
+                      progress=not args.no_progress, ddp=args.ddp)
     except (ResumeError, CheckpointError, OSError) as e:
         print(f"miniflow train: {e}", file=sys.stderr)
         return 2
+    if r["rank"] != 0:
+        return 0
     c = r["config"]
     print(f"model: gpt ({c['n_layer']} layers, {c['n_head']} heads, {c['n_embd']} wide, context "
           f"{c['block_size']}, {r['parameters']} parameters), {r['steps']} AdamW updates (lr "
           f"{c['lr']:g}, {c['lr_schedule']} schedule, weight decay {c['weight_decay']:g}, batch "
-          f"{c['batch_size']}), " + {None: "float32", "fp16": "AMP float16 with a dynamic loss "
-                                     "scale", "bf16": "AMP bfloat16"}[args.amp])
+          f"{c['batch_size']}), " + AMP_LINES[args.amp])
+    if args.ddp:
+        print(f"data parallel: world size {r['world_size']}, batch {c['batch_size']} per rank "
+              f"({c['batch_size'] * r['world_size']} per step), {threads} thread(s) per rank")
     if r["resumed_from"] is not None:
         print(f"resumed from step {r['resumed_from']} ({r['checkpoint']})")
     if r["val_losses"]:

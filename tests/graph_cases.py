@@ -1,13 +1,13 @@
 """Small training graphs shared by the test files of several subsystems (the optimizer, the
 grad scaler, nn.Graph, the IR printer): a one-optimizer cross-entropy step, its data and a
-4-8-3 MLP."""
+4-8-3 MLP, and a least-squares step."""
 import numpy as np
 
 import miniflow as mf
 from miniflow import nn
 from miniflow.experiments.mlp import mlp
 
-__all__ = ["Step", "xy", "small_mlp", "param_arrays"]
+__all__ = ["Step", "MseFit", "xy", "small_mlp", "param_arrays"]
 
 
 class Step(nn.Graph):
@@ -24,6 +24,22 @@ class Step(nn.Graph):
 
     def build(self, x, y):
         loss = nn.functional.cross_entropy(self.model(x), y)
+        loss.backward()
+        return loss
+
+
+class MseFit(nn.Graph):
+    """One optimizer step of ``model`` on the mean squared error ``mean((model(x) - y)^2)``
+    (the optimizer trajectory tests' least-squares fits)."""
+
+    def __init__(self, model, opt):
+        super().__init__()
+        self.model = model
+        self.add_optimizer(opt)
+
+    def build(self, x, y):
+        d = self.model(x) - y
+        loss = (d * d).mean()
         loss.backward()
         return loss
 

@@ -81,6 +81,14 @@ def run_mpi(script: str, n: int, out: Path, *args, timeout: float = 120, env=Non
     return finish(launch(script, n, out, *args, env=env), timeout)
 
 
+def run_cli(n: int, cwd: Path, *args, timeout: float = 300) -> subprocess.CompletedProcess:
+    """``mpiexec -n n python -m miniflow *args`` in ``cwd``, to its end (killed after
+    ``timeout`` seconds, failing the test): its return code, stdout and stderr."""
+    cmd = [find_mpiexec(), "-n", str(n), sys.executable, "-m", "miniflow", *map(str, args)]
+    return subprocess.run(cmd, capture_output=True, text=True, env=child_env(), timeout=timeout,
+                          stdin=subprocess.DEVNULL, cwd=cwd)
+
+
 def rank_results(out: Path, n: int) -> list[dict]:
     """The ``rank<r>.json`` every rank wrote."""
     return [json.loads((out / f"rank{r}.json").read_text()) for r in range(n)]

@@ -22,7 +22,8 @@ from miniflow.ops import get_op
 from miniflow.passes.data_parallel import DataParallelState
 from miniflow.passes.pipeline import CompileContext, CompileSettings, passes_for
 
-from mpi_harness import child_env, find_mpiexec, kill_a_rank, rank_results, requires_mpi, run_mpi
+from mpi_harness import (child_env, find_mpiexec, kill_a_rank, rank_results, requires_mpi,
+                         run_cli, run_mpi)
 
 X = np.random.default_rng(0).random((16, 64), dtype=np.float32)
 Y = np.random.default_rng(1).integers(0, 10, 16)
@@ -301,10 +302,7 @@ def test_mismatched_graphs_are_an_error_on_every_rank(tmp_path):
 def test_miniflow_train_ddp(tmp_path):
     """``mpiexec -n 2 miniflow train --ddp``: trains, rank 0 alone prints and writes --save."""
     save = tmp_path / "model.safetensors"
-    cmd = [find_mpiexec(), "-n", "2", sys.executable, "-m", "miniflow", "train", "--ddp",
-           "--epochs", "3", "--save", str(save)]
-    res = subprocess.run(cmd, capture_output=True, text=True, env=child_env(), timeout=180,
-                         stdin=subprocess.DEVNULL, cwd=tmp_path)
+    res = run_cli(2, tmp_path, "train", "--ddp", "--epochs", "3", "--save", save, timeout=180)
     assert res.returncode == 0, res.stdout + res.stderr
     out = res.stdout
     assert out.count("test accuracy:") == 1 and out.count("saved the model") == 1, out
@@ -324,11 +322,8 @@ def test_miniflow_train_lenet_ddp(tmp_path):
     parallel (its gradients all-reduced; each rank's batch-norm statistics its own, evaluated on
     rank 0), one rank reports, the saved parameters are rank 0's (equal on both ranks)."""
     save = tmp_path / "lenet.safetensors"
-    cmd = [find_mpiexec(), "-n", "2", sys.executable, "-m", "miniflow", "train", "--model",
-           "lenet", "--ddp", "--epochs", "6", "--batch-size", "32", "--save", str(save),
-           "--no-progress"]
-    res = subprocess.run(cmd, capture_output=True, text=True, env=child_env(), timeout=300,
-                         stdin=subprocess.DEVNULL, cwd=tmp_path)
+    res = run_cli(2, tmp_path, "train", "--model", "lenet", "--ddp", "--epochs", "6",
+                  "--batch-size", "32", "--save", save, "--no-progress")
     assert res.returncode == 0, res.stdout + res.stderr
     out = res.stdout
     assert out.count("test accuracy:") == 1 and "model: lenet" in out, out

@@ -200,7 +200,17 @@ def test_static_scaler_without_skipping_applies_non_finite_steps():
     (lambda p: mf.optim.Adam(p, eps=float("nan")), ValueError, "eps must be finite"),
     (lambda p: mf.optim.Adam(p, betas=0.9), TypeError, "betas must be a pair"),
     (lambda p: mf.optim.SGD([np.ones(3)], lr=0.1), TypeError, "not an nn.Parameter"),
-    (lambda p: mf.optim.SGD([{"params": p}], lr=0.1), TypeError, "param-group dicts"),
+    (lambda p: mf.optim.SGD([p[0], {"params": p[1:]}], lr=0.1), TypeError,
+     "parameter 1 of group 0 is a dict, not an nn.Parameter"),
+    (lambda p: mf.optim.SGD(p[0], lr=0.1), TypeError, "an ordered iterable .* got a Parameter"),
+    (lambda p: mf.optim.SGD(set(p), lr=0.1), TypeError, "sets have no fixed order"),
+    (lambda p: mf.optim.SGD([{"params": set(p)}], lr=0.1), TypeError, "ordered collections"),
+    (lambda p: mf.optim.SGD([{"params": p[:1]}, {"params": p}], lr=0.1), ValueError,
+     "some parameters appear in more than one parameter group"),
+    (lambda p: mf.optim.SGD([{"params": p, "dampening": 0.1}], lr=0.1), KeyError,
+     r"unknown hyper-parameters \['dampening'\]"),
+    (lambda p: mf.optim.SGD([{"params": p, "lr": -1.0}], lr=0.1), ValueError,
+     "lr must be finite"),
 ])
 def test_optimizer_arguments_are_checked_at_construction(make, err, match):
     with pytest.raises(err, match=match):

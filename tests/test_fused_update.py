@@ -14,8 +14,13 @@ X = R.random((16, 64), dtype=np.float32) * 4
 Y = R.integers(0, 10, 16)
 
 
-def _optimizer(kind, params, clip=None):
+def _optimizer(kind, params, clip=None, groups=False):
     extra = {} if clip is None else {"clip_grad_max_norm": clip}
+    if groups:  # nanoGPT's split: biases at their own lr, without decay (and with amsgrad)
+        params = list(params)
+        params = [{"params": [p for p in params if len(p.shape) > 1]},
+                  {"params": [p for p in params if len(p.shape) == 1], "lr": 0.03,
+                   "weight_decay": 0.0, **({"amsgrad": True} if kind == "adam" else {})}]
     if kind in ("adam", "amsgrad"):
         return mf.optim.Adam(params, lr=1e-2, weight_decay=0.01, amsgrad=kind == "amsgrad",
                              **extra)
@@ -29,10 +34,11 @@ def _scaler(kind):
     return mf.amp.StaticGradScaler(512.0) if kind == "static" else None
 
 
-def _graph(fused, dtype, opt="momentum", scaler="dynamic", clip=None, micro=1, ddp=False):
+def _graph(fused, dtype, opt="momentum", scaler="dynamic", clip=None, micro=1, ddp=False,
+           groups=False):
     mf.manual_seed(0)
     model = mlp(SIZES)
-    optimizer = _optimizer(opt, model.parameters(), clip)
+    optimizer = _optimizer(opt, model.parameters(), clip, groups)
     g = TrainGraph(model, optimizer)
     g.config.enable_amp(dtype=dtype)
     g.config.enable_fused_model_update_cast(fused)
@@ -103,6 +109,26 @@ def test_the_fused_ir_reads_the_copies_and_counts_in_the_matmuls():
                for n in ir.nodes if n.outputs and n.outputs[0].shape)  # only the f32 bias left
     fused = [n for n in ir.nodes if n.op.name == "multi_tensor_sgd_update_with_cast"]
     assert len(fused) == 1 and fused[0].inputs[1] is count.outputs[1]   # skip_if: the total
+
+
+@pytest.mark.parametrize("dtype", [mf.float16, mf.bfloat16], ids=lambda d: d.short)
+@pytest.mark.parametrize("opt", ["momentum", "nesterov", "adam"])
+def test_two_param_groups_fuse_apart_bit_identical_to_unfused(dtype, opt):
+    """One multi-tensor update per group (its attributes and learning-rate variable), the same
+    bits as the unfused updates; group 1 clips alone."""
+    fused, fm, fo, fs = _graph(True, dtype, opt, groups=True)
+    plain, pm, po, ps = _graph(False, dtype, opt, groups=True)
+    fo.param_groups[1]["clip_grad_max_norm"] = po.param_groups[1]["clip_grad_max_norm"] = 0.5
+    assert _train(fused, 6) == _train(plain, 6)
+    _assert_same_bits(_state(fm, fo, fs), _state(pm, po, ps))
+    kind = "adam" if opt == "adam" else "sgd"
+    updates = [n for n in fused.ir.nodes if n.op.name == f"multi_tensor_{kind}_update_with_cast"]
+    assert sorted(n.inputs[0].name for n in updates) == ["optimizer0.group1.learning_rate",
+                                                         "optimizer0.learning_rate"]
+    assert [n.op.name for n in fused.ir.nodes].count("clip_grad_norm") == 1
+    fo.param_groups[1]["lr"] = po.param_groups[1]["lr"] = 0.001   # read at the next call
+    assert _train(fused, 2) == _train(plain, 2) and fused.compile_count == 1
+    _assert_same_bits(_state(fm, fo, fs), _state(pm, po, ps))
 
 
 @pytest.mark.parametrize("opt", ["momentum", "adam"])

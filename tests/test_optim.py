@@ -142,7 +142,7 @@ LAST = 3  # the last parameter (model.2.bias): earlier ones would be assigned fi
     (_sgd, _set(("state", LAST, "momentum_buffer"), np.array([0.0, 1e39, 1.0])), ValueError,
      r"must be finite; element \[1\] is 1e\+39"),
     (_sgd, _set(("state", LAST), {}), KeyError,
-     r"missing state\[3\]\['momentum_buffer'\]; every parameter needs \['momentum_buffer'\]"),
+     r"missing state\[3\]\['momentum_buffer'\]; parameter 3 needs \['momentum_buffer'\]"),
     (_sgd, _set(("param_groups", 0, "lr"), -1.0), ValueError,
      r"SGD.load_state_dict: param_groups\[0\]: SGD: lr must be finite .*got -1.0"),
     (_sgd, _set(("param_groups", 0, "momentum"), "0.9"), TypeError,
@@ -152,8 +152,13 @@ LAST = 3  # the last parameter (model.2.bias): earlier ones would be assigned fi
     (_sgd, _set(("param_groups", 0, "dampening"), 0.5), ValueError,
      r"param_groups\[0\]\['dampening'\] is 0.5; miniflow's SGD runs only PyTorch's dampening=0"),
     (_sgd, _set(("param_groups", 0, "params"), [0, 1]), ValueError,
-     r"'params'\] is \[0, 1\], expected \[0, 1, 2, 3\]"),
-    (_sgd, _set(("param_groups",), lambda g: g * 2), ValueError, "a list of one dict"),
+     r"doesn't match the size of optimizer's group: param_groups\[0\]\['params'\] is \[0, 1\], "
+     "expected 4 indices"),
+    (_sgd, _set(("param_groups", 0, "params"), [0, 1, 2, 4]), ValueError,
+     r"'params'\] is \[0, 1, 2, 4\], expected \[0, 1, 2, 3\]"),
+    (_sgd, _set(("param_groups",), lambda g: g * 2), ValueError,
+     r"different number of parameter groups \(2; this optimizer has 1\)"),
+    (_sgd, _set(("param_groups",), lambda g: [g[0], 1]), ValueError, "a list of dicts"),
     (_sgd, _set(("state",), lambda s: {k: s[k] for k in (0, 1)}), ValueError,
      "each of the 4 parameter indices"),
     (_adam, _set(("state", LAST, "step"), np.array([-1])), ValueError,
@@ -230,7 +235,7 @@ def test_optimizer_copies_are_complete_and_independent(clone):
         for k, v in s.items():
             np.testing.assert_array_equal(sd_2["state"][i][k], v)
     group = opt_2.param_groups[0]
-    assert group["params"] is opt_2.params
+    assert all(p is q for p, q in zip(group["params"], opt_2.params))
     with pytest.raises(ValueError, match="Adam: lr must be finite"):
         group["lr"] = -1.0
     group["lr"] = 0.02  # the copy's own learning-rate array
@@ -275,20 +280,28 @@ def test_a_shallow_copy_shares_the_parameters_but_not_the_group_or_the_state():
     assert not np.array_equal(opt.state_dict()["state"][0]["momentum_buffer"], buf)
 
 
+def _two_groups(params: list) -> list:
+    """The weights at the optimizer's lr, the biases in a second group at lr 0.02 without
+    weight decay (nanoGPT's split)."""
+    return [{"params": params[0::2]}, {"params": params[1::2], "lr": 0.02, "weight_decay": 0.0}]
+
+
+@pytest.mark.parametrize("grouped", [False, True], ids=["one group", "two groups"])
 @pytest.mark.parametrize("name,hyper", [("SGD", dict(lr=0.1, momentum=0.9, nesterov=True)),
                                         ("Adam", dict(lr=0.01, amsgrad=True)),
                                         ("AdamW", dict(lr=0.01, weight_decay=0.1))])
-def test_a_torch_optim_state_dict_loads_and_training_continues_as_in_torch(name, hyper):
+def test_a_torch_optim_state_dict_loads_and_training_continues_as_in_torch(name, hyper, grouped):
     """A ``torch.optim`` state dict (PyTorch's inert keys ``dampening``, ``maximize``,
     ``foreach``, ``differentiable``, ``fused``, ``capturable``, ``decoupled_weight_decay`` at their
-    defaults; Adam's 0-d ``step``) loads, and the next steps match torch's
-    (``torch.optim.Optimizer.load_state_dict``'s round trip, as PyTorch's
+    defaults; Adam's 0-d ``step``; one or two param groups) loads, and the next steps match
+    torch's (``torch.optim.Optimizer.load_state_dict``'s round trip, as PyTorch's
     ``test/optim/test_optim.py`` checks it between optimizers)."""
     torch = pytest.importorskip("torch")
     model = small_mlp()
     tmodel = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 3))
     tmodel.load_state_dict({k: torch.tensor(v) for k, v in model.state_dict().items()})
-    topt = getattr(torch.optim, name)(tmodel.parameters(), **hyper)
+    groups = _two_groups if grouped else list
+    topt = getattr(torch.optim, name)(groups(list(tmodel.parameters())), **hyper)
 
     def torch_step(x, y):
         topt.zero_grad()
@@ -297,9 +310,10 @@ def test_a_torch_optim_state_dict_loads_and_training_continues_as_in_torch(name,
 
     for seed in (1, 2):
         torch_step(*xy(seed=seed))
-    opt = getattr(mf.optim, name)(model.parameters(), **hyper)
+    opt = getattr(mf.optim, name)(groups(list(model.parameters())), **hyper)
     model.load_state_dict(tmodel.state_dict())
     opt.load_state_dict(topt.state_dict())
+    assert [g["lr"] for g in opt.param_groups] == [g["lr"] for g in topt.param_groups]
     step = Step(model, opt)
     for seed in (3, 4, 5):
         torch_step(*xy(seed=seed))

@@ -1,9 +1,14 @@
 """``miniflow train --model lenet|resnet18`` on the digits: the command runs (one epoch, the CI
-smoke run), LeNet reaches 98% test accuracy in float32 and stays within one point under AMP with
-a dynamic loss scale (seconds), and so does ResNet-18 (minutes: ``slow``). "Within one point" is
+smoke run), LeNet reaches 98% test accuracy in float32 and stays within one point under AMP,
+float16 with a dynamic loss scale and bfloat16 without one (seconds), and so does ResNet-18
+(minutes: ``slow``). "Within one point" is
 judged with the noise of one run taken into account (:func:`assert_amp_within_one_point`)."""
+import functools
+
 import numpy as np
 import pytest
+
+import miniflow as mf
 
 from miniflow.cli import main
 from miniflow.data import load_digits
@@ -29,10 +34,26 @@ def test_train_rejects_an_unknown_model(capsys):
         train_digits("vgg")
 
 
-def _fp32_and_amp(model):
-    fp32 = train_digits(model, progress=False)
-    amp = train_digits(model, amp=True, progress=False)
-    return fp32, amp
+@functools.lru_cache(maxsize=None)
+def _fp32(model):
+    return train_digits(model, progress=False)
+
+
+def _fp32_and_amp(model, amp="fp16"):
+    return _fp32(model), train_digits(model, amp=amp, progress=False)
+
+
+def test_bf16_amp_trains_the_mlp_in_bfloat16_without_a_loss_scale(capsys):
+    assert main(["train", "--model", "mlp", "--epochs", "1", "--amp", "bf16",
+                 "--no-progress"]) == 0
+    out = capsys.readouterr().out
+    assert "AMP (bfloat16)" in out and "loss scale:" not in out
+    r = train_digits("mlp", epochs=1, amp="bf16", progress=False)
+    assert r["scaler"] is None and r["test_accuracy"] > 0.85
+    matmuls = [n for n in r["graph"].ir.nodes if n.op.name == "matmul"]
+    assert matmuls and all(n.outputs[0].dtype is mf.bfloat16 for n in matmuls)
+    with pytest.raises(ValueError, match="amp must be None/False .* got 'fp8'"):
+        train_digits("mlp", amp="fp8")
 
 
 def _right(run) -> np.ndarray:
@@ -68,17 +89,21 @@ def assert_amp_within_one_point(fp32, amp, z=1.645):
                                    f"{fp32['epoch_test_accuracy']} / {amp['epoch_test_accuracy']}")
 
 
-def test_lenet_reaches_98_percent_and_amp_stays_within_one_point():
-    fp32, amp = _fp32_and_amp("lenet")
+@pytest.mark.parametrize("half", ["fp16", "bf16"])
+def test_lenet_reaches_98_percent_and_amp_stays_within_one_point(half):
+    fp32, amp = _fp32_and_amp("lenet", half)
     assert fp32["test_accuracy"] >= 0.98, fp32["epoch_test_accuracy"]
     assert_amp_within_one_point(fp32, amp)
-    assert amp["scaler"].scale >= 1.0 and len(fp32["losses"]) == RECIPES["lenet"].epochs * 23
+    assert (amp["scaler"] is None) == (half == "bf16")
+    assert half == "bf16" or amp["scaler"].scale >= 1.0
+    assert len(fp32["losses"]) == RECIPES["lenet"].epochs * 23
     bn = fp32["model"].bn1
     assert int(bn.num_batches_tracked.item()) == len(fp32["losses"])   # training steps only
 
 
 @pytest.mark.slow
-def test_resnet18_reaches_98_percent_and_amp_stays_within_one_point():
-    fp32, amp = _fp32_and_amp("resnet18")
+@pytest.mark.parametrize("half", ["fp16", "bf16"])
+def test_resnet18_reaches_98_percent_and_amp_stays_within_one_point(half):
+    fp32, amp = _fp32_and_amp("resnet18", half)
     assert fp32["test_accuracy"] >= 0.98, fp32["epoch_test_accuracy"]
     assert_amp_within_one_point(fp32, amp)

@@ -192,16 +192,11 @@ def compile_settings(config: GraphConfig, optimizers: list, grad_scaler, param_n
         owner: the graph's class name, for the error message.
 
     Raises:
-        ValueError: an optimizer's parameter is no parameter of the graph's module attributes.
+        ValueError: an optimizer's parameter is no parameter of the graph's module attributes,
+            or is also trained by another optimizer of the graph (a group added with
+            ``add_param_group`` after ``add_optimizer``: its update would run twice).
     """
-    for opt in optimizers:
-        for i, p in enumerate(opt.params):
-            if id(p) not in param_names:
-                raise ValueError(
-                    f"{type(opt).__name__} parameter {i} ({p.dtype.short}{list(p.shape)}) is "
-                    f"not a parameter of a module attribute of {owner}: assign "
-                    "its module to the graph (self.model = model) so the graph can train it "
-                    "(modules kept in plain lists or dicts are not found)")
+    _check_optimizer_params(optimizers, param_names, owner)
     trainable = [param_names[id(p)] for opt in optimizers for p in opt.params
                  if p.requires_grad]  # a frozen parameter: no gradient op, no update
     policy = config.loss_scale_policy
@@ -212,6 +207,24 @@ def compile_settings(config: GraphConfig, optimizers: list, grad_scaler, param_n
         initial_grad_identity=identity, data_parallel=_data_parallel(config, trainable),
         print_ir=config.print_ir, accumulation_steps=config.gradient_accumulation_steps,
         fuse_model_update_cast=config.fused_model_update_cast)
+
+
+def _check_optimizer_params(optimizers: list, param_names: dict, owner: str) -> None:
+    """Raise ValueError unless every parameter of ``optimizers`` (all their param groups) is a
+    parameter of the graph ``owner``'s module attributes, trained by one optimizer only."""
+    seen = set()
+    for opt in optimizers:
+        if seen & {id(p) for p in opt.params}:   # a group added after add_optimizer
+            raise ValueError(f"{owner}: a parameter of {type(opt).__name__} is also trained by "
+                             "another optimizer of the graph (its update would run twice)")
+        seen.update(id(p) for p in opt.params)
+        for i, p in enumerate(opt.params):
+            if id(p) not in param_names:
+                raise ValueError(
+                    f"{type(opt).__name__} parameter {i} ({p.dtype.short}{list(p.shape)}) is "
+                    f"not a parameter of a module attribute of {owner}: assign "
+                    "its module to the graph (self.model = model) so the graph can train it "
+                    "(modules kept in plain lists or dicts are not found)")
 
 
 def _data_parallel(config: GraphConfig, trainable: list) -> DataParallelConfig | None:

@@ -34,6 +34,7 @@ from .. import distributed, models, optim
 from ..amp import GradScaler
 from ..checkpoint import restore
 from ..data import DistributedSampler, load_digits
+from ..dtype import bfloat16, float16
 from ..optim import lr_scheduler
 from ..random import RngState, generator, manual_seed
 from ..serialization import load, save
@@ -100,6 +101,30 @@ def make_model(name: str, hidden: int = 128, classes: int = 10):
     raise ValueError(f"train: unknown model {name!r}; choose one of {', '.join(MODELS)}")
 
 
+AMP_DTYPES = {"fp16": float16, "bf16": bfloat16}
+"""The ``amp`` modes of ``miniflow train`` and their half dtypes."""
+
+AMP_LINES = {None: "float32", "fp16": "AMP (float16) with a dynamic loss scale",
+             "bf16": "AMP (bfloat16)"}
+"""How ``miniflow train`` names the precision of a run, per ``amp`` mode."""
+
+
+def amp_mode(amp, owner: str) -> str | None:
+    """``amp`` as None (float32), ``"fp16"`` or ``"bf16"`` (True means ``"fp16"``, False
+    None).
+
+    Raises:
+        ValueError: anything else, naming ``owner`` and the choices."""
+    if amp is None or amp is False:
+        return None
+    if amp is True:
+        return "fp16"
+    if isinstance(amp, str) and amp in AMP_DTYPES:
+        return amp
+    raise ValueError(f"{owner}: amp must be None/False (float32), 'fp16' (or True) or 'bf16', "
+                     f"got {amp!r}")
+
+
 def make_lr_schedule(opt, name: str, total_steps: int):
     """The LR scheduler of :data:`SCHEDULES` ``name`` for a run of ``total_steps`` updates (None
     for ``"constant"``).
@@ -140,7 +165,8 @@ def train_digits(model: str = "mlp", *, epochs: int | None = None,
                  momentum: float | None = None, weight_decay: float | None = None,
                  lr_schedule: str | None = None, hidden: int = 128, seed: int = 0,
                  progress: bool = True, accumulate: int = 1, clip_norm: float | None = None,
-                 amp: bool = False, checkpoint: str | os.PathLike | None = None,
+                 amp: bool | str | None = False,
+                 checkpoint: str | os.PathLike | None = None,
                  resume: bool = False, checkpoint_every: int = 100, ddp: bool = False,
                  logdir: str | os.PathLike | None = None) -> dict:
     """Train ``model`` on the digits; ``None`` arguments come from its :data:`RECIPES` entry.
@@ -151,8 +177,11 @@ def train_digits(model: str = "mlp", *, epochs: int | None = None,
         accumulate: micro-batches per batch (``set_gradient_accumulation_steps``); batch_size
             must be a multiple of it.
         clip_norm: clip the gradients to this total L2 norm (``clip_grad_max_norm``), or None.
-        amp: mixed precision (``config.enable_amp``) with a dynamic ``GradScaler`` (PyTorch's
-            defaults: initial scale 2^16, growth every 2000 steps).
+        amp: mixed precision (``config.enable_amp``): ``"fp16"`` (or True) float16 with a
+            dynamic ``GradScaler`` (PyTorch's defaults: initial scale 2^16, growth every 2000
+            steps), ``"bf16"`` bfloat16 without loss scaling (bfloat16 has float32's exponent
+            range, so gradients do not underflow: PyTorch's ``autocast(dtype=torch.bfloat16)``
+            recipe uses no GradScaler); False or None: float32.
         progress: a tqdm progress bar over the steps (loss and the last test accuracy).
         checkpoint: a folder (``miniflow.experiments.run_folder``): the training state is
             saved to ``<folder>/checkpoint.safetensors`` every ``checkpoint_every`` updates, at
@@ -185,8 +214,8 @@ def train_digits(model: str = "mlp", *, epochs: int | None = None,
     at once (keeping the last checkpoint).
 
     Raises:
-        ValueError: an unknown model (listing the known ones); batch_size not a multiple of
-            accumulate; an unknown lr_schedule; resume without checkpoint.
+        ValueError: an unknown model (listing the known ones); an unknown ``amp``; batch_size
+            not a multiple of accumulate; an unknown lr_schedule; resume without checkpoint.
         ResumeError: another run holds ``checkpoint``, nothing to resume there, a checkpoint
             there without ``resume``, one made with other settings or another world size
             (naming them, and ``--ddp`` / ``mpiexec -n N``), or one that does not fit the
@@ -200,8 +229,9 @@ def train_digits(model: str = "mlp", *, epochs: int | None = None,
              "weight_decay": weight_decay, "lr_schedule": lr_schedule}
     settings = TrainSettings(model, _recipe(model, given, accumulate), hidden=hidden, seed=seed,
                              progress=progress, accumulate=accumulate, clip_norm=clip_norm,
-                             amp=amp, checkpoint=checkpoint, resume=resume,
-                             checkpoint_every=checkpoint_every, ddp=ddp, logdir=logdir)
+                             amp=amp_mode(amp, "train_digits"), checkpoint=checkpoint,
+                             resume=resume, checkpoint_every=checkpoint_every, ddp=ddp,
+                             logdir=logdir)
     if resume and checkpoint is None:
         raise ValueError("train_digits: resume needs the checkpoint folder to resume from")
     return _Training(settings).train()
@@ -226,7 +256,8 @@ def _recipe(model: str, given: dict, accumulate: int) -> Recipe:
 class TrainSettings:
     """What one :func:`train_digits` run is asked to do: the ``model`` name, its ``recipe``
     (the :data:`RECIPES` entry with the caller's overrides) and the run's options (the
-    keyword arguments of :func:`train_digits`, which documents them)."""
+    keyword arguments of :func:`train_digits`, which documents them; ``amp`` as
+    :func:`amp_mode` gives it: None, ``"fp16"`` or ``"bf16"``)."""
 
     model: str
     recipe: Recipe
@@ -235,7 +266,7 @@ class TrainSettings:
     progress: bool = True
     accumulate: int = 1
     clip_norm: float | None = None
-    amp: bool = False
+    amp: str | None = None
     checkpoint: str | os.PathLike | None = None
     resume: bool = False
     checkpoint_every: int = 100
@@ -249,16 +280,19 @@ class TrainSettings:
         return {"model": self.model, "epochs": r.epochs, "batch_size": r.batch_size,
                 "lr": r.lr, "momentum": r.momentum, "weight_decay": r.weight_decay,
                 "lr_schedule": r.lr_schedule, "hidden": self.hidden, "seed": self.seed,
-                "accumulate": self.accumulate, "clip_norm": self.clip_norm, "amp": self.amp}
+                "accumulate": self.accumulate, "clip_norm": self.clip_norm,
+                "amp": {None: False, "fp16": True}.get(self.amp, self.amp)}  # fp16 as before
 
 
 def _train_graph(net, opt, s: TrainSettings):
-    """The training graph of ``net`` and ``opt`` (AMP with a dynamic ``GradScaler``, gradient
-    accumulation as ``s`` asks) and its scaler (None without AMP)."""
+    """The training graph of ``net`` and ``opt`` (float16 AMP with a dynamic ``GradScaler``,
+    bfloat16 AMP without one, gradient accumulation as ``s`` asks) and its scaler (None without
+    float16 AMP)."""
     graph = TrainGraph(net, opt)
-    scaler = GradScaler() if s.amp else None
-    if s.amp:
-        graph.config.enable_amp(True)
+    scaler = GradScaler() if s.amp == "fp16" else None
+    if s.amp is not None:
+        graph.config.enable_amp(True, AMP_DTYPES[s.amp])
+    if scaler is not None:
         graph.set_grad_scaler(scaler)
     if s.amp and s.logdir is not None:
         graph.config.enable_fused_model_update_cast(False)
@@ -426,7 +460,8 @@ def run_name(config: dict) -> str:
     """The TensorBoard run name of a ``train_digits`` configuration: model, precision, lr and
     schedule, batch, the settings that differ from the model's recipe and defaults, seed
     (``mlp-fp32-lr0.1-constant-bs64-seed0``, ``lenet-amp-lr0.05-cosine-bs32-ep3-clip1-seed2``)."""
-    parts = [config["model"], "amp" if config["amp"] else "fp32", f"lr{config['lr']:g}",
+    precision = {False: "fp32", True: "amp"}.get(config["amp"], config["amp"])
+    parts = [config["model"], precision, f"lr{config['lr']:g}",
              config["lr_schedule"], f"bs{config['batch_size']}"]
     recipe = RECIPES[config["model"]]
     for key, tag in (("epochs", "ep"), ("momentum", "mom"), ("weight_decay", "wd")):

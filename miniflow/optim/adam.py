@@ -28,27 +28,26 @@ class Adam(Optimizer):
     Raises:
         TypeError: betas not a pair, or a hyper-parameter that is not a real number; amsgrad
             not a bool.
-        ValueError: amsgrad changed after construction (its state would be missing or stale:
-            make a new optimizer).
+        ValueError: a group's amsgrad changed after the group was made (its state would be
+            missing or stale: make a new optimizer or add a group); groups may differ in it.
         ValueError: lr, eps or weight_decay not finite >= 0 (lr=0 is allowed, as in PyTorch),
             betas outside [0, 1); clip_grad_max_norm not finite > 0; clip_grad_norm_type not > 0.
     """
 
     nonnegative_states = ("exp_avg_sq", "max_exp_avg_sq")
     torch_keys = {**Optimizer.torch_keys, "decoupled_weight_decay": False}
+    fixed_keys = ("amsgrad",)
 
     def __init__(self, params, lr: float = 1e-3, betas=(0.9, 0.999), eps: float = 1e-8,
                  weight_decay: float = 0.0, amsgrad: bool = False,
                  clip_grad_max_norm: float | None = None, clip_grad_norm_type: float = 2.0):
-        self._amsgrad = amsgrad                  # state_names reads it while the base class runs
         super().__init__(params, dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay,
                                       amsgrad=amsgrad, clip_grad_max_norm=clip_grad_max_norm,
                                       clip_grad_norm_type=clip_grad_norm_type))
 
-    @property
-    def state_names(self) -> tuple:
-        """PyTorch's state keys: ``max_exp_avg_sq`` only with amsgrad."""
-        return ("exp_avg", "exp_avg_sq", *(("max_exp_avg_sq",) if self._amsgrad else ()),
+    def group_state_names(self, hyper: dict) -> tuple:
+        """PyTorch's state keys: ``max_exp_avg_sq`` only in a group with amsgrad."""
+        return ("exp_avg", "exp_avg_sq", *(("max_exp_avg_sq",) if hyper["amsgrad"] else ()),
                 "step")
 
     def check_hyper(self, hyper: dict) -> dict:
@@ -63,10 +62,6 @@ class Adam(Optimizer):
         amsgrad = hyper.get("amsgrad", False)
         if not isinstance(amsgrad, (bool, np.bool_)):
             raise TypeError(f"Adam: amsgrad must be True or False, got {amsgrad!r}")
-        if bool(amsgrad) != bool(self._amsgrad):
-            raise ValueError(f"Adam: amsgrad cannot be changed after construction (it is "
-                             f"{self._amsgrad}; its max_exp_avg_sq state would be missing or "
-                             "stale): make a new optimizer")
         return {"betas": (check_real("Adam", "beta1", b1, high=1.0),
                           check_real("Adam", "beta2", b2, high=1.0)),
                 "eps": check_real("Adam", "eps", hyper["eps"]),
@@ -78,14 +73,15 @@ class Adam(Optimizer):
             return np.zeros(1, np.int64)
         return np.zeros(p.shape, p.dtype.np)
 
-    def _adam_inputs(self, graph, index, name) -> list:
+    def _adam_inputs(self, graph, index, name, hyper) -> list:
         """The state inputs of ``adam_update``: m, v, step (and max_v with amsgrad)."""
-        names = ("exp_avg", "exp_avg_sq", "step") + (("max_exp_avg_sq",) if self._amsgrad else ())
+        names = ("exp_avg", "exp_avg_sq", "step") + (("max_exp_avg_sq",) if hyper["amsgrad"]
+                                                     else ())
         return self._state_values(graph, name, index, names)
 
-    def emit_update(self, graph, index, name, param, grad, lr, skip_if) -> None:
-        h = self.hyper
+    def emit_update(self, graph, index, name, param, grad, lr, skip_if, hyper) -> None:
+        h = hyper
         emitter(graph)("adam_update", param, grad, lr, skip_if,
-                       *self._adam_inputs(graph, index, name), beta1=h["betas"][0],
+                       *self._adam_inputs(graph, index, name, h), beta1=h["betas"][0],
                        beta2=h["betas"][1], eps=h["eps"], weight_decay=h["weight_decay"],
                        amsgrad=h["amsgrad"])

@@ -31,9 +31,9 @@ class AdamW(Adam):
                          amsgrad=amsgrad, clip_grad_max_norm=clip_grad_max_norm,
                          clip_grad_norm_type=clip_grad_norm_type)
 
-    def emit_update(self, graph, index, name, param, grad, lr, skip_if) -> None:
-        h = self.hyper
+    def emit_update(self, graph, index, name, param, grad, lr, skip_if, hyper) -> None:
+        h = hyper
         emitter(graph)("adam_update", param, grad, lr, skip_if,
-                       *self._adam_inputs(graph, index, name), beta1=h["betas"][0],
+                       *self._adam_inputs(graph, index, name, h), beta1=h["betas"][0],
                        beta2=h["betas"][1], eps=h["eps"], weight_decay=0.0,
                        decoupled_weight_decay=h["weight_decay"], amsgrad=h["amsgrad"])

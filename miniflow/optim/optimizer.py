@@ -1,21 +1,27 @@
-"""Optimizer base class: parameters, hyper-parameters (``param_groups``), per-parameter state and
-its state_dict.
+"""Optimizer base class: parameter groups (``param_groups``, each with its parameters and
+hyper-parameters, ``add_param_group``), per-parameter state and its state_dict.
 
 State arrays (momentum buffers, Adam moments, step counts) are created when the optimizer is made,
 live in backend memory and are bound as graph variables named ``<param>.<state>``, so every plan of
 the graph updates the same state.
 
-The learning rate is state too: an f64[1] array (:attr:`Optimizer.learning_rate`), bound as the
-``learning_rate`` input of every update op (OneFlow feeds its update ops the learning rate as a
-tensor). ``opt.param_groups[0]["lr"] = 0.01`` (what an LR scheduler does every step) writes that
-array: compiled plans read the new value at their next call and nothing recompiles. The other
-hyper-parameters (momentum, betas, eps, weight_decay, the clipping settings) become attributes of
-the compiled graph; changing one bumps :attr:`Optimizer.version`, and an nn.Graph recompiles its
-plans at its next call.
+As in PyTorch, an optimizer holds one or more parameter groups: ``SGD(model.parameters(), lr=...)``
+makes one, ``SGD([{"params": a}, {"params": b, "lr": 0.01}], lr=0.1)`` two (a key a group does
+not set takes the constructor's value, :attr:`Optimizer.defaults`), and
+:meth:`Optimizer.add_param_group` adds one later (the graphs training the optimizer recompile).
 
-Every optimizer also has the gradient-clipping settings of OneFlow's param groups:
-``clip_grad_max_norm`` (None: no clipping) and ``clip_grad_norm_type`` (default 2.0); see
-``miniflow.passes.optimizer``.
+The learning rate of every group is state too: an f64[1] array (:attr:`Optimizer.learning_rates`,
+group 0's also :attr:`Optimizer.learning_rate`), bound as the ``learning_rate`` input of the
+group's update ops (OneFlow feeds its update ops the learning rate as a tensor).
+``opt.param_groups[i]["lr"] = 0.01`` (what an LR scheduler does every step, for every group)
+writes that array: compiled plans read the new value at their next call and nothing recompiles.
+The other hyper-parameters (momentum, betas, eps, weight_decay, the clipping settings) become
+attributes of the group's update ops in the compiled graph; changing one bumps
+:attr:`Optimizer.version`, and an nn.Graph recompiles its plans at its next call.
+
+Every group also has the gradient-clipping settings of OneFlow's param groups:
+``clip_grad_max_norm`` (None: no clipping) and ``clip_grad_norm_type`` (default 2.0), applied to
+the group's gradients together; see ``miniflow.passes.optimizer``.
 """
 from __future__ import annotations
 
@@ -59,10 +65,10 @@ def check_real(owner: str, name: str, value, low: float = 0.0, high: float = mat
 
 
 class ParamGroup(dict):
-    """The hyper-parameters of an optimizer (PyTorch's ``param_groups[0]``; ``"params"`` lists the
-    parameters). Every change is validated; a new ``lr`` is written to the optimizer's
-    learning-rate array (no recompilation), a change of any other hyper-parameter marks compiled
-    graphs for recompilation.
+    """One parameter group of an optimizer (PyTorch's ``param_groups[i]``): its hyper-parameters,
+    and ``"params"``, the list of its parameters. Every change is validated; a new ``lr`` is
+    written to the group's learning-rate array (no recompilation), a change of any other
+    hyper-parameter marks compiled graphs for recompilation.
 
     ``group[key] = v``, ``group.update(...)``, ``group |= {...}`` check all new values together with
     the optimizer's :meth:`~Optimizer.validated` and apply all or none of them; ``setdefault``
@@ -80,8 +86,8 @@ class ParamGroup(dict):
 
     Raises:
         KeyError: an unknown key; TypeError/ValueError: an invalid value (as the constructor);
-        TypeError: adding or removing a key; ReferenceError: a change after the optimizer was
-        deleted.
+        TypeError: adding or removing a key; ValueError: changing a key the group's state
+        depends on (Adam's ``amsgrad``); ReferenceError: a change after the optimizer was deleted.
     """
 
     def __init__(self, owner, values: dict, params: list):
@@ -103,9 +109,10 @@ class ParamGroup(dict):
 
     def __setitem__(self, key, value):
         if key == "lr":  # what a schedule does every step: check it, write the lr array
-            v = check_real(type(self._owner).__name__, "lr", value)
+            owner = self._owner
+            v = check_real(type(owner).__name__, "lr", value)
             dict.__setitem__(self, "lr", v)
-            self._owner._write_lr(v)
+            owner._write_lr(owner._index(self), v)
             return
         self.update({key: value})
 
@@ -120,10 +127,12 @@ class ParamGroup(dict):
                                   if key == "params" else ""))
         if not changes:
             return
-        checked = self._owner.validated({**self.hyper(), **changes})
+        owner = self._owner
+        owner._check_fixed(self._name, self, changes)
+        checked = owner.validated({**self.hyper(), **changes})
         for key in changes:
             dict.__setitem__(self, key, checked[key])
-        self._owner._hyper_changed(changes)
+        owner._hyper_changed(owner._index(self), changes)
 
     def __ior__(self, other):
         self.update(other)
@@ -158,7 +167,8 @@ class ParamGroup(dict):
 
     @property
     def _name(self) -> str:
-        return f"{type(self._owner).__name__}.param_groups[0]"
+        owner = self._owner
+        return f"{type(owner).__name__}.param_groups[{owner._index(self)}]"
 
     def hyper(self) -> dict:
         """The hyper-parameters without ``params``."""
@@ -179,12 +189,13 @@ class ParamGroup(dict):
 
 
 class _ParamGroups(tuple):
-    """``Optimizer.param_groups``: a tuple of the one ParamGroup that refuses item assignment
+    """``Optimizer.param_groups``: a tuple of the ParamGroups that refuses item assignment
     with a message saying what to do instead."""
 
     def _refuse(self, *args):
-        raise TypeError("param_groups cannot be changed (miniflow optimizers have one group); "
-                        "change a value with opt.param_groups[0][key] = value")
+        raise TypeError("param_groups cannot be changed (add a group with "
+                        "opt.add_param_group({'params': [...], ...})); change a value with "
+                        "opt.param_groups[0][key] = value")
 
     def __setitem__(self, index, value):
         """Refused (TypeError), except putting back the group that is there: the second half of
@@ -198,17 +209,22 @@ class _ParamGroups(tuple):
 
 
 class Optimizer:
-    """Base optimizer: subclasses set ``state_names``, implement :meth:`check_hyper` and
-    :meth:`emit_update`.
+    """Base optimizer: subclasses set ``state_names`` (or override :meth:`group_state_names`),
+    implement :meth:`check_hyper` and :meth:`emit_update`.
 
     Args:
-        params: an iterable of ``nn.Parameter`` (one group; PyTorch's per-group dicts are not
-            supported).
-        hyper: the hyper-parameters, validated by :meth:`validated`.
+        params: an iterable of ``nn.Parameter`` (one group), or of dicts, one per group: its
+            ``"params"`` (a Parameter or an ordered iterable of them) and the hyper-parameters
+            it sets, as :meth:`add_param_group` takes them (PyTorch's per-group options).
+        hyper: the defaults, validated by :meth:`validated`: every group's hyper-parameters that
+            the group does not set (:attr:`defaults`).
 
     Attributes:
-        learning_rate: the f64[1] backend array holding ``param_groups[0]["lr"]``, the
-            ``learning_rate`` input of the update ops.
+        defaults: the constructor's hyper-parameters (PyTorch's ``optimizer.defaults``).
+        params: every parameter, group after group (the indices of :meth:`state_dict`).
+        state: per parameter (as :attr:`params`), its state arrays by name.
+        learning_rates: per group, the f64[1] backend array holding its ``"lr"``, the
+            ``learning_rate`` input of its update ops; :attr:`learning_rate` is group 0's.
         num_steps, num_skipped_steps: how many calls of a graph ran this optimizer's updates,
             and how many of them the grad scaler skipped (non-finite gradients). With a grad
             scaler on cuda they are counted when the step's outcome is read back
@@ -217,48 +233,102 @@ class Optimizer:
 
     ``copy.deepcopy`` and ``pickle`` copy everything: the parameters (as they copy any object:
     to keep an optimizer on its model, copy or pickle them together, ``(model, opt)``, as with
-    PyTorch), the hyper-parameters (a ParamGroup bound to, and validated by, the copy) and the
+    PyTorch), the hyper-parameters (ParamGroups bound to, and validated by, the copy) and the
     state arrays (pickled as NumPy arrays, restored in the current backend's memory).
     ``copy.copy`` keeps the same Parameters and copies the rest.
 
     Raises:
-        TypeError: an element that is not an nn.Parameter (e.g. a param-group dict or an array).
-        ValueError: an empty parameter list, or a parameter listed twice.
+        TypeError: ``params`` a single Parameter or a set, an element that is neither an
+            nn.Parameter nor a dict, or a group as :meth:`add_param_group` refuses it.
+        ValueError: an empty parameter list, a parameter listed twice (in one group or two).
     """
 
     state_names: tuple = ()
+    fixed_keys: tuple = ()
+    """Hyper-parameters a group's state depends on: set when the group is made, never changed."""
     num_steps = LedgerAttribute()
     num_skipped_steps = LedgerAttribute()
 
     def __init__(self, params, hyper: dict):
         name = type(self).__name__
-        self.params = list(params)
-        if not self.params:
+        if isinstance(params, (Tensor, set, frozenset)):
+            raise TypeError(f"{name}: params must be an ordered iterable of nn.Parameters or of "
+                            f"param-group dicts, got a {type(params).__name__}"
+                            + (" (sets have no fixed order: use a list)"
+                               if isinstance(params, (set, frozenset)) else ""))
+        groups = list(params)
+        if not groups:
             raise ValueError(f"{name}: got an empty parameter list")
-        for i, p in enumerate(self.params):
-            if not isinstance(p, Parameter):
-                hint = (" (param-group dicts are not supported: use one optimizer per group)"
-                        if isinstance(p, dict) else "")
-                raise TypeError(f"{name}: parameter {i} is a {type(p).__name__}, not an "
-                                f"nn.Parameter; pass model.parameters(){hint}")
-        if len({id(p) for p in self.params}) != len(self.params):
-            raise ValueError(f"{name}: a parameter appears twice")
+        if not isinstance(groups[0], dict):
+            groups = [{"params": groups}]
         self.version = 0
         self.num_steps = 0
         self.num_skipped_steps = 0
-        checked = self.validated(hyper)
+        self.defaults = self.validated(hyper)
+        self.params, self.state, self._groups = [], [], []
+        self.learning_rates, self._lr_host = [], []
+        for group in groups:
+            self.add_param_group(group)
+        self.version = 0
+
+    def add_param_group(self, param_group: dict) -> None:
+        """Add a parameter group (``torch.optim.Optimizer.add_param_group``): ``param_group``
+        holds ``"params"`` (an nn.Parameter, or a list or tuple of them) and any of the
+        optimizer's hyper-parameters; the others take :attr:`defaults`. The new parameters get
+        fresh state; graphs training this optimizer recompile at their next call.
+
+        Raises:
+            TypeError: not a dict; ``params`` missing, a set, or holding something other than
+                nn.Parameters; a hyper-parameter of the wrong type (as the constructor).
+            KeyError: a key that is no hyper-parameter of this optimizer.
+            ValueError: a bad hyper-parameter value; a parameter twice in the group, or
+                already in another group (PyTorch's "some parameters appear in more than one
+                parameter group").
+        """
+        name = type(self).__name__
+        if not isinstance(param_group, dict):
+            raise TypeError(f"{name}.add_param_group: param_group must be a dict, got "
+                            f"{type(param_group).__name__} (param groups cannot be mixed with "
+                            "plain parameters)")
+        if "params" not in param_group:
+            raise TypeError(f"{name}.add_param_group: the group has no 'params'")
+        params = param_group["params"]
+        if isinstance(params, (set, frozenset)):
+            raise TypeError(f"{name}: optimizer parameters need to be organized in ordered "
+                            "collections, but the ordering of tensors in sets will change "
+                            "between runs. Please use a list instead.")
+        params = [params] if isinstance(params, Tensor) else list(params)
+        for i, p in enumerate(params):
+            if not isinstance(p, Parameter):
+                raise TypeError(f"{name}: parameter {i} of group {len(self._groups)} is a "
+                                f"{type(p).__name__}, not an nn.Parameter; pass "
+                                "model.parameters()")
+        if len({id(p) for p in params}) != len(params):
+            raise ValueError(f"{name}: a parameter appears twice in group {len(self._groups)}")
+        if {id(p) for p in self.params} & {id(p) for p in params}:
+            raise ValueError(f"{name}: some parameters appear in more than one parameter group")
+        hyper = {k: v for k, v in param_group.items() if k != "params"}
+        unknown = sorted(set(hyper) - set(self.defaults), key=str)
+        if unknown:
+            raise KeyError(f"{name}.add_param_group: unknown hyper-parameters {unknown}; "
+                           f"{name} has {sorted(self.defaults)}")
+        checked = self.validated({**self.defaults, **hyper})
         backend = get_backend()
-        self._lr_host = np.array([checked["lr"]], np.float64)  # staging for _write_lr
-        self.learning_rate = backend.from_numpy(self._lr_host)
-        self._group = ParamGroup(self, checked, self.params)
-        self.state = [{s: backend.from_numpy(self._initial_state(s, p)) for s in self.state_names}
-                      for p in self.params]
+        self._lr_host.append(np.array([checked["lr"]], np.float64))  # staging for _write_lr
+        self.learning_rates.append(backend.from_numpy(self._lr_host[-1]))
+        self._groups.append(ParamGroup(self, checked, params))
+        names = self.group_state_names(checked)
+        self.state += [{s: backend.from_numpy(self._initial_state(s, p)) for s in names}
+                       for p in params]
+        self.params += params
+        self.version += 1
 
     @property
     def param_groups(self) -> "_ParamGroups":
-        """PyTorch's list of parameter groups: here always one :class:`ParamGroup`. Change its
-        values (``opt.param_groups[0]["lr"] = 0.01``); the list itself cannot be changed."""
-        return _ParamGroups((self._group,))
+        """PyTorch's list of parameter groups (:class:`ParamGroup`). Change their values
+        (``opt.param_groups[0]["lr"] = 0.01``) or add one (:meth:`add_param_group`); the list
+        itself cannot be changed."""
+        return _ParamGroups(self._groups)
 
     @param_groups.setter
     def param_groups(self, value):
@@ -267,8 +337,30 @@ class Optimizer:
 
     @property
     def hyper(self) -> dict:
-        """The current hyper-parameters (``param_groups[0]`` without ``params``)."""
-        return self._group.hyper()
+        """The hyper-parameters of group 0 (``param_groups[0]`` without ``params``)."""
+        return self._groups[0].hyper()
+
+    @property
+    def learning_rate(self):
+        """Group 0's learning-rate array (f64[1])."""
+        return self.learning_rates[0]
+
+    def _index(self, group) -> int:
+        """The position of ``group`` in :attr:`param_groups`."""
+        return next(i for i, g in enumerate(self._groups) if g is group)
+
+    def group_state_names(self, hyper: dict) -> tuple:
+        """The state arrays of every parameter of a group with ``hyper``: :attr:`state_names`
+        (Adam's depend on ``amsgrad``)."""
+        return self.state_names
+
+    def group_slices(self) -> list:
+        """Per group, ``(group, first, stop)``: its parameters are ``params[first:stop]``."""
+        out, first = [], 0
+        for g in self._groups:
+            out.append((g, first, first + len(g["params"])))
+            first += len(g["params"])
+        return out
 
     def check_hyper(self, hyper: dict) -> dict:
         """The subclass's own hyper-parameters of ``hyper`` (all but ``lr`` and the clipping
@@ -309,25 +401,37 @@ class Optimizer:
             out["initial_lr"] = check_real(name, "initial_lr", hyper["initial_lr"])
         return out
 
-    def _hyper_changed(self, keys) -> None:
-        """After ``keys`` of the param group changed: write a new lr into
-        :attr:`learning_rate`; bump :attr:`version` when a compiled key changed."""
+    def _check_fixed(self, where: str, group: dict, changes: dict) -> None:
+        """Refuse a change of a :attr:`fixed_keys` hyper-parameter of ``group`` (ValueError)."""
+        for key in self.fixed_keys:
+            if key in changes and key in group and bool(changes[key]) != bool(group[key]):
+                raise ValueError(f"{where}: {key} cannot be changed after the group was made (it "
+                                 f"is {group[key]}; the group's state depends on it): make a new "
+                                 "optimizer or add a new group")
+
+    def _hyper_changed(self, index: int, keys) -> None:
+        """After ``keys`` of group ``index`` changed: write a new lr into its learning-rate
+        array; bump :attr:`version` when a compiled key changed."""
         if "lr" in keys:
-            self._write_lr(self._group["lr"])
+            self._write_lr(index, self._groups[index]["lr"])
         if any(k not in RUNTIME_KEYS for k in keys):
             self.version += 1
 
-    def _write_lr(self, lr: float) -> None:
-        """Put a (checked) learning rate into :attr:`learning_rate`."""
-        self._lr_host[0] = lr
-        get_backend().copy_in(self.learning_rate, self._lr_host)
+    def _write_lr(self, index: int, lr: float) -> None:
+        """Put a (checked) learning rate into group ``index``'s learning-rate array."""
+        self._lr_host[index][0] = lr
+        get_backend().copy_in(self.learning_rates[index], self._lr_host[index])
+
+    @property
+    def clip_grads(self) -> list:
+        """Per group, ``(max_norm, norm_type)`` when it clips its gradients, else None."""
+        return [None if g["clip_grad_max_norm"] is None else
+                (g["clip_grad_max_norm"], g["clip_grad_norm_type"]) for g in self._groups]
 
     @property
     def clip_grad(self):
-        """``(max_norm, norm_type)`` when gradient clipping is on, else None."""
-        h = self._group
-        return None if h["clip_grad_max_norm"] is None else (h["clip_grad_max_norm"],
-                                                             h["clip_grad_norm_type"])
+        """Group 0's entry of :attr:`clip_grads`."""
+        return self.clip_grads[0]
 
     def _record_step(self, skipped: bool) -> None:
         """Count one call of a graph that ran this optimizer's updates (nn.Graph calls it):
@@ -339,28 +443,32 @@ class Optimizer:
     def _initial_state(self, name: str, p) -> np.ndarray:
         return np.zeros(p.shape, p.dtype.np)
 
-    def emit_update(self, graph, index: int, name: str, param, grad, lr, skip_if) -> None:
+    def emit_update(self, graph, index: int, name: str, param, grad, lr, skip_if,
+                    hyper: dict) -> None:
         """Emit the update op of parameter ``index`` (variable ``name``, Value ``param``, gradient
-        Value ``grad``) taking the learning-rate variable ``lr`` and ``skip_if`` (called by the
-        optimizer pass)."""
+        Value ``grad``) of a group with hyper-parameters ``hyper``, taking the group's
+        learning-rate variable ``lr`` and ``skip_if`` (called by the optimizer pass)."""
         raise NotImplementedError
 
     def _state_values(self, graph, name, index, names=None):
         """Declare the parameter's state arrays (``names``, default all) as graph variables."""
         vals = []
-        for s in (self.state_names if names is None else names):
+        for s in (self.state[index] if names is None else names):
             arr = self.state[index][s]
             vals.append(graph.add_variable(f"{name}.{s}", arr.shape, as_dtype(arr.dtype), data=arr))
         return vals
 
     def state_dict(self) -> dict:
         """PyTorch layout: ``{"state": {i: {name: ndarray}}, "param_groups": [{..., "params":
-        [i]}]}``, plus miniflow's ``num_steps`` and ``num_skipped_steps`` (the graph calls that
-        ran the updates, and those skipped; LR schedulers read them, see
+        [i, ...]}, ...]}`` (``i`` counts the parameters across the groups, in order), plus
+        miniflow's ``num_steps`` and ``num_skipped_steps`` (the graph calls that ran the
+        updates, and those skipped; LR schedulers read them, see
         ``miniflow.optim.lr_scheduler``; PyTorch's ``load_state_dict`` ignores them)."""
         to_numpy = get_backend().to_numpy
-        return {"state": {i: {k: to_numpy(v) for k, v in s.items()} for i, s in enumerate(self.state)},
-                "param_groups": [dict(self.hyper, params=list(range(len(self.params))))],
+        return {"state": {i: {k: to_numpy(v) for k, v in s.items()}
+                          for i, s in enumerate(self.state)},
+                "param_groups": [dict(g.hyper(), params=list(range(first, stop)))
+                                 for g, first, stop in self.group_slices()],
                 "num_steps": self.num_steps, "num_skipped_steps": self.num_skipped_steps}
 
     def load_state_dict(self, state_dict: dict) -> None:
@@ -368,13 +476,15 @@ class Optimizer:
         :meth:`state_dict`'s layout. Everything is checked before anything is assigned, so a
         failed load changes nothing.
 
-        Checked: one param group, its ``params`` (``[0, 1, ...]``) and hyper-parameters (as the
-        constructor; no unknown keys; the clipping settings, ``initial_lr``, ``num_steps`` and
-        ``num_skipped_steps`` may be missing: they keep their current values); for every
-        parameter every state array of :attr:`state_names`, with the current shape, a
-        real-number dtype, finite values, whole numbers >= 0 for integer state (step counts;
-        whole floats such as PyTorch's float step are accepted) and values >= 0 for
-        :attr:`nonnegative_states`.
+        Checked: as many param groups as the optimizer has (PyTorch's "loaded state dict has a
+        different number of parameter groups"), each with its ``params`` (the indices
+        :meth:`state_dict` gives it: PyTorch's "doesn't match the size of optimizer's group"
+        when the count differs) and hyper-parameters (as the constructor; no unknown keys; the
+        clipping settings, ``initial_lr``, ``num_steps`` and ``num_skipped_steps`` may be
+        missing: they keep their current values; :attr:`fixed_keys` unchanged); for every
+        parameter every state array of its group, with the current shape, a real-number dtype,
+        finite values, whole numbers >= 0 for integer state (step counts; whole floats such as
+        PyTorch's float step are accepted) and values >= 0 for :attr:`nonnegative_states`.
 
         A ``torch.optim`` state dict of the same algorithm loads: PyTorch's keys of
         :attr:`torch_keys` are accepted at their no-op values (``dampening=0``, ``maximize=False``
@@ -402,11 +512,14 @@ class Optimizer:
             raise KeyError(f"{where}: expected a dict with 'state' and 'param_groups' "
                            "(Optimizer.state_dict()'s layout), got "
                            f"{_short(state_dict)}") from None
-        if not isinstance(groups, (list, tuple)) or len(groups) != 1 \
-                or not isinstance(groups[0], dict):
-            raise ValueError(f"{where}: 'param_groups' must be a list of one dict (miniflow "
-                             f"optimizers have one group), got {_short(groups)}")
-        hyper = self._checked_group(where, dict(groups[0]))
+        if not isinstance(groups, (list, tuple)) or not all(isinstance(g, dict) for g in groups):
+            raise ValueError(f"{where}: 'param_groups' must be a list of dicts, one per group, "
+                             f"got {_short(groups)}")
+        if len(groups) != len(self._groups):
+            raise ValueError(f"{where}: loaded state dict has a different number of parameter "
+                             f"groups ({len(groups)}; this optimizer has {len(self._groups)})")
+        hypers = [self._checked_group(where, j, dict(loaded), *spans)
+                  for j, (loaded, spans) in enumerate(zip(groups, self.group_slices()))]
         if not isinstance(st, dict) or len(st) != len(self.params):
             raise ValueError(f"{where}: 'state' must map each of the {len(self.params)} "
                              f"parameter indices to its state, got {_short(st)}")
@@ -427,8 +540,9 @@ class Optimizer:
             for s, new in zip(self.state, arrays):
                 for k, v in s.items():
                     backend.copy_in(v, new[k])
-            dict.update(self._group, hyper)  # in place: references to param_groups[0] stay valid
-            self._write_lr(hyper["lr"])
+            for j, (group, hyper) in enumerate(zip(self._groups, hypers)):
+                dict.update(group, hyper)  # in place: references to param_groups[j] stay valid
+                self._write_lr(j, hyper["lr"])
             self.__dict__.update(counts)
             self.version += 1
         return assign
@@ -443,29 +557,45 @@ class Optimizer:
     defaults): :meth:`load_state_dict` drops them at that value and refuses any other, so a
     ``torch.optim`` state dict of the same algorithm loads."""
 
-    def _checked_group(self, where: str, group: dict) -> dict:
-        """The validated hyper-parameters of a loaded param group."""
-        params = group.pop("params", None)
-        expected = list(range(len(self.params)))
-        if params is not None and list(params) != expected:
-            raise ValueError(f"{where}: param_groups[0]['params'] is {_short(params)}, expected "
-                             f"{expected} (one index per parameter)")
+    def _drop_torch_keys(self, where: str, j: int, loaded: dict, known: dict) -> None:
+        """Remove from ``loaded`` (group ``j``) the :attr:`torch_keys` at their no-op values."""
         for key, neutral in self.torch_keys.items():
-            if key in group and key not in self.hyper:
-                value = group.pop(key)
+            if key in loaded and key not in known:
+                value = loaded.pop(key)
                 if (value is not None if neutral is None else value is None or value != neutral):
-                    raise ValueError(f"{where}: param_groups[0][{key!r}] is {value!r}; miniflow's "
-                                     f"{type(self).__name__} runs only PyTorch's {key}="
-                                     f"{neutral!r} (leave the key out, or set it to {neutral!r})")
-        unknown = sorted(set(group) - set(self.hyper) - {"initial_lr"}, key=str)
+                    raise ValueError(f"{where}: param_groups[{j}][{key!r}] is {value!r}; "
+                                     f"miniflow's {type(self).__name__} runs only PyTorch's "
+                                     f"{key}={neutral!r} (leave the key out, or set it to "
+                                     f"{neutral!r})")
+
+    def _checked_group(self, where: str, j: int, loaded: dict, current: dict, first: int,
+                       stop: int) -> dict:
+        """The validated hyper-parameters of loaded param group ``j`` (``current``, holding
+        ``params[first:stop]``)."""
+        params = loaded.pop("params", None)
+        expected = list(range(first, stop))
+        if params is not None:
+            if not isinstance(params, (list, tuple)) or len(params) != len(expected):
+                raise ValueError(f"{where}: loaded state dict contains a parameter group that "
+                                 f"doesn't match the size of optimizer's group: "
+                                 f"param_groups[{j}]['params'] is {_short(params)}, expected "
+                                 f"{len(expected)} indices")
+            if list(params) != expected:
+                raise ValueError(f"{where}: param_groups[{j}]['params'] is {_short(params)}, "
+                                 f"expected {_short(expected)} (one index per parameter, "
+                                 "counted across the groups)")
+        known = current.hyper()
+        self._drop_torch_keys(where, j, loaded, known)
+        unknown = sorted(set(loaded) - set(known) - {"initial_lr"}, key=str)
         if unknown:
-            raise KeyError(f"{where}: unknown hyper-parameters {unknown} in param_groups[0]; "
-                           f"{type(self).__name__} has {sorted(self.hyper)}")
-        optional = {k: v for k, v in self.hyper.items() if k in CLIP_KEYS or k == "initial_lr"}
+            raise KeyError(f"{where}: unknown hyper-parameters {unknown} in param_groups[{j}]; "
+                           f"{type(self).__name__} has {sorted(known)}")
+        optional = {k: v for k, v in known.items() if k in CLIP_KEYS or k == "initial_lr"}
         try:
-            return self.validated({**optional, **group})
+            self._check_fixed(type(self).__name__, current, loaded)
+            return self.validated({**optional, **loaded})
         except (KeyError, TypeError, ValueError) as e:
-            raise type(e)(f"{where}: param_groups[0]: {e.args[0]}") from None
+            raise type(e)(f"{where}: param_groups[{j}]: {e.args[0]}") from None
 
     def _checked_state(self, where: str, i: int, key: str, st: dict, current) -> np.ndarray:
         """Loaded state ``key`` of parameter ``i`` as an array of ``current``'s dtype and shape."""
@@ -473,8 +603,8 @@ class Optimizer:
         try:
             value = st[i][key]
         except (KeyError, IndexError, TypeError):
-            raise KeyError(f"{where}: missing {what}; every parameter needs "
-                           f"{list(self.state_names)}") from None
+            raise KeyError(f"{where}: missing {what}; parameter {i} needs "
+                           f"{list(self.state[i])}") from None
         if isinstance(value, Tensor):
             value = value.numpy()
         a = np.asarray(value)
@@ -502,30 +632,31 @@ class Optimizer:
 
     # ------------------------------------------------------------------ copy and pickle
     def __getstate__(self) -> dict:
-        """State arrays and the learning-rate array as NumPy copies (device arrays do not
+        """State arrays and the learning-rate arrays as NumPy copies (device arrays do not
         pickle); parameters as they are."""
         LEDGER.flush()                       # the step counts up to date
         state = dict(self.__dict__)
         to_numpy = get_backend().to_numpy
         state["state"] = [{k: to_numpy(v) for k, v in s.items()} for s in self.state]
-        state["learning_rate"] = to_numpy(self.learning_rate)
+        state["learning_rates"] = [to_numpy(a) for a in self.learning_rates]
         return state
 
     def __setstate__(self, state: dict) -> None:
         backend = get_backend()
         state["state"] = [{k: backend.from_numpy(v) for k, v in s.items()} for s in state["state"]]
-        state["learning_rate"] = backend.from_numpy(state["learning_rate"])
-        state["_lr_host"] = np.array(state["_lr_host"])
+        state["learning_rates"] = [backend.from_numpy(a) for a in state["learning_rates"]]
+        state["_lr_host"] = [np.array(a) for a in state["_lr_host"]]
         self.__dict__.update(state)
 
     def __copy__(self) -> "Optimizer":
         """``copy.copy``: an optimizer of the same Parameters with copies of the state arrays and
-        its own ParamGroup (a shared group would change both optimizers' hyper-parameters while
+        its own ParamGroups (a shared group would change both optimizers' hyper-parameters while
         only one of them marks its graphs for recompilation)."""
         new = type(self).__new__(type(self))
         new.__setstate__(self.__getstate__())
         new.params = list(self.params)
-        new._group = ParamGroup(new, self.hyper, new.params)
+        new._groups = [ParamGroup(new, g.hyper(), list(g["params"])) for g in self._groups]
+        new.defaults = dict(self.defaults)
         return new
 
 

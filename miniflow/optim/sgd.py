@@ -59,8 +59,8 @@ class SGD(Optimizer):
                              f"{out['momentum']:g})")
         return out
 
-    def emit_update(self, graph, index, name, param, grad, lr, skip_if) -> None:
-        h = self.hyper
+    def emit_update(self, graph, index, name, param, grad, lr, skip_if, hyper) -> None:
+        h = hyper
         state = self._state_values(graph, name, index) if h["momentum"] != 0 else []
         emitter(graph)("sgd_update", param, grad, lr, skip_if, *state, momentum=h["momentum"],
                        weight_decay=h["weight_decay"], nesterov=h["nesterov"])
