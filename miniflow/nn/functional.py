@@ -18,6 +18,7 @@ from .activations import *  # noqa: F401,F403  (the activation functions: relu .
 from .attention import scaled_dot_product_attention
 from .dropout import dropout
 from .layer_norm import layer_norm
+from .loss import cross_entropy
 from .sparse import embedding
 
 __all__ = ["softmax", "log_softmax", "cross_entropy", "linear", "conv2d", "max_pool2d",
@@ -174,42 +175,6 @@ def flatten(input: Tensor, start_dim: int = 0, end_dim: int = -1) -> Tensor:
     """``input`` with dims ``start_dim .. end_dim`` merged into one (``torch.flatten``). Op
     ``flatten``."""
     return apply("flatten", [input], start_dim=start_dim, end_dim=end_dim)
-
-
-def cross_entropy(logits: Tensor, labels, reduction: str = "mean",
-                  label_smoothing: float = 0.0) -> Tensor:
-    """Softmax cross-entropy of logits [N, C] against int64 class indices [N].
-
-    Op ``sparse_softmax_cross_entropy`` then ``reduce_sum`` (and ``scalar_mul(1/N)`` for "mean").
-    reduction: "mean" | "sum" | "none".
-
-    ``label_smoothing`` ε in [0, 1] (``torch.nn.functional.cross_entropy``'s; Szegedy et al.,
-    "Rethinking the Inception Architecture", CVPR 2016): the target is ``(1 - ε) onehot + ε / C``,
-    so the per-sample loss is ``(1 - ε) * nll - ε / C * sum_c log_softmax(logits)_c``, built from
-    the ops ``sparse_softmax_cross_entropy``, ``log_softmax``, ``reduce_sum`` and scalar
-    multiplies (their gradients give the smoothed one, ``softmax - target``). ε = 0 builds the
-    graph without the smoothing term.
-
-    Raises:
-        ValueError: unknown reduction; label_smoothing not a number in [0, 1] (PyTorch's "must
-            be between 0.0 and 1.0"); shape errors from the op name both shapes. Labels outside
-            [0, C) raise ValueError when the graph runs.
-    """
-    if reduction not in ("mean", "sum", "none"):
-        raise ValueError(f"cross_entropy: reduction must be 'mean', 'sum' or 'none', got {reduction!r}")
-    if isinstance(label_smoothing, bool) or not isinstance(label_smoothing, numbers.Real) \
-            or not 0.0 <= float(label_smoothing) <= 1.0:
-        raise ValueError(f"cross_entropy: label_smoothing must be a number between 0.0 and 1.0, "
-                         f"got {label_smoothing!r}")
-    eps = float(label_smoothing)
-    labels = labels if isinstance(labels, Tensor) else tensor(labels)
-    _, per_sample = apply("sparse_softmax_cross_entropy", [logits, labels])
-    if eps != 0.0:
-        uniform = log_softmax(logits, -1).sum(-1) * (-eps / logits.shape[-1])
-        per_sample = per_sample * (1.0 - eps) + uniform
-    if reduction == "none":
-        return per_sample
-    return per_sample.mean() if reduction == "mean" else per_sample.sum()
 
 
 def white_identity(x: Tensor) -> Tensor:
