@@ -114,7 +114,10 @@ class _BatchNorm(Module):
                              f"{list(x.shape)} ({x.ndim}-D)")
         if x.shape[1] != self.num_features:
             raise ValueError(f"{name}({self.num_features}): the input has {x.shape[1]} "
-                             f"channels (shape {list(x.shape)})")
+                             f"channels in dim 1 (shape {list(x.shape)}), expected "
+                             f"{self.num_features}: make the layer {name}({x.shape[1]}), or "
+                             f"check the layer before it (its output channels) and that the "
+                             f"input is channels-first [N, C, ...]")
         batch_stats = self.training or not self._has_running_stats
         stats = (self.running_mean, self.running_var)
         if self.training and self._has_running_stats:
