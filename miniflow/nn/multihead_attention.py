@@ -16,6 +16,7 @@ from ..tensor import Tensor, apply
 from .attention import _apply_mask, _mask, _scores, _weighted
 from .dropout import dropout, dropout_state
 from .layers import Linear
+from .factory import param_dtype
 from .module import Module, Parameter
 
 __all__ = ["MultiheadAttention"]
@@ -37,18 +38,22 @@ class MultiheadAttention(Module):
         bias: learn ``in_proj_bias`` and ``out_proj.bias`` (zeros).
         batch_first: inputs and output ``[N, L, E]`` (True) or ``[L, N, E]`` (PyTorch's default
             False).
+        device, dtype: PyTorch's factory keywords (keyword-only here: PyTorch's positional
+            arguments ``add_bias_kv`` ... ``vdim`` are not supported; ``nn.factory.param_dtype``).
 
     Parameters (PyTorch's names and initialisation): ``in_proj_weight [3E, E]`` (Xavier uniform;
     rows ``q``, ``k``, ``v``), ``in_proj_bias [3E]``, ``out_proj`` a ``Linear(E, E)``.
 
     Raises:
         ValueError: ``embed_dim`` not divisible by ``num_heads`` (PyTorch's message, with the
-            values), or a size that is not a positive integer.
+            values), a size that is not a positive integer, a device other than the process's.
+        TypeError: a dtype that is not a floating dtype of miniflow.
     """
 
     def __init__(self, embed_dim: int, num_heads: int, dropout: float = 0.0, bias: bool = True,
-                 batch_first: bool = False):
+                 batch_first: bool = False, *, device=None, dtype=None):
         super().__init__()
+        dt = param_dtype("MultiheadAttention", device, dtype)
         for name, v in (("embed_dim", embed_dim), ("num_heads", num_heads)):
             if isinstance(v, bool) or not isinstance(v, numbers.Integral) or v <= 0:
                 raise ValueError(f"MultiheadAttention: {name} must be a positive integer, got "
@@ -63,11 +68,11 @@ class MultiheadAttention(Module):
         self.dropout, self.batch_first = float(dropout), bool(batch_first)
         bound = math.sqrt(6.0 / (e + 3 * e))                   # xavier_uniform_ of [3E, E]
         self.in_proj_weight = Parameter(generator().uniform(-bound, bound, (3 * e, e))
-                                        .astype(np.float32))
-        self.in_proj_bias = Parameter(np.zeros(3 * e, np.float32)) if bias else None
-        self.out_proj = Linear(e, e, bias=bias)
+                                        .astype(dt))
+        self.in_proj_bias = Parameter(np.zeros(3 * e, dt)) if bias else None
+        self.out_proj = Linear(e, e, bias=bias, dtype=dt)
         if bias:
-            self.out_proj.bias = Parameter(np.zeros(e, np.float32))
+            self.out_proj.bias = Parameter(np.zeros(e, dt))
         self.register_buffer("rng_state", dropout_state(), persistent=False)
 
     def _project(self, x: Tensor, k: int) -> Tensor:

@@ -11,6 +11,7 @@ from ..dtype import int64
 from ..ops.indexing import first_bad
 from ..random import generator
 from ..tensor import Tensor, apply, tensor
+from .factory import param_dtype
 from .module import Module, Parameter
 
 __all__ = ["Embedding", "embedding"]
@@ -58,18 +59,24 @@ class Embedding(Module):
     ``weight`` f32 ``[num_embeddings, embedding_dim]`` initialised N(0, 1) as PyTorch's;
     ``forward(ids [*]) -> [*, embedding_dim]``.
 
+    ``device`` / ``dtype`` (keyword-only here: PyTorch's positional arguments after
+    ``embedding_dim``, ``padding_idx`` ..., are not supported): PyTorch's factory keywords
+    (``nn.factory.param_dtype``).
+
     Raises:
-        ValueError: a size that is not a positive integer.
+        ValueError: a size that is not a positive integer, a device other than the process's.
+        TypeError: a dtype that is not a floating dtype of miniflow.
     """
 
-    def __init__(self, num_embeddings: int, embedding_dim: int):
+    def __init__(self, num_embeddings: int, embedding_dim: int, *, device=None, dtype=None):
         super().__init__()
         for name, v in (("num_embeddings", num_embeddings), ("embedding_dim", embedding_dim)):
             if isinstance(v, bool) or not isinstance(v, numbers.Integral) or v <= 0:
                 raise ValueError(f"Embedding: {name} must be a positive integer, got {v!r}")
+        dt = param_dtype("Embedding", device, dtype)
         self.num_embeddings, self.embedding_dim = int(num_embeddings), int(embedding_dim)
         self.weight = Parameter(generator().standard_normal((num_embeddings, embedding_dim))
-                                .astype(np.float32))
+                                .astype(dt))
 
     def forward(self, ids):
         return embedding(ids, self.weight)
