@@ -89,8 +89,9 @@ class MultiheadAttention(Module):
         fn = "MultiheadAttention"
         for name, t in (("query", query), ("key", key), ("value", value)):
             if t.ndim != 3:
-                raise ValueError(f"{fn}: {name} must be batched 3-D ([N, L, E] with batch_first, "
-                                 f"else [L, N, E]), got shape {list(t.shape)}")
+                raise ValueError(f"{fn}: {name} must be 3-D ([N, L, E] with batch_first, else "
+                                 f"[L, N, E]), or 2-D [L, E] unbatched, got shape "
+                                 f"{list(t.shape)}")
             if t.shape[-1] != self.embed_dim:
                 raise ValueError(f"{fn}: was expecting embedding dimension of "
                                  f"{self.embed_dim}, but got {t.shape[-1]} ({name})")
@@ -130,10 +131,35 @@ class MultiheadAttention(Module):
         ``[N, S]`` (True = ignore that key); ``is_causal`` is a hint that ``attn_mask`` is the
         causal mask (which it then must be given, as PyTorch).
 
+        Unbatched inputs as PyTorch's: ``query [L, E]``, ``key`` / ``value [S, E]``,
+        ``key_padding_mask [S]``, ``attn_mask [L, S]`` or ``[H, L, S]`` give ``[L, E]`` and
+        weights ``[L, S]`` (``[H, L, S]``): a batch of one (op ``reshape``) and back.
+
         Raises:
             ValueError: shapes that do not fit (PyTorch's messages), ``is_causal`` without
                 ``attn_mask``. TypeError: a mask of another dtype.
         """
+        if query.ndim != 2:
+            return self._batched(query, key, value, key_padding_mask, need_weights, attn_mask,
+                                 average_attn_weights, is_causal)
+        if key.ndim != 2 or value.ndim != 2:
+            raise ValueError(f"MultiheadAttention: For unbatched (2-D) query, expected key and "
+                             f"value to be 2-D, but found {key.ndim}-D and {value.ndim}-D "
+                             f"tensors respectively")
+        axis = 0 if self.batch_first else 1
+        if key_padding_mask is not None:
+            key_padding_mask = (key_padding_mask.reshape(1, -1)
+                                if isinstance(key_padding_mask, Tensor)
+                                else np.asarray(key_padding_mask)[None])
+        out, weights = self._batched(*(t.unsqueeze(axis) for t in (query, key, value)),
+                                     key_padding_mask, need_weights, attn_mask,
+                                     average_attn_weights, is_causal)
+        unbatch = (lambda t: None if t is None else t.reshape(tuple(t.shape[1:])))
+        return out.reshape(tuple(query.shape)), unbatch(weights)
+
+    def _batched(self, query, key, value, key_padding_mask, need_weights, attn_mask,
+                 average_attn_weights, is_causal):
+        """:meth:`forward` of batched (3-D) inputs."""
         n, length, src = self._check(query, key, value, attn_mask, key_padding_mask)
         if is_causal and attn_mask is None:
             raise ValueError("MultiheadAttention: Need attn_mask if specifying the is_causal "
