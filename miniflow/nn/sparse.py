@@ -14,29 +14,33 @@ from ..tensor import Tensor, apply, tensor
 from .factory import param_dtype
 from .module import Module, Parameter
 
-__all__ = ["Embedding", "embedding"]
+__all__ = ["Embedding", "embedding", "token_ids"]
 
 
-def _ids(fn: str, input, num: int) -> Tensor:
-    """``input`` as an int64 Tensor; an eager one checked against ``[0, num)``.
+def token_ids(fn: str, input, num: int, name: str = "input",
+              bound: str = "num_embeddings") -> Tensor:
+    """``input`` (an int64 Tensor, or integer array-like: a list, a NumPy array of any integer
+    type) as an int64 Tensor; an eager one checked against ``[0, num)``. ``name`` and ``bound``
+    name the argument and ``num`` in the errors.
 
     Raises:
-        TypeError: not an integer tensor. IndexError: an id out of range, naming it and where."""
+        TypeError: not integers (a float array is refused, never truncated). IndexError: an id
+            out of range, naming it and where."""
     if not isinstance(input, Tensor):
         arr = np.asarray(input)
         if arr.dtype.kind not in "iu":
-            raise TypeError(f"{fn}: ids must be integers, got an array of {arr.dtype}")
+            raise TypeError(f"{fn}: {name} ids must be integers, got an array of {arr.dtype}")
         input = tensor(arr.astype(np.int64))
     if input.dtype is not int64:
-        raise TypeError(f"{fn}: ids must be an int64 tensor (token indices), got "
+        raise TypeError(f"{fn}: {name} ids must be an int64 tensor (token indices), got "
                         f"{input.dtype.name}; convert with .astype(np.int64)")
     if not input.is_lazy:
         found = first_bad(input.numpy(), num)
         if found is not None:
             pos, value, count = found
-            raise IndexError(f"{fn}: index {value} at input{list(pos)} is out of range [0, {num}) "
-                             f"(num_embeddings={num}; {count} of {int(np.prod(input.shape))} "
-                             f"ids out of range)")
+            raise IndexError(f"{fn}: index {value} at {name}{list(pos)} is out of range "
+                             f"[0, {num}) ({bound}={num}; {count} of "
+                             f"{int(np.prod(input.shape))} ids out of range)")
     return input
 
 
@@ -50,7 +54,7 @@ def embedding(input, weight: Tensor) -> Tensor:
         TypeError: non-integer ids. IndexError: an eager id outside ``[0, num_embeddings)``,
             naming the id and its position.
     """
-    ids = _ids("embedding", input, weight.shape[0])
+    ids = token_ids("embedding", input, weight.shape[0])
     return apply("gather", [weight, ids], axis=0)
 
 
