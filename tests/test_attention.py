@@ -238,3 +238,21 @@ def test_multihead_attention_takes_unbatched_inputs_as_pytorch(batch_first, per_
     with pytest.raises(ValueError, match="For unbatched \\(2-D\\) query, expected key and value "
                                          "to be 2-D, but found 3-D and 2-D"):
         mha(mf.tensor(q), mf.tensor(k[None]), mf.tensor(k))
+
+
+def test_multihead_attention_refuses_3d_and_padding_masks_of_the_wrong_shape():
+    """Issue 25's "an ``attn_mask`` of the wrong shape": PyTorch's messages for the 3-D mask
+    (``[N * num_heads, L, S]``) and ``key_padding_mask`` (``[N, S]``), at build time."""
+    mha = mf.nn.MultiheadAttention(8, 2, batch_first=True)
+    x = mf.tensor(np.zeros((2, 4, 8), np.float32))
+    with pytest.raises(ValueError, match=r"The shape of the 3D attn_mask is \[2, 4, 4\], but "
+                                         r"should be \[4, 4, 4\]"):
+        mha(x, x, x, attn_mask=np.zeros((2, 4, 4), bool))
+    with pytest.raises(ValueError, match=r"expected key_padding_mask of shape \[2, 4\] "
+                                         r"\(\[N, S\]\), got \[2, 3\]"):
+        mha(x, x, x, key_padding_mask=np.zeros((2, 3), bool))
+    ref = torch.nn.MultiheadAttention(8, 2, batch_first=True)
+    for kw in ({"attn_mask": _t(np.zeros((2, 4, 4), bool))},
+               {"key_padding_mask": _t(np.zeros((2, 3), bool))}):
+        with pytest.raises((RuntimeError, AssertionError)):     # torch asserts the padding
+            ref(*(torch.zeros(2, 4, 8),) * 3, **kw)

@@ -148,3 +148,13 @@ def test_ids_and_targets_are_checked_where_the_user_passes_them():
         model(IDX, bad)
     with pytest.raises(ValueError, match=r"gpt: targets must have idx's shape"):
         _Train(model)(mf.tensor(IDX), mf.tensor(TGT[:, :-1]))
+
+
+def test_a_sequence_longer_than_the_position_table_is_refused_at_build_time():
+    """Issue 25's acceptance: nanoGPT's assertion ("Cannot forward sequence of length 13, block
+    size is only 12") when the graph is built, before anything runs."""
+    _, model = _pair()
+    with pytest.raises(ValueError, match="gpt: Cannot forward sequence of length 13, block size "
+                                         "is only 12"):
+        _Train(model)(mf.tensor(np.zeros((1, 13), np.int64)), mf.tensor(np.zeros((1, 13),
+                                                                                  np.int64)))
