@@ -185,6 +185,12 @@ def test_an_empty_batch_names_cross_entropy_and_what_to_do():
                                              r"shape \[0, 5\]\).*skip empty batches"):
             nn.functional.cross_entropy(empty, np.zeros(0, np.int64), **kw)
     assert nn.functional.cross_entropy(empty, np.zeros(0, np.int64), "sum").numpy() == 0.0
+    model = nn.Module()
+    model.logits = nn.Parameter(np.zeros((0, 5), np.float32))   # a training batch of 0 rows
+    step = _IgnoreStep(model, lambda x, y: nn.functional.cross_entropy(x, y))
+    with pytest.raises(ValueError, match=r"cross_entropy: the batch is empty \(input of shape "
+                                         r"\[0, 5\]\)"):
+        step(mf.tensor(np.zeros(0, np.int64)))
 
 
 def test_a_label_of_minus_100_without_ignore_index_says_how_to_ignore_it():
