@@ -249,6 +249,22 @@ class Tensor:
             start += k
         return tuple(out)
 
+    def chunk(self, chunks: int, dim: int = 0) -> tuple:
+        """At most ``chunks`` pieces along ``dim``, each ``ceil(size / chunks)`` long but the
+        last (``torch.Tensor.chunk``: fewer pieces when the size is too small, e.g. 5 in 4
+        chunks gives 2, 2, 1; an empty dim gives ``chunks`` empty pieces); :meth:`split` by
+        that size.
+
+        Raises:
+            ValueError: ``chunks`` not a positive integer (PyTorch's "chunk expects `chunks` to
+                be greater than 0"). IndexError: ``dim`` out of range."""
+        if isinstance(chunks, bool) or not isinstance(chunks, numbers.Integral) or chunks <= 0:
+            raise ValueError(f"chunk: chunks must be a positive integer, got {chunks!r}")
+        n = self.shape[_dim("chunk", dim, self.ndim)]
+        if n == 0:                                   # PyTorch: ``chunks`` empty pieces
+            return self.split([0] * int(chunks), dim)
+        return self.split(-(-n // int(chunks)), dim)
+
     def __getitem__(self, key) -> "Tensor":
         """Basic indexing as PyTorch: ints, slices (step > 0), ``None`` and ``...`` (op
         ``slice``, then ``reshape`` for the dimensions ints remove and ``None`` adds); an int64

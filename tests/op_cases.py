@@ -95,7 +95,9 @@ def _accepts(case) -> bool:
 def cast_cases() -> list:
     """Every cast between f16, bf16, f32, f64 and i64 -> float, on values that probe every
     rounding case (fp16 overflow at 65520, bf16 overflow, subnormals of both, ties, inf, NaN,
-    signed zero)."""
+    signed zero); and float -> i64 of integer values each float type holds exactly (the casts
+    ``cross_entropy(ignore_index=)`` makes of its labels: -100 and the like, 2**40 in f32 and
+    f64)."""
     r = np.random.default_rng(6)
     x = r.standard_normal(300) * np.exp2(r.uniform(-30, 20, 300))
     x = np.concatenate([x, [65504, 65519.99, 65520, 2.0 ** -24, 2.0 ** -25, 3 * 2.0 ** -26, 1e6,
@@ -109,6 +111,11 @@ def cast_cases() -> list:
             xs = ints.astype(np.int64) if src == "int64" else x.astype(as_dtype(src).np)
         for dst in ("float16", "bfloat16", "float32", "float64"):
             cases.append(Case("cast", [xs], {"dtype": dst}, f"exact-to-{dst}"))
+    whole = np.concatenate([np.arange(-256, 257), [-100, 0, 2 ** 10]])
+    for src in ("float16", "bfloat16", "float32", "float64"):
+        big = [2.0 ** 40, -(2.0 ** 40) - 8] if src in ("float32", "float64") else []
+        xs = np.concatenate([whole, big]).astype(as_dtype(src).np)
+        cases.append(Case("cast", [xs], {"dtype": "int64"}, f"whole-{src}-to-int64"))
     return cases
 
 

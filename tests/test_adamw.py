@@ -95,3 +95,19 @@ def test_adamw_under_amp_decays_in_the_fused_update():
     assert fused and all(n.attrs["decoupled_weight_decay"] == 0.5 for n in fused)
     for a, b in zip(net.parameters(), ref.parameters()):   # float16 compute: close, not equal
         np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=0.05, atol=0.02)
+
+
+@pytest.mark.parametrize("kw,message", [
+    ({"betas": (1.5, 0.9)}, r"AdamW: beta1 must be finite and in \[0, 1\)"),
+    ({"betas": 0.9}, r"AdamW: betas must be a pair"),
+    ({"eps": -1.0}, r"AdamW: eps must be finite"),
+    ({"weight_decay": -0.1}, r"AdamW: weight_decay must be finite"),
+    ({"amsgrad": "yes"}, r"AdamW: amsgrad must be True or False"),
+])
+def test_adamw_errors_name_adamw(kw, message):
+    """A bad hyper-parameter of ``AdamW`` was reported as ``Adam: ...``, the base class the user
+    never named; PyTorch's ``AdamW`` errors ("Invalid beta parameter at index 0: 1.5") are
+    raised by the class called."""
+    p = mf.nn.Parameter(np.zeros(2, np.float32))
+    with pytest.raises((ValueError, TypeError), match=message):
+        mf.optim.AdamW([p], **kw)

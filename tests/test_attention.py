@@ -190,3 +190,69 @@ def test_embedding_ids_out_of_range_are_named():
     with pytest.raises(IndexError, match=r"gather: index -1 at indices\[0, 1\] is out of range "
                                          r"\[0, 10\) of axis 0 of \[10,4\]"):
         graph(mf.tensor(np.array([[2, -1]], np.int64)))
+
+
+def test_scaled_dot_product_attention_refuses_a_mask_of_the_wrong_shape_or_dtype():
+    """PyTorch refuses a mask that does not broadcast to ``[*, L, S]`` (a size mismatch at the
+    add) and a mask that is neither bool nor float ("only bool and floating types of masks are
+    supported"); miniflow at build time, naming the shapes and the shape to give. Before, a
+    wrong shape failed inside ``masked_fill``'s inference, naming an op the user never called."""
+    q, k = (mf.tensor(np.zeros(s, np.float32)) for s in ((2, 3, 5, 4), (2, 3, 7, 4)))
+    with pytest.raises(ValueError, match=r"scaled_dot_product_attention: attn_mask of shape "
+                                         r"\[7, 5\] does not broadcast to the attention scores "
+                                         r"\[\*, L, S\] = \[2, 3, 5, 7\]; give it the shape "
+                                         r"\[L, S\] = \[5, 7\]"):
+        F.scaled_dot_product_attention(q, k, k, attn_mask=np.ones((7, 5), bool))
+    with pytest.raises(ValueError, match=r"attn_mask of shape \[4, 5, 7\] does not broadcast"):
+        F.scaled_dot_product_attention(q, k, k, attn_mask=np.zeros((4, 5, 7), np.float32))
+    with pytest.raises(TypeError, match="only bool and floating types of masks are supported, "
+                                        "got an array of int32"):
+        F.scaled_dot_product_attention(q, k, k, attn_mask=np.ones((5, 7), np.int32))
+    for bad in (np.ones((7, 5), bool), np.ones((5, 7), np.int32)):
+        with pytest.raises(RuntimeError):
+            torch.nn.functional.scaled_dot_product_attention(
+                *(torch.zeros(s) for s in ((2, 3, 5, 4), (2, 3, 7, 4), (2, 3, 7, 4))),
+                attn_mask=torch.tensor(bad))
+
+
+@pytest.mark.parametrize("batch_first", [True, False])
+@pytest.mark.parametrize("per_head", [True, False])
+def test_multihead_attention_takes_unbatched_inputs_as_pytorch(batch_first, per_head):
+    """PyTorch's ``MultiheadAttention`` doc: ``query (L, E)`` "for unbatched input", with
+    ``key_padding_mask (S)`` and ``attn_mask (L, S)`` or ``(num_heads, L, S)``, gives
+    ``(L, E)`` and weights ``(L, S)`` (``(num_heads, L, S)`` per head); before, miniflow
+    refused a 2-D query."""
+    ref = torch.nn.MultiheadAttention(8, 2, batch_first=batch_first)
+    mha = mf.nn.MultiheadAttention(8, 2, batch_first=batch_first)
+    mha.load_state_dict(_sd(ref))
+    q, k = (R.standard_normal(s).astype(np.float32) for s in ((5, 8), (6, 8)))
+    kw = {"key_padding_mask": np.array([False] * 5 + [True]),
+          "attn_mask": R.random((2, 5, 6)) < 0.3 if per_head else np.triu(np.ones((5, 6), bool),
+                                                                         2)}
+    want, want_w = ref(_t(q), _t(k), _t(k), average_attn_weights=not per_head,
+                       **_torch_masks(kw))
+    got, got_w = mha(mf.tensor(q), mf.tensor(k), mf.tensor(k), average_attn_weights=not per_head,
+                     **kw)
+    np.testing.assert_allclose(got.numpy(), want.detach().numpy(), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(got_w.numpy(), want_w.detach().numpy(), rtol=1e-5, atol=1e-6)
+    with pytest.raises(ValueError, match="For unbatched \\(2-D\\) query, expected key and value "
+                                         "to be 2-D, but found 3-D and 2-D"):
+        mha(mf.tensor(q), mf.tensor(k[None]), mf.tensor(k))
+
+
+def test_multihead_attention_refuses_3d_and_padding_masks_of_the_wrong_shape():
+    """Issue 25's "an ``attn_mask`` of the wrong shape": PyTorch's messages for the 3-D mask
+    (``[N * num_heads, L, S]``) and ``key_padding_mask`` (``[N, S]``), at build time."""
+    mha = mf.nn.MultiheadAttention(8, 2, batch_first=True)
+    x = mf.tensor(np.zeros((2, 4, 8), np.float32))
+    with pytest.raises(ValueError, match=r"The shape of the 3D attn_mask is \[2, 4, 4\], but "
+                                         r"should be \[4, 4, 4\]"):
+        mha(x, x, x, attn_mask=np.zeros((2, 4, 4), bool))
+    with pytest.raises(ValueError, match=r"expected key_padding_mask of shape \[2, 4\] "
+                                         r"\(\[N, S\]\), got \[2, 3\]"):
+        mha(x, x, x, key_padding_mask=np.zeros((2, 3), bool))
+    ref = torch.nn.MultiheadAttention(8, 2, batch_first=True)
+    for kw in ({"attn_mask": _t(np.zeros((2, 4, 4), bool))},
+               {"key_padding_mask": _t(np.zeros((2, 3), bool))}):
+        with pytest.raises((RuntimeError, AssertionError)):     # torch asserts the padding
+            ref(*(torch.zeros(2, 4, 8),) * 3, **kw)

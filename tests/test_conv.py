@@ -277,8 +277,9 @@ class ConvGraph(mf.nn.Graph):
      r"than the padded input \(2 \+ 2 \* 0\)"),
     ((1, 3, 4, 4), (2, 3, 3, 3), {"dilation": 2, "padding": 0},
      r"conv2d: the kernel \(extent 5 = dilation 2 \* \(kernel 3 - 1\) \+ 1 along H\)"),
-    ((3, 5, 5), (2, 3, 3, 3), {},
-     r"conv2d: the input must be 4-D \[N, C, H, W\], got shape \(3, 5, 5\)"),
+    ((5, 5), (2, 3, 3, 3), {},
+     r"conv2d: expected a 3-D \(unbatched\) \[C, H, W\] or 4-D \(batched\) \[N, C, H, W\] "
+     r"input, but got input of shape \[5, 5\] \(2-D\)"),
     ((1, 3, 5, 5), (2, 3, 3), {},
      r"conv2d: the weight must be 4-D \[N, C, H, W\], got shape \(2, 3, 3\)"),
     ((1, 4, 5, 5), (3, 2, 3, 3), {"groups": 2},
@@ -362,3 +363,46 @@ def test_an_empty_channel_or_plane_is_refused_as_torch_refuses_it(shape, message
     if torch is not None:
         with pytest.raises(RuntimeError):
             torch.nn.Conv2d(3, 4, 3)(torch.zeros(shape))
+
+
+@needs_torch
+@pytest.mark.parametrize("bias", [True, False])
+def test_an_unbatched_input_convolves_as_torch(bias):
+    """``nn.Conv2d`` takes ``[C, H, W]`` as well as ``[N, C, H, W]`` (PyTorch's ``Conv2d`` doc:
+    "Input: (N, C_in, H_in, W_in) or (C_in, H_in, W_in)"; ``test_nn.py``'s
+    ``test_conv_modules_raise_error_on_incorrect_input_size`` / unbatched module tests): the
+    output, and the gradients of a training step, are PyTorch's."""
+    torch.manual_seed(0)
+    ref = torch.nn.Conv2d(3, 4, 3, padding=1, bias=bias)
+    conv = mf.nn.Conv2d(3, 4, 3, padding=1, bias=bias)
+    conv.load_state_dict({k: v.detach().numpy() for k, v in ref.state_dict().items()})
+    x = np.random.default_rng(3).standard_normal((3, 6, 5)).astype(np.float32)
+    want = ref(torch.tensor(x))
+    np.testing.assert_allclose(conv(mf.tensor(x)).numpy(), want.detach().numpy(), rtol=1e-5,
+                               atol=1e-5)
+    want.square().sum().backward()
+
+    class Step(mf.nn.Graph):
+        def __init__(self):
+            super().__init__()
+            self.conv = conv
+            self.add_optimizer(mf.optim.SGD(conv.parameters(), lr=1.0))
+
+        def build(self, a):
+            y = self.conv(a)
+            (y * y).sum().backward()
+            return y
+
+    before = {k: v.copy() for k, v in conv.state_dict().items()}
+    assert Step()(mf.tensor(x)).shape == (4, 6, 5)
+    for name, p in ref.named_parameters():
+        np.testing.assert_allclose(before[name] - conv.state_dict()[name], p.grad.numpy(),
+                                   rtol=1e-4, atol=1e-4, err_msg=name)
+
+
+@pytest.mark.parametrize("shape", [(8, 8), (1, 1, 3, 8, 8)], ids=str)
+def test_an_input_of_another_rank_names_conv2d_and_the_ranks_it_takes(shape):
+    with pytest.raises(ValueError, match=r"conv2d: expected a 3-D \(unbatched\) \[C, H, W\] or "
+                                         r"4-D \(batched\) \[N, C, H, W\] input, but got input "
+                                         rf"of shape \[{', '.join(map(str, shape))}\]"):
+        mf.nn.Conv2d(3, 4, 3)(mf.tensor(np.zeros(shape, np.float32)))

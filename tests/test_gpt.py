@@ -86,7 +86,8 @@ def test_bad_sequences_and_state_dicts_are_refused_clearly():
     with pytest.raises(ValueError, match="Cannot forward sequence of length 13, block size is "
                                          "only 12"):
         model(np.zeros((1, 13), np.int64))
-    with pytest.raises(IndexError, match=r"index 23 at input\[0, 2\] is out of range \[0, 23\)"):
+    with pytest.raises(IndexError, match=r"gpt: index 23 at idx\[0, 2\] is out of range "
+                                         r"\[0, 23\) \(vocab_size=23"):
         model(np.array([[1, 2, 23]]))
     bad = dict(model.state_dict())
     bad["lm_head.weight"] = bad["lm_head.weight"] + 1
@@ -122,3 +123,38 @@ def test_nanogpt_attention_code_runs_on_miniflow_tensors():
     got = _nano_attention(mf.nn.functional, mf.tensor(x), *(mf.tensor(w) for w in ws), 2,
                           mf.tensor(mask.astype(np.int64)))
     np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-5, atol=1e-6)
+
+
+def test_ids_and_targets_are_checked_where_the_user_passes_them():
+    """nanoGPT's ``forward(idx, targets)`` takes ``targets`` of ``idx``'s shape; a mismatch
+    failed inside a ``reshape`` ("cannot reshape %in0 (i64[3,7])"), a list of ids raised
+    ``AttributeError: 'list' object has no attribute 'ndim'``, and float ids were truncated
+    to int64 without a word. Now: lists are ids, floats are refused, the shapes and the
+    target values are checked naming ``gpt`` and the argument (PyTorch's ``cross_entropy``
+    raises for a target out of range, "Target 23 is out of bounds")."""
+    _, model = _pair()
+    np.testing.assert_array_equal(model(IDX.tolist()).numpy(), model(IDX).numpy())
+    with pytest.raises(ValueError, match=r"gpt: targets must have idx's shape \[3, 10\] "
+                                         r"\(\[batch, time\]: the next token of each\), got "
+                                         r"\[3, 9\]"):
+        model(IDX, TGT[:, :-1])
+    with pytest.raises(TypeError, match="gpt: idx ids must be integers, got an array of "
+                                        "float64"):
+        model(IDX + 0.5)
+    bad = TGT.copy()
+    bad[2, 4] = 23
+    with pytest.raises(IndexError, match=r"gpt: index 23 at targets\[2, 4\] is out of range "
+                                         r"\[0, 23\) \(vocab_size=23; 1 of 30 ids"):
+        model(IDX, bad)
+    with pytest.raises(ValueError, match=r"gpt: targets must have idx's shape"):
+        _Train(model)(mf.tensor(IDX), mf.tensor(TGT[:, :-1]))
+
+
+def test_a_sequence_longer_than_the_position_table_is_refused_at_build_time():
+    """Issue 25's acceptance: nanoGPT's assertion ("Cannot forward sequence of length 13, block
+    size is only 12") when the graph is built, before anything runs."""
+    _, model = _pair()
+    with pytest.raises(ValueError, match="gpt: Cannot forward sequence of length 13, block size "
+                                         "is only 12"):
+        _Train(model)(mf.tensor(np.zeros((1, 13), np.int64)), mf.tensor(np.zeros((1, 13),
+                                                                                  np.int64)))

@@ -85,3 +85,118 @@ def _ops(eps) -> list:
     step = _Step(model, eps, "mean")
     step(mf.tensor(LABELS))
     return [n.op.name for n in step.ir.nodes]
+
+
+# ------------------------------------------------------------------------------ ignore_index
+IGNORED = np.array([0, -100, 2, -100, 1, 3], np.int64)
+
+
+def _ignore_oracle(labels, ignore_index, eps, reduction):
+    """PyTorch's ``ignore_index`` in float64 (``torch.nn.functional.cross_entropy`` doc): the
+    rows whose label is ``ignore_index`` add no loss and get no gradient; "mean" divides by the
+    number of the other rows."""
+    x = LOGITS.astype(np.float64)
+    keep = labels != ignore_index
+    logp = x - x.max(1, keepdims=True)
+    logp -= np.log(np.exp(logp).sum(1, keepdims=True))
+    target = (1 - eps) * np.eye(x.shape[1])[np.where(keep, labels, 0)] + eps / x.shape[1]
+    per = np.where(keep, -(target * logp).sum(1), 0.0)
+    grad = (np.exp(logp) - target) * keep[:, None]
+    if reduction == "none":
+        return per, grad
+    if reduction == "sum":
+        return per.sum(), grad
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return per.sum() / keep.sum(), grad / keep.sum()
+
+
+class _IgnoreStep(nn.Graph):
+    def __init__(self, model, loss_fn):
+        super().__init__()
+        self.model, self.loss_fn = model, loss_fn
+        self.add_optimizer(mf.optim.SGD(model.parameters(), lr=1.0))
+
+    def build(self, y):
+        loss = self.loss_fn(self.model.logits, y)
+        (loss.sum() if loss.ndim else loss).backward()
+        return loss
+
+
+def _ignore_run(labels, loss_fn):
+    model = nn.Module()
+    model.logits = nn.Parameter(LOGITS.copy())
+    loss = _IgnoreStep(model, loss_fn)(mf.tensor(labels))
+    return loss.numpy(), LOGITS - model.logits.numpy()
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+@pytest.mark.parametrize("eps", [0.0, 0.2])
+@pytest.mark.parametrize("ignore_index", [-100, 2])
+def test_ignore_index_loss_and_gradient_match_the_float64_oracle(ignore_index, eps, reduction):
+    """``ignore_index`` as PyTorch's ``cross_entropy`` (its doc; ``test_nn.py``'s
+    ``test_cross_entropy_loss_ignore_index`` cases): ignored rows add neither loss nor
+    gradient, "mean" is over the kept rows; label smoothing too; an index inside [0, C)."""
+    labels = IGNORED if ignore_index == -100 else np.where(IGNORED == -100, 4, IGNORED)
+    loss, grad = _ignore_run(labels, lambda x, y: nn.functional.cross_entropy(
+        x, y, reduction=reduction, label_smoothing=eps, ignore_index=ignore_index))
+    want_loss, want_grad = _ignore_oracle(labels, ignore_index, eps, reduction)
+    np.testing.assert_allclose(loss, want_loss, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(grad, want_grad, rtol=1e-5, atol=1e-6)
+    assert not grad[labels == ignore_index].any()
+    eager = nn.functional.cross_entropy(mf.tensor(LOGITS), labels, reduction, eps, ignore_index)
+    np.testing.assert_allclose(eager.numpy(), want_loss, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+def test_cross_entropy_loss_module_with_ignore_index_matches_torch(reduction):
+    """``nn.CrossEntropyLoss(ignore_index=-1)`` (nanoGPT's ``ignore_index=-1``) against
+    ``torch.nn.CrossEntropyLoss``: the loss and the logits' gradient."""
+    torch = pytest.importorskip("torch")
+    labels = np.where(IGNORED == -100, -1, IGNORED)
+    x = torch.tensor(LOGITS, requires_grad=True)
+    want = torch.nn.CrossEntropyLoss(ignore_index=-1, reduction=reduction,
+                                     label_smoothing=0.1)(x, torch.tensor(labels))
+    want.sum().backward()
+    loss_fn = nn.CrossEntropyLoss(ignore_index=-1, reduction=reduction, label_smoothing=0.1)
+    loss, grad = _ignore_run(labels, loss_fn)
+    np.testing.assert_allclose(loss, want.detach().numpy(), rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(grad, x.grad.numpy(), rtol=1e-6, atol=1e-6)
+
+
+def test_every_row_ignored_gives_nan_mean_zero_sum_and_no_gradient_as_torch():
+    """PyTorch: a "mean" over no kept row is 0 / 0 = nan, a "sum" 0, and no gradient."""
+    every = np.full(6, -100, np.int64)
+    loss, grad = _ignore_run(every, lambda x, y: nn.functional.cross_entropy(
+        x, y, reduction="sum", ignore_index=-100))
+    assert loss == 0.0 and not grad.any()
+    mean = nn.functional.cross_entropy(mf.tensor(LOGITS), every, ignore_index=-100)
+    assert np.isnan(mean.numpy())
+    torch = pytest.importorskip("torch")
+    assert torch.isnan(torch.nn.functional.cross_entropy(torch.tensor(LOGITS),
+                                                         torch.tensor(every)))
+
+
+def test_an_empty_batch_names_cross_entropy_and_what_to_do():
+    """An empty batch with reduction "mean" was refused by ``Tensor.mean`` ("mean: reducing an
+    empty axis"), naming an op the user never called; PyTorch returns nan."""
+    empty = mf.tensor(np.zeros((0, 5), np.float32))
+    for kw in ({}, {"ignore_index": -100}):
+        with pytest.raises(ValueError, match=r"cross_entropy: the batch is empty \(input of "
+                                             r"shape \[0, 5\]\).*skip empty batches"):
+            nn.functional.cross_entropy(empty, np.zeros(0, np.int64), **kw)
+    assert nn.functional.cross_entropy(empty, np.zeros(0, np.int64), "sum").numpy() == 0.0
+    model = nn.Module()
+    model.logits = nn.Parameter(np.zeros((0, 5), np.float32))   # a training batch of 0 rows
+    step = _IgnoreStep(model, lambda x, y: nn.functional.cross_entropy(x, y))
+    with pytest.raises(ValueError, match=r"cross_entropy: the batch is empty \(input of shape "
+                                         r"\[0, 5\]\)"):
+        step(mf.tensor(np.zeros(0, np.int64)))
+
+
+def test_a_label_of_minus_100_without_ignore_index_says_how_to_ignore_it():
+    with pytest.raises(ValueError, match=r"label\[1\] = -100 .*only with ignore_index=-100"):
+        _ignore_run(IGNORED, lambda x, y: nn.functional.cross_entropy(x, y))
+    with pytest.raises(TypeError, match="ignore_index must be an int"):
+        nn.CrossEntropyLoss(ignore_index=1.5)
+    with pytest.raises(ValueError, match="reduction must be"):
+        nn.CrossEntropyLoss(reduction="avg")

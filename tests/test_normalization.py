@@ -358,3 +358,12 @@ def test_batchnorm1d_under_amp_runs_in_float16_between_two_matmuls():
     (bn,) = [n for n in g.ir.nodes if n.op.name == "normalization"]
     assert bn.inputs[0].dtype is mf.float16 and bn.outputs[0].dtype is mf.float16
     assert [v.dtype for v in bn.inputs[1:]] == [mf.float32] * 4
+
+
+def test_a_channel_mismatch_says_what_to_do():
+    """PyTorch's message ("running_mean should contain 8 elements not 16") names the sizes only;
+    miniflow's names the layer, the shape, and the two fixes."""
+    with pytest.raises(ValueError, match=r"BatchNorm2d\(16\): the input has 8 channels in dim 1 "
+                                         r"\(shape \[2, 8, 4, 4\]\), expected 16: make the layer "
+                                         r"BatchNorm2d\(8\), or check the layer before it"):
+        EvalGraph(nn.BatchNorm2d(16))(np.zeros((2, 8, 4, 4), np.float32))

@@ -155,7 +155,7 @@ def test_group_keys_default_to_the_constructors_and_change_alone():
     assert opt.version == 0
     g1["eps"] = 1e-4
     assert opt.version == 1 and g0["eps"] == 1e-8
-    with pytest.raises(ValueError, match=r"Adam: eps must be finite"):
+    with pytest.raises(ValueError, match=r"AdamW: eps must be finite"):
         g1["eps"] = -1.0
     with pytest.raises(TypeError, match=r"AdamW.param_groups\[1\]: pop\('lr'\) is refused"):
         g1.pop("lr")

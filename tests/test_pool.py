@@ -288,3 +288,30 @@ def test_a_pool_names_the_empty_dim():
         mf.nn.MaxPool2d(2)(mf.tensor(np.zeros((2, 0, 8, 8), np.float32)))
     with pytest.raises(ValueError, match=r"avg_pool_2d: .* has an empty W dim"):
         mf.nn.AvgPool2d(1)(mf.tensor(np.zeros((2, 3, 8, 0), np.float32)))
+
+
+@needs_torch
+@pytest.mark.parametrize("name,kw", [("MaxPool2d", {"kernel_size": 2}),
+                                     ("MaxPool2d", {"kernel_size": 3, "stride": 1, "padding": 1,
+                                                    "return_indices": True}),
+                                     ("AvgPool2d", {"kernel_size": 2, "ceil_mode": True}),
+                                     ("AdaptiveAvgPool2d", {"output_size": (2, None)})])
+def test_an_unbatched_input_pools_as_torch(name, kw):
+    """The pools take ``[C, H, W]`` as well as ``[N, C, H, W]`` (PyTorch's ``MaxPool2d`` /
+    ``AvgPool2d`` / ``AdaptiveAvgPool2d`` docs: "Input: (N, C, H_in, W_in) or (C, H_in,
+    W_in)"), giving ``[C, OH, OW]`` (and the indices of that shape), in eager mode and in a
+    graph."""
+    x = np.random.default_rng(5).standard_normal((3, 7, 6)).astype(np.float32)
+    want = getattr(torch.nn, name)(**kw)(torch.tensor(x))
+    mine = getattr(mf.nn, name)(**kw)
+    for got in (mine(mf.tensor(x)), EvalGraph(mine)(x)):
+        pairs = zip(got, want) if kw.get("return_indices") else [(got, want)]
+        for g, w in pairs:
+            np.testing.assert_allclose(g.numpy(), w.numpy(), rtol=1e-6, atol=1e-6)
+
+
+def test_a_pool_input_of_another_rank_names_the_pool():
+    with pytest.raises(ValueError, match=r"max_pool2d: expected a 3-D \(unbatched\) \[C, H, W\] "
+                                         r"or 4-D \(batched\) \[N, C, H, W\] input, but got "
+                                         r"input of shape \[7, 6\]"):
+        mf.nn.MaxPool2d(2)(mf.tensor(np.zeros((7, 6), np.float32)))

@@ -1,8 +1,8 @@
 """The ``Tensor`` methods a PyTorch ``forward()`` uses (indexing, ``view``, ``unsqueeze``, ``size``,
-``dim``, ``softmax``, ``masked_fill``, ``flatten``, ``split``, ``detach``, ``float`` / ``half``,
-``@`` on batches), eager and traced in an ``nn.Graph``, against NumPy and PyTorch when installed
-(``torch.Tensor``'s documentation and the indexing rules of ``test/test_indexing.py``: basic
-indexing only, steps > 0, PyTorch's error messages)."""
+``dim``, ``softmax``, ``masked_fill``, ``flatten``, ``split``, ``chunk``, ``detach``, ``float`` /
+``half``, ``@`` on batches), eager and traced in an ``nn.Graph``, against NumPy and PyTorch when
+installed (``torch.Tensor``'s documentation and the indexing rules of ``test/test_indexing.py``:
+basic indexing only, steps > 0, PyTorch's error messages)."""
 import numpy as np
 import pytest
 
@@ -97,6 +97,7 @@ METHODS = {
     "softmax_last": (lambda t: t.softmax(-1), (4, 5)),
     "masked_fill": (lambda t: t.masked_fill(_MASK, -2.5), (4, 5)),
     "split": (lambda t: t.split(2, dim=1)[2] * 3.0, (4, 5)),
+    "chunk": (lambda t: t.chunk(3, dim=-1)[1] * 3.0 + t.chunk(3, -1)[2].sum(), (4, 5)),
     "detach": (lambda t: t * t.detach(), (3, 4)),
     "max_dim": (lambda t: t.max(dim=-1)[0] * 2.0, (4, 5)),
     "max_dim_keepdim": (lambda t: t.max(1, keepdim=True).values, (4, 5, 6)),
@@ -170,3 +171,19 @@ def test_numpys_array_protocol_refuses_a_lazy_tensor():
 
     with pytest.raises(RuntimeError, match="cannot read the value of lazy tensor"):
         Read()(np.zeros((2, 3), np.float32))
+
+
+@pytest.mark.parametrize("size,chunks", [(6, 3), (5, 3), (5, 4), (2, 5), (0, 2), (7, 1)])
+def test_chunk_gives_pytorchs_pieces(size, chunks):
+    """``torch.Tensor.chunk``'s sizes (its doc: "may return fewer than the specified number of
+    chunks"), ``q, k, v = x.chunk(3, dim=-1)`` in attention code; missing before (an
+    AttributeError)."""
+    torch = pytest.importorskip("torch")
+    x = R.standard_normal((2, size)).astype(np.float32)
+    want = torch.tensor(x).chunk(chunks, dim=-1)
+    got = mf.tensor(x).chunk(chunks, dim=-1)
+    assert [tuple(p.shape) for p in got] == [tuple(p.shape) for p in want]
+    for g, w in zip(got, want):
+        np.testing.assert_array_equal(g.numpy(), w.numpy())
+    with pytest.raises(ValueError, match="chunk: chunks must be a positive integer, got 0"):
+        mf.tensor(x).chunk(0)

@@ -25,6 +25,7 @@ import numbers
 import numpy as np
 
 from .. import nn
+from ..nn.sparse import token_ids
 from ..random import generator
 from ..tensor import apply, tensor
 
@@ -106,9 +107,15 @@ class GPT(nn.Module):
     tensor under both names); ``load_state_dict`` accepts it when it equals
     ``transformer.wte.weight``.
 
+    ``idx`` / ``targets``: int64 Tensors, or integer arrays or lists (converted; eager ones
+    checked against ``[0, vocab_size)``, lazy ones when the graph runs).
+
     Raises:
         ValueError: a size that is not a positive integer, ``n_embd`` not divisible by
-            ``n_head``; at build time a sequence longer than ``block_size`` (nanoGPT's message).
+            ``n_head``; at build time a sequence longer than ``block_size`` (nanoGPT's message),
+            ``idx`` not 2-D, ``targets`` of another shape than ``idx``.
+        TypeError: ids that are not integers. IndexError: an eager id out of range, naming it
+            and where.
     """
 
     TIED = ("lm_head.weight", "transformer.wte.weight")
@@ -136,7 +143,7 @@ class GPT(nn.Module):
         self.transformer.wte.weight = self.lm_head.weight          # weight tying
 
     def forward(self, idx, targets=None):
-        ids = idx if not isinstance(idx, np.ndarray) else tensor(idx.astype(np.int64))
+        ids = token_ids("gpt", idx, self.vocab_size, "idx", "vocab_size")
         if ids.ndim != 2:
             raise ValueError(f"gpt: idx must be [batch, time] token ids, got shape "
                              f"{list(ids.shape)}")
@@ -144,15 +151,19 @@ class GPT(nn.Module):
         if t > self.block_size:
             raise ValueError(f"gpt: Cannot forward sequence of length {t}, block size is only "
                              f"{self.block_size}")
+        if targets is not None:
+            targets = token_ids("gpt", targets, self.vocab_size, "targets", "vocab_size")
+            if targets.shape != ids.shape:
+                raise ValueError(f"gpt: targets must have idx's shape {list(ids.shape)} "
+                                 f"([batch, time]: the next token of each), got "
+                                 f"{list(targets.shape)}")
         tr = self.transformer
         x = tr.drop(tr.wte(ids) + tr.wpe(tensor(np.arange(t, dtype=np.int64))))
         logits = self.lm_head(tr.ln_f(tr.h(x)))
         if targets is None:
             return logits
-        labels = targets if not isinstance(targets, np.ndarray) else tensor(
-            targets.astype(np.int64))
         loss = nn.functional.cross_entropy(logits.reshape(b * t, self.vocab_size),
-                                           labels.reshape(b * t))
+                                           targets.reshape(b * t))
         return logits, loss
 
     def prepare_load_state_dict(self, state_dict, strict: bool = True):

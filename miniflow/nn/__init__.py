@@ -12,6 +12,7 @@ from .conv import Conv2d
 from .dropout import Dropout
 from .layer_norm import LayerNorm
 from .layers import Flatten, Identity, Linear, Sequential
+from .loss import CrossEntropyLoss
 from .module import Module, Parameter
 from .normalization import BatchNorm1d, BatchNorm2d
 from .pooling import AdaptiveAvgPool2d, AvgPool2d, MaxPool2d
@@ -19,7 +20,7 @@ from .sparse import Embedding
 
 __all__ = ["Graph", "GraphConfig", "Linear", "Module", "Parameter", "Sequential", "Flatten",
            "Identity", "Conv2d", "BatchNorm1d", "BatchNorm2d", "Dropout", "LayerNorm", "Embedding",
-           "MultiheadAttention", "MaxPool2d", "AvgPool2d", "AdaptiveAvgPool2d",
+           "MultiheadAttention", "CrossEntropyLoss", "MaxPool2d", "AvgPool2d", "AdaptiveAvgPool2d",
            "functional", *(name for name in activations.__all__ if not name.islower())]
 
 

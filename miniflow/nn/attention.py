@@ -57,6 +57,14 @@ def _mask(fn: str, mask, invert: bool = False):
     return "float", mask
 
 
+def _broadcasts(shape: tuple, to: tuple) -> bool:
+    """Whether ``shape`` broadcasts to ``to`` (NumPy's rules, the result being ``to``)."""
+    try:
+        return tuple(np.broadcast_shapes(tuple(shape), tuple(to))) == tuple(to)
+    except ValueError:
+        return False
+
+
 def _apply_mask(scores: Tensor, mask) -> Tensor:
     """``scores`` with a ``_mask`` result applied: ``-inf`` where a boolean mask is set, a float
     mask added (cast to the scores' dtype)."""
@@ -94,8 +102,9 @@ def scaled_dot_product_attention(query: Tensor, key: Tensor, value: Tensor, attn
     ``nn.Graph`` an ``nn.Dropout`` of the model must bind it, see ``nn.functional.dropout``).
 
     Raises:
-        ValueError: shapes that do not fit, or ``attn_mask`` together with ``is_causal``
-            (PyTorch refuses both). TypeError: a mask of another dtype.
+        ValueError: shapes that do not fit (an ``attn_mask`` that does not broadcast to ``[*, L,
+            S]`` included), or ``attn_mask`` together with ``is_causal`` (PyTorch refuses
+            both). TypeError: a mask of another dtype.
     """
     fn = "scaled_dot_product_attention"
     if query.ndim < 2 or key.ndim != query.ndim or value.ndim != query.ndim:
@@ -108,11 +117,17 @@ def scaled_dot_product_attention(query: Tensor, key: Tensor, value: Tensor, attn
                          f"{list(key.shape)}, {list(value.shape)}")
     if is_causal and attn_mask is not None:
         raise ValueError(f"{fn}: Explicit attn_mask should not be set when is_causal=True")
+    mask = _mask(fn, attn_mask, invert=True)
+    scores_shape = tuple(query.shape[:-1]) + (key.shape[-2],)
+    if mask is not None and not _broadcasts(mask[1].shape, scores_shape):
+        raise ValueError(f"{fn}: attn_mask of shape {list(mask[1].shape)} does not broadcast to "
+                         f"the attention scores [*, L, S] = {list(scores_shape)}; give it the "
+                         f"shape [L, S] = {list(scores_shape[-2:])} or [*, L, S]")
     scale = 1.0 / math.sqrt(query.shape[-1]) if scale is None else float(scale)
     scores = _scores(query, key, scale)
     if is_causal:
         scores = apply("tril", [scores], diagonal=0, fill_value=-math.inf)
-    scores = _apply_mask(scores, _mask(fn, attn_mask, invert=True))
+    scores = _apply_mask(scores, mask)
     attn = apply("softmax", [scores])
     if dropout_p > 0.0:
         attn = dropout(attn, dropout_p)

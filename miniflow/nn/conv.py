@@ -5,10 +5,9 @@ from __future__ import annotations
 import math
 import numbers
 
-import numpy as np
-
 from ..random import generator
 from . import functional as F
+from .factory import param_dtype
 from .module import Module, Parameter
 
 __all__ = ["Conv2d"]
@@ -31,20 +30,26 @@ def _positive(name: str, v) -> int:
 class Conv2d(Module):
     """2-D convolution over ``x [N, in_channels, H, W]`` -> ``[N, out_channels, OH, OW]``.
 
-    weight: f32[out_channels, in_channels / groups, kh, kw], bias: f32[out_channels]; both
-    initialised U(-1/sqrt(fan_in), 1/sqrt(fan_in)), fan_in = in_channels / groups * kh * kw, as
-    PyTorch's (``kaiming_uniform_(a=sqrt(5))``). ``padding`` is an int, a pair, ``"valid"`` or
-    ``"same"`` (stride 1); ``padding_mode`` only ``"zeros"``.
+    An unbatched input ``[in_channels, H, W]`` gives ``[out_channels, OH, OW]``, as PyTorch's.
+
+    weight: [out_channels, in_channels / groups, kh, kw], bias: [out_channels], float32 unless
+    ``dtype``; both initialised U(-1/sqrt(fan_in), 1/sqrt(fan_in)), fan_in = in_channels /
+    groups * kh * kw, as PyTorch's (``kaiming_uniform_(a=sqrt(5))``). ``padding`` is an int, a
+    pair, ``"valid"`` or ``"same"`` (stride 1); ``padding_mode`` only ``"zeros"``. ``device`` /
+    ``dtype``: PyTorch's factory keywords (``nn.factory.param_dtype``).
 
     Raises:
         ValueError: non-positive sizes, groups that do not divide the channels, an unsupported
             padding mode, a padding string other than ``"valid"`` / ``"same"``, ``"same"`` with
-            a stride other than 1 or an even dilated kernel.
+            a stride other than 1 or an even dilated kernel, a device other than the process's.
+        TypeError: a dtype that is not a floating dtype of miniflow.
     """
 
     def __init__(self, in_channels: int, out_channels: int, kernel_size, stride=1, padding=0,
-                 dilation=1, groups: int = 1, bias: bool = True, padding_mode: str = "zeros"):
+                 dilation=1, groups: int = 1, bias: bool = True, padding_mode: str = "zeros",
+                 device=None, dtype=None):
         super().__init__()
+        dt = param_dtype("Conv2d", device, dtype)
         self.in_channels = _positive("in_channels", in_channels)
         self.out_channels = _positive("out_channels", out_channels)
         self.groups = _positive("groups", groups)
@@ -67,8 +72,8 @@ class Conv2d(Module):
         bound = 1.0 / math.sqrt(fan_in)
         g = generator()
         shape = (out_channels, in_channels // groups, *self.kernel_size)
-        self.weight = Parameter(g.uniform(-bound, bound, shape).astype(np.float32))
-        self.bias = (Parameter(g.uniform(-bound, bound, out_channels).astype(np.float32))
+        self.weight = Parameter(g.uniform(-bound, bound, shape).astype(dt))
+        self.bias = (Parameter(g.uniform(-bound, bound, out_channels).astype(dt))
                      if bias else None)
 
     def forward(self, x):

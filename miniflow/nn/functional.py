@@ -18,6 +18,7 @@ from .activations import *  # noqa: F401,F403  (the activation functions: relu .
 from .attention import scaled_dot_product_attention
 from .dropout import dropout
 from .layer_norm import layer_norm
+from .loss import cross_entropy
 from .sparse import embedding
 
 __all__ = ["softmax", "log_softmax", "cross_entropy", "linear", "conv2d", "max_pool2d",
@@ -87,53 +88,96 @@ def _padding(fn: str, padding, kernel_size, dilation, stride):
     return padding
 
 
-def conv2d(input: Tensor, weight: Tensor, bias: Tensor | None = None, stride=1, padding=0,
-           dilation=1, groups: int = 1) -> Tensor:
-    """2-D convolution (cross-correlation) of ``input [N, C, H, W]`` with ``weight
-    [O, C/groups, kh, kw]`` (+ ``bias [O]``) -> ``[N, O, OH, OW]``, as
-    ``torch.nn.functional.conv2d`` (``padding="same"`` for stride 1 and odd dilated kernels).
-
-    Ops ``conv2d`` {strides, padding_before, dilation_rate, groups} and ``bias_add`` (axis 1).
+def _batched(fn: str, input: Tensor) -> tuple:
+    """``(input as [N, C, H, W], unbatched)``: a 3-D (unbatched) ``[C, H, W]`` input gets a batch
+    of one (op ``reshape``), as PyTorch's ``conv2d`` and pools take it (their docs' "Input:
+    (N, C, H, W) or (C, H, W)"); :func:`_unbatch` removes it from the result.
 
     Raises:
-        ValueError / TypeError at trace time (the op's inference): channels that do not match
-        the weight, a kernel larger than the padded input, a non-4-D input or weight, groups that
-        do not divide the channels, bad strides or paddings.
+        ValueError: an input that is neither 3-D nor 4-D, naming the op and the shape.
     """
+    if input.ndim == 4:
+        return input, False
+    if input.ndim == 3:
+        return input.reshape((1,) + tuple(input.shape)), True
+    raise ValueError(f"{fn}: expected a 3-D (unbatched) [C, H, W] or 4-D (batched) "
+                     f"[N, C, H, W] input, but got input of shape {list(input.shape)} "
+                     f"({input.ndim}-D)")
+
+
+def _unbatch(y: Tensor, unbatched: bool) -> Tensor:
+    """``y [1, ...]`` without its batch dim when the input was unbatched (op ``reshape``)."""
+    return y.reshape(tuple(y.shape[1:])) if unbatched else y
+
+
+def conv2d(input: Tensor, weight: Tensor, bias: Tensor | None = None, stride=1, padding=0,
+           dilation=1, groups: int = 1) -> Tensor:
+    """2-D convolution (cross-correlation) of ``input [N, C, H, W]`` (or unbatched ``[C, H,
+    W]``) with ``weight [O, C/groups, kh, kw]`` (+ ``bias [O]``) -> ``[N, O, OH, OW]`` (``[O,
+    OH, OW]``), as ``torch.nn.functional.conv2d`` (``padding="same"`` for stride 1 and odd
+    dilated kernels).
+
+    Ops ``conv2d`` {strides, padding_before, dilation_rate, groups} and ``bias_add`` (axis 1);
+    an unbatched input is reshaped to a batch of one and back.
+
+    Raises:
+        ValueError: an input that is neither 3-D nor 4-D (PyTorch's "Expected 3D (unbatched) or
+            4D (batched) input"). ValueError / TypeError at trace time (the op's inference):
+            channels that do not match the weight, a kernel larger than the padded input, a
+            non-4-D weight, groups that do not divide the channels, bad strides or paddings.
+    """
+    input, unbatched = _batched("conv2d", input)
     kernel = tuple(weight.shape[2:]) if weight.ndim == 4 else 1
     y = apply("conv2d", [input, weight], strides=stride,
               padding_before=_padding("conv2d", padding, kernel, dilation, stride),
               dilation_rate=dilation, groups=groups)
-    return y if bias is None else apply("bias_add", [y, bias], axis=1)
+    y = y if bias is None else apply("bias_add", [y, bias], axis=1)
+    return _unbatch(y, unbatched)
 
 
 def max_pool2d(input: Tensor, kernel_size, stride=None, padding=0, dilation=1,
                ceil_mode: bool = False, return_indices: bool = False):
-    """Max over each window of ``input [N, C, H, W]`` (``torch.nn.functional.max_pool2d``);
-    with ``return_indices`` also the int64 flat ``H*W`` index of each window's first maximum.
-    Op ``max_pool_2d`` (its gradient scatters to those indices)."""
+    """Max over each window of ``input [N, C, H, W]`` or ``[C, H, W]``
+    (``torch.nn.functional.max_pool2d``); with ``return_indices`` also the int64 flat ``H*W``
+    index of each window's first maximum. Op ``max_pool_2d`` (its gradient scatters to those
+    indices).
+
+    Raises:
+        ValueError: an input that is neither 3-D nor 4-D; bad window arguments (the op's)."""
+    input, unbatched = _batched("max_pool2d", input)
     y, indices = apply("max_pool_2d", [input], kernel_size=kernel_size, stride=stride,
                        padding=padding, dilation=dilation, ceil_mode=ceil_mode)
-    return (y, indices) if return_indices else y
+    y = _unbatch(y, unbatched)
+    return (y, _unbatch(indices, unbatched)) if return_indices else y
 
 
 def avg_pool2d(input: Tensor, kernel_size, stride=None, padding=0, ceil_mode: bool = False,
                count_include_pad: bool = True, divisor_override=None) -> Tensor:
-    """Mean over each window of ``input [N, C, H, W]`` (``torch.nn.functional.avg_pool2d``:
-    ``count_include_pad`` counts the padding in the divisor, ``divisor_override`` replaces it).
-    Op ``avg_pool_2d``."""
-    return apply("avg_pool_2d", [input], kernel_size=kernel_size, stride=stride, padding=padding,
-                 ceil_mode=ceil_mode, count_include_pad=count_include_pad,
-                 divisor_override=divisor_override or 0)
+    """Mean over each window of ``input [N, C, H, W]`` or ``[C, H, W]``
+    (``torch.nn.functional.avg_pool2d``: ``count_include_pad`` counts the padding in the
+    divisor, ``divisor_override`` replaces it). Op ``avg_pool_2d``.
+
+    Raises:
+        ValueError: an input that is neither 3-D nor 4-D; bad window arguments (the op's)."""
+    input, unbatched = _batched("avg_pool2d", input)
+    return _unbatch(apply("avg_pool_2d", [input], kernel_size=kernel_size, stride=stride,
+                          padding=padding, ceil_mode=ceil_mode,
+                          count_include_pad=count_include_pad,
+                          divisor_override=divisor_override or 0), unbatched)
 
 
 def adaptive_avg_pool2d(input: Tensor, output_size) -> Tensor:
-    """Mean over PyTorch's adaptive windows of ``input [N, C, H, W]`` giving ``output_size``
-    (an int, or a pair whose None entries keep the input's size). Op ``adaptive_avg_pool2d``."""
+    """Mean over PyTorch's adaptive windows of ``input [N, C, H, W]`` or ``[C, H, W]`` giving
+    ``output_size`` (an int, or a pair whose None entries keep the input's size). Op
+    ``adaptive_avg_pool2d``.
+
+    Raises:
+        ValueError: an input that is neither 3-D nor 4-D; a bad output size (the op's)."""
+    input, unbatched = _batched("adaptive_avg_pool2d", input)
     if isinstance(output_size, (tuple, list)):
         output_size = tuple(input.shape[2 + i] if s is None else s
                             for i, s in enumerate(output_size))
-    return apply("adaptive_avg_pool2d", [input], output_size=output_size)
+    return _unbatch(apply("adaptive_avg_pool2d", [input], output_size=output_size), unbatched)
 
 
 def batch_norm(input: Tensor, running_mean: Tensor, running_var: Tensor,
@@ -174,42 +218,6 @@ def flatten(input: Tensor, start_dim: int = 0, end_dim: int = -1) -> Tensor:
     """``input`` with dims ``start_dim .. end_dim`` merged into one (``torch.flatten``). Op
     ``flatten``."""
     return apply("flatten", [input], start_dim=start_dim, end_dim=end_dim)
-
-
-def cross_entropy(logits: Tensor, labels, reduction: str = "mean",
-                  label_smoothing: float = 0.0) -> Tensor:
-    """Softmax cross-entropy of logits [N, C] against int64 class indices [N].
-
-    Op ``sparse_softmax_cross_entropy`` then ``reduce_sum`` (and ``scalar_mul(1/N)`` for "mean").
-    reduction: "mean" | "sum" | "none".
-
-    ``label_smoothing`` ε in [0, 1] (``torch.nn.functional.cross_entropy``'s; Szegedy et al.,
-    "Rethinking the Inception Architecture", CVPR 2016): the target is ``(1 - ε) onehot + ε / C``,
-    so the per-sample loss is ``(1 - ε) * nll - ε / C * sum_c log_softmax(logits)_c``, built from
-    the ops ``sparse_softmax_cross_entropy``, ``log_softmax``, ``reduce_sum`` and scalar
-    multiplies (their gradients give the smoothed one, ``softmax - target``). ε = 0 builds the
-    graph without the smoothing term.
-
-    Raises:
-        ValueError: unknown reduction; label_smoothing not a number in [0, 1] (PyTorch's "must
-            be between 0.0 and 1.0"); shape errors from the op name both shapes. Labels outside
-            [0, C) raise ValueError when the graph runs.
-    """
-    if reduction not in ("mean", "sum", "none"):
-        raise ValueError(f"cross_entropy: reduction must be 'mean', 'sum' or 'none', got {reduction!r}")
-    if isinstance(label_smoothing, bool) or not isinstance(label_smoothing, numbers.Real) \
-            or not 0.0 <= float(label_smoothing) <= 1.0:
-        raise ValueError(f"cross_entropy: label_smoothing must be a number between 0.0 and 1.0, "
-                         f"got {label_smoothing!r}")
-    eps = float(label_smoothing)
-    labels = labels if isinstance(labels, Tensor) else tensor(labels)
-    _, per_sample = apply("sparse_softmax_cross_entropy", [logits, labels])
-    if eps != 0.0:
-        uniform = log_softmax(logits, -1).sum(-1) * (-eps / logits.shape[-1])
-        per_sample = per_sample * (1.0 - eps) + uniform
-    if reduction == "none":
-        return per_sample
-    return per_sample.mean() if reduction == "mean" else per_sample.sum()
 
 
 def white_identity(x: Tensor) -> Tensor:

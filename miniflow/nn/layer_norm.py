@@ -9,6 +9,7 @@ import numbers
 import numpy as np
 
 from ..tensor import Tensor, apply
+from .factory import param_dtype
 from .module import Module, Parameter
 
 __all__ = ["LayerNorm", "layer_norm"]
@@ -63,22 +64,26 @@ class LayerNorm(Module):
         elementwise_affine: learn ``weight`` (ones) and, with ``bias``, ``bias`` (zeros), both
             float32 of ``normalized_shape``.
         bias: whether ``bias`` is learned (PyTorch >= 2.1's argument).
+        device, dtype: PyTorch's factory keywords (``nn.factory.param_dtype``; float32 by
+            default).
 
     Raises:
-        ValueError: a bad ``normalized_shape`` or ``eps``; at trace time, an input whose trailing
-            dimensions are not ``normalized_shape``.
+        ValueError: a bad ``normalized_shape`` or ``eps``, a device other than the process's;
+            at trace time, an input whose trailing dimensions are not ``normalized_shape``.
+        TypeError: a dtype that is not a floating dtype of miniflow.
     """
 
     def __init__(self, normalized_shape, eps: float = 1e-5, elementwise_affine: bool = True,
-                 bias: bool = True):
+                 bias: bool = True, device=None, dtype=None):
         super().__init__()
+        dt = param_dtype("LayerNorm", device, dtype)
         self.normalized_shape = _normalized("LayerNorm", normalized_shape)
         if not float(eps) >= 0.0:
             raise ValueError(f"LayerNorm: eps must be >= 0, got {eps!r}")
         self.eps, self.elementwise_affine = float(eps), bool(elementwise_affine)
-        self.weight = Parameter(np.ones(self.normalized_shape, np.float32)) \
+        self.weight = Parameter(np.ones(self.normalized_shape, dt)) \
             if elementwise_affine else None
-        self.bias = Parameter(np.zeros(self.normalized_shape, np.float32)) \
+        self.bias = Parameter(np.zeros(self.normalized_shape, dt)) \
             if elementwise_affine and bias else None
 
     def forward(self, x):

@@ -6,10 +6,9 @@ from __future__ import annotations
 import math
 import numbers
 
-import numpy as np
-
 from ..random import generator
 from . import functional as F
+from .factory import param_dtype
 from .module import Module, Parameter
 
 __all__ = ["Linear", "Sequential", "Flatten", "Identity"]
@@ -18,21 +17,28 @@ __all__ = ["Linear", "Sequential", "Flatten", "Identity"]
 class Linear(Module):
     """``y = x @ weight.T + bias``; x [..., in_features] -> y [..., out_features].
 
-    weight: f32[out_features, in_features], bias: f32[out_features]; both initialised
-    U(-1/sqrt(in_features), 1/sqrt(in_features)) like PyTorch (kaiming_uniform with a=sqrt(5)).
+    weight: [out_features, in_features], bias: [out_features], float32 unless ``dtype``; both
+    initialised U(-1/sqrt(in_features), 1/sqrt(in_features)) like PyTorch (kaiming_uniform with
+    a=sqrt(5)). ``device`` / ``dtype``: PyTorch's factory keywords (``nn.factory.param_dtype``).
+
+    Raises:
+        ValueError: a size that is not a positive integer, a device other than the process's.
+        TypeError: a dtype that is not a floating dtype of miniflow.
     """
 
-    def __init__(self, in_features: int, out_features: int, bias: bool = True):
+    def __init__(self, in_features: int, out_features: int, bias: bool = True, device=None,
+                 dtype=None):
         super().__init__()
         for name, v in (("in_features", in_features), ("out_features", out_features)):
             if isinstance(v, bool) or not isinstance(v, numbers.Integral) or v <= 0:
                 raise ValueError(f"Linear: {name} must be a positive integer, got {v!r}")
+        dt = param_dtype("Linear", device, dtype)
         self.in_features, self.out_features = int(in_features), int(out_features)
         bound = 1.0 / math.sqrt(in_features)
         g = generator()
         self.weight = Parameter(g.uniform(-bound, bound, (out_features, in_features))
-                                .astype(np.float32))
-        self.bias = (Parameter(g.uniform(-bound, bound, out_features).astype(np.float32))
+                                .astype(dt))
+        self.bias = (Parameter(g.uniform(-bound, bound, out_features).astype(dt))
                      if bias else None)
 
     def forward(self, x):

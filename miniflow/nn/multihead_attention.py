@@ -16,6 +16,7 @@ from ..tensor import Tensor, apply
 from .attention import _apply_mask, _mask, _scores, _weighted
 from .dropout import dropout, dropout_state
 from .layers import Linear
+from .factory import param_dtype
 from .module import Module, Parameter
 
 __all__ = ["MultiheadAttention"]
@@ -37,18 +38,22 @@ class MultiheadAttention(Module):
         bias: learn ``in_proj_bias`` and ``out_proj.bias`` (zeros).
         batch_first: inputs and output ``[N, L, E]`` (True) or ``[L, N, E]`` (PyTorch's default
             False).
+        device, dtype: PyTorch's factory keywords (keyword-only here: PyTorch's positional
+            arguments ``add_bias_kv`` ... ``vdim`` are not supported; ``nn.factory.param_dtype``).
 
     Parameters (PyTorch's names and initialisation): ``in_proj_weight [3E, E]`` (Xavier uniform;
     rows ``q``, ``k``, ``v``), ``in_proj_bias [3E]``, ``out_proj`` a ``Linear(E, E)``.
 
     Raises:
         ValueError: ``embed_dim`` not divisible by ``num_heads`` (PyTorch's message, with the
-            values), or a size that is not a positive integer.
+            values), a size that is not a positive integer, a device other than the process's.
+        TypeError: a dtype that is not a floating dtype of miniflow.
     """
 
     def __init__(self, embed_dim: int, num_heads: int, dropout: float = 0.0, bias: bool = True,
-                 batch_first: bool = False):
+                 batch_first: bool = False, *, device=None, dtype=None):
         super().__init__()
+        dt = param_dtype("MultiheadAttention", device, dtype)
         for name, v in (("embed_dim", embed_dim), ("num_heads", num_heads)):
             if isinstance(v, bool) or not isinstance(v, numbers.Integral) or v <= 0:
                 raise ValueError(f"MultiheadAttention: {name} must be a positive integer, got "
@@ -63,11 +68,11 @@ class MultiheadAttention(Module):
         self.dropout, self.batch_first = float(dropout), bool(batch_first)
         bound = math.sqrt(6.0 / (e + 3 * e))                   # xavier_uniform_ of [3E, E]
         self.in_proj_weight = Parameter(generator().uniform(-bound, bound, (3 * e, e))
-                                        .astype(np.float32))
-        self.in_proj_bias = Parameter(np.zeros(3 * e, np.float32)) if bias else None
-        self.out_proj = Linear(e, e, bias=bias)
+                                        .astype(dt))
+        self.in_proj_bias = Parameter(np.zeros(3 * e, dt)) if bias else None
+        self.out_proj = Linear(e, e, bias=bias, dtype=dt)
         if bias:
-            self.out_proj.bias = Parameter(np.zeros(e, np.float32))
+            self.out_proj.bias = Parameter(np.zeros(e, dt))
         self.register_buffer("rng_state", dropout_state(), persistent=False)
 
     def _project(self, x: Tensor, k: int) -> Tensor:
@@ -84,8 +89,9 @@ class MultiheadAttention(Module):
         fn = "MultiheadAttention"
         for name, t in (("query", query), ("key", key), ("value", value)):
             if t.ndim != 3:
-                raise ValueError(f"{fn}: {name} must be batched 3-D ([N, L, E] with batch_first, "
-                                 f"else [L, N, E]), got shape {list(t.shape)}")
+                raise ValueError(f"{fn}: {name} must be 3-D ([N, L, E] with batch_first, else "
+                                 f"[L, N, E]), or 2-D [L, E] unbatched, got shape "
+                                 f"{list(t.shape)}")
             if t.shape[-1] != self.embed_dim:
                 raise ValueError(f"{fn}: was expecting embedding dimension of "
                                  f"{self.embed_dim}, but got {t.shape[-1]} ({name})")
@@ -125,10 +131,35 @@ class MultiheadAttention(Module):
         ``[N, S]`` (True = ignore that key); ``is_causal`` is a hint that ``attn_mask`` is the
         causal mask (which it then must be given, as PyTorch).
 
+        Unbatched inputs as PyTorch's: ``query [L, E]``, ``key`` / ``value [S, E]``,
+        ``key_padding_mask [S]``, ``attn_mask [L, S]`` or ``[H, L, S]`` give ``[L, E]`` and
+        weights ``[L, S]`` (``[H, L, S]``): a batch of one (op ``reshape``) and back.
+
         Raises:
             ValueError: shapes that do not fit (PyTorch's messages), ``is_causal`` without
                 ``attn_mask``. TypeError: a mask of another dtype.
         """
+        if query.ndim != 2:
+            return self._batched(query, key, value, key_padding_mask, need_weights, attn_mask,
+                                 average_attn_weights, is_causal)
+        if key.ndim != 2 or value.ndim != 2:
+            raise ValueError(f"MultiheadAttention: For unbatched (2-D) query, expected key and "
+                             f"value to be 2-D, but found {key.ndim}-D and {value.ndim}-D "
+                             f"tensors respectively")
+        axis = 0 if self.batch_first else 1
+        if key_padding_mask is not None:
+            key_padding_mask = (key_padding_mask.reshape(1, -1)
+                                if isinstance(key_padding_mask, Tensor)
+                                else np.asarray(key_padding_mask)[None])
+        out, weights = self._batched(*(t.unsqueeze(axis) for t in (query, key, value)),
+                                     key_padding_mask, need_weights, attn_mask,
+                                     average_attn_weights, is_causal)
+        unbatch = (lambda t: None if t is None else t.reshape(tuple(t.shape[1:])))
+        return out.reshape(tuple(query.shape)), unbatch(weights)
+
+    def _batched(self, query, key, value, key_padding_mask, need_weights, attn_mask,
+                 average_attn_weights, is_causal):
+        """:meth:`forward` of batched (3-D) inputs."""
         n, length, src = self._check(query, key, value, attn_mask, key_padding_mask)
         if is_causal and attn_mask is None:
             raise ValueError("MultiheadAttention: Need attn_mask if specifying the is_causal "

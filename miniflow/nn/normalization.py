@@ -27,6 +27,7 @@ import numpy as np
 
 from ..tensor import apply
 from . import functional as F
+from .factory import param_dtype
 from .module import Module, Parameter
 
 __all__ = ["BatchNorm1d", "BatchNorm2d"]
@@ -43,11 +44,14 @@ class _BatchNorm(Module):
         affine: learn ``weight`` (ones) and ``bias`` (zeros).
         track_running_stats: keep running statistics for eval mode; if False, the batch
             statistics are used in both modes and no buffers are in the state dict.
+        device, dtype: PyTorch's factory keywords (``nn.factory.param_dtype``): the dtype of
+            ``weight``, ``bias`` and the running statistics (float32 by default).
 
     Raises:
         ValueError: a bad size, momentum (None, PyTorch's cumulative average, is not supported)
-            or eps; at trace time, an input of another rank (PyTorch's ``_check_input_dim``) or
-            one whose dim 1 is not ``num_features``.
+            or eps, a device other than the process's; at trace time, an input of another rank
+            (PyTorch's ``_check_input_dim``) or one whose dim 1 is not ``num_features``.
+        TypeError: a dtype that is not a floating dtype of miniflow.
     """
 
     input_dims: tuple = ()
@@ -56,8 +60,10 @@ class _BatchNorm(Module):
     """Their layouts, for error messages."""
 
     def __init__(self, num_features: int, eps: float = 1e-5, momentum: float = 0.1,
-                 affine: bool = True, track_running_stats: bool = True):
+                 affine: bool = True, track_running_stats: bool = True, device=None,
+                 dtype=None):
         super().__init__()
+        dt = param_dtype(type(self).__name__, device, dtype)
         if isinstance(num_features, bool) or not isinstance(num_features, numbers.Integral) \
                 or num_features <= 0:
             raise ValueError(f"{type(self).__name__}: num_features must be a positive "
@@ -73,14 +79,14 @@ class _BatchNorm(Module):
         self.affine, self._has_running_stats = bool(affine), bool(track_running_stats)
         self._track = bool(track_running_stats)
         if affine:
-            self.weight = Parameter(np.ones(c, np.float32))
-            self.bias = Parameter(np.zeros(c, np.float32))
+            self.weight = Parameter(np.ones(c, dt))
+            self.bias = Parameter(np.zeros(c, dt))
         else:
-            self.register_buffer("_ones", np.ones(c, np.float32), persistent=False)
-            self.register_buffer("_zeros", np.zeros(c, np.float32), persistent=False)
+            self.register_buffer("_ones", np.ones(c, dt), persistent=False)
+            self.register_buffer("_zeros", np.zeros(c, dt), persistent=False)
         persistent = bool(track_running_stats)   # else: scratch the op needs, not state
-        self.register_buffer("running_mean", np.zeros(c, np.float32), persistent)
-        self.register_buffer("running_var", np.ones(c, np.float32), persistent)
+        self.register_buffer("running_mean", np.zeros(c, dt), persistent)
+        self.register_buffer("running_var", np.ones(c, dt), persistent)
         if track_running_stats:
             self.register_buffer("num_batches_tracked", np.array(0, np.int64))
 
@@ -97,8 +103,9 @@ class _BatchNorm(Module):
             return
         if not value and self._has_running_stats and "_untracked_mean" not in self._buffers:
             c = self.num_features  # what the op's moving statistics write while not tracking
-            self.register_buffer("_untracked_mean", np.zeros(c, np.float32), persistent=False)
-            self.register_buffer("_untracked_var", np.ones(c, np.float32), persistent=False)
+            dt = self.running_mean.dtype.np
+            self.register_buffer("_untracked_mean", np.zeros(c, dt), persistent=False)
+            self.register_buffer("_untracked_var", np.ones(c, dt), persistent=False)
         self._track = value
         self.trace_changed()
 
@@ -114,7 +121,10 @@ class _BatchNorm(Module):
                              f"{list(x.shape)} ({x.ndim}-D)")
         if x.shape[1] != self.num_features:
             raise ValueError(f"{name}({self.num_features}): the input has {x.shape[1]} "
-                             f"channels (shape {list(x.shape)})")
+                             f"channels in dim 1 (shape {list(x.shape)}), expected "
+                             f"{self.num_features}: make the layer {name}({x.shape[1]}), or "
+                             f"check the layer before it (its output channels) and that the "
+                             f"input is channels-first [N, C, ...]")
         batch_stats = self.training or not self._has_running_stats
         stats = (self.running_mean, self.running_var)
         if self.training and self._has_running_stats:

@@ -1,5 +1,6 @@
 """Pooling layers with PyTorch's names and arguments: ``nn.MaxPool2d``, ``nn.AvgPool2d``,
-``nn.AdaptiveAvgPool2d`` (ops ``max_pool_2d``, ``avg_pool_2d``, ``adaptive_avg_pool2d``)."""
+``nn.AdaptiveAvgPool2d`` (ops ``max_pool_2d``, ``avg_pool_2d``, ``adaptive_avg_pool2d``). Each
+takes ``[N, C, H, W]`` or, as PyTorch's, an unbatched ``[C, H, W]`` (giving ``[C, OH, OW]``)."""
 from __future__ import annotations
 
 from . import functional as F

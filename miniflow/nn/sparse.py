@@ -11,31 +11,36 @@ from ..dtype import int64
 from ..ops.indexing import first_bad
 from ..random import generator
 from ..tensor import Tensor, apply, tensor
+from .factory import param_dtype
 from .module import Module, Parameter
 
-__all__ = ["Embedding", "embedding"]
+__all__ = ["Embedding", "embedding", "token_ids"]
 
 
-def _ids(fn: str, input, num: int) -> Tensor:
-    """``input`` as an int64 Tensor; an eager one checked against ``[0, num)``.
+def token_ids(fn: str, input, num: int, name: str = "input",
+              bound: str = "num_embeddings") -> Tensor:
+    """``input`` (an int64 Tensor, or integer array-like: a list, a NumPy array of any integer
+    type) as an int64 Tensor; an eager one checked against ``[0, num)``. ``name`` and ``bound``
+    name the argument and ``num`` in the errors.
 
     Raises:
-        TypeError: not an integer tensor. IndexError: an id out of range, naming it and where."""
+        TypeError: not integers (a float array is refused, never truncated). IndexError: an id
+            out of range, naming it and where."""
     if not isinstance(input, Tensor):
         arr = np.asarray(input)
         if arr.dtype.kind not in "iu":
-            raise TypeError(f"{fn}: ids must be integers, got an array of {arr.dtype}")
+            raise TypeError(f"{fn}: {name} ids must be integers, got an array of {arr.dtype}")
         input = tensor(arr.astype(np.int64))
     if input.dtype is not int64:
-        raise TypeError(f"{fn}: ids must be an int64 tensor (token indices), got "
+        raise TypeError(f"{fn}: {name} ids must be an int64 tensor (token indices), got "
                         f"{input.dtype.name}; convert with .astype(np.int64)")
     if not input.is_lazy:
         found = first_bad(input.numpy(), num)
         if found is not None:
             pos, value, count = found
-            raise IndexError(f"{fn}: index {value} at input{list(pos)} is out of range [0, {num}) "
-                             f"(num_embeddings={num}; {count} of {int(np.prod(input.shape))} "
-                             f"ids out of range)")
+            raise IndexError(f"{fn}: index {value} at {name}{list(pos)} is out of range "
+                             f"[0, {num}) ({bound}={num}; {count} of "
+                             f"{int(np.prod(input.shape))} ids out of range)")
     return input
 
 
@@ -49,7 +54,7 @@ def embedding(input, weight: Tensor) -> Tensor:
         TypeError: non-integer ids. IndexError: an eager id outside ``[0, num_embeddings)``,
             naming the id and its position.
     """
-    ids = _ids("embedding", input, weight.shape[0])
+    ids = token_ids("embedding", input, weight.shape[0])
     return apply("gather", [weight, ids], axis=0)
 
 
@@ -58,18 +63,24 @@ class Embedding(Module):
     ``weight`` f32 ``[num_embeddings, embedding_dim]`` initialised N(0, 1) as PyTorch's;
     ``forward(ids [*]) -> [*, embedding_dim]``.
 
+    ``device`` / ``dtype`` (keyword-only here: PyTorch's positional arguments after
+    ``embedding_dim``, ``padding_idx`` ..., are not supported): PyTorch's factory keywords
+    (``nn.factory.param_dtype``).
+
     Raises:
-        ValueError: a size that is not a positive integer.
+        ValueError: a size that is not a positive integer, a device other than the process's.
+        TypeError: a dtype that is not a floating dtype of miniflow.
     """
 
-    def __init__(self, num_embeddings: int, embedding_dim: int):
+    def __init__(self, num_embeddings: int, embedding_dim: int, *, device=None, dtype=None):
         super().__init__()
         for name, v in (("num_embeddings", num_embeddings), ("embedding_dim", embedding_dim)):
             if isinstance(v, bool) or not isinstance(v, numbers.Integral) or v <= 0:
                 raise ValueError(f"Embedding: {name} must be a positive integer, got {v!r}")
+        dt = param_dtype("Embedding", device, dtype)
         self.num_embeddings, self.embedding_dim = int(num_embeddings), int(embedding_dim)
         self.weight = Parameter(generator().standard_normal((num_embeddings, embedding_dim))
-                                .astype(np.float32))
+                                .astype(dt))
 
     def forward(self, ids):
         return embedding(ids, self.weight)

@@ -119,8 +119,10 @@ def _diagnose_labels(node, arrays):
     if not bad.size:
         return None
     i = int(bad[0])
+    hint = ("; PyTorch's cross_entropy skips -100 by default, miniflow's only with "
+            "ignore_index=-100" if int(label[i]) == -100 else "")
     return (f"labels must be class indices in [0, {classes}): label[{i}] = {int(label[i])} "
-            f"({bad.size} of {label.size} out of range)")
+            f"({bad.size} of {label.size} out of range{hint})")
 
 
 def _checked_labels(label, classes):

@@ -51,21 +51,22 @@ class Adam(Optimizer):
                 "step")
 
     def check_hyper(self, hyper: dict) -> dict:
+        name = type(self).__name__     # AdamW's errors name AdamW
         missing = sorted({"betas", "eps", "weight_decay"} - set(hyper))
         if missing:
-            raise KeyError(f"Adam: missing hyper-parameters {missing}")
+            raise KeyError(f"{name}: missing hyper-parameters {missing}")
         try:
             b1, b2 = hyper["betas"]
         except (TypeError, ValueError):
-            raise TypeError(f"Adam: betas must be a pair (beta1, beta2), got "
+            raise TypeError(f"{name}: betas must be a pair (beta1, beta2), got "
                             f"{hyper['betas']!r}") from None
         amsgrad = hyper.get("amsgrad", False)
         if not isinstance(amsgrad, (bool, np.bool_)):
-            raise TypeError(f"Adam: amsgrad must be True or False, got {amsgrad!r}")
-        return {"betas": (check_real("Adam", "beta1", b1, high=1.0),
-                          check_real("Adam", "beta2", b2, high=1.0)),
-                "eps": check_real("Adam", "eps", hyper["eps"]),
-                "weight_decay": check_real("Adam", "weight_decay", hyper["weight_decay"]),
+            raise TypeError(f"{name}: amsgrad must be True or False, got {amsgrad!r}")
+        return {"betas": (check_real(name, "beta1", b1, high=1.0),
+                          check_real(name, "beta2", b2, high=1.0)),
+                "eps": check_real(name, "eps", hyper["eps"]),
+                "weight_decay": check_real(name, "weight_decay", hyper["weight_decay"]),
                 "amsgrad": bool(amsgrad)}
 
     def _initial_state(self, name, p) -> np.ndarray:

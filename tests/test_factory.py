@@ -1,0 +1,90 @@
+"""PyTorch's factory keywords ``device=`` / ``dtype=`` on the layers that create parameters
+(``miniflow.nn.factory``; PyTorch's module docs, e.g. ``torch.nn.Linear(in_features,
+out_features, bias=True, device=None, dtype=None)``, and ``test_nn.py``'s factory-kwargs
+tests): the parameters and floating buffers take the dtype, the device must be the process's
+backend, anything else is refused naming the layer and what it accepts. A float64 layer
+trains as PyTorch's float64 one (skipped without torch)."""
+import numpy as np
+import pytest
+
+import miniflow as mf
+from miniflow import nn
+
+LAYERS = {
+    "Linear": lambda **kw: nn.Linear(4, 3, **kw),
+    "Conv2d": lambda **kw: nn.Conv2d(2, 3, 3, **kw),
+    "BatchNorm1d": lambda **kw: nn.BatchNorm1d(3, **kw),
+    "BatchNorm2d": lambda **kw: nn.BatchNorm2d(3, affine=False, **kw),
+    "LayerNorm": lambda **kw: nn.LayerNorm(5, **kw),
+    "Embedding": lambda **kw: nn.Embedding(7, 4, **kw),
+    "MultiheadAttention": lambda **kw: nn.MultiheadAttention(4, 2, **kw),
+}
+
+
+def _floating(module) -> dict:
+    return {k: np.asarray(v).dtype for k, v in module.state_dict().items()
+            if np.asarray(v).dtype.kind == "f"}
+
+
+@pytest.mark.parametrize("name", list(LAYERS))
+@pytest.mark.parametrize("dtype,want", [(None, np.float32), ("float64", np.float64),
+                                        (mf.float64, np.float64), (np.float16, np.float16),
+                                        ("torch.float64", np.float64)])
+def test_a_layer_creates_its_state_in_the_dtype_on_the_process_device(name, dtype, want):
+    layer = LAYERS[name](device="cpu", dtype=dtype)
+    dtypes = _floating(layer)
+    assert dtypes and set(dtypes.values()) == {np.dtype(want)}, dtypes
+    assert list(layer.state_dict()) == list(LAYERS[name]().state_dict())
+
+
+@pytest.mark.parametrize("name", list(LAYERS))
+def test_another_device_or_a_non_float_dtype_is_refused_naming_the_layer(name):
+    with pytest.raises(ValueError, match=rf"{name}: device='cuda' is not this process's device"
+                                         r".*miniflow.set_backend.*pass device=None or 'cpu'"):
+        LAYERS[name](device="cuda")
+    with pytest.raises(ValueError, match=rf"{name}: device='cpu:1'"):
+        LAYERS[name](device="cpu:1")
+    with pytest.raises(TypeError, match=rf"{name}: dtype='int64': parameters must be floating "
+                                        r"point, float32 \(the default\), float64"):
+        LAYERS[name](dtype="int64")
+    with pytest.raises(TypeError, match=rf"{name}: dtype='complex64' is not a dtype miniflow "
+                                        r"has"):
+        LAYERS[name](dtype="complex64")
+
+
+def test_a_torch_device_and_dtype_are_accepted():
+    torch = pytest.importorskip("torch")
+    layer = nn.Linear(4, 3, device=torch.device("cpu"), dtype=torch.float64)
+    assert layer.weight.numpy().dtype == np.float64
+
+
+def test_a_float64_layer_trains_as_torchs_float64_layer():
+    """One SGD step of ``Linear(..., dtype=float64)`` on float64 data gives PyTorch's float64
+    parameters (to 1e-12: same arithmetic, another summation order)."""
+    torch = pytest.importorskip("torch")
+    ref = torch.nn.Linear(4, 3, dtype=torch.float64)
+    layer = nn.Linear(4, 3, dtype=torch.float64)
+    layer.load_state_dict({k: v.detach().numpy() for k, v in ref.state_dict().items()})
+    x = np.random.default_rng(2).standard_normal((5, 4))
+    (ref(torch.tensor(x)) ** 2).sum().backward()
+    with torch.no_grad():
+        for p in ref.parameters():
+            p -= 0.1 * p.grad
+
+    class Step(nn.Graph):
+        def __init__(self):
+            super().__init__()
+            self.layer = layer
+            self.add_optimizer(mf.optim.SGD(layer.parameters(), lr=0.1))
+
+        def build(self, a):
+            y = self.layer(a)
+            loss = (y * y).sum()
+            loss.backward()
+            return loss
+
+    Step()(mf.tensor(x))
+    for name, value in ref.state_dict().items():
+        got = layer.state_dict()[name]
+        assert got.dtype == np.float64
+        np.testing.assert_allclose(got, value.numpy(), rtol=1e-12, atol=1e-12, err_msg=name)
