@@ -1,6 +1,7 @@
 """oneMKL's half-type products (``kernels.cpu.mkl_gemm``, the ``amx`` extra): results against a
 float64 oracle of the same rounded inputs for every transpose, ragged shapes and every out
-dtype; the tuner keeps the candidate only where it measures faster, caches it, and gives the same
+dtype, whole or in blocks of out's rows (each block rounded, and counted, on its own); the tuner
+keeps each candidate only where it measures faster, caches it, and gives the same
 bits from the cache; ``MINIFLOW_MATMUL=numba`` / ``blas`` never call it; the gates (target
 feature, the extra) and the one-sentence error naming the extra.
 
@@ -157,3 +158,81 @@ def test_only_half_operands_into_a_float32_or_half_out_are_taken():
 def test_operands_are_passed_by_their_unit_stride(shape, strides, expect):
     x = np.lib.stride_tricks.as_strided(np.zeros(64, np.float16), shape, strides)
     assert mkl_gemm._operand(x) == expect
+
+
+@needs_mkl
+@pytest.mark.parametrize("dt", [bfloat16, float16], ids=lambda d: d.short)
+@pytest.mark.parametrize("counted", [False, True])
+@pytest.mark.parametrize("ta,tb", [(False, False), (False, True), (True, False), (True, True)])
+@pytest.mark.parametrize("m,k,n,block_bytes", [(1024, 256, 1024, mkl_gemm.BLOCK_BYTES),
+                                               (37, 33, 65, 5 * 65 * 4), (40, 70, 130, 1)])
+def test_blocked_mkl_products_agree_with_the_float64_oracle(monkeypatch, m, k, n, block_bytes,
+                                                            ta, tb, counted, dt):
+    """Blocks of out's rows (the last one ragged; one row a block): each rounded once into the
+    half out, and the non-finite elements of all blocks counted."""
+    if not mkl_gemm._target_has(mkl_gemm.FUNCTIONS[np.dtype(dt.np)][1]):
+        pytest.skip(f"the target CPU has no feature oneMKL's {dt.name} product is offered on")
+    monkeypatch.setattr(mkl_gemm, "BLOCK_BYTES", block_bytes)
+    r = np.random.default_rng(m + k + n)
+    a = r.uniform(-1, 1, (k, m) if ta else (m, k)).astype(dt.np)
+    b = r.uniform(0.5, 1, (n, k) if tb else (k, n)).astype(dt.np)
+    big = {bfloat16: 3e37, float16: 60000.0}[dt]      # rows 0 and m - 1 overflow out's type
+    op_a = a.T if ta else a
+    op_a[0], op_a[-1] = big, -big
+    node = Node(get_op("matmul"), [Value("a", a.shape, dt), Value("b", b.shape, dt)],
+                [Value("o", (m, n), dt)] + ([Value("c", (1,), int64)] if counted else []),
+                {"transpose_a": ta, "transpose_b": tb, "count_not_finite": counted})
+    outs = [np.full((m, n), -7, dt.np)] + ([np.full(1, -1, np.int64)] if counted else [])
+    steps = matmul.mkl_blocked_steps(node, [a, b], outs)
+    blocks = -(-m // mkl_gemm.block_rows(n))
+    assert tune._kernels(steps).count("cblas_gemm") == blocks > 1
+    for fn, args in steps:
+        fn(*args)
+    a64, b64 = a.astype(np.float64), b.astype(np.float64)
+    ref = (a64.T if ta else a64) @ (b64.T if tb else b64)
+    got = outs[0].astype(np.float64)
+    finite = np.isfinite(got)
+    assert not finite[[0, -1]].any() and finite[1:-1].all()
+    summed = 2 * k * np.finfo(np.float32).eps * (np.abs(ref[finite]).max() + 1)
+    eps = float(np.finfo(dt.np).eps) / 2
+    assert np.all(np.abs(got[finite] - ref[finite]) <= eps * np.abs(ref[finite]) + summed)
+    if counted:
+        assert outs[1][0] == np.count_nonzero(~finite)
+
+
+def test_blocks_only_where_a_rounded_out_has_more_than_one_block():
+    """A float32 out is written by oneMKL itself (nothing to round); one block is mkl_steps."""
+    a, b = np.zeros((256, 64), np.float16), np.zeros((64, 1024), np.float16)
+    rows = mkl_gemm.block_rows(1024)
+
+    def node(m, out_dt):
+        return Node(get_op("matmul"), [Value("a", (m, 64), float16), Value("b", b.shape, float16)],
+                    [Value("o", (m, 1024), out_dt)], {})
+    assert rows == 128 and mkl_gemm.block_rows(1 << 20) == 1
+    assert matmul.mkl_blocked_steps(node(256, float32), [a, b],
+                                    [np.zeros((256, 1024), np.float32)]) is None
+    assert matmul.mkl_blocked_steps(node(rows, float16), [a[:rows], b],
+                                    [np.zeros((rows, 1024), np.float16)]) is None
+
+
+FOUR = {"numba": matmul.numba_steps, "blas": matmul.blas_steps, "mkl": matmul.mkl_steps,
+        "mkl blocked": matmul.mkl_blocked_steps}
+"""The candidates of a half product but one-thread BLAS (which has its own test)."""
+
+
+@needs_mkl
+def test_the_tuner_measures_the_blocked_candidate_and_keeps_it_where_faster(tmp_path,
+                                                                             monkeypatch):
+    t = _tuner(tmp_path, monkeypatch, FakeTimer(numba=3e-3, blas=3e-3, mkl=2e-3,
+                                                **{"mkl blocked": 1e-3}))
+    monkeypatch.setattr(matmul, "CANDIDATES", FOUR)
+    steps, out, ref = _matmul(1024, 64, 1024, bfloat16, ta=True)
+    assert tune._kernels(steps).count("cblas_gemm_bf16bf16f32") == 8
+    assert {"numba", "blas", "mkl", "mkl blocked"} == set(t.timer.calls)
+    assert list(t.choices.values()) == ["mkl blocked"]
+    np.testing.assert_allclose(out.astype(np.float64), ref, rtol=1e-2, atol=1e-2)
+    again = _tuner(tmp_path, monkeypatch, FakeTimer())      # a new process: from the file
+    monkeypatch.setattr(matmul, "CANDIDATES", FOUR)
+    steps2, out2, _ = _matmul(1024, 64, 1024, bfloat16, ta=True)
+    assert again.timer.calls == [] and tune._kernels(steps2) == tune._kernels(steps)
+    np.testing.assert_array_equal(out.view(np.uint16), out2.view(np.uint16))

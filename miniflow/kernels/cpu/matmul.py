@@ -72,7 +72,7 @@ from ..common.batch import batched
 from .common import jit, jitable, kview, loop_for, numpy_blas, use_parallel
 from .elementwise import cast_steps
 from .fp16 import load, store, to_compute
-from .loss_scale import cast_count_steps
+from .loss_scale import cast_count_steps, sum_counts_kernel
 from .simd import (HAS_BF16_DOT, LANES, fma32, vcount_nonfinite, vdot_pairs, vfma, vload,
                    vload_pairs, vload_run, vsplat, vsplat_pair, vstore, vtranspose_block, vzero)
 from .target import ISA
@@ -82,7 +82,8 @@ __all__ = ["BUILDERS", "OUTER_MIN_ROWS", "OUTER_MIN_COLS", "PACK_MIN_ROWS", "LAY
            "DOT_MAX_ROWS", "ONE_THREAD_FROM", "ONE_THREAD_BELOW", "OneThreadBlas",
            "dot_block_kernel", "outer_block_kernel", "pack_pairs_kernel", "interleave_pairs_kernel",
            "transpose_kernel", "rows_times_kernel", "build_matmul", "numba_steps",
-           "blas_steps", "blas_one_thread_steps", "mkl_steps", "CANDIDATES", "GEMM_CANDIDATES",
+           "blas_steps", "blas_one_thread_steps", "mkl_steps", "mkl_blocked_steps", "MKL",
+           "CANDIDATES", "GEMM_CANDIDATES",
            "gemm_steps"]
 
 OUTER_MIN_ROWS = 4
@@ -704,7 +705,8 @@ def build_matmul(node, ins, outs):
 
     The steps of the candidate of :data:`CANDIDATES` (the built-in rules, :func:`numba_steps`;
     BLAS alone, :func:`blas_steps`; BLAS on one thread; oneMKL's half-type GEMM on AMX,
-    :func:`mkl_steps`, where ``mkl_gemm.offered``, its class saying ``amx``) that ``tune``
+    :func:`mkl_steps`, or the same in blocks of out's rows, :func:`mkl_blocked_steps`, where
+    ``mkl_gemm.offered``, its class saying ``amx``) that ``tune``
     measures fastest for the product's class on this machine (``MINIFLOW_MATMUL`` overrides):
     its dtypes, transposes, counting and the powers of two at or above ``m``, ``k`` and ``n``."""
     a, b, out = ins[0], ins[1], outs[0]
@@ -714,7 +716,7 @@ def build_matmul(node, ins, outs):
     key = (f"{a.dtype.name}{'.T' if ta else ''} @ {b.dtype.name}{'.T' if tb else ''} -> "
            f"{out.dtype.name}{' counted' if len(outs) > 1 else ''} "
            f"m{_bucket(m)} k{_bucket(k)} n{_bucket(n)}{' amx' if mkl else ''}")
-    candidates = CANDIDATES if mkl else {k: v for k, v in CANDIDATES.items() if k != "mkl"}
+    candidates = CANDIDATES if mkl else {k: v for k, v in CANDIDATES.items() if k not in MKL}
     return tune.choose("matmul", key, node, ins, outs, candidates)
 
 
@@ -771,6 +773,45 @@ def mkl_steps(node, ins, outs):
     target = _target(out, len(outs) > 1)
     step = mkl_gemm.gemm_step(a.T if ta else a, b.T if tb else b, target)
     return [step] + _into_out(target, outs)
+
+
+def mkl_blocked_steps(node, ins, outs):
+    """:func:`mkl_steps` in blocks of out's rows, each rounded while it is in cache: for each
+    block of ``mkl_gemm.block_rows`` rows one oneMKL call computes its float32 product into one
+    scratch block (``mkl_gemm.BLOCK_BYTES``, reused by every block) and one pass rounds it into
+    out's rows (counting each block's non-finite elements, summed by one last step, where the
+    node counts). :func:`mkl_steps` writes the whole float32 product and then reads it back to
+    round it: from the L3 cache or memory once it is bigger than L2 (the weight gradient ``dy.T
+    @ x`` of a 1024 x 1024 layer: 4 MiB). None where nothing is rounded (a float32 out, not
+    counted) or out is one block.
+
+    One core of an Intel Xeon (Sapphire Rapids), oneMKL 2026.2, ``dy.T @ x`` in bfloat16 into a
+    bfloat16 out, 1024 x 256 x 1024: 1534-1762 us in blocks of 128 or 256 rows against
+    1851-2209 us in one call (its rounding pass alone 600 us, reading 4 MiB from L3); 1024 x 64
+    x 1024: 1064 against 1827 (``benchmarks/README.md``, "Third round on the Intel machine").
+
+    Raises:
+        MissingExtraError: oneMKL is not installed (the ``amx`` extra).
+        ValueError: oneMKL does not take the product (``mkl_gemm.takes``).
+    """
+    a, b, out = ins[0], ins[1], outs[0]
+    ta, tb = node.attrs.get("transpose_a", False), node.attrs.get("transpose_b", False)
+    counted = len(outs) > 1
+    rows = mkl_gemm.block_rows(out.shape[1])
+    if not (counted or out.dtype.itemsize == 2) or out.shape[0] <= rows:
+        return None
+    a, b = (a.T if ta else a), (b.T if tb else b)
+    scratch = np.empty((rows, out.shape[1]), np.float32)
+    starts = range(0, out.shape[0], rows)
+    counts = np.zeros(len(starts), np.int64)
+    steps = []
+    for q, i in enumerate(starts):
+        block = scratch[:min(rows, out.shape[0] - i)]
+        steps.append(mkl_gemm.gemm_step(a[i:i + len(block)], b, block))
+        steps += _into_out(block, [out[i:i + len(block)]] + ([counts[q:q + 1]] if counted else []))
+    if counted:
+        steps.append((sum_counts_kernel, (counts, outs[1].reshape(-1))))
+    return steps
 
 
 def numba_steps(node, ins, outs):
@@ -879,9 +920,12 @@ def gemm_steps(a, b, out) -> list:
 
 
 CANDIDATES = {"numba": numba_steps, "blas": blas_steps, "blas 1 thread": blas_one_thread_steps,
-              "mkl": mkl_steps}
+              "mkl": mkl_steps, "mkl blocked": mkl_blocked_steps}
 """The tuner's candidates for a product (``tune.choose``): the built-in rules first; one entry
-per candidate (``(node, ins, outs) -> steps``, or None where it does not apply)."""
+per candidate (``(node, ins, outs) -> steps``, or None where it does not apply). Those named
+``mkl...`` (:data:`MKL`) are offered only where ``mkl_gemm.offered``."""
+MKL = ("mkl", "mkl blocked")
+"""The candidates that call oneMKL (``mkl_gemm``)."""
 
 BUILDERS = {"matmul": build_matmul, "batch_matmul": batched(build_matmul)}
 """Op type -> builder."""
