@@ -27,13 +27,21 @@ RESULTS = Path(__file__).resolve().parent / "results"
 ISAS = {
     "native": ({}, ""),
     "avx2": ({"NUMBA_CPU_NAME": "haswell", "OPENBLAS_CORETYPE": "Haswell",
-              "XLA_FLAGS": "--xla_cpu_max_isa=AVX2", "ATEN_CPU_CAPABILITY": "avx2"}, "+avx2"),
+              "XLA_FLAGS": "--xla_cpu_max_isa=AVX2", "ATEN_CPU_CAPABILITY": "avx2",
+              "MKL_ENABLE_INSTRUCTIONS": "AVX2", "ONEDNN_MAX_CPU_ISA": "AVX2"}, "+avx2"),
     "avx512": ({"NUMBA_CPU_NAME": "skylake-avx512", "OPENBLAS_CORETYPE": "SkylakeX",
-                "XLA_FLAGS": "--xla_cpu_max_isa=AVX512", "ATEN_CPU_CAPABILITY": "avx512"},
+                "XLA_FLAGS": "--xla_cpu_max_isa=AVX512", "ATEN_CPU_CAPABILITY": "avx512",
+                "MKL_ENABLE_INSTRUCTIONS": "AVX512", "ONEDNN_MAX_CPU_ISA": "AVX512_CORE"},
                "+avx512f"),
 }
 """``--isa`` -> (the environment that makes every framework run as on that CPU: Numba's target
-CPU, OpenBLAS's kernels, XLA's and ATen's instruction sets; the host feature it needs)."""
+CPU, OpenBLAS's kernels, XLA's and ATen's instruction sets, and the two libraries inside PyTorch
+that pick their own (``ATEN_CPU_CAPABILITY`` does not reach them): oneMKL's float32 GEMM
+(``MKL_ENABLE_INSTRUCTIONS``) and oneDNN's half-type matmuls (``ONEDNN_MAX_CPU_ISA``; PyTorch
+asks oneDNN's effective ISA whether it has bfloat16 / float16 support). Without them, on a
+Sapphire Rapids host, "AVX2" PyTorch ran float32 ``mm`` at 144 GFLOP/s (AVX2's FMA peak there:
+120) and bfloat16 on AMX; with them 87 GFLOP/s and ATen's own half-type GEMM, as on an AVX2 CPU.
+The host feature each needs second)."""
 ISA_VARIABLE = "MINIFLOW_BENCH_ISA"
 """Set in the re-executed child: the ``--isa`` it runs as."""
 

@@ -82,7 +82,8 @@ in the tables giving its loss and miniflow's (it stops only if none agrees with 
 ``--isa avx2`` (or ``avx512``) re-runs the benchmark in a child process in which every framework
 runs as on that CPU: miniflow's kernels compiled for Numba's ``haswell`` (``skylake-avx512``),
 OpenBLAS's ``Haswell`` (``SkylakeX``) kernels, ``XLA_FLAGS=--xla_cpu_max_isa=AVX2`` and
-``ATEN_CPU_CAPABILITY=avx2`` (``harness.ISAS``), with Numba's and inductor's caches in folders
+``ATEN_CPU_CAPABILITY=avx2``, oneMKL's and oneDNN's ``MKL_ENABLE_INSTRUCTIONS=AVX2`` and
+``ONEDNN_MAX_CPU_ISA=AVX2`` (``harness.ISAS``), with Numba's and inductor's caches in folders
 of their own (``harness.isa_cache_dirs``); the default ``native`` is the host's.
 
     python benchmarks/speed.py [--core N] [--runs 3] [--rounds 9] [--models mlp,wide_mlp]

@@ -124,7 +124,8 @@ def test_isa_runs_the_benchmark_again_in_a_child_with_that_cpus_environment(tmp_
         "assert not harness.run_as_isa('avx2', __file__, sys.argv[1:])\n"
         "from miniflow.kernels.cpu import target\n"
         "print('child', sys.argv[1:], os.environ['OPENBLAS_CORETYPE'], os.environ['XLA_FLAGS'],"
-        " os.environ['ATEN_CPU_CAPABILITY'], target.ISA.name, target.ISA.lanes, target.cpu()[1])\n"
+        " os.environ['ATEN_CPU_CAPABILITY'], os.environ['MKL_ENABLE_INSTRUCTIONS'],"
+        " os.environ['ONEDNN_MAX_CPU_ISA'], target.ISA.name, target.ISA.lanes, target.cpu()[1])\n"
         "print('caches', os.environ['NUMBA_CACHE_DIR'], os.environ['TORCHINDUCTOR_CACHE_DIR'])\n")
     monkeypatch.setenv("NUMBA_CACHE_DIR", str(tmp_path / "numba"))
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
@@ -133,7 +134,7 @@ def test_isa_runs_the_benchmark_again_in_a_child_with_that_cpus_environment(tmp_
         harness.run_as_isa("avx2", str(script), ["--quick"])
     assert done.value.code == 0
     out = capfd.readouterr().out
-    assert "child ['--quick'] Haswell --xla_cpu_max_isa=AVX2 avx2 avx2 8 haswell" in out, out
+    assert "child ['--quick'] Haswell --xla_cpu_max_isa=AVX2 avx2 AVX2 AVX2 avx2 8 haswell" in out, out
     assert f"caches {tmp_path}/numba/isa-avx2 {tmp_path}/inductor/isa-avx2" in out, out
     assert dict(os.environ) == before
     assert harness.run_as_isa("native", str(script), []) is False
