@@ -10,12 +10,14 @@ thread) did part of the work.
 from __future__ import annotations
 
 import datetime
+import getpass
 import json
 import os
 import platform
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -25,13 +27,21 @@ RESULTS = Path(__file__).resolve().parent / "results"
 ISAS = {
     "native": ({}, ""),
     "avx2": ({"NUMBA_CPU_NAME": "haswell", "OPENBLAS_CORETYPE": "Haswell",
-              "XLA_FLAGS": "--xla_cpu_max_isa=AVX2", "ATEN_CPU_CAPABILITY": "avx2"}, "+avx2"),
+              "XLA_FLAGS": "--xla_cpu_max_isa=AVX2", "ATEN_CPU_CAPABILITY": "avx2",
+              "MKL_ENABLE_INSTRUCTIONS": "AVX2", "ONEDNN_MAX_CPU_ISA": "AVX2"}, "+avx2"),
     "avx512": ({"NUMBA_CPU_NAME": "skylake-avx512", "OPENBLAS_CORETYPE": "SkylakeX",
-                "XLA_FLAGS": "--xla_cpu_max_isa=AVX512", "ATEN_CPU_CAPABILITY": "avx512"},
+                "XLA_FLAGS": "--xla_cpu_max_isa=AVX512", "ATEN_CPU_CAPABILITY": "avx512",
+                "MKL_ENABLE_INSTRUCTIONS": "AVX512", "ONEDNN_MAX_CPU_ISA": "AVX512_CORE"},
                "+avx512f"),
 }
 """``--isa`` -> (the environment that makes every framework run as on that CPU: Numba's target
-CPU, OpenBLAS's kernels, XLA's and ATen's instruction sets; the host feature it needs)."""
+CPU, OpenBLAS's kernels, XLA's and ATen's instruction sets, and the two libraries inside PyTorch
+that pick their own (``ATEN_CPU_CAPABILITY`` does not reach them): oneMKL's float32 GEMM
+(``MKL_ENABLE_INSTRUCTIONS``) and oneDNN's half-type matmuls (``ONEDNN_MAX_CPU_ISA``; PyTorch
+asks oneDNN's effective ISA whether it has bfloat16 / float16 support). Without them, on a
+Sapphire Rapids host, "AVX2" PyTorch ran float32 ``mm`` at 144 GFLOP/s (AVX2's FMA peak there:
+120) and bfloat16 on AMX; with them 87 GFLOP/s and ATen's own half-type GEMM, as on an AVX2 CPU.
+The host feature each needs second)."""
 ISA_VARIABLE = "MINIFLOW_BENCH_ISA"
 """Set in the re-executed child: the ``--isa`` it runs as."""
 
@@ -49,6 +59,9 @@ def run_as_isa(isa: str, script: str, argv: list) -> bool:
     they start) and exit with its status; returns False, doing nothing, where this process is that
     child or ``isa`` is ``"native"``.
 
+    The child gets caches of its own (:func:`isa_cache_dirs`): Numba's (and with it the tuner's
+    file) and inductor's.
+
     Raises:
         SystemExit: the host CPU lacks the ISA (its code would stop at the first instruction),
             or after the child ran.
@@ -59,11 +72,36 @@ def run_as_isa(isa: str, script: str, argv: list) -> bool:
     env, needs = ISAS[isa]
     if needs not in llvm.get_host_cpu_features().flatten().split(","):
         raise SystemExit(f"--isa {isa}: this CPU has no {needs[1:]}; choose --isa native")
-    child = {**os.environ, **env, ISA_VARIABLE: isa}
+    caches = isa_cache_dirs(isa)
+    child = {**os.environ, **env, **caches, ISA_VARIABLE: isa}
     child.pop("NUMBA_CPU_FEATURES", None)
-    print(f"--isa {isa}: re-running as {' '.join(f'{k}={v}' for k, v in env.items())}",
-          flush=True)
+    print(f"--isa {isa}: re-running as {' '.join(f'{k}={v}' for k, v in env.items())}; "
+          f"caches {' '.join(f'{k}={v}' for k, v in caches.items())}", flush=True)
     raise SystemExit(subprocess.run([sys.executable, script, *argv], env=child).returncode)
+
+
+def isa_cache_dirs(isa: str) -> dict:
+    """``{"NUMBA_CACHE_DIR": ..., "TORCHINDUCTOR_CACHE_DIR": ...}`` for a process running as
+    ``isa``: a folder ``isa-<isa>`` inside this process's (or the library's default) cache folder,
+    so that builds for different ISAs never share a cache.
+
+    Inductor needs it for correct results, not only for tidiness: its FX graph cache key (torch
+    2.13) leaves out the vector ISA that ``ATEN_CPU_CAPABILITY`` selects, so a graph generated for
+    AVX-512 (16-lane loops) and cached by a native run is found again under
+    ``ATEN_CPU_CAPABILITY=avx2`` and compiled with AVX2's 8-lane ``Vectorized``: it computes
+    another result (``relu(3 x - 1).sum()`` over 100 floats: 32.87 for 65.67; the MLP's first
+    loss 8.4e35 for 2.33). Numba's cache key holds the target CPU already; its own folder keeps
+    the builds (and the tuner's files) apart.
+    """
+    from numba.misc.appdirs import AppDirs
+
+    numba_root = os.environ.get("NUMBA_CACHE_DIR") or \
+        AppDirs(appname="numba", appauthor=False).user_cache_dir
+    inductor_root = os.environ.get("TORCHINDUCTOR_CACHE_DIR") or \
+        os.path.join(tempfile.gettempdir(), f"torchinductor_{getpass.getuser()}")
+    return {"NUMBA_CACHE_DIR": os.path.join(os.path.abspath(numba_root), f"isa-{isa}"),
+            "TORCHINDUCTOR_CACHE_DIR": os.path.join(os.path.abspath(inductor_root),
+                                                    f"isa-{isa}")}
 
 
 def isa_line() -> str:

@@ -30,13 +30,35 @@ def test_frameworks_compute_miniflows_step(data, dtype):
     assert len(lines) == len(FRAMEWORKS)
 
 
-def test_check_fails_on_a_different_step(data, monkeypatch):
-    def other_labels(sizes, weights, x, y, dtype):
-        return speed.numpy_step(sizes, weights, x, np.roll(y, 1), dtype)
+def _other_labels(sizes, weights, x, y, dtype):
+    return speed.numpy_step(sizes, weights, x, np.roll(y, 1), dtype)
 
-    monkeypatch.setitem(speed.BUILDERS, "NumPy", other_labels)
+
+def test_check_fails_on_a_different_step(data, monkeypatch):
+    monkeypatch.setitem(speed.BUILDERS, "NumPy", _other_labels)
     with pytest.raises(AssertionError, match="NumPy does not compute miniflow's step"):
         speed.check(["mlp"], ["fp32"], [8], data, ["miniflow", "NumPy"], steps=2)
+
+
+def test_timing_leaves_out_a_framework_that_computes_another_step(data, monkeypatch, capsys):
+    monkeypatch.setitem(speed.BUILDERS, "JAX jit", speed.numpy_step)      # agrees with miniflow
+    monkeypatch.setitem(speed.BUILDERS, "NumPy", _other_labels)
+    res = speed.time_case("mlp", "fp32", 8, data, ["miniflow", "JAX jit", "NumPy"], 1, 1)
+    first, other = res["losses"]["miniflow"], res["losses"]["NumPy"]
+    assert abs(other - first) > 1e-3
+    assert res["dropped"] == {"NumPy": f"first loss {other:.6g}, miniflow's {first:.6g}"}
+    assert set(res["step_s"]) == {"miniflow", "JAX jit"}
+    assert "NumPy mlp fp32 batch 8: dropped, it computes another step" in capsys.readouterr().out
+    row = speed.table([{"model": "mlp", "dtype": "fp32", "batch": 8, **res}]).splitlines()[-1]
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    assert cells[3 + speed.FRAMEWORKS.index("NumPy")] == f"dropped: {res['dropped']['NumPy']}"
+    assert cells[-1] == "-"                                            # no NumPy / miniflow ratio
+
+
+def test_timing_stops_when_no_framework_agrees_with_miniflow(data, monkeypatch):
+    monkeypatch.setitem(speed.BUILDERS, "NumPy", _other_labels)
+    with pytest.raises(AssertionError, match="no framework computes miniflow's step: NumPy"):
+        speed.time_case("mlp", "fp32", 8, data, ["miniflow", "NumPy"], 1, 1)
 
 
 def test_next_scale_follows_grad_scaler():
@@ -80,10 +102,12 @@ def test_pin_core_rejects_an_unavailable_core():
         harness.pin_core(100000)
 
 
-def test_isa_runs_the_benchmark_again_in_a_child_with_that_cpus_environment(tmp_path, capfd):
+def test_isa_runs_the_benchmark_again_in_a_child_with_that_cpus_environment(tmp_path, capfd,
+                                                                             monkeypatch):
     """``--isa avx2``: the benchmark re-executes itself with ``harness.ISAS``'s variables in the
     child only; there miniflow's kernels compile for ``haswell`` (8-lane vectors, the 6 x 16
-    tile), and the child runs the benchmark itself rather than again."""
+    tile), the child runs the benchmark itself rather than again, and its Numba and inductor caches
+    are folders of their own (``harness.isa_cache_dirs``)."""
     import os
 
     import llvmlite.binding as llvm
@@ -100,13 +124,18 @@ def test_isa_runs_the_benchmark_again_in_a_child_with_that_cpus_environment(tmp_
         "assert not harness.run_as_isa('avx2', __file__, sys.argv[1:])\n"
         "from miniflow.kernels.cpu import target\n"
         "print('child', sys.argv[1:], os.environ['OPENBLAS_CORETYPE'], os.environ['XLA_FLAGS'],"
-        " os.environ['ATEN_CPU_CAPABILITY'], target.ISA.name, target.ISA.lanes, target.cpu()[1])\n")
+        " os.environ['ATEN_CPU_CAPABILITY'], os.environ['MKL_ENABLE_INSTRUCTIONS'],"
+        " os.environ['ONEDNN_MAX_CPU_ISA'], target.ISA.name, target.ISA.lanes, target.cpu()[1])\n"
+        "print('caches', os.environ['NUMBA_CACHE_DIR'], os.environ['TORCHINDUCTOR_CACHE_DIR'])\n")
+    monkeypatch.setenv("NUMBA_CACHE_DIR", str(tmp_path / "numba"))
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
     before = dict(os.environ)
     with pytest.raises(SystemExit) as done:
         harness.run_as_isa("avx2", str(script), ["--quick"])
     assert done.value.code == 0
     out = capfd.readouterr().out
-    assert "child ['--quick'] Haswell --xla_cpu_max_isa=AVX2 avx2 avx2 8 haswell" in out, out
+    assert "child ['--quick'] Haswell --xla_cpu_max_isa=AVX2 avx2 AVX2 AVX2 avx2 8 haswell" in out, out
+    assert f"caches {tmp_path}/numba/isa-avx2 {tmp_path}/inductor/isa-avx2" in out, out
     assert dict(os.environ) == before
     assert harness.run_as_isa("native", str(script), []) is False
 
