@@ -134,6 +134,41 @@ def all_cases(cfg: LaunchConfig = SIMULATOR) -> list:
             + cast_cases())
 
 
+SIMULATOR_REPEATS = {"winograd-3x3": "3x3-pad"}
+"""Convolution sample geometry (``miniflow.ops.conv.CONV_SAMPLE_GEOMETRIES``) -> the sample
+whose CUDA path it repeats; the simulator lane runs the second only (:func:`simulated`). CUDA
+computes every convolution of a kind and dtype with one implicit-GEMM kernel
+(``kernels/cuda/conv.py``) whose geometry is a runtime argument, so two samples with the same
+attributes run the same code, branch for branch (padding, no skipped taps, one group), and
+differ only in how many 4 x 4 tiles it loops over. ``winograd-3x3`` exists for the CPU's
+Winograd kernels (``tests/test_registry.py`` still runs it on the CPU, the PTX lane compiles its
+signatures, identical to ``3x3-pad``'s, and a GPU runs it); under the simulator its 48 tiles made
+its 12 cases (3 ops x f32, f16, f64, bf16) 7.4 s of CPU with a warm cache (Intel Xeon)."""
+
+
+def _conv_geometry(case: Case) -> str | None:
+    """The ``CONV_SAMPLE_GEOMETRIES`` label of a convolution case (None for other cases)."""
+    from miniflow.ops.conv import CONV_SAMPLE_GEOMETRIES
+    x = {"conv2d": 0, "conv_data_grad": 2, "conv_filter_grad": 1}.get(case.op)
+    if x is None:
+        return None
+    return next((label for label, n, c, h, w, _, attrs in CONV_SAMPLE_GEOMETRIES
+                 if case.inputs[x].shape == (n, c, h, w) and case.attrs == attrs), None)
+
+
+def simulated(cases: list) -> list:
+    """``cases`` less the repeats of :data:`SIMULATOR_REPEATS`, for the simulator lane.
+
+    Raises:
+        AssertionError: a repeat whose attributes are no longer its twin's (it may then reach
+            another path of the CUDA kernels: run it, or name another twin)."""
+    from miniflow.ops.conv import CONV_SAMPLE_GEOMETRIES
+    attrs = {label: a for label, *_, a in CONV_SAMPLE_GEOMETRIES}
+    for repeat, twin in SIMULATOR_REPEATS.items():
+        assert attrs[repeat] == attrs[twin], f"{repeat} is no longer {twin}'s CUDA path"
+    return [c for c in cases if _conv_geometry(c) not in SIMULATOR_REPEATS]
+
+
 def arg_type(a):
     """The numba type a kernel argument is compiled for: a device array (real or simulated) types
     as the C-contiguous array of its dtype and rank, like the host stand-in it replaces."""

@@ -174,9 +174,9 @@ CONV_SAMPLE_GEOMETRIES = [
 """Geometries of the samples, reaching every path of the CPU kernels' default choices: padding,
 strides (the rows a data gradient skips), dilation, groups, pointwise and strided 1x1 products, a
 depthwise convolution, one sample (the per-sample im2col layout), the batched layout (small maps)
-and Winograd F(2x2, 3x3) (48 tiles). Small, because the CUDA simulator lane runs every one
-(~1 ms per simulated thread and tile step); ``tests/test_conv.py`` forces every CPU algorithm on
-more geometries."""
+and Winograd F(2x2, 3x3) (48 tiles). Small, because the CUDA simulator lane runs them (~1 ms per
+simulated thread and tile step; all but ``winograd-3x3``, whose CUDA path is ``3x3-pad``'s:
+``tests/cuda_cases.py``); ``tests/test_conv.py`` forces every CPU algorithm on more geometries."""
 
 
 def conv_sample_inputs(dt, n, c, h, w, o, attrs, seed=0):

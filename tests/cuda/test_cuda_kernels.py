@@ -1,10 +1,12 @@
 """Every CUDA kernel against the CPU kernel and against the op's float64 reference
 (``miniflow.ir.evaluate``, as ``tests/test_registry.py`` checks the CPU kernels), on every
-registered sample of every op plus the extra cases of ``tests/cuda_cases.py``; results agree
+registered sample of every op plus the extra cases of ``tests/cuda_cases.py`` (under the
+simulator less the samples whose CUDA path another one runs, ``SIMULATOR_REPEATS``); results agree
 within a tolerance per dtype (the GPU may fuse multiply-adds and sums in another order), casts
 bit for bit."""
 import numpy as np
 import pytest
+from numba import config
 
 import miniflow as mf
 from miniflow.kernels import cpu, cuda
@@ -14,7 +16,7 @@ from miniflow.ops import all_ops
 from miniflow.runtime.backend import CudaBackend
 
 from cuda_cases import (Case, all_cases, fused_pair_cases, fused_pair_nodes, host_buffers,
-                        make_node, results)
+                        make_node, results, simulated)
 from op_cases import (assert_bit_exact, assert_close, assert_matches_reference, late_op,
                       run_cpu)
 
@@ -46,7 +48,7 @@ def test_every_op_has_a_cuda_kernel_and_samples():
     assert not no_samples, f"ops without samples: {no_samples}; register samples= in miniflow/ops"
 
 
-CASES = all_cases(current())
+CASES = simulated(all_cases(current())) if config.ENABLE_CUDASIM else all_cases(current())
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
