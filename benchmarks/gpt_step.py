@@ -25,7 +25,7 @@ without loss scaling.
 
 Memory: every framework runs in a process of its own (a worker: this file run with
 ``--worker``), which imports only that framework and NumPy, so its peak resident set
-(``ru_maxrss``: imports, compilation, model, optimizer and the step's buffers) is that
+(``VmHWM``: imports, compilation, model, optimizer and the step's buffers) is that
 framework's cost; the worker reports it too just after its imports. The parent drives the
 workers over pipes in ``speed.interleave``'s alternating rounds (one untimed step, then N timed
 ones; the idle workers wait on their pipe), each round timed inside its worker by the worker's
@@ -214,8 +214,17 @@ def worker(framework: str, dtype: str, core: int, threads: int, case: str) -> No
 
 
 def _peak_rss_mib() -> float:
-    """This process's peak resident set so far, MiB (Linux's ``ru_maxrss`` is in KiB)."""
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    """This process's peak resident set so far, MiB: Linux's ``VmHWM`` (``/proc/self/status``),
+    the high-water mark of this program's memory; elsewhere ``ru_maxrss`` (which Linux carries
+    over ``execve`` from the process that started this one: the parent's peak, not ours)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024           # kB
+    except OSError:
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024 ** (
+        2 if sys.platform == "darwin" else 1)
 
 
 def _answer(obj: dict) -> None:

@@ -73,7 +73,7 @@ torch.compile that cannot build (it needs a C++ compiler), skips its columns wit
 ``--models gpt``: the GPT rows (issue 25; ``gpt_step.py``): a 2-layer, 4-head, 128-wide GPT,
 context 64, batch ``--gpt-batch`` (16), AdamW, miniflow against JAX jit, torch.compile and
 PyTorch eager, fp32, AMP fp16 and AMP bf16, on ``--threads`` threads. Each framework runs in a
-worker process of its own, so its peak RSS (``ru_maxrss``) is printed beside its step time; the
+worker process of its own, so its peak RSS (``VmHWM``) is printed beside its step time; the
 parent times the workers in the alternating rounds above (by their CPU and wall times).
 
 ``--profile`` prints, per case, where miniflow's step spends its CPU time: the nodes that take
