@@ -111,22 +111,29 @@ def isa_line() -> str:
            f"OPENBLAS_CORETYPE={os.environ.get('OPENBLAS_CORETYPE', '(auto)')}"
 
 
-def pin_threads(n: int) -> str:
-    """Use ``n`` threads in every pool: Numba's, the BLAS and OpenMP libraries loaded so far
-    (NumPy's OpenBLAS; PyTorch's, when it is imported first) and PyTorch's intra-op pool; PyTorch's
-    inter-op pool gets 1. Returns a one-line description of the pools."""
-    import numba
+def pin_threads(n: int, frameworks=("miniflow", "torch")) -> str:
+    """Use ``n`` threads in every pool: Numba's (``"miniflow"`` in ``frameworks``), the BLAS and
+    OpenMP libraries loaded so far (NumPy's OpenBLAS; PyTorch's, when it is imported first) and
+    PyTorch's intra-op pool (``"torch"`` in ``frameworks``, where it is installed); PyTorch's
+    inter-op pool gets 1. A framework left out of ``frameworks`` is not imported (a process that
+    measures another framework's memory). Returns a one-line description of the pools."""
     from threadpoolctl import threadpool_info, threadpool_limits
 
-    import miniflow.kernels.cpu  # noqa: F401  (first: it picks Numba's threading layer)
+    parts = []
+    if "miniflow" in frameworks:
+        import numba
 
-    numba.set_num_threads(min(n, numba.config.NUMBA_NUM_THREADS))
+        import miniflow.kernels.cpu  # noqa: F401  (first: it picks Numba's threading layer)
+
+        numba.set_num_threads(min(n, numba.config.NUMBA_NUM_THREADS))
+        parts.append(f"numba {numba.get_num_threads()} (layer: {numba.config.THREADING_LAYER})")
     threadpool_limits(n)
-    parts = [f"numba {numba.get_num_threads()} (layer: {numba.config.THREADING_LAYER})"]
-    try:
-        import torch
-    except ImportError:
-        torch = None
+    torch = None
+    if "torch" in frameworks:
+        try:
+            import torch
+        except ImportError:
+            pass
     if torch is not None:
         torch.set_num_threads(n)
         try:
@@ -209,11 +216,13 @@ def cores_for(core: int, threads: int) -> set:
     return {core} | set([c for c in allowed if c != core][:threads - 1])
 
 
-def start_on_one_core(core: int, threads: int = 1) -> tuple:
+def start_on_one_core(core: int, threads: int = 1,
+                      frameworks=("miniflow", "torch", "jax")) -> tuple:
     """Pin this process to ``core`` (with ``threads`` > 1: to :func:`cores_for` ``threads``
-    cores) and start the optional frameworks with every pool on ``threads`` threads: Numba,
-    BLAS/OpenMP (threadpoolctl), PyTorch intra-op (inter-op: 1; when installed), XLA
-    (:func:`xla_flags`, set before JAX is imported, when installed).
+    cores) and start the frameworks of ``frameworks`` with every pool on ``threads`` threads:
+    Numba (miniflow's), BLAS/OpenMP (threadpoolctl), PyTorch intra-op (inter-op: 1; when
+    installed), XLA (:func:`xla_flags`, set before JAX is imported, when installed). The others
+    are not imported (a process that measures one framework's memory).
 
     Returns ``(description, missing)``: the pools as one line, and ``{"torch" | "jax": reason}``
     for the frameworks that are not installed.
@@ -227,16 +236,19 @@ def start_on_one_core(core: int, threads: int = 1) -> tuple:
     flags = xla_flags(threads)
     os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " " + flags).strip()
     missing = {}
-    try:
-        import torch  # noqa: F401  (before pin_threads, so its pools are pinned too)
-    except ImportError:
-        missing["torch"] = "PyTorch is not installed (pip install -e '.[bench]')"
-    description = pin_threads(threads)
-    try:
-        import jax
-        description += f", jax {jax.__version__} on {jax.devices()[0]} (XLA_FLAGS={flags!r})"
-    except ImportError:
-        missing["jax"] = "JAX is not installed (pip install -e '.[bench]')"
+    if "torch" in frameworks:
+        try:
+            import torch  # noqa: F401  (before pin_threads, so its pools are pinned too)
+        except ImportError:
+            missing["torch"] = "PyTorch is not installed (pip install -e '.[bench]')"
+    description = pin_threads(threads, frameworks)
+    if "jax" in frameworks:
+        try:
+            import jax
+            description += f", jax {jax.__version__} on {jax.devices()[0]} " \
+                           f"(XLA_FLAGS={flags!r})"
+        except ImportError:
+            missing["jax"] = "JAX is not installed (pip install -e '.[bench]')"
     pin_core(cores)             # the threads the frameworks started
     off = threads_off_core(cores)
     if off:

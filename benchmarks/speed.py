@@ -1,5 +1,5 @@
-"""Training-step time of the digits MLPs: miniflow against JAX jit, torch.compile, PyTorch eager and
-NumPy, all pinned to one core.
+"""Training-step time of the digits MLPs (and of a small GPT, ``--models gpt``): miniflow against
+JAX jit, torch.compile, PyTorch eager and NumPy, all pinned to one core.
 
 Models: ``mlp`` (64-128-10) and ``wide_mlp`` (64-1024-1024-10), Linear-ReLU-...-Linear, mean softmax
 cross-entropy, SGD (lr 0.1, momentum 0.9, PyTorch's rule ``buf = 0.9 buf + g; p -= 0.1 buf``);
@@ -70,6 +70,12 @@ then Markdown tables (step times, CPU/wall); writes ``benchmarks/results/speed.j
 ``speed.png``. JAX and PyTorch are the optional ``bench`` extra; a missing package, or a
 torch.compile that cannot build (it needs a C++ compiler), skips its columns with the reason.
 
+``--models gpt``: the GPT rows (issue 25; ``gpt_step.py``): a 2-layer, 4-head, 128-wide GPT,
+context 64, batch ``--gpt-batch`` (16), AdamW, miniflow against JAX jit, torch.compile and
+PyTorch eager, fp32, AMP fp16 and AMP bf16, on ``--threads`` threads. Each framework runs in a
+worker process of its own, so its peak RSS (``VmHWM``) is printed beside its step time; the
+parent times the workers in the alternating rounds above (by their CPU and wall times).
+
 ``--profile`` prints, per case, where miniflow's step spends its CPU time: the nodes that take
 the most, with their kernels (:func:`profile`); no other framework runs.
 
@@ -86,7 +92,8 @@ OpenBLAS's ``Haswell`` (``SkylakeX``) kernels, ``XLA_FLAGS=--xla_cpu_max_isa=AVX
 ``ONEDNN_MAX_CPU_ISA=AVX2`` (``harness.ISAS``), with Numba's and inductor's caches in folders
 of their own (``harness.isa_cache_dirs``); the default ``native`` is the host's.
 
-    python benchmarks/speed.py [--core N] [--runs 3] [--rounds 9] [--models mlp,wide_mlp]
+    python benchmarks/speed.py [--core N] [--threads 1] [--runs 3] [--rounds 9]
+                               [--models mlp,wide_mlp,gpt] [--gpt-batch 16]
                                [--dtypes fp32,fp16] [--batches 1,16,256] [--quick] [--check]
                                [--profile] [--isa native|avx2|avx512]
 """
@@ -116,6 +123,8 @@ SCALER = {"init_scale": 2.0 ** 16, "growth_factor": 2.0, "backoff_factor": 0.5,
 """The dynamic loss scale (miniflow's ``GradScaler`` defaults), for the steps written out."""
 FRAMEWORKS = ("miniflow", "JAX jit", "torch.compile", "PyTorch", "NumPy")
 OTHERS = FRAMEWORKS[1:]
+GPT = "gpt"
+"""``--models``' name of the GPT rows (``gpt_step.py``: each framework in a process of its own)."""
 TARGETS = {"mlp": 1.0, "wide_mlp": 1.0}
 """Issue 16's fp32 acceptance line: relative speed >= 1.0 against every framework."""
 ROUND_SECONDS = 0.05
@@ -153,18 +162,28 @@ def miniflow_step(sizes, weights, x, y, dtype: str):
     model = mlp(sizes)
     model.load_state_dict({f"{2 * k}.{name}": a for k, (w, b) in enumerate(weights)
                            for name, a in (("weight", w), ("bias", b))})
-    graph = TrainGraph(model, mf.optim.SGD(model.parameters(), lr=LR, momentum=MOMENTUM))
-    if dtype == "fp16":
-        graph.config.enable_amp()
-        graph.set_grad_scaler(mf.amp.GradScaler(**SCALER))
-    elif dtype == "bf16":
-        graph.config.enable_amp(dtype=mf.bfloat16)
+    graph = amp_graph(TrainGraph(model, mf.optim.SGD(model.parameters(), lr=LR,
+                                                     momentum=MOMENTUM)), dtype)
 
     def step():
         return graph(x, y)
 
     step.graph = graph
     return step
+
+
+def amp_graph(graph, dtype: str):
+    """``graph`` (a miniflow ``nn.Graph``) set up for ``dtype``: ``fp16`` AMP float16 with a
+    dynamic ``GradScaler`` (``SCALER``), ``bf16`` AMP bfloat16 without one, ``fp32`` as it is.
+    Returns ``graph``."""
+    import miniflow as mf
+
+    if dtype == "fp16":
+        graph.config.enable_amp()
+        graph.set_grad_scaler(mf.amp.GradScaler(**SCALER))
+    elif dtype == "bf16":
+        graph.config.enable_amp(dtype=mf.bfloat16)
+    return graph
 
 
 def jax_step(sizes, weights, x, y, dtype: str):
@@ -407,32 +426,43 @@ def check(models, dtypes, batches, data, frameworks, steps: int) -> list:
         for dtype in dtypes:
             for batch in batches:
                 built = build(model, dtype, batch, data, frameworks)
-                losses = {name: [float(step()) for _ in range(steps)]
-                          for name, step in built.items()}
-                ref = np.array(losses["miniflow"])
-                for name, got in losses.items():
-                    err = np.max(np.abs(np.array(got) - ref) / np.maximum(1, abs(ref)))
-                    line = (f"{model} {LABEL[dtype]} batch {batch} {name}: losses "
-                            f"{', '.join(f'{v:.6f}' for v in got)}; max relative difference to "
-                            f"miniflow {err:.2e}")
-                    lines.append(line)
-                    print(line)
-                    if not err <= CHECK_RTOL[dtype]:
-                        raise AssertionError(f"{line} > {CHECK_RTOL[dtype]}: {name} does not "
-                                             "compute miniflow's step")
+                lines += check_losses(f"{model} {LABEL[dtype]} batch {batch}", dtype,
+                                      {name: [float(step()) for _ in range(steps)]
+                                       for name, step in built.items()})
+    return lines
+
+
+def check_losses(case: str, dtype: str, losses: dict) -> list:
+    """Print each framework's losses (``{name: [loss per step]}``) and their largest difference
+    to miniflow's, relative to max(1, |loss|); raise AssertionError where it is over
+    ``CHECK_RTOL[dtype]``. Returns the printed lines."""
+    ref, lines = np.array(losses["miniflow"]), []
+    for name, got in losses.items():
+        err = np.max(np.abs(np.array(got) - ref) / np.maximum(1, abs(ref)))
+        line = (f"{case} {name}: losses {', '.join(f'{v:.6f}' for v in got)}; max relative "
+                f"difference to miniflow {err:.2e}")
+        lines.append(line)
+        print(line)
+        if not err <= CHECK_RTOL[dtype]:
+            raise AssertionError(f"{line} > {CHECK_RTOL[dtype]}: {name} does not compute "
+                                 "miniflow's step")
     return lines
 
 
 # ----------------------------------------------------------------------------- profile
 def profile(model: str, dtype: str, batch: int, data, steps: int) -> dict:
-    """Where miniflow's step spends its time: every plan step timed by the process's CPU time
-    (``time.process_time_ns``, so time the core spent on other processes is left out) over
-    ``steps`` steps, summed per node. Returns ``{"step_us": whole step, "nodes": [(us, node
-    index, op type, kernel names)], most first}``."""
+    """:func:`profile_step` of miniflow's step on an MLP case."""
+    return profile_step(miniflow_step(MODELS[model], init_weights(MODELS[model]),
+                                      data[0][:batch], data[1][:batch], dtype), steps)
+
+
+def profile_step(step, steps: int) -> dict:
+    """Where a miniflow step (``step()``, its graph ``step.graph``) spends its time: every plan
+    step timed by the process's CPU time (``time.process_time_ns``, so time the core spent on
+    other processes is left out) over ``steps`` steps, summed per node. Returns ``{"step_us":
+    whole step, "nodes": [(us, node index, op type, kernel names)], most first}``."""
     import time
 
-    step = miniflow_step(MODELS[model], init_weights(MODELS[model]), data[0][:batch],
-                         data[1][:batch], dtype)
     for _ in range(3):
         step()
     plan = next(reversed(step.graph.plans.values()))
@@ -494,20 +524,59 @@ def time_case(model: str, dtype: str, batch: int, data, frameworks, runs: int,
     """
     steps = build(model, dtype, batch, data, frameworks)
     losses = {name: float(step()) for name, step in steps.items()}   # compiles here
-    first = losses["miniflow"]
-    dropped = {name: f"first loss {loss:.6g}, miniflow's {first:.6g}"
-               for name, loss in losses.items()
-               if not abs(loss - first) <= CHECK_RTOL[dtype] * max(1.0, abs(first))}
+    case = f"{model} {dtype} batch {batch}"
+    dropped = disagreements(dtype, losses)
     if dropped and len(dropped) == len(steps) - 1:
-        raise AssertionError(f"{model} {dtype} batch {batch}: no framework computes miniflow's "
-                             f"step: {'; '.join(f'{k} {v}' for k, v in dropped.items())}")
+        raise AssertionError(f"{case}: no framework computes miniflow's step: "
+                             f"{'; '.join(f'{k} {v}' for k, v in dropped.items())}")
     for name, reason in dropped.items():
         print(f"{name} {model} {LABEL[dtype]} batch {batch}: dropped, it computes another step "
               f"({reason})")
         del steps[name]
     slowest = max(harness.round_time(step, 3) / 3 for step in steps.values())   # warm-up
-    n = int(min(200, max(3, ROUND_SECONDS / slowest)))
-    names = list(steps)
+
+    def in_process(step):
+        def round_(n):
+            step()                              # untimed: back to a warm steady state
+            return harness.cpu_round(step, n)
+        return round_
+
+    timed = interleave({name: in_process(step) for name, step in steps.items()},
+                       steps_per_round(slowest), runs, rounds)
+    return {"losses": losses, "dropped": dropped, **timed}
+
+
+def disagreements(dtype: str, losses: dict) -> dict:
+    """``{name: reason}`` of the frameworks whose first loss (``losses``: ``{name: loss}``) differs
+    from miniflow's by more than ``CHECK_RTOL[dtype]`` relative to max(1, |loss|)."""
+    first = losses["miniflow"]
+    return {name: f"first loss {loss:.6g}, miniflow's {first:.6g}"
+            for name, loss in losses.items()
+            if not abs(loss - first) <= CHECK_RTOL[dtype] * max(1.0, abs(first))}
+
+
+def check_first_losses(case: str, dtype: str, losses: dict) -> None:
+    """Raise AssertionError unless every framework's first loss (``{name: loss}``) agrees with
+    miniflow's (:func:`disagreements`)."""
+    dropped = disagreements(dtype, losses)
+    if dropped:
+        name = next(iter(dropped))
+        raise AssertionError(f"{case}: first loss of {name} is {losses[name]}, miniflow's "
+                             f"{losses['miniflow']}: the frameworks do not compute the same step")
+
+
+def steps_per_round(slowest: float) -> int:
+    """N, the timed steps per framework and round, for the slowest step of ``slowest`` seconds:
+    a round of about ``ROUND_SECONDS`` per framework, 3 to 200 steps."""
+    return int(min(200, max(3, ROUND_SECONDS / slowest)))
+
+
+def interleave(rounds_of: dict, n: int, runs: int, rounds: int) -> dict:
+    """Time the frameworks in alternating rounds: ``rounds_of[name](n)`` runs one untimed step
+    and ``n`` timed ones and returns ``(wall, process CPU, main thread CPU)`` seconds
+    (:func:`harness.cpu_round`); ``runs`` runs of ``rounds`` rounds, the order rotating from round
+    to round. Returns the medians (see the module docstring) per framework."""
+    names = list(rounds_of)
     per_run = {name: [] for name in names}
     per_run_cpu = {name: [] for name in names}
     samples = {name: [] for name in names}     # (wall, process cpu, main thread cpu) per round
@@ -515,15 +584,14 @@ def time_case(model: str, dtype: str, batch: int, data, frameworks, runs: int,
         walls = {name: [] for name in names}
         for r in range(rounds):
             for name in names[r % len(names):] + names[:r % len(names)]:
-                steps[name]()                   # untimed: back to a warm steady state
-                sample = harness.cpu_round(steps[name], n)
+                sample = rounds_of[name](n)
                 walls[name].append(sample[0])
                 samples[name].append(sample)
         for name in names:
             per_run[name].append(statistics.median(walls[name]))
             per_run_cpu[name].append(statistics.median(s[1] for s in samples[name][-rounds:]))
     total = {name: statistics.median(t) for name, t in per_run.items()}
-    return {"steps": n, "losses": losses, "dropped": dropped, "total_s": total,
+    return {"steps": n, "total_s": total,
             "step_s": {name: t / n for name, t in total.items()},
             "cpu_step_s": {name: statistics.median(t) / n for name, t in per_run_cpu.items()},
             "cpu_per_wall": {name: statistics.median(c / w for w, c, _ in s)
@@ -534,11 +602,11 @@ def time_case(model: str, dtype: str, batch: int, data, frameworks, runs: int,
             "rounds_s": {name: [s[0] for s in samples[name]] for name in names}}
 
 
-def report(model: str, dtype: str, batch: int, res: dict) -> None:
+def report(model: str, dtype: str, input_shape: list, res: dict) -> None:
     """The output lines for one case."""
     for name, total in res["total_s"].items():
         print(f"{name} {model} time: {1e3 * total / res['steps']:.3f}ms (= {1e3 * total:.1f}ms / "
-              f"{res['steps']}, input_shape=[{batch}, 64], {LABEL[dtype]}) cpu/wall "
+              f"{res['steps']}, input_shape={list(input_shape)}, {LABEL[dtype]}) cpu/wall "
               f"{res['cpu_per_wall'][name]:.2f}, other threads {res['other_threads'][name]:.2f}")
     t = res["step_s"]
     if "PyTorch" in t:
@@ -626,7 +694,9 @@ def main(argv=None) -> None:
                    help="threads of every pool, on as many cores (--core and the highest others)")
     p.add_argument("--runs", type=int, default=3, help="runs per case (median of run medians)")
     p.add_argument("--rounds", type=int, default=9, help="interleaved rounds per run")
-    p.add_argument("--models", default=",".join(MODELS))
+    p.add_argument("--models", default=",".join(MODELS),
+                   help=f"of {', '.join(MODELS)}, {GPT} (the GPT rows, gpt_step.py)")
+    p.add_argument("--gpt-batch", type=int, default=16, help="the GPT's batch (of 64 tokens)")
     p.add_argument("--dtypes", default=",".join(DTYPES))
     p.add_argument("--batches", default=",".join(map(str, BATCHES)))
     p.add_argument("--quick", action="store_true", help="1 run of 3 rounds, batches 1, 16, 256")
@@ -642,7 +712,7 @@ def main(argv=None) -> None:
         args.runs, args.rounds, args.batches = 1, 3, "1,16,256"
     models, dtypes = args.models.split(","), args.dtypes.split(",")
     batches = [int(b) for b in args.batches.split(",")]
-    for name, values, known in (("model", models, MODELS), ("dtype", dtypes, DTYPES)):
+    for name, values, known in (("model", models, (*MODELS, GPT)), ("dtype", dtypes, DTYPES)):
         bad = [v for v in values if v not in known]
         if bad:
             p.error(f"unknown {name} {', '.join(bad)}; choose from {', '.join(known)}")
@@ -650,15 +720,26 @@ def main(argv=None) -> None:
     for name, reason in skipped.items():
         print(f"{name}: skipped: {reason}")
     data = digits()
+    with_gpt = GPT in models
+    models = [m for m in models if m != GPT]
+    if with_gpt:
+        import gpt_step
+        gpt_frameworks = [f for f in frameworks if f in gpt_step.FRAMEWORKS]
     if args.profile:
         for model in models:
             for dtype in dtypes:
                 for batch in batches:
                     print("\n".join(profile_lines(model, dtype, batch,
                                                    profile(model, dtype, batch, data, 20))))
+        for dtype in dtypes if with_gpt else ():
+            print("\n".join(profile_lines(GPT, dtype, args.gpt_batch, gpt_step.profile_step(
+                dtype, args.gpt_batch, 5), top=16)))
         return
     if args.check:
         check(models, dtypes, batches, data, frameworks, args.check_steps)
+        for dtype in dtypes if with_gpt else ():
+            gpt_step.check_gpt(dtype, args.gpt_batch, gpt_frameworks, args.core, args.threads,
+                               args.check_steps)
         print(f"check passed: {', '.join(frameworks)} agree with miniflow")
         return
     info = harness.machine()
@@ -675,10 +756,27 @@ def main(argv=None) -> None:
         for dtype in dtypes:
             for batch in batches:
                 res = time_case(model, dtype, batch, data, frameworks, args.runs, args.rounds)
-                report(model, dtype, batch, res)
+                report(model, dtype, [batch, MODELS[model][0]], res)
                 results.append({"model": model, "dtype": dtype, "batch": batch, **res})
+    gpt_rows = []
+    for dtype in dtypes if with_gpt else ():
+        res = gpt_step.time_gpt(dtype, args.gpt_batch, gpt_frameworks, args.core, args.threads,
+                                args.runs, args.rounds)
+        report(GPT, dtype, [args.gpt_batch, gpt_step.BLOCK], res)
+        gpt_rows.append(res)
     info["load_after"] = harness.load_average()
     print(f"load average (1 min) after: {info['load_after']:.2f}")
+    harness.save_json("speed", {"machine": info, "results": results, "gpt": gpt_rows})
+    if gpt_rows:
+        print()
+        print(f"GPT ({gpt_step.CONFIG}, batch {args.gpt_batch} x {gpt_step.BLOCK} tokens, "
+              f"AdamW), each framework in its own process: CPU ms per step (wall), ratios, "
+              f"peak RSS (after imports):")
+        print()
+        print(gpt_step.table(gpt_rows))
+    if not results:
+        print(f"wrote {harness.RESULTS / 'speed.json'}")
+        return
     print()
     print(table(results))
     print()
@@ -691,7 +789,6 @@ def main(argv=None) -> None:
     print(cpu_table(results))
     print()
     print(amp_ratios(results))
-    harness.save_json("speed", {"machine": info, "results": results})
     plot(results, harness.RESULTS / "speed.png")
     print(f"wrote {harness.RESULTS / 'speed.json'} and {harness.RESULTS / 'speed.png'}")
 

@@ -346,3 +346,48 @@ def test_compile_notice_only_when_kernels_compile(tmp_path):
     assert runs[0].stderr.count(NOTICE) == 1, runs[0].stderr
     assert NOTICE not in runs[1].stderr, runs[1].stderr        # a warm cache: nothing compiles
     assert os.listdir(tmp_path / "cache" / "miniflow_generated")
+
+
+class _NoViewBackend(CpuBackend):
+    """The cpu backend without buffer views: every reshape copies (as before views)."""
+
+    name = "cpu-no-views"
+
+    def view(self, array, shape):
+        return None
+
+
+def _gpt_losses(steps=3):
+    from miniflow.experiments.train_gpt import TrainGPT
+
+    mf.manual_seed(0)
+    model = mf.models.gpt(11, 8, n_layer=1, n_head=2, n_embd=8)
+    g = TrainGPT(model, mf.optim.AdamW(model.parameters(), lr=1e-2))
+    r = np.random.default_rng(0)
+    x, y = (r.integers(0, 11, (3, 8)) for _ in range(2))
+    return [float(g(x, y)) for _ in range(steps)], next(iter(g.plans.values()))
+
+
+def test_reshapes_are_views_without_steps_and_train_bit_for_bit_as_copies():
+    """plan.allocate: a reshape of a node output or input is a view of its buffer and has no
+    step; a reshape of a variable (written in place by the update) keeps its copy; the GPT's
+    losses are those of a backend that copies every reshape, bit for bit."""
+    losses, plan = _gpt_losses()
+    reshapes = [i for i, n in enumerate(plan.graph.nodes) if n.op.name == "reshape"]
+    assert reshapes
+    for i in reshapes:
+        node = plan.graph.nodes[i]
+        x, out = plan.buffers[node.inputs[0]], plan.buffers[node.outputs[0]]
+        if node.inputs[0].kind == "variable":
+            assert i in plan._owners and not np.shares_memory(x, out)
+        else:
+            assert i not in plan._owners and np.shares_memory(x, out)
+    BACKENDS[_NoViewBackend.name] = _NoViewBackend
+    try:
+        mf.set_backend(_NoViewBackend.name)
+        copied, copy_plan = _gpt_losses()
+        assert all(i in copy_plan._owners for i in reshapes)
+    finally:
+        mf.set_backend("cpu")
+        del BACKENDS[_NoViewBackend.name]
+    assert copied == losses

@@ -114,6 +114,12 @@ class Backend:
     def empty(self, shape, np_dtype):
         raise NotImplementedError
 
+    def view(self, array, shape):
+        """``array`` seen as ``shape`` without a copy (same memory, same size), or None (the
+        default) where the backend does not share buffers: a ``reshape`` or ``flatten`` then
+        copies (``runtime.plan.view_nodes``)."""
+        return None
+
     def from_numpy(self, array: np.ndarray):
         raise NotImplementedError
 
@@ -159,6 +165,10 @@ class CpuBackend(Backend):
 
     def empty(self, shape, np_dtype):
         return np.empty(shape, np_dtype)
+
+    def view(self, array, shape):
+        """``array.reshape(shape)`` where that is a view (``array`` C-contiguous), else None."""
+        return array.reshape(shape) if array.flags.c_contiguous else None
 
     def from_numpy(self, array):
         return np.array(array, copy=True, order="C")

@@ -26,7 +26,8 @@ import numpy as np
 from ..ir import Graph, runs_per_micro_batch
 from .notice import compile_notice
 
-__all__ = ["Plan", "build_steps", "check_owned", "constant_nodes", "fused_pairs", "grouped_nodes"]
+__all__ = ["Plan", "allocate", "build_steps", "check_owned", "constant_nodes", "fused_pairs",
+           "grouped_nodes"]
 
 
 def check_owned(backend, array, what: str):
@@ -195,11 +196,39 @@ def grouped_nodes(graph: Graph, backend, skip, schedule=None) -> dict:
     return {members[-1]: members for members in groups if len(members) > 1}
 
 
+VIEW_OPS = ("reshape", "flatten")
+"""Op types whose output can be a view of their input's buffer (:func:`allocate`)."""
+
+
+def allocate(graph: Graph, buffers: dict, backend, skip=()) -> set:
+    """Put a buffer for every node output of ``graph`` into ``buffers`` (those not there yet), in
+    program order; returns the indices of the ``reshape`` / ``flatten`` nodes (not in ``skip``)
+    whose output is a view of their input's buffer (``Backend.view``), which need no step.
+
+    Every Value is written once per run, by its producer, before its readers: a view reads what
+    a copy would. A variable's buffer is the exception (update ops write it in place, possibly
+    after the reshape): a reshape of a variable copies, as one the backend cannot view does."""
+    views = set()
+    for i, node in enumerate(graph.nodes):
+        x = node.inputs[0] if node.inputs else None
+        if (node.op.name in VIEW_OPS and i not in skip and x.kind != "variable"
+                and node.outputs[0] not in buffers):
+            view = backend.view(buffers[x], node.outputs[0].shape)
+            if view is not None:
+                buffers[node.outputs[0]] = view
+                views.add(i)
+        for v in node.outputs:
+            if v not in buffers:
+                buffers[v] = backend.empty(v.shape, v.dtype.np)
+    return views
+
+
 def _scheduled_steps(graph: Graph, buffers: dict, backend):
     """``(steps, owners, once_steps, once_owners)`` of the whole graph (owners: indices into
     ``graph.nodes``): the constant nodes' steps (:func:`constant_nodes`), run once; the others in
     the micro-batch schedule, the boundary ops built per micro-batch, the other nodes' steps
-    built once, :func:`fused_pairs` and :func:`grouped_nodes` built as one."""
+    built once, :func:`fused_pairs` and :func:`grouped_nodes` built as one; the views of
+    :func:`allocate` none."""
     schedule, nodes = graph.micro_batch_schedule(), graph.nodes
     once = constant_nodes(graph)
     pairs = fused_pairs(graph, backend, once, schedule)
@@ -208,10 +237,8 @@ def _scheduled_steps(graph: Graph, buffers: dict, backend):
                             schedule)
     groups = {nodes[last]: [nodes[i] for i in members] for last, members in grouped.items()}
     skip = set(once) | set(pairs.values()) | {i for m in grouped.values() for i in m[:-1]}
-    for node in nodes:                   # first: constant nodes may read later values' shapes
-        for v in node.outputs:
-            if v not in buffers:
-                buffers[v] = backend.empty(v.shape, v.dtype.np)
+    # first: constant nodes may read later values' shapes
+    skip |= allocate(graph, buffers, backend, skip | set(pairs) | set(grouped))
     steps, owners = [], []
 
     def build(indices, micro_batch=None) -> dict:

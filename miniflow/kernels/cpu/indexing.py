@@ -78,11 +78,14 @@ def tril_kernel(parallel: bool):
 
     @jit(parallel)
     def kernel(x, out, rows, cols, diagonal, fill):
-        for i_ in loop(out.size):
-            i = np.int64(i_)
-            c = i % cols
-            r = i // cols % rows
-            out[i] = x[i] if c - r <= diagonal else fill[0]
+        for k_ in loop(out.size // cols):            # every row of every matrix
+            k = np.int64(k_)
+            base = k * cols
+            keep = min(max(k % rows + diagonal + 1, 0), cols)   # columns c <= r + diagonal
+            for c in range(keep):
+                out[base + c] = x[base + c]
+            for c in range(keep, cols):
+                out[base + c] = fill[0]
 
     return kernel
 
