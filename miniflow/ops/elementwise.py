@@ -113,16 +113,32 @@ _SQRT_HALF = 0.7071067811865476        # 1 / sqrt(2)
 _INV_SQRT_2PI = 0.3989422804014327     # 1 / sqrt(2 pi)
 
 
+def one_plus_erf_sqrt_half(x):
+    """1 + erf(x / sqrt(2)) = 2 Phi(x), the erf term of :func:`gelu` and :func:`gelu_grad`, in
+    float64.
+
+    The CPU kernels compile a float32 version for float32 ``x`` (f32 and the half types), one
+    without a libm call, so that the loops vectorize (``kernels.cpu.special``); CUDA compiles this
+    one (libdevice ``erf``)."""
+    return 1.0 + math.erf(x * _SQRT_HALF)
+
+
+def exp_neg_half_square(x):
+    """exp(-x^2 / 2), the unnormalised normal density of :func:`gelu_grad`, in float64 (a float32
+    version without a libm call in the CPU kernels, as for :func:`one_plus_erf_sqrt_half`)."""
+    return math.exp(-0.5 * x * x)
+
+
 def gelu(x):
     """x * Phi(x) = 0.5 x (1 + erf(x / sqrt(2))): the exact GELU (Hendrycks & Gimpel 2016,
     arXiv:1606.08415), PyTorch's default (``approximate='none'``)."""
-    return 0.5 * x * (1.0 + math.erf(x * _SQRT_HALF))
+    return 0.5 * x * one_plus_erf_sqrt_half(x)
 
 
 def gelu_grad(x, dy):
     """dy * (Phi(x) + x phi(x)), phi the normal density (OneFlow's ``gelu_grad(x, dy)``)."""
-    cdf = 0.5 * (1.0 + math.erf(x * _SQRT_HALF))
-    return dy * (cdf + x * _INV_SQRT_2PI * math.exp(-0.5 * x * x))
+    cdf = 0.5 * one_plus_erf_sqrt_half(x)
+    return dy * (cdf + x * _INV_SQRT_2PI * exp_neg_half_square(x))
 
 
 def silu(x):

@@ -1,0 +1,80 @@
+"""The float32 gelu and gelu_grad of the CPU kernels (``kernels.cpu.special``: erfc and exp without
+libm calls) against the exact values in float64 (``math.erfc``), and float64 unchanged."""
+import math
+
+import numpy as np
+import pytest
+
+from miniflow.kernels.cpu.elementwise import map_kernel, zip_kernel
+from miniflow.ops import elementwise as ew
+
+TINY = np.float64(2.0 ** -149)              # float32's least subnormal
+SPECIAL = np.float32([0.0, -0.0, np.inf, -np.inf, np.nan, 1e-30, -1e-30, 1e-45, -1e-45, 3e38,
+                      -3e38, 4.0, -4.0, 13.0, -13.0, 14.5, -14.5, 40.0, -40.0])
+_erfc = np.vectorize(math.erfc, otypes=[np.float64])
+
+
+def _grid():
+    """A dense float32 grid over [-16, 16] (the tails: gelu(-16) underflows to -0) and the
+    special values."""
+    return np.concatenate([np.linspace(-16, 16, 1 << 18, dtype=np.float32), SPECIAL])
+
+
+def _cdf(x):
+    return 0.5 * _erfc(-x * ew._SQRT_HALF)
+
+
+def _gelu(x):
+    out = np.empty_like(x)
+    map_kernel(ew.gelu, False)(x, out)
+    return out
+
+
+def _gelu_grad(x, dy):
+    out = np.empty_like(x)
+    zip_kernel(ew.gelu_grad, False)(x, dy, out)
+    return out
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")
+def test_float32_gelu_is_within_3e_7_of_the_exact_value():
+    x = _grid()
+    got = _gelu(x).astype(np.float64)
+    xd = x.astype(np.float64)
+    exact = xd * _cdf(xd)
+    finite = np.isfinite(xd)
+    err = np.abs(got[finite] - exact[finite])
+    assert np.all(err <= 3e-7 * np.abs(exact[finite]) + TINY)
+    # infinities and NaN as the float64 scalar function gives them (gelu(-inf) = -inf * 0 = nan)
+    edge = ~finite
+    want = np.array([ew.gelu(float(v)) for v in xd[edge]], np.float32)
+    np.testing.assert_array_equal(got[edge].astype(np.float32), want)
+    assert np.signbit(_gelu(np.float32([-0.0, -1e-45])))[0]
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")
+def test_float32_gelu_grad_is_within_3e_7_of_the_exact_value():
+    x = _grid()
+    dy = np.random.default_rng(0).uniform(-2, 2, x.shape).astype(np.float32)
+    got = _gelu_grad(x, dy).astype(np.float64)
+    xd, dyd = x.astype(np.float64), dy.astype(np.float64)
+    pdf = np.exp(-0.5 * xd * xd) * ew._INV_SQRT_2PI
+    exact = dyd * (_cdf(xd) + xd * pdf)
+    size = np.abs(dyd) * (_cdf(xd) + np.abs(xd) * pdf)      # gelu' crosses 0 near x = -0.75
+    finite = np.isfinite(xd)
+    assert np.all(np.abs(got[finite] - exact[finite]) <= 3e-7 * size[finite] + TINY)
+    edge = ~finite
+    want = np.array([ew.gelu_grad(float(v), float(d)) for v, d in zip(xd[edge], dyd[edge])],
+                    np.float32)
+    np.testing.assert_array_equal(got[edge].astype(np.float32), want)
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")
+def test_float64_gelu_and_gelu_grad_are_the_scalar_functions_bit_for_bit():
+    x = np.concatenate([np.linspace(-40, 40, 20001), SPECIAL.astype(np.float64)])
+    dy = np.random.default_rng(1).uniform(-2, 2, x.shape)
+    out = np.empty_like(x)
+    map_kernel(ew.gelu, False)(x, out)
+    np.testing.assert_array_equal(out, [ew.gelu(v) for v in x])
+    zip_kernel(ew.gelu_grad, False)(x, dy, out)
+    np.testing.assert_array_equal(out, [ew.gelu_grad(v, d) for v, d in zip(x, dy)])
