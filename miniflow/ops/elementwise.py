@@ -129,6 +129,11 @@ def exp_neg_half_square(x):
     return math.exp(-0.5 * x * x)
 
 
+SCALAR_HELPERS = (one_plus_erf_sqrt_half, exp_neg_half_square)
+"""The functions that scalar functions call (backends compile them with the scalar function: the
+CPU through Numba overloads, CUDA as device functions)."""
+
+
 def gelu(x):
     """x * Phi(x) = 0.5 x (1 + erf(x / sqrt(2))): the exact GELU (Hendrycks & Gimpel 2016,
     arXiv:1606.08415), PyTorch's default (``approximate='none'``)."""

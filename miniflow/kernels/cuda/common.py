@@ -47,7 +47,7 @@ from numba import cuda, types
 
 from ..common.cache import CACHE
 from ...dtype import as_dtype, bfloat16
-from ...ops.elementwise import add
+from ...ops.elementwise import SCALAR_HELPERS, add
 
 __all__ = ["SIMULATOR", "jit", "device", "compute_type", "storage_type", "load_type", "types_of",
            "short", "flat", "scratch", "math", "SimulatorMath", "nan_max", "block_sum",
@@ -90,10 +90,16 @@ def device(fn):
     """The plain scalar function ``fn`` (an op's ``OpDef.scalar``, a body of ``kernels.common``)
     as a CUDA device function.
 
-    Under the simulator ``fn`` is first rebuilt with :data:`SimulatorMath` as its ``math``.
+    Under the simulator ``fn`` is first rebuilt with :data:`SimulatorMath` as its ``math``. The
+    helpers it calls (``ops.elementwise.SCALAR_HELPERS``: plain functions, which device code
+    cannot call) become device functions in its rebuilt globals.
     """
-    if SIMULATOR:
-        fn = _pytypes.FunctionType(fn.__code__, {**fn.__globals__, "math": SimulatorMath},
+    names = fn.__code__.co_names
+    helpers = {h.__name__: device(h) for h in SCALAR_HELPERS
+               if h.__name__ in names and fn.__globals__.get(h.__name__) is h}
+    if SIMULATOR or helpers:
+        extra = {"math": SimulatorMath} if SIMULATOR else {}
+        fn = _pytypes.FunctionType(fn.__code__, {**fn.__globals__, **extra, **helpers},
                                    fn.__name__, fn.__defaults__, fn.__closure__)
     return cuda.jit(device=True)(fn)
 
