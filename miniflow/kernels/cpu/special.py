@@ -1,5 +1,5 @@
 """float32-accurate versions of the special functions in the scalar functions of ``miniflow.ops``,
-multiplies, adds and divides only, so that the CPU loops calling them vectorize.
+made of multiplies, adds and divides only, so that the CPU loops calling them vectorize.
 
 Numba lowers ``math.erf`` to a call of the C library's ``erf`` and ``math.exp`` to ``llvm.exp``,
 which without Intel's SVML is a call of ``exp`` too: one element at a time, in float64 (the scalar
@@ -17,8 +17,11 @@ every gelu is within 3e-7 (relative) of the exact value. One rational function f
 also keeps the loops vectorized: LLVM left a loop evaluating both Eigen's erf and the erfc scalar.
 
 Everything here is ``error_model="numpy"`` (no ZeroDivisionError checks) and ``inline="always"``
-(Numba IR inlining): LLVM does not inline a function called twice in a loop (gelu_grad's two
-exponentials) and a call keeps the loop scalar. As with every scalar
+(Numba IR inlining): a call that LLVM does not inline keeps the kernel loop scalar, and LLVM
+inlines neither a large function called twice nor the 91-instruction float32 ``gelu_grad``
+(hence its overload below). ``kernels.cpu.common.jitable`` avoids Numba inlining for the scalar
+functions in general (a miscompile on Numba 0.68); these bodies are straight-line code, and
+``tests/test_kernels_cpu_special.py`` checks their results on a dense grid. As with every scalar
 function, edits here are not tracked by Numba's cache: clear ``NUMBA_CACHE_DIR`` after editing.
 """
 from __future__ import annotations
