@@ -2,6 +2,7 @@
 with a thread switch forced between each simulated thread's lookup of the call site and its store
 (what CPython's switch interval does now and then on a loaded machine), a block still gets one
 shared array per site, and the tiled matmul still gives the gradients finite differences give."""
+import threading
 import time
 
 import numpy as np
@@ -59,14 +60,35 @@ def test_a_block_gets_one_shared_array_per_site_when_threads_interleave(interlea
     np.testing.assert_array_equal(out, [10.0] * 4)
 
 
-def test_the_simulators_own_shared_array_races_when_threads_interleave(interleaved, monkeypatch):
-    """Without the fix the same forced switch gives the block's threads arrays of their own (so
-    the test above can fail)."""
+def test_the_simulators_own_shared_array_races_when_threads_interleave(monkeypatch):
+    """Without the fix, a block whose 4 threads all look the site up before any stores (a barrier
+    after the lookup makes that interleaving certain, whatever the machine's load) gets an array
+    per thread (so the test above can fail)."""
     from numba.cuda.simulator import kernelapi
     simulator.install()                         # (a no-op: importing miniflow's kernels did it)
+    stores = []
+    after_lookup = threading.Barrier(4, timeout=30)
+
+    class LookupsFirst(dict):
+        def get(self, key, default=None):
+            found = super().get(key, default)
+            after_lookup.wait()                 # every thread has looked up before any stores
+            return found
+
+        def __setitem__(self, key, value):
+            stores.append(key)
+            super().__setitem__(key, value)
+
+    init = kernelapi.FakeCUDAShared.__init__
+
+    def lookups_first_init(self, *args):
+        init(self, *args)
+        self._allocations = LookupsFirst()
+
+    monkeypatch.setattr(kernelapi.FakeCUDAShared, "__init__", lookups_first_init)
     monkeypatch.setattr(kernelapi.FakeCUDAShared, "array", simulator._ORIGINAL[0])
     _block_sum[1, 4](np.zeros(4))
-    assert len(interleaved) > 1
+    assert len(stores) == 4, f"{len(stores)} arrays stored for one call site by 4 threads"
 
 
 @pytest.mark.parametrize("transpose_b", [False, True])
