@@ -408,8 +408,11 @@ def test_a_second_run_on_a_locked_folder_is_refused_and_ctrl_c_saves_one_line(tm
     args = ["train", "--epochs", "1000", "--hidden", "8", "--no-progress",
             "--checkpoint", str(tmp_path), "--checkpoint-every", "10"]
     env = {k: v for k, v in os.environ.items() if k != "MINIFLOW_BACKEND"}
+    # SIGINT as in a terminal: a shell's background job (`bash .ci/run &`) starts with SIGINT
+    # ignored, which its children inherit, and Python then installs no KeyboardInterrupt handler
     child = subprocess.Popen([sys.executable, "-m", "miniflow", *args], stdout=subprocess.PIPE,
-                             stderr=subprocess.PIPE, env=env)
+                             stderr=subprocess.PIPE, env=env,
+                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     watchdog = threading.Timer(300, child.kill)
     watchdog.daemon = True
     watchdog.start()

@@ -11,8 +11,9 @@ copies), ``reduce`` (reduce_sum, softmax family, cross entropy), ``matmul`` (til
 ``collective`` (MPI collectives staged through host memory), ``fused`` (generated kernels of
 ``fused_elementwise``), ``conv`` (implicit GEMM), ``normalization`` (batch norm, layer norm),
 ``pool`` (max, average, adaptive average), ``indexing`` (gather and its scatter-add, slice, tril,
-masked_fill, one-axis max / argmax), ``dropout`` (counter-based masks); CUDA only: ``launch`` (block sizes, grids, the tiles). Builders shared
-with the CPU backend come from ``kernels.common``.
+masked_fill, one-axis max / argmax), ``dropout`` (counter-based masks); CUDA only: ``launch``
+(block sizes, grids, the tiles), ``simulator`` (a thread-safe ``cuda.shared.array`` under numba's
+CUDA simulator). Builders shared with the CPU backend come from ``kernels.common``.
 
 Precision: the CPU backend's contract. f16 and f32 compute in float32, f64 in float64; f16 is
 converted on load and store only; matmul accumulates in float32 (float64 for f64) and rounds the

@@ -33,7 +33,8 @@ OverflowError and ``math.log(0.0)`` ValueError there, where CUDA returns inf and
 in kernel modules (``from .common import math``) and in device-compiled scalar functions is
 therefore, under the simulator only, :data:`SimulatorMath`: ``math`` with the functions that raise
 on IEEE cases replaced by NumPy's (every other ``math`` function, ``erf`` say, is the real one, so a
-new scalar function needs nothing here).
+new scalar function needs nothing here). Its ``cuda.shared.array`` is made thread-safe on import
+(``kernels.cuda.simulator``).
 """
 from __future__ import annotations
 
@@ -56,6 +57,10 @@ __all__ = ["SIMULATOR", "jit", "device", "compute_type", "storage_type", "load_t
 
 SIMULATOR = bool(numba_config.ENABLE_CUDASIM)
 """True when numba runs CUDA kernels in its simulator (``NUMBA_ENABLE_CUDASIM=1``)."""
+
+if SIMULATOR:       # the simulator's cuda.shared.array races between its threads: made safe here
+    from . import simulator as _simulator
+    _simulator.install()
 
 
 def _ieee(np_fn):
