@@ -36,7 +36,7 @@ import numba
 from numba.core.caching import CompileResultCacheImpl
 from numba.misc.appdirs import AppDirs
 
-from . import cache_lock
+from . import cache_key, cache_lock
 
 __all__ = ["KernelCache", "CACHE", "BACKENDS", "locate"]
 
@@ -160,3 +160,4 @@ CACHE = locate()
 """Numba's disk cache for this process (decided at import)."""
 if CACHE.enabled:
     cache_lock.install()    # several processes may write the cache at once (cache_lock's docstring)
+    cache_key.install()     # a kernel's key covers the miniflow sources compiled into it

@@ -21,8 +21,9 @@ Everything here is ``error_model="numpy"`` (no ZeroDivisionError checks) and ``i
 inlines neither a large function called twice nor the 91-instruction float32 ``gelu_grad``
 (hence its overload below). ``kernels.cpu.common.jitable`` avoids Numba inlining for the scalar
 functions in general (a miscompile on Numba 0.68); these bodies are straight-line code, and
-``tests/test_kernels_cpu_special.py`` checks their results on a dense grid. As with every scalar
-function, edits here are not tracked by Numba's cache: clear ``NUMBA_CACHE_DIR`` after editing.
+``tests/test_kernels_cpu_special.py`` checks their results on a dense grid. The kernels' cache
+key covers this file (``kernels.common.cache_key``): an edit here recompiles the kernels whose
+scalar functions call these helpers.
 """
 from __future__ import annotations
 

@@ -24,9 +24,9 @@ Caching. Kernels are ``cuda.jit(cache=True)`` on a GPU when Numba has a writable
 (``kernels.common.cache``), else ``cache=False``. Numba keys a cached kernel by its
 bytecode and the pickled contents of its closure; the closures hold numba types, numbers and
 ``cuda.jit(device=True)`` dispatchers of module-level functions, which pickle by reference, so the
-key is stable across processes. As on the CPU, edits to the ops' scalar functions
-(``miniflow.ops``), to the scalar bodies of ``kernels.common`` or to device helpers in another
-module are not tracked: clear ``NUMBA_CACHE_DIR`` after editing them.
+key is stable across processes. As on the CPU, the key also covers the miniflow sources compiled
+into a kernel from other files (the ops' scalar functions, the scalar bodies of
+``kernels.common``, device helpers of other modules: ``kernels.common.cache_key``).
 
 The simulator (``NUMBA_ENABLE_CUDASIM=1``) runs kernels as Python: ``math.exp(1e4)`` raises
 OverflowError and ``math.log(0.0)`` ValueError there, where CUDA returns inf and -inf. ``math``
@@ -46,6 +46,7 @@ import numpy as np
 from numba import config as numba_config
 from numba import cuda, types
 
+from ..common import cache_key
 from ..common.cache import CACHE
 from ...dtype import as_dtype, bfloat16
 from ...ops.elementwise import SCALAR_HELPERS, add
@@ -61,6 +62,9 @@ SIMULATOR = bool(numba_config.ENABLE_CUDASIM)
 if SIMULATOR:       # the simulator's cuda.shared.array races between its threads: made safe here
     from . import simulator as _simulator
     _simulator.install()
+elif CACHE.enabled:     # numba-cuda's copy of Numba's cache: the same extended key as the CPU's
+    from numba.cuda.core import caching as _cuda_caching
+    cache_key.install(_cuda_caching.Cache)
 
 
 def _ieee(np_fn):
