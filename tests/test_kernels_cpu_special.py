@@ -1,5 +1,6 @@
 """The float32 gelu and gelu_grad of the CPU kernels (``kernels.cpu.special``: erfc and exp without
-libm calls) against the exact values in float64 (``math.erfc``), and float64 unchanged."""
+libm calls) and the softmax kernels' exponential against the exact values in float64
+(``math.erfc``, ``np.exp``), and float64 unchanged."""
 import math
 
 import numpy as np
@@ -78,3 +79,34 @@ def test_float64_gelu_and_gelu_grad_are_the_scalar_functions_bit_for_bit():
     np.testing.assert_array_equal(out, [ew.gelu(v) for v in x])
     zip_kernel(ew.gelu_grad, False)(x, dy, out)
     np.testing.assert_array_equal(out, [ew.gelu_grad(v, d) for v, d in zip(x, dy)])
+
+
+def _exp_compute(a):
+    import numba
+    from miniflow.kernels.cpu.special import exp_compute
+
+    @numba.njit
+    def run(a, out):
+        for i in range(a.size):
+            out[i] = exp_compute(a[i])
+
+    out = np.empty_like(a)
+    run(a, out)
+    return out
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")
+def test_float32_exp_compute_is_within_3e_7_of_the_exact_value():
+    """The softmax kernels' exponential (``special.exp_compute``) of x - max(x) <= 0."""
+    a = np.concatenate([np.linspace(-110, 0, 1 << 18, dtype=np.float32),
+                        np.float32([-0.0, -1e-30, -1e-45, -87.3, -103.9, -104.0, -3e38])])
+    got = _exp_compute(a).astype(np.float64)
+    exact = np.exp(a.astype(np.float64))
+    assert np.all(np.abs(got - exact) <= 3e-7 * exact + TINY)
+    edge = _exp_compute(np.float32([-np.inf, np.nan]))
+    assert edge[0] == 0 and np.isnan(edge[1])
+
+
+def test_float64_exp_compute_is_math_exp_bit_for_bit():
+    a = np.concatenate([np.linspace(-745, 0, 20001), [-np.inf, np.nan, -0.0]])
+    np.testing.assert_array_equal(_exp_compute(a), [math.exp(v) for v in a])

@@ -16,6 +16,7 @@ from .common import flat, jit, loop_for, scratch, use_parallel
 from .elementwise import cast_steps
 from .fp16 import load, store, to_compute
 from .movement import transpose_steps
+from .special import exp_compute
 from ..common import reduce
 from ..common.reduce import gathered, with_log
 from ..common.precision import compute_dtype
@@ -90,10 +91,16 @@ def _row_max_sumexp(x, base, cols):
             m = v
             if v != v:
                 break
+    return m, _sum_exp(x, base, cols, m)
+
+
+@jit(False, fastmath=("reassoc",))
+def _sum_exp(x, base, cols, m):
+    """``sum exp(x - m)`` over the row, in partial sums (reassociated: the loop vectorizes)."""
     s = to_compute(x, 0.0)
     for c in range(cols):
-        s += math.exp(load(x, base + c) - m)
-    return m, s
+        s += exp_compute(load(x, base + c) - m)
+    return s
 
 
 @functools.cache
@@ -114,7 +121,7 @@ def softmax_kernel(log: bool, parallel: bool):
                     store(out, base + c, load(x, base + c) - m - log_s)
             else:
                 for c in range(cols):
-                    store(out, base + c, math.exp(load(x, base + c) - m) / s)
+                    store(out, base + c, exp_compute(load(x, base + c) - m) / s)
 
     return kernel
 

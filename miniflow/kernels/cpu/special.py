@@ -6,8 +6,9 @@ which without Intel's SVML is a call of ``exp`` too: one element at a time, in f
 functions multiply by float64 constants). This module overloads, for the CPU target only, the
 helpers :func:`~miniflow.ops.elementwise.one_plus_erf_sqrt_half` and
 :func:`~miniflow.ops.elementwise.exp_neg_half_square`: a float32 argument (f32, f16 and bf16
-tensors) takes the functions here, a float64 one the helper itself (``math``, unchanged). CUDA
-keeps libdevice's ``erf`` and ``exp``.
+tensors) takes the functions here, a float64 one the helper itself (``math``, unchanged); and
+:func:`exp_compute`, the exponential of the softmax kernels (``kernels.cpu.reduce``), the same
+way. CUDA keeps libdevice's ``erf`` and ``exp``.
 
 Why erfc and not Eigen's float32 ``erf`` (``generic_fast_erf_float``, XLA's CPU ``erf``: a
 rational function of x clamped to [-4, 4]): 1 + erf(z) cancels for z < 0, and gelu(x) = x (1 +
@@ -40,7 +41,7 @@ from llvmlite import ir
 from .fp16 import _bitcast_intrinsic
 from ...ops import elementwise as ew
 
-__all__ = ["exp_approx", "erfc_approx"]
+__all__ = ["exp_approx", "erfc_approx", "exp_compute"]
 
 _F = np.float32
 _u64_as_f64 = _bitcast_intrinsic(types.uint64, types.float64, ir.DoubleType())
@@ -159,3 +160,20 @@ def _gelu_grad(x, dy):
     if x == types.float32:
         return _gelu_grad_inlined
     return None
+
+
+def exp_compute(a):
+    """e^a in ``a``'s type, for kernels that take e^a of their compute type (softmax): ``math.exp``
+    (libm: one element at a time); a float32 ``a`` takes :func:`exp_approx` in float64, rounded
+    once to float32 (NaN stays NaN), so that the loop calling it vectorizes. Kernels call it only
+    for ``a <= 0`` (``x - max(x)``); a float32 ``a`` above 0 is out of its contract."""
+    return math.exp(a)
+
+
+@overload(exp_compute, target="cpu", jit_options=_IEEE, inline="always")
+def _exp_compute(a):
+    if a == types.float32:
+        def impl(a):
+            return _F(exp_approx(np.float64(a))) if a == a else a
+        return impl
+    return exp_compute
