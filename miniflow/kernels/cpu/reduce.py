@@ -173,7 +173,7 @@ def sparse_xent_kernel(parallel: bool):
             base = r * cols
             m, s = _row_max_sumexp(x, base, cols)
             for c in range(cols):
-                store(prob, base + c, math.exp(load(x, base + c) - m) / s)
+                store(prob, base + c, exp_compute(load(x, base + c) - m) / s)
             store(out, r, m + math.log(s) - load(x, base + label[r]))
 
     return kernel
