@@ -119,3 +119,57 @@ def test_reduce_sum_any_axes(shape, data):
     axes = data.draw(st.lists(st.integers(0, len(shape) - 1), unique=True, max_size=len(shape)))
     keep = data.draw(st.booleans())
     check_grad("reduce_sum", [u(*shape)], {"axis": tuple(axes) or None, "keepdims": keep})
+
+
+class _SplitGraph:
+    """loss = sum(w * f(x)) for a parameter x [4, 6] (SGD, lr 1: the step shows the gradient)."""
+
+    @staticmethod
+    def run(fn):
+        import miniflow as mf
+
+        class G(mf.nn.Graph):
+            def __init__(self):
+                super().__init__()
+                self.m = mf.nn.Module()
+                self.m.x = mf.nn.Parameter(np.arange(24, dtype=np.float32).reshape(4, 6) / 7)
+                self.add_optimizer(mf.optim.SGD(self.m.parameters(), lr=1.0))
+
+            def build(self):
+                fn(self.m.x).backward()
+                return self.m.x * 1.0
+
+        g = G()
+        x = g.m.x.numpy().copy()
+        g()
+        ops = [n.op.name for n in next(reversed(g.plans.values())).graph.nodes]
+        return x, x - g.m.x.numpy(), ops
+
+
+W = np.arange(8, dtype=np.float32).reshape(4, 2) - 3.0
+
+
+def test_slices_tiling_a_tensor_get_one_cat_as_their_gradient():
+    """The q, k, v split: the parts' gradients joined by one ``cat`` (no zero-filled
+    ``slice_grad`` and ``add_n``), equal to the NumPy gradient."""
+    def loss(x):
+        q, k, v = x.split(2, dim=1)
+        return (q * W).sum() + (k * (W * 2.0)).sum() + (v * 3.0).sum()
+
+    _, grad, ops = _SplitGraph.run(loss)
+    assert ops.count("cat") == 1 and "slice_grad" not in ops and "add_n" not in ops, ops
+    want = np.concatenate([W, W * 2.0, np.full((4, 2), 3.0)], axis=1)
+    np.testing.assert_allclose(grad, want, rtol=1e-6)
+
+
+@pytest.mark.parametrize("parts", [((0, 4), (2, 6)), ((0, 2), (4, 6)), ((0, 2), (2, 6), (0, 6))])
+def test_slices_that_overlap_or_leave_gaps_are_summed(parts):
+    def loss(x):
+        return sum((x[:, a:b] * (i + 1.0)).sum() for i, (a, b) in enumerate(parts))
+
+    _, grad, ops = _SplitGraph.run(loss)
+    assert "cat" not in ops and "add_n" in ops, ops
+    want = np.zeros((4, 6), np.float32)
+    for i, (a, b) in enumerate(parts):
+        want[:, a:b] += i + 1.0
+    np.testing.assert_allclose(grad, want, rtol=1e-5)

@@ -1,9 +1,9 @@
 """Indexing ops: ``gather`` (embeddings) with its gradient ``unsorted_segment_sum_like``,
-``slice`` (basic indexing ``x[a:b:s, ...]``) with ``slice_grad``, ``tril`` (the causal mask) and
-``masked_fill``. OneFlow's op names, inputs and attributes (``oneflow/user/ops/gather_op.cpp``,
-``unsorted_segment_sum_op.cpp``, ``slice_op.cpp``, ``tril_op.cpp``, ``masked_fill``); PyTorch's
-semantics (``torch.index_select`` / ``nn.Embedding``, basic slicing, ``torch.tril``,
-``Tensor.masked_fill``).
+``slice`` (basic indexing ``x[a:b:s, ...]``) with ``slice_grad``, ``cat``, ``tril`` (the causal
+mask) and ``masked_fill``. OneFlow's op names, inputs and attributes
+(``oneflow/user/ops/gather_op.cpp``, ``unsorted_segment_sum_op.cpp``, ``slice_op.cpp``,
+``concat_op.cpp``, ``tril_op.cpp``, ``masked_fill``); PyTorch's semantics (``torch.index_select``
+/ ``nn.Embedding``, basic slicing, ``torch.cat``, ``torch.tril``, ``Tensor.masked_fill``).
 
 * ``gather(in, indices)`` {axis 0}: ``out = in`` indexed by the int64 ``indices`` along ``axis``,
   shape ``in.shape[:axis] + indices.shape + in.shape[axis + 1:]``. An index outside
@@ -19,6 +19,11 @@ semantics (``torch.index_select`` / ``nn.Embedding``, basic slicing, ``torch.tri
   x[start_0:stop_0:step_0, ...]``; the attributes are normalised to the in-range form
   ``slice(...).indices(n)`` gives. Gradient: ``slice_grad(dy)`` {like_shape, start, stop, step}:
   zeros of ``like_shape`` with ``dy`` written at the slice.
+* ``cat(x0, x1, ...)`` {axis 0}: the inputs (one dtype, the same shape but along ``axis``) joined
+  along ``axis`` (OneFlow's ``cat``, ``torch.cat``). Gradient: one ``slice`` of ``dy`` per input.
+  Autograd emits it for the gradient of a tensor whose slices tile it along one axis (the q, k,
+  v split of attention): one copy per part instead of zero-filled ``slice_grad`` s and an
+  ``add_n``.
 * ``tril(x)`` {diagonal 0, fill_value 0.0}: ``out[..., i, j] = x[..., i, j]`` where
   ``j - i <= diagonal``, else ``fill_value`` (``-inf`` makes it the causal mask of attention
   scores). Gradient: ``tril(dy)`` with fill 0.
@@ -37,7 +42,7 @@ from ..ir import format_shape
 from .common import check_arity, check_float, float_samples, fmt, rand
 from .registry import register
 
-__all__ = ["slice_attrs", "slice_index", "first_bad"]
+__all__ = ["slice_attrs", "slice_index", "first_bad", "cat_slices"]
 
 
 def _int_attr(op, name, v):
@@ -278,6 +283,60 @@ register("slice_grad", _slice_grad_infer, normalize=_slice_grad_norm,
          amp_note="the gradient of a clear op (OneFlow's slice_grad is in no list; it moves "
                   "data only, so it keeps its input's dtype like slice)",
          doc="dx = zeros(like_shape) with dy written at x[start:stop:step]")
+
+
+# ------------------------------------------------------------------------------ cat
+def _cat_norm(inputs, attrs):
+    return {"axis": _axis("cat", attrs, len(inputs[0].shape) if inputs else 1)}
+
+
+def _cat_infer(inputs, attrs):
+    op, axis = "cat", attrs["axis"]
+    if not inputs:
+        raise ValueError(f"{op}: needs at least one input")
+    check_float(op, *inputs)
+    first = inputs[0]
+    for v in inputs[1:]:
+        rest = (v.shape[:axis] + v.shape[axis + 1:], first.shape[:axis] + first.shape[axis + 1:])
+        if len(v.shape) != len(first.shape) or rest[0] != rest[1]:
+            raise ValueError(f"{op}: inputs must have the same shape except along axis {axis}, "
+                             f"got {fmt(first)} and {fmt(v)}")
+    size = sum(v.shape[axis] for v in inputs)
+    return [(first.shape[:axis] + (size,) + first.shape[axis + 1:], first.dtype)]
+
+
+def cat_slices(shapes, axis: int) -> list:
+    """The normalised ``slice`` attributes of each part of a ``cat`` of parts of ``shapes`` along
+    ``axis``: ``out[slice_index(attrs_i)]`` is part i."""
+    parts, start = [], 0
+    for shape in shapes:
+        stop = start + int(shape[axis])
+        parts.append({"start": tuple(start if d == axis else 0 for d in range(len(shape))),
+                      "stop": tuple(stop if d == axis else int(n) for d, n in enumerate(shape)),
+                      "step": (1,) * len(shape)})
+        start = stop
+    return parts
+
+
+def _cat_samples():
+    def make(dt):
+        r = np.random.default_rng(37)
+        return [([rand(2, 3, 4, dtype=dt, r=r), rand(2, 1, 4, dtype=dt, r=r),
+                  rand(2, 0, 4, dtype=dt, r=r), rand(2, 2, 4, dtype=dt, r=r)], {"axis": 1}),
+                ([rand(3, dtype=dt, r=r), rand(2, dtype=dt, r=r)], {"axis": 0}),
+                ([rand(2, 3, dtype=dt, r=r), rand(1, 3, dtype=dt, r=r)], {"axis": -2}),
+                ([rand(4, 5, dtype=dt, r=r)], {"axis": 1})]
+    return float_samples(make)
+
+
+register("cat", _cat_infer, normalize=_cat_norm,
+         grad=lambda n, gs, emit: [emit("slice", gs[0], **a) for a in
+                                   cat_slices([v.shape for v in n.inputs], n.attrs["axis"])],
+         reference=lambda xs, a: [np.concatenate(xs, axis=a["axis"])], samples=_cat_samples,
+         amp="clear",
+         amp_note="moves data only, like slice (OneFlow's cat, oneflow/user/ops/concat_op.cpp); "
+                  "autograd joins the gradients of slices that tile a tensor with it",
+         doc="out = the inputs joined along axis (torch.cat)")
 
 
 # ------------------------------------------------------------------------------ tril

@@ -6,7 +6,9 @@ Guarantees: the initial gradient is ``ones_like(loss)`` (the loss is its real in
 recorded as ``ctx.state[AutogradState].initial_grad`` so later passes find it
 (``ctx.settings.initial_grad_identity``, when set, is applied on top of it and seeds the backward
 pass); every trainable variable reachable from the loss has its gradient Value in
-``graph.results["grad:<name>"]``; fan-out gradients are summed with one ``add_n``; gradients are
+``graph.results["grad:<name>"]``; fan-out gradients are summed with one ``add_n``, or joined by
+one ``cat`` when they are the ``slice_grad`` s of slices that tile the value along one axis (the
+q, k, v split of attention: no zero-filled buffers to add); gradients are
 emitted only for values on a path from a trainable variable to the loss, and backward nodes that
 no parameter gradient needs are removed before the pass returns.
 
@@ -65,7 +67,10 @@ def autograd(graph: Graph, ctx) -> Graph:
         parts = contributions.pop(v, None)
         if not parts:
             return None
-        return parts[0] if len(parts) == 1 else emit("add_n", *parts)
+        if len(parts) == 1:
+            return parts[0]
+        tiles = _tiles(v, parts)
+        return emit("cat", *tiles[1], axis=tiles[0]) if tiles else emit("add_n", *parts)
 
     for node in reversed(forward):
         if not any(v in needs for v in node.inputs):
@@ -85,6 +90,29 @@ def autograd(graph: Graph, ctx) -> Graph:
             graph.results[grad_name(name)] = total(v)
     _drop_unused_backward(graph, len(forward), initial)
     return graph
+
+
+def _tiles(v: Value, parts: list):
+    """``(axis, dys)`` when every part is a ``slice_grad(dy)`` of ``v``'s shape whose slices
+    (unit steps, whole on every other axis) tile ``v`` along ``axis``: ``dys`` in the slices'
+    order, whose ``cat`` is the sum of the parts. Else None."""
+    shape, axis, spans = tuple(v.shape), None, []
+    for p in parts:
+        node = p.producer
+        if node is None or node.op.name != "slice_grad":
+            return None
+        a = node.attrs
+        cut = [d for d in range(len(shape)) if (a["start"][d], a["stop"][d]) != (0, shape[d])]
+        if tuple(a["like_shape"]) != shape or any(k != 1 for k in a["step"]) or len(cut) != 1 \
+                or axis not in (None, cut[0]) or node.inputs[0].dtype != parts[0].dtype:
+            return None
+        axis = cut[0]
+        spans.append((a["start"][axis], a["stop"][axis], node.inputs[0]))
+    spans.sort(key=lambda s: (s[0], s[1]))
+    ends = [0] + [stop for _, stop, _ in spans]
+    if any(start != end for (start, _, _), end in zip(spans, ends)) or ends[-1] != shape[axis]:
+        return None
+    return axis, [dy for _, _, dy in spans]
 
 
 def _drop_unused_backward(graph: Graph, n_forward: int, initial_grad) -> None:

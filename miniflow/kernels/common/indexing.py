@@ -1,11 +1,12 @@
 """The builders of the indexing ops on every backend (``gather``, ``unsorted_segment_sum_like``,
-``slice``, ``slice_grad``, ``tril``, ``masked_fill``, and the one-axis reductions ``reduce_max``,
+``slice``, ``slice_grad``, ``cat``, ``tril``, ``masked_fill``, and the one-axis reductions
+``reduce_max``,
 ``argmax``, ``reduce_max_grad``), over the backend's step makers: the layouts
 are planned here once (``[outer, n, inner]`` around the gather axis, the slice's element offset
 and strides, the mask's broadcast strides), the loops are the backend's."""
 from __future__ import annotations
 
-from ...ops.indexing import slice_index
+from ...ops.indexing import cat_slices, slice_index
 from .layout import broadcast_plan
 
 __all__ = ["builders", "around", "slice_layout"]
@@ -34,8 +35,8 @@ def slice_layout(shape, attrs) -> tuple:
     return offset, tuple(s * k for s, k in zip(strides, attrs["step"]))
 
 
-def builders(*, gather_steps, segment_sum_steps, slice_steps, slice_grad_steps, tril_steps,
-             masked_fill_steps, max_steps, max_grad_steps) -> dict:
+def builders(*, gather_steps, segment_sum_steps, slice_steps, slice_grad_steps, scatter_steps,
+             tril_steps, masked_fill_steps, max_steps, max_grad_steps) -> dict:
     """Op type -> builder of the indexing ops, over a backend's step makers:
 
     * ``gather_steps(x, indices, out, outer, n, inner)``: ``out[o, j, i] = x[o, indices[j], i]``;
@@ -44,6 +45,8 @@ def builders(*, gather_steps, segment_sum_steps, slice_steps, slice_grad_steps, 
     * ``slice_steps(x, out, index, offset, strides)`` and ``slice_grad_steps(dy, dx, index,
       offset, strides)``: ``index`` the tuple of Python slices, ``offset`` / ``strides`` in
       elements of ``x`` / ``dx`` (:func:`slice_layout`), whichever the backend uses;
+      ``scatter_steps(src, dst, index, offset, strides)``: ``dst[index] = src``, nothing else
+      written (``cat``: one per input);
     * ``tril_steps(x, out, rows, cols, diagonal, fill_value)``;
     * ``masked_fill_steps(x, mask, out, shape, mask_strides, value)``: the broadcast collapsed
       (``layout.broadcast_plan``);
@@ -69,6 +72,14 @@ def builders(*, gather_steps, segment_sum_steps, slice_steps, slice_grad_steps, 
         """``dx = 0``, then ``dx[start:stop:step, ...] = dy``."""
         return slice_grad_steps(ins[0], outs[0], slice_index(node.attrs),
                                 *slice_layout(outs[0].shape, node.attrs))
+
+    def cat(node, ins, outs):
+        """``out[..., a_i:b_i, ...] = x_i`` along ``axis``, for every input."""
+        steps = []
+        for x, attrs in zip(ins, cat_slices([x.shape for x in ins], node.attrs["axis"])):
+            steps += scatter_steps(x, outs[0], slice_index(attrs),
+                                   *slice_layout(outs[0].shape, attrs))
+        return steps
 
     def tril(node, ins, outs):
         """``out = x`` where ``col - row <= diagonal``, else ``fill_value``."""
@@ -104,5 +115,6 @@ def builders(*, gather_steps, segment_sum_steps, slice_steps, slice_grad_steps, 
         return max_grad_steps(*ins, outs[0], *around(ins[0].shape, node.attrs["axis"]))
 
     return {"gather": gather, "unsorted_segment_sum_like": unsorted_segment_sum_like,
-            "slice": slice_, "slice_grad": slice_grad, "tril": tril, "masked_fill": masked_fill,
+            "slice": slice_, "slice_grad": slice_grad, "cat": cat, "tril": tril,
+            "masked_fill": masked_fill,
             "reduce_max": reduce_max, "argmax": argmax, "reduce_max_grad": reduce_max_grad}

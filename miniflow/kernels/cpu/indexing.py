@@ -1,7 +1,7 @@
 """The indexing ops on the CPU (builders: ``kernels.common.indexing``; these are the step makers):
-``gather`` and ``unsorted_segment_sum_like`` (Numba loops over ``[outer, n, inner]``), ``slice`` and
-``slice_grad`` (``np.copyto`` through a strided view planned at build time), ``tril`` and
-``masked_fill`` (Numba loops that copy elements as stored: float16 and bfloat16 as their bits,
+``gather`` and ``unsorted_segment_sum_like`` (Numba loops over ``[outer, n, inner]``), ``slice``,
+``slice_grad`` and ``cat`` (``np.copyto`` through a strided view planned at build time), ``tril``
+and ``masked_fill`` (Numba loops that copy elements as stored: float16 and bfloat16 as their bits,
 the fill value converted to out's dtype once, at build time); the one-axis ``reduce_max``,
 ``argmax`` and ``reduce_max_grad`` (Numba loops, one output per (parallel) iteration).
 
@@ -206,9 +206,15 @@ def slice_steps(x, out, index, offset, strides):
     return [(np.copyto, (out, x[index]))]
 
 
+def scatter_steps(src, dst, index, offset, strides):
+    """``dst[index] = src``: a copy into the strided view."""
+    return [(np.copyto, (dst[index], src))]
+
+
 def slice_grad_steps(dy, dx, index, offset, strides):
     """``dx = 0``, then ``dx[index] = dy``."""
-    return [(np.copyto, (dx, np.zeros((), dx.dtype))), (np.copyto, (dx[index], dy))]
+    return [(np.copyto, (dx, np.zeros((), dx.dtype)))] + scatter_steps(dy, dx, index, offset,
+                                                                      strides)
 
 
 def tril_steps(x, out, rows, cols, diagonal, fill_value):
@@ -240,6 +246,7 @@ def max_grad_steps(x, y, dy, dx, outer, n, inner):
 
 BUILDERS = indexing.builders(gather_steps=gather_steps, segment_sum_steps=segment_sum_steps,
                              slice_steps=slice_steps, slice_grad_steps=slice_grad_steps,
-                             tril_steps=tril_steps, masked_fill_steps=masked_fill_steps,
+                             scatter_steps=scatter_steps, tril_steps=tril_steps,
+                             masked_fill_steps=masked_fill_steps,
                              max_steps=max_steps, max_grad_steps=max_grad_steps)
 """Op type -> builder of the indexing ops."""

@@ -7,7 +7,8 @@ grid-stride kernels over flat views (``launch.flat_steps``), no atomics:
   whose id is its segment, in index order, in the compute type (deterministic; ``O(out *
   indices)`` work, fine for an embedding's gradient, no atomics).
 * ``slice``: the strided gather of ``kernels.cuda.movement`` from the slice's first element;
-  ``slice_grad``: a fill with zero, then a strided scatter of ``dy``.
+  ``slice_grad``: a fill with zero, then a strided scatter of ``dy``; ``cat``: the strided
+  scatter of each input.
 * ``tril``, ``masked_fill``: elementwise selects; values move as stored, the fill value is
   rounded to out's dtype.
 * ``reduce_max``, ``argmax``, ``reduce_max_grad`` (one axis): one thread per output, looping
@@ -207,14 +208,19 @@ def slice_steps(x, out, index, offset, strides):
     return strided_gather_steps(flat(x)[offset:], out, shape, xst, "slice")
 
 
+def scatter_steps(src, dst, index, offset, strides):
+    """The strided scatter of ``src`` from element ``offset`` of dst (nothing for an empty
+    src)."""
+    if src.size == 0:
+        return []
+    shape, ost = _dims(src.shape, strides)
+    return flat_steps(scatter_kernel(), src.size, (flat(src), flat(dst)[offset:], shape, ost),
+                      f"scatter {short(dst.dtype)}")
+
+
 def slice_grad_steps(dy, dx, index, offset, strides):
     """``dx = 0``, then the strided scatter of ``dy`` from element ``offset`` of dx."""
-    steps = fill_steps(dx, 0.0)
-    if dy.size == 0:
-        return steps
-    shape, ost = _dims(dy.shape, strides)
-    return steps + flat_steps(scatter_kernel(), dy.size, (flat(dy), flat(dx)[offset:], shape, ost),
-                              f"slice_grad {short(dx.dtype)}")
+    return fill_steps(dx, 0.0) + scatter_steps(dy, dx, index, offset, strides)
 
 
 def tril_steps(x, out, rows, cols, diagonal, fill_value):
@@ -233,6 +239,7 @@ def masked_fill_steps(x, mask, out, shape, mask_strides, value):
 
 BUILDERS = indexing.builders(gather_steps=gather_steps, segment_sum_steps=segment_sum_steps,
                              slice_steps=slice_steps, slice_grad_steps=slice_grad_steps,
+                             scatter_steps=scatter_steps,
                              tril_steps=tril_steps, masked_fill_steps=masked_fill_steps,
                              max_steps=max_steps, max_grad_steps=max_grad_steps)
 """Op type -> builder of the indexing ops."""
