@@ -153,5 +153,6 @@ def describe() -> str:
     given = "NUMBA_CPU_NAME" if numba.config.CPU_NAME else "host"
     found = [f for f in PROBED if has(f)]
     return (f"{name} ({given}; {triple}, {platform.machine()}): {ISA.name}, {ISA.lanes} float32 "
-            f"lanes, {ISA.registers} registers, matmul tile {ISA.rows} x {ISA.columns}; "
+            f"lanes, {ISA.registers} registers, matmul tile {ISA.rows} x {ISA.columns}, packed "
+            f"{ISA.packed[0]} x {ISA.packed[1] * ISA.lanes}; "
             f"features {', '.join(found) or 'none probed'}")
