@@ -1,7 +1,8 @@
 """The packed GEMM (``kernels/cpu/packed_gemm.py``, matmul's ``packed`` candidate): against a
 NumPy float64 oracle with the float32 error bound, bit for bit against the register tile's
 fused multiply-adds (``outer_block_kernel``), run to run and serial against parallel, the
-non-finite count, subnormal bfloat16 operands, and the candidate in the tuner's dict."""
+non-finite count, subnormal bfloat16 operands, the candidate in the tuner's dict, and AMP
+bfloat16 training on it (``MINIFLOW_MATMUL=packed``): bit-identical run to run."""
 import ml_dtypes
 import numpy as np
 import pytest
@@ -144,3 +145,26 @@ def test_the_candidate_does_not_take_float64():
     h = np.ones((4, 4), np.float16)
     takes = cpu_matmul.packed_steps(_node(h, h, float16, False, False), [h, h], [h.copy()])
     assert (takes is not None) == (fp16.PATH == "intrinsic")
+
+
+def _losses(monkeypatch, how):
+    """Six steps of the digits MLP in AMP bfloat16 (SGD with momentum), every product by
+    ``MINIFLOW_MATMUL=how``."""
+    import miniflow as mf
+    from miniflow.experiments.mlp import TrainGraph, mlp
+    monkeypatch.setenv("MINIFLOW_MATMUL", how)
+    mf.manual_seed(0)
+    model = mlp((64, 128, 10))
+    graph = TrainGraph(model, mf.optim.SGD(model.parameters(), lr=0.1, momentum=0.9))
+    graph.config.enable_amp(dtype=mf.bfloat16)
+    r = np.random.default_rng(0)
+    x, y = r.random((32, 64), dtype=np.float32), r.integers(0, 10, 32)
+    return np.array([float(graph(x, y).numpy()) for _ in range(6)])
+
+
+def test_amp_bfloat16_training_on_it_is_deterministic_and_trains_like_the_rules(monkeypatch):
+    packed = _losses(monkeypatch, "packed")
+    np.testing.assert_array_equal(_losses(monkeypatch, "packed"), packed)
+    rules = _losses(monkeypatch, "numba")
+    assert packed[-1] < packed[0]
+    np.testing.assert_allclose(packed, rules, rtol=2e-3)
