@@ -45,7 +45,9 @@ peak for every product of the MLPs):
   packed into pairs first, the ``"packed"`` layout: a ``B`` stored ``[k, n]`` by
   :func:`interleave_pairs_kernel` (the gradients at batch 64: 185-204 GFLOP/s, 214-217 at 256,
   packing included, against 145-150 interleaving as they load), ``W`` of ``x @ W.T`` by
-  :func:`pack_pairs_kernel` (126 GFLOP/s at batch 64, 183 at 256).
+  :func:`pack_pairs_kernel` (126 GFLOP/s at batch 64, 183 at 256). Those are Zen 4's numbers:
+  on Sapphire Rapids ``vdpbf16ps`` issues at half the FMAs' rate and the tile did 37-77 GFLOP/s,
+  where the tuner takes the ``packed`` candidate (:func:`packed_steps`, 85-128).
 * otherwise one ``np.dot`` (BLAS; less call overhead than ``np.matmul``). Between
   ``ONE_THREAD_FROM`` and ``ONE_THREAD_BELOW`` multiply-adds it runs with BLAS on one thread
   (:class:`OneThreadBlas`) when BLAS has more: a multithreaded BLAS pays only for large products,

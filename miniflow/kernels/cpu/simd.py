@@ -79,7 +79,8 @@ _PAIRS = ir.VectorType(ir.IntType(16), 2 * LANES)
 _I32 = ir.VectorType(ir.IntType(32), LANES)
 
 HAS_BF16_DOT = fp16.target_has("avx512bf16") and LANES == 16
-"""Whether the target CPU has AVX512-BF16's ``vdpbf16ps`` (then bfloat16 matmuls use it)."""
+"""Whether the target CPU has AVX512-BF16's ``vdpbf16ps`` (then the rules' bfloat16 matmuls use
+it; the tuner measures them against ``packed_gemm``'s float32 FMAs)."""
 
 X86_INTRINSICS = {"llvm.x86.avx512bf16.dpbf16ps.512": "avx512bf16"}
 """Every x86 intrinsic this module emits -> the target feature it needs (``target.has``)."""
