@@ -23,7 +23,7 @@ rounding each: the bits of ``matmul.outer_block_kernel``'s float32 tile, on any 
 the tile and ``KC``; run to run the same.
 
 Measured and left out (one Sapphire Rapids core, bfloat16): reading ``b``'s rows in place,
-widened as they load, instead of packing its panels: 43-101 GFLOP/s against 53-111 packed for
+widened as they load, instead of packing its panels: 43-101 GFLOP/s against 52-111 packed for
 ``dy @ W`` at 16-256 x 1024 x 1024 (with 2 KiB between rows, a block of ``KC`` rows falls into
 few L1 sets; ``matmul.outer_block_kernel`` measured the same for float32).
 
