@@ -15,6 +15,9 @@ call, and take each other's cores (the 64-1024-1024-10 MLP's training step at ba
 with both pools on 2 threads, 4.5 ms with both on one, 3.2 ms with a 2-thread BLAS and serial
 Numba kernels). The matmuls are most of the work, so BLAS keeps the threads; a sleeping pool
 (``OMP_WAIT_POLICY=passive``, Numba's workqueue layer) costs 75-130 us per launch instead.
+Hence one pool: where NumPy's BLAS is OpenBLAS, a plan with more than one Numba thread runs its
+BLAS products on Numba's pool too, as single-threaded calls split over it (``split_gemm``), and
+its Numba kernels run parallel; elsewhere BLAS keeps the threads and the kernels run serial.
 """
 from __future__ import annotations
 
@@ -50,10 +53,12 @@ def loop_for(parallel: bool):
 
 def use_parallel(size: int) -> bool:
     """Whether a kernel over ``size`` elements runs its parallel variant: at least
-    ``PARALLEL_MIN_SIZE`` elements, more than one Numba thread and BLAS on one thread (see the
-    module docstring; decided when the plan is built)."""
+    ``PARALLEL_MIN_SIZE`` elements, more than one Numba thread, and BLAS on one thread or the
+    plan's BLAS products split over Numba's pool (``split_gemm.one_pool``; see the module
+    docstring; decided when the plan is built)."""
+    from .split_gemm import one_pool
     return (size >= PARALLEL_MIN_SIZE and numba.get_num_threads() > 1
-            and all(lib.num_threads == 1 for lib in numpy_blas()))
+            and (one_pool() or all(lib.num_threads == 1 for lib in numpy_blas())))
 
 
 @functools.cache
