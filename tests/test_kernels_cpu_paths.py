@@ -10,7 +10,7 @@ from threadpoolctl import threadpool_limits
 import miniflow as mf
 from miniflow.dtype import bfloat16, float16, float32, float64
 from miniflow.ir import Node, Value
-from miniflow.kernels.cpu import builder_for, matmul as cpu_matmul, split_gemm
+from miniflow.kernels.cpu import builder_for, common as cpu_common, matmul as cpu_matmul
 from miniflow.kernels.cpu.common import PARALLEL_MIN_SIZE, blas_libraries, use_parallel
 from miniflow.kernels.cpu.simd import HAS_BF16_DOT
 from miniflow.ops import get_op
@@ -223,7 +223,7 @@ def _parallel(steps) -> bool:
 
 def test_parallel_kernels_from_the_threshold_with_one_blas_thread_or_one_pool():
     """Parallel from ``PARALLEL_MIN_SIZE`` elements where Numba has threads, BLAS one, or
-    BLAS's products split over Numba's pool (``split_gemm.one_pool``); else serial."""
+    BLAS's products split over Numba's pool (``common.one_pool``); else serial."""
     small = np.ones((8, 16), np.float32)
     big = np.ones((PARALLEL_MIN_SIZE // 16, 16), np.float32)
     more = numba.get_num_threads() > 1
@@ -233,8 +233,8 @@ def test_parallel_kernels_from_the_threshold_with_one_blas_thread_or_one_pool():
     with threadpool_limits(2, user_api="blas"):
         if any(lib.num_threads > 1 for lib in blas_libraries()):
             assert _parallel(_run("relu", [big], [(big.shape, float32)])[0]) is (
-                more and split_gemm.available())
-            with mock.patch.object(split_gemm, "library", lambda: None):
+                more and cpu_common.blas_gemm() is not None)
+            with mock.patch.object(cpu_common, "blas_gemm", lambda: None):
                 assert not _parallel(_run("relu", [big], [(big.shape, float32)])[0])
 
 

@@ -10,10 +10,10 @@ import pytest
 from threadpoolctl import threadpool_limits
 
 import miniflow as mf
-from miniflow.kernels.cpu import matmul as cpu_matmul, split_gemm
+from miniflow.kernels.cpu import common as cpu_common, matmul as cpu_matmul, split_gemm
 from miniflow.kernels.cpu.common import numpy_blas, use_parallel
 
-pytestmark = pytest.mark.skipif(not split_gemm.available(),
+pytestmark = pytest.mark.skipif(cpu_common.blas_gemm() is None,
                                 reason="NumPy's BLAS is not OpenBLAS: nothing is split")
 
 SHAPES = [(256, 1024, 1024), (1024, 256, 1024), (1024, 256, 64), (64, 576, 3136),
@@ -95,7 +95,7 @@ def test_numpy_s_other_paths_are_left_to_numpy():
     small = x[:64, :64]
     assert split_gemm.gemm_step(small, small.copy(), out[:64, :64], 2) is None
     assert split_gemm.gemm_step(x, x.copy(), out.T, 2) is None      # out's rows not unit stride
-    with mock.patch.object(split_gemm, "library", lambda: None):
+    with mock.patch.object(split_gemm, "blas_gemm", lambda: None):
         assert split_gemm.gemm_step(x, x.copy(), out, 2) is None
 
 
@@ -163,9 +163,9 @@ def test_pool_step_keeps_blas_off_its_threads_where_nothing_splits():
     a = np.ones((64, 64), np.float32)
     out = np.empty((64, 64), np.float32)
     with threadpool_limits(2, user_api="blas"), \
-            mock.patch.object(split_gemm, "one_pool", lambda: True):
+            mock.patch.object(cpu_matmul, "one_pool", lambda: True):
         fn, args = cpu_matmul._pool_step(np.dot, a, a.copy(), out)
         if max(lib.num_threads for lib in numpy_blas()) > 1:
             assert isinstance(fn, cpu_matmul.OneThreadBlas)
-    with mock.patch.object(split_gemm, "one_pool", lambda: False):
+    with mock.patch.object(cpu_matmul, "one_pool", lambda: False):
         assert cpu_matmul._pool_step(np.dot, a, a, out) is None

@@ -50,7 +50,7 @@ product of the MLPs):
   and under load its spinning threads made a 64x64x128 product take 70 us instead of 12 (a 62 us
   training step took 420 us). Below ``ONE_THREAD_FROM`` OpenBLAS uses one thread by itself, and
   switching (about 3 us) would only cost. Where the plan runs on Numba's pool
-  (``split_gemm.one_pool``: more than one Numba thread, NumPy's BLAS OpenBLAS), every BLAS
+  (``common.one_pool``: more than one Numba thread, NumPy's BLAS OpenBLAS), every BLAS
   product of a plan (``np.dot`` here and in the convolutions, ``np.matmul`` over stacks) is
   instead split over that pool as single-threaded calls (``split_gemm.gemm_step``, the bits of
   the unsplit call), or run on one BLAS thread where it is not split (:func:`_pool_step`).
@@ -74,7 +74,7 @@ import numpy as np
 from ...dtype import bfloat16
 from . import fp16, mkl_gemm, split_gemm, tune
 from ..common.batch import batched
-from .common import jit, jitable, kview, loop_for, numpy_blas, use_parallel
+from .common import jit, jitable, kview, loop_for, numpy_blas, one_pool, use_parallel
 from .elementwise import cast_steps
 from .fp16 import load, store, to_compute
 from .loss_scale import cast_count_steps, sum_counts_kernel
@@ -594,10 +594,10 @@ class OneThreadBlas:
 
 def _pool_step(fn, a, b, out):
     """``fn(a, b, out)`` (``np.dot`` or ``np.matmul``) where the plan runs on Numba's pool
-    (``split_gemm.one_pool``): split over it (``split_gemm.gemm_step``), else on one BLAS thread
+    (``common.one_pool``): split over it (``split_gemm.gemm_step``), else on one BLAS thread
     (BLAS's own threads would take the cores of Numba's spinning ones), else as it is; None where
     the plan does not run on Numba's pool."""
-    if not split_gemm.one_pool():
+    if not one_pool():
         return None
     step = split_gemm.gemm_step(a, b, out, numba.get_num_threads())
     if step is not None:

@@ -11,7 +11,7 @@ a @ b`` (2-D, or stacks of matrices as ``np.matmul``) as a few single-threaded `
 calls of NumPy's own BLAS, one per block of out's rows (or columns, or stack members), run by a
 Numba ``prange`` on Numba's pool, with BLAS held at one thread for the call. OpenBLAS's threads
 then stay asleep while the plan runs, and the Numba kernels run their parallel variants
-(``common.use_parallel``).
+(``common.use_parallel``, ``common.one_pool``).
 
 Bits: each block is the product OpenBLAS computes for those rows alone, and OpenBLAS's sgemm /
 dgemm add each element's products in an order set by ``k`` alone (the blocking of ``k``, the
@@ -24,14 +24,12 @@ such path's limit, else it is one call on one thread. Shapes NumPy sends elsewhe
 of 1: ``gemv``; ``a @ a.T``: ``syrk``; strides BLAS cannot take) are left to NumPy
 (:func:`gemm_step` returns None).
 
-The library: NumPy's BLAS as threadpoolctl finds it (``common.numpy_blas``), its ``cblas_sgemm``
-and ``cblas_dgemm`` under OpenBLAS's names (``cblas_sgemm``, or the ILP64 ``cblas_sgemm64_``
-with or without the ``scipy_`` prefix of NumPy's wheels). Another BLAS (MKL, Accelerate), or none
-found: :func:`available` is False and the plan keeps BLAS's own threads and serial Numba kernels.
+The library: NumPy's OpenBLAS, its ``cblas_sgemm`` and ``cblas_dgemm`` (``common.blas_gemm``).
+Another BLAS (MKL, Accelerate), or none found: ``common.one_pool`` is False and the plan keeps
+BLAS's own threads and serial Numba kernels.
 """
 from __future__ import annotations
 
-import ctypes
 import functools
 
 import numba
@@ -40,10 +38,9 @@ from llvmlite import ir
 from numba import types
 from numba.extending import intrinsic
 
-from .common import jit, numpy_blas
+from .common import blas_gemm, jit, numpy_blas
 
-__all__ = ["MIN_BLOCK_WORK", "ALIGN", "library", "available", "one_pool", "blocks", "gemm_step",
-           "split_gemm_kernel", "SplitGemm"]
+__all__ = ["MIN_BLOCK_WORK", "ALIGN", "blocks", "gemm_step", "split_gemm_kernel", "SplitGemm"]
 
 MIN_BLOCK_WORK = 1 << 20
 """Multiply-adds each block of a split product has at least (about 8 us at 140 GFLOP/s): above
@@ -53,43 +50,6 @@ ALIGN = 64
 """Rows or columns a block boundary is a multiple of (a multiple of every OpenBLAS micro-kernel's
 unroll, so that each block is computed in whole register tiles as in the unsplit product)."""
 _ROW_MAJOR, _NO_TRANS, _TRANS = 101, 111, 112      # CBLAS_ORDER, CBLAS_TRANSPOSE (cblas.h)
-_NAMES = ("scipy_cblas_{}gemm64_", "cblas_{}gemm64_", "cblas_{}gemm")
-"""Symbol patterns of ``cblas_?gemm`` in OpenBLAS builds: NumPy's wheels (ILP64, prefixed), other
-ILP64 builds, LP64 builds."""
-
-
-@functools.cache
-def library():
-    """``(sgemm address, dgemm address, ILP64)`` of NumPy's OpenBLAS, or None where NumPy's BLAS
-    is not one OpenBLAS library or it exports neither name (see the module docstring)."""
-    libs = numpy_blas()
-    if len(libs) != 1 or libs[0].internal_api != "openblas":
-        return None
-    try:
-        lib = ctypes.CDLL(libs[0].filepath)
-    except OSError:
-        return None
-    for pattern in _NAMES:
-        try:
-            fns = [getattr(lib, pattern.format(t)) for t in "sd"]
-        except AttributeError:
-            continue
-        return (ctypes.cast(fns[0], ctypes.c_void_p).value,
-                ctypes.cast(fns[1], ctypes.c_void_p).value, "64_" in pattern)
-    return None
-
-
-def available() -> bool:
-    """Whether products can be split over Numba's pool (:func:`library` found)."""
-    return library() is not None
-
-
-def one_pool() -> bool:
-    """Whether a plan built now runs on Numba's pool alone: Numba has more than one thread and
-    :func:`available`; its BLAS products are then split over that pool (:func:`gemm_step`) or run
-    on one BLAS thread, and its Numba kernels run their parallel variants
-    (``common.use_parallel``)."""
-    return numba.get_num_threads() > 1 and available()
 
 
 @intrinsic
@@ -223,11 +183,11 @@ def gemm_step(a, b, out, parts: int):
     pool: a 2-D out in blocks of rows or columns (:func:`blocks`), a stack's members shared out
     whole. Returns
     ``(SplitGemm, ())``, or None where it would be one call (a product too small to split:
-    :data:`MIN_BLOCK_WORK`), :func:`library` is missing, the dtypes differ or are not float32 /
+    :data:`MIN_BLOCK_WORK`), ``common.blas_gemm`` found none, the dtypes differ or are not float32 /
     float64, the stacks broadcast, or NumPy would not call ``gemm`` on every (whole) product: a
     dimension of 1, ``a @ a.T``, strides BLAS cannot read, an out whose rows are not of unit
     stride."""
-    lib = library()
+    lib = blas_gemm()
     if (lib is None or not a.dtype == b.dtype == out.dtype
             or out.dtype not in (np.float32, np.float64) or out.size == 0):
         return None
