@@ -1,8 +1,9 @@
 """Half-type matmuls on one core: each candidate of the tuner (``MINIFLOW_MATMUL=numba``: the
-rules' Numba kernels; ``blas``: OpenBLAS on widened copies; ``mkl``: oneMKL's bf16 / f16 GEMM, on
-AMX where the CPU has it, the ``amx`` extra) and the one the tuner picks (``auto``), for every
-product of the wide MLP's training step at batch 1, 16, 64 and 256, in bfloat16 and float16 (out
-of the operands' type, as AMP's products), against ``numpy.dot`` in float32 on the same shapes.
+rules' Numba kernels; ``blas``: OpenBLAS on widened copies; ``packed``: the packed GEMM
+(``kernels/cpu/packed_gemm.py``); ``mkl``: oneMKL's bf16 / f16 GEMM, on AMX where the CPU has
+it, the ``amx`` extra) and the one the tuner picks (``auto``), for every product of the wide
+MLP's training step at batch 1, 16, 64 and 256, in bfloat16 and float16 (out of the operands'
+type, as AMP's products), against ``numpy.dot`` in float32 on the same shapes.
 
 GFLOP/s from process CPU time, the cases' rounds interleaved (``kernels.interleaved_seconds``),
 medians of ``--repeats``; one thread for Numba and BLAS. Without the extra, or on a CPU without
@@ -26,7 +27,7 @@ sys.path.insert(1, str(Path(__file__).resolve().parent.parent))
 import harness  # noqa: E402
 from kernels import WIDE, interleaved_seconds, mlp_products, plan_steps  # noqa: E402
 
-CANDIDATES = ("numba", "blas", "mkl", "auto")
+CANDIDATES = ("numba", "blas", "packed", "mkl", "auto")
 """``MINIFLOW_MATMUL`` values timed (``auto``: the tuner's choice, measured when first built)."""
 
 
@@ -69,15 +70,16 @@ def rows(dtypes, batches, repeats: int) -> list:
 
 def table(res: list) -> str:
     """A Markdown table of :func:`rows`."""
-    lines = ["| dtype | batch | product (m, k, n) | numba | blas | mkl | auto (picked) | "
-             "numpy.dot fp32 | auto / numba |", "|---|---:|---|---:|---:|---:|---|---:|---:|"]
+    lines = ["| dtype | batch | product (m, k, n) | numba | blas | packed | mkl | auto (picked) | "
+             "numpy.dot fp32 | auto / numba |", "|---|---:|---|---:|---:|---:|---:|---|---:|---:|"]
     for r in res:
         g = r["gflops"]
-        picked = next((h for h in ("mkl", "blas") if r["kernels"]["auto"] == r["kernels"][h]
-                       and r["kernels"][h] != r["kernels"]["numba"]), "numba")
+        picked = next((h for h in ("mkl", "packed", "blas") if r["kernels"]["auto"] ==
+                       r["kernels"][h] and r["kernels"][h] != r["kernels"]["numba"]), "numba")
         lines.append(f"| {r['dtype']} | {r['batch']} | `{r['product']}` {r['mkn']} | "
-                     f"{g['numba']:.1f} | {g['blas']:.1f} | {g['mkl']:.1f} | {g['auto']:.1f} "
-                     f"({picked}) | {g['numpy_dot']:.1f} | {g['auto'] / g['numba']:.2f} |")
+                     f"{g['numba']:.1f} | {g['blas']:.1f} | {g['packed']:.1f} | {g['mkl']:.1f} | "
+                     f"{g['auto']:.1f} ({picked}) | {g['numpy_dot']:.1f} | "
+                     f"{g['auto'] / g['numba']:.2f} |")
     return "\n".join(lines)
 
 

@@ -217,6 +217,37 @@ def fma_peak(repeats: int) -> float:
     return 24.0 * LANES * steps / cpu_seconds(lambda: chains(x, steps), repeats) / 1e9
 
 
+def bf16_dot_peak(repeats: int):
+    """The single-core peak of ``vdpbf16ps`` (``simd.vdot_pairs``: two bfloat16 products per
+    float32 lane), GFLOP/s, twelve independent chains as :func:`fma_peak`; None where the target
+    has no AVX512-BF16. One Sapphire Rapids core: 106 GFLOP/s, half :func:`fma_peak`'s 214 (it
+    issues one every two cycles, with 4 to 24 chains alike), where Zen 4 ran the bfloat16 tile at
+    twice its float32 one (``packed_gemm``'s module docstring)."""
+    import numba
+
+    from miniflow.kernels.cpu.simd import HAS_BF16_DOT, LANES, vdot_pairs, vload, vload_run, vstore
+
+    if not HAS_BF16_DOT:
+        return None
+
+    @numba.njit
+    def chains(x, pairs, steps):
+        c0 = c1 = c2 = c3 = c4 = c5 = c6 = c7 = c8 = c9 = c10 = c11 = vload(x, 0, 0)
+        y, z = vload_run(pairs, 0, 0), vload_run(pairs, 1, 0)
+        for _ in range(steps):
+            c0, c1, c2 = vdot_pairs(c0, y, z), vdot_pairs(c1, y, z), vdot_pairs(c2, y, z)
+            c3, c4, c5 = vdot_pairs(c3, y, z), vdot_pairs(c4, y, z), vdot_pairs(c5, y, z)
+            c6, c7, c8 = vdot_pairs(c6, y, z), vdot_pairs(c7, y, z), vdot_pairs(c8, y, z)
+            c9, c10, c11 = vdot_pairs(c9, y, z), vdot_pairs(c10, y, z), vdot_pairs(c11, y, z)
+        for r, c in enumerate((c0, c1, c2, c3, c4, c5, c6, c7, c8, c9, c10, c11)):
+            vstore(x, 1 + r, 0, c)
+
+    x = np.zeros((13, LANES), np.float32)
+    pairs = np.zeros((2, 2 * LANES), np.int16)
+    steps = 1 << 20
+    return 48.0 * LANES * steps / cpu_seconds(lambda: chains(x, pairs, steps), repeats) / 1e9
+
+
 def mlp_products(sizes, batch: int) -> list:
     """``(label, m, k, n, transpose_a, transpose_b)`` of every matmul of one training step of
     the MLP ``sizes`` at ``batch``, as the IR holds them: per layer ``l`` with ``W [out, in]``
@@ -236,8 +267,9 @@ def matmuls(repeats: int, threads: int = 1) -> dict:
     threads; fp32, and the fp16 path: float32 products of half operands, rounded once) against
     ``numpy.dot`` in float32 on the same views, for every product of the wide MLP's step at
     :data:`MATMUL_BATCHES`, BLAS and Numba on ``threads`` threads, GFLOP/s from CPU time (one
-    thread) or wall time (more). Returns ``{"peak": GFLOP/s, "fma_peak": GFLOP/s, "threads": n,
-    "rows": [...]}`` (:func:`sgemm_peak`, :func:`fma_peak`)."""
+    thread) or wall time (more). Returns ``{"peak": GFLOP/s, "fma_peak": GFLOP/s,
+    "bf16_dot_peak": GFLOP/s or None, "threads": n, "rows": [...]}`` (:func:`sgemm_peak`,
+    :func:`fma_peak`, :func:`bf16_dot_peak`)."""
     import numba
     from threadpoolctl import threadpool_limits
 
@@ -247,7 +279,7 @@ def matmuls(repeats: int, threads: int = 1) -> dict:
     clock = 1 if threads == 1 else 0
     try:
         with threadpool_limits(threads):
-            peak, fma = sgemm_peak(repeats, clock), fma_peak(repeats)
+            peak, fma, dot = sgemm_peak(repeats, clock), fma_peak(repeats), bf16_dot_peak(repeats)
             for batch in MATMUL_BATCHES:
                 for label, m, k, n, ta, tb in mlp_products(WIDE, batch):
                     r = np.random.default_rng(0)
@@ -268,7 +300,7 @@ def matmuls(repeats: int, threads: int = 1) -> dict:
                                  "numpy_dot": rates[2]})
     finally:
         numba.set_num_threads(before)
-    return {"peak": peak, "fma_peak": fma, "threads": threads, "rows": rows}
+    return {"peak": peak, "fma_peak": fma, "bf16_dot_peak": dot, "threads": threads, "rows": rows}
 
 
 def matmul_table(res: dict) -> str:
@@ -276,7 +308,9 @@ def matmul_table(res: dict) -> str:
     peak = res["peak"]
     lines = [f"sgemm peak at {res.get('threads', 1)} thread(s) (numpy.dot, 512^3 / 1024^3): "
              f"{peak:.1f} GFLOP/s; FMA peak of the kernels' ISA (fma_peak): "
-             f"{res['fma_peak']:.1f} GFLOP/s", "",
+             f"{res['fma_peak']:.1f} GFLOP/s; vdpbf16ps peak (bf16_dot_peak): "
+             + (f"{res['bf16_dot_peak']:.1f} GFLOP/s" if res.get("bf16_dot_peak")
+                else "no AVX512-BF16"), "",
              "| batch | product | m, k, n | kernel | miniflow fp32 | % of peak | fp16 path | "
              "numpy.dot fp32 | % of peak | fp32 / numpy.dot |",
              "|---:|---|---|---|---:|---:|---:|---:|---:|---:|"]

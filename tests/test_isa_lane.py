@@ -32,13 +32,14 @@ import isa_cases
 
 ROOT = Path(__file__).resolve().parent.parent
 CPUS = ("haswell", "generic")
-SELECTION = ["tests/test_simd.py", "tests/test_kernels_cpu.py::test_matmul",
+SELECTION = ["tests/test_simd.py", "tests/test_packed_gemm.py",
+             "tests/test_kernels_cpu.py::test_matmul",
              "tests/test_kernels_cpu.py::test_cast_bit_exact", "tests/test_fp16.py",
              "tests/test_bf16.py", "tests/test_conv.py::test_kernels_match_the_reference",
              "-k", "not float64 and not per-sample"]
 """The tests each build runs (pytest arguments)."""
-EXACT = {"outer_block_kernel", "transpose_kernel", "cast_kernel", "cast_count_kernel", "dot",
-         "im2col_kernel", "copyto"}
+EXACT = {"outer_block_kernel", "packed_kernel", "transpose_kernel", "cast_kernel",
+         "cast_count_kernel", "dot", "im2col_kernel", "copyto"}
 """Kernels whose every output element is the same sequence of IEEE operations on any CPU."""
 F32_EPS = float(np.finfo(np.float32).eps)
 """The compute type's (float32 sums for every half and float32 case)."""

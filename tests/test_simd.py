@@ -11,9 +11,9 @@ import pytest
 
 from miniflow.kernels.cpu import fp16
 from miniflow.kernels.cpu.matmul import transpose_kernel
-from miniflow.kernels.cpu.simd import (HAS_BF16_DOT, LANES, vcount_nonfinite, vdot_pairs, vfma,
-                                       vload, vload_pairs, vsplat, vsplat_pair, vstore,
-                                       vtranspose_block, vzero)
+from miniflow.kernels.cpu.simd import (HAS_BF16_DOT, LANES, tile_intrinsic, vcount_nonfinite,
+                                       vdot_pairs, vfma, vload, vload_pairs, vsplat,
+                                       vsplat_pair, vstore, vtranspose_block, vzero)
 
 HALVES = [np.float16, ml_dtypes.bfloat16]
 BITS = {np.float16: np.uint16, ml_dtypes.bfloat16: np.int16}
@@ -184,6 +184,43 @@ def test_vdot_pairs_adds_the_products_of_rows_p_and_p_plus_1():
     np.testing.assert_array_equal(out, acc - 5 * b32[1:])
 
 
+_TILE_3X2 = tile_intrinsic(3, 2)
+
+
+@numba.njit
+def _tile(ap, bp, tile):
+    _TILE_3X2(ap, bp, tile)
+
+
+@pytest.mark.parametrize("steps", [0, 1, 5])
+def test_vtile_adds_the_outer_products_of_the_packed_steps(steps):
+    """tile[r, c] += sum over p of ap[p, r] * bp[p, c], with rows of ap and bp any stride apart
+    (views into wider buffers): small integers, so every sum is exact."""
+    r = np.random.default_rng(5)
+    ap = r.integers(-9, 9, (steps, 5)).astype(np.float32)[:, 1:4]
+    bp = r.integers(-9, 9, (steps, 2 * LANES + 3)).astype(np.float32)[:, :2 * LANES]
+    tile = r.integers(-99, 99, (3, 2 * LANES)).astype(np.float32)
+    want = tile + ap.T.astype(np.float64) @ bp
+    _tile(ap, bp, tile)
+    np.testing.assert_array_equal(tile, want)
+
+
+def test_vtile_rounds_once_per_step():
+    """Each step is one fused multiply-add per element: (1 + 2^-12)^2 = 1 + 2^-11 + 2^-24 keeps
+    its last bit added to -1 (a separate multiply would round it away first)."""
+    x = np.float32(1 + 2.0 ** -12)
+    ap, bp = np.full((1, 3), x, np.float32), np.full((1, 2 * LANES), x, np.float32)
+    tile = np.full((3, 2 * LANES), -1.0, np.float32)
+    _tile(ap, bp, tile)
+    np.testing.assert_array_equal(tile, np.float32(2.0 ** -11 + 2.0 ** -24))
+
+
+def test_vtile_takes_float32_only():
+    with pytest.raises(TypeError, match="vtile: bp must be a 2-D float32 array"):
+        _tile(np.zeros((1, 3), np.float32), np.zeros((1, 2 * LANES), np.int16),
+              np.zeros((3, 2 * LANES), np.float32))
+
+
 # ----------------------------------------------------------------------------- every target
 def _unoptimized_ir(fn, *args) -> list:
     """The LLVM IR modules Numba generates for ``fn`` (a kernel's Python function, compiled
@@ -206,8 +243,10 @@ def _unoptimized_ir(fn, *args) -> list:
 
 def _kernels_ir() -> list:
     """The IR of kernels using every target-independent vector operation: the round trip,
-    the fused multiply-add, the block transpose and the register tile (counted)."""
+    the fused multiply-add, the block transpose, the register tile (counted) and the packed
+    GEMM's generated tile (into bfloat16, counted)."""
     from miniflow.kernels.cpu.matmul import outer_block_kernel
+    from miniflow.kernels.cpu.packed_gemm import packed_kernel
     x = np.zeros((2, 4 * LANES), np.float32)
     tile = outer_block_kernel(False, True, "rows").py_func
     a, b = np.zeros((7, 5), np.float32), np.zeros((5, 9 * LANES + 3), np.float32)
@@ -217,7 +256,9 @@ def _kernels_ir() -> list:
             + _unoptimized_ir(_block_transposed.py_func, np.zeros((LANES, LANES), np.float32), 0,
                               0, np.zeros((LANES, LANES), np.float32), 0, 0)
             + _unoptimized_ir(tile, a, b, np.zeros((7, b.shape[1]), np.float32),
-                              np.zeros(1, np.int64)))
+                              np.zeros(1, np.int64))
+            + _unoptimized_ir(packed_kernel(False, True).py_func, a, b,
+                              np.zeros((7, b.shape[1]), np.int16), np.zeros(1, np.int64)))
 
 
 def test_no_x86_intrinsic_without_its_feature_gate(monkeypatch):

@@ -118,8 +118,8 @@ def test_a_cached_choice_gives_the_same_steps_and_bits_in_a_new_process(tmp_path
 
 @pytest.mark.parametrize("content,why", [
     ("{not json", "cannot be read as JSON"),
-    ('{"format": "miniflow-tuning-1", "machine": {}, "choices": {}}', "is not a miniflow-tuning-2"),
-    ('{"format": "miniflow-tuning-2", "machine": {"cpu": "a VAX"}, "choices": {"k": "blas"}}',
+    ('{"format": "miniflow-tuning-2", "machine": {}, "choices": {}}', "is not a miniflow-tuning-3"),
+    ('{"format": "miniflow-tuning-3", "machine": {"cpu": "a VAX"}, "choices": {"k": "blas"}}',
      "written for another machine"),
 ])
 def test_a_corrupt_or_foreign_file_is_ignored_with_one_notice(tmp_path, monkeypatch, capsys,

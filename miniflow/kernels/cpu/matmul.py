@@ -5,14 +5,16 @@ product per batch index (``kernels.common.batch``).
 ``out = A @ B`` with ``A = op(a)`` of shape ``[m, k]`` and ``B = op(b)`` of shape ``[k, n]``
 (``op`` = transpose when the node says so; transposed operands are ``.T`` views, read in place).
 :func:`build_matmul` takes, per product, the steps of one of :data:`CANDIDATES`: the built-in
-rules below (:func:`numba_steps`), BLAS alone (:func:`blas_steps`) or BLAS on one thread
-(:func:`blas_one_thread_steps`), as ``tune`` measured for the product's class on the machine it
-runs on, at the threads in force (BLAS unless another is clearly faster; ``MINIFLOW_MATMUL``
-overrides). The convolutions' GEMMs are chosen alike (:func:`gemm_steps`). The rules' thresholds and the register tile were measured on one Zen 4 core, and
-are 2-3x off on other CPUs, where BLAS then wins. The rules pick one step per product when the
-plan is built (measured on one Zen 4 core with OpenBLAS 0.3.31; single-core sgemm peak about
-104-110 GFLOP/s; ``benchmarks/kernels.py`` prints GFLOP/s and % of the measured peak for every
-product of the MLPs):
+rules below (:func:`numba_steps`), BLAS alone (:func:`blas_steps`), BLAS on one thread
+(:func:`blas_one_thread_steps`) or the packed GEMM (:func:`packed_steps`: both operands widened
+into packed float32 panels, BLIS's loop nest, ``packed_gemm``), as ``tune`` measured for the
+product's class on the machine it runs on, at the threads in force (BLAS unless another is
+clearly faster; ``MINIFLOW_MATMUL`` overrides). The convolutions' GEMMs are chosen alike
+(:func:`gemm_steps`). The rules' thresholds and the register tile were measured on one Zen 4
+core, and are 2-3x off on other CPUs, where BLAS then wins. The rules pick one step per
+product when the plan is built (measured on one Zen 4 core with OpenBLAS 0.3.31; single-core
+sgemm peak about 104-110 GFLOP/s; ``benchmarks/kernels.py`` prints GFLOP/s and % of the measured
+peak for every product of the MLPs):
 
 * ``B`` stored transposed (a layer's forward ``x @ W.T``, ``W`` ``[n, k]``), ``k >= DOT_MIN_K``
   and ``B`` big (``BIG`` elements), ``m <= DOT_MAX_ROWS``, or any product below ``TINY``
@@ -43,7 +45,9 @@ product of the MLPs):
   packed into pairs first, the ``"packed"`` layout: a ``B`` stored ``[k, n]`` by
   :func:`interleave_pairs_kernel` (the gradients at batch 64: 185-204 GFLOP/s, 214-217 at 256,
   packing included, against 145-150 interleaving as they load), ``W`` of ``x @ W.T`` by
-  :func:`pack_pairs_kernel` (126 GFLOP/s at batch 64, 183 at 256).
+  :func:`pack_pairs_kernel` (126 GFLOP/s at batch 64, 183 at 256). Those are Zen 4's numbers:
+  on Sapphire Rapids ``vdpbf16ps`` issues at half the FMAs' rate and the tile did 37-77 GFLOP/s,
+  where the tuner takes the ``packed`` candidate (:func:`packed_steps`, 85-128).
 * otherwise one ``np.dot`` (BLAS; less call overhead than ``np.matmul``). Between
   ``ONE_THREAD_FROM`` and ``ONE_THREAD_BELOW`` multiply-adds it runs with BLAS on one thread
   (:class:`OneThreadBlas`) when BLAS has more: a multithreaded BLAS pays only for large products,
@@ -69,6 +73,7 @@ import numpy as np
 
 from ...dtype import bfloat16
 from . import fp16, mkl_gemm, tune
+from .packed_gemm import packed_kernel
 from ..common.batch import batched
 from .common import jit, jitable, kview, loop_for, numpy_blas, use_parallel
 from .elementwise import cast_steps
@@ -83,8 +88,8 @@ __all__ = ["BUILDERS", "OUTER_MIN_ROWS", "OUTER_MIN_COLS", "PACK_MIN_ROWS", "LAY
            "DOT_MAX_ROWS", "ONE_THREAD_FROM", "ONE_THREAD_BELOW", "OneThreadBlas",
            "dot_block_kernel", "outer_block_kernel", "pack_pairs_kernel", "interleave_pairs_kernel",
            "transpose_kernel", "rows_times_kernel", "build_matmul", "numba_steps",
-           "blas_steps", "blas_one_thread_steps", "mkl_steps", "mkl_blocked_steps", "MKL",
-           "CANDIDATES", "GEMM_CANDIDATES",
+           "blas_steps", "blas_one_thread_steps", "packed_steps", "mkl_steps",
+           "mkl_blocked_steps", "MKL", "CANDIDATES", "GEMM_CANDIDATES",
            "gemm_steps"]
 
 OUTER_MIN_ROWS = 4
@@ -760,6 +765,25 @@ def blas_one_thread_steps(node, ins, outs):
             for fn, args in blas_steps(node, ins, outs)]
 
 
+def packed_steps(node, ins, outs):
+    """:func:`build_matmul`'s steps through the packed GEMM (``packed_gemm.packed_kernel``: both
+    operands widened into packed float32 panels, BLIS's loop nest, out rounded and counted as it
+    is stored), or None where its vectors do not take the types (float64; float16 off F16C's
+    path) or out's rows are not of unit stride. One step, no scratch of out's size: where a half
+    product's candidates go through float32 copies and a rounding pass, it reads the half
+    operands once and writes out once."""
+    a, b, out = ins[0], ins[1], outs[0]
+    ta, tb = node.attrs.get("transpose_a", False), node.attrs.get("transpose_b", False)
+    bits_a, bits_b, bits_out = kview(a), kview(b), kview(out)
+    if (not {bits_a.dtype, bits_b.dtype, bits_out.dtype} <= _vector_kinds() or a.ndim != 2
+            or bits_out.strides[1] != bits_out.itemsize):
+        return None
+    counted = len(outs) > 1
+    count = outs[1].reshape(-1) if counted else np.zeros(1, np.int64)
+    kernel = packed_kernel(use_parallel(out.size), counted)
+    return [(kernel, (bits_a.T if ta else bits_a, bits_b.T if tb else bits_b, bits_out, count))]
+
+
 def mkl_steps(node, ins, outs):
     """:func:`build_matmul`'s steps through oneMKL's half-type GEMM (``mkl_gemm``, on AMX): the
     float32 product into out (float32, not counted) or into float32 scratch, rounded into a half
@@ -921,7 +945,7 @@ def gemm_steps(a, b, out) -> list:
 
 
 CANDIDATES = {"numba": numba_steps, "blas": blas_steps, "blas 1 thread": blas_one_thread_steps,
-              "mkl": mkl_steps, "mkl blocked": mkl_blocked_steps}
+              "packed": packed_steps, "mkl": mkl_steps, "mkl blocked": mkl_blocked_steps}
 """The tuner's candidates for a product (``tune.choose``): the built-in rules first; one entry
 per candidate (``(node, ins, outs) -> steps``, or None where it does not apply). Those named
 ``mkl...`` (:data:`MKL`) are offered only where ``mkl_gemm.offered``."""

@@ -33,6 +33,8 @@ instructions; below, ``L`` = ``LANES``):
 * ``vzero()``: ``L`` zeros.
 * ``vfma(x, y, z)``: ``x * y + z`` with one rounding per lane (``llvm.fma``); ``fma32`` the same
   for float32 scalars.
+* ``tile_intrinsic(rows, vectors)``: an intrinsic running a whole register tile of ``vfma`` over
+  packed operands (``packed_gemm``'s micro-kernel), generated as LLVM IR for the tile's shape.
 
 bfloat16 dot products (``HAS_BF16_DOT``: the target CPU has AVX512-BF16, so ``L`` is 16). ``bf16x32``
 is 32 bfloat16 values as 16 pairs, the operand of ``vdpbf16ps`` (LLVM's
@@ -68,7 +70,7 @@ from . import fp16, target
 
 __all__ = ["LANES", "HAS_BF16_DOT", "X86_INTRINSICS", "f32vec", "bf16x32", "vload", "vstore",
            "vcount_nonfinite", "vtranspose_block", "vsplat", "vzero", "vfma", "fma32",
-           "vload_pairs", "vload_run", "vsplat_pair", "vdot_pairs"]
+           "vload_pairs", "vload_run", "vsplat_pair", "vdot_pairs", "tile_intrinsic"]
 
 LANES = target.ISA.lanes
 """float32 lanes of one vector (one register of the target: ``target.ISA``)."""
@@ -77,7 +79,8 @@ _PAIRS = ir.VectorType(ir.IntType(16), 2 * LANES)
 _I32 = ir.VectorType(ir.IntType(32), LANES)
 
 HAS_BF16_DOT = fp16.target_has("avx512bf16") and LANES == 16
-"""Whether the target CPU has AVX512-BF16's ``vdpbf16ps`` (then bfloat16 matmuls use it)."""
+"""Whether the target CPU has AVX512-BF16's ``vdpbf16ps`` (then the rules' bfloat16 matmuls use
+it; the tuner measures them against ``packed_gemm``'s float32 FMAs)."""
 
 X86_INTRINSICS = {"llvm.x86.avx512bf16.dpbf16ps.512": "avx512bf16"}
 """Every x86 intrinsic this module emits -> the target feature it needs (``target.has``)."""
@@ -420,3 +423,101 @@ def fma32(typingctx, x, y, z):
         return builder.call(fma, args)
 
     return types.float32(x, y, z), codegen
+
+
+def _data(context, builder, aryty, ary):
+    """``(data pointer, shape values, stride values)`` of an array argument (strides in bytes)."""
+    a = context.make_array(aryty)(context, builder, ary)
+    return (a.data, cgutils.unpack_tuple(builder, a.shape),
+            cgutils.unpack_tuple(builder, a.strides))
+
+
+def tile_intrinsic(rows: int, vectors: int):
+    """An intrinsic ``vtile(ap, bp, tile)``: the register tile of a packed GEMM (BLIS's
+    micro-kernel, both operands packed), ``rows`` x ``vectors`` vectors of float32 accumulators
+    held in registers while ``p`` runs over ``ap.shape[0]`` steps: ``ap`` float32 ``[steps,
+    rows]`` (a column of ``A`` per step), ``bp`` float32 ``[steps, vectors * LANES]`` (a row of
+    ``B`` per step); per step each of ``ap``'s ``rows`` values is broadcast into ``vectors``
+    ``llvm.fma`` (one rounding each, in order of ``p``: the bits of :func:`vfma`'s tiles).
+    Generated per shape (``target.ISA.packed``), where a Numba loop would need one source per
+    shape.
+
+    ``tile`` (float32 ``[rows, vectors * LANES]``) holds the accumulators: loaded before the
+    loop, stored after it (so a caller splitting ``p`` into blocks continues the same chain of
+    roundings). Each row of the three must be contiguous (their last axis of unit stride, checked
+    by the caller: a packed buffer); rows may be any stride apart. Shapes are not checked: the
+    caller keeps ``ap`` ``rows`` wide and ``bp`` and ``tile`` as wide as the tile.
+
+    No ``vdpbf16ps`` variant: on one core of an Intel Xeon (Sapphire Rapids) the instruction
+    issues one every two cycles (106 GFLOP/s with 4 to 24 independent accumulators, where
+    ``vfmadd231ps`` reaches 214), and this tile on pairs ran at 98-103 GFLOP/s in L1 against
+    155-177 on widened float32 (``benchmarks/README.md``, issue 23)."""
+
+    @intrinsic
+    def vtile(typingctx, ap, bp, tile):
+        for name, arr in (("ap", ap), ("bp", bp), ("tile", tile)):
+            if not (isinstance(arr, types.Array) and arr.ndim == 2
+                    and arr.dtype == types.float32):
+                raise TypeError(f"vtile: {name} must be a 2-D float32 array, got {arr}")
+
+        def codegen(context, builder, sig, args):
+            (pa, (steps, _), (sa, _)), (pb, _, (sb, _)), (pt, _, (st, _)) = (
+                _data(context, builder, t, v) for t, v in zip(sig.args, args))
+            i64 = ir.IntType(64)
+            i8p = ir.IntType(8).as_pointer()
+            pa, pb, pt = (builder.bitcast(x, i8p) for x in (pa, pb, pt))
+
+            def at(base, offset, ty):       # a ``ty`` at ``offset`` bytes past ``base``
+                return builder.bitcast(builder.gep(base, [offset]), ty.as_pointer())
+
+            def const(v):
+                return ir.Constant(i64, v)
+
+            def tile_at(t):                 # accumulator t: tile[t // vectors, vector t % vectors]
+                r, v = divmod(t, vectors)
+                return at(pt, builder.add(builder.mul(st, const(r)), const(4 * LANES * v)), _VEC)
+
+            fma = cgutils.get_or_insert_function(
+                builder.module, ir.FunctionType(_VEC, [_VEC] * 3), f"llvm.fma.v{LANES}f32")
+            n = rows * vectors
+            init = [builder.load(tile_at(t), align=4) for t in range(n)]
+            entry = builder.block
+            loop = builder.append_basic_block("vtile.loop")
+            done = builder.append_basic_block("vtile.done")
+            builder.cbranch(builder.icmp_signed(">", steps, const(0)), loop, done)
+            builder.position_at_end(loop)
+            p = builder.phi(i64)
+            accs = [builder.phi(_VEC) for _ in range(n)]
+            p.add_incoming(const(0), entry)
+            for acc, v in zip(accs, init):
+                acc.add_incoming(v, entry)
+            brow, arow = builder.mul(p, sb), builder.mul(p, sa)
+            bv = [builder.load(at(pb, builder.add(brow, const(4 * LANES * v)), _VEC), align=4)
+                  for v in range(vectors)]
+            lane0 = ir.Constant(_I32, [0] * LANES)
+            undef = ir.Constant(_VEC, ir.Undefined)
+            new = []
+            for r in range(rows):
+                x = builder.load(at(pa, builder.add(arow, const(4 * r)), ir.FloatType()),
+                                 align=4)
+                x = builder.shuffle_vector(builder.insert_element(
+                    undef, x, ir.Constant(ir.IntType(32), 0)), undef, lane0)
+                new += [builder.call(fma, [x, bv[v], accs[r * vectors + v]])
+                        for v in range(vectors)]
+            nxt = builder.add(p, const(1))
+            p.add_incoming(nxt, loop)
+            for acc, v in zip(accs, new):
+                acc.add_incoming(v, loop)
+            builder.cbranch(builder.icmp_signed("<", nxt, steps), loop, done)
+            builder.position_at_end(done)
+            outs = [builder.phi(_VEC) for _ in range(n)]
+            for t, out in enumerate(outs):
+                out.add_incoming(init[t], entry)
+                out.add_incoming(new[t], loop)
+            for t, out in enumerate(outs):
+                builder.store(out, tile_at(t), align=4)
+            return context.get_dummy_value()
+
+        return types.none(ap, bp, tile), codegen
+
+    return vtile

@@ -47,7 +47,9 @@ class Isa:
     """One ISA's vector unit and matmul register tile.
 
     ``lanes``: float32 lanes of one vector; ``registers``: vector registers; ``rows`` x
-    ``vectors``: the register tile of out (``rows`` rows by ``vectors * lanes`` columns)."""
+    ``vectors``: the register tile of out (``rows`` rows by ``vectors * lanes`` columns) of
+    ``matmul.outer_block_kernel``; ``packed``: ``(rows, vectors)`` of ``packed_gemm``'s tile,
+    which broadcasts ``a`` from a packed panel (BLIS's micro-kernel)."""
 
     name: str
     lanes: int
@@ -55,6 +57,7 @@ class Isa:
     rows: int
     vectors: int
     source: str
+    packed: tuple = (6, 2)
 
     @property
     def columns(self) -> int:
@@ -68,7 +71,7 @@ class Isa:
 
 TILES = {
     "avx512": Isa("avx512", 16, 32, 4, 4, "4 x 64 (16 zmm accumulators), measured on Zen 4; "
-                  "BLIS skx sgemm 32 x 12 uses 24"),
+                  "BLIS skx sgemm 32 x 12 uses 24; packed 12 x 32 (24)", (12, 2)),
     "avx2": Isa("avx2", 8, 16, 6, 2, "6 x 16 (12 ymm accumulators), BLIS haswell sgemm 6 x 16"),
     "neon": Isa("neon", 4, 32, 6, 2, "6 x 8 (12 q-register accumulators), XNNPACK aarch64 "
                 "neonfma 6 x 8"),
@@ -150,5 +153,6 @@ def describe() -> str:
     given = "NUMBA_CPU_NAME" if numba.config.CPU_NAME else "host"
     found = [f for f in PROBED if has(f)]
     return (f"{name} ({given}; {triple}, {platform.machine()}): {ISA.name}, {ISA.lanes} float32 "
-            f"lanes, {ISA.registers} registers, matmul tile {ISA.rows} x {ISA.columns}; "
+            f"lanes, {ISA.registers} registers, matmul tile {ISA.rows} x {ISA.columns}, packed "
+            f"{ISA.packed[0]} x {ISA.packed[1] * ISA.lanes}; "
             f"features {', '.join(found) or 'none probed'}")

@@ -79,11 +79,13 @@ PREFERRED = "blas"
 ENV = "MINIFLOW_MATMUL"
 """The override: ``auto`` (measure; the default), ``numba`` (the built-in rules: every choice's
 first candidate, or the one named ``numba``), ``blas`` (the one named ``blas``, else the first:
-a convolution's GEMMs are BLAS in every candidate) or ``mkl`` (oneMKL's half-type GEMM where it
-is offered, ``matmul.mkl_steps``, else the first)."""
-MODES = ("auto", "numba", "blas", "mkl")
-FORMAT = "miniflow-tuning-2"
-"""The file's ``format`` field; a file with another is ignored (and replaced)."""
+a convolution's GEMMs are BLAS in every candidate), ``packed`` (the packed GEMM,
+``matmul.packed_steps``, where it takes the product, else the first) or ``mkl`` (oneMKL's
+half-type GEMM where it is offered, ``matmul.mkl_steps``, else the first)."""
+MODES = ("auto", "numba", "blas", "packed", "mkl")
+FORMAT = "miniflow-tuning-3"
+"""The file's ``format`` field; a file with another is ignored (and replaced). 3: matmul's
+``packed`` candidate (issue 23): the classes cached before it were never measured against it."""
 MAX_CHOICES = 512
 """Classes a file keeps (a model has a few dozen; about 100 bytes each)."""
 BUDGET_S = 2.0
@@ -112,7 +114,8 @@ def mode() -> str:
         raise ValueError(f"miniflow: {ENV}={raw!r} is not one of {', '.join(MODES)}: auto "
                          f"measures which kernel is faster on this machine (the default), numba "
                          f"uses the Numba kernels where the built-in rules do, blas calls BLAS, "
-                         f"mkl calls oneMKL for the half-type products (the amx extra)")
+                         f"packed the packed Numba GEMM, mkl calls oneMKL for the half-type "
+                         f"products (the amx extra)")
     return value
 
 
