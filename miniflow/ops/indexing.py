@@ -367,6 +367,7 @@ def _tril_samples():
         return [([rand(2, 4, 4, dtype=dt, r=r)], {"fill_value": -np.inf}),
                 ([rand(3, 5, dtype=dt, r=r)], {"diagonal": 1}),
                 ([rand(5, 3, dtype=dt, r=r)], {"diagonal": -2, "fill_value": 7.0}),
+                ([rand(2, 3, 4, dtype=dt, r=r)], {"diagonal": -3, "fill_value": 2.0}),
                 ([rand(0, 3, dtype=dt, r=r)], {})]
     return float_samples(make)
 

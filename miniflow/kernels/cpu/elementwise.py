@@ -86,9 +86,13 @@ def zip_strided_kernel(fn, parallel: bool, x_inner: bool, y_inner: bool):
     ``shape`` (int64, ndim >= 1, no zeros) is out's collapsed shape, ``xst``/``yst`` element strides
     (0 = broadcast); x, y, out are 1-D views. Rows (all dims but the last) run in the outer loop.
     ``x_inner`` / ``y_inner``: whether x / y advance along the last dim (stride 1) or repeat one
-    element (stride 0); as compile-time constants they let the inner loop vectorize.
+    element (stride 0); as compile-time constants they let the inner loop vectorize. They index
+    as ``j * step``, step 1 or 0 (``j if x_inner else 0`` kept the half types' loop scalar:
+    ``bias_add`` of 1024 x 512 on one core, bfloat16 0.70 -> 0.10 ms, float16 0.17 -> 0.04,
+    float32 0.20 -> 0.15).
     """
     fn, loop = jitable(fn), loop_for(parallel)
+    x_step, y_step = int(x_inner), int(y_inner)
 
     @jit(parallel)
     def kernel(x, y, out, shape, xst, yst):
@@ -98,7 +102,7 @@ def zip_strided_kernel(fn, parallel: bool, x_inner: bool, y_inner: bool):
             xr, yr = x[_offset(row, shape, xst):], y[_offset(row, shape, yst):]
             outr = out[row * inner:]
             for j in range(inner):
-                v = fn(load(xr, j if x_inner else 0), load(yr, j if y_inner else 0))
+                v = fn(load(xr, j * x_step), load(yr, j * y_step))
                 store(outr, j, to_compute(out, v))
 
     return kernel
