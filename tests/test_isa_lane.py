@@ -32,7 +32,11 @@ import isa_cases
 
 ROOT = Path(__file__).resolve().parent.parent
 CPUS = ("haswell", "generic")
-SELECTION = ["tests/test_simd.py", "tests/test_packed_gemm.py",
+SELECTION = ["tests/test_simd.py",
+             *(f"tests/test_packed_gemm.py::test_{name}" for name in (    # the per-ISA tile's
+                 "the_bits_are_the_register_tiles", "it_counts_what_is_not_finite_once_rounded",
+                 "the_product_is_within_the_float32_bound_of_the_exact_product",
+                 "subnormal_bfloat16_operands_are_kept")),
              "tests/test_kernels_cpu.py::test_matmul",
              "tests/test_kernels_cpu.py::test_cast_bit_exact", "tests/test_fp16.py",
              "tests/test_bf16.py", "tests/test_conv.py::test_kernels_match_the_reference",

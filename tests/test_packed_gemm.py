@@ -39,7 +39,8 @@ def _operands(m, k, n, dt, ta, tb, seed=0):
 def _product(a, b, out_dt, parallel=False, counted=False):
     out = np.full((a.shape[0], b.shape[1]), np.nan, out_dt)
     count = np.full(1, -1, np.int64)
-    packed_kernel(parallel, counted)(kview(a), kview(b), kview(out), count)
+    a, b, bits = kview(a), kview(b), kview(out)
+    packed_kernel(parallel, a.dtype, b.dtype, bits.dtype)(a, b, bits, count, counted)
     return out, count[0]
 
 
@@ -56,7 +57,7 @@ def _bound(a64, b64, out_dt):
 @pytest.mark.parametrize("dt", TYPES)
 @pytest.mark.parametrize("ta,tb", [(False, False), (True, False), (False, True), (True, True)])
 @pytest.mark.parametrize("shape", SHAPES)
-def test_the_product_is_within_the_float32_bound_of_float64(shape, ta, tb, dt):
+def test_the_product_is_within_the_float32_bound_of_the_exact_product(shape, ta, tb, dt):
     a, b, a64, b64 = _operands(*shape, dt, ta, tb)
     for out_dt in {np.float32, dt}:
         out, _ = _product(a, b, out_dt)
@@ -71,12 +72,13 @@ def test_the_product_is_within_the_float32_bound_of_float64(shape, ta, tb, dt):
 def test_the_bits_are_the_register_tiles(shape, ta, dt):
     """Each element is the register tile's chain of fused multiply-adds in order of ``p``
     (``outer_block_kernel``'s ``"rows"`` layout, its scalar columns ``fma32``), whatever the
-    blocks: the same bits, in out's type."""
+    blocks and however ``a`` is stored: the same bits, in out's type (``outer_block_kernel``
+    reads a contiguous copy of ``a``: one specialization of it per type)."""
     a, b, _, _ = _operands(*shape, dt, ta, False, seed=3)
     out, _ = _product(a, b, dt)
     want = np.full(out.shape, np.nan, dt)
-    cpu_matmul.outer_block_kernel(False, False, "rows")(kview(a), kview(b), kview(want),
-                                                        np.zeros(1, np.int64))
+    cpu_matmul.outer_block_kernel(False, False, "rows")(
+        kview(np.ascontiguousarray(a)), kview(b), kview(want), np.zeros(1, np.int64))
     np.testing.assert_array_equal(kview(out), kview(want))
 
 
@@ -88,14 +90,17 @@ def test_serial_parallel_and_repeated_runs_give_the_same_bits():
         np.testing.assert_array_equal(kview(again), kview(first))
 
 
-@pytest.mark.parametrize("parallel", [False, True])
 @pytest.mark.parametrize("dt", TYPES)
-def test_it_counts_what_is_not_finite_once_rounded(dt, parallel):
+def test_it_counts_what_is_not_finite_once_rounded(dt):
+    """Serial into float32 and into ``dt``; the parallel variant (the count summed over the
+    threads' panels, the same ``_put`` for every kind) into bfloat16, the variant the test above
+    compiles."""
     a, b, _, _ = _operands(MR + 3, 9, NR + 21, dt, False, False, 5)
     a[0, 0], a[5, 2] = np.inf, np.nan
     big = {np.dtype(np.float16): 300.0}.get(np.dtype(dt), 3e38)     # 9 products of big * big
     a[7, :], b[:, -1] = big, big
-    for out_dt in {np.float32, dt}:
+    runs = [(out_dt, False) for out_dt in {np.float32, dt}]
+    for out_dt, parallel in runs + [(dt, True)] * (dt is ml_dtypes.bfloat16):
         out, count = _product(a, b, out_dt, parallel, counted=True)
         assert count == np.count_nonzero(~np.isfinite(out.astype(np.float32))) > 3, count
 

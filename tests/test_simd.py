@@ -257,8 +257,9 @@ def _kernels_ir() -> list:
                               0, np.zeros((LANES, LANES), np.float32), 0, 0)
             + _unoptimized_ir(tile, a, b, np.zeros((7, b.shape[1]), np.float32),
                               np.zeros(1, np.int64))
-            + _unoptimized_ir(packed_kernel(False, True).py_func, a, b,
-                              np.zeros((7, b.shape[1]), np.int16), np.zeros(1, np.int64)))
+            + _unoptimized_ir(packed_kernel(False, *[np.dtype(np.int16)] * 3).py_func,
+                              a.astype(np.int16), b.astype(np.int16),
+                              np.zeros((7, b.shape[1]), np.int16), np.zeros(1, np.int64), True))
 
 
 def test_no_x86_intrinsic_without_its_feature_gate(monkeypatch):

@@ -804,8 +804,9 @@ def packed_steps(node, ins, outs):
         return None
     counted = len(outs) > 1
     count = outs[1].reshape(-1) if counted else np.zeros(1, np.int64)
-    kernel = packed_kernel(use_parallel(out.size), counted)
-    return [(kernel, (bits_a.T if ta else bits_a, bits_b.T if tb else bits_b, bits_out, count))]
+    kernel = packed_kernel(use_parallel(out.size), bits_a.dtype, bits_b.dtype, bits_out.dtype)
+    return [(kernel, (bits_a.T if ta else bits_a, bits_b.T if tb else bits_b, bits_out, count,
+                      counted))]
 
 
 def mkl_steps(node, ins, outs):

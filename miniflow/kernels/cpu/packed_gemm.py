@@ -129,15 +129,27 @@ def _put(out, i0, j0, tile, counted):
 
 
 @functools.cache
-def packed_kernel(parallel: bool, counted: bool):
-    """``kernel(a, b, out, count)``: ``out = a @ b`` by the packed GEMM (module docstring); with
-    ``counted``, ``count[0]`` = the number of non-finite elements of out. ``a`` ``[m, k]``, ``b``
-    ``[k, n]`` (any strides), out ``[m, n]`` with rows of unit stride; float32 or half bits."""
+def packed_kernel(parallel: bool, a_bits: np.dtype, b_bits: np.dtype, out_bits: np.dtype):
+    """``kernel(a, b, out, count, counted)``: ``out = a @ b`` by the packed GEMM (module
+    docstring) for operands of these kinds (``common.kview``'s: float32, bfloat16 bits ``int16``,
+    float16 bits ``uint16``); with ``counted``, ``count[0]`` = the number of non-finite elements
+    of out (else ``count`` is not written). ``a`` ``[m, k]``, ``b`` ``[k, n]`` of any strides, out
+    ``[m, n]`` with rows of unit stride, count int64 ``[1]``; ``parallel``: the panels split
+    between Numba's threads (the same bits as serial).
+
+    Compiled once per variant and kinds, when asked for: arrays typed ``"A"`` (``.T`` views and
+    contiguous arrays take the same code), ``counted`` a run-time flag (a branch per vector
+    stored); it compiles nothing more (other kinds raise ``TypeError``: no matching definition).
+
+    Raises:
+        TypeError: a kind the vectors do not load (float64; float16 off ``fp16``'s
+            ``"intrinsic"`` path).
+    """
     loop = loop_for(parallel)
     slots = numba.config.NUMBA_NUM_THREADS if parallel else 1
 
     @jit(parallel)
-    def kernel(a, b, out, count):
+    def kernel(a, b, out, count, counted):
         m, k = a.shape
         n = out.shape[1]
         if counted:
@@ -165,4 +177,10 @@ def packed_kernel(parallel: bool, counted: bool):
         if counted:
             count[0] = bad
 
+    def operand(bits, writable=False):
+        return numba.types.Array(numba.from_dtype(np.dtype(bits)), 2, "A", readonly=not writable)
+
+    kernel.compile((operand(a_bits), operand(b_bits), operand(out_bits, True),
+                    numba.types.Array(numba.types.int64, 1, "A"), numba.types.boolean))
+    kernel.disable_compile()
     return kernel
