@@ -7,7 +7,6 @@ The lane runs as :data:`SHARDS` processes, one test each (``tests/cuda/conftest.
 says ``"index/SHARDS"``): under pytest-xdist they overlap with the rest of the suite and with each
 other instead of keeping one worker busy for the whole lane. Together they run every case once.
 """
-import os
 import subprocess
 import sys
 import time
@@ -15,6 +14,8 @@ from pathlib import Path
 
 import pytest
 from numba import config
+
+from mpi_harness import child_env
 
 ROOT = Path(__file__).resolve().parent.parent
 SHARDS = 4
@@ -29,10 +30,11 @@ since bfloat16) took 525 s in one process on 2 cores at load 11-15."""
 @pytest.mark.skipif(config.ENABLE_CUDASIM, reason="already under the simulator: run tests/cuda")
 @pytest.mark.parametrize("shard", range(SHARDS), ids=lambda i: f"shard{i}of{SHARDS}")
 def test_cuda_simulator_lane(shard, record_property):
-    env = {k: v for k, v in os.environ.items() if k != "MINIFLOW_BACKEND"}
+    # One thread per pool (``child_env``): the shards' CPU oracles share 2 cores with the other
+    # test process, and no thread count changes a result (see tests/test_isa_lane.py's _env).
+    env = {k: v for k, v in child_env().items() if k != "MINIFLOW_BACKEND"}
     env["NUMBA_ENABLE_CUDASIM"] = "1"
     env["MINIFLOW_CUDA_LANE_SHARD"] = f"{shard}/{SHARDS}"
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH")) if p)
     t0 = time.perf_counter()
     r = subprocess.run([sys.executable, "-m", "pytest", "tests/cuda", "-q", "-p",
                         "no:cacheprovider"], cwd=ROOT, env=env, capture_output=True, text=True,
