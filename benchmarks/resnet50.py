@@ -55,8 +55,7 @@ def data(batch: int, size: int, seed: int = 0):
 
 def miniflow_step(dtype: str, state: dict):
     """``(step, initial weights)``: one miniflow training step as a callable ``step(x, y) ->
-    loss`` (``step.model`` is the model, ``step.graph`` its graph; under ``mpiexec`` the graph
-    is data parallel)."""
+    loss`` (``step.model`` is the model; under ``mpiexec`` its graph is data parallel)."""
     import miniflow as mf
     from miniflow.experiments.mlp import TrainGraph
     from miniflow.models import resnet50
@@ -73,7 +72,7 @@ def miniflow_step(dtype: str, state: dict):
     def step(x, y):
         return float(graph(x, y))
 
-    step.model, step.graph = model, graph
+    step.model = model
     return step, model.state_dict()
 
 

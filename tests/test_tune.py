@@ -16,8 +16,7 @@ import pytest
 from miniflow import distributed
 from miniflow.dtype import bfloat16, float16, float32, float64, int64
 from miniflow.ir import Node, Value
-from miniflow.kernels.cpu import (builder_for, common as cpu_common, matmul as cpu_matmul,
-                                  mkl_gemm, tune)
+from miniflow.kernels.cpu import builder_for, matmul as cpu_matmul, mkl_gemm, tune
 from miniflow.ops import get_op
 from mpi_harness import rank_results, requires_mpi, run_mpi
 
@@ -37,10 +36,8 @@ class FakeTimer:
 def _tuner(tmp_path, monkeypatch, timer, path=None) -> tune.Tuner:
     """A tuner on a file in ``tmp_path``, choosing between the rules, BLAS and oneMKL (where
     offered; the one-thread BLAS candidate, which applies only where BLAS has more threads, has
-    its own test), BLAS on its own threads (with more than one Numba thread, products split
-    over Numba's pool are ``np.dot``'s product under another name: ``test_split_gemm``)."""
+    its own test)."""
     monkeypatch.setenv("MINIFLOW_MATMUL", "auto")
-    monkeypatch.setattr(cpu_common, "blas_gemm", lambda: None)
     monkeypatch.setattr(cpu_matmul, "CANDIDATES", {"numba": cpu_matmul.numba_steps,
                                                    "blas": cpu_matmul.blas_steps,
                                                    "mkl": cpu_matmul.mkl_steps})
@@ -260,8 +257,7 @@ def test_every_candidate_agrees_with_the_float64_oracle(monkeypatch, m, k, n, ta
         np.testing.assert_allclose(out.astype(np.float64), ref, rtol=tol, atol=tol)
 
 
-def test_the_blas_candidate_calls_blas_alone(monkeypatch):
-    monkeypatch.setattr(cpu_common, "blas_gemm", lambda: None)     # np.dot by its own name
+def test_the_blas_candidate_calls_blas_alone():
     node = Node(get_op("matmul"), [Value("a", (16, 300), float16), Value("b", (1000, 300), float16)],
                 [Value("o", (16, 1000), float16)], {"transpose_b": True})
     ins = [np.zeros((16, 300), np.float16), np.zeros((1000, 300), np.float16)]

@@ -15,8 +15,7 @@ max / argmax), ``dropout`` (counter-based masks); CPU only: ``target`` (the CPU 
 for: its features, vector width and matmul register tile), ``fp16`` (float16 and bfloat16
 conversions), ``simd`` (the target's float32 vectors for the matmul micro-kernel), ``tune``
 (kernel choices measured on this machine, cached on disk), ``special`` (float32 erf and exp without
-libm calls, for the scalar functions' helpers), ``split_gemm`` (BLAS products split over Numba's
-thread pool, so that a plan runs on one pool). Builders shared with the CUDA backend
+libm calls, for the scalar functions' helpers). Builders shared with the CUDA backend
 come from ``kernels.common``.
 
 Precision: f16 and f32 compute in float32, f64 in float64; sums accumulate in that type; matmul on

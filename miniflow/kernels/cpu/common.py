@@ -15,13 +15,9 @@ call, and take each other's cores (the 64-1024-1024-10 MLP's training step at ba
 with both pools on 2 threads, 4.5 ms with both on one, 3.2 ms with a 2-thread BLAS and serial
 Numba kernels). The matmuls are most of the work, so BLAS keeps the threads; a sleeping pool
 (``OMP_WAIT_POLICY=passive``, Numba's workqueue layer) costs 75-130 us per launch instead.
-Hence one pool: where NumPy's BLAS is OpenBLAS, a plan with more than one Numba thread runs its
-BLAS products on Numba's pool too, as single-threaded calls split over it (``split_gemm``), and
-its Numba kernels run parallel; elsewhere BLAS keeps the threads and the kernels run serial.
 """
 from __future__ import annotations
 
-import ctypes
 import functools
 import os
 
@@ -32,8 +28,7 @@ from numba.extending import register_jitable
 from . import fp16
 from ...dtype import bfloat16
 
-__all__ = ["PARALLEL_MIN_SIZE", "jit", "loop_for", "use_parallel", "blas_gemm", "one_pool",
-           "blas_libraries", "numpy_blas",
+__all__ = ["PARALLEL_MIN_SIZE", "jit", "loop_for", "use_parallel", "blas_libraries", "numpy_blas",
            "flat",
            "kview", "jitable", "scratch"]
 
@@ -55,46 +50,10 @@ def loop_for(parallel: bool):
 
 def use_parallel(size: int) -> bool:
     """Whether a kernel over ``size`` elements runs its parallel variant: at least
-    ``PARALLEL_MIN_SIZE`` elements, more than one Numba thread, and BLAS on one thread or the
-    plan's BLAS products split over Numba's pool (:func:`one_pool`; see the module docstring;
-    decided when the plan is built)."""
+    ``PARALLEL_MIN_SIZE`` elements, more than one Numba thread and BLAS on one thread (see the
+    module docstring; decided when the plan is built)."""
     return (size >= PARALLEL_MIN_SIZE and numba.get_num_threads() > 1
-            and (one_pool() or all(lib.num_threads == 1 for lib in numpy_blas())))
-
-
-_CBLAS_NAMES = ("scipy_cblas_{}gemm64_", "cblas_{}gemm64_", "cblas_{}gemm")
-"""Symbol patterns of ``cblas_?gemm`` in OpenBLAS builds: NumPy's wheels (ILP64, prefixed), other
-ILP64 builds, LP64 builds."""
-
-
-@functools.cache
-def blas_gemm():
-    """``(cblas_sgemm address, cblas_dgemm address, ILP64)`` of NumPy's BLAS where it is one
-    OpenBLAS library exporting them under one of :data:`_CBLAS_NAMES`, else None (another BLAS:
-    MKL, Accelerate). ``split_gemm`` calls them."""
-    libs = numpy_blas()
-    if len(libs) != 1 or libs[0].internal_api != "openblas":
-        return None
-    try:
-        lib = ctypes.CDLL(libs[0].filepath)
-    except OSError:
-        return None
-    for pattern in _CBLAS_NAMES:
-        try:
-            fns = [getattr(lib, pattern.format(t)) for t in "sd"]
-        except AttributeError:
-            continue
-        return (ctypes.cast(fns[0], ctypes.c_void_p).value,
-                ctypes.cast(fns[1], ctypes.c_void_p).value, "64_" in pattern)
-    return None
-
-
-def one_pool() -> bool:
-    """Whether a plan built now runs on Numba's pool alone: Numba has more than one thread and
-    :func:`blas_gemm` found NumPy's OpenBLAS; its BLAS products are then split over that pool
-    (``split_gemm.gemm_step``) or run on one BLAS thread, and its Numba kernels run their
-    parallel variants (:func:`use_parallel`)."""
-    return numba.get_num_threads() > 1 and blas_gemm() is not None
+            and all(lib.num_threads == 1 for lib in numpy_blas()))
 
 
 @functools.cache

@@ -1,8 +1,7 @@
 """Convolutions on the CPU: ``conv2d``, ``conv_data_grad``, ``conv_filter_grad``,
 ``conv_bias_grad`` (their builders: ``kernels.common.conv``; these are the step makers).
 
-Convolutions are GEMMs (NumPy's BLAS, ``np.dot`` into preallocated ``out=`` buffers, split over
-Numba's pool where the plan runs on it: ``matmul._pool_step``) over an
+Convolutions are GEMMs (NumPy's BLAS, ``np.dot`` into preallocated ``out=`` buffers) over an
 im2col matrix built by a Numba kernel (Caffe's scheme, in the layout that needs no transposed
 copy for NCHW):
 
@@ -600,12 +599,12 @@ def _data_grad_steps(dy, w, dx, g, winograd: bool):
     dxv = kview(dx).reshape(g.n, g.c, g.h * g.w)
     if cv.batched:       # one col2im over the whole batch
         acc = cv.scratch(g.n, g.c, g.h, g.w) if narrow else dx
-        kernel = col2im_kernel(narrow, use_parallel(dcols.size))     # its work: dcols
+        kernel = col2im_kernel(narrow, use_parallel(dx.size))
         cv.steps.append((kernel, (dcols, acc, dxv, g.window())))
         return cv.steps
     acc = cv.scratch(1, g.c, g.h, g.w) if narrow else None
+    kernel = col2im_kernel(narrow, use_parallel(g.c * g.h * g.w))
     dcols = cv.scratch(g.groups * g.kg, cv.ohw)
-    kernel = col2im_kernel(narrow, use_parallel(dcols.size))
     for n in range(g.n):
         cv.gemms(wts, split(dy3[n], g.groups), split(dcols, g.groups))
         cv.steps.append((kernel, (dcols, acc if narrow else dx[n:n + 1], dxv[n:n + 1],

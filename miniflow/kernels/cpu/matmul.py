@@ -53,11 +53,7 @@ peak for every product of the MLPs):
   (:class:`OneThreadBlas`) when BLAS has more: a multithreaded BLAS pays only for large products,
   and under load its spinning threads made a 64x64x128 product take 70 us instead of 12 (a 62 us
   training step took 420 us). Below ``ONE_THREAD_FROM`` OpenBLAS uses one thread by itself, and
-  switching (about 3 us) would only cost. Where the plan runs on Numba's pool
-  (``common.one_pool``: more than one Numba thread, NumPy's BLAS OpenBLAS), every BLAS
-  product of a plan (``np.dot`` here and in the convolutions, ``np.matmul`` over stacks) is
-  instead split over that pool as single-threaded calls (``split_gemm.gemm_step``, the bits of
-  the unsplit call), or run on one BLAS thread where it is not split (:func:`_pool_step`).
+  switching (about 3 us) would only cost.
 
 The loops accumulate in the compute type (float32 for f16/f32) in a fixed order, so results are
 deterministic, but not the bits BLAS gives. Half types (float16, bfloat16): the product is float32,
@@ -76,10 +72,10 @@ import numba
 import numpy as np
 
 from ...dtype import bfloat16
-from . import fp16, mkl_gemm, split_gemm, tune
+from . import fp16, mkl_gemm, tune
 from .packed_gemm import packed_kernel
 from ..common.batch import batched
-from .common import jit, jitable, kview, loop_for, numpy_blas, one_pool, use_parallel
+from .common import jit, jitable, kview, loop_for, numpy_blas, use_parallel
 from .elementwise import cast_steps
 from .fp16 import load, store, to_compute
 from .loss_scale import cast_count_steps, sum_counts_kernel
@@ -597,27 +593,8 @@ class OneThreadBlas:
                 lib.set_num_threads(n)
 
 
-def _pool_step(fn, a, b, out):
-    """``fn(a, b, out)`` (``np.dot`` or ``np.matmul``) where the plan runs on Numba's pool
-    (``common.one_pool``): split over it (``split_gemm.gemm_step``), else on one BLAS thread
-    (BLAS's own threads would take the cores of Numba's spinning ones), else as it is; None where
-    the plan does not run on Numba's pool."""
-    if not one_pool():
-        return None
-    step = split_gemm.gemm_step(a, b, out, numba.get_num_threads())
-    if step is not None:
-        return step
-    multithreaded = [lib for lib in numpy_blas() if lib.num_threads > 1]
-    return (OneThreadBlas(fn, multithreaded) if multithreaded else fn), (a, b, out)
-
-
 def _blas_step(a, b, out):
-    """``np.dot(a, b, out)``: split over Numba's pool where the plan runs on it
-    (:func:`_pool_step`), else on one BLAS thread for a small product (see the module
-    docstring)."""
-    pooled = _pool_step(np.dot, a, b, out)
-    if pooled is not None:
-        return pooled
+    """``np.dot(a, b, out)``, on one BLAS thread for a small product (see the module docstring)."""
     (m, k), n = a.shape, b.shape[1]
     multithreaded = [lib for lib in numpy_blas() if lib.num_threads > 1]
     if ONE_THREAD_FROM <= m * k * n < ONE_THREAD_BELOW and multithreaded:
@@ -764,29 +741,28 @@ def _into_out(target, outs) -> list:
     return cast_steps(target, outs[0]) if target is not outs[0] else []
 
 
-def blas_steps(node, ins, outs, product=None):
+def blas_steps(node, ins, outs):
     """:func:`build_matmul`'s steps through BLAS alone: half operands widened into float32
-    scratch, one ``np.dot`` (:func:`_blas_step`, or ``product(a, b, out)``'s step), the product
-    rounded into a half out (and counted) by one pass."""
+    scratch, one ``np.dot`` (:func:`_blas_step`), the product rounded into a half out (and
+    counted) by one pass."""
     a, b, out = ins[0], ins[1], outs[0]
     ta, tb = node.attrs.get("transpose_a", False), node.attrs.get("transpose_b", False)
     steps = []
     target = _target(out, len(outs) > 1)
     a, b = _widened(a, steps), _widened(b, steps)
-    steps.append((product or _blas_step)(a.T if ta else a, b.T if tb else b, target))
+    steps.append(_blas_step(a.T if ta else a, b.T if tb else b, target))
     return steps + _into_out(target, outs)
 
 
 def blas_one_thread_steps(node, ins, outs):
-    """:func:`blas_steps` with ``np.dot`` on one BLAS thread (:class:`OneThreadBlas`), neither
-    threaded nor split over Numba's pool, or None where NumPy's BLAS has one thread anyway: on a
-    machine whose other cores are busy, a threaded BLAS waits for threads that are not
-    scheduled, and the tuner measures whether it does."""
+    """:func:`blas_steps` with BLAS on one thread (:class:`OneThreadBlas`) for the call, or None
+    where NumPy's BLAS has one thread anyway: on a machine whose other cores are busy, a threaded
+    BLAS waits for threads that are not scheduled, and the tuner measures whether it does."""
     multithreaded = [lib for lib in numpy_blas() if lib.num_threads > 1]
     if not multithreaded:
         return None
-    return blas_steps(node, ins, outs,
-                      lambda a, b, out: (OneThreadBlas(np.dot, multithreaded), (a, b, out)))
+    return [(OneThreadBlas(fn, multithreaded), args) if fn is np.dot else (fn, args)
+            for fn, args in blas_steps(node, ins, outs)]
 
 
 def packed_steps(node, ins, outs):
@@ -923,11 +899,9 @@ def _layout(x) -> str:
 
 
 def _gemm_blas(node, ins, outs):
-    """A GEMM candidate: ``np.dot`` (``np.matmul`` for stacks) at the threads in force (split
-    over Numba's pool where the plan runs on it: :func:`_pool_step`)."""
+    """A GEMM candidate: ``np.dot`` (``np.matmul`` for stacks) at the threads in force."""
     a, b, out = ins[0], ins[1], outs[0]
-    fn = np.dot if a.ndim == 2 else np.matmul
-    return [_pool_step(fn, a, b, out) or (fn, (a, b, out))]
+    return [(np.dot if a.ndim == 2 else np.matmul, (a, b, out))]
 
 
 def _gemm_blas_one_thread(node, ins, outs):
@@ -935,8 +909,8 @@ def _gemm_blas_one_thread(node, ins, outs):
     multithreaded = [lib for lib in numpy_blas() if lib.num_threads > 1]
     if not multithreaded:
         return None
-    a, b, out = ins[0], ins[1], outs[0]
-    return [(OneThreadBlas(np.dot if a.ndim == 2 else np.matmul, multithreaded), (a, b, out))]
+    [(fn, args)] = _gemm_blas(node, ins, outs)
+    return [(OneThreadBlas(fn, multithreaded), args)]
 
 
 def _gemm_tile(node, ins, outs):
@@ -999,8 +973,7 @@ def build_batch_matmul(node, ins, outs):
     a, b = _widened(a, steps), _widened(b, steps)
     a = np.swapaxes(a, -1, -2) if node.attrs.get("transpose_a", False) else a
     b = np.swapaxes(b, -1, -2) if node.attrs.get("transpose_b", False) else b
-    return (steps + [_pool_step(np.matmul, a, b, target) or (np.matmul, (a, b, target))]
-            + _into_out(target, outs))
+    return steps + [(np.matmul, (a, b, target))] + _into_out(target, outs)
 
 
 BUILDERS = {"matmul": build_matmul, "batch_matmul": build_batch_matmul}
