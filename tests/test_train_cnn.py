@@ -7,7 +7,6 @@ import functools
 
 import numpy as np
 import pytest
-from threadpoolctl import threadpool_limits
 
 import miniflow as mf
 
@@ -35,32 +34,13 @@ def test_train_rejects_an_unknown_model(capsys):
         train_digits("vgg")
 
 
-def _train(model, amp=None):
-    """``train_digits(model)`` at its recipe and default seed, with NumPy's BLAS on one thread.
-
-    One thread whatever the machine and however pytest runs (one process, or ``-n auto`` beside
-    another worker): the run's kernels, and so its bits, no longer depend on the core count, and
-    no BLAS thread competes for the core the other xdist worker holds. At two OpenBLAS threads on
-    the busy 2-core machine one ResNet-18 training step (batch 64; most of it the Winograd
-    convolutions' stacked ``np.matmul``, 16 GEMMs a call) took 1.24-2.66 s of CPU, at one thread
-    0.27-0.29 s, and a whole run of the recipe 70-77 s (Intel Xeon, Sapphire Rapids class, 2 cores
-    at load 6-9). At one thread, seeds 0, 1, 2 (the test trains seed 0): float32 98.33%, 98.06%,
-    97.50%; float16 97.78%, 98.61%, 96.94%; bfloat16 98.33%, 98.61%, 98.06%. AMP loses at most
-    0.56 point (2 images) against float32 on every seed, where the McNemar allowance of
-    :func:`assert_amp_within_one_point` is 1.9-2.3 points; float32 clears 98% by one image at
-    seed 0 (at two threads: 99.44% on this CPU, 98.06% on Zen 4). Recipe, model and assertions
-    are the same as before."""
-    with threadpool_limits(1, user_api="blas"):
-        return train_digits(model, amp=amp, progress=False)
-
-
 @functools.lru_cache(maxsize=None)
 def _fp32(model):
-    return _train(model)
+    return train_digits(model, progress=False)
 
 
 def _fp32_and_amp(model, amp="fp16"):
-    return _fp32(model), _train(model, amp=amp)
+    return _fp32(model), train_digits(model, amp=amp, progress=False)
 
 
 def test_bf16_amp_trains_the_mlp_in_bfloat16_without_a_loss_scale(capsys):
@@ -77,13 +57,11 @@ def test_bf16_amp_trains_the_mlp_in_bfloat16_without_a_loss_scale(capsys):
 
 
 def _right(run) -> np.ndarray:
-    """Which test images the trained model of ``run`` classifies right (eval mode, float32; BLAS
-    on one thread, as :func:`_train` trained and evaluated it)."""
+    """Which test images the trained model of ``run`` classifies right (eval mode, float32)."""
     data = load_digits()
     model = run["model"]
     model.eval()
-    with threadpool_limits(1, user_api="blas"):
-        logits = EvalGraph(model)(data.x_test.reshape(-1, 1, 8, 8)).numpy()
+    logits = EvalGraph(model)(data.x_test.reshape(-1, 1, 8, 8)).numpy()
     return logits.argmax(axis=1) == data.y_test
 
 
