@@ -17,17 +17,16 @@ pytestmark = pytest.mark.skipif(not config.ENABLE_CUDASIM,
                                 reason="numba's CUDA simulator only (a GPU has no such race)")
 
 
-@pytest.fixture
-def interleaved(monkeypatch):
-    """Every launch's shared-array dict yields to the other simulated threads after each lookup;
-    returns the list of call sites stored, one entry per store."""
+def _patch_allocations(monkeypatch, after_lookup) -> list:
+    """Every launch's shared-array dict calls ``after_lookup()`` after each lookup (where another
+    simulated thread may run); returns the list of call sites stored, one entry per store."""
     from numba.cuda.simulator import kernelapi
     stores = []
 
-    class Yielding(dict):
+    class Patched(dict):
         def get(self, key, default=None):
             found = super().get(key, default)
-            time.sleep(1e-3)                    # another simulated thread runs here
+            after_lookup()
             return found
 
         def __setitem__(self, key, value):
@@ -36,12 +35,18 @@ def interleaved(monkeypatch):
 
     init = kernelapi.FakeCUDAShared.__init__
 
-    def yielding_init(self, *args):
+    def patched_init(self, *args):
         init(self, *args)
-        self._allocations = Yielding()
+        self._allocations = Patched()
 
-    monkeypatch.setattr(kernelapi.FakeCUDAShared, "__init__", yielding_init)
+    monkeypatch.setattr(kernelapi.FakeCUDAShared, "__init__", patched_init)
     return stores
+
+
+@pytest.fixture
+def interleaved(monkeypatch):
+    """Every lookup yields to the other simulated threads (1 ms); the list of stores."""
+    return _patch_allocations(monkeypatch, lambda: time.sleep(1e-3))
 
 
 @cuda.jit
@@ -66,26 +71,8 @@ def test_the_simulators_own_shared_array_races_when_threads_interleave(monkeypat
     per thread (so the test above can fail)."""
     from numba.cuda.simulator import kernelapi
     simulator.install()                         # (a no-op: importing miniflow's kernels did it)
-    stores = []
-    after_lookup = threading.Barrier(4, timeout=30)
-
-    class LookupsFirst(dict):
-        def get(self, key, default=None):
-            found = super().get(key, default)
-            after_lookup.wait()                 # every thread has looked up before any stores
-            return found
-
-        def __setitem__(self, key, value):
-            stores.append(key)
-            super().__setitem__(key, value)
-
-    init = kernelapi.FakeCUDAShared.__init__
-
-    def lookups_first_init(self, *args):
-        init(self, *args)
-        self._allocations = LookupsFirst()
-
-    monkeypatch.setattr(kernelapi.FakeCUDAShared, "__init__", lookups_first_init)
+    after_lookup = threading.Barrier(4, timeout=30)  # every thread looks up before any stores
+    stores = _patch_allocations(monkeypatch, after_lookup.wait)
     monkeypatch.setattr(kernelapi.FakeCUDAShared, "array", simulator._ORIGINAL[0])
     _block_sum[1, 4](np.zeros(4))
     assert len(stores) == 4, f"{len(stores)} arrays stored for one call site by 4 threads"
