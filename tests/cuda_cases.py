@@ -118,6 +118,11 @@ def extra_cases(cfg: LaunchConfig = SIMULATOR) -> list:
         cases.append(Case("multi_count_not_finite",
                           [big, _r(3, dt=dt), np.array([np.inf], dt), np.zeros(0, dt)], {},
                           "grid-stride"))
+    mixed = _r(n)                      # two dtype groups, each launched on the whole grid: every
+    mixed[[1, n - 2]] = [np.inf, np.nan]   # block writes its row of partial counts at n = 4 inputs
+    cases.append(Case("multi_count_not_finite",
+                      [mixed, _r(3, dt=np.float16), np.array([np.inf, 1, -np.inf], np.float16),
+                       _r(cfg.block + 5, dt=np.float16)], {}, "mixed-dtypes-grid-stride"))
     cases.append(Case("sgd_update", [_r(n), _r(n, seed=1), np.array([0.1]),
                                      np.zeros(1, np.int64)],
                       {"momentum": 0.0}, "no-momentum-grid-stride"))

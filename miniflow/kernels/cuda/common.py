@@ -214,11 +214,20 @@ def scratch(like, shape, dtype):
     """A scratch buffer allocated once at build time, in the same memory as ``like``.
 
     Device memory for device arrays; host memory when builders are run on host stand-ins (the
-    PTX test does that to list every kernel signature without a GPU).
+    PTX test does that to list every kernel signature without a GPU). Under the simulator the
+    buffer starts as NaN (floating types) or -1 (integers), not as the zeros that fresh host
+    memory usually holds: a kernel that reads an element it never wrote then gives a wrong
+    result in every run of the lane, as uninitialised device memory may on a GPU (the counting
+    kernel of ``multi_count_not_finite`` once wrote its partial counts at a wrong row length and
+    skipped a data-parallel step only when the memory happened to hold garbage).
     """
     if isinstance(like, np.ndarray):
         return np.empty(shape, dtype)
-    return cuda.device_array(shape, dtype)
+    buffer = cuda.device_array(shape, dtype)
+    if SIMULATOR:
+        buffer.copy_to_device(np.full(shape, np.nan if np.dtype(dtype).kind == "f" else -1,
+                                      dtype))
+    return buffer
 
 
 # ----------------------------------------------------------------------------- device helpers

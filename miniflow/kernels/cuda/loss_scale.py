@@ -38,9 +38,8 @@ def count_not_finite_kernel(ld, block: int):
     @jit
     def kernel(grads, index, partial, n):
         sm = cuda.shared.array(block, types.int64)
-        n = len(grads)
         start, stride = cuda.grid(1), cuda.gridsize(1)
-        for k in range(n):
+        for k in range(len(grads)):     # n: the gradients of every dtype (the row length)
             g = grads[k]
             c = 0
             for i in range(start, g.size, stride):
