@@ -297,7 +297,8 @@ class CudaBackend(Backend):
         return group_builder(op)
 
     def empty(self, shape, np_dtype):
-        return self._cuda.device_array(shape, np_dtype)
+        from ..kernels.cuda.common import device_empty
+        return device_empty(shape, np_dtype)
 
     def from_numpy(self, array):
         return self._cuda.to_device(np.asarray(array, order="C"))

@@ -52,8 +52,8 @@ from ...dtype import as_dtype, bfloat16
 from ...ops.elementwise import SCALAR_HELPERS, add
 
 __all__ = ["SIMULATOR", "jit", "device", "compute_type", "storage_type", "load_type", "types_of",
-           "short", "flat", "scratch", "math", "SimulatorMath", "nan_max", "block_sum",
-           "block_max", "strided_offset", "bf16_to_f32", "to_bf16", "round_float32",
+           "short", "flat", "device_empty", "scratch", "math", "SimulatorMath", "nan_max",
+           "block_sum", "block_max", "strided_offset", "bf16_to_f32", "to_bf16", "round_float32",
            "round_float64"]
 
 SIMULATOR = bool(numba_config.ENABLE_CUDASIM)
@@ -210,24 +210,30 @@ def flat(a):
     return out.view(np.uint16) if out.dtype == bfloat16.np else out
 
 
-def scratch(like, shape, dtype):
-    """A scratch buffer allocated once at build time, in the same memory as ``like``.
-
-    Device memory for device arrays; host memory when builders are run on host stand-ins (the
-    PTX test does that to list every kernel signature without a GPU). Under the simulator the
-    buffer starts as NaN (floating types) or -1 (integers), not as the zeros that fresh host
-    memory usually holds: a kernel that reads an element it never wrote then gives a wrong
-    result in every run of the lane, as uninitialised device memory may on a GPU (the counting
-    kernel of ``multi_count_not_finite`` once wrote its partial counts at a wrong row length and
-    skipped a data-parallel step only when the memory happened to hold garbage).
-    """
-    if isinstance(like, np.ndarray):
-        return np.empty(shape, dtype)
+def device_empty(shape, dtype):
+    """``cuda.device_array(shape, dtype)``: uninitialised device memory (a plan's buffers, the
+    builders' scratch). Under the simulator it starts as NaN (floating types) or -1 (integers),
+    not as the zeros that fresh host memory usually holds: a kernel that reads an element nobody
+    wrote then gives a wrong result in every run of the lane, as uninitialised device memory may
+    on a GPU. (The counting kernel of ``multi_count_not_finite`` once wrote its partial counts at
+    a wrong row length; the data-parallel run on the simulator skipped its steps only when the
+    memory happened to hold garbage.)"""
     buffer = cuda.device_array(shape, dtype)
     if SIMULATOR:
         buffer.copy_to_device(np.full(shape, np.nan if np.dtype(dtype).kind == "f" else -1,
                                       dtype))
     return buffer
+
+
+def scratch(like, shape, dtype):
+    """A scratch buffer allocated once at build time, in the same memory as ``like``.
+
+    Device memory for device arrays (:func:`device_empty`); host memory when builders are run
+    on host stand-ins (the PTX test does that to list every kernel signature without a GPU).
+    """
+    if isinstance(like, np.ndarray):
+        return np.empty(shape, dtype)
+    return device_empty(shape, dtype)
 
 
 # ----------------------------------------------------------------------------- device helpers
