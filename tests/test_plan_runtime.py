@@ -349,11 +349,15 @@ def test_compile_notice_only_when_kernels_compile(tmp_path):
 
 
 class _NoViewBackend(CpuBackend):
-    """The cpu backend without buffer views: every reshape copies (as before views)."""
+    """The cpu backend without buffer views: every reshape and transpose copies (as before
+    views)."""
 
     name = "cpu-no-views"
 
     def view(self, array, shape):
+        return None
+
+    def transpose_view(self, array, perm, nodes):
         return None
 
 
@@ -366,6 +370,17 @@ def _gpt_losses(steps=3):
     r = np.random.default_rng(0)
     x, y = (r.integers(0, 11, (3, 8)) for _ in range(2))
     return [float(g(x, y)) for _ in range(steps)], next(iter(g.plans.values()))
+
+
+def _copied_gpt_losses():
+    """:func:`_gpt_losses` on :class:`_NoViewBackend` (every reshape and transpose a copy)."""
+    BACKENDS[_NoViewBackend.name] = _NoViewBackend
+    try:
+        mf.set_backend(_NoViewBackend.name)
+        return _gpt_losses()
+    finally:
+        mf.set_backend("cpu")
+        del BACKENDS[_NoViewBackend.name]
 
 
 def test_reshapes_are_views_without_steps_and_train_bit_for_bit_as_copies():
@@ -382,12 +397,65 @@ def test_reshapes_are_views_without_steps_and_train_bit_for_bit_as_copies():
             assert i in plan._owners and not np.shares_memory(x, out)
         else:
             assert i not in plan._owners and np.shares_memory(x, out)
-    BACKENDS[_NoViewBackend.name] = _NoViewBackend
-    try:
-        mf.set_backend(_NoViewBackend.name)
-        copied, copy_plan = _gpt_losses()
-        assert all(i in copy_plan._owners for i in reshapes)
-    finally:
-        mf.set_backend("cpu")
-        del BACKENDS[_NoViewBackend.name]
+    copied, copy_plan = _copied_gpt_losses()
+    assert all(i in copy_plan._owners for i in reshapes)
     assert copied == losses
+
+
+def test_attention_transposes_are_strided_views_and_train_bit_for_bit_as_copies():
+    """plan.allocate: the GPT's head split (a transpose read by batch_matmuls only) is a view of
+    its input's buffer, the head merge (a transpose, the only reader of a batch_matmul's
+    output) gives the batch_matmul a view of its own output to write; neither has a step, and
+    the losses are those of a backend that copies every transpose, bit for bit."""
+    losses, plan = _gpt_losses()
+    transposes = [i for i, n in enumerate(plan.graph.nodes) if n.op.name == "transpose"]
+    assert len(transposes) == 8                     # 4 forward, 4 backward, in one layer
+    users = plan.graph.users()
+    merged = 0
+    for i in transposes:
+        node = plan.graph.nodes[i]
+        x, out = plan.buffers[node.inputs[0]], plan.buffers[node.outputs[0]]
+        assert i not in plan._owners and np.shares_memory(x, out)
+        assert np.array_equal(out, x.transpose(node.attrs["perm"]))
+        if node.inputs[0].producer is not None and \
+                node.inputs[0].producer.op.name == "batch_matmul":
+            merged += 1
+            assert out.flags.c_contiguous and not x.flags.c_contiguous
+        else:
+            assert all(r.op.name == "batch_matmul" for r in users[node.outputs[0]])
+    assert merged == 4                              # y's merge, dq, dk, dv
+    copied, copy_plan = _copied_gpt_losses()
+    assert all(i in copy_plan._owners for i in transposes)
+    assert copied == losses
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float16])
+def test_a_transpose_with_another_reader_or_a_half_product_copies(dtype):
+    """A transpose read by a batch_matmul and by an add, or feeding a float16 batch_matmul
+    (its operands are widened by a kernel that needs them contiguous), keeps its copy; the
+    results are NumPy's."""
+    from miniflow.dtype import as_dtype
+    from miniflow.runtime.plan import Plan
+
+    r = np.random.default_rng(3)
+    a, b = (r.uniform(-1, 1, (2, 3, 4, 5)).astype(dtype) for _ in range(2))
+    g = Graph()
+    emit = emitter(g)
+    va, vb = (g.add_input(n, (2, 3, 4, 5), as_dtype(dtype)) for n in "ab")
+    t = emit("transpose", va, perm=(0, 2, 1, 3))
+    outs = [emit("batch_matmul", t, emit("transpose", vb, perm=(0, 2, 1, 3)), transpose_b=True)]
+    if dtype == np.float32:
+        outs.append(emit("broadcast_add", t, t))
+    g.set_outputs(outs)
+    plan = Plan(g, CpuBackend())
+    got = plan.run([a, b])
+    at, bt = a.transpose(0, 2, 1, 3), b.transpose(0, 2, 1, 3)
+    want = np.matmul(at.astype(np.float64), np.swapaxes(bt, -1, -2).astype(np.float64))
+    tol = 1e-6 if dtype == np.float32 else 2e-3
+    np.testing.assert_allclose(got[0], want, rtol=tol, atol=tol)
+    copies = [i for i in (0, 1) if i in plan._owners]
+    if dtype == np.float32:
+        np.testing.assert_array_equal(got[1], at + at)
+        assert copies == [0]                        # b's transpose, read by the product alone
+    else:
+        assert copies == [0, 1]

@@ -120,6 +120,13 @@ class Backend:
         copies (``runtime.plan.view_nodes``)."""
         return None
 
+    def transpose_view(self, array, perm, nodes):
+        """``array`` with its axes permuted by ``perm`` without a copy (a strided view of the
+        same memory), or None (the default) unless the kernels of every node in ``nodes`` (the
+        nodes that read the view, or the one that writes it) take strided arrays: a
+        ``transpose`` then copies (``runtime.plan.allocate``)."""
+        return None
+
     def from_numpy(self, array: np.ndarray):
         raise NotImplementedError
 
@@ -169,6 +176,15 @@ class CpuBackend(Backend):
     def view(self, array, shape):
         """``array.reshape(shape)`` where that is a view (``array`` C-contiguous), else None."""
         return array.reshape(shape) if array.flags.c_contiguous else None
+
+    def transpose_view(self, array, perm, nodes):
+        """``array.transpose(perm)`` (a NumPy view) where the steps of every node in ``nodes``
+        read and write their arrays at any strides (``kernels.cpu.matmul.takes_strided``:
+        ``batch_matmul`` as one ``np.matmul``), else None."""
+        from ..kernels.cpu.matmul import takes_strided
+        if nodes and all(takes_strided(n) for n in nodes):
+            return array.transpose(tuple(perm))
+        return None
 
     def from_numpy(self, array):
         return np.array(array, copy=True, order="C")

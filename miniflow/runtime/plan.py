@@ -202,18 +202,48 @@ VIEW_OPS = ("reshape", "flatten")
 
 def allocate(graph: Graph, buffers: dict, backend, skip=()) -> set:
     """Put a buffer for every node output of ``graph`` into ``buffers`` (those not there yet), in
-    program order; returns the indices of the ``reshape`` / ``flatten`` nodes (not in ``skip``)
-    whose output is a view of their input's buffer (``Backend.view``), which need no step.
+    program order; returns the indices of the nodes that need no step, their output a view of
+    their input's buffer: ``reshape`` / ``flatten`` (``Backend.view``), and ``transpose`` where
+    the backend has a strided view (``Backend.transpose_view``) of its input for all of its
+    readers, or of its output for the input's producer, the transpose its only reader (the
+    producer then writes the transposed layout itself). Nodes in ``skip`` take part in none;
+    no view is of a graph result.
 
     Every Value is written once per run, by its producer, before its readers: a view reads what
     a copy would. A variable's buffer is the exception (update ops write it in place, possibly
     after the reshape): a reshape of a variable copies, as one the backend cannot view does."""
     views = set()
+    users = graph.users()
+    results = set(graph.results.values()) | set(graph.outputs)
+    index = {n: i for i, n in enumerate(graph.nodes)}
+    into = {}                           # producer's output -> the transpose that reads it alone
     for i, node in enumerate(graph.nodes):
         x = node.inputs[0] if node.inputs else None
-        if (node.op.name in VIEW_OPS and i not in skip and x.kind != "variable"
+        if (node.op.name == "transpose" and i not in skip and x.producer is not None
+                and index[x.producer] not in skip and users.get(x) == [node]
+                and not {x, node.outputs[0]} & results):
+            into[x] = i
+    for i, node in enumerate(graph.nodes):
+        x = node.inputs[0] if node.inputs else None
+        for v in node.outputs:          # write the transpose's output in its layout
+            j = into.get(v)
+            if j is None or v in buffers or graph.nodes[j].outputs[0] in buffers:
+                continue
+            t = graph.nodes[j].outputs[0]
+            moved = backend.empty(t.shape, t.dtype.np)
+            inverse = tuple(int(k) for k in np.argsort(graph.nodes[j].attrs["perm"]))
+            view = backend.transpose_view(moved, inverse, [node])
+            if view is not None:
+                buffers[t], buffers[v] = moved, view
+                views.add(j)
+        if (x is not None and node.outputs and i not in skip and x.kind != "variable"
                 and node.outputs[0] not in buffers):
-            view = backend.view(buffers[x], node.outputs[0].shape)
+            view = None
+            if node.op.name in VIEW_OPS:
+                view = backend.view(buffers[x], node.outputs[0].shape)
+            elif node.op.name == "transpose" and node.outputs[0] not in results:
+                view = backend.transpose_view(buffers[x], node.attrs["perm"],
+                                              users.get(node.outputs[0], []))
             if view is not None:
                 buffers[node.outputs[0]] = view
                 views.add(i)
