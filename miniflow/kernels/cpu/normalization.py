@@ -39,13 +39,17 @@ def norm_train_kernel(parallel: bool):
     (``momentum * old + (1 - momentum) * batch``, the variance unbiased), and
     ``y = (x - mean) * (gamma * inv_var) + beta``. Computed in the parameters' dtype.
 
-    The element indices are unsigned: a signed index is checked for wraparound (a negative
-    index counts from the end) at every load, and where LLVM could not prove the channel's
-    offset non-negative (the ``prange`` variant) that check kept the loops from vectorizing:
-    the parallel kernel ran 3x slower per element than the serial one and gained nothing on 2
-    threads (one core of the Intel machine, ``[2, 64, 112, 112]``: 2.1 against 0.7 ms; now 0.7
-    serial, 0.36-0.39 on 2 threads; the same bits)."""
+    The parallel variant's element indices are unsigned: a signed index is checked for
+    wraparound (a negative index counts from the end) at every load, and where LLVM could not
+    prove the channel's offset non-negative (the ``prange`` variant) that check kept the loops
+    from vectorizing: the parallel kernel ran 3x slower per element than the serial one and
+    gained nothing on 2 threads (one core of the Intel machine, ``[2, 64, 112, 112]``: 2.1
+    against 0.7 ms; with unsigned indices 0.36-0.39 on 2 threads; the same bits). The serial
+    variant keeps signed indices: unsigned ones made it 15-30% slower (``[16, 64, 56, 56]``,
+    one thread, CPU time at load 10-12: 3.1-4.3 against 4.7-5.1 ms forward, 4.9-5.7 against
+    6.3-6.4 gradient)."""
     loop = loop_for(parallel)
+    index = np.uint64 if parallel else np.int64
 
     @jit(parallel, fastmath=("reassoc",))
     def kernel(x, y, mean, inv_var, moving_mean, moving_var, gamma, beta, outer, inner, eps,
@@ -58,16 +62,16 @@ def norm_train_kernel(parallel: bool):
             c = np.int64(c_)
             s = to_compute(mean, 0.0)
             for o in range(outer):
-                base, part = np.uint64((o * c_n + c) * inner), to_compute(mean, 0.0)
+                base, part = index((o * c_n + c) * inner), to_compute(mean, 0.0)
                 for i in range(inner):
-                    part += load(x, base + np.uint64(i))
+                    part += load(x, base + index(i))
                 s += part
             mu = s / m
             s2 = to_compute(mean, 0.0)
             for o in range(outer):
-                base, part = np.uint64((o * c_n + c) * inner), to_compute(mean, 0.0)
+                base, part = index((o * c_n + c) * inner), to_compute(mean, 0.0)
                 for i in range(inner):
-                    d = load(x, base + np.uint64(i)) - mu
+                    d = load(x, base + index(i)) - mu
                     part += d * d
                 s2 += part
             inv = one / math.sqrt(s2 / m + to_compute(mean, eps))
@@ -76,9 +80,9 @@ def norm_train_kernel(parallel: bool):
             moving_var[c] = k * moving_var[c] + (one - k) * (s2 / (m - one))
             scale, shift = gamma[c] * inv, beta[c]
             for o in range(outer):
-                base = np.uint64((o * c_n + c) * inner)
+                base = index((o * c_n + c) * inner)
                 for i in range(inner):
-                    j = base + np.uint64(i)
+                    j = base + index(i)
                     store(y, j, (load(x, j) - mu) * scale + shift)
 
     return kernel
@@ -111,9 +115,10 @@ def norm_grad_kernel(parallel: bool):
     """``kernel(x, dy, mean, inv_var, gamma, gamma_diff, beta_diff, dx, outer, inner)``: per
     channel ``beta_diff = sum(dy)``, ``gamma_diff = sum(dy * xhat)`` with
     ``xhat = (x - mean) * inv_var``, then
-    ``dx = gamma * inv_var * (dy - beta_diff / M - xhat * gamma_diff / M)``. Unsigned element
-    indices, as :func:`norm_train_kernel`'s."""
+    ``dx = gamma * inv_var * (dy - beta_diff / M - xhat * gamma_diff / M)``. The parallel
+    variant's element indices are unsigned, as :func:`norm_train_kernel`'s."""
     loop = loop_for(parallel)
+    index = np.uint64 if parallel else np.int64
 
     @jit(parallel, fastmath=("reassoc",))
     def kernel(x, dy, mean, inv_var, gamma, gamma_diff, beta_diff, dx, outer, inner):
@@ -124,21 +129,21 @@ def norm_grad_kernel(parallel: bool):
             mu, iv = mean[c], inv_var[c]
             sdy, sdx = to_compute(mean, 0.0), to_compute(mean, 0.0)
             for o in range(outer):
-                base = np.uint64((o * c_n + c) * inner)
+                base = index((o * c_n + c) * inner)
                 pdy, pdx = to_compute(mean, 0.0), to_compute(mean, 0.0)
                 for i in range(inner):
-                    d = load(dy, base + np.uint64(i))
+                    d = load(dy, base + index(i))
                     pdy += d
-                    pdx += d * (load(x, base + np.uint64(i)) - mu)
+                    pdx += d * (load(x, base + index(i)) - mu)
                 sdy += pdy
                 sdx += pdx
             sdx *= iv
             beta_diff[c], gamma_diff[c] = sdy, sdx
             a, mdy, mdx = gamma[c] * iv, sdy / m, sdx / m * iv
             for o in range(outer):
-                base = np.uint64((o * c_n + c) * inner)
+                base = index((o * c_n + c) * inner)
                 for i in range(inner):
-                    j = base + np.uint64(i)
+                    j = base + index(i)
                     store(dx, j, a * (load(dy, j) - mdy - (load(x, j) - mu) * mdx))
 
     return kernel
