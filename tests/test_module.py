@@ -151,3 +151,29 @@ def test_sequential_takes_an_ordered_dict_and_slices_into_a_sequential():
         pytest.skip("torch is not installed")
     want = torch.nn.Sequential(OrderedDict(fc1=torch.nn.Linear(2, 3), act=torch.nn.ReLU()))
     assert list(want[1:]._modules) == list(seq[1:2]._modules) == ["act"]
+
+
+@pytest.mark.parametrize("value", [np.ones((3, 4), np.float32), "tensor"])
+def test_module_refuses_a_non_parameter_assigned_to_a_parameter_and_keeps_it(value):
+    """``torch.nn.Module.__setattr__``: a parameter's name takes an ``nn.Parameter`` or None
+    (TypeError "cannot assign ... as parameter 'weight'"); the parameter stays registered."""
+    m = nn.Linear(4, 3)
+    before = m.weight
+    value = mf.tensor(np.ones((3, 4), np.float32)) if isinstance(value, str) else value
+    with pytest.raises(TypeError, match="cannot assign .* as parameter 'weight'"):
+        m.weight = value
+    assert m.weight is before
+    assert [n for n, _ in m.named_parameters()] == ["weight", "bias"]
+    m.weight = nn.Parameter(np.zeros((3, 4), np.float32))   # a Parameter replaces it
+    assert np.array_equal(m.state_dict()["weight"], np.zeros((3, 4), np.float32))
+    m.bias = None   # None keeps the name registered, as torch does: listed nowhere
+    assert [n for n, _ in m.named_parameters()] == ["weight"]
+    assert list(m.state_dict()) == ["weight"]
+    m.bias = nn.Parameter(np.ones(3, np.float32))
+    assert [n for n, _ in m.named_parameters()] == ["weight", "bias"]
+    with pytest.raises(TypeError, match="as child module '0'"):
+        nn.Sequential(nn.Linear(2, 2)).__setattr__("0", 3)
+    if torch is not None:
+        ref = torch.nn.Linear(4, 3)
+        with pytest.raises(TypeError, match="cannot assign .* as parameter 'weight'"):
+            ref.weight = torch.ones(3, 4)

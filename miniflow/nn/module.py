@@ -159,6 +159,19 @@ class Module:
             Module.trace_changed()
             object.__setattr__(self, name, self._buffers[name])
             return
+        if name in self._parameters and not isinstance(value, Parameter):
+            if value is not None:  # PyTorch's Module.__setattr__ refuses it too
+                raise TypeError(f"cannot assign {_kind(value)} as parameter {name!r} of "
+                                f"{type(self).__name__} (nn.Parameter or None expected; wrap "
+                                f"a new value as nn.Parameter(...) or copy it in with "
+                                f"load_state_dict)")
+            Module.trace_changed()
+            self._parameters[name] = None  # stays registered, as in PyTorch; lists skip it
+            object.__setattr__(self, name, None)
+            return
+        if name in self._modules and value is not None and not isinstance(value, Module):
+            raise TypeError(f"cannot assign {_kind(value)} as child module {name!r} of "
+                            f"{type(self).__name__} (nn.Module or None expected)")
         if name in self._parameters or name in self._modules or name in self._buffers:
             Module.trace_changed()  # compiled graphs may hold the old one: they recompile
         self._parameters.pop(name, None)
@@ -271,7 +284,8 @@ class Module:
 
     def _named_parameters(self, prefix):
         for name, p in self._parameters.items():
-            yield prefix + name, p
+            if p is not None:
+                yield prefix + name, p
         for name, m in self._modules.items():
             yield from m._named_parameters(prefix + name + ".")
 
@@ -402,6 +416,14 @@ class Module:
 
     def extra_repr(self) -> str:
         return ""
+
+
+def _kind(value) -> str:
+    """How an error names an assigned value: its class, with dtype and shape for arrays."""
+    if isinstance(value, (Tensor, np.ndarray)):
+        dt = value.dtype.name if isinstance(value, Tensor) else value.dtype
+        return f"a {type(value).__name__} of {dt}{list(value.shape)}"
+    return f"a {type(value).__name__}"
 
 
 def _cast_for_load(name: str, arr: np.ndarray, dtype) -> np.ndarray:
