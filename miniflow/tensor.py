@@ -379,17 +379,21 @@ class Tensor:
 
     def mean(self, dim=None, keepdim: bool = False, *, axis=None, keepdims=None):
         """Mean over ``dim`` (arguments as :meth:`sum`, ``torch.Tensor.mean``): traced as
-        ``reduce_sum`` then ``scalar_mul(1/n)`` (no mean op type).
+        ``reduce_sum`` then ``scalar_mul(1/n)`` (no mean op type). A float16 / bfloat16 input is
+        cast to float32 first and the mean cast back at the end (one rounding), as PyTorch
+        accumulates half types in float32: a float16 sum beyond 65504 does not make the mean inf.
 
         Raises:
             TypeError: as :meth:`sum`. ValueError: the reduced dims hold no element.
         """
         dim, keepdim = _reduce_args("mean", dim, keepdim, axis, keepdims)
-        s = self.sum(dim, keepdim)
+        x = self.to("float32") if self.dtype.is_half else self
+        s = x.sum(dim, keepdim)
         n = int(np.prod(self.shape, dtype=np.int64) // max(1, int(np.prod(s.shape, dtype=np.int64))))
         if n == 0:
             raise ValueError(f"mean: reducing an empty axis of shape {list(self.shape)}")
-        return apply("scalar_mul", [s], scalar=1.0 / n)
+        m = apply("scalar_mul", [s], scalar=1.0 / n)
+        return m.to(self.dtype) if self.dtype.is_half else m
 
     def reshape(self, *shape):
         """A tensor with the same elements in ``shape`` (one entry may be -1)."""

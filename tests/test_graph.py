@@ -348,6 +348,34 @@ def test_transpose_permute_sum_and_mean_match_torch(shape):
                 np.testing.assert_allclose(got.numpy(), want, rtol=1e-12, atol=1e-12)
 
 
+@pytest.mark.parametrize("half", ["float16", "bfloat16"])
+def test_mean_of_a_half_tensor_accumulates_in_float32_eager_and_traced(half):
+    """``torch.mean`` accumulates float16 / bfloat16 in float32 and rounds once: a float16 sum
+    beyond 65504 (70000 ones) gave an inf mean; the mean is 1 (NumPy float64 oracle)."""
+    dt = getattr(mf, half)
+    a = np.ones((2, 70000), np.float32)
+    a[1] = np.linspace(0, 2, 70000)
+    a = a.astype(dt.np)
+
+    class G(nn.Graph):
+        def build(self, x):
+            return x.mean(), x.mean(1), x.mean(dim=(0, 1), keepdim=True)
+
+    want = [a.astype(np.float64).mean(axis=ax, keepdims=k).astype(dt.np)
+            for ax, k in ((None, False), (1, False), ((0, 1), True))]
+    x = mf.tensor(a)
+    for got in (G()(a), (x.mean(), x.mean(1), x.mean(dim=(0, 1), keepdim=True))):
+        for g, w in zip(got, want):
+            assert g.dtype == dt and g.shape == w.shape
+            np.testing.assert_allclose(g.numpy().astype(np.float64), w.astype(np.float64),
+                                       rtol=2 ** -8)
+    assert float(mf.tensor(np.ones(70000, dt.np)).mean().numpy()) == 1.0
+    if torch is not None:
+        t = torch.from_numpy(a.astype(np.float32)).to(getattr(torch, half))
+        np.testing.assert_array_equal(x.mean(1).numpy().astype(np.float32),
+                                      t.mean(1).float().numpy())
+
+
 def test_transpose_and_permute_trace_as_oneflow_transpose_with_perm():
     class G(nn.Graph):
         def build(self, x):
