@@ -14,6 +14,7 @@ import numpy as np
 
 from .dtype import DType, as_dtype
 from .ops import get_op
+from .ops.common import norm_axes
 from .runtime.backend import get_backend
 from .trace import current_tracer
 
@@ -384,15 +385,20 @@ class Tensor:
         accumulates half types in float32: a float16 sum beyond 65504 does not make the mean inf.
 
         Raises:
-            TypeError: as :meth:`sum`. ValueError: the reduced dims hold no element.
+            TypeError: as :meth:`sum`. ValueError: the reduced dims hold no element while
+                the result has some (a (0, 3) tensor's ``mean(1)`` is empty, its
+                ``mean(0)`` an error).
         """
         dim, keepdim = _reduce_args("mean", dim, keepdim, axis, keepdims)
         x = self.to("float32") if self.dtype.is_half else self
         s = x.sum(dim, keepdim)
-        n = int(np.prod(self.shape, dtype=np.int64) // max(1, int(np.prod(s.shape, dtype=np.int64))))
-        if n == 0:
-            raise ValueError(f"mean: reducing an empty axis of shape {list(self.shape)}")
-        m = apply("scalar_mul", [s], scalar=1.0 / n)
+        axes = norm_axes("mean", dim, self.ndim) if self.ndim else ()
+        n = math.prod(self.shape[a] for a in axes)   # the count of each mean: the reduced dims
+        if n == 0 and 0 not in s.shape:
+            raise ValueError(f"mean: dims {list(axes)} of shape {list(self.shape)} hold no "
+                             f"element (the mean of nothing; PyTorch gives NaN): skip empty "
+                             f"inputs or reduce over dims of nonzero size")
+        m = apply("scalar_mul", [s], scalar=1.0 / max(n, 1))
         return m.to(self.dtype) if self.dtype.is_half else m
 
     def reshape(self, *shape):
