@@ -367,9 +367,9 @@ class Tensor:
         return apply("sigmoid", [self])
 
     def sum(self, dim=None, keepdim: bool = False, *, axis=None, keepdims=None):
-        """Sum over ``dim`` (an int, a sequence of ints, or None: every dim), keeping the reduced
-        dims as size 1 when ``keepdim`` (``torch.Tensor.sum``; NumPy's names ``axis=`` /
-        ``keepdims=`` are accepted too, as torch accepts them). Op ``reduce_sum`` (OneFlow's
+        """Sum over ``dim`` (an int, a sequence of ints, or None or ``()``: every dim, as in
+        torch 2.x), keeping the reduced dims as size 1 when ``keepdim`` (``torch.Tensor.sum``;
+        NumPy's names ``axis=`` / ``keepdims=`` are accepted too, as torch accepts them). Op ``reduce_sum`` (OneFlow's
         attributes ``axis`` and ``keepdims``).
 
         Raises:
@@ -477,6 +477,8 @@ def _reduce_args(op: str, dim, keepdim, axis, keepdims) -> tuple:
         if keepdim is not False:
             raise TypeError(f"{op}: got both keepdim and keepdims; pass one")
         keepdim = keepdims
+    if isinstance(dim, (tuple, list)) and len(dim) == 0:
+        dim = None   # torch 2.x: an empty dim list reduces over every dim, as None does
     return dim, bool(keepdim)
 
 

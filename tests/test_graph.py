@@ -397,6 +397,22 @@ def test_mean_over_nonempty_dims_of_an_empty_batch_is_empty_and_of_an_empty_dim_
         assert torch.zeros(0, 3).mean(1).shape == (0,)
 
 
+@pytest.mark.parametrize("name", ["sum", "mean"])
+@pytest.mark.parametrize("dim", [(), []], ids=["tuple", "list"])
+def test_sum_and_mean_over_an_empty_dim_list_reduce_every_dim_as_torch(name, dim):
+    """torch 2.x ``x.sum(())`` / ``x.mean([])`` reduce over every dim (as ``dim=None``); they
+    returned the input unchanged. NumPy float64 oracle, torch's when installed."""
+    a = np.arange(6, dtype=np.float64).reshape(2, 3)
+    for keep in (False, True):
+        got = getattr(mf.tensor(a), name)(dim, keep)
+        want = getattr(np, name)(a, axis=None, keepdims=keep)
+        assert got.shape == want.shape
+        np.testing.assert_allclose(got.numpy(), want, rtol=1e-15)
+        if torch is not None:
+            np.testing.assert_allclose(
+                getattr(torch.from_numpy(a), name)(dim, keepdim=keep).numpy(), want, rtol=1e-15)
+
+
 def test_transpose_and_permute_trace_as_oneflow_transpose_with_perm():
     class G(nn.Graph):
         def build(self, x):
