@@ -177,3 +177,18 @@ def test_module_refuses_a_non_parameter_assigned_to_a_parameter_and_keeps_it(val
         ref = torch.nn.Linear(4, 3)
         with pytest.raises(TypeError, match="cannot assign .* as parameter 'weight'"):
             ref.weight = torch.ones(3, 4)
+
+
+@pytest.mark.parametrize("prefix", ["model", "model."])
+def test_module_named_parameters_joins_a_prefix_with_a_dot(prefix):
+    """``torch.nn.Module.named_parameters(prefix="model")``: ``model.0.weight`` (it gave
+    ``model0.weight``), as miniflow's ``named_modules`` / ``named_buffers`` join it."""
+    net = nn.Sequential(nn.Linear(2, 3), nn.BatchNorm1d(3))
+    names = [n for n, _ in net.named_parameters(prefix=prefix)]
+    assert names[:2] == ["model.0.weight", "model.0.bias"]
+    assert names == ["model." + n for n, _ in net.named_parameters()]
+    assert [n for n, _ in net.named_buffers(prefix=prefix)] == \
+        ["model." + n for n, _ in net.named_buffers()]
+    if torch is not None:
+        ref = torch.nn.Sequential(torch.nn.Linear(2, 3))
+        assert [n for n, _ in ref.named_parameters(prefix="model")][:2] == names[:2]

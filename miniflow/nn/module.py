@@ -275,9 +275,12 @@ class Module:
             yield m
 
     def named_parameters(self, prefix: str = ""):
-        """Yield ``(name, Parameter)`` pairs, depth first, each parameter once."""
+        """Yield ``(name, Parameter)`` pairs, depth first, each parameter once; a ``prefix`` is
+        joined with a dot (``prefix="model"``: ``model.0.weight``), as in :meth:`named_buffers`
+        and ``torch.nn.Module.named_parameters``."""
         seen = set()
-        for name, p in self._named_parameters(prefix):
+        prefix = prefix.rstrip(".")
+        for name, p in self._named_parameters(prefix + "." if prefix else ""):
             if id(p) not in seen:
                 seen.add(id(p))
                 yield name, p
