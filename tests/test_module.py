@@ -192,3 +192,28 @@ def test_module_named_parameters_joins_a_prefix_with_a_dot(prefix):
     if torch is not None:
         ref = torch.nn.Sequential(torch.nn.Linear(2, 3))
         assert [n for n, _ in ref.named_parameters(prefix="model")][:2] == names[:2]
+
+
+def test_module_load_state_dict_returns_missing_and_unexpected_keys_and_strict_raises_runtime():
+    """``torch.nn.Module.load_state_dict`` returns ``_IncompatibleKeys(missing_keys,
+    unexpected_keys)`` (it returned None) and, with ``strict=True``, raises RuntimeError; the
+    error is a KeyError too, as miniflow raised before."""
+    net = nn.Sequential(nn.Linear(2, 3), nn.BatchNorm1d(3))
+    sd = net.state_dict()
+    assert net.load_state_dict(sd) == ([], [])
+    del sd["0.bias"], sd["1.num_batches_tracked"]   # the counter is optional, as in torch
+    sd["extra"] = np.zeros(1, np.float32)
+    missing, unexpected = net.load_state_dict(sd, strict=False)
+    assert (missing, unexpected) == (["0.bias"], ["extra"])
+    result = net.load_state_dict(sd, strict=False)
+    assert result.missing_keys == ["0.bias"] and result.unexpected_keys == ["extra"]
+    for error in (RuntimeError, KeyError):
+        with pytest.raises(error, match=r"^load_state_dict: missing keys \['0.bias'\], "
+                                        r"unexpected keys \['extra'\]$"):
+            net.load_state_dict(sd)
+    if torch is not None:
+        ref = torch.nn.Sequential(torch.nn.Linear(2, 3), torch.nn.BatchNorm1d(3))
+        tsd = {k: torch.from_numpy(v) for k, v in sd.items()}
+        assert tuple(ref.load_state_dict(tsd, strict=False)) == (missing, unexpected)
+        with pytest.raises(RuntimeError):
+            ref.load_state_dict(tsd)

@@ -31,7 +31,24 @@ from ..dtype import as_dtype, bfloat16
 from ..runtime.backend import get_backend
 from ..tensor import Tensor
 
-__all__ = ["Module", "ModuleVersion", "Parameter"]
+__all__ = ["IncompatibleKeys", "Module", "ModuleVersion", "Parameter", "StateDictKeysError"]
+
+
+class IncompatibleKeys(NamedTuple):
+    """What :meth:`Module.load_state_dict` returns (PyTorch's ``_IncompatibleKeys``):
+    ``missing, unexpected = model.load_state_dict(sd, strict=False)``; both sorted lists of
+    state-dict names."""
+
+    missing_keys: list
+    unexpected_keys: list
+
+
+class StateDictKeysError(RuntimeError, KeyError):
+    """:meth:`Module.load_state_dict` with ``strict=True`` found missing or unexpected names:
+    a RuntimeError as PyTorch raises, and a KeyError as miniflow raised before."""
+
+    def __str__(self) -> str:   # the message as written, not KeyError's quoted repr
+        return str(self.args[0]) if self.args else ""
 
 
 class ModuleVersion(NamedTuple):
@@ -337,7 +354,7 @@ class Module:
         """Name -> NumPy copy of every parameter and persistent buffer, in PyTorch's order."""
         return OrderedDict((n, t.numpy()) for n, t, _ in self._state())
 
-    def load_state_dict(self, state_dict, strict: bool = True) -> None:
+    def load_state_dict(self, state_dict, strict: bool = True) -> IncompatibleKeys:
         """Copy values into the parameters and persistent buffers in place (bound graphs see
         them).
 
@@ -350,18 +367,23 @@ class Module:
         (PyTorch's ``_BatchNorm._load_from_state_dict``). Everything is checked before anything
         is copied.
 
+        Returns:
+            :class:`IncompatibleKeys` ``(missing_keys, unexpected_keys)``, as PyTorch's
+            ``_IncompatibleKeys`` (both empty after a strict load).
+
         Raises:
-            KeyError: missing or unexpected names (strict), listing them.
+            StateDictKeysError: (a RuntimeError, as PyTorch raises, and a KeyError) missing or
+                unexpected names (strict), listing them.
             ValueError: a shape differs from the model's, naming it.
             TypeError: a value that cannot be cast to the model's dtype (complex, strings,
                 objects; a fraction or an out-of-range value into an integer tensor), naming it.
         """
-        self.prepare_load_state_dict(state_dict, strict)()
+        return self.prepare_load_state_dict(state_dict, strict)()
 
     def prepare_load_state_dict(self, state_dict, strict: bool = True):
         """Check ``state_dict`` as :meth:`load_state_dict` does and return a function of no
-        arguments that copies it in (a caller restoring several objects checks them all before
-        it assigns any: ``miniflow.checkpoint.restore``).
+        arguments that copies it in and returns :class:`IncompatibleKeys` (a caller restoring
+        several objects checks them all before it assigns any: ``miniflow.checkpoint.restore``).
 
         Raises:
             TypeError: not a dict; otherwise as :meth:`load_state_dict`.
@@ -377,7 +399,8 @@ class Module:
         missing = sorted(set(own) - set(state_dict) - optional)
         unexpected = sorted(set(state_dict) - set(own))
         if strict and (missing or unexpected):
-            raise KeyError(f"load_state_dict: missing keys {missing}, unexpected keys {unexpected}")
+            raise StateDictKeysError(f"load_state_dict: missing keys {missing}, unexpected keys "
+                                     f"{unexpected}")
         checked = []  # check everything first: a failed load changes nothing
         for name, value in state_dict.items():
             if name not in own:
@@ -395,6 +418,7 @@ class Module:
                 backend.copy_in(p._data, arr)
                 if isinstance(p, Parameter):
                     p.written()
+            return IncompatibleKeys(missing, unexpected)
         return assign
 
     def requires_grad_(self, requires_grad: bool = True) -> "Module":
