@@ -369,8 +369,8 @@ class Tensor:
     def sum(self, dim=None, keepdim: bool = False, *, axis=None, keepdims=None):
         """Sum over ``dim`` (an int, a sequence of ints, or None or ``()``: every dim, as in
         torch 2.x), keeping the reduced dims as size 1 when ``keepdim`` (``torch.Tensor.sum``;
-        NumPy's names ``axis=`` / ``keepdims=`` are accepted too, as torch accepts them). Op ``reduce_sum`` (OneFlow's
-        attributes ``axis`` and ``keepdims``).
+        NumPy's names ``axis=`` / ``keepdims=`` are accepted too, as torch accepts them). Op
+        ``reduce_sum`` (OneFlow's attributes ``axis`` and ``keepdims``).
 
         Raises:
             TypeError: a dim given twice (``dim`` and ``axis``, ``keepdim`` and ``keepdims``).
