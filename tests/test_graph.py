@@ -651,3 +651,55 @@ def test_two_graphs_tracing_at_the_same_time_in_two_threads_record_into_their_ow
     np.testing.assert_array_equal(results[2.0], x * 2)
     np.testing.assert_array_equal(results[3.0], x * 3)
     assert [len(g.ir.nodes) for g in graphs] == [1, 1]
+
+
+# ------------------------------------------------------------------ module attributes recompile
+class _Scale(nn.Module):
+    """``x * self.k``: a plain attribute its forward reads; counts its traces in ``traces``."""
+
+    def __init__(self, k):
+        super().__init__()
+        self.k = k
+        self.traces = 0
+
+    def forward(self, x):
+        self.traces += 1   # set while tracing: must not recompile the graph again
+        return x * self.k
+
+
+def test_graph_recompiles_after_an_attribute_of_its_module_changes():
+    """Eager PyTorch reads ``dropout.p``, ``layer_norm.eps`` or a custom forward's attribute at
+    every call (``torch.compile`` recompiles): a compiled graph kept using the old value."""
+    x = np.random.default_rng(0).standard_normal((4, 256)).astype(np.float32)
+    scale = nn.Sequential(_Scale(2.0))
+    g, other = EvalGraph(scale), EvalGraph(_Scale(2.0))
+    for _ in range(3):
+        np.testing.assert_array_equal(g(x).numpy(), x * 2)
+        other(x)
+    assert (g.compile_count, scale[0].traces) == (1, 1)
+    scale[0].k = 3.0
+    np.testing.assert_array_equal(g(x).numpy(), x * 3)
+    g(x)
+    scale[0].k = 3.0   # an equal value: nothing to recompile
+    g(x)
+    assert (g.compile_count, scale[0].traces, other.compile_count) == (2, 2, 1)
+    other(x)
+    assert other.compile_count == 1   # a graph without the module keeps its plan
+
+    ln = nn.LayerNorm(256, elementwise_affine=False)
+    g = EvalGraph(ln)
+    g(x)
+    ln.eps = 10.0
+    mu, var = x.mean(1, keepdims=True), x.var(1, keepdims=True)
+    np.testing.assert_allclose(g(x).numpy(), (x - mu) / np.sqrt(var + 10.0), rtol=1e-4,
+                               atol=1e-6)
+    assert g.compile_count == 2
+
+    d = nn.Dropout(0.0)
+    g = EvalGraph(d)
+    np.testing.assert_array_equal(g(x).numpy(), x)
+    d.p = 0.9
+    assert 0.85 < float((g(x).numpy() == 0).mean()) < 0.95 and g.compile_count == 2
+    d.eval()   # a mode change keeps its own plan, as before
+    np.testing.assert_array_equal(g(x).numpy(), x)
+    assert g.compile_count == 3

@@ -14,7 +14,9 @@ its persistent buffers, then its children's, depth first, under every name that 
 mode layers read when traced. Every change of any module that makes a compiled graph's trace
 wrong (a replaced parameter, buffer or sub-module, a flipped ``training``, ``requires_grad`` or
 ``track_running_stats``) bumps :attr:`Module.version`, which the compile driver
-(``miniflow.compile.driver``: ``nn.Graph``) compares at every call.
+(``miniflow.compile.driver``: ``nn.Graph``) compares at every call. Any other attribute assigned
+on a module a graph traced (``dropout.p``, ``layer_norm.eps``) makes that graph recompile
+(:meth:`Module.compiled_into`).
 
 Under AMP with fused updates a parameter also owns half copies of its value
 (``Parameter.half_copies``, filled and kept fresh by ``miniflow.compile.half_copies``);
@@ -22,6 +24,7 @@ Under AMP with fused updates a parameter also owns half copies of its value
 """
 from __future__ import annotations
 
+import weakref
 from collections import OrderedDict
 from typing import NamedTuple
 
@@ -30,6 +33,7 @@ import numpy as np
 from ..dtype import as_dtype, bfloat16
 from ..runtime.backend import get_backend
 from ..tensor import Tensor
+from ..trace import current_tracer
 
 __all__ = ["IncompatibleKeys", "Module", "ModuleVersion", "Parameter", "StateDictKeysError"]
 
@@ -153,6 +157,17 @@ class Module:
         ``Module.version.traced``, so every graph recompiles at its next call."""
         Module.version = Module.version._replace(traced=Module.version.traced + 1)
 
+    @staticmethod
+    def compiled_into(modules, graph) -> None:
+        """Record that ``graph`` traced ``modules``: a later assignment of any attribute of one
+        of them (``dropout.p = 0.5``, ``ln.eps``, a plain attribute a custom ``forward`` reads)
+        calls ``graph.module_changed()``, so the graph recompiles at its next call (as
+        ``torch.compile`` recompiles; eager PyTorch reads the new value). ``training`` is
+        excepted: graphs key their plans by the modes (:class:`ModuleVersion`). Assignments
+        while a trace runs do not count (the trace itself reads them)."""
+        for m in modules:
+            _COMPILED_INTO.setdefault(m, weakref.WeakSet()).add(graph)
+
     def __init__(self):
         object.__setattr__(self, "_parameters", OrderedDict())
         object.__setattr__(self, "_buffers", OrderedDict())
@@ -171,6 +186,10 @@ class Module:
                 Module.version = Module.version._replace(modes=Module.version.modes + 1)
             object.__setattr__(self, name, value)
             return
+        graphs = _COMPILED_INTO.get(self)
+        if graphs and current_tracer() is None and not _same(self.__dict__.get(name, _NONE), value):
+            for graph in list(graphs):   # graphs that traced this module recompile
+                graph.module_changed()
         if name in self._buffers and not isinstance(value, (Parameter, Module)):
             self._buffers[name] = _as_buffer(name, value)   # assigning a buffer replaces it
             Module.trace_changed()
@@ -443,6 +462,20 @@ class Module:
 
     def extra_repr(self) -> str:
         return ""
+
+
+_COMPILED_INTO: "weakref.WeakKeyDictionary[Module, weakref.WeakSet]" = \
+    weakref.WeakKeyDictionary()
+"""Module -> the graphs that traced it (:meth:`Module.compiled_into`); both held weakly."""
+
+_NONE = object()
+
+
+def _same(old, new) -> bool:
+    """Whether assigning ``new`` over ``old`` changes nothing a trace read: the same object, or
+    an equal number or string of the same type (``d.p = 0.5`` twice recompiles once)."""
+    return old is new or (type(old) is type(new) and isinstance(new, (bool, int, float, str))
+                          and old == new)
 
 
 def _kind(value) -> str:
