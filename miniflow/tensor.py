@@ -273,7 +273,10 @@ class Tensor:
 
         Raises:
             IndexError: an index out of range or too many indices (PyTorch's messages).
-            ValueError: a step <= 0. TypeError: another kind of index."""
+            ValueError: a step <= 0. TypeError: another kind of index (a boolean mask, an
+            array index inside a tuple)."""
+        if isinstance(key, (np.ndarray, list)):   # x[np.array([1, 0])], x[[1, 0]]: as torch
+            key = _array_index(key, self.shape)
         if isinstance(key, Tensor):
             return apply("gather", [self, key], axis=0)
         key = key if isinstance(key, tuple) else (key,)
@@ -496,9 +499,38 @@ def _dim(fn: str, dim, ndim: int) -> int:
     return int(dim) % max(ndim, 1)
 
 
+def _array_index(key, shape: tuple) -> "Tensor":
+    """A NumPy array or list index of a tensor of ``shape`` as the int64 Tensor that
+    ``gather`` takes along dim 0 (negative entries count from the end, as in torch).
+
+    Raises:
+        TypeError: a boolean mask (its result's shape depends on its values, which a traced
+            graph cannot have) or an array that is not of integers.
+        IndexError: a 0-d tensor (nothing to index).
+    """
+    try:
+        arr = np.asarray(key)
+    except ValueError:   # a ragged list
+        arr = np.asarray(key, dtype=object)
+    if arr.dtype == np.bool_:
+        raise TypeError(f"tensor index: a boolean mask of shape {list(arr.shape)} is not "
+                        f"supported (the result's shape would depend on its values); select "
+                        f"the rows by their int64 indices instead: x[np.flatnonzero(mask)]")
+    if arr.dtype.kind not in "iu":
+        raise TypeError(f"tensor index {key!r}: an array or list index must hold integers (got "
+                        f"{arr.dtype}); miniflow supports ints, slices, None, ... and one integer "
+                        f"array or int64 Tensor (along dimension 0)")
+    if not shape:
+        raise IndexError("too many indices for tensor of dimension 0")
+    return tensor(np.where(arr < 0, arr + shape[0], arr).astype(np.int64))
+
+
 def _basic_index(key: tuple, shape: tuple) -> tuple:
     """``(slices, out_shape)`` of a basic-indexing key: one normalised ``slice(start, stop,
     step)`` per dimension of ``shape`` and the result's shape (ints removed, None added)."""
+    if any(isinstance(k, (np.ndarray, list, Tensor)) for k in key):
+        raise TypeError(f"tensor index {key!r}: an array, list or Tensor index works alone "
+                        f"(x[idx], along dimension 0), not inside a tuple with other indices")
     if sum(k is Ellipsis for k in key) > 1:
         raise IndexError("an index can only have a single ellipsis ('...')")
     used = sum(k is not None and k is not Ellipsis for k in key)
