@@ -186,6 +186,13 @@ class Module:
                 Module.version = Module.version._replace(modes=Module.version.modes + 1)
             object.__setattr__(self, name, value)
             return
+        if name in self._parameters and not isinstance(value, (Parameter, type(None))):
+            raise TypeError(f"cannot assign {_kind(value)} as parameter {name!r} of "
+                            f"{type(self).__name__} (nn.Parameter or None expected; wrap a new "
+                            f"value as nn.Parameter(...) or copy it in with load_state_dict)")
+        if name in self._modules and not isinstance(value, (Module, type(None))):
+            raise TypeError(f"cannot assign {_kind(value)} as child module {name!r} of "
+                            f"{type(self).__name__} (nn.Module or None expected)")
         graphs = _COMPILED_INTO.get(self)
         if graphs and current_tracer() is None and not _same(self.__dict__.get(name, _NONE), value):
             for graph in list(graphs):   # graphs that traced this module recompile
@@ -195,19 +202,11 @@ class Module:
             Module.trace_changed()
             object.__setattr__(self, name, self._buffers[name])
             return
-        if name in self._parameters and not isinstance(value, Parameter):
-            if value is not None:  # PyTorch's Module.__setattr__ refuses it too
-                raise TypeError(f"cannot assign {_kind(value)} as parameter {name!r} of "
-                                f"{type(self).__name__} (nn.Parameter or None expected; wrap "
-                                f"a new value as nn.Parameter(...) or copy it in with "
-                                f"load_state_dict)")
-            Module.trace_changed()
-            self._parameters[name] = None  # stays registered, as in PyTorch; lists skip it
+        if name in self._parameters and value is None:  # PyTorch's Module.__setattr__ too:
+            Module.trace_changed()   # the name stays registered; the lists skip it
+            self._parameters[name] = None
             object.__setattr__(self, name, None)
             return
-        if name in self._modules and value is not None and not isinstance(value, Module):
-            raise TypeError(f"cannot assign {_kind(value)} as child module {name!r} of "
-                            f"{type(self).__name__} (nn.Module or None expected)")
         if name in self._parameters or name in self._modules or name in self._buffers:
             Module.trace_changed()  # compiled graphs may hold the old one: they recompile
         self._parameters.pop(name, None)
