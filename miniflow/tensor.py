@@ -14,6 +14,7 @@ import numpy as np
 
 from .dtype import DType, as_dtype
 from .ops import get_op
+from .ops.common import norm_axes
 from .runtime.backend import get_backend
 from .trace import current_tracer
 
@@ -272,7 +273,10 @@ class Tensor:
 
         Raises:
             IndexError: an index out of range or too many indices (PyTorch's messages).
-            ValueError: a step <= 0. TypeError: another kind of index."""
+            ValueError: a step <= 0. TypeError: another kind of index (a boolean mask, an
+            array index inside a tuple)."""
+        if isinstance(key, (np.ndarray, list)):   # x[np.array([1, 0])], x[[1, 0]]: as torch
+            key = _array_index(key, self.shape)
         if isinstance(key, Tensor):
             return apply("gather", [self, key], axis=0)
         key = key if isinstance(key, tuple) else (key,)
@@ -366,10 +370,10 @@ class Tensor:
         return apply("sigmoid", [self])
 
     def sum(self, dim=None, keepdim: bool = False, *, axis=None, keepdims=None):
-        """Sum over ``dim`` (an int, a sequence of ints, or None: every dim), keeping the reduced
-        dims as size 1 when ``keepdim`` (``torch.Tensor.sum``; NumPy's names ``axis=`` /
-        ``keepdims=`` are accepted too, as torch accepts them). Op ``reduce_sum`` (OneFlow's
-        attributes ``axis`` and ``keepdims``).
+        """Sum over ``dim`` (an int, a sequence of ints, or None or ``()``: every dim, as in
+        torch 2.x), keeping the reduced dims as size 1 when ``keepdim`` (``torch.Tensor.sum``;
+        NumPy's names ``axis=`` / ``keepdims=`` are accepted too, as torch accepts them). Op
+        ``reduce_sum`` (OneFlow's attributes ``axis`` and ``keepdims``).
 
         Raises:
             TypeError: a dim given twice (``dim`` and ``axis``, ``keepdim`` and ``keepdims``).
@@ -379,17 +383,26 @@ class Tensor:
 
     def mean(self, dim=None, keepdim: bool = False, *, axis=None, keepdims=None):
         """Mean over ``dim`` (arguments as :meth:`sum`, ``torch.Tensor.mean``): traced as
-        ``reduce_sum`` then ``scalar_mul(1/n)`` (no mean op type).
+        ``reduce_sum`` then ``scalar_mul(1/n)`` (no mean op type). A float16 / bfloat16 input is
+        cast to float32 first and the mean cast back at the end (one rounding), as PyTorch
+        accumulates half types in float32: a float16 sum beyond 65504 does not make the mean inf.
 
         Raises:
-            TypeError: as :meth:`sum`. ValueError: the reduced dims hold no element.
+            TypeError: as :meth:`sum`. ValueError: the reduced dims hold no element while
+                the result has some (a (0, 3) tensor's ``mean(1)`` is empty, its
+                ``mean(0)`` an error).
         """
         dim, keepdim = _reduce_args("mean", dim, keepdim, axis, keepdims)
-        s = self.sum(dim, keepdim)
-        n = int(np.prod(self.shape, dtype=np.int64) // max(1, int(np.prod(s.shape, dtype=np.int64))))
-        if n == 0:
-            raise ValueError(f"mean: reducing an empty axis of shape {list(self.shape)}")
-        return apply("scalar_mul", [s], scalar=1.0 / n)
+        x = self.to("float32") if self.dtype.is_half else self
+        s = x.sum(dim, keepdim)
+        axes = norm_axes("mean", dim, self.ndim) if self.ndim else ()
+        n = math.prod(self.shape[a] for a in axes)   # the count of each mean: the reduced dims
+        if n == 0 and 0 not in s.shape:
+            raise ValueError(f"mean: dims {list(axes)} of shape {list(self.shape)} hold no "
+                             f"element (the mean of nothing; PyTorch gives NaN): skip empty "
+                             f"inputs or reduce over dims of nonzero size")
+        m = apply("scalar_mul", [s], scalar=1.0 / max(n, 1))
+        return m.to(self.dtype) if self.dtype.is_half else m
 
     def reshape(self, *shape):
         """A tensor with the same elements in ``shape`` (one entry may be -1)."""
@@ -467,6 +480,8 @@ def _reduce_args(op: str, dim, keepdim, axis, keepdims) -> tuple:
         if keepdim is not False:
             raise TypeError(f"{op}: got both keepdim and keepdims; pass one")
         keepdim = keepdims
+    if isinstance(dim, (tuple, list)) and len(dim) == 0:
+        dim = None   # torch 2.x: an empty dim list reduces over every dim, as None does
     return dim, bool(keepdim)
 
 
@@ -484,9 +499,38 @@ def _dim(fn: str, dim, ndim: int) -> int:
     return int(dim) % max(ndim, 1)
 
 
+def _array_index(key, shape: tuple) -> "Tensor":
+    """A NumPy array or list index of a tensor of ``shape`` as the int64 Tensor that
+    ``gather`` takes along dim 0 (negative entries count from the end, as in torch).
+
+    Raises:
+        TypeError: a boolean mask (its result's shape depends on its values, which a traced
+            graph cannot have) or an array that is not of integers.
+        IndexError: a 0-d tensor (nothing to index).
+    """
+    try:
+        arr = np.asarray(key)
+    except ValueError:   # a ragged list
+        arr = np.asarray(key, dtype=object)
+    if arr.dtype == np.bool_:
+        raise TypeError(f"tensor index: a boolean mask of shape {list(arr.shape)} is not "
+                        f"supported (the result's shape would depend on its values); select "
+                        f"the rows by their int64 indices instead: x[np.flatnonzero(mask)]")
+    if arr.dtype.kind not in "iu":
+        raise TypeError(f"tensor index {key!r}: an array or list index must hold integers (got "
+                        f"{arr.dtype}); miniflow supports ints, slices, None, ... and one integer "
+                        f"array or int64 Tensor (along dimension 0)")
+    if not shape:
+        raise IndexError("too many indices for tensor of dimension 0")
+    return tensor(np.where(arr < 0, arr + shape[0], arr).astype(np.int64))
+
+
 def _basic_index(key: tuple, shape: tuple) -> tuple:
     """``(slices, out_shape)`` of a basic-indexing key: one normalised ``slice(start, stop,
     step)`` per dimension of ``shape`` and the result's shape (ints removed, None added)."""
+    if any(isinstance(k, (np.ndarray, list, Tensor)) for k in key):
+        raise TypeError(f"tensor index {key!r}: an array, list or Tensor index works alone "
+                        f"(x[idx], along dimension 0), not inside a tuple with other indices")
     if sum(k is Ellipsis for k in key) > 1:
         raise IndexError("an index can only have a single ellipsis ('...')")
     used = sum(k is not None and k is not Ellipsis for k in key)

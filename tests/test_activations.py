@@ -48,3 +48,22 @@ def test_activations_match_pytorch(name):
     want = getattr(torch.nn.functional, name)(torch.tensor(X, dtype=torch.float64)).numpy()
     np.testing.assert_allclose(getattr(nn.functional, name)(mf.tensor(X)).numpy(), want,
                                rtol=2e-6, atol=2e-6)
+
+
+@pytest.mark.parametrize("name", ["softmax", "log_softmax"])
+@pytest.mark.parametrize("shape,dim", [((5,), 0), ((2, 5), 1), ((2, 3, 4), 0), ((2, 3, 4, 5), 1)])
+def test_functional_softmax_without_dim_takes_torchs_implicit_dim_and_warns(name, shape, dim):
+    """``torch.nn.functional.softmax(x)`` without ``dim`` warns and picks dim 0 for 1- and 3-d
+    inputs, else dim 1 (``_get_softmax_dim``); miniflow normalised over the last dim silently.
+    NumPy float64 oracle; torch's when installed."""
+    a = np.random.default_rng(0).standard_normal(shape)
+    e = np.exp(a - a.max(dim, keepdims=True))
+    want = e / e.sum(dim, keepdims=True)
+    want = np.log(want) if name == "log_softmax" else want
+    with pytest.warns(UserWarning, match=f"Implicit dimension choice for {name}"):
+        got = getattr(nn.functional, name)(mf.tensor(a))
+    np.testing.assert_allclose(got.numpy(), want, rtol=1e-12, atol=1e-12)
+    torch = pytest.importorskip("torch")
+    with pytest.warns(UserWarning, match="Implicit dimension choice"):
+        ref = getattr(torch.nn.functional, name)(torch.from_numpy(a))
+    np.testing.assert_allclose(ref.numpy(), want, rtol=1e-12, atol=1e-12)

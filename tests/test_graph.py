@@ -348,6 +348,71 @@ def test_transpose_permute_sum_and_mean_match_torch(shape):
                 np.testing.assert_allclose(got.numpy(), want, rtol=1e-12, atol=1e-12)
 
 
+@pytest.mark.parametrize("half", ["float16", "bfloat16"])
+def test_mean_of_a_half_tensor_accumulates_in_float32_eager_and_traced(half):
+    """``torch.mean`` accumulates float16 / bfloat16 in float32 and rounds once: a float16 sum
+    beyond 65504 (70000 ones) gave an inf mean; the mean is 1 (NumPy float64 oracle)."""
+    dt = getattr(mf, half)
+    a = np.ones((2, 70000), np.float32)
+    a[1] = np.linspace(0, 2, 70000)
+    a = a.astype(dt.np)
+
+    class G(nn.Graph):
+        def build(self, x):
+            return x.mean(), x.mean(1), x.mean(dim=(0, 1), keepdim=True)
+
+    want = [a.astype(np.float64).mean(axis=ax, keepdims=k).astype(dt.np)
+            for ax, k in ((None, False), (1, False), ((0, 1), True))]
+    x = mf.tensor(a)
+    for got in (G()(a), (x.mean(), x.mean(1), x.mean(dim=(0, 1), keepdim=True))):
+        for g, w in zip(got, want):
+            assert g.dtype == dt and g.shape == w.shape
+            np.testing.assert_allclose(g.numpy().astype(np.float64), w.astype(np.float64),
+                                       rtol=2 ** -8)
+    assert float(mf.tensor(np.ones(70000, dt.np)).mean().numpy()) == 1.0
+    if torch is not None:
+        t = torch.from_numpy(a.astype(np.float32)).to(getattr(torch, half))
+        np.testing.assert_array_equal(x.mean(1).numpy().astype(np.float32),
+                                      t.mean(1).float().numpy())
+
+
+def test_mean_over_nonempty_dims_of_an_empty_batch_is_empty_and_of_an_empty_dim_an_error():
+    """``torch.mean`` of a (0, 3) tensor over dim 1 is empty, shape (0,): the count of each
+    mean is the size of the reduced dims (3), not numel(in) / numel(out); over dim 0 it would
+    be the mean of nothing (torch: NaN), which miniflow refuses naming the dims."""
+    z = np.zeros((0, 3), np.float32)
+
+    class G(nn.Graph):
+        def build(self, x):
+            return x.mean(1), x.mean(-1, keepdim=True)
+
+    for got in (G()(z), (mf.tensor(z).mean(1), mf.tensor(z).mean(-1, keepdim=True))):
+        assert [g.shape for g in got] == [np.mean(z, 1).shape, np.mean(z, -1, keepdims=True).shape]
+    assert mf.tensor(np.zeros((2, 0, 3), np.float32)).mean((0, 2)).shape == (0,)
+    for dim in (0, None, (0, 1)):
+        with pytest.raises(ValueError, match=r"mean: dims \[0.*\] of shape \[0, 3\] hold no "
+                                             r"element"):
+            mf.tensor(z).mean(dim)
+    if torch is not None:
+        assert torch.zeros(0, 3).mean(1).shape == (0,)
+
+
+@pytest.mark.parametrize("name", ["sum", "mean"])
+@pytest.mark.parametrize("dim", [(), []], ids=["tuple", "list"])
+def test_sum_and_mean_over_an_empty_dim_list_reduce_every_dim_as_torch(name, dim):
+    """torch 2.x ``x.sum(())`` / ``x.mean([])`` reduce over every dim (as ``dim=None``); they
+    returned the input unchanged. NumPy float64 oracle, torch's when installed."""
+    a = np.arange(6, dtype=np.float64).reshape(2, 3)
+    for keep in (False, True):
+        got = getattr(mf.tensor(a), name)(dim, keep)
+        want = getattr(np, name)(a, axis=None, keepdims=keep)
+        assert got.shape == want.shape
+        np.testing.assert_allclose(got.numpy(), want, rtol=1e-15)
+        if torch is not None:
+            np.testing.assert_allclose(
+                getattr(torch.from_numpy(a), name)(dim, keepdim=keep).numpy(), want, rtol=1e-15)
+
+
 def test_transpose_and_permute_trace_as_oneflow_transpose_with_perm():
     class G(nn.Graph):
         def build(self, x):
@@ -586,3 +651,55 @@ def test_two_graphs_tracing_at_the_same_time_in_two_threads_record_into_their_ow
     np.testing.assert_array_equal(results[2.0], x * 2)
     np.testing.assert_array_equal(results[3.0], x * 3)
     assert [len(g.ir.nodes) for g in graphs] == [1, 1]
+
+
+# ------------------------------------------------------------------ module attributes recompile
+class _Scale(nn.Module):
+    """``x * self.k``: a plain attribute its forward reads; counts its traces in ``traces``."""
+
+    def __init__(self, k):
+        super().__init__()
+        self.k = k
+        self.traces = 0
+
+    def forward(self, x):
+        self.traces += 1   # set while tracing: must not recompile the graph again
+        return x * self.k
+
+
+def test_graph_recompiles_after_an_attribute_of_its_module_changes():
+    """Eager PyTorch reads ``dropout.p``, ``layer_norm.eps`` or a custom forward's attribute at
+    every call (``torch.compile`` recompiles): a compiled graph kept using the old value."""
+    x = np.random.default_rng(0).standard_normal((4, 256)).astype(np.float32)
+    scale = nn.Sequential(_Scale(2.0))
+    g, other = EvalGraph(scale), EvalGraph(_Scale(2.0))
+    for _ in range(3):
+        np.testing.assert_array_equal(g(x).numpy(), x * 2)
+        other(x)
+    assert (g.compile_count, scale[0].traces) == (1, 1)
+    scale[0].k = 3.0
+    np.testing.assert_array_equal(g(x).numpy(), x * 3)
+    g(x)
+    scale[0].k = 3.0   # an equal value: nothing to recompile
+    g(x)
+    assert (g.compile_count, scale[0].traces, other.compile_count) == (2, 2, 1)
+    other(x)
+    assert other.compile_count == 1   # a graph without the module keeps its plan
+
+    ln = nn.LayerNorm(256, elementwise_affine=False)
+    g = EvalGraph(ln)
+    g(x)
+    ln.eps = 10.0
+    mu, var = x.mean(1, keepdims=True), x.var(1, keepdims=True)
+    np.testing.assert_allclose(g(x).numpy(), (x - mu) / np.sqrt(var + 10.0), rtol=1e-4,
+                               atol=1e-6)
+    assert g.compile_count == 2
+
+    d = nn.Dropout(0.0)
+    g = EvalGraph(d)
+    np.testing.assert_array_equal(g(x).numpy(), x)
+    d.p = 0.9
+    assert 0.85 < float((g(x).numpy() == 0).mean()) < 0.95 and g.compile_count == 2
+    d.eval()   # a mode change keeps its own plan, as before
+    np.testing.assert_array_equal(g(x).numpy(), x)
+    assert g.compile_count == 3

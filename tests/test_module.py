@@ -151,3 +151,69 @@ def test_sequential_takes_an_ordered_dict_and_slices_into_a_sequential():
         pytest.skip("torch is not installed")
     want = torch.nn.Sequential(OrderedDict(fc1=torch.nn.Linear(2, 3), act=torch.nn.ReLU()))
     assert list(want[1:]._modules) == list(seq[1:2]._modules) == ["act"]
+
+
+@pytest.mark.parametrize("value", [np.ones((3, 4), np.float32), "tensor"])
+def test_module_refuses_a_non_parameter_assigned_to_a_parameter_and_keeps_it(value):
+    """``torch.nn.Module.__setattr__``: a parameter's name takes an ``nn.Parameter`` or None
+    (TypeError "cannot assign ... as parameter 'weight'"); the parameter stays registered."""
+    m = nn.Linear(4, 3)
+    before = m.weight
+    value = mf.tensor(np.ones((3, 4), np.float32)) if isinstance(value, str) else value
+    with pytest.raises(TypeError, match="cannot assign .* as parameter 'weight'"):
+        m.weight = value
+    assert m.weight is before
+    assert [n for n, _ in m.named_parameters()] == ["weight", "bias"]
+    m.weight = nn.Parameter(np.zeros((3, 4), np.float32))   # a Parameter replaces it
+    assert np.array_equal(m.state_dict()["weight"], np.zeros((3, 4), np.float32))
+    m.bias = None   # None keeps the name registered, as torch does: listed nowhere
+    assert [n for n, _ in m.named_parameters()] == ["weight"]
+    assert list(m.state_dict()) == ["weight"]
+    m.bias = nn.Parameter(np.ones(3, np.float32))
+    assert [n for n, _ in m.named_parameters()] == ["weight", "bias"]
+    with pytest.raises(TypeError, match="as child module '0'"):
+        nn.Sequential(nn.Linear(2, 2)).__setattr__("0", 3)
+    if torch is not None:
+        ref = torch.nn.Linear(4, 3)
+        with pytest.raises(TypeError, match="cannot assign .* as parameter 'weight'"):
+            ref.weight = torch.ones(3, 4)
+
+
+@pytest.mark.parametrize("prefix", ["model", "model."])
+def test_module_named_parameters_joins_a_prefix_with_a_dot(prefix):
+    """``torch.nn.Module.named_parameters(prefix="model")``: ``model.0.weight`` (it gave
+    ``model0.weight``), as miniflow's ``named_modules`` / ``named_buffers`` join it."""
+    net = nn.Sequential(nn.Linear(2, 3), nn.BatchNorm1d(3))
+    names = [n for n, _ in net.named_parameters(prefix=prefix)]
+    assert names[:2] == ["model.0.weight", "model.0.bias"]
+    assert names == ["model." + n for n, _ in net.named_parameters()]
+    assert [n for n, _ in net.named_buffers(prefix=prefix)] == \
+        ["model." + n for n, _ in net.named_buffers()]
+    if torch is not None:
+        ref = torch.nn.Sequential(torch.nn.Linear(2, 3))
+        assert [n for n, _ in ref.named_parameters(prefix="model")][:2] == names[:2]
+
+
+def test_module_load_state_dict_returns_missing_and_unexpected_keys_and_strict_raises_runtime():
+    """``torch.nn.Module.load_state_dict`` returns ``_IncompatibleKeys(missing_keys,
+    unexpected_keys)`` (it returned None) and, with ``strict=True``, raises RuntimeError; the
+    error is a KeyError too, as miniflow raised before."""
+    net = nn.Sequential(nn.Linear(2, 3), nn.BatchNorm1d(3))
+    sd = net.state_dict()
+    assert net.load_state_dict(sd) == ([], [])
+    del sd["0.bias"], sd["1.num_batches_tracked"]   # the counter is optional, as in torch
+    sd["extra"] = np.zeros(1, np.float32)
+    missing, unexpected = net.load_state_dict(sd, strict=False)
+    assert (missing, unexpected) == (["0.bias"], ["extra"])
+    result = net.load_state_dict(sd, strict=False)
+    assert result.missing_keys == ["0.bias"] and result.unexpected_keys == ["extra"]
+    for error in (RuntimeError, KeyError):
+        with pytest.raises(error, match=r"^load_state_dict: missing keys \['0.bias'\], "
+                                        r"unexpected keys \['extra'\]$"):
+            net.load_state_dict(sd)
+    if torch is not None:
+        ref = torch.nn.Sequential(torch.nn.Linear(2, 3), torch.nn.BatchNorm1d(3))
+        tsd = {k: torch.from_numpy(v) for k, v in sd.items()}
+        assert tuple(ref.load_state_dict(tsd, strict=False)) == (missing, unexpected)
+        with pytest.raises(RuntimeError):
+            ref.load_state_dict(tsd)

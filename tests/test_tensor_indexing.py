@@ -8,6 +8,11 @@ import pytest
 
 import miniflow as mf
 
+try:
+    import torch
+except ImportError:   # torch is optional: its comparisons skip
+    torch = None
+
 R = np.random.default_rng(0)
 X = R.standard_normal((4, 5, 6)).astype(np.float32)
 
@@ -37,6 +42,31 @@ def test_basic_indexing_matches_numpy_eager_and_traced(key):
 def test_an_int64_tensor_index_gathers_rows():
     idx = np.array([3, 0, 3], np.int64)
     np.testing.assert_array_equal(mf.tensor(X)[mf.tensor(idx)].numpy(), X[idx])
+
+
+@pytest.mark.parametrize("key", [np.array([1, 0]), np.array([[3, -1], [0, 2]]), [2, -4, 2],
+                                 np.array([1, 0], np.int32)], ids=str)
+def test_a_numpy_or_list_index_gathers_rows_as_torch_eager_and_traced(key):
+    """``torch``'s ``A[np.array([1, 0])]`` / ``A[[1, 0]]`` select along dim 0 (negative entries
+    from the end); miniflow raised NumPy's "truth value ... is ambiguous". NumPy oracle."""
+    want = X[np.asarray(key)]
+    for got in (mf.tensor(X)[key], _Index(key)(mf.tensor(X))):
+        assert got.shape == want.shape
+        np.testing.assert_array_equal(got.numpy(), want)
+    if torch is not None:
+        np.testing.assert_array_equal(torch.from_numpy(X)[key].numpy(), want)
+
+
+@pytest.mark.parametrize("key,error,match", [
+    (np.array([True, False, True, False]), TypeError,
+     r"a boolean mask of shape \[4\] is not supported.*x\[np.flatnonzero\(mask\)\]"),
+    ([True, False, True, False], TypeError, r"a boolean mask"),
+    (np.array([0.0, 1.0]), TypeError, r"must hold integers \(got float64\)"),
+    ((np.array([0, 1]), 0), TypeError, r"works alone \(x\[idx\], along dimension 0\)"),
+], ids=["bool_array", "bool_list", "float_array", "in_a_tuple"])
+def test_an_unsupported_array_index_names_what_is_supported(key, error, match):
+    with pytest.raises(error, match=match):
+        mf.tensor(X)[key]
 
 
 def test_an_out_of_range_tensor_index_is_named_eagerly():

@@ -25,7 +25,12 @@ later calls with that signature and those modes only copy the inputs in and run 
 :attr:`Graph.max_plans` plans are kept (least recently used evicted). Parameters and optimizer
 state are graph variables shared by every plan. Every plan is dropped, and the next call
 recompiles, after a change of the graph's configuration, modules, optimizers (their
-hyper-parameters) or scaler, or of any module's traced attributes (``Module.version.traced``).
+hyper-parameters) or scaler, or of any module's traced attributes (``Module.version.traced``),
+or an assignment of any attribute of one of the graph's modules (``dropout.p = 0.5``,
+``layer_norm.eps``, ``bn.momentum``, a plain attribute a custom ``forward`` reads:
+``Module.compiled_into``), as ``torch.compile`` recompiles when such an attribute changes. Only
+the graphs holding the module (as an attribute or inside one) recompile; assigning an equal number
+again, or ``training`` (plans are kept per mode), does not.
 
 Calls of one graph instance are serialized by a lock: a plan owns one set of input, intermediate
 and output buffers, and the scaler counts one step at a time, so two threads calling the same graph
@@ -104,6 +109,11 @@ class Graph:
         if isinstance(value, Module) and "_version" in self.__dict__:
             self._version += 1  # a (re)assigned module: recompile at the next call
         object.__setattr__(self, name, value)
+
+    def module_changed(self) -> None:
+        """An attribute of a module this graph traced was assigned (:meth:`Module.compiled_into`):
+        every plan is dropped at the next call, which recompiles."""
+        self._version += 1
 
     def build(self, *inputs):
         raise NotImplementedError(f"{type(self).__name__} must implement build(*inputs)")
@@ -376,6 +386,7 @@ class Graph:
                     v = emit("unpack", v, unpack_num=micro)
                 lazy.append(Tensor(_value=v, _tracer=tracer))
             out = self.build(*lazy)
+        Module.compiled_into((m for _, top in self._modules() for m in top.modules()), self)
         self._single_output = not isinstance(out, (tuple, list))
         outs = [out] if self._single_output else list(out)
         for o in outs:

@@ -9,6 +9,7 @@ The convolution, pooling and batch-norm functions take PyTorch's arguments and e
 from __future__ import annotations
 
 import numbers
+import warnings
 
 import numpy as np
 
@@ -40,14 +41,33 @@ def _last_axis(op, x: Tensor, dim: int):
     return apply(op, [x.permute(perm)]).permute(inv)
 
 
-def softmax(x: Tensor, dim: int = -1) -> Tensor:
-    """exp(x) / sum(exp(x)) along ``dim`` (op ``softmax``; max-subtracted)."""
-    return _last_axis("softmax", x, dim)
+def _implicit_dim(op: str, x: Tensor, dim):
+    """``dim``, or without one PyTorch's deprecated implicit choice with its warning
+    (``torch.nn.functional._get_softmax_dim``): dim 0 for 0-, 1- and 3-d inputs, else dim 1."""
+    if dim is not None:
+        return dim
+    warnings.warn(f"Implicit dimension choice for {op} has been deprecated. Change the call to "
+                  f"include dim=X as an argument.", UserWarning, stacklevel=3)
+    return 0 if x.ndim in (0, 1, 3) else 1
 
 
-def log_softmax(x: Tensor, dim: int = -1) -> Tensor:
-    """x - logsumexp(x) along ``dim`` (op ``log_softmax``)."""
-    return _last_axis("log_softmax", x, dim)
+def softmax(x: Tensor, dim: int | None = None) -> Tensor:
+    """exp(x) / sum(exp(x)) along ``dim`` (op ``softmax``; max-subtracted). Without ``dim``,
+    PyTorch's implicit dim and warning: dim 0 for a 0-, 1- or 3-d ``x``, else dim 1.
+
+    Raises:
+        ValueError: ``dim`` out of range for ``x``.
+    """
+    return _last_axis("softmax", x, _implicit_dim("softmax", x, dim))
+
+
+def log_softmax(x: Tensor, dim: int | None = None) -> Tensor:
+    """x - logsumexp(x) along ``dim`` (op ``log_softmax``); without ``dim`` as :func:`softmax`.
+
+    Raises:
+        ValueError: ``dim`` out of range for ``x``.
+    """
+    return _last_axis("log_softmax", x, _implicit_dim("log_softmax", x, dim))
 
 
 def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:

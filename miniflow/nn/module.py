@@ -14,7 +14,9 @@ its persistent buffers, then its children's, depth first, under every name that 
 mode layers read when traced. Every change of any module that makes a compiled graph's trace
 wrong (a replaced parameter, buffer or sub-module, a flipped ``training``, ``requires_grad`` or
 ``track_running_stats``) bumps :attr:`Module.version`, which the compile driver
-(``miniflow.compile.driver``: ``nn.Graph``) compares at every call.
+(``miniflow.compile.driver``: ``nn.Graph``) compares at every call. Any other attribute assigned
+on a module a graph traced (``dropout.p``, ``layer_norm.eps``) makes that graph recompile
+(:meth:`Module.compiled_into`).
 
 Under AMP with fused updates a parameter also owns half copies of its value
 (``Parameter.half_copies``, filled and kept fresh by ``miniflow.compile.half_copies``);
@@ -22,6 +24,7 @@ Under AMP with fused updates a parameter also owns half copies of its value
 """
 from __future__ import annotations
 
+import weakref
 from collections import OrderedDict
 from typing import NamedTuple
 
@@ -30,8 +33,26 @@ import numpy as np
 from ..dtype import as_dtype, bfloat16
 from ..runtime.backend import get_backend
 from ..tensor import Tensor
+from ..trace import current_tracer
 
-__all__ = ["Module", "ModuleVersion", "Parameter"]
+__all__ = ["IncompatibleKeys", "Module", "ModuleVersion", "Parameter", "StateDictKeysError"]
+
+
+class IncompatibleKeys(NamedTuple):
+    """What :meth:`Module.load_state_dict` returns (PyTorch's ``_IncompatibleKeys``):
+    ``missing, unexpected = model.load_state_dict(sd, strict=False)``; both sorted lists of
+    state-dict names."""
+
+    missing_keys: list
+    unexpected_keys: list
+
+
+class StateDictKeysError(RuntimeError, KeyError):
+    """:meth:`Module.load_state_dict` with ``strict=True`` found missing or unexpected names:
+    a RuntimeError as PyTorch raises, and a KeyError as miniflow raised before."""
+
+    def __str__(self) -> str:   # the message as written, not KeyError's quoted repr
+        return str(self.args[0]) if self.args else ""
 
 
 class ModuleVersion(NamedTuple):
@@ -136,6 +157,17 @@ class Module:
         ``Module.version.traced``, so every graph recompiles at its next call."""
         Module.version = Module.version._replace(traced=Module.version.traced + 1)
 
+    @staticmethod
+    def compiled_into(modules, graph) -> None:
+        """Record that ``graph`` traced ``modules``: a later assignment of any attribute of one
+        of them (``dropout.p = 0.5``, ``ln.eps``, a plain attribute a custom ``forward`` reads)
+        calls ``graph.module_changed()``, so the graph recompiles at its next call (as
+        ``torch.compile`` recompiles; eager PyTorch reads the new value). ``training`` is
+        excepted: graphs key their plans by the modes (:class:`ModuleVersion`). Assignments
+        while a trace runs do not count (the trace itself reads them)."""
+        for m in modules:
+            _COMPILED_INTO.setdefault(m, weakref.WeakSet()).add(graph)
+
     def __init__(self):
         object.__setattr__(self, "_parameters", OrderedDict())
         object.__setattr__(self, "_buffers", OrderedDict())
@@ -154,10 +186,26 @@ class Module:
                 Module.version = Module.version._replace(modes=Module.version.modes + 1)
             object.__setattr__(self, name, value)
             return
+        if name in self._parameters and not isinstance(value, (Parameter, type(None))):
+            raise TypeError(f"cannot assign {_kind(value)} as parameter {name!r} of "
+                            f"{type(self).__name__} (nn.Parameter or None expected; wrap a new "
+                            f"value as nn.Parameter(...) or copy it in with load_state_dict)")
+        if name in self._modules and not isinstance(value, (Module, type(None))):
+            raise TypeError(f"cannot assign {_kind(value)} as child module {name!r} of "
+                            f"{type(self).__name__} (nn.Module or None expected)")
+        graphs = _COMPILED_INTO.get(self)
+        if graphs and current_tracer() is None and not _same(self.__dict__.get(name, _NONE), value):
+            for graph in list(graphs):   # graphs that traced this module recompile
+                graph.module_changed()
         if name in self._buffers and not isinstance(value, (Parameter, Module)):
             self._buffers[name] = _as_buffer(name, value)   # assigning a buffer replaces it
             Module.trace_changed()
             object.__setattr__(self, name, self._buffers[name])
+            return
+        if name in self._parameters and value is None:  # PyTorch's Module.__setattr__ too:
+            Module.trace_changed()   # the name stays registered; the lists skip it
+            self._parameters[name] = None
+            object.__setattr__(self, name, None)
             return
         if name in self._parameters or name in self._modules or name in self._buffers:
             Module.trace_changed()  # compiled graphs may hold the old one: they recompile
@@ -262,16 +310,20 @@ class Module:
             yield m
 
     def named_parameters(self, prefix: str = ""):
-        """Yield ``(name, Parameter)`` pairs, depth first, each parameter once."""
+        """Yield ``(name, Parameter)`` pairs, depth first, each parameter once; a ``prefix`` is
+        joined with a dot (``prefix="model"``: ``model.0.weight``), as in :meth:`named_buffers`
+        and ``torch.nn.Module.named_parameters``."""
         seen = set()
-        for name, p in self._named_parameters(prefix):
+        prefix = prefix.rstrip(".")
+        for name, p in self._named_parameters(prefix + "." if prefix else ""):
             if id(p) not in seen:
                 seen.add(id(p))
                 yield name, p
 
     def _named_parameters(self, prefix):
         for name, p in self._parameters.items():
-            yield prefix + name, p
+            if p is not None:
+                yield prefix + name, p
         for name, m in self._modules.items():
             yield from m._named_parameters(prefix + name + ".")
 
@@ -320,7 +372,7 @@ class Module:
         """Name -> NumPy copy of every parameter and persistent buffer, in PyTorch's order."""
         return OrderedDict((n, t.numpy()) for n, t, _ in self._state())
 
-    def load_state_dict(self, state_dict, strict: bool = True) -> None:
+    def load_state_dict(self, state_dict, strict: bool = True) -> IncompatibleKeys:
         """Copy values into the parameters and persistent buffers in place (bound graphs see
         them).
 
@@ -333,18 +385,23 @@ class Module:
         (PyTorch's ``_BatchNorm._load_from_state_dict``). Everything is checked before anything
         is copied.
 
+        Returns:
+            :class:`IncompatibleKeys` ``(missing_keys, unexpected_keys)``, as PyTorch's
+            ``_IncompatibleKeys`` (both empty after a strict load).
+
         Raises:
-            KeyError: missing or unexpected names (strict), listing them.
+            StateDictKeysError: (a RuntimeError, as PyTorch raises, and a KeyError) missing or
+                unexpected names (strict), listing them.
             ValueError: a shape differs from the model's, naming it.
             TypeError: a value that cannot be cast to the model's dtype (complex, strings,
                 objects; a fraction or an out-of-range value into an integer tensor), naming it.
         """
-        self.prepare_load_state_dict(state_dict, strict)()
+        return self.prepare_load_state_dict(state_dict, strict)()
 
     def prepare_load_state_dict(self, state_dict, strict: bool = True):
         """Check ``state_dict`` as :meth:`load_state_dict` does and return a function of no
-        arguments that copies it in (a caller restoring several objects checks them all before
-        it assigns any: ``miniflow.checkpoint.restore``).
+        arguments that copies it in and returns :class:`IncompatibleKeys` (a caller restoring
+        several objects checks them all before it assigns any: ``miniflow.checkpoint.restore``).
 
         Raises:
             TypeError: not a dict; otherwise as :meth:`load_state_dict`.
@@ -360,7 +417,8 @@ class Module:
         missing = sorted(set(own) - set(state_dict) - optional)
         unexpected = sorted(set(state_dict) - set(own))
         if strict and (missing or unexpected):
-            raise KeyError(f"load_state_dict: missing keys {missing}, unexpected keys {unexpected}")
+            raise StateDictKeysError(f"load_state_dict: missing keys {missing}, unexpected keys "
+                                     f"{unexpected}")
         checked = []  # check everything first: a failed load changes nothing
         for name, value in state_dict.items():
             if name not in own:
@@ -378,6 +436,7 @@ class Module:
                 backend.copy_in(p._data, arr)
                 if isinstance(p, Parameter):
                     p.written()
+            return IncompatibleKeys(missing, unexpected)
         return assign
 
     def requires_grad_(self, requires_grad: bool = True) -> "Module":
@@ -402,6 +461,28 @@ class Module:
 
     def extra_repr(self) -> str:
         return ""
+
+
+_COMPILED_INTO: "weakref.WeakKeyDictionary[Module, weakref.WeakSet]" = \
+    weakref.WeakKeyDictionary()
+"""Module -> the graphs that traced it (:meth:`Module.compiled_into`); both held weakly."""
+
+_NONE = object()
+
+
+def _same(old, new) -> bool:
+    """Whether assigning ``new`` over ``old`` changes nothing a trace read: the same object, or
+    an equal number or string of the same type (``d.p = 0.5`` twice recompiles once)."""
+    return old is new or (type(old) is type(new) and isinstance(new, (bool, int, float, str))
+                          and old == new)
+
+
+def _kind(value) -> str:
+    """How an error names an assigned value: its class, with dtype and shape for arrays."""
+    if isinstance(value, (Tensor, np.ndarray)):
+        dt = value.dtype.name if isinstance(value, Tensor) else value.dtype
+        return f"a {type(value).__name__} of {dt}{list(value.shape)}"
+    return f"a {type(value).__name__}"
 
 
 def _cast_for_load(name: str, arr: np.ndarray, dtype) -> np.ndarray:
