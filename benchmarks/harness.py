@@ -9,6 +9,7 @@ thread) did part of the work.
 """
 from __future__ import annotations
 
+import contextlib
 import datetime
 import getpass
 import json
@@ -146,6 +147,36 @@ def pin_threads(n: int, frameworks=("miniflow", "torch")) -> str:
         parts.append(f"{info['internal_api']} {info['num_threads']} "
                      f"({os.path.basename(info['filepath'])})")
     return ", ".join(parts)
+
+
+@contextlib.contextmanager
+def threads_restored(frameworks=("miniflow", "torch")):
+    """A block after which the thread pools :func:`pin_threads` ``frameworks`` sets have their
+    counts back: Numba's (``"miniflow"``; its kernels are imported first, as ``pin_threads``
+    does, so Numba's threading layer is miniflow's), the BLAS and OpenMP libraries loaded before
+    the block (threadpoolctl restores them, as its ``threadpool_limits`` context does) and
+    PyTorch's intra-op pool (``"torch"``, when it is imported before the block). A benchmark's
+    ``main()`` is called in-process too (its test): without this the caller's pools stayed
+    pinned for the rest of the process."""
+    from threadpoolctl import threadpool_limits
+
+    numba = torch = None
+    if "miniflow" in frameworks:
+        import numba
+
+        import miniflow.kernels.cpu  # noqa: F401  (first: it picks Numba's threading layer)
+    if "torch" in frameworks:
+        torch = sys.modules.get("torch")
+    before = (numba.get_num_threads() if numba else None,
+              torch.get_num_threads() if torch else None)
+    with threadpool_limits(None):       # changes nothing; restores the counts at the end
+        try:
+            yield
+        finally:
+            if numba is not None:
+                numba.set_num_threads(before[0])
+            if torch is not None:
+                torch.set_num_threads(before[1])
 
 
 def default_core() -> int:

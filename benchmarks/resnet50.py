@@ -316,13 +316,14 @@ def main(argv=None) -> int:
     times = args.times or (100 if backend == "cuda" else 3)
     threads = args.threads or os.cpu_count()
     print(f"machine: {harness.describe(harness.machine())}")
-    print(f"backend: {backend}; threads: {harness.pin_threads(threads)}")
-    if args.profile:
-        if not with_torch:
-            p.error("--profile compares with PyTorch: install torch, run on the cpu backend")
-        print(profile_step(args.profile, args.image_size))
-        return 0
-    rows = run(args.batch, args.dtypes, times, args.warmup, args.image_size, with_torch)
+    if args.profile and not with_torch:
+        p.error("--profile compares with PyTorch: install torch, run on the cpu backend")
+    with harness.threads_restored():    # main() called in-process gives the pools back
+        print(f"backend: {backend}; threads: {harness.pin_threads(threads)}")
+        if args.profile:
+            print(profile_step(args.profile, args.image_size))
+            return 0
+        rows = run(args.batch, args.dtypes, times, args.warmup, args.image_size, with_torch)
     print(table(rows))
     if not args.no_save:
         print(f"wrote {harness.save_json('resnet50', {'machine': harness.machine(), 'rows': rows})}")

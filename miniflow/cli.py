@@ -5,6 +5,7 @@ resnet18|gpt``, ``--amp [fp16|bf16]``; gpt's options and run: ``miniflow.cli_gpt
 from __future__ import annotations
 
 import argparse
+import contextlib
 import math
 import platform
 import sys
@@ -158,13 +159,20 @@ def _train(args) -> int:
     message and exit code 2, not a traceback; Ctrl-C is one line naming the step and the last
     checkpoint, and exit code 130 (128 + SIGINT, the shell's convention)."""
     from . import distributed
+    if not args.ddp:
+        return _train_run(args, None)
+    distributed.init()
+    with _pinned_threads(distributed.local_world_size()) as threads:
+        return _train_run(args, threads)
+
+
+def _train_run(args, threads: int | None) -> int:
+    """:func:`_train` after the world is set up: ``threads`` per rank under ``--ddp`` (pinned by
+    :func:`_pinned_threads`), else None."""
+    from . import distributed
     from .experiments.train import ResumeError, TrainingInterrupted, train_digits
     from .extras import MissingExtraError
     from .serialization import CheckpointError, check_save_path
-    threads = None
-    if args.ddp:
-        distributed.init()
-        threads = _pin_threads(distributed.local_world_size())
     first = not args.ddp or distributed.rank() == 0
     line = choose_backend("train", args.backend)
     if args.model == "gpt":
@@ -242,10 +250,14 @@ def _model_line(model: str, recipe, args) -> str:
             + AMP_LINES[args.amp])
 
 
-def _pin_threads(local_ranks: int) -> int:
-    """Give each of the ``local_ranks`` ranks on this machine its share of the cores: Numba's and
-    the BLAS's thread pools get ``cores // local_ranks`` threads (at least 1), so ranks never
-    share a core with another rank's pool (MPICH busy-polls while a rank waits). Returns it."""
+@contextlib.contextmanager
+def _pinned_threads(local_ranks: int):
+    """Give each of the ``local_ranks`` ranks on this machine its share of the cores while the
+    block runs: Numba's and the BLAS's thread pools get ``cores // local_ranks`` threads (at
+    least 1; yielded), so ranks never share a core with another rank's pool (MPICH busy-polls
+    while a rank waits). Both pools get their thread counts back when the block ends, so
+    :func:`main` called in-process (a test, a notebook) leaves the caller's threads as they
+    were (threadpoolctl restores the BLAS's, as its ``threadpool_limits`` context does)."""
     import os
 
     import numba
@@ -254,9 +266,13 @@ def _pin_threads(local_ranks: int) -> int:
     from .kernels import cpu  # noqa: F401  (first: it picks Numba's threading layer)
 
     n = max(1, (os.cpu_count() or 1) // local_ranks)
-    numba.set_num_threads(min(n, numba.config.NUMBA_NUM_THREADS))
-    threadpool_limits(n, user_api="blas")
-    return n
+    before = numba.get_num_threads()
+    with threadpool_limits(n, user_api="blas"):
+        numba.set_num_threads(min(n, numba.config.NUMBA_NUM_THREADS))
+        try:
+            yield n
+        finally:
+            numba.set_num_threads(before)
 
 
 def _stability(args) -> int:

@@ -65,6 +65,33 @@ def test_train_ddp_in_a_one_rank_world_and_save(tmp_path, capsys):
     assert sorted(mf.load(str(path))) == ["0.bias", "0.weight", "2.bias", "2.weight"]
 
 
+def test_train_ddp_gives_the_callers_thread_counts_back(capsys):
+    """``--ddp`` gives Numba's and the BLAS's pools the rank's share of the cores for the run
+    (``cli._pinned_threads``: here all of them, one rank) and the caller's counts back after it:
+    ``main()`` runs in-process in tests and notebooks (before: both stayed pinned for the rest
+    of the process, and a later test in that pytest worker ran no parallel kernel)."""
+    import os
+
+    import numba
+    from threadpoolctl import threadpool_limits
+
+    from miniflow.kernels.cpu.common import numpy_blas
+    cores = os.cpu_count() or 1
+    if min(cores, numba.config.NUMBA_NUM_THREADS) < 2:
+        pytest.skip("one core: the run pins the threads the caller has")
+    before = numba.get_num_threads()
+    with threadpool_limits(1, user_api="blas"):
+        numba.set_num_threads(1)
+        try:
+            assert main(["train", "--ddp", "--epochs", "1", "--hidden", "8",
+                         "--no-progress"]) == 0
+            assert numba.get_num_threads() == 1
+            assert [lib.num_threads for lib in numpy_blas()] == [1] * len(numpy_blas())
+        finally:
+            numba.set_num_threads(before)
+    assert f"{cores} thread(s) per rank" in capsys.readouterr().out
+
+
 def test_cli_jobs_run_on_the_cpu_unless_asked_and_say_why(monkeypatch):
     """``choose_backend``: cpu by default even with a GPU (a cuda step of these small MLPs is
     not faster), with the reason on one line; ``--backend`` and ``MINIFLOW_BACKEND`` win."""

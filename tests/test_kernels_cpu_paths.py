@@ -244,10 +244,20 @@ _PARALLEL_CASES = [
 ]
 
 
-@pytest.mark.skipif(numba.get_num_threads() < 2, reason="one Numba thread: no parallel kernels")
+@pytest.fixture
+def two_numba_threads():
+    """Numba on two threads for the test, whatever this process was left with, then back."""
+    before = numba.get_num_threads()
+    numba.set_num_threads(2)
+    yield
+    numba.set_num_threads(before)
+
+
+@pytest.mark.skipif(numba.config.NUMBA_NUM_THREADS < 2,
+                    reason="Numba's pool has one thread (NUMBA_NUM_THREADS): no parallel kernels")
 @pytest.mark.parametrize("dt", [float16, float32], ids=lambda d: d.short)
 @pytest.mark.parametrize("op,shapes,attrs", _PARALLEL_CASES, ids=lambda c: str(c)[:40])
-def test_parallel_kernels_compute_the_serial_bits(op, shapes, attrs, dt):
+def test_parallel_kernels_compute_the_serial_bits(op, shapes, attrs, dt, two_numba_threads):
     r = np.random.default_rng(2)
     ins = [r.uniform(-2, 2, s).astype(dt.np) for s in shapes]
     node_ins = [Value(f"i{k}", a.shape, dt) for k, a in enumerate(ins)]
