@@ -53,7 +53,6 @@ sys.path.insert(0, str(ROOT))
 
 import miniflow as mf  # noqa: E402
 from miniflow.experiments.mlp import TrainGraph, mlp  # noqa: E402
-from miniflow.kernels.cuda.launch import SIMULATOR_SWITCH_INTERVAL_S  # noqa: E402
 from miniflow.runtime.backend import cuda_status  # noqa: E402
 
 MODELS = {"digits": (64, 128, 10), "wide": (64, 1024, 1024, 10)}
@@ -368,7 +367,6 @@ def main(argv=None) -> int:
     shapes = [(64, 1024, 1024), (256, 1024, 1024), (1024, 1024, 1024)]
     workloads = [("digits", False), ("digits", True), ("wide", False), ("wide", True)]
     if args.simulator:
-        sys.setswitchinterval(SIMULATOR_SWITCH_INTERVAL_S)     # the simulator polls its threads
         args.epochs, args.reps, args.steps, args.batch, args.spin = 0, 1, 1, 4, 2
         MODELS["wide"] = (8, 16, 16, 3)
         MODELS["digits"] = (8, 12, 3)

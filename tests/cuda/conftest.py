@@ -9,21 +9,15 @@ The simulator must be switched on before numba is imported, so this lane runs in
 ``MINIFLOW_CUDA_LANE_SHARD=i/n`` keeps every n-th case of the collection from the i-th, 0-based).
 """
 import os
-import sys
 
 import pytest
 from numba import config
-from miniflow.kernels.cuda.launch import SIMULATOR_SWITCH_INTERVAL_S
 from miniflow.runtime.backend import cuda_status
 
 _USABLE, _WHAT = cuda_status()
 if not _USABLE:
     pytest.exit(f"tests/cuda needs the CUDA simulator or a GPU ({_WHAT}); run it as "
                 f"NUMBA_ENABLE_CUDASIM=1 python -m pytest tests/cuda -q", returncode=4)
-
-if config.ENABLE_CUDASIM:     # the simulator's block manager polls its threads (see the constant)
-    sys.setswitchinterval(SIMULATOR_SWITCH_INTERVAL_S)
-
 
 
 def pytest_configure(config):

@@ -36,7 +36,7 @@ from dataclasses import dataclass
 
 from numba import config as numba_config
 
-__all__ = ["LaunchConfig", "GPU", "SIMULATOR", "SIMULATOR_SWITCH_INTERVAL_S", "MAX_BLOCK_THREADS",
+__all__ = ["LaunchConfig", "GPU", "SIMULATOR", "MAX_BLOCK_THREADS",
            "MAX_ARRAYS", "chunks", "current", "use_config", "Launch", "flat_steps", "row_steps",
            "reduce_grid", "grid_steps", "tile_steps", "conv_tile_steps"]
 
@@ -89,15 +89,6 @@ SIMULATOR = LaunchConfig("simulator", block=32, max_blocks=2, row_block=8, max_r
                          reduce_blocks=2, tile=8, tile_k=4, tile_reg=2, conv_tile=4)
 """The CUDA simulator: at most 64 threads per 1-D launch, 8-thread rows, 8 x 8 matmul tiles of
 4 x 4 threads, 4 x 4 convolution tiles."""
-
-SIMULATOR_SWITCH_INTERVAL_S = 2e-4
-"""``sys.setswitchinterval`` for a process that runs many kernels under the simulator (the CUDA
-simulator lane, ``gpu_check --simulator``). The simulator runs a block's threads as Python threads
-while its block manager polls them in a loop (``numba/cuda/simulator/kernel.py``,
-``BlockManager.run``); at CPython's default switch interval (5 ms) the poller holds the GIL for
-most of the run. At 0.2 ms the same kernels take about half the CPU time (a conv data gradient, a
-conv, relu, softmax and a matmul case of the lane: 4.3 s -> 1.9 s CPU, medians of 3; 1 ms: 2.4 s,
-0.05 ms: 2.2 s; Sapphire Rapids, 2 cores). What runs is unchanged."""
 
 _CONFIG = [SIMULATOR if numba_config.ENABLE_CUDASIM else GPU]
 
