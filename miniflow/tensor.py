@@ -333,7 +333,7 @@ class Tensor:
 
     def __truediv__(self, o):
         return self._binary(o, "broadcast_div",  # x / 0 = +-inf or nan, as IEEE (and torch)
-                            lambda t, s: apply("scalar_mul", [t], scalar=_reciprocal(s)))
+                            lambda t, s: apply("scalar_div", [t], scalar=s))
 
     def __rtruediv__(self, o):
         return self._binary(o, "broadcast_div",
@@ -583,12 +583,6 @@ def _matmul(a: "Tensor", b: "Tensor") -> "Tensor":
     raise ValueError(f"matmul: shapes {list(a.shape)} @ {list(b.shape)}: miniflow multiplies "
                      f"2-D @ 2-D, N-D @ 2-D and N-D @ N-D with equal batch dimensions; reshape "
                      f"or expand the operands")
-
-
-def _reciprocal(s: float) -> float:
-    """1 / s with IEEE semantics (1/0 = inf, 1/-0 = -inf) instead of ZeroDivisionError."""
-    with np.errstate(divide="ignore"):
-        return float(np.float64(1.0) / np.float64(s))
 
 
 def tensor(data, dtype=None) -> Tensor:

@@ -217,3 +217,34 @@ def test_chunk_gives_pytorchs_pieces(size, chunks):
         np.testing.assert_array_equal(g.numpy(), w.numpy())
     with pytest.raises(ValueError, match="chunk: chunks must be a positive integer, got 0"):
         mf.tensor(x).chunk(0)
+
+
+class _Divide(mf.nn.Graph):
+    def build(self, x):
+        return x / 3.0
+
+
+def test_division_by_a_number_is_one_ieee_division_as_torch():
+    """``x / 3.0`` is op ``scalar_div``: one IEEE division per element, as PyTorch divides (its
+    ``div`` with a Python scalar: the scalar in the tensor's compute type, float32 for float32
+    and float16). Multiplying by the rounded reciprocal, as miniflow did, is 1 ulp off for about
+    a third of the float32 values here; NumPy's float32 division is the oracle, exhaustively
+    over float16's finite values for float16 (rounded once from float32)."""
+    x = R.uniform(-1e3, 1e3, 100_000).astype(np.float32)
+    want = x / np.float32(3.0)
+    assert np.mean(x * np.float32(1 / 3) != want) > 0.1        # the old way differs: a real test
+    eager = mf.tensor(x) / 3.0
+    graph = _Divide()
+    traced = graph(mf.tensor(x))
+    assert [n.op.name for n in graph.ir.nodes] == ["scalar_div"]
+    for got in (eager, traced):
+        np.testing.assert_array_equal(got.numpy(), want)
+    h = np.arange(0, 0x7C00, dtype=np.uint16).view(np.float16)
+    h = np.concatenate([h, -h])
+    want16 = (h.astype(np.float32) / np.float32(3.0)).astype(np.float16)
+    np.testing.assert_array_equal((mf.tensor(h) / 3.0).numpy(), want16)
+    np.testing.assert_array_equal((mf.tensor(x) / 0.1).numpy(), x / np.float32(0.1))
+    if torch is not None:
+        np.testing.assert_array_equal(eager.numpy(), (torch.from_numpy(x) / 3.0).numpy())
+        np.testing.assert_array_equal((mf.tensor(h) / 3.0).numpy(),
+                                      (torch.from_numpy(h) / 3.0).numpy())

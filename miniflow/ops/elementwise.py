@@ -306,6 +306,11 @@ elementwise("scalar_add", add, np.add, amp="gray", scalar_attr="scalar",
 elementwise("scalar_mul", mul, np.multiply, amp="gray", scalar_attr="scalar",
             grad=lambda n, gs, emit: [emit("scalar_mul", gs[0], scalar=n.attrs["scalar"])],
             samples=unary_samples(scalar=2.0), doc="out = x * scalar; dx = dy * scalar")
+elementwise("scalar_div", div, np.divide, amp="gray", scalar_attr="scalar",
+            grad=lambda n, gs, emit: [emit("scalar_div", gs[0], scalar=n.attrs["scalar"])],
+            samples=unary_samples(scalar=3.0),
+            doc="out = x / scalar (one IEEE division, as PyTorch's ``x / 3.0``: not x times the "
+                "rounded 1 / scalar, which is 1 ulp off for some x); dx = dy / scalar")
 
 
 # ------------------------------------------------------------------------------ binary
