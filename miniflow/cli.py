@@ -257,22 +257,14 @@ def _pinned_threads(local_ranks: int):
     least 1; yielded), so ranks never share a core with another rank's pool (MPICH busy-polls
     while a rank waits). Both pools get their thread counts back when the block ends, so
     :func:`main` called in-process (a test, a notebook) leaves the caller's threads as they
-    were (threadpoolctl restores the BLAS's, as its ``threadpool_limits`` context does)."""
+    were (``kernels.cpu.common.pinned_threads``)."""
     import os
 
-    import numba
-    from threadpoolctl import threadpool_limits
-
-    from .kernels import cpu  # noqa: F401  (first: it picks Numba's threading layer)
+    from .kernels.cpu.common import pinned_threads  # first: it picks Numba's threading layer
 
     n = max(1, (os.cpu_count() or 1) // local_ranks)
-    before = numba.get_num_threads()
-    with threadpool_limits(n, user_api="blas"):
-        numba.set_num_threads(min(n, numba.config.NUMBA_NUM_THREADS))
-        try:
-            yield n
-        finally:
-            numba.set_num_threads(before)
+    with pinned_threads(n):
+        yield n
 
 
 def _stability(args) -> int:

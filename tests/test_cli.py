@@ -73,22 +73,16 @@ def test_train_ddp_gives_the_callers_thread_counts_back(capsys):
     import os
 
     import numba
-    from threadpoolctl import threadpool_limits
 
-    from miniflow.kernels.cpu.common import numpy_blas
+    from miniflow.kernels.cpu.common import numpy_blas, pinned_threads
     cores = os.cpu_count() or 1
     if min(cores, numba.config.NUMBA_NUM_THREADS) < 2:
         pytest.skip("one core: the run pins the threads the caller has")
-    before = numba.get_num_threads()
-    with threadpool_limits(1, user_api="blas"):
-        numba.set_num_threads(1)
-        try:
-            assert main(["train", "--ddp", "--epochs", "1", "--hidden", "8",
-                         "--no-progress"]) == 0
-            assert numba.get_num_threads() == 1
-            assert [lib.num_threads for lib in numpy_blas()] == [1] * len(numpy_blas())
-        finally:
-            numba.set_num_threads(before)
+    with pinned_threads(1):
+        assert main(["train", "--ddp", "--epochs", "1", "--hidden", "8",
+                     "--no-progress"]) == 0
+        assert numba.get_num_threads() == 1
+        assert [lib.num_threads for lib in numpy_blas()] == [1] * len(numpy_blas())
     assert f"{cores} thread(s) per rank" in capsys.readouterr().out
 
 

@@ -3,13 +3,10 @@ smoke run), LeNet reaches 98% test accuracy in float32 and stays within one poin
 float16 with a dynamic loss scale and bfloat16 without one (seconds), and so does ResNet-18
 (minutes: ``slow``). "Within one point" is judged with the noise of one run taken into account
 (:func:`assert_amp_within_one_point`); the AMP runs train on one thread (:func:`_one_thread`)."""
-import contextlib
 import functools
 
-import numba
 import numpy as np
 import pytest
-from threadpoolctl import threadpool_limits
 
 import miniflow as mf
 
@@ -17,6 +14,7 @@ from miniflow.cli import main
 from miniflow.data import load_digits
 from miniflow.experiments.mlp import EvalGraph
 from miniflow.experiments.train import RECIPES, train_digits
+from miniflow.kernels.cpu.common import pinned_threads
 
 
 def test_train_command_runs_lenet(capsys):
@@ -37,9 +35,8 @@ def test_train_rejects_an_unknown_model(capsys):
         train_digits("vgg")
 
 
-@contextlib.contextmanager
 def _one_thread():
-    """One Numba and one BLAS thread (``threadpool_limits``) in the block, both set back after.
+    """One Numba and one BLAS thread in the block, both set back after (``pinned_threads``).
 
     The AMP runs train so: they only have to stay within one point of the float32 run, and on
     the 2-core machine a threaded BLAS beside the other pytest-xdist worker waits for threads
@@ -48,13 +45,7 @@ def _one_thread():
     keeps the machine's threads: it is what ``miniflow train`` computes there, and it carries
     the 98% claim (its bits depend on the BLAS's thread count: seed 0's ResNet-18 compiled for
     AVX2 gave 98.33% with two BLAS threads and 97.78% with one)."""
-    before = numba.get_num_threads()
-    with threadpool_limits(1, user_api="blas"):
-        numba.set_num_threads(1)
-        try:
-            yield
-        finally:
-            numba.set_num_threads(before)
+    return pinned_threads(1)
 
 
 @functools.lru_cache(maxsize=None)

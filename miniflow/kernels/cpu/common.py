@@ -18,6 +18,7 @@ Numba kernels). The matmuls are most of the work, so BLAS keeps the threads; a s
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 
@@ -29,7 +30,7 @@ from . import fp16
 from ...dtype import bfloat16
 
 __all__ = ["PARALLEL_MIN_SIZE", "jit", "loop_for", "use_parallel", "blas_libraries", "numpy_blas",
-           "flat",
+           "pinned_threads", "flat",
            "kview", "jitable", "scratch"]
 
 PARALLEL_MIN_SIZE = 1 << 16
@@ -61,6 +62,22 @@ def blas_libraries() -> list:
     """threadpoolctl's controllers of the BLAS libraries loaded in this process (looked up once)."""
     from threadpoolctl import ThreadpoolController
     return ThreadpoolController().select(user_api="blas").lib_controllers
+
+
+@contextlib.contextmanager
+def pinned_threads(n: int):
+    """Numba's pool and every BLAS library on ``n`` threads while the block runs (Numba's at most
+    ``NUMBA_NUM_THREADS``), both set back to the counts they had when it ends (threadpoolctl's
+    ``threadpool_limits`` context for the BLAS), so code called in-process (a test, a notebook,
+    ``miniflow train --ddp``) leaves the caller's threads as they were."""
+    from threadpoolctl import threadpool_limits
+    before = numba.get_num_threads()
+    with threadpool_limits(n, user_api="blas"):
+        numba.set_num_threads(min(n, numba.config.NUMBA_NUM_THREADS))
+        try:
+            yield
+        finally:
+            numba.set_num_threads(before)
 
 
 def numpy_blas() -> list:
