@@ -17,8 +17,9 @@ from miniflow import load, nn, save
 from miniflow.data import batches, load_digits
 from miniflow.experiments.mlp import TrainGraph, mlp
 from miniflow.optim import lr_scheduler
-from miniflow.optim.lr_scheduler import (CosineAnnealingLR, LambdaLR, LinearLR, LRScheduler,
-                                         MultiStepLR, SequentialLR, StepLR)
+from miniflow.optim.lr_scheduler import (ConstantLR, CosineAnnealingLR, ExponentialLR, LambdaLR,
+                                         LinearLR, LRScheduler, MultiStepLR, PolynomialLR,
+                                         SequentialLR, StepLR)
 
 from reference_mlp import adam_step, forward_backward, sgd_step
 
@@ -317,6 +318,18 @@ O = FakeOptimizer
      r"end_factor must be finite and in \[0, 1\], got -0.1"),
     (lambda: LinearLR(O([0.1]), end_factor=1.1), ValueError, r"end_factor .*got 1.1"),
     (lambda: LinearLR(O([0.1]), total_iters=0), ValueError, r"total_iters must be an integer >= 1"),
+    (lambda: ExponentialLR(O([0.1]), 0.0), ValueError,
+     r"ExponentialLR: gamma must be finite and in \(0, inf\), got 0.0"),
+    (lambda: ExponentialLR(O([0.1]), "0.9"), TypeError, r"gamma must be a real number"),
+    (lambda: ConstantLR(O([0.1]), factor=0.0), ValueError,
+     r"ConstantLR: factor must be finite and in \(0, 1\], got 0.0"),
+    (lambda: ConstantLR(O([0.1]), factor=2), ValueError, r"factor .*got 2"),
+    (lambda: ConstantLR(O([0.1]), total_iters=0), ValueError,
+     r"ConstantLR: total_iters must be an integer >= 1, got 0"),
+    (lambda: PolynomialLR(O([0.1]), total_iters=0), ValueError,
+     r"PolynomialLR: total_iters must be an integer >= 1, got 0"),
+    (lambda: PolynomialLR(O([0.1]), power=-1.0), ValueError,
+     r"power must be finite and in \[0, inf\), got -1.0"),
     (lambda: LambdaLR(O([0.1]), 0.5), TypeError, r"LambdaLR: lr_lambda 0 must be callable"),
     (lambda: LambdaLR(O([0.1, 0.2]), [abs]), ValueError,
      r"expected 2 lr_lambdas \(one per param group\), got 1"),

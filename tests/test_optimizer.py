@@ -29,6 +29,9 @@ SCHEDULERS = {
     "MultiStepLR": lambda o: lr_scheduler.MultiStepLR(o, milestones=[1, 3]),
     "CosineAnnealingLR": lambda o: lr_scheduler.CosineAnnealingLR(o, T_max=4),
     "LinearLR": lambda o: lr_scheduler.LinearLR(o),
+    "ExponentialLR": lambda o: lr_scheduler.ExponentialLR(o, gamma=0.9),
+    "ConstantLR": lambda o: lr_scheduler.ConstantLR(o, total_iters=2),
+    "PolynomialLR": lambda o: lr_scheduler.PolynomialLR(o, total_iters=4, power=2.0),
     "LambdaLR": lambda o: lr_scheduler.LambdaLR(o, lambda epoch: 0.5 ** epoch),
     "SequentialLR": lambda o: lr_scheduler.SequentialLR(
         o, [lr_scheduler.LinearLR(o), lr_scheduler.StepLR(o, 2)], milestones=[2]),

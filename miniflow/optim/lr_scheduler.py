@@ -1,6 +1,7 @@
 """Learning-rate schedulers with ``torch.optim.lr_scheduler``'s names, arguments, formulas and
-``state_dict`` keys: :class:`StepLR`, :class:`MultiStepLR`, :class:`CosineAnnealingLR`,
-:class:`LinearLR` (warm-up), :class:`LambdaLR`, :class:`SequentialLR` and
+``state_dict`` keys: :class:`StepLR`, :class:`MultiStepLR`, :class:`ExponentialLR`,
+:class:`CosineAnnealingLR`, :class:`LinearLR` and :class:`ConstantLR` (warm-ups),
+:class:`PolynomialLR`, :class:`LambdaLR`, :class:`SequentialLR` and
 :class:`ReduceLROnPlateau` (driven by a metric: ``step(val_loss)``; see its docstring).
 
 Use them as in PyTorch: make the scheduler after the optimizer (this sets the first lr), call
@@ -60,8 +61,9 @@ import types
 from bisect import bisect_right
 from collections import Counter
 
-__all__ = ["CosineAnnealingLR", "LRScheduler", "LambdaLR", "LinearLR", "MultiStepLR",
-           "ReduceLROnPlateau", "SequentialLR", "StepLR"]
+__all__ = ["ConstantLR", "CosineAnnealingLR", "ExponentialLR", "LRScheduler", "LambdaLR",
+           "LinearLR", "MultiStepLR", "PolynomialLR", "ReduceLROnPlateau", "SequentialLR",
+           "StepLR"]
 
 _TORCH_FLAGS = ("_get_lr_called_within_step", "_is_initial")
 """Keys of PyTorch's scheduler state dicts that are always False between calls."""
@@ -499,6 +501,92 @@ class LinearLR(LRScheduler):
         d = self.end_factor - self.start_factor
         return [b * (self.start_factor + d * min(self.total_iters, self.last_epoch)
                      / self.total_iters) for b in self.base_lrs]
+
+
+class ExponentialLR(LRScheduler):
+    """Multiply the lr by ``gamma`` every epoch: ``lr_e = base_lr * gamma ** e`` (PyTorch's
+    ``ExponentialLR``, by its recursion ``lr_e = lr_{e-1} * gamma``).
+
+    Raises:
+        ValueError: gamma not finite > 0 (TypeError: not a number).
+    """
+
+    _hyper = {"gamma": lambda o, n, v: _real(o, n, v, 0.0, low_open=True)}
+
+    def __init__(self, optimizer, gamma: float, last_epoch: int = -1):
+        self._set_hyper(gamma=gamma)
+        super().__init__(optimizer, last_epoch)
+
+    def get_lr(self) -> list:
+        if self.last_epoch == 0:
+            return self._current()
+        return [lr * self.gamma for lr in self._current()]
+
+    def _get_closed_form_lr(self) -> list:
+        return [b * self.gamma ** self.last_epoch for b in self.base_lrs]
+
+
+class ConstantLR(LRScheduler):
+    """Scale the lr by ``factor`` for the first ``total_iters`` epochs, then give back the base
+    lr: ``lr_e = base_lr * (factor if e < total_iters else 1)`` (a constant warm-up; PyTorch's
+    ``ConstantLR``, by its recursion: times ``factor`` at epoch 0, times ``1 / factor`` at
+    ``total_iters``).
+
+    Raises:
+        ValueError: factor outside (0, 1] (PyTorch accepts 0 and then divides by it at
+            ``total_iters``), total_iters not an integer >= 1 (PyTorch's recursion keeps the
+            factor for ever at 0, its closed form none) (TypeError: a factor that is not a
+            number).
+    """
+
+    _hyper = {"factor": lambda o, n, v: _real(o, n, v, 0.0, 1.0, low_open=True),
+              "total_iters": lambda o, n, v: _int(o, n, v, 1)}
+
+    def __init__(self, optimizer, factor: float = 1.0 / 3, total_iters: int = 5,
+                 last_epoch: int = -1):
+        self._set_hyper(factor=factor, total_iters=total_iters)
+        super().__init__(optimizer, last_epoch)
+
+    def get_lr(self) -> list:
+        if self.last_epoch == 0:
+            return [lr * self.factor for lr in self._current()]
+        if self.last_epoch != self.total_iters:
+            return self._current()
+        return [lr * (1.0 / self.factor) for lr in self._current()]
+
+    def _get_closed_form_lr(self) -> list:
+        f = self.factor + (self.last_epoch >= self.total_iters) * (1 - self.factor)
+        return [b * f for b in self.base_lrs]
+
+
+class PolynomialLR(LRScheduler):
+    """Decay the lr to 0 over ``total_iters`` epochs as a polynomial of degree ``power``, then
+    keep it: ``lr_e = base_lr * (1 - min(e, total_iters) / total_iters) ** power``, computed by
+    PyTorch's recursion (PyTorch's ``PolynomialLR``).
+
+    Raises:
+        ValueError: total_iters not an integer >= 1, power not finite >= 0 (TypeError: a power
+            that is not a number).
+    """
+
+    _hyper = {"total_iters": lambda o, n, v: _int(o, n, v, 1),
+              "power": lambda o, n, v: _real(o, n, v, 0.0)}
+
+    def __init__(self, optimizer, total_iters: int = 5, power: float = 1.0,
+                 last_epoch: int = -1):
+        self._set_hyper(total_iters=total_iters, power=power)
+        super().__init__(optimizer, last_epoch)
+
+    def get_lr(self) -> list:
+        e, t = self.last_epoch, self.total_iters
+        if e == 0 or e > t:
+            return self._current()
+        decay = ((1.0 - e / t) / (1.0 - (e - 1) / t)) ** self.power
+        return [lr * decay for lr in self._current()]
+
+    def _get_closed_form_lr(self) -> list:
+        return [b * (1.0 - min(self.total_iters, self.last_epoch) / self.total_iters)
+                ** self.power for b in self.base_lrs]
 
 
 class LambdaLR(LRScheduler):
