@@ -217,3 +217,173 @@ def test_module_load_state_dict_returns_missing_and_unexpected_keys_and_strict_r
         assert tuple(ref.load_state_dict(tsd, strict=False)) == (missing, unexpected)
         with pytest.raises(RuntimeError):
             ref.load_state_dict(tsd)
+
+
+# ------------------------------------------------------------------------- ModuleList, ModuleDict
+def _stack(lib, widths):
+    """A model holding a ModuleList of Linear layers and a ModuleDict of two heads, built with
+    ``lib`` (miniflow's nn or torch.nn); :func:`_stack_forward` runs it."""
+    model = lib.Module()
+    model.layers = lib.ModuleList([lib.Linear(a, b) for a, b in zip(widths, widths[1:])])
+    model.heads = lib.ModuleDict({"score": lib.Linear(widths[-1], 1),
+                                  "cls": lib.Linear(widths[-1], 3)})
+    return model
+
+
+def _stack_forward(model, x):
+    for layer in model.layers:
+        x = layer(x).relu()
+    return model.heads["score"](x), model.heads["cls"](x)
+
+
+def test_module_list_and_dict_name_state_dict_keys_as_pytorch_and_trace_in_a_graph():
+    """``torch.nn.ModuleList`` / ``ModuleDict`` docs: children named by position and by key
+    (``layers.0.weight``, ``heads.cls.bias``); iterating them in ``forward`` traces every
+    layer. Oracle: NumPy float64 on the same weights (and PyTorch's keys when installed)."""
+    mf.manual_seed(0)
+    model = _stack(nn, [4, 5, 6])
+    keys = list(model.state_dict())
+    assert keys == ["layers.0.weight", "layers.0.bias", "layers.1.weight", "layers.1.bias",
+                    "heads.score.weight", "heads.score.bias", "heads.cls.weight", "heads.cls.bias"]
+    assert len(list(model.parameters())) == 8
+
+    class G(nn.Graph):
+        def __init__(self):
+            super().__init__()
+            self.model = model
+
+        def build(self, x):
+            return _stack_forward(self.model, x)
+
+    x = np.random.default_rng(0).standard_normal((2, 4)).astype(np.float32)
+    score, cls = (t.numpy() for t in G()(mf.tensor(x)))
+    sd = {k: v.astype(np.float64) for k, v in model.state_dict().items()}
+    h = x.astype(np.float64)
+    for i in range(2):
+        h = np.maximum(h @ sd[f"layers.{i}.weight"].T + sd[f"layers.{i}.bias"], 0)
+    np.testing.assert_allclose(score, h @ sd["heads.score.weight"].T + sd["heads.score.bias"],
+                               rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(cls, h @ sd["heads.cls.weight"].T + sd["heads.cls.bias"],
+                               rtol=1e-5, atol=1e-6)
+    if torch is not None:
+        assert list(_stack(torch.nn, [4, 5, 6]).state_dict()) == keys
+
+
+def test_module_list_methods_follow_pytorch_and_renumber():
+    """PyTorch's ``test_nn.py::test_ModuleList``: indexing (negative too), slices as new lists
+    numbered from 0, ``append`` / ``extend`` / ``insert`` / ``pop`` / ``del`` / ``+`` / ``+=``,
+    and the names renumbered after a deletion or insertion."""
+    a, b, c, d = (nn.Linear(1, 1) for _ in range(4))
+    ml = nn.ModuleList([a, b])
+    assert ml.append(c) is ml and list(ml) == [a, b, c] and len(ml) == 3
+    assert ml[-1] is c and ml[0] is a
+    part = ml[1:]
+    assert isinstance(part, nn.ModuleList) and list(part) == [b, c]
+    assert list(part._modules) == ["0", "1"]
+    ml.insert(1, d)
+    assert list(ml) == [a, d, b, c] and list(ml._modules) == ["0", "1", "2", "3"]
+    ml.insert(-1, nn.Identity())         # list.insert's rule: before the last
+    assert isinstance(ml[3], nn.Identity) and ml[4] is c
+    del ml[3]
+    assert ml.pop(1) is d and list(ml) == [a, b, c]
+    assert list(ml.state_dict()) == ["0.weight", "0.bias", "1.weight", "1.bias", "2.weight",
+                                     "2.bias"]
+    del ml[:2]
+    assert list(ml) == [c] and ml[0] is c
+    ml += [a]
+    both = ml + nn.ModuleList([b])
+    assert list(ml) == [c, a] and list(both) == [c, a, b]
+    ml[0] = d
+    assert list(ml) == [d, a] and ml.extend(nn.Sequential(b)) is ml and list(ml) == [d, a, b]
+    assert list(nn.ModuleList()) == [] and len(nn.ModuleList(iter([a]))) == 1
+
+
+@pytest.mark.parametrize("make, error, match", [
+    (lambda: nn.ModuleList([nn.Linear(1, 1), 3]), TypeError, "ModuleList holds modules: got a int"),
+    (lambda: nn.ModuleList([nn.Linear(1, 1)])[1], IndexError,
+     "ModuleList index 1 is out of range for 1 modules"),
+    (lambda: nn.ModuleList([nn.Linear(1, 1)])["0"], TypeError,
+     "ModuleList indices must be integers or slices, got str"),
+    (lambda: nn.ModuleList().extend(nn.Linear(1, 1)), TypeError,
+     r"ModuleList.extend takes an iterable of modules, got a Linear \(append adds one"),
+    (lambda: nn.ModuleDict({"a": "layer"}), TypeError,
+     "ModuleDict holds modules: got a str for key 'a'"),
+    (lambda: nn.ModuleDict({1: nn.Linear(1, 1)}), TypeError,
+     "ModuleDict.add_module: the module name must be a str, got int 1"),
+    (lambda: nn.ModuleDict({"a.b": nn.Linear(1, 1)}), KeyError,
+     r"the module name must be non-empty and contain no '\.'"),
+    (lambda: nn.ModuleDict({"": nn.Linear(1, 1)}), KeyError, "must be non-empty"),
+    (lambda: nn.ModuleDict({"keys": nn.Linear(1, 1)}), KeyError,
+     "ModuleDict.add_module: attribute 'keys' already exists"),
+    (lambda: nn.ModuleDict({"training": nn.Linear(1, 1)}), KeyError,
+     "attribute 'training' already exists"),
+    (lambda: nn.ModuleDict([("a", nn.Linear(1, 1), 3)]), TypeError,
+     r"element 0 has 3 items, expected a \(key, module\) pair"),
+    (lambda: nn.ModuleDict(5), TypeError, "ModuleDict.update takes a mapping or an iterable"),
+    (lambda: nn.ModuleDict()["missing"], KeyError, "missing"),
+])
+def test_containers_refuse_what_pytorch_refuses(make, error, match):
+    """PyTorch's ``add_module`` checks (a non-str, empty, dotted or existing-attribute name:
+    KeyError / TypeError), modules only, indices in range; miniflow's messages name the fix."""
+    with pytest.raises(error, match=match):
+        make()
+
+
+def test_module_dict_methods_follow_pytorch():
+    """PyTorch's ``test_nn.py::test_ModuleDict``: insertion order, ``update`` from a mapping
+    or (key, module) pairs (replacing keeps the position), ``pop``, ``clear``, ``in``."""
+    a, b, c = nn.Linear(1, 1), nn.ReLU(), nn.Linear(1, 2)
+    md = nn.ModuleDict([("a", a), ("b", b)])
+    md.update({"c": c, "a": b})
+    assert list(md) == ["a", "b", "c"] and md["a"] is b and "c" in md and "z" not in md
+    assert list(md.keys()) == ["a", "b", "c"] and list(md.values()) == [b, b, c]
+    assert list(md.items())[2] == ("c", c)
+    md["d"] = a
+    assert md.pop("b") is b and list(md) == ["a", "c", "d"] and len(md) == 3
+    del md["a"]
+    assert list(md.state_dict()) == ["c.weight", "c.bias", "d.weight", "d.bias"]
+    md.update(nn.ModuleDict({"e": nn.Identity()}))
+    md.clear()
+    assert len(md) == 0 and list(md.parameters()) == []
+
+
+def test_appending_to_a_traced_module_list_recompiles_the_graph():
+    """A container changed after a graph traced it (``append``) changes what the graph computes
+    at its next call, as eager PyTorch would (``Module.compiled_into``)."""
+    mf.manual_seed(0)
+    layers = nn.ModuleList([nn.Linear(3, 3)])
+
+    class G(nn.Graph):
+        def __init__(self):
+            super().__init__()
+            self.layers = layers
+
+        def build(self, x):
+            for layer in self.layers:
+                x = layer(x)
+            return x
+
+    g = G()
+    x = np.ones((2, 3), np.float32)
+    one = g(mf.tensor(x)).numpy()
+    layers.append(nn.Linear(3, 1))
+    two = g(mf.tensor(x)).numpy()
+    assert g.compile_count == 2 and two.shape == (2, 1)
+    w, bias = layers[1].weight.numpy(), layers[1].bias.numpy()
+    np.testing.assert_allclose(two, one @ w.T + bias, rtol=1e-6)
+
+
+def test_a_replaced_child_or_parameter_keeps_its_place_in_the_state_dict():
+    """``torch.nn.Module.__setattr__`` assigns into its ordered dicts: replacing a child module
+    or a parameter keeps its position, so the state-dict keys keep their order."""
+    net = nn.Module()
+    net.a, net.b = nn.Linear(1, 2), nn.Linear(2, 1)
+    net.a = nn.Linear(1, 2, bias=False)
+    net.b.weight = nn.Parameter(np.zeros((1, 2), np.float32))
+    assert list(net.state_dict()) == ["a.weight", "b.weight", "b.bias"]
+    if torch is not None:
+        ref = torch.nn.Module()
+        ref.a, ref.b = torch.nn.Linear(1, 2), torch.nn.Linear(2, 1)
+        ref.a = torch.nn.Linear(1, 2, bias=False)
+        ref.b.weight = torch.nn.Parameter(torch.zeros(1, 2))
+        assert list(ref.state_dict()) == list(net.state_dict())

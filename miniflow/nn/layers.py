@@ -90,6 +90,9 @@ class Sequential(Module):
     def __len__(self) -> int:
         return len(self._modules)
 
+    def __iter__(self):
+        return iter(list(self._modules.values()))
+
 
 class Flatten(Module):
     """``x`` with dims ``start_dim .. end_dim`` merged (``torch.nn.Flatten``: start_dim 1, so

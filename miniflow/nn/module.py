@@ -209,14 +209,19 @@ class Module:
             return
         if name in self._parameters or name in self._modules or name in self._buffers:
             Module.trace_changed()  # compiled graphs may hold the old one: they recompile
-        self._parameters.pop(name, None)
-        self._modules.pop(name, None)
-        self._buffers.pop(name, None)
-        self._non_persistent.discard(name)
-        if isinstance(value, Parameter):
-            self._parameters[name] = value
-        elif isinstance(value, Module):
+        if isinstance(value, Parameter) and name in self._parameters:
+            self._parameters[name] = value      # a replacement keeps its place (PyTorch's)
+        elif isinstance(value, Module) and name in self._modules:
             self._modules[name] = value
+        else:
+            self._parameters.pop(name, None)
+            self._modules.pop(name, None)
+            self._buffers.pop(name, None)
+            self._non_persistent.discard(name)
+            if isinstance(value, Parameter):
+                self._parameters[name] = value
+            elif isinstance(value, Module):
+                self._modules[name] = value
         object.__setattr__(self, name, value)
 
     def __delattr__(self, name):
@@ -227,6 +232,32 @@ class Module:
             self._buffers.pop(name, None)
             self._non_persistent.discard(name)
         object.__delattr__(self, name)
+
+    def add_module(self, name: str, module) -> None:
+        """Add ``module`` as the child ``name``, as ``self.<name> = module`` does, with PyTorch's
+        checks (``torch.nn.Module.add_module``): the containers ``ModuleList`` and ``ModuleDict``
+        add their children through it. ``None`` sets the attribute to None and registers no child
+        (as assigning None does here; PyTorch keeps a None entry).
+
+        Raises:
+            TypeError: ``module`` is neither a Module nor None, or ``name`` is not a str.
+            KeyError: ``name`` is empty, contains ``"."`` (it would make state-dict keys
+                ambiguous) or is already an attribute that is not a child module (``training``,
+                a method, a parameter or buffer).
+        """
+        if module is not None and not isinstance(module, Module):
+            raise TypeError(f"{type(self).__name__}.add_module: {_kind(module)} is not a Module "
+                            f"(child {name!r})")
+        if not isinstance(name, str):
+            raise TypeError(f"{type(self).__name__}.add_module: the module name must be a str, "
+                            f"got {type(name).__name__} {name!r}")
+        if not name or "." in name:
+            raise KeyError(f"{type(self).__name__}.add_module: the module name must be non-empty "
+                           f"and contain no '.' (it becomes a state-dict key prefix), got {name!r}")
+        if hasattr(self, name) and name not in self._modules:
+            raise KeyError(f"{type(self).__name__}.add_module: attribute {name!r} already exists "
+                           f"(choose another name for the child module)")
+        setattr(self, name, module)
 
     def register_buffer(self, name: str, tensor, persistent: bool = True) -> None:
         """Add a buffer: state of the module that is not a parameter (not trained), e.g. batch

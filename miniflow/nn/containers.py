@@ -1,0 +1,191 @@
+"""Containers of sub-modules: ``ModuleList`` and ``ModuleDict`` (PyTorch's ``torch.nn`` names,
+methods and state-dict keys). They only hold modules, so that ``parameters()``, ``state_dict()``,
+``train()`` / ``eval()`` and ``nn.Graph`` see them; they have no ``forward``: the owning module's
+``forward`` (or ``build``) iterates or indexes them, and the trace records the ops of the modules
+it calls. Changing a container after a graph traced it (``append``, ``layers[0] = ...``,
+``del blocks["head"]``) makes that graph recompile at its next call, like any assignment."""
+from __future__ import annotations
+
+import operator
+from collections.abc import Iterable, Mapping
+
+from .module import Module
+
+__all__ = ["ModuleList", "ModuleDict"]
+
+
+class ModuleList(Module):
+    """Sub-modules in a list (``torch.nn.ModuleList``): ``ModuleList([m0, m1])`` names them by
+    position, so their state-dict keys are ``0.weight``, ``1.weight``; ``ml[i]`` is a module,
+    ``ml[i:j]`` a new ModuleList of those modules (numbered from 0), ``append``, ``extend``,
+    ``insert``, ``pop``, ``del ml[i]``, ``+`` and ``+=`` as in PyTorch (deleting or inserting
+    renumbers the names after it, as PyTorch does).
+
+    Raises:
+        TypeError: an element that is not a Module; an index that is not an integer or slice.
+        IndexError: an index out of range.
+    """
+
+    def __init__(self, modules: Iterable | None = None):
+        super().__init__()
+        if modules is not None:
+            self.extend(modules)
+
+    def _index(self, idx) -> int:
+        """``idx`` as an index in ``range(len(self))``."""
+        try:
+            i = operator.index(idx)
+        except TypeError:
+            raise TypeError(f"ModuleList indices must be integers or slices, got "
+                            f"{type(idx).__name__}") from None
+        n = len(self)
+        if not -n <= i < n:
+            raise IndexError(f"ModuleList index {i} is out of range for {n} modules")
+        return i % n
+
+    def _renumber(self, modules: list) -> None:
+        """Make ``modules`` the children, named ``0 .. len - 1``."""
+        for name in list(self._modules):
+            delattr(self, name)
+        for i, m in enumerate(modules):
+            self.add_module(str(i), m)
+
+    def __getitem__(self, idx):
+        if isinstance(idx, slice):
+            return ModuleList(list(self._modules.values())[idx])
+        return self._modules[str(self._index(idx))]
+
+    def __setitem__(self, idx, module) -> None:
+        self.add_module(str(self._index(idx)), _module("ModuleList", module))
+
+    def __delitem__(self, idx) -> None:
+        modules = list(self._modules.values())
+        if isinstance(idx, slice):
+            del modules[idx]
+        else:
+            del modules[self._index(idx)]
+        self._renumber(modules)
+
+    def __len__(self) -> int:
+        return len(self._modules)
+
+    def __iter__(self):
+        return iter(list(self._modules.values()))
+
+    def __iadd__(self, modules: Iterable) -> "ModuleList":
+        return self.extend(modules)
+
+    def __add__(self, other: Iterable) -> "ModuleList":
+        return ModuleList([*self, *other])
+
+    def append(self, module: Module) -> "ModuleList":
+        """Add ``module`` at the end; returns self."""
+        self.add_module(str(len(self)), _module("ModuleList", module))
+        return self
+
+    def extend(self, modules: Iterable) -> "ModuleList":
+        """Append every module of ``modules`` (an iterable, not a single module); returns self."""
+        if not isinstance(modules, Iterable):
+            raise TypeError(f"ModuleList.extend takes an iterable of modules, got a "
+                            f"{type(modules).__name__} (append adds one module)")
+        for m in list(modules):
+            self.append(m)
+        return self
+
+    def insert(self, index: int, module: Module) -> None:
+        """Insert ``module`` before position ``index`` (``list.insert``'s rule: clipped to the
+        ends); the modules after it are renumbered."""
+        modules = list(self._modules.values())
+        modules.insert(operator.index(index), _module("ModuleList", module))
+        self._renumber(modules)
+
+    def pop(self, idx: int = -1) -> Module:
+        """Remove the module at ``idx`` and return it."""
+        module = self[idx]
+        del self[idx]
+        return module
+
+
+class ModuleDict(Module):
+    """Sub-modules by name (``torch.nn.ModuleDict``): ``ModuleDict({"enc": m0, "dec": m1})``,
+    state-dict keys ``enc.weight``; the dict methods ``[]``, ``in``, ``len``, iteration over the
+    keys in insertion order, ``keys()``, ``values()``, ``items()``, ``update()``, ``pop()``,
+    ``clear()``, as in PyTorch.
+
+    Raises:
+        TypeError: a value that is not a Module, a key that is not a str, ``update`` of
+            something that is neither a mapping nor an iterable of (key, module) pairs.
+        KeyError: a missing key; a key that is empty, dotted or an existing attribute
+            (``ModuleDict({"keys": m})``: ``Module.add_module``'s checks).
+    """
+
+    def __init__(self, modules: Mapping | Iterable | None = None):
+        super().__init__()
+        if modules is not None:
+            self.update(modules)
+
+    def __getitem__(self, key: str) -> Module:
+        return self._modules[key]
+
+    def __setitem__(self, key: str, module: Module) -> None:
+        self.add_module(key, _module("ModuleDict", module, key))
+
+    def __delitem__(self, key: str) -> None:
+        if key not in self._modules:
+            raise KeyError(key)
+        delattr(self, key)
+
+    def __len__(self) -> int:
+        return len(self._modules)
+
+    def __iter__(self):
+        return iter(list(self._modules))
+
+    def __contains__(self, key) -> bool:
+        return key in self._modules
+
+    def keys(self):
+        return self._modules.keys()
+
+    def values(self):
+        return self._modules.values()
+
+    def items(self):
+        return self._modules.items()
+
+    def pop(self, key: str) -> Module:
+        """Remove the module ``key`` and return it."""
+        module = self[key]
+        del self[key]
+        return module
+
+    def clear(self) -> None:
+        """Remove every module."""
+        for key in list(self._modules):
+            del self[key]
+
+    def update(self, modules: Mapping | Iterable) -> None:
+        """Add or replace the modules of ``modules``: a mapping (a dict, a ModuleDict) or an
+        iterable of ``(key, module)`` pairs, in its order."""
+        if isinstance(modules, (Mapping, ModuleDict)):
+            pairs = list(modules.items())
+        else:
+            try:
+                pairs = [tuple(p) for p in modules]
+            except TypeError:
+                raise TypeError(f"ModuleDict.update takes a mapping or an iterable of (key, "
+                                f"module) pairs, got {type(modules).__name__}") from None
+            for i, p in enumerate(pairs):
+                if len(p) != 2:
+                    raise TypeError(f"ModuleDict.update: element {i} has {len(p)} items, "
+                                    f"expected a (key, module) pair")
+        for key, module in pairs:
+            self[key] = module
+
+
+def _module(owner: str, value, key=None) -> Module:
+    """``value`` if it is a Module (PyTorch's containers hold modules only)."""
+    if not isinstance(value, Module):
+        where = "" if key is None else f" for key {key!r}"
+        raise TypeError(f"{owner} holds modules: got a {type(value).__name__}{where}")
+    return value
