@@ -168,6 +168,21 @@ class Tensor:
         d = _dim("unsqueeze", dim, self.ndim + 1)
         return self.reshape(self.shape[:d] + (1,) + self.shape[d:])
 
+    def squeeze(self, dim=None) -> "Tensor":
+        """This tensor without its dimensions of size 1: all of them, or those of ``dim`` (an int
+        or a tuple of ints) that have size 1; a listed dimension of another size stays, as in
+        PyTorch's ``torch.squeeze`` (op ``reshape``).
+
+        Raises:
+            IndexError: a ``dim`` out of range. TypeError: a ``dim`` that is not an int."""
+        if dim is None:
+            dims = {d for d, n in enumerate(self.shape) if n == 1}
+        else:
+            listed = {_dim("squeeze", d, self.ndim) for d in (dim if isinstance(dim, tuple)
+                                                                 else (dim,))}
+            dims = {d for d in listed if self.ndim and self.shape[d] == 1}
+        return self.reshape(tuple(n for d, n in enumerate(self.shape) if d not in dims))
+
     def flatten(self, start_dim: int = 0, end_dim: int = -1) -> "Tensor":
         """Dimensions ``start_dim .. end_dim`` merged into one (op ``flatten``)."""
         if self.ndim == 0:
@@ -215,6 +230,26 @@ class Tensor:
         d = _dim("max", dim, self.ndim)
         return MaxResult(apply("reduce_max", [self], axis=d, keepdims=bool(keepdim)),
                          apply("argmax", [self], axis=d, keepdims=bool(keepdim)))
+
+    def argmax(self, dim: int | None = None, keepdim: bool = False) -> "Tensor":
+        """The int64 index of the largest element: in the flattened tensor (0-d; ``keepdim``
+        gives it every dimension, of size 1) or along ``dim`` (op ``argmax``, as PyTorch's
+        ``torch.argmax``: NaN counts as the largest, the first maximum's index). It has no
+        gradient.
+
+        Raises:
+            IndexError: ``dim`` out of range; an empty tensor without ``dim`` (PyTorch's
+                message). ValueError: an empty reduced dimension."""
+        if dim is None:
+            if self.numel() == 0:
+                raise IndexError("argmax(): Expected reduction dim to be specified for "
+                                 "input.numel() == 0.")
+            index = apply("argmax", [self.reshape(-1)], axis=0)
+            return index.reshape((1,) * self.ndim) if keepdim else index
+        d = _dim("argmax", dim, self.ndim)
+        if self.ndim == 0:
+            return apply("argmax", [self.reshape(1)], axis=0)
+        return apply("argmax", [self], axis=d, keepdims=bool(keepdim))
 
     def masked_fill(self, mask, value) -> "Tensor":
         """``value`` where ``mask`` is True (nonzero), else this tensor's element (op

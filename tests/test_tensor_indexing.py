@@ -1,5 +1,5 @@
-"""The ``Tensor`` methods a PyTorch ``forward()`` uses (indexing, ``view``, ``unsqueeze``, ``size``,
-``dim``, ``softmax``, ``masked_fill``, ``flatten``, ``split``, ``chunk``, ``detach``, ``float`` /
+"""The ``Tensor`` methods a PyTorch ``forward()`` uses (indexing, ``view``, ``unsqueeze``,
+``squeeze``, ``size``, ``dim``, ``argmax``, ``softmax``, ``masked_fill``, ``flatten``, ``split``, ``chunk``, ``detach``, ``float`` /
 ``half``, ``@`` on batches), eager and traced in an ``nn.Graph``, against NumPy and PyTorch when
 installed (``torch.Tensor``'s documentation and the indexing rules of ``test/test_indexing.py``:
 basic indexing only, steps > 0, PyTorch's error messages)."""
@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 import miniflow as mf
+from miniflow import nn
 
 try:
     import torch
@@ -122,6 +123,8 @@ METHODS = {
     "slice": (lambda t: t[:, 1:4:2, -1], (4, 5, 6)),
     "view": (lambda t: t.view(2, 2, 30)[:, 1], (4, 5, 6)),
     "unsqueeze": (lambda t: t.unsqueeze(-1).unsqueeze(0), (3, 4)),
+    "squeeze": (lambda t: t.squeeze() * 2.0 + t.squeeze(2).squeeze(-3) * t.squeeze((0, 2)),
+                (1, 4, 1, 5)),
     "flatten": (lambda t: t.flatten(1), (4, 5, 6)),
     "softmax": (lambda t: t.softmax(1), (4, 5, 6)),
     "softmax_last": (lambda t: t.softmax(-1), (4, 5)),
@@ -159,6 +162,38 @@ def test_max_returns_values_and_indices_as_pytorch():
         np.testing.assert_array_equal(indices.numpy(), want.indices.numpy())
     with pytest.raises(ValueError, match="Expected reduction dim 1 to have non-zero size"):
         mf.tensor(np.zeros((2, 0), np.float32)).max(dim=1)
+
+
+def test_argmax_and_squeeze_match_pytorch_eager_and_traced():
+    """``torch.argmax`` (flattened or along a dim, keepdim, NaN the largest, the first of ties,
+    int64) and ``torch.squeeze`` (every size-1 dim, or the listed ones that have size 1), eager
+    and inside a graph's build."""
+    torch = pytest.importorskip("torch")
+    x = np.array([[[1.0, 3.0, 3.0, -1.0]], [[np.nan, 0.0, 7.0, np.nan]]], np.float32)  # [2,1,4]
+    cases = [((), {}), ((), {"keepdim": True}), ((0,), {}), ((2,), {"keepdim": True}),
+             ((-1,), {})]
+
+    class G(nn.Graph):
+        def build(self, t):
+            return tuple(t.argmax(*a, **k) for a, k in cases) + (t.squeeze(), t.squeeze((1, 2)))
+
+    traced = [v.numpy() for v in G()(mf.tensor(x))]
+    for (args, kw), got in zip(cases, traced):
+        want = torch.tensor(x).argmax(*args, **kw).numpy()
+        eager = mf.tensor(x).argmax(*args, **kw).numpy()
+        for value in (eager, got):
+            assert value.dtype == np.int64 and value.shape == want.shape, (args, kw)
+            np.testing.assert_array_equal(value, want)
+    assert traced[-2].shape == torch.tensor(x).squeeze().shape == (2, 4)
+    assert traced[-1].shape == tuple(torch.tensor(x).squeeze((1, 2)).shape) == (2, 4)
+    assert mf.tensor(np.float32(2.0)).argmax(0).numpy() == 0
+    assert mf.tensor(np.float32(2.0)).squeeze(0).shape == ()
+    with pytest.raises(IndexError, match=r"argmax\(\): Expected reduction dim to be specified"):
+        mf.tensor(np.zeros((2, 0), np.float32)).argmax()
+    with pytest.raises(IndexError, match=r"squeeze: Dimension out of range .*\[-3, 2\], but got 3"):
+        mf.tensor(x).squeeze(3)
+    with pytest.raises(TypeError, match="squeeze: dim must be an int, got 1.0"):
+        mf.tensor(x).squeeze(1.0)
 
 
 def test_size_dim_float_half_and_batched_matmul():
