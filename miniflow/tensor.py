@@ -168,20 +168,33 @@ class Tensor:
         d = _dim("unsqueeze", dim, self.ndim + 1)
         return self.reshape(self.shape[:d] + (1,) + self.shape[d:])
 
-    def squeeze(self, dim=None) -> "Tensor":
-        """This tensor without its dimensions of size 1: all of them, or those of ``dim`` (an int
-        or a tuple of ints) that have size 1; a listed dimension of another size stays, as in
-        PyTorch's ``torch.squeeze`` (op ``reshape``).
+    def squeeze(self, *dims, dim=None) -> "Tensor":
+        """This tensor without its dimensions of size 1: all of them, or those listed that have
+        size 1 (``squeeze(1)``, ``squeeze((0, 2))``, ``squeeze([0, 2])``, ``squeeze(0, 2)`` or
+        ``dim=``); a listed dimension of another size stays, as in PyTorch's ``torch.squeeze``
+        (op ``reshape``).
 
         Raises:
-            IndexError: a ``dim`` out of range. TypeError: a ``dim`` that is not an int."""
+            IndexError: a dimension out of range. TypeError: a dimension that is not an int, or
+            both positional dimensions and ``dim=``. RuntimeError: a dimension listed twice
+            (PyTorch's message)."""
+        if dims and dim is not None:
+            raise TypeError("squeeze: give the dimensions positionally or as dim=, not both")
+        if dim is None and len(dims) == 1:
+            dim = dims[0]
+        elif dims:
+            dim = dims
         if dim is None:
-            dims = {d for d, n in enumerate(self.shape) if n == 1}
+            listed = [d for d, n in enumerate(self.shape) if n == 1]
         else:
-            listed = {_dim("squeeze", d, self.ndim) for d in (dim if isinstance(dim, tuple)
-                                                                 else (dim,))}
-            dims = {d for d in listed if self.ndim and self.shape[d] == 1}
-        return self.reshape(tuple(n for d, n in enumerate(self.shape) if d not in dims))
+            listed = [_dim("squeeze", d, self.ndim) for d in (dim if isinstance(dim, (tuple, list))
+                                                               else (dim,))]
+            if len(set(listed)) != len(listed):
+                twice = next(d for d in listed if listed.count(d) > 1)
+                raise RuntimeError(f"squeeze: dim {twice} appears multiple times in the list of "
+                                   f"dims")
+            listed = [d for d in listed if self.ndim and self.shape[d] == 1]
+        return self.reshape(tuple(n for d, n in enumerate(self.shape) if d not in listed))
 
     def flatten(self, start_dim: int = 0, end_dim: int = -1) -> "Tensor":
         """Dimensions ``start_dim .. end_dim`` merged into one (op ``flatten``)."""
@@ -238,8 +251,13 @@ class Tensor:
         gradient.
 
         Raises:
-            IndexError: ``dim`` out of range; an empty tensor without ``dim`` (PyTorch's
-                message). ValueError: an empty reduced dimension."""
+            IndexError: ``dim`` out of range; an empty tensor without ``dim``, or an empty
+                reduced dimension (PyTorch's messages). TypeError: an integer tensor (the op
+                takes floating point; PyTorch's takes integers too)."""
+        if not self.dtype.is_float:
+            raise TypeError(f"argmax: the tensor of shape {list(self.shape)} is {self.dtype.name}; "
+                            f"miniflow's argmax takes floating-point tensors: cast it with "
+                            f".to(miniflow.float64) first (exact for integers up to 2**53)")
         if dim is None:
             if self.numel() == 0:
                 raise IndexError("argmax(): Expected reduction dim to be specified for "
@@ -249,6 +267,8 @@ class Tensor:
         d = _dim("argmax", dim, self.ndim)
         if self.ndim == 0:
             return apply("argmax", [self.reshape(1)], axis=0)
+        if self.shape[d] == 0:
+            raise IndexError(f"argmax(): Expected reduction dim {d} to have non-zero size.")
         return apply("argmax", [self], axis=d, keepdims=bool(keepdim))
 
     def masked_fill(self, mask, value) -> "Tensor":

@@ -321,6 +321,10 @@ def test_module_list_methods_follow_pytorch_and_renumber():
      r"element 0 has 3 items, expected a \(key, module\) pair"),
     (lambda: nn.ModuleDict(5), TypeError, "ModuleDict.update takes a mapping or an iterable"),
     (lambda: nn.ModuleDict()["missing"], KeyError, "missing"),
+    (lambda: nn.ModuleList([nn.ReLU()]).append(None), TypeError,
+     "ModuleList holds modules: got a NoneType"),
+    (lambda: nn.ModuleList([nn.ReLU()]).__setitem__(slice(0, 1), [nn.ReLU()]), TypeError,
+     "ModuleList: a slice cannot be assigned"),
 ])
 def test_containers_refuse_what_pytorch_refuses(make, error, match):
     """PyTorch's ``add_module`` checks (a non-str, empty, dotted or existing-attribute name:
@@ -342,7 +346,8 @@ def test_module_dict_methods_follow_pytorch():
     assert md.pop("b") is b and list(md) == ["a", "c", "d"] and len(md) == 3
     del md["a"]
     assert list(md.state_dict()) == ["c.weight", "c.bias", "d.weight", "d.bias"]
-    md.update(nn.ModuleDict({"e": nn.Identity()}))
+    md.update(nn.ModuleDict({"e": nn.Identity(), "version": nn.Linear(1, 1)}))
+    assert list(md.state_dict())[-2:] == ["version.weight", "version.bias"]  # PyTorch's too
     md.clear()
     assert len(md) == 0 and list(md.parameters()) == []
 

@@ -190,6 +190,14 @@ def test_argmax_and_squeeze_match_pytorch_eager_and_traced():
     assert mf.tensor(np.float32(2.0)).squeeze(0).shape == ()
     with pytest.raises(IndexError, match=r"argmax\(\): Expected reduction dim to be specified"):
         mf.tensor(np.zeros((2, 0), np.float32)).argmax()
+    assert mf.tensor(x).squeeze([1]).shape == mf.tensor(x).squeeze(1, 2).shape == (2, 4)
+    assert mf.tensor(x).squeeze(dim=(0, 1)).shape == (2, 4)
+    with pytest.raises(RuntimeError, match="squeeze: dim 1 appears multiple times"):
+        mf.tensor(x).squeeze((1, -2))
+    with pytest.raises(IndexError, match=r"argmax\(\): Expected reduction dim 0 to have non-zero"):
+        mf.tensor(np.zeros((0, 3), np.float32)).argmax(dim=0)
+    with pytest.raises(TypeError, match=r"argmax: the tensor of shape \[2, 3\] is int64; .*float64"):
+        mf.tensor(np.zeros((2, 3), np.int64)).argmax()
     with pytest.raises(IndexError, match=r"squeeze: Dimension out of range .*\[-3, 2\], but got 3"):
         mf.tensor(x).squeeze(3)
     with pytest.raises(TypeError, match="squeeze: dim must be an int, got 1.0"):

@@ -22,7 +22,8 @@ class ModuleList(Module):
     renumbers the names after it, as PyTorch does).
 
     Raises:
-        TypeError: an element that is not a Module; an index that is not an integer or slice.
+        TypeError: an element that is not a Module (``None`` included: PyTorch's list keeps a
+            None entry); an index that is not an integer or slice; assigning to a slice.
         IndexError: an index out of range.
     """
 
@@ -56,6 +57,9 @@ class ModuleList(Module):
         return self._modules[str(self._index(idx))]
 
     def __setitem__(self, idx, module) -> None:
+        if isinstance(idx, slice):
+            raise TypeError("ModuleList: a slice cannot be assigned (nor in PyTorch); assign one "
+                            "index at a time, or make a new ModuleList")
         self.add_module(str(self._index(idx)), _module("ModuleList", module))
 
     def __delitem__(self, idx) -> None:

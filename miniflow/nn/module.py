@@ -243,7 +243,8 @@ class Module:
             TypeError: ``module`` is neither a Module nor None, or ``name`` is not a str.
             KeyError: ``name`` is empty, contains ``"."`` (it would make state-dict keys
                 ambiguous) or is already an attribute that is not a child module (``training``,
-                a method, a parameter or buffer).
+                a method, a parameter or buffer). ``version`` is free, as in PyTorch: the
+                class-wide ``Module.version`` is only read through the class.
         """
         if module is not None and not isinstance(module, Module):
             raise TypeError(f"{type(self).__name__}.add_module: {_kind(module)} is not a Module "
@@ -254,7 +255,7 @@ class Module:
         if not name or "." in name:
             raise KeyError(f"{type(self).__name__}.add_module: the module name must be non-empty "
                            f"and contain no '.' (it becomes a state-dict key prefix), got {name!r}")
-        if hasattr(self, name) and name not in self._modules:
+        if hasattr(self, name) and name not in self._modules and name != "version":
             raise KeyError(f"{type(self).__name__}.add_module: attribute {name!r} already exists "
                            f"(choose another name for the child module)")
         setattr(self, name, module)
