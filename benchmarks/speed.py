@@ -104,6 +104,7 @@ import os
 import shutil
 import statistics
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -129,6 +130,13 @@ TARGETS = {"mlp": 1.0, "wide_mlp": 1.0}
 """Issue 16's fp32 acceptance line: relative speed >= 1.0 against every framework."""
 ROUND_SECONDS = 0.05
 """Target duration of one framework's share of a round (sets N)."""
+QUIET_S = 0.2
+"""Seconds each framework's round waits first, so that the threads of the framework before it
+stop spinning: an idle OpenBLAS worker spins for about 2^28 cycles (OpenBLAS's ``THREAD_TIMEOUT``,
+about 0.1 s) before it sleeps, libgomp's and Eigen's briefly; rounds of ``ROUND_SECONDS`` ran
+inside that window, so a framework was timed on cores that the one before still held (at 2
+threads miniflow's one-pool wide MLP step: 21 ms at batch 16 after NumPy's round, 1.5 ms alone).
+Every framework is timed as a user who runs it alone sees it."""
 CHECK_RTOL = {"fp32": 1e-4, "fp16": 1e-2, "bf16": 3e-2}
 
 
@@ -537,6 +545,7 @@ def time_case(model: str, dtype: str, batch: int, data, frameworks, runs: int,
 
     def in_process(step):
         def round_(n):
+            time.sleep(QUIET_S)                 # the other frameworks' threads stop spinning
             step()                              # untimed: back to a warm steady state
             return harness.cpu_round(step, n)
         return round_

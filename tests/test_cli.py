@@ -22,6 +22,8 @@ def test_info_prints_backend_and_versions(capsys):
     assert "backend: cpu" in out and "numba " in out and "float16 conversion on the CPU" in out
     assert "data parallel: mpi4py " in out or \
         "data parallel: not installed (pip install 'miniflow[dist]')" in out
+    from miniflow.kernels.cpu import blas_split
+    assert f"threads: {blas_split.describe()}\n" in out
 
 
 @pytest.mark.parametrize("value", ["-1", "1.5", "abc"])

@@ -9,7 +9,8 @@ import miniflow as mf
 from miniflow.dtype import bfloat16, float16, float32, float64
 from miniflow.ir import Node, Value
 from miniflow.kernels.cpu import builder_for, matmul as cpu_matmul
-from miniflow.kernels.cpu.common import PARALLEL_MIN_SIZE, blas_libraries
+from miniflow.kernels.cpu import common as cpu_common
+from miniflow.kernels.cpu.common import PARALLEL_MIN_SIZE, blas_libraries, one_pool, use_parallel
 from miniflow.kernels.cpu.simd import HAS_BF16_DOT
 from miniflow.ops import get_op
 
@@ -175,7 +176,7 @@ def test_dot_block_reads_a_transposed_weight_in_place():
     a = np.ones((3, 300), np.float32)
     w = np.ones((1000, 300), np.float32)
     fn, args = cpu_matmul._product_step(a, w.T, np.empty((3, 1000), np.float32))
-    assert fn is cpu_matmul.dot_block_kernel(False)
+    assert fn is cpu_matmul.dot_block_kernel(use_parallel(w.size))
     assert args[1].flags.c_contiguous and np.shares_memory(args[1], w)
     np.testing.assert_array_equal(args[1], w)
 
@@ -219,15 +220,19 @@ def _parallel(steps) -> bool:
     return any(getattr(fn, "targetoptions", {}).get("parallel", False) for fn, _ in steps)
 
 
-def test_parallel_kernels_from_the_threshold_and_only_with_one_blas_thread():
+def test_parallel_kernels_from_the_threshold_with_one_pool_or_one_blas_thread(monkeypatch):
     small = np.ones((8, 16), np.float32)
     big = np.ones((PARALLEL_MIN_SIZE // 16, 16), np.float32)
     more = numba.get_num_threads() > 1
+    pooled = one_pool()     # the products split across Numba's threads
     with threadpool_limits(1, user_api="blas"):
         assert not _parallel(_run("relu", [small], [(small.shape, float32)])[0])
         assert _parallel(_run("relu", [big], [(big.shape, float32)])[0]) is more
     with threadpool_limits(2, user_api="blas"):
         if any(lib.num_threads > 1 for lib in blas_libraries()):
+            assert _parallel(_run("relu", [big], [(big.shape, float32)])[0]) is pooled
+            monkeypatch.setattr(cpu_common, "cblas_gemm", lambda: None)    # a BLAS without CBLAS
+            assert not one_pool()
             assert not _parallel(_run("relu", [big], [(big.shape, float32)])[0])
 
 
@@ -265,8 +270,9 @@ def test_parallel_kernels_compute_the_serial_bits(op, shapes, attrs, dt, two_num
     attrs = opdef.normalize_attrs(node_ins, attrs)
     specs = opdef.infer(node_ins, attrs)
     results = {}
-    for blas in (1, 2):     # BLAS on one thread: parallel Numba kernels; else serial ones
-        with threadpool_limits(blas, user_api="blas"):
+    with threadpool_limits(1, user_api="blas"):
+        for threads in (2, 1):      # Numba on two threads: parallel kernels; on one, serial ones
+            numba.set_num_threads(threads)
             steps, outs = _run(op, ins, specs, attrs)
             results[_parallel(steps)] = outs
     if len(results) < 2:

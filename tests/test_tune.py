@@ -17,6 +17,7 @@ from miniflow import distributed
 from miniflow.dtype import bfloat16, float16, float32, float64, int64
 from miniflow.ir import Node, Value
 from miniflow.kernels.cpu import builder_for, matmul as cpu_matmul, mkl_gemm, tune
+from miniflow.kernels.cpu.common import pinned_threads
 from miniflow.ops import get_op
 from mpi_harness import rank_results, requires_mpi, run_mpi
 
@@ -31,6 +32,15 @@ class FakeTimer:
         run()
         self.calls.append(name)
         return self.costs[name]
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    """Numba and BLAS on one thread (set back after): the kernels and products the tests name are
+    the serial ones (at more threads the products split across Numba's, ``blas_split``); the
+    test of the one-thread BLAS candidate gives BLAS its threads itself."""
+    with pinned_threads(1):
+        yield
 
 
 def _tuner(tmp_path, monkeypatch, timer, path=None) -> tune.Tuner:
@@ -118,8 +128,8 @@ def test_a_cached_choice_gives_the_same_steps_and_bits_in_a_new_process(tmp_path
 
 @pytest.mark.parametrize("content,why", [
     ("{not json", "cannot be read as JSON"),
-    ('{"format": "miniflow-tuning-2", "machine": {}, "choices": {}}', "is not a miniflow-tuning-3"),
-    ('{"format": "miniflow-tuning-3", "machine": {"cpu": "a VAX"}, "choices": {"k": "blas"}}',
+    ('{"format": "miniflow-tuning-2", "machine": {}, "choices": {}}', "is not a miniflow-tuning-4"),
+    ('{"format": "miniflow-tuning-4", "machine": {"cpu": "a VAX"}, "choices": {"k": "blas"}}',
      "written for another machine"),
 ])
 def test_a_corrupt_or_foreign_file_is_ignored_with_one_notice(tmp_path, monkeypatch, capsys,

@@ -7,14 +7,18 @@ ZeroDivisionError). Each kernel factory takes ``parallel`` and closes over the l
 parallel compilation of one source never share a cache entry.
 
 Builders pick the parallel variant (:func:`use_parallel`, when the plan is built) for arrays of at
-least ``PARALLEL_MIN_SIZE`` elements, when Numba has more than one thread and BLAS runs on one.
+least ``PARALLEL_MIN_SIZE`` elements, when Numba has more than one thread and its pool is the only
+one: the products split across it (``blas_split``), BLAS on one thread inside every step.
 Below 2^16 elements a launch of Numba's default (OpenMP) pool costs more than it saves (2 cores:
-relu on 16K elements 2.2 us serial, 2.8 us parallel; on 64K, 8.1 us against 5.8 us). And the two
-pools do not share cores: OpenMP's and OpenBLAS's idle threads both spin, waiting for the next
-call, and take each other's cores (the 64-1024-1024-10 MLP's training step at batch 64 took 43 ms
-with both pools on 2 threads, 4.5 ms with both on one, 3.2 ms with a 2-thread BLAS and serial
-Numba kernels). The matmuls are most of the work, so BLAS keeps the threads; a sleeping pool
-(``OMP_WAIT_POLICY=passive``, Numba's workqueue layer) costs 75-130 us per launch instead.
+relu on 16K elements 2.2 us serial, 2.8 us parallel; on 64K, 8.1 us against 5.8 us). Two pools
+do not share cores: OpenMP's and OpenBLAS's idle threads both spin, waiting for the next call,
+and take each other's cores (the 64-1024-1024-10 MLP's training step at batch 64 took 43 ms with
+both pools on 2 threads, 4.5 ms with both on one, 3.2 ms with a 2-thread BLAS and serial Numba
+kernels). So where NumPy's BLAS exports no CBLAS GEMM to split (:func:`cblas_gemm`), BLAS
+keeps the threads and the kernels run serially, unless BLAS has one thread. One pool against
+that: ResNet-50's fp32 training step at 2 threads, batch 2 / 16, 534 / 3867 ms -> 458 / 3210
+(``benchmarks/README.md``, "One thread pool"); a sleeping pool (``OMP_WAIT_POLICY=passive``,
+Numba's workqueue layer) costs 75-130 us per launch instead.
 """
 from __future__ import annotations
 
@@ -29,7 +33,8 @@ from numba.extending import register_jitable
 from . import fp16
 from ...dtype import bfloat16
 
-__all__ = ["PARALLEL_MIN_SIZE", "jit", "loop_for", "use_parallel", "blas_libraries", "numpy_blas",
+__all__ = ["PARALLEL_MIN_SIZE", "jit", "loop_for", "use_parallel", "one_pool", "cblas_gemm",
+           "blas_libraries", "numpy_blas",
            "pinned_threads", "flat",
            "kview", "jitable", "scratch"]
 
@@ -37,11 +42,14 @@ PARALLEL_MIN_SIZE = 1 << 16
 """Elements from which builders choose the ``parallel=True`` variant of a kernel."""
 
 
-def jit(parallel: bool, fastmath=()):
+def jit(parallel: bool, fastmath=(), signature=None):
     """The decorator for CPU kernels (``cache`` follows ``fp16.JIT_CACHE``); ``fastmath``: LLVM
-    fast-math flags, e.g. ``("reassoc",)`` to let a sum vectorize (it changes the order of adds)."""
-    return numba.njit(cache=fp16.JIT_CACHE, parallel=parallel, error_model="numpy",
-                      fastmath=set(fastmath))
+    fast-math flags, e.g. ``("reassoc",)`` to let a sum vectorize (it changes the order of adds);
+    ``signature``: Numba's signature (compiled when decorated, for those argument types only; a
+    C-contiguous array passes as an ``A`` one), else one compilation per argument types met."""
+    options = dict(cache=fp16.JIT_CACHE, parallel=parallel, error_model="numpy",
+                   fastmath=set(fastmath))
+    return numba.njit(signature, **options) if signature is not None else numba.njit(**options)
 
 
 def loop_for(parallel: bool):
@@ -51,10 +59,48 @@ def loop_for(parallel: bool):
 
 def use_parallel(size: int) -> bool:
     """Whether a kernel over ``size`` elements runs its parallel variant: at least
-    ``PARALLEL_MIN_SIZE`` elements, more than one Numba thread and BLAS on one thread (see the
-    module docstring; decided when the plan is built)."""
+    ``PARALLEL_MIN_SIZE`` elements and more than one Numba thread, Numba's pool being the only
+    one (:func:`one_pool`) or BLAS on one thread (see the module docstring; decided when the plan
+    is built)."""
     return (size >= PARALLEL_MIN_SIZE and numba.get_num_threads() > 1
-            and all(lib.num_threads == 1 for lib in numpy_blas()))
+            and (one_pool() or all(lib.num_threads == 1 for lib in numpy_blas())))
+
+
+def one_pool() -> bool:
+    """Whether the kernels run on one thread pool, Numba's: it has more than one thread and
+    NumPy's BLAS exports a CBLAS GEMM (:func:`cblas_gemm`), so the big products split across
+    Numba's threads, each part one BLAS call on one thread (``blas_split``)."""
+    return numba.get_num_threads() > 1 and cblas_gemm() is not None
+
+
+_CBLAS_GEMMS = (("scipy_cblas_{}gemm64_", 64), ("cblas_{}gemm64_", 64), ("scipy_cblas_{}gemm", 32),
+                ("cblas_{}gemm", 32))
+"""CBLAS GEMM names a NumPy BLAS exports (``{}``: ``s`` or ``d``; NumPy's wheel bundles OpenBLAS
+with the prefix ``scipy_`` and, for its 64-bit integer interface, the suffix ``64_``) and the
+width of their integer arguments."""
+
+
+@functools.cache
+def cblas_gemm():
+    """``(integer bits, {"s": name, "d": name})``: the CBLAS ``sgemm`` / ``dgemm`` of NumPy's BLAS
+    (the first library of :func:`numpy_blas` exporting one of the known names, found with
+    ``ctypes``), registered with LLVM under those names so that Numba kernels call them by name
+    (``blas_split``); None where none does."""
+    import ctypes
+
+    import llvmlite.binding as llvm
+    for lib in numpy_blas():
+        try:
+            dll = ctypes.CDLL(lib.filepath)
+        except OSError:
+            continue
+        for pattern, bits in _CBLAS_GEMMS:
+            names = {t: pattern.format(t) for t in "sd"}
+            if all(hasattr(dll, n) for n in names.values()):
+                for n in names.values():
+                    llvm.add_symbol(n, ctypes.cast(getattr(dll, n), ctypes.c_void_p).value)
+                return bits, names
+    return None
 
 
 @functools.cache

@@ -48,12 +48,15 @@ peak for every product of the MLPs):
   :func:`pack_pairs_kernel` (126 GFLOP/s at batch 64, 183 at 256). Those are Zen 4's numbers:
   on Sapphire Rapids ``vdpbf16ps`` issues at half the FMAs' rate and the tile did 37-77 GFLOP/s,
   where the tuner takes the ``packed`` candidate (:func:`packed_steps`, 85-128).
-* otherwise one ``np.dot`` (BLAS; less call overhead than ``np.matmul``). Between
-  ``ONE_THREAD_FROM`` and ``ONE_THREAD_BELOW`` multiply-adds it runs with BLAS on one thread
-  (:class:`OneThreadBlas`) when BLAS has more: a multithreaded BLAS pays only for large products,
-  and under load its spinning threads made a 64x64x128 product take 70 us instead of 12 (a 62 us
-  training step took 420 us). Below ``ONE_THREAD_FROM`` OpenBLAS uses one thread by itself, and
-  switching (about 3 us) would only cost.
+* otherwise one ``np.dot`` (BLAS; less call overhead than ``np.matmul``). From
+  ``ONE_THREAD_FROM`` multiply-adds it runs with BLAS on one thread (:class:`OneThreadBlas`)
+  when BLAS has more: a multithreaded BLAS pays only for large products, and under load its
+  spinning threads made a 64x64x128 product take 70 us instead of 12 (a 62 us training step took
+  420 us). From ``ONE_THREAD_BELOW`` the product is split across Numba's threads, each part one
+  BLAS call on one thread (``blas_split``: one thread pool, so the other kernels run parallel
+  too), or, where NumPy's BLAS has no CBLAS GEMM to split, BLAS takes its own threads. Below
+  ``ONE_THREAD_FROM`` OpenBLAS uses one thread by itself, and switching (about 3 us) would only
+  cost.
 
 The loops accumulate in the compute type (float32 for f16/f32) in a fixed order, so results are
 deterministic, but not the bits BLAS gives. Half types (float16, bfloat16): the product is float32,
@@ -72,10 +75,10 @@ import numba
 import numpy as np
 
 from ...dtype import bfloat16
-from . import fp16, mkl_gemm, tune
+from . import blas_split, fp16, mkl_gemm, tune
 from .packed_gemm import packed_kernel
 from ..common.batch import batched
-from .common import jit, jitable, kview, loop_for, numpy_blas, use_parallel
+from .common import jit, jitable, kview, loop_for, numpy_blas, one_pool, use_parallel
 from .elementwise import cast_steps
 from .fp16 import load, store, to_compute
 from .loss_scale import cast_count_steps, sum_counts_kernel
@@ -594,12 +597,19 @@ class OneThreadBlas:
 
 
 def _blas_step(a, b, out):
-    """``np.dot(a, b, out)``, on one BLAS thread for a small product (see the module docstring)."""
-    (m, k), n = a.shape, b.shape[1]
+    """``out = a @ b`` through NumPy's BLAS (``np.dot``; ``np.matmul`` for stacks) on the
+    threads that pay (see the module docstring): from ``ONE_THREAD_BELOW`` multiply-adds split
+    across Numba's threads (``blas_split``) where they are the one pool, else BLAS's own threads;
+    from ``ONE_THREAD_FROM`` BLAS on one thread; below, as BLAS decides (one thread)."""
+    (m, k), n = a.shape[-2:], b.shape[-1]
+    macs = m * k * n * (a.shape[0] if a.ndim == 3 else 1)
     multithreaded = [lib for lib in numpy_blas() if lib.num_threads > 1]
-    if ONE_THREAD_FROM <= m * k * n < ONE_THREAD_BELOW and multithreaded:
-        return OneThreadBlas(np.dot, multithreaded), (a, b, out)
-    return np.dot, (a, b, out)
+    pooled = one_pool()
+    step = (blas_split.split_step(a, b, out) if pooled and macs >= ONE_THREAD_BELOW
+            else None) or (np.dot if a.ndim == 2 else np.matmul, (a, b, out))
+    if multithreaded and macs >= ONE_THREAD_FROM and (pooled or macs < ONE_THREAD_BELOW):
+        return OneThreadBlas(step[0], multithreaded), step[1]
+    return step
 
 
 def _vector_kinds() -> set:
@@ -741,28 +751,41 @@ def _into_out(target, outs) -> list:
     return cast_steps(target, outs[0]) if target is not outs[0] else []
 
 
-def blas_steps(node, ins, outs):
+def blas_steps(node, ins, outs, product=None):
     """:func:`build_matmul`'s steps through BLAS alone: half operands widened into float32
-    scratch, one ``np.dot`` (:func:`_blas_step`), the product rounded into a half out (and
-    counted) by one pass."""
+    scratch, one ``np.dot`` (``product``'s step, by default :func:`_blas_step`), the product
+    rounded into a half out (and counted) by one pass."""
     a, b, out = ins[0], ins[1], outs[0]
     ta, tb = node.attrs.get("transpose_a", False), node.attrs.get("transpose_b", False)
     steps = []
     target = _target(out, len(outs) > 1)
     a, b = _widened(a, steps), _widened(b, steps)
-    steps.append(_blas_step(a.T if ta else a, b.T if tb else b, target))
+    steps.append((product or _blas_step)(a.T if ta else a, b.T if tb else b, target))
     return steps + _into_out(target, outs)
 
 
-def blas_one_thread_steps(node, ins, outs):
-    """:func:`blas_steps` with BLAS on one thread (:class:`OneThreadBlas`) for the call, or None
-    where NumPy's BLAS has one thread anyway: on a machine whose other cores are busy, a threaded
-    BLAS waits for threads that are not scheduled, and the tuner measures whether it does."""
-    multithreaded = [lib for lib in numpy_blas() if lib.num_threads > 1]
-    if not multithreaded:
+def _one_thread_differs() -> bool:
+    """Whether one BLAS thread is not how :func:`_blas_step` runs every product anyway: BLAS
+    has more threads, or products split across Numba's (``common.one_pool``)."""
+    return any(lib.num_threads > 1 for lib in numpy_blas()) or one_pool()
+
+
+def _one_thread_step(a, b, out):
+    """``out = a @ b`` by one ``np.dot`` (``np.matmul`` for stacks) with BLAS on one thread
+    (:class:`OneThreadBlas` where it has more), or None where not :func:`_one_thread_differs`."""
+    if not _one_thread_differs():
         return None
-    return [(OneThreadBlas(fn, multithreaded), args) if fn is np.dot else (fn, args)
-            for fn, args in blas_steps(node, ins, outs)]
+    multithreaded = [lib for lib in numpy_blas() if lib.num_threads > 1]
+    fn = np.dot if a.ndim == 2 else np.matmul
+    return (OneThreadBlas(fn, multithreaded) if multithreaded else fn), (a, b, out)
+
+
+def blas_one_thread_steps(node, ins, outs):
+    """:func:`blas_steps` with BLAS on one thread for the product, never split
+    (:func:`_one_thread_step`), or None where BLAS has one thread and nothing splits: on a
+    machine whose other cores are busy, a threaded BLAS waits for threads that are not
+    scheduled, and the tuner measures whether it does."""
+    return blas_steps(node, ins, outs, _one_thread_step) if _one_thread_differs() else None
 
 
 def packed_steps(node, ins, outs):
@@ -900,17 +923,14 @@ def _layout(x) -> str:
 
 def _gemm_blas(node, ins, outs):
     """A GEMM candidate: ``np.dot`` (``np.matmul`` for stacks) at the threads in force."""
-    a, b, out = ins[0], ins[1], outs[0]
-    return [(np.dot if a.ndim == 2 else np.matmul, (a, b, out))]
+    return [_blas_step(ins[0], ins[1], outs[0])]
 
 
 def _gemm_blas_one_thread(node, ins, outs):
-    """A GEMM candidate: :func:`_gemm_blas` on one BLAS thread, or None where BLAS has one."""
-    multithreaded = [lib for lib in numpy_blas() if lib.num_threads > 1]
-    if not multithreaded:
-        return None
-    [(fn, args)] = _gemm_blas(node, ins, outs)
-    return [(OneThreadBlas(fn, multithreaded), args)]
+    """A GEMM candidate: one ``np.dot`` (``np.matmul``) on one BLAS thread
+    (:func:`_one_thread_step`), or None where :func:`_gemm_blas` runs so anyway."""
+    step = _one_thread_step(ins[0], ins[1], outs[0])
+    return None if step is None else [step]
 
 
 def _gemm_tile(node, ins, outs):
@@ -988,7 +1008,7 @@ def build_batch_matmul(node, ins, outs):
     a, b = _widened(a, steps), _widened(b, steps)
     a = np.swapaxes(a, -1, -2) if node.attrs.get("transpose_a", False) else a
     b = np.swapaxes(b, -1, -2) if node.attrs.get("transpose_b", False) else b
-    return steps + [(np.matmul, (a, b, target))] + _into_out(target, outs)
+    return steps + [_blas_step(a, b, target)] + _into_out(target, outs)
 
 
 BUILDERS = {"matmul": build_matmul, "batch_matmul": build_batch_matmul}

@@ -83,9 +83,11 @@ a convolution's GEMMs are BLAS in every candidate), ``packed`` (the packed GEMM,
 ``matmul.packed_steps``, where it takes the product, else the first) or ``mkl`` (oneMKL's
 half-type GEMM where it is offered, ``matmul.mkl_steps``, else the first)."""
 MODES = ("auto", "numba", "blas", "packed", "mkl")
-FORMAT = "miniflow-tuning-3"
+FORMAT = "miniflow-tuning-4"
 """The file's ``format`` field; a file with another is ignored (and replaced). 3: matmul's
-``packed`` candidate (issue 23): the classes cached before it were never measured against it."""
+``packed`` candidate (issue 23): the classes cached before it were never measured against it.
+4: one thread pool (``blas_split``): at more than one thread the candidates run otherwise than
+those cached were measured."""
 MAX_CHOICES = 512
 """Classes a file keeps (a model has a few dozen; about 100 bytes each)."""
 BUDGET_S = 2.0

@@ -1,0 +1,106 @@
+"""One GEMM split across Numba's threads, each part one call of NumPy's BLAS on one thread
+(``kernels.cpu.blas_split``): every layout and both splits give the bits of one ``np.dot`` on
+one BLAS thread (the oracle: the same BLAS, unsplit), the matmul builder takes it for big
+products at more than one Numba thread, and it refuses what it cannot compute."""
+import numba
+import numpy as np
+import pytest
+from threadpoolctl import threadpool_limits
+
+from miniflow.dtype import float16, float32
+from miniflow.ir import Node, Value
+from miniflow.kernels.cpu import blas_split, builder_for, tune
+from miniflow.kernels.cpu.common import cblas_gemm, one_pool
+from miniflow.ops import get_op
+
+pytestmark = pytest.mark.skipif(cblas_gemm() is None,
+                                reason="NumPy's BLAS exports no CBLAS GEMM")
+
+
+@pytest.fixture
+def two_threads():
+    """Numba on two threads, BLAS on one, both set back after (skips with one Numba thread)."""
+    if numba.config.NUMBA_NUM_THREADS < 2:
+        pytest.skip("Numba has one thread (NUMBA_NUM_THREADS)")
+    before = numba.get_num_threads()
+    numba.set_num_threads(2)
+    with threadpool_limits(1, user_api="blas"):
+        yield
+    numba.set_num_threads(before)
+
+
+def _operands(m, k, n, ta, tb, dtype, seed=0):
+    r = np.random.default_rng(seed)
+    a = r.standard_normal((k, m) if ta else (m, k)).astype(dtype)
+    b = r.standard_normal((n, k) if tb else (k, n)).astype(dtype)
+    return (a.T if ta else a), (b.T if tb else b)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("ta", [False, True])
+@pytest.mark.parametrize("tb", [False, True])
+@pytest.mark.parametrize("shape", [(256, 300, 1000),   # columns: 500 per part
+                                   (300, 33, 100),     # rows: too few columns to split
+                                   (7, 5, 3), (1, 1, 1), (129, 130, 131)])
+def test_the_split_gives_one_calls_bits(two_threads, shape, ta, tb, dtype):
+    a, b = _operands(*shape, ta, tb, dtype)
+    out = np.full((shape[0], shape[2]), np.nan, dtype)
+    fn, args = blas_split.split_step(a, b, out)
+    assert fn.__name__ == "dot split 2 ways"
+    fn(*args)
+    np.testing.assert_array_equal(out, np.dot(a, b))
+
+
+@pytest.mark.parametrize("ta,tb", [(False, False), (True, False), (False, True)])
+@pytest.mark.parametrize("count", [1, 2, 3, 16])       # fewer matrices than threads: each split
+def test_a_stack_gives_matmuls_bits(two_threads, count, ta, tb):
+    r = np.random.default_rng(count)
+    m, k, n = 64, 48, 200
+    a = r.standard_normal((count, k, m) if ta else (count, m, k)).astype(np.float32)
+    b = r.standard_normal((count, n, k) if tb else (count, k, n)).astype(np.float32)
+    a, b = (a.swapaxes(1, 2) if ta else a), (b.swapaxes(1, 2) if tb else b)
+    out = np.full((count, m, n), np.nan, np.float32)
+    fn, args = blas_split.split_step(a, b, out)
+    assert fn.__name__ == "matmul split 2 ways"
+    fn(*args)
+    np.testing.assert_array_equal(out, np.matmul(a, b))
+    assert count == 1 or blas_split.split_step(a[:1], b, out) is None    # broadcasting
+
+
+def test_a_strided_out_is_written_in_place_and_nothing_beside_it(two_threads):
+    a, b = _operands(10, 8, 200, False, False, np.float32)
+    big = np.zeros((10, 240), np.float32)
+    fn, args = blas_split.split_step(a, b, big[:, 5:205])
+    fn(*args)
+    np.testing.assert_array_equal(big[:, 5:205], np.dot(a, b))
+    assert not big[:, :5].any() and not big[:, 205:].any()
+
+
+def test_what_it_cannot_compute_is_refused(two_threads):
+    a, b = _operands(8, 8, 8, False, False, np.float32)
+    out = np.empty((8, 8), np.float32)
+    assert blas_split.split_step(a.astype(np.float16), b.astype(np.float16),
+                                 out.astype(np.float16)) is None            # not float32 / 64
+    assert blas_split.split_step(a, b.astype(np.float64), out) is None      # mixed dtypes
+    assert blas_split.split_step(a[None, None], b[None, None], out[None, None]) is None  # 4-D
+    assert blas_split.split_step(a[:, ::2], b[::2], out) is None            # no unit stride
+    assert blas_split.split_step(a, b, out.T) is None                       # out's columns
+    assert blas_split.split_step(a[:, :0], b[:0], out) is None              # empty
+    numba.set_num_threads(1)
+    assert not one_pool() and blas_split.split_step(a, b, out) is None
+
+
+@pytest.mark.parametrize("dt", [float32, float16])
+def test_the_builder_splits_a_big_product_at_two_threads(two_threads, monkeypatch, dt):
+    monkeypatch.setenv(tune.ENV, "blas")    # the library call, no measuring
+    m, k, n = 64, 512, 1024                 # 2^25 multiply-adds: past ONE_THREAD_BELOW
+    a, wt = _operands(m, k, n, False, True, dt.np)       # wt: W.T, a view of W [n, k]
+    node = Node(get_op("matmul"), [Value("a", (m, k), dt), Value("w", (n, k), dt)],
+                [Value("o", (m, n), dt)], {"transpose_a": False, "transpose_b": True})
+    out = np.empty((m, n), dt.np)
+    steps = builder_for(node.op)(node, [a, wt.T], [out])
+    assert "dot split 2 ways" in tune._kernels(steps)
+    for fn, args in steps:
+        fn(*args)
+    ref = np.dot(a.astype(np.float32), wt.astype(np.float32)).astype(dt.np)
+    np.testing.assert_array_equal(out, ref)
