@@ -78,7 +78,7 @@ def test_a_strided_out_is_written_in_place_and_nothing_beside_it(two_threads):
 
 def test_what_it_cannot_compute_is_refused(two_threads):
     a, b = _operands(8, 8, 8, False, False, np.float32)
-    out = np.empty((8, 8), np.float32)
+    out = np.zeros((8, 8), np.float32)
     assert blas_split.split_step(a.astype(np.float16), b.astype(np.float16),
                                  out.astype(np.float16)) is None            # not float32 / 64
     assert blas_split.split_step(a, b.astype(np.float64), out) is None      # mixed dtypes
