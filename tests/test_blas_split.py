@@ -9,8 +9,8 @@ from threadpoolctl import threadpool_limits
 
 from miniflow.dtype import float16, float32
 from miniflow.ir import Node, Value
-from miniflow.kernels.cpu import blas_split, builder_for, tune
-from miniflow.kernels.cpu.common import cblas_gemm, one_pool
+from miniflow.kernels.cpu import blas_split, builder_for, matmul, tune
+from miniflow.kernels.cpu.common import cblas_gemm, numpy_blas, one_pool
 from miniflow.ops import get_op
 
 pytestmark = pytest.mark.skipif(cblas_gemm() is None,
@@ -104,3 +104,36 @@ def test_the_builder_splits_a_big_product_at_two_threads(two_threads, monkeypatc
         fn(*args)
     ref = np.dot(a.astype(np.float32), wt.astype(np.float32)).astype(dt.np)
     np.testing.assert_array_equal(out, ref)
+
+
+def _blas_threads() -> list:
+    return [lib.num_threads for lib in numpy_blas()]
+
+
+@pytest.mark.parametrize("built, run", [(1, 2), (2, 1)])
+def test_a_step_keeps_the_callers_blas_threads_and_runs_blas_on_one(monkeypatch, built, run):
+    """A plan built at one BLAS thread count and run at another (a ``threadpool_limits`` block
+    around either): the split step still calls BLAS on one thread (wrapped whatever the count
+    was when built), and gives back the count in force at the call, not the one at the build."""
+    if numba.config.NUMBA_NUM_THREADS < 2:
+        pytest.skip("Numba has one thread (NUMBA_NUM_THREADS)")
+    before = numba.get_num_threads()
+    numba.set_num_threads(2)
+    try:
+        monkeypatch.setenv(tune.ENV, "blas")
+        a, b = _operands(64, 512, 1024, False, False, np.float32)
+        out = np.empty((64, 1024), np.float32)
+        with threadpool_limits(built, user_api="blas"):
+            fn, args = matmul._blas_step(a, b, out)
+        assert isinstance(fn, matmul.OneThreadBlas) and fn.fn.__name__ == "dot split 2 ways"
+        seen = []
+        inner = fn.fn
+        monkeypatch.setattr(fn, "fn", lambda *x: (seen.append(_blas_threads()), inner(*x)))
+        with threadpool_limits(run, user_api="blas"):
+            in_force = _blas_threads()
+            fn(*args)
+            assert _blas_threads() == in_force
+        assert seen == [[1] * len(in_force)]
+        np.testing.assert_array_equal(out, np.dot(a, b))
+    finally:
+        numba.set_num_threads(before)

@@ -494,8 +494,7 @@ def pack_pairs_kernel(parallel: bool):
     @jit(parallel)
     def kernel(w, packed):
         n, half_k = w.shape
-        n8 = n - n % 8
-        for jb in loop(n8 // 8 + (1 if n8 < n else 0)):
+        for jb in loop((n + 7) // 8):      # a plain count: Numba parallelizes this prange
             j0 = 8 * np.int64(jb)
             for q in range(half_k):
                 for j in range(j0, min(j0 + 8, n)):
@@ -577,37 +576,48 @@ def rows_times_kernel(parallel: bool):
 
 
 class OneThreadBlas:
-    """A step function: ``fn(*args)`` with every BLAS library that has more threads limited to one
-    during the call, and restored to the count it had when the step was made (threadpoolctl)."""
+    """A step function: ``fn(*args)`` with each BLAS library of ``libs`` that has more threads
+    when it is called limited to one during the call, and given back the count it had then
+    (threadpoolctl): a caller's own ``threadpool_limits`` around a graph's run stays in force,
+    whatever the count was when the step was made."""
 
     __slots__ = ("fn", "libs", "__name__")
 
     def __init__(self, fn, libs):
-        self.fn, self.libs = fn, [(lib, lib.num_threads) for lib in libs]
+        self.fn, self.libs = fn, list(libs)
         self.__name__ = f"{fn.__name__} (1 BLAS thread)"
 
     def __call__(self, *args):
-        for lib, _ in self.libs:
-            lib.set_num_threads(1)
+        counts = [lib.num_threads for lib in self.libs]
+        for lib, n in zip(self.libs, counts):
+            if n > 1:
+                lib.set_num_threads(1)
         try:
             return self.fn(*args)
         finally:
-            for lib, n in self.libs:
-                lib.set_num_threads(n)
+            for lib, n in zip(self.libs, counts):
+                if n > 1:
+                    lib.set_num_threads(n)
 
 
 def _blas_step(a, b, out):
     """``out = a @ b`` through NumPy's BLAS (``np.dot``; ``np.matmul`` for stacks) on the
     threads that pay (see the module docstring): from ``ONE_THREAD_BELOW`` multiply-adds split
     across Numba's threads (``blas_split``) where they are the one pool, else BLAS's own threads;
-    from ``ONE_THREAD_FROM`` BLAS on one thread; below, as BLAS decides (one thread)."""
+    from ``ONE_THREAD_FROM`` BLAS on one thread; below, as BLAS decides (one thread). In the one
+    pool every product from ``ONE_THREAD_FROM`` runs with BLAS on one thread whatever its count
+    when the plan was built (:class:`OneThreadBlas` checks at each call): a plan built inside a
+    ``threadpool_limits(1)`` block and run outside it must not call a threaded BLAS from Numba's
+    threads, nor wake BLAS's spinning ones."""
     (m, k), n = a.shape[-2:], b.shape[-1]
     macs = m * k * n * (a.shape[0] if a.ndim == 3 else 1)
-    multithreaded = [lib for lib in numpy_blas() if lib.num_threads > 1]
     pooled = one_pool()
     step = (blas_split.split_step(a, b, out) if pooled and macs >= ONE_THREAD_BELOW
             else None) or (np.dot if a.ndim == 2 else np.matmul, (a, b, out))
-    if multithreaded and macs >= ONE_THREAD_FROM and (pooled or macs < ONE_THREAD_BELOW):
+    if macs >= ONE_THREAD_FROM and pooled:
+        return OneThreadBlas(step[0], numpy_blas()), step[1]
+    multithreaded = [lib for lib in numpy_blas() if lib.num_threads > 1]
+    if multithreaded and ONE_THREAD_FROM <= macs < ONE_THREAD_BELOW:
         return OneThreadBlas(step[0], multithreaded), step[1]
     return step
 
@@ -772,12 +782,10 @@ def _one_thread_differs() -> bool:
 
 def _one_thread_step(a, b, out):
     """``out = a @ b`` by one ``np.dot`` (``np.matmul`` for stacks) with BLAS on one thread
-    (:class:`OneThreadBlas` where it has more), or None where not :func:`_one_thread_differs`."""
+    (:class:`OneThreadBlas`), or None where not :func:`_one_thread_differs`."""
     if not _one_thread_differs():
         return None
-    multithreaded = [lib for lib in numpy_blas() if lib.num_threads > 1]
-    fn = np.dot if a.ndim == 2 else np.matmul
-    return (OneThreadBlas(fn, multithreaded) if multithreaded else fn), (a, b, out)
+    return OneThreadBlas(np.dot if a.ndim == 2 else np.matmul, numpy_blas()), (a, b, out)
 
 
 def blas_one_thread_steps(node, ins, outs):
