@@ -23,10 +23,13 @@ def _env(**extra):
     return env
 
 
-SECTION_LIMIT_S = 10
+SECTION_LIMIT_S = 30
 """``--section-limit`` of the end-to-end run: every section's limit, so also how long the injected
-hang sleeps. The sections that run under the simulator took at most 2.7 s (sections 3 and 4,
-cold or warm Numba cache, Intel Xeon, 2 cores at load 5-7); the hang took 30 s at a limit of 30."""
+hang sleeps. The sections that run under the simulator took at most 2.9 s alone (sections 3 and
+4, cold or warm Numba cache, Intel Xeon, 2 cores), 4.2 s beside a ResNet-18 training on both
+cores; in one fresh-clone CI run (the other pytest worker and the simulator lane's processes
+busy on both cores, Numba's kernels parallel at 2 threads) section 3 printed no result within a
+limit of 10 s, and the same check alone and under load passed. The limit keeps a margin of 7x."""
 
 
 @pytest.mark.slow
