@@ -48,6 +48,8 @@ COLUMN_ALIGN = 16
 COLUMNS_FROM = 64
 """Columns of out per part from which the blocks are of columns (else of rows)."""
 _ROW_MAJOR, _NO_TRANS, _TRANS = 101, 111, 112      # CBLAS_LAYOUT, CBLAS_TRANSPOSE (cblas.h)
+
+
 def sgemm(layout, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc):
     """CBLAS's ``cblas_sgemm`` of NumPy's BLAS, callable from Numba kernels (addresses as
     integers); Python never calls it."""

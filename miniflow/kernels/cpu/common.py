@@ -16,8 +16,8 @@ and take each other's cores (the 64-1024-1024-10 MLP's training step at batch 64
 both pools on 2 threads, 4.5 ms with both on one, 3.2 ms with a 2-thread BLAS and serial Numba
 kernels). So where NumPy's BLAS exports no CBLAS GEMM to split (:func:`cblas_gemm`), BLAS
 keeps the threads and the kernels run serially, unless BLAS has one thread. One pool against
-that: ResNet-50's fp32 training step at 2 threads, batch 2 / 16, 534 / 3867 ms -> 458 / 3210
-(``benchmarks/README.md``, "One thread pool"); a sleeping pool (``OMP_WAIT_POLICY=passive``,
+that: ResNet-50's fp32 training step at 2 threads, batch 2 / 16, 552.5 / 3592.7 ms -> 440.3 /
+2866.8 (``benchmarks/README.md``, "One thread pool"); a sleeping pool (``OMP_WAIT_POLICY=passive``,
 Numba's workqueue layer) costs 75-130 us per launch instead.
 """
 from __future__ import annotations

@@ -761,16 +761,16 @@ def _into_out(target, outs) -> list:
     return cast_steps(target, outs[0]) if target is not outs[0] else []
 
 
-def blas_steps(node, ins, outs, product=None):
+def blas_steps(node, ins, outs, product=_blas_step):
     """:func:`build_matmul`'s steps through BLAS alone: half operands widened into float32
-    scratch, one ``np.dot`` (``product``'s step, by default :func:`_blas_step`), the product
-    rounded into a half out (and counted) by one pass."""
+    scratch, one ``np.dot`` (``product``'s step), the product rounded into a half out (and
+    counted) by one pass."""
     a, b, out = ins[0], ins[1], outs[0]
     ta, tb = node.attrs.get("transpose_a", False), node.attrs.get("transpose_b", False)
     steps = []
     target = _target(out, len(outs) > 1)
     a, b = _widened(a, steps), _widened(b, steps)
-    steps.append((product or _blas_step)(a.T if ta else a, b.T if tb else b, target))
+    steps.append(product(a.T if ta else a, b.T if tb else b, target))
     return steps + _into_out(target, outs)
 
 
@@ -782,9 +782,7 @@ def _one_thread_differs() -> bool:
 
 def _one_thread_step(a, b, out):
     """``out = a @ b`` by one ``np.dot`` (``np.matmul`` for stacks) with BLAS on one thread
-    (:class:`OneThreadBlas`), or None where not :func:`_one_thread_differs`."""
-    if not _one_thread_differs():
-        return None
+    (:class:`OneThreadBlas`)."""
     return OneThreadBlas(np.dot if a.ndim == 2 else np.matmul, numpy_blas()), (a, b, out)
 
 
@@ -930,15 +928,16 @@ def _layout(x) -> str:
 
 
 def _gemm_blas(node, ins, outs):
-    """A GEMM candidate: ``np.dot`` (``np.matmul`` for stacks) at the threads in force."""
+    """A GEMM candidate: ``np.dot`` (``np.matmul`` for stacks) on the threads
+    :func:`_blas_step` gives it (split across Numba's where they are the one pool)."""
     return [_blas_step(ins[0], ins[1], outs[0])]
 
 
 def _gemm_blas_one_thread(node, ins, outs):
     """A GEMM candidate: one ``np.dot`` (``np.matmul``) on one BLAS thread
-    (:func:`_one_thread_step`), or None where :func:`_gemm_blas` runs so anyway."""
-    step = _one_thread_step(ins[0], ins[1], outs[0])
-    return None if step is None else [step]
+    (:func:`_one_thread_step`), or None where :func:`_gemm_blas` runs so anyway
+    (:func:`_one_thread_differs`)."""
+    return [_one_thread_step(ins[0], ins[1], outs[0])] if _one_thread_differs() else None
 
 
 def _gemm_tile(node, ins, outs):
