@@ -358,6 +358,7 @@ def main(argv=None) -> int:
                    help="seconds one section may run (sections 2 and 7: their subprocesses)")
     p.add_argument("--inject-failure", metavar="SECTION", help=argparse.SUPPRESS)
     p.add_argument("--inject-hang", metavar="SECTION", help=argparse.SUPPRESS)
+    p.add_argument("--hang-limit", type=float, help=argparse.SUPPRESS)  # the hung section's
     args = p.parse_args(argv)
     usable, gpu = cuda_status()
     if not usable or (gpu == "CUDA simulator") != args.simulator:
@@ -377,9 +378,13 @@ def main(argv=None) -> int:
     limit = args.section_limit
 
     def section(title, body, subprocess_limit=None):
-        # a subprocess section's own timeout fires first (its output is kept), the alarm after
-        out.section(title, body, args.inject_failure, limit + 15 if subprocess_limit else limit,
-                    args.inject_hang)
+        # a subprocess section's own timeout fires first (its output is kept), the alarm after;
+        # the section hung on purpose (--inject-hang) stops at --hang-limit where given: the
+        # test waits that long, while the other sections keep --section-limit
+        own = limit + 15 if subprocess_limit else limit
+        if args.inject_hang and args.inject_hang in title and args.hang_limit is not None:
+            own = args.hang_limit
+        out.section(title, body, args.inject_failure, own, args.inject_hang)
 
     section("1. versions", lambda: versions(out, gpu))
     mf.set_backend("cuda")
