@@ -10,7 +10,8 @@ from miniflow.dtype import bfloat16, float16, float32, float64
 from miniflow.ir import Node, Value
 from miniflow.kernels.cpu import builder_for, matmul as cpu_matmul
 from miniflow.kernels.cpu import common as cpu_common
-from miniflow.kernels.cpu.common import PARALLEL_MIN_SIZE, blas_libraries, one_pool, use_parallel
+from miniflow.kernels.cpu.common import (PARALLEL_MIN_SIZE, blas_libraries, one_pool,
+                                         pinned_threads, use_parallel)
 from miniflow.kernels.cpu.simd import HAS_BF16_DOT
 from miniflow.ops import get_op
 
@@ -28,6 +29,20 @@ def _run(op, ins, out_specs, attrs=None):
 
 
 # ------------------------------------------------------------------------------ matmul paths
+@pytest.fixture
+def one_thread():
+    """Numba and BLAS on one thread for the test (``pinned_threads``), then back.
+
+    The path tests below check which kernels a product takes and what it computes; the thread
+    count changes neither (the parallel variants' bits are the serial ones':
+    :func:`test_parallel_kernels_compute_the_serial_bits`, whose cases include the register
+    tile's). At the machine's threads they compiled every parallel variant they reached, each
+    about 3.5x as long as the serial one (an ``outer_block_kernel`` signature 3.4 s against
+    1.0 s): 72 s of the compile time of a fresh-clone CI run (Intel Xeon, 2 cores)."""
+    with pinned_threads(1):
+        yield
+
+
 def _matmul(a, b, ta=False, tb=False):
     dt = mf.dtype.as_dtype(a.dtype)
     m = a.shape[1] if ta else a.shape[0]
@@ -93,7 +108,8 @@ def _bf16_kernel(kernel, shape, ta, tb):
     ((300, 300, 1000), False, True, "dot"),          # past whole tiles: BLAS
     ((64, 300, 1000), False, True, "dot_block_kernel"),     # the forward at batch 64
 ])
-def test_matmul_takes_the_fast_path_and_agrees_with_numpy(shape, ta, tb, kernel, dt):
+def test_matmul_takes_the_fast_path_and_agrees_with_numpy(shape, ta, tb, kernel, dt,
+                                                           one_thread):
     m, k, n = shape
     if dt is bfloat16:
         kernel = _bf16_kernel(kernel, shape, ta, tb)
@@ -142,7 +158,8 @@ def test_matmul_refuses_an_out_with_strided_rows_rather_than_writing_it_wrong(st
     ((300, 300, 1024), False, True, "outer_block_kernel"),  # a forward, W.T copied first
     ((100, 300, 200), False, True, "dot"),           # a forward (bfloat16: W packed in pairs)
 ])
-def test_counting_matmul_counts_the_non_finite_elements_it_writes(shape, ta, tb, kernel, dt):
+def test_counting_matmul_counts_the_non_finite_elements_it_writes(shape, ta, tb, kernel, dt,
+                                                                one_thread):
     """``count_not_finite``: ``outs[1]`` is the number of inf/NaN elements of out as rounded to
     out's dtype (float16 overflows from 65520: rows of 300s make products of 90000)."""
     m, k, n = shape
@@ -247,6 +264,8 @@ _PARALLEL_CASES = [
     ("matmul", [(3, 300), (1000, 300)], {"transpose_b": True}),
     ("matmul", [(3, 1000), (1000, 300)], {}),
     ("matmul", [(2, 1000), (2, 300)], {"transpose_a": True}),
+    ("matmul", [(300, 300), (1024, 300)], {"transpose_b": True}),     # the tile, a in rows
+    ("matmul", [(13, 1001), (13, 1100)], {"transpose_a": True, "count_not_finite": True}),
 ]
 
 
