@@ -16,10 +16,19 @@ GEMMs, the GPT's attention heads), else each matrix in blocks of out's columns (
 ``COLUMN_ALIGN``) where out has ``COLUMNS_FROM`` columns per part or more, else blocks of its rows.
 A block of columns reads all of ``a`` and its columns of ``b`` (a row block would pack all of
 ``b`` in every thread: 64 x 1024 x 1024 took 1.41 ms split by rows, 0.79 by columns, against
-OpenBLAS's own two threads at 0.73-0.79). Each element of out is the same sum in the same order
-as in one call, so the split gives one call's bits (asserted in the tests; OpenBLAS 0.3.31 on
-one Sapphire Rapids core: 256 x 1024 x 1024 in 2.21 ms against 2.10 for its own two threads and
-4.12 for one; 128 x 1152 x 784 1.03 against 1.06 and 1.77).
+OpenBLAS's own two threads at 0.73-0.79; OpenBLAS 0.3.31 on one Sapphire Rapids core: 256 x
+1024 x 1024 in 2.21 ms against 2.10 for its own two threads and 4.12 for one; 128 x 1152 x 784
+1.03 against 1.06 and 1.77).
+
+Bits: the split is deterministic (the same blocks at the same thread count), and it gives one
+call's bits where the BLAS computes every element of out the same way in whichever block it
+lies: OpenBLAS's SkylakeX kernels (AVX-512) do at these blocks; its Haswell kernels (AVX2: what
+OpenBLAS picks on a Zen 3, or with ``OPENBLAS_CORETYPE=Haswell``) do not: the elements at some
+columns and rows of a block (8-13 of a block of 16, the edge of its last 6-row panel) are summed
+in another order than in one call, and differ in the last bits. :func:`keeps_bits` checks which
+on this machine; the tests assert one call's bits where it holds, float32 rounding elsewhere. A
+training's result at two threads can thus differ from one thread's in the last bits on an AVX2
+machine (it is the same from run to run at either).
 
 The BLAS is the one ``np.dot`` calls (``common.numpy_blas``: NumPy's wheel bundles OpenBLAS, its
 CBLAS symbols prefixed ``scipy_`` and, for the 64-bit integer interface, suffixed ``64_``), its
@@ -40,13 +49,16 @@ from numba.extending import overload
 
 from .common import cblas_gemm, jit, one_pool
 
-__all__ = ["COLUMN_ALIGN", "COLUMNS_FROM", "describe", "sgemm", "dgemm",
+__all__ = ["COLUMN_ALIGN", "COLUMNS_FROM", "PROBES", "describe", "keeps_bits", "sgemm", "dgemm",
            "split_gemm_kernel", "SplitDot", "operand", "split_step"]
 
 COLUMN_ALIGN = 16
 """Column blocks start at multiples of this (a 64-byte line of float32)."""
 COLUMNS_FROM = 64
 """Columns of out per part from which the blocks are of columns (else of rows)."""
+PROBES = ((64, 512, 1024), (129, 130, 131), (300, 33, 100), (7, 5, 3))
+"""``(m, k, n)`` of the products :func:`keeps_bits` computes split in two and whole: blocks of
+columns, of columns past whole blocks, of rows, and a product smaller than one block."""
 _ROW_MAJOR, _NO_TRANS, _TRANS = 101, 111, 112      # CBLAS_LAYOUT, CBLAS_TRANSPOSE (cblas.h)
 
 
@@ -88,12 +100,37 @@ def describe() -> str:
     """How the kernels use the threads, for ``miniflow info``."""
     threads = numba.get_num_threads()
     if one_pool():
+        bits = ("one call's bits" if keeps_bits() else
+                "not one call's bits: this BLAS sums some elements of a block in another order")
         return (f"one pool, Numba's {threads} (big products split across them, each part "
-                f"{cblas_gemm()[1]['s']} on one BLAS thread)")
+                f"{cblas_gemm()[1]['s']} on one BLAS thread; {bits})")
     if threads == 1:
         return "one (Numba's kernels serial, BLAS as configured)"
     return (f"Numba {threads}; its kernels parallel only where BLAS has one thread (NumPy's "
             f"BLAS exports no CBLAS GEMM to split products across Numba's)")
+
+
+@functools.cache
+def keeps_bits() -> bool:
+    """Whether the split gives one call's bits with NumPy's BLAS on this machine (the module
+    docstring): each of :data:`PROBES`, float32 and float64, computed in two parts by
+    :func:`split_gemm_kernel` and in one ``np.dot``, both with BLAS on one thread, compared bit
+    for bit (once per process; about 10 ms). False where NumPy's BLAS exports no CBLAS GEMM (no
+    split happens there)."""
+    if cblas_gemm() is None:
+        return False
+    from .common import pinned_threads
+    r = np.random.default_rng(0)
+    with pinned_threads(1):
+        for dtype, kind in ((np.float32, "s"), (np.float64, "d")):
+            for m, k, n in PROBES:
+                a = r.standard_normal((1, m, k)).astype(dtype)
+                b = r.standard_normal((1, k, n)).astype(dtype)
+                out = np.empty((1, m, n), dtype)
+                split_gemm_kernel(kind)(a, b, out, _NO_TRANS, k, _NO_TRANS, n, n, 2, m, k, n)
+                if not np.array_equal(out[0].view(np.uint8), np.dot(a[0], b[0]).view(np.uint8)):
+                    return False
+    return True
 
 
 @functools.cache
