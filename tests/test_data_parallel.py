@@ -212,6 +212,7 @@ def _npz(path):
         return dict(f)
 
 
+@pytest.mark.slow
 @requires_mpi
 def test_two_ranks_of_32_equal_one_rank_of_64(tmp_path):
     """50 SGD-momentum and 50 Adam steps: the mean of the ranks' losses and the weights (and the
@@ -244,6 +245,7 @@ def test_two_ranks_of_32_equal_one_rank_of_64(tmp_path):
     assert two[0]["local_all_reduce_nodes"] == 0
 
 
+@pytest.mark.slow
 @requires_mpi
 def test_overflow_on_one_rank_makes_every_rank_skip_and_back_off(tmp_path):
     """AMP, dynamic GradScaler, 100 steps; rank 1 alone overflows at the injected steps. Both
@@ -267,12 +269,14 @@ def test_overflow_on_one_rank_makes_every_rank_skip_and_back_off(tmp_path):
     assert "= all_reduce(" in r0["ir"] and "{reduce='sum'}" in r0["ir"]
 
 
+@pytest.mark.slow
 @requires_mpi
 def test_killed_rank_ends_the_training_job(tmp_path):
     rc, output, seconds = kill_a_rank("training.py", tmp_path, "loop")
     assert rc != 0 and seconds < 30, (rc, seconds, output)
 
 
+@pytest.mark.slow
 @requires_mpi
 def test_raising_rank_ends_the_training_job_with_its_error(tmp_path):
     rc, output, seconds = run_mpi("training.py", 2, tmp_path, "raise", timeout=120)
@@ -282,6 +286,7 @@ def test_raising_rank_ends_the_training_job_with_its_error(tmp_path):
     assert not (tmp_path / "rank0.json").exists()
 
 
+@pytest.mark.slow
 @requires_mpi
 def test_mismatched_graphs_are_an_error_on_every_rank(tmp_path):
     rc, output, _ = run_mpi("training.py", 2, tmp_path, "mismatch")
@@ -298,6 +303,7 @@ def test_mismatched_graphs_are_an_error_on_every_rank(tmp_path):
         "'    %x: f32[31,64],  # input', rank 0 has '    %x: f32[32,64],  # input'")
 
 
+@pytest.mark.slow
 @requires_mpi
 def test_miniflow_train_ddp(tmp_path):
     """``mpiexec -n 2 miniflow train --ddp``: trains, rank 0 alone prints and writes --save."""
@@ -316,6 +322,7 @@ def test_miniflow_train_ddp(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["model.safetensors"]
 
 
+@pytest.mark.slow
 @requires_mpi
 def test_miniflow_train_lenet_ddp(tmp_path):
     """``mpiexec -n 2 miniflow train --model lenet --ddp``: the conv-bn LeNet trains data
@@ -335,6 +342,7 @@ def test_miniflow_train_lenet_ddp(tmp_path):
         sorted(state)
 
 
+@pytest.mark.slow
 @requires_mpi
 def test_ddp_benchmark_runs_and_prints_the_seeds_lines(tmp_path):
     """``benchmarks/ddp.py`` (miniflow's lines; PyTorch's too where it is installed)."""

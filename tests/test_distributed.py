@@ -305,6 +305,7 @@ def test_sigkilled_rank_ends_the_job(tmp_path):
     assert rc != 0 and seconds < 30, (rc, seconds, output)
 
 
+@pytest.mark.slow
 @requires_mpi
 def test_rank_that_left_early_ends_the_job_after_the_timeout(tmp_path):
     rc, output, seconds = run_mpi("failures.py", 2, tmp_path, "early_exit", timeout=60)

@@ -144,6 +144,7 @@ def _build(recipe, all_outputs: bool, dtype, shape):
     return g
 
 
+@pytest.mark.slow
 @settings(deadline=None)
 @given(recipe=_recipes(), dtype=st.sampled_from(["f16", "f32"]),
        shape=st.sampled_from([(3, 5), (1, 7), (4, 1), (2, 3, 4)]), seed=st.integers(0, 3))

@@ -6,6 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from numba import types
 
 from miniflow.kernels.common import cache_key
@@ -43,6 +44,7 @@ def test_the_index_key_changes_with_a_dependency_s_contents(monkeypatch):
     assert special.__file__ not in cache_key.dependency_files(other.py_func)
 
 
+@pytest.mark.slow
 def test_an_edited_helper_module_is_not_loaded_from_a_cache_written_before(tmp_path):
     """End to end: a cache written by a process that saw another ``special.py`` (here: its
     digest changed, as an edit changes it) misses, and the kernel is compiled again."""

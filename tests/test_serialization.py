@@ -604,6 +604,7 @@ S.save(big_state(2), {str(path)!r})
     assert _temp_files(tmp_path) == temps
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(os.name != "posix", reason="SIGKILL")
 def test_sigkill_at_random_moments_leaves_the_old_or_the_new_checkpoint(tmp_path):
     """A child saves states 2 and 1 alternately without pause and is killed at a random moment

@@ -66,6 +66,7 @@ def test_cli_usage_errors(argv, match, capsys):
     assert e.value.code == 2 and match in capsys.readouterr().err
 
 
+@pytest.mark.slow
 @requires_mpi
 def test_ddp_on_two_ranks_is_one_process_on_both_ranks_windows(tmp_path):
     """``mpiexec -n 2 miniflow train --model gpt --ddp --batch-size 4``: rank 0 alone reports
