@@ -51,7 +51,6 @@ import threading
 import time
 import traceback
 
-import ml_dtypes
 import numpy as np
 
 __all__ = ["RankMismatchError", "abort", "allreduce_mean_step", "allreduce_sum_int64_step",
@@ -72,8 +71,7 @@ ABORT_GRACE_S = 0.5
 _LAUNCHER_VARS = ("PMI_RANK", "PMI_SIZE", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE",
                   "PMIX_RANK")
 _SIZE_VARS = ("PMI_SIZE", "OMPI_COMM_WORLD_SIZE")
-_MEAN_DTYPES = (np.dtype(np.float16), np.dtype(ml_dtypes.bfloat16), np.dtype(np.float32),
-                np.dtype(np.float64))
+_MEAN_DTYPES = ("float16", "bfloat16", "float32", "float64")
 _HALF = _MEAN_DTYPES[:2]
 """The half types: summed in float32 (MPI has no 16-bit float sum)."""
 
@@ -449,7 +447,7 @@ def _host_arrays(caller: str, arrays, dtypes=None, writeable: bool = True) -> li
         if writeable and not a.flags.writeable:
             raise ValueError(f"{caller}: array {i} (shape {list(a.shape)}) is read-only; the "
                              f"collective writes its result into it")
-        if dtypes is not None and a.dtype not in dtypes:
+        if dtypes is not None and a.dtype.name not in dtypes:
             raise TypeError(f"{caller}: array {i} has dtype {a.dtype}, expected "
                             f"{' or '.join(map(str, dtypes))}")
     return arrays
@@ -538,7 +536,7 @@ def allreduce_sum_int64_step(buffers, out=None):
         ValueError: no arrays, an array is not C-contiguous, a written array is read-only, or
             ``out`` does not match ``buffers``.
     """
-    return _allreduce_step("allreduce_sum_int64_step", buffers, out, (np.dtype(np.int64),),
+    return _allreduce_step("allreduce_sum_int64_step", buffers, out, ("int64",),
                            mean=False)
 
 
@@ -565,7 +563,7 @@ def _allreduce_step(caller: str, buffers, out, dtypes, mean: bool):
         return one_rank, ()
 
     mpi, comm, n = world.mpi, world.comm, world.size
-    wire = np.dtype(np.float32) if dtype in _HALF else dtype
+    wire = np.dtype(np.float32) if dtype.name in _HALF else dtype
     srcs, dsts = [a.reshape(-1) for a in arrays], [o.reshape(-1) for o in outs]
     span = _span(srcs) if out is None and wire == dtype else None
     if span is not None:                    # the arrays are one bucket's views already

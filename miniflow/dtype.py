@@ -16,12 +16,13 @@ compute in float32 and store them with one rounding.
 """
 from __future__ import annotations
 
-import ml_dtypes
+from types import FunctionType
+
 import numpy as np
 
 __all__ = ["DType", "float64", "float32", "float16", "bfloat16", "int64", "as_dtype",
            "HALF_DTYPES", "FP16_MAX", "FP16_OVERFLOW", "FP16_MIN_NORMAL", "FP16_MIN_SUBNORMAL",
-           "BF16_MAX"]
+           "BF16_MAX", "is_bfloat16"]
 
 FP16_MAX = 65504.0
 """Largest finite float16 value."""
@@ -29,33 +30,45 @@ FP16_OVERFLOW = 65520.0
 """Smallest value that rounds to +inf when converted to float16 (round-to-nearest-even)."""
 FP16_MIN_NORMAL = 2.0 ** -14
 FP16_MIN_SUBNORMAL = 2.0 ** -24
-BF16_MAX = float(ml_dtypes.finfo(ml_dtypes.bfloat16).max)   # np.finfo: ml_dtypes >= 0.7 only
-"""Largest finite bfloat16 value (3.3895e38)."""
+BF16_MAX = (2.0 - 2.0 ** -7) * 2.0 ** 127
+"""Largest finite bfloat16 value (3.3895e38: the bits ``0x7F7F``, every mantissa bit set)."""
 
 
 class DType:
-    """A miniflow dtype: a name, a short printed form (``f32``) and the NumPy dtype of its storage.
+    """A miniflow dtype: a name, a short printed form (``f32``), the NumPy dtype of its storage
+    (:attr:`np`) and its ``itemsize`` (bytes per element).
 
     Instances are singletons (``miniflow.float32`` etc.); compare them with ``is`` or ``==``.
+
+    ``np_dtype`` is a NumPy dtype or type, or a function returning one, called at the first use of
+    :attr:`np` (give ``itemsize`` then): ``bfloat16``'s, so that ``ml_dtypes``, whose import
+    takes 0.57 s (version 0.7.0: it registers its NumPy casts and loops one by one), is imported
+    only by a process that uses bfloat16.
     """
 
-    __slots__ = ("name", "short", "np", "is_float")
+    __slots__ = ("name", "short", "_np", "_load", "itemsize", "is_float")
 
-    def __init__(self, name: str, short: str, np_dtype, is_float: bool):
+    def __init__(self, name: str, short: str, np_dtype, is_float: bool, itemsize: int = 0):
         self.name = name
         self.short = short
-        self.np = np.dtype(np_dtype)
         self.is_float = is_float
+        if isinstance(np_dtype, FunctionType):
+            self._np, self._load, self.itemsize = None, np_dtype, itemsize
+        else:
+            self._np, self._load = np.dtype(np_dtype), None
+            self.itemsize = self._np.itemsize
 
     @property
-    def itemsize(self) -> int:
-        """Bytes per element."""
-        return self.np.itemsize
+    def np(self) -> np.dtype:
+        """The NumPy dtype of the storage (``ml_dtypes.bfloat16`` for bfloat16)."""
+        if self._np is None:
+            self._np = np.dtype(self._load())
+        return self._np
 
     @property
     def is_half(self) -> bool:
         """A 16-bit float (float16 or bfloat16): AMP's low-precision types."""
-        return self.is_float and self.np.itemsize == 2
+        return self.is_float and self.itemsize == 2
 
     def __repr__(self) -> str:
         return f"miniflow.{self.name}"
@@ -67,14 +80,25 @@ class DType:
 float64 = DType("float64", "f64", np.float64, True)
 float32 = DType("float32", "f32", np.float32, True)
 float16 = DType("float16", "f16", np.float16, True)
-bfloat16 = DType("bfloat16", "bf16", ml_dtypes.bfloat16, True)
+def _ml_dtypes_bfloat16():
+    import ml_dtypes
+    return ml_dtypes.bfloat16
+
+
+bfloat16 = DType("bfloat16", "bf16", _ml_dtypes_bfloat16, True, itemsize=2)
 int64 = DType("int64", "i64", np.int64, False)
 
 HALF_DTYPES = (float16, bfloat16)
 """The 16-bit float types."""
 
 _ALL = {d.name: d for d in (float64, float32, float16, bfloat16, int64)}
-_BY_NP = {d.np: d for d in _ALL.values()}
+_BY_NP = {d.np: d for d in _ALL.values() if d is not bfloat16}
+
+
+def is_bfloat16(np_dtype) -> bool:
+    """Whether a NumPy dtype (or type) is ``ml_dtypes.bfloat16``. Compares names first, so it
+    imports ``ml_dtypes`` for no other dtype (an array can be bfloat16 only once it is imported)."""
+    return np.dtype(np_dtype).name == "bfloat16" and np.dtype(np_dtype) == bfloat16.np
 
 
 def as_dtype(x) -> DType:
@@ -95,5 +119,7 @@ def as_dtype(x) -> DType:
         npd = None
     if npd is not None and npd in _BY_NP:
         return _BY_NP[npd]
+    if npd is not None and is_bfloat16(npd):
+        return bfloat16
     raise TypeError(f"unsupported dtype {x!r}: miniflow supports "
                     f"{', '.join(_ALL)} (convert your array with .astype first)")

@@ -59,10 +59,11 @@ import secrets
 import stat
 import tempfile
 
-import ml_dtypes
 import numpy as np
 import safetensors
 import safetensors.numpy
+
+from .dtype import bfloat16
 
 __all__ = ["CheckpointError", "check_save_path", "load", "save"]
 
@@ -330,9 +331,10 @@ def load(path):
 _SAFETENSORS_DTYPES = {"BOOL": np.bool_, "I8": np.int8, "U8": np.uint8, "I16": np.int16,
                        "U16": np.uint16, "I32": np.int32, "U32": np.uint32, "I64": np.int64,
                        "U64": np.uint64, "F16": np.float16, "F32": np.float32,
-                       "F64": np.float64, "C64": np.complex64, "BF16": ml_dtypes.bfloat16}
-"""safetensors dtype name -> NumPy dtype, for :data:`_DTYPES` (safetensors' NumPy API reads no
-``BF16``, so :func:`load` maps the names itself)."""
+                       "F64": np.float64, "C64": np.complex64}
+"""safetensors dtype name -> NumPy dtype, for :data:`_DTYPES` but ``BF16`` (``bfloat16.np``, which
+imports ``ml_dtypes``: :func:`_np_dtype`); safetensors' NumPy API reads no ``BF16``, so :func:`load`
+maps the names itself."""
 
 
 def _np_dtype(name: str):
@@ -341,6 +343,8 @@ def _np_dtype(name: str):
     Raises:
         safetensors.SafetensorError: a dtype a checkpoint never holds (F8_E4M3 ...).
     """
+    if name == "BF16":
+        return bfloat16.np
     if name not in _SAFETENSORS_DTYPES:
         raise safetensors.SafetensorError(f"tensor dtype {name} is not one miniflow.save writes")
     return _SAFETENSORS_DTYPES[name]

@@ -52,6 +52,35 @@ def test_info_reports_versions_gpu_and_cache():
     assert ("GPU: no GPU (" in out) != HAS_GPU
 
 
+def test_without_a_driver_library_no_process_imports_numba_cuda_to_pick_cpu():
+    """``cuda_status`` first tries the driver libraries numba-cuda would load
+    (``backend._DRIVER_LIBRARIES``, its ``locate_driver_and_loader``); where none loads it gives
+    numba-cuda's own reason, and a process picks the cpu backend and trains without importing
+    ``numba.cuda`` (0.3 s) or, through it, ``ml_dtypes`` (0.6 s more)."""
+    pytest.importorskip("numba_cuda")
+    from numba import cuda
+    from numba.cuda.cudadrv import driver
+
+    from miniflow.runtime import backend
+    assert backend.NO_DRIVER == " ".join(driver.DRIVER_NOT_FOUND_MSG.split())
+    if sys.platform.startswith("linux"):
+        assert tuple(driver.locate_driver_and_loader()[1]) == backend._DRIVER_LIBRARIES
+    if not backend._no_driver_library():
+        pytest.skip("a CUDA driver library loads here")
+    assert not cuda.is_available() and cuda_status() == (False, backend.NO_DRIVER)
+    script = ("import sys, numpy as np, miniflow as mf\n"
+              "from miniflow.experiments.mlp import TrainGraph, mlp\n"
+              "m = mlp((4, 8, 3))\n"
+              "g = TrainGraph(m, mf.optim.SGD(m.parameters(), lr=0.1))\n"
+              "g(mf.tensor(np.ones((2, 4), np.float32)), mf.tensor(np.array([0, 2])))\n"
+              "print(mf.get_backend().name, 'numba.cuda' in sys.modules, 'ml_dtypes' in sys.modules)")
+    env = {k: v for k, v in os.environ.items() if k != "MINIFLOW_BACKEND"}
+    r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env,
+                       timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["cpu", "False", "False"], r.stdout
+
+
 @pytest.mark.parametrize("value,name", [("CPU", "cpu"), (" Cuda ", "cuda"), ("cpu\n", "cpu")])
 def test_miniflow_backend_accepts_any_case_and_spaces(value, name, monkeypatch):
     monkeypatch.setenv("MINIFLOW_BACKEND", value)

@@ -1,5 +1,7 @@
 """bfloat16: the dtype, its conversions in the CPU kernels against ``ml_dtypes`` bit for bit (all
 65536 patterns), NumPy interop, and AMP in bfloat16 (``enable_amp(dtype=miniflow.bfloat16)``)."""
+import os
+
 import ml_dtypes
 import numpy as np
 import pytest
@@ -36,6 +38,33 @@ def test_the_dtype():
     assert mf.bfloat16.is_float and mf.bfloat16.is_half and mf.float16.is_half
     assert not mf.float32.is_half and HALF_DTYPES == (mf.float16, mf.bfloat16)
     assert BF16_MAX == float(np.array(0x7F7F, np.uint16).view(BF16).astype(np.float64))
+
+
+def test_ml_dtypes_is_imported_by_the_first_use_of_bfloat16_np_only():
+    """``import miniflow``, float32 and float16 arrays through the kernels and a checkpoint leave
+    ``ml_dtypes`` unimported (its import takes about 0.6 s); ``bfloat16``'s name, size and
+    half-ness need no import; ``bfloat16.np`` imports it, and then maps both ways."""
+    script = """
+import sys
+import numpy as np
+import miniflow as mf
+from miniflow.dtype import as_dtype, is_bfloat16
+from miniflow.kernels.cpu.common import kview
+x = mf.tensor(np.ones((2, 3), np.float32))
+y = (x.to(mf.float16) * 2).to(mf.float32).numpy()
+assert kview(np.ones(2, np.float16)).dtype == np.uint16 and not is_bfloat16(np.float32)
+assert (mf.bfloat16.itemsize, mf.bfloat16.is_half, mf.bfloat16.name) == (2, True, "bfloat16")
+print("before", "ml_dtypes" in sys.modules)
+import ml_dtypes
+assert as_dtype(ml_dtypes.bfloat16) is mf.bfloat16 and is_bfloat16(ml_dtypes.bfloat16)
+assert mf.bfloat16.np == np.dtype(ml_dtypes.bfloat16) and kview(y.astype(mf.bfloat16.np)).dtype == np.int16
+"""
+    import subprocess
+    import sys
+    r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                       env={**os.environ, "MINIFLOW_BACKEND": "cpu"}, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert "before False" in r.stdout
 
 
 def test_widening_every_pattern_is_exact():

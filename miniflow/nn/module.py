@@ -30,7 +30,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from ..dtype import as_dtype, bfloat16
+from ..dtype import as_dtype, is_bfloat16
 from ..runtime.backend import get_backend
 from ..tensor import Tensor
 from ..trace import current_tracer
@@ -527,7 +527,7 @@ def _cast_for_load(name: str, arr: np.ndarray, dtype) -> np.ndarray:
     """
     if arr.dtype == dtype.np:
         return arr
-    real = arr.dtype.kind in "biuf" or arr.dtype == bfloat16.np
+    real = arr.dtype.kind in "biuf" or is_bfloat16(arr.dtype)
     if not real:
         raise TypeError(f"load_state_dict: {name!r} has dtype {arr.dtype} in the state dict, "
                         f"which does not cast to the model's {dtype.name} (real numbers only)")
@@ -536,7 +536,7 @@ def _cast_for_load(name: str, arr: np.ndarray, dtype) -> np.ndarray:
             return arr.astype(dtype.np)
     info = np.iinfo(dtype.np)
     with np.errstate(invalid="ignore"):
-        a = arr.astype(np.float64) if arr.dtype == bfloat16.np else arr
+        a = arr.astype(np.float64) if is_bfloat16(arr.dtype) else arr
         bad = ~((a == np.trunc(a)) & (a >= info.min) & (a <= info.max)) \
             if a.dtype.kind == "f" else (a < info.min) | (a > info.max)
     if np.any(bad):

@@ -12,9 +12,11 @@ backend runs only when asked for.
 """
 from __future__ import annotations
 
+import ctypes
 import functools
 import importlib.util
 import os
+import sys
 
 import numpy as np
 
@@ -224,16 +226,46 @@ class CpuBackend(Backend):
         return HostReadback(arrays, lambda array, host: np.copyto(host, array))
 
 
+_DRIVER_LIBRARIES = ("libcuda.so", "libcuda.so.1", "/usr/lib/libcuda.so", "/usr/lib/libcuda.so.1",
+                     "/usr/lib64/libcuda.so", "/usr/lib64/libcuda.so.1")
+"""Where numba-cuda looks for the CUDA driver on Linux (``numba.cuda.cudadrv.driver``'s
+``locate_driver_and_loader``: the library search path, then /usr/lib and /usr/lib64)."""
+NO_DRIVER = ("CUDA driver library cannot be found. Ensure that a compatible NVIDIA driver is "
+             "installed and available on your system path.")
+"""numba-cuda's reason when no driver library loads (its ``DRIVER_NOT_FOUND_MSG``)."""
+
+
+def _no_driver_library() -> bool:
+    """True on Linux when none of :data:`_DRIVER_LIBRARIES` loads, so numba-cuda would find no
+    driver either (not where ``NUMBA_CUDA_DRIVER`` names a folder of its own, nor off Linux)."""
+    if not sys.platform.startswith("linux") or os.environ.get("NUMBA_CUDA_DRIVER"):
+        return False
+    for name in _DRIVER_LIBRARIES:
+        try:
+            ctypes.CDLL(name)
+        except OSError:
+            continue
+        return False
+    return True
+
+
 def cuda_status() -> tuple:
     """``(usable, description)`` of CUDA on this machine, without raising.
 
     ``usable`` is True for a real GPU, or for numba's simulator when ``NUMBA_ENABLE_CUDASIM=1``;
     ``description`` is the GPU's name, ``"CUDA simulator"``, or why there is no GPU
     (numba-cuda not installed, no driver, no device).
+
+    Without a driver library (:func:`_no_driver_library`) it answers without importing
+    ``numba.cuda``, which takes 0.3 s and imports ``ml_dtypes`` (0.6 s more; numba-cuda 0.30,
+    ml_dtypes 0.7.0) in every process that picks its backend; once ``numba.cuda`` is imported
+    (its driver may be stood in: ``benchmarks/cuda_stub.py``), numba-cuda answers.
     """
     if importlib.util.find_spec("numba_cuda") is None:
         return False, "numba-cuda is not installed"
     from numba import config
+    if not config.ENABLE_CUDASIM and "numba.cuda" not in sys.modules and _no_driver_library():
+        return False, NO_DRIVER
     try:
         from numba import cuda
     except Exception as e:  # noqa: BLE001 (a broken CUDA install: report it, do not crash)

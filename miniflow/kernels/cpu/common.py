@@ -31,7 +31,6 @@ import numpy as np
 from numba.extending import register_jitable
 
 from . import fp16
-from ...dtype import bfloat16
 
 __all__ = ["PARALLEL_MIN_SIZE", "jit", "loop_for", "use_parallel", "one_pool", "cblas_gemm",
            "blas_libraries", "numpy_blas",
@@ -160,15 +159,15 @@ def jitable(fn):
     return fn
 
 
-_BITS = {np.dtype(np.float16): np.dtype(np.uint16), bfloat16.np: np.dtype(np.int16)}
-"""The integer view each half type reaches kernels as (``fp16``: uint16 is float16, int16 is
-bfloat16)."""
+_BITS = {"float16": np.dtype(np.uint16), "bfloat16": np.dtype(np.int16)}
+"""NumPy dtype name -> the integer view each half type reaches kernels as (``fp16``: uint16 is
+float16, int16 is bfloat16); by name, so that no float32 array imports ``ml_dtypes``."""
 
 
 def kview(a: np.ndarray) -> np.ndarray:
     """The array as kernels see it: float16 as its uint16 bits, bfloat16 as its int16 bits,
     everything else as is."""
-    bits = _BITS.get(a.dtype)
+    bits = _BITS.get(a.dtype.name)
     return a if bits is None else a.view(bits)
 
 

@@ -74,7 +74,7 @@ import numba
 
 import numpy as np
 
-from ...dtype import bfloat16
+from ...dtype import is_bfloat16
 from . import blas_split, fp16, mkl_gemm, tune
 from .packed_gemm import packed_kernel
 from ..common.batch import batched
@@ -884,7 +884,7 @@ def numba_steps(node, ins, outs):
     ta, tb = node.attrs.get("transpose_a", False), node.attrs.get("transpose_b", False)
     counted = len(outs) > 1
     count = outs[1].reshape(-1) if counted else np.zeros(1, np.int64)
-    paired = (HAS_BF16_DOT and a.dtype == b.dtype == bfloat16.np
+    paired = (HAS_BF16_DOT and a.dtype == b.dtype and is_bfloat16(a.dtype)
               and a.shape[0 if ta else 1] % 2 == 0)
     steps = []
     if not paired:      # transposed copies where they pay, then widen small or much reused halves

@@ -45,7 +45,6 @@ import os
 
 import numpy as np
 
-from ...dtype import bfloat16
 from ...extras import missing
 from . import target, tune
 
@@ -54,9 +53,9 @@ __all__ = ["EXTRA", "FUNCTIONS", "BLOCK_BYTES", "library", "available", "takes",
 
 EXTRA = "amx"
 """The optional extra that installs oneMKL (``pyproject.toml``)."""
-FUNCTIONS = {np.dtype(bfloat16.np): ("cblas_gemm_bf16bf16f32", ("amx-bf16",)),
-             np.dtype(np.float16): ("cblas_gemm_f16f16f32", ("amx-fp16", "avx512fp16"))}
-"""Operand dtype -> (oneMKL function, target features any of which offers it)."""
+FUNCTIONS = {"bfloat16": ("cblas_gemm_bf16bf16f32", ("amx-bf16",)),
+             "float16": ("cblas_gemm_f16f16f32", ("amx-fp16", "avx512fp16"))}
+"""Operand dtype's name -> (oneMKL function, target features any of which offers it)."""
 _ROW_MAJOR, _NO_TRANS, _TRANS = 101, 111, 112      # CBLAS_LAYOUT, CBLAS_TRANSPOSE (mkl_cblas.h)
 _SEQUENTIAL = 1                                    # MKL_THREADING_SEQUENTIAL (mkl_service.h)
 _INT_MAX = 2 ** 31 - 1                             # MKL_INT of the LP64 interface
@@ -132,8 +131,8 @@ def takes(a, b, out) -> bool:
     C-contiguous, no dimension zero or past the LP64 interface's ``int``, each operand's rows or
     columns of unit stride."""
     (m, k), n = a.shape, b.shape[1]
-    return (a.dtype == b.dtype and a.dtype in FUNCTIONS and out.flags.c_contiguous
-            and (out.dtype == np.float32 or out.dtype in FUNCTIONS)
+    return (a.dtype == b.dtype and a.dtype.name in FUNCTIONS and out.flags.c_contiguous
+            and (out.dtype == np.float32 or out.dtype.name in FUNCTIONS)
             and 0 < min(m, k, n) and max(m, k, n) <= _INT_MAX
             and _operand(a) is not None and _operand(b) is not None)
 
@@ -169,7 +168,7 @@ def gemm_step(a, b, out):
                          f"{out.shape}; use MINIFLOW_MATMUL=auto, numba or blas")
     (m, k), n = a.shape, b.shape[1]
     (ta, lda), (tb, ldb) = _operand(a), _operand(b)
-    fn = getattr(lib, FUNCTIONS[a.dtype][0])
+    fn = getattr(lib, FUNCTIONS[a.dtype.name][0])
     args = (_ROW_MAJOR, ta, tb, m, n, k, 1.0, a.ctypes.data, lda, b.ctypes.data, ldb, 0.0,
             out.ctypes.data, n)
     return _Gemm(fn, args, (a, b, out)), ()
@@ -190,11 +189,11 @@ def offered(a, b, out) -> bool:
             installed (one sentence naming the extra).
     """
     how = tune.mode()
-    if how not in ("auto", "mkl") or a.dtype not in FUNCTIONS:
+    if how not in ("auto", "mkl") or a.dtype.name not in FUNCTIONS:
         return False
     if how == "mkl" and not available():
         raise missing("mkl", EXTRA, "MINIFLOW_MATMUL=mkl (oneMKL's half-type matmul)")
-    return _target_has(FUNCTIONS[a.dtype][1]) and available() and takes(a, b, out)
+    return _target_has(FUNCTIONS[a.dtype.name][1]) and available() and takes(a, b, out)
 
 
 def describe() -> str:
