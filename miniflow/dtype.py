@@ -77,14 +77,14 @@ class DType:
         return (as_dtype, (self.name,))
 
 
-float64 = DType("float64", "f64", np.float64, True)
-float32 = DType("float32", "f32", np.float32, True)
-float16 = DType("float16", "f16", np.float16, True)
 def _ml_dtypes_bfloat16():
     import ml_dtypes
     return ml_dtypes.bfloat16
 
 
+float64 = DType("float64", "f64", np.float64, True)
+float32 = DType("float32", "f32", np.float32, True)
+float16 = DType("float16", "f16", np.float16, True)
 bfloat16 = DType("bfloat16", "bf16", _ml_dtypes_bfloat16, True, itemsize=2)
 int64 = DType("int64", "i64", np.int64, False)
 
@@ -98,7 +98,8 @@ _BY_NP = {d.np: d for d in _ALL.values() if d is not bfloat16}
 def is_bfloat16(np_dtype) -> bool:
     """Whether a NumPy dtype (or type) is ``ml_dtypes.bfloat16``. Compares names first, so it
     imports ``ml_dtypes`` for no other dtype (an array can be bfloat16 only once it is imported)."""
-    return np.dtype(np_dtype).name == "bfloat16" and np.dtype(np_dtype) == bfloat16.np
+    npd = np.dtype(np_dtype)
+    return npd.name == "bfloat16" and npd == bfloat16.np
 
 
 def as_dtype(x) -> DType:
