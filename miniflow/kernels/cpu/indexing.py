@@ -87,10 +87,11 @@ def tril_kernel(parallel: bool):
         f = fill[0]
         for k_ in loop(out.size // cols):            # every row of every matrix
             k = np.int64(k_)
-            base = k * cols
+            base = np.uint64(k) * np.uint64(cols)        # unsigned: no negative-index wraparound
             last = k % rows + diagonal                   # columns c <= r + diagonal kept
             for c in range(cols):
-                out[base + c] = x[base + c] if c <= last else f
+                i = base + np.uint64(c)
+                out[i] = x[i] if c <= last else f
 
     return kernel
 

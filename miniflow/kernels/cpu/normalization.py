@@ -173,19 +173,20 @@ def layer_norm_kernel(parallel: bool, affine: bool):
     def kernel(x, gamma, beta, y, mean, inv_var, rows, cols, eps):
         n = to_compute(mean, cols)
         one = to_compute(mean, 1.0)
+        ucols = np.uint64(cols)
         for r_ in loop(rows):
-            base = np.int64(r_) * cols
+            base = np.uint64(r_) * ucols
             s = to_compute(mean, 0.0)
-            for i in range(cols):
+            for i in range(ucols):
                 s += load(x, base + i)
             mu = s / n
             s2 = to_compute(mean, 0.0)
-            for i in range(cols):
+            for i in range(ucols):
                 d = load(x, base + i) - mu
                 s2 += d * d
             iv = one / math.sqrt(s2 / n + to_compute(mean, eps))
             mean[r_], inv_var[r_] = mu, iv
-            for i in range(cols):
+            for i in range(ucols):
                 v = (load(x, base + i) - mu) * iv
                 if affine:
                     v = v * load(gamma, i) + load(beta, i)
@@ -204,18 +205,19 @@ def layer_norm_grad_kernel(parallel: bool, affine: bool):
     @jit(parallel, fastmath=("reassoc",))
     def kernel(dy, x, mean, inv_var, gamma, dx, rows, cols):
         n = to_compute(mean, cols)
+        ucols = np.uint64(cols)
         for r_ in loop(rows):
-            base = np.int64(r_) * cols
+            base = np.uint64(r_) * ucols
             mu, iv = mean[r_], inv_var[r_]
             sg, sgx = to_compute(mean, 0.0), to_compute(mean, 0.0)
-            for i in range(cols):
+            for i in range(ucols):
                 g = load(dy, base + i)
                 if affine:
                     g = g * load(gamma, i)
                 sg += g
                 sgx += g * (load(x, base + i) - mu) * iv
             mg, mgx = sg / n, sgx / n
-            for i in range(cols):
+            for i in range(ucols):
                 g = load(dy, base + i)
                 if affine:
                     g = g * load(gamma, i)

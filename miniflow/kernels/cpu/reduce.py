@@ -111,16 +111,16 @@ def softmax_kernel(log: bool, parallel: bool):
 
     @jit(parallel)
     def kernel(x, out, rows, cols):
-        for r_ in loop(rows):
-            r = np.int64(r_)  # prange indices are unsigned
-            base = r * cols
-            m, s = _row_max_sumexp(x, base, cols)
+        ucols = np.uint64(cols)       # unsigned indices: no negative-index wraparound, the
+        for r_ in loop(rows):         # row loops vectorize in the parallel variant too
+            base = np.uint64(r_) * ucols
+            m, s = _row_max_sumexp(x, base, ucols)
             if log:
                 log_s = math.log(s)
-                for c in range(cols):
+                for c in range(ucols):
                     store(out, base + c, load(x, base + c) - m - log_s)
             else:
-                for c in range(cols):
+                for c in range(ucols):
                     store(out, base + c, exp_compute(load(x, base + c) - m) / s)
 
     return kernel
@@ -134,13 +134,13 @@ def softmax_grad_kernel(log: bool, parallel: bool):
 
     @jit(parallel)
     def kernel(y, dy, dx, rows, cols):
+        ucols = np.uint64(cols)       # unsigned indices, as softmax_kernel's
         for r_ in loop(rows):
-            r = np.int64(r_)  # prange indices are unsigned
-            base = r * cols
+            base = np.uint64(r_) * ucols
             s = to_compute(dy, 0.0)
-            for c in range(cols):
+            for c in range(ucols):
                 s += load(dy, base + c) if log else load(dy, base + c) * load(y, base + c)
-            for c in range(cols):
+            for c in range(ucols):
                 yc, dyc = load(y, base + c), load(dy, base + c)
                 store(dx, base + c, dyc - math.exp(yc) * s if log else yc * (dyc - s))
 
