@@ -138,11 +138,20 @@ def softmax_grad_kernel(log: bool, parallel: bool):
         for r_ in loop(rows):
             base = np.uint64(r_) * ucols
             s = to_compute(dy, 0.0)
-            for c in range(ucols):
-                s += load(dy, base + c) if log else load(dy, base + c) * load(y, base + c)
-            for c in range(ucols):
-                yc, dyc = load(y, base + c), load(dy, base + c)
-                store(dx, base + c, dyc - math.exp(yc) * s if log else yc * (dyc - s))
+            # ``log`` branches as statements, which Numba prunes: as ``a if log else b`` inside
+            # the loops the serial variant did not vectorize (4096 x 64 float32, one Zen 4
+            # core: 268 us, 153 us so)
+            if log:
+                for c in range(ucols):
+                    s += load(dy, base + c)
+                for c in range(ucols):
+                    store(dx, base + c, load(dy, base + c) - math.exp(load(y, base + c)) * s)
+            else:
+                for c in range(ucols):
+                    s += load(dy, base + c) * load(y, base + c)
+                for c in range(ucols):
+                    yc = load(y, base + c)
+                    store(dx, base + c, yc * (load(dy, base + c) - s))
 
     return kernel
 
