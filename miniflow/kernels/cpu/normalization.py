@@ -166,7 +166,10 @@ def layer_norm_kernel(parallel: bool, affine: bool):
     as ``[rows, cols]``, one row per (parallel) iteration: the row's mean, then the sum of squared
     deviations from it (two passes: no cancellation at any mean), ``inv_var = 1 / sqrt(var +
     eps)``, ``y = (x - mean) * inv_var`` (``* gamma + beta`` when ``affine``). Statistics in their
-    own dtype (float32 for half ``x``), the row in the compute type."""
+    own dtype (float32 for half ``x``), the row in the compute type. Element offsets are unsigned,
+    for the reason :func:`norm_train_kernel` gives: with signed ones the parallel variant's row
+    loops stayed scalar ([1024, 128] float32 on one AMD Zen 4 core: 265 us, serial 31 us; now
+    the same 31 us, and 17 us on two threads; gradient 158 -> 18 us on two)."""
     loop = loop_for(parallel)
 
     @jit(parallel, fastmath=("reassoc",))
@@ -199,7 +202,8 @@ def layer_norm_kernel(parallel: bool, affine: bool):
 def layer_norm_grad_kernel(parallel: bool, affine: bool):
     """``kernel(dy, x, mean, inv_var, gamma, dx, rows, cols)``: per row, with ``g = dy * gamma``
     (``dy`` without ``affine``) and ``xhat = (x - mean) * inv_var``,
-    ``dx = inv_var * (g - sum(g) / cols - xhat * sum(g * xhat) / cols)``."""
+    ``dx = inv_var * (g - sum(g) / cols - xhat * sum(g * xhat) / cols)``; unsigned offsets as
+    :func:`layer_norm_kernel`'s."""
     loop = loop_for(parallel)
 
     @jit(parallel, fastmath=("reassoc",))
