@@ -111,8 +111,10 @@ def softmax_kernel(log: bool, parallel: bool):
 
     @jit(parallel)
     def kernel(x, out, rows, cols):
-        ucols = np.uint64(cols)       # unsigned indices: no negative-index wraparound, the
-        for r_ in loop(rows):         # row loops vectorize in the parallel variant too
+        # unsigned offsets: no negative-index wraparound check, so that the row loops
+        # vectorize in the parallel variant too
+        ucols = np.uint64(cols)
+        for r_ in loop(rows):
             base = np.uint64(r_) * ucols
             m, s = _row_max_sumexp(x, base, ucols)
             if log:
