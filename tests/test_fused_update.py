@@ -35,9 +35,9 @@ def _scaler(kind):
 
 
 def _graph(fused, dtype, opt="momentum", scaler="dynamic", clip=None, micro=1, ddp=False,
-           groups=False):
+           groups=False, sizes=SIZES):
     mf.manual_seed(0)
-    model = mlp(SIZES)
+    model = mlp(sizes)
     optimizer = _optimizer(opt, model.parameters(), clip, groups)
     g = TrainGraph(model, optimizer)
     g.config.enable_amp(dtype=dtype)
@@ -90,6 +90,33 @@ def test_fused_training_is_bit_identical_to_unfused(dtype, opt, scaler):
         copy = fused.ir.variable_data.get(copy_name(f"model.{name}", dtype))
         if copy is not None:
             np.testing.assert_array_equal(copy, p.numpy().astype(dtype.np))
+
+
+DEEP = (64,) + (16,) * 9 + (10,)
+"""An MLP of 10 layers: 20 parameters, three packs of the CPU's multi-tensor kernels."""
+
+
+@pytest.mark.parametrize("opt", ["momentum", "adam"])
+def test_more_tensors_than_a_pack_train_to_the_unfused_bits_and_compile_one_tuple_length(opt):
+    """A fused update over several packs of tensors (``kernels.cpu.common.tensor_packs``) trains
+    to the unfused graph's bits, and every tuple the CPU's multi-tensor update and counting
+    kernels were compiled for holds ``TENSOR_PACK`` views: one compilation per dtype whatever the
+    model (a tuple's length is part of Numba's signature; before, each parameter count compiled
+    the kernels again)."""
+    from numba.core import types
+    from miniflow.kernels.cpu import loss_scale, update
+    from miniflow.kernels.cpu.common import TENSOR_PACK
+    fused, fm, fo, fs = _graph(True, mf.float16, opt, "dynamic", sizes=DEEP)
+    plain, pm, po, ps = _graph(False, mf.float16, opt, "dynamic", sizes=DEEP)
+    assert _train(fused, 4) == _train(plain, 4)
+    _assert_same_bits(_state(fm, fo, fs), _state(pm, po, ps))
+    multi = (update.multi_sgd_kernel(True, False, False) if opt == "momentum"
+             else update.multi_adam_kernel(False, False))
+    for kernel in (multi, loss_scale.count_into_kernel, loss_scale.copy_counts_kernel):
+        lengths = {t.count for sig in kernel.signatures for t in sig
+                   if isinstance(t, types.UniTuple) and isinstance(t.dtype, types.Array)}
+        assert lengths <= {TENSOR_PACK}, (kernel, lengths)
+    assert multi.signatures, "the fused update ran the serial multi-tensor kernel"
 
 
 def test_the_fused_ir_reads_the_copies_and_counts_in_the_matmuls():

@@ -3,9 +3,9 @@
 ``kernels.common.elementwise``), and the counting cast that a matmul with ``count_not_finite``
 rounds its product with (:func:`cast_count_steps`).
 
-``multi_count_not_finite`` is one kernel call over all its inputs when they share one dtype;
-inputs of several dtypes are counted one call per dtype, the producers' counts (``precounted``)
-copied, and the counts summed.
+``multi_count_not_finite`` counts the inputs of each dtype one pack of ``TENSOR_PACK`` at a time
+(``common.pack``: one compilation per dtype whatever the number of inputs), copies the
+producers' counts (``precounted``), and sums the counts.
 """
 from __future__ import annotations
 
@@ -14,11 +14,11 @@ import math
 
 import numpy as np
 
-from .common import flat, jit, jitable, kview, loop_for, use_parallel
+from .common import flat, jit, jitable, kview, loop_for, pack, tensor_packs, use_parallel
 from .fp16 import load, store
 from ..common.loss_scale import schedule, schedule_builder
 
-__all__ = ["count_not_finite_kernel", "count_into_kernel", "copy_counts_kernel",
+__all__ = ["count_into_kernel", "copy_counts_kernel",
            "sum_counts_kernel", "cast_count_kernel", "cast_count_steps", "schedule_kernel",
            "BUILDERS"]
 
@@ -36,28 +36,18 @@ def _not_finite(g):
 
 
 @jit(False)
-def count_not_finite_kernel(grads, counts, total):
-    """``counts[k] = #{i : not isfinite(grads[k][i])}``; ``total[0] = sum(counts)``.
-
-    ``grads`` is a tuple of 1-D kernel views of one dtype: one call covers every parameter."""
-    t = 0
-    for k in range(len(grads)):
-        counts[k] = _not_finite(grads[k])
-        t += counts[k]
-    total[0] = t
-
-
-@jit(False)
-def count_into_kernel(grads, index, counts):
-    """``counts[index[k]] = #{i : not isfinite(grads[k][i])}`` (``grads``: one dtype)."""
-    for k in range(len(grads)):
+def count_into_kernel(count, grads, index, counts):
+    """``counts[index[k]] = #{i : not isfinite(grads[k][i])}`` for ``k < count`` (``grads``: a
+    ``common.pack`` of 1-D kernel views of one dtype)."""
+    for k in range(count):
         counts[index[k]] = _not_finite(grads[k])
 
 
 @jit(False)
-def copy_counts_kernel(taken, index, counts):
-    """``counts[index[k]] = taken[k][0]``: the counts the gradients' producers took."""
-    for k in range(len(taken)):
+def copy_counts_kernel(count, taken, index, counts):
+    """``counts[index[k]] = taken[k][0]`` for ``k < count``: the counts the gradients' producers
+    took (``taken``: a ``common.pack``)."""
+    for k in range(count):
         counts[index[k]] = taken[k][0]
 
 
@@ -103,23 +93,26 @@ def schedule_kernel(total, scale, tracker, growth_factor, backoff_factor, growth
 
 
 def build_multi_count_not_finite(node, ins, outs):
-    """One call of :func:`count_not_finite_kernel` over all inputs when they share a dtype;
-    else a call of :func:`count_into_kernel` per dtype, :func:`copy_counts_kernel` for the
-    ``precounted`` inputs and :func:`sum_counts_kernel`."""
+    """A call of :func:`count_into_kernel` per dtype and pack of inputs (``common.tensor_packs``),
+    of :func:`copy_counts_kernel` per pack of ``precounted`` inputs, then
+    :func:`sum_counts_kernel`."""
     counts, total = outs
-    pre = node.attrs.get("precounted", ())
+    pre = list(node.attrs.get("precounted", ()))
     groups: dict = {}
     for k, g in enumerate(ins):
         if k not in pre:
             groups.setdefault(kview(g).dtype, []).append(k)
-    if not pre and len(groups) == 1:
-        return [(count_not_finite_kernel, (tuple(flat(g) for g in ins), counts, total))]
-    steps = [(count_into_kernel, (tuple(flat(ins[k]) for k in index),
-                                  np.array(index, np.int64), counts))
-             for index in groups.values()]
-    if pre:
-        steps.append((copy_counts_kernel, (tuple(ins[k].reshape(-1) for k in pre),
-                                           np.array(pre, np.int64), counts)))
+    steps = []
+    for index in groups.values():
+        for part in tensor_packs(len(index)):
+            chosen = [index[j] for j in part]
+            steps.append((count_into_kernel, (len(chosen), pack([flat(ins[k]) for k in chosen]),
+                                              np.array(chosen, np.int64), counts)))
+    for part in tensor_packs(len(pre)):
+        chosen = [pre[j] for j in part]
+        taken = pack([ins[k].reshape(-1) for k in chosen])
+        steps.append((copy_counts_kernel, (len(chosen), taken, np.array(chosen, np.int64),
+                                           counts)))
     return steps + [(sum_counts_kernel, (counts, total))]
 
 

@@ -8,7 +8,8 @@ loading and storing through ``fp16``. The learning rate is read from its f64[1] 
 kernel runs; Adam's bias corrections are float64.
 
 The multi-tensor kernels take tuples of 1-D views (one tuple per group: models, diffs, copies,
-state) and loop over the tensors: per element ``g = load(diff) * scale`` (float32; the product
+state; packs of ``TENSOR_PACK`` tensors, one call each, ``common.pack``) and loop over the
+first ``count`` tensors: per element ``g = load(diff) * scale`` (float32; the product
 the unfused ``scalar_mul_by_tensor`` stores), the same body as the single-tensor kernel, and one
 extra store of the new weight into its half copy, rounded as a ``cast`` rounds it: the fused
 graph computes the bits of the unfused one.
@@ -19,7 +20,7 @@ import functools
 
 import numpy as np
 
-from .common import flat, jit, jitable, loop_for, use_parallel
+from .common import flat, jit, jitable, loop_for, pack, tensor_packs, use_parallel
 from .fp16 import load, store, to_compute
 from ..common.update import (adam_builder, adam_corrections, adam_element,
                              multi_adam_cast_builder, multi_sgd_cast_builder, sgd_builder,
@@ -83,21 +84,21 @@ def adam_kernel(amsgrad: bool, parallel: bool):
 
 @functools.cache
 def multi_sgd_kernel(momentum: bool, nesterov: bool, parallel: bool):
-    """``kernel(models, diffs, copies, bufs, lr, skip_if, scale, mu, wd)`` (tuples of 1-D views;
-    ``bufs`` read and written only with ``momentum``): unless skip_if[0], for every tensor k and
-    element i ``g = diffs[k][i] * scale[0]``, ``models[k][i], bufs[k][i] = sgd_element(...)``,
-    ``copies[k][i] = models[k][i]`` rounded to the copy's half type (``nesterov``: Nesterov
-    momentum)."""
+    """``kernel(count, models, diffs, copies, bufs, lr, skip_if, scale, mu, wd)`` (tuples of 1-D
+    views, ``common.pack`` s; ``bufs`` read and written only with ``momentum``): unless
+    skip_if[0], for every tensor ``k < count`` and element i ``g = diffs[k][i] * scale[0]``,
+    ``models[k][i], bufs[k][i] = sgd_element(...)``, ``copies[k][i] = models[k][i]`` rounded to
+    the copy's half type (``nesterov``: Nesterov momentum)."""
     loop = loop_for(parallel)
 
     @jit(parallel)
-    def kernel(models, diffs, copies, bufs, lr, skip_if, scale, mu, wd):
+    def kernel(count, models, diffs, copies, bufs, lr, skip_if, scale, mu, wd):
         if skip_if[0] != 0:
             return
         p0 = models[0]
         lr_c, mu_c, wd_c = to_compute(p0, lr[0]), to_compute(p0, mu), to_compute(p0, wd)
         s = to_compute(p0, scale[0])
-        for k in range(len(models)):
+        for k in range(count):
             p, d, c, buf = models[k], diffs[k], copies[k], bufs[k]
             for i in loop(p.size):
                 b = load(buf, i) if momentum else mu_c
@@ -112,20 +113,21 @@ def multi_sgd_kernel(momentum: bool, nesterov: bool, parallel: bool):
 
 @functools.cache
 def multi_adam_kernel(amsgrad: bool, parallel: bool):
-    """``kernel(models, diffs, copies, ms, vs, steps, lr, skip_if, scale, beta1, beta2, eps,
-    wd, vmaxs)``: unless skip_if[0], for every tensor k ``steps[k] += 1``, then per element
+    """``kernel(count, models, diffs, copies, ms, vs, steps, lr, skip_if, scale, beta1, beta2,
+    eps, wd, vmaxs)`` (tuples: ``common.pack`` s): unless skip_if[0], for every tensor
+    ``k < count`` ``steps[k] += 1``, then per element
     ``g = diffs[k][i] * scale[0]``, ``adam_element`` on the model and moments, and the half copy
     of the new weight (``wd`` and ``vmaxs`` as for :func:`adam_kernel`)."""
     loop = loop_for(parallel)
 
     @jit(parallel)
-    def kernel(models, diffs, copies, ms, vs, steps, lr, skip_if, scale, beta1, beta2, eps, wd,
-               vmaxs):
+    def kernel(count, models, diffs, copies, ms, vs, steps, lr, skip_if, scale, beta1, beta2,
+               eps, wd, vmaxs):
         if skip_if[0] != 0:
             return
         p0 = models[0]
         s = to_compute(p0, scale[0])
-        for k in range(len(models)):
+        for k in range(count):
             p, d, c, m, v, step = models[k], diffs[k], copies[k], ms[k], vs[k], steps[k]
             vmax = vmaxs[k]
             step[0] += 1
@@ -147,29 +149,40 @@ def multi_adam_kernel(amsgrad: bool, parallel: bool):
     return kernel
 
 
-def _views(arrays) -> tuple:
-    return tuple(flat(a) for a in arrays)
+def _packed(arrays, part) -> tuple:
+    """The pack (``common.pack``) of ``arrays[k]``'s 1-D kernel views, ``k`` in ``part``."""
+    return pack([flat(arrays[k]) for k in part])
 
 
 def multi_sgd_steps(models, diffs, copies, bufs, lr, skip_if, scale, mu, wd, nesterov):
-    """One call of :func:`multi_sgd_kernel` over every tensor (the models stand in for the
-    buffers without momentum: the kernel never touches them then)."""
-    size = sum(p.size for p in models)
-    kernel = multi_sgd_kernel(bufs is not None, nesterov, use_parallel(size))
-    return [(kernel, (_views(models), _views(diffs), _views(copies),
-                      _views(models if bufs is None else bufs), lr.reshape(-1),
-                      skip_if.reshape(-1), scale.reshape(-1), mu, wd))]
+    """A call of :func:`multi_sgd_kernel` per pack of tensors (``common.tensor_packs``; the models
+    stand in for the buffers without momentum: the kernel never touches them then)."""
+    momentum, bufs = bufs is not None, models if bufs is None else bufs
+    steps = []
+    for part in tensor_packs(len(models)):
+        size = sum(models[k].size for k in part)
+        kernel = multi_sgd_kernel(momentum, nesterov, use_parallel(size))
+        steps.append((kernel, (len(part), _packed(models, part), _packed(diffs, part),
+                               _packed(copies, part), _packed(bufs, part), lr.reshape(-1),
+                               skip_if.reshape(-1), scale.reshape(-1), mu, wd)))
+    return steps
 
 
 def multi_adam_steps(models, diffs, copies, ms, vs, steps, lr, skip_if, scale, beta1, beta2,
                      eps, wd, vmaxs):
-    """One call of :func:`multi_adam_kernel` over every tensor (the first moments stand in for
-    ``vmaxs`` without amsgrad: the kernel never touches them then)."""
-    size = sum(p.size for p in models)
-    return [(multi_adam_kernel(vmaxs is not None, use_parallel(size)),
-             (_views(models), _views(diffs), _views(copies), _views(ms), _views(vs),
-              tuple(t.reshape(-1) for t in steps), lr.reshape(-1), skip_if.reshape(-1),
-              scale.reshape(-1), beta1, beta2, eps, wd, _views(ms if vmaxs is None else vmaxs)))]
+    """A call of :func:`multi_adam_kernel` per pack of tensors (``common.tensor_packs``; the
+    first moments stand in for ``vmaxs`` without amsgrad: the kernel never touches them then)."""
+    amsgrad, vmaxs = vmaxs is not None, ms if vmaxs is None else vmaxs
+    calls = []
+    for part in tensor_packs(len(models)):
+        size = sum(models[k].size for k in part)
+        calls.append((multi_adam_kernel(amsgrad, use_parallel(size)),
+                      (len(part), _packed(models, part), _packed(diffs, part),
+                       _packed(copies, part), _packed(ms, part), _packed(vs, part),
+                       pack([steps[k].reshape(-1) for k in part]), lr.reshape(-1),
+                       skip_if.reshape(-1), scale.reshape(-1), beta1, beta2, eps, wd,
+                       _packed(vmaxs, part))))
+    return calls
 
 
 def sgd_steps(p, grad, lr, skip_if, buf, mu, wd, nesterov):
