@@ -60,7 +60,7 @@ from ..common import conv
 from ..common.conv import cropped, live_taps
 from ..common.precision import compute_dtype
 from . import tune
-from .common import jit, jitable, kview, loop_for, use_parallel
+from .common import jit, kview, loop_for, use_parallel
 from .elementwise import cast_steps
 from .fp16 import load, store, to_compute
 from .matmul import gemm_steps
@@ -219,24 +219,6 @@ WINOGRAD_PAIRS = 1 << 17
 (16 floats a pair, 8 MiB here) no longer stays in cache (512 on 7x7: im2col wins at batch 4,
 Winograd at batch 8)."""
 
-WINOGRAD_INPUT_ROWS_FROM = 6
-"""Tiles a row of tiles holds (``ceil(OW / 2)``) from which the input transform runs along the
-rows, one of the 16 matrices' rows at a time (the loop over a row vectorizes); below, it gathers
-:data:`WINOGRAD_BLOCK` tiles and writes each matrix's part of them at once. The 16 matrices are
-``C * tiles`` apart, often a multiple of 4 KiB, so the row-wise loop kept up to 16 partly
-written cache lines of one L1 set in flight. One AMD Zen 4 core, ms, by rows / blocked: batch
-64, 64 channels on 8x8 1.12 / 0.88-1.15; 128 on 4x4 1.10 / 0.53-0.58; 256 on 2x2 0.69 / 0.45-0.48;
-512 on 1x1 1.38 / 0.89-1.02; batch 16, 256 on 14x14 3.09 / 3.13 (7 tiles a row); batch 2, 64 on
-56x56 0.59 / 0.58 (a standalone blocked kernel: 3.79 and 1.50 against 3.50 and 0.62)."""
-WINOGRAD_OUTPUT_ROWS_FROM = 4
-"""The same choice for the output transform (blocked: it reads each matrix's part of
-:data:`WINOGRAD_BLOCK` tiles at once). Same machine and shapes: 8x8 0.75 / 1.36-1.54 (4 tiles a
-row: rows), 4x4 1.06 / 0.66-0.77, 2x2 1.38 / 0.34-0.40, 1x1 2.20 / 0.45-0.51, 14x14 2.65 / 2.24,
-56x56 0.55 / 0.46 (rows kept there: no slower than before)."""
-WINOGRAD_BLOCK = 16
-"""Tiles the transforms of small images take at a time (:data:`WINOGRAD_INPUT_ROWS_FROM`): 64
-bytes, a cache line, of each matrix in float32 (32 tiles measured the same, 64 slower on 8x8)."""
-
 _G = np.array([[1.0, 0.0, 0.0], [0.5, 0.5, 0.5], [0.5, -0.5, 0.5], [0.0, 0.0, 1.0]])
 WINOGRAD_WEIGHT = np.kron(_G, _G)
 """``[16, 9]``: the weight transform ``U = G g G^T`` of a 3x3 tap matrix ``g`` (row-major taps)
@@ -270,10 +252,8 @@ def winograd_input_kernel(parallel: bool):
     """``kernel(xp, v)``: ``v[4a + b, c, t] = (B^T d B)[a, b]`` for every 4x4 tile ``d`` of the
     padded input (tile ``t = (n*TH + ti)*TW + tj`` starts at row ``2 ti``, column ``2 tj``), with
     ``B^T = [[1, 0, -1, 0], [0, 1, 1, 0], [0, -1, 1, 0], [0, 1, 0, -1]]`` (Lavin & Gray, "Fast
-    Algorithms for Convolutional Neural Networks", 2016). Rows are combined first, then columns.
-    Rows of :data:`WINOGRAD_INPUT_ROWS_FROM` tiles or more a row of tiles at a time (vectorizes),
-    else :data:`WINOGRAD_BLOCK` tiles at a time, each matrix's part written at once; the parallel
-    variant splits the channels."""
+    Algorithms for Convolutional Neural Networks", 2016). Rows are combined first, then columns,
+    a row of tiles at a time (vectorizes); the parallel variant splits the channels."""
     loop = loop_for(parallel)
 
     @jit(parallel, fastmath=("contract",))
@@ -282,163 +262,71 @@ def winograd_input_kernel(parallel: bool):
         th, tw = (xp.shape[2] - 2) // 2, (xp.shape[3] - 2) // 2
         for c_ in loop(c_n):
             c = np.int64(c_)
-            if tw >= WINOGRAD_INPUT_ROWS_FROM:
-                _input_rows(xp, v, c, n_n, th, tw)
-            else:
-                _input_blocks(xp, v, c, n_n, th, tw)
+            for n in range(n_n):
+                for ti in range(th):
+                    x0, x1, x2, x3 = (xp[n, c, 2 * ti], xp[n, c, 2 * ti + 1],
+                                      xp[n, c, 2 * ti + 2], xp[n, c, 2 * ti + 3])
+                    t0 = (n * th + ti) * tw
+                    for a in range(4):
+                        v0, v1 = v[4 * a, c, t0:t0 + tw], v[4 * a + 1, c, t0:t0 + tw]
+                        v2, v3 = v[4 * a + 2, c, t0:t0 + tw], v[4 * a + 3, c, t0:t0 + tw]
+                        for j in range(tw):
+                            k = 2 * j
+                            if a == 0:
+                                q0, q1, q2, q3 = (x0[k] - x2[k], x0[k + 1] - x2[k + 1],
+                                                  x0[k + 2] - x2[k + 2], x0[k + 3] - x2[k + 3])
+                            elif a == 1:
+                                q0, q1, q2, q3 = (x1[k] + x2[k], x1[k + 1] + x2[k + 1],
+                                                  x1[k + 2] + x2[k + 2], x1[k + 3] + x2[k + 3])
+                            elif a == 2:
+                                q0, q1, q2, q3 = (x2[k] - x1[k], x2[k + 1] - x1[k + 1],
+                                                  x2[k + 2] - x1[k + 2], x2[k + 3] - x1[k + 3])
+                            else:
+                                q0, q1, q2, q3 = (x1[k] - x3[k], x1[k + 1] - x3[k + 1],
+                                                  x1[k + 2] - x3[k + 2], x1[k + 3] - x3[k + 3])
+                            v0[j], v1[j], v2[j], v3[j] = q0 - q2, q1 + q2, q2 - q1, q1 - q3
 
     return kernel
-
-
-@jitable
-def _input_rows(xp, v, c, n_n, th, tw):
-    """:func:`winograd_input_kernel` for channel ``c``, a row of tiles at a time."""
-    for n in range(n_n):
-        for ti in range(th):
-            x0, x1, x2, x3 = (xp[n, c, 2 * ti], xp[n, c, 2 * ti + 1], xp[n, c, 2 * ti + 2],
-                              xp[n, c, 2 * ti + 3])
-            t0 = (n * th + ti) * tw
-            for a in range(4):
-                v0, v1 = v[4 * a, c, t0:t0 + tw], v[4 * a + 1, c, t0:t0 + tw]
-                v2, v3 = v[4 * a + 2, c, t0:t0 + tw], v[4 * a + 3, c, t0:t0 + tw]
-                for j in range(tw):
-                    k = 2 * j
-                    if a == 0:
-                        q0, q1, q2, q3 = (x0[k] - x2[k], x0[k + 1] - x2[k + 1],
-                                          x0[k + 2] - x2[k + 2], x0[k + 3] - x2[k + 3])
-                    elif a == 1:
-                        q0, q1, q2, q3 = (x1[k] + x2[k], x1[k + 1] + x2[k + 1],
-                                          x1[k + 2] + x2[k + 2], x1[k + 3] + x2[k + 3])
-                    elif a == 2:
-                        q0, q1, q2, q3 = (x2[k] - x1[k], x2[k + 1] - x1[k + 1],
-                                          x2[k + 2] - x1[k + 2], x2[k + 3] - x1[k + 3])
-                    else:
-                        q0, q1, q2, q3 = (x1[k] - x3[k], x1[k + 1] - x3[k + 1],
-                                          x1[k + 2] - x3[k + 2], x1[k + 3] - x3[k + 3])
-                    v0[j], v1[j], v2[j], v3[j] = q0 - q2, q1 + q2, q2 - q1, q1 - q3
-
-
-@jitable
-def _input_blocks(xp, v, c, n_n, th, tw):
-    """:func:`winograd_input_kernel` for channel ``c``, :data:`WINOGRAD_BLOCK` tiles at a time
-    (the same operations on every element as :func:`_input_rows`)."""
-    buf = np.empty((16, WINOGRAD_BLOCK), v.dtype)
-    fill, t = 0, 0
-    for n in range(n_n):
-        for ti in range(th):
-            x0, x1, x2, x3 = (xp[n, c, 2 * ti], xp[n, c, 2 * ti + 1], xp[n, c, 2 * ti + 2],
-                              xp[n, c, 2 * ti + 3])
-            for j in range(tw):
-                k = 2 * j
-                a0, a1, a2, a3 = x0[k], x0[k + 1], x0[k + 2], x0[k + 3]
-                b0, b1, b2, b3 = x1[k], x1[k + 1], x1[k + 2], x1[k + 3]
-                c0, c1, c2, c3 = x2[k], x2[k + 1], x2[k + 2], x2[k + 3]
-                d0, d1, d2, d3 = x3[k], x3[k + 1], x3[k + 2], x3[k + 3]
-                for a in range(4):
-                    if a == 0:
-                        q0, q1, q2, q3 = a0 - c0, a1 - c1, a2 - c2, a3 - c3
-                    elif a == 1:
-                        q0, q1, q2, q3 = b0 + c0, b1 + c1, b2 + c2, b3 + c3
-                    elif a == 2:
-                        q0, q1, q2, q3 = c0 - b0, c1 - b1, c2 - b2, c3 - b3
-                    else:
-                        q0, q1, q2, q3 = b0 - d0, b1 - d1, b2 - d2, b3 - d3
-                    buf[4 * a, fill], buf[4 * a + 1, fill] = q0 - q2, q1 + q2
-                    buf[4 * a + 2, fill], buf[4 * a + 3, fill] = q2 - q1, q1 - q3
-                fill += 1
-                if fill == WINOGRAD_BLOCK:
-                    v[:, c, t:t + fill] = buf
-                    t, fill = t + fill, 0
-    v[:, c, t:t + fill] = buf[:, :fill]
 
 
 @functools.cache
 def winograd_output_kernel(parallel: bool):
     """``kernel(m, out, th, tw)``: every 2x2 output tile ``A^T M A`` of the 16 products
     ``m[4a + b, o, t]``, ``A^T = [[1, 1, 1, 0], [0, 1, -1, -1]]``, rounded once into ``out``
-    ``[N, O, OH, OW]`` (kernel view; the last tile row / column is cut when OH / OW is odd). Rows
-    of :data:`WINOGRAD_OUTPUT_ROWS_FROM` tiles or more a row of tiles at a time, else
-    :data:`WINOGRAD_BLOCK` tiles at a time, each matrix's part read at once; the parallel variant
-    splits the output channels."""
+    ``[N, O, OH, OW]`` (kernel view; the last tile row / column is cut when OH / OW is odd). The
+    parallel variant splits the output channels."""
     loop = loop_for(parallel)
 
     @jit(parallel, fastmath=("contract",))
     def kernel(m, out, th, tw):
-        o_n = out.shape[1]
+        n_n, o_n, oh, ow = out.shape
         for o_ in loop(o_n):
             o = np.int64(o_)
-            if tw >= WINOGRAD_OUTPUT_ROWS_FROM:
-                _output_rows(m, out, o, th, tw)
-            else:
-                _output_blocks(m, out, o, th, tw)
+            for n in range(n_n):
+                for ti in range(th):
+                    t0 = (n * th + ti) * tw
+                    for a in range(2):
+                        i = 2 * ti + a
+                        if i >= oh:
+                            continue
+                        y = out[n, o, i]
+                        for j in range(tw):
+                            t = t0 + j
+                            if a == 0:
+                                s0 = m[0, o, t] + m[4, o, t] + m[8, o, t]
+                                s1 = m[1, o, t] + m[5, o, t] + m[9, o, t]
+                                s2 = m[2, o, t] + m[6, o, t] + m[10, o, t]
+                                s3 = m[3, o, t] + m[7, o, t] + m[11, o, t]
+                            else:
+                                s0 = m[4, o, t] - m[8, o, t] - m[12, o, t]
+                                s1 = m[5, o, t] - m[9, o, t] - m[13, o, t]
+                                s2 = m[6, o, t] - m[10, o, t] - m[14, o, t]
+                                s3 = m[7, o, t] - m[11, o, t] - m[15, o, t]
+                            store(y, 2 * j, s0 + s1 + s2)
+                            if 2 * j + 1 < ow:
+                                store(y, 2 * j + 1, s1 - s2 - s3)
 
     return kernel
-
-
-@jitable
-def _output_rows(m, out, o, th, tw):
-    """:func:`winograd_output_kernel` for output channel ``o``, a row of tiles at a time."""
-    n_n, oh, ow = out.shape[0], out.shape[2], out.shape[3]
-    for n in range(n_n):
-        for ti in range(th):
-            t0 = (n * th + ti) * tw
-            for a in range(2):
-                i = 2 * ti + a
-                if i >= oh:
-                    continue
-                y = out[n, o, i]
-                for j in range(tw):
-                    t = t0 + j
-                    if a == 0:
-                        s0 = m[0, o, t] + m[4, o, t] + m[8, o, t]
-                        s1 = m[1, o, t] + m[5, o, t] + m[9, o, t]
-                        s2 = m[2, o, t] + m[6, o, t] + m[10, o, t]
-                        s3 = m[3, o, t] + m[7, o, t] + m[11, o, t]
-                    else:
-                        s0 = m[4, o, t] - m[8, o, t] - m[12, o, t]
-                        s1 = m[5, o, t] - m[9, o, t] - m[13, o, t]
-                        s2 = m[6, o, t] - m[10, o, t] - m[14, o, t]
-                        s3 = m[7, o, t] - m[11, o, t] - m[15, o, t]
-                    store(y, 2 * j, s0 + s1 + s2)
-                    if 2 * j + 1 < ow:
-                        store(y, 2 * j + 1, s1 - s2 - s3)
-
-
-@jitable
-def _output_blocks(m, out, o, th, tw):
-    """:func:`winograd_output_kernel` for output channel ``o``, :data:`WINOGRAD_BLOCK` tiles at
-    a time (the same operations on every element as :func:`_output_rows`)."""
-    n_n, oh, ow = out.shape[0], out.shape[2], out.shape[3]
-    tiles = n_n * th * tw
-    buf = np.empty((16, WINOGRAD_BLOCK), m.dtype)
-    n, ti, j = 0, 0, 0
-    for t0 in range(0, tiles, WINOGRAD_BLOCK):
-        fill = min(WINOGRAD_BLOCK, tiles - t0)
-        buf[:, :fill] = m[:, o, t0:t0 + fill]
-        for q in range(fill):
-            i = 2 * ti
-            s0 = buf[0, q] + buf[4, q] + buf[8, q]
-            s1 = buf[1, q] + buf[5, q] + buf[9, q]
-            s2 = buf[2, q] + buf[6, q] + buf[10, q]
-            s3 = buf[3, q] + buf[7, q] + buf[11, q]
-            y = out[n, o, i]
-            store(y, 2 * j, s0 + s1 + s2)
-            if 2 * j + 1 < ow:
-                store(y, 2 * j + 1, s1 - s2 - s3)
-            if i + 1 < oh:
-                s0 = buf[4, q] - buf[8, q] - buf[12, q]
-                s1 = buf[5, q] - buf[9, q] - buf[13, q]
-                s2 = buf[6, q] - buf[10, q] - buf[14, q]
-                s3 = buf[7, q] - buf[11, q] - buf[15, q]
-                y = out[n, o, i + 1]
-                store(y, 2 * j, s0 + s1 + s2)
-                if 2 * j + 1 < ow:
-                    store(y, 2 * j + 1, s1 - s2 - s3)
-            j += 1
-            if j == tw:
-                j, ti = 0, ti + 1
-                if ti == th:
-                    ti, n = 0, n + 1
 
 
 @functools.cache
@@ -446,72 +334,36 @@ def winograd_grad_kernel(parallel: bool):
     """``kernel(dyp, mdy)``: ``mdy[4a + b, o, t] = (A dY A^T)[a, b]`` for every 2x2 tile ``dY`` of
     ``dyp`` (``dy`` zero-padded to even ``[N, O, 2 TH, 2 TW]``, compute type), ``A`` the 4x2
     transpose of the output transform's ``A^T``: the gradient of the output transform, which the
-    filter gradient's GEMMs multiply with the input tiles. By rows of tiles or by blocks of
-    :data:`WINOGRAD_BLOCK` tiles, as :func:`winograd_input_kernel` (the same writes: small
-    images, ms, by rows / blocked, as measured there: 8x8 1.13 / 0.83, 4x4 0.80 / 0.47, 2x2
-    0.73 / 0.31, 1x1 1.46 / 0.63); the parallel variant splits the output channels."""
+    filter gradient's GEMMs multiply with the input tiles. A row of tiles at a time, as
+    :func:`winograd_input_kernel`; the parallel variant splits the output channels."""
     loop = loop_for(parallel)
 
     @jit(parallel, fastmath=("contract",))
     def kernel(dyp, mdy):
-        o_n = dyp.shape[1]
+        n_n, o_n = dyp.shape[0], dyp.shape[1]
         th, tw = dyp.shape[2] // 2, dyp.shape[3] // 2
         for o_ in loop(o_n):
             o = np.int64(o_)
-            if tw >= WINOGRAD_INPUT_ROWS_FROM:
-                _grad_rows(dyp, mdy, o, th, tw)
-            else:
-                _grad_blocks(dyp, mdy, o, th, tw)
+            for n in range(n_n):
+                for ti in range(th):
+                    r0, r1 = dyp[n, o, 2 * ti], dyp[n, o, 2 * ti + 1]
+                    t0 = (n * th + ti) * tw
+                    for a in range(4):
+                        m0, m1 = mdy[4 * a, o, t0:t0 + tw], mdy[4 * a + 1, o, t0:t0 + tw]
+                        m2, m3 = mdy[4 * a + 2, o, t0:t0 + tw], mdy[4 * a + 3, o, t0:t0 + tw]
+                        for j in range(tw):
+                            k = 2 * j
+                            if a == 0:
+                                p, q = r0[k], r0[k + 1]
+                            elif a == 1:
+                                p, q = r0[k] + r1[k], r0[k + 1] + r1[k + 1]
+                            elif a == 2:
+                                p, q = r0[k] - r1[k], r0[k + 1] - r1[k + 1]
+                            else:
+                                p, q = -r1[k], -r1[k + 1]
+                            m0[j], m1[j], m2[j], m3[j] = p, p + q, p - q, -q
 
     return kernel
-
-
-@jitable
-def _grad_rows(dyp, mdy, o, th, tw):
-    """:func:`winograd_grad_kernel` for output channel ``o``, a row of tiles at a time."""
-    for n in range(dyp.shape[0]):
-        for ti in range(th):
-            r0, r1 = dyp[n, o, 2 * ti], dyp[n, o, 2 * ti + 1]
-            t0 = (n * th + ti) * tw
-            for a in range(4):
-                m0, m1 = mdy[4 * a, o, t0:t0 + tw], mdy[4 * a + 1, o, t0:t0 + tw]
-                m2, m3 = mdy[4 * a + 2, o, t0:t0 + tw], mdy[4 * a + 3, o, t0:t0 + tw]
-                for j in range(tw):
-                    p, q = _grad_pair(r0, r1, 2 * j, a)
-                    m0[j], m1[j], m2[j], m3[j] = p, p + q, p - q, -q
-
-
-@jitable
-def _grad_blocks(dyp, mdy, o, th, tw):
-    """:func:`winograd_grad_kernel` for output channel ``o``, :data:`WINOGRAD_BLOCK` tiles at a
-    time (the same operations on every element as :func:`_grad_rows`)."""
-    buf = np.empty((16, WINOGRAD_BLOCK), mdy.dtype)
-    fill, t = 0, 0
-    for n in range(dyp.shape[0]):
-        for ti in range(th):
-            r0, r1 = dyp[n, o, 2 * ti], dyp[n, o, 2 * ti + 1]
-            for j in range(tw):
-                for a in range(4):
-                    p, q = _grad_pair(r0, r1, 2 * j, a)
-                    buf[4 * a, fill], buf[4 * a + 1, fill] = p, p + q
-                    buf[4 * a + 2, fill], buf[4 * a + 3, fill] = p - q, -q
-                fill += 1
-                if fill == WINOGRAD_BLOCK:
-                    mdy[:, o, t:t + fill] = buf
-                    t, fill = t + fill, 0
-    mdy[:, o, t:t + fill] = buf[:, :fill]
-
-
-@jitable
-def _grad_pair(r0, r1, k, a):
-    """Row ``a`` of ``A dY`` for the 2x2 tile at columns ``k, k + 1`` of rows ``r0, r1``."""
-    if a == 0:
-        return r0[k], r0[k + 1]
-    if a == 1:
-        return r0[k] + r1[k], r0[k + 1] + r1[k + 1]
-    if a == 2:
-        return r0[k] - r1[k], r0[k + 1] - r1[k + 1]
-    return -r1[k], -r1[k + 1]
 
 
 def winograd_fits(g) -> bool:
