@@ -119,6 +119,25 @@ def test_more_tensors_than_a_pack_train_to_the_unfused_bits_and_compile_one_tupl
     assert multi.signatures, "the fused update ran the serial multi-tensor kernel"
 
 
+def test_tensor_packs_cover_every_tensor_once_and_a_pack_has_one_length():
+    """``tensor_packs`` cuts ``n`` tensors into consecutive runs of at most ``TENSOR_PACK``;
+    ``pack`` pads a run to ``TENSOR_PACK`` with its first view and refuses an empty or too long
+    one, naming the sizes."""
+    from miniflow.kernels.cpu.common import TENSOR_PACK, pack, tensor_packs
+    for n in (0, 1, TENSOR_PACK, TENSOR_PACK + 1, 3 * TENSOR_PACK - 1):
+        parts = tensor_packs(n)
+        assert [k for part in parts for k in part] == list(range(n))
+        assert all(0 < len(part) <= TENSOR_PACK for part in parts)
+    views = [np.arange(k, dtype=np.float32) for k in (3, 1)]
+    packed = pack(views)
+    assert len(packed) == TENSOR_PACK and packed[:2] == tuple(views)
+    assert all(v is views[0] for v in packed[2:])
+    for bad in ([], views * TENSOR_PACK):
+        with pytest.raises(ValueError, match=f"pack: {len(bad)} views; a pack holds 1 to "
+                                             f"{TENSOR_PACK}"):
+            pack(bad)
+
+
 def test_the_fused_ir_reads_the_copies_and_counts_in_the_matmuls():
     g, *_ = _graph(True, mf.float16)
     g(X, Y)

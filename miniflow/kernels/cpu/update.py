@@ -179,7 +179,7 @@ def multi_adam_steps(models, diffs, copies, ms, vs, steps, lr, skip_if, scale, b
         calls.append((multi_adam_kernel(amsgrad, use_parallel(size)),
                       (len(part), _packed(models, part), _packed(diffs, part),
                        _packed(copies, part), _packed(ms, part), _packed(vs, part),
-                       pack([steps[k].reshape(-1) for k in part]), lr.reshape(-1),
+                       _packed(steps, part), lr.reshape(-1),
                        skip_if.reshape(-1), scale.reshape(-1), beta1, beta2, eps, wd,
                        _packed(vmaxs, part))))
     return calls
