@@ -104,6 +104,34 @@ def test_a_stack_gives_matmuls_bits(two_threads, count, ta, tb):
     assert count == 1 or blas_split.split_step(a[:1], b, out) is None    # broadcasting
 
 
+@pytest.mark.parametrize("tb", [False, True])
+def test_a_4d_stack_of_attention_heads_gives_matmuls_bits(two_threads, tb):
+    """``[B, H, T, D] @ [B, H, D, T]`` (the GPT's scores; ``k`` stored ``[B, H, T, D]`` when
+    ``tb``): the leading dimensions merge into one stack of ``B * H`` matrices, split in runs of
+    whole matrices, each one call as ``np.matmul`` makes."""
+    r = np.random.default_rng(4)
+    q = r.standard_normal((16, 4, 64, 32)).astype(np.float32)
+    k = r.standard_normal((16, 4, 64, 32) if tb else (16, 4, 32, 64)).astype(np.float32)
+    k = k.swapaxes(-1, -2) if tb else k
+    out = np.full((16, 4, 64, 64), np.nan, np.float32)
+    fn, args = blas_split.split_step(q, k, out)
+    assert fn.__name__ == "matmul split 2 ways" and args[0].shape == (64, 64, 32)
+    fn(*args)
+    np.testing.assert_array_equal(out, np.matmul(q, k))
+    assert np.shares_memory(args[2], out)
+
+
+def test_stacked_merges_leading_dimensions_as_a_view_or_refuses():
+    x = np.arange(2 * 3 * 4 * 5, dtype=np.float32).reshape(2, 3, 4, 5)
+    for v in (x, x.swapaxes(-1, -2), x[:, 1:2], x[None], x[:, :, :2], x[0]):
+        s = blas_split.stacked(v)
+        assert s.shape == (int(np.prod(v.shape[:-2])), *v.shape[-2:]) and np.shares_memory(s, x)
+        np.testing.assert_array_equal(s, v.reshape(s.shape))
+    assert blas_split.stacked(x.transpose(1, 0, 2, 3)) is None
+    assert blas_split.stacked(x[:, ::2]) is None                 # H's stride 2 matrices
+    assert blas_split.stacked(x[:1, ::2]).shape == (2, 4, 5)     # B of one: any H stride
+
+
 def test_a_strided_out_is_written_in_place_and_nothing_beside_it(two_threads):
     a, b = _operands(10, 8, 200, False, False, np.float32)
     big = np.zeros((10, 240), np.float32)
@@ -119,7 +147,9 @@ def test_what_it_cannot_compute_is_refused(two_threads):
     assert blas_split.split_step(a.astype(np.float16), b.astype(np.float16),
                                  out.astype(np.float16)) is None            # not float32 / 64
     assert blas_split.split_step(a, b.astype(np.float64), out) is None      # mixed dtypes
-    assert blas_split.split_step(a[None, None], b[None, None], out[None, None]) is None  # 4-D
+    heads = np.zeros((2, 8, 3, 8), np.float32).transpose(0, 2, 1, 3)      # [B, H, T, D] of [B, T, H, D]
+    assert blas_split.split_step(heads, np.zeros((2, 3, 8, 8), np.float32),
+                                 np.zeros((2, 3, 8, 8), np.float32)) is None  # B and H do not merge
     assert blas_split.split_step(a[:, ::2], b[::2], out) is None            # no unit stride
     assert blas_split.split_step(a, b, out.T) is None                       # out's columns
     assert blas_split.split_step(a[:, :0], b[:0], out) is None              # empty

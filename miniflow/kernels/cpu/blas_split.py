@@ -41,6 +41,7 @@ queue on its one server.
 from __future__ import annotations
 
 import functools
+import math
 
 import numba
 import numpy as np
@@ -50,7 +51,7 @@ from numba.extending import overload
 from .common import cblas_gemm, jit, one_pool, pinned_threads
 
 __all__ = ["COLUMN_ALIGN", "COLUMNS_FROM", "PROBES", "describe", "keeps_bits", "sgemm", "dgemm",
-           "split_gemm_kernel", "SplitDot", "operand", "split_step"]
+           "split_gemm_kernel", "SplitDot", "operand", "stacked", "split_step"]
 
 COLUMN_ALIGN = 16
 """Column blocks start at multiples of this (a 64-byte line of float32)."""
@@ -198,28 +199,49 @@ class SplitDot:
 
     __slots__ = ("kernel", "__name__")
 
-    def __init__(self, kernel, parts: int, stacked: bool):
+    def __init__(self, kernel, parts: int, is_stack: bool):
         self.kernel = kernel
-        self.__name__ = f"{'matmul' if stacked else 'dot'} split {parts} ways"
+        self.__name__ = f"{'matmul' if is_stack else 'dot'} split {parts} ways"
 
     def __call__(self, *args):
         self.kernel(*args)
 
 
+def stacked(x):
+    """``x`` (``[..., r, c]``, two dimensions or more) as a 3-D stack of its matrices ``[count, r,
+    c]``, a view, or None where its leading dimensions do not merge without a copy (a 4-D
+    ``[B, H, T, D]`` merges where ``B``'s stride is ``H`` times ``H``'s: contiguous, or with its
+    last two axes swapped; the heads of a ``[B, T, H, D]`` array viewed ``[B, H, T, D]`` do not)."""
+    if x.ndim == 2:
+        return x[None]
+    step, span = 0, None
+    for size, stride in zip(reversed(x.shape[:-2]), reversed(x.strides[:-2])):
+        if size == 1:
+            continue
+        if span is not None and stride != span:
+            return None
+        step = step if span is not None else stride
+        span = stride * size
+    return np.lib.stride_tricks.as_strided(x, (math.prod(x.shape[:-2]), *x.shape[-2:]),
+                                           (step, *x.strides[-2:]))
+
+
 def split_step(a, b, out):
     """The step ``(SplitDot, args)`` computing ``out = a @ b`` (2-D, or stacks of matrices of one
-    length: ``np.matmul`` without broadcasting) split across Numba's threads, or None where it
-    does not apply: not ``common.one_pool``, another dtype than float32 / float64 (one for all
-    three), stacks of other lengths, an empty product, or a matrix of an operand or of out
-    without a unit stride (out's rows must have one)."""
+    shape: ``np.matmul`` without broadcasting, any number of leading dimensions that
+    :func:`stacked` merges into one) split across Numba's threads, or None where it does not
+    apply: not ``common.one_pool``, another dtype than float32 / float64 (one for all three),
+    stacks of other shapes, leading dimensions that do not merge, an empty product, or a matrix
+    of an operand or of out without a unit stride (out's rows must have one)."""
     if not one_pool() or not (a.dtype == b.dtype == out.dtype) \
             or a.dtype not in (np.float32, np.float64) or not a.ndim == b.ndim == out.ndim \
-            or a.ndim not in (2, 3) or a.shape[:-2] != b.shape[:-2] or 0 in out.shape \
+            or a.ndim < 2 or a.shape[:-2] != b.shape[:-2] or 0 in out.shape \
             or a.shape[-1] == 0:
         return None
-    stacked = a.ndim == 3
-    if not stacked:
-        a, b, out = a[None], b[None], out[None]
+    is_stack = a.ndim > 2
+    a, b, out = stacked(a), stacked(b), stacked(out)
+    if a is None or b is None or out is None:
+        return None
     op_a, op_b, op_out = operand(a[0]), operand(b[0]), operand(out[0])
     if op_a is None or op_b is None or op_out is None or op_out[0] != _NO_TRANS:
         return None
@@ -227,4 +249,4 @@ def split_step(a, b, out):
     parts = numba.get_num_threads()
     kernel = split_gemm_kernel("s" if a.dtype == np.float32 else "d")
     args = (a, b, out, op_a[0], op_a[1], op_b[0], op_b[1], op_out[1], parts, m, k, n)
-    return SplitDot(kernel, parts, stacked), args
+    return SplitDot(kernel, parts, is_stack), args

@@ -610,7 +610,7 @@ def _blas_step(a, b, out):
     ``threadpool_limits(1)`` block and run outside it must not call a threaded BLAS from Numba's
     threads, nor wake BLAS's spinning ones."""
     (m, k), n = a.shape[-2:], b.shape[-1]
-    macs = m * k * n * (a.shape[0] if a.ndim == 3 else 1)
+    macs = m * k * n * math.prod(a.shape[:-2])
     pooled = one_pool()
     step = (blas_split.split_step(a, b, out) if pooled and macs >= ONE_THREAD_BELOW
             else None) or (np.dot if a.ndim == 2 else np.matmul, (a, b, out))
@@ -631,7 +631,7 @@ def _vector_kinds() -> set:
 def _outer_fits(a, b, out, paired: bool) -> bool:
     """Whether :func:`outer_block_kernel` computes ``out = a @ b`` (kernel views; see the module
     docstring); ``paired``: with ``vdot_pairs``, which beats BLAS on a big strided ``a`` too."""
-    (m, k), n = a.shape, b.shape[1]
+    m, n = a.shape[0], b.shape[1]
     return ({a.dtype, b.dtype, out.dtype} <= _vector_kinds() and b.strides[1] == b.itemsize
             and out.strides[1] == out.itemsize and n >= OUTER_MIN_COLS and m >= OUTER_MIN_ROWS
             and (a.flags.c_contiguous or a.size < BIG or paired))
@@ -640,7 +640,7 @@ def _outer_fits(a, b, out, paired: bool) -> bool:
 def _packs(a, b, out) -> bool:
     """Whether ``out = x @ W.T`` (bfloat16 bits, ``b = W.T``) packs ``W`` into pairs for
     :func:`outer_block_kernel` (``PACK_MIN_ROWS`` rows of ``x`` or more)."""
-    (m, k), n = a.shape, b.shape[1]
+    m, n = a.shape[0], b.shape[1]
     return (b.flags.f_contiguous and not b.flags.c_contiguous and a.flags.c_contiguous
             and out.dtype in _vector_kinds() and m >= PACK_MIN_ROWS and n >= OUTER_MIN_COLS)
 
