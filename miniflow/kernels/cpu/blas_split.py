@@ -211,16 +211,19 @@ def stacked(x):
     """``x`` (``[..., r, c]``, two dimensions or more) as a 3-D stack of its matrices ``[count, r,
     c]``, a view, or None where its leading dimensions do not merge without a copy (a 4-D
     ``[B, H, T, D]`` merges where ``B``'s stride is ``H`` times ``H``'s: contiguous, or with its
-    last two axes swapped; the heads of a ``[B, T, H, D]`` array viewed ``[B, H, T, D]`` do not)."""
+    last two axes swapped; the heads of a ``[B, T, H, D]`` array viewed ``[B, H, T, D]`` do not).
+    The rule of NumPy's no-copy reshape (``_attempt_nocopy_reshape``), for the leading axes: from
+    the innermost, each axis longer than one steps by the span of those inside it."""
     if x.ndim == 2:
         return x[None]
-    step, span = 0, None
+    step, span = 0, None            # the innermost stride; the span of the axes merged so far
     for size, stride in zip(reversed(x.shape[:-2]), reversed(x.strides[:-2])):
         if size == 1:
             continue
-        if span is not None and stride != span:
+        if span is None:
+            step = stride
+        elif stride != span:
             return None
-        step = step if span is not None else stride
         span = stride * size
     return np.lib.stride_tricks.as_strided(x, (math.prod(x.shape[:-2]), *x.shape[-2:]),
                                            (step, *x.strides[-2:]))
