@@ -2,10 +2,11 @@
 README's ``python -m pytest -q -n auto``, runs every lane: ``NUMBA_ENABLE_CUDASIM``
 must be set before numba is imported, which this process has already done without it.
 
-The lane runs as :data:`SHARDS` processes, one test each (``tests/cuda/conftest.py`` keeps every
-``SHARDS``-th case of the collection, from the shard's index, when ``MINIFLOW_CUDA_LANE_SHARD``
-says ``"index/SHARDS"``): under pytest-xdist they overlap with the rest of the suite and with each
-other instead of keeping one worker busy for the whole lane. Together they run every case once.
+The lane runs as :data:`SHARDS` processes, one test each (``tests/cuda/conftest.py`` keeps the
+shard's cases when ``MINIFLOW_CUDA_LANE_SHARD`` says ``"index/SHARDS"``: the cases of one op in one
+shard, so its CPU oracle's kernels compile in one process): under pytest-xdist they overlap with
+the rest of the suite and with each other instead of keeping one worker busy for the whole lane.
+Together they run every case once.
 """
 import subprocess
 import sys
