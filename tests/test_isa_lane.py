@@ -43,8 +43,11 @@ SELECTION = ["tests/test_simd.py",
              "tests/test_kernels_cpu.py::test_matmul",
              "tests/test_kernels_cpu.py::test_cast_bit_exact", "tests/test_fp16.py",
              "tests/test_bf16.py", "tests/test_conv.py::test_kernels_match_the_reference",
-             "-k", "not float64 and not per-sample"]
-"""The tests each build runs (pytest arguments)."""
+             "-k", "not float64 and not per-sample and not trains_like and not imported_by"]
+"""The tests each build runs (pytest arguments): the kernels' tests; not the float64 ones, nor the
+bfloat16 AMP training run (the kernels it runs are tested here one by one; it alone took 9.6 of
+the haswell build's 51 s, compiling the whole step for that CPU) or the check of what imports
+``ml_dtypes`` (no kernel compiled for a CPU at all)."""
 EXACT = {"outer_block_kernel", "packed_kernel", "transpose_kernel", "cast_kernel",
          "cast_count_kernel", "dot", "im2col_kernel", "copyto"}
 """Kernels whose every output element is the same sequence of IEEE operations on any CPU."""
