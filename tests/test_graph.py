@@ -106,6 +106,51 @@ def test_plan_reused_for_same_signature_and_new_plan_for_new_shape():
     assert g.compile_count == 2 and len(g.plans) == 2
 
 
+def test_a_0d_input_stays_0d_whatever_came_before():
+    """A 0-d array, 0-d Tensor or Python float is a 0-d graph input, as a 0-d tensor in PyTorch:
+    the first input of a dtype once became shape [1] (``np.ascontiguousarray`` makes ndim >= 1),
+    later ones of that dtype stayed 0-d."""
+    class Scale(nn.Graph):
+        def build(self, w, x):
+            return (x * w).sum() * w
+
+    x = np.ones((2, 3), np.float32)
+    for w in (np.array(2.0, np.float32), mf.tensor(2.0), 2.0, np.float32(2.0),
+              np.array(2.0, np.float32)):
+        out = Scale()(w, x)
+        assert out.shape == () and float(out.numpy()) == 24.0, (type(w), out.shape)
+    with_1d = Scale()(np.array([2.0], np.float32), x)
+    assert with_1d.shape == (1,)
+
+
+def test_assigning_an_attribute_build_read_recompiles_and_others_do_not():
+    """As ``torch.compile`` guards what a compiled function read: a new value of a graph
+    attribute that ``build`` read is used at the next call (it was silently ignored); an equal
+    one, one that build never read (a step counter), or one build assigns itself, recompiles
+    nothing."""
+    class Logits(nn.Graph):
+        def __init__(self):
+            super().__init__()
+            self.lin, self.temperature, self.step = nn.Linear(3, 2), 1.0, 0
+
+        def build(self, x):
+            self.traced_with = self.temperature
+            return self.lin(x) / self.temperature
+
+    x = np.ones((4, 3), np.float32)
+    g = Logits()
+    a = g(x).numpy()
+    for _ in range(3):
+        g.step += 1
+        g(x)
+    assert g.compile_count == 1 and type(g) is Logits
+    g.temperature = 2.0
+    np.testing.assert_allclose(g(x).numpy(), a / 2, rtol=1e-6)
+    g.temperature = 2.0
+    g(x)
+    assert g.compile_count == 2 and g.traced_with == 2.0
+
+
 def test_plan_cache_keeps_at_most_8_lru():
     _, g = _train_graph()
     for n in range(1, 11):

@@ -30,7 +30,10 @@ or an assignment of any attribute of one of the graph's modules (``dropout.p = 0
 ``layer_norm.eps``, ``bn.momentum``, a plain attribute a custom ``forward`` reads:
 ``Module.compiled_into``), as ``torch.compile`` recompiles when such an attribute changes. Only
 the graphs holding the module (as an attribute or inside one) recompile; assigning an equal number
-again, or ``training`` (plans are kept per mode), does not.
+again, or ``training`` (plans are kept per mode), does not. So does assigning a new value to an
+attribute of the graph itself that ``build`` read when it was traced (``self.temperature = 2.0``:
+:meth:`Graph._recording_reads`); an attribute ``build`` never read (a step counter) recompiles
+nothing.
 
 Calls of one graph instance are serialized by a lock: a plan owns one set of input, intermediate
 and output buffers, and the scaler counts one step at a time, so two threads calling the same graph
@@ -40,6 +43,7 @@ interleave), as with PyTorch modules.
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
 import threading
@@ -52,7 +56,7 @@ from ..amp.grad_scaler import GradScaler, StaticGradScaler
 from ..amp.report import AmpReport, amp_report as build_amp_report
 from ..dtype import as_dtype
 from ..ir import Graph as IRGraph
-from ..nn.module import Module
+from ..nn.module import Module, _same
 from ..ops import emitter
 from ..optim.optimizer import Optimizer
 from ..passes.auto_mixed_precision import AmpState
@@ -93,6 +97,7 @@ class Graph:
     max_plans = 8
 
     def __init__(self):
+        self._traced_reads: set = set()     # see _recording_reads
         self._version = 0
         self._stamp = None
         self.config = GraphConfig()
@@ -106,9 +111,45 @@ class Graph:
         self._lock = threading.RLock()  # one call at a time (see the module docstring)
 
     def __setattr__(self, name, value):
-        if isinstance(value, Module) and "_version" in self.__dict__:
-            self._version += 1  # a (re)assigned module: recompile at the next call
+        d = self.__dict__
+        if "_version" in d and (isinstance(value, Module) or (
+                name in d["_traced_reads"] and current_tracer() is None
+                and not _same(d.get(name), value))):
+            self._version += 1  # a (re)assigned module, or a value build read: recompile
         object.__setattr__(self, name, value)
+
+    @staticmethod
+    @functools.cache
+    def _recording_class(cls: type) -> type:
+        """``cls`` with a ``__getattribute__`` that notes each public instance attribute read
+        (other than a module) in ``_traced_reads``; a graph has this class while ``build`` is
+        traced only (:meth:`_recording_reads`), so its calls pay nothing."""
+        def __getattribute__(self, name):
+            value = object.__getattribute__(self, name)
+            if name[0] != "_" and not isinstance(value, Module):
+                d = object.__getattribute__(self, "__dict__")
+                if name in d:
+                    d["_traced_reads"].add(name)
+            return value
+        return type(cls.__name__, (cls,), {"__getattribute__": __getattribute__,
+                                           "_records_reads": True,
+                                           "__qualname__": cls.__qualname__,
+                                           "__module__": cls.__module__})
+
+    @contextlib.contextmanager
+    def _recording_reads(self):
+        """Context in which the graph notes the attributes ``build`` reads (its class swapped
+        for :meth:`_recording_class`), so that assigning one of them later recompiles, as
+        ``torch.compile`` guards the attributes a compiled function read."""
+        cls = type(self)
+        if "_records_reads" in cls.__dict__:        # a build traced inside a build
+            yield
+            return
+        object.__setattr__(self, "__class__", Graph._recording_class(cls))
+        try:
+            yield
+        finally:
+            object.__setattr__(self, "__class__", cls)
 
     def module_changed(self) -> None:
         """An attribute of a module this graph traced was assigned (:meth:`Module.compiled_into`):
@@ -287,7 +328,7 @@ class Graph:
                 x = tensor(x).numpy()
         except (TypeError, ValueError) as e:
             raise TypeError(f"graph input {i}: {e} (a {type(x).__name__})") from None
-        arr = np.ascontiguousarray(x)
+        arr = np.asarray(x, order="C")     # not ascontiguousarray: it makes a 0-d input [1]
         try:
             as_dtype(arr.dtype)
         except TypeError as e:
@@ -385,7 +426,8 @@ class Graph:
                             f"a multiple of {micro}")
                     v = emit("unpack", v, unpack_num=micro)
                 lazy.append(Tensor(_value=v, _tracer=tracer))
-            out = self.build(*lazy)
+            with self._recording_reads():
+                out = self.build(*lazy)
         Module.compiled_into((m for _, top in self._modules() for m in top.modules()), self)
         self._single_output = not isinstance(out, (tuple, list))
         outs = [out] if self._single_output else list(out)
