@@ -6,6 +6,7 @@ import pytest
 
 import miniflow as mf
 from miniflow import nn
+from miniflow.experiments.mlp import EvalGraph
 from miniflow.nn import activations
 from miniflow.ops import get_op
 
@@ -29,15 +30,7 @@ def test_functional_module_and_op_agree_eagerly_and_in_a_graph(name):
     reference = get_op(name).reference([X.astype(np.float64)], {})[0]
     np.testing.assert_allclose(eager, reference, rtol=2e-6, atol=2e-6)
 
-    class Apply(nn.Graph):
-        def __init__(self):
-            super().__init__()
-            self.act = module()
-
-        def build(self, x):
-            return self.act(x)
-
-    graph = Apply()
+    graph = EvalGraph(module())
     np.testing.assert_array_equal(graph(X).numpy(), eager)
     assert name in graph.ir.count_ops()
 
@@ -48,6 +41,47 @@ def test_activations_match_pytorch(name):
     want = getattr(torch.nn.functional, name)(torch.tensor(X, dtype=torch.float64)).numpy()
     np.testing.assert_allclose(getattr(nn.functional, name)(mf.tensor(X)).numpy(), want,
                                rtol=2e-6, atol=2e-6)
+
+
+@pytest.mark.parametrize("cls,kwargs,name", [("ReLU", {"inplace": True}, "ReLU(inplace=True)"),
+                                              ("SiLU", {"inplace": True}, "SiLU(inplace=True)"),
+                                              ("GELU", {"approximate": "tanh"},
+                                               "GELU(approximate='tanh')")])
+def test_pytorchs_constructor_arguments_are_taken(cls, kwargs, name):
+    """``ReLU(inplace=True)`` (torchvision's models), ``SiLU(inplace=True)`` and ``GELU(approximate=
+    'tanh')`` (GPT-2's) construct, print as PyTorch's, and compute what PyTorch's do, eagerly and
+    in a graph (out of place: the input is left as it was); the tanh GELU against its float64
+    formula, and against PyTorch's when installed."""
+    module = getattr(nn, cls)(**kwargs)
+    assert repr(module) == name
+    x = mf.tensor(X)
+    got = module(x).numpy()
+    np.testing.assert_array_equal(x.numpy(), X)
+    t = X.astype(np.float64)
+    want = {"ReLU": np.maximum(t, 0), "SiLU": t / (1 + np.exp(-t)),
+            "GELU": 0.5 * t * (1 + np.tanh(np.sqrt(2 / np.pi) * (t + 0.044715 * t ** 3)))}
+    np.testing.assert_allclose(got, want[cls], rtol=2e-6, atol=2e-6)
+
+    np.testing.assert_allclose(EvalGraph(module)(X).numpy(), got, rtol=1e-6, atol=1e-7)
+    try:
+        import torch
+    except ImportError:
+        return
+    ref = getattr(torch.nn, cls)(**kwargs)(torch.tensor(t)).numpy()
+    np.testing.assert_allclose(got, ref, rtol=2e-6, atol=2e-6)
+
+
+@pytest.mark.parametrize("call,error,match", [
+    (lambda: nn.ReLU(inplace="yes"), TypeError, "ReLU: inplace must be True or False, got 'yes'"),
+    (lambda: nn.functional.silu(mf.tensor(X), inplace=1), TypeError,
+     "silu: inplace must be True or False, got 1"),
+    (lambda: nn.GELU(approximate="erf"), ValueError,
+     "GELU: approximate must be 'none' or 'tanh' .*got 'erf'"),
+    (lambda: nn.functional.gelu(mf.tensor(X), approximate=None), ValueError,
+     "gelu: approximate must be 'none' or 'tanh' .*got None")])
+def test_bad_constructor_arguments_are_refused_naming_the_activation(call, error, match):
+    with pytest.raises(error, match=match):
+        call()
 
 
 @pytest.mark.parametrize("name", ["softmax", "log_softmax"])

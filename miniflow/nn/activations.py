@@ -10,38 +10,95 @@ from .module import Module
 __all__ = ["relu", "ReLU", "gelu", "GELU", "silu", "SiLU"]
 
 
-def relu(x: Tensor) -> Tensor:
-    """max(x, 0), NaN propagating (op ``relu``)."""
+def _inplace(owner: str, inplace) -> bool:
+    """PyTorch's ``inplace`` argument, checked: miniflow computes every activation out of place
+    (a graph has no in-place ops), so ``inplace=True`` returns the result as a new tensor and
+    leaves the input as it was; code that uses the returned value (``x = relu(x, inplace=True)``,
+    every torchvision model's ``ReLU(inplace=True)``) computes the same.
+
+    Raises:
+        TypeError: ``inplace`` is not a bool."""
+    if not isinstance(inplace, bool):
+        raise TypeError(f"{owner}: inplace must be True or False, got {inplace!r}")
+    return inplace
+
+
+def relu(x: Tensor, inplace: bool = False) -> Tensor:
+    """max(x, 0), NaN propagating (op ``relu``); ``inplace``: accepted, computed out of place
+    (:func:`_inplace`)."""
+    _inplace("relu", inplace)
     return apply("relu", [x])
 
 
 class ReLU(Module):
-    """``max(x, 0)`` elementwise (op ``relu``)."""
+    """``max(x, 0)`` elementwise (op ``relu``); ``inplace`` as :func:`relu`'s."""
+
+    def __init__(self, inplace: bool = False):
+        super().__init__()
+        self.inplace = _inplace("ReLU", inplace)
 
     def forward(self, x):
         return relu(x)
 
+    def extra_repr(self) -> str:
+        return "inplace=True" if self.inplace else ""
 
-def gelu(x: Tensor) -> Tensor:
-    """x * Phi(x), Phi the standard normal CDF: the exact (erf) GELU, PyTorch's default
-    ``approximate='none'`` (op ``gelu``; gradient op ``gelu_grad``)."""
+
+def gelu(x: Tensor, approximate: str = "none") -> Tensor:
+    """x * Phi(x), Phi the standard normal CDF: ``approximate='none'`` (PyTorch's default) is the
+    exact (erf) GELU (op ``gelu``; gradient op ``gelu_grad``); ``'tanh'`` is Hendrycks & Gimpel's
+    approximation (GPT-2's), ``0.5 x (1 + tanh(sqrt(2 / pi) (x + 0.044715 x^3)))``, composed of
+    ``tanh`` and arithmetic ops, as ``torch.nn.functional.gelu(x, approximate='tanh')``.
+
+    Raises:
+        ValueError: ``approximate`` is neither ``'none'`` nor ``'tanh'``."""
+    if approximate == "tanh":
+        inner = (x + x * x * x * 0.044715) * _SQRT_2_OVER_PI
+        return x * 0.5 * (inner.tanh() + 1.0)
+    if approximate != "none":
+        raise ValueError(f"gelu: approximate must be 'none' or 'tanh' (PyTorch's choices), got "
+                         f"{approximate!r}")
     return apply("gelu", [x])
 
 
+_SQRT_2_OVER_PI = 0.7978845608028654
+"""sqrt(2 / pi), the tanh GELU's constant."""
+
+
 class GELU(Module):
-    """``x * Phi(x)`` elementwise, the erf form (op ``gelu``)."""
+    """``x * Phi(x)`` elementwise, the erf form (op ``gelu``), or its tanh approximation with
+    ``approximate='tanh'`` (:func:`gelu`)."""
+
+    def __init__(self, approximate: str = "none"):
+        super().__init__()
+        if approximate not in ("none", "tanh"):
+            raise ValueError(f"GELU: approximate must be 'none' or 'tanh' (PyTorch's choices), "
+                             f"got {approximate!r}")
+        self.approximate = approximate
 
     def forward(self, x):
-        return gelu(x)
+        return gelu(x, self.approximate)
+
+    def extra_repr(self) -> str:
+        return f"approximate={self.approximate!r}"
 
 
-def silu(x: Tensor) -> Tensor:
-    """x * sigmoid(x) (op ``silu``; gradient op ``silu_grad``)."""
+def silu(x: Tensor, inplace: bool = False) -> Tensor:
+    """x * sigmoid(x) (op ``silu``; gradient op ``silu_grad``); ``inplace``: accepted, computed
+    out of place (:func:`_inplace`)."""
+    _inplace("silu", inplace)
     return apply("silu", [x])
 
 
 class SiLU(Module):
-    """``x * sigmoid(x)`` elementwise (op ``silu``)."""
+    """``x * sigmoid(x)`` elementwise (op ``silu``); ``inplace`` as :func:`silu`'s."""
+
+    def __init__(self, inplace: bool = False):
+        super().__init__()
+        self.inplace = _inplace("SiLU", inplace)
 
     def forward(self, x):
         return silu(x)
+
+    def extra_repr(self) -> str:
+        return "inplace=True" if self.inplace else ""
