@@ -636,8 +636,9 @@ def _matmul(a: "Tensor", b: "Tensor") -> "Tensor":
     if a.ndim >= 3 and a.ndim == b.ndim:
         return apply("batch_matmul", [a, b])
     raise ValueError(f"matmul: shapes {list(a.shape)} @ {list(b.shape)}: miniflow multiplies "
-                     f"2-D @ 2-D, N-D @ 2-D and N-D @ N-D with equal batch dimensions; reshape "
-                     f"or expand the operands")
+                     f"2-D @ 2-D, N-D @ 2-D and N-D @ N-D with equal batch dimensions (no "
+                     f"broadcasting, no 1-D operand: Tensor has no expand); reshape the "
+                     f"operands, e.g. a vector v to [k, 1]")
 
 
 def tensor(data, dtype=None) -> Tensor:

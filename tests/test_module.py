@@ -378,6 +378,23 @@ def test_appending_to_a_traced_module_list_recompiles_the_graph():
     np.testing.assert_allclose(two, one @ w.T + bias, rtol=1e-6)
 
 
+def test_state_dict_takes_pytorchs_prefix_destination_and_keep_vars():
+    """``state_dict(prefix=, destination=, keep_vars=)`` as PyTorch's (they raised TypeError):
+    the names prefixed, the given dict filled, the module's own tensors with keep_vars."""
+    model = nn.Sequential(nn.Linear(3, 2), nn.BatchNorm1d(2))
+    plain = model.state_dict()
+    into = {"other": 1}
+    got = model.state_dict(destination=into, prefix="backbone.")
+    assert got is into and list(got) == ["other"] + [f"backbone.{k}" for k in plain]
+    kept = model.state_dict(keep_vars=True)
+    assert list(kept) == list(plain) and kept["0.weight"] is model[0].weight
+    assert kept["1.running_mean"] is model[1].running_mean
+    assert all(np.array_equal(kept[k].numpy(), v) for k, v in plain.items())
+    torch = pytest.importorskip("torch")
+    t = torch.nn.Sequential(torch.nn.Linear(3, 2), torch.nn.BatchNorm1d(2))
+    assert list(t.state_dict(prefix="backbone.")) == list(got)[1:]
+
+
 def test_a_replaced_child_or_parameter_keeps_its_place_in_the_state_dict():
     """``torch.nn.Module.__setattr__`` assigns into its ordered dicts: replacing a child module
     or a parameter keeps its position, so the state-dict keys keep their order."""

@@ -400,9 +400,18 @@ class Module:
         default."""
         return ()
 
-    def state_dict(self) -> "OrderedDict[str, np.ndarray]":
-        """Name -> NumPy copy of every parameter and persistent buffer, in PyTorch's order."""
-        return OrderedDict((n, t.numpy()) for n, t, _ in self._state())
+    def state_dict(self, *, destination=None, prefix: str = "",
+                   keep_vars: bool = False) -> "OrderedDict[str, np.ndarray]":
+        """Name -> NumPy copy of every parameter and persistent buffer, in PyTorch's order.
+
+        As PyTorch's ``Module.state_dict``: ``prefix`` starts every name, ``destination`` (a
+        dict) is filled and returned instead of a new ``OrderedDict``, and ``keep_vars=True``
+        gives the parameter and buffer tensors themselves (shared with the module and its graphs)
+        instead of copies."""
+        out = OrderedDict() if destination is None else destination
+        for n, t, _ in self._state():
+            out[prefix + n] = t if keep_vars else t.numpy()
+        return out
 
     def load_state_dict(self, state_dict, strict: bool = True) -> IncompatibleKeys:
         """Copy values into the parameters and persistent buffers in place (bound graphs see

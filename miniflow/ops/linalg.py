@@ -103,7 +103,9 @@ def _batch_infer(inputs, attrs):
                          f"[..., k, n]), got {fmt(a)} and {fmt(b)}; use matmul for 2-D operands")
     if a.shape[:-2] != b.shape[:-2]:
         raise ValueError(f"{op}: batch dimensions differ: {fmt(a)} and {fmt(b)} (OneFlow's "
-                         f"batch_matmul does not broadcast); expand or reshape one of them")
+                         f"batch_matmul does not broadcast); give both the same batch dimensions (a "
+                         f"right operand shared by every batch, [1, ..., k, n], reshaped to "
+                         f"[k, n] makes an N-D @ 2-D product)")
     m, k = a.shape[-2:][::-1] if attrs["transpose_a"] else a.shape[-2:]
     k2, n = b.shape[-2:][::-1] if attrs["transpose_b"] else b.shape[-2:]
     if k != k2:
