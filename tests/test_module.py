@@ -395,6 +395,43 @@ def test_state_dict_takes_pytorchs_prefix_destination_and_keep_vars():
     assert list(t.state_dict(prefix="backbone.")) == list(got)[1:]
 
 
+def test_embedding_from_pretrained_copies_keeps_the_dtype_and_freezes_as_pytorch():
+    """``nn.Embedding.from_pretrained(w, freeze=True)``: a copy of ``w`` (dtype kept), frozen by
+    default (a training step leaves it bit-identical), trainable with ``freeze=False``; not 2-D
+    is an error naming the method."""
+    w = np.arange(12, dtype=np.float32).reshape(4, 3)
+    frozen, free = (nn.Embedding.from_pretrained(w), nn.Embedding.from_pretrained(
+        mf.tensor(w.astype(np.float64)), freeze=False))
+    w[0, 0] = 99.0
+    assert repr(frozen) == "Embedding(4, 3)" and frozen.weight.numpy()[0, 0] == 0.0
+    assert free.weight.dtype is mf.float64 and free.weight.requires_grad
+    assert not frozen.weight.requires_grad
+    ids = np.array([1, 3, 3], np.int64)
+    np.testing.assert_array_equal(frozen(mf.tensor(ids)).numpy(), np.arange(12).reshape(4, 3)[ids])
+    for emb in (frozen, free):
+        head = nn.Linear(3, 2, dtype=emb.weight.dtype)
+        opt = mf.optim.SGD([*emb.parameters(), *head.parameters()], lr=0.5)
+
+        class Step(nn.Graph):
+            def __init__(self):
+                super().__init__()
+                self.emb, self.head = emb, head
+                self.add_optimizer(opt)
+
+            def build(self, ids):
+                loss = self.head(self.emb(ids)).sum()
+                loss.backward()
+                return loss
+
+        before = emb.weight.numpy()
+        Step()(ids)
+        changed = not np.array_equal(emb.weight.numpy(), before)
+        assert changed == emb.weight.requires_grad
+    with pytest.raises(ValueError,
+                       match=r"Embedding.from_pretrained: embeddings must be 2-D .*\[3\]"):
+        nn.Embedding.from_pretrained(np.zeros(3, np.float32))
+
+
 def test_a_replaced_child_or_parameter_keeps_its_place_in_the_state_dict():
     """``torch.nn.Module.__setattr__`` assigns into its ordered dicts: replacing a child module
     or a parameter keeps its position, so the state-dict keys keep their order."""

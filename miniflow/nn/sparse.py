@@ -82,6 +82,30 @@ class Embedding(Module):
         self.weight = Parameter(generator().standard_normal((num_embeddings, embedding_dim))
                                 .astype(dt))
 
+    @classmethod
+    def from_pretrained(cls, embeddings, freeze: bool = True) -> "Embedding":
+        """An Embedding whose weight is a copy of ``embeddings`` (``[num_embeddings,
+        embedding_dim]``, a NumPy array or Tensor of a floating dtype, which it keeps), frozen
+        (``requires_grad=False``: no gradient op, no update) unless ``freeze=False``, as
+        ``torch.nn.Embedding.from_pretrained`` (its ``padding_idx``, ``max_norm`` ... are not
+        supported).
+
+        Raises:
+            ValueError: ``embeddings`` is not 2-D (or has a zero size).
+            TypeError: its dtype is not a floating dtype of miniflow; ``freeze`` not a bool.
+        """
+        w = embeddings.numpy() if isinstance(embeddings, Tensor) else np.asarray(embeddings)
+        if w.ndim != 2:
+            raise ValueError(f"Embedding.from_pretrained: embeddings must be 2-D "
+                             f"[num_embeddings, embedding_dim], got shape {list(w.shape)}")
+        if not isinstance(freeze, bool):
+            raise TypeError(f"Embedding.from_pretrained: freeze must be True or False, got "
+                            f"{freeze!r}")
+        module = cls(w.shape[0], w.shape[1], dtype=w.dtype)
+        module.weight = Parameter(w.copy())
+        module.weight.requires_grad_(not freeze)
+        return module
+
     def forward(self, ids):
         return embedding(ids, self.weight)
 
