@@ -7,7 +7,7 @@ from __future__ import annotations
 from ..tensor import Tensor, apply
 from .module import Module
 
-__all__ = ["relu", "ReLU", "gelu", "GELU", "silu", "SiLU"]
+__all__ = ["relu", "ReLU", "gelu", "GELU", "silu", "SiLU", "tanh", "Tanh", "sigmoid", "Sigmoid"]
 
 
 def _inplace(owner: str, inplace) -> bool:
@@ -102,3 +102,28 @@ class SiLU(Module):
 
     def extra_repr(self) -> str:
         return "inplace=True" if self.inplace else ""
+
+
+def tanh(x: Tensor) -> Tensor:
+    """The hyperbolic tangent (op ``tanh``; gradient op ``tanh_grad``)."""
+    return apply("tanh", [x])
+
+
+class Tanh(Module):
+    """``tanh(x)`` elementwise (op ``tanh``)."""
+
+    def forward(self, x):
+        return tanh(x)
+
+
+def sigmoid(x: Tensor) -> Tensor:
+    """1 / (1 + e^-x), with no exponential that overflows (op ``sigmoid``; gradient op
+    ``sigmoid_grad``)."""
+    return apply("sigmoid", [x])
+
+
+class Sigmoid(Module):
+    """``1 / (1 + e^-x)`` elementwise (op ``sigmoid``)."""
+
+    def forward(self, x):
+        return sigmoid(x)
