@@ -311,8 +311,8 @@ def _ir(args) -> int:
                       onnx_path=args.onnx, batch_size=args.batch_size))
         if args.netron:
             serve_netron(args.onnx)
-    except (ValueError, MissingExtraError, OnnxExportError) as e:
-        print(f"miniflow ir: {e}", file=sys.stderr)
+    except (ValueError, MissingExtraError, OnnxExportError, OSError) as e:
+        print(f"miniflow ir: {e}", file=sys.stderr)      # OSError: the --onnx path (named)
         return 2
     return 0
 
@@ -536,3 +536,7 @@ def main(argv=None) -> int:
         from . import distributed
         distributed.abort(code)
     return code
+
+
+if __name__ == "__main__":        # python -m miniflow.cli, as python -m miniflow
+    raise SystemExit(main())

@@ -133,8 +133,9 @@ def _canonical(data: bytes) -> bytes:
     return len(text).to_bytes(8, "little") + text + data[8 + n:]
 
 
-def _target(path) -> str:
+def _target(path, owner: str = "miniflow.save", what: str = "a checkpoint") -> str:
     """The file :func:`save` replaces for ``path``: its symlinks resolved (``os.path.realpath``).
+    The errors name ``owner`` (the function writing) and ``what`` it writes.
 
     Raises:
         FileNotFoundError: its folder does not exist. IsADirectoryError: it is a folder.
@@ -146,33 +147,33 @@ def _target(path) -> str:
     shown = repr(path) if target == os.path.abspath(path) else f"{path!r} (-> {target!r})"
     folder = os.path.dirname(target)
     if not os.path.isdir(folder):
-        raise FileNotFoundError(f"miniflow.save: the folder {folder!r} of {shown} does not "
+        raise FileNotFoundError(f"{owner}: the folder {folder!r} of {shown} does not "
                                 "exist; create it first (os.makedirs)")
     try:
         mode = os.stat(target).st_mode  # a symlink loop raises OSError (ELOOP) here
     except FileNotFoundError:
         return target
     if stat.S_ISDIR(mode):
-        raise IsADirectoryError(f"miniflow.save: {shown} is a folder; give a file name such "
-                                "as 'checkpoint.safetensors'")
+        raise IsADirectoryError(f"{owner}: {shown} is a folder; give a file name")
     if not stat.S_ISREG(mode):
         kind = {stat.S_IFCHR: "character device", stat.S_IFBLK: "block device",
                 stat.S_IFIFO: "FIFO", stat.S_IFSOCK: "socket"}.get(stat.S_IFMT(mode), "special file")
-        raise OSError(f"miniflow.save: {shown} is a {kind}, not a regular file; a checkpoint "
-                      "replaces a regular file or creates a new one: give another path")
+        raise OSError(f"{owner}: {shown} is a {kind}, not a regular file; {what} replaces a "
+                      "regular file or creates a new one: give another path")
     return target
 
 
-def check_save_path(path) -> str:
-    """Check, before a long job, that :func:`save` can write ``path``: the checks ``save`` makes
-    (folder exists, not a folder, not a device, FIFO or socket) and a temporary file created
-    and removed in the target's folder. Returns the target (symlinks resolved); writes nothing.
+def check_save_path(path, owner: str = "miniflow.save", what: str = "a checkpoint") -> str:
+    """Check, before a long job, that :func:`save` (or :func:`write_atomic`) can write ``path``:
+    the checks ``save`` makes (folder exists, not a folder, not a device, FIFO or socket) and a
+    temporary file created and removed in the target's folder. Returns the target (symlinks
+    resolved); writes nothing.
 
     Raises:
         FileNotFoundError, IsADirectoryError, OSError: as :func:`save`; PermissionError: the
             folder is not writable.
     """
-    target = _target(path)
+    target = _target(path, owner, what)
     with tempfile.TemporaryFile(dir=os.path.dirname(target)):
         pass
     return target
@@ -245,6 +246,19 @@ def _encode_array(value, keys: tuple, tensors: dict, paths: dict) -> dict:
 def _digest(a: np.ndarray) -> str:
     """SHA-256 of a C-contiguous array's bytes."""
     return hashlib.sha256(a.reshape(-1).view(np.uint8)).hexdigest()
+
+
+def write_atomic(path, data: bytes, owner: str, what: str) -> str:
+    """Write ``data`` (bytes) to ``path`` as :func:`save` writes a checkpoint: a symlink written
+    through, a folder, device, FIFO or socket refused (errors naming ``owner`` and ``what``
+    it writes), atomically (the old file or the new one, never a part), a replaced file's
+    permission bits kept. Returns the file written (symlinks resolved).
+
+    Raises:
+        FileNotFoundError, IsADirectoryError, OSError: as :func:`save`."""
+    target = _target(path, owner, what)
+    _write_atomic(target, data)
+    return target
 
 
 def _write_atomic(path: str, data: bytes) -> None:

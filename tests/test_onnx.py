@@ -218,6 +218,43 @@ def test_bad_opset_and_stage_are_refused(tmp_path):
         mo.export("mlp", _x("mlp"), tmp_path / "m.onnx")
 
 
+def test_the_file_is_written_as_a_checkpoint_is(tmp_path, capsys):
+    """As ``miniflow.save``: through a symlink (the link stays), a replaced file's permission
+    bits kept, a new file's from the umask (``mkstemp`` made every export 0600), a FIFO, a
+    folder or a missing folder refused before tracing, naming the export; ``miniflow ir
+    --onnx`` says so in one line (a traceback before, and ``--onnx /dev/null`` as root replaced
+    the device with a file)."""
+    from miniflow.cli import main
+    model, x = nn.Sequential(nn.Linear(4, 2)), np.zeros((1, 4), np.float32)
+    (tmp_path / "real").mkdir()
+    os.symlink("real/target.onnx", tmp_path / "link.onnx")
+    mo.export(model, x, tmp_path / "link.onnx")
+    assert os.path.islink(tmp_path / "link.onnx") and onnx.load(tmp_path / "real" / "target.onnx")
+    (tmp_path / "perm.onnx").write_bytes(b"old")
+    os.chmod(tmp_path / "perm.onnx", 0o664)
+    mo.export(model, x, tmp_path / "perm.onnx")
+    assert os.stat(tmp_path / "perm.onnx").st_mode & 0o777 == 0o664
+    umask = os.umask(0o022)
+    try:
+        mo.export(model, x, tmp_path / "new.onnx")
+    finally:
+        os.umask(umask)
+    assert os.stat(tmp_path / "new.onnx").st_mode & 0o777 == 0o644
+    os.mkfifo(tmp_path / "fifo.onnx")
+    for path, error, match in ((tmp_path / "fifo.onnx", OSError, "is a FIFO, not a regular file; "
+                                "an ONNX export replaces a regular file"),
+                               (tmp_path, IsADirectoryError, "is a folder; give a file name"),
+                               (tmp_path / "no" / "m.onnx", FileNotFoundError,
+                                "the folder .* does not exist; create it first")):
+        with pytest.raises(error, match=f"miniflow.onnx.export: .*{match}"):
+            mo.export(model, x, path)
+        assert main(["ir", "--onnx", str(path)]) == 2
+        err = capsys.readouterr().err.strip()
+        assert err.startswith("miniflow ir: miniflow.onnx.export: ") and "\n" not in err, err
+    assert sorted(os.listdir(tmp_path)) == ["fifo.onnx", "link.onnx", "new.onnx", "perm.onnx",
+                                            "real"]
+
+
 def test_without_the_onnx_extra_export_names_it(monkeypatch, tmp_path):
     monkeypatch.setitem(sys.modules, "onnx", None)   # `import onnx` raises ImportError
     with pytest.raises(MissingExtraError, match=r'pip install -e "\.\[onnx\]"'):

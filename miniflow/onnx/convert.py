@@ -369,4 +369,5 @@ def standard_form(node, ins: list, outs: list, b: Builder, used: set) -> None:
         return convert(node, ins, outs, b)
     if node.op.scalar is not None:
         return _elementwise(node, ins, outs, b)
-    raise NoStandardForm("ONNX has no operator for it")
+    raise NoStandardForm("miniflow has no converter to ONNX operators for this op yet "
+                         "(miniflow/onnx/convert.py: CONVERTERS)")

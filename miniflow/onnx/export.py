@@ -27,8 +27,6 @@ their ``state_dict`` names, results are graph outputs by their result names (``o
 from __future__ import annotations
 
 import numbers
-import os
-import tempfile
 
 import numpy as np
 
@@ -38,6 +36,7 @@ from ..compile import Graph
 from ..nn.module import Module
 from ..passes.pipeline import STAGE_ALIASES
 from ..runtime.backend import get_backend
+from ..serialization import check_save_path, write_atomic
 from .convert import DOMAIN, Builder, NoStandardForm, standard_form, tensor_type
 
 __all__ = ["export", "to_model", "OnnxExportError", "DEFAULT_OPSET", "MIN_OPSET"]
@@ -64,6 +63,10 @@ class _ModuleGraph(Graph):
         return self.model(*inputs)
 
 
+_OWNER, _WHAT = "miniflow.onnx.export", "an ONNX export"
+"""How the path errors name the writer and what it writes (``serialization.write_atomic``)."""
+
+
 def export(graph_or_module, example_inputs, path, *, opset: int = DEFAULT_OPSET,
            after: str | None = None):
     """Export ``graph_or_module`` traced with ``example_inputs`` to the ONNX file ``path``.
@@ -75,7 +78,9 @@ def export(graph_or_module, example_inputs, path, *, opset: int = DEFAULT_OPSET,
             are restored after).
         example_inputs: one array or Tensor, or a tuple of them: the inputs of ``build`` (or
             ``forward``); their shapes and dtypes are the model's.
-        path: the ``.onnx`` file, written atomically (nothing is left behind on an error).
+        path: the ``.onnx`` file, written atomically (nothing is left behind on an error) as
+            ``miniflow.save`` writes a checkpoint: through a symlink, keeping a replaced file's
+            permission bits, never over a folder, device or FIFO (checked before tracing).
         opset: the default domain's opset version, ``MIN_OPSET`` to the newest the installed
             onnx knows (Gelu is an ONNX op from 20; before it, its erf form).
         after: None (the inference graph with standard ops only, see the module docstring) or
@@ -90,8 +95,11 @@ def export(graph_or_module, example_inputs, path, *, opset: int = DEFAULT_OPSET,
         OnnxExportError: a node with no standard form when ``after`` is None (naming it and the
             stages to export at instead); an opset out of range; ``after`` not a stage.
         TypeError: ``graph_or_module`` is neither an nn.Graph nor a Module.
+        FileNotFoundError / IsADirectoryError / OSError: ``path``'s folder does not exist /
+            ``path`` is a folder / a device, FIFO or socket; or writing failed.
     """
     onnx = require("onnx", "onnx", "miniflow.onnx.export")
+    check_save_path(path, _OWNER, _WHAT)
     newest = onnx.defs.onnx_opset_version()
     if isinstance(opset, bool) or not isinstance(opset, numbers.Integral) \
             or not MIN_OPSET <= opset <= newest:
@@ -128,7 +136,7 @@ def _export(onnx, graph: Graph, inputs: tuple, path, opset: int, after, strip: s
     except OnnxExportError as e:
         raise OnnxExportError(f"{e}\n{_stage_hint(onnx, graph, inputs, opset)}") from None
     onnx.checker.check_model(model, full_check=True)
-    _save(onnx, model, os.fspath(path))
+    write_atomic(path, model.SerializeToString(), _OWNER, _WHAT)
     return model
 
 
@@ -149,19 +157,6 @@ def _stage_hint(onnx, graph: Graph, inputs: tuple, opset: int) -> str:
         return f"No stage of this graph has standard ONNX ops only: {custom}."
     return (f"Export at after={standard!r} for the latest stage with standard ONNX ops only, "
             f"or {custom}.")
-
-
-def _save(onnx, model, path: str) -> None:
-    """Write ``model`` to ``path`` through a temporary file in the same folder (atomic)."""
-    folder = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(dir=folder, prefix=".onnx-", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(model.SerializeToString())
-        os.replace(tmp, path)
-    except BaseException:
-        os.unlink(tmp)
-        raise
 
 
 def to_model(onnx, ir, opset: int = DEFAULT_OPSET, *, stage: str = "", strict: bool = True,
