@@ -30,6 +30,7 @@ import numpy as np
 
 from .extras import require
 from .passes.fuse_model_update_cast import FusedUpdateState
+from .passes.optimizer import CLIP_COEF
 from .runtime.backend import get_backend
 
 __all__ = ["ScalarWriter", "TrainingLog", "run_dir", "grad_norm", "unscaled_gradients"]
@@ -96,7 +97,8 @@ class ScalarWriter:
 
 def unscaled_gradients(graph) -> dict:
     """Host copies of the unscaled gradients (``grad:<variable>`` results) of the plan of
-    ``graph`` that ran last: variable name -> array.
+    ``graph`` that ran last, before gradient clipping (a clipped gradient divided by its
+    group's ``clip_coef``, in float64): variable name -> array.
 
     Raises:
         RuntimeError: the graph has not run a training step yet.
@@ -114,7 +116,23 @@ def unscaled_gradients(graph) -> dict:
                          "read the unscaled ones (the same bits, a little slower), or log "
                          "without the gradient norm (grad_norm=False)")
     to_numpy = get_backend().to_numpy
-    return {n: to_numpy(plan.buffers[v]) for n, v in plan.graph.grads.items()}
+    coefs = {v: to_numpy(plan.buffers[v]) for k, v in plan.graph.results.items()
+             if k.startswith(CLIP_COEF)}
+    clipped_by = {n.outputs[0]: coefs[n.inputs[1]] for n in plan.graph.nodes
+                  if n.op.name == "scalar_mul_by_tensor" and n.inputs[1] in coefs}
+    out = {}
+    for n, v in plan.graph.grads.items():
+        g = to_numpy(plan.buffers[v])
+        coef = clipped_by.get(v)
+        out[n] = g if coef is None else _unclipped(g, coef)
+    return out
+
+
+def _unclipped(g: np.ndarray, coef: np.ndarray) -> np.ndarray:
+    """A gradient clipped by ``clip_grad_norm``'s ``coef`` (> 0: min(max_norm / (norm + 1e-6),
+    1); 0 when the norm was inf) as it was before, in float64 (exact up to one rounding)."""
+    c = float(np.asarray(coef).reshape(-1)[0])
+    return g.astype(np.float64) / c if c != 0 else np.full(g.shape, np.inf)
 
 
 def grad_norm(unscaled: dict) -> float:

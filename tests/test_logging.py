@@ -61,6 +61,30 @@ def test_two_lines_log_loss_lr_and_the_gradient_norm_of_each_step(tmp_path):
     assert got["eval/test_accuracy"] == [(3, 0.5)] and "amp/loss_scale" not in got
 
 
+@pytest.mark.parametrize("groups", [1, 2])
+def test_the_gradient_norm_is_the_one_before_clipping(tmp_path, groups):
+    """With ``clip_grad_max_norm`` set (in one or two param groups, each clipped by its own
+    norm), ``train/grad_norm`` is the norm of the gradients before clipping, as
+    ``clip_grad_norm_`` returns it (it was the clipped norm: every step exactly the max norm)."""
+    miniflow.manual_seed(0)
+    model = mlp((8, 16, 4))
+    params = list(model.parameters())
+    split = [params] if groups == 1 else [params[:2], params[2:]]
+    opt = optim.SGD([{"params": p, "clip_grad_max_norm": 0.05} for p in split], lr=0.05)
+    graph = TrainGraph(model, opt)
+    norms = []
+    with tb_log.TrainingLog(tmp_path, graph, run="clip") as log:
+        for step in range(3):
+            x, y = _batch(step)
+            ref = evaluate(graph.lower(x, y, after="autograd"), [x, y])
+            norms.append(np.sqrt(sum(np.sum(g ** 2) for k, g in ref.items()
+                                     if k.startswith("grad:"))))
+            log.step(graph(x, y))
+    got = [v for _, v in read_scalars(tmp_path / "clip")["train/grad_norm"]]
+    assert min(norms) > 0.1
+    np.testing.assert_allclose(got, norms, rtol=1e-5)
+
+
 def test_loss_scale_and_skips_follow_the_scaler(tmp_path):
     miniflow.manual_seed(1)
     model = mlp((8, 16, 4))

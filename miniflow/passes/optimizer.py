@@ -14,7 +14,9 @@ Gradient clipping (OneFlow's ``ClipGradient`` in ``GenerateOptimizerOpConfs``, p
 that sets ``clip_grad_max_norm``): one ``clip_grad_norm`` over the group's
 master gradients, then every gradient times its ``clip_coef`` (``scalar_mul_by_tensor``); the
 gradient results become the clipped gradients (as ``torch.nn.utils.clip_grad_norm_`` changes
-``.grad``). It runs here, after the loss-scale pass, so it sees the unscaled gradients (and, with
+``.grad``), and each group's ``clip_coef`` is the result ``clip_coef:<k>`` (``k`` counting the
+clipped groups), from which ``miniflow.logging`` reports the norm before clipping, as
+``clip_grad_norm_`` returns it. It runs here, after the loss-scale pass, so it sees the unscaled gradients (and, with
 gradient accumulation, their mean) and the non-finite count was taken before it: a skipped step
 (``skip_if`` set) gets ``clip_coef = 1`` and clips nothing.
 
@@ -81,12 +83,18 @@ def _group_updates(graph: Graph, settings, opt, group, indices, clip, lr_name: s
         opt.emit_update(graph, i, name, param, grad, lr, skip_if, hyper)
 
 
+CLIP_COEF = "clip_coef:"
+"""The prefix of the results holding each clipped group's ``clip_coef`` (see the module
+docstring)."""
+
+
 def _clipped(graph: Graph, trained: list, skip_if, max_norm: float, norm_type: float) -> list:
     """``trained`` with every gradient clipped by the global norm (the module docstring); the
     gradient results become the clipped gradients."""
     emit = emitter(graph)
     _, coef = emit("clip_grad_norm", skip_if, *(g for *_, g in trained), max_norm=max_norm,
                    norm_type=norm_type)
+    graph.results[f"{CLIP_COEF}{sum(k.startswith(CLIP_COEF) for k in graph.results)}"] = coef
     out = []
     for i, name, param, grad in trained:
         clipped = emit("scalar_mul_by_tensor", grad, coef)
