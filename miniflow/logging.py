@@ -63,11 +63,16 @@ class ScalarWriter:
         self._summary = require("tensorboardX.proto.summary_pb2", "tensorboard",
                                 "miniflow.logging").Summary
         self.path = os.fspath(path)
-        # tensorboardX names event files by the second; two writers of a run within one second
-        # (a quick resume) would share a file: the nanoseconds keep them apart, in order
-        self._writer = tbx.SummaryWriter(self.path, purge_step=purge_step,
-                                         filename_suffix=f".{time.time_ns()}")
+        self._tbx = tbx
+        self._writer = self._open(purge_step)
         atexit.register(self.close)
+
+    def _open(self, purge_step: int | None):
+        """A tensorboardX writer of a new event file in the run's folder. tensorboardX names
+        event files by the second; two writers of a run within one second (a quick resume, a
+        :meth:`flush`) would share a file: the nanoseconds keep them apart, in order."""
+        return self._tbx.SummaryWriter(self.path, purge_step=purge_step,
+                                       filename_suffix=f".{time.time_ns()}")
 
     def add(self, step: int, scalars: dict) -> None:
         """Log ``{tag: value}`` at global step ``step`` (None values are skipped; NaN and inf
@@ -78,8 +83,13 @@ class ScalarWriter:
         self._writer.file_writer.add_summary(self._summary(value=values), int(step))
 
     def flush(self) -> None:
-        """Write what is queued to the event file."""
-        self._writer.flush()
+        """Put every event logged so far on disk. tensorboardX's own ``flush`` leaves the events
+        its writer thread has not taken from its queue yet (a run killed after it lost them), so
+        the event file is closed, which drains the queue, and the next events go to a new file
+        in the same folder (TensorBoard reads a folder's files as one run)."""
+        if self._writer is not None:
+            self._writer.close()
+            self._writer = self._open(None)
 
     def close(self) -> None:
         """Flush and close the event file (again: nothing)."""

@@ -85,6 +85,21 @@ def test_the_gradient_norm_is_the_one_before_clipping(tmp_path, groups):
     np.testing.assert_allclose(got, norms, rtol=1e-5)
 
 
+def test_flush_puts_every_event_on_disk_before_the_writer_closes(tmp_path):
+    """What a run killed after a checkpoint leaves: every event logged before ``flush()``
+    (tensorboardX's own flush left those its writer thread had not written yet: a resumed run's
+    log had a hole up to the checkpoint), then more events after it, in the same run."""
+    writer = tb_log.ScalarWriter(tmp_path / "r")
+    for step in range(1, 201):
+        writer.add(step, {"train/loss": step / 2})
+    writer.flush()
+    assert [s for s, _ in read_scalars(tmp_path / "r")["train/loss"]] == list(range(1, 201))
+    writer.add(201, {"train/loss": 0.5})
+    writer.close()
+    got = read_scalars(tmp_path / "r")["train/loss"]
+    assert [s for s, _ in got] == list(range(1, 202)) and got[-1][1] == 0.5
+
+
 def test_loss_scale_and_skips_follow_the_scaler(tmp_path):
     miniflow.manual_seed(1)
     model = mlp((8, 16, 4))

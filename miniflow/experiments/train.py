@@ -375,6 +375,8 @@ class _Training:
                   "grad_scaler": scaler and scaler.state_dict(),
                   "scheduler": sched and sched.state_dict(), "rng": RngState().state_dict()},
                  self.path)
+            if self.log is not None:
+                self.log.flush()            # the TensorBoard run covers the checkpoint too
         self.saved_at = self.run["step"]
 
     def _accuracy(self, x, y) -> float:
