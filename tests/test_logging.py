@@ -194,3 +194,18 @@ def test_train_logdir_logs_what_train_prints_one_run_per_configuration(tmp_path,
             assert "amp/loss_scale" not in got
     assert sorted(p.name for p in tmp_path.iterdir()) == [
         "mlp-amp-lr0.1-constant-bs64-ep2-seed0", "mlp-fp32-lr0.1-constant-bs64-ep2-seed0"]
+
+
+@pytest.mark.slow
+def test_a_resumed_run_continues_its_own_tensorboard_run(tmp_path, capsys, monkeypatch):
+    """Two runs of one configuration in one logdir write ``name`` and ``name-2``; resuming the
+    second continues ``name-2``, which its checkpoint names (it wrote into the first's folder,
+    hiding the first's events from its purge step on)."""
+    monkeypatch.chdir(tmp_path)
+    runs = []
+    for extra in (["--checkpoint", "ckP"], ["--checkpoint", "ckQ"],
+                  ["--checkpoint", "ckQ", "--resume"]):
+        assert main(["train", "--epochs", "1", "--no-progress", "--logdir", "runs", *extra]) == 0
+        runs.append(re.search(r"TensorBoard run: (\S+)", capsys.readouterr().out).group(1))
+    assert runs[1] == runs[0] + "-2" and runs[2] == runs[1]
+    assert len(read_scalars(runs[0])["train/loss"]) == 23

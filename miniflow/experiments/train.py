@@ -362,8 +362,12 @@ class _Training:
             self.folder.start_log(self.losses)      # the checkpoint's steps, none after them
         if self.s.logdir is not None and self.rank == 0:
             from ..logging import TrainingLog
-            self.log = TrainingLog(self.s.logdir, self.graph, run_name(self.config),
+            # a resumed run continues the TensorBoard run it wrote (name-2 when name was taken),
+            # which its checkpoint names; older checkpoints and runs without a log do not
+            name = self.run.get("tensorboard_run") if self.s.resume else None
+            self.log = TrainingLog(self.s.logdir, self.graph, name or run_name(self.config),
                                    resume_step=self.resumed_from)
+            self.run["tensorboard_run"] = os.path.basename(self.log.path)
 
     def _save(self) -> None:
         """Checkpoint the run (rank 0 writes; under ddp every rank holds the same state)."""
