@@ -18,6 +18,7 @@ from miniflow.amp import GradScaler
 from miniflow.experiments.mlp import EvalGraph, TrainGraph
 from miniflow.experiments.train import make_model
 from miniflow.extras import MissingExtraError
+from miniflow.tensor import apply
 
 onnx = pytest.importorskip("onnx")
 ort = pytest.importorskip("onnxruntime")
@@ -194,6 +195,43 @@ def test_amp_colors_are_in_the_nodes_after_the_amp_pass(tmp_path):
                for n in proto.graph.node)
     assert {p.key: p.value for p in proto.metadata_props}["miniflow.stage"] == \
         "auto_mixed_precision"
+
+
+class _Attention(nn.Module):
+    """Self-attention through ``nn.MultiheadAttention``, and ``x^T y`` (``batch_matmul`` with
+    ``transpose_a``) beside it."""
+
+    def __init__(self):
+        super().__init__()
+        self.mha = nn.MultiheadAttention(16, 4, batch_first=True)
+
+    def forward(self, x):
+        xtx = apply("batch_matmul", [x, x], transpose_a=True, transpose_b=False)
+        return self.mha(x, x, x, need_weights=False)[0], xtx
+
+
+def test_a_gpt_and_attention_run_in_onnxruntime_and_match_miniflow(tmp_path):
+    """``models.gpt`` (``gather``, ``layer_norm``, ``slice`` of the positions, ``batch_matmul``,
+    the causal ``tril``) and ``nn.MultiheadAttention`` export with standard ops and match
+    onnxruntime (they stopped at the first of those ops); LayerNormalization needs opset 17."""
+    miniflow.manual_seed(0)
+    gpt = miniflow.models.gpt(65, block_size=16, n_layer=2, n_head=2, n_embd=16).eval()
+    ids = np.random.default_rng(0).integers(0, 65, (2, 16))
+    attention = _Attention().eval()
+    x = np.random.default_rng(1).standard_normal((2, 5, 16)).astype(np.float32)
+    for model, inputs in ((gpt, ids), (attention, x)):
+        want = EvalGraph(model)(inputs)
+        want = [w.numpy() for w in (want if isinstance(want, tuple) else (want,))]
+        proto = mo.export(model, inputs, tmp_path / "m.onnx")
+        ops = {n.op_type for n in proto.graph.node}
+        assert "LayerNormalization" in ops or model is attention
+        assert {"MatMul", "Softmax"} <= ops and not any(n.domain for n in proto.graph.node)
+        got = _run(tmp_path / "m.onnx", {"input0": inputs})
+        for g, w in zip(got, want, strict=True):
+            np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-6)
+    with pytest.raises(mo.OnnxExportError, match="LayerNormalization needs opset 17, this "
+                                                 "export is opset 15"):
+        mo.export(gpt, ids, tmp_path / "m15.onnx", opset=15)
 
 
 def test_an_op_without_onnx_form_names_the_op_and_the_stages(tmp_path):

@@ -322,6 +322,62 @@ def _sce(node, ins, outs, b):
     b.node("SoftmaxCrossEntropyLoss", ins, outs[1:], reduction="none")
 
 
+def _swap_last(b, name: str, rank: int) -> str:
+    """``name`` with its last two axes swapped (a Transpose)."""
+    perm = list(range(rank - 2)) + [rank - 1, rank - 2]
+    return b.node("Transpose", [name], 1, perm=perm)[0]
+
+
+def _batch_matmul(node, ins, outs, b):
+    """MatMul, the operands transposed first where the node says so."""
+    if node.attrs.get("count_not_finite"):
+        raise NoStandardForm("it also counts non-finite gradients (count_not_finite)")
+    a, c = ins
+    rank = len(node.inputs[0].shape)
+    if node.attrs["transpose_a"]:
+        a = _swap_last(b, a, rank)
+    if node.attrs["transpose_b"]:
+        c = _swap_last(b, c, rank)
+    b.node("MatMul", [a, c], outs)
+
+
+def _layer_norm(node, ins, outs, b, used):
+    """LayerNormalization (opset 17) over the axes from ``begin_norm_axis``; its row statistics
+    have another shape in ONNX ([..., 1, 1] against miniflow's rows), so only Y may be read."""
+    a = node.attrs
+    if b.opset < 17:
+        raise NoStandardForm(f"ONNX's LayerNormalization needs opset 17, this export is opset "
+                             f"{b.opset}")
+    if a["begin_params_axis"] != a["begin_norm_axis"]:
+        raise NoStandardForm("its parameters cover other axes than it normalizes")
+    if set(outs[1:]) & used:
+        raise NoStandardForm("its row statistics (mean, inv_variance) are read")
+    x = node.inputs[0]
+    normalized = x.shape[a["begin_norm_axis"]:]
+    dt = x.dtype.np
+    scale = ins[1] if len(ins) > 1 else b.initializer(np.ones(normalized, dt))
+    bias = ins[2] if len(ins) > 2 else b.initializer(np.zeros(normalized, dt))
+    b.node("LayerNormalization", [ins[0], scale, bias], outs[:1], axis=a["begin_norm_axis"],
+           epsilon=a["epsilon"])
+
+
+def _slice(node, ins, outs, b):
+    a = node.attrs
+    axes = list(range(len(a["start"])))
+    b.node("Slice", [ins[0], b.ints(a["start"]), b.ints(a["stop"]), b.ints(axes),
+                     b.ints(a["step"])], outs)
+
+
+def _tril(node, ins, outs, b):
+    """Where(the lower triangle, x, fill_value): the triangle a constant of the last two axes
+    (shapes are static), as ``numpy.tril``'s ``k``; ONNX's Trilu fills zeros only."""
+    x = node.inputs[0]
+    rows, cols = x.shape[-2:]
+    mask = b.initializer(np.tril(np.ones((rows, cols), bool), node.attrs["diagonal"]))
+    fill = b.initializer(np.asarray(node.attrs["fill_value"], x.dtype.np))
+    b.node("Where", [mask, ins[0], fill], outs)
+
+
 CONVERTERS = {
     "fused_elementwise": _fused,
     "matmul": _matmul,
@@ -348,10 +404,14 @@ CONVERTERS = {
     "constant": lambda n, ins, outs, b: _constant_of_shape(
         b, b.ints(n.attrs["shape"]), outs[0], n.attrs["value"], n.attrs["dtype"]),
     "sparse_softmax_cross_entropy": _sce,
+    "batch_matmul": _batch_matmul,
+    "slice": _slice,
+    "tril": _tril,
+    "gather": lambda n, ins, outs, b: b.node("Gather", ins, outs, axis=n.attrs["axis"]),
 }
 """Op type -> ``convert(node, input names, output names, builder)``; elementwise ops go by their
-scalar function (:data:`FUNCTIONS`), ``max_pool_2d`` by :func:`standard_form` itself (it needs
-the Values that later nodes or results read)."""
+scalar function (:data:`FUNCTIONS`), ``max_pool_2d`` and ``layer_norm`` by
+:func:`standard_form` itself (they need the Values that later nodes or results read)."""
 
 
 def standard_form(node, ins: list, outs: list, b: Builder, used: set) -> None:
@@ -364,6 +424,8 @@ def standard_form(node, ins: list, outs: list, b: Builder, used: set) -> None:
         raise NoStandardForm("it writes variables in place")
     if node.op.name == "max_pool_2d":
         return _max_pool(node, ins, outs, b, used)
+    if node.op.name == "layer_norm":
+        return _layer_norm(node, ins, outs, b, used)
     convert = CONVERTERS.get(node.op.name)
     if convert is not None:
         return convert(node, ins, outs, b)
