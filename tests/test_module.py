@@ -432,6 +432,15 @@ def test_embedding_from_pretrained_copies_keeps_the_dtype_and_freezes_as_pytorch
         nn.Embedding.from_pretrained(np.zeros(3, np.float32))
 
 
+def test_embedding_from_pretrained_draws_nothing_from_the_generator():
+    """As PyTorch's (its ``_weight``): the modules made after it get the same initial values."""
+    mf.manual_seed(3)
+    nn.Embedding.from_pretrained(np.ones((4, 3), np.float32))
+    after = nn.Linear(3, 2).weight.numpy()
+    mf.manual_seed(3)
+    np.testing.assert_array_equal(nn.Linear(3, 2).weight.numpy(), after)
+
+
 def test_a_replaced_child_or_parameter_keeps_its_place_in_the_state_dict():
     """``torch.nn.Module.__setattr__`` assigns into its ordered dicts: replacing a child module
     or a parameter keeps its position, so the state-dict keys keep their order."""

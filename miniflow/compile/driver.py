@@ -56,7 +56,7 @@ from ..amp.grad_scaler import GradScaler, StaticGradScaler
 from ..amp.report import AmpReport, amp_report as build_amp_report
 from ..dtype import as_dtype
 from ..ir import Graph as IRGraph
-from ..nn.module import Module, _same
+from ..nn.module import Module, same_value
 from ..ops import emitter
 from ..optim.optimizer import Optimizer
 from ..passes.auto_mixed_precision import AmpState
@@ -114,7 +114,7 @@ class Graph:
         d = self.__dict__
         if "_version" in d and (isinstance(value, Module) or (
                 name in d["_traced_reads"] and current_tracer() is None
-                and not _same(d.get(name), value))):
+                and not same_value(d.get(name), value))):
             self._version += 1  # a (re)assigned module, or a value build read: recompile
         object.__setattr__(self, name, value)
 

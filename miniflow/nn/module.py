@@ -194,7 +194,8 @@ class Module:
             raise TypeError(f"cannot assign {_kind(value)} as child module {name!r} of "
                             f"{type(self).__name__} (nn.Module or None expected)")
         graphs = _COMPILED_INTO.get(self)
-        if graphs and current_tracer() is None and not _same(self.__dict__.get(name, _NONE), value):
+        if graphs and current_tracer() is None \
+                and not same_value(self.__dict__.get(name, _NONE), value):
             for graph in list(graphs):   # graphs that traced this module recompile
                 graph.module_changed()
         if name in self._buffers and not isinstance(value, (Parameter, Module)):
@@ -511,7 +512,7 @@ _COMPILED_INTO: "weakref.WeakKeyDictionary[Module, weakref.WeakSet]" = \
 _NONE = object()
 
 
-def _same(old, new) -> bool:
+def same_value(old, new) -> bool:
     """Whether assigning ``new`` over ``old`` changes nothing a trace read: the same object, or
     an equal number or string of the same type (``d.p = 0.5`` twice recompiles once)."""
     return old is new or (type(old) is type(new) and isinstance(new, (bool, int, float, str))

@@ -72,15 +72,17 @@ class Embedding(Module):
         TypeError: a dtype that is not a floating dtype of miniflow.
     """
 
-    def __init__(self, num_embeddings: int, embedding_dim: int, *, device=None, dtype=None):
+    def __init__(self, num_embeddings: int, embedding_dim: int, *, device=None, dtype=None,
+                 _weight: np.ndarray | None = None):
         super().__init__()
         for name, v in (("num_embeddings", num_embeddings), ("embedding_dim", embedding_dim)):
             if isinstance(v, bool) or not isinstance(v, numbers.Integral) or v <= 0:
                 raise ValueError(f"Embedding: {name} must be a positive integer, got {v!r}")
         dt = param_dtype("Embedding", device, dtype)
         self.num_embeddings, self.embedding_dim = int(num_embeddings), int(embedding_dim)
-        self.weight = Parameter(generator().standard_normal((num_embeddings, embedding_dim))
-                                .astype(dt))
+        if _weight is None:
+            _weight = generator().standard_normal((num_embeddings, embedding_dim)).astype(dt)
+        self.weight = Parameter(_weight)    # PyTorch's _weight: from_pretrained draws nothing
 
     @classmethod
     def from_pretrained(cls, embeddings, freeze: bool = True) -> "Embedding":
@@ -88,7 +90,7 @@ class Embedding(Module):
         embedding_dim]``, a NumPy array or Tensor of a floating dtype, which it keeps), frozen
         (``requires_grad=False``: no gradient op, no update) unless ``freeze=False``, as
         ``torch.nn.Embedding.from_pretrained`` (its ``padding_idx``, ``max_norm`` ... are not
-        supported).
+        supported); like it, it draws nothing from the generator.
 
         Raises:
             ValueError: ``embeddings`` is not 2-D (or has a zero size).
@@ -101,8 +103,7 @@ class Embedding(Module):
         if not isinstance(freeze, bool):
             raise TypeError(f"Embedding.from_pretrained: freeze must be True or False, got "
                             f"{freeze!r}")
-        module = cls(w.shape[0], w.shape[1], dtype=w.dtype)
-        module.weight = Parameter(w.copy())
+        module = cls(w.shape[0], w.shape[1], dtype=w.dtype, _weight=w.copy())
         module.weight.requires_grad_(not freeze)
         return module
 
