@@ -63,6 +63,10 @@ class Dialect:
             so a multiply whose product the next function adds to must not become one fused
             multiply-add (the CUDA dialect's ``round_float32``; on the CPU, Numba contracts
             nothing without fastmath, and the plain conversion is exact).
+        scalar: ``(fn, DType) -> function``: the function the kernel calls for the op whose
+            scalar function is ``fn``, with a result of that dtype (the CPU's
+            ``special.for_result``: float32 versions for half-type results, as its unfused
+            kernels call); ``fn`` itself by default.
     """
 
     load: Callable
@@ -72,14 +76,15 @@ class Dialect:
     bf16: str
     bf16_wide: str
     exact: str = "{dtype}({value})"
+    scalar: Callable = lambda fn, dtype: fn
 
 
 @dataclass
 class Lowered:
     """A lowered program: ``params`` of the kernel (inputs ``x<k>``, numbers ``s<j>``, outputs
     ``out<k>``, then ``rows, cols`` or ``n``), its loop ``body`` (loads, one line per result, stores
-    at ``i``), its ``numbers`` as ``(value, compute dtype name)`` in argument order, and the scalar
-    ``functions`` it calls."""
+    at ``i``), its ``numbers`` as ``(value, compute dtype name)`` in argument order, and the
+    ``functions`` it calls (name -> function)."""
 
     params: list
     body: list
@@ -108,7 +113,8 @@ def lower(program, input_dtypes, kinds, two_dims: bool, dialect: Dialect,
     for k, (d, kind) in enumerate(zip(input_dtypes, kinds)):
         suffix, index = places[kind]
         loads.append(f"a{k} = " + dialect.load(f"x{k}{suffix}", index, d))
-    out = Lowered([], loads, [], [])
+    out = Lowered([], loads, [], {})
+    table = scalar_functions()
     named: dict = {}
     results = itertools.count()
 
@@ -123,10 +129,10 @@ def lower(program, input_dtypes, kinds, two_dims: bool, dialect: Dialect,
             source = term_dtype(args[0], input_dtypes, named)
             text = _rounded(dialect, dtype, value(args[0]), source)
         else:
-            if fn not in out.functions:
-                out.functions.append(fn)
+            called = dialect.scalar(table[fn], dtype)
+            out.functions[called.__name__] = called
             parts = [number(a[1], dtype) if a[0] == "num" else value(a) for a in args]
-            text = _rounded(dialect, dtype, f"{fn}({', '.join(parts)})")
+            text = _rounded(dialect, dtype, f"{called.__name__}({', '.join(parts)})")
         name = f"v{next(results)}"
         out.body.append(f"{name} = {text}")
         return name
@@ -150,9 +156,9 @@ def lower(program, input_dtypes, kinds, two_dims: bool, dialect: Dialect,
 
 
 def functions(lowered: Lowered) -> list:
-    """The scalar functions ``lowered`` calls (ops' ``OpDef.scalar``), sorted by name."""
-    table = scalar_functions()
-    return [table[name] for name in sorted(lowered.functions)]
+    """The scalar functions ``lowered`` calls (ops' ``OpDef.scalar``, or what the dialect's
+    ``scalar`` put in their place), sorted by name."""
+    return [lowered.functions[name] for name in sorted(lowered.functions)]
 
 
 def function_imports(fns, alias: str = "") -> list:
