@@ -147,7 +147,7 @@ def softmax_grad_kernel(log: bool, parallel: bool):
                 for c in range(ucols):
                     s += load(dy, base + c)
                 for c in range(ucols):
-                    store(dx, base + c, load(dy, base + c) - math.exp(load(y, base + c)) * s)
+                    store(dx, base + c, load(dy, base + c) - exp_compute(load(y, base + c)) * s)
             else:
                 for c in range(ucols):
                     s += load(dy, base + c) * load(y, base + c)
