@@ -221,6 +221,8 @@ class Tensor:
         """exp(x) / sum(exp(x)) along ``dim`` (op ``softmax``, max-subtracted; another axis than
         the last is moved last and back with ``transpose``)."""
         d = _dim("softmax", dim, self.ndim)
+        if self.ndim == 0:                   # PyTorch: 1 (nan for nan and inf)
+            return apply("softmax", [self.reshape(1)]).reshape(())
         if d == self.ndim - 1:
             return apply("softmax", [self])
         perm = tuple(i for i in range(self.ndim) if i != d) + (d,)
@@ -241,6 +243,9 @@ class Tensor:
             flat = self.reshape(-1) if self.ndim != 1 else self
             return apply("reduce_max", [flat], axis=0).reshape(())
         d = _dim("max", dim, self.ndim)
+        if self.ndim == 0:                   # PyTorch: (the element, index 0), 0-d
+            flat = self.reshape(1)
+            return MaxResult(apply("reduce_max", [flat], axis=0), apply("argmax", [flat], axis=0))
         return MaxResult(apply("reduce_max", [self], axis=d, keepdims=bool(keepdim)),
                          apply("argmax", [self], axis=d, keepdims=bool(keepdim)))
 

@@ -159,8 +159,8 @@ LAST = 3  # the last parameter (model.2.bias): earlier ones would be assigned fi
     (_sgd, _set(("param_groups",), lambda g: g * 2), ValueError,
      r"different number of parameter groups \(2; this optimizer has 1\)"),
     (_sgd, _set(("param_groups",), lambda g: [g[0], 1]), ValueError, "a list of dicts"),
-    (_sgd, _set(("state",), lambda s: {k: s[k] for k in (0, 1)}), ValueError,
-     "each of the 4 parameter indices"),
+    (_sgd, _set(("state",), lambda s: {**s, 4: s[0]}), ValueError,
+     r"'state' must map parameter indices \(0 to 3\) to their state"),
     (_adam, _set(("state", LAST, "step"), np.array([-1])), ValueError,
      r"state\[3\]\['step'\] must be a count >= 0 that int64 holds; element \[0\] is -1"),
     (_adam, _set(("state", LAST, "step"), np.array([2.5])), ValueError,
@@ -315,6 +315,40 @@ def test_a_torch_optim_state_dict_loads_and_training_continues_as_in_torch(name,
     opt.load_state_dict(topt.state_dict())
     assert [g["lr"] for g in opt.param_groups] == [g["lr"] for g in topt.param_groups]
     step = Step(model, opt)
+    for seed in (3, 4, 5):
+        torch_step(*xy(seed=seed))
+        step(*xy(seed=seed))
+    for (key, want), got in zip(tmodel.state_dict().items(), param_arrays(model)):
+        np.testing.assert_allclose(got, want.numpy(), rtol=1e-5, atol=1e-6, err_msg=key)
+
+
+@pytest.mark.parametrize("name,hyper,torch_steps", [
+    ("SGD", dict(lr=0.1), 2), ("SGD", dict(lr=0.1, momentum=0.9), 0),
+    ("Adam", dict(lr=0.01), 0), ("AdamW", dict(lr=0.01, weight_decay=0.1), 0)])
+def test_a_torch_state_dict_without_per_parameter_state_loads(name, hyper, torch_steps):
+    """PyTorch holds no state for a parameter not stepped yet, nor any for SGD without momentum:
+    its ``state`` is ``{}``. It loads (into an optimizer that has stepped: its state goes back to
+    the initial zeros), and the next steps match torch's (the load refused it: "'state' must map
+    each of the 2 parameter indices to its state")."""
+    torch = pytest.importorskip("torch")
+    model = small_mlp()
+    tmodel = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 3))
+    tmodel.load_state_dict({k: torch.tensor(v) for k, v in model.state_dict().items()})
+    topt = getattr(torch.optim, name)(tmodel.parameters(), **hyper)
+
+    def torch_step(x, y):
+        topt.zero_grad()
+        torch.nn.functional.cross_entropy(tmodel(torch.tensor(x)), torch.tensor(y)).backward()
+        topt.step()
+
+    for seed in range(torch_steps):
+        torch_step(*xy(seed=seed + 1))
+    assert topt.state_dict()["state"] == {}
+    opt = getattr(mf.optim, name)(model.parameters(), **hyper)
+    step = Step(model, opt)
+    step(*xy(seed=9))                            # miniflow's own state is not zero now
+    model.load_state_dict(tmodel.state_dict())
+    opt.load_state_dict(topt.state_dict())
     for seed in (3, 4, 5):
         torch_step(*xy(seed=seed))
         step(*xy(seed=seed))

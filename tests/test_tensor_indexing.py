@@ -164,6 +164,32 @@ def test_max_returns_values_and_indices_as_pytorch():
         mf.tensor(np.zeros((2, 0), np.float32)).max(dim=1)
 
 
+def test_max_and_softmax_along_dim_0_of_a_0d_tensor_as_pytorch():
+    """PyTorch takes dim 0 / -1 of a 0-d tensor: ``max`` gives (the element, index 0), 0-d
+    whatever ``keepdim``; ``softmax`` 1 (nan for nan and inf), ``log_softmax`` 0: eager, in
+    ``nn.functional`` and traced (both failed with an error from an internal op)."""
+    from miniflow.nn import functional as F
+    values = np.float32([3.0, -2.5, np.nan, np.inf, -np.inf])
+    want_soft = np.where(np.isfinite(values), 1.0, np.nan)
+    for v, soft in zip(values, want_soft):
+        s = mf.tensor(v)
+        for dim in (0, -1):
+            top = s.max(dim, keepdim=True)
+            assert top.values.shape == () and top.indices.shape == ()
+            np.testing.assert_array_equal(top.values.numpy(), v)
+            assert int(top.indices.numpy()) == 0
+            for got in (s.softmax(dim), F.softmax(s, dim)):
+                assert got.shape == ()
+                np.testing.assert_array_equal(got.numpy(), soft)
+            np.testing.assert_array_equal(F.log_softmax(s, dim).numpy(), np.log(soft))
+
+    class Scalar(nn.Graph):
+        def build(self, x):
+            return x.max(0).values + x.softmax(-1)
+
+    assert Scalar()(mf.tensor(np.float32(2.0))).numpy() == np.float32(3.0)
+
+
 def test_argmax_and_squeeze_match_pytorch_eager_and_traced():
     """``torch.argmax`` (flattened or along a dim, keepdim, NaN the largest, the first of ties,
     int64) and ``torch.squeeze`` (every size-1 dim, or the listed ones that have size 1), eager

@@ -31,6 +31,8 @@ __all__ = ["softmax", "log_softmax", "cross_entropy", "linear", "conv2d", "max_p
 def _last_axis(op, x: Tensor, dim: int):
     """Run row op ``op`` over ``dim`` by moving that axis last (ops work on the last axis)."""
     nd = x.ndim
+    if nd == 0 and dim in (0, -1):           # PyTorch takes dim 0 / -1 of a 0-d tensor
+        return apply(op, [x.reshape(1)]).reshape(())
     if not -nd <= dim < nd:
         raise ValueError(f"{op}: dim {dim} out of range for a tensor of rank {nd}")
     dim %= nd

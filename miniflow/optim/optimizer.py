@@ -482,9 +482,12 @@ class Optimizer:
         when the count differs) and hyper-parameters (as the constructor; no unknown keys; the
         clipping settings, ``initial_lr``, ``num_steps`` and ``num_skipped_steps`` may be
         missing: they keep their current values; :attr:`fixed_keys` unchanged); for every
-        parameter every state array of its group, with the current shape, a real-number dtype,
-        finite values, whole numbers >= 0 for integer state (step counts; whole floats such as
-        PyTorch's float step are accepted) and values >= 0 for :attr:`nonnegative_states`.
+        parameter in ``state`` every state array of its group, with the current shape, a
+        real-number dtype, finite values, whole numbers >= 0 for integer state (step counts;
+        whole floats such as PyTorch's float step are accepted) and values >= 0 for
+        :attr:`nonnegative_states`. A parameter left out of ``state`` gets its initial state
+        (zeros), as PyTorch holds none for a parameter not stepped yet, nor for any parameter of
+        an optimizer without state (SGD without momentum).
 
         A ``torch.optim`` state dict of the same algorithm loads: PyTorch's keys of
         :attr:`torch_keys` are accepted at their no-op values (``dampening=0``, ``maximize=False``
@@ -520,11 +523,14 @@ class Optimizer:
                              f"groups ({len(groups)}; this optimizer has {len(self._groups)})")
         hypers = [self._checked_group(where, j, dict(loaded), *spans)
                   for j, (loaded, spans) in enumerate(zip(groups, self.group_slices()))]
-        if not isinstance(st, dict) or len(st) != len(self.params):
-            raise ValueError(f"{where}: 'state' must map each of the {len(self.params)} "
-                             f"parameter indices to its state, got {_short(st)}")
-        arrays = [{k: self._checked_state(where, i, k, st, v) for k, v in s.items()}
-                  for i, s in enumerate(self.state)]
+        n = len(self.params)
+        if not isinstance(st, dict) or not set(st) <= set(range(n)):
+            raise ValueError(f"{where}: 'state' must map parameter indices (0 to {n - 1}) to "
+                             f"their state, got {_short(st)}")
+        arrays = [{k: self._checked_state(where, i, k, st, v) if i in st else
+                   np.asarray(self._initial_state(k, p), np.dtype(v.dtype))
+                   for k, v in s.items()}
+                  for i, (s, p) in enumerate(zip(self.state, self.params))]
         counts = {}
         for key in ("num_steps", "num_skipped_steps"):
             value = state_dict.get(key, getattr(self, key))
