@@ -71,7 +71,7 @@ def test_the_product_is_within_the_float32_bound_of_the_exact_product(shape, ta,
 @pytest.mark.parametrize("shape", [(MR + 1, 7, NR + 5), (2 * MR - 1, KC + 37, 3 * NR + 17)])
 def test_the_bits_are_the_register_tiles(shape, ta, dt):
     """Each element is the register tile's chain of fused multiply-adds in order of ``p``
-    (``outer_block_kernel``'s ``"rows"`` layout, its scalar columns ``fma32``), whatever the
+    (``outer_block_kernel``'s ``"rows"`` layout, its scalar columns ``fma_scalar``), whatever the
     blocks and however ``a`` is stored: the same bits, in out's type (``outer_block_kernel``
     reads a contiguous copy of ``a``: one specialization of it per type)."""
     a, b, _, _ = _operands(*shape, dt, ta, False, seed=3)

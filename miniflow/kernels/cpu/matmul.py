@@ -82,7 +82,7 @@ from .common import jit, jitable, kview, loop_for, numpy_blas, one_pool, use_par
 from .elementwise import cast_steps
 from .fp16 import load, store, to_compute
 from .loss_scale import cast_count_steps, sum_counts_kernel
-from .simd import (HAS_BF16_DOT, LANES, fma32, vcount_nonfinite, vdot_pairs, vfma, vload,
+from .simd import (HAS_BF16_DOT, LANES, fma_scalar, vcount_nonfinite, vdot_pairs, vfma, vload,
                    vload_pairs, vload_run, vsplat, vsplat_pair, vstore, vtranspose_block, vzero)
 from .target import ISA
 
@@ -357,7 +357,7 @@ def outer_block_kernel(parallel: bool, counted: bool, layout: str = "rows"):
     6 ending at the last row (the rows it shares with the block before are computed again, to the
     same bits, and not counted again), else one row at a time; columns past the last tile are vectors, then
     scalars. Sums run in float32 in order of ``p``, one rounding per multiply-add (``vfma``,
-    ``fma32`` in the scalar columns: every element of out gets the same bits whatever the tile,
+    ``fma_scalar`` in the scalar columns: every element of out gets the same bits whatever the tile,
     so the AVX2, AVX-512 and generic builds agree; per product of a pair when paired). The
     parallel variant splits the tiles' columns (then, for the last columns, the rows).
     """
@@ -472,7 +472,7 @@ def outer_block_kernel(parallel: bool, counted: bool, layout: str = "rows"):
             for j in range(nl, n):
                 acc = np.float32(0)
                 for p in range(k):
-                    acc = fma32(load(a, (i, p)), b_at(b, p, j), acc)
+                    acc = fma_scalar(load(a, (i, p)), b_at(b, p, j), acc)
                 store(out, (i, j), acc)
                 if counted and not math.isfinite(load(out, (i, j))):
                     bad += 1

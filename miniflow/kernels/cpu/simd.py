@@ -31,8 +31,8 @@ instructions; below, ``L`` = ``LANES``):
   (a loss-scaling check fused into the kernel that writes ``a``).
 * ``vsplat(x)``: a scalar (converted to float32) in every lane.
 * ``vzero()``: ``L`` zeros.
-* ``vfma(x, y, z)``: ``x * y + z`` with one rounding per lane (``llvm.fma``); ``fma32`` the same
-  for float32 scalars.
+* ``vfma(x, y, z)``: ``x * y + z`` with one rounding per lane (``llvm.fma``); ``fma_scalar`` the same
+  for float32 and float64 scalars.
 * ``tile_intrinsic(rows, vectors)``: an intrinsic running a whole register tile of ``vfma`` over
   packed operands (``packed_gemm``'s micro-kernel), generated as LLVM IR for the tile's shape.
 
@@ -69,7 +69,7 @@ from numba.extending import intrinsic, models, register_model
 from . import fp16, target
 
 __all__ = ["LANES", "HAS_BF16_DOT", "X86_INTRINSICS", "f32vec", "bf16x32", "vload", "vstore",
-           "vcount_nonfinite", "vtranspose_block", "vsplat", "vzero", "vfma", "fma32",
+           "vcount_nonfinite", "vtranspose_block", "vsplat", "vzero", "vfma", "fma_scalar",
            "vload_pairs", "vload_run", "vsplat_pair", "vdot_pairs", "tile_intrinsic"]
 
 LANES = target.ISA.lanes
@@ -409,20 +409,22 @@ def vdot_pairs(typingctx, acc, x, y):
 
 
 @intrinsic
-def fma32(typingctx, x, y, z):
-    """``x * y + z`` for float32 scalars, rounded once (``llvm.fma.f32``): the scalar columns of a
-    register-tile kernel, so that every element of its out is the same chain of ``vfma`` roundings
-    whatever the tile's width."""
-    if not all(t == types.float32 for t in (x, y, z)):
-        raise TypeError(f"fma32: expected three float32, got {x}, {y}, {z}")
+def fma_scalar(typingctx, x, y, z):
+    """``x * y + z`` for float32 or float64 scalars of one type, rounded once (``llvm.fma.f32`` /
+    ``llvm.fma.f64``; on a CPU without FMA, libm's ``fma``): the scalar columns of a
+    register-tile kernel, so that every element of its out is the same chain of ``vfma``
+    roundings whatever the tile's width, and the polynomials of ``kernels.cpu.special`` (one
+    rounding a Horner step, the same bits on every CPU)."""
+    if x not in (types.float32, types.float64) or y != x or z != x:
+        raise TypeError(f"fma_scalar: expected three float32 or three float64, got {x}, {y}, {z}")
 
     def codegen(context, builder, sig, args):
-        f32 = ir.FloatType()
-        fma = cgutils.get_or_insert_function(builder.module, ir.FunctionType(f32, [f32] * 3),
-                                             "llvm.fma.f32")
+        ty = context.get_value_type(x)
+        name = "llvm.fma.f32" if x == types.float32 else "llvm.fma.f64"
+        fma = cgutils.get_or_insert_function(builder.module, ir.FunctionType(ty, [ty] * 3), name)
         return builder.call(fma, args)
 
-    return types.float32(x, y, z), codegen
+    return x(x, y, z), codegen
 
 
 def _data(context, builder, aryty, ary):

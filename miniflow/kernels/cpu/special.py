@@ -46,6 +46,7 @@ from numba.extending import overload
 from llvmlite import ir
 
 from .fp16 import _bitcast_intrinsic
+from .simd import fma_scalar
 from ...ops import elementwise as ew
 
 __all__ = ["exp_approx", "erfc_approx", "exp_compute", "exp_f32", "one_plus_erf_f32", "gelu_f32",
@@ -58,8 +59,8 @@ _IEEE = {"error_model": "numpy"}
 _SQRT_HALF = 0.7071067811865476
 # Cephes' expf polynomial: e^r = 1 + r + r^2 P(r) for |r| <= ln(2) / 2.
 _LOG2E, _LN2 = 1.4426950408889634, 0.6931471805599453
-_P0, _P1, _P2 = _F(1.9875691500e-4), _F(1.3981999507e-3), _F(8.3334519073e-3)
-_P3, _P4, _P5 = _F(4.1665795894e-2), _F(1.6666665459e-1), _F(5.0000001201e-1)
+_P = (_F(5.0000001201e-1), _F(1.6666665459e-1), _F(4.1665795894e-2), _F(8.3334519073e-3),
+      _F(1.3981999507e-3), _F(1.9875691500e-4))
 _EXP_MIN = -700.0        # 2^n stays a normal float64: n >= -1010
 # Numerical Recipes' erfcc: erfc(z) = t exp(-z^2 + R(t)), t = 1 / (1 + z / 2), R of degree 9.
 _R = (-1.26551223, 1.00002368, 0.37409196, 0.09678418, -0.18628806, 0.27886807, -1.13520398,
@@ -81,12 +82,7 @@ def exp_approx(a):
     a = _EXP_MIN if small else a
     n = np.floor(a * _LOG2E + 0.5)
     r = _F(a - n * _LN2)
-    y = _P0 * r + _P1
-    y = y * r + _P2
-    y = y * r + _P3
-    y = y * r + _P4
-    y = y * r + _P5
-    y = y * (r * r) + r + _F(1.0)
+    y = fma_scalar(horner(r, _P), r * r, r) + _F(1.0)
     scale = _u64_as_f64(np.uint64((np.int64(n) + 1023) << 52))
     return 0.0 if small else np.float64(y) * scale
 
@@ -95,26 +91,16 @@ def exp_approx(a):
 def exp_near(r):
     """e^r of a float64 ``r`` in [-1.3, 0.1] in float64 (relative error below 1e-9): the Taylor
     series about c = -0.6, e^c sum_{k <= 10} (r - c)^k / k!, |r - c| <= 0.7."""
-    d = r + 0.6
-    y = d * _C[10] + _C[9]
-    y = y * d + _C[8]
-    y = y * d + _C[7]
-    y = y * d + _C[6]
-    y = y * d + _C[5]
-    y = y * d + _C[4]
-    y = y * d + _C[3]
-    y = y * d + _C[2]
-    y = y * d + _C[1]
-    return y * d + _C[0]
+    return horner(r + 0.6, _C)
 
 
 @numba.njit(inline="always", **_IEEE)
 def horner(t, c):
-    """sum_k c[k] t^k by Horner's rule, in ``t``'s type (``c`` a tuple of that type, constant
-    index after unrolling)."""
+    """sum_k c[k] t^k by Horner's rule in ``t``'s type (``c`` a tuple of that type), one rounding
+    a step (``simd.fma_scalar``)."""
     r = c[len(c) - 1]
     for k in range(len(c) - 2, -1, -1):
-        r = r * t + c[k]
+        r = fma_scalar(r, t, c[k])
     return r
 
 
@@ -215,12 +201,7 @@ def exp_f32(a):
     a = _EXP_MIN_F if small else a
     n = np.floor(a * _LOG2E_F + _HALF)
     r = (a - n * _C1) - n * _C2
-    y = _P0 * r + _P1
-    y = y * r + _P2
-    y = y * r + _P3
-    y = y * r + _P4
-    y = y * r + _P5
-    y = y * (r * r) + r + _ONE
+    y = fma_scalar(horner(r, _P), r * r, r) + _ONE
     n1 = n if n >= _NORMAL_MIN else _NORMAL_MIN
     return _ZERO if small else y * _pow2(n1) * _pow2(n - n1)
 
