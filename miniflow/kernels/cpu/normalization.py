@@ -230,26 +230,26 @@ def layer_norm_grad_kernel(parallel: bool, affine: bool):
     return kernel
 
 
-@functools.cache
-def layer_norm_param_grad_kernel(parallel: bool):
-    """``kernel(dy, x, mean, inv_var, gamma_diff, beta_diff, rows, cols)``: per column (one per
-    parallel iteration), ``gamma_diff = sum over rows of dy * (x - mean) * inv_var``,
-    ``beta_diff = sum over rows of dy``, accumulated in the statistics' dtype."""
-    loop = loop_for(parallel)
-
-    @jit(parallel, fastmath=("reassoc",))
-    def kernel(dy, x, mean, inv_var, gamma_diff, beta_diff, rows, cols):
-        for c_ in loop(cols):
-            c = np.int64(c_)
-            sg, sb = to_compute(mean, 0.0), to_compute(mean, 0.0)
-            for r in range(rows):
-                d = load(dy, r * cols + c)
-                sb += d
-                sg += d * (load(x, r * cols + c) - mean[r]) * inv_var[r]
-            store(gamma_diff, c, sg)
-            store(beta_diff, c, sb)
-
-    return kernel
+@jit(False)
+def layer_norm_param_grad_kernel(dy, x, mean, inv_var, gamma_diff, beta_diff, rows, cols):
+    """Per column, ``gamma_diff = sum over rows of dy * (x - mean) * inv_var`` and ``beta_diff =
+    sum over rows of dy``, accumulated in the statistics' dtype in order of rows. Rows run in the
+    outer loop and the columns of a row in the inner one, which reads contiguous elements and
+    vectorizes: [1024, 128] float32 on one Zen 4 core 236 us a column at a time, 17-22 us so.
+    Serial only: on two threads a block of columns each took longer still ([1024, 128]: 37 us;
+    [8192, 1024]: 3.7 ms against 3.0, bfloat16 2.4 against 1.1), as did the column-parallel
+    kernel before (162 us)."""
+    sg, sb = np.zeros(cols, mean.dtype), np.zeros(cols, mean.dtype)
+    for r in range(rows):
+        m, iv = mean[r], inv_var[r]
+        base = r * cols
+        for c in range(cols):
+            d = load(dy, base + c)
+            sb[c] += d
+            sg[c] += d * (load(x, base + c) - m) * iv
+    for c in range(cols):
+        store(gamma_diff, c, sg[c])
+        store(beta_diff, c, sb[c])
 
 
 def layer_norm_steps(ins, outs, plan, attrs):
@@ -272,11 +272,10 @@ def layer_norm_grad_steps(ins, outs, plan, attrs):
 
 
 def layer_norm_param_grad_steps(ins, outs, plan, attrs):
-    """The step of ``layer_norm_param_grad``."""
+    """The step of ``layer_norm_param_grad`` (:func:`layer_norm_param_grad_kernel`)."""
     (dy, x, mean, inv), (gamma_diff, beta_diff), (rows, cols) = ins, outs, plan
-    kernel = layer_norm_param_grad_kernel(use_parallel(x.size) and cols > 1)
-    return [(kernel, (flat(dy), flat(x), flat(mean), flat(inv), flat(gamma_diff),
-                      flat(beta_diff), rows, cols))]
+    return [(layer_norm_param_grad_kernel, (flat(dy), flat(x), flat(mean), flat(inv),
+                                             flat(gamma_diff), flat(beta_diff), rows, cols))]
 
 
 def train_steps(ins, outs, layout, attrs):
