@@ -117,9 +117,10 @@ def one_plus_erf_sqrt_half(x):
     """1 + erf(x / sqrt(2)) = 2 Phi(x), the erf term of :func:`gelu` and :func:`gelu_grad`, in
     float64.
 
-    The CPU kernels compile a float32 version for float32 ``x`` (f32 and the half types), one
-    without a libm call, so that the loops vectorize (``kernels.cpu.special``); CUDA compiles this
-    one (libdevice ``erf``)."""
+    The CPU kernels compile a version without a libm call for float32 ``x``, so that the loops
+    vectorize, and for a float16 or bfloat16 result call :func:`gelu` and :func:`gelu_grad`
+    evaluated in float32 throughout (``kernels.cpu.special``); CUDA compiles this one (libdevice
+    ``erf``)."""
     return 1.0 + math.erf(x * _SQRT_HALF)
 
 
