@@ -14,6 +14,7 @@ import miniflow as mf
 from miniflow.experiments.mlp import EvalGraph
 from miniflow.kernels import cpu
 from miniflow.kernels.cpu import pool as cpu_pool
+from miniflow.ops.geometry import pooled_size
 from miniflow.ops.pool import max_pool_reference
 from miniflow.testing import check_grad
 
@@ -46,8 +47,15 @@ def windows(draw, avg: bool):
     else:
         dh, dw = draw(st.integers(1, 2)), draw(st.integers(1, 2))
         attrs["dilation"] = (dh, dw)
-    h = draw(st.integers(max(1, dh * (kh - 1) + 1 - 2 * attrs["padding"][0]), 9))
-    w = draw(st.integers(max(1, dw * (kw - 1) + 1 - 2 * attrs["padding"][1]), 9))
+    ceil = attrs["ceil_mode"]      # PyTorch's ceil mode keeps a window longer than the input
+    h = draw(st.integers(1 if ceil else max(1, dh * (kh - 1) + 1 - 2 * attrs["padding"][0]), 9))
+    w = draw(st.integers(1 if ceil else max(1, dw * (kw - 1) + 1 - 2 * attrs["padding"][1]), 9))
+    try:
+        for size, k, s, p, d in ((h, kh, attrs["stride"][0], attrs["padding"][0], dh),
+                                 (w, kw, attrs["stride"][1], attrs["padding"][1], dw)):
+            pooled_size("pool", size, k, s, p, d, ceil, "H")
+    except ValueError:
+        assume(False)              # no window: PyTorch's "Output size is too small" too
     return (draw(st.integers(1, 2)), draw(st.integers(1, 3)), h, w), attrs
 
 
@@ -237,6 +245,23 @@ def test_adaptive_avg_pool_matches_torch(h, w, oh, ow):
 def test_bad_input_names_the_op(op, shape, attrs, error, message):
     with pytest.raises(error, match=message):
         make_node(Case(op, [np.zeros(shape, np.float32)], attrs))
+
+
+@needs_torch
+@pytest.mark.parametrize("name,kw", [
+    ("max_pool2d", dict(kernel_size=3, stride=3, ceil_mode=True)),
+    ("avg_pool2d", dict(kernel_size=3, stride=3, ceil_mode=True)),
+    ("max_pool2d", dict(kernel_size=3, stride=2, padding=1, dilation=2, ceil_mode=True)),
+    ("avg_pool2d", dict(kernel_size=7, stride=5, padding=2, ceil_mode=True,
+                        count_include_pad=False))])
+def test_ceil_mode_keeps_a_window_longer_than_the_padded_input_as_torch(name, kw):
+    """PyTorch's ``pooling_output_shape``: with ``ceil_mode`` a window that starts in the input
+    counts even where it is longer than the padded input (a 2 x 2 input, a 3 x 3 window: one
+    output); it was refused ("the window is larger than the padded input")."""
+    x = np.arange(4, dtype=np.float64).reshape(1, 1, 2, 2)
+    module = {"max_pool2d": mf.nn.MaxPool2d, "avg_pool2d": mf.nn.AvgPool2d}[name]
+    want = getattr(F, name)(torch.tensor(x), **kw).numpy()
+    np.testing.assert_allclose(module(**kw)(mf.tensor(x)).numpy(), want, rtol=1e-12)
 
 
 def test_max_pool_grad_checks_its_indices():

@@ -267,18 +267,22 @@ def pool_attrs(op: str, attrs: dict, avg: bool) -> dict:
 
 
 def pooled_size(op, size, k, s, p, d, ceil_mode, axis) -> int:
-    """The pooled length of one axis (PyTorch's ``pooling_output_shape``).
+    """The pooled length of one axis (PyTorch's ``pooling_output_shape``: floor division,
+    rounding toward minus infinity; with ``ceil_mode`` a last window that starts in the input
+    or its left padding counts, even where the window is longer than the padded input).
 
     Raises:
-        ValueError: the window does not fit in the padded input.
+        ValueError: no window (PyTorch's "Output size is too small"): without ``ceil_mode`` the
+            window does not fit in the padded input.
     """
     span = d * (k - 1) + 1
-    if size + 2 * p < span:
-        raise ValueError(f"{op}: the window (extent {span} along {axis}) is larger than the "
-                         f"padded input ({size} + 2 * {p})")
     out = (size + 2 * p - span + (s - 1 if ceil_mode else 0)) // s + 1
     if ceil_mode and (out - 1) * s >= size + p:
         out -= 1
+    if out < 1:
+        raise ValueError(f"{op}: the window (extent {span} along {axis}) is larger than the "
+                         f"padded input ({size} + 2 * {p}): output size {out} is too small "
+                         f"(ceil_mode=True keeps a window that starts in the input)")
     return out
 
 
