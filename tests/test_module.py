@@ -455,3 +455,80 @@ def test_a_replaced_child_or_parameter_keeps_its_place_in_the_state_dict():
         ref.a = torch.nn.Linear(1, 2, bias=False)
         ref.b.weight = torch.nn.Parameter(torch.zeros(1, 2))
         assert list(ref.state_dict()) == list(net.state_dict())
+
+
+# ------------------------------------------------------------------ the tree API's edges
+def _kinds(seq):
+    return [(name, type(m).__name__) for name, m in seq.named_children()]
+
+
+def test_sequential_changes_in_place_as_pytorch():
+    """``torch.nn.Sequential``'s ``seq[i] = m`` (under the module's name), ``del seq[i]`` /
+    ``pop`` / ``insert`` (renumbering ``0 ..``, dict names included), ``append``, ``extend`` and
+    its out-of-range ``IndexError`` (all missing before: ``AttributeError``)."""
+    s = nn.Sequential(nn.ReLU(), nn.Tanh())
+    s[0] = nn.Tanh()
+    del s[0]
+    s.append(nn.SiLU()).insert(0, nn.ReLU()).insert(-1, nn.Tanh())
+    assert type(s.pop(1)).__name__ == "Tanh"
+    assert _kinds(s) == [("0", "ReLU"), ("1", "Tanh"), ("2", "SiLU")]
+    s.extend([nn.ReLU()])
+    assert _kinds(s) == [("0", "ReLU"), ("1", "Tanh"), ("2", "SiLU"), ("3", "ReLU")]
+    del s[1:3]
+    assert _kinds(s) == [("0", "ReLU"), ("1", "ReLU")]
+    d = nn.Sequential(OrderedDict(a=nn.ReLU(), b=nn.Tanh()))
+    d[-1] = nn.SiLU()
+    assert _kinds(d) == [("a", "ReLU"), ("b", "SiLU")]
+    del d[0]
+    assert _kinds(d) == [("0", "SiLU")]
+    with pytest.raises(IndexError, match="index 5 is out of range"):
+        d[5]
+    with pytest.raises(TypeError, match="holds modules"):
+        d.append(3)
+
+
+def test_module_iterators_take_pytorchs_keywords():
+    """``named_modules(memo, prefix, remove_duplicate)``, ``named_parameters`` /
+    ``named_buffers(prefix, recurse, remove_duplicate)``, ``parameters`` / ``buffers(recurse)``
+    and ``get_submodule`` as ``torch.nn.Module``'s (names from PyTorch 2.13 on the same
+    model)."""
+    lin = nn.Linear(2, 2)
+    s = nn.Sequential(lin, lin, nn.BatchNorm1d(2))
+    assert [n for n, _ in s.named_modules(remove_duplicate=False)] == ["", "0", "1", "2"]
+    assert [n for n, _ in s.named_modules(prefix="p")] == ["p", "p.0", "p.2"]
+    assert [n for n, _ in s.named_modules(memo={lin})] == ["", "2"]
+    assert [n for n, _ in s.named_parameters()] == ["0.weight", "0.bias", "2.weight", "2.bias"]
+    assert [n for n, _ in s.named_parameters(remove_duplicate=False)] == [
+        "0.weight", "0.bias", "1.weight", "1.bias", "2.weight", "2.bias"]
+    assert [n for n, _ in lin.named_parameters(recurse=False)] == ["weight", "bias"]
+    assert list(s.parameters(recurse=False)) == [] and list(s.buffers(recurse=False)) == []
+    assert [n for n, _ in s.named_buffers(prefix="q")] == [
+        "q.2.running_mean", "q.2.running_var", "q.2.num_batches_tracked"]
+    assert s.get_submodule("2") is s[2] and s.get_submodule("") is s
+    with pytest.raises(AttributeError, match="Linear has no attribute `x`"):
+        s.get_submodule("0.x")
+
+
+def test_repr_and_register_buffer_follow_pytorch():
+    """``torch.nn.Module.__repr__``: an ``extra_repr`` beside children, or of several lines, gets
+    lines of its own; ``register_buffer`` over a plain attribute raises PyTorch's KeyError."""
+    class Foo(nn.Module):
+        def __init__(self, extra):
+            super().__init__()
+            self.extra = extra
+            if extra == "hello=1":
+                self.lin = nn.ReLU()
+
+        def extra_repr(self):
+            return self.extra
+
+    assert repr(Foo("hello=1")) == "Foo(\n  hello=1\n  (lin): ReLU()\n)"
+    assert repr(Foo("a=1\nb=2")) == "Foo(\n  a=1\n  b=2\n)"
+    assert repr(Foo("a=1")) == "Foo(a=1)" and repr(Foo("")) == "Foo()"
+    assert repr(nn.Sequential(nn.ReLU(), nn.Sequential(nn.Tanh()))) == (
+        "Sequential(\n  (0): ReLU()\n  (1): Sequential(\n    (0): Tanh()\n  )\n)")
+    m = nn.Module()
+    m.foo = 3
+    with pytest.raises(KeyError, match="foo.* already exists on Module"):
+        m.register_buffer("foo", None)
+    assert m.foo == 3

@@ -11,7 +11,7 @@ from collections.abc import Iterable, Mapping
 
 from .module import Module
 
-__all__ = ["ModuleList", "ModuleDict"]
+__all__ = ["ModuleList", "ModuleDict", "position", "renumber"]
 
 
 class ModuleList(Module):
@@ -34,22 +34,10 @@ class ModuleList(Module):
 
     def _index(self, idx) -> int:
         """``idx`` as an index in ``range(len(self))``."""
-        try:
-            i = operator.index(idx)
-        except TypeError:
-            raise TypeError(f"ModuleList indices must be integers or slices, got "
-                            f"{type(idx).__name__}") from None
-        n = len(self)
-        if not -n <= i < n:
-            raise IndexError(f"ModuleList index {i} is out of range for {n} modules")
-        return i % n
+        return position("ModuleList", idx, len(self))
 
     def _renumber(self, modules: list) -> None:
-        """Make ``modules`` the children, named ``0 .. len - 1``."""
-        for name in list(self._modules):
-            delattr(self, name)
-        for i, m in enumerate(modules):
-            self.add_module(str(i), m)
+        renumber(self, modules)
 
     def __getitem__(self, idx):
         if isinstance(idx, slice):
@@ -185,6 +173,31 @@ class ModuleDict(Module):
                                     f"expected a (key, module) pair")
         for key, module in pairs:
             self[key] = module
+
+
+def position(owner: str, idx, n: int) -> int:
+    """``idx`` (an int, negative from the end) as an index in ``range(n)`` of container
+    ``owner``.
+
+    Raises:
+        TypeError: not an integer. IndexError: out of range."""
+    try:
+        i = operator.index(idx)
+    except TypeError:
+        raise TypeError(f"{owner} indices must be integers or slices, got "
+                        f"{type(idx).__name__}") from None
+    if not -n <= i < n:
+        raise IndexError(f"{owner} index {i} is out of range for {n} modules")
+    return i % n
+
+
+def renumber(container: Module, modules: list) -> None:
+    """Make ``modules`` the children of ``container``, named ``0 .. len - 1`` (PyTorch's
+    ``ModuleList`` and ``Sequential`` after a deletion or insertion)."""
+    for name in list(container._modules):
+        delattr(container, name)
+    for i, m in enumerate(modules):
+        container.add_module(str(i), m)
 
 
 def _module(owner: str, value, key=None) -> Module:

@@ -8,6 +8,7 @@ import numbers
 
 from ..random import generator
 from . import functional as F
+from .containers import position, renumber
 from .factory import param_dtype
 from .module import Module, Parameter
 
@@ -53,7 +54,9 @@ class Sequential(Module):
     """Modules applied in order (``torch.nn.Sequential``): ``Sequential(m0, m1, ...)`` names them
     by position (``0.weight``), ``Sequential(OrderedDict(fc=m0, act=m1))`` by the dict's keys
     (``fc.weight``). ``seq[i]`` is a module, ``seq[i:j]`` a Sequential of those modules under
-    their names (PyTorch's).
+    their names; ``seq[i] = m`` replaces one under its name; ``del seq[i]``, ``append``,
+    ``extend``, ``insert`` and ``pop`` as in PyTorch (deleting or inserting renumbers the modules
+    ``0 ..``).
 
     Raises:
         TypeError: an argument (or dict value) that is not a Module, or a name that is not a str.
@@ -85,7 +88,55 @@ class Sequential(Module):
     def __getitem__(self, i):
         if isinstance(i, slice):
             return Sequential(dict(list(self._modules.items())[i]))
-        return list(self._modules.values())[i]
+        return list(self._modules.values())[position("Sequential", i, len(self))]
+
+    def __setitem__(self, i, module) -> None:
+        """Replace the module at position ``i`` under its name (PyTorch's)."""
+        if not isinstance(module, Module):
+            raise TypeError(f"Sequential holds modules: got a {type(module).__name__}")
+        setattr(self, list(self._modules)[position("Sequential", i, len(self))], module)
+
+    def __delitem__(self, i) -> None:
+        """Remove the module at ``i`` (or a slice); the rest are renumbered ``0 ..`` (PyTorch's,
+        dict names included)."""
+        modules = list(self._modules.values())
+        if isinstance(i, slice):
+            del modules[i]
+        else:
+            del modules[position("Sequential", i, len(self))]
+        renumber(self, modules)
+
+    def append(self, module) -> "Sequential":
+        """Add ``module`` at the end, named by its position; returns self."""
+        if not isinstance(module, Module):
+            raise TypeError(f"Sequential holds modules: got a {type(module).__name__}")
+        self.add_module(str(len(self)), module)
+        return self
+
+    def extend(self, modules) -> "Sequential":
+        """Append every module of ``modules``; returns self."""
+        for m in list(modules):
+            self.append(m)
+        return self
+
+    def insert(self, index: int, module) -> "Sequential":
+        """Insert ``module`` before position ``index`` (``-len <= index <= len``); the modules are
+        renumbered ``0 ..``; returns self."""
+        n = len(self)
+        if not isinstance(module, Module):
+            raise TypeError(f"Sequential holds modules: got a {type(module).__name__}")
+        if not -n <= index <= n:
+            raise IndexError(f"Sequential.insert: index {index} is out of range for {n} modules")
+        modules = list(self._modules.values())
+        modules.insert(index + n if index < 0 else index, module)
+        renumber(self, modules)
+        return self
+
+    def pop(self, i=-1):
+        """Remove the module at ``i`` (or the Sequential of a slice) and return it."""
+        module = self[i]
+        del self[i]
+        return module
 
     def __len__(self) -> int:
         return len(self._modules)

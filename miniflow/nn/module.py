@@ -281,6 +281,10 @@ class Module:
             raise KeyError(f"register_buffer: {name!r} is already a "
                            f"{'parameter' if name in self._parameters else 'sub-module'} of "
                            f"{type(self).__name__}")
+        if name not in self._buffers and name in self.__dict__:
+            raise KeyError(f"register_buffer: attribute {name!r} already exists on "
+                           f"{type(self).__name__} (PyTorch's \"attribute '{name}' already "
+                           f"exists\"): delete it first, or pick another name")
         if name in self._buffers:
             Module.trace_changed()
         self._buffers[name] = _as_buffer(name, tensor)
@@ -323,15 +327,19 @@ class Module:
         """Yield the direct sub-modules, in assignment order."""
         return iter(self._modules.values())
 
-    def named_modules(self, prefix: str = ""):
+    def named_modules(self, memo: set | None = None, prefix: str = "",
+                      remove_duplicate: bool = True):
         """Yield ``(name, module)`` for this module (name ``prefix``) and every sub-module, depth
-        first, each module once."""
-        seen = set()
+        first, each module once (``torch.nn.Module.named_modules``: ``memo``, a set of modules
+        already yielded; ``remove_duplicate=False`` yields a module shared by two names under
+        each)."""
+        memo = set() if memo is None else memo
 
         def walk(m, name):
-            if id(m) in seen:
+            if m in memo:
                 return
-            seen.add(id(m))
+            if remove_duplicate:
+                memo.add(m)
             yield name, m
             for child_name, child in m._modules.items():
                 yield from walk(child, f"{name}.{child_name}" if name else child_name)
@@ -342,42 +350,56 @@ class Module:
         for _, m in self.named_modules():
             yield m
 
-    def named_parameters(self, prefix: str = ""):
-        """Yield ``(name, Parameter)`` pairs, depth first, each parameter once; a ``prefix`` is
-        joined with a dot (``prefix="model"``: ``model.0.weight``), as in :meth:`named_buffers`
-        and ``torch.nn.Module.named_parameters``."""
-        seen = set()
+    def get_submodule(self, target: str) -> "Module":
+        """The sub-module at dotted path ``target`` (``"encoder.layers.0"``; ``""``: this module),
+        as ``torch.nn.Module.get_submodule``.
+
+        Raises:
+            AttributeError: a name on the path that is not a sub-module (PyTorch's message)."""
+        module = self
+        for item in target.split(".") if target else ():
+            child = module._modules.get(item)
+            if child is None:
+                raise AttributeError(f"{type(module).__name__} has no attribute `{item}`")
+            module = child
+        return module
+
+    def _named_members(self, members, prefix: str, recurse: bool, remove_duplicate: bool):
+        """``(name, member)`` of ``members(module)`` (a dict) over this module, or with
+        ``recurse`` over :meth:`named_modules`, None skipped, each member once unless
+        ``remove_duplicate`` is False (``torch.nn.Module._named_members``)."""
         prefix = prefix.rstrip(".")
-        for name, p in self._named_parameters(prefix + "." if prefix else ""):
-            if id(p) not in seen:
-                seen.add(id(p))
-                yield name, p
+        modules = (self.named_modules(prefix=prefix, remove_duplicate=remove_duplicate)
+                   if recurse else [(prefix, self)])
+        seen = set()
+        for name, m in modules:
+            for key, v in members(m).items():
+                if v is None or (remove_duplicate and id(v) in seen):
+                    continue
+                seen.add(id(v))
+                yield (f"{name}.{key}" if name else key), v
 
-    def _named_parameters(self, prefix):
-        for name, p in self._parameters.items():
-            if p is not None:
-                yield prefix + name, p
-        for name, m in self._modules.items():
-            yield from m._named_parameters(prefix + name + ".")
+    def named_parameters(self, prefix: str = "", recurse: bool = True,
+                         remove_duplicate: bool = True):
+        """Yield ``(name, Parameter)`` pairs, depth first, each parameter once; a ``prefix`` is
+        joined with a dot (``prefix="model"``: ``model.0.weight``); ``recurse=False``: this
+        module's own (``torch.nn.Module.named_parameters``)."""
+        return self._named_members(lambda m: m._parameters, prefix, recurse, remove_duplicate)
 
-    def parameters(self):
-        """Yield every Parameter once."""
-        for _, p in self.named_parameters():
+    def parameters(self, recurse: bool = True):
+        """Yield every Parameter once (``recurse=False``: this module's own)."""
+        for _, p in self.named_parameters(recurse=recurse):
             yield p
 
-    def named_buffers(self, prefix: str = ""):
+    def named_buffers(self, prefix: str = "", recurse: bool = True,
+                      remove_duplicate: bool = True):
         """Yield ``(name, buffer)`` for every buffer that is not None (persistent or not), depth
-        first, each once."""
-        seen = set()
-        for name, m in self.named_modules(prefix.rstrip(".")):
-            for key, b in m._buffers.items():
-                if b is not None and id(b) not in seen:
-                    seen.add(id(b))
-                    yield (f"{name}.{key}" if name else key), b
+        first, each once (``torch.nn.Module.named_buffers``)."""
+        return self._named_members(lambda m: m._buffers, prefix, recurse, remove_duplicate)
 
-    def buffers(self):
-        """Yield every buffer (not None) once."""
-        for _, b in self.named_buffers():
+    def buffers(self, recurse: bool = True):
+        """Yield every buffer (not None) once (``recurse=False``: this module's own)."""
+        for _, b in self.named_buffers(recurse=recurse):
             yield b
 
     # ------------------------------------------------------------------ state
@@ -496,10 +518,17 @@ class Module:
         return self
 
     def __repr__(self) -> str:
-        lines = [f"{type(self).__name__}({self.extra_repr()}"]
-        for name, m in self._modules.items():
-            lines.append(f"  ({name}): " + repr(m).replace("\n", "\n  "))
-        return lines[0] + ("\n" + "\n".join(lines[1:]) + "\n)" if len(lines) > 1 else ")")
+        """``Name(extra)`` for a one-line :meth:`extra_repr` and no children, else one line per
+        line of it and per child, indented (``torch.nn.Module.__repr__``)."""
+        extra = self.extra_repr()
+        extra_lines = extra.split("\n") if extra else []
+        child_lines = [f"({name}): " + repr(m).replace("\n", "\n  ")
+                       for name, m in self._modules.items()]
+        if len(extra_lines) == 1 and not child_lines:
+            return f"{type(self).__name__}({extra_lines[0]})"
+        lines = extra_lines + child_lines
+        body = "\n  " + "\n  ".join(lines) + "\n" if lines else ""
+        return f"{type(self).__name__}({body})"
 
     def extra_repr(self) -> str:
         return ""
