@@ -11,7 +11,7 @@ from collections.abc import Iterable, Mapping
 
 from .module import Module
 
-__all__ = ["ModuleList", "ModuleDict", "position", "renumber"]
+__all__ = ["ModuleList", "ModuleDict", "position", "renumber", "checked_module"]
 
 
 class ModuleList(Module):
@@ -48,7 +48,7 @@ class ModuleList(Module):
         if isinstance(idx, slice):
             raise TypeError("ModuleList: a slice cannot be assigned (nor in PyTorch); assign one "
                             "index at a time, or make a new ModuleList")
-        self.add_module(str(self._index(idx)), _module("ModuleList", module))
+        self.add_module(str(self._index(idx)), checked_module("ModuleList", module))
 
     def __delitem__(self, idx) -> None:
         modules = list(self._modules.values())
@@ -72,7 +72,7 @@ class ModuleList(Module):
 
     def append(self, module: Module) -> "ModuleList":
         """Add ``module`` at the end; returns self."""
-        self.add_module(str(len(self)), _module("ModuleList", module))
+        self.add_module(str(len(self)), checked_module("ModuleList", module))
         return self
 
     def extend(self, modules: Iterable) -> "ModuleList":
@@ -88,7 +88,7 @@ class ModuleList(Module):
         """Insert ``module`` before position ``index`` (``list.insert``'s rule: clipped to the
         ends); the modules after it are renumbered."""
         modules = list(self._modules.values())
-        modules.insert(operator.index(index), _module("ModuleList", module))
+        modules.insert(operator.index(index), checked_module("ModuleList", module))
         self._renumber(modules)
 
     def pop(self, idx: int = -1) -> Module:
@@ -120,7 +120,7 @@ class ModuleDict(Module):
         return self._modules[key]
 
     def __setitem__(self, key: str, module: Module) -> None:
-        self.add_module(key, _module("ModuleDict", module, key))
+        self.add_module(key, checked_module("ModuleDict", module, key))
 
     def __delitem__(self, key: str) -> None:
         if key not in self._modules:
@@ -200,8 +200,11 @@ def renumber(container: Module, modules: list) -> None:
         container.add_module(str(i), m)
 
 
-def _module(owner: str, value, key=None) -> Module:
-    """``value`` if it is a Module (PyTorch's containers hold modules only)."""
+def checked_module(owner: str, value, key=None) -> Module:
+    """``value`` if it is a Module (PyTorch's containers hold modules only).
+
+    Raises:
+        TypeError: anything else, naming the container ``owner`` (and ``key``)."""
     if not isinstance(value, Module):
         where = "" if key is None else f" for key {key!r}"
         raise TypeError(f"{owner} holds modules: got a {type(value).__name__}{where}")

@@ -8,7 +8,7 @@ import numbers
 
 from ..random import generator
 from . import functional as F
-from .containers import position, renumber
+from .containers import checked_module, position, renumber
 from .factory import param_dtype
 from .module import Module, Parameter
 
@@ -92,9 +92,8 @@ class Sequential(Module):
 
     def __setitem__(self, i, module) -> None:
         """Replace the module at position ``i`` under its name (PyTorch's)."""
-        if not isinstance(module, Module):
-            raise TypeError(f"Sequential holds modules: got a {type(module).__name__}")
-        setattr(self, list(self._modules)[position("Sequential", i, len(self))], module)
+        setattr(self, list(self._modules)[position("Sequential", i, len(self))],
+                checked_module("Sequential", module))
 
     def __delitem__(self, i) -> None:
         """Remove the module at ``i`` (or a slice); the rest are renumbered ``0 ..`` (PyTorch's,
@@ -108,9 +107,7 @@ class Sequential(Module):
 
     def append(self, module) -> "Sequential":
         """Add ``module`` at the end, named by its position; returns self."""
-        if not isinstance(module, Module):
-            raise TypeError(f"Sequential holds modules: got a {type(module).__name__}")
-        self.add_module(str(len(self)), module)
+        self.add_module(str(len(self)), checked_module("Sequential", module))
         return self
 
     def extend(self, modules) -> "Sequential":
@@ -122,9 +119,7 @@ class Sequential(Module):
     def insert(self, index: int, module) -> "Sequential":
         """Insert ``module`` before position ``index`` (``-len <= index <= len``); the modules are
         renumbered ``0 ..``; returns self."""
-        n = len(self)
-        if not isinstance(module, Module):
-            raise TypeError(f"Sequential holds modules: got a {type(module).__name__}")
+        n, module = len(self), checked_module("Sequential", module)
         if not -n <= index <= n:
             raise IndexError(f"Sequential.insert: index {index} is out of range for {n} modules")
         modules = list(self._modules.values())
