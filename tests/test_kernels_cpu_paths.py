@@ -62,7 +62,7 @@ def _assert_only_small_operands_widened(steps, made_by, kernel, shape, ta, tb):
     reused |= {k * n} if m >= cpu_matmul.WIDEN_REUSE else set()
     first = made_by.index(kernel)
     before = list(zip(steps[:first], made_by[:first]))
-    assert set(made_by[:first]) <= {"cast_kernel", "pack_pairs_kernel", "transpose_kernel"}, made_by
+    assert set(made_by[:first]) <= {"cast_kernel", "transpose_kernel"}, made_by
     assert all(args[0].size <= cpu_matmul.WIDEN_MAX or args[0].size in reused
                for (fn, args), name in before if name == "cast_kernel"), made_by
     stored_transposed = {(k, m)} if ta and k * m >= cpu_matmul.BIG else set()
@@ -74,8 +74,8 @@ def _assert_only_small_operands_widened(steps, made_by, kernel, shape, ta, tb):
 def _bf16_kernel(kernel, shape, ta, tb):
     """The kernel a bfloat16 matmul takes where the CPU has AVX512-BF16 (``kernel`` elsewhere):
     ``vdot_pairs`` tiles also on a big strided ``dy.T``, and from ``PACK_MIN_ROWS`` rows ``B``
-    packed in pairs first (``W`` of ``x @ W.T`` transposed, a ``B`` stored ``[k, n]``
-    interleaved)."""
+    packed in pairs first (``W`` of ``x @ W.T`` transposed as 32-bit words, a ``B`` stored
+    ``[k, n]`` interleaved)."""
     m, k, n = shape
     if not HAS_BF16_DOT or k % 2 or n < cpu_matmul.OUTER_MIN_COLS or m < cpu_matmul.OUTER_MIN_ROWS:
         return kernel
@@ -83,7 +83,7 @@ def _bf16_kernel(kernel, shape, ta, tb):
         return "dot"
     if tb:              # below PACK_MIN_ROWS no copy of W.T: vdot_pairs has no tile for it
         if m >= cpu_matmul.PACK_MIN_ROWS:
-            return "pack_pairs_kernel"
+            return "transpose_kernel"
         return "dot" if kernel == "outer_block_kernel" else kernel
     return "interleave_pairs_kernel" if m >= cpu_matmul.PACK_MIN_ROWS else "outer_block_kernel"
 
@@ -124,7 +124,8 @@ def test_matmul_takes_the_fast_path_and_agrees_with_numpy(shape, ta, tb, kernel,
     assert kernel in made_by, made_by
     if kernel != "dot":              # the loops read a big half operand as it is: no widened copy
         _assert_only_small_operands_widened(steps, made_by, kernel, shape, ta, tb)
-    if kernel in ("outer_block_kernel", "pack_pairs_kernel", "interleave_pairs_kernel"):
+    if kernel in ("outer_block_kernel", "interleave_pairs_kernel") or (
+            kernel == "transpose_kernel" and dt is bfloat16):
         layout = "rows" if kernel == "outer_block_kernel" else "packed"    # packed: vdpbf16ps
         if layout == "rows" and dt is bfloat16 and k % 2 == 0 and HAS_BF16_DOT:
             layout = "pairs"

@@ -154,6 +154,18 @@ def test_transpose_kernel_copies_the_transpose_widened(shape, kind, parallel):
     np.testing.assert_array_equal(out, x.T.astype(np.float32))
 
 
+@pytest.mark.parametrize("shape", [(64, 32), (1000, 333), (7, 5)])
+@pytest.mark.parametrize("parallel", [False, True])
+def test_transpose_kernel_moves_any_32_bit_words_unchanged(shape, parallel):
+    """A bfloat16 ``x @ W.T`` packs ``W``'s pairs as 32-bit words through float32 views: every
+    pattern, NaNs with any payload and signalling NaNs included, comes out bit for bit."""
+    words = np.random.default_rng(3).integers(0, 2 ** 32, shape, dtype=np.uint64).astype(np.uint32)
+    words[0, :4] = [0x7F800001, 0xFF80FFFF, 0x7FC00000, 0x00000001]     # sNaNs, qNaN, subnormal
+    out = np.zeros(shape[::-1], np.uint32)
+    transpose_kernel(parallel)(words.view(np.float32), out.view(np.float32))
+    np.testing.assert_array_equal(out, words.T)
+
+
 def test_a_wrong_array_is_a_type_error():
     with pytest.raises(TypeError, match="vload: expected a 2-D array"):
         _round_trip(np.zeros((2, 16)), np.zeros((2, 16), np.float32))        # float64

@@ -45,7 +45,8 @@ peak for every product of the MLPs):
   packed into pairs first, the ``"packed"`` layout: a ``B`` stored ``[k, n]`` by
   :func:`interleave_pairs_kernel` (the gradients at batch 64: 185-204 GFLOP/s, 214-217 at 256,
   packing included, against 145-150 interleaving as they load), ``W`` of ``x @ W.T`` by
-  :func:`pack_pairs_kernel` (126 GFLOP/s at batch 64, 183 at 256). Those are Zen 4's numbers:
+  :func:`transpose_kernel` on its pairs viewed as float32 words (167 GFLOP/s at batch 64, 212
+  at 256; a scalar loop over the words did 126 and 183). Those are Zen 4's numbers:
   on Sapphire Rapids ``vdpbf16ps`` issues at half the FMAs' rate and the tile did 37-77 GFLOP/s,
   where the tuner takes the ``packed`` candidate (:func:`packed_steps`, 85-128).
 * otherwise one ``np.dot`` (BLAS; less call overhead than ``np.matmul``). From
@@ -89,8 +90,8 @@ from .target import ISA
 __all__ = ["BUILDERS", "OUTER_MIN_ROWS", "OUTER_MIN_COLS", "PACK_MIN_ROWS", "LAYOUTS",
            "WIDEN_MAX", "WIDEN_REUSE", "TINY", "COPY_MIN_ROWS", "COPY_MIN_WORK", "BIG", "DOT_MIN_K",
            "DOT_MAX_ROWS", "ONE_THREAD_FROM", "ONE_THREAD_BELOW", "OneThreadBlas",
-           "dot_block_kernel", "outer_block_kernel", "pack_pairs_kernel", "interleave_pairs_kernel",
-           "transpose_kernel", "rows_times_kernel", "build_matmul", "numba_steps",
+           "dot_block_kernel", "outer_block_kernel", "interleave_pairs_kernel", "transpose_kernel",
+           "rows_times_kernel", "build_matmul", "numba_steps",
            "blas_steps", "blas_one_thread_steps", "packed_steps", "mkl_steps",
            "mkl_blocked_steps", "MKL", "CANDIDATES", "GEMM_CANDIDATES",
            "gemm_steps"]
@@ -102,9 +103,9 @@ OUTER_MIN_COLS = 64
 """Columns from which :func:`outer_block_kernel` is used (the AVX-512 register tile is 64 wide)."""
 PACK_MIN_ROWS = 64
 """Rows of out from which a bfloat16 product packs ``B`` into pairs for the ``vdot_pairs`` tile
-(:func:`interleave_pairs_kernel`, :func:`pack_pairs_kernel`: about 265 us for a 1024 x 1024
-``W`` of ``x @ W.T``). ``x @ W.T`` at 64 x 1024 x 1024: 1064 us in all against 1500 for
-:func:`dot_block_kernel`, at 256 rows 2930 against 5900; at 16 rows the packing would cost
+(:func:`interleave_pairs_kernel`, or :func:`transpose_kernel` of 32-bit words: 170 us for a
+1024 x 1024 ``W`` of ``x @ W.T``). ``x @ W.T`` at 64 x 1024 x 1024: 810 us in all against 1500
+for :func:`dot_block_kernel`, at 256 rows 2510 against 5900; at 16 rows the packing would cost
 more than it saves (the input gradient there: 226 us interleaving as it loads)."""
 WIDEN_MAX = 1 << 16
 """Elements up to which a half operand is widened into float32 scratch once per product (an
@@ -324,7 +325,8 @@ def _in_place(b, j, panel):
 LAYOUTS = ("rows", "pairs", "packed")
 """How :func:`outer_block_kernel` reads ``b``: float32 vectors of rows ``[k, n]``; bfloat16 rows
 paired as they load; bfloat16 pairs packed ahead (``[k / 2, 2 n]``: row ``q`` holds rows ``2q``
-and ``2q + 1`` interleaved) by :func:`interleave_pairs_kernel` or :func:`pack_pairs_kernel`."""
+and ``2q + 1`` interleaved) by :func:`interleave_pairs_kernel`, or ``W`` of ``x @ W.T``
+transposed as 32-bit words (one pair each) by :func:`transpose_kernel`."""
 
 
 @functools.cache
@@ -483,27 +485,6 @@ def outer_block_kernel(parallel: bool, counted: bool, layout: str = "rows"):
 
 
 @functools.cache
-def pack_pairs_kernel(parallel: bool):
-    """``kernel(w, packed)``: for bfloat16 bits ``w`` ``[n, k]`` (a weight, read as ``w.T``, the
-    ``b`` of ``x @ w.T``) viewed as 32-bit words ``[n, k / 2]`` (the pairs ``w[j, 2q:2q + 2]``),
-    ``packed[q, j] = w[j, q]``: the words transposed, so that the pairs of ``w.T``'s rows ``2q``
-    and ``2q + 1`` for 16 columns lie side by side (:func:`outer_block_kernel`'s ``"packed"``
-    layout). Eight rows of ``w`` at a time; the parallel variant splits them."""
-    loop = loop_for(parallel)
-
-    @jit(parallel)
-    def kernel(w, packed):
-        n, half_k = w.shape
-        for jb in loop((n + 7) // 8):      # a plain count: Numba parallelizes this prange
-            j0 = 8 * np.int64(jb)
-            for q in range(half_k):
-                for j in range(j0, min(j0 + 8, n)):
-                    packed[q, j] = w[j, q]
-
-    return kernel
-
-
-@functools.cache
 def interleave_pairs_kernel(parallel: bool):
     """``kernel(b, packed)``: for bfloat16 bits ``b`` ``[k, n]`` (``k`` even; a ``b`` stored
     ``[k, n]``), ``packed[q, 2j + r] = b[2q + r, j]``: rows ``2q`` and ``2q + 1`` interleaved
@@ -529,7 +510,9 @@ def transpose_kernel(parallel: bool):
     half bits, C-contiguous) into float32 ``dst`` ``[c, r]``: blocks of ``LANES`` x ``LANES``
     transposed in registers (``simd.vtranspose_block``), the rows and columns past the last full
     block one element at a time. It makes a product's strided operand contiguous (and float32) for
-    :func:`outer_block_kernel`. The parallel variant splits the blocks of ``src``'s rows."""
+    :func:`outer_block_kernel`. float32 into float32 moves any 32-bit words bit for bit (no
+    arithmetic): the bfloat16 pairs of ``W`` in ``x @ W.T``, packed for ``vdot_pairs``. The
+    parallel variant splits the blocks of ``src``'s rows."""
     loop = loop_for(parallel)
 
     @jit(parallel)
@@ -908,8 +891,8 @@ def numba_steps(node, ins, outs):
         return steps + [(kernel, (bits_a, bits_b, bits_out, count))]
     if paired and _packs(bits_a, bits_b, bits_out):     # x @ W.T in bfloat16: W packed in pairs
         w = bits_b.T
-        packed = np.empty((w.shape[1] // 2, w.shape[0]), np.uint32)
-        return [(pack_pairs_kernel(use_parallel(w.size)), (w.view(np.uint32), packed)),
+        packed = np.empty((w.shape[1] // 2, w.shape[0]), np.float32)      # words, not numbers
+        return [(transpose_kernel(use_parallel(w.size)), (w.view(np.float32), packed)),
                 (outer_block_kernel(use_parallel(out.size), counted, "packed"),
                  (bits_a, packed.view(np.int16), bits_out, count))]
     target = _target(out, counted)

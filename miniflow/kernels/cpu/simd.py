@@ -44,7 +44,7 @@ pair, twice the multiply-adds of one ``vfma``:
 * ``vload_pairs(a, p, j)``: the pairs ``(a[p, j + l], a[p + 1, j + l])`` for ``l < 16``, two rows
   of bfloat16 bits interleaved (an outer product's ``b`` operand, two steps of the inner loop).
 * ``vload_run(a, i, j)``: the 32 values ``a[i, j:j + 32]`` as 16 pairs (rows of pairs packed
-  ahead, ``matmul.pack_pairs_kernel``).
+  ahead, by ``matmul.transpose_kernel`` or ``matmul.interleave_pairs_kernel``).
 * ``vsplat_pair(x0, x1)``: the pair of bfloat16 bits ``(x0, x1)`` in every lane.
 * ``vdot_pairs(acc, x, y)``: per lane, ``acc`` plus the two products of the lane's pairs (exact in
   float32; two additions, each rounded to nearest even). The instruction treats subnormal inputs
