@@ -103,7 +103,8 @@ def is_bfloat16(np_dtype) -> bool:
 
 
 def as_dtype(x) -> DType:
-    """Convert a DType, a NumPy dtype/type or a name (``"float16"``) to a miniflow DType.
+    """Convert a DType, a NumPy dtype/type, a name (``"float16"``) or a ``torch.dtype`` (by its
+    name: ``torch.float16``) to a miniflow DType.
 
     Integer NumPy types of other widths (int32, uint8) map to int64 is NOT done silently: they raise.
 
@@ -114,6 +115,8 @@ def as_dtype(x) -> DType:
         return x
     if isinstance(x, str) and x in _ALL:
         return _ALL[x]
+    if str(x).startswith("torch.") and str(x)[len("torch."):] in _ALL:     # a torch.dtype
+        return _ALL[str(x)[len("torch."):]]
     try:
         npd = np.dtype(x)
     except TypeError:

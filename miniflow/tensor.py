@@ -18,7 +18,10 @@ from .ops.common import norm_axes
 from .runtime.backend import get_backend
 from .trace import current_tracer
 
-__all__ = ["Tensor", "tensor", "apply"]
+__all__ = ["Tensor", "tensor", "apply", "mask_array"]
+
+_COMPARE = {"==": np.equal, "!=": np.not_equal, "<": np.less, "<=": np.less_equal,
+            ">": np.greater, ">=": np.greater_equal}
 
 
 class Tensor:
@@ -101,14 +104,21 @@ class Tensor:
 
     def _compare(self, other, symbol: str):
         """A comparison: refused on a lazy tensor (its value does not exist at trace time, as
-        for ``float()``); miniflow has no comparison ops, so eager tensors compare as Python
-        objects do (``==`` is identity, ``<`` a TypeError; compare ``t.numpy()``)."""
+        for ``float()``). miniflow has no comparison ops: an eager tensor against a number or a
+        NumPy array gives the NumPy bool array of its values compared (a mask for
+        :meth:`masked_fill`, as PyTorch's bool tensor), and so do two eager tensors under
+        ``<``, ``<=``, ``>``, ``>=``; ``==`` and ``!=`` between two tensors are identity (so that
+        tensors work in lists, dicts and sets)."""
         for t in (self, other):
             if isinstance(t, Tensor) and t._value is not None:
                 raise RuntimeError(f"lazy tensor %{t._value.name} has no value at trace time "
                                    f"inside nn.Graph.build: '{symbol}' cannot be decided there "
                                    "(no data-dependent Python control flow); return it from "
                                    "build and compare the call's result")
+        if isinstance(other, Tensor) and symbol not in ("==", "!="):
+            other = other.numpy()
+        if isinstance(other, (numbers.Number, np.generic, np.ndarray)):
+            return _COMPARE[symbol](self.numpy(), other)
         return NotImplemented
 
     __eq__ = functools.partialmethod(_compare, symbol="==")
@@ -217,9 +227,12 @@ class Tensor:
         """Converted to float16 (op ``cast``; this tensor if it is float16 already)."""
         return self if self.dtype is as_dtype("float16") else self.to("float16")
 
-    def softmax(self, dim: int) -> "Tensor":
+    def softmax(self, dim: int, dtype=None) -> "Tensor":
         """exp(x) / sum(exp(x)) along ``dim`` (op ``softmax``, max-subtracted; another axis than
-        the last is moved last and back with ``transpose``)."""
+        the last is moved last and back with ``transpose``); ``dtype``: cast to it first (op
+        ``cast``, ``torch.Tensor.softmax``'s ``dtype``)."""
+        if dtype is not None:
+            return self.to(dtype).softmax(dim)
         d = _dim("softmax", dim, self.ndim)
         if self.ndim == 0:                   # PyTorch: 1 (nan for nan and inf)
             return apply("softmax", [self.reshape(1)]).reshape(())
@@ -279,9 +292,19 @@ class Tensor:
     def masked_fill(self, mask, value) -> "Tensor":
         """``value`` where ``mask`` is True (nonzero), else this tensor's element (op
         ``masked_fill``). ``mask``: a bool or integer array or an int64 Tensor that broadcasts
-        to this tensor's shape (a bool array becomes int64: miniflow has no bool dtype)."""
+        to this tensor's shape (a bool array becomes int64: miniflow has no bool dtype).
+
+        Raises:
+            TypeError: a mask that is not an array or a Tensor (a Python bool: what ``t == 0``
+                of a lazy tensor would be in PyTorch code), or a float array (PyTorch:
+                "masked_fill_ only supports boolean masks").
+        """
         if not isinstance(mask, Tensor):
-            mask = tensor(np.asarray(mask).astype(np.int64))
+            arr = mask_array("masked_fill", mask)
+            if arr.dtype.kind not in "biu":
+                raise TypeError(f"masked_fill: only supports boolean masks (or integer ones: "
+                                f"nonzero = fill), got an array of {arr.dtype}")
+            mask = tensor(arr.astype(np.int64))
         return apply("masked_fill", [self, mask], value=float(value))
 
     def split(self, split_size_or_sections, dim: int = 0) -> tuple:
@@ -644,6 +667,22 @@ def _matmul(a: "Tensor", b: "Tensor") -> "Tensor":
                      f"2-D @ 2-D, N-D @ 2-D and N-D @ N-D with equal batch dimensions (no "
                      f"broadcasting, no 1-D operand: Tensor has no expand); reshape the "
                      f"operands, e.g. a vector v to [k, 1]")
+
+
+def mask_array(fn: str, mask) -> np.ndarray:
+    """``mask`` (a NumPy array or a nested sequence of bools) as an array, for ``fn``'s error.
+
+    Raises:
+        TypeError: a Python or NumPy scalar, None or ``NotImplemented`` (a mask that PyTorch
+            code computes as a bool tensor, e.g. ``buf == 0``, but that came out as a Python
+            value): PyTorch refuses a non-tensor mask too.
+    """
+    if (isinstance(mask, (numbers.Number, np.generic)) or mask is None
+            or mask is NotImplemented):
+        raise TypeError(f"{fn}: the mask must be a bool array or a Tensor, got "
+                        f"{type(mask).__name__} {mask!r}; compare a tensor's values "
+                        f"(t == 0 of an eager tensor, or np.asarray(t) == 0) to make one")
+    return np.asarray(mask)
 
 
 def tensor(data, dtype=None) -> Tensor:

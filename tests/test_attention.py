@@ -141,6 +141,73 @@ def test_scaled_dot_product_attention_matches_pytorch(case):
                                        attn_mask=np.ones((5, 7), bool), is_causal=True)
 
 
+@pytest.mark.parametrize("kind", ["bool", "float", "eager tensor"])
+def test_scaled_dot_product_attention_gives_0_for_a_query_that_may_attend_to_no_key(kind):
+    """PyTorch (>= 2.5) gives 0 for a query row its mask takes every key from, with finite
+    gradients; a plain softmax of ``-inf`` everywhere gave NaN here, and one training step made
+    every weight NaN although the loss never read that row (a new user's finding). Against
+    PyTorch, and the other rows against NumPy float64."""
+    B, L, E = 2, 4, 8
+    x = R.standard_normal((B, L, E)).astype(np.float32)
+    w = (R.standard_normal((E, E)) * 0.3).astype(np.float32)
+    keep = np.ones((B, L, L), bool) & np.tril(np.ones((L, L), bool))
+    keep[0, :, 0] = False                       # sample 0's first key is padding: its row 0 is empty
+    mask = {"bool": keep, "float": np.where(keep, 0.0, -np.inf).astype(np.float32),
+            "eager tensor": mf.tensor(np.where(keep, 0.0, -np.inf).astype(np.float32))}[kind]
+
+    def fn(m, x):
+        q = x @ m.w
+        return F.scaled_dot_product_attention(q, q, q, attn_mask=mask)
+
+    class W(mf.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = mf.nn.Parameter(w.copy())
+
+    got = fn(W(), mf.tensor(x)).numpy()
+    q = x.astype(np.float64) @ w
+    s = np.where(keep, q @ q.transpose(0, 2, 1) / math.sqrt(E), -np.inf)
+    with np.errstate(invalid="ignore"):
+        p = np.exp(s - s.max(-1, keepdims=True))
+        want = np.nan_to_num((p / p.sum(-1, keepdims=True)) @ q)
+    assert (got[0, 0] == 0).all()
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+    tw = torch.tensor(w, requires_grad=True)
+    tq = torch.tensor(x) @ tw
+    tmask = torch.tensor(keep) if kind == "bool" else torch.tensor(np.where(
+        keep, 0.0, -np.inf).astype(np.float32))
+    ref = torch.nn.functional.scaled_dot_product_attention(tq, tq, tq, attn_mask=tmask)
+    np.testing.assert_allclose(got, ref.detach().numpy(), rtol=1e-5, atol=1e-6)
+    model = W()
+    _Call(model, fn, train=True)(x)
+    (ref * torch.tensor(np.linspace(-1, 1, ref.numel(), dtype=np.float32).reshape(ref.shape))
+     ).sum().backward()
+    assert np.isfinite(model.w.numpy()).all()
+    np.testing.assert_allclose(model.w.numpy(), w - tw.grad.numpy(), rtol=1e-4, atol=1e-5)
+
+
+def test_a_python_bool_or_float_mask_is_refused_as_by_pytorch():
+    """``masked_fill(True, v)`` filled everything and a float mask 0.5 filled nothing, and
+    ``attn_mask=False`` masked every key (NaN): PyTorch refuses them (a mask is a bool tensor);
+    so does miniflow, saying how to make one."""
+    x = mf.tensor(np.ones((2, 2), np.float32))
+    for bad in (True, False, 0, NotImplemented, None):
+        with pytest.raises(TypeError, match="masked_fill: the mask must be a bool array or a "
+                                            "Tensor, got"):
+            x.masked_fill(bad, 0.0)
+    with pytest.raises(TypeError, match="masked_fill: only supports boolean masks .* got an "
+                                        "array of float64"):
+        x.masked_fill(np.full((2, 2), 0.5), 0.0)
+    with pytest.raises(RuntimeError, match="only supports boolean masks"):
+        torch.ones(2, 2).masked_fill(torch.full((2, 2), 0.5), 0.0)
+    q = mf.tensor(np.zeros((1, 3, 4), np.float32))
+    with pytest.raises(TypeError, match="scaled_dot_product_attention: the mask must be a bool "
+                                        "array or a Tensor, got bool False"):
+        F.scaled_dot_product_attention(q, q, q, attn_mask=False)
+    np.testing.assert_array_equal(x.masked_fill([[True, False], [False, True]], 5.0).numpy(),
+                                  [[5, 1], [1, 5]])
+
+
 @pytest.mark.parametrize("shape,normalized", [((4, 6), 6), ((2, 3, 4), (3, 4))])
 def test_layer_norm_matches_pytorch(shape, normalized):
     ref = torch.nn.LayerNorm(normalized)

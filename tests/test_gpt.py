@@ -114,6 +114,42 @@ def _nano_attention(F, x, w_attn, b_attn, w_proj, b_proj, n_head, mask):
     return F.linear(y, w_proj, b_proj)
 
 
+def test_nanogpt_causal_mask_from_a_registered_buffer_masks_in_a_graph():
+    """nanoGPT's non-flash path: ``att.masked_fill(self.bias[:, :, :T, :T] == 0, -inf)`` with
+    ``bias`` a registered ``tril`` buffer. The buffer is eager while ``build`` traces, and its
+    ``== 0`` was Python identity (False): the mask masked nothing, silently. An eager tensor
+    compared with a number now gives its NumPy bool array, as PyTorch's bool tensor."""
+    T = 4
+
+    class Attn(mf.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.register_buffer("bias", mf.tensor(np.tril(np.ones((T, T), np.float32))
+                                                   .reshape(1, 1, T, T)))
+
+        def forward(self, q):
+            att = (q @ q.transpose(-2, -1)) * (1.0 / math.sqrt(q.size(-1)))
+            att = att.masked_fill(self.bias[:, :, :T, :T] == 0, float("-inf"))
+            return att.softmax(dim=-1)
+
+    class G(mf.nn.Graph):
+        def __init__(self, m):
+            super().__init__()
+            self.m = m
+
+        def build(self, q):
+            return self.m(q)
+
+    q = R.standard_normal((1, 1, T, 8)).astype(np.float32)
+    tq = torch.tensor(q)
+    att = (tq @ tq.transpose(-2, -1)) / math.sqrt(8)
+    want = att.masked_fill(torch.tril(torch.ones(T, T)).view(1, 1, T, T) == 0,
+                           float("-inf")).softmax(-1).numpy()
+    for got in (Attn()(mf.tensor(q)), G(Attn())(q)):
+        np.testing.assert_allclose(got.numpy(), want, rtol=1e-6, atol=1e-7)
+        assert (np.triu(got.numpy()[0, 0], 1) == 0).all()
+
+
 def test_nanogpt_attention_code_runs_on_miniflow_tensors():
     x = R.standard_normal((2, 5, 8)).astype(np.float32)
     ws = [R.standard_normal(s).astype(np.float32) * 0.3 for s in ((24, 8), (24,), (8, 8), (8,))]

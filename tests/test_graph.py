@@ -526,12 +526,17 @@ def test_comparing_a_lazy_tensor_in_build_says_it_has_no_value_yet(compare):
 
 
 def test_eager_tensors_compare_by_identity_and_hash():
-    """Outside a trace a Tensor is an object as before: ``==`` is identity (usable in lists,
-    dicts and sets), ordering is a TypeError."""
-    a, b = mf.tensor([1.0]), mf.tensor([1.0])
+    """Outside a trace two Tensors under ``==`` / ``!=`` compare as objects (identity: usable in
+    lists, dicts and sets); against a number or an array, and ordered against another tensor,
+    an eager tensor gives the NumPy bool array of its values compared (PyTorch's bool tensor:
+    nanoGPT's ``masked_fill(bias == 0, -inf)``)."""
+    a, b = mf.tensor([1.0, 2.0]), mf.tensor([1.0, 3.0])
     assert a == a and a != b and a in [b, a] and len({a, b}) == 2
-    with pytest.raises(TypeError):
-        a < b
+    np.testing.assert_array_equal(a == 1.0, [True, False])
+    np.testing.assert_array_equal(2.0 <= a, [False, True])
+    np.testing.assert_array_equal(a < b, [False, True])
+    np.testing.assert_array_equal(a != np.array([1.0, 0.0]), [False, True])
+    assert (a == None) is False and (a == "x") is False     # noqa: E711: not an array: objects
 
 
 def _run_threads(work, n_threads=2):

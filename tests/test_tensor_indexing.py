@@ -8,6 +8,7 @@ import pytest
 
 import miniflow as mf
 from miniflow import nn
+from miniflow.nn import functional as F
 
 try:
     import torch
@@ -243,6 +244,24 @@ def test_size_dim_float_half_and_batched_matmul():
                                rtol=1e-5, atol=1e-6)
     with pytest.raises(ValueError, match="equal batch dimensions"):
         mf.tensor(a) @ mf.tensor(b[0])
+
+
+def test_to_and_softmax_dtype_take_torch_dtypes_as_pytorch():
+    """``t.to(torch.float16)`` (the layers took torch dtypes, ``Tensor.to`` refused them) and
+    ``softmax(x, dim, dtype=)``: the input cast first, as ``torch.nn.functional.softmax``."""
+    torch = pytest.importorskip("torch")
+    h = X.astype(np.float16)
+    t = mf.tensor(h)
+    assert t.to(torch.float32).dtype is mf.float32 and t.to(torch.bfloat16).dtype is mf.bfloat16
+    for got, want in ((F.softmax(t, -1, dtype=torch.float32),
+                       torch.nn.functional.softmax(torch.tensor(h), -1, dtype=torch.float32)),
+                      (t.softmax(1, dtype=mf.float32), torch.tensor(h).softmax(1, torch.float32)),
+                      (F.log_softmax(t, 0, dtype="float64"),
+                       torch.nn.functional.log_softmax(torch.tensor(h), 0, dtype=torch.float64))):
+        assert got.numpy().dtype == want.numpy().dtype
+        np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-6, atol=1e-7)
+    with pytest.raises(TypeError, match="unsupported dtype torch.int32"):
+        t.to(torch.int32)
 
 
 @pytest.mark.parametrize("shape", [(4, 5, 6), (), (0, 3)])

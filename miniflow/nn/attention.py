@@ -19,7 +19,7 @@ import math
 import numpy as np
 
 from ..dtype import int64
-from ..tensor import Tensor, apply, tensor
+from ..tensor import Tensor, apply, mask_array, tensor
 from .dropout import dropout
 
 __all__ = ["scaled_dot_product_attention"]
@@ -32,12 +32,12 @@ def _mask(fn: str, mask, invert: bool = False):
 
     Raises:
         TypeError: another dtype (PyTorch: "only bool and floating types of masks are
-            supported"), or a lazy int64 mask to invert.
+            supported"), a Python scalar (``mask_array``), or a lazy int64 mask to invert.
     """
     if mask is None:
         return None
     if not isinstance(mask, Tensor):
-        arr = np.asarray(mask)
+        arr = mask_array(fn, mask)
         if arr.dtype == np.bool_:
             return "bool", tensor((~arr if invert else arr).astype(np.int64))
         if arr.dtype.kind != "f":
@@ -76,6 +76,25 @@ def _apply_mask(scores: Tensor, mask) -> Tensor:
     return scores + (m if m.dtype is scores.dtype else m.to(scores.dtype))
 
 
+def _fully_masked(mask) -> tuple:
+    """``(mask, rows)``: the query rows a mask with values (NumPy data, an eager tensor) takes
+    every key from, as an int64 Tensor ``[..., L, 1]`` (``scaled_dot_product_attention`` gives
+    them 0, PyTorch's "safe softmax" since 2.5, where a plain softmax of ``-inf`` everywhere is
+    NaN, and NaN gradients with it), and the mask with those rows let through (so that their
+    softmax is finite before it is zeroed); ``(mask, None)`` where no row is, or for a traced
+    mask (its values are not known at build time)."""
+    if mask is None or mask[1].is_lazy or 0 in mask[1].shape[-1:]:
+        return mask, None
+    kind, m = mask
+    data = m.numpy()
+    out = data != 0 if kind == "bool" else np.isneginf(data)
+    rows = out.all(axis=-1, keepdims=True) if out.ndim else out.reshape(1, 1)
+    if not rows.any():
+        return mask, None
+    let_through = (out & ~rows) if kind == "bool" else np.where(rows, 0, data)
+    return (kind, tensor(let_through.astype(data.dtype))), tensor(rows.astype(np.int64))
+
+
 def _scores(q: Tensor, k: Tensor, scale: float) -> Tensor:
     """``q @ k^T * scale`` over the last two dimensions (op ``batch_matmul``, or ``matmul`` for
     2-D operands)."""
@@ -96,7 +115,9 @@ def scaled_dot_product_attention(query: Tensor, key: Tensor, value: Tensor, attn
     defaults to ``1 / sqrt(E)``.
 
     ``attn_mask``: boolean (True = take part in attention, PyTorch's convention here) or float
-    (added to the scores), broadcastable to ``[*, L, S]``. ``is_causal``: the lower-triangular
+    (added to the scores), broadcastable to ``[*, L, S]``. A query row the mask (NumPy data or
+    an eager tensor) takes every key from gives 0, with a zero gradient (PyTorch >= 2.5); with a
+    mask traced in ``build`` (values unknown there) it gives NaN, as a plain softmax. ``is_causal``: the lower-triangular
     mask (``j <= i``, top-left aligned as PyTorch's), op ``tril`` with fill ``-inf``.
     ``dropout_p``: dropout on the attention weights (the process's dropout stream; inside
     ``nn.Graph`` an ``nn.Dropout`` of the model must bind it, see ``nn.functional.dropout``).
@@ -127,8 +148,11 @@ def scaled_dot_product_attention(query: Tensor, key: Tensor, value: Tensor, attn
     scores = _scores(query, key, scale)
     if is_causal:
         scores = apply("tril", [scores], diagonal=0, fill_value=-math.inf)
+    mask, rows = _fully_masked(mask)
     scores = _apply_mask(scores, mask)
     attn = apply("softmax", [scores])
+    if rows is not None:                # PyTorch's 0 for a query that may attend to no key
+        attn = apply("masked_fill", [attn, rows], value=0.0)
     if dropout_p > 0.0:
         attn = dropout(attn, dropout_p)
     return _weighted(attn, value)

@@ -37,18 +37,11 @@ def _check_device(layer: str, device) -> None:
 
 
 def _dtype(layer: str, dtype) -> DType:
-    """``dtype`` as a miniflow DType (a ``torch.dtype`` by its name)."""
-    if isinstance(dtype, DType):
-        return dtype
+    """``dtype`` as a miniflow DType (a ``torch.dtype`` by its name: ``dtype.as_dtype``)."""
     try:
         return as_dtype(dtype)
     except TypeError:
-        name = str(dtype)
-        if name.startswith("torch."):
-            try:
-                return as_dtype(name[len("torch."):])
-            except TypeError:
-                pass
+        pass
     raise TypeError(f"{layer}: dtype={dtype!r} is not a dtype miniflow has; its parameters can "
                     f"be {_FLOATS}")
 

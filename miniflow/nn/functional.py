@@ -53,22 +53,26 @@ def _implicit_dim(op: str, x: Tensor, dim):
     return 0 if x.ndim in (0, 1, 3) else 1
 
 
-def softmax(x: Tensor, dim: int | None = None) -> Tensor:
+def softmax(x: Tensor, dim: int | None = None, dtype=None) -> Tensor:
     """exp(x) / sum(exp(x)) along ``dim`` (op ``softmax``; max-subtracted). Without ``dim``,
-    PyTorch's implicit dim and warning: dim 0 for a 0-, 1- or 3-d ``x``, else dim 1.
+    PyTorch's implicit dim and warning: dim 0 for a 0-, 1- or 3-d ``x``, else dim 1. ``dtype``:
+    ``x`` is cast to it first (op ``cast``; ``torch.nn.functional.softmax``'s ``dtype``).
 
     Raises:
-        ValueError: ``dim`` out of range for ``x``.
+        ValueError: ``dim`` out of range for ``x``. TypeError: a ``dtype`` miniflow lacks.
     """
+    x = x if dtype is None else x.to(dtype)
     return _last_axis("softmax", x, _implicit_dim("softmax", x, dim))
 
 
-def log_softmax(x: Tensor, dim: int | None = None) -> Tensor:
-    """x - logsumexp(x) along ``dim`` (op ``log_softmax``); without ``dim`` as :func:`softmax`.
+def log_softmax(x: Tensor, dim: int | None = None, dtype=None) -> Tensor:
+    """x - logsumexp(x) along ``dim`` (op ``log_softmax``); without ``dim`` and with ``dtype``
+    as :func:`softmax`.
 
     Raises:
-        ValueError: ``dim`` out of range for ``x``.
+        ValueError: ``dim`` out of range for ``x``. TypeError: a ``dtype`` miniflow lacks.
     """
+    x = x if dtype is None else x.to(dtype)
     return _last_axis("log_softmax", x, _implicit_dim("log_softmax", x, dim))
 
 
