@@ -171,22 +171,23 @@ def _train_run(args, threads: int | None) -> int:
     """:func:`_train` after the world is set up: ``threads`` per rank under ``--ddp`` (pinned by
     :func:`_pinned_threads`), else None."""
     from . import distributed
+    from .amp import NonFiniteGradientsError
     from .experiments.train import ResumeError, TrainingInterrupted, train_digits
     from .extras import MissingExtraError
     from .serialization import CheckpointError, check_save_path
     first = not args.ddp or distributed.rank() == 0
     line = choose_backend("train", args.backend)
-    if args.model == "gpt":
-        from .cli_gpt import train_gpt_command
-        return train_gpt_command(args, line if first else None, threads)
-    if first:
-        print(line, flush=True)
     try:
         if args.save and first:
             check_save_path(args.save)
     except OSError as e:
         print(f"miniflow train: --save {args.save}: {e}", file=sys.stderr)
         return 2
+    if args.model == "gpt":
+        from .cli_gpt import train_gpt_command
+        return train_gpt_command(args, line if first else None, threads)
+    if first:
+        print(line, flush=True)
     try:
         r = train_digits(args.model, epochs=args.epochs, batch_size=args.batch_size,
                          lr=args.lr, momentum=args.momentum, weight_decay=args.weight_decay,
@@ -199,6 +200,9 @@ def _train_run(args, threads: int | None) -> int:
     except (ResumeError, CheckpointError, OSError, MissingExtraError) as e:
         print(f"miniflow train: {e}", file=sys.stderr)
         return 2
+    except NonFiniteGradientsError as e:    # the run diverged: a message, not a traceback
+        print(f"miniflow train: {e}", file=sys.stderr)
+        return 1
     except TrainingInterrupted as e:
         if first:
             print(f"miniflow train: {e}", file=sys.stderr)
@@ -356,6 +360,9 @@ def _check_train_args(args) -> None:
     """Usage errors (exit code 2) between ``miniflow train``'s options: an option that would
     be ignored, or a ``--save`` that would replace a file of the ``--checkpoint`` folder."""
     import os
+    for option in ("save", "checkpoint", "logdir"):
+        if getattr(args, option) == "":
+            args.parser.error(f"--{option} needs a path, got an empty one")
     if args.resume and args.checkpoint is None:
         args.parser.error("--resume needs --checkpoint DIR (the folder of the run to continue)")
     if args.checkpoint_every is not None and args.checkpoint is None:
@@ -369,13 +376,16 @@ def _check_train_args(args) -> None:
         own = {os.path.realpath(os.path.join(args.checkpoint, f)): f
                for f in (CHECKPOINT_FILE, LOCK_FILE, LOSS_LOG)}
         name = own.get(os.path.realpath(args.save))
+        if os.path.realpath(args.save) == os.path.realpath(args.checkpoint):
+            name = "folder itself"
         if name is not None:
             args.parser.error(f"--save {args.save} would replace the run's {name} in "
                               f"--checkpoint {args.checkpoint} (and --resume could not continue "
                               "the run): save the model elsewhere")
+    from .cli_gpt import check_gpt_args
+    check_gpt_args(args)            # the GPT's options, or none of them for another model
     if args.model == "gpt":
-        from .cli_gpt import check_gpt_args
-        return check_gpt_args(args)
+        return
     from .experiments.train import RECIPES
     batch = args.batch_size or RECIPES[args.model].batch_size
     if batch % args.accumulate:
@@ -471,7 +481,8 @@ def _add_train_run_options(t) -> None:
                    "else cpu (faster than cuda for this small MLP; the first line printed says "
                    "which and why)")
     t.add_argument("--logdir", metavar="DIR", help="TensorBoard scalars (per step: loss, lr, "
-                   "gradient norm, loss scale, skipped steps; per epoch: test accuracy) in a "
+                   "gradient norm, loss scale, skipped steps; per epoch: test accuracy, or the "
+                   "GPT's validation loss) in a "
                    "run folder named after the settings in DIR (needs the tensorboard extra; default: "
                    "none written)")
 

@@ -16,17 +16,30 @@ def add_gpt_arguments(parser, positive, real) -> None:
                                   "source)")
     g.add_argument("--steps-per-epoch", type=positive, help="updates per epoch (default 250)")
     g.add_argument("--block-size", type=positive, help="context length (default 64)")
-    g.add_argument("--sample", type=int, default=200, metavar="N",
+    g.add_argument("--sample", type=int, metavar="N",
                    help="characters generated and printed at the end (default 200; 0: none)")
-    g.add_argument("--temperature", type=real(0.0, False), default=0.8,
+    g.add_argument("--temperature", type=real(0.0, False),
                    help="sampling temperature (default 0.8)")
     g.add_argument("--top-k", type=positive, help="sample from the k likeliest characters only (default: all)")
 
 
+GPT_ONLY = ("steps_per_epoch", "block_size", "sample", "temperature", "top_k")
+"""The options (``args`` attributes) only ``--model gpt`` reads."""
+
+
 def check_gpt_args(args) -> None:
-    """Usage errors of ``--model gpt`` (exit code 2)."""
+    """Usage errors of ``--model gpt`` (exit code 2), and the sampling defaults filled in; for
+    another model, one of :data:`GPT_ONLY` given."""
+    if args.model != "gpt":
+        given = [k for k in GPT_ONLY if getattr(args, k) is not None]
+        if given:
+            args.parser.error(f"--{given[0].replace('_', '-')} is an option of --model gpt; "
+                              f"--model {args.model} does not read it (drop it)")
+        return
     if args.momentum is not None:
         args.parser.error("--model gpt trains with AdamW: --momentum does not apply")
+    args.sample = 200 if args.sample is None else args.sample
+    args.temperature = 0.8 if args.temperature is None else args.temperature
     if args.sample < 0:
         args.parser.error(f"--sample must be >= 0, got {args.sample}")
     from .experiments.train_gpt import GPT_DEFAULTS
@@ -40,9 +53,13 @@ def train_gpt_command(args, backend_line: str | None, threads: int | None = None
     """Run ``miniflow train --model gpt`` with ``args``; prints the backend line, the validation
     loss per epoch, the result and the sample (under ``--ddp`` rank 0 alone: the other ranks
     get ``backend_line`` None; ``threads``: each rank's thread count). A checkpoint that cannot
-    be used is a message and exit code 2."""
-    from .experiments.train import AMP_LINES, ResumeError
+    be used (and a usage error ``train_gpt`` finds: a context longer than the text) is a
+    message and exit code 2, a run that diverged (``NonFiniteGradientsError``) a message and
+    exit code 1, Ctrl-C one line and exit code 130."""
+    from .amp import NonFiniteGradientsError
+    from .experiments.train import AMP_LINES, ResumeError, TrainingInterrupted
     from .experiments.train_gpt import train_gpt
+    from .extras import MissingExtraError
     from .serialization import CheckpointError
     if backend_line is not None:
         print(backend_line, flush=True)
@@ -54,10 +71,17 @@ def train_gpt_command(args, backend_line: str | None, threads: int | None = None
                       seed=args.seed, checkpoint=args.checkpoint, resume=args.resume,
                       checkpoint_every=args.checkpoint_every or 100, sample=args.sample,
                       temperature=args.temperature, top_k=args.top_k,
-                      progress=not args.no_progress, ddp=args.ddp)
-    except (ResumeError, CheckpointError, OSError) as e:
+                      progress=not args.no_progress, ddp=args.ddp, logdir=args.logdir)
+    except (ResumeError, CheckpointError, OSError, MissingExtraError, ValueError) as e:
         print(f"miniflow train: {e}", file=sys.stderr)
         return 2
+    except NonFiniteGradientsError as e:
+        print(f"miniflow train: {e}", file=sys.stderr)
+        return 1
+    except TrainingInterrupted as e:
+        if backend_line is not None:
+            print(f"miniflow train: {e}", file=sys.stderr)
+        return 130
     if r["rank"] != 0:
         return 0
     c = r["config"]
@@ -76,6 +100,8 @@ def train_gpt_command(args, backend_line: str | None, threads: int | None = None
     print(f"time: {r['seconds']:.1f} s")
     if r["checkpoint"] is not None:
         print(f"checkpoint: {r['checkpoint']} (step {r['steps']})")
+    if r["logdir"] is not None:
+        print(f"TensorBoard run: {r['logdir']} (tensorboard --logdir {args.logdir})")
     if args.save:
         from .serialization import save
         save(r["model"].state_dict(), args.save)
@@ -97,8 +123,15 @@ def add_attention_study(sub) -> None:
 def _attention_study(args) -> int:
     import json
     import os
+    from pathlib import Path
 
     from .experiments.attention_study import SCALES, figure, ir_text, study, summary
+    from .experiments.stability import OutputDirError, check_out_dir
+    try:
+        check_out_dir(Path(args.out))       # before the study: a clear error, not a traceback
+    except OutputDirError as e:
+        print(f"miniflow attention-study: {e}", file=sys.stderr)
+        return 2
     print("# the attention head under AMP (OneFlow's lists): softmax between two batch_matmuls")
     print(ir_text("amp"))
     results = study()
@@ -110,7 +143,6 @@ def _attention_study(args) -> int:
     print()
     for line in summary(results):
         print(line)
-    os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "results.json"), "w") as f:
         json.dump({"scales": list(SCALES), "results": results}, f, indent=1)
     print(f"figure: {figure(results, os.path.join(args.out, 'attention_amp.png'))}")

@@ -101,8 +101,8 @@ def save(state, path) -> None:
 
     Raises:
         TypeError: an unsupported value or dict key, naming its place (``state['model']['w']``).
-        ValueError: an unsupported dtype, two arrays with the same tensor key, or a state that
-            contains itself.
+        ValueError: an unsupported dtype, two arrays with the same tensor key, an array at the
+            tensor key ``__metadata__`` (safetensors' header), or a state that contains itself.
         FileNotFoundError / IsADirectoryError: the folder does not exist / ``path`` is a folder.
         OSError: ``path`` is (or links to) something other than a regular file, such as a
             device or a FIFO; or writing failed (disk full ...): the previous file at ``path``
@@ -233,6 +233,10 @@ def _encode_array(value, keys: tuple, tensors: dict, paths: dict) -> dict:
     if a.dtype.byteorder == ">":
         a = a.astype(a.dtype.newbyteorder("<"))
     key = ".".join(str(k) for k in keys)
+    if key == "__metadata__":       # safetensors' header entry of that name is not a tensor
+        raise ValueError(f"miniflow.save: {_where(keys)} would be stored under the tensor key "
+                         "'__metadata__', which safetensors reserves for its header; rename "
+                         "the key")
     if key in tensors:
         raise ValueError(f"miniflow.save: {_where(paths[key])} and {_where(keys)} would both be "
                          f"stored under the tensor key {key!r}; rename one of the keys")

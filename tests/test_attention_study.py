@@ -39,3 +39,10 @@ def test_cli_writes_results_and_figure(tmp_path, capsys):
     assert set(data["results"]) == {"fp32", "amp", "amp+black_scores", "amp+black_matmul"}
     assert (tmp_path / "attention_amp.png").stat().st_size > 10_000
     assert np.isfinite([r["out_error"] for r in data["results"]["fp32"]]).all()
+
+
+def test_cli_refuses_an_out_that_is_a_file_before_the_study(tmp_path, capsys):
+    """``--out`` naming a file was a FileExistsError traceback after the whole study."""
+    (tmp_path / "f").write_text("x")
+    assert main(["attention-study", "--out", str(tmp_path / "f")]) == 2
+    assert "cannot write the study's results to" in capsys.readouterr().err

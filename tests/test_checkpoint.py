@@ -327,9 +327,12 @@ def test_a_checkpoint_of_another_model_names_the_key_and_loads_nothing(saved, ca
 
 
 @pytest.mark.parametrize("args, match", [
-    (["--hidden", "24"], r"was saved by a run with other settings: --hidden 16 \(this run: 24\)"),
+    (["--hidden", "24"],
+     r"was saved by a run with other settings: --hidden 16 \(this run: --hidden 24\)"),
     (["--lr-schedule", "cosine"],
-     r"--lr-schedule 'constant' \(this run: 'cosine'\)"),
+     r"--lr-schedule constant \(this run: --lr-schedule cosine\)"),
+    (["--amp"], r"no --amp \(this run: --amp fp16\)"),       # as options, not True / None
+    (["--clip-norm", "1"], r"no --clip-norm \(this run: --clip-norm 1.0\)"),
 ])
 def test_resuming_with_other_settings_names_them(saved, capsys, args, match):
     code = main(["train", "--epochs", "1", "--hidden", "16", *args, "--checkpoint", str(saved),
@@ -346,6 +349,10 @@ def test_an_existing_checkpoint_is_not_overwritten_and_nothing_to_resume_is_an_e
     assert (saved / CHECKPOINT_FILE).read_bytes() == before
     code, _, err = _cli(["--checkpoint", str(tmp_path / "empty"), "--resume"], capsys)
     assert code == 2 and "nothing to resume:" in err
+    assert not (tmp_path / "empty").exists()        # nothing made: no folder, no lock file
+    (tmp_path / "a_file").write_text("x")
+    code, _, err = _cli(["--checkpoint", str(tmp_path / "a_file")], capsys)
+    assert code == 2 and "is a file, not a folder" in err and "Errno" not in err
     code, out, err = _cli(["--checkpoint", str(saved), "--resume"], capsys)
     assert code == 0 and "resumed from step 23" in out and "for 0 steps" in out
 

@@ -634,3 +634,14 @@ while True:
     save(_big_state(3), path)
     assert _temp_files(tmp_path) == leftovers and load(path)["step"] == 3
     print(f"kills: final file state {outcomes}; {len(leftovers)} killed mid-write")
+
+
+def test_a_top_level_metadata_key_is_refused_not_written_unreadable(tmp_path):
+    """safetensors keeps its header under ``__metadata__``: an array saved at that tensor key
+    made a file ``load`` refused; ``save`` refuses it and writes nothing."""
+    path = tmp_path / "m.safetensors"
+    with pytest.raises(ValueError, match="reserves for its header; rename the key"):
+        save({"__metadata__": np.ones(1)}, path)
+    assert not path.exists()
+    save({"x": {"__metadata__": np.ones(1)}}, path)         # nested: the key is x.__metadata__
+    np.testing.assert_array_equal(load(path)["x"]["__metadata__"], np.ones(1))

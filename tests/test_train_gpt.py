@@ -3,11 +3,16 @@ interrupted after a checkpoint and resumed ends bit-identical to the uninterrupt
 masks included), fp16 AMP trains, the sample is printed, ``--ddp`` on 2 ranks (under
 ``mpiexec``, skipped without the dist extra) trains as one process on both ranks' windows, and
 the CLI's usage errors."""
+import os
+import signal
+
 import numpy as np
 import pytest
 
 import miniflow as mf
+from miniflow.amp import NonFiniteGradientsError
 from miniflow.cli import main
+from miniflow.experiments.train import TrainingInterrupted
 from miniflow.experiments.train_gpt import generate, train_gpt
 
 from mpi_harness import requires_mpi, run_cli
@@ -36,6 +41,41 @@ def test_a_resumed_run_is_bit_identical(tmp_path):
         np.testing.assert_array_equal(resumed["model"].state_dict()[name], value, err_msg=name)
 
 
+def test_accumulated_micro_batches_give_one_loss_per_update():
+    """With ``accumulate`` the graph returns the micro-batches' losses; the run records their
+    mean per update (``float()`` of the array crashed: a new user's finding)."""
+    r = train_gpt(**TINY, accumulate=2, report=lambda line: None)
+    assert len(r["losses"]) == 6 and np.isfinite(r["losses"]).all()
+
+
+@pytest.mark.skipif(os.name != "posix", reason="SIGINT")
+def test_ctrl_c_checkpoints_at_the_update_reached_and_the_resumed_run_is_bit_identical(
+        tmp_path):
+    """Ctrl-C (SIGINT, here sent by the process to itself after epoch 1) ends the update
+    running, checkpoints there and raises ``TrainingInterrupted``, as ``train_digits`` does
+    (before: a KeyboardInterrupt traceback and the checkpoint of the last multiple of
+    ``checkpoint_every``)."""
+    full = train_gpt(**TINY, report=lambda line: None)
+    with pytest.raises(TrainingInterrupted, match="interrupted at step 3; checkpoint saved at "
+                                                  "step 3"):
+        train_gpt(**TINY, checkpoint=tmp_path, checkpoint_every=100,
+                  report=lambda line: os.kill(os.getpid(), signal.SIGINT))
+    resumed = train_gpt(**TINY, checkpoint=tmp_path, resume=True, report=lambda line: None)
+    assert resumed["resumed_from"] == 3 and resumed["losses"] == full["losses"]
+
+
+def test_logdir_logs_the_updates_and_validation_losses(tmp_path):
+    pytest.importorskip("tensorboardX")
+    from test_logging import read_scalars
+    r = train_gpt(**TINY, amp="bf16", logdir=tmp_path, report=lambda line: None)
+    assert r["logdir"] == str(tmp_path / "gpt-bf16-lr0.003-warmup-cosine-bs4-ctx8-L1-H2-E16-ep2"
+                                         "-spe3-drop0.1-seed0")
+    got = read_scalars(r["logdir"])
+    assert [v for _, v in got["train/loss"]] == pytest.approx(r["losses"], rel=1e-6)
+    assert [s for s, _ in got["eval/validation_loss"]] == [3, 6]
+    assert [v for _, v in got["eval/validation_loss"]] == pytest.approx(r["val_losses"], rel=1e-6)
+
+
 def test_fp16_amp_trains_and_sampling_follows_its_arguments():
     r = train_gpt(**{**TINY, "dropout": 0.0}, amp="fp16", report=lambda line: None)
     assert r["scaler"] is not None and np.isfinite(r["losses"]).all()
@@ -57,6 +97,11 @@ def test_cli_trains_and_prints_the_sample(capsys):
 
 @pytest.mark.parametrize("argv,match", [
     (["--model", "gpt", "--momentum", "0.9"], "trains with AdamW"),
+    (["--sample", "5"], "--sample is an option of --model gpt; --model mlp does not read it"),
+    (["--model", "lenet", "--top-k", "3"], "--top-k is an option of --model gpt"),
+    (["--model", "gpt", "--save", ""], "--save needs a path, got an empty one"),
+    (["--model", "gpt", "--checkpoint", "new", "--save", "new"],
+     "--save new would replace the run's folder itself in --checkpoint new"),
     (["--model", "gpt", "--batch-size", "6", "--accumulate", "4"],
      "--batch-size 6 must be a multiple of --accumulate 4"),
 ])
@@ -64,6 +109,25 @@ def test_cli_usage_errors(argv, match, capsys):
     with pytest.raises(SystemExit) as e:
         main(["train", *argv])
     assert e.value.code == 2 and match in capsys.readouterr().err
+
+
+def test_cli_checks_save_before_training_and_a_diverged_run_is_one_line(tmp_path, capsys,
+                                                                          monkeypatch):
+    """``--save`` into a missing folder is refused before the first update (it trained the
+    whole run, then failed); a run whose gradients stay non-finite ends with the scaler's
+    message and exit code 1, not a traceback; a context longer than the text is exit code 2."""
+    code = main(["train", "--model", "gpt", "--save", str(tmp_path / "no" / "m.safetensors")])
+    assert code == 2 and "--save" in capsys.readouterr().err
+    import miniflow.experiments.train_gpt as module
+
+    def diverged(**kwargs):
+        raise NonFiniteGradientsError("64 consecutive steps skipped")
+    monkeypatch.setattr(module, "train_gpt", diverged)
+    assert main(["train", "--model", "gpt", "--no-progress"]) == 1
+    assert "miniflow train: 64 consecutive steps skipped" in capsys.readouterr().err
+    monkeypatch.undo()
+    assert main(["train", "--model", "gpt", "--block-size", "30000000", "--no-progress"]) == 2
+    assert "block_size 30000000 is longer than the text" in capsys.readouterr().err
 
 
 @pytest.mark.slow

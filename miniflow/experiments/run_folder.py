@@ -66,6 +66,9 @@ class RunFolder:
 
     def __init__(self, folder, lock: bool = True):
         self.folder = os.fspath(folder)
+        if os.path.exists(self.folder) and not os.path.isdir(self.folder):
+            raise NotADirectoryError(f"checkpoint folder {self.folder!r} is a file, not a "
+                                     "folder: give a folder (or a new name) for the run")
         os.makedirs(self.folder, exist_ok=True)
         with tempfile.TemporaryFile(dir=self.folder):
             pass

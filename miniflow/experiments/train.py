@@ -43,7 +43,7 @@ from .run_folder import CHECKPOINT_FILE, FolderInUseError, RunFolder
 
 __all__ = ["MODELS", "Recipe", "RECIPES", "TrainSettings", "make_model", "train_digits",
            "SCHEDULES", "make_lr_schedule", "epoch_batches", "ResumeError",
-           "TrainingInterrupted", "CHECKPOINT_FILE", "run_name"]
+           "TrainingInterrupted", "CHECKPOINT_FILE", "run_name", "named_run"]
 
 MODELS = ("mlp", "lenet", "resnet18")
 """The models ``miniflow train --model`` knows."""
@@ -468,14 +468,21 @@ def run_name(config: dict) -> str:
     schedule, batch, the settings that differ from the model's recipe and defaults, seed
     (``mlp-fp32-lr0.1-constant-bs64-seed0``, ``lenet-amp-lr0.05-cosine-bs32-ep3-clip1-seed2``)."""
     precision = {False: "fp32", True: "amp"}.get(config["amp"], config["amp"])
-    parts = [config["model"], precision, f"lr{config['lr']:g}",
-             config["lr_schedule"], f"bs{config['batch_size']}"]
     recipe = RECIPES[config["model"]]
-    for key, tag in (("epochs", "ep"), ("momentum", "mom"), ("weight_decay", "wd")):
-        if config[key] != getattr(recipe, key):
-            parts.append(f"{tag}{config[key]:g}")
-    if config["model"] == "mlp" and config["hidden"] != 128:
-        parts.append(f"h{config['hidden']}")
+    defaults = {k: getattr(recipe, k) for k in ("epochs", "momentum", "weight_decay")}
+    return named_run([config["model"], precision, f"lr{config['lr']:g}", config["lr_schedule"],
+                      f"bs{config['batch_size']}"], config,
+                     {**defaults, "hidden": 128 if config["model"] == "mlp" else config["hidden"]},
+                     (("epochs", "ep"), ("momentum", "mom"), ("weight_decay", "wd"),
+                      ("hidden", "h")))
+
+
+def named_run(head: list, config: dict, defaults: dict, tags) -> str:
+    """``head``, then ``<tag><value>`` for each ``(key, tag)`` of ``tags`` whose value differs
+    from ``defaults``, accumulation, clipping, the world size, the seed, joined by ``-``: a run
+    name of :func:`run_name` and ``train_gpt.run_name``."""
+    parts = list(head) + [f"{tag}{config[key]:g}" for key, tag in tags
+                          if config[key] != defaults[key]]
     if config["accumulate"] > 1:
         parts.append(f"acc{config['accumulate']}")
     if config["clip_norm"] is not None:
@@ -539,10 +546,15 @@ def _run_folder(folder, resume: bool, lock: bool) -> RunFolder:
     """The checkpoint folder of a run, locked when ``lock`` (see ``run_folder``).
 
     Raises:
-        ResumeError: another run holds the folder, or a checkpoint is there and ``resume`` is
-            not set (it would be overwritten).
-        OSError: the folder cannot be created or written.
+        ResumeError: ``resume`` and no checkpoint there (nothing is created), another run
+            holds the folder, or a checkpoint is there and ``resume`` is not set (it would be
+            overwritten).
+        OSError: the folder cannot be created or written (``NotADirectoryError``: a file).
     """
+    saved = os.path.join(os.fspath(folder), CHECKPOINT_FILE)
+    if resume and not os.path.exists(saved):    # before the folder and its lock are made
+        raise ResumeError(f"nothing to resume: {saved!r} does not exist (train without "
+                          "--resume to start a run that saves there)")
     try:
         run_folder = RunFolder(folder, lock=lock)
     except FolderInUseError as e:
@@ -568,6 +580,14 @@ def _world_mismatch(path: str, saved, this) -> str | None:
             + f": resume it with `mpiexec -n {saved} miniflow train --ddp ... --resume`")
 
 
+def _spelled(key: str, value) -> str:
+    """A setting of a run's config as its ``miniflow train`` option: ``--amp fp16`` (the digits
+    models' config holds True for it), ``--lr 0.1``, ``no --clip-norm`` (None or False)."""
+    option = "--" + key.replace("_", "-")
+    value = "fp16" if key == "amp" and value is True else value
+    return f"no {option}" if value is None or value is False else f"{option} {value}"
+
+
 def _resume(folder: RunFolder, config: dict, **objects) -> tuple:
     """Load the checkpoint of ``folder`` into ``objects`` (all or nothing) after checking it was
     made with ``config``; returns its run record (step, epoch, batch, order) and the losses of
@@ -575,15 +595,11 @@ def _resume(folder: RunFolder, config: dict, **objects) -> tuple:
     log existed (which kept every loss there).
 
     Raises:
-        ResumeError: no checkpoint at ``path``, one made with other settings or another world
-            size, one that does not fit the model, optimizer ... (``restore``'s message:
+        ResumeError: one made with other settings or another world size, one that does not fit the model, optimizer ... (``restore``'s message:
             nothing is loaded), or a loss log that lacks its steps.
         miniflow.CheckpointError: a truncated or edited file (``miniflow.load``).
     """
     path = folder.path
-    if not os.path.exists(path):
-        raise ResumeError(f"nothing to resume: {path!r} does not exist (train without --resume "
-                          "to start a run that saves there)")
     ckpt = load(path)
     saved = ckpt.get("config") if isinstance(ckpt, dict) else None
     if not isinstance(saved, dict) or not isinstance(ckpt.get("run"), dict):
@@ -592,7 +608,7 @@ def _resume(folder: RunFolder, config: dict, **objects) -> tuple:
     world = _world_mismatch(path, saved.get("world_size"), config.get("world_size"))
     if world:
         raise ResumeError(world)
-    differ = [f"--{k.replace('_', '-')} {saved.get(k)!r} (this run: {v!r})"
+    differ = [f"{_spelled(k, saved.get(k))} (this run: {_spelled(k, v)})"
               for k, v in config.items() if saved.get(k) != v]
     if differ:
         raise ResumeError(f"{path!r} was saved by a run with other settings: "

@@ -22,6 +22,7 @@ and samples.
 """
 from __future__ import annotations
 
+import os
 import time
 
 import numpy as np
@@ -32,9 +33,10 @@ from ..data import stdlib_text
 from ..random import RngState, generator, manual_seed
 from ..serialization import save
 from ..tensor import tensor
-from .train import AMP_DTYPES, _resume, _run_folder, amp_mode, make_lr_schedule
+from .train import (AMP_DTYPES, TrainingInterrupted, _deferred_sigint, _interrupted, _resume,
+                    _run_folder, amp_mode, make_lr_schedule, named_run)
 
-__all__ = ["GPT_DEFAULTS", "TrainGPT", "EvalGPT", "train_gpt", "generate"]
+__all__ = ["GPT_DEFAULTS", "TrainGPT", "EvalGPT", "train_gpt", "generate", "run_name"]
 
 GPT_DEFAULTS = dict(epochs=6, steps_per_epoch=250, batch_size=32, block_size=64, n_layer=2,
                     n_head=4, n_embd=96, dropout=0.0, lr=3e-3, weight_decay=0.1,
@@ -119,7 +121,7 @@ def train_gpt(*, epochs=None, steps_per_epoch=None, batch_size=None, block_size=
               amp: str | None = None, seed: int = 0, checkpoint=None, resume: bool = False,
               checkpoint_every: int = 100, sample: int = 0, temperature: float = 1.0,
               top_k: int | None = None, prompt: str = "def ", progress: bool = True,
-              ddp: bool = False, report=print) -> dict:
+              ddp: bool = False, logdir=None, report=print) -> dict:
     """Train the GPT (arguments left None take :data:`GPT_DEFAULTS`); ``report(line)`` gets
     the per-epoch lines.
 
@@ -130,16 +132,28 @@ def train_gpt(*, epochs=None, steps_per_epoch=None, batch_size=None, block_size=
         sample, temperature, top_k, prompt: characters generated at the end (0: none).
         ddp: data parallel over the process world (the module docstring; a world of one
             without an MPI launcher); ``batch_size`` is per rank.
+        logdir: TensorBoard scalars (``miniflow.logging.TrainingLog``, rank 0) in the run
+            ``<logdir>/<run_name(config)>``: per update the loss (the mean of the micro-batches'),
+            lr, gradient norm, loss scale and skipped steps, per epoch the validation loss; a
+            resumed run continues its run. Under AMP the model-update cast is then not fused
+            (the same bits; the log reads the unscaled gradients).
+
+    Ctrl-C (SIGINT, in the main thread) as ``train_digits``: the update running ends, a
+    checkpoint is saved there (with ``checkpoint``) and :class:`TrainingInterrupted` is raised.
 
     Returns:
         dict: ``val_losses`` (per epoch), ``unigram`` (the baseline, nats per character),
         ``losses`` (per update), ``sample`` (str or None), ``steps``, ``resumed_from``,
-        ``checkpoint``, ``seconds``, ``model``, ``corpus``, ``config``, ``rank`` and
-        ``world_size``; on ranks other than 0 ``val_losses`` is empty and ``sample`` None.
+        ``checkpoint``, ``seconds``, ``model``, ``corpus``, ``config``, ``rank``,
+        ``world_size`` and ``logdir`` (the TensorBoard run's folder, or None); on ranks other
+        than 0 ``val_losses`` is empty and ``sample`` None.
 
     Raises:
-        ValueError: an unknown ``amp``, or a batch that does not split into ``accumulate``.
+        ValueError: an unknown ``amp``, a batch that does not split into ``accumulate``, or a
+            ``block_size`` longer than a split of the text.
         ResumeError: as ``train_digits`` (another world size included).
+        TrainingInterrupted: Ctrl-C (naming the step and the last checkpoint).
+        miniflow.MissingExtraError: ``logdir`` without the tensorboard extra.
     """
     given = dict(epochs=epochs, steps_per_epoch=steps_per_epoch, batch_size=batch_size,
                  block_size=block_size, n_layer=n_layer, n_head=n_head, n_embd=n_embd,
@@ -155,13 +169,20 @@ def train_gpt(*, epochs=None, steps_per_epoch=None, batch_size=None, block_size=
     t0 = time.perf_counter()
     manual_seed(seed)
     corpus = stdlib_text()
+    if c["block_size"] + 1 > min(len(corpus.train), len(corpus.val)):   # before the model
+        raise ValueError(f"train_gpt: block_size {c['block_size']} is longer than the text: the "
+                         f"validation split has {len(corpus.val)} characters, the training "
+                         f"split {len(corpus.train)}; give a smaller --block-size")
     model, opt, graph, scaler = _gpt_training(corpus, c, clip_norm, amp, accumulate)
+    if amp is not None and logdir is not None:
+        graph.config.enable_fused_model_update_cast(False)
     rank, world = _data_parallel(graph, config) if ddp else (0, 1)
     total = c["epochs"] * c["steps_per_epoch"]
     sched = make_lr_schedule(opt, c["lr_schedule"], total)
     run, losses = {"step": 0, "val_losses": []}, []
     folder = None if checkpoint is None else _run_folder(checkpoint, resume, lock=rank == 0)
     path = None if folder is None else folder.path
+    log = None
     try:
         if resume:
             run, losses = _resume(folder, config, model=model, optimizer=opt,
@@ -170,27 +191,41 @@ def train_gpt(*, epochs=None, steps_per_epoch=None, batch_size=None, block_size=
         if folder is not None and rank == 0:
             folder.start_log(losses)            # the checkpoint's steps, none after them
         resumed_from = saved_at = run["step"] if resume else None
+        if logdir is not None and rank == 0:
+            from ..logging import TrainingLog
+            name = run.get("tensorboard_run") if resume else None   # the run it continues
+            log = TrainingLog(logdir, graph, name or run_name(config), resume_step=resumed_from)
+            run["tensorboard_run"] = os.path.basename(log.path)
 
         def save_state() -> None:
             nonlocal saved_at
             if rank == 0:  # under ddp every rank holds the same state; one writes it
                 folder.append_losses(losses, saved_at or 0)   # first: the log covers the file
                 save(_checkpoint(config, run, model, opt, scaler, sched), path)
+                if log is not None:
+                    log.flush()
             saved_at = run["step"]
+
+        def interrupted(save_now: bool) -> TrainingInterrupted:
+            if save_now:        # between two updates: the state is whole, checkpoint it first
+                return _interrupted(run["step"], path, saved_at, save_state)
+            return TrainingInterrupted(run["step"], path, saved_at, saved_now=False)
 
         _train_loop(graph, model, corpus, c, run, losses, sched, total, seed, report,
                     progress and rank == 0, save_state if path is not None else None,
-                    checkpoint_every, rank, world)
+                    checkpoint_every, rank, world, log, interrupted)
     finally:
         if folder is not None:
             folder.close()
+        if log is not None:
+            log.close()
     text = generate(model, corpus, prompt, sample, temperature, top_k) \
         if sample and rank == 0 else None
     return {"val_losses": run["val_losses"], "unigram": corpus.unigram_loss(), "losses": losses,
             "sample": text, "steps": run["step"], "resumed_from": resumed_from,
             "checkpoint": path, "seconds": time.perf_counter() - t0, "model": model,
             "corpus": corpus, "config": config, "scaler": scaler, "rank": rank,
-            "world_size": world,
+            "world_size": world, "logdir": None if log is None else log.path,
             "parameters": sum(int(np.prod(p.shape)) for p in model.parameters())}
 
 
@@ -232,37 +267,69 @@ def _data_parallel(graph: TrainGPT, config: dict) -> tuple:
 
 
 def _train_loop(graph, model, corpus, c, run, losses, sched, total, seed, report, progress,
-                save_state, checkpoint_every, rank: int = 0, world: int = 1) -> None:
+                save_state, checkpoint_every, rank: int, world: int, log, interrupted) -> None:
     """The updates from ``run["step"]`` to ``total``: a validation loss every epoch (reported;
     rank 0 only), ``save_state()`` every ``checkpoint_every`` updates and at the end (None: no
-    checkpoint); rank ``rank`` of ``world`` trains on its rows of each step's windows."""
+    checkpoint); rank ``rank`` of ``world`` trains on its rows of each step's windows; ``log``
+    (a ``TrainingLog`` or None) gets every update and epoch. A Ctrl-C stops between two updates
+    and raises ``interrupted(True)`` (which checkpoints first); a second one stops at once
+    (``interrupted(False)``)."""
     evaluator = EvalGPT(model)
     unigram = corpus.unigram_loss()
     bs, bl = c["batch_size"], c["block_size"]
     from tqdm import tqdm
     with tqdm(total=total, initial=run["step"], desc="train gpt", unit="step",
-              disable=not progress) as bar:
-        while run["step"] < total:
-            x, y = corpus.batch("train", bs * world, bl)
-            x, y = x[rank * bs:(rank + 1) * bs], y[rank * bs:(rank + 1) * bs]
-            losses.append(float(graph(tensor(x), tensor(y))))
-            if sched is not None:
-                sched.step()
-            run["step"] += 1
-            bar.update()
-            bar.set_postfix(loss=f"{losses[-1]:.4f}")
-            if run["step"] % c["steps_per_epoch"] == 0 and rank == 0:
-                model.eval()
-                try:
-                    run["val_losses"].append(_val_loss(evaluator, corpus, c["eval_batches"], bs,
-                                                       bl, seed))
-                finally:
-                    model.train()
-            if save_state is not None and (run["step"] % checkpoint_every == 0
-                                           or run["step"] == total):
-                save_state()
-            if run["step"] % c["steps_per_epoch"] == 0 and rank == 0:
-                val = run["val_losses"][-1]
-                report(f"epoch {run['step'] // c['steps_per_epoch']}: validation loss "
-                       f"{val:.4f} nats/char ({val / unigram:.2f} of the unigram model's "
-                       f"{unigram:.4f})")
+              disable=not progress) as bar, _deferred_sigint() as sigint:
+        try:
+            while run["step"] < total:
+                if sigint.requested:
+                    raise interrupted(True)
+                _update(graph, corpus, bs, bl, rank, world, losses, log, sched)
+                run["step"] += 1
+                bar.update()
+                bar.set_postfix(loss=f"{losses[-1]:.4f}")
+                if run["step"] % c["steps_per_epoch"] == 0 and rank == 0:
+                    model.eval()
+                    try:
+                        run["val_losses"].append(_val_loss(evaluator, corpus, c["eval_batches"],
+                                                           bs, bl, seed))
+                    finally:
+                        model.train()
+                    if log is not None:
+                        log.epoch(validation_loss=run["val_losses"][-1])
+                if save_state is not None and (run["step"] % checkpoint_every == 0
+                                               or run["step"] == total):
+                    save_state()
+                if run["step"] % c["steps_per_epoch"] == 0 and rank == 0:
+                    val = run["val_losses"][-1]
+                    report(f"epoch {run['step'] // c['steps_per_epoch']}: validation loss "
+                           f"{val:.4f} nats/char ({val / unigram:.2f} of the unigram model's "
+                           f"{unigram:.4f})")
+        except TrainingInterrupted:
+            raise
+        except KeyboardInterrupt:      # a second Ctrl-C: stop at once, no checkpoint now
+            raise interrupted(False) from None
+
+
+def _update(graph, corpus, bs: int, bl: int, rank: int, world: int, losses: list, log,
+            sched) -> None:
+    """One update on this rank's rows of the step's windows: its loss recorded (the mean of the
+    micro-batch losses with accumulation), logged, the schedule stepped."""
+    x, y = corpus.batch("train", bs * world, bl)
+    loss = graph(tensor(x[rank * bs:(rank + 1) * bs]), tensor(y[rank * bs:(rank + 1) * bs]))
+    losses.append(float(np.mean(loss.numpy())))
+    if log is not None:
+        log.step(loss)
+    if sched is not None:
+        sched.step()
+
+
+def run_name(config: dict) -> str:
+    """The TensorBoard run name of a GPT configuration: precision, lr and schedule, batch,
+    context, the settings that differ from :data:`GPT_DEFAULTS`, seed
+    (``gpt-fp32-lr0.003-warmup-cosine-bs32-ctx64-seed0``; ``train.named_run``)."""
+    return named_run(["gpt", config["amp"] or "fp32", f"lr{config['lr']:g}",
+                      config["lr_schedule"], f"bs{config['batch_size']}",
+                      f"ctx{config['block_size']}"], config, GPT_DEFAULTS,
+                     (("n_layer", "L"), ("n_head", "H"), ("n_embd", "E"), ("epochs", "ep"),
+                      ("steps_per_epoch", "spe"), ("weight_decay", "wd"), ("dropout", "drop")))
