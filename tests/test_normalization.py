@@ -112,6 +112,19 @@ def test_a_training_batch_needs_two_values_per_channel():
         make_node(Case("normalization", inputs(np.float32, (1, 3, 1, 1), 1), {"training": True}))
 
 
+def test_training_with_eps_0_is_refused_as_by_torch():
+    """A constant channel divides by sqrt(0 + eps): PyTorch refuses eps <= 0 in training
+    ("batch_norm eps must be positive during training"); miniflow returned NaN. Eval mode keeps
+    eps = 0, as PyTorch's."""
+    bn = nn.BatchNorm1d(2, eps=0.0)
+    x = mf.tensor(np.ones((3, 2), np.float32))
+    with pytest.raises(ValueError, match=r"batch_norm: eps must be positive during training, "
+                                         r"got 0.0"):
+        bn(x)
+    bn.eval()
+    np.testing.assert_array_equal(bn(x).numpy(), np.ones((3, 2), np.float32))
+
+
 @pytest.mark.parametrize("change,error,message", [
     (lambda a: a.__setitem__(1, a[1][:2]), ValueError,
      r"normalization: moving_mean %in1 \(f32\[2\]\) must have shape \[3\]"),

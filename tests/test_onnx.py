@@ -343,3 +343,64 @@ def test_accumulation_and_data_parallel_ops_export_in_the_miniflow_domain(tmp_pa
     assert attrs == {"unpack_num": 2}
     assert {a.name: onnx.helper.get_attribute_value(a)
             for a in custom["all_reduce"].attribute} == {"reduce": b"mean"}
+
+
+@pytest.mark.parametrize("pool, size", [
+    (nn.MaxPool2d(2, 2, padding=1, ceil_mode=True), 9),     # the ceil window would start in the pad
+    (nn.AvgPool2d(2, stride=3, ceil_mode=True), 9),         # ... in the input's end (kernel < stride)
+    (nn.AvgPool2d(3, 2, padding=1, ceil_mode=True, count_include_pad=False), 8),
+    (nn.MaxPool2d(3, 2, ceil_mode=True), 8),                # a ceil window ONNX keeps too
+])
+def test_ceil_mode_pools_export_pytorchs_windows(pool, size, tmp_path):
+    """PyTorch's ceil rule drops a last window that would start in the right padding; ONNX's
+    shape inference keeps it, and the export stopped at the checker (an InferenceError, a new
+    user's finding): such pools export with ceil_mode 0 and end padding, matching
+    onnxruntime."""
+    x = np.random.default_rng(0).standard_normal((1, 2, size, size)).astype(np.float32)
+    want = EvalGraph(pool.eval())(x).numpy()
+    mo.export(pool, x, tmp_path / "p.onnx")
+    np.testing.assert_allclose(_run(tmp_path / "p.onnx", {"input0": x})[0], want, rtol=1e-6,
+                               atol=1e-7)
+
+
+def test_an_attention_mask_given_as_data_exports_as_where(tmp_path):
+    """``masked_fill`` (a boolean ``attn_mask``) had no converter: ``Where`` of the constant
+    mask, matching onnxruntime."""
+    miniflow.manual_seed(0)
+
+    class Masked(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.attn = nn.MultiheadAttention(8, 2, batch_first=True)
+
+        def forward(self, x):
+            mask = np.triu(np.ones((5, 5), bool), 1)
+            return self.attn(x, x, x, attn_mask=mask, need_weights=False)[0]
+
+    model = Masked().eval()
+    x = np.random.default_rng(1).standard_normal((2, 5, 8)).astype(np.float32)
+    proto = mo.export(model, x, tmp_path / "m.onnx")
+    assert "Where" in {n.op_type for n in proto.graph.node}
+    np.testing.assert_allclose(_run(tmp_path / "m.onnx", {"input0": x})[0],
+                               EvalGraph(model)(x).numpy(), rtol=1e-5, atol=1e-6)
+
+
+def test_a_bfloat16_convolution_names_the_opset_it_needs(tmp_path):
+    """ONNX's Conv takes bfloat16 from opset 22: before, the checker's raw InferenceError."""
+    class Eval(nn.Graph):
+        def __init__(self, model):
+            super().__init__()
+            self.model = model
+            self.config.enable_amp(True, dtype=miniflow.bfloat16)
+
+        def build(self, x):
+            return self.model(x)
+
+    graph = Eval(nn.Sequential(nn.Conv2d(1, 2, 3)).eval())
+    x = np.random.default_rng(0).random((2, 1, 8, 8)).astype(np.float32)
+    with pytest.raises(mo.OnnxExportError, match=r"Conv takes bfloat16 from opset 22, this "
+                                                 r"export is opset 17 \(export with opset=22\)"):
+        mo.export(graph, x, tmp_path / "c.onnx")
+    assert not (tmp_path / "c.onnx").exists()
+    mo.export(graph, x, tmp_path / "c.onnx", opset=22)
+    onnx.checker.check_model(str(tmp_path / "c.onnx"), full_check=True)

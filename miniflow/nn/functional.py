@@ -222,7 +222,8 @@ def batch_norm(input: Tensor, running_mean: Tensor, running_var: Tensor,
     Raises:
         ValueError: no running statistics (miniflow's op always has them: pass buffers), a
             ``momentum`` that is None (PyTorch's cumulative average is not supported) or outside
-            [0, 1]; at trace time, training with one value per channel.
+            [0, 1], training with an ``eps`` that is not positive; at trace time, training
+            with one value per channel.
     """
     if running_mean is None or running_var is None:
         raise ValueError("batch_norm: running_mean and running_var are required (pass buffers; "
@@ -232,6 +233,9 @@ def batch_norm(input: Tensor, running_mean: Tensor, running_var: Tensor,
                          f"(the cumulative moving average, momentum=None, is not supported)")
     c = input.shape[1] if input.ndim > 1 else 0
     training = bool(training) and 0 not in input.shape
+    if training and not float(eps) > 0.0:       # a constant channel would divide by 0: NaN
+        raise ValueError(f"batch_norm: eps must be positive during training, got {eps!r} "
+                         "(PyTorch's check)")
     dtype = running_mean.dtype
     weight = weight if weight is not None else tensor(np.ones(c), dtype=dtype)
     bias = bias if bias is not None else tensor(np.zeros(c), dtype=dtype)

@@ -11,10 +11,12 @@ Standard forms (ONNX operator docs, onnx/docs/Operators.md; PyTorch's ``torch.on
 functions are the model for the choices):
 
 * ``matmul`` -> ``Gemm`` (transA, transB); ``bias_add`` -> ``Add`` (the bias reshaped to
-  ``[C, 1, ...]`` when the axis is not the last); ``conv2d`` -> ``Conv``; ``normalization`` in
+  ``[C, 1, ...]`` when the axis is not the last); ``conv2d`` -> ``Conv`` (bfloat16 from opset
+  22); ``masked_fill`` -> ``Where`` (``tril``'s too); ``normalization`` in
   eval mode (axis 1) -> ``BatchNormalization`` (x may be float16 with float32 statistics: opset
   15's T, T1, T2); ``max_pool_2d`` -> ``MaxPool`` when its indices are not read;
-  ``avg_pool_2d`` -> ``AveragePool`` without ``divisor_override``; ``adaptive_avg_pool2d`` ->
+  ``avg_pool_2d`` -> ``AveragePool`` without ``divisor_override`` (both ``ceil_mode`` 0 with
+  end padding where PyTorch's ceil rule drops a window ONNX's keeps); ``adaptive_avg_pool2d`` ->
   ``GlobalAveragePool`` for a 1x1 output, ``AveragePool`` when the input divides evenly;
   ``flatten`` -> ``Flatten`` (else ``Reshape``); ``reshape``, ``transpose``, ``reduce_sum``,
   ``add_n`` (``Sum``), ``broadcast_like`` (``Unsqueeze`` + ``Expand``), ``softmax``,
@@ -244,6 +246,9 @@ def _bias_add(node, ins, outs, b):
 
 def _conv2d(node, ins, outs, b):
     a = node.attrs
+    if node.inputs[0].dtype.name == "bfloat16" and b.opset < 22:
+        raise NoStandardForm(f"ONNX's Conv takes bfloat16 from opset 22, this export is opset "
+                             f"{b.opset} (export with opset=22)")
     b.node("Conv", ins, outs, kernel_shape=list(a["kernel_size"]), strides=list(a["strides"]),
            pads=list(a["padding_before"]) * 2, dilations=list(a["dilation_rate"]),
            group=a["groups"])
@@ -260,9 +265,31 @@ def _normalization(node, ins, outs, b):
            momentum=a["momentum"])
 
 
-def _pool_attrs(a: dict) -> dict:
-    return {"kernel_shape": list(a["kernel_size"]), "strides": list(a["stride"]),
-            "pads": list(a["padding"]) * 2, "ceil_mode": int(a["ceil_mode"])}
+def _pool_attrs(node, include_pad: bool = False) -> dict:
+    """ONNX's pooling attributes of ``node``. Where ``ceil_mode``'s ceil rule gives ONNX's
+    shape inference (onnx 1.23) one window more than PyTorch, which drops a last window that
+    would start in the right padding, ``ceil_mode`` is 0 and the windows PyTorch keeps are given
+    as end padding instead: exact for MaxPool (padding never wins a window that holds an
+    element of the input, as every window PyTorch keeps does) and for AveragePool without
+    ``count_include_pad``; with it, padding past PyTorch's own would count in a divisor where
+    PyTorch's does not: no standard form then."""
+    a = node.attrs
+    kernel, stride, pad = a["kernel_size"], a["stride"], a["padding"]
+    dilation = a.get("dilation", (1, 1))
+    ends, dropped = [], False
+    for size, out, k, s, p, d in zip(node.inputs[0].shape[2:], node.outputs[0].shape[2:],
+                                     kernel, stride, pad, dilation):
+        span = d * (k - 1) + 1
+        dropped |= bool(a["ceil_mode"]) and -(-(size + 2 * p - span) // s) + 1 > out
+        ends.append(max(p, (out - 1) * s + span - size - p))
+    if not dropped:
+        return {"kernel_shape": list(kernel), "strides": list(stride), "pads": list(pad) * 2,
+                "ceil_mode": int(a["ceil_mode"])}
+    if include_pad and any(e > p for e, p in zip(ends, pad)):
+        raise NoStandardForm("with ceil_mode and count_include_pad its last window reaches "
+                             "past the padding, which ONNX's AveragePool would count")
+    return {"kernel_shape": list(kernel), "strides": list(stride), "pads": list(pad) + ends,
+            "ceil_mode": 0}
 
 
 def _max_pool(node, ins, outs, b, used):
@@ -270,7 +297,7 @@ def _max_pool(node, ins, outs, b, used):
         raise NoStandardForm("its argmax indices are read (ONNX's MaxPool numbers them "
                              "differently)")
     b.node("MaxPool", ins, outs[:1], dilations=list(node.attrs["dilation"]),
-           **_pool_attrs(node.attrs))
+           **_pool_attrs(node))
 
 
 def _avg_pool(node, ins, outs, b):
@@ -278,7 +305,7 @@ def _avg_pool(node, ins, outs, b):
     if a["divisor_override"]:
         raise NoStandardForm("ONNX's AveragePool has no divisor_override")
     b.node("AveragePool", ins, outs, count_include_pad=int(a["count_include_pad"]),
-           **_pool_attrs(a))
+           **_pool_attrs(node, bool(a["count_include_pad"])))
 
 
 def _adaptive_avg_pool(node, ins, outs, b):
@@ -378,6 +405,15 @@ def _tril(node, ins, outs, b):
     b.node("Where", [mask, ins[0], fill], outs)
 
 
+def _masked_fill(node, ins, outs, b):
+    """Where(mask != 0, value, x): miniflow's int64 mask (its bool stand-in) compared to 0, both
+    broadcast as NumPy's (an attention mask given as data is a constant of the graph)."""
+    zero = b.initializer(np.zeros((), np.int64))
+    where = b.node("Not", b.node("Equal", [ins[1], zero], 1), 1)
+    fill = b.initializer(np.asarray(node.attrs["value"], node.inputs[0].dtype.np))
+    b.node("Where", where + [fill, ins[0]], outs)
+
+
 CONVERTERS = {
     "fused_elementwise": _fused,
     "matmul": _matmul,
@@ -407,6 +443,7 @@ CONVERTERS = {
     "batch_matmul": _batch_matmul,
     "slice": _slice,
     "tril": _tril,
+    "masked_fill": _masked_fill,
     "gather": lambda n, ins, outs, b: b.node("Gather", ins, outs, axis=n.attrs["axis"]),
 }
 """Op type -> ``convert(node, input names, output names, builder)``; elementwise ops go by their
@@ -421,7 +458,8 @@ def standard_form(node, ins: list, outs: list, b: Builder, used: set) -> None:
         NoStandardForm: the op, or this node of it, has none (nothing is emitted).
     """
     if node.written:
-        raise NoStandardForm("it writes variables in place")
+        raise NoStandardForm("it writes variables in place (a training step's update, or the "
+                             "scratch statistics of a BatchNorm without running statistics)")
     if node.op.name == "max_pool_2d":
         return _max_pool(node, ins, outs, b, used)
     if node.op.name == "layer_norm":

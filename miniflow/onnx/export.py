@@ -12,7 +12,8 @@ Two kinds of export (PyTorch's ``torch.onnx.export`` is the model for the first)
   above, the others (updates, gradients, identities, ``multi_count_not_finite``, ...) in the
   ``ai.miniflow`` domain with their attributes, so a learner can open every stage in Netron.
 
-A bfloat16 AMP graph exports as valid ONNX (``BFLOAT16`` tensors), but onnxruntime's CPU
+A bfloat16 AMP graph exports as valid ONNX (``BFLOAT16`` tensors; a convolution from
+``opset=22``, where ONNX's ``Conv`` takes them), but onnxruntime's CPU
 provider has no bfloat16 ``Gemm`` or ``Conv`` kernel, so it does not run there.
 
 Every ONNX node carries its IR node (the line ``print(graph.ir)`` shows) and AMP color in its

@@ -281,8 +281,9 @@ def pooled_size(op, size, k, s, p, d, ceil_mode, axis) -> int:
         out -= 1
     if out < 1:
         raise ValueError(f"{op}: the window (extent {span} along {axis}) is larger than the "
-                         f"padded input ({size} + 2 * {p}): output size {out} is too small "
-                         f"(ceil_mode=True keeps a window that starts in the input)")
+                         f"padded input ({size} + 2 * {p}): output size {out} is too small"
+                         + ("" if ceil_mode else
+                            " (ceil_mode=True keeps a window that starts in the input)"))
     return out
 
 
