@@ -159,20 +159,12 @@ def train_gpt(*, epochs=None, steps_per_epoch=None, batch_size=None, block_size=
                  block_size=block_size, n_layer=n_layer, n_head=n_head, n_embd=n_embd,
                  dropout=dropout, lr=lr, weight_decay=weight_decay, lr_schedule=lr_schedule,
                  eval_batches=eval_batches)
-    c = {k: GPT_DEFAULTS[k] if v is None else v for k, v in given.items()}
-    amp = amp_mode(amp, "train_gpt")
-    if c["batch_size"] % accumulate:
-        raise ValueError(f"train_gpt: batch_size {c['batch_size']} is not a multiple of "
-                         f"accumulate {accumulate}")
-    config = {**c, "model": "gpt", "seed": seed, "clip_norm": clip_norm,
-              "accumulate": accumulate, "amp": amp}
+    c, config = _settings(given, seed, clip_norm, accumulate, amp)
+    amp = config["amp"]
     t0 = time.perf_counter()
     manual_seed(seed)
     corpus = stdlib_text()
-    if c["block_size"] + 1 > min(len(corpus.train), len(corpus.val)):   # before the model
-        raise ValueError(f"train_gpt: block_size {c['block_size']} is longer than the text: the "
-                         f"validation split has {len(corpus.val)} characters, the training "
-                         f"split {len(corpus.train)}; give a smaller --block-size")
+    _check_block(c["block_size"], corpus)           # before the model is made
     model, opt, graph, scaler = _gpt_training(corpus, c, clip_norm, amp, accumulate)
     if amp is not None and logdir is not None:
         graph.config.enable_fused_model_update_cast(False)
@@ -190,30 +182,14 @@ def train_gpt(*, epochs=None, steps_per_epoch=None, batch_size=None, block_size=
             run["val_losses"] = list(run["val_losses"])
         if folder is not None and rank == 0:
             folder.start_log(losses)            # the checkpoint's steps, none after them
-        resumed_from = saved_at = run["step"] if resume else None
+        resumed_from = run["step"] if resume else None
         if logdir is not None and rank == 0:
-            from ..logging import TrainingLog
-            name = run.get("tensorboard_run") if resume else None   # the run it continues
-            log = TrainingLog(logdir, graph, name or run_name(config), resume_step=resumed_from)
-            run["tensorboard_run"] = os.path.basename(log.path)
-
-        def save_state() -> None:
-            nonlocal saved_at
-            if rank == 0:  # under ddp every rank holds the same state; one writes it
-                folder.append_losses(losses, saved_at or 0)   # first: the log covers the file
-                save(_checkpoint(config, run, model, opt, scaler, sched), path)
-                if log is not None:
-                    log.flush()
-            saved_at = run["step"]
-
-        def interrupted(save_now: bool) -> TrainingInterrupted:
-            if save_now:        # between two updates: the state is whole, checkpoint it first
-                return _interrupted(run["step"], path, saved_at, save_state)
-            return TrainingInterrupted(run["step"], path, saved_at, saved_now=False)
-
+            log = _open_log(logdir, graph, run, config, resumed_from)
+        saver = _Saver(folder, rank, run, losses, resumed_from, log,
+                       lambda: _checkpoint(config, run, model, opt, scaler, sched))
         _train_loop(graph, model, corpus, c, run, losses, sched, total, seed, report,
-                    progress and rank == 0, save_state if path is not None else None,
-                    checkpoint_every, rank, world, log, interrupted)
+                    progress and rank == 0, saver.save if path is not None else None,
+                    checkpoint_every, rank, world, log, saver.interrupted)
     finally:
         if folder is not None:
             folder.close()
@@ -227,6 +203,64 @@ def train_gpt(*, epochs=None, steps_per_epoch=None, batch_size=None, block_size=
             "corpus": corpus, "config": config, "scaler": scaler, "rank": rank,
             "world_size": world, "logdir": None if log is None else log.path,
             "parameters": sum(int(np.prod(p.shape)) for p in model.parameters())}
+
+
+def _settings(given: dict, seed: int, clip_norm, accumulate: int, amp) -> tuple:
+    """``(c, config)``: the recipe (:data:`GPT_DEFAULTS` where ``given`` has None) and the
+    settings a checkpoint records.
+
+    Raises:
+        ValueError: an unknown ``amp``, or a batch that does not split into ``accumulate``.
+    """
+    c = {k: GPT_DEFAULTS[k] if v is None else v for k, v in given.items()}
+    if c["batch_size"] % accumulate:
+        raise ValueError(f"train_gpt: batch_size {c['batch_size']} is not a multiple of "
+                         f"accumulate {accumulate}")
+    return c, {**c, "model": "gpt", "seed": seed, "clip_norm": clip_norm,
+               "accumulate": accumulate, "amp": amp_mode(amp, "train_gpt")}
+
+
+def _check_block(block_size: int, corpus) -> None:
+    """Raises ValueError where a window of ``block_size`` (and its next character) does not
+    fit in a split of ``corpus``."""
+    if block_size + 1 > min(len(corpus.train), len(corpus.val)):
+        raise ValueError(f"train_gpt: block_size {block_size} is longer than the text: the "
+                         f"validation split has {len(corpus.val)} characters, the training "
+                         f"split {len(corpus.train)}; give a smaller --block-size")
+
+
+def _open_log(logdir, graph, run: dict, config: dict, resumed_from):
+    """The TensorBoard log of the run: a resumed run continues the run its checkpoint names."""
+    from ..logging import TrainingLog
+    name = run.get("tensorboard_run") if resumed_from is not None else None
+    log = TrainingLog(logdir, graph, name or run_name(config), resume_step=resumed_from)
+    run["tensorboard_run"] = os.path.basename(log.path)
+    return log
+
+
+class _Saver:
+    """The checkpoints of a run in ``folder``: :meth:`save` writes the state ``state()`` (rank
+    0; under ddp every rank holds the same state) after the losses, and remembers the step;
+    :meth:`interrupted` is the exception of a Ctrl-C."""
+
+    def __init__(self, folder, rank: int, run: dict, losses: list, saved_at, log, state):
+        self.folder, self.rank, self.run, self.losses = folder, rank, run, losses
+        self.saved_at, self.log, self.state = saved_at, log, state
+
+    def save(self) -> None:
+        if self.rank == 0:
+            self.folder.append_losses(self.losses, self.saved_at or 0)   # the log covers it
+            save(self.state(), self.folder.path)
+            if self.log is not None:
+                self.log.flush()
+        self.saved_at = self.run["step"]
+
+    def interrupted(self, save_now: bool) -> TrainingInterrupted:
+        """``save_now``: between two updates, the state whole: checkpointed first."""
+        path = None if self.folder is None else self.folder.path
+        if save_now:
+            return _interrupted(self.run["step"], path, self.saved_at, self.save)
+        return TrainingInterrupted(self.run["step"], path, self.saved_at, saved_now=False)
 
 
 def _checkpoint(config: dict, run: dict, model, opt, scaler, sched) -> dict:
