@@ -54,8 +54,8 @@ def train_gpt_command(args, backend_line: str | None, threads: int | None = None
     loss per epoch, the result and the sample (under ``--ddp`` rank 0 alone: the other ranks
     get ``backend_line`` None; ``threads``: each rank's thread count). A checkpoint that cannot
     be used (and a usage error ``train_gpt`` finds: a context longer than the text) is a
-    message and exit code 2, a run that diverged (``NonFiniteGradientsError``) a message and
-    exit code 1, Ctrl-C one line and exit code 130."""
+    message and exit code 2, a run that diverged (``NonFiniteGradientsError``) or ran out of
+    memory a message and exit code 1, Ctrl-C one line and exit code 130."""
     from .amp import NonFiniteGradientsError
     from .experiments.train import AMP_LINES, ResumeError, TrainingInterrupted
     from .experiments.train_gpt import train_gpt
@@ -77,6 +77,10 @@ def train_gpt_command(args, backend_line: str | None, threads: int | None = None
         return 2
     except NonFiniteGradientsError as e:
         print(f"miniflow train: {e}", file=sys.stderr)
+        return 1
+    except MemoryError as e:            # NumPy's names the size it could not allocate
+        print(f"miniflow train: out of memory ({e}): give a smaller --batch-size or "
+              "--block-size", file=sys.stderr)
         return 1
     except TrainingInterrupted as e:
         if backend_line is not None:

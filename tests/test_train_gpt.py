@@ -114,8 +114,9 @@ def test_cli_usage_errors(argv, match, capsys):
 def test_cli_checks_save_before_training_and_a_diverged_run_is_one_line(tmp_path, capsys,
                                                                           monkeypatch):
     """``--save`` into a missing folder is refused before the first update (it trained the
-    whole run, then failed); a run whose gradients stay non-finite ends with the scaler's
-    message and exit code 1, not a traceback; a context longer than the text is exit code 2."""
+    whole run, then failed); a run whose gradients stay non-finite, or that runs out of memory,
+    ends with one line and exit code 1, not a traceback; a context longer than the text is exit
+    code 2."""
     code = main(["train", "--model", "gpt", "--save", str(tmp_path / "no" / "m.safetensors")])
     assert code == 2 and "--save" in capsys.readouterr().err
     import miniflow.experiments.train_gpt as module
@@ -125,6 +126,9 @@ def test_cli_checks_save_before_training_and_a_diverged_run_is_one_line(tmp_path
     monkeypatch.setattr(module, "train_gpt", diverged)
     assert main(["train", "--model", "gpt", "--no-progress"]) == 1
     assert "miniflow train: 64 consecutive steps skipped" in capsys.readouterr().err
+    monkeypatch.setattr(module, "train_gpt", lambda **kwargs: np.empty(1 << 62, np.int8))
+    assert main(["train", "--model", "gpt", "--no-progress"]) == 1
+    assert "out of memory (Unable to allocate" in capsys.readouterr().err
     monkeypatch.undo()
     assert main(["train", "--model", "gpt", "--block-size", "30000000", "--no-progress"]) == 2
     assert "block_size 30000000 is longer than the text" in capsys.readouterr().err
