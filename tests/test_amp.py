@@ -467,6 +467,22 @@ def test_amp_report_counts_and_to_dot(tmp_path):
     assert 'label="matmul\\n%2: f16[4,2]", fillcolor=white' in dot and "fillcolor=gold" in dot
 
 
+def test_amp_report_names_bfloat16_when_amp_runs_in_it():
+    """The header said "float16 nodes" under ``enable_amp(True, bfloat16)`` too."""
+    class Fn(nn.Graph):
+        def __init__(self):
+            super().__init__()
+            self.lin = nn.Linear(4, 3)
+            self.config.enable_amp(True, mf.bfloat16)
+
+        def build(self, x):
+            return self.lin(x)
+
+    g = Fn()
+    g(np.ones((2, 4), np.float32))
+    assert str(g.amp_report()).startswith("AMP: 1 bfloat16 nodes, ")
+
+
 def test_graph_amp_report_needs_amp_and_a_compiled_plan():
     class Fn(nn.Graph):
         def build(self, x):

@@ -164,7 +164,8 @@ def test_clipping_settings_are_hyper_parameters_that_recompile():
 @pytest.mark.parametrize("kw, error, match", [
     ({"clip_grad_max_norm": 0.0}, ValueError, r"SGD: clip_grad_max_norm must be > 0 \(None: no "
                                               r"clipping\), got 0"),
-    ({"clip_grad_max_norm": -1.0}, ValueError, r"SGD: clip_grad_max_norm must be finite"),
+    ({"clip_grad_max_norm": -1.0}, ValueError, r"SGD: clip_grad_max_norm must be > 0 \(None: no "
+     r"clipping\), got -1.0"),                  # one message for 0 and below (it said [0, inf))
     ({"clip_grad_max_norm": float("inf")}, ValueError, r"clip_grad_max_norm must be finite"),
     ({"clip_grad_max_norm": "1"}, TypeError, r"SGD: clip_grad_max_norm must be a real number"),
     ({"clip_grad_max_norm": 1.0, "clip_grad_norm_type": 0}, ValueError,

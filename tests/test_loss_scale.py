@@ -532,3 +532,13 @@ def test_scaler_settings_are_checked_at_construction_too_and_valid_changes_recom
     scaler.growth_interval = np.int64(10)
     assert scaler.growth_interval == 10 and type(scaler.growth_interval) is int
     assert scaler.version == version + 1
+
+
+def test_an_initial_scale_below_1_sets_the_default_floor_to_it():
+    """PyTorch takes ``GradScaler(init_scale=0.5)``; miniflow's default floor of 1 refused it
+    naming ``min_scale``, an argument the user never passed (a new user's finding)."""
+    scaler = GradScaler(init_scale=0.5)
+    assert scaler.scale == 0.5 and scaler.min_scale == 0.5
+    assert GradScaler().min_scale == 1.0
+    with pytest.raises(ValueError, match="min_scale 1 is above the scale 0.5"):
+        GradScaler(init_scale=0.5, min_scale=1.0)

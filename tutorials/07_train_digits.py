@@ -137,8 +137,8 @@ def main():
     r = train(data, epochs, amp=True, progress=not args.no_progress)
     step, scaler = r["step"], r["scaler"]
     rep = step.amp_report()
-    print(f"AMP decisions: {sum(row.color == 'white' for row in rep.rows)} nodes in float16, "
-          f"{sum(row.color != 'white' for row in rep.rows)} in float32 (amp_report(); lesson 4)")
+    print(f"AMP decisions: {rep.n_fp16} nodes in float16, {rep.n_fp32} in float32 "
+          f"(amp_report(), the pinning identities pruned; lesson 4)")
     print(f"test accuracy per epoch: {' '.join(f'{100 * a:.1f}' for a in r['test_acc'])}")
     n = len(r["losses"])
     print(f"training time: {r['seconds']:.1f} s for {n} steps ({1e3 * r['seconds'] / n:.2f} ms "

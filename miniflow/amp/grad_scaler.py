@@ -254,7 +254,8 @@ class GradScaler(_Scaler):
     Args:
         init_scale: first scale (float32; PyTorch and OneFlow default 2^16).
         growth_factor: > 1. backoff_factor: in (0, 1). growth_interval: >= 1 steps.
-        min_scale: > 0, the floor, not above the scale. max_consecutive_skips: >= 1 (see
+        min_scale: > 0, the floor, not above the scale (default 1, or ``init_scale`` when that
+            is below 1: PyTorch has no floor). max_consecutive_skips: >= 1 (see
             :class:`NonFiniteGradientsError`).
 
     The settings can be changed later (``scaler.growth_interval = 100``), with the same checks;
@@ -271,10 +272,11 @@ class GradScaler(_Scaler):
                       "_growth_tracker")
 
     def __init__(self, init_scale: float = 2.0 ** 16, growth_factor: float = 2.0,
-                 backoff_factor: float = 0.5, growth_interval: int = 2000, min_scale: float = 1.0,
-                 max_consecutive_skips: int = 64):
+                 backoff_factor: float = 0.5, growth_interval: int = 2000,
+                 min_scale: float | None = None, max_consecutive_skips: int = 64):
         super().__init__(self._checked("init_scale", init_scale, "GradScaler: ", _check_scale),
                          max_consecutive_skips)
+        min_scale = min(1.0, self.scale) if min_scale is None else min_scale
         self.growth_factor = growth_factor
         self.backoff_factor = backoff_factor
         self.growth_interval = growth_interval

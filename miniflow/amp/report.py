@@ -42,9 +42,12 @@ class AmpReport:
     n_fp32: int
     n_casts: int
     no_cast: list
+    half: str = "float16"
+    """The half type AMP runs the white nodes in (``"bfloat16"`` under ``enable_amp(True,
+    bfloat16)``)."""
 
     def __str__(self) -> str:
-        lines = [f"AMP: {self.n_fp16} float16 nodes, {self.n_fp32} float32 nodes, "
+        lines = [f"AMP: {self.n_fp16} {self.half} nodes, {self.n_fp32} float32 nodes, "
                  f"{self.n_casts} inserted casts",
                  f"  {'node':<42} {'color':<9} {'dtype':<8} reason"]
         for r in self.rows:
@@ -74,4 +77,5 @@ def amp_report(result, graph=None) -> AmpReport:
     return AmpReport(rows, [c.format(names) for c in result.casts],
                      n_fp16=sum(r.color == "white" for r in kept),
                      n_fp32=sum(r.color != "white" for r in kept), n_casts=len(result.casts),
-                     no_cast=no_cast)
+                     no_cast=no_cast, half="bfloat16" if any(
+                         r.color == "white" and "bf16" in r.dtype for r in kept) else "float16")

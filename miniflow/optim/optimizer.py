@@ -385,10 +385,10 @@ class Optimizer:
         out = {"lr": check_real(name, "lr", hyper["lr"]), **self.check_hyper(hyper)}
         max_norm = hyper.get("clip_grad_max_norm")
         if max_norm is not None:
-            max_norm = check_real(name, "clip_grad_max_norm", max_norm)
-            if max_norm == 0.0:
+            max_norm = check_real(name, "clip_grad_max_norm", max_norm, low=-math.inf)
+            if not max_norm > 0.0:          # one message for 0 and below
                 raise ValueError(f"{name}: clip_grad_max_norm must be > 0 (None: no clipping), "
-                                 "got 0")
+                                 f"got {hyper['clip_grad_max_norm']!r}")
         norm_type = hyper.get("clip_grad_norm_type", 2.0)
         if isinstance(norm_type, bool) or not isinstance(norm_type, numbers.Real):
             raise TypeError(f"{name}: clip_grad_norm_type must be a real number, got "
