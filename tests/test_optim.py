@@ -366,3 +366,24 @@ def test_a_torch_key_off_its_default_is_refused_by_name():
     sd["param_groups"][0].update(maximize=False, dampening=0.5)
     with pytest.raises(ValueError, match="dampening=0"):
         opt.load_state_dict(sd)
+
+
+def test_pytorch_constructor_keywords_are_taken_at_their_no_op_values():
+    """Code written for ``torch.optim`` passes ``foreach=None``, ``fused=False``,
+    ``capturable=False`` ...: they were a TypeError (a new user's finding). At their no-op values
+    they are taken; another value is refused naming it; an unknown keyword stays a TypeError."""
+    params = small_mlp().parameters
+    mf.optim.SGD(params(), lr=0.1, foreach=None, fused=False, maximize=False,
+                 differentiable=False, dampening=0)
+    mf.optim.Adam(params(), capturable=False, foreach=False, decoupled_weight_decay=False)
+    mf.optim.AdamW(params(), fused=None, decoupled_weight_decay=True)
+    with pytest.raises(ValueError, match=r"SGD: dampening=0.5; miniflow's SGD runs only "
+                                         r"PyTorch's dampening=0"):
+        mf.optim.SGD(params(), lr=0.1, dampening=0.5)
+    with pytest.raises(ValueError, match=r"AdamW: fused=True; .* fused=None"):
+        mf.optim.AdamW(params(), fused=True)
+    with pytest.raises(ValueError, match=r"Adam: decoupled_weight_decay=True"):
+        mf.optim.Adam(params(), decoupled_weight_decay=True)   # that is AdamW
+    with pytest.raises(TypeError, match=r"Adam.__init__\(\) got an unexpected keyword argument "
+                                        r"'bogus'"):
+        mf.optim.Adam(params(), bogus=1)

@@ -565,14 +565,36 @@ class Optimizer:
 
     def _drop_torch_keys(self, where: str, j: int, loaded: dict, known: dict) -> None:
         """Remove from ``loaded`` (group ``j``) the :attr:`torch_keys` at their no-op values."""
-        for key, neutral in self.torch_keys.items():
+        for key in self.torch_keys:
             if key in loaded and key not in known:
-                value = loaded.pop(key)
-                if (value is not None if neutral is None else value is None or value != neutral):
-                    raise ValueError(f"{where}: param_groups[{j}][{key!r}] is {value!r}; "
-                                     f"miniflow's {type(self).__name__} runs only PyTorch's "
-                                     f"{key}={neutral!r} (leave the key out, or set it to "
-                                     f"{neutral!r})")
+                self._check_torch_key(f"{where}: param_groups[{j}][{key!r}] is ", key,
+                                      loaded.pop(key))
+
+    def _check_torch_key(self, what: str, key: str, value) -> None:
+        """Raises ValueError (``what`` then ``value`` named) unless ``value`` is PyTorch's no-op
+        value of :attr:`torch_keys` ``key`` (for a key whose default is None, ``foreach`` or
+        ``fused``, False too: the plain update either way)."""
+        neutral = self.torch_keys[key]
+        if (value not in (None, False) if neutral is None
+                else value is None or value != neutral):
+            raise ValueError(f"{what}{value!r}; miniflow's {type(self).__name__} runs only "
+                             f"PyTorch's {key}={neutral!r} (leave it out, or set it to "
+                             f"{neutral!r})")
+
+    def check_torch_options(self, options: dict) -> None:
+        """PyTorch's constructor keywords that miniflow has not (:attr:`torch_keys`:
+        ``foreach=None``, ``fused=None``, ``maximize=False`` ...): accepted at their no-op values,
+        so that code written for ``torch.optim`` runs.
+
+        Raises:
+            TypeError: a keyword that is not one of them (as Python's own message).
+            ValueError: one of them at another value (PyTorch's update would differ).
+        """
+        name = type(self).__name__
+        for key, value in options.items():
+            if key not in self.torch_keys:
+                raise TypeError(f"{name}.__init__() got an unexpected keyword argument {key!r}")
+            self._check_torch_key(f"{name}: {key}=", key, value)
 
     def _checked_group(self, where: str, j: int, loaded: dict, current: dict, first: int,
                        stop: int) -> dict:
