@@ -132,20 +132,12 @@ def test_nanogpt_causal_mask_from_a_registered_buffer_masks_in_a_graph():
             att = att.masked_fill(self.bias[:, :, :T, :T] == 0, float("-inf"))
             return att.softmax(dim=-1)
 
-    class G(mf.nn.Graph):
-        def __init__(self, m):
-            super().__init__()
-            self.m = m
-
-        def build(self, q):
-            return self.m(q)
-
     q = R.standard_normal((1, 1, T, 8)).astype(np.float32)
     tq = torch.tensor(q)
     att = (tq @ tq.transpose(-2, -1)) / math.sqrt(8)
     want = att.masked_fill(torch.tril(torch.ones(T, T)).view(1, 1, T, T) == 0,
                            float("-inf")).softmax(-1).numpy()
-    for got in (Attn()(mf.tensor(q)), G(Attn())(q)):
+    for got in (Attn()(mf.tensor(q)), _Logits(Attn())(q)):
         np.testing.assert_allclose(got.numpy(), want, rtol=1e-6, atol=1e-7)
         assert (np.triu(got.numpy()[0, 0], 1) == 0).all()
 

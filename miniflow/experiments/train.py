@@ -595,8 +595,9 @@ def _resume(folder: RunFolder, config: dict, **objects) -> tuple:
     log existed (which kept every loss there).
 
     Raises:
-        ResumeError: one made with other settings or another world size, one that does not fit the model, optimizer ... (``restore``'s message:
-            nothing is loaded), or a loss log that lacks its steps.
+        ResumeError: one made with other settings or another world size, one that does not
+            fit the model, optimizer ... (``restore``'s message: nothing is loaded), or a loss
+            log that lacks its steps.
         miniflow.CheckpointError: a truncated or edited file (``miniflow.load``).
     """
     path = folder.path

@@ -165,9 +165,8 @@ def train_gpt(*, epochs=None, steps_per_epoch=None, batch_size=None, block_size=
     manual_seed(seed)
     corpus = stdlib_text()
     _check_block(c["block_size"], corpus)           # before the model is made
-    model, opt, graph, scaler = _gpt_training(corpus, c, clip_norm, amp, accumulate)
-    if amp is not None and logdir is not None:
-        graph.config.enable_fused_model_update_cast(False)
+    model, opt, graph, scaler = _gpt_training(corpus, c, clip_norm, amp, accumulate,
+                                              logged=logdir is not None)
     rank, world = _data_parallel(graph, config) if ddp else (0, 1)
     total = c["epochs"] * c["steps_per_epoch"]
     sched = make_lr_schedule(opt, c["lr_schedule"], total)
@@ -271,10 +270,12 @@ def _checkpoint(config: dict, run: dict, model, opt, scaler, sched) -> dict:
             "scheduler": sched and sched.state_dict(), "rng": RngState().state_dict()}
 
 
-def _gpt_training(corpus, c: dict, clip_norm, amp: str | None, accumulate: int) -> tuple:
+def _gpt_training(corpus, c: dict, clip_norm, amp: str | None, accumulate: int,
+                  logged: bool) -> tuple:
     """``(model, optimizer, graph, scaler)`` of a GPT run with the settings ``c``
     (:data:`GPT_DEFAULTS` filled in): AdamW (nanoGPT's betas 0.9, 0.99), AMP in ``amp``'s dtype
-    (a dynamic ``GradScaler`` for fp16, else None) and ``accumulate`` micro-batches."""
+    (a dynamic ``GradScaler`` for fp16, else None) and ``accumulate`` micro-batches; ``logged``
+    (a TensorBoard log reads the unscaled gradients): the AMP model-update cast not fused."""
     model = models.gpt(corpus.vocab_size, c["block_size"], c["n_layer"], c["n_head"],
                        c["n_embd"], c["dropout"])
     opt = optim.AdamW(model.parameters(), lr=c["lr"], weight_decay=c["weight_decay"],
@@ -285,6 +286,8 @@ def _gpt_training(corpus, c: dict, clip_norm, amp: str | None, accumulate: int) 
         graph.config.enable_amp(True, AMP_DTYPES[amp])
         if scaler is not None:
             graph.set_grad_scaler(scaler)
+        if logged:
+            graph.config.enable_fused_model_update_cast(False)
     if accumulate > 1:
         graph.config.set_gradient_accumulation_steps(accumulate)
     return model, opt, graph, scaler

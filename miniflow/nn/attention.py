@@ -117,7 +117,8 @@ def scaled_dot_product_attention(query: Tensor, key: Tensor, value: Tensor, attn
     ``attn_mask``: boolean (True = take part in attention, PyTorch's convention here) or float
     (added to the scores), broadcastable to ``[*, L, S]``. A query row the mask (NumPy data or
     an eager tensor) takes every key from gives 0, with a zero gradient (PyTorch >= 2.5); with a
-    mask traced in ``build`` (values unknown there) it gives NaN, as a plain softmax. ``is_causal``: the lower-triangular
+    mask traced in ``build`` (values unknown there) it gives NaN, as a plain softmax.
+    ``is_causal``: the lower-triangular
     mask (``j <= i``, top-left aligned as PyTorch's), op ``tril`` with fill ``-inf``.
     ``dropout_p``: dropout on the attention weights (the process's dropout stream; inside
     ``nn.Graph`` an ``nn.Dropout`` of the model must bind it, see ``nn.functional.dropout``).

@@ -41,9 +41,8 @@ def _dtype(layer: str, dtype) -> DType:
     try:
         return as_dtype(dtype)
     except TypeError:
-        pass
-    raise TypeError(f"{layer}: dtype={dtype!r} is not a dtype miniflow has; its parameters can "
-                    f"be {_FLOATS}")
+        raise TypeError(f"{layer}: dtype={dtype!r} is not a dtype miniflow has; its parameters "
+                        f"can be {_FLOATS}") from None
 
 
 def param_dtype(layer: str, device=None, dtype=None) -> np.dtype:
