@@ -115,18 +115,15 @@ _INV_SQRT_2PI = 0.3989422804014327     # 1 / sqrt(2 pi)
 
 def one_plus_erf_sqrt_half(x):
     """1 + erf(x / sqrt(2)) = 2 Phi(x), the erf term of :func:`gelu` and :func:`gelu_grad`, in
-    float64.
-
-    The CPU kernels compile a version without a libm call for float32 ``x``, so that the loops
-    vectorize, and for a float16 or bfloat16 result call :func:`gelu` and :func:`gelu_grad`
-    evaluated in float32 throughout (``kernels.cpu.special``); CUDA compiles this one (libdevice
-    ``erf``)."""
+    float64 (CUDA compiles it: libdevice ``erf``; the CPU kernels take float32 versions of gelu
+    and gelu_grad themselves for a float32 ``x``, without a libm call, so that the loops
+    vectorize: ``kernels.cpu.special``)."""
     return 1.0 + math.erf(x * _SQRT_HALF)
 
 
 def exp_neg_half_square(x):
-    """exp(-x^2 / 2), the unnormalised normal density of :func:`gelu_grad`, in float64 (a float32
-    version without a libm call in the CPU kernels, as for :func:`one_plus_erf_sqrt_half`)."""
+    """exp(-x^2 / 2), the unnormalised normal density of :func:`gelu_grad`, in float64 (as
+    :func:`one_plus_erf_sqrt_half`)."""
     return math.exp(-0.5 * x * x)
 
 

@@ -7,7 +7,7 @@ function by its module and name (``Cache._index_key`` in ``numba/core/caching.py
 kernel compiles in from elsewhere is not part of the key: the scalar function of ``miniflow.ops``
 it closes over (``map_kernel(gelu)``), the functions that one calls, the jitted helpers of other
 modules (``fp16.load``; a CUDA kernel's device functions) and the Numba overloads registered for
-any of them (``kernels/cpu/special.py``'s float32 ``one_plus_erf_sqrt_half``). A cache written by
+any of them (``kernels/cpu/special.py``'s float32 ``gelu``). A cache written by
 another version of those files was therefore loaded as current: after an edit of ``special.py``
 the float32 gelu kernels kept the previous polynomial, and ``tests/test_kernels_cpu_special.py``
 failed with that cache and passed with an empty one (what looked like an interaction with the

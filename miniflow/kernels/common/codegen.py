@@ -63,10 +63,6 @@ class Dialect:
             so a multiply whose product the next function adds to must not become one fused
             multiply-add (the CUDA dialect's ``round_float32``; on the CPU, Numba contracts
             nothing without fastmath, and the plain conversion is exact).
-        scalar: ``(fn, DType) -> function``: the function the kernel calls for the op whose
-            scalar function is ``fn``, with a result of that dtype (the CPU's
-            ``special.for_result``: float32 versions for half-type results, as its unfused
-            kernels call); ``fn`` itself by default.
     """
 
     load: Callable
@@ -76,7 +72,6 @@ class Dialect:
     bf16: str
     bf16_wide: str
     exact: str = "{dtype}({value})"
-    scalar: Callable = lambda fn, dtype: fn
 
 
 @dataclass
@@ -129,7 +124,7 @@ def lower(program, input_dtypes, kinds, two_dims: bool, dialect: Dialect,
             source = term_dtype(args[0], input_dtypes, named)
             text = _rounded(dialect, dtype, value(args[0]), source)
         else:
-            called = dialect.scalar(table[fn], dtype)
+            called = table[fn]
             out.functions[called.__name__] = called
             parts = [number(a[1], dtype) if a[0] == "num" else value(a) for a in args]
             text = _rounded(dialect, dtype, f"{called.__name__}({', '.join(parts)})")
@@ -156,8 +151,7 @@ def lower(program, input_dtypes, kinds, two_dims: bool, dialect: Dialect,
 
 
 def functions(lowered: Lowered) -> list:
-    """The scalar functions ``lowered`` calls (ops' ``OpDef.scalar``, or what the dialect's
-    ``scalar`` put in their place), sorted by name."""
+    """The scalar functions ``lowered`` calls (ops' ``OpDef.scalar``), sorted by name."""
     return [lowered.functions[name] for name in sorted(lowered.functions)]
 
 

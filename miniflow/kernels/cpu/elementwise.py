@@ -19,7 +19,6 @@ import numpy as np
 
 from .common import flat, jit, jitable, loop_for, scratch, use_parallel
 from .fp16 import load, store, to_compute
-from .special import for_result
 from ..common import accumulation
 from ..common.elementwise import StepMakers, builders
 from ..common.layout import broadcast_plan
@@ -124,14 +123,13 @@ def cast_kernel(parallel: bool):
 
 # ----------------------------------------------------------------------------- step makers
 def map_steps(fn, x: np.ndarray, out: np.ndarray):
-    """Steps for ``out = fn(x)`` elementwise (same shape; ``special.for_result``'s function)."""
-    return [(map_kernel(for_result(fn, out.dtype), use_parallel(out.size)), (flat(x), flat(out)))]
+    """Steps for ``out = fn(x)`` elementwise (same shape)."""
+    return [(map_kernel(fn, use_parallel(out.size)), (flat(x), flat(out)))]
 
 
 def map_scalar_steps(fn, x: np.ndarray, s: float, out: np.ndarray):
-    """Steps for ``out = fn(x, s)`` elementwise (same shape; ``s`` a Python float;
-    ``special.for_result``'s function)."""
-    return [(map_scalar_kernel(for_result(fn, out.dtype), use_parallel(out.size)),
+    """Steps for ``out = fn(x, s)`` elementwise (same shape; ``s`` a Python float)."""
+    return [(map_scalar_kernel(fn, use_parallel(out.size)),
              (flat(x), s, flat(out)))]
 
 
@@ -141,7 +139,7 @@ def cast_steps(x: np.ndarray, out: np.ndarray):
 
 
 def zip_steps(fn, x: np.ndarray, y: np.ndarray, out: np.ndarray, y_shape=None):
-    """Steps for ``out = fn(x, y)`` with NumPy broadcasting (``special.for_result``'s function).
+    """Steps for ``out = fn(x, y)`` with NumPy broadcasting.
 
     ``y_shape`` overrides y's shape for broadcasting (bias_add passes b as ``(1, n, 1, ...)``); the
     arrays themselves are C-contiguous.
@@ -149,7 +147,6 @@ def zip_steps(fn, x: np.ndarray, y: np.ndarray, out: np.ndarray, y_shape=None):
     plan = broadcast_plan(out.shape, x.shape, y.shape if y_shape is None else y_shape)
     if plan is None:
         return []
-    fn = for_result(fn, out.dtype)
     shape, (xst, yst) = plan
     parallel = use_parallel(out.size)
     if shape.size == 1 and xst[0] == 1 and yst[0] == 1:

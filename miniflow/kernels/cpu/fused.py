@@ -29,7 +29,6 @@ from __future__ import annotations
 import functools
 
 from .common import flat, jitable, use_parallel
-from .special import for_result
 from ..common import codegen
 from ...dtype import as_dtype
 from ...ops.fused import broadcast_kinds, parse
@@ -40,10 +39,8 @@ CPU = codegen.Dialect(load=lambda array, index, dtype: f"load({array}, {index})"
                       store="store({array}, {index}, {value})", f16="widen(narrow({value}))",
                       f16_wide="widen(narrow64(float64({value})))",
                       bf16="widen_bf16(narrow_bf16({value}))",
-                      bf16_wide="widen_bf16(narrow64_bf16({value}))",
-                      scalar=lambda fn, dtype: for_result(fn, dtype.name))
-"""The CPU spelling of loads, stores and half rounding (``fp16``), and the scalar functions of
-half-type results (``special.for_result``, as the unfused kernels call them)."""
+                      bf16_wide="widen_bf16(narrow64_bf16({value}))")
+"""The CPU spelling of loads, stores and half rounding (``fp16``)."""
 
 ROW_SLICES = {**codegen.FLAT, "full": ("r", "c")}
 """Two dims: full inputs and outputs are read and written through their row's slice ``x<k>r`` at
