@@ -372,6 +372,12 @@ def _check_train_args(args) -> None:
     if args.checkpoint_every is not None and args.checkpoint is None:
         args.parser.error("--checkpoint-every needs --checkpoint DIR (without it no checkpoint "
                           "is saved)")
+    from .distributed import announced_world_size
+    ranks = announced_world_size()
+    if not args.ddp and ranks is not None and ranks > 1:
+        args.parser.error(f"started by a launcher with {ranks} ranks (mpiexec -n {ranks}) but "
+                          "without --ddp: every rank would train a copy of the same run on its "
+                          "own; add --ddp to train one model data parallel, or start one process")
     if args.hidden is not None and args.model != "mlp":
         args.parser.error(f"--hidden sets the MLP's hidden units; --model {args.model} has a "
                           "fixed architecture (drop --hidden)")
@@ -541,6 +547,13 @@ def main(argv=None) -> int:
         _check_train_args(args)
     if args.command == "ir" and args.netron and not args.onnx:
         args.parser.error("--netron needs --onnx PATH (the file Netron opens)")
+    if args.command != "info":     # info prints it as one of its lines
+        from .kernels.cpu.tune import mode
+        try:
+            mode()
+        except ValueError as e:     # a bad MINIFLOW_MATMUL: one sentence, not a traceback
+            print(e, file=sys.stderr)
+            return 2
     from .runtime.backend import BackendUnavailableError, UnknownBackendError
     try:
         code = args.fn(args)

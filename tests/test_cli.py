@@ -215,3 +215,28 @@ def test_help_gives_the_default_of_every_option(capsys):
     with pytest.raises(SystemExit):
         main(["stability", "--help"])
     assert "(default stability-results)" in capsys.readouterr().out
+
+
+def test_a_bad_matmul_setting_is_one_sentence_not_a_traceback(monkeypatch, capsys):
+    """A new user's finding: ``MINIFLOW_MATMUL=garbage miniflow train`` printed a 55-line
+    traceback (``miniflow info`` already printed the sentence as one of its lines)."""
+    monkeypatch.setenv("MINIFLOW_MATMUL", "garbage")
+    assert main(["train", "--epochs", "1"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("miniflow: MINIFLOW_MATMUL='garbage' is not one of auto, numba, blas")
+    assert len(err.strip().splitlines()) == 1
+    assert main(["info"]) == 0
+    assert "kernel choices: miniflow: MINIFLOW_MATMUL='garbage'" in capsys.readouterr().out
+
+
+def test_train_under_a_launcher_without_ddp_is_a_usage_error(monkeypatch, capsys):
+    """``mpiexec -n 2 miniflow train`` without ``--ddp`` ran two separate copies of the run."""
+    monkeypatch.setenv("PMI_SIZE", "2")
+    with pytest.raises(SystemExit) as e:
+        main(["train", "--epochs", "1"])
+    assert e.value.code == 2
+    assert ("started by a launcher with 2 ranks (mpiexec -n 2) but without --ddp: every rank "
+            "would train a copy of the same run on its own") in capsys.readouterr().err
+    monkeypatch.setenv("PMI_SIZE", "1")         # a one-rank launch is one run
+    monkeypatch.setenv("MINIFLOW_MATMUL", "garbage")     # stops right after the argument checks
+    assert main(["train", "--epochs", "1"]) == 2

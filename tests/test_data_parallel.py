@@ -292,7 +292,7 @@ def test_mismatched_graphs_are_an_error_on_every_rank(tmp_path):
     rc, output, _ = run_mpi("training.py", 2, tmp_path, "mismatch")
     assert rc == 0, output
     e0, e1 = rank_results(tmp_path, 2)
-    assert e0 == e1 and set(e0) == {"parameters", "batch"}
+    assert e0 == e1 and set(e0) == {"parameters", "batch", "lr", "lr later"}
     assert e0["parameters"].startswith(
         "the trained parameters of TrainGraph differ across the 2 ranks: rank 1 differs from "
         "rank 0 at item 1: rank 1 has 'model.0.weight f32[64,64]', rank 0 has "
@@ -301,6 +301,15 @@ def test_mismatched_graphs_are_an_error_on_every_rank(tmp_path):
         "the compiled graphs of TrainGraph (the printed IR: inputs, variables, nodes) differ "
         "across the 2 ranks: rank 1 differs from rank 0 at item 2: rank 1 has "
         "'    %x: f32[31,64],  # input', rank 0 has '    %x: f32[32,64],  # input'")
+    # an lr is no part of the compiled graph: checked before every step
+    assert e0["lr"] == (
+        "the learning rates of TrainGraph differ across the 2 ranks: rank 1 differs from rank 0 "
+        "at item 1: rank 1 has 'optimizer 0 group 0 lr=0.2', rank 0 has 'optimizer 0 group 0 "
+        "lr=0.1'. Every rank must set them alike: by the same scheduler, stepped on every rank, "
+        "or by hand on every rank.")
+    assert e0["lr later"].startswith(
+        "the learning rates of TrainGraph differ across the 2 ranks: rank 1 differs from rank 0 "
+        "at item 1: rank 1 has 'optimizer 0 group 0 lr=5.0', rank 0 has")
 
 
 @pytest.mark.slow

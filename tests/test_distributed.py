@@ -42,6 +42,17 @@ def test_world_of_one_process_without_a_launcher(fresh):
     assert dist._STATE["world"] is world                  # idempotent
     dist.barrier()
     dist.check_same_across_ranks("anything", "parameters")
+    dist.check_same_values({"optimizer 0 group 0 lr": 0.1}, "learning rates")
+
+
+def test_the_announced_world_size_comes_from_the_launchers_variables(monkeypatch):
+    for var in LAUNCHER_VARS:
+        monkeypatch.delenv(var, raising=False)
+    assert dist.announced_world_size() is None
+    monkeypatch.setenv("OMPI_COMM_WORLD_SIZE", "3")
+    assert dist.announced_world_size() == 3
+    monkeypatch.setenv("PMI_SIZE", "2")                  # MPICH's, read first
+    assert dist.announced_world_size() == 2
 
 
 def test_one_process_world_does_not_import_mpi():

@@ -180,6 +180,7 @@ def test_an_unwritable_folder_measures_in_memory_and_says_so_once(tmp_path, monk
     assert t.in_memory and len(t.choices) == 2 and t.timer.calls.count("blas") <= 2 * tune.MAX_ROUNDS
     err = capsys.readouterr().err
     assert err.count("cannot write the kernel choices") == 1 and "kept in memory" in err
+    assert "a file, not a folder" in err and "ignoring" not in err      # one notice, not two
     assert "kept in memory" in "\n".join(t.describe())
 
 

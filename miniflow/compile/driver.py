@@ -268,6 +268,8 @@ class Graph:
         else:
             self._plans.move_to_end(key)
         plan.half_copies.refresh()
+        if plan.collective and plan.updates:
+            self._check_learning_rates()
         counts = plan.graph.results.get("nonfinite_counts")
         if counts is None:
             outs = plan.run(arrays, to_host=False)  # copies of the output buffers
@@ -358,6 +360,7 @@ class Graph:
         plan = Plan(graph, get_backend(), context=ctx, collective=collective)
         plan.half_copies = copies
         plan.updates = bool(graph.grads)    # whether a step runs the updates (not per call)
+        plan.collective = collective        # data parallel: the ranks step together
         return plan
 
     def stages(self, *inputs) -> list:
@@ -466,6 +469,23 @@ class Graph:
         for a, h in zip(arrays, hosts):
             if a is not h:
                 backend.copy_in(a, h)
+
+    def _check_learning_rates(self) -> None:
+        """Data parallel, before every step: check that every rank steps with the same learning
+        rates. An lr is read from its array at every step, not compiled into the graph that
+        :meth:`_sync_ranks` compares; set on one rank only (by hand, or by a scheduler stepped on
+        one rank), it would make the replicas drift apart. Collective (one small all-reduce,
+        ``distributed.check_same_values``).
+
+        Raises:
+            RankMismatchError: on every rank, naming the first group whose lr differs.
+        """
+        lrs = {f"optimizer {k} group {g} lr": group["lr"]
+               for k, opt in enumerate(self._optimizers) for g, group in enumerate(opt._groups)}
+        distributed.check_same_values(
+            lrs, f"learning rates of {type(self).__name__}",
+            "Every rank must set them alike: by the same scheduler, stepped on every rank, or "
+            "by hand on every rank.")
 
     def _input_names(self, n: int) -> list:
         """Names of the first ``n`` inputs of ``build`` (``input<i>`` for ``*args``).

@@ -13,7 +13,8 @@ MLP through nn.Graph. ``python training.py OUT MODE``; every rank writes OUT/ran
 * ``loop``: trains forever; writes OUT/pid<r>.json after the first step (the test kills a rank).
 * ``raise``: rank 1 feeds an out-of-range label at step 3 (the kernel raises ValueError).
 * ``mismatch``: rank 1's model is 64-64-10 instead of 64-128-10, then its batch has 31 rows
-  instead of 32: writes the RankMismatchError every rank got.
+  instead of 32, then its lr is 0.2 instead of 0.1, then its lr becomes 5 after a step: writes
+  the RankMismatchError every rank got.
 * ``tiny``: 4 AMP steps (dynamic GradScaler, Adam) of an 8-16-3 MLP on 6 random rows per rank,
   on the backend ``MINIFLOW_BACKEND`` names (the cuda lane runs it under the CUDA simulator):
   writes the losses, the scale and every variable.
@@ -158,6 +159,21 @@ elif mode == "mismatch":
         graph(x[:n], y[:n])
     except dist.RankMismatchError as e:
         errors["batch"] = str(e)
+    model = model_for_rank()
+    opt = mf.optim.SGD(model.parameters(), lr=0.1 * (1 + rank))
+    try:
+        TrainGraph(model, opt)(x, y)
+    except dist.RankMismatchError as e:
+        errors["lr"] = str(e)
+    opt = mf.optim.SGD(model.parameters(), lr=0.1)
+    graph = TrainGraph(model, opt)
+    graph(x, y)
+    if rank == 1:
+        opt.param_groups[0]["lr"] = 5.0
+    try:
+        graph(x, y)
+    except dist.RankMismatchError as e:
+        errors["lr later"] = str(e)
     save(errors)
 elif mode == "tiny":
     model = model_for_rank((8, 16, 3))

@@ -266,7 +266,7 @@ class Tuner:
         try:
             with open(self.path, encoding="utf-8") as f:
                 data = json.load(f)
-        except FileNotFoundError:
+        except (FileNotFoundError, NotADirectoryError):   # no file (or its folder is a file)
             return {}
         except (OSError, ValueError) as e:
             return self._ignored(notify, f"it cannot be read as JSON ({type(e).__name__}: {e})")
@@ -317,8 +317,11 @@ class Tuner:
             if tmp is not None and os.path.exists(tmp):
                 os.unlink(tmp)
             self.in_memory = True
+            where = os.path.dirname(self.path)
+            why = (f"{where} is a file, not a folder" if os.path.exists(where)
+                   and not os.path.isdir(where) else e.strerror or e)
             _notice("read-only", f"miniflow: cannot write the kernel choices to {self.path} "
-                                 f"({e.strerror or e}); they are measured in every run and kept "
+                                 f"({why}); they are measured in every run and kept "
                                  f"in memory (set NUMBA_CACHE_DIR to a writable folder to keep "
                                  f"them)")
             return
