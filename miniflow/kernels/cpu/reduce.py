@@ -10,6 +10,7 @@ from __future__ import annotations
 import functools
 import math
 
+import numba
 import numpy as np
 
 from .common import flat, jit, loop_for, scratch, use_parallel
@@ -82,48 +83,61 @@ def reduce_sum_columns_kernel(parallel: bool):
 
 
 @jit(False)
-def _row_max_sumexp(x, base, cols):
-    """``(m, s)``: the row's max (nan if any element is nan) and ``sum exp(x - m)``."""
+def _row_max(x, base, cols):
+    """The row's max, NaN elements left out, in a loop that vectorizes (no exit at a NaN): a NaN
+    element is carried by its exponential, exp(NaN - m), into the row's sum and every output."""
     m = to_compute(x, -math.inf)
     for c in range(cols):
         v = load(x, base + c)
-        if v > m or v != v:
-            m = v
-            if v != v:
-                break
-    return m, _sum_exp(x, base, cols, m)
+        m = v if v > m else m
+    return m
 
 
 @jit(False, fastmath=("reassoc",))
-def _sum_exp(x, base, cols, m):
-    """``sum exp(x - m)`` over the row, in partial sums (reassociated: the loop vectorizes)."""
+def _exp_row(x, base, cols, m, e):
+    """``sum exp(x - m)`` over the row, in partial sums (reassociated: the loop vectorizes), each
+    ``exp(x[c] - m)`` kept in ``e[c]`` (compute-type scratch of ``cols``) for the outputs: one
+    exponential an element, not two (4096 x 64 on one Zen 4 core, with :func:`_row_max`: float32
+    362 -> 236 us, bfloat16 488 -> 337; the same bits)."""
     s = to_compute(x, 0.0)
     for c in range(cols):
-        s += exp_compute(load(x, base + c) - m)
+        v = exp_compute(load(x, base + c) - m)
+        e[c] = v
+        s += v
     return s
+
+
+def _rows_scratch(x, cols: int, parallel: bool) -> np.ndarray:
+    """Compute-type scratch for :func:`_exp_row`: a row of ``cols`` per thread of the kernel's
+    loop (``numba.get_thread_id``), allocated when the step is built."""
+    slots = numba.config.NUMBA_NUM_THREADS if parallel else 1
+    return scratch(x, (slots, cols), compute_dtype(x.dtype))
 
 
 @functools.cache
 def softmax_kernel(log: bool, parallel: bool):
-    """``kernel(x, out, rows, cols)``: per row, ``out = exp(x - m) / s`` or, for ``log``,
-    ``out = x - m - log(s)`` with ``m = max(x)``, ``s = sum exp(x - m)``."""
+    """``kernel(x, out, rows, cols, e)``: per row, ``out = exp(x - m) / s`` or, for ``log``,
+    ``out = x - m - log(s)`` with ``m = max(x)``, ``s = sum exp(x - m)`` (NaN rows NaN; ``e``:
+    :func:`_rows_scratch`)."""
     loop = loop_for(parallel)
 
     @jit(parallel)
-    def kernel(x, out, rows, cols):
+    def kernel(x, out, rows, cols, e):
         # unsigned offsets: no negative-index wraparound check, so that the row loops
         # vectorize in the parallel variant too
         ucols = np.uint64(cols)
         for r_ in loop(rows):
             base = np.uint64(r_) * ucols
-            m, s = _row_max_sumexp(x, base, ucols)
+            er = e[numba.get_thread_id() if parallel else 0]
+            m = _row_max(x, base, ucols)
+            s = _exp_row(x, base, ucols, m, er)
             if log:
                 log_s = math.log(s)
                 for c in range(ucols):
                     store(out, base + c, load(x, base + c) - m - log_s)
             else:
                 for c in range(ucols):
-                    store(out, base + c, exp_compute(load(x, base + c) - m) / s)
+                    store(out, base + c, er[c] / s)
 
     return kernel
 
@@ -168,8 +182,9 @@ def _check_labels(label, cols):
 
 @functools.cache
 def sparse_xent_kernel(parallel: bool):
-    """``kernel(x, label, prob, out, rows, cols)``: per row ``prob = softmax(x)``,
-    ``out[r] = m + log(s) - x[r, label[r]]`` (= logsumexp - picked logit).
+    """``kernel(x, label, prob, out, rows, cols, e)``: per row ``prob = softmax(x)``,
+    ``out[r] = m + log(s) - x[r, label[r]]`` (= logsumexp - picked logit; ``e``:
+    :func:`_rows_scratch`).
 
     Raises:
         ValueError: a label outside [0, cols).
@@ -177,14 +192,16 @@ def sparse_xent_kernel(parallel: bool):
     loop = loop_for(parallel)
 
     @jit(parallel)
-    def kernel(x, label, prob, out, rows, cols):
+    def kernel(x, label, prob, out, rows, cols, e):
         _check_labels(label, cols)
         for r_ in loop(rows):
             r = np.int64(r_)  # prange indices are unsigned
             base = r * cols
-            m, s = _row_max_sumexp(x, base, cols)
+            er = e[numba.get_thread_id() if parallel else 0]
+            m = _row_max(x, base, cols)
+            s = _exp_row(x, base, cols, m, er)
             for c in range(cols):
-                store(prob, base + c, exp_compute(load(x, base + c) - m) / s)
+                store(prob, base + c, er[c] / s)
             store(out, r, m + math.log(s) - load(x, base + label[r]))
 
     return kernel
@@ -230,7 +247,9 @@ def sum_steps(x: np.ndarray, out: np.ndarray, outer: int, red: int, inner: int):
 def softmax_steps(log: bool, ins, outs, plan, attrs):
     """One call of :func:`softmax_kernel` (with ``log`` bound: a step maker)."""
     (x,), (out,), (rows, cols) = ins, outs, plan
-    return [(softmax_kernel(log, use_parallel(x.size)), (flat(x), flat(out), rows, cols))]
+    parallel = use_parallel(x.size)
+    return [(softmax_kernel(log, parallel),
+             (flat(x), flat(out), rows, cols, _rows_scratch(x, cols, parallel)))]
 
 
 def softmax_grad_steps(log: bool, ins, outs, plan, attrs):
@@ -243,8 +262,9 @@ def softmax_grad_steps(log: bool, ins, outs, plan, attrs):
 def xent_steps(ins, outs, plan, attrs):
     """One call of :func:`sparse_xent_kernel` (it raises ValueError for a label out of range)."""
     (x, label), (prob, out), (rows, cols) = ins, outs, plan
-    kernel = sparse_xent_kernel(use_parallel(x.size))
-    return [(kernel, (flat(x), label.reshape(-1), flat(prob), flat(out), rows, cols))]
+    parallel = use_parallel(x.size)
+    return [(sparse_xent_kernel(parallel), (flat(x), label.reshape(-1), flat(prob), flat(out),
+                                            rows, cols, _rows_scratch(x, cols, parallel)))]
 
 
 def xent_grad_steps(ins, outs, plan, attrs):
