@@ -142,6 +142,26 @@ def softmax_kernel(log: bool, parallel: bool):
     return kernel
 
 
+@jit(False, fastmath=("reassoc",))
+def _row_sum(x, base, cols):
+    """``sum x`` over the row in the compute type, in partial sums (reassociated: the loop
+    vectorizes)."""
+    s = to_compute(x, 0.0)
+    for c in range(cols):
+        s += load(x, base + c)
+    return s
+
+
+@jit(False, fastmath=("reassoc",))
+def _row_dot(y, dy, base, cols):
+    """``sum dy * y`` over the row, as :func:`_row_sum` (4096 x 64 softmax_grad on one Zen 4 core:
+    float32 150 -> 38 us, bfloat16 280 -> 91 against the sum in order)."""
+    s = to_compute(dy, 0.0)
+    for c in range(cols):
+        s += load(dy, base + c) * load(y, base + c)
+    return s
+
+
 @functools.cache
 def softmax_grad_kernel(log: bool, parallel: bool):
     """``kernel(y, dy, dx, rows, cols)``, per row: ``dx = y * (dy - sum(dy * y))``, or for ``log``
@@ -153,18 +173,15 @@ def softmax_grad_kernel(log: bool, parallel: bool):
         ucols = np.uint64(cols)       # unsigned indices, as softmax_kernel's
         for r_ in loop(rows):
             base = np.uint64(r_) * ucols
-            s = to_compute(dy, 0.0)
             # ``log`` branches as statements, which Numba prunes: as ``a if log else b`` inside
             # the loops the serial variant did not vectorize (4096 x 64 float32, one Zen 4
             # core: 268 us, 153 us so)
             if log:
-                for c in range(ucols):
-                    s += load(dy, base + c)
+                s = _row_sum(dy, base, ucols)
                 for c in range(ucols):
                     store(dx, base + c, load(dy, base + c) - exp_compute(load(y, base + c)) * s)
             else:
-                for c in range(ucols):
-                    s += load(dy, base + c) * load(y, base + c)
+                s = _row_dot(y, dy, base, ucols)
                 for c in range(ucols):
                     yc = load(y, base + c)
                     store(dx, base + c, yc * (load(dy, base + c) - s))
