@@ -520,13 +520,15 @@ def _add_stability(sub) -> None:
 def _add_ir(sub) -> None:
     """``miniflow ir`` and its options."""
     from .experiments.train import MODELS
+    from .passes.pipeline import PASSES, STAGE_ALIASES
+    short = {full: alias for alias, full in STAGE_ALIASES.items()}
+    stages = ", ".join(f"{name} ({short[name]})" if name in short else name
+                       for name, _ in PASSES)
     ir = sub.add_parser("ir", help="print a model's IR after a pass; --onnx exports it, "
                         "--netron opens it in Netron")
     ir.add_argument("--model", choices=MODELS, default="mlp", help="as for train (default mlp)")
-    ir.add_argument("--after", metavar="STAGE", help="trace, or a pass: autograd, "
-                    "auto_mixed_precision (amp), prune_amp_identity, gradient_accumulation, "
-                    "loss_scale, optimizer, fuse_model_update_cast, fuse_elementwise, "
-                    "dead_code_elimination (default: every pass; an AMP pass turns --amp on)")
+    ir.add_argument("--after", metavar="STAGE", help=f"trace, or a pass: {stages} (default: "
+                    "every pass; an AMP pass turns --amp on)")
     ir.add_argument("--amp", action="store_true", help="mixed precision (float16); the "
                     "training step with a dynamic GradScaler")
     ir.add_argument("--eval", action="store_true", help="the evaluation graph, not the "

@@ -599,12 +599,11 @@ class Graph:
         made_by = {v: f"n{i}" for i, n in enumerate(self.nodes) for v in n.outputs}
         lines = ["digraph miniflow {", '  node [shape=box, style=filled, fontname="Helvetica"];']
         sources = {}
-        for n in self.nodes:
-            for v in n.inputs:
-                if v not in made_by and v not in sources:
-                    sources[v] = f"v{len(sources)}"
-                    lines.append(f'  {sources[v]} [shape=ellipse, fillcolor=white, '
-                                 f'label="%{names.get(v, v.name)}\\n{v.kind}"];')
+        for v in [v for n in self.nodes for v in n.inputs] + list(self.outputs):
+            if v not in made_by and v not in sources:     # an output may be an input itself
+                sources[v] = f"v{len(sources)}"
+                lines.append(f'  {sources[v]} [shape=ellipse, fillcolor=white, '
+                             f'label="%{names.get(v, v.name)}\\n{v.kind}"];')
         for i, n in enumerate(self.nodes):
             fill, font = _DOT_COLORS[n.meta.get("amp_color")]
             outs = "\\n".join(f"%{names[v]}: {v.type_str}" for v in n.outputs)
@@ -615,9 +614,7 @@ class Graph:
                 lines.append(f'  {src} -> n{i} [label="{v.type_str}"];')
         lines.append('  ret [shape=ellipse, label="return"];')
         for v in self.outputs:
-            src = made_by.get(v) or sources.get(v)
-            if src is not None:
-                lines.append(f'  {src} -> ret [label="{v.type_str}"];')
+            lines.append(f'  {made_by.get(v) or sources[v]} -> ret [label="{v.type_str}"];')
         lines.append("}")
         text = "\n".join(lines) + "\n"
         if path is not None:
@@ -639,6 +636,19 @@ def _as64(a) -> np.ndarray:
     return a.astype(np.int64 if a.dtype.kind in "iub" else np.float64)
 
 
+def _checked(what: str, v: Value, data) -> np.ndarray:
+    """``data`` as :func:`_as64` makes it, for ``v``; ValueError unless its shape is ``v``'s and
+    its kind (integer or bool, floating) ``v``'s dtype's."""
+    a = _as64(data)
+    kind, want = ("integer" if k in "biu" else "floating"
+                  for k in (np.asarray(data).dtype.kind if not hasattr(data, "copy_to_host")
+                            else data.dtype.kind, v.dtype.np.kind))
+    if a.shape != v.shape or kind != want:
+        raise ValueError(f"evaluate: {what} is {v.type_str}, got a {kind} array of shape "
+                         f"{format_shape(a.shape)}")
+    return a
+
+
 def evaluate(graph: Graph, inputs, variables: dict | None = None) -> dict:
     """Run ``graph`` through its ops' NumPy references in float64 (integers in int64): the reference
     interpreter (JAX's ``eval_jaxpr``). Each node's ``op.reference`` maps its input arrays to its
@@ -656,21 +666,26 @@ def evaluate(graph: Graph, inputs, variables: dict | None = None) -> dict:
         variable an update op wrote.
 
     Raises:
-        ValueError: a wrong number of inputs, a variable without a value, a reference whose
-            outputs differ in number or shape from the node's, or a written variable named like a
-            result.
+        ValueError: a wrong number of inputs, an input or variable of another shape or kind
+            (integer or bool, floating) than the graph's, a ``variables`` name that is no variable,
+            a variable without a value, a reference whose outputs differ in number or shape from
+            the node's, or a written variable named like a result.
         NotImplementedError: an op without a reference, naming it.
     """
     if len(inputs) != len(graph.inputs):
         raise ValueError(f"evaluate: the graph has {len(graph.inputs)} input(s), got {len(inputs)}")
-    env = {v: _as64(a) for v, a in zip(graph.inputs, inputs)}
+    env = {v: _checked(f"input %{v.name}", v, a) for v, a in zip(graph.inputs, inputs)}
     given = variables or {}
+    unknown = sorted(set(given) - set(graph.variables))
+    if unknown:
+        raise ValueError(f"evaluate: variables= names no variable of the graph: {unknown} (its "
+                         f"variables: {sorted(graph.variables)})")
     for name, v in graph.variables.items():
         data = given[name] if name in given else graph.variable_data.get(name)
         if data is None:
             raise ValueError(f"evaluate: variable %{name} has no value; pass variables={{{name!r}: "
                              f"array}}")
-        env[v] = _as64(data)
+        env[v] = _checked(f"variable %{name}", v, data)
     constants = {name: _as64(a) for name, a in graph.constant_data.items()}
     var_name = {v: name for name, v in graph.variables.items()}
     written: dict = {}

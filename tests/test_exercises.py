@@ -116,3 +116,6 @@ def test_command_line_exit_status_and_output(tmp_path):
     assert good.returncode == 0 and "PASSED, 4 checks" in good.stdout, good.stdout
     bad = subprocess.run(run + ["check", "7"], env=env, capture_output=True, text=True)
     assert bad.returncode == 2 and "there is no exercise 7" in bad.stderr
+    missing = subprocess.run(run + ["check", "1", "--file", str(tmp_path / "nope.py")], env=env,
+                             capture_output=True, text=True)        # a usage error: 2, not 1
+    assert missing.returncode == 2 and "nope.py: no such file" in missing.stderr

@@ -14,7 +14,7 @@ import pytest
 
 import miniflow as mf
 from miniflow import nn
-from miniflow.ir import Graph, VerifyError
+from miniflow.ir import Graph, VerifyError, evaluate
 from miniflow.ops import emitter, inference_calls
 from miniflow.experiments.mlp import EvalGraph, TrainGraph, mlp
 from miniflow.passes.autograd import AutogradState
@@ -281,6 +281,30 @@ def test_lower_returns_any_stage_without_compiling():
     g.config.enable_amp(True)
     amp = g.lower(x, y, after="amp")
     assert {n.meta.get("amp_color") for n in amp.nodes} >= {"white", "cast"}
+    # the half weight copies of fuse_model_update_cast have values (the parameters rounded):
+    # evaluate ran into "variable %...float16_copy has no value" before any call
+    x = np.random.default_rng(0).uniform(-1, 1, (2, 4)).astype(np.float32)
+    lowered = g.lower(x, y)
+    copy = lowered.variable_data["model.0.weight.float16_copy"]
+    np.testing.assert_array_equal(copy, model[0].weight.numpy().astype(np.float16))
+    assert g.compile_count == 0
+    want = evaluate(lowered, [x, y])["loss"]
+    assert abs(float(g(x, y).numpy()) - want) < 1e-3
+    assert copy is not g.ir.variable_data["model.0.weight.float16_copy"]   # its own array
+
+
+def test_to_dot_draws_a_returned_input():
+    """A new user's finding: a value no node makes (``build`` returning its input) was left out
+    of ``to_dot``, the ``return`` node alone."""
+    class Identity(nn.Graph):
+        def build(self, x):
+            return x
+
+    g = Identity()
+    g(np.ones(2, np.float32))
+    dot = g.ir.to_dot()
+    assert 'v0 [shape=ellipse, fillcolor=white, label="%x\\ninput"];' in dot
+    assert 'v0 -> ret [label="f32[2]"];' in dot
 
 
 # ------------------------------------------------------------------ requires_grad (freezing)

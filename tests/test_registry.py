@@ -105,6 +105,18 @@ def test_evaluate_checks_its_arguments():
         evaluate(g, [np.ones(2, np.float32)])
     out = evaluate(g, [np.ones(2, np.float32)], {"w": np.array([0.5, 2.0])})
     np.testing.assert_array_equal(out["output0"], [1.5, 3.0])
+    # a new user's findings: other shapes, kinds and names were NumPy errors, or ignored
+    with pytest.raises(ValueError, match=r"input %x is f32\[2\], got a floating array of shape "
+                                         r"\[3\]"):
+        evaluate(g, [np.ones(3, np.float32)], {"w": np.ones(2)})
+    with pytest.raises(ValueError, match=r"input %x is f32\[2\], got a integer"):
+        evaluate(g, [np.ones(2, np.int64)], {"w": np.ones(2)})
+    with pytest.raises(ValueError, match=r"variable %w is f32\[2\], got a floating array of "
+                                         r"shape \[3\]"):
+        evaluate(g, [np.ones(2, np.float32)], {"w": np.ones(3)})
+    with pytest.raises(ValueError, match=r"variables= names no variable of the graph: \['nope'\] "
+                                         r"\(its variables: \['w'\]\)"):
+        evaluate(g, [np.ones(2, np.float32)], {"w": np.ones(2), "nope": 1.0})
 
 
 def test_kernel_tables_fusion_functions_and_side_effects_are_derived_from_the_registry():

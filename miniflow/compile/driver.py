@@ -70,7 +70,7 @@ from ..runtime.readback import LEDGER
 from ..tensor import Tensor, tensor
 from ..trace import Tracer, current_tracer
 from .config import GraphConfig, compile_settings
-from .half_copies import HalfCopies
+from .half_copies import HalfCopies, rounded_copies
 
 __all__ = ["Graph", "GraphConfig"]
 
@@ -381,7 +381,8 @@ class Graph:
         is built, :attr:`ir` is unchanged, nothing runs). ``after`` is ``"trace"`` (no pass), a
         pass name of :meth:`stages` (``"autograd"``, ``"auto_mixed_precision"`` or its short name
         ``"amp"`` ...), or None: every pass (the IR a call runs). The variables' data are the
-        modules' and optimizers' own arrays (read them, do not write them).
+        modules' and optimizers' own arrays (read them, do not write them); the half weight
+        copies of ``fuse_model_update_cast``, each parameter rounded now, arrays of their own.
 
         Raises:
             ValueError: ``after`` is no stage of this graph (naming the stages, and saying why
@@ -404,7 +405,9 @@ class Graph:
                                  f"this graph{why}; choose one of {', '.join(names)}")
             if stage is not None:
                 passes = passes[:names.index(stage)]
-            return run_passes(graph, ctx, passes)
+            graph = run_passes(graph, ctx, passes)
+            rounded_copies(graph, ctx, dict(self.named_parameters()))
+            return graph
 
     def _trace(self, arrays):
         """Trace ``build`` on ``arrays`` into a new IR graph; returns it and the CompileContext

@@ -17,7 +17,7 @@ from ..ops import get_op
 from ..passes.fuse_model_update_cast import FusedUpdateState
 from ..runtime.backend import get_backend
 
-__all__ = ["HalfCopies", "half_copy"]
+__all__ = ["HalfCopies", "half_copy", "rounded_copies"]
 
 
 class _HalfCopy:
@@ -36,6 +36,19 @@ def half_copy(p, dtype) -> _HalfCopy:
     if dtype.name not in copies:
         copies[dtype.name] = _HalfCopy(get_backend().empty(p.shape, dtype.np))
     return copies[dtype.name]
+
+
+def rounded_copies(graph, ctx, params: dict) -> None:
+    """Give the copy variables of ``graph`` (``FusedUpdateState.half_copies``), a graph that no
+    plan runs (``nn.Graph.lower``), data of their own: each parameter rounded to its copy's dtype
+    now, in fresh arrays, so that ``ir.evaluate`` and the ONNX export read values (the shared
+    copies are uninitialised until a step refreshes them). ``params``: variable name ->
+    Parameter."""
+    backend = get_backend()
+    fused = ctx.state.get(FusedUpdateState)
+    for name, copy_name in (fused.half_copies if fused is not None else ()):
+        rounded = backend.to_numpy(params[name]._data).astype(graph.variables[copy_name].dtype.np)
+        graph.variable_data[copy_name] = backend.from_numpy(rounded)
 
 
 class HalfCopies:

@@ -2,6 +2,7 @@
 (:mod:`miniflow.exercises`). Exit status 0 when the exercise passes, 1 when it does not yet, 2 on
 a usage error."""
 import argparse
+import os
 import sys
 
 from . import EXERCISES, check, default_file, exercise
@@ -22,6 +23,9 @@ def main(argv=None) -> int:
             ex = exercise(n)
             print(f"exercise {n}: {ex.TITLE}; write {ex.FUNCTION}() in {default_file(n)}")
         return 0
+    if args.file is not None and not os.path.isfile(args.file):
+        print(f"error: --file {args.file}: no such file", file=sys.stderr)
+        return 2
     try:
         r = check(args.number, args.file)
     except ValueError as e:
