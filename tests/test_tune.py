@@ -111,6 +111,7 @@ def test_a_choice_measured_on_busy_cores_serves_this_process_only(tmp_path, monk
     assert t.measured == 1
     err = capsys.readouterr().err
     assert "other processes kept 1.0 of the cores busy" in err and "this run only" in err
+    assert "1 measured on busy cores, for this process only:" in "\n".join(t.describe())
     monkeypatch.setattr(tune, "_others_busy", lambda start: 0.1)   # idle enough: written
     _matmul(64, 300, 1000, tb=True)
     assert t.measured == 2 and len(json.loads((tmp_path / "tuning.json").read_text())[

@@ -465,6 +465,10 @@ class Tuner:
                  else f"cached in {self.path}")
         lines = [f"kernel choices ({ENV}={mode()}): {len(choices)} {where}"]
         lines += [f"  {key} -> {name}" for key, name in choices.items()]
+        if self.provisional:
+            lines.append(f"  and {len(self.provisional)} measured on busy cores, for this "
+                         f"process only:")
+            lines += [f"  {key} -> {name}" for key, name in self.provisional.items()]
         return lines
 
 
