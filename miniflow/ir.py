@@ -649,6 +649,25 @@ def _checked(what: str, v: Value, data) -> np.ndarray:
     return a
 
 
+def _bound(graph: Graph, inputs, given: dict) -> dict:
+    """:func:`evaluate`'s starting values: Value -> float64 (int64) array for every input and
+    variable (``given``, else ``graph.variable_data``), each checked (:func:`_checked`)."""
+    if len(inputs) != len(graph.inputs):
+        raise ValueError(f"evaluate: the graph has {len(graph.inputs)} input(s), got {len(inputs)}")
+    env = {v: _checked(f"input %{v.name}", v, a) for v, a in zip(graph.inputs, inputs)}
+    unknown = sorted(set(given) - set(graph.variables))
+    if unknown:
+        raise ValueError(f"evaluate: variables= names no variable of the graph: {unknown} (its "
+                         f"variables: {sorted(graph.variables)})")
+    for name, v in graph.variables.items():
+        data = given[name] if name in given else graph.variable_data.get(name)
+        if data is None:
+            raise ValueError(f"evaluate: variable %{name} has no value; pass variables={{{name!r}: "
+                             f"array}}")
+        env[v] = _checked(f"variable %{name}", v, data)
+    return env
+
+
 def evaluate(graph: Graph, inputs, variables: dict | None = None) -> dict:
     """Run ``graph`` through its ops' NumPy references in float64 (integers in int64): the reference
     interpreter (JAX's ``eval_jaxpr``). Each node's ``op.reference`` maps its input arrays to its
@@ -672,20 +691,7 @@ def evaluate(graph: Graph, inputs, variables: dict | None = None) -> dict:
             the node's, or a written variable named like a result.
         NotImplementedError: an op without a reference, naming it.
     """
-    if len(inputs) != len(graph.inputs):
-        raise ValueError(f"evaluate: the graph has {len(graph.inputs)} input(s), got {len(inputs)}")
-    env = {v: _checked(f"input %{v.name}", v, a) for v, a in zip(graph.inputs, inputs)}
-    given = variables or {}
-    unknown = sorted(set(given) - set(graph.variables))
-    if unknown:
-        raise ValueError(f"evaluate: variables= names no variable of the graph: {unknown} (its "
-                         f"variables: {sorted(graph.variables)})")
-    for name, v in graph.variables.items():
-        data = given[name] if name in given else graph.variable_data.get(name)
-        if data is None:
-            raise ValueError(f"evaluate: variable %{name} has no value; pass variables={{{name!r}: "
-                             f"array}}")
-        env[v] = _checked(f"variable %{name}", v, data)
+    env = _bound(graph, inputs, variables or {})
     constants = {name: _as64(a) for name, a in graph.constant_data.items()}
     var_name = {v: name for name, v in graph.variables.items()}
     written: dict = {}

@@ -178,16 +178,18 @@ def test_hot_path_runs_no_inference_and_allocates_no_node_buffers():
     x, y = _batch(32)
     g(x, y)
     calls = inference_calls()
+    grown = []
     tracemalloc.start()
-    base, _ = tracemalloc.get_traced_memory()
-    tracemalloc.reset_peak()
-    for _ in range(20):
-        g(x, y)
-    _, peak = tracemalloc.get_traced_memory()
+    for _ in range(3):      # tracemalloc counts every thread's allocations: pytest-xdist's
+        base, _ = tracemalloc.get_traced_memory()   # message thread may add some to one window,
+        tracemalloc.reset_peak()                    # a buffer of the step would be in all three
+        for _ in range(20):
+            g(x, y)
+        grown.append(tracemalloc.get_traced_memory()[1] - base)
     tracemalloc.stop()
     assert inference_calls() == calls
     # a single per-node buffer here is 32*64*4 = 8 KiB; the steady-state step must stay far below
-    assert peak - base < 4096, peak - base
+    assert min(grown) < 4096, grown
 
 
 def test_print_ir_after_every_pass(capsys):

@@ -56,10 +56,16 @@ def test_ctrl_c_checkpoints_at_the_update_reached_and_the_resumed_run_is_bit_ide
     (before: a KeyboardInterrupt traceback and the checkpoint of the last multiple of
     ``checkpoint_every``)."""
     full = train_gpt(**TINY, report=lambda line: None)
-    with pytest.raises(TrainingInterrupted, match="interrupted at step 3; checkpoint saved at "
-                                                  "step 3"):
-        train_gpt(**TINY, checkpoint=tmp_path, checkpoint_every=100,
-                  report=lambda line: os.kill(os.getpid(), signal.SIGINT))
+    # Python's own SIGINT handler, as in a terminal: a shell's background job (`bash .ci/run &`)
+    # starts with SIGINT ignored, and Ctrl-C cannot reach it
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        with pytest.raises(TrainingInterrupted, match="interrupted at step 3; checkpoint saved "
+                                                      "at step 3"):
+            train_gpt(**TINY, checkpoint=tmp_path, checkpoint_every=100,
+                      report=lambda line: os.kill(os.getpid(), signal.SIGINT))
+    finally:
+        signal.signal(signal.SIGINT, previous)
     resumed = train_gpt(**TINY, checkpoint=tmp_path, resume=True, report=lambda line: None)
     assert resumed["resumed_from"] == 3 and resumed["losses"] == full["losses"]
 
