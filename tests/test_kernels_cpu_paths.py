@@ -303,3 +303,61 @@ def test_parallel_kernels_compute_the_serial_bits(op, shapes, attrs, dt, two_num
         pytest.skip(f"only {'parallel' if True in results else 'serial'} kernels ran here")
     for a, b in zip(results[True], results[False]):
         np.testing.assert_array_equal(a, b)
+
+
+def _batch_matmul_steps(a, b, out, ta, tb):
+    node = Node(get_op("batch_matmul"), [Value("a", a.shape, bfloat16),
+                                         Value("b", b.shape, bfloat16)],
+                [Value("out", out.shape, bfloat16)], {"transpose_a": ta, "transpose_b": tb})
+    return builder_for(node.op)(node, [a, b], [out])
+
+
+@pytest.mark.skipif(not HAS_BF16_DOT, reason="the target CPU has no AVX512-BF16")
+@pytest.mark.parametrize("parallel", [False, True])
+@pytest.mark.parametrize("shape,ta,tb", [
+    ((4, 64, 32, 64), False, True),       # the GPT's attention: scores q @ k^T
+    ((4, 64, 64, 32), False, False),      # ... att @ v
+    ((4, 64, 64, 32), True, False),       # ... dv = att^T @ dy
+    ((3, 37, 18, 50), False, False),      # rows past the blocks of 4, columns past 32
+    ((3, 37, 18, 50), True, True),
+    ((2, 5, 6, 40), False, True),
+])
+def test_bfloat16_batch_matmul_takes_the_paired_tile_per_matrix(shape, ta, tb, parallel):
+    """bfloat16 ``batch_matmul`` where the CPU has ``vdot_pairs``: one :func:`batch_pairs_kernel`
+    over the stack (the GPT's 64 heads of 64 x 64 x 32: 110 us, 372 widened for BLAS), each
+    matrix the bits of :func:`outer_block_kernel` on it alone (``"pairs"`` in place, or
+    ``"packed"`` after packing ``b``'s stored transpose), at one thread or split over the stack."""
+    z, m, k, n = shape
+    rng = np.random.default_rng(0)
+    a = rng.uniform(-2, 2, (z, k, m) if ta else (z, m, k)).astype(bfloat16.np)
+    b = rng.uniform(-2, 2, (z, n, k) if tb else (z, k, n)).astype(bfloat16.np)
+    out = np.empty((z, m, n), bfloat16.np)
+    steps = _batch_matmul_steps(a, b, out, ta, tb)
+    assert [fn.py_func.__qualname__.split(".")[0] for fn, _ in steps] == ["batch_pairs_kernel"]
+    (_, args), = steps
+    cpu_matmul.batch_pairs_kernel(parallel, tb)(*args)
+    count = np.zeros(1, np.int64)
+    for i in range(z):
+        ai = (a[i].T if ta else a[i]).view(np.int16)
+        want = np.empty((m, n), np.int16)
+        if tb:
+            packed = np.ascontiguousarray(b[i].view(np.int16).view(np.float32).T).view(np.int16)
+            cpu_matmul.outer_block_kernel(False, False, "packed")(ai, packed, want, count)
+        else:
+            cpu_matmul.outer_block_kernel(False, False, "pairs")(ai, b[i].view(np.int16), want,
+                                                                  count)
+        np.testing.assert_array_equal(out[i].view(np.int16), want)
+    exact = np.matmul(np.swapaxes(a, 1, 2) if ta else a,
+                      np.swapaxes(b, 1, 2) if tb else b, dtype=np.float64)
+    assert np.abs(out.astype(np.float64) - exact).max() <= 2.0 ** -8 * np.abs(exact).max()
+
+
+def test_bfloat16_batch_matmul_without_the_paired_tile_widens_for_blas(monkeypatch):
+    monkeypatch.setattr(cpu_matmul, "HAS_BF16_DOT", False)
+    a = np.ones((2, 8, 4), bfloat16.np)
+    out = np.empty((2, 8, 32), bfloat16.np)
+    steps = _batch_matmul_steps(a, np.ones((2, 4, 32), bfloat16.np), out, False, False)
+    assert "batch_pairs_kernel" not in [getattr(fn, "py_func", fn).__qualname__ for fn, _ in steps]
+    for fn, args in steps:
+        fn(*args)
+    assert (out.astype(np.float32) == 4).all()
