@@ -9,6 +9,7 @@ thread) did part of the work.
 """
 from __future__ import annotations
 
+import argparse
 import contextlib
 import datetime
 import getpass
@@ -45,6 +46,31 @@ Sapphire Rapids host, "AVX2" PyTorch ran float32 ``mm`` at 144 GFLOP/s (AVX2's F
 The host feature each needs second)."""
 ISA_VARIABLE = "MINIFLOW_BENCH_ISA"
 """Set in the re-executed child: the ``--isa`` it runs as."""
+
+
+def positive_int(text: str) -> int:
+    """An argparse ``type``: an int >= 1 (a usage error otherwise, not a traceback later)."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected an int >= 1, got {text!r}")
+    return value
+
+
+def positive_ints(text: str) -> list:
+    """An argparse ``type``: a comma-separated list of ints >= 1 (``--batches 1,16,256``)."""
+    return [positive_int(part) for part in text.split(",")]
+
+
+def check_cores(parser, core: int, threads: int) -> None:
+    """A usage error (``parser.error``) unless this process may run ``threads`` threads on
+    ``core`` and the highest others (:func:`cores_for`)."""
+    try:
+        cores_for(core, threads)
+    except ValueError as e:
+        parser.error(str(e).replace("cores_for: ", f"--threads {threads}: "))
 
 
 def add_isa_argument(parser) -> None:

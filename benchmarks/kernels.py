@@ -359,13 +359,15 @@ def cold_start() -> list:
 # ----------------------------------------------------------------------------- main
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--threads", type=int, default=os.cpu_count())
-    p.add_argument("--repeats", type=int, default=7)
-    p.add_argument("--elements", type=int, default=10 ** 7)
+    p.add_argument("--threads", type=harness.positive_int,
+                   default=len(os.sched_getaffinity(0)))
+    p.add_argument("--repeats", type=harness.positive_int, default=7)
+    p.add_argument("--elements", type=harness.positive_int, default=10 ** 7)
     p.add_argument("--skip-cold-start", action="store_true")
     p.add_argument("--only", choices=("matmul",), help="run one part only")
     harness.add_isa_argument(p)
     args = p.parse_args(argv)
+    harness.check_cores(p, harness.default_core(), args.threads)
     harness.run_as_isa(args.isa, __file__, sys.argv[1:] if argv is None else list(argv))
     info = harness.machine()
     info["threads"] = harness.pin_threads(args.threads)

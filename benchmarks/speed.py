@@ -699,28 +699,34 @@ def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--core", type=int, default=harness.default_core(),
                    help="the core to pin the process to (default: the highest available)")
-    p.add_argument("--threads", type=int, default=1,
+    p.add_argument("--threads", type=harness.positive_int, default=1,
                    help="threads of every pool, on as many cores (--core and the highest others)")
-    p.add_argument("--runs", type=int, default=3, help="runs per case (median of run medians)")
-    p.add_argument("--rounds", type=int, default=9, help="interleaved rounds per run")
+    p.add_argument("--runs", type=harness.positive_int, default=3,
+                   help="runs per case (median of run medians)")
+    p.add_argument("--rounds", type=harness.positive_int, default=9,
+                   help="interleaved rounds per run")
     p.add_argument("--models", default=",".join(MODELS),
                    help=f"of {', '.join(MODELS)}, {GPT} (the GPT rows, gpt_step.py)")
-    p.add_argument("--gpt-batch", type=int, default=16, help="the GPT's batch (of 64 tokens)")
+    p.add_argument("--gpt-batch", type=harness.positive_int, default=16,
+                   help="the GPT's batch (of 64 tokens)")
     p.add_argument("--dtypes", default=",".join(DTYPES))
-    p.add_argument("--batches", default=",".join(map(str, BATCHES)))
-    p.add_argument("--quick", action="store_true", help="1 run of 3 rounds, batches 1, 16, 256")
+    p.add_argument("--batches", type=harness.positive_ints, default=None,
+                   help=f"default {','.join(map(str, BATCHES))} (--quick: 1,16,256)")
+    p.add_argument("--quick", action="store_true",
+                   help="1 run of 3 rounds, batches 1, 16, 256 unless --batches is given")
     p.add_argument("--check", action="store_true",
                    help="check that every framework's losses agree with miniflow's; no timing")
-    p.add_argument("--check-steps", type=int, default=5)
+    p.add_argument("--check-steps", type=harness.positive_int, default=5)
     p.add_argument("--profile", action="store_true",
                    help="miniflow only: CPU time per node of the step (where the time goes)")
     harness.add_isa_argument(p)
     args = p.parse_args(argv)
+    harness.check_cores(p, args.core, args.threads)
     harness.run_as_isa(args.isa, __file__, sys.argv[1:] if argv is None else list(argv))
     if args.quick:
-        args.runs, args.rounds, args.batches = 1, 3, "1,16,256"
+        args.runs, args.rounds = 1, 3
     models, dtypes = args.models.split(","), args.dtypes.split(",")
-    batches = [int(b) for b in args.batches.split(",")]
+    batches = args.batches or ([1, 16, 256] if args.quick else list(BATCHES))
     for name, values, known in (("model", models, (*MODELS, GPT)), ("dtype", dtypes, DTYPES)):
         bad = [v for v in values if v not in known]
         if bad:

@@ -289,8 +289,10 @@ def _stability(args) -> int:
     cfg = stability.QUICK if args.quick else stability.StudyConfig()
     cfg = dataclasses.replace(cfg, seeds=args.seeds or cfg.seeds, steps=args.steps or cfg.steps)
     out = Path(args.out)
-    try:
-        stability.check_out_dir(out)   # before any run: the study takes minutes
+    try:                               # before any run: the study takes minutes
+        if args.logdir:
+            stability.check_out_dir(Path(args.logdir), "TensorBoard's logs", "--logdir")
+        stability.check_out_dir(out)
     except stability.OutputDirError as e:
         print(f"miniflow stability: {e}", file=sys.stderr)
         return 2

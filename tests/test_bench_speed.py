@@ -153,3 +153,18 @@ def test_profile_times_every_node_once_and_names_its_kernels(data):
     assert [n[0] for n in nodes] == sorted((n[0] for n in nodes), reverse=True)
     lines = speed.profile_lines("mlp", "bf16", 8, res, top=3)
     assert len(lines) == 4 and lines[0].startswith("mlp AMP bf16 batch 8: ")
+
+
+@pytest.mark.parametrize("args,error", [
+    (["--batches", "x"], "argument --batches: expected an int >= 1, got 'x'"),
+    (["--batches", "16,-4"], "argument --batches: expected an int >= 1, got '-4'"),
+    (["--threads", "0"], "argument --threads: expected an int >= 1, got '0'"),
+    (["--gpt-batch", "0"], "argument --gpt-batch: expected an int >= 1, got '0'"),
+    (["--threads", "999"], "--threads 999: 999 threads need 999 cores including core"),
+])
+def test_bad_numbers_are_usage_errors_before_anything_runs(args, error, capsys):
+    """A new user's findings: ``--batches -4`` timed 252 rows labelled batch -4, other values
+    ended in tracebacks (an empty batch, Numba's thread count, a median of nothing)."""
+    with pytest.raises(SystemExit) as e:
+        speed.main(args)
+    assert e.value.code == 2 and error in capsys.readouterr().err

@@ -263,6 +263,21 @@ def test_unwritable_out_fails_before_any_run(tmp_path, capsys, no_runs, where, r
     assert "Traceback" not in err
 
 
+def test_unwritable_logdir_fails_before_any_run_and_before_out_is_made(tmp_path, capsys,
+                                                                       no_runs):
+    """A new user's finding: ``--logdir`` into a file failed inside tensorboardX after the runs
+    had started (a 30-line traceback)."""
+    (tmp_path / "file").write_text("")
+    out = tmp_path / "out"
+    assert main(["stability", "--quick", "--logdir", str(tmp_path / "file"), "--out",
+                 str(out)]) == 2
+    err = capsys.readouterr().err
+    assert (f"miniflow stability: cannot write TensorBoard's logs to "
+            f"{str(tmp_path / 'file')!r}: it exists and is not a folder; pass a writable folder "
+            "with --logdir DIR") in err
+    assert not out.exists() and "Traceback" not in err
+
+
 def test_unwritable_default_out_fails_before_any_run(tmp_path, monkeypatch, capsys, no_runs):
     monkeypatch.chdir(tmp_path)
     (tmp_path / "stability-results").write_text("")

@@ -3,6 +3,7 @@ interrupted after a checkpoint and resumed ends bit-identical to the uninterrupt
 masks included), fp16 AMP trains, the sample is printed, ``--ddp`` on 2 ranks (under
 ``mpiexec``, skipped without the dist extra) trains as one process on both ranks' windows, and
 the CLI's usage errors."""
+import math
 import os
 import signal
 
@@ -88,8 +89,21 @@ def test_fp16_amp_trains_and_sampling_follows_its_arguments():
     rng = np.random.default_rng(0)
     text = generate(r["model"], r["corpus"], "def ", 12, temperature=0.5, top_k=3, rng=rng)
     assert text.startswith("def ") and len(text) == 16
-    with pytest.raises(ValueError, match="temperature must be > 0"):
+    with pytest.raises(ValueError, match="temperature must be a finite number > 0"):
         generate(r["model"], r["corpus"], "x", 1, temperature=0.0)
+    # a new user's edges: the command line refused inf and the API took it; an empty prompt, a
+    # float or bool top_k were NumPy errors (or top 1); a tiny temperature gave NaN probabilities
+    for temperature in (math.inf, math.nan, -1.0):
+        with pytest.raises(ValueError, match="temperature must be a finite number > 0"):
+            generate(r["model"], r["corpus"], "x", 1, temperature=temperature)
+    for top_k in (2.5, True, 0):
+        with pytest.raises(ValueError, match="top_k must be an int >= 1"):
+            generate(r["model"], r["corpus"], "x", 1, top_k=top_k)
+    with pytest.raises(ValueError, match="the prompt is empty"):
+        generate(r["model"], r["corpus"], "", 1)
+    greedy = generate(r["model"], r["corpus"], "def ", 6, top_k=1, rng=np.random.default_rng(1))
+    assert generate(r["model"], r["corpus"], "def ", 6, temperature=1e-310,
+                    rng=np.random.default_rng(2)) == greedy      # argmax, not NaN
 
 
 def test_cli_trains_and_prints_the_sample(capsys):

@@ -203,7 +203,8 @@ def main():
         scaled = ctx.state[LossScaleState].scaled_initial_grad
         print(f"policy {policy!r}: initial gradient %{names[initial]} is "
               f"{initial.dtype.short}, scaled initial gradient "
-              f"%{names.get(scaled, '(inside a fused node)')} is {scaled.dtype.short}; IR from "
+              f"{'%' + names[scaled] if scaled in names else '(inside a fused node)'} is "
+              f"{scaled.dtype.short}; IR from "
               f"ones_like to the first backward matmul:")
         for n in nodes[start:end + 1]:
             mark = "scale" if ir.variables.get("loss_scale") in n.inputs else "     "

@@ -201,8 +201,9 @@ def main():
     ir, ig = plan.graph, plan.context.state[LossScaleState].scaled_initial_grad
     names = ir.names()
     readers = [n.format(names) for n in ir.uses(ig)]
-    print(f"scaled initial gradient with white(loss), batch 64: %{names.get(ig, '(fused)')} "
-          f"{ig.type_str}, first read by: {readers[0] if readers else '- (inside a fused node)'}")
+    where = f"%{names[ig]}" if ig in names else "(inside a fused node)"
+    print(f"scaled initial gradient with white(loss), batch 64: {where} {ig.type_str}, first "
+          f"read by: {readers[0] if readers else '-'}")
     print("reading: white(loss) made the loss path float16, so the scaled initial gradient is cast "
           "to float16 and a scale of 2^16 overflows: the scale is capped at 2^15 and the loss "
           "value itself is a float16 number; the other placements leave the "

@@ -513,9 +513,11 @@ class OutputDirError(OSError):
     """The study's output folder cannot be created or written."""
 
 
-def check_out_dir(out: Path) -> None:
+def check_out_dir(out: Path, what: str = "the study's results", option: str = "--out") -> None:
     """Create ``out`` (and its parents) and write and delete a probe file in it, so that a study
     that cannot save its results fails before its first run, not after minutes of training.
+    ``what`` and ``option`` name the folder's contents and its command-line option in the
+    message (``"TensorBoard's logs"``, ``"--logdir"``).
 
     Raises:
         OutputDirError: ``out`` is a file, lies under a file, or is not writable; the message names
@@ -528,8 +530,8 @@ def check_out_dir(out: Path) -> None:
         with tempfile.TemporaryFile(dir=out):
             pass
     except OSError as e:
-        raise OutputDirError(f"cannot write the study's results to {str(out)!r}: "
-                             f"{e.strerror or e}; pass a writable folder with --out DIR") from None
+        raise OutputDirError(f"cannot write {what} to {str(out)!r}: {e.strerror or e}; pass a "
+                             f"writable folder with {option} DIR") from None
 
 
 def run_study(cfg: StudyConfig, out: Path, progress: bool = True, logdir=None) -> dict:

@@ -22,6 +22,7 @@ and samples.
 """
 from __future__ import annotations
 
+import math
 import os
 import time
 
@@ -83,11 +84,19 @@ def generate(model, corpus, prompt: str, length: int, temperature: float = 1.0,
     miniflow's generator). The context is the last ``block_size`` characters.
 
     Raises:
-        ValueError: ``temperature <= 0`` or ``top_k < 1``."""
-    if not temperature > 0:
-        raise ValueError(f"generate: temperature must be > 0, got {temperature!r}")
-    if top_k is not None and top_k < 1:
-        raise ValueError(f"generate: top_k must be >= 1, got {top_k!r}")
+        ValueError: ``temperature`` not a finite number > 0, ``top_k`` not an int >= 1, an empty
+            ``prompt`` (nothing to continue) or one with a character outside the corpus."""
+    if not (isinstance(temperature, (int, float, np.floating)) and not isinstance(temperature, bool)
+            and 0 < temperature < math.inf):
+        raise ValueError(f"generate: temperature must be a finite number > 0, got "
+                         f"{temperature!r}")
+    if top_k is not None and (not isinstance(top_k, (int, np.integer)) or isinstance(top_k, bool)
+                              or top_k < 1):
+        raise ValueError(f"generate: top_k must be an int >= 1 (or None: every token), got "
+                         f"{top_k!r}")
+    if not prompt:
+        raise ValueError("generate: the prompt is empty; give at least one character to "
+                         "continue (the command line's default is 'def ')")
     rng = generator() if rng is None else rng
     ids = list(corpus.encode(prompt))
     was_training = model.training
@@ -95,11 +104,13 @@ def generate(model, corpus, prompt: str, length: int, temperature: float = 1.0,
     try:
         for _ in range(length):
             ctx = np.array([ids[-model.block_size:]], np.int64)
-            logits = model(tensor(ctx)).numpy()[0, -1].astype(np.float64) / temperature
+            logits = model(tensor(ctx)).numpy()[0, -1].astype(np.float64)
+            with np.errstate(over="ignore"):    # <= 0; a tiny temperature: -inf but the max
+                logits = (logits - logits.max()) / temperature
             if top_k is not None and top_k < logits.size:
                 cut = np.sort(logits)[-top_k]
                 logits = np.where(logits < cut, -np.inf, logits)
-            p = np.exp(logits - logits.max())
+            p = np.exp(logits)
             ids.append(int(rng.choice(p.size, p=p / p.sum())))
     finally:
         model.train(was_training)
