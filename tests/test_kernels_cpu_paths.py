@@ -322,11 +322,15 @@ def _batch_matmul_steps(a, b, out, ta, tb):
     ((3, 37, 18, 50), True, True),
     ((2, 5, 6, 40), False, True),
 ])
-def test_bfloat16_batch_matmul_takes_the_paired_tile_per_matrix(shape, ta, tb, parallel):
-    """bfloat16 ``batch_matmul`` where the CPU has ``vdot_pairs``: one :func:`batch_pairs_kernel`
+def test_bfloat16_batch_matmul_takes_the_paired_tile_per_matrix(shape, ta, tb, parallel,
+                                                                 monkeypatch):
+    """bfloat16 ``batch_matmul`` where the CPU has ``vdot_pairs``, by the rule
+    (``MINIFLOW_MATMUL=numba``; the tuner's ``numba`` candidate): one :func:`batch_pairs_kernel`
     over the stack (the GPT's 64 heads of 64 x 64 x 32: 110 us, 372 widened for BLAS), each
     matrix the bits of :func:`outer_block_kernel` on it alone (``"pairs"`` in place, or
-    ``"packed"`` after packing ``b``'s stored transpose), at one thread or split over the stack."""
+    ``"packed"`` after packing ``b``'s stored transpose), at one thread or split over the stack;
+    ``MINIFLOW_MATMUL=blas`` widens for BLAS."""
+    monkeypatch.setenv("MINIFLOW_MATMUL", "numba")
     z, m, k, n = shape
     rng = np.random.default_rng(0)
     a = rng.uniform(-2, 2, (z, k, m) if ta else (z, m, k)).astype(bfloat16.np)
@@ -350,6 +354,10 @@ def test_bfloat16_batch_matmul_takes_the_paired_tile_per_matrix(shape, ta, tb, p
     exact = np.matmul(np.swapaxes(a, 1, 2) if ta else a,
                       np.swapaxes(b, 1, 2) if tb else b, dtype=np.float64)
     assert np.abs(out.astype(np.float64) - exact).max() <= 2.0 ** -8 * np.abs(exact).max()
+    monkeypatch.setenv("MINIFLOW_MATMUL", "blas")
+    widened = _batch_matmul_steps(a, b, np.empty_like(out), ta, tb)
+    assert not any(fn is cpu_matmul.batch_pairs_kernel(p, tb) for fn, _ in widened
+                   for p in (False, True))
 
 
 def test_bfloat16_batch_matmul_without_the_paired_tile_widens_for_blas(monkeypatch):
@@ -357,7 +365,8 @@ def test_bfloat16_batch_matmul_without_the_paired_tile_widens_for_blas(monkeypat
     a = np.ones((2, 8, 4), bfloat16.np)
     out = np.empty((2, 8, 32), bfloat16.np)
     steps = _batch_matmul_steps(a, np.ones((2, 4, 32), bfloat16.np), out, False, False)
-    assert "batch_pairs_kernel" not in [getattr(fn, "py_func", fn).__qualname__ for fn, _ in steps]
+    assert not any(fn is cpu_matmul.batch_pairs_kernel(p, False) for fn, _ in steps
+                   for p in (False, True))
     for fn, args in steps:
         fn(*args)
     assert (out.astype(np.float32) == 4).all()

@@ -1052,6 +1052,34 @@ def takes_strided(node) -> bool:
             and all(n > 0 for n in node.outputs[0].shape))
 
 
+def _batch_blas(node, ins, outs):
+    """``batch_matmul``'s steps as one ``np.matmul`` over the stacks (operands and out of one
+    dtype; half types widened into float32 scratch, the product rounded back and counted by one
+    pass each)."""
+    a, b, out = ins[0], ins[1], outs[0]
+    steps = []
+    target = _target(out, len(outs) > 1)
+    a, b = _widened(a, steps), _widened(b, steps)
+    a = np.swapaxes(a, -1, -2) if node.attrs.get("transpose_a", False) else a
+    b = np.swapaxes(b, -1, -2) if node.attrs.get("transpose_b", False) else b
+    return steps + [_blas_step(a, b, target)] + _into_out(target, outs)
+
+
+def _batch_paired(node, ins, outs):
+    """``batch_matmul``'s steps by :func:`batch_pairs_kernel` where it applies (bfloat16,
+    ``vdot_pairs``, not counted: :func:`_batch_pairs_steps`), else :func:`_batch_blas`."""
+    a, b, out = ins[0], ins[1], outs[0]
+    paired = None if len(outs) > 1 else _batch_pairs_steps(
+        a, b, out, node.attrs.get("transpose_a", False), node.attrs.get("transpose_b", False))
+    return paired if paired is not None else _batch_blas(node, ins, outs)
+
+
+BATCH_CANDIDATES = {"numba": _batch_paired, "blas": _batch_blas}
+"""The tuner's candidates for a bfloat16 ``batch_matmul`` the paired tile takes: the tile (the
+rule: 3.4x the widened BLAS products on Zen 4) and BLAS on widened copies (Sapphire Rapids issues
+``vdpbf16ps`` at half the FMAs' rate)."""
+
+
 def build_batch_matmul(node, ins, outs):
     """``batch_matmul``'s steps: one ``np.matmul`` over the stacks where the operands and out
     share one dtype (NumPy calls BLAS for every product from C: the GPT's attention products, 64
@@ -1059,21 +1087,24 @@ def build_batch_matmul(node, ins, outs):
     Half types as :func:`blas_steps` does a 2-D product: each operand widened into float32
     scratch by one pass, the float32 product rounded into out (and counted, for
     ``count_not_finite``) by one pass (AMP fp16 GPT step: 12 nodes 9.6 -> 4.0 ms against 64
-    products per node, each with its own widening). Other dtype mixes: one :func:`build_matmul`
-    product per batch index (``kernels.common.batch``)."""
+    products per node, each with its own widening). bfloat16 where the CPU has ``vdot_pairs``:
+    :func:`batch_pairs_kernel` or that, as the tuner measured them on this machine
+    (:data:`BATCH_CANDIDATES`; the class: the powers of two at or above the stack, ``m``, ``k``
+    and ``n``, and the transposes). Other dtype mixes: one :func:`build_matmul` product per batch
+    index (``kernels.common.batch``).
+
+    Raises:
+        ValueError: ``MINIFLOW_MATMUL`` is not one of ``tune.MODES``."""
     a, b, out = ins[0], ins[1], outs[0]
     if not (a.dtype == b.dtype == out.dtype) or out.size == 0:
         return _PER_BATCH(node, ins, outs)
     ta, tb = node.attrs.get("transpose_a", False), node.attrs.get("transpose_b", False)
-    paired = None if len(outs) > 1 else _batch_pairs_steps(a, b, out, ta, tb)
-    if paired is not None:
-        return paired
-    steps = []
-    target = _target(out, len(outs) > 1)
-    a, b = _widened(a, steps), _widened(b, steps)
-    a = np.swapaxes(a, -1, -2) if ta else a
-    b = np.swapaxes(b, -1, -2) if tb else b
-    return steps + [_blas_step(a, b, target)] + _into_out(target, outs)
+    if len(outs) > 1 or _batch_pairs_steps(a, b, out, ta, tb) is None:
+        return _batch_blas(node, ins, outs)
+    (m, n), k = out.shape[-2:], a.shape[-2 if ta else -1]
+    key = (f"{a.dtype.name} s{_bucket(out.size // (m * n))} m{_bucket(m)} k{_bucket(k)} "
+           f"n{_bucket(n)} ta{int(ta)} tb{int(tb)}")
+    return tune.choose("batch_matmul", key, node, ins, outs, BATCH_CANDIDATES)
 
 
 BUILDERS = {"matmul": build_matmul, "batch_matmul": build_batch_matmul}
