@@ -213,8 +213,16 @@ def _encode(value, keys: tuple, tensors: dict, paths: dict, active: set):
 
 
 def _key(key, keys: tuple):
-    """A dict key as stored in the tree: str, or int (NumPy integers become int)."""
+    """A dict key as stored in the tree: str (one UTF-8 can write: an array under a key with a
+    lone surrogate half would be a tensor name safetensors cannot write), or int (NumPy integers
+    become int)."""
     if isinstance(key, str):
+        try:
+            key.encode("utf-8")
+        except UnicodeEncodeError:
+            raise ValueError(f"miniflow.save: {_where(keys)} has the key {key!r}, which UTF-8 "
+                             "cannot encode (a lone surrogate); use a key of valid Unicode") \
+                from None
         return key
     if isinstance(key, numbers.Integral) and not isinstance(key, (bool, np.bool_)):
         return int(key)
@@ -375,6 +383,10 @@ def _read_header(path: str, data: bytes) -> tuple:
         raise CheckpointError(f"miniflow.load: {path!r} has {len(data)} bytes: too short for a "
                               "checkpoint (truncated, or not written by miniflow.save)")
     n = int.from_bytes(data[:8], "little")
+    if all(32 <= b < 127 for b in data[:8]):    # a header's length has zero high bytes
+        raise CheckpointError(f"miniflow.load: {path!r} is not a safetensors file: it starts "
+                              f"with text ({data[:16]!r}), where one starts with the length of "
+                              "its header (was it written by miniflow.save?)")
     if data[8:9] == b"{" and 8 + n > len(data):
         raise CheckpointError(f"miniflow.load: {path!r} is truncated: {len(data)} bytes, but "
                               f"its header alone needs {8 + n}")

@@ -109,3 +109,14 @@ def test_functional_dropout_in_a_graph_without_a_dropout_module_says_what_to_do(
 
     with pytest.raises(RuntimeError, match="give the module an nn.Dropout"):
         G()(mf.tensor(np.ones((2, 2), np.float32)))
+
+
+def test_seeds_from_2_to_the_63_seed_their_own_stream():
+    """A new user's finding: the stream took the seed's low 63 bits, so ``manual_seed(2**63)``
+    drew seed 0's masks and ``2**200`` too (the global generator told them apart)."""
+    seeds = []
+    for seed in (0, 5, 2 ** 63 - 1, 2 ** 63, 2 ** 63 + 5, 2 ** 200):
+        mf.manual_seed(seed)
+        seeds.append(int(dropout_state().numpy()[0]))
+    assert seeds[:3] == [0, 5, 2 ** 63 - 1]                  # below 2^63: the seed itself
+    assert len(set(seeds)) == len(seeds) and all(0 <= s < 2 ** 63 for s in seeds)

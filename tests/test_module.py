@@ -219,6 +219,18 @@ def test_module_load_state_dict_returns_missing_and_unexpected_keys_and_strict_r
             ref.load_state_dict(tsd)
 
 
+def test_a_shape_mismatch_is_a_runtime_error_as_in_pytorch_and_a_value_error():
+    """A new user's finding: PyTorch's "size mismatch" is a RuntimeError, with strict=False
+    too; miniflow raised a ValueError, which code written for PyTorch does not catch."""
+    net = nn.Linear(2, 3)
+    for error in (RuntimeError, ValueError):
+        for strict in (True, False):
+            with pytest.raises(error, match=r"'weight' is f32\[3, 2\] in the model but "
+                                            r"float32\[4, 2\] in the state dict"):
+                net.load_state_dict({"weight": np.zeros((4, 2), np.float32),
+                                     "bias": np.zeros(3, np.float32)}, strict=strict)
+
+
 # ------------------------------------------------------------------------- ModuleList, ModuleDict
 def _stack(lib, widths):
     """A model holding a ModuleList of Linear layers and a ModuleDict of two heads, built with

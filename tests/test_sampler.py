@@ -180,3 +180,21 @@ def test_matches_pytorch(n, k, drop_last):
                                                     drop_last=drop_last)) for r in range(k)]
     ours = [s.tolist() for s in shards(n, k, drop_last=drop_last)]
     assert len({i for p in everyone for i in p}) == len({i for p in ours for i in p})
+
+
+@pytest.mark.parametrize("args,match", [
+    ((np.zeros((4, 2)), np.zeros(4), 0), r"batch_size must be an int >= 1, got 0"),
+    ((np.zeros((4, 2)), np.zeros(4), 2.5), r"batch_size must be an int >= 1, got 2.5"),
+    ((np.zeros((4, 2)), np.zeros(4), None), r"batch_size must be an int >= 1, got None"),
+    ((np.zeros((4, 2)), np.zeros(5), 2), r"x has 4 rows but y has 5"),
+])
+def test_batches_checks_its_arguments_when_called(args, match):
+    """A new user's finding: the checks ran at the first ``next()``, far from the call (PyTorch's
+    DataLoader(batch_size=0) raises when it is made); 2.5 and None were raw TypeErrors."""
+    with pytest.raises(ValueError, match=match):
+        batches(*args)
+
+
+def test_batches_takes_lists():
+    got = list(batches([[1.0], [2.0], [3.0]], [0, 1, 2], 2, shuffle=False))
+    assert [b[1].tolist() for b in got] == [[0, 1], [2]]

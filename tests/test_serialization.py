@@ -645,3 +645,14 @@ def test_a_top_level_metadata_key_is_refused_not_written_unreadable(tmp_path):
     assert not path.exists()
     save({"x": {"__metadata__": np.ones(1)}}, path)         # nested: the key is x.__metadata__
     np.testing.assert_array_equal(load(path)["x"]["__metadata__"], np.ones(1))
+
+
+def test_a_key_utf8_cannot_encode_and_a_text_file_get_their_own_messages(tmp_path):
+    """A new user's findings: a lone surrogate in a key was safetensors' UnicodeEncodeError; a
+    text file was "truncated: its header alone needs 9041958646216097155" bytes."""
+    with pytest.raises(ValueError, match=r"has the key '\\ud800', which UTF-8 cannot encode"):
+        mf.save({"\ud800": np.ones(2)}, str(tmp_path / "a.safetensors"))
+    assert not list(tmp_path.iterdir())
+    (tmp_path / "t.safetensors").write_text("{}" * 10)
+    with pytest.raises(CheckpointError, match=r"is not a safetensors file: it starts with text"):
+        mf.load(str(tmp_path / "t.safetensors"))

@@ -63,3 +63,14 @@ def test_errors_name_the_problem(corpus):
         corpus.batch("test", 1, 8)
     with pytest.raises(FileNotFoundError, match="standard-library module 'no_such_module'"):
         stdlib_text(("no_such_module",))
+    # a new user's edges: these were an empty batch, NumPy errors, or a silent wrap-around
+    for args in ((2, -3), (-1, 8), (2, 0), (2.5, 8)):
+        with pytest.raises(ValueError, match=r"stdlib_text.batch: (batch|block)_size must be an "
+                                             r"int >= 1"):
+            corpus.batch("train", *args)
+    for ids in ([-1, 0], [10 ** 6]):
+        with pytest.raises(ValueError, match=r"token id -?\d+ is outside the vocabulary"):
+            corpus.decode(ids)
+    with pytest.raises(TypeError, match=r"modules must be a sequence of module names, got the "
+                                        r"str 'this'"):
+        stdlib_text("this")

@@ -42,19 +42,26 @@ def load_digits() -> Digits:
 
 def batches(x: np.ndarray, y: np.ndarray, batch_size: int, shuffle: bool | None = None,
             drop_last: bool = False, rng: np.random.Generator | None = None, sampler=None):
-    """Yield ``(x_batch, y_batch)`` pairs covering the data once (one epoch).
+    """An iterator of ``(x_batch, y_batch)`` pairs covering the data once (one epoch).
 
     Shuffling (``shuffle``, default True) uses ``rng`` or miniflow's global generator
     (``miniflow.manual_seed``). With a ``sampler`` (a :class:`DistributedSampler`, or anything
     whose ``indices()`` returns row indices) the batches cover the sampler's indices in its order
     instead, this rank's shard of the epoch; the sampler then does the shuffling.
 
+    The arguments are checked, and the epoch's order drawn, when ``batches`` is called (as
+    PyTorch's ``DataLoader`` checks them when it is made), not at the first ``next``: the
+    batches themselves are a generator.
+
     Raises:
-        ValueError: batch_size < 1, x and y of different lengths, a sampler together with
-            ``shuffle=True`` or ``rng``, or a sampler index outside ``[0, len(x))``.
+        ValueError: batch_size not an int >= 1, x and y of different lengths, a sampler
+            together with ``shuffle=True`` or ``rng``, or a sampler index outside
+            ``[0, len(x))``.
     """
-    if batch_size < 1:
-        raise ValueError(f"batches: batch_size must be >= 1, got {batch_size}")
+    if isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer)) \
+            or batch_size < 1:
+        raise ValueError(f"batches: batch_size must be an int >= 1, got {batch_size!r}")
+    x, y = np.asarray(x), np.asarray(y)
     if len(x) != len(y):
         raise ValueError(f"batches: x has {len(x)} rows but y has {len(y)}")
     if sampler is not None:
@@ -71,6 +78,11 @@ def batches(x: np.ndarray, y: np.ndarray, batch_size: int, shuffle: bool | None 
     else:
         idx = np.arange(len(x))
     stop = len(idx) - (len(idx) % batch_size if drop_last else 0)
+    return _batches(x, y, idx, stop, int(batch_size))
+
+
+def _batches(x, y, idx, stop: int, batch_size: int):
+    """The generator :func:`batches` returns: rows ``idx[i:i + batch_size]`` up to ``stop``."""
     for i in range(0, stop, batch_size):
         j = idx[i:i + batch_size]
         yield np.ascontiguousarray(x[j]), np.ascontiguousarray(y[j])

@@ -72,8 +72,16 @@ class StdlibText:
         return ids
 
     def decode(self, ids) -> str:
-        """The text of token ids ``ids`` (any int array)."""
-        return "".join(self.chars[int(i)] for i in np.asarray(ids).reshape(-1))
+        """The text of token ids ``ids`` (any int array).
+
+        Raises:
+            ValueError: an id outside ``[0, vocab_size)``, naming the first."""
+        flat = np.asarray(ids).reshape(-1)
+        bad = [int(i) for i in flat if not 0 <= int(i) < len(self.chars)][:1]
+        if bad:
+            raise ValueError(f"stdlib_text.decode: token id {bad[0]} is outside the vocabulary "
+                             f"[0, {len(self.chars)})")
+        return "".join(self.chars[int(i)] for i in flat)
 
     def unigram_loss(self) -> float:
         """The validation cross-entropy (nats per character) of the unigram model: the
@@ -90,9 +98,13 @@ class StdlibText:
         ``miniflow.manual_seed`` makes them reproducible).
 
         Raises:
-            ValueError: an unknown split, or a block longer than the split."""
+            ValueError: an unknown split, a batch_size or block_size that is not an int >= 1,
+                or a block longer than the split."""
         if split not in ("train", "val"):
             raise ValueError(f"stdlib_text.batch: split must be 'train' or 'val', got {split!r}")
+        for name, value in (("batch_size", batch_size), ("block_size", block_size)):
+            if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+                raise ValueError(f"stdlib_text.batch: {name} must be an int >= 1, got {value!r}")
         data = self._ids(split)
         if block_size + 1 > data.size:
             raise ValueError(f"stdlib_text.batch: block_size {block_size} needs more than the "
@@ -123,7 +135,12 @@ def stdlib_text(modules=MODULES) -> StdlibText:
     (see the module docstring).
 
     Raises:
-        FileNotFoundError: a module's source is not in this interpreter's standard library."""
+        FileNotFoundError: a module's source is not in this interpreter's standard library.
+        TypeError: ``modules`` is one str, not a sequence of names (it would be read letter by
+            letter)."""
+    if isinstance(modules, str):
+        raise TypeError(f"stdlib_text: modules must be a sequence of module names, got the str "
+                        f"{modules!r} (pass ({modules!r},))")
     root = Path(sysconfig.get_paths()["stdlib"])
     text = "".join(f"# ---- {name} ----\n{_source(root, name)}" for name in modules)
     cut = int(len(text) * TRAIN_FRACTION)

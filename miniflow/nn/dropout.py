@@ -59,7 +59,16 @@ def _put(values) -> None:
         backend.copy_in(t._data, host)
 
 
-register_stream("dropout", _get, _put, lambda seed: _put([seed & _MASK63, 0]))
+def _stream_seed(seed: int) -> int:
+    """The dropout stream's int64 seed for ``manual_seed(seed)``: the seed itself below 2^63,
+    else 63 bits of a hash of all of it (masking made 2^63 the seed of 0, and every seed the
+    same as its low 63 bits)."""
+    if seed <= _MASK63:
+        return seed
+    return int(np.random.SeedSequence(seed).generate_state(1, np.uint64)[0]) & _MASK63
+
+
+register_stream("dropout", _get, _put, lambda seed: _put([_stream_seed(seed), 0]))
 
 
 def _check_p(fn: str, p) -> float:

@@ -35,7 +35,8 @@ from ..runtime.backend import get_backend
 from ..tensor import Tensor
 from ..trace import current_tracer
 
-__all__ = ["IncompatibleKeys", "Module", "ModuleVersion", "Parameter", "StateDictKeysError"]
+__all__ = ["IncompatibleKeys", "Module", "ModuleVersion", "Parameter", "StateDictKeysError",
+           "StateDictShapeError"]
 
 
 class IncompatibleKeys(NamedTuple):
@@ -45,6 +46,12 @@ class IncompatibleKeys(NamedTuple):
 
     missing_keys: list
     unexpected_keys: list
+
+
+class StateDictShapeError(RuntimeError, ValueError):
+    """:meth:`Module.load_state_dict` found a value of another shape than the model's: a
+    RuntimeError as PyTorch raises ("size mismatch"), and a ValueError as miniflow raised
+    before."""
 
 
 class StateDictKeysError(RuntimeError, KeyError):
@@ -456,7 +463,8 @@ class Module:
         Raises:
             StateDictKeysError: (a RuntimeError, as PyTorch raises, and a KeyError) missing or
                 unexpected names (strict), listing them.
-            ValueError: a shape differs from the model's, naming it.
+            StateDictShapeError: (a RuntimeError, as PyTorch raises, and a ValueError) a shape
+                differs from the model's, naming it; with ``strict=False`` too, as PyTorch.
             TypeError: a value that cannot be cast to the model's dtype (complex, strings,
                 objects; a fraction or an out-of-range value into an integer tensor), naming it.
         """
@@ -490,8 +498,9 @@ class Module:
             p = own[name]
             arr = value.numpy() if isinstance(value, Tensor) else np.asarray(value)
             if arr.shape != tuple(p.shape):
-                raise ValueError(f"load_state_dict: {name!r} is {p.dtype.short}{list(p.shape)} in "
-                                 f"the model but {arr.dtype}{list(arr.shape)} in the state dict")
+                raise StateDictShapeError(
+                    f"load_state_dict: {name!r} is {p.dtype.short}{list(p.shape)} in the model "
+                    f"but {arr.dtype}{list(arr.shape)} in the state dict")
             checked.append((p, _cast_for_load(name, arr, p.dtype)))
 
         def assign():
