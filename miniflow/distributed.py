@@ -400,17 +400,18 @@ def check_same_across_ranks(signature: str, what: str, advice: str = _SAME_GRAPH
                             + "; ".join(parts) + ". " + advice)
 
 
-def check_same_values(values: dict, what: str, advice: str = _SAME_GRAPH) -> None:
+def check_same_values(values, labels, what: str, advice: str = _SAME_GRAPH) -> None:
     """Raise on every rank unless every rank passed the same numbers: :func:`check_same_across_ranks`
     for values checked at every step, at the cost of one ``MPI_Allreduce`` (MAX) of the numbers
     and their negatives (item by item, the largest and the smallest across the ranks: the same
     exactly where they are equal; 5.6 us a call on 2 ranks of one Zen 4 machine, the
     ``MPI_Allreduce`` 3.4 of them, where the digests' all-gather added 70 us to a step); only
-    when they differ are the items exchanged by name. Collective. A no-op in a one-rank world.
+    when they differ are the items named and exchanged. Collective. A no-op in a one-rank world.
 
     Args:
-        values: label -> float (e.g. ``{"optimizer 0 group 0 lr": 0.1}``), in the same order on
-            every rank; NaN is not a value to compare.
+        values: floats, in the same order on every rank; NaN is not a value to compare.
+        labels: ``() -> [str]``, a name per value (``"optimizer 0 group 0 lr"``), called only
+            when the values differ (nothing is formatted on the steps that agree).
         what, advice: as for :func:`check_same_across_ranks`.
 
     Raises:
@@ -420,13 +421,13 @@ def check_same_values(values: dict, what: str, advice: str = _SAME_GRAPH) -> Non
     world = _world("check_same_values")
     if world.comm is None:
         return
-    v = list(values.values())
+    v = list(values)
     both = np.array(v + [-x for x in v], np.float64)
     world.wait("check_same_values", world.control.Allreduce, world.mpi.IN_PLACE,
                [both, world.mpi.DOUBLE], world.mpi.MAX)
     if both[:len(v)].tolist() == (-both[len(v):]).tolist():
         return
-    check_same_across_ranks("\n".join(f"{k}={x!r}" for k, x in values.items()), what, advice)
+    check_same_across_ranks("\n".join(f"{k}={x!r}" for k, x in zip(labels(), v)), what, advice)
 
 
 # ----------------------------------------------------------------------------- buckets

@@ -483,10 +483,12 @@ class Graph:
         Raises:
             RankMismatchError: on every rank, naming the first group whose lr differs.
         """
-        lrs = {f"optimizer {k} group {g} lr": group["lr"]
-               for k, opt in enumerate(self._optimizers) for g, group in enumerate(opt._groups)}
+        groups = [(k, g, group) for k, opt in enumerate(self._optimizers)
+                  for g, group in enumerate(opt._groups)]
         distributed.check_same_values(
-            lrs, f"learning rates of {type(self).__name__}",
+            [group["lr"] for _, _, group in groups],
+            lambda: [f"optimizer {k} group {g} lr" for k, g, _ in groups],
+            f"learning rates of {type(self).__name__}",
             "Every rank must set them alike: by the same scheduler, stepped on every rank, or "
             "by hand on every rank.")
 

@@ -584,22 +584,27 @@ def batch_pairs_kernel(parallel: bool, packed: bool):
     return kernel
 
 
-def _batch_pairs_steps(a, b, out, ta: bool, tb: bool):
-    """:func:`batch_pairs_kernel`'s step for ``batch_matmul`` of bfloat16 operands and out (not
-    counted), or None where it does not apply: no ``vdot_pairs``, an odd ``k``, ``b`` or out
-    not contiguous, or a product :func:`_outer_fits` leaves to the others."""
-    (m, n), k = out.shape[-2:], a.shape[-1 if not ta else -2]
-    if not (HAS_BF16_DOT and is_bfloat16(a.dtype) and a.dtype == b.dtype == out.dtype
+def _batch_pairs_apply(a, b, out, ta: bool) -> bool:
+    """Whether :func:`batch_pairs_kernel` computes ``batch_matmul`` of these operands and out:
+    bfloat16 throughout, ``vdot_pairs``, an even ``k``, ``b`` and out contiguous, at least
+    ``OUTER_MIN_ROWS`` rows and two vectors of columns (fewer: the columns one vector a row)."""
+    (m, n), k = out.shape[-2:], a.shape[-2 if ta else -1]
+    return (HAS_BF16_DOT and is_bfloat16(a.dtype) and a.dtype == b.dtype == out.dtype
             and k % 2 == 0 and b.flags.c_contiguous and out.flags.c_contiguous
-            and m >= OUTER_MIN_ROWS and n >= 2 * LANES and out.size):
-        return None
+            and m >= OUTER_MIN_ROWS and n >= 2 * LANES and out.size > 0)
+
+
+def _batch_pairs_steps(a, b, out, ta: bool, tb: bool):
+    """:func:`batch_pairs_kernel`'s step for ``batch_matmul`` where :func:`_batch_pairs_apply`."""
+    (m, n), k = out.shape[-2:], a.shape[-2 if ta else -1]
     batch = out.size // (m * n)
     a3 = kview(a).reshape((batch,) + a.shape[-2:])
     a3 = np.swapaxes(a3, 1, 2) if ta else a3
     b3 = kview(b).reshape((batch,) + b.shape[-2:])
     if tb:                  # stored [n, k]: its words, packed per matrix
         b3 = b3.view(np.float32)
-    scratch = np.empty((numba.config.NUMBA_NUM_THREADS, k // 2, n), np.float32)
+    scratch = np.empty((numba.config.NUMBA_NUM_THREADS, k // 2, n) if tb else (1, 0, 0),
+                       np.float32)
     kernel = batch_pairs_kernel(use_parallel(out.size), tb)
     return [(kernel, (a3, b3, kview(out).reshape((batch, m, n)), scratch))]
 
@@ -1066,12 +1071,13 @@ def _batch_blas(node, ins, outs):
 
 
 def _batch_paired(node, ins, outs):
-    """``batch_matmul``'s steps by :func:`batch_pairs_kernel` where it applies (bfloat16,
-    ``vdot_pairs``, not counted: :func:`_batch_pairs_steps`), else :func:`_batch_blas`."""
+    """``batch_matmul``'s steps by :func:`batch_pairs_kernel` where it applies (not counted,
+    :func:`_batch_pairs_apply`), else :func:`_batch_blas`."""
     a, b, out = ins[0], ins[1], outs[0]
-    paired = None if len(outs) > 1 else _batch_pairs_steps(
-        a, b, out, node.attrs.get("transpose_a", False), node.attrs.get("transpose_b", False))
-    return paired if paired is not None else _batch_blas(node, ins, outs)
+    ta, tb = node.attrs.get("transpose_a", False), node.attrs.get("transpose_b", False)
+    if len(outs) > 1 or not _batch_pairs_apply(a, b, out, ta):
+        return _batch_blas(node, ins, outs)
+    return _batch_pairs_steps(a, b, out, ta, tb)
 
 
 BATCH_CANDIDATES = {"numba": _batch_paired, "blas": _batch_blas}
@@ -1099,7 +1105,7 @@ def build_batch_matmul(node, ins, outs):
     if not (a.dtype == b.dtype == out.dtype) or out.size == 0:
         return _PER_BATCH(node, ins, outs)
     ta, tb = node.attrs.get("transpose_a", False), node.attrs.get("transpose_b", False)
-    if len(outs) > 1 or _batch_pairs_steps(a, b, out, ta, tb) is None:
+    if len(outs) > 1 or not _batch_pairs_apply(a, b, out, ta):
         return _batch_blas(node, ins, outs)
     (m, n), k = out.shape[-2:], a.shape[-2 if ta else -1]
     key = (f"{a.dtype.name} s{_bucket(out.size // (m * n))} m{_bucket(m)} k{_bucket(k)} "

@@ -375,7 +375,6 @@ class Tuner:
             return known
         if self.spent >= BUDGET_S:
             return self.usual(key, names)
-        self.busy = 0.0
         winner, measured = self.measure(node, ins, outs, candidates, first)
         if measured and self.busy > BUSY_LIMIT:
             self.provisional[key] = winner
