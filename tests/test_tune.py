@@ -113,9 +113,15 @@ def test_a_choice_measured_on_busy_cores_serves_this_process_only(tmp_path, monk
     assert "other processes kept 1.0 of the cores busy" in err and "this run only" in err
     assert "1 measured on busy cores, for this process only:" in "\n".join(t.describe())
     monkeypatch.setattr(tune, "_others_busy", lambda start: 0.1)   # idle enough: written
+    other = "blas" if name != "blas" else "numba"
+    (tmp_path / "tuning.json").write_text(json.dumps(   # another process wrote the busy class
+        {"format": tune.FORMAT, "machine": tune.machine(), "choices": {key: other}}))
     _matmul(64, 300, 1000, tb=True)
     assert t.measured == 2 and len(json.loads((tmp_path / "tuning.json").read_text())[
-        "choices"]) == 1
+        "choices"]) == 2
+    assert t.choices[key] == other                  # merged in at the save ...
+    assert _names(_matmul(16, 300, 1000, tb=True)[0]) == _names(steps)    # ... this process's
+    assert t.measured == 2
 
 
 def test_the_share_of_other_processes_is_read_from_proc_stat(monkeypatch):

@@ -370,7 +370,9 @@ class Tuner:
         """The name of the candidate for class ``key`` (see the module docstring): cached, or
         measured now (and written to the file), or past the budget :meth:`usual`."""
         names = list(candidates)
-        known = self.load().get(key, self.provisional.get(key))
+        known = self.provisional.get(key) or self.load().get(key)   # this process's first:
+        # another process may write the class to the file later (merged in at a save), and a
+        # plan built after must take the kernel the earlier ones took (the same bits)
         if known in names:
             return known
         if self.spent >= BUDGET_S:
