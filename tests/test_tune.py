@@ -9,7 +9,6 @@ per candidate name (cuDNN's benchmark mode and XLA's autotuner are the models;
 algorithm per input shape, chosen once)."""
 import json
 import os
-import time
 
 import numpy as np
 import pytest
@@ -92,47 +91,6 @@ def test_the_faster_candidate_is_chosen_and_written_to_the_file(tmp_path, monkey
     assert t.timer.calls.count("numba") == t.timer.calls.count("blas")    # interleaved rounds
     t2 = _tuner(tmp_path, monkeypatch, FakeTimer(numba=1e-3, blas=2e-3))
     assert _names(_matmul(16, 300, 1000, tb=True)[0]) == "dot" and t2.timer.calls == []
-
-
-def test_a_choice_measured_on_busy_cores_serves_this_process_only(tmp_path, monkeypatch, capsys):
-    """At several threads the candidates are timed by the wall clock, which a busy machine
-    stretches for the threaded ones most: such a choice is not written to the file (a later run
-    measures again), and the file keeps the ones measured on idle cores."""
-    monkeypatch.setattr(tune, "_SHOWN", set())
-    t = _tuner(tmp_path, monkeypatch, None)             # the real timer: the wall clock here
-    monkeypatch.setattr(tune, "_threads", lambda: (2, 2))
-    monkeypatch.setattr(tune, "_others_busy", lambda start: 1.0)   # a core's worth of others
-    steps = _matmul(16, 300, 1000, tb=True)[0]
-    assert t.measured == 1 and t.busy == 1.0 and len(t.provisional) == 1
-    assert not (tmp_path / "tuning.json").exists()
-    [(key, name)] = t.provisional.items()
-    assert "| threads 2/2" in key and name in ("numba", "blas", "mkl")
-    assert _names(_matmul(16, 300, 1000, tb=True)[0]) == _names(steps)    # the same, not again
-    assert t.measured == 1
-    err = capsys.readouterr().err
-    assert "other processes kept 1.0 of the cores busy" in err and "this run only" in err
-    assert "1 measured on busy cores, for this process only:" in "\n".join(t.describe())
-    monkeypatch.setattr(tune, "_others_busy", lambda start: 0.1)   # idle enough: written
-    other = "blas" if name != "blas" else "numba"
-    (tmp_path / "tuning.json").write_text(json.dumps(   # another process wrote the busy class
-        {"format": tune.FORMAT, "machine": tune.machine(), "choices": {key: other}}))
-    _matmul(64, 300, 1000, tb=True)
-    assert t.measured == 2 and len(json.loads((tmp_path / "tuning.json").read_text())[
-        "choices"]) == 2
-    assert t.choices[key] == other                  # merged in at the save ...
-    assert _names(_matmul(16, 300, 1000, tb=True)[0]) == _names(steps)    # ... this process's
-    assert t.measured == 2
-
-
-def test_the_share_of_other_processes_is_read_from_proc_stat(monkeypatch):
-    if tune._cpu_snapshot() is None:
-        pytest.skip("no /proc/stat here")
-    start = tune._cpu_snapshot()
-    t0 = time.perf_counter()
-    while time.perf_counter() - t0 < 0.05:              # this process's own work is not counted
-        pass
-    assert 0.0 <= tune._others_busy(start) <= os.cpu_count()
-    assert tune._others_busy(None) == 0.0
 
 
 def test_blas_wins_unless_beaten_by_the_margin_and_identical_candidates_are_not_measured(

@@ -23,12 +23,7 @@ with the winner's steps on the node's buffers:
    sample repeats a short candidate to about ``SAMPLE_S``) and compares medians: by the CPU
    time of the calling thread when Numba and BLAS run one thread (time the machine gave other
    processes is not counted, so a choice made under load is the one an idle machine makes),
-   else by wall time, where a machine kept busy by other processes starves the threaded
-   candidates: when they used more than ``BUSY_LIMIT`` cores' worth of CPU time during the
-   rounds (``/proc/stat``), the choice serves this process only and is not written to the file
-   (said once; measured on idle cores at 2 threads, the GPT's bfloat16 step took 15.9 ms
-   against 20.3 with the choices of a run beside a test process: ``benchmarks/README.md``,
-   tenth round). The :data:`PREFERRED` candidate (else the first) wins unless another's
+   else by wall time. The :data:`PREFERRED` candidate (else the first) wins unless another's
    median beats it by more than ``MARGIN`` (then the fastest such one): so that runs on a noisy
    machine choose alike where it hardly matters, and the library call, whose speed holds on
    every CPU, keeps what it does not clearly lose. Candidates whose steps call the same kernels
@@ -107,10 +102,6 @@ sample (as many as the slowest candidate's warm-up run fits), so that a few-micr
 is not timed by one call's jitter."""
 MARGIN = 0.05
 """Relative margin by which a candidate's median must beat the preferred one's to win."""
-BUSY_LIMIT = 0.25
-"""Cores' worth of CPU time other processes may use while a multi-threaded class is measured
-(``/proc/stat``) for its choice to be written to the file: a busier machine starves the
-threaded candidates, and the choice is kept for this process only."""
 
 
 def mode() -> str:
@@ -184,29 +175,6 @@ def _wall_time(name: str, run) -> float:
     t0 = time.perf_counter()
     run()
     return time.perf_counter() - t0
-
-
-def _cpu_snapshot():
-    """``(seconds of CPU time every process has used, this process's, wall clock)`` (Linux's
-    ``/proc/stat``: user, nice, system, irq, softirq and steal, the time the hypervisor gave
-    other guests); None where there is no ``/proc/stat``."""
-    try:
-        with open("/proc/stat", encoding="ascii") as f:
-            fields = [int(x) for x in f.readline().split()[1:9]]
-    except (OSError, ValueError):
-        return None
-    busy = sum(fields[k] for k in (0, 1, 2, 5, 6, 7) if k < len(fields))
-    t = os.times()
-    return busy / os.sysconf("SC_CLK_TCK"), t.user + t.system, time.perf_counter()
-
-
-def _others_busy(start) -> float:
-    """Cores' worth of CPU time other processes used since ``start`` (a :func:`_cpu_snapshot`;
-    0 where there is none): all processes' time, less this one's, per second of wall time."""
-    end = _cpu_snapshot()
-    if start is None or end is None or end[2] <= start[2]:
-        return 0.0
-    return max(0.0, (end[0] - start[0]) - (end[1] - start[1])) / (end[2] - start[2])
 
 
 def _cpu_time(name: str, run) -> float:
@@ -288,12 +256,6 @@ class Tuner:
         most; :func:`begin_model` resets it)."""
         self.measured = 0
         """Classes this process measured."""
-        self.provisional: dict = {}
-        """Choices measured while other processes kept the cores busy (:data:`BUSY_LIMIT`):
-        used by this process, never written to the file."""
-        self.busy = 0.0
-        """Cores' worth of other processes' CPU time during the last multi-threaded
-        measurement."""
         self.collective = False
         """Whether the plan being built is built by every rank in step (:func:`begin_model`)."""
 
@@ -370,21 +332,13 @@ class Tuner:
         """The name of the candidate for class ``key`` (see the module docstring): cached, or
         measured now (and written to the file), or past the budget :meth:`usual`."""
         names = list(candidates)
-        known = self.provisional.get(key) or self.load().get(key)   # this process's first:
-        # another process may write the class to the file later (merged in at a save), and a
-        # plan built after must take the kernel the earlier ones took (the same bits)
+        known = self.load().get(key)
         if known in names:
             return known
         if self.spent >= BUDGET_S:
             return self.usual(key, names)
         winner, measured = self.measure(node, ins, outs, candidates, first)
-        if measured and self.busy > BUSY_LIMIT:
-            self.provisional[key] = winner
-            _notice("busy", f"miniflow: other processes kept {self.busy:.1f} of the cores busy "
-                            f"while the kernel choices of {key.split(' ', 1)[0]} products were "
-                            f"measured at several threads: those choices are kept for this run "
-                            f"only and measured again in a later one")
-        elif measured:
+        if measured:
             self.choices[key] = winner
             self._save()
         return winner
@@ -412,8 +366,7 @@ class Tuner:
         names = list(built)
         if len(names) == 1 and _kernels(first) == _kernels(built[names[0]]):
             return names[0], False
-        threaded = _threads() != (1, 1)
-        timer = self.timer or (_wall_time if threaded else _cpu_time)
+        timer = self.timer or (_cpu_time if _threads() == (1, 1) else _wall_time)
         slowest = 0.0
         for name in names:      # warm up (not counted): compile or load kernels, touch pages
             t0 = time.perf_counter()
@@ -422,8 +375,6 @@ class Tuner:
         reps = int(min(100, max(1, SAMPLE_S // max(slowest, 1e-7))))
         times = {name: [] for name in names}
         class_spent = 0.0
-        watch = threaded and self.timer is None     # wall time: other processes count
-        start = _cpu_snapshot() if watch else None
         for r in range(MAX_ROUNDS):
             if r >= MIN_ROUNDS and class_spent >= CLASS_BUDGET_S:
                 break
@@ -433,7 +384,6 @@ class Tuner:
                 class_spent += t
         self.spent += class_spent
         self.measured += 1
-        self.busy = _others_busy(start) if watch else 0.0
         median = {name: float(np.median(t)) for name, t in times.items()}
         preferred = PREFERRED if PREFERRED in median else names[0]
         faster = [n for n in names if median[n] * (1 + MARGIN) < median[preferred]]
@@ -466,10 +416,6 @@ class Tuner:
                  else f"cached in {self.path}")
         lines = [f"kernel choices ({ENV}={mode()}): {len(choices)} {where}"]
         lines += [f"  {key} -> {name}" for key, name in choices.items()]
-        if self.provisional:
-            lines.append(f"  and {len(self.provisional)} measured on busy cores, for this "
-                         f"process only:")
-            lines += [f"  {key} -> {name}" for key, name in self.provisional.items()]
         return lines
 
 
