@@ -40,4 +40,4 @@ steps = builder_for(node.op)(node, [a, b], [np.empty((16, 1000), np.float32)])
 echo = dist.broadcast_object({"from": r}, "the test's object")
 (out / f"rank{r}.json").write_text(json.dumps({
     "kernels": tune._kernels(steps), "timed": len(timed), "file": path.exists(),
-    "choices": list(tune.TUNER.choices.values()), "echo": echo}))
+    "choices": list(tune.TUNER.taken.values()), "echo": echo}))

@@ -23,7 +23,13 @@ with the winner's steps on the node's buffers:
    sample repeats a short candidate to about ``SAMPLE_S``) and compares medians: by the CPU
    time of the calling thread when Numba and BLAS run one thread (time the machine gave other
    processes is not counted, so a choice made under load is the one an idle machine makes),
-   else by wall time. The :data:`PREFERRED` candidate (else the first) wins unless another's
+   else by wall time, where a machine kept busy by other processes starves the threaded
+   candidates: when they used more than ``BUSY_LIMIT`` cores' worth of CPU time during the
+   rounds (``/proc/stat``), the choice serves this process only and is not written to the file
+   (said once; at 2 threads the GPT's bfloat16 step took 20.3 ms with the choices of a run
+   measured beside a test process, 15.9 ms with choices measured on idle cores:
+   ``benchmarks/README.md``, tenth round). The :data:`PREFERRED` candidate (else the first)
+   wins unless another's
    median beats it by more than ``MARGIN`` (then the fastest such one): so that runs on a noisy
    machine choose alike where it hardly matters, and the library call, whose speed holds on
    every CPU, keeps what it does not clearly lose. Candidates whose steps call the same kernels
@@ -31,7 +37,10 @@ with the winner's steps on the node's buffers:
 4. each new model (a plan being built: ``Backend.begin_plan``) may spend at most ``BUDGET_S``
    seconds of timed runs measuring; past it, its new classes take, for this process, the
    candidate most cached classes of their kind at their thread counts chose (none cached: the
-   rules'; :meth:`Tuner.usual`), and are measured by a later one.
+   rules'; :meth:`Tuner.usual`), and are measured by a later process;
+5. a process keeps the choice it took for a class (cached, measured, guessed or broadcast) for
+   as long as it runs, whatever another process writes to the file meanwhile: two plans of one
+   process that share a class run the same kernels, bit for bit.
 
 The file: ``tuning-<digest>.json`` in ``$NUMBA_CACHE_DIR/miniflow_tuning`` (or
 ``miniflow_tuning`` in Numba's user-wide cache folder when ``NUMBA_CACHE_DIR`` is not set), the
@@ -71,7 +80,7 @@ from ... import distributed
 from .common import numpy_blas
 
 __all__ = ["PREFERRED", "ENV", "MODES", "FORMAT", "MAX_CHOICES", "BUDGET_S", "CLASS_BUDGET_S",
-           "MIN_ROUNDS", "MAX_ROUNDS", "SAMPLE_S", "MARGIN", "Tuner", "TUNER", "choose",
+           "MIN_ROUNDS", "MAX_ROUNDS", "SAMPLE_S", "MARGIN", "BUSY_LIMIT", "Tuner", "TUNER", "choose",
            "machine", "mode", "folder", "describe", "numpy_blas", "begin_model"]
 
 PREFERRED = "blas"
@@ -102,6 +111,10 @@ sample (as many as the slowest candidate's warm-up run fits), so that a few-micr
 is not timed by one call's jitter."""
 MARGIN = 0.05
 """Relative margin by which a candidate's median must beat the preferred one's to win."""
+BUSY_LIMIT = 0.25
+"""Cores' worth of CPU time other processes may use while a multi-threaded class is measured
+(``/proc/stat``) for its choice to be written to the file: on a busier machine the threaded
+candidates are starved, and the choice serves this process only."""
 
 
 def mode() -> str:
@@ -175,6 +188,29 @@ def _wall_time(name: str, run) -> float:
     t0 = time.perf_counter()
     run()
     return time.perf_counter() - t0
+
+
+def _cpu_snapshot():
+    """``(CPU seconds every process has used, this process's, wall clock)`` (Linux's
+    ``/proc/stat``: user, nice, system, irq, softirq and steal, the time the hypervisor gave
+    other guests); None where there is no ``/proc/stat``."""
+    try:
+        with open("/proc/stat", encoding="ascii") as f:
+            fields = [int(x) for x in f.readline().split()[1:9]]
+    except (OSError, ValueError):
+        return None
+    busy = sum(fields[k] for k in (0, 1, 2, 5, 6, 7) if k < len(fields))
+    t = os.times()
+    return busy / os.sysconf("SC_CLK_TCK"), t.user + t.system, time.perf_counter()
+
+
+def _others_busy(start) -> float:
+    """Cores' worth of CPU time other processes used since ``start`` (a :func:`_cpu_snapshot`;
+    0 where there is none): every process's time less this one's, per second of wall time."""
+    end = _cpu_snapshot()
+    if start is None or end is None or end[2] <= start[2]:
+        return 0.0
+    return max(0.0, (end[0] - start[0]) - (end[1] - start[1])) / (end[2] - start[2])
 
 
 def _cpu_time(name: str, run) -> float:
@@ -256,6 +292,11 @@ class Tuner:
         most; :func:`begin_model` resets it)."""
         self.measured = 0
         """Classes this process measured."""
+        self.taken: dict = {}
+        """The choice this process took for each class it met: it keeps it while it runs."""
+        self.busy = 0.0
+        """Cores' worth of other processes' CPU time during the last multi-threaded
+        measurement (:data:`BUSY_LIMIT`)."""
         self.collective = False
         """Whether the plan being built is built by every rank in step (:func:`begin_model`)."""
 
@@ -329,16 +370,28 @@ class Tuner:
 
     # ------------------------------------------------------------------ choosing
     def decide(self, key: str, node, ins, outs, candidates: dict, first) -> str:
-        """The name of the candidate for class ``key`` (see the module docstring): cached, or
-        measured now (and written to the file), or past the budget :meth:`usual`."""
+        """The name of the candidate for class ``key`` (see the module docstring): the one this
+        process took before, else cached, else measured now (and written to the file unless
+        the cores were busy), else past the budget :meth:`usual`."""
         names = list(candidates)
-        known = self.load().get(key)
-        if known in names:
-            return known
+        known = self.taken.get(key, self.load().get(key))
+        if known not in names:
+            known = self._new(key, node, ins, outs, candidates, first)
+        self.taken[key] = known
+        return known
+
+    def _new(self, key: str, node, ins, outs, candidates: dict, first) -> str:
+        """:meth:`decide` for a class that is neither taken nor cached."""
         if self.spent >= BUDGET_S:
-            return self.usual(key, names)
+            return self.usual(key, list(candidates))
+        self.busy = 0.0
         winner, measured = self.measure(node, ins, outs, candidates, first)
-        if measured:
+        if measured and self.busy > BUSY_LIMIT:
+            _notice("busy", f"miniflow: other processes kept {self.busy:.1f} cores busy while "
+                            f"the kernel choices of {key.split(' ', 1)[0]} products were measured "
+                            f"at several threads: those choices serve this run only and are "
+                            f"measured again by a later one")
+        elif measured:
             self.choices[key] = winner
             self._save()
         return winner
@@ -366,7 +419,8 @@ class Tuner:
         names = list(built)
         if len(names) == 1 and _kernels(first) == _kernels(built[names[0]]):
             return names[0], False
-        timer = self.timer or (_cpu_time if _threads() == (1, 1) else _wall_time)
+        threaded = _threads() != (1, 1)
+        timer = self.timer or (_wall_time if threaded else _cpu_time)
         slowest = 0.0
         for name in names:      # warm up (not counted): compile or load kernels, touch pages
             t0 = time.perf_counter()
@@ -375,6 +429,8 @@ class Tuner:
         reps = int(min(100, max(1, SAMPLE_S // max(slowest, 1e-7))))
         times = {name: [] for name in names}
         class_spent = 0.0
+        watch = threaded and self.timer is None     # wall time: other processes' load counts
+        start = _cpu_snapshot() if watch else None
         for r in range(MAX_ROUNDS):
             if r >= MIN_ROUNDS and class_spent >= CLASS_BUDGET_S:
                 break
@@ -384,6 +440,7 @@ class Tuner:
                 class_spent += t
         self.spent += class_spent
         self.measured += 1
+        self.busy = _others_busy(start) if watch else 0.0
         median = {name: float(np.median(t)) for name, t in times.items()}
         preferred = PREFERRED if PREFERRED in median else names[0]
         faster = [n for n in names if median[n] * (1 + MARGIN) < median[preferred]]
@@ -403,7 +460,7 @@ class Tuner:
             name = (self.decide(key, node, ins, outs, candidates, steps)
                     if distributed.rank() == 0 else None)
             name = distributed.broadcast_object(name, f"the kernel choice for {key}")
-            self.load()[key] = name
+            self.taken[key] = name
         else:
             name = self.decide(key, node, ins, outs, candidates, steps)
         chosen = None if name == first else candidates[name](node, ins, outs)
