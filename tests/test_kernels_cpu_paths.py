@@ -77,6 +77,9 @@ def _bf16_kernel(kernel, shape, ta, tb):
     packed in pairs first (``W`` of ``x @ W.T`` transposed as 32-bit words, a ``B`` stored
     ``[k, n]`` interleaved)."""
     m, k, n = shape
+    packs = m >= cpu_matmul.PACK_MIN_ROWS and n >= cpu_matmul.OUTER_MIN_COLS
+    if HAS_BF16_DOT and tb and not ta and k % 32 == 0 and not packs:
+        return "dot_pairs_kernel"       # x @ W.T at a small batch (or a narrow W)
     if not HAS_BF16_DOT or k % 2 or n < cpu_matmul.OUTER_MIN_COLS or m < cpu_matmul.OUTER_MIN_ROWS:
         return kernel
     if ta and tb:       # both stored transposed: no vdot_pairs tile, BLAS on widened copies
@@ -107,6 +110,8 @@ def _bf16_kernel(kernel, shape, ta, tb):
     ((19, 64, 128), False, True, "outer_block_kernel"),     # a short k: W.T copied first
     ((300, 300, 1000), False, True, "dot"),          # past whole tiles: BLAS
     ((64, 300, 1000), False, True, "dot_block_kernel"),     # the forward at batch 64
+    ((16, 1024, 256), False, True, "dot_block_kernel"),     # bfloat16: vdot_pairs' dot products
+    ((7, 96, 10), False, True, "dot_block_kernel"),         # ... past their blocks of four
 ])
 def test_matmul_takes_the_fast_path_and_agrees_with_numpy(shape, ta, tb, kernel, dt,
                                                            one_thread):
@@ -158,6 +163,7 @@ def test_matmul_refuses_an_out_with_strided_rows_rather_than_writing_it_wrong(st
     ((1024, 300, 200), True, False, "dot"),          # BLAS (bfloat16: vdot_pairs), then counted
     ((300, 300, 1024), False, True, "outer_block_kernel"),  # a forward, W.T copied first
     ((100, 300, 200), False, True, "dot"),           # a forward (bfloat16: W packed in pairs)
+    ((16, 320, 200), False, True, "dot"),            # (bfloat16: vdot_pairs' dot products)
 ])
 def test_counting_matmul_counts_the_non_finite_elements_it_writes(shape, ta, tb, kernel, dt,
                                                                 one_thread):
@@ -358,6 +364,45 @@ def test_bfloat16_batch_matmul_takes_the_paired_tile_per_matrix(shape, ta, tb, p
     widened = _batch_matmul_steps(a, b, np.empty_like(out), ta, tb)
     assert not any(fn is cpu_matmul.batch_pairs_kernel(p, tb) for fn, _ in widened
                    for p in (False, True))
+
+
+@pytest.mark.skipif(not HAS_BF16_DOT, reason="the target CPU has no AVX512-BF16")
+@pytest.mark.parametrize("counted", [False, True])
+@pytest.mark.parametrize("out_dt", [bfloat16, float32], ids=lambda d: d.short)
+@pytest.mark.parametrize("m,k,n", [(16, 1024, 64), (7, 96, 10), (1, 32, 3), (3, 64, 9), (4, 32, 4)])
+def test_paired_dot_products_sum_their_lanes_in_one_order(m, k, n, out_dt, counted):
+    """:func:`dot_pairs_kernel` (bfloat16 ``x @ W.T``, ``k`` a multiple of 32): every element
+    the same bits whether it falls in a block of 4 x 4, in the rows past the blocks, or runs
+    alone (four by one, one by four: :func:`_dots4`), serial or parallel; within float32
+    rounding of the float64 product (exact products, sums over 16 lanes then the fold tree),
+    rounded once into out; counted: the elements not finite in out's type."""
+    rng = np.random.default_rng(1)
+    x = rng.uniform(-2, 2, (m, k)).astype(bfloat16.np)
+    w = rng.uniform(-2, 2, (n, k)).astype(bfloat16.np)
+    if m > 1:
+        x[0, 0], w[:, 0] = 3e38, 2.0                # bfloat16 overflows in row 0 of out
+    bits = lambda a: a.view(np.int16) if a.dtype.itemsize == 2 else a     # noqa: E731
+    runs = {}
+    for parallel in (False, True):
+        out, count = np.full((m, n), -7, out_dt.np), np.zeros(1, np.int64)
+        cpu_matmul.dot_pairs_kernel(parallel, counted)(bits(x), bits(w), bits(out), count)
+        runs[parallel] = out, count[0]
+    np.testing.assert_array_equal(bits(runs[True][0]), bits(runs[False][0]))
+    out, count = runs[False]
+    exact = x.astype(np.float64) @ w.astype(np.float64).T
+    wide = np.empty((m, n), np.float32)             # the float32 sums, rounded once into out
+    cpu_matmul.dot_pairs_kernel(False, False)(bits(x), bits(w), wide, np.zeros(1, np.int64))
+    finite = np.isfinite(wide)
+    bound = (k // 16 + 4) * 2.0 ** -24 * (np.abs(x.astype(np.float64)) @ np.abs(w.astype(
+        np.float64)).T)                             # two roundings a step, then four folds
+    assert (np.abs(wide - exact) <= bound)[finite].all() and finite[m > 1:].all()
+    np.testing.assert_array_equal(bits(out), bits(wide.astype(out_dt.np)))
+    single = np.empty((1, 1), np.float32)           # a product alone: the block's bits
+    cpu_matmul.dot_pairs_kernel(False, False)(bits(x[-1:]), bits(w[-1:]), single,
+                                              np.zeros(1, np.int64))
+    assert single[0, 0] == wide[-1, -1]
+    assert count == (np.count_nonzero(~np.isfinite(out.astype(np.float64))) if counted else 0)
+    assert not counted or m == 1 or count >= n      # row 0 overflows
 
 
 def test_bfloat16_batch_matmul_without_the_paired_tile_widens_for_blas(monkeypatch):

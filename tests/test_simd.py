@@ -11,9 +11,10 @@ import pytest
 
 from miniflow.kernels.cpu import fp16
 from miniflow.kernels.cpu.matmul import transpose_kernel
-from miniflow.kernels.cpu.simd import (HAS_BF16_DOT, LANES, tile_intrinsic, vcount_nonfinite,
-                                       vdot_pairs, vfma, vload, vload_pairs, vsplat,
-                                       vsplat_pair, vstore, vtranspose_block, vzero)
+from miniflow.kernels.cpu.simd import (HAS_BF16_DOT, LANES, fold_intrinsic, tile_intrinsic,
+                                       vcount_nonfinite, vdot_pairs, vfma, vlane, vload,
+                                       vload_pairs, vsplat, vsplat_pair, vstore, vtranspose_block,
+                                       vzero)
 
 HALVES = [np.float16, ml_dtypes.bfloat16]
 BITS = {np.float16: np.uint16, ml_dtypes.bfloat16: np.int16}
@@ -194,6 +195,37 @@ def test_vdot_pairs_adds_the_products_of_rows_p_and_p_plus_1():
     tiny = _bf16_bits(2.0 ** -130)[()]                 # a bfloat16 subnormal: read as zero
     _dot_pairs(acc, tiny, x1, b, out)
     np.testing.assert_array_equal(out, acc - 5 * b32[1:])
+
+
+_FOLD_A, _FOLD_B = fold_intrinsic(LANES // 2), fold_intrinsic(LANES // 4)
+
+
+@numba.njit
+def _fold_levels(v, out):
+    """out[0] = fold(v[0], v[1]) at half LANES / 2, out[1] = fold(v[2], v[3]) at LANES / 4,
+    out[2, :LANES] = lanes of v[0] one by one (vlane)."""
+    vstore(out, 0, 0, _FOLD_A(vload(v, 0, 0), vload(v, 1, 0)))
+    vstore(out, 1, 0, _FOLD_B(vload(v, 2, 0), vload(v, 3, 0)))
+    first = vload(v, 0, 0)
+    for lane in range(LANES):
+        out[2, lane] = vlane(first, lane)
+
+
+def test_fold_sums_lane_pairs_within_groups_x_first():
+    """``fold_intrinsic(h)(x, y)``: lane ``g h + t`` is ``x[2 g h + t] + x[2 g h + h + t]``,
+    ``y``'s groups from lane ``LANES / 2`` (the horizontal sums of ``dot_pairs_kernel``);
+    ``vlane`` reads one lane; a half that does not split the lanes into groups is refused."""
+    r = np.random.default_rng(4)
+    v = r.uniform(-1, 1, (4, LANES)).astype(np.float32)
+    out = np.zeros((3, LANES), np.float32)
+    _fold_levels(v, out)
+    for row, (x, y, h) in enumerate([(v[0], v[1], LANES // 2), (v[2], v[3], LANES // 4)]):
+        want = [z[2 * h * g + t] + z[2 * h * g + h + t] for z in (x, y)
+                for g in range(LANES // (2 * h)) for t in range(h)]
+        np.testing.assert_array_equal(out[row], np.array(want, np.float32))
+    np.testing.assert_array_equal(out[2], v[0])
+    with pytest.raises(ValueError, match="does not divide"):
+        fold_intrinsic(3)
 
 
 _TILE_3X2 = tile_intrinsic(3, 2)

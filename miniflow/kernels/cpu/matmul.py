@@ -46,7 +46,10 @@ peak for every product of the MLPs):
   :func:`interleave_pairs_kernel` (the gradients at batch 64: 185-204 GFLOP/s, 214-217 at 256,
   packing included, against 145-150 interleaving as they load), ``W`` of ``x @ W.T`` by
   :func:`transpose_kernel` on its pairs viewed as float32 words (167 GFLOP/s at batch 64, 212
-  at 256; a scalar loop over the words did 126 and 183). Those are Zen 4's numbers:
+  at 256; a scalar loop over the words did 126 and 183). ``x @ W.T`` below ``PACK_MIN_ROWS``
+  rows (or with a narrow ``W``), ``k`` a multiple of 32: :func:`dot_pairs_kernel`, dot products
+  on the pairs as stored (the forward at batch 16: 175 GFLOP/s, against 89 for
+  :func:`dot_block_kernel` on widened elements and a rounding pass). Those are Zen 4's numbers:
   on Sapphire Rapids ``vdpbf16ps`` issues at half the FMAs' rate and the tile did 37-77 GFLOP/s,
   where the tuner takes the ``packed`` candidate (:func:`packed_steps`, 85-128).
 * otherwise one ``np.dot`` (BLAS; less call overhead than ``np.matmul``). From
@@ -83,14 +86,15 @@ from .common import jit, jitable, kview, loop_for, numpy_blas, one_pool, use_par
 from .elementwise import cast_steps
 from .fp16 import load, store, to_compute
 from .loss_scale import cast_count_steps, sum_counts_kernel
-from .simd import (HAS_BF16_DOT, LANES, fma_scalar, vcount_nonfinite, vdot_pairs, vfma, vload,
-                   vload_pairs, vload_run, vsplat, vsplat_pair, vstore, vtranspose_block, vzero)
+from .simd import (HAS_BF16_DOT, LANES, fma_scalar, vcount_nonfinite, vdot_pairs, vfma, vfold1,
+                   vfold2, vfold4, vfold8, vlane, vload, vload_pairs, vload_run, vsplat,
+                   vsplat_pair, vstore, vtranspose_block, vzero)
 from .target import ISA
 
 __all__ = ["BUILDERS", "OUTER_MIN_ROWS", "OUTER_MIN_COLS", "PACK_MIN_ROWS", "LAYOUTS",
            "WIDEN_MAX", "WIDEN_REUSE", "TINY", "COPY_MIN_ROWS", "COPY_MIN_WORK", "BIG", "DOT_MIN_K",
            "DOT_MAX_ROWS", "ONE_THREAD_FROM", "ONE_THREAD_BELOW", "OneThreadBlas",
-           "dot_block_kernel", "outer_block_kernel", "interleave_pairs_kernel", "transpose_kernel",
+           "dot_block_kernel", "dot_pairs_kernel", "outer_block_kernel", "interleave_pairs_kernel", "transpose_kernel",
            "rows_times_kernel", "batch_pairs_kernel", "build_matmul", "numba_steps",
            "blas_steps", "blas_one_thread_steps", "packed_steps", "mkl_steps",
            "mkl_blocked_steps", "MKL", "CANDIDATES", "GEMM_CANDIDATES",
@@ -219,6 +223,100 @@ def dot_block_kernel(parallel: bool):
                 for p in range(k):
                     acc += load(xi, p) * load(wj, p)
                 out[i, j] = acc
+
+    return kernel
+
+
+@jitable
+def _dots4(x, i, di, w, j, dj):
+    """The dot products of rows ``x[i + t di]`` and ``w[j + t dj]`` (bfloat16 bits, ``k`` a
+    multiple of 32) for ``t < 4``, as lanes 0-3 of one vector: four chains of ``vdot_pairs``,
+    their lanes summed by the fold tree of :func:`dot_pairs_kernel`'s blocks (the same bits)."""
+    a0 = a1 = a2 = a3 = vzero()
+    for p in range(0, x.shape[1], 32):
+        a0 = vdot_pairs(a0, vload_run(x, i, p), vload_run(w, j, p))
+        a1 = vdot_pairs(a1, vload_run(x, i + di, p), vload_run(w, j + dj, p))
+        a2 = vdot_pairs(a2, vload_run(x, i + 2 * di, p), vload_run(w, j + 2 * dj, p))
+        a3 = vdot_pairs(a3, vload_run(x, i + 3 * di, p), vload_run(w, j + 3 * dj, p))
+    h = vfold4(vfold8(a0, a1), vfold8(a2, a3))
+    return vfold1(vfold2(h, h), h)
+
+
+@jitable
+def _put_scalar(out, i, j, v, counted):
+    """``out[i, j] = v`` rounded to out's type; with ``counted``, 1 if the stored value is not
+    finite (else 0)."""
+    store(out, (i, j), v)
+    return 1 if counted and not math.isfinite(load(out, (i, j))) else 0
+
+
+@functools.cache
+def dot_pairs_kernel(parallel: bool, counted: bool):
+    """``kernel(x, w, out, count)``: ``out = x @ w.T`` for bfloat16 bits ``x`` ``[m, k]`` and ``w``
+    ``[n, k]`` (C-contiguous, ``k`` a multiple of 32; ``simd.HAS_BF16_DOT``), out float32 or bfloat16 bits
+    (rows of unit stride), each element rounded once as it is stored; with ``counted``,
+    ``count[0]`` = the number of non-finite elements of out.
+
+    :func:`dot_block_kernel`'s 4 x 4 blocks on ``vdot_pairs``: a row of ``x`` and a row of ``w``
+    hold their pairs side by side already (``k`` is the contracted axis of both), so each
+    instruction takes 32 elements of each as they are stored, with nothing packed or widened:
+    sixteen accumulators of 16 lanes advance along ``k``, their lanes summed by one fold tree
+    (``vfold8`` .. ``vfold1``: lane ``4 r + c`` is out ``[i + r, j + c]``). Rows past the last
+    blocks take four dot products at a time (:func:`_dots4`). For the forward ``x @ W.T`` of a
+    layer at small batches: the wide MLP's 16 x 1024 x 1024 on one Zen 4 core, out bfloat16, in
+    192 us (175 GFLOP/s; float32 out 167 us, 200) where :func:`dot_block_kernel` on widened
+    elements and a rounding pass took 375. (A ``k % 32`` tail one product at a time after the
+    fold, even when empty, cost 130 us there: ``k`` must be a multiple of 32.) The parallel
+    variant splits the blocks of ``w``'s rows. Subnormal products are lost (``vdot_pairs``)."""
+    loop = loop_for(parallel)
+
+    @jit(parallel)
+    def kernel(x, w, out, count):
+        m, k = x.shape
+        n = w.shape[0]
+        m4, n4 = m - m % 4, n - n % 4
+        bad = 0
+        for jb in loop(n4 // 4):
+            j = 4 * np.int64(jb)
+            for i in range(0, m4, 4):
+                a00 = a01 = a02 = a03 = a10 = a11 = a12 = a13 = vzero()
+                a20 = a21 = a22 = a23 = a30 = a31 = a32 = a33 = vzero()
+                for p in range(0, k, 32):
+                    u0, u1 = vload_run(w, j, p), vload_run(w, j + 1, p)
+                    u2, u3 = vload_run(w, j + 2, p), vload_run(w, j + 3, p)
+                    c = vload_run(x, i, p)
+                    a00, a01 = vdot_pairs(a00, c, u0), vdot_pairs(a01, c, u1)
+                    a02, a03 = vdot_pairs(a02, c, u2), vdot_pairs(a03, c, u3)
+                    c = vload_run(x, i + 1, p)
+                    a10, a11 = vdot_pairs(a10, c, u0), vdot_pairs(a11, c, u1)
+                    a12, a13 = vdot_pairs(a12, c, u2), vdot_pairs(a13, c, u3)
+                    c = vload_run(x, i + 2, p)
+                    a20, a21 = vdot_pairs(a20, c, u0), vdot_pairs(a21, c, u1)
+                    a22, a23 = vdot_pairs(a22, c, u2), vdot_pairs(a23, c, u3)
+                    c = vload_run(x, i + 3, p)
+                    a30, a31 = vdot_pairs(a30, c, u0), vdot_pairs(a31, c, u1)
+                    a32, a33 = vdot_pairs(a32, c, u2), vdot_pairs(a33, c, u3)
+                sums = vfold1(
+                    vfold2(vfold4(vfold8(a00, a01), vfold8(a02, a03)),
+                           vfold4(vfold8(a10, a11), vfold8(a12, a13))),
+                    vfold2(vfold4(vfold8(a20, a21), vfold8(a22, a23)),
+                           vfold4(vfold8(a30, a31), vfold8(a32, a33))))
+                for r in range(4):
+                    for c4 in range(4):
+                        bad += _put_scalar(out, i + r, j + c4, vlane(sums, 4 * r + c4), counted)
+            for i in range(m4, m):      # the rows of x past the last block: one by four
+                sums = _dots4(x, i, 0, w, j, 1)
+                for c4 in range(4):
+                    bad += _put_scalar(out, i, j + c4, vlane(sums, c4), counted)
+        for j in range(n4, n):          # the rows of w past the last block: four by one
+            for i in range(0, m4, 4):
+                sums = _dots4(x, i, 1, w, j, 0)
+                for r in range(4):
+                    bad += _put_scalar(out, i + r, j, vlane(sums, r), counted)
+            for i in range(m4, m):      # and past both: lane 0 of four equal chains
+                bad += _put_scalar(out, i, j, vlane(_dots4(x, i, 0, w, j, 0), 0), counted)
+        if counted:
+            count[0] = bad
 
     return kernel
 
@@ -704,6 +802,15 @@ def _packs(a, b, out) -> bool:
             and out.dtype in _vector_kinds() and m >= PACK_MIN_ROWS and n >= OUTER_MIN_COLS)
 
 
+def _dot_pairs_takes(a, b, out) -> bool:
+    """Whether :func:`dot_pairs_kernel` computes ``out = a @ b`` (bfloat16 bits, ``b = W.T``
+    of a C-contiguous ``W``, ``k`` a positive multiple of 32) where
+    :func:`_packs` does not."""
+    return (b.flags.f_contiguous and not b.flags.c_contiguous and a.flags.c_contiguous
+            and out.dtype in (np.dtype(np.float32), np.dtype(np.int16))
+            and out.strides[1] == out.itemsize and a.shape[1] % 32 == 0 and a.shape[1] > 0)
+
+
 def _dot_block_takes(m: int, k: int, n: int) -> bool:
     """Whether :func:`dot_block_kernel` computes ``x @ W.T`` of these sizes (module docstring;
     any product below ``TINY``)."""
@@ -971,6 +1078,9 @@ def numba_steps(node, ins, outs):
         return [(transpose_kernel(use_parallel(w.size)), (w.view(np.float32), packed)),
                 (outer_block_kernel(use_parallel(out.size), counted, "packed"),
                  (bits_a, packed.view(np.int16), bits_out, count))]
+    if paired and _dot_pairs_takes(bits_a, bits_b, bits_out):   # x @ W.T at a small batch
+        return [(dot_pairs_kernel(use_parallel(bits_b.size), counted),
+                 (bits_a, bits_b.T, bits_out, count))]
     target = _target(out, counted)
     step = _loop_step(bits_a, bits_b, target) if out.dtype.itemsize == 2 else None
     if step is not None:

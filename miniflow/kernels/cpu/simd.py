@@ -33,6 +33,13 @@ instructions; below, ``L`` = ``LANES``):
 * ``vzero()``: ``L`` zeros.
 * ``vfma(x, y, z)``: ``x * y + z`` with one rounding per lane (``llvm.fma``); ``fma_scalar`` the same
   for float32 and float64 scalars.
+* ``vfold8(x, y)``, ``vfold4``, ``vfold2``, ``vfold1`` (``fold_intrinsic(h)``): lane sums of
+  two vectors in groups: each group of ``2 h`` lanes of ``x`` summed pairwise into ``h`` lanes
+  (lane ``t`` plus lane ``t + h``), ``x``'s groups in the lower half of the result, ``y``'s in
+  the upper. With 16 lanes, four levels sum 16 vectors into one whose lane ``l`` is vector
+  ``l``'s sum (dot products' horizontal sums, 15 shuffle pairs where one sum at a time takes 64),
+  in a fixed order.
+* ``vlane(v, l)``: lane ``l`` of ``v`` (a float32).
 * ``tile_intrinsic(rows, vectors)``: an intrinsic running a whole register tile of ``vfma`` over
   packed operands (``packed_gemm``'s micro-kernel), generated as LLVM IR for the tile's shape.
 
@@ -70,7 +77,8 @@ from . import fp16, target
 
 __all__ = ["LANES", "HAS_BF16_DOT", "X86_INTRINSICS", "f32vec", "bf16x32", "vload", "vstore",
            "vcount_nonfinite", "vtranspose_block", "vsplat", "vzero", "vfma", "fma_scalar",
-           "vload_pairs", "vload_run", "vsplat_pair", "vdot_pairs", "tile_intrinsic"]
+           "vload_pairs", "vload_run", "vsplat_pair", "vdot_pairs", "tile_intrinsic",
+           "fold_intrinsic", "vfold8", "vfold4", "vfold2", "vfold1", "vlane"]
 
 LANES = target.ISA.lanes
 """float32 lanes of one vector (one register of the target: ``target.ISA``)."""
@@ -340,6 +348,46 @@ def vfma(typingctx, x, y, z):
         return builder.call(fma, args)
 
     return f32vec(x, y, z), codegen
+
+
+def fold_intrinsic(half: int):
+    """An intrinsic ``vfold(x, y)`` (two ``f32vec``): lane ``g h + t`` of the result, for ``g <
+    LANES / (2 h)`` and ``t < h``, is ``x[2 g h + t] + x[2 g h + h + t]``; the same of ``y``
+    from lane ``LANES / 2`` (see the module docstring; two shuffles and one addition)."""
+    if half < 1 or LANES % (2 * half):
+        raise ValueError(f"fold_intrinsic: half={half} does not divide {LANES} lanes in groups")
+    first = [base + 2 * half * g + t for base in (0, LANES)
+             for g in range(LANES // (2 * half)) for t in range(half)]
+    picks = [ir.Constant(_I32, first), ir.Constant(_I32, [i + half for i in first])]
+
+    @intrinsic
+    def vfold(typingctx, x, y):
+        if not (x == f32vec and y == f32vec):
+            raise TypeError(f"vfold{half}: expected two f32vec, got {x}, {y}")
+
+        def codegen(context, builder, sig, args):
+            lo, hi = (builder.shuffle_vector(args[0], args[1], pick) for pick in picks)
+            return builder.fadd(lo, hi)
+
+        return f32vec(x, y), codegen
+
+    return vfold
+
+
+vfold8, vfold4, vfold2, vfold1 = (fold_intrinsic(h) for h in (8, 4, 2, 1)) if LANES == 16 else (
+    None,) * 4
+
+
+@intrinsic
+def vlane(typingctx, v, lane):
+    """Lane ``lane`` of ``v`` (float32; ``lane < LANES``, not checked)."""
+    if not (v == f32vec and isinstance(lane, types.Integer)):
+        raise TypeError(f"vlane: expected an f32vec and an integer, got {v}, {lane}")
+
+    def codegen(context, builder, sig, args):
+        return builder.extract_element(args[0], args[1])
+
+    return types.float32(v, lane), codegen
 
 
 @intrinsic
