@@ -251,7 +251,12 @@ class Tensor:
         it to the one at ``indices``).
 
         Raises:
-            IndexError: ``dim`` out of range. ValueError: an empty reduced dimension."""
+            IndexError: ``dim`` out of range. ValueError: an empty reduced dimension.
+            TypeError: ``keepdim`` without ``dim`` (as PyTorch: no such overload)."""
+        if dim is None and keepdim:
+            raise TypeError(f"max(): keepdim=True needs a dim (the tensor has shape "
+                            f"{list(self.shape)}): pass dim=..., or reshape the 0-d maximum, "
+                            f"x.max().reshape({(1,) * self.ndim})")
         if dim is None:
             flat = self.reshape(-1) if self.ndim != 1 else self
             return apply("reduce_max", [flat], axis=0).reshape(())

@@ -322,6 +322,37 @@ def test_a_torch_optim_state_dict_loads_and_training_continues_as_in_torch(name,
         np.testing.assert_allclose(got, want.numpy(), rtol=1e-5, atol=1e-6, err_msg=key)
 
 
+@pytest.mark.parametrize("name,hyper", [("SGD", dict(lr=0.1, momentum=0.9)),
+                                        ("Adam", dict(lr=0.01, amsgrad=True)),
+                                        ("AdamW", dict(lr=0.01, weight_decay=0.1))])
+def test_a_miniflow_state_dict_loads_into_torch_optim_and_steps_as_miniflow(name, hyper):
+    """The other way: miniflow's state dict (its arrays as tensors) loads into ``torch.optim``,
+    which replaces whole param groups, so each group carries PyTorch's keys at their no-op
+    values (``dampening`` for SGD: without it ``torch.optim.SGD.step`` fails with a KeyError),
+    and torch's next steps are miniflow's; it loads back into miniflow too."""
+    torch = pytest.importorskip("torch")
+    model = small_mlp()
+    opt = getattr(mf.optim, name)(model.parameters(), **hyper)
+    step = Step(model, opt)
+    for seed in (1, 2):
+        step(*xy(seed=seed))
+    state = opt.state_dict()
+    tmodel = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 3))
+    tmodel.load_state_dict({k: torch.tensor(v) for k, v in model.state_dict().items()})
+    topt = getattr(torch.optim, name)(tmodel.parameters(), **hyper)
+    topt.load_state_dict({**state, "state": {i: {k: torch.tensor(v) for k, v in s.items()}
+                                             for i, s in state["state"].items()}})
+    for seed in (3, 4):
+        topt.zero_grad()
+        x, y = xy(seed=seed)
+        torch.nn.functional.cross_entropy(tmodel(torch.tensor(x)), torch.tensor(y)).backward()
+        topt.step()
+        step(x, y)
+    for (key, want), got in zip(tmodel.state_dict().items(), param_arrays(model)):
+        np.testing.assert_allclose(got, want.numpy(), rtol=1e-5, atol=1e-6, err_msg=key)
+    getattr(mf.optim, name)(small_mlp().parameters(), **hyper).load_state_dict(state)
+
+
 @pytest.mark.parametrize("name,hyper,torch_steps", [
     ("SGD", dict(lr=0.1), 2), ("SGD", dict(lr=0.1, momentum=0.9), 0),
     ("Adam", dict(lr=0.01), 0), ("AdamW", dict(lr=0.01, weight_decay=0.1), 0)])

@@ -163,6 +163,10 @@ def test_max_returns_values_and_indices_as_pytorch():
         np.testing.assert_array_equal(indices.numpy(), want.indices.numpy())
     with pytest.raises(ValueError, match="Expected reduction dim 1 to have non-zero size"):
         mf.tensor(np.zeros((2, 0), np.float32)).max(dim=1)
+    with pytest.raises(TypeError, match=r"keepdim=True needs a dim .*shape \[2, 4\]"):
+        mf.tensor(x).max(keepdim=True)          # torch: no such overload (a TypeError too)
+    with pytest.raises(TypeError):
+        torch.tensor(x).max(keepdim=True)
 
 
 def test_max_and_softmax_along_dim_0_of_a_0d_tensor_as_pytorch():

@@ -460,14 +460,16 @@ class Optimizer:
 
     def state_dict(self) -> dict:
         """PyTorch layout: ``{"state": {i: {name: ndarray}}, "param_groups": [{..., "params":
-        [i, ...]}, ...]}`` (``i`` counts the parameters across the groups, in order), plus
-        miniflow's ``num_steps`` and ``num_skipped_steps`` (the graph calls that ran the
+        [i, ...]}, ...]}`` (``i`` counts the parameters across the groups, in order; each group
+        also holds PyTorch's keys miniflow has not, :attr:`torch_keys`, at their no-op values,
+        so that ``torch.optim``'s ``load_state_dict``, which replaces whole groups, takes it),
+        plus miniflow's ``num_steps`` and ``num_skipped_steps`` (the graph calls that ran the
         updates, and those skipped; LR schedulers read them, see
         ``miniflow.optim.lr_scheduler``; PyTorch's ``load_state_dict`` ignores them)."""
         to_numpy = get_backend().to_numpy
         return {"state": {i: {k: to_numpy(v) for k, v in s.items()}
                           for i, s in enumerate(self.state)},
-                "param_groups": [dict(g.hyper(), params=list(range(first, stop)))
+                "param_groups": [dict(self.torch_keys, **g.hyper(), params=list(range(first, stop)))
                                  for g, first, stop in self.group_slices()],
                 "num_steps": self.num_steps, "num_skipped_steps": self.num_skipped_steps}
 
