@@ -173,9 +173,9 @@ def test_a_wrong_array_is_a_type_error():
 
 
 @numba.njit
-def _dot_pairs(acc, x0, x1, b, out):
-    """out[0, :16] = acc[0, :16] + x0 * b[0, :16] + x1 * b[1, :16] (vdot_pairs)."""
-    vstore(out, 0, 0, vdot_pairs(vload(acc, 0, 0), vsplat_pair(x0, x1), vload_pairs(b, 0, 0)))
+def _dot_pairs(acc, x, b, out):
+    """out[0, :16] = acc[0, :16] + x[0, 0] * b[0, :16] + x[0, 1] * b[1, :16] (vdot_pairs)."""
+    vstore(out, 0, 0, vdot_pairs(vload(acc, 0, 0), vsplat_pair(x, 0, 0), vload_pairs(b, 0, 0)))
 
 
 def _bf16_bits(values) -> np.ndarray:
@@ -187,13 +187,16 @@ def test_vdot_pairs_adds_the_products_of_rows_p_and_p_plus_1():
     r = np.random.default_rng(2)
     b = _bf16_bits(r.integers(-64, 64, (2, 16)))         # small integers: every sum is exact
     acc = r.integers(-1000, 1000, (1, 16)).astype(np.float32)
-    x0, x1 = _bf16_bits(3.0)[()], _bf16_bits(-5.0)[()]
+    x = _bf16_bits([[3.0, -5.0]])
     out = np.empty((1, 16), np.float32)
-    _dot_pairs(acc, x0, x1, b, out)
     b32 = b.view(ml_dtypes.bfloat16).astype(np.float32)
-    np.testing.assert_array_equal(out, acc + 3 * b32[:1] - 5 * b32[1:])
-    tiny = _bf16_bits(2.0 ** -130)[()]                 # a bfloat16 subnormal: read as zero
-    _dot_pairs(acc, tiny, x1, b, out)
+    column = _bf16_bits([[3.0, 7.0], [-5.0, 9.0]]).T     # a .T view: two loads, not one word
+    assert not column.flags.c_contiguous
+    for pair in (x, column):
+        _dot_pairs(acc, pair, b, out)
+        np.testing.assert_array_equal(out, acc + 3 * b32[:1] - 5 * b32[1:])
+    x[0, 0] = _bf16_bits(2.0 ** -130)[()]              # a bfloat16 subnormal: read as zero
+    _dot_pairs(acc, x, b, out)
     np.testing.assert_array_equal(out, acc - 5 * b32[1:])
 
 

@@ -355,7 +355,7 @@ def _splat(a, i, p):
 @jitable
 def _splat_pair(a, i, p):
     """The bfloat16 pair ``(a[i, p], a[i, p + 1])`` in every lane: two steps of the inner loop."""
-    return vsplat_pair(a[i, p], a[i, p + 1])
+    return vsplat_pair(a, i, p)
 
 
 @jitable

@@ -52,7 +52,8 @@ pair, twice the multiply-adds of one ``vfma``:
   of bfloat16 bits interleaved (an outer product's ``b`` operand, two steps of the inner loop).
 * ``vload_run(a, i, j)``: the 32 values ``a[i, j:j + 32]`` as 16 pairs (rows of pairs packed
   ahead, by ``matmul.transpose_kernel`` or ``matmul.interleave_pairs_kernel``).
-* ``vsplat_pair(x0, x1)``: the pair of bfloat16 bits ``(x0, x1)`` in every lane.
+* ``vsplat_pair(a, i, p)``: the pair ``(a[i, p], a[i, p + 1])`` in every lane (one 32-bit load
+  where ``a`` is C-contiguous).
 * ``vdot_pairs(acc, x, y)``: per lane, ``acc`` plus the two products of the lane's pairs (exact in
   float32; two additions, each rounded to nearest even). The instruction treats subnormal inputs
   as zero and flushes subnormal results to zero (Intel SDM, VDPBF16PS), as oneDNN's bfloat16
@@ -423,20 +424,33 @@ def vload_run(typingctx, a, i, j):
 
 
 @intrinsic
-def vsplat_pair(typingctx, x0, x1):
-    """The bfloat16 bits ``(x0, x1)`` (int16 scalars) in every lane."""
-    if not (x0 == types.int16 and x1 == types.int16):
-        raise TypeError(f"vsplat_pair: expected two int16 (bfloat16 bits), got {x0}, {x1}")
+def vsplat_pair(typingctx, a, i, p):
+    """The bfloat16 bits ``(a[i, p], a[i, p + 1])`` in every lane: where ``a``'s rows are
+    contiguous (a C-layout array) one 32-bit load broadcast (``vpbroadcastd`` from memory),
+    else two 16-bit loads through the strides (a ``.T`` view). No negative-index wraparound:
+    Numba's ``a[i, p]`` tests and corrects each index, which with the two loads made a register
+    tile's inner loop four times as long as its ``vdot_pairs``."""
+    _check_2d("vsplat_pair", a, [types.int16])
 
     def codegen(context, builder, sig, args):
-        lo, hi = (builder.zext(x, ir.IntType(32)) for x in args)
-        word = builder.or_(lo, builder.shl(hi, ir.Constant(ir.IntType(32), 16)))
+        aryty, ary = sig.args[0], args[0]
+        i, p = _index(context, builder, sig, args, 1), _index(context, builder, sig, args, 2)
+        i16, i32 = ir.IntType(16), ir.IntType(32)
+        first = builder.bitcast(_row_pointer(context, builder, aryty, ary, i, p, i16),
+                                i16.as_pointer())
+        if aryty.layout == "C":
+            word = builder.load(builder.bitcast(first, i32.as_pointer()), align=2)
+        else:
+            second = builder.bitcast(_row_pointer(context, builder, aryty, ary, i, builder.add(
+                p, ir.Constant(p.type, 1)), i16), i16.as_pointer())
+            lo, hi = (builder.zext(builder.load(x, align=2), i32) for x in (first, second))
+            word = builder.or_(lo, builder.shl(hi, ir.Constant(i32, 16)))
         undef = ir.Constant(_I32, ir.Undefined)
-        lane0 = ir.Constant(ir.VectorType(ir.IntType(32), LANES), [0] * LANES)
-        one = builder.insert_element(undef, word, ir.Constant(ir.IntType(32), 0))
+        lane0 = ir.Constant(ir.VectorType(i32, LANES), [0] * LANES)
+        one = builder.insert_element(undef, word, ir.Constant(i32, 0))
         return builder.bitcast(builder.shuffle_vector(one, undef, lane0), _PAIRS)
 
-    return bf16x32(x0, x1), codegen
+    return bf16x32(a, i, p), codegen
 
 
 @intrinsic
