@@ -5,9 +5,19 @@ Numba kernels execute it. See ``README.md`` and ``tutorials/``.
 
 Numba's ``NUMBA_DISABLE_JIT=1`` is refused here, at import, with one sentence: the kernels' float16
 helpers are LLVM intrinsics and Numba overloads, which exist only in compiled code, and plain Python
-raises where kernels rely on IEEE results (``math.exp`` overflow, ``math.log(0.0)``).
+raises where kernels rely on IEEE results (``math.exp`` overflow, ``math.log(0.0)``). A
+``NUMBA_NUM_THREADS`` that is not a positive whole number is refused with one sentence naming it
+(Numba's own import error does not name the variable).
 """
-import numba as _numba
+import os as _os
+
+_THREADS = _os.environ.get("NUMBA_NUM_THREADS", "").strip()
+if _THREADS and not (_THREADS.isdigit() and int(_THREADS) > 0):
+    raise ImportError(f"miniflow: NUMBA_NUM_THREADS={_THREADS!r} is not a positive whole number "
+                      f"(the threads miniflow's kernels run on): set it to 1 or more, or unset it "
+                      f"to use every core", name=__name__)
+
+import numba as _numba  # noqa: E402
 
 if _numba.config.DISABLE_JIT:
     raise ImportError("miniflow does not support NUMBA_DISABLE_JIT=1 (its kernels need Numba's "

@@ -64,13 +64,10 @@ def _info(args) -> int:
 def _print_tuning() -> None:
     """The CPU Numba compiles for, the BLAS libraries and the kernel choices measured on this
     machine (``kernels.cpu.tune``)."""
-    from .kernels.cpu import blas_split, mkl_gemm, tune
+    from .kernels.cpu import blas_split, mkl_gemm, target, tune
 
     m = tune.machine()
-    isa = [f for f in ("avx512bf16", "avx512fp16", "amx-bf16", "avx512f", "avx2", "fma", "f16c",
-                       "neon", "sve") if f in m["features"].split(",")]
-    isa = ", ".join(isa) or "none of the vector extensions miniflow uses"
-    print(f"CPU: {m['cpu']}; Numba compiles for {m['target']} ({isa})")
+    print(f"CPU: {m['cpu']}; Numba compiles for {target.describe()}")
     print(f"BLAS (core type): {'; '.join(m['blas']) or 'none loaded'}")
     print(f"threads: {blas_split.describe()}")
     print(mkl_gemm.describe())

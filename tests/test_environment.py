@@ -165,6 +165,20 @@ def test_numba_disable_jit_is_refused_at_import_in_one_sentence(tmp_path):
     assert cli.stderr.count("\n") == 1 and f"(ImportError: {sentence})" in cli.stderr
 
 
+@pytest.mark.parametrize("value", ["0", "-1", "two"])
+def test_a_numba_num_threads_that_is_no_positive_number_is_refused_by_name(tmp_path, value):
+    """Numba's own import error ("Number of threads specified must be > 0.") does not name the
+    variable; miniflow's names it and its value, in one sentence, for ``import`` and the CLI."""
+    sentence = (f"miniflow: NUMBA_NUM_THREADS={value!r} is not a positive whole number (the "
+                f"threads miniflow's kernels run on): set it to 1 or more, or unset it to use "
+                f"every core")
+    env = dict(PYTHONPATH=str(PACKAGE.parent), NUMBA_NUM_THREADS=value)
+    r = _run(["-c", "import miniflow"], tmp_path, **env)
+    assert r.returncode == 1 and r.stderr.splitlines()[-1] == f"ImportError: {sentence}"
+    cli = _run(["-m", "miniflow", "info"], tmp_path, **env)
+    assert cli.returncode == 1 and cli.stderr.count("\n") == 1 and sentence in cli.stderr
+
+
 @pytest.mark.parametrize("env,backend_line,code", [
     ({"MINIFLOW_BACKEND": "gpu"},
      "backend: unavailable: miniflow: MINIFLOW_BACKEND='gpu' is not a backend; set it to one of "

@@ -128,6 +128,7 @@ def test_a_cached_choice_gives_the_same_steps_and_bits_in_a_new_process(tmp_path
 
 @pytest.mark.parametrize("content,why", [
     ("{not json", "cannot be read as JSON"),
+    ("[" * 100000 + "]" * 100000, "cannot be read as JSON (RecursionError"),     # deep nesting
     ('{"format": "miniflow-tuning-2", "machine": {}, "choices": {}}', "is not a miniflow-tuning-4"),
     ('{"format": "miniflow-tuning-4", "machine": {"cpu": "a VAX"}, "choices": {"k": "blas"}}',
      "written for another machine"),
@@ -144,6 +145,81 @@ def test_a_corrupt_or_foreign_file_is_ignored_with_one_notice(tmp_path, monkeypa
     data = json.loads((tmp_path / "tuning.json").read_text())      # replaced by a valid file
     assert data["machine"] == tune.machine() and len(data["choices"]) == 2
     assert "k" not in data["choices"]
+
+
+@pytest.mark.parametrize("kind", ["fifo", "device", "too big"])
+def test_a_path_that_is_no_regular_file_is_not_read_and_is_replaced(tmp_path, monkeypatch,
+                                                                    capsys, kind):
+    """A FIFO (open() would block), a link to /dev/zero (read() would never end) or a file
+    bigger than ``MAX_BYTES``: one notice, measured, the path replaced by a valid file."""
+    monkeypatch.setattr(tune, "_SHOWN", set())
+    path = tmp_path / "tuning.json"
+    if kind == "fifo":
+        os.mkfifo(path)
+    elif kind == "device":
+        os.symlink("/dev/zero", path)
+    else:
+        path.write_text(" " * (tune.MAX_BYTES + 1))
+    _tuner(tmp_path, monkeypatch, FakeTimer(numba=2e-3, blas=1e-3))
+    _matmul(16, 300, 1000, tb=True)
+    err = capsys.readouterr().err
+    assert err.count("miniflow: ignoring the kernel choices in") == 1, err
+    assert ("more than the" if kind == "too big" else "not a regular file") in err
+    assert path.is_file() and not path.is_symlink()
+    assert len(json.loads(path.read_text())["choices"]) == 1
+
+
+def test_a_folder_in_the_file_s_place_keeps_the_choices_in_memory_with_one_notice(
+        tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(tune, "_SHOWN", set())
+    (tmp_path / "tuning.json").mkdir()
+    t = _tuner(tmp_path, monkeypatch, FakeTimer(numba=2e-3, blas=1e-3))
+    assert "kept in memory only" in t.describe()[0]             # said before any write
+    _matmul(16, 300, 1000, tb=True)
+    err = capsys.readouterr().err
+    assert err.count("miniflow:") == 1 and "it is a folder" in err and t.in_memory
+
+
+def test_the_file_is_readable_as_numba_s_cache_files_are(tmp_path, monkeypatch):
+    """``mkstemp`` makes 0600 files; the tuning file gets the mode ``open`` would give it."""
+    _tuner(tmp_path, monkeypatch, FakeTimer(numba=2e-3, blas=1e-3))
+    old = os.umask(0o022)
+    try:
+        _matmul(16, 300, 1000, tb=True)
+    finally:
+        os.umask(old)
+    assert (tmp_path / "tuning.json").stat().st_mode & 0o777 == 0o644
+
+
+def test_miniflow_info_says_in_memory_where_the_folder_cannot_be_written(tmp_path, monkeypatch):
+    (tmp_path / "a file").write_text("")
+    t = _tuner(tmp_path, monkeypatch, FakeTimer(), path=tmp_path / "a file" / "x" / "t.json")
+    assert "kept in memory only" in t.describe()[0] and not t.in_memory
+    t = _tuner(tmp_path, monkeypatch, FakeTimer(), path=tmp_path / "new" / "folders" / "t.json")
+    assert "cached in" in t.describe()[0]        # made at the first write
+
+
+def test_a_sample_repeats_a_short_candidate_counted_from_a_warm_call(tmp_path, monkeypatch):
+    """The first call of a candidate compiles (or loads) its kernels: the repeats per timed
+    sample (``SAMPLE_S``) come from a second call, not from that one."""
+    import time
+    calls = {"fast": 0, "slow": 0}
+
+    def fast():
+        calls["fast"] += 1
+        if calls["fast"] == 1:
+            time.sleep(0.05)            # "compiling"
+
+    def slow():
+        calls["slow"] += 1
+        if calls["slow"] == 1:
+            time.sleep(0.05)
+    t = _tuner(tmp_path, monkeypatch, FakeTimer(numba=2e-3, blas=1e-3))
+    candidates = {"numba": lambda node, ins, outs: [(fast, ())],
+                  "blas": lambda node, ins, outs: [(slow, ())]}
+    assert t.measure(None, [], [], candidates, [(fast, ())]) == ("blas", True)
+    samples = len(t.timer.calls) // 2
+    assert calls["fast"] - 2 >= 10 * samples        # many calls a sample, not one
 
 
 def test_the_file_is_written_atomically(tmp_path, monkeypatch, capsys):
@@ -248,9 +324,11 @@ def test_the_busy_share_counts_other_processes_cpu_time_per_wall_second(monkeypa
     real = tune._cpu_snapshot()         # Linux: all processes' CPU s >= this one's, wall s
     assert real is None or (len(real) == 3 and real[0] >= 0 and real[1] > 0)
     assert tune._others_busy(None) == 0.0                   # no start: nothing known
-    snapshots = iter([(100.0, 10.0, 50.0), (103.5, 12.0, 51.0)])
+    snapshots = iter([(100.0, 10.0, 50.0), (103.5, 12.0, 51.0), (100.0, 10.0, 50.0),
+                      (100.02, 10.0, 50.002)])
     monkeypatch.setattr(tune, "_cpu_snapshot", lambda: next(snapshots))
     assert tune._others_busy(tune._cpu_snapshot()) == pytest.approx(1.5)
+    assert tune._others_busy(tune._cpu_snapshot()) == 0.0   # 2 ms: two ticks are not 10 cores
 
 
 def test_building_a_plan_starts_a_new_measuring_budget(monkeypatch):

@@ -24,8 +24,9 @@ with the winner's steps on the node's buffers:
    time of the calling thread when Numba and BLAS run one thread (time the machine gave other
    processes is not counted, so a choice made under load is the one an idle machine makes),
    else by wall time, where a machine kept busy by other processes starves the threaded
-   candidates: when they used more than ``BUSY_LIMIT`` cores' worth of CPU time during the
-   rounds (``/proc/stat``), the choice serves this process only and is not written to the file
+   candidates: when they used more than ``BUSY_LIMIT`` cores' worth of CPU time since the
+   plan's first such measurement (``/proc/stat``, over ``BUSY_WINDOW_S`` at least), the choice
+   serves this process only and is not written to the file
    (said once; at 2 threads the GPT's bfloat16 step took 20.3 ms with the choices of a run
    measured beside a test process, 15.9 ms with choices measured on idle cores:
    ``benchmarks/README.md``, tenth round). The :data:`PREFERRED` candidate (else the first)
@@ -48,10 +49,12 @@ digest a SHA-256 of :func:`machine` (the CPU's model, the CPU name and features 
 and every BLAS library: threadpoolctl's internal API, version and core type): one small file per
 machine and configuration, ``{"format": FORMAT, "machine": {...}, "choices": {class: name}}``, at
 most ``MAX_CHOICES`` classes (the oldest go first). It is written atomically (a temporary file in
-the same folder, then ``os.replace``), merged with what another process wrote meanwhile. A file
-that is no such JSON, or was written for another machine, is ignored with one notice and
-replaced; an unwritable folder means the choices are measured in every process and kept in
-memory, said once.
+the same folder, then ``os.replace``; readable as Numba's cache files are, the umask's mode),
+merged with what another process wrote meanwhile. A file that is no such JSON, was written for
+another machine, is bigger than ``MAX_BYTES`` or is no regular file (a FIFO, a device) is
+ignored with one notice and replaced; an unwritable folder (or a folder in the file's place)
+means the choices are measured in every process and kept in memory, said once, and
+``miniflow info`` says so before any run tried to write.
 
 Under ``mpiexec`` one rank measures and all use its choice: for a plan every rank builds in step
 (a data-parallel graph: ``Backend.begin_plan(collective=True)``) rank 0 decides every class (from
@@ -68,6 +71,7 @@ import hashlib
 import json
 import os
 import platform
+import stat
 import sys
 import tempfile
 import time
@@ -80,7 +84,8 @@ from ... import distributed
 from .common import numpy_blas
 
 __all__ = ["PREFERRED", "ENV", "MODES", "FORMAT", "MAX_CHOICES", "BUDGET_S", "CLASS_BUDGET_S",
-           "MIN_ROUNDS", "MAX_ROUNDS", "SAMPLE_S", "MARGIN", "BUSY_LIMIT", "Tuner", "TUNER", "choose",
+           "MIN_ROUNDS", "MAX_ROUNDS", "SAMPLE_S", "MARGIN", "BUSY_LIMIT", "BUSY_WINDOW_S",
+           "MAX_BYTES", "Tuner", "TUNER", "choose",
            "machine", "mode", "folder", "describe", "numpy_blas", "begin_model"]
 
 PREFERRED = "blas"
@@ -99,6 +104,8 @@ FORMAT = "miniflow-tuning-4"
 those cached were measured."""
 MAX_CHOICES = 512
 """Classes a file keeps (a model has a few dozen; about 100 bytes each)."""
+MAX_BYTES = 1 << 20
+"""A file bigger than this (about 2 KiB a choice) is not read: ignored and replaced."""
 BUDGET_S = 2.0
 """Seconds of timed runs one model (plan) spends measuring, at most (then the rules choose)."""
 CLASS_BUDGET_S = 0.25
@@ -115,6 +122,10 @@ BUSY_LIMIT = 0.25
 """Cores' worth of CPU time other processes may use while a multi-threaded class is measured
 (``/proc/stat``) for its choice to be written to the file: on a busier machine the threaded
 candidates are starved, and the choice serves this process only."""
+BUSY_WINDOW_S = 0.3
+"""Seconds of wall time the busy share is measured over at least: from the plan's first
+multi-threaded measurement to the end of the class's (a class measured before that much has
+passed counts as measured on idle cores)."""
 
 
 def mode() -> str:
@@ -171,6 +182,13 @@ def folder() -> str:
 _SHOWN: set = set()
 
 
+def _umask() -> int:
+    """The process's umask (set and restored: there is no call that only reads it)."""
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
 def _notice(kind: str, text: str) -> None:
     """Print ``text`` to stderr, once per process and ``kind`` (above a progress bar, as the
     compile notice)."""
@@ -205,10 +223,12 @@ def _cpu_snapshot():
 
 
 def _others_busy(start) -> float:
-    """Cores' worth of CPU time other processes used since ``start`` (a :func:`_cpu_snapshot`;
-    0 where there is none): every process's time less this one's, per second of wall time."""
+    """Cores' worth of CPU time other processes used since ``start`` (a :func:`_cpu_snapshot`):
+    every process's time less this one's, per second of wall time; 0 where there is no
+    snapshot or less than ``BUSY_WINDOW_S`` has passed (the counts are in ticks of 10 ms: over a
+    few milliseconds one tick reads as several cores)."""
     end = _cpu_snapshot()
-    if start is None or end is None or end[2] <= start[2]:
+    if start is None or end is None or end[2] - start[2] < BUSY_WINDOW_S:
         return 0.0
     return max(0.0, (end[0] - start[0]) - (end[1] - start[1])) / (end[2] - start[2])
 
@@ -295,22 +315,38 @@ class Tuner:
         self.taken: dict = {}
         """The choice this process took for each class it met: it keeps it while it runs."""
         self.busy = 0.0
-        """Cores' worth of other processes' CPU time during the last multi-threaded
-        measurement (:data:`BUSY_LIMIT`)."""
+        """Cores' worth of other processes' CPU time during the plan's multi-threaded
+        measurements, as of the last one (:data:`BUSY_LIMIT`)."""
+        self.watch_start = None
+        """The :func:`_cpu_snapshot` at the plan's first multi-threaded measurement."""
         self.collective = False
         """Whether the plan being built is built by every rank in step (:func:`begin_model`)."""
 
     # ------------------------------------------------------------------ the file
     def _read(self, notify: bool) -> dict:
-        """The choices in the file ({} when it is missing; when it is corrupt or foreign, {} and,
-        with ``notify``, one notice)."""
+        """The choices in the file ({} when it is missing; when it is corrupt or foreign, or not
+        a regular file of at most ``MAX_BYTES``, {} and, with ``notify``, one notice; a folder
+        in its place cannot be replaced: the choices are kept in memory, said once)."""
+        try:
+            st = os.stat(self.path)
+        except (FileNotFoundError, NotADirectoryError):   # no file (or its folder is a file)
+            return {}
+        except OSError as e:
+            return self._ignored(notify, f"it cannot be read ({type(e).__name__}: {e})")
+        if stat.S_ISDIR(st.st_mode):
+            self._in_memory("it is a folder")
+            return {}
+        if not stat.S_ISREG(st.st_mode):     # a FIFO would block, /dev/zero never end
+            return self._ignored(notify, "it is not a regular file")
+        if st.st_size > MAX_BYTES:
+            return self._ignored(notify, f"it holds {st.st_size} bytes, more than the "
+                                         f"{MAX_BYTES} of {MAX_CHOICES} choices")
         try:
             with open(self.path, encoding="utf-8") as f:
                 data = json.load(f)
-        except (FileNotFoundError, NotADirectoryError):   # no file (or its folder is a file)
-            return {}
-        except (OSError, ValueError) as e:
-            return self._ignored(notify, f"it cannot be read as JSON ({type(e).__name__}: {e})")
+        except (OSError, ValueError, RecursionError) as e:     # RecursionError: deep nesting
+            return self._ignored(notify, f"it cannot be read as JSON ({type(e).__name__}: "
+                                         f"{str(e)[:200]})")
         if (not isinstance(data, dict) or data.get("format") != FORMAT
                 or not isinstance(data.get("choices"), dict)
                 or not all(isinstance(k, str) and isinstance(v, str)
@@ -349,6 +385,7 @@ class Tuner:
             os.makedirs(os.path.dirname(self.path), exist_ok=True)
             fd, tmp = tempfile.mkstemp(dir=os.path.dirname(self.path), prefix=".tuning-",
                                        suffix=".tmp")
+            os.fchmod(fd, 0o666 & ~_umask())    # as open() would make it (mkstemp: 0600)
             with os.fdopen(fd, "w", encoding="utf-8") as f:
                 f.write(text)
                 f.flush()
@@ -357,16 +394,18 @@ class Tuner:
         except OSError as e:
             if tmp is not None and os.path.exists(tmp):
                 os.unlink(tmp)
-            self.in_memory = True
             where = os.path.dirname(self.path)
-            why = (f"{where} is a file, not a folder" if os.path.exists(where)
-                   and not os.path.isdir(where) else e.strerror or e)
-            _notice("read-only", f"miniflow: cannot write the kernel choices to {self.path} "
-                                 f"({why}); they are measured in every run and kept "
-                                 f"in memory (set NUMBA_CACHE_DIR to a writable folder to keep "
-                                 f"them)")
+            self._in_memory(f"{where} is a file, not a folder" if os.path.exists(where)
+                            and not os.path.isdir(where) else e.strerror or e)
             return
         self.choices = merged
+
+    def _in_memory(self, why) -> None:
+        """The file cannot be written (``why``): keep the choices in memory, said once."""
+        self.in_memory = True
+        _notice("read-only", f"miniflow: cannot write the kernel choices to {self.path} ({why}); "
+                             f"they are measured in every run and kept in memory (set "
+                             f"NUMBA_CACHE_DIR to a writable folder to keep them)")
 
     # ------------------------------------------------------------------ choosing
     def decide(self, key: str, node, ins, outs, candidates: dict, first) -> str:
@@ -421,8 +460,10 @@ class Tuner:
             return names[0], False
         threaded = _threads() != (1, 1)
         timer = self.timer or (_wall_time if threaded else _cpu_time)
-        slowest = 0.0
         for name in names:      # warm up (not counted): compile or load kernels, touch pages
+            _run(built[name])
+        slowest = 0.0
+        for name in names:      # one warm call each: how many calls make a sample
             t0 = time.perf_counter()
             _run(built[name])
             slowest = max(slowest, time.perf_counter() - t0)
@@ -430,7 +471,8 @@ class Tuner:
         times = {name: [] for name in names}
         class_spent = 0.0
         watch = threaded and self.timer is None     # wall time: other processes' load counts
-        start = _cpu_snapshot() if watch else None
+        if watch and self.watch_start is None:
+            self.watch_start = _cpu_snapshot()
         for r in range(MAX_ROUNDS):
             if r >= MIN_ROUNDS and class_spent >= CLASS_BUDGET_S:
                 break
@@ -440,7 +482,7 @@ class Tuner:
                 class_spent += t
         self.spent += class_spent
         self.measured += 1
-        self.busy = _others_busy(start) if watch else 0.0
+        self.busy = _others_busy(self.watch_start) if watch else 0.0
         median = {name: float(np.median(t)) for name, t in times.items()}
         preferred = PREFERRED if PREFERRED in median else names[0]
         faster = [n for n in names if median[n] * (1 + MARGIN) < median[preferred]]
@@ -466,11 +508,21 @@ class Tuner:
         chosen = None if name == first else candidates[name](node, ins, outs)
         return steps if chosen is None else chosen
 
+    def _writable(self) -> bool:
+        """Whether the file can be written: no folder in its place, and its folder (or the
+        first of its parents that exists, where it would be made) a writable folder."""
+        if os.path.isdir(self.path):
+            return False
+        where = os.path.dirname(self.path)
+        while not os.path.lexists(where) and os.path.dirname(where) != where:
+            where = os.path.dirname(where)
+        return os.path.isdir(where) and os.access(where, os.W_OK | os.X_OK)
+
     def describe(self) -> list:
         """Lines for ``miniflow info``: the file and every cached choice."""
         choices = self.load()
-        where = (f"kept in memory only ({self.path} cannot be written)" if self.in_memory
-                 else f"cached in {self.path}")
+        where = (f"kept in memory only ({self.path} cannot be written)"
+                 if self.in_memory or not self._writable() else f"cached in {self.path}")
         lines = [f"kernel choices ({ENV}={mode()}): {len(choices)} {where}"]
         lines += [f"  {key} -> {name}" for key, name in choices.items()]
         return lines
@@ -503,7 +555,7 @@ def begin_model(collective: bool = False) -> None:
     """A new model's plan is being built: its new classes get ``BUDGET_S`` of measuring;
     ``collective``: every rank builds it in step, rank 0 decides for all."""
     t = _tuner()
-    t.spent, t.collective = 0.0, collective
+    t.spent, t.collective, t.watch_start = 0.0, collective, None
 
 
 def describe() -> list:
