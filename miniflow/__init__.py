@@ -11,11 +11,21 @@ raises where kernels rely on IEEE results (``math.exp`` overflow, ``math.log(0.0
 """
 import os as _os
 
-_THREADS = _os.environ.get("NUMBA_NUM_THREADS", "").strip()
-if _THREADS and not (_THREADS.isdigit() and int(_THREADS) > 0):
-    raise ImportError(f"miniflow: NUMBA_NUM_THREADS={_THREADS!r} is not a positive whole number "
-                      f"(the threads miniflow's kernels run on): set it to 1 or more, or unset it "
-                      f"to use every core", name=__name__)
+
+def _check_threads(value: str) -> None:
+    """Refuse a ``NUMBA_NUM_THREADS`` that Numba would refuse (as ``int()`` reads it)."""
+    try:
+        ok = not value.strip() or int(value) > 0
+    except ValueError:
+        ok = False
+    if not ok:
+        raise ImportError(f"miniflow: NUMBA_NUM_THREADS={value.strip()!r} is not a positive whole "
+                          f"number (the threads miniflow's kernels run on): set it to 1 or more, "
+                          f"or unset it to use every core", name=__name__)
+
+
+_check_threads(_os.environ.get("NUMBA_NUM_THREADS", ""))
+del _os, _check_threads
 
 import numba as _numba  # noqa: E402
 

@@ -165,7 +165,7 @@ def test_numba_disable_jit_is_refused_at_import_in_one_sentence(tmp_path):
     assert cli.stderr.count("\n") == 1 and f"(ImportError: {sentence})" in cli.stderr
 
 
-@pytest.mark.parametrize("value", ["0", "-1", "two"])
+@pytest.mark.parametrize("value", ["0", "-1", "two", "\u00b2"])
 def test_a_numba_num_threads_that_is_no_positive_number_is_refused_by_name(tmp_path, value):
     """Numba's own import error ("Number of threads specified must be > 0.") does not name the
     variable; miniflow's names it and its value, in one sentence, for ``import`` and the CLI."""
@@ -177,6 +177,24 @@ def test_a_numba_num_threads_that_is_no_positive_number_is_refused_by_name(tmp_p
     assert r.returncode == 1 and r.stderr.splitlines()[-1] == f"ImportError: {sentence}"
     cli = _run(["-m", "miniflow", "info"], tmp_path, **env)
     assert cli.returncode == 1 and cli.stderr.count("\n") == 1 and sentence in cli.stderr
+
+
+def test_info_names_the_isa_numba_compiles_for_under_numba_cpu_name(tmp_path):
+    """``NUMBA_CPU_NAME=haswell`` on any x86 CPU: AVX2's 8 lanes, from the target itself (the
+    feature string is empty when a CPU is named)."""
+    if not miniflow_target_is_x86():
+        pytest.skip("haswell is an x86 CPU name")
+    r = _run(["-m", "miniflow", "info"], tmp_path, PYTHONPATH=str(PACKAGE.parent),
+             NUMBA_CPU_NAME="haswell", NUMBA_CACHE_DIR=str(tmp_path / "cache"))
+    assert r.returncode == 0, r.stderr
+    [line] = [x for x in r.stdout.splitlines() if x.startswith("CPU: ")]
+    assert "Numba compiles for haswell (NUMBA_CPU_NAME;" in line and "avx2, 8 float32" in line
+    assert "features avx, fma, f16c" in line
+
+
+def miniflow_target_is_x86() -> bool:
+    import platform
+    return platform.machine() in ("x86_64", "AMD64", "i686")
 
 
 @pytest.mark.parametrize("env,backend_line,code", [

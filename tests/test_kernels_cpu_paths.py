@@ -77,15 +77,16 @@ def _bf16_kernel(kernel, shape, ta, tb):
     packed in pairs first (``W`` of ``x @ W.T`` transposed as 32-bit words, a ``B`` stored
     ``[k, n]`` interleaved)."""
     m, k, n = shape
-    packs = m >= cpu_matmul.PACK_MIN_ROWS and n >= cpu_matmul.OUTER_MIN_COLS
-    if HAS_BF16_DOT and tb and not ta and k % 32 == 0 and not packs:
+    outer = m >= cpu_matmul.OUTER_MIN_ROWS and n >= cpu_matmul.OUTER_MIN_COLS
+    if (HAS_BF16_DOT and tb and not ta and k % 32 == 0 and m <= cpu_matmul.DOT_MAX_ROWS
+            and (not outer or cpu_matmul.DOT_PAIRS_K_PER_ROW * m <= k)):
         return "dot_pairs_kernel"       # x @ W.T at a small batch (or a narrow W)
-    if not HAS_BF16_DOT or k % 2 or n < cpu_matmul.OUTER_MIN_COLS or m < cpu_matmul.OUTER_MIN_ROWS:
+    if not HAS_BF16_DOT or k % 2 or not outer:
         return kernel
     if ta and tb:       # both stored transposed: no vdot_pairs tile, BLAS on widened copies
         return "dot"
-    if tb:              # below PACK_MIN_ROWS no copy of W.T: vdot_pairs has no tile for it
-        if m >= cpu_matmul.PACK_MIN_ROWS:
+    if tb:              # W.T packed from PACK_MIN_ROWS rows (OUTER_MIN_ROWS where k % 32 == 0)
+        if m >= (cpu_matmul.OUTER_MIN_ROWS if k % 32 == 0 else cpu_matmul.PACK_MIN_ROWS):
             return "transpose_kernel"
         return "dot" if kernel == "outer_block_kernel" else kernel
     return "interleave_pairs_kernel" if m >= cpu_matmul.PACK_MIN_ROWS else "outer_block_kernel"
@@ -395,7 +396,7 @@ def test_paired_dot_products_sum_their_lanes_in_one_order(m, k, n, out_dt, count
     finite = np.isfinite(wide)
     bound = (k // 16 + 4) * 2.0 ** -24 * (np.abs(x.astype(np.float64)) @ np.abs(w.astype(
         np.float64)).T)                             # two roundings a step, then four folds
-    assert (np.abs(wide - exact) <= bound)[finite].all() and finite[m > 1:].all()
+    assert (np.abs(wide - exact) <= bound)[finite].all() and finite[1 if m > 1 else 0:].all()
     np.testing.assert_array_equal(bits(out), bits(wide.astype(out_dt.np)))
     single = np.empty((1, 1), np.float32)           # a product alone: the block's bits
     cpu_matmul.dot_pairs_kernel(False, False)(bits(x[-1:]), bits(w[-1:]), single,

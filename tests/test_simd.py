@@ -12,9 +12,9 @@ import pytest
 from miniflow.kernels.cpu import fp16
 from miniflow.kernels.cpu.matmul import transpose_kernel
 from miniflow.kernels.cpu.simd import (HAS_BF16_DOT, LANES, fold_intrinsic, tile_intrinsic,
-                                       vcount_nonfinite, vdot_pairs, vfma, vlane, vload,
-                                       vload_pairs, vsplat, vsplat_pair, vstore, vtranspose_block,
-                                       vzero)
+                                       vcount_nonfinite, vdot_pairs, vfma, vfold1, vfold2, vfold4,
+                                       vfold8, vlane, vload, vload_pairs, vsplat, vsplat_pair,
+                                       vstore, vtranspose_block, vzero)
 
 HALVES = [np.float16, ml_dtypes.bfloat16]
 BITS = {np.float16: np.uint16, ml_dtypes.bfloat16: np.int16}
@@ -229,6 +229,30 @@ def test_fold_sums_lane_pairs_within_groups_x_first():
     np.testing.assert_array_equal(out[2], v[0])
     with pytest.raises(ValueError, match="does not divide"):
         fold_intrinsic(3)
+
+
+@numba.njit
+def _fold_tree(v, out):
+    """out[0] = the four-level fold tree of v's 16 rows (dot_pairs_kernel's block sums)."""
+    f8, f4, f2, f1 = vfold8, vfold4, vfold2, vfold1
+
+    def pair(r):                    # rows r and r + 1 folded once
+        return f8(vload(v, r, 0), vload(v, r + 1, 0))
+    vstore(out, 0, 0, f1(f2(f4(pair(0), pair(2)), f4(pair(4), pair(6))),
+                         f2(f4(pair(8), pair(10)), f4(pair(12), pair(14)))))
+
+
+@pytest.mark.skipif(LANES != 16, reason="the four-level tree sums 16 vectors of 16 lanes")
+def test_the_fold_tree_puts_vector_l_s_sum_in_lane_l_in_a_fixed_order():
+    v = np.random.default_rng(6).uniform(-1, 1, (16, 16)).astype(np.float32)
+    out = np.zeros((1, 16), np.float32)
+    _fold_tree(v, out)
+    for lane in range(16):                      # the order: halves, quarters, eighths, pairs
+        x = v[lane]
+        h = x[:8] + x[8:]
+        q = h[:4] + h[4:]
+        e = q[:2] + q[2:]
+        assert out[0, lane] == e[0] + e[1]
 
 
 _TILE_3X2 = tile_intrinsic(3, 2)

@@ -183,12 +183,13 @@ def test_a_folder_in_the_file_s_place_keeps_the_choices_in_memory_with_one_notic
 def test_the_file_is_readable_as_numba_s_cache_files_are(tmp_path, monkeypatch):
     """``mkstemp`` makes 0600 files; the tuning file gets the mode ``open`` would give it."""
     _tuner(tmp_path, monkeypatch, FakeTimer(numba=2e-3, blas=1e-3))
-    old = os.umask(0o022)
+    old = os.umask(0o027)
     try:
         _matmul(16, 300, 1000, tb=True)
+        assert tune._umask() == 0o027 and os.umask(0o027) == 0o027      # read, not changed
     finally:
         os.umask(old)
-    assert (tmp_path / "tuning.json").stat().st_mode & 0o777 == 0o644
+    assert (tmp_path / "tuning.json").stat().st_mode & 0o777 == 0o640
 
 
 def test_miniflow_info_says_in_memory_where_the_folder_cannot_be_written(tmp_path, monkeypatch):

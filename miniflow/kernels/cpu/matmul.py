@@ -46,10 +46,11 @@ peak for every product of the MLPs):
   :func:`interleave_pairs_kernel` (the gradients at batch 64: 185-204 GFLOP/s, 214-217 at 256,
   packing included, against 145-150 interleaving as they load), ``W`` of ``x @ W.T`` by
   :func:`transpose_kernel` on its pairs viewed as float32 words (167 GFLOP/s at batch 64, 212
-  at 256; a scalar loop over the words did 126 and 183). ``x @ W.T`` below ``PACK_MIN_ROWS``
-  rows (or with a narrow ``W``), ``k`` a multiple of 32: :func:`dot_pairs_kernel`, dot products
-  on the pairs as stored (the forward at batch 16: 175 GFLOP/s, against 89 for
-  :func:`dot_block_kernel` on widened elements and a rounding pass). Those are Zen 4's numbers:
+  at 256; a scalar loop over the words did 126 and 183). ``x @ W.T`` with ``k`` a multiple of
+  32 and ``DOT_PAIRS_K_PER_ROW`` steps of it a row of out (or a ``W`` too narrow for the tile):
+  :func:`dot_pairs_kernel`, dot products on the pairs as stored (the forward at batch 16: 175
+  GFLOP/s, against 89 for :func:`dot_block_kernel` on widened elements and a rounding pass);
+  with fewer, ``W`` packed from ``OUTER_MIN_ROWS`` rows. Those are Zen 4's numbers:
   on Sapphire Rapids ``vdpbf16ps`` issues at half the FMAs' rate and the tile did 37-77 GFLOP/s,
   where the tuner takes the ``packed`` candidate (:func:`packed_steps`, 85-128).
 * otherwise one ``np.dot`` (BLAS; less call overhead than ``np.matmul``). From
@@ -91,14 +92,14 @@ from .simd import (HAS_BF16_DOT, LANES, fma_scalar, vcount_nonfinite, vdot_pairs
                    vsplat_pair, vstore, vtranspose_block, vzero)
 from .target import ISA
 
-__all__ = ["BUILDERS", "OUTER_MIN_ROWS", "OUTER_MIN_COLS", "PACK_MIN_ROWS", "LAYOUTS",
-           "WIDEN_MAX", "WIDEN_REUSE", "TINY", "COPY_MIN_ROWS", "COPY_MIN_WORK", "BIG", "DOT_MIN_K",
-           "DOT_MAX_ROWS", "ONE_THREAD_FROM", "ONE_THREAD_BELOW", "OneThreadBlas",
-           "dot_block_kernel", "dot_pairs_kernel", "outer_block_kernel", "interleave_pairs_kernel", "transpose_kernel",
-           "rows_times_kernel", "batch_pairs_kernel", "build_matmul", "numba_steps",
-           "blas_steps", "blas_one_thread_steps", "packed_steps", "mkl_steps",
-           "mkl_blocked_steps", "MKL", "CANDIDATES", "GEMM_CANDIDATES",
-           "gemm_steps"]
+__all__ = ["BUILDERS", "OUTER_MIN_ROWS", "OUTER_MIN_COLS", "PACK_MIN_ROWS", "LAYOUTS", "WIDEN_MAX",
+           "WIDEN_REUSE", "TINY", "COPY_MIN_ROWS", "COPY_MIN_WORK", "BIG", "DOT_MIN_K",
+           "DOT_MAX_ROWS", "DOT_PAIRS_K_PER_ROW", "ONE_THREAD_FROM", "ONE_THREAD_BELOW",
+           "OneThreadBlas", "dot_block_kernel", "dot_pairs_kernel", "outer_block_kernel",
+           "interleave_pairs_kernel", "transpose_kernel", "rows_times_kernel",
+           "batch_pairs_kernel", "build_matmul", "numba_steps", "blas_steps",
+           "blas_one_thread_steps", "packed_steps", "mkl_steps", "mkl_blocked_steps", "MKL",
+           "CANDIDATES", "GEMM_CANDIDATES", "gemm_steps"]
 
 OUTER_MIN_ROWS = 4
 """Rows from which :func:`outer_block_kernel` (four rows a block) beats :func:`rows_times_kernel`
@@ -129,13 +130,21 @@ BIG = 1 << 18
 DOT_MIN_K = 256
 """Inner dimension from which :func:`dot_block_kernel` beats BLAS (at k = 64 it reaches 55
 GFLOP/s: each dot product is too short for its final reductions)."""
+DOT_PAIRS_K_PER_ROW = 32
+"""Steps of ``k`` per row of out from which a bfloat16 ``x @ W.T`` takes
+:func:`dot_pairs_kernel` rather than packing ``W`` for the ``vdot_pairs`` tile (one Zen 4 core,
+us, dot products / packed, ``k`` x ``n``: 1024 x 1024 at 16, 32, 64, 128 rows 200 / 264, 373 /
+412, 767 / 835, 1592 / 1553; 256 x 1024 at 16 and 32 rows 76 / 76, 148 / 113; 1024 x 256 at 32
+and 64 rows 95 / 95, 191 / 166: each dot product's fold and scalar store costs as much as
+about 32 steps of its chain)."""
 DOT_MAX_ROWS = 128
 """Rows up to which :func:`dot_block_kernel` is used (98% of the peak at 16 and 64 rows, 82% at
 256, where BLAS, which blocks for the caches, reaches 91% and :func:`outer_block_kernel` on a
 transposed copy of ``W`` 95%)."""
 TINY = 1 << 15
 """Multiply-adds below which a product is one Numba call: :func:`dot_block_kernel` takes
-``x @ W.T`` (BLAS's call costs more than the work), and half operands are read as they are
+``x @ W.T`` (BLAS's call costs more than the work; in bfloat16 with ``vdot_pairs`` and ``k`` a
+multiple of 32, :func:`dot_pairs_kernel`), and half operands are read as they are
 rather than widened first (each widening is a kernel call). The digits MLP at batch 1, one Zen 5
 core: 1 x 64 x 128 float16 2.59 us in four steps (two widenings, BLAS, the rounding) against
 1.47 in two, float32 1.22 against 1.19; its weight gradient 128 x 1 x 64 1.33 us widened, 0.88
@@ -253,9 +262,9 @@ def _put_scalar(out, i, j, v, counted):
 @functools.cache
 def dot_pairs_kernel(parallel: bool, counted: bool):
     """``kernel(x, w, out, count)``: ``out = x @ w.T`` for bfloat16 bits ``x`` ``[m, k]`` and ``w``
-    ``[n, k]`` (C-contiguous, ``k`` a multiple of 32; ``simd.HAS_BF16_DOT``), out float32 or bfloat16 bits
-    (rows of unit stride), each element rounded once as it is stored; with ``counted``,
-    ``count[0]`` = the number of non-finite elements of out.
+    ``[n, k]`` (C-contiguous, ``k`` a multiple of 32; ``simd.HAS_BF16_DOT``), out float32 or
+    bfloat16 bits (rows of unit stride), each element rounded once as it is stored; with
+    ``counted``, ``count[0]`` = the number of non-finite elements of out.
 
     :func:`dot_block_kernel`'s 4 x 4 blocks on ``vdot_pairs``: a row of ``x`` and a row of ``w``
     hold their pairs side by side already (``k`` is the contracted axis of both), so each
@@ -796,19 +805,25 @@ def _outer_fits(a, b, out, paired: bool) -> bool:
 
 def _packs(a, b, out) -> bool:
     """Whether ``out = x @ W.T`` (bfloat16 bits, ``b = W.T``) packs ``W`` into pairs for
-    :func:`outer_block_kernel` (``PACK_MIN_ROWS`` rows of ``x`` or more)."""
-    m, n = a.shape[0], b.shape[1]
+    :func:`outer_block_kernel`: from ``PACK_MIN_ROWS`` rows of ``x``, or from
+    ``OUTER_MIN_ROWS`` where ``k`` is a multiple of 32 (:func:`_dot_pairs_takes` has declined
+    it: fewer than ``DOT_PAIRS_K_PER_ROW`` steps of ``k`` a row of out)."""
+    (m, k), n = a.shape, b.shape[1]
+    rows = OUTER_MIN_ROWS if k % 32 == 0 else PACK_MIN_ROWS
     return (b.flags.f_contiguous and not b.flags.c_contiguous and a.flags.c_contiguous
-            and out.dtype in _vector_kinds() and m >= PACK_MIN_ROWS and n >= OUTER_MIN_COLS)
+            and out.dtype in _vector_kinds() and m >= rows and n >= OUTER_MIN_COLS)
 
 
 def _dot_pairs_takes(a, b, out) -> bool:
     """Whether :func:`dot_pairs_kernel` computes ``out = a @ b`` (bfloat16 bits, ``b = W.T``
-    of a C-contiguous ``W``, ``k`` a positive multiple of 32) where
-    :func:`_packs` does not."""
-    return (b.flags.f_contiguous and not b.flags.c_contiguous and a.flags.c_contiguous
+    of a C-contiguous ``W``, ``k`` a positive multiple of 32, at most ``DOT_MAX_ROWS`` rows):
+    where the packed tile cannot (fewer than ``OUTER_MIN_ROWS`` rows, a ``W`` of fewer than
+    ``OUTER_MIN_COLS`` rows) or ``k`` is at least ``DOT_PAIRS_K_PER_ROW`` times the rows."""
+    (m, k), n = a.shape, b.shape[1]
+    return (b.T.flags.c_contiguous and a.flags.c_contiguous
             and out.dtype in (np.dtype(np.float32), np.dtype(np.int16))
-            and out.strides[1] == out.itemsize and a.shape[1] % 32 == 0 and a.shape[1] > 0)
+            and out.strides[1] == out.itemsize and k % 32 == 0 and k > 0 and m <= DOT_MAX_ROWS
+            and (m < OUTER_MIN_ROWS or n < OUTER_MIN_COLS or DOT_PAIRS_K_PER_ROW * m <= k))
 
 
 def _dot_block_takes(m: int, k: int, n: int) -> bool:
@@ -1072,15 +1087,15 @@ def numba_steps(node, ins, outs):
                      (bits_a, packed, bits_out, count))]
         kernel = outer_block_kernel(use_parallel(out.size), counted, "pairs" if paired else "rows")
         return steps + [(kernel, (bits_a, bits_b, bits_out, count))]
+    if paired and _dot_pairs_takes(bits_a, bits_b, bits_out):   # x @ W.T at a small batch
+        return [(dot_pairs_kernel(use_parallel(bits_b.size), counted),
+                 (bits_a, bits_b.T, bits_out, count))]
     if paired and _packs(bits_a, bits_b, bits_out):     # x @ W.T in bfloat16: W packed in pairs
         w = bits_b.T
         packed = np.empty((w.shape[1] // 2, w.shape[0]), np.float32)      # words, not numbers
         return [(transpose_kernel(use_parallel(w.size)), (w.view(np.float32), packed)),
                 (outer_block_kernel(use_parallel(out.size), counted, "packed"),
                  (bits_a, packed.view(np.int16), bits_out, count))]
-    if paired and _dot_pairs_takes(bits_a, bits_b, bits_out):   # x @ W.T at a small batch
-        return [(dot_pairs_kernel(use_parallel(bits_b.size), counted),
-                 (bits_a, bits_b.T, bits_out, count))]
     target = _target(out, counted)
     step = _loop_step(bits_a, bits_b, target) if out.dtype.itemsize == 2 else None
     if step is not None:

@@ -36,9 +36,9 @@ instructions; below, ``L`` = ``LANES``):
 * ``vfold8(x, y)``, ``vfold4``, ``vfold2``, ``vfold1`` (``fold_intrinsic(h)``): lane sums of
   two vectors in groups: each group of ``2 h`` lanes of ``x`` summed pairwise into ``h`` lanes
   (lane ``t`` plus lane ``t + h``), ``x``'s groups in the lower half of the result, ``y``'s in
-  the upper. With 16 lanes, four levels sum 16 vectors into one whose lane ``l`` is vector
-  ``l``'s sum (dot products' horizontal sums, 15 shuffle pairs where one sum at a time takes 64),
-  in a fixed order.
+  the upper (None where ``2 h`` does not divide ``L``: ``vfold8`` needs 16 lanes). With 16 lanes,
+  four levels sum 16 vectors into one whose lane ``l`` is vector ``l``'s sum (dot products'
+  horizontal sums, 15 shuffle pairs where one sum at a time takes 64), in a fixed order.
 * ``vlane(v, l)``: lane ``l`` of ``v`` (a float32).
 * ``tile_intrinsic(rows, vectors)``: an intrinsic running a whole register tile of ``vfma`` over
   packed operands (``packed_gemm``'s micro-kernel), generated as LLVM IR for the tile's shape.
@@ -375,8 +375,8 @@ def fold_intrinsic(half: int):
     return vfold
 
 
-vfold8, vfold4, vfold2, vfold1 = (fold_intrinsic(h) for h in (8, 4, 2, 1)) if LANES == 16 else (
-    None,) * 4
+vfold8, vfold4, vfold2, vfold1 = (fold_intrinsic(h) if LANES % (2 * h) == 0 else None
+                                  for h in (8, 4, 2, 1))
 
 
 @intrinsic

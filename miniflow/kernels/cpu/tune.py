@@ -25,7 +25,7 @@ with the winner's steps on the node's buffers:
    processes is not counted, so a choice made under load is the one an idle machine makes),
    else by wall time, where a machine kept busy by other processes starves the threaded
    candidates: when they used more than ``BUSY_LIMIT`` cores' worth of CPU time since the
-   plan's first such measurement (``/proc/stat``, over ``BUSY_WINDOW_S`` at least), the choice
+   plan began (``/proc/stat``, over ``BUSY_WINDOW_S`` at least), the choice
    serves this process only and is not written to the file
    (said once; at 2 threads the GPT's bfloat16 step took 20.3 ms with the choices of a run
    measured beside a test process, 15.9 ms with choices measured on idle cores:
@@ -41,7 +41,9 @@ with the winner's steps on the node's buffers:
    rules'; :meth:`Tuner.usual`), and are measured by a later process;
 5. a process keeps the choice it took for a class (cached, measured, guessed or broadcast) for
    as long as it runs, whatever another process writes to the file meanwhile: two plans of one
-   process that share a class run the same kernels, bit for bit.
+   process that share a class run the same kernels, bit for bit (under ``mpiexec`` a
+   data-parallel plan takes rank 0's choice on every rank, as below, even for a class another
+   rank took otherwise in a plan of its own).
 
 The file: ``tuning-<digest>.json`` in ``$NUMBA_CACHE_DIR/miniflow_tuning`` (or
 ``miniflow_tuning`` in Numba's user-wide cache folder when ``NUMBA_CACHE_DIR`` is not set), the
@@ -123,9 +125,10 @@ BUSY_LIMIT = 0.25
 (``/proc/stat``) for its choice to be written to the file: on a busier machine the threaded
 candidates are starved, and the choice serves this process only."""
 BUSY_WINDOW_S = 0.3
-"""Seconds of wall time the busy share is measured over at least: from the plan's first
-multi-threaded measurement to the end of the class's (a class measured before that much has
-passed counts as measured on idle cores)."""
+"""Seconds of wall time the busy share is measured over at least: from the start of the plan
+(:func:`begin_model`) to the end of the class's measurement (a class measured before that much
+has passed counts as measured on idle cores: building a plan compiles or loads its kernels
+first, which takes longer)."""
 
 
 def mode() -> str:
@@ -183,7 +186,15 @@ _SHOWN: set = set()
 
 
 def _umask() -> int:
-    """The process's umask (set and restored: there is no call that only reads it)."""
+    """The process's umask: Linux's ``/proc/self/status`` says it; elsewhere it is set and
+    restored (there is no call that only reads it)."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
     mask = os.umask(0o022)
     os.umask(mask)
     return mask
@@ -315,10 +326,11 @@ class Tuner:
         self.taken: dict = {}
         """The choice this process took for each class it met: it keeps it while it runs."""
         self.busy = 0.0
-        """Cores' worth of other processes' CPU time during the plan's multi-threaded
-        measurements, as of the last one (:data:`BUSY_LIMIT`)."""
+        """Cores' worth of other processes' CPU time from the start of the plan to the end of
+        its last multi-threaded measurement (:data:`BUSY_LIMIT`)."""
         self.watch_start = None
-        """The :func:`_cpu_snapshot` at the plan's first multi-threaded measurement."""
+        """The :func:`_cpu_snapshot` at the start of the plan (:func:`begin_model`; else at its
+        first multi-threaded measurement)."""
         self.collective = False
         """Whether the plan being built is built by every rank in step (:func:`begin_model`)."""
 
@@ -423,7 +435,6 @@ class Tuner:
         """:meth:`decide` for a class that is neither taken nor cached."""
         if self.spent >= BUDGET_S:
             return self.usual(key, list(candidates))
-        self.busy = 0.0
         winner, measured = self.measure(node, ins, outs, candidates, first)
         if measured and self.busy > BUSY_LIMIT:
             _notice("busy", f"miniflow: other processes kept {self.busy:.1f} cores busy while "
@@ -555,7 +566,7 @@ def begin_model(collective: bool = False) -> None:
     """A new model's plan is being built: its new classes get ``BUDGET_S`` of measuring;
     ``collective``: every rank builds it in step, rank 0 decides for all."""
     t = _tuner()
-    t.spent, t.collective, t.watch_start = 0.0, collective, None
+    t.spent, t.collective, t.watch_start = 0.0, collective, _cpu_snapshot()
 
 
 def describe() -> list:
