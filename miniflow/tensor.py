@@ -24,6 +24,12 @@ _COMPARE = {"==": np.equal, "!=": np.not_equal, "<": np.less, "<=": np.less_equa
             ">": np.greater, ">=": np.greater_equal}
 
 
+_NO_DATA = ("miniflow tensors have no .data (PyTorch's tensor without autograd history): read "
+            "the values with .numpy(); to replace a parameter's values, use "
+            "module.load_state_dict({name: array}, strict=False), which copies them in place "
+            "(compiled graphs see them at their next call)")
+
+
 class Tensor:
     """A multi-dimensional array of one dtype.
 
@@ -52,6 +58,21 @@ class Tensor:
     @property
     def ndim(self) -> int:
         return len(self.shape)
+
+    @property
+    def data(self):
+        """Not in miniflow: PyTorch's ``.data`` (the tensor without its autograd history, whose
+        assignment replaces a parameter's values). Reading or assigning it raises, so that
+        ``p.data = t`` is not silently kept as a plain attribute a compiled graph never reads.
+
+        Raises:
+            AttributeError: always, naming what to use instead.
+        """
+        raise AttributeError(_NO_DATA)
+
+    @data.setter
+    def data(self, value):
+        raise AttributeError(_NO_DATA)
 
     @property
     def is_lazy(self) -> bool:

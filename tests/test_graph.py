@@ -779,3 +779,47 @@ def test_graph_recompiles_after_an_attribute_of_its_module_changes():
     d.eval()   # a mode change keeps its own plan, as before
     np.testing.assert_array_equal(g(x).numpy(), x)
     assert g.compile_count == 3
+
+
+def test_each_plan_returns_what_build_returned_for_its_inputs_and_mode():
+    """``build`` may return one Tensor for some signatures or modes and a tuple for others: each
+    cached plan gives its own structure (it was one flag of the graph, set by the last trace:
+    a plan traced earlier lost an output or gained a 1-tuple), and ``lower`` changes nothing."""
+    class Either(nn.Graph):
+        def __init__(self, m):
+            super().__init__()
+            self.model = m
+
+        def build(self, x):
+            out = self.model(x)
+            return out if x.shape[0] == 1 or not self.model.training else (out, out.sum())
+
+    m = nn.Linear(4, 2)
+    g = Either(m)
+    x = np.ones((3, 4), np.float32)
+    assert isinstance(g(x), tuple) and len(g(x)) == 2
+    assert isinstance(g(x[:1]), mf.Tensor)
+    both = g(x)                             # the first plan again, after another was traced
+    assert isinstance(both, tuple) and len(both) == 2
+    np.testing.assert_allclose(both[1].numpy(), both[0].numpy().sum(), rtol=1e-6)
+    g.lower(x[:1])
+    assert isinstance(g(x), tuple)
+    m.eval()
+    assert isinstance(g(x), mf.Tensor)
+    m.train()
+    assert isinstance(g(x), tuple) and len(g(x)) == 2
+
+
+def test_assigning_a_parameter_s_data_is_refused_not_silently_kept():
+    """PyTorch's ``p.data = t`` replaces the values; miniflow has no ``.data``: assigning it
+    raises (it was kept as a plain attribute the graph never read) and names the in-place
+    alternative, which a compiled graph sees at its next call."""
+    m = nn.Linear(2, 1, bias=False)
+    g, x = EvalGraph(m), np.ones((1, 2), np.float32)
+    g(x)
+    with pytest.raises(AttributeError, match=r"no \.data .*load_state_dict"):
+        m.weight.data = mf.tensor(np.zeros((1, 2), np.float32))
+    with pytest.raises(AttributeError, match="no .data"):
+        m.weight.data
+    m.load_state_dict({"weight": np.zeros((1, 2), np.float32)}, strict=False)
+    assert g(x).numpy().tolist() == [[0.0]]

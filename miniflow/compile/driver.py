@@ -290,7 +290,7 @@ class Graph:
                 plan.context.state[LossScaleState].nonfinite_names))
         LEDGER.poll()
         result = tuple(Tensor(o) for o in outs)
-        return result[0] if self._single_output else result
+        return result[0] if plan.single_output else result
 
     def _modes(self) -> tuple:
         """The ``training`` flags of every module of the graph, in order: part of a plan's key,
@@ -340,7 +340,7 @@ class Graph:
 
     def _compile(self, arrays) -> Plan:
         """Trace, run the passes and build a plan (its ``context``: the passes' CompileContext)."""
-        graph, ctx = self._trace(arrays)
+        graph, ctx, single = self._trace(arrays)
         graph = run_passes(graph, ctx)
         if graph.loss is not None and self._optimizers and not graph.grads:
             raise RuntimeError(
@@ -361,6 +361,7 @@ class Graph:
         plan.half_copies = copies
         plan.updates = bool(graph.grads)    # whether a step runs the updates (not per call)
         plan.collective = collective        # data parallel: the ranks step together
+        plan.single_output = single         # build returned one Tensor (not a tuple or list)
         return plan
 
     def stages(self, *inputs) -> list:
@@ -372,7 +373,7 @@ class Graph:
             TypeError / ValueError: as :meth:`__call__`, when build cannot trace these inputs.
         """
         with self._lock:
-            _, ctx = self._trace([self._as_array(i, x) for i, x in enumerate(inputs)])
+            _, ctx, _ = self._trace([self._as_array(i, x) for i, x in enumerate(inputs)])
         return ["trace"] + [name for name, _ in passes_for(ctx)]
 
     def lower(self, *inputs, after: str | None = None) -> IRGraph:
@@ -391,7 +392,7 @@ class Graph:
         """
         stage = STAGE_ALIASES.get(after, after)
         with self._lock:
-            graph, ctx = self._trace([self._as_array(i, x) for i, x in enumerate(inputs)])
+            graph, ctx, _ = self._trace([self._as_array(i, x) for i, x in enumerate(inputs)])
             passes = passes_for(ctx)
             names = ["trace"] + [name for name, _ in passes]
             if stage is not None and stage not in names:
@@ -410,8 +411,10 @@ class Graph:
             return graph
 
     def _trace(self, arrays):
-        """Trace ``build`` on ``arrays`` into a new IR graph; returns it and the CompileContext
-        the passes will share."""
+        """Trace ``build`` on ``arrays`` into a new IR graph; returns it, the CompileContext
+        the passes will share, and whether ``build`` returned one Tensor (a plan's call gives
+        that Tensor, else a tuple: per plan, as ``build`` may return otherwise per signature or
+        mode)."""
         names = self._input_names(len(arrays))
         graph = IRGraph()
         emit = emitter(graph)
@@ -435,8 +438,8 @@ class Graph:
             with self._recording_reads():
                 out = self.build(*lazy)
         Module.compiled_into((m for _, top in self._modules() for m in top.modules()), self)
-        self._single_output = not isinstance(out, (tuple, list))
-        outs = [out] if self._single_output else list(out)
+        single = not isinstance(out, (tuple, list))
+        outs = [out] if single else list(out)
         for o in outs:
             if not isinstance(o, Tensor):
                 raise TypeError(f"build must return Tensors, got {type(o).__name__}")
@@ -448,7 +451,7 @@ class Graph:
             raise RuntimeError("this graph has an optimizer but build never called loss.backward()")
         return graph, CompileContext(compile_settings(self.config, self._optimizers,
                                                       self._grad_scaler, param_names,
-                                                      type(self).__name__))
+                                                      type(self).__name__)), single
 
     def _sync_ranks(self, graph: IRGraph, ctx: CompileContext) -> None:
         """Check that every rank compiled the same graph, then give every rank rank 0's variables
