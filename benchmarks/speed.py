@@ -76,8 +76,9 @@ PyTorch eager, fp32, AMP fp16 and AMP bf16, on ``--threads`` threads. Each frame
 worker process of its own, so its peak RSS (``VmHWM``) is printed beside its step time; the
 parent times the workers in the alternating rounds above (by their CPU and wall times).
 
-``--profile`` prints, per case, where miniflow's step spends its CPU time: the nodes that take
-the most, with their kernels (:func:`profile`); no other framework runs.
+``--profile`` prints, per case, where miniflow's step spends its time (CPU time at one thread,
+wall time at more): the nodes that take the most, with their kernels (:func:`profile`); no
+other framework runs.
 
 ``--check`` runs ``--check-steps`` steps of every framework on the selected cases instead of
 timing, and fails unless the loss of every step agrees with miniflow's (relative to
@@ -466,27 +467,34 @@ def profile(model: str, dtype: str, batch: int, data, steps: int) -> dict:
 
 def profile_step(step, steps: int) -> dict:
     """Where a miniflow step (``step()``, its graph ``step.graph``) spends its time: every plan
-    step timed by the process's CPU time (``time.process_time_ns``, so time the core spent on
-    other processes is left out) over ``steps`` steps, summed per node. Returns ``{"step_us":
-    whole step, "nodes": [(us, node index, op type, kernel names)], most first}``."""
+    step timed over ``steps`` steps, summed per node, by the process's CPU time
+    (``time.process_time_ns``, so time the core spent on other processes is left out) where
+    Numba runs one thread, else by wall time (``time.perf_counter_ns``: at more threads the
+    process's CPU time also counts the workers spinning between parallel kernels). Returns
+    ``{"step_us": whole step, "clock": "CPU time" or "wall time", "nodes": [(us, node index, op
+    type, kernel names)], most first}``."""
     import time
 
+    import numba
+
+    clock, name = ((time.process_time_ns, "CPU time") if numba.get_num_threads() == 1
+                   else (time.perf_counter_ns, "wall time"))
     for _ in range(3):
         step()
     plan = next(reversed(step.graph.plans.values()))
     spent, kernels = {}, {}
     for _ in range(steps):
         for (fn, args), i in zip(plan.steps, plan._owners):
-            t0 = time.process_time_ns()
+            t0 = clock()
             fn(*args)
-            spent[i] = spent.get(i, 0) + time.process_time_ns() - t0
+            spent[i] = spent.get(i, 0) + clock() - t0
             kernels.setdefault(i, {})[_kernel_name(fn)] = None
-    t0 = time.process_time_ns()
+    t0 = clock()
     for _ in range(steps):
         step()
     nodes = [(spent[i] / steps / 1e3, i, _node_label(plan.graph.nodes[i]), " + ".join(kernels[i]))
              for i in spent]
-    return {"step_us": (time.process_time_ns() - t0) / steps / 1e3,
+    return {"step_us": (clock() - t0) / steps / 1e3, "clock": name,
             "nodes": sorted(nodes, reverse=True)}
 
 
@@ -510,7 +518,7 @@ def _node_label(node) -> str:
 def profile_lines(model: str, dtype: str, batch: int, res: dict, top: int = 8) -> list:
     """The printed profile: the step, then the ``top`` nodes by time with their share."""
     total = res["step_us"]
-    lines = [f"{model} {LABEL[dtype]} batch {batch}: {total:.0f} us per step (CPU time)"]
+    lines = [f"{model} {LABEL[dtype]} batch {batch}: {total:.0f} us per step ({res['clock']})"]
     lines += [f"  {us:8.0f} us {100 * us / total:5.1f}%  node {i:3d} {op} ({kernel})"
               for us, i, op, kernel in res["nodes"][:top]]
     return lines
@@ -718,7 +726,8 @@ def main(argv=None) -> None:
                    help="check that every framework's losses agree with miniflow's; no timing")
     p.add_argument("--check-steps", type=harness.positive_int, default=5)
     p.add_argument("--profile", action="store_true",
-                   help="miniflow only: CPU time per node of the step (where the time goes)")
+                   help="miniflow only: time per node of the step (where the time goes; CPU "
+                        "time at one thread, wall time at more)")
     harness.add_isa_argument(p)
     args = p.parse_args(argv)
     harness.check_cores(p, args.core, args.threads)

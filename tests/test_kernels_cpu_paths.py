@@ -78,8 +78,8 @@ def _bf16_kernel(kernel, shape, ta, tb):
     ``[k, n]`` interleaved)."""
     m, k, n = shape
     outer = m >= cpu_matmul.OUTER_MIN_ROWS and n >= cpu_matmul.OUTER_MIN_COLS
-    if (HAS_BF16_DOT and tb and not ta and k % 32 == 0 and m <= cpu_matmul.DOT_MAX_ROWS
-            and (not outer or cpu_matmul.DOT_PAIRS_K_PER_ROW * m <= k)):
+    if HAS_BF16_DOT and tb and not ta and k % 32 == 0 and (not outer or (
+            cpu_matmul.DOT_PAIRS_K_PER_ROW * m <= k and m <= cpu_matmul.DOT_MAX_ROWS)):
         return "dot_pairs_kernel"       # x @ W.T at a small batch (or a narrow W)
     if not HAS_BF16_DOT or k % 2 or not outer:
         return kernel
@@ -113,6 +113,7 @@ def _bf16_kernel(kernel, shape, ta, tb):
     ((64, 300, 1000), False, True, "dot_block_kernel"),     # the forward at batch 64
     ((16, 1024, 256), False, True, "dot_block_kernel"),     # bfloat16: vdot_pairs' dot products
     ((7, 96, 10), False, True, "dot_block_kernel"),         # ... past their blocks of four
+    ((300, 64, 10), False, True, "dot"),             # bfloat16: a narrow W at any batch
 ])
 def test_matmul_takes_the_fast_path_and_agrees_with_numpy(shape, ta, tb, kernel, dt,
                                                            one_thread):
