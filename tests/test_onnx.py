@@ -153,6 +153,33 @@ def _amp_training_graph(name: str):
     return graph, (_x(name, 8), np.arange(8) % 10)
 
 
+def test_a_training_graph_with_layer_norm_exports_its_statistics_in_miniflow_s_domain(tmp_path):
+    """Once autograd reads layer_norm's mean and inv_variance (its gradient does), the node is
+    miniflow's, all three outputs; ONNX's LayerNormalization (Y only) was emitted, and the
+    checker refused the graph (the statistics came from no node)."""
+    class Train(nn.Graph):
+        def __init__(self, m):
+            super().__init__()
+            self.m = m
+            self.add_optimizer(optim.SGD(m.parameters(), lr=1e-3))
+
+        def build(self, x):
+            loss = self.m(x).sum()
+            loss.backward()
+            return loss
+
+    graph, x = Train(nn.LayerNorm(4)), np.random.default_rng(0).random((2, 3, 4), np.float32)
+    for stage in graph.stages(x):
+        proto = mo.export(graph, [x], tmp_path / f"{stage}.onnx", after=stage)
+        onnx.checker.check_model(onnx.load(tmp_path / f"{stage}.onnx"), full_check=True)
+        (norm,) = [n for n in proto.graph.node if n.op_type in ("layer_norm",
+                                                                "LayerNormalization")]
+        if stage == "trace":            # no gradient yet: the standard form
+            assert norm.op_type == "LayerNormalization" and len(norm.output) == 1
+        else:
+            assert norm.domain == mo.DOMAIN and len(norm.output) == 3
+
+
 @pytest.mark.parametrize("name", ["mlp", "lenet"])
 def test_every_stage_of_an_amp_training_graph_exports_and_checks(name, tmp_path):
     graph, inputs = _amp_training_graph(name)

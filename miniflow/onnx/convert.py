@@ -377,7 +377,7 @@ def _layer_norm(node, ins, outs, b, used):
                              f"{b.opset}")
     if a["begin_params_axis"] != a["begin_norm_axis"]:
         raise NoStandardForm("its parameters cover other axes than it normalizes")
-    if set(outs[1:]) & used:
+    if set(node.outputs[1:]) & used:      # IR Values (outs are ONNX names)
         raise NoStandardForm("its row statistics (mean, inv_variance) are read")
     x = node.inputs[0]
     normalized = x.shape[a["begin_norm_axis"]:]
@@ -458,8 +458,10 @@ def standard_form(node, ins: list, outs: list, b: Builder, used: set) -> None:
         NoStandardForm: the op, or this node of it, has none (nothing is emitted).
     """
     if node.written:
-        raise NoStandardForm("it writes variables in place (a training step's update, or the "
-                             "scratch statistics of a BatchNorm without running statistics)")
+        raise NoStandardForm("it writes variables in place (a training step's update, the "
+                             "scratch statistics of a BatchNorm without running statistics, or "
+                             "a module left in training mode: a dropout's random state; call "
+                             ".eval() on the model before building an inference graph)")
     if node.op.name == "max_pool_2d":
         return _max_pool(node, ins, outs, b, used)
     if node.op.name == "layer_norm":
