@@ -318,9 +318,10 @@ class Graph:
         return v
 
     def add_constant(self, data: np.ndarray) -> Value:
-        """Embed a NumPy array as a constant Value."""
+        """Embed a NumPy array as a constant Value (C-contiguous, of its own shape: a 0-d array
+        stays 0-d, where ``np.ascontiguousarray`` would make it ``[1]``)."""
         name = "c" + self.fresh_name()
-        data = np.ascontiguousarray(data)
+        data = np.asarray(data, order="C")
         v = Value(name, data.shape, as_dtype(data.dtype), kind="constant")
         self.constants[name] = v
         self.constant_data[name] = data

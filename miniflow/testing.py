@@ -35,7 +35,7 @@ def gradient_graph(op: str, inputs: list, attrs: dict, seed: int = 0):
     rng = np.random.default_rng(seed)
     vals, names, arrays = [], [], []
     for i, a in enumerate(inputs):
-        a = np.ascontiguousarray(a)
+        a = np.asarray(a, order="C")    # a 0-d input stays 0-d (ascontiguousarray: [1])
         if as_dtype(a.dtype).is_float:
             data = backend.from_numpy(a)
             vals.append(g.add_variable(f"x{i}", a.shape, as_dtype(a.dtype), data=data))

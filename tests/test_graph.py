@@ -823,3 +823,27 @@ def test_assigning_a_parameter_s_data_is_refused_not_silently_kept():
         m.weight.data
     m.load_state_dict({"weight": np.zeros((1, 2), np.float32)}, strict=False)
     assert g(x).numpy().tolist() == [[0.0]]
+
+
+def test_a_0d_constant_stays_0d_in_the_graph():
+    """An eager 0-d tensor or mask that ``build`` uses is a constant of shape () (NumPy's
+    ``ascontiguousarray`` made it [1]: the loss came back [1], and a 0-d mask did not
+    broadcast to a 0-d tensor), as PyTorch keeps it."""
+    m = nn.Module()
+    m.p = nn.Parameter(np.array([1.5, -0.5], np.float32))
+    scale = mf.tensor(np.array(2.0, np.float32))
+
+    class G(nn.Graph):
+        def __init__(self):
+            super().__init__()
+            self.m = m
+            self.add_optimizer(mf.optim.SGD(m.parameters(), lr=1.0))
+
+        def build(self):
+            loss = (self.m.p.sum() * scale).masked_fill(np.array(False), 3.0)
+            loss.backward()
+            return loss
+
+    loss = G()()
+    assert loss.shape == () and float(loss.numpy()) == 2.0
+    np.testing.assert_array_equal(m.p.numpy(), [-0.5, -2.5])        # minus the gradient, 2
