@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import math
 import os
 
 import numba
@@ -35,7 +36,7 @@ from . import fp16
 __all__ = ["PARALLEL_MIN_SIZE", "jit", "loop_for", "use_parallel", "one_pool", "cblas_gemm",
            "blas_libraries", "numpy_blas",
            "pinned_threads", "flat",
-           "kview", "jitable", "scratch", "TENSOR_PACK", "tensor_packs", "pack"]
+           "kview", "jitable", "store_counted", "scratch", "TENSOR_PACK", "tensor_packs", "pack"]
 
 PARALLEL_MIN_SIZE = 1 << 16
 """Elements from which builders choose the ``parallel=True`` variant of a kernel."""
@@ -157,6 +158,15 @@ def jitable(fn):
         register_jitable(fn)
         _REGISTERED.add(fn)
     return fn
+
+
+@jitable
+def store_counted(out, i, j, v, counted):
+    """``out[i, j] = v`` rounded to out's type (``fp16.store``); with ``counted``, 1 if the
+    stored value is not finite (the loss scaler's count, made as a kernel writes), else 0: the
+    scalar columns of the register-tile kernels."""
+    fp16.store(out, (i, j), v)
+    return 1 if counted and not math.isfinite(fp16.load(out, (i, j))) else 0
 
 
 _BITS = {"float16": np.dtype(np.uint16), "bfloat16": np.dtype(np.int16)}

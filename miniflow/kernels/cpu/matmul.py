@@ -83,7 +83,8 @@ from ...dtype import is_bfloat16
 from . import blas_split, fp16, mkl_gemm, tune
 from .packed_gemm import packed_kernel
 from ..common.batch import batched
-from .common import jit, jitable, kview, loop_for, numpy_blas, one_pool, use_parallel
+from .common import (jit, jitable, kview, loop_for, numpy_blas, one_pool, store_counted,
+                     use_parallel)
 from .elementwise import cast_steps
 from .fp16 import load, store, to_compute
 from .loss_scale import cast_count_steps, sum_counts_kernel
@@ -251,14 +252,6 @@ def _dots4(x, i, di, w, j, dj):
     return vfold1(vfold2(h, h), h)
 
 
-@jitable
-def _put_scalar(out, i, j, v, counted):
-    """``out[i, j] = v`` rounded to out's type; with ``counted``, 1 if the stored value is not
-    finite (else 0)."""
-    store(out, (i, j), v)
-    return 1 if counted and not math.isfinite(load(out, (i, j))) else 0
-
-
 @functools.cache
 def dot_pairs_kernel(parallel: bool, counted: bool):
     """``kernel(x, w, out, count)``: ``out = x @ w.T`` for bfloat16 bits ``x`` ``[m, k]`` and ``w``
@@ -312,18 +305,18 @@ def dot_pairs_kernel(parallel: bool, counted: bool):
                            vfold4(vfold8(a30, a31), vfold8(a32, a33))))
                 for r in range(4):
                     for c4 in range(4):
-                        bad += _put_scalar(out, i + r, j + c4, vlane(sums, 4 * r + c4), counted)
+                        bad += store_counted(out, i + r, j + c4, vlane(sums, 4 * r + c4), counted)
             for i in range(m4, m):      # the rows of x past the last block: one by four
                 sums = _dots4(x, i, 0, w, j, 1)
                 for c4 in range(4):
-                    bad += _put_scalar(out, i, j + c4, vlane(sums, c4), counted)
+                    bad += store_counted(out, i, j + c4, vlane(sums, c4), counted)
         for j in range(n4, n):          # the rows of w past the last block: four by one
             for i in range(0, m4, 4):
                 sums = _dots4(x, i, 1, w, j, 0)
                 for r in range(4):
-                    bad += _put_scalar(out, i + r, j, vlane(sums, r), counted)
+                    bad += store_counted(out, i + r, j, vlane(sums, r), counted)
             for i in range(m4, m):      # and past both: lane 0 of four equal chains
-                bad += _put_scalar(out, i, j, vlane(_dots4(x, i, 0, w, j, 0), 0), counted)
+                bad += store_counted(out, i, j, vlane(_dots4(x, i, 0, w, j, 0), 0), counted)
         if counted:
             count[0] = bad
 
@@ -598,9 +591,7 @@ def outer_block_kernel(parallel: bool, counted: bool, layout: str = "rows"):
                 acc = np.float32(0)
                 for p in range(k):
                     acc = fma_scalar(load(a, (i, p)), b_at(b, p, j), acc)
-                store(out, (i, j), acc)
-                if counted and not math.isfinite(load(out, (i, j))):
-                    bad += 1
+                bad += store_counted(out, i, j, acc, counted)
         if counted:
             count[0] = bad
 

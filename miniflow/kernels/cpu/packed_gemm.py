@@ -40,8 +40,8 @@ import functools
 import numba
 import numpy as np
 
-from .common import jit, jitable, loop_for
-from .fp16 import load, store
+from .common import jit, jitable, loop_for, store_counted
+from .fp16 import load
 from .simd import LANES, tile_intrinsic, vcount_nonfinite, vload, vstore, vtranspose_block
 from .target import ISA
 
@@ -122,9 +122,7 @@ def _put(out, i0, j0, tile, counted):
             if counted:
                 bad += vcount_nonfinite(out, v)
         for c in range(whole, cols):
-            store(out, (i0 + r, j0 + c), tile[r, c])
-            if counted and not np.isfinite(load(out, (i0 + r, j0 + c))):
-                bad += 1
+            bad += store_counted(out, i0 + r, j0 + c, tile[r, c], counted)
     return bad
 
 

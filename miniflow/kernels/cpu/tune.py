@@ -25,13 +25,11 @@ with the winner's steps on the node's buffers:
    processes is not counted, so a choice made under load is the one an idle machine makes),
    else by wall time, where a machine kept busy by other processes starves the threaded
    candidates: when they used more than ``BUSY_LIMIT`` cores' worth of CPU time since the
-   plan began (``/proc/stat``, over ``BUSY_WINDOW_S`` at least), the choice
-   serves this process only and is not written to the file
-   (said once; at 2 threads the GPT's bfloat16 step took 20.3 ms with the choices of a run
-   measured beside a test process, 15.9 ms with choices measured on idle cores:
-   ``benchmarks/README.md``, tenth round). The :data:`PREFERRED` candidate (else the first)
-   wins unless another's
-   median beats it by more than ``MARGIN`` (then the fastest such one): so that runs on a noisy
+   plan began (``/proc/stat``, over ``BUSY_WINDOW_S`` at least), the choice serves this process
+   only and is not written to the file (said once; at 2 threads the GPT's bfloat16 step took
+   20.3 ms with the choices of a run measured beside a test process, 15.9 ms with choices
+   measured on idle cores: ``benchmarks/README.md``, tenth round). The :data:`PREFERRED`
+   candidate (else the first) wins unless another's median beats it by more than ``MARGIN`` (then the fastest such one): so that runs on a noisy
    machine choose alike where it hardly matters, and the library call, whose speed holds on
    every CPU, keeps what it does not clearly lose. Candidates whose steps call the same kernels
    are one (the first of them is timed); if all are one, nothing is measured;
