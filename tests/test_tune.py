@@ -302,36 +302,6 @@ def test_a_process_keeps_its_choice_when_another_process_writes_the_class(tmp_pa
     assert _names(_matmul(16, 300, 1000, tb=True)[0]) == "dot_block_kernel"  # still the guess
 
 
-def test_a_threaded_choice_measured_on_busy_cores_serves_this_process_only(tmp_path, monkeypatch,
-                                                                           capsys):
-    monkeypatch.setattr(tune, "_threads", lambda: (2, 1))
-    monkeypatch.setattr(tune, "_others_busy", lambda start: 1.5)
-    t = _tuner(tmp_path, monkeypatch, None)
-    monkeypatch.setattr(tune, "_wall_time", FakeTimer(numba=1e-3, blas=2e-3))
-    _matmul(16, 300, 1000, tb=True)
-    [(key, name)] = t.taken.items()
-    assert name == "numba" and t.busy == 1.5 and not (tmp_path / "tuning.json").exists()
-    assert "other processes kept 1.5 cores busy" in capsys.readouterr().err
-    _matmul(16, 300, 1000, tb=True)     # the same class again: kept, not measured again
-    assert len(tune._wall_time.calls) == 2 * tune.MAX_ROUNDS
-    monkeypatch.setattr(tune, "_others_busy", lambda start: 0.1)
-    _tuner(tmp_path, monkeypatch, None)                                      # idle cores
-    _matmul(16, 300, 1000, tb=True)
-    assert json.loads((tmp_path / "tuning.json").read_text())["choices"] == {key: "numba"}
-    assert capsys.readouterr().err == ""
-
-
-def test_the_busy_share_counts_other_processes_cpu_time_per_wall_second(monkeypatch):
-    real = tune._cpu_snapshot()         # Linux: all processes' CPU s >= this one's, wall s
-    assert real is None or (len(real) == 3 and real[0] >= 0 and real[1] > 0)
-    assert tune._others_busy(None) == 0.0                   # no start: nothing known
-    snapshots = iter([(100.0, 10.0, 50.0), (103.5, 12.0, 51.0), (100.0, 10.0, 50.0),
-                      (100.02, 10.0, 50.002)])
-    monkeypatch.setattr(tune, "_cpu_snapshot", lambda: next(snapshots))
-    assert tune._others_busy(tune._cpu_snapshot()) == pytest.approx(1.5)
-    assert tune._others_busy(tune._cpu_snapshot()) == 0.0   # 2 ms: two ticks are not 10 cores
-
-
 def test_building_a_plan_starts_a_new_measuring_budget(monkeypatch):
     import miniflow as mf
     from miniflow.experiments.mlp import TrainGraph, mlp

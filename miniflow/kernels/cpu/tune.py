@@ -23,13 +23,10 @@ with the winner's steps on the node's buffers:
    sample repeats a short candidate to about ``SAMPLE_S``) and compares medians: by the CPU
    time of the calling thread when Numba and BLAS run one thread (time the machine gave other
    processes is not counted, so a choice made under load is the one an idle machine makes),
-   else by wall time, where a machine kept busy by other processes starves the threaded
-   candidates: when they used more than ``BUSY_LIMIT`` cores' worth of CPU time since the
-   plan began (``/proc/stat``, over ``BUSY_WINDOW_S`` at least), the choice serves this process
-   only and is not written to the file (said once; at 2 threads the GPT's bfloat16 step took
-   20.3 ms with the choices of a run measured beside a test process, 15.9 ms with choices
-   measured on idle cores: ``benchmarks/README.md``, tenth round). The :data:`PREFERRED`
-   candidate (else the first) wins unless another's median beats it by more than ``MARGIN`` (then the fastest such one): so that runs on a noisy
+   else by wall time (on cores other processes keep busy the threaded candidates are starved,
+   and such a choice stays until the file is cleared: ``benchmarks/README.md``, tenth and
+   eleventh rounds). The :data:`PREFERRED` candidate (else the first) wins unless another's
+   median beats it by more than ``MARGIN`` (then the fastest such one): so that runs on a noisy
    machine choose alike where it hardly matters, and the library call, whose speed holds on
    every CPU, keeps what it does not clearly lose. Candidates whose steps call the same kernels
    are one (the first of them is timed); if all are one, nothing is measured;
@@ -84,9 +81,8 @@ from ... import distributed
 from .common import numpy_blas
 
 __all__ = ["PREFERRED", "ENV", "MODES", "FORMAT", "MAX_CHOICES", "BUDGET_S", "CLASS_BUDGET_S",
-           "MIN_ROUNDS", "MAX_ROUNDS", "SAMPLE_S", "MARGIN", "BUSY_LIMIT", "BUSY_WINDOW_S",
-           "MAX_BYTES", "Tuner", "TUNER", "choose",
-           "machine", "mode", "folder", "describe", "numpy_blas", "begin_model"]
+           "MIN_ROUNDS", "MAX_ROUNDS", "SAMPLE_S", "MARGIN", "MAX_BYTES", "Tuner",
+           "TUNER", "choose", "machine", "mode", "folder", "describe", "numpy_blas", "begin_model"]
 
 PREFERRED = "blas"
 """The candidate that wins unless another beats it by ``MARGIN``: the library call."""
@@ -118,15 +114,6 @@ sample (as many as the slowest candidate's warm-up run fits), so that a few-micr
 is not timed by one call's jitter."""
 MARGIN = 0.05
 """Relative margin by which a candidate's median must beat the preferred one's to win."""
-BUSY_LIMIT = 0.25
-"""Cores' worth of CPU time other processes may use while a multi-threaded class is measured
-(``/proc/stat``) for its choice to be written to the file: on a busier machine the threaded
-candidates are starved, and the choice serves this process only."""
-BUSY_WINDOW_S = 0.3
-"""Seconds of wall time the busy share is measured over at least: from the start of the plan
-(:func:`begin_model`) to the end of the class's measurement (a class measured before that much
-has passed counts as measured on idle cores: building a plan compiles or loads its kernels
-first, which takes longer)."""
 
 
 def mode() -> str:
@@ -217,31 +204,6 @@ def _wall_time(name: str, run) -> float:
     return time.perf_counter() - t0
 
 
-def _cpu_snapshot():
-    """``(CPU seconds every process has used, this process's, wall clock)`` (Linux's
-    ``/proc/stat``: user, nice, system, irq, softirq and steal, the time the hypervisor gave
-    other guests); None where there is no ``/proc/stat``."""
-    try:
-        with open("/proc/stat", encoding="ascii") as f:
-            fields = [int(x) for x in f.readline().split()[1:9]]
-    except (OSError, ValueError):
-        return None
-    busy = sum(fields[k] for k in (0, 1, 2, 5, 6, 7) if k < len(fields))
-    t = os.times()
-    return busy / os.sysconf("SC_CLK_TCK"), t.user + t.system, time.perf_counter()
-
-
-def _others_busy(start) -> float:
-    """Cores' worth of CPU time other processes used since ``start`` (a :func:`_cpu_snapshot`):
-    every process's time less this one's, per second of wall time; 0 where there is no
-    snapshot or less than ``BUSY_WINDOW_S`` has passed (the counts are in ticks of 10 ms: over a
-    few milliseconds one tick reads as several cores)."""
-    end = _cpu_snapshot()
-    if start is None or end is None or end[2] - start[2] < BUSY_WINDOW_S:
-        return 0.0
-    return max(0.0, (end[0] - start[0]) - (end[1] - start[1])) / (end[2] - start[2])
-
-
 def _cpu_time(name: str, run) -> float:
     """CPU seconds of the calling thread during ``run()`` (``time.thread_time``): :class:`Tuner`'s
     timer where Numba and BLAS run one thread (every kernel runs on the calling thread)."""
@@ -323,12 +285,6 @@ class Tuner:
         """Classes this process measured."""
         self.taken: dict = {}
         """The choice this process took for each class it met: it keeps it while it runs."""
-        self.busy = 0.0
-        """Cores' worth of other processes' CPU time from the start of the plan to the end of
-        its last multi-threaded measurement (:data:`BUSY_LIMIT`)."""
-        self.watch_start = None
-        """The :func:`_cpu_snapshot` at the start of the plan (:func:`begin_model`; else at its
-        first multi-threaded measurement)."""
         self.collective = False
         """Whether the plan being built is built by every rank in step (:func:`begin_model`)."""
 
@@ -420,8 +376,8 @@ class Tuner:
     # ------------------------------------------------------------------ choosing
     def decide(self, key: str, node, ins, outs, candidates: dict, first) -> str:
         """The name of the candidate for class ``key`` (see the module docstring): the one this
-        process took before, else cached, else measured now (and written to the file unless
-        the cores were busy), else past the budget :meth:`usual`."""
+        process took before, else cached, else measured now (and written to the file), else
+        past the budget :meth:`usual`."""
         names = list(candidates)
         known = self.taken.get(key, self.load().get(key))
         if known not in names:
@@ -434,12 +390,7 @@ class Tuner:
         if self.spent >= BUDGET_S:
             return self.usual(key, list(candidates))
         winner, measured = self.measure(node, ins, outs, candidates, first)
-        if measured and self.busy > BUSY_LIMIT:
-            _notice("busy", f"miniflow: other processes kept {self.busy:.1f} cores busy while "
-                            f"the kernel choices of {key.split(' ', 1)[0]} products were measured "
-                            f"at several threads: those choices serve this run only and are "
-                            f"measured again by a later one")
-        elif measured:
+        if measured:
             self.choices[key] = winner
             self._save()
         return winner
@@ -479,9 +430,6 @@ class Tuner:
         reps = int(min(100, max(1, SAMPLE_S // max(slowest, 1e-7))))
         times = {name: [] for name in names}
         class_spent = 0.0
-        watch = threaded and self.timer is None     # wall time: other processes' load counts
-        if watch and self.watch_start is None:
-            self.watch_start = _cpu_snapshot()
         for r in range(MAX_ROUNDS):
             if r >= MIN_ROUNDS and class_spent >= CLASS_BUDGET_S:
                 break
@@ -491,7 +439,6 @@ class Tuner:
                 class_spent += t
         self.spent += class_spent
         self.measured += 1
-        self.busy = _others_busy(self.watch_start) if watch else 0.0
         median = {name: float(np.median(t)) for name, t in times.items()}
         preferred = PREFERRED if PREFERRED in median else names[0]
         faster = [n for n in names if median[n] * (1 + MARGIN) < median[preferred]]
@@ -564,7 +511,7 @@ def begin_model(collective: bool = False) -> None:
     """A new model's plan is being built: its new classes get ``BUDGET_S`` of measuring;
     ``collective``: every rank builds it in step, rank 0 decides for all."""
     t = _tuner()
-    t.spent, t.collective, t.watch_start = 0.0, collective, _cpu_snapshot()
+    t.spent, t.collective = 0.0, collective
 
 
 def describe() -> list:
