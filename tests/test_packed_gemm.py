@@ -11,7 +11,7 @@ from miniflow.dtype import bfloat16, float16, float32
 from miniflow.ir import Node, Value
 from miniflow.kernels.cpu import fp16, matmul as cpu_matmul
 from miniflow.kernels.cpu.common import kview
-from miniflow.kernels.cpu.packed_gemm import KC, MR, NR, packed_kernel
+from miniflow.kernels.cpu.packed_gemm import KC, MR, NR, TAIL, packed_kernel
 from miniflow.ops import get_op
 
 U32 = 2.0 ** -24
@@ -68,11 +68,12 @@ def test_the_product_is_within_the_float32_bound_of_the_exact_product(shape, ta,
 
 @pytest.mark.parametrize("dt", TYPES)
 @pytest.mark.parametrize("ta", [False, True])
-@pytest.mark.parametrize("shape", [(MR + 1, 7, NR + 5), (2 * MR - 1, KC + 37, 3 * NR + 17)])
+@pytest.mark.parametrize("shape", [(MR + 1, 7, NR + 5), (2 * MR - 1, KC + 37, 3 * NR + 17),
+                                   (2 * MR + TAIL, KC + 37, NR + 5)])
 def test_the_bits_are_the_register_tiles(shape, ta, dt):
     """Each element is the register tile's chain of fused multiply-adds in order of ``p``
     (``outer_block_kernel``'s ``"rows"`` layout, its scalar columns ``fma_scalar``), whatever the
-    blocks and however ``a`` is stored: the same bits, in out's type (``outer_block_kernel``
+    blocks (the last one by the ``TAIL``-row tile where it fits) and however ``a`` is stored: the same bits, in out's type (``outer_block_kernel``
     reads a contiguous copy of ``a``: one specialization of it per type)."""
     a, b, _, _ = _operands(*shape, dt, ta, False, seed=3)
     out, _ = _product(a, b, dt)

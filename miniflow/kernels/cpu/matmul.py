@@ -455,9 +455,11 @@ def outer_block_kernel(parallel: bool, counted: bool, layout: str = "rows"):
     tile 87 GFLOP/s in place, 164-193 from the panel; the AVX2 tile at 252 rows 50 in place, 95
     with 1040 columns, 99-102 from the panel). The bfloat16 pair layouts read ``b`` in place
     (``"packed"`` is packed ahead). Each output element is rounded once to out's type as it is
-    stored. Rows past the last block: with the 6-row tile, where 4 or 5 remain, one more block of
-    6 ending at the last row (the rows it shares with the block before are computed again, to the
-    same bits, and not counted again), else one row at a time; columns past the last tile are
+    stored. Rows past the last block: with the 6-row tile, where 4 remain, a block of 4 rows by 2
+    vectors (eight chains; at 16 rows, as AVX2, a bfloat16 ``dy @ W`` of 16 x 1024 x 1024 took 418
+    us with an overlapping block of 6, 394 with it), where 5 remain, one more block of 6 ending at
+    the last row (the rows it shares with the block before are computed again, to the same bits,
+    and not counted again), else one row at a time; columns past the last tile are
     vectors (with the 4 x 4-vector tile, two of them four rows at a time: eight chains), then
     scalars. Sums run in float32 in order of ``p``, one rounding per multiply-add (``vfma``,
     ``fma_scalar`` in the scalar columns: every element of out gets the same bits whatever the tile,
@@ -483,8 +485,9 @@ def outer_block_kernel(parallel: bool, counted: bool, layout: str = "rows"):
         n = out.shape[1]
         nw, nl = n - n % width, n - n % LANES
         tiles, mr = nw // width, m - m % rows
-        overlap = not wide and m - mr >= 4 and m >= 6    # 4 or 5 rows left: a last 6-row block
-        blocks, m_tiled = mr // rows + (1 if overlap else 0), m if overlap else mr
+        four = not wide and m - mr == 4         # 4 rows left: a block of 4 (eight chains)
+        overlap = not wide and m - mr == 5 and m >= 6     # 5 left: a last 6-row block
+        blocks, m_tiled = mr // rows + (1 if overlap else 0), m if overlap or four else mr
         bad = 0
         panels = np.empty((slots, k if layout == "rows" else 0, group * width), np.float32)
         across = k * group * width <= PANEL_ACROSS     # rows outer: stores along out's rows
@@ -555,6 +558,21 @@ def outer_block_kernel(parallel: bool, counted: bool, layout: str = "rows"):
                         + _put2(out, i + 3, j, c30, c31, counted and new <= 3)
                         + _put2(out, i + 4, j, c40, c41, counted and new <= 4)
                         + _put2(out, i + 5, j, c50, c51, counted and new <= 5))
+            for t in range(t0, t1 if four else t0):
+                j, q0 = width * t, jc + width * (t - t0)
+                c00 = c01 = c10 = c11 = c20 = c21 = c30 = c31 = vzero()
+                for p in range(0, k, step):
+                    b0, b1 = load_b(src, p, q0), load_b(src, p, q0 + LANES)
+                    x0, x1, x2, x3 = splat(a, mr, p), splat(a, mr + 1, p), splat(
+                        a, mr + 2, p), splat(a, mr + 3, p)
+                    c00, c01, c10, c11 = mac(c00, x0, b0), mac(c01, x0, b1), mac(
+                        c10, x1, b0), mac(c11, x1, b1)
+                    c20, c21, c30, c31 = mac(c20, x2, b0), mac(c21, x2, b1), mac(
+                        c30, x3, b0), mac(c31, x3, b1)
+                bad += (_put2(out, mr, j, c00, c01, counted)
+                        + _put2(out, mr + 1, j, c10, c11, counted)
+                        + _put2(out, mr + 2, j, c20, c21, counted)
+                        + _put2(out, mr + 3, j, c30, c31, counted))
             for i in range(m_tiled, m):     # then one row at a time
                 for t in range(t0, t1):
                     j, q0 = width * t, jc + width * (t - t0)
