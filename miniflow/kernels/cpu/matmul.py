@@ -93,7 +93,7 @@ from .simd import (HAS_BF16_DOT, LANES, fma_scalar, vcount_nonfinite, vdot_pairs
                    vsplat_pair, vstore, vtranspose_block, vzero)
 from .target import ISA
 
-__all__ = ["BUILDERS", "OUTER_MIN_ROWS", "OUTER_MIN_COLS", "PACK_MIN_ROWS", "LAYOUTS", "WIDEN_MAX",
+__all__ = ["BUILDERS", "OUTER_MIN_ROWS", "OUTER_MIN_COLS", "PACK_MIN_ROWS", "PAIRS_COPY_MIN_COLS", "LAYOUTS", "WIDEN_MAX",
            "WIDEN_REUSE", "TINY", "COPY_MIN_ROWS", "COPY_MIN_WORK", "BIG", "DOT_MIN_K",
            "DOT_MAX_ROWS", "DOT_PAIRS_K_PER_ROW", "ONE_THREAD_FROM", "ONE_THREAD_BELOW",
            "OneThreadBlas", "dot_block_kernel", "dot_pairs_kernel", "outer_block_kernel",
@@ -113,6 +113,12 @@ PACK_MIN_ROWS = 64
 1024 x 1024 ``W`` of ``x @ W.T``). ``x @ W.T`` at 64 x 1024 x 1024: 810 us in all against 1500
 for :func:`dot_block_kernel`, at 256 rows 2510 against 5900; at 16 rows the packing would cost
 more than it saves (the input gradient there: 226 us interleaving as it loads)."""
+PAIRS_COPY_MIN_COLS = 512
+"""Columns of out from which a bfloat16 product copies an ``a`` stored transposed for the paired
+tile (:func:`_pairs_copy`; each pair of ``a`` is read once per 64 columns). One Zen 4 core,
+``dy.T @ x`` at 1024 x 256 x n, us, in place / copied (the copy 46 us): n = 64 151 / 194, 256
+629 / 645, 512 1320 / 1265, 1024 2467-2981 / 2413-2561 (the strided reads vary from process
+to process); at n = 1024 and k = 16, 128, 512: 242 / 237, 1544 / 1317, 5016 / 4845."""
 WIDEN_MAX = 1 << 16
 """Elements up to which a half operand is widened into float32 scratch once per product (an
 activation or gradient of a batch up to 64 on 1024 features, about 5 us), rather than converted
@@ -639,9 +645,10 @@ def interleave_pairs_kernel(parallel: bool):
 @functools.cache
 def transpose_kernel(parallel: bool):
     """``kernel(src, dst)``: ``dst = src.T`` in ``dst``'s type, ``src`` ``[r, c]`` (float32 or
-    half bits, C-contiguous) into float32 ``dst`` ``[c, r]``: blocks of ``LANES`` x ``LANES``
-    transposed in registers (``simd.vtranspose_block``), the rows and columns past the last full
-    block one element at a time. It makes a product's strided operand contiguous (and float32) for
+    half bits, C-contiguous) into float32 ``dst`` ``[c, r]`` (or bfloat16 bits into bfloat16 bits:
+    :func:`_pairs_copy`): blocks of ``LANES`` x ``LANES`` transposed in registers
+    (``simd.vtranspose_block``), the rows and columns past the last full block one element at a
+    time. It makes a product's strided operand contiguous (and float32) for
     :func:`outer_block_kernel`. float32 into float32 moves any 32-bit words bit for bit (no
     arithmetic): the bfloat16 pairs of ``W`` in ``x @ W.T``, packed for ``vdot_pairs``. The
     parallel variant splits the blocks of ``src``'s rows."""
@@ -913,6 +920,18 @@ def _transposed(x, steps: list):
     return copy
 
 
+def _pairs_copy(a, steps: list):
+    """bfloat16 bits ``a`` stored transposed (a ``.T`` view of a C-contiguous array: the weight
+    gradient's ``dy.T``) copied C-contiguous by a step appended to ``steps`` (16-bit words: widened
+    and rounded back, exact but for a NaN's payload, which the product loses anyway), so that
+    :func:`outer_block_kernel`'s paired tile broadcasts each pair ``a[i, p:p + 2]`` from one 32-bit
+    load rather than two loads through the strides (``simd.vsplat_pair``); see
+    :data:`PAIRS_COPY_MIN_COLS`."""
+    copy = np.empty(a.shape, a.dtype)
+    steps.append((transpose_kernel(use_parallel(a.size)), (a.T, copy)))
+    return copy
+
+
 def _bucket(x: int) -> int:
     """The power of two at or above ``x`` (a class's size: sizes within a factor of two share)."""
     return 1 << max(0, x - 1).bit_length()
@@ -1071,8 +1090,8 @@ def numba_steps(node, ins, outs):
     (activations, gradients, ``WIDEN_MAX``) and ones each of whose elements is used
     ``WIDEN_REUSE`` times or more are widened into float32 scratch once; the others (a weight at a small batch) are read as they are by the loops (widened as
     they load; ``vdot_pairs`` reads bfloat16 pairs directly), and widened for BLAS. Operands
-    stored transposed are copied where :func:`_transposed_copies` says (not for ``vdot_pairs``,
-    which packs its own)."""
+    stored transposed are copied where :func:`_transposed_copies` says (for ``vdot_pairs``,
+    which packs its own ``b``, only ``a``: :func:`_pairs_copy`)."""
     a, b, out = ins[0], ins[1], outs[0]
     ta, tb = node.attrs.get("transpose_a", False), node.attrs.get("transpose_b", False)
     counted = len(outs) > 1
@@ -1092,11 +1111,14 @@ def numba_steps(node, ins, outs):
     bits_a, bits_b = kview(a).T if ta else kview(a), kview(b).T if tb else kview(b)
     bits_out = kview(out)
     if _outer_fits(bits_a, bits_b, bits_out, paired):
+        if (paired and bits_a.flags.f_contiguous and not bits_a.flags.c_contiguous
+                and out.shape[1] >= PAIRS_COPY_MIN_COLS):
+            bits_a = _pairs_copy(bits_a, steps)     # dy.T: each pair one 32-bit load
         if paired and out.shape[0] >= PACK_MIN_ROWS:    # b's rows interleaved in pairs once
             packed = np.empty((bits_b.shape[0] // 2, 2 * bits_b.shape[1]), np.int16)
-            return [(interleave_pairs_kernel(use_parallel(packed.size)), (bits_b, packed)),
-                    (outer_block_kernel(use_parallel(out.size), counted, "packed"),
-                     (bits_a, packed, bits_out, count))]
+            return steps + [(interleave_pairs_kernel(use_parallel(packed.size)), (bits_b, packed)),
+                            (outer_block_kernel(use_parallel(out.size), counted, "packed"),
+                             (bits_a, packed, bits_out, count))]
         kernel = outer_block_kernel(use_parallel(out.size), counted, "pairs" if paired else "rows")
         return steps + [(kernel, (bits_a, bits_b, bits_out, count))]
     if paired and _dot_pairs_takes(bits_a, bits_b, bits_out):   # x @ W.T at a small batch
