@@ -28,7 +28,11 @@ columns and rows of a block (8-13 of a block of 16, the edge of its last 6-row p
 in another order than in one call, and differ in the last bits. :func:`keeps_bits` checks which
 on this machine; the tests assert one call's bits where it holds, float32 rounding elsewhere. A
 training's result at two threads can thus differ from one thread's in the last bits on an AVX2
-machine (it is the same from run to run at either).
+machine, and on any machine where, at one Numba thread, a product runs on BLAS's own threads:
+OpenBLAS's threaded GEMM sums elements in another order than its one-thread call, which the
+split reproduces (float32 254 x 513 x 61: 9656 of 15494 elements differ, SkylakeX kernels, two
+OpenBLAS threads; found by a fuzz of the matmul kernels). It is the same from run to run at
+either.
 
 The BLAS is the one ``np.dot`` calls (``common.numpy_blas``: NumPy's wheel bundles OpenBLAS, its
 CBLAS symbols prefixed ``scipy_`` and, for the 64-bit integer interface, suffixed ``64_``), its
