@@ -97,12 +97,12 @@ DEEP = (64,) + (16,) * 9 + (10,)
 
 
 @pytest.mark.parametrize("opt", ["momentum", "adam"])
-def test_more_tensors_than_a_pack_train_to_the_unfused_bits_and_compile_one_tuple_length(opt):
+def test_more_tensors_than_a_pack_train_to_the_unfused_bits_and_compile_few_tuple_lengths(opt):
     """A fused update over several packs of tensors (``kernels.cpu.common.tensor_packs``) trains
     to the unfused graph's bits, and every tuple the CPU's multi-tensor update and counting
-    kernels were compiled for holds ``TENSOR_PACK`` views: one compilation per dtype whatever the
-    model (a tuple's length is part of Numba's signature; before, each parameter count compiled
-    the kernels again)."""
+    kernels were compiled for holds a power of two of views up to ``TENSOR_PACK``: at most four
+    compilations per dtype whatever the model (a tuple's length is part of Numba's signature;
+    before packs, each parameter count compiled the kernels again)."""
     from numba.core import types
     from miniflow.kernels.cpu import loss_scale, update
     from miniflow.kernels.cpu.common import TENSOR_PACK
@@ -115,23 +115,24 @@ def test_more_tensors_than_a_pack_train_to_the_unfused_bits_and_compile_one_tupl
     for kernel in (multi, loss_scale.count_into_kernel, loss_scale.copy_counts_kernel):
         lengths = {t.count for sig in kernel.signatures for t in sig
                    if isinstance(t, types.UniTuple) and isinstance(t.dtype, types.Array)}
-        assert lengths <= {TENSOR_PACK}, (kernel, lengths)
+        assert lengths <= {1, 2, 4, TENSOR_PACK}, (kernel, lengths)
     assert multi.signatures, "the fused update ran the serial multi-tensor kernel"
 
 
-def test_tensor_packs_cover_every_tensor_once_and_a_pack_has_one_length():
+def test_tensor_packs_cover_every_tensor_once_and_a_pack_has_a_power_of_two_length():
     """``tensor_packs`` cuts ``n`` tensors into consecutive runs of at most ``TENSOR_PACK``;
-    ``pack`` pads a run to ``TENSOR_PACK`` with its first view and refuses an empty or too long
-    one, naming the sizes."""
+    ``pack`` pads a run to the power of two at or above its length with its first view and
+    refuses an empty or too long one, naming the sizes."""
     from miniflow.kernels.cpu.common import TENSOR_PACK, pack, tensor_packs
     for n in (0, 1, TENSOR_PACK, TENSOR_PACK + 1, 3 * TENSOR_PACK - 1):
         parts = tensor_packs(n)
         assert [k for part in parts for k in part] == list(range(n))
         assert all(0 < len(part) <= TENSOR_PACK for part in parts)
-    views = [np.arange(k, dtype=np.float32) for k in (3, 1)]
-    packed = pack(views)
-    assert len(packed) == TENSOR_PACK and packed[:2] == tuple(views)
-    assert all(v is views[0] for v in packed[2:])
+    views = [np.arange(k, dtype=np.float32) for k in (3, 1, 4, 1, 5)]
+    for n, length in ((1, 1), (2, 2), (3, 4), (4, 4), (5, TENSOR_PACK)):
+        packed = pack(views[:n])
+        assert len(packed) == length and packed[:n] == tuple(views[:n])
+        assert all(v is views[0] for v in packed[n:])
     for bad in ([], views * TENSOR_PACK):
         with pytest.raises(ValueError, match=f"pack: {len(bad)} views; a pack holds 1 to "
                                              f"{TENSOR_PACK}"):

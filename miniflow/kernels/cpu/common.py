@@ -205,15 +205,18 @@ def tensor_packs(n: int) -> list:
 
 
 def pack(views: list) -> tuple:
-    """``views`` (1 to :data:`TENSOR_PACK` arrays of one type) as a tuple of :data:`TENSOR_PACK`,
-    padded with the first one: a kernel given the pack and ``len(views)`` reads only the real
-    entries, the padding only fixes the tuple's length (its type).
+    """``views`` (1 to :data:`TENSOR_PACK` arrays of one type) as a tuple of the power of two at
+    or above their number (1, 2, 4 or 8: at most four compilations per dtype and option), padded
+    with the first one: a kernel given the pack and ``len(views)`` reads only the real entries,
+    the padding only fixes the tuple's length (its type). Not always ``TENSOR_PACK``: Numba
+    unboxes every array of a tuple at each call, about 0.1 us each (one Zen 4 core), and a
+    small model's step makes a few such calls.
 
     Raises:
         ValueError: no views, or more than TENSOR_PACK."""
     if not 0 < len(views) <= TENSOR_PACK:
         raise ValueError(f"pack: {len(views)} views; a pack holds 1 to {TENSOR_PACK}")
-    return tuple(views) + (views[0],) * (TENSOR_PACK - len(views))
+    return tuple(views) + (views[0],) * ((1 << (len(views) - 1).bit_length()) - len(views))
 
 
 def scratch(like, shape, dtype) -> np.ndarray:

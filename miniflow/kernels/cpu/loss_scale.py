@@ -3,9 +3,9 @@
 ``kernels.common.elementwise``), and the counting cast that a matmul with ``count_not_finite``
 rounds its product with (:func:`cast_count_steps`).
 
-``multi_count_not_finite`` counts the inputs of each dtype one pack of ``TENSOR_PACK`` at a time
-(``common.pack``: one compilation per dtype whatever the number of inputs), copies the
-producers' counts (``precounted``), and sums the counts.
+``multi_count_not_finite`` counts the inputs of each dtype one pack of up to ``TENSOR_PACK`` at
+a time (``common.pack``: at most four compilations per dtype whatever the number of inputs),
+copies the producers' counts (``precounted``), and sums the counts.
 """
 from __future__ import annotations
 

@@ -8,7 +8,7 @@ loading and storing through ``fp16``. The learning rate is read from its f64[1] 
 kernel runs; Adam's bias corrections are float64.
 
 The multi-tensor kernels take tuples of 1-D views (one tuple per group: models, diffs, copies,
-state; packs of ``TENSOR_PACK`` tensors, one call each, ``common.pack``) and loop over the
+state; packs of up to ``TENSOR_PACK`` tensors, one call each, ``common.pack``) and loop over the
 first ``count`` tensors: per element ``g = load(diff) * scale`` (float32; the product
 the unfused ``scalar_mul_by_tensor`` stores), the same body as the single-tensor kernel, and one
 extra store of the new weight into its half copy, rounded as a ``cast`` rounds it: the fused
