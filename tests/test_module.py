@@ -38,11 +38,11 @@ def test_a_module_under_two_names_is_listed_under_both_and_its_parameters_once()
     assert [n for n, _ in net.named_parameters()] == ["a.weight", "a.bias"]
     assert len(list(net.parameters())) == 2
     sd = net.state_dict()
-    sd["b.weight"] = sd["b.weight"] + 1  # both names reach one tensor: the last one loaded wins
+    sd["b.weight"] = sd["b.weight"] + 1  # the names reach one tensor: the model's last wins
     sd["d.0.weight"] = sd["c.w"] = sd["b.weight"]
     net.load_state_dict(sd)
     np.testing.assert_array_equal(net.a.weight.numpy(), sd["b.weight"])
-    with pytest.raises(KeyError, match=r"missing keys \['b.bias', 'b.weight'"):
+    with pytest.raises(KeyError, match=r"missing keys \['b.weight', 'b.bias'"):
         net.load_state_dict({k: v for k, v in sd.items() if not k.startswith("b.")})
 
 
@@ -544,3 +544,52 @@ def test_repr_and_register_buffer_follow_pytorch():
     with pytest.raises(KeyError, match="foo.* already exists on Module"):
         m.register_buffer("foo", None)
     assert m.foo == 3
+
+
+def test_tied_names_load_in_the_models_order_and_the_keys_come_in_torchs_order():
+    """Of two names of one tied parameter the later in the model wins, whatever the dict's order
+    (PyTorch copies in the model's order: a checkpoint read back with sorted keys, as
+    ``safetensors`` returns them, gave the earlier name's value); the missing keys come in the
+    model's order, the unexpected in the dict's (they were sorted as strings: '10.bias' before
+    '2.bias')."""
+    seq = nn.Sequential(nn.Linear(2, 2), nn.Linear(2, 2))
+    seq[1].weight = seq[0].weight
+    bias = np.zeros(2, np.float32)
+    seq.load_state_dict(OrderedDict([("1.weight", np.ones((2, 2), np.float32)),
+                                     ("0.weight", np.full((2, 2), 2.0, np.float32)),
+                                     ("0.bias", bias), ("1.bias", bias)]))
+    np.testing.assert_array_equal(seq[0].weight.numpy(), np.ones((2, 2)))
+    deep = nn.Sequential(*[nn.Linear(2, 2) for _ in range(11)])
+    keys = deep.load_state_dict({"z": bias, "a": bias}, strict=False)
+    assert keys.missing_keys == [f"{i}.{n}" for i in range(11) for n in ("weight", "bias")]
+    assert keys.unexpected_keys == ["z", "a"]
+
+
+def test_parameter_takes_requires_grad_and_modules_register_parameters_as_torch():
+    """``nn.Parameter(data, requires_grad=False)`` and ``Module.register_parameter`` (None
+    registers a name with no parameter), with PyTorch's errors."""
+    frozen = nn.Parameter(np.ones(3, np.float32), requires_grad=False)
+    assert frozen.requires_grad is False and nn.Parameter(np.ones(3)).requires_grad is True
+    with pytest.raises(TypeError, match="requires_grad must be True or False"):
+        nn.Parameter(np.ones(3), requires_grad=1)
+    m = nn.Linear(2, 2)
+    m.register_parameter("scale", frozen)
+    m.register_parameter("unused", None)
+    assert [n for n, _ in m.named_parameters()] == ["weight", "bias", "scale"]
+    assert list(m.state_dict()) == ["weight", "bias", "scale"] and m.unused is None
+    with pytest.raises(TypeError, match="nn.Parameter or None expected"):
+        m.register_parameter("w2", np.ones(2))
+    for bad in ("", "a.b", "forward"):
+        with pytest.raises(KeyError, match="register_parameter"):
+            m.register_parameter(bad, nn.Parameter(np.ones(2)))
+
+
+def test_inserting_into_a_sequential_of_named_children_is_refused_not_renamed():
+    """Inserting would renumber the children and so rename their state-dict keys without a word
+    (PyTorch's insert raises a KeyError there)."""
+    seq = nn.Sequential(OrderedDict([("fc", nn.Linear(2, 2)), ("out", nn.Linear(2, 2))]))
+    with pytest.raises(KeyError, match=r"named \['fc', 'out'\], not numbered"):
+        seq.insert(1, nn.ReLU())
+    assert list(seq.state_dict()) == ["fc.weight", "fc.bias", "out.weight", "out.bias"]
+    numbered = nn.Sequential(nn.Linear(2, 2), nn.Linear(2, 2)).insert(1, nn.ReLU())
+    assert list(numbered.state_dict()) == ["0.weight", "0.bias", "2.weight", "2.bias"]

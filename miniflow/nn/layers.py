@@ -118,10 +118,20 @@ class Sequential(Module):
 
     def insert(self, index: int, module) -> "Sequential":
         """Insert ``module`` before position ``index`` (``-len <= index <= len``); the modules are
-        renumbered ``0 ..``; returns self."""
+        renumbered ``0 ..``; returns self.
+
+        Raises:
+            IndexError: ``index`` out of range.
+            KeyError: the children are named (``Sequential(OrderedDict(...))``), not numbered
+                ``0 ..``: inserting would rename them and their state-dict keys (PyTorch's insert
+                raises a KeyError there too)."""
         n, module = len(self), checked_module("Sequential", module)
         if not -n <= index <= n:
             raise IndexError(f"Sequential.insert: index {index} is out of range for {n} modules")
+        if list(self._modules) != [str(i) for i in range(n)]:
+            raise KeyError(f"Sequential.insert: the children are named {list(self._modules)}, "
+                           f"not numbered 0 .. {n - 1}; inserting would rename them (and their "
+                           f"state-dict keys): build a new Sequential(OrderedDict(...)) instead")
         modules = list(self._modules.values())
         modules.insert(index + n if index < 0 else index, module)
         renumber(self, modules)

@@ -82,8 +82,8 @@ class ModuleVersion(NamedTuple):
 class Parameter(Tensor):
     """A trainable eager Tensor owned by a Module (float32 master weights by default).
 
-    ``requires_grad`` (True by default; ``p.requires_grad = False`` or ``p.requires_grad_(False)``
-    freezes it, as in PyTorch): a frozen parameter gets no gradient op and no update in a
+    ``requires_grad`` (True by default; ``Parameter(data, requires_grad=False)``,
+    ``p.requires_grad = False`` or ``p.requires_grad_(False)`` freezes it, as in PyTorch): a frozen parameter gets no gradient op and no update in a
     compiled graph, even when an optimizer lists it; a change recompiles the graphs at their
     next call (:attr:`Module.version`).
 
@@ -93,11 +93,14 @@ class Parameter(Tensor):
     copy of the value in that half dtype (empty until an AMP graph with fused updates
     compiles)."""
 
-    def __init__(self, data):
+    def __init__(self, data, requires_grad: bool = True):
+        if not isinstance(requires_grad, bool):
+            raise TypeError(f"Parameter: requires_grad must be True or False, got "
+                            f"{requires_grad!r}")
         arr = np.asarray(data)
         as_dtype(arr.dtype)
         super().__init__(get_backend().from_numpy(arr))
-        self._requires_grad = True
+        self._requires_grad = requires_grad
         self.version = 0
         self.half_copies = {}
 
@@ -240,6 +243,36 @@ class Module:
             self._buffers.pop(name, None)
             self._non_persistent.discard(name)
         object.__delattr__(self, name)
+
+    def register_parameter(self, name: str, param) -> None:
+        """Add ``param`` as the parameter ``name``, as ``self.<name> = param`` does, with PyTorch's
+        checks (``torch.nn.Module.register_parameter``); ``None`` registers the name with no
+        parameter (the lists and the state dict skip it).
+
+        Raises:
+            TypeError: ``param`` is neither a Parameter nor None, or ``name`` is not a str.
+            KeyError: ``name`` is empty, contains ``"."`` or is already an attribute that is not
+                a parameter (a method, a buffer, a child module).
+        """
+        if not isinstance(name, str):
+            raise TypeError(f"{type(self).__name__}.register_parameter: the parameter name must "
+                            f"be a str, got {type(name).__name__} {name!r}")
+        if not name or "." in name:
+            raise KeyError(f"{type(self).__name__}.register_parameter: the parameter name must "
+                           f"be non-empty and contain no '.', got {name!r}")
+        if hasattr(self, name) and name not in self._parameters:
+            raise KeyError(f"{type(self).__name__}.register_parameter: attribute {name!r} "
+                           f"already exists (choose another name for the parameter)")
+        if param is not None and not isinstance(param, Parameter):
+            raise TypeError(f"{type(self).__name__}.register_parameter: cannot assign "
+                            f"{_kind(param)} as parameter {name!r} (nn.Parameter or None "
+                            f"expected: wrap it as nn.Parameter(...))")
+        if param is None:
+            Module.trace_changed()
+            self._parameters[name] = None
+            object.__setattr__(self, name, None)
+            return
+        setattr(self, name, param)
 
     def add_module(self, name: str, module) -> None:
         """Add ``module`` as the child ``name``, as ``self.<name> = module`` does, with PyTorch's
@@ -454,11 +487,13 @@ class Module:
         into an integer tensor (a counter) only whole numbers in its range. A module's buffer that older checkpoints lack (batch norm's
         ``num_batches_tracked``) keeps its value when missing, under ``strict=True`` too
         (PyTorch's ``_BatchNorm._load_from_state_dict``). Everything is checked before anything
-        is copied.
+        is copied, in the model's order (of two names of one tied parameter the later in the
+        model wins, as in PyTorch, whatever the dict's order).
 
         Returns:
             :class:`IncompatibleKeys` ``(missing_keys, unexpected_keys)``, as PyTorch's
-            ``_IncompatibleKeys`` (both empty after a strict load).
+            ``_IncompatibleKeys`` (both empty after a strict load): the missing in the model's
+            order, the unexpected in the dict's.
 
         Raises:
             StateDictKeysError: (a RuntimeError, as PyTorch raises, and a KeyError) missing or
@@ -486,16 +521,16 @@ class Module:
             own[name] = t
             if name.rsplit(".", 1)[-1] in m._optional_state():
                 optional.add(name)
-        missing = sorted(set(own) - set(state_dict) - optional)
-        unexpected = sorted(set(state_dict) - set(own))
+        missing = [n for n in own if n not in state_dict and n not in optional]   # PyTorch's
+        unexpected = [n for n in state_dict if n not in own]        # orders: model, dict
         if strict and (missing or unexpected):
             raise StateDictKeysError(f"load_state_dict: missing keys {missing}, unexpected keys "
                                      f"{unexpected}")
         checked = []  # check everything first: a failed load changes nothing
-        for name, value in state_dict.items():
-            if name not in own:
+        for name, p in own.items():     # in the model's order: of tied names the last one wins
+            if name not in state_dict:
                 continue
-            p = own[name]
+            value = state_dict[name]
             arr = value.numpy() if isinstance(value, Tensor) else np.asarray(value)
             if arr.shape != tuple(p.shape):
                 raise StateDictShapeError(
