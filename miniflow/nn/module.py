@@ -254,15 +254,7 @@ class Module:
             KeyError: ``name`` is empty, contains ``"."`` or is already an attribute that is not
                 a parameter (a method, a buffer, a child module).
         """
-        if not isinstance(name, str):
-            raise TypeError(f"{type(self).__name__}.register_parameter: the parameter name must "
-                            f"be a str, got {type(name).__name__} {name!r}")
-        if not name or "." in name:
-            raise KeyError(f"{type(self).__name__}.register_parameter: the parameter name must "
-                           f"be non-empty and contain no '.', got {name!r}")
-        if hasattr(self, name) and name not in self._parameters:
-            raise KeyError(f"{type(self).__name__}.register_parameter: attribute {name!r} "
-                           f"already exists (choose another name for the parameter)")
+        self._check_new_name("register_parameter", "parameter", name, self._parameters)
         if param is not None and not isinstance(param, Parameter):
             raise TypeError(f"{type(self).__name__}.register_parameter: cannot assign "
                             f"{_kind(param)} as parameter {name!r} (nn.Parameter or None "
@@ -273,6 +265,24 @@ class Module:
             object.__setattr__(self, name, None)
             return
         setattr(self, name, param)
+
+    def _check_new_name(self, method: str, noun: str, name, own: dict) -> None:
+        """PyTorch's checks of a name ``method`` adds a ``noun`` (``"module"``, ``"parameter"``)
+        under, ``own`` the dict it goes into: a str (TypeError), non-empty and without ``"."``
+        (it becomes a state-dict key or prefix; KeyError), not already an attribute but one of
+        ``own`` (KeyError; ``version`` is free: the class-wide ``Module.version`` is only read
+        through the class)."""
+        where = f"{type(self).__name__}.{method}"
+        if not isinstance(name, str):
+            raise TypeError(f"{where}: the {noun} name must be a str, got {type(name).__name__} "
+                            f"{name!r}")
+        if not name or "." in name:
+            raise KeyError(f"{where}: the {noun} name must be non-empty and contain no '.' (it "
+                           f"becomes a state-dict key{' prefix' if noun == 'module' else ''}), "
+                           f"got {name!r}")
+        if hasattr(self, name) and name not in own and name != "version":
+            raise KeyError(f"{where}: attribute {name!r} already exists (choose another name "
+                           f"for the {'child module' if noun == 'module' else noun})")
 
     def add_module(self, name: str, module) -> None:
         """Add ``module`` as the child ``name``, as ``self.<name> = module`` does, with PyTorch's
@@ -290,15 +300,7 @@ class Module:
         if module is not None and not isinstance(module, Module):
             raise TypeError(f"{type(self).__name__}.add_module: {_kind(module)} is not a Module "
                             f"(child {name!r})")
-        if not isinstance(name, str):
-            raise TypeError(f"{type(self).__name__}.add_module: the module name must be a str, "
-                            f"got {type(name).__name__} {name!r}")
-        if not name or "." in name:
-            raise KeyError(f"{type(self).__name__}.add_module: the module name must be non-empty "
-                           f"and contain no '.' (it becomes a state-dict key prefix), got {name!r}")
-        if hasattr(self, name) and name not in self._modules and name != "version":
-            raise KeyError(f"{type(self).__name__}.add_module: attribute {name!r} already exists "
-                           f"(choose another name for the child module)")
+        self._check_new_name("add_module", "module", name, self._modules)
         setattr(self, name, module)
 
     def register_buffer(self, name: str, tensor, persistent: bool = True) -> None:
