@@ -99,3 +99,25 @@ def test_a_torchvision_state_dict_loads_and_gives_the_same_eval_outputs(name, bl
     with torch.no_grad():
         want = ref(torch.from_numpy(x)).numpy()
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+
+
+def test_the_gpts_tie_check_takes_nans_and_leaves_wrong_shapes_to_the_shape_error():
+    """``models.gpt`` refuses a state dict whose tied ``lm_head.weight`` and
+    ``transformer.wte.weight`` differ, but the same bits are the same matrix: a diverged model's
+    NaN loads (it was refused as "differ"); a wrong shape under a tied name is the shape error
+    naming both shapes (it was the tie check's ValueError)."""
+    from miniflow.models import gpt
+    from miniflow.nn.module import StateDictShapeError
+    model = gpt(11, block_size=8, n_layer=1, n_head=2, n_embd=8)
+    sd = {k: v.copy() for k, v in model.state_dict().items()}
+    sd["transformer.wte.weight"][2, 3] = np.nan
+    sd["lm_head.weight"] = sd["transformer.wte.weight"]
+    model.load_state_dict(sd)
+    assert np.isnan(model.transformer.wte.weight.numpy()[2, 3])
+    sd["lm_head.weight"] = sd["lm_head.weight"] + 1
+    with pytest.raises(ValueError, match="lm_head.weight and transformer.wte.weight differ"):
+        model.load_state_dict(sd)
+    sd["lm_head.weight"] = np.zeros((5, 8), np.float32)
+    with pytest.raises(StateDictShapeError, match=r"'lm_head.weight' is f32\[11, 8\] in the "
+                                                  r"model but float32\[5, 8\]"):
+        model.load_state_dict(sd, strict=False)

@@ -168,13 +168,20 @@ class GPT(nn.Module):
 
     def prepare_load_state_dict(self, state_dict, strict: bool = True):
         """As ``Module``'s (which lists and loads the one tied tensor under both of its names),
-        with the tied ``lm_head.weight`` checked against ``transformer.wte.weight`` first.
+        with the tied ``lm_head.weight`` checked against ``transformer.wte.weight`` first: where
+        both have one shape and their values differ, the state dict is not of a tied model and
+        is refused (PyTorch's ``load_state_dict`` would keep ``lm_head.weight`` and drop the
+        embedding without a word). The same bits are the same values (a NaN in a diverged
+        model's tied weight too); a shape that differs from the model's is ``Module``'s error.
 
         Raises:
-            ValueError: the two tied entries differ (the state dict is not of a tied model)."""
+            ValueError: the two tied entries differ (the state dict is not of a tied model);
+                otherwise as ``Module.load_state_dict``."""
         if isinstance(state_dict, dict) and all(k in state_dict for k in self.TIED):
             head, emb = (np.asarray(state_dict[k]) for k in self.TIED)
-            if not np.array_equal(emb, head):
+            same = np.array_equal(emb, head) or (emb.dtype == head.dtype
+                                                 and emb.tobytes() == head.tobytes())
+            if emb.shape == head.shape and not same:
                 raise ValueError(f"gpt: {self.TIED[0]} and {self.TIED[1]} differ: this model "
                                  f"ties them (one tensor); load a state dict of a tied model")
         return super().prepare_load_state_dict(state_dict, strict)
