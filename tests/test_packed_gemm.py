@@ -73,8 +73,9 @@ def test_the_product_is_within_the_float32_bound_of_the_exact_product(shape, ta,
 def test_the_bits_are_the_register_tiles(shape, ta, dt):
     """Each element is the register tile's chain of fused multiply-adds in order of ``p``
     (``outer_block_kernel``'s ``"rows"`` layout, its scalar columns ``fma_scalar``), whatever the
-    blocks (the last one by the ``TAIL``-row tile where it fits) and however ``a`` is stored: the same bits, in out's type (``outer_block_kernel``
-    reads a contiguous copy of ``a``: one specialization of it per type)."""
+    blocks (the last one by the ``TAIL``-row tile where it fits) and however ``a`` is stored:
+    the same bits, in out's type (``outer_block_kernel`` reads a contiguous copy of ``a``: one
+    specialization of it per type)."""
     a, b, _, _ = _operands(*shape, dt, ta, False, seed=3)
     out, _ = _product(a, b, dt)
     want = np.full(out.shape, np.nan, dt)

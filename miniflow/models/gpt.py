@@ -179,9 +179,8 @@ class GPT(nn.Module):
                 otherwise as ``Module.load_state_dict``."""
         if isinstance(state_dict, dict) and all(k in state_dict for k in self.TIED):
             head, emb = (np.asarray(state_dict[k]) for k in self.TIED)
-            same = np.array_equal(emb, head) or (emb.dtype == head.dtype
-                                                 and emb.tobytes() == head.tobytes())
-            if emb.shape == head.shape and not same:
+            if emb.shape == head.shape and not (np.array_equal(emb, head) or (
+                    emb.dtype == head.dtype and emb.tobytes() == head.tobytes())):
                 raise ValueError(f"gpt: {self.TIED[0]} and {self.TIED[1]} differ: this model "
                                  f"ties them (one tensor); load a state dict of a tied model")
         return super().prepare_load_state_dict(state_dict, strict)

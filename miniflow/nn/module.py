@@ -83,9 +83,9 @@ class Parameter(Tensor):
     """A trainable eager Tensor owned by a Module (float32 master weights by default).
 
     ``requires_grad`` (True by default; ``Parameter(data, requires_grad=False)``,
-    ``p.requires_grad = False`` or ``p.requires_grad_(False)`` freezes it, as in PyTorch): a frozen parameter gets no gradient op and no update in a
-    compiled graph, even when an optimizer lists it; a change recompiles the graphs at their
-    next call (:attr:`Module.version`).
+    ``p.requires_grad = False`` or ``p.requires_grad_(False)`` freezes it, as in PyTorch): a
+    frozen parameter gets no gradient op and no update in a compiled graph, even when an
+    optimizer lists it; a change recompiles the graphs at their next call (:attr:`Module.version`).
 
     ``version`` counts the writes of its value that its half copies did not follow (loading a
     state dict, an update that wrote no copy): ``miniflow.compile.half_copies`` compares it with
@@ -259,11 +259,7 @@ class Module:
             raise TypeError(f"{type(self).__name__}.register_parameter: cannot assign "
                             f"{_kind(param)} as parameter {name!r} (nn.Parameter or None "
                             f"expected: wrap it as nn.Parameter(...))")
-        if param is None:
-            Module.trace_changed()
-            self._parameters[name] = None
-            object.__setattr__(self, name, None)
-            return
+        self._parameters.setdefault(name, None)    # registered: assigning keeps it, None too
         setattr(self, name, param)
 
     def _check_new_name(self, method: str, noun: str, name, own: dict) -> None:

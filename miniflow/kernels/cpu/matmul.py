@@ -93,8 +93,9 @@ from .simd import (HAS_BF16_DOT, LANES, fma_scalar, vcount_nonfinite, vdot_pairs
                    vsplat_pair, vstore, vtranspose_block, vzero)
 from .target import ISA
 
-__all__ = ["BUILDERS", "OUTER_MIN_ROWS", "OUTER_MIN_COLS", "PACK_MIN_ROWS", "PAIRS_COPY_MIN_COLS", "LAYOUTS", "WIDEN_MAX",
-           "WIDEN_REUSE", "TINY", "COPY_MIN_ROWS", "COPY_MIN_WORK", "BIG", "DOT_MIN_K",
+__all__ = ["BUILDERS", "OUTER_MIN_ROWS", "OUTER_MIN_COLS", "PACK_MIN_ROWS", "PAIRS_COPY_MIN_COLS",
+           "LAYOUTS", "WIDEN_MAX", "WIDEN_REUSE", "TINY", "COPY_MIN_ROWS", "COPY_MIN_WORK", "BIG",
+           "DOT_MIN_K",
            "DOT_MAX_ROWS", "DOT_PAIRS_K_PER_ROW", "ONE_THREAD_FROM", "ONE_THREAD_BELOW",
            "OneThreadBlas", "dot_block_kernel", "dot_pairs_kernel", "outer_block_kernel",
            "interleave_pairs_kernel", "transpose_kernel", "rows_times_kernel",
