@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass, field
+from unittest import mock
 
 import numpy as np
 
@@ -20,7 +21,8 @@ from miniflow.ops import all_ops, get_op, unregister
 
 __all__ = ["SENTINEL", "Case", "registry_cases", "float64_cases", "bfloat16_cases", "cast_cases",
            "make_node",
-           "host_buffers", "results", "reference", "TOL", "assert_bit_exact", "assert_close",
+           "host_buffers", "results", "run_cpu_placed", "reference", "TOL", "assert_bit_exact",
+           "assert_close",
            "assert_matches_reference", "throwaway_cube", "late_op"]
 
 SENTINEL = -777.0
@@ -157,6 +159,54 @@ def run_cpu(case: Case) -> list:
     for fn, args in cpu.builder_for(node.op)(node, ins, outs):
         fn(*args)
     return results(case, node, ins, outs)
+
+
+class Arena:
+    """Buffers carved one after another out of one allocation, each 16-byte aligned (as malloc's)
+    and ``gaps[k]`` bytes (cyclically) past the end of the one before: where a kernel's buffers
+    lie relative to each other, chosen by a test."""
+
+    def __init__(self, nbytes: int, gaps: list):
+        self.memory, self.gaps, self.at, self.count = np.zeros(nbytes, np.uint8), gaps, 0, 0
+
+    def empty(self, shape, dtype) -> np.ndarray:
+        dt = np.dtype(dtype)
+        shape = (int(shape),) if np.ndim(shape) == 0 else tuple(int(d) for d in shape)
+        at = self.at + self.gaps[self.count % len(self.gaps)]
+        at += -(self.memory.ctypes.data + at) % 16
+        size = int(np.prod(shape)) * dt.itemsize
+        if at + size > self.memory.size:
+            raise MemoryError(f"Arena: {size} bytes do not fit in {self.memory.size}")
+        self.at, self.count = at + size, self.count + 1
+        return self.memory[at:at + size].view(dt).reshape(shape)
+
+
+def run_cpu_placed(case: Case, order, gaps) -> list:
+    """``case`` on the CPU kernels as :func:`run_cpu`, with every buffer in one :class:`Arena`:
+    the inputs and outputs (indices into inputs + outputs, in ``order``), then the scratch the
+    builder allocates (``np.empty`` while the steps are built), ``gaps`` bytes apart."""
+    from miniflow.kernels import cpu
+    node = make_node(case)
+    ins, outs = host_buffers(case, node)
+    arrays = ins + outs
+    arena = Arena(2 * sum(a.nbytes for a in arrays) + 64 * max(gaps) + (64 << 20), list(gaps))
+    placed = list(arrays)
+    for k in order:
+        placed[k] = arena.empty(arrays[k].shape, arrays[k].dtype)
+        placed[k][...] = arrays[k]
+    ins, outs = placed[:len(ins)], placed[len(ins):]
+    numpy_empty = np.empty
+
+    def empty(shape, dtype=float, order="C", **kw):
+        return (arena.empty(shape, dtype) if order == "C" and not kw
+                else numpy_empty(shape, dtype, order, **kw))
+
+    with mock.patch.object(np, "empty", empty):
+        steps = cpu.builder_for(node.op)(node, ins, outs)
+    with np.errstate(all="ignore"):
+        for fn, args in steps:
+            fn(*args)
+    return [np.array(r) for r in results(case, node, ins, outs)]
 
 
 def reference(case: Case) -> list:

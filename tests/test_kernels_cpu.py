@@ -17,7 +17,7 @@ from hypothesis import given, settings, strategies as st
 
 import miniflow as mf
 
-from miniflow.dtype import float16, float32, float64, int64
+from miniflow.dtype import bfloat16, float16, float32, float64, int64
 from miniflow.ir import Node, Value
 from miniflow.kernels.cpu import builder_for
 from miniflow.kernels.cpu.common import PARALLEL_MIN_SIZE
@@ -27,6 +27,8 @@ from miniflow.ops import emitter
 from miniflow.runtime.backend import get_backend
 from miniflow.runtime.plan import Plan
 from miniflow.testing import check_grad
+
+from op_cases import Case, assert_bit_exact, run_cpu, run_cpu_placed
 
 FLOATS = [float16, float32, float64]
 TOL = {float16: 2e-3, float32: 2e-5, float64: 1e-12}
@@ -240,6 +242,28 @@ def test_sparse_softmax_cross_entropy(dt):
     (dx,) = run("sparse_softmax_cross_entropy_grad", [dy, label, prob], [((5, 7), dt)])
     ref = f64(prob)[0] - np.eye(7)[label]
     check(dx, f64(dy)[0][:, None] * ref, dt)
+
+
+@pytest.mark.parametrize("dt", FLOATS + [bfloat16], ids=lambda d: d.short)
+@pytest.mark.parametrize("op", ["softmax", "log_softmax", "sparse_softmax_cross_entropy"])
+def test_softmax_bits_do_not_depend_on_where_the_scratch_lies(op, dt):
+    """The row ops' exponentials go through a scratch row; with it at every 16-byte step from
+    just past the logits to 512 bytes beyond their end, the bits are those of buffers allocated
+    apart. Before the scratch's guard (``reduce._rows_scratch``) the last rows took LLVM's
+    scalar loop whenever the scratch lay within a vector step of them, and their sums differed
+    in the last bit."""
+    rng = np.random.default_rng(12)
+    for rows, cols in [(29, 10), (7, 64), (3, 33)]:
+        x = rand(rng, (rows, cols), dt, -4, 4)
+        ins = [x] if op != "sparse_softmax_cross_entropy" else [x, rng.integers(0, cols, rows)]
+        case = Case(op, ins)
+        want = run_cpu(case)
+        count = len(ins) + len(want)
+        order = list(range(1, count)) + [0]                  # the logits last, then the scratch
+        for gap in range(0, x.nbytes + 512, 16):
+            got = run_cpu_placed(case, order, [0] * count + [gap])
+            for k, (g, w) in enumerate(zip(got, want)):
+                assert_bit_exact(g, w, f"{op} {dt.short} {rows}x{cols}, result {k}, gap {gap}")
 
 
 @pytest.mark.parametrize("bad", [-1, 7])

@@ -107,11 +107,30 @@ def _exp_row(x, base, cols, m, e):
     return s
 
 
+SCRATCH_GUARD = 1024
+"""Bytes :func:`_rows_scratch` leaves unused before the rows it hands out."""
+
+
 def _rows_scratch(x, cols: int, parallel: bool) -> np.ndarray:
     """Compute-type scratch for :func:`_exp_row`: a row of ``cols`` per thread of the kernel's
-    loop (``numba.get_thread_id``), allocated when the step is built."""
+    loop (``numba.get_thread_id``), allocated when the step is built, with ``SCRATCH_GUARD``
+    unused bytes before its first row.
+
+    The guard keeps the bits independent of where the allocator put the buffers. LLVM runs
+    :func:`_exp_row`'s loop (it stores ``e`` and reads ``x``) vectorized only after a run-time
+    check that the store cannot reach the row of ``x`` it reads within one vector step: ``e``
+    less than a vector step (``VF x interleave x size``: at most 256 bytes) past the row's
+    start fails it, and the scalar loop runs, which adds in another order than the
+    vectorized one's partial sums. Without the guard that happened to the last rows whenever
+    the scratch was allocated just past ``x`` (two identical trainings differed in a loss's
+    last bit: ``tests/test_checkpoint.py``, resumed against uninterrupted); with it ``e`` lies
+    below ``x`` (the check's difference wraps around: passes) or at least ``SCRATCH_GUARD``
+    bytes past its end. The kernels index ``x`` unsigned: a signed index adds a second window,
+    past ``x``'s end by the row's offset (the negative-index wraparound)."""
     slots = numba.config.NUMBA_NUM_THREADS if parallel else 1
-    return scratch(x, (slots, cols), compute_dtype(x.dtype))
+    dtype = np.dtype(compute_dtype(x.dtype))
+    guard = -(-SCRATCH_GUARD // (cols * dtype.itemsize)) if cols else 0
+    return scratch(x, (guard + slots, cols), dtype)[guard:]
 
 
 @functools.cache
@@ -211,15 +230,15 @@ def sparse_xent_kernel(parallel: bool):
     @jit(parallel)
     def kernel(x, label, prob, out, rows, cols, e):
         _check_labels(label, cols)
+        ucols = np.uint64(cols)       # unsigned offsets, as softmax_kernel's (_rows_scratch)
         for r_ in loop(rows):
-            r = np.int64(r_)  # prange indices are unsigned
-            base = r * cols
+            base = np.uint64(r_) * ucols
             er = e[numba.get_thread_id() if parallel else 0]
-            m = _row_max(x, base, cols)
-            s = _exp_row(x, base, cols, m, er)
-            for c in range(cols):
+            m = _row_max(x, base, ucols)
+            s = _exp_row(x, base, ucols, m, er)
+            for c in range(ucols):
                 store(prob, base + c, er[c] / s)
-            store(out, r, m + math.log(s) - load(x, base + label[r]))
+            store(out, r_, m + math.log(s) - load(x, base + np.uint64(label[r_])))
 
     return kernel
 
