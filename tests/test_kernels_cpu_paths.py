@@ -56,8 +56,9 @@ def _assert_only_small_operands_widened(steps, made_by, kernel, shape, ta, tb, p
     """Before the product's loop only casts of operands of at most ``WIDEN_MAX`` elements or
     used ``WIDEN_REUSE`` times (``a`` [m, k] when ``n`` is that big, ``b`` [k, n] when ``m`` is),
     and transposed copies of the operands stored transposed (a strided ``dy.T`` of ``BIG``
-    elements, or for the ``vdot_pairs`` tile (``paired``) from ``PAIRS_COPY_MIN_COLS`` columns
-    of out; ``W`` of a forward ``dot_block_kernel`` does not take)."""
+    elements, or read for ``COPY_A_MIN_COLS`` whole tiles' columns of out from ``COPY_MIN_WORK``
+    multiply-adds, or for the ``vdot_pairs`` tile (``paired``) from ``PAIRS_COPY_MIN_COLS``
+    columns of out; ``W`` of a forward ``dot_block_kernel`` does not take)."""
     m, k, n = shape
     reused = {m * k} if n >= cpu_matmul.WIDEN_REUSE else set()
     reused |= {k * n} if m >= cpu_matmul.WIDEN_REUSE else set()
@@ -66,8 +67,10 @@ def _assert_only_small_operands_widened(steps, made_by, kernel, shape, ta, tb, p
     assert set(made_by[:first]) <= {"cast_kernel", "transpose_kernel"}, made_by
     assert all(args[0].size <= cpu_matmul.WIDEN_MAX or args[0].size in reused
                for (fn, args), name in before if name == "cast_kernel"), made_by
+    wide = (n >= cpu_matmul.COPY_A_MIN_COLS and n % cpu_matmul.OUTER_MIN_COLS == 0
+            and m * k * n >= cpu_matmul.COPY_MIN_WORK)
     stored_transposed = {(k, m)} if ta and (k * m >= cpu_matmul.BIG or (
-        paired and n >= cpu_matmul.PAIRS_COPY_MIN_COLS)) else set()
+        n >= cpu_matmul.PAIRS_COPY_MIN_COLS if paired else wide)) else set()
     stored_transposed |= {(n, k)} if tb else set()
     assert all(args[0].shape in stored_transposed
                for (fn, args), name in before if name == "transpose_kernel"), made_by
@@ -105,6 +108,7 @@ def _bf16_kernel(kernel, shape, ta, tb):
     ((1001, 13, 1100), True, False, "outer_block_kernel"),  # ... past the blocks of 4 and 64
     ((64, 1, 128), True, False, "outer_block_kernel"),      # an outer product (batch 1)
     ((1024, 300, 256), True, False, "outer_block_kernel"),  # a big strided dy.T: copied first
+    ((1024, 16, 256), True, False, "outer_block_kernel"),   # ... read for 256 columns: copied
     ((1024, 300, 200), True, False, "dot"),          # ... past whole tiles: BLAS packs it
     ((1024, 300, 256), True, True, "outer_block_kernel"),   # both copied
     ((64, 32, 16), False, True, "dot"),              # small: BLAS
@@ -142,6 +146,32 @@ def test_matmul_takes_the_fast_path_and_agrees_with_numpy(shape, ta, tb, kernel,
         kernels = {cpu_matmul.outer_block_kernel(par, False, layout) for par in (False, True)}
         assert steps[-1][0] in kernels
     tol = {float16: 2e-2, bfloat16: 2e-2, float32: 1e-4, float64: 1e-12}[dt] * np.sqrt(k)
+    np.testing.assert_allclose(out.astype(np.float64), ref, rtol=tol, atol=tol)
+
+
+@pytest.mark.parametrize("dt", [float16, bfloat16, float32], ids=lambda d: d.short)
+@pytest.mark.parametrize("shape,copied", [
+    ((1024, 16, 256), True),        # the wide MLP's weight gradient at batch 16, 256 columns
+    ((256, 16, 128), True),         # 128 columns, 2^19 multiply-adds
+    ((1024, 16, 64), False),        # 64 columns: the AVX-512 tile reads dy.T once
+    ((10, 64, 128), False),         # below COPY_MIN_WORK: the copy's call costs more
+])
+def test_a_small_strided_dy_T_read_across_many_columns_is_copied_first(shape, copied, dt,
+                                                                        one_thread):
+    """``dy.T @ x`` with ``dy`` smaller than ``BIG``: from ``COPY_A_MIN_COLS`` columns of out
+    (and ``COPY_MIN_WORK`` multiply-adds) ``dy.T`` is copied contiguous in float32 before the
+    register tile (its elements are ``k`` rows of ``dy`` apart, the same L1 set at 1024
+    features), else read in place (widened first where it is a half type); the same result."""
+    m, k, n = shape
+    if dt is bfloat16 and HAS_BF16_DOT:
+        pytest.skip("bfloat16 takes the vdot_pairs tile here (its own copy rule)")
+    r = np.random.default_rng(3)
+    a, b = r.uniform(-1, 1, (k, m)).astype(dt.np), r.uniform(-1, 1, (k, n)).astype(dt.np)
+    steps, out, ref = _matmul(a, b, ta=True)
+    copies = [args for fn, args in steps[:-1] if fn is cpu_matmul.transpose_kernel(False)]
+    assert len(copies) == copied and all(src.shape == (k, m) for src, _ in copies), steps
+    assert steps[-1][0] is cpu_matmul.outer_block_kernel(False, False, "rows")
+    tol = {float16: 2e-2, bfloat16: 2e-2, float32: 1e-4}[dt] * np.sqrt(k)
     np.testing.assert_allclose(out.astype(np.float64), ref, rtol=tol, atol=tol)
 
 

@@ -94,7 +94,8 @@ from .simd import (HAS_BF16_DOT, LANES, fma_scalar, vcount_nonfinite, vdot_pairs
 from .target import ISA
 
 __all__ = ["BUILDERS", "OUTER_MIN_ROWS", "OUTER_MIN_COLS", "PACK_MIN_ROWS", "PAIRS_COPY_MIN_COLS",
-           "LAYOUTS", "WIDEN_MAX", "WIDEN_REUSE", "TINY", "COPY_MIN_ROWS", "COPY_MIN_WORK", "BIG",
+           "LAYOUTS", "WIDEN_MAX", "WIDEN_REUSE", "TINY", "COPY_MIN_ROWS", "COPY_MIN_WORK",
+           "COPY_A_MIN_COLS", "BIG",
            "DOT_MIN_K",
            "DOT_MAX_ROWS", "DOT_PAIRS_K_PER_ROW", "ONE_THREAD_FROM", "ONE_THREAD_BELOW",
            "OneThreadBlas", "dot_block_kernel", "dot_pairs_kernel", "outer_block_kernel",
@@ -133,6 +134,10 @@ every load, against 4991 for the float32 product (widening ``W`` costs about 150
 COPY_MIN_ROWS, COPY_MIN_WORK = 16, 1 << 18
 """Rows of out, or multiply-adds, from which ``x @ W.T`` copies ``W.T`` for
 :func:`outer_block_kernel` (see :func:`_transposed_copies`)."""
+COPY_A_MIN_COLS = 128
+"""Columns of out from which ``dy.T @ x`` copies ``dy.T`` contiguous for
+:func:`outer_block_kernel`, from ``COPY_MIN_WORK`` multiply-adds (see
+:func:`_transposed_copies`)."""
 BIG = 1 << 18
 """Elements of the big operand (or output) from which the loops pay (below it BLAS is as fast)."""
 DOT_MIN_K = 256
@@ -893,6 +898,19 @@ def _transposed_copies(a, b, out, ta: bool, tb: bool) -> tuple:
     * ``a`` transposed and big (``BIG`` elements; the weight gradient ``dy.T @ x`` from batch 256
       at 1024 features): 1024 x 256 x 1024 in float32 6004 / 5370 us with the count, float16
       5687 / 4906 (batch 512: 11248 / 10235).
+    * ``a`` transposed and out ``COPY_A_MIN_COLS`` columns wide or more, from ``COPY_MIN_WORK``
+      multiply-adds (the weight gradients of the wide MLP at batch 16 and 64): the tile
+      broadcasts ``a[i, p]`` for ``p < k``, ``k`` elements a row's width apart in ``dy``; at 4
+      KiB apart (1024 features) they all fall in one set of the L1 cache (8 ways), so from 16
+      steps of ``k`` every tile reads them again from L2, and the 6-row AVX2 tile reads them once
+      per 16 columns. One Zen 4 core, old (``dy.T`` read as stored, widened first where it is
+      bfloat16) / new (copied, then the product), float32 and bfloat16 ``dy``: as AVX2 1024 x 16
+      x 1024 601 / 427, 614 / 492; 1024 x 64 x 1024 1695 / 1337, 1611 / 1416; 256 x 16 x 256 31
+      / 25, 35 / 31; 10 x 64 x 1024 27 / 17; with AVX-512 1024 x 16 x 1024 443 / 338, 391 / 377;
+      1024 x 64 x 256 354 / 319, 337 / 327; at 128 columns the new takes 0.85-0.90 of the time
+      as AVX2, 0.95-1.00 with AVX-512. At 64 columns the AVX-512 tile (64 wide) reads ``a`` once
+      and the copy lost (1024 x 64 x 64: 87 / 96); below ``COPY_MIN_WORK`` its call costs more
+      than it saves (10 x 64 x 128: 2.6 / 3.1).
     * ``b`` transposed (``x @ W.T``) wherever :func:`dot_block_kernel` does not take it, from
       ``COPY_MIN_ROWS`` rows or ``COPY_MIN_WORK`` multiply-adds: 256 x 1024 x 1024 float32 5784
       / 5518 us, float16 6573 / 6085; the first layer of the wide MLP, k = 64, at batch 16 / 64 /
@@ -910,7 +928,8 @@ def _transposed_copies(a, b, out, ta: bool, tb: bool) -> tuple:
     fits = n % OUTER_MIN_COLS == 0 and m >= OUTER_MIN_ROWS
     copy_b = (fits and tb and not _dot_block_takes(m, k, n)
               and (m >= COPY_MIN_ROWS or m * k * n >= COPY_MIN_WORK))
-    copy_a = fits and ta and a.size >= BIG and (copy_b or not tb)
+    copy_a = fits and ta and (a.size >= BIG or n >= COPY_A_MIN_COLS and m * k * n >= COPY_MIN_WORK
+                              ) and (copy_b or not tb)
     return copy_a, copy_b
 
 
