@@ -36,7 +36,9 @@ peak for every product of the MLPs):
   and 32-40%; at batch 64 101-104% against 79-85%. A strided ``A`` bigger than ``BIG`` (the
   weight gradient ``dy.T`` from batch 256), read in place, would run at 91.6% where BLAS, which
   packs it, does 98.6%: it is copied contiguous first (:func:`transpose_kernel`, widened in the
-  same pass; :func:`_transposed_copies` gives the measurements), as is ``W.T`` of every
+  same pass; :func:`_transposed_copies` gives the measurements), as is a smaller one read for
+  ``COPY_A_MIN_COLS`` columns of out or more (the weight gradient at batch 16 and 64, whose
+  ``k`` elements a broadcast reads lie in one L1 set at 1024 features), and ``W.T`` of every
   forward :func:`dot_block_kernel` does not take (many rows, a short ``k``, a small ``W``).
 * bfloat16 where the CPU has AVX512-BF16 (``simd.HAS_BF16_DOT``) and ``k`` is even: the same tile
   with ``vdot_pairs``, two products per lane and instruction. Below ``PACK_MIN_ROWS`` rows of out
