@@ -9,6 +9,8 @@ per candidate name (cuDNN's benchmark mode and XLA's autotuner are the models;
 algorithm per input shape, chosen once)."""
 import json
 import os
+import time
+import types
 
 import numpy as np
 import pytest
@@ -202,19 +204,21 @@ def test_miniflow_info_says_in_memory_where_the_folder_cannot_be_written(tmp_pat
 
 def test_a_sample_repeats_a_short_candidate_counted_from_a_warm_call(tmp_path, monkeypatch):
     """The first call of a candidate compiles (or loads) its kernels: the repeats per timed
-    sample (``SAMPLE_S``) come from a second call, not from that one."""
-    import time
+    sample (``SAMPLE_S``) come from a second call, not from that one. The calls advance a fake
+    clock (a real one read around one short call counts whatever else the cores did then: on a
+    loaded 2-core machine one warm call of a no-op once took a whole ``SAMPLE_S``)."""
+    clock = types.SimpleNamespace(now=0.0)
+    monkeypatch.setattr(tune, "time", types.SimpleNamespace(perf_counter=lambda: clock.now,
+                                                            thread_time=time.thread_time))
     calls = {"fast": 0, "slow": 0}
 
     def fast():
         calls["fast"] += 1
-        if calls["fast"] == 1:
-            time.sleep(0.05)            # "compiling"
+        clock.now += 0.05 if calls["fast"] == 1 else 1e-6      # "compiling", then warm
 
     def slow():
         calls["slow"] += 1
-        if calls["slow"] == 1:
-            time.sleep(0.05)
+        clock.now += 0.05 if calls["slow"] == 1 else 1e-6
     t = _tuner(tmp_path, monkeypatch, FakeTimer(numba=2e-3, blas=1e-3))
     candidates = {"numba": lambda node, ins, outs: [(fast, ())],
                   "blas": lambda node, ins, outs: [(slow, ())]}
