@@ -280,17 +280,18 @@ def _stability(args) -> int:
 
     from .experiments import stability
     from .experiments.stability_report import headline_table
-    from .extras import MissingExtraError
+    from .extras import MissingExtraError, require
 
     print(choose_backend("stability", args.backend), flush=True)
     cfg = stability.QUICK if args.quick else stability.StudyConfig()
     cfg = dataclasses.replace(cfg, seeds=args.seeds or cfg.seeds, steps=args.steps or cfg.steps)
     out = Path(args.out)
-    try:                               # before any run: the study takes minutes
+    try:                               # before any run (the study takes minutes) or folder
         if args.logdir:
+            require("tensorboardX", "tensorboard", "miniflow stability --logdir")
             stability.check_out_dir(Path(args.logdir), "TensorBoard's logs", "--logdir")
         stability.check_out_dir(out)
-    except stability.OutputDirError as e:
+    except (stability.OutputDirError, MissingExtraError) as e:
         print(f"miniflow stability: {e}", file=sys.stderr)
         return 2
     try:

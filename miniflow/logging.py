@@ -28,6 +28,7 @@ import time
 
 import numpy as np
 
+from .dtype import is_bfloat16
 from .extras import require
 from .passes.fuse_model_update_cast import FusedUpdateState
 from .passes.optimizer import CLIP_COEF
@@ -182,10 +183,18 @@ class TrainingLog(ScalarWriter):
         LR scheduler steps, so ``train/lr`` is the step's own); returns ``{tag: value}``.
 
         Raises:
-            ValueError: ``grad_norm`` and the graph's gradients are scaled (see
-                :func:`unscaled_gradients`).
+            TypeError: ``loss`` is no number, array or Tensor of numbers (None: the loss the
+                training graph returned is what it takes).
+            ValueError: ``loss`` is empty; ``grad_norm`` and the graph's gradients are scaled
+                (see :func:`unscaled_gradients`).
         """
         loss = loss.numpy() if hasattr(loss, "numpy") else np.asarray(loss)
+        if loss.dtype.kind not in "biuf" and not is_bfloat16(loss.dtype):
+            raise TypeError(f"TrainingLog.step: expected the loss the training graph returned "
+                            f"(a Tensor or array of numbers), got {loss.dtype} {loss!r:.60}")
+        if loss.size == 0:
+            raise ValueError("TrainingLog.step: the loss is empty; pass the loss the training "
+                             "graph returned")
         values = {"train/loss": float(np.mean(loss))}
         for k, opt in enumerate(self.graph.optimizers):
             values["train/lr" + (f"/{k}" if k else "")] = opt.param_groups[0]["lr"]

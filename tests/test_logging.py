@@ -6,6 +6,7 @@ Followed: PyTorch's ``test/test_tensorboard.py`` (write with ``SummaryWriter``, 
 file back and compare); the gradient norm is checked against ``miniflow.ir.evaluate``, the
 float64 reference interpreter, and its rule is ``torch.nn.utils.clip_grad_norm_``'s total norm.
 """
+import os
 import re
 import sys
 
@@ -153,6 +154,21 @@ def test_without_the_tensorboard_extra_logging_names_it(monkeypatch, tmp_path, c
         tb_log.ScalarWriter(tmp_path)
     assert main(["train", "--epochs", "1", "--no-progress", "--logdir", str(tmp_path)]) == 2
     assert 'pip install -e ".[tensorboard]"' in capsys.readouterr().err
+    monkeypatch.chdir(tmp_path)         # the study refuses before it makes a folder
+    assert main(["stability", "--quick", "--logdir", "runs"]) == 2
+    assert 'pip install -e ".[tensorboard]"' in capsys.readouterr().err
+    assert os.listdir(tmp_path) == []
+
+
+@pytest.mark.parametrize("loss", [None, "0.5", np.zeros(0, np.float32)], ids=["None", "str",
+                                                                               "empty"])
+def test_a_step_without_a_loss_is_refused_by_name(loss, tmp_path):
+    model = mlp((8, 4))
+    graph = TrainGraph(model, optim.SGD(model.parameters(), lr=0.05))
+    with tb_log.TrainingLog(tmp_path, graph, grad_norm=False) as log:
+        with pytest.raises((TypeError, ValueError), match="TrainingLog.step: .*loss"):
+            log.step(loss)
+        assert log.step(graph(*_batch(0)))["train/loss"] > 0     # a real loss still logs
 
 
 def test_logging_keeps_the_training_bit_for_bit(tmp_path):

@@ -51,6 +51,7 @@ from .. import nn
 from ..amp import GradScaler, StaticGradScaler, black_identity, white_identity
 from ..models import lenet
 from ..data import batches, load_digits
+from ..extras import require
 from ..logging import ScalarWriter, grad_norm, run_dir
 from ..ops.amp_ops import AMP_IDENTITY_OPS
 from ..optim import SGD
@@ -548,6 +549,8 @@ def run_study(cfg: StudyConfig, out: Path, progress: bool = True, logdir=None) -
 
     from . import stability_plots, stability_report
 
+    if logdir is not None:
+        require("tensorboardX", "tensorboard", "miniflow.experiments.stability.run_study")
     check_out_dir(out)
     data = load_digits()
     specs = experiment_specs()

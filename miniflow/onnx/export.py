@@ -77,8 +77,10 @@ def export(graph_or_module, example_inputs, path, *, opset: int = DEFAULT_OPSET,
             its configuration: AMP, optimizers, grad scaler) or a ``Module`` (exported in eval
             mode, as ``torch.onnx.export``'s default ``training=TrainingMode.EVAL``; its modes
             are restored after).
-        example_inputs: one array or Tensor, or a tuple of them: the inputs of ``build`` (or
-            ``forward``); their shapes and dtypes are the model's.
+        example_inputs: one array or Tensor (a list is one input, an array's data), or a tuple
+            of them: the inputs of ``build`` (or ``forward``), as ``torch.onnx.export``'s
+            ``args``; their shapes and dtypes are the model's, the batch size included (the
+            file's inputs have fixed shapes: export again for another).
         path: the ``.onnx`` file, written atomically (nothing is left behind on an error) as
             ``miniflow.save`` writes a checkpoint: through a symlink, keeping a replaced file's
             permission bits, never over a folder, device or FIFO (checked before tracing).
@@ -106,8 +108,7 @@ def export(graph_or_module, example_inputs, path, *, opset: int = DEFAULT_OPSET,
             or not MIN_OPSET <= opset <= newest:
         raise OnnxExportError(f"miniflow.onnx.export: opset must be an integer from {MIN_OPSET} "
                               f"to {newest} (the installed onnx's newest), got {opset!r}")
-    inputs = tuple(example_inputs) if isinstance(example_inputs, (tuple, list)) \
-        else (example_inputs,)
+    inputs = example_inputs if isinstance(example_inputs, tuple) else (example_inputs,)
     if isinstance(graph_or_module, Module):
         modules = list(graph_or_module.modules())
         modes = [m.training for m in modules]
@@ -156,8 +157,9 @@ def _stage_hint(onnx, graph: Graph, inputs: tuple, opset: int) -> str:
               f"{', '.join(stages)} to write the miniflow-only ops in the {DOMAIN!r} domain")
     if standard is None:
         return f"No stage of this graph has standard ONNX ops only: {custom}."
-    return (f"Export at after={standard!r} for the latest stage with standard ONNX ops only, "
-            f"or {custom}.")
+    left_out = stages[stages.index(standard) + 1:]
+    return (f"Export at after={standard!r} for the latest stage with standard ONNX ops only "
+            f"(without what the later passes do: {', '.join(left_out)}), or {custom}.")
 
 
 def to_model(onnx, ir, opset: int = DEFAULT_OPSET, *, stage: str = "", strict: bool = True,
