@@ -930,8 +930,8 @@ def _transposed_copies(a, b, out, ta: bool, tb: bool) -> tuple:
     fits = n % OUTER_MIN_COLS == 0 and m >= OUTER_MIN_ROWS
     copy_b = (fits and tb and not _dot_block_takes(m, k, n)
               and (m >= COPY_MIN_ROWS or m * k * n >= COPY_MIN_WORK))
-    copy_a = fits and ta and (a.size >= BIG or n >= COPY_A_MIN_COLS and m * k * n >= COPY_MIN_WORK
-                              ) and (copy_b or not tb)
+    read_across = n >= COPY_A_MIN_COLS and m * k * n >= COPY_MIN_WORK
+    copy_a = fits and ta and (a.size >= BIG or read_across) and (copy_b or not tb)
     return copy_a, copy_b
 
 
