@@ -312,9 +312,11 @@ def _ir(args) -> int:
     """Print a model's IR at a stage of the pass pipeline; with ``--onnx`` export it, with
     ``--netron`` open it in Netron (``miniflow.experiments.show_ir``)."""
     from .experiments.show_ir import serve_netron, show_ir
-    from .extras import MissingExtraError
+    from .extras import MissingExtraError, require
     from .onnx import OnnxExportError
     try:
+        if args.netron:      # before the export writes its file
+            require("netron", "netron", "miniflow ir --netron")
         print(show_ir(args.model, amp=args.amp, eval=args.eval, after=args.after,
                       onnx_path=args.onnx, batch_size=args.batch_size))
         if args.netron:

@@ -167,10 +167,19 @@ class TrainingLog(ScalarWriter):
 
     Raises:
         miniflow.extras.MissingExtraError: tensorboardX is not installed.
+        ValueError: ``grad_norm`` under AMP with the fused model-update cast enabled (its
+            gradients are scaled, see :func:`unscaled_gradients`), before the run folder is
+            made; :meth:`step` refuses too if the fusion is switched on later.
     """
 
     def __init__(self, logdir, graph, run: str | None = None, *, grad_norm: bool = True,
                  resume_step: int | None = None):
+        if grad_norm and graph.config.amp is not None and graph.config.fused_model_update_cast:
+            raise ValueError(f"TrainingLog: grad_norm needs the unscaled gradients, and "
+                             f"{type(graph).__name__}'s AMP fuses the model-update cast, which "
+                             "keeps only scaled ones; call "
+                             "graph.config.enable_fused_model_update_cast(False) before making "
+                             "the log (the same bits, a little slower), or pass grad_norm=False")
         name = run or type(graph).__name__
         super().__init__(run_dir(logdir, name, resume=resume_step is not None),
                          purge_step=None if resume_step is None else resume_step + 1)

@@ -100,7 +100,8 @@ def save(state, path) -> None:
             replaced (created if missing), the link stays.
 
     Raises:
-        TypeError: an unsupported value or dict key, naming its place (``state['model']['w']``).
+        TypeError: an unsupported value or dict key, naming its place (``state['model']['w']``);
+            a ``path`` that is no str, bytes or ``os.PathLike``.
         ValueError: an unsupported dtype, two arrays with the same tensor key, an array at the
             tensor key ``__metadata__`` (safetensors' header), or a state that contains itself.
         FileNotFoundError / IsADirectoryError: the folder does not exist / ``path`` is a folder.
@@ -133,6 +134,20 @@ def _canonical(data: bytes) -> bytes:
     return len(text).to_bytes(8, "little") + text + data[8 + n:]
 
 
+def _fs_path(path, owner: str) -> str:
+    """``path`` (a str, bytes or ``os.PathLike``, as ``open`` takes) as a str
+    (``os.fsdecode``), so that every message and later path operation sees one type.
+
+    Raises:
+        TypeError: ``path`` is none of those (naming ``owner``, the function given it).
+    """
+    try:
+        return os.fsdecode(path)
+    except TypeError:
+        raise TypeError(f"{owner}: the path must be a str, bytes or os.PathLike (as open() "
+                        f"takes), got {type(path).__name__}") from None
+
+
 def _target(path, owner: str = "miniflow.save", what: str = "a checkpoint") -> str:
     """The file :func:`save` replaces for ``path``: its symlinks resolved (``os.path.realpath``).
     The errors name ``owner`` (the function writing) and ``what`` it writes.
@@ -142,7 +157,7 @@ def _target(path, owner: str = "miniflow.save", what: str = "a checkpoint") -> s
         OSError: it is something else than a regular file (a device, a FIFO, a socket), or a
             symlink loop (ELOOP).
     """
-    path = os.fspath(path)
+    path = _fs_path(path, owner)
     target = os.path.realpath(path)
     shown = repr(path) if target == os.path.abspath(path) else f"{path!r} (-> {target!r})"
     folder = os.path.dirname(target)
@@ -314,14 +329,14 @@ def load(path):
     NumPy scalars, Python scalars). Every checksum is verified before anything is returned.
 
     Raises:
-        FileNotFoundError: no such file.
+        TypeError: ``path`` is no str, bytes or ``os.PathLike``. FileNotFoundError: no such file.
         CheckpointError (a ValueError): not a safetensors file; a safetensors file that
             :func:`save` did not write (e.g. a plain PyTorch one: read it with
             ``safetensors.numpy.load_file``); a format version this code does not know; a
             truncated file (naming the first incomplete tensor); an edited file (naming the
             tensor key, or the tree); each message names the file.
     """
-    path = os.fspath(path)
+    path = _fs_path(path, "miniflow.load")
     with open(path, "rb") as f:
         data = f.read()
     header, start = _read_header(path, data)

@@ -122,18 +122,28 @@ def test_loss_scale_and_skips_follow_the_scaler(tmp_path):
 
 
 def test_fused_update_cast_gradients_are_refused_for_the_norm(tmp_path):
+    """Refused when the log is made, before its run folder (an empty ``TrainGraph`` folder was
+    left behind and the next run became ``TrainGraph-2``), and at the step when the fusion is
+    switched on after the log was made."""
     model = mlp((8, 4))
     graph = TrainGraph(model, optim.SGD(model.parameters(), lr=0.05))
     graph.config.enable_amp(True)
     graph.set_grad_scaler(GradScaler())
     loss = graph(*_batch(0))
-    with tb_log.TrainingLog(tmp_path, graph) as log:
-        with pytest.raises(ValueError, match=r"enable_fused_model_update_cast\(False\)"):
-            log.step(loss)
+    with pytest.raises(ValueError, match=r"TrainingLog: .*enable_fused_model_update_cast\(False\) "
+                                         r"before making the log.*grad_norm=False"):
+        tb_log.TrainingLog(tmp_path, graph)
+    assert os.listdir(tmp_path) == []
     with tb_log.TrainingLog(tmp_path, graph, grad_norm=False) as log:
         assert set(log.step(loss)) == {"train/loss", "train/lr", "amp/loss_scale",
                                        "amp/skipped_steps"}
+        assert log.path.endswith("TrainGraph")
+    graph.config.enable_fused_model_update_cast(False)
+    with tb_log.TrainingLog(tmp_path, graph) as log:
         assert log.path.endswith("TrainGraph-2")   # a new run never joins an old one
+        graph.config.enable_fused_model_update_cast(True)
+        with pytest.raises(ValueError, match=r"enable_fused_model_update_cast\(False\)"):
+            log.step(graph(*_batch(1)))
 
 
 def test_a_resumed_run_continues_its_own_folder(tmp_path):

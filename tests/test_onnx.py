@@ -320,6 +320,10 @@ def test_the_file_is_written_as_a_checkpoint_is(tmp_path, capsys):
     finally:
         os.umask(umask)
     assert os.stat(tmp_path / "new.onnx").st_mode & 0o777 == 0o644
+    mo.export(model, x, os.fsencode(tmp_path / "bytes.onnx"))    # as open() takes it
+    assert onnx.load(tmp_path / "bytes.onnx")
+    with pytest.raises(TypeError, match="miniflow.onnx.export: the path must be a str, bytes"):
+        mo.export(model, x, 3)
     os.mkfifo(tmp_path / "fifo.onnx")
     for path, error, match in ((tmp_path / "fifo.onnx", OSError, "is a FIFO, not a regular file; "
                                 "an ONNX export replaces a regular file"),
@@ -331,8 +335,8 @@ def test_the_file_is_written_as_a_checkpoint_is(tmp_path, capsys):
         assert main(["ir", "--onnx", str(path)]) == 2
         err = capsys.readouterr().err.strip()
         assert err.startswith("miniflow ir: miniflow.onnx.export: ") and "\n" not in err, err
-    assert sorted(os.listdir(tmp_path)) == ["fifo.onnx", "link.onnx", "new.onnx", "perm.onnx",
-                                            "real"]
+    assert sorted(os.listdir(tmp_path)) == ["bytes.onnx", "fifo.onnx", "link.onnx", "new.onnx",
+                                            "perm.onnx", "real"]
 
 
 def test_without_the_onnx_extra_export_names_it(monkeypatch, tmp_path):
@@ -365,8 +369,10 @@ def test_cli_ir_netron_serves_the_file_or_names_the_extra(tmp_path, monkeypatch,
     out = str(tmp_path / "m.onnx")
     assert main(["ir", "--eval", "--onnx", out, "--netron"]) == 0 and served == [out]
     monkeypatch.setitem(sys.modules, "netron", None)
-    assert main(["ir", "--eval", "--onnx", out, "--netron"]) == 2
+    missing = str(tmp_path / "never.onnx")
+    assert main(["ir", "--eval", "--onnx", missing, "--netron"]) == 2
     assert 'pip install -e ".[netron]"' in capsys.readouterr().err
+    assert not os.path.exists(missing)      # refused before the export wrote it
     with pytest.raises(SystemExit):
         main(["ir", "--netron"])
 

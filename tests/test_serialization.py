@@ -330,6 +330,23 @@ def test_save_refuses_a_missing_folder_and_a_folder_path(tmp_path):
         save({}, tmp_path)
 
 
+def test_a_path_may_be_str_bytes_or_pathlike_and_nothing_else(tmp_path):
+    """As ``open`` (and so ``torch.save``/``torch.load``) takes them: a bytes path works (it gave
+    ``TypeError: Can't mix strings and bytes`` from deep in ``os.path``); another type is
+    refused by name before anything is written."""
+    state = {"w": np.arange(3.0)}
+    save(state, os.fsencode(tmp_path / "b.safetensors"))
+    np.testing.assert_array_equal(load(os.fsencode(tmp_path / "b.safetensors"))["w"], state["w"])
+    np.testing.assert_array_equal(load(str(tmp_path / "b.safetensors"))["w"], state["w"])
+    for bad in (3, None, ["x"]):
+        with pytest.raises(TypeError, match=r"miniflow.save: the path must be a str, bytes or "
+                                            rf"os.PathLike .*got {type(bad).__name__}"):
+            save(state, bad)
+        with pytest.raises(TypeError, match=r"miniflow.load: the path must be"):
+            load(bad)
+    assert os.listdir(tmp_path) == ["b.safetensors"]
+
+
 @pytest.mark.skipif(not hasattr(os, "symlink") or os.name != "posix", reason="symlinks")
 def test_save_writes_through_a_symlink_and_keeps_the_link(tmp_path):
     """``torch.save(obj, link)`` opens the link for writing: the file it points to gets the
