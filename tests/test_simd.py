@@ -13,8 +13,9 @@ from miniflow.kernels.cpu import fp16
 from miniflow.kernels.cpu.matmul import transpose_kernel
 from miniflow.kernels.cpu.simd import (HAS_BF16_DOT, LANES, fold_intrinsic, tile_intrinsic,
                                        vcount_nonfinite, vdot_pairs, vfma, vfold1, vfold2, vfold4,
-                                       vfold8, vlane, vload, vload_pairs, vsplat, vsplat_pair,
-                                       vstore, vtranspose_block, vzero)
+                                       vfold8, vlane, vload, vload_at, vload_pairs, vsplat,
+                                       vsplat_pair, vstore, vstore_at, vstore_bf16_pair,
+                                       vtranspose_block, vzero)
 
 HALVES = [np.float16, ml_dtypes.bfloat16]
 BITS = {np.float16: np.uint16, ml_dtypes.bfloat16: np.int16}
@@ -37,6 +38,17 @@ def _axpy(x, a, y, out):
     """out[0, :16] = a * x[0, :16] + y[0, :16] with one rounding (vfma), LANES at a time."""
     for j in range(0, 16, LANES):
         vstore(out, 0, j, vfma(vsplat(a), vload(x, 0, j), vfma(vzero(), vzero(), vload(y, 0, j))))
+
+
+@numba.njit
+def _pairs(src, bf16, out):
+    """bf16[i:i + 2 LANES] = src's two vectors (vstore_bf16_pair); out = x * y - x + y (the
+    vector operators), both 1-D, 2 LANES at a time."""
+    for i in range(0, src.size, 2 * LANES):
+        x, y = vload_at(src, i), vload_at(src, i + LANES)
+        vstore_bf16_pair(bf16, i, x, y)
+        vstore_at(out, i, x * y - x + y)
+        vstore_at(out, i + LANES, y * x - y + x)
 
 
 def _assert_same(got_bits, want_bits, kind):
@@ -87,6 +99,28 @@ def test_vload_widens_every_half_pattern_exactly(half):
     want = bits.view(half).astype(np.float32)
     _assert_same(got.view(np.uint32), want.view(np.uint32), np.float32)
     assert bad == np.count_nonzero(~np.isfinite(want))
+
+
+def test_vstore_bf16_pair_rounds_as_vstore_and_the_operators_as_float32():
+    """Two vectors narrowed at once (``vstore_bf16_pair``: one pack, one NaN test) store the bits
+    of ``vstore``, NaN lanes included (the quiet NaN of their sign, wherever one falls in the
+    pair); ``+``, ``-``, ``*`` on vectors round each lane as NumPy's float32 operations."""
+    x = np.resize(_specials(), (64, 2 * LANES))
+    for nan_at in (None, 0, LANES - 1, LANES, 2 * LANES - 1, "specials"):
+        src = x.copy() if nan_at == "specials" else np.where(np.isnan(x), np.float32(1.5), x)
+        if nan_at not in (None, "specials"):
+            src[::3, nan_at] = np.frombuffer(np.uint32(0xFF812345).tobytes(), np.float32)[0]
+        want = np.zeros(src.shape, np.int16)
+        _round_trip(src, want)
+        flat = src.reshape(-1)
+        got, out = np.zeros(flat.size, np.int16), np.zeros(flat.size, np.float32)
+        _pairs(flat, got, out)
+        np.testing.assert_array_equal(got, want.reshape(-1))
+        halves = flat.reshape(-1, 2, LANES)
+        a, b = halves[:, 0], halves[:, 1]
+        with np.errstate(all="ignore"):
+            expect = np.stack([a * b - a + b, b * a - b + a], axis=1).reshape(-1)
+        _assert_same(out.view(np.uint32), expect.view(np.uint32), np.float32)
 
 
 def test_float32_round_trip_and_fma_round_once():
@@ -323,6 +357,8 @@ def _kernels_ir() -> list:
     a, b = np.zeros((7, 5), np.float32), np.zeros((5, 9 * LANES + 3), np.float32)
     return (_unoptimized_ir(_round_trip.py_func, x, np.zeros_like(x))
             + _unoptimized_ir(_round_trip.py_func, x, np.zeros(x.shape, np.int16))
+            + _unoptimized_ir(_pairs.py_func, x.reshape(-1), np.zeros(x.size, np.int16),
+                              np.zeros(x.size, np.float32))
             + _unoptimized_ir(_axpy.py_func, x, np.float32(2), x, np.zeros_like(x))
             + _unoptimized_ir(_block_transposed.py_func, np.zeros((LANES, LANES), np.float32), 0,
                               0, np.zeros((LANES, LANES), np.float32), 0, 0)

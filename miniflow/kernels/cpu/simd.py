@@ -22,6 +22,15 @@ instructions; below, ``L`` = ``LANES``):
   bfloat16 bits (``int16``) shifted into the upper half of each lane (exact).
 * ``vstore(a, i, j, v)``: ``a[i, j:j + L] = v``, rounded once to ``a``'s type (float32,
   float16 bits with ``fptrunc`` on the ``"intrinsic"`` path, bfloat16 bits to nearest even).
+* ``vload_at(a, i)``, ``vstore_at(a, i, v)``: the same for ``a[i:i + L]`` of a 1-D array of unit
+  stride (a kernel's flat view, ``common.flat``).
+* ``vstore_bf16_pair(c, i, x, y)``: ``c[i:i + 2 L]`` (bfloat16 bits, 1-D) ``= x`` then ``y``,
+  rounded as ``vstore`` rounds, with one narrowing of both vectors and one NaN test for both
+  (the float32 -> bfloat16 copy of a loop that makes two vectors at a time; see the function).
+* ``x + y``, ``x - y``, ``x * y`` on two ``f32vec``: lane by lane, each lane rounded as the
+  float32 operation (no fast-math flags, no contraction into FMAs), so a scalar body of
+  ``kernels.common`` (``sgd_element``) given vectors computes every lane's bits as it computes
+  one element.
 * ``vtranspose_block(a, i, j, out, p, q)``: ``out[p:p + L, q:q + L] = a[i:i + L, j:j + L].T``
   in registers, widened from ``a``'s type and rounded to ``out``'s (a transposing copy without
   the cache misses of an element-by-element one: 1024 x 1024 float16 into float32 in about
@@ -68,18 +77,21 @@ CPU, aarch64 included (``tests/test_simd.py`` compiles it for aarch64).
 """
 from __future__ import annotations
 
+import operator
+
 import numpy as np
 from llvmlite import ir
 from numba import types
 from numba.core import cgutils
-from numba.extending import intrinsic, models, register_model
+from numba.extending import intrinsic, models, overload, register_model
 
 from . import fp16, target
 
 __all__ = ["LANES", "HAS_BF16_DOT", "X86_INTRINSICS", "f32vec", "bf16x32", "vload", "vstore",
            "vcount_nonfinite", "vtranspose_block", "vsplat", "vzero", "vfma", "fma_scalar",
            "vload_pairs", "vload_run", "vsplat_pair", "vdot_pairs", "tile_intrinsic",
-           "fold_intrinsic", "vfold8", "vfold4", "vfold2", "vfold1", "vlane"]
+           "fold_intrinsic", "vfold8", "vfold4", "vfold2", "vfold1", "vlane", "vload_at",
+           "vstore_at", "vstore_bf16_pair"]
 
 LANES = target.ISA.lanes
 """float32 lanes of one vector (one register of the target: ``target.ISA``)."""
@@ -152,25 +164,29 @@ class _BFloat(ir.Type):
 _BF16_OPERAND = ir.VectorType(_BFloat(), 2 * LANES)
 
 
-def _row_pointer(context, builder, aryty, ary, i, j, element):
-    """A pointer to ``a[i, j]``, typed as pointing to ``LANES`` elements of type ``element``."""
+def _row_pointer(context, builder, aryty, ary, i, j, element, lanes=LANES):
+    """A pointer to ``a[i, j]`` (``a[i]`` where ``j`` is None: a 1-D array), typed as pointing to
+    ``lanes`` elements of type ``element``."""
     a = context.make_array(aryty)(context, builder, ary)
     shape, strides = (cgutils.unpack_tuple(builder, t) for t in (a.shape, a.strides))
-    ptr = cgutils.get_item_pointer2(context, builder, a.data, shape, strides, aryty.layout, [i, j])
-    return builder.bitcast(ptr, ir.VectorType(element, LANES).as_pointer())
+    ptr = cgutils.get_item_pointer2(context, builder, a.data, shape, strides, aryty.layout,
+                                    [i] if j is None else [i, j])
+    return builder.bitcast(ptr, ir.VectorType(element, lanes).as_pointer())
 
 
 def _index(context, builder, sig, args, k):
     return context.cast(builder, args[k], sig.args[k], types.intp)
 
 
-def _check_2d(name, a, dtypes):
-    if not (isinstance(a, types.Array) and a.ndim == 2 and a.dtype in dtypes):
-        raise TypeError(f"{name}: expected a 2-D array of {', '.join(map(str, dtypes))}, got {a}")
+def _check_2d(name, a, dtypes, ndim=2):
+    if not (isinstance(a, types.Array) and a.ndim == ndim and a.dtype in dtypes):
+        raise TypeError(f"{name}: expected a {ndim}-D array of {', '.join(map(str, dtypes))}, "
+                        f"got {a}")
 
 
 def _load_lanes(context, builder, aryty, ary, i, j):
-    """``a[i, j:j + LANES]`` widened to ``<LANES x float>`` (``vload``; ``i``, ``j`` intp values)."""
+    """``a[i, j:j + LANES]`` widened to ``<LANES x float>`` (``vload``; ``i``, ``j`` intp values;
+    ``a[i:i + LANES]`` of a 1-D array where ``j`` is None)."""
     kind = aryty.dtype
     if kind == types.float32:
         return builder.load(_row_pointer(context, builder, aryty, ary, i, j, ir.FloatType()),
@@ -200,7 +216,8 @@ def vload(typingctx, a, i, j):
 
 
 def _store_lanes(context, builder, aryty, ary, i, j, v):
-    """``a[i, j:j + LANES] = v`` rounded to ``a``'s type (``vstore``; ``i``, ``j`` intp values)."""
+    """``a[i, j:j + LANES] = v`` rounded to ``a``'s type (``vstore``; ``i``, ``j`` intp values;
+    ``a[i:i + LANES]`` of a 1-D array where ``j`` is None)."""
     kind = aryty.dtype
     if kind == types.float32:
         bits, element = v, ir.FloatType()
@@ -228,6 +245,95 @@ def vstore(typingctx, a, i, j, v):
         return context.get_dummy_value()
 
     return types.none(a, i, j, v), codegen
+
+
+@intrinsic
+def vload_at(typingctx, a, i):
+    """``a[i:i + LANES]`` of a 1-D array as an ``f32vec`` (widened as :func:`vload` widens)."""
+    _check_2d("vload_at", a, _lane_types(), ndim=1)
+
+    def codegen(context, builder, sig, args):
+        i = _index(context, builder, sig, args, 1)
+        return _load_lanes(context, builder, sig.args[0], args[0], i, None)
+
+    return f32vec(a, i), codegen
+
+
+@intrinsic
+def vstore_at(typingctx, a, i, v):
+    """``a[i:i + LANES] = v`` of a 1-D array, rounded as :func:`vstore` rounds."""
+    _check_2d("vstore_at", a, _lane_types(), ndim=1)
+
+    def codegen(context, builder, sig, args):
+        i = _index(context, builder, sig, args, 1)
+        _store_lanes(context, builder, sig.args[0], args[0], i, None, args[2])
+        return context.get_dummy_value()
+
+    return types.none(a, i, v), codegen
+
+
+@intrinsic
+def vstore_bf16_pair(typingctx, c, i, x, y):
+    """``c[i:i + 2 LANES]`` (a 1-D array of bfloat16 bits) ``=`` ``x`` then ``y`` (two ``f32vec``),
+    rounded to nearest even as :func:`vstore` rounds, NaN to the quiet NaN of its sign.
+
+    Both vectors are rounded, concatenated and narrowed to ``2 LANES`` 16-bit lanes at once (as
+    AVX2: one ``vpackusdw`` and one ``vpermq`` for 16 elements, where one vector at a time takes a
+    ``vextractf128`` and a ``vpackusdw`` per 8), then stored; one compare (``x`` unordered with
+    ``y``) tests both for NaN, and only where there is one a masked store writes the quiet NaNs
+    over their lanes (``llvm.masked.store``). The select of :func:`vstore` costs a compare, a
+    blend and the two operations of the quiet NaN per vector. A masked store, not a second
+    plain store of a corrected vector: LLVM merges two plain stores behind a branch into one
+    store of a phi, which loses the known zero upper halves of the rounded lanes (two
+    ``vpblendw`` more per 16 elements). Target-independent IR."""
+    _check_2d("vstore_bf16_pair", c, [types.int16], ndim=1)
+    if not (x == f32vec and y == f32vec):
+        raise TypeError(f"vstore_bf16_pair: expected two f32vec, got {x}, {y}")
+
+    def codegen(context, builder, sig, args):
+        x, y = args[2], args[3]
+        n = 2 * LANES
+        bits = ir.VectorType(ir.IntType(16), n)
+        both = ir.Constant(ir.VectorType(ir.IntType(32), n), list(range(n)))
+        ptr = _row_pointer(context, builder, sig.args[0], args[0],
+                           _index(context, builder, sig, args, 1), None, ir.IntType(16), n)
+        rounded = builder.shuffle_vector(_bf16_rounded(builder, x), _bf16_rounded(builder, y),
+                                         both)
+        builder.store(builder.trunc(rounded, bits), ptr, align=2)
+        mask = builder.bitcast(builder.fcmp_unordered("uno", x, y), ir.IntType(LANES))
+        with builder.if_then(builder.icmp_unsigned("!=", mask, ir.Constant(mask.type, 0)),
+                             likely=False):
+            v = builder.shuffle_vector(x, y, both)
+            masked_store = cgutils.get_or_insert_function(builder.module, ir.FunctionType(
+                ir.VoidType(), [bits, bits.as_pointer(), ir.IntType(32),
+                                ir.VectorType(ir.IntType(1), n)]),
+                f"llvm.masked.store.v{n}i16.p0v{n}i16")
+            builder.call(masked_store, [builder.trunc(_bf16_quiet(builder, v), bits), ptr,
+                                        ir.Constant(ir.IntType(32), 2),
+                                        builder.fcmp_unordered("uno", v, v)])
+        return context.get_dummy_value()
+
+    return types.none(c, i, x, y), codegen
+
+
+def _vector_operator(op, name: str):
+    """``op`` (``operator.add``, ...) on two ``f32vec``: the LLVM instruction ``name`` per lane."""
+    @intrinsic
+    def vop(typingctx, x, y):
+        def codegen(context, builder, sig, args):
+            return getattr(builder, name)(*args)
+
+        return f32vec(x, y), codegen
+
+    @overload(op)
+    def _op(x, y):
+        if x == f32vec and y == f32vec:
+            return lambda x, y: vop(x, y)
+        return None
+
+
+for _op, _name in ((operator.add, "fadd"), (operator.sub, "fsub"), (operator.mul, "fmul")):
+    _vector_operator(_op, _name)
 
 
 def _transposed(builder, rows: list) -> list:
@@ -271,20 +377,32 @@ def vtranspose_block(typingctx, a, i, j, out, p, q):
     return types.none(a, i, j, out, p, q), codegen
 
 
+def _bf16_lanes(builder, v):
+    """``v``'s bits as ``<n x i32>`` (``n`` its lanes) and a function splatting a constant."""
+    i32 = ir.VectorType(ir.IntType(32), v.type.count)
+    return builder.bitcast(v, i32), lambda c: ir.Constant(i32, [c] * v.type.count)
+
+
+def _bf16_rounded(builder, v):
+    """``<n x float>`` -> ``<n x i32>``, each lane's bfloat16 bits rounded to nearest even
+    (``(b + 0x7FFF + ((b >> 16) & 1)) >> 16``; wrong for NaN: :func:`_bf16_quiet`)."""
+    bits, splat = _bf16_lanes(builder, v)
+    odd = builder.and_(builder.lshr(bits, splat(16)), splat(1))
+    return builder.lshr(builder.add(builder.add(bits, splat(0x7FFF)), odd), splat(16))
+
+
+def _bf16_quiet(builder, v):
+    """``<n x float>`` -> ``<n x i32>``, each lane's quiet bfloat16 NaN of its sign."""
+    bits, splat = _bf16_lanes(builder, v)
+    return builder.or_(builder.and_(builder.lshr(bits, splat(16)), splat(0x8000)), splat(0x7FC0))
+
+
 def _narrow_bf16(builder, v):
     """``<LANES x float>`` -> ``<LANES x i16>`` bfloat16 bits, round to nearest even (``fp16``'s
     ``_bf16_from_f32_bits`` on every lane)."""
-    i32 = ir.VectorType(ir.IntType(32), LANES)
-
-    def splat(c):
-        return ir.Constant(i32, [c] * LANES)
-
-    bits = builder.bitcast(v, i32)
-    odd = builder.and_(builder.lshr(bits, splat(16)), splat(1))
-    rounded = builder.lshr(builder.add(builder.add(bits, splat(0x7FFF)), odd), splat(16))
-    quiet = builder.or_(builder.and_(builder.lshr(bits, splat(16)), splat(0x8000)), splat(0x7FC0))
     nan = builder.fcmp_unordered("uno", v, v)
-    return builder.trunc(builder.select(nan, quiet, rounded), ir.VectorType(ir.IntType(16), LANES))
+    return builder.trunc(builder.select(nan, _bf16_quiet(builder, v), _bf16_rounded(builder, v)),
+                         ir.VectorType(ir.IntType(16), LANES))
 
 
 _LIMITS = {types.float32: float("inf"), types.uint16: 65520.0,
