@@ -503,6 +503,64 @@ def test_a_step_skipped_by_the_grad_scaler_does_not_advance_the_schedule():
     assert graph.compile_count == 1
 
 
+class _ScheduledGraph(nn.Graph):
+    """OneFlow's form: the scheduler given to ``add_optimizer`` steps after every call."""
+
+    def __init__(self, model, opt, sched):
+        super().__init__()
+        self.model = model
+        self.add_optimizer(opt, lr_sch=sched)
+
+    def build(self, x, y):
+        loss = nn.functional.cross_entropy(self.model(x), y)
+        loss.backward()
+        return loss
+
+
+@pytest.mark.parametrize("accumulate", [1, 2])
+def test_add_optimizer_lr_sch_steps_the_schedule_after_every_update(accumulate):
+    """``add_optimizer(opt, lr_sch=sched)`` (OneFlow's ``nn.Graph``) gives the weights and lrs of
+    calling ``sched.step()`` after each call, bit for bit, skipped steps included (one step per
+    call with gradient accumulation: one update)."""
+    runs = []
+    for graph_steps in (False, True):
+        model, opt, graph = _scaled_graph()
+        sched = SequentialLR(opt, [LinearLR(opt, 0.25, total_iters=3),
+                                   CosineAnnealingLR(opt, T_max=6)], milestones=[3])
+        if graph_steps:
+            graph = _ScheduledGraph(model, opt, sched)
+            graph.set_grad_scaler(mf.amp.GradScaler(init_scale=1024.0))
+            assert graph.lr_schedulers == (sched,)
+        graph.config.set_gradient_accumulation_steps(accumulate)
+        lrs = []
+        for bad in [False, True, False, False, True, False, False, False]:
+            lrs.append(opt.param_groups[0]["lr"])
+            graph(*_batch(bad))
+            if not graph_steps:
+                sched.step()
+        runs.append((lrs, sched.state_dict(), [p.numpy() for p in model.parameters()]))
+    (lrs, state, weights), (lrs2, state2, weights2) = runs
+    assert lrs == lrs2 and state == state2 and state["last_epoch"] == 6
+    assert lrs[1] == lrs[2] != lrs[3] and lrs[4] == lrs[5] != lrs[6]   # held over the skips
+    for a, b in zip(weights, weights2):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_add_optimizer_refuses_a_scheduler_it_cannot_step():
+    model = mlp((4, 2))
+    opt, other = (mf.optim.SGD(model.parameters(), lr=0.1) for _ in range(2))
+    graph = nn.Graph()
+    for kwargs, error, match in (
+            (dict(lr_sch=StepLR(other, 1)), ValueError, "lr_sch schedules another optimizer"),
+            (dict(lr_sch=lr_scheduler.ReduceLROnPlateau(opt)), ValueError,
+             r"needs the metric .* step\(metric\) yourself"),
+            (dict(lr_sch=lambda: None), TypeError, "lr_sch must be a miniflow.optim"),
+            (dict(is_sparse=True), ValueError, "is_sparse=True .* not supported")):
+        with pytest.raises(error, match=match):
+            graph.add_optimizer(opt, **kwargs)
+    assert graph.optimizers == () and graph.lr_schedulers == ()    # nothing was added
+
+
 def test_a_per_epoch_schedule_advances_unless_the_whole_epoch_was_skipped():
     _, opt, graph = _scaled_graph()
     sched = StepLR(opt, step_size=1, gamma=0.5)

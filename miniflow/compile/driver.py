@@ -58,6 +58,7 @@ from ..dtype import as_dtype
 from ..ir import Graph as IRGraph
 from ..nn.module import Module, same_value
 from ..ops import emitter
+from ..optim.lr_scheduler import LRScheduler, ReduceLROnPlateau
 from ..optim.optimizer import Optimizer
 from ..passes.auto_mixed_precision import AmpState
 from ..passes.data_parallel import DataParallelState
@@ -102,6 +103,7 @@ class Graph:
         self._stamp = None
         self.config = GraphConfig()
         self._optimizers: list = []
+        self._lr_schedulers: list = []   # add_optimizer's lr_sch: stepped after each update
         self._plans: "OrderedDict[tuple, Plan]" = OrderedDict()
         self._ir: IRGraph | None = None
         self._context: CompileContext | None = None
@@ -167,16 +169,40 @@ class Graph:
                         "copy the module (copy.deepcopy(model), or save its state_dict) and "
                         "build a new graph from it")
 
-    def add_optimizer(self, optimizer) -> None:
-        """Train the optimizer's parameters with the loss marked by ``backward()`` in build.
+    def add_optimizer(self, optimizer, *, lr_sch=None, is_sparse: bool = False) -> None:
+        """Train the optimizer's parameters with the loss marked by ``backward()`` in build, and
+        with ``lr_sch`` (a scheduler of ``optimizer``) step its learning rate after every call
+        that ran the updates, as OneFlow's ``nn.Graph.add_optimizer(optim, lr_sch=...)`` does
+        (``oneflow/nn/graph/graph.py``; there the schedule is compiled into the job). A call
+        whose update the grad scaler skipped does not advance it (``miniflow.optim.
+        lr_scheduler``); with a grad scaler on cuda the step waits for the call's outcome, as a
+        ``scheduler.step()`` after the call does.
 
         Raises:
-            TypeError: not a ``miniflow.optim`` optimizer.
-            ValueError: the optimizer is already added, or shares a parameter with another one.
+            TypeError: not a ``miniflow.optim`` optimizer; ``lr_sch`` not a
+                ``miniflow.optim.lr_scheduler`` scheduler.
+            ValueError: the optimizer is already added, or shares a parameter with another one;
+                ``lr_sch`` schedules another optimizer, or is a ``ReduceLROnPlateau`` (it needs
+                the metric: call its ``step(metric)`` yourself); ``is_sparse=True`` (OneFlow's
+                sparse update of embedding gradients, which miniflow does not have).
         """
         if not isinstance(optimizer, Optimizer):
             raise TypeError(f"add_optimizer: expected a miniflow.optim optimizer (SGD, Adam), got "
                             f"{type(optimizer).__name__}")
+        if is_sparse:
+            raise ValueError("add_optimizer: is_sparse=True (OneFlow's sparse update of embedding "
+                             "gradients) is not supported: miniflow updates every parameter "
+                             "densely; leave is_sparse=False")
+        if lr_sch is not None:
+            if not isinstance(lr_sch, LRScheduler):
+                raise TypeError(f"add_optimizer: lr_sch must be a miniflow.optim.lr_scheduler "
+                                f"scheduler, got {type(lr_sch).__name__}")
+            if isinstance(lr_sch, ReduceLROnPlateau):
+                raise ValueError("add_optimizer: lr_sch=ReduceLROnPlateau needs the metric it "
+                                 "follows; call its step(metric) yourself once per epoch")
+            if lr_sch.optimizer is not optimizer:
+                raise ValueError(f"add_optimizer: lr_sch schedules another optimizer (a "
+                                 f"{type(lr_sch.optimizer).__name__}); make it for this one")
         if any(o is optimizer for o in self._optimizers):
             raise ValueError("add_optimizer: this optimizer is already added (its update would "
                              "run twice)")
@@ -185,6 +211,8 @@ class Graph:
             raise ValueError("add_optimizer: a parameter of this optimizer is already trained by "
                              "another optimizer of the graph")
         self._optimizers.append(optimizer)
+        if lr_sch is not None:
+            self._lr_schedulers.append(lr_sch)
         self._version += 1
 
     def set_grad_scaler(self, scaler) -> None:
@@ -289,6 +317,9 @@ class Graph:
                 _record_outcome, scaler, scaler.skip_nonfinite, optimizers,
                 plan.context.state[LossScaleState].nonfinite_names))
         LEDGER.poll()
+        if plan.updates:
+            for scheduler in self._lr_schedulers:
+                scheduler.step()
         result = tuple(Tensor(o) for o in outs)
         return result[0] if plan.single_output else result
 
@@ -560,6 +591,11 @@ class Graph:
     def optimizers(self) -> tuple:
         """The optimizers added with :meth:`add_optimizer`, in order."""
         return tuple(self._optimizers)
+
+    @property
+    def lr_schedulers(self) -> tuple:
+        """The schedulers given to :meth:`add_optimizer` (``lr_sch``), in order."""
+        return tuple(self._lr_schedulers)
 
     @property
     def grad_scaler(self):

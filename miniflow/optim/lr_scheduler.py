@@ -5,12 +5,13 @@
 :class:`ReduceLROnPlateau` (driven by a metric: ``step(val_loss)``; see its docstring).
 
 Use them as in PyTorch: make the scheduler after the optimizer (this sets the first lr), call
-``scheduler.step()`` once after every optimizer step (every call of a training nn.Graph), read
-the lr with ``get_last_lr()``. A scheduler sets ``group["lr"]`` of every param group of its
-optimizer: any object with ``param_groups``, a sequence of dicts with a real ``"lr"`` (miniflow
-optimizers have one group). On a miniflow optimizer that writes the optimizer's learning-rate
-variable, which the compiled graph reads at its next call: a schedule that changes the lr every
-step never recompiles (``miniflow.optim.optimizer``).
+``scheduler.step()`` once after every optimizer step (every call of a training nn.Graph), or
+give it to the graph as in OneFlow (``add_optimizer(opt, lr_sch=scheduler)``: the graph steps it
+after each call), read the lr with ``get_last_lr()``. A scheduler sets ``group["lr"]`` of
+every param group of its optimizer: any object with ``param_groups``, a sequence of dicts with a
+real ``"lr"`` (miniflow optimizers have one group). On a miniflow optimizer that writes the
+optimizer's learning-rate variable, which the compiled graph reads at its next call: a schedule
+that changes the lr every step never recompiles (``miniflow.optim.optimizer``).
 
 Skipped steps do not count. When the grad scaler of an nn.Graph skips a step (non-finite
 gradients: no parameter changed), the optimizer counts it (``num_steps`` and
