@@ -283,7 +283,7 @@ def test_graph_api_misuse_gets_clear_errors():
     inner = WithDefault()
     with pytest.raises(RuntimeError, match="nested nn.Graph calls are not supported"):
         Fn(lambda self, x: inner(x))(np.ones(2, np.float32))
-    with pytest.raises(TypeError, match="enabled must be True or False"):
+    with pytest.raises(TypeError, match="mode must be True or False"):
         nn.GraphConfig().enable_amp("yes")
     with pytest.raises(ValueError, match="in_features must be a positive integer"):
         nn.Linear(4.5, 3)

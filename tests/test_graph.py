@@ -847,3 +847,169 @@ def test_a_0d_constant_stays_0d_in_the_graph():
     loss = G()()
     assert loss.shape == () and float(loss.numpy()) == 2.0
     np.testing.assert_array_equal(m.p.numpy(), [-0.5, -2.5])        # minus the gradient, 2
+
+
+# ---------------------------------------------------------------- OneFlow's nn.Graph API
+
+
+class _Sched(nn.Graph):
+    """A training step with an Adam, its StepLR (``add_optimizer(lr_sch=)``) and a grad scaler."""
+
+    def __init__(self, seed=0):
+        super().__init__()
+        self.model = small_mlp(seed)
+        opt = mf.optim.Adam(self.model.parameters(), lr=0.01)
+        self.add_optimizer(opt, lr_sch=mf.optim.lr_scheduler.StepLR(opt, 2, gamma=0.5))
+        self.set_grad_scaler(GradScaler(init_scale=2.0 ** 10))
+
+    def build(self, x, y):
+        loss = nn.functional.cross_entropy(self.model(x), y)
+        loss.backward()
+        return loss
+
+
+def test_name_training_is_compiled_and_repr_as_oneflow():
+    first, second = _Sched(), _Sched()
+    assert int(second.name.rsplit("_", 1)[1]) == int(first.name.rsplit("_", 1)[1]) + 1
+    assert first.name.startswith("_Sched_")
+    evaluation = EvalGraph(first.model)
+    assert first.training and first.config.training
+    assert not evaluation.training and not evaluation.config.training
+    assert not first.is_compiled
+    first(*xy())
+    assert first.is_compiled
+    text = repr(first)
+    assert text.startswith(f"(GRAPH:{first.name}:_Sched): (\n  (CONFIG:config:GraphConfig("
+                           "training=True, ))\n  (MODULE:model): Sequential(")
+    first.config.set_gradient_accumulation_steps(2)
+    assert "gradient_accumulation_steps=2" in repr(first.config)
+
+
+def test_state_dict_round_trips_modules_optimizer_scheduler_and_scaler(tmp_path):
+    x, y = xy(8)
+    a = _Sched(seed=0)
+    for _ in range(3):
+        a(x, y)
+    sd = a.state_dict()
+    assert list(sd) == ["model", "System-Optimizer-0", "System-LRScheduler-0",
+                        "System-GradScaler"]
+    assert list(sd["model"]) == [n for n, _ in a.model.named_parameters()]
+    mf.save(sd, tmp_path / "graph.mf")
+    b = _Sched(seed=1)
+    b(x, y)                               # compiled first: the plans see the loaded state
+    b.load_state_dict(mf.load(tmp_path / "graph.mf"))
+    for _ in range(3):
+        la, lb = a(x, y), b(x, y)
+        assert la.numpy() == lb.numpy()
+    for pa, pb in zip(a.model.parameters(), b.model.parameters()):
+        np.testing.assert_array_equal(pa.numpy(), pb.numpy())
+    assert a.optimizers[0].param_groups[0]["lr"] == b.optimizers[0].param_groups[0]["lr"] == 0.00125
+    assert a.grad_scaler.scale == b.grad_scaler.scale
+
+
+def test_load_state_dict_checks_everything_first_and_strict_false_skips():
+    a, b = _Sched(seed=0), _Sched(seed=1)
+    sd = a.state_dict()
+    before = param_arrays(b.model)
+    with pytest.raises(KeyError, match="unexpected keys \\['head'\\]"):
+        b.load_state_dict({**sd, "head": {}})
+    broken = {**sd, "System-GradScaler": {**sd["System-GradScaler"], "scale": -1.0}}
+    with pytest.raises(ValueError, match="System-GradScaler"):
+        b.load_state_dict(broken)                   # the module part fits, but nothing loads
+    with pytest.raises(KeyError, match="no 'System-Optimizer-0'"):
+        b.load_state_dict({"model": sd["model"]})
+    for p, q in zip(b.model.parameters(), before):
+        np.testing.assert_array_equal(p.numpy(), q)
+    b.load_state_dict({"model": {"0.weight": sd["model"]["0.weight"]}, "head": {}}, strict=False)
+    np.testing.assert_array_equal(b.model[0].weight.numpy(), a.model[0].weight.numpy())
+    np.testing.assert_array_equal(b.model[0].bias.numpy(), before[1])
+
+
+def test_debug_is_oneflow_s_name_for_printing_the_ir(capsys):
+    g = EvalGraph(small_mlp())
+    g.debug(0)
+    assert g.config.print_ir
+    g(xy()[0])
+    assert "# IR after dead_code_elimination" in capsys.readouterr().out
+    g.debug()                                   # OneFlow's default v_level -1: off
+    assert not g.config.print_ir
+    g.debug(1, ranks=[5])                       # not this rank
+    assert not g.config.print_ir
+    g.debug(2, ranks=-1)
+    assert g.config.print_ir
+    with pytest.raises(ValueError, match="v_level must be an int from -1"):
+        g.debug(4)
+    with pytest.raises(ValueError, match="no Python stack locations; leave max_py_stack_depth"):
+        g.debug(0, max_py_stack_depth=5)
+
+    class Quiet(nn.Graph):
+        def __init__(self, **kw):
+            super().__init__(**kw)
+            self.model = small_mlp()
+
+        def build(self, x):
+            return self.model(x)
+
+    assert Quiet(debug_v_level=0).config.print_ir and not Quiet().config.print_ir
+    with pytest.raises(ValueError, match="enable_get_runtime_state_dict=True .*graph.state_dict"):
+        Quiet(enable_get_runtime_state_dict=True)
+
+
+def test_a_call_takes_inputs_by_build_s_parameter_names():
+    model = small_mlp()
+    x, y = xy()
+
+    class TwoInputs(nn.Graph):
+        def __init__(self):
+            super().__init__()
+            self.model = model
+
+        def build(self, x, y, scale=None):
+            return self.model(x) + self.model(y)
+
+    g = TwoInputs()
+    expected = g(x, x * 2).numpy()
+    np.testing.assert_array_equal(g(x, y=x * 2).numpy(), expected)
+    np.testing.assert_array_equal(g(y=x * 2, x=x).numpy(), expected)
+    assert g.compile_count == 1
+    with pytest.raises(TypeError, match="input 'z' is not one of its positional parameters"):
+        g(x, z=x)
+    with pytest.raises(TypeError, match="input 'x' is given twice"):
+        g(x, x=x)
+    with pytest.raises(TypeError, match="y not given, but a later input is"):
+        g(x, scale=x)
+
+
+def test_oneflow_config_options_are_taken_as_no_ops_or_refused_by_name():
+    model = small_mlp()
+    g = Step(model, mf.optim.SGD(model.parameters(), lr=0.1))
+    cfg = g.config
+    cfg.enable_amp(mode=True, dtype=mf.bfloat16)          # OneFlow's keyword
+    assert cfg.amp.dtype == mf.bfloat16 and "amp=" in repr(cfg)
+    cfg.enable_amp(mode=False)
+    assert cfg.amp is None
+    g(*xy())
+    version = cfg.version
+    for method in ("allow_fuse_cast_scale", "allow_fuse_model_update_ops",
+                   "enable_multi_tensor_update", "enable_compress_memory",
+                   "enable_choose_best_memory_allocation"):
+        getattr(cfg, method)(True)
+        with pytest.raises(TypeError, match=f"{method}: mode must be True or False"):
+            getattr(cfg, method)("yes")
+    cfg.enable_straighten_algorithm("SpeedFirst")
+    cfg.set_outputs_buffer_size(4)
+    for method in ("allow_fuse_add_to_output", "enable_zero", "enable_auto_parallel"):
+        getattr(cfg, method)(False)                        # what miniflow does
+        with pytest.raises(ValueError, match=f"{method}\\(True\\): .*; remove the call"):
+            getattr(cfg, method)(True)
+    assert cfg.performance_hints["enable_straighten_algorithm"] == "SpeedFirst"
+    assert cfg.performance_hints["set_outputs_buffer_size"] == 4
+    assert cfg.version == version                          # nothing recompiles
+    g(*xy())
+    assert g.compile_count == 1
+    with pytest.raises(ValueError, match="has no cuDNN .*; remove the call"):
+        cfg.enable_cudnn_conv_heuristic_search_algo(False)
+    with pytest.raises(ValueError, match="mode must be one of 'Disable'"):
+        cfg.enable_straighten_algorithm("Fast")
+    with pytest.raises(ValueError, match="value must be an integer >= 1"):
+        cfg.set_outputs_buffer_size(0)

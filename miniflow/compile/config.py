@@ -35,6 +35,17 @@ class GraphConfig:
         fused_model_update_cast: under AMP, fuse the weight casts and the unscaling into
             multi-tensor updates that write half copies of the weights (on by default; see
             :meth:`enable_fused_model_update_cast`).
+        performance_hints: OneFlow's performance options taken as no-ops (name -> the value
+            given; see :meth:`allow_fuse_cast_scale` ...): recorded, they change nothing.
+
+    OneFlow's ``GraphConfig`` (``python/oneflow/nn/graph/graph_config.py``) also has options
+    miniflow has no use for: those that only order or place work (``set_outputs_buffer_size``,
+    ``enable_straighten_algorithm``, ``enable_compress_memory``,
+    ``enable_choose_best_memory_allocation``) or fuse the same arithmetic into one kernel
+    (``allow_fuse_cast_scale``, ``allow_fuse_model_update_ops``, ``enable_multi_tensor_update``)
+    are accepted and change nothing; those that would change what is computed or need a feature
+    miniflow lacks (``allow_fuse_add_to_output(True)``, ``enable_cudnn_conv_heuristic_search_algo``,
+    ``enable_zero(True)``, ``enable_auto_parallel(True)``) raise ValueError saying what to do.
     """
 
     def __init__(self):
@@ -45,7 +56,27 @@ class GraphConfig:
         self.data_parallel_enabled: bool | None = None
         self.gradient_accumulation_steps = 1
         self.fused_model_update_cast = True
+        self.performance_hints: dict = {}
+        self._training = False   # OneFlow's train_conf: set by nn.Graph.add_optimizer
         self.version = 0  # bumped by every change: the owning nn.Graph then recompiles
+
+    @property
+    def training(self) -> bool:
+        """True once the graph has an optimizer (OneFlow's ``GraphConfig.training``: its
+        ``train_conf``, set by ``nn.Graph.add_optimizer``)."""
+        return self._training
+
+    def __repr__(self) -> str:
+        """OneFlow's ``(CONFIG:config:GraphConfig(training=..., ))``, with miniflow's settings that
+        are not at their defaults."""
+        items = [f"training={self.training}"]
+        if self.amp is not None:
+            items.append(f"amp={self.amp.dtype}")
+        if self.gradient_accumulation_steps != 1:
+            items.append(f"gradient_accumulation_steps={self.gradient_accumulation_steps}")
+        if self.data_parallel_enabled is not None:
+            items.append(f"data_parallel={self.data_parallel_enabled}")
+        return f"(CONFIG:config:{type(self).__name__}({', '.join(items)}, ))"
 
     def debug(self, print_ir: bool = True) -> None:
         """Print the IR after every pass when a plan is next compiled (a new input signature, or
@@ -84,11 +115,12 @@ class GraphConfig:
         self.gradient_accumulation_steps = int(value)
         self.version += 1
 
-    def enable_amp(self, enabled: bool = True, dtype=float16, *, lists: AmpLists | None = None,
+    def enable_amp(self, mode: bool = True, dtype=float16, *, lists: AmpLists | None = None,
                    white_add=(), black_add=(), gray_add=(), clear_add=(), white_remove=(),
                    black_remove=(), gray_remove=(), clear_remove=(),
                    loss_scale_policy: str = POLICIES[0]) -> None:
-        """Turn automatic mixed precision on (or off with ``enabled=False``).
+        """Turn automatic mixed precision on (or off with ``mode=False``; OneFlow's
+        ``config.enable_amp(mode, dtype=...)``).
 
         The AMP pass then runs after autograd on the forward and backward graph: white ops run in
         ``dtype`` (float16 or bfloat16), casts go on the edges between white and other ops,
@@ -108,13 +140,13 @@ class GraphConfig:
                 ``miniflow.passes.loss_scale``.
 
         Raises:
-            TypeError: ``enabled`` is not a bool, ``lists`` not an AmpLists, ``dtype`` not a half
+            TypeError: ``mode`` is not a bool, ``lists`` not an AmpLists, ``dtype`` not a half
                 type.
             ValueError: an unknown op type name, or one that is not in the list it is removed
                 from; an unknown loss_scale_policy.
         """
-        if not isinstance(enabled, bool):
-            raise TypeError(f"enable_amp: enabled must be True or False, got {enabled!r}")
+        if not isinstance(mode, bool):
+            raise TypeError(f"enable_amp: mode must be True or False, got {mode!r}")
         if lists is not None and not isinstance(lists, AmpLists):
             raise TypeError(f"enable_amp: lists must be a miniflow.amp.AmpLists, got "
                             f"{type(lists).__name__} (or use white_add=..., black_add=...)")
@@ -123,7 +155,7 @@ class GraphConfig:
                              f"one of {', '.join(map(repr, POLICIES))}")
         self.version += 1
         self.loss_scale_policy = loss_scale_policy
-        if not enabled:
+        if not mode:
             self.amp = None
             return
         lists = (AmpLists() if lists is None else lists).with_changes(
@@ -176,6 +208,143 @@ class GraphConfig:
         self.data_parallel = DataParallelConfig(bucket_cap_mb)
         self.data_parallel_enabled = enabled
         self.version += 1
+
+    # OneFlow's options miniflow has no use for (``python/oneflow/nn/graph/graph_config.py``).
+    # Performance options of OneFlow that cannot change what is computed are recorded in
+    # ``performance_hints`` and do nothing; the others are refused unless off.
+    def _hint(self, method: str, mode) -> None:
+        """Record OneFlow's performance option ``method(mode)`` (a bool), which changes nothing
+        here."""
+        if not isinstance(mode, bool):
+            raise TypeError(f"{method}: mode must be True or False, got {mode!r}")
+        self.performance_hints[method] = mode
+
+    def _refuse_on(self, method: str, mode, why: str) -> None:
+        """``method(False)`` is what miniflow does (recorded); ``method(True)`` raises ValueError
+        with ``why``."""
+        if mode is True:
+            raise ValueError(f"{method}(True): {why}")
+        self._hint(method, mode)
+
+    def allow_fuse_cast_scale(self, mode: bool = True) -> None:
+        """OneFlow's option to fuse a cast with the ``scalar_mul_by_tensor`` after it (a
+        performance option: the same cast and product in one kernel). A no-op: miniflow's
+        ``fuse_elementwise`` pass always fuses them (the gradients' cast and unscale under AMP),
+        with the same bits as unfused.
+
+        Raises:
+            TypeError: ``mode`` is not a bool.
+        """
+        self._hint("allow_fuse_cast_scale", mode)
+
+    def allow_fuse_model_update_ops(self, mode: bool = True) -> None:
+        """OneFlow's option to fold the gradient's cast, scale and L1/L2 regularization into the
+        model update op (a performance option: the same update in one kernel). A no-op:
+        miniflow's update ops already apply the weight decay, and under AMP
+        :meth:`enable_fused_model_update_cast` (on by default) fuses the cast and unscaling.
+
+        Raises:
+            TypeError: ``mode`` is not a bool.
+        """
+        self._hint("allow_fuse_model_update_ops", mode)
+
+    def enable_multi_tensor_update(self, mode: bool = True) -> None:
+        """OneFlow's option to merge the per-parameter update kernels into multi-tensor ones (a
+        performance option: the same update per element). A no-op: under AMP miniflow's
+        multi-tensor updates are :meth:`enable_fused_model_update_cast`'s (on by default).
+
+        Raises:
+            TypeError: ``mode`` is not a bool.
+        """
+        self._hint("enable_multi_tensor_update", mode)
+
+    def enable_compress_memory(self, mode: bool = True) -> None:
+        """OneFlow's search for a smaller memory allocation (where buffers live, not what is
+        computed). A no-op: a miniflow plan allocates its buffers its own way.
+
+        Raises:
+            TypeError: ``mode`` is not a bool.
+        """
+        self._hint("enable_compress_memory", mode)
+
+    def enable_choose_best_memory_allocation(self, mode: bool = True) -> None:
+        """OneFlow's choice among its memory allocation algorithms (where buffers live, not what
+        is computed). A no-op, as :meth:`enable_compress_memory`.
+
+        Raises:
+            TypeError: ``mode`` is not a bool.
+        """
+        self._hint("enable_choose_best_memory_allocation", mode)
+
+    def enable_straighten_algorithm(self, mode: str = "MemoryFirst") -> None:
+        """OneFlow's ordering of its task graph (``"Disable"``, ``"SpeedFirst"``,
+        ``"MemoryFirst"``, ``"OverlapCpuGpu"``, ``"DelayShortGpu"``): the order ops run in, not
+        what they compute. A no-op: a miniflow plan runs its nodes in the IR's order.
+
+        Raises:
+            ValueError: ``mode`` is not one of OneFlow's names.
+        """
+        modes = ("Disable", "SpeedFirst", "MemoryFirst", "OverlapCpuGpu", "DelayShortGpu")
+        if mode not in modes:
+            raise ValueError(f"enable_straighten_algorithm: mode must be one of "
+                             f"{', '.join(map(repr, modes))}, got {mode!r}")
+        self.performance_hints["enable_straighten_algorithm"] = mode
+
+    def set_outputs_buffer_size(self, value: int = 2) -> None:
+        """OneFlow's number of calls whose outputs may be pending at once (a pipeline depth; the
+        outputs are the same). A no-op: a miniflow call returns its outputs finished.
+
+        Raises:
+            ValueError: ``value`` is not an integer >= 1 (OneFlow's check).
+        """
+        if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
+            raise ValueError(f"set_outputs_buffer_size: value must be an integer >= 1, got "
+                             f"{value!r}")
+        self.performance_hints["set_outputs_buffer_size"] = int(value)
+
+    def allow_fuse_add_to_output(self, mode: bool = True) -> None:
+        """OneFlow's option to fold an add into the op that makes one of its inputs (conv,
+        matmul, batch norm write ``x + y`` at once: a half sum is then rounded once, not twice,
+        so results can change). miniflow does not: ``False`` (OneFlow's default) is accepted.
+
+        Raises:
+            TypeError: ``mode`` is not a bool. ValueError: ``mode`` is True.
+        """
+        self._refuse_on("allow_fuse_add_to_output", mode, "miniflow does not fold an add into the "
+                        "op before it; remove the call (the add runs as its own elementwise op)")
+
+    def enable_zero(self, mode: bool = True, *, stage: int = 2, shard_min_size: int = 1024,
+                    shard_restore_level: int = 1) -> None:
+        """OneFlow's ZeRO: optimizer state sharded across the data-parallel ranks. miniflow keeps
+        the whole state on every rank: ``enable_zero(False)`` is accepted.
+
+        Raises:
+            ValueError: ``mode`` is True (TypeError: not a bool).
+        """
+        if mode is True:
+            raise ValueError("enable_zero(True): miniflow has no ZeRO (every rank keeps the whole "
+                             "optimizer state); remove the call")
+        self._hint("enable_zero", mode)
+
+    def enable_auto_parallel(self, mode: bool = True) -> None:
+        """OneFlow's search for a parallel (SBP) strategy. miniflow's only parallelism is data
+        parallel (:meth:`enable_data_parallel`): ``enable_auto_parallel(False)`` is accepted.
+
+        Raises:
+            TypeError: ``mode`` is not a bool. ValueError: ``mode`` is True.
+        """
+        self._refuse_on("enable_auto_parallel", mode, "miniflow has no auto parallel; remove the "
+                        "call (data parallel is config.enable_data_parallel)")
+
+    def enable_cudnn_conv_heuristic_search_algo(self, mode: bool = True) -> None:
+        """OneFlow's choice of how cuDNN picks a convolution algorithm (algorithms whose results
+        can differ in the last bits). Refused: miniflow has no cuDNN.
+
+        Raises:
+            ValueError: always.
+        """
+        raise ValueError(f"enable_cudnn_conv_heuristic_search_algo({mode!r}): miniflow has no "
+                         "cuDNN (one convolution algorithm per backend); remove the call")
 
 
 def compile_settings(config: GraphConfig, optimizers: list, grad_scaler, param_names: dict,

@@ -48,12 +48,14 @@ import functools
 import inspect
 import threading
 from collections import OrderedDict
+from types import SimpleNamespace
 
 import numpy as np
 
 from .. import distributed
 from ..amp.grad_scaler import GradScaler, StaticGradScaler
 from ..amp.report import AmpReport, amp_report as build_amp_report
+from ..checkpoint import restore
 from ..dtype import as_dtype
 from ..ir import Graph as IRGraph
 from ..nn.module import Module, same_value
@@ -96,11 +98,30 @@ class Graph:
     """Base class of lazily compiled models. See the module docstring."""
 
     max_plans = 8
+    _name_counts: dict = {}   # class name -> graphs made (OneFlow's Graph._child_init_cnt)
 
-    def __init__(self):
+    def __init__(self, *, enable_get_runtime_state_dict: bool = False, debug_v_level: int = -1,
+                 debug_ranks=None, debug_max_py_stack_depth: int = 2,
+                 debug_only_user_py_stack: bool = True,
+                 debug_op_repr_with_py_stack: bool = False):
+        """OneFlow's keywords (``python/oneflow/nn/graph/graph.py``): the ``debug_*`` ones are
+        :meth:`debug`'s.
+
+        Raises:
+            ValueError: ``enable_get_runtime_state_dict=True`` (OneFlow's saved compiled
+                runtime: miniflow recompiles from ``build``; save :meth:`state_dict`), or a
+                ``debug_*`` value :meth:`debug` refuses.
+        """
+        if enable_get_runtime_state_dict:
+            raise ValueError(f"{type(self).__name__}: enable_get_runtime_state_dict=True (a saved "
+                             "compiled runtime) is not supported: miniflow recompiles from build; "
+                             "save graph.state_dict() instead")
         self._traced_reads: set = set()     # see _recording_reads
         self._version = 0
         self._stamp = None
+        cls = type(self).__name__
+        count = Graph._name_counts[cls] = Graph._name_counts.get(cls, -1) + 1
+        self._name = f"{cls}_{count}"
         self.config = GraphConfig()
         self._optimizers: list = []
         self._lr_schedulers: list = []   # add_optimizer's lr_sch: stepped after each update
@@ -111,6 +132,9 @@ class Graph:
         self._grad_scaler = None
         self._modes_seen, self._mode_key = None, ()
         self._lock = threading.RLock()  # one call at a time (see the module docstring)
+        self.debug(debug_v_level, ranks=debug_ranks, max_py_stack_depth=debug_max_py_stack_depth,
+                   only_user_py_stack=debug_only_user_py_stack,
+                   op_repr_with_py_stack=debug_op_repr_with_py_stack)
 
     def __setattr__(self, name, value):
         d = self.__dict__
@@ -211,6 +235,7 @@ class Graph:
             raise ValueError("add_optimizer: a parameter of this optimizer is already trained by "
                              "another optimizer of the graph")
         self._optimizers.append(optimizer)
+        self.config._training = True   # OneFlow's config._train(True)
         if lr_sch is not None:
             self._lr_schedulers.append(lr_sch)
         self._version += 1
@@ -227,6 +252,118 @@ class Graph:
                             f"StaticGradScaler, got {type(scaler).__name__}")
         self._grad_scaler = scaler
         self._version += 1
+
+    @property
+    def name(self) -> str:
+        """``<class name>_<n>``, the n-th graph of its class made in this process (OneFlow's
+        ``nn.Graph.name``)."""
+        return self._name
+
+    @property
+    def training(self) -> bool:
+        """True once the graph has an optimizer (OneFlow's ``nn.Graph.training``: its config's;
+        the modules' ``train()`` / ``eval()`` modes are theirs)."""
+        return self.config.training
+
+    @property
+    def is_compiled(self) -> bool:
+        """Whether the graph has been called (compiled) once (OneFlow's ``is_compiled``; a
+        miniflow graph may compile again later, for a new input signature or setting)."""
+        return self.compile_count > 0
+
+    def debug(self, v_level: int = -1, *, ranks=None, max_py_stack_depth: int = 2,
+              only_user_py_stack: bool = True, op_repr_with_py_stack: bool = False) -> None:
+        """OneFlow's ``nn.Graph.debug`` (``python/oneflow/nn/graph/graph.py``; ``-1``, its
+        default, closes debug mode). miniflow has one debug output, the IR after trace and after
+        every pass (``config.debug``): any ``v_level`` from 0 to 3 turns it on, on ``ranks``
+        (None: rank 0; an int or a list of ints; -1: every rank); -1 turns it off on every
+        rank. It shows at the next compile.
+
+        Raises:
+            ValueError: ``v_level`` not an int in [-1, 3], ``ranks`` neither an int nor a list of
+                ints, or a Python stack option off its default (miniflow's IR has no Python stack
+                locations: leave ``max_py_stack_depth``, ``only_user_py_stack`` and
+                ``op_repr_with_py_stack`` as they are).
+        """
+        if isinstance(v_level, bool) or not isinstance(v_level, int) or not -1 <= v_level <= 3:
+            raise ValueError(f"debug: v_level must be an int from -1 (off) to 3, got {v_level!r}")
+        if ranks is None:
+            ranks = [0]
+        elif isinstance(ranks, int) and not isinstance(ranks, bool):
+            ranks = [ranks]
+        if not (isinstance(ranks, list) and all(type(r) is int for r in ranks)):
+            raise ValueError(f"debug: ranks must be an int or a list of ints, got {ranks!r}")
+        stack = {"max_py_stack_depth": (max_py_stack_depth, 2),
+                 "only_user_py_stack": (only_user_py_stack, True),
+                 "op_repr_with_py_stack": (op_repr_with_py_stack, False)}
+        for key, (value, default) in stack.items():
+            if value != default or type(value) is not type(default):
+                raise ValueError(f"debug: {key}={value!r}: miniflow's IR printout has no Python "
+                                 f"stack locations; leave {key} at {default!r}")
+        if v_level == -1:
+            self.config.debug(False)
+            return
+        distributed.init()          # the world of this process (a world of one without mpiexec)
+        if -1 in ranks or distributed.rank() in ranks:
+            self.config.debug(True)
+
+    # ------------------------------------------------------------------ state
+    _OPTIMIZER_KEY, _SCHEDULER_KEY, _SCALER_KEY = ("System-Optimizer-{}", "System-LRScheduler-{}",
+                                                   "System-GradScaler")
+
+    def _stateful(self) -> dict:
+        """``state dict key -> object`` of everything :meth:`state_dict` saves: the module
+        attributes, the optimizers, their schedulers and the grad scaler."""
+        parts = dict(self._modules())
+        parts.update((self._OPTIMIZER_KEY.format(k), o) for k, o in enumerate(self._optimizers))
+        parts.update((self._SCHEDULER_KEY.format(k), s)
+                     for k, s in enumerate(self._lr_schedulers))
+        if self._grad_scaler is not None:
+            parts[self._SCALER_KEY] = self._grad_scaler
+        return parts
+
+    def state_dict(self, destination=None) -> dict:
+        """The graph's whole training state (OneFlow's ``nn.Graph.state_dict``,
+        ``python/oneflow/nn/graph/graph.py``): each module attribute's ``state_dict()`` under the
+        attribute's name, as OneFlow's; then the optimizers' under ``"System-Optimizer-<k>"``,
+        the schedulers of ``add_optimizer(lr_sch=)`` under ``"System-LRScheduler-<k>"`` and the
+        grad scaler's under ``"System-GradScaler"`` (miniflow's keys: OneFlow saves its
+        optimizers' state as tensors named after its job's variables). Copies, in NumPy;
+        ``miniflow.save`` writes it. ``destination`` (a dict) is filled and returned.
+        """
+        out = OrderedDict() if destination is None else destination
+        with self._lock:
+            LEDGER.flush()   # the scaler's and optimizers' counts of pending steps
+            for key, obj in self._stateful().items():
+                out[key] = obj.state_dict()
+        return out
+
+    def load_state_dict(self, state_dict: dict, strict: bool = True) -> None:
+        """Load :meth:`state_dict`'s dict into the modules, optimizers, schedulers and scaler (in
+        place, all or nothing: ``miniflow.checkpoint.restore``; OneFlow's
+        ``nn.Graph.load_state_dict``). Unlike OneFlow, also after the first call: compiled plans
+        read the loaded values. With ``strict=False`` a part missing from ``state_dict`` is left
+        as it is, an unknown key is ignored, and the modules load with ``strict=False``.
+
+        Raises:
+            KeyError: (strict) a part missing or an unknown key, named; otherwise as the parts'
+                ``load_state_dict`` (the message names the key).
+        """
+        if not isinstance(state_dict, dict):
+            raise TypeError(f"load_state_dict: expected a dict (a graph's state_dict()), got "
+                            f"{type(state_dict).__name__}")
+        parts = self._stateful()
+        unexpected = [k for k in state_dict if k not in parts]
+        if strict and unexpected:
+            raise KeyError(f"{type(self).__name__}.load_state_dict: unexpected keys {unexpected} "
+                           f"(the graph has {list(parts)})")
+        if not strict:   # restore's modules load with strict=False; missing parts are skipped
+            parts = {k: SimpleNamespace(prepare_load_state_dict=functools.partial(
+                         o.prepare_load_state_dict, strict=False)) if isinstance(o, Module) else o
+                     for k, o in parts.items() if k in state_dict}
+        with self._lock:
+            LEDGER.flush()
+            restore(state_dict, **parts)
 
     # ------------------------------------------------------------------ modules & names
     def _modules(self):
@@ -251,16 +388,29 @@ class Graph:
                     seen.add(id(t))
                     yield name, t
 
+    def __repr__(self) -> str:
+        """OneFlow's ``(GRAPH:<name>:<class>): (...)`` with the config and each module attribute
+        (``(MODULE:<attribute>): <module repr>``)."""
+        if "_name" not in self.__dict__:   # __init__ did not call super().__init__()
+            return object.__repr__(self)
+        lines = [repr(self.config)] + [f"(MODULE:{k}): {m!r}" for k, m in self._modules()]
+        body = "".join("\n  " + line.replace("\n", "\n  ") for line in lines)
+        return f"(GRAPH:{self.name}:{type(self).__name__}): ({body}\n)"
+
     # ------------------------------------------------------------------ calling
-    def __call__(self, *inputs):
+    def __call__(self, *inputs, **named):
         """Run the graph on NumPy arrays (or eager Tensors); returns Tensor(s) as build returned.
+        An input may be passed by the name of its parameter of ``build`` (``g(x, y=y)``, as
+        OneFlow's ``__call__(*args, **kwargs)``); it is then the input at that position.
 
         Thread-safe: the whole call (recompiling, copying the inputs in, running the plan, cloning
         the outputs and the scaler's bookkeeping) holds this graph's lock, so concurrent calls of
         one graph run one after the other.
 
         Raises:
-            TypeError: wrong number of inputs, or an unsupported dtype.
+            TypeError: wrong number of inputs, or an unsupported dtype; a keyword that is no
+                positional parameter of build, or that leaves an earlier one out (an input is
+                an array: build's default cannot be one).
             ValueError/TypeError from op inference when build cannot trace with these inputs.
             RuntimeError: called from inside a build (nested graph calls), or ``__init__`` did
                 not call ``super().__init__()``.
@@ -273,7 +423,28 @@ class Graph:
                 raise RuntimeError(f"{type(self).__name__} was called inside another graph's "
                                    "build; nested nn.Graph calls are not supported: call its "
                                    "modules instead")
-            return self._run(inputs)
+            return self._run(self._with_keywords(inputs, named) if named else inputs)
+
+    def _with_keywords(self, inputs: tuple, named: dict) -> tuple:
+        """``inputs`` followed by the ``named`` ones, each at its parameter's place in ``build``.
+
+        Raises:
+            TypeError: as :meth:`__call__`.
+        """
+        where = f"{type(self).__name__}.build"
+        names = [p.name for p in inspect.signature(self.build).parameters.values()
+                 if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+        for key in named:
+            if key not in names[len(inputs):]:
+                why = ("is given twice" if key in names else
+                       f"is not one of its positional parameters ({', '.join(names)})")
+                raise TypeError(f"{where}: input {key!r} {why}")
+        last = max(names.index(key) for key in named)
+        gaps = [n for n in names[len(inputs):last] if n not in named]
+        if gaps:
+            raise TypeError(f"{where}: {', '.join(gaps)} not given, but a later input is: a "
+                            "graph input is an array, not build's default; pass it too")
+        return (*inputs, *(named[n] for n in names[len(inputs):last + 1]))
 
     def _run(self, inputs):
         """The body of :meth:`__call__`, under the lock."""
