@@ -2,6 +2,7 @@
 (Tensor methods against ``torch.Tensor``'s when torch is installed), freezing parameters
 (``requires_grad``), and threads: one graph called, compiled or traced from several threads at
 once."""
+import gc
 import itertools
 import re
 import sys
@@ -1013,3 +1014,64 @@ def test_oneflow_config_options_are_taken_as_no_ops_or_refused_by_name():
         cfg.enable_straighten_algorithm("Fast")
     with pytest.raises(ValueError, match="value must be an integer >= 1"):
         cfg.set_outputs_buffer_size(0)
+
+
+
+class _TwoOptimizers(nn.Graph):
+    """An SGD for the first layer and an Adam for the last; a StepLR on optimizer ``scheduled``."""
+
+    def __init__(self, scheduled):
+        super().__init__()
+        self.model = small_mlp()
+        for k, opt in enumerate((mf.optim.SGD(self.model[0].parameters(), lr=0.1),
+                                 mf.optim.Adam(self.model[2].parameters(), lr=0.01))):
+            sched = mf.optim.lr_scheduler.StepLR(opt, 1) if k == scheduled else None
+            self.add_optimizer(opt, lr_sch=sched)
+
+    def build(self, x, y):
+        loss = nn.functional.cross_entropy(self.model(x), y)
+        loss.backward()
+        return loss
+
+
+def test_a_scheduler_s_state_is_keyed_by_its_optimizer_s_index():
+    """``System-LRScheduler-<k>`` is the scheduler of optimizer k: the checkpoint of a graph whose
+    scheduler is on optimizer 0 does not load into one whose scheduler is on optimizer 1 (it
+    loaded the SGD's schedule into the Adam's scheduler)."""
+    first, second = _TwoOptimizers(0), _TwoOptimizers(1)
+    first(*xy())
+    assert list(second.state_dict())[-1] == "System-LRScheduler-1"
+    before = second.state_dict()
+    with pytest.raises(KeyError, match="unexpected keys \\['System-LRScheduler-0'\\]"):
+        second.load_state_dict(first.state_dict())
+    second.load_state_dict(first.state_dict(), strict=False)     # the scheduler part: skipped
+    assert second.lr_schedulers[0].state_dict() == before["System-LRScheduler-1"]
+
+
+def test_a_scheduler_given_to_a_graph_is_not_stepped_by_hand_too():
+    """``add_optimizer(opt, lr_sch=s)``: the graph steps ``s``; ``s.step()`` after the call too
+    advanced the schedule twice per update, silently."""
+    model = small_mlp()
+    opt = mf.optim.SGD(model.parameters(), lr=0.1)
+    warm = mf.optim.lr_scheduler.LinearLR(opt, 0.5, total_iters=2)
+    sched = mf.optim.lr_scheduler.SequentialLR(
+        opt, [warm, mf.optim.lr_scheduler.StepLR(opt, 1)], milestones=[2])
+    g = _ScheduledStep(model, opt, sched)
+    g(*xy())
+    for s in (sched, warm):
+        with pytest.raises(RuntimeError, match=f"given to nn.Graph {g.name} .*twice per update"):
+            s.step()
+    assert sched.last_epoch == 1 and warm.last_epoch == 1
+    del g
+    gc.collect()
+    sched.step()                      # the graph is gone: stepped by hand again
+    assert sched.last_epoch == 2
+
+
+class _ScheduledStep(Step):
+    """``Step`` with ``add_optimizer(opt, lr_sch=sched)``."""
+
+    def __init__(self, model, opt, sched):
+        nn.Graph.__init__(self)
+        self.model = model
+        self.add_optimizer(opt, lr_sch=sched)

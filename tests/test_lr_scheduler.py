@@ -358,6 +358,7 @@ def _seq_case(kind):
         "zero milestone": lambda: SequentialLR(opt, [a, b], [0]),
         "twice": lambda: SequentialLR(opt, [a, a], [3]),
         "last_epoch": lambda: SequentialLR(opt, [a, b], [3], last_epoch=2),
+        "plateau": lambda: SequentialLR(opt, [a, lr_scheduler.ReduceLROnPlateau(opt)], [3]),
     }[kind]
 
 
@@ -372,6 +373,8 @@ def _seq_case(kind):
     ("zero milestone", ValueError, r"milestones\[0\] must be an integer >= 1, got 0"),
     ("twice", ValueError, r"schedulers\[1\] is listed twice"),
     ("last_epoch", ValueError, r"SequentialLR: last_epoch=2 is not supported"),
+    # PyTorch's check: it was accepted, then the step at the milestone raised AttributeError
+    ("plateau", ValueError, r"schedulers\[1\] is a ReduceLROnPlateau, which needs the metric"),
 ])
 def test_invalid_sequential_lr_is_refused(kind, error, match):
     make = _seq_case(kind)

@@ -124,7 +124,7 @@ class Graph:
         self._name = f"{cls}_{count}"
         self.config = GraphConfig()
         self._optimizers: list = []
-        self._lr_schedulers: list = []   # add_optimizer's lr_sch: stepped after each update
+        self._lr_schedulers: list = []   # (optimizer index, add_optimizer's lr_sch)
         self._plans: "OrderedDict[tuple, Plan]" = OrderedDict()
         self._ir: IRGraph | None = None
         self._context: CompileContext | None = None
@@ -200,7 +200,9 @@ class Graph:
         (``oneflow/nn/graph/graph.py``; there the schedule is compiled into the job). A call
         whose update the grad scaler skipped does not advance it (``miniflow.optim.
         lr_scheduler``); with a grad scaler on cuda the step waits for the call's outcome, as a
-        ``scheduler.step()`` after the call does.
+        ``scheduler.step()`` after the call does. Do not step ``lr_sch`` by hand too: its
+        ``step()`` raises RuntimeError while this graph exists (it would advance twice per
+        update; OneFlow's graph does not follow an eager ``step()`` either).
 
         Raises:
             TypeError: not a ``miniflow.optim`` optimizer; ``lr_sch`` not a
@@ -237,7 +239,8 @@ class Graph:
         self._optimizers.append(optimizer)
         self.config._training = True   # OneFlow's config._train(True)
         if lr_sch is not None:
-            self._lr_schedulers.append(lr_sch)
+            self._lr_schedulers.append((len(self._optimizers) - 1, lr_sch))
+            lr_sch._stepped_by(self)
         self._version += 1
 
     def set_grad_scaler(self, scaler) -> None:
@@ -316,8 +319,7 @@ class Graph:
         attributes, the optimizers, their schedulers and the grad scaler."""
         parts = dict(self._modules())
         parts.update((self._OPTIMIZER_KEY.format(k), o) for k, o in enumerate(self._optimizers))
-        parts.update((self._SCHEDULER_KEY.format(k), s)
-                     for k, s in enumerate(self._lr_schedulers))
+        parts.update((self._SCHEDULER_KEY.format(k), s) for k, s in self._lr_schedulers)
         if self._grad_scaler is not None:
             parts[self._SCALER_KEY] = self._grad_scaler
         return parts
@@ -326,7 +328,8 @@ class Graph:
         """The graph's whole training state (OneFlow's ``nn.Graph.state_dict``,
         ``python/oneflow/nn/graph/graph.py``): each module attribute's ``state_dict()`` under the
         attribute's name, as OneFlow's; then the optimizers' under ``"System-Optimizer-<k>"``,
-        the schedulers of ``add_optimizer(lr_sch=)`` under ``"System-LRScheduler-<k>"`` and the
+        the schedulers of ``add_optimizer(lr_sch=)`` under ``"System-LRScheduler-<k>"`` (``k``:
+        its optimizer's index, so a scheduler never loads into another's) and the
         grad scaler's under ``"System-GradScaler"`` (miniflow's keys: OneFlow saves its
         optimizers' state as tensors named after its job's variables). Copies, in NumPy;
         ``miniflow.save`` writes it. ``destination`` (a dict) is filled and returned.
@@ -344,6 +347,9 @@ class Graph:
         ``nn.Graph.load_state_dict``). Unlike OneFlow, also after the first call: compiled plans
         read the loaded values. With ``strict=False`` a part missing from ``state_dict`` is left
         as it is, an unknown key is ignored, and the modules load with ``strict=False``.
+        Data parallel (``mpiexec``): every rank must load the same dict (rank 0's values are
+        broadcast only when the graph compiles; after the first call a load on one rank alone
+        makes that rank recompile while the others step: the ranks then hang).
 
         Raises:
             KeyError: (strict) a part missing or an unknown key, named; otherwise as the parts'
@@ -489,8 +495,8 @@ class Graph:
                 plan.context.state[LossScaleState].nonfinite_names))
         LEDGER.poll()
         if plan.updates:
-            for scheduler in self._lr_schedulers:
-                scheduler.step()
+            for _, scheduler in self._lr_schedulers:
+                scheduler._scheduled_step()
         result = tuple(Tensor(o) for o in outs)
         return result[0] if plan.single_output else result
 
@@ -766,7 +772,7 @@ class Graph:
     @property
     def lr_schedulers(self) -> tuple:
         """The schedulers given to :meth:`add_optimizer` (``lr_sch``), in order."""
-        return tuple(self._lr_schedulers)
+        return tuple(s for _, s in self._lr_schedulers)
 
     @property
     def grad_scaler(self):

@@ -7,9 +7,10 @@
 Use them as in PyTorch: make the scheduler after the optimizer (this sets the first lr), call
 ``scheduler.step()`` once after every optimizer step (every call of a training nn.Graph), or
 give it to the graph as in OneFlow (``add_optimizer(opt, lr_sch=scheduler)``: the graph steps it
-after each call), read the lr with ``get_last_lr()``. A scheduler sets ``group["lr"]`` of
-every param group of its optimizer: any object with ``param_groups``, a sequence of dicts with a
-real ``"lr"`` (miniflow optimizers have one group). On a miniflow optimizer that writes the
+after each call, and its ``step()`` by hand raises, as it would advance twice per update), read
+the lr with ``get_last_lr()``. A scheduler sets ``group["lr"]`` of every param group of its
+optimizer: any object with ``param_groups``, a sequence of dicts with a real ``"lr"`` (miniflow
+optimizers have one group). On a miniflow optimizer that writes the
 optimizer's learning-rate variable, which the compiled graph reads at its next call: a schedule
 that changes the lr every step never recompiles (``miniflow.optim.optimizer``).
 
@@ -59,6 +60,7 @@ from __future__ import annotations
 import math
 import numbers
 import types
+import weakref
 from bisect import bisect_right
 from collections import Counter
 
@@ -68,6 +70,10 @@ __all__ = ["ConstantLR", "CosineAnnealingLR", "ExponentialLR", "LRScheduler", "L
 
 _TORCH_FLAGS = ("_get_lr_called_within_step", "_is_initial")
 """Keys of PyTorch's scheduler state dicts that are always False between calls."""
+
+_STEPPED_BY: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+"""Scheduler -> the nn.Graphs that step it (``add_optimizer(lr_sch=)``), both weakly held (a
+copy of a scheduler is stepped by no graph)."""
 
 _SEEN = "_optimizer_steps_seen"
 """miniflow's state-dict key: the optimizer's step counts at the scheduler's last step."""
@@ -241,9 +247,28 @@ class LRScheduler:
             ValueError/TypeError: a new lr is not a finite real number (e.g. a LambdaLR's
                 function returned NaN), or the optimizer refused it (a miniflow ParamGroup
                 refuses lr < 0); nothing changes.
+            RuntimeError: the scheduler was given to an nn.Graph (``add_optimizer(opt,
+                lr_sch=scheduler)``, or it is part of a SequentialLR given so), which steps it
+                after every call: a step by hand too would advance it twice per update.
         """
+        graphs = sorted(g.name for g in _STEPPED_BY.get(self, ()))
+        if graphs:
+            raise RuntimeError(
+                f"{type(self).__name__}.step(): this scheduler was given to nn.Graph "
+                f"{', '.join(graphs)} (add_optimizer(opt, lr_sch=...)), which steps it after "
+                "every call that ran the update; stepping it by hand too would advance the "
+                "schedule twice per update. Remove the step() call, or leave lr_sch out")
+        self._scheduled_step()
+
+    def _scheduled_step(self) -> None:
+        """The body of :meth:`step` (an nn.Graph given this scheduler as ``lr_sch`` calls it)."""
         if not self._skipped():
             self._advance()
+
+    def _stepped_by(self, graph) -> None:
+        """Note that ``graph`` steps this scheduler (``add_optimizer(lr_sch=)``): :meth:`step`
+        by hand is refused while the graph exists (a weak reference)."""
+        _STEPPED_BY.setdefault(self, weakref.WeakSet()).add(graph)
 
     def _skipped(self) -> bool:
         """Whether the optimizer ran graph steps since the last call and the grad scaler skipped
@@ -660,8 +685,9 @@ class SequentialLR(LRScheduler):
 
     Raises:
         TypeError: an element that is not an LRScheduler, or a SequentialLR (not supported).
-        ValueError: no schedulers, a scheduler of another optimizer or listed twice, not
-            ``len(schedulers) - 1`` milestones, milestones not strictly increasing integers >= 1.
+        ValueError: a ReduceLROnPlateau (as PyTorch: it needs a metric), no schedulers, a
+            scheduler of another optimizer or listed twice, not ``len(schedulers) - 1``
+            milestones, milestones not strictly increasing integers >= 1.
     """
 
     def __init__(self, optimizer, schedulers, milestones, last_epoch: int = -1):
@@ -673,6 +699,10 @@ class SequentialLR(LRScheduler):
             if not isinstance(s, LRScheduler) or isinstance(s, SequentialLR):
                 raise TypeError(f"SequentialLR: schedulers[{i}] must be an LRScheduler other "
                                 f"than SequentialLR, got {type(s).__name__}")
+            if isinstance(s, ReduceLROnPlateau):   # PyTorch's check and message
+                raise ValueError(f"SequentialLR: schedulers[{i}] is a ReduceLROnPlateau, which "
+                                 "needs the metric at every step(metric); SequentialLR steps "
+                                 "its schedulers without one")
             if s.optimizer is not optimizer:
                 raise ValueError(f"SequentialLR: schedulers[{i}] ({type(s).__name__}) belongs "
                                  "to another optimizer; all must use the SequentialLR's")
@@ -695,7 +725,12 @@ class SequentialLR(LRScheduler):
         schedulers[0]._initial_step()
         self._last_lr = schedulers[0].get_last_lr()
 
-    def step(self) -> None:
+    def _stepped_by(self, graph) -> None:
+        super()._stepped_by(graph)
+        for s in self._schedulers:
+            s._stepped_by(graph)
+
+    def _scheduled_step(self) -> None:
         """Advance one epoch: step the current scheduler, or restart the next one at its
         milestone; nothing when every optimizer step since the last call was skipped (the
         module docstring)."""
