@@ -980,6 +980,17 @@ def test_a_call_takes_inputs_by_build_s_parameter_names():
     with pytest.raises(TypeError, match="y not given, but a later input is"):
         g(x, scale=x)
 
+    class PositionalOnly(TwoInputs):
+        def build(self, x, /, y):
+            return self.model(x) + self.model(y)
+
+    g = PositionalOnly()
+    np.testing.assert_array_equal(g(x, y=x * 2).numpy(), expected)
+    with pytest.raises(TypeError, match="input 'x' is positional-only"):   # as Python refuses it
+        g(x=x, y=x * 2)
+    with pytest.raises(TypeError, match="graph input 1 is None: every input is an array"):
+        g(x, y=None)
+
 
 def test_oneflow_config_options_are_taken_as_no_ops_or_refused_by_name():
     model = small_mlp()

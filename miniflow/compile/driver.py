@@ -438,11 +438,14 @@ class Graph:
             TypeError: as :meth:`__call__`.
         """
         where = f"{type(self).__name__}.build"
-        names = [p.name for p in inspect.signature(self.build).parameters.values()
-                 if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+        params = [p for p in inspect.signature(self.build).parameters.values()
+                  if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+        names = [p.name for p in params]
+        only = {p.name for p in params if p.kind == p.POSITIONAL_ONLY}
         for key in named:
-            if key not in names[len(inputs):]:
-                why = ("is given twice" if key in names else
+            if key in only or key not in names[len(inputs):]:
+                why = ("is positional-only (before / in build's parameters): pass it by "
+                       "position" if key in only else "is given twice" if key in names else
                        f"is not one of its positional parameters ({', '.join(names)})")
                 raise TypeError(f"{where}: input {key!r} {why}")
         last = max(names.index(key) for key in named)
@@ -533,6 +536,9 @@ class Graph:
             return x                        # the common case, checked in 0.2 us
         if isinstance(x, Tensor):
             x = x.numpy()
+        if x is None:
+            raise TypeError(f"graph input {i} is None: every input is an array or a Tensor "
+                            "(OneFlow's None inputs are not supported; leave it out of build)")
         try:
             if not isinstance(x, np.ndarray):  # lists, scalars: float32 / int64, as miniflow.tensor
                 x = tensor(x).numpy()
