@@ -13,7 +13,7 @@ makes the whole resume so.
 """
 from __future__ import annotations
 
-__all__ = ["restore"]
+__all__ = ["restore", "restore_as"]
 
 
 def restore(checkpoint: dict, **objects) -> None:
@@ -28,24 +28,36 @@ def restore(checkpoint: dict, **objects) -> None:
         ValueError/TypeError: a state does not fit its object; the message starts with
             ``checkpoint['<name>']:`` and names the key.
     """
+    restore_as(checkpoint, objects, "restore", "checkpoint")
+
+
+def restore_as(checkpoint: dict, objects: dict, owner: str, what: str) -> None:
+    """:func:`restore` for a caller named ``owner`` (``"G.load_state_dict"``) whose dict is a
+    ``what`` (``"state_dict"``): its errors name both (``G.load_state_dict: state_dict['model']:
+    ...``; :func:`restore`'s own messages keep their form).
+
+    Raises:
+        as :func:`restore`.
+    """
     if not isinstance(checkpoint, dict):
-        raise TypeError(f"restore: expected a checkpoint dict (miniflow.load's result), got "
+        raise TypeError(f"{owner}: expected a {what} dict (miniflow.load's result), got "
                         f"{type(checkpoint).__name__}")
+    prefix = "" if owner == "restore" else f"{owner}: "
     assigns = []
     for name, obj in objects.items():
         if obj is None:
             continue
         prepare = getattr(obj, "prepare_load_state_dict", None)
         if prepare is None:
-            raise TypeError(f"restore: {name}={type(obj).__name__} has no "
+            raise TypeError(f"{owner}: {name}={type(obj).__name__} has no "
                             "prepare_load_state_dict; it cannot be restored")
         if name not in checkpoint:
-            raise KeyError(f"restore: the checkpoint has no {name!r} (it has "
+            raise KeyError(f"{owner}: the {what} has no {name!r} (it has "
                            f"{sorted(map(str, checkpoint))})")
         try:
             assigns.append(prepare(checkpoint[name]))
         except (KeyError, TypeError, ValueError) as e:
             message = e.args[0] if e.args else type(e).__name__
-            raise type(e)(f"checkpoint[{name!r}]: {message}") from None
+            raise type(e)(f"{prefix}{what}[{name!r}]: {message}") from None
     for assign in assigns:  # every state fits: assign them all
         assign()

@@ -917,8 +917,11 @@ def test_load_state_dict_checks_everything_first_and_strict_false_skips():
     broken = {**sd, "System-GradScaler": {**sd["System-GradScaler"], "scale": -1.0}}
     with pytest.raises(ValueError, match="System-GradScaler"):
         b.load_state_dict(broken)                   # the module part fits, but nothing loads
-    with pytest.raises(KeyError, match="no 'System-Optimizer-0'"):
+    with pytest.raises(KeyError, match="_Sched.load_state_dict: the state_dict has no "
+                                       "'System-Optimizer-0'"):
         b.load_state_dict({"model": sd["model"]})
+    with pytest.raises(ValueError, match=r"_Sched.load_state_dict: state_dict\['System-GradScal"):
+        b.load_state_dict(broken)
     for p, q in zip(b.model.parameters(), before):
         np.testing.assert_array_equal(p.numpy(), q)
     b.load_state_dict({"model": {"0.weight": sd["model"]["0.weight"]}, "head": {}}, strict=False)
@@ -1086,3 +1089,23 @@ class _ScheduledStep(Step):
         nn.Graph.__init__(self)
         self.model = model
         self.add_optimizer(opt, lr_sch=sched)
+
+
+def test_a_graph_whose_init_forgot_super_init_says_so_wherever_it_is_used():
+    """Every method and property (they read attributes ``Graph.__init__`` sets) names the
+    missing call, where they raised ``AttributeError: ... '_lock'`` (or ``'config'``)."""
+    class NoSuper(nn.Graph):
+        def __init__(self):
+            self.model = small_mlp()
+
+        def build(self, x):
+            return self.model(x)
+
+    g = NoSuper()
+    opt = mf.optim.SGD(g.model.parameters(), lr=0.1)
+    for use in (lambda: g.name, lambda: g.training, lambda: g.is_compiled, lambda: g.config,
+                g.state_dict, lambda: g.load_state_dict({}), lambda: g.debug(0),
+                lambda: g.add_optimizer(opt), lambda: g(xy()[0])):
+        with pytest.raises(RuntimeError, match=r"NoSuper.__init__ must call super\(\).__init__"):
+            use()
+    assert g.model is not None and not hasattr(Step(small_mlp(), opt), "no_such_attribute")

@@ -55,7 +55,7 @@ import numpy as np
 from .. import distributed
 from ..amp.grad_scaler import GradScaler, StaticGradScaler
 from ..amp.report import AmpReport, amp_report as build_amp_report
-from ..checkpoint import restore
+from ..checkpoint import restore_as
 from ..dtype import as_dtype
 from ..ir import Graph as IRGraph
 from ..nn.module import Module, same_value
@@ -135,6 +135,20 @@ class Graph:
         self.debug(debug_v_level, ranks=debug_ranks, max_py_stack_depth=debug_max_py_stack_depth,
                    only_user_py_stack=debug_only_user_py_stack,
                    op_repr_with_py_stack=debug_op_repr_with_py_stack)
+
+    def __getattr__(self, name):
+        """Only for attributes not found: a graph whose ``__init__`` did not call
+        ``super().__init__()`` lacks what its methods and properties read (``_lock``,
+        ``config`` ...); say so instead of naming the attribute.
+
+        Raises:
+            RuntimeError: ``Graph.__init__`` has not run (any name but a dunder).
+            AttributeError: otherwise.
+        """
+        if "_plans" not in self.__dict__ and not name.startswith("__"):
+            raise RuntimeError(f"{type(self).__name__}.__init__ must call super().__init__() "
+                               "before anything else")
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
     def __setattr__(self, name, value):
         d = self.__dict__
@@ -343,7 +357,8 @@ class Graph:
 
     def load_state_dict(self, state_dict: dict, strict: bool = True) -> None:
         """Load :meth:`state_dict`'s dict into the modules, optimizers, schedulers and scaler (in
-        place, all or nothing: ``miniflow.checkpoint.restore``; OneFlow's
+        place, all or nothing: ``miniflow.checkpoint.restore_as``, its errors naming this method
+        and the part, ``G.load_state_dict: state_dict['model']: ...``; OneFlow's
         ``nn.Graph.load_state_dict``). Unlike OneFlow, also after the first call: compiled plans
         read the loaded values. With ``strict=False`` a part missing from ``state_dict`` is left
         as it is, an unknown key is ignored, and the modules load with ``strict=False``.
@@ -356,8 +371,8 @@ class Graph:
                 ``load_state_dict`` (the message names the key).
         """
         if not isinstance(state_dict, dict):
-            raise TypeError(f"load_state_dict: expected a dict (a graph's state_dict()), got "
-                            f"{type(state_dict).__name__}")
+            raise TypeError(f"{type(self).__name__}.load_state_dict: expected a dict (a graph's "
+                            f"state_dict()), got {type(state_dict).__name__}")
         parts = self._stateful()
         unexpected = [k for k in state_dict if k not in parts]
         if strict and unexpected:
@@ -369,7 +384,7 @@ class Graph:
                      for k, o in parts.items() if k in state_dict}
         with self._lock:
             LEDGER.flush()
-            restore(state_dict, **parts)
+            restore_as(state_dict, parts, f"{type(self).__name__}.load_state_dict", "state_dict")
 
     # ------------------------------------------------------------------ modules & names
     def _modules(self):
