@@ -188,7 +188,9 @@ def _elementwise(node, ins, outs, b):
         raise NoStandardForm(f"{node.op.name} only pins AMP colors (the prune_amp_identity pass "
                              "removes it)")
     if fn not in FUNCTIONS:
-        raise NoStandardForm(f"its scalar function {fn!r} has no ONNX operator")
+        raise NoStandardForm(f"its scalar function {fn!r} has no entry in "
+                             "miniflow.onnx.convert.FUNCTIONS (an ONNX operator with the same "
+                             "attributes)")
     extra = [node.attrs[node.op.scalar_attr]] if node.op.scalar_attr else []
     _apply(b, fn, ins + extra, outs[0], node.outputs[0].dtype)
 

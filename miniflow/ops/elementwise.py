@@ -5,7 +5,8 @@ An elementwise op is declared once, here: its scalar function (a plain Python fu
 :func:`elementwise`. From the scalar function come the CPU kernel (``numba.njit`` loops), the CUDA
 kernel (``cuda.jit(device=True)``), the fused kernels and the function of that name in the fused
 expression language (minitorch's pattern, ``minitorch/operators.py``, and JAX's one-place
-primitives). Adding an op ``softplus`` is one scalar function and one :func:`elementwise` call.
+primitives). Adding an op is a scalar function and an :func:`elementwise` call, and its gradient
+op the same (lesson 8, ``tutorials/08_add_an_op.py``; ``docs/extending.md``).
 
 Scalar functions: NaN propagates through every one (``relu(nan) = nan``, as in PyTorch). Numba
 types float literals as float64, so ``1.0 - y`` on a float32 ``y`` is computed in float64; kernels
@@ -189,10 +190,11 @@ def _scalar_norm(op, attr):
     return normalize
 
 
-def unary_samples(lo=-2.0, hi=2.0, scalar=None):
+def unary_samples(lo=-2.0, hi=2.0, scalar=None, attr="scalar"):
     """Samples of a one-input elementwise op: random values in [lo, hi), special values (signed
-    zero, NaN, +-1e4: inf in float16), an empty array and a long one; f32 and f16."""
-    attrs = {} if scalar is None else {"scalar": scalar}
+    zero, NaN, +-1e4: inf in float16), an empty array and a long one; f32 and f16. ``scalar``:
+    the value of the op's scalar attribute ``attr`` (its ``scalar_attr``) in every sample."""
+    attrs = {} if scalar is None else {attr: scalar}
 
     def make(dt):
         edge = np.array([0.0, -0.0, np.nan, 1e4, -1e4], dt)
@@ -242,6 +244,9 @@ def elementwise(name: str, scalar, reference, *, amp: str | None, amp_note: str 
         scalar_attr: the attribute that is the scalar function's last operand.
     """
     def ref(arrays, attrs):
+        if scalar_attr is not None and scalar_attr not in attrs:
+            raise ValueError(f"{name}: its reference needs the attribute {scalar_attr!r}; pass "
+                             "the attrs the op is called with")
         extra = [attrs[scalar_attr]] if scalar_attr is not None else []
         return [np.asarray(reference(*arrays, *extra), np.float64)]
 
