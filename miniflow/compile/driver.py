@@ -364,7 +364,9 @@ class Graph:
         as it is, an unknown key is ignored, and the modules load with ``strict=False``.
         Data parallel (``mpiexec``): every rank must load the same dict (rank 0's values are
         broadcast only when the graph compiles; after the first call a load on one rank alone
-        makes that rank recompile while the others step: the ranks then hang).
+        makes that rank recompile while the others step: the ranks then wait in different
+        collectives until ``miniflow.distributed``'s watchdog aborts the job, after
+        ``MINIFLOW_DIST_TIMEOUT``, 600 s by default).
 
         Raises:
             KeyError: (strict) a part missing or an unknown key, named; otherwise as the parts'
