@@ -321,10 +321,8 @@ class GraphConfig:
         Raises:
             ValueError: ``mode`` is True (TypeError: not a bool).
         """
-        if mode is True:
-            raise ValueError("enable_zero(True): miniflow has no ZeRO (every rank keeps the whole "
-                             "optimizer state); remove the call")
-        self._hint("enable_zero", mode)
+        self._refuse_on("enable_zero", mode, "miniflow has no ZeRO (every rank keeps the whole "
+                        "optimizer state); remove the call")
 
     def enable_auto_parallel(self, mode: bool = True) -> None:
         """OneFlow's search for a parallel (SBP) strategy. miniflow's only parallelism is data

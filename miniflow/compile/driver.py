@@ -438,9 +438,7 @@ class Graph:
             RuntimeError: called from inside a build (nested graph calls), or ``__init__`` did
                 not call ``super().__init__()``.
         """
-        if "_plans" not in self.__dict__:
-            raise RuntimeError(f"{type(self).__name__}.__init__ must call super().__init__() "
-                               "before anything else")
+        # without Graph.__init__ there is no _lock: __getattr__ names the missing call
         with self._lock:  # reentrant: a call from this graph's own build reaches the check below
             if current_tracer() is not None:
                 raise RuntimeError(f"{type(self).__name__} was called inside another graph's "
