@@ -92,7 +92,7 @@ def _bf16_kernel(kernel, shape, ta, tb):
         return "dot"
     if tb:              # W.T packed from PACK_MIN_ROWS rows (OUTER_MIN_ROWS where k % 32 == 0)
         if m >= (cpu_matmul.OUTER_MIN_ROWS if k % 32 == 0 else cpu_matmul.PACK_MIN_ROWS):
-            return "transpose_kernel"
+            return "swapped_pairs_kernel" if m == cpu_matmul.SWAP_ROWS else "transpose_kernel"
         return "dot" if kernel == "outer_block_kernel" else kernel
     return "interleave_pairs_kernel" if m >= cpu_matmul.PACK_MIN_ROWS else "outer_block_kernel"
 
@@ -145,8 +145,46 @@ def test_matmul_takes_the_fast_path_and_agrees_with_numpy(shape, ta, tb, kernel,
             layout = "pairs"
         kernels = {cpu_matmul.outer_block_kernel(par, False, layout) for par in (False, True)}
         assert steps[-1][0] in kernels
+    if kernel == "swapped_pairs_kernel":
+        assert [fn for fn, _ in steps] == [cpu_matmul.swapped_pairs_kernel(False, False)]
     tol = {float16: 2e-2, bfloat16: 2e-2, float32: 1e-4, float64: 1e-12}[dt] * np.sqrt(k)
     np.testing.assert_allclose(out.astype(np.float64), ref, rtol=tol, atol=tol)
+
+
+@pytest.mark.skipif(not HAS_BF16_DOT, reason="the CPU has no AVX512-BF16 (vdot_pairs)")
+@pytest.mark.parametrize("counted", [False, True])
+@pytest.mark.parametrize("parallel", [False, True])
+@pytest.mark.parametrize("k,n", [(1024, 1024), (300, 1001), (64, 70), (2, 64)])
+def test_a_bfloat16_forward_at_the_tile_width_is_computed_transposed_to_the_packed_bits(
+        k, n, parallel, counted):
+    """``x @ W.T`` in bfloat16 with ``SWAP_ROWS`` rows is computed as ``out.T = W @ x.T``
+    (:func:`swapped_pairs_kernel`: ``W`` read where it is stored, only ``x`` packed), with the
+    bits of the tile on ``W`` packed in pairs, and the same count of non-finite elements (rows
+    of 3e38 overflow; where an overflowing product meets the other sign, the packed tile's
+    scalar columns, one rounding per product, and ``vdot_pairs`` may give infinities of other
+    signs: only the finite elements are compared there). Serial and parallel (rows of ``W``
+    split across the threads, blocks of four, the last part shorter)."""
+    from miniflow.dtype import bfloat16 as bf
+    m = cpu_matmul.SWAP_ROWS
+    r = np.random.default_rng(7)
+    x, w = r.uniform(-1, 1, (m, k)), r.uniform(-1, 1, (n, k))
+    if counted:
+        x[::7] = 3e38
+    x, w = x.astype(bf.np).view(np.int16), w.astype(bf.np).view(np.int16)
+    want, want_count = np.empty((m, n), np.int16), np.zeros(1, np.int64)
+    packed = np.empty((k // 2, n), np.float32)
+    cpu_matmul.transpose_kernel(False)(w.view(np.float32), packed)
+    cpu_matmul.outer_block_kernel(False, counted, "packed")(x, packed.view(np.int16), want,
+                                                            want_count)
+    out, count = np.full((m, n), -1, np.int16), np.zeros(1, np.int64)
+    words, out_t = np.empty((k // 2, m), np.float32), np.empty((n, m), np.int16)
+    cpu_matmul.swapped_pairs_kernel(parallel, counted)(x.view(np.float32), w, out, words, out_t,
+                                                       count)
+    finite = np.isfinite(want.view(bf.np).astype(np.float32))
+    np.testing.assert_array_equal(np.where(finite, out, 0), np.where(finite, want, 0))
+    assert np.isfinite(out.view(bf.np).astype(np.float32)).tolist() == finite.tolist()
+    assert count[0] == want_count[0] == ((~finite).sum() if counted else 0)
+    assert count[0] > 0 or not counted
 
 
 @pytest.mark.parametrize("dt", [float16, bfloat16, float32], ids=lambda d: d.short)

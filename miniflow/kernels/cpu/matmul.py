@@ -48,8 +48,11 @@ peak for every product of the MLPs):
   :func:`interleave_pairs_kernel` (the gradients at batch 64: 185-204 GFLOP/s, 214-217 at 256,
   packing included, against 145-150 interleaving as they load), ``W`` of ``x @ W.T`` by
   :func:`transpose_kernel` on its pairs viewed as float32 words (167 GFLOP/s at batch 64, 212
-  at 256; a scalar loop over the words did 126 and 183). ``x @ W.T`` with ``k`` a multiple of
-  32 and ``DOT_PAIRS_K_PER_ROW`` steps of it a row of out (or a ``W`` too narrow for the tile):
+  at 256; a scalar loop over the words did 126 and 183), except at ``SWAP_ROWS`` rows (the
+  tile's width: batch 64), where ``out.T = W @ x.T`` packs only ``x`` and reads ``W`` once in
+  place (:func:`swapped_pairs_kernel`; 890-1025 us against 1339-1974). ``x @ W.T`` with ``k``
+  a multiple of 32 and ``DOT_PAIRS_K_PER_ROW`` steps of it a row of out (or a ``W`` too narrow
+  for the tile):
   :func:`dot_pairs_kernel`, dot products on the pairs as stored (the forward at batch 16: 175
   GFLOP/s, against 89 for :func:`dot_block_kernel` on widened elements and a rounding pass);
   with fewer, ``W`` packed from ``OUTER_MIN_ROWS`` rows. Those are Zen 4's numbers:
@@ -96,6 +99,7 @@ from .simd import (HAS_BF16_DOT, LANES, fma_scalar, vcount_nonfinite, vdot_pairs
 from .target import ISA
 
 __all__ = ["BUILDERS", "OUTER_MIN_ROWS", "OUTER_MIN_COLS", "PACK_MIN_ROWS", "PAIRS_COPY_MIN_COLS",
+           "SWAP_ROWS", "swapped_pairs_kernel",
            "LAYOUTS", "WIDEN_MAX", "WIDEN_REUSE", "TINY", "COPY_MIN_ROWS", "COPY_MIN_WORK",
            "COPY_A_MIN_COLS", "BIG",
            "DOT_MIN_K",
@@ -117,6 +121,14 @@ PACK_MIN_ROWS = 64
 1024 x 1024 ``W`` of ``x @ W.T``). ``x @ W.T`` at 64 x 1024 x 1024: 810 us in all against 1500
 for :func:`dot_block_kernel`, at 256 rows 2510 against 5900; at 16 rows the packing would cost
 more than it saves (the input gradient there: 226 us interleaving as it loads)."""
+SWAP_ROWS = ISA.columns if HAS_BF16_DOT else 0
+"""Rows of out (the batch) at which a bfloat16 ``x @ W.T`` that packs ``W`` is computed as
+``out.T = W @ x.T`` instead (:func:`swapped_pairs_kernel`): out's rows then fill the ``vdot_pairs``
+tile's width once, so ``W`` is read once where it is stored and only ``x`` is packed. One Zen 4
+core, ``x @ W.T`` at m x 1024 x 1024, us, packing ``W`` / swapped, medians of 21 alternated
+calls, 2 MiB of other data touched before each, three runs: m = 64 1339-1974 / 890-1025; m = 80,
+96, 112, 128 (a second, partial column of tiles; ``W`` read twice) 1516-2933 / 1442-3491, no
+gain; m = 48 (no whole tile) 1697 / 1846."""
 PAIRS_COPY_MIN_COLS = 512
 """Columns of out from which a bfloat16 product copies an ``a`` stored transposed for the paired
 tile (:func:`_pairs_copy`; each pair of ``a`` is read once per 64 columns). One Zen 4 core,
@@ -682,10 +694,47 @@ def transpose_kernel(parallel: bool):
 
 _PAIRS, _PACKED = outer_block_kernel(False, False, "pairs"), outer_block_kernel(False, False,
                                                                                   "packed")
+_PACKED_COUNTED = outer_block_kernel(False, True, "packed")
 _TRANSPOSE = transpose_kernel(False)
-"""The serial kernels :func:`batch_pairs_kernel` calls for each matrix of a stack: module
-globals, so that its disk-cache key stays the same from process to process (a closure over a
+"""The serial kernels :func:`batch_pairs_kernel` and :func:`swapped_pairs_kernel` call: module
+globals, so that their disk-cache keys stay the same from process to process (a closure over a
 dispatcher pickles a per-process id)."""
+
+
+@functools.cache
+def swapped_pairs_kernel(parallel: bool, counted: bool):
+    """``kernel(x, w, out, words, out_t, count)``: ``out = x @ w.T`` for bfloat16 bits ``x``
+    ``[m, k]`` and ``w`` ``[n, k]`` (C-contiguous, ``k`` even; a layer's forward ``x @ W.T``),
+    computed as ``out.T = w @ x.T``: ``x``'s pairs transposed as 32-bit words into ``words``
+    (``[k / 2, m]`` float32 words, :func:`transpose_kernel`: ``x.T`` in the ``"packed"``
+    layout), :func:`outer_block_kernel`'s ``vdot_pairs`` tile with ``w`` as its broadcast
+    operand, read once in place, into ``out_t`` ``[n, m]`` (rounded and, with ``counted``,
+    counted into ``count[0]`` as it is written), then ``out_t`` transposed into ``out``. The
+    same bits as packing ``W`` (every element of out is the same sum in the same order); what
+    it saves is packing the weight, the big operand, on every call. Taken where ``m`` is the
+    tile's width (:data:`SWAP_ROWS`). The parallel variant splits ``w``'s rows, in blocks of
+    four, across the threads."""
+    loop = loop_for(parallel)
+    tile = _PACKED_COUNTED if counted else _PACKED
+    parts = numba.config.NUMBA_NUM_THREADS if parallel else 1
+
+    @jit(parallel)
+    def kernel(x, w, out, words, out_t, count):
+        _TRANSPOSE(x, words)
+        n = w.shape[0]
+        chunk = ((n + parts - 1) // parts + 3) // 4 * 4       # rows of w a thread
+        counts = np.zeros(parts, np.int64)
+        bits = words.view(np.int16)
+        for t in loop(parts):
+            r0 = min(chunk * np.int64(t), n)
+            r1 = min(r0 + chunk, n)
+            if r1 > r0:
+                tile(w[r0:r1], bits, out_t[r0:r1], counts[t:t + 1])
+        _TRANSPOSE(out_t, out)
+        if counted:
+            count[0] = counts.sum()
+
+    return kernel
 
 
 @functools.cache
@@ -1148,6 +1197,11 @@ def numba_steps(node, ins, outs):
                  (bits_a, bits_b.T, bits_out, count))]
     if paired and _packs(bits_a, bits_b, bits_out):     # x @ W.T in bfloat16: W packed in pairs
         w = bits_b.T
+        if out.shape[0] == SWAP_ROWS:                   # ... or out.T = W @ x.T, W as stored
+            words = np.empty((w.shape[1] // 2, out.shape[0]), np.float32)
+            out_t = np.empty(out.shape[::-1], bits_out.dtype)
+            return [(swapped_pairs_kernel(use_parallel(out.size), counted),
+                     (bits_a.view(np.float32), w, bits_out, words, out_t, count))]
         packed = np.empty((w.shape[1] // 2, w.shape[0]), np.float32)      # words, not numbers
         return [(transpose_kernel(use_parallel(w.size)), (w.view(np.float32), packed)),
                 (outer_block_kernel(use_parallel(out.size), counted, "packed"),
