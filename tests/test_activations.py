@@ -46,7 +46,9 @@ def test_activations_match_pytorch(name):
 @pytest.mark.parametrize("cls,kwargs,name", [("ReLU", {"inplace": True}, "ReLU(inplace=True)"),
                                               ("SiLU", {"inplace": True}, "SiLU(inplace=True)"),
                                               ("GELU", {"approximate": "tanh"},
-                                               "GELU(approximate='tanh')")])
+                                               "GELU(approximate='tanh')"),
+                                              ("Softplus", {"beta": 2, "threshold": 5},
+                                               "Softplus(beta=2, threshold=5)")])
 def test_pytorchs_constructor_arguments_are_taken(cls, kwargs, name):
     """``ReLU(inplace=True)`` (torchvision's models), ``SiLU(inplace=True)`` and ``GELU(approximate=
     'tanh')`` (GPT-2's) construct, print as PyTorch's, and compute what PyTorch's do, eagerly and
@@ -59,7 +61,8 @@ def test_pytorchs_constructor_arguments_are_taken(cls, kwargs, name):
     np.testing.assert_array_equal(x.numpy(), X)
     t = X.astype(np.float64)
     want = {"ReLU": np.maximum(t, 0), "SiLU": t / (1 + np.exp(-t)),
-            "GELU": 0.5 * t * (1 + np.tanh(np.sqrt(2 / np.pi) * (t + 0.044715 * t ** 3)))}
+            "GELU": 0.5 * t * (1 + np.tanh(np.sqrt(2 / np.pi) * (t + 0.044715 * t ** 3))),
+            "Softplus": np.where(2 * t > 5, t, np.log1p(np.exp(2 * t)) / 2)}
     np.testing.assert_allclose(got, want[cls], rtol=2e-6, atol=2e-6)
 
     np.testing.assert_allclose(EvalGraph(module)(X).numpy(), got, rtol=1e-6, atol=1e-7)
@@ -75,6 +78,9 @@ def test_pytorchs_constructor_arguments_are_taken(cls, kwargs, name):
     (lambda: nn.ReLU(inplace="yes"), TypeError, "ReLU: inplace must be True or False, got 'yes'"),
     (lambda: nn.functional.silu(mf.tensor(X), inplace=1), TypeError,
      "silu: inplace must be True or False, got 1"),
+    (lambda: nn.Softplus(beta="2"), TypeError, "Softplus: beta must be a real number, got '2'"),
+    (lambda: nn.functional.softplus(mf.tensor(X), threshold=None), TypeError,
+     "softplus: threshold must be a real number, got None"),
     (lambda: nn.GELU(approximate="erf"), ValueError,
      "GELU: approximate must be 'none' or 'tanh' .*got 'erf'"),
     (lambda: nn.functional.gelu(mf.tensor(X), approximate=None), ValueError,
@@ -101,3 +107,30 @@ def test_functional_softmax_without_dim_takes_torchs_implicit_dim_and_warns(name
     with pytest.warns(UserWarning, match="Implicit dimension choice"):
         ref = getattr(torch.nn.functional, name)(torch.from_numpy(a))
     np.testing.assert_allclose(ref.numpy(), want, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("beta,threshold", [(1.0, 20.0), (2.0, 5.0), (0.5, 1.0), (-1.5, 3.0),
+                                            (3.0, 100.0)])
+def test_softplus_and_its_derivative_match_pytorch_at_any_beta_and_threshold(beta, threshold):
+    """Both branches (``beta * x`` above and below the threshold; at (3, 100) exp(beta * x) would
+    overflow float32 were it not evaluated stably), in float32 and float64: ``softplus`` against
+    ``torch.nn.functional.softplus`` and ``softplus_derivative`` against PyTorch's autograd
+    (``softplus_backward``) of it, in float64. Without PyTorch: the NumPy float64 reference."""
+    from miniflow.tensor import apply
+    x = np.concatenate([np.linspace(-40, 40, 81), [np.nan, 0.0, -0.0]])
+    for dt in (np.float32, np.float64):
+        out = nn.functional.softplus(mf.tensor(x.astype(dt)), beta, threshold).numpy()
+        grad = apply("softplus_derivative", [mf.tensor(x.astype(dt))], beta=beta,
+                     threshold=threshold).numpy()
+        want = get_op("softplus").reference([x], {"beta": beta, "threshold": threshold})[0]
+        np.testing.assert_allclose(out, want, rtol=2e-6, atol=1e-30)
+        try:
+            import torch
+        except ImportError:
+            continue
+        t = torch.tensor(x, dtype=torch.float64, requires_grad=True)
+        y = torch.nn.functional.softplus(t, beta, threshold)
+        y.sum().backward()
+        tol = {"rtol": 2e-6, "atol": 1e-30} if dt == np.float32 else {"rtol": 1e-12, "atol": 0}
+        np.testing.assert_allclose(out, y.detach().numpy(), **tol)
+        np.testing.assert_allclose(grad, t.grad.numpy(), **tol)

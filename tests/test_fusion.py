@@ -88,10 +88,12 @@ def test_fused_ir_prints_readably():
 # ------------------------------------------------------------------------------ random chains
 ELEMENTWISE = {n: op for n, op in all_ops().items()
                if op.scalar is not None and n not in AMP_IDENTITY_OPS}   # AMP identities stay
-UNARY = sorted(n for n, op in ELEMENTWISE.items() if op.tensor_arity == 1 and not op.scalar_attr)
+UNARY = sorted(n for n, op in ELEMENTWISE.items() if op.tensor_arity == 1 and not op.scalar_attrs)
 BINARY = sorted(n for n, op in ELEMENTWISE.items() if op.tensor_arity == 2)
+SCALAR = sorted(n for n, op in ELEMENTWISE.items() if op.scalar_attrs)
 """Every elementwise op the fusion pass fuses (from the registry: a new op is tested at once);
-the two-input ones that are not ``broadcast_*`` need operands of one shape."""
+the two-input ones that are not ``broadcast_*`` need operands of one shape; the ops with scalar
+attributes get a random value for each."""
 DTYPES = {"f16": float16, "f32": float32, "f64": float64}
 
 
@@ -116,8 +118,9 @@ def _recipes(draw):
         if kind == "unary":
             recipe.append((draw(st.sampled_from(UNARY)), (x,), {}))
         elif kind == "scalar":
-            recipe.append((draw(st.sampled_from(["scalar_add", "scalar_mul"])), (x,),
-                           {"scalar": draw(st.floats(-4, 4, width=32))}))
+            op = draw(st.sampled_from(SCALAR))
+            recipe.append((op, (x,), {a: draw(st.floats(-4, 4, width=32))
+                                      for a in ELEMENTWISE[op].scalar_attrs}))
         elif kind == "cast":
             dtype = draw(st.sampled_from(sorted(DTYPES)))
             recipe.append(("cast", (x,), {"dtype": DTYPES[dtype]}))
@@ -156,6 +159,23 @@ def test_random_elementwise_chains_fuse_bit_exactly(recipe, dtype, shape, seed):
     fused, fused_ir = _compile(_build(*recipe, DTYPES[dtype], shape), fuse=True)
     for k, (a, b) in enumerate(zip(fused.run(arrays), want)):
         _same_bits(a, b, f"output {k} of\n{fused_ir}")
+
+
+@pytest.mark.parametrize("dtype", [float16, float32])
+def test_an_op_with_two_scalar_attributes_fuses_bit_exactly(dtype):
+    """softplus's beta and threshold (given, and a default) are the numbers after its tensor
+    operand in the expression, in declaration order; the fused kernel gives the unfused bits on
+    both sides of the threshold (x = 1.5 here)."""
+    recipe = ([("broadcast_add", (0, 2), {}), ("softplus", (3,), {"threshold": 3.0, "beta": 2}),
+               ("scalar_mul", (4,), {"scalar": 0.5})], False)
+    fused, ir = _compile(_build(*recipe, dtype, (3, 5)), fuse=True)
+    assert [n.op.name for n in ir.nodes] == ["fused_elementwise"]
+    assert ir.nodes[0].attrs["expr"] == "mul(softplus(add(x0, x1), 2.0, 3.0), 0.5)"
+    x = np.linspace(-4, 4, 15, dtype=dtype.np).reshape(3, 5)
+    x.flat[3] = np.nan
+    arrays = [x, x, x[0] / 4]
+    want = _compile(_build(*recipe, dtype, (3, 5)), fuse=False)[0].run(arrays)
+    _same_bits(fused.run(arrays)[0], want[0], str(ir))
 
 
 def test_dead_member_does_not_add_an_unread_input():

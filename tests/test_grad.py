@@ -51,6 +51,9 @@ CASES = [
     ("cast", [u(3, 2)], {"dtype": "float32"}),
     ("scalar_mul_by_tensor", [u(3, 2), u(1, lo=0.5, hi=2.0)], {}),
     ("reciprocal", [u(2, 3, lo=0.5, hi=2.0)], {}),
+    # softplus jumps at beta * x = threshold (x = 2.5 here): points 0.05 or more from it, both sides
+    ("softplus", [np.linspace(-4.0, 4.0, 12).reshape(3, 4)], {"beta": 2.0, "threshold": 5.0}),
+    ("softplus", [u(3, 4, lo=-6.0, hi=6.0)], {}),
     # the first samples of these fill with -inf, where finite differences are NaN
     ("tril", [u(2, 4, 4)], {"diagonal": 0, "fill_value": -3.0}),
     ("tril", [u(3, 5)], {"diagonal": -1}),

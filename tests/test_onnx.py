@@ -158,6 +158,28 @@ def test_activations_pools_and_scalars_match_at_both_gelu_forms(opset, amp, tmp_
             np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("amp", [False, True], ids=["fp32", "amp"])
+def test_softplus_exports_its_beta_and_threshold_as_a_composition(amp, tmp_path):
+    """ONNX's Softplus has no beta or threshold: the export is Where(beta x > threshold, x,
+    Softplus(beta x) / beta), exact for any attributes; onnxruntime matches miniflow on both
+    sides of the threshold (beta 2, threshold 3: x = 1.5) and at the defaults."""
+    miniflow.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 8), nn.Softplus(beta=2, threshold=3), nn.Linear(8, 3),
+                          nn.Softplus())
+    graph = EvalGraph(model)
+    if amp:
+        graph.config.enable_amp(True)
+    x = np.random.default_rng(3).standard_normal((16, 4)).astype(np.float32) * 3
+    want = graph(x).numpy()
+    proto = mo.export(graph, x, tmp_path / "softplus.onnx")
+    assert {"Softplus", "Where", "Greater"} <= {n.op_type for n in proto.graph.node}
+    (got,) = _run(tmp_path / "softplus.onnx", {"x": x})
+    if amp:
+        assert got.dtype == want.dtype and np.abs(got - want).max() <= 4 * _f16_ulp(want)
+    else:
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
 def _amp_training_graph(name: str):
     miniflow.manual_seed(0)
     model = make_model(name)

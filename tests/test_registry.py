@@ -25,9 +25,9 @@ from miniflow.ops import all_ops, emitter, get_op, register, scalar_functions, u
 from miniflow.ops.fused import arity
 from miniflow.ops.registry import OP_REGISTRY
 
-from op_cases import (assert_bit_exact, assert_matches_reference, bfloat16_cases, cast_cases,
-                      float64_cases, host_buffers, late_op, make_node, registry_cases, results,
-                      run_cpu_placed)
+from op_cases import (Case, assert_bit_exact, assert_matches_reference, bfloat16_cases,
+                      cast_cases, float64_cases, host_buffers, late_op, make_node, registry_cases,
+                      results, run_cpu_placed)
 
 CASES = registry_cases() + float64_cases() + bfloat16_cases() + cast_cases()
 
@@ -247,3 +247,86 @@ def test_a_kernel_table_refuses_two_builders_for_one_op():
     assert set(kernel_table(first)) == {"relu"}
     with pytest.raises(ValueError, match="op 'relu' has builders in first and second; keep one"):
         kernel_table(first, second)
+
+
+# ------------------------------------------------------------------------------ scalar attributes
+def test_scalar_args_gives_the_attributes_in_order_with_their_defaults():
+    softplus, scalar_mul = get_op("softplus"), get_op("scalar_mul")
+    assert softplus.scalar_attrs == ("beta", "threshold") and softplus.tensor_arity == 1
+    assert softplus.scalar_args({}) == (1.0, 20.0)
+    assert softplus.scalar_args({"threshold": 5.0, "beta": 2.0}) == (2.0, 5.0)
+    assert scalar_mul.scalar_args({"scalar": 3.0}) == (3.0,)
+    assert get_op("relu").scalar_args({}) == ()
+    with pytest.raises(ValueError, match=r"scalar_mul: missing attribute 'scalar' \(it has no "):
+        scalar_mul.scalar_args({})
+
+
+def test_a_node_holds_its_scalar_attributes_as_floats_in_declaration_order():
+    """Omitted attributes get their defaults, given ones become floats, first and in
+    ``scalar_attrs`` order, so a node prints the same however it was called; ``scalar_*`` nodes
+    print as before."""
+    g = Graph()
+    x = g.add_input("x", (2, 3), mf.float32)
+    a = g.emit(get_op("softplus"), x, threshold=5)
+    b = g.emit(get_op("softplus"), x)
+    c = g.emit(get_op("scalar_add"), x, scalar=1)
+    names = g.names()
+    assert a.producer.format(names).endswith("softplus(%x) {beta=1.0, threshold=5.0}")
+    assert b.producer.format(names).endswith("softplus(%x) {beta=1.0, threshold=20.0}")
+    assert c.producer.format(names).endswith("scalar_add(%x) {scalar=1.0}")
+    with pytest.raises(ValueError, match="scalar_add: missing attribute 'scalar'"):
+        g.emit(get_op("scalar_add"), x)
+
+
+def _affine_clamp(x, scale, lo, hi):
+    """min(max(x * scale, lo), hi): a throwaway function of three scalar attributes."""
+    y = x * scale
+    if y < lo:
+        return lo
+    return hi if y > hi else y
+
+
+def test_an_op_with_three_scalar_attributes_runs_alone_and_fused():
+    """The map kernel passes any number of scalar attributes; fusion writes them as numbers."""
+    from miniflow.ops.elementwise import elementwise, unary_samples
+    from miniflow.passes.fuse_elementwise import fuse_elementwise
+    from miniflow.runtime.plan import Plan
+
+    ref = lambda x, scale, lo, hi: np.clip(x * scale, lo, hi)  # noqa: E731
+    elementwise("test_affine_clamp", _affine_clamp, ref, amp="clear",
+                scalar_attrs=("scale", "lo", "hi"), defaults={"lo": -1.0},
+                samples=unary_samples(attrs={"scale": 2.0, "hi": 0.5}))
+    try:
+        for ins, attrs in get_op("test_affine_clamp").samples():
+            case = Case("test_affine_clamp", list(ins), dict(attrs))
+            assert_matches_reference(case, run_cpu(case))
+        g = Graph()
+        x = g.add_input("x", (3, 4), mf.float32)
+        emit = emitter(g)
+        g.set_outputs([emit("relu", emit("test_affine_clamp", x, scale=3.0, hi=2.0))])
+        fused = fuse_elementwise(g)
+        assert fused.nodes[0].attrs["expr"] == "relu(_affine_clamp(x0, 3.0, -1.0, 2.0))"
+        xs = np.linspace(-2, 2, 12, dtype=np.float32).reshape(3, 4)
+        got = Plan(fused, mf.get_backend()).run([xs])[0]
+        np.testing.assert_array_equal(got, np.maximum(np.clip(xs * 3, -1, 2), 0))
+    finally:
+        unregister("test_affine_clamp")
+
+
+@pytest.mark.parametrize("kw,match", [
+    ({"scalar_attrs": ("a",), "scalar": lambda x, y, a: x}, "need one tensor operand; .* has 2. "
+     "Only the map kernels take scalar operands"),
+    ({"scalar_attrs": ("a",), "scalar_defaults": {"b": 1.0}}, r"defaults for \['b'\], which "
+     "are not in scalar_attrs"),
+    ({"scalar_attrs": "a"}, "scalar_attrs must be a tuple of distinct attribute names"),
+    ({"scalar_attrs": ("a", "a")}, "scalar_attrs must be a tuple of distinct attribute names"),
+    ({"scalar_attrs": ("a",), "scalar": None}, "scalar_attrs without a scalar function"),
+])
+def test_inconsistent_scalar_attributes_are_refused_at_registration(kw, match):
+    def test_scale(x, a):
+        return x * a
+
+    fields = {"scalar": test_scale, "amp": "clear", **kw}
+    with pytest.raises(ValueError, match=match):
+        register("test_bad_attrs", lambda ins, attrs: [], **fields)
+    assert "test_bad_attrs" not in OP_REGISTRY

@@ -9,10 +9,13 @@
 # ---
 
 # %%
-"""Lesson 8: add an op end to end. Declare softplus, log(1 + e**x), as the op ``lesson08_softplus``
-with its gradient op ``lesson08_softplus_grad`` in this script, and watch everything else come from
-the declaration. A lesson's throwaway op takes a name no library op will (``register`` refuses a
-name twice, so a plain ``softplus`` here would break the day the library adds one).
+"""Lesson 8: add an op end to end. Declare a plain softplus, log(1 + e**x), as the op
+``lesson08_softplus`` with its gradient op ``lesson08_softplus_grad`` in this script, and watch
+everything else come from the declaration. A lesson's throwaway op takes a name no library op will
+(``register`` refuses a name twice: the library has its own ``softplus``). The library's op is
+PyTorch's full one, ``softplus(x, beta=1, threshold=20)``: the same kind of declaration with two
+scalar attributes and their defaults (``scalar_attrs=("beta", "threshold")``, ``defaults=``, in
+``miniflow/ops/elementwise.py``); part 1 prints it and part 4 compares the two at those defaults.
 
 What this lesson shows:
 
@@ -93,8 +96,9 @@ def indent(text: str, prefix: str = "    ") -> str:
 # ============================================================================ 1. the declaration
 def lesson08_softplus(x):
     """log(1 + e**x), evaluated as max(x, 0) + log1p(e**-|x|) so that no exp overflows (NaN
-    propagates: every branch keeps it). PyTorch's ``softplus`` with beta=1; OneFlow's op
-    ``softplus`` (its beta and threshold attributes are left out here)."""
+    propagates: every branch keeps it). PyTorch's ``softplus`` with beta=1 and no threshold (the
+    library's op ``softplus`` has both attributes; at threshold 20 it returns x where x > 20,
+    which differs from this by under 3e-9)."""
     m = x if x > 0.0 else 0.0
     return m + math.log1p(math.exp(-abs(x)))
 
@@ -193,6 +197,17 @@ def print_sample_checks() -> None:
                   f"tolerance: {ok}")
 
 
+def print_library_comparison() -> None:
+    """``lesson08_softplus`` against the library's ``softplus`` at its defaults (beta 1,
+    threshold 20), float32, over [-30, 30]: both kernels on the current backend."""
+    x = np.linspace(-30.0, 30.0, 601, dtype=np.float32)
+    ours = Plan(one_node_graph(OP, [x]), mf.get_backend()).run([x])[0]
+    library = Plan(one_node_graph("softplus", [x]), mf.get_backend()).run([x])[0]
+    diff = np.abs(ours.astype(np.float64) - library).max()
+    print(f"{OP} vs the library's softplus (beta=1.0, threshold=20.0), float32 over [-30, 30]: "
+          f"max |difference| {diff:.1e}")
+
+
 class Softplus(nn.Module):
     """``lesson08_softplus(x)`` elementwise (op ``lesson08_softplus``): the Module of a new
     activation."""
@@ -218,6 +233,10 @@ def main_lesson() -> None:
     print(f"its AMP note: {op.amp_note}")
     print(f"the function lesson08_softplus is now in the fused-expression language: "
           f"{'lesson08_softplus' in scalar_functions()}")
+    library = get_op("softplus")
+    print(f"the library's own op 'softplus' is declared the same way, with scalar attributes "
+          f"{library.scalar_attrs} (defaults {library.scalar_defaults}): "
+          f"{library.scalar.__name__}{inspect.signature(library.scalar)}")
     print("register() checks the declaration:")
     print(f"  registering {OP!r} again -> {refused(declare)}")
     print(f"  no AMP list and no note -> " + refused(lambda: elementwise(
@@ -251,6 +270,7 @@ def main_lesson() -> None:
 
     print("\n== 4. Every sample against the float64 reference (ir.evaluate) ==")
     print_sample_checks()
+    print_library_comparison()
 
     print("\n== 5. The gradient rule against finite differences (miniflow.testing.check_grad) ==")
     from miniflow.testing import check_grad, gradient_graph

@@ -4,10 +4,13 @@ in ``__all__``, so a new activation is declared here and nowhere else in ``nn``.
 """
 from __future__ import annotations
 
+from numbers import Real
+
 from ..tensor import Tensor, apply
 from .module import Module
 
-__all__ = ["relu", "ReLU", "gelu", "GELU", "silu", "SiLU", "tanh", "Tanh", "sigmoid", "Sigmoid"]
+__all__ = ["relu", "ReLU", "gelu", "GELU", "silu", "SiLU", "tanh", "Tanh", "sigmoid", "Sigmoid",
+           "softplus", "Softplus"]
 
 
 def _inplace(owner: str, inplace) -> bool:
@@ -127,3 +130,42 @@ class Sigmoid(Module):
 
     def forward(self, x):
         return sigmoid(x)
+
+
+def _real(owner: str, name: str, value):
+    """``value`` of argument ``name``, checked to be a real number (not a bool).
+
+    Raises:
+        TypeError: it is not."""
+    if not isinstance(value, Real) or isinstance(value, bool):
+        raise TypeError(f"{owner}: {name} must be a real number, got {value!r}")
+    return value
+
+
+def softplus(x: Tensor, beta: float = 1.0, threshold: float = 20.0) -> Tensor:
+    """``log(1 + exp(beta * x)) / beta``, and ``x`` where ``beta * x > threshold``
+    (op ``softplus``, one kernel with both attributes; gradient op ``softplus_derivative`` times
+    dy): PyTorch's ``torch.nn.functional.softplus``
+    (https://pytorch.org/docs/stable/generated/torch.nn.Softplus.html). Shapes and float dtypes
+    are x's.
+
+    Raises:
+        TypeError: ``beta`` or ``threshold`` is not a real number."""
+    return apply("softplus", [x], beta=_real("softplus", "beta", beta),
+                 threshold=_real("softplus", "threshold", threshold))
+
+
+class Softplus(Module):
+    """``softplus(x, beta, threshold)`` elementwise (op ``softplus``; :func:`softplus`), printed as
+    PyTorch's ``Softplus(beta=1.0, threshold=20.0)``."""
+
+    def __init__(self, beta: float = 1.0, threshold: float = 20.0):
+        super().__init__()
+        self.beta = _real("Softplus", "beta", beta)
+        self.threshold = _real("Softplus", "threshold", threshold)
+
+    def forward(self, x):
+        return softplus(x, self.beta, self.threshold)
+
+    def extra_repr(self) -> str:
+        return f"beta={self.beta}, threshold={self.threshold}"

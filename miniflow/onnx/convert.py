@@ -149,6 +149,25 @@ def _gelu(b, args, out, dt):
     return b.node("Mul", half_x + b.node("Add", erf + [c(1.0)], 1), [out])
 
 
+def _softplus(b, args, out, dt):
+    """PyTorch's ``softplus(x, beta, threshold)``: ``Where(z > threshold, x, Softplus(z) / beta)``
+    with ``z = x * beta``. ONNX's Softplus has neither attribute, so the export composes them
+    (``torch.onnx``'s symbolic composes beta the same way and leaves the threshold out)."""
+    x, beta, threshold = args
+    z = b.node("Mul", [x, beta], 1)
+    soft = b.node("Div", b.node("Softplus", z, 1) + [beta], 1)
+    return b.node("Where", b.node("Greater", z + [threshold], 1) + [x] + soft, [out])
+
+
+def _softplus_derivative(b, args, out, dt):
+    """``Where(x * beta > threshold, 1, Sigmoid(x * beta))`` (a training stage's export)."""
+    x, beta, threshold = args
+    z = b.node("Mul", [x, beta], 1)
+    one = b.initializer(np.array(1.0, dt.np))
+    return b.node("Where", b.node("Greater", z + [threshold], 1) + [one]
+                  + b.node("Sigmoid", z, 1), [out])
+
+
 FUNCTIONS = {
     "neg": (_onnx_op("Neg"), False), "identity": (_onnx_op("Identity"), False),
     "exp": (_onnx_op("Exp"), False), "log": (_onnx_op("Log"), False),
@@ -158,7 +177,8 @@ FUNCTIONS = {
     "mul": (_onnx_op("Mul"), False), "div": (_onnx_op("Div"), False),
     "rsqrt": (lambda b, a, out, dt: b.node("Reciprocal", b.node("Sqrt", a, 1), [out]), True),
     "silu": (lambda b, a, out, dt: b.node("Mul", [a[0]] + b.node("Sigmoid", a, 1), [out]), True),
-    "gelu": (_gelu, True),
+    "gelu": (_gelu, True), "softplus": (_softplus, True),
+    "softplus_derivative": (_softplus_derivative, True),
 }
 """Scalar function name -> (emit(builder, operand names, output name, dtype), decomposed): the
 functions of the elementwise ops with a standard form; ``decomposed`` when it takes several ONNX
@@ -191,8 +211,7 @@ def _elementwise(node, ins, outs, b):
         raise NoStandardForm(f"its scalar function {fn!r} has no entry in "
                              "miniflow.onnx.convert.FUNCTIONS (an ONNX operator with the same "
                              "attributes)")
-    extra = [node.attrs[node.op.scalar_attr]] if node.op.scalar_attr else []
-    _apply(b, fn, ins + extra, outs[0], node.outputs[0].dtype)
+    _apply(b, fn, ins + list(node.op.scalar_args(node.attrs)), outs[0], node.outputs[0].dtype)
 
 
 def _fused(node, ins, outs, b):

@@ -164,6 +164,32 @@ def silu_grad(x, dy):
     return dy * (s * (1.0 + x * (1.0 - s)))
 
 
+def softplus(x, beta, threshold):
+    """PyTorch's ``softplus(x, beta, threshold)``: ``x`` where ``beta * x > threshold``, else
+    ``log(1 + exp(beta * x)) / beta``, evaluated as ``(max(z, 0) + log1p(exp(-|z|))) / beta``
+    with ``z = beta * x`` so that no exp overflows (NaN propagates: it takes the last branch).
+    Source: https://pytorch.org/docs/stable/generated/torch.nn.Softplus.html; OneFlow's op
+    ``softplus`` (``UnaryOp::kSoftPlus``)."""
+    z = x * beta
+    if z > threshold:
+        return x
+    m = z if z > 0.0 else 0.0
+    return (m + math.log1p(math.exp(-abs(z)))) / beta
+
+
+def softplus_derivative(x, beta, threshold):
+    """d softplus(x, beta, threshold) / dx: 1 where ``beta * x > threshold``, else
+    ``sigmoid(beta * x)``, evaluated as :func:`sigmoid` is (PyTorch's ``softplus_backward`` and
+    OneFlow's ``softplus_grad`` without the factor dy)."""
+    z = x * beta
+    if z > threshold:
+        return 1.0
+    if z >= 0.0:
+        return 1.0 / (1.0 + math.exp(-z))
+    e = math.exp(z)        # nan stays nan here
+    return e / (1.0 + e)
+
+
 # ------------------------------------------------------------------------------ the declaration
 def _unary_infer(op):
     def infer(inputs, attrs):
@@ -181,20 +207,12 @@ def _binary_infer(op):
     return infer
 
 
-def _scalar_norm(op, attr):
-    def normalize(inputs, attrs):
-        if attr not in attrs:
-            raise ValueError(f"{op}: missing attribute {attr!r}")
-        attrs[attr] = float(attrs[attr])
-        return attrs
-    return normalize
-
-
-def unary_samples(lo=-2.0, hi=2.0, scalar=None, attr="scalar"):
+def unary_samples(lo=-2.0, hi=2.0, scalar=None, attrs=None):
     """Samples of a one-input elementwise op: random values in [lo, hi), special values (signed
-    zero, NaN, +-1e4: inf in float16), an empty array and a long one; f32 and f16. ``scalar``:
-    the value of the op's scalar attribute ``attr`` (its ``scalar_attr``) in every sample."""
-    attrs = {} if scalar is None else {attr: scalar}
+    zero, NaN, +-1e4: inf in float16), an empty array and a long one; f32 and f16. ``attrs``:
+    the op's attributes in every sample (``{"beta": 2.0, "threshold": 5.0}``); ``scalar``: short
+    for ``attrs={"scalar": scalar}`` (the ``scalar_*`` ops)."""
+    attrs = dict(attrs or {}) if scalar is None else {"scalar": scalar, **(attrs or {})}
 
     def make(dt):
         edge = np.array([0.0, -0.0, np.nan, 1e4, -1e4], dt)
@@ -229,34 +247,34 @@ def grad_samples(lo, hi):
 
 
 def elementwise(name: str, scalar, reference, *, amp: str | None, amp_note: str = "", grad=None,
-                samples=None, infer=None, scalar_attr: str | None = None, doc: str = ""):
-    """Declare the elementwise op ``name``: ``out = scalar(x[, y][, attrs[scalar_attr]])`` per
+                samples=None, infer=None, scalar_attrs: tuple = (), defaults=None, doc: str = ""):
+    """Declare the elementwise op ``name``: ``out = scalar(x[, y], *attrs of scalar_attrs)`` per
     element, inputs broadcast (NumPy rules); returns its OpDef.
 
     Args:
         scalar: the scalar function (this module's functions; ``math`` only).
         reference: the same function on NumPy float64 arrays (``np.tanh``), taking the scalar
-            attribute as a float after the arrays.
+            attributes as floats after the arrays, in ``scalar_attrs`` order.
         amp, amp_note: the op's AMP list and remark (``OpDef.amp``).
         grad: the gradient rule (``OpDef.grad``), or None.
         samples: sample inputs; default :func:`unary_samples` / :func:`binary_samples` by arity.
         infer: shape/dtype inference; default: one float input, or two broadcast float inputs.
-        scalar_attr: the attribute that is the scalar function's last operand.
+        scalar_attrs: the attributes that are the scalar function's last operands, in order (one
+            tensor operand only: ``OpDef.scalar_attrs``).
+        defaults: attribute -> value used when a node omits it (``{"beta": 1.0}``); an attribute
+            without one must be given.
     """
     def ref(arrays, attrs):
-        if scalar_attr is not None and scalar_attr not in attrs:
-            raise ValueError(f"{name}: its reference needs the attribute {scalar_attr!r}; pass "
-                             "the attrs the op is called with")
-        extra = [attrs[scalar_attr]] if scalar_attr is not None else []
-        return [np.asarray(reference(*arrays, *extra), np.float64)]
+        return [np.asarray(reference(*arrays, *op.scalar_args(attrs)), np.float64)]
 
-    unary = scalar.__code__.co_argcount - (scalar_attr is not None) == 1
+    unary = scalar.__code__.co_argcount - len(scalar_attrs) == 1
     default_infer = _unary_infer(name) if unary else _binary_infer(name)
     default_samples = unary_samples() if unary else binary_samples()
-    return register(name, infer or default_infer, grad=grad, reference=ref,
-                    normalize=_scalar_norm(name, scalar_attr) if scalar_attr else None,
-                    samples=samples or default_samples, amp=amp, amp_note=amp_note,
-                    scalar=scalar, scalar_attr=scalar_attr, doc=doc)
+    op = register(name, infer or default_infer, grad=grad, reference=ref,
+                  samples=samples or default_samples, amp=amp, amp_note=amp_note,
+                  scalar=scalar, scalar_attrs=scalar_attrs,
+                  scalar_defaults=dict(defaults or {}), doc=doc)
+    return op
 
 
 # ------------------------------------------------------------------------------ unary
@@ -303,13 +321,13 @@ elementwise("sigmoid", sigmoid, _sigmoid_ref, amp=None,
             grad=lambda n, gs, emit: [emit("sigmoid_grad", n.outputs[0], gs[0])],
             doc="out = 1 / (1 + exp(-x)); dx = sigmoid_grad(out, dy)")
 
-elementwise("scalar_add", add, np.add, amp="gray", scalar_attr="scalar",
+elementwise("scalar_add", add, np.add, amp="gray", scalar_attrs=("scalar",),
             grad=lambda n, gs, emit: [gs[0]], samples=unary_samples(scalar=0.5),
             doc="out = x + scalar; dx = dy")
-elementwise("scalar_mul", mul, np.multiply, amp="gray", scalar_attr="scalar",
+elementwise("scalar_mul", mul, np.multiply, amp="gray", scalar_attrs=("scalar",),
             grad=lambda n, gs, emit: [emit("scalar_mul", gs[0], scalar=n.attrs["scalar"])],
             samples=unary_samples(scalar=2.0), doc="out = x * scalar; dx = dy * scalar")
-elementwise("scalar_div", div, np.divide, amp="gray", scalar_attr="scalar",
+elementwise("scalar_div", div, np.divide, amp="gray", scalar_attrs=("scalar",),
             grad=lambda n, gs, emit: [emit("scalar_div", gs[0], scalar=n.attrs["scalar"])],
             samples=unary_samples(scalar=3.0),
             doc="out = x / scalar (one IEEE division, as PyTorch's ``x / 3.0``: not x times the "
@@ -389,6 +407,51 @@ elementwise("silu_grad", silu_grad,
             lambda x, dy: dy * _sigmoid_ref(x) * (1.0 + x * (1.0 - _sigmoid_ref(x))),
             amp="gray", infer=y_dy_infer("silu_grad", first="x"), samples=grad_samples(-3.0, 3.0),
             doc="dx = dy * s * (1 + x (1 - s)), s = sigmoid(x)")
+
+
+# ------------------------------------------------------------------------------ softplus
+SOFTPLUS_DEFAULTS = {"beta": 1.0, "threshold": 20.0}
+"""PyTorch's (and OneFlow's) defaults of softplus's attributes."""
+_SOFTPLUS_AMP_NOTE = ("not in OneFlow's lists (there it runs in float32); gray here, like gelu "
+                      "and silu: its kernel computes in float32 and rounds once")
+
+
+def _softplus_ref(x, beta, threshold):
+    z = x * beta
+    with np.errstate(over="ignore", divide="ignore", invalid="ignore"):
+        return np.where(z > threshold, x, np.logaddexp(0.0, z) / beta)
+
+
+def _softplus_derivative_ref(x, beta, threshold):
+    z = x * beta
+    with np.errstate(over="ignore"):
+        return np.where(z > threshold, 1.0, np.exp(-np.logaddexp(0.0, -z)))
+
+
+def _softplus_grad(n, gs, emit):
+    """dx = dy * softplus_derivative(x) with the node's beta and threshold: OneFlow's
+    ``softplus_grad(x, dy)`` as two ops, which fusion makes one kernel (an elementwise op with
+    scalar attributes has one tensor operand)."""
+    return [emit("broadcast_mul", gs[0], emit("softplus_derivative", n.inputs[0], **n.attrs))]
+
+
+def _softplus_samples(lo: float, hi: float):
+    """Both sides of the threshold: beta 2, threshold 5 (the jump at x = 2.5) over [lo, hi), and
+    the defaults over [-30, 30) (attributes omitted: the defaults are filled)."""
+    given = unary_samples(lo, hi, attrs={"beta": 2.0, "threshold": 5.0})
+    default = unary_samples(-30.0, 30.0)
+    return lambda: given() + default()
+
+
+elementwise("softplus", softplus, _softplus_ref, amp="gray", amp_note=_SOFTPLUS_AMP_NOTE,
+            scalar_attrs=("beta", "threshold"), defaults=SOFTPLUS_DEFAULTS,
+            grad=_softplus_grad, samples=_softplus_samples(-6.0, 6.0),
+            doc="out = x where beta*x > threshold, else log(1 + exp(beta*x)) / beta (PyTorch's "
+                "softplus); dx = dy * softplus_derivative(x)")
+elementwise("softplus_derivative", softplus_derivative, _softplus_derivative_ref, amp="gray",
+            amp_note=_SOFTPLUS_AMP_NOTE, scalar_attrs=("beta", "threshold"),
+            defaults=SOFTPLUS_DEFAULTS, samples=_softplus_samples(-6.0, 6.0),
+            doc="out = 1 where beta*x > threshold, else sigmoid(beta*x): softplus's derivative")
 
 
 # ------------------------------------------------------------------------------ bias_add

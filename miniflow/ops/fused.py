@@ -251,11 +251,10 @@ def broadcast_kinds(out_shape, in_shapes):
 # ------------------------------------------------------------------------------ reference
 def _call(fn: str, operands: list):
     """Function ``fn`` on float64 operands through the reference of an op declaring it: tensor
-    operands as its inputs, the last operand as its scalar attribute when it has one."""
+    operands as its inputs, the last ones as its scalar attributes (``scalar_attrs``)."""
     op = scalar_ops()[fn]
-    if op.scalar_attr is None:
-        return op.reference(operands, {})[0]
-    return op.reference(operands[:-1], {op.scalar_attr: operands[-1]})[0]
+    k = op.tensor_arity
+    return op.reference(operands[:k], dict(zip(op.scalar_attrs, operands[k:])))[0]
 
 
 def reference(arrays, attrs) -> list:

@@ -68,11 +68,15 @@ class OpDef:
             multi-tensor updates write a number of inputs that depends on how many tensors
             they update). Read it through :meth:`written`.
         scalar: for an elementwise op, its scalar function: a plain Python function of floats
-            (``math`` only), ``out[idx] = scalar(in0[idx], in1[idx], ..., attrs[scalar_attr])`` with
-            the inputs broadcast to the output (NumPy rules). The CPU and CUDA kernels and the
+            (``math`` only), ``out[idx] = scalar(in0[idx], in1[idx], *scalar_args(attrs))``
+            with the inputs broadcast to the output (NumPy rules). The CPU and CUDA kernels and the
             fused kernels are compiled from it. Ops that compute elementwise but not in this form
             (``bias_add``, ``add_n``, ``cast``) leave it None and have their own kernel rules.
-        scalar_attr: the attribute passed as the scalar function's last operand, or None.
+        scalar_attrs: the attributes passed as the scalar function's last operands, in order
+            (``("scalar",)`` for ``scalar_add``, ``("beta", "threshold")`` for ``softplus``);
+            only with one tensor operand. Read them through :meth:`scalar_args`.
+        scalar_defaults: attribute name -> the value a node that omits it gets (``{"beta":
+            1.0}``); an attribute of ``scalar_attrs`` without one must be given.
         diagnose: ``(node, host input arrays) -> str | None``: when the op's kernel raised, a
             sentence about the offending values (e.g. which label is out of range) that the
             executor appends to the error.
@@ -101,7 +105,8 @@ class OpDef:
     no_cast_inputs: dict = field(default_factory=dict)
     writes: tuple | Callable = ()
     scalar: Callable | None = None
-    scalar_attr: str | None = None
+    scalar_attrs: tuple = ()
+    scalar_defaults: dict = field(default_factory=dict)
     diagnose: Callable | None = None
     micro_batch: tuple | None = None
     shape_inputs: tuple = ()
@@ -122,14 +127,35 @@ class OpDef:
         return self.infer_fn(inputs, attrs)
 
     def normalize_attrs(self, inputs, attrs):
-        """Canonical attributes for ``inputs`` (defaults filled, axes made non-negative)."""
-        return self.normalize(inputs, dict(attrs)) if self.normalize else dict(attrs)
+        """Canonical attributes for ``inputs`` (defaults filled, axes made non-negative): the
+        scalar attributes first, as floats in declaration order (:meth:`scalar_args`), then the
+        others, through ``normalize``."""
+        attrs = dict(attrs)
+        if self.scalar_attrs:
+            rest = {k: v for k, v in attrs.items() if k not in self.scalar_attrs}
+            attrs = {**{a: float(v) for a, v in zip(self.scalar_attrs, self.scalar_args(attrs))},
+                     **rest}
+        return self.normalize(inputs, attrs) if self.normalize else attrs
+
+    def scalar_args(self, attrs) -> tuple:
+        """The values of the scalar attributes in ``attrs``, in ``scalar_attrs`` order, defaults
+        filled (floats on a node: :meth:`normalize_attrs` converts them; the fused-expression
+        reference passes arrays): the scalar function's operands after the tensors, the one
+        accessor of ``scalar_attrs`` for kernels, fusion, the reference and the ONNX export;
+        ``()`` for an op without them.
+
+        Raises:
+            ValueError: an attribute without a default is missing."""
+        missing = [a for a in self.scalar_attrs if a not in attrs and a not in self.scalar_defaults]
+        if missing:
+            raise ValueError(f"{self.name}: missing attribute {missing[0]!r} (it has no default)")
+        return tuple(attrs[a] if a in attrs else self.scalar_defaults[a] for a in self.scalar_attrs)
 
     @property
     def tensor_arity(self) -> int:
         """Number of tensor inputs of an elementwise op: its scalar function's operands, less the
-        scalar attribute."""
-        return self.scalar.__code__.co_argcount - (self.scalar_attr is not None)
+        scalar attributes."""
+        return self.scalar.__code__.co_argcount - len(self.scalar_attrs)
 
     def __repr__(self) -> str:
         return f"OpDef({self.name!r})"
@@ -149,9 +175,8 @@ def _check(op: OpDef) -> None:
     if not all(isinstance(k, int) and isinstance(v, str) for k, v in op.no_cast_inputs.items()):
         raise ValueError(f"op {op.name!r}: no_cast_inputs must map input indices to input names, "
                          f"got {op.no_cast_inputs!r}")
+    _check_scalar_attrs(op)
     if op.scalar is None:
-        if op.scalar_attr is not None:
-            raise ValueError(f"op {op.name!r}: scalar_attr without a scalar function")
         return
     fn_name = op.scalar.__name__
     if fn_name in CAST_FUNCTIONS:
@@ -161,10 +186,32 @@ def _check(op: OpDef) -> None:
         raise ValueError(f"op {op.name!r}: scalar function {fn_name!r} "
                          f"({op.scalar.__module__}) clashes with another function of that name "
                          f"({known.__module__}); give it another name")
-    if op.tensor_arity not in (1, 2) or (op.scalar_attr is not None and op.tensor_arity != 1):
-        raise ValueError(f"op {op.name!r}: elementwise kernels take one tensor (with or without "
-                         f"a scalar attribute) or two tensors; {fn_name} has "
-                         f"{op.tensor_arity} tensor operand(s)")
+    if op.tensor_arity not in (1, 2):
+        raise ValueError(f"op {op.name!r}: elementwise kernels take one or two tensors; "
+                         f"{fn_name} has {op.tensor_arity} tensor operand(s)")
+    if op.scalar_attrs and op.tensor_arity != 1:
+        raise ValueError(
+            f"op {op.name!r}: scalar attributes {op.scalar_attrs} need one tensor operand; "
+            f"{fn_name} has {op.tensor_arity}. Only the map kernels take scalar operands: the "
+            "CPU and CUDA broadcasting zip kernels (flat and strided, which bias_add, add_n and "
+            "every broadcast_* op share) take none. Write a gradient op(x, dy) with attributes "
+            "as a one-input derivative op with them, times dy (broadcast_mul); fusion makes the "
+            "two one kernel (softplus_derivative)")
+
+
+def _check_scalar_attrs(op: OpDef) -> None:
+    """``scalar_attrs`` and ``scalar_defaults`` against each other and the scalar function."""
+    attrs = op.scalar_attrs
+    if attrs and op.scalar is None:
+        raise ValueError(f"op {op.name!r}: scalar_attrs without a scalar function")
+    if not isinstance(attrs, tuple) or not all(isinstance(a, str) for a in attrs) \
+            or len(set(attrs)) != len(attrs):
+        raise ValueError(f"op {op.name!r}: scalar_attrs must be a tuple of distinct attribute "
+                         f"names, got {attrs!r}")
+    extra = sorted(set(op.scalar_defaults) - set(attrs))
+    if extra:
+        raise ValueError(f"op {op.name!r}: defaults for {extra}, which are not in scalar_attrs "
+                         f"{attrs}")
 
 
 def register(name: str, infer, **kw) -> OpDef:
@@ -226,7 +273,7 @@ def emitter(graph):
 
 def scalar_ops() -> dict:
     """Scalar function name -> the first registered op that declares it. Every op declaring one
-    function computes ``out = fn(*inputs broadcast, attrs[scalar_attr])``, so any of them can
+    function computes ``out = fn(*inputs broadcast, *op.scalar_args(attrs))``, so any of them can
     stand for the function (the fused-expression reference uses its ``reference``)."""
     out: dict = {}
     for op in OP_REGISTRY.values():

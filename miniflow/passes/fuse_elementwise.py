@@ -70,8 +70,7 @@ def _term(node: Node, args: list):
         op = get_op("broadcast_add")
     elif op.name == "scalar_mul_by_tensor":     # a one-element tensor: NumPy broadcasting
         op = get_op("broadcast_mul")
-    if op.scalar_attr is not None:
-        args = args + [("num", node.attrs[op.scalar_attr])]
+    args = args + [("num", v) for v in op.scalar_args(node.attrs)]
     return ("call", op.scalar.__name__, tuple(args))
 
 

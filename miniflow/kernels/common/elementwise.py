@@ -1,7 +1,7 @@
 """The elementwise builders of every backend, derived from the op registry.
 
 Every op that declares a scalar function (``OpDef.scalar``) gets a builder by its form:
-``out[i] = fn(x[i])`` (map), ``out[i] = fn(x[i], attrs[scalar_attr])`` (map with a scalar) or
+``out[i] = fn(x[i])`` (map), ``out[i] = fn(x[i], *op.scalar_args(attrs))`` (map with scalars) or
 ``out[idx] = fn(x[idx], y[idx])`` with NumPy broadcasting (zip). The builder is derived when a
 plan is built (:func:`derived_builder`, called by ``table.builder_for``), so an op registered at
 any time, by a tutorial or a test, runs on every backend at once. Four elementwise ops that are
@@ -32,8 +32,8 @@ class StepMakers:
 
     Attributes:
         map: ``(fn, x, out)``: ``out[i] = fn(x[i])``, same shapes.
-        map_scalar: ``(fn, x, s, out)``: ``out[i] = fn(x[i], s)``, the Python float ``s`` in x's
-            compute type.
+        map_scalar: ``(fn, x, s, out)``: ``out[i] = fn(x[i], *s)``, ``s`` a non-empty tuple of
+            Python floats, each in x's compute type.
         zip: ``(fn, x, y, out, y_shape=None)``: ``out[idx] = fn(x[idx], y[idx])`` with NumPy
             broadcasting; ``y_shape`` overrides y's shape for broadcasting (y read flat).
         cast: ``(x, out)``: ``out = x.astype(out.dtype)``, one rounding.
@@ -55,11 +55,11 @@ def elementwise_ops() -> dict:
 def derived_builder(op, steps: StepMakers):
     """The builder of ``op`` (an OpDef) from its scalar function, by its form; None for an op
     without one."""
-    fn, attr = op.scalar, op.scalar_attr
+    fn = op.scalar
     if fn is None:
         return None
-    if attr is not None:
-        return lambda node, ins, outs: steps.map_scalar(fn, ins[0], float(node.attrs[attr]),
+    if op.scalar_attrs:
+        return lambda node, ins, outs: steps.map_scalar(fn, ins[0], op.scalar_args(node.attrs),
                                                         outs[0])
     if op.tensor_arity == 1:
         return lambda node, ins, outs: steps.map(fn, ins[0], outs[0])

@@ -22,6 +22,7 @@ from .fp16 import load, store, to_compute
 from ..common import accumulation
 from ..common.elementwise import StepMakers, builders
 from ..common.layout import broadcast_plan
+from ..common.precision import compute_scalars
 
 __all__ = ["map_kernel", "map_scalar_kernel", "zip_kernel", "zip_strided_kernel", "cast_kernel",
            "map_steps", "map_scalar_steps", "zip_steps", "cast_steps", "STEPS", "BUILDERS"]
@@ -43,14 +44,14 @@ def map_kernel(fn, parallel: bool):
 
 @functools.cache
 def map_scalar_kernel(fn, parallel: bool):
-    """``kernel(x, s, out)``: ``out[i] = fn(x[i], s)``, s (a Python float) in x's compute type."""
+    """``kernel(x, s, out)``: ``out[i] = fn(x[i], *s)``, ``s`` a tuple of scalars of x's compute
+    type (:func:`map_scalar_steps` converts them)."""
     fn, loop = jitable(fn), loop_for(parallel)
 
     @jit(parallel)
     def kernel(x, s, out):
-        c = to_compute(x, s)
         for i in loop(out.size):
-            store(out, i, to_compute(out, fn(load(x, i), c)))
+            store(out, i, to_compute(out, fn(load(x, i), *s)))
 
     return kernel
 
@@ -127,10 +128,11 @@ def map_steps(fn, x: np.ndarray, out: np.ndarray):
     return [(map_kernel(fn, use_parallel(out.size)), (flat(x), flat(out)))]
 
 
-def map_scalar_steps(fn, x: np.ndarray, s: float, out: np.ndarray):
-    """Steps for ``out = fn(x, s)`` elementwise (same shape; ``s`` a Python float)."""
+def map_scalar_steps(fn, x: np.ndarray, s: tuple, out: np.ndarray):
+    """Steps for ``out = fn(x, *s)`` elementwise (same shape; ``s`` a tuple of Python floats,
+    each rounded once to x's compute type here, as a cast in the kernel would)."""
     return [(map_scalar_kernel(fn, use_parallel(out.size)),
-             (flat(x), s, flat(out)))]
+             (flat(x), compute_scalars(x.dtype, s), flat(out)))]
 
 
 def cast_steps(x: np.ndarray, out: np.ndarray):

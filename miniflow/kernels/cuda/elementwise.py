@@ -24,6 +24,7 @@ from .launch import flat_steps
 from ..common import accumulation
 from ..common.elementwise import StepMakers, builders
 from ..common.layout import broadcast_plan
+from ..common.precision import compute_scalars
 
 __all__ = ["map_kernel", "map_scalar_kernel", "zip_kernel", "zip_strided_kernel", "cast_kernel",
            "map_steps", "map_scalar_steps", "zip_steps", "cast_steps", "STEPS", "BUILDERS"]
@@ -45,14 +46,14 @@ def map_kernel(fn, ld, ct, st):
 
 @functools.cache
 def map_scalar_kernel(fn, ld, ct, st):
-    """``kernel(x, s, out)``: ``out[i] = fn(x[i], s)`` with the float ``s`` in the compute type."""
+    """``kernel(x, s, out)``: ``out[i] = fn(x[i], *s)``, ``s`` a tuple of scalars of the compute
+    type (:func:`map_scalar_steps` converts them)."""
     f = device(fn)
 
     @jit
     def kernel(x, s, out):
-        c = ct(s)
         for i in range(cuda.grid(1), out.size, cuda.gridsize(1)):
-            out[i] = st(ct(f(ld(x[i]), c)))
+            out[i] = st(ct(f(ld(x[i]), *s)))
 
     return kernel
 
@@ -113,9 +114,11 @@ def map_steps(fn, x, out):
                       f"map[{fn.__name__}] {short(out.dtype)}")
 
 
-def map_scalar_steps(fn, x, s: float, out):
-    """Steps for ``out = fn(x, s)`` elementwise (same shape; ``s`` a Python float)."""
-    return flat_steps(map_scalar_kernel(fn, *_types(x, out)), out.size, (flat(x), s, flat(out)),
+def map_scalar_steps(fn, x, s: tuple, out):
+    """Steps for ``out = fn(x, *s)`` elementwise (same shape; ``s`` a tuple of Python floats,
+    each rounded once to the compute type here, as a cast in the kernel would)."""
+    return flat_steps(map_scalar_kernel(fn, *_types(x, out)), out.size,
+                      (flat(x), compute_scalars(out.dtype, s), flat(out)),
                       f"map_scalar[{fn.__name__}] {short(out.dtype)}")
 
 

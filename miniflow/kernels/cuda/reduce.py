@@ -27,6 +27,7 @@ from .common import (block_max, block_sum, device, flat, jit, math, nan_max, scr
 from .launch import current, flat_steps, row_steps
 from .movement import fill_steps, transpose_steps
 from ..common import reduce
+from ..common.precision import compute_scalars
 from ..common.reduce import gathered, with_log
 
 __all__ = ["column_total", "reduce_sum_kernel", "reduce_sum_map_kernel", "reduce_sum_then",
@@ -72,7 +73,8 @@ def reduce_sum_kernel(ld, ct, st, block: int):
 
 @functools.cache
 def reduce_sum_map_kernel(fn, scalar: bool, ld, ct, st, block: int):
-    """``kernel(x, out, outer, red, inner, s)``: ``out[o, k] = fn(sum_r x[o, r, k][, s])``, the
+    """``kernel(x, out, outer, red, inner, s)``: ``out[o, k] = fn(sum_r x[o, r, k][, *s])``
+    (``s``: a tuple of compute-type scalars, ignored without ``scalar``), the
     sum rounded to out's dtype first (as ``reduce_sum`` stores it), ``fn``'s result rounded to
     the compute type, then stored (as the map kernel of ``fn``): the mean loss
     (``reduce_sum`` then ``scalar_mul``) in one launch, bit for bit the two kernels' result."""
@@ -81,12 +83,11 @@ def reduce_sum_map_kernel(fn, scalar: bool, ld, ct, st, block: int):
     @jit
     def kernel(x, out, outer, red, inner, s):
         sm = cuda.shared.array(block, ct)
-        c = ct(s)
         for ok in range(cuda.blockIdx.x, outer * inner, cuda.gridDim.x):
             t = total(sm, x, ok, red, inner)
             if cuda.threadIdx.x == 0:
                 v = ld(st(t))
-                out[ok] = st(ct(f(v, c)) if scalar else ct(f(v)))
+                out[ok] = st(ct(f(v, *s)) if scalar else ct(f(v)))
 
     return kernel
 
@@ -207,9 +208,11 @@ def sum_steps(x, out, outer: int, red: int, inner: int):
 
 
 def sum_map_steps(fn, scalar, s, x, out, outer: int, red: int, inner: int):
-    """Steps for ``out[o, k] = fn(sum_r x[o, r, k][, s])`` (:func:`reduce_sum_map_kernel`)."""
+    """Steps for ``out[o, k] = fn(sum_r x[o, r, k][, *s])`` (:func:`reduce_sum_map_kernel`; ``s``
+    a non-empty tuple of Python floats)."""
     kernel = reduce_sum_map_kernel(fn, scalar, *types_of(out), current().row_block)
-    return row_steps(kernel, outer * inner, (flat(x), flat(out), outer, red, inner, float(s)),
+    args = (flat(x), flat(out), outer, red, inner, compute_scalars(out.dtype, s))
+    return row_steps(kernel, outer * inner, args,
                      f"reduce_sum+map[{fn.__name__}] {short(out.dtype)}")
 
 
@@ -217,15 +220,15 @@ def reduce_sum_then(op):
     """The fused builder of ``reduce_sum`` then the elementwise map ``op`` (an OpDef with a
     scalar function of one tensor operand, e.g. ``scalar_mul``): ``(producer, consumer, ins,
     outs)``, as ``runtime.plan.build_steps`` calls it."""
-    fn, attr = op.scalar, op.scalar_attr
+    fn, scalar = op.scalar, bool(op.scalar_attrs)
 
     def build(producer, consumer, ins, outs):
-        s = float(consumer.attrs[attr]) if attr is not None else 0.0
+        s = op.scalar_args(consumer.attrs) or (0.0,)      # (0.0,): a placeholder, never read
         plan = reduce.plan_of(producer, ins, outs)
         if plan is None:
             return []
         steps = gathered(transpose_steps, scratch,
-                         functools.partial(sum_map_steps, fn, attr is not None, s))
+                         functools.partial(sum_map_steps, fn, scalar, s))
         return steps(ins, outs, plan, producer.attrs)
     return build
 
