@@ -53,12 +53,12 @@ import traceback
 
 import numpy as np
 
-__all__ = ["RankMismatchError", "abort", "allreduce_mean_step", "allreduce_sum_int64_step",
-           "announced_world_size",
+__all__ = ["RankMismatchError", "abort", "all_gather_object", "allreduce_mean_step",
+           "allreduce_sum_int64_step", "announced_world_size",
            "barrier", "broadcast_object", "broadcast_step", "check_same_across_ranks",
            "check_same_values",
            "compute_bucket_assignment_by_size", "init", "is_initialized", "local_world_size",
-           "rank", "world_size"]
+           "rank", "same_values", "world_size"]
 
 DEFAULT_TIMEOUT_S = 600.0
 """How long a collective may wait for the other ranks before the job is aborted (PyTorch's NCCL
@@ -401,12 +401,10 @@ def check_same_across_ranks(signature: str, what: str, advice: str = _SAME_GRAPH
 
 
 def check_same_values(values, labels, what: str, advice: str = _SAME_GRAPH) -> None:
-    """Raise on every rank unless every rank passed the same numbers: :func:`check_same_across_ranks`
-    for values checked at every step, at the cost of one ``MPI_Allreduce`` (MAX) of the numbers
-    and their negatives (item by item, the largest and the smallest across the ranks: the same
-    exactly where they are equal; 5.6 us a call on 2 ranks of one Zen 4 machine, the
-    ``MPI_Allreduce`` 3.4 of them, where the digests' all-gather added 70 us to a step); only
-    when they differ are the items named and exchanged. Collective. A no-op in a one-rank world.
+    """Raise on every rank unless every rank passed the same numbers:
+    :func:`check_same_across_ranks` for values checked at every step, at the cost of one
+    :func:`same_values` all-reduce; only when they differ are the items named and exchanged.
+    Collective. A no-op in a one-rank world.
 
     Args:
         values: floats, in the same order on every rank; NaN is not a value to compare.
@@ -418,16 +416,49 @@ def check_same_values(values, labels, what: str, advice: str = _SAME_GRAPH) -> N
         RankMismatchError: on every rank, naming the first label whose number differs from
             rank 0's.
     """
-    world = _world("check_same_values")
-    if world.comm is None:
-        return
     v = list(values)
-    both = np.array(v + [-x for x in v], np.float64)
-    world.wait("check_same_values", world.control.Allreduce, world.mpi.IN_PLACE,
-               [both, world.mpi.DOUBLE], world.mpi.MAX)
-    if both[:len(v)].tolist() == (-both[len(v):]).tolist():
+    if same_values(v, "check_same_values"):
         return
     check_same_across_ranks("\n".join(f"{k}={x!r}" for k, x in zip(labels(), v)), what, advice)
+
+
+def same_values(values, what: str = "same_values") -> bool:
+    """Whether every rank passed the same numbers: one ``MPI_Allreduce`` (MAX) of the numbers and
+    their negatives (item by item, the largest and the smallest across the ranks: the same
+    exactly where they are equal; 5.6 us a call on 2 ranks of one Zen 4 machine, the
+    ``MPI_Allreduce`` 3.4 of them, where a digests' all-gather added 70 us to a step). Every rank
+    gets the same answer, so every rank takes the same branch after it. Collective: every rank
+    passes as many numbers (MPI needs equal counts). True in a one-rank world (no MPI call).
+
+    Args:
+        values: floats; NaN is not a value to compare.
+        what: the collective's name for the watchdog's message.
+
+    Raises:
+        RuntimeError: before :func:`init`.
+    """
+    world = _world("same_values")
+    if world.comm is None:
+        return True
+    v = list(values)
+    both = np.array(v + [-x for x in v], np.float64)
+    world.wait(what, world.control.Allreduce, world.mpi.IN_PLACE, [both, world.mpi.DOUBLE],
+               world.mpi.MAX)
+    return both[:len(v)].tolist() == (-both[len(v):]).tolist()
+
+
+def all_gather_object(obj, what: str) -> list:
+    """Every rank's ``obj`` (small and picklable), in rank order: ``[obj]`` in a one-rank world.
+    Collective; watched by the collective timeout as ``what``. For the rare path that names a
+    disagreement :func:`same_values` found.
+
+    Raises:
+        RuntimeError: before :func:`init`.
+    """
+    world = _world("all_gather_object")
+    if world.comm is None:
+        return [obj]
+    return world.wait(f"all_gather_object({what})", world.control.allgather, obj)
 
 
 # ----------------------------------------------------------------------------- buckets

@@ -3,8 +3,9 @@ settings in one process, and, under ``mpiexec`` (``mpi_scripts/training.py``), t
 tests of issue 15: 2 ranks x 32 rows equal 1 rank x 64 for 50 SGD-momentum and 50 Adam steps; a
 float16 overflow in rank 1's batch alone makes both ranks skip and halve their scale, the weights
 bitwise equal on both for 100 steps; a killed or raising rank ends the job; mismatched graphs are
-an error on every rank; ``mpiexec -n 2 miniflow train --ddp``. The MPI tests skip only without
-the ``dist`` extra."""
+an error on every rank, and so, at once, is a recompile on one rank alone (a load there only),
+while a load on every rank continues the run bit for bit; ``mpiexec -n 2 miniflow train --ddp``.
+The MPI tests skip only without the ``dist`` extra."""
 import json
 import re
 import subprocess
@@ -188,6 +189,30 @@ def test_data_parallel_is_off_in_a_one_rank_world_and_for_graphs_that_do_not_tra
     assert not all_reduces(e)
 
 
+def test_a_one_rank_world_makes_no_collective_call_even_with_data_parallel_on(monkeypatch):
+    """The per-call agreement on recompiling (and the lr check) runs only for plans whose
+    collectives run: none in a one-rank world, also after a load that recompiles."""
+    def no_collective(*args):
+        raise AssertionError("a collective in a one-rank world")
+    for name in ("same_values", "all_gather_object", "check_same_values",
+                 "check_same_across_ranks"):
+        monkeypatch.setattr(dist, name, no_collective)
+    g = train_graph()
+    g.config.enable_data_parallel()
+    g(X, Y)
+    g.load_state_dict(g.state_dict())
+    g(X, Y)
+    g(X, Y)
+    assert g.compile_count == 2 and all_reduces(g)
+
+
+def test_the_message_of_a_recompile_on_some_ranks_names_them():
+    from miniflow.compile.driver import _recompiles_alone
+    assert _recompiles_alone("G", [True, False, True]).startswith(
+        "G recompiles at this call on ranks 0, 2 only (of 3 ranks): since the last call ")
+    assert "on rank 1 only (of 2 ranks)" in _recompiles_alone("G", [False, True])
+
+
 def test_enable_data_parallel_recompiles_and_checks_its_arguments():
     g = train_graph()
     g(X, Y)
@@ -310,6 +335,34 @@ def test_mismatched_graphs_are_an_error_on_every_rank(tmp_path):
     assert e0["lr later"].startswith(
         "the learning rates of TrainGraph differ across the 2 ranks: rank 1 differs from rank 0 "
         "at item 1: rank 1 has 'optimizer 0 group 0 lr=5.0', rank 0 has")
+
+
+@pytest.mark.slow
+@requires_mpi
+@pytest.mark.parametrize("change", ["load_state_dict", "dropout.p", "eval"])
+def test_a_recompile_on_one_rank_alone_is_an_error_on_every_rank_not_a_hang(tmp_path, change):
+    """After 2 steps rank 1 alone makes its graph recompile; the ranks agree on recompiling in
+    their call's first collective, so every rank raises at once (before: rank 1 compiled while
+    rank 0 stepped, each waiting in another collective until the watchdog's abort, here 300 s)."""
+    rc, output, seconds = run_mpi("training.py", 2, tmp_path, "alone", change, timeout=120,
+                                  env={"MINIFLOW_DIST_TIMEOUT": "300"})
+    assert rc != 0 and seconds < 60, (rc, seconds, output)
+    assert "uncaught RankMismatchError; aborting all 2 ranks" in output
+    assert ("RankMismatchError: TrainGraph recompiles at this call on rank 1 only (of 2 ranks)"
+            in output), output
+    assert "every rank must make the same change (load_state_dict on every rank" in output
+    assert not (tmp_path / "rank0.json").exists()
+
+
+@pytest.mark.slow
+@requires_mpi
+def test_a_load_on_every_rank_after_the_first_call_continues_the_run_bit_for_bit(tmp_path):
+    """Every rank loads the state dict of step 3 into a graph that stepped elsewhere: every rank
+    recompiles together, and steps 4 to 6 give the uninterrupted run's losses and variables."""
+    rc, output, _ = run_mpi("training.py", 2, tmp_path, "reload")
+    assert rc == 0, output
+    for r in rank_results(tmp_path, 2):
+        assert r["again"] == r["whole"] and r["same"] and r["compile_count"] == 2, r
 
 
 @pytest.mark.slow

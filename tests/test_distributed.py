@@ -43,6 +43,7 @@ def test_world_of_one_process_without_a_launcher(fresh):
     dist.barrier()
     dist.check_same_across_ranks("anything", "parameters")
     dist.check_same_values([0.1], lambda: ["optimizer 0 group 0 lr"], "learning rates")
+    assert dist.same_values([0.1, 2.0]) and dist.all_gather_object(True, "flags") == [True]
 
 
 def test_the_announced_world_size_comes_from_the_launchers_variables(monkeypatch):

@@ -11,8 +11,11 @@ with N > 1, averages its gradients across the ranks (the ``data_parallel`` pass:
 nodes), unless ``config.enable_data_parallel(False)`` turns it off. Every time such a graph compiles
 the ranks check that they compiled the same graph (:class:`miniflow.distributed.RankMismatchError`
 on every rank otherwise) and take rank 0's parameters, optimizer state and loss scale (an MPI
-broadcast), so every replica starts equal. Graphs without an optimizer (evaluation) stay local:
-rank 0 may run one alone.
+broadcast), so every replica starts equal. Every later call first agrees, in one small all-reduce
+that also checks the learning rates, on whether the ranks recompile: a rank that would recompile
+alone (a change made on it only, e.g. ``load_state_dict``) makes every rank raise
+``RankMismatchError`` instead of waiting in other collectives than the rest. Graphs without an
+optimizer (evaluation) stay local: rank 0 may run one alone.
 
 Subclass it, assign modules as attributes, call ``self.add_optimizer(opt)`` and implement
 ``build(*inputs)``. The graph trains the optimizers' parameters whose ``requires_grad`` is True
@@ -78,6 +81,22 @@ from .half_copies import HalfCopies, rounded_copies
 __all__ = ["Graph", "GraphConfig"]
 
 
+def _recompiles_alone(name: str, flags: list) -> str:
+    """The message of :meth:`Graph._agree_on_compiling` for ``flags``: per rank, whether it
+    recompiles ``name`` at this call (some do, some not)."""
+    ranks = [r for r, f in enumerate(flags) if f]
+    who = f"rank {ranks[0]}" if len(ranks) == 1 else "ranks " + ", ".join(map(str, ranks))
+    return (f"{name} recompiles at this call on {who} only (of {len(flags)} ranks): since the "
+            f"last call something that recompiles a graph changed there alone (a "
+            f"load_state_dict of the graph, a module or an optimizer; add_param_group or an "
+            f"optimizer's hyper-parameter; an attribute of a module the graph traced, such as "
+            f"dropout.p; train() / eval(); requires_grad; the graph's config; a batch of "
+            f"another shape). Compiling is collective (the ranks compare their graphs and take "
+            f"rank 0's variables), so the ranks would wait in different collectives: every rank "
+            f"must make the same change (load_state_dict on every rank, with the same state "
+            f"dict).")
+
+
 def _record_outcome(scaler, skip_nonfinite: bool, optimizers, names, hosts) -> None:
     """A step's outcome read back (``hosts``: the scale it started from, its non-finite counts):
     the optimizers count the step (skipped or not), the scaler records it (and may raise
@@ -131,6 +150,7 @@ class Graph:
         self.compile_count = 0
         self._grad_scaler = None
         self._modes_seen, self._mode_key = None, ()
+        self._lr_count = None   # data parallel: see _agree_on_compiling
         self._lock = threading.RLock()  # one call at a time (see the module docstring)
         self.debug(debug_v_level, ranks=debug_ranks, max_py_stack_depth=debug_max_py_stack_depth,
                    only_user_py_stack=debug_only_user_py_stack,
@@ -362,11 +382,13 @@ class Graph:
         ``nn.Graph.load_state_dict``). Unlike OneFlow, also after the first call: compiled plans
         read the loaded values. With ``strict=False`` a part missing from ``state_dict`` is left
         as it is, an unknown key is ignored, and the modules load with ``strict=False``.
-        Data parallel (``mpiexec``): every rank must load the same dict (rank 0's values are
-        broadcast only when the graph compiles; after the first call a load on one rank alone
-        makes that rank recompile while the others step: the ranks then wait in different
-        collectives until ``miniflow.distributed``'s watchdog aborts the job, after
-        ``MINIFLOW_DIST_TIMEOUT``, 600 s by default).
+        Data parallel (``mpiexec``): every rank must load the same dict (a load recompiles the
+        graph, and every compile gives every rank rank 0's values). After the first call a load
+        on one rank alone makes the next call raise ``miniflow.distributed.RankMismatchError``
+        on every rank at once, naming the ranks that would recompile (the ranks agree on
+        recompiling in the call's first collective: :meth:`_agree_on_compiling`); uncaught, it
+        ends the job. Recompiling every rank instead would silently overwrite a load made on a
+        rank other than 0 with rank 0's values.
 
         Raises:
             KeyError: (strict) a part missing or an unknown key, named; otherwise as the parts'
@@ -483,6 +505,8 @@ class Graph:
         arrays = [self._as_array(i, x) for i, x in enumerate(inputs)]
         key = (*((a.shape, a.dtype.str) for a in arrays), self._modes())
         plan = self._plans.get(key)
+        if self._lr_count is not None:   # a data-parallel graph: every rank calls it together
+            self._agree_on_compiling(plan is None)
         if plan is None:
             plan = self._compile(arrays)
             self._plans[key] = plan
@@ -491,8 +515,6 @@ class Graph:
         else:
             self._plans.move_to_end(key)
         plan.half_copies.refresh()
-        if plan.collective and plan.updates:
-            self._check_learning_rates()
         counts = plan.graph.results.get("nonfinite_counts")
         if counts is None:
             outs = plan.run(arrays, to_host=False)  # copies of the output buffers
@@ -583,7 +605,9 @@ class Graph:
         collective = bool(buckets) and distributed.world_size() > 1
         if collective:
             self._sync_ranks(graph, ctx)
+            self._check_learning_rates()
             copies.stale()
+        self._lr_count = len(self._learning_rates()) if collective else None
         self._ir, self._context = graph, ctx
         self.compile_count += 1
         plan = Plan(graph, get_backend(), context=ctx, collective=collective)
@@ -705,24 +729,57 @@ class Graph:
             if a is not h:
                 backend.copy_in(a, h)
 
+    def _learning_rates(self) -> list:
+        """Every param group's lr, optimizer after optimizer (read at every step)."""
+        return [group["lr"] for opt in self._optimizers for group in opt._groups]
+
     def _check_learning_rates(self) -> None:
-        """Data parallel, before every step: check that every rank steps with the same learning
-        rates. An lr is read from its array at every step, not compiled into the graph that
-        :meth:`_sync_ranks` compares; set on one rank only (by hand, or by a scheduler stepped on
-        one rank), it would make the replicas drift apart. Collective (one small all-reduce,
+        """Data parallel, at every compile: check that every rank steps with the same learning
+        rates (the calls between compiles check them in :meth:`_agree_on_compiling`). An lr is
+        read from its array at every step, not compiled into the graph that :meth:`_sync_ranks`
+        compares; set on one rank only (by hand, or by a scheduler stepped on one rank), it would
+        make the replicas drift apart. Collective (one small all-reduce,
         ``distributed.check_same_values``).
 
         Raises:
             RankMismatchError: on every rank, naming the first group whose lr differs.
         """
-        groups = [(k, g, group) for k, opt in enumerate(self._optimizers)
-                  for g, group in enumerate(opt._groups)]
         distributed.check_same_values(
-            [group["lr"] for _, _, group in groups],
-            lambda: [f"optimizer {k} group {g} lr" for k, g, _ in groups],
+            self._learning_rates(),
+            lambda: [f"optimizer {k} group {g} lr" for k, opt in enumerate(self._optimizers)
+                     for g in range(len(opt._groups))],
             f"learning rates of {type(self).__name__}",
             "Every rank must set them alike: by the same scheduler, stepped on every rank, or "
             "by hand on every rank.")
+
+    def _agree_on_compiling(self, compiling: bool) -> None:
+        """Data parallel, the first collective of every call after a data-parallel compile: one
+        small all-reduce (``distributed.same_values``) of whether this rank compiles at this call
+        and of the learning rates, the check every step makes anyway, so a call costs no extra
+        collective.
+
+        Compiling is collective (:meth:`_sync_ranks`); so is a step (the gradient all-reduces).
+        A rank that recompiles alone, after a change made on it only, would wait in the compile's
+        collectives while the others wait in their step's, until the watchdog aborted the job
+        (``MINIFLOW_DIST_TIMEOUT``); agreeing first makes every rank raise at once instead.
+        Recompiling every rank instead would not keep the change: the compile gives every rank
+        rank 0's variables (a load on rank 1 alone would be lost), and a graph changed on one
+        rank alone is an error there anyway. A compiling rank sends zeros for its learning rates
+        (MPI needs equal counts: as many as every rank sent at the last call,
+        ``self._lr_count``; its own groups may have changed), which the compile checks instead.
+
+        Raises:
+            RankMismatchError: on every rank, naming the ranks that would recompile alone, or
+                (:meth:`_check_learning_rates`) the first group whose lr differs.
+        """
+        lrs = [0.0] * self._lr_count if compiling else self._learning_rates()
+        name = type(self).__name__
+        if distributed.same_values([float(compiling), *lrs], f"the per-call check of {name}"):
+            return
+        flags = distributed.all_gather_object(compiling, f"recompiling {name}")
+        if any(flags):
+            raise distributed.RankMismatchError(_recompiles_alone(name, flags))
+        self._check_learning_rates()      # the learning rates differ: name the first
 
     def _input_names(self, n: int) -> list:
         """Names of the first ``n`` inputs of ``build`` (``input<i>`` for ``*args``).

@@ -15,6 +15,13 @@ MLP through nn.Graph. ``python training.py OUT MODE``; every rank writes OUT/ran
 * ``mismatch``: rank 1's model is 64-64-10 instead of 64-128-10, then its batch has 31 rows
   instead of 32, then its lr is 0.2 instead of 0.1, then its lr becomes 5 after a step: writes
   the RankMismatchError every rank got.
+* ``reload``: 6 SGD-momentum steps; a second graph takes 1 step elsewhere, then every rank loads
+  the first graph's state dict of step 3 (a recompile on every rank) and takes steps 4 to 6:
+  writes both runs' losses of steps 4 to 6 and whether every variable is equal.
+* ``alone MODE``: 2 steps, then rank 1 alone makes its graph recompile (MODE ``load_state_dict``:
+  loads the graph's state dict; ``dropout.p``: changes a traced module attribute; ``eval``:
+  ``model.eval()``) and every rank steps again: every rank raises RankMismatchError (uncaught:
+  the job ends). Writes nothing.
 * ``tiny``: 4 AMP steps (dynamic GradScaler, Adam) of an 8-16-3 MLP on 6 random rows per rank,
   on the backend ``MINIFLOW_BACKEND`` names (the cuda lane runs it under the CUDA simulator):
   writes the losses, the scale and every variable.
@@ -175,6 +182,38 @@ elif mode == "mismatch":
     except dist.RankMismatchError as e:
         errors["lr later"] = str(e)
     save(errors)
+elif mode == "reload":
+    sgd = lambda m: mf.optim.SGD(m.parameters(), lr=0.1, momentum=0.9)   # noqa: E731
+    data_stream = stream(32)
+    steps = [next(data_stream) for _ in range(6)]
+    model = model_for_rank()
+    whole = TrainGraph(model, sgd(model))
+    for x, y in steps[:3]:
+        whole(x, y)
+    state = whole.state_dict()
+    losses = [float(whole(x, y)) for x, y in steps[3:]]
+    model = model_for_rank()
+    again = TrainGraph(model, sgd(model))
+    again(*steps[0])                     # compiled, and elsewhere
+    again.load_state_dict(state)         # on every rank: every rank recompiles
+    save({"whole": losses, "again": [float(again(x, y)) for x, y in steps[3:]],
+          "same": digest(whole) == digest(again), "compile_count": again.compile_count})
+elif mode == "alone":
+    model = mf.nn.Sequential(*model_for_rank(), mf.nn.Dropout(0.1))
+    graph = TrainGraph(model, mf.optim.SGD(model.parameters(), lr=0.1))
+    data_stream = stream(32)
+    for _ in range(2):
+        graph(*next(data_stream))
+    if rank == 1:
+        change = sys.argv[3]
+        if change == "load_state_dict":
+            graph.load_state_dict(graph.state_dict())
+        elif change == "dropout.p":
+            model[-1].p = 0.2
+        else:
+            model.eval()
+    graph(*next(data_stream))
+    save({"finished": True})
 elif mode == "tiny":
     model = model_for_rank((8, 16, 3))
     graph = TrainGraph(model, mf.optim.Adam(model.parameters(), lr=0.01))
