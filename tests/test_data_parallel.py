@@ -356,6 +356,21 @@ def test_a_recompile_on_one_rank_alone_is_an_error_on_every_rank_not_a_hang(tmp_
 
 @pytest.mark.slow
 @requires_mpi
+def test_a_compiled_plan_of_another_mode_on_one_rank_is_an_error_on_every_rank(tmp_path):
+    """Every rank compiled a train and an eval plan; then rank 1 alone calls ``eval()``: no rank
+    recompiles, but the ranks would run different plans (before: the watchdog's abort, or
+    different steps silently). The call's first collective compares the plans' keys."""
+    rc, output, seconds = run_mpi("training.py", 2, tmp_path, "alone", "eval again",
+                                  timeout=120, env={"MINIFLOW_DIST_TIMEOUT": "300"})
+    assert rc != 0 and seconds < 60, (rc, seconds, output)
+    assert ("RankMismatchError: TrainGraph is called with other inputs or module modes on some "
+            "ranks: rank 0: inputs (32, 64) <f4, (32,) <i8; modes train; rank 1: inputs "
+            "(32, 64) <f4, (32,) <i8; modes eval.") in output, output
+    assert not (tmp_path / "rank0.json").exists()
+
+
+@pytest.mark.slow
+@requires_mpi
 def test_a_load_on_every_rank_after_the_first_call_continues_the_run_bit_for_bit(tmp_path):
     """Every rank loads the state dict of step 3 into a graph that stepped elsewhere: every rank
     recompiles together, and steps 4 to 6 give the uninterrupted run's losses and variables."""

@@ -12,9 +12,10 @@ nodes), unless ``config.enable_data_parallel(False)`` turns it off. Every time s
 the ranks check that they compiled the same graph (:class:`miniflow.distributed.RankMismatchError`
 on every rank otherwise) and take rank 0's parameters, optimizer state and loss scale (an MPI
 broadcast), so every replica starts equal. Every later call first agrees, in one small all-reduce
-that also checks the learning rates, on whether the ranks recompile: a rank that would recompile
-alone (a change made on it only, e.g. ``load_state_dict``) makes every rank raise
-``RankMismatchError`` instead of waiting in other collectives than the rest. Graphs without an
+that also checks the learning rates, on whether the ranks recompile and which plan they run: a
+rank that would recompile alone (a change made on it only, e.g. ``load_state_dict``) or run
+another plan (``eval()`` on it only) makes every rank raise ``RankMismatchError`` instead of
+waiting in other collectives than the rest (or stepping differently). Graphs without an
 optimizer (evaluation) stay local: rank 0 may run one alone.
 
 Subclass it, assign modules as attributes, call ``self.add_optimizer(opt)`` and implement
@@ -50,6 +51,7 @@ import contextlib
 import functools
 import inspect
 import threading
+import zlib
 from collections import OrderedDict
 from types import SimpleNamespace
 
@@ -95,6 +97,21 @@ def _recompiles_alone(name: str, flags: list) -> str:
             f"rank 0's variables), so the ranks would wait in different collectives: every rank "
             f"must make the same change (load_state_dict on every rank, with the same state "
             f"dict).")
+
+
+@functools.lru_cache(maxsize=256)
+def _digest(key: tuple) -> float:
+    """A plan's key as a number that is the same in every process (``hash`` of a str is not:
+    ``PYTHONHASHSEED``), for :meth:`Graph._agree_on_compiling`'s all-reduce."""
+    return float(zlib.crc32(repr(key).encode()))
+
+
+def _key_text(key: tuple) -> str:
+    """A plan's key (:meth:`Graph._run`: per input ``(shape, dtype.str)``, then the modules'
+    ``training`` flags) as text: ``inputs (64, 64) <f4, (64,) <i8; modes train``."""
+    *inputs, modes = key
+    mode = "train" if all(modes) else "eval" if not any(modes) else "mixed train/eval"
+    return ("inputs " + ", ".join(f"{tuple(s)} {d}" for s, d in inputs) + f"; modes {mode}")
 
 
 def _record_outcome(scaler, skip_nonfinite: bool, optimizers, names, hosts) -> None:
@@ -505,8 +522,8 @@ class Graph:
         arrays = [self._as_array(i, x) for i, x in enumerate(inputs)]
         key = (*((a.shape, a.dtype.str) for a in arrays), self._modes())
         plan = self._plans.get(key)
-        if self._lr_count is not None:   # a data-parallel graph: every rank calls it together
-            self._agree_on_compiling(plan is None)
+        if plan.collective if plan is not None else self._lr_count is not None:
+            self._agree_on_compiling(key, plan is None)     # data parallel: ranks call together
         if plan is None:
             plan = self._compile(arrays)
             self._plans[key] = plan
@@ -607,7 +624,8 @@ class Graph:
             self._sync_ranks(graph, ctx)
             self._check_learning_rates()
             copies.stale()
-        self._lr_count = len(self._learning_rates()) if collective else None
+        if collective:
+            self._lr_count = len(self._learning_rates())
         self._ir, self._context = graph, ctx
         self.compile_count += 1
         plan = Plan(graph, get_backend(), context=ctx, collective=collective)
@@ -752,11 +770,14 @@ class Graph:
             "Every rank must set them alike: by the same scheduler, stepped on every rank, or "
             "by hand on every rank.")
 
-    def _agree_on_compiling(self, compiling: bool) -> None:
-        """Data parallel, the first collective of every call after a data-parallel compile: one
-        small all-reduce (``distributed.same_values``) of whether this rank compiles at this call
-        and of the learning rates, the check every step makes anyway, so a call costs no extra
-        collective.
+    def _agree_on_compiling(self, key: tuple, compiling: bool) -> None:
+        """Data parallel, the first collective of every call of a data-parallel plan (or one
+        that compiles, once the graph has compiled one): one small all-reduce
+        (``distributed.same_values``) of whether this rank compiles at this call, of a digest of
+        the plan's ``key`` (the inputs' shapes and dtypes, the modules' train/eval modes) and of
+        the learning rates, the check every step makes anyway, so a call costs no extra
+        collective. Ranks whose keys differ would run different plans (a smaller last batch on
+        one rank, ``eval()`` on one rank): every rank raises too.
 
         Compiling is collective (:meth:`_sync_ranks`); so is a step (the gradient all-reduces).
         A rank that recompiles alone, after a change made on it only, would wait in the compile's
@@ -770,15 +791,24 @@ class Graph:
 
         Raises:
             RankMismatchError: on every rank, naming the ranks that would recompile alone, or
+                every rank's inputs and modes where the keys differ, or
                 (:meth:`_check_learning_rates`) the first group whose lr differs.
         """
         lrs = [0.0] * self._lr_count if compiling else self._learning_rates()
         name = type(self).__name__
-        if distributed.same_values([float(compiling), *lrs], f"the per-call check of {name}"):
+        if distributed.same_values([float(compiling), _digest(key), *lrs],
+                                   f"the per-call check of {name}"):
             return
-        flags = distributed.all_gather_object(compiling, f"recompiling {name}")
-        if any(flags):
-            raise distributed.RankMismatchError(_recompiles_alone(name, flags))
+        flags = distributed.all_gather_object((compiling, key), f"recompiling {name}")
+        if any(f for f, _ in flags):
+            raise distributed.RankMismatchError(_recompiles_alone(name, [f for f, _ in flags]))
+        if any(k != key for _, k in flags):
+            raise distributed.RankMismatchError(
+                f"{name} is called with other inputs or module modes on some ranks: "
+                + "; ".join(f"rank {r}: {_key_text(k)}" for r, (_, k) in enumerate(flags))
+                + ". Every rank must call a data-parallel graph with inputs of the same shapes "
+                "and dtypes (a last, smaller batch dropped on every rank or on none) and its "
+                "modules in the same train() / eval() modes.")
         self._check_learning_rates()      # the learning rates differ: name the first
 
     def _input_names(self, n: int) -> list:

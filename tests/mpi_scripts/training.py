@@ -20,8 +20,10 @@ MLP through nn.Graph. ``python training.py OUT MODE``; every rank writes OUT/ran
   writes both runs' losses of steps 4 to 6 and whether every variable is equal.
 * ``alone MODE``: 2 steps, then rank 1 alone makes its graph recompile (MODE ``load_state_dict``:
   loads the graph's state dict; ``dropout.p``: changes a traced module attribute; ``eval``:
-  ``model.eval()``) and every rank steps again: every rank raises RankMismatchError (uncaught:
-  the job ends). Writes nothing.
+  ``model.eval()``; ``eval again``: every rank has compiled an eval plan and gone back to
+  train(), then rank 1 alone calls ``model.eval()``: its plan is compiled already, another than
+  rank 0's) and every rank steps again: every rank raises RankMismatchError (uncaught: the job
+  ends). Writes nothing.
 * ``tiny``: 4 AMP steps (dynamic GradScaler, Adam) of an 8-16-3 MLP on 6 random rows per rank,
   on the backend ``MINIFLOW_BACKEND`` names (the cuda lane runs it under the CUDA simulator):
   writes the losses, the scale and every variable.
@@ -204,8 +206,13 @@ elif mode == "alone":
     data_stream = stream(32)
     for _ in range(2):
         graph(*next(data_stream))
+    change = sys.argv[3]
+    if change == "eval again":          # every rank: an eval plan compiled, then train again
+        model.eval()
+        graph(*next(data_stream))
+        model.train()
+        graph(*next(data_stream))
     if rank == 1:
-        change = sys.argv[3]
         if change == "load_state_dict":
             graph.load_state_dict(graph.state_dict())
         elif change == "dropout.p":
