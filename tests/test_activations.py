@@ -15,9 +15,10 @@ X = np.linspace(-6, 6, 45).astype(np.float32).reshape(3, 15)
 
 
 def _module(name: str):
-    """The Module of activation ``name`` (``relu`` -> ``ReLU``)."""
+    """The Module of activation ``name`` (``relu`` -> ``ReLU``, ``leaky_relu`` -> ``LeakyReLU``:
+    PyTorch's class drops the underscore)."""
     (cls,) = [getattr(activations, c) for c in activations.__all__
-              if not c.islower() and c.lower() == name]
+              if not c.islower() and c.lower() == name.replace("_", "")]
     return cls
 
 
@@ -48,7 +49,14 @@ def test_activations_match_pytorch(name):
                                               ("GELU", {"approximate": "tanh"},
                                                "GELU(approximate='tanh')"),
                                               ("Softplus", {"beta": 2, "threshold": 5},
-                                               "Softplus(beta=2, threshold=5)")])
+                                               "Softplus(beta=2, threshold=5)"),
+                                              ("LeakyReLU",
+                                               {"negative_slope": 0.2, "inplace": True},
+                                               "LeakyReLU(negative_slope=0.2, inplace=True)"),
+                                              ("LeakyReLU", {}, "LeakyReLU(negative_slope=0.01)"),
+                                              ("ELU", {"alpha": 0.5, "inplace": True},
+                                               "ELU(alpha=0.5, inplace=True)"),
+                                              ("ELU", {}, "ELU(alpha=1.0)")])
 def test_pytorchs_constructor_arguments_are_taken(cls, kwargs, name):
     """``ReLU(inplace=True)`` (torchvision's models), ``SiLU(inplace=True)`` and ``GELU(approximate=
     'tanh')`` (GPT-2's) construct, print as PyTorch's, and compute what PyTorch's do, eagerly and
@@ -62,7 +70,9 @@ def test_pytorchs_constructor_arguments_are_taken(cls, kwargs, name):
     t = X.astype(np.float64)
     want = {"ReLU": np.maximum(t, 0), "SiLU": t / (1 + np.exp(-t)),
             "GELU": 0.5 * t * (1 + np.tanh(np.sqrt(2 / np.pi) * (t + 0.044715 * t ** 3))),
-            "Softplus": np.where(2 * t > 5, t, np.log1p(np.exp(2 * t)) / 2)}
+            "Softplus": np.where(2 * t > 5, t, np.log1p(np.exp(2 * t)) / 2),
+            "LeakyReLU": np.where(t > 0, t, kwargs.get("negative_slope", 0.01) * t),
+            "ELU": np.where(t > 0, t, kwargs.get("alpha", 1.0) * np.expm1(np.minimum(t, 0)))}
     np.testing.assert_allclose(got, want[cls], rtol=2e-6, atol=2e-6)
 
     np.testing.assert_allclose(EvalGraph(module)(X).numpy(), got, rtol=1e-6, atol=1e-7)
@@ -84,7 +94,16 @@ def test_pytorchs_constructor_arguments_are_taken(cls, kwargs, name):
     (lambda: nn.GELU(approximate="erf"), ValueError,
      "GELU: approximate must be 'none' or 'tanh' .*got 'erf'"),
     (lambda: nn.functional.gelu(mf.tensor(X), approximate=None), ValueError,
-     "gelu: approximate must be 'none' or 'tanh' .*got None")])
+     "gelu: approximate must be 'none' or 'tanh' .*got None"),
+    (lambda: nn.LeakyReLU(negative_slope="0.1"), TypeError,
+     "LeakyReLU: negative_slope must be a real number, got '0.1'"),
+    (lambda: nn.LeakyReLU(inplace=None), TypeError,
+     "LeakyReLU: inplace must be True or False, got None"),
+    (lambda: nn.functional.leaky_relu(mf.tensor(X), True), TypeError,
+     "leaky_relu: negative_slope must be a real number, got True"),
+    (lambda: nn.ELU(alpha=None), TypeError, "ELU: alpha must be a real number, got None"),
+    (lambda: nn.functional.elu(mf.tensor(X), inplace="no"), TypeError,
+     "elu: inplace must be True or False, got 'no'")])
 def test_bad_constructor_arguments_are_refused_naming_the_activation(call, error, match):
     with pytest.raises(error, match=match):
         call()
@@ -134,3 +153,45 @@ def test_softplus_and_its_derivative_match_pytorch_at_any_beta_and_threshold(bet
         tol = {"rtol": 2e-6, "atol": 1e-30} if dt == np.float32 else {"rtol": 1e-12, "atol": 0}
         np.testing.assert_allclose(out, y.detach().numpy(), **tol)
         np.testing.assert_allclose(grad, t.grad.numpy(), **tol)
+
+
+EDGES = np.concatenate([np.linspace(-30, 30, 121), [np.nan, 0.0, -0.0, -1e-8, 1e-8, -1e4, 1e4,
+                                                    -np.inf, np.inf]])
+
+
+@pytest.mark.parametrize("name,alpha", [("leaky_relu", 0.01), ("leaky_relu", 0.2),
+                                        ("leaky_relu", 0.0), ("leaky_relu", -0.5),
+                                        ("leaky_relu", 3.0), ("elu", 1.0), ("elu", 0.5),
+                                        ("elu", 0.0), ("elu", -0.5), ("elu", 2.0)])
+def test_leaky_relu_and_elu_and_their_derivatives_match_pytorch_at_the_edges(name, alpha):
+    """``leaky_relu`` / ``elu`` (ops of the same names, attribute ``alpha``) against
+    ``torch.nn.functional.leaky_relu(x, negative_slope)`` / ``elu(x, alpha)``, and their
+    ``*_derivative`` ops against PyTorch's autograd, in float32 and float64: NaN propagates, the
+    sign of every zero is PyTorch's (-0.0 in, -0.0 out; a slope or alpha of 0 or below), and the
+    derivative at 0 is PyTorch's (``alpha``), at NaN too for leaky_relu; elu's derivative at NaN
+    is NaN (OneFlow's ``elu_grad``; PyTorch's own differs by tensor size: 1 under 64 elements,
+    NaN from its vectorized loop). Without PyTorch: the NumPy float64 reference."""
+    from miniflow.tensor import apply
+    fn = getattr(nn.functional, name)
+    for dt in (np.float32, np.float64):
+        x = EDGES.astype(dt)
+        out = fn(mf.tensor(x), alpha).numpy()
+        grad = apply(f"{name}_derivative", [mf.tensor(x)], alpha=alpha).numpy()
+        want = get_op(name).reference([x.astype(np.float64)], {"alpha": alpha})[0]
+        np.testing.assert_allclose(out, want, rtol=2e-6, atol=1e-30)
+        np.testing.assert_array_equal(np.signbit(out), np.signbit(want))
+        try:
+            import torch
+        except ImportError:
+            continue
+        t = torch.tensor(x, requires_grad=True)
+        y = getattr(torch.nn.functional, name)(t, alpha)
+        y.sum().backward()
+        ref, ref_grad = y.detach().numpy(), t.grad.numpy()
+        if name == "elu":
+            assert np.isnan(grad[np.isnan(x)]).all()
+            ref_grad = np.where(np.isnan(x), np.nan, ref_grad)
+        np.testing.assert_allclose(out, ref, rtol=2e-6 if dt == np.float32 else 1e-12, atol=0)
+        np.testing.assert_array_equal(np.signbit(out), np.signbit(ref))
+        np.testing.assert_allclose(grad, ref_grad, rtol=2e-6 if dt == np.float32 else 1e-12,
+                                   atol=0)

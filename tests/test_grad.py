@@ -54,6 +54,13 @@ CASES = [
     # softplus jumps at beta * x = threshold (x = 2.5 here): points 0.05 or more from it, both sides
     ("softplus", [np.linspace(-4.0, 4.0, 12).reshape(3, 4)], {"beta": 2.0, "threshold": 5.0}),
     ("softplus", [u(3, 4, lo=-6.0, hi=6.0)], {}),
+    # leaky_relu and elu have a kink at 0 (elu's unless alpha is 1): points 0.27 or more from it
+    ("leaky_relu", [np.linspace(-3.0, 3.0, 12).reshape(3, 4)], {"alpha": 0.2}),
+    ("leaky_relu", [np.linspace(-3.0, 3.0, 12).reshape(3, 4)], {"alpha": -0.5}),
+    ("leaky_relu", [np.linspace(-3.0, 3.0, 12).reshape(3, 4)], {}),
+    ("elu", [np.linspace(-3.0, 3.0, 12).reshape(3, 4)], {"alpha": 0.5}),
+    ("elu", [np.linspace(-3.0, 3.0, 12).reshape(3, 4)], {"alpha": 0.0}),
+    ("elu", [u(3, 4, lo=-4.0, hi=4.0)], {}),
     # the first samples of these fill with -inf, where finite differences are NaN
     ("tril", [u(2, 4, 4)], {"diagonal": 0, "fill_value": -3.0}),
     ("tril", [u(3, 5)], {"diagonal": -1}),

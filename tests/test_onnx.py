@@ -158,6 +158,24 @@ def test_activations_pools_and_scalars_match_at_both_gelu_forms(opset, amp, tmp_
             np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-5)
 
 
+def _export_one_activation_chain(model, amp: bool, path):
+    """Export ``model`` (seeded: call it after ``manual_seed``) in an EvalGraph, float32 or
+    AMP, on a ``[16, 4]`` input; check that onnxruntime matches miniflow (AMP: within 4 float16
+    ulps); returns the ONNX model."""
+    graph = EvalGraph(model)
+    if amp:
+        graph.config.enable_amp(True)
+    x = np.random.default_rng(3).standard_normal((16, 4)).astype(np.float32) * 3
+    want = graph(x).numpy()
+    proto = mo.export(graph, x, path)
+    (got,) = _run(path, {"x": x})
+    if amp:
+        assert got.dtype == want.dtype and np.abs(got - want).max() <= 4 * _f16_ulp(want)
+    else:
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+    return proto
+
+
 @pytest.mark.parametrize("amp", [False, True], ids=["fp32", "amp"])
 def test_softplus_exports_its_beta_and_threshold_as_a_composition(amp, tmp_path):
     """ONNX's Softplus has no beta or threshold: the export is Where(beta x > threshold, x,
@@ -166,18 +184,25 @@ def test_softplus_exports_its_beta_and_threshold_as_a_composition(amp, tmp_path)
     miniflow.manual_seed(0)
     model = nn.Sequential(nn.Linear(4, 8), nn.Softplus(beta=2, threshold=3), nn.Linear(8, 3),
                           nn.Softplus())
-    graph = EvalGraph(model)
-    if amp:
-        graph.config.enable_amp(True)
-    x = np.random.default_rng(3).standard_normal((16, 4)).astype(np.float32) * 3
-    want = graph(x).numpy()
-    proto = mo.export(graph, x, tmp_path / "softplus.onnx")
+    proto = _export_one_activation_chain(model, amp, tmp_path / "softplus.onnx")
     assert {"Softplus", "Where", "Greater"} <= {n.op_type for n in proto.graph.node}
-    (got,) = _run(tmp_path / "softplus.onnx", {"x": x})
-    if amp:
-        assert got.dtype == want.dtype and np.abs(got - want).max() <= 4 * _f16_ulp(want)
-    else:
-        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("amp", [False, True], ids=["fp32", "amp"])
+def test_leaky_relu_and_elu_export_as_onnx_operators_with_their_alpha(amp, tmp_path):
+    """``leaky_relu`` -> ``LeakyRelu(alpha)`` and ``elu`` -> ``Elu(alpha)``, the node's ``alpha``
+    an ONNX attribute (not an input), given and at the defaults (0.01, 1.0), and a slope of 0;
+    onnxruntime matches miniflow (float16 computed in float32 and rounded once, as miniflow
+    does)."""
+    miniflow.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 8), nn.LeakyReLU(0.2), nn.Linear(8, 8), nn.ELU(alpha=0.5),
+                          nn.Linear(8, 8), nn.LeakyReLU(), nn.Linear(8, 8), nn.ELU(),
+                          nn.Linear(8, 3), nn.LeakyReLU(0.0))
+    proto = _export_one_activation_chain(model, amp, tmp_path / "act.onnx")
+    alphas = {(n.op_type, round(a.f, 6)) for n in proto.graph.node for a in n.attribute
+              if n.op_type in ("LeakyRelu", "Elu")}
+    assert alphas == {("LeakyRelu", 0.2), ("LeakyRelu", 0.01), ("LeakyRelu", 0.0),
+                      ("Elu", 0.5), ("Elu", 1.0)}
 
 
 def _amp_training_graph(name: str):

@@ -10,7 +10,7 @@ from ..tensor import Tensor, apply
 from .module import Module
 
 __all__ = ["relu", "ReLU", "gelu", "GELU", "silu", "SiLU", "tanh", "Tanh", "sigmoid", "Sigmoid",
-           "softplus", "Softplus"]
+           "softplus", "Softplus", "leaky_relu", "LeakyReLU", "elu", "ELU"]
 
 
 def _inplace(owner: str, inplace) -> bool:
@@ -169,3 +169,60 @@ class Softplus(Module):
 
     def extra_repr(self) -> str:
         return f"beta={self.beta}, threshold={self.threshold}"
+
+
+def leaky_relu(x: Tensor, negative_slope: float = 0.01, inplace: bool = False) -> Tensor:
+    """``x`` where ``x > 0``, else ``negative_slope * x`` (op ``leaky_relu``, its attribute
+    ``alpha`` is ``negative_slope``; gradient op ``leaky_relu_derivative`` times dy): PyTorch's
+    ``torch.nn.functional.leaky_relu``
+    (https://pytorch.org/docs/stable/generated/torch.nn.LeakyReLU.html). Shapes and float dtypes
+    are x's; ``inplace``: accepted, computed out of place (:func:`_inplace`).
+
+    Raises:
+        TypeError: ``negative_slope`` is not a real number, or ``inplace`` not a bool."""
+    _inplace("leaky_relu", inplace)
+    return apply("leaky_relu", [x], alpha=_real("leaky_relu", "negative_slope", negative_slope))
+
+
+class LeakyReLU(Module):
+    """``leaky_relu(x, negative_slope)`` elementwise (op ``leaky_relu``; :func:`leaky_relu`),
+    printed as PyTorch's ``LeakyReLU(negative_slope=0.01)``."""
+
+    def __init__(self, negative_slope: float = 0.01, inplace: bool = False):
+        super().__init__()
+        self.negative_slope = _real("LeakyReLU", "negative_slope", negative_slope)
+        self.inplace = _inplace("LeakyReLU", inplace)
+
+    def forward(self, x):
+        return leaky_relu(x, self.negative_slope)
+
+    def extra_repr(self) -> str:
+        return f"negative_slope={self.negative_slope}" + (", inplace=True" if self.inplace else "")
+
+
+def elu(x: Tensor, alpha: float = 1.0, inplace: bool = False) -> Tensor:
+    """``x`` where ``x > 0``, else ``alpha * (exp(x) - 1)`` (op ``elu``, attribute ``alpha``;
+    gradient op ``elu_derivative`` times dy): PyTorch's ``torch.nn.functional.elu``
+    (https://pytorch.org/docs/stable/generated/torch.nn.ELU.html). Shapes and float dtypes are
+    x's; ``inplace``: accepted, computed out of place (:func:`_inplace`).
+
+    Raises:
+        TypeError: ``alpha`` is not a real number, or ``inplace`` not a bool."""
+    _inplace("elu", inplace)
+    return apply("elu", [x], alpha=_real("elu", "alpha", alpha))
+
+
+class ELU(Module):
+    """``elu(x, alpha)`` elementwise (op ``elu``; :func:`elu`), printed as PyTorch's
+    ``ELU(alpha=1.0)``."""
+
+    def __init__(self, alpha: float = 1.0, inplace: bool = False):
+        super().__init__()
+        self.alpha = _real("ELU", "alpha", alpha)
+        self.inplace = _inplace("ELU", inplace)
+
+    def forward(self, x):
+        return elu(x, self.alpha)
+
+    def extra_repr(self) -> str:
+        return f"alpha={self.alpha}" + (", inplace=True" if self.inplace else "")

@@ -25,7 +25,8 @@ functions are the model for the choices):
 * Elementwise ops and ``fused_elementwise`` expressions by their scalar functions
   (:data:`FUNCTIONS`): ``relu`` -> ``Relu``, ``add`` -> ``Add`` ..., ``gelu`` -> ``Gelu`` from
   opset 20, before it its erf form ``x * 0.5 * (1 + Erf(x / sqrt(2)))``, ``silu`` -> ``x *
-  Sigmoid(x)``, ``rsqrt`` -> ``Reciprocal(Sqrt(x))``. miniflow computes a function of half
+  Sigmoid(x)``, ``rsqrt`` -> ``Reciprocal(Sqrt(x))``, ``leaky_relu`` -> ``LeakyRelu(alpha)``,
+  ``elu`` -> ``Elu(alpha)``. miniflow computes a function of half
   operands in float32 and rounds the result once; a decomposed function, or a number that the
   half type does not hold exactly, is computed the same way here (``Cast`` to float32 and back).
 
@@ -168,6 +169,18 @@ def _softplus_derivative(b, args, out, dt):
                   + b.node("Sigmoid", z, 1), [out])
 
 
+def _with_attribute(op_type: str, attribute: str):
+    """The emitter of an ONNX operator that takes the function's one scalar attribute as an ONNX
+    attribute, not an input (``LeakyRelu(alpha)``, ``Elu(alpha)``): marked ``numbers``, so that
+    :func:`_apply` hands it the attribute as a number (always one: a node's attributes and a
+    fused expression's are numbers) instead of an initializer's name."""
+    def emit(b, args, out, dt):
+        x, value = args
+        return b.node(op_type, [x], [out], **{attribute: float(value)})
+    emit.numbers = True
+    return emit
+
+
 FUNCTIONS = {
     "neg": (_onnx_op("Neg"), False), "identity": (_onnx_op("Identity"), False),
     "exp": (_onnx_op("Exp"), False), "log": (_onnx_op("Log"), False),
@@ -179,10 +192,15 @@ FUNCTIONS = {
     "silu": (lambda b, a, out, dt: b.node("Mul", [a[0]] + b.node("Sigmoid", a, 1), [out]), True),
     "gelu": (_gelu, True), "softplus": (_softplus, True),
     "softplus_derivative": (_softplus_derivative, True),
+    "leaky_relu": (_with_attribute("LeakyRelu", "alpha"), True),
+    "elu": (_with_attribute("Elu", "alpha"), True),
 }
 """Scalar function name -> (emit(builder, operand names, output name, dtype), decomposed): the
 functions of the elementwise ops with a standard form; ``decomposed`` when it takes several ONNX
-nodes (computed in float32 for half operands, rounded once, as miniflow does)."""
+nodes (computed in float32 for half operands, rounded once, as miniflow does), or takes a scalar
+attribute as an ONNX attribute (:func:`_with_attribute`: ONNX's Elu has no bfloat16, and
+miniflow computes ``alpha * x`` in float32 and rounds once). An emitter gets the numbers among
+its operands as initializers' names, or as numbers when it is marked ``numbers``."""
 
 
 def _apply(b: Builder, fn: str, args: list, out: str, dt: DType) -> None:
@@ -190,13 +208,14 @@ def _apply(b: Builder, fn: str, args: list, out: str, dt: DType) -> None:
     emit, decomposed = FUNCTIONS[fn]
     numbers_ = [a for a in args if not isinstance(a, str)]
     exact = all(float(np.array(v, dt.np)) == v or math.isnan(v) for v in numbers_)
+    as_numbers = getattr(emit, "numbers", False)
     if not dt.is_half or (exact and not decomposed):
-        emit(b, [a if isinstance(a, str) else b.initializer(np.array(a, dt.np)) for a in args],
-             out, dt)
+        emit(b, [a if isinstance(a, str) or as_numbers else b.initializer(np.array(a, dt.np))
+                 for a in args], out, dt)
         return
     f32 = tensor_type(b.onnx, float32)
     wide = [b.node("Cast", [a], 1, to=f32)[0] if isinstance(a, str)
-            else b.initializer(np.array(a, np.float32)) for a in args]
+            else a if as_numbers else b.initializer(np.array(a, np.float32)) for a in args]
     tmp = b.fresh(fn)
     emit(b, wide, tmp, float32)
     b.node("Cast", [tmp], [out], to=tensor_type(b.onnx, dt))

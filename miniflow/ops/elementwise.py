@@ -454,6 +454,104 @@ elementwise("softplus_derivative", softplus_derivative, _softplus_derivative_ref
             doc="out = 1 where beta*x > threshold, else sigmoid(beta*x): softplus's derivative")
 
 
+# ------------------------------------------------------------------------------ leaky_relu, elu
+def leaky_relu(x, alpha):
+    """PyTorch's ``leaky_relu(x, negative_slope)``: ``x`` where ``x > 0``, else ``alpha * x``
+    (NaN propagates; -0.0 stays -0.0 for a positive slope). Source:
+    https://pytorch.org/docs/stable/generated/torch.nn.LeakyReLU.html; OneFlow's op
+    ``leaky_relu`` (attribute ``alpha``, ``UnaryOp::kLeakyRelu``)."""
+    return x if x > 0.0 else x * alpha
+
+
+def leaky_relu_derivative(x, alpha):
+    """d leaky_relu(x, alpha) / dx: 1 where ``x > 0``, else ``alpha`` (also at NaN and at 0, as
+    PyTorch's ``leaky_relu_backward``; OneFlow's ``leaky_relu_grad(x, dy)`` without the factor
+    dy)."""
+    return 1.0 if x > 0.0 else alpha
+
+
+def elu(x, alpha):
+    """PyTorch's ``elu(x, alpha)``: ``x`` where ``x > 0``, else ``alpha * (exp(x) - 1)``, the
+    latter as ``alpha * expm1(x)`` (exact near 0); NaN and both zeros pass through unchanged, as
+    PyTorch's kernel gives them. Source:
+    https://pytorch.org/docs/stable/generated/torch.nn.ELU.html; OneFlow's op ``elu`` (attribute
+    ``alpha``, ``UnaryOp::kElu``)."""
+    if not x < 0.0:
+        return x
+    return alpha * math.expm1(x)
+
+
+def elu_derivative(x, alpha):
+    """d elu(x, alpha) / dx: 1 where ``x > 0``, else ``alpha * exp(x)`` (at 0 too), as PyTorch's
+    ``elu_backward``; NaN propagates, as in OneFlow's ``elu_grad(x, dy)`` (this without the factor
+    dy) and PyTorch's vectorized kernel (its scalar loop, for small tensors, gives 1)."""
+    return 1.0 if x > 0.0 else alpha * math.exp(x)
+
+
+LEAKY_RELU_DEFAULTS = {"alpha": 0.01}
+"""PyTorch's (and OneFlow's ``nn.LeakyReLU``) default slope, ``negative_slope=0.01``."""
+ELU_DEFAULTS = {"alpha": 1.0}
+"""PyTorch's (and OneFlow's ``nn.ELU``) default ``alpha=1.0``."""
+_PIECEWISE_AMP_NOTE = ("not in OneFlow's lists (there it runs in float32); gray here, like gelu "
+                       "and softplus: its kernel computes in float32 and rounds once")
+
+
+def _leaky_relu_ref(x, alpha):
+    with np.errstate(invalid="ignore"):
+        return np.where(x > 0, x, x * alpha)
+
+
+def _leaky_relu_derivative_ref(x, alpha):
+    return np.where(x > 0, 1.0, alpha)
+
+
+def _elu_ref(x, alpha):
+    with np.errstate(over="ignore", invalid="ignore"):
+        return np.where(x < 0, alpha * np.expm1(np.minimum(x, 0.0)), x)
+
+
+def _elu_derivative_ref(x, alpha):
+    with np.errstate(over="ignore", invalid="ignore"):
+        return np.where(x > 0, 1.0, alpha * np.exp(np.minimum(x, 0.0)))
+
+
+def _derivative_grad(derivative: str):
+    """The gradient rule ``dx = dy * <derivative>(x)`` with the node's attributes: OneFlow's
+    ``<op>_grad(x, dy)`` as two ops, which fusion makes one kernel (an elementwise op with
+    scalar attributes has one tensor operand)."""
+    def grad(n, gs, emit):
+        return [emit("broadcast_mul", gs[0], emit(derivative, n.inputs[0], **n.attrs))]
+    return grad
+
+
+def _alpha_samples(given: float, lo: float = -6.0, hi: float = 6.0):
+    """Samples at ``alpha=given`` over [lo, hi), at alpha 0 and -0.5 (edge slopes), and at the
+    default (attribute omitted) over [-30, 30)."""
+    cases = [unary_samples(lo, hi, attrs={"alpha": a}) for a in (given, 0.0, -0.5)]
+    default = unary_samples(-30.0, 30.0)
+    return lambda: [s for make in cases + [default] for s in make()]
+
+
+elementwise("leaky_relu", leaky_relu, _leaky_relu_ref, amp="gray", amp_note=_PIECEWISE_AMP_NOTE,
+            scalar_attrs=("alpha",), defaults=LEAKY_RELU_DEFAULTS,
+            grad=_derivative_grad("leaky_relu_derivative"), samples=_alpha_samples(0.2),
+            doc="out = x where x > 0, else alpha*x (PyTorch's leaky_relu, negative_slope=alpha); "
+                "dx = dy * leaky_relu_derivative(x)")
+elementwise("leaky_relu_derivative", leaky_relu_derivative, _leaky_relu_derivative_ref,
+            amp="gray", amp_note=_PIECEWISE_AMP_NOTE, scalar_attrs=("alpha",),
+            defaults=LEAKY_RELU_DEFAULTS, samples=_alpha_samples(0.2),
+            doc="out = 1 where x > 0, else alpha: leaky_relu's derivative")
+elementwise("elu", elu, _elu_ref, amp="gray", amp_note=_PIECEWISE_AMP_NOTE,
+            scalar_attrs=("alpha",), defaults=ELU_DEFAULTS, grad=_derivative_grad("elu_derivative"),
+            samples=_alpha_samples(2.0),
+            doc="out = x where x > 0, else alpha*(exp(x) - 1) (PyTorch's elu); "
+                "dx = dy * elu_derivative(x)")
+elementwise("elu_derivative", elu_derivative, _elu_derivative_ref, amp="gray",
+            amp_note=_PIECEWISE_AMP_NOTE, scalar_attrs=("alpha",), defaults=ELU_DEFAULTS,
+            samples=_alpha_samples(2.0),
+            doc="out = 1 where x > 0, else alpha*exp(x): elu's derivative")
+
+
 # ------------------------------------------------------------------------------ bias_add
 def _bias_add_norm(inputs, attrs):
     ndim = len(inputs[0].shape) if inputs else 0
