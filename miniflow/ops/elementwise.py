@@ -412,8 +412,10 @@ elementwise("silu_grad", silu_grad,
 # ------------------------------------------------------------------------------ softplus
 SOFTPLUS_DEFAULTS = {"beta": 1.0, "threshold": 20.0}
 """PyTorch's (and OneFlow's) defaults of softplus's attributes."""
-_SOFTPLUS_AMP_NOTE = ("not in OneFlow's lists (there it runs in float32); gray here, like gelu "
+_UNLISTED_AMP_NOTE = ("not in OneFlow's lists (there it runs in float32); gray here, like gelu "
                       "and silu: its kernel computes in float32 and rounds once")
+"""The AMP note of the pointwise activations OneFlow's lists leave out (softplus, leaky_relu,
+elu and their derivatives)."""
 
 
 def _softplus_ref(x, beta, threshold):
@@ -428,11 +430,13 @@ def _softplus_derivative_ref(x, beta, threshold):
         return np.where(z > threshold, 1.0, np.exp(-np.logaddexp(0.0, -z)))
 
 
-def _softplus_grad(n, gs, emit):
-    """dx = dy * softplus_derivative(x) with the node's beta and threshold: OneFlow's
-    ``softplus_grad(x, dy)`` as two ops, which fusion makes one kernel (an elementwise op with
+def _derivative_grad(derivative: str):
+    """The gradient rule ``dx = dy * <derivative>(x)`` with the node's attributes: OneFlow's
+    ``<op>_grad(x, dy)`` as two ops, which fusion makes one kernel (an elementwise op with
     scalar attributes has one tensor operand)."""
-    return [emit("broadcast_mul", gs[0], emit("softplus_derivative", n.inputs[0], **n.attrs))]
+    def grad(n, gs, emit):
+        return [emit("broadcast_mul", gs[0], emit(derivative, n.inputs[0], **n.attrs))]
+    return grad
 
 
 def _softplus_samples(lo: float, hi: float):
@@ -443,13 +447,13 @@ def _softplus_samples(lo: float, hi: float):
     return lambda: given() + default()
 
 
-elementwise("softplus", softplus, _softplus_ref, amp="gray", amp_note=_SOFTPLUS_AMP_NOTE,
+elementwise("softplus", softplus, _softplus_ref, amp="gray", amp_note=_UNLISTED_AMP_NOTE,
             scalar_attrs=("beta", "threshold"), defaults=SOFTPLUS_DEFAULTS,
-            grad=_softplus_grad, samples=_softplus_samples(-6.0, 6.0),
+            grad=_derivative_grad("softplus_derivative"), samples=_softplus_samples(-6.0, 6.0),
             doc="out = x where beta*x > threshold, else log(1 + exp(beta*x)) / beta (PyTorch's "
                 "softplus); dx = dy * softplus_derivative(x)")
 elementwise("softplus_derivative", softplus_derivative, _softplus_derivative_ref, amp="gray",
-            amp_note=_SOFTPLUS_AMP_NOTE, scalar_attrs=("beta", "threshold"),
+            amp_note=_UNLISTED_AMP_NOTE, scalar_attrs=("beta", "threshold"),
             defaults=SOFTPLUS_DEFAULTS, samples=_softplus_samples(-6.0, 6.0),
             doc="out = 1 where beta*x > threshold, else sigmoid(beta*x): softplus's derivative")
 
@@ -492,8 +496,6 @@ LEAKY_RELU_DEFAULTS = {"alpha": 0.01}
 """PyTorch's (and OneFlow's ``nn.LeakyReLU``) default slope, ``negative_slope=0.01``."""
 ELU_DEFAULTS = {"alpha": 1.0}
 """PyTorch's (and OneFlow's ``nn.ELU``) default ``alpha=1.0``."""
-_PIECEWISE_AMP_NOTE = ("not in OneFlow's lists (there it runs in float32); gray here, like gelu "
-                       "and softplus: its kernel computes in float32 and rounds once")
 
 
 def _leaky_relu_ref(x, alpha):
@@ -515,15 +517,6 @@ def _elu_derivative_ref(x, alpha):
         return np.where(x > 0, 1.0, alpha * np.exp(np.minimum(x, 0.0)))
 
 
-def _derivative_grad(derivative: str):
-    """The gradient rule ``dx = dy * <derivative>(x)`` with the node's attributes: OneFlow's
-    ``<op>_grad(x, dy)`` as two ops, which fusion makes one kernel (an elementwise op with
-    scalar attributes has one tensor operand)."""
-    def grad(n, gs, emit):
-        return [emit("broadcast_mul", gs[0], emit(derivative, n.inputs[0], **n.attrs))]
-    return grad
-
-
 def _alpha_samples(given: float, lo: float = -6.0, hi: float = 6.0):
     """Samples at ``alpha=given`` over [lo, hi), at alpha 0 and -0.5 (edge slopes), and at the
     default (attribute omitted) over [-30, 30)."""
@@ -532,22 +525,22 @@ def _alpha_samples(given: float, lo: float = -6.0, hi: float = 6.0):
     return lambda: [s for make in cases + [default] for s in make()]
 
 
-elementwise("leaky_relu", leaky_relu, _leaky_relu_ref, amp="gray", amp_note=_PIECEWISE_AMP_NOTE,
+elementwise("leaky_relu", leaky_relu, _leaky_relu_ref, amp="gray", amp_note=_UNLISTED_AMP_NOTE,
             scalar_attrs=("alpha",), defaults=LEAKY_RELU_DEFAULTS,
             grad=_derivative_grad("leaky_relu_derivative"), samples=_alpha_samples(0.2),
             doc="out = x where x > 0, else alpha*x (PyTorch's leaky_relu, negative_slope=alpha); "
                 "dx = dy * leaky_relu_derivative(x)")
 elementwise("leaky_relu_derivative", leaky_relu_derivative, _leaky_relu_derivative_ref,
-            amp="gray", amp_note=_PIECEWISE_AMP_NOTE, scalar_attrs=("alpha",),
+            amp="gray", amp_note=_UNLISTED_AMP_NOTE, scalar_attrs=("alpha",),
             defaults=LEAKY_RELU_DEFAULTS, samples=_alpha_samples(0.2),
             doc="out = 1 where x > 0, else alpha: leaky_relu's derivative")
-elementwise("elu", elu, _elu_ref, amp="gray", amp_note=_PIECEWISE_AMP_NOTE,
+elementwise("elu", elu, _elu_ref, amp="gray", amp_note=_UNLISTED_AMP_NOTE,
             scalar_attrs=("alpha",), defaults=ELU_DEFAULTS, grad=_derivative_grad("elu_derivative"),
             samples=_alpha_samples(2.0),
             doc="out = x where x > 0, else alpha*(exp(x) - 1) (PyTorch's elu); "
                 "dx = dy * elu_derivative(x)")
 elementwise("elu_derivative", elu_derivative, _elu_derivative_ref, amp="gray",
-            amp_note=_PIECEWISE_AMP_NOTE, scalar_attrs=("alpha",), defaults=ELU_DEFAULTS,
+            amp_note=_UNLISTED_AMP_NOTE, scalar_attrs=("alpha",), defaults=ELU_DEFAULTS,
             samples=_alpha_samples(2.0),
             doc="out = 1 where x > 0, else alpha*exp(x): elu's derivative")
 
