@@ -710,8 +710,10 @@ def swapped_pairs_kernel(parallel: bool, counted: bool):
     layout), :func:`outer_block_kernel`'s ``vdot_pairs`` tile with ``w`` as its broadcast
     operand, read once in place, into ``out_t`` ``[n, m]`` (rounded and, with ``counted``,
     counted into ``count[0]`` as it is written), then ``out_t`` transposed into ``out``. The
-    same bits as packing ``W`` (every element of out is the same sum in the same order); what
-    it saves is packing the weight, the big operand, on every call. Taken where ``m`` is the
+    same bits as packing ``W`` in every finite element (each is the same sum in the same order)
+    and the same count; where an overflowing product meets one of the other sign, an infinity
+    can take another sign than the packed tile's scalar columns give (they round each product
+    alone). What it saves is packing the weight, the big operand, on every call. Taken where ``m`` is the
     tile's width (:data:`SWAP_ROWS`). The parallel variant splits ``w``'s rows, in blocks of
     four, across the threads."""
     loop = loop_for(parallel)
