@@ -50,7 +50,8 @@ def test_training_steps_match_the_cpu_backend(name):
     for plan in graph.plans.values():
         for fn, args in plan.steps:          # kernels get device arrays only: no host copies
             arrays = [a for a in args if hasattr(a, "dtype") and hasattr(a, "shape")]
-            arrays += [x for a in args if isinstance(a, tuple) for x in a if hasattr(x, "dtype")]
+            arrays += [x for a in args if isinstance(a, tuple) for x in a    # not scalars:
+                       if hasattr(x, "dtype") and not isinstance(x, np.generic)]   # scalar_args
             assert all(backend.owns(a) for a in arrays), fn
         # every kernel signature launched here is one the PTX lane compiles
         launched = step_signatures(plan.steps)
