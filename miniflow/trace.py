@@ -44,6 +44,8 @@ class Tracer:
         self.variable_names = variable_names
         self._lifted: dict = {}
         self._keepalive: list = []
+        self.sources: dict = {}
+        """lifted Value -> the eager Tensor it was lifted from (a buffer, a constant ...)."""
 
     def __enter__(self):
         _stack().append(self)
@@ -73,6 +75,7 @@ class Tracer:
             v = self.graph.add_constant(t.numpy())
         self._lifted[key] = v
         self._keepalive.append(t)
+        self.sources[v] = t
         return v
 
     def set_loss(self, t) -> None:

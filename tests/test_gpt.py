@@ -142,6 +142,43 @@ def test_nanogpt_causal_mask_from_a_registered_buffer_masks_in_a_graph():
         assert (np.triu(got.numpy()[0, 0], 1) == 0).all()
 
 
+def test_nanogpt_causal_mask_sliced_shorter_than_the_buffer_masks_in_a_graph():
+    """nanoGPT's buffer is ``block_size`` long and ``forward`` slices it to the sequence,
+    ``self.bias[:, :, :T, :T] == 0`` with ``T < block_size`` (generation, short batches). The
+    slice is a lazy node inside ``build``, so the comparison raised "lazy tensor ... has no value
+    at trace time"; a slice, reshape or transpose of a buffer or constant is now read at trace
+    time, as the unsliced buffer is. A parameter's slice still has no trace-time value."""
+    block, T = 8, 5
+
+    class Attn(mf.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.register_buffer("bias", mf.tensor(np.tril(np.ones((block, block), np.float32))
+                                                   .reshape(1, 1, block, block)))
+
+        def forward(self, q):
+            att = (q @ q.transpose(-2, -1)) * (1.0 / math.sqrt(q.size(-1)))
+            att = att.masked_fill(self.bias[:, :, :T, :T] == 0, float("-inf"))
+            return att.softmax(dim=-1)
+
+    q = R.standard_normal((2, 3, T, 8)).astype(np.float32)
+    tq = torch.tensor(q)
+    att = (tq @ tq.transpose(-2, -1)) / math.sqrt(8)
+    want = att.masked_fill(torch.tril(torch.ones(block, block)).view(1, 1, block, block)
+                           [:, :, :T, :T] == 0, float("-inf")).softmax(-1).numpy()
+    np.testing.assert_allclose(_Logits(Attn())(q).numpy(), want, rtol=1e-6, atol=1e-7)
+
+    class ParamCompare(mf.nn.Graph):
+        def __init__(self):
+            super().__init__()
+            self.lin = mf.nn.Linear(4, 4)
+
+        def build(self, x):
+            return x.masked_fill(self.lin.weight[:2] == 0, 0.0)
+    with pytest.raises(RuntimeError, match="has no value at trace time"):
+        ParamCompare()(np.ones((2, 4), np.float32))
+
+
 def test_nanogpt_attention_code_runs_on_miniflow_tensors():
     x = R.standard_normal((2, 5, 8)).astype(np.float32)
     ws = [R.standard_normal(s).astype(np.float32) * 0.3 for s in ((24, 8), (24,), (8, 8), (8,))]
