@@ -323,6 +323,31 @@ def test_a_gpt_and_attention_run_in_onnxruntime_and_match_miniflow(tmp_path):
         mo.export(gpt, ids, tmp_path / "m15.onnx", opset=15)
 
 
+class _MaxArgmaxDetach(nn.Module):
+    """``Tensor.max(dim)``, ``max()``, ``argmax`` and ``detach``: a classifier's inference code."""
+
+    def forward(self, x):
+        values, indices = x.detach().max(1, keepdim=True)
+        return values + x.max() * 0.5, indices, x.argmax(-1), x.max(0).values
+
+
+@pytest.mark.parametrize("opset", [15, 17, 18])
+def test_max_argmax_and_detach_export_as_reducemax_argmax_identity(opset, tmp_path):
+    """``x.max(dim)``, ``x.argmax(dim)`` and ``x.detach()`` had no converter: export raised
+    "node 0 (reduce_max) has no standard ONNX form". ReduceMax (its axes an attribute before
+    opset 18, an input from 18), ArgMax and Identity, checked in onnxruntime."""
+    x = np.random.default_rng(0).standard_normal((4, 6)).astype(np.float32)
+    model = _MaxArgmaxDetach()
+    want = [t.numpy() for t in model(miniflow.tensor(x))]
+    proto = mo.export(model, x, tmp_path / "m.onnx", opset=opset)
+    onnx.checker.check_model(onnx.load(tmp_path / "m.onnx"), full_check=True)
+    assert {"ReduceMax", "ArgMax", "Identity"} <= {n.op_type for n in proto.graph.node}
+    got = _run(tmp_path / "m.onnx", {proto.graph.input[0].name: x})
+    assert [g.dtype for g in got] == [w.dtype for w in want]
+    for g, w in zip(got, want):
+        np.testing.assert_array_equal(g, w)
+
+
 def test_an_op_without_onnx_form_names_the_op_and_the_stages(tmp_path):
     graph, inputs = _amp_training_graph("mlp")
     with pytest.raises(mo.OnnxExportError, match=r"node \d+ \(scalar_mul_by_tensor\) has no "

@@ -454,8 +454,21 @@ def _masked_fill(node, ins, outs, b):
     b.node("Where", where + [fill, ins[0]], outs)
 
 
+def _reduce_max(node, ins, outs, b):
+    """ReduceMax over the node's one axis: an attribute up to opset 17, an input from 18."""
+    a = node.attrs
+    if b.opset >= 18:
+        b.node("ReduceMax", [ins[0], b.ints([a["axis"]])], outs, keepdims=int(a["keepdims"]))
+    else:
+        b.node("ReduceMax", ins, outs, axes=[a["axis"]], keepdims=int(a["keepdims"]))
+
+
 CONVERTERS = {
     "fused_elementwise": _fused,
+    "detach": lambda n, ins, outs, b: b.node("Identity", ins, outs),
+    "reduce_max": _reduce_max,
+    "argmax": lambda n, ins, outs, b: b.node("ArgMax", ins, outs, axis=n.attrs["axis"],
+                                             keepdims=int(n.attrs["keepdims"])),
     "matmul": _matmul,
     "bias_add": _bias_add,
     "conv2d": _conv2d,
