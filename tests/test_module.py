@@ -59,6 +59,23 @@ def test_a_pytorch_checkpoint_of_a_model_with_a_shared_module_loads_strictly():
 
 
 @needs_torch
+def test_torch_parameters_that_require_grad_load_as_torchs_load_state_dict():
+    """``net.load_state_dict(dict(ref.named_parameters()))`` or ``ref.state_dict(keep_vars=True)``
+    (tensors that require grad) raised torch's own "Can't call numpy() on Tensor that requires
+    grad"; PyTorch's ``load_state_dict`` copies them under ``no_grad``, and so do we."""
+    ref = torch.nn.Sequential(torch.nn.Linear(3, 2), torch.nn.BatchNorm1d(2))
+    net = nn.Sequential(nn.Linear(3, 2), nn.BatchNorm1d(2))
+    net.load_state_dict(ref.state_dict(keep_vars=True))
+    for k, v in ref.state_dict().items():
+        np.testing.assert_array_equal(net.state_dict()[k], v.numpy())
+    with torch.no_grad():
+        ref[0].weight.add_(1.0)
+    assert net.load_state_dict(dict(ref.named_parameters()), strict=False).missing_keys == [
+        "1.running_mean", "1.running_var"]
+    np.testing.assert_array_equal(net[0].weight.numpy(), ref[0].weight.detach().numpy())
+
+
+@needs_torch
 @pytest.mark.parametrize("src", [np.float64, np.float16, "bfloat16", np.int32, np.bool_],
                          ids=str)
 def test_a_value_of_another_real_dtype_is_cast_as_torch_copy_(src):

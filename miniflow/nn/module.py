@@ -479,7 +479,9 @@ class Module:
         them).
 
         Values may be NumPy arrays or Tensors (a PyTorch state dict converted with
-        ``{k: v.numpy() for k, v in sd.items()}`` loads: same names and shapes). As PyTorch's
+        ``{k: v.numpy() for k, v in sd.items()}`` loads: same names and shapes; torch tensors
+        load as they are, parameters that require grad too: ``dict(model.named_parameters())``
+        or ``state_dict(keep_vars=True)``, as PyTorch's ``copy_`` under ``no_grad``). As PyTorch's
         ``Tensor.copy_``, a value of another real dtype is cast to the model's (float64 into a
         float32 parameter rounds to nearest; beyond float16's range gives inf, as in torch);
         into an integer tensor (a counter) only whole numbers in its range. A module's buffer that older checkpoints lack (batch norm's
@@ -529,7 +531,11 @@ class Module:
             if name not in state_dict:
                 continue
             value = state_dict[name]
-            arr = value.numpy() if isinstance(value, Tensor) else np.asarray(value)
+            if isinstance(value, Tensor):
+                arr = value.numpy()
+            else:   # a torch Parameter, or a tensor that requires grad: its values (copy_'s)
+                arr = np.asarray(value.detach() if callable(getattr(value, "detach", None))
+                                 else value)
             if arr.shape != tuple(p.shape):
                 raise StateDictShapeError(
                     f"load_state_dict: {name!r} is {p.dtype.short}{list(p.shape)} in the model "
