@@ -30,6 +30,7 @@ PACKAGE = Path(miniflow.__file__).resolve().parent
 LAYERS = {
     "miniflow.dtype": 0, "miniflow.random": 0, "miniflow.serialization": 0,
     "miniflow.distributed": 0, "miniflow.extras": 0, "miniflow.checkpoint": 0,
+    "miniflow.checks": 0,
     "miniflow.ir": 1, "miniflow.ir_html": 1,
     "miniflow.ops": 2,
     "miniflow.passes": 3, "miniflow.kernels": 3,
