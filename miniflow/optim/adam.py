@@ -3,8 +3,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..checks import boolean, real
 from ..ops import emitter
-from .optimizer import Optimizer, check_real
+from .optimizer import Optimizer
 
 __all__ = ["Adam"]
 
@@ -67,14 +68,12 @@ class Adam(Optimizer):
         except (TypeError, ValueError):
             raise TypeError(f"{name}: betas must be a pair (beta1, beta2), got "
                             f"{hyper['betas']!r}") from None
-        amsgrad = hyper.get("amsgrad", False)
-        if not isinstance(amsgrad, (bool, np.bool_)):
-            raise TypeError(f"{name}: amsgrad must be True or False, got {amsgrad!r}")
-        return {"betas": (check_real(name, "beta1", b1, high=1.0),
-                          check_real(name, "beta2", b2, high=1.0)),
-                "eps": check_real(name, "eps", hyper["eps"]),
-                "weight_decay": check_real(name, "weight_decay", hyper["weight_decay"]),
-                "amsgrad": bool(amsgrad)}
+        amsgrad = boolean(name, "amsgrad", hyper.get("amsgrad", False), numpy=True)
+        return {"betas": (real(name, "beta1", b1, 0.0, 1.0, high_open=True),
+                          real(name, "beta2", b2, 0.0, 1.0, high_open=True)),
+                "eps": real(name, "eps", hyper["eps"], 0.0),
+                "weight_decay": real(name, "weight_decay", hyper["weight_decay"], 0.0),
+                "amsgrad": amsgrad}
 
     def _initial_state(self, name, p) -> np.ndarray:
         if name == "step":

@@ -58,11 +58,12 @@ Differences from PyTorch:
 from __future__ import annotations
 
 import math
-import numbers
 import types
 import weakref
 from bisect import bisect_right
 from collections import Counter
+
+from ..checks import integer, is_real, real
 
 __all__ = ["ConstantLR", "CosineAnnealingLR", "ExponentialLR", "LRScheduler", "LambdaLR",
            "LinearLR", "MultiStepLR", "PolynomialLR", "ReduceLROnPlateau", "SequentialLR",
@@ -80,36 +81,12 @@ _SEEN = "_optimizer_steps_seen"
 
 
 # ------------------------------------------------------------------------------------ checks
-def _int(owner: str, name: str, value, low: int) -> int:
-    """``value`` as an int >= ``low`` (bools refused)."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < low:
-        raise ValueError(f"{owner}: {name} must be an integer >= {low}, got {value!r}")
-    return int(value)
-
-
-def _real(owner: str, name: str, value, low: float = -math.inf, high: float = math.inf,
-          low_open: bool = False) -> float:
-    """``value`` as a finite float in ``[low, high]`` (``(low, high]`` with ``low_open``).
-
-    Raises:
-        TypeError: not a real number (str, bool, None ...). ValueError: NaN, inf, out of range.
-    """
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise TypeError(f"{owner}: {name} must be a real number, got {value!r}")
-    v = float(value)
-    if not (math.isfinite(v) and (v > low if low_open else v >= low) and v <= high):
-        bounds = ("(" if low_open else "[") + f"{low:g}, {high:g}" + (")" if high == math.inf
-                                                                        else "]")
-        raise ValueError(f"{owner}: {name} must be finite and in {bounds}, got {value!r}")
-    return v
-
-
 def _reals(owner: str, name: str, values, count: int) -> list:
     """A list of ``count`` finite floats (``base_lrs``, ``_last_lr``)."""
     if not isinstance(values, (list, tuple)) or len(values) != count:
         raise ValueError(f"{owner}: {name} must be a list of {count} numbers (one per param "
                          f"group), got {values!r}")
-    return [_real(owner, f"{name}[{i}]", v) for i, v in enumerate(values)]
+    return [real(owner, f"{name}[{i}]", v) for i, v in enumerate(values)]
 
 
 def _param_groups(owner: str, optimizer) -> list:
@@ -121,7 +98,7 @@ def _param_groups(owner: str, optimizer) -> list:
                         f"non-empty list of dicts with 'lr'), got {type(optimizer).__name__} "
                         f"with param_groups={groups!r:.80}")
     for i, g in enumerate(groups):
-        _real(owner, f"param_groups[{i}]['lr']", g["lr"])
+        real(owner, f"param_groups[{i}]['lr']", g["lr"])
     return list(groups)
 
 
@@ -129,7 +106,7 @@ def _initial_lrs(owner: str, optimizer) -> list:
     """The optimizer's initial lrs: ``group.setdefault("initial_lr", group["lr"])`` for every
     param group (PyTorch's rule: the first scheduler made for the optimizer records them)."""
     groups = _param_groups(owner, optimizer)
-    return [_real(owner, f"param_groups[{i}]['initial_lr']", g.setdefault("initial_lr", g["lr"]))
+    return [real(owner, f"param_groups[{i}]['initial_lr']", g.setdefault("initial_lr", g["lr"]))
             for i, g in enumerate(groups)]
 
 
@@ -152,7 +129,7 @@ def _seen_counts(owner: str, name: str, value):
     if not isinstance(value, (list, tuple)) or len(value) != 2:
         raise ValueError(f"{owner}: {name} must be None or [num_steps, num_skipped_steps], got "
                          f"{value!r}")
-    steps, skipped = (_int(owner, f"{name}[{i}]", v, 0) for i, v in enumerate(value))
+    steps, skipped = (integer(owner, f"{name}[{i}]", v, 0) for i, v in enumerate(value))
     if skipped > steps:
         raise ValueError(f"{owner}: {name} has more skipped steps than steps: {value!r}")
     return steps, skipped
@@ -165,7 +142,7 @@ def _milestone_list(owner: str, milestones, strict: bool, low: int) -> list:
     except TypeError:
         raise TypeError(f"{owner}: milestones must be a list of integers, got "
                         f"{milestones!r}") from None
-    values = [_int(owner, f"milestones[{i}]", m, low) for i, m in enumerate(values)]
+    values = [integer(owner, f"milestones[{i}]", m, low) for i, m in enumerate(values)]
     for a, b in zip(values, values[1:]):
         if b < a or (strict and b == a):
             order = "strictly increasing" if strict else "non-decreasing"
@@ -294,8 +271,8 @@ class LRScheduler:
         try:
             self.last_epoch = before + 1 if epoch is None else epoch
             values = self.get_lr() if epoch is None else self._get_closed_form_lr()
-            values = [_real(type(self).__name__,
-                            f"the lr of param group {i} at epoch {self.last_epoch}", v)
+            values = [real(type(self).__name__,
+                           f"the lr of param group {i} at epoch {self.last_epoch}", v)
                       for i, v in enumerate(values)]
             for g, v in zip(groups, values, strict=True):
                 if g["lr"] != v:  # an unchanged lr is not set (nothing to write)
@@ -373,8 +350,8 @@ class LRScheduler:
                 **self._checked_extra(where, state),
                 "base_lrs": _reals(where, "base_lrs", state["base_lrs"], n),
                 "_last_lr": _reals(where, "_last_lr", state["_last_lr"], n),
-                "last_epoch": _int(where, "last_epoch", state["last_epoch"], -1),
-                "_step_count": _int(where, "_step_count", state["_step_count"], 0),
+                "last_epoch": integer(where, "last_epoch", state["last_epoch"], -1),
+                "_step_count": integer(where, "_step_count", state["_step_count"], 0),
                 "_seen_steps": self._checked_seen(where, state)}
 
     def _checked_seen(self, where: str, state: dict):
@@ -402,8 +379,8 @@ class StepLR(LRScheduler):
             number).
     """
 
-    _hyper = {"step_size": lambda o, n, v: _int(o, n, v, 1),
-              "gamma": lambda o, n, v: _real(o, n, v, 0.0, low_open=True)}
+    _hyper = {"step_size": lambda o, n, v: integer(o, n, v, 1),
+              "gamma": lambda o, n, v: real(o, n, v, 0.0, low_open=True)}
 
     def __init__(self, optimizer, step_size: int, gamma: float = 0.1, last_epoch: int = -1):
         self._set_hyper(step_size=step_size, gamma=gamma)
@@ -423,7 +400,7 @@ def _milestone_counts(owner: str, name: str, value) -> Counter:
     if not isinstance(value, dict):
         raise TypeError(f"{owner}: {name} must be a dict milestone -> count (a Counter), got "
                         f"{value!r}")
-    return Counter({_int(owner, f"{name} key", m, 0): _int(owner, f"{name}[{m!r}]", c, 1)
+    return Counter({integer(owner, f"{name} key", m, 0): integer(owner, f"{name}[{m!r}]", c, 1)
                     for m, c in value.items()})
 
 
@@ -438,7 +415,7 @@ class MultiStepLR(LRScheduler):
     """
 
     _hyper = {"milestones": _milestone_counts,
-              "gamma": lambda o, n, v: _real(o, n, v, 0.0, low_open=True)}
+              "gamma": lambda o, n, v: real(o, n, v, 0.0, low_open=True)}
 
     def __init__(self, optimizer, milestones, gamma: float = 0.1, last_epoch: int = -1):
         self.milestones = Counter(_milestone_list("MultiStepLR", milestones, strict=False,
@@ -471,8 +448,8 @@ class CosineAnnealingLR(LRScheduler):
         ValueError: T_max not an integer >= 1; eta_min not finite >= 0.
     """
 
-    _hyper = {"T_max": lambda o, n, v: _int(o, n, v, 1),
-              "eta_min": lambda o, n, v: _real(o, n, v, 0.0)}
+    _hyper = {"T_max": lambda o, n, v: integer(o, n, v, 1),
+              "eta_min": lambda o, n, v: real(o, n, v, 0.0)}
 
     def __init__(self, optimizer, T_max: int, eta_min: float = 0.0, last_epoch: int = -1):
         self._set_hyper(T_max=T_max, eta_min=eta_min)
@@ -505,9 +482,9 @@ class LinearLR(LRScheduler):
             integer >= 1 (TypeError: a factor that is not a number).
     """
 
-    _hyper = {"start_factor": lambda o, n, v: _real(o, n, v, 0.0, 1.0, low_open=True),
-              "end_factor": lambda o, n, v: _real(o, n, v, 0.0, 1.0),
-              "total_iters": lambda o, n, v: _int(o, n, v, 1)}
+    _hyper = {"start_factor": lambda o, n, v: real(o, n, v, 0.0, 1.0, low_open=True),
+              "end_factor": lambda o, n, v: real(o, n, v, 0.0, 1.0),
+              "total_iters": lambda o, n, v: integer(o, n, v, 1)}
 
     def __init__(self, optimizer, start_factor: float = 1.0 / 3, end_factor: float = 1.0,
                  total_iters: int = 5, last_epoch: int = -1):
@@ -537,7 +514,7 @@ class ExponentialLR(LRScheduler):
         ValueError: gamma not finite > 0 (TypeError: not a number).
     """
 
-    _hyper = {"gamma": lambda o, n, v: _real(o, n, v, 0.0, low_open=True)}
+    _hyper = {"gamma": lambda o, n, v: real(o, n, v, 0.0, low_open=True)}
 
     def __init__(self, optimizer, gamma: float, last_epoch: int = -1):
         self._set_hyper(gamma=gamma)
@@ -565,8 +542,8 @@ class ConstantLR(LRScheduler):
             number).
     """
 
-    _hyper = {"factor": lambda o, n, v: _real(o, n, v, 0.0, 1.0, low_open=True),
-              "total_iters": lambda o, n, v: _int(o, n, v, 1)}
+    _hyper = {"factor": lambda o, n, v: real(o, n, v, 0.0, 1.0, low_open=True),
+              "total_iters": lambda o, n, v: integer(o, n, v, 1)}
 
     def __init__(self, optimizer, factor: float = 1.0 / 3, total_iters: int = 5,
                  last_epoch: int = -1):
@@ -595,8 +572,8 @@ class PolynomialLR(LRScheduler):
             that is not a number).
     """
 
-    _hyper = {"total_iters": lambda o, n, v: _int(o, n, v, 1),
-              "power": lambda o, n, v: _real(o, n, v, 0.0)}
+    _hyper = {"total_iters": lambda o, n, v: integer(o, n, v, 1),
+              "power": lambda o, n, v: real(o, n, v, 0.0)}
 
     def __init__(self, optimizer, total_iters: int = 5, power: float = 1.0,
                  last_epoch: int = -1):
@@ -783,7 +760,7 @@ class SequentialLR(LRScheduler):
             except (KeyError, TypeError, ValueError) as e:
                 raise type(e)(f"{where}: _schedulers[{i}]: {e.args[0]}") from None
         return {"_milestones": milestones,
-                "last_epoch": _int(where, "last_epoch", state["last_epoch"], 0),
+                "last_epoch": integer(where, "last_epoch", state["last_epoch"], 0),
                 "_last_lr": _reals(where, "_last_lr", state["_last_lr"],
                                    len(self.optimizer.param_groups)),
                 "_schedulers": checked, "_seen_steps": self._checked_seen(where, state)}
@@ -852,7 +829,7 @@ class ReduceLROnPlateau(LRScheduler):
             if h[key] not in allowed:
                 raise ValueError(f"{owner}: {key} must be one of {list(allowed)}, got "
                                  f"{h[key]!r}")
-        factor = _real(owner, "factor", h["factor"], 0.0)
+        factor = real(owner, "factor", h["factor"], 0.0)
         if factor >= 1.0:
             raise ValueError(f"{owner}: Factor should be < 1.0 (new_lr = lr * factor), got "
                              f"{h['factor']!r}")
@@ -862,13 +839,13 @@ class ReduceLROnPlateau(LRScheduler):
                              f"{len(h['min_lrs'])}: {h['min_lrs']!r}")
         return dict(
             mode=h["mode"], threshold_mode=h["threshold_mode"], factor=factor,
-            patience=_int(owner, "patience", h["patience"], 0),
-            cooldown=_int(owner, "cooldown", h["cooldown"], 0),
-            threshold=_real(owner, "threshold", h["threshold"], 0.0),
-            eps=_real(owner, "eps", h["eps"], 0.0),
+            patience=integer(owner, "patience", h["patience"], 0),
+            cooldown=integer(owner, "cooldown", h["cooldown"], 0),
+            threshold=real(owner, "threshold", h["threshold"], 0.0),
+            eps=real(owner, "eps", h["eps"], 0.0),
             default_min_lr=(None if h["default_min_lr"] is None
-                            else _real(owner, "min_lr", h["default_min_lr"], 0.0)),
-            min_lrs=[_real(owner, f"min_lr[{i}]", v, 0.0) for i, v in enumerate(h["min_lrs"])],
+                            else real(owner, "min_lr", h["default_min_lr"], 0.0)),
+            min_lrs=[real(owner, f"min_lr[{i}]", v, 0.0) for i, v in enumerate(h["min_lrs"])],
             mode_worse=self._worse(h["mode"]))
 
     @property
@@ -959,13 +936,12 @@ class ReduceLROnPlateau(LRScheduler):
             raise ValueError(f"{where}: mode_worse {s['mode_worse']!r} does not fit mode "
                              f"{s['mode']!r}")
         best = s["best"]
-        if not (isinstance(best, numbers.Real) and not isinstance(best, bool)
-                and (math.isfinite(best) or best == checked["mode_worse"])):
+        if not (is_real(best) and (math.isfinite(best) or best == checked["mode_worse"])):
             raise ValueError(f"{where}: best must be a finite number or {checked['mode_worse']}"
                              f", got {best!r}")
         checked.update(
-            best=float(best), last_epoch=_int(where, "last_epoch", s["last_epoch"], 0),
-            cooldown_counter=_int(where, "cooldown_counter", s["cooldown_counter"], 0),
-            num_bad_epochs=_int(where, "num_bad_epochs", s["num_bad_epochs"], 0),
+            best=float(best), last_epoch=integer(where, "last_epoch", s["last_epoch"], 0),
+            cooldown_counter=integer(where, "cooldown_counter", s["cooldown_counter"], 0),
+            num_bad_epochs=integer(where, "num_bad_epochs", s["num_bad_epochs"], 0),
             _last_lr=_reals(where, "_last_lr", s["_last_lr"], len(self.optimizer.param_groups)))
         return lambda: self.__dict__.update(checked)

@@ -26,19 +26,18 @@ the group's gradients together; see ``miniflow.passes.optimizer``.
 from __future__ import annotations
 
 import copy
-import math
-import numbers
 import weakref
 
 import numpy as np
 
+from ..checks import integer, real, real_number
 from ..dtype import as_dtype
 from ..nn.module import Parameter
 from ..tensor import Tensor
 from ..runtime.backend import get_backend
 from ..runtime.readback import LEDGER, LedgerAttribute
 
-__all__ = ["Optimizer", "ParamGroup", "check_real", "RUNTIME_KEYS", "CLIP_KEYS"]
+__all__ = ["Optimizer", "ParamGroup", "RUNTIME_KEYS", "CLIP_KEYS"]
 
 RUNTIME_KEYS = ("lr", "initial_lr")
 """Param-group keys that compiled graphs do not depend on: ``lr`` is read from the optimizer's
@@ -46,22 +45,6 @@ learning-rate array at every call; ``initial_lr`` is the schedulers' record (PyT
 
 CLIP_KEYS = ("clip_grad_max_norm", "clip_grad_norm_type")
 """The gradient-clipping settings every optimizer has (OneFlow's param-group keys)."""
-
-
-def check_real(owner: str, name: str, value, low: float = 0.0, high: float = math.inf) -> float:
-    """``value`` as a float, checked to be a finite real number in ``[low, high)``.
-
-    Raises:
-        TypeError: not a real number (a string, a bool, None ...).
-        ValueError: NaN, inf or outside the range, quoting the value.
-    """
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise TypeError(f"{owner}: {name} must be a real number, got {value!r}")
-    v = float(value)
-    if not (math.isfinite(v) and low <= v < high):
-        raise ValueError(f"{owner}: {name} must be finite and in [{low:g}, {high:g}), "
-                         f"got {value!r}")
-    return v
 
 
 class ParamGroup(dict):
@@ -110,7 +93,7 @@ class ParamGroup(dict):
     def __setitem__(self, key, value):
         if key == "lr":  # what a schedule does every step: check it, write the lr array
             owner = self._owner
-            v = check_real(type(owner).__name__, "lr", value)
+            v = real(type(owner).__name__, "lr", value, 0.0)
             dict.__setitem__(self, "lr", v)
             owner._write_lr(owner._index(self), v)
             return
@@ -382,23 +365,20 @@ class Optimizer:
         name = type(self).__name__
         if "lr" not in hyper:
             raise KeyError(f"{name}: missing hyper-parameters ['lr']")
-        out = {"lr": check_real(name, "lr", hyper["lr"]), **self.check_hyper(hyper)}
+        out = {"lr": real(name, "lr", hyper["lr"], 0.0), **self.check_hyper(hyper)}
         max_norm = hyper.get("clip_grad_max_norm")
         if max_norm is not None:
-            max_norm = check_real(name, "clip_grad_max_norm", max_norm, low=-math.inf)
+            max_norm = real(name, "clip_grad_max_norm", max_norm)
             if not max_norm > 0.0:          # one message for 0 and below
                 raise ValueError(f"{name}: clip_grad_max_norm must be > 0 (None: no clipping), "
                                  f"got {hyper['clip_grad_max_norm']!r}")
         norm_type = hyper.get("clip_grad_norm_type", 2.0)
-        if isinstance(norm_type, bool) or not isinstance(norm_type, numbers.Real):
-            raise TypeError(f"{name}: clip_grad_norm_type must be a real number, got "
-                            f"{norm_type!r}")
-        if not float(norm_type) > 0:  # NaN fails too
+        if not float(real_number(name, "clip_grad_norm_type", norm_type)) > 0:  # NaN fails too
             raise ValueError(f"{name}: clip_grad_norm_type must be > 0 (1, 2, float('inf') or "
                              f"any p > 0), got {norm_type!r}")
         out.update(clip_grad_max_norm=max_norm, clip_grad_norm_type=float(norm_type))
         if "initial_lr" in hyper:
-            out["initial_lr"] = check_real(name, "initial_lr", hyper["initial_lr"])
+            out["initial_lr"] = real(name, "initial_lr", hyper["initial_lr"], 0.0)
         return out
 
     def _check_fixed(self, where: str, group: dict, changes: dict) -> None:
@@ -535,10 +515,7 @@ class Optimizer:
                   for i, (s, p) in enumerate(zip(self.state, self.params))]
         counts = {}
         for key in ("num_steps", "num_skipped_steps"):
-            value = state_dict.get(key, getattr(self, key))
-            if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 0:
-                raise ValueError(f"{where}: {key} must be an integer >= 0, got {value!r}")
-            counts[key] = int(value)
+            counts[key] = integer(where, key, state_dict.get(key, getattr(self, key)), 0)
         if counts["num_skipped_steps"] > counts["num_steps"]:
             raise ValueError(f"{where}: num_skipped_steps {counts['num_skipped_steps']} is more "
                              f"than num_steps {counts['num_steps']}")

@@ -2,10 +2,9 @@
 dampening)."""
 from __future__ import annotations
 
-import numpy as np
-
+from ..checks import boolean, real
 from ..ops import emitter
-from .optimizer import Optimizer, check_real
+from .optimizer import Optimizer
 
 __all__ = ["SGD"]
 
@@ -53,12 +52,9 @@ class SGD(Optimizer):
         missing = sorted({"momentum", "weight_decay"} - set(hyper))
         if missing:
             raise KeyError(f"SGD: missing hyper-parameters {missing}")
-        out = {"momentum": check_real("SGD", "momentum", hyper["momentum"]),
-               "weight_decay": check_real("SGD", "weight_decay", hyper["weight_decay"]),
-               "nesterov": hyper.get("nesterov", False)}
-        if not isinstance(out["nesterov"], (bool, np.bool_)):
-            raise TypeError(f"SGD: nesterov must be True or False, got {out['nesterov']!r}")
-        out["nesterov"] = bool(out["nesterov"])
+        out = {"momentum": real("SGD", "momentum", hyper["momentum"], 0.0),
+               "weight_decay": real("SGD", "weight_decay", hyper["weight_decay"], 0.0)}
+        out["nesterov"] = boolean("SGD", "nesterov", hyper.get("nesterov", False), numpy=True)
         if out["nesterov"] and out["momentum"] <= 0.0:
             raise ValueError("SGD: Nesterov momentum requires a momentum and zero dampening "
                              f"(nesterov=True needs momentum > 0, got momentum "
