@@ -21,10 +21,10 @@ fixed by a smaller scale).
 from __future__ import annotations
 
 import math
-import numbers
 
 import numpy as np
 
+from ..checks import boolean, integer, is_real, real_number
 from ..runtime.backend import get_backend
 from ..runtime.readback import LEDGER, LedgerAttribute
 
@@ -37,8 +37,7 @@ class NonFiniteGradientsError(FloatingPointError):
 
 def _check_scale(name: str, value) -> float:
     """A scale as the float32 value it will be stored as; must be finite and > 0 in float32."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise TypeError(f"{name} must be a real number, got {value!r}")
+    real_number("", name, value)
     with np.errstate(over="ignore", under="ignore"):
         stored = float(np.float32(value))
     if not (math.isfinite(stored) and stored > 0):
@@ -47,21 +46,9 @@ def _check_scale(name: str, value) -> float:
     return stored
 
 
-def _check_count(name: str, value, low: int = 1) -> int:
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < low:
-        raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
-    return int(value)
-
-
-def _check_bool(name: str, value) -> bool:
-    if not isinstance(value, (bool, np.bool_)):
-        raise TypeError(f"{name} must be True or False, got {value!r}")
-    return bool(value)
-
-
 def _check_factor(name: str, value, low: float, high: float) -> float:
     """A finite real number strictly between ``low`` and ``high``."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value):
+    if not is_real(value) or not math.isfinite(value):
         raise ValueError(f"{name} must be a finite number, got {value!r}")
     if not low < value < high:
         bounds = f"> {low:g}" if high == math.inf else f"in ({low:g}, {high:g})"
@@ -72,18 +59,18 @@ def _check_factor(name: str, value, low: float, high: float) -> float:
 _FIELDS = {
     "growth_factor": lambda n, v: _check_factor(n, v, 1.0, math.inf),
     "backoff_factor": lambda n, v: _check_factor(n, v, 0.0, 1.0),
-    "growth_interval": _check_count,
+    "growth_interval": lambda n, v: integer("", n, v, 1),
     "min_scale": _check_scale,
-    "max_consecutive_skips": _check_count,
-    "skip_nonfinite": _check_bool,
-    "found_inf": _check_bool,
-    "num_skipped_steps": lambda n, v: _check_count(n, v, 0),
-    "consecutive_floor_skips": lambda n, v: _check_count(n, v, 0),
+    "max_consecutive_skips": lambda n, v: integer("", n, v, 1),
+    "skip_nonfinite": lambda n, v: boolean("", n, v, numpy=True),
+    "found_inf": lambda n, v: boolean("", n, v, numpy=True),   # a NumPy bool when loaded
+    "num_skipped_steps": lambda n, v: integer("", n, v, 0),
+    "consecutive_floor_skips": lambda n, v: integer("", n, v, 0),
 }
 """Setting name -> ``check(name, value)`` returning the normalised value: used by the
 constructors, by attribute assignment after construction and by ``load_state_dict``."""
 
-_STATE_FIELDS = {"scale": _check_scale, "_growth_tracker": lambda n, v: _check_count(n, v, 0)}
+_STATE_FIELDS = {"scale": _check_scale, "_growth_tracker": lambda n, v: integer("", n, v, 0)}
 """The state_dict keys held in the graph variables (not attributes), with their checks."""
 
 _COMPILED_SETTINGS = frozenset({"growth_factor", "backoff_factor", "growth_interval", "min_scale",
