@@ -20,11 +20,10 @@ N(0, 0.02 / sqrt(2 n_layer)), biases zero, LayerNorms ones and zeros.
 from __future__ import annotations
 
 import math
-import numbers
-
 import numpy as np
 
 from .. import nn
+from ..checks import positive_integer
 from ..nn.sparse import token_ids
 from ..random import generator
 from ..tensor import apply, tensor
@@ -125,8 +124,7 @@ class GPT(nn.Module):
         super().__init__()
         for name, v in (("vocab_size", vocab_size), ("block_size", block_size),
                         ("n_layer", n_layer), ("n_head", n_head), ("n_embd", n_embd)):
-            if isinstance(v, bool) or not isinstance(v, numbers.Integral) or v <= 0:
-                raise ValueError(f"gpt: {name} must be a positive integer, got {v!r}")
+            positive_integer("gpt", name, v)
         if n_embd % n_head:
             raise ValueError(f"gpt: n_embd must be divisible by n_head, got n_embd={n_embd} and "
                              f"n_head={n_head}")

@@ -4,8 +4,7 @@ in ``__all__``, so a new activation is declared here and nowhere else in ``nn``.
 """
 from __future__ import annotations
 
-from numbers import Real
-
+from ..checks import boolean, real_number
 from ..tensor import Tensor, apply
 from .module import Module
 
@@ -21,9 +20,7 @@ def _inplace(owner: str, inplace) -> bool:
 
     Raises:
         TypeError: ``inplace`` is not a bool."""
-    if not isinstance(inplace, bool):
-        raise TypeError(f"{owner}: inplace must be True or False, got {inplace!r}")
-    return inplace
+    return boolean(owner, "inplace", inplace)
 
 
 def relu(x: Tensor, inplace: bool = False) -> Tensor:
@@ -132,16 +129,6 @@ class Sigmoid(Module):
         return sigmoid(x)
 
 
-def _real(owner: str, name: str, value):
-    """``value`` of argument ``name``, checked to be a real number (not a bool).
-
-    Raises:
-        TypeError: it is not."""
-    if not isinstance(value, Real) or isinstance(value, bool):
-        raise TypeError(f"{owner}: {name} must be a real number, got {value!r}")
-    return value
-
-
 def softplus(x: Tensor, beta: float = 1.0, threshold: float = 20.0) -> Tensor:
     """``log(1 + exp(beta * x)) / beta``, and ``x`` where ``beta * x > threshold``
     (op ``softplus``, one kernel with both attributes; gradient op ``softplus_derivative`` times
@@ -151,8 +138,8 @@ def softplus(x: Tensor, beta: float = 1.0, threshold: float = 20.0) -> Tensor:
 
     Raises:
         TypeError: ``beta`` or ``threshold`` is not a real number."""
-    return apply("softplus", [x], beta=_real("softplus", "beta", beta),
-                 threshold=_real("softplus", "threshold", threshold))
+    return apply("softplus", [x], beta=real_number("softplus", "beta", beta),
+                 threshold=real_number("softplus", "threshold", threshold))
 
 
 class Softplus(Module):
@@ -161,8 +148,8 @@ class Softplus(Module):
 
     def __init__(self, beta: float = 1.0, threshold: float = 20.0):
         super().__init__()
-        self.beta = _real("Softplus", "beta", beta)
-        self.threshold = _real("Softplus", "threshold", threshold)
+        self.beta = real_number("Softplus", "beta", beta)
+        self.threshold = real_number("Softplus", "threshold", threshold)
 
     def forward(self, x):
         return softplus(x, self.beta, self.threshold)
@@ -181,7 +168,8 @@ def leaky_relu(x: Tensor, negative_slope: float = 0.01, inplace: bool = False) -
     Raises:
         TypeError: ``negative_slope`` is not a real number, or ``inplace`` not a bool."""
     _inplace("leaky_relu", inplace)
-    return apply("leaky_relu", [x], alpha=_real("leaky_relu", "negative_slope", negative_slope))
+    return apply("leaky_relu", [x],
+                 alpha=real_number("leaky_relu", "negative_slope", negative_slope))
 
 
 class LeakyReLU(Module):
@@ -190,7 +178,7 @@ class LeakyReLU(Module):
 
     def __init__(self, negative_slope: float = 0.01, inplace: bool = False):
         super().__init__()
-        self.negative_slope = _real("LeakyReLU", "negative_slope", negative_slope)
+        self.negative_slope = real_number("LeakyReLU", "negative_slope", negative_slope)
         self.inplace = _inplace("LeakyReLU", inplace)
 
     def forward(self, x):
@@ -209,7 +197,7 @@ def elu(x: Tensor, alpha: float = 1.0, inplace: bool = False) -> Tensor:
     Raises:
         TypeError: ``alpha`` is not a real number, or ``inplace`` not a bool."""
     _inplace("elu", inplace)
-    return apply("elu", [x], alpha=_real("elu", "alpha", alpha))
+    return apply("elu", [x], alpha=real_number("elu", "alpha", alpha))
 
 
 class ELU(Module):
@@ -218,7 +206,7 @@ class ELU(Module):
 
     def __init__(self, alpha: float = 1.0, inplace: bool = False):
         super().__init__()
-        self.alpha = _real("ELU", "alpha", alpha)
+        self.alpha = real_number("ELU", "alpha", alpha)
         self.inplace = _inplace("ELU", inplace)
 
     def forward(self, x):

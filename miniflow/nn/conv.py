@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import numbers
 
+from ..checks import is_integer, positive_integer
 from ..random import generator
 from . import functional as F
 from .factory import param_dtype
@@ -15,16 +16,9 @@ __all__ = ["Conv2d"]
 
 def _pair(name: str, value, minimum: int) -> tuple:
     vals = (value, value) if isinstance(value, numbers.Integral) else tuple(value)
-    if len(vals) != 2 or not all(isinstance(v, numbers.Integral) and not isinstance(v, bool)
-                                 and v >= minimum for v in vals):
+    if len(vals) != 2 or not all(is_integer(v) and v >= minimum for v in vals):
         raise ValueError(f"Conv2d: {name} must be an int or two ints >= {minimum}, got {value!r}")
     return tuple(int(v) for v in vals)
-
-
-def _positive(name: str, v) -> int:
-    if isinstance(v, bool) or not isinstance(v, numbers.Integral) or v <= 0:
-        raise ValueError(f"Conv2d: {name} must be a positive integer, got {v!r}")
-    return int(v)
 
 
 class Conv2d(Module):
@@ -50,9 +44,9 @@ class Conv2d(Module):
                  device=None, dtype=None):
         super().__init__()
         dt = param_dtype("Conv2d", device, dtype)
-        self.in_channels = _positive("in_channels", in_channels)
-        self.out_channels = _positive("out_channels", out_channels)
-        self.groups = _positive("groups", groups)
+        self.in_channels = positive_integer("Conv2d", "in_channels", in_channels)
+        self.out_channels = positive_integer("Conv2d", "out_channels", out_channels)
+        self.groups = positive_integer("Conv2d", "groups", groups)
         if in_channels % groups or out_channels % groups:
             raise ValueError(f"Conv2d: groups={groups} must divide in_channels={in_channels} and "
                              f"out_channels={out_channels}")

@@ -12,10 +12,9 @@ resumed from a checkpoint draws the masks the uninterrupted run drew.
 """
 from __future__ import annotations
 
-import numbers
-
 import numpy as np
 
+from ..checks import is_real
 from ..random import register_stream
 from ..runtime.backend import get_backend
 from ..tensor import Tensor, apply
@@ -72,7 +71,7 @@ register_stream("dropout", _get, _put, lambda seed: _put([_stream_seed(seed), 0]
 
 
 def _check_p(fn: str, p) -> float:
-    if isinstance(p, bool) or not isinstance(p, numbers.Real) or not 0.0 <= p <= 1.0:
+    if not is_real(p) or not 0.0 <= p <= 1.0:
         raise ValueError(f"{fn}: dropout probability has to be between 0 and 1, but got {p!r}")
     return float(p)
 

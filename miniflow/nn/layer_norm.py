@@ -8,6 +8,7 @@ import numbers
 
 import numpy as np
 
+from ..checks import is_integer
 from ..tensor import Tensor, apply
 from .factory import param_dtype
 from .module import Module, Parameter
@@ -18,8 +19,7 @@ __all__ = ["LayerNorm", "layer_norm"]
 def _normalized(fn: str, normalized_shape) -> tuple:
     shape = (normalized_shape,) if isinstance(normalized_shape, numbers.Integral) \
         else tuple(normalized_shape)
-    if not shape or not all(isinstance(d, numbers.Integral) and not isinstance(d, bool)
-                            and d > 0 for d in shape):
+    if not shape or not all(is_integer(d) and d > 0 for d in shape):
         raise ValueError(f"{fn}: normalized_shape must be a positive int or a non-empty sequence "
                          f"of positive ints, got {normalized_shape!r}")
     return tuple(int(d) for d in shape)

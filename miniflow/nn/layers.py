@@ -4,8 +4,7 @@ norm and pooling in ``conv``, ``normalization`` and ``pooling``."""
 from __future__ import annotations
 
 import math
-import numbers
-
+from ..checks import positive_integer
 from ..random import generator
 from . import functional as F
 from .containers import checked_module, position, renumber
@@ -31,8 +30,7 @@ class Linear(Module):
                  dtype=None):
         super().__init__()
         for name, v in (("in_features", in_features), ("out_features", out_features)):
-            if isinstance(v, bool) or not isinstance(v, numbers.Integral) or v <= 0:
-                raise ValueError(f"Linear: {name} must be a positive integer, got {v!r}")
+            positive_integer("Linear", name, v)
         dt = param_dtype("Linear", device, dtype)
         self.in_features, self.out_features = int(in_features), int(out_features)
         bound = 1.0 / math.sqrt(in_features)

@@ -14,10 +14,9 @@ every row is ignored, as PyTorch).
 """
 from __future__ import annotations
 
-import numbers
-
 import numpy as np
 
+from ..checks import is_integer, is_real
 from ..dtype import float64, int64
 from ..tensor import Tensor, apply, tensor
 from .module import Module
@@ -31,12 +30,10 @@ def _check(reduction, label_smoothing, ignore_index) -> None:
     if reduction not in _REDUCTIONS:
         raise ValueError(f"cross_entropy: reduction must be 'mean', 'sum' or 'none', got "
                          f"{reduction!r}")
-    if isinstance(label_smoothing, bool) or not isinstance(label_smoothing, numbers.Real) \
-            or not 0.0 <= float(label_smoothing) <= 1.0:
+    if not is_real(label_smoothing) or not 0.0 <= float(label_smoothing) <= 1.0:
         raise ValueError(f"cross_entropy: label_smoothing must be a number between 0.0 and 1.0, "
                          f"got {label_smoothing!r}")
-    if ignore_index is not None and (isinstance(ignore_index, bool)
-                                     or not isinstance(ignore_index, numbers.Integral)):
+    if ignore_index is not None and not is_integer(ignore_index):
         raise TypeError(f"cross_entropy: ignore_index must be an int (a label value to skip, "
                         f"PyTorch's -100) or None, got {ignore_index!r}")
 

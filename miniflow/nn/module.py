@@ -30,6 +30,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from ..checks import boolean
 from ..dtype import as_dtype, is_bfloat16
 from ..runtime.backend import get_backend
 from ..tensor import Tensor
@@ -94,9 +95,7 @@ class Parameter(Tensor):
     compiles)."""
 
     def __init__(self, data, requires_grad: bool = True):
-        if not isinstance(requires_grad, bool):
-            raise TypeError(f"Parameter: requires_grad must be True or False, got "
-                            f"{requires_grad!r}")
+        boolean("Parameter", "requires_grad", requires_grad)
         arr = np.asarray(data)
         as_dtype(arr.dtype)
         super().__init__(get_backend().from_numpy(arr))
@@ -112,8 +111,7 @@ class Parameter(Tensor):
 
     @requires_grad.setter
     def requires_grad(self, value: bool) -> None:
-        if not isinstance(value, bool):
-            raise TypeError(f"requires_grad must be True or False, got {value!r}")
+        boolean("", "requires_grad", value)
         if value != self.requires_grad:
             Module.trace_changed()
         self._requires_grad = value
@@ -189,9 +187,7 @@ class Module:
         if "_parameters" not in self.__dict__:
             raise AttributeError("call super().__init__() before assigning attributes of a Module")
         if name == "training":
-            if not isinstance(value, bool):
-                raise TypeError(f"{type(self).__name__}.training must be True or False, got "
-                                f"{value!r}")
+            boolean("", f"{type(self).__name__}.training", value)
             if value != self.training:  # compiled graphs traced the other mode: they recompile
                 Module.version = Module.version._replace(modes=Module.version.modes + 1)
             object.__setattr__(self, name, value)
@@ -340,8 +336,7 @@ class Module:
         Raises:
             TypeError: ``mode`` is not a bool.
         """
-        if not isinstance(mode, bool):
-            raise TypeError(f"train: mode must be True or False, got {mode!r}")
+        boolean("train", "mode", mode)
         for m in self.modules():
             m.training = mode
         return self
@@ -558,9 +553,7 @@ class Module:
         Raises:
             TypeError: ``requires_grad`` is not a bool (nothing is changed).
         """
-        if not isinstance(requires_grad, bool):
-            raise TypeError(f"requires_grad_: requires_grad must be True or False, got "
-                            f"{requires_grad!r}")
+        boolean("requires_grad_", "requires_grad", requires_grad)
         for p in self.parameters():
             p.requires_grad = requires_grad
         return self

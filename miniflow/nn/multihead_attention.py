@@ -7,10 +7,9 @@ import the layers).
 from __future__ import annotations
 
 import math
-import numbers
-
 import numpy as np
 
+from ..checks import positive_integer
 from ..random import generator
 from ..tensor import Tensor, apply
 from .attention import _apply_mask, _mask, _scores, _weighted
@@ -55,9 +54,7 @@ class MultiheadAttention(Module):
         super().__init__()
         dt = param_dtype("MultiheadAttention", device, dtype)
         for name, v in (("embed_dim", embed_dim), ("num_heads", num_heads)):
-            if isinstance(v, bool) or not isinstance(v, numbers.Integral) or v <= 0:
-                raise ValueError(f"MultiheadAttention: {name} must be a positive integer, got "
-                                 f"{v!r}")
+            positive_integer("MultiheadAttention", name, v)
         if embed_dim % num_heads:
             raise ValueError(f"MultiheadAttention: embed_dim must be divisible by num_heads, got "
                              f"embed_dim={embed_dim} and num_heads={num_heads}")

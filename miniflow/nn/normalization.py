@@ -21,10 +21,9 @@ call.
 """
 from __future__ import annotations
 
-import numbers
-
 import numpy as np
 
+from ..checks import positive_integer
 from ..tensor import apply
 from . import functional as F
 from .factory import param_dtype
@@ -64,10 +63,7 @@ class _BatchNorm(Module):
                  dtype=None):
         super().__init__()
         dt = param_dtype(type(self).__name__, device, dtype)
-        if isinstance(num_features, bool) or not isinstance(num_features, numbers.Integral) \
-                or num_features <= 0:
-            raise ValueError(f"{type(self).__name__}: num_features must be a positive "
-                             f"integer, got {num_features!r}")
+        positive_integer(type(self).__name__, "num_features", num_features)
         if momentum is None or not 0.0 <= float(momentum) <= 1.0:
             raise ValueError(f"{type(self).__name__}: momentum must be a number in [0, 1], got "
                              f"{momentum!r} (momentum=None, the cumulative moving average, is "

@@ -3,10 +3,9 @@ arguments, the ``weight`` key, its N(0, 1) initialisation), on OneFlow's ``gathe
 gradient is the scatter-add ``unsorted_segment_sum_like`` (repeated ids accumulate)."""
 from __future__ import annotations
 
-import numbers
-
 import numpy as np
 
+from ..checks import boolean, positive_integer
 from ..dtype import int64
 from ..ops.indexing import first_bad
 from ..random import generator
@@ -76,8 +75,7 @@ class Embedding(Module):
                  _weight: np.ndarray | None = None):
         super().__init__()
         for name, v in (("num_embeddings", num_embeddings), ("embedding_dim", embedding_dim)):
-            if isinstance(v, bool) or not isinstance(v, numbers.Integral) or v <= 0:
-                raise ValueError(f"Embedding: {name} must be a positive integer, got {v!r}")
+            positive_integer("Embedding", name, v)
         dt = param_dtype("Embedding", device, dtype)
         self.num_embeddings, self.embedding_dim = int(num_embeddings), int(embedding_dim)
         if _weight is None:
@@ -100,9 +98,7 @@ class Embedding(Module):
         if w.ndim != 2:
             raise ValueError(f"Embedding.from_pretrained: embeddings must be 2-D "
                              f"[num_embeddings, embedding_dim], got shape {list(w.shape)}")
-        if not isinstance(freeze, bool):
-            raise TypeError(f"Embedding.from_pretrained: freeze must be True or False, got "
-                            f"{freeze!r}")
+        boolean("Embedding.from_pretrained", "freeze", freeze)
         module = cls(w.shape[0], w.shape[1], dtype=w.dtype, _weight=w.copy())
         module.weight.requires_grad_(not freeze)
         return module
