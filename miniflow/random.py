@@ -9,9 +9,9 @@ Other random streams register here (:func:`register_stream`): ``manual_seed`` re
 CUDA generator state next to its CPU generator's)."""
 from __future__ import annotations
 
-import numbers
-
 import numpy as np
+
+from .checks import is_integer
 
 __all__ = ["manual_seed", "generator", "register_stream", "RngState"]
 
@@ -37,7 +37,7 @@ def manual_seed(seed: int) -> np.random.Generator:
         TypeError: ``seed`` is not an integer (a bool, float, string ...), naming it.
         ValueError: ``seed`` is negative, naming it.
     """
-    if isinstance(seed, (bool, np.bool_)) or not isinstance(seed, numbers.Integral):
+    if not is_integer(seed):
         raise TypeError(f"manual_seed: the seed must be an integer >= 0, got {seed!r} "
                         f"({type(seed).__name__})")
     if seed < 0:

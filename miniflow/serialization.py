@@ -53,7 +53,6 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-import numbers
 import os
 import secrets
 import stat
@@ -63,6 +62,7 @@ import numpy as np
 import safetensors
 import safetensors.numpy
 
+from .checks import is_integer
 from .dtype import bfloat16
 
 __all__ = ["CheckpointError", "check_save_path", "load", "save"]
@@ -239,7 +239,7 @@ def _key(key, keys: tuple):
                              "cannot encode (a lone surrogate); use a key of valid Unicode") \
                 from None
         return key
-    if isinstance(key, numbers.Integral) and not isinstance(key, (bool, np.bool_)):
+    if is_integer(key):
         return int(key)
     raise TypeError(f"miniflow.save: {_where(keys)} has the key {key!r} of type "
                     f"{type(key).__name__}; dict keys must be str or int")

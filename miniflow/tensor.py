@@ -12,6 +12,7 @@ import numbers
 
 import numpy as np
 
+from .checks import positive_integer
 from .dtype import DType, as_dtype
 from .ops import get_op
 from .ops.common import norm_axes
@@ -372,8 +373,7 @@ class Tensor:
         Raises:
             ValueError: ``chunks`` not a positive integer (PyTorch's "chunk expects `chunks` to
                 be greater than 0"). IndexError: ``dim`` out of range."""
-        if isinstance(chunks, bool) or not isinstance(chunks, numbers.Integral) or chunks <= 0:
-            raise ValueError(f"chunk: chunks must be a positive integer, got {chunks!r}")
+        positive_integer("chunk", "chunks", chunks)
         n = self.shape[_dim("chunk", dim, self.ndim)]
         if n == 0:                                   # PyTorch: ``chunks`` empty pieces
             return self.split([0] * int(chunks), dim)

@@ -5,9 +5,8 @@ configuration, optimizers, grad scaler and parameters into the passes' frozen
 """
 from __future__ import annotations
 
-import numbers
-
 from .. import distributed
+from ..checks import boolean, integer, is_integer
 from ..amp.lists import AmpLists
 from ..dtype import float16
 from ..passes.auto_mixed_precision import AmpConfig
@@ -85,9 +84,7 @@ class GraphConfig:
         Raises:
             TypeError: ``print_ir`` is not a bool.
         """
-        if not isinstance(print_ir, bool):
-            raise TypeError(f"debug: print_ir must be True or False, got {print_ir!r}")
-        self.print_ir = print_ir
+        self.print_ir = boolean("debug", "print_ir", print_ir)
 
     def set_gradient_accumulation_steps(self, value: int) -> None:
         """Run every call of the graph as ``value`` micro-batches and one update (OneFlow's
@@ -109,7 +106,7 @@ class GraphConfig:
             ValueError: ``value`` is not an integer >= 1. (At the next call: ValueError when an
                 input's dim 0 does not split into ``value`` equal parts.)
         """
-        if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
+        if not is_integer(value) or value < 1:
             raise ValueError(f"set_gradient_accumulation_steps: value must be an integer >= 1 "
                              f"(1: no accumulation), got {value!r}")
         self.gradient_accumulation_steps = int(value)
@@ -145,8 +142,7 @@ class GraphConfig:
             ValueError: an unknown op type name, or one that is not in the list it is removed
                 from; an unknown loss_scale_policy.
         """
-        if not isinstance(mode, bool):
-            raise TypeError(f"enable_amp: mode must be True or False, got {mode!r}")
+        boolean("enable_amp", "mode", mode)
         if lists is not None and not isinstance(lists, AmpLists):
             raise TypeError(f"enable_amp: lists must be a miniflow.amp.AmpLists, got "
                             f"{type(lists).__name__} (or use white_add=..., black_add=...)")
@@ -177,9 +173,7 @@ class GraphConfig:
         Raises:
             TypeError: ``mode`` is not a bool.
         """
-        if not isinstance(mode, bool):
-            raise TypeError(f"enable_fused_model_update_cast: mode must be True or False, got "
-                            f"{mode!r}")
+        boolean("enable_fused_model_update_cast", "mode", mode)
         self.fused_model_update_cast = mode
         self.version += 1
 
@@ -202,9 +196,7 @@ class GraphConfig:
             TypeError: ``enabled`` is not a bool.
             ValueError: ``bucket_cap_mb`` is not a finite number > 0.
         """
-        if not isinstance(enabled, bool):
-            raise TypeError(f"enable_data_parallel: enabled must be True or False, got "
-                            f"{enabled!r}")
+        boolean("enable_data_parallel", "enabled", enabled)
         self.data_parallel = DataParallelConfig(bucket_cap_mb)
         self.data_parallel_enabled = enabled
         self.version += 1
@@ -215,8 +207,7 @@ class GraphConfig:
     def _hint(self, method: str, mode) -> None:
         """Record OneFlow's performance option ``method(mode)`` (a bool), which changes nothing
         here."""
-        if not isinstance(mode, bool):
-            raise TypeError(f"{method}: mode must be True or False, got {mode!r}")
+        boolean(method, "mode", mode)
         self.performance_hints[method] = mode
 
     def _refuse_on(self, method: str, mode, why: str) -> None:
@@ -297,10 +288,8 @@ class GraphConfig:
         Raises:
             ValueError: ``value`` is not an integer >= 1 (OneFlow's check).
         """
-        if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
-            raise ValueError(f"set_outputs_buffer_size: value must be an integer >= 1, got "
-                             f"{value!r}")
-        self.performance_hints["set_outputs_buffer_size"] = int(value)
+        self.performance_hints["set_outputs_buffer_size"] = integer("set_outputs_buffer_size",
+                                                                    "value", value, 1)
 
     def allow_fuse_add_to_output(self, mode: bool = True) -> None:
         """OneFlow's option to fold an add into the op that makes one of its inputs (conv,

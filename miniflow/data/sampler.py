@@ -2,20 +2,12 @@
 from __future__ import annotations
 
 import math
-import numbers
-
 import numpy as np
 
+from ..checks import integer, is_integer
 from .. import distributed
 
 __all__ = ["DistributedSampler"]
-
-
-def _integer(caller: str, name: str, value, low: int) -> int:
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Integral) or \
-            value < low:
-        raise ValueError(f"{caller}: {name} must be an integer >= {low}, got {value!r}")
-    return int(value)
 
 
 class DistributedSampler:
@@ -66,16 +58,15 @@ class DistributedSampler:
             num_replicas = distributed.world_size()
         if rank is None:
             rank = distributed.rank()
-        num_replicas = _integer("DistributedSampler", "num_replicas", num_replicas, 1)
-        if isinstance(rank, (bool, np.bool_)) or not isinstance(rank, numbers.Integral) or \
-                not 0 <= rank < num_replicas:
+        num_replicas = integer("DistributedSampler", "num_replicas", num_replicas, 1)
+        if not is_integer(rank) or not 0 <= rank < num_replicas:
             raise ValueError(f"Invalid rank {rank}, rank should be in the interval "
                              f"[0, {num_replicas - 1}]")
         self.dataset = dataset
         self.num_replicas = num_replicas
         self.rank = int(rank)
         self.shuffle = bool(shuffle)
-        self.seed = _integer("DistributedSampler", "seed", seed, 0)
+        self.seed = integer("DistributedSampler", "seed", seed, 0)
         self.drop_last = bool(drop_last)
         self.epoch = 0
         self._n = n
@@ -91,7 +82,7 @@ class DistributedSampler:
         Raises:
             ValueError: ``epoch`` is not an integer >= 0.
         """
-        self.epoch = _integer("DistributedSampler.set_epoch", "epoch", epoch, 0)
+        self.epoch = integer("DistributedSampler.set_epoch", "epoch", epoch, 0)
 
     def indices(self) -> np.ndarray:
         """This rank's row indices for the current epoch: int64 ``[len(self)]``.

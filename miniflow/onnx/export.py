@@ -27,12 +27,11 @@ their ``state_dict`` names, results are graph outputs by their result names (``o
 """
 from __future__ import annotations
 
-import numbers
-
 import numpy as np
 
 from .. import __version__
 from ..extras import require
+from ..checks import is_integer
 from ..compile import Graph
 from ..nn.module import Module
 from ..passes.pipeline import STAGE_ALIASES
@@ -104,8 +103,7 @@ def export(graph_or_module, example_inputs, path, *, opset: int = DEFAULT_OPSET,
     onnx = require("onnx", "onnx", "miniflow.onnx.export")
     check_save_path(path, _OWNER, _WHAT)
     newest = onnx.defs.onnx_opset_version()
-    if isinstance(opset, bool) or not isinstance(opset, numbers.Integral) \
-            or not MIN_OPSET <= opset <= newest:
+    if not is_integer(opset) or not MIN_OPSET <= opset <= newest:
         raise OnnxExportError(f"miniflow.onnx.export: opset must be an integer from {MIN_OPSET} "
                               f"to {newest} (the installed onnx's newest), got {opset!r}")
     inputs = example_inputs if isinstance(example_inputs, tuple) else (example_inputs,)

@@ -26,23 +26,20 @@ are tested through plans and ``evaluate`` (``tests/test_accumulation.py``).
 """
 from __future__ import annotations
 
-import numbers
-
 import numpy as np
 
+from ..checks import integer, is_integer
 from .common import fmt, rand
 from .registry import register
 
 
 def _count(op: str, attr: str):
     def normalize(inputs, attrs):
-        n = attrs.get(attr)
-        if isinstance(n, bool) or not isinstance(n, numbers.Integral) or n < 1:
-            raise ValueError(f"{op}: {attr} must be an integer >= 1, got {n!r}")
-        out = {attr: int(n)}
+        n = integer(op, attr, attrs.get(attr), 1)
+        out = {attr: n}
         if "micro_batch" in attrs:
             i = attrs["micro_batch"]
-            if isinstance(i, bool) or not isinstance(i, numbers.Integral) or not 0 <= i < n:
+            if not is_integer(i) or not 0 <= i < n:
                 raise ValueError(f"{op}: micro_batch must be an integer in [0, {n}), got {i!r}")
             out["micro_batch"] = int(i)
         return out

@@ -20,8 +20,9 @@ Output sizes (``oneflow/user/ops/nn_util.cpp`` ``CalcConvOut``, ``max_pool_kerne
 from __future__ import annotations
 
 import math
-import numbers
 from dataclasses import dataclass
+
+from ..checks import is_integer
 
 __all__ = ["CHANNELS_FIRST", "pair", "conv_attrs", "ConvGeometry", "conv_geometry",
            "conv_data_grad_geometry", "conv_filter_grad_geometry", "pool_attrs", "PoolGeometry",
@@ -31,19 +32,15 @@ __all__ = ["CHANNELS_FIRST", "pair", "conv_attrs", "ConvGeometry", "conv_geometr
 CHANNELS_FIRST = "channels_first"
 
 
-def _is_int(v) -> bool:
-    return isinstance(v, numbers.Integral) and not isinstance(v, bool)
-
-
 def pair(op: str, name: str, value, minimum: int) -> tuple:
     """``value`` (an int or a sequence of two ints) as ``(h, w)``, each at least ``minimum``.
 
     Raises:
         ValueError: not one or two ints, or an entry below ``minimum``; names ``op`` and ``name``.
     """
-    vals = [value, value] if _is_int(value) else list(value) if isinstance(value, (list, tuple)) \
-        else [value]
-    if len(vals) != 2 or not all(_is_int(v) for v in vals):
+    vals = [value, value] if is_integer(value) else \
+        list(value) if isinstance(value, (list, tuple)) else [value]
+    if len(vals) != 2 or not all(is_integer(v) for v in vals):
         raise ValueError(f"{op}: {name} must be an int or two ints (h, w), got {value!r}")
     if min(vals) < minimum:
         raise ValueError(f"{op}: {name} must be >= {minimum}, got {value!r}")
@@ -83,7 +80,7 @@ def conv_attrs(op: str, attrs: dict) -> dict:
     if "kernel_size" not in attrs:
         raise ValueError(f"{op}: attribute kernel_size is required")
     groups = attrs.get("groups", 1)
-    if not _is_int(groups) or groups < 1:
+    if not is_integer(groups) or groups < 1:
         raise ValueError(f"{op}: groups must be an int >= 1, got {groups!r}")
     return {"kernel_size": pair(op, "kernel_size", attrs["kernel_size"], 1),
             "strides": pair(op, "strides", attrs.get("strides", 1), 1),
@@ -258,7 +255,7 @@ def pool_attrs(op: str, attrs: dict, avg: bool) -> dict:
     if avg:
         out["count_include_pad"] = bool(attrs.get("count_include_pad", True))
         div = attrs.get("divisor_override", 0)
-        if not _is_int(div) or div < 0:
+        if not is_integer(div) or div < 0:
             raise ValueError(f"{op}: divisor_override must be an int >= 0 (0: none), got {div!r}")
         out["divisor_override"] = int(div)
     else:
