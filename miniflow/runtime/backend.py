@@ -96,6 +96,15 @@ class Backend:
         gives the kernel tuner a new measuring budget: ``kernels.cpu.tune``). ``collective``:
         every rank of the MPI world builds this plan now, in step (a data-parallel graph)."""
 
+    def begin_run(self) -> int:
+        """Called before every run of a plan's calls; returns what :meth:`end_run` takes after it
+        (the default: nothing to do, 0; the cpu backend runs them on fewer of Numba's threads
+        while other processes keep its cores busy: ``kernels.cpu.team``)."""
+        return 0
+
+    def end_run(self, token: int) -> None:
+        """Called after every run of a plan's calls with :meth:`begin_run`'s ``token``."""
+
     def builder_for(self, op):
         raise NotImplementedError
 
@@ -161,12 +170,26 @@ class CpuBackend(Backend):
     """NumPy arrays in host memory; Numba CPU kernels (``miniflow.kernels.cpu``)."""
 
     name = "cpu"
+    _team = None
+    """``kernels.cpu.team``, imported at the first run."""
 
     def begin_plan(self, collective: bool = False) -> None:
         """A new model for the kernel tuner: ``tune.BUDGET_S`` of measuring for its new
         classes (rank 0 measuring for every rank when ``collective``)."""
         from ..kernels.cpu import tune
         tune.begin_model(collective)
+
+    def begin_run(self) -> int:
+        """Numba's thread count to set back after the run, where other processes keep this
+        process's cores busy and the run uses fewer threads (``kernels.cpu.team``), else 0."""
+        if self._team is None:
+            from ..kernels.cpu import team
+            CpuBackend._team = team
+        return self._team.begin()
+
+    def end_run(self, token: int) -> None:
+        if token:
+            self._team.end(token)
 
     def builder_for(self, op):
         from ..kernels.cpu import builder_for

@@ -353,14 +353,18 @@ class Plan:
             the kernel's exception type, with a message naming the node that failed.
         """
         self._stage(arrays)
-        if self._calls is not None:
-            self._execute(self._calls, self._call_steps, self._owners)
-        else:                       # kernels compile (or load from the cache) at the first run
-            with compile_notice():
-                once, once_steps, _ = self.backend.prepare(self.once_steps)
-                self._execute(once, once_steps, self._once_owners)
-                self._calls, self._call_steps, self.how = self.backend.prepare(self.steps)
+        token = self.backend.begin_run()
+        try:
+            if self._calls is not None:
                 self._execute(self._calls, self._call_steps, self._owners)
+            else:                   # kernels compile (or load from the cache) at the first run
+                with compile_notice():
+                    once, once_steps, _ = self.backend.prepare(self.once_steps)
+                    self._execute(once, once_steps, self._once_owners)
+                    self._calls, self._call_steps, self.how = self.backend.prepare(self.steps)
+                    self._execute(self._calls, self._call_steps, self._owners)
+        finally:
+            self.backend.end_run(token)
         if to_host:
             return [self.backend.to_numpy(b) for b in self.output_buffers]
         return [copy() for copy in self._copiers]

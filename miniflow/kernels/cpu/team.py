@@ -1,0 +1,142 @@
+"""How many of Numba's threads a plan's run uses: all of them, or fewer while other processes keep
+this process's cores busy.
+
+Why: a parallel kernel's threads meet when it ends, so a step of a few hundred parallel kernels
+waits a few hundred times for its slowest thread, and a thread whose core another process holds
+runs only when the scheduler gives it a turn there (milliseconds later). Measured on 2 cores (AMD
+Zen 4, 2026-12-07) with other processes on the second: ``miniflow train --model gpt --amp fp16``
+(1500 steps) ran at about 0.85 steps a second on Numba's 2 threads, against 18.5 on one thread
+(1:43 for the whole run on one thread; the 2-thread run was stopped after 293 steps at 4:41).
+PyTorch's OpenMP threads and OpenBLAS's pool meet the same walls (``benchmarks/README.md``).
+
+So before each run of a plan (:meth:`Team.begin`) the cpu backend asks how busy the cores this
+process may run on (``os.sched_getaffinity``) were since it last looked, at most every
+``INTERVAL_S`` (Linux's ``/proc/stat``: every process's time on those cores, the time the
+hypervisor gave other guests included, less this process's own): where other processes kept
+more than ``BUSY_SLACK`` of a core busy, the run uses as many threads as the cores they leave
+(:func:`team_size`, at least one), said once; Numba's count is set back after the run
+(:func:`end`), so a plan built later is built for all of them (the kernels' parallel variants,
+the tuner's classes).
+
+The same bits on any number of threads: a parallel kernel splits its work into parts fixed when
+the plan is built (rows, elements, panels, the products' ``blas_split`` parts), never by the
+threads that run it, and every part is computed by one thread in one order
+(``tests/test_plan_threads.py`` trains with the team changing at every step against a run on all
+threads). Without ``/proc/stat`` (not Linux) every run uses all of Numba's threads.
+"""
+from __future__ import annotations
+
+import math
+import os
+import time
+
+import numba
+
+from .tune import notice
+
+__all__ = ["INTERVAL_S", "BUSY_SLACK", "team_size", "Team", "TEAM", "begin", "end"]
+
+INTERVAL_S = 0.2
+"""Seconds between two looks at how busy the cores are (a look reads ``/proc/stat``: about 50
+us)."""
+BUSY_SLACK = 0.25
+"""Cores' worth of other processes' time below which a core counts as free (a shell, a monitor)."""
+
+
+def _cores() -> list:
+    """The CPUs this process may run on (all of them where the OS does not say)."""
+    if hasattr(os, "sched_getaffinity"):
+        return sorted(os.sched_getaffinity(0))
+    return list(range(os.cpu_count() or 1))
+
+
+def _snapshot(cores: list):
+    """``(busy seconds of every process on cores, this process's CPU seconds, wall seconds)``
+    (``/proc/stat``'s per-CPU user, nice, system, irq, softirq and steal); None without it."""
+    wanted = {f"cpu{c}" for c in cores}
+    busy = 0
+    try:
+        with open("/proc/stat", encoding="ascii") as f:
+            for line in f:
+                if not line.startswith("cpu"):
+                    break
+                fields = line.split()
+                if fields[0] in wanted:
+                    busy += sum(int(fields[k]) for k in (1, 2, 3, 6, 7, 8) if k < len(fields))
+    except (OSError, ValueError):
+        return None
+    t = os.times()
+    return busy / os.sysconf("SC_CLK_TCK"), t.user + t.system, time.perf_counter()
+
+
+def team_size(wanted: int, cores: int, others: float) -> int:
+    """Threads for a run: ``wanted``, at most the ``cores`` that other processes, keeping
+    ``others`` cores' worth busy, leave free (``others`` rounded up past :data:`BUSY_SLACK`),
+    at least one. E.g. 2 cores, 2 wanted: others 0.2 -> 2, 0.3 or 1.0 -> 1."""
+    free = cores - max(0, math.ceil(others - BUSY_SLACK))
+    return max(1, min(wanted, free))
+
+
+class Team:
+    """The threads of this process's plan runs (module docstring).
+
+    Args:
+        snapshot: ``snapshot(cores) -> (busy, own, wall)`` seconds or None (:func:`_snapshot`;
+            tests pass their own).
+    """
+
+    def __init__(self, snapshot=_snapshot):
+        self.cores = _cores()
+        self._snapshot = snapshot
+        self._last = snapshot(self.cores)
+        self._next = time.perf_counter() + INTERVAL_S
+        self.others = 0.0
+        """Cores' worth of time other processes used on this process's cores in the last look."""
+        self.limit = numba.config.NUMBA_NUM_THREADS
+        """The most threads a run uses now (:func:`team_size` of Numba's most)."""
+
+    def _look(self, now: float) -> None:
+        """Update :attr:`others` and :attr:`limit` from the time since the last look."""
+        self._next = now + INTERVAL_S
+        last, self._last = self._last, self._snapshot(self.cores)
+        if last is None or self._last is None or self._last[2] <= last[2]:
+            return
+        used = (self._last[0] - last[0]) - (self._last[1] - last[1])
+        self.others = max(0.0, used / (self._last[2] - last[2]))
+        self.limit = team_size(numba.config.NUMBA_NUM_THREADS, len(self.cores), self.others)
+
+    def begin(self) -> int:
+        """Before a run: Numba's thread count to set back after it (:func:`end`), or 0 where the
+        run uses the count in force (no other process holds the cores it needs)."""
+        now = time.perf_counter()
+        if now >= self._next:
+            self._look(now)
+        if self.limit >= numba.config.NUMBA_NUM_THREADS:
+            return 0
+        before = numba.get_num_threads()
+        if before <= self.limit:
+            return 0
+        notice("team", f"miniflow: other processes keep {self.others:.1f} of this process's "
+                       f"{len(self.cores)} cores busy: plans run on {self.limit} of Numba's "
+                       f"{before} threads while they do (threads that wait for each other at "
+                       f"every kernel run many times slower; the results are the same bits)")
+        numba.set_num_threads(self.limit)
+        return before
+
+
+TEAM: Team | None = None
+"""This process's team (made at the first run of a cpu plan; tests put their own here)."""
+
+
+def begin() -> int:
+    """:meth:`Team.begin` of this process's team (made at the first call)."""
+    global TEAM
+    if TEAM is None:
+        TEAM = Team()
+    return TEAM.begin()
+
+
+def end(before: int) -> None:
+    """After a run: set Numba's thread count back to ``before`` (0: nothing was changed)."""
+    if before:
+        numba.set_num_threads(before)

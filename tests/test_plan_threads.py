@@ -1,0 +1,93 @@
+"""The threads a cpu plan's run uses (``kernels/cpu/team.py``): fewer of Numba's while other
+processes keep the cores busy, set back after the run, and the same bits on any number of them
+(a training whose team changes at every step against one on all of Numba's threads)."""
+import math
+
+import numba
+import numpy as np
+import pytest
+
+import miniflow as mf
+from miniflow import nn
+from miniflow.experiments.mlp import TrainGraph
+from miniflow.kernels.cpu import team, tune
+from miniflow.kernels.cpu.common import pinned_threads
+
+TWO = pytest.mark.skipif(numba.config.NUMBA_NUM_THREADS < 2,
+                         reason="Numba's pool has one thread (NUMBA_NUM_THREADS): none to spare")
+
+
+@pytest.mark.parametrize("wanted, cores, others, size", [
+    (2, 2, 0.0, 2), (2, 2, 0.2, 2), (2, 2, 0.3, 1), (2, 2, 1.0, 1), (2, 2, 2.0, 1),
+    (8, 8, 3.0, 5), (8, 8, 3.3, 4), (4, 8, 3.0, 4), (1, 2, 1.0, 1), (2, 1, 0.0, 1)])
+def test_the_team_is_the_cores_other_processes_leave_free(wanted, cores, others, size):
+    assert team.team_size(wanted, cores, others) == size
+
+
+class FakeStat:
+    """``/proc/stat`` as a test sets it: ``busy`` seconds of other processes' time per second
+    of wall time (this process's own time is not counted)."""
+
+    def __init__(self):
+        self.busy, self.t, self.total = 0.0, 0.0, 0.0
+
+    def __call__(self, cores):
+        self.t += 1.0
+        self.total += self.busy
+        return self.total, 0.0, self.t
+
+
+@TWO
+def test_a_busy_machine_runs_the_plan_on_fewer_threads_and_sets_them_back(monkeypatch, capsys):
+    monkeypatch.setattr(team, "INTERVAL_S", 0.0)           # look before every run
+    monkeypatch.setattr(tune, "_SHOWN", set())
+    stat = FakeStat()
+    t = team.Team(stat)
+    t.cores = [0, 1]
+    with pinned_threads(2):
+        assert t.begin() == 0 and numba.get_num_threads() == 2     # idle: all threads
+        stat.busy = 1.0
+        before = t.begin()
+        assert before == 2 and numba.get_num_threads() == 1 and math.isclose(t.others, 1.0)
+        team.end(before)
+        assert numba.get_num_threads() == 2
+        stat.busy = 0.1
+        assert t.begin() == 0 and numba.get_num_threads() == 2
+    assert "plans run on 1 of Numba's 2 threads" in capsys.readouterr().err
+
+
+def _mlp_losses(dtype, switch, monkeypatch, steps=6):
+    """Losses and weights of a 64-512-512-10 MLP trained at batch 256 (parallel kernels: every
+    activation has 2^17 elements) by a plan built on 2 threads; ``switch``: the team is one
+    thread at every other step."""
+    mf.random.manual_seed(0)
+    model = nn.Sequential(nn.Linear(64, 512), nn.ReLU(), nn.Linear(512, 512), nn.ReLU(),
+                          nn.Linear(512, 10))
+    graph = TrainGraph(model, mf.optim.SGD(model.parameters(), lr=0.05, momentum=0.9))
+    if dtype != "fp32":
+        graph.config.enable_amp(dtype=mf.bfloat16 if dtype == "bf16" else mf.float16)
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((256, 64)).astype(np.float32)
+    y = rng.integers(0, 10, 256)
+    fake = team.Team(lambda cores: None)
+    monkeypatch.setattr(team, "TEAM", fake)
+    sizes, losses = [], []
+    real_set = numba.set_num_threads
+    monkeypatch.setattr(numba, "set_num_threads", lambda n: (sizes.append(n), real_set(n)))
+    with pinned_threads(2):
+        for i in range(steps):
+            fake.limit = 1 if switch and i % 2 else numba.config.NUMBA_NUM_THREADS
+            losses.append(float(graph(x, y)))
+            assert numba.get_num_threads() == 2
+    return losses, {k: np.array(v) for k, v in model.state_dict().items()}, sizes
+
+
+@TWO
+@pytest.mark.parametrize("dtype", ["fp32", "fp16", "bf16"])
+def test_a_training_gives_the_same_bits_whatever_the_team(dtype, monkeypatch):
+    losses, weights, _ = _mlp_losses(dtype, False, monkeypatch)
+    losses1, weights1, sizes = _mlp_losses(dtype, True, monkeypatch)
+    assert 1 in sizes                   # the runs at odd steps did run on one thread
+    assert losses1 == losses
+    for k, w in weights.items():
+        np.testing.assert_array_equal(weights1[k], w, err_msg=k)
