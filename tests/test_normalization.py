@@ -129,7 +129,15 @@ def test_training_with_eps_0_is_refused_as_by_torch():
     (lambda a: a.__setitem__(1, a[1][:2]), ValueError,
      r"normalization: moving_mean %in1 \(f32\[2\]\) must have shape \[3\]"),
     (lambda a: a.__setitem__(3, a[3].astype(np.float16)), TypeError,
-     r"normalization: gamma %in3 \(f16\[3\]\) must be float32 for x of dtype float16"),
+     r"normalization: moving_mean %in1 \(f32\[3\]\), moving_variance %in2 \(f32\[3\]\), "
+     r"gamma %in3 \(f16\[3\]\), beta %in4 \(f32\[3\]\) must share one dtype \(all float32, "
+     r"or all float16 as x\); cast them with .to\(\) so they match"),
+    (lambda a: a.__setitem__(1, a[1].astype(np.float64)), TypeError,
+     r"normalization: moving_mean %in1 \(f64\[3\]\) must be float32 or float16 for x of dtype "
+     r"float16 \(float32 is OneFlow's parameter dtype, float16 a layer made with "
+     r"dtype=float16, as PyTorch allows\); cast it with .to\(miniflow.float32\)"),
+    (lambda a: a.__setitem__(2, a[2].astype(np.int64)), TypeError,
+     r"normalization: moving_variance %in2 \(i64\[3\]\) must be float32 or float16"),
     (lambda a: a.__setitem__(0, a[0].reshape(-1)), ValueError,
      r"normalization: x must have at least 2 dims"),
 ])

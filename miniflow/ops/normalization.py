@@ -18,14 +18,19 @@ outputs and attributes: ``oneflow/user/ops/normalization_op.cpp``, ``OneFlowUser
   Statistics and parameters have OneFlow's parameter dtype: float32 for a half ``x``
   (``MakeFwDataTypeInferFn``), else ``x``'s. Under AMP the op is gray, and its moving statistics,
   gamma and beta are no-cast inputs (``REGISTER_NO_CAST_REGISTRY`` in ``auto_mixed_precision.cpp``):
-  they stay float32 while ``x`` and ``y`` are float16.
+  they stay float32 while ``x`` and ``y`` are float16. For a half ``x`` the four may instead all
+  be of ``x``'s dtype (PyTorch's ``BatchNorm1d(C, dtype=torch.float16)``): the op computes in
+  float32 all the same (``mean`` and ``inv_variance`` are float32 outputs, PyTorch's opmath),
+  reads the parameters widened and writes the moving statistics rounded once to their dtype.
 * ``normalization_grad(x, dy, mean, inv_variance, gamma) -> gamma_diff, beta_diff, dx``:
   with ``xhat = (x - mean) * inv_variance`` and sums per channel over its M values,
   ``beta_diff = sum(dy)``, ``gamma_diff = sum(dy * xhat)``,
   ``dx = gamma * inv_variance * (dy - beta_diff / M - xhat * gamma_diff / M)``. An eval-mode
   ``normalization`` differentiates as OneFlow's ``normalization.cpp`` gradient function does:
   ``normalization_grad`` with the moving statistics for ``gamma_diff`` / ``beta_diff``, and
-  ``dx = dy * gamma * rsqrt(moving_variance + epsilon)``.
+  ``dx = dy * gamma * rsqrt(moving_variance + epsilon)``. ``gamma_diff`` and ``beta_diff`` have
+  ``gamma``'s dtype (float32, or a half ``x``'s own); ``mean`` and ``inv_variance`` are float32
+  for a half ``x`` (the eval-mode rule casts half moving statistics up first).
 * ``increment(counter)``: ``counter += 1`` in place (int64, one element).
 """
 from __future__ import annotations
@@ -34,7 +39,7 @@ import numbers
 
 import numpy as np
 
-from ..dtype import float32, int64
+from ..dtype import as_dtype, bfloat16, float32, int64
 from .common import check_arity, fmt, rand
 from .geometry import norm_layout
 from .registry import register
@@ -123,12 +128,16 @@ def _norm_attrs(op, inputs, attrs, keys):
     return a
 
 
-def _params(op, x, named: dict, axis: int):
-    """Check the ``[C]`` vectors ``named`` (name -> Value) against ``x``: shape ``[C]`` and the
-    parameter dtype. Returns that dtype and ``(outer, C, inner)``.
+def _params(op, x, named: dict, axis: int, half_ok: tuple = ()):
+    """Check the ``[C]`` vectors ``named`` (name -> Value) against ``x``: shape ``[C]`` and dtype.
+    The dtype is the parameter dtype (:func:`param_dtype`); for a half ``x``, the vectors named in
+    ``half_ok`` may instead all be of ``x``'s own dtype (PyTorch's half batch norm: weight, bias
+    and running statistics of the layer's dtype; the op still computes in float32).
+    Returns the parameter dtype and ``(outer, C, inner)``.
 
     Raises:
-        TypeError: a non-float ``x``, a vector of another dtype. ValueError: a wrong shape.
+        TypeError: a non-float ``x``, a vector of another dtype, ``half_ok`` vectors of mixed
+            dtypes. ValueError: a wrong shape.
     """
     if not x.dtype.is_float:
         raise TypeError(f"{op}: x {fmt(x)} must be floating point (f16/bf16/f32/f64)")
@@ -138,10 +147,21 @@ def _params(op, x, named: dict, axis: int):
         if v.shape != (c,):
             raise ValueError(f"{op}: {name} {fmt(v)} must have shape [{c}] (x {fmt(x)} has {c} "
                              f"channels along axis {axis})")
-        if v.dtype is not pt:
-            raise TypeError(f"{op}: {name} {fmt(v)} must be {pt.name} for x of dtype "
-                            f"{x.dtype.name} (OneFlow's parameter dtype: float32 for a float16 "
-                            f"or bfloat16 x)")
+        if v.dtype is pt or (name in half_ok and x.dtype.is_half and v.dtype is x.dtype):
+            continue
+        if name in half_ok and x.dtype.is_half:
+            raise TypeError(f"{op}: {name} {fmt(v)} must be float32 or {x.dtype.name} for x of "
+                            f"dtype {x.dtype.name} (float32 is OneFlow's parameter dtype, "
+                            f"{x.dtype.name} a layer made with dtype={x.dtype.name}, as PyTorch "
+                            f"allows); cast it with .to(miniflow.float32)")
+        raise TypeError(f"{op}: {name} {fmt(v)} must be {pt.name} for x of dtype "
+                        f"{x.dtype.name} (OneFlow's parameter dtype: float32 for a float16 "
+                        f"or bfloat16 x)")
+    mixed = {named[n].dtype for n in half_ok if n in named}
+    if len(mixed) > 1:
+        listed = ", ".join(f"{n} {fmt(named[n])}" for n in half_ok if n in named)
+        raise TypeError(f"{op}: {listed} must share one dtype (all float32, or all "
+                        f"{x.dtype.name} as x); cast them with .to() so they match")
     return pt, layout
 
 
@@ -149,8 +169,8 @@ def _norm_infer(inputs, attrs):
     op = "normalization"
     check_arity(op, inputs, 5)
     x, mm, mv, gamma, beta = inputs
-    pt, (outer, c, inner) = _params(op, x, {"moving_mean": mm, "moving_variance": mv,
-                                            "gamma": gamma, "beta": beta}, attrs["axis"])
+    named = {"moving_mean": mm, "moving_variance": mv, "gamma": gamma, "beta": beta}
+    pt, (outer, c, inner) = _params(op, x, named, attrs["axis"], half_ok=tuple(named))
     if not attrs["training"]:
         return [(x.shape, x.dtype)]
     if outer * inner < 2:
@@ -181,10 +201,14 @@ def _norm_grad(node, gs, emit):
         return grads
     if gs[0] is None:
         return grads
+    pt = param_dtype(x.dtype)        # half moving statistics and gamma: used as float32 values
+    mm, mv, wide = (v if v.dtype is pt else emit("cast", v, dtype=pt) for v in (mm, mv, gamma))
     inv = emit("rsqrt", emit("scalar_add", mv, scalar=a["epsilon"]))
     grads[3], grads[4], _ = emit("normalization_grad", x, gs[0], mm, inv, gamma, axis=a["axis"],
                                  epsilon=a["epsilon"])
-    scale = emit("reshape", emit("broadcast_mul", gamma, inv), shape=per_channel)
+    scale = emit("reshape", emit("broadcast_mul", wide, inv), shape=per_channel)
+    if scale.dtype is not gs[0].dtype:     # a half x: the scale rounded once to its dtype
+        scale = emit("cast", scale, dtype=gs[0].dtype)
     grads[0] = emit("broadcast_mul", gs[0], scale)
     return grads
 
@@ -214,9 +238,9 @@ def _norm_grad_infer(inputs, attrs):
     x, dy, mean, inv, gamma = inputs
     if dy.shape != x.shape or dy.dtype is not x.dtype:
         raise ValueError(f"{op}: dy {fmt(dy)} must match x {fmt(x)} in shape and dtype")
-    pt, (_, c, _) = _params(op, x, {"mean": mean, "inv_variance": inv, "gamma": gamma},
-                            attrs["axis"])
-    return [((c,), pt), ((c,), pt), (x.shape, x.dtype)]
+    _, (_, c, _) = _params(op, x, {"mean": mean, "inv_variance": inv, "gamma": gamma},
+                           attrs["axis"], half_ok=("gamma",))
+    return [((c,), gamma.dtype), ((c,), gamma.dtype), (x.shape, x.dtype)]
 
 
 def _increment_infer(inputs, attrs):
@@ -232,9 +256,14 @@ def _increment_infer(inputs, attrs):
 _NORM_SHAPES = [((3, 4, 5, 6), 1), ((9, 5), 1), ((2, 3, 4), 2), ((4, 3, 1, 1), 1)]
 
 
-def _norm_inputs(dt, shape, axis, seed):
+_HALF_PARAM_SHAPES = ((np.float16, 0), (bfloat16.np, 1))
+"""Samples with half parameters and statistics (x's own dtype): the dtype, an index into
+:data:`_NORM_SHAPES`."""
+
+
+def _norm_inputs(dt, shape, axis, seed, half_params=False):
     r = np.random.default_rng(seed)
-    pt = np.float32 if dt == np.float16 else dt
+    pt = dt if half_params or not as_dtype(dt).is_half else np.float32
     c = shape[axis]
     x = rand(*shape, dtype=dt, lo=-1.0, hi=3.0, r=r)
     mm, gamma, beta = (rand(c, dtype=pt, lo=-1.0, hi=1.0, r=r) for _ in range(3))
@@ -242,28 +271,33 @@ def _norm_inputs(dt, shape, axis, seed):
     return x, mm, mv, gamma, beta
 
 
+def _norm_cases():
+    """``(dtype, shape, axis, seed, half_params)`` of the samples."""
+    plain = [(dt, shape, axis, k, False) for dt in (np.float32, np.float16)
+             for k, (shape, axis) in enumerate(_NORM_SHAPES)]
+    return plain + [(dt, *_NORM_SHAPES[k], k, True) for dt, k in _HALF_PARAM_SHAPES]
+
+
 def _norm_samples():
     out = []
-    for dt in (np.float32, np.float16):
-        for k, (shape, axis) in enumerate(_NORM_SHAPES):
-            ins = list(_norm_inputs(dt, shape, axis, k))
-            for training in (True, False):
-                out.append((ins, {"axis": axis, "momentum": 0.9, "training": training}))
+    for dt, shape, axis, k, half_params in _norm_cases():
+        ins = list(_norm_inputs(dt, shape, axis, k, half_params))
+        for training in (True, False):
+            out.append((ins, {"axis": axis, "momentum": 0.9, "training": training}))
     return out
 
 
 def _norm_grad_samples():
     out = []
-    for dt in (np.float32, np.float16):
-        pt = np.float32 if dt == np.float16 else dt
-        for k, (shape, axis) in enumerate(_NORM_SHAPES):
-            x, mm, mv, gamma, beta = _norm_inputs(dt, shape, axis, k)
-            attrs = {"axis": axis, "epsilon": 1e-5, "momentum": 0.9, "training": True}
-            f64 = [a.astype(np.float64) for a in (x, mm, mv, gamma, beta)]
-            _, mean, inv, _, _ = normalization_reference(f64, attrs)
-            dy = rand(*shape, dtype=dt, r=np.random.default_rng(10 + k))
-            out.append(([x, dy, mean.astype(pt), inv.astype(pt), gamma],
-                        {"axis": axis, "epsilon": 1e-5}))
+    for dt, shape, axis, k, half_params in _norm_cases():
+        pt = np.float32 if as_dtype(dt).is_half else dt
+        x, mm, mv, gamma, beta = _norm_inputs(dt, shape, axis, k, half_params)
+        attrs = {"axis": axis, "epsilon": 1e-5, "momentum": 0.9, "training": True}
+        f64 = [a.astype(np.float64) for a in (x, mm, mv, gamma, beta)]
+        _, mean, inv, _, _ = normalization_reference(f64, attrs)
+        dy = rand(*shape, dtype=dt, r=np.random.default_rng(10 + k))
+        out.append(([x, dy, mean.astype(pt), inv.astype(pt), gamma],
+                    {"axis": axis, "epsilon": 1e-5}))
     return out
 
 

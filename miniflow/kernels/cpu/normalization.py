@@ -76,9 +76,9 @@ def norm_train_kernel(parallel: bool):
                 s2 += part
             inv = one / math.sqrt(s2 / m + to_compute(mean, eps))
             mean[c], inv_var[c] = mu, inv
-            moving_mean[c] = k * moving_mean[c] + (one - k) * mu
-            moving_var[c] = k * moving_var[c] + (one - k) * (s2 / (m - one))
-            scale, shift = gamma[c] * inv, beta[c]
+            store(moving_mean, c, k * load(moving_mean, c) + (one - k) * mu)
+            store(moving_var, c, k * load(moving_var, c) + (one - k) * (s2 / (m - one)))
+            scale, shift = load(gamma, c) * inv, load(beta, c)
             for o in range(outer):
                 base = index((o * c_n + c) * inner)
                 for i in range(inner):
@@ -101,9 +101,9 @@ def norm_eval_kernel(parallel: bool):
         for r_ in loop(outer * c_n):
             r = np.int64(r_)
             c = r % c_n
-            mu = moving_mean[c]
-            scale = gamma[c] / math.sqrt(moving_var[c] + to_compute(gamma, eps))
-            shift = beta[c]
+            mu = load(moving_mean, c)
+            scale = load(gamma, c) / math.sqrt(load(moving_var, c) + to_compute(gamma, eps))
+            shift = load(beta, c)
             for i in range(r * inner, (r + 1) * inner):
                 store(y, i, (load(x, i) - mu) * scale + shift)
 
@@ -138,8 +138,9 @@ def norm_grad_kernel(parallel: bool):
                 sdy += pdy
                 sdx += pdx
             sdx *= iv
-            beta_diff[c], gamma_diff[c] = sdy, sdx
-            a, mdy, mdx = gamma[c] * iv, sdy / m, sdx / m * iv
+            store(beta_diff, c, sdy)
+            store(gamma_diff, c, sdx)
+            a, mdy, mdx = load(gamma, c) * iv, sdy / m, sdx / m * iv
             for o in range(outer):
                 base = index((o * c_n + c) * inner)
                 for i in range(inner):
@@ -283,8 +284,8 @@ def train_steps(ins, outs, layout, attrs):
     (x, mm, mv, gamma, beta), (y, mean, inv), (outer, c, inner) = ins, outs, layout
     eps, momentum = attrs["epsilon"], attrs["momentum"]
     kernel = norm_train_kernel(use_parallel(x.size) and c > 1)
-    return [(kernel, (flat(x), flat(y), mean, inv, mm, mv, gamma, beta, outer, inner, float(eps),
-                      float(momentum)))]
+    return [(kernel, (flat(x), flat(y), mean, inv, flat(mm), flat(mv), flat(gamma), flat(beta),
+                      outer, inner, float(eps), float(momentum)))]
 
 
 def eval_steps(ins, outs, layout, attrs):
@@ -292,15 +293,16 @@ def eval_steps(ins, outs, layout, attrs):
     (x, mm, mv, gamma, beta), y, (outer, c, inner) = ins, outs[0], layout
     eps = attrs["epsilon"]
     kernel = norm_eval_kernel(use_parallel(x.size) and outer * c > 1)
-    return [(kernel, (flat(x), flat(y), mm, mv, gamma, beta, outer, inner, float(eps)))]
+    return [(kernel, (flat(x), flat(y), flat(mm), flat(mv), flat(gamma), flat(beta), outer,
+                      inner, float(eps)))]
 
 
 def grad_steps(ins, outs, layout, attrs):
     """The step of ``normalization_grad``."""
     (x, dy, mean, inv, gamma), (gamma_diff, beta_diff, dx), (outer, c, inner) = ins, outs, layout
     kernel = norm_grad_kernel(use_parallel(x.size) and c > 1)
-    return [(kernel, (flat(x), flat(dy), mean, inv, gamma, gamma_diff, beta_diff, flat(dx),
-                      outer, inner))]
+    return [(kernel, (flat(x), flat(dy), mean, inv, flat(gamma), flat(gamma_diff),
+                      flat(beta_diff), flat(dx), outer, inner))]
 
 
 def increment_steps(ins, outs, plan, attrs):
