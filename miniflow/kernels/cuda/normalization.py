@@ -5,7 +5,9 @@ Training and the gradient run one block of ``row_block`` threads per channel, co
 memory (``common.block_sum``): two passes for the statistics (the mean, then the squared
 deviations from it), thread 0 writes the statistics and the moving statistics, then every thread
 writes its share of ``y`` (or ``dx``). Eval is a grid-stride loop over ``x``. Statistics and
-parameters are in the compute type (float32 for f16/f32 ``x``, OneFlow's parameter dtype).
+parameters are in the compute type (float32 for f16/f32 ``x``, OneFlow's parameter dtype), or
+for a half ``x`` all four of its own dtype: loaded widened, the moving statistics and the
+parameter gradients stored rounded once (``types_of`` of the vectors).
 
 Layer norm (``layer_norm``, ``layer_norm_grad``) runs one block per row of ``x`` viewed as
 ``[rows, cols]``, the same two-pass block sums; ``layer_norm_param_grad`` is a grid-stride loop
@@ -35,12 +37,13 @@ def _channel_index(i, ch, c, inner):
 
 
 @functools.cache
-def norm_train_kernel(ld, ct, st, block: int):
+def norm_train_kernel(ld, ct, st, pld, pst, block: int):
     """``kernel(x, y, mean, inv_var, moving_mean, moving_var, gamma, beta, outer, c, inner, eps,
     momentum)``: training batch norm, one block per channel: the mean, then the squared
     deviations from it (two block sums), ``inv_var = 1 / sqrt(var + eps)``, the moving
     statistics (thread 0; the variance unbiased), then ``y = (x - mean) * gamma * inv_var + beta``.
-    Statistics and parameters are in the compute type ``ct``."""
+    ``mean`` / ``inv_var`` are in the compute type ``ct``; the moving statistics, gamma and beta
+    are loaded with ``pld`` and stored with ``pst`` (their dtype's: float32, or x's half type)."""
 
     @jit
     def kernel(x, y, mean, inv_var, moving_mean, moving_var, gamma, beta, outer, c, inner, eps,
@@ -61,9 +64,10 @@ def norm_train_kernel(ld, ct, st, block: int):
             if cuda.threadIdx.x == 0:
                 k = ct(momentum)
                 mean[ch], inv_var[ch] = mu, inv
-                moving_mean[ch] = ct(k * moving_mean[ch] + (ct(1) - k) * mu)
-                moving_var[ch] = ct(k * moving_var[ch] + (ct(1) - k) * ct(s2 / ct(m - 1)))
-            scale, shift = ct(gamma[ch] * inv), beta[ch]
+                moving_mean[ch] = pst(ct(k * pld(moving_mean[ch]) + (ct(1) - k) * mu))
+                moving_var[ch] = pst(ct(k * pld(moving_var[ch])
+                                        + (ct(1) - k) * ct(s2 / ct(m - 1))))
+            scale, shift = ct(pld(gamma[ch]) * inv), pld(beta[ch])
             for i in range(cuda.threadIdx.x, m, block):
                 j = _channel_index(i, ch, c, inner)
                 y[j] = st((ld(x[j]) - mu) * scale + shift)
@@ -72,25 +76,27 @@ def norm_train_kernel(ld, ct, st, block: int):
 
 
 @functools.cache
-def norm_eval_kernel(ld, ct, st):
+def norm_eval_kernel(ld, ct, st, pld):
     """``kernel(x, y, moving_mean, moving_var, gamma, beta, c, inner, eps)``, flat over x:
-    ``y = (x - moving_mean) * gamma / sqrt(moving_var + eps) + beta`` of its channel."""
+    ``y = (x - moving_mean) * gamma / sqrt(moving_var + eps) + beta`` of its channel (the four
+    vectors loaded with ``pld``)."""
 
     @jit
     def kernel(x, y, moving_mean, moving_var, gamma, beta, c, inner, eps):
         for i in range(cuda.grid(1), y.size, cuda.gridsize(1)):
             ch = i // inner % c
-            scale = ct(gamma[ch] / math.sqrt(moving_var[ch] + ct(eps)))
-            y[i] = st((ld(x[i]) - moving_mean[ch]) * scale + beta[ch])
+            scale = ct(pld(gamma[ch]) / math.sqrt(pld(moving_var[ch]) + ct(eps)))
+            y[i] = st((ld(x[i]) - pld(moving_mean[ch])) * scale + pld(beta[ch]))
 
     return kernel
 
 
 @functools.cache
-def norm_grad_kernel(ld, ct, st, block: int):
+def norm_grad_kernel(ld, ct, st, pld, pst, block: int):
     """``kernel(x, dy, mean, inv_var, gamma, gamma_diff, beta_diff, dx, outer, c, inner)``, one
     block per channel: ``beta_diff = sum(dy)``, ``gamma_diff = sum(dy * xhat)``, then
-    ``dx = gamma * inv_var * (dy - beta_diff / M - xhat * gamma_diff / M)``."""
+    ``dx = gamma * inv_var * (dy - beta_diff / M - xhat * gamma_diff / M)``. ``gamma`` is loaded
+    with ``pld``, ``gamma_diff`` / ``beta_diff`` stored with ``pst`` (gamma's dtype)."""
 
     @jit
     def kernel(x, dy, mean, inv_var, gamma, gamma_diff, beta_diff, dx, outer, c, inner):
@@ -107,8 +113,8 @@ def norm_grad_kernel(ld, ct, st, block: int):
             sdy = block_sum(sm, pdy)
             sdx = ct(block_sum(sm, pdx) * iv)
             if cuda.threadIdx.x == 0:
-                beta_diff[ch], gamma_diff[ch] = sdy, sdx
-            a, mdy, mdx = ct(gamma[ch] * iv), ct(sdy / ct(m)), ct(sdx / ct(m) * iv)
+                beta_diff[ch], gamma_diff[ch] = pst(sdy), pst(sdx)
+            a, mdy, mdx = ct(pld(gamma[ch]) * iv), ct(sdy / ct(m)), ct(sdx / ct(m) * iv)
             for i in range(cuda.threadIdx.x, m, block):
                 j = _channel_index(i, ch, c, inner)
                 dx[j] = st(a * (ld(dy[j]) - mdy - (ld(x[j]) - mu) * mdx))
@@ -244,27 +250,30 @@ def train_steps(ins, outs, layout, attrs):
     """Row launches of :func:`norm_train_kernel`, one block per channel."""
     (x, mm, mv, gamma, beta), (y, mean, inv), (outer, c, inner) = ins, outs, layout
     eps, momentum = attrs["epsilon"], attrs["momentum"]
-    kernel = norm_train_kernel(*types_of(x), current().row_block)
-    return row_steps(kernel, c, (flat(x), flat(y), mean, inv, mm, mv, gamma, beta, outer, c,
-                                 inner, float(eps), float(momentum)),
+    pld, _, pst = types_of(mm)
+    kernel = norm_train_kernel(*types_of(x), pld, pst, current().row_block)
+    return row_steps(kernel, c, (flat(x), flat(y), mean, inv, flat(mm), flat(mv), flat(gamma),
+                                 flat(beta), outer, c, inner, float(eps), float(momentum)),
                      f"normalization {short(x.dtype)}")
 
 
 def eval_steps(ins, outs, layout, attrs):
     """A grid-stride launch of :func:`norm_eval_kernel` over ``x``."""
-    (x, mm, mv, gamma, beta), y, (outer, c, inner) = ins, outs[0], layout
+    (x, mm, mv, gamma, beta), y, (_, c, inner) = ins, outs[0], layout
     eps = attrs["epsilon"]
-    return flat_steps(norm_eval_kernel(*types_of(x)), x.size,
-                      (flat(x), flat(y), mm, mv, gamma, beta, c, inner, float(eps)),
+    return flat_steps(norm_eval_kernel(*types_of(x), types_of(mm)[0]), x.size,
+                      (flat(x), flat(y), flat(mm), flat(mv), flat(gamma), flat(beta), c, inner,
+                       float(eps)),
                       f"normalization_eval {short(x.dtype)}")
 
 
 def grad_steps(ins, outs, layout, attrs):
     """Row launches of :func:`norm_grad_kernel`, one block per channel."""
     (x, dy, mean, inv, gamma), (gamma_diff, beta_diff, dx), (outer, c, inner) = ins, outs, layout
-    kernel = norm_grad_kernel(*types_of(x), current().row_block)
-    return row_steps(kernel, c, (flat(x), flat(dy), mean, inv, gamma, gamma_diff, beta_diff,
-                                 flat(dx), outer, c, inner),
+    pld, _, pst = types_of(gamma)
+    kernel = norm_grad_kernel(*types_of(x), pld, pst, current().row_block)
+    return row_steps(kernel, c, (flat(x), flat(dy), mean, inv, flat(gamma), flat(gamma_diff),
+                                 flat(beta_diff), flat(dx), outer, c, inner),
                      f"normalization_grad {short(x.dtype)}")
 
 
