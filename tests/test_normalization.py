@@ -134,8 +134,8 @@ def test_training_with_eps_0_is_refused_as_by_torch():
      r"or all float16 as x\); cast them with .to\(\) so they match"),
     (lambda a: a.__setitem__(1, a[1].astype(np.float64)), TypeError,
      r"normalization: moving_mean %in1 \(f64\[3\]\) must be float32 or float16 for x of dtype "
-     r"float16 \(float32 is OneFlow's parameter dtype, float16 a layer made with "
-     r"dtype=float16, as PyTorch allows\); cast it with .to\(miniflow.float32\)"),
+     r"float16 \(OneFlow's parameter dtype, or x's own as in PyTorch\); make the layer with "
+     r"dtype=float32 or dtype=float16, or cast it with .to\(miniflow.float32\)"),
     (lambda a: a.__setitem__(2, a[2].astype(np.int64)), TypeError,
      r"normalization: moving_variance %in2 \(i64\[3\]\) must be float32 or float16"),
     (lambda a: a.__setitem__(0, a[0].reshape(-1)), ValueError,
@@ -388,3 +388,136 @@ def test_a_channel_mismatch_says_what_to_do():
                                          r"\(shape \[2, 8, 4, 4\]\), expected 16: make the layer "
                                          r"BatchNorm2d\(8\), or check the layer before it"):
         EvalGraph(nn.BatchNorm2d(16))(np.zeros((2, 8, 4, 4), np.float32))
+
+
+# ----------------------------------------------------------------------------- half parameters
+HALF = {"float16": (mf.float16, np.float16, 4e-3), "bfloat16": (mf.bfloat16, None, 2e-2)}
+"""miniflow dtype, NumPy dtype (bfloat16's: ``mf.bfloat16.np``) and the tolerance of a half
+batch norm against PyTorch's (one or two roundings of the half result apart)."""
+HALF_LAYERS = [(nn.BatchNorm1d, (6, 7)), (nn.BatchNorm1d, (4, 7, 5)),
+               (nn.BatchNorm2d, (4, 3, 5, 5))]
+
+
+def _half_close(got, want, tol, what):
+    """``got`` (a miniflow half array) against ``want`` (torch's, same dtype) at ``tol`` of the
+    larger of 1 and ``want``'s magnitude."""
+    got, want = np.asarray(got, np.float32), want.detach().float().numpy()
+    np.testing.assert_allclose(got, want, rtol=tol, atol=tol * max(1.0, np.abs(want).max()),
+                               err_msg=what)
+
+
+def _half_pair(cls, c, name, seed=0):
+    """``cls(c, dtype=name)`` and torch's, with the same random weight, bias and running
+    statistics of that dtype."""
+    mdt, _, _ = HALF[name]
+    tdt = getattr(torch, name)
+    r = np.random.default_rng(seed)
+    state = {"weight": r.uniform(0.5, 2.0, c), "bias": r.standard_normal(c),
+             "running_mean": r.standard_normal(c), "running_var": r.uniform(0.5, 2.0, c)}
+    state = {k: v.astype(mdt.np) for k, v in state.items()}
+    bn, ref = cls(c, dtype=mdt), getattr(torch.nn, cls.__name__)(c, dtype=tdt)
+    bn.load_state_dict({**state, "num_batches_tracked": np.array(0)})
+    with torch.no_grad():
+        for k, v in state.items():
+            getattr(ref, k).copy_(torch.from_numpy(v.astype(np.float32)).to(tdt))
+    return bn, ref
+
+
+@needs_torch
+@pytest.mark.parametrize("graph", [False, True], ids=["eager", "graph"])
+@pytest.mark.parametrize("name", list(HALF))
+@pytest.mark.parametrize("cls,shape", HALF_LAYERS, ids=lambda v: getattr(v, "__name__", str(v)))
+def test_half_batchnorm_matches_torch_with_parameters_and_statistics_of_its_dtype(cls, shape,
+                                                                                  name, graph):
+    """``BatchNorm1d/2d(C, dtype=float16 / bfloat16)`` on an input of that dtype (the user's
+    report: the first call raised 'moving_mean (f16[7]) must be float32'): three training
+    steps (y, and the running statistics stored in the half dtype), then eval, against
+    ``torch.nn.BatchNorm*d(C, dtype=...)`` on the CPU (statistics in float32, running statistics
+    rounded to the buffer's dtype), eagerly and in an ``nn.Graph``."""
+    mdt, _, tol = HALF[name]
+    bn, ref = _half_pair(cls, shape[1], name)
+    run_bn = EvalGraph(bn) if graph else (lambda x: bn(mf.tensor(x, dtype=mdt)))
+    r = np.random.default_rng(1)
+    for training in (True, True, True, False):
+        bn.train(training), ref.train(training)
+        x = (r.standard_normal(shape) * 2 + 1).astype(mdt.np)
+        y = run_bn(x)
+        assert y.dtype is mdt
+        _half_close(y.numpy(), ref(torch.from_numpy(x.astype(np.float32)).to(ref.weight.dtype)),
+                    tol, f"y (training={training})")
+        for k in ("running_mean", "running_var"):
+            assert getattr(bn, k).dtype is mdt
+            _half_close(getattr(bn, k).numpy(), getattr(ref, k), tol, k)
+    assert int(bn.num_batches_tracked.item()) == int(ref.num_batches_tracked) == 3
+
+
+class _Shifted(nn.Module):
+    """``bn(x + shift)`` with a zero parameter ``shift``: after an SGD step with lr 1 it holds
+    ``-dx``, rounded once to its dtype."""
+
+    def __init__(self, bn, shape, dt):
+        super().__init__()
+        self.bn = bn
+        self.shift = nn.Parameter(np.zeros(shape, dt))
+
+    def forward(self, x):
+        return self.bn(x + self.shift)
+
+
+@needs_torch
+@pytest.mark.parametrize("training", [True, False], ids=["train", "eval"])
+@pytest.mark.parametrize("name", list(HALF))
+@pytest.mark.parametrize("cls,shape", HALF_LAYERS, ids=lambda v: getattr(v, "__name__", str(v)))
+def test_half_batchnorm_gradients_match_torch_autograd_in_a_training_step(cls, shape, name,
+                                                                          training):
+    """Two SGD steps (lr 1) of ``loss = sum(bn(x + shift) * dy)`` in an ``nn.Graph``, all in the
+    half dtype: ``-dx`` (``shift`` after each step, reset to zero), weight and bias after each
+    update, and the running statistics, against ``torch.autograd.grad`` of PyTorch's half layer
+    and the same updates; training and eval mode (the eval-mode rule uses the running
+    statistics)."""
+    mdt, _, tol = HALF[name]
+    bn, ref = _half_pair(cls, shape[1], name, seed=2)
+    bn.train(training), ref.train(training)
+    model = _Shifted(bn, shape, mdt.np)
+    dy = np.linspace(-1, 1, int(np.prod(shape))).reshape(shape).astype(mdt.np)
+
+    class Step(nn.Graph):
+        def __init__(self):
+            super().__init__()
+            self.model = model
+            self.add_optimizer(mf.optim.SGD(model.parameters(), lr=1.0))
+
+        def build(self, x):
+            y = self.model(x)
+            (y * mf.tensor(dy)).sum().backward()
+            return y
+
+    step, r, tdt = Step(), np.random.default_rng(3), ref.weight.dtype
+    for _ in range(2):
+        x = (r.standard_normal(shape) * 2 + 1).astype(mdt.np)
+        tx = torch.from_numpy(x.astype(np.float32)).to(tdt).requires_grad_()
+        ty = ref(tx)
+        gx, gw, gb = torch.autograd.grad(ty, (tx, ref.weight, ref.bias),
+                                         torch.from_numpy(dy.astype(np.float32)).to(tdt))
+        _half_close(step(x).numpy(), ty, tol, "y")
+        _half_close(model.shift.numpy(), -gx, tol, "-dx")
+        with torch.no_grad():
+            ref.weight -= gw
+            ref.bias -= gb
+        for k in ("weight", "bias", "running_mean", "running_var"):
+            assert getattr(bn, k).dtype is mdt
+            _half_close(getattr(bn, k).numpy(), getattr(ref, k), tol, k)
+        model.load_state_dict({**model.state_dict(), "shift": np.zeros(shape, mdt.np)})
+
+
+@pytest.mark.parametrize("graph", [False, True], ids=["eager", "graph"])
+def test_float64_statistics_for_a_float16_input_name_the_op_the_dtypes_and_the_fix(graph):
+    """Half statistics must be x's own half dtype (or float32): a float64 layer given a float16
+    input is refused when the graph is built, naming the op, both dtypes and the cast."""
+    bn = nn.BatchNorm1d(7, dtype=mf.float64)
+    x = np.zeros((4, 7), np.float16)
+    message = (r"normalization: moving_mean %[\w.]+ \(f64\[7\]\) must be float32 or float16 "
+               r"for x of dtype float16 .*make the layer with dtype=float32 or dtype=float16, or "
+               r"cast it with .to\(miniflow.float32\)")
+    with pytest.raises(TypeError, match=message):
+        EvalGraph(bn)(x) if graph else bn(mf.tensor(x))

@@ -150,10 +150,11 @@ def _params(op, x, named: dict, axis: int, half_ok: tuple = ()):
         if v.dtype is pt or (name in half_ok and x.dtype.is_half and v.dtype is x.dtype):
             continue
         if name in half_ok and x.dtype.is_half:
-            raise TypeError(f"{op}: {name} {fmt(v)} must be float32 or {x.dtype.name} for x of "
-                            f"dtype {x.dtype.name} (float32 is OneFlow's parameter dtype, "
-                            f"{x.dtype.name} a layer made with dtype={x.dtype.name}, as PyTorch "
-                            f"allows); cast it with .to(miniflow.float32)")
+            h = x.dtype.name
+            raise TypeError(f"{op}: {name} {fmt(v)} must be float32 or {h} for x of dtype {h} "
+                            f"(OneFlow's parameter dtype, or x's own as in PyTorch); make the "
+                            f"layer with dtype=float32 or dtype={h}, or cast it with "
+                            f".to(miniflow.float32)")
         raise TypeError(f"{op}: {name} {fmt(v)} must be {pt.name} for x of dtype "
                         f"{x.dtype.name} (OneFlow's parameter dtype: float32 for a float16 "
                         f"or bfloat16 x)")
