@@ -526,3 +526,21 @@ def test_a_bfloat16_convolution_names_the_opset_it_needs(tmp_path):
     assert not (tmp_path / "c.onnx").exists()
     mo.export(graph, x, tmp_path / "c.onnx", opset=22)
     onnx.checker.check_model(str(tmp_path / "c.onnx"), full_check=True)
+
+
+def test_a_float16_batchnorm_with_float16_statistics_exports(tmp_path):
+    """``nn.BatchNorm1d(C, dtype=float16)``: ONNX's BatchNormalization takes scale, bias, mean
+    and var of x's own type as well (T1, T2 from opset 15); onnxruntime gives miniflow's bits."""
+    bn = nn.BatchNorm1d(7, dtype=miniflow.float16)
+    r = np.random.default_rng(3)
+    bn.load_state_dict({"weight": r.uniform(0.5, 2, 7), "bias": r.standard_normal(7),
+                        "running_mean": r.standard_normal(7), "running_var": r.uniform(0.5, 2, 7),
+                        "num_batches_tracked": np.array(3)})
+    bn.eval()
+    x = r.standard_normal((4, 7)).astype(np.float16)
+    proto = mo.export(bn, x, tmp_path / "bn.onnx")
+    onnx.checker.check_model(str(tmp_path / "bn.onnx"), full_check=True)
+    (got,) = _run(tmp_path / "bn.onnx", {proto.graph.input[0].name: x})
+    want = EvalGraph(bn)(x).numpy()
+    assert got.dtype == want.dtype == np.float16
+    assert np.abs(got.astype(np.float32) - want.astype(np.float32)).max() <= _f16_ulp(want)
