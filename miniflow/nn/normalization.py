@@ -44,7 +44,10 @@ class _BatchNorm(Module):
         track_running_stats: keep running statistics for eval mode; if False, the batch
             statistics are used in both modes and no buffers are in the state dict.
         device, dtype: PyTorch's factory keywords (``nn.factory.param_dtype``): the dtype of
-            ``weight``, ``bias`` and the running statistics (float32 by default).
+            ``weight``, ``bias`` and the running statistics (float32 by default). A float16 or
+            bfloat16 layer takes inputs of its dtype and computes in float32 as PyTorch's, its
+            running statistics rounded to its dtype; a float32 layer takes half inputs too
+            (AMP's case).
 
     Raises:
         ValueError: a bad size, momentum (None, PyTorch's cumulative average, is not supported)

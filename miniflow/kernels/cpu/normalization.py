@@ -9,8 +9,10 @@ exact up to rounding for any mean (one-pass ``E[x^2] - E[x]^2`` in float32 loses
 float16 data at mean 1000 and std 1 to cancellation), then the normalized output; it writes
 ``mean``, ``inv_variance`` and the moving statistics in place. The gradient sums ``dy`` and
 ``dy * (x - mean)`` in one pass, then writes ``dx``. Statistics and parameters are in the
-parameter dtype (float32 for float16 ``x``, OneFlow's); float16 ``x`` / ``y`` / ``dy`` / ``dx``
-are widened on load and rounded once on store.
+parameter dtype (float32 for float16 ``x``, OneFlow's), or for a half ``x`` the moving statistics,
+gamma and beta (and so the parameter gradients) in ``x``'s own dtype (PyTorch's half batch
+norm); ``mean`` / ``inv_variance`` and all arithmetic stay float32. Half arrays are widened on
+load and rounded once on store (``load`` / ``store``).
 """
 from __future__ import annotations
 
