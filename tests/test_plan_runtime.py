@@ -459,3 +459,18 @@ def test_a_transpose_with_another_reader_or_a_half_product_copies(dtype):
         assert copies == [0]                        # b's transpose, read by the product alone
     else:
         assert copies == [0, 1]
+
+
+@pytest.mark.parametrize("rank, printed", [(0, True), (1, False)])
+def test_compile_notice_is_printed_by_rank_0_alone(monkeypatch, capsys, rank, printed):
+    """Under ``mpiexec -n 2 miniflow train --ddp`` every rank compiles: rank 0 alone prints the
+    notice (docs/usage.md: "rank 0 prints"), once."""
+    from types import SimpleNamespace
+
+    from miniflow import distributed
+    from miniflow.runtime import notice
+    monkeypatch.setitem(distributed._STATE, "world", SimpleNamespace(rank=rank, size=2))
+    monkeypatch.setattr(notice, "_SHOWN", [False])
+    notice._show()
+    notice._show()
+    assert capsys.readouterr().err.count(NOTICE) == (1 if printed else 0)

@@ -9,7 +9,9 @@ module of its own, ``numba.cuda.core.event``, and fires no ``numba:compile`` for
 compiler pipeline fires ``numba-cuda:run_pass`` for every pass it runs, which it does only when
 it compiles, a kernel or a device function, never when it loads one from the cache). It is written
 through ``tqdm.external_write_mode``, so a progress bar (``miniflow train``) is cleared first and
-redrawn below it.
+redrawn below it. In a data-parallel world (``mpiexec -n N``, after ``miniflow.distributed.init``)
+rank 0 alone prints it, as it alone prints everything else of a run: every rank compiles at the
+same time, and N copies of the line say nothing more than one.
 
 When Numba cannot cache where it was asked to (``miniflow.kernels.common.cache``), the same single
 line says so: it names the unwritable ``NUMBA_CACHE_DIR`` and where Numba caches instead, or, with
@@ -46,9 +48,13 @@ _SHOWN = [False]
 
 
 def _show(ev=None) -> None:
-    """Print :func:`notice_text` unless it was printed already."""
+    """Print :func:`notice_text` unless it was printed already, or this process is a rank other
+    than 0 of a data-parallel world (rank 0 prints it for the job)."""
     if not _SHOWN[0]:
         _SHOWN[0] = True
+        from .. import distributed
+        if distributed.is_initialized() and distributed.rank() != 0:
+            return
         from tqdm import tqdm
         with tqdm.external_write_mode(file=sys.stderr):
             print(notice_text(), file=sys.stderr, flush=True)
