@@ -39,7 +39,7 @@ import numbers
 
 import numpy as np
 
-from ..dtype import as_dtype, bfloat16, float32, int64
+from ..dtype import as_dtype, bfloat16, float16, float32, int64
 from .common import check_arity, fmt, rand
 from .geometry import norm_layout
 from .registry import register
@@ -257,9 +257,10 @@ def _increment_infer(inputs, attrs):
 _NORM_SHAPES = [((3, 4, 5, 6), 1), ((9, 5), 1), ((2, 3, 4), 2), ((4, 3, 1, 1), 1)]
 
 
-_HALF_PARAM_SHAPES = ((np.float16, 0), (bfloat16.np, 1))
+_HALF_PARAM_SHAPES = ((float16, 0), (bfloat16, 1))
 """Samples with half parameters and statistics (x's own dtype): the dtype, an index into
-:data:`_NORM_SHAPES`."""
+:data:`_NORM_SHAPES` (``bfloat16.np`` is read when the samples are made: it imports
+``ml_dtypes``, which ``import miniflow`` does not)."""
 
 
 def _norm_inputs(dt, shape, axis, seed, half_params=False):
@@ -276,7 +277,7 @@ def _norm_cases():
     """``(dtype, shape, axis, seed, half_params)`` of the samples."""
     plain = [(dt, shape, axis, k, False) for dt in (np.float32, np.float16)
              for k, (shape, axis) in enumerate(_NORM_SHAPES)]
-    return plain + [(dt, *_NORM_SHAPES[k], k, True) for dt, k in _HALF_PARAM_SHAPES]
+    return plain + [(dt.np, *_NORM_SHAPES[k], k, True) for dt, k in _HALF_PARAM_SHAPES]
 
 
 def _norm_samples():

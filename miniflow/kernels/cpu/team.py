@@ -14,13 +14,14 @@ process may run on (``os.sched_getaffinity``) were since it last looked, at most
 ``INTERVAL_S`` (Linux's ``/proc/stat``: every process's time on those cores, the time the
 hypervisor gave other guests included, less this process's own): where other processes kept
 more than ``BUSY_SLACK`` of a core busy, the run uses as many threads as the cores they leave
-(:func:`team_size`, at least one), said once; Numba's count is set back after the run
-(:func:`end`), so a plan built later is built for all of them (the kernels' parallel variants,
-the tuner's classes).
+(:func:`team_size`, at least one); Numba's count is set back after the run (:func:`end`), so a
+plan built later is built for all of them (the kernels' parallel variants, the tuner's classes).
+Nothing is printed: the bits are the same, and a process's stderr stays what it was on an idle
+machine (:attr:`Team.others` and :attr:`Team.limit` say what the last look saw).
 
-The same bits on any number of threads: a parallel kernel splits its work into parts fixed when
-the plan is built (rows, elements, panels, the products' ``blas_split`` parts), never by the
-threads that run it, and every part is computed by one thread in one order
+The same bits on any number of threads: a parallel kernel's iterations (rows, elements, panels,
+the products' ``blas_split`` parts) are fixed when the plan is built, and each is computed whole
+by one thread in one order, whichever thread and however many run them
 (``tests/test_plan_threads.py`` trains with the team changing at every step against a run on all
 threads). Without ``/proc/stat`` (not Linux) every run uses all of Numba's threads.
 """
@@ -32,7 +33,6 @@ import time
 
 import numba
 
-from .tune import notice
 
 __all__ = ["INTERVAL_S", "BUSY_SLACK", "team_size", "Team", "TEAM", "begin", "end"]
 
@@ -116,10 +116,6 @@ class Team:
         before = numba.get_num_threads()
         if before <= self.limit:
             return 0
-        notice("team", f"miniflow: other processes keep {self.others:.1f} of this process's "
-                       f"{len(self.cores)} cores busy: plans run on {self.limit} of Numba's "
-                       f"{before} threads while they do (threads that wait for each other at "
-                       f"every kernel run many times slower; the results are the same bits)")
         numba.set_num_threads(self.limit)
         return before
 

@@ -82,8 +82,7 @@ from .common import numpy_blas
 
 __all__ = ["PREFERRED", "ENV", "MODES", "FORMAT", "MAX_CHOICES", "BUDGET_S", "CLASS_BUDGET_S",
            "MIN_ROUNDS", "MAX_ROUNDS", "SAMPLE_S", "MARGIN", "MAX_BYTES", "Tuner",
-           "TUNER", "choose", "machine", "mode", "folder", "describe", "numpy_blas", "begin_model",
-           "notice"]
+           "TUNER", "choose", "machine", "mode", "folder", "describe", "numpy_blas", "begin_model"]
 
 PREFERRED = "blas"
 """The candidate that wins unless another beats it by ``MARGIN``: the library call."""
@@ -186,7 +185,7 @@ def _umask() -> int:
     return mask
 
 
-def notice(kind: str, text: str) -> None:
+def _notice(kind: str, text: str) -> None:
     """Print ``text`` to stderr, once per process and ``kind`` (above a progress bar, as the
     compile notice)."""
     if kind in _SHOWN:
@@ -326,7 +325,7 @@ class Tuner:
 
     def _ignored(self, notify: bool, why: str) -> dict:
         if notify:
-            notice("ignored", f"miniflow: ignoring the kernel choices in {self.path}: {why}; "
+            _notice("ignored", f"miniflow: ignoring the kernel choices in {self.path}: {why}; "
                                f"measuring them again and replacing the file")
         return {}
 
@@ -370,7 +369,7 @@ class Tuner:
     def _in_memory(self, why) -> None:
         """The file cannot be written (``why``): keep the choices in memory, said once."""
         self.in_memory = True
-        notice("read-only", f"miniflow: cannot write the kernel choices to {self.path} ({why}); "
+        _notice("read-only", f"miniflow: cannot write the kernel choices to {self.path} ({why}); "
                              f"they are measured in every run and kept in memory (set "
                              f"NUMBA_CACHE_DIR to a writable folder to keep them)")
 
