@@ -60,7 +60,12 @@ def show_ir(model: str, *, amp: bool = False, eval: bool = False, after: str | N
     amp = amp or stage in AMP_PASSES
     graph, inputs = model_graph(model, amp=amp, eval=eval, batch_size=batch_size)
     stage = stage or graph.stages(*inputs)[-1]
-    ir = graph.lower(*inputs, after=stage)
+    try:
+        ir = graph.lower(*inputs, after=stage)
+    except ValueError as e:             # the stages of this graph; AMP's only with --amp
+        if amp:
+            raise
+        raise ValueError(f"{e} (with --amp also {', '.join(AMP_PASSES)})") from None
     kind = "evaluation graph" if eval else "training step"
     lines = [f"# {model} {kind}, " + ("AMP (float16)" + ("" if eval else " with a dynamic loss "
                                                           "scale") if amp else "float32")
