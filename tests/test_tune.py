@@ -18,7 +18,7 @@ import pytest
 from miniflow import distributed
 from miniflow.dtype import bfloat16, float16, float32, float64, int64
 from miniflow.ir import Node, Value
-from miniflow.kernels.cpu import builder_for, matmul as cpu_matmul, mkl_gemm, tune
+from miniflow.kernels.cpu import builder_for, matmul as cpu_matmul, mkl_gemm, team, tune
 from miniflow.kernels.cpu.common import pinned_threads
 from miniflow.ops import get_op
 from mpi_harness import rank_results, requires_mpi, run_mpi
@@ -222,7 +222,7 @@ def test_a_sample_repeats_a_short_candidate_counted_from_a_warm_call(tmp_path, m
     t = _tuner(tmp_path, monkeypatch, FakeTimer(numba=2e-3, blas=1e-3))
     candidates = {"numba": lambda node, ins, outs: [(fast, ())],
                   "blas": lambda node, ins, outs: [(slow, ())]}
-    assert t.measure(None, [], [], candidates, [(fast, ())]) == ("blas", True)
+    assert t.measure(None, [], [], candidates, [(fast, ())]) == ("blas", True, True)
     samples = len(t.timer.calls) // 2
     assert calls["fast"] - 2 >= 10 * samples        # many calls a sample, not one
 
@@ -290,6 +290,60 @@ def test_past_the_budget_the_usual_choice_is_taken_and_nothing_is_cached(tmp_pat
     t = _tuner(tmp_path, monkeypatch, FakeTimer(numba=0.2, blas=0.1))     # a later process
     assert _names(_matmul(4, 300, 1000, tb=True)[0]) == "dot"                # measures it
     assert len(json.loads((tmp_path / "tuning.json").read_text())["choices"]) == 2
+
+
+def _watch(others):
+    """A watch that runs the timed rounds and says other processes kept ``others`` cores busy."""
+    return lambda run: (run(), others)[1]
+
+
+def test_a_threaded_choice_timed_on_busy_cores_is_kept_in_memory_not_written(tmp_path,
+                                                                              monkeypatch):
+    """Timed by wall time at 2 threads while another process held one of the 2 cores: this
+    process uses the winner, the file does not get it; a later process on free cores (others
+    under ``team.BUSY_SLACK``, or unknown) measures it again and writes it."""
+    monkeypatch.setattr(tune, "_threads", lambda: (2, 2))
+    monkeypatch.setattr(team, "cores", lambda: [0, 1])
+    t = _tuner(tmp_path, monkeypatch, FakeTimer(numba=2e-3, blas=1e-3))
+    t.watch = _watch(1.0)
+    assert _names(_matmul(16, 300, 1000, tb=True)[0]) == "dot"
+    assert t.unsteady == 1 and not (tmp_path / "tuning.json").exists()
+    calls = len(t.timer.calls)
+    assert _names(_matmul(16, 300, 1000, tb=True)[0]) == "dot" and len(t.timer.calls) == calls
+    for others in (0.2, None):
+        (tmp_path / "tuning.json").unlink(missing_ok=True)
+        later = tune.Tuner(path=t.path, timer=FakeTimer(numba=1e-3, blas=2e-3),
+                           watch=_watch(others))
+        monkeypatch.setattr(tune, "TUNER", later)
+        assert _names(_matmul(16, 300, 1000, tb=True)[0]) == "dot_block_kernel"
+        choices = json.loads((tmp_path / "tuning.json").read_text())["choices"]
+        assert list(choices.values()) == ["numba"] and later.unsteady == 0
+        assert list(choices)[0].endswith("| threads 2/2")
+
+
+def test_a_one_thread_choice_timed_on_busy_cores_is_written(tmp_path, monkeypatch):
+    """At one thread the timer is the calling thread's CPU time: the time other processes take
+    is not counted, so the choice is written."""
+    t = _tuner(tmp_path, monkeypatch, FakeTimer(numba=2e-3, blas=1e-3))
+    t.watch = _watch(1.0)
+    assert _names(_matmul(16, 300, 1000, tb=True)[0]) == "dot"
+    assert t.unsteady == 0 and (tmp_path / "tuning.json").exists()
+
+
+def test_the_default_watch_reads_other_processes_time_over_a_window_of_ticks(monkeypatch):
+    """``/proc/stat`` counts in 10 ms ticks: a class's rounds shorter than ``WINDOW_S`` are
+    judged over a window reaching back to an earlier look."""
+    looks = iter([(0.0, 0.0, 0.0), (0.05, 0.0, 0.05), (0.10, 0.0, 0.08), (0.30, 0.1, 0.28),
+                  (0.40, 0.15, 0.38)])           # (busy, own, wall) seconds
+    monkeypatch.setattr(team, "snapshot", lambda cores: next(looks))
+    watch, ran = tune._Watch(), []
+    assert watch(lambda: ran.append(1)) == pytest.approx(1.0) and ran == [1]   # from 0.0
+    assert watch(lambda: None) == pytest.approx(1.25)     # to 0.08: all since the first look
+    assert watch(lambda: None) == pytest.approx(0.5)      # to 0.28: from 0.08
+    assert watch(lambda: None) == pytest.approx(0.5)      # to 0.38: from 0.08, not 0.28
+    monkeypatch.undo()
+    assert tune.Tuner(timer=FakeTimer()).watch is tune._unwatched
+    assert isinstance(tune.Tuner().watch, tune._Watch)
 
 
 def test_a_process_keeps_its_choice_when_another_process_writes_the_class(tmp_path, monkeypatch):

@@ -34,7 +34,8 @@ import time
 import numba
 
 
-__all__ = ["INTERVAL_S", "BUSY_SLACK", "team_size", "Team", "TEAM", "begin", "end"]
+__all__ = ["INTERVAL_S", "BUSY_SLACK", "cores", "snapshot", "others_between", "team_size", "Team",
+           "TEAM", "begin", "end"]
 
 INTERVAL_S = 0.2
 """Seconds between two looks at how busy the cores are (a look reads ``/proc/stat``: about 50
@@ -43,14 +44,14 @@ BUSY_SLACK = 0.25
 """Cores' worth of other processes' time below which a core counts as free (a shell, a monitor)."""
 
 
-def _cores() -> list:
+def cores() -> list:
     """The CPUs this process may run on (all of them where the OS does not say)."""
     if hasattr(os, "sched_getaffinity"):
         return sorted(os.sched_getaffinity(0))
     return list(range(os.cpu_count() or 1))
 
 
-def _snapshot(cores: list):
+def snapshot(cores: list):
     """``(busy seconds of every process on cores, this process's CPU seconds, wall seconds)``
     (``/proc/stat``'s per-CPU user, nice, system, irq, softirq and steal); None without it."""
     wanted = {f"cpu{c}" for c in cores}
@@ -69,6 +70,16 @@ def _snapshot(cores: list):
     return busy / os.sysconf("SC_CLK_TCK"), t.user + t.system, time.perf_counter()
 
 
+def others_between(before, after) -> float | None:
+    """Cores' worth of time other processes used on the cores between two :func:`snapshot`\ s
+    (busy time less this process's own, over the wall time between them; e.g. 1.0: one core
+    kept busy throughout); None where either is None or no time passed."""
+    if before is None or after is None or after[2] <= before[2]:
+        return None
+    used = (after[0] - before[0]) - (after[1] - before[1])
+    return max(0.0, used / (after[2] - before[2]))
+
+
 def team_size(wanted: int, cores: int, others: float) -> int:
     """Threads for a run: ``wanted``, at most the ``cores`` that other processes, keeping
     ``others`` cores' worth busy, leave free (``others`` rounded up past :data:`BUSY_SLACK`),
@@ -81,12 +92,12 @@ class Team:
     """The threads of this process's plan runs (module docstring).
 
     Args:
-        snapshot: ``snapshot(cores) -> (busy, own, wall)`` seconds or None (:func:`_snapshot`;
+        snapshot: ``snapshot(cores) -> (busy, own, wall)`` seconds or None (:func:`snapshot`;
             tests pass their own).
     """
 
-    def __init__(self, snapshot=_snapshot):
-        self.cores = _cores()
+    def __init__(self, snapshot=snapshot):
+        self.cores = cores()
         self._snapshot = snapshot
         self._last = snapshot(self.cores)
         self._next = time.perf_counter() + INTERVAL_S
@@ -99,10 +110,10 @@ class Team:
         """Update :attr:`others` and :attr:`limit` from the time since the last look."""
         self._next = now + INTERVAL_S
         last, self._last = self._last, self._snapshot(self.cores)
-        if last is None or self._last is None or self._last[2] <= last[2]:
+        others = others_between(last, self._last)
+        if others is None:
             return
-        used = (self._last[0] - last[0]) - (self._last[1] - last[1])
-        self.others = max(0.0, used / (self._last[2] - last[2]))
+        self.others = others
         self.limit = team_size(numba.config.NUMBA_NUM_THREADS, len(self.cores), self.others)
 
     def begin(self) -> int:

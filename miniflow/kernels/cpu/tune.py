@@ -23,9 +23,13 @@ with the winner's steps on the node's buffers:
    sample repeats a short candidate to about ``SAMPLE_S``) and compares medians: by the CPU
    time of the calling thread when Numba and BLAS run one thread (time the machine gave other
    processes is not counted, so a choice made under load is the one an idle machine makes),
-   else by wall time (on cores other processes keep busy the threaded candidates are starved,
-   and such a choice stays until the file is cleared: ``benchmarks/README.md``, tenth and
-   eleventh rounds). The :data:`PREFERRED` candidate (else the first) wins unless another's
+   else by wall time. On cores other processes keep busy the threaded candidates are starved
+   (their threads meet at every kernel's end), so a choice timed by wall time while other
+   processes used more of this process's cores than its threads leave them (``team``'s look at
+   ``/proc/stat`` over the timed rounds, :func:`team.team_size`) is this process's only: not
+   written, measured again by a later process (one such file, written on a busy core, made the
+   wide MLP's 2-thread step 1.4-1.6x slower on idle cores: ``benchmarks/README.md``, eighteenth
+   round). The :data:`PREFERRED` candidate (else the first) wins unless another's
    median beats it by more than ``MARGIN`` (then the fastest such one): so that runs on a noisy
    machine choose alike where it hardly matters, and the library call, whose speed holds on
    every CPU, keeps what it does not clearly lose. Candidates whose steps call the same kernels
@@ -78,6 +82,7 @@ import numba
 import numpy as np
 
 from ... import distributed
+from . import team
 from .common import numpy_blas
 
 __all__ = ["PREFERRED", "ENV", "MODES", "FORMAT", "MAX_CHOICES", "BUDGET_S", "CLASS_BUDGET_S",
@@ -212,6 +217,36 @@ def _cpu_time(name: str, run) -> float:
     return time.thread_time() - t0
 
 
+class _Watch:
+    """:class:`Tuner`'s default watch: ``watch(run)`` runs ``run()`` (a class's timed rounds) and
+    answers the cores' worth of time other processes used on this process's cores over at least
+    the last ``WINDOW_S`` seconds (:func:`team.others_between` of two ``/proc/stat`` looks; None
+    where it does not say). A class's rounds may last a few milliseconds, and ``/proc/stat``
+    counts in ticks of 10 ms: the window reaches back to an earlier look (made at this watch's
+    start or at an earlier class's end) where the rounds alone are shorter."""
+
+    WINDOW_S = 0.1
+
+    def __init__(self):
+        self.cores = team.cores()
+        self._looks = [team.snapshot(self.cores)]
+
+    def __call__(self, run) -> float | None:
+        run()
+        now = team.snapshot(self.cores)
+        if now is None or self._looks[0] is None:
+            return None
+        older = [look for look in self._looks if look[2] <= now[2] - self.WINDOW_S]
+        start = older[-1] if older else self._looks[0]
+        self._looks = [start] + [look for look in self._looks if look[2] > start[2]] + [now]
+        return team.others_between(start, now)
+
+
+def _unwatched(run) -> None:
+    """Run ``run()`` and say nothing of other processes: the watch where a test's timer times."""
+    run()
+
+
 def _threads() -> tuple:
     """``(Numba's threads, the most threads of NumPy's BLAS)`` in force."""
     return numba.get_num_threads(), max((lib.num_threads for lib in numpy_blas()), default=1)
@@ -266,15 +301,21 @@ class Tuner:
         timer: ``timer(name, run) -> seconds``: calls ``run()`` (one timed sample of candidate
             ``name``'s steps) and says how long it took (default: the calling thread's CPU time
             at one thread, else wall time; tests pass a fake one).
+        watch: ``watch(run) -> others``: calls ``run()`` (a class's timed rounds) and says how
+            many cores' worth of time other processes used on this process's cores meanwhile
+            (None: unknown); a threaded class measured while they left fewer free cores than
+            its threads is not written (default: a :class:`_Watch` with the default timer,
+            else none).
     """
 
-    def __init__(self, path: str | None = None, timer=None):
+    def __init__(self, path: str | None = None, timer=None, watch=None):
         self.machine = machine()
         if path is None:
             digest = hashlib.sha256(json.dumps(self.machine, sort_keys=True).encode())
             path = os.path.join(folder(), f"tuning-{digest.hexdigest()[:16]}.json")
         self.path = path
         self.timer = timer
+        self.watch = watch or (_Watch() if timer is None else _unwatched)
         self.choices: dict | None = None
         self.in_memory = False
         """True once the file could not be written: choices live in this process only."""
@@ -283,6 +324,8 @@ class Tuner:
         most; :func:`begin_model` resets it)."""
         self.measured = 0
         """Classes this process measured."""
+        self.unsteady = 0
+        """Classes it measured while other processes held the cores (kept, not written)."""
         self.taken: dict = {}
         """The choice this process took for each class it met: it keeps it while it runs."""
         self.collective = False
@@ -389,10 +432,11 @@ class Tuner:
         """:meth:`decide` for a class that is neither taken nor cached."""
         if self.spent >= BUDGET_S:
             return self.usual(key, list(candidates))
-        winner, measured = self.measure(node, ins, outs, candidates, first)
-        if measured:
+        winner, measured, steady = self.measure(node, ins, outs, candidates, first)
+        if measured and steady:
             self.choices[key] = winner
             self._save()
+        self.unsteady += measured and not steady
         return winner
 
     def usual(self, key: str, names: list) -> str:
@@ -405,9 +449,11 @@ class Tuner:
         return max(names, key=lambda name: (votes.count(name), -names.index(name)))
 
     def measure(self, node, ins, outs, candidates: dict, first) -> tuple:
-        """``(winner, measured)``: every candidate built on sample arrays and timed (module
-        docstring); ``measured`` is False when their steps call the same kernels (the first
-        wins; nothing is timed). ``first``: the first candidate's steps on the real buffers."""
+        """``(winner, measured, steady)``: every candidate built on sample arrays and timed
+        (module docstring); ``measured`` is False when their steps call the same kernels (the
+        first wins; nothing is timed); ``steady`` is False when the candidates ran on more than
+        one thread while other processes left fewer free cores than that (:attr:`watch`).
+        ``first``: the first candidate's steps on the real buffers."""
         rng = np.random.default_rng(0)
         sample_ins = _samples(ins, rng)
         built, seen = {}, {}
@@ -417,8 +463,9 @@ class Tuner:
                 built[name] = steps      # candidates calling the same kernels: the first only
         names = list(built)
         if len(names) == 1 and _kernels(first) == _kernels(built[names[0]]):
-            return names[0], False
-        threaded = _threads() != (1, 1)
+            return names[0], False, True
+        threads = _threads()
+        threaded = threads != (1, 1)
         timer = self.timer or (_wall_time if threaded else _cpu_time)
         for name in names:      # warm up (not counted): compile or load kernels, touch pages
             _run(built[name])
@@ -429,20 +476,24 @@ class Tuner:
             slowest = max(slowest, time.perf_counter() - t0)
         reps = int(min(100, max(1, SAMPLE_S // max(slowest, 1e-7))))
         times = {name: [] for name in names}
-        class_spent = 0.0
-        for r in range(MAX_ROUNDS):
-            if r >= MIN_ROUNDS and class_spent >= CLASS_BUDGET_S:
-                break
-            for name in names if r % 2 == 0 else names[::-1]:
-                t = timer(name, lambda s=built[name]: [_run(s) for _ in range(reps)])
-                times[name].append(t)
-                class_spent += t
-        self.spent += class_spent
+
+        def rounds():
+            for r in range(MAX_ROUNDS):
+                if r >= MIN_ROUNDS and sum(map(sum, times.values())) >= CLASS_BUDGET_S:
+                    break
+                for name in names if r % 2 == 0 else names[::-1]:
+                    times[name].append(timer(name, lambda s=built[name]: [_run(s)
+                                                                         for _ in range(reps)]))
+
+        others = self.watch(rounds) if threaded else rounds()
+        self.spent += sum(map(sum, times.values()))
         self.measured += 1
         median = {name: float(np.median(t)) for name, t in times.items()}
         preferred = PREFERRED if PREFERRED in median else names[0]
         faster = [n for n in names if median[n] * (1 + MARGIN) < median[preferred]]
-        return (min(faster, key=median.get) if faster else preferred), True
+        steady = others is None or team.team_size(max(threads), len(team.cores()),
+                                                  others) >= max(threads)
+        return (min(faster, key=median.get) if faster else preferred), True, steady
 
     def choose(self, kind: str, key: str, node, ins, outs, candidates: dict) -> list:
         """The steps of the chosen candidate on the node's buffers (module docstring)."""
