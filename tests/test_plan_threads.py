@@ -39,20 +39,58 @@ class FakeStat:
 
 @TWO
 def test_a_busy_machine_runs_the_plan_on_fewer_threads_and_sets_them_back(monkeypatch, capsys):
-    monkeypatch.setattr(team, "INTERVAL_S", 0.0)           # look before every run
+    monkeypatch.setattr(team, "INTERVAL_S", 0.0)           # look at the end of every run
     stat = FakeStat()
     t = team.Team(stat)
     t.cores = [0, 1]
     with pinned_threads(2):
         assert t.begin() == 0 and numba.get_num_threads() == 2     # idle: all threads
         stat.busy = 1.0
+        t.end(0)                                    # looked: another process held a core
         before = t.begin()
         assert before == 2 and numba.get_num_threads() == 1 and math.isclose(t.others, 1.0)
-        team.end(before)
-        assert numba.get_num_threads() == 2
         stat.busy = 0.1
+        t.end(before)
+        assert numba.get_num_threads() == 2
         assert t.begin() == 0 and numba.get_num_threads() == 2
     assert capsys.readouterr().err == ""        # the same bits: nothing to say
+
+
+@TWO
+def test_what_other_processes_did_during_a_pause_between_runs_is_not_judged(monkeypatch):
+    """A benchmark's other frameworks take turns with miniflow: the cores they kept busy while
+    this process waited say nothing of the next run (``team.GAP_S``)."""
+    monkeypatch.setattr(team, "INTERVAL_S", 0.0)
+    stat = FakeStat()
+    t = team.Team(stat)
+    t.cores = [0, 1]
+    with pinned_threads(2):
+        t.end(t.begin())
+        stat.busy = 2.0                             # the other processes' turn: both cores
+        stat(t.cores)
+        stat.busy = 0.0
+        t.ended -= 2 * team.GAP_S                   # this process paused meanwhile
+        assert t.begin() == 0 and numba.get_num_threads() == 2
+        t.end(0)
+        assert t.others == 0.0 and t.limit == 2     # judged from the run after the pause
+        stat.busy = 2.0                             # busy while this process runs: judged
+        t.end(t.begin())
+        before = t.begin()
+        assert before == 2 and numba.get_num_threads() == 1 and t.others == 2.0
+        t.end(before)
+
+
+def test_a_look_waits_for_a_window_of_several_ticks(monkeypatch):
+    """``/proc/stat`` counts in 10 ms ticks: a run's end less than ``MIN_WINDOW_S`` after the
+    window began does not judge it."""
+    monkeypatch.setattr(team, "INTERVAL_S", 0.0)
+    looks = iter([(0.0, 0.0, 0.0), (0.02, 0.0, 0.02), (0.10, 0.0, 0.10)])
+    t = team.Team(lambda cores: next(looks))
+    t.cores = [0, 1]
+    t.end(0)
+    assert t.others == 0.0                          # 0.02 s: too short, not judged
+    t.end(0)
+    assert t.others == 1.0                          # 0.10 s from the same start
 
 
 def _mlp_losses(dtype, switch, monkeypatch, steps=6):

@@ -188,8 +188,7 @@ class CpuBackend(Backend):
         return self._team.begin()
 
     def end_run(self, token: int) -> None:
-        if token:
-            self._team.end(token)
+        self._team.end(token)
 
     def builder_for(self, op):
         from ..kernels.cpu import builder_for

@@ -9,13 +9,19 @@ Zen 4, 2026-12-07) with other processes on the second: ``miniflow train --model 
 (1:43 for the whole run on one thread; the 2-thread run was stopped after 293 steps at 4:41).
 PyTorch's OpenMP threads and OpenBLAS's pool meet the same walls (``benchmarks/README.md``).
 
-So before each run of a plan (:meth:`Team.begin`) the cpu backend asks how busy the cores this
-process may run on (``os.sched_getaffinity``) were since it last looked, at most every
-``INTERVAL_S`` (Linux's ``/proc/stat``: every process's time on those cores, the time the
-hypervisor gave other guests included, less this process's own): where other processes kept
-more than ``BUSY_SLACK`` of a core busy, the run uses as many threads as the cores they leave
-(:func:`team_size`, at least one); Numba's count is set back after the run (:func:`end`), so a
-plan built later is built for all of them (the kernels' parallel variants, the tuner's classes).
+So the cpu backend runs each plan (:meth:`Team.begin`, :meth:`Team.end`) on as many threads as
+the cores this process may run on (``os.sched_getaffinity``) that other processes leave free
+(:func:`team_size`, at least one), all of them unless those processes kept more than
+``BUSY_SLACK`` of a core busy while this one ran: at the end of a run, at most every
+``INTERVAL_S``, it looks at how busy those cores were since it last looked (Linux's
+``/proc/stat``: every process's time on them, the time the hypervisor gave other guests
+included, less this process's own; a window of at least ``MIN_WINDOW_S``, ``/proc/stat``
+counting in 10 ms ticks). The window starts again at the first run after a pause of more than
+``GAP_S``: what other processes did while this one waited (a data loader, a benchmark's other
+frameworks taking their turns: ``benchmarks/gpt_step.py`` had miniflow's rounds on one thread
+of two) says nothing of what they do while it runs (a process that pauses that long after every
+short run thus keeps all its threads). Numba's count is set back after each run, so a plan
+built later is built for all of them (the kernels' parallel variants, the tuner's classes).
 Nothing is printed: the bits are the same, and a process's stderr stays what it was on an idle
 machine (:attr:`Team.others` and :attr:`Team.limit` say what the last look saw).
 
@@ -34,12 +40,17 @@ import time
 import numba
 
 
-__all__ = ["INTERVAL_S", "BUSY_SLACK", "cores", "snapshot", "others_between", "team_size", "Team",
-           "TEAM", "begin", "end"]
+__all__ = ["INTERVAL_S", "MIN_WINDOW_S", "GAP_S", "BUSY_SLACK", "cores", "snapshot",
+           "others_between", "team_size", "Team", "TEAM", "begin", "end"]
 
 INTERVAL_S = 0.2
 """Seconds between two looks at how busy the cores are (a look reads ``/proc/stat``: about 50
 us)."""
+MIN_WINDOW_S = 0.05
+"""Seconds a look's window lasts at least (5 of ``/proc/stat``'s ticks)."""
+GAP_S = 0.05
+"""Seconds between the end of a run and the start of the next after which the window starts
+again (what other processes did in the pause is not judged)."""
 BUSY_SLACK = 0.25
 """Cores' worth of other processes' time below which a core counts as free (a shell, a monitor)."""
 
@@ -105,23 +116,28 @@ class Team:
         """Cores' worth of time other processes used on this process's cores in the last look."""
         self.limit = numba.config.NUMBA_NUM_THREADS
         """The most threads a run uses now (:func:`team_size` of Numba's most)."""
+        self.ended = time.perf_counter()
+        """When the last run ended (:func:`end`; ``time.perf_counter`` seconds)."""
 
     def _look(self, now: float) -> None:
-        """Update :attr:`others` and :attr:`limit` from the time since the last look."""
+        """Update :attr:`others` and :attr:`limit` from the window since the last look (at
+        least ``MIN_WINDOW_S`` long, else wait for a later run's end)."""
+        look = self._snapshot(self.cores)
+        if look is not None and self._last is not None and look[2] - self._last[2] < MIN_WINDOW_S:
+            return
         self._next = now + INTERVAL_S
-        last, self._last = self._last, self._snapshot(self.cores)
-        others = others_between(last, self._last)
+        last, self._last = self._last, look
+        others = others_between(last, look)
         if others is None:
             return
         self.others = others
         self.limit = team_size(numba.config.NUMBA_NUM_THREADS, len(self.cores), self.others)
 
     def begin(self) -> int:
-        """Before a run: Numba's thread count to set back after it (:func:`end`), or 0 where the
+        """Before a run: Numba's thread count to set back after it (:meth:`end`), or 0 where the
         run uses the count in force (no other process holds the cores it needs)."""
-        now = time.perf_counter()
-        if now >= self._next:
-            self._look(now)
+        if time.perf_counter() - self.ended > GAP_S:     # after a pause: a new window
+            self._last = self._snapshot(self.cores)
         if self.limit >= numba.config.NUMBA_NUM_THREADS:
             return 0
         before = numba.get_num_threads()
@@ -129,6 +145,15 @@ class Team:
             return 0
         numba.set_num_threads(self.limit)
         return before
+
+    def end(self, before: int) -> None:
+        """After a run: set Numba's thread count back to ``before`` (0: nothing was changed);
+        look at the cores where ``INTERVAL_S`` has passed since the last look."""
+        if before:
+            numba.set_num_threads(before)
+        self.ended = now = time.perf_counter()
+        if now >= self._next:
+            self._look(now)
 
 
 TEAM: Team | None = None
@@ -144,6 +169,5 @@ def begin() -> int:
 
 
 def end(before: int) -> None:
-    """After a run: set Numba's thread count back to ``before`` (0: nothing was changed)."""
-    if before:
-        numba.set_num_threads(before)
+    """:meth:`Team.end` of this process's team."""
+    TEAM.end(before)
