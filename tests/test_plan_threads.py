@@ -2,6 +2,7 @@
 processes keep the cores busy, set back after the run, and the same bits on any number of them
 (a training whose team changes at every step against one on all of Numba's threads)."""
 import math
+import time
 
 import numba
 import numpy as np
@@ -61,6 +62,7 @@ def test_what_other_processes_did_during_a_pause_between_runs_is_not_judged(monk
     """A benchmark's other frameworks take turns with miniflow: the cores they kept busy while
     this process waited say nothing of the next run (``team.GAP_S``)."""
     monkeypatch.setattr(team, "INTERVAL_S", 0.0)
+    monkeypatch.setattr(team, "MIN_WINDOW_S", 0.0)   # FakeStat's seconds pass at each look
     stat = FakeStat()
     t = team.Team(stat)
     t.cores = [0, 1]
@@ -80,17 +82,20 @@ def test_what_other_processes_did_during_a_pause_between_runs_is_not_judged(monk
         t.end(before)
 
 
-def test_a_look_waits_for_a_window_of_several_ticks(monkeypatch):
-    """``/proc/stat`` counts in 10 ms ticks: a run's end less than ``MIN_WINDOW_S`` after the
-    window began does not judge it."""
-    monkeypatch.setattr(team, "INTERVAL_S", 0.0)
-    looks = iter([(0.0, 0.0, 0.0), (0.02, 0.0, 0.02), (0.10, 0.0, 0.10)])
-    t = team.Team(lambda cores: next(looks))
-    t.cores = [0, 1]
+def test_a_window_after_a_pause_is_judged_once_it_spans_several_ticks(monkeypatch):
+    """``/proc/stat`` counts in 10 ms ticks: the window that starts after a pause is judged at
+    the first run's end at least ``MIN_WINDOW_S`` later, not at the next one's."""
+    monkeypatch.setattr(team, "GAP_S", 10.0)       # the sleep below is no pause
+    looks = []
+    t = team.Team(lambda cores: looks.append(1) or (len(looks), 0.0, float(len(looks))))
+    t.ended -= 20.0
+    t.begin()
     t.end(0)
-    assert t.others == 0.0                          # 0.02 s: too short, not judged
+    assert len(looks) == 2                          # made, and the pause's restart
+    time.sleep(1.5 * team.MIN_WINDOW_S)
+    t.begin()
     t.end(0)
-    assert t.others == 1.0                          # 0.10 s from the same start
+    assert len(looks) == 3 and t.others == 1.0      # judged
 
 
 def _mlp_losses(dtype, switch, monkeypatch, steps=6):

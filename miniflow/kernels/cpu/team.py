@@ -47,7 +47,8 @@ INTERVAL_S = 0.2
 """Seconds between two looks at how busy the cores are (a look reads ``/proc/stat``: about 50
 us)."""
 MIN_WINDOW_S = 0.05
-"""Seconds a look's window lasts at least (5 of ``/proc/stat``'s ticks)."""
+"""Seconds a window that starts after a pause lasts at least before it is judged (5 of
+``/proc/stat``'s ticks)."""
 GAP_S = 0.05
 """Seconds between the end of a run and the start of the next after which the window starts
 again (what other processes did in the pause is not judged)."""
@@ -120,14 +121,10 @@ class Team:
         """When the last run ended (:func:`end`; ``time.perf_counter`` seconds)."""
 
     def _look(self, now: float) -> None:
-        """Update :attr:`others` and :attr:`limit` from the window since the last look (at
-        least ``MIN_WINDOW_S`` long, else wait for a later run's end)."""
-        look = self._snapshot(self.cores)
-        if look is not None and self._last is not None and look[2] - self._last[2] < MIN_WINDOW_S:
-            return
+        """Update :attr:`others` and :attr:`limit` from the window since the last look."""
         self._next = now + INTERVAL_S
-        last, self._last = self._last, look
-        others = others_between(last, look)
+        last, self._last = self._last, self._snapshot(self.cores)
+        others = others_between(last, self._last)
         if others is None:
             return
         self.others = others
@@ -136,8 +133,9 @@ class Team:
     def begin(self) -> int:
         """Before a run: Numba's thread count to set back after it (:meth:`end`), or 0 where the
         run uses the count in force (no other process holds the cores it needs)."""
-        if time.perf_counter() - self.ended > GAP_S:     # after a pause: a new window
-            self._last = self._snapshot(self.cores)
+        now = time.perf_counter()
+        if now - self.ended > GAP_S:        # after a pause: a new window, judged from its end
+            self._last, self._next = self._snapshot(self.cores), now + MIN_WINDOW_S
         if self.limit >= numba.config.NUMBA_NUM_THREADS:
             return 0
         before = numba.get_num_threads()
