@@ -83,7 +83,7 @@ def snapshot(cores: list):
 
 
 def others_between(before, after) -> float | None:
-    """Cores' worth of time other processes used on the cores between two :func:`snapshot`\ s
+    """Cores' worth of time other processes used on the cores between two :func:`snapshot` looks
     (busy time less this process's own, over the wall time between them; e.g. 1.0: one core
     kept busy throughout); None where either is None or no time passed."""
     if before is None or after is None or after[2] <= before[2]:
