@@ -170,7 +170,8 @@ def test_group_keys_default_to_the_constructors_and_change_alone():
     ({"params": [np.ones(2)]}, TypeError, "parameter 0 of group 1 is a ndarray"),
     ({"params": "first"}, ValueError, "some parameters appear in more than one parameter group"),
     ({"params": "new", "nesterov": True}, ValueError, "Nesterov momentum requires a momentum"),
-    ({"params": "new", "maximize": True}, KeyError, r"unknown hyper-parameters \['maximize'\]"),
+    ({"params": "new", "maximize": True}, ValueError, r"maximize=True; .* runs only PyTorch's "
+                                                      r"maximize=False"),
     ({"params": "new twice"}, ValueError, "a parameter appears twice in group 1"),
 ])
 def test_a_refused_add_param_group_raises_pytorchs_error_and_changes_nothing(group, err, match):
@@ -230,3 +231,129 @@ def test_a_param_added_to_a_group_of_another_optimizer_of_the_graph_is_refused()
     b.add_param_group({"params": [net.fc1.weight]})
     with pytest.raises(ValueError, match="also trained by another optimizer of the graph"):
         g(mf.tensor(_X[1]), mf.tensor(_Y[1]))
+
+
+# ---------------------------------------------------------------- keys of the user's own
+def test_a_groups_own_keys_are_kept_unread_by_construction_and_add_param_group():
+    """PyTorch keeps a key the optimizer does not know in the group, unvalidated and unread
+    (``{"params": ..., "name": "head"}``, or a misspelt ``"weight_decy"``, without a warning)."""
+    net = _net()
+    opt = mf.optim.SGD([{"params": [net.fc1.weight], "name": "body", "lr_mult": 0.1,
+                         "weight_decy": 0.5, 7: [1, 2]}], lr=0.1, weight_decay=0.01)
+    g0 = opt.param_groups[0]
+    assert (g0["name"], g0["lr_mult"], g0["weight_decy"], g0[7]) == ("body", 0.1, 0.5, [1, 2])
+    assert g0["weight_decay"] == 0.01 and g0["lr"] == 0.1     # the typo sets nothing
+    assert g0.others() == {"name": "body", "lr_mult": 0.1, "weight_decy": 0.5, 7: [1, 2]}
+    assert "name" not in opt.hyper and "name" not in opt.defaults and opt.version == 0
+    opt.add_param_group({"params": net.fc2.weight, "name": "head", "lr": 0.05, "anything": None,
+                         "foreach": None})
+    g1 = opt.param_groups[1]
+    assert (g1["name"], g1["anything"], g1["foreach"], g1["lr"]) == ("head", None, None, 0.05)
+    assert "name" not in g1.hyper() and g1.hyper()["lr"] == 0.05
+    with pytest.raises(ValueError, match=r"add_param_group: maximize=True; miniflow's SGD runs "
+                                         "only PyTorch's maximize=False"):
+        opt.add_param_group({"params": net.fc2.bias, "name": "x", "maximize": True})
+    assert len(opt.param_groups) == 2
+
+
+def test_a_groups_own_keys_set_changed_or_removed_later_recompile_nothing():
+    net = _net()
+    opt = mf.optim.Adam(_groups(net, {"name": "biases"}), lr=0.01)
+    fit = MseFit(net, opt)
+    fit(mf.tensor(_X[0]), mf.tensor(_Y[0]))
+    g0, g1 = opt.param_groups
+    g1["name"] = "b"                         # an existing key
+    g0["my_key"] = 1                         # a new one
+    g0.update(tag="w", lr_mult=0.5)
+    g0 |= {"tag": "w2"}
+    assert g0.setdefault("note", "n") == "n" and g0.setdefault("note", "m") == "n"
+    assert (g1["name"], g0["my_key"], g0["tag"], g0["lr_mult"]) == ("b", 1, "w2", 0.5)
+    del g0["note"]
+    assert g0.pop("lr_mult") == 0.5 and g0.pop("missing", 3) == 3
+    assert opt.version == 0
+    fit(mf.tensor(_X[1]), mf.tensor(_Y[1]))
+    assert fit.compile_count == 1
+    with pytest.raises(KeyError, match="cannot set 'params'"):
+        g0["params"] = []
+    with pytest.raises(TypeError, match=r"del group\['eps'\] is refused"):
+        del g0["eps"]
+    with pytest.raises(TypeError, match=r"pop\('params'\) is refused"):
+        g0.pop("params")
+    with pytest.raises(ValueError, match="amsgrad cannot be changed"):
+        g1.update(name="c", amsgrad=True)    # all or nothing: name unchanged
+    assert g1["name"] == "b" and opt.version == 0
+    g1["eps"] = 1e-6                         # a hyper-parameter still recompiles
+    assert opt.version == 1
+
+
+def test_a_groups_own_keys_round_trip_through_state_dict_copy_and_pickle():
+    import copy
+    import pickle
+    net = _net()
+    opt = mf.optim.AdamW(_groups(net, {"name": "biases", "lr_mult": [0.1]}), lr=0.01)
+    opt.param_groups[0]["name"] = "weights"
+    sd = copy.deepcopy(opt.state_dict())     # (its values are the group's, as in PyTorch)
+    assert sd["param_groups"][0]["name"] == "weights"
+    assert (sd["param_groups"][1]["name"], sd["param_groups"][1]["lr_mult"]) == ("biases", [0.1])
+    fresh = mf.optim.AdamW(_groups(_net(), {"stale": 1}), lr=0.01)
+    fresh.load_state_dict(sd)
+    f0, f1 = fresh.param_groups
+    assert f0["name"] == "weights" and f1["name"] == "biases" and f1["lr_mult"] == [0.1]
+    assert "stale" not in f1                 # PyTorch's load replaces the group's keys
+    sd["param_groups"][1]["lr_mult"].append(2)   # the loaded group holds a copy
+    assert f1["lr_mult"] == [0.1] and fresh.state_dict()["param_groups"][1]["lr_mult"] == [0.1]
+    assert fresh.version == 1
+    for other in (copy.deepcopy(opt), pickle.loads(pickle.dumps(opt)), copy.copy(opt)):
+        o0, o1 = other.param_groups
+        assert (o0["name"], o1["name"], o1["lr_mult"]) == ("weights", "biases", [0.1])
+        o1["name"] = "other"                 # the copy's own group, still a ParamGroup
+        o1["eps"] = 1e-6
+        assert other.version == 1 and opt.param_groups[1]["name"] == "biases"
+        assert "name" not in o1.hyper() and o1.hyper()["eps"] == 1e-6
+
+
+def test_an_extra_key_leaves_the_training_steps_bit_for_bit():
+    def losses(extra):
+        net = _net()
+        groups = _groups(net)
+        groups[0].update(extra)
+        opt = mf.optim.AdamW(groups, lr=0.01)
+        fit = MseFit(net, opt)
+        out = []
+        for k in range(6):
+            if k == 3:
+                for key, value in extra.items():
+                    opt.param_groups[1][key] = value
+            out.append(fit(mf.tensor(_X[k]), mf.tensor(_Y[k])).numpy())
+        assert fit.compile_count == 1
+        return out, [p.numpy() for p in net.parameters()]
+
+    plain, with_keys = losses({}), losses({"name": "weights", "weight_decy": 0.5})
+    for a, b in zip(plain[0] + plain[1], with_keys[0] + with_keys[1]):
+        np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_a_groups_own_keys_in_state_dicts_match_torch_both_ways(case):
+    torch = pytest.importorskip("torch")
+    make, extra = CASES[case]
+    own = {"name": "biases", "lr_mult": 0.1, "weight_decy": 0.5}
+    _, opt, _ = _miniflow(make, {**extra, **own}, steps=3, schedule=False)
+    _, t_opt = _torch(make, {**extra, **own}, steps=3, schedule=False)
+    sd, t_sd = opt.state_dict(), t_opt.state_dict()
+    for g, t in zip(sd["param_groups"], t_sd["param_groups"]):
+        assert {k: g[k] for k in own if k in g} == {k: t[k] for k in own if k in t}
+    assert set(sd["param_groups"][1]) >= set(own) and not set(own) & set(t_sd["param_groups"][0])
+    t_opt.param_groups[0]["name"] = "weights"   # set later in torch: loads into miniflow
+    t_sd = t_opt.state_dict()
+    fresh = make(mf.optim, _groups(_net(), extra))
+    fresh.load_state_dict({**t_sd, "state": {i: {k: v.numpy() for k, v in s.items()}
+                                             for i, s in t_sd["state"].items()}})
+    f0, f1 = fresh.param_groups
+    assert f0["name"] == "weights" and {k: f1[k] for k in own} == own
+    assert f1["weight_decay"] == 0.0         # the misspelt key set nothing, as in torch
+    back = make(torch.optim, [{"params": [torch.zeros(8, 6), torch.zeros(3, 8)]},
+                              {"params": [torch.zeros(8), torch.zeros(3)]}])
+    back.load_state_dict({**sd, "state": {i: {k: torch.tensor(v) for k, v in s.items()}
+                                          for i, s in sd["state"].items()}})
+    assert {k: back.param_groups[1][k] for k in own} == own

@@ -9,6 +9,8 @@ As in PyTorch, an optimizer holds one or more parameter groups: ``SGD(model.para
 makes one, ``SGD([{"params": a}, {"params": b, "lr": 0.01}], lr=0.1)`` two (a key a group does
 not set takes the constructor's value, :attr:`Optimizer.defaults`), and
 :meth:`Optimizer.add_param_group` adds one later (the graphs training the optimizer recompile).
+A group may hold keys of its own (``{"params": b, "name": "head"}``, ``group["tag"] = 1``):
+kept as PyTorch keeps them, never read by the update and in :meth:`Optimizer.state_dict`.
 
 The learning rate of every group is state too: an f64[1] array (:attr:`Optimizer.learning_rates`,
 group 0's also :attr:`Optimizer.learning_rate`), bound as the ``learning_rate`` input of the
@@ -49,33 +51,51 @@ CLIP_KEYS = ("clip_grad_max_norm", "clip_grad_norm_type")
 
 class ParamGroup(dict):
     """One parameter group of an optimizer (PyTorch's ``param_groups[i]``): its hyper-parameters,
-    and ``"params"``, the list of its parameters. Every change is validated; a new ``lr`` is
-    written to the group's learning-rate array (no recompilation), a change of any other
-    hyper-parameter marks compiled graphs for recompilation.
+    ``"params"``, the list of its parameters, and any other keys the user gave it. Every change
+    of a hyper-parameter is validated; a new ``lr`` is written to the group's learning-rate
+    array (no recompilation), a change of any other hyper-parameter marks compiled graphs for
+    recompilation.
+
+    Keys the optimizer does not know (``{"params": ..., "name": "head", "lr_mult": 0.1}``, or a
+    misspelt ``"weight_decy"``) are kept as ``torch.optim`` keeps them: unvalidated, never read
+    by the update, written by :meth:`~Optimizer.state_dict` and restored by
+    :meth:`~Optimizer.load_state_dict`. Setting one, new or not (``group["name"] = "x"``), or
+    removing one changes nothing compiled (no recompilation). PyTorch's keys miniflow has not
+    (:attr:`Optimizer.torch_keys`: ``maximize``, ``foreach`` ...) are kept too, but only at
+    their no-op values (another value would make PyTorch's update differ from miniflow's).
 
     ``group[key] = v``, ``group.update(...)``, ``group |= {...}`` check all new values together with
     the optimizer's :meth:`~Optimizer.validated` and apply all or none of them; ``setdefault``
-    returns an existing value. ``"initial_lr"`` (PyTorch's key: the lr when the first LR scheduler
-    of the optimizer was made, which schedulers set with ``group.setdefault("initial_lr",
-    group["lr"])``) is the one key that may be added, checked like ``lr``. Adding other keys or
-    removing keys (``del``, ``pop``, ``popitem``, ``clear``, ``setdefault`` of a new key) and
-    setting ``"params"`` are refused. ``copy.copy(group)``, ``group.copy()``, ``dict(group)`` and
-    ``group | {...}`` are plain dicts: snapshots that change no optimizer. ``copy.deepcopy`` and
-    pickling of the optimizer give a group bound to the copy.
+    returns an existing value and sets a new key as ``group[key] = default`` does.
+    ``"initial_lr"`` (PyTorch's key: the lr when the first LR scheduler of the optimizer was
+    made, which schedulers set with ``group.setdefault("initial_lr", group["lr"])``) is checked
+    like ``lr``. Removing a hyper-parameter (``del``, ``pop``, ``popitem``, ``clear``) and
+    setting ``"params"`` are refused; the other keys may be removed. ``copy.copy(group)``,
+    ``group.copy()``, ``dict(group)`` and ``group | {...}`` are plain dicts: snapshots that
+    change no optimizer. ``copy.deepcopy`` and pickling of the optimizer give a group bound to
+    the copy.
 
     The group holds its optimizer through a weak reference, so an optimizer is in no reference
     cycle and is freed on ``del`` with the cyclic collector off (PyTorch's
     ``test/optim/test_lrscheduler.py``, ``test_no_cyclic_references``).
 
     Raises:
-        KeyError: an unknown key; TypeError/ValueError: an invalid value (as the constructor);
-        TypeError: adding or removing a key; ValueError: changing a key the group's state
-        depends on (Adam's ``amsgrad``); ReferenceError: a change after the optimizer was deleted.
+        KeyError: setting ``"params"``; TypeError/ValueError: an invalid hyper-parameter value
+        (as the constructor), or one of :attr:`Optimizer.torch_keys` at a value other than
+        PyTorch's no-op one; TypeError: removing a hyper-parameter; ValueError: changing a key
+        the group's state depends on (Adam's ``amsgrad``); ReferenceError: a change after the
+        optimizer was deleted.
     """
 
-    def __init__(self, owner, values: dict, params: list):
+    def __init__(self, owner, values: dict, params: list, hyper_keys=None):
         super().__init__(values, params=params)
         self._owner_ref = weakref.ref(owner)
+        # the owner's hyper-parameter keys: copy and pickle pass them (the owner is not built
+        # yet then); a pickle of a version without them holds hyper-parameters only
+        if hyper_keys is None:
+            hyper_keys = (owner._hyper_keys() if "defaults" in vars(owner)
+                          else frozenset(values) | {"initial_lr"})
+        self._hyper_keys = frozenset(hyper_keys)
 
     @property
     def _owner(self):
@@ -100,53 +120,64 @@ class ParamGroup(dict):
         self.update({key: value})
 
     def update(self, *args, **kwargs):
-        """Set several hyper-parameters at once: all are checked first, then all are applied."""
+        """Set several keys at once: all are checked first, then all are applied. The
+        hyper-parameters are validated; other keys are kept as given (see the class)."""
         changes = dict(*args, **kwargs)
-        for key in changes:
-            if (key not in self and key != "initial_lr") or key == "params":
-                raise KeyError(f"{self._name}: cannot set {key!r}; hyper-parameters are "
-                               f"{sorted(self.hyper())}"
-                               + (" (make a new optimizer for other parameters)"
-                                  if key == "params" else ""))
+        if "params" in changes:
+            raise KeyError(f"{self._name}: cannot set 'params' (make a new optimizer for other "
+                           "parameters, or add a group with add_param_group)")
         if not changes:
             return
         owner = self._owner
-        owner._check_fixed(self._name, self, changes)
-        checked = owner.validated({**self.hyper(), **changes})
-        for key in changes:
-            dict.__setitem__(self, key, checked[key])
-        owner._hyper_changed(owner._index(self), changes)
+        hyper, torch, extra = owner._split_keys(changes)
+        for key, value in torch.items():
+            owner._check_torch_key(f"{self._name}[{key!r}] = ", key, value)
+        if hyper:
+            owner._check_fixed(self._name, self, hyper)
+            checked = owner.validated({**self.hyper(), **hyper})
+            hyper = {key: checked[key] for key in hyper}
+        dict.update(self, {**hyper, **torch, **extra})
+        if hyper:
+            owner._hyper_changed(owner._index(self), hyper)
 
     def __ior__(self, other):
         self.update(other)
         return self
 
     def setdefault(self, key, default=None):
-        """``group[key]`` for an existing key; ``initial_lr`` may be added (checked like lr);
-        adding another key is refused (TypeError)."""
-        if key not in self and key == "initial_lr":
-            self.update(initial_lr=default)
-        if key in self:
-            return self[key]
-        self._no_change("setdefault", key)
+        """``group[key]`` for an existing key; a new key is set as ``group[key] = default``
+        (``initial_lr`` checked like lr)."""
+        if key not in self:
+            self.update({key: default})
+        return self[key]
 
     def _no_change(self, method, *args):
         what = (f"del group[{args[0]!r}]" if method == "del" else
                 f"{method}({args[0]!r})" if args else f"{method}()")
-        raise TypeError(f"{self._name}: {what} is refused: hyper-parameters cannot be removed or "
-                        "added; assign a new value with group[key] = value")
+        raise TypeError(f"{self._name}: {what} is refused: hyper-parameters and 'params' cannot "
+                        "be removed; assign a new value with group[key] = value")
+
+    def _removable(self, key) -> bool:
+        """Whether ``key`` may be removed: it is neither ``params`` nor a hyper-parameter."""
+        return key != "params" and key not in self._hyper_keys
 
     def pop(self, key, *default):
-        self._no_change("pop", key)
+        if key in self and not self._removable(key):
+            self._no_change("pop", key)
+        return dict.pop(self, key, *default)
 
     def popitem(self):
-        self._no_change("popitem")
+        if self and not self._removable(next(reversed(self))):
+            self._no_change("popitem")
+        return dict.popitem(self)
 
     def clear(self):
         self._no_change("clear")
 
     def __delitem__(self, key):
-        self._no_change("del", key)
+        if key in self and not self._removable(key):
+            self._no_change("del", key)
+        dict.__delitem__(self, key)
 
     @property
     def _name(self) -> str:
@@ -154,7 +185,17 @@ class ParamGroup(dict):
         return f"{type(owner).__name__}.param_groups[{owner._index(self)}]"
 
     def hyper(self) -> dict:
-        """The hyper-parameters without ``params``."""
+        """The hyper-parameters: the optimizer's keys (and ``initial_lr`` when set), without
+        ``params`` and the other keys (see the class)."""
+        return {k: v for k, v in self.items() if k in self._hyper_keys}
+
+    def others(self) -> dict:
+        """The keys that are neither ``params`` nor hyper-parameters: the user's own, and
+        PyTorch's :attr:`Optimizer.torch_keys` where given (see the class)."""
+        return {k: v for k, v in self.items() if k != "params" and k not in self._hyper_keys}
+
+    def values_without_params(self) -> dict:
+        """Every key but ``params``: the hyper-parameters and the others."""
         return {k: v for k, v in self.items() if k != "params"}
 
     def __copy__(self) -> dict:
@@ -164,11 +205,12 @@ class ParamGroup(dict):
         owner = memo.get(id(self._owner))
         if owner is None:  # the group alone: a snapshot, like copy.copy
             return copy.deepcopy(dict(self), memo)
-        return ParamGroup(owner, copy.deepcopy(self.hyper(), memo),
-                          copy.deepcopy(self["params"], memo))
+        return ParamGroup(owner, copy.deepcopy(self.values_without_params(), memo),
+                          copy.deepcopy(self["params"], memo), self._hyper_keys)
 
     def __reduce__(self):
-        return ParamGroup, (self._owner, self.hyper(), self["params"])
+        return ParamGroup, (self._owner, self.values_without_params(), self["params"],
+                            self._hyper_keys)
 
 
 class _ParamGroups(tuple):
@@ -197,8 +239,9 @@ class Optimizer:
 
     Args:
         params: an iterable of ``nn.Parameter`` (one group), or of dicts, one per group: its
-            ``"params"`` (a Parameter or an ordered iterable of them) and the hyper-parameters
-            it sets, as :meth:`add_param_group` takes them (PyTorch's per-group options).
+            ``"params"`` (a Parameter or an ordered iterable of them), the hyper-parameters
+            it sets and any other keys (kept in the group unread, as PyTorch keeps them), as
+            :meth:`add_param_group` takes them (PyTorch's per-group options).
         hyper: the defaults, validated by :meth:`validated`: every group's hyper-parameters that
             the group does not set (:attr:`defaults`).
 
@@ -257,14 +300,17 @@ class Optimizer:
     def add_param_group(self, param_group: dict) -> None:
         """Add a parameter group (``torch.optim.Optimizer.add_param_group``): ``param_group``
         holds ``"params"`` (an nn.Parameter, or a list or tuple of them) and any of the
-        optimizer's hyper-parameters; the others take :attr:`defaults`. The new parameters get
-        fresh state; graphs training this optimizer recompile at their next call.
+        optimizer's hyper-parameters; the others take :attr:`defaults`. Other keys
+        (``"name": "head"``, a misspelt ``"weight_decy"``) are kept in the group as given,
+        unvalidated and unread by the update, as PyTorch keeps them (see :class:`ParamGroup`).
+        The new parameters get fresh state; graphs training this optimizer recompile at their
+        next call.
 
         Raises:
             TypeError: not a dict; ``params`` missing, a set, or holding something other than
                 nn.Parameters; a hyper-parameter of the wrong type (as the constructor).
-            KeyError: a key that is no hyper-parameter of this optimizer.
-            ValueError: a bad hyper-parameter value; a parameter twice in the group, or
+            ValueError: a bad hyper-parameter value; one of PyTorch's :attr:`torch_keys` at
+                another value than its no-op one; a parameter twice in the group, or
                 already in another group (PyTorch's "some parameters appear in more than one
                 parameter group").
         """
@@ -290,21 +336,34 @@ class Optimizer:
             raise ValueError(f"{name}: a parameter appears twice in group {len(self._groups)}")
         if {id(p) for p in self.params} & {id(p) for p in params}:
             raise ValueError(f"{name}: some parameters appear in more than one parameter group")
-        hyper = {k: v for k, v in param_group.items() if k != "params"}
-        unknown = sorted(set(hyper) - set(self.defaults), key=str)
-        if unknown:
-            raise KeyError(f"{name}.add_param_group: unknown hyper-parameters {unknown}; "
-                           f"{name} has {sorted(self.defaults)}")
+        hyper, torch, others = self._split_keys(
+            {k: v for k, v in param_group.items() if k != "params"})
+        for key, value in torch.items():
+            self._check_torch_key(f"{name}.add_param_group: {key}=", key, value)
         checked = self.validated({**self.defaults, **hyper})
         backend = get_backend()
         self._lr_host.append(np.array([checked["lr"]], np.float64))  # staging for _write_lr
         self.learning_rates.append(backend.from_numpy(self._lr_host[-1]))
-        self._groups.append(ParamGroup(self, checked, params))
+        self._groups.append(ParamGroup(self, {**checked, **torch, **others}, params))
         names = self.group_state_names(checked)
         self.state += [{s: backend.from_numpy(self._initial_state(s, p)) for s in names}
                        for p in params]
         self.params += params
         self.version += 1
+
+    def _hyper_keys(self) -> frozenset:
+        """The keys a group's :meth:`validated` hyper-parameters may have: :attr:`defaults`'s
+        and ``initial_lr``."""
+        return frozenset(self.defaults) | {"initial_lr"}
+
+    def _split_keys(self, values: dict) -> tuple:
+        """``values`` (no ``params``) as three dicts: the hyper-parameters, PyTorch's keys of
+        :attr:`torch_keys` (checked at their no-op values) and the others (kept unread)."""
+        hyper_keys = self._hyper_keys()
+        out = ({}, {}, {})
+        for k, v in values.items():
+            out[0 if k in hyper_keys else 1 if k in self.torch_keys else 2][k] = v
+        return out
 
     @property
     def param_groups(self) -> "_ParamGroups":
@@ -441,15 +500,17 @@ class Optimizer:
     def state_dict(self) -> dict:
         """PyTorch layout: ``{"state": {i: {name: ndarray}}, "param_groups": [{..., "params":
         [i, ...]}, ...]}`` (``i`` counts the parameters across the groups, in order; each group
-        also holds PyTorch's keys miniflow has not, :attr:`torch_keys`, at their no-op values,
-        so that ``torch.optim``'s ``load_state_dict``, which replaces whole groups, takes it),
+        holds every key of the param group, the user's own included, as PyTorch's does, and
+        PyTorch's keys miniflow has not, :attr:`torch_keys`, at their no-op values, so that
+        ``torch.optim``'s ``load_state_dict``, which replaces whole groups, takes it),
         plus miniflow's ``num_steps`` and ``num_skipped_steps`` (the graph calls that ran the
         updates, and those skipped; LR schedulers read them, see
         ``miniflow.optim.lr_scheduler``; PyTorch's ``load_state_dict`` ignores them)."""
         to_numpy = get_backend().to_numpy
         return {"state": {i: {k: to_numpy(v) for k, v in s.items()}
                           for i, s in enumerate(self.state)},
-                "param_groups": [dict(self.torch_keys, **g.hyper(), params=list(range(first, stop)))
+                "param_groups": [{**self.torch_keys, **g.values_without_params(),
+                                  "params": list(range(first, stop))}
                                  for g, first, stop in self.group_slices()],
                 "num_steps": self.num_steps, "num_skipped_steps": self.num_skipped_steps}
 
@@ -461,9 +522,9 @@ class Optimizer:
         Checked: as many param groups as the optimizer has (PyTorch's "loaded state dict has a
         different number of parameter groups"), each with its ``params`` (the indices
         :meth:`state_dict` gives it: PyTorch's "doesn't match the size of optimizer's group"
-        when the count differs) and hyper-parameters (as the constructor; no unknown keys; the
-        clipping settings, ``initial_lr``, ``num_steps`` and ``num_skipped_steps`` may be
-        missing: they keep their current values; :attr:`fixed_keys` unchanged); for every
+        when the count differs) and hyper-parameters (as the constructor; the clipping
+        settings, ``initial_lr``, ``num_steps`` and ``num_skipped_steps`` may be missing: they
+        keep their current values; :attr:`fixed_keys` unchanged); for every
         parameter in ``state`` every state array of its group, with the current shape, a
         real-number dtype, finite values, whole numbers >= 0 for integer state (step counts;
         whole floats such as PyTorch's float step are accepted) and values >= 0 for
@@ -471,13 +532,17 @@ class Optimizer:
         (zeros), as PyTorch holds none for a parameter not stepped yet, nor for any parameter of
         an optimizer without state (SGD without momentum).
 
-        A ``torch.optim`` state dict of the same algorithm loads: PyTorch's keys of
-        :attr:`torch_keys` are accepted at their no-op values (``dampening=0``, ``maximize=False``
-        ...); ``state`` values may be ``torch.Tensor``s (read with ``np.asarray``) and a step
-        count 0-d (PyTorch's).
+        A group's other keys (:meth:`ParamGroup.others`: ``"name"``, ``"lr_mult"`` ...) become
+        the loaded group's, unchecked and copied, as PyTorch's ``load_state_dict`` replaces
+        each group by the loaded one: a key the group has and the loaded one has not is removed.
+
+        A ``torch.optim`` state dict of the same algorithm loads, its groups' own keys
+        included: PyTorch's keys of :attr:`torch_keys` are accepted at their no-op values
+        (``dampening=0``, ``maximize=False`` ...); ``state`` values may be ``torch.Tensor``s (read
+        with ``np.asarray``) and a step count 0-d (PyTorch's).
 
         Raises:
-            KeyError: a missing entry or an unknown hyper-parameter (named);
+            KeyError: a missing entry (named);
             ValueError/TypeError: a wrong count, shape, dtype or value (naming the key and value).
         """
         self.prepare_load_state_dict(state_dict)()
@@ -525,8 +590,12 @@ class Optimizer:
             for s, new in zip(self.state, arrays):
                 for k, v in s.items():
                     backend.copy_in(v, new[k])
-            for j, (group, hyper) in enumerate(zip(self._groups, hypers)):
+            for j, (group, (hyper, others)) in enumerate(zip(self._groups, hypers)):
+                for key in group.others():  # PyTorch's load replaces the group: its other
+                    if key not in others:   # keys are the loaded ones
+                        dict.__delitem__(group, key)
                 dict.update(group, hyper)  # in place: references to param_groups[j] stay valid
+                dict.update(group, others)
                 self._write_lr(j, hyper["lr"])
             self.__dict__.update(counts)
             self.version += 1
@@ -539,15 +608,10 @@ class Optimizer:
                         "differentiable": False, "fused": None}
     """``torch.optim`` param-group keys miniflow has not, each with the value under which
     PyTorch's update is miniflow's (``torch.optim.SGD`` / ``Adam`` / ``AdamW``'s documented
-    defaults): :meth:`load_state_dict` drops them at that value and refuses any other, so a
-    ``torch.optim`` state dict of the same algorithm loads."""
-
-    def _drop_torch_keys(self, where: str, j: int, loaded: dict, known: dict) -> None:
-        """Remove from ``loaded`` (group ``j``) the :attr:`torch_keys` at their no-op values."""
-        for key in self.torch_keys:
-            if key in loaded and key not in known:
-                self._check_torch_key(f"{where}: param_groups[{j}][{key!r}] is ", key,
-                                      loaded.pop(key))
+    defaults). They are taken at that value and refused at any other: in the constructor's
+    keywords (:meth:`check_torch_options`), in a group dict, ``group[key] = v`` (the group keeps
+    them, as other keys) and :meth:`load_state_dict` (which keeps them in a group that has them
+    and drops them elsewhere), so a ``torch.optim`` state dict of the same algorithm loads."""
 
     def _check_torch_key(self, what: str, key: str, value) -> None:
         """Raises ValueError (``what`` then ``value`` named) unless ``value`` is PyTorch's no-op
@@ -576,9 +640,10 @@ class Optimizer:
             self._check_torch_key(f"{name}: {key}=", key, value)
 
     def _checked_group(self, where: str, j: int, loaded: dict, current: dict, first: int,
-                       stop: int) -> dict:
+                       stop: int) -> tuple:
         """The validated hyper-parameters of loaded param group ``j`` (``current``, holding
-        ``params[first:stop]``)."""
+        ``params[first:stop]``) and its other keys (:meth:`ParamGroup.others`: the user's, and
+        PyTorch's :attr:`torch_keys` that ``current`` has, at their no-op values)."""
         params = loaded.pop("params", None)
         expected = list(range(first, stop))
         if params is not None:
@@ -592,15 +657,16 @@ class Optimizer:
                                  f"expected {_short(expected)} (one index per parameter, "
                                  "counted across the groups)")
         known = current.hyper()
-        self._drop_torch_keys(where, j, loaded, known)
-        unknown = sorted(set(loaded) - set(known) - {"initial_lr"}, key=str)
-        if unknown:
-            raise KeyError(f"{where}: unknown hyper-parameters {unknown} in param_groups[{j}]; "
-                           f"{type(self).__name__} has {sorted(known)}")
+        loaded, torch, others = self._split_keys(loaded)
+        for key, value in torch.items():
+            self._check_torch_key(f"{where}: param_groups[{j}][{key!r}] is ", key, value)
+            if key in current:               # kept where the group has it, else dropped
+                others[key] = value
+        others = copy.deepcopy(others)       # as PyTorch's load: not shared with state_dict
         optional = {k: v for k, v in known.items() if k in CLIP_KEYS or k == "initial_lr"}
         try:
             self._check_fixed(type(self).__name__, current, loaded)
-            return self.validated({**optional, **loaded})
+            return self.validated({**optional, **loaded}), others
         except (KeyError, TypeError, ValueError) as e:
             raise type(e)(f"{where}: param_groups[{j}]: {e.args[0]}") from None
 
@@ -662,7 +728,8 @@ class Optimizer:
         new = type(self).__new__(type(self))
         new.__setstate__(self.__getstate__())
         new.params = list(self.params)
-        new._groups = [ParamGroup(new, g.hyper(), list(g["params"])) for g in self._groups]
+        new._groups = [ParamGroup(new, g.values_without_params(), list(g["params"]),
+                                  g._hyper_keys) for g in self._groups]
         new.defaults = dict(self.defaults)
         return new
 
