@@ -159,6 +159,44 @@ def test_resume_recipe_with_a_miniflow_optimizer(tmp_path):
     assert cfg.lr_sequence(sched2, steps=40) == straight
 
 
+def test_resume_after_add_param_group_loads_the_shorter_base_lrs(tmp_path):
+    """A scheduler made before add_param_group has base_lrs for the groups it saw only (as
+    PyTorch's); its state dict, saved and loaded into a scheduler of the grown optimizer (as a
+    resume makes them), gives the same lrs. It was refused (base_lrs of the wrong length)."""
+    def make(groups):
+        mf.manual_seed(0)
+        model = nn.Sequential(nn.Linear(3, 2), nn.Linear(2, 2))
+        opt = mf.optim.SGD([{"params": model[0].parameters(), "name": "body"}], lr=0.1)
+        if groups == 2:
+            opt.add_param_group({"params": list(model[1].parameters()), "lr": 0.01})
+        return model, opt, StepLR(opt, 2, gamma=0.5)
+    model, opt, sched = make(1)
+    sched.step()
+    opt.add_param_group({"params": list(model[1].parameters()), "lr": 0.01, "name": "head"})
+    cfg.lr_sequence(sched, steps=3)
+    save({"optimizer": opt.state_dict(), "scheduler": sched.state_dict()}, tmp_path / "c.st")
+    assert sched.state_dict()["base_lrs"] == [0.1]
+    straight = cfg.lr_sequence(sched, steps=5)
+
+    _, opt2, sched2 = make(2)
+    ckpt = load(tmp_path / "c.st")
+    opt2.load_state_dict(ckpt["optimizer"])
+    sched2.load_state_dict(ckpt["scheduler"])
+    assert sched2.base_lrs == [0.1] and opt2.param_groups[1]["name"] == "head"
+    assert cfg.lr_sequence(sched2, steps=5) == straight
+    torch = pytest.importorskip("torch")
+    t_opt = torch.optim.SGD([{"params": [torch.zeros(1, requires_grad=True)]}], lr=0.1)
+    t_sched = torch.optim.lr_scheduler.StepLR(t_opt, 2, gamma=0.5)
+    t_opt.add_param_group({"params": [torch.zeros(1, requires_grad=True)], "lr": 0.01})
+    t_opt.step()
+    t_sched.step()
+    _, opt3, sched3 = make(2)
+    sched3.load_state_dict(t_sched.state_dict())
+    assert sched3.base_lrs == [0.1] and sched3.last_epoch == 1
+    with pytest.raises(ValueError, match=r"base_lrs must be a list of 1 to 2 numbers"):
+        sched3.load_state_dict({**t_sched.state_dict(), "base_lrs": [0.1, 0.1, 0.1]})
+
+
 # ----------------------------------------------------------------------------- semantics
 def test_a_scheduler_made_after_a_warm_up_starts_from_the_initial_lr():
     """PyTorch's group["initial_lr"], set by the first scheduler of the optimizer."""

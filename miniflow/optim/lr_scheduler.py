@@ -81,11 +81,15 @@ _SEEN = "_optimizer_steps_seen"
 
 
 # ------------------------------------------------------------------------------------ checks
-def _reals(owner: str, name: str, values, count: int) -> list:
-    """A list of ``count`` finite floats (``base_lrs``, ``_last_lr``)."""
-    if not isinstance(values, (list, tuple)) or len(values) != count:
-        raise ValueError(f"{owner}: {name} must be a list of {count} numbers (one per param "
-                         f"group), got {values!r}")
+def _reals(owner: str, name: str, values, count: int, fewer: bool = False) -> list:
+    """A list of ``count`` finite floats (``base_lrs``, ``_last_lr``); with ``fewer``, of 1 to
+    ``count`` (``base_lrs`` of a scheduler made before ``add_param_group`` added groups: it
+    has none for them, as PyTorch's)."""
+    if not isinstance(values, (list, tuple)) or not (
+            len(values) == count or fewer and 1 <= len(values) < count):
+        least = "1 to " if fewer and count > 1 else ""
+        raise ValueError(f"{owner}: {name} must be a list of {least}{count} numbers (one per "
+                         f"param group), got {values!r}")
     return [real(owner, f"{name}[{i}]", v) for i, v in enumerate(values)]
 
 
@@ -307,7 +311,9 @@ class LRScheduler:
         touched: restore its state as well (it holds the current lr).
 
         ``_optimizer_steps_seen`` may be missing (a PyTorch state dict): the optimizer's current
-        step counts are taken.
+        step counts are taken. ``base_lrs`` may have fewer entries than the optimizer has param
+        groups: the state of a scheduler made before ``add_param_group`` added some (it has
+        no base lr for them, as PyTorch's).
 
         Raises:
             KeyError: missing or unknown keys (listed); ValueError/TypeError: a value that the
@@ -348,7 +354,7 @@ class LRScheduler:
         n = len(self.optimizer.param_groups)
         return {**{k: check(where, k, state[k]) for k, check in self._hyper.items()},
                 **self._checked_extra(where, state),
-                "base_lrs": _reals(where, "base_lrs", state["base_lrs"], n),
+                "base_lrs": _reals(where, "base_lrs", state["base_lrs"], n, fewer=True),
                 "_last_lr": _reals(where, "_last_lr", state["_last_lr"], n),
                 "last_epoch": integer(where, "last_epoch", state["last_epoch"], -1),
                 "_step_count": integer(where, "_step_count", state["_step_count"], 0),
