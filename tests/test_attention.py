@@ -307,6 +307,23 @@ def test_multihead_attention_takes_unbatched_inputs_as_pytorch(batch_first, per_
         mha(mf.tensor(q), mf.tensor(k[None]), mf.tensor(k))
 
 
+@pytest.mark.parametrize("shape", [(5, 8), (2, 5, 8)])
+def test_multihead_attention_names_an_input_that_is_no_tensor(shape):
+    """A NumPy query, key or value is refused naming it and what to do, batched or not (PyTorch
+    refuses them too); an unbatched one raised AttributeError ('numpy.ndarray' object has no
+    attribute 'unsqueeze') from inside forward."""
+    mha = mf.nn.MultiheadAttention(8, 2)
+    x = R.standard_normal(shape).astype(np.float32)
+    for i, name in enumerate(("query", "key", "value")):
+        args = [mf.tensor(x)] * 3
+        args[i] = x
+        with pytest.raises(TypeError, match=f"MultiheadAttention: {name} is a ndarray, not a "
+                                            r"miniflow Tensor; wrap data with miniflow.tensor"):
+            mha(*args)
+    with pytest.raises((TypeError, AttributeError)):
+        torch.nn.MultiheadAttention(8, 2)(x, x, x)
+
+
 def test_multihead_attention_refuses_3d_and_padding_masks_of_the_wrong_shape():
     """Issue 25's "an ``attn_mask`` of the wrong shape": PyTorch's messages for the 3-D mask
     (``[N * num_heads, L, S]``) and ``key_padding_mask`` (``[N, S]``), at build time."""

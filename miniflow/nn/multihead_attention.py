@@ -134,8 +134,15 @@ class MultiheadAttention(Module):
 
         Raises:
             ValueError: shapes that do not fit (PyTorch's messages), ``is_causal`` without
-                ``attn_mask``. TypeError: a mask of another dtype.
+                ``attn_mask``. TypeError: a mask of another dtype; ``query``, ``key`` or
+                ``value`` not a miniflow Tensor (a NumPy array: wrap it with
+                ``miniflow.tensor``).
         """
+        for name, t in (("query", query), ("key", key), ("value", value)):
+            if not isinstance(t, Tensor):
+                raise TypeError(f"MultiheadAttention: {name} is a {type(t).__name__}, not a "
+                                "miniflow Tensor; wrap data with miniflow.tensor(...) (graph "
+                                "inputs are Tensors already)")
         if query.ndim != 2:
             return self._batched(query, key, value, key_padding_mask, need_weights, attn_mask,
                                  average_attn_weights, is_causal)
