@@ -357,3 +357,41 @@ def test_a_groups_own_keys_in_state_dicts_match_torch_both_ways(case):
     back.load_state_dict({**sd, "state": {i: {k: torch.tensor(v) for k, v in s.items()}
                                           for i, s in sd["state"].items()}})
     assert {k: back.param_groups[1][k] for k in own} == own
+
+
+def test_named_parameters_make_param_names_as_torch():
+    """PyTorch >= 2.6 takes ``model.named_parameters()`` (in a group too) and keeps the names
+    in the group's ``"param_names"``, in its state dict and through a load of a state dict
+    without them. miniflow refused the (name, parameter) pairs ("a tuple, not an
+    nn.Parameter")."""
+    net = _net()
+    opt = mf.optim.SGD(net.named_parameters(), lr=0.1, momentum=0.9)
+    names = ["fc1.weight", "fc1.bias", "fc2.weight", "fc2.bias"]
+    assert opt.param_groups[0]["param_names"] == names
+    assert opt.params == list(net.parameters())
+    assert opt.param_groups[0].others() == {"param_names": names}
+    sd = opt.state_dict()
+    assert sd["param_groups"][0]["param_names"] == names
+    two = mf.optim.Adam([{"params": list(net.named_parameters())[:2]},
+                         {"params": list(net.named_parameters())[2:], "lr": 0.01}], lr=0.1)
+    assert [g["param_names"] for g in two.param_groups] == [names[:2], names[2:]]
+    unnamed = mf.optim.SGD(_net().parameters(), lr=0.1, momentum=0.9).state_dict()
+    opt.load_state_dict(unnamed)                 # PyTorch's load keeps the group's names
+    assert opt.param_groups[0]["param_names"] == names
+    mixed = [("fc1.weight", net.fc1.weight), net.fc1.bias]
+    with pytest.raises(ValueError, match="all optimizer params should be with/without names"):
+        mf.optim.SGD(mixed, lr=0.1)
+    with pytest.raises(ValueError, match="all optimizer param groups should be with/without"):
+        mf.optim.SGD([{"params": [("fc1.weight", net.fc1.weight)]},
+                      {"params": [net.fc1.bias]}], lr=0.1)
+    torch = pytest.importorskip("torch")
+    t_net = torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.Linear(8, 3))
+    t_sd = torch.optim.SGD(t_net.named_parameters(), lr=0.1, momentum=0.9).state_dict()
+    fresh = mf.optim.SGD(_net().parameters(), lr=0.1, momentum=0.9)
+    fresh.load_state_dict(t_sd)
+    assert fresh.param_groups[0]["param_names"] == t_sd["param_groups"][0]["param_names"]
+    with pytest.raises(ValueError, match="all optimizer params should be with/without names"):
+        torch.optim.SGD([("0.weight", t_net[0].weight), t_net[0].bias], lr=0.1)
+    with pytest.raises(ValueError, match="all optimizer param groups should be with/without"):
+        torch.optim.SGD([{"params": [("0.weight", t_net[0].weight)]},
+                         {"params": [t_net[0].bias]}], lr=0.1)

@@ -238,7 +238,8 @@ class Optimizer:
     implement :meth:`check_hyper` and :meth:`emit_update`.
 
     Args:
-        params: an iterable of ``nn.Parameter`` (one group), or of dicts, one per group: its
+        params: an iterable of ``nn.Parameter`` (one group; or ``model.named_parameters()``,
+            whose names go to the group's ``"param_names"``), or of dicts, one per group: its
             ``"params"`` (a Parameter or an ordered iterable of them), the hyper-parameters
             it sets and any other keys (kept in the group unread, as PyTorch keeps them), as
             :meth:`add_param_group` takes them (PyTorch's per-group options).
@@ -299,7 +300,9 @@ class Optimizer:
 
     def add_param_group(self, param_group: dict) -> None:
         """Add a parameter group (``torch.optim.Optimizer.add_param_group``): ``param_group``
-        holds ``"params"`` (an nn.Parameter, or a list or tuple of them) and any of the
+        holds ``"params"`` (an nn.Parameter, or a list or tuple of them, or of ``(name,
+        parameter)`` pairs as ``model.named_parameters()`` gives them: the names go to the
+        group's ``"param_names"``, as PyTorch's) and any of the
         optimizer's hyper-parameters; the others take :attr:`defaults`. Other keys
         (``"name": "head"``, a misspelt ``"weight_decy"``) are kept in the group as given,
         unvalidated and unread by the update, as PyTorch keeps them (see :class:`ParamGroup`).
@@ -310,7 +313,8 @@ class Optimizer:
             TypeError: not a dict; ``params`` missing, a set, or holding something other than
                 nn.Parameters; a hyper-parameter of the wrong type (as the constructor).
             ValueError: a bad hyper-parameter value; one of PyTorch's :attr:`torch_keys` at
-                another value than its no-op one; a parameter twice in the group, or
+                another value than its no-op one; named and unnamed parameters mixed (in the
+                group, or this group and the others); a parameter twice in the group, or
                 already in another group (PyTorch's "some parameters appear in more than one
                 parameter group").
         """
@@ -327,6 +331,18 @@ class Optimizer:
                             "collections, but the ordering of tensors in sets will change "
                             "between runs. Please use a list instead.")
         params = [params] if isinstance(params, Tensor) else list(params)
+        named = {}
+        if any(isinstance(p, tuple) for p in params):   # model.named_parameters(), as PyTorch
+            if not all(isinstance(p, tuple) and len(p) == 2 for p in params):
+                raise ValueError(f"{name}: all optimizer params should be with/without names "
+                                 f"(group {len(self._groups)} mixes (name, parameter) pairs "
+                                 "with other entries)")
+            named = {"param_names": [n for n, _ in params]}
+            params = [p for _, p in params]
+        if self._groups and ("param_names" in self._groups[0]) != (
+                bool(named) or "param_names" in param_group):
+            raise ValueError(f"{name}: all optimizer param groups should be with/without names "
+                             "(give every group model.named_parameters(), or none)")
         for i, p in enumerate(params):
             if not isinstance(p, Parameter):
                 raise TypeError(f"{name}: parameter {i} of group {len(self._groups)} is a "
@@ -337,7 +353,7 @@ class Optimizer:
         if {id(p) for p in self.params} & {id(p) for p in params}:
             raise ValueError(f"{name}: some parameters appear in more than one parameter group")
         hyper, torch, others = self._split_keys(
-            {k: v for k, v in param_group.items() if k != "params"})
+            {**{k: v for k, v in param_group.items() if k != "params"}, **named})
         for key, value in torch.items():
             self._check_torch_key(f"{name}.add_param_group: {key}=", key, value)
         checked = self.validated({**self.defaults, **hyper})
@@ -534,7 +550,8 @@ class Optimizer:
 
         A group's other keys (:meth:`ParamGroup.others`: ``"name"``, ``"lr_mult"`` ...) become
         the loaded group's, unchecked and copied, as PyTorch's ``load_state_dict`` replaces
-        each group by the loaded one: a key the group has and the loaded one has not is removed.
+        each group by the loaded one: a key the group has and the loaded one has not is removed
+        (but ``"param_names"``, which PyTorch's load keeps too).
 
         A ``torch.optim`` state dict of the same algorithm loads, its groups' own keys
         included: PyTorch's keys of :attr:`torch_keys` are accepted at their no-op values
@@ -592,7 +609,7 @@ class Optimizer:
                     backend.copy_in(v, new[k])
             for j, (group, (hyper, others)) in enumerate(zip(self._groups, hypers)):
                 for key in group.others():  # PyTorch's load replaces the group: its other
-                    if key not in others:   # keys are the loaded ones
+                    if key not in others and key != "param_names":  # keys are the loaded ones
                         dict.__delitem__(group, key)
                 dict.update(group, hyper)  # in place: references to param_groups[j] stay valid
                 dict.update(group, others)
