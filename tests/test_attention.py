@@ -324,6 +324,34 @@ def test_multihead_attention_names_an_input_that_is_no_tensor(shape):
         torch.nn.MultiheadAttention(8, 2)(x, x, x)
 
 
+def test_multihead_attention_names_an_input_dtype_other_than_its_parameters():
+    """An input of another dtype than the parameters is refused at build time naming the
+    module, the argument, its dtype and shape, and both ways out; it was matmul's "inputs have
+    different dtypes: %6 (f32[6,8]), %4 (f16[8,8])" about the reshaped projection."""
+    class Attend(mf.nn.Graph):
+        def __init__(self, mha):
+            super().__init__()
+            self.mha = mha
+
+        def build(self, q, k):
+            return self.mha(q, k, k)[0]
+    x = np.ones((2, 3, 8), np.float32)
+    half = Attend(mf.nn.MultiheadAttention(8, 2, dtype=mf.float16))
+    with pytest.raises(TypeError, match=r"MultiheadAttention: query float32\[2, 3, 8\] is not "
+                                        r"of the module's parameter dtype float16; cast it with "
+                                        r"\.to\(miniflow\.float16\), or make the "
+                                        r"MultiheadAttention with dtype=miniflow\.float32"):
+        half(x, x.astype(np.float16))
+    mha = mf.nn.MultiheadAttention(8, 2)
+    with pytest.raises(TypeError, match=r"key float64\[2, 3, 8\] is not of the module's "
+                                        r"parameter dtype float32"):
+        Attend(mha)(x, x.astype(np.float64))
+    with pytest.raises(TypeError, match=r"query int64\[3, 8\] is not of the module's parameter "
+                                        r"dtype float32; cast it with \.to\(miniflow\.float32\)$"):
+        mha(*(mf.tensor(np.ones((3, 8), np.int64)),) * 3)
+    assert half(x.astype(np.float16), x.astype(np.float16)).dtype == mf.float16
+
+
 def test_multihead_attention_refuses_3d_and_padding_masks_of_the_wrong_shape():
     """Issue 25's "an ``attn_mask`` of the wrong shape": PyTorch's messages for the 3-D mask
     (``[N * num_heads, L, S]``) and ``key_padding_mask`` (``[N, S]``), at build time."""

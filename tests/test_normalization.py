@@ -521,3 +521,24 @@ def test_float64_statistics_for_a_float16_input_name_the_op_the_dtypes_and_the_f
                r"cast it with .to\(miniflow.float32\)")
     with pytest.raises(TypeError, match=message):
         EvalGraph(bn)(x) if graph else bn(mf.tensor(x))
+
+
+def test_layer_norm_names_an_input_dtype_other_than_its_parameters():
+    """nn.LayerNorm (and functional.layer_norm) given an input of another dtype than its weight
+    and bias: a TypeError at build time naming both dtypes and shapes and the ways out; it was
+    the op's "gamma %m.weight (f32[4]) must have x's dtype float64 (cast it with .to())", which
+    asked to cast a module's parameter."""
+    x = np.ones((2, 4), np.float32)
+    with pytest.raises(TypeError, match=r"layer_norm: input float64\[2, 4\] and weight "
+                                        r"float32\[4\] have different dtypes; cast the input "
+                                        r"with \.to\(miniflow\.float32\), or make the LayerNorm "
+                                        r"with dtype=miniflow\.float64"):
+        EvalGraph(nn.LayerNorm(4))(x.astype(np.float64))
+    with pytest.raises(TypeError, match=r"input int64\[2, 4\] and weight float32\[4\] have "
+                                        r"different dtypes; cast the input with "
+                                        r"\.to\(miniflow\.float32\)$"):
+        nn.LayerNorm(4)(mf.tensor(np.ones((2, 4), np.int64)))
+    with pytest.raises(TypeError, match=r"input float32\[2, 4\] and bias float16\[4\]"):
+        nn.functional.layer_norm(mf.tensor(x), (4,), None, mf.tensor(np.zeros(4, np.float16)))
+    out = EvalGraph(nn.LayerNorm(4, dtype=mf.float64))(x.astype(np.float64))
+    assert out.dtype == mf.float64

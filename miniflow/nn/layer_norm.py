@@ -36,6 +36,7 @@ def layer_norm(input: Tensor, normalized_shape, weight: Tensor | None = None,
     Raises:
         ValueError: ``input``'s trailing dimensions are not ``normalized_shape`` (PyTorch's
             message), or a bad ``normalized_shape`` / ``eps``.
+        TypeError: ``weight`` or ``bias`` of another dtype than ``input`` (naming both).
     """
     shape = _normalized("layer_norm", normalized_shape)
     if tuple(input.shape[input.ndim - len(shape):]) != shape or input.ndim < len(shape):
@@ -44,6 +45,14 @@ def layer_norm(input: Tensor, normalized_shape, weight: Tensor | None = None,
                          f"{list(input.shape)}")
     if not float(eps) >= 0.0:
         raise ValueError(f"layer_norm: eps must be >= 0, got {eps!r}")
+    for name, p in (("weight", weight), ("bias", bias)):
+        if isinstance(input, Tensor) and p is not None and p.dtype is not input.dtype:
+            dt = input.dtype.name
+            raise TypeError(f"layer_norm: input {dt}{list(input.shape)} and {name} "
+                            f"{p.dtype.name}{list(p.shape)} have different dtypes; cast the "
+                            f"input with .to(miniflow.{p.dtype.name})"
+                            + (f", or make the LayerNorm with dtype=miniflow.{dt}"
+                               if input.dtype.is_float else ""))
     axis = input.ndim - len(shape)
     params = []
     if weight is not None or bias is not None:
@@ -70,7 +79,8 @@ class LayerNorm(Module):
     Raises:
         ValueError: a bad ``normalized_shape`` or ``eps``, a device other than the process's;
             at trace time, an input whose trailing dimensions are not ``normalized_shape``.
-        TypeError: a dtype that is not a floating dtype of miniflow.
+        TypeError: a dtype that is not a floating dtype of miniflow; at trace time, an input
+            of another dtype than the parameters.
     """
 
     def __init__(self, normalized_shape, eps: float = 1e-5, elementwise_affine: bool = True,

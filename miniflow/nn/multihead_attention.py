@@ -136,13 +136,20 @@ class MultiheadAttention(Module):
             ValueError: shapes that do not fit (PyTorch's messages), ``is_causal`` without
                 ``attn_mask``. TypeError: a mask of another dtype; ``query``, ``key`` or
                 ``value`` not a miniflow Tensor (a NumPy array: wrap it with
-                ``miniflow.tensor``).
+                ``miniflow.tensor``), or of another dtype than the parameters.
         """
+        dt = self.in_proj_weight.dtype
         for name, t in (("query", query), ("key", key), ("value", value)):
             if not isinstance(t, Tensor):
                 raise TypeError(f"MultiheadAttention: {name} is a {type(t).__name__}, not a "
                                 "miniflow Tensor; wrap data with miniflow.tensor(...) (graph "
                                 "inputs are Tensors already)")
+            if t.dtype is not dt:
+                raise TypeError(f"MultiheadAttention: {name} {t.dtype.name}{list(t.shape)} is "
+                                f"not of the module's parameter dtype {dt.name}; cast it with "
+                                f".to(miniflow.{dt.name})"
+                                + (f", or make the MultiheadAttention with "
+                                   f"dtype=miniflow.{t.dtype.name}" if t.dtype.is_float else ""))
         if query.ndim != 2:
             return self._batched(query, key, value, key_padding_mask, need_weights, attn_mask,
                                  average_attn_weights, is_causal)
