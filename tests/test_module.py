@@ -75,6 +75,28 @@ def test_torch_parameters_that_require_grad_load_as_torchs_load_state_dict():
     np.testing.assert_array_equal(net[0].weight.numpy(), ref[0].weight.detach().numpy())
 
 
+def test_load_state_dict_takes_pytorchs_assign_keyword_at_its_default():
+    """``load_state_dict(sd, strict, assign=False)`` (PyTorch >= 2.1's signature; scripts pass
+    ``assign=False`` explicitly) raised Python's "unexpected keyword argument 'assign'".
+    ``assign=False`` copies as PyTorch's does; ``assign=True`` (the state dict's tensors become
+    the parameters) is refused, naming it, and changes nothing."""
+    net = nn.Linear(3, 2)
+    sd = {k: np.full(v.shape, 0.5, np.float32) for k, v in net.state_dict().items()}
+    before = net.state_dict()
+    with pytest.raises(ValueError, match=r"assign=True is not supported: miniflow copies the "
+                                         r"values into the parameters in place"):
+        net.load_state_dict(sd, assign=True)
+    for k, v in net.state_dict().items():
+        np.testing.assert_array_equal(v, before[k])
+    assert net.load_state_dict(sd, True, False) == ([], [])
+    assert net.load_state_dict(sd, strict=False, assign=False) == ([], [])
+    np.testing.assert_array_equal(net.weight.numpy(), sd["weight"])
+    if torch is not None:
+        ref = torch.nn.Linear(3, 2)
+        assert ref.load_state_dict({k: torch.tensor(v) for k, v in sd.items()},
+                                   assign=False) == ([], [])
+
+
 @needs_torch
 @pytest.mark.parametrize("src", [np.float64, np.float16, "bfloat16", np.int32, np.bool_],
                          ids=str)

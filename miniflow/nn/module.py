@@ -469,9 +469,11 @@ class Module:
             out[prefix + n] = t if keep_vars else t.numpy()
         return out
 
-    def load_state_dict(self, state_dict, strict: bool = True) -> IncompatibleKeys:
+    def load_state_dict(self, state_dict, strict: bool = True,
+                        assign: bool = False) -> IncompatibleKeys:
         """Copy values into the parameters and persistent buffers in place (bound graphs see
-        them).
+        them). ``assign`` (PyTorch >= 2.1) is taken at its default, False: PyTorch's
+        ``assign=True``, which makes the state dict's tensors the parameters, is refused.
 
         Values may be NumPy arrays or Tensors (a PyTorch state dict converted with
         ``{k: v.numpy() for k, v in sd.items()}`` loads: same names and shapes; torch tensors
@@ -497,7 +499,12 @@ class Module:
                 differs from the model's, naming it; with ``strict=False`` too, as PyTorch.
             TypeError: a value that cannot be cast to the model's dtype (complex, strings,
                 objects; a fraction or an out-of-range value into an integer tensor), naming it.
+            ValueError: ``assign`` not False.
         """
+        if assign is not False:
+            raise ValueError(f"load_state_dict: assign={assign!r} is not supported: miniflow "
+                             "copies the values into the parameters in place, where compiled "
+                             "graphs see them (PyTorch's assign=False); leave assign out")
         return self.prepare_load_state_dict(state_dict, strict)()
 
     def prepare_load_state_dict(self, state_dict, strict: bool = True):
