@@ -637,9 +637,9 @@ class Optimizer:
         neutral = self.torch_keys[key]
         if (value not in (None, False) if neutral is None
                 else value is None or value != neutral):
+            taken = f"{neutral!r}" + (" or False" if neutral is None else "")
             raise ValueError(f"{what}{value!r}; miniflow's {type(self).__name__} runs only "
-                             f"PyTorch's {key}={neutral!r} (leave it out, or set it to "
-                             f"{neutral!r})")
+                             f"PyTorch's {key}={taken} (leave it out, or set it to {taken})")
 
     def check_torch_options(self, options: dict) -> None:
         """PyTorch's constructor keywords that miniflow has not (:attr:`torch_keys`:
