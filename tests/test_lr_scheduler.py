@@ -197,6 +197,31 @@ def test_resume_after_add_param_group_loads_the_shorter_base_lrs(tmp_path):
         sched3.load_state_dict({**t_sched.state_dict(), "base_lrs": [0.1, 0.1, 0.1]})
 
 
+@pytest.mark.parametrize("make", [lambda opt: CosineAnnealingLR(opt, T_max=2),
+                                  lambda opt: LambdaLR(opt, lambda e: 0.5 ** e),
+                                  lambda opt: SequentialLR(opt, [ConstantLR(opt, 0.5, 1),
+                                                                 StepLR(opt, 1)], [1])],
+                         ids=["cosine", "lambda", "sequential"])
+def test_a_schedule_from_base_lrs_names_groups_added_after_it(make):
+    """A schedule that computes an lr from each group's base lr (cosine's step past T_max,
+    LambdaLR, a closed form at a SequentialLR milestone) has none for a group added after it
+    was made: PyTorch fails with zip's "argument 2 is longer than argument 1", and so did
+    miniflow; now a ValueError says what happened and what to do, and the step changes
+    nothing. Chainable schedules (StepLR ...) go on, as PyTorch's."""
+    mf.manual_seed(0)
+    model = nn.Sequential(nn.Linear(3, 2), nn.Linear(2, 2))
+    opt = mf.optim.SGD([{"params": model[0].parameters(), "name": "body"}], lr=0.1)
+    sched = make(opt)
+    opt.add_param_group({"params": list(model[1].parameters()), "lr": 0.01})
+    with pytest.raises(ValueError, match=r"the optimizer has 2 param groups but this scheduler "
+                                         r"has base_lrs for 1 \(\[0.1\]\): groups were added "
+                                         r"with add_param_group after the scheduler was made"):
+        for _ in range(4):
+            before = (sched.state_dict(), [g["lr"] for g in opt.param_groups])
+            sched.step()
+    assert (sched.state_dict(), [g["lr"] for g in opt.param_groups]) == before
+
+
 # ----------------------------------------------------------------------------- semantics
 def test_a_scheduler_made_after_a_warm_up_starts_from_the_initial_lr():
     """PyTorch's group["initial_lr"], set by the first scheduler of the optimizer."""

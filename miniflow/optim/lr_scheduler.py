@@ -215,6 +215,22 @@ class LRScheduler:
         scheduler with it); :meth:`get_lr` where there is no closed form (as PyTorch)."""
         return self.get_lr()
 
+    def _group_base_lrs(self) -> list:
+        """:attr:`base_lrs`, checked to have one per param group (the lrs computed from them).
+
+        Raises:
+            ValueError: the optimizer has more param groups than the scheduler has base lrs:
+                groups added with ``add_param_group`` after the scheduler was made (PyTorch's
+                fails there too, with zip's "argument 2 is longer than argument 1")."""
+        n = len(self.optimizer.param_groups)
+        if len(self.base_lrs) != n:
+            raise ValueError(f"{type(self).__name__}: the optimizer has {n} param groups but "
+                             f"this scheduler has base_lrs for {len(self.base_lrs)} "
+                             f"({self.base_lrs}): groups were added with add_param_group after "
+                             "the scheduler was made, and this schedule computes every lr from "
+                             "its group's base lr; make the scheduler after adding the groups")
+        return self.base_lrs
+
     def get_last_lr(self) -> list:
         """The lr of each param group set by the last :meth:`step` (a new list)."""
         return list(self._last_lr)
@@ -398,7 +414,8 @@ class StepLR(LRScheduler):
         return [lr * self.gamma for lr in self._current()]
 
     def _get_closed_form_lr(self) -> list:
-        return [b * self.gamma ** (self.last_epoch // self.step_size) for b in self.base_lrs]
+        return [b * self.gamma ** (self.last_epoch // self.step_size)
+                for b in self._group_base_lrs()]
 
 
 def _milestone_counts(owner: str, name: str, value) -> Counter:
@@ -436,7 +453,7 @@ class MultiStepLR(LRScheduler):
 
     def _get_closed_form_lr(self) -> list:
         passed = bisect_right(sorted(self.milestones.elements()), self.last_epoch)
-        return [b * self.gamma ** passed for b in self.base_lrs]
+        return [b * self.gamma ** passed for b in self._group_base_lrs()]
 
     def state_dict(self) -> dict:
         return {**super().state_dict(), "milestones": Counter(self.milestones)}
@@ -467,14 +484,14 @@ class CosineAnnealingLR(LRScheduler):
             return self._current()
         if (e - 1 - t) % (2 * t) == 0:
             return [lr + (b - lo) * (1 - math.cos(math.pi / t)) / 2
-                    for b, lr in zip(self.base_lrs, self._current(), strict=True)]
+                    for b, lr in zip(self._group_base_lrs(), self._current(), strict=True)]
         return [(1 + math.cos(math.pi * e / t)) / (1 + math.cos(math.pi * (e - 1) / t))
                 * (lr - lo) + lo for lr in self._current()]
 
     def _get_closed_form_lr(self) -> list:
         return [self.eta_min + (b - self.eta_min) * (1 + math.cos(math.pi * self.last_epoch
                                                                   / self.T_max)) / 2
-                for b in self.base_lrs]
+                for b in self._group_base_lrs()]
 
 
 class LinearLR(LRScheduler):
@@ -509,7 +526,7 @@ class LinearLR(LRScheduler):
     def _get_closed_form_lr(self) -> list:
         d = self.end_factor - self.start_factor
         return [b * (self.start_factor + d * min(self.total_iters, self.last_epoch)
-                     / self.total_iters) for b in self.base_lrs]
+                     / self.total_iters) for b in self._group_base_lrs()]
 
 
 class ExponentialLR(LRScheduler):
@@ -532,7 +549,7 @@ class ExponentialLR(LRScheduler):
         return [lr * self.gamma for lr in self._current()]
 
     def _get_closed_form_lr(self) -> list:
-        return [b * self.gamma ** self.last_epoch for b in self.base_lrs]
+        return [b * self.gamma ** self.last_epoch for b in self._group_base_lrs()]
 
 
 class ConstantLR(LRScheduler):
@@ -565,7 +582,7 @@ class ConstantLR(LRScheduler):
 
     def _get_closed_form_lr(self) -> list:
         f = self.factor + (self.last_epoch >= self.total_iters) * (1 - self.factor)
-        return [b * f for b in self.base_lrs]
+        return [b * f for b in self._group_base_lrs()]
 
 
 class PolynomialLR(LRScheduler):
@@ -595,7 +612,7 @@ class PolynomialLR(LRScheduler):
 
     def _get_closed_form_lr(self) -> list:
         return [b * (1.0 - min(self.total_iters, self.last_epoch) / self.total_iters)
-                ** self.power for b in self.base_lrs]
+                ** self.power for b in self._group_base_lrs()]
 
 
 class LambdaLR(LRScheduler):
@@ -627,8 +644,8 @@ class LambdaLR(LRScheduler):
         super().__init__(optimizer, last_epoch)
 
     def get_lr(self) -> list:
-        return [b * fn(self.last_epoch) for fn, b in zip(self.lr_lambdas, self.base_lrs,
-                                                          strict=True)]
+        return [b * fn(self.last_epoch)
+                for fn, b in zip(self.lr_lambdas, self._group_base_lrs(), strict=True)]
 
     def state_dict(self) -> dict:
         saved = [None if isinstance(fn, types.FunctionType) or not hasattr(fn, "__dict__")
