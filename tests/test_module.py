@@ -483,6 +483,19 @@ def test_embedding_from_pretrained_copies_keeps_the_dtype_and_freezes_as_pytorch
         nn.Embedding.from_pretrained(np.zeros(3, np.float32))
 
 
+@needs_torch
+def test_embedding_from_pretrained_takes_a_torch_parameter():
+    """``nn.Embedding.from_pretrained(torch_model.wte.weight)``, a tensor that requires grad,
+    raised torch's own "Can't call numpy() on Tensor that requires grad"; PyTorch's
+    from_pretrained takes it (a copy), and so does miniflow now, keeping its dtype."""
+    ref = torch.nn.Embedding(4, 3, dtype=torch.float64)
+    emb = nn.Embedding.from_pretrained(ref.weight, freeze=False)
+    assert emb.weight.dtype is mf.float64 and emb.weight.requires_grad
+    np.testing.assert_array_equal(emb.weight.numpy(), ref.weight.detach().numpy())
+    want = torch.nn.Embedding.from_pretrained(ref.weight)(torch.tensor([2, 0]))
+    np.testing.assert_array_equal(emb(np.array([2, 0])).numpy(), want.numpy())
+
+
 def test_embedding_from_pretrained_draws_nothing_from_the_generator():
     """As PyTorch's (its ``_weight``): the modules made after it get the same initial values."""
     mf.manual_seed(3)

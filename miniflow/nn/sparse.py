@@ -85,7 +85,8 @@ class Embedding(Module):
     @classmethod
     def from_pretrained(cls, embeddings, freeze: bool = True) -> "Embedding":
         """An Embedding whose weight is a copy of ``embeddings`` (``[num_embeddings,
-        embedding_dim]``, a NumPy array or Tensor of a floating dtype, which it keeps), frozen
+        embedding_dim]``, a NumPy array, a Tensor or a torch tensor, a PyTorch model's
+        Parameter too, of a floating dtype, which it keeps), frozen
         (``requires_grad=False``: no gradient op, no update) unless ``freeze=False``, as
         ``torch.nn.Embedding.from_pretrained`` (its ``padding_idx``, ``max_norm`` ... are not
         supported); like it, it draws nothing from the generator.
@@ -94,7 +95,11 @@ class Embedding(Module):
             ValueError: ``embeddings`` is not 2-D (or has a zero size).
             TypeError: its dtype is not a floating dtype of miniflow; ``freeze`` not a bool.
         """
-        w = embeddings.numpy() if isinstance(embeddings, Tensor) else np.asarray(embeddings)
+        if isinstance(embeddings, Tensor):
+            w = embeddings.numpy()
+        else:   # a torch tensor or Parameter (requires grad): its values, as torch's copy
+            w = np.asarray(embeddings.detach() if callable(getattr(embeddings, "detach", None))
+                           else embeddings)
         if w.ndim != 2:
             raise ValueError(f"Embedding.from_pretrained: embeddings must be 2-D "
                              f"[num_embeddings, embedding_dim], got shape {list(w.shape)}")
