@@ -395,3 +395,34 @@ def test_named_parameters_make_param_names_as_torch():
     with pytest.raises(ValueError, match="all optimizer param groups should be with/without"):
         torch.optim.SGD([{"params": [("0.weight", t_net[0].weight)]},
                          {"params": [t_net[0].bias]}], lr=0.1)
+
+
+def test_a_groups_params_list_cannot_change_behind_the_optimizers_back():
+    """``opt.param_groups[0]["params"].append(p)`` (PyTorch's step() reads the list at each
+    call) left miniflow's optimizer out of step: its state and compiled update covered the old
+    parameters, the next graph build failed with "IndexError: list index out of range" and
+    state_dict() listed a parameter with no state. The list is now read-only, naming
+    add_param_group; copies are plain lists, and copy / pickle keep it read-only."""
+    import copy
+    import pickle
+    net = _net()
+    opt = mf.optim.SGD([net.fc1.weight], lr=0.1, momentum=0.9)
+    params = opt.param_groups[0]["params"]
+    changes = [lambda: params.append(net.fc1.bias), lambda: params.extend([net.fc1.bias]),
+               lambda: params.insert(0, net.fc1.bias), lambda: params.remove(net.fc1.weight),
+               lambda: params.pop(), lambda: params.clear(),
+               lambda: params.__setitem__(0, net.fc1.bias), lambda: params.__delitem__(0)]
+    for change in changes:
+        with pytest.raises(TypeError, match=r"param_groups\[i\]\['params'\] cannot be changed "
+                                            r"in place .* add_param_group"):
+            change()
+    assert params == [net.fc1.weight] and opt.params == [net.fc1.weight]
+    with pytest.raises(TypeError, match="cannot be changed in place"):
+        opt.param_groups[0]["params"] += [net.fc1.bias]
+    assert type(params + [net.fc1.bias]) is list and type(copy.copy(params)) is list
+    assert list(params) == [net.fc1.weight] and len(params) == 1 and params[0] is net.fc1.weight
+    for other in (copy.deepcopy(opt), pickle.loads(pickle.dumps(opt))):
+        with pytest.raises(TypeError, match="cannot be changed in place"):
+            other.param_groups[0]["params"].append(net.fc1.bias)
+    opt.add_param_group({"params": [net.fc1.bias]})
+    assert opt.state_dict()["param_groups"][1]["params"] == [1]

@@ -49,9 +49,35 @@ CLIP_KEYS = ("clip_grad_max_norm", "clip_grad_norm_type")
 """The gradient-clipping settings every optimizer has (OneFlow's param-group keys)."""
 
 
+class GroupParams(list):
+    """A param group's ``"params"``: a list of its parameters (PyTorch's), read-only. Changing
+    it in place (``append``, ``extend``, ``remove``, ``group["params"][0] = p`` ...) raises: the
+    optimizer keeps its parameters, their state and the compiled updates per parameter, and a
+    list changed behind its back would leave them out of step (PyTorch's ``step()`` reads the
+    list at each call; miniflow compiles it): add parameters with
+    :meth:`Optimizer.add_param_group`. Copies (``list(...)``, ``copy.copy``, ``+``) are plain
+    lists."""
+
+    def _refuse(self, *args, **kwargs):
+        raise TypeError("an optimizer's param_groups[i]['params'] cannot be changed in place "
+                        "(the optimizer's state and compiled updates are made per parameter): "
+                        "add parameters with add_param_group({'params': [...]}), or make a "
+                        "new optimizer")
+
+    append = extend = insert = remove = pop = clear = sort = reverse = _refuse
+    __setitem__ = __delitem__ = __iadd__ = __imul__ = _refuse
+
+    def __reduce__(self):
+        return GroupParams, (list(self),)
+
+    def __copy__(self) -> list:
+        return list(self)
+
+
 class ParamGroup(dict):
     """One parameter group of an optimizer (PyTorch's ``param_groups[i]``): its hyper-parameters,
-    ``"params"``, the list of its parameters, and any other keys the user gave it. Every change
+    ``"params"``, the list of its parameters (a :class:`GroupParams`: read-only, grown with
+    :meth:`Optimizer.add_param_group`), and any other keys the user gave it. Every change
     of a hyper-parameter is validated; a new ``lr`` is written to the group's learning-rate
     array (no recompilation), a change of any other hyper-parameter marks compiled graphs for
     recompilation.
@@ -88,7 +114,7 @@ class ParamGroup(dict):
     """
 
     def __init__(self, owner, values: dict, params: list, hyper_keys=None):
-        super().__init__(values, params=params)
+        super().__init__(values, params=GroupParams(params))
         self._owner_ref = weakref.ref(owner)
         # the owner's hyper-parameter keys: copy and pickle pass them (the owner is not built
         # yet then); a pickle of a version without them holds hyper-parameters only
