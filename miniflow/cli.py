@@ -528,7 +528,8 @@ def _add_ir(sub) -> None:
                        for name, _ in PASSES)
     ir = sub.add_parser("ir", help="print a model's IR after a pass; --onnx exports it, "
                         "--netron opens it in Netron")
-    ir.add_argument("--model", choices=MODELS, default="mlp", help="as for train (default mlp)")
+    ir.add_argument("--model", choices=MODELS, default="mlp",
+                    help="a digits model of train (default mlp)")
     ir.add_argument("--after", metavar="STAGE", help=f"trace, or a pass: {stages} (default: "
                     "every pass; an AMP pass turns --amp on)")
     ir.add_argument("--amp", action="store_true", help="mixed precision (float16); the "
