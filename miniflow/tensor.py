@@ -19,7 +19,7 @@ from .ops.common import norm_axes
 from .runtime.backend import get_backend
 from .trace import current_tracer
 
-__all__ = ["Tensor", "tensor", "apply", "mask_array"]
+__all__ = ["Tensor", "tensor", "apply", "mask_array", "as_numpy"]
 
 _COMPARE = {"==": np.equal, "!=": np.not_equal, "<": np.less, "<=": np.less_equal,
             ">": np.greater, ">=": np.greater_equal}
@@ -740,6 +740,20 @@ def mask_array(fn: str, mask) -> np.ndarray:
                         f"{type(mask).__name__} {mask!r}; compare a tensor's values "
                         f"(t == 0 of an eager tensor, or np.asarray(t) == 0) to make one")
     return np.asarray(mask)
+
+
+def as_numpy(value) -> np.ndarray:
+    """The values of ``value`` as a NumPy array of its shape and dtype: a miniflow Tensor's
+    (:meth:`Tensor.numpy`), a torch tensor's, a Parameter or a tensor that requires grad read
+    detached (as ``torch.Tensor.copy_`` reads its source), else ``np.asarray(value)`` (an array
+    is not copied). What ``load_state_dict`` and ``Embedding.from_pretrained`` read.
+
+    Raises:
+        TypeError: what torch cannot give NumPy (a bfloat16 torch tensor: torch's message).
+    """
+    if isinstance(value, Tensor):
+        return value.numpy()
+    return np.asarray(value.detach() if callable(getattr(value, "detach", None)) else value)
 
 
 def tensor(data, dtype=None) -> Tensor:

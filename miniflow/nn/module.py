@@ -33,7 +33,7 @@ import numpy as np
 from ..checks import boolean
 from ..dtype import as_dtype, is_bfloat16
 from ..runtime.backend import get_backend
-from ..tensor import Tensor
+from ..tensor import Tensor, as_numpy
 from ..trace import current_tracer
 
 __all__ = ["IncompatibleKeys", "Module", "ModuleVersion", "Parameter", "StateDictKeysError",
@@ -532,12 +532,7 @@ class Module:
         for name, p in own.items():     # in the model's order: of tied names the last one wins
             if name not in state_dict:
                 continue
-            value = state_dict[name]
-            if isinstance(value, Tensor):
-                arr = value.numpy()
-            else:   # a torch Parameter, or a tensor that requires grad: its values (copy_'s)
-                arr = np.asarray(value.detach() if callable(getattr(value, "detach", None))
-                                 else value)
+            arr = as_numpy(state_dict[name])
             if arr.shape != tuple(p.shape):
                 raise StateDictShapeError(
                     f"load_state_dict: {name!r} is {p.dtype.short}{list(p.shape)} in the model "

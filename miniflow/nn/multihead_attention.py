@@ -7,6 +7,7 @@ import the layers).
 from __future__ import annotations
 
 import math
+
 import numpy as np
 
 from ..checks import positive_integer

@@ -9,7 +9,7 @@ from ..checks import boolean, positive_integer
 from ..dtype import int64
 from ..ops.indexing import first_bad
 from ..random import generator
-from ..tensor import Tensor, apply, tensor
+from ..tensor import Tensor, apply, as_numpy, tensor
 from .factory import param_dtype
 from .module import Module, Parameter
 
@@ -95,11 +95,7 @@ class Embedding(Module):
             ValueError: ``embeddings`` is not 2-D (or has a zero size).
             TypeError: its dtype is not a floating dtype of miniflow; ``freeze`` not a bool.
         """
-        if isinstance(embeddings, Tensor):
-            w = embeddings.numpy()
-        else:   # a torch tensor or Parameter (requires grad): its values, as torch's copy
-            w = np.asarray(embeddings.detach() if callable(getattr(embeddings, "detach", None))
-                           else embeddings)
+        w = as_numpy(embeddings)
         if w.ndim != 2:
             raise ValueError(f"Embedding.from_pretrained: embeddings must be 2-D "
                              f"[num_embeddings, embedding_dim], got shape {list(w.shape)}")
