@@ -114,30 +114,41 @@ def _nano_attention(F, x, w_attn, b_attn, w_proj, b_proj, n_head, mask):
     return F.linear(y, w_proj, b_proj)
 
 
+class _BufferMaskedAttention(mf.nn.Module):
+    """nanoGPT's non-flash attention weights: a ``block`` x ``block`` ``tril`` buffer, sliced to
+    the ``T`` tokens of ``q`` in ``forward``."""
+
+    def __init__(self, block: int, T: int):
+        super().__init__()
+        self.T = T
+        self.register_buffer("bias", mf.tensor(np.tril(np.ones((block, block), np.float32))
+                                               .reshape(1, 1, block, block)))
+
+    def forward(self, q):
+        T = self.T
+        att = (q @ q.transpose(-2, -1)) * (1.0 / math.sqrt(q.size(-1)))
+        att = att.masked_fill(self.bias[:, :, :T, :T] == 0, float("-inf"))
+        return att.softmax(dim=-1)
+
+
+def _torch_buffer_masked_attention(q, block: int, T: int) -> np.ndarray:
+    """:class:`_BufferMaskedAttention`'s weights in PyTorch."""
+    tq = torch.tensor(q)
+    att = (tq @ tq.transpose(-2, -1)) / math.sqrt(q.shape[-1])
+    return att.masked_fill(torch.tril(torch.ones(block, block)).view(1, 1, block, block)
+                           [:, :, :T, :T] == 0, float("-inf")).softmax(-1).numpy()
+
+
 def test_nanogpt_causal_mask_from_a_registered_buffer_masks_in_a_graph():
     """nanoGPT's non-flash path: ``att.masked_fill(self.bias[:, :, :T, :T] == 0, -inf)`` with
     ``bias`` a registered ``tril`` buffer. The buffer is eager while ``build`` traces, and its
     ``== 0`` was Python identity (False): the mask masked nothing, silently. An eager tensor
     compared with a number now gives its NumPy bool array, as PyTorch's bool tensor."""
     T = 4
-
-    class Attn(mf.nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.register_buffer("bias", mf.tensor(np.tril(np.ones((T, T), np.float32))
-                                                   .reshape(1, 1, T, T)))
-
-        def forward(self, q):
-            att = (q @ q.transpose(-2, -1)) * (1.0 / math.sqrt(q.size(-1)))
-            att = att.masked_fill(self.bias[:, :, :T, :T] == 0, float("-inf"))
-            return att.softmax(dim=-1)
-
     q = R.standard_normal((1, 1, T, 8)).astype(np.float32)
-    tq = torch.tensor(q)
-    att = (tq @ tq.transpose(-2, -1)) / math.sqrt(8)
-    want = att.masked_fill(torch.tril(torch.ones(T, T)).view(1, 1, T, T) == 0,
-                           float("-inf")).softmax(-1).numpy()
-    for got in (Attn()(mf.tensor(q)), _Logits(Attn())(q)):
+    want = _torch_buffer_masked_attention(q, T, T)
+    for got in (_BufferMaskedAttention(T, T)(mf.tensor(q)),
+                _Logits(_BufferMaskedAttention(T, T))(q)):
         np.testing.assert_allclose(got.numpy(), want, rtol=1e-6, atol=1e-7)
         assert (np.triu(got.numpy()[0, 0], 1) == 0).all()
 
@@ -149,24 +160,9 @@ def test_nanogpt_causal_mask_sliced_shorter_than_the_buffer_masks_in_a_graph():
     at trace time"; a slice, reshape or transpose of a buffer or constant is now read at trace
     time, as the unsliced buffer is. A parameter's slice still has no trace-time value."""
     block, T = 8, 5
-
-    class Attn(mf.nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.register_buffer("bias", mf.tensor(np.tril(np.ones((block, block), np.float32))
-                                                   .reshape(1, 1, block, block)))
-
-        def forward(self, q):
-            att = (q @ q.transpose(-2, -1)) * (1.0 / math.sqrt(q.size(-1)))
-            att = att.masked_fill(self.bias[:, :, :T, :T] == 0, float("-inf"))
-            return att.softmax(dim=-1)
-
     q = R.standard_normal((2, 3, T, 8)).astype(np.float32)
-    tq = torch.tensor(q)
-    att = (tq @ tq.transpose(-2, -1)) / math.sqrt(8)
-    want = att.masked_fill(torch.tril(torch.ones(block, block)).view(1, 1, block, block)
-                           [:, :, :T, :T] == 0, float("-inf")).softmax(-1).numpy()
-    np.testing.assert_allclose(_Logits(Attn())(q).numpy(), want, rtol=1e-6, atol=1e-7)
+    np.testing.assert_allclose(_Logits(_BufferMaskedAttention(block, T))(q).numpy(),
+                               _torch_buffer_masked_attention(q, block, T), rtol=1e-6, atol=1e-7)
 
     class ParamCompare(mf.nn.Graph):
         def __init__(self):
