@@ -259,6 +259,25 @@ def test_initial_lr_is_a_checked_param_group_key_outside_the_compiled_graph():
         sgd(0.1).load_state_dict(bad)
 
 
+def test_initial_lr_may_be_none_as_in_pytorch_and_a_scheduler_then_names_it():
+    """PyTorch's group keeps ``setdefault("initial_lr", None)``; its scheduler made afterwards
+    (last_epoch=-1) keeps the None as base lr. miniflow's group keeps it too (saved and loaded),
+    and a scheduler refuses it at once, naming the group and what to do."""
+    opt = sgd(0.1)
+    assert opt.param_groups[0].setdefault("initial_lr", None) is None
+    assert opt.param_groups[0]["initial_lr"] is None and opt.version == 0
+    assert opt.state_dict()["param_groups"][0]["initial_lr"] is None
+    fresh = sgd(0.1)
+    fresh.load_state_dict(opt.state_dict())
+    assert fresh.param_groups[0]["initial_lr"] is None
+    with pytest.raises(TypeError, match=r"StepLR: param_groups\[0\]\['initial_lr'\] is None, "
+                                        r".*set it to a number"):
+        StepLR(opt, 3)
+    assert opt.param_groups[0]["initial_lr"] is None and opt.param_groups[0]["lr"] == 0.1
+    opt.param_groups[0]["initial_lr"] = 0.2
+    assert StepLR(opt, 3).base_lrs == [0.2]
+
+
 def test_step_sets_every_param_group_and_get_last_lr_is_a_copy():
     opt = FakeOptimizer([0.1, 0.01])
     sched = StepLR(opt, step_size=2, gamma=0.5)

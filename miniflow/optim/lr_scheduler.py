@@ -39,8 +39,10 @@ Differences from PyTorch:
   scheduler made for the optimizer (``group.setdefault("initial_lr", group["lr"])``) and used as
   ``base_lrs`` by every later one (that is why a cosine schedule made after a warm-up still
   starts from the full lr). A miniflow ``ParamGroup`` accepts that one new key, checks it like
-  ``lr``, and keeps it out of the compiled graph; it is in the optimizer's ``state_dict()``, as in
-  PyTorch.
+  ``lr`` (or takes None, as PyTorch's group does), and keeps it out of the compiled graph; it is
+  in the optimizer's ``state_dict()``, as in PyTorch. A scheduler made for a group whose
+  ``initial_lr`` is None raises at once (PyTorch's takes ``base_lrs=[None]`` and fails at the
+  first lr computed from it, or never).
 - ``last_epoch`` must be -1 (its default): resume by making the scheduler afresh and calling
   ``load_state_dict`` (PyTorch's ``last_epoch=n`` resume path is deprecated there).
 - Skipped steps do not count (above).
@@ -108,10 +110,23 @@ def _param_groups(owner: str, optimizer) -> list:
 
 def _initial_lrs(owner: str, optimizer) -> list:
     """The optimizer's initial lrs: ``group.setdefault("initial_lr", group["lr"])`` for every
-    param group (PyTorch's rule: the first scheduler made for the optimizer records them)."""
+    param group (PyTorch's rule: the first scheduler made for the optimizer records them).
+
+    Raises:
+        TypeError: a group's ``initial_lr`` is None (PyTorch's setdefault keeps the None, and its
+            schedulers fail at the first lr computed from it, or never) or not a real number.
+        ValueError: one that is NaN or infinite.
+    """
     groups = _param_groups(owner, optimizer)
-    return [real(owner, f"param_groups[{i}]['initial_lr']", g.setdefault("initial_lr", g["lr"]))
-            for i, g in enumerate(groups)]
+    out = []
+    for i, g in enumerate(groups):
+        initial = g.setdefault("initial_lr", g["lr"])
+        if initial is None:
+            raise TypeError(f"{owner}: param_groups[{i}]['initial_lr'] is None, and a scheduler "
+                            f"computes the lrs from it: set it to a number (param_groups[{i}]"
+                            f"['initial_lr'] = param_groups[{i}]['lr'] takes the current lr)")
+        out.append(real(owner, f"param_groups[{i}]['initial_lr']", initial))
+    return out
 
 
 def _step_counts(optimizer):

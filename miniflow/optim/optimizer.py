@@ -95,7 +95,8 @@ class ParamGroup(dict):
     returns an existing value and sets a new key as ``group[key] = default`` does.
     ``"initial_lr"`` (PyTorch's key: the lr when the first LR scheduler of the optimizer was
     made, which schedulers set with ``group.setdefault("initial_lr", group["lr"])``) is checked
-    like ``lr``. Removing a hyper-parameter (``del``, ``pop``, ``popitem``, ``clear``) and
+    like ``lr``, or None (kept, as PyTorch keeps it; an LR scheduler made later refuses it).
+    Removing a hyper-parameter (``del``, ``pop``, ``popitem``, ``clear``) and
     setting ``"params"`` are refused; the other keys may be removed. ``copy.copy(group)``,
     ``group.copy()``, ``dict(group)`` and ``group | {...}`` are plain dicts: snapshots that
     change no optimizer. ``copy.deepcopy`` and pickling of the optimizer give a group bound to
@@ -172,7 +173,7 @@ class ParamGroup(dict):
 
     def setdefault(self, key, default=None):
         """``group[key]`` for an existing key; a new key is set as ``group[key] = default``
-        (``initial_lr`` checked like lr)."""
+        (``initial_lr`` checked like lr, None taken)."""
         if key not in self:
             self.update({key: default})
         return self[key]
@@ -455,7 +456,8 @@ class Optimizer:
     def validated(self, hyper: dict) -> dict:
         """All hyper-parameters of ``hyper`` validated: ``lr`` (finite >= 0; 0 is allowed, as in
         PyTorch), the subclass's (:meth:`check_hyper`), the clipping settings (missing ones: the
-        defaults, no clipping) and ``initial_lr`` if present (as lr).
+        defaults, no clipping) and ``initial_lr`` if present (as lr, or None: PyTorch's group
+        keeps a None too).
 
         ``clip_grad_max_norm``: None, or a finite number > 0; ``clip_grad_norm_type``: a number
         > 0, ``inf`` included (1, 2 and inf are the usual ones).
@@ -479,7 +481,8 @@ class Optimizer:
                              f"any p > 0), got {norm_type!r}")
         out.update(clip_grad_max_norm=max_norm, clip_grad_norm_type=float(norm_type))
         if "initial_lr" in hyper:
-            out["initial_lr"] = real(name, "initial_lr", hyper["initial_lr"], 0.0)
+            initial = hyper["initial_lr"]
+            out["initial_lr"] = None if initial is None else real(name, "initial_lr", initial, 0.0)
         return out
 
     def _check_fixed(self, where: str, group: dict, changes: dict) -> None:
