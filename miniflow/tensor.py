@@ -16,6 +16,7 @@ from .checks import positive_integer
 from .dtype import DType, as_dtype
 from .ops import get_op
 from .ops.common import norm_axes
+from .ops.indexing import first_bad
 from .runtime.backend import get_backend
 from .trace import current_tracer
 
@@ -619,7 +620,8 @@ def _array_index(key, shape: tuple) -> "Tensor":
     Raises:
         TypeError: a boolean mask (its result's shape depends on its values, which a traced
             graph cannot have) or an array that is not of integers.
-        IndexError: a 0-d tensor (nothing to index).
+        IndexError: a 0-d tensor (nothing to index), or an index outside ``[-n, n)`` (PyTorch's
+            message, naming the index as given, unsigned ones included, and its position).
     """
     try:
         arr = np.asarray(key)
@@ -635,6 +637,12 @@ def _array_index(key, shape: tuple) -> "Tensor":
                         f"array or int64 Tensor (along dimension 0)")
     if not shape:
         raise IndexError("too many indices for tensor of dimension 0")
+    found = first_bad(arr, shape[0], -shape[0])   # before the int64 cast: uint64 may not fit
+    if found is not None:
+        pos, value, count = found
+        raise IndexError(f"index {value} is out of bounds for dimension 0 with size {shape[0]} "
+                         f"(the index array's element {list(pos)}; {count} of {arr.size} out "
+                         "of bounds)")
     return tensor(np.where(arr < 0, arr + shape[0], arr).astype(np.int64))
 
 

@@ -496,6 +496,30 @@ def test_embedding_from_pretrained_takes_a_torch_parameter():
     np.testing.assert_array_equal(emb(np.array([2, 0])).numpy(), want.numpy())
 
 
+@pytest.mark.parametrize("dtype,big", [(np.uint64, 2**63), (np.uint64, 2**64 - 1),
+                                       (np.uint32, 2**32 - 1), (np.uint8, 255)])
+def test_an_unsigned_token_id_out_of_range_is_named_as_given(dtype, big):
+    """A uint64 id of 2**63 was named -9223372036854775808: the ids were cast to int64 before
+    the check. Now an eager lookup names the id as given and where it is; a graph takes int64
+    ids only and refuses an unsigned array by its dtype."""
+    emb = nn.Embedding(10, 4)
+    ids = np.array([[1, 2], [3, big]], dtype)
+    with pytest.raises(IndexError, match=rf"embedding: index {big} at input\[1, 1\] is out of "
+                                         r"range \[0, 10\) \(num_embeddings=10; 1 of 4 ids"):
+        emb(ids)
+
+    class Lookup(nn.Graph):
+        def __init__(self):
+            super().__init__()
+            self.emb = emb
+
+        def build(self, ids):
+            return self.emb(ids)
+
+    with pytest.raises(TypeError, match=rf"graph input 0: unsupported dtype .*{ids.dtype}"):
+        Lookup()(ids)
+
+
 def test_embedding_from_pretrained_draws_nothing_from_the_generator():
     """As PyTorch's (its ``_weight``): the modules made after it get the same initial values."""
     mf.manual_seed(3)

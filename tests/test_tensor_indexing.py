@@ -77,6 +77,20 @@ def test_an_out_of_range_tensor_index_is_named_eagerly():
         mf.tensor(X)[mf.tensor(np.array([0, 7], np.int64))]
 
 
+@pytest.mark.parametrize("index", [np.array([0, 2**63], np.uint64),
+                                   np.array([0, 2**64 - 1], np.uint64),
+                                   np.array([0, 4], np.uint8), [0, -5]],
+                         ids=["uint64_2**63", "uint64_max", "uint8", "negative_list"])
+def test_an_out_of_range_array_index_is_named_as_given(index):
+    """An unsigned index was cast to int64 (2**63 became negative, 2**64 - 1 became -1) and a
+    negative one wrapped before the check; the error named the converted value. Now it names
+    the index as given (PyTorch's message) and its position."""
+    with pytest.raises(IndexError, match=rf"index {np.asarray(index)[1]} is out of bounds for "
+                                         r"dimension 0 with size 4 \(the index array's element "
+                                         r"\[1\]; 1 of 2 out of bounds\)"):
+        mf.tensor(X)[index]
+
+
 def test_indexing_errors_are_pytorchs():
     t = mf.tensor(X)
     with pytest.raises(IndexError, match="index 4 is out of bounds for dimension 0 with size 4"):

@@ -19,8 +19,9 @@ __all__ = ["Embedding", "embedding", "token_ids"]
 def token_ids(fn: str, input, num: int, name: str = "input",
               bound: str = "num_embeddings") -> Tensor:
     """``input`` (an int64 Tensor, or integer array-like: a list, a NumPy array of any integer
-    type) as an int64 Tensor; an eager one checked against ``[0, num)``. ``name`` and ``bound``
-    name the argument and ``num`` in the errors.
+    type) as an int64 Tensor; an eager one checked against ``[0, num)`` (an array before its
+    cast to int64, so an unsigned id is named as given). ``name`` and ``bound`` name the
+    argument and ``num`` in the errors.
 
     Raises:
         TypeError: not integers (a float array is refused, never truncated). IndexError: an id
@@ -29,18 +30,24 @@ def token_ids(fn: str, input, num: int, name: str = "input",
         arr = np.asarray(input)
         if arr.dtype.kind not in "iu":
             raise TypeError(f"{fn}: {name} ids must be integers, got an array of {arr.dtype}")
-        input = tensor(arr.astype(np.int64))
+        _check_ids(fn, arr, num, name, bound)
+        return tensor(arr.astype(np.int64))
     if input.dtype is not int64:
         raise TypeError(f"{fn}: {name} ids must be an int64 tensor (token indices), got "
                         f"{input.dtype.name}; convert with .astype(np.int64)")
     if not input.is_lazy:
-        found = first_bad(input.numpy(), num)
-        if found is not None:
-            pos, value, count = found
-            raise IndexError(f"{fn}: index {value} at {name}{list(pos)} is out of range "
-                             f"[0, {num}) ({bound}={num}; {count} of "
-                             f"{int(np.prod(input.shape))} ids out of range)")
+        _check_ids(fn, input.numpy(), num, name, bound)
     return input
+
+
+def _check_ids(fn: str, ids: np.ndarray, num: int, name: str, bound: str) -> None:
+    """Raises IndexError naming the first id of the integer array ``ids`` outside ``[0, num)``
+    (as given, unsigned ones included) and its position (see :func:`token_ids`)."""
+    found = first_bad(ids, num)
+    if found is not None:
+        pos, value, count = found
+        raise IndexError(f"{fn}: index {value} at {name}{list(pos)} is out of range [0, {num}) "
+                         f"({bound}={num}; {count} of {ids.size} ids out of range)")
 
 
 def embedding(input, weight: Tensor) -> Tensor:

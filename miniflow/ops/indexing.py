@@ -75,9 +75,11 @@ def _gather_infer(inputs, attrs):
     return [(x.shape[:axis] + idx.shape + x.shape[axis + 1:], x.dtype)]
 
 
-def first_bad(idx: np.ndarray, n: int):
-    """``(position, value, count)`` of the first index outside ``[0, n)``, or None."""
-    bad = np.flatnonzero((idx < 0) | (idx >= n))
+def first_bad(idx: np.ndarray, n: int, low: int = 0):
+    """``(position, value, count)`` of the first index of the integer array ``idx`` outside
+    ``[low, n)``, or None. ``value`` is a Python int of the index as given: check an unsigned
+    array before casting it to int64 (a uint64 index >= 2**63 would turn negative)."""
+    bad = np.flatnonzero((idx < low) | (idx >= n))
     if not bad.size:
         return None
     pos = tuple(int(p) for p in np.unravel_index(int(bad[0]), idx.shape))
