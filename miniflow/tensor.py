@@ -9,11 +9,12 @@ import collections
 import functools
 import math
 import numbers
+import sys
 
 import numpy as np
 
 from .checks import positive_integer
-from .dtype import DType, as_dtype
+from .dtype import DType, as_dtype, bfloat16
 from .ops import get_op
 from .ops.common import norm_axes
 from .ops.indexing import first_bad
@@ -754,14 +755,22 @@ def as_numpy(value) -> np.ndarray:
     """The values of ``value`` as a NumPy array of its shape and dtype: a miniflow Tensor's
     (:meth:`Tensor.numpy`), a torch tensor's, a Parameter or a tensor that requires grad read
     detached (as ``torch.Tensor.copy_`` reads its source), else ``np.asarray(value)`` (an array
-    is not copied). What ``load_state_dict`` and ``Embedding.from_pretrained`` read.
+    is not copied). A bfloat16 torch tensor, which torch cannot give NumPy, is read bit for bit
+    as miniflow's bfloat16 array (``ml_dtypes.bfloat16``). What ``load_state_dict`` and
+    ``Embedding.from_pretrained`` read.
 
     Raises:
-        TypeError: what torch cannot give NumPy (a bfloat16 torch tensor: torch's message).
+        TypeError: what torch cannot give NumPy otherwise (torch's message).
     """
     if isinstance(value, Tensor):
         return value.numpy()
-    return np.asarray(value.detach() if callable(getattr(value, "detach", None)) else value)
+    if callable(getattr(value, "detach", None)):
+        value = value.detach()
+        torch = sys.modules.get("torch")     # imported already if value is a torch tensor
+        if (torch is not None and isinstance(value, torch.Tensor)
+                and value.dtype == torch.bfloat16):
+            return np.asarray(value.view(torch.int16)).view(bfloat16.np)
+    return np.asarray(value)
 
 
 def tensor(data, dtype=None) -> Tensor:

@@ -496,6 +496,32 @@ def test_embedding_from_pretrained_takes_a_torch_parameter():
     np.testing.assert_array_equal(emb(np.array([2, 0])).numpy(), want.numpy())
 
 
+@needs_torch
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_a_torch_half_tensor_loads_bit_for_bit(dtype):
+    """``from_pretrained`` and ``load_state_dict`` of a torch bfloat16 tensor failed inside
+    torch's ``.numpy()`` (NumPy has no bfloat16); now its bits are read as miniflow's bfloat16
+    (a Parameter too, and a transposed view), and float16 still loads as float16."""
+    tdt, mdt = getattr(torch, dtype), getattr(mf, dtype)
+    bits = torch.int16
+    ref = torch.nn.Linear(3, 5).to(tdt)
+    emb = nn.Embedding.from_pretrained(ref.weight)
+    assert emb.weight.dtype is mdt
+    np.testing.assert_array_equal(emb.weight.numpy().view(np.int16),
+                                  ref.weight.detach().view(bits).numpy())
+    emb = nn.Embedding.from_pretrained(ref.weight.detach().t())
+    np.testing.assert_array_equal(emb.weight.numpy().view(np.int16),
+                                  ref.weight.detach().t().view(bits).numpy())
+    model = nn.Linear(3, 5, dtype=mdt)
+    model.load_state_dict(ref.state_dict())
+    for name, value in ref.state_dict().items():
+        np.testing.assert_array_equal(model.state_dict()[name].view(np.int16),
+                                      value.view(bits).numpy())
+    wide = nn.Linear(3, 5)                  # float32: cast as torch's copy_ casts
+    wide.load_state_dict(ref.state_dict())
+    np.testing.assert_array_equal(wide.weight.numpy(), ref.weight.detach().float().numpy())
+
+
 @pytest.mark.parametrize("dtype,big", [(np.uint64, 2**63), (np.uint64, 2**64 - 1),
                                        (np.uint32, 2**32 - 1), (np.uint8, 255)])
 def test_an_unsigned_token_id_out_of_range_is_named_as_given(dtype, big):
