@@ -318,9 +318,26 @@ def test_a_gpt_and_attention_run_in_onnxruntime_and_match_miniflow(tmp_path):
         got = _run(tmp_path / "m.onnx", {"input0": inputs})
         for g, w in zip(got, want, strict=True):
             np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-6)
-    with pytest.raises(mo.OnnxExportError, match="LayerNormalization needs opset 17, this "
-                                                 "export is opset 15"):
+    with pytest.raises(mo.OnnxExportError, match="LayerNormalization exists from opset 17"):
         mo.export(gpt, ids, tmp_path / "m15.onnx", opset=15)
+
+
+@pytest.mark.parametrize("opset", [15, 16])
+def test_layer_norm_below_opset_17_says_to_export_with_opset_17(opset, tmp_path):
+    """ONNX's LayerNormalization exists from opset 17. Below it the error named the opset but
+    its hint sent the user to ``after=`` stages ("No stage of this graph has standard ONNX ops
+    only"); now it names the op and the opset asked and says to export with opset=17."""
+    model = nn.Sequential(nn.Linear(8, 8), nn.LayerNorm(8))
+    x = np.zeros((2, 8), np.float32)
+    with pytest.raises(mo.OnnxExportError) as e:
+        mo.export(model, x, tmp_path / "m.onnx", opset=opset)
+    assert (f"node 2 (layer_norm) has no standard ONNX form: ONNX's LayerNormalization exists "
+            f"from opset 17, this export asked for opset {opset} (export with opset=17 or "
+            f"later)") in str(e.value)
+    assert str(e.value).endswith(f"\nExport with opset=17 or later (this graph has standard "
+                                 f"ONNX ops only from opset 17; opset={opset} was asked).")
+    assert "after=" not in str(e.value) and not (tmp_path / "m.onnx").exists()
+    mo.export(model, x, tmp_path / "m.onnx", opset=17)
 
 
 class _MaxArgmaxDetach(nn.Module):

@@ -413,8 +413,8 @@ def _layer_norm(node, ins, outs, b, used):
     have another shape in ONNX ([..., 1, 1] against miniflow's rows), so only Y may be read."""
     a = node.attrs
     if b.opset < 17:
-        raise NoStandardForm(f"ONNX's LayerNormalization needs opset 17, this export is opset "
-                             f"{b.opset}")
+        raise NoStandardForm(f"ONNX's LayerNormalization exists from opset 17, this export "
+                             f"asked for opset {b.opset} (export with opset=17 or later)")
     if a["begin_params_axis"] != a["begin_norm_axis"]:
         raise NoStandardForm("its parameters cover other axes than it normalizes")
     if set(node.outputs[1:]) & used:      # IR Values (outs are ONNX names)

@@ -6,7 +6,8 @@ Two kinds of export (PyTorch's ``torch.onnx.export`` is the model for the first)
 * ``after=None`` (default), the inference graph as it runs: every pass applied (AMP's casts and
   float16 compute included, fused elementwise chains expanded to their ONNX ops) and only
   standard ONNX operators, so onnxruntime runs it. A node without a standard form raises
-  :class:`OnnxExportError` naming the op and the stages to export at instead.
+  :class:`OnnxExportError` naming the op and the opset (LayerNormalization exists from 17) or
+  the stages to export at instead.
 * ``after="<stage>"`` (``"trace"``, a pass name of ``nn.Graph.stages``, ``"amp"`` for
   ``auto_mixed_precision``), any graph, training graphs included: ops with a standard form as
   above, the others (updates, gradients, identities, ``multi_count_not_finite``, ...) in the
@@ -94,8 +95,9 @@ def export(graph_or_module, example_inputs, path, *, opset: int = DEFAULT_OPSET,
 
     Raises:
         miniflow.extras.MissingExtraError: onnx is not installed (install the ``onnx`` extra).
-        OnnxExportError: a node with no standard form when ``after`` is None (naming it and the
-            stages to export at instead); an opset out of range; ``after`` not a stage.
+        OnnxExportError: a node with no standard form when ``after`` is None (naming it, and
+            the opset or the stages to export at instead); an opset out of range; ``after`` not
+            a stage.
         TypeError: ``graph_or_module`` is neither an nn.Graph nor a Module.
         FileNotFoundError / IsADirectoryError / OSError: ``path``'s folder does not exist /
             ``path`` is a folder / a device, FIFO or socket; or writing failed.
@@ -134,30 +136,45 @@ def _export(onnx, graph: Graph, inputs: tuple, path, opset: int, after, strip: s
     try:
         model = to_model(onnx, ir, opset, stage=stage, strict=after is None, strip=strip)
     except OnnxExportError as e:
-        raise OnnxExportError(f"{e}\n{_stage_hint(onnx, graph, inputs, opset)}") from None
+        raise OnnxExportError(f"{e}\n{_hint(onnx, graph, inputs, ir, opset)}") from None
     onnx.checker.check_model(model, full_check=True)
     write_atomic(path, model.SerializeToString(), _OWNER, _WHAT)
     return model
 
 
-def _stage_hint(onnx, graph: Graph, inputs: tuple, opset: int) -> str:
-    """Which stages to export at instead: the latest whose graph has standard ops only (if
-    any), and every stage with the ``ai.miniflow`` domain."""
+def _hint(onnx, graph: Graph, inputs: tuple, ir, opset: int) -> str:
+    """What to do instead of exporting ``ir`` (the graph as it runs) at ``opset``: the lowest
+    higher opset at which it has standard ONNX ops only (LayerNormalization exists from 17),
+    if any; the latest stage with standard ops only at ``opset``, if any; else every stage,
+    with the miniflow-only ops in the ``ai.miniflow`` domain."""
     stages = graph.stages(*inputs)
     standard = None
     for stage in stages:
-        try:
-            to_model(onnx, graph.lower(*inputs, after=stage), opset)
+        if _exports(onnx, graph.lower(*inputs, after=stage), opset):
             standard = stage
-        except OnnxExportError:
-            pass
+    newest = onnx.defs.onnx_opset_version()
+    higher = next((o for o in range(opset + 1, newest + 1) if _exports(onnx, ir, o)), None)
+    at_stage = None if standard is None else (
+        f"at after={standard!r} for the latest stage with standard ONNX ops only (without what "
+        f"the later passes do: {', '.join(stages[stages.index(standard) + 1:])})")
+    if higher is not None:
+        return (f"Export with opset={higher} or later (this graph has standard ONNX ops only "
+                f"from opset {higher}; opset={opset} was asked)"
+                + (f", or {at_stage}." if at_stage else "."))
     custom = (f"pass after={stages[-1]!r} (the graph as it runs) or another stage of "
               f"{', '.join(stages)} to write the miniflow-only ops in the {DOMAIN!r} domain")
-    if standard is None:
+    if at_stage is None:
         return f"No stage of this graph has standard ONNX ops only: {custom}."
-    left_out = stages[stages.index(standard) + 1:]
-    return (f"Export at after={standard!r} for the latest stage with standard ONNX ops only "
-            f"(without what the later passes do: {', '.join(left_out)}), or {custom}.")
+    return f"Export {at_stage}, or {custom}."
+
+
+def _exports(onnx, ir, opset: int) -> bool:
+    """Whether ``ir`` has standard ONNX ops only at ``opset`` (:func:`to_model` takes it)."""
+    try:
+        to_model(onnx, ir, opset)
+    except OnnxExportError:
+        return False
+    return True
 
 
 def to_model(onnx, ir, opset: int = DEFAULT_OPSET, *, stage: str = "", strict: bool = True,
