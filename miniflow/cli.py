@@ -1,7 +1,7 @@
 """``miniflow`` / ``python -m miniflow``: subcommands ``info``, ``train`` (``--model mlp|lenet|
 resnet18|gpt``, ``--amp [fp16|bf16]``; gpt's options and run: ``miniflow.cli_gpt``),
 ``stability``, ``attention-study`` (``miniflow.cli_gpt``) and ``ir`` (a model's IR after a pass,
-``--onnx``)."""
+``--model`` as train's, ``--onnx``)."""
 from __future__ import annotations
 
 import argparse
@@ -528,15 +528,16 @@ def _add_ir(sub) -> None:
                        for name, _ in PASSES)
     ir = sub.add_parser("ir", help="print a model's IR after a pass; --onnx exports it, "
                         "--netron opens it in Netron")
-    ir.add_argument("--model", choices=MODELS, default="mlp",
-                    help="a digits model of train (default mlp)")
+    ir.add_argument("--model", choices=MODELS + ("gpt",), default="mlp",
+                    help="a digits model of train, or gpt: train --model gpt's character-level "
+                         "GPT with its default settings (default mlp)")
     ir.add_argument("--after", metavar="STAGE", help=f"trace, or a pass: {stages} (default: "
                     "every pass; an AMP pass turns --amp on)")
     ir.add_argument("--amp", action="store_true", help="mixed precision (float16); the "
                     "training step with a dynamic GradScaler")
     ir.add_argument("--eval", action="store_true", help="the evaluation graph, not the "
                     "training step")
-    ir.add_argument("--batch-size", type=_positive, default=64, help="default 64")
+    ir.add_argument("--batch-size", type=_positive, help="default 64 (gpt: 32)")
     ir.add_argument("--onnx", metavar="PATH", help="also write the graph at that stage to PATH "
                     "as ONNX (miniflow-only ops in the ai.miniflow domain; needs the onnx extra; "
                     "default: no file)")

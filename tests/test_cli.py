@@ -240,3 +240,19 @@ def test_train_under_a_launcher_without_ddp_is_a_usage_error(monkeypatch, capsys
     monkeypatch.setenv("PMI_SIZE", "1")         # a one-rank launch is one run
     monkeypatch.setenv("MINIFLOW_MATMUL", "garbage")     # stops right after the argument checks
     assert main(["train", "--epochs", "1"]) == 2
+
+
+def test_ir_takes_the_gpt_of_train(capsys):
+    """``miniflow ir --model gpt`` was a usage error while ``train --model gpt`` exists; it prints
+    the GPT training step of ``train --model gpt``'s defaults (batch 32 of 64 ids), attention
+    and all, and under ``--amp`` its float16 casts."""
+    assert main(["ir", "--model", "gpt"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("# gpt training step, float32, batch 32: the IR after ")
+    for op in ("layer_norm", "batch_matmul", "softmax"):
+        assert f"= {op}(" in out, op
+    assert "f32[32,64,96]" in out and "f16" not in out
+    assert main(["ir", "--model", "gpt", "--amp"]) == 0
+    out = capsys.readouterr().out
+    assert "AMP (float16) with a dynamic loss scale" in out
+    assert "{dtype=f16}" in out and "f16[32,4,64,64] = softmax(" in out

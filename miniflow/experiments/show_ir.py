@@ -3,7 +3,10 @@ text, as an ONNX file (``miniflow.onnx.export``) and in Netron.
 
 The graph is the training step ``miniflow train`` compiles (SGD with momentum; with AMP a
 dynamic ``GradScaler``), or with ``eval=True`` the evaluation graph (batch norm from its running
-statistics), traced with a batch of zeros of the digits' shape.
+statistics), traced with a batch of zeros of the digits' shape. For ``"gpt"`` it is the
+training step of ``miniflow train --model gpt`` (its ``GPT_DEFAULTS``: AdamW, a 2-layer, 4-head,
+96-wide GPT on the vocabulary of the standard library's text; with AMP float16 and a dynamic
+``GradScaler``), or with ``eval=True`` its loss in eval mode, traced with windows of zeros.
 """
 from __future__ import annotations
 
@@ -11,23 +14,30 @@ import numpy as np
 
 from .. import optim
 from ..amp import GradScaler
+from ..data import stdlib_text
 from ..passes.pipeline import AMP_PASSES, STAGE_ALIASES
 from ..random import manual_seed
 from .mlp import EvalGraph, TrainGraph
 from .train import RECIPES, make_model
+from .train_gpt import GPT_DEFAULTS, EvalGPT, _gpt_training
 
 __all__ = ["model_graph", "show_ir", "serve_netron"]
 
 
-def model_graph(model: str, *, amp: bool = False, eval: bool = False, batch_size: int = 64,
-                seed: int = 0):
+def model_graph(model: str, *, amp: bool = False, eval: bool = False,
+                batch_size: int | None = None, seed: int = 0):
     """``(graph, example inputs)``: ``model``'s training step (or, ``eval``, its evaluation
-    graph, modules in eval mode), AMP on when ``amp``, and a batch of ``batch_size`` zeros.
+    graph, modules in eval mode), AMP on when ``amp``, and a batch of ``batch_size`` zeros
+    (None: 64; ``"gpt"``: its ``GPT_DEFAULTS`` batch, 32, of int64 windows of 64 ids and their
+    targets).
 
     Raises:
         ValueError: an unknown model (listing the known ones).
     """
     manual_seed(seed)
+    if model == "gpt":
+        return _gpt_graph(amp, eval, batch_size or GPT_DEFAULTS["batch_size"])
+    batch_size = batch_size or 64
     net = make_model(model)
     x = np.zeros((batch_size, 64) if model == "mlp" else (batch_size, 1, 8, 8), np.float32)
     if eval:
@@ -45,8 +55,21 @@ def model_graph(model: str, *, amp: bool = False, eval: bool = False, batch_size
     return graph, inputs
 
 
+def _gpt_graph(amp: bool, eval: bool, batch_size: int):
+    """:func:`model_graph` of ``"gpt"``: ``miniflow train --model gpt``'s model and training
+    step (AMP: fp16 with a dynamic GradScaler), or its ``EvalGPT`` in eval mode."""
+    c = {**GPT_DEFAULTS, "batch_size": batch_size}
+    model, _, graph, _ = _gpt_training(stdlib_text(), c, None, "fp16" if amp else None, 1, False)
+    if eval:
+        graph = EvalGPT(model.eval())
+        if amp:
+            graph.config.enable_amp(True)
+    ids = np.zeros((batch_size, c["block_size"]), np.int64)
+    return graph, (ids, ids)
+
+
 def show_ir(model: str, *, amp: bool = False, eval: bool = False, after: str | None = None,
-            onnx_path: str | None = None, batch_size: int = 64) -> str:
+            onnx_path: str | None = None, batch_size: int | None = None) -> str:
     """The text ``miniflow ir`` prints: a header and the IR of :func:`model_graph` after stage
     ``after`` (None: every pass); with ``onnx_path`` the same stage is also exported there
     (miniflow-only ops in the ``ai.miniflow`` domain) and a last line says so. An AMP pass as
@@ -69,7 +92,7 @@ def show_ir(model: str, *, amp: bool = False, eval: bool = False, after: str | N
     kind = "evaluation graph" if eval else "training step"
     lines = [f"# {model} {kind}, " + ("AMP (float16)" + ("" if eval else " with a dynamic loss "
                                                           "scale") if amp else "float32")
-             + f", batch {batch_size}: the IR after {stage}", str(ir)]
+             + f", batch {len(inputs[0])}: the IR after {stage}", str(ir)]
     if onnx_path is not None:
         from ..onnx import DOMAIN, export
         proto = export(graph, inputs, onnx_path, after=stage)
