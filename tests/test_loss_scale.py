@@ -1,5 +1,6 @@
 """Loss scaling in the graph: the three loss-scale policies, static and dynamic scalers, step
-skipping, the scale schedule against PyTorch's GradScaler, persistent non-finite gradients; the
+skipping, the scale schedule against PyTorch's GradScaler, the skipped steps of a run training
+only the last layer against PyTorch's (live), persistent non-finite gradients; the
 scaler's state-dict loads (all or nothing, PyTorch's ``GradScaler.state_dict`` accepted) and its
 settings changed after construction (checked, valid ones recompile).
 
@@ -289,6 +290,58 @@ def test_scale_trajectory_matches_torch_gradscaler_live(trajectory):
     import make_grad_scaler_trajectory as make
     live = make.trajectory()
     assert trajectory == (live["scale_used"], live["skipped"])
+
+
+# ------------------------------------------------------------------------------ last layer trained
+def _last_layer_run(frozen: bool, torch):
+    """Six SGD steps under AMP float16 with a default GradScaler, training only the last Linear of
+    the digits MLP (``frozen``: the first Linear has ``requires_grad=False``; else the optimizer
+    gets only the last Linear's parameters) in miniflow and in torch (autocast float16 on the CPU,
+    ``torch.amp.GradScaler``), from the same weights on the same batches of raw 0..16 pixels
+    (the digits times 16). Returns ``(skipped, scale after, loss)`` per step for each, and the
+    first Linear's weight before and after miniflow's steps."""
+    data = load_digits()
+    mf.manual_seed(0)
+    model = mlp((64, 128, 10))
+    ref = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.ReLU(), torch.nn.Linear(128, 10))
+    ref.load_state_dict({k: torch.tensor(np.array(v)) for k, v in model.state_dict().items()})
+    for p in [*model[0].parameters(), *ref[0].parameters()]:
+        p.requires_grad = not frozen
+    first = model[0].weight.numpy().copy()
+    scaler, ref_scaler = GradScaler(), torch.amp.GradScaler("cpu")
+    step = OneStep(model, mf.optim.SGD(model[2].parameters(), lr=0.1, momentum=0.9), scaler,
+                   policy="fp32")
+    ref_opt = torch.optim.SGD(ref[2].parameters(), lr=0.1, momentum=0.9)
+    rng = np.random.default_rng(0)
+    ours, theirs = [], []
+    for _ in range(6):
+        idx = rng.integers(0, len(data.x_train), 64)
+        x, y = data.x_train[idx] * 16, data.y_train[idx]
+        loss = float(step(x, y).numpy())
+        ours.append((bool(scaler.found_inf), scaler.scale, loss))
+        ref_opt.zero_grad()
+        with torch.autocast("cpu", dtype=torch.float16):
+            ref_loss = torch.nn.functional.cross_entropy(ref(torch.tensor(x)), torch.tensor(y))
+        ref_scaler.scale(ref_loss).backward()
+        before = ref_scaler.get_scale()
+        ref_scaler.step(ref_opt)
+        ref_scaler.update()
+        theirs.append((ref_scaler.get_scale() < before, ref_scaler.get_scale(), ref_loss.item()))
+    return ours, theirs, first, model[0].weight.numpy()
+
+
+@pytest.mark.parametrize("frozen", [True, False], ids=["requires_grad_false", "optimizer_only"])
+def test_training_only_the_last_layer_skips_the_steps_torch_skips(frozen):
+    """A new user's report: training only the last Linear under AMP, 3 of 6 steps skipped. It is
+    float16 overflow of that Linear's weight gradient (raw 0..16 pixels make large activations),
+    which torch.amp.GradScaler finds on the same steps: same skips, same scales, same losses;
+    the frozen layer's gradient is neither made nor checked."""
+    torch = pytest.importorskip("torch")
+    ours, theirs, first_before, first_after = _last_layer_run(frozen, torch)
+    assert [o[:2] for o in ours] == [t[:2] for t in theirs]
+    assert [o[0] for o in ours] == [True, True, True, False, False, False]
+    np.testing.assert_allclose([o[2] for o in ours], [t[2] for t in theirs], rtol=1e-3)
+    np.testing.assert_array_equal(first_after, first_before)
 
 
 # ------------------------------------------------------------------------------ fp32 policy numerics
