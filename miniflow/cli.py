@@ -217,11 +217,10 @@ def _print_training(r: dict, args, threads: int | None) -> None:
     """What ``miniflow train`` prints after the run (rank 0): the settings, the losses and
     accuracies, the loss scale, the time, the files written; ``--save`` writes the model."""
     run_steps = r["steps"] - (r["resumed_from"] or 0)
-    print(_model_line(args.model, r["recipe"], args))
+    print(_model_line(args.model, r, args))
     if args.ddp:
-        recipe = r["recipe"]
-        print(f"data parallel: world size {r['world_size']}, batch {recipe.batch_size} per rank "
-              f"({recipe.batch_size * r['world_size']} per step), {threads} thread(s) per rank")
+        print(f"data parallel: world size {r['world_size']}, batch {r['batch_rows']} per rank "
+              f"({r['batch_rows'] * r['world_size']} per step), {threads} thread(s) per rank")
     if r["resumed_from"] is not None:
         print(f"resumed from step {r['resumed_from']} ({r['checkpoint']})")
     if r["losses"]:
@@ -242,14 +241,21 @@ def _print_training(r: dict, args, threads: int | None) -> None:
         print(f"saved the model's state_dict to {args.save}")
 
 
-def _model_line(model: str, recipe, args) -> str:
-    """``model: lenet, 1 epoch of SGD (lr 0.05, ...), float32``: the settings of the run."""
+def _model_line(model: str, r: dict, args) -> str:
+    """``model: lenet, 1 epoch of SGD (lr 0.05, ...), float32``: the settings of the run ``r``
+    (``train_digits``' result). The batch is the one the run used: a ``--batch-size`` above
+    the rows of an epoch (a rank's shard under ``--ddp``) gives batches of all of them, as
+    PyTorch's ``DataLoader`` does, which the line says."""
     from .experiments.train import AMP_LINES
+    recipe, rows = r["recipe"], r["batch_rows"]
     epochs = f"{recipe.epochs} epoch{'' if recipe.epochs == 1 else 's'}"
-    batch = f"batch {recipe.batch_size}"
+    batch = f"batch {rows}"
     if args.accumulate > 1:
-        batch += (f" as {args.accumulate} accumulated micro-batches of "
-                  f"{recipe.batch_size // args.accumulate}")
+        batch += f" as {args.accumulate} accumulated micro-batches of {rows // args.accumulate}"
+    if recipe.batch_size > r["epoch_rows"]:
+        share = "a rank's shard" if args.ddp else "the training set"
+        batch += (f" (--batch-size {recipe.batch_size} is more than the {r['epoch_rows']} rows "
+                  f"of {share})")
     clip = "" if args.clip_norm is None else f", gradients clipped to an L2 norm of {args.clip_norm:g}"
     return (f"model: {model}, {epochs} of SGD (lr {recipe.lr:g}, {recipe.lr_schedule} schedule, "
             f"momentum {recipe.momentum:g}, weight decay {recipe.weight_decay:g}, {batch}{clip}), "

@@ -185,6 +185,18 @@ def test_the_model_line_names_every_setting_and_says_1_epoch(capsys):
                     "clipped to an L2 norm of 0.5), float32")
 
 
+def test_a_batch_size_above_the_training_set_prints_the_batch_it_used(capsys):
+    """``--batch-size 5000`` over the 1437 training rows trains on all of them per step (as
+    PyTorch's DataLoader does); the model line said ``batch 5000`` (``mpiexec -n 2 miniflow
+    train --ddp``, a rank's shard: tests/test_data_parallel.py)."""
+    assert main(["train", "--batch-size", "5000", "--epochs", "1", "--hidden", "8",
+                 "--accumulate", "2", "--no-progress"]) == 0
+    out = capsys.readouterr().out
+    assert ("weight decay 0, batch 1436 as 2 accumulated micro-batches of 718 (--batch-size 5000 "
+            "is more than the 1437 rows of the training set)), float32") in out, out
+    assert "for 1 steps" in out, out
+
+
 def test_train_help_gives_gpts_defaults_too(capsys):
     """``miniflow train --help`` names every ``--model`` choice's defaults (``--model gpt``'s
     come from ``GPT_DEFAULTS``; they were left out, so its 6 epochs, lr 0.003 and batch 32

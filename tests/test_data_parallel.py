@@ -4,7 +4,8 @@ tests of issue 15: 2 ranks x 32 rows equal 1 rank x 64 for 50 SGD-momentum and 5
 float16 overflow in rank 1's batch alone makes both ranks skip and halve their scale, the weights
 bitwise equal on both for 100 steps; a killed or raising rank ends the job; mismatched graphs are
 an error on every rank, and so, at once, is a recompile on one rank alone (a load there only),
-while a load on every rank continues the run bit for bit; ``mpiexec -n 2 miniflow train --ddp``.
+while a load on every rank continues the run bit for bit; ``mpiexec -n 2 miniflow train --ddp``
+(with a batch above a rank's shard too).
 The MPI tests skip only without the ``dist`` extra."""
 import json
 import re
@@ -397,6 +398,23 @@ def test_miniflow_train_ddp(tmp_path):
     state = mf.load(str(save))
     assert sorted(state) == ["0.bias", "0.weight", "2.bias", "2.weight"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["model.safetensors"]
+
+
+@pytest.mark.slow
+@requires_mpi
+def test_miniflow_train_ddp_batch_above_a_ranks_shard_prints_the_batch_it_used(tmp_path):
+    """``--batch-size 1000`` on 2 ranks, each with a shard of 719 rows: every step takes the
+    whole shard (PyTorch's DataLoader over a DistributedSampler gives min(batch, shard)), as
+    the single-process ``--batch-size 5000`` takes the 1437 rows; it printed ``batch 1000 per
+    rank (2000 per step)``."""
+    res = run_cli(2, tmp_path, "train", "--ddp", "--batch-size", "1000", "--epochs", "2",
+                  "--hidden", "8", "--no-progress", timeout=180)
+    assert res.returncode == 0, res.stdout + res.stderr
+    out = res.stdout
+    assert "weight decay 0, batch 719 (--batch-size 1000 is more than the 719 rows of a rank's " \
+           "shard)), float32" in out, out
+    assert "data parallel: world size 2, batch 719 per rank (1438 per step)" in out, out
+    assert "for 2 steps" in out, out
 
 
 @pytest.mark.slow

@@ -15,7 +15,8 @@ over micro-batches (``config.set_gradient_accumulation_steps``), clip them
 for bit: the model (buffers included), the optimizer, the grad scaler, the LR scheduler, the step
 count, the epoch's data order and the generator's state. Data parallel (``ddp=True``,
 ``mpiexec -n N miniflow train --ddp``): every rank trains on its shard of every epoch
-(``DistributedSampler``) with ``batch_size`` rows per step, and the training graph averages the
+(``DistributedSampler``) with ``batch_size`` rows per step (all of the shard when it has fewer,
+as with PyTorch's ``DataLoader``), and the training graph averages the
 gradients across the ranks; rank 0 alone evaluates, shows progress and writes the checkpoint
 (every rank resumes from it).
 """
@@ -208,7 +209,11 @@ def train_digits(model: str = "mlp", *, epochs: int | None = None,
         ``seconds`` (wall time of this call, compilation included), ``steps`` (updates done in
         total), ``resumed_from`` (the checkpoint's step, or None), ``checkpoint`` (its path, or
         None), ``recipe`` (the settings used), ``graph`` (the TrainGraph), ``model``, ``scaler``
-        (None without AMP), ``rank``, ``world_size`` and ``logdir`` (the run's folder, or None).
+        (None without AMP), ``rank``, ``world_size``, ``logdir`` (the run's folder, or None),
+        ``epoch_rows`` (the training rows of an epoch: under ``ddp`` this rank's shard) and
+        ``batch_rows`` (the rows of every batch but an epoch's last: ``batch_size``, or all of
+        ``epoch_rows`` when they are fewer, as PyTorch's ``DataLoader`` gives them, cut to a
+        multiple of ``accumulate``).
 
     Ctrl-C (SIGINT, in the main thread): the step running ends, a checkpoint is saved there
     (with ``checkpoint``), and :class:`TrainingInterrupted` is raised; a second Ctrl-C stops
@@ -325,8 +330,8 @@ class _Training:
             self.sampler = DistributedSampler(self.x_train, seed=s.seed)
             self.config["world_size"] = distributed.world_size()  # it shards another way
         self.rank = distributed.rank() if s.ddp else 0
-        rows = len(self.x_train) if self.sampler is None else len(self.sampler)
-        self.spans = epoch_batches(rows, r.batch_size, s.accumulate)
+        self.epoch_rows = len(self.x_train) if self.sampler is None else len(self.sampler)
+        self.spans = epoch_batches(self.epoch_rows, r.batch_size, s.accumulate)
         self.total = r.epochs * len(self.spans)
         self.sched = make_lr_schedule(self.opt, r.lr_schedule, self.total)
         self.run = {"step": 0, "epoch": 0, "batch": 0, "order": None}
@@ -460,7 +465,9 @@ class _Training:
                 "checkpoint": self.path, "recipe": self.recipe, "graph": self.graph,
                 "model": self.net, "scaler": self.scaler, "rank": self.rank,
                 "world_size": distributed.world_size() if self.s.ddp else 1,
-                "logdir": None if self.log is None else self.log.path}
+                "logdir": None if self.log is None else self.log.path,
+                "epoch_rows": self.epoch_rows,
+                "batch_rows": max((stop - start for start, stop in self.spans), default=0)}
 
 
 def run_name(config: dict) -> str:
