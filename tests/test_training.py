@@ -52,3 +52,12 @@ def test_train_command_defaults_reach_95_percent():
     r = train_digits("mlp", epochs=20, batch_size=64, lr=0.1, momentum=0.9, progress=False)
     assert r["test_accuracy"] >= 0.95, r["test_accuracy"]
     assert r["losses"][-1] < r["losses"][0] / 5
+
+
+def test_accumulate_above_the_training_rows_is_a_clear_error():
+    """``--batch-size 2000 --accumulate 2000`` over the 1437 training rows: every batch was cut
+    to a multiple of 2000 rows, none was left, and the run ended in an IndexError."""
+    with pytest.raises(ValueError, match=r"train_digits: accumulate 2000 needs at least 2000 "
+                       r"rows per batch, but the training set has 1437: every batch would be "
+                       r"dropped; give accumulate <= 1437"):
+        train_digits("mlp", epochs=1, batch_size=2000, accumulate=2000, progress=False)

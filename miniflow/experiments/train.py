@@ -221,7 +221,8 @@ def train_digits(model: str = "mlp", *, epochs: int | None = None,
 
     Raises:
         ValueError: an unknown model (listing the known ones); an unknown ``amp``; batch_size
-            not a multiple of accumulate; an unknown lr_schedule; resume without checkpoint.
+            not a multiple of accumulate; accumulate above the rows of an epoch (this rank's
+            shard under ``ddp``); an unknown lr_schedule; resume without checkpoint.
         ResumeError: another run holds ``checkpoint``, nothing to resume there, a checkpoint
             there without ``resume``, one made with other settings or another world size
             (naming them, and ``--ddp`` / ``mpiexec -n N``), or one that does not fit the
@@ -332,6 +333,11 @@ class _Training:
         self.rank = distributed.rank() if s.ddp else 0
         self.epoch_rows = len(self.x_train) if self.sampler is None else len(self.sampler)
         self.spans = epoch_batches(self.epoch_rows, r.batch_size, s.accumulate)
+        if not self.spans:
+            where = "this rank's shard" if s.ddp else "the training set"
+            raise ValueError(f"train_digits: accumulate {s.accumulate} needs at least "
+                             f"{s.accumulate} rows per batch, but {where} has {self.epoch_rows}: "
+                             f"every batch would be dropped; give accumulate <= {self.epoch_rows}")
         self.total = r.epochs * len(self.spans)
         self.sched = make_lr_schedule(self.opt, r.lr_schedule, self.total)
         self.run = {"step": 0, "epoch": 0, "batch": 0, "order": None}
