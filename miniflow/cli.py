@@ -169,7 +169,8 @@ def _train_run(args, threads: int | None) -> int:
     :func:`_pinned_threads`), else None."""
     from . import distributed
     from .amp import NonFiniteGradientsError
-    from .experiments.train import ResumeError, TrainingInterrupted, train_digits
+    from .experiments.train import (DataSizeError, ResumeError, TrainingInterrupted,
+                                    train_digits)
     from .extras import MissingExtraError
     from .serialization import CheckpointError, check_save_path
     first = not args.ddp or distributed.rank() == 0
@@ -194,7 +195,7 @@ def _train_run(args, threads: int | None) -> int:
                          amp=args.amp, checkpoint=args.checkpoint,
                          resume=args.resume, checkpoint_every=args.checkpoint_every or 100,
                          ddp=args.ddp, logdir=args.logdir)
-    except (ResumeError, CheckpointError, OSError, MissingExtraError) as e:
+    except (ResumeError, CheckpointError, OSError, MissingExtraError, DataSizeError) as e:
         print(f"miniflow train: {e}", file=sys.stderr)
         return 2
     except NonFiniteGradientsError as e:    # the run diverged: a message, not a traceback

@@ -197,6 +197,17 @@ def test_a_batch_size_above_the_training_set_prints_the_batch_it_used(capsys):
     assert "for 1 steps" in out, out
 
 
+def test_accumulate_above_the_training_set_is_a_message_not_a_traceback(capsys):
+    """``--batch-size 2000 --accumulate 2000`` leaves no batch of the 1437 training rows:
+    ``train_digits``' DataSizeError is one line on stderr and exit code 2 (it was a traceback)."""
+    assert main(["train", "--batch-size", "2000", "--accumulate", "2000", "--epochs", "1",
+                 "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("miniflow train: train_digits: accumulate 2000 needs at least 2000 "
+                          "rows per batch, but the training set has 1437"), err
+    assert "Traceback" not in err
+
+
 def test_train_help_gives_gpts_defaults_too(capsys):
     """``miniflow train --help`` names every ``--model`` choice's defaults (``--model gpt``'s
     come from ``GPT_DEFAULTS``; they were left out, so its 6 epochs, lr 0.003 and batch 32

@@ -43,7 +43,7 @@ from .mlp import EvalGraph, TrainGraph, accuracy, mlp
 from .run_folder import CHECKPOINT_FILE, FolderInUseError, RunFolder
 
 __all__ = ["MODELS", "Recipe", "RECIPES", "TrainSettings", "make_model", "train_digits",
-           "SCHEDULES", "make_lr_schedule", "epoch_batches", "ResumeError",
+           "SCHEDULES", "make_lr_schedule", "epoch_batches", "ResumeError", "DataSizeError",
            "TrainingInterrupted", "CHECKPOINT_FILE", "run_name", "named_run"]
 
 MODELS = ("mlp", "lenet", "resnet18")
@@ -62,6 +62,12 @@ SCHEDULES = {
 class ResumeError(ValueError):
     """A run cannot start from (or over) the checkpoint folder it was given: nothing to resume,
     a checkpoint that another run would overwrite, or a checkpoint of other settings."""
+
+
+class DataSizeError(ValueError):
+    """The settings leave no batch in an epoch: ``accumulate`` above the rows of the training
+    set (this rank's shard under ``ddp``), so every batch, cut to a multiple of ``accumulate``
+    rows, would be dropped."""
 
 
 
@@ -221,8 +227,8 @@ def train_digits(model: str = "mlp", *, epochs: int | None = None,
 
     Raises:
         ValueError: an unknown model (listing the known ones); an unknown ``amp``; batch_size
-            not a multiple of accumulate; accumulate above the rows of an epoch (this rank's
-            shard under ``ddp``); an unknown lr_schedule; resume without checkpoint.
+            not a multiple of accumulate; an unknown lr_schedule; resume without checkpoint.
+        DataSizeError: accumulate above the rows of an epoch (this rank's shard under ``ddp``).
         ResumeError: another run holds ``checkpoint``, nothing to resume there, a checkpoint
             there without ``resume``, one made with other settings or another world size
             (naming them, and ``--ddp`` / ``mpiexec -n N``), or one that does not fit the
@@ -335,9 +341,10 @@ class _Training:
         self.spans = epoch_batches(self.epoch_rows, r.batch_size, s.accumulate)
         if not self.spans:
             where = "this rank's shard" if s.ddp else "the training set"
-            raise ValueError(f"train_digits: accumulate {s.accumulate} needs at least "
-                             f"{s.accumulate} rows per batch, but {where} has {self.epoch_rows}: "
-                             f"every batch would be dropped; give accumulate <= {self.epoch_rows}")
+            raise DataSizeError(
+                f"train_digits: accumulate {s.accumulate} needs at least {s.accumulate} rows per "
+                f"batch, but {where} has {self.epoch_rows}: every batch would be dropped; give "
+                f"accumulate <= {self.epoch_rows}")
         self.total = r.epochs * len(self.spans)
         self.sched = make_lr_schedule(self.opt, r.lr_schedule, self.total)
         self.run = {"step": 0, "epoch": 0, "batch": 0, "order": None}
