@@ -52,6 +52,8 @@ def gradient_graph(op: str, inputs: list, attrs: dict, seed: int = 0):
             continue
         w = g.add_constant(rng.uniform(0.5, 1.5, o.shape).astype(o.dtype.np))
         terms.append(emit("reduce_sum", emit("broadcast_mul", o, w), axis=None))
+    wide = max((t.dtype for t in terms), key=lambda d: d.itemsize)   # a half op's float32
+    terms = [t if t.dtype is wide else emit("cast", t, dtype=wide) for t in terms]  # statistics
     loss = terms[0] if len(terms) == 1 else emit("add_n", *terms)
     g.results["loss"] = loss
     g = autograd(g, CompileContext(CompileSettings(trainable=names)))

@@ -15,7 +15,8 @@ from miniflow import nn
 from miniflow.experiments.mlp import EvalGraph
 from miniflow.kernels.cpu import normalization as cpu_norm
 from miniflow.ops.normalization import normalization_reference
-from miniflow.testing import check_grad
+from miniflow.dtype import bfloat16
+from miniflow.testing import check_grad, gradient_graph
 
 from op_cases import Case, assert_matches_reference, host_buffers, make_node, run_cpu as run
 
@@ -542,3 +543,34 @@ def test_layer_norm_names_an_input_dtype_other_than_its_parameters():
         nn.functional.layer_norm(mf.tensor(x), (4,), None, mf.tensor(np.zeros(4, np.float16)))
     out = EvalGraph(nn.LayerNorm(4, dtype=mf.float64))(x.astype(np.float64))
     assert out.dtype == mf.float64
+
+
+HALF_STATISTICS = [("normalization", (3, 4, 5), {"axis": 1, "training": True}),
+                   ("layer_norm", (4, 3, 8), {"begin_norm_axis": 1, "begin_params_axis": 1})]
+
+
+@pytest.mark.parametrize("dt", [np.float16, bfloat16.np], ids=["float16", "bfloat16"])
+@pytest.mark.parametrize("op,shape,attrs", HALF_STATISTICS, ids=[c[0] for c in HALF_STATISTICS])
+def test_gradients_through_the_float32_statistics_of_a_half_x_match_float64(op, shape, attrs,
+                                                                              dt):
+    """A half ``x`` has float32 ``mean`` / ``inv_variance`` (OneFlow's): the gradient through
+    them was built as ``x - mean`` of a half and a float32 operand and refused at build time.
+    Every gradient (through y and both statistics, ``gradient_graph`` weighting each output)
+    matches the same graph in float64 on the same values."""
+    r = np.random.default_rng(5)
+    x = (1.0 + r.standard_normal(shape)).astype(dt)
+    if op == "normalization":
+        c = shape[1]
+        params = [np.zeros(c, np.float32), np.ones(c, np.float32),
+                  r.uniform(0.5, 1.5, c).astype(np.float32),
+                  r.standard_normal(c).astype(np.float32)]
+    else:
+        params = [r.uniform(0.5, 1.5, shape[1:]).astype(dt),
+                  r.standard_normal(shape[1:]).astype(dt)]
+    half = gradient_graph(op, [x, *params], attrs)[1].run([])
+    wide = gradient_graph(op, [a.astype(np.float64) for a in (x, *params)], attrs)[1].run([])
+    assert len(half) == len(wide) > 2
+    for got, want in zip(half[1:], wide[1:]):
+        scale = np.abs(want).max()
+        np.testing.assert_allclose(np.asarray(got, np.float64), want, rtol=0,
+                                   atol=(0.02 if dt == np.float16 else 0.1) * scale)

@@ -28,7 +28,7 @@ import numbers
 import numpy as np
 
 from .common import check_arity, fmt, float_samples, rand
-from .normalization import param_dtype
+from .normalization import param_dtype, statistics_grads
 from .registry import register
 
 __all__ = ["LAYER_NORM_DEFAULTS", "layer_norm_reference"]
@@ -129,7 +129,7 @@ def layer_norm_reference(arrays, attrs):
 def _grad(node, gs, emit):
     """OneFlow's rule (``layer_norm_grad`` for dx, ``layer_norm_param_grad`` for gamma and
     beta), plus, when the statistics outputs have gradients too (gradient checks give them),
-    ``d mean / dx = 1 / N`` and ``d inv_variance / dx = -inv_variance^3 (x - mean) / N``."""
+    their terms (:func:`~miniflow.ops.normalization.statistics_grads`)."""
     x, axis = node.inputs[0], node.attrs["begin_norm_axis"]
     mean, inv = node.outputs[1:]
     attrs = dict(node.attrs)
@@ -139,20 +139,10 @@ def _grad(node, gs, emit):
         if len(node.inputs) == 3:
             grads[1], grads[2] = emit("layer_norm_param_grad", gs[0], x, mean, inv, **attrs)
     kept = x.shape[:axis] + (1,) * (len(x.shape) - axis)
-    n = max(1, int(np.prod(x.shape[axis:], dtype=np.int64)))
-    extra = []
-    if gs[2] is not None:
-        cube = emit("broadcast_mul", emit("broadcast_mul", inv, inv), inv)
-        coef = emit("scalar_mul", emit("broadcast_mul", gs[2], cube), scalar=-1.0 / n)
-        centered = emit("broadcast_sub", x, emit("reshape", mean, shape=kept))
-        extra.append(emit("broadcast_mul", centered, emit("reshape", coef, shape=kept)))
-    if gs[1] is not None:
-        share = emit("reshape", emit("scalar_mul", gs[1], scalar=1.0 / n), shape=kept)
-        extra.append(emit("broadcast_like", share, x,
-                          broadcast_axes=tuple(range(axis, len(x.shape)))))
-    parts = [g for g in [grads[0]] + extra if g is not None]
-    if parts:
-        grads[0] = parts[0] if len(parts) == 1 else emit("add_n", *parts)
+    extra = statistics_grads(emit, x, mean, inv, gs[1], gs[2], kept,
+                             tuple(range(axis, len(x.shape))))
+    if extra is not None:
+        grads[0] = extra if grads[0] is None else emit("add_n", grads[0], extra)
     return grads
 
 

@@ -44,7 +44,7 @@ from .common import check_arity, fmt, rand
 from .geometry import norm_layout
 from .registry import register
 
-__all__ = ["NORM_DEFAULTS", "param_dtype", "normalization_reference",
+__all__ = ["NORM_DEFAULTS", "param_dtype", "statistics_grads", "normalization_reference",
            "normalization_grad_reference"]
 
 NORM_DEFAULTS = {"axis": 1, "epsilon": 1e-5, "momentum": 0.9, "training": False}
@@ -196,7 +196,9 @@ def _norm_grad(node, gs, emit):
         if gs[0] is not None:
             grads[3], grads[4], grads[0] = emit("normalization_grad", x, gs[0], mean, inv, gamma,
                                                 axis=a["axis"], epsilon=a["epsilon"])
-        extra = _statistics_grads(emit, x, mean, inv, gs[1], gs[2], a["axis"])
+        kept = tuple(n if i == a["axis"] else 1 for i, n in enumerate(x.shape))  # [1, C, 1, 1]
+        reduced = tuple(i for i in range(len(x.shape)) if i != a["axis"])
+        extra = statistics_grads(emit, x, mean, inv, gs[1], gs[2], kept, reduced)
         if extra is not None:
             grads[0] = extra if grads[0] is None else emit("add_n", grads[0], extra)
         return grads
@@ -214,23 +216,26 @@ def _norm_grad(node, gs, emit):
     return grads
 
 
-def _statistics_grads(emit, x, mean, inv, g_mean, g_inv, axis):
-    """The part of ``dx`` that flows through the ``mean`` and ``inv_variance`` outputs (None if
-    neither has a gradient), as elementwise ops broadcast per channel."""
-    m = x.size // max(mean.shape[0], 1)
-    kept = tuple(s if i == axis else 1 for i, s in enumerate(x.shape))   # [1, C, 1, 1]
+def statistics_grads(emit, x, mean, inv, g_mean, g_inv, kept: tuple, reduced: tuple):
+    """The part of ``dx`` that flows through a normalization's ``mean`` and ``inv_variance``
+    outputs (None if neither has a gradient): ``d mean / dx = 1 / M`` and
+    ``d inv_variance / dx = -inv_variance^3 (x - mean) / M``, ``M`` the elements each statistic
+    covers. ``kept``: x's shape with the ``reduced`` axes set to 1 (the statistics' broadcast
+    shape). Computed in the statistics' dtype (float32 for a half ``x``: OneFlow's) and cast to
+    ``x``'s. Shared by ``normalization`` (per channel) and ``layer_norm`` (per row)."""
+    m = max(1, int(np.prod([x.shape[i] for i in reduced], dtype=np.int64)))
+    wide = x if x.dtype is mean.dtype else emit("cast", x, dtype=mean.dtype)
     dx = None
     if g_inv is not None:
         cube = emit("broadcast_mul", emit("broadcast_mul", inv, inv), inv)
         coef = emit("scalar_mul", emit("broadcast_mul", g_inv, cube), scalar=-1.0 / m)
-        centered = emit("broadcast_sub", x, emit("reshape", mean, shape=kept))
+        centered = emit("broadcast_sub", wide, emit("reshape", mean, shape=kept))
         dx = emit("broadcast_mul", centered, emit("reshape", coef, shape=kept))
     if g_mean is not None:
         share = emit("reshape", emit("scalar_mul", g_mean, scalar=1.0 / m), shape=kept)
-        dx = (emit("broadcast_like", share, x,
-                   broadcast_axes=tuple(i for i in range(len(x.shape)) if i != axis))
+        dx = (emit("broadcast_like", share, wide, broadcast_axes=reduced)
               if dx is None else emit("broadcast_add", dx, share))
-    return dx
+    return dx if dx is None or dx.dtype is x.dtype else emit("cast", dx, dtype=x.dtype)
 
 
 def _norm_grad_infer(inputs, attrs):
