@@ -386,6 +386,50 @@ def test_a_torch_state_dict_without_per_parameter_state_loads(name, hyper, torch
         np.testing.assert_allclose(got, want.numpy(), rtol=1e-5, atol=1e-6, err_msg=key)
 
 
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_a_torch_state_dict_of_half_precision_state_loads_bit_for_bit(dtype):
+    """``torch.optim.AdamW`` of bfloat16 (float16) parameters keeps ``exp_avg`` and
+    ``exp_avg_sq`` in that dtype. Such a state dict loads bit for bit into the optimizer of a
+    model of that dtype, and exactly (widened) into a float32 one; float32 state into a bfloat16
+    optimizer is rounded, as ``torch.optim`` casts state to the parameter's dtype. bfloat16 state
+    was refused ("Got unsupported ScalarType BFloat16": the load read it with ``np.asarray``),
+    and float32 state not exact in bfloat16 too ("must be a count >= 0 that bfloat16 holds")."""
+    torch = pytest.importorskip("torch")
+    tdt = getattr(torch, dtype)
+    tmodel = torch.nn.Linear(4, 3).to(tdt)
+    topt = torch.optim.AdamW(tmodel.parameters(), lr=0.01)
+    for seed in (1, 2):
+        topt.zero_grad()
+        x = torch.tensor(np.random.default_rng(seed).standard_normal((5, 4)), dtype=tdt)
+        tmodel(x).square().sum().backward()
+        topt.step()
+    sd = topt.state_dict()
+    for mdt in (getattr(mf, dtype), mf.float32):
+        opt = mf.optim.AdamW(mf.nn.Linear(4, 3, dtype=mdt).parameters(), lr=0.01)
+        opt.load_state_dict(sd)
+        for i, state in sd["state"].items():
+            got = opt.state_dict()["state"][i]
+            assert int(got["step"][0]) == 2
+            for key in ("exp_avg", "exp_avg_sq"):
+                assert got[key].dtype == mdt.np
+                want = state[key].float().numpy()
+                np.testing.assert_array_equal(got[key].astype(np.float32), want,
+                                              err_msg=f"{mdt.name} {i} {key}")
+                assert want.any()
+    wide = {**sd, "state": {i: {k: v.float() * (1 + 2 ** -12) if k != "step" else v
+                                for k, v in st.items()} for i, st in sd["state"].items()}}
+    opt = mf.optim.AdamW(mf.nn.Linear(4, 3, dtype=getattr(mf, dtype)).parameters())
+    opt.load_state_dict(wide)                # float32 state is rounded, as torch.optim's load
+    np.testing.assert_array_equal(opt.state_dict()["state"][0]["exp_avg"],
+                                  wide["state"][0]["exp_avg"].to(tdt).float().numpy())
+    bad = {**sd, "state": {**sd["state"], 0: {**sd["state"][0]}}}
+    bad["state"][0]["exp_avg_sq"] = -bad["state"][0]["exp_avg_sq"].abs() - 1
+    with pytest.raises(ValueError, match=r"AdamW.load_state_dict: state\[0\]\['exp_avg_sq'\] "
+                                         r"must be finite and >= 0; element \[0, 0\] is -"):
+        mf.optim.AdamW(mf.nn.Linear(4, 3, dtype=getattr(mf, dtype)).parameters()
+                       ).load_state_dict(bad)
+
+
 def test_a_torch_key_off_its_default_is_refused_by_name():
     opt = mf.optim.SGD(small_mlp().parameters(), lr=0.1, momentum=0.9)
     sd = opt.state_dict()

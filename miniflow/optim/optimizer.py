@@ -33,9 +33,9 @@ import weakref
 import numpy as np
 
 from ..checks import integer, real, real_number
-from ..dtype import as_dtype
+from ..dtype import as_dtype, is_bfloat16
 from ..nn.module import Parameter
-from ..tensor import Tensor
+from ..tensor import Tensor, as_numpy
 from ..runtime.backend import get_backend
 from ..runtime.readback import LEDGER, LedgerAttribute
 
@@ -585,7 +585,9 @@ class Optimizer:
         A ``torch.optim`` state dict of the same algorithm loads, its groups' own keys
         included: PyTorch's keys of :attr:`torch_keys` are accepted at their no-op values
         (``dampening=0``, ``maximize=False`` ...); ``state`` values may be ``torch.Tensor``s (read
-        with ``np.asarray``) and a step count 0-d (PyTorch's).
+        with ``miniflow.tensor.as_numpy``: bfloat16 ones bit for bit, as PyTorch keeps AdamW's
+        ``exp_avg`` of bfloat16 parameters; float16, bfloat16 and float32 state is cast to the
+        optimizer's state dtype) and a step count 0-d (PyTorch's).
 
         Raises:
             KeyError: a missing entry (named);
@@ -724,11 +726,9 @@ class Optimizer:
         except (KeyError, IndexError, TypeError):
             raise KeyError(f"{where}: missing {what}; parameter {i} needs "
                            f"{list(self.state[i])}") from None
-        if isinstance(value, Tensor):
-            value = value.numpy()
-        a = np.asarray(value)
+        a = as_numpy(value)                  # a torch bfloat16 tensor too, bit for bit
         dtype = np.dtype(current.dtype)
-        if a.dtype.kind not in "iuf":
+        if a.dtype.kind not in "iuf" and not is_bfloat16(a.dtype):
             raise TypeError(f"{where}: {what} has dtype {a.dtype} ({_short(value)}), expected "
                             f"real numbers for a {dtype} state")
         if a.shape == () and tuple(current.shape) == (1,):
@@ -736,15 +736,16 @@ class Optimizer:
         if a.shape != tuple(current.shape):
             raise ValueError(f"{where}: {what} has shape {list(a.shape)}, expected "
                              f"{list(current.shape)}")
+        floating = dtype.kind == "f" or is_bfloat16(dtype)
         with np.errstate(all="ignore"):
             out = a.astype(dtype)
-            bad = ~np.isfinite(out) if dtype.kind == "f" else out != a
+            bad = ~np.isfinite(out) if floating else out != a
         if key in self.nonnegative_states or dtype.kind in "iu":
             bad |= a < 0
         if bad.any():
             k = np.unravel_index(int(np.flatnonzero(bad)[0]), a.shape)
             need = ("finite" + (" and >= 0" if key in self.nonnegative_states else "")
-                    if dtype.kind == "f" else f"a count >= 0 that {dtype} holds")
+                    if floating else f"a count >= 0 that {dtype} holds")
             raise ValueError(f"{where}: {what} must be {need}; element {[int(j) for j in k]} is "
                              f"{a[k].item()!r}")
         return out
