@@ -368,3 +368,40 @@ def test_multihead_attention_refuses_3d_and_padding_masks_of_the_wrong_shape():
                {"key_padding_mask": _t(np.zeros((2, 3), bool))}):
         with pytest.raises((RuntimeError, AssertionError)):     # torch asserts the padding
             ref(*(torch.zeros(2, 4, 8),) * 3, **kw)
+
+
+@pytest.mark.parametrize("masks", ["padding", "attn_mask", "both", "float padding"])
+def test_multihead_attention_without_weights_gives_a_query_with_no_key_0_as_pytorch(masks):
+    """``need_weights=False`` (what ``nn.TransformerEncoderLayer`` passes) takes PyTorch's
+    ``scaled_dot_product_attention`` path: a query that may attend to no key (a sample whose
+    keys are all padding, a row of ``attn_mask`` all set) has attention 0, so its output is
+    ``out_proj.bias``, with finite gradients. miniflow gave NaN there (a plain softmax, what
+    PyTorch gives with ``need_weights=True`` only), and one training step made every weight
+    NaN. Eager and in a graph, with one SGD step, against PyTorch."""
+    n, length, src, e, h = 2, 4, 5, 8, 2
+    ref = torch.nn.MultiheadAttention(e, h, batch_first=True)
+    torch.nn.init.normal_(ref.out_proj.bias)
+    mha = mf.nn.MultiheadAttention(e, h, batch_first=True)
+    mha.load_state_dict(_sd(ref))
+    pad = np.zeros((n, src), bool)
+    pad[0] = True                                   # sample 0: every key is padding
+    pad[1, -1] = True
+    am = np.triu(np.ones((length, src), bool), 2)
+    am[1] = True                                    # query 1 of every sample: no key
+    kw = {"padding": {"key_padding_mask": pad}, "attn_mask": {"attn_mask": am},
+          "both": {"key_padding_mask": pad, "attn_mask": am},
+          "float padding": {"key_padding_mask": np.where(pad, -np.inf, 0).astype(np.float32),
+                            "attn_mask": np.where(am, -np.inf, 0.5).astype(np.float32)}}[masks]
+    q, k = (R.standard_normal((n, s, e)).astype(np.float32) for s in (length, src))
+    want = ref(_t(q), _t(k), _t(k), need_weights=False, **_torch_masks(kw))[0]
+    got = mha(mf.tensor(q), mf.tensor(k), mf.tensor(k), need_weights=False, **kw)[0].numpy()
+    assert np.isfinite(want.detach().numpy()).all()
+    np.testing.assert_allclose(got, want.detach().numpy(), rtol=1e-5, atol=1e-5)
+    graph = _Call(mha, lambda m, a, b: m(a, b, b, need_weights=False, **kw)[0], train=True)
+    np.testing.assert_allclose(graph(q, k).numpy(), want.detach().numpy(), rtol=1e-5, atol=1e-5)
+    stepped = _torch_step(ref, want)
+    for name, p in mha.state_dict().items():
+        np.testing.assert_allclose(p, stepped[name], rtol=1e-5, atol=1e-5, err_msg=name)
+    with_weights = mha(mf.tensor(q), mf.tensor(k), mf.tensor(k), **kw)[1].numpy()
+    assert np.isnan(with_weights).any()             # PyTorch's softmax path: NaN rows
+    assert np.isnan(ref(_t(q), _t(k), _t(k), **_torch_masks(kw))[1].detach().numpy()).any()

@@ -76,6 +76,24 @@ def _apply_mask(scores: Tensor, mask) -> Tensor:
     return scores + (m if m.dtype is scores.dtype else m.to(scores.dtype))
 
 
+def _merged(a, b):
+    """One ``_mask`` result of ``_mask`` results ``a`` and ``b`` (either may be None) that
+    broadcast together, for :func:`_fully_masked` to see both: boolean where both are (set
+    where either is), else float (a boolean mask's set entries ``-inf``, added: PyTorch's merge
+    of ``attn_mask`` and ``key_padding_mask``). ``a`` or ``b`` itself where the other is None;
+    None where one is traced (its values are not known at build time)."""
+    if a is None or b is None:
+        return a if b is None else b
+    if a[1].is_lazy or b[1].is_lazy:
+        return None
+    x, y = a[1].numpy(), b[1].numpy()
+    if a[0] == b[0] == "bool":
+        return "bool", tensor(((x != 0) | (y != 0)).astype(np.int64))
+    x, y = (np.where(m != 0, -np.inf, 0.0) if kind == "bool" else m
+            for kind, m in ((a[0], x), (b[0], y)))
+    return "float", tensor((x + y).astype(np.result_type(x.dtype, y.dtype, np.float32)))
+
+
 def _fully_masked(mask) -> tuple:
     """``(mask, rows)``: the query rows a mask with values (NumPy data, an eager tensor) takes
     every key from, as an int64 Tensor ``[..., L, 1]`` (``scaled_dot_product_attention`` gives

@@ -12,8 +12,8 @@ import numpy as np
 
 from ..checks import positive_integer
 from ..random import generator
-from ..tensor import Tensor, apply
-from .attention import _apply_mask, _mask, _scores, _weighted
+from ..tensor import Tensor, apply, tensor
+from .attention import _apply_mask, _fully_masked, _mask, _merged, _scores, _weighted
 from .dropout import dropout, dropout_state
 from .layers import Linear
 from .factory import param_dtype
@@ -26,6 +26,14 @@ def _heads(x: Tensor, n: int, heads: int, length: int) -> Tensor:
     """``[N, L, E]`` -> ``[N, heads, L, E / heads]`` (ops ``reshape``, ``transpose``)."""
     x = x.reshape(n, length, heads, x.shape[-1] // heads)
     return apply("transpose", [x], perm=(0, 2, 1, 3))
+
+
+def _reshaped(mask: tuple, shape: tuple) -> tuple:
+    """A ``_mask`` result reshaped to ``shape``: data stays data (reshaped on the host, where a
+    reshape inside ``nn.Graph.build`` would make it a traced value, whose values
+    ``_fully_masked`` cannot see), a traced mask is reshaped in the graph (op ``reshape``)."""
+    kind, m = mask
+    return kind, (m.reshape(shape) if m.is_lazy else tensor(m.numpy().reshape(shape)))
 
 
 class MultiheadAttention(Module):
@@ -127,7 +135,10 @@ class MultiheadAttention(Module):
         None without ``need_weights``. Masks (PyTorch's conventions): ``attn_mask`` ``[L, S]`` or
         ``[N * H, L, S]``, bool (True = not allowed) or float (added); ``key_padding_mask``
         ``[N, S]`` (True = ignore that key); ``is_causal`` is a hint that ``attn_mask`` is the
-        causal mask (which it then must be given, as PyTorch).
+        causal mask (which it then must be given, as PyTorch). A query that may attend to no key
+        (every key masked) has NaN weights with ``need_weights`` (PyTorch's softmax path), and
+        without it attention 0, its output ``out_proj.bias`` with a zero gradient (PyTorch's
+        ``scaled_dot_product_attention`` path; for masks given as data, as there).
 
         Unbatched inputs as PyTorch's: ``query [L, E]``, ``key`` / ``value [S, E]``,
         ``key_padding_mask [S]``, ``attn_mask [L, S]`` or ``[H, L, S]`` give ``[L, E]`` and
@@ -186,12 +197,19 @@ class MultiheadAttention(Module):
         scores = _scores(q, k, 1.0 / math.sqrt(d))              # [N, H, L, S]
         mask = _mask("MultiheadAttention", attn_mask)
         if mask is not None and mask[1].ndim == 3:
-            mask = (mask[0], mask[1].reshape(n, h, length, src))
-        scores = _apply_mask(scores, mask)
+            mask = _reshaped(mask, (n, h, length, src))
         pad = _mask("MultiheadAttention", key_padding_mask)
         if pad is not None:
-            scores = _apply_mask(scores, (pad[0], pad[1].reshape(n, 1, 1, src)))
+            pad = _reshaped(pad, (n, 1, 1, src))
+        rows = None
+        if not need_weights:           # PyTorch's scaled_dot_product_attention path
+            merged = _merged(mask, pad)
+            if merged is not None:
+                (mask, rows), pad = _fully_masked(merged), None
+        scores = _apply_mask(_apply_mask(scores, mask), pad)
         attn = apply("softmax", [scores])
+        if rows is not None:           # PyTorch's 0 for a query that may attend to no key
+            attn = apply("masked_fill", [attn, rows], value=0.0)
         if self.training and self.dropout > 0.0:
             attn = dropout(attn, self.dropout)
         out = apply("transpose", [_weighted(attn, v)], perm=(0, 2, 1, 3))
