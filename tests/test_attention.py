@@ -405,3 +405,62 @@ def test_multihead_attention_without_weights_gives_a_query_with_no_key_0_as_pyto
     with_weights = mha(mf.tensor(q), mf.tensor(k), mf.tensor(k), **kw)[1].numpy()
     assert np.isnan(with_weights).any()             # PyTorch's softmax path: NaN rows
     assert np.isnan(ref(_t(q), _t(k), _t(k), **_torch_masks(kw))[1].detach().numpy()).any()
+
+
+@pytest.mark.parametrize("case", ["4-D", "3-D", "value heads", "causal mask", "one head"])
+def test_scaled_dot_product_attention_takes_enable_gqa_as_pytorch(case):
+    """PyTorch's ``enable_gqa`` (grouped-query attention): query heads ``Hq``, key and value
+    heads dividing it, query head ``i`` attending with key/value head ``i // (Hq / Hk)``
+    (``repeat_interleave``). ``enable_gqa=False``, what code written for PyTorch passes, was a
+    TypeError (no such keyword), and so was ``True``. Eager and in a graph with one SGD step,
+    against PyTorch; unequal heads without it, or heads that do not divide, are refused."""
+    hq, hk, hv = {"4-D": (6, 3, 3), "3-D": (4, 2, 2), "value heads": (6, 2, 3),
+                  "causal mask": (4, 2, 2), "one head": (4, 1, 1)}[case]
+    lead = () if case == "3-D" else (2,)
+    q = R.standard_normal(lead + (hq, 5, 4)).astype(np.float32)
+    k = R.standard_normal(lead + (hk, 7, 4)).astype(np.float32)
+    v = R.standard_normal(lead + (hv, 7, 3)).astype(np.float32)
+    kw = {"attn_mask": R.standard_normal((hq, 5, 7)).astype(np.float32)}
+    if case == "causal mask":
+        kw = {"is_causal": True, "scale": 0.7}
+    tkw = {a: (_t(b) if isinstance(b, np.ndarray) else b) for a, b in kw.items()}
+    tq = torch.tensor(q, requires_grad=True)
+    want = torch.nn.functional.scaled_dot_product_attention(tq, _t(k), _t(v), enable_gqa=True,
+                                                            **tkw)
+    got = F.scaled_dot_product_attention(mf.tensor(q), mf.tensor(k), mf.tensor(v),
+                                         enable_gqa=True, **kw)
+    np.testing.assert_allclose(got.numpy(), want.detach().numpy(), rtol=1e-5, atol=1e-6)
+
+    class Q(mf.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.q = mf.nn.Parameter(q.copy())
+
+    model = Q()
+    graph = _Call(model, lambda m, a, b: F.scaled_dot_product_attention(
+        m.q * 1.0, a, b, enable_gqa=True, **kw), train=True)
+    np.testing.assert_allclose(graph(k, v).numpy(), want.detach().numpy(), rtol=1e-5, atol=1e-6)
+    (want * torch.linspace(-1, 1, want.numel()).reshape(want.shape)).sum().backward()
+    np.testing.assert_allclose(model.q.numpy(), q - tq.grad.numpy(), rtol=1e-5, atol=1e-6)
+    same = F.scaled_dot_product_attention(mf.tensor(q), mf.tensor(q), mf.tensor(q),
+                                          enable_gqa=False)
+    np.testing.assert_allclose(same.numpy(), torch.nn.functional.scaled_dot_product_attention(
+        _t(q), _t(q), _t(q)).numpy(), rtol=1e-5, atol=1e-6)
+    if hk > 1:
+        with pytest.raises(ValueError, match=r"scaled_dot_product_attention: .* equal leading "
+                                             r"dimensions.*pass enable_gqa=True"):
+            F.scaled_dot_product_attention(mf.tensor(q), mf.tensor(k), mf.tensor(v))
+    bad = mf.tensor(R.standard_normal(lead + (hq - 1, 7, 4)).astype(np.float32))
+    with pytest.raises(ValueError, match=r"scaled_dot_product_attention: enable_gqa: the "
+                                         rf"number of heads of key \({hq - 1}\) and value "
+                                         rf"\({hq - 1}\) must divide the number of heads of "
+                                         rf"query \({hq}\)"):
+        F.scaled_dot_product_attention(mf.tensor(q), bad, bad, enable_gqa=True)
+    with pytest.raises(RuntimeError, match="Number of heads in key and value must divide"):
+        torch.nn.functional.scaled_dot_product_attention(_t(q), torch.zeros(bad.shape),
+                                                         torch.zeros(bad.shape),
+                                                         enable_gqa=True)
+    with pytest.raises(ValueError, match=r"enable_gqa needs query, key and value of rank >= 3 "
+                                         r"\(\[\*, H, L, E\]\), got \[5, 4\]"):
+        x = mf.tensor(q.reshape(-1, 4)[:5])
+        F.scaled_dot_product_attention(x, x, x, enable_gqa=True)

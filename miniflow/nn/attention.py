@@ -124,9 +124,19 @@ def _weighted(attn: Tensor, v: Tensor) -> Tensor:
     return apply("matmul" if attn.ndim == 2 else "batch_matmul", [attn, v])
 
 
+def _grouped(x: Tensor, lead: tuple) -> Tensor:
+    """``x [*, Hq, L, D]`` as ``[*, H, (Hq / H) * L, D]`` for a key or value of leading
+    dimensions ``lead = (*, H)`` (grouped-query attention: the ``Hq / H`` query heads that share
+    a key / value head, consecutive, as one operand; op ``reshape``), and back (``lead = (*,
+    Hq)``); ``x`` itself where ``lead`` is ``x``'s."""
+    if tuple(lead) == tuple(x.shape[:-2]):
+        return x
+    return x.reshape(tuple(lead) + (-1, x.shape[-1]))
+
+
 def scaled_dot_product_attention(query: Tensor, key: Tensor, value: Tensor, attn_mask=None,
                                  dropout_p: float = 0.0, is_causal: bool = False,
-                                 scale: float | None = None) -> Tensor:
+                                 scale: float | None = None, enable_gqa: bool = False) -> Tensor:
     """``softmax(query @ key^T * scale + mask) @ value``
     (``torch.nn.functional.scaled_dot_product_attention``): ``query [*, L, E]``, ``key [*, S,
     E]``, ``value [*, S, Ev]`` with equal leading dimensions -> ``[*, L, Ev]``; ``scale``
@@ -140,21 +150,38 @@ def scaled_dot_product_attention(query: Tensor, key: Tensor, value: Tensor, attn
     mask (``j <= i``, top-left aligned as PyTorch's), op ``tril`` with fill ``-inf``.
     ``dropout_p``: dropout on the attention weights (the process's dropout stream; inside
     ``nn.Graph`` an ``nn.Dropout`` of the model must bind it, see ``nn.functional.dropout``).
+    ``enable_gqa``: grouped-query attention (PyTorch's): ``query [*, Hq, L, E]``, ``key [*, Hk,
+    S, E]``, ``value [*, Hv, S, Ev]`` with ``Hk`` and ``Hv`` dividing ``Hq``, query head ``i``
+    attending with key head ``i // (Hq / Hk)`` and value head ``i // (Hq / Hv)`` (PyTorch's
+    ``repeat_interleave``; here the query heads of a key head are reshaped into one ``[G * L,
+    E]`` operand, op ``reshape``, so nothing is repeated) -> ``[*, Hq, L, Ev]``.
 
     Raises:
         ValueError: shapes that do not fit (an ``attn_mask`` that does not broadcast to ``[*, L,
-            S]`` included), or ``attn_mask`` together with ``is_causal`` (PyTorch refuses
-            both). TypeError: a mask of another dtype.
+            S]`` included; with ``enable_gqa``, inputs of rank < 3 or key / value heads that do
+            not divide the query's), or ``attn_mask`` together with ``is_causal`` (PyTorch
+            refuses both). TypeError: a mask of another dtype.
     """
     fn = "scaled_dot_product_attention"
     if query.ndim < 2 or key.ndim != query.ndim or value.ndim != query.ndim:
         raise ValueError(f"{fn}: query, key and value must have one rank >= 2, got "
                          f"{list(query.shape)}, {list(key.shape)}, {list(value.shape)}")
-    if (query.shape[:-2] != key.shape[:-2] or key.shape[:-2] != value.shape[:-2]
+    got = f"{list(query.shape)}, {list(key.shape)}, {list(value.shape)}"
+    heads = 3 if enable_gqa else 2     # the trailing dimensions that may differ
+    if enable_gqa and query.ndim < 3:
+        raise ValueError(f"{fn}: enable_gqa needs query, key and value of rank >= 3 ([*, H, L, "
+                         f"E]), got {got}")
+    if (query.shape[:-heads] != key.shape[:-heads] or key.shape[:-heads] != value.shape[:-heads]
             or query.shape[-1] != key.shape[-1] or key.shape[-2] != value.shape[-2]):
+        hint = ("; for grouped-query attention (fewer key / value heads, dimension -3) pass "
+                "enable_gqa=True" if not enable_gqa and query.ndim >= 3
+                and query.shape[:-3] == key.shape[:-3] == value.shape[:-3] else "")
         raise ValueError(f"{fn}: expected query [*, L, E], key [*, S, E], value [*, S, Ev] with "
-                         f"equal leading dimensions, got {list(query.shape)}, "
-                         f"{list(key.shape)}, {list(value.shape)}")
+                         f"equal leading dimensions, got {got}{hint}")
+    if enable_gqa and (query.shape[-3] % key.shape[-3] or query.shape[-3] % value.shape[-3]):
+        raise ValueError(f"{fn}: enable_gqa: the number of heads of key ({key.shape[-3]}) and "
+                         f"value ({value.shape[-3]}) must divide the number of heads of query "
+                         f"({query.shape[-3]}) (PyTorch's rule); got {got}")
     if is_causal and attn_mask is not None:
         raise ValueError(f"{fn}: Explicit attn_mask should not be set when is_causal=True")
     mask = _mask(fn, attn_mask, invert=True)
@@ -164,7 +191,7 @@ def scaled_dot_product_attention(query: Tensor, key: Tensor, value: Tensor, attn
                          f"the attention scores [*, L, S] = {list(scores_shape)}; give it the "
                          f"shape [L, S] = {list(scores_shape[-2:])} or [*, L, S]")
     scale = 1.0 / math.sqrt(query.shape[-1]) if scale is None else float(scale)
-    scores = _scores(query, key, scale)
+    scores = _grouped(_scores(_grouped(query, key.shape[:-2]), key, scale), scores_shape[:-2])
     if is_causal:
         scores = apply("tril", [scores], diagonal=0, fill_value=-math.inf)
     mask, rows = _fully_masked(mask)
@@ -174,4 +201,4 @@ def scaled_dot_product_attention(query: Tensor, key: Tensor, value: Tensor, attn
         attn = apply("masked_fill", [attn, rows], value=0.0)
     if dropout_p > 0.0:
         attn = dropout(attn, dropout_p)
-    return _weighted(attn, value)
+    return _grouped(_weighted(_grouped(attn, value.shape[:-2]), value), query.shape[:-2])
