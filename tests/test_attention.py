@@ -464,3 +464,59 @@ def test_scaled_dot_product_attention_takes_enable_gqa_as_pytorch(case):
                                          r"\(\[\*, H, L, E\]\), got \[5, 4\]"):
         x = mf.tensor(q.reshape(-1, 4)[:5])
         F.scaled_dot_product_attention(x, x, x, enable_gqa=True)
+
+
+@pytest.mark.parametrize("kdim,vdim", [(4, 6), (8, 5), (8, 8)])
+@pytest.mark.parametrize("batch_first", [True, False])
+def test_multihead_attention_takes_kdim_and_vdim_as_pytorch(kdim, vdim, batch_first):
+    """PyTorch's ``kdim`` / ``vdim`` (key and value feature sizes other than ``embed_dim``):
+    separate ``q_proj_weight [E, E]``, ``k_proj_weight [E, kdim]``, ``v_proj_weight [E, vdim]``
+    in place of ``in_proj_weight`` (PyTorch's state-dict keys), ``in_proj_bias [3E]``; equal to
+    ``embed_dim`` they change nothing. They were a TypeError (no such keyword), and so were
+    ``add_bias_kv=False`` and ``add_zero_attn=False``, PyTorch's defaults. A torch state dict
+    loads; outputs, weights, and one SGD step in a graph match PyTorch's."""
+    e, h, n, length, src = 8, 2, 2, 5, 6
+    ref = torch.nn.MultiheadAttention(e, h, kdim=kdim, vdim=vdim, batch_first=batch_first)
+    mha = mf.nn.MultiheadAttention(e, h, add_bias_kv=False, add_zero_attn=False, kdim=kdim,
+                                   vdim=vdim, batch_first=batch_first)
+    assert sorted(mha.state_dict()) == sorted(ref.state_dict())
+    assert {k: v.shape for k, v in mha.state_dict().items()} == {
+        k: tuple(v.shape) for k, v in ref.state_dict().items()}
+    mha.load_state_dict(_sd(ref))
+    order = (lambda a, b, c: (a, b, c)) if batch_first else (lambda a, b, c: (b, a, c))
+    q = R.standard_normal(order(n, length, e)).astype(np.float32)
+    k = R.standard_normal(order(n, src, kdim)).astype(np.float32)
+    v = R.standard_normal(order(n, src, vdim)).astype(np.float32)
+    kw = {"key_padding_mask": np.array([[False] * (src - 1) + [True], [False] * src])}
+    want, want_w = ref(_t(q), _t(k), _t(v), **_torch_masks(kw))
+    got, got_w = mha(mf.tensor(q), mf.tensor(k), mf.tensor(v), **kw)
+    np.testing.assert_allclose(got.numpy(), want.detach().numpy(), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(got_w.numpy(), want_w.detach().numpy(), rtol=1e-5, atol=1e-6)
+    graph = _Call(mha, lambda m, a, b, c: m(a, b, c, **kw)[0], train=True)
+    np.testing.assert_allclose(graph(q, k, v).numpy(), want.detach().numpy(), rtol=1e-5,
+                               atol=1e-5)
+    stepped = _torch_step(ref, want)
+    for name, p in mha.state_dict().items():
+        np.testing.assert_allclose(p, stepped[name], rtol=1e-5, atol=1e-5, err_msg=name)
+    unbatched = mha(mf.tensor(q[0] if batch_first else q[:, 0]),
+                    mf.tensor(k[0] if batch_first else k[:, 0]),
+                    mf.tensor(v[0] if batch_first else v[:, 0]))[0]
+    assert unbatched.shape == (length, e)
+    if (kdim, vdim) != (e, e):
+        with pytest.raises(ValueError, match=rf"MultiheadAttention: was expecting key "
+                                             rf"embedding dimension of {kdim}, but got {kdim + 1}"):
+            mha(mf.tensor(q), mf.tensor(np.zeros(order(n, src, kdim + 1), np.float32)),
+                mf.tensor(v))
+
+
+def test_multihead_attention_refuses_add_bias_kv_and_add_zero_attn_by_name():
+    """PyTorch's ``add_bias_kv`` and ``add_zero_attn`` are not there: True is refused at
+    construction naming it and the way out (was: an unexpected keyword argument)."""
+    for name in ("add_bias_kv", "add_zero_attn"):
+        with pytest.raises(ValueError, match=rf"MultiheadAttention: {name}=True is not "
+                                             rf"supported \(only PyTorch's default "
+                                             rf"{name}=False\)"):
+            mf.nn.MultiheadAttention(8, 2, **{name: True})
+    for bad in ({"kdim": 0}, {"vdim": 2.5}):
+        with pytest.raises(ValueError, match="MultiheadAttention: .dim must be a positive"):
+            mf.nn.MultiheadAttention(8, 2, **bad)

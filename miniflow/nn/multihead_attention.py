@@ -46,24 +46,38 @@ class MultiheadAttention(Module):
         bias: learn ``in_proj_bias`` and ``out_proj.bias`` (zeros).
         batch_first: inputs and output ``[N, L, E]`` (True) or ``[L, N, E]`` (PyTorch's default
             False).
-        device, dtype: PyTorch's factory keywords (keyword-only here: PyTorch's positional
-            arguments ``add_bias_kv`` ... ``vdim`` are not supported; ``nn.factory.param_dtype``).
+        kdim, vdim: the feature sizes of ``key`` and ``value`` (None: ``embed_dim``).
+        add_bias_kv, add_zero_attn: PyTorch's, taken at their default False only.
+        device, dtype: PyTorch's factory keywords (``nn.factory.param_dtype``). Everything after
+            ``batch_first`` is keyword-only here (PyTorch's positional order puts
+            ``add_bias_kv``, ``add_zero_attn``, ``kdim`` and ``vdim`` before it).
 
     Parameters (PyTorch's names and initialisation): ``in_proj_weight [3E, E]`` (Xavier uniform;
-    rows ``q``, ``k``, ``v``), ``in_proj_bias [3E]``, ``out_proj`` a ``Linear(E, E)``.
+    rows ``q``, ``k``, ``v``), or where ``kdim`` or ``vdim`` is not E, ``q_proj_weight [E, E]``,
+    ``k_proj_weight [E, kdim]`` and ``v_proj_weight [E, vdim]`` (each Xavier uniform;
+    ``in_proj_weight`` is None); ``in_proj_bias [3E]``, ``out_proj`` a ``Linear(E, E)``.
 
     Raises:
         ValueError: ``embed_dim`` not divisible by ``num_heads`` (PyTorch's message, with the
-            values), a size that is not a positive integer, a device other than the process's.
+            values), a size that is not a positive integer, ``add_bias_kv`` or
+            ``add_zero_attn`` True, a device other than the process's.
         TypeError: a dtype that is not a floating dtype of miniflow.
     """
 
     def __init__(self, embed_dim: int, num_heads: int, dropout: float = 0.0, bias: bool = True,
-                 batch_first: bool = False, *, device=None, dtype=None):
+                 batch_first: bool = False, *, add_bias_kv: bool = False,
+                 add_zero_attn: bool = False, kdim: int | None = None, vdim: int | None = None,
+                 device=None, dtype=None):
         super().__init__()
         dt = param_dtype("MultiheadAttention", device, dtype)
         for name, v in (("embed_dim", embed_dim), ("num_heads", num_heads)):
             positive_integer("MultiheadAttention", name, v)
+        for name, v in (("add_bias_kv", add_bias_kv), ("add_zero_attn", add_zero_attn)):
+            if v:
+                raise ValueError(f"MultiheadAttention: {name}={v!r} is not supported (only "
+                                 f"PyTorch's default {name}=False); leave it out")
+        kdim, vdim = (embed_dim if d is None else positive_integer("MultiheadAttention", name, d)
+                      for name, d in (("kdim", kdim), ("vdim", vdim)))
         if embed_dim % num_heads:
             raise ValueError(f"MultiheadAttention: embed_dim must be divisible by num_heads, got "
                              f"embed_dim={embed_dim} and num_heads={num_heads}")
@@ -72,9 +86,18 @@ class MultiheadAttention(Module):
         e = int(embed_dim)
         self.embed_dim, self.num_heads, self.head_dim = e, int(num_heads), e // int(num_heads)
         self.dropout, self.batch_first = float(dropout), bool(batch_first)
-        bound = math.sqrt(6.0 / (e + 3 * e))                   # xavier_uniform_ of [3E, E]
-        self.in_proj_weight = Parameter(generator().uniform(-bound, bound, (3 * e, e))
-                                        .astype(dt))
+        self.kdim, self.vdim = kdim, vdim
+        if kdim == e and vdim == e:
+            bound = math.sqrt(6.0 / (e + 3 * e))               # xavier_uniform_ of [3E, E]
+            self.in_proj_weight = Parameter(generator().uniform(-bound, bound, (3 * e, e))
+                                            .astype(dt))
+        else:                                                  # PyTorch's order and init
+            self.in_proj_weight = None
+            for name, d in (("q_proj_weight", e), ("k_proj_weight", kdim),
+                            ("v_proj_weight", vdim)):
+                bound = math.sqrt(6.0 / (e + d))
+                setattr(self, name, Parameter(generator().uniform(-bound, bound, (e, d))
+                                              .astype(dt)))
         self.in_proj_bias = Parameter(np.zeros(3 * e, dt)) if bias else None
         self.out_proj = Linear(e, e, bias=bias, dtype=dt)
         if bias:
@@ -82,28 +105,32 @@ class MultiheadAttention(Module):
         self.register_buffer("rng_state", dropout_state(), persistent=False)
 
     def _project(self, x: Tensor, k: int) -> Tensor:
-        """Input projection ``k`` (0: q, 1: k, 2: v) of ``x [N, L, E]``."""
+        """Input projection ``k`` (0: q, 1: k, 2: v) of ``x [N, L, E or kdim or vdim]`` ->
+        ``[N, L, E]``."""
         e = self.embed_dim
-        w = self.in_proj_weight[k * e:(k + 1) * e]
+        w = (self.in_proj_weight[k * e:(k + 1) * e] if self.in_proj_weight is not None
+             else (self.q_proj_weight, self.k_proj_weight, self.v_proj_weight)[k])
         b = None if self.in_proj_bias is None else self.in_proj_bias[k * e:(k + 1) * e]
-        y = apply("matmul", [x.reshape(-1, e), w], transpose_b=True)
+        y = apply("matmul", [x.reshape(-1, x.shape[-1]), w], transpose_b=True)
         if b is not None:
             y = apply("bias_add", [y, b], axis=1)
-        return y.reshape(x.shape)
+        return y.reshape(tuple(x.shape[:-1]) + (e,))
 
     def _check(self, query, key, value, attn_mask, key_padding_mask):
         fn = "MultiheadAttention"
-        for name, t in (("query", query), ("key", key), ("value", value)):
+        for name, t, d in (("query", query, self.embed_dim), ("key", key, self.kdim),
+                           ("value", value, self.vdim)):
             if t.ndim != 3:
                 raise ValueError(f"{fn}: {name} must be 3-D ([N, L, E] with batch_first, else "
                                  f"[L, N, E]), or 2-D [L, E] unbatched, got shape "
                                  f"{list(t.shape)}")
-            if t.shape[-1] != self.embed_dim:
-                raise ValueError(f"{fn}: was expecting embedding dimension of "
-                                 f"{self.embed_dim}, but got {t.shape[-1]} ({name})")
-        if key.shape != value.shape:
+            if t.shape[-1] != d:
+                what = "" if name == "query" or self.in_proj_weight is not None else f"{name} "
+                raise ValueError(f"{fn}: was expecting {what}embedding dimension of {d}, but got "
+                                 f"{t.shape[-1]} ({name})")
+        if key.shape[:-1] != value.shape[:-1]:
             raise ValueError(f"{fn}: key shape {list(key.shape)} does not match value shape "
-                             f"{list(value.shape)}")
+                             f"{list(value.shape)} (but for the last dimension, kdim and vdim)")
         n = query.shape[0 if self.batch_first else 1]
         length = query.shape[1 if self.batch_first else 0]
         src = key.shape[1 if self.batch_first else 0]
@@ -150,7 +177,7 @@ class MultiheadAttention(Module):
                 ``value`` not a miniflow Tensor (a NumPy array: wrap it with
                 ``miniflow.tensor``), or of another dtype than the parameters.
         """
-        dt = self.in_proj_weight.dtype
+        dt = self.out_proj.weight.dtype
         for name, t in (("query", query), ("key", key), ("value", value)):
             if not isinstance(t, Tensor):
                 raise TypeError(f"MultiheadAttention: {name} is a {type(t).__name__}, not a "
@@ -223,5 +250,7 @@ class MultiheadAttention(Module):
         return out, attn
 
     def extra_repr(self) -> str:
+        dims = ("" if self.in_proj_weight is not None
+                else f", kdim={self.kdim}, vdim={self.vdim}")
         return (f"embed_dim={self.embed_dim}, num_heads={self.num_heads}, "
-                f"dropout={self.dropout}, batch_first={self.batch_first}")
+                f"dropout={self.dropout}, batch_first={self.batch_first}{dims}")
