@@ -169,6 +169,7 @@ def _train_run(args, threads: int | None) -> int:
     :func:`_pinned_threads`), else None."""
     from . import distributed
     from .amp import NonFiniteGradientsError
+    from .experiments.stability import OutputDirError
     from .experiments.train import (DataSizeError, ResumeError, TrainingInterrupted,
                                     train_digits)
     from .extras import MissingExtraError
@@ -181,6 +182,12 @@ def _train_run(args, threads: int | None) -> int:
     except OSError as e:
         print(f"miniflow train: --save {args.save}: {e}", file=sys.stderr)
         return 2
+    if args.logdir and first:
+        try:                        # before the first step, as --save: one line naming --logdir
+            _check_logdir(args.logdir, "miniflow train --logdir")
+        except (OutputDirError, MissingExtraError) as e:
+            print(f"miniflow train: {e}", file=sys.stderr)
+            return 2
     if args.model == "gpt":
         from .cli_gpt import train_gpt_command
         return train_gpt_command(args, line if first else None, threads)
@@ -287,7 +294,7 @@ def _stability(args) -> int:
 
     from .experiments import stability
     from .experiments.stability_report import headline_table
-    from .extras import MissingExtraError, require
+    from .extras import MissingExtraError
 
     print(choose_backend("stability", args.backend), flush=True)
     cfg = stability.QUICK if args.quick else stability.StudyConfig()
@@ -295,8 +302,7 @@ def _stability(args) -> int:
     out = Path(args.out)
     try:                               # before any run (the study takes minutes) or folder
         if args.logdir:
-            require("tensorboardX", "tensorboard", "miniflow stability --logdir")
-            stability.check_out_dir(Path(args.logdir), "TensorBoard's logs", "--logdir")
+            _check_logdir(args.logdir, "miniflow stability --logdir")
         stability.check_out_dir(out)
     except (stability.OutputDirError, MissingExtraError) as e:
         print(f"miniflow stability: {e}", file=sys.stderr)
@@ -313,6 +319,23 @@ def _stability(args) -> int:
         print(f"TensorBoard: one run per experiment, policy and seed in {args.logdir}/ "
               f"(tensorboard --logdir {args.logdir})")
     return 0
+
+
+def _check_logdir(logdir: str, feature: str) -> None:
+    """Check a ``--logdir`` before a run: the tensorboard extra is installed (before any folder
+    is made), then ``logdir`` is made if missing and written to (``stability.check_out_dir``).
+
+    Raises:
+        MissingExtraError: no tensorboardX (naming ``feature`` and the extra).
+        OutputDirError: ``logdir`` is a file, lies under a file or cannot be written (naming
+            ``--logdir``, the folder and the reason).
+    """
+    from pathlib import Path
+
+    from .experiments.stability import check_out_dir
+    from .extras import require
+    require("tensorboardX", "tensorboard", feature)
+    check_out_dir(Path(logdir), "TensorBoard's logs", "--logdir")
 
 
 def _ir(args) -> int:

@@ -170,6 +170,29 @@ def test_without_the_tensorboard_extra_logging_names_it(monkeypatch, tmp_path, c
     assert os.listdir(tmp_path) == []
 
 
+@pytest.mark.parametrize("model", ["mlp", "gpt"])
+def test_a_logdir_that_is_a_file_is_one_line_naming_logdir_before_training(model, tmp_path,
+                                                                             capsys, monkeypatch):
+    """``--logdir`` at a file (or under one) was ``[Errno 20] Not a directory: ...`` after the
+    model was made, naming no option; now one line naming ``--logdir``, before any step."""
+    import miniflow.experiments.train as digits
+    import miniflow.experiments.train_gpt as gpt
+
+    def trained(**kwargs):
+        raise AssertionError("trained before --logdir was checked")
+    monkeypatch.setattr(digits, "train_digits", trained)
+    monkeypatch.setattr(gpt, "train_gpt", trained)
+    file = tmp_path / "file"
+    file.write_text("")
+    for logdir in (file, file / "runs"):
+        assert main(["train", "--model", model, "--epochs", "1", "--no-progress",
+                     "--logdir", str(logdir)]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith(f"miniflow train: cannot write TensorBoard's logs to "
+                              f"'{logdir}': ") and "--logdir DIR" in err, err
+        assert "Errno" not in err and "Traceback" not in err
+
+
 @pytest.mark.parametrize("loss", [None, "0.5", np.zeros(0, np.float32)], ids=["None", "str",
                                                                                "empty"])
 def test_a_step_without_a_loss_is_refused_by_name(loss, tmp_path):
