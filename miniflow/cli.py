@@ -392,13 +392,24 @@ def _real(low: float, low_inclusive: bool):
     return parse
 
 
+PATH_OPTIONS = {"train": ("save", "checkpoint", "logdir"), "stability": ("out", "logdir"),
+                "ir": ("onnx",), "attention-study": ("out",)}
+"""The options of each subcommand that name a file or folder (``args`` attributes)."""
+
+
+def _check_paths(args) -> None:
+    """A usage error (exit code 2) for a path option given as an empty string (an unset shell
+    variable: ``--out "$DIR"``), which would otherwise mean the working folder (``Path("")``
+    is ``.``) or be refused late with a message about a folder named ``''``."""
+    for option in PATH_OPTIONS.get(args.command, ()):
+        if getattr(args, option) == "":
+            args.parser.error(f"--{option} needs a path, got an empty one")
+
+
 def _check_train_args(args) -> None:
     """Usage errors (exit code 2) between ``miniflow train``'s options: an option that would
     be ignored, or a ``--save`` that would replace a file of the ``--checkpoint`` folder."""
     import os
-    for option in ("save", "checkpoint", "logdir"):
-        if getattr(args, option) == "":
-            args.parser.error(f"--{option} needs a path, got an empty one")
     if args.resume and args.checkpoint is None:
         args.parser.error("--resume needs --checkpoint DIR (the folder of the run to continue)")
     if args.checkpoint_every is not None and args.checkpoint is None:
@@ -546,7 +557,7 @@ def _add_stability(sub) -> None:
     st.add_argument("--logdir", metavar="DIR", help="TensorBoard scalars of every run (one "
                     "run folder per experiment, policy or label, scale and seed) in DIR (needs "
                     "the tensorboard extra; default: none written)")
-    st.set_defaults(fn=_stability)
+    st.set_defaults(fn=_stability, parser=st)
 
 
 def _add_ir(sub) -> None:
@@ -579,6 +590,7 @@ def _add_ir(sub) -> None:
 def main(argv=None) -> int:
     """Parse ``argv`` and run the subcommand; returns the exit code."""
     args = parser().parse_args(argv)
+    _check_paths(args)
     if args.command == "train":
         _check_train_args(args)
     if args.command == "ir" and args.netron and not args.onnx:

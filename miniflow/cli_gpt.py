@@ -121,7 +121,7 @@ def add_attention_study(sub) -> None:
                        "float16 softmax error and overflow against the score scale, "
                        "amp_black_identity's effect, a figure")
     a.add_argument("--out", default="attention-study-results", help="output folder (default attention-study-results)")
-    a.set_defaults(fn=_attention_study)
+    a.set_defaults(fn=_attention_study, parser=a)
 
 
 def _attention_study(args) -> int:

@@ -16,6 +16,24 @@ def test_train_rejects_bad_arguments_with_a_usage_error(args, match, capsys):
     assert e.value.code == 2 and match in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("argv", [["ir", "--model", "gpt", "--onnx", ""],
+                                  ["attention-study", "--out", ""],
+                                  ["stability", "--quick", "--out", ""],
+                                  ["stability", "--quick", "--logdir", ""],
+                                  ["train", "--logdir", ""]], ids=" ".join)
+def test_an_empty_path_is_a_usage_error_naming_the_option(argv, capsys, monkeypatch, tmp_path):
+    """``--out ""`` (an unset shell variable) wrote attention-study's results into the working
+    folder, ``ir --onnx ""`` was refused after lowering as "'' is a folder"; every path option
+    of every subcommand is now refused before anything runs or is written."""
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit) as e:
+        main(argv)
+    option = argv[-2]
+    assert e.value.code == 2
+    assert f"error: {option} needs a path, got an empty one" in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_info_prints_backend_and_versions(capsys):
     assert main(["info"]) == 0
     out = capsys.readouterr().out
