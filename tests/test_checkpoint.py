@@ -341,6 +341,16 @@ def test_resuming_with_other_settings_names_them(saved, capsys, args, match):
     assert code == 2 and __import__("re").search(match, err), err
 
 
+def test_resuming_another_models_checkpoint_names_the_model_alone(saved, capsys):
+    """A digits checkpoint resumed with ``--model gpt`` listed every setting of both recipes,
+    among them "no --amp (this run: no --amp)" (False against None); now the model alone."""
+    code = main(["train", "--model", "gpt", "--checkpoint", str(saved), "--resume"])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert "was saved by a run with other settings: --model mlp (this run: --model gpt); " \
+           "resume with the same options" in err, err
+
+
 def test_an_existing_checkpoint_is_not_overwritten_and_nothing_to_resume_is_an_error(
         saved, tmp_path, capsys):
     before = (saved / CHECKPOINT_FILE).read_bytes()

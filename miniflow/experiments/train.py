@@ -615,7 +615,9 @@ def _resume(folder: RunFolder, config: dict, **objects) -> tuple:
     log existed (which kept every loss there).
 
     Raises:
-        ResumeError: one made with other settings or another world size, one that does not
+        ResumeError: one made with other settings (naming each as its option and both
+            values; a checkpoint of another ``--model`` names that alone) or another world
+            size, one that does not
             fit the model, optimizer ... (``restore``'s message: nothing is loaded), or a loss
             log that lacks its steps.
         miniflow.CheckpointError: a truncated or edited file (``miniflow.load``).
@@ -629,8 +631,10 @@ def _resume(folder: RunFolder, config: dict, **objects) -> tuple:
     world = _world_mismatch(path, saved.get("world_size"), config.get("world_size"))
     if world:
         raise ResumeError(world)
-    differ = [f"{_spelled(k, saved.get(k))} (this run: {_spelled(k, v)})"
-              for k, v in config.items() if saved.get(k) != v]
+    keys = ["model"] if saved.get("model") != config.get("model") else config  # others: noise
+    differ = [f"{_spelled(k, saved.get(k))} (this run: {_spelled(k, config[k])})" for k in keys
+              if saved.get(k) != config[k]
+              and _spelled(k, saved.get(k)) != _spelled(k, config[k])]   # None, False: unset
     if differ:
         raise ResumeError(f"{path!r} was saved by a run with other settings: "
                           f"{'; '.join(differ)}; resume with the same options")
