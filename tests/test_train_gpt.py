@@ -96,6 +96,9 @@ def test_fp16_amp_trains_and_sampling_follows_its_arguments():
     for temperature in (math.inf, math.nan, -1.0):
         with pytest.raises(ValueError, match="temperature must be a finite number > 0"):
             generate(r["model"], r["corpus"], "x", 1, temperature=temperature)
+    for length in (-5, 2.5, True):      # -5 returned the prompt, 2.5 a TypeError of range()
+        with pytest.raises(ValueError, match="length must be an int >= 0"):
+            generate(r["model"], r["corpus"], "x", length)
     for top_k in (2.5, True, 0):
         with pytest.raises(ValueError, match="top_k must be an int >= 1"):
             generate(r["model"], r["corpus"], "x", 1, top_k=top_k)

@@ -84,8 +84,12 @@ def generate(model, corpus, prompt: str, length: int, temperature: float = 1.0,
     miniflow's generator). The context is the last ``block_size`` characters.
 
     Raises:
-        ValueError: ``temperature`` not a finite number > 0, ``top_k`` not an int >= 1, an empty
-            ``prompt`` (nothing to continue) or one with a character outside the corpus."""
+        ValueError: ``length`` not an int >= 0, ``temperature`` not a finite number > 0,
+            ``top_k`` not an int >= 1, an empty ``prompt`` (nothing to continue) or one with a
+            character outside the corpus."""
+    if not isinstance(length, (int, np.integer)) or isinstance(length, bool) or length < 0:
+        raise ValueError(f"generate: length must be an int >= 0 (the characters to add), got "
+                         f"{length!r}")
     if not (isinstance(temperature, (int, float, np.floating)) and not isinstance(temperature, bool)
             and 0 < temperature < math.inf):
         raise ValueError(f"generate: temperature must be a finite number > 0, got "
