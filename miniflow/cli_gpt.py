@@ -55,7 +55,8 @@ def train_gpt_command(args, backend_line: str | None, threads: int | None = None
     get ``backend_line`` None; ``threads``: each rank's thread count). A checkpoint that cannot
     be used (and a usage error ``train_gpt`` finds: a context longer than the text) is a
     message and exit code 2, a run that diverged (``NonFiniteGradientsError``) or ran out of
-    memory a message and exit code 1, Ctrl-C one line and exit code 130."""
+    memory a message and exit code 1, Ctrl-C one line and exit code 130; a run whose weights
+    diverged to NaN or inf prints its results and, for the sample, one line and exit code 1."""
     from .amp import NonFiniteGradientsError
     from .experiments.train import AMP_LINES, ResumeError, TrainingInterrupted
     from .experiments.train_gpt import train_gpt
@@ -112,6 +113,10 @@ def train_gpt_command(args, backend_line: str | None, threads: int | None = None
         print(f"saved the model's state_dict to {args.save}")
     if r["sample"] is not None:
         print("sample:\n" + r["sample"])
+    if r["sample_error"] is not None:       # the run diverged: its results above, no sample
+        print(f"miniflow train: no sample: {r['sample_error']} (train with a smaller --lr)",
+              file=sys.stderr)
+        return 1
     return 0
 
 

@@ -109,6 +109,23 @@ def test_fp16_amp_trains_and_sampling_follows_its_arguments():
                     rng=np.random.default_rng(2)) == greedy      # argmax, not NaN
 
 
+def test_a_diverged_run_prints_its_results_and_one_line_instead_of_a_sample(capsys):
+    """An lr that drives the weights to NaN ended with NumPy's "Probabilities contain NaN" as
+    exit code 2 (a usage error), the run's results unprinted; now the results, then one line
+    saying why there is no sample, exit code 1 (``generate`` refuses non-finite logits)."""
+    r = train_gpt(**{**TINY, "dropout": 0.0}, lr=1e30, sample=5, report=lambda line: None)
+    assert r["sample"] is None and "logits are not finite" in r["sample_error"]
+    with pytest.raises(FloatingPointError, match="nothing to sample from"):
+        generate(r["model"], r["corpus"], "def ", 1)
+    code = main(["train", "--model", "gpt", "--epochs", "1", "--steps-per-epoch", "2",
+                 "--batch-size", "4", "--block-size", "8", "--lr", "1e30", "--sample", "5",
+                 "--no-progress"])
+    out, err = capsys.readouterr()
+    assert code == 1 and "validation loss: nan nats/char" in out and "sample:" not in out
+    assert err.startswith("miniflow train: no sample: generate: the model's logits are not "
+                          "finite") and "smaller --lr" in err and "Probabilities" not in err
+
+
 def test_cli_trains_and_prints_the_sample(capsys):
     code = main(["train", "--model", "gpt", "--epochs", "1", "--steps-per-epoch", "2",
                  "--batch-size", "4", "--block-size", "8", "--sample", "10", "--no-progress"])

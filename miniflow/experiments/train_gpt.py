@@ -86,7 +86,9 @@ def generate(model, corpus, prompt: str, length: int, temperature: float = 1.0,
     Raises:
         ValueError: ``length`` not an int >= 0, ``temperature`` not a finite number > 0,
             ``top_k`` not an int >= 1, an empty ``prompt`` (nothing to continue) or one with a
-            character outside the corpus."""
+            character outside the corpus.
+        FloatingPointError: the model's logits are not finite (its weights hold NaN or inf, as
+            after a run that diverged): there is no distribution to sample from."""
     if not isinstance(length, (int, np.integer)) or isinstance(length, bool) or length < 0:
         raise ValueError(f"generate: length must be an int >= 0 (the characters to add), got "
                          f"{length!r}")
@@ -109,6 +111,11 @@ def generate(model, corpus, prompt: str, length: int, temperature: float = 1.0,
         for _ in range(length):
             ctx = np.array([ids[-model.block_size:]], np.int64)
             logits = model(tensor(ctx)).numpy()[0, -1].astype(np.float64)
+            if not np.isfinite(logits).all():       # NumPy: "Probabilities contain NaN"
+                raise FloatingPointError(
+                    f"generate: the model's logits are not finite ({np.isnan(logits).sum()} "
+                    f"NaN, {np.isinf(logits).sum()} inf of {logits.size}): its weights are not "
+                    "finite, as after a run that diverged; there is nothing to sample from")
             with np.errstate(over="ignore"):    # <= 0; a tiny temperature: -inf but the max
                 logits = (logits - logits.max()) / temperature
             if top_k is not None and top_k < logits.size:
@@ -158,8 +165,9 @@ def train_gpt(*, epochs=None, steps_per_epoch=None, batch_size=None, block_size=
 
     Returns:
         dict: ``val_losses`` (per epoch), ``unigram`` (the baseline, nats per character),
-        ``losses`` (per update), ``sample`` (str or None), ``steps``, ``resumed_from``,
-        ``checkpoint``, ``seconds``, ``model``, ``corpus``, ``config``, ``rank``,
+        ``losses`` (per update), ``sample`` (str or None), ``sample_error`` (why no sample
+        was drawn from a model whose weights diverged to NaN or inf, else None), ``steps``,
+        ``resumed_from``, ``checkpoint``, ``seconds``, ``model``, ``corpus``, ``config``, ``rank``,
         ``world_size`` and ``logdir`` (the TensorBoard run's folder, or None); on ranks other
         than 0 ``val_losses`` is empty and ``sample`` None.
 
@@ -209,11 +217,16 @@ def train_gpt(*, epochs=None, steps_per_epoch=None, batch_size=None, block_size=
             folder.close()
         if log is not None:
             log.close()
-    text = generate(model, corpus, prompt, sample, temperature, top_k) \
-        if sample and rank == 0 else None
+    text = sample_error = None
+    if sample and rank == 0:
+        try:
+            text = generate(model, corpus, prompt, sample, temperature, top_k)
+        except FloatingPointError as e:     # a diverged run: its results are still returned
+            sample_error = str(e)
     return {"val_losses": run["val_losses"], "unigram": corpus.unigram_loss(), "losses": losses,
-            "sample": text, "steps": run["step"], "resumed_from": resumed_from,
-            "checkpoint": path, "seconds": time.perf_counter() - t0, "model": model,
+            "sample": text, "sample_error": sample_error, "steps": run["step"],
+            "resumed_from": resumed_from, "checkpoint": path,
+            "seconds": time.perf_counter() - t0, "model": model,
             "corpus": corpus, "config": config, "scaler": scaler, "rank": rank,
             "world_size": world, "logdir": None if log is None else log.path,
             "parameters": sum(int(np.prod(p.shape)) for p in model.parameters())}
