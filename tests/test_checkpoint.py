@@ -461,6 +461,25 @@ def test_a_second_run_on_a_locked_folder_is_refused_and_ctrl_c_saves_one_line(tm
     RunFolder(tmp_path).close()                           # the lock was released
 
 
+def test_resume_of_a_run_before_its_first_save_names_the_run_that_holds_the_folder(
+        tmp_path, capsys):
+    """``--resume`` on the folder of a run still before its first checkpoint said "nothing to
+    resume ... train without --resume", which the lock then refused: now it names the run that
+    holds the folder; once the lock is released, the old message, and nothing is created."""
+    held = RunFolder(tmp_path)          # flock: a second open file conflicts, in one process too
+    try:
+        code, _, err = _cli(["--checkpoint", str(tmp_path), "--resume"], capsys)
+        assert code == 2 and "nothing to resume yet: " in err, err
+        assert f"is in use by another run (pid {os.getpid()} holds" in err
+        assert "train without --resume" not in err
+    finally:
+        held.close()
+    code, _, err = _cli(["--checkpoint", str(tmp_path), "--resume"], capsys)
+    assert code == 2 and "nothing to resume: " in err and "train without --resume" in err, err
+    code, _, err = _cli(["--checkpoint", str(tmp_path / "new"), "--resume"], capsys)
+    assert code == 2 and not (tmp_path / "new").exists()
+
+
 def test_save_beside_the_checkpoint_is_refused(tmp_path, capsys):
     """Issue 22 item 6: ``--save DIR/checkpoint.safetensors`` with ``--checkpoint DIR`` would
     replace the training checkpoint with a bare state dict (``--resume`` then fails): a usage

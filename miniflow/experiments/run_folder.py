@@ -21,7 +21,8 @@ import tempfile
 
 from ..serialization import _write_atomic
 
-__all__ = ["CHECKPOINT_FILE", "LOCK_FILE", "LOSS_LOG", "FolderInUseError", "RunFolder"]
+__all__ = ["CHECKPOINT_FILE", "LOCK_FILE", "LOSS_LOG", "FolderInUseError", "RunFolder",
+           "check_not_in_use"]
 
 CHECKPOINT_FILE = "checkpoint.safetensors"
 """The checkpoint's file name in the ``--checkpoint`` folder."""
@@ -54,6 +55,33 @@ def _lock(fd: int) -> bool:
     return True
 
 
+def _in_use(folder: str, holder: str) -> str:
+    """The message of :class:`FolderInUseError`: ``folder`` and the pid ``holder``."""
+    lock_path = os.path.join(folder, LOCK_FILE)
+    return (f"{folder!r} is in use by another run (pid {holder} holds {lock_path!r}): wait for "
+            "it to end, or give another --checkpoint folder")
+
+
+def check_not_in_use(folder) -> None:
+    """Raise :class:`FolderInUseError` when another process holds ``folder``'s lock, creating
+    nothing (no folder, no lock file): the lock is taken and released at once when free.
+
+    Raises:
+        FolderInUseError: another run holds the lock (naming its pid).
+    """
+    lock_path = os.path.join(os.fspath(folder), LOCK_FILE)
+    try:
+        fd = os.open(lock_path, os.O_RDWR)
+    except OSError:                     # no lock file (or no folder): nobody holds it
+        return
+    try:
+        if not _lock(fd):
+            holder = os.read(fd, 32).decode(errors="replace").strip() or "unknown"
+            raise FolderInUseError(_in_use(os.fspath(folder), holder))
+    finally:
+        os.close(fd)                    # releases the lock if it was taken
+
+
 class RunFolder:
     """The ``--checkpoint`` folder ``folder`` of a run (see the module docstring): created if
     missing, checked for writing, and locked when ``lock`` (under data parallel only rank 0,
@@ -83,9 +111,7 @@ class RunFolder:
             if not _lock(fd):
                 holder = os.read(fd, 32).decode(errors="replace").strip() or "unknown"
                 os.close(fd)
-                raise FolderInUseError(f"{self.folder!r} is in use by another run (pid {holder} "
-                                       f"holds {lock_path!r}): wait for it to end, or give "
-                                       "another --checkpoint folder")
+                raise FolderInUseError(_in_use(self.folder, holder))
             os.ftruncate(fd, 0)
             os.write(fd, f"{os.getpid()}\n".encode())
             self._fd = fd

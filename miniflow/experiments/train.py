@@ -40,7 +40,7 @@ from ..optim import lr_scheduler
 from ..random import RngState, generator, manual_seed
 from ..serialization import load, save
 from .mlp import EvalGraph, TrainGraph, accuracy, mlp
-from .run_folder import CHECKPOINT_FILE, FolderInUseError, RunFolder
+from .run_folder import CHECKPOINT_FILE, FolderInUseError, RunFolder, check_not_in_use
 
 __all__ = ["MODELS", "Recipe", "RECIPES", "TrainSettings", "make_model", "train_digits",
            "SCHEDULES", "make_lr_schedule", "epoch_batches", "ResumeError", "DataSizeError",
@@ -566,13 +566,17 @@ def _run_folder(folder, resume: bool, lock: bool) -> RunFolder:
     """The checkpoint folder of a run, locked when ``lock`` (see ``run_folder``).
 
     Raises:
-        ResumeError: ``resume`` and no checkpoint there (nothing is created), another run
-            holds the folder, or a checkpoint is there and ``resume`` is not set (it would be
-            overwritten).
+        ResumeError: ``resume`` and no checkpoint there (nothing is created; naming the
+            run that holds the folder, if one does), another run holds the folder, or a
+            checkpoint is there and ``resume`` is not set (it would be overwritten).
         OSError: the folder cannot be created or written (``NotADirectoryError``: a file).
     """
     saved = os.path.join(os.fspath(folder), CHECKPOINT_FILE)
     if resume and not os.path.exists(saved):    # before the folder and its lock are made
+        try:                    # a run still before its first save: the folder is in use
+            check_not_in_use(folder)
+        except FolderInUseError as e:
+            raise ResumeError(f"nothing to resume yet: {e}") from None
         raise ResumeError(f"nothing to resume: {saved!r} does not exist (train without "
                           "--resume to start a run that saves there)")
     try:
