@@ -67,6 +67,20 @@ def _section(text: str, header: str) -> str:
     return text.split(f"\n## {header}\n", 1)[1].split("\n## ", 1)[0]
 
 
+def test_layout_md_names_every_module_of_the_top_level_models_data_and_experiments():
+    """docs/layout.md ("find where something lives") named no file of the GPT: models/gpt.py,
+    data/stdlib.py, experiments/train_gpt.py, attention_study.py, cli_gpt.py. Every module of
+    those folders is now named there, by its file name or a ``prefix*.py`` pattern."""
+    import fnmatch
+    names = set(re.findall(r"[\w*]+\.py", (DOCS / "layout.md").read_text()))
+    folders = ("miniflow", "miniflow/models", "miniflow/data", "miniflow/experiments")
+    unnamed = [f.relative_to(ROOT).as_posix() for folder in folders
+               for f in sorted((ROOT / folder).glob("*.py"))
+               if f.name not in ("__init__.py", "__main__.py")
+               and not any(fnmatch.fnmatch(f.name, n) for n in names)]
+    assert not unnamed, f"docs/layout.md does not name {unnamed}"
+
+
 def test_the_readme_is_a_front_door():
     """At most ~170 lines: what miniflow is, the example and its IR, the two Quickstart commands
     (the second the one CI runs), then links to every doc, lesson and the benchmarks."""
