@@ -213,8 +213,10 @@ def _run_in_order(path: Path, namespace: dict) -> None:
 def _usage_did_what_it_says(namespace: dict, folder: Path) -> None:
     assert namespace["losses"].shape == (4,)            # the 4 micro-batch losses
     assert namespace["sampler"].epoch == 1
-    for written in ("amp.dot", "ckpt.safetensors", "model.safetensors"):
+    for written in ("amp.dot", "ckpt.safetensors", "model.safetensors", "gpt.safetensors"):
         assert (folder / written).is_file(), written
+    text = namespace["text"]                            # the GPT's sample, from its state dict
+    assert text.startswith("import ") and len(text) == len("import ") + 100
 
 
 def _tools_did_what_it_says(namespace: dict, folder: Path) -> None:
