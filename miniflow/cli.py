@@ -236,8 +236,7 @@ def _print_training(r: dict, args, threads: int | None) -> None:
     print(f"train accuracy: {100 * r['train_accuracy']:.2f}%")
     print(f"test accuracy: {100 * r['test_accuracy']:.2f}% (360 test images)")
     if r["scaler"] is not None:
-        print(f"loss scale: {r['scaler'].scale:g} at the end, "
-              f"{r['scaler'].num_skipped_steps} steps skipped")
+        print(scaler_line(r["scaler"]))
     print(f"time: {r['seconds']:.1f} s for {run_steps} steps")
     if r["checkpoint"] is not None:
         print(f"checkpoint: {r['checkpoint']} (step {r['steps']})")
@@ -247,6 +246,12 @@ def _print_training(r: dict, args, threads: int | None) -> None:
         from .serialization import save
         save(r["graph"].model.state_dict(), args.save)
         print(f"saved the model's state_dict to {args.save}")
+
+
+def scaler_line(scaler) -> str:
+    """``loss scale: 65536 at the end, 0 steps skipped``: a run's ``GradScaler`` at its end
+    (``miniflow train --amp fp16``, every model)."""
+    return f"loss scale: {scaler.scale:g} at the end, {scaler.num_skipped_steps} steps skipped"
 
 
 def _model_line(model: str, r: dict, args) -> str:

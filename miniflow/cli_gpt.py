@@ -102,6 +102,9 @@ def train_gpt_command(args, backend_line: str | None, threads: int | None = None
     if r["val_losses"]:
         print(f"validation loss: {r['val_losses'][-1]:.4f} nats/char (unigram model: "
               f"{r['unigram']:.4f}; ratio {r['val_losses'][-1] / r['unigram']:.2f})")
+    if r["scaler"] is not None:             # --amp fp16: as the digits models print it
+        from .cli import scaler_line
+        print(scaler_line(r["scaler"]))
     print(f"time: {r['seconds']:.1f} s")
     if r["checkpoint"] is not None:
         print(f"checkpoint: {r['checkpoint']} (step {r['steps']})")

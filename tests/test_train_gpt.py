@@ -126,6 +126,17 @@ def test_a_diverged_run_prints_its_results_and_one_line_instead_of_a_sample(caps
                           "finite") and "smaller --lr" in err and "Probabilities" not in err
 
 
+def test_cli_under_fp16_amp_prints_the_loss_scale_and_skipped_steps(capsys):
+    """The digits models printed the grad scaler's end state under ``--amp``, the GPT did not
+    (its AMP run said nothing of skipped steps); now both print the same line."""
+    tiny = ["--epochs", "1", "--steps-per-epoch", "2", "--batch-size", "4", "--block-size", "8",
+            "--sample", "0", "--no-progress"]
+    assert main(["train", "--model", "gpt", "--amp", *tiny]) == 0
+    assert "\nloss scale: 65536 at the end, 0 steps skipped\n" in capsys.readouterr().out
+    assert main(["train", "--model", "gpt", "--amp", "bf16", *tiny]) == 0
+    assert "loss scale" not in capsys.readouterr().out         # bf16: no loss scaling
+
+
 def test_cli_trains_and_prints_the_sample(capsys):
     code = main(["train", "--model", "gpt", "--epochs", "1", "--steps-per-epoch", "2",
                  "--batch-size", "4", "--block-size", "8", "--sample", "10", "--no-progress"])
