@@ -262,17 +262,29 @@ def _model_line(model: str, r: dict, args) -> str:
     from .experiments.train import AMP_LINES
     recipe, rows = r["recipe"], r["batch_rows"]
     epochs = f"{recipe.epochs} epoch{'' if recipe.epochs == 1 else 's'}"
-    batch = f"batch {rows}"
-    if args.accumulate > 1:
-        batch += f" as {args.accumulate} accumulated micro-batches of {rows // args.accumulate}"
+    batch = f"batch {rows}{accumulated(rows, args)}"
     if recipe.batch_size > r["epoch_rows"]:
         share = "a rank's shard" if args.ddp else "the training set"
         batch += (f" (--batch-size {recipe.batch_size} is more than the {r['epoch_rows']} rows "
                   f"of {share})")
-    clip = "" if args.clip_norm is None else f", gradients clipped to an L2 norm of {args.clip_norm:g}"
     return (f"model: {model}, {epochs} of SGD (lr {recipe.lr:g}, {recipe.lr_schedule} schedule, "
-            f"momentum {recipe.momentum:g}, weight decay {recipe.weight_decay:g}, {batch}{clip}), "
-            + AMP_LINES[args.amp])
+            f"momentum {recipe.momentum:g}, weight decay {recipe.weight_decay:g}, "
+            f"{batch}{clipped(args)}), " + AMP_LINES[args.amp])
+
+
+def accumulated(rows: int, args) -> str:
+    """What ``--accumulate`` adds after a model line's ``batch {rows}``: `` as 4 accumulated
+    micro-batches of 16`` ("" without accumulation)."""
+    if args.accumulate == 1:
+        return ""
+    return f" as {args.accumulate} accumulated micro-batches of {rows // args.accumulate}"
+
+
+def clipped(args) -> str:
+    """What ``--clip-norm`` adds to a model line's settings: ``, gradients clipped to an L2 norm
+    of 1`` ("" without clipping)."""
+    return "" if args.clip_norm is None else \
+        f", gradients clipped to an L2 norm of {args.clip_norm:g}"
 
 
 @contextlib.contextmanager

@@ -89,11 +89,13 @@ def train_gpt_command(args, backend_line: str | None, threads: int | None = None
         return 130
     if r["rank"] != 0:
         return 0
+    from .cli import accumulated, clipped
     c = r["config"]
     print(f"model: gpt ({c['n_layer']} layers, {c['n_head']} heads, {c['n_embd']} wide, context "
           f"{c['block_size']}, {r['parameters']} parameters), {r['steps']} AdamW updates (lr "
           f"{c['lr']:g}, {c['lr_schedule']} schedule, weight decay {c['weight_decay']:g}, batch "
-          f"{c['batch_size']}), " + AMP_LINES[args.amp])
+          f"{c['batch_size']}{accumulated(c['batch_size'], args)}{clipped(args)}), "
+          + AMP_LINES[args.amp])
     if args.ddp:
         print(f"data parallel: world size {r['world_size']}, batch {c['batch_size']} per rank "
               f"({c['batch_size'] * r['world_size']} per step), {threads} thread(s) per rank")

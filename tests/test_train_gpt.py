@@ -137,6 +137,17 @@ def test_cli_under_fp16_amp_prints_the_loss_scale_and_skipped_steps(capsys):
     assert "loss scale" not in capsys.readouterr().out         # bf16: no loss scaling
 
 
+def test_cli_model_line_names_accumulation_and_clipping(capsys):
+    """The GPT's model line said ``batch 4`` whatever ``--accumulate`` and ``--clip-norm`` were
+    (a learner could not see them applied); now as the digits models' line says them."""
+    assert main(["train", "--model", "gpt", "--epochs", "1", "--steps-per-epoch", "2",
+                 "--batch-size", "4", "--block-size", "8", "--accumulate", "2", "--clip-norm",
+                 "0.5", "--sample", "0", "--no-progress"]) == 0
+    line = next(ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("model:"))
+    assert line.endswith("weight decay 0.1, batch 4 as 2 accumulated micro-batches of 2, "
+                         "gradients clipped to an L2 norm of 0.5), float32"), line
+
+
 def test_cli_trains_and_prints_the_sample(capsys):
     code = main(["train", "--model", "gpt", "--epochs", "1", "--steps-per-epoch", "2",
                  "--batch-size", "4", "--block-size", "8", "--sample", "10", "--no-progress"])
