@@ -297,3 +297,17 @@ def test_ir_takes_the_gpt_of_train(capsys):
     out = capsys.readouterr().out
     assert "AMP (float16) with a dynamic loss scale" in out
     assert "{dtype=f16}" in out and "f16[32,4,64,64] = softmax(" in out
+
+
+@pytest.mark.parametrize("after, why", [
+    ("bogus", ""),
+    ("data_parallel", " (data_parallel runs only in the data-parallel step of train --ddp")])
+def test_ir_names_a_bad_after_as_the_option(after, why, capsys):
+    """``ir --after bogus`` said "TrainGPT.lower: after='bogus' ...", and ``data_parallel``
+    told to call ``config.enable_data_parallel(True)``, which ir has no option for: both now
+    name ``--after`` and its value, with this graph's stages."""
+    assert main(["ir", "--model", "gpt", "--after", after]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"miniflow ir: --after {after} is no stage of this graph{why}"), err
+    assert "choose one of trace, autograd," in err and "lower" not in err
+    assert "enable_data_parallel" not in err

@@ -15,7 +15,7 @@ import numpy as np
 from .. import optim
 from ..amp import GradScaler
 from ..data import stdlib_text
-from ..passes.pipeline import AMP_PASSES, STAGE_ALIASES
+from ..passes.pipeline import AMP_PASSES, DATA_PARALLEL_PASSES, STAGE_ALIASES
 from ..random import manual_seed
 from .mlp import EvalGraph, TrainGraph
 from .train import RECIPES, make_model
@@ -76,19 +76,22 @@ def show_ir(model: str, *, amp: bool = False, eval: bool = False, after: str | N
     ``after`` turns AMP on.
 
     Raises:
-        ValueError: ``after`` is no stage of this graph (naming the stages).
+        ValueError: ``after`` is no stage of this graph (naming ``--after``, the value and
+            the stages; before the graph is lowered).
         miniflow.extras.MissingExtraError: ``onnx_path`` without the onnx extra.
     """
     stage = STAGE_ALIASES.get(after, after)
     amp = amp or stage in AMP_PASSES
     graph, inputs = model_graph(model, amp=amp, eval=eval, batch_size=batch_size)
-    stage = stage or graph.stages(*inputs)[-1]
-    try:
-        ir = graph.lower(*inputs, after=stage)
-    except ValueError as e:             # the stages of this graph; AMP's only with --amp
-        if amp:
-            raise
-        raise ValueError(f"{e} (with --amp also {', '.join(AMP_PASSES)})") from None
+    stages = graph.stages(*inputs)
+    stage = stage or stages[-1]
+    if stage not in stages:             # named as the command line's option, not lower's
+        why = (f" ({stage} runs only in the data-parallel step of train --ddp, which ir does "
+               "not build)" if stage in DATA_PARALLEL_PASSES else "")
+        also = "" if amp else f" (with --amp also {', '.join(AMP_PASSES)})"
+        raise ValueError(f"--after {after} is no stage of this graph{why}; choose one of "
+                         f"{', '.join(stages)}{also}")
+    ir = graph.lower(*inputs, after=stage)
     kind = "evaluation graph" if eval else "training step"
     lines = [f"# {model} {kind}, " + ("AMP (float16)" + ("" if eval else " with a dynamic loss "
                                                           "scale") if amp else "float32")
