@@ -236,6 +236,7 @@ def _print_training(r: dict, args, threads: int | None) -> None:
     print(f"train accuracy: {100 * r['train_accuracy']:.2f}%")
     print(f"test accuracy: {100 * r['test_accuracy']:.2f}% (360 test images)")
     if r["scaler"] is not None:
+        from .experiments.train import scaler_line
         print(scaler_line(r["scaler"]))
     print(f"time: {r['seconds']:.1f} s for {run_steps} steps")
     if r["checkpoint"] is not None:
@@ -248,43 +249,22 @@ def _print_training(r: dict, args, threads: int | None) -> None:
         print(f"saved the model's state_dict to {args.save}")
 
 
-def scaler_line(scaler) -> str:
-    """``loss scale: 65536 at the end, 0 steps skipped``: a run's ``GradScaler`` at its end
-    (``miniflow train --amp fp16``, every model)."""
-    return f"loss scale: {scaler.scale:g} at the end, {scaler.num_skipped_steps} steps skipped"
-
-
 def _model_line(model: str, r: dict, args) -> str:
     """``model: lenet, 1 epoch of SGD (lr 0.05, ...), float32``: the settings of the run ``r``
     (``train_digits``' result). The batch is the one the run used: a ``--batch-size`` above
     the rows of an epoch (a rank's shard under ``--ddp``) gives batches of all of them, as
     PyTorch's ``DataLoader`` does, which the line says."""
-    from .experiments.train import AMP_LINES
+    from .experiments.train import AMP_LINES, accumulated, clipped
     recipe, rows = r["recipe"], r["batch_rows"]
     epochs = f"{recipe.epochs} epoch{'' if recipe.epochs == 1 else 's'}"
-    batch = f"batch {rows}{accumulated(rows, args)}"
+    batch = f"batch {rows}{accumulated(rows, args.accumulate)}"
     if recipe.batch_size > r["epoch_rows"]:
         share = "a rank's shard" if args.ddp else "the training set"
         batch += (f" (--batch-size {recipe.batch_size} is more than the {r['epoch_rows']} rows "
                   f"of {share})")
     return (f"model: {model}, {epochs} of SGD (lr {recipe.lr:g}, {recipe.lr_schedule} schedule, "
             f"momentum {recipe.momentum:g}, weight decay {recipe.weight_decay:g}, "
-            f"{batch}{clipped(args)}), " + AMP_LINES[args.amp])
-
-
-def accumulated(rows: int, args) -> str:
-    """What ``--accumulate`` adds after a model line's ``batch {rows}``: `` as 4 accumulated
-    micro-batches of 16`` ("" without accumulation)."""
-    if args.accumulate == 1:
-        return ""
-    return f" as {args.accumulate} accumulated micro-batches of {rows // args.accumulate}"
-
-
-def clipped(args) -> str:
-    """What ``--clip-norm`` adds to a model line's settings: ``, gradients clipped to an L2 norm
-    of 1`` ("" without clipping)."""
-    return "" if args.clip_norm is None else \
-        f", gradients clipped to an L2 norm of {args.clip_norm:g}"
+            f"{batch}{clipped(args.clip_norm)}), " + AMP_LINES[args.amp])
 
 
 @contextlib.contextmanager

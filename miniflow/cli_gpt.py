@@ -58,7 +58,7 @@ def train_gpt_command(args, backend_line: str | None, threads: int | None = None
     memory a message and exit code 1, Ctrl-C one line and exit code 130; a run whose weights
     diverged to NaN or inf prints its results and, for the sample, one line and exit code 1."""
     from .amp import NonFiniteGradientsError
-    from .experiments.train import AMP_LINES, ResumeError, TrainingInterrupted
+    from .experiments.train import ResumeError, TrainingInterrupted
     from .experiments.train_gpt import train_gpt
     from .extras import MissingExtraError
     from .serialization import CheckpointError
@@ -87,15 +87,21 @@ def train_gpt_command(args, backend_line: str | None, threads: int | None = None
         if backend_line is not None:
             print(f"miniflow train: {e}", file=sys.stderr)
         return 130
-    if r["rank"] != 0:
-        return 0
-    from .cli import accumulated, clipped
+    return _print_gpt_run(r, args, threads) if r["rank"] == 0 else 0
+
+
+def _print_gpt_run(r: dict, args, threads: int | None) -> int:
+    """What ``miniflow train --model gpt`` prints after the run ``r`` (``train_gpt``'s result;
+    rank 0): the settings, the loss, the scale, the time, the files written (``--save`` writes
+    the model) and the sample. Returns the exit code: 1 when the weights diverged and there is
+    no sample, else 0."""
+    from .experiments.train import AMP_LINES, accumulated, clipped, scaler_line
     c = r["config"]
     print(f"model: gpt ({c['n_layer']} layers, {c['n_head']} heads, {c['n_embd']} wide, context "
           f"{c['block_size']}, {r['parameters']} parameters), {r['steps']} AdamW updates (lr "
           f"{c['lr']:g}, {c['lr_schedule']} schedule, weight decay {c['weight_decay']:g}, batch "
-          f"{c['batch_size']}{accumulated(c['batch_size'], args)}{clipped(args)}), "
-          + AMP_LINES[args.amp])
+          f"{c['batch_size']}{accumulated(c['batch_size'], args.accumulate)}"
+          f"{clipped(args.clip_norm)}), " + AMP_LINES[args.amp])
     if args.ddp:
         print(f"data parallel: world size {r['world_size']}, batch {c['batch_size']} per rank "
               f"({c['batch_size'] * r['world_size']} per step), {threads} thread(s) per rank")
@@ -105,7 +111,6 @@ def train_gpt_command(args, backend_line: str | None, threads: int | None = None
         print(f"validation loss: {r['val_losses'][-1]:.4f} nats/char (unigram model: "
               f"{r['unigram']:.4f}; ratio {r['val_losses'][-1] / r['unigram']:.2f})")
     if r["scaler"] is not None:             # --amp fp16: as the digits models print it
-        from .cli import scaler_line
         print(scaler_line(r["scaler"]))
     print(f"time: {r['seconds']:.1f} s")
     if r["checkpoint"] is not None:

@@ -8,6 +8,7 @@ the IR shows as HTML (``Graph._repr_html_``, ``miniflow.ir_html``).
 :func:`script_args`, :func:`script_dir` and :func:`source` let one lesson file run both ways: a
 Jupyter kernel's ``sys.argv`` holds the kernel's own options, a notebook has no ``__file__``
 (Jupyter runs it in its folder), and ``inspect.getsource`` finds no class defined in a cell.
+:func:`out_folder` makes a lesson's ``--out`` folder, or says why it cannot (a usage error).
 :func:`to_notebook` and :func:`execute` convert and run a lesson as a notebook (jupytext, then
 nbclient), as the tests do.
 """
@@ -21,8 +22,8 @@ from pathlib import Path
 
 from .extras import require
 
-__all__ = ["in_notebook", "script_args", "script_dir", "source", "to_notebook", "execute",
-           "cell_text"]
+__all__ = ["in_notebook", "script_args", "script_dir", "out_folder", "source", "to_notebook",
+           "execute", "cell_text"]
 
 
 def in_notebook() -> bool:
@@ -43,6 +44,19 @@ def script_dir(module_globals: dict) -> Path:
     notebook's folder)."""
     file = module_globals.get("__file__")
     return Path(file).resolve().parent if file else Path.cwd()
+
+
+def out_folder(parser, path: Path) -> Path:
+    """Make a lesson's ``--out`` folder ``path`` (with its parents) and return it; a path that
+    cannot be that folder (a file, a folder under a file, no permission) is ``parser``'s usage
+    error (exit code 2) naming ``--out``, the path and why, not a traceback."""
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        why = ("it is a file" if path.is_file() else
+               f"it cannot be made: {e.strerror or e}")
+        parser.error(f"--out {path}: {why}; give a folder (made if missing)")
+    return path
 
 
 def source(obj) -> str:

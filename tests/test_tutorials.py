@@ -214,21 +214,42 @@ def test_every_tutorial_is_tested_and_listed_in_the_readme():
     assert all(f"python tutorials/{s}" in readme for s in scripts)
 
 
-@pytest.mark.parametrize("script", sorted(CASES))
-def test_tutorial_runs_and_prints_its_key_fact(script, tmp_path):
-    flags, checks = CASES[script]
-    args = []
-    for flag in flags:
-        args += ["--out", str(tmp_path)] if flag == "--out" else [flag]
+def _lesson_env() -> dict:
+    """The environment a lesson runs in: this checkout first on PYTHONPATH, matplotlib without
+    a display, the default backend."""
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH")) if p)
     env["MPLBACKEND"] = "Agg"
     env.pop("MINIFLOW_BACKEND", None)
     # The lessons' matmuls are tiny: BLAS threads only add contention on a small, busy runner.
     env.setdefault("OPENBLAS_NUM_THREADS", "1")
+    return env
+
+
+@pytest.mark.parametrize("script", sorted(s for s, (flags, _) in CASES.items() if "--out" in flags))
+def test_a_lesson_given_a_file_as_out_folder_says_so_without_a_traceback(script, tmp_path):
+    """``--out`` at a file: every lesson with an output folder ended in mkdir's FileExistsError
+    (a traceback); now a usage error (exit code 2) naming ``--out`` and the file, before any
+    work (``miniflow.notebook.out_folder``)."""
+    file = tmp_path / "results"
+    file.write_text("not a folder")
+    r = subprocess.run([sys.executable, str(TUTORIALS / script), "--out", str(file)],
+                       cwd=tmp_path, env=_lesson_env(), capture_output=True, text=True,
+                       timeout=TIMEOUT_S)
+    assert r.returncode == 2, (r.returncode, r.stdout[-2000:], r.stderr[-2000:])
+    assert f"--out {file}: it is a file; give a folder (made if missing)" in r.stderr, r.stderr
+    assert "Traceback" not in r.stderr and file.read_text() == "not a folder"
+
+
+@pytest.mark.parametrize("script", sorted(CASES))
+def test_tutorial_runs_and_prints_its_key_fact(script, tmp_path):
+    flags, checks = CASES[script]
+    args = []
+    for flag in flags:
+        args += ["--out", str(tmp_path)] if flag == "--out" else [flag]
     t0 = time.perf_counter()
-    r = subprocess.run([sys.executable, str(TUTORIALS / script), *args], cwd=tmp_path, env=env,
-                       capture_output=True, text=True, timeout=TIMEOUT_S)
+    r = subprocess.run([sys.executable, str(TUTORIALS / script), *args], cwd=tmp_path,
+                       env=_lesson_env(), capture_output=True, text=True, timeout=TIMEOUT_S)
     wall = time.perf_counter() - t0
     out = r.stdout
     assert r.returncode == 0, f"{script} exited {r.returncode} after {wall:.0f} s:\n" \

@@ -45,7 +45,7 @@ import numpy as np
 import miniflow as mf
 from miniflow import nn
 from miniflow.ir import Graph
-from miniflow.notebook import script_args, script_dir
+from miniflow.notebook import out_folder, script_args, script_dir
 from miniflow.ops import emitter, get_op
 from miniflow.passes.autograd import AutogradState, autograd
 from miniflow.passes.pipeline import CompileContext, CompileSettings
@@ -79,7 +79,7 @@ def main():
     p = argparse.ArgumentParser(description="Lesson 2: autograd as a graph pass")
     p.add_argument("--out", type=Path, default=DEFAULT_OUT, help="folder for the text file")
     args = p.parse_args(script_args())
-    args.out.mkdir(parents=True, exist_ok=True)
+    out_folder(p, args.out)
     mf.set_backend("cpu")
     rng = np.random.default_rng(0)
     x = rng.uniform(-1, 1, (4, 3))

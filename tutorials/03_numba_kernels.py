@@ -47,7 +47,7 @@ from pathlib import Path
 
 import numpy as np
 
-from miniflow.notebook import script_args, script_dir
+from miniflow.notebook import out_folder, script_args, script_dir
 
 DEFAULT_OUT = script_dir(globals()).parent / "tutorial-output" / "03_numba_kernels"
 SIM_SIZE = 64
@@ -337,7 +337,7 @@ def main():
     if args.cuda_child:
         cuda_child(args)
         return
-    args.out.mkdir(parents=True, exist_ok=True)
+    out_folder(p, args.out)
     cpu_lesson(args)
     print("\n== 5. The CUDA kernel: the same scalar function, compiled for the GPU ==")
     run_cuda_part(args)

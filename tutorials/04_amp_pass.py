@@ -49,7 +49,7 @@ import miniflow as mf
 from miniflow.amp import AmpLists, amp_report
 from miniflow.experiments.mlp import TrainGraph, mlp
 from miniflow.ir import Graph
-from miniflow.notebook import script_args, script_dir
+from miniflow.notebook import out_folder, script_args, script_dir
 from miniflow.ops import emitter
 from miniflow.passes import auto_mixed_precision as amp_pass
 from miniflow.passes.autograd import AutogradState, autograd
@@ -130,7 +130,7 @@ def main():
     p = argparse.ArgumentParser(description="Lesson 4: the AMP pass")
     p.add_argument("--out", type=Path, default=DEFAULT_OUT, help="folder for .dot and .png files")
     args = p.parse_args(script_args())
-    args.out.mkdir(parents=True, exist_ok=True)
+    out_folder(p, args.out)
     mf.set_backend("cpu")
     lists = AmpLists()
 

@@ -65,7 +65,7 @@ from miniflow.data import batches, load_digits
 from miniflow.dtype import FP16_MAX, FP16_MIN_NORMAL, FP16_MIN_SUBNORMAL
 from miniflow.experiments.mlp import EvalGraph, TrainGraph, accuracy, mlp
 from miniflow.experiments.stability import first_step
-from miniflow.notebook import script_args, script_dir
+from miniflow.notebook import out_folder, script_args, script_dir
 from miniflow.passes.autograd import AutogradState
 from miniflow.passes.loss_scale import LossScaleOverflowWarning, LossScaleState
 
@@ -115,7 +115,7 @@ def main():
     p.add_argument("--quick", action="store_true", help="3 epochs per run instead of 10")
     p.add_argument("--out", type=Path, default=DEFAULT_OUT, help="folder for the figure")
     args = p.parse_args(script_args())
-    args.out.mkdir(parents=True, exist_ok=True)
+    out_folder(p, args.out)
     mf.set_backend("cpu")
     epochs = 3 if args.quick else 10
     data = load_digits()

@@ -44,7 +44,7 @@ from miniflow import nn
 from miniflow.amp import GradScaler
 from miniflow.data import batches, load_digits
 from miniflow.experiments.mlp import mlp
-from miniflow.notebook import script_args, script_dir
+from miniflow.notebook import out_folder, script_args, script_dir
 
 DEFAULT_OUT = script_dir(globals()).parent / "tutorial-output" / "07_train_digits"
 
@@ -125,7 +125,7 @@ def main():
     p.add_argument("--out", type=Path, default=DEFAULT_OUT, help="folder for the figure")
     p.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     args = p.parse_args(script_args())
-    args.out.mkdir(parents=True, exist_ok=True)
+    out_folder(p, args.out)
     epochs = args.epochs or (5 if args.quick else 20)
     mf.set_backend("cpu")
 

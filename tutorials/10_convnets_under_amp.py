@@ -49,7 +49,7 @@ from miniflow.models import lenet
 from miniflow.ops import get_op
 from miniflow.ops.conv import conv_reference
 from miniflow.ops.geometry import conv_geometry
-from miniflow.notebook import script_args, script_dir
+from miniflow.notebook import out_folder, script_args, script_dir
 
 LESSON = script_dir(globals()) / "10_convnets_under_amp.py"
 DEFAULT_OUT = LESSON.parent.parent / "tutorial-output" / "10_convnets_under_amp"
@@ -272,7 +272,7 @@ def main() -> None:
     p.add_argument("--quick", action="store_true", help="3 training epochs instead of 8")
     p.add_argument("--out", type=Path, default=DEFAULT_OUT, help="folder for the figure")
     args = p.parse_args(script_args())    # a notebook kernel passes its own arguments
-    args.out.mkdir(parents=True, exist_ok=True)
+    out_folder(p, args.out)
     mf.set_backend("cpu")
     part1_im2col()
     part2_winograd()

@@ -50,7 +50,7 @@ from miniflow.amp import GradScaler
 from miniflow.experiments.mlp import TrainGraph, mlp
 from miniflow.ir import grad_name
 from miniflow.passes.data_parallel import DataParallelState
-from miniflow.notebook import script_args, script_dir
+from miniflow.notebook import out_folder, script_args, script_dir
 
 LESSON = script_dir(globals()) / "11_data_parallel.py"
 DEFAULT_OUT = LESSON.parent.parent / "tutorial-output" / "11_data_parallel"
@@ -188,7 +188,7 @@ def main() -> None:
     p.add_argument("--rank-of-mpi-run", action="store_true",
                    help="internal: run as one rank under mpiexec (the lesson starts it)")
     args = p.parse_args(script_args())    # a notebook kernel passes its own arguments
-    args.out.mkdir(parents=True, exist_ok=True)
+    out_folder(p, args.out)
     if args.rank_of_mpi_run:
         rank_main(args.out)
         return

@@ -52,7 +52,7 @@ from miniflow.experiments.mlp import EvalGraph, TrainGraph, accuracy
 from miniflow.experiments.train import make_lr_schedule
 from miniflow.models import resnet18
 from miniflow.serialization import load, save
-from miniflow.notebook import script_args, script_dir
+from miniflow.notebook import out_folder, script_args, script_dir
 
 LESSON = script_dir(globals()) / "12_a_real_training_run.py"
 DEFAULT_OUT = LESSON.parent.parent / "tutorial-output" / "12_a_real_training_run"
@@ -187,7 +187,7 @@ def main() -> None:
     p.add_argument("--child", action="store_true",
                    help="internal: the training process the lesson kills")
     args = p.parse_args(script_args())    # a notebook kernel passes its own arguments
-    args.out.mkdir(parents=True, exist_ok=True)
+    out_folder(p, args.out)
     mf.set_backend("cpu")
     cfg = settings(args.quick)
     ckpt = args.out / "checkpoint.safetensors"

@@ -50,7 +50,7 @@ from miniflow import nn
 from miniflow.experiments.attention_study import (SCALES, VARIANTS, figure, ir_text, reference,
                                                   study, summary)
 from miniflow.nn import functional as F
-from miniflow.notebook import script_args, script_dir
+from miniflow.notebook import out_folder, script_args, script_dir
 
 LESSON = script_dir(globals()) / "13_attention_under_amp.py"
 DEFAULT_OUT = LESSON.parent.parent / "tutorial-output" / "13_attention_under_amp"
@@ -202,7 +202,7 @@ def main() -> None:
                    help=f"{len(QUICK_SCALES)} score scales instead of {len(SCALES)}")
     p.add_argument("--out", type=Path, default=DEFAULT_OUT, help="folder for the figure")
     args = p.parse_args(script_args())    # a notebook kernel passes its own arguments
-    args.out.mkdir(parents=True, exist_ok=True)
+    out_folder(p, args.out)
     mf.set_backend("cpu")
     scales = QUICK_SCALES if args.quick else SCALES
     part1_ir()

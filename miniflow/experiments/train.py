@@ -44,7 +44,8 @@ from .run_folder import CHECKPOINT_FILE, FolderInUseError, RunFolder, check_not_
 
 __all__ = ["MODELS", "Recipe", "RECIPES", "TrainSettings", "make_model", "train_digits",
            "SCHEDULES", "make_lr_schedule", "epoch_batches", "ResumeError", "DataSizeError",
-           "TrainingInterrupted", "CHECKPOINT_FILE", "run_name", "named_run"]
+           "TrainingInterrupted", "CHECKPOINT_FILE", "run_name", "named_run", "accumulated",
+           "clipped", "scaler_line"]
 
 MODELS = ("mlp", "lenet", "resnet18")
 """The models ``miniflow train --model`` knows."""
@@ -115,6 +116,26 @@ AMP_DTYPES = {"fp16": float16, "bf16": bfloat16}
 AMP_LINES = {None: "float32", "fp16": "AMP (float16) with a dynamic loss scale",
              "bf16": "AMP (bfloat16)"}
 """How ``miniflow train`` names the precision of a run, per ``amp`` mode."""
+
+
+def accumulated(rows: int, accumulate: int) -> str:
+    """What ``--accumulate`` adds after a model line's ``batch {rows}``: `` as 4 accumulated
+    micro-batches of 16`` ("" without accumulation; every model of ``miniflow train``)."""
+    if accumulate == 1:
+        return ""
+    return f" as {accumulate} accumulated micro-batches of {rows // accumulate}"
+
+
+def clipped(clip_norm) -> str:
+    """What ``--clip-norm`` adds to a model line's settings: ``, gradients clipped to an L2 norm
+    of 1`` ("" for None, no clipping)."""
+    return "" if clip_norm is None else f", gradients clipped to an L2 norm of {clip_norm:g}"
+
+
+def scaler_line(scaler) -> str:
+    """``loss scale: 65536 at the end, 0 steps skipped``: a run's ``GradScaler`` at its end
+    (``miniflow train --amp fp16``, every model)."""
+    return f"loss scale: {scaler.scale:g} at the end, {scaler.num_skipped_steps} steps skipped"
 
 
 def amp_mode(amp, owner: str) -> str | None:
