@@ -220,3 +220,14 @@ def test_ddp_on_two_ranks_is_one_process_on_both_ranks_windows(tmp_path):
     diff = np.concatenate([np.abs(got[name] - value).ravel()
                            for name, value in one["model"].state_dict().items()])
     assert diff.max() < 3e-3 and np.mean(diff > 1e-5) < 1e-3, (diff.max(), np.mean(diff > 1e-5))
+
+
+@pytest.mark.parametrize("option", [dict(epochs=0), dict(steps_per_epoch=0), dict(n_head=-1),
+                                    dict(accumulate=0), dict(eval_batches=0)])
+def test_a_size_or_count_that_is_not_a_positive_integer_is_named(option):
+    """``epochs=0`` or ``steps_per_epoch=0`` trained 0 steps and sampled from the untrained
+    model, silently (the CLI refuses them; the Python API now names them too)."""
+    (name, value), = option.items()
+    with pytest.raises(ValueError, match=rf"train_gpt: {name} must be a positive integer, "
+                                         rf"got {value!r}"):
+        train_gpt(progress=False, **option)

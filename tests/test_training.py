@@ -61,3 +61,14 @@ def test_accumulate_above_the_training_rows_is_a_clear_error():
                        r"rows per batch, but the training set has 1437: every batch would be "
                        r"dropped; give accumulate <= 1437"):
         train_digits("mlp", epochs=1, batch_size=2000, accumulate=2000, progress=False)
+
+
+@pytest.mark.parametrize("option", [dict(batch_size=0), dict(epochs=0), dict(accumulate=0),
+                                    dict(batch_size=2.5)])
+def test_a_size_that_is_not_a_positive_integer_is_named(option):
+    """``batch_size=0`` ended in ``range() arg 3 must not be zero``; ``epochs=0`` trained
+    nothing and reported the untrained model (the CLI refuses both; the Python API now too)."""
+    (name, value), = option.items()
+    with pytest.raises(ValueError, match=rf"train_digits: {name} must be a positive integer, "
+                                         rf"got {value!r}"):
+        train_digits("mlp", progress=False, **option)

@@ -34,6 +34,7 @@ import numpy as np
 from .. import distributed, models, optim
 from ..amp import GradScaler
 from ..checkpoint import restore
+from ..checks import positive_integer
 from ..data import DistributedSampler, load_digits
 from ..dtype import bfloat16, float16
 from ..optim import lr_scheduler
@@ -275,10 +276,16 @@ def _recipe(model: str, given: dict, accumulate: int) -> Recipe:
     """``model``'s :data:`RECIPES` entry with the ``given`` values that are not None.
 
     Raises:
-        ValueError: an unknown model; a batch size that is not a multiple of ``accumulate``.
+        ValueError: an unknown model; ``epochs``, ``batch_size`` or ``accumulate`` not a
+            positive integer (a batch of 0 has no step, 0 epochs no run); a batch size that is
+            not a multiple of ``accumulate``.
     """
     if model not in RECIPES:
         raise ValueError(f"train: unknown model {model!r}; choose one of {', '.join(MODELS)}")
+    for name in ("epochs", "batch_size"):
+        if given[name] is not None:
+            positive_integer("train_digits", name, given[name])
+    positive_integer("train_digits", "accumulate", accumulate)
     r = replace(RECIPES[model], **{k: v for k, v in given.items() if v is not None})
     if r.batch_size % accumulate:
         raise ValueError(f"train_digits: batch_size {r.batch_size} must be a multiple of "

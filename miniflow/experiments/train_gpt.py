@@ -30,6 +30,7 @@ import numpy as np
 
 from .. import distributed, models, nn, optim
 from ..amp import GradScaler
+from ..checks import positive_integer
 from ..data import stdlib_text
 from ..random import RngState, generator, manual_seed
 from ..serialization import save
@@ -237,9 +238,15 @@ def _settings(given: dict, seed: int, clip_norm, accumulate: int, amp) -> tuple:
     settings a checkpoint records.
 
     Raises:
-        ValueError: an unknown ``amp``, or a batch that does not split into ``accumulate``.
+        ValueError: an unknown ``amp``; a size or count that is not a positive integer (0
+            epochs or steps would sample from an untrained model); a batch that does not split
+            into ``accumulate``.
     """
     c = {k: GPT_DEFAULTS[k] if v is None else v for k, v in given.items()}
+    for name in ("epochs", "steps_per_epoch", "batch_size", "block_size", "n_layer", "n_head",
+                 "n_embd", "eval_batches"):
+        positive_integer("train_gpt", name, c[name])
+    positive_integer("train_gpt", "accumulate", accumulate)
     if c["batch_size"] % accumulate:
         raise ValueError(f"train_gpt: batch_size {c['batch_size']} is not a multiple of "
                          f"accumulate {accumulate}")
