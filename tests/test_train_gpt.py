@@ -231,3 +231,13 @@ def test_a_size_or_count_that_is_not_a_positive_integer_is_named(option):
     with pytest.raises(ValueError, match=rf"train_gpt: {name} must be a positive integer, "
                                          rf"got {value!r}"):
         train_gpt(progress=False, **option)
+
+
+def test_resuming_with_other_model_sizes_names_them_as_keyword_arguments(tmp_path):
+    """``n_layer`` and ``eval_batches`` have no ``miniflow train`` option: a resume with other
+    values named ``--n-layer 1 (this run: --n-layer 2)``, options that do not exist."""
+    train_gpt(**TINY, checkpoint=tmp_path, report=lambda line: None)
+    with pytest.raises(ValueError, match=r"other settings: n_layer=1 \(this run: n_layer=2\); "
+                                         r"eval_batches=2 \(this run: eval_batches=3\)"):
+        train_gpt(**{**TINY, "n_layer": 2, "eval_batches": 3}, checkpoint=tmp_path,
+                  resume=True, report=lambda line: None)

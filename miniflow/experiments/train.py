@@ -632,9 +632,17 @@ def _world_mismatch(path: str, saved, this) -> str | None:
             + f": resume it with `mpiexec -n {saved} miniflow train --ddp ... --resume`")
 
 
+_KEYWORD_ONLY = frozenset({"n_layer", "n_head", "n_embd", "dropout", "eval_batches"})
+"""Settings a checkpoint records that ``miniflow train`` has no option for (``train_gpt``'s
+keyword arguments only)."""
+
+
 def _spelled(key: str, value) -> str:
     """A setting of a run's config as its ``miniflow train`` option: ``--amp fp16`` (the digits
-    models' config holds True for it), ``--lr 0.1``, ``no --clip-norm`` (None or False)."""
+    models' config holds True for it), ``--lr 0.1``, ``no --clip-norm`` (None or False); one
+    without an option as its keyword argument: ``n_layer=4``."""
+    if key in _KEYWORD_ONLY:
+        return f"{key}={value!r}"
     option = "--" + key.replace("_", "-")
     value = "fp16" if key == "amp" and value is True else value
     return f"no {option}" if value is None or value is False else f"{option} {value}"
