@@ -55,11 +55,16 @@ def _lock(fd: int) -> bool:
     return True
 
 
-def _in_use(folder: str, holder: str) -> str:
-    """The message of :class:`FolderInUseError`: ``folder`` and the pid ``holder``."""
-    lock_path = os.path.join(folder, LOCK_FILE)
-    return (f"{folder!r} is in use by another run (pid {holder} holds {lock_path!r}): wait for "
-            "it to end, or give another --checkpoint folder")
+def _lock_or_raise(fd: int, folder: str) -> None:
+    """Take the lock of ``fd`` (``folder``'s lock file), or raise :class:`FolderInUseError`
+    naming the pid the file holds (closing ``fd``)."""
+    if not _lock(fd):
+        holder = os.read(fd, 32).decode(errors="replace").strip() or "unknown"
+        os.close(fd)
+        lock_path = os.path.join(folder, LOCK_FILE)
+        raise FolderInUseError(f"{folder!r} is in use by another run (pid {holder} holds "
+                               f"{lock_path!r}): wait for it to end, or give another "
+                               "--checkpoint folder")
 
 
 def check_not_in_use(folder) -> None:
@@ -69,17 +74,13 @@ def check_not_in_use(folder) -> None:
     Raises:
         FolderInUseError: another run holds the lock (naming its pid).
     """
-    lock_path = os.path.join(os.fspath(folder), LOCK_FILE)
+    folder = os.fspath(folder)
     try:
-        fd = os.open(lock_path, os.O_RDWR)
+        fd = os.open(os.path.join(folder, LOCK_FILE), os.O_RDWR)
     except OSError:                     # no lock file (or no folder): nobody holds it
         return
-    try:
-        if not _lock(fd):
-            holder = os.read(fd, 32).decode(errors="replace").strip() or "unknown"
-            raise FolderInUseError(_in_use(os.fspath(folder), holder))
-    finally:
-        os.close(fd)                    # releases the lock if it was taken
+    _lock_or_raise(fd, folder)
+    os.close(fd)                        # releases the lock just taken
 
 
 class RunFolder:
@@ -108,10 +109,7 @@ class RunFolder:
         if lock:
             lock_path = os.path.join(self.folder, LOCK_FILE)
             fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o666)
-            if not _lock(fd):
-                holder = os.read(fd, 32).decode(errors="replace").strip() or "unknown"
-                os.close(fd)
-                raise FolderInUseError(_in_use(self.folder, holder))
+            _lock_or_raise(fd, self.folder)
             os.ftruncate(fd, 0)
             os.write(fd, f"{os.getpid()}\n".encode())
             self._fd = fd
