@@ -484,6 +484,77 @@ class Tensor:
         """1 / (1 + exp(-x)) elementwise (op ``sigmoid``)."""
         return apply("sigmoid", [self])
 
+    def sqrt(self):
+        """sqrt(x) elementwise (op ``sqrt``); sqrt(x<0) = NaN."""
+        return apply("sqrt", [self])
+
+    def rsqrt(self):
+        """1 / sqrt(x) elementwise (op ``rsqrt``); rsqrt(0) = inf."""
+        return apply("rsqrt", [self])
+
+    def abs(self):
+        """|x| elementwise (op ``abs``; its gradient is 0 at 0, as PyTorch's)."""
+        return apply("abs", [self])
+
+    __abs__ = abs
+
+    def pow(self, exponent):
+        """x ** exponent elementwise for a number ``exponent`` (op ``scalar_pow``, PyTorch's
+        values: ``x ** 0.5`` is ``sqrt``, ``x ** 0`` is 1 with a zero gradient).
+
+        Raises:
+            TypeError: a tensor or array exponent (only a number is supported; for ``e ** t``
+                write ``(t * math.log(e)).exp()``).
+        """
+        if not isinstance(exponent, numbers.Real):
+            raise TypeError(f"pow: the exponent must be a number, got "
+                            f"{type(exponent).__name__} (a tensor exponent is not supported; "
+                            f"for e ** t write (t * math.log(e)).exp())")
+        return apply("scalar_pow", [self], scalar=float(exponent))
+
+    __pow__ = pow
+
+    def square(self):
+        """x * x elementwise (op ``scalar_pow`` with exponent 2)."""
+        return self.pow(2.0)
+
+    def var(self, dim=None, unbiased=None, keepdim: bool = False, *, correction=None):
+        """Variance over ``dim`` (None: every dim) with Bessel's ``correction`` (default 1:
+        ``sum((x - mean)^2) / (n - correction)``), PyTorch's ``torch.Tensor.var``; ``unbiased``
+        is its older spelling (True: correction 1, False: 0). A float16 / bfloat16 input is
+        computed in float32 and rounded once, as PyTorch does.
+
+        Raises:
+            TypeError: both ``unbiased`` and ``correction`` given.
+            ValueError: ``n - correction <= 0`` (PyTorch gives nan or inf with a warning).
+        """
+        return self._moment("var", dim, unbiased, keepdim, correction, sqrt=False)
+
+    def std(self, dim=None, unbiased=None, keepdim: bool = False, *, correction=None):
+        """Standard deviation: the square root of :meth:`var` (same arguments and errors),
+        ``torch.Tensor.std``."""
+        return self._moment("std", dim, unbiased, keepdim, correction, sqrt=True)
+
+    def _moment(self, fn, dim, unbiased, keepdim, correction, sqrt: bool):
+        if unbiased is not None and correction is not None:
+            raise TypeError(f"{fn}: got both unbiased={unbiased!r} and correction="
+                            f"{correction!r}; pass one (unbiased=False is correction=0)")
+        c = float(correction if correction is not None else 1 if unbiased in (None, True) else 0)
+        dim, keepdim = _reduce_args(fn, dim, keepdim, None, None)
+        axes = norm_axes(fn, dim, self.ndim) if self.ndim else ()
+        n = math.prod(self.shape[a] for a in axes)
+        kept = [d for i, d in enumerate(self.shape) if i not in axes]
+        if n - c <= 0 and 0 not in kept:
+            raise ValueError(f"{fn}: dims {list(axes)} of shape {list(self.shape)} hold {n} "
+                             f"element{'s' * (n != 1)} per result, and correction={c:g} leaves "
+                             f"{n - c:g} degrees of freedom (PyTorch gives nan or inf): pass "
+                             f"correction=0, or reduce over more elements")
+        x = self.to("float32") if self.dtype.is_half else self
+        deviation = x - x.mean(dim, keepdim=True)
+        v = apply("scalar_div", [deviation.square().sum(dim, keepdim)], scalar=max(n - c, 1.0))
+        v = v.sqrt() if sqrt else v
+        return v.to(self.dtype) if self.dtype.is_half else v
+
     def sum(self, dim=None, keepdim: bool = False, *, axis=None, keepdims=None):
         """Sum over ``dim`` (an int, a sequence of ints, or None or ``()``: every dim, as in
         torch 2.x), keeping the reduced dims as size 1 when ``keepdim`` (``torch.Tensor.sum``;

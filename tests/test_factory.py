@@ -16,6 +16,7 @@ LAYERS = {
     "BatchNorm1d": lambda **kw: nn.BatchNorm1d(3, **kw),
     "BatchNorm2d": lambda **kw: nn.BatchNorm2d(3, affine=False, **kw),
     "LayerNorm": lambda **kw: nn.LayerNorm(5, **kw),
+    "RMSNorm": lambda **kw: nn.RMSNorm(5, **kw),
     "Embedding": lambda **kw: nn.Embedding(7, 4, **kw),
     "MultiheadAttention": lambda **kw: nn.MultiheadAttention(4, 2, **kw),
 }

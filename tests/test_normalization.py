@@ -4,6 +4,8 @@ against finite differences (training, eval, the statistics outputs), PyTorch's
 ``F.batch_norm`` forward, backward and running statistics in float64 (skipped without torch),
 and the errors; ``nn.BatchNorm2d``'s ``track_running_stats`` changed after construction and
 state dicts without ``num_batches_tracked``, against ``torch.nn.BatchNorm2d``."""
+import copy
+import math
 from unittest import mock
 
 import numpy as np
@@ -574,3 +576,94 @@ def test_gradients_through_the_float32_statistics_of_a_half_x_match_float64(op, 
         scale = np.abs(want).max()
         np.testing.assert_allclose(np.asarray(got, np.float64), want, rtol=0,
                                    atol=(0.02 if dt == np.float16 else 0.1) * scale)
+
+
+RMS_CASES = [((6,), None, True), ((4, 6), 1e-3, True), ((6,), 0.5, False)]
+
+
+@needs_torch
+@pytest.mark.parametrize("shape,eps,affine", RMS_CASES)
+def test_rms_norm_gives_pytorchs_outputs_and_gradients(shape, eps, affine):
+    """nn.RMSNorm loaded with torch.nn.RMSNorm's state dict: its outputs (float32, and float16
+    input and weight, normalized in float32 and rounded, as PyTorch's composite) and, through
+    one SGD step at lr 1 in a graph, the gradients of the input and the weight."""
+    r = np.random.default_rng(3)
+    x = r.standard_normal((3, 4, 6)).astype(np.float32) * 2.0
+    ref = torch.nn.RMSNorm(shape, eps=eps, elementwise_affine=affine)
+    if affine:
+        with torch.no_grad():
+            ref.weight.copy_(torch.linspace(0.5, 1.5, math.prod(shape)).reshape(shape))
+    layer = nn.RMSNorm(shape, eps=eps, elementwise_affine=affine)
+    assert repr(layer) == repr(ref)
+    layer.load_state_dict({k: v.detach().numpy() for k, v in ref.state_dict().items()})
+    want = ref(torch.tensor(x)).detach().numpy()
+    np.testing.assert_allclose(layer(mf.tensor(x)).numpy(), want, rtol=1e-6, atol=1e-6)
+    half = nn.RMSNorm(shape, eps=eps, elementwise_affine=affine, dtype=mf.float16)
+    half.load_state_dict({k: np.asarray(v, np.float16) for k, v in layer.state_dict().items()})
+    want = copy.deepcopy(ref).half()(torch.tensor(x).half()).detach().numpy()
+    np.testing.assert_array_equal(half(mf.tensor(x.astype(np.float16))).numpy(), want)
+
+    class Step(nn.Graph):
+        def __init__(self):
+            super().__init__()
+            self.m = nn.Module()
+            self.m.x, self.m.norm = nn.Parameter(x), layer
+            self.add_optimizer(mf.optim.SGD(self.m.parameters(), lr=1.0))
+
+        def build(self):
+            loss = (self.m.norm(self.m.x) * mf.tensor(x)).sum()
+            loss.backward()
+            return loss
+
+    tx = torch.tensor(x, requires_grad=True)
+    (ref(tx) * torch.tensor(x)).sum().backward()
+    step = Step()
+    step()
+    np.testing.assert_allclose(x - step.m.x.numpy(), tx.grad.numpy(), rtol=1e-5, atol=1e-5)
+    if affine:
+        w = ref.weight.detach().numpy()
+        np.testing.assert_allclose(w - layer.weight.numpy(), ref.weight.grad.numpy(),
+                                   rtol=1e-5, atol=1e-5)
+
+
+def test_rms_norm_under_amp_keeps_its_mean_of_squares_float32():
+    """Under AMP the mean of squares stays float32 (its chain ends in rsqrt, in no AMP list):
+    between two float16 matmuls, activations above 256 (squares beyond float16's 65504) would
+    make it inf and the output 0. The squares and their sum are float32, the normalized output
+    float16 (between float16 ops, as a gray layer_norm), and the result is the float32 graph's
+    to float16's precision."""
+    class Net(nn.Graph):
+        def __init__(self, amp):
+            super().__init__()
+            self.a, self.norm, self.b = nn.Linear(8, 8), nn.RMSNorm(8), nn.Linear(8, 4)
+            self.config.enable_amp(amp)
+
+        def build(self, x):
+            return self.b(self.norm(self.a(x)))
+
+    mf.manual_seed(0)
+    net = Net(True)
+    x = np.random.default_rng(0).standard_normal((4, 8)).astype(np.float32) * 500.0
+    fp32 = Net(False)
+    fp32.a, fp32.norm, fp32.b = net.a, net.norm, net.b
+    np.testing.assert_allclose(net(x).numpy(), fp32(x).numpy(), rtol=0.02, atol=0.02)
+    (total,) = [n for n in net.ir.nodes if n.op.name == "reduce_sum"]
+    assert total.inputs[0].dtype is mf.float32 and total.outputs[0].dtype is mf.float32
+    matmuls = [n for n in net.ir.nodes if n.op.name == "matmul"]
+    assert [n.inputs[0].dtype for n in matmuls] == [mf.float16, mf.float16]
+
+
+def test_rms_norm_errors_name_the_layer_and_what_is_wrong():
+    with pytest.raises(ValueError, match=r"rms_norm: Given normalized_shape=\[5\], expected "
+                                         r"input with shape \[\*, 5\], but got input of size"
+                                         r"\[4, 6\]"):
+        nn.RMSNorm(5)(mf.tensor(np.zeros((4, 6), np.float32)))
+    with pytest.raises(TypeError, match=r"rms_norm: input float64\[2, 4\] and weight "
+                                        r"float32\[4\] have different dtypes; cast the input "
+                                        r"with \.to\(miniflow\.float32\), or make the RMSNorm "
+                                        r"with dtype=miniflow\.float64"):
+        EvalGraph(nn.RMSNorm(4))(np.ones((2, 4)))
+    with pytest.raises(ValueError, match=r"RMSNorm: eps must be >= 0 or None, got -1"):
+        nn.RMSNorm(4, eps=-1)
+    with pytest.raises(ValueError, match=r"RMSNorm: normalized_shape must be a positive int"):
+        nn.RMSNorm(0)

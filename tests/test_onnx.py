@@ -188,6 +188,27 @@ def test_softplus_exports_its_beta_and_threshold_as_a_composition(amp, tmp_path)
     assert {"Softplus", "Where", "Greater"} <= {n.op_type for n in proto.graph.node}
 
 
+class _Norms(nn.Module):
+    """RMSNorm (scalar_pow, reduce_sum, rsqrt) and the elementwise math of a custom norm."""
+
+    def __init__(self):
+        super().__init__()
+        self.a, self.norm, self.b = nn.Linear(4, 8), nn.RMSNorm(8), nn.Linear(8, 3)
+
+    def forward(self, x):
+        h = self.norm(self.a(x))
+        return self.b(h.abs().sqrt() - h ** 3 * 0.1 + (h.square() + 1.0).pow(-0.5))
+
+
+@pytest.mark.parametrize("amp", [False, True], ids=["fp32", "amp"])
+def test_rms_norm_abs_sqrt_and_pow_export_as_onnx_operators(amp, tmp_path):
+    """``abs`` -> Abs, ``sqrt`` -> Sqrt, ``scalar_pow`` -> Pow (float16 computed in float32 and
+    rounded once, as miniflow does); onnxruntime matches miniflow."""
+    miniflow.manual_seed(0)
+    proto = _export_one_activation_chain(_Norms(), amp, tmp_path / "norms.onnx")
+    assert {"Abs", "Sqrt", "Pow"} <= {n.op_type for n in proto.graph.node}
+
+
 @pytest.mark.parametrize("amp", [False, True], ids=["fp32", "amp"])
 def test_leaky_relu_and_elu_export_as_onnx_operators_with_their_alpha(amp, tmp_path):
     """``leaky_relu`` -> ``LeakyRelu(alpha)`` and ``elu`` -> ``Elu(alpha)``, the node's ``alpha``

@@ -1,6 +1,7 @@
 """The ``Tensor`` methods a PyTorch ``forward()`` uses (indexing, ``view``, ``unsqueeze``,
-``squeeze``, ``size``, ``dim``, ``argmax``, ``softmax``, ``masked_fill``, ``flatten``, ``split``, ``chunk``, ``detach``, ``float`` /
-``half``, ``@`` on batches), eager and traced in an ``nn.Graph``, against NumPy and PyTorch when
+``squeeze``, ``size``, ``dim``, ``argmax``, ``softmax``, ``masked_fill``, ``flatten``, ``split``,
+``chunk``, ``detach``, ``sqrt``, ``abs``, ``pow``, ``var``, ``std``, ``float`` / ``half``, ``@`` on
+batches), eager and traced in an ``nn.Graph``, against NumPy and PyTorch when
 installed (``torch.Tensor``'s documentation and the indexing rules of ``test/test_indexing.py``:
 basic indexing only, steps > 0, PyTorch's error messages)."""
 import numpy as np
@@ -150,6 +151,13 @@ METHODS = {
     "max_dim": (lambda t: t.max(dim=-1)[0] * 2.0, (4, 5)),
     "max_dim_keepdim": (lambda t: t.max(1, keepdim=True).values, (4, 5, 6)),
     "max_all": (lambda t: t.max() * 3.0, (4, 5)),
+    "sqrt_rsqrt": (lambda t: (t * t + 0.5).sqrt() + (t * t + 0.25).rsqrt(), (4, 5)),
+    "abs": (lambda t: t.abs() + abs(t * 3.0), (4, 5, 6)),
+    "pow": (lambda t: t.abs().pow(1.5) + t ** 3 + t.square() + (t * t + 1.0) ** -0.5, (4, 5)),
+    "pow_0": (lambda t: t.pow(0) * 2.0 + t ** 0.5, (4, 5)),
+    "var": (lambda t: t.var(1) + t.var((0, 2), keepdim=True, correction=0).sum(), (4, 5, 6)),
+    "var_unbiased": (lambda t: t.var(-1, False) + t.var(), (4, 5)),
+    "std": (lambda t: t.std(0) + t.std(1, keepdim=True, correction=2), (4, 5)),
 }
 _MASK = np.tri(4, 5, dtype=bool)
 
@@ -354,3 +362,21 @@ def test_division_by_a_number_is_one_ieee_division_as_torch():
         np.testing.assert_array_equal(eager.numpy(), (torch.from_numpy(x) / 3.0).numpy())
         np.testing.assert_array_equal((mf.tensor(h) / 3.0).numpy(),
                                       (torch.from_numpy(h) / 3.0).numpy())
+
+
+def test_var_and_std_of_half_tensors_round_once_and_bad_arguments_are_named():
+    """A float16 var / std is computed in float32 and rounded once (PyTorch's); both spellings of
+    the correction, or no degree of freedom left, are refused naming them; a tensor exponent too."""
+    x = (X[0] * 150.0).astype(np.float16)     # squares beyond float16's range (65504)
+    want = x.astype(np.float64).var(axis=1, ddof=1)
+    np.testing.assert_array_equal(mf.tensor(x).var(1).numpy(), want.astype(np.float16))
+    np.testing.assert_array_equal(mf.tensor(x).std(1).numpy(), np.sqrt(want).astype(np.float16))
+    t = mf.tensor(X)
+    with pytest.raises(TypeError, match=r"var: got both unbiased=True and correction=0"):
+        t.var(1, True, correction=0)
+    with pytest.raises(ValueError, match=r"std: dims \[1\] of shape \[4, 1, 6\] hold 1 element "
+                                         r"per result, and correction=1 leaves 0 degrees"):
+        mf.tensor(X[:, :1]).std(1)
+    assert mf.tensor(X[:0]).var(1).shape == (0, 6)       # nothing to compute: no error
+    with pytest.raises(TypeError, match=r"pow: the exponent must be a number, got Tensor"):
+        t ** t

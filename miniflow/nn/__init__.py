@@ -11,7 +11,7 @@ from .multihead_attention import MultiheadAttention
 from .containers import ModuleDict, ModuleList
 from .conv import Conv2d
 from .dropout import Dropout
-from .layer_norm import LayerNorm
+from .layer_norm import LayerNorm, RMSNorm
 from .layers import Flatten, Identity, Linear, Sequential
 from .loss import CrossEntropyLoss
 from .module import Module, Parameter
@@ -21,8 +21,8 @@ from .sparse import Embedding
 
 __all__ = ["Graph", "GraphConfig", "Linear", "Module", "Parameter", "Sequential", "ModuleList",
            "ModuleDict", "Flatten", "Identity", "Conv2d", "BatchNorm1d", "BatchNorm2d", "Dropout",
-           "LayerNorm", "Embedding", "MultiheadAttention", "CrossEntropyLoss", "MaxPool2d",
-           "AvgPool2d", "AdaptiveAvgPool2d",
+           "LayerNorm", "RMSNorm", "Embedding", "MultiheadAttention", "CrossEntropyLoss",
+           "MaxPool2d", "AvgPool2d", "AdaptiveAvgPool2d",
            "functional", *(name for name in activations.__all__ if not name.islower())]
 
 

@@ -186,6 +186,8 @@ FUNCTIONS = {
     "exp": (_onnx_op("Exp"), False), "log": (_onnx_op("Log"), False),
     "relu": (_onnx_op("Relu"), False), "tanh": (_onnx_op("Tanh"), False),
     "sigmoid": (_onnx_op("Sigmoid"), False), "reciprocal": (_onnx_op("Reciprocal"), False),
+    "sqrt": (_onnx_op("Sqrt"), False), "absolute": (_onnx_op("Abs"), False),
+    "power": (_onnx_op("Pow"), True),
     "add": (_onnx_op("Add"), False), "sub": (_onnx_op("Sub"), False),
     "mul": (_onnx_op("Mul"), False), "div": (_onnx_op("Div"), False),
     "rsqrt": (lambda b, a, out, dt: b.node("Reciprocal", b.node("Sqrt", a, 1), [out]), True),

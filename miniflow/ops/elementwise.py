@@ -93,6 +93,44 @@ def rsqrt(x):
     return 1.0 / math.sqrt(x)
 
 
+def sqrt(x):
+    """Square root (sqrt(-0) = -0, sqrt(x<0) = nan)."""
+    return math.sqrt(x)
+
+
+def absolute(x):
+    """|x| (|-0| = 0, |nan| = nan)."""
+    return math.fabs(x)
+
+
+def absolute_grad(x, dy):
+    """dy * sign(x), 0 at x = 0 and at NaN (PyTorch's ``abs`` backward, ``dy * sgn(x)``)."""
+    if x > 0.0:
+        return dy
+    if x < 0.0:
+        return -dy
+    return 0.0
+
+
+def power(x, p):
+    """x ** p as PyTorch's ``pow(x, p)`` with a number ``p``: C's ``pow``, but ``p = 0.5`` and
+    ``p = -0.5`` are ``sqrt`` and ``1 / sqrt`` (so ``(-0) ** 0.5 = -0``, as PyTorch's kernel
+    computes those exponents; ``aten/src/ATen/native/cpu/PowKernel.cpp``). ``x ** 0 = 1`` for
+    every x, NaN included; a negative x to a non-integer p is nan."""
+    if p == 0.5:
+        return math.sqrt(x)
+    if p == -0.5:
+        return 1.0 / math.sqrt(x)
+    return math.pow(x, p)
+
+
+def power_derivative(x, p):
+    """d x**p / dx = p * x ** (p - 1), and 0 for p = 0 everywhere (PyTorch's ``pow_backward``)."""
+    if p == 0.0:
+        return 0.0
+    return p * power(x, p - 1.0)
+
+
 def relu_grad(y, dy):
     """dy where y > 0, else 0 (y = relu(x); PyTorch's threshold_backward: y <= 0 -> 0)."""
     if y <= 0.0:
@@ -128,7 +166,7 @@ def exp_neg_half_square(x):
     return math.exp(-0.5 * x * x)
 
 
-SCALAR_HELPERS = (one_plus_erf_sqrt_half, exp_neg_half_square)
+SCALAR_HELPERS = (one_plus_erf_sqrt_half, exp_neg_half_square, power)
 """The functions that scalar functions call (backends compile them with the scalar function: the
 CPU through Numba overloads, CUDA as device functions)."""
 
@@ -277,6 +315,15 @@ def elementwise(name: str, scalar, reference, *, amp: str | None, amp_note: str 
     return op
 
 
+def _derivative_grad(derivative: str):
+    """The gradient rule ``dx = dy * <derivative>(x)`` with the node's attributes: OneFlow's
+    ``<op>_grad(x, dy)`` as two ops, which fusion makes one kernel (an elementwise op with
+    scalar attributes has one tensor operand)."""
+    def grad(n, gs, emit):
+        return [emit("broadcast_mul", gs[0], emit(derivative, n.inputs[0], **n.attrs))]
+    return grad
+
+
 # ------------------------------------------------------------------------------ unary
 def _relu_ref(x):
     return np.where(np.isnan(x) | (x > 0), x, 0.0)
@@ -309,6 +356,46 @@ elementwise("rsqrt", rsqrt, lambda x: 1.0 / np.sqrt(x), amp=None,
             amp_note="not in OneFlow's lists (batch norm's eval-mode gradient uses it on the "
                      "float32 moving variance)",
             grad=_rsqrt_grad, samples=unary_samples(0.1, 3.0), doc="out = 1 / sqrt(x)")
+elementwise("sqrt", sqrt, np.sqrt, amp="gray",
+            grad=lambda n, gs, emit: [emit("broadcast_div", gs[0],
+                                           emit("scalar_mul", n.outputs[0], scalar=2.0))],
+            samples=unary_samples(0.1, 3.0), doc="out = sqrt(x); dx = dy / (2 out)")
+elementwise("abs", absolute, np.abs, amp=None,
+            amp_note="not in OneFlow's lists (there it runs in float32)",
+            grad=lambda n, gs, emit: [emit("abs_grad", n.inputs[0], gs[0])],
+            doc="out = |x|; dx = abs_grad(x, dy)")
+elementwise("abs_grad", absolute_grad,
+            lambda x, dy: np.where(x > 0, dy, np.where(x < 0, -dy, 0.0)), amp=None,
+            amp_note="not in OneFlow's lists (there it runs in float32)",
+            infer=y_dy_infer("abs_grad", first="x"), samples=grad_samples(-2.0, 2.0),
+            doc="dx = dy * sign(x), 0 at x = 0 and at NaN (PyTorch's)")
+
+
+def _power_ref(x, p):
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.sqrt(x) if p == 0.5 else 1.0 / np.sqrt(x) if p == -0.5 else np.power(x, p)
+
+
+def _power_derivative_ref(x, p):
+    return np.zeros_like(x) if p == 0.0 else p * _power_ref(x, p - 1.0)
+
+
+def _power_samples():
+    """Exponents with PyTorch's special cases (0, 0.5, -0.5, 2) and others, over x in [0.1, 3)
+    (non-integer powers of negative x are nan) and, for integer exponents, [-2, 2)."""
+    cases = [unary_samples(0.1, 3.0, scalar=p) for p in (2.5, 0.5, -0.5, -1.0, 0.0)]
+    cases += [unary_samples(-2.0, 2.0, scalar=p) for p in (2.0, 3.0)]
+    return lambda: [s for make in cases for s in make()]
+
+
+elementwise("scalar_pow", power, _power_ref, amp="gray", scalar_attrs=("scalar",),
+            grad=_derivative_grad("scalar_pow_derivative"), samples=_power_samples(),
+            doc="out = x ** scalar (PyTorch's pow with a number exponent); "
+                "dx = dy * scalar_pow_derivative(x)")
+elementwise("scalar_pow_derivative", power_derivative, _power_derivative_ref, amp="gray",
+            amp_note="the derivative of scalar_pow (OneFlow's scalar_pow_grad, gray there)",
+            scalar_attrs=("scalar",), samples=_power_samples(),
+            doc="out = scalar * x ** (scalar - 1), 0 for scalar 0: scalar_pow's derivative")
 elementwise("relu", relu, _relu_ref, amp="clear",
             grad=lambda n, gs, emit: [emit("relu_grad", n.outputs[0], gs[0])],
             doc="out = max(x, 0) (NaN propagates); dx = relu_grad(out, dy)")
@@ -428,15 +515,6 @@ def _softplus_derivative_ref(x, beta, threshold):
     z = x * beta
     with np.errstate(over="ignore"):
         return np.where(z > threshold, 1.0, np.exp(-np.logaddexp(0.0, -z)))
-
-
-def _derivative_grad(derivative: str):
-    """The gradient rule ``dx = dy * <derivative>(x)`` with the node's attributes: OneFlow's
-    ``<op>_grad(x, dy)`` as two ops, which fusion makes one kernel (an elementwise op with
-    scalar attributes has one tensor operand)."""
-    def grad(n, gs, emit):
-        return [emit("broadcast_mul", gs[0], emit(derivative, n.inputs[0], **n.attrs))]
-    return grad
 
 
 def _softplus_samples(lo: float, hi: float):

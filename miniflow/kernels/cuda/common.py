@@ -67,19 +67,21 @@ elif CACHE.enabled:     # numba-cuda's copy of Numba's cache: the same extended 
     cache_key.install(_cuda_caching.Cache)
 
 
-def _ieee(np_fn):
-    """``np_fn`` without floating-point warnings: inf and NaN results, as CUDA gives them."""
-    def fn(x):
+def _ieee(np_fn, name=None):
+    """``np_fn`` (as ``math.<name>``, default its own name) without floating-point warnings: inf
+    and NaN results, as CUDA gives them."""
+    def fn(*x):
         with np.errstate(all="ignore"):
-            return np_fn(x)
-    fn.__name__ = np_fn.__name__
+            return np_fn(*x)
+    fn.__name__ = name or np_fn.__name__
     return fn
 
 
 SimulatorMath = _pytypes.SimpleNamespace(**{
     **{k: getattr(_math, k) for k in dir(_math) if not k.startswith("_")},
     **{fn.__name__: _ieee(fn) for fn in (np.exp, np.expm1, np.log, np.log1p, np.log2, np.log10,
-                                         np.sqrt, np.tanh, np.cosh, np.sinh)}})
+                                         np.sqrt, np.tanh, np.cosh, np.sinh)},
+    "pow": _ieee(np.power, "pow")})
 """``math`` for kernels under the simulator: the functions that raise in Python on IEEE cases
 (``exp`` overflow, ``log`` of 0 or a negative number ...) give CUDA's inf/NaN instead."""
 
