@@ -39,10 +39,11 @@ from .random import manual_seed
 from .serialization import CheckpointError, load, save
 from .runtime.backend import get_backend, set_backend
 from .tensor import Tensor, tensor
+from .join import cat, stack
 from . import amp, distributed, ir, models, nn, ops, optim  # noqa: E402
 
 __version__ = "0.1.0"
 
-__all__ = ["CheckpointError", "DType", "Tensor", "amp", "bfloat16", "distributed", "float16",
-           "float32", "float64", "get_backend", "int64", "ir", "load", "manual_seed", "models",
-           "nn", "ops", "optim", "save", "set_backend", "tensor"]
+__all__ = ["CheckpointError", "DType", "Tensor", "amp", "bfloat16", "cat", "distributed",
+           "float16", "float32", "float64", "get_backend", "int64", "ir", "load", "manual_seed",
+           "models", "nn", "ops", "optim", "save", "set_backend", "stack", "tensor"]

@@ -195,3 +195,21 @@ def test_leaky_relu_and_elu_and_their_derivatives_match_pytorch_at_the_edges(nam
         np.testing.assert_array_equal(np.signbit(out), np.signbit(ref))
         np.testing.assert_allclose(grad, ref_grad, rtol=2e-6 if dt == np.float32 else 1e-12,
                                    atol=0)
+
+
+@pytest.mark.parametrize("cls", ["Softmax", "LogSoftmax"])
+def test_softmax_modules_are_the_functional_forms_with_pytorchs_repr(cls):
+    """nn.Softmax(dim) / nn.LogSoftmax(dim) give F.softmax / F.log_softmax along dim (torch's
+    values and repr); without dim, the implicit dim and its warning."""
+    a = np.random.default_rng(1).standard_normal((2, 3, 4)).astype(np.float32)
+    fn = getattr(nn.functional, cls.lower().replace("logsoftmax", "log_softmax"))
+    module = getattr(nn, cls)(dim=1)
+    np.testing.assert_array_equal(module(mf.tensor(a)).numpy(), fn(mf.tensor(a), 1).numpy())
+    with pytest.warns(UserWarning, match="Implicit dimension choice"):
+        implicit = getattr(nn, cls)()(mf.tensor(a))
+    np.testing.assert_array_equal(implicit.numpy(), fn(mf.tensor(a), 0).numpy())
+    torch = pytest.importorskip("torch")
+    ref = getattr(torch.nn, cls)(dim=1)
+    assert repr(module) == repr(ref)
+    np.testing.assert_allclose(module(mf.tensor(a)).numpy(), ref(torch.tensor(a)).numpy(),
+                               rtol=1e-6, atol=1e-6)

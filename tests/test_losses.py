@@ -200,3 +200,49 @@ def test_a_label_of_minus_100_without_ignore_index_says_how_to_ignore_it():
         nn.CrossEntropyLoss(ignore_index=1.5)
     with pytest.raises(ValueError, match="reduction must be"):
         nn.CrossEntropyLoss(reduction="avg")
+
+
+class _MSEStep(nn.Graph):
+    """mse_loss of a parameter against a target: one SGD step of lr 1 shows the gradient."""
+
+    def __init__(self, x, reduction):
+        super().__init__()
+        self.m = nn.Module()
+        self.m.x = nn.Parameter(x)
+        self.loss, self.reduction = nn.MSELoss(reduction=reduction), reduction
+        self.add_optimizer(mf.optim.SGD(self.m.parameters(), lr=1.0))
+
+    def build(self, target):
+        loss = self.loss(self.m.x, target)
+        (loss.sum() if self.reduction == "none" else loss).backward()
+        return loss
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+def test_mse_loss_and_its_gradient_match_the_float64_oracle_and_torch(reduction):
+    """mse_loss / MSELoss: the loss and d(loss)/d(input) = 2 (input - target) (/ n for "mean"),
+    against NumPy float64 and ``torch.nn.functional.mse_loss`` when installed."""
+    x, t = LOGITS, LOGITS[::-1].copy() * 0.5
+    d = x.astype(np.float64) - t
+    want = {"mean": (d * d).mean(), "sum": (d * d).sum(), "none": d * d}[reduction]
+    want_grad = 2 * d / (d.size if reduction == "mean" else 1)
+    step = _MSEStep(x, reduction)
+    np.testing.assert_allclose(step(t).numpy(), want, rtol=1e-5)
+    np.testing.assert_allclose(x - step.m.x.numpy(), want_grad, rtol=1e-4, atol=1e-5)
+    torch = pytest.importorskip("torch")
+    ref = torch.nn.functional.mse_loss(torch.tensor(x), torch.tensor(t), reduction=reduction)
+    np.testing.assert_allclose(nn.functional.mse_loss(mf.tensor(x), t, reduction).numpy(),
+                               ref.numpy(), rtol=1e-6)
+
+
+def test_mse_loss_refuses_what_pytorch_would_silently_broadcast_or_promote():
+    x = mf.tensor(LOGITS)
+    with pytest.raises(ValueError, match=r"mse_loss: target size \[6, 1\] is different from "
+                                         r"the input size \[6, 5\] \(PyTorch would broadcast"):
+        nn.functional.mse_loss(x, np.zeros((6, 1), np.float32))
+    with pytest.raises(TypeError, match=r"mse_loss: input float32 and target float64 have "
+                                        r"different dtypes"):
+        nn.functional.mse_loss(x, mf.tensor(LOGITS.astype(np.float64)))
+    with pytest.raises(ValueError, match=r"mse_loss: reduction must be 'mean', 'sum' or "
+                                         r"'none', got 'avg'"):
+        nn.MSELoss(reduction="avg")

@@ -12,8 +12,8 @@ from .containers import ModuleDict, ModuleList
 from .conv import Conv2d
 from .dropout import Dropout
 from .layer_norm import LayerNorm, RMSNorm
-from .layers import Flatten, Identity, Linear, Sequential
-from .loss import CrossEntropyLoss
+from .layers import Flatten, Identity, Linear, LogSoftmax, Sequential, Softmax
+from .loss import CrossEntropyLoss, MSELoss
 from .module import Module, Parameter
 from .normalization import BatchNorm1d, BatchNorm2d
 from .pooling import AdaptiveAvgPool2d, AvgPool2d, MaxPool2d
@@ -22,7 +22,7 @@ from .sparse import Embedding
 __all__ = ["Graph", "GraphConfig", "Linear", "Module", "Parameter", "Sequential", "ModuleList",
            "ModuleDict", "Flatten", "Identity", "Conv2d", "BatchNorm1d", "BatchNorm2d", "Dropout",
            "LayerNorm", "RMSNorm", "Embedding", "MultiheadAttention", "CrossEntropyLoss",
-           "MaxPool2d", "AvgPool2d", "AdaptiveAvgPool2d",
+           "MSELoss", "Softmax", "LogSoftmax", "MaxPool2d", "AvgPool2d", "AdaptiveAvgPool2d",
            "functional", *(name for name in activations.__all__ if not name.islower())]
 
 

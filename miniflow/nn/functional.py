@@ -19,10 +19,10 @@ from .activations import *  # noqa: F401,F403  (the activation functions: relu .
 from .attention import scaled_dot_product_attention
 from .dropout import dropout
 from .layer_norm import layer_norm, rms_norm
-from .loss import cross_entropy
+from .loss import cross_entropy, mse_loss
 from .sparse import embedding
 
-__all__ = ["softmax", "log_softmax", "cross_entropy", "linear", "conv2d", "max_pool2d",
+__all__ = ["softmax", "log_softmax", "cross_entropy", "mse_loss", "linear", "conv2d", "max_pool2d",
            "avg_pool2d", "adaptive_avg_pool2d", "batch_norm", "flatten", "white_identity",
            "dropout", "layer_norm", "rms_norm", "embedding", "scaled_dot_product_attention",
            "black_identity", *(name for name in activations.__all__ if name.islower())]

@@ -168,3 +168,26 @@ class Identity(Module):
 
     def forward(self, x):
         return x
+
+
+class Softmax(Module):
+    """``F.softmax(x, dim)`` as a module (``torch.nn.Softmax(dim=None)``; without ``dim``,
+    PyTorch's implicit one: :func:`miniflow.nn.functional.softmax`). Op ``softmax``."""
+
+    def __init__(self, dim: int | None = None):
+        super().__init__()
+        self.dim = dim
+
+    def forward(self, x):
+        return F.softmax(x, self.dim)
+
+    def extra_repr(self):
+        return f"dim={self.dim}"
+
+
+class LogSoftmax(Softmax):
+    """``F.log_softmax(x, dim)`` as a module (``torch.nn.LogSoftmax(dim=None)``). Op
+    ``log_softmax``."""
+
+    def forward(self, x):
+        return F.log_softmax(x, self.dim)

@@ -1,7 +1,8 @@
-"""The cross-entropy loss: ``nn.functional.cross_entropy`` and ``nn.CrossEntropyLoss``, with
-PyTorch's arguments and semantics (``torch.nn.functional.cross_entropy``,
-``torch.nn.CrossEntropyLoss``: ``reduction``, ``label_smoothing``, ``ignore_index``), on
-OneFlow's ``sparse_softmax_cross_entropy`` op.
+"""The losses: ``nn.functional.cross_entropy`` and ``nn.CrossEntropyLoss``, with PyTorch's
+arguments and semantics (``torch.nn.functional.cross_entropy``, ``torch.nn.CrossEntropyLoss``:
+``reduction``, ``label_smoothing``, ``ignore_index``), on OneFlow's ``sparse_softmax_cross_entropy``
+op; ``mse_loss`` and ``nn.MSELoss`` (``torch.nn.functional.mse_loss``), a composition of
+``broadcast_sub``, ``scalar_pow`` and a sum or mean.
 
 ``ignore_index`` is a composition of existing ops (miniflow has no integer comparison op): the
 labels are cast to float64 (exact for every int64 label below 2**53), ``label - ignore_index``
@@ -21,15 +22,18 @@ from ..dtype import float64, int64
 from ..tensor import Tensor, apply, tensor
 from .module import Module
 
-__all__ = ["cross_entropy", "CrossEntropyLoss"]
+__all__ = ["cross_entropy", "CrossEntropyLoss", "mse_loss", "MSELoss"]
 
 _REDUCTIONS = ("mean", "sum", "none")
 
 
-def _check(reduction, label_smoothing, ignore_index) -> None:
+def _check_reduction(fn: str, reduction) -> None:
     if reduction not in _REDUCTIONS:
-        raise ValueError(f"cross_entropy: reduction must be 'mean', 'sum' or 'none', got "
-                         f"{reduction!r}")
+        raise ValueError(f"{fn}: reduction must be 'mean', 'sum' or 'none', got {reduction!r}")
+
+
+def _check(reduction, label_smoothing, ignore_index) -> None:
+    _check_reduction("cross_entropy", reduction)
     if not is_real(label_smoothing) or not 0.0 <= float(label_smoothing) <= 1.0:
         raise ValueError(f"cross_entropy: label_smoothing must be a number between 0.0 and 1.0, "
                          f"got {label_smoothing!r}")
@@ -129,3 +133,52 @@ class CrossEntropyLoss(Module):
     def extra_repr(self) -> str:
         return (f"ignore_index={self.ignore_index}, reduction={self.reduction!r}, "
                 f"label_smoothing={self.label_smoothing}")
+
+
+def mse_loss(input: Tensor, target, reduction: str = "mean") -> Tensor:
+    """The squared error ``(input - target)^2`` per element, averaged (``"mean"``), summed
+    (``"sum"``) or returned as is (``"none"``): ``torch.nn.functional.mse_loss``. ``target``
+    has ``input``'s shape (a Tensor, or an array made a tensor of ``input``'s dtype). Ops
+    ``broadcast_sub``, ``scalar_pow`` and ``reduce_sum`` (``scalar_mul(1/n)`` for "mean"; a
+    half input is averaged in float32, as :meth:`Tensor.mean`).
+
+    Raises:
+        ValueError: an unknown reduction; shapes that differ (PyTorch broadcasts them with a
+            warning that the result is likely wrong); "mean" of an empty input.
+        TypeError: ``target`` of another dtype than ``input`` (naming both).
+    """
+    _check_reduction("mse_loss", reduction)
+    target = target if isinstance(target, Tensor) else tensor(target, dtype=input.dtype)
+    if target.shape != input.shape:
+        raise ValueError(f"mse_loss: target size {list(target.shape)} is different from the "
+                         f"input size {list(input.shape)} (PyTorch would broadcast them, "
+                         f"likely not what you meant): reshape the target to the input's shape")
+    if target.dtype is not input.dtype:
+        raise TypeError(f"mse_loss: input {input.dtype.name} and target {target.dtype.name} "
+                        f"have different dtypes; cast the target with "
+                        f".to(miniflow.{input.dtype.name})")
+    squares = (input - target).square()
+    if reduction == "none":
+        return squares
+    return squares.sum() if reduction == "sum" else squares.mean()
+
+
+class MSELoss(Module):
+    """``mse_loss`` as a module (``torch.nn.MSELoss``): ``MSELoss(reduction="mean")`` then
+    ``loss(input, target)``. PyTorch's deprecated ``size_average`` and ``reduce`` are not
+    supported.
+
+    Raises:
+        ValueError: an unknown reduction, at construction.
+    """
+
+    def __init__(self, *, reduction: str = "mean"):
+        super().__init__()
+        _check_reduction("mse_loss", reduction)
+        self.reduction = reduction
+
+    def forward(self, input, target):
+        return mse_loss(input, target, self.reduction)
+
+    def extra_repr(self) -> str:
+        return f"reduction={self.reduction!r}"
