@@ -193,6 +193,54 @@ class Tensor:
         tensors are always contiguous, so every view is valid)."""
         return self.reshape(*shape)
 
+    def expand(self, *sizes) -> "Tensor":
+        """This tensor repeated along its size-1 dims (and new leading dims) to ``sizes``
+        (``torch.Tensor.expand``: -1 keeps a dim's size). Op ``broadcast_like`` (its ``like`` a
+        ``constant`` of the new shape, read for its shape only; a copy, where PyTorch makes a
+        view); the gradient sums over the expanded dims.
+
+        Raises:
+            ValueError: fewer sizes than dims, -1 or a negative size for a new leading dim, or a
+                size other than a non-singleton dim's (PyTorch's messages).
+        """
+        sizes = tuple(sizes[0]) if len(sizes) == 1 and isinstance(sizes[0], (tuple, list)) \
+            else sizes
+        target, axes = _expanded("expand", self.shape, sizes)
+        if not axes:
+            return self
+        kept = tuple(1 if i in axes else n for i, n in enumerate(target))
+        like = apply("constant", [], value=0.0, shape=target, dtype=self.dtype)
+        return apply("broadcast_like", [self.reshape(kept), like], broadcast_axes=axes)
+
+    def expand_as(self, other: "Tensor") -> "Tensor":
+        """:meth:`expand` to ``other``'s shape (``torch.Tensor.expand_as``)."""
+        return self.expand(other.shape)
+
+    def repeat(self, *repeats) -> "Tensor":
+        """This tensor tiled ``repeats[i]`` times along dim i (``torch.Tensor.repeat``; extra
+        leading repeats add dims): each dim split in (1, n), expanded to (r, n) and merged.
+
+        Raises:
+            ValueError: fewer repeats than dims, or a negative one (PyTorch's messages).
+        """
+        repeats = tuple(repeats[0]) if len(repeats) == 1 and \
+            isinstance(repeats[0], (tuple, list)) else repeats
+        if len(repeats) < self.ndim:
+            raise ValueError(f"repeat: Number of dimensions of repeat dims can not be smaller "
+                             f"than number of dimensions of tensor (got {list(repeats)} for "
+                             f"shape {list(self.shape)})")
+        if any(not isinstance(r, numbers.Integral) or r < 0 for r in repeats):
+            raise ValueError(f"repeat: Trying to create tensor with negative dimension: "
+                             f"repeats {list(repeats)}")
+        shape = (1,) * (len(repeats) - self.ndim) + self.shape
+        split = self.reshape(tuple(d for n in shape for d in (1, n)))
+        tiled = split.expand(tuple(d for r, n in zip(repeats, shape) for d in (int(r), n)))
+        return tiled.reshape(tuple(int(r) * n for r, n in zip(repeats, shape)))
+
+    def type_as(self, other: "Tensor") -> "Tensor":
+        """This tensor cast to ``other``'s dtype (``torch.Tensor.type_as``; op ``cast``)."""
+        return self.to(other.dtype)
+
     def contiguous(self) -> "Tensor":
         """This tensor (miniflow's tensors are always contiguous)."""
         return self
@@ -671,6 +719,34 @@ def _reduce_args(op: str, dim, keepdim, axis, keepdims) -> tuple:
     return dim, bool(keepdim)
 
 
+def _expanded(fn: str, shape: tuple, sizes: tuple) -> tuple:
+    """``(target shape, broadcast axes)`` of expanding ``shape`` to ``sizes`` (PyTorch's rules:
+    new dims lead, -1 keeps a dim, only a size-1 dim changes). Raises ValueError as PyTorch."""
+    lead = len(sizes) - len(shape)
+    if lead < 0:
+        raise ValueError(f"{fn}: the number of sizes provided ({len(sizes)}) must be greater or "
+                         f"equal to the number of dimensions in the tensor ({len(shape)})")
+    target, axes = [], []
+    for i, s in enumerate(sizes):
+        if isinstance(s, bool) or not isinstance(s, numbers.Integral):
+            raise TypeError(f"{fn}: sizes must be ints, got {s!r} in {list(sizes)}")
+        old = shape[i - lead] if i >= lead else None
+        if old is None and s < 0:
+            raise ValueError(f"{fn}: The expanded size of the tensor ({s}) isn't allowed in a "
+                             f"leading, non-existing dimension {i}")
+        s = old if s == -1 else int(s)
+        if old is not None and old != 1 and s != old:
+            raise ValueError(f"{fn}: The expanded size of the tensor ({s}) must match the "
+                             f"existing size ({old}) at non-singleton dimension {i}.  Target "
+                             f"sizes: {list(sizes)}.  Tensor sizes: {list(shape)}")
+        if s < 0:
+            raise ValueError(f"{fn}: negative size {s} in {list(sizes)}")
+        target.append(s)
+        if old is None or (old == 1 and s != 1):
+            axes.append(i)
+    return tuple(target), tuple(axes)
+
+
 MaxResult = collections.namedtuple("max", ["values", "indices"])
 """What ``Tensor.max(dim)`` returns (PyTorch's ``torch.return_types.max``)."""
 
@@ -775,8 +851,8 @@ def _matmul(a: "Tensor", b: "Tensor") -> "Tensor":
         return apply("batch_matmul", [a, b])
     raise ValueError(f"matmul: shapes {list(a.shape)} @ {list(b.shape)}: miniflow multiplies "
                      f"2-D @ 2-D, N-D @ 2-D and N-D @ N-D with equal batch dimensions (no "
-                     f"broadcasting, no 1-D operand: Tensor has no expand); reshape the "
-                     f"operands, e.g. a vector v to [k, 1]")
+                     f"broadcasting, no 1-D operand); expand or reshape the operands, e.g. a "
+                     f"vector v to [k, 1], a batch of 1 with .expand(n, -1, -1)")
 
 
 _LAYOUT_OPS = ("slice", "reshape", "transpose", "flatten")

@@ -407,6 +407,36 @@ def test_multihead_attention_without_weights_gives_a_query_with_no_key_0_as_pyto
     assert np.isnan(ref(_t(q), _t(k), _t(k), **_torch_masks(kw))[1].detach().numpy()).any()
 
 
+BROADCASTS = {"shared key and value": ((2, 3, 5, 4), (1, 3, 7, 4), (1, 3, 7, 4)),
+              "one query batch": ((1, 3, 5, 4), (2, 3, 7, 4), (2, 1, 7, 4)),
+              "2-D query": ((5, 4), (2, 7, 4), (2, 7, 4))}
+
+
+@pytest.mark.parametrize("case", list(BROADCASTS))
+def test_scaled_dot_product_attention_broadcasts_leading_dimensions_as_pytorch(case):
+    """query, key and value whose leading dimensions differ but broadcast (a key and value of
+    batch 1 for every query, a 2-D query): PyTorch broadcasts them, miniflow refused them. The
+    output and, in a graph with one SGD step, every input's gradient (summed over the batch it
+    was broadcast along) match PyTorch's; leading dimensions that do not broadcast are named."""
+    shapes = BROADCASTS[case]
+    arrays = [R.standard_normal(s).astype(np.float32) for s in shapes]
+    ts = [torch.tensor(a, requires_grad=True) for a in arrays]
+    want = torch.nn.functional.scaled_dot_product_attention(*ts, is_causal=True)
+    model = mf.nn.Module()
+    model.q, model.k, model.v = (mf.nn.Parameter(a) for a in arrays)
+    graph = _Call(model, lambda m: F.scaled_dot_product_attention(m.q, m.k, m.v, is_causal=True),
+                  train=True)
+    np.testing.assert_allclose(graph().numpy(), want.detach().numpy(), rtol=1e-5, atol=1e-6)
+    (want * torch.linspace(-1, 1, want.numel()).reshape(want.shape)).sum().backward()
+    for name, a, t in zip("qkv", arrays, ts):
+        np.testing.assert_allclose(getattr(model, name).numpy(), a - t.grad.numpy(), rtol=1e-5,
+                                   atol=1e-5, err_msg=name)
+    with pytest.raises(ValueError, match=r"leading dimensions that broadcast together, got "
+                                         r"\[2, 5, 4\], \[3, 7, 4\], \[3, 7, 4\]"):
+        F.scaled_dot_product_attention(*(mf.tensor(np.zeros(s, np.float32))
+                                         for s in ((2, 5, 4), (3, 7, 4), (3, 7, 4))))
+
+
 @pytest.mark.parametrize("case", ["4-D", "3-D", "value heads", "causal mask", "one head"])
 def test_scaled_dot_product_attention_takes_enable_gqa_as_pytorch(case):
     """PyTorch's ``enable_gqa`` (grouped-query attention): query heads ``Hq``, key and value
@@ -447,8 +477,8 @@ def test_scaled_dot_product_attention_takes_enable_gqa_as_pytorch(case):
     np.testing.assert_allclose(same.numpy(), torch.nn.functional.scaled_dot_product_attention(
         _t(q), _t(q), _t(q)).numpy(), rtol=1e-5, atol=1e-6)
     if hk > 1:
-        with pytest.raises(ValueError, match=r"scaled_dot_product_attention: .* equal leading "
-                                             r"dimensions.*pass enable_gqa=True"):
+        with pytest.raises(ValueError, match=r"scaled_dot_product_attention: .* broadcast "
+                                             r"together.*pass enable_gqa=True"):
             F.scaled_dot_product_attention(mf.tensor(q), mf.tensor(k), mf.tensor(v))
     bad = mf.tensor(R.standard_normal(lead + (hq - 1, 7, 4)).astype(np.float32))
     with pytest.raises(ValueError, match=r"scaled_dot_product_attention: enable_gqa: the "

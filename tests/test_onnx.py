@@ -209,6 +209,30 @@ def test_rms_norm_abs_sqrt_and_pow_export_as_onnx_operators(amp, tmp_path):
     assert {"Abs", "Sqrt", "Pow"} <= {n.op_type for n in proto.graph.node}
 
 
+class _Expands(nn.Module):
+    """Tensor.expand and repeat, and attention with a key and value of batch 1 (expanded)."""
+
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Linear(4, 4)
+
+    def forward(self, x):
+        h = self.a(x)                                            # [16, 4]
+        kv = h[:3].unsqueeze(0)                                  # [1, 3, 4]
+        att = nn.functional.scaled_dot_product_attention(h.reshape(4, 4, 4), kv, kv)
+        return (att.reshape(16, 4) + h[:1].expand(16, 4) + h.repeat(1, 2)[:, 2:6]
+                + h.sum(1, keepdim=True).expand_as(h))
+
+
+def test_expand_repeat_and_broadcast_attention_export_as_expand(tmp_path):
+    """``broadcast_like`` of a tensor that keeps its broadcast axes as size 1 (what
+    ``Tensor.expand`` makes) exports as ``Expand`` without an ``Unsqueeze`` (it gave a rank
+    one too high, refused by ONNX's checker); onnxruntime matches miniflow."""
+    miniflow.manual_seed(0)
+    proto = _export_one_activation_chain(_Expands(), False, tmp_path / "expand.onnx")
+    assert "Expand" in {n.op_type for n in proto.graph.node}
+
+
 @pytest.mark.parametrize("amp", [False, True], ids=["fp32", "amp"])
 def test_leaky_relu_and_elu_export_as_onnx_operators_with_their_alpha(amp, tmp_path):
     """``leaky_relu`` -> ``LeakyRelu(alpha)`` and ``elu`` -> ``Elu(alpha)``, the node's ``alpha``

@@ -1,9 +1,9 @@
 """The ``Tensor`` methods a PyTorch ``forward()`` uses (indexing, ``view``, ``unsqueeze``,
 ``squeeze``, ``size``, ``dim``, ``argmax``, ``softmax``, ``masked_fill``, ``flatten``, ``split``,
-``chunk``, ``detach``, ``sqrt``, ``abs``, ``pow``, ``var``, ``std``, ``float`` / ``half``, ``@`` on
-batches), eager and traced in an ``nn.Graph``, against NumPy and PyTorch when
-installed (``torch.Tensor``'s documentation and the indexing rules of ``test/test_indexing.py``:
-basic indexing only, steps > 0, PyTorch's error messages)."""
+``chunk``, ``detach``, ``sqrt``, ``abs``, ``pow``, ``var``, ``std``, ``expand``, ``repeat``,
+``type_as``, ``float`` / ``half``, ``@`` on batches), eager and traced in an ``nn.Graph``, against
+NumPy and PyTorch when installed (``torch.Tensor``'s documentation and the indexing rules of
+``test/test_indexing.py``: basic indexing only, steps > 0, PyTorch's error messages)."""
 import numpy as np
 import pytest
 
@@ -158,6 +158,10 @@ METHODS = {
     "var": (lambda t: t.var(1) + t.var((0, 2), keepdim=True, correction=0).sum(), (4, 5, 6)),
     "var_unbiased": (lambda t: t.var(-1, False) + t.var(), (4, 5)),
     "std": (lambda t: t.std(0) + t.std(1, keepdim=True, correction=2), (4, 5)),
+    "expand": (lambda t: t.unsqueeze(1).expand(-1, 3, -1) * t.expand(2, 4, 5).sum(0).unsqueeze(1),
+               (4, 5)),
+    "expand_as_type_as": (lambda t: t[:1].expand_as(t) * t.half().type_as(t), (4, 5)),
+    "repeat": (lambda t: t.repeat(2, 1, 3) + t[:, :1].repeat((1, 1, 15)), (4, 5)),
 }
 _MASK = np.tri(4, 5, dtype=bool)
 
@@ -380,3 +384,21 @@ def test_var_and_std_of_half_tensors_round_once_and_bad_arguments_are_named():
     assert mf.tensor(X[:0]).var(1).shape == (0, 6)       # nothing to compute: no error
     with pytest.raises(TypeError, match=r"pow: the exponent must be a number, got Tensor"):
         t ** t
+
+
+EXPAND_ERRORS = [
+    (lambda t: t.expand(1, 2), r"expand: the number of sizes provided \(2\) must be greater or "
+                               r"equal to the number of dimensions in the tensor \(3\)"),
+    (lambda t: t.expand(-1, 4, 5, 6), r"The expanded size of the tensor \(-1\) isn't allowed in "
+                                      r"a leading, non-existing dimension 0"),
+    (lambda t: t.expand(4, 3, 6), r"The expanded size of the tensor \(3\) must match the "
+                                  r"existing size \(5\) at non-singleton dimension 1"),
+    (lambda t: t.repeat(2, 2), r"repeat: Number of dimensions of repeat dims can not be smaller "
+                               r"than number of dimensions of tensor"),
+    (lambda t: t.repeat(1, -1, 1), r"Trying to create tensor with negative dimension")]
+
+
+@pytest.mark.parametrize("call,match", EXPAND_ERRORS)
+def test_expand_and_repeat_errors_are_pytorchs(call, match):
+    with pytest.raises(ValueError, match=match):
+        call(mf.tensor(X))

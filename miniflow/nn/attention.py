@@ -134,13 +134,26 @@ def _grouped(x: Tensor, lead: tuple) -> Tensor:
     return x.reshape(tuple(lead) + (-1, x.shape[-1]))
 
 
+def _broadcast_leading(tensors: tuple, heads: int) -> tuple | None:
+    """The tensors expanded to one broadcast shape of their dimensions before the last ``heads``
+    (PyTorch's batch broadcasting: a key and value of batch 1 serve every query; op
+    ``broadcast_like`` through :meth:`Tensor.expand`, its gradient summing over the batch), or
+    None where those dimensions do not broadcast."""
+    try:
+        lead = tuple(np.broadcast_shapes(*(t.shape[:-heads] for t in tensors)))
+    except ValueError:
+        return None
+    return tuple(t if t.shape[:-heads] == lead else t.expand(lead + t.shape[-heads:])
+                 for t in tensors)
+
+
 def scaled_dot_product_attention(query: Tensor, key: Tensor, value: Tensor, attn_mask=None,
                                  dropout_p: float = 0.0, is_causal: bool = False,
                                  scale: float | None = None, enable_gqa: bool = False) -> Tensor:
     """``softmax(query @ key^T * scale + mask) @ value``
     (``torch.nn.functional.scaled_dot_product_attention``): ``query [*, L, E]``, ``key [*, S,
-    E]``, ``value [*, S, Ev]`` with equal leading dimensions -> ``[*, L, Ev]``; ``scale``
-    defaults to ``1 / sqrt(E)``.
+    E]``, ``value [*, S, Ev]`` -> ``[*, L, Ev]``, the leading dimensions ``*`` broadcast
+    together (NumPy's rules, PyTorch's); ``scale`` defaults to ``1 / sqrt(E)``.
 
     ``attn_mask``: boolean (True = take part in attention, PyTorch's convention here) or float
     (added to the scores), broadcastable to ``[*, L, S]``. A query row the mask (NumPy data or
@@ -163,21 +176,21 @@ def scaled_dot_product_attention(query: Tensor, key: Tensor, value: Tensor, attn
             refuses both). TypeError: a mask of another dtype.
     """
     fn = "scaled_dot_product_attention"
-    if query.ndim < 2 or key.ndim != query.ndim or value.ndim != query.ndim:
-        raise ValueError(f"{fn}: query, key and value must have one rank >= 2, got "
-                         f"{list(query.shape)}, {list(key.shape)}, {list(value.shape)}")
     got = f"{list(query.shape)}, {list(key.shape)}, {list(value.shape)}"
+    if min(query.ndim, key.ndim, value.ndim) < 2:
+        raise ValueError(f"{fn}: query, key and value must have rank >= 2, got {got}")
     heads = 3 if enable_gqa else 2     # the trailing dimensions that may differ
-    if enable_gqa and query.ndim < 3:
+    if enable_gqa and min(query.ndim, key.ndim, value.ndim) < 3:
         raise ValueError(f"{fn}: enable_gqa needs query, key and value of rank >= 3 ([*, H, L, "
                          f"E]), got {got}")
-    if (query.shape[:-heads] != key.shape[:-heads] or key.shape[:-heads] != value.shape[:-heads]
-            or query.shape[-1] != key.shape[-1] or key.shape[-2] != value.shape[-2]):
+    joined = _broadcast_leading((query, key, value), heads)
+    if joined is None or query.shape[-1] != key.shape[-1] or key.shape[-2] != value.shape[-2]:
         hint = ("; for grouped-query attention (fewer key / value heads, dimension -3) pass "
                 "enable_gqa=True" if not enable_gqa and query.ndim >= 3
                 and query.shape[:-3] == key.shape[:-3] == value.shape[:-3] else "")
         raise ValueError(f"{fn}: expected query [*, L, E], key [*, S, E], value [*, S, Ev] with "
-                         f"equal leading dimensions, got {got}{hint}")
+                         f"leading dimensions that broadcast together, got {got}{hint}")
+    query, key, value = joined
     if enable_gqa and (query.shape[-3] % key.shape[-3] or query.shape[-3] % value.shape[-3]):
         raise ValueError(f"{fn}: enable_gqa: the number of heads of key ({key.shape[-3]}) and "
                          f"value ({value.shape[-3]}) must divide the number of heads of query "

@@ -376,8 +376,12 @@ def _reduce_sum(node, ins, outs, b):
 
 
 def _broadcast_like(node, ins, outs, b):
+    """``Expand`` to the output's shape; an ``x`` without the broadcast axes (the form of
+    ``reduce_sum``'s gradient) is given them first (``Unsqueeze``), one that has them as size 1
+    (``Tensor.expand``, a ``keepdims`` gradient) is expanded as it is."""
+    removed = len(node.inputs[0].shape) < len(node.outputs[0].shape)
     x = b.node("Unsqueeze", [ins[0], b.ints(node.attrs["broadcast_axes"])], 1) \
-        if node.attrs["broadcast_axes"] else ins[:1]
+        if removed else ins[:1]
     b.node("Expand", x + [b.ints(node.outputs[0].shape)], outs)
 
 
