@@ -40,10 +40,11 @@ from .serialization import CheckpointError, load, save
 from .runtime.backend import get_backend, set_backend
 from .tensor import Tensor, tensor
 from .join import cat, stack
+from .trace import no_grad
 from . import amp, distributed, ir, models, nn, ops, optim  # noqa: E402
 
 __version__ = "0.1.0"
 
 __all__ = ["CheckpointError", "DType", "Tensor", "amp", "bfloat16", "cat", "distributed",
            "float16", "float32", "float64", "get_backend", "int64", "ir", "load", "manual_seed",
-           "models", "nn", "ops", "optim", "save", "set_backend", "stack", "tensor"]
+           "models", "nn", "no_grad", "ops", "optim", "save", "set_backend", "stack", "tensor"]

@@ -966,9 +966,10 @@ def apply(op: str, inputs: list, **attrs):
         from .runtime.eager import run_op
         outs = [Tensor(a) for a in run_op(op, [t._data for t in inputs], attrs)]
     else:
-        vals = [tr.value_of(t) for t in inputs]
+        vals = tr.operands([tr.value_of(t) for t in inputs])
         res = tr.graph.emit(get_op(op), *vals, **attrs)
         res = res if isinstance(res, tuple) else (res,)
+        tr.record(res)
         outs = [Tensor(_value=v, _tracer=tr) for v in res]
     return outs[0] if len(outs) == 1 else tuple(outs)
 

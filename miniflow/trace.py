@@ -7,11 +7,13 @@ shares its storage; any other eager Tensor becomes a constant.
 """
 from __future__ import annotations
 
+import contextlib
 import threading
 
 from .ir import Graph, Value
+from .ops import get_op
 
-__all__ = ["Tracer", "current_tracer"]
+__all__ = ["Tracer", "current_tracer", "no_grad"]
 
 _LOCAL = threading.local()
 """Per thread: ``stack``, the Tracers of the builds running in this thread (two threads may trace
@@ -46,6 +48,10 @@ class Tracer:
         self._keepalive: list = []
         self.sources: dict = {}
         """lifted Value -> the eager Tensor it was lifted from (a buffer, a constant ...)."""
+        self.no_grad_depth = 0
+        """How many :class:`no_grad` blocks are open in this build."""
+        self._no_grad_values: set = set()
+        self._detached: dict = {}
 
     def __enter__(self):
         _stack().append(self)
@@ -78,6 +84,27 @@ class Tracer:
         self.sources[v] = t
         return v
 
+    def operands(self, values: list) -> list:
+        """The Values an op reads: ``values``, but inside a :class:`no_grad` block a value that
+        may carry a gradient (a floating variable or node output) made outside the block is read
+        through a ``detach`` node (one per value), so that nothing the block computes carries a
+        gradient out of it. Inputs and constants never carry one."""
+        if not self.no_grad_depth:
+            return values
+        return [self._detach(v) if v.kind in ("variable", "node") and v.dtype.is_float
+                and v not in self._no_grad_values else v for v in values]
+
+    def record(self, values) -> None:
+        """Note the outputs of an op just emitted (inside a :class:`no_grad` block, they need no
+        ``detach``)."""
+        if self.no_grad_depth:
+            self._no_grad_values.update(values)
+
+    def _detach(self, v: Value) -> Value:
+        if v not in self._detached:
+            self._detached[v] = self.graph.emit(get_op("detach"), v)
+        return self._detached[v]
+
     def set_loss(self, t) -> None:
         """Mark ``t`` as the loss (``Tensor.backward()`` inside build).
 
@@ -94,3 +121,28 @@ class Tracer:
         if not v.dtype.is_float:
             raise RuntimeError(f"backward() needs a floating-point loss, got {v.type_str}")
         self.graph.results["loss"] = v
+
+
+class no_grad(contextlib.ContextDecorator):
+    """``torch.no_grad()``: a block (or, as a decorator, a function) whose results carry no
+    gradient. Inside ``nn.Graph.build`` its ops read every floating value made outside the block
+    through op ``detach`` (:meth:`Tracer.operands`), so the autograd pass gives nothing inside it
+    a gradient (a target computed by a second model, an EMA). Outside a build it changes nothing:
+    eager ops are forward-only already, and a graph's own build (a training step called in an
+    evaluation loop's ``with no_grad():``) takes its gradients as written, where PyTorch would
+    compute none."""
+
+    def __init__(self):
+        self._tracers: list = []
+
+    def __enter__(self):
+        tracer = current_tracer()
+        if tracer is not None:
+            tracer.no_grad_depth += 1
+        self._tracers.append(tracer)
+
+    def __exit__(self, *exc):
+        tracer = self._tracers.pop()
+        if tracer is not None:
+            tracer.no_grad_depth -= 1
+        return False

@@ -1,7 +1,7 @@
 """nn.Graph tracing, IR printing/verification, plan reuse, the flat hot path and eager mode
 (Tensor methods against ``torch.Tensor``'s when torch is installed), freezing parameters
-(``requires_grad``), and threads: one graph called, compiled or traced from several threads at
-once."""
+(``requires_grad``) and ``no_grad``, and threads: one graph called, compiled or traced from
+several threads at once."""
 import gc
 import itertools
 import re
@@ -348,6 +348,61 @@ def test_a_frozen_parameter_is_bit_identical_after_10_steps_while_the_others_tra
     assert losses == ref_losses
     for n, v in ref_model.state_dict().items():
         np.testing.assert_array_equal(end[n], v, err_msg=n)
+
+
+class _Distill(nn.Graph):
+    """A student fitted to a teacher's softmax computed under ``no_grad`` (both in the
+    optimizer: only the student may change)."""
+
+    def __init__(self, student, teacher):
+        super().__init__()
+        self.s, self.t = student, teacher
+        self.add_optimizer(mf.optim.SGD([*student.parameters(), *teacher.parameters()], lr=0.1))
+
+    def build(self, x):
+        with mf.no_grad():
+            target = self.t(x).softmax(-1) * 2.0
+        loss = ((self.s(x) - target) ** 2).mean()
+        loss.backward()
+        return loss
+
+
+def test_no_grad_inside_build_stops_gradients_as_torch_and_is_a_no_op_outside():
+    """``torch.no_grad()`` in build: the teacher's parameters get no gradient (read through one
+    ``detach`` each; the graph input needs none) and the student trains as PyTorch's over 3
+    steps; outside a build (eager, a decorator) it changes nothing."""
+    torch = pytest.importorskip("torch")
+    x = np.random.default_rng(0).standard_normal((8, 4)).astype(np.float32)
+    mf.manual_seed(0)
+    student, teacher = nn.Linear(4, 3), nn.Linear(4, 3)
+    teacher_start = teacher.state_dict()
+    ts, tt = torch.nn.Linear(4, 3), torch.nn.Linear(4, 3)
+    for mine, ref in ((student, ts), (teacher, tt)):
+        ref.load_state_dict({k: torch.tensor(np.asarray(v)) for k, v in mine.state_dict().items()})
+    opt = torch.optim.SGD([*ts.parameters(), *tt.parameters()], lr=0.1)
+    step = _Distill(student, teacher)
+    for _ in range(3):
+        loss = step(x)
+        with torch.no_grad():
+            target = tt(torch.tensor(x)).softmax(-1) * 2.0
+        ref = ((ts(torch.tensor(x)) - target) ** 2).mean()
+        opt.zero_grad()
+        ref.backward()
+        opt.step()
+        np.testing.assert_allclose(float(loss.numpy()), ref.item(), rtol=1e-6)
+    np.testing.assert_allclose(student.weight.numpy(), ts.weight.detach().numpy(), atol=1e-6)
+    for k, v in teacher.state_dict().items():
+        np.testing.assert_array_equal(v, teacher_start[k], err_msg=k)
+    assert [n.inputs[0].name for n in step.ir.nodes if n.op.name == "detach"] == \
+        ["t.weight", "t.bias"]
+
+    @mf.no_grad()
+    def forward(a):
+        return student(a)
+
+    with mf.no_grad():
+        eager = student(mf.tensor(x)).numpy()
+    np.testing.assert_array_equal(forward(mf.tensor(x)).numpy(), eager)
 
 
 def test_changing_requires_grad_recompiles_and_freezes_or_unfreezes():
