@@ -376,12 +376,56 @@ def test_module_list_methods_follow_pytorch_and_renumber():
      "ModuleList holds modules: got a NoneType"),
     (lambda: nn.ModuleList([nn.ReLU()]).__setitem__(slice(0, 1), [nn.ReLU()]), TypeError,
      "ModuleList: a slice cannot be assigned"),
+    (lambda: nn.ParameterList([np.zeros(2)])[2], IndexError,
+     "ParameterList index 2 is out of range for 1 parameters"),
+    (lambda: nn.ParameterList().extend(3), TypeError,
+     "ParameterList.extend should be called with an iterable, but got int"),
+    (lambda: nn.ParameterList([np.zeros(2)]).__setitem__(slice(0, 1), []), TypeError,
+     "ParameterList: a slice cannot be assigned"),
 ])
 def test_containers_refuse_what_pytorch_refuses(make, error, match):
     """PyTorch's ``add_module`` checks (a non-str, empty, dotted or existing-attribute name:
     KeyError / TypeError), modules only, indices in range; miniflow's messages name the fix."""
     with pytest.raises(error, match=match):
         make()
+
+
+def test_parameter_list_follows_pytorch_and_trains_in_a_graph():
+    """PyTorch's ``test_nn.py::test_ParameterList``: parameters named by position (state-dict
+    keys ``ps.0`` ...), an array made a Parameter, indexing, slicing, ``append``, ``extend``,
+    ``+=``, assignment; the list's parameters train in a graph (one SGD step, its gradient)."""
+    class Affine(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.ps = nn.ParameterList([np.ones((3, 4), np.float32)])
+            self.ps.append(nn.Parameter(np.zeros(3, np.float32)))
+
+        def forward(self, x):
+            return x @ self.ps[0].T + self.ps[1]
+
+    m = Affine()
+    assert list(m.state_dict()) == ["ps.0", "ps.1"] and isinstance(m.ps[0], nn.Parameter)
+    assert len(list(m.parameters())) == 2 and list(m.ps[1:]) == [m.ps[1]]
+    extra = nn.Parameter(np.ones(2, np.float32))
+    m.ps += [extra]
+    assert m.ps.extend([]) is m.ps and list(m.ps)[2] is extra and len(m.ps) == 3
+    m.ps[2] = np.full(2, 5.0, np.float32)
+    np.testing.assert_array_equal(m.state_dict()["ps.2"], [5.0, 5.0])
+    class Step(nn.Graph):
+        def __init__(self):
+            super().__init__()
+            self.m = m
+            self.add_optimizer(mf.optim.SGD(m.parameters(), lr=0.5))
+
+        def build(self, x):
+            loss = self.m(x).sum()
+            loss.backward()
+            return loss
+
+    x = np.arange(8, dtype=np.float32).reshape(2, 4)
+    Step()(x)
+    np.testing.assert_allclose(m.ps[1].numpy(), [-1.0, -1.0, -1.0])   # d(sum)/d(bias) = 2 rows
+    np.testing.assert_allclose(m.ps[0].numpy(), 1.0 - 0.5 * np.tile(x.sum(0), (3, 1)))
 
 
 def test_module_dict_methods_follow_pytorch():

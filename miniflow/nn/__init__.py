@@ -8,7 +8,7 @@ imported on first use (``__getattr__``), the one import from ``miniflow.nn`` to 
 from . import activations, functional
 from .activations import *  # noqa: F401,F403  (ReLU ... and their functional forms)
 from .multihead_attention import MultiheadAttention
-from .containers import ModuleDict, ModuleList
+from .containers import ModuleDict, ModuleList, ParameterList
 from .conv import Conv2d
 from .dropout import Dropout
 from .layer_norm import LayerNorm, RMSNorm
@@ -20,9 +20,10 @@ from .pooling import AdaptiveAvgPool2d, AvgPool2d, MaxPool2d
 from .sparse import Embedding
 
 __all__ = ["Graph", "GraphConfig", "Linear", "Module", "Parameter", "Sequential", "ModuleList",
-           "ModuleDict", "Flatten", "Identity", "Conv2d", "BatchNorm1d", "BatchNorm2d", "Dropout",
-           "LayerNorm", "RMSNorm", "Embedding", "MultiheadAttention", "CrossEntropyLoss",
-           "MSELoss", "Softmax", "LogSoftmax", "MaxPool2d", "AvgPool2d", "AdaptiveAvgPool2d",
+           "ModuleDict", "ParameterList", "Flatten", "Identity", "Conv2d", "BatchNorm1d",
+           "BatchNorm2d", "Dropout", "LayerNorm", "RMSNorm", "Embedding", "MultiheadAttention",
+           "CrossEntropyLoss", "MSELoss", "Softmax", "LogSoftmax", "MaxPool2d", "AvgPool2d",
+           "AdaptiveAvgPool2d",
            "functional", *(name for name in activations.__all__ if not name.islower())]
 
 

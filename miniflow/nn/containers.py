@@ -1,5 +1,6 @@
 """Containers of sub-modules: ``ModuleList`` and ``ModuleDict`` (PyTorch's ``torch.nn`` names,
-methods and state-dict keys). They only hold modules, so that ``parameters()``, ``state_dict()``,
+methods and state-dict keys), and of parameters: ``ParameterList``. The module containers hold
+modules only, so that ``parameters()``, ``state_dict()``,
 ``train()`` / ``eval()`` and ``nn.Graph`` see them; they have no ``forward``: the owning module's
 ``forward`` (or ``build``) iterates or indexes them, and the trace records the ops of the modules
 it calls. Changing a container after a graph traced it (``append``, ``layers[0] = ...``,
@@ -9,9 +10,10 @@ from __future__ import annotations
 import operator
 from collections.abc import Iterable, Mapping
 
-from .module import Module
+from ..tensor import as_numpy
+from .module import Module, Parameter
 
-__all__ = ["ModuleList", "ModuleDict", "position", "renumber", "checked_module"]
+__all__ = ["ModuleList", "ModuleDict", "ParameterList", "position", "renumber", "checked_module"]
 
 
 class ModuleList(Module):
@@ -175,9 +177,73 @@ class ModuleDict(Module):
             self[key] = module
 
 
-def position(owner: str, idx, n: int) -> int:
+class ParameterList(Module):
+    """Parameters in a list (``torch.nn.ParameterList``): ``ParameterList([p0, p1])`` names them by
+    position, so their state-dict keys are ``0``, ``1``; a value that is not a Parameter (an
+    array, a tensor) is made one, as PyTorch does. ``pl[i]`` is a Parameter, ``pl[i:j]`` a new
+    ParameterList of those parameters, ``pl[i] = p``, ``append``, ``extend``, ``+=``, ``len``
+    and iteration as in PyTorch.
+
+    Raises:
+        TypeError: an index that is not an integer or slice; assigning to a slice.
+        IndexError: an index out of range.
+    """
+
+    def __init__(self, values: Iterable | None = None):
+        super().__init__()
+        if values is not None:
+            self.extend(values)
+
+    @staticmethod
+    def _parameter(value) -> Parameter:
+        return value if isinstance(value, Parameter) else Parameter(as_numpy(value))
+
+    def __getitem__(self, idx):
+        if isinstance(idx, slice):
+            return ParameterList(list(self._parameters.values())[idx])
+        return self._parameters[str(position("ParameterList", idx, len(self), "parameters"))]
+
+    def __setitem__(self, idx, value) -> None:
+        if isinstance(idx, slice):
+            raise TypeError("ParameterList: a slice cannot be assigned; assign one index at a "
+                            "time, or make a new ParameterList")
+        i = position("ParameterList", idx, len(self), "parameters")
+        setattr(self, str(i), self._parameter(value))
+
+    def __len__(self) -> int:
+        return len(self._parameters)
+
+    def __iter__(self):
+        return iter(list(self._parameters.values()))
+
+    def __iadd__(self, values: Iterable) -> "ParameterList":
+        return self.extend(values)
+
+    def append(self, value) -> "ParameterList":
+        """Add ``value`` (made a Parameter if it is not one) at the end; returns self."""
+        self.register_parameter(str(len(self)), self._parameter(value))
+        return self
+
+    def extend(self, values: Iterable) -> "ParameterList":
+        """Append every value of ``values``; returns self.
+
+        Raises:
+            TypeError: ``values`` is not an iterable."""
+        if not isinstance(values, Iterable):
+            raise TypeError(f"ParameterList.extend should be called with an iterable, but got "
+                            f"{type(values).__name__}")
+        for v in values:
+            self.append(v)
+        return self
+
+    def extra_repr(self) -> str:
+        return "\n".join(f"({i}): Parameter containing: [{p.dtype.name} of size "
+                         f"{'x'.join(str(d) for d in p.shape)}]" for i, p in enumerate(self))
+
+
+def position(owner: str, idx, n: int, noun: str = "modules") -> int:
     """``idx`` (an int, negative from the end) as an index in ``range(n)`` of container
-    ``owner``.
+    ``owner`` (of ``n`` ``noun``).
 
     Raises:
         TypeError: not an integer. IndexError: out of range."""
@@ -187,7 +253,7 @@ def position(owner: str, idx, n: int) -> int:
         raise TypeError(f"{owner} indices must be integers or slices, got "
                         f"{type(idx).__name__}") from None
     if not -n <= i < n:
-        raise IndexError(f"{owner} index {i} is out of range for {n} modules")
+        raise IndexError(f"{owner} index {i} is out of range for {n} {noun}")
     return i % n
 
 
