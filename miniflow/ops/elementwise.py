@@ -393,7 +393,8 @@ elementwise("scalar_pow", power, _power_ref, amp="gray", scalar_attrs=("scalar",
             doc="out = x ** scalar (PyTorch's pow with a number exponent); "
                 "dx = dy * scalar_pow_derivative(x)")
 elementwise("scalar_pow_derivative", power_derivative, _power_derivative_ref, amp="gray",
-            amp_note="the derivative of scalar_pow (OneFlow's scalar_pow_grad, gray there)",
+            amp_note="OneFlow's scalar_pow_grad is in no list (float32 there); gray here, as "
+                     "scalar_pow: its kernel computes in float32 and rounds once",
             scalar_attrs=("scalar",), samples=_power_samples(),
             doc="out = scalar * x ** (scalar - 1), 0 for scalar 0: scalar_pow's derivative")
 elementwise("relu", relu, _relu_ref, amp="clear",
