@@ -303,21 +303,35 @@ class Tensor:
         """Converted to float16 (op ``cast``; this tensor if it is float16 already)."""
         return self if self.dtype is as_dtype("float16") else self.to("float16")
 
+    def clone(self) -> "Tensor":
+        """A copy (op ``identity``; ``torch.Tensor.clone``: its gradient flows to this tensor)."""
+        return apply("identity", [self])
+
     def softmax(self, dim: int, dtype=None) -> "Tensor":
         """exp(x) / sum(exp(x)) along ``dim`` (op ``softmax``, max-subtracted; another axis than
         the last is moved last and back with ``transpose``); ``dtype``: cast to it first (op
         ``cast``, ``torch.Tensor.softmax``'s ``dtype``)."""
+        return self._along("softmax", dim, dtype)
+
+    def log_softmax(self, dim: int, dtype=None) -> "Tensor":
+        """x - log(sum(exp(x))) along ``dim`` (op ``log_softmax``; ``torch.Tensor.log_softmax``),
+        ``dtype`` as :meth:`softmax`'s."""
+        return self._along("log_softmax", dim, dtype)
+
+    def _along(self, op: str, dim: int, dtype) -> "Tensor":
+        """Row op ``op`` (it works on the last axis) along ``dim``: another axis is moved last
+        and back with ``transpose``."""
         if dtype is not None:
-            return self.to(dtype).softmax(dim)
-        d = _dim("softmax", dim, self.ndim)
-        if self.ndim == 0:                   # PyTorch: 1 (nan for nan and inf)
-            return apply("softmax", [self.reshape(1)]).reshape(())
+            return self.to(dtype)._along(op, dim, None)
+        d = _dim(op, dim, self.ndim)
+        if self.ndim == 0:                   # PyTorch: softmax 1 (nan for nan and inf)
+            return apply(op, [self.reshape(1)]).reshape(())
         if d == self.ndim - 1:
-            return apply("softmax", [self])
+            return apply(op, [self])
         perm = tuple(i for i in range(self.ndim) if i != d) + (d,)
         inv = tuple(perm.index(i) for i in range(self.ndim))
         moved = apply("transpose", [self], perm=perm)
-        return apply("transpose", [apply("softmax", [moved])], perm=inv)
+        return apply("transpose", [apply(op, [moved])], perm=inv)
 
     def max(self, dim: int | None = None, keepdim: bool = False):
         """Without ``dim``: the largest element (a 0-d tensor; op ``reduce_max``). With ``dim``:
@@ -369,6 +383,44 @@ class Tensor:
         if self.shape[d] == 0:
             raise IndexError(f"argmax(): Expected reduction dim {d} to have non-zero size.")
         return apply("argmax", [self], axis=d, keepdims=bool(keepdim))
+
+    def min(self, dim: int | None = None, keepdim: bool = False):
+        """The smallest element, or ``(values, indices)`` along ``dim``: :meth:`max` of ``-x``,
+        negated (exact), with PyTorch's ``torch.min`` results (NaN propagates, the first
+        minimum's index); raises as :meth:`max`."""
+        if dim is not None:
+            _dim("min", dim, self.ndim)
+        if dim is None:
+            return -(-self).max(None, keepdim)
+        values, indices = (-self).max(dim, keepdim)
+        return MinResult(-values, indices)
+
+    def argmin(self, dim: int | None = None, keepdim: bool = False) -> "Tensor":
+        """The int64 index of the smallest element (:meth:`argmax` of ``-x``; ``torch.argmin``);
+        raises as :meth:`argmax`."""
+        return (-self).argmax(dim, keepdim)
+
+    def clamp(self, min=None, max=None) -> "Tensor":
+        """Each element limited to ``[min, max]`` (``torch.clamp`` with number bounds; ``max``
+        where ``min > max``, NaN propagates; op ``clip_by_scalar``, its gradient 1 inside the
+        bounds). ``clip`` is the same.
+
+        Raises:
+            ValueError: neither bound given (PyTorch's message). TypeError: a bound that is not
+                a number (tensor bounds are not supported).
+        """
+        if min is None and max is None:
+            raise ValueError("clamp: At least one of 'min' or 'max' must not be None")
+        for name, bound in (("min", min), ("max", max)):
+            if bound is not None and (isinstance(bound, bool)
+                                      or not isinstance(bound, numbers.Real)):
+                raise TypeError(f"clamp: {name} must be a number, got {type(bound).__name__} "
+                                f"(tensor bounds are not supported)")
+        bounds = {k: float(v) for k, v in (("floating_min", min), ("floating_max", max))
+                  if v is not None}
+        return apply("clip_by_scalar", [self], **bounds)
+
+    clip = clamp
 
     def masked_fill(self, mask, value) -> "Tensor":
         """``value`` where ``mask`` is True (nonzero), else this tensor's element (op
@@ -749,6 +801,8 @@ def _expanded(fn: str, shape: tuple, sizes: tuple) -> tuple:
 
 MaxResult = collections.namedtuple("max", ["values", "indices"])
 """What ``Tensor.max(dim)`` returns (PyTorch's ``torch.return_types.max``)."""
+MinResult = collections.namedtuple("min", ["values", "indices"])
+"""What ``Tensor.min(dim)`` returns (PyTorch's ``torch.return_types.min``)."""
 
 
 def _dim(fn: str, dim, ndim: int) -> int:

@@ -197,16 +197,18 @@ class _Norms(nn.Module):
 
     def forward(self, x):
         h = self.norm(self.a(x))
-        return self.b(h.abs().sqrt() - h ** 3 * 0.1 + (h.square() + 1.0).pow(-0.5))
+        return self.b(h.abs().sqrt() - h ** 3 * 0.1 + (h.square() + 1.0).pow(-0.5)
+                      + h.clamp(-0.5, 0.5) + h.clamp(min=0.2))
 
 
 @pytest.mark.parametrize("amp", [False, True], ids=["fp32", "amp"])
-def test_rms_norm_abs_sqrt_and_pow_export_as_onnx_operators(amp, tmp_path):
+def test_rms_norm_abs_sqrt_pow_and_clamp_export_as_onnx_operators(amp, tmp_path):
     """``abs`` -> Abs, ``sqrt`` -> Sqrt, ``scalar_pow`` -> Pow (float16 computed in float32 and
-    rounded once, as miniflow does); onnxruntime matches miniflow."""
+    rounded once, as miniflow does), ``clip_by_scalar`` -> Clip (one bound inf); onnxruntime
+    matches miniflow."""
     miniflow.manual_seed(0)
     proto = _export_one_activation_chain(_Norms(), amp, tmp_path / "norms.onnx")
-    assert {"Abs", "Sqrt", "Pow"} <= {n.op_type for n in proto.graph.node}
+    assert {"Abs", "Sqrt", "Pow", "Clip"} <= {n.op_type for n in proto.graph.node}
 
 
 class _Expands(nn.Module):

@@ -162,6 +162,11 @@ METHODS = {
                (4, 5)),
     "expand_as_type_as": (lambda t: t[:1].expand_as(t) * t.half().type_as(t), (4, 5)),
     "repeat": (lambda t: t.repeat(2, 1, 3) + t[:, :1].repeat((1, 1, 15)), (4, 5)),
+    "min": (lambda t: t.min(dim=-1)[0] * 2.0 + t.min(0, keepdim=True).values.sum() + t.min(),
+            (4, 5)),
+    "clamp": (lambda t: t.clamp(-0.5, 0.8) + t.clamp(min=0.1) * 2.0 + t.clip(max=-0.2), (4, 5)),
+    "log_softmax": (lambda t: t.log_softmax(1) + t.log_softmax(-1), (4, 5, 6)),
+    "clone": (lambda t: t.clone() * 2.0 + t, (4, 5)),
 }
 _MASK = np.tri(4, 5, dtype=bool)
 
@@ -402,3 +407,22 @@ EXPAND_ERRORS = [
 def test_expand_and_repeat_errors_are_pytorchs(call, match):
     with pytest.raises(ValueError, match=match):
         call(mf.tensor(X))
+
+
+def test_argmin_and_clamp_as_pytorch():
+    """argmin (the first minimum), clamp with min > max (every element max) and NaN; clamp
+    without bounds is refused as PyTorch refuses it, a tensor bound named."""
+    torch = pytest.importorskip("torch")
+    x = X.copy()
+    x[0, 0, :2] = x[0, 0].min() - 1.0           # a tie: the first index
+    x[1, 1, 1] = np.nan
+    t, ref = mf.tensor(x), torch.tensor(x)
+    np.testing.assert_array_equal(t.argmin(2).numpy(), ref.argmin(2).numpy())
+    np.testing.assert_array_equal(t.argmin().numpy(), ref.argmin().numpy())
+    for lo, hi in ((0.5, -0.5), (-1.0, 1.0), (None, 0.0)):
+        np.testing.assert_array_equal(t.clamp(lo, hi).numpy(), ref.clamp(lo, hi).numpy())
+    with pytest.raises(ValueError, match="clamp: At least one of 'min' or 'max' must not be "
+                                         "None"):
+        t.clamp()
+    with pytest.raises(TypeError, match="clamp: max must be a number, got Tensor"):
+        t.clamp(0.0, t)

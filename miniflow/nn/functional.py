@@ -28,21 +28,6 @@ __all__ = ["softmax", "log_softmax", "cross_entropy", "mse_loss", "linear", "con
            "black_identity", *(name for name in activations.__all__ if name.islower())]
 
 
-def _last_axis(op, x: Tensor, dim: int):
-    """Run row op ``op`` over ``dim`` by moving that axis last (ops work on the last axis)."""
-    nd = x.ndim
-    if nd == 0 and dim in (0, -1):           # PyTorch takes dim 0 / -1 of a 0-d tensor
-        return apply(op, [x.reshape(1)]).reshape(())
-    if not -nd <= dim < nd:
-        raise ValueError(f"{op}: dim {dim} out of range for a tensor of rank {nd}")
-    dim %= nd
-    if dim == nd - 1:
-        return apply(op, [x])
-    perm = tuple(i for i in range(nd) if i != dim) + (dim,)
-    inv = tuple(perm.index(i) for i in range(nd))
-    return apply(op, [x.permute(perm)]).permute(inv)
-
-
 def _implicit_dim(op: str, x: Tensor, dim):
     """``dim``, or without one PyTorch's deprecated implicit choice with its warning
     (``torch.nn.functional._get_softmax_dim``): dim 0 for 0-, 1- and 3-d inputs, else dim 1."""
@@ -59,10 +44,11 @@ def softmax(x: Tensor, dim: int | None = None, dtype=None) -> Tensor:
     ``x`` is cast to it first (op ``cast``; ``torch.nn.functional.softmax``'s ``dtype``).
 
     Raises:
-        ValueError: ``dim`` out of range for ``x``. TypeError: a ``dtype`` miniflow lacks.
+        IndexError: ``dim`` out of range for ``x`` (PyTorch's message). TypeError: a ``dtype``
+            miniflow lacks.
     """
     x = x if dtype is None else x.to(dtype)
-    return _last_axis("softmax", x, _implicit_dim("softmax", x, dim))
+    return x.softmax(_implicit_dim("softmax", x, dim))
 
 
 def log_softmax(x: Tensor, dim: int | None = None, dtype=None) -> Tensor:
@@ -70,10 +56,11 @@ def log_softmax(x: Tensor, dim: int | None = None, dtype=None) -> Tensor:
     as :func:`softmax`.
 
     Raises:
-        ValueError: ``dim`` out of range for ``x``. TypeError: a ``dtype`` miniflow lacks.
+        IndexError: ``dim`` out of range for ``x`` (PyTorch's message). TypeError: a ``dtype``
+            miniflow lacks.
     """
     x = x if dtype is None else x.to(dtype)
-    return _last_axis("log_softmax", x, _implicit_dim("log_softmax", x, dim))
+    return x.log_softmax(_implicit_dim("log_softmax", x, dim))
 
 
 def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:

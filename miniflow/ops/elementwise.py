@@ -624,6 +624,56 @@ elementwise("elu_derivative", elu_derivative, _elu_derivative_ref, amp="gray",
             doc="out = 1 where x > 0, else alpha*exp(x): elu's derivative")
 
 
+# ------------------------------------------------------------------------------ clip_by_scalar
+def clip(x, lo, hi):
+    """PyTorch's ``clamp(x, min=lo, max=hi)``: ``min(max(x, lo), hi)``, so ``hi`` where ``lo >
+    hi``; NaN propagates. Source: https://pytorch.org/docs/stable/generated/torch.clamp.html;
+    OneFlow's op ``clip_by_scalar`` (attributes ``floating_min``, ``floating_max``)."""
+    if x != x:
+        return x
+    y = x if x > lo else lo
+    return y if y < hi else hi
+
+
+def clip_derivative(x, lo, hi):
+    """d clip(x, lo, hi) / dx: 1 where ``lo <= x <= hi``, else 0 (NaN included), as PyTorch's
+    ``clamp_backward`` and OneFlow's ``clip_by_scalar_grad(dy, x)`` without the factor dy."""
+    return 1.0 if lo <= x <= hi else 0.0
+
+
+CLIP_DEFAULTS = {"floating_min": -math.inf, "floating_max": math.inf}
+"""No bound on a side: ``clamp(x, min=lo)`` leaves ``floating_max`` at inf."""
+
+
+def _clip_ref(x, lo, hi):
+    with np.errstate(invalid="ignore"):
+        return np.where(np.isnan(x), x, np.minimum(np.maximum(x, lo), hi))
+
+
+def _clip_derivative_ref(x, lo, hi):
+    with np.errstate(invalid="ignore"):
+        return np.where((x >= lo) & (x <= hi), 1.0, 0.0)
+
+
+def _clip_samples():
+    """Both bounds, one of them (the default the other), and ``lo > hi`` (every result hi)."""
+    cases = [unary_samples(attrs=a) for a in (
+        {"floating_min": -0.5, "floating_max": 1.0}, {"floating_min": 0.25},
+        {"floating_max": -1.0}, {"floating_min": 1.0, "floating_max": -1.0})]
+    return lambda: [s for make in cases for s in make()]
+
+
+elementwise("clip_by_scalar", clip, _clip_ref, amp="gray", amp_note=_UNLISTED_AMP_NOTE,
+            scalar_attrs=("floating_min", "floating_max"), defaults=CLIP_DEFAULTS,
+            grad=_derivative_grad("clip_by_scalar_derivative"), samples=_clip_samples(),
+            doc="out = min(max(x, floating_min), floating_max) (PyTorch's clamp); "
+                "dx = dy * clip_by_scalar_derivative(x)")
+elementwise("clip_by_scalar_derivative", clip_derivative, _clip_derivative_ref, amp="gray",
+            amp_note=_UNLISTED_AMP_NOTE, scalar_attrs=("floating_min", "floating_max"),
+            defaults=CLIP_DEFAULTS, samples=_clip_samples(),
+            doc="out = 1 where floating_min <= x <= floating_max, else 0: clip's derivative")
+
+
 # ------------------------------------------------------------------------------ bias_add
 def _bias_add_norm(inputs, attrs):
     ndim = len(inputs[0].shape) if inputs else 0
