@@ -120,6 +120,43 @@ class Tensor:
     def __float__(self) -> float:
         return float(self.item())
 
+    def __int__(self) -> int:
+        """``int(t)`` of a one-element tensor: its value truncated toward zero, as
+        ``int(torch.tensor(2.7))`` is 2 (``int(x.argmax())`` in sampling code).
+
+        Raises:
+            ValueError: not one element (:meth:`item`), or NaN / inf (Python's ``int``).
+            RuntimeError: a lazy tensor inside ``build`` (:meth:`numpy`)."""
+        return int(self.item())
+
+    def __index__(self) -> int:
+        """The value of a one-element int64 tensor where Python wants an index
+        (``itos[t]``, ``range(t)``, as ``torch.Tensor.__index__``).
+
+        Raises:
+            TypeError: a floating-point tensor or more than one element (PyTorch's message).
+            RuntimeError: a lazy tensor inside ``build`` (:meth:`numpy`)."""
+        if self.dtype.is_float or self.numel() != 1:
+            raise TypeError(f"only integer tensors of a single element can be converted to an "
+                            f"index (got {self.dtype.name}{list(self.shape)})")
+        return int(self.item())
+
+    def __format__(self, spec: str) -> str:
+        """``f"{loss:.4f}"``: a 0-d eager tensor formats as its Python number
+        (``torch.Tensor.__format__``); any other tensor, or a lazy one inside ``build``, as
+        ``object.__format__`` (its repr with an empty spec, a TypeError with another)."""
+        if self.ndim == 0 and self._value is None:
+            return format(self.item(), spec)
+        return object.__format__(self, spec)
+
+    def tolist(self):
+        """The values as nested Python lists of numbers (a number for a 0-d tensor;
+        ``torch.Tensor.tolist``: ``decode(idx[0].tolist())``).
+
+        Raises:
+            RuntimeError: a lazy tensor inside ``build`` (:meth:`numpy`)."""
+        return self.numpy().tolist()
+
     def __bool__(self) -> bool:
         if self._value is not None:
             raise RuntimeError(f"the truth value of lazy tensor %{self._value.name} is unknown "

@@ -1,9 +1,10 @@
 """The ``Tensor`` methods a PyTorch ``forward()`` uses (indexing, ``view``, ``unsqueeze``,
-``squeeze``, ``size``, ``dim``, ``argmax``, ``softmax``, ``masked_fill``, ``flatten``, ``split``,
-``chunk``, ``detach``, ``sqrt``, ``abs``, ``pow``, ``var``, ``std``, ``expand``, ``repeat``,
-``type_as``, ``float`` / ``half``, ``@`` on batches), eager and traced in an ``nn.Graph``, against
-NumPy and PyTorch when installed (``torch.Tensor``'s documentation and the indexing rules of
-``test/test_indexing.py``: basic indexing only, steps > 0, PyTorch's error messages)."""
+``squeeze``, ``size``, ``dim``, ``int`` / ``tolist`` / format, ``argmax``, ``softmax``,
+``masked_fill``, ``flatten``, ``split``, ``chunk``, ``detach``, ``sqrt``, ``abs``, ``pow``, ``var``,
+``std``, ``expand``, ``repeat``, ``type_as``, ``float`` / ``half``, ``@`` on batches), eager and
+traced in an ``nn.Graph``, against NumPy and PyTorch when installed (``torch.Tensor``'s
+documentation and the indexing rules of ``test/test_indexing.py``: basic indexing only, steps > 0,
+PyTorch's error messages)."""
 import numpy as np
 import pytest
 
@@ -426,3 +427,45 @@ def test_argmin_and_clamp_as_pytorch():
         t.clamp()
     with pytest.raises(TypeError, match="clamp: max must be a number, got Tensor"):
         t.clamp(0.0, t)
+@pytest.mark.parametrize("value", [2.7, -2.7, 3.0, 0.0])
+def test_python_number_conversions_of_one_element_as_pytorch(value):
+    """``int(t)``, ``f"{loss:.4f}"``, ``t.tolist()`` and ``itos[t]`` (training and sampling loops
+    print and index with tensors); before, ``int`` and ``__index__`` were missing (a TypeError)
+    and a format spec raised object's TypeError, where PyTorch formats a 0-d tensor's number."""
+    torch = pytest.importorskip("torch")
+    t, want = mf.tensor(np.float32(value)), torch.tensor(np.float32(value))
+    assert int(t) == int(want)
+    assert f"{t:.4f}" == f"{want:.4f}" and f"{t}" == f"{want}" and f"{t:>12}" == f"{want:>12}"
+    assert t.tolist() == want.tolist() and type(t.tolist()) is type(want.tolist())
+    x = R.standard_normal((2, 3)).astype(np.float32)
+    assert mf.tensor(x).tolist() == torch.tensor(x).tolist()
+    ids = mf.tensor(np.arange(4))
+    assert "abcd"[ids[2]] == "c" and list(range(ids[-1])) == [0, 1, 2]
+    assert int(mf.tensor([5])) == 5 and [10, 11][mf.tensor([1])] == 11
+
+
+def test_python_number_conversions_refuse_what_pytorch_refuses():
+    with pytest.raises(TypeError, match="only integer tensors of a single element can be "
+                                        r"converted to an index \(got float32\[\]\)"):
+        [0][mf.tensor(0.0)]
+    with pytest.raises(TypeError, match=r"got int64\[2\]"):
+        [0][mf.tensor([0, 0])]
+    with pytest.raises(ValueError, match="item\\(\\): the tensor has 2 elements"):
+        int(mf.tensor([1.0, 2.0]))
+    with pytest.raises(TypeError, match="unsupported format string"):
+        f"{mf.tensor([1.0, 2.0]):.3f}"
+    assert f"{mf.tensor([1.0, 2.0])}" == repr(mf.tensor([1.0, 2.0]))
+
+    seen = {}
+
+    class Read(mf.nn.Graph):
+        def build(self, x):
+            s = x.sum()
+            seen["format"] = f"{s}"
+            for read in (int, lambda v: v.tolist(), lambda v: [0][v], lambda v: f"{v:.2f}"):
+                with pytest.raises((RuntimeError, TypeError)):
+                    read(s)
+            return s
+
+    Read()(np.ones(3, np.float32))
+    assert seen["format"].startswith("tensor(lazy %")
