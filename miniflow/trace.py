@@ -3,7 +3,8 @@
 The :class:`Tracer` is the one piece of "current graph" state (a stack per thread, like PyTorch FX's tracer).
 It lifts eager Tensors that a traced op touches into the IR: a module parameter or buffer becomes
 a graph variable named after its module path (``model.0.weight``, ``model.1.running_mean``) that
-shares its storage; any other eager Tensor becomes a constant.
+shares its storage, and so does state an op bound with :meth:`Tracer.bind_state` (the dropout
+stream); any other eager Tensor becomes a constant.
 """
 from __future__ import annotations
 
@@ -104,6 +105,21 @@ class Tracer:
         if v not in self._detached:
             self._detached[v] = self.graph.emit(get_op("detach"), v)
         return self._detached[v]
+
+    def bind_state(self, t, name: str) -> None:
+        """Make eager Tensor ``t`` a graph variable named ``name`` when no module of the graph
+        holds it already (state an op writes in place: the dropout stream of ``F.dropout``
+        called in a model without an ``nn.Dropout``); a held ``t`` keeps its module's name.
+
+        Raises:
+            ValueError: ``name`` is the name of another tensor of the graph.
+        """
+        if id(t) in self.variable_names:
+            return
+        if name in self.variable_names.values():
+            raise ValueError(f"graph variable {name!r} names another tensor of the graph's "
+                             f"modules; rename that attribute")
+        self.variable_names[id(t)] = name
 
     def set_loss(self, t) -> None:
         """Mark ``t`` as the loss (``Tensor.backward()`` inside build).

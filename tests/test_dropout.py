@@ -102,13 +102,58 @@ def test_resumed_stream_draws_the_same_masks():
     assert RngState().state_dict()["streams"]["dropout"] == [11, 96]
 
 
-def test_functional_dropout_in_a_graph_without_a_dropout_module_says_what_to_do():
-    class G(mf.nn.Graph):
-        def build(self, x):
-            return mf.nn.functional.dropout(x, 0.5)
+class _Functional(mf.nn.Module):
+    """Dropout as PyTorch code often calls it: ``F.dropout(x, self.p, self.training)``, with
+    no ``nn.Dropout`` in the model."""
 
-    with pytest.raises(RuntimeError, match="give the module an nn.Dropout"):
-        G()(mf.tensor(np.ones((2, 2), np.float32)))
+    def __init__(self):
+        super().__init__()
+        self.fc = mf.nn.Linear(8, 8)
+        self.p = 0.5
+
+    def forward(self, x):
+        return mf.nn.functional.dropout(self.fc(x), self.p, self.training)
+
+
+def test_functional_dropout_in_a_graph_without_a_dropout_module_draws_from_the_stream():
+    """Before, ``F.dropout`` (and ``scaled_dot_product_attention(dropout_p=)``) in a graph whose
+    modules had no ``nn.Dropout`` raised a RuntimeError asking for one, where PyTorch just
+    drops; now the stream is the graph variable ``dropout.rng_state``: the masks are the
+    reference's, the stream advances, ``eval()`` is the identity and a restored stream draws
+    the same masks again."""
+    mf.manual_seed(5)
+    net = _Functional()
+    step = _Step(net)
+    x = np.ones((4, 8), np.float32)
+    state = dropout_state().numpy().copy()
+    y = step(mf.tensor(x)).numpy()
+    assert "dropout.rng_state" in step.ir.variables
+    mask = dropout_mask(int(state[0]), int(state[1]), 32, 0.5).reshape(4, 8)
+    np.testing.assert_array_equal(y != 0, mask != 0)
+    assert list(dropout_state().numpy()) == [5, 32]
+    saved = RngState().state_dict()
+    want = step(mf.tensor(x)).numpy() != 0
+    RngState().load_state_dict(saved)
+    np.testing.assert_array_equal(step(mf.tensor(x)).numpy() != 0, want)
+
+    class Attend(mf.nn.Graph):
+        def build(self, q):
+            return mf.nn.functional.scaled_dot_product_attention(q, q, q, dropout_p=0.5)
+
+    before = dropout_state().numpy()[1]
+    out = Attend()(mf.tensor(np.ones((2, 3, 4), np.float32))).numpy()
+    assert dropout_state().numpy()[1] == before + 18 and 0 < (out == 0).mean() < 1
+    net.eval()
+
+    class Forward(mf.nn.Graph):
+        def __init__(self):
+            super().__init__()
+            self.net = net
+
+        def build(self, x):
+            return self.net(x)
+
+    np.testing.assert_array_equal(Forward()(mf.tensor(x)).numpy(), net.fc(mf.tensor(x)).numpy())
 
 
 def test_seeds_from_2_to_the_63_seed_their_own_stream():

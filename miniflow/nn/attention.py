@@ -161,8 +161,8 @@ def scaled_dot_product_attention(query: Tensor, key: Tensor, value: Tensor, attn
     mask traced in ``build`` (values unknown there) it gives NaN, as a plain softmax.
     ``is_causal``: the lower-triangular
     mask (``j <= i``, top-left aligned as PyTorch's), op ``tril`` with fill ``-inf``.
-    ``dropout_p``: dropout on the attention weights (the process's dropout stream; inside
-    ``nn.Graph`` an ``nn.Dropout`` of the model must bind it, see ``nn.functional.dropout``).
+    ``dropout_p``: dropout on the attention weights (the process's dropout stream, see
+    ``nn.functional.dropout``).
     ``enable_gqa``: grouped-query attention (PyTorch's): ``query [*, Hq, L, E]``, ``key [*, Hk,
     S, E]``, ``value [*, Hv, S, Ev]`` with ``Hk`` and ``Hv`` dividing ``Hq``, query head ``i``
     attending with key head ``i // (Hq / Hk)`` and value head ``i // (Hq / Hv)`` (PyTorch's

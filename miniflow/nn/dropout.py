@@ -21,9 +21,11 @@ from ..tensor import Tensor, apply
 from ..trace import current_tracer
 from .module import Module
 
-__all__ = ["Dropout", "dropout", "dropout_state"]
+__all__ = ["Dropout", "dropout", "dropout_state", "STREAM_VARIABLE"]
 
 _MASK63 = (1 << 63) - 1
+STREAM_VARIABLE = "dropout.rng_state"
+"""The stream's graph variable where no ``nn.Dropout`` of the graph holds it as its buffer."""
 _HOST: list = []
 """The stream's ``[seed, offset]`` as last set or read on the host (the start of every backend's
 copy)."""
@@ -82,20 +84,21 @@ def dropout(x: Tensor, p: float = 0.5, training: bool = True, inplace: bool = Fa
     itself when not ``training`` or ``p == 0``. ``x``: any float tensor; same shape and dtype out.
     ``inplace`` is accepted for PyTorch's signature; the result is always a new tensor.
 
+    Inside ``nn.Graph.build`` the stream is a graph variable the op advances in place: an
+    ``nn.Dropout``'s buffer ``rng_state`` (``model.drop.rng_state``), or, in a model without
+    one (``F.dropout(x, self.p, self.training)`` in a custom module, as PyTorch code calls it),
+    :data:`STREAM_VARIABLE`; both are the one stream, so the masks are those eager calls draw.
+
     Raises:
         ValueError: ``p`` outside [0, 1] (PyTorch's message).
-        RuntimeError: inside ``nn.Graph.build`` when no ``nn.Dropout`` of the graph's modules
-            binds the stream (a graph can only advance a stream it holds as a variable).
     """
     p = _check_p("dropout", p)
     if not training or p == 0.0:
         return x
     state = dropout_state()
     tr = current_tracer()
-    if tr is not None and id(state) not in tr.variable_names:
-        raise RuntimeError("dropout: inside nn.Graph.build the dropout stream must be a graph "
-                           "variable: give the module an nn.Dropout (it holds the stream as its "
-                           "buffer rng_state) and call it, or F.dropout after it exists")
+    if tr is not None:
+        tr.bind_state(state, STREAM_VARIABLE)
     return apply("dropout", [x, state], rate=p)[0]
 
 
