@@ -13,7 +13,7 @@ import sys
 
 import numpy as np
 
-from .checks import positive_integer
+from .checks import is_integer, positive_integer
 from .dtype import DType, as_dtype, bfloat16
 from .ops import get_op
 from .ops.common import norm_axes
@@ -482,16 +482,23 @@ class Tensor:
         ``sections`` sizes (``torch.Tensor.split``); each an op ``slice``.
 
         Raises:
-            ValueError: sections that do not add up to the dimension's size."""
+            ValueError: a ``split_size`` that is not a positive integer; sections that are not
+                integers >= 0 (PyTorch: "split_with_sizes expects split_sizes have only
+                non-negative entries") or that do not add up to the dimension's size.
+            TypeError: neither an integer nor a sequence of them."""
         d = _dim("split", dim, self.ndim)
         n = self.shape[d]
-        if isinstance(split_size_or_sections, numbers.Integral):
-            size = int(split_size_or_sections)
-            if size <= 0:
-                raise ValueError(f"split: split_size must be a positive integer, got {size}")
+        if isinstance(split_size_or_sections, (numbers.Number, np.generic)):
+            size = positive_integer("split", "split_size", split_size_or_sections)
             sizes = [min(size, n - a) for a in range(0, n, size)] or [0]
         else:
-            sizes = [int(s) for s in split_size_or_sections]
+            if not isinstance(split_size_or_sections, (tuple, list, np.ndarray)):
+                raise TypeError(f"split: split_size_or_sections must be an int or a list of "
+                                f"ints, got {split_size_or_sections!r}")
+            sizes = list(split_size_or_sections)
+            if not all(is_integer(s) and s >= 0 for s in sizes):
+                raise ValueError(f"split: split_sizes must be integers >= 0, got {sizes}")
+            sizes = [int(s) for s in sizes]
             if sum(sizes) != n:
                 raise ValueError(f"split: split_sizes {sizes} must sum to {n}, the size of "
                                  f"dimension {d} of {list(self.shape)}")

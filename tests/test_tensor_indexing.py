@@ -469,3 +469,32 @@ def test_python_number_conversions_refuse_what_pytorch_refuses():
 
     Read()(np.ones(3, np.float32))
     assert seen["format"].startswith("tensor(lazy %")
+
+
+@pytest.mark.parametrize("sections", [[2, 4], (0, 6), [6], np.array([1, 5])])
+def test_split_sections_give_pytorchs_pieces(sections):
+    torch = pytest.importorskip("torch")
+    x = np.arange(12, dtype=np.float32).reshape(2, 6)
+    want = torch.tensor(x).split([int(s) for s in sections], dim=1)
+    got = mf.tensor(x).split(sections, dim=1)
+    assert [g.shape for g in got] == [tuple(w.shape) for w in want]
+    for g, w in zip(got, want):
+        np.testing.assert_array_equal(g.numpy(), w.numpy())
+
+
+@pytest.mark.parametrize("arg,error,match", [
+    ([7, -1], ValueError, r"split_sizes must be integers >= 0, got \[7, -1\]"),
+    ([2, 2.5, 1.5], ValueError, r"split_sizes must be integers >= 0, got \[2, 2.5, 1.5\]"),
+    (2.5, ValueError, "split_size must be a positive integer, got 2.5"),
+    (True, ValueError, "split_size must be a positive integer, got True"),
+    (0, ValueError, "split_size must be a positive integer, got 0"),
+    ("ab", TypeError, "must be an int or a list of ints, got 'ab'"),
+])
+def test_split_refuses_what_pytorch_refuses(arg, error, match):
+    """A negative section summing to the size gave a piece of the whole dimension and an empty
+    one (``[7, -1]`` of 6), float sections were truncated (the sum error then named ``[2, 2,
+    1]``), ``split(True)`` split by 1 and ``split(2.5)`` said "'float' object is not iterable";
+    PyTorch refuses each."""
+    x = mf.tensor(np.arange(6, dtype=np.float32))
+    with pytest.raises(error, match=match):
+        x.split(arg)
