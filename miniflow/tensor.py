@@ -18,10 +18,10 @@ from .dtype import DType, as_dtype, bfloat16
 from .ops import get_op
 from .ops.common import norm_axes
 from .ops.indexing import first_bad
-from .runtime.backend import get_backend
+from .runtime.backend import check_device, get_backend
 from .trace import current_tracer
 
-__all__ = ["Tensor", "tensor", "apply", "mask_array", "as_numpy"]
+__all__ = ["Tensor", "tensor", "apply", "mask_array", "as_numpy", "to_args"]
 
 _COMPARE = {"==": np.equal, "!=": np.not_equal, "<": np.less, "<=": np.less_equal,
             ">": np.greater, ">=": np.greater_equal}
@@ -547,9 +547,23 @@ class Tensor:
         return sliced if sliced.shape == out_shape else sliced.reshape(out_shape)
 
     # ------------------------------------------------------------------ conversions
-    def to(self, dtype) -> "Tensor":
-        """A copy converted to ``dtype`` (op ``cast``)."""
-        return apply("cast", [self], dtype=as_dtype(dtype))
+    def to(self, *args, **kwargs) -> "Tensor":
+        """This tensor in another dtype (op ``cast``), with ``torch.Tensor.to``'s forms:
+        ``to(dtype)``, ``to(device)``, ``to(device, dtype)``, ``to(other)`` (``other``'s dtype)
+        and the keywords ``dtype``, ``device``, ``non_blocking`` and ``copy`` (see
+        :func:`to_args`; a device must be the process's backend and changes nothing). As in
+        PyTorch, the result is this tensor itself when the dtype does not change, unless
+        ``copy=True``.
+
+        Raises:
+            TypeError: a dtype miniflow lacks, or arguments ``torch.Tensor.to`` does not take.
+            ValueError: a device other than the process's backend.
+        """
+        dtype, copy = to_args("Tensor.to", args, kwargs)
+        dt = self.dtype if dtype is None else as_dtype(dtype)
+        if dt is self.dtype and not copy:
+            return self
+        return apply("cast", [self], dtype=dt)
 
     def backward(self) -> None:
         """Mark this scalar as the loss of the enclosing ``nn.Graph.build``.
@@ -778,6 +792,49 @@ class Tensor:
     def T(self):
         """The tensor with its dims reversed (``torch.Tensor.T``; op ``transpose``)."""
         return self.permute(*reversed(range(self.ndim)))
+
+
+_DEVICE_TYPES = ("cpu", "cuda", "mps", "xpu", "hip", "meta")
+"""PyTorch's device types a string may name (``"cuda:1"``): a device, not a dtype, to ``to``."""
+
+
+def _is_device(value) -> bool:
+    """Whether ``value`` is a PyTorch device: a ``torch.device`` or a string naming one."""
+    if isinstance(value, str):
+        return value.partition(":")[0] in _DEVICE_TYPES
+    return type(value).__name__ == "device" and hasattr(value, "index")
+
+
+def to_args(owner: str, args: tuple, kwargs: dict) -> tuple:
+    """``(dtype or None, copy)`` of the arguments of ``torch.Tensor.to`` / ``torch.nn.Module.to``:
+    ``(dtype)``, ``(device)``, ``(device, dtype)``, ``(tensor)`` (its dtype), and the keywords
+    ``dtype``, ``device``, ``non_blocking`` (accepted: nothing is asynchronous) and ``copy``.
+    The device is checked to be the process's backend (``runtime.backend.check_device``:
+    miniflow has no per-tensor device, so it changes nothing).
+
+    Raises:
+        TypeError: more than two positional arguments, a dtype or device given twice, or an
+            unknown keyword. ValueError: a device other than the process's backend.
+    """
+    unknown = sorted(set(kwargs) - {"dtype", "device", "non_blocking", "copy"})
+    if unknown or len(args) > 2:
+        raise TypeError(f"{owner}: takes (dtype), (device), (device, dtype) or (tensor) and the "
+                        f"keywords dtype, device, non_blocking, copy; got {len(args)} positional "
+                        f"arguments{f' and {unknown}' if unknown else ''}")
+    dtype, device = kwargs.get("dtype"), kwargs.get("device")
+    rest = list(args)
+    if rest and isinstance(rest[0], Tensor):
+        rest[0] = rest[0].dtype
+    elif rest and _is_device(rest[0]):
+        if device is not None:
+            raise TypeError(f"{owner}: the device is given twice ({rest[0]!r} and device=)")
+        device = rest.pop(0)
+    if rest:
+        if dtype is not None or len(rest) > 1:
+            raise TypeError(f"{owner}: the dtype is given twice ({rest} and dtype={dtype!r})")
+        dtype = rest[0]
+    check_device(owner, device)
+    return dtype, bool(kwargs.get("copy", False))
 
 
 def _wrap_dim(op: str, dim, ndim: int) -> int:

@@ -89,3 +89,33 @@ def test_a_float64_layer_trains_as_torchs_float64_layer():
         got = layer.state_dict()[name]
         assert got.dtype == np.float64
         np.testing.assert_allclose(got, value.numpy(), rtol=1e-12, atol=1e-12, err_msg=name)
+
+
+def test_tensor_and_module_to_take_the_process_device_as_pytorch_scripts_pass_it():
+    """``x.to(device)``, ``x.to(device, dtype)``, ``x.to(other)`` and ``model.to(device)``, in
+    nearly every PyTorch script: the process's device changes nothing (this tensor or module is
+    returned, as PyTorch returns it when nothing changes), another one is refused naming the
+    backend. Before, ``Tensor.to("cpu")`` said "unsupported dtype 'cpu'" and ``Module.to`` was
+    missing. A module is not converted to another dtype: refused naming a parameter."""
+    torch = pytest.importorskip("torch")
+    here = mf.runtime.backend.get_backend().name
+    t = mf.tensor(np.ones((2, 3), np.float32))
+    assert t.to(here) is t and t.to(torch.device(here)) is t and t.to(device=here) is t
+    assert t.to(torch.float32) is t and t.to(t) is t
+    assert t.to(torch.float32, copy=True) is not t
+    half = t.to(here, torch.float16, non_blocking=True)
+    assert half.dtype is mf.float16 and t.to(half).dtype is mf.float16
+    assert t.to(dtype=torch.float64).dtype is mf.float64
+    with pytest.raises(ValueError, match="Tensor.to: device='mps' is not this process's device"):
+        t.to("mps")
+    with pytest.raises(TypeError, match="Tensor.to: the device is given twice"):
+        t.to(here, device=here)
+    with pytest.raises(TypeError, match="unsupported dtype 'flaot32'"):
+        t.to("flaot32")
+    model = nn.Sequential(nn.Linear(3, 2), nn.BatchNorm1d(2))
+    assert model.to(here) is model and model.to(torch.device(here), torch.float32) is model
+    with pytest.raises(ValueError, match="Sequential.to: device='cuda:1'"):
+        model.to("cuda:1")
+    with pytest.raises(TypeError, match=r"Sequential.to\(float16\): '0.weight' is float32, and "
+                                        r"miniflow does not convert a module"):
+        model.to(torch.float16)

@@ -15,25 +15,11 @@ from __future__ import annotations
 import numpy as np
 
 from ..dtype import DType, as_dtype
-from ..runtime.backend import get_backend
+from ..runtime.backend import check_device
 
 __all__ = ["param_dtype"]
 
 _FLOATS = "float32 (the default), float64, float16 or bfloat16"
-
-
-def _check_device(layer: str, device) -> None:
-    """Accept None or a device naming the process's backend; else ValueError."""
-    if device is None:
-        return
-    kind, _, index = str(device).partition(":")
-    current = get_backend().name
-    if kind != current or index not in ("", "0"):
-        raise ValueError(
-            f"{layer}: device={device!r} is not this process's device: miniflow runs every "
-            f"tensor on one backend per process, here {current!r} (chosen with "
-            f"miniflow.set_backend or MINIFLOW_BACKEND before models are made); pass "
-            f"device=None or {current!r}")
 
 
 def _dtype(layer: str, dtype) -> DType:
@@ -60,7 +46,7 @@ def param_dtype(layer: str, device=None, dtype=None) -> np.dtype:
         TypeError: a dtype miniflow does not have, or an integer one (parameters are
             floating point; PyTorch's initialisers refuse integer dtypes too).
     """
-    _check_device(layer, device)
+    check_device(layer, device)
     if dtype is None:
         return np.dtype(np.float32)
     dt = _dtype(layer, dtype)

@@ -33,7 +33,7 @@ import numpy as np
 from ..checks import boolean
 from ..dtype import as_dtype, is_bfloat16
 from ..runtime.backend import get_backend
-from ..tensor import Tensor, as_numpy
+from ..tensor import Tensor, as_numpy, to_args
 from ..trace import current_tracer
 
 __all__ = ["IncompatibleKeys", "Module", "ModuleVersion", "Parameter", "StateDictKeysError",
@@ -558,6 +558,30 @@ class Module:
         boolean("requires_grad_", "requires_grad", requires_grad)
         for p in self.parameters():
             p.requires_grad = requires_grad
+        return self
+
+    def to(self, *args, **kwargs) -> "Module":
+        """``torch.nn.Module.to`` where it changes nothing: a device naming the process's
+        backend (``model.to(device)``; miniflow has no per-tensor device) and a dtype that every
+        floating parameter and buffer has already; returns this module. Arguments as
+        ``Tensor.to`` (``miniflow.tensor.to_args``).
+
+        Raises:
+            ValueError: a device other than the process's backend (naming it).
+            TypeError: a dtype that a floating parameter or buffer does not have (naming it): a
+                module's dtype is set when it is made (the layers' ``dtype=``; mixed precision
+                is the AMP pass, ``config.enable_amp``); arguments ``to`` does not take.
+        """
+        owner = f"{type(self).__name__}.to"
+        dtype, _ = to_args(owner, args, kwargs)
+        if dtype is not None:
+            want = as_dtype(dtype)
+            for name, t in (*self.named_parameters(), *self.named_buffers()):
+                if t.dtype.is_float and t.dtype is not want:
+                    raise TypeError(f"{owner}({want.name}): {name!r} is {t.dtype.name}, and "
+                                    f"miniflow does not convert a module: make it in "
+                                    f"{want.name} (the layers' dtype={want.name!r}), or use "
+                                    f"mixed precision (config.enable_amp) for half types")
         return self
 
     def __repr__(self) -> str:

@@ -21,7 +21,8 @@ import sys
 import numpy as np
 
 __all__ = ["Backend", "CpuBackend", "CudaBackend", "BackendUnavailableError", "UnknownBackendError",
-           "get_backend", "set_backend", "default_backend_name", "cuda_status", "BACKENDS"]
+           "get_backend", "set_backend", "default_backend_name", "cuda_status", "BACKENDS",
+           "check_device"]
 
 
 class BackendUnavailableError(RuntimeError):
@@ -478,3 +479,24 @@ def get_backend() -> Backend:
     if not _current:
         set_backend(default_backend_name())
     return _current[0]
+
+
+def check_device(owner: str, device) -> None:
+    """Accept None or a PyTorch device naming the process's backend (``"cpu"``; ``"cuda"`` /
+    ``"cuda:0"`` on the CUDA backend; a string or an object whose ``str`` is one, such as a
+    ``torch.device``): miniflow has no per-tensor device, so such a device changes nothing
+    (the layers' ``device=``, ``Tensor.to(device)``, ``Module.to(device)``).
+
+    Raises:
+        ValueError: another device, naming the backend and how it is chosen.
+    """
+    if device is None:
+        return
+    kind, _, index = str(device).partition(":")
+    current = get_backend().name
+    if kind != current or index not in ("", "0"):
+        raise ValueError(
+            f"{owner}: device={device!r} is not this process's device: miniflow runs every "
+            f"tensor on one backend per process, here {current!r} (chosen with "
+            f"miniflow.set_backend or MINIFLOW_BACKEND before models are made); pass "
+            f"device=None or {current!r}")
