@@ -782,6 +782,8 @@ def test_reduce_lr_on_plateau_steps_on_a_tensor_metric_and_refuses_nan():
         sched.step(float("nan"))
     with pytest.raises(TypeError, match="metrics must be a number"):
         sched.step([1.0, 2.0])
+    with pytest.raises(TypeError, match="metrics must be a number"):
+        sched.step(mf.tensor(np.array([1.0, 2.0], np.float32)))
     assert sched.state_dict() == before
     bad = dict(before, num_bad_epochs=-1)
     with pytest.raises(ValueError, match="num_bad_epochs must be an integer >= 0"):
@@ -789,3 +791,23 @@ def test_reduce_lr_on_plateau_steps_on_a_tensor_metric_and_refuses_nan():
     with pytest.raises(KeyError, match=r"unknown keys \['verbose'\]"):
         sched.load_state_dict(dict(before, verbose=True))
     assert sched.state_dict() == before
+
+
+@pytest.mark.parametrize("metric", [mf.tensor(np.array([4.0], np.float32)),
+                                    np.array([[4.0]]), np.float32(4.0)])
+def test_reduce_lr_on_plateau_takes_a_one_element_metric_of_any_shape(metric):
+    """A ``[1]`` tensor (a loss a graph returns with ``keepdim``, or a mean of the accumulated
+    micro-batch losses kept 1-D) is a metric, as ``float()`` of it is in PyTorch; before, its
+    ``numpy()`` went through ``float()``, which NumPy 2 refuses for a 1-D array ("only
+    0-dimensional arrays can be converted"), and the message asked for a one-element tensor."""
+    opt = sgd(0.5)
+    sched = lr_scheduler.ReduceLROnPlateau(opt, patience=0)
+    sched.step(3.0)
+    sched.step(metric)
+    assert opt.param_groups[0]["lr"] == pytest.approx(0.05) and sched.best == 3.0
+    torch = pytest.importorskip("torch")
+    topt = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=0.5)
+    tsched = torch.optim.lr_scheduler.ReduceLROnPlateau(topt, patience=0)
+    tsched.step(3.0)
+    tsched.step(torch.tensor([4.0]))
+    assert topt.param_groups[0]["lr"] == pytest.approx(0.05)

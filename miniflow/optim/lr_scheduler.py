@@ -904,12 +904,15 @@ class ReduceLROnPlateau(LRScheduler):
     def step(self, metrics) -> None:
         """One epoch with the monitored value ``metrics`` (see the class docstring).
 
+        ``metrics``: a number, or an array or tensor of one element of any shape (its
+        ``item()``, as PyTorch's ``float(metrics)`` takes a ``[1]`` tensor).
+
         Raises:
             TypeError: ``metrics`` not convertible to float (a Tensor of several values);
             ValueError: not finite. Nothing changes then.
         """
         try:
-            current = float(metrics.numpy() if hasattr(metrics, "numpy") else metrics)
+            current = float(metrics.item() if hasattr(metrics, "item") else metrics)
         except (TypeError, ValueError) as e:
             raise TypeError(f"ReduceLROnPlateau.step: metrics must be a number or a "
                             f"one-element tensor, got {metrics!r:.80} ({e})") from None
