@@ -10,6 +10,7 @@ import pytest
 
 import miniflow as mf
 from miniflow import nn
+from miniflow.experiments.mlp import EvalGraph
 
 try:
     import torch
@@ -739,3 +740,35 @@ def test_inserting_into_a_sequential_of_named_children_is_refused_not_renamed():
     assert list(seq.state_dict()) == ["fc.weight", "fc.bias", "out.weight", "out.bias"]
     numbered = nn.Sequential(nn.Linear(2, 2), nn.Linear(2, 2)).insert(1, nn.ReLU())
     assert list(numbered.state_dict()) == ["0.weight", "0.bias", "2.weight", "2.bias"]
+
+
+class _RunningMean(nn.Module):
+    """A buffer updated in ``forward`` as PyTorch code writes it (``self.avg = ...``)."""
+
+    def __init__(self, update: bool):
+        super().__init__()
+        self.register_buffer("avg", mf.tensor(np.zeros(3, np.float32)))
+        self.update = update
+
+    def forward(self, x):
+        new = self.avg * 0.9 + x.mean(0) * 0.1
+        if self.update:
+            self.avg = new
+        return new
+
+
+def test_a_buffer_assigned_in_a_traced_forward_is_refused_saying_how_to_update_it():
+    """PyTorch runs ``self.avg = self.avg * 0.9 + ...`` in ``forward`` as a buffer update; a
+    graph cannot write it, and the error said "register_buffer: 'avg' is a lazy tensor of a
+    trace; buffers hold data (create them in __init__)", naming neither the assignment nor a way
+    out. It names both now, and the way it names works: the value returned and copied in."""
+    x = np.ones((4, 3), np.float32)
+    with pytest.raises(TypeError, match=r"_RunningMean: buffer 'avg' cannot take a value "
+                                        r"computed inside nn.Graph.build \(lazy tensor %"):
+        EvalGraph(_RunningMean(update=True))(x)
+    module = _RunningMean(update=False)
+    graph = EvalGraph(module)
+    for step in range(1, 3):
+        module.load_state_dict({"avg": graph(x)}, strict=False)
+        np.testing.assert_allclose(module.avg.numpy(), 1 - 0.9 ** step, rtol=1e-6)
+    assert graph.compile_count == 1

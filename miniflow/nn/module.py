@@ -130,15 +130,25 @@ class Parameter(Tensor):
         self.version = getattr(self, "version", 0) + 1
 
 
-def _as_buffer(name: str, value):
-    """``value`` (None, a Tensor or array-like) as a buffer: None or an eager Tensor that owns
-    its backend array."""
+def _as_buffer(owner: str, name: str, value):
+    """``value`` (None, a Tensor or array-like) as buffer ``name`` of module class ``owner``:
+    None or an eager Tensor that owns its backend array.
+
+    Raises:
+        TypeError: a lazy tensor (``self.avg = self.avg * 0.9 + ...`` in a ``forward`` that a
+            graph traces, which PyTorch runs as a buffer update): naming the buffer and how to
+            update it instead."""
     if value is None:
         return None
     if isinstance(value, Tensor):
         if value.is_lazy:
-            raise TypeError(f"register_buffer: {name!r} is a lazy tensor of a trace; buffers "
-                            f"hold data (create them in __init__)")
+            raise TypeError(
+                f"{owner}: buffer {name!r} cannot take a value computed inside nn.Graph.build "
+                f"(lazy tensor %{value._value.name}): a graph writes no new value into a buffer "
+                f"(PyTorch's self.{name} = ... in forward; only ops such as batch norm update "
+                f"their statistics in place). Return the value from build and copy it in after "
+                f"the call: module.load_state_dict({{{name!r}: value}}, strict=False) (in "
+                f"place, no recompile)")
         return value
     arr = np.asarray(value)
     as_dtype(arr.dtype)
@@ -205,7 +215,7 @@ class Module:
             for graph in list(graphs):   # graphs that traced this module recompile
                 graph.module_changed()
         if name in self._buffers and not isinstance(value, (Parameter, Module)):
-            self._buffers[name] = _as_buffer(name, value)   # assigning a buffer replaces it
+            self._buffers[name] = _as_buffer(type(self).__name__, name, value)  # replaces it
             Module.trace_changed()
             object.__setattr__(self, name, self._buffers[name])
             return
@@ -321,7 +331,7 @@ class Module:
                            f"exists\"): delete it first, or pick another name")
         if name in self._buffers:
             Module.trace_changed()
-        self._buffers[name] = _as_buffer(name, tensor)
+        self._buffers[name] = _as_buffer(type(self).__name__, name, tensor)
         if persistent:
             self._non_persistent.discard(name)
         else:
