@@ -89,6 +89,8 @@ class Tensor:
             RuntimeError: on a lazy tensor inside ``build`` (its value does not exist yet).
         """
         if self._value is not None:
+            if current_tracer() is None:
+                raise RuntimeError(_kept_from_trace(self))
             raise RuntimeError(f"cannot read the value of lazy tensor %{self._value.name} inside "
                                "nn.Graph.build: return it from build and read the call's result")
         return get_backend().to_numpy(self._data)
@@ -1037,6 +1039,14 @@ def _trace_time_value(tracer, v):
     return backend.to_numpy(out)
 
 
+def _kept_from_trace(t: Tensor) -> str:
+    """The error for lazy tensor ``t`` used after its ``nn.Graph.build`` ended (kept in an
+    attribute, ``self.attn = att`` in ``forward``, or a global): it never has a value."""
+    return (f"lazy tensor %{t._value.name} ({t._value.type_str}) was kept from an "
+            f"nn.Graph.build (an attribute set in forward, such as self.attn = ..., or a global) "
+            f"and has no value outside it: return it from build and read the call's result")
+
+
 def mask_array(fn: str, mask) -> np.ndarray:
     """``mask`` (a NumPy array or a nested sequence of bools) as an array, for ``fn``'s error.
 
@@ -1117,7 +1127,7 @@ def apply(op: str, inputs: list, **attrs):
     if tr is None:
         for t in inputs:
             if t._value is not None:
-                raise RuntimeError(f"lazy tensor %{t._value.name} used outside nn.Graph.build")
+                raise RuntimeError(_kept_from_trace(t))
         from .runtime.eager import run_op
         outs = [Tensor(a) for a in run_op(op, [t._data for t in inputs], attrs)]
     else:

@@ -119,8 +119,12 @@ def test_lazy_tensor_cannot_escape_build():
         return kept[-1]
 
     Fn(keep)(np.ones(3, np.float32))
-    with pytest.raises(RuntimeError, match="outside nn.Graph.build"):
+    kept_msg = (r"lazy tensor %\d+ \(f32\[3\]\) was kept from an nn.Graph.build \(an attribute "
+                r"set in forward")
+    with pytest.raises(RuntimeError, match=kept_msg):
         kept[0] + 1.0
+    with pytest.raises(RuntimeError, match=kept_msg):   # said "... inside nn.Graph.build"
+        kept[0].numpy()
     with pytest.raises(RuntimeError, match="cannot read the value of lazy tensor"):
         Fn(lambda self, x: mf.tensor(x.numpy()))(np.ones(3, np.float32))
 
