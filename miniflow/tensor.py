@@ -1088,14 +1088,19 @@ def as_numpy(value) -> np.ndarray:
 def tensor(data, dtype=None) -> Tensor:
     """Create an eager Tensor from array-like ``data``.
 
-    dtype: None keeps a NumPy array's dtype (float64 included); Python floats become float32 and
-    Python ints int64, as in PyTorch.
+    dtype: None keeps a NumPy array's dtype (float64 included) and a torch tensor's floating
+    dtype (``torch.tensor(t)`` keeps it; bfloat16 bit for bit, a tensor that requires grad read
+    detached: :func:`as_numpy`), its integers and bools as int64; Python floats become float32
+    and Python ints int64, as in PyTorch.
 
     Raises:
         TypeError: unsupported dtype (names the supported ones).
     """
     if isinstance(data, Tensor):
         data = data.numpy()
+    elif callable(getattr(data, "detach", None)):      # a torch tensor
+        data = as_numpy(data)
+        data = data.astype(np.int64) if data.dtype.kind in "iub" else data
     if dtype is None:
         arr = np.asarray(data)
         if not isinstance(data, np.ndarray) and not isinstance(data, np.generic):

@@ -10,6 +10,7 @@ import pytest
 
 import miniflow as mf
 from miniflow import nn
+from miniflow.experiments.mlp import EvalGraph
 from miniflow.nn import functional as F
 
 try:
@@ -498,3 +499,27 @@ def test_split_refuses_what_pytorch_refuses(arg, error, match):
     x = mf.tensor(np.arange(6, dtype=np.float32))
     with pytest.raises(error, match=match):
         x.split(arg)
+
+
+def test_a_torch_tensor_keeps_its_floating_dtype_as_torch_tensor_keeps_it():
+    """``mf.tensor(t)`` and a graph input ``t`` of a torch tensor: float64 and float16 became
+    float32 (the rule for Python floats), a bfloat16 tensor raised torch's "Got unsupported
+    ScalarType BFloat16" and one that requires grad torch's "Can't call numpy() on Tensor that
+    requires grad"; now the dtype is kept and the values read as ``load_state_dict`` reads
+    them (integers and bools: int64, miniflow's one integer dtype)."""
+    torch = pytest.importorskip("torch")
+    for dt, want in ((torch.float64, mf.float64), (torch.float16, mf.float16),
+                     (torch.bfloat16, mf.bfloat16), (torch.int32, mf.int64),
+                     (torch.bool, mf.int64)):
+        t = torch.tensor([[1.5, 0.0], [2.0, -3.0]]).to(dt)
+        got = mf.tensor(t)
+        assert got.dtype is want and got.shape == (2, 2)
+        np.testing.assert_array_equal(got.to(mf.float64).numpy(), t.double().numpy())
+    grad = torch.ones(2, 3, requires_grad=True)
+    assert mf.tensor(grad).dtype is mf.float32
+    assert mf.tensor(torch.ones(2, dtype=torch.float64), dtype=mf.float32).dtype is mf.float32
+    lin = mf.nn.Linear(3, 2)
+    out = EvalGraph(lin)(grad)
+    np.testing.assert_allclose(out.numpy(), lin(mf.tensor(np.ones((2, 3), np.float32))).numpy())
+    with pytest.raises(TypeError, match=r"matmul: inputs have different dtypes: %x \(f64"):
+        EvalGraph(lin)(torch.ones(2, 3, dtype=torch.float64))     # as a float64 NumPy array
