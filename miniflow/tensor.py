@@ -336,11 +336,28 @@ class Tensor:
 
     def float(self) -> "Tensor":
         """Converted to float32 (op ``cast``; this tensor if it is float32 already, as PyTorch)."""
-        return self if self.dtype is as_dtype("float32") else self.to("float32")
+        return self.to("float32")
 
     def half(self) -> "Tensor":
         """Converted to float16 (op ``cast``; this tensor if it is float16 already)."""
-        return self if self.dtype is as_dtype("float16") else self.to("float16")
+        return self.to("float16")
+
+    def double(self) -> "Tensor":
+        """Converted to float64 (op ``cast``; this tensor if it is float64 already)."""
+        return self.to("float64")
+
+    def bfloat16(self) -> "Tensor":
+        """Converted to bfloat16 (op ``cast``; this tensor if it is bfloat16 already)."""
+        return self.to("bfloat16")
+
+    def long(self) -> "Tensor":
+        """Converted to int64 (op ``cast``, rounding toward zero as PyTorch's ``long()``; this
+        tensor if it is int64 already): ``targets.long()`` before a loss."""
+        return self.to("int64")
+
+    def is_floating_point(self) -> bool:
+        """Whether the dtype is a floating-point one (``torch.Tensor.is_floating_point``)."""
+        return self.dtype.is_float
 
     def clone(self) -> "Tensor":
         """A copy (op ``identity``; ``torch.Tensor.clone``: its gradient flows to this tensor)."""

@@ -523,3 +523,23 @@ def test_a_torch_tensor_keeps_its_floating_dtype_as_torch_tensor_keeps_it():
     np.testing.assert_allclose(out.numpy(), lin(mf.tensor(np.ones((2, 3), np.float32))).numpy())
     with pytest.raises(TypeError, match=r"matmul: inputs have different dtypes: %x \(f64"):
         EvalGraph(lin)(torch.ones(2, 3, dtype=torch.float64))     # as a float64 NumPy array
+
+
+def test_double_bfloat16_long_and_is_floating_point_as_pytorch():
+    """``y.long()``, ``x.double()``, ``x.bfloat16()`` and ``x.is_floating_point()`` (missing
+    before, an AttributeError), eager and traced: the values of PyTorch's conversions, this
+    tensor itself when the dtype is already that one."""
+    torch = pytest.importorskip("torch")
+    x = np.array([-2.7, -0.5, 0.5, 2.7, 3.0e9], np.float32)
+    t, want = mf.tensor(x), torch.tensor(x)
+
+    class Convert(mf.nn.Graph):
+        def build(self, v):
+            return v.long(), v.double(), v.bfloat16()
+
+    for got in (Convert()(t), (t.long(), t.double(), t.bfloat16())):
+        for g, w in zip(got, (want.long(), want.double(), want.bfloat16())):
+            assert g.dtype is mf.tensor(w).dtype
+            np.testing.assert_array_equal(g.to(mf.float64).numpy(), w.double().numpy())
+    assert t.float() is t and t.double().double() is not t and t.long().long().dtype is mf.int64
+    assert t.is_floating_point() and not mf.tensor([1]).is_floating_point()
