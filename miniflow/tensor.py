@@ -504,7 +504,9 @@ class Tensor:
             ValueError: a ``split_size`` that is not a positive integer; sections that are not
                 integers >= 0 (PyTorch: "split_with_sizes expects split_sizes have only
                 non-negative entries") or that do not add up to the dimension's size.
-            TypeError: neither an integer nor a sequence of them."""
+            TypeError: neither an integer nor a sequence of them.
+            RuntimeError: a 0-d tensor (PyTorch's message)."""
+        _at_least_1d("split", self)
         d = _dim("split", dim, self.ndim)
         n = self.shape[d]
         if isinstance(split_size_or_sections, (numbers.Number, np.generic)):
@@ -537,8 +539,10 @@ class Tensor:
 
         Raises:
             ValueError: ``chunks`` not a positive integer (PyTorch's "chunk expects `chunks` to
-                be greater than 0"). IndexError: ``dim`` out of range."""
+                be greater than 0"). IndexError: ``dim`` out of range. RuntimeError: a 0-d
+                tensor (PyTorch's message)."""
         positive_integer("chunk", "chunks", chunks)
+        _at_least_1d("chunk", self)
         n = self.shape[_dim("chunk", dim, self.ndim)]
         if n == 0:                                   # PyTorch: ``chunks`` empty pieces
             return self.split([0] * int(chunks), dim)
@@ -740,8 +744,13 @@ class Tensor:
 
         Raises:
             TypeError: a dim given twice (``dim`` and ``axis``, ``keepdim`` and ``keepdims``).
+            IndexError: a dim of a 0-d tensor other than 0 or -1 (PyTorch's message).
         """
         dim, keepdim = _reduce_args("sum", dim, keepdim, axis, keepdims)
+        if self.ndim == 0 and dim is not None:   # PyTorch: dim 0 or -1 of a 0-d tensor
+            for d in dim if isinstance(dim, (tuple, list)) else (dim,):
+                _dim("sum", d, 0)
+            dim = None
         return apply("reduce_sum", [self], axis=dim, keepdims=keepdim)
 
     def mean(self, dim=None, keepdim: bool = False, *, axis=None, keepdims=None):
@@ -923,6 +932,13 @@ MaxResult = collections.namedtuple("max", ["values", "indices"])
 """What ``Tensor.max(dim)`` returns (PyTorch's ``torch.return_types.max``)."""
 MinResult = collections.namedtuple("min", ["values", "indices"])
 """What ``Tensor.min(dim)`` returns (PyTorch's ``torch.return_types.min``)."""
+
+
+def _at_least_1d(fn: str, t: "Tensor") -> None:
+    """RuntimeError as PyTorch's for ``fn`` (``split``, ``chunk``) of a 0-d tensor."""
+    if t.ndim == 0:
+        raise RuntimeError(f"{fn} expects at least a 1-dimensional tensor (got a 0-d "
+                           f"{t.dtype.name} tensor)")
 
 
 def _dim(fn: str, dim, ndim: int) -> int:

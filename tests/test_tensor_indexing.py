@@ -543,3 +543,22 @@ def test_double_bfloat16_long_and_is_floating_point_as_pytorch():
             np.testing.assert_array_equal(g.to(mf.float64).numpy(), w.double().numpy())
     assert t.float() is t and t.double().double() is not t and t.long().long().dtype is mf.int64
     assert t.is_floating_point() and not mf.tensor([1]).is_floating_point()
+
+
+def test_a_0d_tensor_takes_dim_0_or_minus_1_only_and_does_not_split():
+    """``sum(1)`` of a 0-d tensor returned its value (the op drops a 0-d input's axes), and
+    ``split`` / ``chunk`` of one said "tuple index out of range"; PyTorch's errors now."""
+    torch = pytest.importorskip("torch")
+    t, want = mf.tensor(np.float32(2.5)), torch.tensor(2.5)
+    for dim in (0, -1, (0,), [-1]):
+        assert t.sum(dim).numpy() == want.sum(dim).numpy() and t.sum(dim).shape == ()
+        assert t.mean(dim, keepdim=True).shape == tuple(want.mean(dim, keepdim=True).shape)
+    for bad in (1, -2, (0, 1)):
+        with pytest.raises(IndexError, match="Dimension out of range"):
+            t.sum(bad)
+        with pytest.raises(IndexError):
+            want.sum(bad)
+    with pytest.raises(RuntimeError, match="split expects at least a 1-dimensional tensor"):
+        t.split(1)
+    with pytest.raises(RuntimeError, match="chunk expects at least a 1-dimensional tensor"):
+        t.chunk(1)
