@@ -551,23 +551,44 @@ class Tensor:
     def __getitem__(self, key) -> "Tensor":
         """Basic indexing as PyTorch: ints, slices (step > 0), ``None`` and ``...`` (op
         ``slice``, then ``reshape`` for the dimensions ints remove and ``None`` adds); an int64
-        Tensor selects along dimension 0 (op ``gather``).
+        Tensor, a NumPy array or a list of ints selects along dimension 0 (op ``gather``), and
+        one of them in a tuple along its dimension (``x[:, [-1], :]``, :meth:`_take`).
 
         Raises:
             IndexError: an index out of range or too many indices (PyTorch's messages).
-            ValueError: a step <= 0. TypeError: another kind of index (a boolean mask, an
-            array index inside a tuple)."""
+            ValueError: a step <= 0. TypeError: another kind of index (a boolean mask, two
+            array indices in a tuple)."""
         if isinstance(key, (np.ndarray, list)):   # x[np.array([1, 0])], x[[1, 0]]: as torch
             key = _array_index(key, self.shape)
         if isinstance(key, Tensor):
             return apply("gather", [self, key], axis=0)
         key = key if isinstance(key, tuple) else (key,)
+        arrays = [i for i, k in enumerate(key) if isinstance(k, (np.ndarray, list, Tensor))]
+        if len(arrays) == 1:
+            return self._take(key, arrays[0])
         index, out_shape = _basic_index(key, self.shape)
         sliced = self
         if any(s != slice(0, n, 1) for s, n in zip(index, self.shape)):
             sliced = apply("slice", [self], start=tuple(s.start for s in index),
                            stop=tuple(s.stop for s in index), step=tuple(s.step for s in index))
         return sliced if sliced.shape == out_shape else sliced.reshape(out_shape)
+
+    def _take(self, key: tuple, pos: int) -> "Tensor":
+        """``self[key]`` where ``key[pos]`` is the tuple's one array, list or int64 Tensor
+        index (nanoGPT's ``x[:, [-1], :]``): the basic index with ``:`` there, then op
+        ``gather`` along that dimension of the result, which the index's shape replaces in
+        place. Ints of the tuple select first, as PyTorch's (``x[0, :, [1, 2]]`` of a
+        ``[2, 3, 4]`` tensor is ``[3, 2]``; NumPy's is ``[2, 3]``)."""
+        out = self[key[:pos] + (slice(None),) + key[pos + 1:]]
+        used = sum(k is not None and k is not Ellipsis for k in key)
+        axis = sum(self.ndim - used if k is Ellipsis else 1 for k in key[:pos]
+                   if k is None or k is Ellipsis or isinstance(k, slice))   # of the result
+        index = key[pos]
+        if not isinstance(index, Tensor):
+            dim = sum(self.ndim - used if k is Ellipsis else 1 for k in key[:pos]
+                      if k is not None)                     # the dimension of self it indexes
+            index = _array_index(index, out.shape[axis:], dim)
+        return apply("gather", [out, index], axis=axis)
 
     # ------------------------------------------------------------------ conversions
     def to(self, *args, **kwargs) -> "Tensor":
@@ -951,9 +972,10 @@ def _dim(fn: str, dim, ndim: int) -> int:
     return int(dim) % max(ndim, 1)
 
 
-def _array_index(key, shape: tuple) -> "Tensor":
+def _array_index(key, shape: tuple, dim: int = 0) -> "Tensor":
     """A NumPy array or list index of a tensor of ``shape`` as the int64 Tensor that
-    ``gather`` takes along dim 0 (negative entries count from the end, as in torch).
+    ``gather`` takes along its dim 0 (negative entries count from the end, as in torch);
+    ``dim``: the dimension it indexes, for the messages (``x[:, [7]]`` indexes dimension 1).
 
     Raises:
         TypeError: a boolean mask (its result's shape depends on its values, which a traced
@@ -965,6 +987,8 @@ def _array_index(key, shape: tuple) -> "Tensor":
         arr = np.asarray(key)
     except ValueError:   # a ragged list
         arr = np.asarray(key, dtype=object)
+    if arr.size == 0 and isinstance(key, list):      # x[:, []]: no index, of no dtype
+        arr = arr.astype(np.int64)
     if arr.dtype == np.bool_:
         raise TypeError(f"tensor index: a boolean mask of shape {list(arr.shape)} is not "
                         f"supported (the result's shape would depend on its values); select "
@@ -972,13 +996,14 @@ def _array_index(key, shape: tuple) -> "Tensor":
     if arr.dtype.kind not in "iu":
         raise TypeError(f"tensor index {key!r}: an array or list index must hold integers (got "
                         f"{arr.dtype}); miniflow supports ints, slices, None, ... and one integer "
-                        f"array or int64 Tensor (along dimension 0)")
+                        f"array, list or int64 Tensor")
     if not shape:
         raise IndexError("too many indices for tensor of dimension 0")
     found = first_bad(arr, shape[0], -shape[0])   # before the int64 cast: uint64 may not fit
     if found is not None:
         pos, value, count = found
-        raise IndexError(f"index {value} is out of bounds for dimension 0 with size {shape[0]} "
+        raise IndexError(f"index {value} is out of bounds for dimension {dim} with size "
+                         f"{shape[0]} "
                          f"(the index array's element {list(pos)}; {count} of {arr.size} out "
                          "of bounds)")
     return tensor(np.where(arr < 0, arr + shape[0], arr).astype(np.int64))
@@ -988,8 +1013,9 @@ def _basic_index(key: tuple, shape: tuple) -> tuple:
     """``(slices, out_shape)`` of a basic-indexing key: one normalised ``slice(start, stop,
     step)`` per dimension of ``shape`` and the result's shape (ints removed, None added)."""
     if any(isinstance(k, (np.ndarray, list, Tensor)) for k in key):
-        raise TypeError(f"tensor index {key!r}: an array, list or Tensor index works alone "
-                        f"(x[idx], along dimension 0), not inside a tuple with other indices")
+        raise TypeError(f"tensor index {key!r}: one array, list or Tensor index is supported "
+                        f"(x[idx], x[:, [0, 3]]), not several in a tuple (advanced indexing over "
+                        f"several dimensions): index one dimension at a time")
     if sum(k is Ellipsis for k in key) > 1:
         raise IndexError("an index can only have a single ellipsis ('...')")
     used = sum(k is not None and k is not Ellipsis for k in key)
@@ -1020,7 +1046,7 @@ def _basic_index(key: tuple, shape: tuple) -> tuple:
             out_shape.append(len(range(a, b, st)))
         else:
             raise TypeError(f"tensor index {k!r} ({type(k).__name__}): miniflow supports ints, "
-                            f"slices, None, ... and one int64 Tensor (along dimension 0)")
+                            f"slices, None, ... and one integer array, list or int64 Tensor")
         d += 1
     return slices, tuple(out_shape)
 

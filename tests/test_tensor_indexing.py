@@ -67,8 +67,8 @@ def test_a_numpy_or_list_index_gathers_rows_as_torch_eager_and_traced(key):
      r"a boolean mask of shape \[4\] is not supported.*x\[np.flatnonzero\(mask\)\]"),
     ([True, False, True, False], TypeError, r"a boolean mask"),
     (np.array([0.0, 1.0]), TypeError, r"must hold integers \(got float64\)"),
-    ((np.array([0, 1]), 0), TypeError, r"works alone \(x\[idx\], along dimension 0\)"),
-], ids=["bool_array", "bool_list", "float_array", "in_a_tuple"])
+    ((np.array([0, 1]), [0]), TypeError, r"one array, list or Tensor index is supported"),
+], ids=["bool_array", "bool_list", "float_array", "two_in_a_tuple"])
 def test_an_unsupported_array_index_names_what_is_supported(key, error, match):
     with pytest.raises(error, match=match):
         mf.tensor(X)[key]
@@ -169,6 +169,7 @@ METHODS = {
     "clamp": (lambda t: t.clamp(-0.5, 0.8) + t.clamp(min=0.1) * 2.0 + t.clip(max=-0.2), (4, 5)),
     "log_softmax": (lambda t: t.log_softmax(1) + t.log_softmax(-1), (4, 5, 6)),
     "clone": (lambda t: t.clone() * 2.0 + t, (4, 5)),
+    "list_in_tuple": (lambda t: t[:, [-1, 0, -1], 1:], (4, 5, 6)),
 }
 _MASK = np.tri(4, 5, dtype=bool)
 
@@ -562,3 +563,28 @@ def test_a_0d_tensor_takes_dim_0_or_minus_1_only_and_does_not_split():
         t.split(1)
     with pytest.raises(RuntimeError, match="chunk expects at least a 1-dimensional tensor"):
         t.chunk(1)
+
+
+TUPLE_KEYS = [np.s_[:, [-1], :], np.s_[..., [0, 3]], np.s_[0, :, [1, 2]], np.s_[[1, 0], 0],
+              np.s_[None, :, [[0, 1], [2, 0]]], np.s_[1:, np.array([4, -5]), ::2],
+              np.s_[..., [-1], None], np.s_[:, np.array(2)], np.s_[:, [], :], np.s_[2, [0], 3]]
+
+
+@pytest.mark.parametrize("key", TUPLE_KEYS, ids=[str(k) for k in TUPLE_KEYS])
+def test_one_list_or_array_index_in_a_tuple_as_pytorch_eager_and_traced(key):
+    """nanoGPT's ``x[:, [-1], :]`` (the last position, its dimension kept) and the like were a
+    TypeError ("an array, list or Tensor index works alone"); now op ``gather`` along that
+    dimension, with PyTorch's rule where ints come first (``x[0, :, [1, 2]]`` is ``[5, 2]``
+    here, NumPy's ``[2, 5]``)."""
+    torch = pytest.importorskip("torch")
+    want = torch.from_numpy(X)[key].numpy()
+    for got in (mf.tensor(X)[key], _Index(key)(mf.tensor(X))):
+        assert got.shape == want.shape
+        np.testing.assert_array_equal(got.numpy(), want)
+
+
+def test_a_list_index_in_a_tuple_names_the_dimension_it_indexes():
+    with pytest.raises(IndexError, match="index 9 is out of bounds for dimension 1 with size 5"):
+        mf.tensor(X)[:, [9]]
+    with pytest.raises(IndexError, match="index 6 is out of bounds for dimension 2 with size 6"):
+        mf.tensor(X)[..., [6]]
