@@ -451,15 +451,46 @@ def test_pytorch_constructor_keywords_are_taken_at_their_no_op_values():
                  differentiable=False, dampening=0)
     mf.optim.Adam(params(), capturable=False, foreach=False, decoupled_weight_decay=False)
     mf.optim.AdamW(params(), fused=None, decoupled_weight_decay=True)
+    mf.optim.AdamW(params(), fused=True, foreach=True)   # implementations of the same update
     with pytest.raises(ValueError, match=r"SGD: dampening=0.5; miniflow's SGD runs only "
                                          r"PyTorch's dampening=0"):
         mf.optim.SGD(params(), lr=0.1, dampening=0.5)
-    with pytest.raises(ValueError, match=r"AdamW: fused=True; miniflow's AdamW runs only "
-                                         r"PyTorch's fused=None or False \(leave it out, or set "
-                                         r"it to None or False\)"):
-        mf.optim.AdamW(params(), fused=True)    # the message named None only
+    with pytest.raises(ValueError, match=r"AdamW: fused='yes'; miniflow's AdamW runs only "
+                                         r"PyTorch's fused=None, False or True \(leave it out"):
+        mf.optim.AdamW(params(), fused="yes")
     with pytest.raises(ValueError, match=r"Adam: decoupled_weight_decay=True"):
         mf.optim.Adam(params(), decoupled_weight_decay=True)   # that is AdamW
     with pytest.raises(TypeError, match=r"Adam.__init__\(\) got an unexpected keyword argument "
                                         r"'bogus'"):
         mf.optim.Adam(params(), bogus=1)
+
+
+@pytest.mark.parametrize("option", ["fused", "foreach"])
+def test_a_fused_or_foreach_torch_optimizer_state_dict_loads_and_trains_as_torch(option):
+    """nanoGPT makes ``torch.optim.AdamW(..., fused=True)`` on a GPU, so its checkpoints'
+    param groups say ``fused: True``; miniflow refused them ("runs only PyTorch's fused=None or
+    False"), although fused and foreach are implementations of the same update. They load now,
+    and the next steps match torch's."""
+    torch = pytest.importorskip("torch")
+    model = mf.nn.Linear(4, 3, dtype=mf.float64)
+    tmodel = torch.nn.Linear(4, 3).double()
+    model.load_state_dict(tmodel.state_dict())
+    topt = torch.optim.AdamW(tmodel.parameters(), lr=0.01, **{option: True})
+    x = np.random.default_rng(0).standard_normal((8, 4))
+    y = np.arange(8) % 3
+
+    def torch_step():
+        topt.zero_grad()
+        torch.nn.functional.cross_entropy(tmodel(torch.tensor(x)), torch.tensor(y)).backward()
+        topt.step()
+
+    torch_step()
+    opt = mf.optim.AdamW(model.parameters(), lr=0.01)
+    opt.load_state_dict(topt.state_dict())
+    model.load_state_dict(tmodel.state_dict())
+    step = Step(model, opt)
+    for _ in range(2):
+        step(x, y)
+        torch_step()
+    for k, v in tmodel.state_dict().items():
+        np.testing.assert_allclose(model.state_dict()[k], v.numpy(), rtol=1e-12, atol=1e-12)

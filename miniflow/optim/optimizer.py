@@ -656,7 +656,10 @@ class Optimizer:
                         "differentiable": False, "fused": None}
     """``torch.optim`` param-group keys miniflow has not, each with the value under which
     PyTorch's update is miniflow's (``torch.optim.SGD`` / ``Adam`` / ``AdamW``'s documented
-    defaults). They are taken at that value and refused at any other: in the constructor's
+    defaults). ``foreach`` and ``fused`` (default None) choose PyTorch's implementation, not
+    the update ("numerically the same", its docs), so any bool is taken too: a checkpoint of
+    nanoGPT's ``AdamW(..., fused=True)`` loads. The others are taken at that value and
+    refused at any other: in the constructor's
     keywords (:meth:`check_torch_options`), in a group dict, ``group[key] = v`` (the group keeps
     them, as other keys) and :meth:`load_state_dict` (which keeps them in a group that has them
     and drops them elsewhere), so a ``torch.optim`` state dict of the same algorithm loads."""
@@ -664,11 +667,11 @@ class Optimizer:
     def _check_torch_key(self, what: str, key: str, value) -> None:
         """Raises ValueError (``what`` then ``value`` named) unless ``value`` is PyTorch's no-op
         value of :attr:`torch_keys` ``key`` (for a key whose default is None, ``foreach`` or
-        ``fused``, False too: the plain update either way)."""
+        ``fused``, a bool too: another implementation of the same update)."""
         neutral = self.torch_keys[key]
-        if (value not in (None, False) if neutral is None
+        if (not (value is None or isinstance(value, (bool, np.bool_))) if neutral is None
                 else value is None or value != neutral):
-            taken = f"{neutral!r}" + (" or False" if neutral is None else "")
+            taken = f"{neutral!r}" + (", False or True" if neutral is None else "")
             raise ValueError(f"{what}{value!r}; miniflow's {type(self).__name__} runs only "
                              f"PyTorch's {key}={taken} (leave it out, or set it to {taken})")
 
