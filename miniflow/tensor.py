@@ -151,6 +151,12 @@ class Tensor:
             return format(self.item(), spec)
         return object.__format__(self, spec)
 
+    def cpu(self) -> "Tensor":
+        """This tensor (``x.detach().cpu().numpy()`` in PyTorch code): miniflow has no
+        per-tensor device; a tensor stays in its backend's memory, and :meth:`numpy` copies it
+        to the host on any backend."""
+        return self
+
     def tolist(self):
         """The values as nested Python lists of numbers (a number for a 0-d tensor;
         ``torch.Tensor.tolist``: ``decode(idx[0].tolist())``).

@@ -92,11 +92,12 @@ def test_a_float64_layer_trains_as_torchs_float64_layer():
 
 
 def test_tensor_and_module_to_take_the_process_device_as_pytorch_scripts_pass_it():
-    """``x.to(device)``, ``x.to(device, dtype)``, ``x.to(other)`` and ``model.to(device)``, in
-    nearly every PyTorch script: the process's device changes nothing (this tensor or module is
-    returned, as PyTorch returns it when nothing changes), another one is refused naming the
-    backend. Before, ``Tensor.to("cpu")`` said "unsupported dtype 'cpu'" and ``Module.to`` was
-    missing. A module is not converted to another dtype: refused naming a parameter."""
+    """``x.to(device)``, ``x.to(device, dtype)``, ``x.to(other)``, ``model.to(device)`` and
+    ``x.cpu()``, in nearly every PyTorch script: the process's device changes nothing (this
+    tensor or module is returned, as PyTorch returns it when nothing changes), another one is
+    refused naming the backend. Before, ``Tensor.to("cpu")`` said "unsupported dtype 'cpu'" and
+    ``Module.to`` and ``Tensor.cpu`` were missing. A module is not converted to another dtype:
+    refused naming a parameter."""
     torch = pytest.importorskip("torch")
     here = mf.runtime.backend.get_backend().name
     t = mf.tensor(np.ones((2, 3), np.float32))
@@ -112,6 +113,8 @@ def test_tensor_and_module_to_take_the_process_device_as_pytorch_scripts_pass_it
         t.to(here, device=here)
     with pytest.raises(TypeError, match="unsupported dtype 'flaot32'"):
         t.to("flaot32")
+    assert t.detach().cpu() is not None and t.cpu() is t            # x.cpu().numpy()
+    np.testing.assert_array_equal(t.cpu().numpy(), np.ones((2, 3), np.float32))
     model = nn.Sequential(nn.Linear(3, 2), nn.BatchNorm1d(2))
     assert model.to(here) is model and model.to(torch.device(here), torch.float32) is model
     with pytest.raises(ValueError, match="Sequential.to: device='cuda:1'"):
