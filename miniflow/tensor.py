@@ -341,24 +341,25 @@ class Tensor:
         return apply("detach", [self])
 
     def float(self) -> "Tensor":
-        """Converted to float32 (op ``cast``; this tensor if it is float32 already, as PyTorch)."""
+        """``to(float32)``: op ``cast`` (an eager float32 tensor itself, as PyTorch; inside
+        ``build`` float32 kept under AMP, as :meth:`to`: ``logits.float()`` before a loss)."""
         return self.to("float32")
 
     def half(self) -> "Tensor":
-        """Converted to float16 (op ``cast``; this tensor if it is float16 already)."""
+        """``to(float16)`` (op ``cast``; see :meth:`to`)."""
         return self.to("float16")
 
     def double(self) -> "Tensor":
-        """Converted to float64 (op ``cast``; this tensor if it is float64 already)."""
+        """``to(float64)`` (op ``cast``; see :meth:`to`)."""
         return self.to("float64")
 
     def bfloat16(self) -> "Tensor":
-        """Converted to bfloat16 (op ``cast``; this tensor if it is bfloat16 already)."""
+        """``to(bfloat16)`` (op ``cast``; see :meth:`to`)."""
         return self.to("bfloat16")
 
     def long(self) -> "Tensor":
-        """Converted to int64 (op ``cast``, rounding toward zero as PyTorch's ``long()``; this
-        tensor if it is int64 already): ``targets.long()`` before a loss."""
+        """``to(int64)``: op ``cast``, rounding toward zero as PyTorch's ``long()``
+        (``targets.long()`` before a loss; see :meth:`to`)."""
         return self.to("int64")
 
     def is_floating_point(self) -> bool:
@@ -602,8 +603,10 @@ class Tensor:
         ``to(dtype)``, ``to(device)``, ``to(device, dtype)``, ``to(other)`` (``other``'s dtype)
         and the keywords ``dtype``, ``device``, ``non_blocking`` and ``copy`` (see
         :func:`to_args`; a device must be the process's backend and changes nothing). As in
-        PyTorch, the result is this tensor itself when the dtype does not change, unless
-        ``copy=True``.
+        PyTorch, an eager tensor already of that dtype is returned itself, unless ``copy=True``;
+        inside ``build`` it is always op ``cast``, which keeps that dtype where the AMP pass
+        would otherwise choose another (``x.float()`` under PyTorch's autocast computes on in
+        float32).
 
         Raises:
             TypeError: a dtype miniflow lacks, or arguments ``torch.Tensor.to`` does not take.
@@ -611,7 +614,7 @@ class Tensor:
         """
         dtype, copy = to_args("Tensor.to", args, kwargs)
         dt = self.dtype if dtype is None else as_dtype(dtype)
-        if dt is self.dtype and not copy:
+        if dt is self.dtype and not copy and self._value is None:
             return self
         return apply("cast", [self], dtype=dt)
 

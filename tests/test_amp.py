@@ -16,7 +16,7 @@ import pytest
 import miniflow as mf
 from miniflow import nn
 from miniflow.amp import AmpLists, amp_report
-from miniflow.amp.lists import BLACK, CATEGORIES, CLEAR, GRAY, UNLISTED, WHITE
+from miniflow.amp.lists import BLACK, CLEAR, GRAY, UNLISTED, WHITE
 from miniflow.ir import Graph
 from miniflow.ops import OP_REGISTRY
 from miniflow.passes.auto_mixed_precision import AmpConfig, AmpState, auto_mixed_precision
@@ -592,3 +592,35 @@ def test_layer_norm_between_matmuls_is_float16_with_float32_statistics_golden():
         (node,) = _by_op(g, op)
         assert node.inputs[2] is ln.outputs[1] and node.inputs[3] is ln.outputs[2], op
         assert node.inputs[0].dtype is f16
+
+
+class _Upcast(nn.Graph):
+    """``gelu(y.<convert>()) @ y`` of a Linear's output under AMP."""
+
+    def __init__(self, convert):
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+        self.convert = convert
+        self.config.enable_amp(True)
+
+    def build(self, x):
+        y = self.lin(x)
+        return nn.functional.gelu(self.convert(y)) @ y
+
+
+@pytest.mark.parametrize("convert", [lambda t: t.to(mf.float32), lambda t: t.float(),
+                                     lambda t: t.to("cpu", mf.float32)],
+                         ids=["to", "float", "to_device_dtype"])
+def test_an_explicit_float32_conversion_in_build_keeps_float32_under_amp(convert):
+    """``y.float()`` in ``forward`` (PyTorch code computes in float32 after it under autocast)
+    was this float32-at-trace-time tensor itself, so under AMP gelu ran in float16 where
+    ``y.to(float32)``, a ``cast`` node, kept float32; both are a cast now, and gelu is computed
+    in float32 between the float16 product and the float16 one after it."""
+    graph = _Upcast(convert)
+    graph(np.ones((4, 4), np.float32))
+    exprs = [n.attrs["expr"] for n in graph.ir.nodes if n.op.name == "fused_elementwise"]
+    assert any("gelu(f32(" in e for e in exprs), exprs
+    plain = _Upcast(lambda t: t)
+    plain(np.ones((4, 4), np.float32))
+    assert not any("gelu(f32(" in n.attrs["expr"] for n in plain.ir.nodes
+                   if n.op.name == "fused_elementwise")
