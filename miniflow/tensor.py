@@ -282,10 +282,6 @@ class Tensor:
         tiled = split.expand(tuple(d for r, n in zip(repeats, shape) for d in (int(r), n)))
         return tiled.reshape(tuple(int(r) * n for r, n in zip(repeats, shape)))
 
-    def type_as(self, other: "Tensor") -> "Tensor":
-        """This tensor cast to ``other``'s dtype (``torch.Tensor.type_as``; op ``cast``)."""
-        return self.to(other.dtype)
-
     def contiguous(self) -> "Tensor":
         """This tensor (miniflow's tensors are always contiguous)."""
         return self
@@ -361,6 +357,10 @@ class Tensor:
         """``to(int64)``: op ``cast``, rounding toward zero as PyTorch's ``long()``
         (``targets.long()`` before a loss; see :meth:`to`)."""
         return self.to("int64")
+
+    def type_as(self, other: "Tensor") -> "Tensor":
+        """``to(other.dtype)`` (``torch.Tensor.type_as``: ``norm(x.float()).type_as(x)``)."""
+        return self.to(other.dtype)
 
     def is_floating_point(self) -> bool:
         """Whether the dtype is a floating-point one (``torch.Tensor.is_floating_point``)."""

@@ -527,9 +527,10 @@ def test_a_torch_tensor_keeps_its_floating_dtype_as_torch_tensor_keeps_it():
 
 
 def test_double_bfloat16_long_and_is_floating_point_as_pytorch():
-    """``y.long()``, ``x.double()``, ``x.bfloat16()`` and ``x.is_floating_point()`` (missing
-    before, an AttributeError), eager and traced: the values of PyTorch's conversions, this
-    tensor itself when the dtype is already that one."""
+    """``y.long()``, ``x.double()``, ``x.bfloat16()``, ``x.type_as(y)`` and
+    ``x.is_floating_point()`` (missing before, an AttributeError), eager and traced: the
+    values of PyTorch's conversions, an eager tensor itself when the dtype is already that
+    one."""
     torch = pytest.importorskip("torch")
     x = np.array([-2.7, -0.5, 0.5, 2.7, 3.0e9], np.float32)
     t, want = mf.tensor(x), torch.tensor(x)
@@ -544,6 +545,8 @@ def test_double_bfloat16_long_and_is_floating_point_as_pytorch():
             np.testing.assert_array_equal(g.to(mf.float64).numpy(), w.double().numpy())
     assert t.float() is t and t.double().double() is not t and t.long().long().dtype is mf.int64
     assert t.is_floating_point() and not mf.tensor([1]).is_floating_point()
+    assert t.double().type_as(t).dtype is mf.float32 and t.type_as(t) is t
+    assert t.type_as(t.half()).dtype is mf.float16
 
 
 def test_a_0d_tensor_takes_dim_0_or_minus_1_only_and_does_not_split():
