@@ -604,9 +604,9 @@ class Tensor:
         and the keywords ``dtype``, ``device``, ``non_blocking`` and ``copy`` (see
         :func:`to_args`; a device must be the process's backend and changes nothing). As in
         PyTorch, an eager tensor already of that dtype is returned itself, unless ``copy=True``;
-        inside ``build`` it is always op ``cast``, which keeps that dtype where the AMP pass
+        inside ``build`` a dtype is always op ``cast``, which keeps that dtype where the AMP pass
         would otherwise choose another (``x.float()`` under PyTorch's autocast computes on in
-        float32).
+        float32), and ``to(device)`` alone is this tensor.
 
         Raises:
             TypeError: a dtype miniflow lacks, or arguments ``torch.Tensor.to`` does not take.
@@ -614,8 +614,8 @@ class Tensor:
         """
         dtype, copy = to_args("Tensor.to", args, kwargs)
         dt = self.dtype if dtype is None else as_dtype(dtype)
-        if dt is self.dtype and not copy and self._value is None:
-            return self
+        if dt is self.dtype and not copy and (self._value is None or dtype is None):
+            return self               # to(device) inside build: no cast, AMP's dtype stays
         return apply("cast", [self], dtype=dt)
 
     def backward(self) -> None:

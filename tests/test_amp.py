@@ -609,7 +609,7 @@ class _Upcast(nn.Graph):
 
 
 @pytest.mark.parametrize("convert", [lambda t: t.to(mf.float32), lambda t: t.float(),
-                                     lambda t: t.to("cpu", mf.float32)],
+                                     lambda t: t.to(mf.get_backend().name, mf.float32)],
                          ids=["to", "float", "to_device_dtype"])
 def test_an_explicit_float32_conversion_in_build_keeps_float32_under_amp(convert):
     """``y.float()`` in ``forward`` (PyTorch code computes in float32 after it under autocast)
@@ -620,7 +620,9 @@ def test_an_explicit_float32_conversion_in_build_keeps_float32_under_amp(convert
     graph(np.ones((4, 4), np.float32))
     exprs = [n.attrs["expr"] for n in graph.ir.nodes if n.op.name == "fused_elementwise"]
     assert any("gelu(f32(" in e for e in exprs), exprs
-    plain = _Upcast(lambda t: t)
-    plain(np.ones((4, 4), np.float32))
-    assert not any("gelu(f32(" in n.attrs["expr"] for n in plain.ir.nodes
-                   if n.op.name == "fused_elementwise")
+    here = mf.get_backend().name
+    for keep in (lambda t: t, lambda t: t.to(here), lambda t: t.to(device=here)):
+        plain = _Upcast(keep)             # to(device) changes no dtype, under AMP neither
+        plain(np.ones((4, 4), np.float32))
+        assert not any("gelu(f32(" in n.attrs["expr"] for n in plain.ir.nodes
+                       if n.op.name == "fused_elementwise")
