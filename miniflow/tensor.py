@@ -1012,9 +1012,8 @@ def _array_index(key, shape: tuple, dim: int = 0) -> "Tensor":
     if found is not None:
         pos, value, count = found
         raise IndexError(f"index {value} is out of bounds for dimension {dim} with size "
-                         f"{shape[0]} "
-                         f"(the index array's element {list(pos)}; {count} of {arr.size} out "
-                         "of bounds)")
+                         f"{shape[0]} (the index array's element {list(pos)}; {count} of "
+                         f"{arr.size} out of bounds)")
     return tensor(np.where(arr < 0, arr + shape[0], arr).astype(np.int64))
 
 
