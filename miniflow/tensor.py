@@ -565,12 +565,13 @@ class Tensor:
             IndexError: an index out of range or too many indices (PyTorch's messages).
             ValueError: a step <= 0. TypeError: another kind of index (a boolean mask, two
             array indices in a tuple)."""
-        if isinstance(key, (np.ndarray, list)):   # x[np.array([1, 0])], x[[1, 0]]: as torch
+        if isinstance(key, (np.ndarray, list)) or _is_torch(key):  # x[np.array([1, 0])], x[[1, 0]]
             key = _array_index(key, self.shape)
         if isinstance(key, Tensor):
             return apply("gather", [self, key], axis=0)
         key = key if isinstance(key, tuple) else (key,)
-        arrays = [i for i, k in enumerate(key) if isinstance(k, (np.ndarray, list, Tensor))]
+        arrays = [i for i, k in enumerate(key)
+                  if isinstance(k, (np.ndarray, list, Tensor)) or _is_torch(k)]
         if len(arrays) == 1:
             return self._take(key, arrays[0])
         index, out_shape = _basic_index(key, self.shape)
@@ -981,6 +982,11 @@ def _dim(fn: str, dim, ndim: int) -> int:
     return int(dim) % max(ndim, 1)
 
 
+def _is_torch(value) -> bool:
+    """Whether ``value`` is a torch tensor (an index, read as an array; :func:`as_numpy`)."""
+    return not isinstance(value, Tensor) and callable(getattr(value, "detach", None))
+
+
 def _array_index(key, shape: tuple, dim: int = 0) -> "Tensor":
     """A NumPy array or list index of a tensor of ``shape`` as the int64 Tensor that
     ``gather`` takes along its dim 0 (negative entries count from the end, as in torch);
@@ -993,7 +999,7 @@ def _array_index(key, shape: tuple, dim: int = 0) -> "Tensor":
             message, naming the index as given, unsigned ones included, and its position).
     """
     try:
-        arr = np.asarray(key)
+        arr = as_numpy(key)
     except ValueError:   # a ragged list
         arr = np.asarray(key, dtype=object)
     if arr.size == 0 and isinstance(key, list):      # x[:, []]: no index, of no dtype
@@ -1165,7 +1171,7 @@ def tensor(data, dtype=None) -> Tensor:
     """
     if isinstance(data, Tensor):
         data = data.numpy()
-    elif callable(getattr(data, "detach", None)):      # a torch tensor
+    elif _is_torch(data):
         data = as_numpy(data)
         data = data.astype(np.int64) if data.dtype.kind in "iub" else data
     if dtype is None:

@@ -591,3 +591,17 @@ def test_a_list_index_in_a_tuple_names_the_dimension_it_indexes():
         mf.tensor(X)[:, [9]]
     with pytest.raises(IndexError, match="index 6 is out of bounds for dimension 2 with size 6"):
         mf.tensor(X)[..., [6]]
+
+
+def test_a_torch_tensor_index_reads_as_an_array():
+    """Indices made with torch (``x[torch.tensor([2, -1])]``, ``x[:, idx]``) while porting:
+    they were refused as "tensor index tensor([2, -1]) (Tensor): miniflow supports ...", a
+    message that seemed to name a miniflow Tensor; they read as NumPy arrays now."""
+    torch = pytest.importorskip("torch")
+    t = torch.from_numpy(X)
+    for key in (torch.tensor([2, -1]), (slice(None), torch.tensor([0, 3])), torch.tensor(1),
+                (..., torch.tensor([[5, 0]]))):
+        want = t[key].numpy()
+        for got in (mf.tensor(X)[key], _Index(key)(mf.tensor(X))):
+            assert got.shape == want.shape
+            np.testing.assert_array_equal(got.numpy(), want)
