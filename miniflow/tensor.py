@@ -676,6 +676,36 @@ class Tensor:
     def __neg__(self):
         return apply("negative", [self])
 
+    def neg(self):
+        """``-x`` (``torch.Tensor.neg``; op ``negative``)."""
+        return -self
+
+    def add(self, other, *, alpha=1):
+        """``self + alpha * other`` (``torch.Tensor.add``; the ops of ``+`` and ``*``)."""
+        return self + (other if alpha == 1 else other * alpha)
+
+    def sub(self, other, *, alpha=1):
+        """``self - alpha * other`` (``torch.Tensor.sub``; the ops of ``-`` and ``*``)."""
+        return self - (other if alpha == 1 else other * alpha)
+
+    def mul(self, other):
+        """``self * other`` (``torch.Tensor.mul``)."""
+        return self * other
+
+    def div(self, other, *, rounding_mode=None):
+        """``self / other`` (``torch.Tensor.div``, true division).
+
+        Raises:
+            ValueError: a ``rounding_mode`` ("trunc", "floor": miniflow has no rounding ops)."""
+        if rounding_mode is not None:
+            raise ValueError(f"div: rounding_mode={rounding_mode!r} is not supported (miniflow "
+                             f"has no rounding ops); true division only (rounding_mode=None)")
+        return self / other
+
+    def matmul(self, other):
+        """``self @ other`` (``torch.Tensor.matmul``, with ``@``'s ranks)."""
+        return self @ other
+
     def exp(self):
         """exp(x) elementwise (op ``exp``)."""
         return apply("exp", [self])
@@ -851,6 +881,28 @@ class Tensor:
     def T(self):
         """The tensor with its dims reversed (``torch.Tensor.T``; op ``transpose``)."""
         return self.permute(*reversed(range(self.ndim)))
+
+    def t(self):
+        """A 2-D tensor transposed, a 0-d or 1-D one itself (``torch.Tensor.t``: ``x @ w.t()``).
+
+        Raises:
+            RuntimeError: more than 2 dims (PyTorch's message)."""
+        if self.ndim > 2:
+            raise RuntimeError(f"t() expects a tensor with <= 2 dimensions, but self is "
+                               f"{self.ndim}D (shape {list(self.shape)}): use transpose(-2, -1) "
+                               f"or .mT")
+        return self.transpose(0, -1) if self.ndim == 2 else self
+
+    @property
+    def mT(self):
+        """The last two dims swapped (``torch.Tensor.mT``, batches of matrices).
+
+        Raises:
+            RuntimeError: fewer than 2 dims (PyTorch's message)."""
+        if self.ndim < 2:
+            raise RuntimeError(f"tensor.mT is only supported on matrices or batches of "
+                               f"matrices. Got {self.ndim}-D tensor.")
+        return self.transpose(-2, -1)
 
 
 _DEVICE_TYPES = ("cpu", "cuda", "mps", "xpu", "hip", "meta")

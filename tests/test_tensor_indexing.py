@@ -605,3 +605,32 @@ def test_a_torch_tensor_index_reads_as_an_array():
         for got in (mf.tensor(X)[key], _Index(key)(mf.tensor(X))):
             assert got.shape == want.shape
             np.testing.assert_array_equal(got.numpy(), want)
+
+
+def test_method_forms_of_the_operators_t_and_mt_as_pytorch():
+    """``a.add(b, alpha=2)``, ``a.sub(b)``, ``a.mul(b)``, ``a.div(b)``, ``a.neg()``,
+    ``a.matmul(b)``, ``w.t()`` and ``x.mT`` (older and newer PyTorch code: ``x @ w.t()``) were
+    AttributeErrors; eager and traced against torch, and PyTorch's refusals."""
+    torch = pytest.importorskip("torch")
+    a, b = X[0], X[1] + 1.0                                    # [5, 6]
+
+    def forms(x, y):
+        return (x.add(y, alpha=2), x.sub(y, alpha=0.5), x.mul(y), x.div(y), x.neg(),
+                x.matmul(y.t()), y.t(), x[0].t(), x.mT, x.add(3.0), x.mul(2))
+
+    class Forms(mf.nn.Graph):
+        def build(self, x, y):
+            return forms(x, y)
+
+    want = forms(torch.tensor(a), torch.tensor(b))
+    for got in (forms(mf.tensor(a), mf.tensor(b)), Forms()(a, b)):
+        for g, w in zip(got, want):
+            assert g.shape == tuple(w.shape)
+            np.testing.assert_allclose(g.numpy(), w.numpy(), rtol=1e-6)
+    with pytest.raises(RuntimeError, match="t\\(\\) expects a tensor with <= 2 dimensions, but "
+                                           "self is 3D"):
+        mf.tensor(X).t()
+    with pytest.raises(RuntimeError, match="tensor.mT is only supported on matrices"):
+        mf.tensor(a[0]).mT
+    with pytest.raises(ValueError, match="rounding_mode='floor' is not supported"):
+        mf.tensor(a).div(2.0, rounding_mode="floor")
