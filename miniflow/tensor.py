@@ -555,6 +555,17 @@ class Tensor:
             return self.split([0] * int(chunks), dim)
         return self.split(-(-n // int(chunks)), dim)
 
+    def unbind(self, dim: int = 0) -> tuple:
+        """The slices along ``dim``, that dim removed (``torch.Tensor.unbind``: ``q, k, v =
+        qkv.unbind(0)``); each an op ``slice`` and ``reshape``, as ``x[i]``.
+
+        Raises:
+            IndexError: ``dim`` out of range (a 0-d tensor has none to unbind)."""
+        if self.ndim == 0:
+            raise IndexError("unbind: Dimension specified as 0 but tensor has no dimensions")
+        d = _dim("unbind", dim, self.ndim)
+        return tuple(self[(slice(None),) * d + (i,)] for i in range(self.shape[d]))
+
     def __getitem__(self, key) -> "Tensor":
         """Basic indexing as PyTorch: ints, slices (step > 0), ``None`` and ``...`` (op
         ``slice``, then ``reshape`` for the dimensions ints remove and ``None`` adds); an int64

@@ -634,3 +634,22 @@ def test_method_forms_of_the_operators_t_and_mt_as_pytorch():
         mf.tensor(a[0]).mT
     with pytest.raises(ValueError, match="rounding_mode='floor' is not supported"):
         mf.tensor(a).div(2.0, rounding_mode="floor")
+
+
+@pytest.mark.parametrize("dim", [0, 1, -1])
+def test_unbind_as_pytorch_eager_and_traced(dim):
+    """``q, k, v = qkv.unbind(0)`` (timm's attention) was an AttributeError."""
+    torch = pytest.importorskip("torch")
+    want = torch.from_numpy(X).unbind(dim)
+
+    class Unbind(mf.nn.Graph):
+        def build(self, x):
+            return x.unbind(dim)
+
+    for got in (mf.tensor(X).unbind(dim), Unbind()(mf.tensor(X))):
+        assert len(got) == len(want)
+        for g, w in zip(got, want):
+            assert g.shape == tuple(w.shape)
+            np.testing.assert_array_equal(g.numpy(), w.numpy())
+    with pytest.raises(IndexError, match="tensor has no dimensions"):
+        mf.tensor(np.float32(1.0)).unbind()
