@@ -285,7 +285,8 @@ def _pinned_threads(local_ranks: int):
 
 
 def _stability(args) -> int:
-    """The training-stability study (``miniflow.experiments.stability``)."""
+    """The training-stability study (``miniflow.experiments.stability``). Ctrl-C during the runs
+    is one line saying what was written, and exit code 130, as ``train``'s."""
     import dataclasses
     from pathlib import Path
 
@@ -309,6 +310,13 @@ def _stability(args) -> int:
     except MissingExtraError as e:
         print(f"miniflow stability: {e}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:          # one line, as train's Ctrl-C, not the run's traceback
+        logs = (f"; the TensorBoard scalars of the runs done so far are in {args.logdir}/"
+                if args.logdir else "")
+        print(f"miniflow stability: interrupted (Ctrl-C) before the study finished: its "
+              f"metrics.json, summary.md and figures are written to {out}/ only when every run "
+              f"has finished{logs}; run it again to start over", file=sys.stderr)
+        return 130
     print(headline_table(metrics))
     print(f"{len(metrics['runs'])} runs in {metrics['config']['seconds']:.0f} s; figures, "
           f"metrics.json and summary.md in {out}/")
@@ -585,7 +593,8 @@ def _add_ir(sub) -> None:
 
 
 def main(argv=None) -> int:
-    """Parse ``argv`` and run the subcommand; returns the exit code."""
+    """Parse ``argv`` and run the subcommand; returns the exit code (130 after Ctrl-C, with one
+    line on stderr and no traceback)."""
     args = parser().parse_args(argv)
     _check_paths(args)
     if args.command == "train":
@@ -605,6 +614,9 @@ def main(argv=None) -> int:
     except (BackendUnavailableError, UnknownBackendError) as e:  # a bad MINIFLOW_BACKEND, or cuda
         print(e, file=sys.stderr)                                # without a GPU: no traceback
         code = 2
+    except KeyboardInterrupt:       # Ctrl-C a subcommand does not report itself: no traceback
+        print(f"miniflow {args.command}: interrupted (Ctrl-C)", file=sys.stderr)
+        code = 130
     if code:
         from . import distributed
         distributed.abort(code)

@@ -311,3 +311,34 @@ def test_ir_names_a_bad_after_as_the_option(after, why, capsys):
     assert err.startswith(f"miniflow ir: --after {after} is no stage of this graph{why}"), err
     assert "choose one of trace, autograd," in err and "lower" not in err
     assert "enable_data_parallel" not in err
+
+
+def test_ctrl_c_in_stability_is_one_line_and_exit_code_130(monkeypatch, tmp_path, capsys):
+    """Ctrl-C during ``miniflow stability`` (minutes of runs) printed the run's traceback and
+    the process died of SIGINT; it is now one line saying where the results would have gone
+    and exit code 130, as ``train``'s Ctrl-C."""
+    from miniflow.experiments import stability
+
+    def run_study(cfg, out, logdir=None):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(stability, "run_study", run_study)
+    out, logdir = tmp_path / "out", tmp_path / "runs"
+    assert main(["stability", "--quick", "--out", str(out), "--logdir", str(logdir)]) == 130
+    err = capsys.readouterr().err
+    assert err.startswith("miniflow stability: interrupted (Ctrl-C) before the study finished: ")
+    assert f"written to {out}/ only when every run has finished" in err
+    assert f"runs done so far are in {logdir}/" in err and err.count("\n") == 1
+
+
+def test_ctrl_c_in_any_subcommand_is_one_line_and_exit_code_130(monkeypatch, tmp_path, capsys):
+    """A subcommand without its own Ctrl-C message (attention-study, ir) ends with one line and
+    exit code 130, not a traceback."""
+    from miniflow.experiments import attention_study
+
+    def study():
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(attention_study, "study", study)
+    assert main(["attention-study", "--out", str(tmp_path)]) == 130
+    assert capsys.readouterr().err == "miniflow attention-study: interrupted (Ctrl-C)\n"
