@@ -271,15 +271,16 @@ def _model_line(model: str, r: dict, args) -> str:
 def _pinned_threads(local_ranks: int):
     """Give each of the ``local_ranks`` ranks on this machine its share of the cores while the
     block runs: Numba's and the BLAS's thread pools get ``cores // local_ranks`` threads (at
-    least 1; yielded), so ranks never share a core with another rank's pool (MPICH busy-polls
-    while a rank waits). Both pools get their thread counts back when the block ends, so
-    :func:`main` called in-process (a test, a notebook) leaves the caller's threads as they
-    were (``kernels.cpu.common.pinned_threads``)."""
-    import os
-
+    least 1; yielded), ``cores`` those the process may run on (its CPU affinity: ``taskset``,
+    a batch system's or container's CPU set, a launcher's binding; ``kernels.cpu.team.cores``),
+    so ranks never share a core with another rank's pool (MPICH busy-polls while a rank waits).
+    Both pools get their thread counts back when the block ends, so :func:`main` called
+    in-process (a test, a notebook) leaves the caller's threads as they were
+    (``kernels.cpu.common.pinned_threads``)."""
     from .kernels.cpu.common import pinned_threads  # first: it picks Numba's threading layer
+    from .kernels.cpu.team import cores
 
-    n = max(1, (os.cpu_count() or 1) // local_ranks)
+    n = max(1, len(cores()) // local_ranks)
     with pinned_threads(n):
         yield n
 

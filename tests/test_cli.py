@@ -95,7 +95,7 @@ def test_train_ddp_gives_the_callers_thread_counts_back(capsys):
     import numba
 
     from miniflow.kernels.cpu.common import numpy_blas, pinned_threads
-    cores = os.cpu_count() or 1
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     if min(cores, numba.config.NUMBA_NUM_THREADS) < 2:
         pytest.skip("one core: the run pins the threads the caller has")
     with pinned_threads(1):
@@ -104,6 +104,24 @@ def test_train_ddp_gives_the_callers_thread_counts_back(capsys):
         assert numba.get_num_threads() == 1
         assert [lib.num_threads for lib in numpy_blas()] == [1] * len(numpy_blas())
     assert f"{cores} thread(s) per rank" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("affinity,ranks,threads", [([3], 1, 1), ([0, 1, 2, 3], 2, 2),
+                                                     ([5], 2, 1)])
+def test_ddp_threads_share_the_cores_the_process_may_run_on(monkeypatch, affinity, ranks,
+                                                            threads):
+    """``--ddp``'s threads per rank are the cores of the process's CPU affinity (``taskset``, a
+    batch system's CPU set) over the ranks on the machine (before: every core of the machine,
+    ``os.cpu_count()``, so ranks restricted to fewer cores shared them, and the run line named
+    more threads than the ranks could use)."""
+    import os
+
+    from miniflow import cli
+    from miniflow.kernels.cpu import team
+    monkeypatch.setattr(team, "cores", lambda: affinity)
+    monkeypatch.setattr(os, "cpu_count", lambda: 64)
+    with cli._pinned_threads(ranks) as n:
+        assert n == threads
 
 
 def test_cli_jobs_run_on_the_cpu_unless_asked_and_say_why(monkeypatch):
