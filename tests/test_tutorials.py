@@ -242,6 +242,22 @@ def test_a_lesson_given_a_file_as_out_folder_says_so_without_a_traceback(script,
 
 
 @pytest.mark.parametrize("script", sorted(CASES))
+def test_a_lesson_answers_help_and_refuses_an_unknown_option(script, tmp_path):
+    """``--help`` prints the lesson's usage and runs nothing; an option it does not take is a
+    usage error (exit code 2). Before, lessons 1 and 9 parsed no arguments: ``--help`` ran the
+    whole lesson, and ``--quick`` or a misspelt ``--out`` was ignored."""
+    def run(flag):
+        return subprocess.run([sys.executable, str(TUTORIALS / script), flag], cwd=tmp_path,
+                              env=_lesson_env(), capture_output=True, text=True,
+                              timeout=TIMEOUT_S)
+    r = run("--help")
+    assert r.returncode == 0 and r.stdout.startswith(f"usage: {script} [-h]"), r.stdout[:500]
+    assert "==" not in r.stdout                  # no section of the lesson ran
+    r = run("--no-such-option")
+    assert r.returncode == 2 and "error: unrecognized arguments: --no-such-option" in r.stderr
+
+
+@pytest.mark.parametrize("script", sorted(CASES))
 def test_tutorial_runs_and_prints_its_key_fact(script, tmp_path):
     flags, checks = CASES[script]
     args = []

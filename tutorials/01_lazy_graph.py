@@ -30,6 +30,7 @@ Assumes from earlier lessons: nothing (this is the first lesson). You need Pytho
 Run:  python tutorials/01_lazy_graph.py        (a few seconds; no figure)
       or open it in Jupyter / VS Code as a notebook (jupytext's percent format: ``# %%`` cells)
 """
+import argparse
 import contextlib
 import io
 import time
@@ -38,6 +39,7 @@ import numpy as np
 
 import miniflow as mf
 from miniflow import nn
+from miniflow.notebook import script_args
 
 
 # %%
@@ -63,6 +65,8 @@ class Net(nn.Graph):
 
 
 # %%
+argparse.ArgumentParser(description="Lesson 1: eager versus lazy, an nn.Graph's IR and "
+                        "plans").parse_args(script_args())   # --help; the lesson has no options
 mf.set_backend("cpu")
 rng = mf.manual_seed(0)   # named: a notebook shows a cell's last value, here the generator
 

@@ -43,6 +43,7 @@ by hand with ``ops.emitter`` and ``CompileContext``.
 
 Run:  python tutorials/09_write_a_pass.py        (a few seconds; no figure)
 """
+import argparse
 import dataclasses
 import inspect
 
@@ -51,6 +52,7 @@ import numpy as np
 import miniflow as mf
 from miniflow import nn
 from miniflow.ir import Graph, Value, VerifyError, evaluate
+from miniflow.notebook import script_args
 from miniflow.ops import emitter
 from miniflow.passes import pipeline
 from miniflow.passes.autograd import autograd
@@ -263,6 +265,8 @@ def train_with(extra_pass) -> tuple:
 
 # %%
 def main():
+    argparse.ArgumentParser(description="Lesson 9: write a pass (common-subexpression "
+                            "elimination)").parse_args(script_args())   # --help; no options
     mf.set_backend("cpu")
     rng = np.random.default_rng(0)
     x = rng.uniform(-1, 1, (4, 3))
