@@ -155,11 +155,17 @@ def _train(args) -> int:
     rank of the MPI world, rank 0 alone printing and writing files. A checkpoint that cannot be
     used, or a ``--save`` path that cannot be written (checked before the first step), is a
     message and exit code 2, not a traceback; Ctrl-C is one line naming the step and the last
-    checkpoint, and exit code 130 (128 + SIGINT, the shell's convention)."""
+    checkpoint, and exit code 130 (128 + SIGINT, the shell's convention). A world that cannot
+    be set up (a bad ``MINIFLOW_DIST_TIMEOUT``, a launcher without mpi4py or of another MPI) is
+    a message and exit code 2 too."""
     from . import distributed
     if not args.ddp:
         return _train_run(args, None)
-    distributed.init()
+    try:
+        distributed.init()
+    except (ValueError, RuntimeError) as e:
+        print(f"miniflow train --ddp: {e}", file=sys.stderr)
+        return 2
     with _pinned_threads(distributed.local_world_size()) as threads:
         return _train_run(args, threads)
 

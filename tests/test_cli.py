@@ -360,3 +360,15 @@ def test_ctrl_c_in_any_subcommand_is_one_line_and_exit_code_130(monkeypatch, tmp
     monkeypatch.setattr(attention_study, "study", study)
     assert main(["attention-study", "--out", str(tmp_path)]) == 130
     assert capsys.readouterr().err == "miniflow attention-study: interrupted (Ctrl-C)\n"
+
+
+@pytest.mark.parametrize("value", ["abc", "-5", "inf"])
+def test_train_ddp_with_a_bad_collective_timeout_is_one_line(monkeypatch, capsys, value):
+    """``MINIFLOW_DIST_TIMEOUT=abc miniflow train --ddp`` ended in ``distributed.init``'s
+    traceback; it is now one line naming the variable and exit code 2, as a bad
+    ``MINIFLOW_BACKEND`` or ``MINIFLOW_MATMUL`` is."""
+    monkeypatch.setenv("MINIFLOW_DIST_TIMEOUT", value)
+    assert main(["train", "--ddp", "--epochs", "1"]) == 2
+    err = capsys.readouterr().err
+    assert err == ("miniflow train --ddp: miniflow.distributed.init: the collective timeout "
+                   f"(MINIFLOW_DIST_TIMEOUT) must be a positive number of seconds, got {value!r}\n")
