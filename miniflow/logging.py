@@ -78,9 +78,17 @@ class ScalarWriter:
     def add(self, step: int, scalars: dict) -> None:
         """Log ``{tag: value}`` at global step ``step`` (None values are skipped; NaN and inf
         are logged as they are): one event of all the step's values (``add_scalar`` per value
-        costs ten times as much)."""
-        values = [self._summary.Value(tag=tag, simple_value=float(value))
+        costs ten times as much). After :meth:`close` a new event file is opened in the run's
+        folder, as tensorboardX's and PyTorch's ``SummaryWriter`` do.
+
+        Raises:
+            TypeError: a value is not a real number (naming its tag); nothing is logged.
+        """
+        values = [self._summary.Value(tag=tag, simple_value=_scalar(tag, value))
                   for tag, value in scalars.items() if value is not None]
+        if self._writer is None:
+            self._writer = self._open(None)
+            atexit.register(self.close)
         self._writer.file_writer.add_summary(self._summary(value=values), int(step))
 
     def flush(self) -> None:
@@ -104,6 +112,18 @@ class ScalarWriter:
 
     def __exit__(self, *exc):
         self.close()
+
+
+def _scalar(tag: str, value) -> float:
+    """``value`` as the float TensorBoard stores: a real number, or an array or Tensor of one.
+
+    Raises:
+        TypeError: anything else (a string, a vector, a complex number), naming ``tag``."""
+    a = value.numpy() if hasattr(value, "numpy") else np.asarray(value)
+    if a.size != 1 or (a.dtype.kind not in "biuf" and not is_bfloat16(a.dtype)):
+        raise TypeError(f"miniflow.logging: {tag} must be a real number (or an array of one), "
+                        f"got {value!r:.60}")
+    return float(a.reshape(()))
 
 
 def unscaled_gradients(graph) -> dict:

@@ -258,3 +258,35 @@ def test_a_resumed_run_continues_its_own_tensorboard_run(tmp_path, capsys, monke
         runs.append(re.search(r"TensorBoard run: (\S+)", capsys.readouterr().out).group(1))
     assert runs[1] == runs[0] + "-2" and runs[2] == runs[1]
     assert len(read_scalars(runs[0])["train/loss"]) == 23
+
+
+def test_a_value_that_is_no_number_is_refused_naming_its_tag(tmp_path):
+    """``log.epoch(accuracy="high")`` was float()'s ValueError, naming neither the tag nor the
+    rule, and an array of several values NumPy's TypeError; both name the tag now, and log
+    nothing. One number in an array or Tensor is taken."""
+    writer = tb_log.ScalarWriter(tmp_path / "r")
+    for bad in ("high", np.array([0.1, 0.2]), 1j):
+        with pytest.raises(TypeError, match=r"^miniflow.logging: eval/accuracy must be a real "
+                                            r"number \(or an array of one\), got "):
+            writer.add(1, {"train/loss": 0.5, "eval/accuracy": bad})
+    writer.add(1, {"eval/accuracy": np.array([0.25]), "train/loss": miniflow.tensor(0.5),
+                   "train/lr": np.float32(0.1), "amp/skipped_steps": 3})
+    writer.close()
+    assert read_scalars(tmp_path / "r") == {"eval/accuracy": [(1, 0.25)], "train/loss": [(1, 0.5)],
+                                            "train/lr": [(1, np.float32(0.1))],
+                                            "amp/skipped_steps": [(1, 3.0)]}
+
+
+def test_logging_after_close_opens_a_new_event_file_as_summarywriter_does(tmp_path):
+    """After ``close()`` a ``log.step`` ended in ``AttributeError: 'NoneType' object has no
+    attribute 'file_writer'``; it opens a new event file in the same run, as tensorboardX's and
+    PyTorch's ``SummaryWriter`` reopen theirs."""
+    miniflow.manual_seed(0)
+    model = mlp((8, 16, 4))
+    graph = TrainGraph(model, optim.SGD(model.parameters(), lr=0.05))
+    log = tb_log.TrainingLog(tmp_path, graph)
+    log.step(graph(*_batch(0)))
+    log.close()
+    log.step(graph(*_batch(1)))
+    log.close()
+    assert [s for s, _ in read_scalars(tmp_path / "TrainGraph")["train/loss"]] == [1, 2]
