@@ -105,6 +105,25 @@ def test_missing_or_broken_files_are_explained(tmp_path):
         exercises.check(9)
 
 
+@pytest.mark.parametrize("where", ["import", "call"])
+def test_a_file_that_calls_sys_exit_does_not_yet_pass(where, tmp_path):
+    """A learner's ``sys.exit()`` (``exit()`` left from debugging) ended the checker at once,
+    with exit status 0 and no output: a script or CI took the exercise as passed. It is now
+    NOT YET (status 1), naming the call, at import and inside the function alike."""
+    path = tmp_path / "exits.py"
+    body = "    return {}\n" if where == "import" else "    import sys; sys.exit(0)\n"
+    path.write_text(f"def amp_lists():\n{body}" + ("exit()\n" if where == "import" else ""))
+    r = exercises.check(2, path)
+    assert not r.passed
+    prefix = f"{path} could not be imported: " if where == "import" else "amp_lists() "
+    assert r.message.startswith(prefix + "called sys.exit(") and "remove the call" in r.message
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+        p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p))
+    cli = subprocess.run([sys.executable, "-m", "miniflow.exercises", "check", "2", "--file",
+                          str(path)], env=env, capture_output=True, text=True)
+    assert cli.returncode == 1 and "NOT YET" in cli.stdout, (cli.returncode, cli.stdout)
+
+
 def test_command_line_exit_status_and_output(tmp_path):
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(
         p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p))

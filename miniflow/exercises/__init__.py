@@ -66,6 +66,8 @@ def load(path: Path):
     module = importlib.util.module_from_spec(spec)
     try:
         spec.loader.exec_module(module)
+    except SystemExit as e:
+        raise NotYet(f"{path} could not be imported: {_exit_message(e)}") from e
     except Exception as e:  # the learner's file itself fails to import
         raise NotYet(f"{path} could not be imported: {type(e).__name__}: {e}") from e
     finally:
@@ -95,13 +97,22 @@ def check(number: int, path: Path | None = None) -> Result:
 
 
 def learner_call(name: str, fn, *args):
-    """Call the learner's ``fn``; an exception other than NotImplementedError becomes
-    :class:`NotYet` naming the function, the arguments and the error."""
+    """Call the learner's ``fn``; an exception other than NotImplementedError, or a
+    ``sys.exit()``, becomes :class:`NotYet` naming the function, the arguments and the error."""
     try:
         return fn(*args)
     except NotImplementedError:
         raise
     except NotYet:
         raise
+    except SystemExit as e:
+        raise NotYet(f"{name} {_exit_message(e)}") from e
     except Exception as e:
         raise NotYet(f"{name} raised {type(e).__name__}: {e}") from e
+
+
+def _exit_message(e: SystemExit) -> str:
+    """The learner's code called ``sys.exit()`` (``exit()``, ``quit()``), which would otherwise
+    end the checker with its exit status (0: passed, to a script or CI that runs it)."""
+    return (f"called sys.exit({e.code!r}) (or exit(), quit()), which would end the check; "
+            "remove the call")
