@@ -22,8 +22,8 @@ from pathlib import Path
 
 from .extras import require
 
-__all__ = ["in_notebook", "script_args", "script_dir", "out_folder", "source", "to_notebook",
-           "execute", "cell_text"]
+__all__ = ["in_notebook", "script_args", "script_dir", "LESSON_DIR", "out_folder", "source",
+           "to_notebook", "execute", "cell_text"]
 
 
 def in_notebook() -> bool:
@@ -38,12 +38,19 @@ def script_args() -> list | None:
     return [] if in_notebook() else None
 
 
+LESSON_DIR = "MINIFLOW_LESSON_DIR"
+"""The environment variable :func:`execute` gives its kernel: the lesson's folder, which the
+kernel's working folder (``cwd``) need not be."""
+
+
 def script_dir(module_globals: dict) -> Path:
     """The folder of the running lesson: its file's folder as a script (``__file__`` in
-    ``module_globals``), the working folder in a notebook (Jupyter starts the kernel in the
-    notebook's folder)."""
+    ``module_globals``); in a notebook the folder :func:`execute` names (:data:`LESSON_DIR`),
+    else the working folder (Jupyter starts the kernel in the notebook's folder)."""
     file = module_globals.get("__file__")
-    return Path(file).resolve().parent if file else Path.cwd()
+    if file:
+        return Path(file).resolve().parent
+    return Path(os.environ[LESSON_DIR]) if os.environ.get(LESSON_DIR) else Path.cwd()
 
 
 def out_folder(parser, path: Path) -> Path:
@@ -96,7 +103,9 @@ def to_notebook(path):
 def execute(path, *, timeout: int = 600, cwd=None):
     """Convert the lesson at ``path`` with :func:`to_notebook` and run every cell in a fresh
     Python kernel (nbclient), in ``cwd`` (default: the lesson's folder); returns the executed
-    notebook (outputs filled in).
+    notebook (outputs filled in). The lesson finds its own folder wherever ``cwd`` is
+    (:func:`script_dir`), as a script does: lessons that start themselves in a child process
+    or write to ``tutorial-output/`` by default work from any ``cwd``.
 
     Raises:
         miniflow.extras.MissingExtraError: jupytext, nbclient or ipykernel is not installed.
@@ -105,10 +114,11 @@ def execute(path, *, timeout: int = 600, cwd=None):
     nbclient = require("nbclient", "notebook", "miniflow.notebook")
     require("ipykernel", "notebook", "miniflow.notebook")
     nb = to_notebook(path)
-    folder = os.fspath(cwd or Path(path).resolve().parent)
+    lesson_dir = os.fspath(Path(path).resolve().parent)
+    folder = os.fspath(cwd or lesson_dir)
     client = nbclient.NotebookClient(nb, timeout=timeout, kernel_name="python3",
                                      resources={"metadata": {"path": folder}})
-    client.execute()
+    client.execute(env={**os.environ, LESSON_DIR: lesson_dir})
     return nb
 
 

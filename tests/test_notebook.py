@@ -54,6 +54,24 @@ def test_lesson_01_runs_as_a_notebook_and_shows_its_key_fact(tmp_path):
     assert len(html_outputs) == 1 and 'class="miniflow-ir"' in html_outputs[0]
 
 
+@pytest.mark.slow
+def test_a_lesson_run_as_a_notebook_from_another_folder_finds_its_own(tmp_path):
+    """``execute(lesson, cwd=elsewhere)``: ``script_dir`` gave the kernel's working folder, so
+    lessons 3, 8, 11 and 12, which start themselves in a child process, ran a file that is not
+    there (lesson 8: "can't open file '<cwd>/08_add_an_op.py'"), and default outputs went to
+    ``<cwd>/../tutorial-output``. The lesson's folder is its own now, as for a script."""
+    pytest.importorskip("nbclient")
+    pytest.importorskip("ipykernel")
+    lesson, elsewhere = tmp_path / "lessons" / "lesson.py", tmp_path / "elsewhere"
+    lesson.parent.mkdir()
+    elsewhere.mkdir()
+    lesson.write_text("# %%\nimport os\nfrom miniflow.notebook import script_dir\n"
+                      "print(script_dir(globals()), os.getcwd())\n")
+    nb = notebook.execute(lesson, cwd=elsewhere, timeout=120)
+    shown = "".join(notebook.cell_text(c) for c in nb.cells if c.cell_type == "code")
+    assert shown == f"{lesson.parent} {elsewhere}\n"
+
+
 class _Lines(HTMLParser):
     """The node lines of ``graph_html``: (data-amp-color, data-op, text) per node div."""
 
@@ -139,8 +157,11 @@ def test_script_args_and_dir_as_a_script_and_in_a_kernel(monkeypatch, tmp_path):
     shell = type("ZMQInteractiveShell", (), {})()
     monkeypatch.setitem(sys.modules, "IPython", types.SimpleNamespace(get_ipython=lambda: shell))
     monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv(notebook.LESSON_DIR, raising=False)
     assert notebook.in_notebook() and notebook.script_args() == []
     assert notebook.script_dir({"__name__": "__main__"}) == tmp_path
+    monkeypatch.setenv(notebook.LESSON_DIR, str(tmp_path / "lessons"))   # execute(..., cwd=)
+    assert notebook.script_dir({"__name__": "__main__"}) == tmp_path / "lessons"
 
 
 def test_without_the_notebook_extra_conversion_names_it(monkeypatch):
