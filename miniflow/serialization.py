@@ -153,7 +153,8 @@ def _target(path, owner: str = "miniflow.save", what: str = "a checkpoint") -> s
     The errors name ``owner`` (the function writing) and ``what`` it writes.
 
     Raises:
-        FileNotFoundError: its folder does not exist. IsADirectoryError: it is a folder.
+        FileNotFoundError: its folder does not exist. NotADirectoryError: its "folder" is a
+            file. IsADirectoryError: it is a folder.
         OSError: it is something else than a regular file (a device, a FIFO, a socket), or a
             symlink loop (ELOOP).
     """
@@ -161,6 +162,9 @@ def _target(path, owner: str = "miniflow.save", what: str = "a checkpoint") -> s
     target = os.path.realpath(path)
     shown = repr(path) if target == os.path.abspath(path) else f"{path!r} (-> {target!r})"
     folder = os.path.dirname(target)
+    if os.path.exists(folder) and not os.path.isdir(folder):
+        raise NotADirectoryError(f"{owner}: {folder!r} in {shown} is a file, not a folder; "
+                                 "give a path in a folder")
     if not os.path.isdir(folder):
         raise FileNotFoundError(f"{owner}: the folder {folder!r} of {shown} does not "
                                 "exist; create it first (os.makedirs)")

@@ -330,6 +330,19 @@ def test_save_refuses_a_missing_folder_and_a_folder_path(tmp_path):
         save({}, tmp_path)
 
 
+def test_a_path_under_a_file_is_refused_naming_the_file(tmp_path):
+    """``save(sd, "notes.txt/model.safetensors")`` said the folder 'notes.txt' "does not exist;
+    create it first", which os.makedirs cannot: it is a file. ``--save`` and ``ir --onnx``
+    check their paths this way too."""
+    from miniflow.serialization import check_save_path
+    (tmp_path / "notes.txt").write_text("notes")
+    for write in (lambda p: save({}, p), check_save_path):
+        with pytest.raises(NotADirectoryError, match=r"'[^']*notes.txt' in '[^']*notes.txt/m.st'"
+                                                     r" is a file, not a folder; give a path in"):
+            write(str(tmp_path / "notes.txt" / "m.st"))
+    assert sorted(os.listdir(tmp_path)) == ["notes.txt"]
+
+
 def test_a_path_may_be_str_bytes_or_pathlike_and_nothing_else(tmp_path):
     """As ``open`` (and so ``torch.save``/``torch.load``) takes them: a bytes path works (it gave
     ``TypeError: Can't mix strings and bytes`` from deep in ``os.path``); another type is
