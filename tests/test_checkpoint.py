@@ -363,6 +363,11 @@ def test_an_existing_checkpoint_is_not_overwritten_and_nothing_to_resume_is_an_e
     (tmp_path / "a_file").write_text("x")
     code, _, err = _cli(["--checkpoint", str(tmp_path / "a_file")], capsys)
     assert code == 2 and "is a file, not a folder" in err and "Errno" not in err
+    under = tmp_path / "a_file" / "run"         # was "[Errno 20] Not a directory: '.../run'"
+    code, _, err = _cli(["--checkpoint", str(under)], capsys)
+    assert code == 2 and "Errno" not in err
+    assert f"checkpoint folder {str(under)!r} cannot be made or written: Not a directory; " \
+           "give a writable folder for the run" in err, err
     code, out, err = _cli(["--checkpoint", str(saved), "--resume"], capsys)
     assert code == 0 and "resumed from step 23" in out and "for 0 steps" in out
 

@@ -98,9 +98,13 @@ class RunFolder:
         if os.path.exists(self.folder) and not os.path.isdir(self.folder):
             raise NotADirectoryError(f"checkpoint folder {self.folder!r} is a file, not a "
                                      "folder: give a folder (or a new name) for the run")
-        os.makedirs(self.folder, exist_ok=True)
-        with tempfile.TemporaryFile(dir=self.folder):
-            pass
+        try:
+            os.makedirs(self.folder, exist_ok=True)
+            with tempfile.TemporaryFile(dir=self.folder):
+                pass
+        except OSError as e:            # under a file, no permission, a read-only file system
+            raise type(e)(f"checkpoint folder {self.folder!r} cannot be made or written: "
+                          f"{e.strerror or e}; give a writable folder for the run") from None
         self.path = os.path.join(self.folder, CHECKPOINT_FILE)
         self.log = os.path.join(self.folder, LOSS_LOG)
         self.files = tuple(os.path.join(self.folder, f) for f in (CHECKPOINT_FILE, LOCK_FILE,
