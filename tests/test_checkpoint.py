@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import miniflow as mf
-from miniflow import CheckpointError, load, save
+from miniflow import load, save
 from miniflow.checkpoint import restore
 from miniflow.cli import main
 from miniflow.experiments.mlp import TrainGraph, mlp
