@@ -189,12 +189,17 @@ def check_save_path(path, owner: str = "miniflow.save", what: str = "a checkpoin
     resolved); writes nothing.
 
     Raises:
-        FileNotFoundError, IsADirectoryError, OSError: as :func:`save`; PermissionError: the
-            folder is not writable.
+        FileNotFoundError, IsADirectoryError, OSError: as :func:`save`; PermissionError (or
+            another OSError: a read-only file system): the folder is not writable, naming it.
     """
     target = _target(path, owner, what)
-    with tempfile.TemporaryFile(dir=os.path.dirname(target)):
-        pass
+    folder = os.path.dirname(target)
+    try:
+        with tempfile.TemporaryFile(dir=folder):
+            pass
+    except OSError as e:    # it named the temporary file ('/ro/tmpk2x9'), not the user's path
+        raise type(e)(f"{owner}: cannot write {what} in the folder {folder!r}: "
+                      f"{e.strerror or e}; give a path in a writable folder") from None
     return target
 
 

@@ -343,6 +343,25 @@ def test_a_path_under_a_file_is_refused_naming_the_file(tmp_path):
     assert sorted(os.listdir(tmp_path)) == ["notes.txt"]
 
 
+def test_a_folder_that_cannot_be_written_is_named_not_a_temporary_file(tmp_path, monkeypatch):
+    """check_save_path (``--save``, ``ir --onnx``) in a folder it cannot write said
+    ``[Errno 13] Permission denied: '<folder>/tmpk2x9a'``, the name of its own probe file;
+    it names the folder and what to do."""
+    import tempfile
+
+    from miniflow.serialization import check_save_path
+
+    def refuse(dir=None):
+        raise PermissionError(13, "Permission denied", os.path.join(dir, "tmpk2x9a"))
+
+    monkeypatch.setattr(tempfile, "TemporaryFile", refuse)
+    with pytest.raises(PermissionError) as e:
+        check_save_path(tmp_path / "m.safetensors")
+    assert str(e.value) == (f"miniflow.save: cannot write a checkpoint in the folder "
+                            f"{str(tmp_path)!r}: Permission denied; give a path in a writable "
+                            "folder")
+
+
 def test_a_path_may_be_str_bytes_or_pathlike_and_nothing_else(tmp_path):
     """As ``open`` (and so ``torch.save``/``torch.load``) takes them: a bytes path works (it gave
     ``TypeError: Can't mix strings and bytes`` from deep in ``os.path``); another type is
