@@ -257,6 +257,17 @@ def test_a_lesson_answers_help_and_refuses_an_unknown_option(script, tmp_path):
     assert r.returncode == 2 and "error: unrecognized arguments: --no-such-option" in r.stderr
 
 
+@pytest.mark.parametrize("epochs", ["0", "-2"])
+def test_lesson_7_refuses_epochs_below_one(epochs, tmp_path):
+    """``--epochs 0`` trained the default 20 epochs (``args.epochs or 20``), ``--epochs -2``
+    ended in ``amp_report()``'s traceback after an empty run; both are a usage error now."""
+    r = subprocess.run([sys.executable, str(TUTORIALS / "07_train_digits.py"), "--epochs",
+                        epochs, "--out", str(tmp_path)], cwd=tmp_path, env=_lesson_env(),
+                       capture_output=True, text=True, timeout=TIMEOUT_S)
+    assert r.returncode == 2 and r.stdout == "", (r.returncode, r.stdout[-500:])
+    assert f"error: --epochs must be an integer >= 1, got {epochs}" in r.stderr
+
+
 @pytest.mark.parametrize("script", sorted(CASES))
 def test_tutorial_runs_and_prints_its_key_fact(script, tmp_path):
     flags, checks = CASES[script]

@@ -125,8 +125,10 @@ def main():
     p.add_argument("--out", type=Path, default=DEFAULT_OUT, help="folder for the figure")
     p.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     args = p.parse_args(script_args())
+    if args.epochs is not None and args.epochs < 1:     # 0 meant the default, -2 a traceback
+        p.error(f"--epochs must be an integer >= 1, got {args.epochs}")
     out_folder(p, args.out)
-    epochs = args.epochs or (5 if args.quick else 20)
+    epochs = args.epochs if args.epochs is not None else 5 if args.quick else 20
     mf.set_backend("cpu")
 
     data = load_digits()
