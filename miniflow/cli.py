@@ -460,7 +460,9 @@ def _check_train_args(args) -> None:
 
 def parser() -> argparse.ArgumentParser:
     """The parser of ``miniflow`` and its subcommands (their ``--help``)."""
+    from . import __version__
     p = argparse.ArgumentParser(prog="miniflow", description="a small lazy-graph DL framework")
+    p.add_argument("--version", action="version", version=f"miniflow {__version__}")
     sub = p.add_subparsers(dest="command", required=True)
     sub.add_parser("info", help="backend, versions, GPU, float16 path, kernel cache").set_defaults(
         fn=_info)

@@ -372,3 +372,12 @@ def test_train_ddp_with_a_bad_collective_timeout_is_one_line(monkeypatch, capsys
     err = capsys.readouterr().err
     assert err == ("miniflow train --ddp: miniflow.distributed.init: the collective timeout "
                    f"(MINIFLOW_DIST_TIMEOUT) must be a positive number of seconds, got {value!r}\n")
+
+
+def test_version_prints_the_version_as_info_does(capsys):
+    """``miniflow --version`` was a usage error ("the following arguments are required:
+    command"); it prints ``info``'s first line and exits 0."""
+    import miniflow
+    with pytest.raises(SystemExit) as e:
+        main(["--version"])
+    assert e.value.code == 0 and capsys.readouterr().out == f"miniflow {miniflow.__version__}\n"
