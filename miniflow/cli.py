@@ -214,9 +214,9 @@ def _train_run(args, threads: int | None) -> int:
     except NonFiniteGradientsError as e:    # the run diverged: a message, not a traceback
         print(f"miniflow train: {e}", file=sys.stderr)
         return 1
-    except MemoryError as e:
-        print(f"miniflow train: out of memory ({e}): give a smaller --batch-size",
-              file=sys.stderr)
+    except MemoryError as e:            # the MLP's width is the user's choice too
+        sizes = "--batch-size or --hidden" if args.model == "mlp" else "--batch-size"
+        print(f"miniflow train: out of memory ({e}): give a smaller {sizes}", file=sys.stderr)
         return 1
     except TrainingInterrupted as e:
         if first:

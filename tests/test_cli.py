@@ -381,3 +381,19 @@ def test_version_prints_the_version_as_info_does(capsys):
     with pytest.raises(SystemExit) as e:
         main(["--version"])
     assert e.value.code == 0 and capsys.readouterr().out == f"miniflow {miniflow.__version__}\n"
+
+
+@pytest.mark.parametrize("model,sizes", [("mlp", "--batch-size or --hidden"),
+                                         ("lenet", "--batch-size")])
+def test_out_of_memory_names_the_sizes_that_set_it(monkeypatch, capsys, model, sizes):
+    """``--hidden 100000000`` ran out of memory with the advice "give a smaller --batch-size",
+    which would not help; the MLP's advice names --hidden too."""
+    from miniflow.experiments import train
+
+    def train_digits(*args, **kwargs):
+        raise MemoryError("Unable to allocate 47.7 GiB for an array")
+
+    monkeypatch.setattr(train, "train_digits", train_digits)
+    assert main(["train", "--model", model, "--epochs", "1"]) == 1
+    assert capsys.readouterr().err == ("miniflow train: out of memory (Unable to allocate 47.7 "
+                                       f"GiB for an array): give a smaller {sizes}\n")
