@@ -772,3 +772,21 @@ def test_a_buffer_assigned_in_a_traced_forward_is_refused_saying_how_to_update_i
         module.load_state_dict({"avg": graph(x)}, strict=False)
         np.testing.assert_allclose(module.avg.numpy(), 1 - 0.9 ** step, rtol=1e-6)
     assert graph.compile_count == 1
+
+
+@pytest.mark.parametrize("method,says", [
+    ("zero_grad", "gradients live in the nn.Graph that trains the module"),
+    ("cuda", "there are no devices per module"), ("cpu", "chosen before models are made"),
+    ("half", "make the layers with dtype="), ("double", "train in float32 with AMP")])
+def test_pytorch_methods_miniflow_has_not_say_why_in_the_attribute_error(method, says):
+    """``model.zero_grad()``, ``model.cuda()``, ``model.half()`` (PyTorch habits) were a
+    bare "'Sequential' object has no attribute ..."; the AttributeError (hasattr stays False)
+    now says why and what to do instead. Other missing names keep Python's message."""
+    model = nn.Sequential(nn.Linear(2, 2))
+    with pytest.raises(AttributeError, match=f"^'Sequential' object has no attribute "
+                                             f"'{method}': .*{says}"):
+        getattr(model, method)
+    assert not hasattr(model, method)
+    with pytest.raises(AttributeError) as e:
+        model.no_such_thing
+    assert str(e.value) == "'Sequential' object has no attribute 'no_such_thing'"

@@ -275,3 +275,16 @@ def test_adam_amsgrad_errors_and_its_state_dict_round_trip():
     with pytest.raises(ValueError, match=r"state\[1\]\['max_exp_avg_sq'\] must be finite and "
                                          ">= 0"):
         opt.load_state_dict(bad)
+
+
+@pytest.mark.parametrize("method", ["step", "zero_grad"])
+def test_step_and_zero_grad_say_where_the_update_runs(method):
+    """``opt.step()`` / ``opt.zero_grad()`` (PyTorch's loop) were a bare AttributeError; it now
+    says the update runs in an nn.Graph and how to set that up (hasattr stays False)."""
+    opt = mf.optim.SGD(nn.Linear(2, 2).parameters(), lr=0.1)
+    with pytest.raises(AttributeError, match=f"^'SGD' object has no attribute '{method}': the "
+                                             r"update runs inside an nn.Graph .*add_optimizer"):
+        getattr(opt, method)
+    assert not hasattr(opt, method)
+    with pytest.raises(AttributeError, match="^'SGD' object has no attribute 'nope'$"):
+        opt.nope

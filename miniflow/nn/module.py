@@ -155,6 +155,17 @@ def _as_buffer(owner: str, name: str, value):
     return Tensor(get_backend().from_numpy(arr))
 
 
+_DTYPE = ("a module's dtype is its parameters' at creation: make the layers with dtype= "
+          "(miniflow.float16 ...), or train in float32 with AMP (graph.config.enable_amp)")
+_DEVICE = ("there are no devices per module: the backend (cpu or cuda) is the process's, "
+           "chosen before models are made (miniflow.set_backend, MINIFLOW_BACKEND)")
+_NOT_IN_MODULE = {"zero_grad": "gradients live in the nn.Graph that trains the module: each call "
+                               "computes them anew, so there is nothing to zero",
+                  "cuda": _DEVICE, "cpu": _DEVICE,
+                  "half": _DTYPE, "float": _DTYPE, "double": _DTYPE, "bfloat16": _DTYPE}
+"""PyTorch's ``Module`` methods miniflow has not, and why (``Module.__getattr__``)."""
+
+
 class Module:
     """Base class of layers and models: override ``forward``; call the module to run it.
 
@@ -192,6 +203,13 @@ class Module:
         object.__setattr__(self, "_non_persistent", set())
         object.__setattr__(self, "_modules", OrderedDict())
         object.__setattr__(self, "training", True)
+
+    def __getattr__(self, name):
+        """Only for an attribute there is not (the others are found first): PyTorch's methods
+        miniflow has not say why and what instead, in the ``AttributeError``."""
+        why = _NOT_IN_MODULE.get(name)
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}"
+                             + (f": {why}" if why else ""))
 
     def __setattr__(self, name, value):
         if "_parameters" not in self.__dict__:

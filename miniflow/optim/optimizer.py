@@ -303,6 +303,16 @@ class Optimizer:
     num_steps = LedgerAttribute()
     num_skipped_steps = LedgerAttribute()
 
+    def __getattr__(self, name):
+        """Only for an attribute there is not: PyTorch's ``step()`` and ``zero_grad()`` say
+        where the update runs instead, in the ``AttributeError``."""
+        why = ""
+        if name in ("step", "zero_grad"):
+            why = (": the update runs inside an nn.Graph (OneFlow's): self.add_optimizer(opt) in "
+                   "the graph's __init__ and loss.backward() in its build, then each call of the "
+                   "graph computes the gradients and updates the parameters (nothing to zero)")
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}{why}")
+
     def __init__(self, params, hyper: dict):
         name = type(self).__name__
         if isinstance(params, (Tensor, set, frozenset)):
