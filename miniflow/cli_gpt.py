@@ -146,6 +146,7 @@ def _attention_study(args) -> int:
 
     from .experiments.attention_study import SCALES, figure, ir_text, study, summary
     from .experiments.stability import OutputDirError, check_out_dir
+    from .serialization import write_atomic
     try:
         check_out_dir(Path(args.out))       # before the study: a clear error, not a traceback
     except OutputDirError as e:
@@ -162,7 +163,8 @@ def _attention_study(args) -> int:
     print()
     for line in summary(results):
         print(line)
-    with open(os.path.join(args.out, "results.json"), "w") as f:
-        json.dump({"scales": list(SCALES), "results": results}, f, indent=1)
+    write_atomic(os.path.join(args.out, "results.json"), json.dumps(
+        {"scales": list(SCALES), "results": results}, indent=1).encode(),
+        "miniflow attention-study", "results.json")       # never a part of one
     print(f"figure: {figure(results, os.path.join(args.out, 'attention_amp.png'))}")
     return 0

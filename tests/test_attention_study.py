@@ -46,3 +46,25 @@ def test_cli_refuses_an_out_that_is_a_file_before_the_study(tmp_path, capsys):
     (tmp_path / "f").write_text("x")
     assert main(["attention-study", "--out", str(tmp_path / "f")]) == 2
     assert "cannot write the study's results to" in capsys.readouterr().err
+
+
+def test_an_interrupted_write_keeps_the_previous_results_whole(tmp_path, monkeypatch, capsys):
+    """``results.json`` was opened with "w" and dumped into: Ctrl-C or a full disk during the
+    write left a part of it in place of the previous study's; it is written atomically now
+    (the old file or the new one), and the interrupt is one line, exit code 130."""
+    import os
+
+    from miniflow.experiments import attention_study
+    (tmp_path / "results.json").write_text('{"old": true}')
+    monkeypatch.setattr(attention_study, "study", lambda: {"fp32": [{"out_error": 0.0,
+                                                                      "nonfinite": False}]})
+    monkeypatch.setattr(attention_study, "SCALES", (1.0,))
+    monkeypatch.setattr(attention_study, "summary", lambda results: [])
+
+    def interrupted(fd, data):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(os, "write", interrupted)
+    assert main(["attention-study", "--out", str(tmp_path)]) == 130
+    assert os.listdir(tmp_path) == ["results.json"]
+    assert (tmp_path / "results.json").read_text() == '{"old": true}'

@@ -360,3 +360,28 @@ def test_the_bug_on_a_cnn_with_batch_norm(metrics, policy, log2_scale):
     assert fp32["skipped_fraction"] == 0.0 and fp32["first_nonfinite_step"] is None
     assert fp32["final_test_accuracy"] > 0.8 and plain["final_test_accuracy"] > 0.8
     assert fp32["amp_nodes"]["fp16"] > fp32["amp_nodes"]["fp32"]    # the convolutions, bn ...
+
+
+def test_an_interrupted_write_keeps_the_previous_results_whole(tmp_path, monkeypatch):
+    """``metrics.json`` (4 MB) and ``summary.md`` were written in place: Ctrl-C or a full disk
+    during the write left a part of the file over the previous study's. They are written as
+    a checkpoint is (``serialization.write_atomic``): the old file or the new one."""
+    import os
+    import types
+
+    from miniflow.experiments import stability_plots, stability_report
+    (tmp_path / "metrics.json").write_text('{"old": true}')
+    spec = types.SimpleNamespace(experiment="static_sweep", label="fp32")
+    monkeypatch.setattr(stability, "experiment_specs", lambda: [spec])
+    monkeypatch.setattr(stability, "train_run", lambda *args: {"experiment": "static_sweep"})
+    monkeypatch.setattr(stability_plots, "plot_all", lambda metrics, out: [])
+    monkeypatch.setattr(stability_report, "summary_markdown", lambda metrics, figures: "new")
+
+    def interrupted(fd, data):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(os, "write", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        stability.run_study(stability.StudyConfig(seeds=1, steps=1), tmp_path, progress=False)
+    assert os.listdir(tmp_path) == ["metrics.json"]
+    assert (tmp_path / "metrics.json").read_text() == '{"old": true}'

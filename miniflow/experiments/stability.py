@@ -58,6 +58,7 @@ from ..optim import SGD
 from ..passes.loss_scale import LossScaleOverflowWarning
 from ..random import manual_seed
 from ..runtime.backend import get_backend
+from ..serialization import write_atomic
 from .machine import cpu_description
 from .mlp import EvalGraph, TrainGraph, accuracy, mlp
 from .stability_grid import (BF16_LABEL, CNN_LOG2_SCALES, CNN_LR, CNN_ROWS, ONEFLOW_POLICIES,
@@ -572,7 +573,12 @@ def run_study(cfg: StudyConfig, out: Path, progress: bool = True, logdir=None) -
                           "cpu": cpu_description(),
                           "seconds": round(time.perf_counter() - t0, 1)},
                "runs": runs}
-    (out / "metrics.json").write_text(json.dumps(metrics, separators=(",", ":")))
+    # Atomically: Ctrl-C or a full disk leaves the old file or the new one, never a part.
+    owner = "miniflow.experiments.stability.run_study"
+    write_atomic(out / "metrics.json", json.dumps(metrics, separators=(",", ":")).encode(),
+                 owner, "metrics.json")
     figures = stability_plots.plot_all(metrics, out)
-    (out / "summary.md").write_text(stability_report.summary_markdown(metrics, figures))
+    write_atomic(out / "summary.md",
+                 stability_report.summary_markdown(metrics, figures).encode(), owner,
+                 "summary.md")
     return metrics
