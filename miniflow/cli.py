@@ -172,7 +172,8 @@ def _train(args) -> int:
 
 def _train_run(args, threads: int | None) -> int:
     """:func:`_train` after the world is set up: ``threads`` per rank under ``--ddp`` (pinned by
-    :func:`_pinned_threads`), else None."""
+    :func:`_pinned_threads`), else None. A run that diverged (:func:`_diverged`) prints its
+    results, then one line, and exits with code 1."""
     from . import distributed
     from .amp import NonFiniteGradientsError
     from .experiments.stability import OutputDirError
@@ -224,7 +225,28 @@ def _train_run(args, threads: int | None) -> int:
         return 130
     if r["rank"] == 0:
         _print_training(r, args, threads if args.ddp else None)
+        why = _diverged(r)
+        if why:             # as a GPT run whose weights diverged (no sample): exit code 1
+            print(f"miniflow train: the run diverged: {why}; train with a smaller --lr, or "
+                  "clip with --clip-norm", file=sys.stderr)
+            return 1
     return 0
+
+
+def _diverged(r: dict) -> str | None:
+    """Why the run ``r`` (``train_digits``' result) diverged: tensors of the model that hold
+    NaN or inf, or a final loss that is not finite (under AMP with a grad scaler the weights
+    stay finite, while the float16 forward overflows and every step is skipped); None when it
+    did not."""
+    import numpy as np
+    bad = [k for k, v in r["model"].state_dict().items()
+           if v.dtype.kind == "f" and not np.isfinite(v).all()]
+    if bad:
+        return (f"{len(bad)} of the model's tensors hold NaN or inf ({', '.join(bad[:3])}"
+                f"{' ...' if len(bad) > 3 else ''})")
+    if r["losses"] and not math.isfinite(r["losses"][-1]):
+        return f"the final loss is {r['losses'][-1]}"
+    return None
 
 
 def _print_training(r: dict, args, threads: int | None) -> None:

@@ -397,3 +397,17 @@ def test_out_of_memory_names_the_sizes_that_set_it(monkeypatch, capsys, model, s
     assert main(["train", "--model", model, "--epochs", "1"]) == 1
     assert capsys.readouterr().err == ("miniflow train: out of memory (Unable to allocate 47.7 "
                                        f"GiB for an array): give a smaller {sizes}\n")
+
+
+def test_a_run_that_diverged_says_so_and_exits_1(capsys, tmp_path):
+    """A digits run whose weights became NaN or inf printed its results (accuracy 10%) and
+    exited 0, where a diverged GPT run exits 1; it now ends with one line saying so, exit
+    code 1 (the results and --save are still written)."""
+    save = tmp_path / "m.safetensors"
+    code = main(["train", "--epochs", "1", "--lr", "1e30", "--hidden", "8", "--no-progress",
+                 "--save", str(save)])
+    out, err = capsys.readouterr()
+    assert code == 1 and "test accuracy: " in out and save.exists()
+    assert err.endswith("miniflow train: the run diverged: 4 of the model's tensors hold NaN or "
+                        "inf (0.weight, 0.bias, 2.weight ...); train with a smaller --lr, or "
+                        "clip with --clip-norm\n"), err
