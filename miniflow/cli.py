@@ -270,7 +270,8 @@ def _print_training(r: dict, args, threads: int | None) -> None:
     if r["checkpoint"] is not None:
         print(f"checkpoint: {r['checkpoint']} (step {r['steps']})")
     if r["logdir"] is not None:
-        print(f"TensorBoard run: {r['logdir']} (tensorboard --logdir {args.logdir})")
+        from .experiments.train import tensorboard_command
+        print(f"TensorBoard run: {r['logdir']} ({tensorboard_command(args.logdir)})")
     if args.save:
         from .serialization import save
         save(r["graph"].model.state_dict(), args.save)
@@ -350,8 +351,9 @@ def _stability(args) -> int:
     print(f"{len(metrics['runs'])} runs in {metrics['config']['seconds']:.0f} s; figures, "
           f"metrics.json and summary.md in {out}/")
     if args.logdir:
+        from .experiments.train import tensorboard_command
         print(f"TensorBoard: one run per experiment, policy and seed in {args.logdir}/ "
-              f"(tensorboard --logdir {args.logdir})")
+              f"({tensorboard_command(args.logdir)})")
     return 0
 
 

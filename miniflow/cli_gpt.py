@@ -95,7 +95,8 @@ def _print_gpt_run(r: dict, args, threads: int | None) -> int:
     rank 0): the settings, the loss, the scale, the time, the files written (``--save`` writes
     the model) and the sample. Returns the exit code: 1 when the weights diverged and there is
     no sample, else 0."""
-    from .experiments.train import AMP_LINES, accumulated, clipped, scaler_line
+    from .experiments.train import (AMP_LINES, accumulated, clipped, scaler_line,
+                                    tensorboard_command)
     c = r["config"]
     print(f"model: gpt ({c['n_layer']} layers, {c['n_head']} heads, {c['n_embd']} wide, context "
           f"{c['block_size']}, {r['parameters']} parameters), {r['steps']} AdamW updates (lr "
@@ -116,7 +117,7 @@ def _print_gpt_run(r: dict, args, threads: int | None) -> int:
     if r["checkpoint"] is not None:
         print(f"checkpoint: {r['checkpoint']} (step {r['steps']})")
     if r["logdir"] is not None:
-        print(f"TensorBoard run: {r['logdir']} (tensorboard --logdir {args.logdir})")
+        print(f"TensorBoard run: {r['logdir']} ({tensorboard_command(args.logdir)})")
     if args.save:
         from .serialization import save
         save(r["model"].state_dict(), args.save)

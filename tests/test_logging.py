@@ -245,6 +245,18 @@ def test_train_logdir_logs_what_train_prints_one_run_per_configuration(tmp_path,
         "mlp-amp-lr0.1-constant-bs64-ep2-seed0", "mlp-fp32-lr0.1-constant-bs64-ep2-seed0"]
 
 
+def test_the_printed_tensorboard_command_quotes_a_logdir_with_a_space(tmp_path, capsys):
+    """``--logdir "my runs"`` printed ``(tensorboard --logdir .../my runs)``, which pasted into
+    a shell starts TensorBoard on ``.../my`` (and an argument ``runs``); the path is quoted."""
+    import shlex
+    logdir = tmp_path / "my runs"
+    assert main(["train", "--epochs", "1", "--hidden", "8", "--no-progress", "--logdir",
+                 str(logdir)]) == 0
+    out = capsys.readouterr().out
+    command = re.search(r"^TensorBoard run: .* \((tensorboard --logdir .*)\)$", out, re.M)[1]
+    assert shlex.split(command) == ["tensorboard", "--logdir", str(logdir)]
+
+
 @pytest.mark.slow
 def test_a_resumed_run_continues_its_own_tensorboard_run(tmp_path, capsys, monkeypatch):
     """Two runs of one configuration in one logdir write ``name`` and ``name-2``; resuming the

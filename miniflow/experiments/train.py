@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import math
 import os
+import shlex
 import signal
 import threading
 import time
@@ -46,7 +47,7 @@ from .run_folder import CHECKPOINT_FILE, FolderInUseError, RunFolder, check_not_
 __all__ = ["MODELS", "Recipe", "RECIPES", "TrainSettings", "make_model", "train_digits",
            "SCHEDULES", "make_lr_schedule", "epoch_batches", "ResumeError", "DataSizeError",
            "TrainingInterrupted", "CHECKPOINT_FILE", "run_name", "named_run", "accumulated",
-           "clipped", "scaler_line"]
+           "clipped", "scaler_line", "tensorboard_command"]
 
 MODELS = ("mlp", "lenet", "resnet18")
 """The models ``miniflow train --model`` knows."""
@@ -131,6 +132,12 @@ def clipped(clip_norm) -> str:
     """What ``--clip-norm`` adds to a model line's settings: ``, gradients clipped to an L2 norm
     of 1`` ("" for None, no clipping)."""
     return "" if clip_norm is None else f", gradients clipped to an L2 norm of {clip_norm:g}"
+
+
+def tensorboard_command(logdir) -> str:
+    """``tensorboard --logdir runs``: the command a run line suggests, with ``logdir`` quoted
+    for the shell (a folder with a space, ``my runs``, is ``'my runs'``) so it can be pasted."""
+    return f"tensorboard --logdir {shlex.quote(os.fspath(logdir))}"
 
 
 def scaler_line(scaler) -> str:
