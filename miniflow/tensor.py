@@ -206,7 +206,8 @@ class Tensor:
     def __repr__(self) -> str:
         if self._value is not None:
             return f"tensor(lazy %{self._value.name}: {self._value.type_str})"
-        return f"tensor({np.array2string(self.numpy(), precision=4)}, dtype={self.dtype!r})"
+        values = np.array2string(self.numpy(), precision=4, separator=", ", prefix="tensor(")
+        return f"tensor({values}, dtype={self.dtype!r})"      # PyTorch's layout: rows aligned
 
     def __len__(self) -> int:
         if not self.shape:

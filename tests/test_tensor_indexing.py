@@ -429,6 +429,8 @@ def test_argmin_and_clamp_as_pytorch():
         t.clamp()
     with pytest.raises(TypeError, match="clamp: max must be a number, got Tensor"):
         t.clamp(0.0, t)
+
+
 @pytest.mark.parametrize("value", [2.7, -2.7, 3.0, 0.0])
 def test_python_number_conversions_of_one_element_as_pytorch(value):
     """``int(t)``, ``f"{loss:.4f}"``, ``t.tolist()`` and ``itos[t]`` (training and sampling loops
@@ -653,3 +655,14 @@ def test_unbind_as_pytorch_eager_and_traced(dim):
             np.testing.assert_array_equal(g.numpy(), w.numpy())
     with pytest.raises(IndexError, match="tensor has no dimensions"):
         mf.tensor(np.float32(1.0)).unbind()
+
+
+def test_repr_lays_out_rows_as_pytorch_does():
+    """A 2-D tensor printed its rows as NumPy's str does, without commas and with the second
+    row one column in (``tensor([[1. 2.]\\n [3. 4.]], ...)``); rows are comma-separated and
+    aligned under the first, as PyTorch prints them."""
+    import miniflow as mf
+    t = mf.tensor(np.array([[1.0, 2.0], [3.0, 4.5]], np.float32))
+    assert repr(t) == ("tensor([[1. , 2. ],\n"
+                       "        [3. , 4.5]], dtype=miniflow.float32)")
+    assert repr(mf.tensor(np.array([1, 2]))) == "tensor([1, 2], dtype=miniflow.int64)"
