@@ -119,6 +119,15 @@ class Tensor:
                              "only one-element tensors can be converted to Python numbers")
         return a.reshape(-1)[0].item()
 
+    def tolist(self):
+        """The data as nested Python lists of Python numbers (a number for a 0-d tensor), as
+        PyTorch's ``Tensor.tolist``.
+
+        Raises:
+            RuntimeError: on a lazy tensor inside ``build`` (as :meth:`numpy`).
+        """
+        return self.numpy().tolist()
+
     def __float__(self) -> float:
         return float(self.item())
 

@@ -666,3 +666,13 @@ def test_repr_lays_out_rows_as_pytorch_does():
     assert repr(t) == ("tensor([[1. , 2. ],\n"
                        "        [3. , 4.5]], dtype=miniflow.float32)")
     assert repr(mf.tensor(np.array([1, 2]))) == "tensor([1, 2], dtype=miniflow.int64)"
+
+
+def test_tolist_gives_python_numbers_as_pytorch_does():
+    """``loss.tolist()``, ``logits.tolist()`` (PyTorch's) were an AttributeError."""
+    import ml_dtypes
+    assert mf.tensor(np.array([[1.5, 2.0]], np.float32)).tolist() == [[1.5, 2.0]]
+    assert mf.tensor(np.float32(2.5)).tolist() == 2.5
+    assert mf.tensor([1, 2]).tolist() == [1, 2]
+    (v,) = mf.tensor(np.array([1.5], ml_dtypes.bfloat16)).tolist()
+    assert type(v) is float and v == 1.5
