@@ -491,3 +491,43 @@ def test_under_a_real_mpiexec_one_rank_measures_and_every_rank_builds_its_choice
     assert [i["file"] for i in ranks] == [True, False]
     assert [i["choices"] for i in ranks] == [["blas"], ["blas"]]
     assert [i["echo"] for i in ranks] == [{"from": 0}, {"from": 0}]
+
+
+def test_rank_0_measuring_alone_broadcasts_no_nested_choice(tmp_path, monkeypatch):
+    """A candidate whose steps choose a class of their own (a Winograd convolution's products):
+    rank 0, measuring the candidates while the other ranks wait for its broadcast, broadcast the
+    nested choices too, which reached the ranks waiting for the outer one (``mpiexec -n 2
+    miniflow train --ddp --model lenet`` on a machine with no cached choices: ``KeyError:
+    'blas'`` on rank 1). Only the outer choice, and the nested one of the winner that every
+    rank then builds, are broadcast, in the order every rank calls them."""
+    sent = []
+    monkeypatch.setattr(distributed, "is_initialized", lambda: True)
+    monkeypatch.setattr(distributed, "world_size", lambda: 2)
+    monkeypatch.setattr(distributed, "rank", lambda: 0)
+    monkeypatch.setattr(distributed, "broadcast_object",
+                        lambda obj, what: sent.append((what.split(" | ")[0], obj)) or obj)
+    t = _tuner(tmp_path, monkeypatch, FakeTimer(fast=1e-3, slow=2e-3, inner_a=1e-3,
+                                                inner_b=2e-3))
+    tune.begin_model(collective=True)
+    a = np.zeros(4, np.float32)
+
+    def step(name):
+        def fn(x):
+            pass
+        fn.__name__ = name
+        return [(fn, (a,))]
+
+    def with_inner(name):           # a candidate that chooses a nested class when built
+        def build(node, ins, outs):
+            return step(name) + tune.choose("inner", "k", None, [a], [a], {
+                "inner_a": lambda n, i, o: step("inner_a"),
+                "inner_b": lambda n, i, o: step("inner_b")})
+        return build
+
+    steps = tune.choose("outer", "k", None, [a], [a], {"slow": with_inner("slow"),
+                                                       "fast": with_inner("fast")})
+    assert [fn.__name__ for fn, _ in steps] == ["fast", "inner_a"]
+    assert sent == [("the kernel choice for inner k", "inner_a"),   # building the rules' steps
+                    ("the kernel choice for outer k", "fast"),
+                    ("the kernel choice for inner k", "inner_a")]   # building the winner's
+    assert t.collective

@@ -506,7 +506,7 @@ class Tuner:
         numba_threads, blas_threads = _threads()
         key = f"{kind} {key} | {_kernels(steps)} | threads {numba_threads}/{blas_threads}"
         if self.collective and distributed.is_initialized() and distributed.world_size() > 1:
-            name = (self.decide(key, node, ins, outs, candidates, steps)
+            name = (self._decide_alone(key, node, ins, outs, candidates, steps)
                     if distributed.rank() == 0 else None)
             name = distributed.broadcast_object(name, f"the kernel choice for {key}")
             self.taken[key] = name
@@ -514,6 +514,19 @@ class Tuner:
             name = self.decide(key, node, ins, outs, candidates, steps)
         chosen = None if name == first else candidates[name](node, ins, outs)
         return steps if chosen is None else chosen
+
+    def _decide_alone(self, key: str, node, ins, outs, candidates: dict, first) -> str:
+        """:meth:`decide` on rank 0 of a collective plan, the other ranks waiting for its
+        broadcast. The candidates it builds to measure them may choose classes of their own (a
+        Winograd convolution's products) that no other rank builds now: those choices are this
+        rank's alone, not collectives (a nested broadcast reached the ranks waiting for this
+        one: ``KeyError: 'blas'`` in a conv choice on rank 1, or a hang). The winner's steps,
+        built by every rank after the broadcast, broadcast their nested choices again."""
+        self.collective = False
+        try:
+            return self.decide(key, node, ins, outs, candidates, first)
+        finally:
+            self.collective = True
 
     def _writable(self) -> bool:
         """Whether the file can be written: no folder in its place, and its folder (or the
