@@ -187,13 +187,19 @@ class TrainingLog(ScalarWriter):
 
     Raises:
         miniflow.extras.MissingExtraError: tensorboardX is not installed.
-        ValueError: ``grad_norm`` under AMP with the fused model-update cast enabled (its
-            gradients are scaled, see :func:`unscaled_gradients`), before the run folder is
-            made; :meth:`step` refuses too if the fusion is switched on later.
+        ValueError: ``grad_norm`` for a graph without an optimizer (no gradients), or under
+            AMP with the fused model-update cast enabled (its gradients are scaled, see
+            :func:`unscaled_gradients`), before the run folder is made; :meth:`step` refuses
+            too if the fusion is switched on later.
     """
 
     def __init__(self, logdir, graph, run: str | None = None, *, grad_norm: bool = True,
                  resume_step: int | None = None):
+        if grad_norm and not graph.optimizers:      # else each step: "no training step yet"
+            raise ValueError(f"TrainingLog: {type(graph).__name__} has no optimizer, so it has "
+                             "no gradients to take the norm of; give the training graph "
+                             "(self.add_optimizer(opt), loss.backward() in build), or pass "
+                             "grad_norm=False to log its loss alone")
         if grad_norm and graph.config.amp is not None and graph.config.fused_model_update_cast:
             raise ValueError(f"TrainingLog: grad_norm needs the unscaled gradients, and "
                              f"{type(graph).__name__}'s AMP fuses the model-update cast, which "

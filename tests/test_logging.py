@@ -302,3 +302,18 @@ def test_logging_after_close_opens_a_new_event_file_as_summarywriter_does(tmp_pa
     log.step(graph(*_batch(1)))
     log.close()
     assert [s for s, _ in read_scalars(tmp_path / "TrainGraph")["train/loss"]] == [1, 2]
+
+
+def test_a_graph_without_an_optimizer_is_refused_for_the_gradient_norm(tmp_path):
+    """``TrainingLog(logdir, eval_graph)`` made its run folder, then every ``log.step`` said "no
+    training step has run yet", however many calls had run; it is refused when the log is made
+    (before its folder), naming what to give, and ``grad_norm=False`` logs the loss alone."""
+    from miniflow.experiments.mlp import EvalGraph
+    graph = EvalGraph(mlp((8, 16, 4)))
+    with pytest.raises(ValueError, match=r"^TrainingLog: EvalGraph has no optimizer, so it has "
+                                         r"no gradients to take the norm of; .*grad_norm=False"):
+        tb_log.TrainingLog(tmp_path, graph)
+    assert list(tmp_path.iterdir()) == []
+    log = tb_log.TrainingLog(tmp_path, graph, grad_norm=False)
+    assert log.step(np.float32(0.5)) == {"train/loss": 0.5}
+    log.close()
