@@ -138,3 +138,6 @@ def test_command_line_exit_status_and_output(tmp_path):
     missing = subprocess.run(run + ["check", "1", "--file", str(tmp_path / "nope.py")], env=env,
                              capture_output=True, text=True)        # a usage error: 2, not 1
     assert missing.returncode == 2 and "nope.py: no such file" in missing.stderr
+    folder = subprocess.run(run + ["check", "1", "--file", str(tmp_path)], env=env,
+                            capture_output=True, text=True)    # said "no such file"
+    assert folder.returncode == 2 and f"--file {tmp_path}: a folder, not a file" in folder.stderr

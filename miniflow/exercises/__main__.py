@@ -24,7 +24,8 @@ def main(argv=None) -> int:
             print(f"exercise {n}: {ex.TITLE}; write {ex.FUNCTION}() in {default_file(n)}")
         return 0
     if args.file is not None and not os.path.isfile(args.file):
-        print(f"error: --file {args.file}: no such file", file=sys.stderr)
+        why = "a folder, not a file" if os.path.isdir(args.file) else "no such file"
+        print(f"error: --file {args.file}: {why}", file=sys.stderr)
         return 2
     try:
         r = check(args.number, args.file)
