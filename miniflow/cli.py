@@ -352,7 +352,7 @@ def _stability(args) -> int:
           f"metrics.json and summary.md in {out}/")
     if args.logdir:
         from .experiments.train import tensorboard_command
-        print(f"TensorBoard: one run per experiment, policy and seed in {args.logdir}/ "
+        print(f"TensorBoard: one run per experiment, policy, scale and seed in {args.logdir}/ "
               f"({tensorboard_command(args.logdir)})")
     return 0
 

@@ -411,3 +411,18 @@ def test_a_run_that_diverged_says_so_and_exits_1(capsys, tmp_path):
     assert err.endswith("miniflow train: the run diverged: 4 of the model's tensors hold NaN or "
                         "inf (0.weight, 0.bias, 2.weight ...); train with a smaller --lr, or "
                         "clip with --clip-norm\n"), err
+
+
+def test_stability_names_every_level_of_its_tensorboard_runs(monkeypatch, tmp_path, capsys):
+    """The last line said "one run per experiment, policy and seed", but the runs are per scale
+    too (``<logdir>/<experiment>/<policy>/<scale>/seed<n>``, as ``--help`` and tools.md say)."""
+    pytest.importorskip("tensorboardX")
+    from miniflow.experiments import stability, stability_report
+    monkeypatch.setattr(stability, "run_study",
+                        lambda cfg, out, logdir=None: {"runs": [], "config": {"seconds": 1.0}})
+    monkeypatch.setattr(stability_report, "headline_table", lambda metrics: "")
+    logdir = tmp_path / "runs"
+    assert main(["stability", "--quick", "--out", str(tmp_path / "out"), "--logdir",
+                 str(logdir)]) == 0
+    assert f"TensorBoard: one run per experiment, policy, scale and seed in {logdir}/" in \
+        capsys.readouterr().out
