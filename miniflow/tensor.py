@@ -166,14 +166,6 @@ class Tensor:
         to the host on any backend."""
         return self
 
-    def tolist(self):
-        """The values as nested Python lists of numbers (a number for a 0-d tensor;
-        ``torch.Tensor.tolist``: ``decode(idx[0].tolist())``).
-
-        Raises:
-            RuntimeError: a lazy tensor inside ``build`` (:meth:`numpy`)."""
-        return self.numpy().tolist()
-
     def __bool__(self) -> bool:
         if self._value is not None:
             raise RuntimeError(f"the truth value of lazy tensor %{self._value.name} is unknown "
