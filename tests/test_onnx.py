@@ -235,6 +235,31 @@ def test_expand_repeat_and_broadcast_attention_export_as_expand(tmp_path):
     assert "Expand" in {n.op_type for n in proto.graph.node}
 
 
+class _Rotary(nn.Module):
+    """Rotary embeddings as LLaMA ports write them: halves joined with ``miniflow.cat``, pairs
+    with ``miniflow.stack``."""
+
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Linear(4, 4)
+
+    def forward(self, x):
+        h = self.a(x)                                            # [16, 4]
+        half = miniflow.cat((-h[:, 2:], h[:, :2]), dim=-1)
+        pairs = miniflow.stack([h[:, 0::2], h[:, 1::2]], dim=-1).reshape(16, 4)
+        return h * 0.5 + half * 0.25 + pairs
+
+
+@pytest.mark.parametrize("amp", [False, True], ids=["fp32", "amp"])
+def test_cat_and_stack_export_as_concat(amp, tmp_path):
+    """Op ``cat`` (``miniflow.cat``, ``miniflow.stack``) had no converter: a model with rotary
+    embeddings raised "node 4 (cat) has no standard ONNX form". It is ``Concat`` along its
+    axis; onnxruntime matches miniflow."""
+    miniflow.manual_seed(0)
+    proto = _export_one_activation_chain(_Rotary(), amp, tmp_path / "rotary.onnx")
+    assert "Concat" in {n.op_type for n in proto.graph.node}
+
+
 @pytest.mark.parametrize("amp", [False, True], ids=["fp32", "amp"])
 def test_leaky_relu_and_elu_export_as_onnx_operators_with_their_alpha(amp, tmp_path):
     """``leaky_relu`` -> ``LeakyRelu(alpha)`` and ``elu`` -> ``Elu(alpha)``, the node's ``alpha``

@@ -504,6 +504,7 @@ CONVERTERS = {
     "tril": _tril,
     "masked_fill": _masked_fill,
     "gather": lambda n, ins, outs, b: b.node("Gather", ins, outs, axis=n.attrs["axis"]),
+    "cat": lambda n, ins, outs, b: b.node("Concat", ins, outs, axis=n.attrs["axis"]),
 }
 """Op type -> ``convert(node, input names, output names, builder)``; elementwise ops go by their
 scalar function (:data:`FUNCTIONS`), ``max_pool_2d`` and ``layer_norm`` by
