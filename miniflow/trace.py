@@ -146,7 +146,21 @@ class no_grad(contextlib.ContextDecorator):
     a gradient (a target computed by a second model, an EMA). Outside a build it changes nothing:
     eager ops are forward-only already, and a graph's own build (a training step called in an
     evaluation loop's ``with no_grad():``) takes its gradients as written, where PyTorch would
-    compute none."""
+    compute none. ``@no_grad`` without parentheses decorates a function as ``@no_grad()``
+    (PyTorch's ``_NoParamDecoratorContextManager``).
+
+    Raises:
+        TypeError: an argument that is not a function (``no_grad(False)``).
+    """
+
+    def __new__(cls, func=None):
+        if func is None:
+            return super().__new__(cls)
+        if not callable(func):
+            raise TypeError(f"no_grad: expects a function to decorate, got "
+                            f"{type(func).__name__} (use no_grad() as a context: "
+                            f"with no_grad(): ...)")
+        return cls()(func)
 
     def __init__(self):
         self._tracers: list = []

@@ -405,6 +405,37 @@ def test_no_grad_inside_build_stops_gradients_as_torch_and_is_a_no_op_outside():
     np.testing.assert_array_equal(forward(mf.tensor(x)).numpy(), eager)
 
 
+class _Teacher(nn.Module):
+    """A module whose forward is decorated with ``@no_grad`` without parentheses."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(4, 3)
+
+    @mf.no_grad
+    def forward(self, x):
+        return self.lin(x)
+
+
+def test_no_grad_without_parentheses_decorates_as_torch():
+    """``@torch.no_grad`` (no call) decorates a function as ``@torch.no_grad()`` does; it was
+    "no_grad.__init__() takes 1 positional argument but 2 were given". Its forward takes no
+    gradient in a build: the teacher's parameters stay as they were; something that is not
+    callable is refused."""
+    mf.manual_seed(0)
+    student, teacher = nn.Linear(4, 3), _Teacher()
+    start = teacher.state_dict()
+    step = _Distill(student, teacher)
+    x = np.random.default_rng(0).standard_normal((8, 4)).astype(np.float32)
+    step(x)
+    for k, v in teacher.state_dict().items():
+        np.testing.assert_array_equal(v, start[k], err_msg=k)
+    assert not np.array_equal(student.weight.numpy(), nn.Linear(4, 3).weight.numpy())
+    np.testing.assert_array_equal(teacher(mf.tensor(x)).numpy(), teacher.lin(mf.tensor(x)).numpy())
+    with pytest.raises(TypeError, match="no_grad: expects a function to decorate, got int"):
+        mf.no_grad(1)
+
+
 def test_changing_requires_grad_recompiles_and_freezes_or_unfreezes():
     model, g = _train_graph()
     g(*_batch())
