@@ -30,16 +30,17 @@ def cat(tensors, dim: int = 0) -> Tensor:
 
     Raises:
         TypeError: ``tensors`` not a tuple or list; dtypes that differ or are not floating (the
-            op's message names them).
-        ValueError: no tensor, a 0-d tensor, ``dim`` out of range or shapes that differ
-            elsewhere than along ``dim`` (naming them).
+            op's message names them); a ``dim`` that is not an int.
+        ValueError: no tensor, a 0-d tensor or shapes that differ elsewhere than along
+            ``dim`` (naming them).
+        IndexError: ``dim`` out of range (PyTorch's message).
     """
     parts = _tensors("cat", tensors)
     for i, t in enumerate(parts):
         if t.ndim == 0:
             raise ValueError(f"cat(): zero-dimensional tensor (at position {i}) cannot be "
                              f"concatenated; use stack(), or reshape it with .reshape(1)")
-    return apply("cat", parts, axis=int(dim))
+    return apply("cat", parts, axis=_dim("cat", dim, parts[0].ndim))
 
 
 def stack(tensors, dim: int = 0) -> Tensor:

@@ -63,6 +63,9 @@ BAD = [(lambda: mf.cat(mf.tensor(A)), TypeError, r"cat\(\): expects a tuple or l
         r"\[2, 4\] at entry 1"),
        (lambda: mf.stack([mf.tensor(A)], 3), IndexError,
         r"stack: Dimension out of range \(expected to be in range of \[-3, 2\], but got 3\)"),
+       (lambda: mf.cat([mf.tensor(A)], 2), IndexError,     # was cat's ValueError
+        r"cat: Dimension out of range \(expected to be in range of \[-2, 1\], but got 2\)"),
+       (lambda: mf.cat([mf.tensor(A)], 1.0), TypeError, r"cat: dim must be an int, got 1.0"),
        (lambda: mf.cat([mf.tensor(A), mf.tensor(A.astype(np.float64))], 1), TypeError,
         r"cat: inputs have different dtypes")]
 
