@@ -9,6 +9,7 @@ raises where kernels rely on IEEE results (``math.exp`` overflow, ``math.log(0.0
 ``NUMBA_NUM_THREADS`` that is not a positive whole number is refused with one sentence naming it
 (Numba's own import error does not name the variable).
 """
+import importlib as _importlib
 import os as _os
 
 
@@ -48,3 +49,14 @@ __version__ = "0.1.0"
 __all__ = ["CheckpointError", "DType", "Tensor", "amp", "bfloat16", "cat", "distributed",
            "float16", "float32", "float64", "get_backend", "int64", "ir", "load", "manual_seed",
            "models", "nn", "no_grad", "ops", "optim", "save", "set_backend", "stack", "tensor"]
+
+
+def __getattr__(name):
+    """``miniflow.onnx`` after ``import miniflow`` alone, as ``torch.onnx``: the package is
+    imported when first asked for (it imports onnx itself only when ``export`` runs).
+
+    Raises:
+        AttributeError: any other name the package does not have."""
+    if name == "onnx":   # (not ``from . import onnx``: that asks this function again)
+        return _importlib.import_module(f"{__name__}.onnx")
+    raise AttributeError(f"module 'miniflow' has no attribute {name!r}")

@@ -7,6 +7,7 @@ onnxruntime, compare with the framework's own output) and the ONNX operator docs
 (onnx/docs/Operators.md) for the standard forms; onnxruntime is the independent oracle.
 """
 import os
+import subprocess
 import sys
 
 import numpy as np
@@ -498,6 +499,18 @@ def test_the_file_is_written_as_a_checkpoint_is(tmp_path, capsys):
         assert err.startswith("miniflow ir: miniflow.onnx.export: ") and "\n" not in err, err
     assert sorted(os.listdir(tmp_path)) == ["bytes.onnx", "fifo.onnx", "link.onnx", "new.onnx",
                                             "perm.onnx", "real"]
+
+
+def test_miniflow_onnx_needs_no_import_of_its_own():
+    """``miniflow.onnx.export`` after ``import miniflow`` alone, as ``torch.onnx.export`` after
+    ``import torch``: it was "module 'miniflow' has no attribute 'onnx'". Another missing name
+    is still an AttributeError naming it."""
+    code = ("import miniflow\n"
+            "print(miniflow.onnx.export.__module__)\n"
+            "try:\n    miniflow.onnxx\nexcept AttributeError as e:\n    print(e)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True).stdout.splitlines()
+    assert out == ["miniflow.onnx.export", "module 'miniflow' has no attribute 'onnxx'"]
 
 
 def test_without_the_onnx_extra_export_names_it(monkeypatch, tmp_path):
