@@ -56,7 +56,12 @@ def __getattr__(name):
     imported when first asked for (it imports onnx itself only when ``export`` runs).
 
     Raises:
-        AttributeError: any other name the package does not have."""
+        AttributeError: any other name the package does not have; one that is a Tensor
+            method (``torch.rsqrt(x)`` ported as ``miniflow.rsqrt(x)``) names the method."""
     if name == "onnx":   # (not ``from . import onnx``: that asks this function again)
         return _importlib.import_module(f"{__name__}.onnx")
-    raise AttributeError(f"module 'miniflow' has no attribute {name!r}")
+    hint = ""
+    if not name.startswith("_") and callable(getattr(Tensor, name, None)):
+        hint = (f": miniflow's tensor math is Tensor methods; write x.{name}(...) for "
+                f"torch.{name}(x, ...)")
+    raise AttributeError(f"module 'miniflow' has no attribute {name!r}{hint}")

@@ -676,3 +676,16 @@ def test_tolist_gives_python_numbers_as_pytorch_does():
     assert mf.tensor([1, 2]).tolist() == [1, 2]
     (v,) = mf.tensor(np.array([1.5], ml_dtypes.bfloat16)).tolist()
     assert type(v) is float and v == 1.5
+
+
+@pytest.mark.parametrize("name", ["rsqrt", "clamp", "matmul"])
+def test_a_torch_function_miniflow_has_as_a_method_is_named_so(name):
+    """``torch.rsqrt(x)`` in LLaMA's RMSNorm, ported as ``miniflow.rsqrt(x)``, was "module
+    'miniflow' has no attribute 'rsqrt'"; the AttributeError (``hasattr`` stays False) names
+    the Tensor method to call. A name that is no method says nothing more."""
+    with pytest.raises(AttributeError, match=rf"no attribute '{name}': .*write x\.{name}\(\.\.\.\) "
+                                             rf"for torch\.{name}\(x, \.\.\.\)"):
+        getattr(mf, name)
+    assert not hasattr(mf, name)
+    with pytest.raises(AttributeError, match=r"^module 'miniflow' has no attribute 'nope'$"):
+        mf.nope
