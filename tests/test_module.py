@@ -731,6 +731,21 @@ def test_parameter_takes_requires_grad_and_modules_register_parameters_as_torch(
             m.register_parameter(bad, nn.Parameter(np.ones(2)))
 
 
+def test_an_integer_parameter_cannot_require_grad_as_torch():
+    """``nn.Parameter(int64 data)`` (or ``nn.ParameterList([..., 3])``) was an int64 parameter
+    that requires grad, which PyTorch refuses at once (no gradient exists for it); it is refused
+    with PyTorch's message and the ways out, and so is ``requires_grad = True`` on a frozen one."""
+    match = "Only Tensors of floating point .* can require gradients.*requires_grad=False"
+    for make in (lambda: nn.Parameter(np.array([1, 2])), lambda: nn.ParameterList([3])):
+        with pytest.raises(RuntimeError, match=match):
+            make()
+    frozen = nn.Parameter(np.array([1, 2]), requires_grad=False)
+    assert frozen.dtype is mf.int64 and not frozen.requires_grad
+    with pytest.raises(RuntimeError, match=match):
+        frozen.requires_grad_(True)
+    assert not frozen.requires_grad
+
+
 def test_inserting_into_a_sequential_of_named_children_is_refused_not_renamed():
     """Inserting would renumber the children and so rename their state-dict keys without a word
     (PyTorch's insert raises a KeyError there)."""

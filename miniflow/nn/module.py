@@ -92,12 +92,15 @@ class Parameter(Tensor):
     state dict, an update that wrote no copy): ``miniflow.compile.half_copies`` compares it with
     the version each copy was made from. ``half_copies``: dtype name -> the compile driver's
     copy of the value in that half dtype (empty until an AMP graph with fused updates
-    compiles)."""
+    compiles).
+
+    Raises:
+        RuntimeError: int64 data with ``requires_grad=True`` (PyTorch's message)."""
 
     def __init__(self, data, requires_grad: bool = True):
         boolean("Parameter", "requires_grad", requires_grad)
         arr = np.asarray(data)
-        as_dtype(arr.dtype)
+        _check_grad_dtype(requires_grad, as_dtype(arr.dtype))
         super().__init__(get_backend().from_numpy(arr))
         self._requires_grad = requires_grad
         self.version = 0
@@ -112,6 +115,7 @@ class Parameter(Tensor):
     @requires_grad.setter
     def requires_grad(self, value: bool) -> None:
         boolean("", "requires_grad", value)
+        _check_grad_dtype(value, self.dtype)
         if value != self.requires_grad:
             Module.trace_changed()
         self._requires_grad = value
@@ -120,7 +124,8 @@ class Parameter(Tensor):
         """Set :attr:`requires_grad` in place and return self (``torch.Tensor.requires_grad_``).
 
         Raises:
-            TypeError: ``requires_grad`` is not a bool.
+            TypeError: ``requires_grad`` is not a bool. RuntimeError: True for a parameter whose
+            dtype is not floating (PyTorch's message).
         """
         self.requires_grad = requires_grad
         return self
@@ -128,6 +133,15 @@ class Parameter(Tensor):
     def written(self) -> None:
         """Record a write of the value that the half copies did not follow."""
         self.version = getattr(self, "version", 0) + 1
+
+
+def _check_grad_dtype(requires_grad: bool, dtype) -> None:
+    """Raises RuntimeError (PyTorch's message) where a parameter of a dtype that is not
+    floating (int64) would require grad."""
+    if requires_grad and not dtype.is_float:
+        raise RuntimeError(f"Only Tensors of floating point and complex dtype can require "
+                           f"gradients (a {dtype.name} parameter): pass requires_grad=False, "
+                           f"or keep the values as a buffer (register_buffer)")
 
 
 def _as_buffer(owner: str, name: str, value):
