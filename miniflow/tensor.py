@@ -407,7 +407,10 @@ class Tensor:
 
         Raises:
             IndexError: ``dim`` out of range. ValueError: an empty reduced dimension.
-            TypeError: ``keepdim`` without ``dim`` (as PyTorch: no such overload)."""
+            TypeError: ``keepdim`` without ``dim`` (as PyTorch: no such overload); a tensor
+            as ``dim`` (PyTorch's elementwise ``x.max(other)``, not supported: the message
+            says how to write it)."""
+        _no_other("max", dim)
         if dim is None and keepdim:
             raise TypeError(f"max(): keepdim=True needs a dim (the tensor has shape "
                             f"{list(self.shape)}): pass dim=..., or reshape the 0-d maximum, "
@@ -453,6 +456,7 @@ class Tensor:
         """The smallest element, or ``(values, indices)`` along ``dim``: :meth:`max` of ``-x``,
         negated (exact), with PyTorch's ``torch.min`` results (NaN propagates, the first
         minimum's index); raises as :meth:`max`."""
+        _no_other("min", dim)
         if dim is not None:
             _dim("min", dim, self.ndim)
         if dim is None:
@@ -1045,6 +1049,18 @@ def _dim(fn: str, dim, ndim: int) -> int:
         raise IndexError(f"{fn}: Dimension out of range (expected to be in range of "
                          f"[{-max(ndim, 1)}, {max(ndim, 1) - 1}], but got {dim})")
     return int(dim) % max(ndim, 1)
+
+
+def _no_other(fn: str, dim) -> None:
+    """Raises TypeError where ``dim`` of ``max`` / ``min`` is a tensor or array: PyTorch's
+    ``x.max(other)``, the elementwise maximum (``torch.maximum``), which miniflow lacks; the
+    message gives the ``clamp`` form of its values (to rounding; a tie's gradient goes to
+    ``x``, where ``torch.maximum`` halves it)."""
+    if isinstance(dim, (Tensor, np.ndarray)) or _is_torch(dim):
+        word, side = ("maximum", "min") if fn == "max" else ("minimum", "max")
+        raise TypeError(f"{fn}(other): the elementwise {word} of two tensors "
+                        f"(torch.{word}) is not supported (dim must be an int); write "
+                        f"other + (x - other).clamp({side}=0)")
 
 
 def _is_torch(value) -> bool:

@@ -689,3 +689,16 @@ def test_a_torch_function_miniflow_has_as_a_method_is_named_so(name):
     assert not hasattr(mf, name)
     with pytest.raises(AttributeError, match=r"^module 'miniflow' has no attribute 'nope'$"):
         mf.nope
+
+
+@pytest.mark.parametrize("fn,word,side", [("max", "maximum", "min"), ("min", "minimum", "max")])
+def test_an_elementwise_max_or_min_of_two_tensors_names_its_clamp_form(fn, word, side):
+    """``a.max(b)`` (PyTorch's elementwise maximum) said "max: dim must be an int, got
+    tensor(...)"; it names what was asked for and the clamp form, whose values are torch's."""
+    a, b = (np.random.default_rng(i).standard_normal(5).astype(np.float32) for i in (0, 1))
+    for other in (mf.tensor(b), b):
+        with pytest.raises(TypeError, match=rf"{fn}\(other\): the elementwise {word} .*"
+                                            rf"write other \+ \(x - other\)\.clamp\({side}=0\)"):
+            getattr(mf.tensor(a), fn)(other)
+    form = (mf.tensor(b) + (mf.tensor(a) - mf.tensor(b)).clamp(**{side: 0})).numpy()
+    np.testing.assert_allclose(form, getattr(np, word)(a, b), rtol=1e-6, atol=1e-6)
