@@ -13,7 +13,9 @@ def _tensors(fn: str, tensors) -> list:
     """``tensors`` as a list of Tensors (arrays become tensors of the first Tensor's dtype).
 
     Raises:
-        TypeError: not a tuple or list (a single tensor, say). ValueError: an empty one.
+        TypeError: not a tuple or list (a single tensor, say); an int64 tensor (nanoGPT's
+            ``torch.cat((idx, idx_next), dim=1)`` of token ids), naming the NumPy way.
+        ValueError: an empty one.
     """
     if not isinstance(tensors, (tuple, list)):
         raise TypeError(f"{fn}(): expects a tuple or list of tensors, got "
@@ -21,7 +23,14 @@ def _tensors(fn: str, tensors) -> list:
     if not tensors:
         raise ValueError(f"{fn}(): expected a non-empty list of Tensors")
     dt = next((t.dtype for t in tensors if isinstance(t, Tensor)), None)
-    return [t if isinstance(t, Tensor) else tensor(t, dtype=dt) for t in tensors]
+    parts = [t if isinstance(t, Tensor) else tensor(t, dtype=dt) for t in tensors]
+    for i, t in enumerate(parts):
+        if not t.dtype.is_float:
+            raise TypeError(f"{fn}(): {t.dtype.name} tensors cannot be joined (at position {i}; "
+                            f"miniflow has no integer ops): join token ids with NumPy, "
+                            f"miniflow.tensor(np.concatenate([a.numpy(), b.numpy()], axis=dim)), "
+                            f"or cast them with .to(miniflow.float32)")
+    return parts
 
 
 def cat(tensors, dim: int = 0) -> Tensor:

@@ -66,6 +66,10 @@ BAD = [(lambda: mf.cat(mf.tensor(A)), TypeError, r"cat\(\): expects a tuple or l
        (lambda: mf.cat([mf.tensor(A)], 2), IndexError,     # was cat's ValueError
         r"cat: Dimension out of range \(expected to be in range of \[-2, 1\], but got 2\)"),
        (lambda: mf.cat([mf.tensor(A)], 1.0), TypeError, r"cat: dim must be an int, got 1.0"),
+       (lambda: mf.cat((mf.tensor(A), mf.tensor(np.array([[1], [2]]))), 1), TypeError,
+        r"cat\(\): int64 tensors cannot be joined \(at position 1; .*np\.concatenate"),
+       (lambda: mf.stack([np.array([1, 2])]), TypeError,     # said "cat: input ... i64[1,2]"
+        r"stack\(\): int64 tensors cannot be joined \(at position 0; "),
        (lambda: mf.cat([mf.tensor(A), mf.tensor(A.astype(np.float64))], 1), TypeError,
         r"cat: inputs have different dtypes")]
 
