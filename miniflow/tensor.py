@@ -576,7 +576,8 @@ class Tensor:
         """Basic indexing as PyTorch: ints, slices (step > 0), ``None`` and ``...`` (op
         ``slice``, then ``reshape`` for the dimensions ints remove and ``None`` adds); an int64
         Tensor, a NumPy array or a list of ints selects along dimension 0 (op ``gather``), and
-        one of them in a tuple along its dimension (``x[:, [-1], :]``, :meth:`_take`).
+        one of them in a tuple along its dimension (``x[:, [-1], :]``, :meth:`_take`; a tuple
+        there is a list, as in PyTorch: ``x[:, (0, 2)]``).
 
         Raises:
             IndexError: an index out of range or too many indices (PyTorch's messages).
@@ -587,8 +588,8 @@ class Tensor:
         if isinstance(key, Tensor):
             return apply("gather", [self, key], axis=0)
         key = key if isinstance(key, tuple) else (key,)
-        arrays = [i for i, k in enumerate(key)
-                  if isinstance(k, (np.ndarray, list, Tensor)) or _is_torch(k)]
+        arrays = [i for i, k in enumerate(key)   # a tuple in the tuple is a list (torch's)
+                  if isinstance(k, (np.ndarray, list, tuple, Tensor)) or _is_torch(k)]
         if len(arrays) == 1:
             return self._take(key, arrays[0])
         index, out_shape = _basic_index(key, self.shape)
@@ -1083,7 +1084,7 @@ def _array_index(key, shape: tuple, dim: int = 0) -> "Tensor":
         arr = as_numpy(key)
     except ValueError:   # a ragged list
         arr = np.asarray(key, dtype=object)
-    if arr.size == 0 and isinstance(key, list):      # x[:, []]: no index, of no dtype
+    if arr.size == 0 and isinstance(key, (list, tuple)):   # x[:, []]: no index, no dtype
         arr = arr.astype(np.int64)
     if arr.dtype == np.bool_:
         raise TypeError(f"tensor index: a boolean mask of shape {list(arr.shape)} is not "
@@ -1107,7 +1108,7 @@ def _array_index(key, shape: tuple, dim: int = 0) -> "Tensor":
 def _basic_index(key: tuple, shape: tuple) -> tuple:
     """``(slices, out_shape)`` of a basic-indexing key: one normalised ``slice(start, stop,
     step)`` per dimension of ``shape`` and the result's shape (ints removed, None added)."""
-    if any(isinstance(k, (np.ndarray, list, Tensor)) for k in key):
+    if any(isinstance(k, (np.ndarray, list, tuple, Tensor)) for k in key):
         raise TypeError(f"tensor index {key!r}: one array, list or Tensor index is supported "
                         f"(x[idx], x[:, [0, 3]]), not several in a tuple (advanced indexing over "
                         f"several dimensions): index one dimension at a time")

@@ -572,7 +572,8 @@ def test_a_0d_tensor_takes_dim_0_or_minus_1_only_and_does_not_split():
 
 TUPLE_KEYS = [np.s_[:, [-1], :], np.s_[..., [0, 3]], np.s_[0, :, [1, 2]], np.s_[[1, 0], 0],
               np.s_[None, :, [[0, 1], [2, 0]]], np.s_[1:, np.array([4, -5]), ::2],
-              np.s_[..., [-1], None], np.s_[:, np.array(2)], np.s_[:, [], :], np.s_[2, [0], 3]]
+              np.s_[..., [-1], None], np.s_[:, np.array(2)], np.s_[:, [], :], np.s_[2, [0], 3],
+              np.s_[:, (0, 2)], np.s_[..., (-1,)]]   # a tuple in the tuple: a list (torch's)
 
 
 @pytest.mark.parametrize("key", TUPLE_KEYS, ids=[str(k) for k in TUPLE_KEYS])
