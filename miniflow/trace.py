@@ -87,13 +87,20 @@ class Tracer:
 
     def operands(self, values: list) -> list:
         """The Values an op reads: ``values``, but inside a :class:`no_grad` block a value that
-        may carry a gradient (a floating variable or node output) made outside the block is read
-        through a ``detach`` node (one per value), so that nothing the block computes carries a
-        gradient out of it. Inputs and constants never carry one."""
+        may carry a gradient (a floating trainable parameter or node output) made outside the
+        block is read through a ``detach`` node (one per value), so that nothing the block
+        computes carries a gradient out of it. Inputs, constants, frozen parameters and buffers
+        carry none, and a buffer an op writes in place (batch norm's running statistics, updated
+        under ``no_grad`` as in PyTorch) must stay itself."""
         if not self.no_grad_depth:
             return values
-        return [self._detach(v) if v.kind in ("variable", "node") and v.dtype.is_float
-                and v not in self._no_grad_values else v for v in values]
+        return [self._detach(v) if self._may_carry_gradient(v) else v for v in values]
+
+    def _may_carry_gradient(self, v: Value) -> bool:
+        if not v.dtype.is_float or v in self._no_grad_values:
+            return False
+        return v.kind == "node" or (v.kind == "variable"
+                                    and getattr(self.sources.get(v), "requires_grad", False))
 
     def record(self, values) -> None:
         """Note the outputs of an op just emitted (inside a :class:`no_grad` block, they need no

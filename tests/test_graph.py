@@ -370,7 +370,8 @@ class _Distill(nn.Graph):
 def test_no_grad_inside_build_stops_gradients_as_torch_and_is_a_no_op_outside():
     """``torch.no_grad()`` in build: the teacher's parameters get no gradient (read through one
     ``detach`` each; the graph input needs none) and the student trains as PyTorch's over 3
-    steps; outside a build (eager, a decorator) it changes nothing."""
+    steps; batch norm's running statistics still move under it (a buffer is not detached: the
+    op writes it in place); outside a build (eager, a decorator) it changes nothing."""
     torch = pytest.importorskip("torch")
     x = np.random.default_rng(0).standard_normal((8, 4)).astype(np.float32)
     mf.manual_seed(0)
@@ -395,6 +396,24 @@ def test_no_grad_inside_build_stops_gradients_as_torch_and_is_a_no_op_outside():
         np.testing.assert_array_equal(v, teacher_start[k], err_msg=k)
     assert [n.inputs[0].name for n in step.ir.nodes if n.op.name == "detach"] == \
         ["t.weight", "t.bias"]
+
+    bn = nn.BatchNorm1d(4)          # training mode under no_grad: its statistics still move
+
+    class Stats(nn.Graph):
+        def __init__(self):
+            super().__init__()
+            self.bn = bn
+
+        def build(self, a):
+            with mf.no_grad():
+                return self.bn(a)
+
+    Stats()(x)
+    ref_bn = torch.nn.BatchNorm1d(4)
+    with torch.no_grad():
+        ref_bn(torch.tensor(x))
+    np.testing.assert_allclose(bn.running_mean.numpy(), ref_bn.running_mean.numpy(), atol=1e-7)
+    np.testing.assert_allclose(bn.running_var.numpy(), ref_bn.running_var.numpy(), atol=1e-6)
 
     @mf.no_grad()
     def forward(a):
