@@ -3,7 +3,8 @@ one kernel (``Backend.fused_builder``), node groups it builds as one (``Backend.
 multi-tensor updates, and when moving a node into a group would change a result), and the
 lazy read-back of the grad scaler's outcome (``miniflow.runtime.readback``) with a backend
 whose read-backs arrive late, as on a GPU that runs behind the host; a failing step names its node,
-and the cold-start notice appears only when Numba compiles."""
+the cold-start notice appears only when Numba compiles, and what Numba's compiler leaves in
+reference cycles does not keep the first results alive."""
 import os
 import subprocess
 import sys
@@ -346,6 +347,39 @@ def test_compile_notice_only_when_kernels_compile(tmp_path):
     assert runs[0].stderr.count(NOTICE) == 1, runs[0].stderr
     assert NOTICE not in runs[1].stderr, runs[1].stderr        # a warm cache: nothing compiles
     assert os.listdir(tmp_path / "cache" / "miniflow_generated")
+
+
+def _a_frame_cycle():
+    """What Numba's compiler leaves behind: an exception kept in a local of the frame its
+    traceback holds, a cycle that keeps this frame object, and through ``f_back`` its callers'
+    frame objects with their locals, until the garbage collector runs."""
+    try:
+        raise ValueError("typing failed, tried the next overload")
+    except ValueError as e:
+        kept = e                                        # the frame holds it: the cycle
+    return kept.args[0]
+
+
+def test_the_first_results_are_not_kept_by_the_compilers_garbage(monkeypatch):
+    import gc
+    import weakref
+    from numba.core import event
+    prepare = CpuBackend.prepare
+
+    def compiling(self, steps):                         # a first run that compiles a kernel
+        with event.trigger_event("numba:compile", data={}):
+            _a_frame_cycle()
+        return prepare(self, steps)
+    monkeypatch.setattr(CpuBackend, "prepare", compiling)
+    g, x, y = _graph()
+    gc.disable()
+    try:
+        first = g(x, y)
+        freed = weakref.ref(first._data)
+        del first
+        assert freed() is None, "the first loss is kept alive by the compiler's frames"
+    finally:
+        gc.enable()
 
 
 class _NoViewBackend(CpuBackend):

@@ -26,7 +26,7 @@ from numba.core import event
 
 from ..kernels.common.cache import CACHE
 
-__all__ = ["NOTICE", "notice_text", "compile_notice"]
+__all__ = ["NOTICE", "Heard", "notice_text", "compile_notice"]
 
 NOTICE = "miniflow: compiling kernels (first run only; later runs load them from Numba's cache)"
 """The notice when Numba caches where it was asked to."""
@@ -60,25 +60,34 @@ def _show(ev=None) -> None:
             print(notice_text(), file=sys.stderr, flush=True)
 
 
-def _listener(events):
-    """A listener of Numba's (or numba-cuda's) ``events`` module that shows the notice at the
-    first event it hears of."""
+class Heard:
+    """What a :func:`compile_notice` block heard: ``compiled`` is True once Numba (or numba-cuda)
+    compiled something inside it."""
+
+    compiled = False
+
+
+def _listener(events, heard: Heard):
+    """A listener of Numba's (or numba-cuda's) ``events`` module that marks ``heard`` and shows
+    the notice at the first event it hears of."""
+    def on_start(self, ev):
+        heard.compiled = True
+        _show()
     cls = type("_NoticeListener", (events.Listener,),
-               {"on_start": lambda self, ev: _show(), "on_end": lambda self, ev: None})
+               {"on_start": on_start, "on_end": lambda self, ev: None})
     return cls()
 
 
 @contextlib.contextmanager
 def compile_notice():
     """Inside the block, the first Numba compilation (CPU or, once numba-cuda is imported, CUDA)
-    prints :func:`notice_text` (once per process)."""
-    if _SHOWN[0]:
-        yield
-        return
+    prints :func:`notice_text` (once per process). Yields a :class:`Heard`, which tells after the
+    block whether anything compiled in it."""
+    heard = Heard()
     with contextlib.ExitStack() as stack:
-        stack.enter_context(event.install_listener("numba:compile", _listener(event)))
+        stack.enter_context(event.install_listener("numba:compile", _listener(event, heard)))
         cuda_events = sys.modules.get("numba.cuda.core.event")
         if cuda_events is not None:
             stack.enter_context(cuda_events.install_listener("numba-cuda:run_pass",
-                                                             _listener(cuda_events)))
-        yield
+                                                             _listener(cuda_events, heard)))
+        yield heard

@@ -20,6 +20,7 @@ built once and repeated.
 from __future__ import annotations
 
 import dataclasses
+import gc
 
 import numpy as np
 
@@ -349,6 +350,12 @@ class Plan:
         NumPy arrays (``to_host``), or backend arrays (device memory on cuda: no host round trip;
         a later run never changes them).
 
+        When kernels compiled in this run, Python's garbage is collected once before it returns:
+        Numba's compiler leaves reference cycles that hold frame objects of the calling stack
+        (walked through ``f_back``), so the callers' frames (``nn.Graph``'s call holding these
+        outputs) would keep their locals, the first outputs included (device memory on cuda),
+        until the next full collection.
+
         Raises:
             the kernel's exception type, with a message naming the node that failed.
         """
@@ -358,11 +365,13 @@ class Plan:
             if self._calls is not None:
                 self._execute(self._calls, self._call_steps, self._owners)
             else:                   # kernels compile (or load from the cache) at the first run
-                with compile_notice():
+                with compile_notice() as heard:
                     once, once_steps, _ = self.backend.prepare(self.once_steps)
                     self._execute(once, once_steps, self._once_owners)
                     self._calls, self._call_steps, self.how = self.backend.prepare(self.steps)
                     self._execute(self._calls, self._call_steps, self._owners)
+                if heard.compiled:  # free the compiler's frames now (see the docstring)
+                    gc.collect()
         finally:
             self.backend.end_run(token)
         if to_host:
