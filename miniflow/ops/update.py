@@ -3,9 +3,10 @@
 return the new values of the written inputs (float64 arithmetic).
 
 * ``sgd_update(model, model_diff, learning_rate, skip_if[, momentum_buf])`` {momentum,
-  weight_decay[, nesterov]}: PyTorch ``torch.optim.SGD``: ``g = diff + wd * p; buf = momentum *
-  buf + g; p -= lr * buf``; with ``nesterov`` (present only when true, and only with momentum)
-  ``p -= lr * (g + momentum * buf)``.
+  weight_decay[, nesterov]}: PyTorch ``torch.optim.SGD``: ``g = diff + wd * p`` (only when ``wd
+  != 0``, in ``adam_update`` too); ``buf = momentum * buf + g; p -= lr * buf``; with
+  ``nesterov`` (present only when true, and only with momentum) ``p -= lr * (g + momentum *
+  buf)``.
 * ``adam_update(model, model_diff, learning_rate, skip_if, m, v, step[, max_v])`` {beta1, beta2,
   eps, weight_decay[, decoupled_weight_decay][, amsgrad]}: PyTorch ``torch.optim.Adam`` (Kingma &
   Ba 2015, arXiv:1412.6980) with bias correction at step ``step + 1``; ``amsgrad`` (present only
@@ -154,7 +155,7 @@ def _sgd_ref(arrays, attrs):
     p, diff, lr, skip_if, *buf = arrays
     if skip_if[0] != 0:
         return [p.copy(), *(b.copy() for b in buf)]
-    g = diff + attrs["weight_decay"] * p
+    g = diff + attrs["weight_decay"] * p if attrs["weight_decay"] else diff
     if buf:
         buf = [attrs["momentum"] * buf[0] + g]
         g = g + attrs["momentum"] * buf[0] if attrs.get("nesterov") else buf[0]
@@ -168,7 +169,7 @@ def _adam_ref(arrays, attrs):
     if skip_if[0] != 0:
         return [p.copy(), m.copy(), v.copy(), step.copy(), *(x.copy() for x in vmax)]
     b1, b2, t = attrs["beta1"], attrs["beta2"], step + 1
-    g = diff + attrs["weight_decay"] * p
+    g = diff + attrs["weight_decay"] * p if attrs["weight_decay"] else diff
     p = p * (1.0 - lr[0] * attrs.get("decoupled_weight_decay", 0.0))
     m = b1 * m + (1.0 - b1) * g
     v = b2 * v + (1.0 - b2) * g * g

@@ -12,7 +12,8 @@ __all__ = ["Adam"]
 
 class Adam(Optimizer):
     """Per parameter: ``step += 1; g = grad + wd * p; m = b1 m + (1-b1) g; v = b2 v + (1-b2) g^2;
-    p -= lr / (1 - b1^step) * m / (sqrt(v) / sqrt(1 - b2^step) + eps)`` (op ``adam_update``).
+    p -= lr / (1 - b1^step) * m / (sqrt(v) / sqrt(1 - b2^step) + eps)`` (op ``adam_update``;
+    ``wd * p`` added only when ``wd != 0``, as PyTorch).
 
     With ``amsgrad=True`` (Reddi et al., "On the Convergence of Adam and Beyond", ICLR 2018;
     ``torch.optim.Adam``'s rule) ``max_exp_avg_sq = max(max_exp_avg_sq, v)`` replaces ``v`` in

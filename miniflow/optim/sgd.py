@@ -10,9 +10,10 @@ __all__ = ["SGD"]
 
 
 class SGD(Optimizer):
-    """``g = grad + weight_decay * p; buf = momentum * buf + g; p -= lr * buf`` (op ``sgd_update``);
-    with ``nesterov=True`` ``p -= lr * (g + momentum * buf)`` (Sutskever et al., "On the
-    importance of initialization and momentum in deep learning", ICML 2013, as
+    """``g = grad + weight_decay * p`` (added only when ``weight_decay != 0``, as PyTorch: an
+    infinite weight stays infinite); ``buf = momentum * buf + g; p -= lr * buf`` (op
+    ``sgd_update``); with ``nesterov=True`` ``p -= lr * (g + momentum * buf)`` (Sutskever et
+    al., "On the importance of initialization and momentum in deep learning", ICML 2013, as
     ``torch.optim.SGD`` writes it). PyTorch's ``dampening`` is not supported (always 0).
 
     State: ``momentum_buffer`` (PyTorch's name; used when momentum != 0).

@@ -28,12 +28,14 @@ __all__ = ["sgd_element", "adam_corrections", "adam_element", "weight_decays", "
 
 # ----------------------------------------------------------------------------- scalar bodies
 def sgd_element(p, g, buf, lr, mu, wd, momentum, nesterov):
-    """One element of an SGD step: ``(p, buf)`` after ``g += wd*p``; with ``momentum``
-    ``buf = mu*buf + g`` and then ``g = buf``, or with ``nesterov`` ``g = g + mu*buf``
+    """One element of an SGD step: ``(p, buf)`` after ``g += wd*p`` (only when ``wd != 0``, as
+    ``torch.optim.SGD``: an infinite ``p`` stays infinite rather than ``inf*0 = NaN``); with
+    ``momentum`` ``buf = mu*buf + g`` and then ``g = buf``, or with ``nesterov`` ``g = g + mu*buf``
     (Sutskever et al. 2013's Nesterov momentum as ``torch.optim.SGD`` writes it); ``p -= lr*g``
     (buf starts at zeros, which equals PyTorch's first step ``buf = g``; without ``momentum``
     buf is returned as given and ``nesterov`` is not read)."""
-    g = g + wd * p
+    if wd != 0:
+        g = g + wd * p
     if momentum:
         buf = mu * buf + g
         if nesterov:
@@ -50,7 +52,8 @@ def adam_corrections(lr, beta1, beta2, t):
 
 
 def adam_element(p, g, m, v, vmax, hyper, amsgrad):
-    """One element of an Adam step: ``(p, m, v, vmax)`` after ``g += wd*p; m = b1*m + (1-b1)*g;
+    """One element of an Adam step: ``(p, m, v, vmax)`` after ``g += wd*p`` (only when ``wd != 0``,
+    as :func:`sgd_element`), ``m = b1*m + (1-b1)*g;
     v = b2*v + (1-b2)*(g*g); p = p * decay - step_size * m / (sqrt(v)/bc2_sqrt + eps)``; with
     ``amsgrad`` (Reddi et al., "On the Convergence of Adam and Beyond", ICLR 2018, as
     ``torch.optim.Adam`` writes it) ``vmax = max(vmax, v)`` replaces ``v`` in the denominator
@@ -61,7 +64,8 @@ def adam_element(p, g, m, v, vmax, hyper, amsgrad):
     AdamW's decoupled weight decay (Loshchilov and Hutter 2019, ``torch.optim.AdamW``: ``p *= 1 -
     lr * wd`` before the Adam step), exactly 1 without it)."""
     step_size, bc2_sqrt, b1, b2, one_b1, one_b2, eps, wd, decay = hyper
-    g = g + wd * p
+    if wd != 0:
+        g = g + wd * p
     m = b1 * m + one_b1 * g
     v = b2 * v + one_b2 * (g * g)
     if amsgrad:

@@ -317,7 +317,8 @@ def vstore_bf16_pair(typingctx, c, i, x, y):
 
 
 def _vector_operator(op, name: str):
-    """``op`` (``operator.add``, ...) on two ``f32vec``: the LLVM instruction ``name`` per lane."""
+    """``op`` (``operator.add``, ...) on two ``f32vec``, or a number (converted to float32, in
+    every lane: :func:`vsplat`) and an ``f32vec``: the LLVM instruction ``name`` per lane."""
     @intrinsic
     def vop(typingctx, x, y):
         def codegen(context, builder, sig, args):
@@ -329,6 +330,8 @@ def _vector_operator(op, name: str):
     def _op(x, y):
         if x == f32vec and y == f32vec:
             return lambda x, y: vop(x, y)
+        if isinstance(x, types.Number) and y == f32vec:
+            return lambda x, y: vop(vsplat(x), y)
         return None
 
 

@@ -141,13 +141,13 @@ def _sgd_pairs_impl(p, d, c, buf, start, stop, lr, mu, wd, s, momentum, nesterov
         return None                             # only the literal flags of a kernel's closure
 
     def impl(p, d, c, buf, start, stop, lr, mu, wd, s, momentum, nesterov):
-        lr_v, mu_v, wd_v, s_v = vsplat(lr), vsplat(mu), vsplat(wd), vsplat(s)
+        lr_v, mu_v, s_v = vsplat(lr), vsplat(mu), vsplat(s)   # wd stays a number: its test
         for i in range(start, stop, PAIR):
             j = i + LANES
             x, bx = _sgd(vload_at(p, i), vload_at(d, i) * s_v,
-                         vload_at(buf, i) if heavy else mu_v, lr_v, mu_v, wd_v, heavy, nest)
+                         vload_at(buf, i) if heavy else mu_v, lr_v, mu_v, wd, heavy, nest)
             y, by = _sgd(vload_at(p, j), vload_at(d, j) * s_v,
-                         vload_at(buf, j) if heavy else mu_v, lr_v, mu_v, wd_v, heavy, nest)
+                         vload_at(buf, j) if heavy else mu_v, lr_v, mu_v, wd, heavy, nest)
             if heavy:
                 vstore_at(buf, i, bx)
                 vstore_at(buf, j, by)
