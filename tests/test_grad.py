@@ -48,6 +48,8 @@ CASES = [
     ("add_n", [u(2, 3), u(2, 3), u(2, 3)], {}),
     ("broadcast_like", [u(3), u(2, 3)], {"broadcast_axes": (0,)}),
     ("broadcast_like", [u(2, 1), u(2, 4)], {"broadcast_axes": (1,)}),
+    ("expand", [u(2, 1)], {"expand_shape": (3, 2, 4)}),
+    ("expand", [u(1, 3)], {"expand_shape": (2, 3)}),
     ("cast", [u(3, 2)], {"dtype": "float32"}),
     ("scalar_mul_by_tensor", [u(3, 2), u(1, lo=0.5, hi=2.0)], {}),
     ("reciprocal", [u(2, 3, lo=0.5, hi=2.0)], {}),

@@ -19,7 +19,7 @@ functions are the model for the choices):
   end padding where PyTorch's ceil rule drops a window ONNX's keeps); ``adaptive_avg_pool2d`` ->
   ``GlobalAveragePool`` for a 1x1 output, ``AveragePool`` when the input divides evenly;
   ``flatten`` -> ``Flatten`` (else ``Reshape``); ``reshape``, ``transpose``, ``reduce_sum``,
-  ``add_n`` (``Sum``), ``broadcast_like`` (``Unsqueeze`` + ``Expand``), ``softmax``,
+  ``add_n`` (``Sum``), ``broadcast_like`` (``Unsqueeze`` + ``Expand``), ``expand``, ``softmax``,
   ``log_softmax``, ``cast``, ``ones_like`` and ``constant`` (``ConstantOfShape``),
   ``sparse_softmax_cross_entropy`` (``Softmax`` and ``SoftmaxCrossEntropyLoss``, reduction none).
 * Elementwise ops and ``fused_elementwise`` expressions by their scalar functions
@@ -489,6 +489,8 @@ CONVERTERS = {
                                                 perm=list(n.attrs["perm"])),
     "reduce_sum": _reduce_sum,
     "broadcast_like": lambda n, ins, outs, b: _broadcast_like(n, ins[:1], outs, b),
+    "expand": lambda n, ins, outs, b: b.node("Expand", [ins[0], b.ints(n.attrs["expand_shape"])],
+                                             outs),
     "add_n": lambda n, ins, outs, b: b.node("Sum", ins, outs),
     "softmax": lambda n, ins, outs, b: b.node("Softmax", ins, outs, axis=-1),
     "log_softmax": lambda n, ins, outs, b: b.node("LogSoftmax", ins, outs, axis=-1),

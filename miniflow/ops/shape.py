@@ -1,7 +1,8 @@
-"""Reductions, layout and creation ops: reduce_sum, broadcast_like, add_n, reshape, transpose,
-detach, ones_like, constant, cast.
+"""Reductions, layout and creation ops: reduce_sum, broadcast_like, expand, add_n, reshape,
+transpose, detach, ones_like, constant, cast.
 
-Gradients (OneFlow): reduce_sum -> broadcast_like(dy, x); broadcast_like -> reduce_sum;
+Gradients (OneFlow): reduce_sum -> broadcast_like(dy, x); broadcast_like -> reduce_sum; expand ->
+reduce_sum over the expanded axes, reshaped to x;
 reshape -> reshape back; transpose -> inverse transpose; detach -> none; cast -> cast back to the input dtype.
 The references round only where the op means it: ``cast`` and ``constant`` to their dtype.
 """
@@ -100,6 +101,59 @@ def _bl_samples():
 register("broadcast_like", _bl_infer, normalize=_bl_norm, grad=_bl_grad, reference=_bl_ref,
          samples=_bl_samples, amp="clear", shape_inputs=(1,),
          doc="out (shape of like) = x repeated along broadcast_axes")
+
+
+# ------------------------------------------------------------------------------ expand
+def _expand_norm(inputs, attrs):
+    shape = tuple(attrs["expand_shape"])
+    if not all(isinstance(d, (int, np.integer)) and not isinstance(d, bool) for d in shape):
+        raise TypeError(f"expand: expand_shape must be ints, got {shape}")
+    attrs["expand_shape"] = tuple(int(d) for d in shape)
+    return attrs
+
+
+def _expand_infer(inputs, attrs):
+    check_arity("expand", inputs, 1)
+    x = inputs[0]
+    dt = check_float("expand", x)
+    shape = attrs["expand_shape"]
+    lead = len(shape) - len(x.shape)
+    if lead < 0 or any(d < 0 for d in shape) or any(
+            n not in (1, d) for n, d in zip(x.shape, shape[lead:])):
+        raise ValueError(f"expand: x {fmt(x)} cannot expand to {format_shape(shape)}: each dim "
+                         f"of x, aligned to the end, must be 1 or equal the target's")
+    return [(shape, dt)]
+
+
+def _expanded_axes(x_shape, shape) -> tuple:
+    """The axes of ``shape`` along which ``expand`` repeats an ``x_shape`` (aligned to the end):
+    the new leading ones and those where x has size 1 and the target does not."""
+    lead = len(shape) - len(x_shape)
+    return tuple(i for i, d in enumerate(shape) if i < lead or (x_shape[i - lead] == 1 != d))
+
+
+def _expand_grad(n, gs, emit):
+    x = n.inputs[0]
+    axes = _expanded_axes(x.shape, n.attrs["expand_shape"])
+    g = emit("reduce_sum", gs[0], axis=axes, keepdims=True) if axes else gs[0]
+    return [emit("reshape", g, shape=x.shape)]
+
+
+def _expand_samples():
+    def make(dt):
+        return [([rand(3, dtype=dt)], {"expand_shape": (2, 3)}),
+                ([rand(2, 1, dtype=dt)], {"expand_shape": (2, 5)}),
+                ([rand(dtype=dt)], {"expand_shape": (2, 3)}),
+                ([rand(1, 3, 1, dtype=dt)], {"expand_shape": (4, 2, 3, 2)}),
+                ([rand(2, 3, dtype=dt)], {"expand_shape": (2, 3)}),
+                ([rand(0, 1, dtype=dt)], {"expand_shape": (0, 4)})]
+    return float_samples(make)
+
+
+register("expand", _expand_infer, normalize=_expand_norm, grad=_expand_grad,
+         reference=lambda xs, a: [np.broadcast_to(xs[0], a["expand_shape"]).copy()],
+         samples=_expand_samples, amp="clear",
+         doc="out = x repeated along its size-1 dims and new leading dims to expand_shape")
 
 
 # ------------------------------------------------------------------------------ add_n

@@ -18,15 +18,16 @@ from .layout import unsqueezed
 
 __all__ = ["OPS", "plan_of", "filling", "builders"]
 
-OPS = ("reshape", "flatten", "detach", "transpose", "broadcast_like", "ones_like", "constant")
+OPS = ("reshape", "flatten", "detach", "transpose", "broadcast_like", "expand", "ones_like",
+       "constant")
 """The library's movement op types: every backend's record has a step maker for each."""
 
 
 def plan_of(node, ins: list, outs: list):
     """The plan a movement step maker gets, or None (no step) for an empty output: ``perm`` of
     a ``transpose``; x's shape with the ``broadcast_axes`` as 1, of ``out``'s rank, for
-    ``broadcast_like``; the value of a fill (``ones_like``: 1.0, ``constant``: ``attrs["value"]``
-    as a float); ``()`` for the flat copies."""
+    ``broadcast_like``, or with leading 1s for ``expand``; the value of a fill (``ones_like``:
+    1.0, ``constant``: ``attrs["value"]`` as a float); ``()`` for the flat copies."""
     op, a = node.op.name, node.attrs
     if outs[0].size == 0:
         return None
@@ -34,6 +35,8 @@ def plan_of(node, ins: list, outs: list):
         return tuple(a["perm"])
     if op == "broadcast_like":
         return unsqueezed(ins[0].shape, a["broadcast_axes"], outs[0].ndim)
+    if op == "expand":
+        return (1,) * (outs[0].ndim - ins[0].ndim) + tuple(ins[0].shape)
     if op == "ones_like":
         return 1.0
     if op == "constant":

@@ -46,5 +46,6 @@ def broadcast_steps(ins, outs, x_shape, attrs):
 
 BUILDERS = movement.builders(reshape=copy_steps, flatten=copy_steps, detach=copy_steps,
                              transpose=permute_steps, broadcast_like=broadcast_steps,
-                             ones_like=filling(fill_steps), constant=filling(fill_steps))
+                             expand=broadcast_steps, ones_like=filling(fill_steps),
+                             constant=filling(fill_steps))
 """Op type -> builder for the data-movement ops and the fills."""
