@@ -4,7 +4,8 @@ gradient slices ``dy`` back into the parts). ``stack`` is ``cat`` of the tensors
 at ``dim``. Floating tensors only, of one dtype (no type promotion, as everywhere in miniflow)."""
 from __future__ import annotations
 
-from .tensor import Tensor, _dim, apply, tensor
+from .tensor import Tensor, apply, tensor
+from .tensor.dims import _dim
 
 __all__ = ["cat", "stack"]
 

@@ -1,0 +1,33 @@
+"""Tensor: an eager data holder, or a lazy proxy for an IR Value while an nn.Graph traces.
+
+Every op goes through :func:`apply`: inside ``nn.Graph.build`` it records a Node (lazy); outside, it
+runs the op's kernel at once (eager, forward only), on the same kernels a compiled plan uses.
+
+:class:`Tensor` is :class:`~miniflow.tensor.core.TensorCore` (its state, properties and Python
+conversions) with one method group per module mixed in: ``compare.py`` (``==``, ``<``, ...),
+``casts.py`` (``to``, ``float``, ``detach``, ...), ``shape.py`` (PyTorch's shape and movement
+surface), ``indexing.py`` (``x[key]``), ``reductions.py`` (``sum``, ``max``, ...) and
+``arithmetic.py`` (operators, elementwise math, ``softmax``, ``masked_fill``). ``create.py`` makes
+tensors (:func:`apply`, :func:`tensor`); ``dims.py`` checks dimension arguments.
+"""
+from .arithmetic import Arithmetic, mask_array
+from .casts import Casts, to_args
+from .compare import Comparisons
+from .core import TensorCore
+from .create import apply, as_numpy, tensor, tensor_class
+from .indexing import Indexing
+from .reductions import Reductions
+from .shape import Shape
+
+__all__ = ["Tensor", "tensor", "apply", "mask_array", "as_numpy", "to_args"]
+
+
+@tensor_class
+class Tensor(TensorCore, Comparisons, Casts, Shape, Indexing, Reductions, Arithmetic):
+    """A multi-dimensional array of one dtype.
+
+    Eager tensors hold a backend array (``numpy()`` returns a host copy). Lazy tensors exist only
+    during ``nn.Graph.build`` and stand for an IR Value; reading their data there is an error.
+    """
+
+    __array_priority__ = 100  # so ndarray (op) Tensor defers to Tensor's reflected operators

@@ -1,0 +1,247 @@
+"""Math: the arithmetic operators and their PyTorch method names, matmul, elementwise functions
+(``exp``, ``relu``, ``pow``, ...), ``softmax`` / ``log_softmax``, ``clamp`` and ``masked_fill``."""
+from __future__ import annotations
+
+import numbers
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from .core import TensorCore
+from .create import apply, tensor
+from .dims import _dim
+
+if TYPE_CHECKING:        # the composed class, for the annotations only
+    from . import Tensor
+
+
+class Arithmetic:
+    """The math methods and operators of :class:`miniflow.tensor.Tensor`."""
+
+    def _binary(self, other, op, scalar_op, reverse=False):
+        if isinstance(other, numbers.Number) and not isinstance(other, bool):
+            return scalar_op(self, float(other))
+        other = other if isinstance(other, TensorCore) else tensor(other, dtype=self.dtype)
+        a, b = (other, self) if reverse else (self, other)
+        return apply(op, [a, b])
+
+    def __add__(self, o):
+        return self._binary(o, "broadcast_add", lambda t, s: apply("scalar_add", [t], scalar=s))
+
+    __radd__ = __add__
+
+    def __sub__(self, o):
+        return self._binary(o, "broadcast_sub", lambda t, s: apply("scalar_add", [t], scalar=-s))
+
+    def __rsub__(self, o):
+        return self._binary(o, "broadcast_sub",
+                            lambda t, s: apply("scalar_add", [-t], scalar=s), reverse=True)
+
+    def __mul__(self, o):
+        return self._binary(o, "broadcast_mul", lambda t, s: apply("scalar_mul", [t], scalar=s))
+
+    __rmul__ = __mul__
+
+    def __truediv__(self, o):
+        return self._binary(o, "broadcast_div",  # x / 0 = +-inf or nan, as IEEE (and torch)
+                            lambda t, s: apply("scalar_div", [t], scalar=s))
+
+    def __rtruediv__(self, o):
+        return self._binary(o, "broadcast_div",
+                            lambda t, s: tensor(np.full(t.shape, s), dtype=t.dtype) / t,
+                            reverse=True)
+
+    def __matmul__(self, o):
+        return _matmul(self, o if isinstance(o, TensorCore) else tensor(o, dtype=self.dtype))
+
+    def __rmatmul__(self, o):
+        return _matmul(tensor(o, dtype=self.dtype), self)
+
+    def __neg__(self):
+        return apply("negative", [self])
+
+    def neg(self):
+        """``-x`` (``torch.Tensor.neg``; op ``negative``)."""
+        return -self
+
+    def add(self, other, *, alpha=1):
+        """``self + alpha * other`` (``torch.Tensor.add``; the ops of ``+`` and ``*``)."""
+        return self + (other if alpha == 1 else other * alpha)
+
+    def sub(self, other, *, alpha=1):
+        """``self - alpha * other`` (``torch.Tensor.sub``; the ops of ``-`` and ``*``)."""
+        return self - (other if alpha == 1 else other * alpha)
+
+    def mul(self, other):
+        """``self * other`` (``torch.Tensor.mul``)."""
+        return self * other
+
+    def div(self, other, *, rounding_mode=None):
+        """``self / other`` (``torch.Tensor.div``, true division).
+
+        Raises:
+            ValueError: a ``rounding_mode`` ("trunc", "floor": miniflow has no rounding ops)."""
+        if rounding_mode is not None:
+            raise ValueError(f"div: rounding_mode={rounding_mode!r} is not supported (miniflow "
+                             f"has no rounding ops); true division only (rounding_mode=None)")
+        return self / other
+
+    def matmul(self, other):
+        """``self @ other`` (``torch.Tensor.matmul``, with ``@``'s ranks)."""
+        return self @ other
+
+    def exp(self):
+        """exp(x) elementwise (op ``exp``)."""
+        return apply("exp", [self])
+
+    def log(self):
+        """Natural log elementwise (op ``log``); log(0) = -inf, log(x<0) = NaN."""
+        return apply("log", [self])
+
+    def relu(self):
+        """max(x, 0) elementwise, NaN propagating (op ``relu``)."""
+        return apply("relu", [self])
+
+    def tanh(self):
+        """tanh(x) elementwise (op ``tanh``)."""
+        return apply("tanh", [self])
+
+    def sigmoid(self):
+        """1 / (1 + exp(-x)) elementwise (op ``sigmoid``)."""
+        return apply("sigmoid", [self])
+
+    def sqrt(self):
+        """sqrt(x) elementwise (op ``sqrt``); sqrt(x<0) = NaN."""
+        return apply("sqrt", [self])
+
+    def rsqrt(self):
+        """1 / sqrt(x) elementwise (op ``rsqrt``); rsqrt(0) = inf."""
+        return apply("rsqrt", [self])
+
+    def abs(self):
+        """|x| elementwise (op ``abs``; its gradient is 0 at 0, as PyTorch's)."""
+        return apply("abs", [self])
+
+    __abs__ = abs
+
+    def pow(self, exponent):
+        """x ** exponent elementwise for a number ``exponent`` (op ``scalar_pow``, PyTorch's
+        values: ``x ** 0.5`` is ``sqrt``, ``x ** 0`` is 1 with a zero gradient).
+
+        Raises:
+            TypeError: a tensor or array exponent (only a number is supported; for ``e ** t``
+                write ``(t * math.log(e)).exp()``).
+        """
+        if not isinstance(exponent, numbers.Real):
+            raise TypeError(f"pow: the exponent must be a number, got "
+                            f"{type(exponent).__name__} (a tensor exponent is not supported; "
+                            f"for e ** t write (t * math.log(e)).exp())")
+        return apply("scalar_pow", [self], scalar=float(exponent))
+
+    __pow__ = pow
+
+    def square(self):
+        """x * x elementwise (op ``scalar_pow`` with exponent 2)."""
+        return self.pow(2.0)
+
+    def softmax(self, dim: int, dtype=None) -> "Tensor":
+        """exp(x) / sum(exp(x)) along ``dim`` (op ``softmax``, max-subtracted; another axis than
+        the last is moved last and back with ``transpose``); ``dtype``: cast to it first (op
+        ``cast``, ``torch.Tensor.softmax``'s ``dtype``)."""
+        return self._along("softmax", dim, dtype)
+
+    def log_softmax(self, dim: int, dtype=None) -> "Tensor":
+        """x - log(sum(exp(x))) along ``dim`` (op ``log_softmax``; ``torch.Tensor.log_softmax``),
+        ``dtype`` as :meth:`softmax`'s."""
+        return self._along("log_softmax", dim, dtype)
+
+    def _along(self, op: str, dim: int, dtype) -> "Tensor":
+        """Row op ``op`` (it works on the last axis) along ``dim``: another axis is moved last
+        and back with ``transpose``."""
+        if dtype is not None:
+            return self.to(dtype)._along(op, dim, None)
+        d = _dim(op, dim, self.ndim)
+        if self.ndim == 0:                   # PyTorch: softmax 1 (nan for nan and inf)
+            return apply(op, [self.reshape(1)]).reshape(())
+        if d == self.ndim - 1:
+            return apply(op, [self])
+        perm = tuple(i for i in range(self.ndim) if i != d) + (d,)
+        inv = tuple(perm.index(i) for i in range(self.ndim))
+        moved = apply("transpose", [self], perm=perm)
+        return apply("transpose", [apply(op, [moved])], perm=inv)
+
+    def clamp(self, min=None, max=None) -> "Tensor":
+        """Each element limited to ``[min, max]`` (``torch.clamp`` with number bounds; ``max``
+        where ``min > max``, NaN propagates; op ``clip_by_scalar``, its gradient 1 inside the
+        bounds). ``clip`` is the same.
+
+        Raises:
+            ValueError: neither bound given (PyTorch's message). TypeError: a bound that is not
+                a number (tensor bounds are not supported).
+        """
+        if min is None and max is None:
+            raise ValueError("clamp: At least one of 'min' or 'max' must not be None")
+        for name, bound in (("min", min), ("max", max)):
+            if bound is not None and (isinstance(bound, bool)
+                                      or not isinstance(bound, numbers.Real)):
+                raise TypeError(f"clamp: {name} must be a number, got {type(bound).__name__} "
+                                f"(tensor bounds are not supported)")
+        bounds = {k: float(v) for k, v in (("floating_min", min), ("floating_max", max))
+                  if v is not None}
+        return apply("clip_by_scalar", [self], **bounds)
+
+    clip = clamp
+
+    def masked_fill(self, mask, value) -> "Tensor":
+        """``value`` where ``mask`` is True (nonzero), else this tensor's element (op
+        ``masked_fill``). ``mask``: a bool or integer array or an int64 Tensor that broadcasts
+        to this tensor's shape (a bool array becomes int64: miniflow has no bool dtype).
+
+        Raises:
+            TypeError: a mask that is not an array or a Tensor (a Python bool: what ``t == 0``
+                of a lazy tensor would be in PyTorch code), or a float array (PyTorch:
+                "masked_fill_ only supports boolean masks").
+        """
+        if not isinstance(mask, TensorCore):
+            arr = mask_array("masked_fill", mask)
+            if arr.dtype.kind not in "biu":
+                raise TypeError(f"masked_fill: only supports boolean masks (or integer ones: "
+                                f"nonzero = fill), got an array of {arr.dtype}")
+            mask = tensor(arr.astype(np.int64))
+        return apply("masked_fill", [self, mask], value=float(value))
+
+
+def _matmul(a: "Tensor", b: "Tensor") -> "Tensor":
+    """``torch.matmul`` for the ranks miniflow has ops for: 2-D @ 2-D (op ``matmul``), N-D @ 2-D
+    (the leading dimensions flattened, op ``matmul``), and N-D @ N-D with equal batch dimensions
+    (op ``batch_matmul``).
+
+    Raises:
+        ValueError: other ranks, or batch dimensions that differ (no broadcasting)."""
+    if a.ndim == 2 and b.ndim == 2:
+        return apply("matmul", [a, b])
+    if a.ndim > 2 and b.ndim == 2:
+        out = apply("matmul", [a.reshape(-1, a.shape[-1]), b])
+        return out.reshape(a.shape[:-1] + (b.shape[1],))
+    if a.ndim >= 3 and a.ndim == b.ndim:
+        return apply("batch_matmul", [a, b])
+    raise ValueError(f"matmul: shapes {list(a.shape)} @ {list(b.shape)}: miniflow multiplies "
+                     f"2-D @ 2-D, N-D @ 2-D and N-D @ N-D with equal batch dimensions (no "
+                     f"broadcasting, no 1-D operand); expand or reshape the operands, e.g. a "
+                     f"vector v to [k, 1], a batch of 1 with .expand(n, -1, -1)")
+
+
+def mask_array(fn: str, mask) -> np.ndarray:
+    """``mask`` (a NumPy array or a nested sequence of bools) as an array, for ``fn``'s error.
+
+    Raises:
+        TypeError: a Python or NumPy scalar, None or ``NotImplemented`` (a mask that PyTorch
+            code computes as a bool tensor, e.g. ``buf == 0``, but that came out as a Python
+            value): PyTorch refuses a non-tensor mask too.
+    """
+    if (isinstance(mask, (numbers.Number, np.generic)) or mask is None
+            or mask is NotImplemented):
+        raise TypeError(f"{fn}: the mask must be a bool array or a Tensor, got "
+                        f"{type(mask).__name__} {mask!r}; compare a tensor's values "
+                        f"(t == 0 of an eager tensor, or np.asarray(t) == 0) to make one")
+    return np.asarray(mask)

@@ -1,0 +1,121 @@
+"""dtype and device conversions: ``to`` (with ``torch.Tensor.to``'s argument forms,
+:func:`to_args`), ``float`` / ``half`` / ``long`` ..., ``detach`` and ``clone``."""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from ..dtype import as_dtype
+from ..runtime.backend import check_device
+from .core import TensorCore
+from .create import apply, new_tensor
+
+if TYPE_CHECKING:        # the composed class, for the annotations only
+    from . import Tensor
+
+
+class Casts:
+    """The dtype conversions, ``detach`` and ``clone`` of :class:`miniflow.tensor.Tensor`."""
+
+    def to(self, *args, **kwargs) -> "Tensor":
+        """This tensor in another dtype (op ``cast``), with ``torch.Tensor.to``'s forms:
+        ``to(dtype)``, ``to(device)``, ``to(device, dtype)``, ``to(other)`` (``other``'s dtype)
+        and the keywords ``dtype``, ``device``, ``non_blocking`` and ``copy`` (see
+        :func:`to_args`; a device must be the process's backend and changes nothing). As in
+        PyTorch, an eager tensor already of that dtype is returned itself, unless ``copy=True``;
+        inside ``build`` a dtype is always op ``cast``, which keeps that dtype where the AMP pass
+        would otherwise choose another (``x.float()`` under PyTorch's autocast computes on in
+        float32), and ``to(device)`` alone is this tensor.
+
+        Raises:
+            TypeError: a dtype miniflow lacks, or arguments ``torch.Tensor.to`` does not take.
+            ValueError: a device other than the process's backend.
+        """
+        dtype, copy = to_args("Tensor.to", args, kwargs)
+        dt = self.dtype if dtype is None else as_dtype(dtype)
+        if dt is self.dtype and not copy and (self._value is None or dtype is None):
+            return self               # to(device) inside build: no cast, AMP's dtype stays
+        return apply("cast", [self], dtype=dt)
+
+    def detach(self) -> "Tensor":
+        """The same values with no gradient flowing back through them (op ``detach``); eager: a
+        tensor sharing this one's data, as in PyTorch."""
+        if self._value is None:
+            return new_tensor(self._data)
+        return apply("detach", [self])
+
+    def float(self) -> "Tensor":
+        """``to(float32)``: op ``cast`` (an eager float32 tensor itself, as PyTorch; inside
+        ``build`` float32 kept under AMP, as :meth:`to`: ``logits.float()`` before a loss)."""
+        return self.to("float32")
+
+    def half(self) -> "Tensor":
+        """``to(float16)`` (op ``cast``; see :meth:`to`)."""
+        return self.to("float16")
+
+    def double(self) -> "Tensor":
+        """``to(float64)`` (op ``cast``; see :meth:`to`)."""
+        return self.to("float64")
+
+    def bfloat16(self) -> "Tensor":
+        """``to(bfloat16)`` (op ``cast``; see :meth:`to`)."""
+        return self.to("bfloat16")
+
+    def long(self) -> "Tensor":
+        """``to(int64)``: op ``cast``, rounding toward zero as PyTorch's ``long()``
+        (``targets.long()`` before a loss; see :meth:`to`)."""
+        return self.to("int64")
+
+    def type_as(self, other: "Tensor") -> "Tensor":
+        """``to(other.dtype)`` (``torch.Tensor.type_as``: ``norm(x.float()).type_as(x)``)."""
+        return self.to(other.dtype)
+
+    def is_floating_point(self) -> bool:
+        """Whether the dtype is a floating-point one (``torch.Tensor.is_floating_point``)."""
+        return self.dtype.is_float
+
+    def clone(self) -> "Tensor":
+        """A copy (op ``identity``; ``torch.Tensor.clone``: its gradient flows to this tensor)."""
+        return apply("identity", [self])
+
+
+_DEVICE_TYPES = ("cpu", "cuda", "mps", "xpu", "hip", "meta")
+"""PyTorch's device types a string may name (``"cuda:1"``): a device, not a dtype, to ``to``."""
+
+
+def _is_device(value) -> bool:
+    """Whether ``value`` is a PyTorch device: a ``torch.device`` or a string naming one."""
+    if isinstance(value, str):
+        return value.partition(":")[0] in _DEVICE_TYPES
+    return type(value).__name__ == "device" and hasattr(value, "index")
+
+
+def to_args(owner: str, args: tuple, kwargs: dict) -> tuple:
+    """``(dtype or None, copy)`` of the arguments of ``torch.Tensor.to`` / ``torch.nn.Module.to``:
+    ``(dtype)``, ``(device)``, ``(device, dtype)``, ``(tensor)`` (its dtype), and the keywords
+    ``dtype``, ``device``, ``non_blocking`` (accepted: nothing is asynchronous) and ``copy``.
+    The device is checked to be the process's backend (``runtime.backend.check_device``:
+    miniflow has no per-tensor device, so it changes nothing).
+
+    Raises:
+        TypeError: more than two positional arguments, a dtype or device given twice, or an
+            unknown keyword. ValueError: a device other than the process's backend.
+    """
+    unknown = sorted(set(kwargs) - {"dtype", "device", "non_blocking", "copy"})
+    if unknown or len(args) > 2:
+        raise TypeError(f"{owner}: takes (dtype), (device), (device, dtype) or (tensor) and the "
+                        f"keywords dtype, device, non_blocking, copy; got {len(args)} positional "
+                        f"arguments{f' and {unknown}' if unknown else ''}")
+    dtype, device = kwargs.get("dtype"), kwargs.get("device")
+    rest = list(args)
+    if rest and isinstance(rest[0], TensorCore):
+        rest[0] = rest[0].dtype
+    elif rest and _is_device(rest[0]):
+        if device is not None:
+            raise TypeError(f"{owner}: the device is given twice ({rest[0]!r} and device=)")
+        device = rest.pop(0)
+    if rest:
+        if dtype is not None or len(rest) > 1:
+            raise TypeError(f"{owner}: the dtype is given twice ({rest} and dtype={dtype!r})")
+        dtype = rest[0]
+    check_device(owner, device)
+    return dtype, bool(kwargs.get("copy", False))

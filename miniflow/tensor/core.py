@@ -1,0 +1,190 @@
+"""The tensor's state: its data or lazy Value, its properties, and what reads it as Python or
+NumPy values (``numpy``, ``item``, ``float``, ``repr``, ...); the base class of
+:class:`miniflow.tensor.Tensor`, which mixes in the method groups of the sibling modules."""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from ..dtype import DType, as_dtype
+from ..runtime.backend import get_backend
+from ..trace import current_tracer
+
+if TYPE_CHECKING:        # the composed class, for the annotations only
+    from . import Tensor
+
+
+_NO_DATA = ("miniflow tensors have no .data (PyTorch's tensor without autograd history): read "
+            "the values with .numpy(); to replace a parameter's values, use "
+            "module.load_state_dict({name: array}, strict=False), which copies them in place "
+            "(compiled graphs see them at their next call)")
+
+
+class TensorCore:
+    """What every tensor holds: ``_data`` (a backend array, eager) or ``_value`` (the IR Value it
+    stands for in ``_tracer``'s trace, lazy), and the reading of it. Every tensor is a
+    :class:`miniflow.tensor.Tensor`, this class with the method groups mixed in."""
+
+    def __init__(self, data=None, *, _value=None, _tracer=None):
+        self._data = data
+        self._value = _value
+        self._tracer = _tracer
+
+    # ------------------------------------------------------------------ properties
+    @property
+    def shape(self) -> tuple:
+        """Tuple of ints."""
+        return self._value.shape if self._value is not None else tuple(self._data.shape)
+
+    @property
+    def dtype(self) -> DType:
+        """A miniflow DType."""
+        return self._value.dtype if self._value is not None else as_dtype(self._data.dtype)
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    @property
+    def data(self):
+        """Not in miniflow: PyTorch's ``.data`` (the tensor without its autograd history, whose
+        assignment replaces a parameter's values). Reading or assigning it raises, so that
+        ``p.data = t`` is not silently kept as a plain attribute a compiled graph never reads.
+
+        Raises:
+            AttributeError: always, naming what to use instead.
+        """
+        raise AttributeError(_NO_DATA)
+
+    @data.setter
+    def data(self, value):
+        raise AttributeError(_NO_DATA)
+
+    @property
+    def is_lazy(self) -> bool:
+        """True while this tensor is a proxy in a trace."""
+        return self._value is not None
+
+    def numpy(self) -> np.ndarray:
+        """A host copy of the data.
+
+        Raises:
+            RuntimeError: on a lazy tensor inside ``build`` (its value does not exist yet).
+        """
+        if self._value is not None:
+            if current_tracer() is None:
+                raise RuntimeError(_kept_from_trace(self))
+            raise RuntimeError(f"cannot read the value of lazy tensor %{self._value.name} inside "
+                               "nn.Graph.build: return it from build and read the call's result")
+        return get_backend().to_numpy(self._data)
+
+    def __array__(self, dtype=None, copy=None) -> np.ndarray:
+        """``np.asarray(t)``, ``np.array(t)``: :meth:`numpy`'s array (``torch.Tensor.__array__``);
+        without it NumPy would iterate the tensor into an object array of 0-d tensors.
+        ``dtype`` converts as ``ndarray.astype``; ``copy`` is NumPy 2's keyword (the array is
+        a host copy either way).
+
+        Raises:
+            RuntimeError: on a lazy tensor inside ``build`` (as :meth:`numpy`).
+        """
+        a = self.numpy()
+        return a if dtype is None else a.astype(dtype, copy=False)
+
+    def item(self) -> float:
+        """The single element as a Python number.
+
+        Raises:
+            ValueError: the tensor does not have exactly one element.
+        """
+        a = self.numpy()
+        if a.size != 1:
+            raise ValueError(f"item(): the tensor has {a.size} elements (shape {list(a.shape)}); "
+                             "only one-element tensors can be converted to Python numbers")
+        return a.reshape(-1)[0].item()
+
+    def tolist(self):
+        """The data as nested Python lists of Python numbers (a number for a 0-d tensor), as
+        PyTorch's ``Tensor.tolist``.
+
+        Raises:
+            RuntimeError: on a lazy tensor inside ``build`` (as :meth:`numpy`).
+        """
+        return self.numpy().tolist()
+
+    def __float__(self) -> float:
+        return float(self.item())
+
+    def __int__(self) -> int:
+        """``int(t)`` of a one-element tensor: its value truncated toward zero, as
+        ``int(torch.tensor(2.7))`` is 2 (``int(x.argmax())`` in sampling code).
+
+        Raises:
+            ValueError: not one element (:meth:`item`), or NaN / inf (Python's ``int``).
+            RuntimeError: a lazy tensor inside ``build`` (:meth:`numpy`)."""
+        return int(self.item())
+
+    def __index__(self) -> int:
+        """The value of a one-element int64 tensor where Python wants an index
+        (``itos[t]``, ``range(t)``, as ``torch.Tensor.__index__``).
+
+        Raises:
+            TypeError: a floating-point tensor or more than one element (PyTorch's message).
+            RuntimeError: a lazy tensor inside ``build`` (:meth:`numpy`)."""
+        if self.dtype.is_float or self.numel() != 1:
+            raise TypeError(f"only integer tensors of a single element can be converted to an "
+                            f"index (got {self.dtype.name}{list(self.shape)})")
+        return int(self.item())
+
+    def __format__(self, spec: str) -> str:
+        """``f"{loss:.4f}"``: a 0-d eager tensor formats as its Python number
+        (``torch.Tensor.__format__``); any other tensor, or a lazy one inside ``build``, as
+        ``object.__format__`` (its repr with an empty spec, a TypeError with another)."""
+        if self.ndim == 0 and self._value is None:
+            return format(self.item(), spec)
+        return object.__format__(self, spec)
+
+    def cpu(self) -> "Tensor":
+        """This tensor (``x.detach().cpu().numpy()`` in PyTorch code): miniflow has no
+        per-tensor device; a tensor stays in its backend's memory, and :meth:`numpy` copies it
+        to the host on any backend."""
+        return self
+
+    def __bool__(self) -> bool:
+        if self._value is not None:
+            raise RuntimeError(f"the truth value of lazy tensor %{self._value.name} is unknown "
+                               "inside nn.Graph.build (no data-dependent Python control flow)")
+        return bool(self.item())
+
+    def __repr__(self) -> str:
+        if self._value is not None:
+            return f"tensor(lazy %{self._value.name}: {self._value.type_str})"
+        values = np.array2string(self.numpy(), precision=4, separator=", ", prefix="tensor(")
+        return f"tensor({values}, dtype={self.dtype!r})"      # PyTorch's layout: rows aligned
+
+    def __len__(self) -> int:
+        if not self.shape:
+            raise TypeError("len() of a 0-d tensor")
+        return self.shape[0]
+
+    def backward(self) -> None:
+        """Mark this scalar as the loss of the enclosing ``nn.Graph.build``.
+
+        The backward nodes are emitted later by the autograd pass, not now.
+
+        Raises:
+            RuntimeError: outside build (eager mode is forward-only), twice, or on a non-scalar.
+        """
+        tr = current_tracer()
+        if tr is None:
+            raise RuntimeError("backward() works only inside nn.Graph.build: miniflow's "
+                               "autograd is a graph pass (eager mode is forward-only)")
+        tr.set_loss(self)
+
+
+def _kept_from_trace(t: TensorCore) -> str:
+    """The error for lazy tensor ``t`` used after its ``nn.Graph.build`` ended (kept in an
+    attribute, ``self.attn = att`` in ``forward``, or a global): it never has a value."""
+    return (f"lazy tensor %{t._value.name} ({t._value.type_str}) was kept from an "
+            f"nn.Graph.build (an attribute set in forward, such as self.attn = ..., or a global) "
+            f"and has no value outside it: return it from build and read the call's result")

@@ -1,0 +1,125 @@
+"""Making tensors: :func:`apply` (every op's one door: record a node while tracing, else run the
+kernel now), :func:`tensor` (from array-like data) and :func:`as_numpy` (a tensor's, a torch
+tensor's or an array's values as NumPy)."""
+from __future__ import annotations
+
+import sys
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from ..dtype import as_dtype, bfloat16
+from ..ops import get_op
+from ..runtime.backend import get_backend
+from ..trace import current_tracer
+from .core import TensorCore, _kept_from_trace
+
+if TYPE_CHECKING:        # the composed class, for the annotations only
+    from . import Tensor
+
+
+_tensor_class = TensorCore
+"""The class of the tensors made here: :class:`miniflow.tensor.Tensor`, which :func:`tensor_class`
+registers (it is composed of method groups that import this module, so this module cannot
+import it)."""
+
+
+def tensor_class(cls: type) -> type:
+    """Class decorator: ``cls`` is the class of every tensor :func:`new_tensor`, :func:`tensor`
+    and :func:`apply` make."""
+    global _tensor_class
+    _tensor_class = cls
+    return cls
+
+
+def new_tensor(data=None, *, _value=None, _tracer=None):
+    """``Tensor(data)`` (eager) or ``Tensor(_value=, _tracer=)`` (lazy) of the registered
+    class."""
+    return _tensor_class(data, _value=_value, _tracer=_tracer)
+
+
+def _is_torch(value) -> bool:
+    """Whether ``value`` is a torch tensor (an index, read as an array; :func:`as_numpy`)."""
+    return not isinstance(value, TensorCore) and callable(getattr(value, "detach", None))
+
+
+def as_numpy(value) -> np.ndarray:
+    """The values of ``value`` as a NumPy array of its shape and dtype: a miniflow Tensor's
+    (:meth:`Tensor.numpy`), a torch tensor's, a Parameter or a tensor that requires grad read
+    detached (as ``torch.Tensor.copy_`` reads its source), else ``np.asarray(value)`` (an array
+    is not copied). A bfloat16 torch tensor, which torch cannot give NumPy, is read bit for bit
+    as miniflow's bfloat16 array (``ml_dtypes.bfloat16``). What ``load_state_dict`` and
+    ``Embedding.from_pretrained`` read.
+
+    Raises:
+        TypeError: what torch cannot give NumPy otherwise (torch's message).
+    """
+    if isinstance(value, TensorCore):
+        return value.numpy()
+    if callable(getattr(value, "detach", None)):
+        value = value.detach()
+        torch = sys.modules.get("torch")     # imported already if value is a torch tensor
+        if (torch is not None and isinstance(value, torch.Tensor)
+                and value.dtype == torch.bfloat16):
+            return np.asarray(value.view(torch.int16)).view(bfloat16.np)
+    return np.asarray(value)
+
+
+def tensor(data, dtype=None) -> Tensor:
+    """Create an eager Tensor from array-like ``data``.
+
+    dtype: None keeps a NumPy array's dtype (float64 included) and a torch tensor's floating
+    dtype (``torch.tensor(t)`` keeps it; bfloat16 bit for bit, a tensor that requires grad read
+    detached: :func:`as_numpy`), its integers and bools as int64; Python floats become float32
+    and Python ints int64, as in PyTorch.
+
+    Raises:
+        TypeError: unsupported dtype (names the supported ones).
+    """
+    if isinstance(data, TensorCore):
+        data = data.numpy()
+    elif _is_torch(data):
+        data = as_numpy(data)
+        data = data.astype(np.int64) if data.dtype.kind in "iub" else data
+    if dtype is None:
+        arr = np.asarray(data)
+        if not isinstance(data, np.ndarray) and not isinstance(data, np.generic):
+            if arr.dtype.kind == "f":
+                arr = arr.astype(np.float32)
+            elif arr.dtype.kind in "iub":
+                arr = arr.astype(np.int64)
+        dt = as_dtype(arr.dtype)
+    else:
+        dt = as_dtype(dtype)
+        arr = np.asarray(data).astype(dt.np)
+    return new_tensor(get_backend().from_numpy(arr))
+
+
+def apply(op: str, inputs: list, **attrs):
+    """Apply op type ``op`` (a registered name) to Tensors: record a node while tracing, else run
+    the kernel now.
+
+    Returns one Tensor, or a tuple for multi-output ops.
+
+    Raises:
+        TypeError: an input that is not a Tensor. KeyError: an unknown op type.
+    """
+    for i, t in enumerate(inputs):
+        if not isinstance(t, TensorCore):
+            raise TypeError(f"{op}: input {i} is a {type(t).__name__}, not a miniflow Tensor; "
+                            "wrap data with miniflow.tensor(...) (graph inputs are Tensors "
+                            "already)")
+    tr = current_tracer()
+    if tr is None:
+        for t in inputs:
+            if t._value is not None:
+                raise RuntimeError(_kept_from_trace(t))
+        from ..runtime.eager import run_op
+        outs = [new_tensor(a) for a in run_op(op, [t._data for t in inputs], attrs)]
+    else:
+        vals = tr.operands([tr.value_of(t) for t in inputs])
+        res = tr.graph.emit(get_op(op), *vals, **attrs)
+        res = res if isinstance(res, tuple) else (res,)
+        tr.record(res)
+        outs = [new_tensor(_value=v, _tracer=tr) for v in res]
+    return outs[0] if len(outs) == 1 else tuple(outs)

@@ -1,0 +1,141 @@
+"""Indexing, ``x[key]``: basic indices (ints, slices, ``None``, ``...``) as op ``slice`` and
+``reshape``, one integer array, list or int64 Tensor as op ``gather``."""
+from __future__ import annotations
+
+import numbers
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from ..ops.indexing import first_bad
+from .core import TensorCore
+from .create import _is_torch, apply, as_numpy, tensor
+
+if TYPE_CHECKING:        # the composed class, for the annotations only
+    from . import Tensor
+
+
+class Indexing:
+    """``__getitem__`` of :class:`miniflow.tensor.Tensor`."""
+
+    def __getitem__(self, key) -> "Tensor":
+        """Basic indexing as PyTorch: ints, slices (step > 0), ``None`` and ``...`` (op
+        ``slice``, then ``reshape`` for the dimensions ints remove and ``None`` adds); an int64
+        Tensor, a NumPy array or a list of ints selects along dimension 0 (op ``gather``), and
+        one of them in a tuple along its dimension (``x[:, [-1], :]``, :meth:`_take`; a tuple
+        there is a list, as in PyTorch: ``x[:, (0, 2)]``).
+
+        Raises:
+            IndexError: an index out of range or too many indices (PyTorch's messages).
+            ValueError: a step <= 0. TypeError: another kind of index (a boolean mask, two
+            array indices in a tuple)."""
+        if isinstance(key, (np.ndarray, list)) or _is_torch(key):  # x[np.array([1, 0])], x[[1, 0]]
+            key = _array_index(key, self.shape)
+        if isinstance(key, TensorCore):
+            return apply("gather", [self, key], axis=0)
+        key = key if isinstance(key, tuple) else (key,)
+        arrays = [i for i, k in enumerate(key)   # a tuple in the tuple is a list (torch's)
+                  if isinstance(k, (np.ndarray, list, tuple, TensorCore)) or _is_torch(k)]
+        if len(arrays) == 1:
+            return self._take(key, arrays[0])
+        index, out_shape = _basic_index(key, self.shape)
+        sliced = self
+        if any(s != slice(0, n, 1) for s, n in zip(index, self.shape)):
+            sliced = apply("slice", [self], start=tuple(s.start for s in index),
+                           stop=tuple(s.stop for s in index), step=tuple(s.step for s in index))
+        return sliced if sliced.shape == out_shape else sliced.reshape(out_shape)
+
+    def _take(self, key: tuple, pos: int) -> "Tensor":
+        """``self[key]`` where ``key[pos]`` is the tuple's one array, list or int64 Tensor
+        index (nanoGPT's ``x[:, [-1], :]``): the basic index with ``:`` there, then op
+        ``gather`` along that dimension of the result, which the index's shape replaces in
+        place. Ints of the tuple select first, as PyTorch's (``x[0, :, [1, 2]]`` of a
+        ``[2, 3, 4]`` tensor is ``[3, 2]``; NumPy's is ``[2, 3]``)."""
+        out = self[key[:pos] + (slice(None),) + key[pos + 1:]]
+        used = sum(k is not None and k is not Ellipsis for k in key)
+        axis = sum(self.ndim - used if k is Ellipsis else 1 for k in key[:pos]
+                   if k is None or k is Ellipsis or isinstance(k, slice))   # of the result
+        index = key[pos]
+        if not isinstance(index, TensorCore):
+            dim = sum(self.ndim - used if k is Ellipsis else 1 for k in key[:pos]
+                      if k is not None)                     # the dimension of self it indexes
+            index = _array_index(index, out.shape[axis:], dim)
+        return apply("gather", [out, index], axis=axis)
+
+
+def _array_index(key, shape: tuple, dim: int = 0) -> "Tensor":
+    """A NumPy array or list index of a tensor of ``shape`` as the int64 Tensor that
+    ``gather`` takes along its dim 0 (negative entries count from the end, as in torch);
+    ``dim``: the dimension it indexes, for the messages (``x[:, [7]]`` indexes dimension 1).
+
+    Raises:
+        TypeError: a boolean mask (its result's shape depends on its values, which a traced
+            graph cannot have) or an array that is not of integers.
+        IndexError: a 0-d tensor (nothing to index), or an index outside ``[-n, n)`` (PyTorch's
+            message, naming the index as given, unsigned ones included, and its position).
+    """
+    try:
+        arr = as_numpy(key)
+    except ValueError:   # a ragged list
+        arr = np.asarray(key, dtype=object)
+    if arr.size == 0 and isinstance(key, (list, tuple)):   # x[:, []]: no index, no dtype
+        arr = arr.astype(np.int64)
+    if arr.dtype == np.bool_:
+        raise TypeError(f"tensor index: a boolean mask of shape {list(arr.shape)} is not "
+                        f"supported (the result's shape would depend on its values); select "
+                        f"the rows by their int64 indices instead: x[np.flatnonzero(mask)]")
+    if arr.dtype.kind not in "iu":
+        raise TypeError(f"tensor index {key!r}: an array or list index must hold integers (got "
+                        f"{arr.dtype}); miniflow supports ints, slices, None, ... and one integer "
+                        f"array, list or int64 Tensor")
+    if not shape:
+        raise IndexError("too many indices for tensor of dimension 0")
+    found = first_bad(arr, shape[0], -shape[0])   # before the int64 cast: uint64 may not fit
+    if found is not None:
+        pos, value, count = found
+        raise IndexError(f"index {value} is out of bounds for dimension {dim} with size "
+                         f"{shape[0]} (the index array's element {list(pos)}; {count} of "
+                         f"{arr.size} out of bounds)")
+    return tensor(np.where(arr < 0, arr + shape[0], arr).astype(np.int64))
+
+
+def _basic_index(key: tuple, shape: tuple) -> tuple:
+    """``(slices, out_shape)`` of a basic-indexing key: one normalised ``slice(start, stop,
+    step)`` per dimension of ``shape`` and the result's shape (ints removed, None added)."""
+    if any(isinstance(k, (np.ndarray, list, tuple, TensorCore)) for k in key):
+        raise TypeError(f"tensor index {key!r}: one array, list or Tensor index is supported "
+                        f"(x[idx], x[:, [0, 3]]), not several in a tuple (advanced indexing over "
+                        f"several dimensions): index one dimension at a time")
+    if sum(k is Ellipsis for k in key) > 1:
+        raise IndexError("an index can only have a single ellipsis ('...')")
+    used = sum(k is not None and k is not Ellipsis for k in key)
+    if used > len(shape):
+        raise IndexError(f"too many indices for tensor of dimension {len(shape)}")
+    if Ellipsis in key:
+        at = next(i for i, k in enumerate(key) if k is Ellipsis)
+        key = key[:at] + (slice(None),) * (len(shape) - used) + key[at + 1:]
+    else:
+        key = key + (slice(None),) * (len(shape) - used)
+    slices, out_shape, d = [], [], 0
+    for k in key:
+        if k is None:
+            out_shape.append(1)
+            continue
+        n = shape[d]
+        if isinstance(k, numbers.Integral) and not isinstance(k, bool):
+            if not -n <= k < n:
+                raise IndexError(f"index {k} is out of bounds for dimension {d} with size {n}")
+            k = int(k) % n
+            slices.append(slice(k, k + 1, 1))
+        elif isinstance(k, slice):
+            if k.step is not None and k.step <= 0:
+                raise ValueError(f"step must be greater than zero, got {k.step} (dimension {d})")
+            a, b, st = k.indices(n)
+            b = max(a, b)
+            slices.append(slice(a, b, st))
+            out_shape.append(len(range(a, b, st)))
+        else:
+            raise TypeError(f"tensor index {k!r} ({type(k).__name__}): miniflow supports ints, "
+                            f"slices, None, ... and one integer array, list or int64 Tensor")
+        d += 1
+    return slices, tuple(out_shape)

@@ -1,0 +1,205 @@
+"""Reductions: ``sum``, ``mean``, ``var`` / ``std``, ``max`` / ``min`` (with ``dim``: values and
+indices) and ``argmax`` / ``argmin``, with PyTorch's and NumPy's argument names."""
+from __future__ import annotations
+
+import collections
+import math
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from ..ops.common import norm_axes
+from .core import TensorCore
+from .create import _is_torch, apply
+from .dims import _dim
+
+if TYPE_CHECKING:        # the composed class, for the annotations only
+    from . import Tensor
+
+
+MaxResult = collections.namedtuple("max", ["values", "indices"])
+"""What ``Tensor.max(dim)`` returns (PyTorch's ``torch.return_types.max``)."""
+MinResult = collections.namedtuple("min", ["values", "indices"])
+"""What ``Tensor.min(dim)`` returns (PyTorch's ``torch.return_types.min``)."""
+
+class Reductions:
+    """The reductions of :class:`miniflow.tensor.Tensor`."""
+
+    def max(self, dim: int | None = None, keepdim: bool = False):
+        """Without ``dim``: the largest element (a 0-d tensor; op ``reduce_max``). With ``dim``:
+        ``(values, indices)`` along ``dim`` as PyTorch's ``torch.return_types.max`` (ops
+        ``reduce_max`` and ``argmax``; NaN propagates, the first maximum's index). The
+        gradient of ``values`` is shared equally by tied maxima (OneFlow's rule; PyTorch gives
+        it to the one at ``indices``).
+
+        Raises:
+            IndexError: ``dim`` out of range. ValueError: an empty reduced dimension.
+            TypeError: ``keepdim`` without ``dim`` (as PyTorch: no such overload); a tensor
+            as ``dim`` (PyTorch's elementwise ``x.max(other)``, not supported: the message
+            says how to write it)."""
+        _no_other("max", dim)
+        if dim is None and keepdim:
+            raise TypeError(f"max(): keepdim=True needs a dim (the tensor has shape "
+                            f"{list(self.shape)}): pass dim=..., or reshape the 0-d maximum, "
+                            f"x.max().reshape({(1,) * self.ndim})")
+        if dim is None:
+            flat = self.reshape(-1) if self.ndim != 1 else self
+            return apply("reduce_max", [flat], axis=0).reshape(())
+        d = _dim("max", dim, self.ndim)
+        if self.ndim == 0:                   # PyTorch: (the element, index 0), 0-d
+            flat = self.reshape(1)
+            return MaxResult(apply("reduce_max", [flat], axis=0), apply("argmax", [flat], axis=0))
+        return MaxResult(apply("reduce_max", [self], axis=d, keepdims=bool(keepdim)),
+                         apply("argmax", [self], axis=d, keepdims=bool(keepdim)))
+
+    def argmax(self, dim: int | None = None, keepdim: bool = False) -> "Tensor":
+        """The int64 index of the largest element: in the flattened tensor (0-d; ``keepdim``
+        gives it every dimension, of size 1) or along ``dim`` (op ``argmax``, as PyTorch's
+        ``torch.argmax``: NaN counts as the largest, the first maximum's index). It has no
+        gradient.
+
+        Raises:
+            IndexError: ``dim`` out of range; an empty tensor without ``dim``, or an empty
+                reduced dimension (PyTorch's messages). TypeError: an integer tensor (the op
+                takes floating point; PyTorch's takes integers too)."""
+        if not self.dtype.is_float:
+            raise TypeError(f"argmax: the tensor of shape {list(self.shape)} is {self.dtype.name}; "
+                            f"miniflow's argmax takes floating-point tensors: cast it with "
+                            f".to(miniflow.float64) first (exact for integers up to 2**53)")
+        if dim is None:
+            if self.numel() == 0:
+                raise IndexError("argmax(): Expected reduction dim to be specified for "
+                                 "input.numel() == 0.")
+            index = apply("argmax", [self.reshape(-1)], axis=0)
+            return index.reshape((1,) * self.ndim) if keepdim else index
+        d = _dim("argmax", dim, self.ndim)
+        if self.ndim == 0:
+            return apply("argmax", [self.reshape(1)], axis=0)
+        if self.shape[d] == 0:
+            raise IndexError(f"argmax(): Expected reduction dim {d} to have non-zero size.")
+        return apply("argmax", [self], axis=d, keepdims=bool(keepdim))
+
+    def min(self, dim: int | None = None, keepdim: bool = False):
+        """The smallest element, or ``(values, indices)`` along ``dim``: :meth:`max` of ``-x``,
+        negated (exact), with PyTorch's ``torch.min`` results (NaN propagates, the first
+        minimum's index); raises as :meth:`max`."""
+        _no_other("min", dim)
+        if dim is not None:
+            _dim("min", dim, self.ndim)
+        if dim is None:
+            return -(-self).max(None, keepdim)
+        values, indices = (-self).max(dim, keepdim)
+        return MinResult(-values, indices)
+
+    def argmin(self, dim: int | None = None, keepdim: bool = False) -> "Tensor":
+        """The int64 index of the smallest element (:meth:`argmax` of ``-x``; ``torch.argmin``);
+        raises as :meth:`argmax`."""
+        return (-self).argmax(dim, keepdim)
+
+    def var(self, dim=None, unbiased=None, keepdim: bool = False, *, correction=None):
+        """Variance over ``dim`` (None: every dim) with Bessel's ``correction`` (default 1:
+        ``sum((x - mean)^2) / (n - correction)``), PyTorch's ``torch.Tensor.var``; ``unbiased``
+        is its older spelling (True: correction 1, False: 0). A float16 / bfloat16 input is
+        computed in float32 and rounded once, as PyTorch does.
+
+        Raises:
+            TypeError: both ``unbiased`` and ``correction`` given.
+            ValueError: ``n - correction <= 0`` (PyTorch gives nan or inf with a warning).
+        """
+        return self._moment("var", dim, unbiased, keepdim, correction, sqrt=False)
+
+    def std(self, dim=None, unbiased=None, keepdim: bool = False, *, correction=None):
+        """Standard deviation: the square root of :meth:`var` (same arguments and errors),
+        ``torch.Tensor.std``."""
+        return self._moment("std", dim, unbiased, keepdim, correction, sqrt=True)
+
+    def _moment(self, fn, dim, unbiased, keepdim, correction, sqrt: bool):
+        if unbiased is not None and correction is not None:
+            raise TypeError(f"{fn}: got both unbiased={unbiased!r} and correction="
+                            f"{correction!r}; pass one (unbiased=False is correction=0)")
+        c = float(correction if correction is not None else 1 if unbiased in (None, True) else 0)
+        dim, keepdim = _reduce_args(fn, dim, keepdim, None, None)
+        axes = norm_axes(fn, dim, self.ndim) if self.ndim else ()
+        n = math.prod(self.shape[a] for a in axes)
+        kept = [d for i, d in enumerate(self.shape) if i not in axes]
+        if n - c <= 0 and 0 not in kept:
+            raise ValueError(f"{fn}: dims {list(axes)} of shape {list(self.shape)} hold {n} "
+                             f"element{'s' * (n != 1)} per result, and correction={c:g} leaves "
+                             f"{n - c:g} degrees of freedom (PyTorch gives nan or inf): pass "
+                             f"correction=0, or reduce over more elements")
+        x = self.to("float32") if self.dtype.is_half else self
+        deviation = x - x.mean(dim, keepdim=True)
+        v = apply("scalar_div", [deviation.square().sum(dim, keepdim)], scalar=max(n - c, 1.0))
+        v = v.sqrt() if sqrt else v
+        return v.to(self.dtype) if self.dtype.is_half else v
+
+    def sum(self, dim=None, keepdim: bool = False, *, axis=None, keepdims=None):
+        """Sum over ``dim`` (an int, a sequence of ints, or None or ``()``: every dim, as in
+        torch 2.x), keeping the reduced dims as size 1 when ``keepdim`` (``torch.Tensor.sum``;
+        NumPy's names ``axis=`` / ``keepdims=`` are accepted too, as torch accepts them). Op
+        ``reduce_sum`` (OneFlow's attributes ``axis`` and ``keepdims``).
+
+        Raises:
+            TypeError: a dim given twice (``dim`` and ``axis``, ``keepdim`` and ``keepdims``).
+            IndexError: a dim of a 0-d tensor other than 0 or -1 (PyTorch's message).
+        """
+        dim, keepdim = _reduce_args("sum", dim, keepdim, axis, keepdims)
+        if self.ndim == 0 and dim is not None:   # PyTorch: dim 0 or -1 of a 0-d tensor
+            for d in dim if isinstance(dim, (tuple, list)) else (dim,):
+                _dim("sum", d, 0)
+            dim = None
+        return apply("reduce_sum", [self], axis=dim, keepdims=keepdim)
+
+    def mean(self, dim=None, keepdim: bool = False, *, axis=None, keepdims=None):
+        """Mean over ``dim`` (arguments as :meth:`sum`, ``torch.Tensor.mean``): traced as
+        ``reduce_sum`` then ``scalar_mul(1/n)`` (no mean op type). A float16 / bfloat16 input is
+        cast to float32 first and the mean cast back at the end (one rounding), as PyTorch
+        accumulates half types in float32: a float16 sum beyond 65504 does not make the mean inf.
+
+        Raises:
+            TypeError: as :meth:`sum`. ValueError: the reduced dims hold no element while
+                the result has some (a (0, 3) tensor's ``mean(1)`` is empty, its
+                ``mean(0)`` an error).
+        """
+        dim, keepdim = _reduce_args("mean", dim, keepdim, axis, keepdims)
+        x = self.to("float32") if self.dtype.is_half else self
+        s = x.sum(dim, keepdim)
+        axes = norm_axes("mean", dim, self.ndim) if self.ndim else ()
+        n = math.prod(self.shape[a] for a in axes)   # the count of each mean: the reduced dims
+        if n == 0 and 0 not in s.shape:
+            raise ValueError(f"mean: dims {list(axes)} of shape {list(self.shape)} hold no "
+                             f"element (the mean of nothing; PyTorch gives NaN): skip empty "
+                             f"inputs or reduce over dims of nonzero size")
+        m = apply("scalar_mul", [s], scalar=1.0 / max(n, 1))
+        return m.to(self.dtype) if self.dtype.is_half else m
+
+
+def _reduce_args(op: str, dim, keepdim, axis, keepdims) -> tuple:
+    """``(dim, keepdim)`` from PyTorch's and NumPy's names (:meth:`Tensor.sum`).
+
+    Raises:
+        TypeError: both names of one argument given.
+    """
+    if axis is not None:
+        if dim is not None:
+            raise TypeError(f"{op}: got both dim={dim!r} and axis={axis!r}; pass one")
+        dim = axis
+    if keepdims is not None:
+        if keepdim is not False:
+            raise TypeError(f"{op}: got both keepdim and keepdims; pass one")
+        keepdim = keepdims
+    if isinstance(dim, (tuple, list)) and len(dim) == 0:
+        dim = None   # torch 2.x: an empty dim list reduces over every dim, as None does
+    return dim, bool(keepdim)
+
+
+def _no_other(fn: str, dim) -> None:
+    """Raises TypeError where ``dim`` of ``max`` / ``min`` is a tensor or array: PyTorch's
+    ``x.max(other)``, the elementwise maximum (``torch.maximum``), which miniflow lacks; the
+    message gives the ``clamp`` form of its values (to rounding; a tie's gradient goes to
+    ``x``, where ``torch.maximum`` halves it)."""
+    if isinstance(dim, (TensorCore, np.ndarray)) or _is_torch(dim):
+        word, side = ("maximum", "min") if fn == "max" else ("minimum", "max")
+        raise TypeError(f"{fn}(other): the elementwise {word} of two tensors "
+                        f"(torch.{word}) is not supported (dim must be an int); write "
+                        f"other + (x - other).clamp({side}=0)")
