@@ -235,14 +235,211 @@ def test_mse_loss_and_its_gradient_match_the_float64_oracle_and_torch(reduction)
                                ref.numpy(), rtol=1e-6)
 
 
-def test_mse_loss_refuses_what_pytorch_would_silently_broadcast_or_promote():
-    x = mf.tensor(LOGITS)
-    with pytest.raises(ValueError, match=r"mse_loss: target size \[6, 1\] is different from "
+@pytest.mark.parametrize("fn, module", [("mse_loss", nn.MSELoss), ("l1_loss", nn.L1Loss)])
+def test_elementwise_losses_refuse_what_pytorch_would_silently_broadcast_or_promote(fn, module):
+    x, loss = mf.tensor(LOGITS), getattr(nn.functional, fn)
+    with pytest.raises(ValueError, match=fr"{fn}: target size \[6, 1\] is different from "
                                          r"the input size \[6, 5\] \(PyTorch would broadcast"):
-        nn.functional.mse_loss(x, np.zeros((6, 1), np.float32))
-    with pytest.raises(TypeError, match=r"mse_loss: input float32 and target float64 have "
+        loss(x, np.zeros((6, 1), np.float32))
+    with pytest.raises(TypeError, match=fr"{fn}: input float32 and target float64 have "
                                         r"different dtypes"):
-        nn.functional.mse_loss(x, mf.tensor(LOGITS.astype(np.float64)))
-    with pytest.raises(ValueError, match=r"mse_loss: reduction must be 'mean', 'sum' or "
+        loss(x, mf.tensor(LOGITS.astype(np.float64)))
+    with pytest.raises(ValueError, match=fr"{fn}: reduction must be 'mean', 'sum' or "
                                          r"'none', got 'avg'"):
-        nn.MSELoss(reduction="avg")
+        module(reduction="avg")
+
+
+# ------------------------------------------------------------------------------ nll_loss
+def _nll_oracle(x, t, w, ignore_index, reduction):
+    """``torch.nn.functional.nll_loss`` in NumPy float64: the loss and d(loss)/d(input)."""
+    x, classes = x.astype(np.float64), x.shape[1 if x.ndim > 1 else 0]
+    rows = np.moveaxis(x.reshape((1,) * (x.ndim == 1) + x.shape), 1, -1).reshape(-1, classes)
+    labels = np.asarray(t).reshape(-1)
+    keep = labels != ignore_index
+    safe = np.where(keep, labels, 0)
+    wt = np.where(keep, np.asarray(w, np.float64)[safe], 0.0)
+    at = np.arange(len(labels))
+    per = np.where(keep, -wt * rows[at, safe], 0.0)
+    grad = np.zeros_like(rows)
+    grad[at, safe] = -wt
+    if reduction == "mean":
+        loss, grad = per.sum() / wt.sum(), grad / wt.sum()
+    else:
+        loss = per.sum() if reduction == "sum" else per.reshape(np.shape(t))
+    shape = (1,) * (x.ndim == 1) + x.shape
+    grad = np.moveaxis(grad.reshape(shape[:1] + shape[2:] + shape[1:2]), -1, 1).reshape(x.shape)
+    return loss, grad
+
+
+class _NLLStep(nn.Graph):
+    """``nn.NLLLoss`` of a parameter (log probabilities) against a target given as a graph input
+    (computed in the build: the in-graph range check); one SGD step of lr 1 shows the gradient."""
+
+    def __init__(self, x, loss):
+        super().__init__()
+        self.m = nn.Module()
+        self.m.x = nn.Parameter(x)
+        self.loss = loss
+        self.add_optimizer(mf.optim.SGD(self.m.parameters(), lr=1.0))
+
+    def build(self, target):
+        loss = self.loss(self.m.x, target)
+        (loss.sum() if self.loss.reduction == "none" else loss).backward()
+        return loss
+
+
+def _nll_case(shape, seed=3):
+    r = np.random.default_rng(seed)
+    x = r.standard_normal(shape).astype(np.float32)
+    classes = shape[1] if len(shape) > 1 else shape[0]
+    t_shape = shape[:1] + shape[2:] if len(shape) > 1 else ()
+    t = r.integers(0, classes, t_shape).astype(np.int64)
+    if t.size > 2:
+        t.reshape(-1)[[1, -1]] = -100         # two ignored elements
+    w = r.uniform(0.5, 2.0, classes).astype(np.float32)
+    return x, t, w
+
+
+@pytest.mark.parametrize("shape", [(6, 5), (5,), (2, 4, 3, 2)])
+@pytest.mark.parametrize("weighted", [False, True])
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+def test_nll_loss_and_gradient_match_the_float64_oracle_and_torch(shape, weighted, reduction):
+    """nll_loss / NLLLoss for [N, C], unbatched [C] and [N, C, d1, d2] inputs, with and without
+    class weights, targets -100 ignored (the default ignore_index): loss and gradient of one
+    graph step against NumPy float64, the eager loss against ``torch.nn.functional.nll_loss``."""
+    x, t, w = _nll_case(shape)
+    want, want_grad = _nll_oracle(x, t, w if weighted else np.ones_like(w), -100, reduction)
+    step = _NLLStep(x, nn.NLLLoss(w if weighted else None, reduction=reduction))
+    np.testing.assert_allclose(step(t).numpy(), want, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(x - step.m.x.numpy(), want_grad, rtol=1e-5, atol=1e-6)
+    eager = nn.functional.nll_loss(mf.tensor(x), t, mf.tensor(w) if weighted else None,
+                                   reduction=reduction)
+    np.testing.assert_allclose(eager.numpy(), want, rtol=1e-5, atol=1e-6)
+    torch = pytest.importorskip("torch")
+    xt = torch.tensor(x, requires_grad=True)
+    ref = torch.nn.functional.nll_loss(xt, torch.tensor(t), torch.tensor(w) if weighted else None,
+                                       reduction=reduction)
+    (ref.sum() if reduction == "none" else ref).backward()
+    assert eager.shape == tuple(ref.shape)
+    np.testing.assert_allclose(eager.numpy(), ref.detach().numpy(), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(x - step.m.x.numpy(), xt.grad.numpy(), rtol=1e-5, atol=1e-6)
+
+
+def test_nll_loss_of_log_softmax_is_cross_entropy_and_ignore_index_is_any_int():
+    """``nll_loss(log_softmax(x))`` is ``cross_entropy(x)`` (PyTorch's definition of it), also
+    with another ``ignore_index`` (a label outside [0, C) is then fine where it is ignored)."""
+    x, t = LOGITS, LABELS.copy()
+    t[2] = 7
+    got = nn.functional.nll_loss(mf.tensor(x).log_softmax(1), t, ignore_index=7)
+    want = nn.functional.cross_entropy(mf.tensor(x), t, ignore_index=7)
+    np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-6)
+
+
+def test_nll_loss_every_element_ignored_or_an_empty_batch_gives_nan_mean_as_torch():
+    """Every target ignored: "mean" is 0 / 0 = nan, "sum" 0, no gradient (PyTorch's values); an
+    empty batch: "mean" nan, "sum" 0, as PyTorch."""
+    t = np.full(6, -100, np.int64)
+    step = _NLLStep(LOGITS, nn.NLLLoss())
+    assert np.isnan(step(t).numpy())
+    np.testing.assert_array_equal(step.m.x.numpy(), LOGITS)
+    assert nn.functional.nll_loss(mf.tensor(LOGITS), t, reduction="sum").numpy() == 0.0
+    empty = mf.tensor(np.zeros((0, 5), np.float32))
+    assert np.isnan(nn.functional.nll_loss(empty, np.zeros(0, np.int64)).numpy())
+    assert nn.functional.nll_loss(empty, np.zeros(0, np.int64), reduction="sum").numpy() == 0.0
+
+
+def test_nll_loss_module_keeps_its_weight_as_torch_in_the_state_dict():
+    """``NLLLoss(weight)`` registers the weight as a buffer: ``weight`` in the state dict, as
+    PyTorch's; without one the state dict is empty."""
+    w = np.array([1.0, 2.0, 3.0], np.float32)
+    assert list(nn.NLLLoss(w).state_dict()) == ["weight"]
+    np.testing.assert_array_equal(nn.NLLLoss(w).state_dict()["weight"], w)
+    assert list(nn.NLLLoss().state_dict()) == []
+    torch = pytest.importorskip("torch")
+    assert list(torch.nn.NLLLoss(torch.tensor(w)).state_dict()) == ["weight"]
+
+
+def test_nll_loss_refuses_what_torch_refuses_with_its_messages():
+    x = mf.tensor(LOGITS)          # [6, 5]
+    cases = [
+        (IndexError, r"nll_loss: Target 5 is out of bounds\.",
+         lambda: nn.functional.nll_loss(x, np.array([0, 5, 1, 1, 1, 1]))),
+        (IndexError, r"nll_loss: Target -1 is out of bounds\.",
+         lambda: nn.functional.nll_loss(x, np.array([0, -1, 1, 1, 1, 1]))),
+        (ValueError, r"nll_loss: Expected input batch_size \(6\) to match target batch_size "
+                     r"\(2\)\.", lambda: nn.functional.nll_loss(x, np.array([0, 1]))),
+        (ValueError, r"nll_loss: Expected target size \[2, 3\], got \[2, 4\]",
+         lambda: nn.functional.nll_loss(mf.tensor(np.zeros((2, 5, 3), np.float32)),
+                                        np.zeros((2, 4), np.int64))),
+        (ValueError, r"nll_loss: For 1D input, 1D target must have size 1",
+         lambda: nn.functional.nll_loss(mf.tensor(LOGITS[0]), np.array([1, 2]))),
+        (ValueError, r"nll_loss: Expected 1 or more dimensions \(got 0\)",
+         lambda: nn.functional.nll_loss(mf.tensor(np.float32(1.0)), np.array(0))),
+        (ValueError, r"nll_loss: weight tensor should be defined either for all 5 classes or "
+                     r"no classes but got weight tensor of shape: \[3\]",
+         lambda: nn.functional.nll_loss(x, LABELS, weight=np.ones(3, np.float32))),
+        (TypeError, r"nll_loss: input float32 and weight float64 have different dtypes",
+         lambda: nn.functional.nll_loss(x, LABELS, weight=mf.tensor(np.ones(5)))),
+        (RuntimeError, r"not differentiable with respect to argument 'weight'",
+         lambda: nn.functional.nll_loss(x, LABELS, weight=nn.Parameter(np.ones(5, np.float32)))),
+        (TypeError, r"nll_loss: expected target dtype to be Long \(int64\), but got float64",
+         lambda: nn.functional.nll_loss(x, LABELS.astype(np.float64))),
+        (TypeError, r"nll_loss: ignore_index must be an int, got 1\.5",
+         lambda: nn.functional.nll_loss(x, LABELS, ignore_index=1.5)),
+        (TypeError, r"nll_loss: input must be floating point",
+         lambda: nn.functional.nll_loss(mf.tensor(LABELS), LABELS)),
+        (ValueError, r"nll_loss: reduction must be 'mean', 'sum' or 'none', got 'avg'",
+         lambda: nn.NLLLoss(reduction="avg")),
+        (ValueError, r"nll_loss: size_average and reduce are deprecated",
+         lambda: nn.functional.nll_loss(x, LABELS, None, True)),
+    ]
+    for error, message, call in cases:
+        with pytest.raises(error, match=message):
+            call()
+
+
+def test_nll_loss_target_computed_in_the_graph_is_range_checked_when_it_runs():
+    """A target given as a graph input has no value at build time: its out-of-range class is
+    refused when the graph runs, by the ``gather`` of the class weights (naming the index; an
+    IndexError, as PyTorch's)."""
+    step = _NLLStep(LOGITS, nn.NLLLoss())
+    with pytest.raises(IndexError, match=r"gather: index 5 at indices\[1\] is out of range "
+                                         r"\[0, 5\)"):
+        step(np.array([0, 5, 1, 1, 1, 1], np.int64))
+
+
+# ------------------------------------------------------------------------------ l1_loss
+class _L1Step(_MSEStep):
+    def __init__(self, x, reduction):
+        super().__init__(x, reduction)
+        self.loss = nn.L1Loss(reduction=reduction)
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+def test_l1_loss_and_its_gradient_match_the_float64_oracle_and_torch(reduction):
+    """l1_loss / L1Loss: the loss and d(loss)/d(input) = sign(input - target) (/ n for "mean";
+    0 where they are equal, as PyTorch), against NumPy float64 and ``torch``'s."""
+    x, t = LOGITS, LOGITS[::-1].copy() * 0.5
+    t[0, :2] = x[0, :2]                  # equal elements: gradient 0
+    d = x.astype(np.float64) - t
+    want = {"mean": np.abs(d).mean(), "sum": np.abs(d).sum(), "none": np.abs(d)}[reduction]
+    want_grad = np.sign(d) / (d.size if reduction == "mean" else 1)
+    step = _L1Step(x, reduction)
+    np.testing.assert_allclose(step(t).numpy(), want, rtol=1e-5)
+    np.testing.assert_allclose(x - step.m.x.numpy(), want_grad, rtol=1e-4, atol=1e-7)
+    torch = pytest.importorskip("torch")
+    xt = torch.tensor(x, requires_grad=True)
+    ref = torch.nn.functional.l1_loss(xt, torch.tensor(t), reduction=reduction)
+    (ref.sum() if reduction == "none" else ref).backward()
+    np.testing.assert_allclose(nn.functional.l1_loss(mf.tensor(x), t, reduction=reduction)
+                               .numpy(), ref.detach().numpy(), rtol=1e-6)
+    np.testing.assert_allclose(x - step.m.x.numpy(), xt.grad.numpy(), rtol=1e-4, atol=1e-7)
+
+
+def test_l1_loss_refuses_the_deprecated_arguments_where_a_third_argument_lands_in_torch():
+    """``l1_loss(x, t, "sum")`` is ``size_average="sum"`` in PyTorch (its legacy rule then
+    averages): refused, naming the keyword to use."""
+    with pytest.raises(ValueError, match=r"l1_loss: size_average and reduce are deprecated"):
+        nn.functional.l1_loss(mf.tensor(LOGITS), LOGITS, "sum")
+    with pytest.raises(ValueError, match=r"l1_loss: size_average and reduce are deprecated"):
+        nn.L1Loss(reduce=False)

@@ -13,7 +13,7 @@ from .conv import Conv2d
 from .dropout import Dropout
 from .layer_norm import LayerNorm, RMSNorm
 from .layers import Flatten, Identity, Linear, LogSoftmax, Sequential, Softmax
-from .loss import CrossEntropyLoss, MSELoss
+from .loss import CrossEntropyLoss, L1Loss, MSELoss, NLLLoss
 from .module import Module, Parameter
 from .normalization import BatchNorm1d, BatchNorm2d
 from .pooling import AdaptiveAvgPool2d, AvgPool2d, MaxPool2d
@@ -22,8 +22,8 @@ from .sparse import Embedding
 __all__ = ["Graph", "GraphConfig", "Linear", "Module", "Parameter", "Sequential", "ModuleList",
            "ModuleDict", "ParameterList", "Flatten", "Identity", "Conv2d", "BatchNorm1d",
            "BatchNorm2d", "Dropout", "LayerNorm", "RMSNorm", "Embedding", "MultiheadAttention",
-           "CrossEntropyLoss", "MSELoss", "Softmax", "LogSoftmax", "MaxPool2d", "AvgPool2d",
-           "AdaptiveAvgPool2d",
+           "CrossEntropyLoss", "NLLLoss", "MSELoss", "L1Loss", "Softmax", "LogSoftmax",
+           "MaxPool2d", "AvgPool2d", "AdaptiveAvgPool2d",
            "functional", *(name for name in activations.__all__ if not name.islower())]
 
 

@@ -1,5 +1,7 @@
 """Functional ops (``torch.nn.functional`` names and arguments) built from registered op types;
-the activation functions (``relu``, ...) are ``miniflow.nn.activations``' and re-exported here.
+the activation functions (``relu``, ...) are ``miniflow.nn.activations``' and the losses
+(``cross_entropy``, ``nll_loss``, ``mse_loss``, ``l1_loss``) ``miniflow.nn.loss``', re-exported
+here.
 
 The convolution, pooling and batch-norm functions take PyTorch's arguments and emit OneFlow's ops
 (``conv2d`` + ``bias_add``, ``max_pool_2d``, ``avg_pool_2d``, ``adaptive_avg_pool2d``,
@@ -19,13 +21,14 @@ from .activations import *  # noqa: F401,F403  (the activation functions: relu .
 from .attention import scaled_dot_product_attention
 from .dropout import dropout
 from .layer_norm import layer_norm, rms_norm
-from .loss import cross_entropy, mse_loss
+from .loss import cross_entropy, l1_loss, mse_loss, nll_loss
 from .sparse import embedding
 
-__all__ = ["softmax", "log_softmax", "cross_entropy", "mse_loss", "linear", "conv2d", "max_pool2d",
-           "avg_pool2d", "adaptive_avg_pool2d", "batch_norm", "flatten", "white_identity",
-           "dropout", "layer_norm", "rms_norm", "embedding", "scaled_dot_product_attention",
-           "black_identity", *(name for name in activations.__all__ if name.islower())]
+__all__ = ["softmax", "log_softmax", "cross_entropy", "nll_loss", "mse_loss", "l1_loss", "linear",
+           "conv2d", "max_pool2d", "avg_pool2d", "adaptive_avg_pool2d", "batch_norm", "flatten",
+           "white_identity", "dropout", "layer_norm", "rms_norm", "embedding",
+           "scaled_dot_product_attention", "black_identity",
+           *(name for name in activations.__all__ if name.islower())]
 
 
 def _implicit_dim(op: str, x: Tensor, dim):

@@ -1,8 +1,10 @@
 """The losses: ``nn.functional.cross_entropy`` and ``nn.CrossEntropyLoss``, with PyTorch's
 arguments and semantics (``torch.nn.functional.cross_entropy``, ``torch.nn.CrossEntropyLoss``:
 ``reduction``, ``label_smoothing``, ``ignore_index``), on OneFlow's ``sparse_softmax_cross_entropy``
-op; ``mse_loss`` and ``nn.MSELoss`` (``torch.nn.functional.mse_loss``), a composition of
-``broadcast_sub``, ``scalar_pow`` and a sum or mean.
+op; ``nll_loss`` and ``nn.NLLLoss`` (``torch.nn.functional.nll_loss``: ``weight``,
+``ignore_index``, the weighted mean), a composition of ``gather`` and casts (below);
+``mse_loss`` / ``nn.MSELoss`` and ``l1_loss`` / ``nn.L1Loss`` (``torch.nn.functional.mse_loss``,
+``l1_loss``), compositions of ``broadcast_sub``, ``scalar_pow`` or ``abs`` and a sum or mean.
 
 ``ignore_index`` is a composition of existing ops (miniflow has no integer comparison op): the
 labels are cast to float64 (exact for every int64 label below 2**53), ``label - ignore_index``
@@ -12,6 +14,14 @@ loss is filled with 0 (``masked_fill``, whose gradient is ``masked_fill(dy, mask
 get no gradient). PyTorch's ``nll_loss`` (``aten/src/ATen/native/LossNLL.cpp``) and OneFlow's
 ``nll`` op skip them the same way; "mean" divides by the number of kept rows (0 / 0 = nan when
 every row is ignored, as PyTorch).
+
+``nll_loss`` picks ``input[i, target[i]]`` with one ``gather`` of the flattened ``[M * C]``
+input at ``i * C + target[i]`` (the flat index made in float64 from the safe labels, exact
+below 2**53, and cast to int64; the gradient is the gather's scatter-add), and the class weights
+``weight[target[i]]`` with a ``gather`` of ``weight`` (ones without one) at the safe labels:
+that gather is also the range check of the targets, as its kernel refuses an index outside
+``[0, C)``. OneFlow's ``nll`` op (``oneflow/user/ops/nll_op.cpp``) computes the same
+``-weight[t] * input[i, t]`` per row.
 """
 from __future__ import annotations
 
@@ -22,7 +32,8 @@ from ..dtype import float64, int64
 from ..tensor import Tensor, apply, tensor
 from .module import Module
 
-__all__ = ["cross_entropy", "CrossEntropyLoss", "mse_loss", "MSELoss"]
+__all__ = ["cross_entropy", "CrossEntropyLoss", "nll_loss", "NLLLoss", "mse_loss", "MSELoss",
+           "l1_loss", "L1Loss"]
 
 _REDUCTIONS = ("mean", "sum", "none")
 
@@ -42,16 +53,22 @@ def _check(reduction, label_smoothing, ignore_index) -> None:
                         f"PyTorch's -100) or None, got {ignore_index!r}")
 
 
-def _ignored(labels: Tensor, ignore_index: int) -> tuple:
-    """``(safe labels, ignored mask, kept count)``: int64 labels with 0 at the ignored rows, an
-    int64 mask nonzero at the ignored rows, and the float64 number of kept rows (0-d)."""
+def _masked_labels(labels: Tensor, ignore_index: int) -> tuple:
+    """``(safe float64 labels, ignored float64 mask, ignored int64 mask)`` of int64 ``labels``:
+    the labels as float64 with 0 at the ignored rows, and the mask 1 at the ignored rows."""
     as_float = labels.to(float64)
     kept = (as_float - float(ignore_index)).to(int64)               # nonzero where kept
     ignored_f = tensor(np.ones(labels.shape)).masked_fill(kept, 0.0)  # 1.0 where ignored
     ignored = ignored_f.to(int64)
-    safe = as_float.masked_fill(ignored, 0.0).to(int64)
+    return as_float.masked_fill(ignored, 0.0), ignored_f, ignored
+
+
+def _ignored(labels: Tensor, ignore_index: int) -> tuple:
+    """``(safe labels, ignored mask, kept count)``: int64 labels with 0 at the ignored rows, an
+    int64 mask nonzero at the ignored rows, and the float64 number of kept rows (0-d)."""
+    safe, ignored_f, ignored = _masked_labels(labels, ignore_index)
     count = (ignored_f.sum() * -1.0) + float(labels.shape[0])
-    return safe, ignored, count
+    return safe.to(int64), ignored, count
 
 
 def cross_entropy(input: Tensor, target, reduction: str = "mean", label_smoothing: float = 0.0,
@@ -135,6 +152,46 @@ class CrossEntropyLoss(Module):
                 f"label_smoothing={self.label_smoothing}")
 
 
+def _legacy(fn: str, size_average, reduce) -> None:
+    """Refuse PyTorch's deprecated ``size_average`` / ``reduce`` (a third positional argument
+    of a loss lands there in PyTorch, and its legacy rule turns ``"sum"`` into a mean)."""
+    if size_average is not None or reduce is not None:
+        raise ValueError(f"{fn}: size_average and reduce are deprecated in PyTorch and not "
+                         f"supported; give reduction='mean' | 'sum' | 'none' by keyword")
+
+
+def _paired(fn: str, input: Tensor, target) -> Tensor:
+    """``target`` as a Tensor of ``input``'s shape and dtype (an array is made a tensor of
+    ``input``'s dtype), for the elementwise losses.
+
+    Raises:
+        ValueError: shapes that differ. TypeError: dtypes that differ."""
+    target = target if isinstance(target, Tensor) else tensor(target, dtype=input.dtype)
+    if target.shape != input.shape:
+        raise ValueError(f"{fn}: target size {list(target.shape)} is different from the "
+                         f"input size {list(input.shape)} (PyTorch would broadcast them, "
+                         f"likely not what you meant): reshape the target to the input's shape")
+    return _same_dtype(fn, "target", target, input)
+
+
+def _same_dtype(fn: str, what: str, value: Tensor, input: Tensor) -> Tensor:
+    """``value`` (the loss's ``what``: its target, its weight) if its dtype is ``input``'s.
+
+    Raises:
+        TypeError: another dtype (miniflow does not promote), naming both."""
+    if value.dtype is not input.dtype:
+        raise TypeError(f"{fn}: input {input.dtype.name} and {what} {value.dtype.name} "
+                        f"have different dtypes; cast the {what} with "
+                        f".to(miniflow.{input.dtype.name})")
+    return value
+
+
+def _reduce(per: Tensor, reduction: str) -> Tensor:
+    if reduction == "none":
+        return per
+    return per.sum() if reduction == "sum" else per.mean()
+
+
 def mse_loss(input: Tensor, target, reduction: str = "mean") -> Tensor:
     """The squared error ``(input - target)^2`` per element, averaged (``"mean"``), summed
     (``"sum"``) or returned as is (``"none"``): ``torch.nn.functional.mse_loss``. ``target``
@@ -148,19 +205,8 @@ def mse_loss(input: Tensor, target, reduction: str = "mean") -> Tensor:
         TypeError: ``target`` of another dtype than ``input`` (naming both).
     """
     _check_reduction("mse_loss", reduction)
-    target = target if isinstance(target, Tensor) else tensor(target, dtype=input.dtype)
-    if target.shape != input.shape:
-        raise ValueError(f"mse_loss: target size {list(target.shape)} is different from the "
-                         f"input size {list(input.shape)} (PyTorch would broadcast them, "
-                         f"likely not what you meant): reshape the target to the input's shape")
-    if target.dtype is not input.dtype:
-        raise TypeError(f"mse_loss: input {input.dtype.name} and target {target.dtype.name} "
-                        f"have different dtypes; cast the target with "
-                        f".to(miniflow.{input.dtype.name})")
-    squares = (input - target).square()
-    if reduction == "none":
-        return squares
-    return squares.sum() if reduction == "sum" else squares.mean()
+    target = _paired("mse_loss", input, target)
+    return _reduce((input - target).square(), reduction)
 
 
 class MSELoss(Module):
@@ -182,3 +228,181 @@ class MSELoss(Module):
 
     def extra_repr(self) -> str:
         return f"reduction={self.reduction!r}"
+
+
+def l1_loss(input: Tensor, target, size_average=None, reduce=None,
+            reduction: str = "mean") -> Tensor:
+    """The absolute error ``|input - target|`` per element, averaged (``"mean"``), summed
+    (``"sum"``) or returned as is (``"none"``): ``torch.nn.functional.l1_loss``, with its
+    signature. ``target`` has ``input``'s shape and dtype, as for :func:`mse_loss`. Ops
+    ``broadcast_sub``, ``abs`` and ``reduce_sum`` (``scalar_mul(1/n)`` for "mean"). The gradient
+    is ``sign(input - target)`` (/ n for "mean"), 0 where they are equal, as PyTorch's.
+
+    Raises:
+        ValueError: an unknown reduction; ``size_average`` or ``reduce`` given (PyTorch's
+            deprecated arguments; a positional third argument lands there); shapes that differ
+            (PyTorch broadcasts them with a warning); "mean" of an empty input (PyTorch: nan).
+        TypeError: ``target`` of another dtype than ``input`` (naming both).
+    """
+    _legacy("l1_loss", size_average, reduce)
+    _check_reduction("l1_loss", reduction)
+    target = _paired("l1_loss", input, target)
+    return _reduce((input - target).abs(), reduction)
+
+
+class L1Loss(Module):
+    """``l1_loss`` as a module (``torch.nn.L1Loss``): ``L1Loss(reduction="mean")`` then
+    ``loss(input, target)``.
+
+    Raises:
+        ValueError: an unknown reduction, or PyTorch's deprecated ``size_average`` / ``reduce``,
+            at construction.
+    """
+
+    def __init__(self, size_average=None, reduce=None, reduction: str = "mean"):
+        super().__init__()
+        _legacy("l1_loss", size_average, reduce)
+        _check_reduction("l1_loss", reduction)
+        self.reduction = reduction
+
+    def forward(self, input, target):
+        return l1_loss(input, target, reduction=self.reduction)
+
+
+def _nll_target(input: Tensor, target) -> Tensor:
+    """``target`` as an int64 Tensor of the shape ``input`` wants (PyTorch's messages).
+
+    Raises:
+        ValueError: a 0-d input, or a target of another shape. TypeError: a floating target."""
+    if not isinstance(target, Tensor):
+        arr = np.asarray(target)
+        target = tensor(arr.astype(np.int64) if arr.dtype.kind in "iu" else arr)
+    if target.dtype is not int64:
+        raise TypeError(f"nll_loss: expected target dtype to be Long (int64), but got "
+                        f"{target.dtype.name} (class indices; PyTorch's message)")
+    shape, want = tuple(target.shape), tuple(input.shape[:1]) + tuple(input.shape[2:])
+    if input.ndim == 0:
+        raise ValueError("nll_loss: Expected 1 or more dimensions (got 0)")
+    if input.ndim == 1:
+        if shape not in ((), (1,)):
+            raise ValueError(f"nll_loss: For 1D input, 1D target must have size 1, but got "
+                             f"target size: {list(shape)}")
+    elif input.ndim == 2 and shape[:1] != want:
+        raise ValueError(f"nll_loss: Expected input batch_size ({input.shape[0]}) to match "
+                         f"target batch_size ({shape[0] if shape else 'none: a 0-d target'}).")
+    elif shape != want:
+        raise ValueError(f"nll_loss: Expected target size {list(want)}, got {list(shape)}")
+    return target
+
+
+def _nll_weight(input: Tensor, weight, classes: int) -> Tensor:
+    """``weight`` (ones without one) as a ``[C]`` Tensor of ``input``'s dtype.
+
+    Raises:
+        ValueError: another shape. TypeError: another dtype. RuntimeError: a weight that
+            requires grad (PyTorch's)."""
+    if weight is None:
+        return tensor(np.ones(classes), dtype=input.dtype)
+    weight = weight if isinstance(weight, Tensor) else tensor(weight, dtype=input.dtype)
+    if tuple(weight.shape) != (classes,):
+        raise ValueError(f"nll_loss: weight tensor should be defined either for all {classes} "
+                         f"classes or no classes but got weight tensor of shape: "
+                         f"{list(weight.shape)}")
+    _same_dtype("nll_loss", "weight", weight, input)
+    if getattr(weight, "requires_grad", False):
+        raise RuntimeError("nll_loss: the function is not differentiable with respect to "
+                           "argument 'weight' (PyTorch's rule): pass a buffer or a frozen "
+                           "parameter (requires_grad=False)")
+    return weight
+
+
+def _check_targets(target: Tensor, classes: int, ignore_index: int) -> None:
+    """A target known now (not computed in a build) outside ``[0, C)`` other than
+    ``ignore_index`` is PyTorch's IndexError; a computed one is refused by the op's ``gather``
+    when the graph runs."""
+    if target.is_lazy:
+        return
+    t = target.numpy().reshape(-1)
+    bad = t[((t < 0) | (t >= classes)) & (t != ignore_index)]
+    if bad.size:
+        raise IndexError(f"nll_loss: Target {int(bad[0])} is out of bounds. (classes are "
+                         f"[0, {classes}); ignore_index={ignore_index})")
+
+
+def nll_loss(input: Tensor, target, weight=None, size_average=None, ignore_index: int = -100,
+             reduce=None, reduction: str = "mean") -> Tensor:
+    """The negative log likelihood loss ``-weight[t] * input[..., t, ...]``
+    (``torch.nn.functional.nll_loss``, its signature and defaults), with ``input`` log
+    probabilities (``log_softmax``'s output: nothing is normalized here).
+
+    Shapes: ``input [N, C]`` with ``target [N]``, ``[C]`` with a 0-d target (unbatched), or
+    ``[N, C, d1, ..., dk]`` with ``target [N, d1, ..., dk]``; ``target`` int64 class indices
+    in ``[0, C)`` (a Tensor or an integer array), ``weight`` a ``[C]`` tensor (or array) of
+    ``input``'s floating dtype, taken as a constant. Rows whose target equals ``ignore_index``
+    (-100) add no loss and no gradient. ``reduction``: ``"none"`` (the per-element losses, of
+    ``target``'s shape), ``"sum"``, or ``"mean"``: PyTorch's weighted mean, the sum divided by
+    the sum of ``weight[t]`` over the kept elements (nan when every element is ignored or the
+    batch is empty, as PyTorch). Ops: see the module docstring; gradient ``-weight[t]`` at
+    ``input[i, t]`` (divided by the weight sum for "mean"), 0 elsewhere.
+
+    Raises:
+        ValueError: an unknown reduction; ``size_average`` / ``reduce`` given (deprecated);
+            shapes that do not fit (PyTorch's messages: "Expected input batch_size (3) to
+            match target batch_size (2).", "Expected target size [2, 5], got [2, 4]", the
+            weight's "should be defined either for all C classes or no classes").
+        TypeError: a floating target, ``ignore_index`` not an int, an integer input, a weight
+            of another dtype.
+        IndexError: a target known at the call (an array, an eager tensor) outside ``[0, C)``
+            and not ``ignore_index`` ("Target 4 is out of bounds."); a target computed in a
+            build is refused when the graph runs (the ``gather``'s IndexError, naming it).
+        RuntimeError: a weight that requires grad (PyTorch's).
+    """
+    _legacy("nll_loss", size_average, reduce)
+    _check_reduction("nll_loss", reduction)
+    if not is_integer(ignore_index):
+        raise TypeError(f"nll_loss: ignore_index must be an int, got {ignore_index!r}")
+    if not input.dtype.is_float:
+        raise TypeError(f"nll_loss: input must be floating point (log probabilities), got "
+                        f"{input.dtype.name}")
+    target = _nll_target(input, target)
+    classes = input.shape[0] if input.ndim == 1 else input.shape[1]
+    weight = _nll_weight(input, weight, classes)
+    _check_targets(target, classes, int(ignore_index))
+    if input.ndim > 2:      # classes last, then one row per element
+        input = input.permute(0, *range(2, input.ndim), 1)
+    rows = input.reshape(-1, classes)
+    labels = target.reshape(-1)
+    safe, _, ignored = _masked_labels(labels, ignore_index)
+    picked_w = apply("gather", [weight, safe.to(int64)], axis=0).masked_fill(ignored, 0.0)
+    offsets = tensor(np.arange(rows.shape[0], dtype=np.float64) * classes)
+    flat = apply("gather", [rows.reshape(-1), (safe + offsets).to(int64)], axis=0)
+    per = (-(flat * picked_w)).masked_fill(ignored, 0.0)
+    if reduction == "none":
+        return per.reshape(tuple(target.shape) if input.ndim > 1 else ())
+    return per.sum() if reduction == "sum" else per.sum() / picked_w.sum()
+
+
+class NLLLoss(Module):
+    """``nll_loss`` as a module (``torch.nn.NLLLoss``): ``NLLLoss(weight=None,
+    size_average=None, ignore_index=-100, reduce=None, reduction="mean")`` then ``loss(input,
+    target)``. ``weight`` is a buffer, as PyTorch registers it: in the state dict as ``weight``
+    when given.
+
+    Raises:
+        ValueError: an unknown reduction, or PyTorch's deprecated ``size_average`` /
+            ``reduce``, at construction. TypeError: ``ignore_index`` not an int.
+    """
+
+    def __init__(self, weight=None, size_average=None, ignore_index: int = -100, reduce=None,
+                 reduction: str = "mean"):
+        super().__init__()
+        _legacy("nll_loss", size_average, reduce)
+        _check_reduction("nll_loss", reduction)
+        if not is_integer(ignore_index):
+            raise TypeError(f"nll_loss: ignore_index must be an int, got {ignore_index!r}")
+        self.register_buffer("weight", weight)
+        self.ignore_index, self.reduction = int(ignore_index), reduction
+
+    def forward(self, input, target):
+        return nll_loss(input, target, self.weight, ignore_index=self.ignore_index,
+                        reduction=self.reduction)
