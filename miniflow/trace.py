@@ -14,11 +14,13 @@ import threading
 from .ir import Graph, Value
 from .ops import get_op
 
-__all__ = ["Tracer", "current_tracer", "no_grad"]
+__all__ = ["Tracer", "current_tracer", "no_grad", "enable_grad", "set_grad_enabled",
+           "is_grad_enabled"]
 
 _LOCAL = threading.local()
 """Per thread: ``stack``, the Tracers of the builds running in this thread (two threads may trace
-two different graphs at once without seeing each other's trace)."""
+two different graphs at once without seeing each other's trace), and ``grad_enabled``, the grad
+mode outside a build (PyTorch's grad mode is per thread too)."""
 
 
 def _stack() -> list:
@@ -49,8 +51,10 @@ class Tracer:
         self._keepalive: list = []
         self.sources: dict = {}
         """lifted Value -> the eager Tensor it was lifted from (a buffer, a constant ...)."""
-        self.no_grad_depth = 0
-        """How many :class:`no_grad` blocks are open in this build."""
+        self.grad_enabled = True
+        """This build's grad mode: False inside a :class:`no_grad` block (or after
+        ``set_grad_enabled(False)``) until it is turned on again. A build starts with it on,
+        whatever the mode outside (the graph's gradients are what ``build`` writes)."""
         self._no_grad_values: set = set()
         self._detached: dict = {}
 
@@ -92,7 +96,7 @@ class Tracer:
         computes carries a gradient out of it. Inputs, constants, frozen parameters and buffers
         carry none, and a buffer an op writes in place (batch norm's running statistics, updated
         under ``no_grad`` as in PyTorch) must stay itself."""
-        if not self.no_grad_depth:
+        if self.grad_enabled:
             return values
         return [self._detach(v) if self._may_carry_gradient(v) else v for v in values]
 
@@ -105,7 +109,7 @@ class Tracer:
     def record(self, values) -> None:
         """Note the outputs of an op just emitted (inside a :class:`no_grad` block, they need no
         ``detach``)."""
-        if self.no_grad_depth:
+        if not self.grad_enabled:
             self._no_grad_values.update(values)
 
     def _detach(self, v: Value) -> Value:
@@ -146,40 +150,132 @@ class Tracer:
         self.graph.results["loss"] = v
 
 
-class no_grad(contextlib.ContextDecorator):
-    """``torch.no_grad()``: a block (or, as a decorator, a function) whose results carry no
-    gradient. Inside ``nn.Graph.build`` its ops read every floating value made outside the block
-    through op ``detach`` (:meth:`Tracer.operands`), so the autograd pass gives nothing inside it
-    a gradient (a target computed by a second model, an EMA). Outside a build it changes nothing:
-    eager ops are forward-only already, and a graph's own build (a training step called in an
-    evaluation loop's ``with no_grad():``) takes its gradients as written, where PyTorch would
-    compute none. ``@no_grad`` without parentheses decorates a function as ``@no_grad()``
-    (PyTorch's ``_NoParamDecoratorContextManager``).
+def is_grad_enabled() -> bool:
+    """``torch.is_grad_enabled()``: the grad mode, True unless a :class:`no_grad` block (or
+    ``set_grad_enabled(False)``) turned it off. Inside ``nn.Graph.build`` it is the build's own
+    mode (which starts on); outside, this thread's (on in a new thread, as PyTorch's)."""
+    tracer = current_tracer()
+    return tracer.grad_enabled if tracer is not None else getattr(_LOCAL, "grad_enabled", True)
 
-    Raises:
-        TypeError: an argument that is not a function (``no_grad(False)``).
-    """
+
+def _set_mode(mode: bool):
+    """Set the grad mode where :func:`is_grad_enabled` reads it; returns ``(where, previous)``
+    for :func:`_restore` (a build's Tracer, or None for this thread's mode)."""
+    tracer = current_tracer()
+    previous = is_grad_enabled()
+    if tracer is not None:
+        tracer.grad_enabled = mode
+    else:
+        _LOCAL.grad_enabled = mode
+    return tracer, previous
+
+
+def _restore(saved) -> None:
+    tracer, previous = saved
+    if tracer is not None:
+        tracer.grad_enabled = previous
+    else:
+        _LOCAL.grad_enabled = previous
+
+
+class _GradMode(contextlib.ContextDecorator):
+    """A block (or a decorated function) run in grad mode ``_mode``, the previous mode restored
+    after it (PyTorch's ``no_grad`` / ``enable_grad``). ``@cls`` without parentheses decorates
+    a function as ``@cls()`` (PyTorch's ``_NoParamDecoratorContextManager``). Re-entrant: a
+    decorated function may call itself."""
+
+    _mode = False
 
     def __new__(cls, func=None):
         if func is None:
             return super().__new__(cls)
         if not callable(func):
-            raise TypeError(f"no_grad: expects a function to decorate, got "
-                            f"{type(func).__name__} (use no_grad() as a context: "
-                            f"with no_grad(): ...)")
+            raise TypeError(f"{cls.__name__}: expects a function to decorate, got "
+                            f"{type(func).__name__} (use {cls.__name__}() as a context: "
+                            f"with {cls.__name__}(): ...)")
         return cls()(func)
 
     def __init__(self):
-        self._tracers: list = []
+        self._saved: list = []
 
     def __enter__(self):
-        tracer = current_tracer()
-        if tracer is not None:
-            tracer.no_grad_depth += 1
-        self._tracers.append(tracer)
+        self._saved.append(_set_mode(self._mode))
 
     def __exit__(self, *exc):
-        tracer = self._tracers.pop()
-        if tracer is not None:
-            tracer.no_grad_depth -= 1
+        _restore(self._saved.pop())
         return False
+
+
+class no_grad(_GradMode):
+    """``torch.no_grad()``: a block (or, as a decorator, a function) whose results carry no
+    gradient. Inside ``nn.Graph.build`` its ops read every floating value made outside the block
+    through op ``detach`` (:meth:`Tracer.operands`), so the autograd pass gives nothing inside it
+    a gradient (a target computed by a second model, an EMA). Outside a build it changes nothing
+    but :func:`is_grad_enabled`: eager ops are forward-only already, and a graph's own build (a
+    training step called in an evaluation loop's ``with no_grad():``) takes its gradients as
+    written, where PyTorch would compute none. ``@no_grad`` without parentheses decorates a
+    function as ``@no_grad()`` (PyTorch's ``_NoParamDecoratorContextManager``).
+
+    Raises:
+        TypeError: an argument that is not a function (``no_grad(False)``).
+    """
+
+    _mode = False
+
+
+class enable_grad(_GradMode):
+    """``torch.enable_grad()``: a block (or, as a decorator, a function) whose ops take
+    gradients again inside a :class:`no_grad` block (or after ``set_grad_enabled(False)``), the
+    mode before it restored after it. Inside ``nn.Graph.build`` its ops read their operands as
+    they are (a value made under ``no_grad`` still carries no gradient, as in PyTorch); outside
+    a build it changes only :func:`is_grad_enabled`. ``@enable_grad`` works without parentheses.
+
+    Raises:
+        TypeError: an argument that is not a function (``enable_grad(False)``).
+    """
+
+    _mode = True
+
+
+class set_grad_enabled(contextlib.ContextDecorator):
+    """``torch.set_grad_enabled(mode)``: as a function it sets the grad mode at once
+    (``set_grad_enabled(False)`` in ``build``: the ops after it take no gradient until it is set
+    on again or the build ends; outside a build: this thread's mode, which only
+    :func:`is_grad_enabled` reads); as a context manager (``with set_grad_enabled(is_train):``)
+    or a decorator the mode holds inside the block and the one before is restored after it.
+    Where it acts, as :class:`no_grad` and :class:`enable_grad`.
+
+    Raises:
+        TypeError: ``mode`` that is not a bool (PyTorch's check: an int, a NumPy bool or None
+            is refused).
+    """
+
+    def __init__(self, mode: bool):
+        if not isinstance(mode, bool):
+            raise TypeError(f"set_grad_enabled(): argument 'mode' (position 1) must be bool, "
+                            f"not {type(mode).__name__}")
+        self.mode = mode
+        self._saved: list = []
+        self._initial = _set_mode(mode)       # the function form acts at once
+
+    def __call__(self, func):
+        """Decorate ``func`` (the mode the constructor set is undone, as PyTorch's)."""
+        self._undo_initial()
+        return super().__call__(func)
+
+    def _undo_initial(self) -> None:
+        if self._initial is not None:
+            _restore(self._initial)
+            self._initial = None
+
+    def __enter__(self):
+        self._saved.append(_set_mode(self.mode))
+
+    def __exit__(self, *exc):
+        _restore(self._saved.pop())
+        if not self._saved:      # ``with set_grad_enabled(m):``: the mode before the call
+            self._undo_initial()
+        return False
+
+    def __repr__(self) -> str:
+        return f"miniflow.set_grad_enabled(mode={self.mode})"

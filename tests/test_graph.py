@@ -455,6 +455,140 @@ def test_no_grad_without_parentheses_decorates_as_torch():
         mf.no_grad(1)
 
 
+def _grad_mode_loss(lib, student, teacher, x, variant, seen):
+    """The distillation loss of :class:`_Distill` written with ``lib``'s grad-mode functions
+    (``miniflow`` or ``torch``: the same names), ``variant`` choosing how the teacher's part is
+    kept out of the gradient; ``seen`` collects ``lib.is_grad_enabled()`` along the way."""
+    seen.append(lib.is_grad_enabled())
+    if variant == "enable_grad inside no_grad":
+        with lib.no_grad():
+            target = teacher(x).softmax(-1)
+            seen.append(lib.is_grad_enabled())
+            with lib.enable_grad():
+                out = student(x) * 1.0
+                seen.append(lib.is_grad_enabled())
+    elif variant == "set_grad_enabled as a function":
+        out = student(x)
+        lib.set_grad_enabled(False)
+        seen.append(lib.is_grad_enabled())
+        target = teacher(x).softmax(-1)
+        lib.set_grad_enabled(True)
+    else:                   # "set_grad_enabled(False)" / "(True)" as a context
+        with lib.set_grad_enabled(variant.endswith("(True)")):
+            seen.append(lib.is_grad_enabled())
+            target = teacher(x).softmax(-1)
+        out = student(x)
+    seen.append(lib.is_grad_enabled())
+    return ((out - target) ** 2).mean()
+
+
+class _GradModeStep(nn.Graph):
+    def __init__(self, student, teacher, variant):
+        super().__init__()
+        self.s, self.t, self.variant, self.seen = student, teacher, variant, []
+        self.add_optimizer(mf.optim.SGD([*student.parameters(), *teacher.parameters()], lr=0.1))
+
+    def build(self, x):
+        loss = _grad_mode_loss(mf, self.s, self.t, x, self.variant, self.seen)
+        loss.backward()
+        return loss
+
+
+@pytest.mark.parametrize("variant", ["enable_grad inside no_grad", "set_grad_enabled as a function",
+                                     "set_grad_enabled(False)", "set_grad_enabled(True)"])
+def test_enable_grad_and_set_grad_enabled_in_build_train_as_torch(variant):
+    """``enable_grad`` inside ``no_grad``, ``set_grad_enabled`` as a function and as a context
+    (``False``: the teacher gets no gradient and stays; ``True``: it trains) in a build: 3 SGD
+    steps give PyTorch's weights, and ``is_grad_enabled()`` reads PyTorch's modes at each point
+    (the build starts on even when the graph is called under ``no_grad``)."""
+    torch = pytest.importorskip("torch")
+    x = np.random.default_rng(0).standard_normal((8, 4)).astype(np.float32)
+    mf.manual_seed(0)
+    student, teacher = nn.Linear(4, 3), nn.Linear(4, 3)
+    ts, tt = torch.nn.Linear(4, 3), torch.nn.Linear(4, 3)
+    for mine, ref in ((student, ts), (teacher, tt)):
+        ref.load_state_dict({k: torch.tensor(np.asarray(v)) for k, v in mine.state_dict().items()})
+    opt = torch.optim.SGD([*ts.parameters(), *tt.parameters()], lr=0.1)
+    step, ref_seen = _GradModeStep(student, teacher, variant), []
+    for i in range(3):
+        with mf.no_grad():
+            loss = step(x)
+        ref = _grad_mode_loss(torch, ts, tt, torch.tensor(x), variant, ref_seen)
+        opt.zero_grad()
+        ref.backward()
+        opt.step()
+        np.testing.assert_allclose(float(loss.numpy()), ref.item(), rtol=1e-6)
+    assert step.seen == ref_seen[:len(step.seen)] and step.seen     # traced once
+    for mine, ref in ((student, ts), (teacher, tt)):
+        for k, v in mine.state_dict().items():
+            np.testing.assert_allclose(v, ref.state_dict()[k].numpy(), atol=1e-6, err_msg=k)
+    trained = variant.endswith("(True)")
+    assert (tt.weight.grad is not None) == trained
+    assert mf.is_grad_enabled() and torch.is_grad_enabled()
+
+
+def _modes(lib) -> list:
+    """``lib.is_grad_enabled()`` through every form of the grad-mode functions outside a build:
+    nesting, the function form, decorators with and without parentheses, recursion, another
+    thread."""
+    seen = [lib.is_grad_enabled()]
+
+    @lib.no_grad
+    def bare(depth):
+        seen.append(("bare", lib.is_grad_enabled()))
+        return bare(depth - 1) if depth else None
+
+    @lib.enable_grad()
+    def enabled():
+        seen.append(("enabled", lib.is_grad_enabled()))
+
+    @lib.set_grad_enabled(False)
+    def disabled():
+        seen.append(("disabled", lib.is_grad_enabled()))
+        enabled()
+
+    seen.append(("after decorating", lib.is_grad_enabled()))
+    with lib.no_grad():
+        seen.append(lib.is_grad_enabled())
+        with lib.enable_grad():
+            seen.append(lib.is_grad_enabled())
+            with lib.set_grad_enabled(False):
+                seen.append(lib.is_grad_enabled())
+            seen.append(lib.is_grad_enabled())
+        enabled()
+        seen.append(lib.is_grad_enabled())
+        thread = threading.Thread(target=lambda: seen.append(("thread", lib.is_grad_enabled())))
+        thread.start()
+        thread.join()
+    bare(2)
+    disabled()
+    seen.append(lib.is_grad_enabled())
+    lib.set_grad_enabled(False)
+    seen.append(lib.is_grad_enabled())
+    with lib.enable_grad():
+        seen.append(lib.is_grad_enabled())
+    seen.append(lib.is_grad_enabled())
+    lib.set_grad_enabled(True)
+    seen.append(lib.is_grad_enabled())
+    return seen
+
+
+def test_grad_mode_functions_read_and_nest_as_torch_outside_a_build():
+    """``is_grad_enabled``, ``no_grad``, ``enable_grad`` and ``set_grad_enabled`` (function,
+    context, decorator) give PyTorch's modes in the same sequence of calls (per thread: a new
+    thread starts on); ``set_grad_enabled`` refuses a mode that is not a bool, as PyTorch."""
+    torch = pytest.importorskip("torch")
+    assert _modes(mf) == _modes(torch)
+    for bad in (1, None, np.True_):
+        with pytest.raises(TypeError, match=r"set_grad_enabled\(\): argument 'mode' \(position "
+                                            r"1\) must be bool, not"):
+            mf.set_grad_enabled(bad)
+    assert mf.is_grad_enabled()
+    with pytest.raises(TypeError, match="enable_grad: expects a function to decorate, got int"):
+        mf.enable_grad(1)
+    assert repr(mf.set_grad_enabled(True)) == "miniflow.set_grad_enabled(mode=True)"
+
+
 def test_changing_requires_grad_recompiles_and_freezes_or_unfreezes():
     model, g = _train_graph()
     g(*_batch())
