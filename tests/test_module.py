@@ -391,6 +391,20 @@ def test_containers_refuse_what_pytorch_refuses(make, error, match):
         make()
 
 
+class _SumStep(nn.Graph):
+    """One SGD step (lr 0.5) of ``model(x).sum()``."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.m = model
+        self.add_optimizer(mf.optim.SGD(model.parameters(), lr=0.5))
+
+    def build(self, x):
+        loss = self.m(x).sum()
+        loss.backward()
+        return loss
+
+
 def test_parameter_list_follows_pytorch_and_trains_in_a_graph():
     """PyTorch's ``test_nn.py::test_ParameterList``: parameters named by position (state-dict
     keys ``ps.0`` ...), an array made a Parameter, indexing, slicing, ``append``, ``extend``,
@@ -412,21 +426,101 @@ def test_parameter_list_follows_pytorch_and_trains_in_a_graph():
     assert m.ps.extend([]) is m.ps and list(m.ps)[2] is extra and len(m.ps) == 3
     m.ps[2] = np.full(2, 5.0, np.float32)
     np.testing.assert_array_equal(m.state_dict()["ps.2"], [5.0, 5.0])
-    class Step(nn.Graph):
-        def __init__(self):
-            super().__init__()
-            self.m = m
-            self.add_optimizer(mf.optim.SGD(m.parameters(), lr=0.5))
-
-        def build(self, x):
-            loss = self.m(x).sum()
-            loss.backward()
-            return loss
-
     x = np.arange(8, dtype=np.float32).reshape(2, 4)
-    Step()(x)
+    _SumStep(m)(x)
     np.testing.assert_allclose(m.ps[1].numpy(), [-1.0, -1.0, -1.0])   # d(sum)/d(bias) = 2 rows
     np.testing.assert_allclose(m.ps[0].numpy(), 1.0 - 0.5 * np.tile(x.sum(0), (3, 1)))
+
+
+def _parameter_dict_keys(lib, param) -> list:
+    """The keys of a ``lib.nn.ParameterDict`` (``miniflow`` or ``torch``) after each of its dict
+    methods; ``param(v)`` makes a parameter of value ``v``."""
+    p = {k: param(i) for i, k in enumerate("abcde")}
+    d = lib.nn.ParameterDict({"c": p["c"], "a": p["a"]})        # a plain dict: sorted keys
+    seen = [list(d)]
+    d.update([("e", p["e"]), ("b", p["b"])])                   # pairs: in their order
+    d["a"] = p["d"]                                            # replacing keeps the position
+    seen += [list(d), list(reversed(d)), list(d.keys()), len(d), "z" in d, "b" in d]
+    seen += [d.get("z", 7), d.get("a") is p["d"], d.setdefault("a") is p["d"]]
+    assert d.setdefault("f", p["a"]) is p["a"]
+    seen += [list(d), d.pop("e") is p["e"], list(d)]
+    key, value = d.popitem()
+    seen += [key, value is p["a"], list(d)]
+    merged = d | lib.nn.ParameterDict(OrderedDict([("y", p["e"]), ("x", p["a"])]))
+    seen += [list(merged), list(d), list(d.copy()), list(d.fromkeys(["u", "v"]))]
+    d |= merged
+    seen += [list(d), all(v is merged[k] for k, v in d.items())]
+    d.clear()
+    seen += [list(d), len(d)]
+    return seen
+
+
+def test_parameter_dict_follows_pytorch_and_trains_in_a_graph():
+    """``nn.ParameterDict`` against ``torch.nn.ParameterDict``: the same keys after the same dict
+    methods (a plain dict's keys sorted, pairs in order, replacement in place, ``|`` ...), the
+    same state-dict keys, and its parameters train in a graph as PyTorch's (one SGD step)."""
+    torch = pytest.importorskip("torch")
+    mine = _parameter_dict_keys(mf, lambda v: nn.Parameter(np.full(2, v, np.float32)))
+    theirs = _parameter_dict_keys(torch, lambda v: torch.nn.Parameter(torch.full((2,), float(v))))
+    assert mine == theirs
+
+    class Affine(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.ps = nn.ParameterDict({"weight": np.ones((3, 4), np.float32),
+                                        "bias": np.zeros(3, np.float32)})
+
+        def forward(self, x):
+            return x @ self.ps["weight"].T + self.ps["bias"]
+
+    class TorchAffine(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.ps = torch.nn.ParameterDict({"weight": torch.ones(3, 4),
+                                              "bias": torch.zeros(3)})
+
+    m, ref = Affine(), TorchAffine()
+    assert isinstance(m.ps["bias"], nn.Parameter) and list(m.ps) == ["bias", "weight"]
+    assert list(m.state_dict()) == list(ref.state_dict()) == ["ps.bias", "ps.weight"]
+
+    x = np.arange(8, dtype=np.float32).reshape(2, 4)
+    _SumStep(m)(x)
+    (torch.tensor(x) @ ref.ps["weight"].T + ref.ps["bias"]).sum().backward()
+    torch.optim.SGD(ref.parameters(), lr=0.5).step()
+    for k, v in ref.state_dict().items():
+        np.testing.assert_allclose(m.state_dict()[k], v.numpy(), err_msg=k)
+
+
+@pytest.mark.parametrize("make, error, match", [
+    (lambda: nn.ParameterDict({1: np.zeros(2)}), TypeError,
+     r"Index given to ParameterDict cannot be used as a key as it is not a string \(type is "
+     r"'int'\)"),
+    (lambda: nn.ParameterDict({"a.b": np.zeros(2)}), KeyError, "contain no '\\.'"),
+    (lambda: nn.ParameterDict({"keys": np.zeros(2)}), KeyError,
+     "ParameterDict.register_parameter: attribute 'keys' already exists"),
+    (lambda: nn.ParameterDict(5), TypeError,
+     "ParametersDict.update should be called with an iterable of key/value pairs, but got int"),
+    (lambda: nn.ParameterDict([("a", np.zeros(2), 3)]), ValueError,
+     "ParameterDict update sequence element #0 has length 3; 2 is required"),
+    (lambda: nn.ParameterDict([5]), TypeError,
+     "ParameterDict update sequence element #0 should be Iterable; is int"),
+    (lambda: nn.ParameterDict()["missing"], KeyError, "missing"),
+    (lambda: nn.ParameterDict().popitem(), KeyError, "ParameterDict is empty"),
+    (lambda: nn.ParameterDict()(1), RuntimeError, "ParameterDict should not be called."),
+])
+def test_parameter_dict_refuses_what_pytorch_refuses(make, error, match):
+    with pytest.raises(error, match=match):
+        make()
+
+
+def test_parameter_dict_none_and_repr():
+    """A None value registers the key with no parameter (PyTorch keeps it as an attribute): in
+    the keys, not in ``parameters()`` or the state dict; the repr lists each entry."""
+    d = nn.ParameterDict([("w", np.ones((2, 3), np.float32)), ("none", None)])
+    assert list(d) == ["w", "none"] and d["none"] is None and len(list(d.parameters())) == 1
+    assert list(d.state_dict()) == ["w"]
+    assert repr(d) == ("ParameterDict(\n  (w): Parameter containing: [float32 of size 2x3]\n"
+                       "  (none): Object of type: NoneType\n)")
 
 
 def test_module_dict_methods_follow_pytorch():

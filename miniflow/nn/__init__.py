@@ -1,5 +1,6 @@
 """Neural-network API: Module, Parameter, layers (Linear, Conv2d, BatchNorm1d/2d, pools, Flatten ...),
-activations, functional ops, and (re-exported
+containers (Sequential, ModuleList, ModuleDict, ParameterList, ParameterDict), the losses
+(CrossEntropyLoss, NLLLoss, MSELoss, L1Loss), activations, functional ops, and (re-exported
 from the compile package ``miniflow.compile``) the lazy ``nn.Graph`` and ``nn.GraphConfig``.
 
 ``nn.Graph`` lives above this package (it compiles modules, optimizers and AMP settings), so it is
@@ -8,7 +9,7 @@ imported on first use (``__getattr__``), the one import from ``miniflow.nn`` to 
 from . import activations, functional
 from .activations import *  # noqa: F401,F403  (ReLU ... and their functional forms)
 from .multihead_attention import MultiheadAttention
-from .containers import ModuleDict, ModuleList, ParameterList
+from .containers import ModuleDict, ModuleList, ParameterDict, ParameterList
 from .conv import Conv2d
 from .dropout import Dropout
 from .layer_norm import LayerNorm, RMSNorm
@@ -20,11 +21,11 @@ from .pooling import AdaptiveAvgPool2d, AvgPool2d, MaxPool2d
 from .sparse import Embedding
 
 __all__ = ["Graph", "GraphConfig", "Linear", "Module", "Parameter", "Sequential", "ModuleList",
-           "ModuleDict", "ParameterList", "Flatten", "Identity", "Conv2d", "BatchNorm1d",
-           "BatchNorm2d", "Dropout", "LayerNorm", "RMSNorm", "Embedding", "MultiheadAttention",
-           "CrossEntropyLoss", "NLLLoss", "MSELoss", "L1Loss", "Softmax", "LogSoftmax",
-           "MaxPool2d", "AvgPool2d", "AdaptiveAvgPool2d",
-           "functional", *(name for name in activations.__all__ if not name.islower())]
+           "ModuleDict", "ParameterList", "ParameterDict", "Flatten", "Identity", "Conv2d",
+           "BatchNorm1d", "BatchNorm2d", "Dropout", "LayerNorm", "RMSNorm", "Embedding",
+           "MultiheadAttention", "CrossEntropyLoss", "NLLLoss", "MSELoss", "L1Loss", "Softmax",
+           "LogSoftmax", "MaxPool2d", "AvgPool2d", "AdaptiveAvgPool2d", "functional",
+           *(name for name in activations.__all__ if not name.islower())]
 
 
 def __getattr__(name):

@@ -1,19 +1,21 @@
 """Containers of sub-modules: ``ModuleList`` and ``ModuleDict`` (PyTorch's ``torch.nn`` names,
-methods and state-dict keys), and of parameters: ``ParameterList``. The module containers hold
-modules only, so that ``parameters()``, ``state_dict()``,
-``train()`` / ``eval()`` and ``nn.Graph`` see them; they have no ``forward``: the owning module's
+methods and state-dict keys), and of parameters: ``ParameterList`` and ``ParameterDict``. The
+module containers hold modules only, so that ``parameters()``, ``state_dict()``, ``train()`` /
+``eval()`` and ``nn.Graph`` see them; they have no ``forward``: the owning module's
 ``forward`` (or ``build``) iterates or indexes them, and the trace records the ops of the modules
 it calls. Changing a container after a graph traced it (``append``, ``layers[0] = ...``,
 ``del blocks["head"]``) makes that graph recompile at its next call, like any assignment."""
 from __future__ import annotations
 
 import operator
+from collections import OrderedDict
 from collections.abc import Iterable, Mapping
 
 from ..tensor import as_numpy
 from .module import Module, Parameter
 
-__all__ = ["ModuleList", "ModuleDict", "ParameterList", "position", "renumber", "checked_module"]
+__all__ = ["ModuleList", "ModuleDict", "ParameterList", "ParameterDict", "position", "renumber",
+           "checked_module"]
 
 
 class ModuleList(Module):
@@ -239,6 +241,158 @@ class ParameterList(Module):
     def extra_repr(self) -> str:
         return "\n".join(f"({i}): Parameter containing: [{p.dtype.name} of size "
                          f"{'x'.join(str(d) for d in p.shape)}]" for i, p in enumerate(self))
+
+
+class ParameterDict(Module):
+    """Parameters by name (``torch.nn.ParameterDict``): ``ParameterDict({"left": p0, "right":
+    p1})``, state-dict keys ``left``, ``right`` (``params.left`` under an attribute ``params``);
+    a value that is not a Parameter (an array, a tensor) is made one, as PyTorch makes a tensor
+    one, and None registers the key with no parameter (the lists and the state dict skip it).
+    An ordered dict: ``[]``, ``in``, ``len``, iteration over the keys in insertion order,
+    ``reversed``, ``keys()``, ``values()``, ``items()``, ``get``, ``setdefault``, ``pop``,
+    ``popitem``, ``clear``, ``copy``, ``fromkeys``, ``update`` and ``|``, ``|=`` as PyTorch's;
+    ``update`` (and the constructor) of a plain dict adds its keys in sorted order, as
+    PyTorch's does (an ``OrderedDict``, a ParameterDict or a list of pairs keeps its order).
+
+    Raises:
+        TypeError: a key that is not a str (PyTorch's message); a value that is neither an array
+            nor a tensor nor None (PyTorch keeps any object as a plain attribute); ``update`` of
+            something that is not iterable, or of a pair that is not iterable.
+        ValueError: ``update`` of a sequence element that is not a pair.
+        KeyError: a missing key; a key that is empty, dotted or an existing attribute
+            (``ParameterDict({"keys": p})``: ``Module.register_parameter``'s checks).
+        RuntimeError: calling it (PyTorch's "ParameterDict should not be called.").
+    """
+
+    def __init__(self, parameters=None):
+        super().__init__()
+        if parameters is not None:
+            self.update(parameters)
+
+    @staticmethod
+    def _key(key) -> str:
+        if not isinstance(key, str):
+            raise TypeError(f"Index given to ParameterDict cannot be used as a key as it is not "
+                            f"a string (type is '{type(key).__name__}')")
+        return key
+
+    def __getitem__(self, key: str):
+        if self._key(key) not in self._parameters:
+            raise KeyError(key)
+        return self._parameters[key]
+
+    def __setitem__(self, key: str, value) -> None:
+        value = None if value is None else ParameterList._parameter(value)
+        self.register_parameter(self._key(key), value)
+
+    def __delitem__(self, key: str) -> None:
+        self[key]       # KeyError for a missing key
+        delattr(self, key)
+
+    def __len__(self) -> int:
+        return len(self._parameters)
+
+    def __iter__(self):
+        return iter(list(self._parameters))
+
+    def __reversed__(self):
+        return reversed(list(self._parameters))
+
+    def __contains__(self, key) -> bool:
+        return key in self._parameters
+
+    def __call__(self, *args, **kwargs):
+        raise RuntimeError("ParameterDict should not be called.")
+
+    def keys(self):
+        return self._parameters.keys()
+
+    def values(self):
+        return (self[k] for k in self)
+
+    def items(self):
+        return ((k, self[k]) for k in self)
+
+    def get(self, key: str, default=None):
+        """``self[key]`` if ``key`` is in it, else ``default``."""
+        return self[key] if key in self else default
+
+    def setdefault(self, key: str, default=None):
+        """``self[key]``, set to ``default`` (made a Parameter) first if missing."""
+        if key not in self:
+            self[key] = default
+        return self[key]
+
+    def pop(self, key: str):
+        """Remove ``key`` and return its parameter."""
+        value = self[key]
+        del self[key]
+        return value
+
+    def popitem(self) -> tuple:
+        """Remove and return the last inserted ``(key, parameter)`` pair.
+
+        Raises:
+            KeyError: the dict is empty (``dict.popitem``'s)."""
+        if not len(self):
+            raise KeyError("popitem(): ParameterDict is empty")
+        key = list(self._parameters)[-1]
+        return key, self.pop(key)
+
+    def clear(self) -> None:
+        """Remove every parameter."""
+        for key in list(self._parameters):
+            del self[key]
+
+    def copy(self) -> "ParameterDict":
+        """A new ParameterDict of the same parameters (not copied), in the same order."""
+        return ParameterDict(OrderedDict(self.items()))
+
+    def fromkeys(self, keys: Iterable, default=None) -> "ParameterDict":
+        """A new ParameterDict with ``keys``, each set to ``default``."""
+        return ParameterDict([(k, default) for k in keys])
+
+    def update(self, parameters) -> None:
+        """Add or replace the parameters of ``parameters``: an ``OrderedDict`` or ParameterDict
+        (in its order), another mapping (in sorted key order, as PyTorch) or an iterable of
+        ``(key, value)`` pairs (in its order)."""
+        if not isinstance(parameters, Iterable):
+            raise TypeError(f"ParametersDict.update should be called with an iterable of "
+                            f"key/value pairs, but got {type(parameters).__name__}")
+        if isinstance(parameters, (OrderedDict, ParameterDict)):
+            pairs = list(parameters.items())
+        elif isinstance(parameters, Mapping):
+            pairs = sorted(parameters.items())
+        else:
+            pairs = list(parameters)
+            for j, p in enumerate(pairs):
+                if not isinstance(p, Iterable):
+                    raise TypeError(f"ParameterDict update sequence element #{j} should be "
+                                    f"Iterable; is {type(p).__name__}")
+                if len(p) != 2:
+                    raise ValueError(f"ParameterDict update sequence element #{j} has length "
+                                     f"{len(p)}; 2 is required")
+        for key, value in pairs:
+            self[key] = value
+
+    def __or__(self, other: "ParameterDict") -> "ParameterDict":
+        merged = self.copy()
+        merged.update(other)
+        return merged
+
+    def __ror__(self, other: "ParameterDict") -> "ParameterDict":
+        merged = other.copy()
+        merged.update(self)
+        return merged
+
+    def __ior__(self, other: "ParameterDict") -> "ParameterDict":
+        self.update(other)
+        return self
+
+    def extra_repr(self) -> str:
+        return "\n".join(f"({k}): Parameter containing: [{p.dtype.name} of size "
+                         f"{'x'.join(str(d) for d in p.shape)}]" if p is not None else
+                         f"({k}): Object of type: NoneType" for k, p in self.items())
 
 
 def position(owner: str, idx, n: int, noun: str = "modules") -> int:
