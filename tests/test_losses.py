@@ -438,8 +438,43 @@ def test_l1_loss_and_its_gradient_match_the_float64_oracle_and_torch(reduction):
 
 def test_l1_loss_refuses_the_deprecated_arguments_where_a_third_argument_lands_in_torch():
     """``l1_loss(x, t, "sum")`` is ``size_average="sum"`` in PyTorch (its legacy rule then
-    averages): refused, naming the keyword to use."""
+    averages): refused, naming the keyword to use; the mean of nothing is refused as
+    ``mse_loss``'s."""
     with pytest.raises(ValueError, match=r"l1_loss: size_average and reduce are deprecated"):
         nn.functional.l1_loss(mf.tensor(LOGITS), LOGITS, "sum")
     with pytest.raises(ValueError, match=r"l1_loss: size_average and reduce are deprecated"):
         nn.L1Loss(reduce=False)
+    empty = np.zeros(0, np.float32)       # PyTorch: nan; here the mean's error
+    with pytest.raises(ValueError, match=r"mean: dims \[0\] of shape \[0\] hold no element"):
+        nn.functional.l1_loss(mf.tensor(empty), empty)
+
+
+class _AmpStep(nn.Graph):
+    """An MLP trained under AMP with ``nll_loss(log_softmax(logits))`` or ``cross_entropy``."""
+
+    def __init__(self, model, nll):
+        super().__init__()
+        self.model, self.nll = model, nll
+        self.add_optimizer(mf.optim.SGD(model.parameters(), lr=0.1))
+        self.config.enable_amp(True)
+
+    def build(self, x, y):
+        out = self.model(x)
+        loss = (nn.functional.nll_loss(out.log_softmax(1), y) if self.nll
+                else nn.functional.cross_entropy(out, y))
+        loss.backward()
+        return loss
+
+
+def test_nll_loss_of_log_softmax_trains_under_amp_as_cross_entropy():
+    """Under AMP (float16 matmuls) the composed ``nll_loss`` traces and trains: 4 steps follow
+    ``cross_entropy``'s losses to float16 rounding."""
+    r = np.random.default_rng(0)
+    x, y = r.standard_normal((32, 16)).astype(np.float32), r.integers(0, 10, 32)
+    runs = []
+    for nll in (True, False):
+        mf.manual_seed(0)
+        step = _AmpStep(nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 10)), nll)
+        runs.append([float(step(x, y).numpy()) for _ in range(4)])
+    np.testing.assert_allclose(runs[0], runs[1], rtol=2e-3)
+    assert runs[0][-1] < runs[0][0]
