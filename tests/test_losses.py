@@ -327,12 +327,19 @@ def test_nll_loss_and_gradient_match_the_float64_oracle_and_torch(shape, weighte
 
 def test_nll_loss_of_log_softmax_is_cross_entropy_and_ignore_index_is_any_int():
     """``nll_loss(log_softmax(x))`` is ``cross_entropy(x)`` (PyTorch's definition of it), also
-    with another ``ignore_index`` (a label outside [0, C) is then fine where it is ignored)."""
+    with another ``ignore_index`` (a label outside [0, C) is then fine where it is ignored), and
+    with a ``weight`` it is PyTorch's weighted ``cross_entropy`` (miniflow's has no weight)."""
     x, t = LOGITS, LABELS.copy()
     t[2] = 7
     got = nn.functional.nll_loss(mf.tensor(x).log_softmax(1), t, ignore_index=7)
     want = nn.functional.cross_entropy(mf.tensor(x), t, ignore_index=7)
     np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-6)
+    torch = pytest.importorskip("torch")      # and with a weight, torch's weighted one
+    w = np.linspace(0.5, 2.0, 5).astype(np.float32)
+    got = nn.functional.nll_loss(mf.tensor(x).log_softmax(1), t, w, ignore_index=7)
+    ref = torch.nn.functional.cross_entropy(torch.tensor(x), torch.tensor(t), torch.tensor(w),
+                                            ignore_index=7)
+    np.testing.assert_allclose(got.numpy(), ref.numpy(), rtol=1e-6)
 
 
 def test_nll_loss_every_element_ignored_or_an_empty_batch_gives_nan_mean_as_torch():

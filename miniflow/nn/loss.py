@@ -75,8 +75,9 @@ def cross_entropy(input: Tensor, target, reduction: str = "mean", label_smoothin
                   ignore_index: int | None = None) -> Tensor:
     """Softmax cross-entropy of logits ``input [N, C]`` (float) against int64 class indices
     ``target [N]`` (``torch.nn.functional.cross_entropy``; PyTorch's ``weight`` and class
-    probabilities as targets are not supported). ``reduction``: ``"mean"`` (over the kept
-    rows), ``"sum"`` or ``"none"`` (the ``[N]`` per-row losses).
+    probabilities as targets are not supported: ``nll_loss(input.log_softmax(1), target,
+    weight)`` is the weighted one). ``reduction``: ``"mean"`` (over the kept rows), ``"sum"`` or
+    ``"none"`` (the ``[N]`` per-row losses).
 
     Op ``sparse_softmax_cross_entropy``, then ``reduce_sum`` (and ``scalar_mul(1/N)`` for
     "mean").
