@@ -228,12 +228,32 @@ class _Expands(nn.Module):
 
 
 def test_expand_repeat_and_broadcast_attention_export_as_expand(tmp_path):
-    """``broadcast_like`` of a tensor that keeps its broadcast axes as size 1 (what
-    ``Tensor.expand`` makes) exports as ``Expand`` without an ``Unsqueeze`` (it gave a rank
-    one too high, refused by ONNX's checker); onnxruntime matches miniflow."""
+    """Op ``expand`` (``Tensor.expand``, ``repeat`` and the attention's broadcast key and
+    value) exports as ``Expand`` to its ``expand_shape``; onnxruntime matches miniflow."""
     miniflow.manual_seed(0)
     proto = _export_one_activation_chain(_Expands(), False, tmp_path / "expand.onnx")
     assert "Expand" in {n.op_type for n in proto.graph.node}
+    assert "ConstantOfShape" not in {n.op_type for n in proto.graph.node}   # no full-size like
+
+
+def test_broadcast_like_of_a_tensor_with_its_axes_kept_exports_as_expand(tmp_path):
+    """``broadcast_like`` of an x that keeps its broadcast axes as size 1 (a ``keepdims``
+    gradient's form) exports as ``Expand`` without an ``Unsqueeze`` (it gave a rank one too
+    high, refused by ONNX's checker); onnxruntime matches miniflow."""
+    class KeptAxes(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a = nn.Linear(4, 4)
+
+        def forward(self, x):
+            h = self.a(x)
+            like = h * 0.0
+            return h + apply("broadcast_like", [h.sum(1, keepdim=True), like],
+                             broadcast_axes=(1,))
+    miniflow.manual_seed(0)
+    proto = _export_one_activation_chain(KeptAxes(), False, tmp_path / "kept.onnx")
+    assert "Expand" in {n.op_type for n in proto.graph.node}
+    assert "Unsqueeze" not in {n.op_type for n in proto.graph.node}
 
 
 class _Rotary(nn.Module):

@@ -412,6 +412,22 @@ def test_expand_and_repeat_errors_are_pytorchs(call, match):
         call(mf.tensor(X))
 
 
+def test_expand_is_one_expand_node_without_a_full_size_input():
+    """``Tensor.expand`` is OneFlow's ``expand`` op: one node reading x alone (its
+    ``broadcast_like`` form also held a constant of the full expanded shape); an expand that
+    changes nothing is no node."""
+    class Expands(nn.Module):
+        def forward(self, x):
+            return x[:, :1].expand(3, 4, 2, 6) + x.expand(4, 5, 6)[:, :2]
+
+    graph = EvalGraph(Expands())
+    out = graph(X)
+    np.testing.assert_array_equal(out.numpy(), np.broadcast_to(X[:, :1], (3, 4, 2, 6))
+                                  + X[:, :2])
+    ops = [n.op.name for n in graph.ir.nodes]
+    assert ops.count("expand") == 1 and "constant" not in ops, ops
+
+
 def test_argmin_and_clamp_as_pytorch():
     """argmin (the first minimum), clamp with min > max (every element max) and NaN; clamp
     without bounds is refused as PyTorch refuses it, a tensor bound named."""

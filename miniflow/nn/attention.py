@@ -136,8 +136,8 @@ def _grouped(x: Tensor, lead: tuple) -> Tensor:
 
 def _broadcast_leading(tensors: tuple, heads: int) -> tuple | None:
     """The tensors expanded to one broadcast shape of their dimensions before the last ``heads``
-    (PyTorch's batch broadcasting: a key and value of batch 1 serve every query; op
-    ``broadcast_like`` through :meth:`Tensor.expand`, its gradient summing over the batch), or
+    (PyTorch's batch broadcasting: a key and value of batch 1 serve every query; op ``expand``
+    through :meth:`Tensor.expand`, its gradient summing over the batch), or
     None where those dimensions do not broadcast."""
     try:
         lead = tuple(np.broadcast_shapes(*(t.shape[:-heads] for t in tensors)))

@@ -46,9 +46,8 @@ class Shape:
 
     def expand(self, *sizes) -> "Tensor":
         """This tensor repeated along its size-1 dims (and new leading dims) to ``sizes``
-        (``torch.Tensor.expand``: -1 keeps a dim's size). Op ``broadcast_like`` (its ``like`` a
-        ``constant`` of the new shape, read for its shape only; a copy, where PyTorch makes a
-        view); the gradient sums over the expanded dims.
+        (``torch.Tensor.expand``: -1 keeps a dim's size). Op ``expand`` (OneFlow's; a copy, where
+        PyTorch makes a view); the gradient sums over the expanded dims.
 
         Raises:
             ValueError: fewer sizes than dims, -1 or a negative size for a new leading dim, or a
@@ -56,12 +55,8 @@ class Shape:
         """
         sizes = tuple(sizes[0]) if len(sizes) == 1 and isinstance(sizes[0], (tuple, list)) \
             else sizes
-        target, axes = _expanded("expand", self.shape, sizes)
-        if not axes:
-            return self
-        kept = tuple(1 if i in axes else n for i, n in enumerate(target))
-        like = apply("constant", [], value=0.0, shape=target, dtype=self.dtype)
-        return apply("broadcast_like", [self.reshape(kept), like], broadcast_axes=axes)
+        target = _expanded("expand", self.shape, sizes)
+        return self if target == tuple(self.shape) else apply("expand", [self], expand_shape=target)
 
     def expand_as(self, other: "Tensor") -> "Tensor":
         """:meth:`expand` to ``other``'s shape (``torch.Tensor.expand_as``)."""
@@ -268,13 +263,13 @@ class Shape:
 
 
 def _expanded(fn: str, shape: tuple, sizes: tuple) -> tuple:
-    """``(target shape, broadcast axes)`` of expanding ``shape`` to ``sizes`` (PyTorch's rules:
-    new dims lead, -1 keeps a dim, only a size-1 dim changes). Raises ValueError as PyTorch."""
+    """The target shape of expanding ``shape`` to ``sizes`` (PyTorch's rules: new dims lead, -1
+    keeps a dim, only a size-1 dim changes). Raises ValueError as PyTorch."""
     lead = len(sizes) - len(shape)
     if lead < 0:
         raise ValueError(f"{fn}: the number of sizes provided ({len(sizes)}) must be greater or "
                          f"equal to the number of dimensions in the tensor ({len(shape)})")
-    target, axes = [], []
+    target = []
     for i, s in enumerate(sizes):
         if isinstance(s, bool) or not isinstance(s, numbers.Integral):
             raise TypeError(f"{fn}: sizes must be ints, got {s!r} in {list(sizes)}")
@@ -290,9 +285,7 @@ def _expanded(fn: str, shape: tuple, sizes: tuple) -> tuple:
         if s < 0:
             raise ValueError(f"{fn}: negative size {s} in {list(sizes)}")
         target.append(s)
-        if old is None or (old == 1 and s != 1):
-            axes.append(i)
-    return tuple(target), tuple(axes)
+    return tuple(target)
 
 
 def _at_least_1d(fn: str, t: "Tensor") -> None:
