@@ -741,13 +741,18 @@ def test_transpose_and_permute_trace_as_oneflow_transpose_with_perm():
 
 @pytest.mark.parametrize("call,error,match", [
     (lambda x: x.transpose(0, 2), IndexError,
-     r"transpose: dim 2 is out of range for a tensor of 2 dims \(expected a dim in \[-2, 1\]\)"),
+     r"transpose: Dimension out of range \(expected to be in range of \[-2, 1\], but got 2\)"),
     (lambda x: x.transpose((1, 0)), TypeError, r"swaps two dims.*use permute\(\*dims\)"),
-    (lambda x: x.transpose(0, 1.0), TypeError, r"transpose: a dim must be an int, got 1.0"),
+    (lambda x: x.transpose(0, 1.0), TypeError, r"transpose: dim must be an int, got 1.0"),
+    (lambda x: x.transpose(0, True), TypeError, r"transpose: dim must be an int, got True"),
     (lambda x: x.permute(0), ValueError, r"permute: dims \(0,\) must name each of the 2 dims"),
     (lambda x: x.permute(1, -1), ValueError, r"permute: dims \(1, -1\) must name each"),
-    (lambda x: x.permute(0, 2), IndexError, r"permute: dim 2 is out of range"),
+    (lambda x: x.permute(0, 2), IndexError, r"permute: Dimension out of range"),
     (lambda x: x.sum(dim=0, axis=0), TypeError, r"sum: got both dim=0 and axis=0"),
+    (lambda x: x.sum(True), TypeError, r"sum: dim must be an int, a sequence of ints or None, "
+                                       r"got True"),
+    (lambda x: x.mean(dim=(0, True)), TypeError, r"mean: dim must be an int, a sequence"),
+    (lambda x: x.std(1.0), TypeError, r"std: dim must be an int"),
     (lambda x: x.mean(0, True, keepdims=True), TypeError, r"mean: got both keepdim and keepdims"),
 ])
 def test_bad_dims_are_refused_naming_the_method(call, error, match):

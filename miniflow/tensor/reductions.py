@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import collections
 import math
+import numbers
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -178,12 +179,16 @@ def _reduce_args(op: str, dim, keepdim, axis, keepdims) -> tuple:
     """``(dim, keepdim)`` from PyTorch's and NumPy's names (:meth:`Tensor.sum`).
 
     Raises:
-        TypeError: both names of one argument given.
+        TypeError: both names of one argument given; a dim that is no int (a bool: PyTorch
+            refuses ``x.sum(True)``, which read as dim 1).
     """
     if axis is not None:
         if dim is not None:
             raise TypeError(f"{op}: got both dim={dim!r} and axis={axis!r}; pass one")
         dim = axis
+    for d in dim if isinstance(dim, (tuple, list)) else () if dim is None else (dim,):
+        if isinstance(d, bool) or not isinstance(d, numbers.Integral):
+            raise TypeError(f"{op}: dim must be an int, a sequence of ints or None, got {dim!r}")
     if keepdims is not None:
         if keepdim is not False:
             raise TypeError(f"{op}: got both keepdim and keepdims; pass one")

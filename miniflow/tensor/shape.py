@@ -11,7 +11,7 @@ import numpy as np
 
 from ..checks import is_integer, positive_integer
 from .create import apply
-from .dims import _dim, _wrap_dim
+from .dims import _dim
 
 if TYPE_CHECKING:        # the composed class, for the annotations only
     from . import Tensor
@@ -147,7 +147,7 @@ class Shape:
         if dim1 is None:
             raise TypeError(f"transpose(dim0, dim1) swaps two dims, as torch.Tensor.transpose; "
                             f"got only {dim0!r}: for an order of all dims use permute(*dims)")
-        a, b = (_wrap_dim("transpose", d, self.ndim) for d in (dim0, dim1))
+        a, b = (_dim("transpose", d, self.ndim) for d in (dim0, dim1))
         perm = list(range(self.ndim))
         if perm:
             perm[a], perm[b] = perm[b], perm[a]
@@ -164,7 +164,7 @@ class Shape:
         """
         if len(dims) == 1 and isinstance(dims[0], (tuple, list)):
             dims = tuple(dims[0])
-        perm = tuple(_wrap_dim("permute", d, self.ndim) for d in dims)
+        perm = tuple(_dim("permute", d, self.ndim) for d in dims)
         if len(perm) != self.ndim or len(set(perm)) != len(perm):
             raise ValueError(f"permute: dims {tuple(dims)} must name each of the {self.ndim} dims "
                              f"of the tensor of shape {list(self.shape)} once")
