@@ -80,6 +80,8 @@ def extra_cases(cfg: LaunchConfig = SIMULATOR) -> list:
             Case("broadcast_like", [_r(1, 3, dt=dt), _r(4, 3, dt=dt)], {"broadcast_axes": (0,)},
                  "size-1"),
             Case("expand", [_r(2, 1, 3, dt=dt)], {"expand_shape": (4, 2, 5, 3)}, "lead-and-size-1"),
+            Case("expand", [np.arange(6, dtype=np.int64).reshape(2, 1, 3)],
+                 {"expand_shape": (2, 4, 3)}, "int64"),
             Case("add_n", [np.full((2, 3), 40000.0, dt) for _ in range(3)], {}, "overflow"),
             Case("broadcast_add", [np.array([60000.0, -60000.0, np.nan, 1.0], dt),
                                    np.array([60000.0, -60000.0, 1.0, np.nan], dt)], {},

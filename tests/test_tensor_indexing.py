@@ -428,6 +428,24 @@ def test_expand_is_one_expand_node_without_a_full_size_input():
     assert ops.count("expand") == 1 and "constant" not in ops, ops
 
 
+def test_an_int64_tensor_expands_as_pytorch():
+    """``idx.unsqueeze(-1).expand(-1, -1, C)`` (an index made for a gather in PyTorch code):
+    ``expand`` takes any dtype, as PyTorch's; eager and in a graph."""
+    torch = pytest.importorskip("torch")
+    idx = np.array([[2, 0], [1, 1], [3, 2], [0, 3]], np.int64)
+
+    class Shifted(nn.Module):
+        def forward(self, x):
+            ids = mf.tensor(idx).unsqueeze(-1).expand(-1, -1, 6)
+            assert ids.dtype == mf.int64 and ids.shape == (4, 2, 6)
+            return x[:, :2] + ids.float()
+
+    ids = torch.tensor(idx).unsqueeze(-1).expand(-1, -1, 6)
+    want = (torch.tensor(X)[:, :2] + ids.float()).numpy()
+    np.testing.assert_array_equal(Shifted()(mf.tensor(X)).numpy(), want)
+    np.testing.assert_array_equal(EvalGraph(Shifted())(X).numpy(), want)
+
+
 def test_argmin_and_clamp_as_pytorch():
     """argmin (the first minimum), clamp with min > max (every element max) and NaN; clamp
     without bounds is refused as PyTorch refuses it, a tensor bound named."""

@@ -115,14 +115,13 @@ def _expand_norm(inputs, attrs):
 def _expand_infer(inputs, attrs):
     check_arity("expand", inputs, 1)
     x = inputs[0]
-    dt = check_float("expand", x)
     shape = attrs["expand_shape"]
     lead = len(shape) - len(x.shape)
     if lead < 0 or any(d < 0 for d in shape) or any(
             n not in (1, d) for n, d in zip(x.shape, shape[lead:])):
         raise ValueError(f"expand: x {fmt(x)} cannot expand to {format_shape(shape)}: each dim "
                          f"of x, aligned to the end, must be 1 or equal the target's")
-    return [(shape, dt)]
+    return [(shape, x.dtype)]
 
 
 def _expanded_axes(x_shape, shape) -> tuple:
@@ -153,7 +152,8 @@ def _expand_samples():
 register("expand", _expand_infer, normalize=_expand_norm, grad=_expand_grad,
          reference=lambda xs, a: [np.broadcast_to(xs[0], a["expand_shape"]).copy()],
          samples=_expand_samples, amp="clear",
-         doc="out = x repeated along its size-1 dims and new leading dims to expand_shape")
+         doc="out = x (any dtype) repeated along its size-1 dims and new leading dims to "
+             "expand_shape")
 
 
 # ------------------------------------------------------------------------------ add_n
