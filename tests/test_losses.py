@@ -231,8 +231,8 @@ def test_mse_loss_and_its_gradient_match_the_float64_oracle_and_torch(reduction)
     np.testing.assert_allclose(x - step.m.x.numpy(), want_grad, rtol=1e-4, atol=1e-5)
     torch = pytest.importorskip("torch")
     ref = torch.nn.functional.mse_loss(torch.tensor(x), torch.tensor(t), reduction=reduction)
-    np.testing.assert_allclose(nn.functional.mse_loss(mf.tensor(x), t, reduction).numpy(),
-                               ref.numpy(), rtol=1e-6)
+    got = nn.functional.mse_loss(mf.tensor(x), t, reduction=reduction)
+    np.testing.assert_allclose(got.numpy(), ref.numpy(), rtol=1e-6)
 
 
 @pytest.mark.parametrize("fn, module", [("mse_loss", nn.MSELoss), ("l1_loss", nn.L1Loss)])
@@ -247,6 +247,10 @@ def test_elementwise_losses_refuse_what_pytorch_would_silently_broadcast_or_prom
     with pytest.raises(ValueError, match=fr"{fn}: reduction must be 'mean', 'sum' or "
                                          r"'none', got 'avg'"):
         module(reduction="avg")
+    for positional in (lambda: loss(x, mf.tensor(LOGITS), "sum"), lambda: module(True)):
+        with pytest.raises(ValueError, match=fr"{fn}: size_average and reduce are deprecated "
+                                             r"in PyTorch and not supported; give reduction="):
+            positional()                # PyTorch: size_average, its legacy rule makes a mean
 
 
 # ------------------------------------------------------------------------------ nll_loss

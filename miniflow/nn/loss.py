@@ -193,18 +193,23 @@ def _reduce(per: Tensor, reduction: str) -> Tensor:
     return per.sum() if reduction == "sum" else per.mean()
 
 
-def mse_loss(input: Tensor, target, reduction: str = "mean") -> Tensor:
+def mse_loss(input: Tensor, target, size_average=None, reduce=None,
+             reduction: str = "mean") -> Tensor:
     """The squared error ``(input - target)^2`` per element, averaged (``"mean"``), summed
-    (``"sum"``) or returned as is (``"none"``): ``torch.nn.functional.mse_loss``. ``target``
+    (``"sum"``) or returned as is (``"none"``): ``torch.nn.functional.mse_loss``, with its
+    signature. ``target``
     has ``input``'s shape (a Tensor, or an array made a tensor of ``input``'s dtype). Ops
     ``broadcast_sub``, ``scalar_pow`` and ``reduce_sum`` (``scalar_mul(1/n)`` for "mean"; a
     half input is averaged in float32, as :meth:`Tensor.mean`).
 
     Raises:
-        ValueError: an unknown reduction; shapes that differ (PyTorch broadcasts them with a
-            warning that the result is likely wrong); "mean" of an empty input.
+        ValueError: an unknown reduction; ``size_average`` or ``reduce`` given (PyTorch's
+            deprecated arguments; a positional third argument lands there); shapes that differ
+            (PyTorch broadcasts them with a warning that the result is likely wrong); "mean" of
+            an empty input.
         TypeError: ``target`` of another dtype than ``input`` (naming both).
     """
+    _legacy("mse_loss", size_average, reduce)
     _check_reduction("mse_loss", reduction)
     target = _paired("mse_loss", input, target)
     return _reduce((input - target).square(), reduction)
@@ -212,20 +217,21 @@ def mse_loss(input: Tensor, target, reduction: str = "mean") -> Tensor:
 
 class MSELoss(Module):
     """``mse_loss`` as a module (``torch.nn.MSELoss``): ``MSELoss(reduction="mean")`` then
-    ``loss(input, target)``. PyTorch's deprecated ``size_average`` and ``reduce`` are not
-    supported.
+    ``loss(input, target)``.
 
     Raises:
-        ValueError: an unknown reduction, at construction.
+        ValueError: an unknown reduction, or PyTorch's deprecated ``size_average`` / ``reduce``,
+            at construction.
     """
 
-    def __init__(self, *, reduction: str = "mean"):
+    def __init__(self, size_average=None, reduce=None, reduction: str = "mean"):
         super().__init__()
+        _legacy("mse_loss", size_average, reduce)
         _check_reduction("mse_loss", reduction)
         self.reduction = reduction
 
     def forward(self, input, target):
-        return mse_loss(input, target, self.reduction)
+        return mse_loss(input, target, reduction=self.reduction)
 
     def extra_repr(self) -> str:
         return f"reduction={self.reduction!r}"
