@@ -49,6 +49,8 @@ CASES = [
     ("broadcast_like", [u(3), u(2, 3)], {"broadcast_axes": (0,)}),
     ("broadcast_like", [u(2, 1), u(2, 4)], {"broadcast_axes": (1,)}),
     ("expand", [u(2, 1)], {"expand_shape": (3, 2, 4)}),
+    ("broadcast_maximum", [u(3, 4), u(4)], {}),
+    ("broadcast_minimum", [u(2, 1, 3), u(4, 1)], {}),
     ("expand", [u(1, 3)], {"expand_shape": (2, 3)}),
     ("cast", [u(3, 2)], {"dtype": "float32"}),
     ("scalar_mul_by_tensor", [u(3, 2), u(1, lo=0.5, hi=2.0)], {}),

@@ -256,6 +256,24 @@ def test_broadcast_like_of_a_tensor_with_its_axes_kept_exports_as_expand(tmp_pat
     assert "Unsqueeze" not in {n.op_type for n in proto.graph.node}
 
 
+class _MaxMin(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = nn.Linear(4, 4), nn.Linear(4, 4)
+
+    def forward(self, x):
+        return self.a(x).maximum(self.b(x)) + self.a(x).min(x[:1])
+
+
+@pytest.mark.parametrize("amp", [False, True], ids=["fp32", "amp"])
+def test_maximum_and_minimum_export_as_max_and_min(amp, tmp_path):
+    """Ops ``broadcast_maximum`` / ``broadcast_minimum`` are ONNX's ``Max`` / ``Min``
+    (broadcasting); onnxruntime matches miniflow."""
+    miniflow.manual_seed(0)
+    proto = _export_one_activation_chain(_MaxMin(), amp, tmp_path / "maxmin.onnx")
+    assert {"Max", "Min"} <= {n.op_type for n in proto.graph.node}
+
+
 class _Rotary(nn.Module):
     """Rotary embeddings as LLaMA ports write them: halves joined with ``miniflow.cat``, pairs
     with ``miniflow.stack``."""

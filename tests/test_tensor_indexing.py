@@ -726,14 +726,54 @@ def test_a_torch_function_miniflow_has_as_a_method_is_named_so(name):
         mf.nope
 
 
-@pytest.mark.parametrize("fn,word,side", [("max", "maximum", "min"), ("min", "minimum", "max")])
-def test_an_elementwise_max_or_min_of_two_tensors_names_its_clamp_form(fn, word, side):
-    """``a.max(b)`` (PyTorch's elementwise maximum) said "max: dim must be an int, got
-    tensor(...)"; it names what was asked for and the clamp form, whose values are torch's."""
-    a, b = (np.random.default_rng(i).standard_normal(5).astype(np.float32) for i in (0, 1))
-    for other in (mf.tensor(b), b):
-        with pytest.raises(TypeError, match=rf"{fn}\(other\): the elementwise {word} .*"
-                                            rf"write other \+ \(x - other\)\.clamp\({side}=0\)"):
-            getattr(mf.tensor(a), fn)(other)
-    form = (mf.tensor(b) + (mf.tensor(a) - mf.tensor(b)).clamp(**{side: 0})).numpy()
-    np.testing.assert_allclose(form, getattr(np, word)(a, b), rtol=1e-6, atol=1e-6)
+class _MinMax(nn.Module):
+    """``a.maximum(b) * w + a.min(b)`` of a parameter ``a`` and a broadcast parameter ``b``."""
+
+    def __init__(self, a, b):
+        super().__init__()
+        self.a, self.b = nn.Parameter(a), nn.Parameter(b)
+
+    def forward(self, w):
+        return self.a.maximum(self.b) * w + self.a.min(self.b)
+
+
+def test_maximum_and_minimum_values_and_gradients_are_pytorchs():
+    """``torch.maximum`` / ``minimum`` and ``x.max(other)`` / ``x.min(other)``, eager and in a
+    trained graph: NaN on either side propagates (and both sides get its gradient), a tie's
+    gradient is split in halves, a broadcast side's gradient summed; one SGD step of lr 1 gives
+    the gradients, against torch's autograd."""
+    torch = pytest.importorskip("torch")
+    a = np.array([[1.0, -2.0, 3.0, np.nan], [0.5, 2.0, -1.0, 4.0]], np.float32)
+    b = np.array([1.0, 0.0, np.nan, 2.0], np.float32)                  # a tie in column 0
+    w = np.array([[2.0, 3.0, 5.0, 7.0], [11.0, 13.0, 17.0, 19.0]], np.float32)
+    ta, tb = (torch.tensor(v, requires_grad=True) for v in (a, b))
+    want = ta.maximum(tb) * torch.tensor(w) + ta.min(tb)
+    want.sum().backward()
+    model = _MinMax(a, b)
+    np.testing.assert_array_equal(model(mf.tensor(w)).numpy(), want.detach().numpy())
+    np.testing.assert_array_equal(mf.tensor(a).max(b).numpy(),
+                                  torch.tensor(a).maximum(torch.tensor(b)).numpy())
+
+    class Step(nn.Graph):
+        def __init__(self):
+            super().__init__()
+            self.m = model
+            self.add_optimizer(mf.optim.SGD(model.parameters(), lr=1.0))
+
+        def build(self, w):
+            out = self.m(w)
+            out.sum().backward()
+            return out
+
+    np.testing.assert_array_equal(Step()(w).numpy(), want.detach().numpy())
+    for before, after, grad in ((a, model.a, ta.grad), (b, model.b, tb.grad)):
+        known = ~np.isnan(before)                   # a NaN weight stays NaN: no gradient seen
+        np.testing.assert_array_equal((before - after.numpy())[known], grad.numpy()[known])
+
+
+def test_a_number_for_maximum_names_clamp():
+    with pytest.raises(TypeError, match=r"maximum\(\): argument 'other' must be a Tensor, not "
+                                        r"float: for a number write x.clamp\(min=0.5\)"):
+        mf.tensor(X).maximum(0.5)
+    with pytest.raises(TypeError, match=r"x.clamp\(max=1\)"):
+        mf.tensor(X).minimum(1)

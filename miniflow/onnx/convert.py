@@ -190,6 +190,7 @@ FUNCTIONS = {
     "power": (_onnx_op("Pow"), True), "clip": (_onnx_op("Clip"), False),
     "add": (_onnx_op("Add"), False), "sub": (_onnx_op("Sub"), False),
     "mul": (_onnx_op("Mul"), False), "div": (_onnx_op("Div"), False),
+    "maximum": (_onnx_op("Max"), False), "minimum": (_onnx_op("Min"), False),
     "rsqrt": (lambda b, a, out, dt: b.node("Reciprocal", b.node("Sqrt", a, 1), [out]), True),
     "silu": (lambda b, a, out, dt: b.node("Mul", [a[0]] + b.node("Sigmoid", a, 1), [out]), True),
     "gelu": (_gelu, True), "softplus": (_softplus, True),

@@ -1,4 +1,5 @@
-"""Elementwise ops: unary math, scalar_* ops, broadcast_* binary ops, activation grads, bias_add.
+"""Elementwise ops: unary math, scalar_* ops, broadcast_* binary ops (maximum and minimum
+included), activation grads, bias_add.
 
 An elementwise op is declared once, here: its scalar function (a plain Python function of floats,
 ``math`` only), its NumPy float64 reference, gradient rule, samples and AMP list, with
@@ -455,6 +456,67 @@ for _name, _fn, _ref, _grad in (("broadcast_add", add, np.add, _add_grad),
     elementwise(_name, _fn, _ref, amp="gray", grad=_grad,
                 samples=binary_samples(positive_rhs=_fn is div),
                 doc=f"out = x {_fn.__name__} y with NumPy broadcasting")
+
+
+# ------------------------------------------------------------------------------ maximum, minimum
+def maximum(a, b):
+    """The larger of ``a`` and ``b``, NaN where either is NaN (PyTorch's ``torch.maximum``,
+    https://pytorch.org/docs/stable/generated/torch.maximum.html; OneFlow's
+    ``broadcast_maximum``)."""
+    if a != a or a > b:
+        return a
+    return b
+
+
+def minimum(a, b):
+    """The smaller of ``a`` and ``b``, NaN where either is NaN (``torch.minimum``)."""
+    if a != a or a < b:
+        return a
+    return b
+
+
+def maximum_derivative(a, b):
+    """d maximum(a, b) / da as PyTorch's autograd takes it: 0 where ``a < b``, 0.5 where
+    ``a == b`` (a tie's gradient is split between the two), else 1 (NaN on either side included:
+    both get the gradient). d maximum(a, b) / db and d minimum(a, b) / da are
+    ``maximum_derivative(b, a)``, d minimum(a, b) / db is ``maximum_derivative(a, b)``."""
+    if a < b:
+        return 0.0
+    if a == b:
+        return 0.5
+    return 1.0
+
+
+def _maximum_derivative_ref(a, b):
+    with np.errstate(invalid="ignore"):
+        return np.where(a < b, 0.0, np.where(a == b, 0.5, 1.0))
+
+
+def _min_max_grad(first: int):
+    """The gradient of ``broadcast_maximum`` (``first`` 0) or ``broadcast_minimum`` (1): each
+    input gets ``dy * broadcast_maximum_derivative`` of the inputs in the order that makes it
+    the larger one for maximum (the smaller one for minimum), summed over its broadcast dims."""
+    def grad(n, gs, emit):
+        a, b = n.inputs
+        share = [emit("broadcast_maximum_derivative", *((a, b) if k == first else (b, a)))
+                 for k in (0, 1)]
+        return [unbroadcast(emit, emit("broadcast_mul", gs[0], share[0]), a.shape),
+                unbroadcast(emit, emit("broadcast_mul", gs[0], share[1]), b.shape)]
+    return grad
+
+
+_MIN_MAX_AMP_NOTE = "not in OneFlow's lists: it runs in float32"
+elementwise("broadcast_maximum", maximum, np.maximum, amp=None, amp_note=_MIN_MAX_AMP_NOTE,
+            grad=_min_max_grad(0),
+            doc="out = maximum(x, y) with NumPy broadcasting (NaN propagates, torch.maximum); "
+                "a tie's gradient is split in halves")
+elementwise("broadcast_minimum", minimum, np.minimum, amp=None, amp_note=_MIN_MAX_AMP_NOTE,
+            grad=_min_max_grad(1),
+            doc="out = minimum(x, y) with NumPy broadcasting (NaN propagates, torch.minimum); "
+                "a tie's gradient is split in halves")
+elementwise("broadcast_maximum_derivative", maximum_derivative, _maximum_derivative_ref,
+            amp=None, amp_note=_MIN_MAX_AMP_NOTE,
+            doc="out = d maximum(x, y) / dx: 0 where x < y, 0.5 where x == y, else 1")
 
 
 # ------------------------------------------------------------------------------ activation grads

@@ -1,5 +1,6 @@
 """Math: the arithmetic operators and their PyTorch method names, matmul, elementwise functions
-(``exp``, ``relu``, ``pow``, ...), ``softmax`` / ``log_softmax``, ``clamp`` and ``masked_fill``."""
+(``exp``, ``relu``, ``pow``, ...), ``softmax`` / ``log_softmax``, ``clamp``, ``maximum`` /
+``minimum`` and ``masked_fill``."""
 from __future__ import annotations
 
 import numbers
@@ -8,7 +9,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from .core import TensorCore
-from .create import apply, tensor
+from .create import apply, as_numpy, tensor
 from .dims import _dim
 
 if TYPE_CHECKING:        # the composed class, for the annotations only
@@ -192,6 +193,22 @@ class Arithmetic:
 
     clip = clamp
 
+    def maximum(self, other) -> "Tensor":
+        """The elementwise larger of this tensor and ``other`` (a Tensor, or an array made a
+        tensor of this dtype; broadcast), NaN where either is NaN, a tie's gradient split in
+        halves: ``torch.maximum`` and ``x.max(other)``. Op ``broadcast_maximum`` (OneFlow's).
+
+        Raises:
+            TypeError: a number as ``other`` (PyTorch's ``maximum`` takes a tensor; a number
+                bound is :meth:`clamp`); ``other`` of another dtype (the op's message).
+        """
+        return apply("broadcast_maximum", [self, _other("maximum", self, other, "min")])
+
+    def minimum(self, other) -> "Tensor":
+        """The elementwise smaller of this tensor and ``other``, as :meth:`maximum`
+        (``torch.minimum``, ``x.min(other)``; op ``broadcast_minimum``)."""
+        return apply("broadcast_minimum", [self, _other("minimum", self, other, "max")])
+
     def masked_fill(self, mask, value) -> "Tensor":
         """``value`` where ``mask`` is True (nonzero), else this tensor's element (op
         ``masked_fill``). ``mask``: a bool or integer array or an int64 Tensor that broadcasts
@@ -209,6 +226,19 @@ class Arithmetic:
                                 f"nonzero = fill), got an array of {arr.dtype}")
             mask = tensor(arr.astype(np.int64))
         return apply("masked_fill", [self, mask], value=float(value))
+
+
+def _other(fn: str, t: TensorCore, other, bound: str) -> TensorCore:
+    """``other`` of ``t.maximum`` / ``t.minimum`` as a Tensor (an array or a torch tensor made
+    one of ``t``'s dtype).
+
+    Raises:
+        TypeError: a number (naming :meth:`Arithmetic.clamp`'s ``bound``) or a bool.
+    """
+    if isinstance(other, (numbers.Number, bool)):
+        raise TypeError(f"{fn}(): argument 'other' must be a Tensor, not "
+                        f"{type(other).__name__}: for a number write x.clamp({bound}={other!r})")
+    return other if isinstance(other, TensorCore) else tensor(as_numpy(other), dtype=t.dtype)
 
 
 def _matmul(a: "Tensor", b: "Tensor") -> "Tensor":

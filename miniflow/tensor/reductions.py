@@ -35,10 +35,12 @@ class Reductions:
 
         Raises:
             IndexError: ``dim`` out of range. ValueError: an empty reduced dimension.
-            TypeError: ``keepdim`` without ``dim`` (as PyTorch: no such overload); a tensor
-            as ``dim`` (PyTorch's elementwise ``x.max(other)``, not supported: the message
-            says how to write it)."""
-        _no_other("max", dim)
+            TypeError: ``keepdim`` without ``dim`` (as PyTorch: no such overload).
+
+        ``x.max(other)`` with a tensor or an array ``other`` is PyTorch's elementwise maximum,
+        :meth:`maximum`."""
+        if _is_other(dim):
+            return self.maximum(dim)
         if dim is None and keepdim:
             raise TypeError(f"max(): keepdim=True needs a dim (the tensor has shape "
                             f"{list(self.shape)}): pass dim=..., or reshape the 0-d maximum, "
@@ -83,8 +85,9 @@ class Reductions:
     def min(self, dim: int | None = None, keepdim: bool = False):
         """The smallest element, or ``(values, indices)`` along ``dim``: :meth:`max` of ``-x``,
         negated (exact), with PyTorch's ``torch.min`` results (NaN propagates, the first
-        minimum's index); raises as :meth:`max`."""
-        _no_other("min", dim)
+        minimum's index); raises as :meth:`max`. ``x.min(other)`` is :meth:`minimum`."""
+        if _is_other(dim):
+            return self.minimum(dim)
         if dim is not None:
             _dim("min", dim, self.ndim)
         if dim is None:
@@ -198,13 +201,7 @@ def _reduce_args(op: str, dim, keepdim, axis, keepdims) -> tuple:
     return dim, bool(keepdim)
 
 
-def _no_other(fn: str, dim) -> None:
-    """Raises TypeError where ``dim`` of ``max`` / ``min`` is a tensor or array: PyTorch's
-    ``x.max(other)``, the elementwise maximum (``torch.maximum``), which miniflow lacks; the
-    message gives the ``clamp`` form of its values (to rounding; a tie's gradient goes to
-    ``x``, where ``torch.maximum`` halves it)."""
-    if isinstance(dim, (TensorCore, np.ndarray)) or _is_torch(dim):
-        word, side = ("maximum", "min") if fn == "max" else ("minimum", "max")
-        raise TypeError(f"{fn}(other): the elementwise {word} of two tensors "
-                        f"(torch.{word}) is not supported (dim must be an int); write "
-                        f"other + (x - other).clamp({side}=0)")
+def _is_other(dim) -> bool:
+    """Whether ``dim`` of ``max`` / ``min`` is a tensor or an array: PyTorch's elementwise
+    ``x.max(other)`` / ``x.min(other)``."""
+    return isinstance(dim, (TensorCore, np.ndarray)) or _is_torch(dim)
