@@ -50,6 +50,7 @@ CASES = [
     ("broadcast_like", [u(2, 1), u(2, 4)], {"broadcast_axes": (1,)}),
     ("expand", [u(2, 1)], {"expand_shape": (3, 2, 4)}),
     ("broadcast_maximum", [u(3, 4), u(4)], {}),
+    ("broadcast_pow", [u(3, 4, lo=0.5, hi=2.0), u(4)], {}),
     ("broadcast_minimum", [u(2, 1, 3), u(4, 1)], {}),
     ("expand", [u(1, 3)], {"expand_shape": (2, 3)}),
     ("cast", [u(3, 2)], {"dtype": "float32"}),

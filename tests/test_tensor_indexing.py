@@ -378,7 +378,7 @@ def test_division_by_a_number_is_one_ieee_division_as_torch():
 
 def test_var_and_std_of_half_tensors_round_once_and_bad_arguments_are_named():
     """A float16 var / std is computed in float32 and rounded once (PyTorch's); both spellings of
-    the correction, or no degree of freedom left, are refused naming them; a tensor exponent too."""
+    the correction, or no degree of freedom left, are refused naming them."""
     x = (X[0] * 150.0).astype(np.float16)     # squares beyond float16's range (65504)
     want = x.astype(np.float64).var(axis=1, ddof=1)
     np.testing.assert_array_equal(mf.tensor(x).var(1).numpy(), want.astype(np.float16))
@@ -390,8 +390,53 @@ def test_var_and_std_of_half_tensors_round_once_and_bad_arguments_are_named():
                                          r"per result, and correction=1 leaves 0 degrees"):
         mf.tensor(X[:, :1]).std(1)
     assert mf.tensor(X[:0]).var(1).shape == (0, 6)       # nothing to compute: no error
-    with pytest.raises(TypeError, match=r"pow: the exponent must be a number, got Tensor"):
-        t ** t
+
+
+class _SumStep(nn.Graph):
+    """One SGD step of lr 1 on the sum of ``model``'s output: the weights move by minus their
+    gradients."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.m = model
+        self.add_optimizer(mf.optim.SGD(model.parameters(), lr=1.0))
+
+    def build(self, x):
+        out = self.m(x)
+        out.sum().backward()
+        return out
+
+
+class _Powers(nn.Module):
+    """``x ** e`` of parameters, a broadcast exponent, and RoPE's ``theta ** (i / d)``."""
+
+    def __init__(self, x, e):
+        super().__init__()
+        self.x, self.e = nn.Parameter(x), nn.Parameter(e)
+
+    def forward(self, i):
+        return self.x ** self.e + self.x.pow(self.e[:1]) * (10000.0 ** i)
+
+
+def test_tensor_powers_values_and_gradients_are_pytorchs():
+    """A tensor exponent (``x ** t``, ``x.pow(t)``) and a number base (``2 ** t``) as torch's,
+    eager and trained (one SGD step of lr 1 gives the gradients): 0 ** y and its exponent's
+    gradient 0 there, a broadcast exponent's gradient summed."""
+    torch = pytest.importorskip("torch")
+    x = np.array([[0.5, 2.0, 0.0, 3.0], [1.5, 0.25, 4.0, 0.0]], np.float32)
+    e = np.array([[2.0, -0.5, 1.5, 0.5]], np.float32)
+    i = np.array([0.0, 0.25, 0.5, 0.75], np.float32)
+    tx, te = (torch.tensor(v, requires_grad=True) for v in (x, e))
+    want = tx ** te + tx.pow(te[:1]) * (10000.0 ** torch.tensor(i))
+    want.sum().backward()
+    model = _Powers(x, e)
+    np.testing.assert_allclose(model(mf.tensor(i)).numpy(), want.detach().numpy(), rtol=2e-6)
+
+    np.testing.assert_allclose(_SumStep(model)(i).numpy(), want.detach().numpy(), rtol=2e-6)
+    finite = np.isfinite(tx.grad.numpy())              # 0 ** -0.5: an infinite gradient
+    np.testing.assert_allclose((x - model.x.numpy())[finite], tx.grad.numpy()[finite],
+                               rtol=2e-5)
+    np.testing.assert_allclose(e - model.e.numpy(), te.grad.numpy(), rtol=2e-5)
 
 
 EXPAND_ERRORS = [
@@ -754,18 +799,7 @@ def test_maximum_and_minimum_values_and_gradients_are_pytorchs():
     np.testing.assert_array_equal(mf.tensor(a).max(b).numpy(),
                                   torch.tensor(a).maximum(torch.tensor(b)).numpy())
 
-    class Step(nn.Graph):
-        def __init__(self):
-            super().__init__()
-            self.m = model
-            self.add_optimizer(mf.optim.SGD(model.parameters(), lr=1.0))
-
-        def build(self, w):
-            out = self.m(w)
-            out.sum().backward()
-            return out
-
-    np.testing.assert_array_equal(Step()(w).numpy(), want.detach().numpy())
+    np.testing.assert_array_equal(_SumStep(model)(w).numpy(), want.detach().numpy())
     for before, after, grad in ((a, model.a, ta.grad), (b, model.b, tb.grad)):
         known = ~np.isnan(before)                   # a NaN weight stays NaN: no gradient seen
         np.testing.assert_array_equal((before - after.numpy())[known], grad.numpy()[known])

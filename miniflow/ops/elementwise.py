@@ -132,6 +132,14 @@ def power_derivative(x, p):
     return p * power(x, p - 1.0)
 
 
+def power_exponent_derivative(x, y):
+    """d x**y / dy = x**y * log(x), and 0 where x = 0 and y >= 0 (PyTorch's
+    ``pow_backward_exponent``); nan for a negative x (a real logarithm)."""
+    if x == 0.0 and y >= 0.0:
+        return 0.0
+    return power(x, y) * math.log(x)
+
+
 def relu_grad(y, dy):
     """dy where y > 0, else 0 (y = relu(x); PyTorch's threshold_backward: y <= 0 -> 0)."""
     if y <= 0.0:
@@ -456,6 +464,56 @@ for _name, _fn, _ref, _grad in (("broadcast_add", add, np.add, _add_grad),
     elementwise(_name, _fn, _ref, amp="gray", grad=_grad,
                 samples=binary_samples(positive_rhs=_fn is div),
                 doc=f"out = x {_fn.__name__} y with NumPy broadcasting")
+
+
+def _broadcast_power_ref(x, y):
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.where(y == 0.5, np.sqrt(x), np.where(y == -0.5, 1.0 / np.sqrt(x),
+                                                      np.power(x, y)))
+
+
+def _power_derivative_pair_ref(x, y):
+    return np.where(y == 0.0, 0.0, y * _broadcast_power_ref(x, y - 1.0))
+
+
+def _power_exponent_derivative_ref(x, y):
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.where((x == 0.0) & (y >= 0.0), 0.0, _broadcast_power_ref(x, y) * np.log(x))
+
+
+def _pow_grad(n, gs, emit):
+    """dx = dy * broadcast_pow_x_derivative(x, y), dy' = dy * broadcast_pow_y_derivative(x, y),
+    each summed over its broadcast dims (OneFlow's ``broadcast_pow_x_grad`` / ``_y_grad``
+    without the factor dy)."""
+    a, b = n.inputs
+    return [unbroadcast(emit, emit("broadcast_mul", gs[0],
+                                   emit("broadcast_pow_x_derivative", a, b)), a.shape),
+            unbroadcast(emit, emit("broadcast_mul", gs[0],
+                                   emit("broadcast_pow_y_derivative", a, b)), b.shape)]
+
+
+def _pow_samples():
+    """x in [0.1, 3) against exponents in [-2, 2) (non-integer powers of a negative x are nan),
+    broadcast both ways, with 0 ** y and y = 0.5 (sqrt)."""
+    def make(dt):
+        r = np.random.default_rng(11)
+        return [([rand(3, 4, dtype=dt, r=r, lo=0.1, hi=3.0), rand(3, 4, dtype=dt, r=r)], {}),
+                ([rand(4, dtype=dt, r=r, lo=0.1, hi=3.0), rand(2, 1, dtype=dt, r=r)], {}),
+                ([np.array([0.0, 0.0, 4.0, 2.0], dt), np.array([2.0, 0.0, 0.5, -1.0], dt)], {})]
+    return lambda: float_samples(make)
+
+
+_POW_AMP_NOTE = "not in OneFlow's lists: it runs in float32"
+elementwise("broadcast_pow", power, _broadcast_power_ref, amp=None, amp_note=_POW_AMP_NOTE,
+            grad=_pow_grad, samples=_pow_samples(),
+            doc="out = x ** y with NumPy broadcasting (PyTorch's pow of two tensors)")
+elementwise("broadcast_pow_x_derivative", power_derivative, _power_derivative_pair_ref,
+            amp=None, amp_note=_POW_AMP_NOTE, samples=_pow_samples(),
+            doc="out = d x**y / dx = y * x ** (y - 1), 0 where y = 0")
+elementwise("broadcast_pow_y_derivative", power_exponent_derivative,
+            _power_exponent_derivative_ref, amp=None, amp_note=_POW_AMP_NOTE,
+            samples=_pow_samples(),
+            doc="out = d x**y / dy = x ** y * log(x), 0 where x = 0 and y >= 0")
 
 
 # ------------------------------------------------------------------------------ maximum, minimum

@@ -126,20 +126,27 @@ class Arithmetic:
     __abs__ = abs
 
     def pow(self, exponent):
-        """x ** exponent elementwise for a number ``exponent`` (op ``scalar_pow``, PyTorch's
-        values: ``x ** 0.5`` is ``sqrt``, ``x ** 0`` is 1 with a zero gradient).
+        """x ** exponent elementwise (``torch.pow``): a number ``exponent`` is op ``scalar_pow``
+        (PyTorch's values: ``x ** 0.5`` is ``sqrt``, ``x ** 0`` is 1 with a zero gradient); a
+        Tensor or an array (made a tensor of this dtype) is op ``broadcast_pow``, broadcast,
+        with both gradients (the exponent's ``x ** y * log(x)``, 0 where x = 0 and y >= 0, as
+        PyTorch's).
 
         Raises:
-            TypeError: a tensor or array exponent (only a number is supported; for ``e ** t``
-                write ``(t * math.log(e)).exp()``).
+            TypeError: an exponent of another dtype (the op's message), or a bool.
         """
-        if not isinstance(exponent, numbers.Real):
-            raise TypeError(f"pow: the exponent must be a number, got "
-                            f"{type(exponent).__name__} (a tensor exponent is not supported; "
-                            f"for e ** t write (t * math.log(e)).exp())")
-        return apply("scalar_pow", [self], scalar=float(exponent))
+        if isinstance(exponent, bool):
+            raise TypeError("pow: the exponent must be a number or a tensor, got a bool")
+        if isinstance(exponent, numbers.Real):
+            return apply("scalar_pow", [self], scalar=float(exponent))
+        return apply("broadcast_pow", [self, _other_tensor(self, exponent)])
 
     __pow__ = pow
+
+    def __rpow__(self, base):
+        """``base ** x`` of a number (or an array) ``base`` (``torch.pow(base, x)``; op
+        ``broadcast_pow``, the base a constant of this dtype): RoPE's ``theta ** (i / d)``."""
+        return apply("broadcast_pow", [_other_tensor(self, base), self])
 
     def square(self):
         """x * x elementwise (op ``scalar_pow`` with exponent 2)."""
@@ -228,6 +235,12 @@ class Arithmetic:
         return apply("masked_fill", [self, mask], value=float(value))
 
 
+def _other_tensor(t: TensorCore, other) -> TensorCore:
+    """``other`` as an operand of ``t``'s binary op: itself if a Tensor, else (a number, an
+    array, a torch tensor) a tensor of ``t``'s dtype."""
+    return other if isinstance(other, TensorCore) else tensor(as_numpy(other), dtype=t.dtype)
+
+
 def _other(fn: str, t: TensorCore, other, bound: str) -> TensorCore:
     """``other`` of ``t.maximum`` / ``t.minimum`` as a Tensor (an array or a torch tensor made
     one of ``t``'s dtype).
@@ -238,7 +251,7 @@ def _other(fn: str, t: TensorCore, other, bound: str) -> TensorCore:
     if isinstance(other, (numbers.Number, bool)):
         raise TypeError(f"{fn}(): argument 'other' must be a Tensor, not "
                         f"{type(other).__name__}: for a number write x.clamp({bound}={other!r})")
-    return other if isinstance(other, TensorCore) else tensor(as_numpy(other), dtype=t.dtype)
+    return _other_tensor(t, other)
 
 
 def _matmul(a: "Tensor", b: "Tensor") -> "Tensor":
