@@ -899,3 +899,28 @@ def test_pytorch_methods_miniflow_has_not_say_why_in_the_attribute_error(method,
     with pytest.raises(AttributeError) as e:
         model.no_such_thing
     assert str(e.value) == "'Sequential' object has no attribute 'no_such_thing'"
+
+
+def test_a_training_checkpoint_or_a_prefixed_state_dict_names_the_way_to_load_it():
+    """A whole training checkpoint (``miniflow train --checkpoint``'s, nanoGPT's ``ckpt.pt``:
+    the model's state dict under ``'model'``) and a state dict whose names all carry one prefix
+    (torch.compile's ``_orig_mod.``, DistributedDataParallel's ``module.``) listed every key as
+    missing and unexpected; the error says which entry or prefix to load, and loads nothing."""
+    net = nn.Sequential(nn.Linear(2, 3), nn.BatchNorm1d(3))
+    sd = net.state_dict()
+    before = {k: v.copy() for k, v in sd.items()}
+    ckpt = {"config": {"lr": 0.1}, "model": {k: v + 1 for k, v in sd.items()}, "step": 3}
+    del ckpt["model"]["1.num_batches_tracked"]      # optional, as in an older checkpoint
+    with pytest.raises(RuntimeError, match=r"a training checkpoint.*state dict under 'model': "
+                                           r"load_state_dict\(checkpoint\['model'\]\)"):
+        net.load_state_dict(ckpt)
+    prefixed = {"_orig_mod." + k: v + 1 for k, v in sd.items()}
+    with pytest.raises(RuntimeError, match=r"every name starts with '_orig_mod\.'.*"
+                                           r"removeprefix\('_orig_mod\.'\)"):
+        net.load_state_dict(prefixed)
+    for k, v in net.state_dict().items():
+        np.testing.assert_array_equal(v, before[k])
+    net.load_state_dict(ckpt["model"])
+    net.load_state_dict({k.removeprefix("_orig_mod."): v for k, v in prefixed.items()})
+    with pytest.raises(RuntimeError, match=r"unexpected keys \['extra'\]$"):
+        net.load_state_dict({**sd, "extra": np.zeros(1, np.float32)})

@@ -536,7 +536,9 @@ class Module:
 
         Raises:
             StateDictKeysError: (a RuntimeError, as PyTorch raises, and a KeyError) missing or
-                unexpected names (strict), listing them.
+                unexpected names (strict), listing them; where no name matches but the
+                model's are under one entry (a training checkpoint's ``'model'``) or behind one
+                prefix (``_orig_mod.``), saying what to load.
             StateDictShapeError: (a RuntimeError, as PyTorch raises, and a ValueError) a shape
                 differs from the model's, naming it; with ``strict=False`` too, as PyTorch.
             TypeError: a value that cannot be cast to the model's dtype (complex, strings,
@@ -569,7 +571,7 @@ class Module:
         unexpected = [n for n in state_dict if n not in own]        # orders: model, dict
         if strict and (missing or unexpected):
             raise StateDictKeysError(f"load_state_dict: missing keys {missing}, unexpected keys "
-                                     f"{unexpected}")
+                                     f"{unexpected}" + _keys_hint(state_dict, missing, unexpected))
         checked = []  # check everything first: a failed load changes nothing
         for name, p in own.items():     # in the model's order: of tied names the last one wins
             if name not in state_dict:
@@ -648,6 +650,29 @@ _COMPILED_INTO: "weakref.WeakKeyDictionary[Module, weakref.WeakSet]" = \
 """Module -> the graphs that traced it (:meth:`Module.compiled_into`); both held weakly."""
 
 _NONE = object()
+
+
+def _keys_hint(state_dict: dict, missing: list, unexpected: list) -> str:
+    """The end of a strict load's key error where no name matched but the model's state is in
+    ``state_dict`` otherwise: under one entry (a training checkpoint: ``miniflow train
+    --checkpoint``'s, nanoGPT's ``ckpt.pt``) or with one prefix on every name (torch.compile's
+    ``_orig_mod.``, DistributedDataParallel's ``module.``); '' where neither is so. ``missing``
+    are the model's names not in ``state_dict`` (optional buffers left out)."""
+    if not missing or len(unexpected) != len(state_dict):
+        return ""
+    for key, value in state_dict.items():
+        if isinstance(value, dict) and set(missing) <= set(value):
+            return (f"; this is a training checkpoint with the model's state dict under "
+                    f"{key!r}: load_state_dict(checkpoint[{key!r}])")
+    first = missing[0]
+    for name in state_dict:
+        prefix = name[:-len(first)] if name.endswith(first) else None
+        if prefix and {prefix + n for n in missing} <= set(state_dict) and \
+                all(n.startswith(prefix) for n in state_dict):
+            return (f"; every name starts with {prefix!r} (torch.compile's '_orig_mod.', "
+                    f"DistributedDataParallel's 'module.'): load {{k.removeprefix({prefix!r}): v "
+                    f"for k, v in state_dict.items()}}")
+    return ""
 
 
 def same_value(old, new) -> bool:
