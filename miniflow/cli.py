@@ -155,7 +155,8 @@ def _train(args) -> int:
     rank of the MPI world, rank 0 alone printing and writing files. A checkpoint that cannot be
     used, or a ``--save`` path that cannot be written (checked before the first step), is a
     message and exit code 2, not a traceback; Ctrl-C is one line naming the step and the last
-    checkpoint, and exit code 130 (128 + SIGINT, the shell's convention). A world that cannot
+    checkpoint, and exit code 130 (128 + SIGINT, the shell's convention), SIGTERM the same line
+    after 'SIGTERM: ' and exit code 143 (128 + SIGTERM). A world that cannot
     be set up (a bad ``MINIFLOW_DIST_TIMEOUT``, a launcher without mpi4py or of another MPI) is
     a message and exit code 2 too."""
     from . import distributed
@@ -178,7 +179,7 @@ def _train_run(args, threads: int | None) -> int:
     from .amp import NonFiniteGradientsError
     from .experiments.stability import OutputDirError
     from .experiments.train import (DataSizeError, ResumeError, TrainingInterrupted,
-                                    train_digits)
+                                    interrupted_exit, train_digits)
     from .extras import MissingExtraError
     from .serialization import CheckpointError, check_save_path
     first = not args.ddp or distributed.rank() == 0
@@ -220,9 +221,7 @@ def _train_run(args, threads: int | None) -> int:
         print(f"miniflow train: out of memory ({e}): give a smaller {sizes}", file=sys.stderr)
         return 1
     except TrainingInterrupted as e:
-        if first:
-            print(f"miniflow train: {e}", file=sys.stderr)
-        return 130
+        return interrupted_exit(e, first)
     if r["rank"] == 0:
         _print_training(r, args, threads if args.ddp else None)
         why = _diverged(r)
@@ -560,9 +559,9 @@ def _add_train_run_options(t) -> None:
     t.add_argument("--checkpoint", metavar="DIR", help="save the training state (model, "
                    "optimizer, grad scaler, LR scheduler, step, data order, random state) to "
                    "DIR/checkpoint.safetensors every --checkpoint-every updates, at the end and "
-                   "at Ctrl-C, and every update's loss to DIR/losses.csv; written atomically: a "
-                   "crash during a save keeps the previous checkpoint; DIR/checkpoint.lock "
-                   "keeps a second run out of DIR (default: no checkpoint)")
+                   "at Ctrl-C or SIGTERM, and every update's loss to DIR/losses.csv; written "
+                   "atomically: a crash during a save keeps the previous checkpoint; "
+                   "DIR/checkpoint.lock keeps a second run out of DIR (default: no checkpoint)")
     t.add_argument("--checkpoint-every", type=_positive, metavar="STEPS",
                    help="updates between checkpoints (default 100; needs --checkpoint)")
     t.add_argument("--resume", action="store_true", help="continue the run saved in "

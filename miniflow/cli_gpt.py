@@ -55,10 +55,11 @@ def train_gpt_command(args, backend_line: str | None, threads: int | None = None
     get ``backend_line`` None; ``threads``: each rank's thread count). A checkpoint that cannot
     be used (and a usage error ``train_gpt`` finds: a context longer than the text) is a
     message and exit code 2, a run that diverged (``NonFiniteGradientsError``) or ran out of
-    memory a message and exit code 1, Ctrl-C one line and exit code 130; a run whose weights
-    diverged to NaN or inf prints its results and, for the sample, one line and exit code 1."""
+    memory a message and exit code 1, Ctrl-C one line and exit code 130 (SIGTERM: 143); a run
+    whose weights diverged to NaN or inf prints its results and, for the sample, one line and
+    exit code 1."""
     from .amp import NonFiniteGradientsError
-    from .experiments.train import ResumeError, TrainingInterrupted
+    from .experiments.train import ResumeError, TrainingInterrupted, interrupted_exit
     from .experiments.train_gpt import train_gpt
     from .extras import MissingExtraError
     from .serialization import CheckpointError
@@ -84,9 +85,7 @@ def train_gpt_command(args, backend_line: str | None, threads: int | None = None
               "--block-size", file=sys.stderr)
         return 1
     except TrainingInterrupted as e:
-        if backend_line is not None:
-            print(f"miniflow train: {e}", file=sys.stderr)
-        return 130
+        return interrupted_exit(e, backend_line is not None)
     return _print_gpt_run(r, args, threads) if r["rank"] == 0 else 0
 
 

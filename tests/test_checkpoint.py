@@ -466,6 +466,44 @@ def test_a_second_run_on_a_locked_folder_is_refused_and_ctrl_c_saves_one_line(tm
     RunFolder(tmp_path).close()                           # the lock was released
 
 
+@pytest.mark.skipif(os.name != "posix", reason="SIGTERM")
+def test_sigterm_checkpoints_as_ctrl_c_and_exits_143(tmp_path):
+    """SIGTERM (``timeout``, ``kill``, a batch system's or ``docker stop``'s first signal) ended
+    the run at once, Python's default: the updates since the last periodic checkpoint were lost
+    (all of them before the first) and their losses with them. It ends the run between two
+    steps as Ctrl-C does, with a checkpoint of that step (a periodic one is kept), one line
+    naming the signal, and exit code 143 (128 + SIGTERM)."""
+    import re
+    import time
+    args = ["train", "--epochs", "1000", "--hidden", "8", "--no-progress",
+            "--checkpoint", str(tmp_path), "--checkpoint-every", "10"]
+    env = {k: v for k, v in os.environ.items() if k != "MINIFLOW_BACKEND"}
+    child = subprocess.Popen([sys.executable, "-m", "miniflow", *args], stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, env=env, text=True)
+    watchdog = threading.Timer(300, child.kill)
+    watchdog.daemon = True
+    watchdog.start()
+    try:
+        deadline = time.monotonic() + 240
+        while not (tmp_path / CHECKPOINT_FILE).exists():     # the steps have begun
+            assert child.poll() is None and time.monotonic() < deadline, child.stderr.read()
+            time.sleep(0.05)
+        child.send_signal(signal.SIGTERM)
+        out, err = child.communicate(timeout=120)
+    finally:
+        child.kill()
+    lines = [ln for ln in err.splitlines() if not ln.startswith("miniflow: compiling kernels")]
+    assert child.returncode == 143 and len(lines) == 1 and "Traceback" not in err, err
+    m = re.fullmatch(r"miniflow train: SIGTERM: interrupted at step (\d+); checkpoint (saved|kept) "
+                     r"at step (\d+) in '.*checkpoint.safetensors' \(--resume continues it\)",
+                     lines[0])       # kept: the signal came right after a periodic save
+    assert m and m[1] == m[3] and (m[2] == "kept") == (int(m[1]) % 10 == 0), lines
+    assert load(tmp_path / CHECKPOINT_FILE)["run"]["step"] == int(m[1]) > 0
+    assert len(_logged(tmp_path)) == int(m[1])
+    assert not [f for f in os.listdir(tmp_path) if f.endswith(".tmp")]
+    RunFolder(tmp_path).close()                           # the lock was released
+
+
 def test_resume_of_a_run_before_its_first_save_names_the_run_that_holds_the_folder(
         tmp_path, capsys):
     """``--resume`` on the folder of a run still before its first checkpoint said "nothing to

@@ -13,7 +13,7 @@ import pytest
 import miniflow as mf
 from miniflow.amp import NonFiniteGradientsError
 from miniflow.cli import main
-from miniflow.experiments.train import TrainingInterrupted
+from miniflow.experiments.train import TrainingInterrupted, interrupted_exit
 from miniflow.experiments.train_gpt import generate, train_gpt
 
 from mpi_harness import requires_mpi, run_cli
@@ -67,6 +67,29 @@ def test_ctrl_c_checkpoints_at_the_update_reached_and_the_resumed_run_is_bit_ide
                       report=lambda line: os.kill(os.getpid(), signal.SIGINT))
     finally:
         signal.signal(signal.SIGINT, previous)
+    resumed = train_gpt(**TINY, checkpoint=tmp_path, resume=True, report=lambda line: None)
+    assert resumed["resumed_from"] == 3 and resumed["losses"] == full["losses"]
+
+
+@pytest.mark.skipif(os.name != "posix", reason="SIGTERM")
+def test_sigterm_checkpoints_as_ctrl_c_and_the_command_exits_143(tmp_path, capsys):
+    """SIGTERM (``timeout -s TERM``, a batch system's first signal) ended the process at once,
+    losing the updates since the last periodic checkpoint; it stops as Ctrl-C does, with a
+    checkpoint at the update reached, and ``miniflow train`` ends with one line naming the
+    signal and exit code 143 (128 + SIGTERM). The handler is gone after the run."""
+    full = train_gpt(**TINY, report=lambda line: None)
+    previous = signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    try:
+        with pytest.raises(TrainingInterrupted, match="interrupted at step 3; checkpoint saved "
+                                                      "at step 3") as info:
+            train_gpt(**TINY, checkpoint=tmp_path, checkpoint_every=100,
+                      report=lambda line: os.kill(os.getpid(), signal.SIGTERM))
+        assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    assert info.value.signum == signal.SIGTERM
+    assert interrupted_exit(info.value, True) == 143
+    assert capsys.readouterr().err.startswith("miniflow train: SIGTERM: interrupted at step 3;")
     resumed = train_gpt(**TINY, checkpoint=tmp_path, resume=True, report=lambda line: None)
     assert resumed["resumed_from"] == 3 and resumed["losses"] == full["losses"]
 

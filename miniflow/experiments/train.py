@@ -26,6 +26,7 @@ import math
 import os
 import shlex
 import signal
+import sys
 import threading
 import time
 from dataclasses import dataclass, replace
@@ -46,8 +47,8 @@ from .run_folder import CHECKPOINT_FILE, FolderInUseError, RunFolder, check_not_
 
 __all__ = ["MODELS", "Recipe", "RECIPES", "TrainSettings", "make_model", "train_digits",
            "SCHEDULES", "make_lr_schedule", "epoch_batches", "ResumeError", "DataSizeError",
-           "TrainingInterrupted", "CHECKPOINT_FILE", "run_name", "named_run", "accumulated",
-           "clipped", "scaler_line", "tensorboard_command"]
+           "TrainingInterrupted", "interrupted_exit", "CHECKPOINT_FILE", "run_name", "named_run",
+           "accumulated", "clipped", "scaler_line", "tensorboard_command"]
 
 MODELS = ("mlp", "lenet", "resnet18")
 """The models ``miniflow train --model`` knows."""
@@ -250,9 +251,9 @@ def train_digits(model: str = "mlp", *, epochs: int | None = None,
         ``epoch_rows`` when they are fewer, as PyTorch's ``DataLoader`` gives them, cut to a
         multiple of ``accumulate``).
 
-    Ctrl-C (SIGINT, in the main thread): the step running ends, a checkpoint is saved there
-    (with ``checkpoint``), and :class:`TrainingInterrupted` is raised; a second Ctrl-C stops
-    at once (keeping the last checkpoint).
+    Ctrl-C (SIGINT, in the main thread) or SIGTERM: the step running ends, a checkpoint is saved
+    there (with ``checkpoint``), and :class:`TrainingInterrupted` is raised; a second signal
+    stops at once (keeping the last checkpoint).
 
     Raises:
         ValueError: an unknown model (listing the known ones); an unknown ``amp``; batch_size
@@ -262,8 +263,8 @@ def train_digits(model: str = "mlp", *, epochs: int | None = None,
             there without ``resume``, one made with other settings or another world size
             (naming them, and ``--ddp`` / ``mpiexec -n N``), or one that does not fit the
             model, optimizer ... (naming the part and the key; nothing is loaded).
-        TrainingInterrupted: Ctrl-C (a ``KeyboardInterrupt``; its message names the step and
-            the last checkpoint).
+        TrainingInterrupted: Ctrl-C or SIGTERM (a ``KeyboardInterrupt``; its message names the
+            step and the last checkpoint, its ``signum`` the signal).
         miniflow.CheckpointError: the checkpoint file is truncated or edited (naming the key).
         OSError: the checkpoint folder cannot be created or written (before the first step).
     """
@@ -548,10 +549,14 @@ def named_run(head: list, config: dict, defaults: dict, tags) -> str:
 
 
 class TrainingInterrupted(KeyboardInterrupt):
-    """Ctrl-C (SIGINT) stopped :func:`train_digits` after ``step`` updates; ``saved_at`` is the
-    step of the last checkpoint in ``path`` (None: none was written), ``saved_now`` whether it
-    was written at the interrupt. A ``KeyboardInterrupt``, so code that catches that still
-    does; ``str()`` is the one line ``miniflow train`` prints."""
+    """Ctrl-C (SIGINT) or SIGTERM stopped :func:`train_digits` after ``step`` updates;
+    ``saved_at`` is the step of the last checkpoint in ``path`` (None: none was written),
+    ``saved_now`` whether it was written at the interrupt, ``signum`` the signal
+    (``signal.SIGINT`` or ``signal.SIGTERM``). A ``KeyboardInterrupt``, so code that catches
+    that still does; ``str()`` is the one line ``miniflow train`` prints after the signal's
+    name (SIGTERM only)."""
+
+    signum = signal.SIGINT
 
     def __init__(self, step: int, path: str | None, saved_at: int | None, saved_now: bool):
         self.step, self.path, self.saved_at, self.saved_now = step, path, saved_at, saved_now
@@ -563,6 +568,16 @@ class TrainingInterrupted(KeyboardInterrupt):
             where = (f"checkpoint {'saved' if saved_now else 'kept'} at step {saved_at} in "
                      f"{path!r} (--resume continues it)")
         super().__init__(f"interrupted at step {step}; {where}")
+
+
+def interrupted_exit(e: TrainingInterrupted, report: bool) -> int:
+    """``miniflow train``'s end after ``e``: its line on stderr (when ``report``: rank 0),
+    after 'SIGTERM: ' for that signal; returns the exit code, 128 + the signal's number (the
+    shell's convention: 130 for Ctrl-C, 143 for SIGTERM)."""
+    if report:
+        name = "" if e.signum == signal.SIGINT else f"{signal.Signals(e.signum).name}: "
+        print(f"miniflow train: {name}{e}", file=sys.stderr)
+    return 128 + int(e.signum)
 
 
 def _interrupted(step: int, path, saved_at, save_state) -> TrainingInterrupted:
@@ -577,23 +592,31 @@ def _interrupted(step: int, path, saved_at, save_state) -> TrainingInterrupted:
 class _deferred_sigint:
     """While active (in the main thread, where Python's default SIGINT handler is installed),
     a first SIGINT only sets ``requested``: the loop stops between two steps, where the state
-    is whole and can be saved; a second one raises ``KeyboardInterrupt`` at once."""
+    is whole and can be saved; a second one raises ``KeyboardInterrupt`` at once. SIGTERM
+    (``kill``, ``timeout``, a batch system's first signal), where its handler is the default
+    (end the process), does the same; ``signum`` is the first signal's, and a
+    :class:`TrainingInterrupted` leaving the block carries it (the CLI exits with 128 +
+    ``signum``)."""
 
     def __enter__(self):
-        self.requested, self._previous = False, None
-        if threading.current_thread() is threading.main_thread() and \
-                signal.getsignal(signal.SIGINT) is signal.default_int_handler:
-            self._previous = signal.signal(signal.SIGINT, self._handle)
+        self.requested, self.signum, self._previous = False, signal.SIGINT, {}
+        if threading.current_thread() is threading.main_thread():
+            for sig, default in ((signal.SIGINT, signal.default_int_handler),
+                                 (signal.SIGTERM, signal.SIG_DFL)):
+                if signal.getsignal(sig) is default:
+                    self._previous[sig] = signal.signal(sig, self._handle)
         return self
 
     def _handle(self, signum, frame):
         if self.requested:
             raise KeyboardInterrupt
-        self.requested = True
+        self.requested, self.signum = True, signal.Signals(signum)
 
-    def __exit__(self, *exc):
-        if self._previous is not None:
-            signal.signal(signal.SIGINT, self._previous)
+    def __exit__(self, exc_type, exc, tb):
+        for sig, previous in self._previous.items():
+            signal.signal(sig, previous)
+        if isinstance(exc, TrainingInterrupted):
+            exc.signum = self.signum
         return False
 
 

@@ -161,7 +161,7 @@ def train_gpt(*, epochs=None, steps_per_epoch=None, batch_size=None, block_size=
             resumed run continues its run. Under AMP the model-update cast is then not fused
             (the same bits; the log reads the unscaled gradients).
 
-    Ctrl-C (SIGINT, in the main thread) as ``train_digits``: the update running ends, a
+    Ctrl-C (SIGINT, in the main thread) or SIGTERM as ``train_digits``: the update running ends, a
     checkpoint is saved there (with ``checkpoint``) and :class:`TrainingInterrupted` is raised.
 
     Returns:
@@ -176,7 +176,7 @@ def train_gpt(*, epochs=None, steps_per_epoch=None, batch_size=None, block_size=
         ValueError: an unknown ``amp``, a batch that does not split into ``accumulate``, or a
             ``block_size`` longer than a split of the text.
         ResumeError: as ``train_digits`` (another world size included).
-        TrainingInterrupted: Ctrl-C (naming the step and the last checkpoint).
+        TrainingInterrupted: Ctrl-C or SIGTERM (naming the step and the last checkpoint).
         miniflow.MissingExtraError: ``logdir`` without the tensorboard extra.
     """
     given = dict(epochs=epochs, steps_per_epoch=steps_per_epoch, batch_size=batch_size,
