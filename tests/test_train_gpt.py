@@ -5,6 +5,7 @@ masks included), fp16 AMP trains, the sample is printed, ``--ddp`` on 2 ranks (u
 the CLI's usage errors."""
 import math
 import os
+import random
 import signal
 
 import numpy as np
@@ -130,6 +131,23 @@ def test_fp16_amp_trains_and_sampling_follows_its_arguments():
     greedy = generate(r["model"], r["corpus"], "def ", 6, top_k=1, rng=np.random.default_rng(1))
     assert generate(r["model"], r["corpus"], "def ", 6, temperature=1e-310,
                     rng=np.random.default_rng(2)) == greedy      # argmax, not NaN
+
+
+def test_generate_takes_a_seed_or_a_generator_and_names_any_other_rng():
+    """``rng=0`` (a seed, as NumPy's default_rng and scikit-learn's random_state take one) was
+    "'int' object has no attribute 'choice'" after the first forward; a seed draws as
+    ``np.random.default_rng(seed)`` does, anything else is refused before the model runs."""
+    from miniflow.data import stdlib_text
+    corpus = stdlib_text()
+    model = mf.models.gpt(corpus.vocab_size, 8, 1, 2, 16)
+    want = generate(model, corpus, "def ", 8, rng=np.random.default_rng(7))
+    assert generate(model, corpus, "def ", 8, rng=7) == want
+    assert generate(model, corpus, "def ", 8, rng=np.int64(7)) == want
+    for bad in (1.5, "7", True, -1, random.Random(0)):
+        with pytest.raises(TypeError, match=r"generate: rng must be None \(miniflow's "
+                                            r"generator\), a seed \(an int >= 0\) or a "
+                                            r"numpy\.random\.Generator, got "):
+            generate(model, corpus, "def ", 8, rng=bad)
 
 
 def test_a_diverged_run_prints_its_results_and_one_line_instead_of_a_sample(capsys):

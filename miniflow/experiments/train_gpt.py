@@ -77,14 +77,31 @@ class EvalGPT(nn.Graph):
         return self.model(x, y)[1]
 
 
+def _sampling_rng(rng) -> np.random.Generator:
+    """:func:`generate`'s ``rng``: miniflow's generator for None, a new one for a seed.
+
+    Raises:
+        TypeError: anything else, naming it."""
+    if rng is None:
+        return generator()
+    if isinstance(rng, np.random.Generator):
+        return rng
+    if isinstance(rng, (int, np.integer)) and not isinstance(rng, bool) and rng >= 0:
+        return np.random.default_rng(int(rng))
+    raise TypeError(f"generate: rng must be None (miniflow's generator), a seed (an int >= 0) or "
+                    f"a numpy.random.Generator, got {type(rng).__name__} {rng!r:.60}")
+
+
 def generate(model, corpus, prompt: str, length: int, temperature: float = 1.0,
              top_k: int | None = None, rng=None) -> str:
     """``prompt`` continued by ``length`` characters sampled from ``model`` (eager, eval mode):
     each step the logits of the last position, divided by ``temperature``, restricted to the
     ``top_k`` largest (nanoGPT's ``generate``), softmax, one draw from ``rng`` (default:
-    miniflow's generator). The context is the last ``block_size`` characters.
+    miniflow's generator; a ``numpy.random.Generator``, or an int seed: the draws of
+    ``np.random.default_rng(seed)``). The context is the last ``block_size`` characters.
 
     Raises:
+        TypeError: ``rng`` is none of None, an int >= 0 or a ``numpy.random.Generator``.
         ValueError: ``length`` not an int >= 0, ``temperature`` not a finite number > 0,
             ``top_k`` not an int >= 1, an empty ``prompt`` (nothing to continue) or one with a
             character outside the corpus.
@@ -104,7 +121,7 @@ def generate(model, corpus, prompt: str, length: int, temperature: float = 1.0,
     if not prompt:
         raise ValueError("generate: the prompt is empty; give at least one character to "
                          "continue (the command line's default is 'def ')")
-    rng = generator() if rng is None else rng
+    rng = _sampling_rng(rng)
     ids = list(corpus.encode(prompt))
     was_training = model.training
     model.eval()
