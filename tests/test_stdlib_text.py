@@ -74,3 +74,12 @@ def test_errors_name_the_problem(corpus):
     with pytest.raises(TypeError, match=r"modules must be a sequence of module names, got the "
                                         r"str 'this'"):
         stdlib_text("this")
+
+
+def test_encode_of_no_str_names_the_type(corpus):
+    """``encode(b"def ")`` (bytes read from a file) was "'bytes' object has no attribute
+    'encode'", ``encode(None)`` "'NoneType' ..."; both name the type and the way to a str."""
+    for text, name in ((b"def ", "bytes"), (None, "NoneType"), (["d"], "list")):
+        with pytest.raises(TypeError, match=rf"stdlib_text.encode: text must be a str, got "
+                                            rf"{name}"):
+            corpus.encode(text)

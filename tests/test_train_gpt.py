@@ -128,6 +128,10 @@ def test_fp16_amp_trains_and_sampling_follows_its_arguments():
             generate(r["model"], r["corpus"], "x", 1, top_k=top_k)
     with pytest.raises(ValueError, match="the prompt is empty"):
         generate(r["model"], r["corpus"], "", 1)
+    for prompt in (None, b"def "):      # None said "the prompt is empty", bytes an AttributeError
+        with pytest.raises(TypeError, match=r"generate: prompt must be a str \(the text to "
+                                            rf"continue\), got {type(prompt).__name__}"):
+            generate(r["model"], r["corpus"], prompt, 1)
     greedy = generate(r["model"], r["corpus"], "def ", 6, top_k=1, rng=np.random.default_rng(1))
     assert generate(r["model"], r["corpus"], "def ", 6, temperature=1e-310,
                     rng=np.random.default_rng(2)) == greedy      # argmax, not NaN

@@ -58,7 +58,11 @@ class StdlibText:
         """int64 token ids of ``text``.
 
         Raises:
+            TypeError: ``text`` is not a str (bytes: decode them first).
             ValueError: a character outside the vocabulary, naming it and where."""
+        if not isinstance(text, str):
+            raise TypeError(f"stdlib_text.encode: text must be a str, got {type(text).__name__} "
+                            f"{text!r:.40} (bytes: decode them first, text.decode('utf-8'))")
         points = np.frombuffer(text.encode("utf-32-le"), np.uint32).astype(np.int64)
         vocab = np.frombuffer(self.chars.encode("utf-32-le"), np.uint32).astype(np.int64)
         table = np.full(max(int(vocab.max(initial=0)), int(points.max(initial=0))) + 1, -1,

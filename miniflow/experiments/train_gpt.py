@@ -101,7 +101,8 @@ def generate(model, corpus, prompt: str, length: int, temperature: float = 1.0,
     ``np.random.default_rng(seed)``). The context is the last ``block_size`` characters.
 
     Raises:
-        TypeError: ``rng`` is none of None, an int >= 0 or a ``numpy.random.Generator``.
+        TypeError: ``prompt`` is not a str; ``rng`` is none of None, an int >= 0 or a
+            ``numpy.random.Generator``.
         ValueError: ``length`` not an int >= 0, ``temperature`` not a finite number > 0,
             ``top_k`` not an int >= 1, an empty ``prompt`` (nothing to continue) or one with a
             character outside the corpus.
@@ -118,6 +119,9 @@ def generate(model, corpus, prompt: str, length: int, temperature: float = 1.0,
                               or top_k < 1):
         raise ValueError(f"generate: top_k must be an int >= 1 (or None: every token), got "
                          f"{top_k!r}")
+    if not isinstance(prompt, str):
+        raise TypeError(f"generate: prompt must be a str (the text to continue), got "
+                        f"{type(prompt).__name__} {prompt!r:.40}")
     if not prompt:
         raise ValueError("generate: the prompt is empty; give at least one character to "
                          "continue (the command line's default is 'def ')")
