@@ -101,6 +101,28 @@ def test_a_torchvision_state_dict_loads_and_gives_the_same_eval_outputs(name, bl
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
 
 
+def test_the_gpt_loads_a_nanogpt_state_dict_with_its_causal_mask_buffers():
+    """nanoGPT registers ``attn.bias`` (the causal mask, ``tril(ones(T, T))`` as ``[1, 1, T,
+    T]``, a persistent buffer) where PyTorch has no flash attention (torch < 2.0), so its
+    checkpoints hold one per block; a strict load listed them as unexpected keys. The mask is
+    dropped as nanoGPT's own ``from_pretrained`` drops it (the model masks with op tril);
+    an ``attn.bias`` that is not that mask is still refused, and the returned keys name it."""
+    from miniflow.models import gpt
+    model = gpt(11, block_size=8, n_layer=2, n_head=2, n_embd=8)
+    sd = {k: v + 1 for k, v in model.state_dict().items()}
+    mask = np.tril(np.ones((8, 8), np.float32)).reshape(1, 1, 8, 8)
+    masked = {**sd, **{f"transformer.h.{i}.attn.bias": mask for i in range(2)}}
+    assert model.load_state_dict(masked) == ([], [])
+    for k, v in model.state_dict().items():
+        np.testing.assert_array_equal(v, sd[k], err_msg=k)
+    for bad in (np.ones((1, 1, 8, 8), np.float32), mask[0, 0], 2 * mask):
+        with pytest.raises(RuntimeError, match=r"unexpected keys "
+                                               r"\['transformer.h.0.attn.bias'\]"):
+            model.load_state_dict({**sd, "transformer.h.0.attn.bias": bad})
+    assert model.load_state_dict({**sd, "transformer.h.0.attn.bias": bad},
+                                 strict=False) == ([], ["transformer.h.0.attn.bias"])
+
+
 def test_the_gpts_tie_check_takes_nans_and_leaves_wrong_shapes_to_the_shape_error():
     """``models.gpt`` refuses a state dict whose tied ``lm_head.weight`` and
     ``transformer.wte.weight`` differ, but the same bits are the same matrix: a diverged model's

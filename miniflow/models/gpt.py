@@ -26,7 +26,7 @@ from .. import nn
 from ..checks import positive_integer
 from ..nn.sparse import token_ids
 from ..random import generator
-from ..tensor import apply, tensor
+from ..tensor import apply, as_numpy, tensor
 
 __all__ = ["GPT", "CausalSelfAttention", "gpt"]
 
@@ -172,9 +172,15 @@ class GPT(nn.Module):
         embedding without a word). The same bits are the same values (a NaN in a diverged
         model's tied weight too); a shape that differs from the model's is ``Module``'s error.
 
+        nanoGPT's causal-mask buffers (``transformer.h.N.attn.bias``: ``tril(ones(T, T))`` as
+        ``[1, 1, T, T]``, in its checkpoints where PyTorch had no flash attention) are dropped,
+        as nanoGPT's ``from_pretrained`` drops them: this model masks with op ``tril``.
+
         Raises:
             ValueError: the two tied entries differ (the state dict is not of a tied model);
                 otherwise as ``Module.load_state_dict``."""
+        if isinstance(state_dict, dict):
+            state_dict = {k: v for k, v in state_dict.items() if not _causal_mask(k, v)}
         if isinstance(state_dict, dict) and all(k in state_dict for k in self.TIED):
             head, emb = (np.asarray(state_dict[k]) for k in self.TIED)
             if emb.shape == head.shape and not (np.array_equal(emb, head) or (
@@ -182,6 +188,16 @@ class GPT(nn.Module):
                 raise ValueError(f"gpt: {self.TIED[0]} and {self.TIED[1]} differ: this model "
                                  f"ties them (one tensor); load a state dict of a tied model")
         return super().prepare_load_state_dict(state_dict, strict)
+
+
+def _causal_mask(key: str, value) -> bool:
+    """Whether ``key``, ``value`` is nanoGPT's ``attn.bias`` buffer: ``[1, 1, T, T]`` ones on and
+    below the diagonal, zeros above."""
+    if not key.endswith(".attn.bias"):
+        return False
+    arr = as_numpy(value)
+    return (arr.ndim == 4 and arr.shape[:2] == (1, 1) and arr.shape[2] == arr.shape[3]
+            and np.array_equal(arr[0, 0], np.tril(np.ones(arr.shape[2:], arr.dtype))))
 
 
 def gpt(vocab_size: int, block_size: int = 256, n_layer: int = 4, n_head: int = 4,
