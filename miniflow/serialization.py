@@ -332,6 +332,20 @@ def _write_atomic(path: str, data: bytes) -> None:
 
 
 # ---------------------------------------------------------------------------------------- load
+def _folder_message(path: str) -> str:
+    """:func:`load`'s error for a folder ``path``: the checkpoint files in it, if any."""
+    try:
+        names = sorted(n for n in os.listdir(path) if n.endswith(".safetensors"))
+    except OSError:
+        names = []
+    if not names:
+        return (f"miniflow.load: {path!r} is a folder, not a checkpoint file; give the path of "
+                "a file miniflow.save wrote")
+    return (f"miniflow.load: {path!r} is a folder, not a checkpoint file; it holds "
+            f"{', '.join(names[:3])}{' ...' if len(names) > 3 else ''}: load "
+            f"{os.path.join(path, names[0])!r}")
+
+
 def load(path):
     """Read a checkpoint written by :func:`save`: a new object equal to the saved state (dicts as
     ``dict`` with their key types and order, lists, tuples, bit-identical writable NumPy arrays,
@@ -339,6 +353,8 @@ def load(path):
 
     Raises:
         TypeError: ``path`` is no str, bytes or ``os.PathLike``. FileNotFoundError: no such file.
+        IsADirectoryError: ``path`` is a folder (a ``miniflow train --checkpoint`` folder:
+            naming the ``.safetensors`` files in it to load instead).
         CheckpointError (a ValueError): not a safetensors file; a safetensors file that
             :func:`save` did not write (e.g. a plain PyTorch one: read it with
             ``safetensors.numpy.load_file``); a format version this code does not know; a
@@ -346,6 +362,8 @@ def load(path):
             tensor key, or the tree); each message names the file.
     """
     path = _fs_path(path, "miniflow.load")
+    if os.path.isdir(path):
+        raise IsADirectoryError(_folder_message(path))
     with open(path, "rb") as f:
         data = f.read()
     header, start = _read_header(path, data)

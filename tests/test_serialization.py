@@ -5,6 +5,7 @@ import math
 import os
 import pickle
 import random
+import re
 import signal
 import subprocess
 import sys
@@ -328,6 +329,24 @@ def test_save_refuses_a_missing_folder_and_a_folder_path(tmp_path):
         save({}, tmp_path / "nope" / "x.safetensors")
     with pytest.raises(IsADirectoryError, match="is a folder"):
         save({}, tmp_path)
+
+
+def test_load_of_a_folder_names_it_and_the_checkpoints_in_it(tmp_path):
+    """``load("ck")`` of a ``miniflow train --checkpoint ck`` folder (the run's folder, not its
+    file) was a bare "[Errno 21] Is a directory: 'ck'"; the error names the folder, as save's
+    does, and the checkpoint files in it to load instead (a folder without one: what to give)."""
+    save({"a": np.ones(2)}, tmp_path / "checkpoint.safetensors")
+    (tmp_path / "losses.csv").write_text("step,loss\n")
+    want = re.escape(repr(str(tmp_path / "checkpoint.safetensors")))
+    with pytest.raises(IsADirectoryError, match=rf"miniflow.load: .* is a folder, not a "
+                                                rf"checkpoint file; it holds "
+                                                rf"checkpoint.safetensors: load {want}"):
+        load(tmp_path)
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with pytest.raises(IsADirectoryError, match=r"is a folder, not a checkpoint file; give the "
+                                                r"path of a file miniflow.save wrote"):
+        load(empty)
 
 
 def test_a_path_under_a_file_is_refused_naming_the_file(tmp_path):
