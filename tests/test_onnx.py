@@ -685,3 +685,32 @@ def test_a_float16_batchnorm_with_float16_statistics_exports(tmp_path):
     want = EvalGraph(bn)(x).numpy()
     assert got.dtype == want.dtype == np.float16
     assert np.abs(got.astype(np.float32) - want.astype(np.float32)).max() <= _f16_ulp(want)
+
+
+def test_torch_onnx_export_keywords_name_the_inputs_and_outputs_or_are_refused_clearly(tmp_path):
+    """PyTorch's tutorial call, torch.onnx.export(model, x, path, opset_version=17,
+    input_names=['input'], output_names=['output'], dynamic_axes={...}), was "export() got an
+    unexpected keyword argument 'opset_version'". opset_version is opset; input_names and
+    output_names name the file's first inputs and outputs (onnxruntime feeds them by those
+    names); dynamic_axes and any other keyword are refused naming it and what to do instead."""
+    model = nn.Sequential(nn.Linear(4, 3), nn.ReLU())
+    x = np.random.default_rng(0).random((2, 4), dtype=np.float32)
+    path = tmp_path / "m.onnx"
+    proto = mo.export(model, (x,), path, opset_version=17, input_names=["input"],
+                      output_names=["logits"])
+    assert proto.opset_import[0].version == 17
+    assert [i.name for i in proto.graph.input] == ["input"]
+    assert [o.name for o in proto.graph.output] == ["logits"]
+    model.eval()
+    np.testing.assert_allclose(_run(path, {"input": x})[0], model(miniflow.tensor(x)).numpy(),
+                               rtol=1e-6, atol=1e-6)
+    for kw, match in ((dict(opset=17, opset_version=17), "give the opset once"),
+                      (dict(input_names=["a", "b"]), r"2 input_names for 1 input"),
+                      (dict(output_names="logits"), r"output_names must be a list of str"),
+                      (dict(input_names=["0.weight"]), r"'0.weight' is taken"),
+                      (dict(dynamic_axes={"input": {0: "batch"}}),
+                       r"dynamic_axes: .*fixed shapes.*export once per batch size"),
+                      (dict(do_constant_folding=True), r"no keyword 'do_constant_folding'")):
+        with pytest.raises(TypeError, match=match):
+            mo.export(model, (x,), tmp_path / "bad.onnx", **kw)
+    assert not (tmp_path / "bad.onnx").exists()

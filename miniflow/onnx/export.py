@@ -68,8 +68,9 @@ _OWNER, _WHAT = "miniflow.onnx.export", "an ONNX export"
 """How the path errors name the writer and what it writes (``serialization.write_atomic``)."""
 
 
-def export(graph_or_module, example_inputs, path, *, opset: int = DEFAULT_OPSET,
-           after: str | None = None):
+def export(graph_or_module, example_inputs, path, *, opset: int | None = None,
+           after: str | None = None, opset_version: int | None = None, input_names=None,
+           output_names=None, **torch_keywords):
     """Export ``graph_or_module`` traced with ``example_inputs`` to the ONNX file ``path``.
 
     Args:
@@ -85,9 +86,13 @@ def export(graph_or_module, example_inputs, path, *, opset: int = DEFAULT_OPSET,
             ``miniflow.save`` writes a checkpoint: through a symlink, keeping a replaced file's
             permission bits, never over a folder, device or FIFO (checked before tracing).
         opset: the default domain's opset version, ``MIN_OPSET`` to the newest the installed
-            onnx knows (Gelu is an ONNX op from 20; before it, its erf form).
+            onnx knows (Gelu is an ONNX op from 20; before it, its erf form); None:
+            ``DEFAULT_OPSET``. ``opset_version`` is ``torch.onnx.export``'s name for it.
         after: None (the inference graph with standard ops only, see the module docstring) or
             the stage to export with miniflow-only ops in the ``ai.miniflow`` domain.
+        input_names, output_names: ``torch.onnx.export``'s: lists of names for the file's
+            first inputs and outputs (None: ``build``'s argument names, or ``input0`` ... for
+            a Module, and the result names).
 
     Returns:
         the ``onnx.ModelProto`` written (``onnx.checker.check_model(..., full_check=True)``
@@ -98,11 +103,16 @@ def export(graph_or_module, example_inputs, path, *, opset: int = DEFAULT_OPSET,
         OnnxExportError: a node with no standard form when ``after`` is None (naming it, and
             the opset or the stages to export at instead); an opset out of range; ``after`` not
             a stage.
-        TypeError: ``graph_or_module`` is neither an nn.Graph nor a Module.
+        TypeError: ``graph_or_module`` is neither an nn.Graph nor a Module; both ``opset``
+            and ``opset_version``; names that are not a list of str, more names than inputs
+            or outputs, a name given twice or already a value's (a parameter's); any other
+            keyword (``torch.onnx.export``'s ``dynamic_axes``: the shapes are fixed).
         FileNotFoundError / IsADirectoryError / OSError: ``path``'s folder does not exist /
             ``path`` is a folder / a device, FIFO or socket; or writing failed.
     """
     onnx = require("onnx", "onnx", "miniflow.onnx.export")
+    opset = _opset(opset, opset_version, torch_keywords)
+    names = (_names("input_names", input_names), _names("output_names", output_names))
     check_save_path(path, _OWNER, _WHAT)
     newest = onnx.defs.onnx_opset_version()
     if not is_integer(opset) or not MIN_OPSET <= opset <= newest:
@@ -115,17 +125,82 @@ def export(graph_or_module, example_inputs, path, *, opset: int = DEFAULT_OPSET,
         graph_or_module.eval()
         try:
             return _export(onnx, _ModuleGraph(graph_or_module), inputs, path, opset, after,
-                           strip="model.")
+                           "model.", names)
         finally:
             for m, mode in zip(modules, modes):
                 m.training = mode
     if not isinstance(graph_or_module, Graph):
         raise TypeError(f"miniflow.onnx.export: expected an nn.Graph or a Module, got "
                         f"{type(graph_or_module).__name__}")
-    return _export(onnx, graph_or_module, inputs, path, opset, after, strip="")
+    return _export(onnx, graph_or_module, inputs, path, opset, after, "", names)
 
 
-def _export(onnx, graph: Graph, inputs: tuple, path, opset: int, after, strip: str):
+def _opset(opset, opset_version, torch_keywords: dict):
+    """:func:`export`'s opset, given as ``opset`` or ``opset_version`` (or neither: the default);
+    ``torch_keywords`` must be empty.
+
+    Raises:
+        TypeError: both given; a keyword in ``torch_keywords`` (naming it)."""
+    if "dynamic_axes" in torch_keywords:
+        raise TypeError("miniflow.onnx.export: dynamic_axes: the file's inputs have the "
+                        "examples' fixed shapes, batch size included (a miniflow graph is built "
+                        "per input shape); leave dynamic_axes out and export once per batch size "
+                        "you run")
+    if torch_keywords:
+        raise TypeError(f"miniflow.onnx.export: no keyword {next(iter(torch_keywords))!r}; it "
+                        "takes opset (or torch.onnx.export's opset_version), after, input_names "
+                        "and output_names")
+    if opset is not None and opset_version is not None:
+        raise TypeError("miniflow.onnx.export: opset and opset_version (torch.onnx.export's "
+                        "name) are one setting; give the opset once")
+    chosen = opset if opset is not None else opset_version
+    return DEFAULT_OPSET if chosen is None else chosen
+
+
+def _names(what: str, names) -> list | None:
+    """``input_names`` / ``output_names`` as a list of str (None stays None).
+
+    Raises:
+        TypeError: not a list or tuple of str."""
+    if names is None:
+        return None
+    if not isinstance(names, (list, tuple)) or not all(isinstance(n, str) for n in names):
+        raise TypeError(f"miniflow.onnx.export: {what} must be a list of str (one name per "
+                        f"value, in order), got {type(names).__name__} {names!r:.60}")
+    return list(names)
+
+
+def _rename(model, input_names, output_names) -> None:
+    """Give ``model``'s first graph inputs and outputs the names asked, in every node too.
+
+    Raises:
+        TypeError: more names than values, a name twice, or a name another value has."""
+    g = model.graph
+    renames = {}
+    for what, names, values in (("input", input_names, g.input),
+                                ("output", output_names, g.output)):
+        if names is not None and len(names) > len(values):
+            raise TypeError(f"miniflow.onnx.export: {len(names)} {what}_names for "
+                            f"{len(values)} {what}(s) ({', '.join(v.name for v in values)})")
+        renames.update(zip((v.name for v in values), names or ()))
+    taken = ({i.name for i in g.initializer} | {v.name for v in g.input}
+             | {n for node in g.node for n in node.output}) - set(renames)
+    seen = set()
+    for new in renames.values():
+        if new in taken or new in seen:
+            raise TypeError(f"miniflow.onnx.export: the name {new!r} is taken (given twice, or "
+                            "a parameter's or another value's); give other input_names / "
+                            "output_names")
+        seen.add(new)
+    for node in g.node:
+        node.input[:] = [renames.get(n, n) for n in node.input]
+        node.output[:] = [renames.get(n, n) for n in node.output]
+    for v in list(g.input) + list(g.output) + list(g.value_info):
+        v.name = renames.get(v.name, v.name)
+
+
+def _export(onnx, graph: Graph, inputs: tuple, path, opset: int, after, strip: str,
+            names: tuple = (None, None)):
     try:
         ir = graph.lower(*inputs, after=after)
     except ValueError as e:
@@ -137,6 +212,7 @@ def _export(onnx, graph: Graph, inputs: tuple, path, opset: int, after, strip: s
         model = to_model(onnx, ir, opset, stage=stage, strict=after is None, strip=strip)
     except OnnxExportError as e:
         raise OnnxExportError(f"{e}\n{_hint(onnx, graph, inputs, ir, opset)}") from None
+    _rename(model, *names)
     onnx.checker.check_model(model, full_check=True)
     write_atomic(path, model.SerializeToString(), _OWNER, _WHAT)
     return model
