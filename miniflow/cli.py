@@ -129,12 +129,12 @@ def choose_backend(job: str, requested: str | None) -> str:
 
     Raises:
         UnknownBackendError: a bad ``MINIFLOW_BACKEND``; BackendUnavailableError: cuda without a
-            GPU.
+            GPU (for ``--backend cuda`` naming the flag, not the variable).
     """
     import os
 
     import miniflow
-    from .runtime.backend import cuda_status, default_backend_name
+    from .runtime.backend import BackendUnavailableError, cuda_status, default_backend_name
     env = os.environ.get("MINIFLOW_BACKEND", "").strip()
     if requested:
         name, why = requested, f"--backend {requested}"
@@ -146,7 +146,16 @@ def choose_backend(job: str, requested: str | None) -> str:
         why = (f"the default for this job, although a GPU is usable ({gpu}): "
                f"{JOB_BACKEND_RULE[job]}; --backend cuda to use the GPU"
                if usable and gpu != "CUDA simulator" else "no GPU")
-    miniflow.set_backend(name)
+    try:
+        miniflow.set_backend(name)
+    except BackendUnavailableError:
+        if not requested:           # MINIFLOW_BACKEND=cuda: the message names the variable
+            raise
+        raise BackendUnavailableError(
+            f"miniflow {job}: --backend {name}, but no CUDA device was found "
+            f"({cuda_status()[1]}); give --backend cpu, or leave --backend out (cpu without a "
+            "GPU). To use an NVIDIA GPU, install its driver and the cuda extra: pip install "
+            "'miniflow[cuda]'.") from None
     return f"backend: {name} ({why})"
 
 

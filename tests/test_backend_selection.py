@@ -108,3 +108,22 @@ def test_train_with_a_bad_miniflow_backend_is_one_line_and_exit_2():
     assert r.stderr.strip().splitlines() == [
         "miniflow: MINIFLOW_BACKEND='gpu' is not a backend; set it to one of cpu, cuda (any case), "
         "or unset it to use cuda when a GPU is usable, else cpu"]
+
+
+def test_backend_flag_cuda_without_a_gpu_names_the_flag_not_the_variable(monkeypatch):
+    """``miniflow train --backend cuda`` without a GPU said "Use the cpu backend: unset
+    MINIFLOW_BACKEND or set MINIFLOW_BACKEND=cpu", a variable the user had not set; the error
+    names the flag and its cpu value (MINIFLOW_BACKEND=cuda keeps the variable's advice)."""
+    import miniflow.runtime.backend as backend
+    from miniflow.cli import choose_backend
+    monkeypatch.delenv("MINIFLOW_BACKEND", raising=False)
+    monkeypatch.setattr(backend, "cuda_status", lambda: (False, "no driver"))
+    with pytest.raises(BackendUnavailableError) as info:
+        choose_backend("train", "cuda")
+    message = str(info.value)
+    assert message.startswith("miniflow train: --backend cuda, but no CUDA device was found "
+                              "(no driver); give --backend cpu, or leave --backend out")
+    assert "MINIFLOW_BACKEND" not in message and mf.get_backend().name == "cpu"
+    monkeypatch.setenv("MINIFLOW_BACKEND", "cuda")
+    with pytest.raises(BackendUnavailableError, match="MINIFLOW_BACKEND=cpu"):
+        choose_backend("train", None)
