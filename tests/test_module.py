@@ -904,8 +904,9 @@ def test_pytorch_methods_miniflow_has_not_say_why_in_the_attribute_error(method,
 def test_a_training_checkpoint_or_a_prefixed_state_dict_names_the_way_to_load_it():
     """A whole training checkpoint (``miniflow train --checkpoint``'s, nanoGPT's ``ckpt.pt``:
     the model's state dict under ``'model'``) and a state dict whose names all carry one prefix
-    (torch.compile's ``_orig_mod.``, DistributedDataParallel's ``module.``) listed every key as
-    missing and unexpected; the error says which entry or prefix to load, and loads nothing."""
+    (torch.compile's ``_orig_mod.``, DistributedDataParallel's ``module.``), or both, listed
+    every key as missing and unexpected; the error says which entry or prefix to load, and
+    loads nothing."""
     net = nn.Sequential(nn.Linear(2, 3), nn.BatchNorm1d(3))
     sd = net.state_dict()
     before = {k: v.copy() for k, v in sd.items()}
@@ -918,6 +919,11 @@ def test_a_training_checkpoint_or_a_prefixed_state_dict_names_the_way_to_load_it
     with pytest.raises(RuntimeError, match=r"every name starts with '_orig_mod\.'.*"
                                            r"removeprefix\('_orig_mod\.'\)"):
         net.load_state_dict(prefixed)
+    compiled = {**ckpt, "model": prefixed}     # nanoGPT's ckpt.pt of a compiled model
+    with pytest.raises(RuntimeError, match=r"state dict under 'model', every name there starting "
+                                           r"with '_orig_mod\.'.*removeprefix\('_orig_mod\.'\)"
+                                           r": v for k, v in checkpoint\['model'\]\.items\(\)"):
+        net.load_state_dict(compiled)
     for k, v in net.state_dict().items():
         np.testing.assert_array_equal(v, before[k])
     net.load_state_dict(ckpt["model"])

@@ -655,24 +655,40 @@ _NONE = object()
 def _keys_hint(state_dict: dict, missing: list, unexpected: list) -> str:
     """The end of a strict load's key error where no name matched but the model's state is in
     ``state_dict`` otherwise: under one entry (a training checkpoint: ``miniflow train
-    --checkpoint``'s, nanoGPT's ``ckpt.pt``) or with one prefix on every name (torch.compile's
-    ``_orig_mod.``, DistributedDataParallel's ``module.``); '' where neither is so. ``missing``
-    are the model's names not in ``state_dict`` (optional buffers left out)."""
+    --checkpoint``'s, nanoGPT's ``ckpt.pt``), with one prefix on every name (torch.compile's
+    ``_orig_mod.``, DistributedDataParallel's ``module.``), or both (nanoGPT's ``ckpt.pt`` of a
+    compiled model); '' where none is so. ``missing`` are the model's names not in
+    ``state_dict`` (optional buffers left out)."""
     if not missing or len(unexpected) != len(state_dict):
         return ""
+    why = "(torch.compile's '_orig_mod.', DistributedDataParallel's 'module.')"
     for key, value in state_dict.items():
-        if isinstance(value, dict) and set(missing) <= set(value):
-            return (f"; this is a training checkpoint with the model's state dict under "
-                    f"{key!r}: load_state_dict(checkpoint[{key!r}])")
-    first = missing[0]
-    for name in state_dict:
-        prefix = name[:-len(first)] if name.endswith(first) else None
-        if prefix and {prefix + n for n in missing} <= set(state_dict) and \
-                all(n.startswith(prefix) for n in state_dict):
-            return (f"; every name starts with {prefix!r} (torch.compile's '_orig_mod.', "
-                    f"DistributedDataParallel's 'module.'): load {{k.removeprefix({prefix!r}): v "
-                    f"for k, v in state_dict.items()}}")
+        if not isinstance(value, dict):
+            continue
+        entry = f"; this is a training checkpoint with the model's state dict under {key!r}"
+        if set(missing) <= set(value):
+            return f"{entry}: load_state_dict(checkpoint[{key!r}])"
+        prefix = _common_prefix(value, missing)
+        if prefix:
+            return (f"{entry}, every name there starting with {prefix!r} {why}: load "
+                    f"{{k.removeprefix({prefix!r}): v for k, v in checkpoint[{key!r}].items()}}")
+    prefix = _common_prefix(state_dict, missing)
+    if prefix:
+        return (f"; every name starts with {prefix!r} {why}: load "
+                f"{{k.removeprefix({prefix!r}): v for k, v in state_dict.items()}}")
     return ""
+
+
+def _common_prefix(names, missing: list) -> str | None:
+    """The prefix every one of ``names`` starts with and ``missing`` (the model's names) are
+    all found behind, or None."""
+    first = missing[0]
+    for name in names:
+        prefix = name[:-len(first)] if isinstance(name, str) and name.endswith(first) else None
+        if prefix and {prefix + n for n in missing} <= set(names) and \
+                all(isinstance(n, str) and n.startswith(prefix) for n in names):
+            return prefix
+    return None
 
 
 def same_value(old, new) -> bool:
