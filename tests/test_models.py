@@ -143,3 +143,12 @@ def test_the_gpts_tie_check_takes_nans_and_leaves_wrong_shapes_to_the_shape_erro
     with pytest.raises(StateDictShapeError, match=r"'lm_head.weight' is f32\[11, 8\] in the "
                                                   r"model but float32\[5, 8\]"):
         model.load_state_dict(sd, strict=False)
+
+
+@pytest.mark.parametrize("bias", ["no", 0, None])
+def test_the_gpts_bias_flag_is_true_or_false(bias):
+    """``bias='no'`` (any truthy value) built a GPT with biases; the flag is checked as
+    nanoGPT's ``GPTConfig.bias: bool``."""
+    with pytest.raises(TypeError, match=rf"gpt: bias must be True or False, got {bias!r}"):
+        mf.models.gpt(11, 8, n_layer=1, n_head=2, n_embd=8, bias=bias)
+    assert mf.models.gpt(11, 8, n_layer=1, n_head=2, n_embd=8, bias=np.False_).state_dict()

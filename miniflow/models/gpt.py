@@ -23,7 +23,7 @@ import math
 import numpy as np
 
 from .. import nn
-from ..checks import positive_integer
+from ..checks import boolean, positive_integer
 from ..nn.sparse import token_ids
 from ..random import generator
 from ..tensor import apply, as_numpy, tensor
@@ -113,8 +113,8 @@ class GPT(nn.Module):
         ValueError: a size that is not a positive integer, ``n_embd`` not divisible by
             ``n_head``; at build time a sequence longer than ``block_size`` (nanoGPT's message),
             ``idx`` not 2-D, ``targets`` of another shape than ``idx``.
-        TypeError: ids that are not integers. IndexError: an eager id out of range, naming it
-            and where.
+        TypeError: ``bias`` not True or False; ids that are not integers. IndexError: an
+            eager id out of range, naming it and where.
     """
 
     TIED = ("lm_head.weight", "transformer.wte.weight")
@@ -125,6 +125,7 @@ class GPT(nn.Module):
         for name, v in (("vocab_size", vocab_size), ("block_size", block_size),
                         ("n_layer", n_layer), ("n_head", n_head), ("n_embd", n_embd)):
             positive_integer("gpt", name, v)
+        bias = boolean("gpt", "bias", bias, numpy=True)
         if n_embd % n_head:
             raise ValueError(f"gpt: n_embd must be divisible by n_head, got n_embd={n_embd} and "
                              f"n_head={n_head}")
