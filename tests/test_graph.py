@@ -1353,3 +1353,37 @@ def test_a_graph_whose_init_forgot_super_init_says_so_wherever_it_is_used():
         with pytest.raises(RuntimeError, match=r"NoSuper.__init__ must call super\(\).__init__"):
             use()
     assert g.model is not None and not hasattr(Step(small_mlp(), opt), "no_such_attribute")
+
+
+def test_build_returns_nested_tuples_lists_and_dicts_and_the_call_gives_them_back():
+    """``build`` may return a dict (``{"loss": ..., "logits": ...}``), named tuples and lists
+    nested, as ``torch.compile`` and OneFlow's ``nn.Graph`` take them: it was "build must
+    return Tensors, got dict". Anything else in it is refused naming where it is."""
+    import collections
+    Pair = collections.namedtuple("Pair", "total rows")
+
+    class Nested(nn.Graph):
+        def __init__(self, m, extra=None):
+            super().__init__()
+            self.model, self.extra = m, extra
+
+        def build(self, x):
+            y = self.model(x)
+            out = {"logits": y, "stats": Pair(y.sum(), [y.sum(1), y.max()])}
+            if self.extra is not None:
+                out["stats"].rows.append(self.extra)
+            return out
+
+    m = nn.Linear(4, 2)
+    x = np.arange(12, dtype=np.float32).reshape(3, 4)
+    out = Nested(m)(x)
+    y = m(mf.tensor(x)).numpy()
+    assert list(out) == ["logits", "stats"] and isinstance(out["stats"], Pair)
+    assert isinstance(out["stats"].rows, list) and len(out["stats"].rows) == 2
+    np.testing.assert_allclose(out["logits"].numpy(), y, rtol=1e-6)
+    np.testing.assert_allclose(out["stats"].total.numpy(), y.sum(), rtol=1e-5)
+    np.testing.assert_allclose(out["stats"].rows[0].numpy(), y.sum(1), rtol=1e-5)
+    np.testing.assert_allclose(out["stats"].rows[1].numpy(), y.max(), rtol=1e-6)
+    with pytest.raises(TypeError, match=r"build must return Tensors, or tuples, lists and dicts "
+                                        r"of them; got float at \['stats'\]\[1\]\[2\]"):
+        Nested(m, extra=1.5)(x)

@@ -79,6 +79,7 @@ from ..tensor import Tensor, tensor
 from ..trace import Tracer, current_tracer
 from .config import GraphConfig, compile_settings
 from .half_copies import HalfCopies, rounded_copies
+from .outputs import flatten, rebuild
 
 __all__ = ["Graph", "GraphConfig"]
 
@@ -554,8 +555,7 @@ class Graph:
         if plan.updates:
             for _, scheduler in self._lr_schedulers:
                 scheduler._scheduled_step()
-        result = tuple(Tensor(o) for o in outs)
-        return result[0] if plan.single_output else result
+        return rebuild(plan.output_structure, [Tensor(o) for o in outs])
 
     def _modes(self) -> tuple:
         """The ``training`` flags of every module of the graph, in order: part of a plan's key,
@@ -608,7 +608,7 @@ class Graph:
 
     def _compile(self, arrays) -> Plan:
         """Trace, run the passes and build a plan (its ``context``: the passes' CompileContext)."""
-        graph, ctx, single = self._trace(arrays)
+        graph, ctx, structure = self._trace(arrays)
         graph = run_passes(graph, ctx)
         if graph.loss is not None and self._optimizers and not graph.grads:
             raise RuntimeError(
@@ -632,7 +632,7 @@ class Graph:
         plan.half_copies = copies
         plan.updates = bool(graph.grads)    # whether a step runs the updates (not per call)
         plan.collective = collective        # data parallel: the ranks step together
-        plan.single_output = single         # build returned one Tensor (not a tuple or list)
+        plan.output_structure = structure   # what build returned: a call returns the same
         return plan
 
     def stages(self, *inputs) -> list:
@@ -683,9 +683,9 @@ class Graph:
 
     def _trace(self, arrays):
         """Trace ``build`` on ``arrays`` into a new IR graph; returns it, the CompileContext
-        the passes will share, and whether ``build`` returned one Tensor (a plan's call gives
-        that Tensor, else a tuple: per plan, as ``build`` may return otherwise per signature or
-        mode)."""
+        the passes will share, and the structure of what ``build`` returned (``outputs``: a
+        plan's call returns the same; per plan, as ``build`` may return otherwise per signature
+        or mode)."""
         names = self._input_names(len(arrays))
         graph = IRGraph()
         emit = emitter(graph)
@@ -709,11 +709,7 @@ class Graph:
             with self._recording_reads():
                 out = self.build(*lazy)
         Module.compiled_into((m for _, top in self._modules() for m in top.modules()), self)
-        single = not isinstance(out, (tuple, list))
-        outs = [out] if single else list(out)
-        for o in outs:
-            if not isinstance(o, Tensor):
-                raise TypeError(f"build must return Tensors, got {type(o).__name__}")
+        outs, structure = flatten(out, lambda o: isinstance(o, Tensor))
         values = [tracer.value_of(o) for o in outs]
         if micro > 1:  # OneFlow's GradAccTryInsertPackBeforeOutput
             values = [emit("pack", v, pack_num=micro) for v in values]
@@ -722,7 +718,7 @@ class Graph:
             raise RuntimeError("this graph has an optimizer but build never called loss.backward()")
         return graph, CompileContext(compile_settings(self.config, self._optimizers,
                                                       self._grad_scaler, param_names,
-                                                      type(self).__name__)), single
+                                                      type(self).__name__)), structure
 
     def _sync_ranks(self, graph: IRGraph, ctx: CompileContext) -> None:
         """Check that every rank compiled the same graph, then give every rank rank 0's variables

@@ -1,0 +1,57 @@
+"""What ``nn.Graph.build`` returns: a Tensor, or tuples (named ones included), lists and dicts of
+Tensors nested in any way, as OneFlow's ``nn.Graph`` and ``torch.compile`` take them (PyTorch's
+``torch.utils._pytree`` flattens the same containers). :func:`flatten` gives the Tensors in order,
+the graph's outputs, and the structure; :func:`rebuild` puts a call's result Tensors back into it,
+so the call returns what ``build`` returned.
+"""
+from __future__ import annotations
+
+__all__ = ["flatten", "rebuild"]
+
+_LEAF = None
+"""The structure of one Tensor."""
+
+
+def flatten(out, is_leaf) -> tuple:
+    """``(leaves, structure)`` of ``out``: its leaves (``is_leaf(x)`` true: the Tensors) in order
+    (a dict's values in its order) and the structure :func:`rebuild` takes.
+
+    Raises:
+        TypeError: something that is neither a leaf nor a tuple, list or dict, naming it and
+            where it is (``build returned ... at ['logits']``).
+    """
+    leaves: list = []
+    return leaves, _flatten(out, is_leaf, leaves, "")
+
+
+def _flatten(out, is_leaf, leaves: list, where: str):
+    if is_leaf(out):
+        leaves.append(out)
+        return _LEAF
+    if isinstance(out, dict):
+        return (type(out), list(out), [_flatten(v, is_leaf, leaves, f"{where}[{k!r}]")
+                                       for k, v in out.items()])
+    if isinstance(out, (tuple, list)):
+        return (type(out), None, [_flatten(v, is_leaf, leaves, f"{where}[{i}]")
+                                  for i, v in enumerate(out)])
+    at = f" at {where}" if where else ""
+    raise TypeError(f"build must return Tensors, or tuples, lists and dicts of them; got "
+                    f"{type(out).__name__}{at}")
+
+
+def rebuild(structure, leaves: list):
+    """The value of ``structure`` (from :func:`flatten`) with ``leaves`` in the leaves' places,
+    in order: tuples, named tuples, lists and dicts of the same types."""
+    return _rebuild(structure, iter(leaves))
+
+
+def _rebuild(structure, leaves):
+    if structure is _LEAF:
+        return next(leaves)
+    kind, keys, children = structure
+    values = [_rebuild(c, leaves) for c in children]
+    if keys is not None:
+        return kind(zip(keys, values))
+    if kind is tuple or kind is list:
+        return kind(values)
+    return kind(*values)                    # a named tuple
