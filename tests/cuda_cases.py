@@ -97,6 +97,11 @@ def extra_cases(cfg: LaunchConfig = SIMULATOR) -> list:
                                      _r(cols, dt=dt, seed=4)], {}, "long-rows"),
             Case("gather", [_r(7, 3, dt=dt), (np.arange(n) % 7).astype(np.int64)], {},
                  "grid-stride"),
+            Case("dim_gather", [_r(7, 3, dt=dt), (np.arange(3 * n) % 7).astype(np.int64)
+                                .reshape(n, 3)], {"dim": 0}, "grid-stride"),
+            Case("dim_scatter_add_like", [_r(n, 2, dt=dt), (np.arange(2 * n) % 2)
+                                          .astype(np.int64).reshape(n, 2), _r(n, 2, dt=dt)],
+                 {"dim": 1}, "grid-stride"),
             Case("dropout", [_r(n, dt=dt), np.array([5, 3], np.int64)], {"rate": 0.25},
                  "grid-stride"),
             Case("tril", [_r(2, cols, cols // 2, dt=dt)], {"diagonal": -1, "fill_value": -1e4},

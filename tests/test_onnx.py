@@ -299,6 +299,32 @@ def test_cat_and_stack_export_as_concat(amp, tmp_path):
     assert "Concat" in {n.op_type for n in proto.graph.node}
 
 
+class _Picks(nn.Module):
+    """``Tensor.gather`` (op ``dim_gather``) along the last dimension and along the first, an
+    argmax's index and a constant index with repeats."""
+
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Linear(4, 4)
+
+    def forward(self, x):
+        h = self.a(x)                                                # [16, 4]
+        best = h.gather(1, h.argmax(1, keepdim=True))                # [16, 1]
+        rows = h.gather(0, np.array([[3, 0, 3, 15]] * 2))            # [2, 4]
+        return h * 0.5 + best + rows.sum(0, keepdim=True)
+
+
+@pytest.mark.parametrize("amp", [False, True], ids=["fp32", "amp"])
+def test_tensor_gather_exports_as_gather_elements(amp, tmp_path):
+    """Op ``dim_gather`` (``Tensor.gather``, ``torch.gather``) is ``GatherElements`` with its
+    ``dim`` as axis; onnxruntime matches miniflow."""
+    miniflow.manual_seed(0)
+    proto = _export_one_activation_chain(_Picks(), amp, tmp_path / "picks.onnx")
+    axes = sorted(a.i for n in proto.graph.node if n.op_type == "GatherElements"
+                  for a in n.attribute if a.name == "axis")
+    assert axes == [0, 1]
+
+
 @pytest.mark.parametrize("amp", [False, True], ids=["fp32", "amp"])
 def test_leaky_relu_and_elu_export_as_onnx_operators_with_their_alpha(amp, tmp_path):
     """``leaky_relu`` -> ``LeakyRelu(alpha)`` and ``elu`` -> ``Elu(alpha)``, the node's ``alpha``

@@ -21,7 +21,9 @@ functions are the model for the choices):
   ``flatten`` -> ``Flatten`` (else ``Reshape``); ``reshape``, ``transpose``, ``reduce_sum``,
   ``add_n`` (``Sum``), ``broadcast_like`` (``Unsqueeze`` + ``Expand``), ``expand``, ``softmax``,
   ``log_softmax``, ``cast``, ``ones_like`` and ``constant`` (``ConstantOfShape``),
-  ``sparse_softmax_cross_entropy`` (``Softmax`` and ``SoftmaxCrossEntropyLoss``, reduction none).
+  ``sparse_softmax_cross_entropy`` (``Softmax`` and ``SoftmaxCrossEntropyLoss``, reduction none),
+  ``gather`` (``Gather``), ``dim_gather`` (``GatherElements``, axis = dim: ``torch.gather``'s
+  export).
 * Elementwise ops and ``fused_elementwise`` expressions by their scalar functions
   (:data:`FUNCTIONS`): ``relu`` -> ``Relu``, ``add`` -> ``Add`` ..., ``gelu`` -> ``Gelu`` from
   opset 20, before it its erf form ``x * 0.5 * (1 + Erf(x / sqrt(2)))``, ``silu`` -> ``x *
@@ -507,6 +509,8 @@ CONVERTERS = {
     "tril": _tril,
     "masked_fill": _masked_fill,
     "gather": lambda n, ins, outs, b: b.node("Gather", ins, outs, axis=n.attrs["axis"]),
+    "dim_gather": lambda n, ins, outs, b: b.node("GatherElements", ins, outs,
+                                                 axis=n.attrs["dim"]),
     "cat": lambda n, ins, outs, b: b.node("Concat", ins, outs, axis=n.attrs["axis"]),
 }
 """Op type -> ``convert(node, input names, output names, builder)``; elementwise ops go by their

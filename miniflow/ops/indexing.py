@@ -1,9 +1,11 @@
 """Indexing ops: ``gather`` (embeddings) with its gradient ``unsorted_segment_sum_like``,
-``slice`` (basic indexing ``x[a:b:s, ...]``) with ``slice_grad``, ``cat``, ``tril`` (the causal
-mask) and ``masked_fill``. OneFlow's op names, inputs and attributes
-(``oneflow/user/ops/gather_op.cpp``, ``unsorted_segment_sum_op.cpp``, ``slice_op.cpp``,
-``concat_op.cpp``, ``tril_op.cpp``, ``masked_fill``); PyTorch's semantics (``torch.index_select``
-/ ``nn.Embedding``, basic slicing, ``torch.cat``, ``torch.tril``, ``Tensor.masked_fill``).
+``dim_gather`` (``torch.gather``) with its gradient ``dim_scatter_add_like``, ``slice`` (basic
+indexing ``x[a:b:s, ...]``) with ``slice_grad``, ``cat``, ``tril`` (the causal mask) and
+``masked_fill``. OneFlow's op names, inputs and attributes (``oneflow/user/ops/gather_op.cpp``,
+``unsorted_segment_sum_op.cpp``, ``dim_gather_op.cpp``, ``dim_scatter_ops.cpp``,
+``slice_op.cpp``, ``concat_op.cpp``, ``tril_op.cpp``, ``masked_fill``); PyTorch's semantics
+(``torch.index_select`` / ``nn.Embedding``, ``torch.gather``, basic slicing, ``torch.cat``,
+``torch.tril``, ``Tensor.masked_fill``).
 
 * ``gather(in, indices)`` {axis 0}: ``out = in`` indexed by the int64 ``indices`` along ``axis``,
   shape ``in.shape[:axis] + indices.shape + in.shape[axis + 1:]``. An index outside
@@ -15,6 +17,17 @@ mask) and ``masked_fill``. OneFlow's op names, inputs and attributes
   plus ``data[..., j, ...]`` added at ``out[..., segment_ids[j], ...]`` for every j (a scatter-add;
   repeated ids accumulate, in the compute type; ids outside ``[0, like.shape[axis])`` are
   dropped, as TensorFlow's and OneFlow's segment sums do).
+* ``dim_gather(input, index)`` {dim 0} (OneFlow's ``dim_gather_op.cpp``, ``torch.gather``):
+  ``out[i][j][k] = input[index[i][j][k]][j][k]`` for dim 0 (and so on): ``out`` has index's
+  shape; the int64 index has input's rank and no size larger than input's off ``dim``. An index
+  value outside ``[0, input.shape[dim])`` (negative ones too, as PyTorch refuses them) is an
+  error as for ``gather``: the CPU kernel raises, the executor names it; CUDA writes NaN there.
+  Gradient: ``dim_scatter_add_like(input, index, dy)``.
+* ``dim_scatter_add_like(like, index, src)`` {dim 0} (OneFlow's, ``torch.scatter_add`` into
+  zeros): ``out`` of like's shape, zero, plus ``src[i][j][k]`` added at ``out[index[i][j][k]][j]
+  [k]`` for dim 0 (repeated indices accumulate, in the compute type; indices outside ``[0,
+  like.shape[dim])`` are dropped, as by ``unsorted_segment_sum_like``). Gradient of src:
+  ``dim_gather(dy, index)``.
 * ``slice(x)`` {start, stop, step: one int per axis, Python's slice rules, step > 0}: ``out =
   x[start_0:stop_0:step_0, ...]``; the attributes are normalised to the in-range form
   ``slice(...).indices(n)`` gives. Gradient: ``slice_grad(dy)`` {like_shape, start, stop, step}:
@@ -179,6 +192,124 @@ register("unsorted_segment_sum_like", _segment_infer,
          amp_note="in none of OneFlow's lists: the scatter-add of an embedding's gradient stays "
                   "in float32, the dtype of the float32 weight it is the gradient of",
          doc="out (like's shape) = 0 + data scattered and summed at segment_ids along axis")
+
+
+# ------------------------------------------------------------------------------ dim_gather
+def _dim_norm(op, rank_of):
+    def normalize(ins, attrs):
+        return {"dim": _axis(op, {"axis": attrs.get("dim", 0)}, max(rank_of(ins), 1))}
+    return normalize
+
+
+def _check_dim_index(op, index, target, dim, what):
+    """An int64 index of the rank of ``target`` whose sizes are at most target's off ``dim``."""
+    _check_indices(op, "index", index)
+    if len(index.shape) != len(target.shape) or any(
+            i > t for d, (i, t) in enumerate(zip(index.shape, target.shape)) if d != dim):
+        raise ValueError(f"{op}: index {fmt(index)} must have the rank of {what} {fmt(target)} "
+                         f"and no size larger than its off dim {dim} (torch.gather's rule)")
+
+
+def _dim_gather_infer(inputs, attrs):
+    check_arity("dim_gather", inputs, 2)
+    _check_dim_index("dim_gather", inputs[1], inputs[0], attrs["dim"], "input")
+    return [(inputs[1].shape, check_float("dim_gather", inputs[0]))]
+
+
+def _dim_out_of_range(op, idx, x_shape, dim) -> str | None:
+    n = x_shape[dim] if x_shape else 1
+    return _out_of_range(op, idx, n, dim, x_shape)
+
+
+def _dim_gather_reference(arrays, attrs):
+    x, idx = arrays
+    msg = _dim_out_of_range("dim_gather", idx, x.shape, attrs["dim"])
+    if msg is not None:
+        raise ValueError(msg)
+    if x.ndim == 0:
+        return [x[()] + np.zeros(idx.shape)]
+    part = x[tuple(slice(None) if d == attrs["dim"] else slice(0, k)
+                   for d, k in enumerate(idx.shape))]
+    return [np.take_along_axis(part, idx, axis=attrs["dim"])]
+
+
+def _dim_gather_samples():
+    def make(dt):
+        r = np.random.default_rng(41)
+        return [([rand(4, 3, 2, dtype=dt, r=r), r.integers(0, 4, (6, 2, 2)).astype(np.int64)],
+                 {"dim": 0}),
+                ([rand(3, 5, dtype=dt, r=r), np.array([[4], [0], [2]], np.int64)], {"dim": 1}),
+                ([rand(2, 5, 3, dtype=dt, r=r), r.integers(0, 3, (2, 4, 3)).astype(np.int64)],
+                 {"dim": -1}),
+                ([rand(3, 4, dtype=dt, r=r), np.zeros((3, 0), np.int64)], {"dim": 1}),
+                ([np.array([[np.nan, 1.0], [np.inf, 2.0]], dt),
+                  np.array([[1, 1, 0], [0, 1, 1]], np.int64)], {"dim": 1}),
+                ([np.array(3.0, dt), np.array(0, np.int64)], {"dim": -1})]
+    return float_samples(make)
+
+
+register("dim_gather", _dim_gather_infer,
+         normalize=_dim_norm("dim_gather", lambda ins: len(ins[0].shape) if ins else 1),
+         grad=lambda n, gs, emit: [emit("dim_scatter_add_like", n.inputs[0], n.inputs[1], gs[0],
+                                        dim=n.attrs["dim"]), None],
+         reference=_dim_gather_reference, samples=_dim_gather_samples,
+         diagnose=lambda node, arrays: _dim_out_of_range("dim_gather", arrays[1],
+                                                         node.inputs[0].shape, node.attrs["dim"]),
+         amp=None,
+         amp_note="in none of OneFlow's lists (dim_gather; its gather, the index_select, is "
+                  "clear): it runs in float32 and stops white propagation",
+         doc="out[..., j, ...] = input[..., index[..., j, ...], ...] along dim (torch.gather)")
+
+
+def _dim_scatter_infer(inputs, attrs):
+    op = "dim_scatter_add_like"
+    check_arity(op, inputs, 3)
+    like, idx, src = inputs
+    dt = check_float(op, src)
+    _check_dim_index(op, idx, like, attrs["dim"], "like")
+    if src.shape != idx.shape:
+        raise ValueError(f"{op}: src {fmt(src)} must have index's shape {fmt(idx)}")
+    return [(like.shape, dt)]
+
+
+def _dim_scatter_reference(arrays, attrs):
+    like, idx, src = arrays
+    out = np.zeros(like.shape)
+    if like.ndim == 0:
+        return [out + (src.sum() if src.size and idx[()] == 0 else 0.0)]
+    dim, n = attrs["dim"], like.shape[attrs["dim"]]
+    grid = list(np.indices(idx.shape, sparse=True))
+    keep = (idx >= 0) & (idx < n)
+    grid[dim] = idx
+    at = tuple(np.broadcast_to(g, idx.shape)[keep] for g in grid)
+    np.add.at(out, at, np.asarray(src, np.float64)[keep])
+    return [out]
+
+
+def _dim_scatter_samples():
+    def make(dt):
+        r = np.random.default_rng(43)
+        return [([rand(4, 3, 2, dtype=dt, r=r), r.integers(0, 4, (6, 2, 2)).astype(np.int64),
+                  rand(6, 2, 2, dtype=dt, r=r)], {"dim": 0}),
+                ([rand(3, 5, dtype=dt, r=r), np.array([[4], [0], [2]], np.int64),
+                  rand(3, 1, dtype=dt, r=r)], {"dim": 1}),
+                ([rand(3, 4, dtype=dt, r=r), np.zeros((3, 0), np.int64),
+                  rand(3, 0, dtype=dt, r=r)], {"dim": -1}),
+                ([rand(2, 3, dtype=dt, r=r), np.zeros((2, 300), np.int64),
+                  np.full((2, 300), 0.1, dt)], {"dim": 1})]
+    return float_samples(make)
+
+
+register("dim_scatter_add_like", _dim_scatter_infer,
+         normalize=_dim_norm("dim_scatter_add_like",
+                             lambda ins: len(ins[0].shape) if ins else 1),
+         grad=lambda n, gs, emit: [None, None, emit("dim_gather", gs[0], n.inputs[1],
+                                                    dim=n.attrs["dim"])],
+         reference=_dim_scatter_reference, samples=_dim_scatter_samples, shape_inputs=(0,),
+         amp=None,
+         amp_note="in none of OneFlow's lists: dim_gather's gradient, a scatter-add, stays in "
+                  "the float32 of the dim_gather it is the gradient of",
+         doc="out (like's shape) = 0 + src added at index along dim (torch.scatter_add)")
 
 
 # ------------------------------------------------------------------------------ slice

@@ -1,5 +1,6 @@
 """Indexing, ``x[key]``: basic indices (ints, slices, ``None``, ``...``) as op ``slice`` and
-``reshape``, one integer array, list or int64 Tensor as op ``gather``."""
+``reshape``, one integer array, list or int64 Tensor as op ``gather``; ``x.gather(dim, index)``
+(and :func:`gather`, ``miniflow.gather``) as op ``dim_gather``."""
 from __future__ import annotations
 
 import numbers
@@ -7,12 +8,16 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from ..dtype import int64
 from ..ops.indexing import first_bad
 from .core import TensorCore
 from .create import _is_torch, apply, as_numpy, tensor
+from .dims import _dim
 
 if TYPE_CHECKING:        # the composed class, for the annotations only
     from . import Tensor
+
+__all__ = ["Indexing", "gather"]
 
 
 class Indexing:
@@ -45,6 +50,46 @@ class Indexing:
                            stop=tuple(s.stop for s in index), step=tuple(s.step for s in index))
         return sliced if sliced.shape == out_shape else sliced.reshape(out_shape)
 
+    def gather(self, dim: int, index, *, sparse_grad: bool = False) -> "Tensor":
+        """The values of ``self`` along ``dim`` at ``index`` (``torch.gather``; op
+        ``dim_gather``, its gradient ``dim_scatter_add_like``): for a 3-d tensor,
+
+        ``out[i][j][k] = self[index[i][j][k]][j][k]`` for ``dim`` 0,
+        ``out[i][j][k] = self[i][index[i][j][k]][k]`` for ``dim`` 1, and so on.
+
+        ``index`` (an int64 Tensor, or a NumPy array / list / torch tensor of integers) has
+        ``self``'s number of dimensions and no size larger than ``self``'s off ``dim``; the
+        result has index's shape and ``self``'s (floating) dtype. Repeated indices are fine: the
+        gradient adds up their contributions (``logits.gather(1, y.unsqueeze(1))`` picks each
+        row's label; ``x.gather(1, x.topk(k)[1])``-style picks too).
+
+        Args:
+            dim: the dimension to index along (negative counts from the end).
+            index: the indices, each in ``[0, self.shape[dim])`` (negative ones are an error,
+                as in PyTorch).
+            sparse_grad: PyTorch's switch to a sparse gradient; only False (miniflow has no
+                sparse tensors).
+
+        Raises:
+            IndexError: ``dim`` out of range; an index array's value outside ``[0,
+                self.shape[dim])`` (PyTorch's message), at once; an int64 Tensor's when the op
+                runs on the CPU (naming the op ``dim_gather``, the value and its place). On CUDA
+                a kernel cannot raise: such an element is NaN (as op ``gather``'s).
+            TypeError: an index that is not of integers (an int64 Tensor or integer array),
+                ``self`` not floating point. ValueError: index of another rank than ``self``, or
+                larger off ``dim``. NotImplementedError: ``sparse_grad=True``.
+        """
+        if sparse_grad is not False:
+            raise NotImplementedError("gather(): sparse_grad=True is not supported (miniflow "
+                                      "has no sparse tensors); the gradient is dense")
+        d = _dim("gather", dim, self.ndim)
+        if not isinstance(index, TensorCore):
+            index = _gather_index(index, self.shape[d] if self.ndim else 1, d)
+        elif index.dtype is not int64:
+            raise TypeError(f"gather(): Expected dtype int64 for index, got {index.dtype.name} "
+                            f"(convert it with .to(miniflow.int64))")
+        return apply("dim_gather", [self, index], dim=d)
+
     def _take(self, key: tuple, pos: int) -> "Tensor":
         """``self[key]`` where ``key[pos]`` is the tuple's one array, list or int64 Tensor
         index (nanoGPT's ``x[:, [-1], :]``): the basic index with ``:`` there, then op
@@ -61,6 +106,33 @@ class Indexing:
                       if k is not None)                     # the dimension of self it indexes
             index = _array_index(index, out.shape[axis:], dim)
         return apply("gather", [out, index], axis=axis)
+
+
+def gather(input, dim: int, index, *, sparse_grad: bool = False) -> "Tensor":
+    """``torch.gather(input, dim, index)``: ``input.gather(dim, index)``
+    (:meth:`Indexing.gather`, which documents it, its shapes and errors)."""
+    return input.gather(dim, index, sparse_grad=sparse_grad)
+
+
+def _gather_index(key, n: int, dim: int) -> "Tensor":
+    """An integer array, list or torch tensor ``key`` as the int64 Tensor ``dim_gather``
+    takes, its values checked to be in ``[0, n)`` (PyTorch's message).
+
+    Raises:
+        TypeError: not integers. IndexError: a value outside ``[0, n)``.
+    """
+    arr = as_numpy(key)
+    if arr.size == 0 and isinstance(key, (list, tuple)):   # no index, no dtype
+        arr = arr.astype(np.int64)
+    if arr.dtype.kind not in "iu":
+        raise TypeError(f"gather(): Expected dtype int64 for index, got an array of {arr.dtype}")
+    found = first_bad(arr, n)     # before the int64 cast: uint64 may not fit
+    if found is not None:
+        pos, value, count = found
+        raise IndexError(f"gather(): index {value} is out of bounds for dimension {dim} with "
+                         f"size {n} (the index's element {list(pos)}; {count} of {arr.size} "
+                         f"out of bounds)")
+    return tensor(arr.astype(np.int64))
 
 
 def _array_index(key, shape: tuple, dim: int = 0) -> "Tensor":

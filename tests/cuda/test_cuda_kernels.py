@@ -97,6 +97,25 @@ def test_labels_out_of_range_give_nan():
 
 
 
+def test_dim_gather_indices_out_of_range_give_nan_and_repeats_add_up():
+    """``dim_gather``: the CPU kernel raises IndexError; a CUDA kernel cannot, so an element
+    whose index is outside ``[0, n)`` (negative too) is NaN. ``dim_scatter_add_like`` (its
+    gradient) sums repeated indices and drops out-of-range ones, as ``np.add.at``."""
+    x = np.arange(12, dtype=np.float32).reshape(3, 4)
+    idx = np.array([[0, 3, 4], [-1, 1, 1], [2, 2, 2]], np.int64)
+    (out,) = run_cuda(Case("dim_gather", [x, idx], {"dim": 1}))
+    assert np.isnan(out[0, 2]) and np.isnan(out[1, 0])
+    np.testing.assert_array_equal(out[[0, 0, 1, 1, 2, 2, 2], [0, 1, 1, 2, 0, 1, 2]],
+                                  [0, 3, 5, 5, 10, 10, 10])
+    src = np.ones((3, 3), np.float16)
+    (dx,) = run_cuda(Case("dim_scatter_add_like", [np.zeros((3, 4), np.float16), idx, src],
+                          {"dim": 1}))
+    want = np.zeros((3, 4))
+    keep = (idx >= 0) & (idx < 4)
+    np.add.at(want, (np.nonzero(keep)[0], idx[keep]), 1.0)
+    np.testing.assert_array_equal(dx, want)
+
+
 def test_an_elementwise_op_registered_late_runs_on_both_backends():
     """Elementwise kernels are derived when a plan is built, so an op registered after both kernel
     packages were imported runs through ``nn.Graph`` on both backends at once."""

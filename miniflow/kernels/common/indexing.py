@@ -1,15 +1,15 @@
 """The builders of the indexing ops on every backend (``gather``, ``unsorted_segment_sum_like``,
-``slice``, ``slice_grad``, ``cat``, ``tril``, ``masked_fill``, and the one-axis reductions
-``reduce_max``,
-``argmax``, ``reduce_max_grad``), over the backend's step makers: the layouts
-are planned here once (``[outer, n, inner]`` around the gather axis, the slice's element offset
-and strides, the mask's broadcast strides), the loops are the backend's."""
+``dim_gather``, ``dim_scatter_add_like``, ``slice``, ``slice_grad``, ``cat``, ``tril``,
+``masked_fill``, and the one-axis reductions ``reduce_max``, ``argmax``, ``reduce_max_grad``),
+over the backend's step makers: the layouts are planned here once (``[outer, n, inner]`` around
+the gather axis, the C strides around ``dim`` of ``dim_gather`` (:func:`dim_layout`), the slice's
+element offset and strides, the mask's broadcast strides), the loops are the backend's."""
 from __future__ import annotations
 
 from ...ops.indexing import cat_slices, slice_index
 from .layout import broadcast_plan
 
-__all__ = ["builders", "around", "slice_layout"]
+__all__ = ["builders", "around", "dim_layout", "slice_layout"]
 
 
 def _prod(dims) -> int:
@@ -24,6 +24,21 @@ def around(shape, axis: int) -> tuple:
     return _prod(shape[:axis]), int(shape[axis]), _prod(shape[axis + 1:])
 
 
+def dim_layout(shape, dim: int) -> tuple:
+    """``(shape, strides, dim_stride)`` of a C-contiguous array of ``shape`` around axis ``dim``:
+    the shape as ints (a 0-d one as ``(1,)``), its element strides with ``dim``'s set to 0, and
+    ``dim``'s own stride: element ``c`` (a multi-index) sits at ``c . strides + c[dim] *
+    dim_stride``, so a kernel of ``dim_gather`` swaps ``c[dim]`` for an index value."""
+    shape = tuple(int(d) for d in shape) or (1,)
+    strides, acc = [0] * len(shape), 1
+    for d in range(len(shape) - 1, -1, -1):
+        strides[d] = acc
+        acc *= shape[d]
+    dim_stride = strides[dim]
+    strides[dim] = 0
+    return shape, tuple(strides), dim_stride
+
+
 def slice_layout(shape, attrs) -> tuple:
     """``(offset, strides)``: the element offset of the slice's first element in a C-contiguous
     array of ``shape``, and the element strides of the slice's axes (C strides times the steps)."""
@@ -35,13 +50,18 @@ def slice_layout(shape, attrs) -> tuple:
     return offset, tuple(s * k for s, k in zip(strides, attrs["step"]))
 
 
-def builders(*, gather_steps, segment_sum_steps, slice_steps, slice_grad_steps, scatter_steps,
+def builders(*, gather_steps, segment_sum_steps, dim_gather_steps, dim_scatter_steps,
+             slice_steps, slice_grad_steps, scatter_steps,
              tril_steps, masked_fill_steps, max_steps, max_grad_steps) -> dict:
     """Op type -> builder of the indexing ops, over a backend's step makers:
 
     * ``gather_steps(x, indices, out, outer, n, inner)``: ``out[o, j, i] = x[o, indices[j], i]``;
     * ``segment_sum_steps(data, ids, out, outer, n, inner)``: ``out[o, s, i] = sum over j with
       ids[j] == s of data[o, j, i]``;
+    * ``dim_gather_steps(x, index, out, dim)``: ``out[c] = x[c with c[dim] = index[c]]`` for
+      every multi-index ``c`` of index's shape (out's); ``dim_scatter_steps(src, index, out,
+      dim)``: ``out = 0``, then ``out[c with c[dim] = index[c]] += src[c]`` (:func:`dim_layout`
+      gives the strides); neither is called for an empty out;
     * ``slice_steps(x, out, index, offset, strides)`` and ``slice_grad_steps(dy, dx, index,
       offset, strides)``: ``index`` the tuple of Python slices, ``offset`` / ``strides`` in
       elements of ``x`` / ``dx`` (:func:`slice_layout`), whichever the backend uses;
@@ -62,6 +82,18 @@ def builders(*, gather_steps, segment_sum_steps, slice_steps, slice_grad_steps, 
         """``out = 0``, then ``data`` summed at ``segment_ids`` along ``axis``."""
         data, ids, _ = ins
         return segment_sum_steps(data, ids, outs[0], *around(outs[0].shape, node.attrs["axis"]))
+
+    def dim_gather(node, ins, outs):
+        """``out = input`` indexed along ``dim`` by ``index`` (``torch.gather``)."""
+        if outs[0].size == 0:
+            return []
+        return dim_gather_steps(ins[0], ins[1], outs[0], node.attrs["dim"])
+
+    def dim_scatter_add_like(node, ins, outs):
+        """``out = 0``, then ``src`` added at ``index`` along ``dim``."""
+        if outs[0].size == 0:
+            return []
+        return dim_scatter_steps(ins[2], ins[1], outs[0], node.attrs["dim"])
 
     def slice_(node, ins, outs):
         """``out = x[start:stop:step, ...]``."""
@@ -115,6 +147,7 @@ def builders(*, gather_steps, segment_sum_steps, slice_steps, slice_grad_steps, 
         return max_grad_steps(*ins, outs[0], *around(ins[0].shape, node.attrs["axis"]))
 
     return {"gather": gather, "unsorted_segment_sum_like": unsorted_segment_sum_like,
+            "dim_gather": dim_gather, "dim_scatter_add_like": dim_scatter_add_like,
             "slice": slice_, "slice_grad": slice_grad, "cat": cat, "tril": tril,
             "masked_fill": masked_fill,
             "reduce_max": reduce_max, "argmax": argmax, "reduce_max_grad": reduce_max_grad}

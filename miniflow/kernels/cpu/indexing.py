@@ -1,5 +1,6 @@
 """The indexing ops on the CPU (builders: ``kernels.common.indexing``; these are the step makers):
-``gather`` and ``unsorted_segment_sum_like`` (Numba loops over ``[outer, n, inner]``), ``slice``,
+``gather`` and ``unsorted_segment_sum_like`` (Numba loops over ``[outer, n, inner]``),
+``dim_gather`` and ``dim_scatter_add_like`` (Numba loops over index's elements), ``slice``,
 ``slice_grad`` and ``cat`` (``np.copyto`` through a strided view planned at build time), ``tril``
 and ``masked_fill`` (Numba loops that copy elements as stored: float16 and bfloat16 as their bits,
 the fill value converted to out's dtype once, at build time); the one-axis ``reduce_max``,
@@ -8,7 +9,8 @@ the fill value converted to out's dtype once, at build time); the one-axis ``red
 ``gather`` checks every index before it copies and raises IndexError on one outside ``[0, n)``;
 the executor then names it (``OpDef.diagnose``). ``unsorted_segment_sum_like`` adds in a scratch
 of the compute type (float32 for half types), in the order of the indices, then rounds once:
-deterministic, whatever the repeats.
+deterministic, whatever the repeats. ``dim_gather`` and ``dim_scatter_add_like`` do the same:
+the gather checks first and raises, the scatter-add sums in index order in a compute-type scratch.
 """
 from __future__ import annotations
 
@@ -21,7 +23,8 @@ from ..common import indexing
 from .common import flat, jit, kview, loop_for, use_parallel
 from .fp16 import load, store, to_compute
 
-__all__ = ["gather_kernel", "segment_sum_kernel", "tril_kernel", "masked_fill_kernel",
+__all__ = ["gather_kernel", "segment_sum_kernel", "dim_gather_kernel", "dim_scatter_kernel",
+           "tril_kernel", "masked_fill_kernel",
            "max_kernel", "argmax_kernel", "max_grad_kernel", "BUILDERS"]
 
 
@@ -64,6 +67,55 @@ def segment_sum_kernel():
                     dst, src = (o * n + s) * inner, (o * m + j) * inner
                     for i in range(inner):
                         acc[dst + i] += load(data, src + i)
+        for k in range(acc.size):
+            store(out, k, acc[k])
+
+    return kernel
+
+
+@register_jitable
+def _offset(t, shape, strides):
+    """Element offset of C-order flat index ``t`` of ``shape`` with element ``strides``."""
+    off = 0
+    for d in range(len(shape) - 1, -1, -1):
+        off += t % shape[d] * strides[d]
+        t //= shape[d]
+    return off
+
+
+@functools.cache
+def dim_gather_kernel(parallel: bool):
+    """``kernel(x, idx, out, shape, xst, sd, n)``: ``out[t] = x[offset of t in shape . xst +
+    idx[t] * sd]`` (``kernels.common.indexing.dim_layout``: x's strides with dim's zeroed, dim's
+    stride ``sd``); IndexError, before anything is written, if an index is outside ``[0, n)``."""
+    loop = loop_for(parallel)
+
+    @jit(parallel)
+    def kernel(x, idx, out, shape, xst, sd, n):
+        m = idx.size
+        for j in range(m):
+            if idx[j] < 0 or idx[j] >= n:
+                raise IndexError("dim_gather: an index is out of range")
+        for t_ in loop(m):
+            t = np.int64(t_)
+            out[t] = x[_offset(t, shape, xst) + idx[t] * sd]
+
+    return kernel
+
+
+@functools.cache
+def dim_scatter_kernel():
+    """``kernel(src, idx, acc, out, shape, ost, sd, n)``: ``acc = 0``, ``acc[offset of t in shape
+    . ost + idx[t] * sd] += src[t]`` for every t in order (indices outside ``[0, n)`` dropped),
+    ``out = acc`` rounded to out's dtype (``acc`` in the compute type)."""
+
+    @jit(False)
+    def kernel(src, idx, acc, out, shape, ost, sd, n):
+        acc[:] = 0
+        for t in range(idx.size):
+            k = idx[t]
+            if 0 <= k < n:
+                acc[_offset(t, shape, ost) + k * sd] += load(src, t)
         for k in range(acc.size):
             store(out, k, acc[k])
 
@@ -207,6 +259,25 @@ def segment_sum_steps(data, ids, out, outer, n, inner):
                                     inner))]
 
 
+def dim_gather_steps(x, idx, out, dim):
+    """The step of ``dim_gather``."""
+    shape, _, _ = indexing.dim_layout(idx.shape, dim)
+    _, xst, sd = indexing.dim_layout(x.shape, dim)
+    n = int(x.shape[dim]) if x.ndim else 1
+    return [(dim_gather_kernel(use_parallel(out.size)),
+             (flat(x), idx.reshape(-1), flat(out), shape, xst, sd, n))]
+
+
+def dim_scatter_steps(src, idx, out, dim):
+    """The step of ``dim_scatter_add_like`` (a compute-type scratch allocated here)."""
+    shape, _, _ = indexing.dim_layout(idx.shape, dim)
+    _, ost, sd = indexing.dim_layout(out.shape, dim)
+    n = int(out.shape[dim]) if out.ndim else 1
+    acc = np.empty(out.size, np.float64 if out.dtype == np.float64 else np.float32)
+    return [(dim_scatter_kernel(), (flat(src), idx.reshape(-1), acc, flat(out), shape, ost, sd,
+                                    n))]
+
+
 def slice_steps(x, out, index, offset, strides):
     """``out = x[index]``: a copy from the strided view."""
     return [(np.copyto, (out, x[index]))]
@@ -251,6 +322,8 @@ def max_grad_steps(x, y, dy, dx, outer, n, inner):
 
 
 BUILDERS = indexing.builders(gather_steps=gather_steps, segment_sum_steps=segment_sum_steps,
+                             dim_gather_steps=dim_gather_steps,
+                             dim_scatter_steps=dim_scatter_steps,
                              slice_steps=slice_steps, slice_grad_steps=slice_grad_steps,
                              scatter_steps=scatter_steps, tril_steps=tril_steps,
                              masked_fill_steps=masked_fill_steps,

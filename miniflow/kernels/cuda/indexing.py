@@ -6,6 +6,14 @@ grid-stride kernels over flat views (``launch.flat_steps``), no atomics:
 * ``unsorted_segment_sum_like``: one thread per output element, summing the ``data`` elements
   whose id is its segment, in index order, in the compute type (deterministic; ``O(out *
   indices)`` work, fine for an embedding's gradient, no atomics).
+* ``dim_gather``: one thread per output element, NaN for an index value outside ``[0, n)`` as
+  ``gather`` (the CPU kernel raises IndexError; PyTorch's CUDA kernel fails a device assert).
+* ``dim_scatter_add_like``: one thread per output element, summing the ``src`` elements of its
+  line along ``dim`` whose index is its position, in index order, in the compute type:
+  deterministic and without ``cuda.atomic.add`` (which float16 and bfloat16 storage lacks, and
+  whose order varies from run to run), as ``unsorted_segment_sum_like``; ``O(out *
+  index.shape[dim])`` work: one term for ``logits.gather(1, y[:, None])``'s gradient, k for a
+  top-k pick.
 * ``slice``: the strided gather of ``kernels.cuda.movement`` from the slice's first element;
   ``slice_grad``: a fill with zero, then a strided scatter of ``dy``; ``cat``: the strided
   scatter of each input.
@@ -26,7 +34,8 @@ from .common import flat, jit, short, strided_offset, types_of
 from .launch import flat_steps
 from .movement import fill_steps, gather_steps as strided_gather_steps
 
-__all__ = ["gather_kernel", "segment_sum_kernel", "scatter_kernel", "tril_kernel",
+__all__ = ["gather_kernel", "segment_sum_kernel", "dim_gather_kernel", "dim_scatter_kernel",
+           "scatter_kernel", "tril_kernel",
            "masked_fill_kernel", "max_kernel", "max_grad_kernel", "BUILDERS"]
 
 
@@ -66,6 +75,56 @@ def segment_sum_kernel(ld, ct, st):
                 if ids[j] == s:
                     acc += ld(data[(o * m + j) * inner + i])
             out[t] = st(acc)
+
+    return kernel
+
+
+@functools.cache
+def dim_gather_kernel(ld, ct, st):
+    """``kernel(x, idx, out, shape, xst, sd, n)``: ``out[t] = x[offset of t in shape . xst +
+    idx[t] * sd]`` (``kernels.common.indexing.dim_layout``), NaN for an index outside
+    ``[0, n)``."""
+
+    @jit
+    def kernel(x, idx, out, shape, xst, sd, n):
+        for t in range(cuda.grid(1), out.size, cuda.gridsize(1)):
+            k = idx[t]
+            if 0 <= k < n:
+                out[t] = x[strided_offset(t, shape, xst) + k * sd]
+            else:
+                out[t] = st(ct(math.nan))
+
+    return kernel
+
+
+@functools.cache
+def dim_scatter_kernel(ld, ct, st):
+    """``kernel(src, idx, out, oshape, ishape, ist, isd, dim)``: ``out[c] = sum over j <
+    ishape[dim] with idx[c with c[dim] = j] == c[dim] of src[c with c[dim] = j]`` (0 where c is
+    outside index's shape off dim), in index order, in the compute type; ``ist`` index's strides
+    with dim's zeroed, ``isd`` dim's."""
+
+    @jit
+    def kernel(src, idx, out, oshape, ishape, ist, isd, dim):
+        m = ishape[dim]
+        for u in range(cuda.grid(1), out.size, cuda.gridsize(1)):
+            rest, base, s, inside = u, 0, 0, True
+            for d in range(len(oshape) - 1, -1, -1):
+                c = rest % oshape[d]
+                rest //= oshape[d]
+                if d == dim:
+                    s = c
+                elif c < ishape[d]:
+                    base += c * ist[d]
+                else:
+                    inside = False
+            acc = ct(0)
+            if inside:
+                for j in range(m):
+                    p = base + j * isd
+                    if idx[p] == s:
+                        acc += ld(src[p])
+            out[u] = st(acc)
 
     return kernel
 
@@ -196,6 +255,25 @@ def segment_sum_steps(data, ids, out, outer, n, inner):
                       f"unsorted_segment_sum_like {short(out.dtype)}")
 
 
+def dim_gather_steps(x, idx, out, dim):
+    """A grid-stride launch of :func:`dim_gather_kernel` over out."""
+    shape, _, _ = indexing.dim_layout(idx.shape, dim)
+    _, xst, sd = indexing.dim_layout(x.shape, dim)
+    n = int(x.shape[dim]) if x.ndim else 1
+    return flat_steps(dim_gather_kernel(*types_of(out)), out.size,
+                      (flat(x), flat(idx), flat(out), shape, xst, sd, n),
+                      f"dim_gather {short(out.dtype)}")
+
+
+def dim_scatter_steps(src, idx, out, dim):
+    """A grid-stride launch of :func:`dim_scatter_kernel` over out."""
+    ishape, ist, isd = indexing.dim_layout(idx.shape, dim)
+    oshape, _, _ = indexing.dim_layout(out.shape, dim)
+    return flat_steps(dim_scatter_kernel(*types_of(out)), out.size,
+                      (flat(src), flat(idx), flat(out), oshape, ishape, ist, isd, int(dim)),
+                      f"dim_scatter_add_like {short(out.dtype)}")
+
+
 def _dims(shape, strides) -> tuple:
     return tuple(int(s) for s in shape) or (1,), tuple(int(s) for s in strides) or (0,)
 
@@ -238,6 +316,8 @@ def masked_fill_steps(x, mask, out, shape, mask_strides, value):
 
 
 BUILDERS = indexing.builders(gather_steps=gather_steps, segment_sum_steps=segment_sum_steps,
+                             dim_gather_steps=dim_gather_steps,
+                             dim_scatter_steps=dim_scatter_steps,
                              slice_steps=slice_steps, slice_grad_steps=slice_grad_steps,
                              scatter_steps=scatter_steps,
                              tril_steps=tril_steps, masked_fill_steps=masked_fill_steps,
