@@ -144,3 +144,53 @@ def test_gather_of_a_0d_tensor_is_torchs():
     want = torch.gather(torch.tensor(2.5), 0, torch.tensor(0))
     got = mf.tensor(np.float32(2.5)).gather(-1, np.int64(0))
     assert got.shape == tuple(want.shape) and got.item() == want.item()
+
+
+class _TopPicks(nn.Graph):
+    """Rows of features picked by an index expanded over the columns (PyTorch's
+    ``x.gather(1, idx.unsqueeze(-1).expand(-1, -1, C))``), trained one step, AMP optional."""
+
+    def __init__(self, model, amp):
+        super().__init__()
+        self.model = model
+        self.add_optimizer(mf.optim.SGD(model.parameters(), lr=0.5))
+        if amp:
+            self.config.enable_amp(True)
+
+    def build(self, x, idx):
+        h = self.model(x)                                        # [B, T, C]
+        picked = h.gather(1, idx.unsqueeze(-1).expand(-1, -1, h.shape[-1]))
+        loss = (picked * picked).mean()
+        loss.backward()
+        return loss
+
+
+@pytest.mark.parametrize("amp", [False, True], ids=["fp32", "amp"])
+def test_expanded_index_gather_trains_as_torch(amp):
+    """An int64 index expanded for a gather works traced; under AMP ``dim_gather`` (in none of
+    OneFlow's lists) runs in float32 after the float16 matmul, and the step stays torch's to
+    float16 rounding."""
+    r = np.random.default_rng(9)
+    x = r.standard_normal((2, 5, 4)).astype(np.float32)
+    idx = np.array([[4, 0, 4], [1, 1, 2]])
+    mf.manual_seed(0)
+    model = nn.Linear(4, 3)
+    tm = torch.nn.Linear(4, 3)
+    with torch.no_grad():
+        tm.weight.copy_(torch.tensor(model.weight.numpy()))
+        tm.bias.copy_(torch.tensor(model.bias.numpy()))
+    h = tm(torch.tensor(x))
+    picked = h.gather(1, torch.tensor(idx).unsqueeze(-1).expand(-1, -1, 3))
+    want = (picked * picked).mean()
+    want.backward()
+    with torch.no_grad():
+        tm.weight -= 0.5 * tm.weight.grad
+    graph = _TopPicks(model, amp)
+    loss = graph(mf.tensor(x), mf.tensor(idx))
+    if amp:
+        rows = {(r.op, r.dtype, r.color) for r in graph.amp_report().rows}
+        assert {("matmul", "f16", "white"), ("dim_gather", "f32", "unlisted"),
+                ("dim_scatter_add_like", "f32", "unlisted")} <= rows
+    tol = 2e-3 if amp else 1e-6
+    np.testing.assert_allclose(loss.numpy(), want.item(), rtol=tol)
+    np.testing.assert_allclose(model.weight.numpy(), tm.weight.detach().numpy(), atol=tol)
