@@ -899,3 +899,37 @@ def test_pytorch_methods_miniflow_has_not_say_why_in_the_attribute_error(method,
     with pytest.raises(AttributeError) as e:
         model.no_such_thing
     assert str(e.value) == "'Sequential' object has no attribute 'no_such_thing'"
+
+
+def test_apply_visits_children_before_their_parent_as_torch():
+    """``Module.apply(fn)`` (nanoGPT's ``self.apply(self._init_weights)``) calls ``fn`` on every
+    sub-module, children before their parent, in PyTorch's order; a child held under two names
+    of one module once, as ``torch.nn.Module.children()`` yields it once; returns self."""
+    def build(lib):
+        shared = lib.nn.Linear(2, 2)
+        net = lib.nn.Sequential(lib.nn.Linear(2, 3), lib.nn.Sequential(lib.nn.ReLU(), shared))
+        net.add_module("again", shared)
+        net.add_module("twice", shared)
+        return net
+
+    def order(net):
+        seen = []
+        assert net.apply(lambda m: seen.append(type(m).__name__)) is net
+        return seen
+
+    ours = order(build(mf))   # "again" is a direct child once; a second path visits again
+    assert ours == ["Linear", "ReLU", "Linear", "Sequential", "Linear", "Sequential"]
+    if torch is not None:
+        assert ours == order(build(torch))
+
+
+def test_apply_initialises_weights_as_nanogpt_does():
+    """``_init_weights`` through ``apply`` reaches every Linear, inside containers too."""
+    net = nn.Sequential(nn.Linear(3, 4), nn.ModuleList([nn.Linear(4, 2)]))
+
+    def init(m):
+        if isinstance(m, nn.Linear):
+            m.load_state_dict({"weight": np.full(m.weight.shape, 0.5, np.float32)}, strict=False)
+
+    net.apply(init)
+    assert all((v == 0.5).all() for k, v in net.state_dict().items() if k.endswith("weight"))
