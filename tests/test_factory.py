@@ -122,3 +122,60 @@ def test_tensor_and_module_to_take_the_process_device_as_pytorch_scripts_pass_it
     with pytest.raises(TypeError, match=r"Sequential.to\(float16\): '0.weight' is float32, and "
                                         r"miniflow does not convert a module"):
         model.to(torch.float16)
+
+
+FACTORY_CALLS = [
+    ("zeros", (2, 3), {}), ("zeros", ((2, 3),), {}), ("ones", ([4],), {}), ("ones", (3,), {}),
+    ("zeros", (2,), {"dtype": "float64"}), ("ones", (2, 2), {"dtype": "int64"}),
+    ("full", ((2, 3), 7), {}), ("full", ((2,), 0.5), {}), ("full", ([3], 2), {"dtype": "float16"}),
+    ("arange", (5,), {}), ("arange", (0, 7, 2), {}), ("arange", (1.0, 2.0, 0.25), {}),
+    ("arange", (0, 4), {"dtype": "int64"}), ("arange", (6, 0, -2), {}), ("arange", (3, 3), {}),
+    ("zeros", (0, 2), {}),
+]
+
+
+@pytest.mark.parametrize("fn,args,kwargs", FACTORY_CALLS)
+def test_factories_give_pytorchs_values_dtypes_and_shapes(fn, args, kwargs):
+    """``miniflow.zeros / ones / full / arange`` (nanoGPT's ``torch.ones(T, T)`` and
+    ``torch.arange(0, t, dtype=torch.long, device=device)``) as PyTorch's: the size as ints or a
+    sequence, float32 by default, ``full`` and ``arange`` infer int64 from integers."""
+    torch = pytest.importorskip("torch")
+    ours = getattr(mf, fn)(*args, **{**kwargs, "device": "cpu"})
+    theirs = getattr(torch, fn)(*args, **{k: getattr(torch, v) for k, v in kwargs.items()})
+    assert ours.dtype.name == str(theirs.dtype).replace("torch.", "")
+    np.testing.assert_array_equal(ours.numpy(), theirs.numpy())
+
+
+def test_like_factories_and_a_factory_inside_build():
+    """``zeros_like`` / ``ones_like`` keep the input's shape and dtype; a factory called in a
+    traced forward (nanoGPT's positions) is a constant of the graph."""
+    x = mf.tensor(np.ones((2, 3), np.float64))
+    assert mf.zeros_like(x).dtype == mf.float64 and mf.ones_like(x).numpy().sum() == 6
+    assert mf.ones_like(x, dtype=mf.float32).dtype == mf.float32
+    emb = nn.Embedding(5, 2)
+
+    class Positions(nn.Graph):
+        def __init__(self):
+            super().__init__()
+            self.emb = emb
+
+        def build(self, x):
+            return x + self.emb(mf.arange(0, x.shape[1], dtype=mf.int64))
+
+    out = Positions()(np.zeros((1, 4, 2), np.float32))
+    np.testing.assert_array_equal(out.numpy()[0], emb.weight.numpy()[:4])
+
+
+def test_factories_refuse_what_they_cannot_make():
+    with pytest.raises(TypeError, match=r"zeros\(\): size must be integers"):
+        mf.zeros(2.5)
+    with pytest.raises(ValueError, match="nn.Parameter"):
+        mf.ones(2, requires_grad=True)
+    with pytest.raises(ValueError, match="not this process's device"):
+        mf.zeros(2, device="meta")
+    with pytest.raises(ValueError, match="inconsistent with step sign"):
+        mf.arange(0, 5, -1)
+    with pytest.raises(ValueError, match="step must be nonzero"):
+        mf.arange(0, 5, 0)
+    with pytest.raises(TypeError, match="tuple or list"):
+        mf.full(3, 1.0)

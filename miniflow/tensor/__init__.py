@@ -14,12 +14,14 @@ from .arithmetic import Arithmetic, mask_array
 from .casts import Casts, to_args
 from .compare import Comparisons
 from .core import TensorCore
-from .create import apply, as_numpy, tensor, tensor_class
+from .create import (apply, arange, as_numpy, full, ones, ones_like, tensor, tensor_class, zeros,
+                     zeros_like)
 from .indexing import Indexing
 from .reductions import Reductions
 from .shape import Shape
 
-__all__ = ["Tensor", "tensor", "apply", "mask_array", "as_numpy", "to_args"]
+__all__ = ["Tensor", "tensor", "apply", "mask_array", "as_numpy", "to_args", "zeros", "ones",
+           "full", "arange", "zeros_like", "ones_like"]
 
 
 @tensor_class
