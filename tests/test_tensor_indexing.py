@@ -1,8 +1,9 @@
 """The ``Tensor`` methods a PyTorch ``forward()`` uses (indexing, ``view``, ``unsqueeze``,
 ``squeeze``, ``size``, ``dim``, ``int`` / ``tolist`` / format, ``argmax``, ``softmax``,
 ``masked_fill``, ``flatten``, ``split``, ``chunk``, ``detach``, ``sqrt``, ``abs``, ``pow``, ``var``,
-``std``, ``expand``, ``repeat``, ``type_as``, ``float`` / ``half``, ``@`` on batches), eager and
-traced in an ``nn.Graph``, against NumPy and PyTorch when installed (``torch.Tensor``'s
+``std``, ``expand``, ``repeat``, ``type_as``, ``float`` / ``half``, ``@`` on batches, ``tril`` /
+``triu``), eager and traced in an ``nn.Graph``, against NumPy and PyTorch when installed
+(``torch.Tensor``'s
 documentation and the indexing rules of ``test/test_indexing.py``: basic indexing only, steps > 0,
 PyTorch's error messages)."""
 import numpy as np
@@ -170,6 +171,9 @@ METHODS = {
     "log_softmax": (lambda t: t.log_softmax(1) + t.log_softmax(-1), (4, 5, 6)),
     "clone": (lambda t: t.clone() * 2.0 + t, (4, 5)),
     "list_in_tuple": (lambda t: t[:, [-1, 0, -1], 1:], (4, 5, 6)),
+    "tril_triu": (lambda t: t.tril() + t.tril(-1) * 2.0 + t.triu(2) * 3.0 + t.triu(-2),
+                  (4, 5, 6)),
+    "tril_triu_wide": (lambda t: t.tril(3) + t.triu(1) * 2.0, (4, 5)),
 }
 _MASK = np.tri(4, 5, dtype=bool)
 
@@ -719,3 +723,24 @@ def test_an_elementwise_max_or_min_of_two_tensors_names_its_clamp_form(fn, word,
             getattr(mf.tensor(a), fn)(other)
     form = (mf.tensor(b) + (mf.tensor(a) - mf.tensor(b)).clamp(**{side: 0})).numpy()
     np.testing.assert_allclose(form, getattr(np, word)(a, b), rtol=1e-6, atol=1e-6)
+
+
+def test_tril_triu_eager_as_pytorch_and_their_errors():
+    """nanoGPT's causal mask ``torch.tril(torch.ones(T, T)).view(1, 1, T, T)`` as a buffer
+    compared with 0 in ``masked_fill``; ``tril`` / ``triu`` refuse what PyTorch refuses."""
+    mask = mf.ones(4, 4).tril().view(1, 1, 4, 4)
+    np.testing.assert_array_equal(mask.numpy()[0, 0], np.tri(4, dtype=np.float32))
+    att = mf.tensor(np.zeros((1, 1, 3, 3), np.float32))
+    filled = att.masked_fill(mask[:, :, :3, :3] == 0, float("-inf")).numpy()[0, 0]
+    np.testing.assert_array_equal(np.isinf(filled), ~np.tri(3, dtype=bool))
+    with pytest.raises(RuntimeError, match="tril: input tensor must have at least 2 dimensions"):
+        mf.ones(3).tril()
+    with pytest.raises(TypeError, match="argument 'diagonal' must be int, not float"):
+        mf.ones(3, 3).triu(1.0)
+    if torch is not None:
+        x = _first((3, 4))
+        for d in (-4, -1, 0, 2, 5):
+            np.testing.assert_array_equal(mf.tensor(x).tril(d).numpy(),
+                                          torch.tensor(x).tril(d).numpy())
+            np.testing.assert_array_equal(mf.tensor(x).triu(d).numpy(),
+                                          torch.tensor(x).triu(d).numpy())

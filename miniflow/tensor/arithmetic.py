@@ -210,6 +210,33 @@ class Arithmetic:
             mask = tensor(arr.astype(np.int64))
         return apply("masked_fill", [self, mask], value=float(value))
 
+    def tril(self, diagonal: int = 0) -> "Tensor":
+        """The lower triangle of the last two dimensions (``torch.tril``; nanoGPT's
+        ``torch.tril(torch.ones(T, T))`` mask): ``out[..., i, j] = x[..., i, j]`` where
+        ``j - i <= diagonal``, else 0. Floating tensors of at least 2 dimensions (op ``tril``;
+        its gradient is the gradient's lower triangle).
+
+        Raises:
+            TypeError: ``diagonal`` not an int; an int64 tensor (the op's message).
+            RuntimeError: fewer than 2 dimensions (PyTorch's message).
+        """
+        _triangle_checks("tril", self, diagonal)
+        return apply("tril", [self], diagonal=int(diagonal))
+
+    def triu(self, diagonal: int = 0) -> "Tensor":
+        """The upper triangle of the last two dimensions (``torch.triu``): ``out[..., i, j] =
+        x[..., i, j]`` where ``j - i >= diagonal``, else 0. Floating tensors of at least 2
+        dimensions (op ``masked_fill`` with the lower part as its mask; gradient likewise).
+
+        Raises: as :meth:`tril`.
+        """
+        _triangle_checks("triu", self, diagonal)
+        if not self.dtype.is_float:
+            raise TypeError(f"triu: a floating tensor is needed, got {self.dtype.name}")
+        rows, cols = self.shape[-2:]
+        below = np.arange(cols)[None, :] - np.arange(rows)[:, None] < int(diagonal)
+        return self.masked_fill(below, 0.0)
+
 
 def _matmul(a: "Tensor", b: "Tensor") -> "Tensor":
     """``torch.matmul`` for the ranks miniflow has ops for: 2-D @ 2-D (op ``matmul``), N-D @ 2-D
@@ -229,6 +256,16 @@ def _matmul(a: "Tensor", b: "Tensor") -> "Tensor":
                      f"2-D @ 2-D, N-D @ 2-D and N-D @ N-D with equal batch dimensions (no "
                      f"broadcasting, no 1-D operand); expand or reshape the operands, e.g. a "
                      f"vector v to [k, 1], a batch of 1 with .expand(n, -1, -1)")
+
+
+def _triangle_checks(fn: str, x: "Tensor", diagonal) -> None:
+    """``tril`` / ``triu``'s argument checks."""
+    if isinstance(diagonal, bool) or not isinstance(diagonal, numbers.Integral):
+        raise TypeError(f"{fn}(): argument 'diagonal' must be int, not "
+                        f"{type(diagonal).__name__}")
+    if x.ndim < 2:
+        raise RuntimeError(f"{fn}: input tensor must have at least 2 dimensions (got shape "
+                           f"{list(x.shape)})")
 
 
 def mask_array(fn: str, mask) -> np.ndarray:
