@@ -38,7 +38,7 @@ if _numba.config.DISABLE_JIT:
 from .dtype import DType, bfloat16, float16, float32, float64, int64
 from .random import manual_seed
 from .serialization import CheckpointError, load, save
-from .runtime.backend import get_backend, set_backend
+from .runtime.backend import device, get_backend, set_backend
 from .tensor import Tensor, arange, full, ones, ones_like, tensor, zeros, zeros_like
 from .join import cat, stack
 from .trace import enable_grad, is_grad_enabled, no_grad, set_grad_enabled
@@ -47,7 +47,8 @@ from . import amp, distributed, ir, models, nn, ops, optim  # noqa: E402
 __version__ = "0.1.0"
 
 __all__ = ["CheckpointError", "DType", "Tensor", "amp", "arange", "bfloat16", "cat", "distributed",
-           "enable_grad", "float16", "float32", "float64", "get_backend", "int64", "ir",
+           "device", "enable_grad", "float16", "float32", "float64", "get_backend", "int64",
+           "ir",
            "is_grad_enabled", "load", "manual_seed", "models", "nn", "no_grad", "ops", "optim",
            "save", "set_backend", "set_grad_enabled", "stack", "tensor", "full", "ones",
            "ones_like", "zeros", "zeros_like"]

@@ -179,3 +179,33 @@ def test_factories_refuse_what_they_cannot_make():
         mf.arange(0, 5, 0)
     with pytest.raises(TypeError, match="tuple or list"):
         mf.full(3, 1.0)
+
+
+def test_tensor_device_is_the_process_device_as_a_torch_device():
+    """``Tensor.device`` (nanoGPT: ``device = idx.device``, then ``torch.arange(..., device=
+    device)``) is the process's backend as ``torch.device`` writes it, and goes back into every
+    ``device=``; ``miniflow.device`` parses and compares as PyTorch's."""
+    x = mf.tensor(np.zeros(3, np.float32))
+    dev = x.device
+    backend = mf.get_backend().name
+    assert str(dev) == ("cuda:0" if backend == "cuda" else "cpu") and dev.type == backend
+    assert mf.arange(0, 3, device=dev).numpy().tolist() == [0, 1, 2]
+    assert x.to(dev) is x and nn.Linear(2, 2, device=dev).weight.device == dev
+    assert mf.device("cuda:1") == mf.device("cuda", 1) != mf.device("cuda")
+    assert repr(mf.device("cuda", 0)) == "device(type='cuda', index=0)"
+    assert repr(mf.device("cpu")) == "device(type='cpu')" and mf.device("cpu") != "cpu"
+    with pytest.raises(ValueError, match="not this process's device"):
+        mf.zeros(2, device=mf.device("meta"))
+    with pytest.raises(ValueError, match="must not include an index"):
+        mf.device("cuda:0", 0)
+    seen = []
+
+    class Devices(nn.Graph):
+        def build(self, x):
+            seen.append(x.device)
+            return x * 2.0
+
+    Devices()(np.ones(2, np.float32))
+    assert seen == [dev]
+    torch = pytest.importorskip("torch")
+    assert repr(torch.device("cuda", 0)) == repr(mf.device("cuda", 0))
