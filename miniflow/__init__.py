@@ -46,6 +46,11 @@ from . import amp, distributed, ir, models, nn, ops, optim  # noqa: E402
 
 __version__ = "0.1.0"
 
+# PyTorch's dtype aliases (dtype=torch.long, .to(torch.float)); not in __all__, so that
+# ``from miniflow import *`` hides no builtin float.
+long, half, double = int64, float16, float64
+globals()["float"] = float32    # (so: a plain assignment would hide float() in this module)
+
 __all__ = ["CheckpointError", "DType", "Tensor", "amp", "arange", "bfloat16", "cat", "distributed",
            "device", "enable_grad", "float16", "float32", "float64", "get_backend", "int64",
            "ir",

@@ -209,3 +209,16 @@ def test_tensor_device_is_the_process_device_as_a_torch_device():
     assert seen == [dev]
     torch = pytest.importorskip("torch")
     assert repr(torch.device("cuda", 0)) == repr(mf.device("cuda", 0))
+
+
+def test_pytorchs_dtype_aliases_name_miniflows_dtypes():
+    """``torch.long``, ``torch.float``, ``torch.half`` and ``torch.double`` (nanoGPT's
+    ``dtype=torch.long``) are miniflow's int64, float32, float16 and float64; a star import
+    hides no builtin."""
+    assert (mf.long, mf.float, mf.half, mf.double) == (mf.int64, mf.float32, mf.float16,
+                                                        mf.float64)
+    assert mf.arange(0, 4, dtype=mf.long).dtype == mf.int64
+    assert mf.tensor(np.ones(2)).to(mf.float).dtype == mf.float32
+    names = {}
+    exec("from miniflow import *", names)
+    assert "float" not in names and "long" not in names
