@@ -288,3 +288,19 @@ def test_step_and_zero_grad_say_where_the_update_runs(method):
     assert not hasattr(opt, method)
     with pytest.raises(AttributeError, match="^'SGD' object has no attribute 'nope'$"):
         opt.nope
+
+
+def test_a_parameter_replaced_after_the_optimizer_was_made_is_named_as_the_cause():
+    """nanoGPT's ``crop_block_size`` assigns ``wpe.weight = nn.Parameter(wpe.weight[:n])``; made
+    after the optimizer, the optimizer holds the old tensor (PyTorch would train it unseen).
+    The graph refuses it, and the error names this cause besides a module not assigned."""
+    from graph_cases import Step
+    model = nn.Sequential(nn.Linear(4, 3))
+    opt = mf.optim.AdamW(model.parameters(), lr=1e-3)
+    model[0].weight = nn.Parameter(model[0].weight.numpy()[:, :4])
+    x, y = np.ones((2, 4), np.float32), np.array([0, 2])
+    with pytest.raises(ValueError, match=r"AdamW parameter 0 \(f32\[3, 4\]\) is not a parameter "
+                                         r".*new Parameter in its place.*make the optimizer "
+                                         r"after that"):
+        Step(model, opt)(x, y)
+    Step(model, mf.optim.AdamW(model.parameters(), lr=1e-3))(x, y)
