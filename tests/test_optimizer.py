@@ -304,3 +304,18 @@ def test_a_parameter_replaced_after_the_optimizer_was_made_is_named_as_the_cause
                                          r"after that"):
         Step(model, opt)(x, y)
     Step(model, mf.optim.AdamW(model.parameters(), lr=1e-3))(x, y)
+
+
+@pytest.mark.parametrize("name", ["SGD", "Adam", "AdamW"])
+def test_foreach_and_fused_are_keyword_parameters_as_in_torch(name):
+    """nanoGPT's ``configure_optimizers`` passes ``fused=True`` only where ``'fused' in
+    inspect.signature(torch.optim.AdamW).parameters``: miniflow's took it through ``**kwargs``,
+    so the check was False. Both are keyword-only, as PyTorch's, taken at None or a bool."""
+    cls = getattr(mf.optim, name)
+    params = inspect.signature(cls).parameters
+    for key in ("foreach", "fused"):
+        assert params[key].kind is inspect.Parameter.KEYWORD_ONLY and params[key].default is None
+    model = nn.Linear(2, 2)
+    cls(model.parameters(), lr=0.1, fused=True, foreach=False)
+    with pytest.raises(ValueError, match="fused="):
+        cls(model.parameters(), lr=0.1, fused="yes")
