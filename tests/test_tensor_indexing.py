@@ -744,3 +744,20 @@ def test_tril_triu_eager_as_pytorch_and_their_errors():
                                           torch.tensor(x).tril(d).numpy())
             np.testing.assert_array_equal(mf.tensor(x).triu(d).numpy(),
                                           torch.tensor(x).triu(d).numpy())
+
+
+@pytest.mark.parametrize("key", [np.array([[True, False, True, False, True]] * 4),
+                                 np.array([0, 2]), 1, (slice(None), 0)])
+def test_item_assignment_is_refused_saying_masked_fill(key):
+    """``x[mask] = v`` (nanoGPT's ``logits[logits < v[:, [-1]]] = -float('Inf')``) ended in
+    NumPy's "only integer scalar arrays can be converted to a scalar index" for an array key;
+    every item assignment is refused naming ``masked_fill``, whose result is PyTorch's."""
+    x = mf.tensor(_first((4, 5)))
+    with pytest.raises(TypeError, match=r"does not support item assignment: .*masked_fill"):
+        x[key] = -float("inf")
+    mask = x.numpy() < 0.0
+    filled = x.masked_fill(mask, -float("inf")).numpy()
+    if torch is not None:
+        want = torch.tensor(_first((4, 5)))
+        want[torch.tensor(mask)] = -float("inf")
+        np.testing.assert_array_equal(filled, want.numpy())
