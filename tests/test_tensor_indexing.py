@@ -761,3 +761,29 @@ def test_item_assignment_is_refused_saying_masked_fill(key):
         want = torch.tensor(_first((4, 5)))
         want[torch.tensor(mask)] = -float("inf")
         np.testing.assert_array_equal(filled, want.numpy())
+
+
+def test_eq_and_view_as_count_right_answers_as_the_mnist_example():
+    """The PyTorch MNIST example's test loop, ``pred = output.argmax(dim=1, keepdim=True)``,
+    ``correct += pred.eq(target.view_as(pred)).sum().item()``: ``eq`` ... compare values
+    (between two tensors too, where ``==`` is identity) into a NumPy bool array, miniflow's
+    mask; ``view_as`` is ``view`` to the other's shape."""
+    x = _first((6, 4))
+    target = np.array([0, 1, 2, 3, 0, 1])
+    out, tgt = mf.tensor(x), mf.tensor(target)
+    pred = out.argmax(dim=1, keepdim=True)
+    assert tgt.view_as(pred).shape == (6, 1)
+    correct = pred.eq(tgt.view_as(pred)).sum().item()
+    assert correct == int((x.argmax(1) == target).sum())
+    a, b = mf.tensor(x), mf.tensor(x[::-1].copy())
+    for name in ("eq", "ne", "lt", "le", "gt", "ge"):
+        got = getattr(a, name)(b)
+        assert got.dtype == np.bool_
+        if torch is not None:
+            want = getattr(torch.tensor(x), name)(torch.tensor(x[::-1].copy())).numpy()
+            np.testing.assert_array_equal(got, want)
+            np.testing.assert_array_equal(getattr(a, name)(0.1),
+                                          getattr(torch.tensor(x), name)(0.1).numpy())
+    assert (a == b) is False and a.eq(a).all()
+    with pytest.raises(ValueError):
+        tgt.view_as(out)
