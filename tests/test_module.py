@@ -999,3 +999,14 @@ def test_init_is_seen_by_a_compiled_graph_and_refused_where_it_cannot_write():
         nn.init.normal_(lin.weight, generator=np.random.default_rng(0))
     with pytest.raises(TypeError, match="expected a miniflow Tensor"):
         nn.init.zeros_(np.zeros(3))
+
+
+def test_nn_utils_says_gradient_clipping_is_an_optimizer_option():
+    """nanoGPT's ``torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)`` was "module
+    'miniflow.nn' has no attribute 'utils'"; the error names ``clip_grad_max_norm``, and any
+    other missing name stays Python's plain message."""
+    with pytest.raises(AttributeError, match=r"'utils': gradient clipping .*clip_grad_max_norm"):
+        mf.nn.utils.clip_grad_norm_
+    with pytest.raises(AttributeError, match=r"^module 'miniflow.nn' has no attribute 'Nope'$"):
+        mf.nn.Nope
+    assert not hasattr(mf.nn, "utils")

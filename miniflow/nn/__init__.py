@@ -29,8 +29,21 @@ __all__ = ["Graph", "GraphConfig", "Linear", "Module", "Parameter", "Sequential"
            *(name for name in activations.__all__ if not name.islower())]
 
 
+_NOT_IN_NN = {"utils": "gradient clipping (torch.nn.utils.clip_grad_norm_) is an optimizer option "
+                       "computed in the graph: SGD / Adam / AdamW(..., clip_grad_max_norm=1.0), "
+                       "clipped per param group (OneFlow's rule; docs/differences.md)"}
+"""PyTorch's ``torch.nn`` names miniflow has not, and what instead (``__getattr__``)."""
+
+
 def __getattr__(name):
+    """``Graph`` and ``GraphConfig``, imported on first use.
+
+    Raises:
+        AttributeError: any other name the package has not; one of :data:`_NOT_IN_NN` says
+            what to use instead."""
     if name in ("Graph", "GraphConfig"):
         from .. import compile as package  # above nn: imported when first asked for
         return getattr(package, name)
-    raise AttributeError(f"module 'miniflow.nn' has no attribute {name!r}")
+    why = _NOT_IN_NN.get(name)
+    raise AttributeError(f"module 'miniflow.nn' has no attribute {name!r}"
+                         + (f": {why}" if why else ""))
