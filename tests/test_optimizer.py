@@ -319,3 +319,13 @@ def test_foreach_and_fused_are_keyword_parameters_as_in_torch(name):
     cls(model.parameters(), lr=0.1, fused=True, foreach=False)
     with pytest.raises(ValueError, match="fused="):
         cls(model.parameters(), lr=0.1, fused="yes")
+
+
+def test_a_torch_optimizer_miniflow_has_not_is_named_with_the_ones_it_has():
+    """The PyTorch MNIST example's ``optim.Adadelta(model.parameters(), lr=args.lr)`` was a bare
+    "has no attribute 'Adadelta'"; the error names SGD, Adam and AdamW."""
+    with pytest.raises(AttributeError, match=r"'Adadelta': miniflow has PyTorch's SGD, Adam and "
+                                             r"AdamW only"):
+        mf.optim.Adadelta
+    with pytest.raises(AttributeError, match=r"^module 'miniflow.optim' has no attribute 'X'$"):
+        mf.optim.X
