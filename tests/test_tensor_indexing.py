@@ -787,3 +787,60 @@ def test_eq_and_view_as_count_right_answers_as_the_mnist_example():
     assert (a == b) is False and a.eq(a).all()
     with pytest.raises(ValueError):
         tgt.view_as(out)
+
+
+@pytest.mark.parametrize("dim,largest", [(-1, True), (0, True), (1, False), (-1, False)])
+def test_topk_as_pytorch_on_eager_tensors(dim, largest):
+    """nanoGPT's ``generate``: ``v, _ = torch.topk(logits, min(top_k, logits.size(-1)))`` then
+    ``logits < v[:, [-1]]``: values and indices as PyTorch's, sorted, NaN the largest."""
+    x = _first((4, 5, 6)).copy()
+    x[1, 2, 3] = np.nan      # (no ties: PyTorch does not say how it orders them)
+    got = mf.tensor(x).topk(3, dim=dim, largest=largest)
+    assert got.indices.dtype == mf.int64 and got.values.shape == got.indices.shape
+    if torch is not None:
+        want = torch.tensor(x).topk(3, dim=dim, largest=largest)
+        np.testing.assert_array_equal(got.values.numpy(), want.values.numpy())
+        np.testing.assert_array_equal(got.indices.numpy(), want.indices.numpy())
+
+
+def test_topk_and_multinomial_refuse_what_pytorch_refuses_and_lazy_tensors():
+    x = mf.tensor(_first((2, 5)))
+    ties = mf.tensor(np.array([1.0, 2.0, 2.0, 1.0], np.float32))
+    assert ties.topk(3).indices.tolist() == [1, 2, 0]      # stable: the lower index first
+    assert ties.topk(3, largest=False).indices.tolist() == [0, 3, 1]
+    with pytest.raises(RuntimeError, match="selected index k out of range"):
+        x.topk(6)
+    with pytest.raises(TypeError, match="argument 'k' must be int"):
+        x.topk(2.0)
+    with pytest.raises(RuntimeError, match="element < 0"):
+        x.multinomial(1)
+    with pytest.raises(RuntimeError, match="sum of probabilities <= 0"):
+        mf.zeros(2, 3).multinomial(1)
+    with pytest.raises(RuntimeError, match=r"cannot sample n_sample \(4\) > prob_dist"):
+        mf.ones(3).multinomial(4)
+    with pytest.raises(RuntimeError, match="not enough non-negative category"):
+        mf.tensor(np.array([1.0, 0.0, 0.0])).multinomial(2)
+
+    class Top(mf.nn.Graph):
+        def build(self, x):
+            return x.topk(2).values
+
+    with pytest.raises(RuntimeError, match="no topk op, so it takes eager tensors only"):
+        Top()(_first((2, 5)))
+
+
+def test_multinomial_draws_pytorchs_distribution_from_miniflows_generator():
+    """``torch.multinomial(probs, num_samples=1)`` (nanoGPT's sampling): int64 indices with the
+    weights' frequencies (unnormalised weights too), without replacement each category once,
+    reproducible after ``miniflow.manual_seed``."""
+    w = np.array([[1.0, 0.0, 3.0], [0.0, 2.0, 2.0]], np.float32)
+    mf.manual_seed(5)
+    draws = mf.tensor(w).multinomial(4000, replacement=True)
+    assert draws.shape == (2, 4000) and draws.dtype == mf.int64
+    for row, probs in zip(draws.numpy(), w / w.sum(1, keepdims=True)):
+        np.testing.assert_allclose(np.bincount(row, minlength=3) / 4000, probs, atol=0.03)
+    mf.manual_seed(5)
+    np.testing.assert_array_equal(mf.tensor(w).multinomial(4000, True).numpy(), draws.numpy())
+    once = mf.tensor(np.ones((3, 6), np.float32)).multinomial(6).numpy()
+    assert all(sorted(r) == list(range(6)) for r in once)
+    assert mf.tensor(np.array([0.0, 1.0])).multinomial(1).numpy().tolist() == [1]
