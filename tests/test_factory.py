@@ -222,3 +222,28 @@ def test_pytorchs_dtype_aliases_name_miniflows_dtypes():
     names = {}
     exec("from miniflow import *", names)
     assert "float" not in names and "long" not in names
+
+
+def test_random_factories_draw_pytorchs_distributions_from_miniflows_generator():
+    """``torch.rand / randn / randint`` (a tutorial's ``nn.Parameter(torch.randn(1, 1, d))``,
+    nanoGPT's ``torch.randint(len(data) - block_size, (batch_size,))``): PyTorch's shapes,
+    dtypes and distributions, reproducible after ``miniflow.manual_seed``."""
+    mf.manual_seed(1)
+    n = mf.randn(200, 100)
+    u = mf.rand((200, 100), dtype=mf.float64)
+    i = mf.randint(3, 7, (20000,))
+    assert (n.dtype, u.dtype, i.dtype) == (mf.float32, mf.float64, mf.int64)
+    assert abs(n.numpy().mean()) < 0.02 and abs(n.numpy().std() - 1) < 0.02
+    assert 0 <= u.numpy().min() and u.numpy().max() < 1 and abs(u.numpy().mean() - 0.5) < 0.01
+    assert set(np.unique(i.numpy())) == {3, 4, 5, 6}
+    assert mf.randint(5, [2, 3]).shape == (2, 3) and mf.randint(5, [2]).numpy().max() < 5
+    mf.manual_seed(1)
+    np.testing.assert_array_equal(mf.randn(200, 100).numpy(), n.numpy())
+    with pytest.raises(ValueError, match="expects 'from' to be less than 'to'"):
+        mf.randint(5, 5, (2,))
+    with pytest.raises(TypeError, match="size must be a tuple or list"):
+        mf.randint(5)
+    with pytest.raises(TypeError, match="manual_seed"):
+        mf.randn(2, generator=np.random.default_rng(0))
+    with pytest.raises(ValueError, match="nn.Parameter"):
+        mf.randn(2, requires_grad=True)

@@ -1,7 +1,8 @@
 """Making tensors: :func:`apply` (every op's one door: record a node while tracing, else run the
 kernel now), :func:`tensor` (from array-like data), :func:`as_numpy` (a tensor's, a torch
 tensor's or an array's values as NumPy) and PyTorch's factories (:func:`zeros`, :func:`ones`,
-:func:`full`, :func:`arange`, :func:`zeros_like`, :func:`ones_like`: eager tensors)."""
+:func:`full`, :func:`arange`, :func:`zeros_like`, :func:`ones_like`, :func:`rand`, :func:`randn`,
+:func:`randint`: eager tensors)."""
 from __future__ import annotations
 
 import sys
@@ -12,6 +13,7 @@ import numpy as np
 from ..checks import is_integer, is_real
 from ..dtype import as_dtype, bfloat16
 from ..ops import get_op
+from ..random import generator as global_generator
 from ..runtime.backend import check_device, get_backend
 from ..trace import current_tracer
 from .core import TensorCore, _kept_from_trace
@@ -223,3 +225,52 @@ def ones_like(input: Tensor, *, dtype=None, device=None,
     :func:`zeros`."""
     dtype = input.dtype if dtype is None else dtype
     return _made("ones_like", np.ones(input.shape, np.float32), dtype, device, requires_grad)
+
+
+def _random(fn: str, size: tuple, generator, draw) -> np.ndarray:
+    """``draw(miniflow's generator, size)`` for the random factories."""
+    if generator is not None:
+        raise TypeError(f"{fn}(): generator={generator!r} is not supported: miniflow draws from "
+                        f"its one generator; seed it with miniflow.manual_seed")
+    return draw(global_generator(), _size(fn, size))
+
+
+def rand(*size, generator=None, dtype=None, device=None, requires_grad: bool = False) -> Tensor:
+    """An eager tensor of values drawn from U(0, 1) (``torch.rand``), float32 by default, from
+    miniflow's generator (``miniflow.manual_seed``: PyTorch's distribution, not its numbers).
+
+    Raises:
+        TypeError: a ``generator``; otherwise as :func:`zeros`."""
+    arr = _random("rand", size, generator, lambda g, s: g.random(s))
+    return _made("rand", arr.astype(np.float32), dtype, device, requires_grad)
+
+
+def randn(*size, generator=None, dtype=None, device=None, requires_grad: bool = False) -> Tensor:
+    """An eager tensor of values drawn from N(0, 1) (``torch.randn``: a tutorial's test input or
+    ``nn.Parameter(torch.randn(1, 1, d))``); arguments and errors as :func:`rand`."""
+    arr = _random("randn", size, generator, lambda g, s: g.standard_normal(s))
+    return _made("randn", arr.astype(np.float32), dtype, device, requires_grad)
+
+
+def randint(low, high=None, size=None, *, generator=None, dtype=None, device=None,
+            requires_grad: bool = False) -> Tensor:
+    """An eager int64 tensor of integers drawn uniformly from ``[low, high)``
+    (``torch.randint(high, size)`` or ``torch.randint(low, high, size)``; nanoGPT's
+    ``torch.randint(len(data) - block_size, (batch_size,))``), from miniflow's generator.
+
+    Raises:
+        TypeError: no ``size``, bounds that are not integers, a ``generator``.
+        ValueError: ``low >= high`` (PyTorch: "random_ expects 'from' to be less than 'to'").
+    """
+    if size is None:
+        low, high, size = 0, low, high
+    if size is None or not isinstance(size, (tuple, list)):
+        raise TypeError(f"randint(): size must be a tuple or list of ints (randint(high, size) or "
+                        f"randint(low, high, size)), got {size!r}")
+    if not (is_integer(low) and is_integer(high)):
+        raise TypeError(f"randint(): low and high must be integers, got {low!r} and {high!r}")
+    if low >= high:
+        raise ValueError(f"randint(): random_ expects 'from' to be less than 'to', but got "
+                         f"from={low} >= to={high}")
+    arr = _random("randint", (size,), generator, lambda g, s: g.integers(low, high, s))
+    return _made("randint", arr.astype(np.int64), dtype, device, requires_grad)
