@@ -844,3 +844,17 @@ def test_multinomial_draws_pytorchs_distribution_from_miniflows_generator():
     once = mf.tensor(np.ones((3, 6), np.float32)).multinomial(6).numpy()
     assert all(sorted(r) == list(range(6)) for r in once)
     assert mf.tensor(np.array([0.0, 1.0])).multinomial(1).numpy().tolist() == [1]
+
+
+def test_integer_arithmetic_is_refused_saying_int_for_an_index():
+    """nanoGPT's ``data[i:i+block_size]`` with ``i`` from ``torch.randint``: ``i + 8`` of an
+    int64 tensor said "scalar_add: ... must be floating point; cast it with
+    .to(miniflow.float32)", which cannot index. miniflow has no integer arithmetic: the error
+    names the operator and ``int(i)``."""
+    data = np.arange(100)
+    ix = mf.randint(len(data) - 8, (4,))
+    with pytest.raises(TypeError, match=r"'\+': miniflow has no integer arithmetic .*int\(i\)"):
+        [data[i:i + 8] for i in ix]
+    assert [len(data[int(i):int(i) + 8]) for i in ix] == [8] * 4
+    with pytest.raises(TypeError, match=r"'\*': miniflow has no integer arithmetic"):
+        mf.ones(2) * mf.arange(2)

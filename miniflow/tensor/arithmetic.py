@@ -15,10 +15,27 @@ if TYPE_CHECKING:        # the composed class, for the annotations only
     from . import Tensor
 
 
+_SYMBOLS = {"broadcast_add": "+", "broadcast_sub": "-", "broadcast_mul": "*", "broadcast_div": "/"}
+"""The Python operator of each broadcast op, for ``_binary``'s errors."""
+
+
 class Arithmetic:
     """The math methods and operators of :class:`miniflow.tensor.Tensor`."""
 
     def _binary(self, other, op, scalar_op, reverse=False):
+        """``self (op) other``: a number as the scalar op, else the broadcast op.
+
+        Raises:
+            TypeError: an int64 operand (miniflow has no integer arithmetic), saying what to
+                write for an index (``int(t)``) or for values (a cast)."""
+        for t in (self, other):
+            if isinstance(t, TensorCore) and not t.dtype.is_float:
+                raise TypeError(
+                    f"'{_SYMBOLS[op]}': miniflow has no integer arithmetic (an int64 tensor of "
+                    f"shape {list(t.shape)}); for an index or a count, int(t) gives the Python "
+                    f"int of a one-element tensor (nanoGPT's data[i:i+block_size] is "
+                    f"data[int(i):int(i) + block_size]); for values, cast with "
+                    f".to(miniflow.float32) first")
         if isinstance(other, numbers.Number) and not isinstance(other, bool):
             return scalar_op(self, float(other))
         other = other if isinstance(other, TensorCore) else tensor(other, dtype=self.dtype)
