@@ -39,8 +39,8 @@ from .dtype import DType, bfloat16, float16, float32, float64, int64
 from .random import manual_seed
 from .serialization import CheckpointError, load, save
 from .runtime.backend import device, get_backend, set_backend
-from .tensor import (Tensor, arange, full, ones, ones_like, rand, randint, randn, tensor, zeros,
-                     zeros_like)
+from .tensor import (Tensor, arange, from_numpy, full, ones, ones_like, rand, randint, randn,
+                     tensor, zeros, zeros_like)
 from .join import cat, stack
 from .trace import enable_grad, is_grad_enabled, no_grad, set_grad_enabled
 from . import amp, distributed, ir, models, nn, ops, optim  # noqa: E402
@@ -57,7 +57,8 @@ __all__ = ["CheckpointError", "DType", "Tensor", "amp", "arange", "bfloat16", "c
            "ir",
            "is_grad_enabled", "load", "manual_seed", "models", "nn", "no_grad", "ops", "optim",
            "save", "set_backend", "set_grad_enabled", "stack", "tensor", "full", "ones",
-           "ones_like", "zeros", "zeros_like", "rand", "randn", "randint"]
+           "ones_like", "zeros", "zeros_like", "rand", "randn", "randint",
+           "from_numpy"]
 
 
 def __getattr__(name):

@@ -247,3 +247,17 @@ def test_random_factories_draw_pytorchs_distributions_from_miniflows_generator()
         mf.randn(2, generator=np.random.default_rng(0))
     with pytest.raises(ValueError, match="nn.Parameter"):
         mf.randn(2, requires_grad=True)
+
+
+def test_from_numpy_keeps_the_arrays_dtype_as_nanogpts_get_batch_uses_it():
+    """nanoGPT's ``get_batch``: ``torch.stack([torch.from_numpy((data[i:i+block_size])
+    .astype(np.int64)) for i in ix])`` (``from_numpy`` was missing): the array's values and
+    dtype (a copy: PyTorch shares the memory)."""
+    data = np.arange(100, dtype=np.uint16)
+    ix = mf.randint(len(data) - 8, (4,))
+    x = mf.stack([mf.from_numpy((data[int(i):int(i) + 8]).astype(np.int64)) for i in ix])
+    assert x.dtype == mf.int64 and x.shape == (4, 8)
+    np.testing.assert_array_equal(x.numpy()[:, 1:] - x.numpy()[:, :-1], 1)
+    assert mf.from_numpy(np.ones(2, np.float16)).dtype == mf.float16
+    with pytest.raises(TypeError, match=r"expected np.ndarray \(got list\)"):
+        mf.from_numpy([1, 2])

@@ -15,14 +15,15 @@ from .arithmetic import Arithmetic, mask_array
 from .casts import Casts, to_args
 from .compare import Comparisons
 from .core import TensorCore
-from .create import (apply, arange, as_numpy, full, ones, ones_like, rand, randint, randn, tensor,
-                     tensor_class, zeros, zeros_like)
+from .create import (apply, arange, as_numpy, from_numpy, full, ones, ones_like, rand, randint,
+                     randn, tensor, tensor_class, zeros, zeros_like)
 from .indexing import Indexing
 from .reductions import Reductions, Sampling
 from .shape import Shape
 
 __all__ = ["Tensor", "tensor", "apply", "mask_array", "as_numpy", "to_args", "zeros", "ones",
-           "full", "arange", "zeros_like", "ones_like", "rand", "randn", "randint"]
+           "full", "arange", "zeros_like", "ones_like", "rand", "randn", "randint",
+           "from_numpy"]
 
 
 @tensor_class

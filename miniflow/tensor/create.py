@@ -2,7 +2,7 @@
 kernel now), :func:`tensor` (from array-like data), :func:`as_numpy` (a tensor's, a torch
 tensor's or an array's values as NumPy) and PyTorch's factories (:func:`zeros`, :func:`ones`,
 :func:`full`, :func:`arange`, :func:`zeros_like`, :func:`ones_like`, :func:`rand`, :func:`randn`,
-:func:`randint`: eager tensors)."""
+:func:`randint`, :func:`from_numpy`: eager tensors)."""
 from __future__ import annotations
 
 import sys
@@ -97,6 +97,19 @@ def tensor(data, dtype=None) -> Tensor:
         dt = as_dtype(dtype)
         arr = np.asarray(data).astype(dt.np)
     return new_tensor(get_backend().from_numpy(arr))
+
+
+def from_numpy(ndarray: np.ndarray) -> Tensor:
+    """An eager tensor of a NumPy array's values and dtype (``torch.from_numpy``; nanoGPT's
+    ``torch.from_numpy((data[i:i+block_size]).astype(np.int64))``). PyTorch's shares the
+    array's memory; miniflow copies it (a later write to the array does not change the tensor).
+
+    Raises:
+        TypeError: not a NumPy array (PyTorch's message); a dtype miniflow has not.
+    """
+    if not isinstance(ndarray, np.ndarray):
+        raise TypeError(f"from_numpy(): expected np.ndarray (got {type(ndarray).__name__})")
+    return tensor(ndarray)
 
 
 def apply(op: str, inputs: list, **attrs):
