@@ -43,7 +43,7 @@ from .tensor import (Tensor, arange, from_numpy, full, ones, ones_like, rand, ra
                      tensor, zeros, zeros_like)
 from .join import cat, stack
 from .trace import enable_grad, is_grad_enabled, no_grad, set_grad_enabled
-from . import amp, distributed, ir, models, nn, ops, optim  # noqa: E402
+from . import amp, cuda, distributed, ir, models, nn, ops, optim  # noqa: E402
 
 __version__ = "0.1.0"
 
@@ -52,13 +52,12 @@ __version__ = "0.1.0"
 long, half, double = int64, float16, float64
 globals()["float"] = float32    # (so: a plain assignment would hide float() in this module)
 
-__all__ = ["CheckpointError", "DType", "Tensor", "amp", "arange", "bfloat16", "cat", "distributed",
-           "device", "enable_grad", "float16", "float32", "float64", "get_backend", "int64",
-           "ir",
-           "is_grad_enabled", "load", "manual_seed", "models", "nn", "no_grad", "ops", "optim",
-           "save", "set_backend", "set_grad_enabled", "stack", "tensor", "full", "ones",
-           "ones_like", "zeros", "zeros_like", "rand", "randn", "randint",
-           "from_numpy"]
+__all__ = ["CheckpointError", "DType", "Tensor", "amp", "arange", "bfloat16", "cat", "cuda",
+           "distributed", "device", "enable_grad", "float16", "float32", "float64",
+           "get_backend", "int64", "ir", "is_grad_enabled", "load", "manual_seed", "models", "nn",
+           "no_grad", "ops", "optim", "save", "set_backend", "set_grad_enabled", "stack",
+           "tensor", "full", "ones", "ones_like", "zeros", "zeros_like", "rand", "randn",
+           "randint", "from_numpy"]
 
 
 def __getattr__(name):

@@ -108,3 +108,14 @@ def test_train_with_a_bad_miniflow_backend_is_one_line_and_exit_2():
     assert r.stderr.strip().splitlines() == [
         "miniflow: MINIFLOW_BACKEND='gpu' is not a backend; set it to one of cpu, cuda (any case), "
         "or unset it to use cuda when a GPU is usable, else cpu"]
+
+
+def test_cuda_is_available_says_whether_this_process_runs_on_cuda():
+    """The PyTorch MNIST example's ``use_cuda = torch.cuda.is_available()`` then
+    ``torch.device("cuda" if use_cuda else "cpu")`` (``miniflow.cuda`` was missing): True on
+    the CUDA backend only, so the device it picks is always the process's."""
+    import miniflow as mf
+    on_cuda = mf.get_backend().name == "cuda"
+    assert mf.cuda.is_available() is on_cuda and mf.cuda.device_count() == int(on_cuda)
+    device = mf.device("cuda" if mf.cuda.is_available() else "cpu")
+    assert mf.zeros(2, device=device).device.type == device.type   # cuda:0 on cuda, as torch
