@@ -174,6 +174,7 @@ METHODS = {
     "tril_triu": (lambda t: t.tril() + t.tril(-1) * 2.0 + t.triu(2) * 3.0 + t.triu(-2),
                   (4, 5, 6)),
     "tril_triu_wide": (lambda t: t.tril(3) + t.triu(1) * 2.0, (4, 5)),
+    "sin_cos": (lambda t: t.sin() * 2.0 + (t * 3.0).cos() + t.sin().cos(), (4, 5, 6)),
 }
 _MASK = np.tri(4, 5, dtype=bool)
 
@@ -858,3 +859,22 @@ def test_integer_arithmetic_is_refused_saying_int_for_an_index():
     assert [len(data[int(i):int(i) + 8]) for i in ix] == [8] * 4
     with pytest.raises(TypeError, match=r"'\*': miniflow has no integer arithmetic"):
         mf.ones(2) * mf.arange(2)
+
+
+def test_the_pytorch_tutorials_positional_encoding_with_sin_and_cos():
+    """The PyTorch transformer tutorial's ``PositionalEncoding`` (``torch.sin(position *
+    div_term)``, ``torch.cos``; ``torch.sin`` was missing), written without its item
+    assignment and int64 arithmetic: the same buffer as PyTorch's."""
+    import math
+    d_model, max_len = 8, 12
+    position = mf.arange(max_len).to(mf.float32).unsqueeze(1)
+    div_term = (mf.arange(0, d_model, 2).to(mf.float32) * (-math.log(10000.0) / d_model)).exp()
+    pe = mf.stack([(position * div_term).sin(), (position * div_term).cos()], dim=-1)
+    pe = pe.reshape(max_len, d_model)
+    if torch is not None:
+        tp = torch.arange(max_len).unsqueeze(1)
+        td = torch.exp(torch.arange(0, d_model, 2) * (-math.log(10000.0) / d_model))
+        want = torch.zeros(max_len, d_model)
+        want[:, 0::2] = torch.sin(tp * td)
+        want[:, 1::2] = torch.cos(tp * td)
+        np.testing.assert_allclose(pe.numpy(), want.numpy(), rtol=1e-5, atol=1e-6)

@@ -127,6 +127,15 @@ class Arithmetic:
         """1 / (1 + exp(-x)) elementwise (op ``sigmoid``)."""
         return apply("sigmoid", [self])
 
+    def sin(self):
+        """sin(x) elementwise (op ``sin``; ``torch.sin``, the PyTorch tutorial's sinusoidal
+        positional encoding); its gradient is ``cos(x)``."""
+        return apply("sin", [self])
+
+    def cos(self):
+        """cos(x) elementwise (op ``cos``; ``torch.cos``); its gradient is ``-sin(x)``."""
+        return apply("cos", [self])
+
     def sqrt(self):
         """sqrt(x) elementwise (op ``sqrt``); sqrt(x<0) = NaN."""
         return apply("sqrt", [self])
