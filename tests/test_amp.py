@@ -635,3 +635,11 @@ def test_amp_autocast_says_amp_is_a_graph_pass():
         mf.amp.autocast
     with pytest.raises(AttributeError, match=r"^module 'miniflow.amp' has no attribute 'nope'$"):
         mf.amp.nope
+
+
+def test_grad_scaler_enabled_false_says_to_leave_the_scaler_out():
+    """nanoGPT's ``GradScaler(enabled=(dtype == 'float16'))`` was "unexpected keyword argument
+    'enabled'"; True is taken, anything else says to leave the scaler out of the graph."""
+    assert mf.amp.GradScaler(enabled=True).scale == 2.0 ** 16
+    with pytest.raises(ValueError, match=r"enabled=False is not supported: .*leave it out"):
+        mf.amp.GradScaler(enabled=False)
