@@ -38,19 +38,27 @@ if _numba.config.DISABLE_JIT:
 from .dtype import DType, bfloat16, float16, float32, float64, int64
 from .random import manual_seed
 from .serialization import CheckpointError, load, save
-from .runtime.backend import get_backend, set_backend
-from .tensor import Tensor, tensor
+from .runtime.backend import device, get_backend, set_backend
+from .tensor import (Tensor, arange, from_numpy, full, ones, ones_like, rand, randint, randn,
+                     tensor, zeros, zeros_like)
 from .join import cat, stack
 from .tensor.indexing import gather
 from .trace import enable_grad, is_grad_enabled, no_grad, set_grad_enabled
-from . import amp, distributed, ir, models, nn, ops, optim  # noqa: E402
+from . import amp, cuda, distributed, ir, models, nn, ops, optim  # noqa: E402
 
 __version__ = "0.1.0"
 
-__all__ = ["CheckpointError", "DType", "Tensor", "amp", "bfloat16", "cat", "distributed",
-           "enable_grad", "float16", "float32", "float64", "gather", "get_backend", "int64", "ir",
-           "is_grad_enabled", "load", "manual_seed", "models", "nn", "no_grad", "ops", "optim",
-           "save", "set_backend", "set_grad_enabled", "stack", "tensor"]
+# PyTorch's dtype aliases (dtype=torch.long, .to(torch.float)); not in __all__, so that
+# ``from miniflow import *`` hides no builtin float.
+long, half, double = int64, float16, float64
+globals()["float"] = float32    # (so: a plain assignment would hide float() in this module)
+
+__all__ = ["CheckpointError", "DType", "Tensor", "amp", "arange", "bfloat16", "cat", "cuda",
+           "distributed", "device", "enable_grad", "float16", "float32", "float64", "gather",
+           "get_backend", "int64", "ir", "is_grad_enabled", "load", "manual_seed", "models", "nn",
+           "no_grad", "ops", "optim", "save", "set_backend", "set_grad_enabled", "stack",
+           "tensor", "full", "ones", "ones_like", "zeros", "zeros_like", "rand", "randn",
+           "randint", "from_numpy"]
 
 
 def __getattr__(name):

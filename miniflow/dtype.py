@@ -109,7 +109,8 @@ def as_dtype(x) -> DType:
     Integer NumPy types of other widths (int32, uint8) map to int64 is NOT done silently: they raise.
 
     Raises:
-        TypeError: for a dtype miniflow does not support, naming the supported ones.
+        TypeError: for a dtype miniflow does not support, naming the supported ones; for bool,
+            saying to give a mask as int64 (as a float, an attention mask would be added).
     """
     if isinstance(x, DType):
         return x
@@ -125,5 +126,11 @@ def as_dtype(x) -> DType:
         return _BY_NP[npd]
     if npd is not None and is_bfloat16(npd):
         return bfloat16
+    if npd is not None and npd == np.bool_:
+        raise TypeError(
+            f"unsupported dtype {x!r}: miniflow has no bool tensors; give a bool mask as int64 "
+            f"(mask.astype(np.int64): nonzero is True, as masked_fill, attn_mask and "
+            f"key_padding_mask read an int64 mask), not as a float: a float attention mask is "
+            f"added to the scores, so mask.astype(float) would mask nothing")
     raise TypeError(f"unsupported dtype {x!r}: miniflow supports "
                     f"{', '.join(_ALL)} (convert your array with .astype first)")

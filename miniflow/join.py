@@ -1,7 +1,8 @@
 """``miniflow.cat`` and ``miniflow.stack``: tensors joined along a dimension, as PyTorch's
 ``torch.cat`` and ``torch.stack``, on op ``cat`` (OneFlow's ``concat``, clear under AMP; its
 gradient slices ``dy`` back into the parts). ``stack`` is ``cat`` of the tensors each unsqueezed
-at ``dim``. Floating tensors only, of one dtype (no type promotion, as everywhere in miniflow)."""
+at ``dim``. Floating or int64 tensors (token ids), of one dtype (no type promotion, as everywhere
+in miniflow)."""
 from __future__ import annotations
 
 from .tensor import Tensor, apply, tensor
@@ -14,8 +15,7 @@ def _tensors(fn: str, tensors) -> list:
     """``tensors`` as a list of Tensors (arrays become tensors of the first Tensor's dtype).
 
     Raises:
-        TypeError: not a tuple or list (a single tensor, say); an int64 tensor (nanoGPT's
-            ``torch.cat((idx, idx_next), dim=1)`` of token ids), naming the NumPy way.
+        TypeError: not a tuple or list (a single tensor, say).
         ValueError: an empty one.
     """
     if not isinstance(tensors, (tuple, list)):
@@ -25,22 +25,17 @@ def _tensors(fn: str, tensors) -> list:
         raise ValueError(f"{fn}(): expected a non-empty list of Tensors")
     dt = next((t.dtype for t in tensors if isinstance(t, Tensor)), None)
     parts = [t if isinstance(t, Tensor) else tensor(t, dtype=dt) for t in tensors]
-    for i, t in enumerate(parts):
-        if not t.dtype.is_float:
-            raise TypeError(f"{fn}(): {t.dtype.name} tensors cannot be joined (at position {i}; "
-                            f"miniflow has no integer ops): join token ids with NumPy, "
-                            f"miniflow.tensor(np.concatenate([a.numpy(), b.numpy()], axis=dim)), "
-                            f"or cast them with .to(miniflow.float32)")
     return parts
 
 
 def cat(tensors, dim: int = 0) -> Tensor:
     """The tensors joined along ``dim`` (``torch.cat``): every one has the same shape but along
-    ``dim`` and the same floating dtype; the result's ``dim`` is the sum of theirs. Op ``cat``.
+    ``dim`` and the same dtype, floating or int64 (nanoGPT's ``torch.cat((idx, idx_next),
+    dim=1)`` of token ids); the result's ``dim`` is the sum of theirs. Op ``cat``.
 
     Raises:
-        TypeError: ``tensors`` not a tuple or list; dtypes that differ or are not floating (the
-            op's message names them); a ``dim`` that is not an int.
+        TypeError: ``tensors`` not a tuple or list; dtypes that differ (the op's message names
+            them); a ``dim`` that is not an int.
         ValueError: no tensor, a 0-d tensor or shapes that differ elsewhere than along
             ``dim`` (naming them).
         IndexError: ``dim`` out of range (PyTorch's message).

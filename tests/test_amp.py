@@ -626,3 +626,20 @@ def test_an_explicit_float32_conversion_in_build_keeps_float32_under_amp(convert
         plain(np.ones((4, 4), np.float32))
         assert not any("gelu(f32(" in n.attrs["expr"] for n in plain.ir.nodes
                        if n.op.name == "fused_elementwise")
+
+
+def test_amp_autocast_says_amp_is_a_graph_pass():
+    """nanoGPT's ``ctx = torch.amp.autocast(device_type=device_type, dtype=ptdtype)`` was a
+    bare "has no attribute 'autocast'"; the error says how a graph turns AMP on."""
+    with pytest.raises(AttributeError, match=r"'autocast': AMP is a graph pass.*enable_amp\(True"):
+        mf.amp.autocast
+    with pytest.raises(AttributeError, match=r"^module 'miniflow.amp' has no attribute 'nope'$"):
+        mf.amp.nope
+
+
+def test_grad_scaler_enabled_false_says_to_leave_the_scaler_out():
+    """nanoGPT's ``GradScaler(enabled=(dtype == 'float16'))`` was "unexpected keyword argument
+    'enabled'"; True is taken, anything else says to leave the scaler out of the graph."""
+    assert mf.amp.GradScaler(enabled=True).scale == 2.0 ** 16
+    with pytest.raises(ValueError, match=r"enabled=False is not supported: .*leave it out"):
+        mf.amp.GradScaler(enabled=False)

@@ -127,3 +127,14 @@ def test_backend_flag_cuda_without_a_gpu_names_the_flag_not_the_variable(monkeyp
     monkeypatch.setenv("MINIFLOW_BACKEND", "cuda")
     with pytest.raises(BackendUnavailableError, match="MINIFLOW_BACKEND=cpu"):
         choose_backend("train", None)
+
+
+def test_cuda_is_available_says_whether_this_process_runs_on_cuda():
+    """The PyTorch MNIST example's ``use_cuda = torch.cuda.is_available()`` then
+    ``torch.device("cuda" if use_cuda else "cpu")`` (``miniflow.cuda`` was missing): True on
+    the CUDA backend only, so the device it picks is always the process's."""
+    import miniflow as mf
+    on_cuda = mf.get_backend().name == "cuda"
+    assert mf.cuda.is_available() is on_cuda and mf.cuda.device_count() == int(on_cuda)
+    device = mf.device("cuda" if mf.cuda.is_available() else "cpu")
+    assert mf.zeros(2, device=device).device.type == device.type   # cuda:0 on cuda, as torch

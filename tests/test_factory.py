@@ -122,3 +122,142 @@ def test_tensor_and_module_to_take_the_process_device_as_pytorch_scripts_pass_it
     with pytest.raises(TypeError, match=r"Sequential.to\(float16\): '0.weight' is float32, and "
                                         r"miniflow does not convert a module"):
         model.to(torch.float16)
+
+
+FACTORY_CALLS = [
+    ("zeros", (2, 3), {}), ("zeros", ((2, 3),), {}), ("ones", ([4],), {}), ("ones", (3,), {}),
+    ("zeros", (2,), {"dtype": "float64"}), ("ones", (2, 2), {"dtype": "int64"}),
+    ("full", ((2, 3), 7), {}), ("full", ((2,), 0.5), {}), ("full", ([3], 2), {"dtype": "float16"}),
+    ("arange", (5,), {}), ("arange", (0, 7, 2), {}), ("arange", (1.0, 2.0, 0.25), {}),
+    ("arange", (0, 4), {"dtype": "int64"}), ("arange", (6, 0, -2), {}), ("arange", (3, 3), {}),
+    ("zeros", (0, 2), {}),
+]
+
+
+@pytest.mark.parametrize("fn,args,kwargs", FACTORY_CALLS)
+def test_factories_give_pytorchs_values_dtypes_and_shapes(fn, args, kwargs):
+    """``miniflow.zeros / ones / full / arange`` (nanoGPT's ``torch.ones(T, T)`` and
+    ``torch.arange(0, t, dtype=torch.long, device=device)``) as PyTorch's: the size as ints or a
+    sequence, float32 by default, ``full`` and ``arange`` infer int64 from integers."""
+    torch = pytest.importorskip("torch")
+    ours = getattr(mf, fn)(*args, **{**kwargs, "device": "cpu"})
+    theirs = getattr(torch, fn)(*args, **{k: getattr(torch, v) for k, v in kwargs.items()})
+    assert ours.dtype.name == str(theirs.dtype).replace("torch.", "")
+    np.testing.assert_array_equal(ours.numpy(), theirs.numpy())
+
+
+def test_like_factories_and_a_factory_inside_build():
+    """``zeros_like`` / ``ones_like`` keep the input's shape and dtype; a factory called in a
+    traced forward (nanoGPT's positions) is a constant of the graph."""
+    x = mf.tensor(np.ones((2, 3), np.float64))
+    assert mf.zeros_like(x).dtype == mf.float64 and mf.ones_like(x).numpy().sum() == 6
+    assert mf.ones_like(x, dtype=mf.float32).dtype == mf.float32
+    emb = nn.Embedding(5, 2)
+
+    class Positions(nn.Graph):
+        def __init__(self):
+            super().__init__()
+            self.emb = emb
+
+        def build(self, x):
+            return x + self.emb(mf.arange(0, x.shape[1], dtype=mf.int64))
+
+    out = Positions()(np.zeros((1, 4, 2), np.float32))
+    np.testing.assert_array_equal(out.numpy()[0], emb.weight.numpy()[:4])
+
+
+def test_factories_refuse_what_they_cannot_make():
+    with pytest.raises(TypeError, match=r"zeros\(\): size must be integers"):
+        mf.zeros(2.5)
+    with pytest.raises(ValueError, match="nn.Parameter"):
+        mf.ones(2, requires_grad=True)
+    with pytest.raises(ValueError, match="not this process's device"):
+        mf.zeros(2, device="meta")
+    with pytest.raises(ValueError, match="inconsistent with step sign"):
+        mf.arange(0, 5, -1)
+    with pytest.raises(ValueError, match="step must be nonzero"):
+        mf.arange(0, 5, 0)
+    with pytest.raises(TypeError, match="tuple or list"):
+        mf.full(3, 1.0)
+
+
+def test_tensor_device_is_the_process_device_as_a_torch_device():
+    """``Tensor.device`` (nanoGPT: ``device = idx.device``, then ``torch.arange(..., device=
+    device)``) is the process's backend as ``torch.device`` writes it, and goes back into every
+    ``device=``; ``miniflow.device`` parses and compares as PyTorch's."""
+    x = mf.tensor(np.zeros(3, np.float32))
+    dev = x.device
+    backend = mf.get_backend().name
+    assert str(dev) == ("cuda:0" if backend == "cuda" else "cpu") and dev.type == backend
+    assert mf.arange(0, 3, device=dev).numpy().tolist() == [0, 1, 2]
+    assert x.to(dev) is x and nn.Linear(2, 2, device=dev).weight.device == dev
+    assert mf.device("cuda:1") == mf.device("cuda", 1) != mf.device("cuda")
+    assert repr(mf.device("cuda", 0)) == "device(type='cuda', index=0)"
+    assert repr(mf.device("cpu")) == "device(type='cpu')" and mf.device("cpu") != "cpu"
+    with pytest.raises(ValueError, match="not this process's device"):
+        mf.zeros(2, device=mf.device("meta"))
+    with pytest.raises(ValueError, match="must not include an index"):
+        mf.device("cuda:0", 0)
+    seen = []
+
+    class Devices(nn.Graph):
+        def build(self, x):
+            seen.append(x.device)
+            return x * 2.0
+
+    Devices()(np.ones(2, np.float32))
+    assert seen == [dev]
+    torch = pytest.importorskip("torch")
+    assert repr(torch.device("cuda", 0)) == repr(mf.device("cuda", 0))
+
+
+def test_pytorchs_dtype_aliases_name_miniflows_dtypes():
+    """``torch.long``, ``torch.float``, ``torch.half`` and ``torch.double`` (nanoGPT's
+    ``dtype=torch.long``) are miniflow's int64, float32, float16 and float64; a star import
+    hides no builtin."""
+    assert (mf.long, mf.float, mf.half, mf.double) == (mf.int64, mf.float32, mf.float16,
+                                                        mf.float64)
+    assert mf.arange(0, 4, dtype=mf.long).dtype == mf.int64
+    assert mf.tensor(np.ones(2)).to(mf.float).dtype == mf.float32
+    names = {}
+    exec("from miniflow import *", names)
+    assert "float" not in names and "long" not in names
+
+
+def test_random_factories_draw_pytorchs_distributions_from_miniflows_generator():
+    """``torch.rand / randn / randint`` (a tutorial's ``nn.Parameter(torch.randn(1, 1, d))``,
+    nanoGPT's ``torch.randint(len(data) - block_size, (batch_size,))``): PyTorch's shapes,
+    dtypes and distributions, reproducible after ``miniflow.manual_seed``."""
+    mf.manual_seed(1)
+    n = mf.randn(200, 100)
+    u = mf.rand((200, 100), dtype=mf.float64)
+    i = mf.randint(3, 7, (20000,))
+    assert (n.dtype, u.dtype, i.dtype) == (mf.float32, mf.float64, mf.int64)
+    assert abs(n.numpy().mean()) < 0.02 and abs(n.numpy().std() - 1) < 0.02
+    assert 0 <= u.numpy().min() and u.numpy().max() < 1 and abs(u.numpy().mean() - 0.5) < 0.01
+    assert set(np.unique(i.numpy())) == {3, 4, 5, 6}
+    assert mf.randint(5, [2, 3]).shape == (2, 3) and mf.randint(5, [2]).numpy().max() < 5
+    mf.manual_seed(1)
+    np.testing.assert_array_equal(mf.randn(200, 100).numpy(), n.numpy())
+    with pytest.raises(ValueError, match="expects 'from' to be less than 'to'"):
+        mf.randint(5, 5, (2,))
+    with pytest.raises(TypeError, match="size must be a tuple or list"):
+        mf.randint(5)
+    with pytest.raises(TypeError, match="manual_seed"):
+        mf.randn(2, generator=np.random.default_rng(0))
+    with pytest.raises(ValueError, match="nn.Parameter"):
+        mf.randn(2, requires_grad=True)
+
+
+def test_from_numpy_keeps_the_arrays_dtype_as_nanogpts_get_batch_uses_it():
+    """nanoGPT's ``get_batch``: ``torch.stack([torch.from_numpy((data[i:i+block_size])
+    .astype(np.int64)) for i in ix])`` (``from_numpy`` was missing): the array's values and
+    dtype (a copy: PyTorch shares the memory)."""
+    data = np.arange(100, dtype=np.uint16)
+    ix = mf.randint(len(data) - 8, (4,))
+    x = mf.stack([mf.from_numpy((data[int(i):int(i) + 8]).astype(np.int64)) for i in ix])
+    assert x.dtype == mf.int64 and x.shape == (4, 8)
+    np.testing.assert_array_equal(x.numpy()[:, 1:] - x.numpy()[:, :-1], 1)
+    assert mf.from_numpy(np.ones(2, np.float16)).dtype == mf.float16
+    with pytest.raises(TypeError, match=r"expected np.ndarray \(got list\)"):
+        mf.from_numpy([1, 2])

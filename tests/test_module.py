@@ -930,3 +930,114 @@ def test_a_training_checkpoint_or_a_prefixed_state_dict_names_the_way_to_load_it
     net.load_state_dict({k.removeprefix("_orig_mod."): v for k, v in prefixed.items()})
     with pytest.raises(RuntimeError, match=r"unexpected keys \['extra'\]$"):
         net.load_state_dict({**sd, "extra": np.zeros(1, np.float32)})
+
+
+def test_apply_visits_children_before_their_parent_as_torch():
+    """``Module.apply(fn)`` (nanoGPT's ``self.apply(self._init_weights)``) calls ``fn`` on every
+    sub-module, children before their parent, in PyTorch's order; a child held under two names
+    of one module once, as ``torch.nn.Module.children()`` yields it once; returns self."""
+    def build(lib):
+        shared = lib.nn.Linear(2, 2)
+        net = lib.nn.Sequential(lib.nn.Linear(2, 3), lib.nn.Sequential(lib.nn.ReLU(), shared))
+        net.add_module("again", shared)
+        net.add_module("twice", shared)
+        return net
+
+    def order(net):
+        seen = []
+        assert net.apply(lambda m: seen.append(type(m).__name__)) is net
+        return seen
+
+    ours = order(build(mf))   # "again" is a direct child once; a second path visits again
+    assert ours == ["Linear", "ReLU", "Linear", "Sequential", "Linear", "Sequential"]
+    if torch is not None:
+        assert ours == order(build(torch))
+
+
+def test_apply_initialises_weights_as_nanogpt_does():
+    """``_init_weights`` through ``apply`` reaches every Linear, inside containers too."""
+    net = nn.Sequential(nn.Linear(3, 4), nn.ModuleList([nn.Linear(4, 2)]))
+
+    def init(m):
+        if isinstance(m, nn.Linear):
+            m.load_state_dict({"weight": np.full(m.weight.shape, 0.5, np.float32)}, strict=False)
+
+    net.apply(init)
+    assert all((v == 0.5).all() for k, v in net.state_dict().items() if k.endswith("weight"))
+
+
+def test_init_fills_parameters_in_place_with_pytorchs_distributions():
+    """``nn.init`` (``torch.nn.init``: nanoGPT's ``normal_(module.weight, mean=0.0, std=0.02)``,
+    ``zeros_(module.bias)``): each fills the tensor in place and returns it, random fills from
+    ``miniflow.manual_seed``'s generator with PyTorch's distributions and bounds."""
+    w = nn.Parameter(np.zeros((200, 300), np.float32))
+    mf.manual_seed(0)
+    assert nn.init.normal_(w, mean=1.0, std=0.02) is w
+    first = w.numpy().copy()
+    assert first.dtype == np.float32
+    assert abs(first.mean() - 1.0) < 1e-3 and abs(first.std() - 0.02) < 1e-3
+    mf.manual_seed(0)
+    np.testing.assert_array_equal(nn.init.normal_(w, 1.0, 0.02).numpy(), first)
+    u = nn.init.uniform_(w, -0.5, 0.25).numpy()
+    assert u.min() >= -0.5 and u.max() < 0.25 and abs(u.mean() + 0.125) < 5e-3
+    np.testing.assert_array_equal(nn.init.zeros_(w).numpy(), 0)
+    np.testing.assert_array_equal(nn.init.ones_(w).numpy(), 1)
+    np.testing.assert_array_equal(nn.init.constant_(w, 0.3).numpy(), np.float32(0.3))
+    counter = mf.tensor(np.array([5]))
+    np.testing.assert_array_equal(nn.init.zeros_(counter).numpy(), [0])   # any dtype
+
+
+@pytest.mark.parametrize("fn", ["xavier_uniform_", "xavier_normal_"])
+@pytest.mark.parametrize("shape", [(64, 48), (32, 16, 3, 3)])
+def test_xavier_init_takes_pytorchs_fans_and_gain(fn, shape):
+    """Glorot's bound / std from ``[fan_out, fan_in, *kernel]`` and ``gain``, as
+    ``torch.nn.init``'s ``_calculate_fan_in_and_fan_out``."""
+    fan_in = shape[1] * int(np.prod(shape[2:]))
+    fan_out = shape[0] * int(np.prod(shape[2:]))
+    std = 2.0 * np.sqrt(2.0 / (fan_in + fan_out))
+    values = getattr(nn.init, fn)(nn.Parameter(np.zeros(shape, np.float32)), gain=2.0).numpy()
+    assert abs(values.std() / std - 1) < 0.05
+    if fn == "xavier_uniform_":
+        assert np.abs(values).max() <= std * np.sqrt(3) + 1e-6
+    if torch is not None:
+        ours = getattr(torch.nn.init, fn)(torch.zeros(shape), gain=2.0)
+        assert abs(ours.std().item() / std - 1) < 0.05
+    with pytest.raises(ValueError, match="fewer than 2 dimensions"):
+        getattr(nn.init, fn)(nn.Parameter(np.zeros(5, np.float32)))
+
+
+def test_init_is_seen_by_a_compiled_graph_and_refused_where_it_cannot_write():
+    """A fill after a graph's first call is what its next call reads (the parameter's memory,
+    as ``load_state_dict``); a lazy tensor inside ``build``, a random fill of int64, a
+    ``generator`` and a non-tensor are refused naming the initialiser."""
+    lin = nn.Linear(3, 2)
+    graph = EvalGraph(lin)
+    x = np.ones((1, 3), np.float32)
+    graph(x)
+    nn.init.ones_(lin.weight)
+    nn.init.zeros_(lin.bias)
+    np.testing.assert_array_equal(graph(x).numpy(), [[3.0, 3.0]])
+
+    class Fills(nn.Graph):
+        def build(self, x):
+            return nn.init.zeros_(x)
+
+    with pytest.raises(RuntimeError, match=r"init.zeros_: cannot fill a lazy tensor"):
+        Fills()(x)
+    with pytest.raises(RuntimeError, match="needs a floating tensor"):
+        nn.init.normal_(mf.tensor(np.array([1, 2])))
+    with pytest.raises(TypeError, match="manual_seed"):
+        nn.init.normal_(lin.weight, generator=np.random.default_rng(0))
+    with pytest.raises(TypeError, match="expected a miniflow Tensor"):
+        nn.init.zeros_(np.zeros(3))
+
+
+def test_nn_utils_says_gradient_clipping_is_an_optimizer_option():
+    """nanoGPT's ``torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)`` was "module
+    'miniflow.nn' has no attribute 'utils'"; the error names ``clip_grad_max_norm``, and any
+    other missing name stays Python's plain message."""
+    with pytest.raises(AttributeError, match=r"'utils': gradient clipping .*clip_grad_max_norm"):
+        mf.nn.utils.clip_grad_norm_
+    with pytest.raises(AttributeError, match=r"^module 'miniflow.nn' has no attribute 'Nope'$"):
+        mf.nn.Nope
+    assert not hasattr(mf.nn, "utils")

@@ -274,6 +274,26 @@ def test_maximum_and_minimum_export_as_max_and_min(amp, tmp_path):
     assert {"Max", "Min"} <= {n.op_type for n in proto.graph.node}
 
 
+class _SinCos(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Linear(4, 4)
+
+    def forward(self, x):
+        h = self.a(x)
+        return h.sin() * 0.5 + h.cos()
+
+
+@pytest.mark.parametrize("amp", [False, True], ids=["fp32", "amp"])
+def test_sin_and_cos_export_as_sin_and_cos(amp, tmp_path):
+    """Ops ``sin`` / ``cos`` (sinusoidal position encodings) are ONNX's ``Sin`` / ``Cos``, a
+    half operand computed in float32 and rounded once, as miniflow's kernels; onnxruntime
+    matches miniflow."""
+    miniflow.manual_seed(0)
+    proto = _export_one_activation_chain(_SinCos(), amp, tmp_path / "sincos.onnx")
+    assert {"Sin", "Cos"} <= {n.op_type for n in proto.graph.node}
+
+
 class _Rotary(nn.Module):
     """Rotary embeddings as LLaMA ports write them: halves joined with ``miniflow.cat``, pairs
     with ``miniflow.stack``."""

@@ -288,3 +288,44 @@ def test_step_and_zero_grad_say_where_the_update_runs(method):
     assert not hasattr(opt, method)
     with pytest.raises(AttributeError, match="^'SGD' object has no attribute 'nope'$"):
         opt.nope
+
+
+def test_a_parameter_replaced_after_the_optimizer_was_made_is_named_as_the_cause():
+    """nanoGPT's ``crop_block_size`` assigns ``wpe.weight = nn.Parameter(wpe.weight[:n])``; made
+    after the optimizer, the optimizer holds the old tensor (PyTorch would train it unseen).
+    The graph refuses it, and the error names this cause besides a module not assigned."""
+    from graph_cases import Step
+    model = nn.Sequential(nn.Linear(4, 3))
+    opt = mf.optim.AdamW(model.parameters(), lr=1e-3)
+    model[0].weight = nn.Parameter(model[0].weight.numpy()[:, :4])
+    x, y = np.ones((2, 4), np.float32), np.array([0, 2])
+    with pytest.raises(ValueError, match=r"AdamW parameter 0 \(f32\[3, 4\]\) is not a parameter "
+                                         r".*new Parameter in its place.*make the optimizer "
+                                         r"after that"):
+        Step(model, opt)(x, y)
+    Step(model, mf.optim.AdamW(model.parameters(), lr=1e-3))(x, y)
+
+
+@pytest.mark.parametrize("name", ["SGD", "Adam", "AdamW"])
+def test_foreach_and_fused_are_keyword_parameters_as_in_torch(name):
+    """nanoGPT's ``configure_optimizers`` passes ``fused=True`` only where ``'fused' in
+    inspect.signature(torch.optim.AdamW).parameters``: miniflow's took it through ``**kwargs``,
+    so the check was False. Both are keyword-only, as PyTorch's, taken at None or a bool."""
+    cls = getattr(mf.optim, name)
+    params = inspect.signature(cls).parameters
+    for key in ("foreach", "fused"):
+        assert params[key].kind is inspect.Parameter.KEYWORD_ONLY and params[key].default is None
+    model = nn.Linear(2, 2)
+    cls(model.parameters(), lr=0.1, fused=True, foreach=False)
+    with pytest.raises(ValueError, match="fused="):
+        cls(model.parameters(), lr=0.1, fused="yes")
+
+
+def test_a_torch_optimizer_miniflow_has_not_is_named_with_the_ones_it_has():
+    """The PyTorch MNIST example's ``optim.Adadelta(model.parameters(), lr=args.lr)`` was a bare
+    "has no attribute 'Adadelta'"; the error names SGD, Adam and AdamW."""
+    with pytest.raises(AttributeError, match=r"'Adadelta': miniflow has PyTorch's SGD, Adam and "
+                                             r"AdamW only"):
+        mf.optim.Adadelta
+    with pytest.raises(AttributeError, match=r"^module 'miniflow.optim' has no attribute 'X'$"):
+        mf.optim.X

@@ -1,8 +1,9 @@
 """The ``Tensor`` methods a PyTorch ``forward()`` uses (indexing, ``view``, ``unsqueeze``,
 ``squeeze``, ``size``, ``dim``, ``int`` / ``tolist`` / format, ``argmax``, ``softmax``,
 ``masked_fill``, ``flatten``, ``split``, ``chunk``, ``detach``, ``sqrt``, ``abs``, ``pow``, ``var``,
-``std``, ``expand``, ``repeat``, ``type_as``, ``float`` / ``half``, ``@`` on batches), eager and
-traced in an ``nn.Graph``, against NumPy and PyTorch when installed (``torch.Tensor``'s
+``std``, ``expand``, ``repeat``, ``type_as``, ``float`` / ``half``, ``@`` on batches, ``tril`` /
+``triu``), eager and traced in an ``nn.Graph``, against NumPy and PyTorch when installed
+(``torch.Tensor``'s
 documentation and the indexing rules of ``test/test_indexing.py``: basic indexing only, steps > 0,
 PyTorch's error messages)."""
 import numpy as np
@@ -170,6 +171,10 @@ METHODS = {
     "log_softmax": (lambda t: t.log_softmax(1) + t.log_softmax(-1), (4, 5, 6)),
     "clone": (lambda t: t.clone() * 2.0 + t, (4, 5)),
     "list_in_tuple": (lambda t: t[:, [-1, 0, -1], 1:], (4, 5, 6)),
+    "tril_triu": (lambda t: t.tril() + t.tril(-1) * 2.0 + t.triu(2) * 3.0 + t.triu(-2),
+                  (4, 5, 6)),
+    "tril_triu_wide": (lambda t: t.tril(3) + t.triu(1) * 2.0, (4, 5)),
+    "sin_cos": (lambda t: t.sin() * 2.0 + (t * 3.0).cos() + t.sin().cos(), (4, 5, 6)),
 }
 _MASK = np.tri(4, 5, dtype=bool)
 
@@ -811,3 +816,157 @@ def test_a_number_for_maximum_names_clamp():
         mf.tensor(X).maximum(0.5)
     with pytest.raises(TypeError, match=r"x.clamp\(max=1\)"):
         mf.tensor(X).minimum(1)
+
+
+def test_tril_triu_eager_as_pytorch_and_their_errors():
+    """nanoGPT's causal mask ``torch.tril(torch.ones(T, T)).view(1, 1, T, T)`` as a buffer
+    compared with 0 in ``masked_fill``; ``tril`` / ``triu`` refuse what PyTorch refuses."""
+    mask = mf.ones(4, 4).tril().view(1, 1, 4, 4)
+    np.testing.assert_array_equal(mask.numpy()[0, 0], np.tri(4, dtype=np.float32))
+    att = mf.tensor(np.zeros((1, 1, 3, 3), np.float32))
+    filled = att.masked_fill(mask[:, :, :3, :3] == 0, float("-inf")).numpy()[0, 0]
+    np.testing.assert_array_equal(np.isinf(filled), ~np.tri(3, dtype=bool))
+    with pytest.raises(RuntimeError, match="tril: input tensor must have at least 2 dimensions"):
+        mf.ones(3).tril()
+    with pytest.raises(TypeError, match="argument 'diagonal' must be int, not float"):
+        mf.ones(3, 3).triu(1.0)
+    if torch is not None:
+        x = _first((3, 4))
+        for d in (-4, -1, 0, 2, 5):
+            np.testing.assert_array_equal(mf.tensor(x).tril(d).numpy(),
+                                          torch.tensor(x).tril(d).numpy())
+            np.testing.assert_array_equal(mf.tensor(x).triu(d).numpy(),
+                                          torch.tensor(x).triu(d).numpy())
+
+
+@pytest.mark.parametrize("key", [np.array([[True, False, True, False, True]] * 4),
+                                 np.array([0, 2]), 1, (slice(None), 0)])
+def test_item_assignment_is_refused_saying_masked_fill(key):
+    """``x[mask] = v`` (nanoGPT's ``logits[logits < v[:, [-1]]] = -float('Inf')``) ended in
+    NumPy's "only integer scalar arrays can be converted to a scalar index" for an array key;
+    every item assignment is refused naming ``masked_fill``, whose result is PyTorch's."""
+    x = mf.tensor(_first((4, 5)))
+    with pytest.raises(TypeError, match=r"does not support item assignment: .*masked_fill"):
+        x[key] = -float("inf")
+    mask = x.numpy() < 0.0
+    filled = x.masked_fill(mask, -float("inf")).numpy()
+    if torch is not None:
+        want = torch.tensor(_first((4, 5)))
+        want[torch.tensor(mask)] = -float("inf")
+        np.testing.assert_array_equal(filled, want.numpy())
+
+
+def test_eq_and_view_as_count_right_answers_as_the_mnist_example():
+    """The PyTorch MNIST example's test loop, ``pred = output.argmax(dim=1, keepdim=True)``,
+    ``correct += pred.eq(target.view_as(pred)).sum().item()``: ``eq`` ... compare values
+    (between two tensors too, where ``==`` is identity) into a NumPy bool array, miniflow's
+    mask; ``view_as`` is ``view`` to the other's shape."""
+    x = _first((6, 4))
+    target = np.array([0, 1, 2, 3, 0, 1])
+    out, tgt = mf.tensor(x), mf.tensor(target)
+    pred = out.argmax(dim=1, keepdim=True)
+    assert tgt.view_as(pred).shape == (6, 1)
+    correct = pred.eq(tgt.view_as(pred)).sum().item()
+    assert correct == int((x.argmax(1) == target).sum())
+    a, b = mf.tensor(x), mf.tensor(x[::-1].copy())
+    for name in ("eq", "ne", "lt", "le", "gt", "ge"):
+        got = getattr(a, name)(b)
+        assert got.dtype == np.bool_
+        if torch is not None:
+            want = getattr(torch.tensor(x), name)(torch.tensor(x[::-1].copy())).numpy()
+            np.testing.assert_array_equal(got, want)
+            np.testing.assert_array_equal(getattr(a, name)(0.1),
+                                          getattr(torch.tensor(x), name)(0.1).numpy())
+    assert (a == b) is False and a.eq(a).all()
+    with pytest.raises(ValueError):
+        tgt.view_as(out)
+
+
+@pytest.mark.parametrize("dim,largest", [(-1, True), (0, True), (1, False), (-1, False)])
+def test_topk_as_pytorch_on_eager_tensors(dim, largest):
+    """nanoGPT's ``generate``: ``v, _ = torch.topk(logits, min(top_k, logits.size(-1)))`` then
+    ``logits < v[:, [-1]]``: values and indices as PyTorch's, sorted, NaN the largest."""
+    x = _first((4, 5, 6)).copy()
+    x[1, 2, 3] = np.nan      # (no ties: PyTorch does not say how it orders them)
+    got = mf.tensor(x).topk(3, dim=dim, largest=largest)
+    assert got.indices.dtype == mf.int64 and got.values.shape == got.indices.shape
+    if torch is not None:
+        want = torch.tensor(x).topk(3, dim=dim, largest=largest)
+        np.testing.assert_array_equal(got.values.numpy(), want.values.numpy())
+        np.testing.assert_array_equal(got.indices.numpy(), want.indices.numpy())
+
+
+def test_topk_and_multinomial_refuse_what_pytorch_refuses_and_lazy_tensors():
+    x = mf.tensor(_first((2, 5)))
+    ties = mf.tensor(np.array([1.0, 2.0, 2.0, 1.0], np.float32))
+    assert ties.topk(3).indices.tolist() == [1, 2, 0]      # stable: the lower index first
+    assert ties.topk(3, largest=False).indices.tolist() == [0, 3, 1]
+    with pytest.raises(RuntimeError, match="selected index k out of range"):
+        x.topk(6)
+    with pytest.raises(TypeError, match="argument 'k' must be int"):
+        x.topk(2.0)
+    with pytest.raises(RuntimeError, match="element < 0"):
+        x.multinomial(1)
+    with pytest.raises(RuntimeError, match="sum of probabilities <= 0"):
+        mf.zeros(2, 3).multinomial(1)
+    with pytest.raises(RuntimeError, match=r"cannot sample n_sample \(4\) > prob_dist"):
+        mf.ones(3).multinomial(4)
+    with pytest.raises(RuntimeError, match="not enough non-negative category"):
+        mf.tensor(np.array([1.0, 0.0, 0.0])).multinomial(2)
+
+    class Top(mf.nn.Graph):
+        def build(self, x):
+            return x.topk(2).values
+
+    with pytest.raises(RuntimeError, match="no topk op, so it takes eager tensors only"):
+        Top()(_first((2, 5)))
+
+
+def test_multinomial_draws_pytorchs_distribution_from_miniflows_generator():
+    """``torch.multinomial(probs, num_samples=1)`` (nanoGPT's sampling): int64 indices with the
+    weights' frequencies (unnormalised weights too), without replacement each category once,
+    reproducible after ``miniflow.manual_seed``."""
+    w = np.array([[1.0, 0.0, 3.0], [0.0, 2.0, 2.0]], np.float32)
+    mf.manual_seed(5)
+    draws = mf.tensor(w).multinomial(4000, replacement=True)
+    assert draws.shape == (2, 4000) and draws.dtype == mf.int64
+    for row, probs in zip(draws.numpy(), w / w.sum(1, keepdims=True)):
+        np.testing.assert_allclose(np.bincount(row, minlength=3) / 4000, probs, atol=0.03)
+    mf.manual_seed(5)
+    np.testing.assert_array_equal(mf.tensor(w).multinomial(4000, True).numpy(), draws.numpy())
+    once = mf.tensor(np.ones((3, 6), np.float32)).multinomial(6).numpy()
+    assert all(sorted(r) == list(range(6)) for r in once)
+    assert mf.tensor(np.array([0.0, 1.0])).multinomial(1).numpy().tolist() == [1]
+
+
+def test_integer_arithmetic_is_refused_saying_int_for_an_index():
+    """nanoGPT's ``data[i:i+block_size]`` with ``i`` from ``torch.randint``: ``i + 8`` of an
+    int64 tensor said "scalar_add: ... must be floating point; cast it with
+    .to(miniflow.float32)", which cannot index. miniflow has no integer arithmetic: the error
+    names the operator and ``int(i)``."""
+    data = np.arange(100)
+    ix = mf.randint(len(data) - 8, (4,))
+    with pytest.raises(TypeError, match=r"'\+': miniflow has no integer arithmetic .*int\(i\)"):
+        [data[i:i + 8] for i in ix]
+    assert [len(data[int(i):int(i) + 8]) for i in ix] == [8] * 4
+    with pytest.raises(TypeError, match=r"'\*': miniflow has no integer arithmetic"):
+        mf.ones(2) * mf.arange(2)
+
+
+def test_the_pytorch_tutorials_positional_encoding_with_sin_and_cos():
+    """The PyTorch transformer tutorial's ``PositionalEncoding`` (``torch.sin(position *
+    div_term)``, ``torch.cos``; ``torch.sin`` was missing), written without its item
+    assignment and int64 arithmetic: the same buffer as PyTorch's."""
+    import math
+    d_model, max_len = 8, 12
+    position = mf.arange(max_len).to(mf.float32).unsqueeze(1)
+    div_term = (mf.arange(0, d_model, 2).to(mf.float32) * (-math.log(10000.0) / d_model)).exp()
+    pe = mf.stack([(position * div_term).sin(), (position * div_term).cos()], dim=-1)
+    pe = pe.reshape(max_len, d_model)
+    if torch is not None:
+        tp = torch.arange(max_len).unsqueeze(1)
+        td = torch.exp(torch.arange(0, d_model, 2) * (-math.log(10000.0) / d_model))
+        want = torch.zeros(max_len, d_model)
+        want[:, 0::2] = torch.sin(tp * td)
+        want[:, 1::2] = torch.cos(tp * td)
+        np.testing.assert_allclose(pe.numpy(), want.numpy(), rtol=1e-5, atol=1e-6)

@@ -244,12 +244,14 @@ class GradScaler(_Scaler):
         min_scale: > 0, the floor, not above the scale (default 1, or ``init_scale`` when that
             is below 1: PyTorch has no floor). max_consecutive_skips: >= 1 (see
             :class:`NonFiniteGradientsError`).
+        enabled: PyTorch's switch, taken at True only (a graph without a scaler has none).
 
     The settings can be changed later (``scaler.growth_interval = 100``), with the same checks;
     a compiled graph then recompiles at its next call.
 
     Raises:
-        ValueError/TypeError: any argument outside its range or of the wrong type, quoting it.
+        ValueError/TypeError: any argument outside its range or of the wrong type, quoting it;
+            ``enabled`` not True (ValueError: leave the scaler out).
     """
 
     dynamic = True
@@ -260,7 +262,13 @@ class GradScaler(_Scaler):
 
     def __init__(self, init_scale: float = 2.0 ** 16, growth_factor: float = 2.0,
                  backoff_factor: float = 0.5, growth_interval: int = 2000,
-                 min_scale: float | None = None, max_consecutive_skips: int = 64):
+                 min_scale: float | None = None, max_consecutive_skips: int = 64, *,
+                 enabled: bool = True):
+        if enabled is not True:
+            raise ValueError(f"GradScaler: enabled={enabled!r} is not supported: a graph scales "
+                             f"its loss only when given a scaler, so leave it out (no "
+                             f"set_grad_scaler) where PyTorch's would be disabled, e.g. nanoGPT's "
+                             f"enabled=(dtype == 'float16') for bfloat16 or float32")
         super().__init__(self._checked("init_scale", init_scale, "GradScaler: ", _check_scale),
                          max_consecutive_skips)
         min_scale = min(1.0, self.scale) if min_scale is None else min_scale

@@ -380,7 +380,10 @@ def _check_optimizer_params(optimizers: list, param_names: dict, owner: str) -> 
                     f"{type(opt).__name__} parameter {i} ({p.dtype.short}{list(p.shape)}) is "
                     f"not a parameter of a module attribute of {owner}: assign "
                     "its module to the graph (self.model = model) so the graph can train it "
-                    "(modules kept in plain lists or dicts are not found)")
+                    "(modules kept in plain lists or dicts are not found); or the module holds "
+                    "a new Parameter in its place, assigned after the optimizer was made (as "
+                    "nanoGPT's crop_block_size replaces wpe.weight): make the optimizer "
+                    "after that")
 
 
 def _data_parallel(config: GraphConfig, trainable: list) -> DataParallelConfig | None:

@@ -402,6 +402,21 @@ class Module:
         """Yield the direct sub-modules, in assignment order."""
         return iter(self._modules.values())
 
+    def apply(self, fn) -> "Module":
+        """Call ``fn(module)`` on every sub-module, then on this one, and return this module
+        (``torch.nn.Module.apply``, as nanoGPT's ``self.apply(self._init_weights)``): depth
+        first, children in assignment order before their parent; a child held under two names
+        of one module is visited once, as PyTorch's ``children()`` yields it once. ``fn``'s
+        result is ignored.
+        """
+        seen = set()
+        for child in self.children():
+            if id(child) not in seen:
+                seen.add(id(child))
+                child.apply(fn)
+        fn(self)
+        return self
+
     def named_modules(self, memo: set | None = None, prefix: str = "",
                       remove_duplicate: bool = True):
         """Yield ``(name, module)`` for this module (name ``prefix``) and every sub-module, depth

@@ -189,6 +189,7 @@ FUNCTIONS = {
     "relu": (_onnx_op("Relu"), False), "tanh": (_onnx_op("Tanh"), False),
     "sigmoid": (_onnx_op("Sigmoid"), False), "reciprocal": (_onnx_op("Reciprocal"), False),
     "sqrt": (_onnx_op("Sqrt"), False), "absolute": (_onnx_op("Abs"), False),
+    "sin": (_onnx_op("Sin"), True), "cos": (_onnx_op("Cos"), True),
     "power": (_onnx_op("Pow"), True), "clip": (_onnx_op("Clip"), False),
     "add": (_onnx_op("Add"), False), "sub": (_onnx_op("Sub"), False),
     "mul": (_onnx_op("Mul"), False), "div": (_onnx_op("Div"), False),

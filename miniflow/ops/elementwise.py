@@ -69,6 +69,16 @@ def log(x):
     return math.log(x)
 
 
+def sin(x):
+    """Sine (sin(+-inf) = nan)."""
+    return math.sin(x)
+
+
+def cos(x):
+    """Cosine (cos(+-inf) = nan)."""
+    return math.cos(x)
+
+
 def relu(x):
     """max(x, 0) with +0.0 for x <= 0 and nan for nan."""
     if x > 0.0 or x != x:
@@ -354,6 +364,17 @@ elementwise("log", log, np.log, amp=None,
             amp_note="not in OneFlow's lists (PyTorch's autocast also runs log in float32)",
             grad=lambda n, gs, emit: [emit("broadcast_div", gs[0], n.inputs[0])],
             samples=unary_samples(0.1, 3.0), doc="out = log(x); dx = dy / x")
+elementwise("sin", sin, np.sin, amp=None,
+            amp_note="not in OneFlow's lists (PyTorch's autocast runs it in the input's dtype)",
+            grad=lambda n, gs, emit: [emit("broadcast_mul", gs[0], emit("cos", n.inputs[0]))],
+            doc="out = sin(x); dx = dy * cos(x)")
+elementwise("cos", cos, np.cos, amp=None,
+            amp_note="not in OneFlow's lists (PyTorch's autocast runs it in the input's dtype)",
+            grad=lambda n, gs, emit: [emit("broadcast_mul", gs[0],
+                                           emit("negative", emit("sin", n.inputs[0])))],
+            doc="out = cos(x); dx = -dy * sin(x)")
+
+
 def _rsqrt_grad(n, gs, emit):
     """dx = -0.5 * dy * y^3 with y = rsqrt(x)."""
     y = n.outputs[0]

@@ -32,8 +32,9 @@ indexing ``x[a:b:s, ...]``) with ``slice_grad``, ``cat``, ``tril`` (the causal m
   x[start_0:stop_0:step_0, ...]``; the attributes are normalised to the in-range form
   ``slice(...).indices(n)`` gives. Gradient: ``slice_grad(dy)`` {like_shape, start, stop, step}:
   zeros of ``like_shape`` with ``dy`` written at the slice.
-* ``cat(x0, x1, ...)`` {axis 0}: the inputs (one dtype, the same shape but along ``axis``) joined
-  along ``axis`` (OneFlow's ``cat``, ``torch.cat``). Gradient: one ``slice`` of ``dy`` per input.
+* ``cat(x0, x1, ...)`` {axis 0}: the inputs (one floating dtype or int64, the same shape but
+  along ``axis``) joined along ``axis`` (OneFlow's ``cat``, ``torch.cat``). Gradient: one
+  ``slice`` of ``dy`` per input.
   Autograd emits it for the gradient of a tensor whose slices tile it along one axis (the q, k,
   v split of attention): one copy per part instead of zero-filled ``slice_grad`` s and an
   ``add_n``.
@@ -427,8 +428,12 @@ def _cat_infer(inputs, attrs):
     op, axis = "cat", attrs["axis"]
     if not inputs:
         raise ValueError(f"{op}: needs at least one input")
-    check_float(op, *inputs)
     first = inputs[0]
+    if any(v.dtype is not first.dtype for v in inputs):
+        raise TypeError(f"{op}: inputs have different dtypes: " + ", ".join(fmt(v) for v in inputs)
+                        + "; cast one of them with .to() so they match")
+    if first.dtype is not int64:     # int64: token ids (nanoGPT's torch.cat((idx, idx_next), 1))
+        check_float(op, *inputs)
     for v in inputs[1:]:
         rest = (v.shape[:axis] + v.shape[axis + 1:], first.shape[:axis] + first.shape[axis + 1:])
         if len(v.shape) != len(first.shape) or rest[0] != rest[1]:

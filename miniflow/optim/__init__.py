@@ -7,3 +7,18 @@ from .adamw import AdamW
 from . import lr_scheduler
 
 __all__ = ["Optimizer", "SGD", "Adam", "AdamW", "lr_scheduler"]
+
+_TORCH_OPTIMIZERS = ("Adadelta", "Adafactor", "Adagrad", "Adamax", "ASGD", "LBFGS", "NAdam",
+                     "RAdam", "RMSprop", "Rprop", "SparseAdam")
+"""``torch.optim`` optimizers miniflow has not (``__getattr__`` names the ones it has)."""
+
+
+def __getattr__(name):
+    """Raises:
+        AttributeError: a name the package has not; one of PyTorch's optimizers (the MNIST
+            example's ``optim.Adadelta``) names miniflow's three."""
+    hint = ""
+    if name in _TORCH_OPTIMIZERS:
+        hint = (f": miniflow has PyTorch's SGD, Adam and AdamW only (their update ops); "
+                f"train with one of them (for {name}, Adam or AdamW is the nearest)")
+    raise AttributeError(f"module 'miniflow.optim' has no attribute {name!r}{hint}")

@@ -27,10 +27,8 @@ class Adam(Optimizer):
     Args:
         clip_grad_max_norm, clip_grad_norm_type: gradient clipping, as for :class:`SGD`.
 
-    ``torch_options``: PyTorch's keywords miniflow has not (``foreach``, ``fused``,
-    ``maximize``, ``capturable``, ``differentiable``), taken at their
-    no-op values only (``Optimizer.check_torch_options``: another value is a ValueError, an
-    unknown keyword a TypeError).
+    ``foreach``, ``fused`` and ``torch_options`` (PyTorch's keywords miniflow has not): as
+    for :class:`SGD`.
 
     Raises:
         TypeError: betas not a pair, or a hyper-parameter that is not a real number; amsgrad
@@ -48,8 +46,9 @@ class Adam(Optimizer):
     def __init__(self, params, lr: float = 1e-3, betas=(0.9, 0.999), eps: float = 1e-8,
                  weight_decay: float = 0.0, amsgrad: bool = False,
                  clip_grad_max_norm: float | None = None, clip_grad_norm_type: float = 2.0,
+                 *, foreach: bool | None = None, fused: bool | None = None,
                  **torch_options):
-        self.check_torch_options(torch_options)
+        self.check_torch_options({"foreach": foreach, "fused": fused, **torch_options})
         super().__init__(params, dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay,
                                       amsgrad=amsgrad, clip_grad_max_norm=clip_grad_max_norm,
                                       clip_grad_norm_type=clip_grad_norm_type))

@@ -18,10 +18,8 @@ class AdamW(Adam):
     learning rate, ``amsgrad`` and clipping as :class:`Adam` (``exp_avg``, ``exp_avg_sq``,
     ``step``, ``max_exp_avg_sq`` with amsgrad).
 
-    ``torch_options``: PyTorch's keywords miniflow has not (``foreach``, ``fused``,
-    ``maximize``, ``capturable``, ``differentiable``), taken at their
-    no-op values only (``Optimizer.check_torch_options``: another value is a ValueError, an
-    unknown keyword a TypeError).
+    ``foreach``, ``fused`` and ``torch_options`` (PyTorch's keywords miniflow has not): as
+    for :class:`SGD`.
 
     Raises:
         as :class:`Adam`.
@@ -32,10 +30,12 @@ class AdamW(Adam):
     def __init__(self, params, lr: float = 1e-3, betas=(0.9, 0.999), eps: float = 1e-8,
                  weight_decay: float = 1e-2, amsgrad: bool = False,
                  clip_grad_max_norm: float | None = None, clip_grad_norm_type: float = 2.0,
+                 *, foreach: bool | None = None, fused: bool | None = None,
                  **torch_options):
         super().__init__(params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay,
                          amsgrad=amsgrad, clip_grad_max_norm=clip_grad_max_norm,
-                         clip_grad_norm_type=clip_grad_norm_type, **torch_options)
+                         clip_grad_norm_type=clip_grad_norm_type, foreach=foreach,
+                         fused=fused, **torch_options)
 
     def emit_update(self, graph, index, name, param, grad, lr, skip_if, hyper) -> None:
         h = hyper

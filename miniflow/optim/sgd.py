@@ -24,10 +24,12 @@ class SGD(Optimizer):
             total norm of at most ``clip_grad_max_norm`` before the update (OneFlow's param-group
             keys, ``torch.nn.utils.clip_grad_norm_``'s rule; None: no clipping).
 
-    ``torch_options``: PyTorch's keywords miniflow has not (``foreach``, ``fused``,
-    ``maximize``, ``capturable``, ``differentiable``, ``dampening``), taken at their
-    no-op values only (``Optimizer.check_torch_options``: another value is a ValueError, an
-    unknown keyword a TypeError).
+    ``foreach``, ``fused``: PyTorch's choice of implementation, taken at None or any bool
+    and named in the signature (nanoGPT tests ``'fused' in
+    inspect.signature(torch.optim.AdamW).parameters``); ``torch_options``: PyTorch's other
+    keywords miniflow has not (``maximize``, ``capturable``, ``differentiable`` ...), taken
+    at their no-op values only (``Optimizer.check_torch_options``: another value is a
+    ValueError, an unknown keyword a TypeError).
 
     Raises:
         TypeError: a hyper-parameter that is not a real number.
@@ -43,8 +45,9 @@ class SGD(Optimizer):
 
     def __init__(self, params, lr: float, momentum: float = 0.0, weight_decay: float = 0.0,
                  nesterov: bool = False, clip_grad_max_norm: float | None = None,
-                 clip_grad_norm_type: float = 2.0, **torch_options):
-        self.check_torch_options(torch_options)
+                 clip_grad_norm_type: float = 2.0, *, foreach: bool | None = None,
+                 fused: bool | None = None, **torch_options):
+        self.check_torch_options({"foreach": foreach, "fused": fused, **torch_options})
         super().__init__(params, dict(lr=lr, momentum=momentum, weight_decay=weight_decay,
                                       nesterov=nesterov, clip_grad_max_norm=clip_grad_max_norm,
                                       clip_grad_norm_type=clip_grad_norm_type))

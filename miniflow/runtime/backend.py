@@ -22,7 +22,7 @@ import numpy as np
 
 __all__ = ["Backend", "CpuBackend", "CudaBackend", "BackendUnavailableError", "UnknownBackendError",
            "get_backend", "set_backend", "default_backend_name", "cuda_status", "BACKENDS",
-           "check_device"]
+           "check_device", "device"]
 
 
 class BackendUnavailableError(RuntimeError):
@@ -479,6 +479,52 @@ def get_backend() -> Backend:
     if not _current:
         set_backend(default_backend_name())
     return _current[0]
+
+
+class device:
+    """``torch.device``: a device type (``"cpu"``, ``"cuda"`` ...) and an optional index, what
+    :attr:`Tensor.device` returns (the process's backend: ``cpu``, or ``cuda:0``) and what the
+    ``device=`` arguments take (:func:`check_device` reads ``str(d)``). ``device("cuda:0")``,
+    ``device("cuda", 0)``; equal to a device of the same type and index (not to a string, as
+    PyTorch's); made for any type, as PyTorch's, and refused where used if it is not the
+    process's.
+
+    Raises:
+        TypeError: a type that is not a string, an index that is not an int.
+        ValueError: an index given twice, or a negative one.
+    """
+
+    def __init__(self, type, index=None):
+        if isinstance(type, device):
+            type, index = type.type, type.index if index is None else index
+        if not isinstance(type, str):
+            raise TypeError(f"device(): expected a string like 'cpu' or 'cuda:0', got "
+                            f"{type!r}")
+        kind, colon, number = type.partition(":")
+        if colon:
+            if index is not None:
+                raise ValueError(f"device(): type (string) must not include an index because "
+                                 f"index was passed explicitly: {type}")
+            if not number.isdigit():
+                raise ValueError(f"device(): invalid device string: {type!r}")
+            index = int(number)
+        if index is not None and (isinstance(index, bool) or not isinstance(index, int)
+                                  or index < 0):
+            raise ValueError(f"device(): device index must be an int >= 0, got {index!r}")
+        self.type, self.index = kind, index
+
+    def __str__(self) -> str:
+        return self.type if self.index is None else f"{self.type}:{self.index}"
+
+    def __repr__(self) -> str:
+        index = "" if self.index is None else f", index={self.index}"
+        return f"device(type={self.type!r}{index})"
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, device) and (self.type, self.index) == (other.type, other.index)
+
+    def __hash__(self) -> int:
+        return hash((self.type, self.index))
 
 
 def check_device(owner: str, device) -> None:

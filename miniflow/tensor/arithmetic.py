@@ -16,10 +16,27 @@ if TYPE_CHECKING:        # the composed class, for the annotations only
     from . import Tensor
 
 
+_SYMBOLS = {"broadcast_add": "+", "broadcast_sub": "-", "broadcast_mul": "*", "broadcast_div": "/"}
+"""The Python operator of each broadcast op, for ``_binary``'s errors."""
+
+
 class Arithmetic:
     """The math methods and operators of :class:`miniflow.tensor.Tensor`."""
 
     def _binary(self, other, op, scalar_op, reverse=False):
+        """``self (op) other``: a number as the scalar op, else the broadcast op.
+
+        Raises:
+            TypeError: an int64 operand (miniflow has no integer arithmetic), saying what to
+                write for an index (``int(t)``) or for values (a cast)."""
+        for t in (self, other):
+            if isinstance(t, TensorCore) and not t.dtype.is_float:
+                raise TypeError(
+                    f"'{_SYMBOLS[op]}': miniflow has no integer arithmetic (an int64 tensor of "
+                    f"shape {list(t.shape)}); for an index or a count, int(t) gives the Python "
+                    f"int of a one-element tensor (nanoGPT's data[i:i+block_size] is "
+                    f"data[int(i):int(i) + block_size]); for values, cast with "
+                    f".to(miniflow.float32) first")
         if isinstance(other, numbers.Number) and not isinstance(other, bool):
             return scalar_op(self, float(other))
         other = other if isinstance(other, TensorCore) else tensor(other, dtype=self.dtype)
@@ -110,6 +127,15 @@ class Arithmetic:
     def sigmoid(self):
         """1 / (1 + exp(-x)) elementwise (op ``sigmoid``)."""
         return apply("sigmoid", [self])
+
+    def sin(self):
+        """sin(x) elementwise (op ``sin``; ``torch.sin``, the PyTorch tutorial's sinusoidal
+        positional encoding); its gradient is ``cos(x)``."""
+        return apply("sin", [self])
+
+    def cos(self):
+        """cos(x) elementwise (op ``cos``; ``torch.cos``); its gradient is ``-sin(x)``."""
+        return apply("cos", [self])
 
     def sqrt(self):
         """sqrt(x) elementwise (op ``sqrt``); sqrt(x<0) = NaN."""
@@ -234,6 +260,33 @@ class Arithmetic:
             mask = tensor(arr.astype(np.int64))
         return apply("masked_fill", [self, mask], value=float(value))
 
+    def tril(self, diagonal: int = 0) -> "Tensor":
+        """The lower triangle of the last two dimensions (``torch.tril``; nanoGPT's
+        ``torch.tril(torch.ones(T, T))`` mask): ``out[..., i, j] = x[..., i, j]`` where
+        ``j - i <= diagonal``, else 0. Floating tensors of at least 2 dimensions (op ``tril``;
+        its gradient is the gradient's lower triangle).
+
+        Raises:
+            TypeError: ``diagonal`` not an int; an int64 tensor (the op's message).
+            RuntimeError: fewer than 2 dimensions (PyTorch's message).
+        """
+        _triangle_checks("tril", self, diagonal)
+        return apply("tril", [self], diagonal=int(diagonal))
+
+    def triu(self, diagonal: int = 0) -> "Tensor":
+        """The upper triangle of the last two dimensions (``torch.triu``): ``out[..., i, j] =
+        x[..., i, j]`` where ``j - i >= diagonal``, else 0. Floating tensors of at least 2
+        dimensions (op ``masked_fill`` with the lower part as its mask; gradient likewise).
+
+        Raises: as :meth:`tril`.
+        """
+        _triangle_checks("triu", self, diagonal)
+        if not self.dtype.is_float:
+            raise TypeError(f"triu: a floating tensor is needed, got {self.dtype.name}")
+        rows, cols = self.shape[-2:]
+        below = np.arange(cols)[None, :] - np.arange(rows)[:, None] < int(diagonal)
+        return self.masked_fill(below, 0.0)
+
 
 def _other_tensor(t: TensorCore, other) -> TensorCore:
     """``other`` as an operand of ``t``'s binary op: itself if a Tensor, else (a number, an
@@ -272,6 +325,16 @@ def _matmul(a: "Tensor", b: "Tensor") -> "Tensor":
                      f"2-D @ 2-D, N-D @ 2-D and N-D @ N-D with equal batch dimensions (no "
                      f"broadcasting, no 1-D operand); expand or reshape the operands, e.g. a "
                      f"vector v to [k, 1], a batch of 1 with .expand(n, -1, -1)")
+
+
+def _triangle_checks(fn: str, x: "Tensor", diagonal) -> None:
+    """``tril`` / ``triu``'s argument checks."""
+    if isinstance(diagonal, bool) or not isinstance(diagonal, numbers.Integral):
+        raise TypeError(f"{fn}(): argument 'diagonal' must be int, not "
+                        f"{type(diagonal).__name__}")
+    if x.ndim < 2:
+        raise RuntimeError(f"{fn}: input tensor must have at least 2 dimensions (got shape "
+                           f"{list(x.shape)})")
 
 
 def mask_array(fn: str, mask) -> np.ndarray:

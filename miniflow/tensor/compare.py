@@ -19,13 +19,14 @@ _COMPARE = {"==": np.equal, "!=": np.not_equal, "<": np.less, "<=": np.less_equa
 class Comparisons:
     """The comparison operators of :class:`miniflow.tensor.Tensor`."""
 
-    def _compare(self, other, symbol: str):
+    def _compare(self, other, symbol: str, elementwise: bool = False):
         """A comparison: refused on a lazy tensor (its value does not exist at trace time, as
         for ``float()``). miniflow has no comparison ops: an eager tensor against a number or a
         NumPy array gives the NumPy bool array of its values compared (a mask for
         :meth:`masked_fill`, as PyTorch's bool tensor), and so do two eager tensors under
         ``<``, ``<=``, ``>``, ``>=``; ``==`` and ``!=`` between two tensors are identity (so that
-        tensors work in lists, dicts and sets)."""
+        tensors work in lists, dicts and sets; ``elementwise``: their values, as the methods
+        :meth:`eq` ... compare them)."""
         known = {}
         for t in (self, other):
             if isinstance(t, TensorCore) and t._value is not None:
@@ -35,7 +36,7 @@ class Comparisons:
                                        f"time inside nn.Graph.build: '{symbol}' cannot be "
                                        "decided there (no data-dependent Python control flow); "
                                        "return it from build and compare the call's result")
-        if isinstance(other, TensorCore) and symbol not in ("==", "!="):
+        if isinstance(other, TensorCore) and (elementwise or symbol not in ("==", "!=")):
             other = known[id(other)] if id(other) in known else other.numpy()
         if isinstance(other, (numbers.Number, np.generic, np.ndarray)):
             return _COMPARE[symbol](known[id(self)] if id(self) in known else self.numpy(),
@@ -50,6 +51,38 @@ class Comparisons:
     __ge__ = functools.partialmethod(_compare, symbol=">=")
 
     __hash__ = object.__hash__   # tensors are hashed and compared by identity (as torch.Tensor)
+
+    def eq(self, other) -> np.ndarray:
+        """``torch.Tensor.eq``: the NumPy bool array of this tensor's values equal to
+        ``other``'s (a tensor, an array or a number; broadcast), between two tensors too, where
+        ``==`` is identity. The MNIST example's ``pred.eq(target.view_as(pred)).sum().item()``
+        counts the right answers. Eager tensors, and at trace time what ``==`` can read (a
+        buffer's slice); miniflow has no bool tensors (a mask is this array).
+
+        Raises:
+            RuntimeError: a lazy tensor whose value is computed in the graph (as ``==``).
+        """
+        return self._compare(other, "==", elementwise=True)
+
+    def ne(self, other) -> np.ndarray:
+        """``torch.Tensor.ne``: values not equal, as :meth:`eq`."""
+        return self._compare(other, "!=", elementwise=True)
+
+    def lt(self, other) -> np.ndarray:
+        """``torch.Tensor.lt``: ``<`` of the values, as :meth:`eq`."""
+        return self._compare(other, "<", elementwise=True)
+
+    def le(self, other) -> np.ndarray:
+        """``torch.Tensor.le``: ``<=`` of the values, as :meth:`eq`."""
+        return self._compare(other, "<=", elementwise=True)
+
+    def gt(self, other) -> np.ndarray:
+        """``torch.Tensor.gt``: ``>`` of the values, as :meth:`eq`."""
+        return self._compare(other, ">", elementwise=True)
+
+    def ge(self, other) -> np.ndarray:
+        """``torch.Tensor.ge``: ``>=`` of the values, as :meth:`eq`."""
+        return self._compare(other, ">=", elementwise=True)
 
 
 _LAYOUT_OPS = ("slice", "reshape", "transpose", "flatten")

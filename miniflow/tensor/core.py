@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from ..dtype import DType, as_dtype
-from ..runtime.backend import get_backend
+from ..runtime.backend import device, get_backend
 from ..trace import current_tracer
 
 if TYPE_CHECKING:        # the composed class, for the annotations only
@@ -45,6 +45,15 @@ class TensorCore:
     @property
     def ndim(self) -> int:
         return len(self.shape)
+
+    @property
+    def device(self) -> device:
+        """The process's device (``torch.Tensor.device``: nanoGPT's ``device = idx.device``,
+        passed on to ``torch.arange(..., device=device)``): ``device(type='cpu')`` or
+        ``device(type='cuda', index=0)``, the same for every tensor (miniflow has one backend
+        per process), a lazy one too."""
+        name = get_backend().name
+        return device(name, 0 if name == "cuda" else None)
 
     @property
     def data(self):

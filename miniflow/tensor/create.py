@@ -1,6 +1,8 @@
 """Making tensors: :func:`apply` (every op's one door: record a node while tracing, else run the
-kernel now), :func:`tensor` (from array-like data) and :func:`as_numpy` (a tensor's, a torch
-tensor's or an array's values as NumPy)."""
+kernel now), :func:`tensor` (from array-like data), :func:`as_numpy` (a tensor's, a torch
+tensor's or an array's values as NumPy) and PyTorch's factories (:func:`zeros`, :func:`ones`,
+:func:`full`, :func:`arange`, :func:`zeros_like`, :func:`ones_like`, :func:`rand`, :func:`randn`,
+:func:`randint`, :func:`from_numpy`: eager tensors)."""
 from __future__ import annotations
 
 import sys
@@ -8,9 +10,11 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from ..checks import is_integer, is_real
 from ..dtype import as_dtype, bfloat16
 from ..ops import get_op
-from ..runtime.backend import get_backend
+from ..random import generator as global_generator
+from ..runtime.backend import check_device, get_backend
 from ..trace import current_tracer
 from .core import TensorCore, _kept_from_trace
 
@@ -95,6 +99,19 @@ def tensor(data, dtype=None) -> Tensor:
     return new_tensor(get_backend().from_numpy(arr))
 
 
+def from_numpy(ndarray: np.ndarray) -> Tensor:
+    """An eager tensor of a NumPy array's values and dtype (``torch.from_numpy``; nanoGPT's
+    ``torch.from_numpy((data[i:i+block_size]).astype(np.int64))``). PyTorch's shares the
+    array's memory; miniflow copies it (a later write to the array does not change the tensor).
+
+    Raises:
+        TypeError: not a NumPy array (PyTorch's message); a dtype miniflow has not.
+    """
+    if not isinstance(ndarray, np.ndarray):
+        raise TypeError(f"from_numpy(): expected np.ndarray (got {type(ndarray).__name__})")
+    return tensor(ndarray)
+
+
 def apply(op: str, inputs: list, **attrs):
     """Apply op type ``op`` (a registered name) to Tensors: record a node while tracing, else run
     the kernel now.
@@ -123,3 +140,150 @@ def apply(op: str, inputs: list, **attrs):
         tr.record(res)
         outs = [new_tensor(_value=v, _tracer=tr) for v in res]
     return outs[0] if len(outs) == 1 else tuple(outs)
+
+
+def _size(fn: str, size: tuple) -> tuple:
+    """PyTorch's ``*size``: ints, or one tuple or list of them."""
+    if len(size) == 1 and isinstance(size[0], (tuple, list)):
+        size = tuple(size[0])
+    if not all(is_integer(n) and n >= 0 for n in size):
+        raise TypeError(f"{fn}(): size must be integers >= 0 (as {fn}(2, 3) or {fn}((2, 3))), "
+                        f"got {size!r}")
+    return tuple(int(n) for n in size)
+
+
+def _made(fn: str, arr: np.ndarray, dtype, device, requires_grad) -> Tensor:
+    """``arr`` as an eager tensor of ``dtype`` (None: its own) on the process's device."""
+    check_device(fn, device)
+    if requires_grad is not False:
+        raise ValueError(f"{fn}(): requires_grad={requires_grad!r} is not supported: only "
+                         f"parameters train in miniflow; wrap the tensor as "
+                         f"nn.Parameter({fn}(...)) in a Module")
+    if dtype is not None:
+        arr = arr.astype(as_dtype(dtype).np)
+    as_dtype(arr.dtype)
+    return new_tensor(get_backend().from_numpy(np.ascontiguousarray(arr)))
+
+
+def zeros(*size, dtype=None, device=None, requires_grad: bool = False) -> Tensor:
+    """An eager tensor of zeros (``torch.zeros``): ``size`` as ints or one tuple or list;
+    ``dtype`` float32 by default (PyTorch's default dtype), any miniflow dtype (a
+    ``torch.dtype`` too); ``device`` the process's (``runtime.backend.check_device``). Inside
+    ``nn.Graph.build`` the result is a constant of the graph.
+
+    Raises:
+        TypeError: a size that is not integers >= 0; an unsupported dtype.
+        ValueError: another device; ``requires_grad=True`` (only parameters train: wrap it as
+            ``nn.Parameter``).
+    """
+    return _made("zeros", np.zeros(_size("zeros", size), np.float32), dtype, device,
+                 requires_grad)
+
+
+def ones(*size, dtype=None, device=None, requires_grad: bool = False) -> Tensor:
+    """An eager tensor of ones (``torch.ones``; nanoGPT's ``torch.tril(torch.ones(T, T))``
+    mask); arguments and errors as :func:`zeros`."""
+    return _made("ones", np.ones(_size("ones", size), np.float32), dtype, device, requires_grad)
+
+
+def full(size, fill_value, *, dtype=None, device=None, requires_grad: bool = False) -> Tensor:
+    """An eager tensor of ``size`` (a tuple or list of ints) filled with ``fill_value``
+    (``torch.full``): without a dtype, int64 for an int (and a bool, which has no miniflow
+    dtype), float32 for a float, as PyTorch infers it. Errors as :func:`zeros`."""
+    if not isinstance(size, (tuple, list)):
+        raise TypeError(f"full(): size must be a tuple or list of ints, got "
+                        f"{type(size).__name__} (write full((2, 3), value))")
+    kind = np.int64 if is_integer(fill_value) or isinstance(fill_value, bool) else np.float32
+    return _made("full", np.full(_size("full", (size,)), fill_value, kind), dtype, device,
+                 requires_grad)
+
+
+def arange(start, end=None, step=1, *, dtype=None, device=None,
+           requires_grad: bool = False) -> Tensor:
+    """``[start, end)`` by ``step`` as an eager 1-D tensor (``torch.arange``; ``arange(n)`` is
+    ``[0, n)``): int64 when every argument is an integer (nanoGPT's positions,
+    ``torch.arange(0, t, dtype=torch.long, device=device)``), else float32, as PyTorch's
+    default; ``device`` the process's.
+
+    Raises:
+        TypeError: a bound or step that is not a real number; an unsupported dtype.
+        ValueError: ``step`` 0, or ``step`` of the wrong sign for the bounds (PyTorch's
+            "upper bound and larger bound inconsistent with step sign"); another device;
+            ``requires_grad=True``.
+    """
+    start, end = (0, start) if end is None else (start, end)
+    for name, v in (("start", start), ("end", end), ("step", step)):
+        if not is_real(v):
+            raise TypeError(f"arange(): {name} must be a real number, got {v!r}")
+    if step == 0:
+        raise ValueError("arange(): step must be nonzero")
+    if (end - start) * step < 0:
+        raise ValueError("arange(): upper bound and larger bound inconsistent with step sign")
+    whole = all(is_integer(v) for v in (start, end, step))
+    return _made("arange", np.arange(start, end, step, np.int64 if whole else np.float32),
+                 dtype, device, requires_grad)
+
+
+def zeros_like(input: Tensor, *, dtype=None, device=None,
+               requires_grad: bool = False) -> Tensor:
+    """Zeros of ``input``'s shape and (without ``dtype``) dtype (``torch.zeros_like``); errors
+    as :func:`zeros`."""
+    dtype = input.dtype if dtype is None else dtype
+    return _made("zeros_like", np.zeros(input.shape, np.float32), dtype, device, requires_grad)
+
+
+def ones_like(input: Tensor, *, dtype=None, device=None,
+              requires_grad: bool = False) -> Tensor:
+    """Ones of ``input``'s shape and (without ``dtype``) dtype (``torch.ones_like``); errors as
+    :func:`zeros`."""
+    dtype = input.dtype if dtype is None else dtype
+    return _made("ones_like", np.ones(input.shape, np.float32), dtype, device, requires_grad)
+
+
+def _random(fn: str, size: tuple, generator, draw) -> np.ndarray:
+    """``draw(miniflow's generator, size)`` for the random factories."""
+    if generator is not None:
+        raise TypeError(f"{fn}(): generator={generator!r} is not supported: miniflow draws from "
+                        f"its one generator; seed it with miniflow.manual_seed")
+    return draw(global_generator(), _size(fn, size))
+
+
+def rand(*size, generator=None, dtype=None, device=None, requires_grad: bool = False) -> Tensor:
+    """An eager tensor of values drawn from U(0, 1) (``torch.rand``), float32 by default, from
+    miniflow's generator (``miniflow.manual_seed``: PyTorch's distribution, not its numbers).
+
+    Raises:
+        TypeError: a ``generator``; otherwise as :func:`zeros`."""
+    arr = _random("rand", size, generator, lambda g, s: g.random(s))
+    return _made("rand", arr.astype(np.float32), dtype, device, requires_grad)
+
+
+def randn(*size, generator=None, dtype=None, device=None, requires_grad: bool = False) -> Tensor:
+    """An eager tensor of values drawn from N(0, 1) (``torch.randn``: a tutorial's test input or
+    ``nn.Parameter(torch.randn(1, 1, d))``); arguments and errors as :func:`rand`."""
+    arr = _random("randn", size, generator, lambda g, s: g.standard_normal(s))
+    return _made("randn", arr.astype(np.float32), dtype, device, requires_grad)
+
+
+def randint(low, high=None, size=None, *, generator=None, dtype=None, device=None,
+            requires_grad: bool = False) -> Tensor:
+    """An eager int64 tensor of integers drawn uniformly from ``[low, high)``
+    (``torch.randint(high, size)`` or ``torch.randint(low, high, size)``; nanoGPT's
+    ``torch.randint(len(data) - block_size, (batch_size,))``), from miniflow's generator.
+
+    Raises:
+        TypeError: no ``size``, bounds that are not integers, a ``generator``.
+        ValueError: ``low >= high`` (PyTorch: "random_ expects 'from' to be less than 'to'").
+    """
+    if size is None:
+        low, high, size = 0, low, high
+    if size is None or not isinstance(size, (tuple, list)):
+        raise TypeError(f"randint(): size must be a tuple or list of ints (randint(high, size) or "
+                        f"randint(low, high, size)), got {size!r}")
+    if not (is_integer(low) and is_integer(high)):
+        raise TypeError(f"randint(): low and high must be integers, got {low!r} and {high!r}")
+    if low >= high:
+        raise ValueError(f"randint(): random_ expects 'from' to be less than 'to', but got "
+                         f"from={low} >= to={high}")
+    arr = _random("randint", (size,), generator, lambda g, s: g.integers(low, high, s))
+    return _made("randint", arr.astype(np.int64), dtype, device, requires_grad)

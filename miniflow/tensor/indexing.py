@@ -21,7 +21,22 @@ __all__ = ["Indexing", "gather"]
 
 
 class Indexing:
-    """``__getitem__`` of :class:`miniflow.tensor.Tensor`."""
+    """``__getitem__`` (and the refused ``__setitem__``) of :class:`miniflow.tensor.Tensor`."""
+
+    def __setitem__(self, key, value) -> None:
+        """Refused: miniflow has no in-place ops (a graph's tensors are values). Without this
+        method, ``x[mask] = v`` with a NumPy mask (nanoGPT's ``generate``:
+        ``logits[logits < v[:, [-1]]] = -float('Inf')``) ended in NumPy's "only integer scalar
+        arrays can be converted to a scalar index".
+
+        Raises:
+            TypeError: always, saying what to write instead (``masked_fill`` for a mask).
+        """
+        raise TypeError(
+            "'Tensor' object does not support item assignment: miniflow has no in-place ops; "
+            "make a new tensor instead: x = x.masked_fill(mask, value) for x[mask] = value "
+            "(a bool array mask, e.g. x.numpy() < t), or build the values with NumPy and "
+            "miniflow.tensor(...) (outside nn.Graph.build)")
 
     def __getitem__(self, key) -> "Tensor":
         """Basic indexing as PyTorch: ints, slices (step > 0), ``None`` and ``...`` (op

@@ -1,5 +1,6 @@
 """Reductions: ``sum``, ``mean``, ``var`` / ``std``, ``max`` / ``min`` (with ``dim``: values and
-indices) and ``argmax`` / ``argmin``, with PyTorch's and NumPy's argument names."""
+indices) and ``argmax`` / ``argmin``, with PyTorch's and NumPy's argument names; ``topk`` and
+``multinomial`` of eager tensors (computed with NumPy: no ops)."""
 from __future__ import annotations
 
 import collections
@@ -11,7 +12,8 @@ import numpy as np
 
 from ..ops.common import norm_axes
 from .core import TensorCore
-from .create import _is_torch, apply
+from ..random import generator as global_generator
+from .create import _is_torch, apply, tensor
 from .dims import _dim
 
 if TYPE_CHECKING:        # the composed class, for the annotations only
@@ -22,6 +24,8 @@ MaxResult = collections.namedtuple("max", ["values", "indices"])
 """What ``Tensor.max(dim)`` returns (PyTorch's ``torch.return_types.max``)."""
 MinResult = collections.namedtuple("min", ["values", "indices"])
 """What ``Tensor.min(dim)`` returns (PyTorch's ``torch.return_types.min``)."""
+TopkResult = collections.namedtuple("topk", ["values", "indices"])
+"""What ``Tensor.topk`` returns (PyTorch's ``torch.return_types.topk``)."""
 
 class Reductions:
     """The reductions of :class:`miniflow.tensor.Tensor`."""
@@ -205,3 +209,86 @@ def _is_other(dim) -> bool:
     """Whether ``dim`` of ``max`` / ``min`` is a tensor or an array: PyTorch's elementwise
     ``x.max(other)`` / ``x.min(other)``."""
     return isinstance(dim, (TensorCore, np.ndarray)) or _is_torch(dim)
+
+
+def _eager(fn: str, x) -> np.ndarray:
+    """``x``'s values, for a method computed with NumPy (no op: no graph can hold it)."""
+    if x.is_lazy:
+        raise RuntimeError(f"{fn}: miniflow has no {fn} op, so it takes eager tensors only, not "
+                           f"a lazy one inside nn.Graph.build: return the tensor from build and "
+                           f"call {fn} on the call's result (as nanoGPT's generate does, "
+                           f"eagerly)")
+    return x.numpy()
+
+
+class Sampling:
+    """``topk`` and ``multinomial`` of :class:`miniflow.tensor.Tensor` (eager only)."""
+
+    def topk(self, k: int, dim: int = -1, largest: bool = True, sorted: bool = True):
+        """``(values, indices)`` of the ``k`` largest (``largest=False``: smallest) elements
+        along ``dim`` (``torch.topk``, nanoGPT's ``v, _ = torch.topk(logits, k)``), in order
+        (``sorted`` is taken: the result is always sorted), as PyTorch's
+        ``torch.return_types.topk``; NaN counts as the largest, ties keep the lower index
+        first. Eager tensors of any dtype (computed with NumPy; no gradient).
+
+        Raises:
+            RuntimeError: a lazy tensor inside ``build``; ``k`` out of range (PyTorch's
+                "selected index k out of range"). IndexError: ``dim`` out of range.
+            TypeError: ``k`` not an int.
+        """
+        x = _eager("topk", self)
+        d = _dim("topk", dim, max(self.ndim, 1))
+        x = x.reshape(1) if self.ndim == 0 else x
+        if isinstance(k, bool) or not isinstance(k, (int, np.integer)):
+            raise TypeError(f"topk(): argument 'k' must be int, not {type(k).__name__}")
+        if not 0 <= k <= x.shape[d]:
+            raise RuntimeError(f"topk: selected index k out of range (k={k}, dimension {d} of "
+                               f"size {x.shape[d]})")
+        key = x.astype(np.float64) if x.dtype.kind == "f" else x
+        if largest:
+            key = -np.where(np.isnan(key), np.inf, key) if x.dtype.kind == "f" else -key
+        order = np.argsort(key, axis=d, kind="stable")
+        idx = np.take(order, np.arange(k), axis=d)
+        values = np.take_along_axis(x, idx, axis=d)
+        if self.ndim == 0:
+            values, idx = values.reshape(()), idx.reshape(())
+        return TopkResult(tensor(values), tensor(idx.astype(np.int64)))
+
+    def multinomial(self, num_samples: int, replacement: bool = False, *, generator=None):
+        """``num_samples`` int64 category indices per row, drawn with probabilities
+        proportional to this tensor's non-negative weights (``torch.multinomial``: 1-D
+        ``[C]`` gives ``[num_samples]``, 2-D ``[N, C]`` gives ``[N, num_samples]``; without
+        ``replacement`` a category is drawn once per row). From miniflow's generator
+        (``miniflow.manual_seed``): PyTorch's distribution, not its numbers. Eager tensors only.
+
+        Raises:
+            RuntimeError: a lazy tensor inside ``build``; not 1-D or 2-D; weights that are
+                negative, inf or NaN, or sum to 0; more samples than categories without
+                replacement (PyTorch's messages).
+            TypeError: a ``generator`` (seed miniflow's with ``manual_seed``).
+        """
+        w = _eager("multinomial", self).astype(np.float64)
+        if generator is not None:
+            raise TypeError("multinomial: generator= is not supported: miniflow draws from its "
+                            "one generator; seed it with miniflow.manual_seed")
+        if w.ndim not in (1, 2):
+            raise RuntimeError(f"multinomial: prob_dist must be 1 or 2 dim (got shape "
+                               f"{list(w.shape)})")
+        rows = w.reshape(-1, w.shape[-1])
+        if not np.isfinite(rows).all() or (rows < 0).any():
+            raise RuntimeError("multinomial: probability tensor contains either `inf`, `nan` "
+                               "or element < 0")
+        if (rows.sum(axis=1) <= 0).any():
+            raise RuntimeError("multinomial: invalid multinomial distribution (sum of "
+                               "probabilities <= 0)")
+        if not replacement and num_samples > rows.shape[1]:
+            raise RuntimeError(f"multinomial: cannot sample n_sample ({num_samples}) > "
+                               f"prob_dist.size(-1) ({rows.shape[1]}) samples without "
+                               f"replacement")
+        if not replacement and ((rows > 0).sum(axis=1) < num_samples).any():
+            raise RuntimeError("multinomial: invalid multinomial distribution (with "
+                               "replacement=False, not enough non-negative category to sample)")
+        g = global_generator()
+        out = np.stack([g.choice(rows.shape[1], size=num_samples, replace=replacement,
+                                 p=r / r.sum()) for r in rows])
+        return tensor(out.reshape(w.shape[:-1] + (num_samples,)).astype(np.int64))

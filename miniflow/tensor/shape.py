@@ -44,6 +44,14 @@ class Shape:
         tensors are always contiguous, so every view is valid)."""
         return self.reshape(*shape)
 
+    def view_as(self, other: "Tensor") -> "Tensor":
+        """:meth:`view` to ``other``'s shape (``torch.Tensor.view_as``; the MNIST example's
+        ``target.view_as(pred)``).
+
+        Raises:
+            ValueError: another number of elements (op ``reshape``'s message)."""
+        return self.reshape(other.shape)
+
     def expand(self, *sizes) -> "Tensor":
         """This tensor repeated along its size-1 dims (and new leading dims) to ``sizes``
         (``torch.Tensor.expand``: -1 keeps a dim's size). Op ``expand`` (OneFlow's; a copy, where
