@@ -950,7 +950,41 @@ def test_integer_arithmetic_is_refused_saying_int_for_an_index():
         [data[i:i + 8] for i in ix]
     assert [len(data[int(i):int(i) + 8]) for i in ix] == [8] * 4
     with pytest.raises(TypeError, match=r"'\*': miniflow has no integer arithmetic"):
-        mf.ones(2) * mf.arange(2)
+        mf.arange(2) * mf.arange(2)
+    with pytest.raises(TypeError, match=r"'-': miniflow has no integer arithmetic"):
+        mf.arange(2) - 1
+
+
+PROMOTIONS = {                                  # PyTorch's type promotion to a floating result
+    "int_times_float": lambda lib, i, f: i * 0.5,
+    "float_times_int": lambda lib, i, f: 0.5 * i,
+    "int_over_int": lambda lib, i, f: i / 2,
+    "int_into_int": lambda lib, i, f: 2 / (i + 0.5),
+    "int_tensor_times_float_tensor": lambda lib, i, f: i[:, None] * f[None, :],   # RoPE's
+    "float_tensor_minus_int_tensor": lambda lib, i, f: f - i,
+    "int_over_int_tensor": lambda lib, i, f: i / lib.arange(1, 5),
+    "int_plus_half_tensor": lambda lib, i, f: i + f.half(),
+    "int_plus_float_list_tensor": lambda lib, i, f: i + lib.tensor([0.25, 0.5, 0.75, 1.0]),
+}
+
+
+@pytest.mark.parametrize("name", sorted(PROMOTIONS))
+def test_int64_with_a_floating_operand_promotes_as_pytorch(name):
+    """``torch.arange(4) * 0.5``, ``positions[:, None] * inv_freq`` (RoPE) and ``arange(4) / 2``
+    are floating in PyTorch (its type promotion); they were miniflow's integer-arithmetic error.
+    The result's dtype and values equal torch's, eager and in a graph."""
+    torch = pytest.importorskip("torch")
+    i, f = np.arange(4), np.array([0.5, 1.5, -2.0, 3.0], np.float32)
+    want = PROMOTIONS[name](torch, torch.tensor(i), torch.tensor(f))
+
+    class Promote(nn.Module):
+        def forward(self, f):
+            return PROMOTIONS[name](mf, mf.tensor(i), f)
+
+    for got in (Promote()(mf.tensor(f)), EvalGraph(Promote())(f)):
+        assert got.dtype.name == str(want.dtype).removeprefix("torch."), (got.dtype, want.dtype)
+        np.testing.assert_allclose(got.numpy().astype(np.float64),
+                                   want.numpy().astype(np.float64), rtol=1e-6)
 
 
 def test_the_pytorch_tutorials_positional_encoding_with_sin_and_cos():

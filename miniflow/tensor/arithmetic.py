@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from ..dtype import float32
 from .core import TensorCore
 from .create import apply, as_numpy, tensor
 from .dims import _dim
@@ -24,12 +25,16 @@ class Arithmetic:
     """The math methods and operators of :class:`miniflow.tensor.Tensor`."""
 
     def _binary(self, other, op, scalar_op, reverse=False):
-        """``self (op) other``: a number as the scalar op, else the broadcast op.
+        """``self (op) other``: a number as the scalar op, else the broadcast op; an int64
+        operand is made floating first where PyTorch's type promotion makes the result floating
+        (:func:`_promoted`).
 
         Raises:
-            TypeError: an int64 operand (miniflow has no integer arithmetic), saying what to
-                write for an index (``int(t)``) or for values (a cast)."""
-        for t in (self, other):
+            TypeError: integer arithmetic (int64 operands with no floating one, other than
+                ``/``: miniflow has none), saying what to write for an index (``int(t)``) or
+                for values (a cast)."""
+        x, other = _promoted(op, self, other)
+        for t in (x, other):
             if isinstance(t, TensorCore) and not t.dtype.is_float:
                 raise TypeError(
                     f"'{_SYMBOLS[op]}': miniflow has no integer arithmetic (an int64 tensor of "
@@ -38,9 +43,9 @@ class Arithmetic:
                     f"data[int(i):int(i) + block_size]); for values, cast with "
                     f".to(miniflow.float32) first")
         if isinstance(other, numbers.Number) and not isinstance(other, bool):
-            return scalar_op(self, float(other))
-        other = other if isinstance(other, TensorCore) else tensor(other, dtype=self.dtype)
-        a, b = (other, self) if reverse else (self, other)
+            return scalar_op(x, float(other))
+        other = other if isinstance(other, TensorCore) else tensor(other, dtype=x.dtype)
+        a, b = (other, x) if reverse else (x, other)
         return apply(op, [a, b])
 
     def __add__(self, o):
@@ -286,6 +291,31 @@ class Arithmetic:
         rows, cols = self.shape[-2:]
         below = np.arange(cols)[None, :] - np.arange(rows)[:, None] < int(diagonal)
         return self.masked_fill(below, 0.0)
+
+
+def _promoted(op: str, t: TensorCore, other) -> tuple:
+    """``(t, other)`` after PyTorch's type promotion where it makes an int64 tensor floating
+    (https://pytorch.org/docs/stable/tensor_attributes.html#type-promotion-doc): beside a
+    floating tensor the int64 one takes that tensor's dtype (RoPE's ``positions * inv_freq``);
+    beside a Python float or a floating array, float32 (PyTorch's default dtype); ``/`` of
+    integer operands is a true division, in float32 (``torch.arange(4) / 2``). Anything else is
+    returned as given (integer arithmetic, which :meth:`Arithmetic._binary` refuses)."""
+    def integer(v):
+        return isinstance(v, TensorCore) and not v.dtype.is_float
+
+    if not (integer(t) or integer(other)):
+        return t, other
+    if isinstance(other, TensorCore):
+        floating = t.dtype if t.dtype.is_float else other.dtype if other.dtype.is_float else None
+    elif isinstance(other, numbers.Number):
+        floating = None if isinstance(other, numbers.Integral) else float32
+    else:
+        floating = float32 if as_numpy(other).dtype.kind == "f" else None
+    if floating is None and op == "broadcast_div":
+        floating = float32
+    if floating is None:
+        return t, other
+    return (t.to(floating) if integer(t) else t), (other.to(floating) if integer(other) else other)
 
 
 def _other_tensor(t: TensorCore, other) -> TensorCore:
