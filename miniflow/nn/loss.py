@@ -215,23 +215,35 @@ def mse_loss(input: Tensor, target, size_average=None, reduce=None,
     return _reduce((input - target).square(), reduction)
 
 
-class MSELoss(Module):
-    """``mse_loss`` as a module (``torch.nn.MSELoss``): ``MSELoss(reduction="mean")`` then
-    ``loss(input, target)``.
+class _Loss(Module):
+    """The base of the loss modules with a ``reduction`` (PyTorch's
+    ``torch.nn.modules.loss._Loss``): PyTorch's signature, the deprecated ``size_average`` /
+    ``reduce`` refused and ``reduction`` checked at construction; ``forward(input, target)``
+    calls the functional form :attr:`function` with it.
 
     Raises:
-        ValueError: an unknown reduction, or PyTorch's deprecated ``size_average`` / ``reduce``,
-            at construction.
+        ValueError: an unknown reduction, or ``size_average`` / ``reduce`` given.
     """
+
+    function = None
+    """The functional form (a staticmethod: ``mse_loss`` ...), whose name the errors give."""
 
     def __init__(self, size_average=None, reduce=None, reduction: str = "mean"):
         super().__init__()
-        _legacy("mse_loss", size_average, reduce)
-        _check_reduction("mse_loss", reduction)
+        name = self.function.__name__
+        _legacy(name, size_average, reduce)
+        _check_reduction(name, reduction)
         self.reduction = reduction
 
     def forward(self, input, target):
-        return mse_loss(input, target, reduction=self.reduction)
+        return self.function(input, target, reduction=self.reduction)
+
+
+class MSELoss(_Loss):
+    """``mse_loss`` as a module (``torch.nn.MSELoss``): ``MSELoss(reduction="mean")`` then
+    ``loss(input, target)``; raises as :class:`_Loss`."""
+
+    function = staticmethod(mse_loss)
 
     def extra_repr(self) -> str:
         return f"reduction={self.reduction!r}"
@@ -257,23 +269,11 @@ def l1_loss(input: Tensor, target, size_average=None, reduce=None,
     return _reduce((input - target).abs(), reduction)
 
 
-class L1Loss(Module):
+class L1Loss(_Loss):
     """``l1_loss`` as a module (``torch.nn.L1Loss``): ``L1Loss(reduction="mean")`` then
-    ``loss(input, target)``.
+    ``loss(input, target)``; raises as :class:`_Loss`."""
 
-    Raises:
-        ValueError: an unknown reduction, or PyTorch's deprecated ``size_average`` / ``reduce``,
-            at construction.
-    """
-
-    def __init__(self, size_average=None, reduce=None, reduction: str = "mean"):
-        super().__init__()
-        _legacy("l1_loss", size_average, reduce)
-        _check_reduction("l1_loss", reduction)
-        self.reduction = reduction
-
-    def forward(self, input, target):
-        return l1_loss(input, target, reduction=self.reduction)
+    function = staticmethod(l1_loss)
 
 
 def _nll_target(input: Tensor, target) -> Tensor:
@@ -389,7 +389,7 @@ def nll_loss(input: Tensor, target, weight=None, size_average=None, ignore_index
     return per.sum() if reduction == "sum" else per.sum() / picked_w.sum()
 
 
-class NLLLoss(Module):
+class NLLLoss(_Loss):
     """``nll_loss`` as a module (``torch.nn.NLLLoss``): ``NLLLoss(weight=None,
     size_average=None, ignore_index=-100, reduce=None, reduction="mean")`` then ``loss(input,
     target)``. ``weight`` is a buffer, as PyTorch registers it: in the state dict as ``weight``
@@ -400,15 +400,15 @@ class NLLLoss(Module):
             ``reduce``, at construction. TypeError: ``ignore_index`` not an int.
     """
 
+    function = staticmethod(nll_loss)
+
     def __init__(self, weight=None, size_average=None, ignore_index: int = -100, reduce=None,
                  reduction: str = "mean"):
-        super().__init__()
-        _legacy("nll_loss", size_average, reduce)
-        _check_reduction("nll_loss", reduction)
+        super().__init__(size_average, reduce, reduction)
         if not is_integer(ignore_index):
             raise TypeError(f"nll_loss: ignore_index must be an int, got {ignore_index!r}")
         self.register_buffer("weight", weight)
-        self.ignore_index, self.reduction = int(ignore_index), reduction
+        self.ignore_index = int(ignore_index)
 
     def forward(self, input, target):
         return nll_loss(input, target, self.weight, ignore_index=self.ignore_index,

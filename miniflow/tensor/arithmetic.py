@@ -44,7 +44,7 @@ class Arithmetic:
                     f".to(miniflow.float32) first")
         if isinstance(other, numbers.Number) and not isinstance(other, bool):
             return scalar_op(x, float(other))
-        other = other if isinstance(other, TensorCore) else tensor(other, dtype=x.dtype)
+        other = _other_tensor(x, other)
         a, b = (other, x) if reverse else (x, other)
         return apply(op, [a, b])
 
@@ -75,7 +75,7 @@ class Arithmetic:
                             reverse=True)
 
     def __matmul__(self, o):
-        return _matmul(self, o if isinstance(o, TensorCore) else tensor(o, dtype=self.dtype))
+        return _matmul(self, _other_tensor(self, o))
 
     def __rmatmul__(self, o):
         return _matmul(tensor(o, dtype=self.dtype), self)
@@ -321,7 +321,7 @@ def _promoted(op: str, t: TensorCore, other) -> tuple:
 def _other_tensor(t: TensorCore, other) -> TensorCore:
     """``other`` as an operand of ``t``'s binary op: itself if a Tensor, else (a number, an
     array, a torch tensor) a tensor of ``t``'s dtype."""
-    return other if isinstance(other, TensorCore) else tensor(as_numpy(other), dtype=t.dtype)
+    return other if isinstance(other, TensorCore) else tensor(other, dtype=t.dtype)
 
 
 def _other(fn: str, t: TensorCore, other, bound: str) -> TensorCore:
