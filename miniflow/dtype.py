@@ -22,7 +22,7 @@ import numpy as np
 
 __all__ = ["DType", "float64", "float32", "float16", "bfloat16", "int64", "as_dtype",
            "HALF_DTYPES", "FP16_MAX", "FP16_OVERFLOW", "FP16_MIN_NORMAL", "FP16_MIN_SUBNORMAL",
-           "BF16_MAX", "is_bfloat16"]
+           "BF16_MAX", "is_bfloat16", "max_finite"]
 
 FP16_MAX = 65504.0
 """Largest finite float16 value."""
@@ -90,6 +90,19 @@ int64 = DType("int64", "i64", np.int64, False)
 
 HALF_DTYPES = (float16, bfloat16)
 """The 16-bit float types."""
+
+
+def max_finite(dtype: DType) -> float:
+    """The largest finite value of the floating ``dtype`` (float16 65504, bfloat16
+    :data:`BF16_MAX`, float32 3.4028e38, float64 1.7977e308).
+
+    Raises:
+        TypeError: ``dtype`` is not floating (int64)."""
+    if not dtype.is_float:
+        raise TypeError(f"max_finite: {dtype.name} is not a floating dtype")
+    if dtype.is_half:          # np.finfo knows no ml_dtypes type
+        return FP16_MAX if dtype.name == "float16" else BF16_MAX
+    return float(np.finfo(dtype.np).max)
 
 _ALL = {d.name: d for d in (float64, float32, float16, bfloat16, int64)}
 _BY_NP = {d.np: d for d in _ALL.values() if d is not bfloat16}

@@ -818,6 +818,35 @@ def test_a_number_for_maximum_names_clamp():
         mf.tensor(X).minimum(1)
 
 
+def test_masked_fill_of_a_value_beyond_the_dtype_is_refused_as_by_pytorch():
+    """-1e9 into a float16 tensor was -inf without a word; PyTorch raises "value cannot be
+    converted to type c10::Half without overflow" (its limit is the largest finite value);
+    infinities, in-range values and bfloat16 (float32's range) fill."""
+    mask = np.array([True, False])
+    half = mf.tensor(np.zeros(2, np.float16))
+    for value in (-1e9, 65505.0, 1e39):
+        with pytest.raises(RuntimeError, match=r"masked_fill: value .* cannot be converted to "
+                                               r"float16 without overflow \(its largest finite "
+                                               r"value is 65504;"):
+            half.masked_fill(mask, value)
+    np.testing.assert_array_equal(half.masked_fill(mask, 65504.0).numpy(), [65504.0, 0.0])
+    np.testing.assert_array_equal(half.masked_fill(mask, -np.inf).numpy(), [-np.inf, 0.0])
+    bf16 = mf.tensor(np.zeros(2, np.float32)).to(mf.bfloat16).masked_fill(mask, -1e9)
+    import ml_dtypes
+    assert bf16.float().numpy()[0] == np.float32(ml_dtypes.bfloat16(-1e9))
+    with pytest.raises(RuntimeError, match="to float32 without overflow"):
+        mf.tensor(np.zeros(2, np.float32)).masked_fill(mask, -1e39)
+
+
+def test_keepdim_with_an_elementwise_other_is_refused():
+    """PyTorch has no ``max(other, keepdim)`` overload; miniflow ignored keepdim there."""
+    for fn in ("max", "min"):
+        with pytest.raises(TypeError, match=fn + r"\(\): keepdim applies to a reduction over "
+                                            r"dim, not to the elementwise"):
+            getattr(mf.tensor(X), fn)(mf.tensor(X), keepdim=True)
+        np.testing.assert_array_equal(getattr(mf.tensor(X), fn)(X, keepdim=False).numpy(), X)
+
+
 def test_tril_triu_eager_as_pytorch_and_their_errors():
     """nanoGPT's causal mask ``torch.tril(torch.ones(T, T)).view(1, 1, T, T)`` as a buffer
     compared with 0 in ``masked_fill``; ``tril`` / ``triu`` refuse what PyTorch refuses."""

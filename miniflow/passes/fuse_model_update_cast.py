@@ -50,7 +50,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..dtype import BF16_MAX, FP16_MAX, bfloat16, float16, float32
+from ..dtype import float32, max_finite
 from ..ir import Graph, Node, Value, grad_name
 from ..ops import get_op
 from .dead_code_elimination import dead_code_elimination
@@ -58,8 +58,6 @@ from .loss_scale import LossScaleState
 
 __all__ = ["fuse_model_update_cast", "FusedUpdateState", "copy_name", "count_commutes"]
 
-FLOAT32_MAX = float(np.finfo(np.float32).max)
-_MAX_FINITE = {float16: FP16_MAX, bfloat16: BF16_MAX, float32: FLOAT32_MAX}
 _FUSED = {"sgd_update": "multi_tensor_sgd_update_with_cast",
           "adam_update": "multi_tensor_adam_update_with_cast"}
 
@@ -89,7 +87,8 @@ def count_commutes(dtype, scaler) -> bool:
         return True
     lowest = np.float32(scaler.schedule_attrs()["min_scale"] if scaler.dynamic else scaler.scale)
     largest_inverse = float(np.float32(1.0 / float(lowest)))
-    return math.isfinite(largest_inverse) and _MAX_FINITE[dtype] * largest_inverse <= FLOAT32_MAX
+    return (math.isfinite(largest_inverse)
+            and max_finite(dtype) * largest_inverse <= max_finite(float32))
 
 
 class _Update:

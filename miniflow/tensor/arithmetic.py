@@ -3,12 +3,13 @@
 ``minimum`` and ``masked_fill``."""
 from __future__ import annotations
 
+import math
 import numbers
 from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ..dtype import float32
+from ..dtype import float32, max_finite
 from .core import TensorCore
 from .create import apply, as_numpy, tensor
 from .dims import _dim
@@ -256,6 +257,10 @@ class Arithmetic:
             TypeError: a mask that is not an array or a Tensor (a Python bool: what ``t == 0``
                 of a lazy tensor would be in PyTorch code), or a float array (PyTorch:
                 "masked_fill_ only supports boolean masks").
+            RuntimeError: a finite ``value`` beyond the dtype's range (-1e9 into a float16
+                tensor), as PyTorch's "value cannot be converted to type at::Half without
+                overflow". Under AMP the traced tensor is float32, so the check passes, and a
+                float16 ``masked_fill`` the AMP pass makes fills -inf (OneFlow's cast).
         """
         if not isinstance(mask, TensorCore):
             arr = mask_array("masked_fill", mask)
@@ -263,7 +268,13 @@ class Arithmetic:
                 raise TypeError(f"masked_fill: only supports boolean masks (or integer ones: "
                                 f"nonzero = fill), got an array of {arr.dtype}")
             mask = tensor(arr.astype(np.int64))
-        return apply("masked_fill", [self, mask], value=float(value))
+        value = float(value)
+        if self.dtype.is_float and math.isfinite(value) and abs(value) > max_finite(self.dtype):
+            raise RuntimeError(
+                f"masked_fill: value {value:g} cannot be converted to {self.dtype.name} without "
+                f"overflow (its largest finite value is {max_finite(self.dtype):g}; PyTorch "
+                f"raises too): give float('-inf') or a value in range")
+        return apply("masked_fill", [self, mask], value=value)
 
     def tril(self, diagonal: int = 0) -> "Tensor":
         """The lower triangle of the last two dimensions (``torch.tril``; nanoGPT's

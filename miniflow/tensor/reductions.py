@@ -39,11 +39,13 @@ class Reductions:
 
         Raises:
             IndexError: ``dim`` out of range. ValueError: an empty reduced dimension.
-            TypeError: ``keepdim`` without ``dim`` (as PyTorch: no such overload).
+            TypeError: ``keepdim`` without ``dim``, or with a tensor ``other`` (as PyTorch: no
+            such overload).
 
         ``x.max(other)`` with a tensor or an array ``other`` is PyTorch's elementwise maximum,
         :meth:`maximum`."""
         if _is_other(dim):
+            _no_keepdim("max", keepdim)
             return self.maximum(dim)
         if dim is None and keepdim:
             raise TypeError(f"max(): keepdim=True needs a dim (the tensor has shape "
@@ -91,6 +93,7 @@ class Reductions:
         negated (exact), with PyTorch's ``torch.min`` results (NaN propagates, the first
         minimum's index); raises as :meth:`max`. ``x.min(other)`` is :meth:`minimum`."""
         if _is_other(dim):
+            _no_keepdim("min", keepdim)
             return self.minimum(dim)
         if dim is not None:
             _dim("min", dim, self.ndim)
@@ -209,6 +212,14 @@ def _is_other(dim) -> bool:
     """Whether ``dim`` of ``max`` / ``min`` is a tensor or an array: PyTorch's elementwise
     ``x.max(other)`` / ``x.min(other)``."""
     return isinstance(dim, (TensorCore, np.ndarray)) or _is_torch(dim)
+
+
+def _no_keepdim(fn: str, keepdim) -> None:
+    """``x.max(other, keepdim=True)``: PyTorch has no such overload (the elementwise form keeps
+    every dim); refused rather than ignored."""
+    if keepdim:
+        raise TypeError(f"{fn}(): keepdim applies to a reduction over dim, not to the elementwise "
+                        f"{fn}(other) (which keeps every dim): drop keepdim")
 
 
 def _eager(fn: str, x) -> np.ndarray:
