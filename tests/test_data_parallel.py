@@ -208,7 +208,7 @@ def test_a_one_rank_world_makes_no_collective_call_even_with_data_parallel_on(mo
 
 
 def test_the_message_of_a_recompile_on_some_ranks_names_them():
-    from miniflow.compile.driver import _recompiles_alone
+    from miniflow.compiler.driver import _recompiles_alone
     assert _recompiles_alone("G", [True, False, True]).startswith(
         "G recompiles at this call on ranks 0, 2 only (of 3 ranks): since the last call ")
     assert "on rank 1 only (of 2 ranks)" in _recompiles_alone("G", [False, True])

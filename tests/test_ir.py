@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import miniflow as mf
-from miniflow.compile import driver
+from miniflow.compiler import driver
 from miniflow import nn
 from miniflow.ir import Graph, evaluate, grad_name
 from miniflow.ops import emitter, get_op

@@ -7,7 +7,7 @@ imports resolved) and reports each import of a higher layer, of the other layer-
 below the backends (layer 3, the backend packages 3.5): shared code imports no backend. A second
 test feeds it a synthetic back-import and checks that it is reported.
 
-The compile package (``miniflow.compile``: the driver, its configuration, the half weight copies)
+The compile package (``miniflow.compiler``: the driver, its configuration, the half weight copies)
 is above ``nn``, ``optim`` and ``amp``: it may import every lower layer; below it only
 ``miniflow.nn`` reaches it, in one place: ``nn.__getattr__`` imports the package (not one of its
 modules) to hand out ``nn.Graph`` / ``nn.GraphConfig``. ``nn`` holds layers only: it imports no
@@ -40,7 +40,7 @@ LAYERS = {
     "miniflow.nn": 6, "miniflow.models": 6.5,
     "miniflow.optim": 7,
     "miniflow.amp": 8,
-    "miniflow.compile": 9,
+    "miniflow.compiler": 9,
     "miniflow.data": 10, "miniflow.experiments": 10, "miniflow.cli": 10, "miniflow.testing": 10,
     "miniflow.__main__": 10, "miniflow": 10, "miniflow.onnx": 10, "miniflow.logging": 10,
     "miniflow.exercises": 10,
@@ -55,10 +55,10 @@ APART = [("miniflow.passes", "miniflow.kernels"), ("miniflow.kernels.cpu", "mini
 and CUDA kernels share only ``kernels.common``)."""
 
 ALLOWLIST = {
-    # nn.Graph is the compile driver (miniflow/compile/, above nn, optim and amp); miniflow.nn
+    # nn.Graph is the compile driver (miniflow/compiler/, above nn, optim and amp); miniflow.nn
     # re-exports it as nn.Graph / nn.GraphConfig, imported on first use in nn.__getattr__
     # (test_only_nn_reaches_up_to_the_compile_package holds it to that one function).
-    ("miniflow.nn", "miniflow.compile"),
+    ("miniflow.nn", "miniflow.compiler"),
 }
 """Back-imports that are allowed, each with its reason."""
 
@@ -147,7 +147,7 @@ def test_a_back_import_is_reported():
     sources["miniflow.kernels.cuda.elementwise"] += "\nfrom ..cpu.elementwise import map_steps\n"
     sources["miniflow.kernels.common.update"] += "\nfrom ..cpu.common import jitable\n"
     sources["miniflow.passes.autograd"] += "\nimport miniflow.kernels.cpu\n"
-    sources["miniflow.optim.sgd"] += "\nfrom ..compile.driver import Graph\n"
+    sources["miniflow.optim.sgd"] += "\nfrom ..compiler.driver import Graph\n"
     bad = back_imports(sources)
     assert "miniflow.ir -> miniflow.ops (layer 1 imports layer 2)" in bad
     assert ("miniflow.kernels.cuda.elementwise -> miniflow.kernels.cpu.elementwise "
@@ -157,7 +157,7 @@ def test_a_back_import_is_reported():
     assert ("miniflow.passes.autograd -> miniflow.kernels.cpu (miniflow.passes and "
             "miniflow.kernels must not import each other)") in bad
     assert "miniflow.passes.autograd -> miniflow.kernels.cpu (layer 3 imports layer 3.5)" in bad
-    assert "miniflow.optim.sgd -> miniflow.compile.driver (layer 7 imports layer 9)" in bad
+    assert "miniflow.optim.sgd -> miniflow.compiler.driver (layer 7 imports layer 9)" in bad
     assert len(bad) == 6, bad
 
 
@@ -269,7 +269,7 @@ def test_every_backend_fills_every_family_record_through_its_protocol():
                 assert len(params) == 4, (package, op, list(params))
 
 
-COMPILE = "miniflow.compile"
+COMPILE = "miniflow.compiler"
 """The compile package; :func:`reaches_into_compile` lists who below it imports it."""
 
 
@@ -301,18 +301,18 @@ def test_only_nn_reaches_up_to_the_compile_package():
     sources = modules()
     assert reaches_into_compile(sources) == []
     imported = imports("miniflow.nn", sources["miniflow.nn"], set(sources))
-    assert COMPILE in imported, "nn.Graph is no longer re-exported from miniflow.compile"
-    sources["miniflow.nn"] = "from ..compile import Graph\n" + sources["miniflow.nn"]
-    sources["miniflow.nn.module"] += "\n\ndef f():\n    from ..compile.half_copies import x\n"
+    assert COMPILE in imported, "nn.Graph is no longer re-exported from miniflow.compiler"
+    sources["miniflow.nn"] = "from ..compiler import Graph\n" + sources["miniflow.nn"]
+    sources["miniflow.nn.module"] += "\n\ndef f():\n    from ..compiler.half_copies import x\n"
     bad = reaches_into_compile(sources)
-    assert bad == ["miniflow.nn: imports miniflow.compile at line 1",
-                   "miniflow.nn.module: imports miniflow.compile.half_copies at line "
+    assert bad == ["miniflow.nn: imports miniflow.compiler at line 1",
+                   "miniflow.nn.module: imports miniflow.compiler.half_copies at line "
                    f"{sources['miniflow.nn.module'].count(chr(10))}"], bad
 
 
 def test_nn_holds_layers_only():
     """The compile driver's bookkeeping (pass states, half weight copies, plans) is in
-    ``miniflow.compile``: no module of ``miniflow.nn`` imports a pass or the plan builder."""
+    ``miniflow.compiler``: no module of ``miniflow.nn`` imports a pass or the plan builder."""
     sources = modules()
     known = set(sources)
     bad = [f"{name} -> {target}" for name, source in sorted(sources.items())
@@ -320,8 +320,8 @@ def test_nn_holds_layers_only():
            for target in sorted(imports(name, source, known))
            if target.startswith(("miniflow.passes", "miniflow.runtime.plan"))]
     assert not bad, f"miniflow.nn imports the compile driver's business: {bad}"
-    assert {"miniflow.compile.config", "miniflow.compile.driver",
-            "miniflow.compile.half_copies"} <= known
+    assert {"miniflow.compiler.config", "miniflow.compiler.driver",
+            "miniflow.compiler.half_copies"} <= known
 
 
 MAX_FUNCTION_LINES = 60

@@ -1,7 +1,7 @@
 """Neural-network API: Module, Parameter, layers (Linear, Conv2d, BatchNorm1d/2d, pools, Flatten ...),
 containers (Sequential, ModuleList, ModuleDict, ParameterList, ParameterDict), the losses
 (CrossEntropyLoss, NLLLoss, MSELoss, L1Loss), activations, functional ops, ``init`` (PyTorch's
-in-place initialisers), and (re-exported from the compile package ``miniflow.compile``) the lazy
+in-place initialisers), and (re-exported from the compile package ``miniflow.compiler``) the lazy
 ``nn.Graph`` and ``nn.GraphConfig``.
 
 ``nn.Graph`` lives above this package (it compiles modules, optimizers and AMP settings), so it is
@@ -42,7 +42,7 @@ def __getattr__(name):
         AttributeError: any other name the package has not; one of :data:`_NOT_IN_NN` says
             what to use instead."""
     if name in ("Graph", "GraphConfig"):
-        from .. import compile as package  # above nn: imported when first asked for
+        from .. import compiler as package  # above nn: imported when first asked for
         return getattr(package, name)
     why = _NOT_IN_NN.get(name)
     raise AttributeError(f"module 'miniflow.nn' has no attribute {name!r}"

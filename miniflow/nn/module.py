@@ -14,12 +14,12 @@ its persistent buffers, then its children's, depth first, under every name that 
 mode layers read when traced. Every change of any module that makes a compiled graph's trace
 wrong (a replaced parameter, buffer or sub-module, a flipped ``training``, ``requires_grad`` or
 ``track_running_stats``) bumps :attr:`Module.version`, which the compile driver
-(``miniflow.compile.driver``: ``nn.Graph``) compares at every call. Any other attribute assigned
+(``miniflow.compiler.driver``: ``nn.Graph``) compares at every call. Any other attribute assigned
 on a module a graph traced (``dropout.p``, ``layer_norm.eps``) makes that graph recompile
 (:meth:`Module.compiled_into`).
 
 Under AMP with fused updates a parameter also owns half copies of its value
-(``Parameter.half_copies``, filled and kept fresh by ``miniflow.compile.half_copies``);
+(``Parameter.half_copies``, filled and kept fresh by ``miniflow.compiler.half_copies``);
 ``Parameter.version`` counts the writes of its value that those copies did not follow.
 """
 from __future__ import annotations
@@ -89,7 +89,7 @@ class Parameter(Tensor):
     optimizer lists it; a change recompiles the graphs at their next call (:attr:`Module.version`).
 
     ``version`` counts the writes of its value that its half copies did not follow (loading a
-    state dict, an update that wrote no copy): ``miniflow.compile.half_copies`` compares it with
+    state dict, an update that wrote no copy): ``miniflow.compiler.half_copies`` compares it with
     the version each copy was made from. ``half_copies``: dtype name -> the compile driver's
     copy of the value in that half dtype (empty until an AMP graph with fused updates
     compiles).

@@ -33,7 +33,7 @@ import numpy as np
 from .. import __version__
 from ..extras import require
 from ..checks import is_integer
-from ..compile import Graph
+from ..compiler import Graph
 from ..nn.module import Module
 from ..passes.pipeline import STAGE_ALIASES
 from ..runtime.backend import get_backend

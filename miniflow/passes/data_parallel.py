@@ -4,7 +4,7 @@ gradient all-reduce, as graph nodes.
 Runs after autograd and AMP, before loss scaling and the optimizer (``pipeline.py``), and only when
 ``ctx.settings.data_parallel`` is set: the compile driver sets it for a graph that trains, in a
 process world of more than one rank or when ``config.enable_data_parallel()`` asks for it
-(``miniflow.compile``). Assumes the autograd pass made the gradient results ``grad:<variable>`` of
+(``miniflow.compiler``). Assumes the autograd pass made the gradient results ``grad:<variable>`` of
 the trainable variables (``settings.trainable``, in parameter order). Guarantees:
 
 1. The gradients are bucketed in reverse parameter order (the order backward produces them, DDP's

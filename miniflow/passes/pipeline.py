@@ -52,7 +52,7 @@ __all__ = ["CompileSettings", "PassStates", "CompileContext", "PASSES", "AMP_PAS
 
 @dataclass(frozen=True)
 class CompileSettings:
-    """What the compile driver (``miniflow.compile``) tells the passes; frozen, so no pass can
+    """What the compile driver (``miniflow.compiler``) tells the passes; frozen, so no pass can
     change what a later pass reads (a setting flipped on ``nn.Graph.config`` after a compile
     reaches the next compile only).
 

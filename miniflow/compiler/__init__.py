@@ -3,11 +3,11 @@
 ``optim``, ``amp``, ``passes``, ``runtime``); ``miniflow.nn`` re-exports its two public names,
 ``nn.Graph`` and ``nn.GraphConfig``, which is how users reach it.
 
-- :mod:`~miniflow.compile.config`: :class:`GraphConfig` (``self.config``) and the
+- :mod:`~miniflow.compiler.config`: :class:`GraphConfig` (``self.config``) and the
   ``CompileSettings`` the passes read, made from it.
-- :mod:`~miniflow.compile.driver`: :class:`Graph`: tracing, the pass pipeline, plan caching and
+- :mod:`~miniflow.compiler.driver`: :class:`Graph`: tracing, the pass pipeline, plan caching and
   recompiles, the scaler's read-backs, data-parallel rank checks.
-- :mod:`~miniflow.compile.half_copies`: the half weight copies of fused AMP updates.
+- :mod:`~miniflow.compiler.half_copies`: the half weight copies of fused AMP updates.
 """
 from .config import GraphConfig
 from .driver import Graph

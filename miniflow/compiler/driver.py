@@ -3,8 +3,8 @@ re-exported as ``miniflow.nn.Graph``.
 
 It sits above every other layer (modules, optimizers, AMP, passes, runtime): tracing ``build`` with
 ``miniflow.trace``, running ``miniflow.passes.pipeline`` with ``CompileSettings`` made from the
-graph's configuration, optimizers and scaler (``miniflow.compile.config``), and building
-``miniflow.runtime.plan`` plans, whose half weight copies ``miniflow.compile.half_copies`` keeps.
+graph's configuration, optimizers and scaler (``miniflow.compiler.config``), and building
+``miniflow.runtime.plan`` plans, whose half weight copies ``miniflow.compiler.half_copies`` keeps.
 
 Data parallel (``miniflow.distributed``, MPI): a graph that trains, started by ``mpiexec -n N``
 with N > 1, averages its gradients across the ranks (the ``data_parallel`` pass: ``all_reduce``
