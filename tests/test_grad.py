@@ -73,8 +73,9 @@ CASES = [
 ]
 
 
-NOT_CHECKED = ("ones_like", "constant", "detach", "argmax", "dropout")
-"""Ops whose gradient rule returns no gradient (creation ops, detach, argmax): nothing to check; and ``dropout``,
+NOT_CHECKED = ("ones_like", "constant", "detach", "argmax", "top_k", "dropout")
+"""Ops whose gradient rule returns no gradient (creation ops, detach, argmax, top_k): nothing to
+check; and ``dropout``,
 whose every run draws a new mask (it advances its random stream in place), so finite differences
 see a different function at each evaluation: ``tests/test_dropout.py`` checks its gradient against
 ``dy * mask / (1 - rate)`` instead."""

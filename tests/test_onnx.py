@@ -345,6 +345,33 @@ def test_tensor_gather_exports_as_gather_elements(amp, tmp_path):
     assert axes == [0, 1]
 
 
+class _Top(nn.Module):
+    """``Tensor.topk`` along the last dimension and the first (op ``top_k`` moved there), the
+    largest and the smallest."""
+
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Linear(4, 4)
+
+    def forward(self, x):
+        h = self.a(x)                                                # [16, 4]
+        v, i = h.topk(2, dim=1)
+        low = h.topk(3, dim=0, largest=False).values                 # [3, 4]
+        picks = v.sum(1, keepdim=True) + i.float().sum(1, keepdim=True)
+        return h * 0.5 + picks + low.sum(0, keepdim=True)
+
+
+@pytest.mark.parametrize("amp", [False, True], ids=["fp32", "amp"])
+def test_topk_exports_as_onnx_topk(amp, tmp_path):
+    """Op ``top_k`` (``Tensor.topk`` inside ``build``) is ``TopK`` on the last axis with its
+    ``largest``; onnxruntime matches miniflow (random values: no ties)."""
+    miniflow.manual_seed(0)
+    proto = _export_one_activation_chain(_Top(), amp, tmp_path / "top.onnx")
+    largest = sorted(a.i for n in proto.graph.node if n.op_type == "TopK"
+                     for a in n.attribute if a.name == "largest")
+    assert largest == [0, 1]
+
+
 @pytest.mark.parametrize("amp", [False, True], ids=["fp32", "amp"])
 def test_leaky_relu_and_elu_export_as_onnx_operators_with_their_alpha(amp, tmp_path):
     """``leaky_relu`` -> ``LeakyRelu(alpha)`` and ``elu`` -> ``Elu(alpha)``, the node's ``alpha``

@@ -925,7 +925,71 @@ def test_topk_as_pytorch_on_eager_tensors(dim, largest):
         np.testing.assert_array_equal(got.indices.numpy(), want.indices.numpy())
 
 
-def test_topk_and_multinomial_refuse_what_pytorch_refuses_and_lazy_tensors():
+class _Topk(nn.Module):
+    """A weighted sum of ``topk`` values along ``dim`` of a parameter, plus the indices."""
+
+    def __init__(self, x, dim, largest):
+        super().__init__()
+        self.x, self.dim, self.largest = nn.Parameter(x), dim, largest
+
+    def forward(self, w):
+        values, indices = self.x.topk(3, dim=self.dim, largest=self.largest)
+        return values * w + indices.float()
+
+
+@pytest.mark.parametrize("dim,largest", [(-1, True), (0, True), (1, False)])
+def test_topk_inside_build_trains_and_equals_eager(dim, largest):
+    """``topk`` inside ``build`` (op ``top_k`` and a ``dim_gather`` of the values): values and
+    indices equal the eager ones (the NumPy reference), NaN first when largest; one SGD step of
+    lr 1 moves the picked elements by their weights (the gradient of a gather: the weight at
+    each picked place, 0 elsewhere)."""
+    x = _first((4, 5, 6)).copy()
+    x[1, 2, 3] = np.nan
+    eager = mf.tensor(x).topk(3, dim=dim, largest=largest)
+    shape = eager.values.shape
+    w = np.arange(1, np.prod(shape) + 1, dtype=np.float32).reshape(shape)
+    model = _Topk(x, dim, largest)
+    out = _SumStep(model)(w).numpy()
+    np.testing.assert_allclose(out, eager.values.numpy() * w + eager.indices.numpy(), rtol=1e-6)
+    grad = np.zeros_like(x)
+    np.put_along_axis(grad, eager.indices.numpy(), w, axis=dim)
+    known = ~np.isnan(x)              # (x - (x - g) rounds: g to float32's epsilon of x)
+    np.testing.assert_allclose((x - model.x.numpy())[known], grad[known], rtol=1e-6, atol=1e-6)
+
+
+def test_topk_accuracy_in_an_eval_graph_as_the_imagenet_example():
+    """PyTorch's ImageNet example's ``accuracy``: ``_, pred = output.topk(maxk, 1, True,
+    True); pred.t().eq(target.view(1, -1).expand_as(pred))``; inside an eval graph under AMP the
+    top-5 indices equal NumPy's (float32 logits, no ties)."""
+    logits = _first((8, 10))
+    model = nn.Linear(10, 10)
+
+    class Eval(nn.Graph):
+        def __init__(self):
+            super().__init__()
+            self.m = model
+            self.config.enable_amp(True)
+
+        def build(self, x):
+            return self.m(x).topk(5, 1, True, True).indices
+
+    model.eval()
+    got = Eval()(logits).numpy()
+    ref = logits @ model.weight.numpy().T.astype(np.float64) + model.bias.numpy()
+    want = np.argsort(-ref, axis=1)[:, :5]
+    np.testing.assert_array_equal(np.sort(got, axis=1), np.sort(want, axis=1))
+
+
+class _TopInBuild(mf.nn.Graph):
+    def __init__(self, fn):
+        super().__init__()
+        self.fn = fn
+
+    def build(self, x):
+        return self.fn(x)
+
+
+def test_topk_and_multinomial_refuse_what_pytorch_refuses():
     x = mf.tensor(_first((2, 5)))
     ties = mf.tensor(np.array([1.0, 2.0, 2.0, 1.0], np.float32))
     assert ties.topk(3).indices.tolist() == [1, 2, 0]      # stable: the lower index first
@@ -942,13 +1006,14 @@ def test_topk_and_multinomial_refuse_what_pytorch_refuses_and_lazy_tensors():
         mf.ones(3).multinomial(4)
     with pytest.raises(RuntimeError, match="not enough non-negative category"):
         mf.tensor(np.array([1.0, 0.0, 0.0])).multinomial(2)
-
-    class Top(mf.nn.Graph):
-        def build(self, x):
-            return x.topk(2).values
-
-    with pytest.raises(RuntimeError, match="no topk op, so it takes eager tensors only"):
-        Top()(_first((2, 5)))
+    with pytest.raises(TypeError, match="topk: a int64 tensor inside build .op top_k takes "
+                                        "floating tensors.: cast it with .float.. first"):
+        _TopInBuild(lambda x: x.long().topk(2).values)(_first((2, 5)))
+    weights = nn.Parameter(np.ones((2, 3), np.float32))     # eager inside build until used
+    for fn in (lambda x: x.softmax(-1).multinomial(1), lambda x: weights.multinomial(1) + x):
+        with pytest.raises(RuntimeError, match="multinomial: miniflow has no multinomial op, so "
+                                               "it takes eager tensors only, outside nn.Graph"):
+            _TopInBuild(fn)(_first((2, 5)))
 
 
 def test_multinomial_draws_pytorchs_distribution_from_miniflows_generator():

@@ -473,6 +473,13 @@ def _reduce_max(node, ins, outs, b):
         b.node("ReduceMax", ins, outs, axes=[a["axis"]], keepdims=int(a["keepdims"]))
 
 
+def _top_k(node, ins, outs, b):
+    """TopK along the last axis, sorted; its Values output unused (``Tensor.topk`` gathers
+    them). ONNX leaves the order of equal elements and of NaN to the runtime."""
+    b.node("TopK", [ins[0], b.ints([node.attrs["k"]])], [b.fresh("topk_values"), outs[0]],
+           axis=-1, largest=int(node.attrs["largest"]), sorted=1)
+
+
 CONVERTERS = {
     "fused_elementwise": _fused,
     "detach": lambda n, ins, outs, b: b.node("Identity", ins, outs),
@@ -512,6 +519,7 @@ CONVERTERS = {
     "gather": lambda n, ins, outs, b: b.node("Gather", ins, outs, axis=n.attrs["axis"]),
     "dim_gather": lambda n, ins, outs, b: b.node("GatherElements", ins, outs,
                                                  axis=n.attrs["dim"]),
+    "top_k": _top_k,
     "cat": lambda n, ins, outs, b: b.node("Concat", ins, outs, axis=n.attrs["axis"]),
 }
 """Op type -> ``convert(node, input names, output names, builder)``; elementwise ops go by their

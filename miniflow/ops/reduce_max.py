@@ -1,5 +1,5 @@
 """``reduce_max`` and ``argmax`` over one axis (OneFlow's op names; PyTorch's ``Tensor.max(dim)``
-returns both), and ``reduce_max_grad``.
+returns both), ``reduce_max_grad``, and ``top_k`` (OneFlow's op, ``Tensor.topk``'s indices).
 
 * ``reduce_max(x)`` {axis, keepdims False}: the maximum along ``axis``, NaN if the slice holds a
   NaN (PyTorch's and NumPy's). An empty axis is an error (PyTorch: "Expected reduction dim to
@@ -9,6 +9,13 @@ returns both), and ``reduce_max_grad``.
 * ``reduce_max_grad(x, y, dy)`` {axis, keepdims}: ``dx = dy`` shared equally by the elements equal
   to the maximum ``y`` (OneFlow's ``reduce_max`` backward: ``dy * (x == y) / count``); where the
   maximum is NaN, by the NaN elements.
+
+* ``top_k(x)`` {k, largest True}: the int64 indices of the ``k`` largest (``largest`` False:
+  smallest) elements along the last axis, best first; NaN counts as larger than every number
+  (so it comes first when ``largest``, last otherwise, as PyTorch's ``topk``), equal elements
+  keep the lower index first. OneFlow's ``top_k`` (``oneflow/user/ops/top_k_op.cpp``; its
+  ``sorted`` attribute is always true here). No gradient: ``Tensor.topk`` reads the values with
+  ``dim_gather``, whose gradient reaches x.
 
 In none of OneFlow's AMP lists: they run in float32 under AMP.
 """
@@ -22,7 +29,7 @@ from ..dtype import int64
 from .common import check_arity, check_float, float_samples, fmt, rand
 from .registry import register
 
-__all__ = ["reduce_max_reference", "argmax_reference"]
+__all__ = ["reduce_max_reference", "argmax_reference", "top_k_reference"]
 
 
 def _norm(op):
@@ -118,6 +125,51 @@ def _grad_samples():
     return float_samples(make)
 
 
+def _top_k_norm(inputs, attrs):
+    k = attrs.get("k")
+    if isinstance(k, bool) or not isinstance(k, numbers.Integral):
+        raise TypeError(f"top_k: k must be an int, got {k!r}")
+    return {"k": int(k), "largest": bool(attrs.get("largest", True))}
+
+
+def _top_k_infer(inputs, attrs):
+    op = "top_k"
+    check_arity(op, inputs, 1)
+    x = inputs[0]
+    check_float(op, x)
+    k = attrs["k"]
+    if not x.shape or not 0 <= k <= x.shape[-1]:
+        raise ValueError(f"top_k: selected index k out of range: k={k} for x {fmt(x)} (top_k "
+                         f"selects along the last axis of a tensor of rank >= 1)")
+    return [(x.shape[:-1] + (k,), int64)]
+
+
+def top_k_reference(arrays, attrs):
+    """``[indices]`` (int64) of the ``k`` best along the last axis, by a lexicographic sort of
+    (NaN or not, the value, the position): NaN above every number, equal elements in index
+    order. Any real dtype (``Tensor.topk`` of an eager int64 tensor uses it too)."""
+    x = arrays[0]
+    nan = np.isnan(x) if x.dtype.kind == "f" else np.zeros(x.shape, bool)
+    value = np.where(nan, 0.0, x.astype(np.float64)) if x.dtype.kind == "f" else x
+    down = -value if x.dtype.kind == "f" else ~value        # ~v = -v - 1: no int64 overflow
+    position = np.broadcast_to(np.arange(x.shape[-1]), x.shape)
+    keys = (position, down, ~nan) if attrs["largest"] else (position, value, nan)
+    return [np.lexsort(keys, axis=-1)[..., :attrs["k"]].astype(np.int64)]
+
+
+def _top_k_samples():
+    def make(dt):
+        r = np.random.default_rng(45)
+        ties = np.array([[1.0, np.nan, 3.0, 3.0, -np.inf, np.nan], [2.0, 2.0, 2.0, 0.0, 1.0, 2.0]],
+                        dt)
+        return [([rand(3, 4, 7, dtype=dt, r=r)], {"k": 3}),
+                ([rand(5, 9, dtype=dt, r=r)], {"k": 9, "largest": False}),
+                ([ties], {"k": 4}), ([ties], {"k": 5, "largest": False}),
+                ([rand(2, 4, dtype=dt, r=r)], {"k": 0}), ([rand(0, 4, dtype=dt, r=r)], {"k": 2}),
+                ([rand(6, dtype=dt, r=r)], {"k": 1})]
+    return float_samples(make)
+
+
 _NOTE = "in none of OneFlow's lists: stays float32 under AMP"
 
 register("reduce_max", _infer("reduce_max"), normalize=_norm("reduce_max"), grad=_grad,
@@ -130,3 +182,8 @@ register("argmax", _infer("argmax"), normalize=_norm("argmax"),
 register("reduce_max_grad", _grad_infer, normalize=_norm("reduce_max_grad"),
          reference=_grad_reference, samples=_grad_samples, amp=None, amp_note=_NOTE,
          doc="dx = dy shared equally by the elements of x equal to the maximum y")
+register("top_k", _top_k_infer, normalize=_top_k_norm, grad=lambda n, gs, emit: [None],
+         reference=top_k_reference, samples=_top_k_samples, amp=None,
+         amp_note=_NOTE + " (its output is int64)",
+         doc="out = int64 indices of the k largest (largest False: smallest) of x along the last "
+             "axis, best first")

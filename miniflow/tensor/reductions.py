@@ -11,8 +11,10 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from ..ops.common import norm_axes
+from ..ops.reduce_max import top_k_reference
 from .core import TensorCore
 from ..random import generator as global_generator
+from ..trace import current_tracer
 from .create import _is_torch, apply, tensor
 from .dims import _dim
 
@@ -223,12 +225,15 @@ def _no_keepdim(fn: str, keepdim) -> None:
 
 
 def _eager(fn: str, x) -> np.ndarray:
-    """``x``'s values, for a method computed with NumPy (no op: no graph can hold it)."""
-    if x.is_lazy:
-        raise RuntimeError(f"{fn}: miniflow has no {fn} op, so it takes eager tensors only, not "
-                           f"a lazy one inside nn.Graph.build: return the tensor from build and "
-                           f"call {fn} on the call's result (as nanoGPT's generate does, "
-                           f"eagerly)")
+    """``x``'s values, for a method computed with NumPy (no op: no graph can hold it).
+
+    Raises:
+        RuntimeError: inside ``nn.Graph.build``: a lazy tensor has no values, and a parameter's
+            or buffer's would be read once, at trace time, into a constant of the graph."""
+    if current_tracer() is not None:
+        raise RuntimeError(f"{fn}: miniflow has no {fn} op, so it takes eager tensors only, "
+                           f"outside nn.Graph.build: return the tensor from build and call "
+                           f"{fn} on the call's result (as nanoGPT's generate does, eagerly)")
     return x.numpy()
 
 
@@ -237,33 +242,47 @@ class Sampling:
 
     def topk(self, k: int, dim: int = -1, largest: bool = True, sorted: bool = True):
         """``(values, indices)`` of the ``k`` largest (``largest=False``: smallest) elements
-        along ``dim`` (``torch.topk``, nanoGPT's ``v, _ = torch.topk(logits, k)``), in order
-        (``sorted`` is taken: the result is always sorted), as PyTorch's
-        ``torch.return_types.topk``; NaN counts as the largest, ties keep the lower index
-        first. Eager tensors of any dtype (computed with NumPy; no gradient).
+        along ``dim`` (``torch.topk``; nanoGPT's ``v, _ = torch.topk(logits, k)``, the ImageNet
+        example's ``output.topk(5, 1, True, True)``), in order (``sorted`` is taken: the result
+        is always sorted), as PyTorch's ``torch.return_types.topk``; NaN counts as the largest,
+        equal elements keep the lower index first (PyTorch does not say how it orders them).
+
+        Inside ``build``: op ``top_k`` (OneFlow's, along the last axis: ``dim`` is moved there
+        and back with ``transpose``) gives the indices and ``dim_gather`` the values, whose
+        gradient reaches this tensor (floating tensors). Eager tensors of any dtype are computed
+        with the op's NumPy reference.
 
         Raises:
-            RuntimeError: a lazy tensor inside ``build``; ``k`` out of range (PyTorch's
-                "selected index k out of range"). IndexError: ``dim`` out of range.
-            TypeError: ``k`` not an int.
+            RuntimeError: ``k`` out of range (PyTorch's "selected index k out of range").
+            IndexError: ``dim`` out of range. TypeError: ``k`` not an int; an int64 tensor
+                inside ``build``.
         """
-        x = _eager("topk", self)
         d = _dim("topk", dim, max(self.ndim, 1))
-        x = x.reshape(1) if self.ndim == 0 else x
         if isinstance(k, bool) or not isinstance(k, (int, np.integer)):
             raise TypeError(f"topk(): argument 'k' must be int, not {type(k).__name__}")
-        if not 0 <= k <= x.shape[d]:
+        size = self.shape[d] if self.ndim else 1
+        if not 0 <= k <= size:
             raise RuntimeError(f"topk: selected index k out of range (k={k}, dimension {d} of "
-                               f"size {x.shape[d]})")
-        key = x.astype(np.float64) if x.dtype.kind == "f" else x
-        if largest:
-            key = -np.where(np.isnan(key), np.inf, key) if x.dtype.kind == "f" else -key
-        order = np.argsort(key, axis=d, kind="stable")
-        idx = np.take(order, np.arange(k), axis=d)
-        values = np.take_along_axis(x, idx, axis=d)
+                               f"size {size})")
+        attrs = {"k": int(k), "largest": bool(largest)}
+        if current_tracer() is None:       # (a parameter inside build is eager until used)
+            a = np.moveaxis(self.numpy().reshape(self.shape or (1,)), d, -1)
+            idx = top_k_reference([a], attrs)[0]
+            out = [np.moveaxis(v, -1, d) for v in (np.take_along_axis(a, idx, axis=-1), idx)]
+            return TopkResult(*(tensor(v.reshape(()) if self.ndim == 0 else v) for v in out))
+        if not self.dtype.is_float:
+            raise TypeError(f"topk: a {self.dtype.name} tensor inside build (op top_k takes "
+                            f"floating tensors): cast it with .float() first")
+        x = self.reshape(1) if self.ndim == 0 else self
+        last = x.ndim - 1
+        moved = x.transpose(d, last) if d != last else x
+        idx = apply("top_k", [moved], **attrs)
+        values = moved.gather(last, idx)
+        if d != last:
+            values, idx = values.transpose(d, last), idx.transpose(d, last)
         if self.ndim == 0:
             values, idx = values.reshape(()), idx.reshape(())
-        return TopkResult(tensor(values), tensor(idx.astype(np.int64)))
+        return TopkResult(values, idx)
 
     def multinomial(self, num_samples: int, replacement: bool = False, *, generator=None):
         """``num_samples`` int64 category indices per row, drawn with probabilities

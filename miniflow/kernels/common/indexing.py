@@ -1,6 +1,7 @@
 """The builders of the indexing ops on every backend (``gather``, ``unsorted_segment_sum_like``,
 ``dim_gather``, ``dim_scatter_add_like``, ``slice``, ``slice_grad``, ``cat``, ``tril``,
-``masked_fill``, and the one-axis reductions ``reduce_max``, ``argmax``, ``reduce_max_grad``),
+``masked_fill``, and the one-axis reductions ``reduce_max``, ``argmax``, ``reduce_max_grad``,
+``top_k``),
 over the backend's step makers: the layouts are planned here once (``[outer, n, inner]`` around
 the gather axis, the C strides around ``dim`` of ``dim_gather`` (:func:`dim_layout`), the slice's
 element offset and strides, the mask's broadcast strides), the loops are the backend's."""
@@ -9,7 +10,7 @@ from __future__ import annotations
 from ...ops.indexing import cat_slices, slice_index
 from .layout import broadcast_plan
 
-__all__ = ["builders", "around", "dim_layout", "slice_layout"]
+__all__ = ["builders", "around", "dim_layout", "slice_layout", "top_k_before"]
 
 
 def _prod(dims) -> int:
@@ -22,6 +23,15 @@ def _prod(dims) -> int:
 def around(shape, axis: int) -> tuple:
     """``(outer, n, inner)`` of ``shape`` around ``axis``."""
     return _prod(shape[:axis]), int(shape[axis]), _prod(shape[axis + 1:])
+
+
+def top_k_before(v, w, largest):
+    """Whether element ``v`` goes before ``w`` in ``top_k``'s order: larger (``largest`` False:
+    smaller), NaN above every number, so that equal elements keep their order. The scalar body
+    both backends' ``top_k`` kernels compile (NumPy's ``top_k_reference`` sorts the same)."""
+    if largest:
+        return v > w or (v != v and w == w)
+    return v < w or (w != w and v == v)
 
 
 def dim_layout(shape, dim: int) -> tuple:
@@ -52,7 +62,7 @@ def slice_layout(shape, attrs) -> tuple:
 
 def builders(*, gather_steps, segment_sum_steps, dim_gather_steps, dim_scatter_steps,
              slice_steps, slice_grad_steps, scatter_steps,
-             tril_steps, masked_fill_steps, max_steps, max_grad_steps) -> dict:
+             tril_steps, masked_fill_steps, max_steps, max_grad_steps, top_k_steps) -> dict:
     """Op type -> builder of the indexing ops, over a backend's step makers:
 
     * ``gather_steps(x, indices, out, outer, n, inner)``: ``out[o, j, i] = x[o, indices[j], i]``;
@@ -71,7 +81,9 @@ def builders(*, gather_steps, segment_sum_steps, dim_gather_steps, dim_scatter_s
     * ``masked_fill_steps(x, mask, out, shape, mask_strides, value)``: the broadcast collapsed
       (``layout.broadcast_plan``);
     * ``max_steps(x, out, outer, n, inner, arg)``: ``out[o, i]`` = the maximum (``arg``: its
-      index) of ``x[o, :, i]``; ``max_grad_steps(x, y, dy, dx, outer, n, inner)``.
+      index) of ``x[o, :, i]``; ``max_grad_steps(x, y, dy, dx, outer, n, inner)``;
+    * ``top_k_steps(x, out, rows, n, k, largest)``: ``out[r, :]`` = the indices of the ``k``
+      best of ``x[r, :]`` (rows of ``n``), best first (not called for an empty out).
     """
     def gather(node, ins, outs):
         """``out = x`` indexed by ``indices`` along ``axis``."""
@@ -146,8 +158,17 @@ def builders(*, gather_steps, segment_sum_steps, dim_gather_steps, dim_scatter_s
             return []
         return max_grad_steps(*ins, outs[0], *around(ins[0].shape, node.attrs["axis"]))
 
+    def top_k(node, ins, outs):
+        """``out`` = the indices of the ``k`` best of ``x`` along its last axis."""
+        if outs[0].size == 0:
+            return []
+        n = int(node.inputs[0].shape[-1])       # (a device array's shape takes no -1)
+        return top_k_steps(ins[0], outs[0], ins[0].size // n, n, node.attrs["k"],
+                           node.attrs["largest"])
+
     return {"gather": gather, "unsorted_segment_sum_like": unsorted_segment_sum_like,
             "dim_gather": dim_gather, "dim_scatter_add_like": dim_scatter_add_like,
             "slice": slice_, "slice_grad": slice_grad, "cat": cat, "tril": tril,
             "masked_fill": masked_fill,
-            "reduce_max": reduce_max, "argmax": argmax, "reduce_max_grad": reduce_max_grad}
+            "reduce_max": reduce_max, "argmax": argmax, "reduce_max_grad": reduce_max_grad,
+            "top_k": top_k}

@@ -4,7 +4,8 @@
 ``slice_grad`` and ``cat`` (``np.copyto`` through a strided view planned at build time), ``tril``
 and ``masked_fill`` (Numba loops that copy elements as stored: float16 and bfloat16 as their bits,
 the fill value converted to out's dtype once, at build time); the one-axis ``reduce_max``,
-``argmax`` and ``reduce_max_grad`` (Numba loops, one output per (parallel) iteration).
+``argmax`` and ``reduce_max_grad`` (Numba loops, one output per (parallel) iteration); ``top_k``
+(a Numba loop per row: an insertion into the row's sorted k indices).
 
 ``gather`` checks every index before it copies and raises IndexError on one outside ``[0, n)``;
 the executor then names it (``OpDef.diagnose``). ``unsorted_segment_sum_like`` adds in a scratch
@@ -20,12 +21,14 @@ import numpy as np
 from numba.extending import register_jitable
 
 from ..common import indexing
-from .common import flat, jit, kview, loop_for, use_parallel
+from .common import flat, jit, jitable, kview, loop_for, use_parallel
 from .fp16 import load, store, to_compute
+
+_before = jitable(indexing.top_k_before)
 
 __all__ = ["gather_kernel", "segment_sum_kernel", "dim_gather_kernel", "dim_scatter_kernel",
            "tril_kernel", "masked_fill_kernel",
-           "max_kernel", "argmax_kernel", "max_grad_kernel", "BUILDERS"]
+           "max_kernel", "argmax_kernel", "max_grad_kernel", "top_k_kernel", "BUILDERS"]
 
 
 @functools.cache
@@ -240,6 +243,35 @@ def max_grad_kernel(parallel: bool):
     return kernel
 
 
+@functools.cache
+def top_k_kernel(parallel: bool):
+    """``kernel(x, out, rows, n, k, largest)``: ``out[r, :k]`` = the indices of the ``k`` best
+    of ``x[r, :n]``, best first, equal elements in index order: each element in turn is
+    inserted into the row's sorted indices (values read back from x) when it beats the last."""
+    loop = loop_for(parallel)
+
+    @jit(parallel)
+    def kernel(x, out, rows, n, k, largest):
+        for r_ in loop(rows):
+            r = np.int64(r_)
+            base, first, count = r * n, r * k, 0
+            for j in range(n):
+                v = load(x, base + j)
+                if count == k:
+                    if not _before(v, load(x, base + out[first + k - 1]), largest):
+                        continue
+                    p = k - 1
+                else:
+                    p = count
+                    count += 1
+                while p > 0 and _before(v, load(x, base + out[first + p - 1]), largest):
+                    out[first + p] = out[first + p - 1]
+                    p -= 1
+                out[first + p] = j
+
+    return kernel
+
+
 def _fill(out, value: float) -> np.ndarray:
     """``value`` in out's dtype, as the kernels see it (a one-element kernel view)."""
     with np.errstate(over="ignore"):
@@ -321,11 +353,18 @@ def max_grad_steps(x, y, dy, dx, outer, n, inner):
              (flat(x), flat(y), flat(dy), flat(dx), outer, n, inner))]
 
 
+def top_k_steps(x, out, rows, n, k, largest):
+    """The step of ``top_k``."""
+    return [(top_k_kernel(use_parallel(x.size) and rows > 1),
+             (flat(x), flat(out), rows, n, k, bool(largest)))]
+
+
 BUILDERS = indexing.builders(gather_steps=gather_steps, segment_sum_steps=segment_sum_steps,
                              dim_gather_steps=dim_gather_steps,
                              dim_scatter_steps=dim_scatter_steps,
                              slice_steps=slice_steps, slice_grad_steps=slice_grad_steps,
                              scatter_steps=scatter_steps, tril_steps=tril_steps,
                              masked_fill_steps=masked_fill_steps,
-                             max_steps=max_steps, max_grad_steps=max_grad_steps)
+                             max_steps=max_steps, max_grad_steps=max_grad_steps,
+                             top_k_steps=top_k_steps)
 """Op type -> builder of the indexing ops."""

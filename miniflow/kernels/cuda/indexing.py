@@ -20,7 +20,8 @@ grid-stride kernels over flat views (``launch.flat_steps``), no atomics:
 * ``tril``, ``masked_fill``: elementwise selects; values move as stored, the fill value is
   rounded to out's dtype.
 * ``reduce_max``, ``argmax``, ``reduce_max_grad`` (one axis): one thread per output, looping
-  over the reduced axis.
+  over the reduced axis; ``top_k``: one thread per row, inserting each element into the row's
+  sorted indices when it beats the last (the CPU's loop).
 """
 from __future__ import annotations
 
@@ -30,13 +31,13 @@ import math
 from numba import cuda
 
 from ..common import indexing
-from .common import flat, jit, short, strided_offset, types_of
+from .common import device, flat, jit, short, strided_offset, types_of
 from .launch import flat_steps
 from .movement import fill_steps, gather_steps as strided_gather_steps
 
 __all__ = ["gather_kernel", "segment_sum_kernel", "dim_gather_kernel", "dim_scatter_kernel",
            "scatter_kernel", "tril_kernel",
-           "masked_fill_kernel", "max_kernel", "max_grad_kernel", "BUILDERS"]
+           "masked_fill_kernel", "max_kernel", "max_grad_kernel", "top_k_kernel", "BUILDERS"]
 
 
 @functools.cache
@@ -227,6 +228,40 @@ def max_grad_kernel(ld, ct, st):
     return kernel
 
 
+@functools.cache
+def top_k_kernel(ld, largest: bool):
+    """``kernel(x, out, rows, n, k)``: ``out[r, :k]`` = the indices of the ``k`` best of
+    ``x[r, :n]``, best first, equal elements in index order (the CPU kernel's insertion)."""
+    before = device(indexing.top_k_before)
+
+    @jit
+    def kernel(x, out, rows, n, k):
+        for r in range(cuda.grid(1), rows, cuda.gridsize(1)):
+            base, first, count = r * n, r * k, 0
+            for j in range(n):
+                v = ld(x[base + j])
+                if count == k:
+                    if not before(v, ld(x[base + out[first + k - 1]]), largest):
+                        continue
+                    p = k - 1
+                else:
+                    p = count
+                    count += 1
+                while p > 0 and before(v, ld(x[base + out[first + p - 1]]), largest):
+                    out[first + p] = out[first + p - 1]
+                    p -= 1
+                out[first + p] = j
+
+    return kernel
+
+
+def top_k_steps(x, out, rows, n, k, largest):
+    """A grid-stride launch of :func:`top_k_kernel` over the rows."""
+    return flat_steps(top_k_kernel(types_of(x)[0], bool(largest)), rows,
+                      (flat(x), flat(out), rows, n, k),
+                      f"top_k {'largest' if largest else 'smallest'} {short(x.dtype)}")
+
+
 def max_steps(x, out, outer, n, inner, arg: bool):
     """A grid-stride launch of :func:`max_kernel` over the outputs."""
     return flat_steps(max_kernel(*types_of(x), bool(arg)), outer * inner,
@@ -321,5 +356,6 @@ BUILDERS = indexing.builders(gather_steps=gather_steps, segment_sum_steps=segmen
                              slice_steps=slice_steps, slice_grad_steps=slice_grad_steps,
                              scatter_steps=scatter_steps,
                              tril_steps=tril_steps, masked_fill_steps=masked_fill_steps,
-                             max_steps=max_steps, max_grad_steps=max_grad_steps)
+                             max_steps=max_steps, max_grad_steps=max_grad_steps,
+                             top_k_steps=top_k_steps)
 """Op type -> builder of the indexing ops."""
