@@ -994,6 +994,9 @@ def test_topk_and_multinomial_refuse_what_pytorch_refuses():
     ties = mf.tensor(np.array([1.0, 2.0, 2.0, 1.0], np.float32))
     assert ties.topk(3).indices.tolist() == [1, 2, 0]      # stable: the lower index first
     assert ties.topk(3, largest=False).indices.tolist() == [0, 3, 1]
+    inf_nan = mf.tensor(np.array([np.inf, np.nan, -np.inf], np.float32))  # NaN above inf (torch)
+    assert inf_nan.topk(3).indices.tolist() == [1, 0, 2]
+    assert inf_nan.topk(3, largest=False).indices.tolist() == [2, 0, 1]
     with pytest.raises(RuntimeError, match="selected index k out of range"):
         x.topk(6)
     with pytest.raises(TypeError, match="argument 'k' must be int"):
