@@ -932,6 +932,28 @@ def test_a_training_checkpoint_or_a_prefixed_state_dict_names_the_way_to_load_it
         net.load_state_dict({**sd, "extra": np.zeros(1, np.float32)})
 
 
+def test_a_state_dict_of_a_sub_module_names_the_sub_module_to_load_it_into():
+    """The reverse of a prefixed state dict: the original's state dict loaded into a model
+    whose names all carry one prefix (miniflow.compile's, as torch.compile's ``OptimizedModule``,
+    holds the original as ``_orig_mod``; a wrapper holding it in a list) listed every key as
+    missing and unexpected with no hint; the error names the sub-module to load it into."""
+    inner = nn.Sequential(nn.Linear(2, 3), nn.BatchNorm1d(3))
+    sd = inner.state_dict()
+    del sd["1.num_batches_tracked"]           # optional: the hint holds without it too
+    outer = nn.Module()
+    outer.blocks = nn.ModuleList([inner])
+    with pytest.raises(RuntimeError, match=r"every name of the model starts with 'blocks\.0\.' "
+                                           r"and the state dict's do not: load it into that "
+                                           r"sub-module, model\.get_submodule\('blocks\.0'\)"):
+        outer.load_state_dict(sd)
+    wrapper = nn.Module()
+    wrapper._orig_mod = inner
+    with pytest.raises(RuntimeError, match=r"starts with '_orig_mod\.' \(a miniflow\.compile "
+                                           r"model.*model\._orig_mod\.load_state_dict\(\.\.\.\)"):
+        wrapper.load_state_dict(sd)
+    outer.get_submodule("blocks.0").load_state_dict(sd)
+
+
 def test_apply_visits_children_before_their_parent_as_torch():
     """``Module.apply(fn)`` (nanoGPT's ``self.apply(self._init_weights)``) calls ``fn`` on every
     sub-module, children before their parent, in PyTorch's order; a child held under two names

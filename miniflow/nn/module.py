@@ -586,7 +586,8 @@ class Module:
         unexpected = [n for n in state_dict if n not in own]        # orders: model, dict
         if strict and (missing or unexpected):
             raise StateDictKeysError(f"load_state_dict: missing keys {missing}, unexpected keys "
-                                     f"{unexpected}" + _keys_hint(state_dict, missing, unexpected))
+                                     f"{unexpected}" + _keys_hint(state_dict, missing, unexpected,
+                                                                  list(own)))
         checked = []  # check everything first: a failed load changes nothing
         for name, p in own.items():     # in the model's order: of tied names the last one wins
             if name not in state_dict:
@@ -667,13 +668,15 @@ _COMPILED_INTO: "weakref.WeakKeyDictionary[Module, weakref.WeakSet]" = \
 _NONE = object()
 
 
-def _keys_hint(state_dict: dict, missing: list, unexpected: list) -> str:
+def _keys_hint(state_dict: dict, missing: list, unexpected: list, own: list) -> str:
     """The end of a strict load's key error where no name matched but the model's state is in
     ``state_dict`` otherwise: under one entry (a training checkpoint: ``miniflow train
     --checkpoint``'s, nanoGPT's ``ckpt.pt``), with one prefix on every name (torch.compile's
     ``_orig_mod.``, DistributedDataParallel's ``module.``), or both (nanoGPT's ``ckpt.pt`` of a
-    compiled model); '' where none is so. ``missing`` are the model's names not in
-    ``state_dict`` (optional buffers left out)."""
+    compiled model); or where every name of the model is a name of ``state_dict`` behind one
+    prefix (a state dict of the original loaded into ``miniflow.compile``'s module, whose names
+    start with ``_orig_mod.``); '' where none is so. ``missing`` are the model's names not in
+    ``state_dict`` (optional buffers left out), ``own`` all its names."""
     if not missing or len(unexpected) != len(state_dict):
         return ""
     why = "(torch.compile's '_orig_mod.', DistributedDataParallel's 'module.')"
@@ -691,6 +694,16 @@ def _keys_hint(state_dict: dict, missing: list, unexpected: list) -> str:
     if prefix:
         return (f"; every name starts with {prefix!r} {why}: load "
                 f"{{k.removeprefix({prefix!r}): v for k, v in state_dict.items()}}")
+    names = list(state_dict)
+    prefix = all(isinstance(n, str) for n in names) and _common_prefix(own, names)
+    if prefix:
+        path = prefix[:-1]
+        into = (f"model.{path}" if all(p.isidentifier() for p in path.split(".")) else
+                f"model.get_submodule({path!r})")
+        whose = (" (a miniflow.compile model: torch.compile's wrapper of the original)"
+                 if prefix == "_orig_mod." else "")
+        return (f"; every name of the model starts with {prefix!r}{whose} and the state "
+                f"dict's do not: load it into that sub-module, {into}.load_state_dict(...)")
     return ""
 
 
