@@ -63,13 +63,18 @@ __all__ = ["CheckpointError", "DType", "Tensor", "amp", "arange", "bfloat16", "c
 
 def __getattr__(name):
     """``miniflow.onnx`` after ``import miniflow`` alone, as ``torch.onnx``: the package is
-    imported when first asked for (it imports onnx itself only when ``export`` runs).
+    imported when first asked for (it imports onnx itself only when ``export`` runs); so is
+    ``miniflow.compile`` (``torch.compile``; the compiler package, ``miniflow.compiler``).
 
     Raises:
         AttributeError: any other name the package does not have; one that is a Tensor
             method (``torch.rsqrt(x)`` ported as ``miniflow.rsqrt(x)``) names the method."""
     if name == "onnx":   # (not ``from . import onnx``: that asks this function again)
         return _importlib.import_module(f"{__name__}.onnx")
+    if name == "compile":   # torch.compile; not in __all__, so that * hides no builtin compile
+        from .compiler.optimized import compile
+        globals()["compile"] = compile
+        return compile
     hint = ""
     if not name.startswith("_") and callable(getattr(Tensor, name, None)):
         hint = (f": miniflow's tensor math is Tensor methods; write x.{name}(...) for "

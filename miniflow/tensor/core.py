@@ -20,6 +20,19 @@ _NO_DATA = ("miniflow tensors have no .data (PyTorch's tensor without autograd h
             "module.load_state_dict({name: array}, strict=False), which copies them in place "
             "(compiled graphs see them at their next call)")
 
+_TRAIN_IN_A_GRAPH = """backward() works only inside nn.Graph.build: miniflow's autograd is a graph \
+pass, and eager tensors (a module called outside a graph, miniflow.compile(model)'s result) are \
+forward-only. Train in an nn.Graph that owns the optimizer:
+
+class TrainStep(nn.Graph):
+    def __init__(self, model, optimizer):
+        super().__init__(); self.model = model; self.add_optimizer(optimizer)
+    def build(self, x, y):
+        loss = loss_fn(self.model(x), y); loss.backward(); return loss
+
+step = TrainStep(model, optimizer); loss = step(x, y)  # one step: gradients and update"""
+"""Tensor.backward's error outside ``build``: the five lines of a training graph."""
+
 
 class TensorCore:
     """What every tensor holds: ``_data`` (a backend array, eager) or ``_value`` (the IR Value it
@@ -186,8 +199,7 @@ class TensorCore:
         """
         tr = current_tracer()
         if tr is None:
-            raise RuntimeError("backward() works only inside nn.Graph.build: miniflow's "
-                               "autograd is a graph pass (eager mode is forward-only)")
+            raise RuntimeError(_TRAIN_IN_A_GRAPH)
         tr.set_loss(self)
 
 

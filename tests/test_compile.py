@@ -1,0 +1,286 @@
+"""``miniflow.compile`` against PyTorch's ``torch.compile`` (its doc:
+https://pytorch.org/docs/stable/generated/torch.compile.html, and ``OptimizedModule``): the
+results are the eager module's, the forward traces again for a new shape, dtype, mode or
+constant and not otherwise, the decorator forms, the parameters shared live, ``state_dict``
+behind ``_orig_mod.`` (PyTorch's keys), and the arguments miniflow cannot honour refused."""
+import copy
+
+import numpy as np
+import pytest
+
+import miniflow as mf
+from miniflow import nn
+from miniflow.compiler.optimized import MAX_GRAPHS, OptimizedModule
+from miniflow.experiments.mlp import TrainGraph
+
+try:
+    import torch
+except ImportError:   # torch is optional: its comparisons skip
+    torch = None
+needs_torch = pytest.mark.skipif(torch is None, reason="torch is not installed")
+
+RNG = np.random.default_rng(0)
+
+
+class Counted(nn.Module):
+    """An MLP with batch norm whose ``traces`` lists the input shape and mode of every trace
+    (a list read, never assigned, so counting recompiles nothing)."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc1, self.bn, self.fc2 = nn.Linear(4, 8), nn.BatchNorm1d(8), nn.Linear(8, 3)
+        self.traces = []
+
+    def forward(self, x, scale=1.0):
+        if x.is_lazy:
+            self.traces.append((tuple(x.shape), self.training, scale))
+        return self.fc2(self.bn(self.fc1(x)).relu()) * scale
+
+
+def _x(n=5, dtype=np.float32):
+    return RNG.standard_normal((n, 4)).astype(dtype)
+
+
+def _oracle(model, x, *, train):
+    """``model``'s forward in NumPy float64 from its state dict (batch statistics in training
+    mode, running ones in eval, biased variance, eps 1e-5)."""
+    sd = {k: v.astype(np.float64) for k, v in model.state_dict().items()}
+    h = x.astype(np.float64) @ sd["fc1.weight"].T + sd["fc1.bias"]
+    mean, var = ((h.mean(0), h.var(0)) if train else
+                 (sd["bn.running_mean"], sd["bn.running_var"]))
+    h = (h - mean) / np.sqrt(var + 1e-5) * sd["bn.weight"] + sd["bn.bias"]
+    return np.maximum(h, 0) @ sd["fc2.weight"].T + sd["fc2.bias"]
+
+
+def test_a_compiled_module_returns_the_eager_modules_results_in_both_modes():
+    model = Counted()
+    model.bn.load_state_dict({"running_mean": RNG.standard_normal(8),
+                              "running_var": RNG.uniform(0.5, 2, 8)}, strict=False)
+    compiled = mf.compile(model)
+    x = _x()
+    for train in (True, False):
+        compiled.train(train)
+        out = compiled(x)
+        assert type(out) is mf.Tensor and not out.is_lazy and out.dtype is mf.float32
+        np.testing.assert_allclose(out.numpy(), _oracle(model, x, train=train), rtol=1e-4,
+                                   atol=1e-5)
+        eager = model(mf.tensor(x)).numpy()
+        np.testing.assert_allclose(out.numpy(), eager, rtol=1e-5, atol=1e-6)
+
+
+def test_the_forward_traces_again_for_a_new_shape_dtype_mode_or_constant_only():
+    model = Counted()
+    compiled = mf.compile(model)
+    x = _x()
+    compiled(x)
+    compiled(x + 1)
+    assert model.traces == [((5, 4), True, 1.0)]
+    compiled(_x(7))                                   # a new shape: torch.compile recompiles
+    compiled.eval()
+    compiled(x)                                       # a new mode
+    compiled(x, scale=2.0)                            # a new constant
+    out = compiled(x, scale=2.0)
+    assert model.traces == [((5, 4), True, 1.0), ((7, 4), True, 1.0), ((5, 4), False, 1.0),
+                            ((5, 4), False, 2.0)]
+    np.testing.assert_allclose(out.numpy(), 2 * _oracle(model, x, train=False), rtol=1e-4,
+                               atol=1e-5)
+    compiled.train()
+    compiled(x)
+    compiled(_x(7))                                   # both kept: no trace
+    assert len(model.traces) == 4
+
+
+def test_graphs_beyond_the_limit_are_evicted_least_recently_used_first():
+    """One graph per pattern of constants, MAX_GRAPHS kept (torch.compile's recompile limit)."""
+    model = Counted().eval()
+    compiled = mf.compile(model)
+    x = _x()
+    for scale in range(MAX_GRAPHS + 1):
+        compiled(x, scale=float(scale))
+    compiled(x, scale=float(MAX_GRAPHS))              # kept
+    assert len(model.traces) == MAX_GRAPHS + 1
+    compiled(x, scale=0.0)                            # the least recently used: evicted
+    assert len(model.traces) == MAX_GRAPHS + 2
+
+
+def test_train_and_eval_reach_the_original_and_attributes_pass_through():
+    model = Counted()
+    compiled = mf.compile(model)
+    assert isinstance(compiled, OptimizedModule) and isinstance(compiled, nn.Module)
+    assert compiled._orig_mod is model and compiled.fc1 is model.fc1
+    assert compiled.traces is model.traces
+    assert [id(p) for p in compiled.parameters()] == [id(p) for p in model.parameters()]
+    assert compiled.eval() is compiled and not model.training and not model.bn.training
+    compiled.train()
+    assert model.bn.training
+    with pytest.raises(AttributeError, match="'Counted' object has no attribute 'nothing'"):
+        compiled.nothing
+
+
+def test_state_dict_is_behind_orig_mod_and_round_trips():
+    model = Counted()
+    compiled = mf.compile(model)
+    sd = compiled.state_dict()
+    assert list(sd) == ["_orig_mod." + k for k in model.state_dict()]
+    other = mf.compile(Counted())
+    other.load_state_dict(sd)
+    x = _x()
+    np.testing.assert_array_equal(other(x).numpy(), compiled(x).numpy())
+    with pytest.raises(RuntimeError, match=r"starts with '_orig_mod\.'.*"
+                                           r"model\._orig_mod\.load_state_dict"):
+        other.load_state_dict(model.state_dict())
+    other._orig_mod.load_state_dict(model.state_dict())
+    fresh = Counted()
+    fresh.load_state_dict({k.removeprefix("_orig_mod."): v for k, v in sd.items()})
+    np.testing.assert_array_equal(fresh(mf.tensor(x)).numpy(), compiled(x).numpy())
+
+
+@needs_torch
+def test_state_dict_keys_are_torch_compiles():
+    tm = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.BatchNorm1d(8))
+    mm = nn.Sequential(nn.Linear(4, 8), nn.BatchNorm1d(8))
+    assert list(mf.compile(mm).state_dict()) == list(torch.compile(tm).state_dict())
+    mm.load_state_dict({k: v.numpy() for k, v in tm.state_dict().items()})
+    tm.eval()
+    compiled = mf.compile(mm).eval()
+    x = _x()
+    np.testing.assert_allclose(compiled(x).numpy(), tm(torch.from_numpy(x)).detach().numpy(),
+                               rtol=1e-5, atol=1e-6)
+
+
+def test_the_compiled_forward_reads_the_parameters_live():
+    model = Counted().eval()
+    compiled = mf.compile(model)
+    x = _x()
+    compiled(x)
+    sd = {k: v * 0.5 for k, v in model.state_dict().items()}
+    model.load_state_dict(sd)                          # into the original, after compiling
+    np.testing.assert_allclose(compiled(x).numpy(), _oracle(model, x, train=False), rtol=1e-4,
+                               atol=1e-5)
+    assert len(model.traces) == 1
+
+
+def test_a_compiled_module_trains_inside_an_nn_graph_and_its_calls_see_the_update():
+    model = Counted()
+    compiled = mf.compile(model)
+    step = TrainGraph(compiled, mf.optim.SGD(compiled.parameters(), lr=0.5))
+    x, y = _x(8), RNG.integers(0, 3, 8)
+    before = compiled(x).numpy()
+    losses = [float(step(x, y)) for _ in range(3)]
+    assert losses[-1] < losses[0]
+    after = compiled(x).numpy()
+    assert not np.allclose(before, after)
+    np.testing.assert_allclose(after, _oracle(model, x, train=True), rtol=1e-4, atol=1e-5)
+
+
+def test_backward_on_a_compiled_result_says_how_to_train():
+    compiled = mf.compile(Counted())
+    out = compiled(_x())
+    with pytest.raises(RuntimeError, match=r"(?s)miniflow\.compile\(model\)'s result.*"
+                                           r"class TrainStep\(nn\.Graph\).*add_optimizer"
+                                           r".*loss\.backward\(\)"):
+        out.sum().backward()
+
+
+def test_the_decorator_forms_compile_a_function():
+    calls = []
+
+    @mf.compile
+    def f(a, b, *, scale=2.0):
+        calls.append(scale)
+        return {"y": (a * b).relu() * scale, "parts": (a, b)}
+
+    a, b = _x(), _x()
+    out = f(a, mf.tensor(b))
+    assert f.__name__ == "f" and set(out) == {"y", "parts"}
+    np.testing.assert_allclose(out["y"].numpy(), np.maximum(a * b, 0) * 2, rtol=1e-6)
+    np.testing.assert_array_equal(out["parts"][1].numpy(), b)
+    np.testing.assert_allclose(f(a, b, scale=3.0)["y"].numpy(), np.maximum(a * b, 0) * 3,
+                               rtol=1e-6)
+    f(a, b)
+    assert calls == [2.0, 3.0]
+
+    def g(x):
+        return x.exp()
+    for deco in (mf.compile(mode="max-autotune"), mf.compile(), mf.compile(fullgraph=True)):
+        np.testing.assert_allclose(deco(g)(a).numpy(), np.exp(a), rtol=1e-6)
+
+
+def test_a_compiled_function_reads_the_parameters_of_the_modules_it_names_live():
+    lin = nn.Linear(4, 2)
+
+    @mf.compile
+    def f(x):
+        return lin(x)
+
+    x = _x()
+    f(x)
+    lin.load_state_dict({"weight": np.ones((2, 4)), "bias": np.zeros(2)})
+    np.testing.assert_allclose(f(x).numpy(), np.repeat(x.sum(1, keepdims=True), 2, 1),
+                               rtol=1e-5)
+
+
+def test_disable_returns_the_model_and_a_copy_compiles_its_own():
+    model = Counted()
+    assert mf.compile(model, disable=True) is model
+    compiled = mf.compile(model)
+    x = _x()
+    compiled(x)
+    twin = copy.deepcopy(compiled)
+    assert twin._orig_mod is not model
+    np.testing.assert_array_equal(twin(x).numpy(), compiled(x).numpy())
+
+
+def test_the_settings_miniflow_takes_change_nothing():
+    x = _x()
+    want = mf.compile(Counted().eval())
+    for settings in ({"backend": "miniflow"}, {"dynamic": True}, {"dynamic": False},
+                     {"mode": "reduce-overhead"}, {"options": {}}, {"fullgraph": True}):
+        compiled = mf.compile(want._orig_mod, **settings)
+        np.testing.assert_array_equal(compiled(x).numpy(), want(x).numpy())
+
+
+@pytest.mark.parametrize("settings, error, match", [
+    ({"backend": "eager"}, RuntimeError, r"Invalid backend: 'eager'.*'inductor', 'miniflow'"),
+    ({"backend": lambda gm, inputs: gm}, RuntimeError, "Invalid backend: a function"),
+    ({"mode": "fast"}, RuntimeError, "Unrecognized mode=fast, should be one of: default"),
+    ({"mode": "default", "options": {}}, RuntimeError, "Either mode or options"),
+    ({"options": {"triton.cudagraphs": True}}, RuntimeError,
+     r"\['triton.cudagraphs'\] are TorchInductor's"),
+    ({"fullgraph": "yes"}, TypeError, "fullgraph must be a bool"),
+    ({"dynamic": "x"}, TypeError, "dynamic must be None, False or True"),
+])
+def test_settings_miniflow_cannot_honour_are_refused(settings, error, match):
+    with pytest.raises(error, match=match):
+        mf.compile(Counted(), **settings)
+    with pytest.raises(error, match=match):       # the decorator form checks at once too
+        mf.compile(**settings)
+
+
+def test_what_is_not_a_model_or_an_argument_is_refused():
+    with pytest.raises(TypeError, match="model is not callable"):
+        mf.compile(3)
+    with pytest.raises(RuntimeError, match="Model can't be None"):
+        mf.compile()(None)
+    with pytest.raises(TypeError, match="is an nn.Graph"):
+        mf.compile(nn.Graph())
+    compiled = mf.compile(Counted())
+    with pytest.raises(TypeError, match=r"miniflow\.compile\(Counted\): argument 0 is a list"):
+        compiled([[1.0, 2.0, 3.0, 4.0]])
+    with pytest.raises(TypeError, match=r"argument 'scale' is a dict"):
+        compiled(_x(), scale={})
+
+
+def test_a_forward_that_needs_a_graph_break_is_refused_naming_it():
+    class Branchy(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.Linear(4, 4)
+
+        def forward(self, x):
+            h = self.fc(x)
+            return h if float(h.sum()) > 0 else -h
+
+    with pytest.raises(RuntimeError, match=r"(?s)miniflow\.compile\(Branchy\): the forward "
+                                           r"reads the value.*no graph breaks"):
+        mf.compile(Branchy())(_x())
