@@ -72,7 +72,7 @@ def __getattr__(name):
     if name == "onnx":   # (not ``from . import onnx``: that asks this function again)
         return _importlib.import_module(f"{__name__}.onnx")
     if name == "compile":   # torch.compile; not in __all__, so that * hides no builtin compile
-        from .compiler.optimized import compile
+        from .compiler import compile
         globals()["compile"] = compile
         return compile
     hint = ""

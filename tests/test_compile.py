@@ -107,6 +107,7 @@ def test_train_and_eval_reach_the_original_and_attributes_pass_through():
     model = Counted()
     compiled = mf.compile(model)
     assert isinstance(compiled, OptimizedModule) and isinstance(compiled, nn.Module)
+    assert mf.compiler.compile is mf.compile      # torch.compiler.compile is torch.compile too
     assert compiled._orig_mod is model and compiled.fc1 is model.fc1
     assert compiled.traces is model.traces
     assert [id(p) for p in compiled.parameters()] == [id(p) for p in model.parameters()]
