@@ -68,6 +68,27 @@ def test_a_compiled_module_returns_the_eager_modules_results_in_both_modes():
         np.testing.assert_allclose(out.numpy(), eager, rtol=1e-5, atol=1e-6)
 
 
+def test_a_forward_that_returns_none_as_nanogpts_gives_none_back():
+    class LogitsLoss(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.head = nn.Linear(4, 3)
+
+        def forward(self, x, targets=None):
+            logits = self.head(x)
+            loss = None if targets is None else nn.functional.cross_entropy(logits, targets)
+            return logits, loss
+
+    model = LogitsLoss()
+    compiled = mf.compile(model)
+    x, y = _x(), RNG.integers(0, 3, 5)
+    logits, loss = compiled(x)
+    assert loss is None
+    np.testing.assert_allclose(logits.numpy(), model(mf.tensor(x))[0].numpy(), rtol=1e-6)
+    logits, loss = compiled(x, y)
+    np.testing.assert_allclose(float(loss), float(model(mf.tensor(x), mf.tensor(y))[1]),
+                               rtol=1e-6)
+
 def test_the_forward_traces_again_for_a_new_shape_dtype_mode_or_constant_only():
     model = Counted()
     compiled = mf.compile(model)

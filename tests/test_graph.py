@@ -1387,3 +1387,32 @@ def test_build_returns_nested_tuples_lists_and_dicts_and_the_call_gives_them_bac
     with pytest.raises(TypeError, match=r"build must return Tensors, or tuples, lists and dicts "
                                         r"of them; got float at \['stats'\]\[1\]\[2\]"):
         Nested(m, extra=1.5)(x)
+
+
+def test_a_none_that_build_returns_comes_back_as_none():
+    """nanoGPT's forward returns ``logits, loss`` with ``loss = None`` without targets, which
+    ``torch.compile`` returns as it is: a None in what build returns was refused ("got
+    NoneType"); it comes back as None, at the top too (a step that returns nothing)."""
+    m = nn.Linear(4, 2)
+    x = np.arange(12, dtype=np.float32).reshape(3, 4)
+
+    class LogitsLoss(nn.Graph):
+        def __init__(self):
+            super().__init__()
+            self.model = m
+
+        def build(self, x, targets=None):
+            return self.model(x), None if targets is None else targets.sum()
+
+    logits, loss = LogitsLoss()(x)
+    assert loss is None
+    np.testing.assert_allclose(logits.numpy(), m(mf.tensor(x)).numpy(), rtol=1e-6)
+
+    class Quiet(TrainGraph):
+        def build(self, x, y):
+            super().build(x, y)           # returns nothing
+
+    step = Quiet(m, mf.optim.SGD(m.parameters(), lr=0.1))
+    before = m.weight.numpy()
+    assert step(x, np.zeros(3, np.int64)) is None
+    assert not np.array_equal(m.weight.numpy(), before)

@@ -59,7 +59,7 @@ def compile(model=None, *, fullgraph: bool = False, dynamic=None, backend="induc
             module's) or a function (a :class:`CompiledFunction`). Its arguments per call:
             NumPy arrays or eager Tensors (inputs of any shape and miniflow dtype) and None,
             bool, int, float, str or dtype constants; it returns Tensors, or tuples, lists and
-            dicts of them (eager Tensors, as the module returns them).
+            dicts of them (eager Tensors, as the module returns them; a None as None).
         fullgraph: taken either way: miniflow always traces the whole forward as one graph.
             With False, where ``torch.compile`` would break the graph (Python code that reads a
             tensor's value: ``float(x)``, ``if x.sum() > 0``) miniflow raises instead.

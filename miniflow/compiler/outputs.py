@@ -1,6 +1,7 @@
 """What ``nn.Graph.build`` returns: a Tensor, or tuples (named ones included), lists and dicts of
 Tensors nested in any way, as OneFlow's ``nn.Graph`` and ``torch.compile`` take them (PyTorch's
-``torch.utils._pytree`` flattens the same containers). :func:`flatten` gives the Tensors in order,
+``torch.utils._pytree`` flattens the same containers); None in them is returned as None (nanoGPT's
+``return logits, loss`` with ``loss = None`` without targets, as ``torch.compile`` returns it). :func:`flatten` gives the Tensors in order,
 the graph's outputs, and the structure; :func:`rebuild` puts a call's result Tensors back into it,
 so the call returns what ``build`` returned.
 """
@@ -11,10 +12,13 @@ __all__ = ["flatten", "rebuild"]
 _LEAF = None
 """The structure of one Tensor."""
 
+_NONE = ("None",)
+"""The structure of a None (no graph output)."""
+
 
 def flatten(out, is_leaf) -> tuple:
     """``(leaves, structure)`` of ``out``: its leaves (``is_leaf(x)`` true: the Tensors) in order
-    (a dict's values in its order) and the structure :func:`rebuild` takes.
+    (a dict's values in its order) and the structure :func:`rebuild` takes (a None stays None).
 
     Raises:
         TypeError: something that is neither a leaf nor a tuple, list or dict, naming it and
@@ -28,6 +32,8 @@ def _flatten(out, is_leaf, leaves: list, where: str):
     if is_leaf(out):
         leaves.append(out)
         return _LEAF
+    if out is None:
+        return _NONE
     if isinstance(out, dict):
         return (type(out), list(out), [_flatten(v, is_leaf, leaves, f"{where}[{k!r}]")
                                        for k, v in out.items()])
@@ -48,6 +54,8 @@ def rebuild(structure, leaves: list):
 def _rebuild(structure, leaves):
     if structure is _LEAF:
         return next(leaves)
+    if structure is _NONE:
+        return None
     kind, keys, children = structure
     values = [_rebuild(c, leaves) for c in children]
     if keys is not None:
