@@ -1,9 +1,10 @@
 """What ``nn.Graph.build`` returns: a Tensor, or tuples (named ones included), lists and dicts of
 Tensors nested in any way, as OneFlow's ``nn.Graph`` and ``torch.compile`` take them (PyTorch's
 ``torch.utils._pytree`` flattens the same containers); None in them is returned as None (nanoGPT's
-``return logits, loss`` with ``loss = None`` without targets, as ``torch.compile`` returns it). :func:`flatten` gives the Tensors in order,
-the graph's outputs, and the structure; :func:`rebuild` puts a call's result Tensors back into it,
-so the call returns what ``build`` returned.
+``return logits, loss`` with ``loss = None`` without targets, as ``torch.compile`` returns it).
+:func:`flatten` gives the Tensors in order, the graph's outputs, and the structure;
+:func:`rebuild` puts a call's result Tensors back into it, so the call returns what ``build``
+returned.
 """
 from __future__ import annotations
 
