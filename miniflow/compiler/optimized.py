@@ -210,8 +210,12 @@ class OptimizedModule(Module):
     def __init__(self, mod: Module):
         super().__init__()
         self._orig_mod = mod
-        self._graphs = _Graphs(mod, {"_orig_mod": mod},
-                               f"miniflow.compile({type(mod).__name__})")
+        self._graphs = self._graphs_of(mod)
+
+    @staticmethod
+    def _graphs_of(mod: Module) -> _Graphs:
+        """The graphs of a new wrapper of ``mod``, none compiled yet."""
+        return _Graphs(mod, {"_orig_mod": mod}, f"miniflow.compile({type(mod).__name__})")
 
     def forward(self, *args, **kwargs):
         """The original's forward on ``args`` (arrays, Tensors, constants), as a graph."""
@@ -231,9 +235,7 @@ class OptimizedModule(Module):
 
     def __setstate__(self, state: dict) -> None:
         self.__dict__.update(state)
-        mod = state["_orig_mod"]
-        object.__setattr__(self, "_graphs", _Graphs(mod, {"_orig_mod": mod},
-                                                    f"miniflow.compile({type(mod).__name__})"))
+        object.__setattr__(self, "_graphs", self._graphs_of(state["_orig_mod"]))
 
 
 class CompiledFunction:
