@@ -158,6 +158,7 @@ def test_state_dict_is_behind_orig_mod_and_round_trips():
 
 
 @needs_torch
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")   # torch.jit's, from torch.compile
 def test_state_dict_keys_are_torch_compiles():
     tm = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.BatchNorm1d(8))
     mm = nn.Sequential(nn.Linear(4, 8), nn.BatchNorm1d(8))
@@ -229,17 +230,19 @@ def test_the_decorator_forms_compile_a_function():
 
 
 def test_a_compiled_function_reads_the_parameters_of_the_modules_it_names_live():
-    lin = nn.Linear(4, 2)
+    lin = training = nn.Linear(4, 2)       # (training: a name nn.Graph has too)
 
     @mf.compile
     def f(x):
-        return lin(x)
+        return lin(x) + training(x)
 
+    method = mf.compile(lin.forward)        # the module of a method: its self
     x = _x()
-    f(x)
+    f(x), method(x)
     lin.load_state_dict({"weight": np.ones((2, 4)), "bias": np.zeros(2)})
-    np.testing.assert_allclose(f(x).numpy(), np.repeat(x.sum(1, keepdims=True), 2, 1),
-                               rtol=1e-5)
+    sums = np.repeat(x.sum(1, keepdims=True), 2, 1)
+    np.testing.assert_allclose(f(x).numpy(), 2 * sums, rtol=1e-5)
+    np.testing.assert_allclose(method(x).numpy(), sums, rtol=1e-5)
 
 
 def test_disable_returns_the_model_and_a_copy_compiles_its_own():

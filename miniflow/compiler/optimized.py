@@ -139,8 +139,8 @@ class _Forward(Graph):
     def __init__(self, fn, modules: dict, slots: tuple, where: str):
         super().__init__()
         self._fn, self._slots, self._where = fn, slots, where
-        for name, module in modules.items():
-            setattr(self, name, module)
+        for name, module in modules.items():   # (a name of nn.Graph's own: "training")
+            setattr(self, f"module_{name}" if hasattr(Graph, name) else name, module)
 
     def build(self, *inputs):
         args, kwargs, it = [], {}, iter(inputs)
@@ -260,10 +260,14 @@ def _name(fn) -> str:
 
 def _modules_named_by(fn) -> dict:
     """``name -> Module`` for the modules ``fn`` reads by name: its globals and closure
-    variables (``inspect.getclosurevars``); empty for a callable that is no Python function."""
+    variables (``inspect.getclosurevars``), and ``self`` of a module's method
+    (``compile(model.forward)``); none for a callable that is no Python function."""
+    owner = getattr(fn, "__self__", None)
+    named = {"self": owner} if isinstance(owner, Module) else {}
     try:
         found = inspect.getclosurevars(inspect.unwrap(fn))
     except TypeError:
-        return {}
-    return {name: value for name, value in {**found.globals, **found.nonlocals}.items()
-            if isinstance(value, Module)}
+        return named
+    return {**named, **{name: value for name, value in {**found.globals,
+                                                         **found.nonlocals}.items()
+                        if isinstance(value, Module)}}
