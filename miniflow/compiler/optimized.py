@@ -23,6 +23,7 @@ import numpy as np
 from ..dtype import DType
 from ..nn.module import Module
 from ..tensor import Tensor
+from ..tensor.core import LazyValueError
 from ..trace import current_tracer
 from .driver import Graph
 
@@ -152,10 +153,8 @@ class _Forward(Graph):
                 kwargs[place] = value
         try:
             return self._fn(*args, **kwargs)
-        except RuntimeError as e:
-            if "lazy tensor %" not in str(e):
-                raise
-            raise RuntimeError(
+        except LazyValueError as e:
+            raise LazyValueError(
                 f"{self._where}: the forward reads the value of a tensor it computes ({e}). "
                 f"miniflow traces the whole forward into one graph and has no graph breaks "
                 f"(torch.compile's fullgraph=False would run that part in Python): compute the "

@@ -34,6 +34,13 @@ step = TrainStep(model, optimizer); loss = step(x, y)  # one step: gradients and
 """Tensor.backward's error outside ``build``: the five lines of a training graph."""
 
 
+class LazyValueError(RuntimeError):
+    """The value of a lazy tensor was read inside ``nn.Graph.build`` (``numpy()``, ``item()``,
+    ``bool(t)``, ``if t:``): it does not exist until the graph runs, and miniflow traces the whole
+    function into one graph, where ``torch.compile`` would break the graph there. A
+    ``RuntimeError``, as before it had a class."""
+
+
 class TensorCore:
     """What every tensor holds: ``_data`` (a backend array, eager) or ``_value`` (the IR Value it
     stands for in ``_tracer``'s trace, lazy), and the reading of it. Every tensor is a
@@ -92,13 +99,15 @@ class TensorCore:
         """A host copy of the data.
 
         Raises:
-            RuntimeError: on a lazy tensor inside ``build`` (its value does not exist yet).
+            LazyValueError: on a lazy tensor inside ``build`` (its value does not exist yet).
+            RuntimeError: on a lazy tensor kept from a finished trace.
         """
         if self._value is not None:
             if current_tracer() is None:
                 raise RuntimeError(_kept_from_trace(self))
-            raise RuntimeError(f"cannot read the value of lazy tensor %{self._value.name} inside "
-                               "nn.Graph.build: return it from build and read the call's result")
+            raise LazyValueError(f"cannot read the value of lazy tensor %{self._value.name} "
+                                 "inside nn.Graph.build: return it from build and read the "
+                                 "call's result")
         return get_backend().to_numpy(self._data)
 
     def __array__(self, dtype=None, copy=None) -> np.ndarray:
@@ -174,8 +183,9 @@ class TensorCore:
 
     def __bool__(self) -> bool:
         if self._value is not None:
-            raise RuntimeError(f"the truth value of lazy tensor %{self._value.name} is unknown "
-                               "inside nn.Graph.build (no data-dependent Python control flow)")
+            raise LazyValueError(f"the truth value of lazy tensor %{self._value.name} is "
+                                 "unknown inside nn.Graph.build (no data-dependent Python "
+                                 "control flow)")
         return bool(self.item())
 
     def __repr__(self) -> str:
