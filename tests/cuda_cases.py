@@ -138,6 +138,10 @@ def extra_cases(cfg: LaunchConfig = SIMULATOR) -> list:
                                       np.zeros(1, np.int64), _r(n, seed=2) * 0.1,
                                       _r(n, seed=3, lo=0, hi=0.1), np.array([7], np.int64)], {},
                       "grid-stride"))
+    cases.append(Case("adadelta_update", [_r(n), _r(n, seed=1), np.array([1.0]),
+                                          np.zeros(1, np.int64), _r(n, seed=2, lo=0, hi=0.5),
+                                          _r(n, seed=3, lo=0, hi=0.1), np.array([7], np.int64)],
+                      {"rho": 0.9, "eps": 1e-6, "weight_decay": 0.01}, "grid-stride"))
     return cases
 
 

@@ -1,5 +1,6 @@
-"""An independent NumPy float64 implementation of the digits MLP step (forward, backward, SGD/Adam),
-written from the textbook formulas, used as the oracle for miniflow's training tests."""
+"""An independent NumPy float64 implementation of the digits MLP step (forward, backward,
+SGD/Adam/Adadelta), written from the textbook formulas, used as the oracle for miniflow's training
+tests."""
 import numpy as np
 
 
@@ -40,3 +41,17 @@ def adam_step(params, grads, state, t, lr, b1, b2, eps, wd=0.0):
         v *= b2
         v += (1 - b2) * g * g
         p -= lr / (1 - b1 ** t) * m / (np.sqrt(v) / np.sqrt(1 - b2 ** t) + eps)
+
+
+def adadelta_step(params, grads, state, lr, rho=0.9, eps=1e-6, wd=0.0, maximize=False):
+    """Zeiler 2012's Adadelta as ``torch.optim.Adadelta``'s documentation writes it (``state``:
+    one ``(square_avg, acc_delta)`` pair per parameter, updated in place)."""
+    for p, g, (v, u) in zip(params, grads, state):
+        g = -g if maximize else g
+        g = g + wd * p
+        v *= rho
+        v += (1 - rho) * g * g
+        dx = np.sqrt(u + eps) / np.sqrt(v + eps) * g
+        u *= rho
+        u += (1 - rho) * dx * dx
+        p -= lr * dx

@@ -1,9 +1,9 @@
 """Gradient accumulation (``config.set_gradient_accumulation_steps(n)``, OneFlow's semantics):
-4 micro-batches of 16 train as one batch of 64 (float64 model, SGD and Adam, with and without a
-dynamic grad scaler, to 1e-6; AMP keeps float32 master weights, so under AMP the float32 model's
-accumulated gradient equals the mean of the micro-batches' own AMP gradients to 1e-6 and one
-batch of 64 to float16 rounding), the losses come back packed, a non-finite micro-batch skips the
-whole update;
+4 micro-batches of 16 train as one batch of 64 (float64 model, SGD, Adam and Adadelta, with and
+without a dynamic grad scaler, to 1e-6; AMP keeps float32 master weights, so under AMP the float32
+model's accumulated gradient equals the mean of the micro-batches' own AMP gradients to 1e-6 and
+one batch of 64 to float16 rounding), the losses come back packed, a non-finite micro-batch skips
+the whole update;
 batch norm under accumulation (OneFlow's semantics: moving statistics once per micro-batch);
 OneFlow issue 9075's setting on a conv-bn network; the micro-batch schedule of the IR (which nodes run once, which once per micro-batch), its plan
 (one flat list of steps) and ``ir.evaluate`` on it; the boundary ops' kernels over whole loops;
@@ -40,13 +40,16 @@ def _batch(seed=0, n=64, dtype=np.float64):
 
 
 def _graph(model, opt_name, scaled, micro, clip=None, amp=False, lr=None):
-    """A training graph: SGD (momentum, weight decay) or Adam; ``scaled``: a dynamic grad
-    scaler; ``amp``: AMP too (float32 models only: AMP keeps float32 master weights)."""
+    """A training graph: SGD (momentum, weight decay), Adam or Adadelta; ``scaled``: a dynamic
+    grad scaler; ``amp``: AMP too (float32 models only: AMP keeps float32 master weights)."""
     kw = {"clip_grad_max_norm": clip} if clip else {}
-    opt = (mf.optim.SGD(model.parameters(), lr=0.1 if lr is None else lr, momentum=0.9,
-                        weight_decay=1e-3, **kw)
-           if opt_name == "sgd" else
-           mf.optim.Adam(model.parameters(), lr=1e-2 if lr is None else lr, **kw))
+    if opt_name == "sgd":
+        opt = mf.optim.SGD(model.parameters(), lr=0.1 if lr is None else lr, momentum=0.9,
+                           weight_decay=1e-3, **kw)
+    else:
+        cls = mf.optim.Adam if opt_name == "adam" else mf.optim.Adadelta
+        opt = cls(model.parameters(), lr=(1e-2 if opt_name == "adam" else 1.0)
+                  if lr is None else lr, **kw)
     g = TrainGraph(model, opt)
     if amp:
         g.config.enable_amp(True)
@@ -66,7 +69,7 @@ def _state(model, opt):
 
 
 @pytest.mark.parametrize("scaled", [False, True], ids=["plain", "loss-scaled"])
-@pytest.mark.parametrize("opt_name", ["sgd", "adam"])
+@pytest.mark.parametrize("opt_name", ["sgd", "adam", "adadelta"])
 def test_four_micro_batches_of_16_equal_one_batch_of_64(opt_name, scaled):
     whole_model, micro_model = f64_mlp(), f64_mlp()
     whole, opt_w = _graph(whole_model, opt_name, scaled, 1)
@@ -85,7 +88,7 @@ def test_four_micro_batches_of_16_equal_one_batch_of_64(opt_name, scaled):
     if scaled:
         assert whole._grad_scaler.state_dict() == micro._grad_scaler.state_dict()
         assert micro._grad_scaler.scale == 2.0 ** 14    # grew twice: once per call, not per
-    if opt_name == "adam":                              # micro-batch
+    if opt_name != "sgd":                               # micro-batch
         assert opt_m.state_dict()["state"][0]["step"][0] == 4
 
 
@@ -96,7 +99,7 @@ def _twins():
     return a, b
 
 
-@pytest.mark.parametrize("opt_name", ["sgd", "adam"])
+@pytest.mark.parametrize("opt_name", ["sgd", "adam", "adadelta"])
 def test_under_amp_the_accumulated_gradient_is_the_mean_of_the_micro_batch_gradients(opt_name):
     """AMP (float16 matmuls) with a dynamic scaler: the gradient an accumulating graph applies
     equals, to 1e-6, the mean of the gradients the same AMP graph computes for each micro-batch

@@ -100,7 +100,7 @@ def test_clipping_sees_the_unscaled_gradients():
         np.testing.assert_allclose(b[n], a[n], rtol=1e-6, atol=1e-10, err_msg=n)
 
 
-@pytest.mark.parametrize("opt_cls", [mf.optim.SGD, mf.optim.Adam])
+@pytest.mark.parametrize("opt_cls", [mf.optim.SGD, mf.optim.Adam, mf.optim.Adadelta])
 def test_an_overflowing_amp_step_changes_nothing_clipping_included(opt_cls):
     """AMP with a dynamic scaler: a step whose gradients overflow is skipped before clipping can
     act: no weight and no optimizer state moves, the clip factor of that step is 1 (nothing

@@ -31,11 +31,12 @@ X = np.random.default_rng(0).random((16, 64), dtype=np.float32)
 Y = np.random.default_rng(1).integers(0, 10, 16)
 
 
-def train_graph(adam=False, amp=False, scaler=None, sizes=(64, 128, 10)):
+def train_graph(opt="sgd", amp=False, scaler=None, sizes=(64, 128, 10)):
     mf.manual_seed(0)
     model = mlp(sizes)
-    opt = (mf.optim.Adam(model.parameters(), lr=0.01) if adam
-           else mf.optim.SGD(model.parameters(), lr=0.1, momentum=0.9))
+    opt = {"sgd": lambda p: mf.optim.SGD(p, lr=0.1, momentum=0.9),
+           "adam": lambda p: mf.optim.Adam(p, lr=0.01),
+           "adadelta": lambda p: mf.optim.Adadelta(p)}[opt](model.parameters())
     graph = TrainGraph(model, opt)
     if amp:
         graph.config.enable_amp()
@@ -66,10 +67,11 @@ def test_all_reduce_rejects_bad_buckets(dtypes, attrs, error, match):
         g.emit(get_op("all_reduce"), *ins, **attrs)
 
 
-def test_all_reduce_is_the_identity_in_a_one_rank_world():
+@pytest.mark.parametrize("opt", ["sgd", "adadelta"])
+def test_all_reduce_is_the_identity_in_a_one_rank_world(opt):
     """evaluate (the reference) and the CPU plan of a data-parallel step in one process equal the
     step without data parallel, bit for bit in the plan."""
-    plain, dp = train_graph(), train_graph()
+    plain, dp = train_graph(opt), train_graph(opt)
     dp.config.enable_data_parallel()
     state = {k: np.array(v) for k, v in dp.model.state_dict().items()}
     assert float(plain(X, Y)) == float(dp(X, Y))

@@ -21,6 +21,8 @@ def _optimizer(kind, params, clip=None, groups=False):
         params = [{"params": [p for p in params if len(p.shape) > 1]},
                   {"params": [p for p in params if len(p.shape) == 1], "lr": 0.03,
                    "weight_decay": 0.0, **({"amsgrad": True} if kind == "adam" else {})}]
+    if kind == "adadelta":
+        return mf.optim.Adadelta(params, weight_decay=0.01, **extra)
     if kind in ("adam", "amsgrad"):
         return mf.optim.Adam(params, lr=1e-2, weight_decay=0.01, amsgrad=kind == "amsgrad",
                              **extra)
@@ -77,7 +79,8 @@ def _train(g, steps, x=X, y=Y):
 @pytest.mark.parametrize("opt,scaler", [("momentum", "dynamic"), ("plain", "static"),
                                         ("adam", "dynamic"), ("momentum", "none"),
                                         ("nesterov", "dynamic"), ("amsgrad", "dynamic"),
-                                        ("adam", "none")])
+                                        ("adam", "none"), ("adadelta", "dynamic"),
+                                        ("adadelta", "static")])
 def test_fused_training_is_bit_identical_to_unfused(dtype, opt, scaler):
     fused, fm, fo, fs = _graph(True, dtype, opt, scaler)
     plain, pm, po, ps = _graph(False, dtype, opt, scaler)
@@ -159,7 +162,7 @@ def test_the_fused_ir_reads_the_copies_and_counts_in_the_matmuls():
 
 
 @pytest.mark.parametrize("dtype", [mf.float16, mf.bfloat16], ids=lambda d: d.short)
-@pytest.mark.parametrize("opt", ["momentum", "nesterov", "adam"])
+@pytest.mark.parametrize("opt", ["momentum", "nesterov", "adam", "adadelta"])
 def test_two_param_groups_fuse_apart_bit_identical_to_unfused(dtype, opt):
     """One multi-tensor update per group (its attributes and learning-rate variable), the same
     bits as the unfused updates; group 1 clips alone."""
@@ -168,7 +171,7 @@ def test_two_param_groups_fuse_apart_bit_identical_to_unfused(dtype, opt):
     fo.param_groups[1]["clip_grad_max_norm"] = po.param_groups[1]["clip_grad_max_norm"] = 0.5
     assert _train(fused, 6) == _train(plain, 6)
     _assert_same_bits(_state(fm, fo, fs), _state(pm, po, ps))
-    kind = "adam" if opt == "adam" else "sgd"
+    kind = opt if opt in ("adam", "adadelta") else "sgd"
     updates = [n for n in fused.ir.nodes if n.op.name == f"multi_tensor_{kind}_update_with_cast"]
     assert sorted(n.inputs[0].name for n in updates) == ["optimizer0.group1.learning_rate",
                                                          "optimizer0.learning_rate"]
@@ -178,7 +181,7 @@ def test_two_param_groups_fuse_apart_bit_identical_to_unfused(dtype, opt):
     _assert_same_bits(_state(fm, fo, fs), _state(pm, po, ps))
 
 
-@pytest.mark.parametrize("opt", ["momentum", "adam"])
+@pytest.mark.parametrize("opt", ["momentum", "adam", "adadelta"])
 def test_a_skipped_step_changes_no_weight_state_or_copy(opt):
     """A scale of 2^60 overflows every float16 gradient: the step is skipped, as unfused."""
     fused, fm, fo, fs = _graph(True, mf.float16, opt)

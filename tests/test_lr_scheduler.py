@@ -21,7 +21,7 @@ from miniflow.optim.lr_scheduler import (ConstantLR, CosineAnnealingLR, Exponent
                                          LinearLR, LRScheduler, MultiStepLR, PolynomialLR,
                                          SequentialLR, StepLR)
 
-from reference_mlp import adam_step, forward_backward, sgd_step
+from reference_mlp import adadelta_step, adam_step, forward_backward, sgd_step
 
 FIXTURES = Path(__file__).parent / "fixtures"
 sys.path.insert(0, str(FIXTURES))
@@ -518,15 +518,16 @@ def _digits(steps, bs=16):
     return [next(it) for _ in range(steps)]
 
 
-@pytest.mark.parametrize("kind", ["sgd", "adam"])
+@pytest.mark.parametrize("kind", ["sgd", "adam", "adadelta"])
 def test_a_new_lr_every_step_never_recompiles_and_trains_like_the_oracle(kind):
     """Warm-up then cosine: the lr changes at every step, the graph compiles once, and every
     step uses the lr of its step (the float64 oracle with the same lr sequence)."""
     mf.manual_seed(3)
     model = mlp((64, 32, 10))
     ref = [p.numpy().astype(np.float64) for p in model.parameters()]
-    opt = (mf.optim.SGD(model.parameters(), lr=0.2, momentum=0.9) if kind == "sgd"
-           else mf.optim.Adam(model.parameters(), lr=2e-2))
+    opt = {"sgd": lambda p: mf.optim.SGD(p, lr=0.2, momentum=0.9),
+           "adam": lambda p: mf.optim.Adam(p, lr=2e-2),
+           "adadelta": lambda p: mf.optim.Adadelta(p, lr=1.0)}[kind](model.parameters())
     sched = SequentialLR(opt, [LinearLR(opt, 0.1, total_iters=5),
                                CosineAnnealingLR(opt, T_max=15)], milestones=[5])
     graph = TrainGraph(model, opt)
@@ -540,8 +541,10 @@ def test_a_new_lr_every_step_never_recompiles_and_trains_like_the_oracle(kind):
         ref_loss, grads = forward_backward(ref, xb.astype(np.float64), yb)
         if kind == "sgd":
             sgd_step(ref, grads, state, lr, 0.9)
-        else:
+        elif kind == "adam":
             adam_step(ref, grads, state, t, lr, 0.9, 0.999, 1e-8)
+        else:
+            adadelta_step(ref, grads, state, lr)
         assert loss == pytest.approx(ref_loss, rel=1e-4)
         sched.step()
     assert graph.compile_count == 1 and opt.version == 0

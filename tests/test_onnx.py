@@ -663,6 +663,25 @@ def test_cli_ir_netron_serves_the_file_or_names_the_extra(tmp_path, monkeypatch,
         main(["ir", "--netron"])
 
 
+def test_an_adadelta_training_step_exports_its_update_in_the_miniflow_domain(tmp_path):
+    """The update writes variables in place: no standard form, so the training graph keeps it in
+    the ai.miniflow domain with its attributes (as ``adam_update``); the trained model's eval
+    export is standard ONNX and runs as the model."""
+    miniflow.manual_seed(0)
+    model = make_model("mlp")
+    graph = TrainGraph(model, optim.Adadelta(model.parameters(), rho=0.8, maximize=True))
+    inputs = (_x("mlp", 8), np.arange(8) % 10)
+    graph(*inputs)
+    proto = mo.export(graph, inputs, tmp_path / "train.onnx", after="dead_code_elimination")
+    updates = [n for n in proto.graph.node if n.op_type == "adadelta_update"]
+    assert len(updates) == 4 and all(n.domain == mo.DOMAIN for n in updates)
+    assert {a.name: onnx.helper.get_attribute_value(a) for a in updates[0].attribute} == {
+        "rho": pytest.approx(0.8), "eps": pytest.approx(1e-6), "weight_decay": 0.0,
+        "maximize": 1}
+    eval_proto = mo.export(model.eval(), (_x("mlp", 8),), tmp_path / "eval.onnx")
+    assert all(n.domain in ("", "ai.onnx") for n in eval_proto.graph.node)
+
+
 def test_accumulation_and_data_parallel_ops_export_in_the_miniflow_domain(tmp_path):
     miniflow.manual_seed(0)
     model = make_model("mlp")

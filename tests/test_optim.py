@@ -201,7 +201,7 @@ def test_valid_optimizer_load_assigns_everything_in_place():
 
 
 # ------------------------------------------------------------------------------ 4. lr = 0
-@pytest.mark.parametrize("opt_cls", [mf.optim.SGD, mf.optim.Adam])
+@pytest.mark.parametrize("opt_cls", [mf.optim.SGD, mf.optim.Adam, mf.optim.Adadelta])
 def test_lr_zero_is_accepted_and_changes_no_weight(opt_cls):
     model = small_mlp()
     before = param_arrays(model)
@@ -288,7 +288,8 @@ def _two_groups(params: list) -> list:
 @pytest.mark.parametrize("grouped", [False, True], ids=["one group", "two groups"])
 @pytest.mark.parametrize("name,hyper", [("SGD", dict(lr=0.1, momentum=0.9, nesterov=True)),
                                         ("Adam", dict(lr=0.01, amsgrad=True)),
-                                        ("AdamW", dict(lr=0.01, weight_decay=0.1))])
+                                        ("AdamW", dict(lr=0.01, weight_decay=0.1)),
+                                        ("Adadelta", dict(lr=0.5, weight_decay=0.01))])
 def test_a_torch_optim_state_dict_loads_and_training_continues_as_in_torch(name, hyper, grouped):
     """A ``torch.optim`` state dict (PyTorch's inert keys ``dampening``, ``maximize``,
     ``foreach``, ``differentiable``, ``fused``, ``capturable``, ``decoupled_weight_decay`` at their
@@ -323,7 +324,8 @@ def test_a_torch_optim_state_dict_loads_and_training_continues_as_in_torch(name,
 
 @pytest.mark.parametrize("name,hyper", [("SGD", dict(lr=0.1, momentum=0.9)),
                                         ("Adam", dict(lr=0.01, amsgrad=True)),
-                                        ("AdamW", dict(lr=0.01, weight_decay=0.1))])
+                                        ("AdamW", dict(lr=0.01, weight_decay=0.1)),
+                                        ("Adadelta", dict(lr=0.5, weight_decay=0.01))])
 def test_a_miniflow_state_dict_loads_into_torch_optim_and_steps_as_miniflow(name, hyper):
     """The other way: miniflow's state dict (its arrays as tensors) loads into ``torch.optim``,
     which replaces whole param groups, so each group carries PyTorch's keys at their no-op
@@ -354,7 +356,8 @@ def test_a_miniflow_state_dict_loads_into_torch_optim_and_steps_as_miniflow(name
 
 @pytest.mark.parametrize("name,hyper,torch_steps", [
     ("SGD", dict(lr=0.1), 2), ("SGD", dict(lr=0.1, momentum=0.9), 0),
-    ("Adam", dict(lr=0.01), 0), ("AdamW", dict(lr=0.01, weight_decay=0.1), 0)])
+    ("Adam", dict(lr=0.01), 0), ("AdamW", dict(lr=0.01, weight_decay=0.1), 0),
+    ("Adadelta", dict(lr=1.0), 0)])
 def test_a_torch_state_dict_without_per_parameter_state_loads(name, hyper, torch_steps):
     """PyTorch holds no state for a parameter not stepped yet, nor any for SGD without momentum:
     its ``state`` is ``{}``. It loads (into an optimizer that has stepped: its state goes back to
@@ -517,7 +520,8 @@ class _EmbeddingFit(mf.nn.Graph):
     ("SGD", {"lr": 0.1}, None), ("SGD", {"lr": 0.1, "momentum": 0.9, "nesterov": True}, None),
     ("Adam", {"lr": 0.01}, None), ("Adam", {"lr": 0.01, "amsgrad": True}, None),
     ("AdamW", {"lr": 0.01}, None), ("SGD", {"lr": 0.1, "momentum": 0.9}, mf.bfloat16),
-    ("Adam", {"lr": 0.01}, mf.float16)], ids=str)
+    ("Adam", {"lr": 0.01}, mf.float16), ("Adadelta", {"lr": 1.0}, None),
+    ("Adadelta", {"lr": 1.0, "rho": 0.5}, mf.float16)], ids=str)
 def test_without_weight_decay_an_infinite_weight_with_no_gradient_stays_infinite(name, hyper, amp):
     """``torch.optim`` adds ``weight_decay * p`` to the gradient only when the decay is not 0,
     so a row of -inf (a mask kept as a parameter) that no step reads stays -inf; adding ``0 *

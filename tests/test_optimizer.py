@@ -20,7 +20,8 @@ from graph_cases import MseFit
 
 OPTIMIZERS = {mf.optim.SGD: dict(lr=0.1, momentum=0.9, weight_decay=0.01, nesterov=True),
               mf.optim.Adam: dict(lr=0.01, amsgrad=True),
-              mf.optim.AdamW: dict(lr=0.01, amsgrad=True)}
+              mf.optim.AdamW: dict(lr=0.01, amsgrad=True),
+              mf.optim.Adadelta: dict(lr=1.0, rho=0.8, weight_decay=0.01, maximize=True)}
 """Every exported optimizer class -> constructor arguments."""
 
 SCHEDULERS = {
@@ -322,10 +323,10 @@ def test_foreach_and_fused_are_keyword_parameters_as_in_torch(name):
 
 
 def test_a_torch_optimizer_miniflow_has_not_is_named_with_the_ones_it_has():
-    """The PyTorch MNIST example's ``optim.Adadelta(model.parameters(), lr=args.lr)`` was a bare
-    "has no attribute 'Adadelta'"; the error names SGD, Adam and AdamW."""
-    with pytest.raises(AttributeError, match=r"'Adadelta': miniflow has PyTorch's SGD, Adam and "
-                                             r"AdamW only"):
-        mf.optim.Adadelta
+    """``optim.RMSprop(model.parameters())`` was a bare "has no attribute 'RMSprop'"; the error
+    names the ones miniflow has (the MNIST example's Adadelta is one)."""
+    with pytest.raises(AttributeError, match=r"'RMSprop': miniflow has PyTorch's SGD, Adam, "
+                                             r"AdamW and Adadelta only"):
+        mf.optim.RMSprop
     with pytest.raises(AttributeError, match=r"^module 'miniflow.optim' has no attribute 'X'$"):
         mf.optim.X

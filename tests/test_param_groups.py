@@ -47,6 +47,8 @@ CASES = {
     "adamw": (lambda o, g: o.AdamW(g, lr=0.01, betas=(0.9, 0.95), weight_decay=0.1),
               {"betas": (0.8, 0.99), "eps": 1e-6}),
     "adam-amsgrad": (lambda o, g: o.Adam(g, lr=0.01, weight_decay=0.01), {"amsgrad": True}),
+    "adadelta": (lambda o, g: o.Adadelta(g, lr=1.0, weight_decay=0.1),
+                 {"rho": 0.8, "eps": 1e-5, "maximize": True}),
 }
 """name -> (make(optim module, groups), hyper-parameters group 1 sets besides lr and wd)."""
 
@@ -115,7 +117,7 @@ def test_two_groups_follow_torch_with_a_schedule_on_every_group(case):
     assert "%optimizer0.learning_rate" in ir and "%optimizer0.group1.learning_rate" in ir
 
 
-@pytest.mark.parametrize("case", ["sgd", "adamw"])
+@pytest.mark.parametrize("case", ["sgd", "adamw", "adadelta"])
 def test_add_param_group_after_compiling_recompiles_and_follows_torch(case):
     make, extra = CASES[case]
     mine, opt, fit = _miniflow(make, extra, schedule=False, add_at=5)

@@ -151,10 +151,10 @@ def test_kernel_tables_fusion_functions_and_side_effects_are_derived_from_the_re
     assert set(functions) == {op.scalar.__name__ for op in elementwise.values()}
     assert {"f16", "f32", "f64"} <= set(arity()) and set(functions) <= set(arity())
     assert {n for n, op in all_ops().items() if op.writes and not callable(op.writes)} == {
-        "sgd_update", "dynamic_loss_scale_schedule", "increment", "dropout"}
+        "sgd_update", "adadelta_update", "dynamic_loss_scale_schedule", "increment", "dropout"}
     assert {n for n, op in all_ops().items() if callable(op.writes)} == {
         "normalization", "adam_update", "multi_tensor_sgd_update_with_cast",
-        "multi_tensor_adam_update_with_cast"}
+        "multi_tensor_adam_update_with_cast", "multi_tensor_adadelta_update_with_cast"}
 
 
 def test_what_a_node_writes_depends_on_its_attributes():

@@ -140,7 +140,8 @@ def test_optimizer_state_dicts_round_trip_and_load_into_new_optimizers(tmp_path)
     model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 3))
     rng = np.random.default_rng(1)
     for opt_cls, kw in ((mf.optim.SGD, dict(lr=0.1, momentum=0.9)),
-                        (mf.optim.Adam, dict(lr=1e-3, betas=(0.8, 0.99)))):
+                        (mf.optim.Adam, dict(lr=1e-3, betas=(0.8, 0.99))),
+                        (mf.optim.Adadelta, dict(lr=0.5, rho=0.8, maximize=True))):
         opt = opt_cls(model.parameters(), **kw)
         sd = opt.state_dict()
         for i, s in sd["state"].items():  # non-trivial state, as after some steps

@@ -15,6 +15,13 @@ return the new values of the written inputs (float64 arithmetic).
   only when non-zero) makes it ``torch.optim.AdamW`` (Loshchilov & Hutter 2019,
   arXiv:1711.05101): ``p *= 1 - lr * decoupled_weight_decay`` before the step (OneFlow's
   ``adam_update`` calls this one ``weight_decay`` and the coupled one ``l2``).
+* ``adadelta_update(model, model_diff, learning_rate, skip_if, square_avg, acc_delta, step)``
+  {rho, eps, weight_decay[, maximize]}: PyTorch ``torch.optim.Adadelta`` (Zeiler 2012,
+  arXiv:1212.5701): ``g = -diff`` with ``maximize`` (present only when true), ``g += wd * p``
+  (only when ``wd != 0``), ``square_avg = rho * square_avg + (1 - rho) * g^2; delta =
+  sqrt(acc_delta + eps) / sqrt(square_avg + eps) * g; acc_delta = rho * acc_delta + (1 - rho) *
+  delta^2; p -= lr * delta; step += 1`` (PyTorch's state keys; the step count is kept, as
+  PyTorch keeps it, and read by nothing).
 
 ``learning_rate`` is an f64 ``[1]`` value (OneFlow's update ops take the learning rate as the
 tensor input ``learning_rate``; OneFlow's is float32, miniflow's float64, so a Python float lr is
@@ -41,6 +48,10 @@ next step's matmuls read:
 * ``multi_tensor_adam_update_with_cast(learning_rate, skip_if, scale_by_tensor, model_0..,
   model_diff_0.., model_copy_0.., m_0.., v_0.., step_0..[, max_v_0..])`` {beta1, beta2, eps,
   weight_decay[, amsgrad], model_copy_dtype}: the same around ``adam_update``'s step, each tensor with its step count.
+* ``multi_tensor_adadelta_update_with_cast(learning_rate, skip_if, scale_by_tensor, model_0..,
+  model_diff_0.., model_copy_0.., square_avg_0.., acc_delta_0.., step_0..)`` {rho, eps,
+  weight_decay[, maximize], model_copy_dtype}: the same around ``adadelta_update``'s step
+  (miniflow's: OneFlow has no Adadelta).
 
 With ``skip_if`` set nothing changes: no model, no state, no copy.
 """
@@ -133,6 +144,26 @@ def _adam_infer(inputs, attrs):
     return []
 
 
+def _adadelta_norm(inputs, attrs):
+    _no_lr_attr("adadelta_update", attrs)
+    for k, d in (("rho", 0.9), ("eps", 1e-6), ("weight_decay", 0.0)):
+        attrs[k] = float(attrs.get(k, d))
+    if attrs.pop("maximize", False):
+        attrs["maximize"] = True
+    return attrs
+
+
+def _adadelta_infer(inputs, attrs):
+    _check("adadelta_update", inputs, 3)
+    square_avg, acc_delta, step = inputs[N_FIXED:]
+    for s in (square_avg, acc_delta):
+        if s.shape != inputs[0].shape or s.dtype is not inputs[0].dtype:
+            raise ValueError(f"adadelta_update: state {fmt(s)} must match {fmt(inputs[0])}")
+    if step.dtype is not int64 or step.shape != (1,):
+        raise TypeError(f"adadelta_update: step {fmt(step)} must be i64[1]")
+    return []
+
+
 def _samples(n_state, lr, attrs):
     def make():
         out = []
@@ -148,6 +179,20 @@ def _samples(n_state, lr, attrs):
             out.append(([p, g, np.array([lr]), np.array([skip], np.int64), *state], dict(attrs)))
         return out
     return make
+
+
+def _adadelta_samples(lr, attrs) -> list:
+    """Skipped and not: square_avg and acc_delta >= 0 (sums of squares), one of them 0 in
+    some elements (a first step), a step count."""
+    out = []
+    for skip in (0, 1):
+        r = np.random.default_rng(22)
+        p, g = rand(4, 3, r=r), rand(4, 3, r=r)
+        square_avg, acc_delta = rand(4, 3, r=r, lo=0.0, hi=0.5), rand(4, 3, r=r, lo=0.0, hi=0.1)
+        square_avg[0], acc_delta[1] = 0.0, 0.0
+        out.append(([p, g, np.array([lr]), np.array([skip], np.int64), square_avg, acc_delta,
+                     np.array([3], np.int64)], dict(attrs)))
+    return out
 
 
 def _sgd_ref(arrays, attrs):
@@ -179,6 +224,20 @@ def _adam_ref(arrays, attrs):
     return [p - lr[0] / bc1 * m / denom, m, v, t, *vmax]
 
 
+def _adadelta_ref(arrays, attrs):
+    """PyTorch's Adadelta step: the new parameter, square_avg, acc_delta and step count."""
+    p, diff, lr, skip_if, square_avg, acc_delta, step = arrays
+    if skip_if[0] != 0:
+        return [p.copy(), square_avg.copy(), acc_delta.copy(), step.copy()]
+    rho, eps = attrs["rho"], attrs["eps"]
+    g = -diff if attrs.get("maximize") else diff
+    g = g + attrs["weight_decay"] * p if attrs["weight_decay"] else g
+    square_avg = rho * square_avg + (1.0 - rho) * g * g
+    delta = np.sqrt(acc_delta + eps) / np.sqrt(square_avg + eps) * g
+    acc_delta = rho * acc_delta + (1.0 - rho) * delta * delta
+    return [p - lr[0] * delta, square_avg, acc_delta, step + 1]
+
+
 _UPDATE_NOTE = "optimizer update: runs after AMP, writes the float32 master weights"
 
 register("sgd_update", _sgd_infer, normalize=_sgd_norm, writes=(0, N_FIXED),
@@ -194,6 +253,12 @@ register("adam_update", _adam_infer, normalize=_adam_norm,
                           + _samples(4, 0.01, {"weight_decay": 0.01, "amsgrad": True})()),
          amp=None, amp_note=_UPDATE_NOTE,
          doc="Adam with bias correction; skipped when skip_if != 0")
+register("adadelta_update", _adadelta_infer, normalize=_adadelta_norm,
+         writes=(0, N_FIXED, N_FIXED + 1, N_FIXED + 2), reference=_adadelta_ref,
+         samples=lambda: (_adadelta_samples(1.0, {"rho": 0.9, "eps": 1e-6, "weight_decay": 0.01})
+                          + _adadelta_samples(0.5, {"rho": 0.5, "eps": 1e-3, "maximize": True})),
+         amp=None, amp_note=_UPDATE_NOTE,
+         doc="Adadelta (square_avg, acc_delta); skipped when skip_if != 0")
 
 
 # ----------------------------------------------------------------------------- multi-tensor, with cast
@@ -226,10 +291,25 @@ def _adam_cast_per_tensor(attrs) -> int:
     return 3 + _adam_state(attrs)
 
 
-def _adam_cast_writes(attrs, n_inputs: int) -> tuple:
-    per = _adam_cast_per_tensor(attrs)
-    n = _n_tensors("multi_tensor_adam_update_with_cast", n_inputs, per)
+def _stateful_cast_writes(op: str, per: int, n_inputs: int) -> tuple:
+    """What ``op`` (models, diffs, copies, then ``per - 3`` state groups per tensor) writes: all
+    but the learning rate, skip_if, scale and the diffs."""
+    n = _n_tensors(op, n_inputs, per)
     return tuple(MULTI_FIXED + g * n + i for g in (0, *range(2, per)) for i in range(n))
+
+
+def _adam_cast_writes(attrs, n_inputs: int) -> tuple:
+    return _stateful_cast_writes("multi_tensor_adam_update_with_cast",
+                                 _adam_cast_per_tensor(attrs), n_inputs)
+
+
+ADADELTA_CAST_PER_TENSOR = 6
+"""model, model_diff, model_copy, square_avg, acc_delta, step."""
+
+
+def _adadelta_cast_writes(attrs, n_inputs: int) -> tuple:
+    return _stateful_cast_writes("multi_tensor_adadelta_update_with_cast",
+                                 ADADELTA_CAST_PER_TENSOR, n_inputs)
 
 
 def _multi_check(op, inputs, attrs, per_tensor: int) -> list:
@@ -304,6 +384,18 @@ def _adam_cast_infer(inputs, attrs):
     return []
 
 
+def _adadelta_cast_norm(inputs, attrs):
+    _adadelta_norm(inputs, attrs)
+    return _copy_dtype_norm("multi_tensor_adadelta_update_with_cast", inputs, attrs,
+                            ADADELTA_CAST_PER_TENSOR)
+
+
+def _adadelta_cast_infer(inputs, attrs):
+    _multi_check("multi_tensor_adadelta_update_with_cast", inputs, attrs,
+                 ADADELTA_CAST_PER_TENSOR)
+    return []
+
+
 def _split(arrays, per_tensor: int):
     """``(lr, skip_if, scale, groups)`` of a multi-tensor update's arrays."""
     n = (len(arrays) - MULTI_FIXED) // per_tensor
@@ -328,23 +420,38 @@ def _sgd_cast_ref(arrays, attrs):
     return new_models + new_copies + new_bufs
 
 
-def _adam_cast_ref(arrays, attrs):
-    """Per tensor: ``g = model_diff * scale_by_tensor``, PyTorch's Adam step (its own step
-    count), ``model_copy = model`` rounded; the new models, copies, m, v and steps."""
-    lr, skip_if, scale, groups = _split(arrays, _adam_cast_per_tensor(attrs))
+def _stateful_cast_ref(arrays, attrs, step_ref, per_tensor: int) -> list:
+    """Per tensor: ``g = model_diff * scale_by_tensor``, ``step_ref``'s step (the single-tensor
+    reference: the new model and state), ``model_copy = model`` rounded; the new models, copies
+    and state groups (none changes when skip_if != 0)."""
+    lr, skip_if, scale, groups = _split(arrays, per_tensor)
     models, diffs, copies, *state = groups
     if skip_if[0] != 0:
         return [a.copy() for g in (models, copies, *state) for a in g]
-    new = [_adam_ref([p, d * scale[0], lr, skip_if, *(g[k] for g in state)], attrs)
+    new = [step_ref([p, d * scale[0], lr, skip_if, *(g[k] for g in state)], attrs)
            for k, (p, d) in enumerate(zip(models, diffs))]
     new_models = [x[0] for x in new]
     return (new_models + [rounded(p, attrs["model_copy_dtype"]) for p in new_models]
             + [x[j] for j in range(1, 1 + len(state)) for x in new])
 
 
-def _multi_samples(adam: bool):
+def _adam_cast_ref(arrays, attrs):
+    """PyTorch's Adam step (each tensor its own step count) with the copies: the new models,
+    copies, m, v and steps (and max_v with amsgrad)."""
+    return _stateful_cast_ref(arrays, attrs, _adam_ref, _adam_cast_per_tensor(attrs))
+
+
+def _adadelta_cast_ref(arrays, attrs):
+    """PyTorch's Adadelta step with the copies: the new models, copies, square_avg, acc_delta
+    and steps."""
+    return _stateful_cast_ref(arrays, attrs, _adadelta_ref, ADADELTA_CAST_PER_TENSOR)
+
+
+def _multi_samples(kind: str):
     """Two tensors (one of them 1-D), float16 and bfloat16 diffs and copies, scale 1/8 (and
-    a non-finite diff that ``skip_if`` skips), skipped and not."""
+    a non-finite diff that ``skip_if`` skips), skipped and not; ``kind``: ``"sgd"``, ``"adam"``
+    or ``"adadelta"``."""
+    adam = kind == "adam"
     def make():
         out = []
         for half in (np.float16, bfloat16.np):
@@ -356,9 +463,15 @@ def _multi_samples(adam: bool):
                 if skip:
                     diffs[1][0] = np.inf
                 copies = [m.astype(half) for m in models]
-                fixed = [np.array([0.01 if adam else 0.1]), np.array([skip], np.int64),
-                         np.array([0.125], np.float32)]
-                if adam:
+                fixed = [np.array([{"sgd": 0.1, "adam": 0.01, "adadelta": 1.0}[kind]]),
+                         np.array([skip], np.int64), np.array([0.125], np.float32)]
+                if kind == "adadelta":
+                    state = ([rand(*s, r=r, lo=0.0, hi=0.5) for s in shapes]
+                             + [rand(*s, r=r, lo=0.0, hi=0.1) for s in shapes]
+                             + [np.array([3], np.int64) for _ in shapes])
+                    attrs = ({"rho": 0.9, "eps": 1e-6, "weight_decay": 0.01}
+                             if half == np.float16 else {"rho": 0.5, "maximize": True})
+                elif adam:
                     state = ([rand(*s, r=r) * 0.1 for s in shapes]
                              + [rand(*s, r=r, lo=0.0, hi=0.1) for s in shapes]
                              + [np.array([3], np.int64) for _ in shapes])
@@ -373,7 +486,7 @@ def _multi_samples(adam: bool):
                              "nesterov": half == np.float16}
                 out.append((fixed + models + diffs + copies + state, attrs))
         r = np.random.default_rng(6)
-        if not adam:                                # without momentum: no buffers
+        if kind == "sgd":                           # without momentum: no buffers
             m = rand(6, r=r)
             out.append(([np.array([0.5]), np.array([0], np.int64), np.array([1.0], np.float32),
                          m, rand(6, r=r), m.astype(np.float16)], {}))
@@ -385,12 +498,18 @@ _CAST_NOTE = ("optimizer update with the half copy of the weight (OneFlow's mult
               "with cast): made by the fuse_model_update_cast pass after AMP")
 
 register("multi_tensor_sgd_update_with_cast", _sgd_cast_infer, normalize=_sgd_cast_norm,
-         writes=_sgd_cast_writes, reference=_sgd_cast_ref, samples=_multi_samples(False),
+         writes=_sgd_cast_writes, reference=_sgd_cast_ref, samples=_multi_samples("sgd"),
          amp=None, amp_note=_CAST_NOTE,
          doc="per tensor: g = diff * scale; SGD (momentum) on the float32 model; model_copy = "
              "half(model); skipped when skip_if != 0")
 register("multi_tensor_adam_update_with_cast", _adam_cast_infer, normalize=_adam_cast_norm,
-         writes=_adam_cast_writes, reference=_adam_cast_ref, samples=_multi_samples(True),
+         writes=_adam_cast_writes, reference=_adam_cast_ref, samples=_multi_samples("adam"),
          amp=None, amp_note=_CAST_NOTE,
          doc="per tensor: g = diff * scale; Adam on the float32 model; model_copy = "
+             "half(model); skipped when skip_if != 0")
+register("multi_tensor_adadelta_update_with_cast", _adadelta_cast_infer,
+         normalize=_adadelta_cast_norm, writes=_adadelta_cast_writes,
+         reference=_adadelta_cast_ref, samples=_multi_samples("adadelta"), amp=None,
+         amp_note=_CAST_NOTE,
+         doc="per tensor: g = diff * scale; Adadelta on the float32 model; model_copy = "
              "half(model); skipped when skip_if != 0")

@@ -2,11 +2,11 @@
 cast, and count the non-finite gradient elements where the gradients are made.
 
 Assumes: AMP, the loss-scale pass and the optimizer pass have run (``settings.amp`` is set): every
-trained float32 parameter ``p`` has one update op (``sgd_update`` / ``adam_update``) reading its
-gradient ``d``, which the loss-scale pass made as ``scalar_mul_by_tensor(cast(h), inv_scale)``
-(dynamic scale), ``scalar_mul(cast(h)) {1/scale}`` (static) or ``cast(h)`` (no scaler), ``h`` the
-gradient the backward made (half, or float32: then no cast); and AMP read ``p`` in half through
-``cast(p) {dtype=half}`` nodes.
+trained float32 parameter ``p`` has one update op (``sgd_update`` / ``adam_update`` /
+``adadelta_update``) reading its gradient ``d``, which the loss-scale pass made as
+``scalar_mul_by_tensor(cast(h), inv_scale)`` (dynamic scale), ``scalar_mul(cast(h)) {1/scale}``
+(static) or ``cast(h)`` (no scaler), ``h`` the gradient the backward made (half, or float32: then no
+cast); and AMP read ``p`` in half through ``cast(p) {dtype=half}`` nodes.
 
 Guarantees, for every such parameter read through a half cast (the others are left alone):
 
@@ -15,7 +15,8 @@ Guarantees, for every such parameter read through a half cast (the others are le
   is the parameter's own half copy (the compile driver binds it, ``FusedUpdateState.half_copies``,
   and makes it equal ``p`` rounded before a step whenever ``p`` was written by anything else).
 * The update ops become ``multi_tensor_sgd_update_with_cast`` / ``multi_tensor_adam_update_with_
-  cast``, one per optimizer, hyper-parameters and gradient dtype (OneFlow's
+  cast`` / ``multi_tensor_adadelta_update_with_cast`` (miniflow's: OneFlow has no Adadelta), one
+  per optimizer, hyper-parameters and gradient dtype (OneFlow's
   ``FuseModelUpdateCastOpsPass`` and ``MultiTensorModelUpdatePass``): they read ``h`` and
   ``inv_scale`` (a constant for a static scale, 1 without a scaler) and, in one pass over each
   weight, unscale, update, and write the half copy that the next step's matmuls read. The cast
@@ -59,7 +60,8 @@ from .loss_scale import LossScaleState
 __all__ = ["fuse_model_update_cast", "FusedUpdateState", "copy_name", "count_commutes"]
 
 _FUSED = {"sgd_update": "multi_tensor_sgd_update_with_cast",
-          "adam_update": "multi_tensor_adam_update_with_cast"}
+          "adam_update": "multi_tensor_adam_update_with_cast",
+          "adadelta_update": "multi_tensor_adadelta_update_with_cast"}
 
 
 @dataclass
@@ -200,7 +202,7 @@ def _rewrite(graph: Graph, fusable: list, count, half) -> list:
         lr, skip_if = first.inputs[2], first.inputs[3]
         per_tensor = [[u.node.inputs[0] for u in members], [u.diff for u in members],
                       [u.copy for u in members]]
-        state = len(first.inputs) - 4            # momentum_buf, or m, v, step
+        state = len(first.inputs) - 4            # momentum_buf; m, v, step; Adadelta's three
         per_tensor += [[u.node.inputs[4 + s] for u in members] for s in range(state)]
         with graph.inserting_before(first):
             graph.emit(get_op(_FUSED[first.op.name]), lr, skip_if, scale,

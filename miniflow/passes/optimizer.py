@@ -3,11 +3,11 @@
 Assumes: the autograd pass filled the gradient results (``graph.grads``). Each param group (the
 j-th) of each optimizer in ``settings.optimizers`` (the k-th) declares its learning-rate array as
 the f64[1] variable ``optimizer<k>.learning_rate`` (group 0) or
-``optimizer<k>.group<j>.learning_rate`` (OneFlow's ``learning_rate`` input of the update ops: a
-new lr is a new value of that variable, never a new graph) and emits one update op per parameter
-(``sgd_update``/``adam_update``) with the group's hyper-parameters as attributes, declaring its
-state as graph variables (the fused multi-tensor updates of AMP keep groups apart: they fuse
-updates of equal attributes and learning-rate input only). ``skip_if`` is
+``optimizer<k>.group<j>.learning_rate`` (OneFlow's ``learning_rate`` input of the update ops: a new
+lr is a new value of that variable, never a new graph) and emits one update op per parameter
+(``sgd_update``/``adam_update``/``adadelta_update``) with the group's hyper-parameters as
+attributes, declaring its state as graph variables (the fused multi-tensor updates of AMP keep
+groups apart: they fuse updates of equal attributes and learning-rate input only). ``skip_if`` is
 ``LossScaleState.skip_if`` when the loss-scale pass provided one, else a constant 0.
 
 Gradient clipping (OneFlow's ``ClipGradient`` in ``GenerateOptimizerOpConfs``, per param group

@@ -154,8 +154,9 @@ def test_fused_pair_is_bit_identical_to_its_two_kernels(pair):
 
 
 def _update_group(op: str, sizes, skip: int, seed: int = 0):
-    """``op`` nodes (``sgd_update`` with momentum and weight decay, or ``adam_update``) over
-    parameters of ``sizes``, sharing one lr and skip_if: ``(nodes, host input lists)``."""
+    """``op`` nodes (``sgd_update`` with momentum and weight decay, ``adam_update`` or
+    ``adadelta_update``) over parameters of ``sizes``, sharing one lr and skip_if: ``(nodes,
+    host input lists)``."""
     from miniflow.dtype import float32, float64, int64
     from miniflow.ir import Graph
     from miniflow.ops import emitter
@@ -174,15 +175,19 @@ def _update_group(op: str, sizes, skip: int, seed: int = 0):
             ins.append([data[0], data[1], lr_data, skip_data, data[2]])
         else:
             step = g.add_variable(f"t{k}", (1,), int64)
-            emit(op, *state[:2], lr, skip_if, state[2], state[3], step, beta1=0.9, beta2=0.99,
-                 eps=1e-8, weight_decay=0.01)
+            hyper = (dict(beta1=0.9, beta2=0.99, eps=1e-8) if op == "adam_update"
+                     else dict(rho=0.9, eps=1e-6, maximize=True))
+            if op == "adadelta_update":
+                data[2] = np.abs(data[2])               # square_avg >= 0
+            emit(op, *state[:2], lr, skip_if, state[2], state[3], step, weight_decay=0.01,
+                 **hyper)
             ins.append([data[0], data[1], lr_data, skip_data, data[2], data[3],
                         np.array([k], np.int64)])
         nodes.append(g.nodes[-1])
     return nodes, ins
 
 
-@pytest.mark.parametrize("op", ["sgd_update", "adam_update"])
+@pytest.mark.parametrize("op", ["sgd_update", "adam_update", "adadelta_update"])
 @pytest.mark.parametrize("skip", [0, 1])
 def test_multi_tensor_update_is_the_single_updates_bit_for_bit(op, skip, monkeypatch):
     """One launch over parameters of odd sizes (the grid-stride loop over their concatenation
@@ -195,7 +200,7 @@ def test_multi_tensor_update_is_the_single_updates_bit_for_bit(op, skip, monkeyp
     group = [[BACKEND.from_numpy(a) for a in arrays] for arrays in ins]
     single = [[BACKEND.from_numpy(a) for a in arrays] for arrays in ins]
     cpu_ins = [[a.copy() for a in arrays] for arrays in ins]
-    monkeypatch.setattr(launch, "MAX_ARRAYS", 11)         # 3 sgd / 2 adam parameters a launch
+    monkeypatch.setattr(launch, "MAX_ARRAYS", 11)    # 3 sgd / 2 adam or adadelta parameters
     steps = cuda.group_builder(nodes[0].op).build(nodes, group, [[] for _ in nodes])
     per_launch = 3 if op == "sgd_update" else 2
     launches = -(-len(sizes) // per_launch) * (1 if op == "sgd_update" else 2)
@@ -216,37 +221,38 @@ def test_multi_tensor_update_is_the_single_updates_bit_for_bit(op, skip, monkeyp
                 assert_bit_exact(got, ins[k][i], f"{op} skipped, {k}/{i}")
 
 
-@pytest.mark.parametrize("adam", [False, True])
+@pytest.mark.parametrize("kind", ["sgd", "adam", "adadelta"])
 @pytest.mark.parametrize("half", [np.float16, bfloat16.np])
-def test_multi_tensor_update_with_cast_splits_into_launches_as_the_cpu(adam, half, monkeypatch):
+def test_multi_tensor_update_with_cast_splits_into_launches_as_the_cpu(kind, half, monkeypatch):
     """The fused AMP update (``multi_tensor_*_update_with_cast``) over more tensors than one
     launch takes runs as several launches of the multi-tensor kernel (SGD: 4 arrays a tensor,
-    Adam: 6, plus one counter launch each) and agrees with the CPU kernel; every copy is its new
-    model rounded to the half dtype, bit for bit."""
+    Adam and Adadelta: 6, plus one counter launch each) and agrees with the CPU kernel; every
+    copy is its new model rounded to the half dtype, bit for bit."""
     from miniflow.kernels.cuda import launch
     rng = np.random.default_rng(3)
     sizes = [5, 70, 1, 2 * current().block * current().max_blocks + 3, 9]
     models = [rng.uniform(-1, 1, n).astype(np.float32) for n in sizes]
     diffs = [(rng.uniform(-1, 1, n) * 8).astype(half) for n in sizes]
     copies = [m.astype(half) for m in models]
-    fixed = [np.array([0.01 if adam else 0.1]), np.array([0], np.int64),
-             np.array([0.125], np.float32)]
-    if adam:
-        state = ([rng.uniform(-0.1, 0.1, n).astype(np.float32) for n in sizes]
+    fixed = [np.array([{"sgd": 0.1, "adam": 0.01, "adadelta": 1.0}[kind]]),
+             np.array([0], np.int64), np.array([0.125], np.float32)]
+    if kind != "sgd":
+        state = ([rng.uniform(-0.1 if kind == "adam" else 0, 0.1, n).astype(np.float32)
+                  for n in sizes]
                  + [rng.uniform(0, 0.1, n).astype(np.float32) for n in sizes]
                  + [np.array([k], np.int64) for k in range(len(sizes))])
-        case = Case("multi_tensor_adam_update_with_cast", fixed + models + diffs + copies + state,
-                    {"weight_decay": 0.01})
+        case = Case(f"multi_tensor_{kind}_update_with_cast",
+                    fixed + models + diffs + copies + state, {"weight_decay": 0.01})
     else:
         state = [rng.uniform(-1, 1, n).astype(np.float32) for n in sizes]
         case = Case("multi_tensor_sgd_update_with_cast", fixed + models + diffs + copies + state,
                     {"momentum": 0.9, "weight_decay": 0.01})
-    monkeypatch.setattr(launch, "MAX_ARRAYS", 12)         # 3 sgd / 2 adam tensors a launch
+    monkeypatch.setattr(launch, "MAX_ARRAYS", 12)         # 3 sgd / 2 adam, adadelta tensors
     node = make_node(case)
     ins, outs = host_buffers(case, node)
     d_ins = [BACKEND.from_numpy(a) for a in ins]
     steps = cuda.builder_for(node.op)(node, d_ins, [])
-    assert len(steps) == (2 * 3 if adam else 2), [fn.__name__ for fn, _ in steps]
+    assert len(steps) == (2 if kind == "sgd" else 2 * 3), [fn.__name__ for fn, _ in steps]
     for fn, args in steps:
         fn(*args)
     got = results(case, node, [BACKEND.to_numpy(a) for a in d_ins], [])

@@ -1,19 +1,20 @@
-"""The optimizer updates (``sgd_update``, ``adam_update`` and the multi-tensor updates with cast,
-``multi_tensor_sgd_update_with_cast``, ``multi_tensor_adam_update_with_cast``) of every backend:
-their per-element math as scalar bodies, and their builders (the multi-tensor ones hand the
-backend the per-tensor buffers grouped: models, model_diffs, model_copies, state).
+"""The optimizer updates (``sgd_update``, ``adam_update``, ``adadelta_update`` and the
+multi-tensor updates with cast, ``multi_tensor_sgd_update_with_cast``,
+``multi_tensor_adam_update_with_cast``, ``multi_tensor_adadelta_update_with_cast``) of every
+backend: their per-element math as scalar
+bodies, and their builders (the multi-tensor ones hand the backend the per-tensor buffers
+grouped: models, model_diffs, model_copies, state).
 
-The bodies follow PyTorch's single-tensor rules (``torch/optim/sgd.py``, ``torch/optim/adam.py``;
-Adam, not AdamW: weight decay is added to the gradient). They are plain Python functions of
-scalars that return tuples, compiled into each backend's loop (``numba.njit`` via
-``register_jitable`` on the CPU, ``cuda.jit(device=True)`` on CUDA): the backends own only the
-loops, ``skip_if`` (nothing happens when ``skip_if[0] != 0``: OneFlow's update kernels return
-early; the loss-scale pass feeds the non-finite count there) and the conversions. The learning
-rate is read from its f64[1] input (``lr[0]``) when the kernel runs, so a new lr needs no new
-plan. Every operand
-of a body is in the model's compute type (float32 for f16/f32, float64 for f64; Numba types
-float literals as float64, so the bodies have none), except :func:`adam_corrections`, which is
-float64 throughout.
+The bodies follow PyTorch's single-tensor rules (``torch/optim/sgd.py``, ``torch/optim/adam.py``,
+``torch/optim/adadelta.py``; Adam, not AdamW: weight decay is added to the gradient). They are
+plain Python functions of scalars that return tuples, compiled into each backend's loop
+(``numba.njit`` via ``register_jitable`` on the CPU, ``cuda.jit(device=True)`` on CUDA): the
+backends own only the loops, ``skip_if`` (nothing happens when ``skip_if[0] != 0``: OneFlow's
+update kernels return early; the loss-scale pass feeds the non-finite count there) and the
+conversions. The learning rate is read from its f64[1] input (``lr[0]``) when the kernel runs, so
+a new lr needs no new plan. Every operand of a body is in the model's compute type (float32 for
+f16/f32, float64 for f64; Numba types float literals as float64, so the bodies have none), except
+:func:`adam_corrections`, which is float64 throughout.
 """
 from __future__ import annotations
 
@@ -21,9 +22,10 @@ import math
 
 from .table import GroupBuilder
 
-__all__ = ["sgd_element", "adam_corrections", "adam_element", "weight_decays", "sgd_builder", "adam_builder",
-           "multi_tensor_groups", "multi_sgd_cast_builder", "multi_adam_cast_builder",
-           "multi_sgd_builder", "multi_adam_builder"]
+__all__ = ["sgd_element", "adam_corrections", "adam_element", "adadelta_element", "weight_decays",
+           "sgd_builder", "adam_builder", "adadelta_builder", "multi_tensor_groups",
+           "multi_sgd_cast_builder", "multi_adam_cast_builder", "multi_adadelta_cast_builder",
+           "multi_sgd_builder", "multi_adam_builder", "multi_adadelta_builder"]
 
 
 # ----------------------------------------------------------------------------- scalar bodies
@@ -74,6 +76,22 @@ def adam_element(p, g, m, v, vmax, hyper, amsgrad):
     else:
         denom = math.sqrt(v) / bc2_sqrt + eps
     return p * decay - step_size * (m / denom), m, v, vmax
+
+
+def adadelta_element(p, g, square_avg, acc_delta, lr, rho, one_rho, eps, wd, maximize):
+    """One element of an Adadelta step (Zeiler 2012, as ``torch.optim.Adadelta`` writes it):
+    ``(p, square_avg, acc_delta)`` after ``g = -g`` with ``maximize``, ``g += wd*p`` (only when
+    ``wd != 0``, as :func:`sgd_element`), ``square_avg = rho*square_avg + (1-rho)*(g*g);
+    delta = sqrt(acc_delta + eps) / sqrt(square_avg + eps) * g;
+    acc_delta = rho*acc_delta + (1-rho)*(delta*delta); p -= lr*delta`` (``one_rho = 1 - rho``)."""
+    if maximize:
+        g = -g
+    if wd != 0:
+        g = g + wd * p
+    square_avg = rho * square_avg + one_rho * (g * g)
+    delta = math.sqrt(acc_delta + eps) / math.sqrt(square_avg + eps) * g
+    acc_delta = rho * acc_delta + one_rho * (delta * delta)
+    return p - lr * delta, square_avg, acc_delta
 
 
 def weight_decays(attrs) -> tuple:
@@ -137,6 +155,24 @@ def adam_builder(adam_steps):
     return build_adam_update
 
 
+def _adadelta_hyper(attrs) -> tuple:
+    """``(rho, eps, weight_decay, maximize)`` of ``adadelta_update`` nodes with ``attrs``
+    (``maximize`` is present only when true)."""
+    return (float(attrs["rho"]), float(attrs["eps"]), float(attrs.get("weight_decay", 0.0)),
+            bool(attrs.get("maximize", False)))
+
+
+def adadelta_builder(adadelta_steps):
+    """The ``adadelta_update`` builder over a backend's ``adadelta_steps(p, grad, lr, skip_if,
+    square_avg, acc_delta, step, rho, eps, wd, maximize)`` (``lr`` the f64[1] learning-rate
+    array; rho, eps, wd Python floats, maximize a bool)."""
+    def build_adadelta_update(node, ins, outs):
+        """``adadelta_update(model, model_diff, learning_rate, skip_if, square_avg, acc_delta,
+        step)`` ``{rho, eps, weight_decay[, maximize]}``."""
+        return adadelta_steps(*ins[:7], *_adadelta_hyper(node.attrs))
+    return build_adadelta_update
+
+
 def _amsgrad(attrs) -> bool:
     """Whether Adam update nodes with ``attrs`` keep ``max_exp_avg_sq`` (the attribute is
     present only when true)."""
@@ -183,6 +219,19 @@ def multi_adam_cast_builder(multi_adam_steps):
     return build_multi_tensor_adam_update_with_cast
 
 
+def multi_adadelta_cast_builder(multi_adadelta_steps):
+    """The ``multi_tensor_adadelta_update_with_cast`` builder over a backend's
+    ``multi_adadelta_steps(models, diffs, copies, square_avgs, acc_deltas, steps, lr, skip_if,
+    scale, rho, eps, wd, maximize)``."""
+    def build_multi_tensor_adadelta_update_with_cast(node, ins, outs):
+        """``multi_tensor_adadelta_update_with_cast(learning_rate, skip_if, scale_by_tensor,
+        models, model_diffs, model_copies, square_avgs, acc_deltas, steps)`` ``{rho, eps,
+        weight_decay[, maximize]}``."""
+        lr, skip_if, scale, groups = multi_tensor_groups(ins, 6)
+        return multi_adadelta_steps(*groups, lr, skip_if, scale, *_adadelta_hyper(node.attrs))
+    return build_multi_tensor_adadelta_update_with_cast
+
+
 def multi_sgd_builder(multi_sgd_steps):
     """The group builder of ``sgd_update`` over a backend's ``multi_sgd_steps(ps, grads, lr,
     skip_if, bufs, mu, wd, nesterov)`` (lists of arrays, ``bufs`` None without momentum)."""
@@ -212,3 +261,16 @@ def multi_adam_builder(multi_adam_steps):
                                 float(a["beta1"]), float(a["beta2"]), float(a["eps"]),
                                 weight_decays(a), [x[7] for x in ins] if _amsgrad(a) else None)
     return GroupBuilder(build_multi_adam_update)
+
+
+def multi_adadelta_builder(multi_adadelta_steps):
+    """The group builder of ``adadelta_update`` over a backend's ``multi_adadelta_steps(ps,
+    grads, lr, skip_if, square_avgs, acc_deltas, steps, rho, eps, wd, maximize)`` (lists of
+    arrays)."""
+    def build_multi_adadelta_update(nodes, ins, outs):
+        """The ``adadelta_update`` nodes ``nodes`` (equal attributes, one lr and skip_if) as
+        one."""
+        return multi_adadelta_steps(*([x[k] for x in ins] for k in (0, 1)), ins[0][2], ins[0][3],
+                                    *([x[k] for x in ins] for k in (4, 5, 6)),
+                                    *_adadelta_hyper(nodes[0].attrs))
+    return GroupBuilder(build_multi_adadelta_update)

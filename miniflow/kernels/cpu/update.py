@@ -1,5 +1,5 @@
-"""Optimizer update CPU kernels (in place, no outputs): ``sgd_update``, ``adam_update`` and the
-multi-tensor updates with cast.
+"""Optimizer update CPU kernels (in place, no outputs): ``sgd_update``, ``adam_update``,
+``adadelta_update`` and the multi-tensor updates with cast.
 
 The loops over the scalar bodies of ``kernels.common.update`` (PyTorch's rules; the builders are
 there too). Unless ``skip_if[0] != 0`` (then nothing changes), a kernel converts its
@@ -26,13 +26,16 @@ from numba.extending import overload
 from .common import flat, jit, jitable, loop_for, pack, tensor_packs, use_parallel
 from .fp16 import load, store, to_compute
 from .simd import LANES, vload_at, vsplat, vstore_at, vstore_bf16_pair
-from ..common.update import (adam_builder, adam_corrections, adam_element,
+from ..common.update import (adadelta_builder, adadelta_element, adam_builder,
+                             adam_corrections, adam_element, multi_adadelta_cast_builder,
                              multi_adam_cast_builder, multi_sgd_cast_builder, sgd_builder,
                              sgd_element)
 
-__all__ = ["sgd_kernel", "adam_kernel", "multi_sgd_kernel", "multi_adam_kernel", "BUILDERS"]
+__all__ = ["sgd_kernel", "adam_kernel", "adadelta_kernel", "multi_sgd_kernel",
+           "multi_adam_kernel", "multi_adadelta_kernel", "BUILDERS"]
 
 _sgd, _corrections, _adam = jitable(sgd_element), jitable(adam_corrections), jitable(adam_element)
+_adadelta = jitable(adadelta_element)
 
 
 @functools.cache
@@ -81,6 +84,31 @@ def adam_kernel(amsgrad: bool, parallel: bool):
                 store(vmax, i, xi)
             store(m, i, mi)
             store(v, i, vi)
+            store(p, i, pi)
+
+    return kernel
+
+
+@functools.cache
+def adadelta_kernel(maximize: bool, parallel: bool):
+    """``kernel(p, grad, lr, skip_if, square_avg, acc_delta, step, rho, eps, wd)``, unless
+    skip_if[0]: ``step += 1``, then ``p[i], square_avg[i], acc_delta[i] =
+    adadelta_element(...)`` with the learning rate ``lr[0]`` (``maximize``: the gradient's
+    negative)."""
+    loop = loop_for(parallel)
+
+    @jit(parallel)
+    def kernel(p, grad, lr, skip_if, square_avg, acc_delta, step, rho, eps, wd):
+        if skip_if[0] != 0:
+            return
+        step[0] += 1
+        lr_c, rho_c, one_rho = to_compute(p, lr[0]), to_compute(p, rho), to_compute(p, 1.0 - rho)
+        eps_c, wd_c = to_compute(p, eps), to_compute(p, wd)
+        for i in loop(p.size):
+            pi, si, ai = _adadelta(load(p, i), load(grad, i), load(square_avg, i),
+                                   load(acc_delta, i), lr_c, rho_c, one_rho, eps_c, wd_c, maximize)
+            store(square_avg, i, si)
+            store(acc_delta, i, ai)
             store(p, i, pi)
 
     return kernel
@@ -234,6 +262,37 @@ def multi_adam_kernel(amsgrad: bool, parallel: bool):
     return kernel
 
 
+@functools.cache
+def multi_adadelta_kernel(maximize: bool, parallel: bool):
+    """``kernel(count, models, diffs, copies, square_avgs, acc_deltas, steps, lr, skip_if,
+    scale, rho, eps, wd)`` (tuples: ``common.pack`` s): unless skip_if[0], for every tensor
+    ``k < count`` ``steps[k] += 1``, then per element ``g = diffs[k][i] * scale[0]``,
+    ``adadelta_element`` on the model and its state, and the half copy of the new weight."""
+    loop = loop_for(parallel)
+
+    @jit(parallel)
+    def kernel(count, models, diffs, copies, square_avgs, acc_deltas, steps, lr, skip_if, scale,
+               rho, eps, wd):
+        if skip_if[0] != 0:
+            return
+        p0 = models[0]
+        s = to_compute(p0, scale[0])
+        lr_c, rho_c, one_rho = to_compute(p0, lr[0]), to_compute(p0, rho), to_compute(p0, 1.0 - rho)
+        eps_c, wd_c = to_compute(p0, eps), to_compute(p0, wd)
+        for k in range(count):
+            p, d, c, sq, acc = models[k], diffs[k], copies[k], square_avgs[k], acc_deltas[k]
+            steps[k][0] += 1
+            for i in loop(p.size):
+                pi, si, ai = _adadelta(load(p, i), load(d, i) * s, load(sq, i), load(acc, i),
+                                       lr_c, rho_c, one_rho, eps_c, wd_c, maximize)
+                store(sq, i, si)
+                store(acc, i, ai)
+                store(p, i, pi)
+                store(c, i, pi)
+
+    return kernel
+
+
 def _packed(arrays, part) -> tuple:
     """The pack (``common.pack``) of ``arrays[k]``'s 1-D kernel views, ``k`` in ``part``."""
     return pack([flat(arrays[k]) for k in part])
@@ -270,6 +329,19 @@ def multi_adam_steps(models, diffs, copies, ms, vs, steps, lr, skip_if, scale, b
     return calls
 
 
+def multi_adadelta_steps(models, diffs, copies, square_avgs, acc_deltas, steps, lr, skip_if,
+                         scale, rho, eps, wd, maximize):
+    """A call of :func:`multi_adadelta_kernel` per pack of tensors (``common.tensor_packs``)."""
+    calls = []
+    for part in tensor_packs(len(models)):
+        size = sum(models[k].size for k in part)
+        calls.append((multi_adadelta_kernel(maximize, use_parallel(size)),
+                      (len(part), *(_packed(a, part) for a in (models, diffs, copies,
+                                                               square_avgs, acc_deltas, steps)),
+                       lr.reshape(-1), skip_if.reshape(-1), scale.reshape(-1), rho, eps, wd)))
+    return calls
+
+
 def sgd_steps(p, grad, lr, skip_if, buf, mu, wd, nesterov):
     """One call of :func:`sgd_kernel` (a one-element stand-in for ``buf`` without momentum)."""
     kernel = sgd_kernel(buf is not None, nesterov, use_parallel(p.size))
@@ -284,7 +356,17 @@ def adam_steps(p, grad, lr, skip_if, m, v, step, beta1, beta2, eps, wd, vmax):
               step.reshape(-1), beta1, beta2, eps, wd, flat(m if vmax is None else vmax)))]
 
 
+def adadelta_steps(p, grad, lr, skip_if, square_avg, acc_delta, step, rho, eps, wd, maximize):
+    """One call of :func:`adadelta_kernel`."""
+    return [(adadelta_kernel(maximize, use_parallel(p.size)),
+             (flat(p), flat(grad), lr.reshape(-1), skip_if.reshape(-1), flat(square_avg),
+              flat(acc_delta), step.reshape(-1), rho, eps, wd))]
+
+
 BUILDERS = {"sgd_update": sgd_builder(sgd_steps), "adam_update": adam_builder(adam_steps),
+            "adadelta_update": adadelta_builder(adadelta_steps),
             "multi_tensor_sgd_update_with_cast": multi_sgd_cast_builder(multi_sgd_steps),
-            "multi_tensor_adam_update_with_cast": multi_adam_cast_builder(multi_adam_steps)}
+            "multi_tensor_adam_update_with_cast": multi_adam_cast_builder(multi_adam_steps),
+            "multi_tensor_adadelta_update_with_cast":
+                multi_adadelta_cast_builder(multi_adadelta_steps)}
 """Op type -> builder for the optimizer updates."""

@@ -1,7 +1,8 @@
-"""Optimizer update CUDA kernels (in place, no outputs): ``sgd_update`` and ``adam_update``, one
-launch for many parameters (multi-tensor, OneFlow's ``multi_tensor_sgd_update`` /
-``multi_tensor_adam_update``), and the multi-tensor updates with cast
-(``multi_tensor_sgd_update_with_cast`` / ``multi_tensor_adam_update_with_cast``).
+"""Optimizer update CUDA kernels (in place, no outputs): ``sgd_update``, ``adam_update`` and
+``adadelta_update``, one launch for many parameters (multi-tensor, OneFlow's
+``multi_tensor_sgd_update`` / ``multi_tensor_adam_update``), and the multi-tensor updates with cast
+(``multi_tensor_sgd_update_with_cast`` / ``multi_tensor_adam_update_with_cast`` /
+``multi_tensor_adadelta_update_with_cast``).
 
 Every kernel takes tuples of flat arrays (parameters, gradients, state), one entry per parameter,
 and runs one grid-stride loop over their concatenation: thread ``t`` updates the elements
@@ -29,6 +30,8 @@ incremented inside it (threads of other blocks could read a counter after the in
 kernel has no grid-wide barrier without a cooperative launch). Every thread computes with
 ``step[0] + 1``, and a second small kernel, launched after it on the same stream, increments
 all the group's counters (one thread each): two launches per group, not two per parameter.
+Adadelta's step counters (read by no thread: PyTorch's state, kept) are counted by the same
+second kernel.
 """
 from __future__ import annotations
 
@@ -38,12 +41,14 @@ from numba import cuda, types
 
 from .common import device, flat, jit, round_float32, round_float64, short, types_of
 from .launch import chunks, flat_steps
-from ..common.update import (adam_builder, adam_corrections, adam_element, multi_adam_builder,
-                             multi_adam_cast_builder, multi_sgd_builder, multi_sgd_cast_builder,
-                             sgd_builder, sgd_element)
+from ..common.update import (adadelta_builder, adadelta_element, adam_builder, adam_corrections,
+                             adam_element, multi_adadelta_builder, multi_adadelta_cast_builder,
+                             multi_adam_builder, multi_adam_cast_builder, multi_sgd_builder,
+                             multi_sgd_cast_builder, sgd_builder, sgd_element)
 
 __all__ = ["first_index", "multi_sgd_kernel", "multi_adam_kernel", "multi_adam_step_kernel",
-           "sgd_steps", "adam_steps", "BUILDERS", "GROUPS"]
+           "multi_adadelta_kernel", "sgd_steps", "adam_steps", "adadelta_steps", "BUILDERS",
+           "GROUPS"]
 
 
 @cuda.jit(device=True)
@@ -131,9 +136,41 @@ def multi_adam_kernel(amsgrad: bool, cast: bool, ld, ct, st, ld_g, st_c):
 
 
 @functools.cache
+def multi_adadelta_kernel(maximize: bool, cast: bool, ld, ct, st, ld_g, st_c):
+    """``kernel(ps, grads, copies, square_avgs, acc_deltas, lr, skip_if, scale, rho, eps, wd)``,
+    unless skip_if[0]: ``ps[k][i], square_avgs[k][i], acc_deltas[k][i] =
+    adadelta_element(...)`` with the learning rate ``lr[0]`` (``maximize``: the gradient's
+    negative; ``cast``: the gradient times ``scale[0]``, the new weight also into
+    ``copies[k][i]``, as :func:`multi_sgd_kernel`; the step counters are
+    :func:`multi_adam_step_kernel`'s)."""
+    adadelta, rnd = device(adadelta_element), _rounding(ct)
+
+    @jit
+    def kernel(ps, grads, copies, square_avgs, acc_deltas, lr, skip_if, scale, rho, eps, wd):
+        if skip_if[0] != 0:
+            return
+        lr_c, rho_c, one_rho, eps_c, wd_c = ct(lr[0]), ct(rho), ct(1.0 - rho), ct(eps), ct(wd)
+        s = ct(scale[0]) if cast else ct(1.0)
+        start, stride = cuda.grid(1), cuda.gridsize(1)
+        offset = 0
+        for k in range(len(ps)):
+            p, grad, copy, sq, acc = ps[k], grads[k], copies[k], square_avgs[k], acc_deltas[k]
+            for i in range(first_index(start, stride, offset), p.size, stride):
+                g = rnd(ld_g(grad[i]) * s) if cast else ct(ld_g(grad[i]))
+                pi, si, ai = adadelta(ld(p[i]), g, ld(sq[i]), ld(acc[i]), lr_c, rho_c, one_rho,
+                                      eps_c, wd_c, maximize)
+                sq[i], acc[i], p[i] = st(si), st(ai), st(pi)
+                if cast:
+                    copy[i] = st_c(pi)
+            offset += p.size
+
+    return kernel
+
+
+@functools.cache
 def multi_adam_step_kernel():
     """``kernel(skip_if, steps)``: ``steps[k][0] += 1`` for every k (thread k), unless
-    skip_if[0]."""
+    skip_if[0] (Adam's and Adadelta's step counters)."""
 
     @jit
     def kernel(skip_if, steps):
@@ -198,6 +235,30 @@ def multi_adam_steps(ps, grads, lr, skip_if, ms, vs, step_arrays, beta1, beta2, 
     return steps
 
 
+def multi_adadelta_steps(ps, grads, lr, skip_if, square_avgs, acc_deltas, step_arrays, rho,
+                         eps, wd, maximize, copies=None, scale=None):
+    """Launches of :func:`multi_adadelta_kernel` over parameters ``ps`` (lists), each followed
+    by one of :func:`multi_adam_step_kernel` over the same parameters' step counters
+    (``copies`` and ``scale``: the update with cast, as :func:`multi_sgd_steps`)."""
+    cast = copies is not None
+    ld_g, st_c = types_of(grads[0])[0], types_of(copies[0] if cast else ps[0])[2]
+    kernel = multi_adadelta_kernel(maximize, cast, *types_of(ps[0]), ld_g, st_c)
+    counter = multi_adam_step_kernel()
+    op = "multi_tensor_adadelta_update_with_cast" if cast else "adadelta_update"
+    steps = []
+    for part in chunks(list(range(len(ps))), 6 if cast else 5):
+        p = tuple(flat(ps[k]) for k in part)
+        t = tuple(flat(step_arrays[k]) for k in part)
+        steps += flat_steps(kernel, sum(a.size for a in p),
+                            (p, tuple(flat(grads[k]) for k in part),
+                             tuple(flat(copies[k]) for k in part) if cast else p,
+                             tuple(flat(square_avgs[k]) for k in part),
+                             tuple(flat(acc_deltas[k]) for k in part), flat(lr), flat(skip_if),
+                             flat(scale if cast else lr), rho, eps, wd), _label(op, p))
+        steps += flat_steps(counter, len(t), (flat(skip_if), t), _label("adadelta_step", p))
+    return steps
+
+
 def sgd_steps(p, grad, lr, skip_if, buf, mu, wd, nesterov):
     """One ``sgd_update`` (``buf`` None without momentum): a group of one."""
     return multi_sgd_steps([p], [grad], lr, skip_if, None if buf is None else [buf], mu, wd,
@@ -208,6 +269,12 @@ def adam_steps(p, grad, lr, skip_if, m, v, step, beta1, beta2, eps, wd, vmax):
     """One ``adam_update`` (``vmax`` None without amsgrad): a group of one."""
     return multi_adam_steps([p], [grad], lr, skip_if, [m], [v], [step], beta1, beta2, eps, wd,
                             None if vmax is None else [vmax])
+
+
+def adadelta_steps(p, grad, lr, skip_if, square_avg, acc_delta, step, rho, eps, wd, maximize):
+    """One ``adadelta_update``: a group of one."""
+    return multi_adadelta_steps([p], [grad], lr, skip_if, [square_avg], [acc_delta], [step], rho,
+                                eps, wd, maximize)
 
 
 def sgd_cast_steps(models, diffs, copies, bufs, lr, skip_if, scale, mu, wd, nesterov):
@@ -222,10 +289,21 @@ def adam_cast_steps(models, diffs, copies, ms, vs, step_arrays, lr, skip_if, sca
                             wd, vmaxs, copies, scale)
 
 
+def adadelta_cast_steps(models, diffs, copies, square_avgs, acc_deltas, step_arrays, lr, skip_if,
+                        scale, rho, eps, wd, maximize):
+    """One ``multi_tensor_adadelta_update_with_cast``."""
+    return multi_adadelta_steps(models, diffs, lr, skip_if, square_avgs, acc_deltas, step_arrays,
+                                rho, eps, wd, maximize, copies, scale)
+
+
 BUILDERS = {"sgd_update": sgd_builder(sgd_steps), "adam_update": adam_builder(adam_steps),
+            "adadelta_update": adadelta_builder(adadelta_steps),
             "multi_tensor_sgd_update_with_cast": multi_sgd_cast_builder(sgd_cast_steps),
-            "multi_tensor_adam_update_with_cast": multi_adam_cast_builder(adam_cast_steps)}
+            "multi_tensor_adam_update_with_cast": multi_adam_cast_builder(adam_cast_steps),
+            "multi_tensor_adadelta_update_with_cast":
+                multi_adadelta_cast_builder(adadelta_cast_steps)}
 """Op type -> builder for the optimizer updates."""
 GROUPS = {"sgd_update": multi_sgd_builder(multi_sgd_steps),
-          "adam_update": multi_adam_builder(multi_adam_steps)}
+          "adam_update": multi_adam_builder(multi_adam_steps),
+          "adadelta_update": multi_adadelta_builder(multi_adadelta_steps)}
 """Op type -> ``GroupBuilder`` of several of its nodes as one launch."""
