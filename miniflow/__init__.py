@@ -42,7 +42,7 @@ from .runtime.backend import device, get_backend, set_backend
 from .tensor import (Tensor, arange, from_numpy, full, ones, ones_like, rand, randint, randn,
                      tensor, zeros, zeros_like)
 from .join import cat, stack
-from .tensor.indexing import gather
+from .tensor.indexing import gather, scatter, scatter_add, take_along_dim
 from .trace import enable_grad, is_grad_enabled, no_grad, set_grad_enabled
 from . import amp, cuda, distributed, ir, models, nn, ops, optim  # noqa: E402
 
@@ -58,7 +58,7 @@ __all__ = ["CheckpointError", "DType", "Tensor", "amp", "arange", "bfloat16", "c
            "get_backend", "int64", "ir", "is_grad_enabled", "load", "manual_seed", "models", "nn",
            "no_grad", "ops", "optim", "save", "set_backend", "set_grad_enabled", "stack",
            "tensor", "full", "ones", "ones_like", "zeros", "zeros_like", "rand", "randn",
-           "randint", "from_numpy"]
+           "randint", "from_numpy", "scatter", "scatter_add", "take_along_dim"]
 
 
 def __getattr__(name):

@@ -102,6 +102,11 @@ def extra_cases(cfg: LaunchConfig = SIMULATOR) -> list:
             Case("dim_scatter_add_like", [_r(n, 2, dt=dt), (np.arange(2 * n) % 2)
                                           .astype(np.int64).reshape(n, 2), _r(n, 2, dt=dt)],
                  {"dim": 1}, "grid-stride"),
+            Case("dim_scatter_update", [_r(n, 3, dt=dt), (np.arange(3 * n) % n).astype(np.int64)
+                                        .reshape(n, 3)[::-1].copy(), _r(n, 3, dt=dt)],
+                 {"dim": 0}, "grid-stride"),
+            Case("dim_scatter_add", [_r(2, n, dt=dt), (np.arange(2 * n) % 7).astype(np.int64)
+                                     .reshape(2, n), _r(2, n, dt=dt)], {"dim": 1}, "grid-stride"),
             Case("dropout", [_r(n, dt=dt), np.array([5, 3], np.int64)], {"rate": 0.25},
                  "grid-stride"),
             Case("tril", [_r(2, cols, cols // 2, dt=dt)], {"diagonal": -1, "fill_value": -1e4},

@@ -1,5 +1,6 @@
 """Indexing ops: ``gather`` (embeddings) with its gradient ``unsorted_segment_sum_like``,
-``dim_gather`` (``torch.gather``) with its gradient ``dim_scatter_add_like``, ``slice`` (basic
+``dim_gather`` (``torch.gather``) with its gradient ``dim_scatter_add_like``, ``dim_scatter_update``
+(``_scalar``) and ``dim_scatter_add`` (``torch.scatter``, ``scatter_add``), ``slice`` (basic
 indexing ``x[a:b:s, ...]``) with ``slice_grad``, ``cat``, ``tril`` (the causal mask) and
 ``masked_fill``. OneFlow's op names, inputs and attributes (``oneflow/user/ops/gather_op.cpp``,
 ``unsorted_segment_sum_op.cpp``, ``dim_gather_op.cpp``, ``dim_scatter_ops.cpp``,
@@ -19,15 +20,28 @@ indexing ``x[a:b:s, ...]``) with ``slice_grad``, ``cat``, ``tril`` (the causal m
   dropped, as TensorFlow's and OneFlow's segment sums do).
 * ``dim_gather(input, index)`` {dim 0} (OneFlow's ``dim_gather_op.cpp``, ``torch.gather``):
   ``out[i][j][k] = input[index[i][j][k]][j][k]`` for dim 0 (and so on): ``out`` has index's
-  shape; the int64 index has input's rank and no size larger than input's off ``dim``. An index
-  value outside ``[0, input.shape[dim])`` (negative ones too, as PyTorch refuses them) is an
-  error as for ``gather``: the CPU kernel raises, the executor names it; CUDA writes NaN there.
+  shape; the int64 index has input's rank and no size larger than input's off ``dim``; input is
+  floating point or int64 (no gradient). An index value outside ``[0, input.shape[dim])``
+  (negative ones too, as PyTorch refuses them) is an error as for ``gather``: the CPU kernel
+  raises, the executor names it; CUDA writes NaN there (int64: the conversion of NaN).
   Gradient: ``dim_scatter_add_like(input, index, dy)``.
 * ``dim_scatter_add_like(like, index, src)`` {dim 0} (OneFlow's, ``torch.scatter_add`` into
   zeros): ``out`` of like's shape, zero, plus ``src[i][j][k]`` added at ``out[index[i][j][k]][j]
   [k]`` for dim 0 (repeated indices accumulate, in the compute type; indices outside ``[0,
   like.shape[dim])`` are dropped, as by ``unsorted_segment_sum_like``). Gradient of src:
   ``dim_gather(dy, index)``.
+* ``dim_scatter_update(input, index, src)`` {dim 0} (OneFlow's ``dim_scatter_ops.cpp``,
+  ``torch.scatter``): ``out = input`` with ``out[index[i][j][k]][j][k] = src[i][j][k]`` for dim
+  0 (and so on), the elements of index in C order, so the last of repeated places wins (PyTorch
+  leaves it undefined); ``dim_scatter_update_scalar(input, index)`` {src_scalar 0.0, dim 0}
+  writes ``src_scalar`` (in input's dtype) instead; ``dim_scatter_add(input, index, src)`` {dim
+  0} (``torch.scatter_add``) adds src there (``out = input + dim_scatter_add_like``). Index as
+  for ``dim_gather``, src (input's dtype: floating point or int64, no gradient) of index's
+  shape (``Tensor.scatter`` slices a larger src, which PyTorch reads the first elements of); an
+  index out of range is an error as for ``dim_gather`` (CUDA: dropped). Gradients (OneFlow's
+  ``gradient_funcs/dim_scatter.cpp``, PyTorch's): src ``dim_gather(dy, index)``; input ``dy``
+  for the add, ``dim_scatter_update_scalar(dy, index)`` with 0 (the overwritten places get none)
+  for the updates.
 * ``slice(x)`` {start, stop, step: one int per axis, Python's slice rules, step > 0}: ``out =
   x[start_0:stop_0:step_0, ...]``; the attributes are normalised to the in-range form
   ``slice(...).indices(n)`` gives. Gradient: ``slice_grad(dy)`` {like_shape, start, stop, step}:
@@ -196,10 +210,17 @@ register("unsorted_segment_sum_like", _segment_infer,
 
 
 # ------------------------------------------------------------------------------ dim_gather
-def _dim_norm(op, rank_of):
+def _dim_norm(op, rank_of, scalar=False):
     def normalize(ins, attrs):
-        return {"dim": _axis(op, {"axis": attrs.get("dim", 0)}, max(rank_of(ins), 1))}
+        out = {"dim": _axis(op, {"axis": attrs.get("dim", 0)}, max(rank_of(ins), 1))}
+        if scalar:
+            out["src_scalar"] = float(attrs.get("src_scalar", 0.0))
+        return out
     return normalize
+
+
+def _input_rank(ins):
+    return len(ins[0].shape) if ins else 1
 
 
 def _check_dim_index(op, index, target, dim, what):
@@ -208,13 +229,21 @@ def _check_dim_index(op, index, target, dim, what):
     if len(index.shape) != len(target.shape) or any(
             i > t for d, (i, t) in enumerate(zip(index.shape, target.shape)) if d != dim):
         raise ValueError(f"{op}: index {fmt(index)} must have the rank of {what} {fmt(target)} "
-                         f"and no size larger than its off dim {dim} (torch.gather's rule)")
+                         f"and no size larger than its off dim {dim} (torch.gather's and "
+                         f"torch.scatter's rule)")
+
+
+def _float_or_int64(op, *vals):
+    """The dtype of ``vals``: one floating dtype, or int64 for all (no gradient then)."""
+    if all(v.dtype is int64 for v in vals):
+        return int64
+    return check_float(op, *vals)
 
 
 def _dim_gather_infer(inputs, attrs):
     check_arity("dim_gather", inputs, 2)
     _check_dim_index("dim_gather", inputs[1], inputs[0], attrs["dim"], "input")
-    return [(inputs[1].shape, check_float("dim_gather", inputs[0]))]
+    return [(inputs[1].shape, _float_or_int64("dim_gather", inputs[0]))]
 
 
 def _dim_out_of_range(op, idx, x_shape, dim) -> str | None:
@@ -234,6 +263,13 @@ def _dim_gather_reference(arrays, attrs):
     return [np.take_along_axis(part, idx, axis=attrs["dim"])]
 
 
+def _int_samples(*shapes_and_indices):
+    """int64 samples of a dim op: ``(input shape, index, dim)`` each, the values -50..49."""
+    r = np.random.default_rng(47)
+    return [([r.integers(-50, 50, shape).astype(np.int64), idx], {"dim": dim})
+            for shape, idx, dim in shapes_and_indices]
+
+
 def _dim_gather_samples():
     def make(dt):
         r = np.random.default_rng(41)
@@ -246,14 +282,18 @@ def _dim_gather_samples():
                 ([np.array([[np.nan, 1.0], [np.inf, 2.0]], dt),
                   np.array([[1, 1, 0], [0, 1, 1]], np.int64)], {"dim": 1}),
                 ([np.array(3.0, dt), np.array(0, np.int64)], {"dim": -1})]
-    return float_samples(make)
+    return float_samples(make) + _int_samples(((3, 5), np.array([[4, 0], [2, 2]]), 1))
 
 
-register("dim_gather", _dim_gather_infer,
-         normalize=_dim_norm("dim_gather", lambda ins: len(ins[0].shape) if ins else 1),
-         grad=lambda n, gs, emit: [emit("dim_scatter_add_like", n.inputs[0], n.inputs[1], gs[0],
-                                        dim=n.attrs["dim"]), None],
-         reference=_dim_gather_reference, samples=_dim_gather_samples,
+def _dim_gather_grad(n, gs, emit):
+    if n.inputs[0].dtype is int64:
+        return [None, None]
+    return [emit("dim_scatter_add_like", n.inputs[0], n.inputs[1], gs[0], dim=n.attrs["dim"]),
+            None]
+
+
+register("dim_gather", _dim_gather_infer, normalize=_dim_norm("dim_gather", _input_rank),
+         grad=_dim_gather_grad, reference=_dim_gather_reference, samples=_dim_gather_samples,
          diagnose=lambda node, arrays: _dim_out_of_range("dim_gather", arrays[1],
                                                          node.inputs[0].shape, node.attrs["dim"]),
          amp=None,
@@ -262,55 +302,129 @@ register("dim_gather", _dim_gather_infer,
          doc="out[..., j, ...] = input[..., index[..., j, ...], ...] along dim (torch.gather)")
 
 
-def _dim_scatter_infer(inputs, attrs):
-    op = "dim_scatter_add_like"
-    check_arity(op, inputs, 3)
-    like, idx, src = inputs
-    dt = check_float(op, src)
-    _check_dim_index(op, idx, like, attrs["dim"], "like")
-    if src.shape != idx.shape:
-        raise ValueError(f"{op}: src {fmt(src)} must have index's shape {fmt(idx)}")
-    return [(like.shape, dt)]
+# ------------------------------------------------------------------------------ dim_scatter
+def _dim_scatter_infer(op):
+    """Inference of ``op(input or like, index[, src])``: input and src of one floating dtype
+    (or int64, but not ``dim_scatter_add_like``), index as for ``dim_gather``, src of index's
+    shape (``Tensor.scatter`` slices a larger src first)."""
+    def infer(inputs, attrs):
+        check_arity(op, inputs, 2 if op.endswith("_scalar") else 3)
+        x, idx, *src = inputs
+        dt = (check_float(op, *src) if op.endswith("_like") else
+              _float_or_int64(op, x, *src))
+        _check_dim_index(op, idx, x, attrs["dim"], "like" if op.endswith("_like") else "input")
+        if src and src[0].shape != idx.shape:
+            raise ValueError(f"{op}: src {fmt(src[0])} must have index's shape {fmt(idx)}")
+        return [(x.shape, dt)]
+    return infer
 
 
-def _dim_scatter_reference(arrays, attrs):
-    like, idx, src = arrays
-    out = np.zeros(like.shape)
-    if like.ndim == 0:
-        return [out + (src.sum() if src.size and idx[()] == 0 else 0.0)]
-    dim, n = attrs["dim"], like.shape[attrs["dim"]]
-    grid = list(np.indices(idx.shape, sparse=True))
-    keep = (idx >= 0) & (idx < n)
-    grid[dim] = idx
-    at = tuple(np.broadcast_to(g, idx.shape)[keep] for g in grid)
-    np.add.at(out, at, np.asarray(src, np.float64)[keep])
+def _scatter_into(op, out, idx, src, dim, add):
+    """``out[c with c[dim] = idx[c]] = src[c]`` (or ``+=``) for every multi-index c of idx, in
+    C order (the last write wins): the float64 loop the kernels are checked against. An index
+    outside ``[0, out.shape[dim])`` is a ValueError naming ``op``, or dropped for op None."""
+    if op is not None:
+        msg = _dim_out_of_range(op, idx, out.shape, dim)
+        if msg is not None:
+            raise ValueError(msg)
+    flat_out = out.reshape(out.shape or (1,))
+    n = flat_out.shape[dim]
+    for c in np.ndindex(idx.shape):
+        k = int(idx[c])
+        if 0 <= k < n:
+            at = tuple(k if d == dim else i for d, i in enumerate(c or (0,)))
+            value = float(src[c] if np.ndim(src) else src)
+            flat_out[at] = flat_out[at] + value if add else value
     return [out]
 
 
-def _dim_scatter_samples():
+def _dim_scatter_reference(op, add):
+    def reference(arrays, attrs):
+        x, idx, *src = arrays
+        out = np.zeros(x.shape) if op is None else np.array(x, np.float64)
+        value = src[0] if src else attrs["src_scalar"]
+        return _scatter_into(op, out, idx, value, attrs["dim"], add)
+    return reference
+
+
+def _dim_scatter_samples(scalar=False, seed=43):
     def make(dt):
-        r = np.random.default_rng(43)
-        return [([rand(4, 3, 2, dtype=dt, r=r), r.integers(0, 4, (6, 2, 2)).astype(np.int64),
-                  rand(6, 2, 2, dtype=dt, r=r)], {"dim": 0}),
+        r = np.random.default_rng(seed)
+
+        def src(*shape):
+            return [] if scalar else [rand(*shape, dtype=dt, r=r)]
+        unique = np.argsort(r.random((4, 2, 2)), axis=0)[:3]     # for finite differences
+        return [([rand(4, 3, 2, dtype=dt, r=r), unique, *src(3, 2, 2)], {"dim": 0}),
+                ([rand(4, 3, 2, dtype=dt, r=r), r.integers(0, 4, (6, 2, 2)).astype(np.int64),
+                  *src(6, 2, 2)], {"dim": 0}),
                 ([rand(3, 5, dtype=dt, r=r), np.array([[4], [0], [2]], np.int64),
-                  rand(3, 1, dtype=dt, r=r)], {"dim": 1}),
-                ([rand(3, 4, dtype=dt, r=r), np.zeros((3, 0), np.int64),
-                  rand(3, 0, dtype=dt, r=r)], {"dim": -1}),
+                  *src(3, 1)], {"dim": 1}),
+                ([rand(3, 4, dtype=dt, r=r), np.zeros((3, 0), np.int64), *src(3, 0)],
+                 {"dim": -1}),
                 ([rand(2, 3, dtype=dt, r=r), np.zeros((2, 300), np.int64),
-                  np.full((2, 300), 0.1, dt)], {"dim": 1})]
-    return float_samples(make)
+                  *([] if scalar else [np.full((2, 300), 0.1, dt)])], {"dim": 1}),
+                ([np.array(3.0, dt), np.array(0, np.int64), *src()], {"dim": 0})]
+    attrs = {"src_scalar": 2.5} if scalar else {}
+    return [(ins, {**a, **attrs}) for ins, a in float_samples(make)]
 
 
-register("dim_scatter_add_like", _dim_scatter_infer,
-         normalize=_dim_norm("dim_scatter_add_like",
-                             lambda ins: len(ins[0].shape) if ins else 1),
-         grad=lambda n, gs, emit: [None, None, emit("dim_gather", gs[0], n.inputs[1],
-                                                    dim=n.attrs["dim"])],
-         reference=_dim_scatter_reference, samples=_dim_scatter_samples, shape_inputs=(0,),
-         amp=None,
+def _int_scatter_samples(scalar):
+    """int64 samples of ``dim_scatter_update``, ``dim_scatter_add`` or the scalar update."""
+    r = np.random.default_rng(53)
+    idx = np.array([[4, 0, 4], [1, 1, 2]], np.int64)
+    src = [] if scalar else [r.integers(-50, 50, idx.shape).astype(np.int64)]
+    return [([r.integers(-50, 50, (3, 5)).astype(np.int64), idx, *src],
+             {"dim": 1, **({"src_scalar": 7.0} if scalar else {})})]
+
+
+def _scatter_src_grad(n, dy, emit):
+    return emit("dim_gather", dy, n.inputs[1], dim=n.attrs["dim"])
+
+
+register("dim_scatter_add_like", _dim_scatter_infer("dim_scatter_add_like"),
+         normalize=_dim_norm("dim_scatter_add_like", _input_rank),
+         grad=lambda n, gs, emit: [None, None, _scatter_src_grad(n, gs[0], emit)],
+         reference=_dim_scatter_reference(None, True), samples=_dim_scatter_samples,
+         shape_inputs=(0,), amp=None,
          amp_note="in none of OneFlow's lists: dim_gather's gradient, a scatter-add, stays in "
                   "the float32 of the dim_gather it is the gradient of",
          doc="out (like's shape) = 0 + src added at index along dim (torch.scatter_add)")
+
+
+def _scatter_diagnose(op):
+    return lambda node, arrays: _dim_out_of_range(op, arrays[1], node.inputs[0].shape,
+                                                  node.attrs["dim"])
+
+
+def _scatter_register(op, *, add, scalar, grad, doc):
+    register(op, _dim_scatter_infer(op), normalize=_dim_norm(op, _input_rank, scalar),
+             grad=lambda n, gs, emit: ([None] * len(n.inputs) if n.inputs[0].dtype is int64
+                                       else grad(n, gs[0], emit)),
+             reference=_dim_scatter_reference(op, add),
+             samples=lambda: _dim_scatter_samples(scalar, 43 + add) + _int_scatter_samples(scalar),
+             diagnose=_scatter_diagnose(op), amp=None,
+             amp_note=f"in none of OneFlow's lists ({op}): it runs in float32, as dim_gather",
+             doc=doc)
+
+
+def _keep_off_index(n, dy, emit):
+    """dy with the places ``n`` wrote zeroed (the gradient of an overwritten input)."""
+    return emit("dim_scatter_update_scalar", dy, n.inputs[1], dim=n.attrs["dim"], src_scalar=0.0)
+
+
+_scatter_register(
+    "dim_scatter_update", add=False, scalar=False,
+    grad=lambda n, dy, emit: [_keep_off_index(n, dy, emit), None, _scatter_src_grad(n, dy, emit)],
+    doc="out = input with src written at index along dim, the last in index order wins "
+        "(torch.scatter)")
+_scatter_register(
+    "dim_scatter_update_scalar", add=False, scalar=True,
+    grad=lambda n, dy, emit: [_keep_off_index(n, dy, emit), None],
+    doc="out = input with src_scalar written at index along dim (torch.scatter with a value)")
+_scatter_register(
+    "dim_scatter_add", add=True, scalar=False,
+    grad=lambda n, dy, emit: [dy, None, _scatter_src_grad(n, dy, emit)],
+    doc="out = input + src added at index along dim (torch.scatter_add)")
 
 
 # ------------------------------------------------------------------------------ slice

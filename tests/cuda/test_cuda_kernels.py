@@ -116,6 +116,22 @@ def test_dim_gather_indices_out_of_range_give_nan_and_repeats_add_up():
     np.testing.assert_array_equal(dx, want)
 
 
+def test_dim_scatters_write_the_last_repeat_and_drop_indices_out_of_range():
+    """``dim_scatter_update`` writes the last of repeated places in index order (as the CPU
+    kernel); an index outside ``[0, n)`` matches no element on CUDA: that element of src is
+    dropped (the CPU kernel raises IndexError). ``dim_scatter_update_scalar`` and
+    ``dim_scatter_add`` the same, from the input."""
+    x = np.arange(12, dtype=np.float32).reshape(3, 4)
+    idx = np.array([[3, 3, 9], [-1, 0, 0], [2, 1, 2]], np.int64)
+    src = np.arange(100, 109, dtype=np.float32).reshape(3, 3)
+    (out,) = run_cuda(Case("dim_scatter_update", [x, idx, src], {"dim": 1}))
+    np.testing.assert_array_equal(out, [[0, 1, 2, 101], [105, 5, 6, 7], [8, 107, 108, 11]])
+    (out,) = run_cuda(Case("dim_scatter_update_scalar", [x, idx], {"dim": 1, "src_scalar": -1.0}))
+    np.testing.assert_array_equal(out, [[0, 1, 2, -1], [-1, 5, 6, 7], [8, -1, -1, 11]])
+    (out,) = run_cuda(Case("dim_scatter_add", [x, idx, src], {"dim": 1}))
+    np.testing.assert_array_equal(out, [[0, 1, 2, 204], [213, 5, 6, 7], [8, 116, 224, 11]])
+
+
 def test_an_elementwise_op_registered_late_runs_on_both_backends():
     """Elementwise kernels are derived when a plan is built, so an op registered after both kernel
     packages were imported runs through ``nn.Graph`` on both backends at once."""

@@ -1,5 +1,6 @@
 """The builders of the indexing ops on every backend (``gather``, ``unsorted_segment_sum_like``,
-``dim_gather``, ``dim_scatter_add_like``, ``slice``, ``slice_grad``, ``cat``, ``tril``,
+``dim_gather``, ``dim_scatter_add_like``, ``dim_scatter_add``, ``dim_scatter_update``,
+``dim_scatter_update_scalar``, ``slice``, ``slice_grad``, ``cat``, ``tril``,
 ``masked_fill``, and the one-axis reductions ``reduce_max``, ``argmax``, ``reduce_max_grad``,
 ``top_k``),
 over the backend's step makers: the layouts are planned here once (``[outer, n, inner]`` around
@@ -69,9 +70,12 @@ def builders(*, gather_steps, segment_sum_steps, dim_gather_steps, dim_scatter_s
     * ``segment_sum_steps(data, ids, out, outer, n, inner)``: ``out[o, s, i] = sum over j with
       ids[j] == s of data[o, j, i]``;
     * ``dim_gather_steps(x, index, out, dim)``: ``out[c] = x[c with c[dim] = index[c]]`` for
-      every multi-index ``c`` of index's shape (out's); ``dim_scatter_steps(src, index, out,
-      dim)``: ``out = 0``, then ``out[c with c[dim] = index[c]] += src[c]`` (:func:`dim_layout`
-      gives the strides); neither is called for an empty out;
+      every multi-index ``c`` of index's shape (out's); ``dim_scatter_steps(x, src, index, out,
+      dim, add)``: ``out = x`` (``x`` None: ``out = 0``, and indices out of range are dropped,
+      not an error), then for every ``c`` in C order ``out[c with c[dim] = index[c]] += src[c]``
+      (``add``) or ``= src[c]`` (the last write wins); ``src`` an array of index's shape or a
+      float for every place (:func:`dim_layout` gives the strides); neither is called for an
+      empty out;
     * ``slice_steps(x, out, index, offset, strides)`` and ``slice_grad_steps(dy, dx, index,
       offset, strides)``: ``index`` the tuple of Python slices, ``offset`` / ``strides`` in
       elements of ``x`` / ``dx`` (:func:`slice_layout`), whichever the backend uses;
@@ -101,11 +105,16 @@ def builders(*, gather_steps, segment_sum_steps, dim_gather_steps, dim_scatter_s
             return []
         return dim_gather_steps(ins[0], ins[1], outs[0], node.attrs["dim"])
 
-    def dim_scatter_add_like(node, ins, outs):
-        """``out = 0``, then ``src`` added at ``index`` along ``dim``."""
-        if outs[0].size == 0:
-            return []
-        return dim_scatter_steps(ins[2], ins[1], outs[0], node.attrs["dim"])
+    def dim_scatter(like: bool, add: bool):
+        def build(node, ins, outs):
+            """``out = input`` (0 for ``dim_scatter_add_like``), then ``src`` (or
+            ``src_scalar``) added or written at ``index`` along ``dim``."""
+            if outs[0].size == 0:
+                return []
+            src = ins[2] if len(ins) == 3 else node.attrs["src_scalar"]
+            return dim_scatter_steps(None if like else ins[0], src, ins[1], outs[0],
+                                     node.attrs["dim"], add)
+        return build
 
     def slice_(node, ins, outs):
         """``out = x[start:stop:step, ...]``."""
@@ -167,7 +176,10 @@ def builders(*, gather_steps, segment_sum_steps, dim_gather_steps, dim_scatter_s
                            node.attrs["largest"])
 
     return {"gather": gather, "unsorted_segment_sum_like": unsorted_segment_sum_like,
-            "dim_gather": dim_gather, "dim_scatter_add_like": dim_scatter_add_like,
+            "dim_gather": dim_gather, "dim_scatter_add_like": dim_scatter(True, True),
+            "dim_scatter_add": dim_scatter(False, True),
+            "dim_scatter_update": dim_scatter(False, False),
+            "dim_scatter_update_scalar": dim_scatter(False, False),
             "slice": slice_, "slice_grad": slice_grad, "cat": cat, "tril": tril,
             "masked_fill": masked_fill,
             "reduce_max": reduce_max, "argmax": argmax, "reduce_max_grad": reduce_max_grad,

@@ -1,6 +1,6 @@
 """The indexing ops on the CPU (builders: ``kernels.common.indexing``; these are the step makers):
 ``gather`` and ``unsorted_segment_sum_like`` (Numba loops over ``[outer, n, inner]``),
-``dim_gather`` and ``dim_scatter_add_like`` (Numba loops over index's elements), ``slice``,
+``dim_gather`` and the ``dim_scatter`` ops (Numba loops over index's elements), ``slice``,
 ``slice_grad`` and ``cat`` (``np.copyto`` through a strided view planned at build time), ``tril``
 and ``masked_fill`` (Numba loops that copy elements as stored: float16 and bfloat16 as their bits,
 the fill value converted to out's dtype once, at build time); the one-axis ``reduce_max``,
@@ -10,8 +10,9 @@ the fill value converted to out's dtype once, at build time); the one-axis ``red
 ``gather`` checks every index before it copies and raises IndexError on one outside ``[0, n)``;
 the executor then names it (``OpDef.diagnose``). ``unsorted_segment_sum_like`` adds in a scratch
 of the compute type (float32 for half types), in the order of the indices, then rounds once:
-deterministic, whatever the repeats. ``dim_gather`` and ``dim_scatter_add_like`` do the same:
-the gather checks first and raises, the scatter-add sums in index order in a compute-type scratch.
+deterministic, whatever the repeats. ``dim_gather`` and the ``dim_scatter`` ops do the same:
+the gather and the scatters of user data check first and raise, the scatters add or write in
+index order in a compute-type scratch (the last write wins).
 """
 from __future__ import annotations
 
@@ -107,18 +108,29 @@ def dim_gather_kernel(parallel: bool):
 
 
 @functools.cache
-def dim_scatter_kernel():
-    """``kernel(src, idx, acc, out, shape, ost, sd, n)``: ``acc = 0``, ``acc[offset of t in shape
-    . ost + idx[t] * sd] += src[t]`` for every t in order (indices outside ``[0, n)`` dropped),
-    ``out = acc`` rounded to out's dtype (``acc`` in the compute type)."""
+def dim_scatter_kernel(add: bool, like: bool):
+    """``kernel(x, src, ss, idx, acc, out, shape, ost, sd, n)``: ``acc = x`` (0 if ``like``;
+    ``acc`` in the compute type), then for every t in order ``acc[offset of t in shape . ost +
+    idx[t] * sd] += src[t * ss]`` (``add``) or ``=`` it (``ss`` 0: one value for every t),
+    ``out = acc`` rounded to out's dtype. An index outside ``[0, n)`` is dropped if ``like``,
+    else an IndexError before anything is written (``dim_scatter_*``: the executor names it)."""
 
     @jit(False)
-    def kernel(src, idx, acc, out, shape, ost, sd, n):
-        acc[:] = 0
+    def kernel(x, src, ss, idx, acc, out, shape, ost, sd, n):
+        if not like:
+            for j in range(idx.size):
+                if idx[j] < 0 or idx[j] >= n:
+                    raise IndexError("dim_scatter: an index is out of range")
+        for k in range(acc.size):
+            acc[k] = 0 if like else load(x, k)
         for t in range(idx.size):
             k = idx[t]
             if 0 <= k < n:
-                acc[_offset(t, shape, ost) + k * sd] += load(src, t)
+                p = _offset(t, shape, ost) + k * sd
+                if add:
+                    acc[p] += load(src, t * ss)
+                else:
+                    acc[p] = load(src, t * ss)
         for k in range(acc.size):
             store(out, k, acc[k])
 
@@ -300,14 +312,17 @@ def dim_gather_steps(x, idx, out, dim):
              (flat(x), idx.reshape(-1), flat(out), shape, xst, sd, n))]
 
 
-def dim_scatter_steps(src, idx, out, dim):
-    """The step of ``dim_scatter_add_like`` (a compute-type scratch allocated here)."""
+def dim_scatter_steps(x, src, idx, out, dim, add):
+    """The step of the ``dim_scatter`` ops (a compute-type scratch allocated here; int64 stays
+    int64; a float ``src`` is one element of out's dtype read for every index)."""
     shape, _, _ = indexing.dim_layout(idx.shape, dim)
     _, ost, sd = indexing.dim_layout(out.shape, dim)
     n = int(out.shape[dim]) if out.ndim else 1
-    acc = np.empty(out.size, np.float64 if out.dtype == np.float64 else np.float32)
-    return [(dim_scatter_kernel(), (flat(src), idx.reshape(-1), acc, flat(out), shape, ost, sd,
-                                    n))]
+    acc = np.empty(out.size, out.dtype if out.dtype in (np.float64, np.int64) else np.float32)
+    src, ss = (_fill(out, src), 0) if isinstance(src, float) else (flat(src), 1)
+    return [(dim_scatter_kernel(add, x is None),
+             (flat(out if x is None else x), src, ss, idx.reshape(-1), acc, flat(out), shape,
+              ost, sd, n))]
 
 
 def slice_steps(x, out, index, offset, strides):

@@ -13,7 +13,10 @@ grid-stride kernels over flat views (``launch.flat_steps``), no atomics:
   deterministic and without ``cuda.atomic.add`` (which float16 and bfloat16 storage lacks, and
   whose order varies from run to run), as ``unsorted_segment_sum_like``; ``O(out *
   index.shape[dim])`` work: one term for ``logits.gather(1, y[:, None])``'s gradient, k for a
-  top-k pick.
+  top-k pick. The same kernel, started from the input, does ``dim_scatter_add``, and writing
+  instead of adding (the last in index order wins, as on the CPU) ``dim_scatter_update`` and
+  ``dim_scatter_update_scalar``; an index out of range matches no element and is dropped (the
+  CPU kernels raise IndexError; PyTorch's CUDA kernel fails a device assert).
 * ``slice``: the strided gather of ``kernels.cuda.movement`` from the slice's first element;
   ``slice_grad``: a fill with zero, then a strided scatter of ``dy``; ``cat``: the strided
   scatter of each input.
@@ -99,14 +102,16 @@ def dim_gather_kernel(ld, ct, st):
 
 
 @functools.cache
-def dim_scatter_kernel(ld, ct, st):
-    """``kernel(src, idx, out, oshape, ishape, ist, isd, dim)``: ``out[c] = sum over j <
-    ishape[dim] with idx[c with c[dim] = j] == c[dim] of src[c with c[dim] = j]`` (0 where c is
-    outside index's shape off dim), in index order, in the compute type; ``ist`` index's strides
-    with dim's zeroed, ``isd`` dim's."""
+def dim_scatter_kernel(ld, ct, st, add: bool, like: bool, scalar: bool):
+    """``kernel(x, src, value, idx, out, oshape, ishape, ist, isd, dim)``: ``out[c]`` starts as
+    ``x[c]`` (0 if ``like``), then for every ``j < ishape[dim]`` in order with ``idx[c with c[dim]
+    = j] == c[dim]`` (c inside index's shape off dim) ``src`` there (``value`` if ``scalar``) is
+    added (``add``) or written (the last write wins), in the compute type; ``ist`` index's strides
+    with dim's zeroed, ``isd`` dim's (src has index's shape). An index outside the range matches
+    no element: dropped."""
 
     @jit
-    def kernel(src, idx, out, oshape, ishape, ist, isd, dim):
+    def kernel(x, src, value, idx, out, oshape, ishape, ist, isd, dim):
         m = ishape[dim]
         for u in range(cuda.grid(1), out.size, cuda.gridsize(1)):
             rest, base, s, inside = u, 0, 0, True
@@ -119,12 +124,13 @@ def dim_scatter_kernel(ld, ct, st):
                     base += c * ist[d]
                 else:
                     inside = False
-            acc = ct(0)
+            acc = ct(0) if like else ld(x[u])
             if inside:
                 for j in range(m):
                     p = base + j * isd
                     if idx[p] == s:
-                        acc += ld(src[p])
+                        v = ct(value) if scalar else ld(src[p])
+                        acc = acc + v if add else v
             out[u] = st(acc)
 
     return kernel
@@ -300,13 +306,16 @@ def dim_gather_steps(x, idx, out, dim):
                       f"dim_gather {short(out.dtype)}")
 
 
-def dim_scatter_steps(src, idx, out, dim):
-    """A grid-stride launch of :func:`dim_scatter_kernel` over out."""
+def dim_scatter_steps(x, src, idx, out, dim, add):
+    """A grid-stride launch of :func:`dim_scatter_kernel` over out (``x`` None: zeros; a float
+    ``src``: that value; the arrays the kernel then never reads are out's)."""
     ishape, ist, isd = indexing.dim_layout(idx.shape, dim)
     oshape, _, _ = indexing.dim_layout(out.shape, dim)
-    return flat_steps(dim_scatter_kernel(*types_of(out)), out.size,
-                      (flat(src), flat(idx), flat(out), oshape, ishape, ist, isd, int(dim)),
-                      f"dim_scatter_add_like {short(out.dtype)}")
+    scalar = isinstance(src, float)
+    return flat_steps(dim_scatter_kernel(*types_of(out), add, x is None, scalar), out.size,
+                      (flat(out if x is None else x), flat(out if scalar else src),
+                       src if scalar else 0.0, flat(idx), flat(out), oshape, ishape, ist, isd,
+                       int(dim)), f"dim_scatter {short(out.dtype)}")
 
 
 def _dims(shape, strides) -> tuple:
