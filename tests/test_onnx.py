@@ -345,6 +345,37 @@ def test_tensor_gather_exports_as_gather_elements(amp, tmp_path):
     assert axes == [0, 1]
 
 
+class _Scatters(nn.Module):
+    """``scatter`` of a tensor and of a number, ``scatter_add`` with repeated places and
+    ``take_along_dim`` (``expand`` + ``dim_gather``) of a Linear's output."""
+
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Linear(4, 4)
+
+    def forward(self, x):
+        h = self.a(x)                                                # [16, 4]
+        index = miniflow.tensor(np.array([[3, 0], [1, 2], [0, 3]]))
+        y = h.scatter(1, index, h[:3, :2] * 2.0).scatter(0, index[:1], -1.5)
+        y = y.scatter_add(0, miniflow.tensor(np.array([[15, 15, 0, 15]] * 2)), h[:2])
+        return y + y.take_along_dim(index[:1, :1], 1)
+
+
+@pytest.mark.parametrize("amp", [False, True], ids=["fp32", "amp"])
+def test_scatter_and_scatter_add_export_as_scatter_elements(amp, tmp_path):
+    """Ops ``dim_scatter_update`` (``_scalar``) and ``dim_scatter_add`` are ScatterElements with
+    reduction none and add, axis = dim; onnxruntime matches miniflow. Below opset 16 (no
+    reduction attribute) the add is refused naming the opset."""
+    miniflow.manual_seed(0)
+    proto = _export_one_activation_chain(_Scatters(), amp, tmp_path / "scatters.onnx")
+    got = sorted(a.s.decode() for n in proto.graph.node if n.op_type == "ScatterElements"
+                 for a in n.attribute if a.name == "reduction")
+    assert got == ["add", "none", "none"]
+    assert "GatherElements" in {n.op_type for n in proto.graph.node}
+    with pytest.raises(mo.OnnxExportError, match="ScatterElements adds .* from opset 16"):
+        mo.export(_Scatters(), np.zeros((16, 4), np.float32), tmp_path / "m.onnx", opset=15)
+
+
 class _Top(nn.Module):
     """``Tensor.topk`` along the last dimension and the first (op ``top_k`` moved there), the
     largest and the smallest."""
@@ -661,25 +692,6 @@ def test_cli_ir_netron_serves_the_file_or_names_the_extra(tmp_path, monkeypatch,
     assert not os.path.exists(missing)      # refused before the export wrote it
     with pytest.raises(SystemExit):
         main(["ir", "--netron"])
-
-
-def test_an_adadelta_training_step_exports_its_update_in_the_miniflow_domain(tmp_path):
-    """The update writes variables in place: no standard form, so the training graph keeps it in
-    the ai.miniflow domain with its attributes (as ``adam_update``); the trained model's eval
-    export is standard ONNX and runs as the model."""
-    miniflow.manual_seed(0)
-    model = make_model("mlp")
-    graph = TrainGraph(model, optim.Adadelta(model.parameters(), rho=0.8, maximize=True))
-    inputs = (_x("mlp", 8), np.arange(8) % 10)
-    graph(*inputs)
-    proto = mo.export(graph, inputs, tmp_path / "train.onnx", after="dead_code_elimination")
-    updates = [n for n in proto.graph.node if n.op_type == "adadelta_update"]
-    assert len(updates) == 4 and all(n.domain == mo.DOMAIN for n in updates)
-    assert {a.name: onnx.helper.get_attribute_value(a) for a in updates[0].attribute} == {
-        "rho": pytest.approx(0.8), "eps": pytest.approx(1e-6), "weight_decay": 0.0,
-        "maximize": 1}
-    eval_proto = mo.export(model.eval(), (_x("mlp", 8),), tmp_path / "eval.onnx")
-    assert all(n.domain in ("", "ai.onnx") for n in eval_proto.graph.node)
 
 
 def test_accumulation_and_data_parallel_ops_export_in_the_miniflow_domain(tmp_path):

@@ -23,7 +23,8 @@ functions are the model for the choices):
   ``log_softmax``, ``cast``, ``ones_like`` and ``constant`` (``ConstantOfShape``),
   ``sparse_softmax_cross_entropy`` (``Softmax`` and ``SoftmaxCrossEntropyLoss``, reduction none),
   ``gather`` (``Gather``), ``dim_gather`` (``GatherElements``, axis = dim: ``torch.gather``'s
-  export).
+  export), ``dim_scatter_update`` (``_scalar``) and ``dim_scatter_add`` (``ScatterElements``,
+  reduction none or add: ``torch.scatter`` / ``scatter_add``'s export).
 * Elementwise ops and ``fused_elementwise`` expressions by their scalar functions
   (:data:`FUNCTIONS`): ``relu`` -> ``Relu``, ``add`` -> ``Add`` ..., ``gelu`` -> ``Gelu`` from
   opset 20, before it its erf form ``x * 0.5 * (1 + Erf(x / sqrt(2)))``, ``silu`` -> ``x *
@@ -480,6 +481,22 @@ def _top_k(node, ins, outs, b):
            axis=-1, largest=int(node.attrs["largest"]), sorted=1)
 
 
+def _scatter_elements(node, ins, outs, b):
+    """ScatterElements(input, index, src) with axis = dim (``torch.scatter`` / ``scatter_add``'s
+    export): reduction "add" for ``dim_scatter_add`` (an attribute from opset 16), none for the
+    updates; the scalar update's src is a constant of index's shape. ONNX leaves repeated places
+    of a write undefined (miniflow writes the last)."""
+    add = node.op.name == "dim_scatter_add"
+    if add and b.opset < 16:
+        raise NoStandardForm(f"ONNX's ScatterElements adds (reduction 'add') from opset 16, this "
+                             f"export asked for opset {b.opset} (export with opset=16 or later)")
+    if node.op.name == "dim_scatter_update_scalar":
+        x, idx = node.inputs
+        ins = [*ins, b.initializer(np.full(idx.shape, node.attrs["src_scalar"], x.dtype.np))]
+    reduction = {"reduction": "add" if add else "none"} if b.opset >= 16 else {}
+    b.node("ScatterElements", ins, outs, axis=node.attrs["dim"], **reduction)
+
+
 CONVERTERS = {
     "fused_elementwise": _fused,
     "detach": lambda n, ins, outs, b: b.node("Identity", ins, outs),
@@ -520,6 +537,9 @@ CONVERTERS = {
     "dim_gather": lambda n, ins, outs, b: b.node("GatherElements", ins, outs,
                                                  axis=n.attrs["dim"]),
     "top_k": _top_k,
+    "dim_scatter_update": _scatter_elements,
+    "dim_scatter_update_scalar": _scatter_elements,
+    "dim_scatter_add": _scatter_elements,
     "cat": lambda n, ins, outs, b: b.node("Concat", ins, outs, axis=n.attrs["axis"]),
 }
 """Op type -> ``convert(node, input names, output names, builder)``; elementwise ops go by their
