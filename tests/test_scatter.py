@@ -11,6 +11,7 @@ differences of every rule included, are the op tables' (``tests/test_registry.py
 ``tests/test_grad.py``, ``tests/cuda``)."""
 import numpy as np
 import pytest
+from hypothesis import given, settings, strategies as st
 
 import miniflow as mf
 from miniflow import nn
@@ -78,6 +79,41 @@ def test_scatter_and_scatter_add_match_numpy_eager(dim, index):
                                   _scatter_oracle(X, dim, index, -3.5, False))
     np.testing.assert_allclose(mf.scatter_add(x, dim, index, s).numpy(),
                                _scatter_oracle(X, dim, index, src, True), rtol=1e-6)
+
+
+@st.composite
+def _problems(draw):
+    """A random ``(x, dim, index, src)``: rank 1 to 3, sizes 0 to 4 (index no larger than x off
+    dim, any size along it, repeats likely), float32 or int64."""
+    rank = draw(st.integers(1, 3))
+    shape = tuple(draw(st.lists(st.integers(1, 4), min_size=rank, max_size=rank)))
+    dim = draw(st.integers(-rank, rank - 1))
+    ishape = tuple(draw(st.integers(0, 5)) if k == dim % rank else draw(st.integers(0, n))
+                   for k, n in enumerate(shape))
+    r = np.random.default_rng(draw(st.integers(0, 2**16)))
+    dt = draw(st.sampled_from([np.float32, np.int64]))
+    x, src = (r.integers(-9, 9, sh).astype(dt) for sh in (shape, ishape))
+    return x, dim, r.integers(0, shape[dim], ishape), src
+
+
+@settings(max_examples=40, deadline=None)
+@given(_problems())
+def test_random_gathers_and_scatters_match_numpy(problem):
+    """Eager gather, scatter (of src and of a number), scatter_add and take_along_dim on random
+    shapes, dims and indices against the NumPy oracles."""
+    x, dim, index, src = problem
+    t = mf.tensor(x)
+    np.testing.assert_array_equal(t.gather(dim, index).numpy(),
+                                  np.take_along_axis(x[_span(index, dim)], index, dim))
+    np.testing.assert_array_equal(t.scatter(dim, index, mf.tensor(src)).numpy(),
+                                  _scatter_oracle(x, dim, index, src, False))
+    np.testing.assert_array_equal(t.scatter(dim, index, 5).numpy(),
+                                  _scatter_oracle(x, dim, index, 5, False))
+    np.testing.assert_array_equal(t.scatter_add(dim, index, mf.tensor(src)).numpy(),
+                                  _scatter_oracle(x, dim, index, src, True))
+    if all(n in (1, m) for k, (n, m) in enumerate(zip(index.shape, x.shape)) if k != dim % x.ndim):
+        np.testing.assert_array_equal(mf.take_along_dim(t, index, dim).numpy(),
+                                      np.take_along_axis(x, index, dim))
 
 
 def test_repeated_indices_write_the_last_and_add_all():
