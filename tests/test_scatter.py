@@ -294,8 +294,11 @@ def test_errors_are_pytorchs_and_name_the_function():
         x.scatter_add(0, np.zeros((1, 2, 1), np.int64), mf.tensor(np.ones((1, 1, 1), np.float32)))
     with pytest.raises(TypeError, match="Expected dtype int64 for index"):
         x.scatter(0, np.zeros((1, 1, 1)), s)
-    with pytest.raises(TypeError, match="dim_scatter_add: inputs have different dtypes"):
+    with pytest.raises(TypeError, match=r"scatter_add\(\): Expected self.dtype to be equal to "
+                                        r"src.dtype \(self is float32, src float16\)"):
         x.scatter_add(0, np.zeros((1, 1, 1), np.int64), s.to(mf.float16))
+    with pytest.raises(TypeError, match=r"cast src with .to\(miniflow.int64\)"):
+        mf.tensor(np.zeros((4, 5, 3), np.int64)).scatter(0, np.zeros((1, 1, 1), np.int64), s)
     with pytest.raises(TypeError, match=r"scatter_add\(\): argument 'src' must be Tensor, not "
                                         r"float"):
         x.scatter_add(0, np.zeros((1, 1, 1), np.int64), 1.0)

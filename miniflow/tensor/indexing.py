@@ -250,6 +250,10 @@ def _scatter(self, fn: str, dim, index, src, add: bool) -> "Tensor":
         return apply("dim_scatter_update_scalar", [self, index], dim=d, src_scalar=float(src))
     if not isinstance(src, TensorCore):
         raise TypeError(f"{fn}(): src must be a Tensor or a number, got {type(src).__name__}")
+    if src.dtype is not self.dtype:
+        raise TypeError(f"{fn}(): Expected self.dtype to be equal to src.dtype (self is "
+                        f"{self.dtype.name}, src {src.dtype.name}): cast src with "
+                        f".to(miniflow.{self.dtype.name})")
     off = [k for k, (i, t) in enumerate(zip(index.shape, self.shape)) if i > t and k != d]
     if index.ndim == self.ndim and (src.ndim != index.ndim or off or any(
             i > n for i, n in zip(index.shape, src.shape))):
