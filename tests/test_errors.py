@@ -388,6 +388,18 @@ _ATTENTION_OP_ERRORS = [
      r"slice: step -1 on axis 1: step must be greater than zero"),
     ("slice", [_A], {"start": (0, 0), "stop": (2, 3), "step": (1, 1)}, ValueError,
      r"slice: start has 2 entries for a tensor of rank 3"),
+    ("slice_update", [_A, np.zeros((2, 3, 2), np.float32)],
+     {"start": (0, 0, 0), "stop": (2, 3, 4), "step": (1, 1, 1)}, ValueError,
+     r"slice_update: value %in1 \(f32\[2,3,2\]\) must have the slice's shape \[2,3,4\] "
+     r"\(ref %in0 \(f32\[2,3,4\]\), start \[0, 0, 0\], stop \[2, 3, 4\], step \[1, 1, 1\]\); "
+     r"broadcast it"),
+    ("slice_update", [_A, np.zeros((1, 3, 4), np.float16)],
+     {"start": (0, 0, 0), "stop": (1, 3, 4), "step": (1, 1, 1)}, TypeError,
+     r"slice_update: value %in1 \(f16\[1,3,4\]\) must have ref's dtype %in0 \(f32\[2,3,4\]\); "
+     r"cast it with .to\(float32\)"),
+    ("slice_update", [_A, np.zeros((2, 3, 4), np.float32)],
+     {"start": (0, 0, 0), "stop": (2, 3, 4), "step": (1, 0, 1)}, ValueError,
+     r"slice_update: step 0 on axis 1: step must be greater than zero"),
     ("masked_fill", [_A, np.ones((3, 5), np.int64)], {"value": 0.0}, ValueError,
      r"masked_fill: mask %in1 \(i64\[3,5\]\) must broadcast to x's shape"),
     ("tril", [np.zeros(4, np.float32)], {}, ValueError,

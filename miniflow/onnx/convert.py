@@ -446,6 +446,17 @@ def _slice(node, ins, outs, b):
                      b.ints(a["step"])], outs)
 
 
+def _slice_update(node, ins, outs, b):
+    """ScatterND(ref, indices, value): the indices of every element of the slice, a constant of
+    shape ``value.shape + [rank]`` (shapes are static), as OneFlow's ``slice_update`` writes
+    value over ref."""
+    a = node.attrs
+    axes = [np.arange(*r) for r in zip(a["start"], a["stop"], a["step"])]
+    indices = (np.stack(np.meshgrid(*axes, indexing="ij"), axis=-1) if axes
+               else np.zeros((0,), np.int64))
+    b.node("ScatterND", [ins[0], b.initializer(indices.astype(np.int64)), ins[1]], outs)
+
+
 def _tril(node, ins, outs, b):
     """Where(the lower triangle, x, fill_value): the triangle a constant of the last two axes
     (shapes are static), as ``numpy.tril``'s ``k``; ONNX's Trilu fills zeros only."""
@@ -531,6 +542,7 @@ CONVERTERS = {
     "sparse_softmax_cross_entropy": _sce,
     "batch_matmul": _batch_matmul,
     "slice": _slice,
+    "slice_update": _slice_update,
     "tril": _tril,
     "masked_fill": _masked_fill,
     "gather": lambda n, ins, outs, b: b.node("Gather", ins, outs, axis=n.attrs["axis"]),

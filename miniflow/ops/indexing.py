@@ -1,11 +1,12 @@
 """Indexing ops: ``gather`` (embeddings) with its gradient ``unsorted_segment_sum_like``,
 ``dim_gather`` (``torch.gather``) with its gradient ``dim_scatter_add_like``, ``dim_scatter_update``
 (``_scalar``) and ``dim_scatter_add`` (``torch.scatter``, ``scatter_add``), ``slice`` (basic
-indexing ``x[a:b:s, ...]``) with ``slice_grad``, ``cat``, ``tril`` (the causal mask) and
-``masked_fill``. OneFlow's op names, inputs and attributes (``oneflow/user/ops/gather_op.cpp``,
-``unsorted_segment_sum_op.cpp``, ``dim_gather_op.cpp``, ``dim_scatter_ops.cpp``,
-``slice_op.cpp``, ``concat_op.cpp``, ``tril_op.cpp``, ``masked_fill``); PyTorch's semantics
-(``torch.index_select`` / ``nn.Embedding``, ``torch.gather``, basic slicing, ``torch.cat``,
+indexing ``x[a:b:s, ...]``) with ``slice_grad``, ``slice_update`` (``x[a:b:s, ...] = v``),
+``cat``, ``tril`` (the causal mask) and ``masked_fill``. OneFlow's op names, inputs and
+attributes (``oneflow/user/ops/gather_op.cpp``, ``unsorted_segment_sum_op.cpp``,
+``dim_gather_op.cpp``, ``dim_scatter_ops.cpp``, ``slice_op.cpp``, ``concat_op.cpp``,
+``tril_op.cpp``, ``masked_fill``); PyTorch's semantics (``torch.index_select`` /
+``nn.Embedding``, ``torch.gather``, basic slicing and its assignment, ``torch.cat``,
 ``torch.tril``, ``Tensor.masked_fill``).
 
 * ``gather(in, indices)`` {axis 0}: ``out = in`` indexed by the int64 ``indices`` along ``axis``,
@@ -46,6 +47,11 @@ indexing ``x[a:b:s, ...]``) with ``slice_grad``, ``cat``, ``tril`` (the causal m
   x[start_0:stop_0:step_0, ...]``; the attributes are normalised to the in-range form
   ``slice(...).indices(n)`` gives. Gradient: ``slice_grad(dy)`` {like_shape, start, stop, step}:
   zeros of ``like_shape`` with ``dy`` written at the slice.
+* ``slice_update(ref, value)`` {start, stop, step as ``slice``} (OneFlow's ``slice_update``, what
+  its ``tensor_setitem`` records for ``x[key] = value``): ``out = ref`` with ``value`` (ref's
+  dtype, exactly the slice's shape) written at ``ref[start:stop:step, ...]``; a value, not an
+  in-place write. Gradient: ref gets ``slice_update(dy, zeros)`` (dy with the slice zeroed),
+  value ``slice(dy)``.
 * ``cat(x0, x1, ...)`` {axis 0}: the inputs (one floating dtype or int64, the same shape but
   along ``axis``) joined along ``axis`` (OneFlow's ``cat``, ``torch.cat``). Gradient: one
   ``slice`` of ``dy`` per input.
@@ -531,6 +537,65 @@ register("slice_grad", _slice_grad_infer, normalize=_slice_grad_norm,
          amp_note="the gradient of a clear op (OneFlow's slice_grad is in no list; it moves "
                   "data only, so it keeps its input's dtype like slice)",
          doc="dx = zeros(like_shape) with dy written at x[start:stop:step]")
+
+
+# ------------------------------------------------------------------------------ slice_update
+def _slice_update_infer(inputs, attrs):
+    op = "slice_update"
+    check_arity(op, inputs, 2)
+    ref, value = inputs
+    if value.dtype is not ref.dtype:
+        raise TypeError(f"{op}: value {fmt(value)} must have ref's dtype {fmt(ref)}; cast it "
+                        f"with .to({ref.dtype.name}) first")
+    if ref.dtype is not int64:
+        check_float(op, ref)
+    want = _slice_shape(attrs)
+    if value.shape != want:
+        raise ValueError(f"{op}: value {fmt(value)} must have the slice's shape "
+                         f"{format_shape(want)} (ref {fmt(ref)}, start {list(attrs['start'])}, "
+                         f"stop {list(attrs['stop'])}, step {list(attrs['step'])}); broadcast it "
+                         f"to that shape first")
+    return [(ref.shape, ref.dtype)]
+
+
+def _slice_update_reference(arrays, attrs):
+    out = np.array(arrays[0], np.float64)
+    out[slice_index(attrs)] = arrays[1]
+    return [out]
+
+
+def _slice_update_samples():
+    def make(dt):
+        r = np.random.default_rng(39)
+        x = rand(4, 5, 6, dtype=dt, r=r)
+        return [([x, rand(4, 3, 3, dtype=dt, r=r)],
+                 {"start": (None, 0, 1), "stop": (None, 3, None), "step": (None, 1, 2)}),
+                ([x, np.array([[[np.nan, 1.0], [-0.0, 2.0]], [[np.inf, 3.0], [4.0, -5.0]]],
+                              dt)],
+                 {"start": (1, -4, 0), "stop": (3, 100, 6), "step": (1, 3, 5)}),
+                ([x, rand(0, 5, 6, dtype=dt, r=r)],
+                 {"start": (2, 0, 0), "stop": (2, 5, 6), "step": (1, 1, 1)}),
+                ([rand(6, dtype=dt, r=r), rand(2, dtype=dt, r=r)],
+                 {"start": (-2,), "stop": (None,), "step": (1,)}),
+                ([rand(3, 700, dtype=dt, r=r), rand(3, 233, dtype=dt, r=r)],
+                 {"start": (0, 1), "stop": (3, 700), "step": (1, 3)})]
+    return float_samples(make)
+
+
+def _slice_update_grad(node, gs, emit):
+    """ref: dy with the slice zeroed; value: the slice of dy (OneFlow's SliceUpdate backward)."""
+    a, value = node.attrs, node.inputs[1]
+    zeros = emit("constant", shape=value.shape, value=0.0, dtype=gs[0].dtype)
+    return [emit("slice_update", gs[0], zeros, **a), emit("slice", gs[0], **a)]
+
+
+register("slice_update", _slice_update_infer,
+         normalize=lambda ins, a: slice_attrs("slice_update", ins[0].shape if ins else (), a),
+         grad=_slice_update_grad, reference=_slice_update_reference,
+         samples=_slice_update_samples, amp=None,
+         amp_note="in none of OneFlow's lists (slice_update; its slice and slice_grad are "
+                  "clear): ref and value run in float32, so an assignment keeps its precision",
+         doc="out = ref with value written at ref[start:stop:step] per axis (x[key] = value)")
 
 
 # ------------------------------------------------------------------------------ cat

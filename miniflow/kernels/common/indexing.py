@@ -1,11 +1,11 @@
 """The builders of the indexing ops on every backend (``gather``, ``unsorted_segment_sum_like``,
 ``dim_gather``, ``dim_scatter_add_like``, ``dim_scatter_add``, ``dim_scatter_update``,
-``dim_scatter_update_scalar``, ``slice``, ``slice_grad``, ``cat``, ``tril``,
+``dim_scatter_update_scalar``, ``slice``, ``slice_grad``, ``slice_update``, ``cat``, ``tril``,
 ``masked_fill``, and the one-axis reductions ``reduce_max``, ``argmax``, ``reduce_max_grad``,
-``top_k``),
-over the backend's step makers: the layouts are planned here once (``[outer, n, inner]`` around
-the gather axis, the C strides around ``dim`` of ``dim_gather`` (:func:`dim_layout`), the slice's
-element offset and strides, the mask's broadcast strides), the loops are the backend's."""
+``top_k``), over the backend's step makers: the layouts are planned here once (``[outer, n,
+inner]`` around the gather axis, the C strides around ``dim`` of ``dim_gather``
+(:func:`dim_layout`), the slice's element offset and strides, the mask's broadcast strides), the
+loops are the backend's."""
 from __future__ import annotations
 
 from ...ops.indexing import cat_slices, slice_index
@@ -62,7 +62,7 @@ def slice_layout(shape, attrs) -> tuple:
 
 
 def builders(*, gather_steps, segment_sum_steps, dim_gather_steps, dim_scatter_steps,
-             slice_steps, slice_grad_steps, scatter_steps,
+             slice_steps, slice_grad_steps, scatter_steps, copy_steps,
              tril_steps, masked_fill_steps, max_steps, max_grad_steps, top_k_steps) -> dict:
     """Op type -> builder of the indexing ops, over a backend's step makers:
 
@@ -80,7 +80,8 @@ def builders(*, gather_steps, segment_sum_steps, dim_gather_steps, dim_scatter_s
       offset, strides)``: ``index`` the tuple of Python slices, ``offset`` / ``strides`` in
       elements of ``x`` / ``dx`` (:func:`slice_layout`), whichever the backend uses;
       ``scatter_steps(src, dst, index, offset, strides)``: ``dst[index] = src``, nothing else
-      written (``cat``: one per input);
+      written (``cat``: one per input; ``slice_update``: after ``copy_steps``, the movement
+      family's flat copy ``out = ref``);
     * ``tril_steps(x, out, rows, cols, diagonal, fill_value)``;
     * ``masked_fill_steps(x, mask, out, shape, mask_strides, value)``: the broadcast collapsed
       (``layout.broadcast_plan``);
@@ -125,6 +126,14 @@ def builders(*, gather_steps, segment_sum_steps, dim_gather_steps, dim_scatter_s
         """``dx = 0``, then ``dx[start:stop:step, ...] = dy``."""
         return slice_grad_steps(ins[0], outs[0], slice_index(node.attrs),
                                 *slice_layout(outs[0].shape, node.attrs))
+
+    def slice_update(node, ins, outs):
+        """``out = ref``, then ``out[start:stop:step, ...] = value``."""
+        if outs[0].size == 0:
+            return []
+        return (copy_steps(ins[:1], outs, (), node.attrs)
+                + scatter_steps(ins[1], outs[0], slice_index(node.attrs),
+                                *slice_layout(outs[0].shape, node.attrs)))
 
     def cat(node, ins, outs):
         """``out[..., a_i:b_i, ...] = x_i`` along ``axis``, for every input."""
@@ -180,7 +189,7 @@ def builders(*, gather_steps, segment_sum_steps, dim_gather_steps, dim_scatter_s
             "dim_scatter_add": dim_scatter(False, True),
             "dim_scatter_update": dim_scatter(False, False),
             "dim_scatter_update_scalar": dim_scatter(False, False),
-            "slice": slice_, "slice_grad": slice_grad, "cat": cat, "tril": tril,
-            "masked_fill": masked_fill,
+            "slice": slice_, "slice_grad": slice_grad, "slice_update": slice_update, "cat": cat,
+            "tril": tril, "masked_fill": masked_fill,
             "reduce_max": reduce_max, "argmax": argmax, "reduce_max_grad": reduce_max_grad,
             "top_k": top_k}

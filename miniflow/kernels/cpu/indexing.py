@@ -1,7 +1,8 @@
 """The indexing ops on the CPU (builders: ``kernels.common.indexing``; these are the step makers):
 ``gather`` and ``unsorted_segment_sum_like`` (Numba loops over ``[outer, n, inner]``),
 ``dim_gather`` and the ``dim_scatter`` ops (Numba loops over index's elements), ``slice``,
-``slice_grad`` and ``cat`` (``np.copyto`` through a strided view planned at build time), ``tril``
+``slice_grad``, ``slice_update`` (the movement family's flat copy first) and ``cat``
+(``np.copyto`` through a strided view planned at build time), ``tril``
 and ``masked_fill`` (Numba loops that copy elements as stored: float16 and bfloat16 as their bits,
 the fill value converted to out's dtype once, at build time); the one-axis ``reduce_max``,
 ``argmax`` and ``reduce_max_grad`` (Numba loops, one output per (parallel) iteration); ``top_k``
@@ -24,6 +25,7 @@ from numba.extending import register_jitable
 from ..common import indexing
 from .common import flat, jit, jitable, kview, loop_for, use_parallel
 from .fp16 import load, store, to_compute
+from .movement import copy_steps
 
 _before = jitable(indexing.top_k_before)
 
@@ -378,7 +380,8 @@ BUILDERS = indexing.builders(gather_steps=gather_steps, segment_sum_steps=segmen
                              dim_gather_steps=dim_gather_steps,
                              dim_scatter_steps=dim_scatter_steps,
                              slice_steps=slice_steps, slice_grad_steps=slice_grad_steps,
-                             scatter_steps=scatter_steps, tril_steps=tril_steps,
+                             scatter_steps=scatter_steps, copy_steps=copy_steps,
+                             tril_steps=tril_steps,
                              masked_fill_steps=masked_fill_steps,
                              max_steps=max_steps, max_grad_steps=max_grad_steps,
                              top_k_steps=top_k_steps)

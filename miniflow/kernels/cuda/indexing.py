@@ -18,7 +18,8 @@ grid-stride kernels over flat views (``launch.flat_steps``), no atomics:
   ``dim_scatter_update_scalar``; an index out of range matches no element and is dropped (the
   CPU kernels raise IndexError; PyTorch's CUDA kernel fails a device assert).
 * ``slice``: the strided gather of ``kernels.cuda.movement`` from the slice's first element;
-  ``slice_grad``: a fill with zero, then a strided scatter of ``dy``; ``cat``: the strided
+  ``slice_grad``: a fill with zero, then a strided scatter of ``dy``; ``slice_update``: the
+  movement family's flat copy of ref, then a strided scatter of value; ``cat``: the strided
   scatter of each input.
 * ``tril``, ``masked_fill``: elementwise selects; values move as stored, the fill value is
   rounded to out's dtype.
@@ -36,7 +37,7 @@ from numba import cuda
 from ..common import indexing
 from .common import device, flat, jit, short, strided_offset, types_of
 from .launch import flat_steps
-from .movement import fill_steps, gather_steps as strided_gather_steps
+from .movement import copy_steps, fill_steps, gather_steps as strided_gather_steps
 
 __all__ = ["gather_kernel", "segment_sum_kernel", "dim_gather_kernel", "dim_scatter_kernel",
            "scatter_kernel", "tril_kernel",
@@ -363,7 +364,7 @@ BUILDERS = indexing.builders(gather_steps=gather_steps, segment_sum_steps=segmen
                              dim_gather_steps=dim_gather_steps,
                              dim_scatter_steps=dim_scatter_steps,
                              slice_steps=slice_steps, slice_grad_steps=slice_grad_steps,
-                             scatter_steps=scatter_steps,
+                             scatter_steps=scatter_steps, copy_steps=copy_steps,
                              tril_steps=tril_steps, masked_fill_steps=masked_fill_steps,
                              max_steps=max_steps, max_grad_steps=max_grad_steps,
                              top_k_steps=top_k_steps)
