@@ -89,6 +89,12 @@ class Tracer:
         self.sources[v] = t
         return v
 
+    def forget(self, t) -> None:
+        """Lift eager Tensor ``t`` anew at its next use: it was written in place inside the
+        build (``t[key] = value`` of a value that is not lazy), so the constant lifted before
+        holds the values the ops recorded before the write read."""
+        self._lifted.pop(id(t), None)
+
     def operands(self, values: list) -> list:
         """The Values an op reads: ``values``, but inside a :class:`no_grad` block a value that
         may carry a gradient (a floating trainable parameter or node output) made outside the

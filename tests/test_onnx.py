@@ -403,6 +403,32 @@ def test_topk_exports_as_onnx_topk(amp, tmp_path):
     assert largest == [0, 1]
 
 
+class _Assigned(nn.Module):
+    """``h[key] = v`` of basic keys (op ``slice_update``): a strided column range from another
+    layer, a row broadcast from a number, a single element."""
+
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Linear(4, 4)
+        self.b = nn.Linear(4, 2)
+
+    def forward(self, x):
+        h = self.a(x)                                                # [16, 4]
+        h[1:12:3, ::2] = self.b(x)[1:12:3]
+        h[-1] = 0.5
+        h[0, 3] = h[2, 1] * 2.0
+        return h * 1.5
+
+
+@pytest.mark.parametrize("amp", [False, True], ids=["fp32", "amp"])
+def test_slice_update_exports_as_scatter_nd(amp, tmp_path):
+    """Op ``slice_update`` (``x[key] = v`` in ``build``) is ``ScatterND`` with the slice's
+    element indices as a constant (shapes are static); onnxruntime matches miniflow."""
+    miniflow.manual_seed(0)
+    proto = _export_one_activation_chain(_Assigned(), amp, tmp_path / "assigned.onnx")
+    assert sum(n.op_type == "ScatterND" for n in proto.graph.node) == 3
+
+
 @pytest.mark.parametrize("amp", [False, True], ids=["fp32", "amp"])
 def test_leaky_relu_and_elu_export_as_onnx_operators_with_their_alpha(amp, tmp_path):
     """``leaky_relu`` -> ``LeakyRelu(alpha)`` and ``elu`` -> ``Elu(alpha)``, the node's ``alpha``

@@ -868,21 +868,419 @@ def test_tril_triu_eager_as_pytorch_and_their_errors():
                                           torch.tensor(x).triu(d).numpy())
 
 
-@pytest.mark.parametrize("key", [np.array([[True, False, True, False, True]] * 4),
-                                 np.array([0, 2]), 1, (slice(None), 0)])
-def test_item_assignment_is_refused_saying_masked_fill(key):
-    """``x[mask] = v`` (nanoGPT's ``logits[logits < v[:, [-1]]] = -float('Inf')``) ended in
-    NumPy's "only integer scalar arrays can be converted to a scalar index" for an array key;
-    every item assignment is refused naming ``masked_fill``, whose result is PyTorch's."""
+# ------------------------------------------------------------------------------ x[key] = v
+def _assigned(shape, key, value, dtype=np.float64):
+    """NumPy's ``x[key] = value`` of ``_first(shape)``: the oracle of basic keys and masks."""
+    want = _first(shape).astype(dtype)
+    want[key] = value
+    return want
+
+
+def _distinct(shape):
+    """Values none of X has (-1, -2, ...), in ``shape``."""
+    return -1.0 - np.arange(int(np.prod(shape)), dtype=np.float32).reshape(shape)
+
+
+@pytest.mark.parametrize("key", KEYS, ids=[str(k) for k in KEYS])
+def test_assignment_of_a_basic_key_matches_numpy_eager(key):
+    """``x[key] = v`` wrote nothing: every assignment was a TypeError. Eager tensors are written
+    in place with NumPy's result for basic keys (PyTorch's: the same rules): a tensor of the
+    selection's shape, a number, a NumPy array with a leading size-1 dimension."""
+    shape = X[key].shape
+    for value in (mf.tensor(_distinct(shape)), -7.5, _distinct((1,) + shape)):
+        x = mf.tensor(X)
+        before = x._data
+        x[key] = value
+        assert x._data is before                           # in place: the same memory
+        want = _assigned(X.shape, key, np.asarray(value, np.float64).reshape(shape)
+                         if not isinstance(value, float) else value)
+        np.testing.assert_array_equal(x.numpy(), want.astype(np.float32))
+
+
+@pytest.mark.parametrize("key", TUPLE_KEYS + [np.array([3, -1]), [0, 0, 2]],
+                         ids=[str(k) for k in TUPLE_KEYS] + ["array", "repeats"])
+def test_assignment_of_an_array_index_writes_what_the_index_reads(key):
+    """One array, list or tuple index (alone or in a tuple, PyTorch's rule where ints come
+    first): the values land where ``x[key]`` reads them, in its order (of repeats the last),
+    nothing else changes. Oracle: the positions ``x[key]`` reads off a tensor of flat ids."""
+    ids = np.arange(X.size, dtype=np.float64).reshape(X.shape)
+    picked = mf.tensor(ids)[key].numpy().astype(np.int64)
+    value = _distinct(picked.shape)
+    want = X.astype(np.float64).reshape(-1)
+    want[picked.reshape(-1)] = value.reshape(-1)
+    x = mf.tensor(X.astype(np.float64))
+    x[key] = value
+    np.testing.assert_array_equal(x.numpy(), want.reshape(X.shape))
+    if torch is not None and len(set(picked.reshape(-1).tolist())) == picked.size:
+        t = torch.from_numpy(X.astype(np.float64))
+        t[key] = torch.from_numpy(value.astype(np.float64))
+        np.testing.assert_array_equal(x.numpy(), t.numpy())
+
+
+def test_assignment_of_an_int64_tensor_index_and_a_mask_eager():
+    """An int64 Tensor index (negative entries from the end, as PyTorch's), a bool mask of the
+    leading dimensions (one value for every element, or a row of values per masked element),
+    a list of bools."""
     x = mf.tensor(_first((4, 5)))
-    with pytest.raises(TypeError, match=r"does not support item assignment: .*masked_fill"):
-        x[key] = -float("inf")
-    mask = x.numpy() < 0.0
-    filled = x.masked_fill(mask, -float("inf")).numpy()
+    x[mf.tensor(np.array([-1, 1]))] = mf.tensor(_distinct((2, 5)))
+    np.testing.assert_array_equal(x.numpy(), _assigned((4, 5), [3, 1], _distinct((2, 5)),
+                                                       np.float32))
+    mask = np.array([True, False, True, False])
+    for value in (2.5, _distinct((5,)), _distinct((2, 5)), _distinct((2, 1))):
+        x = mf.tensor(_first((4, 5)))
+        x[mask] = value
+        np.testing.assert_array_equal(x.numpy(), _assigned((4, 5), mask, value, np.float32))
+    x = mf.tensor(_first((4, 5)))
+    x[[True, False, False, True]] = 0.0
+    np.testing.assert_array_equal(x.numpy(), _assigned((4, 5), [0, 3], 0.0, np.float32))
+    elementwise = _first((4, 5)) < 0
+    x = mf.tensor(_first((4, 5)))
+    x[elementwise] = _distinct((int(elementwise.sum()),))
+    np.testing.assert_array_equal(
+        x.numpy(), _assigned((4, 5), elementwise, _distinct((int(elementwise.sum()),)),
+                             np.float32))
+
+
+def test_the_pytorch_programs_that_assign_run_as_torch():
+    """The transformer tutorial's positional encoding (``pe[:, 0, 0::2] = torch.sin(position *
+    div_term)``, at module construction, into a buffer), nanoGPT's ``generate``
+    (``logits[logits < v[:, [-1]]] = -float('Inf')``) and its ``estimate_loss``
+    (``losses[k] = loss.item()``), against NumPy float64 and torch."""
+    d, n = 6, 5
+    position = mf.arange(n).unsqueeze(1)
+    div_term = (mf.arange(0, d, 2) * (-np.log(10000.0) / d)).exp()
+    pe = mf.zeros(n, 1, d)
+    pe[:, 0, 0::2] = (position * div_term).sin()
+    pe[:, 0, 1::2] = (position * div_term).cos()
+    angle = np.arange(n)[:, None] * np.exp(np.arange(0, d, 2) * (-np.log(10000.0) / d))
+    want = np.zeros((n, 1, d))
+    want[:, 0, 0::2], want[:, 0, 1::2] = np.sin(angle), np.cos(angle)
+    np.testing.assert_allclose(pe.numpy(), want, rtol=1e-6, atol=1e-6)
+    logits = mf.tensor(_first((2, 6)))
+    v, _ = logits.topk(3)
+    logits[logits < v[:, [-1]]] = -float("inf")
+    kept = _first((2, 6)) >= np.sort(_first((2, 6)), 1)[:, -3:-2]
+    np.testing.assert_array_equal(logits.numpy(), np.where(kept, _first((2, 6)), -np.inf))
+    losses = mf.zeros(3)
+    for k in range(3):
+        losses[k] = mf.tensor(np.float32(k + 0.5)).item()
+    np.testing.assert_array_equal(losses.numpy(), [0.5, 1.5, 2.5])
     if torch is not None:
-        want = torch.tensor(_first((4, 5)))
-        want[torch.tensor(mask)] = -float("inf")
-        np.testing.assert_array_equal(filled, want.numpy())
+        tp = torch.zeros(n, 1, d)
+        tpos = torch.arange(n).unsqueeze(1)
+        tdiv = torch.exp(torch.arange(0, d, 2) * (-np.log(10000.0) / d))
+        tp[:, 0, 0::2] = torch.sin(tpos * tdiv)
+        tp[:, 0, 1::2] = torch.cos(tpos * tdiv)
+        np.testing.assert_allclose(pe.numpy(), tp.numpy(), rtol=1e-6, atol=1e-6)
+
+
+def test_assignment_casts_to_the_tensors_dtype_as_pytorch():
+    """A float into an int64 tensor truncates, a float64 array into float32 rounds, an int64
+    tensor into float32 converts, a value that overlaps the target is read first."""
+    ids = mf.zeros(3, dtype=mf.int64)
+    ids[0], ids[1] = 2.7, -2.7
+    assert ids.tolist() == [2, -2, 0] and ids.dtype is mf.int64
+    x = mf.zeros(3)
+    x[:] = np.array([0.1, 1e40, 2.0])
+    np.testing.assert_array_equal(x.numpy(), np.array([0.1, np.inf, 2.0], np.float32))
+    x[1:] = mf.arange(2)
+    np.testing.assert_array_equal(x.numpy(), np.array([0.1, 0.0, 1.0], np.float32))
+    y = mf.tensor(np.arange(5.0))
+    y[1:] = y[:-1]
+    np.testing.assert_array_equal(y.numpy(), [0.0, 0.0, 1.0, 2.0, 3.0])
+    if torch is not None:
+        t = torch.zeros(3, dtype=torch.int64)
+        t[0], t[1] = 2.7, -2.7
+        assert t.tolist() == ids.tolist()
+
+
+def test_a_parameter_is_assigned_only_under_no_grad_and_a_graph_reads_it():
+    """PyTorch refuses an in-place write into a leaf that requires grad, outside ``no_grad``;
+    under it the values change in the parameter's memory, which a compiled graph reads at its
+    next call; a buffer takes an assignment as any eager tensor."""
+    mf.manual_seed(0)
+    lin = nn.Linear(3, 2)
+    graph = EvalGraph(lin)
+    x = np.ones((1, 3), np.float32)
+    first = graph(x).numpy()
+    with pytest.raises(RuntimeError, match="a leaf Variable that requires grad is being used "
+                                           "in an in-place operation"):
+        lin.weight[0] = 0.0
+    version = lin.weight.version
+    with mf.no_grad():
+        lin.weight[0] = 0.0
+    assert lin.weight.version == version + 1       # its half copies are stale
+    np.testing.assert_array_equal(lin.weight.numpy()[0], 0.0)
+    got = graph(x).numpy()
+    np.testing.assert_array_equal(got[0, 0], lin.bias.numpy()[0])
+    assert got[0, 1] == first[0, 1]
+    if torch is not None:
+        with pytest.raises(RuntimeError, match="a leaf Variable that requires grad"):
+            torch.nn.Linear(3, 2).weight[0] = 0.0
+
+
+@pytest.mark.parametrize("key,value,error,match", [
+    (np.s_[0], mf.ones(3), RuntimeError,
+     r"shape mismatch: value tensor of shape \[3\] cannot be broadcast to indexing result of "
+     r"shape \[5\]"),
+    (np.s_[:2], np.ones((2, 2, 5)), RuntimeError, r"value tensor of shape \[2, 2, 5\]"),
+    (np.s_[0], [1.0] * 5, TypeError, r"can't assign a list to a Tensor.*miniflow.tensor"),
+    (np.s_[0], "a", TypeError, r"can't assign a str"),
+    (np.s_[::-1], 0.0, ValueError, r"step must be greater than zero"),
+    (np.s_[4], 0.0, IndexError, r"index 4 is out of bounds for dimension 0 with size 4"),
+    (np.s_[0, 0, 0], 0.0, IndexError, r"too many indices for tensor of dimension 2"),
+    (np.array([True, False]), 0.0, IndexError,
+     r"The shape of the mask \[2\] at index 0 does not match the shape of the indexed tensor "
+     r"\[4, 5\] at index 0"),
+    (np.ones((4, 5, 1), bool), 0.0, IndexError, r"too many indices for tensor of dimension 2"),
+    ([7], 0.0, IndexError, r"index 7 is out of bounds for dimension 0 with size 4"),
+    ((np.s_[:, [9]]), 0.0, IndexError, r"index 9 is out of bounds for dimension 1 with size 5"),
+    (np.array([True, False, True, False]), np.ones((3, 5)), RuntimeError,
+     r"value tensor of shape \[3, 5\] cannot be broadcast to indexing result of shape "
+     r"\[2, 5\]"),
+], ids=["shape", "leading_not_1", "list", "str", "negative_step", "index", "too_many", "mask",
+        "mask_rank", "list_index", "tuple_index", "mask_value"])
+def test_assignment_errors_are_pytorchs(key, value, error, match):
+    x = mf.tensor(_first((4, 5)))
+    with pytest.raises(error, match=match):
+        x[key] = value
+    np.testing.assert_array_equal(x.numpy(), _first((4, 5)))     # nothing written
+    if torch is not None and error is not TypeError and not isinstance(value, np.ndarray):
+        t = torch.from_numpy(_first((4, 5)))
+        tkey = torch.from_numpy(key) if isinstance(key, np.ndarray) else key
+        tvalue = torch.from_numpy(value.numpy()) if isinstance(value, mf.Tensor) else value
+        with pytest.raises((error, RuntimeError)):
+            t[tkey] = tvalue
+
+
+class _Assign(nn.Graph):
+    """``y = x * 1; before = y[0]; y[key] = value; return y, before, y * 2`` (the later use)."""
+
+    def __init__(self, key):
+        super().__init__()
+        self.key = key
+
+    def build(self, x, value):
+        y = x * 1.0
+        before = y[0]
+        y[self.key] = value
+        return y, before, y * 2.0
+
+
+@pytest.mark.parametrize("key", KEYS, ids=[str(k) for k in KEYS])
+def test_assignment_of_a_basic_key_in_a_graph_records_slice_update(key):
+    """Inside ``build`` ``y[key] = v`` records op ``slice_update`` (OneFlow's) and ``y`` stands
+    for its result: a later use sees the assignment, a tensor taken before does not (values,
+    not views). The value is broadcast (a leading size-1 dimension dropped) and cast."""
+    shape = X[key].shape
+    want = _assigned(X.shape, key, _distinct(shape)).astype(np.float32)
+    graph = _Assign(key)
+    y, before, later = graph(X, mf.tensor(_distinct((1,) + shape).astype(np.float64)))
+    np.testing.assert_array_equal(y.numpy(), want)
+    np.testing.assert_array_equal(before.numpy(), X[0])
+    np.testing.assert_array_equal(later.numpy(), want * 2)
+    ops = [n.op.name for n in graph.ir.nodes]
+    assert ("slice_update" in ops) == bool(X[key].size)      # an empty slice writes nothing
+
+
+class _MaskAssign(nn.Graph):
+    def __init__(self, mask, number=None):
+        super().__init__()
+        self.mask, self.number = mask, number
+
+    def build(self, x, value):
+        x[self.mask] = value if self.number is None else self.number
+        return x
+
+
+def test_a_mask_in_a_graph_is_masked_fill_of_a_number_or_one_row_of_values():
+    """A bool mask (a NumPy array, known at trace time): a number is ``masked_fill``; a tensor
+    of one value per element of a masked row (its shape broadcasts to the row's) is selected
+    with ``masked_fill`` s, every other element kept bit for bit (NaN, inf, -0.0)."""
+    x = _first((4, 5))
+    x[1] = [np.nan, np.inf, -0.0, -np.inf, 0.0]
+    mask = np.array([False, True, True, False])
+    got = _MaskAssign(mask, number=-np.inf)(x, mf.tensor(np.float32(0))).numpy()
+    np.testing.assert_array_equal(got, _assigned((4, 5), mask, -np.inf, np.float32))
+    keep = np.array([True, False, False, True])
+    for value in (_distinct((5,)), _distinct((1, 5)), _distinct((5,))[:1], np.float32(3.0)):
+        got = _MaskAssign(keep)(x, mf.tensor(value)).numpy()
+        want = x.copy()
+        want[keep] = value
+        assert got.tobytes() == want.tobytes()
+    if torch is not None:
+        t = torch.from_numpy(x.copy())
+        t[torch.from_numpy(keep)] = torch.from_numpy(_distinct((5,)))
+        got = _MaskAssign(keep)(x, mf.tensor(_distinct((5,)))).numpy()
+        assert got.tobytes() == t.numpy().tobytes()
+
+
+class _Train(nn.Graph):
+    """``y = a * 1; y[key] = b; loss = sum(y * w)``, one SGD step (lr 1): the step is the
+    gradient. AMP optional."""
+
+    def __init__(self, key, b_shape, w, amp=False):
+        super().__init__()
+        self.m = nn.Module()
+        self.m.a = nn.Parameter(_first(w.shape))
+        self.m.b = nn.Parameter(_distinct(b_shape) / 64)
+        self.key, self.w = key, w
+        self.add_optimizer(mf.optim.SGD(self.m.parameters(), lr=1.0))
+        if amp:
+            self.config.enable_amp(True)
+
+    def build(self):
+        y = self.m.a * 1.0
+        y[self.key] = self.m.b
+        loss = (y * mf.tensor(self.w.astype(np.float32))).sum()
+        loss.backward()
+        return y, loss
+
+
+TRAIN_CASES = [(np.s_[:, 1:3], (4, 2, 6)), (np.s_[1, ::2, -1], (3,)),
+               (np.s_[..., 2], (1, 5)), (np.s_[None, 2:], (1, 1, 5, 6)),
+               (np.array([True, False, True, True]), (5, 1)),
+               (np.array([True, False, True, True]), (6,))]
+
+
+@pytest.mark.parametrize("key,b_shape", TRAIN_CASES, ids=[str(k) for k, _ in TRAIN_CASES])
+@pytest.mark.parametrize("amp", [False, True], ids=["fp32", "amp"])
+def test_the_gradient_of_an_assignment_in_a_graph(key, b_shape, amp):
+    """The assigned tensor gets the output's gradient with the slice zeroed, the value the
+    slice's summed back to its shape (a broadcast value sums over what it was broadcast to).
+    Oracle: NumPy float64; torch when installed. Under AMP ``slice_update`` is unlisted (as in
+    OneFlow) and runs in float32."""
+    w = R.standard_normal((4, 5, 6))
+    graph = _Train(key, b_shape, w, amp)
+    y, loss = graph()
+    a, b = _first(w.shape), _distinct(b_shape) / 64
+    want_y = a.astype(np.float64)
+    sel = want_y[key].shape
+    fitted = b.reshape(b.shape[b.ndim - len(sel):]) if b.ndim > len(sel) else b
+    want_y[key] = fitted
+    grad_a = w.copy()
+    grad_a[key] = 0.0
+    lead = len(sel) - fitted.ndim        # the value's gradient: w[key] summed to its shape
+    grad_b = w[key].sum(axis=tuple(range(lead)))
+    grad_b = grad_b.sum(axis=tuple(i for i, n in enumerate(fitted.shape) if n == 1),
+                        keepdims=True).reshape(b.shape)
+    tol = dict(rtol=2e-3, atol=2e-3) if amp else dict(rtol=1e-6, atol=2e-6)
+    np.testing.assert_allclose(y.numpy(), want_y, **tol)
+    np.testing.assert_allclose(loss.numpy(), (want_y * w).sum(), **tol)
+    np.testing.assert_allclose(a - graph.m.a.numpy(), grad_a, **tol)
+    np.testing.assert_allclose(b - graph.m.b.numpy(), grad_b, **tol)
+    if amp:
+        rows = {(r.op, r.dtype, r.color) for r in graph.amp_report().rows}
+        if not isinstance(key, np.ndarray):
+            assert ("slice_update", "f32", "unlisted") in rows
+    if torch is not None:
+        ta = torch.tensor(a, dtype=torch.float64, requires_grad=True)
+        tb = torch.tensor(b, dtype=torch.float64, requires_grad=True)
+        ty = ta * 1.0
+        ty[torch.from_numpy(key) if isinstance(key, np.ndarray) else key] = tb
+        (ty * torch.from_numpy(w)).sum().backward()
+        np.testing.assert_allclose(a - graph.m.a.numpy(), ta.grad.numpy(), **tol)
+        np.testing.assert_allclose(b - graph.m.b.numpy(), tb.grad.numpy(), **tol)
+
+
+class _Build(nn.Graph):
+    """``build`` is ``fn(self, *inputs)``."""
+
+    def __init__(self, fn, model=None):
+        super().__init__()
+        self.fn, self.model = fn, model
+
+    def build(self, *inputs):
+        return self.fn(self, *inputs)
+
+
+def test_assignment_in_a_graph_into_int64_and_into_a_constant():
+    """An int64 tensor takes ``slice_update`` too (token ids); an eager tensor made inside
+    ``build`` (a constant of the graph) assigned a computed value stands for the result."""
+    def ids(g, t):
+        t[:, 0] = 7
+        return t
+
+    got = _Build(ids)(np.arange(6).reshape(2, 3)).numpy()
+    np.testing.assert_array_equal(got, [[7, 1, 2], [7, 4, 5]])
+    assert got.dtype == np.int64
+
+    def into_zeros(g, x):
+        z = mf.zeros(3, 4)
+        z[1:, ::3] = x.exp()
+        return z
+
+    want = np.zeros((3, 4), np.float32)
+    want[1:, ::3] = np.exp(_first((2, 2)))
+    np.testing.assert_allclose(_Build(into_zeros)(_first((2, 2))).numpy(), want, rtol=1e-6)
+
+
+def test_an_eager_tensor_in_a_graph_takes_an_eager_value_in_place():
+    """A tensor made eagerly inside ``build`` (a constant: ``m = ones(T, T)``) assigned a number
+    is written at once, so ``m == 0`` still reads it at trace time (a mask for ``masked_fill``);
+    what was recorded before the write, a slice of it too, keeps the old values."""
+    def fn(g, x):
+        m = mf.ones(4, 4)
+        before, rows = x * m, m[:2]
+        m[0, 1:] = 0.0
+        return x.masked_fill(m == 0, -1.0), x * m, before, x[:2].masked_fill(rows == 0, -1.0)
+
+    x = _first((4, 4))
+    masked, times, before, old_mask = _Build(fn)(x)
+    want = np.ones((4, 4), np.float32)
+    want[0, 1:] = 0.0
+    np.testing.assert_array_equal(masked.numpy(), np.where(want == 0, -1.0, x))
+    np.testing.assert_array_equal(times.numpy(), x * want)
+    np.testing.assert_array_equal(before.numpy(), x)
+    np.testing.assert_array_equal(old_mask.numpy(), x[:2])
+
+
+def _into_weight(g, x):
+    g.model.weight[0] = x
+    return x
+
+
+def _into_buffer(g, x):
+    g.model.running_mean[0] = x.sum()
+    return x
+
+
+def _array_key(g, x):
+    x[[0, 2]] = 1.0
+    return x
+
+
+def _rows_of_values(g, x):
+    x[np.array([True, True, False, False])] = mf.tensor(_distinct((2, 4)))
+    return x
+
+
+@pytest.mark.parametrize("fn,model,match", [
+    (_into_weight, nn.Linear(4, 2),
+     r"into the graph's variable 'model.weight': the graph reads a parameter or buffer from "
+     r"its module's memory.*y = x.clone\(\); y\[key\] = value"),
+    (_into_buffer, nn.BatchNorm1d(4), r"into the graph's variable 'model.running_mean'"),
+    (_array_key, None, r"an array, list or Tensor index \(\(\[0, 2\],\)\) has no op there"),
+    (_rows_of_values, None,
+     r"a value of shape \[2, 4\] \(one row per masked element\) has no op there"),
+], ids=["parameter", "buffer", "array_index", "rows_of_values"])
+def test_what_a_graph_cannot_assign_is_refused_at_trace_time(fn, model, match):
+    with pytest.raises((RuntimeError, TypeError), match=match):
+        _Build(fn, model)(_first((4, 4)))
+
+
+def test_a_lazy_tensor_kept_from_a_build_cannot_be_assigned():
+    kept = []
+
+    def keep(g, x):
+        kept.append(x * 1.0)
+        return x
+
+    _Build(keep)(_first((2, 2)))
+    with pytest.raises(RuntimeError, match="was kept from an nn.Graph.build"):
+        kept[0][0] = 1.0
+    with pytest.raises(RuntimeError, match="was kept from an nn.Graph.build"):
+        mf.zeros(2, 2)[:] = kept[0]
 
 
 def test_eq_and_view_as_count_right_answers_as_the_mnist_example():

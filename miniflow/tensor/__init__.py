@@ -6,9 +6,9 @@ runs the op's kernel at once (eager, forward only), on the same kernels a compil
 :class:`Tensor` is :class:`~miniflow.tensor.core.TensorCore` (its state, properties and Python
 conversions) with one method group per module mixed in: ``compare.py`` (``==``, ``<``, ...),
 ``casts.py`` (``to``, ``float``, ``detach``, ...), ``shape.py`` (PyTorch's shape and movement
-surface), ``indexing.py`` (``x[key]``), ``reductions.py`` (``sum``, ``max``, ...; and the group
-``Sampling``: ``topk`` and ``multinomial`` of eager tensors) and ``arithmetic.py`` (operators,
-elementwise math, ``softmax``, ``masked_fill``). ``create.py`` makes
+surface), ``indexing.py`` (``x[key]``, ``x[key] = v``), ``reductions.py`` (``sum``, ``max``,
+...; and the group ``Sampling``: ``topk`` and ``multinomial`` of eager tensors) and
+``arithmetic.py`` (operators, elementwise math, ``softmax``, ``masked_fill``). ``create.py`` makes
 tensors (:func:`apply`, :func:`tensor`); ``dims.py`` checks dimension arguments.
 """
 from .arithmetic import Arithmetic, mask_array

@@ -95,6 +95,8 @@ def _trace_time_value(tracer, v):
     ``tril`` buffer reads it (the buffer's value now, as ``self.bias == 0`` of the unsliced eager
     buffer reads it); None for anything else: a graph input, a parameter (trained by the graph),
     a computed value."""
+    if v.kind == "constant":      # as lifted (its tensor may have been written since)
+        return tracer.graph.constant_data[v.name]
     if v.producer is None:
         t = tracer.sources.get(v)
         if t is None or hasattr(t, "_requires_grad"):     # a Parameter

@@ -2,7 +2,8 @@
 ``reshape``, one integer array, list or int64 Tensor as op ``gather``; ``x.gather(dim, index)``
 (and :func:`gather`, ``miniflow.gather``) as op ``dim_gather``, ``x.scatter`` and
 ``x.scatter_add`` as ops ``dim_scatter_update`` (``_scalar``) and ``dim_scatter_add``,
-:func:`take_along_dim` as ``expand`` and ``dim_gather``."""
+:func:`take_along_dim` as ``expand`` and ``dim_gather``. Assignment, ``x[key] = v``: eager
+tensors in place, lazy ones as op ``slice_update`` (or ``masked_fill`` for a mask)."""
 from __future__ import annotations
 
 import numbers
@@ -12,7 +13,9 @@ import numpy as np
 
 from ..dtype import int64
 from ..ops.indexing import first_bad
-from .core import TensorCore
+from ..runtime.backend import get_backend
+from ..trace import current_tracer, is_grad_enabled
+from .core import TensorCore, _kept_from_trace
 from .create import _is_torch, apply, as_numpy, tensor
 from .dims import _dim
 
@@ -23,22 +26,57 @@ __all__ = ["Indexing", "gather", "scatter", "scatter_add", "take_along_dim"]
 
 
 class Indexing:
-    """``__getitem__`` (and the refused ``__setitem__``) of :class:`miniflow.tensor.Tensor`."""
+    """``__getitem__`` and ``__setitem__`` of :class:`miniflow.tensor.Tensor`."""
 
     def __setitem__(self, key, value) -> None:
-        """Refused: miniflow has no in-place ops (a graph's tensors are values). Without this
-        method, ``x[mask] = v`` with a NumPy mask (nanoGPT's ``generate``:
-        ``logits[logits < v[:, [-1]]] = -float('Inf')``) ended in NumPy's "only integer scalar
-        arrays can be converted to a scalar index".
+        """``self[key] = value`` as PyTorch's (``THPVariable_setitem``): ``key`` an int, slice
+        (step > 0), ``None``, ``...`` or a tuple of them; a NumPy bool mask (``x < t`` of an
+        eager tensor gives one) of ``self``'s leading shape; or one integer array, list or
+        int64 Tensor (alone or in a tuple, as :meth:`__getitem__` takes it). ``value``: a
+        number, a Tensor or a NumPy array, broadcast to what ``self[key]`` selects (leading
+        size-1 dimensions dropped) and cast to ``self``'s dtype (a float into an int64 tensor
+        truncates, as PyTorch's).
+
+        Eager: the values are written into this tensor's memory in place (a graph that binds it
+        as a buffer or parameter reads them at its next call); every index kind above. So is an
+        eager tensor inside ``nn.Graph.build`` (a constant: ``m = miniflow.ones(T, T)``) given
+        a value that is not lazy; the ops recorded before read its old values.
+
+        Inside ``nn.Graph.build``, into a lazy tensor or of a lazy value (OneFlow's
+        ``tensor_setitem``): basic indices record op ``slice_update(self, value)``, a bool mask
+        ``masked_fill`` (a number) or a select of ``masked_fill`` s (a value of one element per
+        row: no per-element values); this Python tensor then stands for the result, so later
+        uses see the assignment. A graph's tensors are values, not storage: a tensor taken from
+        ``self`` before (``y = x[0]``) keeps the old values, where PyTorch's view would change
+        too. Gradients: ``self`` gets the output's with the slice zeroed, ``value`` the
+        slice's, summed back to its shape.
 
         Raises:
-            TypeError: always, saying what to write instead (``masked_fill`` for a mask).
+            RuntimeError: an eager tensor that requires grad (a Parameter) outside ``no_grad``
+                (PyTorch's "a leaf Variable that requires grad is being used in an in-place
+                operation"); inside ``build``, a parameter or buffer of the graph; a value that
+                does not broadcast (PyTorch's "shape mismatch"); a lazy value outside a build.
+            IndexError, ValueError: the key as :meth:`__getitem__` refuses it; a mask whose
+                shape is not ``self``'s leading shape (PyTorch's message).
+            TypeError: a list or another object as the value; inside ``build``, an array index
+                or one value per masked element.
         """
-        raise TypeError(
-            "'Tensor' object does not support item assignment: miniflow has no in-place ops; "
-            "make a new tensor instead: x = x.masked_fill(mask, value) for x[mask] = value "
-            "(a bool array mask, e.g. x.numpy() < t), or build the values with NumPy and "
-            "miniflow.tensor(...) (outside nn.Graph.build)")
+        tr = current_tracer()
+        if tr is None and self._value is not None:
+            raise RuntimeError(_kept_from_trace(self))
+        if tr is not None:
+            _check_assignable(tr, self)
+        lazy_value = tr is not None and isinstance(value, TensorCore) and value.is_lazy
+        if self._value is None and not lazy_value:
+            _assign_eager(self, key, value)
+            if tr is not None:
+                tr.forget(self)
+            return
+        mask = _bool_mask(key, self.shape)
+        out = (_masked_assign(self, mask, value) if mask is not None
+               else _slice_assign(self, key, value))
+        if out is not None:
+            self._data, self._value, self._tracer = None, out._value, out._tracer
 
     def __getitem__(self, key) -> "Tensor":
         """Basic indexing as PyTorch: ints, slices (step > 0), ``None`` and ``...`` (op
@@ -65,7 +103,7 @@ class Indexing:
         if any(s != slice(0, n, 1) for s, n in zip(index, self.shape)):
             sliced = apply("slice", [self], start=tuple(s.start for s in index),
                            stop=tuple(s.stop for s in index), step=tuple(s.step for s in index))
-        return sliced if sliced.shape == out_shape else sliced.reshape(out_shape)
+        return _reshaped(sliced, out_shape)
 
     def gather(self, dim: int, index, *, sparse_grad: bool = False) -> "Tensor":
         """The values of ``self`` along ``dim`` at ``index`` (``torch.gather``; op
@@ -165,13 +203,9 @@ class Indexing:
         place. Ints of the tuple select first, as PyTorch's (``x[0, :, [1, 2]]`` of a
         ``[2, 3, 4]`` tensor is ``[3, 2]``; NumPy's is ``[2, 3]``)."""
         out = self[key[:pos] + (slice(None),) + key[pos + 1:]]
-        used = sum(k is not None and k is not Ellipsis for k in key)
-        axis = sum(self.ndim - used if k is Ellipsis else 1 for k in key[:pos]
-                   if k is None or k is Ellipsis or isinstance(k, slice))   # of the result
+        axis, dim = _array_axes(key, pos, self.ndim)
         index = key[pos]
         if not isinstance(index, TensorCore):
-            dim = sum(self.ndim - used if k is Ellipsis else 1 for k in key[:pos]
-                      if k is not None)                     # the dimension of self it indexes
             index = _array_index(index, out.shape[axis:], dim)
         return apply("gather", [out, index], axis=axis)
 
@@ -292,10 +326,27 @@ def _dim_index(fn: str, key, n: int, dim: int) -> "Tensor":
     return tensor(arr.astype(np.int64))
 
 
+def _array_axes(key: tuple, pos: int, ndim: int) -> tuple:
+    """``(axis, dim)`` of the array index ``key[pos]`` of a tensor of rank ``ndim``: the axis
+    it replaces in the result of the rest of the key (``None`` and ``...`` count, ints do not)
+    and the dimension of the tensor it indexes."""
+    used = sum(k is not None and k is not Ellipsis for k in key)
+    axis = sum(ndim - used if k is Ellipsis else 1 for k in key[:pos]
+               if k is None or k is Ellipsis or isinstance(k, slice))
+    dim = sum(ndim - used if k is Ellipsis else 1 for k in key[:pos] if k is not None)
+    return axis, dim
+
+
 def _array_index(key, shape: tuple, dim: int = 0) -> "Tensor":
-    """A NumPy array or list index of a tensor of ``shape`` as the int64 Tensor that
-    ``gather`` takes along its dim 0 (negative entries count from the end, as in torch);
-    ``dim``: the dimension it indexes, for the messages (``x[:, [7]]`` indexes dimension 1).
+    """:func:`_index_array` as the int64 Tensor that ``gather`` takes along its dim 0."""
+    return tensor(_index_array(key, shape, dim))
+
+
+def _index_array(key, shape: tuple, dim: int = 0) -> np.ndarray:
+    """A NumPy array, list, torch tensor or eager int64 Tensor index of a tensor of ``shape``
+    along its dim 0 as an int64 array in ``[0, n)`` (negative entries count from the end, as in
+    torch); ``dim``: the dimension it indexes, for the messages (``x[:, [7]]`` indexes
+    dimension 1).
 
     Raises:
         TypeError: a boolean mask (its result's shape depends on its values, which a traced
@@ -325,7 +376,7 @@ def _array_index(key, shape: tuple, dim: int = 0) -> "Tensor":
         raise IndexError(f"index {value} is out of bounds for dimension {dim} with size "
                          f"{shape[0]} (the index array's element {list(pos)}; {count} of "
                          f"{arr.size} out of bounds)")
-    return tensor(np.where(arr < 0, arr + shape[0], arr).astype(np.int64))
+    return np.where(arr < 0, arr + shape[0], arr).astype(np.int64)
 
 
 def _basic_index(key: tuple, shape: tuple) -> tuple:
@@ -368,3 +419,174 @@ def _basic_index(key: tuple, shape: tuple) -> tuple:
                             f"slices, None, ... and one integer array, list or int64 Tensor")
         d += 1
     return slices, tuple(out_shape)
+
+
+# ------------------------------------------------------------------------------ x[key] = value
+def _value_array(value) -> np.ndarray:
+    """The host values of an assigned ``value``: a number, a Tensor, a NumPy or torch array.
+
+    Raises:
+        TypeError: anything else (a list: PyTorch refuses it too).
+        RuntimeError: a lazy tensor outside its build (:meth:`TensorCore.numpy`).
+    """
+    if isinstance(value, (numbers.Number, np.generic, np.ndarray, TensorCore)) or _is_torch(value):
+        return as_numpy(value)
+    raise TypeError(f"can't assign a {type(value).__name__} to a Tensor: the value of "
+                    f"x[key] = value must be a number, a Tensor or a NumPy array (wrap a list "
+                    f"with miniflow.tensor(...))")
+
+
+def _fitted_shape(shape: tuple, want: tuple) -> tuple:
+    """The shape of a value of ``shape`` without the leading size-1 dimensions beyond
+    ``want``'s rank, checked to broadcast to ``want`` (what ``self[key]`` selects).
+
+    Raises:
+        RuntimeError: it does not broadcast (PyTorch's "shape mismatch").
+    """
+    fitted = tuple(shape)
+    while len(fitted) > len(want) and fitted[0] == 1:
+        fitted = fitted[1:]
+    try:
+        ok = tuple(np.broadcast_shapes(fitted, want)) == tuple(want)
+    except ValueError:
+        ok = False
+    if not ok:
+        raise RuntimeError(f"shape mismatch: value tensor of shape {list(shape)} cannot be "
+                           f"broadcast to indexing result of shape {list(want)}")
+    return fitted
+
+
+def _bool_mask(key, shape: tuple):
+    """The NumPy bool array of a mask key (a bool array, a torch bool tensor, a list of
+    bools), else None.
+
+    Raises:
+        IndexError: its shape is not ``shape``'s leading one (PyTorch's message).
+    """
+    if isinstance(key, list) and key and all(isinstance(k, (bool, np.bool_)) for k in key):
+        key = np.array(key)
+    if not (isinstance(key, np.ndarray) or _is_torch(key)):
+        return None
+    mask = as_numpy(key)
+    if mask.dtype != np.bool_:
+        return None
+    if mask.ndim > len(shape):
+        raise IndexError(f"too many indices for tensor of dimension {len(shape)} (a mask of "
+                         f"shape {list(mask.shape)})")
+    for i, (m, n) in enumerate(zip(mask.shape, shape)):
+        if m != n:
+            raise IndexError(f"The shape of the mask {list(mask.shape)} at index {i} does not "
+                             f"match the shape of the indexed tensor {list(shape)} at index {i}")
+    return mask
+
+
+def _eager_target(arr: np.ndarray, key, shape: tuple) -> tuple:
+    """``(view, where, want)``: ``self[key] = v`` writes ``view[where]`` (``view`` a NumPy view
+    of ``arr``), whose values PyTorch's indexing result of shape ``want`` lists in order."""
+    mask = _bool_mask(key, shape)
+    if mask is not None:
+        return arr, mask, (int(mask.sum()),) + tuple(shape[mask.ndim:])
+    if isinstance(key, (np.ndarray, list, TensorCore)) or _is_torch(key):
+        key = (key,)
+    key = key if isinstance(key, tuple) else (key,)
+    arrays = [i for i, k in enumerate(key)
+              if isinstance(k, (np.ndarray, list, tuple, TensorCore)) or _is_torch(k)]
+    if len(arrays) != 1:
+        slices, want = _basic_index(key, shape)
+        return arr, tuple(slices), want
+    pos = arrays[0]
+    slices, want = _basic_index(key[:pos] + (slice(None),) + key[pos + 1:], shape)
+    axis, dim = _array_axes(key, pos, len(shape))
+    index = _index_array(key[pos], (shape[dim],), dim)
+    return (arr[tuple(slices)], (slice(None),) * dim + (index,),
+            want[:axis] + index.shape + want[axis + 1:])
+
+
+def _assign_eager(t: "Tensor", key, value) -> None:
+    """``t[key] = value`` in ``t``'s memory (``Tensor.__setitem__`` outside a build)."""
+    if getattr(t, "requires_grad", False) and is_grad_enabled():
+        raise RuntimeError("a leaf Variable that requires grad is being used in an in-place "
+                           "operation (x[key] = value into a parameter): assign inside "
+                           "`with miniflow.no_grad():`, as in PyTorch")
+    backend = get_backend()
+    arr = backend.to_numpy(t._data)
+    view, where, want = _eager_target(arr, key, t.shape)
+    values = _value_array(value)
+    fitted = _fitted_shape(values.shape, want)
+    with np.errstate(invalid="ignore", over="ignore"):    # PyTorch's casts: inf, truncation
+        values = values.astype(t.dtype.np)
+    view[where] = np.broadcast_to(values.reshape(fitted), want).reshape(view[where].shape)
+    backend.copy_in(t._data, arr)
+    written = getattr(t, "written", None)       # a Parameter: its half copies are stale now
+    if written is not None:
+        written()
+
+
+def _check_assignable(tr, t: "Tensor") -> None:
+    """Refuse ``t[key] = value`` inside a build for a parameter or buffer (a variable, which
+    the graph reads from the module's memory and a value cannot change)."""
+    name = tr.variable_names.get(id(t))
+    if t._value is None and (name is not None or hasattr(t, "_requires_grad")):
+        what = f"the graph's variable {name!r}" if name is not None else "a parameter"
+        raise RuntimeError(f"x[key] = value inside nn.Graph.build into {what}: the graph "
+                           f"reads a parameter or buffer from its module's memory, which an "
+                           f"assignment there cannot change; assign to a copy, y = x.clone(); "
+                           f"y[key] = value, or before the call, eagerly (under "
+                           f"miniflow.no_grad() for a parameter)")
+
+
+def _reshaped(t: "Tensor", shape: tuple) -> "Tensor":
+    """``t.reshape(shape)``, or ``t`` itself where it has that shape already (no node)."""
+    return t if tuple(t.shape) == tuple(shape) else t.reshape(shape)
+
+
+def _value_tensor(value, dtype) -> "Tensor":
+    """An assigned value as a Tensor of ``dtype`` (lazy, or eager: a constant of the graph)."""
+    if isinstance(value, TensorCore):
+        return value if value.dtype is dtype else value.to(dtype)
+    with np.errstate(invalid="ignore", over="ignore"):
+        return tensor(_value_array(value).astype(dtype.np))
+
+
+def _slice_assign(t: "Tensor", key, value):
+    """``t[key] = value`` of a basic key in a build: op ``slice_update`` of ``value`` cast,
+    broadcast and reshaped to the slice; None for an empty slice (nothing to write)."""
+    key = key if isinstance(key, tuple) else (key,)
+    if any(isinstance(k, (np.ndarray, list, tuple, TensorCore)) or _is_torch(k) for k in key):
+        raise TypeError(f"x[key] = value inside nn.Graph.build: an array, list or Tensor index "
+                        f"({key!r}) has no op there; ints, slices, None, ... (op slice_update) "
+                        f"and a bool mask (masked_fill) do; assign eagerly outside the build")
+    slices, want = _basic_index(key, t.shape)
+    v = _value_tensor(value, t.dtype)
+    fitted = _fitted_shape(v.shape, want)
+    sliced = tuple(len(range(s.start, s.stop, s.step)) for s in slices)
+    if 0 in sliced:
+        return None
+    v = _reshaped(_reshaped(v, fitted).expand(want), sliced)
+    return apply("slice_update", [t, v], start=tuple(s.start for s in slices),
+                 stop=tuple(s.stop for s in slices), step=tuple(s.step for s in slices))
+
+
+def _masked_assign(t: "Tensor", mask: np.ndarray, value):
+    """``t[mask] = value`` in a build: ``masked_fill`` of a number; of a tensor value, one value
+    for every masked row (its shape broadcasts to ``t.shape[mask.ndim:]``),
+    ``masked_fill(t, mask, -0.0) + masked_fill(value, ~mask, -0.0)`` (adding -0.0 changes no
+    value, NaN, inf and -0.0 included); None for an empty mask."""
+    rest = tuple(t.shape[mask.ndim:])
+    count = int(mask.sum())
+    column = mask.reshape(mask.shape + (1,) * len(rest))
+    if isinstance(value, (numbers.Number, np.generic)):
+        return t.masked_fill(column, value) if count else None
+    v = _value_tensor(value, t.dtype)
+    fitted = _fitted_shape(v.shape, (count,) + rest)
+    if len(fitted) == len(rest) + 1:
+        if fitted[0] != 1:
+            raise TypeError(f"x[mask] = value inside nn.Graph.build: a value of shape "
+                            f"{list(v.shape)} (one row per masked element) has no op there; "
+                            f"give one value for every masked element, of a shape that "
+                            f"broadcasts to {list(rest)}, or assign eagerly outside the build")
+        fitted = fitted[1:]
+    if not count:
+        return None
+    v = _reshaped(v, fitted).expand(t.shape)
+    return t.masked_fill(column, -0.0) + v.masked_fill(~column, -0.0)
