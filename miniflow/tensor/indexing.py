@@ -43,13 +43,14 @@ class Indexing:
         a value that is not lazy; the ops recorded before read its old values.
 
         Inside ``nn.Graph.build``, into a lazy tensor or of a lazy value (OneFlow's
-        ``tensor_setitem``): basic indices record op ``slice_update(self, value)``, a bool mask
-        ``masked_fill`` (a number) or a select of ``masked_fill`` s (a value of one element per
-        row: no per-element values); this Python tensor then stands for the result, so later
-        uses see the assignment. A graph's tensors are values, not storage: a tensor taken from
-        ``self`` before (``y = x[0]``) keeps the old values, where PyTorch's view would change
-        too. Gradients: ``self`` gets the output's with the slice zeroed, ``value`` the
-        slice's, summed back to its shape.
+        ``tensor_setitem``): basic indices record op ``slice_update(self, value)``; a bool mask
+        op ``masked_fill`` (a number), or a select of two ``masked_fill`` s (a tensor, its rows
+        per masked element taken by op ``gather``); one array index known at trace time, alone
+        or with ``:`` and ``...``, the same select. This Python tensor then stands for the
+        result, so later uses see the assignment. A graph's tensors are values, not storage: a
+        tensor taken from ``self`` before (``y = x[0]``) keeps the old values, where PyTorch's
+        view would change too. Gradients: ``self`` gets the output's with the slice zeroed,
+        ``value`` the slice's, summed back to its shape.
 
         Raises:
             RuntimeError: an eager tensor that requires grad (a Parameter) outside ``no_grad``
@@ -59,7 +60,7 @@ class Indexing:
             IndexError, ValueError: the key as :meth:`__getitem__` refuses it; a mask whose
                 shape is not ``self``'s leading shape (PyTorch's message).
             TypeError: a list or another object as the value; inside ``build``, an array index
-                or one value per masked element.
+                with other indices than ``:`` and ``...``, or computed in the graph.
         """
         tr = current_tracer()
         if tr is None and self._value is not None:
@@ -550,12 +551,13 @@ def _value_tensor(value, dtype) -> "Tensor":
 
 def _slice_assign(t: "Tensor", key, value):
     """``t[key] = value`` of a basic key in a build: op ``slice_update`` of ``value`` cast,
-    broadcast and reshaped to the slice; None for an empty slice (nothing to write)."""
+    broadcast and reshaped to the slice (one array index: :func:`_array_assign`); None for an
+    empty slice (nothing to write)."""
     key = key if isinstance(key, tuple) else (key,)
-    if any(isinstance(k, (np.ndarray, list, tuple, TensorCore)) or _is_torch(k) for k in key):
-        raise TypeError(f"x[key] = value inside nn.Graph.build: an array, list or Tensor index "
-                        f"({key!r}) has no op there; ints, slices, None, ... (op slice_update) "
-                        f"and a bool mask (masked_fill) do; assign eagerly outside the build")
+    arrays = [i for i, k in enumerate(key)
+              if isinstance(k, (np.ndarray, list, tuple, TensorCore)) or _is_torch(k)]
+    if len(arrays) == 1:
+        return _array_assign(t, key, arrays[0], value)
     slices, want = _basic_index(key, t.shape)
     v = _value_tensor(value, t.dtype)
     fitted = _fitted_shape(v.shape, want)
@@ -567,11 +569,46 @@ def _slice_assign(t: "Tensor", key, value):
                  stop=tuple(s.stop for s in slices), step=tuple(s.step for s in slices))
 
 
+def _array_assign(t: "Tensor", key: tuple, pos: int, value):
+    """``t[key] = value`` in a build where ``key[pos]``, an index known at trace time, is the
+    key's one array and every other entry takes a whole dimension (``x[[0, 2]] = v``,
+    ``x[:, idx] = v``): the rows the index names (of repeats the last) taken from ``value`` by op
+    ``gather`` and selected (:func:`_selected`); None for an empty index.
+
+    Raises:
+        TypeError: another entry that is not ``:`` or ``...``, or an int64 Tensor computed in
+            the graph (its values are not known at trace time).
+    """
+    slices, rest = _basic_index(key[:pos] + (slice(None),) + key[pos + 1:], t.shape)
+    index = key[pos]
+    if (rest != t.shape or any(s != slice(0, n, 1) for s, n in zip(slices, t.shape))
+            or isinstance(index, TensorCore) and index.is_lazy):
+        raise TypeError(f"x[key] = value inside nn.Graph.build: an array, list or Tensor index "
+                        f"({key!r}) has an op there only alone or with ':' and '...' and known "
+                        f"at trace time (x[[0, 2]] = v, x[:, idx] = v); index the rest first, "
+                        f"or assign eagerly outside the build")
+    _, d = _array_axes(key, pos, t.ndim)
+    n = t.shape[d]
+    index = _index_array(index, (n,), d)
+    v = _value_tensor(value, t.dtype)
+    want = t.shape[:d] + index.shape + t.shape[d + 1:]
+    fitted = _fitted_shape(v.shape, want)
+    if not index.size:
+        return None
+    mask, rows = np.zeros(n, bool), np.zeros(n, np.int64)
+    mask[index.reshape(-1)] = True
+    rows[index.reshape(-1)] = np.arange(index.size)      # NumPy's rule: of repeats the last
+    source = _reshaped(_reshaped(v, fitted).expand(want),
+                       t.shape[:d] + (index.size,) + t.shape[d + 1:])
+    return _selected(t, mask.reshape((1,) * d + (n,) + (1,) * (t.ndim - d - 1)),
+                     apply("gather", [source, tensor(rows)], axis=d))
+
+
 def _masked_assign(t: "Tensor", mask: np.ndarray, value):
     """``t[mask] = value`` in a build: ``masked_fill`` of a number; of a tensor value, one value
-    for every masked row (its shape broadcasts to ``t.shape[mask.ndim:]``),
-    ``masked_fill(t, mask, -0.0) + masked_fill(value, ~mask, -0.0)`` (adding -0.0 changes no
-    value, NaN, inf and -0.0 included); None for an empty mask."""
+    for every masked row (its shape broadcasts to ``t.shape[mask.ndim:]``) or a row per masked
+    element (``[count, ...]``, taken by op ``gather``), selected (:func:`_selected`); None for
+    an empty mask."""
     rest = tuple(t.shape[mask.ndim:])
     count = int(mask.sum())
     column = mask.reshape(mask.shape + (1,) * len(rest))
@@ -579,14 +616,19 @@ def _masked_assign(t: "Tensor", mask: np.ndarray, value):
         return t.masked_fill(column, value) if count else None
     v = _value_tensor(value, t.dtype)
     fitted = _fitted_shape(v.shape, (count,) + rest)
-    if len(fitted) == len(rest) + 1:
-        if fitted[0] != 1:
-            raise TypeError(f"x[mask] = value inside nn.Graph.build: a value of shape "
-                            f"{list(v.shape)} (one row per masked element) has no op there; "
-                            f"give one value for every masked element, of a shape that "
-                            f"broadcasts to {list(rest)}, or assign eagerly outside the build")
-        fitted = fitted[1:]
     if not count:
         return None
-    v = _reshaped(v, fitted).expand(t.shape)
-    return t.masked_fill(column, -0.0) + v.masked_fill(~column, -0.0)
+    if len(fitted) == len(rest) + 1:                   # a row per masked element
+        rows = np.maximum(np.cumsum(mask.reshape(-1)) - 1, 0).reshape(mask.shape)
+        source = apply("gather", [_reshaped(v, fitted).expand((count,) + rest),
+                                  tensor(rows.astype(np.int64))], axis=0)
+    else:
+        source = _reshaped(v, fitted).expand(t.shape)
+    return _selected(t, column, source)
+
+
+def _selected(t: "Tensor", column: np.ndarray, source: "Tensor") -> "Tensor":
+    """``source`` where the bool array ``column`` (broadcast to ``t``) is set, else ``t``:
+    ``masked_fill(t, column, -0.0) + masked_fill(source, ~column, -0.0)`` (adding -0.0
+    changes no value, NaN, inf and -0.0 included), with both gradients."""
+    return t.masked_fill(column, -0.0) + source.masked_fill(~column, -0.0)
