@@ -95,8 +95,7 @@ class Indexing:
         if isinstance(key, TensorCore):
             return apply("gather", [self, key], axis=0)
         key = key if isinstance(key, tuple) else (key,)
-        arrays = [i for i, k in enumerate(key)   # a tuple in the tuple is a list (torch's)
-                  if isinstance(k, (np.ndarray, list, tuple, TensorCore)) or _is_torch(k)]
+        arrays = _array_positions(key)
         if len(arrays) == 1:
             return self._take(key, arrays[0])
         index, out_shape = _basic_index(key, self.shape)
@@ -327,6 +326,13 @@ def _dim_index(fn: str, key, n: int, dim: int) -> "Tensor":
     return tensor(arr.astype(np.int64))
 
 
+def _array_positions(key: tuple) -> list:
+    """The positions of the array, list and Tensor entries of a tuple key (a tuple in the tuple
+    is a list, as torch's)."""
+    return [i for i, k in enumerate(key)
+            if isinstance(k, (np.ndarray, list, tuple, TensorCore)) or _is_torch(k)]
+
+
 def _array_axes(key: tuple, pos: int, ndim: int) -> tuple:
     """``(axis, dim)`` of the array index ``key[pos]`` of a tensor of rank ``ndim``: the axis
     it replaces in the result of the rest of the key (``None`` and ``...`` count, ints do not)
@@ -383,7 +389,7 @@ def _index_array(key, shape: tuple, dim: int = 0) -> np.ndarray:
 def _basic_index(key: tuple, shape: tuple) -> tuple:
     """``(slices, out_shape)`` of a basic-indexing key: one normalised ``slice(start, stop,
     step)`` per dimension of ``shape`` and the result's shape (ints removed, None added)."""
-    if any(isinstance(k, (np.ndarray, list, tuple, TensorCore)) for k in key):
+    if _array_positions(key):
         raise TypeError(f"tensor index {key!r}: one array, list or Tensor index is supported "
                         f"(x[idx], x[:, [0, 3]]), not several in a tuple (advanced indexing over "
                         f"several dimensions): index one dimension at a time")
@@ -490,8 +496,7 @@ def _eager_target(arr: np.ndarray, key, shape: tuple) -> tuple:
     if isinstance(key, (np.ndarray, list, TensorCore)) or _is_torch(key):
         key = (key,)
     key = key if isinstance(key, tuple) else (key,)
-    arrays = [i for i, k in enumerate(key)
-              if isinstance(k, (np.ndarray, list, tuple, TensorCore)) or _is_torch(k)]
+    arrays = _array_positions(key)
     if len(arrays) != 1:
         slices, want = _basic_index(key, shape)
         return arr, tuple(slices), want
@@ -554,8 +559,7 @@ def _slice_assign(t: "Tensor", key, value):
     broadcast and reshaped to the slice (one array index: :func:`_array_assign`); None for an
     empty slice (nothing to write)."""
     key = key if isinstance(key, tuple) else (key,)
-    arrays = [i for i, k in enumerate(key)
-              if isinstance(k, (np.ndarray, list, tuple, TensorCore)) or _is_torch(k)]
+    arrays = _array_positions(key)
     if len(arrays) == 1:
         return _array_assign(t, key, arrays[0], value)
     slices, want = _basic_index(key, t.shape)
