@@ -68,6 +68,29 @@ def test_eager_ops_run_on_the_device():
     np.testing.assert_allclose(u.numpy(), [2.0, 7.0])
 
 
+class _Assign(mf.nn.Graph):
+    def build(self, x, v):
+        y = x * 1.0
+        y[:, 1::2] = v           # op slice_update
+        return y
+
+
+def test_item_assignment_on_the_device_eager_and_in_a_graph():
+    """``x[key] = v`` of an eager tensor writes its device memory in place; in a graph op
+    ``slice_update`` (a flat copy, then a strided scatter) gives the cpu backend's values."""
+    x = np.arange(12, dtype=np.float32).reshape(3, 4)
+    v = np.array([-1.0, -2.0], np.float32)
+    want = x.copy()
+    want[:, 1::2] = v
+    mf.set_backend("cuda")
+    t = mf.tensor(x)
+    data = t._data
+    t[:, 1::2] = mf.tensor(v)
+    assert t._data is data and get_backend().owns(data)
+    np.testing.assert_array_equal(t.numpy(), want)
+    np.testing.assert_array_equal(_Assign()(x, mf.tensor(v)).numpy(), want)
+
+
 def test_a_model_from_another_backend_is_a_clear_error():
     mf.set_backend("cpu")
     model = mlp((8, 16, 3))
