@@ -9,7 +9,7 @@ import miniflow as mf
 from miniflow.dtype import bfloat16, float16, float32, float64
 from miniflow.ir import Node, Value
 from miniflow.kernels.cpu import builder_for, matmul as cpu_matmul
-from miniflow.kernels.cpu import common as cpu_common
+from miniflow.kernels.cpu import common as cpu_common, reduce as cpu_reduce
 from miniflow.kernels.cpu.common import (PARALLEL_MIN_SIZE, blas_libraries, one_pool,
                                          pinned_threads, use_parallel)
 from miniflow.kernels.cpu.simd import HAS_BF16_DOT
@@ -281,20 +281,36 @@ def test_dot_block_reads_a_transposed_weight_in_place():
 
 # ------------------------------------------------------------------------------ reductions
 @pytest.mark.parametrize("dt", [float16, float32, float64], ids=lambda d: d.short)
-@pytest.mark.parametrize("shape,axis", [((300, 700), (0,)), ((3, 50, 9), (1,)),
+@pytest.mark.parametrize("shape,axis", [((300, 700), (0,)), ((3, 50, 9), (1,)), ((2, 300), (1,)),
                                         ((PARALLEL_MIN_SIZE // 64 + 1, 64), (0,))])
-def test_column_sums_add_row_by_row_in_order(shape, axis, dt):
-    """Each sum adds in the order r = 0, 1, ... in the compute type: the same bits as a NumPy
-    loop over the reduced axis."""
+def test_sums_add_in_blocks_in_order_then_in_float64(shape, axis, dt):
+    """Each sum adds ``SUM_BLOCK`` terms at a time in the order r = 0, 1, ... in the compute
+    type, and the block sums in float64, rounded once: the same bits as that NumPy loop, whether
+    the columns kernel (inner > 1) or the row kernel runs."""
     x = np.random.default_rng(1).uniform(-2, 2, shape).astype(dt.np)
     out_shape = tuple(s for i, s in enumerate(shape) if i not in axis)
     _, (out,) = _run("reduce_sum", [x], [(out_shape, dt)], {"axis": axis, "keepdims": False})
     ct = np.float64 if dt is float64 else np.float32
     moved = np.moveaxis(x, axis[0], 0).astype(ct)
-    acc = np.zeros(out_shape, ct)
-    for row in moved:
-        acc += row
-    np.testing.assert_array_equal(out, acc.astype(dt.np))
+    total = np.zeros(out_shape, np.float64)
+    for r0 in range(0, len(moved), cpu_reduce.SUM_BLOCK):
+        acc = np.zeros(out_shape, ct)
+        for row in moved[r0:r0 + cpu_reduce.SUM_BLOCK]:
+            acc += row
+        total += acc
+    np.testing.assert_array_equal(out, total.astype(dt.np))
+
+
+@pytest.mark.parametrize("axis", [(0,), (1,)])
+def test_a_long_float32_sum_keeps_float32_precision(axis):
+    """A million terms of 0.1: one float32 accumulator drifted to a mean of 0.10099 (2**22 terms:
+    0.0960, and 2**24 ones summed to 16777216 for good); in blocks with a float64 total the mean
+    is 0.1 to float32's precision, as NumPy's pairwise and PyTorch's cascade sums."""
+    shape = (2 ** 20, 2) if axis == (0,) else (2, 2 ** 20)
+    x = np.full(shape, 0.1, np.float32)
+    out_shape = (2,)
+    _, (out,) = _run("reduce_sum", [x], [(out_shape, float32)], {"axis": axis, "keepdims": False})
+    np.testing.assert_allclose(out / 2 ** 20, 0.1, rtol=2e-6)
 
 
 def test_small_products_run_blas_on_one_thread():

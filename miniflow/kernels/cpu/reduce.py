@@ -1,5 +1,8 @@
 """Reduction CPU kernels and builders: reduce_sum, softmax / log_softmax (+ grads), sparse softmax
-cross entropy (+ grad). Sums accumulate in the compute type (float32 for f16/f32, float64 for f64).
+cross entropy (+ grad). Sums accumulate in the compute type (float32 for f16/f32, float64 for f64);
+``reduce_sum`` in blocks of :data:`SUM_BLOCK` terms whose sums add up in float64, so that a long
+sum keeps float32's precision (one float32 accumulator over 2**24 ones stops at 16777216; NumPy's
+pairwise and PyTorch's cascade sums, whose error grows as log n, do not).
 
 ``reduce_sum`` views its input as ``(outer, red, inner)`` (``kernels.common.reduce`` plans the
 layout and the gather for both backends; :func:`sum_steps` picks the loop). Row ops work on the
@@ -30,9 +33,15 @@ LABEL_ERROR = "sparse_softmax_cross_entropy: label out of range [0, num_classes)
 
 
 # ----------------------------------------------------------------------------- kernels
+SUM_BLOCK = 128
+"""Terms ``reduce_sum`` adds in the compute type before adding their sum to a float64 total: the
+error of a float32 sum of n terms is then about ``SUM_BLOCK`` float32 roundings, whatever n."""
+
+
 @functools.cache
 def reduce_sum_kernel(parallel: bool):
-    """``kernel(x, out, outer, red, inner)``: ``out[o, k] = sum_r x[o, r, k]`` (x, out 1-D views)."""
+    """``kernel(x, out, outer, red, inner)``: ``out[o, k] = sum_r x[o, r, k]`` (x, out 1-D views),
+    :data:`SUM_BLOCK` terms at a time in the compute type, their sums in float64."""
     loop = loop_for(parallel)
 
     @jit(parallel)
@@ -41,10 +50,13 @@ def reduce_sum_kernel(parallel: bool):
             ok = np.int64(ok_)  # prange indices are unsigned
             o = ok // inner
             base = o * red * inner + (ok - o * inner)
-            acc = to_compute(x, 0.0)
-            for r in range(red):
-                acc += load(x, base + r * inner)
-            store(out, ok, acc)
+            total = 0.0
+            for r0 in range(0, red, SUM_BLOCK):
+                acc = to_compute(x, 0.0)
+                for r in range(r0, min(r0 + SUM_BLOCK, red)):
+                    acc += load(x, base + r * inner)
+                total += np.float64(acc)
+            store(out, ok, total)
 
     return kernel
 
@@ -55,29 +67,34 @@ COLUMN_BLOCK = 512
 
 @functools.cache
 def reduce_sum_columns_kernel(parallel: bool):
-    """``kernel(x, out, acc, outer, red, inner)``: ``out[o, k] = sum_r x[o, r, k]`` row by row:
-    ``acc[o, k] += x[o, r, k]`` for ``r = 0, 1, ...``, contiguous in k so the loop vectorizes (each
-    sum adds in the same order as :func:`reduce_sum_kernel`, so the bits agree). ``acc`` is a
-    compute-type scratch of out's size; blocks of ``COLUMN_BLOCK`` columns run in parallel."""
+    """``kernel(x, out, acc, total, outer, red, inner)``: ``out[o, k] = sum_r x[o, r, k]`` row by
+    row: ``acc[o, k] += x[o, r, k]`` for :data:`SUM_BLOCK` rows at a time, contiguous in k so the
+    loop vectorizes, then ``total[o, k] += acc[o, k]`` in float64 (each sum adds in the same order
+    as :func:`reduce_sum_kernel`, so the bits agree). ``acc`` is a compute-type scratch of out's
+    size, ``total`` a float64 one; blocks of ``COLUMN_BLOCK`` columns run in parallel."""
     loop = loop_for(parallel)
 
     @jit(parallel)
-    def kernel(x, out, acc, outer, red, inner):
+    def kernel(x, out, acc, total, outer, red, inner):
         blocks = (inner + COLUMN_BLOCK - 1) // COLUMN_BLOCK
         for ob_ in loop(outer * blocks):
             ob = np.int64(ob_)  # prange indices are unsigned
             o = ob // blocks
             k0 = o * inner + (ob - o * blocks) * COLUMN_BLOCK
             n = min(COLUMN_BLOCK, (o + 1) * inner - k0)
-            a = acc[k0:k0 + n]
-            a[:] = 0
-            for r in range(red):
-                xr = x[k0 + o * (red - 1) * inner + r * inner:]
+            a, t = acc[k0:k0 + n], total[k0:k0 + n]
+            t[:] = 0
+            for r0 in range(0, red, SUM_BLOCK):
+                a[:] = 0
+                for r in range(r0, min(r0 + SUM_BLOCK, red)):
+                    xr = x[k0 + o * (red - 1) * inner + r * inner:]
+                    for k in range(n):
+                        a[k] += load(xr, k)
                 for k in range(n):
-                    a[k] += load(xr, k)
+                    t[k] += np.float64(a[k])
             outr = out[k0:]
             for k in range(n):
-                store(outr, k, a[k])
+                store(outr, k, t[k])
 
     return kernel
 
@@ -276,7 +293,7 @@ def sum_steps(x: np.ndarray, out: np.ndarray, outer: int, red: int, inner: int):
     if inner > 1:
         acc = np.empty(out.size, compute_dtype(out.dtype))
         kernel = reduce_sum_columns_kernel(parallel)
-        return [(kernel, (flat(x), flat(out), acc, outer, red, inner))]
+        return [(kernel, (flat(x), flat(out), acc, np.empty(out.size), outer, red, inner))]
     return [(reduce_sum_kernel(parallel), (flat(x), flat(out), outer, red, inner))]
 
 
