@@ -146,6 +146,16 @@ def test_factories_give_pytorchs_values_dtypes_and_shapes(fn, args, kwargs):
     np.testing.assert_array_equal(ours.numpy(), theirs.numpy())
 
 
+def test_a_0d_size_makes_a_0d_tensor():
+    """``torch.zeros(())`` is 0-d; miniflow's factories made shape (1,) (NumPy's
+    ``ascontiguousarray`` makes a 0-d array 1-d), so ``loss + zeros_like(loss)`` was [1]."""
+    scalar = mf.tensor(np.float32(2.0))
+    made = [mf.zeros(()), mf.ones(()), mf.full((), 2.0), mf.rand(()), mf.randn(()),
+            mf.randint(0, 5, ()), mf.zeros_like(scalar), mf.ones_like(scalar), mf.zeros([])]
+    assert [t.shape for t in made] == [()] * len(made)
+    assert mf.full((), 2.0).item() == 2.0
+
+
 def test_like_factories_and_a_factory_inside_build():
     """``zeros_like`` / ``ones_like`` keep the input's shape and dtype; a factory called in a
     traced forward (nanoGPT's positions) is a constant of the graph."""

@@ -1026,6 +1026,35 @@ def test_graph_recompiles_after_an_attribute_of_its_module_changes():
     assert g.compile_count == 3
 
 
+def test_a_config_object_changed_in_place_is_not_seen_and_a_new_one_is():
+    """What differences.md says: only assignments are watched, so a dataclass config changed in
+    place keeps its traced value in the graph (torch.compile's guards would recompile), and
+    assigning a new one (``dataclasses.replace``) recompiles."""
+    import dataclasses
+
+    @dataclasses.dataclass
+    class Config:
+        k: float = 2.0
+
+    class Configured(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.config = Config()
+
+        def forward(self, x):
+            return x * self.config.k
+
+    model = Configured()
+    g = EvalGraph(model)
+    x = np.ones((2, 3), np.float32)
+    np.testing.assert_array_equal(g(x).numpy(), x * 2)
+    model.config.k = 4.0
+    np.testing.assert_array_equal(g(x).numpy(), x * 2)
+    model.config = dataclasses.replace(model.config, k=5.0)
+    np.testing.assert_array_equal(g(x).numpy(), x * 5)
+    assert g.compile_count == 2
+
+
 def test_each_plan_returns_what_build_returned_for_its_inputs_and_mode():
     """``build`` may return one Tensor for some signatures or modes and a tuple for others: each
     cached plan gives its own structure (it was one flag of the graph, set by the last trace:

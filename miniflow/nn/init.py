@@ -50,7 +50,7 @@ def _random(fn: str, tensor, generator, draw) -> Tensor:
 def _fill(tensor: Tensor, values) -> Tensor:
     """Copy ``values`` (broadcast to the tensor's shape) into ``tensor`` in place."""
     arr = np.broadcast_to(np.asarray(values, np.float64), tensor.shape).astype(tensor.dtype.np)
-    get_backend().copy_in(tensor._data, np.ascontiguousarray(arr))
+    get_backend().copy_in(tensor._data, np.asarray(arr, order="C"))
     written = getattr(tensor, "written", None)   # a Parameter: its half copies are stale now
     if written is not None:
         written()

@@ -162,7 +162,7 @@ def _made(fn: str, arr: np.ndarray, dtype, device, requires_grad) -> Tensor:
     if dtype is not None:
         arr = arr.astype(as_dtype(dtype).np)
     as_dtype(arr.dtype)
-    return new_tensor(get_backend().from_numpy(np.ascontiguousarray(arr)))
+    return new_tensor(get_backend().from_numpy(np.asarray(arr, order="C")))    # 0-d stays 0-d
 
 
 def zeros(*size, dtype=None, device=None, requires_grad: bool = False) -> Tensor:
