@@ -187,8 +187,8 @@ def _train_run(args, threads: int | None) -> int:
     from . import distributed
     from .amp import NonFiniteGradientsError
     from .experiments.stability import OutputDirError
-    from .experiments.train import (DataSizeError, ResumeError, TrainingInterrupted,
-                                    interrupted_exit, train_digits)
+    from .experiments.interrupts import interrupted_exit
+    from .experiments.train import DataSizeError, ResumeError, TrainingInterrupted, train_digits
     from .extras import MissingExtraError
     from .serialization import CheckpointError, check_save_path
     first = not args.ddp or distributed.rank() == 0
@@ -230,7 +230,7 @@ def _train_run(args, threads: int | None) -> int:
         print(f"miniflow train: out of memory ({e}): give a smaller {sizes}", file=sys.stderr)
         return 1
     except TrainingInterrupted as e:
-        return interrupted_exit(e, first)
+        return interrupted_exit("train", e, report=first)
     if r["rank"] == 0:
         _print_training(r, args, threads if args.ddp else None)
         why = _diverged(r)
@@ -324,7 +324,8 @@ def _pinned_threads(local_ranks: int):
 
 def _stability(args) -> int:
     """The training-stability study (``miniflow.experiments.stability``). Ctrl-C during the runs
-    is one line saying what was written, and exit code 130, as ``train``'s."""
+    is one line saying what was written, and exit code 130, as ``train``'s; SIGTERM the same
+    line after 'SIGTERM: ' and exit code 143."""
     import dataclasses
     from pathlib import Path
 
@@ -348,13 +349,14 @@ def _stability(args) -> int:
     except MissingExtraError as e:
         print(f"miniflow stability: {e}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:          # one line, as train's Ctrl-C, not the run's traceback
+    except KeyboardInterrupt as e:     # one line, as train's, not the run's traceback
+        from .experiments.interrupts import interrupted_exit
         logs = (f"; the TensorBoard scalars of the runs done so far are in {args.logdir}/"
                 if args.logdir else "")
-        print(f"miniflow stability: interrupted (Ctrl-C) before the study finished: its "
-              f"metrics.json, summary.md and figures are written to {out}/ only when every run "
-              f"has finished{logs}; run it again to start over", file=sys.stderr)
-        return 130
+        return interrupted_exit("stability", e, "interrupted before the study finished: its "
+                                f"metrics.json, summary.md and figures are written to {out}/ "
+                                f"only when every run has finished{logs}; run it again to "
+                                "start over")
     print(headline_table(metrics))
     print(f"{len(metrics['runs'])} runs in {metrics['config']['seconds']:.0f} s; figures, "
           f"metrics.json and summary.md in {out}/")
@@ -634,8 +636,8 @@ def _add_ir(sub) -> None:
 
 
 def main(argv=None) -> int:
-    """Parse ``argv`` and run the subcommand; returns the exit code (130 after Ctrl-C, with one
-    line on stderr and no traceback)."""
+    """Parse ``argv`` and run the subcommand; returns the exit code (130 after Ctrl-C, 143 after
+    SIGTERM, with one line on stderr and no traceback)."""
     args = parser().parse_args(argv)
     _check_paths(args)
     if args.command == "train":
@@ -649,15 +651,16 @@ def main(argv=None) -> int:
         except ValueError as e:     # a bad MINIFLOW_MATMUL: one sentence, not a traceback
             print(e, file=sys.stderr)
             return 2
+    from .experiments.interrupts import interrupt_signals, interrupted_exit
     from .runtime.backend import BackendUnavailableError, UnknownBackendError
     try:
-        code = args.fn(args)
+        with interrupt_signals():   # SIGTERM as Ctrl-C: a KeyboardInterrupt, not the end
+            code = args.fn(args)
     except (BackendUnavailableError, UnknownBackendError) as e:  # a bad MINIFLOW_BACKEND, or cuda
         print(e, file=sys.stderr)                                # without a GPU: no traceback
         code = 2
-    except KeyboardInterrupt:       # Ctrl-C a subcommand does not report itself: no traceback
-        print(f"miniflow {args.command}: interrupted (Ctrl-C)", file=sys.stderr)
-        code = 130
+    except KeyboardInterrupt as e:  # a subcommand that does not report it: one line
+        code = interrupted_exit(args.command, e, "interrupted")
     if code:
         from . import distributed
         distributed.abort(code)

@@ -59,7 +59,8 @@ def train_gpt_command(args, backend_line: str | None, threads: int | None = None
     whose weights diverged to NaN or inf prints its results and, for the sample, one line and
     exit code 1."""
     from .amp import NonFiniteGradientsError
-    from .experiments.train import ResumeError, TrainingInterrupted, interrupted_exit
+    from .experiments.interrupts import interrupted_exit
+    from .experiments.train import ResumeError, TrainingInterrupted
     from .experiments.train_gpt import train_gpt
     from .extras import MissingExtraError
     from .serialization import CheckpointError
@@ -85,7 +86,7 @@ def train_gpt_command(args, backend_line: str | None, threads: int | None = None
               "--block-size", file=sys.stderr)
         return 1
     except TrainingInterrupted as e:
-        return interrupted_exit(e, backend_line is not None)
+        return interrupted_exit("train", e, report=backend_line is not None)
     return _print_gpt_run(r, args, threads) if r["rank"] == 0 else 0
 
 
@@ -140,18 +141,37 @@ def add_attention_study(sub) -> None:
 
 
 def _attention_study(args) -> int:
-    import json
-    import os
+    """Run the study (``miniflow.experiments.attention_study``): print the IR and the table,
+    write ``results.json`` and the figure into ``--out``. Ctrl-C is one line saying what was
+    written, and exit code 130; SIGTERM the same line after 'SIGTERM: ' and exit code 143."""
     from pathlib import Path
 
-    from .experiments.attention_study import SCALES, figure, ir_text, study, summary
+    from .experiments.interrupts import interrupted_exit
     from .experiments.stability import OutputDirError, check_out_dir
-    from .serialization import write_atomic
     try:
         check_out_dir(Path(args.out))       # before the study: a clear error, not a traceback
     except OutputDirError as e:
         print(f"miniflow attention-study: {e}", file=sys.stderr)
         return 2
+    written = []
+    try:
+        _attention_run(args.out, written)
+    except KeyboardInterrupt as e:
+        done = ("results.json is written, its figure attention_amp.png is not" if written else
+                "nothing is written (results.json and its figure come at the end)")
+        return interrupted_exit("attention-study", e, "interrupted before the study finished: "
+                                f"{done} in {args.out}/; run it again")
+    return 0
+
+
+def _attention_run(out: str, written: list) -> None:
+    """:func:`_attention_study` after its checks; appends the name of each file written to
+    ``written``."""
+    import json
+    import os
+
+    from .experiments.attention_study import SCALES, figure, ir_text, study, summary
+    from .serialization import write_atomic
     print("# the attention head under AMP (OneFlow's lists): softmax between two batch_matmuls")
     print(ir_text("amp"))
     results = study()
@@ -163,8 +183,8 @@ def _attention_study(args) -> int:
     print()
     for line in summary(results):
         print(line)
-    write_atomic(os.path.join(args.out, "results.json"), json.dumps(
+    write_atomic(os.path.join(out, "results.json"), json.dumps(
         {"scales": list(SCALES), "results": results}, indent=1).encode(),
         "miniflow attention-study", "results.json")       # never a part of one
-    print(f"figure: {figure(results, os.path.join(args.out, 'attention_amp.png'))}")
-    return 0
+    written.append("results.json")
+    print(f"figure: {figure(results, os.path.join(out, 'attention_amp.png'))}")

@@ -1,4 +1,8 @@
 """The command line: argument validation and ``info``."""
+import os
+import subprocess
+import sys
+
 import pytest
 
 from miniflow.cli import main
@@ -344,7 +348,7 @@ def test_ctrl_c_in_stability_is_one_line_and_exit_code_130(monkeypatch, tmp_path
     out, logdir = tmp_path / "out", tmp_path / "runs"
     assert main(["stability", "--quick", "--out", str(out), "--logdir", str(logdir)]) == 130
     err = capsys.readouterr().err
-    assert err.startswith("miniflow stability: interrupted (Ctrl-C) before the study finished: ")
+    assert err.startswith("miniflow stability: interrupted before the study finished: ")
     assert f"written to {out}/ only when every run has finished" in err
     assert f"runs done so far are in {logdir}/" in err and err.count("\n") == 1
 
@@ -359,7 +363,52 @@ def test_ctrl_c_in_any_subcommand_is_one_line_and_exit_code_130(monkeypatch, tmp
 
     monkeypatch.setattr(attention_study, "study", study)
     assert main(["attention-study", "--out", str(tmp_path)]) == 130
-    assert capsys.readouterr().err == "miniflow attention-study: interrupted (Ctrl-C)\n"
+    assert capsys.readouterr().err == (
+        f"miniflow attention-study: interrupted before the study finished: nothing is written "
+        f"(results.json and its figure come at the end) in {tmp_path}/; run it again\n")
+    from miniflow.experiments import show_ir
+    monkeypatch.setattr(show_ir, "show_ir", lambda *a, **k: study())
+    assert main(["ir"]) == 130
+    assert capsys.readouterr().err == "miniflow ir: interrupted\n"
+
+
+SIGTERM_CHILD = """
+import os, signal, sys, time
+from miniflow import cli
+import miniflow.experiments.{module} as target
+
+def terminated(*args, **kwargs):
+    os.kill(os.getpid(), signal.SIGTERM)
+    time.sleep(60)
+
+target.{function} = terminated
+raise SystemExit(cli.main(sys.argv[1:]))
+"""
+
+
+@pytest.mark.skipif(os.name != "posix", reason="SIGTERM")
+@pytest.mark.parametrize("module, function, argv, line", [
+    ("stability", "run_study", ["stability", "--quick", "--out", "{tmp}"],
+     "interrupted before the study finished: its metrics.json, summary.md and figures are "
+     "written to {tmp}/ only when every run has finished; run it again to start over"),
+    ("attention_study", "study", ["attention-study", "--out", "{tmp}"],
+     "interrupted before the study finished: nothing is written (results.json and its figure "
+     "come at the end) in {tmp}/; run it again"),
+    ("show_ir", "show_ir", ["ir"], "interrupted")])
+def test_sigterm_in_any_subcommand_is_one_line_and_exit_code_143(module, function, argv, line,
+                                                                  tmp_path):
+    """SIGTERM (``timeout -s TERM``, ``kill``, a batch system's first signal) killed
+    ``miniflow stability``, ``attention-study`` and ``ir`` with no line (exit status -15, as
+    Python's default); each ends as after Ctrl-C, its line after 'SIGTERM: ', exit code 143
+    (128 + SIGTERM), as ``train``'s."""
+    code = SIGTERM_CHILD.format(module=module, function=function)
+    argv = [a.format(tmp=tmp_path) for a in argv]
+    child = subprocess.run([sys.executable, "-c", code, *argv], capture_output=True, text=True,
+                           timeout=120)
+    lines = [ln for ln in child.stderr.splitlines() if ln.startswith("miniflow ")
+             and not ln.startswith("miniflow: compiling kernels")]
+    assert child.returncode == 143 and "Traceback" not in child.stderr, child.stderr
+    assert lines == [f"miniflow {argv[0]}: SIGTERM: {line.format(tmp=tmp_path)}"], child.stderr
 
 
 @pytest.mark.parametrize("value", ["abc", "-5", "inf"])

@@ -14,7 +14,8 @@ import pytest
 import miniflow as mf
 from miniflow.amp import NonFiniteGradientsError
 from miniflow.cli import main
-from miniflow.experiments.train import TrainingInterrupted, interrupted_exit
+from miniflow.experiments.interrupts import interrupted_exit
+from miniflow.experiments.train import TrainingInterrupted
 from miniflow.experiments.train_gpt import generate, train_gpt
 
 from mpi_harness import requires_mpi, run_cli
@@ -89,7 +90,7 @@ def test_sigterm_checkpoints_as_ctrl_c_and_the_command_exits_143(tmp_path, capsy
     finally:
         signal.signal(signal.SIGTERM, previous)
     assert info.value.signum == signal.SIGTERM
-    assert interrupted_exit(info.value, True) == 143
+    assert interrupted_exit("train", info.value) == 143
     assert capsys.readouterr().err.startswith("miniflow train: SIGTERM: interrupted at step 3;")
     resumed = train_gpt(**TINY, checkpoint=tmp_path, resume=True, report=lambda line: None)
     assert resumed["resumed_from"] == 3 and resumed["losses"] == full["losses"]

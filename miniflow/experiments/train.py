@@ -25,9 +25,6 @@ from __future__ import annotations
 import math
 import os
 import shlex
-import signal
-import sys
-import threading
 import time
 from dataclasses import dataclass, replace
 
@@ -42,12 +39,13 @@ from ..dtype import bfloat16, float16
 from ..optim import lr_scheduler
 from ..random import RngState, generator, manual_seed
 from ..serialization import load, save
+from .interrupts import Interrupted, interrupt_signals
 from .mlp import EvalGraph, TrainGraph, accuracy, mlp
 from .run_folder import CHECKPOINT_FILE, FolderInUseError, RunFolder, check_not_in_use
 
 __all__ = ["MODELS", "Recipe", "RECIPES", "TrainSettings", "make_model", "train_digits",
            "SCHEDULES", "make_lr_schedule", "epoch_batches", "ResumeError", "DataSizeError",
-           "TrainingInterrupted", "interrupted_exit", "CHECKPOINT_FILE", "run_name", "named_run",
+           "TrainingInterrupted", "CHECKPOINT_FILE", "run_name", "named_run",
            "accumulated", "clipped", "scaler_line", "tensorboard_command"]
 
 MODELS = ("mlp", "lenet", "resnet18")
@@ -455,7 +453,7 @@ class _Training:
         run = self.run
         with tqdm(total=self.total, initial=run["step"], desc=f"train {self.s.model}",
                   unit="step", disable=not self.s.progress or self.rank != 0) as bar, \
-                _deferred_sigint() as sigint:
+                interrupt_signals(defer=True) as sigint:
             try:
                 for epoch in range(run["epoch"], self.recipe.epochs):
                     self._epoch(epoch, bar, sigint)
@@ -548,15 +546,13 @@ def named_run(head: list, config: dict, defaults: dict, tags) -> str:
     return "-".join(parts + [f"seed{config['seed']}"])
 
 
-class TrainingInterrupted(KeyboardInterrupt):
+class TrainingInterrupted(Interrupted):
     """Ctrl-C (SIGINT) or SIGTERM stopped :func:`train_digits` after ``step`` updates;
     ``saved_at`` is the step of the last checkpoint in ``path`` (None: none was written),
     ``saved_now`` whether it was written at the interrupt, ``signum`` the signal
-    (``signal.SIGINT`` or ``signal.SIGTERM``). A ``KeyboardInterrupt``, so code that catches
-    that still does; ``str()`` is the one line ``miniflow train`` prints after the signal's
-    name (SIGTERM only)."""
-
-    signum = signal.SIGINT
+    (``signal.SIGINT`` or ``signal.SIGTERM``). An :class:`~.interrupts.Interrupted`, so code
+    that catches ``KeyboardInterrupt`` still does; ``str()`` is the one line ``miniflow train``
+    prints after the signal's name (SIGTERM only)."""
 
     def __init__(self, step: int, path: str | None, saved_at: int | None, saved_now: bool):
         self.step, self.path, self.saved_at, self.saved_now = step, path, saved_at, saved_now
@@ -570,16 +566,6 @@ class TrainingInterrupted(KeyboardInterrupt):
         super().__init__(f"interrupted at step {step}; {where}")
 
 
-def interrupted_exit(e: TrainingInterrupted, report: bool) -> int:
-    """``miniflow train``'s end after ``e``: its line on stderr (when ``report``: rank 0),
-    after 'SIGTERM: ' for that signal; returns the exit code, 128 + the signal's number (the
-    shell's convention: 130 for Ctrl-C, 143 for SIGTERM)."""
-    if report:
-        name = "" if e.signum == signal.SIGINT else f"{signal.Signals(e.signum).name}: "
-        print(f"miniflow train: {name}{e}", file=sys.stderr)
-    return 128 + int(e.signum)
-
-
 def _interrupted(step: int, path, saved_at, save_state) -> TrainingInterrupted:
     """The exception of a Ctrl-C seen between two steps: the state is whole there, so it is
     checkpointed first (when the run has a checkpoint folder and the last one is older)."""
@@ -587,37 +573,6 @@ def _interrupted(step: int, path, saved_at, save_state) -> TrainingInterrupted:
         save_state()
         return TrainingInterrupted(step, path, step, saved_now=True)
     return TrainingInterrupted(step, path, saved_at, saved_now=False)
-
-
-class _deferred_sigint:
-    """While active (in the main thread, where Python's default SIGINT handler is installed),
-    a first SIGINT only sets ``requested``: the loop stops between two steps, where the state
-    is whole and can be saved; a second one raises ``KeyboardInterrupt`` at once. SIGTERM
-    (``kill``, ``timeout``, a batch system's first signal), where its handler is the default
-    (end the process), does the same; ``signum`` is the first signal's, and a
-    :class:`TrainingInterrupted` leaving the block carries it (the CLI exits with 128 +
-    ``signum``)."""
-
-    def __enter__(self):
-        self.requested, self.signum, self._previous = False, signal.SIGINT, {}
-        if threading.current_thread() is threading.main_thread():
-            for sig, default in ((signal.SIGINT, signal.default_int_handler),
-                                 (signal.SIGTERM, signal.SIG_DFL)):
-                if signal.getsignal(sig) is default:
-                    self._previous[sig] = signal.signal(sig, self._handle)
-        return self
-
-    def _handle(self, signum, frame):
-        if self.requested:
-            raise KeyboardInterrupt
-        self.requested, self.signum = True, signal.Signals(signum)
-
-    def __exit__(self, exc_type, exc, tb):
-        for sig, previous in self._previous.items():
-            signal.signal(sig, previous)
-        if isinstance(exc, TrainingInterrupted):
-            exc.signum = self.signum
-        return False
 
 
 def _run_folder(folder, resume: bool, lock: bool) -> RunFolder:

@@ -35,8 +35,9 @@ from ..data import stdlib_text
 from ..random import RngState, generator, manual_seed
 from ..serialization import save
 from ..tensor import tensor
-from .train import (AMP_DTYPES, TrainingInterrupted, _deferred_sigint, _interrupted, _resume,
-                    _run_folder, amp_mode, make_lr_schedule, named_run)
+from .interrupts import interrupt_signals
+from .train import (AMP_DTYPES, TrainingInterrupted, _interrupted, _resume, _run_folder,
+                    amp_mode, make_lr_schedule, named_run)
 
 __all__ = ["GPT_DEFAULTS", "TrainGPT", "EvalGPT", "train_gpt", "generate", "run_name"]
 
@@ -372,7 +373,7 @@ def _train_loop(graph, model, corpus, c, run, losses, sched, total, seed, report
     bs, bl = c["batch_size"], c["block_size"]
     from tqdm import tqdm
     with tqdm(total=total, initial=run["step"], desc="train gpt", unit="step",
-              disable=not progress) as bar, _deferred_sigint() as sigint:
+              disable=not progress) as bar, interrupt_signals(defer=True) as sigint:
         try:
             while run["step"] < total:
                 if sigint.requested:
