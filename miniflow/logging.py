@@ -1,5 +1,5 @@
 """TensorBoard scalars of training runs (the ``tensorboard`` extra: ``pip install -e
-".[tensorboard]"``), written with tensorboardX's ``SummaryWriter``.
+".[tensorboard]"``), written with tensorboardX: one event file per run, flushed per epoch.
 
 Two lines in a training script (PyTorch's ``torch.utils.tensorboard`` habit)::
 
@@ -50,7 +50,11 @@ def run_dir(logdir, name: str, *, resume: bool = False) -> str:
 
 
 class ScalarWriter:
-    """One TensorBoard run: event files in folder ``path`` (created), written by tensorboardX.
+    """One TensorBoard run: one event file in folder ``path`` (created), as PyTorch's
+    ``SummaryWriter``: events are written as they are logged, :meth:`flush` puts them on disk,
+    :meth:`close` ends the file. The events are tensorboardX's, written in the caller's thread
+    by its ``EventsWriter`` (its ``SummaryWriter``'s writer thread left the events it had not
+    taken from its queue out of a flush).
 
     ``purge_step``: a resumed run's first new step; TensorBoard drops the folder's events at or
     after it (tensorboardX's ``purge_step``). Closed at exit if not before.
@@ -60,20 +64,30 @@ class ScalarWriter:
     """
 
     def __init__(self, path, *, purge_step: int | None = None):
-        tbx = require("tensorboardX", "tensorboard", "miniflow.logging")
+        require("tensorboardX", "tensorboard", "miniflow.logging")
+        self._events = require("tensorboardX.event_file_writer", "tensorboard",
+                               "miniflow.logging")
+        self._proto = require("tensorboardX.proto.event_pb2", "tensorboard", "miniflow.logging")
         self._summary = require("tensorboardX.proto.summary_pb2", "tensorboard",
                                 "miniflow.logging").Summary
         self.path = os.fspath(path)
-        self._tbx = tbx
-        self._writer = self._open(purge_step)
-        atexit.register(self.close)
+        self._writer = None
+        self._open(purge_step)
 
-    def _open(self, purge_step: int | None):
-        """A tensorboardX writer of a new event file in the run's folder. tensorboardX names
-        event files by the second; two writers of a run within one second (a quick resume, a
-        :meth:`flush`) would share a file: the nanoseconds keep them apart, in order."""
-        return self._tbx.SummaryWriter(self.path, purge_step=purge_step,
-                                       filename_suffix=f".{time.time_ns()}")
+    def _open(self, purge_step: int | None) -> None:
+        """Start a new event file in the run's folder (made if missing), with ``purge_step``'s
+        events first. tensorboardX names event files by the second; two files of a run within
+        one second (a quick resume, a log after :meth:`close`) would share a name: the
+        nanoseconds keep them apart, in order."""
+        os.makedirs(self.path, exist_ok=True)
+        self._writer = self._events.EventsWriter(os.path.join(self.path, "events"),
+                                                 f".{time.time_ns()}")
+        if purge_step is not None:              # as tensorboardX's SummaryWriter writes them
+            Event, SessionLog = self._proto.Event, self._proto.SessionLog
+            self._writer.write_event(Event(step=purge_step, file_version="brain.Event:2"))
+            self._writer.write_event(Event(step=purge_step,
+                                           session_log=SessionLog(status=SessionLog.START)))
+        atexit.register(self.close)
 
     def add(self, step: int, scalars: dict) -> None:
         """Log ``{tag: value}`` at global step ``step`` (None values are skipped; NaN and inf
@@ -87,18 +101,15 @@ class ScalarWriter:
         values = [self._summary.Value(tag=tag, simple_value=_scalar(tag, value))
                   for tag, value in scalars.items() if value is not None]
         if self._writer is None:
-            self._writer = self._open(None)
-            atexit.register(self.close)
-        self._writer.file_writer.add_summary(self._summary(value=values), int(step))
+            self._open(None)
+        self._writer.write_event(self._proto.Event(wall_time=time.time(), step=int(step),
+                                                   summary=self._summary(value=values)))
 
     def flush(self) -> None:
-        """Put every event logged so far on disk. tensorboardX's own ``flush`` leaves the events
-        its writer thread has not taken from its queue yet (a run killed after it lost them), so
-        the event file is closed, which drains the queue, and the next events go to a new file
-        in the same folder (TensorBoard reads a folder's files as one run)."""
+        """Put every event logged so far on disk (written and fsynced: a run killed after it
+        keeps them); the next events go on in the same file."""
         if self._writer is not None:
-            self._writer.close()
-            self._writer = self._open(None)
+            self._writer.flush()
 
     def close(self) -> None:
         """Flush and close the event file (again: nothing)."""

@@ -211,6 +211,35 @@ def test_logging_keeps_the_training_bit_for_bit(tmp_path):
     assert logged["test_accuracy"] == plain["test_accuracy"]
 
 
+def test_a_run_writes_one_event_file_flushed_per_epoch(tmp_path, monkeypatch):
+    """``TrainingLog.epoch`` (and the flush after each checkpoint) closed the event file and
+    opened a new one: a 3-epoch run with checkpoints every 10 steps left 11 files in its run
+    folder. As PyTorch's ``SummaryWriter`` (one writer per run, flushed, closed at the end), the
+    run writes one file, which alone holds every scalar of the run; each epoch's flush puts it
+    on disk."""
+    flushed = []
+
+    class Log(tb_log.TrainingLog):
+        def epoch(self, **scalars):
+            values = super().epoch(**scalars)
+            files = os.listdir(self.path)
+            flushed.append((files, read_scalars(os.path.join(self.path, files[0]))))
+            return values
+
+    monkeypatch.setattr(tb_log, "TrainingLog", Log)
+    r = train_digits("mlp", epochs=3, hidden=16, progress=False, logdir=tmp_path / "runs",
+                     checkpoint=tmp_path / "ck", checkpoint_every=10)
+    files = os.listdir(r["logdir"])
+    assert len(files) == 1 and files[0].startswith("events.out.tfevents.")
+    got = read_scalars(os.path.join(r["logdir"], files[0]))    # that file alone
+    assert [s for s, _ in got["train/loss"]] == list(range(1, 70))    # 3 epochs of 23
+    assert [v for _, v in got["train/loss"]] == pytest.approx(r["losses"], rel=1e-6)
+    assert [s for s, _ in got["eval/test_accuracy"]] == [23, 46, 69]
+    assert len(got["train/lr"]) == len(got["train/grad_norm"]) == 69
+    assert [f for f, _ in flushed] == [files] * 3
+    assert [len(g["train/loss"]) for _, g in flushed] == [23, 46, 69]
+
+
 def _printed(pattern: str, text: str) -> float:
     return float(re.search(pattern, text).group(1))
 
