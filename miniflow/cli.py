@@ -492,6 +492,29 @@ def _check_train_args(args) -> None:
                           f"{args.accumulate} (equal micro-batches)")
 
 
+def _check_ir_args(args) -> None:
+    """Usage errors (exit code 2) between ``miniflow ir``'s options: ``--netron`` without the
+    file it opens, and ``--eval --after`` a training pass (the evaluation graph has no
+    gradients or updates: it would print the graph unchanged), naming the passes that apply."""
+    from .passes.pipeline import STAGE_ALIASES, TRAINING_PASSES
+    if args.netron and not args.onnx:
+        args.parser.error("--netron needs --onnx PATH (the file Netron opens)")
+    if args.eval and STAGE_ALIASES.get(args.after, args.after) in TRAINING_PASSES:
+        args.parser.error(f"--after {args.after}: the evaluation graph (--eval) has no "
+                          f"gradients or updates, so {args.after} leaves it unchanged; give "
+                          f"trace or one of {_pass_names(TRAINING_PASSES)}, or drop --eval for "
+                          "the training step")
+
+
+def _pass_names(leave_out=()) -> str:
+    """The pipeline's passes but ``leave_out``, in order, with their short names: ``autograd,
+    auto_mixed_precision (amp), ...``."""
+    from .passes.pipeline import PASSES, STAGE_ALIASES
+    short = {full: alias for alias, full in STAGE_ALIASES.items()}
+    return ", ".join(f"{name} ({short[name]})" if name in short else name
+                     for name, _ in PASSES if name not in leave_out)
+
+
 def parser() -> argparse.ArgumentParser:
     """The parser of ``miniflow`` and its subcommands (their ``--help``)."""
     from . import __version__
@@ -611,21 +634,19 @@ def _add_stability(sub) -> None:
 def _add_ir(sub) -> None:
     """``miniflow ir`` and its options."""
     from .experiments.train import MODELS
-    from .passes.pipeline import PASSES, STAGE_ALIASES
-    short = {full: alias for alias, full in STAGE_ALIASES.items()}
-    stages = ", ".join(f"{name} ({short[name]})" if name in short else name
-                       for name, _ in PASSES)
+    from .passes.pipeline import TRAINING_PASSES
     ir = sub.add_parser("ir", help="print a model's IR after a pass; --onnx exports it, "
                         "--netron opens it in Netron")
     ir.add_argument("--model", choices=MODELS + ("gpt",), default="mlp",
                     help="a digits model of train, or gpt: train --model gpt's character-level "
                          "GPT with its default settings (default mlp)")
-    ir.add_argument("--after", metavar="STAGE", help=f"trace, or a pass: {stages} (default: "
-                    "every pass; an AMP pass turns --amp on)")
+    ir.add_argument("--after", metavar="STAGE", help=f"trace, or a pass: {_pass_names()} "
+                    "(default: every pass; an AMP pass turns --amp on)")
     ir.add_argument("--amp", action="store_true", help="mixed precision (float16); the "
                     "training step with a dynamic GradScaler")
     ir.add_argument("--eval", action="store_true", help="the evaluation graph, not the "
-                    "training step")
+                    "training step (--after: trace or one of "
+                    f"{_pass_names(TRAINING_PASSES)})")
     ir.add_argument("--batch-size", type=_positive, help="default 64 (gpt: 32)")
     ir.add_argument("--onnx", metavar="PATH", help="also write the graph at that stage to PATH "
                     "as ONNX (miniflow-only ops in the ai.miniflow domain; needs the onnx extra; "
@@ -642,8 +663,8 @@ def main(argv=None) -> int:
     _check_paths(args)
     if args.command == "train":
         _check_train_args(args)
-    if args.command == "ir" and args.netron and not args.onnx:
-        args.parser.error("--netron needs --onnx PATH (the file Netron opens)")
+    if args.command == "ir":
+        _check_ir_args(args)
     if args.command != "info":     # info prints it as one of its lines
         from .kernels.cpu.tune import mode
         try:

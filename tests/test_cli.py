@@ -335,6 +335,38 @@ def test_ir_names_a_bad_after_as_the_option(after, why, capsys):
     assert "enable_data_parallel" not in err
 
 
+@pytest.mark.parametrize("after", ["optimizer", "autograd", "loss_scale"])
+def test_ir_eval_after_a_training_pass_is_a_usage_error(after, capsys):
+    """``ir --eval --after optimizer`` printed the evaluation graph unchanged, under a header
+    saying "the IR after optimizer" (the training passes run as no-ops on it); it is a usage
+    error naming the passes that change an evaluation graph."""
+    with pytest.raises(SystemExit) as e:
+        main(["ir", "--eval", "--after", after])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and err.startswith("usage: miniflow ir "), err
+    assert (f"miniflow ir: error: --after {after}: the evaluation graph (--eval) has no "
+            "gradients or updates, so " in err)
+    assert ("give trace or one of auto_mixed_precision (amp), prune_amp_identity, "
+            "fuse_elementwise, dead_code_elimination, or drop --eval" in err)
+
+
+@pytest.mark.parametrize("model", ["mlp", "gpt"])
+def test_the_training_passes_leave_an_evaluation_graph_unchanged(model):
+    """What the usage error above relies on: on an evaluation graph (AMP on, every pass runs)
+    each pass of ``TRAINING_PASSES`` returns the IR it was given."""
+    from miniflow.experiments.show_ir import model_graph
+    from miniflow.passes.pipeline import TRAINING_PASSES
+    graph, inputs = model_graph(model, amp=True, eval=True, batch_size=2)
+    stages = graph.stages(*inputs)
+    texts = [str(graph.lower(*inputs, after=s)) for s in stages]
+    training = [s for s in stages if s in TRAINING_PASSES]
+    assert len(training) == len(TRAINING_PASSES) - 1          # all but data_parallel
+    for k, stage in enumerate(stages):
+        if stage in TRAINING_PASSES:
+            assert texts[k] == texts[k - 1], stage
+    assert texts[-1] != texts[0]
+
+
 def test_ctrl_c_in_stability_is_one_line_and_exit_code_130(monkeypatch, tmp_path, capsys):
     """Ctrl-C during ``miniflow stability`` (minutes of runs) printed the run's traceback and
     the process died of SIGINT; it is now one line saying where the results would have gone

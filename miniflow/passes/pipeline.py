@@ -47,7 +47,8 @@ from .optimizer import optimizer
 from .prune_amp_identity import prune_amp_identity
 
 __all__ = ["CompileSettings", "PassStates", "CompileContext", "PASSES", "AMP_PASSES",
-           "DATA_PARALLEL_PASSES", "STAGE_ALIASES", "passes_for", "run_passes"]
+           "DATA_PARALLEL_PASSES", "TRAINING_PASSES", "STAGE_ALIASES", "passes_for",
+           "run_passes"]
 
 
 @dataclass(frozen=True)
@@ -166,6 +167,11 @@ AMP_PASSES = ("auto_mixed_precision", "prune_amp_identity", "fuse_model_update_c
 
 DATA_PARALLEL_PASSES = ("data_parallel",)
 """Passes that run only with data-parallel training enabled."""
+
+TRAINING_PASSES = ("autograd", "gradient_accumulation", "data_parallel", "loss_scale",
+                   "optimizer", "fuse_model_update_cast")
+"""Passes that rewrite only a training step's gradients and updates: a graph without
+``backward`` and optimizers (an evaluation graph) comes out of them unchanged."""
 
 
 STAGE_ALIASES = {"amp": "auto_mixed_precision"}
