@@ -7,7 +7,8 @@ Numba's ``NUMBA_DISABLE_JIT=1`` is refused here, at import, with one sentence: t
 helpers are LLVM intrinsics and Numba overloads, which exist only in compiled code, and plain Python
 raises where kernels rely on IEEE results (``math.exp`` overflow, ``math.log(0.0)``). A
 ``NUMBA_NUM_THREADS`` that is not a positive whole number is refused with one sentence naming it
-(Numba's own import error does not name the variable).
+(Numba's own import error does not name the variable). A bad ``MINIFLOW_*`` value
+(``miniflow.environment``) stops the process here with one line naming it and exit code 2.
 """
 import importlib as _importlib
 import os as _os
@@ -27,6 +28,11 @@ def _check_threads(value: str) -> None:
 
 _check_threads(_os.environ.get("NUMBA_NUM_THREADS", ""))
 del _os, _check_threads
+
+from .environment import check_or_exit as _check_or_exit  # noqa: E402
+
+_check_or_exit()        # a bad MINIFLOW_* value: one line and exit code 2, before anything runs
+del _check_or_exit
 
 import numba as _numba  # noqa: E402
 

@@ -15,8 +15,9 @@ def _info(args) -> int:
     """Versions (MPI's for data parallel too), the backend, the GPU (or why there is none), the
     float16 path, the kernel cache, the CPU (ISA, BLAS core type) and the measured kernel choices.
 
-    Never a traceback: a backend that cannot be used (``MINIFLOW_BACKEND=cuda`` without a GPU, a
-    bad ``MINIFLOW_BACKEND``) is reported on the ``backend:`` line and the exit code is 1.
+    Never a traceback: a backend that cannot be used (``MINIFLOW_BACKEND=cuda`` without a GPU)
+    is reported on the ``backend:`` line and the exit code is 1 (a bad ``MINIFLOW_*`` value is
+    :func:`main`'s one line and exit code 2).
     """
     import importlib.metadata
 
@@ -26,7 +27,7 @@ def _info(args) -> int:
     import miniflow
     from .kernels.common.cache import CACHE
     from .kernels.cpu import fp16
-    from .runtime.backend import BackendUnavailableError, UnknownBackendError, cuda_status
+    from .runtime.backend import BackendUnavailableError, cuda_status
 
     try:
         numba_cuda = importlib.metadata.version("numba-cuda")
@@ -46,7 +47,7 @@ def _info(args) -> int:
     try:
         backend = miniflow.get_backend()
         print(f"backend: {backend.name}")
-    except (BackendUnavailableError, UnknownBackendError) as e:
+    except BackendUnavailableError as e:
         backend = None
         print(f"backend: unavailable: {e}")
     print(f"float16 conversion on the CPU: {fp16.PATH}")
@@ -71,11 +72,7 @@ def _print_tuning() -> None:
     print(f"BLAS (core type): {'; '.join(m['blas']) or 'none loaded'}")
     print(f"threads: {blas_split.describe()}")
     print(mkl_gemm.describe())
-    try:
-        lines = tune.describe()
-    except ValueError as e:         # a bad MINIFLOW_MATMUL
-        lines = [f"kernel choices: {e}"]
-    for line in lines:
+    for line in tune.describe():
         print(line)
 
 
@@ -128,8 +125,8 @@ def choose_backend(job: str, requested: str | None) -> str:
     ``runtime.backend.default_backend_name``, is cuda whenever a GPU is usable).
 
     Raises:
-        UnknownBackendError: a bad ``MINIFLOW_BACKEND``; BackendUnavailableError: cuda without a
-            GPU (for ``--backend cuda`` naming the flag, not the variable).
+        BackendUnavailableError: cuda without a GPU (for ``--backend cuda`` naming the flag, not
+            the variable).
     """
     import os
 
@@ -518,7 +515,11 @@ def _pass_names(leave_out=()) -> str:
 def parser() -> argparse.ArgumentParser:
     """The parser of ``miniflow`` and its subcommands (their ``--help``)."""
     from . import __version__
-    p = argparse.ArgumentParser(prog="miniflow", description="a small lazy-graph DL framework")
+    p = argparse.ArgumentParser(
+        prog="miniflow", description="a small lazy-graph DL framework",
+        epilog="exit codes: 0 done; 1 a run diverged or ran out of memory (info: no usable "
+               "backend); 2 a usage error: an option, a path, a MINIFLOW_* value; 130 Ctrl-C; "
+               "143 SIGTERM; each but 0 with one line on stderr")
     p.add_argument("--version", action="version", version=f"miniflow {__version__}")
     sub = p.add_subparsers(dest="command", required=True)
     sub.add_parser("info", help="backend, versions, GPU, float16 path, kernel cache").set_defaults(
@@ -665,20 +666,19 @@ def main(argv=None) -> int:
         _check_train_args(args)
     if args.command == "ir":
         _check_ir_args(args)
-    if args.command != "info":     # info prints it as one of its lines
-        from .kernels.cpu.tune import mode
-        try:
-            mode()
-        except ValueError as e:     # a bad MINIFLOW_MATMUL: one sentence, not a traceback
-            print(e, file=sys.stderr)
-            return 2
+    from .environment import EnvironmentValueError, check
+    try:                            # (import miniflow checked them; a caller may have changed one)
+        check()
+    except EnvironmentValueError as e:  # a bad MINIFLOW_* value: one line, not a traceback
+        print(e, file=sys.stderr)
+        return 2
     from .experiments.interrupts import interrupt_signals, interrupted_exit
-    from .runtime.backend import BackendUnavailableError, UnknownBackendError
+    from .runtime.backend import BackendUnavailableError
     try:
         with interrupt_signals():   # SIGTERM as Ctrl-C: a KeyboardInterrupt, not the end
             code = args.fn(args)
-    except (BackendUnavailableError, UnknownBackendError) as e:  # a bad MINIFLOW_BACKEND, or cuda
-        print(e, file=sys.stderr)                                # without a GPU: no traceback
+    except BackendUnavailableError as e:    # MINIFLOW_BACKEND=cuda without a GPU: one line
+        print(e, file=sys.stderr)
         code = 2
     except KeyboardInterrupt as e:  # a subcommand that does not report it: one line
         code = interrupted_exit(args.command, e, "interrupted")

@@ -53,6 +53,8 @@ import traceback
 
 import numpy as np
 
+from .environment import read
+
 __all__ = ["RankMismatchError", "abort", "all_gather_object", "allreduce_mean_step",
            "allreduce_sum_int64_step", "announced_world_size",
            "barrier", "broadcast_object", "broadcast_step", "check_same_across_ranks",
@@ -182,17 +184,15 @@ def _excepthook(exc_type, exc, tb) -> None:
 
 
 def _timeout(timeout) -> float:
-    source = "init(timeout=...)"
     if timeout is None:
-        timeout, source = os.environ.get("MINIFLOW_DIST_TIMEOUT", DEFAULT_TIMEOUT_S), \
-            "MINIFLOW_DIST_TIMEOUT"
+        return read("MINIFLOW_DIST_TIMEOUT", DEFAULT_TIMEOUT_S)
     try:
         value = float(timeout)
     except (TypeError, ValueError):
         value = math.nan
     if not value > 0 or math.isinf(value):
-        raise ValueError(f"miniflow.distributed.init: the collective timeout ({source}) must be a "
-                         f"positive number of seconds, got {timeout!r}")
+        raise ValueError(f"miniflow.distributed.init: the collective timeout (init(timeout=...)) "
+                         f"must be a positive number of seconds, got {timeout!r}")
     return value
 
 

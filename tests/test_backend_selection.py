@@ -8,6 +8,7 @@ import sys
 import pytest
 
 import miniflow as mf
+from miniflow.environment import EnvironmentValueError
 from miniflow.runtime.backend import (BackendUnavailableError, UnknownBackendError, cuda_status,
                                       default_backend_name)
 
@@ -89,9 +90,10 @@ def test_miniflow_backend_accepts_any_case_and_spaces(value, name, monkeypatch):
 
 def test_bad_miniflow_backend_names_the_variable_and_the_valid_values(monkeypatch):
     monkeypatch.setenv("MINIFLOW_BACKEND", "gpu")
-    with pytest.raises(UnknownBackendError, match=r"MINIFLOW_BACKEND='gpu' is not a backend; set "
-                       r"it to one of cpu, cuda \(any case\), or unset it"):
+    with pytest.raises(EnvironmentValueError, match=r"^miniflow: MINIFLOW_BACKEND='gpu' is not one "
+                       r"of cpu, cuda \(any case\): .* unset, cuda when a GPU is usable"):
         default_backend_name()
+    assert issubclass(EnvironmentValueError, ValueError)
 
 
 @pytest.mark.parametrize("name", ["gpu", "CPU", None, ["cpu"]])
@@ -106,8 +108,8 @@ def test_train_with_a_bad_miniflow_backend_is_one_line_and_exit_2():
     r = _cli("train", "--epochs", "1", MINIFLOW_BACKEND="gpu")
     assert r.returncode == 2
     assert r.stderr.strip().splitlines() == [
-        "miniflow: MINIFLOW_BACKEND='gpu' is not a backend; set it to one of cpu, cuda (any case), "
-        "or unset it to use cuda when a GPU is usable, else cpu"]
+        "miniflow: MINIFLOW_BACKEND='gpu' is not one of cpu, cuda (any case): the backend graphs "
+        "and eager ops run on; unset, cuda when a GPU is usable, else cpu"]
 
 
 def test_backend_flag_cuda_without_a_gpu_names_the_flag_not_the_variable(monkeypatch):

@@ -81,7 +81,7 @@ def test_steps_before_init_raise(fresh):
 def test_init_rejects_a_bad_timeout(fresh, monkeypatch, timeout):
     if timeout is None:
         monkeypatch.setenv("MINIFLOW_DIST_TIMEOUT", "ten")
-        match = r"timeout \(MINIFLOW_DIST_TIMEOUT\) must be a positive number of seconds, got 'ten'"
+        match = r"^miniflow: MINIFLOW_DIST_TIMEOUT='ten' is not a positive number of seconds: "
     else:
         match = rf"timeout \(init\(timeout=\.\.\.\)\) must be a positive number .*got {timeout!r}"
     with pytest.raises(ValueError, match=match):

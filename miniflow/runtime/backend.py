@@ -5,7 +5,7 @@ kernels; needs the ``cuda`` extra, ``pip install "miniflow[cuda]"``, and an NVID
 
 Selection: ``miniflow.set_backend("cpu" | "cuda")`` or the environment variable ``MINIFLOW_BACKEND``
 (read on first use; any case and surrounding spaces accepted, ``" Cuda "`` is ``"cuda"``; another
-value is an :class:`UnknownBackendError` naming the variable). The default is ``"cuda"`` when a
+value is ``miniflow.environment``'s one line naming the variable). The default is ``"cuda"`` when a
 real GPU is usable, else ``"cpu"``. Under numba's CUDA simulator (``NUMBA_ENABLE_CUDASIM=1``,
 where ``numba.cuda.is_available()`` is true) the default stays ``"cpu"``: the simulated ``cuda``
 backend runs only when asked for.
@@ -20,6 +20,8 @@ import sys
 
 import numpy as np
 
+from ..environment import read
+
 __all__ = ["Backend", "CpuBackend", "CudaBackend", "BackendUnavailableError", "UnknownBackendError",
            "get_backend", "set_backend", "default_backend_name", "cuda_status", "BACKENDS",
            "check_device", "device"]
@@ -30,8 +32,8 @@ class BackendUnavailableError(RuntimeError):
 
 
 class UnknownBackendError(ValueError):
-    """A backend name that is not one of :data:`BACKENDS` (``set_backend``'s argument or
-    ``MINIFLOW_BACKEND``; the message names it and the valid ones)."""
+    """A backend name that is not one of :data:`BACKENDS` (``set_backend``'s argument; the
+    message names it and the valid ones)."""
 
 
 class Backend:
@@ -444,19 +446,11 @@ def default_backend_name() -> str:
     else ``"cpu"``.
 
     Raises:
-        UnknownBackendError: ``MINIFLOW_BACKEND`` names no backend, naming the variable, its value
-            and the valid values.
+        miniflow.environment.EnvironmentValueError: ``MINIFLOW_BACKEND`` names no backend
+            (naming the variable, its value and the valid values).
     """
-    env = os.environ.get("MINIFLOW_BACKEND", "")
-    name = env.strip().lower()
-    if not name:
-        return "cuda" if _real_gpu_present() else "cpu"
-    if name not in BACKENDS:
-        raise UnknownBackendError(
-            f"miniflow: MINIFLOW_BACKEND={env!r} is not a backend; set it to one of "
-            f"{', '.join(sorted(BACKENDS))} (any case), or unset it to use cuda when a GPU is "
-            f"usable, else cpu")
-    return name
+    name = read("MINIFLOW_BACKEND")
+    return name or ("cuda" if _real_gpu_present() else "cpu")
 
 
 def set_backend(name: str) -> Backend:

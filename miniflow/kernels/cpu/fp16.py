@@ -55,14 +55,13 @@ Source: IEEE 754-2008 binary16; NumPy's ``npy_half.c`` semantics (tested bit for
 """
 from __future__ import annotations
 
-import os
-
 import numba
 import numpy as np
 from llvmlite import ir
 from numba import types
 from numba.extending import intrinsic, overload
 
+from ...environment import read
 from . import target      # first: it makes NUMBA_CPU_NAME mean that CPU before anything compiles
 from ..common.cache import CACHE
 
@@ -71,7 +70,7 @@ __all__ = ["PATH", "FORCE_FALLBACK", "JIT_CACHE", "target_has", "widen", "narrow
            "widen_bf16", "narrow_bf16", "narrow_bf16_intrinsic", "narrow64_bf16", "load", "store",
            "to_compute"]
 
-FORCE_FALLBACK = os.environ.get("MINIFLOW_FP16_FALLBACK", "") == "1"
+FORCE_FALLBACK = read("MINIFLOW_FP16_FALLBACK", "0") == "1"
 """True when ``MINIFLOW_FP16_FALLBACK=1`` was set before import."""
 
 

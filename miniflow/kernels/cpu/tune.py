@@ -82,6 +82,7 @@ import numba
 import numpy as np
 
 from ... import distributed
+from ...environment import MATMUL_MODES, read
 from . import team
 from .common import numpy_blas
 
@@ -97,7 +98,8 @@ first candidate, or the one named ``numba``), ``blas`` (the one named ``blas``, 
 a convolution's GEMMs are BLAS in every candidate), ``packed`` (the packed GEMM,
 ``matmul.packed_steps``, where it takes the product, else the first) or ``mkl`` (oneMKL's
 half-type GEMM where it is offered, ``matmul.mkl_steps``, else the first)."""
-MODES = ("auto", "numba", "blas", "packed", "mkl")
+MODES = MATMUL_MODES
+"""The values of :data:`ENV` (``miniflow.environment`` reads it)."""
 FORMAT = "miniflow-tuning-4"
 """The file's ``format`` field; a file with another is ignored (and replaced). 3: matmul's
 ``packed`` candidate (issue 23): the classes cached before it were never measured against it.
@@ -122,20 +124,13 @@ MARGIN = 0.05
 
 
 def mode() -> str:
-    """``MINIFLOW_MATMUL`` (lower-cased, spaces stripped; unset or empty: ``"auto"``).
+    """``MINIFLOW_MATMUL`` (any case, spaces stripped; unset or blank: ``"auto"``).
 
     Raises:
-        ValueError: another value, naming the variable, its value and the valid ones.
+        miniflow.environment.EnvironmentValueError: another value (a ValueError), naming the
+            variable, its value and the valid ones.
     """
-    raw = os.environ.get(ENV, "")
-    value = raw.strip().lower() or "auto"
-    if value not in MODES:
-        raise ValueError(f"miniflow: {ENV}={raw!r} is not one of {', '.join(MODES)}: auto "
-                         f"measures which kernel is faster on this machine (the default), numba "
-                         f"uses the Numba kernels where the built-in rules do, blas calls BLAS, "
-                         f"packed the packed Numba GEMM, mkl calls oneMKL for the half-type "
-                         f"products (the amx extra)")
-    return value
+    return read(ENV, "auto")
 
 
 def _cpu_model() -> str:

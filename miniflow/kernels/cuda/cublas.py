@@ -18,15 +18,14 @@ stand-ins of the PTX lane). The GEMM itself has not run: no GPU was at hand
 """
 from __future__ import annotations
 
-import os
-
 import numpy as np
 
+from ...environment import read
 from .common import SIMULATOR, short
 
 __all__ = ["ENABLED", "available", "gemm_layout", "GemmStep", "gemm_steps"]
 
-ENABLED = [os.environ.get("MINIFLOW_CUBLAS", "1").strip() != "0"]
+ENABLED = [read("MINIFLOW_CUBLAS", "1") == "1"]
 """Whether matmul may use cuBLAS (``MINIFLOW_CUBLAS=0`` turns it off)."""
 
 OP_N, OP_T = 0, 1
