@@ -519,7 +519,8 @@ def parser() -> argparse.ArgumentParser:
         prog="miniflow", description="a small lazy-graph DL framework",
         epilog="exit codes: 0 done; 1 a run diverged or ran out of memory (info: no usable "
                "backend); 2 a usage error: an option, a path, a MINIFLOW_* value; 130 Ctrl-C; "
-               "143 SIGTERM; each but 0 with one line on stderr")
+               "141 stdout closed early (| head); 143 SIGTERM; 1, 2, 130 and 143 with one line "
+               "on stderr")
     p.add_argument("--version", action="version", version=f"miniflow {__version__}")
     sub = p.add_subparsers(dest="command", required=True)
     sub.add_parser("info", help="backend, versions, GPU, float16 path, kernel cache").set_defaults(
@@ -657,9 +658,21 @@ def _add_ir(sub) -> None:
     ir.set_defaults(fn=_ir, parser=ir)
 
 
+def _stdout_closed() -> int:
+    """The end of a subcommand whose reader closed stdout (``miniflow info | head -1``): no
+    traceback and no line, as a command that SIGPIPE ends; stdout goes to ``os.devnull``, so
+    that Python's last flush at exit does not fail again (Python's ``signal`` documentation,
+    "Note on SIGPIPE"). Returns the exit code, 141 (128 + SIGPIPE, as the shell reports such a
+    command)."""
+    import os
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    return 141
+
+
 def main(argv=None) -> int:
     """Parse ``argv`` and run the subcommand; returns the exit code (130 after Ctrl-C, 143 after
-    SIGTERM, with one line on stderr and no traceback)."""
+    SIGTERM, with one line on stderr and no traceback; 141 when stdout was closed early)."""
     args = parser().parse_args(argv)
     _check_paths(args)
     if args.command == "train":
@@ -677,11 +690,14 @@ def main(argv=None) -> int:
     try:
         with interrupt_signals():   # SIGTERM as Ctrl-C: a KeyboardInterrupt, not the end
             code = args.fn(args)
+            sys.stdout.flush()      # here, not at exit: a closed stdout is caught below
     except BackendUnavailableError as e:    # MINIFLOW_BACKEND=cuda without a GPU: one line
         print(e, file=sys.stderr)
         code = 2
     except KeyboardInterrupt as e:  # a subcommand that does not report it: one line
         code = interrupted_exit(args.command, e, "interrupted")
+    except BrokenPipeError:         # stdout closed early (miniflow info | head -1)
+        code = _stdout_closed()
     if code:
         from . import distributed
         distributed.abort(code)
