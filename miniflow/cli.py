@@ -337,7 +337,7 @@ def _stability(args) -> int:
     try:                               # before any run (the study takes minutes) or folder
         if args.logdir:
             _check_logdir(args.logdir, "miniflow stability --logdir")
-        stability.check_out_dir(out)
+        stability.check_out_dir(out, files=stability.OUTPUT_FILES)
     except (stability.OutputDirError, MissingExtraError) as e:
         print(f"miniflow stability: {e}", file=sys.stderr)
         return 2

@@ -146,10 +146,11 @@ def _attention_study(args) -> int:
     written, and exit code 130; SIGTERM the same line after 'SIGTERM: ' and exit code 143."""
     from pathlib import Path
 
+    from .experiments.attention_study import OUTPUT_FILES
     from .experiments.interrupts import interrupted_exit
     from .experiments.stability import OutputDirError, check_out_dir
-    try:
-        check_out_dir(Path(args.out))       # before the study: a clear error, not a traceback
+    try:                # before the study: a clear error, not a traceback
+        check_out_dir(Path(args.out), files=OUTPUT_FILES)
     except OutputDirError as e:
         print(f"miniflow attention-study: {e}", file=sys.stderr)
         return 2
@@ -170,7 +171,8 @@ def _attention_run(out: str, written: list) -> None:
     import json
     import os
 
-    from .experiments.attention_study import SCALES, figure, ir_text, study, summary
+    from .experiments.attention_study import (OUTPUT_FILES, SCALES, figure, ir_text, study,
+                                              summary)
     from .serialization import write_atomic
     print("# the attention head under AMP (OneFlow's lists): softmax between two batch_matmuls")
     print(ir_text("amp"))
@@ -183,8 +185,9 @@ def _attention_run(out: str, written: list) -> None:
     print()
     for line in summary(results):
         print(line)
-    write_atomic(os.path.join(out, "results.json"), json.dumps(
+    results_file, figure_file = OUTPUT_FILES
+    write_atomic(os.path.join(out, results_file), json.dumps(
         {"scales": list(SCALES), "results": results}, indent=1).encode(),
-        "miniflow attention-study", "results.json")       # never a part of one
-    written.append("results.json")
-    print(f"figure: {figure(results, os.path.join(out, 'attention_amp.png'))}")
+        "miniflow attention-study", results_file)       # never a part of one
+    written.append(results_file)
+    print(f"figure: {figure(results, os.path.join(out, figure_file))}")

@@ -5,6 +5,7 @@ does not overflow; the CLI writes its results and figure."""
 import json
 
 import numpy as np
+import pytest
 
 from miniflow.cli import main
 from miniflow.experiments.attention_study import ir_text, run_variant, study, summary
@@ -46,6 +47,26 @@ def test_cli_refuses_an_out_that_is_a_file_before_the_study(tmp_path, capsys):
     (tmp_path / "f").write_text("x")
     assert main(["attention-study", "--out", str(tmp_path / "f")]) == 2
     assert "cannot write the study's results to" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("name", ["results.json", "attention_amp.png"])
+def test_cli_refuses_a_folder_where_a_result_file_goes_before_the_study(tmp_path, capsys,
+                                                                        monkeypatch, name):
+    """A folder named ``results.json`` or ``attention_amp.png`` in ``--out`` ended the study in
+    an ``IsADirectoryError`` traceback (matplotlib's, for the figure); it is one line naming
+    the file, and exit code 2, before the study runs."""
+    from miniflow.experiments import attention_study
+
+    def no_study():
+        raise AssertionError("the study ran before its output files were checked")
+
+    monkeypatch.setattr(attention_study, "study", no_study)
+    (tmp_path / name).mkdir()
+    assert main(["attention-study", "--out", str(tmp_path)]) == 2
+    assert capsys.readouterr().err == (
+        f"miniflow attention-study: cannot write the study's results to {str(tmp_path)!r}: "
+        f"{name} in it is not a file but a folder (or a device, a FIFO); pass a writable "
+        "folder with --out DIR\n")
 
 
 def test_an_interrupted_write_keeps_the_previous_results_whole(tmp_path, monkeypatch, capsys):

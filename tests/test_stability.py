@@ -251,6 +251,21 @@ def no_runs(monkeypatch):
     monkeypatch.setattr(stability, "train_run", train_run)
 
 
+@pytest.mark.parametrize("name", ["metrics.json", "summary.md", "cnn_static_sweep.png"])
+def test_a_folder_where_a_result_file_goes_fails_before_any_run(tmp_path, capsys, no_runs,
+                                                                name):
+    """A folder named ``summary.md`` (or metrics.json, a figure's name) in ``--out`` passed the
+    check and ended the study, after every run, in an ``IsADirectoryError`` traceback; it is
+    refused before the first run, naming the file, as an unwritable ``--out``."""
+    (tmp_path / name).mkdir()
+    assert main(["stability", "--quick", "--out", str(tmp_path)]) == 2
+    assert capsys.readouterr().err == (
+        f"miniflow stability: cannot write the study's results to {str(tmp_path)!r}: {name} in "
+        "it is not a file but a folder (or a device, a FIFO); pass a writable folder with "
+        "--out DIR\n")
+    assert set(stability.OUTPUT_FILES) == {"metrics.json", "summary.md", *FIGURES}
+
+
 @pytest.mark.parametrize("where,reason", [("file", "it exists and is not a folder"),
                                           ("file/sub", "Not a directory")])
 def test_unwritable_out_fails_before_any_run(tmp_path, capsys, no_runs, where, reason):

@@ -27,8 +27,12 @@ from .. import nn
 from ..nn import functional as F
 from ..tensor import apply, tensor
 
-__all__ = ["VARIANTS", "SCALES", "run_variant", "study", "summary", "figure", "ir_text",
-           "reference"]
+__all__ = ["VARIANTS", "SCALES", "OUTPUT_FILES", "run_variant", "study", "summary", "figure",
+           "ir_text", "reference"]
+
+OUTPUT_FILES = ("results.json", "attention_amp.png")
+"""The files ``miniflow attention-study`` writes into its ``--out`` folder: the results, the
+figure."""
 
 VARIANTS = ("fp32", "amp", "amp+black_scores", "amp+black_matmul")
 SCALES = (1.0, 4.0, 16.0, 64.0, 256.0, 1024.0, 4096.0, 16384.0, 65536.0, 262144.0)

@@ -64,10 +64,11 @@ from .mlp import EvalGraph, TrainGraph, accuracy, mlp
 from .stability_grid import (BF16_LABEL, CNN_LOG2_SCALES, CNN_LR, CNN_ROWS, ONEFLOW_POLICIES,
                              POLICIES, SMALL_LOSS_LOG2_WEIGHT, SWEEP_LOG2_SCALES,
                              UNDERFLOW_LOG2_SCALES)
+from .stability_plots import FIGURES
 
 __all__ = ["StudyConfig", "QUICK", "RunSpec", "experiment_specs", "train_run", "run_study",
-           "check_out_dir", "OutputDirError", "EnergyShareMLP", "TemperatureMLP", "DigitsLeNet",
-           "POLICIES", "ONEFLOW_POLICIES", "first_step", "run_name"]
+           "check_out_dir", "OUTPUT_FILES", "OutputDirError", "EnergyShareMLP", "TemperatureMLP",
+           "DigitsLeNet", "POLICIES", "ONEFLOW_POLICIES", "first_step", "run_name"]
 
 BATCH_SIZE, LR, MOMENTUM = 64, 0.1, 0.9
 STEPS_PER_EPOCH = 22                    # 1,437 training images, batches of 64, last one dropped
@@ -511,19 +512,26 @@ def experiment_specs() -> list:
     return specs
 
 
+OUTPUT_FILES = ("metrics.json", "summary.md", *FIGURES)
+"""The files :func:`run_study` writes into its folder."""
+
+
 class OutputDirError(OSError):
     """The study's output folder cannot be created or written."""
 
 
-def check_out_dir(out: Path, what: str = "the study's results", option: str = "--out") -> None:
+def check_out_dir(out: Path, what: str = "the study's results", option: str = "--out",
+                  files=()) -> None:
     """Create ``out`` (and its parents) and write and delete a probe file in it, so that a study
     that cannot save its results fails before its first run, not after minutes of training.
     ``what`` and ``option`` name the folder's contents and its command-line option in the
-    message (``"TensorBoard's logs"``, ``"--logdir"``).
+    message (``"TensorBoard's logs"``, ``"--logdir"``); ``files``: the names of the files the
+    job writes there, each a regular file or a new one.
 
     Raises:
-        OutputDirError: ``out`` is a file, lies under a file, or is not writable; the message names
-            the folder and the reason.
+        OutputDirError: ``out`` is a file, lies under a file, or is not writable, or one of
+            ``files`` there is a folder (or a FIFO, a device); the message names the folder,
+            the file and the reason.
     """
     try:
         if out.exists() and not out.is_dir():
@@ -531,6 +539,10 @@ def check_out_dir(out: Path, what: str = "the study's results", option: str = "-
         out.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryFile(dir=out):
             pass
+        for name in files:
+            if (out / name).exists() and not (out / name).is_file():
+                raise IsADirectoryError(0, f"{name} in it is not a file but a folder (or a "
+                                           "device, a FIFO)")
     except OSError as e:
         raise OutputDirError(f"cannot write {what} to {str(out)!r}: {e.strerror or e}; pass a "
                              f"writable folder with {option} DIR") from None
@@ -542,7 +554,8 @@ def run_study(cfg: StudyConfig, out: Path, progress: bool = True, logdir=None) -
     go to ``<logdir>/<run_name(spec, seed)>`` (see :func:`train_run`).
 
     Raises:
-        OutputDirError: ``out`` cannot be written (checked before the first run).
+        OutputDirError: ``out`` cannot be written, or one of :data:`OUTPUT_FILES` there is a
+            folder (checked before the first run).
         miniflow.extras.MissingExtraError: ``logdir`` without the tensorboard extra (before
             the first run).
     """
@@ -552,7 +565,7 @@ def run_study(cfg: StudyConfig, out: Path, progress: bool = True, logdir=None) -
 
     if logdir is not None:
         require("tensorboardX", "tensorboard", "miniflow.experiments.stability.run_study")
-    check_out_dir(out)
+    check_out_dir(out, files=OUTPUT_FILES)
     data = load_digits()
     specs = experiment_specs()
     runs = []
