@@ -383,7 +383,9 @@ def _check_logdir(logdir: str, feature: str) -> None:
 
 def _ir(args) -> int:
     """Print a model's IR at a stage of the pass pipeline; with ``--onnx`` export it, with
-    ``--netron`` open it in Netron (``miniflow.experiments.show_ir``)."""
+    ``--netron`` open it in Netron (``miniflow.experiments.show_ir``). A bad ``--after`` or
+    ``--onnx`` path is one line and exit code 2, a ``--batch-size`` too large for the memory
+    one line and exit code 1, as ``train``'s."""
     from .experiments.show_ir import serve_netron, show_ir
     from .extras import MissingExtraError, require
     from .onnx import OnnxExportError
@@ -397,6 +399,9 @@ def _ir(args) -> int:
     except (ValueError, MissingExtraError, OnnxExportError, OSError) as e:
         print(f"miniflow ir: {e}", file=sys.stderr)      # OSError: the --onnx path (named)
         return 2
+    except MemoryError as e:        # the example batch: NumPy's names the size
+        print(f"miniflow ir: out of memory ({e}): give a smaller --batch-size", file=sys.stderr)
+        return 1
     return 0
 
 

@@ -344,6 +344,21 @@ def test_ir_names_a_bad_after_as_the_option(after, why, capsys):
     assert "enable_data_parallel" not in err
 
 
+def test_ir_with_a_batch_too_large_for_the_memory_is_one_line(monkeypatch, capsys):
+    """``ir --batch-size 100000000`` ended in NumPy's ``_ArrayMemoryError`` traceback (24 GiB of
+    zeros for the example batch); it is one line naming the option, exit code 1, as train's."""
+    from miniflow.experiments import show_ir
+
+    def model_graph(*args, **kwargs):     # NumPy's error, without allocating 24 GiB here
+        raise MemoryError("Unable to allocate 23.8 GiB for an array with shape (100000000, 64)")
+
+    monkeypatch.setattr(show_ir, "model_graph", model_graph)
+    assert main(["ir", "--batch-size", "100000000"]) == 1
+    assert capsys.readouterr().err == (
+        "miniflow ir: out of memory (Unable to allocate 23.8 GiB for an array with shape "
+        "(100000000, 64)): give a smaller --batch-size\n")
+
+
 @pytest.mark.parametrize("after", ["optimizer", "autograd", "loss_scale"])
 def test_ir_eval_after_a_training_pass_is_a_usage_error(after, capsys):
     """``ir --eval --after optimizer`` printed the evaluation graph unchanged, under a header
