@@ -324,6 +324,7 @@ def _stability(args) -> int:
     is one line saying what was written, and exit code 130, as ``train``'s; SIGTERM the same
     line after 'SIGTERM: ' and exit code 143."""
     import dataclasses
+    import time
     from pathlib import Path
 
     from .experiments import stability
@@ -341,6 +342,7 @@ def _stability(args) -> int:
     except (stability.OutputDirError, MissingExtraError) as e:
         print(f"miniflow stability: {e}", file=sys.stderr)
         return 2
+    started = time.time()
     try:
         metrics = stability.run_study(cfg, out, logdir=args.logdir)
     except MissingExtraError as e:
@@ -348,12 +350,7 @@ def _stability(args) -> int:
         return 2
     except KeyboardInterrupt as e:     # one line, as train's, not the run's traceback
         from .experiments.interrupts import interrupted_exit
-        logs = (f"; the TensorBoard scalars of the runs done so far are in {args.logdir}/"
-                if args.logdir else "")
-        return interrupted_exit("stability", e, "interrupted before the study finished: its "
-                                f"metrics.json, summary.md and figures are written to {out}/ "
-                                f"only when every run has finished{logs}; run it again to "
-                                "start over")
+        return interrupted_exit("stability", e, _unfinished_study(out, args.logdir, started))
     print(headline_table(metrics))
     print(f"{len(metrics['runs'])} runs in {metrics['config']['seconds']:.0f} s; figures, "
           f"metrics.json and summary.md in {out}/")
@@ -362,6 +359,25 @@ def _stability(args) -> int:
         print(f"TensorBoard: one run per experiment, policy, scale and seed in {args.logdir}/ "
               f"({tensorboard_command(args.logdir)})")
     return 0
+
+
+def _unfinished_study(out, logdir: str | None, started: float) -> str:
+    """What ``miniflow stability`` says after an interrupt of the study started at time
+    ``started``: what it wrote into ``out`` (the files written since; each is whole, written
+    atomically) and what not, and where the TensorBoard scalars of the runs are."""
+    from .experiments.stability import OUTPUT_FILES
+    written = [f for f in OUTPUT_FILES
+               if (out / f).is_file() and (out / f).stat().st_mtime >= started]
+    logs = (f"; the TensorBoard scalars of the runs done so far are in {logdir}/"
+            if logdir else "")
+    if not written:
+        return (f"interrupted before the study finished: its {', '.join(OUTPUT_FILES[:2])} and "
+                f"figures are written to {out}/ only when every run has finished{logs}; run it "
+                "again to start over")
+    left = [f for f in OUTPUT_FILES if f not in written]
+    return (f"interrupted while writing the results of the finished runs to {out}/: "
+            f"{', '.join(written)} written, {', '.join(left)} not{logs}; run it again to start "
+            "over")
 
 
 def _check_logdir(logdir: str, feature: str) -> None:

@@ -409,6 +409,31 @@ def test_ctrl_c_in_stability_is_one_line_and_exit_code_130(monkeypatch, tmp_path
     assert f"runs done so far are in {logdir}/" in err and err.count("\n") == 1
 
 
+def test_ctrl_c_while_stability_writes_its_results_names_the_files_written(monkeypatch,
+                                                                           tmp_path, capsys):
+    """Ctrl-C after the runs, while the results were being written, said they are written
+    "only when every run has finished" (they had, and metrics.json was new); the line names the
+    files this study wrote and those it did not (a file of an earlier study is not counted)."""
+    import os
+    from miniflow.experiments import stability
+
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "summary.md").write_text("an earlier study's")
+    os.utime(out / "summary.md", (0, 0))
+
+    def run_study(cfg, out, logdir=None):
+        (out / "metrics.json").write_text("{}")
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(stability, "run_study", run_study)
+    assert main(["stability", "--quick", "--out", str(out)]) == 130
+    rest = ", ".join(stability.OUTPUT_FILES[1:])
+    assert capsys.readouterr().err == (
+        f"miniflow stability: interrupted while writing the results of the finished runs to "
+        f"{out}/: metrics.json written, {rest} not; run it again to start over\n")
+
+
 def test_ctrl_c_in_any_subcommand_is_one_line_and_exit_code_130(monkeypatch, tmp_path, capsys):
     """A subcommand without its own Ctrl-C message (attention-study, ir) ends with one line and
     exit code 130, not a traceback."""

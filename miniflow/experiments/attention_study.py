@@ -26,6 +26,7 @@ import numpy as np
 from .. import nn
 from ..nn import functional as F
 from ..tensor import apply, tensor
+from .stability_plots import save_png
 
 __all__ = ["VARIANTS", "SCALES", "OUTPUT_FILES", "run_variant", "study", "summary", "figure",
            "ir_text", "reference"]
@@ -142,7 +143,8 @@ def ir_text(variant: str = "amp") -> str:
 
 def figure(results: dict, path: str, scales=SCALES) -> str:
     """Output error against score scale per variant (log-log, errors below 1e-12 drawn at
-    1e-12; non-finite runs marked x at the top), saved to ``path`` (PNG); returns ``path``."""
+    1e-12; non-finite runs marked x at the top), saved to ``path`` (PNG, atomically); returns
+    ``path``."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -163,6 +165,4 @@ def figure(results: dict, path: str, scales=SCALES) -> str:
     ax.legend(fontsize=8)
     fig.tight_layout()
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return save_png(fig, path, 120, "miniflow.experiments.attention_study.figure")

@@ -6,17 +6,20 @@ function returns its caption; :func:`plot_all` writes every PNG and returns ``(n
 """
 from __future__ import annotations
 
+import io
 import math
+import os
 import textwrap
 from pathlib import Path
 
 import numpy as np
 
+from ..serialization import write_atomic
 from .stability_grid import BF16_LABEL, ONEFLOW_POLICIES
 from .stability_report import (POLICY_NAMES, group, log2_label, nan_steps, runs_of,
                                  static_row_name)
 
-__all__ = ["plot_all"]
+__all__ = ["plot_all", "save_png"]
 
 STYLE = {"none": dict(color="black", marker="s", linestyle="-"),
          "legacy": dict(color="tab:red", marker="x", linestyle="--"),
@@ -59,10 +62,20 @@ def _figure(ncols: int, title: str, height: float = 4.4, col_width: float = 6.2)
     return fig, list(axes[0])
 
 
+def save_png(fig, path, dpi: int, owner: str) -> str:
+    """Write matplotlib figure ``fig`` to ``path`` as PNG, atomically (``write_atomic``: the
+    old file or the new one, never a part, also when the job is interrupted; a folder there
+    is an error naming ``owner`` and the file), and close it. Returns ``path``."""
+    data = io.BytesIO()
+    fig.savefig(data, format="png", dpi=dpi)
+    _plt().close(fig)
+    write_atomic(path, data.getvalue(), owner, os.path.basename(path))
+    return path
+
+
 def _save(fig, path: Path) -> None:
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    _plt().close(fig)
+    save_png(fig, path, 110, "miniflow.experiments.stability_plots")
 
 
 def _band(ax, x, rows, label, **style):
