@@ -679,18 +679,6 @@ def _add_ir(sub) -> None:
     ir.set_defaults(fn=_ir, parser=ir)
 
 
-def _stdout_closed() -> int:
-    """The end of a subcommand whose reader closed stdout (``miniflow info | head -1``): no
-    traceback and no line, as a command that SIGPIPE ends; stdout goes to ``os.devnull``, so
-    that Python's last flush at exit does not fail again (Python's ``signal`` documentation,
-    "Note on SIGPIPE"). Returns the exit code, 141 (128 + SIGPIPE, as the shell reports such a
-    command)."""
-    import os
-    devnull = os.open(os.devnull, os.O_WRONLY)
-    os.dup2(devnull, sys.stdout.fileno())
-    return 141
-
-
 def main(argv=None) -> int:
     """Parse ``argv`` and run the subcommand; returns the exit code (130 after Ctrl-C, 143 after
     SIGTERM, with one line on stderr and no traceback; 141 when stdout was closed early)."""
@@ -706,19 +694,17 @@ def main(argv=None) -> int:
     except EnvironmentValueError as e:  # a bad MINIFLOW_* value: one line, not a traceback
         print(e, file=sys.stderr)
         return 2
-    from .experiments.interrupts import interrupt_signals, interrupted_exit
+    from .experiments.interrupts import (interrupt_signals, interrupted_exit,
+                                         quiet_on_closed_stdout)
     from .runtime.backend import BackendUnavailableError
     try:
         with interrupt_signals():   # SIGTERM as Ctrl-C: a KeyboardInterrupt, not the end
-            code = args.fn(args)
-            sys.stdout.flush()      # here, not at exit: a closed stdout is caught below
+            code = quiet_on_closed_stdout(args.fn, args)    # miniflow info | head -1
     except BackendUnavailableError as e:    # MINIFLOW_BACKEND=cuda without a GPU: one line
         print(e, file=sys.stderr)
         code = 2
     except KeyboardInterrupt as e:  # a subcommand that does not report it: one line
         code = interrupted_exit(args.command, e, "interrupted")
-    except BrokenPipeError:         # stdout closed early (miniflow info | head -1)
-        code = _stdout_closed()
     if code:
         from . import distributed
         distributed.abort(code)

@@ -494,26 +494,28 @@ def test_sigterm_in_any_subcommand_is_one_line_and_exit_code_143(module, functio
 
 
 CLOSED_STDOUT_CHILD = """
-import os, sys
+import os, runpy, sys
 read, write = os.pipe()
 os.dup2(write, 1)                   # stdout: a pipe whose reader is gone (| head -1 after it ended)
 os.close(read)
 os.close(write)
-from miniflow.cli import main
-raise SystemExit(main(sys.argv[1:]))
+sys.argv = sys.argv[1:]
+runpy.run_module(sys.argv[0], run_name="__main__", alter_sys=True)
 """
 
 
 @pytest.mark.skipif(os.name != "posix", reason="a pipe without a reader")
 @pytest.mark.parametrize("buffered", [True, False])
-def test_a_closed_stdout_ends_quietly_with_exit_code_141(buffered):
-    """``miniflow info | head -1`` ended in a ``BrokenPipeError`` traceback (or, with stdout
-    buffered, 'Exception ignored ... BrokenPipeError' and exit code 120); it ends as a command
-    that SIGPIPE stops: nothing on stderr, exit code 141 (128 + SIGPIPE)."""
+@pytest.mark.parametrize("argv", [["miniflow", "info"], ["miniflow.exercises", "list"]])
+def test_a_closed_stdout_ends_quietly_with_exit_code_141(buffered, argv):
+    """``miniflow info | head -1`` (``python -m miniflow.exercises list`` too) ended in a
+    ``BrokenPipeError`` traceback (or, with stdout buffered, 'Exception ignored ...
+    BrokenPipeError' and exit code 120); it ends as a command that SIGPIPE stops: nothing on
+    stderr, exit code 141 (128 + SIGPIPE)."""
     env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}
     if not buffered:
         env["PYTHONUNBUFFERED"] = "1"
-    child = subprocess.run([sys.executable, "-c", CLOSED_STDOUT_CHILD, "info"],
+    child = subprocess.run([sys.executable, "-c", CLOSED_STDOUT_CHILD, *argv],
                            capture_output=True, text=True, env=env, timeout=120)
     assert child.returncode == 141 and child.stderr == "", child.stderr
 

@@ -1,6 +1,6 @@
 """``python -m miniflow.exercises list | check N [--file PATH]``: the exercises' checker
 (:mod:`miniflow.exercises`). Exit status 0 when the exercise passes, 1 when it does not yet, 2 on
-a usage error."""
+a usage error, 141 when stdout was closed early (``list | head -1``)."""
 import argparse
 import os
 import sys
@@ -44,4 +44,5 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from ..experiments.interrupts import quiet_on_closed_stdout
+    sys.exit(quiet_on_closed_stdout(main))      # ... list | head -1: quietly, exit code 141

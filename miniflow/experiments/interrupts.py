@@ -6,15 +6,17 @@ it is handled as Ctrl-C is: an :class:`Interrupted` (a ``KeyboardInterrupt``) is
 or, with ``defer=True``, where the loop checks ``requested`` (between two training steps, where
 the state is whole and can be saved). :func:`interrupted_exit` prints the one line a subcommand
 ends with (after ``'SIGTERM: '`` for that signal) and returns the exit code, 128 + the signal's
-number: 130 for Ctrl-C, 143 for SIGTERM (the shell's convention).
+number: 130 for Ctrl-C, 143 for SIGTERM (the shell's convention); :func:`quiet_on_closed_stdout`
+ends a command whose reader closed stdout (``| head -1``) as SIGPIPE would, quietly, 141.
 """
 from __future__ import annotations
 
+import os
 import signal
 import sys
 import threading
 
-__all__ = ["Interrupted", "interrupt_signals", "interrupted_exit"]
+__all__ = ["Interrupted", "interrupt_signals", "interrupted_exit", "quiet_on_closed_stdout"]
 
 
 class Interrupted(KeyboardInterrupt):
@@ -76,3 +78,19 @@ def interrupted_exit(command: str, e: KeyboardInterrupt, message: str | None = N
         name = "" if signum == signal.SIGINT else f"{signal.Signals(signum).name}: "
         print(f"miniflow {command}: {name}{message or e}", file=sys.stderr)
     return 128 + int(signum)
+
+
+def quiet_on_closed_stdout(fn, *args) -> int:
+    """``fn(*args)``, a command's body returning its exit code, then stdout flushed (here, not
+    at exit). When the reader closed stdout (``miniflow info | head -1``): no traceback and no
+    line, as a command that SIGPIPE ends; stdout goes to ``os.devnull``, so that Python's last
+    flush at exit does not fail again (Python's ``signal`` documentation, "Note on SIGPIPE"),
+    and the exit code is 141 (128 + SIGPIPE, as the shell reports such a command)."""
+    try:
+        code = fn(*args)
+        sys.stdout.flush()
+        return code
+    except BrokenPipeError:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 141
