@@ -54,7 +54,8 @@ def test_label_smoothing_loss_and_gradient_match_the_float64_oracle(eps, reducti
     want_loss, want_grad = _oracle(eps, reduction)
     np.testing.assert_allclose(loss, want_loss, rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(grad, want_grad, rtol=1e-5, atol=1e-6)
-    eager = nn.functional.cross_entropy(mf.tensor(LOGITS), LABELS, reduction, label_smoothing=eps)
+    eager = nn.functional.cross_entropy(mf.tensor(LOGITS), LABELS, reduction=reduction,
+                                        label_smoothing=eps)
     np.testing.assert_allclose(eager.numpy(), want_loss, rtol=1e-5, atol=1e-6)
 
 
@@ -143,7 +144,9 @@ def test_ignore_index_loss_and_gradient_match_the_float64_oracle(ignore_index, e
     np.testing.assert_allclose(loss, want_loss, rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(grad, want_grad, rtol=1e-5, atol=1e-6)
     assert not grad[labels == ignore_index].any()
-    eager = nn.functional.cross_entropy(mf.tensor(LOGITS), labels, reduction, eps, ignore_index)
+    eager = nn.functional.cross_entropy(mf.tensor(LOGITS), labels,
+                                        reduction=reduction, label_smoothing=eps,
+                                        ignore_index=ignore_index)
     np.testing.assert_allclose(eager.numpy(), want_loss, rtol=1e-5, atol=1e-6)
 
 
@@ -184,7 +187,7 @@ def test_an_empty_batch_names_cross_entropy_and_what_to_do():
         with pytest.raises(ValueError, match=r"cross_entropy: the batch is empty \(input of "
                                              r"shape \[0, 5\]\).*skip empty batches"):
             nn.functional.cross_entropy(empty, np.zeros(0, np.int64), **kw)
-    assert nn.functional.cross_entropy(empty, np.zeros(0, np.int64), "sum").numpy() == 0.0
+    assert nn.functional.cross_entropy(empty, np.zeros(0, np.int64), reduction="sum").numpy() == 0.0
     model = nn.Module()
     model.logits = nn.Parameter(np.zeros((0, 5), np.float32))   # a training batch of 0 rows
     step = _IgnoreStep(model, lambda x, y: nn.functional.cross_entropy(x, y))
@@ -332,7 +335,7 @@ def test_nll_loss_and_gradient_match_the_float64_oracle_and_torch(shape, weighte
 def test_nll_loss_of_log_softmax_is_cross_entropy_and_ignore_index_is_any_int():
     """``nll_loss(log_softmax(x))`` is ``cross_entropy(x)`` (PyTorch's definition of it), also
     with another ``ignore_index`` (a label outside [0, C) is then fine where it is ignored), and
-    with a ``weight`` it is PyTorch's weighted ``cross_entropy`` (miniflow's has no weight)."""
+    with a ``weight`` it is PyTorch's weighted ``cross_entropy``."""
     x, t = LOGITS, LABELS.copy()
     t[2] = 7
     got = nn.functional.nll_loss(mf.tensor(x).log_softmax(1), t, ignore_index=7)
@@ -489,3 +492,38 @@ def test_nll_loss_of_log_softmax_trains_under_amp_as_cross_entropy():
         runs.append([float(step(x, y).numpy()) for _ in range(4)])
     np.testing.assert_allclose(runs[0], runs[1], rtol=2e-3)
     assert runs[0][-1] < runs[0][0]
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+def test_cross_entropy_takes_torch_positional_order_and_a_class_weight(reduction):
+    """``cross_entropy(x, y, w)`` (PyTorch's third positional argument is ``weight``) was
+    NumPy's "truth value of an array is ambiguous" for an array and "reduction must be ... got
+    tensor(...)" for a tensor; it is the weighted loss, sum of ``-w[t] log p[t]`` divided by
+    the kept rows' weights for "mean" (a NumPy float64 oracle), and the module takes it."""
+    x, t = LOGITS.astype(np.float64), IGNORED
+    w = np.linspace(0.5, 2.0, 5)
+    logp = x - np.log(np.exp(x).sum(1, keepdims=True))
+    kept = t != -100
+    per = np.where(kept, -w[np.where(kept, t, 0)] * logp[np.arange(len(t)), np.where(kept, t, 0)],
+                   0.0)
+    want = {"none": per, "sum": per.sum(), "mean": per.sum() / w[t[kept]].sum()}[reduction]
+    for weight in (w.astype(np.float32), mf.tensor(w.astype(np.float32))):
+        got = nn.functional.cross_entropy(mf.tensor(LOGITS), t, weight, None, -100, None,
+                                          reduction)
+        np.testing.assert_allclose(got.numpy(), want, rtol=1e-5, atol=1e-6)
+    module = nn.CrossEntropyLoss(w.astype(np.float32), None, -100, None, reduction)
+    np.testing.assert_allclose(module(mf.tensor(LOGITS), t).numpy(), want, rtol=1e-5, atol=1e-6)
+    assert "weight" in module.state_dict()
+    with pytest.raises(ValueError, match="cross_entropy: size_average and reduce are deprecated"):
+        nn.functional.cross_entropy(mf.tensor(LOGITS), t, None, True)
+    with pytest.raises(ValueError, match=r"cross_entropy: a class weight with "
+                                         r"label_smoothing=0.1 is not supported"):
+        nn.CrossEntropyLoss(w, label_smoothing=0.1)
+    with pytest.raises(TypeError, match=r"cross_entropy: weight must be a \[C\] tensor of "
+                                        r"class weights, got 'sum'.*give reduction='sum' by"):
+        nn.functional.cross_entropy(mf.tensor(LOGITS), t, "sum")
+    torch = pytest.importorskip("torch")
+    ref = torch.nn.functional.cross_entropy(torch.tensor(LOGITS), torch.tensor(t),
+                                            torch.tensor(w.astype(np.float32)),
+                                            reduction=reduction)
+    np.testing.assert_allclose(got.numpy(), ref.numpy(), rtol=1e-5, atol=1e-6)

@@ -43,11 +43,18 @@ def _check_reduction(fn: str, reduction) -> None:
         raise ValueError(f"{fn}: reduction must be 'mean', 'sum' or 'none', got {reduction!r}")
 
 
-def _check(reduction, label_smoothing, ignore_index) -> None:
+def _check(reduction, label_smoothing, ignore_index, weight) -> None:
     _check_reduction("cross_entropy", reduction)
     if not is_real(label_smoothing) or not 0.0 <= float(label_smoothing) <= 1.0:
         raise ValueError(f"cross_entropy: label_smoothing must be a number between 0.0 and 1.0, "
                          f"got {label_smoothing!r}")
+    if isinstance(weight, str):
+        raise TypeError(f"cross_entropy: weight must be a [C] tensor of class weights, got "
+                        f"{weight!r}; the third positional argument is weight, as PyTorch's: "
+                        f"give reduction={weight!r} by keyword")
+    if weight is not None and float(label_smoothing) != 0.0:
+        raise ValueError(f"cross_entropy: a class weight with label_smoothing="
+                         f"{label_smoothing!r} is not supported; give one of them")
     if ignore_index is not None and not is_integer(ignore_index):
         raise TypeError(f"cross_entropy: ignore_index must be an int (a label value to skip, "
                         f"PyTorch's -100) or None, got {ignore_index!r}")
@@ -71,13 +78,17 @@ def _ignored(labels: Tensor, ignore_index: int) -> tuple:
     return safe.to(int64), ignored, count
 
 
-def cross_entropy(input: Tensor, target, reduction: str = "mean", label_smoothing: float = 0.0,
-                  ignore_index: int | None = None) -> Tensor:
+def cross_entropy(input: Tensor, target, weight=None, size_average=None,
+                  ignore_index: int | None = None, reduce=None, reduction: str = "mean",
+                  label_smoothing: float = 0.0) -> Tensor:
     """Softmax cross-entropy of logits ``input [N, C]`` (float) against int64 class indices
-    ``target [N]`` (``torch.nn.functional.cross_entropy``; PyTorch's ``weight`` and class
-    probabilities as targets are not supported: ``nll_loss(input.log_softmax(1), target,
-    weight)`` is the weighted one). ``reduction``: ``"mean"`` (over the kept rows), ``"sum"`` or
-    ``"none"`` (the ``[N]`` per-row losses).
+    ``target [N]`` (``torch.nn.functional.cross_entropy``, its positional order; class
+    probabilities as targets are not supported). ``reduction``: ``"mean"`` (over the kept rows),
+    ``"sum"`` or ``"none"`` (the ``[N]`` per-row losses).
+
+    ``weight``: a ``[C]`` tensor (or array) of class weights, PyTorch's weighted loss: it is
+    ``nll_loss(input.log_softmax(1), target, weight, ...)`` (see :func:`nll_loss`: the weighted
+    mean divides by the sum of the kept rows' weights; ``ignore_index`` None there is -100).
 
     Op ``sparse_softmax_cross_entropy``, then ``reduce_sum`` (and ``scalar_mul(1/N)`` for
     "mean").
@@ -98,9 +109,17 @@ def cross_entropy(input: Tensor, target, reduction: str = "mean", label_smoothin
             "must be between 0.0 and 1.0"); an empty batch with reduction "mean" (the mean of
             no rows); shape errors from the op name both shapes. Targets outside [0, C) (other
             than ``ignore_index``) raise ValueError when the graph runs, naming the first one.
-        TypeError: ``ignore_index`` not an int.
+            ``size_average`` / ``reduce`` given (PyTorch's deprecated arguments); a weight with
+            label_smoothing (not supported); a weight :func:`nll_loss` refuses.
+        TypeError: ``ignore_index`` not an int; a string as ``weight`` (a reduction given
+            positionally: it is the seventh argument, as PyTorch's).
     """
-    _check(reduction, label_smoothing, ignore_index)
+    _legacy("cross_entropy", size_average, reduce)
+    _check(reduction, label_smoothing, ignore_index, weight)
+    if weight is not None:
+        return nll_loss(input.log_softmax(1), target, weight,
+                        ignore_index=-100 if ignore_index is None else ignore_index,
+                        reduction=reduction)
     if reduction == "mean" and input.ndim == 2 and input.shape[0] == 0:
         raise ValueError(f"cross_entropy: the batch is empty (input of shape "
                          f"{list(input.shape)}): reduction='mean' of no rows has no value "
@@ -125,32 +144,6 @@ def cross_entropy(input: Tensor, target, reduction: str = "mean", label_smoothin
     if ignored is None:
         return per_row.mean()
     return per_row.sum() / count.to(per_row.dtype)
-
-
-class CrossEntropyLoss(Module):
-    """``cross_entropy`` as a module (``torch.nn.CrossEntropyLoss``): ``CrossEntropyLoss(
-    ignore_index=None, reduction="mean", label_smoothing=0.0)`` then ``loss(input [N, C],
-    target [N])``. PyTorch's ``weight``, ``size_average`` and ``reduce`` are not supported;
-    ``ignore_index`` defaults to None here (see :func:`cross_entropy`).
-
-    Raises:
-        ValueError / TypeError: the arguments :func:`cross_entropy` refuses, at construction.
-    """
-
-    def __init__(self, *, ignore_index: int | None = None, reduction: str = "mean",
-                 label_smoothing: float = 0.0):
-        super().__init__()
-        _check(reduction, label_smoothing, ignore_index)
-        self.ignore_index, self.reduction = ignore_index, reduction
-        self.label_smoothing = float(label_smoothing)
-
-    def forward(self, input, target):
-        return cross_entropy(input, target, self.reduction, self.label_smoothing,
-                             self.ignore_index)
-
-    def extra_repr(self) -> str:
-        return (f"ignore_index={self.ignore_index}, reduction={self.reduction!r}, "
-                f"label_smoothing={self.label_smoothing}")
 
 
 def _legacy(fn: str, size_average, reduce) -> None:
@@ -247,6 +240,36 @@ class MSELoss(_Loss):
 
     def extra_repr(self) -> str:
         return f"reduction={self.reduction!r}"
+
+
+class CrossEntropyLoss(_Loss):
+    """``cross_entropy`` as a module (``torch.nn.CrossEntropyLoss``, its signature):
+    ``CrossEntropyLoss(weight=None, size_average=None, ignore_index=None, reduce=None,
+    reduction="mean", label_smoothing=0.0)`` then ``loss(input [N, C], target [N])``.
+    ``weight`` is a buffer, as PyTorch registers it (in the state dict as ``weight`` when
+    given); ``ignore_index`` defaults to None here (see :func:`cross_entropy`).
+
+    Raises:
+        ValueError / TypeError: the arguments :func:`cross_entropy` refuses, at construction.
+    """
+
+    function = staticmethod(cross_entropy)
+
+    def __init__(self, weight=None, size_average=None, ignore_index: int | None = None,
+                 reduce=None, reduction: str = "mean", label_smoothing: float = 0.0):
+        super().__init__(size_average, reduce, reduction)
+        _check(reduction, label_smoothing, ignore_index, weight)
+        self.register_buffer("weight", weight)
+        self.ignore_index = ignore_index
+        self.label_smoothing = float(label_smoothing)
+
+    def forward(self, input, target):
+        return cross_entropy(input, target, self.weight, ignore_index=self.ignore_index,
+                             reduction=self.reduction, label_smoothing=self.label_smoothing)
+
+    def extra_repr(self) -> str:
+        return (f"ignore_index={self.ignore_index}, reduction={self.reduction!r}, "
+                f"label_smoothing={self.label_smoothing}")
 
 
 def l1_loss(input: Tensor, target, size_average=None, reduce=None,
