@@ -3,6 +3,7 @@ all or nothing, a compiled key recompiles), failed state-dict loads that change 
 ones that assign in place, lr = 0, and copying and pickling optimizers (PyTorch's
 ``test/optim/test_optim.py`` covers the same ground for ``torch.optim``)."""
 import copy
+import inspect
 import pickle
 
 import numpy as np
@@ -443,6 +444,31 @@ def test_a_torch_key_off_its_default_is_refused_by_name():
     sd["param_groups"][0].update(maximize=False, dampening=0.5)
     with pytest.raises(ValueError, match="dampening=0"):
         opt.load_state_dict(sd)
+
+
+def test_optimizers_bind_positional_arguments_in_pytorchs_order():
+    """``SGD([p], 0.1, 0.9, 0.5)`` set weight_decay=0.5 and ``SGD([p], 0.1, 0.9, 0, 5e-4)`` said
+    "nesterov must be True or False, got 0.0005": PyTorch's order is (lr, momentum, dampening,
+    weight_decay, nesterov), with lr=1e-3 by default; a dampening other than 0 is refused.
+    Adam and AdamW end their positional arguments at amsgrad, as PyTorch's."""
+    params = small_mlp().parameters
+    opt = mf.optim.SGD(params(), 0.1, 0.9, 0, 5e-4, True)
+    assert {k: opt.hyper[k] for k in ("lr", "momentum", "weight_decay", "nesterov")} == {
+        "lr": 0.1, "momentum": 0.9, "weight_decay": 5e-4, "nesterov": True}
+    assert mf.optim.SGD(params()).hyper["lr"] == 1e-3
+    with pytest.raises(ValueError, match=r"SGD: dampening=0.5; miniflow's SGD runs only "
+                                         r"PyTorch's dampening=0"):
+        mf.optim.SGD(params(), 0.1, 0.9, 0.5)
+    for cls in (mf.optim.Adam, mf.optim.AdamW):
+        with pytest.raises(TypeError):
+            cls(params(), 1e-3, (0.9, 0.999), 1e-8, 0.0, False, 1.0)   # torch's TypeError too
+    torch = pytest.importorskip("torch")
+
+    def positional(cls):
+        return [(p.name, p.default) for p in inspect.signature(cls).parameters.values()
+                if p.kind is p.POSITIONAL_OR_KEYWORD]
+    for name in ("SGD", "Adam", "AdamW", "Adadelta"):
+        assert positional(getattr(mf.optim, name)) == positional(getattr(torch.optim, name))
 
 
 def test_pytorch_constructor_keywords_are_taken_at_their_no_op_values():

@@ -44,9 +44,9 @@ class Adam(Optimizer):
     fixed_keys = ("amsgrad",)
 
     def __init__(self, params, lr: float = 1e-3, betas=(0.9, 0.999), eps: float = 1e-8,
-                 weight_decay: float = 0.0, amsgrad: bool = False,
+                 weight_decay: float = 0.0, amsgrad: bool = False, *,
+                 foreach: bool | None = None, fused: bool | None = None,
                  clip_grad_max_norm: float | None = None, clip_grad_norm_type: float = 2.0,
-                 *, foreach: bool | None = None, fused: bool | None = None,
                  **torch_options):
         self.check_torch_options({"foreach": foreach, "fused": fused, **torch_options})
         super().__init__(params, dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay,

@@ -28,9 +28,9 @@ class AdamW(Adam):
     torch_keys = {**Adam.torch_keys, "decoupled_weight_decay": True}
 
     def __init__(self, params, lr: float = 1e-3, betas=(0.9, 0.999), eps: float = 1e-8,
-                 weight_decay: float = 1e-2, amsgrad: bool = False,
+                 weight_decay: float = 1e-2, amsgrad: bool = False, *,
+                 foreach: bool | None = None, fused: bool | None = None,
                  clip_grad_max_norm: float | None = None, clip_grad_norm_type: float = 2.0,
-                 *, foreach: bool | None = None, fused: bool | None = None,
                  **torch_options):
         super().__init__(params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay,
                          amsgrad=amsgrad, clip_grad_max_norm=clip_grad_max_norm,

@@ -1,5 +1,5 @@
-"""SGD with momentum, Nesterov momentum and weight decay (``torch.optim.SGD`` semantics, no
-dampening)."""
+"""SGD with momentum, Nesterov momentum and weight decay (``torch.optim.SGD`` semantics and
+signature; dampening only 0)."""
 from __future__ import annotations
 
 from ..checks import boolean, real
@@ -14,15 +14,18 @@ class SGD(Optimizer):
     infinite weight stays infinite); ``buf = momentum * buf + g; p -= lr * buf`` (op
     ``sgd_update``); with ``nesterov=True`` ``p -= lr * (g + momentum * buf)`` (Sutskever et
     al., "On the importance of initialization and momentum in deep learning", ICML 2013, as
-    ``torch.optim.SGD`` writes it). PyTorch's ``dampening`` is not supported (always 0).
+    ``torch.optim.SGD`` writes it). PyTorch's positional order and defaults (``SGD(params,
+    lr=1e-3, momentum=0, dampening=0, weight_decay=0, nesterov=False)``); its ``dampening`` is
+    taken at 0 only (another value is a ValueError: the update op has no dampening).
 
     State: ``momentum_buffer`` (PyTorch's name; used when momentum != 0).
 
     Args:
         nesterov: Nesterov momentum (PyTorch's default False); needs momentum > 0.
-        clip_grad_max_norm, clip_grad_norm_type: clip the gradients of these parameters to a
-            total norm of at most ``clip_grad_max_norm`` before the update (OneFlow's param-group
-            keys, ``torch.nn.utils.clip_grad_norm_``'s rule; None: no clipping).
+        clip_grad_max_norm, clip_grad_norm_type: (keyword only) clip the gradients of these
+            parameters to a total norm of at most ``clip_grad_max_norm`` before the update
+            (OneFlow's param-group keys, ``torch.nn.utils.clip_grad_norm_``'s rule; None: no
+            clipping).
 
     ``foreach``, ``fused``: PyTorch's choice of implementation, taken at None or any bool
     and named in the signature (nanoGPT tests ``'fused' in
@@ -37,17 +40,19 @@ class SGD(Optimizer):
         ValueError: lr, momentum or weight_decay not finite >= 0 (lr=0 is allowed, as in
             PyTorch); nesterov with momentum 0 (PyTorch's "Nesterov momentum requires a
             momentum and zero dampening"); clip_grad_max_norm not finite > 0;
-            clip_grad_norm_type not > 0.
+            clip_grad_norm_type not > 0; dampening other than 0.
     """
 
     state_names = ("momentum_buffer",)
     torch_keys = {**Optimizer.torch_keys, "dampening": 0}
 
-    def __init__(self, params, lr: float, momentum: float = 0.0, weight_decay: float = 0.0,
-                 nesterov: bool = False, clip_grad_max_norm: float | None = None,
-                 clip_grad_norm_type: float = 2.0, *, foreach: bool | None = None,
-                 fused: bool | None = None, **torch_options):
-        self.check_torch_options({"foreach": foreach, "fused": fused, **torch_options})
+    def __init__(self, params, lr: float = 1e-3, momentum: float = 0.0, dampening: float = 0.0,
+                 weight_decay: float = 0.0, nesterov: bool = False, *,
+                 foreach: bool | None = None, fused: bool | None = None,
+                 clip_grad_max_norm: float | None = None, clip_grad_norm_type: float = 2.0,
+                 **torch_options):
+        self.check_torch_options({"dampening": dampening, "foreach": foreach, "fused": fused,
+                                  **torch_options})
         super().__init__(params, dict(lr=lr, momentum=momentum, weight_decay=weight_decay,
                                       nesterov=nesterov, clip_grad_max_norm=clip_grad_max_norm,
                                       clip_grad_norm_type=clip_grad_norm_type))
