@@ -4,6 +4,7 @@
 float ``attn_mask``, ``key_padding_mask``, ``need_weights``, ``batch_first``), eager and in an
 ``nn.Graph``, with gradients after one SGD step; ``F.scaled_dot_product_attention`` with
 ``is_causal``; PyTorch's errors at construction or build, in miniflow's wording."""
+import inspect
 import math
 
 import numpy as np
@@ -550,6 +551,21 @@ def test_multihead_attention_refuses_add_bias_kv_and_add_zero_attn_by_name():
     for bad in ({"kdim": 0}, {"vdim": 2.5}):
         with pytest.raises(ValueError, match="MultiheadAttention: .dim must be a positive"):
             mf.nn.MultiheadAttention(8, 2, **bad)
+
+
+def test_multihead_attention_takes_pytorchs_positional_order():
+    """``MultiheadAttention(8, 2, 0.0, True, True)`` gave batch_first=True; PyTorch's fifth
+    argument is add_bias_kv (refused at True, saying to give batch_first by keyword), and
+    kdim, vdim and batch_first come next, as PyTorch's."""
+    with pytest.raises(ValueError, match=r"add_bias_kv=True is not supported .*give those by "
+                                         r"keyword"):
+        mf.nn.MultiheadAttention(8, 2, 0.0, True, True)
+    mha = mf.nn.MultiheadAttention(8, 2, 0.0, False, False, False, 4, 6, True)
+    assert (mha.batch_first, mha.kdim, mha.vdim, mha.in_proj_bias) == (True, 4, 6, None)
+    assert tuple(mha.k_proj_weight.shape) == (8, 4)
+    torch = pytest.importorskip("torch")
+    names = list(inspect.signature(torch.nn.MultiheadAttention).parameters)
+    assert list(inspect.signature(mf.nn.MultiheadAttention).parameters) == names
 
 
 def test_a_bool_key_padding_mask_as_a_graph_input_is_refused_saying_int64_not_float():

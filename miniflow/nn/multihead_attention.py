@@ -48,9 +48,10 @@ class MultiheadAttention(Module):
             False).
         kdim, vdim: the feature sizes of ``key`` and ``value`` (None: ``embed_dim``).
         add_bias_kv, add_zero_attn: PyTorch's, taken at their default False only.
-        device, dtype: PyTorch's factory keywords (``nn.factory.param_dtype``). Everything after
-            ``batch_first`` is keyword-only here (PyTorch's positional order puts
-            ``add_bias_kv``, ``add_zero_attn``, ``kdim`` and ``vdim`` before it).
+        device, dtype: PyTorch's factory keywords (``nn.factory.param_dtype``).
+
+    The positional order is PyTorch's: ``(embed_dim, num_heads, dropout, bias, add_bias_kv,
+    add_zero_attn, kdim, vdim, batch_first, device, dtype)``.
 
     Parameters (PyTorch's names and initialisation): ``in_proj_weight [3E, E]`` (Xavier uniform;
     rows ``q``, ``k``, ``v``), or where ``kdim`` or ``vdim`` is not E, ``q_proj_weight [E, E]``,
@@ -65,9 +66,8 @@ class MultiheadAttention(Module):
     """
 
     def __init__(self, embed_dim: int, num_heads: int, dropout: float = 0.0, bias: bool = True,
-                 batch_first: bool = False, *, add_bias_kv: bool = False,
-                 add_zero_attn: bool = False, kdim: int | None = None, vdim: int | None = None,
-                 device=None, dtype=None):
+                 add_bias_kv: bool = False, add_zero_attn: bool = False, kdim: int | None = None,
+                 vdim: int | None = None, batch_first: bool = False, device=None, dtype=None):
         super().__init__()
         dt = param_dtype("MultiheadAttention", device, dtype)
         for name, v in (("embed_dim", embed_dim), ("num_heads", num_heads)):
@@ -75,7 +75,9 @@ class MultiheadAttention(Module):
         for name, v in (("add_bias_kv", add_bias_kv), ("add_zero_attn", add_zero_attn)):
             if v:
                 raise ValueError(f"MultiheadAttention: {name}={v!r} is not supported (only "
-                                 f"PyTorch's default {name}=False); leave it out")
+                                 f"PyTorch's default {name}=False); leave it out (PyTorch's "
+                                 f"positional order puts it before kdim, vdim and batch_first: "
+                                 f"give those by keyword)")
         kdim, vdim = (embed_dim if d is None else positive_integer("MultiheadAttention", name, d)
                       for name, d in (("kdim", kdim), ("vdim", vdim)))
         if embed_dim % num_heads:
