@@ -84,24 +84,27 @@ class CheckpointError(ValueError):
 
 
 # ---------------------------------------------------------------------------------------- save
-def save(state, path) -> None:
-    """Write ``state`` to the checkpoint file ``path`` atomically (see the module docstring).
+def save(obj, f) -> None:
+    """Write ``obj`` (a state) to the checkpoint file ``f`` atomically (see the module docstring):
+    ``torch.save(obj, f)``'s first two arguments (PyTorch's pickle options are not there).
 
     Args:
-        state: any nesting of dicts (str or int keys; ``OrderedDict``/``Counter`` and other dict
+        obj: any nesting of dicts (str or int keys; ``OrderedDict``/``Counter`` and other dict
             subclasses load back as ``dict``), lists and tuples (tuple subclasses load back as
             ``tuple``) of NumPy arrays (dtypes: bool, (u)int8..64, float16/32/64, bfloat16,
             complex64; any memory layout and byte order: they load back C-contiguous,
             little-endian), NumPy scalars and Python ``None``, ``bool``, ``int``, ``float`` (inf
             and nan included) and ``str``, as ``state_dict()`` methods return them. An array
             that appears twice is stored twice and loads as two arrays.
-        path: the file (str or ``os.PathLike``); its folder must exist. ``.safetensors`` is
-            the conventional suffix. A symlink is written through: the file it points to is
-            replaced (created if missing), the link stays.
+        f: the file (str, bytes or ``os.PathLike``); its folder must exist. ``.safetensors``
+            is the conventional suffix. A symlink is written through: the file it points to is
+            replaced (created if missing), the link stays. Or a binary file object (an
+            ``io.BytesIO``, a file opened ``"wb"``): the checkpoint's bytes are written to it
+            at its position with one ``write`` (no atomic replacement: that is the caller's).
 
     Raises:
         TypeError: an unsupported value or dict key, naming its place (``state['model']['w']``);
-            a ``path`` that is no str, bytes or ``os.PathLike``.
+            an ``f`` that is no str, bytes, ``os.PathLike`` or binary file object.
         ValueError: an unsupported dtype, two arrays with the same tensor key, an array at the
             tensor key ``__metadata__`` (safetensors' header), or a state that contains itself.
         FileNotFoundError / IsADirectoryError: the folder does not exist / ``path`` is a folder.
@@ -109,13 +112,32 @@ def save(state, path) -> None:
             device or a FIFO; or writing failed (disk full ...): the previous file at ``path``
             is untouched and the temporary file is removed.
     """
-    target = _target(path)
+    target = None if _is_file(f, "write") else _target(f, or_file=True)
     tensors, paths = {}, {}
-    tree = _encode(state, (), tensors, paths, set())
+    tree = _encode(obj, (), tensors, paths, set())
     tree_json = json.dumps(tree, allow_nan=False, separators=(",", ":"))
     metadata = {_FORMAT_KEY: FORMAT_VERSION, _TREE_KEY: tree_json,
                 _TREE_HASH_KEY: hashlib.sha256(tree_json.encode()).hexdigest()}
-    _write_atomic(target, _canonical(safetensors.numpy.save(tensors, metadata=metadata)))
+    data = _canonical(safetensors.numpy.save(tensors, metadata=metadata))
+    if target is not None:
+        _write_atomic(target, data)
+        return
+    try:
+        f.write(data)
+    except TypeError:
+        raise TypeError(f"miniflow.save: {_file_name(f)!r} takes text, not bytes; open the file "
+                        f"in binary mode ('wb') or give an io.BytesIO") from None
+
+
+def _is_file(f, method: str) -> bool:
+    """Whether ``f`` is a file object (has a callable ``method``: ``read`` or ``write``)."""
+    return callable(getattr(f, method, None))
+
+
+def _file_name(f) -> str:
+    """A file object's name for messages: its ``name`` if a str, else ``<BytesIO>`` ..."""
+    name = getattr(f, "name", None)
+    return name if isinstance(name, str) else f"<{type(f).__name__}>"
 
 
 def _canonical(data: bytes) -> bytes:
@@ -134,21 +156,24 @@ def _canonical(data: bytes) -> bytes:
     return len(text).to_bytes(8, "little") + text + data[8 + n:]
 
 
-def _fs_path(path, owner: str) -> str:
+def _fs_path(path, owner: str, or_file: bool = False) -> str:
     """``path`` (a str, bytes or ``os.PathLike``, as ``open`` takes) as a str
     (``os.fsdecode``), so that every message and later path operation sees one type.
 
     Raises:
-        TypeError: ``path`` is none of those (naming ``owner``, the function given it).
+        TypeError: ``path`` is none of those (naming ``owner``, the function given it; and
+            that a binary file object is taken too where ``or_file``).
     """
     try:
         return os.fsdecode(path)
     except TypeError:
+        files = " or a binary file object (io.BytesIO)" if or_file else ""
         raise TypeError(f"{owner}: the path must be a str, bytes or os.PathLike (as open() "
-                        f"takes), got {type(path).__name__}") from None
+                        f"takes){files}, got {type(path).__name__}") from None
 
 
-def _target(path, owner: str = "miniflow.save", what: str = "a checkpoint") -> str:
+def _target(path, owner: str = "miniflow.save", what: str = "a checkpoint",
+            or_file: bool = False) -> str:
     """The file :func:`save` replaces for ``path``: its symlinks resolved (``os.path.realpath``).
     The errors name ``owner`` (the function writing) and ``what`` it writes.
 
@@ -158,7 +183,7 @@ def _target(path, owner: str = "miniflow.save", what: str = "a checkpoint") -> s
         OSError: it is something else than a regular file (a device, a FIFO, a socket), or a
             symlink loop (ELOOP).
     """
-    path = _fs_path(path, owner)
+    path = _fs_path(path, owner, or_file)
     target = os.path.realpath(path)
     shown = repr(path) if target == os.path.abspath(path) else f"{path!r} (-> {target!r})"
     folder = os.path.dirname(target)
@@ -346,13 +371,29 @@ def _folder_message(path: str) -> str:
             f"{os.path.join(path, names[0])!r}")
 
 
-def load(path):
+def load(f, map_location=None, pickle_module=None, *, weights_only=None):
     """Read a checkpoint written by :func:`save`: a new object equal to the saved state (dicts as
     ``dict`` with their key types and order, lists, tuples, bit-identical writable NumPy arrays,
     NumPy scalars, Python scalars). Every checksum is verified before anything is returned.
+    ``torch.load``'s arguments (nanoGPT's ``torch.load(ckpt_path, map_location=device)``):
+
+    Args:
+        f: the file (str, bytes or ``os.PathLike``), or a binary file object (``io.BytesIO``,
+            a file opened ``"rb"``), read from its position to its end.
+        map_location: None or a device: ``"cpu"``, ``"cuda"``, ``"cuda:1"``, a ``torch.device``
+            or ``miniflow.device``. A checkpoint holds NumPy arrays (host memory); the tensors
+            made of them live on the process's backend whatever the device, so any such device
+            is taken and changes nothing.
+        pickle_module: None only (nothing is pickled).
+        weights_only: None, True or False, all safe: miniflow's format is safetensors and JSON,
+            and loading never runs code (PyTorch's True restricts unpickling; there is none).
 
     Raises:
-        TypeError: ``path`` is no str, bytes or ``os.PathLike``. FileNotFoundError: no such file.
+        TypeError: ``f`` is no str, bytes, ``os.PathLike`` or binary file object; a
+            ``map_location`` that is a dict or a function (PyTorch's remapping; there is
+            nothing to remap) or not a device; ``weights_only`` not None or a bool.
+        ValueError: a ``pickle_module``; a ``map_location`` string that names no device.
+        FileNotFoundError: no such file.
         IsADirectoryError: ``path`` is a folder (a ``miniflow train --checkpoint`` folder:
             naming the ``.safetensors`` files in it to load instead).
         CheckpointError (a ValueError): not a safetensors file; a safetensors file that
@@ -361,11 +402,18 @@ def load(path):
             truncated file (naming the first incomplete tensor); an edited file (naming the
             tensor key, or the tree); each message names the file.
     """
-    path = _fs_path(path, "miniflow.load")
-    if os.path.isdir(path):
-        raise IsADirectoryError(_folder_message(path))
-    with open(path, "rb") as f:
-        data = f.read()
+    _check_load_options(map_location, pickle_module, weights_only)
+    if _is_file(f, "read"):
+        path, data = _file_name(f), f.read()
+        if not isinstance(data, bytes):
+            raise TypeError(f"miniflow.load: {path!r} gives text, not bytes; open the file in "
+                            f"binary mode ('rb')")
+    else:
+        path = _fs_path(f, "miniflow.load", or_file=True)
+        if os.path.isdir(path):
+            raise IsADirectoryError(_folder_message(path))
+        with open(path, "rb") as file:
+            data = file.read()
     header, start = _read_header(path, data)
     metadata = header.pop("__metadata__", None) or {}
     if _FORMAT_KEY not in metadata:
@@ -394,6 +442,34 @@ def load(path):
         raise CheckpointError(f"miniflow.load: {path!r} is corrupted: tensors {sorted(unused)} "
                               "are not part of the saved state")
     return state
+
+
+def _check_load_options(map_location, pickle_module, weights_only) -> None:
+    """:func:`load`'s PyTorch arguments: a device or None, no pickle module, a bool or None.
+
+    Raises:
+        TypeError / ValueError: as :func:`load` documents them."""
+    if isinstance(map_location, dict) or callable(map_location):
+        raise TypeError(f"miniflow.load: map_location as a {type(map_location).__name__} (a "
+                        f"remapping of storages) is not supported: a checkpoint holds NumPy "
+                        f"arrays, which tensors take on the process's backend; give None or "
+                        f"a device such as 'cpu'")
+    if map_location is not None:
+        kind, _, index = str(map_location).partition(":")
+        if not (isinstance(map_location, str) or type(map_location).__name__ == "device"):
+            raise TypeError(f"miniflow.load: map_location must be None or a device ('cpu', "
+                            f"'cuda', a torch.device), got {type(map_location).__name__}")
+        if kind not in ("cpu", "cuda") or not (index == "" or index.isdigit()):
+            raise ValueError(f"miniflow.load: map_location={map_location!r} is not a device "
+                             f"miniflow knows; give None, 'cpu' or 'cuda' (it changes nothing: "
+                             f"the arrays load on the host)")
+    if pickle_module is not None:
+        raise ValueError(f"miniflow.load: pickle_module={pickle_module!r}: a miniflow "
+                         f"checkpoint is safetensors and JSON, nothing is unpickled; leave "
+                         f"it out")
+    if weights_only is not None and not isinstance(weights_only, bool):
+        raise TypeError(f"miniflow.load: weights_only must be None, True or False, got "
+                        f"{weights_only!r}")
 
 
 _SAFETENSORS_DTYPES = {"BOOL": np.bool_, "I8": np.int8, "U8": np.uint8, "I16": np.int16,

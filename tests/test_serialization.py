@@ -1,5 +1,6 @@
 """Checkpoints: ``save``/``load`` round trips, tensor keys and PyTorch interop, atomic writes under
 SIGKILL, and clear errors for truncated, edited and foreign files."""
+import io
 import json
 import math
 import os
@@ -382,6 +383,63 @@ def test_a_folder_that_cannot_be_written_is_named_not_a_temporary_file(tmp_path,
                             "folder")
 
 
+def test_load_takes_torch_loads_map_location_and_weights_only(tmp_path):
+    """nanoGPT's ``torch.load(ckpt_path, map_location=device)`` and ``weights_only=True`` were
+    a TypeError: a device (or None) is taken and changes nothing (the arrays are host memory),
+    ``weights_only`` any bool (nothing is unpickled); a remapping dict or function, a pickle
+    module and a string that names no device are refused saying what to give."""
+    state = {"w": np.arange(3.0), "step": 2}
+    save(state, tmp_path / "c.safetensors")
+    for device in (None, "cpu", "cuda", "cuda:1", mf.device("cpu")):
+        for weights_only in (None, True, False):
+            got = load(tmp_path / "c.safetensors", map_location=device, weights_only=weights_only)
+            np.testing.assert_array_equal(got["w"], state["w"])
+    assert load(tmp_path / "c.safetensors", "cpu")["step"] == 2
+    with pytest.raises(TypeError, match=r"miniflow.load: map_location as a dict .*give None or "
+                                        r"a device such as 'cpu'"):
+        load(tmp_path / "c.safetensors", {"cuda:0": "cpu"})
+    with pytest.raises(TypeError, match=r"map_location as a function"):
+        load(tmp_path / "c.safetensors", lambda storage, loc: storage)
+    with pytest.raises(ValueError, match=r"map_location='gpu' is not a device miniflow knows"):
+        load(tmp_path / "c.safetensors", "gpu")
+    with pytest.raises(TypeError, match=r"map_location must be None or a device .*got int"):
+        load(tmp_path / "c.safetensors", 0)
+    with pytest.raises(ValueError, match=r"pickle_module=.*nothing is unpickled"):
+        load(tmp_path / "c.safetensors", None, pickle)
+    with pytest.raises(TypeError, match=r"weights_only must be None, True or False, got 'yes'"):
+        load(tmp_path / "c.safetensors", weights_only="yes")
+    torch = pytest.importorskip("torch")
+    np.testing.assert_array_equal(
+        load(tmp_path / "c.safetensors", map_location=torch.device("cpu"))["w"], state["w"])
+
+
+def test_save_and_load_take_binary_file_objects(tmp_path):
+    """``mf.save(obj, io.BytesIO())`` said "the path must be a str": a binary file object is
+    written with the checkpoint's bytes (the same bytes as a file's) and read back from its
+    position, its name in the errors; a text-mode file is refused saying to open it 'wb' / 'rb'."""
+    state = {"model": {"w": np.arange(6.0, dtype=np.float32).reshape(2, 3)}, "iter_num": 7}
+    buffer = io.BytesIO()
+    save(state, buffer)
+    save(state, tmp_path / "d.safetensors")
+    assert buffer.getvalue() == (tmp_path / "d.safetensors").read_bytes()
+    buffer.seek(0)
+    got = load(buffer)
+    np.testing.assert_array_equal(got["model"]["w"], state["model"]["w"])
+    assert got["iter_num"] == 7
+    with open(tmp_path / "e.safetensors", "wb") as f:
+        save(state, f)
+    with open(tmp_path / "e.safetensors", "rb") as f:
+        assert load(f, map_location="cpu")["iter_num"] == 7
+    with pytest.raises(CheckpointError, match=r"miniflow.load: '<BytesIO>' is"):
+        load(io.BytesIO(b"not a checkpoint"))
+    with open(tmp_path / "t.txt", "w") as f, pytest.raises(
+            TypeError, match=r"miniflow.save: '.*t.txt' takes text, not bytes; open the file in "
+                             r"binary mode \('wb'\)"):
+        save(state, f)
+    with pytest.raises(TypeError, match=r"miniflow.load: '<StringIO>' gives text, not bytes"):
+        load(io.StringIO("x"))
+
+
 def test_a_path_may_be_str_bytes_or_pathlike_and_nothing_else(tmp_path):
     """As ``open`` (and so ``torch.save``/``torch.load``) takes them: a bytes path works (it gave
     ``TypeError: Can't mix strings and bytes`` from deep in ``os.path``); another type is
@@ -392,7 +450,8 @@ def test_a_path_may_be_str_bytes_or_pathlike_and_nothing_else(tmp_path):
     np.testing.assert_array_equal(load(str(tmp_path / "b.safetensors"))["w"], state["w"])
     for bad in (3, None, ["x"]):
         with pytest.raises(TypeError, match=r"miniflow.save: the path must be a str, bytes or "
-                                            rf"os.PathLike .*got {type(bad).__name__}"):
+                                            r"os.PathLike .*or a binary file object "
+                                            rf"\(io.BytesIO\), got {type(bad).__name__}"):
             save(state, bad)
         with pytest.raises(TypeError, match=r"miniflow.load: the path must be"):
             load(bad)
