@@ -114,7 +114,7 @@ def test_multihead_attention_errors_are_pytorchs():
                                          r"should be \[4, 4\]"):
         mha(x, x, x, attn_mask=np.zeros((4, 5), bool))
     with pytest.raises(TypeError, match="only bool and floating types of masks are supported"):
-        mha(x, x, x, attn_mask=np.zeros((4, 4), np.int32))
+        mha(x, x, x, attn_mask=np.zeros((4, 4), np.complex64))
     with pytest.raises(ValueError, match="was expecting embedding dimension of 8, but got 6"):
         mha(mf.tensor(np.zeros((2, 4, 6), np.float32)), x, x)
     with pytest.raises(ValueError, match="Need attn_mask if specifying the is_causal hint"):
@@ -274,8 +274,8 @@ def test_scaled_dot_product_attention_refuses_a_mask_of_the_wrong_shape_or_dtype
     with pytest.raises(ValueError, match=r"attn_mask of shape \[4, 5, 7\] does not broadcast"):
         F.scaled_dot_product_attention(q, k, k, attn_mask=np.zeros((4, 5, 7), np.float32))
     with pytest.raises(TypeError, match="only bool and floating types of masks are supported, "
-                                        "got an array of int32"):
-        F.scaled_dot_product_attention(q, k, k, attn_mask=np.ones((5, 7), np.int32))
+                                        "got an array of complex64"):
+        F.scaled_dot_product_attention(q, k, k, attn_mask=np.ones((5, 7), np.complex64))
     for bad in (np.ones((7, 5), bool), np.ones((5, 7), np.int32)):
         with pytest.raises(RuntimeError):
             torch.nn.functional.scaled_dot_product_attention(
@@ -566,6 +566,32 @@ def test_multihead_attention_takes_pytorchs_positional_order():
     torch = pytest.importorskip("torch")
     names = list(inspect.signature(torch.nn.MultiheadAttention).parameters)
     assert list(inspect.signature(mf.nn.MultiheadAttention).parameters) == names
+
+
+def test_a_numpy_integer_mask_is_taken_as_the_int64_tensor_mask():
+    """``attn_mask=np.triu(np.ones((5, 5), np.int64), 1)`` was refused ("only bool and floating
+    types of masks are supported, got an array of int64") while the same mask as ``mf.tensor``
+    worked, and the bool-dtype error says to give masks as int64: an integer array is that
+    mask (nonzero True), in MultiheadAttention and scaled_dot_product_attention, equal to the
+    bool array's result."""
+    x = np.random.default_rng(3).standard_normal((5, 1, 8)).astype(np.float32)
+    mask = np.triu(np.ones((5, 5), np.int64), 1)
+    mf.manual_seed(0)
+    mha = mf.nn.MultiheadAttention(8, 2)
+    want = [t.numpy() for t in mha(mf.tensor(x), mf.tensor(x), mf.tensor(x),
+                                   attn_mask=mask.astype(bool))]
+    for m in (mask, mask.astype(np.int32), mask.astype(np.uint8), mf.tensor(mask)):
+        got = mha(mf.tensor(x), mf.tensor(x), mf.tensor(x), attn_mask=m)
+        for g, w in zip(got, want):
+            np.testing.assert_array_equal(g.numpy(), w)
+    q = mf.tensor(x.transpose(1, 0, 2))
+    sdpa = mf.nn.functional.scaled_dot_product_attention
+    want = sdpa(q, q, q, attn_mask=mask == 0).numpy()
+    for m in ((mask == 0).astype(np.int64), (mask == 0).astype(np.int16)):
+        np.testing.assert_array_equal(sdpa(q, q, q, attn_mask=m).numpy(), want)
+    with pytest.raises(TypeError, match="only bool and floating types of masks are supported, "
+                                        "got an array of complex64"):
+        sdpa(q, q, q, attn_mask=mask.astype(np.complex64))
 
 
 def test_a_bool_key_padding_mask_as_a_graph_input_is_refused_saying_int64_not_float():

@@ -9,8 +9,9 @@ softmax run in float16, OneFlow's rule, unless the scores are pinned with
 ``-inf`` (clear: it keeps the scores' dtype), a boolean mask ``masked_fill`` with ``-inf``, a float
 mask is added.
 
-Masks come as NumPy arrays (bool or float), or as miniflow Tensors: int64 for a boolean mask
-(miniflow has no bool dtype), float for an additive one.
+Masks come as NumPy arrays (bool, integer or float), or as miniflow Tensors: int64 for a boolean
+mask (miniflow has no bool dtype; an integer array is taken as one, nonzero True), float for an
+additive one.
 """
 from __future__ import annotations
 
@@ -40,10 +41,12 @@ def _mask(fn: str, mask, invert: bool = False):
         arr = mask_array(fn, mask)
         if arr.dtype == np.bool_:
             return "bool", tensor((~arr if invert else arr).astype(np.int64))
-        if arr.dtype.kind != "f":
+        if arr.dtype.kind not in "fiu":
             raise TypeError(f"{fn}: only bool and floating types of masks are supported, got an "
                             f"array of {arr.dtype}")
-        return "float", tensor(arr.astype(np.float32))
+        if arr.dtype.kind == "f":
+            return "float", tensor(arr.astype(np.float32))
+        mask = tensor(arr.astype(np.int64))         # as an int64 tensor: nonzero is True
     if mask.dtype is int64:
         if invert:
             if mask.is_lazy:
@@ -155,8 +158,9 @@ def scaled_dot_product_attention(query: Tensor, key: Tensor, value: Tensor, attn
     E]``, ``value [*, S, Ev]`` -> ``[*, L, Ev]``, the leading dimensions ``*`` broadcast
     together (NumPy's rules, PyTorch's); ``scale`` defaults to ``1 / sqrt(E)``.
 
-    ``attn_mask``: boolean (True = take part in attention, PyTorch's convention here) or float
-    (added to the scores), broadcastable to ``[*, L, S]``. A query row the mask (NumPy data or
+    ``attn_mask``: boolean (True = take part in attention, PyTorch's convention here; an
+    integer array or int64 tensor is one, nonzero True) or float (added to the scores),
+    broadcastable to ``[*, L, S]``. A query row the mask (NumPy data or
     an eager tensor) takes every key from gives 0, with a zero gradient (PyTorch >= 2.5); with a
     mask traced in ``build`` (values unknown there) it gives NaN, as a plain softmax.
     ``is_causal``: the lower-triangular
