@@ -340,3 +340,21 @@ def test_a_pool_input_of_another_rank_names_the_pool():
                                          r"or 4-D \(batched\) \[N, C, H, W\] input, but got "
                                          r"input of shape \[7, 6\]"):
         mf.nn.MaxPool2d(2)(mf.tensor(np.zeros((7, 6), np.float32)))
+
+
+def test_a_zero_divisor_override_is_refused_as_pytorch():
+    """``nn.AvgPool2d(2, divisor_override=0)`` averaged silently (0 was taken as "not set");
+    PyTorch raises "divisor must be not zero": at construction here, and in the functional
+    form; a divisor that is not an int is PyTorch's TypeError."""
+    x = mf.tensor(np.ones((1, 1, 4, 4), np.float32))
+    with pytest.raises(RuntimeError, match=r"avg_pool2d: divisor must be not zero "
+                                           r"\(divisor_override=0\)"):
+        mf.nn.AvgPool2d(2, divisor_override=0)
+    with pytest.raises(RuntimeError, match="divisor must be not zero"):
+        mf.nn.functional.avg_pool2d(x, 2, divisor_override=0)
+    for bad in (2.5, True):
+        with pytest.raises(TypeError, match=rf"argument 'divisor_override' must be int, not "
+                                            rf"{type(bad).__name__}"):
+            mf.nn.AvgPool2d(2, divisor_override=bad)
+    np.testing.assert_array_equal(mf.nn.AvgPool2d(2, divisor_override=3)(x).numpy(),
+                                  np.full((1, 1, 2, 2), 4 / 3, np.float32))

@@ -15,6 +15,7 @@ import warnings
 
 import numpy as np
 
+from ..checks import is_integer
 from ..tensor import Tensor, apply, tensor
 from . import activations
 from .activations import *  # noqa: F401,F403  (the activation functions: relu ...)
@@ -174,12 +175,31 @@ def avg_pool2d(input: Tensor, kernel_size, stride=None, padding=0, ceil_mode: bo
     divisor, ``divisor_override`` replaces it). Op ``avg_pool_2d``.
 
     Raises:
-        ValueError: an input that is neither 3-D nor 4-D; bad window arguments (the op's)."""
+        ValueError: an input that is neither 3-D nor 4-D; bad window arguments (the op's).
+        RuntimeError: ``divisor_override=0`` (PyTorch's "divisor must be not zero").
+        TypeError: a ``divisor_override`` that is not an int (PyTorch's)."""
     input, unbatched = _batched("avg_pool2d", input)
     return _unbatch(apply("avg_pool_2d", [input], kernel_size=kernel_size, stride=stride,
                           padding=padding, ceil_mode=ceil_mode,
                           count_include_pad=count_include_pad,
-                          divisor_override=divisor_override or 0), unbatched)
+                          divisor_override=divisor_attr(divisor_override)), unbatched)
+
+
+def divisor_attr(divisor_override) -> int:
+    """``avg_pool2d``'s ``divisor_override`` as op ``avg_pool_2d``'s attr (0: none; a negative
+    divisor is PyTorch's too).
+
+    Raises:
+        RuntimeError: 0 (PyTorch's "divisor must be not zero"). TypeError: not an int."""
+    if divisor_override is None:
+        return 0
+    if isinstance(divisor_override, (bool, np.bool_)) or not is_integer(divisor_override):
+        raise TypeError(f"avg_pool2d(): argument 'divisor_override' must be int, not "
+                        f"{type(divisor_override).__name__} (None: the window's size)")
+    if divisor_override == 0:
+        raise RuntimeError("avg_pool2d: divisor must be not zero (divisor_override=0); leave "
+                           "it None to divide by the window's size")
+    return int(divisor_override)
 
 
 def adaptive_avg_pool2d(input: Tensor, output_size) -> Tensor:

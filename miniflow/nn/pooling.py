@@ -29,11 +29,16 @@ class MaxPool2d(Module):
 
 
 class AvgPool2d(Module):
-    """Mean over ``kernel_size`` windows of ``x [N, C, H, W]`` (``torch.nn.AvgPool2d``)."""
+    """Mean over ``kernel_size`` windows of ``x [N, C, H, W]`` (``torch.nn.AvgPool2d``).
+
+    Raises:
+        RuntimeError / TypeError: a ``divisor_override`` of 0 / not an int, at construction
+            (PyTorch's at the call: :func:`nn.functional.avg_pool2d`)."""
 
     def __init__(self, kernel_size, stride=None, padding=0, ceil_mode: bool = False,
                  count_include_pad: bool = True, divisor_override=None):
         super().__init__()
+        F.divisor_attr(divisor_override)
         self.kernel_size, self.stride, self.padding = kernel_size, stride, padding
         self.ceil_mode, self.count_include_pad = ceil_mode, count_include_pad
         self.divisor_override = divisor_override

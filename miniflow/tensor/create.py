@@ -208,7 +208,7 @@ def arange(start, end=None, step=1, *, dtype=None, device=None,
     Raises:
         TypeError: a bound or step that is not a real number; an unsupported dtype.
         ValueError: ``step`` 0, or ``step`` of the wrong sign for the bounds (PyTorch's
-            "upper bound and larger bound inconsistent with step sign"); another device;
+            "upper bound and lower bound inconsistent with step sign"); another device;
             ``requires_grad=True``.
     """
     start, end = (0, start) if end is None else (start, end)
@@ -218,7 +218,7 @@ def arange(start, end=None, step=1, *, dtype=None, device=None,
     if step == 0:
         raise ValueError("arange(): step must be nonzero")
     if (end - start) * step < 0:
-        raise ValueError("arange(): upper bound and larger bound inconsistent with step sign")
+        raise ValueError("arange(): upper bound and lower bound inconsistent with step sign")
     whole = all(is_integer(v) for v in (start, end, step))
     return _made("arange", np.arange(start, end, step, np.int64 if whole else np.float32),
                  dtype, device, requires_grad)
