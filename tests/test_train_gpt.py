@@ -287,3 +287,39 @@ def test_resuming_with_other_model_sizes_names_them_as_keyword_arguments(tmp_pat
                                          r"eval_batches=2 \(this run: eval_batches=3\)"):
         train_gpt(**{**TINY, "n_layer": 2, "eval_batches": 3}, checkpoint=tmp_path,
                   resume=True, report=lambda line: None)
+
+
+def test_gpt_generate_is_nanogpts_greedy_cropped_and_seeded():
+    """nanoGPT's ``model.generate(idx, max_new_tokens, temperature=1.0, top_k=None)`` was
+    missing on the GPT model: an int64 ``[B, T + max_new_tokens]`` tensor, idx kept in front;
+    ``top_k=1`` takes the argmax of the eager forward's last logits, the context cropped to
+    ``block_size`` (here the sequence outgrows it); the same draws after the same
+    ``manual_seed``; the forward runs with gradients off (``torch.no_grad``)."""
+    mf.manual_seed(0)
+    model = mf.models.gpt(11, block_size=6, n_layer=1, n_head=2, n_embd=16).eval()
+    idx = mf.tensor(np.array([[1, 2, 3], [4, 5, 6]], np.int64))
+    out = model.generate(idx, 5, top_k=1)
+    assert out.dtype is mf.int64 and out.shape == (2, 8)
+    ids = out.numpy()
+    np.testing.assert_array_equal(ids[:, :3], idx.numpy())
+    for t in range(3, 8):
+        want = model(mf.tensor(ids[:, max(0, t - 6):t])).numpy()[:, -1].argmax(-1)
+        np.testing.assert_array_equal(ids[:, t], want)
+    draws = []
+    for _ in range(2):
+        mf.manual_seed(5)
+        draws.append(model.generate(idx.numpy(), 7, temperature=0.8, top_k=4).numpy())
+    np.testing.assert_array_equal(draws[0], draws[1])
+    assert draws[0].shape == (2, 10) and ((draws[0] >= 0) & (draws[0] < 11)).all()
+    np.testing.assert_array_equal(model.generate(idx, 0).numpy(), idx.numpy())
+    seen, forward = [], model.forward
+    model.forward = lambda x: (seen.append(mf.is_grad_enabled()), forward(x))[1]
+    model.generate(idx, 2)
+    assert seen == [False, False] and mf.is_grad_enabled()
+    with pytest.raises(ValueError, match=r"generate: max_new_tokens must be an int >= 0"):
+        model.generate(idx, -1)
+    with pytest.raises(ValueError, match=r"generate: temperature must be a finite number > 0"):
+        model.generate(idx, 1, temperature=0.0)
+    with pytest.raises(ValueError, match=r"generate: idx must be \[batch, time\] integer token "
+                                         r"ids with time >= 1, got int64 of shape \[3\]"):
+        model.generate(np.array([1, 2, 3]), 1)

@@ -22,7 +22,6 @@ and samples.
 """
 from __future__ import annotations
 
-import math
 import os
 import time
 
@@ -32,6 +31,7 @@ from .. import distributed, models, nn, optim
 from ..amp import GradScaler
 from ..checks import positive_integer
 from ..data import stdlib_text
+from ..models.gpt import sample
 from ..random import RngState, generator, manual_seed
 from ..serialization import save
 from ..tensor import tensor
@@ -109,17 +109,6 @@ def generate(model, corpus, prompt: str, length: int, temperature: float = 1.0,
             character outside the corpus.
         FloatingPointError: the model's logits are not finite (its weights hold NaN or inf, as
             after a run that diverged): there is no distribution to sample from."""
-    if not isinstance(length, (int, np.integer)) or isinstance(length, bool) or length < 0:
-        raise ValueError(f"generate: length must be an int >= 0 (the characters to add), got "
-                         f"{length!r}")
-    if not (isinstance(temperature, (int, float, np.floating)) and not isinstance(temperature, bool)
-            and 0 < temperature < math.inf):
-        raise ValueError(f"generate: temperature must be a finite number > 0, got "
-                         f"{temperature!r}")
-    if top_k is not None and (not isinstance(top_k, (int, np.integer)) or isinstance(top_k, bool)
-                              or top_k < 1):
-        raise ValueError(f"generate: top_k must be an int >= 1 (or None: every token), got "
-                         f"{top_k!r}")
     if not isinstance(prompt, str):
         raise TypeError(f"generate: prompt must be a str (the text to continue), got "
                         f"{type(prompt).__name__} {prompt!r:.40}")
@@ -127,28 +116,14 @@ def generate(model, corpus, prompt: str, length: int, temperature: float = 1.0,
         raise ValueError("generate: the prompt is empty; give at least one character to "
                          "continue (the command line's default is 'def ')")
     rng = _sampling_rng(rng)
-    ids = list(corpus.encode(prompt))
+    ids = np.array([corpus.encode(prompt)], np.int64)
     was_training = model.training
     model.eval()
     try:
-        for _ in range(length):
-            ctx = np.array([ids[-model.block_size:]], np.int64)
-            logits = model(tensor(ctx)).numpy()[0, -1].astype(np.float64)
-            if not np.isfinite(logits).all():       # NumPy: "Probabilities contain NaN"
-                raise FloatingPointError(
-                    f"generate: the model's logits are not finite ({np.isnan(logits).sum()} "
-                    f"NaN, {np.isinf(logits).sum()} inf of {logits.size}): its weights are not "
-                    "finite, as after a run that diverged; there is nothing to sample from")
-            with np.errstate(over="ignore"):    # <= 0; a tiny temperature: -inf but the max
-                logits = (logits - logits.max()) / temperature
-            if top_k is not None and top_k < logits.size:
-                cut = np.sort(logits)[-top_k]
-                logits = np.where(logits < cut, -np.inf, logits)
-            p = np.exp(logits)
-            ids.append(int(rng.choice(p.size, p=p / p.sum())))
+        ids = sample(model, ids, length, temperature, top_k, rng)
     finally:
         model.train(was_training)
-    return corpus.decode(ids)
+    return corpus.decode(ids[0].tolist())
 
 
 def _val_loss(evaluator, corpus, batches: int, batch_size: int, block_size: int,

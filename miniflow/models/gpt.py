@@ -27,8 +27,9 @@ from ..checks import boolean, positive_integer
 from ..nn.sparse import token_ids
 from ..random import generator
 from ..tensor import apply, as_numpy, tensor
+from ..trace import no_grad
 
-__all__ = ["GPT", "CausalSelfAttention", "gpt"]
+__all__ = ["GPT", "CausalSelfAttention", "gpt", "sample"]
 
 
 def _normal(module, std: float) -> None:
@@ -165,6 +166,31 @@ class GPT(nn.Module):
                                            targets.reshape(b * t))
         return logits, loss
 
+    def generate(self, idx, max_new_tokens: int, temperature: float = 1.0,
+                 top_k: int | None = None):
+        """nanoGPT's ``model.generate(idx, max_new_tokens, temperature=1.0, top_k=None)``:
+        ``idx [B, T]`` (an int64 Tensor, or an integer array) continued by ``max_new_tokens``
+        tokens, each drawn from the softmax of the last position's logits divided by
+        ``temperature`` and restricted to the ``top_k`` largest, from miniflow's generator
+        (reproducible after ``miniflow.manual_seed``); the context is cropped to the last
+        ``block_size`` tokens, as nanoGPT's. Returns an int64 Tensor ``[B, T + max_new_tokens]``.
+
+        The forward runs eagerly under ``no_grad`` (``torch.no_grad``, nanoGPT's decorator) in
+        the module's current mode: call ``model.eval()`` first, as nanoGPT says, so that dropout
+        is off. See :func:`sample` (shared with ``experiments.train_gpt.generate``).
+
+        Raises:
+            ValueError: ``max_new_tokens`` not an int >= 0, ``temperature`` not a finite number
+                > 0, ``top_k`` not an int >= 1; ``idx`` not ``[B, T]`` with T >= 1.
+            TypeError / IndexError: ids that are not integers / out of range (``forward``'s).
+            FloatingPointError: logits that are not finite (nothing to sample from)."""
+        ids = as_numpy(idx) if hasattr(idx, "numpy") else np.asarray(idx)
+        if ids.ndim != 2 or ids.shape[1] == 0 or ids.dtype.kind not in "iu":
+            raise ValueError(f"generate: idx must be [batch, time] integer token ids with "
+                             f"time >= 1, got {ids.dtype} of shape {list(ids.shape)}")
+        return tensor(sample(self, ids.astype(np.int64), max_new_tokens, temperature, top_k,
+                             generator(), "max_new_tokens"))
+
     def prepare_load_state_dict(self, state_dict, strict: bool = True):
         """As ``Module``'s (which lists and loads the one tied tensor under both of its names),
         with the tied ``lm_head.weight`` checked against ``transformer.wte.weight`` first: where
@@ -189,6 +215,50 @@ class GPT(nn.Module):
                 raise ValueError(f"gpt: {self.TIED[0]} and {self.TIED[1]} differ: this model "
                                  f"ties them (one tensor); load a state dict of a tied model")
         return super().prepare_load_state_dict(state_dict, strict)
+
+
+def sample(model, ids: np.ndarray, count: int, temperature: float, top_k, rng,
+           what: str = "length") -> np.ndarray:
+    """``ids [B, T]`` (int64) continued by ``count`` tokens sampled from ``model`` (nanoGPT's
+    ``generate``): each step an eager forward of the last ``model.block_size`` tokens under
+    ``no_grad``, the last position's logits in float64 divided by ``temperature``, those below
+    the ``top_k``-th largest set to ``-inf``, softmax, one draw per row from ``rng`` (a
+    ``numpy.random.Generator``). ``what``: the name of ``count`` in its error.
+
+    Raises:
+        ValueError: ``count`` not an int >= 0 (named ``what``), ``temperature`` not a finite
+            number > 0, ``top_k`` not an int >= 1.
+        FloatingPointError: the model's logits are not finite (its weights hold NaN or inf, as
+            after a run that diverged): there is no distribution to sample from."""
+    if not isinstance(count, (int, np.integer)) or isinstance(count, bool) or count < 0:
+        raise ValueError(f"generate: {what} must be an int >= 0 (the tokens to add), got "
+                         f"{count!r}")
+    if not (isinstance(temperature, (int, float, np.floating)) and not isinstance(temperature, bool)
+            and 0 < temperature < math.inf):
+        raise ValueError(f"generate: temperature must be a finite number > 0, got "
+                         f"{temperature!r}")
+    if top_k is not None and (not isinstance(top_k, (int, np.integer)) or isinstance(top_k, bool)
+                              or top_k < 1):
+        raise ValueError(f"generate: top_k must be an int >= 1 (or None: every token), got "
+                         f"{top_k!r}")
+    with no_grad():
+        for _ in range(count):
+            logits = model(tensor(ids[:, -model.block_size:])).numpy()[:, -1]
+            logits = logits.astype(np.float64)
+            if not np.isfinite(logits).all():       # NumPy: "Probabilities contain NaN"
+                raise FloatingPointError(
+                    f"generate: the model's logits are not finite ({np.isnan(logits).sum()} "
+                    f"NaN, {np.isinf(logits).sum()} inf of {logits.size}): its weights are not "
+                    "finite, as after a run that diverged; there is nothing to sample from")
+            with np.errstate(over="ignore"):    # <= 0; a tiny temperature: -inf but the max
+                logits = (logits - logits.max(-1, keepdims=True)) / temperature
+            if top_k is not None and top_k < logits.shape[-1]:
+                cut = np.sort(logits, -1)[:, -top_k:-top_k + 1 or None]
+                logits = np.where(logits < cut, -np.inf, logits)
+            p = np.exp(logits)
+            drawn = [rng.choice(row.size, p=row / row.sum()) for row in p]
+            ids = np.concatenate([ids, np.array(drawn, np.int64)[:, None]], 1)
+    return ids
 
 
 def _causal_mask(key: str, value) -> bool:
