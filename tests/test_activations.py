@@ -1,6 +1,8 @@
 """Every activation of ``miniflow.nn.activations`` (read from its ``__all__``, so a new one is
 tested here at once): the functional form, the Module and the op agree, eagerly and inside an
 nn.Graph, with the op's NumPy float64 reference, and with PyTorch when it is installed."""
+import inspect
+
 import numpy as np
 import pytest
 
@@ -213,3 +215,26 @@ def test_softmax_modules_are_the_functional_forms_with_pytorchs_repr(cls):
     assert repr(module) == repr(ref)
     np.testing.assert_allclose(module(mf.tensor(a)).numpy(), ref(torch.tensor(a)).numpy(),
                                rtol=1e-6, atol=1e-6)
+
+
+def test_functional_forms_take_pytorchs_argument_names_and_order():
+    """``F.relu(input=x)`` (PyTorch's keyword) was "unexpected keyword argument 'input'", and
+    ``F.softmax(x, 1, 3)`` took PyTorch's ``_stacklevel`` as the dtype: the functional forms
+    name their tensor ``input`` and softmax / log_softmax take ``_stacklevel`` before
+    ``dtype``, as PyTorch's."""
+    F = nn.functional
+    x = mf.tensor(np.array([[-1.0, 0.5, 2.0]], np.float32))
+    for fn in (F.relu, F.gelu, F.silu, F.tanh, F.sigmoid, F.softplus, F.leaky_relu, F.elu):
+        np.testing.assert_array_equal(fn(input=x).numpy(), fn(x).numpy())
+    np.testing.assert_array_equal(F.dropout(input=x, training=False).numpy(), x.numpy())
+    np.testing.assert_array_equal(F.softmax(x, 1, 3).numpy(), F.softmax(x, 1).numpy())
+    assert F.log_softmax(x, 1, 3, mf.float64).dtype is mf.float64
+    w = mf.tensor(np.ones((2, 3), np.float32))
+    np.testing.assert_array_equal(F.linear(input=x, weight=w).numpy(), [[1.5, 1.5]])
+    assert [p.numpy().tolist() for p in mf.tensor(np.arange(4.0)).split(split_size=3)] == [
+        [0.0, 1.0, 2.0], [3.0]]
+    torch = pytest.importorskip("torch")
+    for name in ("relu", "silu", "leaky_relu", "elu", "dropout", "softmax", "log_softmax"):
+        ours = list(inspect.signature(getattr(F, name)).parameters)
+        theirs = list(inspect.signature(getattr(torch.nn.functional, name)).parameters)
+        assert ours == theirs[:len(ours)], name

@@ -23,11 +23,11 @@ def _inplace(owner: str, inplace) -> bool:
     return boolean(owner, "inplace", inplace)
 
 
-def relu(x: Tensor, inplace: bool = False) -> Tensor:
+def relu(input: Tensor, inplace: bool = False) -> Tensor:
     """max(x, 0), NaN propagating (op ``relu``); ``inplace``: accepted, computed out of place
     (:func:`_inplace`)."""
     _inplace("relu", inplace)
-    return apply("relu", [x])
+    return apply("relu", [input])
 
 
 class ReLU(Module):
@@ -44,7 +44,7 @@ class ReLU(Module):
         return "inplace=True" if self.inplace else ""
 
 
-def gelu(x: Tensor, approximate: str = "none") -> Tensor:
+def gelu(input: Tensor, approximate: str = "none") -> Tensor:
     """x * Phi(x), Phi the standard normal CDF: ``approximate='none'`` (PyTorch's default) is the
     exact (erf) GELU (op ``gelu``; gradient op ``gelu_grad``); ``'tanh'`` is Hendrycks & Gimpel's
     approximation (GPT-2's), ``0.5 x (1 + tanh(sqrt(2 / pi) (x + 0.044715 x^3)))``, composed of
@@ -53,12 +53,12 @@ def gelu(x: Tensor, approximate: str = "none") -> Tensor:
     Raises:
         ValueError: ``approximate`` is neither ``'none'`` nor ``'tanh'``."""
     if approximate == "tanh":
-        inner = (x + x * x * x * 0.044715) * _SQRT_2_OVER_PI
-        return x * 0.5 * (inner.tanh() + 1.0)
+        inner = (input + input * input * input * 0.044715) * _SQRT_2_OVER_PI
+        return input * 0.5 * (inner.tanh() + 1.0)
     if approximate != "none":
         raise ValueError(f"gelu: approximate must be 'none' or 'tanh' (PyTorch's choices), got "
                          f"{approximate!r}")
-    return apply("gelu", [x])
+    return apply("gelu", [input])
 
 
 _SQRT_2_OVER_PI = 0.7978845608028654
@@ -83,11 +83,11 @@ class GELU(Module):
         return f"approximate={self.approximate!r}"
 
 
-def silu(x: Tensor, inplace: bool = False) -> Tensor:
+def silu(input: Tensor, inplace: bool = False) -> Tensor:
     """x * sigmoid(x) (op ``silu``; gradient op ``silu_grad``); ``inplace``: accepted, computed
     out of place (:func:`_inplace`)."""
     _inplace("silu", inplace)
-    return apply("silu", [x])
+    return apply("silu", [input])
 
 
 class SiLU(Module):
@@ -104,9 +104,9 @@ class SiLU(Module):
         return "inplace=True" if self.inplace else ""
 
 
-def tanh(x: Tensor) -> Tensor:
+def tanh(input: Tensor) -> Tensor:
     """The hyperbolic tangent (op ``tanh``; gradient op ``tanh_grad``)."""
-    return apply("tanh", [x])
+    return apply("tanh", [input])
 
 
 class Tanh(Module):
@@ -116,10 +116,10 @@ class Tanh(Module):
         return tanh(x)
 
 
-def sigmoid(x: Tensor) -> Tensor:
+def sigmoid(input: Tensor) -> Tensor:
     """1 / (1 + e^-x), with no exponential that overflows (op ``sigmoid``; gradient op
     ``sigmoid_grad``)."""
-    return apply("sigmoid", [x])
+    return apply("sigmoid", [input])
 
 
 class Sigmoid(Module):
@@ -129,7 +129,7 @@ class Sigmoid(Module):
         return sigmoid(x)
 
 
-def softplus(x: Tensor, beta: float = 1.0, threshold: float = 20.0) -> Tensor:
+def softplus(input: Tensor, beta: float = 1.0, threshold: float = 20.0) -> Tensor:
     """``log(1 + exp(beta * x)) / beta``, and ``x`` where ``beta * x > threshold``
     (op ``softplus``, one kernel with both attributes; gradient op ``softplus_derivative`` times
     dy): PyTorch's ``torch.nn.functional.softplus``
@@ -138,7 +138,7 @@ def softplus(x: Tensor, beta: float = 1.0, threshold: float = 20.0) -> Tensor:
 
     Raises:
         TypeError: ``beta`` or ``threshold`` is not a real number."""
-    return apply("softplus", [x], beta=real_number("softplus", "beta", beta),
+    return apply("softplus", [input], beta=real_number("softplus", "beta", beta),
                  threshold=real_number("softplus", "threshold", threshold))
 
 
@@ -158,7 +158,7 @@ class Softplus(Module):
         return f"beta={self.beta}, threshold={self.threshold}"
 
 
-def leaky_relu(x: Tensor, negative_slope: float = 0.01, inplace: bool = False) -> Tensor:
+def leaky_relu(input: Tensor, negative_slope: float = 0.01, inplace: bool = False) -> Tensor:
     """``x`` where ``x > 0``, else ``negative_slope * x`` (op ``leaky_relu``, its attribute
     ``alpha`` is ``negative_slope``; gradient op ``leaky_relu_derivative`` times dy): PyTorch's
     ``torch.nn.functional.leaky_relu``
@@ -168,7 +168,7 @@ def leaky_relu(x: Tensor, negative_slope: float = 0.01, inplace: bool = False) -
     Raises:
         TypeError: ``negative_slope`` is not a real number, or ``inplace`` not a bool."""
     _inplace("leaky_relu", inplace)
-    return apply("leaky_relu", [x],
+    return apply("leaky_relu", [input],
                  alpha=real_number("leaky_relu", "negative_slope", negative_slope))
 
 
@@ -188,7 +188,7 @@ class LeakyReLU(Module):
         return f"negative_slope={self.negative_slope}" + (", inplace=True" if self.inplace else "")
 
 
-def elu(x: Tensor, alpha: float = 1.0, inplace: bool = False) -> Tensor:
+def elu(input: Tensor, alpha: float = 1.0, inplace: bool = False) -> Tensor:
     """``x`` where ``x > 0``, else ``alpha * (exp(x) - 1)`` (op ``elu``, attribute ``alpha``;
     gradient op ``elu_derivative`` times dy): PyTorch's ``torch.nn.functional.elu``
     (https://pytorch.org/docs/stable/generated/torch.nn.ELU.html). Shapes and float dtypes are
@@ -197,7 +197,7 @@ def elu(x: Tensor, alpha: float = 1.0, inplace: bool = False) -> Tensor:
     Raises:
         TypeError: ``alpha`` is not a real number, or ``inplace`` not a bool."""
     _inplace("elu", inplace)
-    return apply("elu", [x], alpha=real_number("elu", "alpha", alpha))
+    return apply("elu", [input], alpha=real_number("elu", "alpha", alpha))
 
 
 class ELU(Module):

@@ -78,10 +78,12 @@ def _check_p(fn: str, p) -> float:
     return float(p)
 
 
-def dropout(x: Tensor, p: float = 0.5, training: bool = True, inplace: bool = False) -> Tensor:
-    """Zero each element of ``x`` with probability ``p`` and scale the rest by ``1 / (1 - p)``
-    (op ``dropout``; the mask from :func:`dropout_state`'s stream, which it advances); ``x``
-    itself when not ``training`` or ``p == 0``. ``x``: any float tensor; same shape and dtype out.
+def dropout(input: Tensor, p: float = 0.5, training: bool = True,
+            inplace: bool = False) -> Tensor:
+    """Zero each element of ``input`` with probability ``p`` and scale the rest by
+    ``1 / (1 - p)`` (op ``dropout``; the mask from :func:`dropout_state`'s stream, which it
+    advances); ``input`` itself when not ``training`` or ``p == 0``. ``input``: any float
+    tensor; same shape and dtype out.
     ``inplace`` is accepted for PyTorch's signature; the result is always a new tensor.
 
     Inside ``nn.Graph.build`` the stream is a graph variable the op advances in place: an
@@ -94,12 +96,12 @@ def dropout(x: Tensor, p: float = 0.5, training: bool = True, inplace: bool = Fa
     """
     p = _check_p("dropout", p)
     if not training or p == 0.0:
-        return x
+        return input
     state = dropout_state()
     tr = current_tracer()
     if tr is not None:
         tr.bind_state(state, STREAM_VARIABLE)
-    return apply("dropout", [x, state], rate=p)[0]
+    return apply("dropout", [input, state], rate=p)[0]
 
 
 class Dropout(Module):

@@ -42,39 +42,42 @@ def _implicit_dim(op: str, x: Tensor, dim):
     return 0 if x.ndim in (0, 1, 3) else 1
 
 
-def softmax(x: Tensor, dim: int | None = None, dtype=None) -> Tensor:
+def softmax(input: Tensor, dim: int | None = None, _stacklevel: int = 3,
+            dtype=None) -> Tensor:
     """exp(x) / sum(exp(x)) along ``dim`` (op ``softmax``; max-subtracted). Without ``dim``,
-    PyTorch's implicit dim and warning: dim 0 for a 0-, 1- or 3-d ``x``, else dim 1. ``dtype``:
-    ``x`` is cast to it first (op ``cast``; ``torch.nn.functional.softmax``'s ``dtype``).
+    PyTorch's implicit dim and warning: dim 0 for a 0-, 1- or 3-d ``input``, else dim 1.
+    ``dtype``: ``input`` is cast to it first (op ``cast``; ``torch.nn.functional.softmax``'s
+    ``dtype``). ``_stacklevel``: PyTorch's (its warning's), in its place; unused.
 
     Raises:
-        IndexError: ``dim`` out of range for ``x`` (PyTorch's message). TypeError: a ``dtype``
-            miniflow lacks.
+        IndexError: ``dim`` out of range for ``input`` (PyTorch's message). TypeError: a
+            ``dtype`` miniflow lacks.
     """
-    x = x if dtype is None else x.to(dtype)
-    return x.softmax(_implicit_dim("softmax", x, dim))
+    input = input if dtype is None else input.to(dtype)
+    return input.softmax(_implicit_dim("softmax", input, dim))
 
 
-def log_softmax(x: Tensor, dim: int | None = None, dtype=None) -> Tensor:
-    """x - logsumexp(x) along ``dim`` (op ``log_softmax``); without ``dim`` and with ``dtype``
-    as :func:`softmax`.
+def log_softmax(input: Tensor, dim: int | None = None, _stacklevel: int = 3,
+                dtype=None) -> Tensor:
+    """x - logsumexp(x) along ``dim`` (op ``log_softmax``); without ``dim``, with
+    ``_stacklevel`` and ``dtype`` as :func:`softmax`.
 
     Raises:
-        IndexError: ``dim`` out of range for ``x`` (PyTorch's message). TypeError: a ``dtype``
-            miniflow lacks.
+        IndexError: ``dim`` out of range for ``input`` (PyTorch's message). TypeError: a
+            ``dtype`` miniflow lacks.
     """
-    x = x if dtype is None else x.to(dtype)
-    return x.log_softmax(_implicit_dim("log_softmax", x, dim))
+    input = input if dtype is None else input.to(dtype)
+    return input.log_softmax(_implicit_dim("log_softmax", input, dim))
 
 
-def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
+def linear(input: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
     """x [..., in] @ weight[out, in].T (+ bias[out]) -> [..., out] (ops ``matmul``, ``bias_add``)."""
-    lead = x.shape[:-1]
-    x2 = x if x.ndim == 2 else x.reshape(-1, x.shape[-1]) if x.ndim > 0 else x
+    lead = input.shape[:-1]
+    x2 = input if input.ndim in (0, 2) else input.reshape(-1, input.shape[-1])
     y = apply("matmul", [x2, weight], transpose_b=True)
     if bias is not None:
         y = apply("bias_add", [y, bias], axis=1)
-    return y if x.ndim == 2 else y.reshape(*lead, weight.shape[0])
+    return y if input.ndim == 2 else y.reshape(*lead, weight.shape[0])
 
 
 def _padding(fn: str, padding, kernel_size, dilation, stride):

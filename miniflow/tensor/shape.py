@@ -206,7 +206,7 @@ class Shape:
         return self.transpose(-2, -1)
 
 
-    def split(self, split_size_or_sections, dim: int = 0) -> tuple:
+    def split(self, split_size, dim: int = 0) -> tuple:
         """Pieces of ``split_size`` along ``dim`` (the last one shorter), or of the given
         ``sections`` sizes (``torch.Tensor.split``); each an op ``slice``.
 
@@ -219,14 +219,14 @@ class Shape:
         _at_least_1d("split", self)
         d = _dim("split", dim, self.ndim)
         n = self.shape[d]
-        if isinstance(split_size_or_sections, (numbers.Number, np.generic)):
-            size = positive_integer("split", "split_size", split_size_or_sections)
+        if isinstance(split_size, (numbers.Number, np.generic)):
+            size = positive_integer("split", "split_size", split_size)
             sizes = [min(size, n - a) for a in range(0, n, size)] or [0]
         else:
-            if not isinstance(split_size_or_sections, (tuple, list, np.ndarray)):
-                raise TypeError(f"split: split_size_or_sections must be an int or a list of "
-                                f"ints, got {split_size_or_sections!r}")
-            sizes = list(split_size_or_sections)
+            if not isinstance(split_size, (tuple, list, np.ndarray)):
+                raise TypeError(f"split: split_size must be an int or a list of "
+                                f"ints, got {split_size!r}")
+            sizes = list(split_size)
             if not all(is_integer(s) and s >= 0 for s in sizes):
                 raise ValueError(f"split: split_sizes must be integers >= 0, got {sizes}")
             sizes = [int(s) for s in sizes]
