@@ -527,3 +527,28 @@ def test_cross_entropy_takes_torch_positional_order_and_a_class_weight(reduction
                                             torch.tensor(w.astype(np.float32)),
                                             reduction=reduction)
     np.testing.assert_allclose(got.numpy(), ref.numpy(), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+def test_mse_and_l1_loss_take_pytorchs_weight(reduction):
+    """PyTorch's sixth argument of mse_loss / l1_loss, ``weight`` (per element), was a
+    TypeError: each element's loss times its weight, "mean" divided by the weights' sum
+    (a NumPy float64 oracle, and torch's)."""
+    x, y = LOGITS.astype(np.float64), np.roll(LOGITS, 1).astype(np.float64)
+    w = np.linspace(0.1, 2.0, LOGITS.size).reshape(LOGITS.shape)
+    for fn, per in ((nn.functional.mse_loss, (x - y) ** 2),
+                    (nn.functional.l1_loss, np.abs(x - y))):
+        want = {"none": per * w, "sum": (per * w).sum(), "mean": (per * w).sum() / w.sum()}
+        got = fn(mf.tensor(LOGITS), np.roll(LOGITS, 1), None, None, reduction,
+                 w.astype(np.float32))
+        np.testing.assert_allclose(got.numpy(), want[reduction], rtol=1e-5, atol=1e-6)
+        with pytest.raises(ValueError, match=r"Weights and input must have the same size. "
+                                             r"\(weight \[5\], input \[6, 5\]\)"):
+            fn(mf.tensor(LOGITS), LOGITS, weight=np.ones(5, np.float32))
+        with pytest.raises(TypeError, match="input float32 and weight float64 have different"):
+            fn(mf.tensor(LOGITS), LOGITS, weight=mf.tensor(w))
+    torch = pytest.importorskip("torch")
+    ref = torch.nn.functional.l1_loss(torch.tensor(LOGITS), torch.tensor(np.roll(LOGITS, 1)),
+                                      reduction=reduction,
+                                      weight=torch.tensor(w.astype(np.float32)))
+    np.testing.assert_allclose(got.numpy(), ref.numpy(), rtol=1e-5, atol=1e-6)

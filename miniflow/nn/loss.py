@@ -180,17 +180,40 @@ def _same_dtype(fn: str, what: str, value: Tensor, input: Tensor) -> Tensor:
     return value
 
 
-def _reduce(per: Tensor, reduction: str) -> Tensor:
+def _weight(fn: str, weight, input: Tensor):
+    """The elementwise losses' ``weight`` (PyTorch's, per element): None, or a Tensor (an
+    array is made one of ``input``'s dtype) of ``input``'s shape and dtype.
+
+    Raises:
+        ValueError: another shape (PyTorch's "Weights and input must have the same size.").
+        TypeError: another dtype."""
+    if weight is None:
+        return None
+    weight = weight if isinstance(weight, Tensor) else tensor(weight, dtype=input.dtype)
+    if weight.shape != input.shape:
+        raise ValueError(f"{fn}: Weights and input must have the same size. (weight "
+                         f"{list(weight.shape)}, input {list(input.shape)})")
+    return _same_dtype(fn, "weight", weight, input)
+
+
+def _reduce(per: Tensor, reduction: str, weight: Tensor | None = None) -> Tensor:
+    """``per`` (times ``weight`` where given) reduced; a weighted mean is PyTorch's: the sum
+    divided by the weights' sum."""
+    if weight is not None:
+        per = per * weight
+        if reduction == "mean":
+            return per.sum() / weight.sum()
     if reduction == "none":
         return per
     return per.sum() if reduction == "sum" else per.mean()
 
 
 def mse_loss(input: Tensor, target, size_average=None, reduce=None,
-             reduction: str = "mean") -> Tensor:
+             reduction: str = "mean", weight=None) -> Tensor:
     """The squared error ``(input - target)^2`` per element, averaged (``"mean"``), summed
     (``"sum"``) or returned as is (``"none"``): ``torch.nn.functional.mse_loss``, with its
-    signature. ``target``
+    signature; ``weight`` (of ``input``'s shape) multiplies each element's loss, "mean" then
+    divides by the weights' sum (PyTorch's). ``target``
     has ``input``'s shape (a Tensor, or an array made a tensor of ``input``'s dtype). Ops
     ``broadcast_sub``, ``scalar_pow`` and ``reduce_sum`` (``scalar_mul(1/n)`` for "mean"; a
     half input is averaged in float32, as :meth:`Tensor.mean`).
@@ -199,13 +222,13 @@ def mse_loss(input: Tensor, target, size_average=None, reduce=None,
         ValueError: an unknown reduction; ``size_average`` or ``reduce`` given (PyTorch's
             deprecated arguments; a positional third argument lands there); shapes that differ
             (PyTorch broadcasts them with a warning that the result is likely wrong); "mean" of
-            an empty input.
-        TypeError: ``target`` of another dtype than ``input`` (naming both).
+            an empty input; a weight of another shape than ``input``.
+        TypeError: ``target`` or ``weight`` of another dtype than ``input`` (naming both).
     """
     _legacy("mse_loss", size_average, reduce)
     _check_reduction("mse_loss", reduction)
     target = _paired("mse_loss", input, target)
-    return _reduce((input - target).square(), reduction)
+    return _reduce((input - target).square(), reduction, _weight("mse_loss", weight, input))
 
 
 class _Loss(Module):
@@ -273,23 +296,25 @@ class CrossEntropyLoss(_Loss):
 
 
 def l1_loss(input: Tensor, target, size_average=None, reduce=None,
-            reduction: str = "mean") -> Tensor:
+            reduction: str = "mean", weight=None) -> Tensor:
     """The absolute error ``|input - target|`` per element, averaged (``"mean"``), summed
     (``"sum"``) or returned as is (``"none"``): ``torch.nn.functional.l1_loss``, with its
-    signature. ``target`` has ``input``'s shape and dtype, as for :func:`mse_loss`. Ops
-    ``broadcast_sub``, ``abs`` and ``reduce_sum`` (``scalar_mul(1/n)`` for "mean"). The gradient
-    is ``sign(input - target)`` (/ n for "mean"), 0 where they are equal, as PyTorch's.
+    signature and ``weight`` (as :func:`mse_loss`'s). ``target`` has ``input``'s shape and
+    dtype, as for :func:`mse_loss`. Ops ``broadcast_sub``, ``abs`` and ``reduce_sum``
+    (``scalar_mul(1/n)`` for "mean"). The gradient is ``sign(input - target)`` (/ n for
+    "mean"), 0 where they are equal, as PyTorch's.
 
     Raises:
         ValueError: an unknown reduction; ``size_average`` or ``reduce`` given (PyTorch's
             deprecated arguments; a positional third argument lands there); shapes that differ
-            (PyTorch broadcasts them with a warning); "mean" of an empty input (PyTorch: nan).
-        TypeError: ``target`` of another dtype than ``input`` (naming both).
+            (PyTorch broadcasts them with a warning); "mean" of an empty input (PyTorch: nan); a
+            weight of another shape than ``input``.
+        TypeError: ``target`` or ``weight`` of another dtype than ``input`` (naming both).
     """
     _legacy("l1_loss", size_average, reduce)
     _check_reduction("l1_loss", reduction)
     target = _paired("l1_loss", input, target)
-    return _reduce((input - target).abs(), reduction)
+    return _reduce((input - target).abs(), reduction, _weight("l1_loss", weight, input))
 
 
 class L1Loss(_Loss):
