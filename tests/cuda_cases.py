@@ -305,7 +305,7 @@ def train_graph(amp: bool, adam: bool, accumulate: int = 1, clip: float | None =
         graph.config.enable_amp(True, dtype=half)
         graph.config.enable_fused_model_update_cast(fused)
         if half == "float16":
-            graph.set_grad_scaler(mf.amp.GradScaler(2.0 ** 16, growth_interval=2))
+            graph.set_grad_scaler(mf.amp.GradScaler(init_scale=2.0 ** 16, growth_interval=2))
     if accumulate > 1:
         graph.config.set_gradient_accumulation_steps(accumulate)
     return graph, model

@@ -7,6 +7,7 @@ small hand-built graph. After an intended change, regenerate them and review the
 
     MINIFLOW_UPDATE_GOLDEN=1 python -m pytest tests/test_amp.py
 """
+import inspect
 import os
 from pathlib import Path
 
@@ -643,3 +644,28 @@ def test_grad_scaler_enabled_false_says_to_leave_the_scaler_out():
     assert mf.amp.GradScaler(enabled=True).scale == 2.0 ** 16
     with pytest.raises(ValueError, match=r"enabled=False is not supported: .*leave it out"):
         mf.amp.GradScaler(enabled=False)
+
+
+def test_grad_scaler_takes_torch_amp_grad_scalers_positional_order():
+    """``GradScaler(65536.0, 2.0, 0.5, 2000, True)`` set min_scale=True (1.0) silently and
+    ``GradScaler("cpu")`` (torch.amp's device first) was a scale error: the order is
+    torch.amp.GradScaler's (device, init_scale, growth_factor, backoff_factor,
+    growth_interval, enabled), miniflow's min_scale and max_consecutive_skips keyword-only; a
+    number as the device says to give init_scale by keyword, another device names the
+    backend."""
+    backend = mf.get_backend().name
+    scaler = mf.amp.GradScaler(backend, 2.0 ** 10, 4.0, 0.25, 7, True)
+    assert (scaler.scale, scaler.growth_factor, scaler.backoff_factor, scaler.growth_interval,
+            scaler.min_scale) == (2.0 ** 10, 4.0, 0.25, 7, 1.0)
+    assert mf.amp.GradScaler(None, 8.0, min_scale=0.5).min_scale == 0.5
+    with pytest.raises(TypeError, match=r"GradScaler: the first argument is the device, as "
+                                        r"torch.amp.GradScaler's, got 65536.0; give the scale "
+                                        r"by keyword: GradScaler\(init_scale=65536.0\)"):
+        mf.amp.GradScaler(65536.0)
+    with pytest.raises(ValueError, match=r"GradScaler: device='meta' is not this process's"):
+        mf.amp.GradScaler("meta")
+    with pytest.raises(ValueError, match="enabled=False is not supported"):
+        mf.amp.GradScaler(None, 2.0 ** 16, 2.0, 0.5, 2000, False)
+    torch = pytest.importorskip("torch")
+    names = list(inspect.signature(torch.amp.GradScaler).parameters)
+    assert list(inspect.signature(mf.amp.GradScaler).parameters)[:len(names)] == names

@@ -175,7 +175,7 @@ def test_amp_training_of_a_conv_bn_network_keeps_fp32_statistics():
     mf.manual_seed(3)
     m = conv_bn_net(c=4)
     step = Train(m, mf.optim.SGD(m.parameters(), lr=0.05, momentum=0.9), amp=True)
-    step.set_grad_scaler(mf.amp.GradScaler(2.0 ** 10))
+    step.set_grad_scaler(mf.amp.GradScaler(init_scale=2.0 ** 10))
     x, y = data(16, seed=4)
     losses = [float(step(x, y)) for _ in range(20)]
     assert np.isfinite(losses).all() and losses[-1] < losses[0]

@@ -25,7 +25,7 @@ import math
 import numpy as np
 
 from ..checks import boolean, integer, is_real, real_number
-from ..runtime.backend import get_backend
+from ..runtime.backend import check_device, get_backend
 from ..runtime.readback import LEDGER, LedgerAttribute
 
 __all__ = ["GradScaler", "StaticGradScaler", "NonFiniteGradientsError"]
@@ -239,6 +239,8 @@ class GradScaler(_Scaler):
     in float32), tracker = 0.
 
     Args:
+        device: ``torch.amp.GradScaler``'s first argument: None or the process's device
+            (``"cuda"`` on the CUDA backend, ``"cpu"`` on the CPU one; the scale lives there).
         init_scale: first scale (float32; PyTorch and OneFlow default 2^16).
         growth_factor: > 1. backoff_factor: in (0, 1). growth_interval: >= 1 steps.
         min_scale: > 0, the floor, not above the scale (default 1, or ``init_scale`` when that
@@ -246,12 +248,18 @@ class GradScaler(_Scaler):
             :class:`NonFiniteGradientsError`).
         enabled: PyTorch's switch, taken at True only (a graph without a scaler has none).
 
+    The positional order is ``torch.amp.GradScaler``'s (device, init_scale, growth_factor,
+    backoff_factor, growth_interval, enabled); miniflow's ``min_scale`` and
+    ``max_consecutive_skips`` are keyword-only.
+
     The settings can be changed later (``scaler.growth_interval = 100``), with the same checks;
     a compiled graph then recompiles at its next call.
 
     Raises:
         ValueError/TypeError: any argument outside its range or of the wrong type, quoting it;
-            ``enabled`` not True (ValueError: leave the scaler out).
+            ``enabled`` not True (ValueError: leave the scaler out); a device other than the
+            process's (ValueError), a number as the device (TypeError: the scale is the second
+            argument, as PyTorch's).
     """
 
     dynamic = True
@@ -260,10 +268,15 @@ class GradScaler(_Scaler):
     _required_keys = ("scale", "growth_factor", "backoff_factor", "growth_interval",
                       "_growth_tracker")
 
-    def __init__(self, init_scale: float = 2.0 ** 16, growth_factor: float = 2.0,
+    def __init__(self, device=None, init_scale: float = 2.0 ** 16, growth_factor: float = 2.0,
                  backoff_factor: float = 0.5, growth_interval: int = 2000,
-                 min_scale: float | None = None, max_consecutive_skips: int = 64, *,
-                 enabled: bool = True):
+                 enabled: bool = True, *, min_scale: float | None = None,
+                 max_consecutive_skips: int = 64):
+        if is_real(device):
+            raise TypeError(f"GradScaler: the first argument is the device, as "
+                            f"torch.amp.GradScaler's, got {device!r}; give the scale by "
+                            f"keyword: GradScaler(init_scale={device!r})")
+        check_device("GradScaler", device)
         if enabled is not True:
             raise ValueError(f"GradScaler: enabled={enabled!r} is not supported: a graph scales "
                              f"its loss only when given a scaler, so leave it out (no "

@@ -225,7 +225,7 @@ elif mode == "tiny":
     model = model_for_rank((8, 16, 3))
     graph = TrainGraph(model, mf.optim.Adam(model.parameters(), lr=0.01))
     graph.config.enable_amp()
-    scaler = mf.amp.GradScaler(2.0 ** 16, growth_interval=2)
+    scaler = mf.amp.GradScaler(init_scale=2.0 ** 16, growth_interval=2)
     graph.set_grad_scaler(scaler)
     rows = np.random.default_rng(0).uniform(-1, 1, (6 * size, 8)).astype(np.float32)
     x = np.ascontiguousarray(rows[6 * rank:6 * rank + 6])
