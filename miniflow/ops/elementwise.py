@@ -79,6 +79,29 @@ def cos(x):
     return math.cos(x)
 
 
+def log1p(x):
+    """log(1 + x), exact near 0 (log1p(-1) = -inf, log1p(x < -1) = nan)."""
+    return math.log1p(x)
+
+
+def floor(x):
+    """The largest integer <= x, as a float (-0.0 stays -0.0; inf, nan and integers from 2^52
+    up are themselves)."""
+    return floor_of(x)
+
+
+def round_half_even(x):
+    """x rounded to the nearest integer, halves to the even one (PyTorch's ``torch.round``,
+    NumPy's ``np.round``; the sign of a zero result is x's: round(-0.3) = -0.0)."""
+    if not abs(x) < 4503599627370496.0:
+        return x
+    t = floor_of(x)
+    d = x - t                     # exact: t and x are within 1 of each other
+    if d > 0.5 or (d == 0.5 and t % 2.0 != 0.0):
+        t += 1.0
+    return math.copysign(0.0, x) if t == 0.0 else t
+
+
 def relu(x):
     """max(x, 0) with +0.0 for x <= 0 and nan for nan."""
     if x > 0.0 or x != x:
@@ -185,7 +208,18 @@ def exp_neg_half_square(x):
     return math.exp(-0.5 * x * x)
 
 
-SCALAR_HELPERS = (one_plus_erf_sqrt_half, exp_neg_half_square, power)
+def floor_of(x):
+    """floor(x) as a float without ``math.floor`` (Numba's returns an int, undefined for inf
+    and nan): truncation by ``int`` where |x| < 2^52, one less below a negative non-integer."""
+    if not abs(x) < 4503599627370496.0:
+        return x
+    t = float(int(x))
+    if t > x:
+        t -= 1.0
+    return math.copysign(0.0, x) if t == 0.0 else t
+
+
+SCALAR_HELPERS = (one_plus_erf_sqrt_half, exp_neg_half_square, power, floor_of)
 """The functions that scalar functions call (backends compile them with the scalar function: the
 CPU through Numba overloads, CUDA as device functions)."""
 
@@ -368,6 +402,32 @@ elementwise("sin", sin, np.sin, amp=None,
             amp_note="not in OneFlow's lists (PyTorch's autocast runs it in the input's dtype)",
             grad=lambda n, gs, emit: [emit("broadcast_mul", gs[0], emit("cos", n.inputs[0]))],
             doc="out = sin(x); dx = dy * cos(x)")
+def _zero_grad(dy, emit):
+    """A zero gradient of ``dy``'s shape and dtype (``floor``, ``round``: 0 even where ``dy`` is
+    inf or NaN, as PyTorch's ``zeros_like``)."""
+    return emit("scalar_mul", emit("ones_like", dy), scalar=0.0)
+
+
+def _round_samples():
+    """:func:`unary_samples` and the halves, where rounding to even shows."""
+    halves = [-2.5, -1.5, -0.5, 0.5, 1.5, 2.5, -0.3, 0.49999997, 1000.5, np.inf, -np.inf]
+    return lambda: unary_samples(-4.0, 4.0)() + float_samples(
+        lambda dt: [([np.array(halves, dt)], {})])
+
+
+elementwise("log1p", log1p, np.log1p, amp=None,
+            amp_note="not in OneFlow's lists (PyTorch's autocast runs it in float32)",
+            grad=lambda n, gs, emit: [emit("broadcast_div", gs[0],
+                                           emit("scalar_add", n.inputs[0], scalar=1.0))],
+            samples=unary_samples(-0.9, 3.0), doc="out = log(1 + x); dx = dy / (1 + x)")
+elementwise("floor", floor, np.floor, amp=None,
+            amp_note="not in OneFlow's lists (exact in any floating dtype)",
+            grad=lambda n, gs, emit: [_zero_grad(gs[0], emit)],
+            samples=unary_samples(-4.0, 4.0), doc="out = floor(x); dx = 0")
+elementwise("round", round_half_even, np.round, amp=None,
+            amp_note="not in OneFlow's lists (exact in any floating dtype)",
+            grad=lambda n, gs, emit: [_zero_grad(gs[0], emit)],
+            samples=_round_samples(), doc="out = x rounded half to even; dx = 0")
 elementwise("cos", cos, np.cos, amp=None,
             amp_note="not in OneFlow's lists (PyTorch's autocast runs it in the input's dtype)",
             grad=lambda n, gs, emit: [emit("broadcast_mul", gs[0],
