@@ -48,6 +48,8 @@ from .runtime.backend import device, get_backend, set_backend
 from .tensor import (Tensor, arange, from_numpy, full, ones, ones_like, rand, randint, randn,
                      tensor, zeros, zeros_like)
 from .join import cat, stack
+from .tensor.arithmetic import where
+from .tensor.core import not_there as _not_there
 from .tensor.indexing import gather, scatter, scatter_add, take_along_dim
 from .trace import enable_grad, is_grad_enabled, no_grad, set_grad_enabled
 from . import amp, cuda, distributed, ir, models, nn, ops, optim  # noqa: E402
@@ -64,7 +66,7 @@ __all__ = ["CheckpointError", "DType", "Tensor", "amp", "arange", "bfloat16", "c
            "get_backend", "int64", "ir", "is_grad_enabled", "load", "manual_seed", "models", "nn",
            "no_grad", "ops", "optim", "save", "set_backend", "set_grad_enabled", "stack",
            "tensor", "full", "ones", "ones_like", "zeros", "zeros_like", "rand", "randn",
-           "randint", "from_numpy", "scatter", "scatter_add", "take_along_dim"]
+           "randint", "from_numpy", "scatter", "scatter_add", "take_along_dim", "where"]
 
 
 def __getattr__(name):
@@ -74,15 +76,17 @@ def __getattr__(name):
 
     Raises:
         AttributeError: any other name the package does not have; one that is a Tensor
-            method (``torch.rsqrt(x)`` ported as ``miniflow.rsqrt(x)``) names the method."""
+            method (``torch.rsqrt(x)`` ported as ``miniflow.rsqrt(x)``) names the method, one
+            miniflow has not yet (``einsum``) what to write instead
+            (``miniflow.tensor.core.NOT_THERE``)."""
     if name == "onnx":   # (not ``from . import onnx``: that asks this function again)
         return _importlib.import_module(f"{__name__}.onnx")
     if name == "compile":   # torch.compile; not in __all__, so that * hides no builtin compile
         from .compiler import compile
         globals()["compile"] = compile
         return compile
-    hint = ""
     if not name.startswith("_") and callable(getattr(Tensor, name, None)):
-        hint = (f": miniflow's tensor math is Tensor methods; write x.{name}(...) for "
-                f"torch.{name}(x, ...)")
-    raise AttributeError(f"module 'miniflow' has no attribute {name!r}{hint}")
+        raise AttributeError(f"module 'miniflow' has no attribute {name!r}: miniflow's tensor "
+                             f"math is Tensor methods; write x.{name}(...) for "
+                             f"torch.{name}(x, ...)")
+    raise _not_there("module 'miniflow'", name)

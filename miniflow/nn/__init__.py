@@ -1,8 +1,8 @@
 """Neural-network API: Module, Parameter, layers (Linear, Conv2d, BatchNorm1d/2d, pools, Flatten ...),
 containers (Sequential, ModuleList, ModuleDict, ParameterList, ParameterDict), the losses
-(CrossEntropyLoss, NLLLoss, MSELoss, L1Loss), activations, functional ops, ``init`` (PyTorch's
-in-place initialisers), and (re-exported from the compile package ``miniflow.compiler``) the lazy
-``nn.Graph`` and ``nn.GraphConfig``.
+(CrossEntropyLoss, NLLLoss, MSELoss, L1Loss, BCEWithLogitsLoss, KLDivLoss), activations,
+functional ops, ``init`` (PyTorch's in-place initialisers), and (re-exported from the compile
+package ``miniflow.compiler``) the lazy ``nn.Graph`` and ``nn.GraphConfig``.
 
 ``nn.Graph`` lives above this package (it compiles modules, optimizers and AMP settings), so it is
 imported on first use (``__getattr__``), the one import from ``miniflow.nn`` to a higher layer.
@@ -15,7 +15,7 @@ from .conv import Conv2d
 from .dropout import Dropout
 from .layer_norm import LayerNorm, RMSNorm
 from .layers import Flatten, Identity, Linear, LogSoftmax, Sequential, Softmax
-from .loss import CrossEntropyLoss, L1Loss, MSELoss, NLLLoss
+from .loss import BCEWithLogitsLoss, CrossEntropyLoss, KLDivLoss, L1Loss, MSELoss, NLLLoss
 from .module import Module, Parameter
 from .normalization import BatchNorm1d, BatchNorm2d
 from .pooling import AdaptiveAvgPool2d, AvgPool2d, MaxPool2d
@@ -24,8 +24,9 @@ from .sparse import Embedding
 __all__ = ["Graph", "GraphConfig", "Linear", "Module", "Parameter", "Sequential", "ModuleList",
            "ModuleDict", "ParameterList", "ParameterDict", "Flatten", "Identity", "Conv2d",
            "BatchNorm1d", "BatchNorm2d", "Dropout", "LayerNorm", "RMSNorm", "Embedding",
-           "MultiheadAttention", "CrossEntropyLoss", "NLLLoss", "MSELoss", "L1Loss", "Softmax",
-           "LogSoftmax", "MaxPool2d", "AvgPool2d", "AdaptiveAvgPool2d", "functional", "init",
+           "MultiheadAttention", "CrossEntropyLoss", "NLLLoss", "BCEWithLogitsLoss", "KLDivLoss",
+           "MSELoss", "L1Loss", "Softmax", "LogSoftmax", "MaxPool2d", "AvgPool2d",
+           "AdaptiveAvgPool2d", "functional", "init",
            *(name for name in activations.__all__ if not name.islower())]
 
 

@@ -16,19 +16,22 @@ import warnings
 import numpy as np
 
 from ..checks import is_integer
-from ..tensor import Tensor, apply, tensor
+from ..dtype import int64
+from ..tensor import Tensor, apply, tensor, zeros
 from . import activations
 from .activations import *  # noqa: F401,F403  (the activation functions: relu ...)
 from .attention import scaled_dot_product_attention
 from .dropout import dropout
 from .layer_norm import layer_norm, rms_norm
-from .loss import cross_entropy, l1_loss, mse_loss, nll_loss
+from .loss import (binary_cross_entropy_with_logits, cross_entropy, kl_div, l1_loss, mse_loss,
+                   nll_loss)
 from .sparse import embedding
 
 __all__ = ["softmax", "log_softmax", "cross_entropy", "nll_loss", "mse_loss", "l1_loss", "linear",
            "conv2d", "max_pool2d", "avg_pool2d", "adaptive_avg_pool2d", "batch_norm", "flatten",
            "white_identity", "dropout", "layer_norm", "rms_norm", "embedding",
-           "scaled_dot_product_attention", "black_identity",
+           "scaled_dot_product_attention", "black_identity", "normalize", "one_hot", "pad",
+           "binary_cross_entropy_with_logits", "kl_div",
            *(name for name in activations.__all__ if name.islower())]
 
 
@@ -273,3 +276,99 @@ def black_identity(x: Tensor) -> Tensor:
     """x, unchanged (op ``amp_black_identity``, black list): under AMP, the gray ops after it (and
     their gradients) run in float32. Pruned after the AMP pass (no run-time cost)."""
     return apply("amp_black_identity", [x])
+
+
+def normalize(input: Tensor, p: float = 2.0, dim: int = 1, eps: float = 1e-12,
+              out=None) -> Tensor:
+    """``input / max(||input||_p, eps)`` along ``dim`` (``torch.nn.functional.normalize``):
+    the norm of :meth:`Tensor.norm` kept as a dim of size 1, clamped below at ``eps``
+    (``clip_by_scalar``), broadcast back over ``dim``.
+
+    Raises:
+        TypeError: ``out`` given (miniflow has no ``out=``). Others as :meth:`Tensor.norm`.
+    """
+    if out is not None:
+        raise TypeError("normalize: out= is not supported; use the returned tensor")
+    return input / input.norm(p, dim, keepdim=True).clamp(min=eps)
+
+
+def one_hot(tensor: Tensor, num_classes: int = -1) -> Tensor:
+    """``torch.nn.functional.one_hot``: an int64 tensor of shape ``(*tensor.shape,
+    num_classes)``, 1 at each index's class and 0 elsewhere, from an int64 tensor of class
+    indices (a NumPy integer array is taken too); ``num_classes=-1``: the largest index + 1.
+    Op ``dim_scatter_update_scalar`` of a zero tensor (no gradient: int64), so inside ``build``
+    a computed index works when ``num_classes`` is given.
+
+    Raises:
+        RuntimeError: an index tensor that is not int64 ("one_hot is only applicable to index
+            tensor."), a negative class or one not below ``num_classes``, ``num_classes=-1``
+            of an empty tensor or of an index computed inside ``build`` (PyTorch's messages
+            where it has them).
+    """
+    index = tensor if isinstance(tensor, Tensor) else _index_tensor(tensor)
+    if index.dtype.is_float:
+        raise RuntimeError("one_hot is only applicable to index tensor.")
+    known = None if index._value is not None else index.numpy()
+    if known is not None and known.size:
+        if known.min() < 0:
+            raise RuntimeError("Class values must be non-negative.")
+        if num_classes != -1 and known.max() >= num_classes:
+            raise RuntimeError("Class values must be smaller than num_classes.")
+    if num_classes == -1:
+        if known is None:
+            raise RuntimeError("one_hot: num_classes=-1 reads the largest index, which a "
+                               "tensor computed inside nn.Graph.build has not at trace time: "
+                               "give num_classes")
+        if not known.size:
+            raise RuntimeError("Can not infer total number of classes from empty tensor.")
+        num_classes = int(known.max()) + 1
+    return zeros(*index.shape, num_classes, dtype=int64).scatter(-1, index.unsqueeze(-1), 1)
+
+
+def _index_tensor(value) -> Tensor:
+    """An integer array as an int64 tensor (one_hot's input)."""
+    arr = np.asarray(value)
+    if arr.dtype.kind not in "iu":
+        raise RuntimeError("one_hot is only applicable to index tensor.")
+    return tensor(arr.astype(np.int64))
+
+
+def pad(input: Tensor, pad, mode: str = "constant", value=None) -> Tensor:
+    """``torch.nn.functional.pad`` in ``"constant"`` mode: ``pad`` lists (before, after)
+    counts from the last dimension backwards (``(1, 2)`` pads the last dim by 1 and 2;
+    ``(1, 1, 2, 2)`` the last two); ``value`` (0 by default) fills the new places. Op
+    ``slice_update`` of the input into a constant filled with ``value``; a negative count
+    crops (op ``slice``), as PyTorch's. The gradient is the input's part of ``dy``.
+
+    Raises:
+        NotImplementedError: another ``mode`` ("reflect", "replicate", "circular": not
+            supported). ValueError: ``pad`` of odd length or longer than
+            twice the input's dims (PyTorch's "Padding length must be divisible by 2" /
+            "Padding length too large"). TypeError: counts that are not ints.
+            RuntimeError: a crop that leaves a negative size.
+    """
+    if mode != "constant":
+        raise NotImplementedError(f"pad: mode={mode!r} is not supported; miniflow pads with "
+                                  f"mode='constant' (a value) only")
+    pad = tuple(pad)
+    if any(isinstance(n, bool) or not isinstance(n, numbers.Integral) for n in pad):
+        raise TypeError(f"pad: the counts must be ints, got {pad!r}")
+    if len(pad) % 2:
+        raise ValueError("Padding length must be divisible by 2")
+    if len(pad) // 2 > input.ndim:
+        raise ValueError("Padding length too large")
+    counts = [(0, 0)] * input.ndim
+    for i in range(len(pad) // 2):
+        counts[input.ndim - 1 - i] = (int(pad[2 * i]), int(pad[2 * i + 1]))
+    shape = tuple(n + b + a for n, (b, a) in zip(input.shape, counts))
+    if any(n < 0 for n in shape):
+        raise RuntimeError(f"pad: the padded size of the input of shape {list(input.shape)} "
+                           f"with pad {list(pad)} would be {list(shape)}: sizes must be >= 0")
+    crop = tuple(slice(max(-b, 0), n - max(-a, 0)) for n, (b, a) in zip(input.shape, counts))
+    inner = input[crop] if any(b < 0 or a < 0 for b, a in counts) else input
+    out = tensor(np.full(shape, 0.0 if value is None else value), dtype=input.dtype)
+    if 0 in inner.shape:
+        return out
+    start = tuple(max(b, 0) for b, _ in counts)
+    return apply("slice_update", [out, inner], start=start,
+                 stop=tuple(s + n for s, n in zip(start, inner.shape)), step=(1,) * len(start))

@@ -4,7 +4,9 @@ arguments and semantics (``torch.nn.functional.cross_entropy``, ``torch.nn.Cross
 op; ``nll_loss`` and ``nn.NLLLoss`` (``torch.nn.functional.nll_loss``: ``weight``,
 ``ignore_index``, the weighted mean), a composition of ``gather`` and casts (below);
 ``mse_loss`` / ``nn.MSELoss`` and ``l1_loss`` / ``nn.L1Loss`` (``torch.nn.functional.mse_loss``,
-``l1_loss``), compositions of ``broadcast_sub``, ``scalar_pow`` or ``abs`` and a sum or mean.
+``l1_loss``), compositions of ``broadcast_sub``, ``scalar_pow`` or ``abs`` and a sum or mean;
+``binary_cross_entropy_with_logits`` / ``nn.BCEWithLogitsLoss`` (op ``softplus``) and ``kl_div`` /
+``nn.KLDivLoss``, compositions too.
 
 ``ignore_index`` is a composition of existing ops (miniflow has no integer comparison op): the
 labels are cast to float64 (exact for every int64 label below 2**53), ``label - ignore_index``
@@ -33,7 +35,8 @@ from ..tensor import Tensor, apply, tensor
 from .module import Module
 
 __all__ = ["cross_entropy", "CrossEntropyLoss", "nll_loss", "NLLLoss", "mse_loss", "MSELoss",
-           "l1_loss", "L1Loss"]
+           "l1_loss", "L1Loss", "binary_cross_entropy_with_logits", "BCEWithLogitsLoss",
+           "kl_div", "KLDivLoss"]
 
 _REDUCTIONS = ("mean", "sum", "none")
 
@@ -160,7 +163,7 @@ def _paired(fn: str, input: Tensor, target) -> Tensor:
 
     Raises:
         ValueError: shapes that differ. TypeError: dtypes that differ."""
-    target = target if isinstance(target, Tensor) else tensor(target, dtype=input.dtype)
+    target = _as_tensor(target, input)
     if target.shape != input.shape:
         raise ValueError(f"{fn}: target size {list(target.shape)} is different from the "
                          f"input size {list(input.shape)} (PyTorch would broadcast them, "
@@ -324,6 +327,117 @@ class L1Loss(_Loss):
     function = staticmethod(l1_loss)
 
 
+def binary_cross_entropy_with_logits(input: Tensor, target, weight=None,
+                                     size_average=None, reduce=None, reduction: str = "mean",
+                                     pos_weight=None) -> Tensor:
+    """The binary cross entropy of ``sigmoid(input)`` against ``target`` (probabilities of
+    ``input``'s shape), ``torch.nn.functional.binary_cross_entropy_with_logits``, in PyTorch's
+    stable form: ``(1 - t) * x + w_p * softplus(-x)`` with ``softplus(-x) = max(-x, 0) +
+    log1p(exp(-|x|))`` (op ``softplus`` with no threshold) and ``w_p = 1 + (pos_weight - 1) *
+    t`` (1 without ``pos_weight``); ``weight`` multiplies each element's loss. ``weight`` and
+    ``pos_weight`` broadcast against the loss (``pos_weight`` along the last dim, one per
+    class); tensors of ``input``'s dtype, or arrays made so. Reduced as :func:`mse_loss`.
+
+    Raises:
+        ValueError: an unknown reduction, ``size_average`` / ``reduce`` given; a target of
+            another shape (PyTorch's "Target size ... must be the same as input size").
+        TypeError: a target, weight or pos_weight of another dtype than ``input``.
+    """
+    fn = "binary_cross_entropy_with_logits"
+    _legacy(fn, size_average, reduce)
+    _check_reduction(fn, reduction)
+    t = _as_tensor(target, input)
+    if t.shape != input.shape:
+        raise ValueError(f"Target size ({list(t.shape)}) must be the same as input size "
+                         f"({list(input.shape)})")
+    t = _same_dtype(fn, "target", t, input)
+    log_sigmoid = apply("softplus", [-input], beta=1.0, threshold=float("inf"))
+    if pos_weight is not None:
+        pw = _same_dtype(fn, "pos_weight", _as_tensor(pos_weight, input), input)
+        log_sigmoid = log_sigmoid * ((pw - 1.0) * t + 1.0)
+    loss = (1.0 - t) * input + log_sigmoid
+    if weight is not None:
+        loss = loss * _same_dtype(fn, "weight", _as_tensor(weight, input), input)
+    return _reduce(loss, reduction)
+
+
+def _as_tensor(value, input: Tensor) -> Tensor:
+    """``value`` itself if a Tensor, else a tensor of ``input``'s dtype."""
+    return value if isinstance(value, Tensor) else tensor(value, dtype=input.dtype)
+
+
+class BCEWithLogitsLoss(_Loss):
+    """:func:`binary_cross_entropy_with_logits` as a module (``torch.nn.BCEWithLogitsLoss``:
+    ``weight``, ``size_average``, ``reduce``, ``reduction``, ``pos_weight``), the weights
+    kept as given.
+
+    Raises:
+        ValueError: as :class:`_Loss`."""
+
+    function = staticmethod(binary_cross_entropy_with_logits)
+
+    def __init__(self, weight=None, size_average=None, reduce=None, reduction: str = "mean",
+                 pos_weight=None):
+        super().__init__(size_average, reduce, reduction)
+        self.weight, self.pos_weight = weight, pos_weight
+
+    def forward(self, input, target):
+        return binary_cross_entropy_with_logits(input, target, self.weight,
+                                                reduction=self.reduction,
+                                                pos_weight=self.pos_weight)
+
+
+_TINY = {"float64": 2.0 ** -1022, "float16": 2.0 ** -14}
+"""The smallest normal number of each dtype (float32's and bfloat16's: 2**-126)."""
+
+
+def kl_div(input: Tensor, target, size_average=None, reduce=None, reduction: str = "mean",
+           log_target: bool = False) -> Tensor:
+    """The Kullback-Leibler divergence of ``target`` from ``input`` (log-probabilities),
+    ``torch.nn.functional.kl_div``: per element ``target * (log(target) - input)``, 0 where
+    ``target`` is 0 (PyTorch's ``xlogy``: here ``target * log(max(target, tiny))`` with
+    ``tiny`` the dtype's smallest normal number, the same for every other target but the
+    subnormal ones); with ``log_target``, ``exp(target) * (target - input)``. ``reduction``:
+    ``"mean"`` over every element (PyTorch's default, which it warns about), ``"batchmean"``
+    (the sum over the batch size ``input.shape[0]``: the mathematical KL divergence), ``"sum"``
+    or ``"none"``. ``target`` of ``input``'s shape and dtype (an array made so).
+
+    Raises:
+        ValueError: an unknown reduction; ``size_average`` / ``reduce`` given; shapes that
+            differ. TypeError: a target of another dtype.
+    """
+    _legacy("kl_div", size_average, reduce)
+    if reduction != "batchmean":
+        _check_reduction("kl_div", reduction)
+    t = _paired("kl_div", input, target)
+    if log_target:
+        per = t.exp() * (t - input)
+    else:
+        per = t * t.clamp(min=_TINY.get(input.dtype.name, 2.0 ** -126)).log() - t * input
+    if reduction == "batchmean":
+        return per.sum() / (input.shape[0] if input.ndim else 1)
+    return _reduce(per, reduction)
+
+
+class KLDivLoss(_Loss):
+    """:func:`kl_div` as a module (``torch.nn.KLDivLoss``: ``size_average``, ``reduce``,
+    ``reduction``, ``log_target``).
+
+    Raises:
+        ValueError: as :class:`_Loss` ("batchmean" is taken)."""
+
+    function = staticmethod(kl_div)
+
+    def __init__(self, size_average=None, reduce=None, reduction: str = "mean",
+                 log_target: bool = False):
+        super().__init__(size_average, reduce,
+                         "mean" if reduction == "batchmean" else reduction)
+        self.reduction, self.log_target = reduction, log_target
+
+    def forward(self, input, target):
+        return kl_div(input, target, reduction=self.reduction, log_target=self.log_target)
+
+
 def _nll_target(input: Tensor, target) -> Tensor:
     """``target`` as an int64 Tensor of the shape ``input`` wants (PyTorch's messages).
 
@@ -358,7 +472,7 @@ def _nll_weight(input: Tensor, weight, classes: int) -> Tensor:
             requires grad (PyTorch's)."""
     if weight is None:
         return tensor(np.ones(classes), dtype=input.dtype)
-    weight = weight if isinstance(weight, Tensor) else tensor(weight, dtype=input.dtype)
+    weight = _as_tensor(weight, input)
     if tuple(weight.shape) != (classes,):
         raise ValueError(f"nll_loss: weight tensor should be defined either for all {classes} "
                          f"classes or no classes but got weight tensor of shape: "

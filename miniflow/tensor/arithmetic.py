@@ -1,6 +1,6 @@
 """Math: the arithmetic operators and their PyTorch method names, matmul, elementwise functions
-(``exp``, ``relu``, ``pow``, ...), ``softmax`` / ``log_softmax``, ``clamp``, ``maximum`` /
-``minimum`` and ``masked_fill``."""
+(``exp``, ``relu``, ``pow``, ``log1p``, ``floor``, ``round`` ...), ``softmax`` / ``log_softmax``,
+``clamp``, ``maximum`` / ``minimum``, ``masked_fill`` and ``where`` (also ``miniflow.where``)."""
 from __future__ import annotations
 
 import math
@@ -143,6 +143,34 @@ class Arithmetic:
         """cos(x) elementwise (op ``cos``; ``torch.cos``); its gradient is ``-sin(x)``."""
         return apply("cos", [self])
 
+    def log1p(self):
+        """log(1 + x) elementwise, exact for small x (op ``log1p``, OneFlow's; ``torch.log1p``);
+        its gradient is ``dy / (1 + x)``."""
+        return apply("log1p", [self])
+
+    def floor(self):
+        """The largest integer <= x elementwise, in this dtype (op ``floor``, OneFlow's;
+        ``torch.floor``); its gradient is 0, as PyTorch's."""
+        return apply("floor", [self])
+
+    def round(self, *, decimals: int = 0):
+        """x rounded to the nearest integer, halves to the even one (op ``round``, OneFlow's;
+        ``torch.round``: ``round(2.5) = 2``); with ``decimals``, as PyTorch computes it:
+        ``round(x * 10**decimals) / 10**decimals`` (for negative decimals ``round(x /
+        10**-decimals) * 10**-decimals``). Its gradient is 0, as PyTorch's.
+
+        Raises:
+            TypeError: ``decimals`` not an int."""
+        if isinstance(decimals, bool) or not isinstance(decimals, numbers.Integral):
+            raise TypeError(f"round(): argument 'decimals' must be int, not "
+                            f"{type(decimals).__name__}")
+        if decimals == 0:
+            return apply("round", [self])
+        scale = 10.0 ** abs(int(decimals))
+        if decimals > 0:
+            return apply("round", [self * scale]) / scale
+        return apply("round", [self / scale]) * scale
+
     def sqrt(self):
         """sqrt(x) elementwise (op ``sqrt``); sqrt(x<0) = NaN."""
         return apply("sqrt", [self])
@@ -276,6 +304,11 @@ class Arithmetic:
                 f"raises too): give float('-inf') or a value in range")
         return apply("masked_fill", [self, mask], value=value)
 
+    def where(self, condition, y) -> "Tensor":
+        """``torch.Tensor.where``: ``x.where(condition, y)`` is :func:`where` ``(condition, x,
+        y)``."""
+        return where(condition, self, y)
+
     def tril(self, diagonal: int = 0) -> "Tensor":
         """The lower triangle of the last two dimensions (``torch.tril``; nanoGPT's
         ``torch.tril(torch.ones(T, T))`` mask): ``out[..., i, j] = x[..., i, j]`` where
@@ -302,6 +335,50 @@ class Arithmetic:
         rows, cols = self.shape[-2:]
         below = np.arange(cols)[None, :] - np.arange(rows)[:, None] < int(diagonal)
         return self.masked_fill(below, 0.0)
+
+
+def where(condition, input, other) -> "Tensor":
+    """``input`` where ``condition`` is True (nonzero), else ``other`` (``torch.where(condition,
+    input, other)``; OneFlow's op ``where``, here composed exactly of two ``masked_fill``: each
+    operand is expanded to the broadcast shape, the places it does not take are zeroed, and the
+    two are added, so ``inf`` and NaN of the place not taken do not leak, and each gradient is
+    ``dy`` where its operand was taken, summed back to its shape). ``condition``: a bool or
+    integer array (a comparison's result) or an int64 Tensor, as :meth:`Arithmetic.masked_fill`'s
+    mask; ``input`` and ``other``: floating tensors of one dtype, arrays or numbers (an array
+    or a number takes the tensor's dtype; both numbers: float32, PyTorch's default). A zero
+    taken from a ``-0.0`` comes out as ``+0.0`` (the added zero).
+
+    Raises:
+        TypeError: a condition as :meth:`Arithmetic.masked_fill`'s mask; tensors of two dtypes
+            (cast one); ``where(condition)`` alone (PyTorch's ``nonzero``: not there).
+        RuntimeError: shapes that do not broadcast (PyTorch's message).
+    """
+    tensors = [v for v in (input, other) if isinstance(v, TensorCore)]
+    if len(tensors) == 2 and input.dtype is not other.dtype:
+        raise TypeError(f"where: input {input.dtype.name} and other {other.dtype.name} have "
+                        f"different dtypes; cast one with .to(miniflow.{input.dtype.name})")
+    dtype = tensors[0].dtype if tensors else float32
+    for t in tensors:
+        if not t.dtype.is_float:
+            raise TypeError(f"where: a floating tensor is needed (masked_fill's), got "
+                            f"{t.dtype.name}; cast it with .float() first")
+    if isinstance(condition, TensorCore) and condition._value is not None:
+        if condition.dtype.is_float:     # a lazy int64 mask; its complement by two casts
+            raise TypeError(f"where: the condition must be a bool or integer mask, got a "
+                            f"{condition.dtype.name} tensor")
+        mask, keep = condition, (1.0 - condition.to(float32)).to("int64")
+    else:
+        mask = condition.numpy() if isinstance(condition, TensorCore) else mask_array(
+            "where", condition)
+        if mask.dtype.kind not in "biu":
+            raise TypeError(f"where: the condition must be a bool or integer mask, got an array "
+                            f"of {mask.dtype}")
+        mask = mask.astype(bool)
+        keep = ~mask
+    shape = tuple(np.broadcast_shapes(*(tuple(v.shape) for v in (mask, *tensors))))
+    x, y = (v if isinstance(v, TensorCore) else tensor(np.broadcast_to(v, shape), dtype=dtype)
+            for v in (input, other))
+    return x.expand(shape).masked_fill(keep, 0.0) + y.expand(shape).masked_fill(mask, 0.0)
 
 
 def _promoted(op: str, t: TensorCore, other) -> tuple:

@@ -1,13 +1,16 @@
 """dtype and device conversions: ``to`` (with ``torch.Tensor.to``'s argument forms,
-:func:`to_args`), ``float`` / ``half`` / ``long`` ..., ``detach`` and ``clone``."""
+:func:`to_args`), ``float`` / ``half`` / ``long`` ..., ``detach`` and ``clone``; ``new_zeros``,
+``new_ones``, ``new_full`` and ``new_tensor`` (eager tensors of this tensor's dtype)."""
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+import numpy as np
+
 from ..dtype import as_dtype
 from ..runtime.backend import check_device
 from .core import TensorCore
-from .create import apply, new_tensor
+from .create import _made, apply, as_numpy, full, new_tensor, ones, zeros
 
 if TYPE_CHECKING:        # the composed class, for the annotations only
     from . import Tensor
@@ -72,6 +75,36 @@ class Casts:
     def is_floating_point(self) -> bool:
         """Whether the dtype is a floating-point one (``torch.Tensor.is_floating_point``)."""
         return self.dtype.is_float
+
+    def new_zeros(self, *size, dtype=None, device=None, requires_grad: bool = False):
+        """``torch.Tensor.new_zeros``: :func:`miniflow.zeros` of ``size`` (ints, or one tuple
+        or list) in this tensor's dtype unless ``dtype`` is given; an eager tensor (a constant
+        inside ``build``). Errors as :func:`miniflow.zeros`."""
+        return zeros(*size, dtype=self.dtype if dtype is None else dtype, device=device,
+                     requires_grad=requires_grad)
+
+    def new_ones(self, *size, dtype=None, device=None, requires_grad: bool = False):
+        """``torch.Tensor.new_ones``: ones, as :meth:`new_zeros`."""
+        return ones(*size, dtype=self.dtype if dtype is None else dtype, device=device,
+                    requires_grad=requires_grad)
+
+    def new_full(self, size, fill_value, *, dtype=None, device=None,
+                 requires_grad: bool = False):
+        """``torch.Tensor.new_full``: :func:`miniflow.full` of ``size`` (a tuple or list),
+        ``fill_value`` in this tensor's dtype unless ``dtype`` is given; errors as
+        :func:`miniflow.full`."""
+        return full(size, fill_value, dtype=self.dtype if dtype is None else dtype,
+                    device=device, requires_grad=requires_grad)
+
+    def new_tensor(self, data, *, dtype=None, device=None, requires_grad: bool = False):
+        """``torch.Tensor.new_tensor``: ``data`` (an array, a sequence, a number, a tensor: its
+        values copied) as an eager tensor of this tensor's dtype unless ``dtype`` is given.
+
+        Raises:
+            TypeError: an unsupported dtype. ValueError: another device;
+                ``requires_grad=True`` (as :func:`miniflow.zeros`)."""
+        return _made("new_tensor", np.array(as_numpy(data)), self.dtype if dtype is None
+                     else dtype, device, requires_grad)
 
     def clone(self) -> "Tensor":
         """A copy (op ``identity``; ``torch.Tensor.clone``: its gradient flows to this tensor)."""

@@ -1,4 +1,4 @@
-"""Comparisons (``==``, ``<``, ...): the NumPy bool array of an eager tensor's values compared,
+"""Comparisons (``==``, ``<``, ..., ``isnan``): the NumPy bool array of an eager tensor's values compared,
 identity between two tensors under ``==`` / ``!=``, and a lazy tensor's value at trace time
 where it only rearranges a buffer or a constant."""
 from __future__ import annotations
@@ -83,6 +83,16 @@ class Comparisons:
     def ge(self, other) -> np.ndarray:
         """``torch.Tensor.ge``: ``>=`` of the values, as :meth:`eq`."""
         return self._compare(other, ">=", elementwise=True)
+
+    def isnan(self) -> np.ndarray:
+        """``torch.isnan``: the NumPy bool array of where this tensor's values are NaN (``x !=
+        x``, as :meth:`ne` reads them: eager tensors, and at trace time what ``==`` can read);
+        miniflow has no bool tensors (a mask for :meth:`masked_fill` or :func:`where`).
+
+        Raises:
+            RuntimeError: a lazy tensor whose value is computed in the graph (as ``==``).
+        """
+        return self._compare(self, "!=", elementwise=True)
 
 
 _LAYOUT_OPS = ("slice", "reshape", "transpose", "flatten")

@@ -34,6 +34,26 @@ step = TrainStep(model, optimizer); loss = step(x, y)  # one step: gradients and
 """Tensor.backward's error outside ``build``: the five lines of a training graph."""
 
 
+NOT_THERE = {
+    "cumsum": "miniflow has no cumulative-sum op yet: eagerly write "
+              "miniflow.tensor(np.cumsum(x.numpy(), axis=dim)); inside nn.Graph.build, for a "
+              "short last dim of size n, x @ miniflow.ones(n, n).triu() (summed in another "
+              "order, so not bit for bit)",
+    "einsum": "miniflow has no einsum yet: write the contraction with matmul (@), permute, "
+              "reshape and sum, e.g. torch.einsum('bij,bjk->bik', a, b) is a @ b and "
+              "torch.einsum('ij,ij->i', a, b) is (a * b).sum(1)",
+}
+"""PyTorch's tensor names miniflow has not yet, and what to write instead: the hint of the
+``AttributeError`` of ``Tensor.<name>`` and ``miniflow.<name>``."""
+
+
+def not_there(owner: str, name: str) -> AttributeError:
+    """The ``AttributeError`` of ``owner``'s missing attribute ``name``, with what to write
+    instead when :data:`NOT_THERE` lists it."""
+    hint = NOT_THERE.get(name)
+    return AttributeError(f"{owner} has no attribute {name!r}" + (f": {hint}" if hint else ""))
+
+
 class LazyValueError(RuntimeError):
     """The value of a lazy tensor was read inside ``nn.Graph.build`` (``numpy()``, ``item()``,
     ``bool(t)``, ``if t:``): it does not exist until the graph runs, and miniflow traces the whole
@@ -89,6 +109,15 @@ class TensorCore:
     @data.setter
     def data(self, value):
         raise AttributeError(_NO_DATA)
+
+    def __getattr__(self, name):
+        """Only for an attribute there is not (the others are found first): PyTorch's names
+        miniflow has not yet say what to write instead (:data:`NOT_THERE`); a property whose
+        getter raised ``AttributeError`` (``data``) raises its own message again."""
+        attr = getattr(type(self), name, None)
+        if isinstance(attr, property):
+            return attr.__get__(self, type(self))
+        raise not_there("'Tensor' object", name)
 
     @property
     def is_lazy(self) -> bool:

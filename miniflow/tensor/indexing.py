@@ -2,7 +2,8 @@
 ``reshape``, one integer array, list or int64 Tensor as op ``gather``; ``x.gather(dim, index)``
 (and :func:`gather`, ``miniflow.gather``) as op ``dim_gather``, ``x.scatter`` and
 ``x.scatter_add`` as ops ``dim_scatter_update`` (``_scalar``) and ``dim_scatter_add``,
-:func:`take_along_dim` as ``expand`` and ``dim_gather``. Assignment, ``x[key] = v``: eager
+:func:`take_along_dim` as ``expand`` and ``dim_gather``, ``index_select`` and ``flip`` as op
+``gather``. Assignment, ``x[key] = v``: eager
 tensors in place, lazy ones as op ``slice_update`` (or ``masked_fill`` for a mask)."""
 from __future__ import annotations
 
@@ -195,6 +196,58 @@ class Indexing:
     def take_along_dim(self, indices, dim: int | None = None) -> "Tensor":
         """:func:`take_along_dim` of this tensor (``torch.Tensor.take_along_dim``)."""
         return take_along_dim(self, indices, dim)
+
+    def index_select(self, dim: int, index) -> "Tensor":
+        """The slices of this tensor along ``dim`` at ``index`` (a 1-D or 0-d int64 tensor, an
+        integer array or list), in its order, repeats allowed: ``torch.index_select``. Op
+        ``gather`` (OneFlow's, along ``axis``), whose gradient adds the repeats'.
+
+        Raises:
+            IndexError: ``dim`` out of range; an index of more than one dimension (PyTorch's
+                "Index is supposed to be a vector"); a known index outside ``[0,
+                self.shape[dim])`` (PyTorch's "index out of range in self").
+            TypeError: an index that is not of integers.
+        """
+        d = _dim("index_select", dim, max(self.ndim, 1))
+        if not isinstance(index, TensorCore):
+            arr = as_numpy(index)
+            if arr.dtype.kind not in "iu" or arr.dtype == np.uint64:
+                raise TypeError(f"index_select(): Expected dtype int64 for index, got "
+                                f"{arr.dtype}")
+            index = tensor(arr.astype(np.int64))
+        if index.dtype is not int64:
+            raise TypeError(f"index_select(): Expected dtype int64 for index, got "
+                            f"{index.dtype.name}")
+        if index.ndim > 1:
+            raise IndexError("index_select(): Index is supposed to be a vector")
+        index = index.reshape(-1) if index.ndim == 0 else index
+        size = self.shape[d] if self.ndim else 1
+        if index._value is None and index.numel() and not (
+                0 <= index.numpy().min() and index.numpy().max() < size):
+            raise IndexError("index out of range in self")
+        x = self.reshape(1) if self.ndim == 0 else self
+        out = apply("gather", [x, index], axis=d)
+        return out.reshape(()) if self.ndim == 0 else out
+
+    def flip(self, *dims) -> "Tensor":
+        """This tensor with the order of its elements reversed along each of ``dims``
+        (``torch.flip``: ``x.flip(0)``, ``x.flip((0, 2))``, ``x.flip([0, 2])``): op ``gather``
+        of the reversed positions per dim (a copy, as PyTorch's); its gradient is ``dy``
+        flipped back.
+
+        Raises:
+            IndexError: a dim out of range. RuntimeError: a dim given twice (PyTorch's
+                "dim ... appears multiple times in the list of dims").
+        """
+        dims = tuple(dims[0]) if len(dims) == 1 and isinstance(dims[0], (tuple, list)) else dims
+        normal = [_dim("flip", d, max(self.ndim, 1)) for d in dims]
+        for d in normal:
+            if normal.count(d) > 1:
+                raise RuntimeError(f"dim {d} appears multiple times in the list of dims")
+        out = self
+        for d in normal if self.ndim else ():
+            out = apply("gather", [out, tensor(np.arange(self.shape[d] - 1, -1, -1))], axis=d)
+        return out
 
     def _take(self, key: tuple, pos: int) -> "Tensor":
         """``self[key]`` where ``key[pos]`` is the tuple's one array, list or int64 Tensor

@@ -1,6 +1,7 @@
 """Reductions: ``sum``, ``mean``, ``var`` / ``std``, ``max`` / ``min`` (with ``dim``: values and
-indices) and ``argmax`` / ``argmin``, with PyTorch's and NumPy's argument names; ``topk`` and
-``multinomial`` of eager tensors (computed with NumPy: no ops)."""
+indices), ``amax`` / ``amin``, ``logsumexp``, ``norm`` and ``argmax`` / ``argmin``, with
+PyTorch's and NumPy's argument names; ``topk`` and ``sort`` (op ``top_k`` in a graph, NumPy
+eagerly) and ``multinomial`` of eager tensors (computed with NumPy: no op)."""
 from __future__ import annotations
 
 import collections
@@ -28,6 +29,8 @@ MinResult = collections.namedtuple("min", ["values", "indices"])
 """What ``Tensor.min(dim)`` returns (PyTorch's ``torch.return_types.min``)."""
 TopkResult = collections.namedtuple("topk", ["values", "indices"])
 """What ``Tensor.topk`` returns (PyTorch's ``torch.return_types.topk``)."""
+SortResult = collections.namedtuple("sort", ["values", "indices"])
+"""What ``Tensor.sort`` returns (PyTorch's ``torch.return_types.sort``)."""
 
 class Reductions:
     """The reductions of :class:`miniflow.tensor.Tensor`."""
@@ -108,6 +111,78 @@ class Reductions:
         """The int64 index of the smallest element (:meth:`argmax` of ``-x``; ``torch.argmin``);
         raises as :meth:`argmax`."""
         return (-self).argmax(dim, keepdim)
+
+    def amax(self, dim=(), keepdim: bool = False) -> "Tensor":
+        """The largest element over ``dim`` (an int, a sequence of ints; ``()`` or None: every
+        dim), ``torch.amax``: values only, NaN propagates, and the gradient is shared equally by
+        every element equal to the maximum (as PyTorch's ``amax``). Op ``reduce_max`` over one
+        axis: several dims are moved last and merged first (``transpose``, ``reshape``).
+
+        Raises:
+            ValueError: a dim out of range or repeated; an empty reduced dimension
+                (PyTorch's "Expected reduction dim ... to have non-zero size").
+        """
+        dim, keepdim = _reduce_args("amax", dim, keepdim, None, None)
+        axes = norm_axes("amax", dim, self.ndim) if self.ndim else ()
+        kept = [i for i in range(self.ndim) if i not in axes]
+        moved = self.permute(*kept, *axes) if kept + list(axes) != list(range(self.ndim)) else self
+        flat = moved.reshape(*(self.shape[i] for i in kept), -1 if self.numel() else 0)
+        if flat.shape[-1] == 0:
+            raise ValueError(f"amax(): Expected reduction dim {list(axes)} to have non-zero "
+                             f"size.")
+        out = apply("reduce_max", [flat], axis=flat.ndim - 1)
+        if keepdim:
+            out = out.reshape(tuple(1 if i in axes else n for i, n in enumerate(self.shape)))
+        return out
+
+    def amin(self, dim=(), keepdim: bool = False) -> "Tensor":
+        """The smallest element over ``dim``: :meth:`amax` of ``-x``, negated (exact;
+        ``torch.amin``); arguments, gradient and errors as :meth:`amax`."""
+        return -(-self).amax(dim, keepdim)
+
+    def logsumexp(self, dim, keepdim: bool = False) -> "Tensor":
+        """``log(sum(exp(x)))`` over ``dim`` (an int or a sequence of ints), ``torch.logsumexp``,
+        computed stably as ``m + log(sum(exp(x - m)))`` with ``m`` the (detached) :meth:`amax`
+        clamped to the dtype's finite range: a slice of ``-inf`` gives ``-inf``, one holding
+        ``inf`` gives ``inf``, as PyTorch's. Its gradient is the softmax of the slice.
+
+        Raises: as :meth:`amax`.
+        """
+        from ..dtype import max_finite
+        big = max_finite(self.dtype)
+        m = self.detach().amax(dim, keepdim=True).clamp(-big, big)
+        out = (self - m).exp().sum(dim, keepdim=True).log() + m
+        if keepdim:
+            return out
+        axes = norm_axes("logsumexp", _reduce_args("logsumexp", dim, False, None, None)[0],
+                         self.ndim) if self.ndim else ()
+        return out.reshape(tuple(n for i, n in enumerate(self.shape) if i not in axes))
+
+    def norm(self, p="fro", dim=None, keepdim: bool = False, dtype=None) -> "Tensor":
+        """The vector ``p``-norm over ``dim`` (None: every element), ``torch.Tensor.norm``:
+        ``p`` 2 or ``"fro"`` ``sqrt(sum(x^2))``, 1 ``sum(|x|)``, ``inf`` :meth:`amax` of
+        ``|x|``, ``-inf`` :meth:`amin`, any other ``p > 0`` ``sum(|x|^p)^(1/p)``; ``dtype``:
+        cast to it first. The gradient of the 2-norm of an all-zero slice is NaN (PyTorch
+        gives 0).
+
+        Raises:
+            ValueError: ``p`` 0, negative or ``"nuc"`` (not supported: count nonzeros with
+                ``(x != 0).sum()`` of an eager tensor); a dim as :meth:`amax`.
+        """
+        x = self if dtype is None else self.to(dtype)
+        dim = () if dim is None else dim
+        if p in ("fro", 2, 2.0):
+            return x.square().sum(dim, keepdim).sqrt()
+        if p in (1, 1.0):
+            return x.abs().sum(dim, keepdim)
+        if p == math.inf:
+            return x.abs().amax(dim, keepdim)
+        if p == -math.inf:
+            return x.abs().amin(dim, keepdim)
+        if isinstance(p, bool) or not isinstance(p, numbers.Real) or not p > 0:
+            raise ValueError(f"norm: p={p!r} is not supported: give 2 (or 'fro'), 1, inf, "
+                             f"-inf or a number > 0")
+        return x.abs().pow(float(p)).sum(dim, keepdim).pow(1.0 / p)
 
     def var(self, dim=None, unbiased=None, keepdim: bool = False, *, correction=None):
         """Variance over ``dim`` (None: every dim) with Bessel's ``correction`` (default 1:
@@ -283,6 +358,18 @@ class Sampling:
         if self.ndim == 0:
             values, idx = values.reshape(()), idx.reshape(())
         return TopkResult(values, idx)
+
+    def sort(self, dim: int = -1, descending: bool = False, *, stable: bool = False):
+        """``(values, indices)`` of this tensor sorted along ``dim``, ascending (``descending``:
+        largest first), as PyTorch's ``torch.return_types.sort``: :meth:`topk` of every
+        element (``largest=descending``), so NaN sorts last ascending and first descending, as
+        PyTorch's, and equal elements keep their index order (``stable`` is taken either way).
+        Inside ``build`` floating tensors (op ``top_k``), whose values train.
+
+        Raises: as :meth:`topk` (``dim`` out of range; an int64 tensor inside ``build``)."""
+        d = _dim("sort", dim, max(self.ndim, 1))
+        top = self.topk(self.shape[d] if self.ndim else 1, d, largest=bool(descending))
+        return SortResult(*top)
 
     def multinomial(self, num_samples: int, replacement: bool = False, *, generator=None):
         """``num_samples`` int64 category indices per row, drawn with probabilities

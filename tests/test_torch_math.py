@@ -1,0 +1,331 @@
+"""PyTorch's commonly used names that were AttributeErrors: ``where`` (``miniflow.where``,
+``Tensor.where``), ``amax`` / ``amin``, ``logsumexp``, ``norm``, ``flip``, ``index_select``,
+``sort``, ``floor``, ``round``, ``log1p``, ``isnan``, ``new_zeros`` / ``new_ones`` / ``new_full``
+/ ``new_tensor``; ``nn.functional``'s ``normalize``, ``one_hot``, ``pad``,
+``binary_cross_entropy_with_logits`` (``nn.BCEWithLogitsLoss``) and ``kl_div``
+(``nn.KLDivLoss``); and the hint of the
+``AttributeError`` of a name that is not there yet (``einsum``, ``cumsum``). Values against
+NumPy float64 eagerly and inside ``build``, gradients against central differences (both run
+without torch) and against torch (skipped without it), PyTorch's errors."""
+import math
+
+import numpy as np
+import pytest
+
+import miniflow as mf
+from miniflow import nn
+from miniflow.nn import functional as F
+
+try:
+    import torch
+except ImportError:   # torch is optional: its comparisons skip
+    torch = None
+
+R = np.random.default_rng(11)
+X = R.standard_normal((3, 4, 5))
+X[0, 0, :2] = 2.5               # ties of the maximum: amax shares their gradient
+MASK = R.random((4, 5)) < 0.5
+Y = R.standard_normal((4, 1))
+
+
+def _lse(a, axis):
+    m = a.max(axis=axis, keepdims=True)
+    return np.squeeze(m, axis) + np.log(np.exp(a - m).sum(axis=axis))
+
+
+CASES = {   # name: (miniflow function, NumPy float64 oracle); x of shape X's
+    "where": (lambda t: mf.where(MASK, t, mf.tensor(Y, dtype=t.dtype)),
+              lambda a: np.where(MASK, a, Y)),
+    "where_number": (lambda t: t.where(MASK, 0.5) + mf.where(MASK, -1.0, t),
+                     lambda a: np.where(MASK, a, 0.5) + np.where(MASK, -1.0, a)),
+    "amax": (lambda t: t.amax(-1) + t.amax((0, 2), keepdim=True).sum(),
+             lambda a: a.max(-1) + a.max((0, 2), keepdims=True).sum()),
+    "amin": (lambda t: t.amin() + t.amin([2, 0]).sum(), lambda a: a.min() + a.min((0, 2)).sum()),
+    "logsumexp": (lambda t: t.logsumexp(1) + t.logsumexp((0, 2), keepdim=True).sum(),
+                  lambda a: _lse(a, 1) + _lse(a, (0, 2)).sum()),
+    "norm": (lambda t: t.norm() + t.norm(1, 2).sum() + t.norm(math.inf, (0, 1)).sum()
+             + t.norm(3.0, -1, keepdim=True).sum() + t.norm(-math.inf, 0).sum(),
+             lambda a: np.sqrt((a * a).sum()) + abs(a).sum(2).sum() + abs(a).max((0, 1)).sum()
+             + ((abs(a) ** 3).sum(-1) ** (1 / 3)).sum() + abs(a).min(0).sum()),
+    "normalize": (lambda t: F.normalize(t) + F.normalize(t, p=1.0, dim=-1),
+                  lambda a: a / np.sqrt((a * a).sum(1, keepdims=True))
+                  + a / abs(a).sum(-1, keepdims=True)),
+    "flip": (lambda t: t.flip(0) + t.flip((1, 2)) * 2.0 + t.flip([-1]) * 3.0,
+             lambda a: a[::-1] + a[:, ::-1, ::-1] * 2.0 + a[..., ::-1] * 3.0),
+    "index_select": (lambda t: t.index_select(1, [3, 0, 3]).sum(2)
+                     + t.index_select(-1, mf.tensor(np.array([4, 4, 1]))).sum(2)[:, :3],
+                     lambda a: a[:, [3, 0, 3]].sum(2) + a[..., [4, 4, 1]].sum(2)[:, :3]),
+    "pad": (lambda t: F.pad(t, (1, 2)) * 2.0 + F.pad(t, (0, 3, -1, 1), value=1.5),
+            lambda a: np.pad(a, ((0, 0), (0, 0), (1, 2))) * 2.0
+            + np.pad(a[:, 1:], ((0, 0), (0, 1), (0, 3)), constant_values=1.5)),
+    "sort": (lambda t: t.sort(1).values + t.sort(dim=-2, descending=True)[0] * 2.0,
+             lambda a: np.sort(a, 1) + -np.sort(-a, 1) * 2.0),
+    "log1p": (lambda t: (t * t).log1p() + (t.abs() - 0.99).log1p().exp(),
+              lambda a: np.log1p(a * a) + np.exp(np.log1p(abs(a) - 0.99))),
+    "floor_round": (lambda t: (t * 3.0).floor() + (t * 3.0).round() * 2.0 + t,
+                    lambda a: np.floor(a * 3.0) + np.round(a * 3.0) * 2.0 + a),
+}
+BCE_T = R.random((3, 4, 5))
+BCE_W, BCE_PW = R.random((4, 5)), R.random(5) * 3.0
+CASES["bce_with_logits"] = (
+    lambda t: F.binary_cross_entropy_with_logits(
+        t * 8.0, mf.tensor(BCE_T, dtype=t.dtype), mf.tensor(BCE_W, dtype=t.dtype),
+        reduction="none", pos_weight=mf.tensor(BCE_PW, dtype=t.dtype)),
+    lambda a: BCE_W * ((1 - BCE_T) * 8 * a + (1 + (BCE_PW - 1) * BCE_T)
+                       * np.log1p(np.exp(-8 * a))))
+
+KL_T = R.dirichlet(np.ones(5), (3, 4))
+KL_T[0, 0, :2] = 0.0            # xlogy: 0 where the target is 0
+CASES["kl_div"] = (
+    lambda t: F.kl_div(t, KL_T, reduction="none")
+    + F.kl_div(t, mf.tensor(KL_T, dtype=t.dtype), reduction="batchmean")
+    + F.kl_div(t, np.log(KL_T + 0.1), reduction="sum", log_target=True),
+    lambda a: np.where(KL_T > 0, KL_T * np.log(np.where(KL_T > 0, KL_T, 1)), 0) - KL_T * a
+    + (np.where(KL_T > 0, KL_T * np.log(np.where(KL_T > 0, KL_T, 1)), 0) - KL_T * a).sum() / 3
+    + ((KL_T + 0.1) * (np.log(KL_T + 0.1) - a)).sum())
+
+
+class _Step(nn.Graph):
+    """loss = sum(w * f(x)) for a parameter x, one SGD step of lr 1: x - x' is the gradient."""
+
+    def __init__(self, fn, x):
+        super().__init__()
+        self.m = nn.Module()
+        self.m.x = nn.Parameter(x.copy())
+        self.fn = fn
+        self.add_optimizer(mf.optim.SGD(self.m.parameters(), lr=1.0))
+
+    def build(self):
+        y = self.fn(self.m.x)
+        (y * mf.tensor(_weights(y.shape), dtype=y.dtype)).sum().backward()
+        return y
+
+
+def _weights(shape):
+    return np.linspace(0.5, 1.5, int(np.prod(shape))).reshape(shape)
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_values_match_numpy_float64_eager_and_in_build(name):
+    fn, oracle = CASES[name]
+    want = oracle(X)
+    eager = fn(mf.tensor(X)).numpy()
+    assert eager.shape == np.shape(want) and eager.dtype == np.float64
+    np.testing.assert_allclose(eager, want, rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(_Step(fn, X)().numpy(), want, rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(fn(mf.tensor(X.astype(np.float32))).numpy(), want, rtol=1e-5,
+                               atol=1e-5)
+
+
+@pytest.mark.parametrize("name", sorted(set(CASES) - {"floor_round"}))
+def test_gradients_match_central_differences(name):
+    """Away from ties and jumps (a fresh draw): ``amax`` and ``sort`` are smooth there."""
+    fn = CASES[name][0]
+    x = np.random.default_rng(3).standard_normal(X.shape)
+    g = _Step(fn, x)
+    g()
+    got = x - g.m.x.numpy()
+    w = _weights(np.shape(fn(mf.tensor(x)).numpy()))
+    want = np.zeros_like(x)
+    h = 1e-6
+    for i in np.ndindex(x.shape):
+        d = np.zeros_like(x)
+        d[i] = h
+        want[i] = ((fn(mf.tensor(x + d)).numpy() - fn(mf.tensor(x - d)).numpy()) * w).sum() / (2 * h)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
+TORCH_CASES = {   # name: (miniflow, torch) functions of a float32 tensor X's shape
+    "where": (CASES["where"][0], lambda t: torch.where(torch.tensor(MASK), t,
+                                                       torch.tensor(Y, dtype=t.dtype))),
+    "amax_ties": (lambda t: t.amax((0, 2)) + t.amin(-1, keepdim=True).sum(),
+                  lambda t: t.amax((0, 2)) + t.amin(-1, keepdim=True).sum()),
+    "logsumexp": (lambda t: t.logsumexp(-1) + t.logsumexp((0, 1)).sum(),
+                  lambda t: t.logsumexp(-1) + t.logsumexp((0, 1)).sum()),
+    "norm": (lambda t: t.norm(dim=1) + t.norm(1, (0, 2)).sum() + t.norm(float("inf"), -1).sum(),
+             lambda t: t.norm(dim=1) + t.norm(1, (0, 2)).sum() + t.norm(float("inf"), -1).sum()),
+    "normalize": (lambda t: F.normalize(t, dim=-1), lambda t: torch.nn.functional.normalize(
+        t, dim=-1)),
+    "flip_index_select": (lambda t: t.flip(0, 2) + t.index_select(1, [1, 1, 0, 3]).sum(1,
+                                                                                      True),
+                          lambda t: t.flip((0, 2)) + t.index_select(
+                              1, torch.tensor([1, 1, 0, 3])).sum(1, True)),
+    "pad": (lambda t: F.pad(t, (2, -1, 1, 0), value=-1.0),
+            lambda t: torch.nn.functional.pad(t, (2, -1, 1, 0), value=-1.0)),
+    "sort": (lambda t: t.sort(-1, True).values * 2.0 + t.sort(0)[0],
+             lambda t: t.sort(-1, True).values * 2.0 + t.sort(0)[0]),
+    "floor_round_log1p": (lambda t: (t * 2).floor() + (t * 2).round() + t.abs().log1p(),
+                          lambda t: (t * 2).floor() + (t * 2).round() + t.abs().log1p()),
+    "kl_div": (lambda t: F.kl_div(t.log_softmax(-1), mf.tensor(KL_T.astype(np.float32)),
+                                  reduction="batchmean"),
+               lambda t: torch.nn.functional.kl_div(
+                   t.log_softmax(-1), torch.tensor(KL_T.astype(np.float32)),
+                   reduction="batchmean")),
+    "bce_with_logits": (lambda t: F.binary_cross_entropy_with_logits(
+        t, mf.tensor(BCE_T[0, 0].astype(np.float32)).expand(3, 4, 5)),
+        lambda t: torch.nn.functional.binary_cross_entropy_with_logits(
+            t, torch.tensor(BCE_T[0, 0].astype(np.float32)).expand(3, 4, 5))),
+}
+
+
+@pytest.mark.parametrize("name", sorted(TORCH_CASES))
+def test_values_and_gradients_match_torch(name):
+    """float32, ties of the maximum included (amax / amin share the gradient equally, as
+    PyTorch's)."""
+    if torch is None:
+        pytest.skip("torch is not installed")
+    fn, tfn = TORCH_CASES[name]
+    x = X.astype(np.float32)
+    t = torch.tensor(x, requires_grad=True)
+    y = tfn(t)
+    (y * torch.tensor(_weights(y.shape), dtype=torch.float32)).sum().backward()
+    np.testing.assert_allclose(fn(mf.tensor(x)).numpy(), y.detach().numpy(), rtol=1e-5,
+                               atol=1e-6)
+    g = _Step(fn, x)
+    np.testing.assert_allclose(g().numpy(), y.detach().numpy(), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(x - g.m.x.numpy(), t.grad.numpy(), rtol=1e-4, atol=1e-5)
+
+
+def test_where_takes_a_condition_computed_in_the_graph_and_leaks_no_nan():
+    """An int64 condition of the graph (its complement from casts), inf and NaN in the place
+    not taken, broadcasting of condition, input and other."""
+    a = np.array([[1.0, np.inf, np.nan], [-2.0, 3.0, np.nan]], np.float32)
+    b = np.array([10.0, 20.0, 30.0], np.float32)
+    c = np.array([[1, 0, 0], [1, 1, 0]])
+
+    class G(nn.Graph):
+        def build(self, x, y, cond):
+            return mf.where(cond, x, y), x.where(cond, 0.0)
+
+    for got, want in zip(G()(mf.tensor(a), mf.tensor(b), mf.tensor(c)),
+                         (np.where(c, a, b), np.where(c, a, 0.0))):
+        np.testing.assert_array_equal(got.numpy(), want)
+    np.testing.assert_array_equal(mf.where(c[:, :1] == 1, mf.tensor(b), 1.0).numpy(),
+                                  np.where(c[:, :1], b, 1.0))
+    assert mf.where(c, 1.0, 2.0).dtype == mf.float32
+    with pytest.raises(TypeError, match="different dtypes"):
+        mf.where(c, mf.tensor(a), mf.tensor(b.astype(np.float64)))
+    with pytest.raises(TypeError, match="bool or integer mask"):
+        mf.where(np.ones(3), mf.tensor(b), 0.0)
+
+
+def test_logsumexp_of_infinite_slices_and_norm_errors_as_pytorch():
+    x = np.array([[-np.inf, -np.inf], [np.inf, 1.0], [np.nan, 1.0], [1e30, 1e30]], np.float32)
+    got = mf.tensor(x).logsumexp(1).numpy()
+    np.testing.assert_array_equal(got[:3], [-np.inf, np.inf, np.nan])
+    np.testing.assert_allclose(got[3], 1e30, rtol=1e-6)
+    with pytest.raises(ValueError, match="p='nuc' is not supported"):
+        mf.tensor(x).norm("nuc")
+    with pytest.raises(ValueError, match="to have non-zero size"):
+        mf.tensor(np.zeros((2, 0))).amax(1)
+
+
+def test_isnan_floor_and_round_follow_pytorch_at_the_edges():
+    v = np.array([-2.5, -1.5, -0.5, 0.5, 1.5, 2.5, -0.3, -0.0, np.inf, -np.inf, np.nan, 1e9 + 0.5,
+                  -3.7], np.float32)
+    x = mf.tensor(v)
+    np.testing.assert_array_equal(x.isnan(), np.isnan(v))
+    assert x.isnan().dtype == bool
+    for got, want in ((x.floor(), np.floor(v)), (x.round(), np.round(v)),
+                      (x.round(decimals=1), np.round(v * 10) / 10)):
+        np.testing.assert_array_equal(got.numpy(), want)
+        np.testing.assert_array_equal(np.signbit(got.numpy()), np.signbit(want))
+    if torch is not None:
+        t = torch.tensor(v)
+        np.testing.assert_array_equal(x.round().numpy(), t.round().numpy())
+        np.testing.assert_array_equal(x.round(decimals=-1).numpy(), t.round(decimals=-1).numpy())
+        np.testing.assert_array_equal(x.floor().numpy(), t.floor().numpy())
+
+
+def test_one_hot_as_pytorch_eager_and_from_an_index_of_the_graph():
+    idx = np.array([[0, 3], [2, 1]])
+    want = np.eye(4, dtype=np.int64)[idx]
+    for got in (F.one_hot(mf.tensor(idx)), F.one_hot(idx), F.one_hot(mf.tensor(idx), 4)):
+        assert got.dtype == mf.int64
+        np.testing.assert_array_equal(got.numpy(), want)
+    assert F.one_hot(mf.tensor(idx), 6).shape == (2, 2, 6)
+
+    class G(nn.Graph):
+        def build(self, i):
+            return F.one_hot(i, num_classes=4)
+
+    np.testing.assert_array_equal(G()(mf.tensor(idx)).numpy(), want)
+    with pytest.raises(RuntimeError, match="only applicable to index tensor"):
+        F.one_hot(mf.tensor(idx.astype(np.float32)))
+    with pytest.raises(RuntimeError, match="Class values must be smaller than num_classes"):
+        F.one_hot(mf.tensor(idx), 3)
+    with pytest.raises(RuntimeError, match="Class values must be non-negative"):
+        F.one_hot(mf.tensor(-idx))
+    if torch is not None:
+        np.testing.assert_array_equal(torch.nn.functional.one_hot(torch.tensor(idx)).numpy(),
+                                      want)
+
+
+def test_bce_with_logits_module_reductions_and_errors_match_torch():
+    x = (R.standard_normal((4, 5)) * 30).astype(np.float32)   # large logits: stable form
+    t = R.random((4, 5)).astype(np.float32)
+    for reduction in ("mean", "sum", "none"):
+        loss = nn.BCEWithLogitsLoss(reduction=reduction, pos_weight=BCE_PW.astype(np.float32))
+        got = loss(mf.tensor(x), mf.tensor(t)).numpy()
+        per = (1 - t) * x + (1 + (BCE_PW - 1) * t) * (np.logaddexp(0, -x))
+        want = per if reduction == "none" else per.sum() if reduction == "sum" else per.mean()
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+        if torch is not None:
+            tl = torch.nn.BCEWithLogitsLoss(reduction=reduction,
+                                            pos_weight=torch.tensor(BCE_PW, dtype=torch.float32))
+            np.testing.assert_allclose(got, tl(torch.tensor(x), torch.tensor(t)).numpy(),
+                                       rtol=1e-5, atol=1e-5)
+    with pytest.raises(ValueError, match=r"Target size \(\[5\]\) must be the same as input"):
+        F.binary_cross_entropy_with_logits(mf.tensor(x), mf.tensor(t[0]))
+    with pytest.raises(ValueError, match="reduction"):
+        nn.BCEWithLogitsLoss(reduction="batchmean")
+    assert nn.KLDivLoss(reduction="batchmean", log_target=True).reduction == "batchmean"
+    with pytest.raises(ValueError, match="reduction"):
+        F.kl_div(mf.tensor(x), mf.tensor(t), reduction="avg")
+
+
+def test_pad_index_select_flip_and_sort_errors():
+    x = mf.tensor(X)
+    with pytest.raises(NotImplementedError, match="mode='reflect' is not supported"):
+        F.pad(x, (1, 1), mode="reflect")
+    with pytest.raises(ValueError, match="Padding length must be divisible by 2"):
+        F.pad(x, (1,))
+    with pytest.raises(ValueError, match="Padding length too large"):
+        F.pad(x, (1,) * 8)
+    with pytest.raises(IndexError, match="index out of range in self"):
+        x.index_select(0, [3])
+    with pytest.raises(IndexError, match="Index is supposed to be a vector"):
+        x.index_select(0, [[0]])
+    with pytest.raises(RuntimeError, match="dim 0 appears multiple times"):
+        x.flip(0, -3)
+    v, i = mf.tensor(np.array([3.0, np.nan, 1.0, 3.0])).sort(descending=True)
+    np.testing.assert_array_equal(v.numpy(), [np.nan, 3.0, 3.0, 1.0])
+    np.testing.assert_array_equal(i.numpy(), [1, 0, 3, 2])
+
+
+def test_new_factories_take_the_tensors_dtype():
+    x = mf.tensor(X)                     # float64
+    assert x.new_zeros(2, 3).dtype == mf.float64 and x.new_zeros((2, 3)).shape == (2, 3)
+    np.testing.assert_array_equal(x.new_ones([2]).numpy(), [1.0, 1.0])
+    np.testing.assert_array_equal(x.new_full((2,), 7).numpy(), [7.0, 7.0])
+    assert x.new_full((1,), 7, dtype=mf.int64).dtype == mf.int64
+    got = x.new_tensor([0.1, 0.2])       # no float32 rounding on the way
+    assert got.dtype == mf.float64 and got.numpy()[0] == 0.1
+    with pytest.raises(ValueError, match="requires_grad"):
+        x.new_zeros(2, requires_grad=True)
+
+
+def test_names_not_there_yet_say_what_to_write():
+    x = mf.tensor(X)
+    with pytest.raises(AttributeError, match=r"'einsum': miniflow has no einsum yet.*a @ b"):
+        mf.einsum
+    with pytest.raises(AttributeError, match=r"'cumsum': miniflow has no cumulative-sum op"):
+        x.cumsum
+    with pytest.raises(AttributeError, match=r"'cumsum': miniflow has no cumulative-sum op"):
+        mf.cumsum
+    with pytest.raises(AttributeError, match=r"write x.logsumexp\(...\)"):
+        mf.logsumexp
+    with pytest.raises(AttributeError, match="^'Tensor' object has no attribute 'nothing'$"):
+        x.nothing
+    with pytest.raises(AttributeError, match="have no .data"):
+        x.data
