@@ -48,7 +48,7 @@ from .runtime.backend import device, get_backend, set_backend
 from .tensor import (Tensor, arange, from_numpy, full, ones, ones_like, rand, randint, randn,
                      tensor, zeros, zeros_like)
 from .join import cat, stack
-from .tensor.arithmetic import where
+from .tensor.arithmetic import einsum, where
 from .tensor.core import not_there as _not_there
 from .tensor.indexing import gather, scatter, scatter_add, take_along_dim
 from .trace import enable_grad, is_grad_enabled, no_grad, set_grad_enabled
@@ -66,7 +66,8 @@ __all__ = ["CheckpointError", "DType", "Tensor", "amp", "arange", "bfloat16", "c
            "get_backend", "int64", "ir", "is_grad_enabled", "load", "manual_seed", "models", "nn",
            "no_grad", "ops", "optim", "save", "set_backend", "set_grad_enabled", "stack",
            "tensor", "full", "ones", "ones_like", "zeros", "zeros_like", "rand", "randn",
-           "randint", "from_numpy", "scatter", "scatter_add", "take_along_dim", "where"]
+           "randint", "from_numpy", "scatter", "scatter_add", "take_along_dim", "where",
+           "einsum"]
 
 
 def __getattr__(name):
@@ -77,7 +78,7 @@ def __getattr__(name):
     Raises:
         AttributeError: any other name the package does not have; one that is a Tensor
             method (``torch.rsqrt(x)`` ported as ``miniflow.rsqrt(x)``) names the method, one
-            miniflow has not yet (``einsum``) what to write instead
+            miniflow has not yet (``cumsum``) what to write instead
             (``miniflow.tensor.core.NOT_THERE``)."""
     if name == "onnx":   # (not ``from . import onnx``: that asks this function again)
         return _importlib.import_module(f"{__name__}.onnx")

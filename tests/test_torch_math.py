@@ -4,7 +4,7 @@
 / ``new_tensor``; ``nn.functional``'s ``normalize``, ``one_hot``, ``pad``,
 ``binary_cross_entropy_with_logits`` (``nn.BCEWithLogitsLoss``) and ``kl_div``
 (``nn.KLDivLoss``); and the hint of the
-``AttributeError`` of a name that is not there yet (``einsum``, ``cumsum``). Values against
+``AttributeError`` of a name that is not there yet (``cumsum``); ``miniflow.einsum``. Values against
 NumPy float64 eagerly and inside ``build``, gradients against central differences (both run
 without torch) and against torch (skipped without it), PyTorch's errors."""
 import math
@@ -73,7 +73,13 @@ CASES["bce_with_logits"] = (
         reduction="none", pos_weight=mf.tensor(BCE_PW, dtype=t.dtype)),
     lambda a: BCE_W * ((1 - BCE_T) * 8 * a + (1 + (BCE_PW - 1) * BCE_T)
                        * np.log1p(np.exp(-8 * a))))
-
+EIN, EIN2, EIN3 = R.standard_normal((5, 2)), R.standard_normal((2, 5)), R.standard_normal(3)
+CASES["einsum"] = (   # a batch, a contraction, three operands, one operand, implicit output
+    lambda t: mf.einsum("bij,bij->ij", t, t) + mf.einsum("ijk", [t]).sum(0)
+    + mf.einsum("bij,jk,kl->il", t, *(mf.tensor(e, dtype=t.dtype) for e in (EIN, EIN2)))
+    + mf.einsum("bij,b", t, mf.tensor(EIN3, dtype=t.dtype)),
+    lambda a: np.einsum("bij,bij->ij", a, a) + a.sum(0)
+    + np.einsum("bij,jk,kl->il", a, EIN, EIN2) + np.einsum("bij,b", a, EIN3))
 KL_T = R.dirichlet(np.ones(5), (3, 4))
 KL_T[0, 0, :2] = 0.0            # xlogy: 0 where the target is 0
 CASES["kl_div"] = (
@@ -161,6 +167,9 @@ TORCH_CASES = {   # name: (miniflow, torch) functions of a float32 tensor X's sh
                lambda t: torch.nn.functional.kl_div(
                    t.log_softmax(-1), torch.tensor(KL_T.astype(np.float32)),
                    reduction="batchmean")),
+    "einsum": (lambda t: mf.einsum("bij,bkj->bik", t, t * 2.0) + mf.einsum("bij->bi", t)[..., None],
+               lambda t: torch.einsum("bij,bkj->bik", t, t * 2.0)
+               + torch.einsum("bij->bi", t)[..., None]),
     "bce_with_logits": (lambda t: F.binary_cross_entropy_with_logits(
         t, mf.tensor(BCE_T[0, 0].astype(np.float32)).expand(3, 4, 5)),
         lambda t: torch.nn.functional.binary_cross_entropy_with_logits(
@@ -317,8 +326,6 @@ def test_new_factories_take_the_tensors_dtype():
 
 def test_names_not_there_yet_say_what_to_write():
     x = mf.tensor(X)
-    with pytest.raises(AttributeError, match=r"'einsum': miniflow has no einsum yet.*a @ b"):
-        mf.einsum
     with pytest.raises(AttributeError, match=r"'cumsum': miniflow has no cumulative-sum op"):
         x.cumsum
     with pytest.raises(AttributeError, match=r"'cumsum': miniflow has no cumulative-sum op"):
@@ -329,3 +336,21 @@ def test_names_not_there_yet_say_what_to_write():
         x.nothing
     with pytest.raises(AttributeError, match="have no .data"):
         x.data
+
+
+def test_einsum_errors_as_pytorch():
+    a, b = mf.tensor(X), mf.tensor(X[0])
+    with pytest.raises(RuntimeError, match="more operands were provided"):
+        mf.einsum("ij->i", b, b)
+    with pytest.raises(RuntimeError, match="fewer operands were provided"):
+        mf.einsum("ij,jk->ik", b)
+    with pytest.raises(RuntimeError, match=r"number of subscripts in the equation \(2\)"):
+        mf.einsum("ij->i", a)
+    with pytest.raises(RuntimeError, match="subscript j has size 4 for operand 1"):
+        mf.einsum("ij,jk->ik", b, b)
+    with pytest.raises(RuntimeError, match="output subscript k does not appear"):
+        mf.einsum("ij->k", b)
+    with pytest.raises(NotImplementedError, match="neither '...'"):
+        mf.einsum("...j->j", b)
+    with pytest.raises(NotImplementedError, match="a diagonal"):
+        mf.einsum("ii->i", b)

@@ -1,6 +1,7 @@
 """Math: the arithmetic operators and their PyTorch method names, matmul, elementwise functions
 (``exp``, ``relu``, ``pow``, ``log1p``, ``floor``, ``round`` ...), ``softmax`` / ``log_softmax``,
-``clamp``, ``maximum`` / ``minimum``, ``masked_fill`` and ``where`` (also ``miniflow.where``)."""
+``clamp``, ``maximum`` / ``minimum``, ``masked_fill`` and ``where`` (also ``miniflow.where``);
+``miniflow.einsum``."""
 from __future__ import annotations
 
 import math
@@ -443,6 +444,88 @@ def _matmul(a: "Tensor", b: "Tensor") -> "Tensor":
                      f"2-D @ 2-D, N-D @ 2-D and N-D @ N-D with equal batch dimensions (no "
                      f"broadcasting, no 1-D operand); expand or reshape the operands, e.g. a "
                      f"vector v to [k, 1], a batch of 1 with .expand(n, -1, -1)")
+
+
+def einsum(equation: str, *operands) -> "Tensor":
+    """``torch.einsum``: the sum of products of ``operands`` (tensors, or one list of them)
+    that ``equation`` names by one letter per dimension (``"bij,bjk->bik"``; without ``->`` the
+    output is the letters used once, in alphabetical order). Composed exactly of ``permute``,
+    ``reshape``, ``sum`` and one batched product (``@``, op ``batch_matmul``) per pair of
+    operands, left to right: the letters both share and a later operand or the output needs
+    are the batch, the others they share are summed by the product, a letter of one operand
+    alone that nothing later needs is summed first. Gradients are those ops'.
+
+    Raises:
+        RuntimeError: more or fewer operands than the equation's terms, a term of another
+            length than its operand's dimensions, an output letter no input has or given
+            twice, a letter of two sizes (PyTorch's messages; PyTorch broadcasts a size 1).
+        NotImplementedError: ``...`` (broadcast dimensions) or a letter repeated within one
+            term (a diagonal, ``"ii->i"``): write them with ``reshape`` / ``expand``.
+    """
+    if len(operands) == 1 and isinstance(operands[0], (list, tuple)):
+        operands = tuple(operands[0])
+    eq = equation.replace(" ", "")
+    lhs, arrow, out = eq.partition("->")
+    terms = lhs.split(",")
+    if "." in eq or any(len(set(t)) != len(t) for t in terms):
+        raise NotImplementedError(f"einsum(): {equation!r}: miniflow's einsum takes neither '...' "
+                                  f"nor a letter repeated within one operand (a diagonal); "
+                                  f"write those with reshape, expand or indexing")
+    if len(terms) != len(operands):
+        more = "more" if len(operands) > len(terms) else "fewer"
+        raise RuntimeError(f"einsum(): {more} operands were provided than specified in the "
+                           f"equation")
+    sizes = {}
+    for i, (t, x) in enumerate(zip(terms, operands)):
+        if len(t) != x.ndim:
+            raise RuntimeError(f"einsum(): the number of subscripts in the equation ({len(t)}) "
+                               f"does not match the number of dimensions ({x.ndim}) for "
+                               f"operand {i} and no ellipsis was given")
+        for c, n in zip(t, x.shape):
+            if sizes.setdefault(c, n) != n:
+                raise RuntimeError(f"einsum(): subscript {c} has size {n} for operand {i} "
+                                   f"which does not match the previously seen size "
+                                   f"{sizes[c]}")
+    if not arrow:
+        out = "".join(sorted(c for c in sizes if lhs.count(c) == 1))
+    for c in out:
+        if c not in sizes:
+            raise RuntimeError(f"einsum(): output subscript {c} does not appear in the "
+                               f"equation for any input operand")
+        if out.count(c) > 1:
+            raise RuntimeError(f"einsum(): output subscript {c} appears more than once in the "
+                               f"output")
+    x, sx = operands[0], terms[0]
+    for k in range(1, len(operands)):
+        later = set(out).union(*terms[k + 1:])
+        y, sy = operands[k], terms[k]
+        x, sx = _summed(x, sx, later | set(sy))
+        y, sy = _summed(y, sy, later | set(sx))
+        batch = [c for c in sx if c in sy and c in later]
+        inner = [c for c in sx if c in sy and c not in later]
+        left, right = [c for c in sx if c not in sy], [c for c in sy if c not in sx]
+        a = _ordered(x, sx, batch + left + inner)
+        b = _ordered(y, sy, batch + inner + right)
+        n = [math.prod(sizes[c] for c in part) for part in (batch, left, inner, right)]
+        prod = a.reshape(n[0], n[1], n[2]) @ b.reshape(n[0], n[2], n[3])
+        sx = "".join(batch + left + right)
+        x = prod.reshape(tuple(sizes[c] for c in sx))
+    x, sx = _summed(x, sx, set(out))
+    return _ordered(x, sx, list(out))
+
+
+def _summed(x: "Tensor", subs: str, needed: set) -> tuple:
+    """``(x, subs)`` with the dims whose letters are not ``needed`` summed out (einsum)."""
+    gone = tuple(i for i, c in enumerate(subs) if c not in needed)
+    if not gone:
+        return x, subs
+    return x.sum(gone), "".join(c for c in subs if c in needed)
+
+
+def _ordered(x: "Tensor", subs: str, order: list) -> "Tensor":
+    """``x``, whose dims are ``subs``' letters, permuted to ``order``'s (einsum)."""
+    perm = [subs.index(c) for c in order]
+    return x.permute(*perm) if perm != list(range(len(perm))) else x
 
 
 def _triangle_checks(fn: str, x: "Tensor", diagonal) -> None:

@@ -39,9 +39,6 @@ NOT_THERE = {
               "miniflow.tensor(np.cumsum(x.numpy(), axis=dim)); inside nn.Graph.build, for a "
               "short last dim of size n, x @ miniflow.ones(n, n).triu() (summed in another "
               "order, so not bit for bit)",
-    "einsum": "miniflow has no einsum yet: write the contraction with matmul (@), permute, "
-              "reshape and sum, e.g. torch.einsum('bij,bjk->bik', a, b) is a @ b and "
-              "torch.einsum('ij,ij->i', a, b) is (a * b).sum(1)",
 }
 """PyTorch's tensor names miniflow has not yet, and what to write instead: the hint of the
 ``AttributeError`` of ``Tensor.<name>`` and ``miniflow.<name>``."""
