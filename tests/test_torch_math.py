@@ -3,10 +3,10 @@
 ``sort``, ``floor``, ``round``, ``log1p``, ``isnan``, ``new_zeros`` / ``new_ones`` / ``new_full``
 / ``new_tensor``; ``nn.functional``'s ``normalize``, ``one_hot``, ``pad``,
 ``binary_cross_entropy_with_logits`` (``nn.BCEWithLogitsLoss``) and ``kl_div``
-(``nn.KLDivLoss``); and the hint of the
-``AttributeError`` of a name that is not there yet (``cumsum``); ``miniflow.einsum``. Values against
-NumPy float64 eagerly and inside ``build``, gradients against central differences (both run
-without torch) and against torch (skipped without it), PyTorch's errors."""
+(``nn.KLDivLoss``); ``cumsum`` and ``miniflow.einsum``; and the hint of the ``AttributeError`` of
+a name that is not there yet (``nonzero``, ``cumprod``). Values against NumPy float64 eagerly and
+inside ``build``, gradients against central differences (both run without torch) and against
+torch (skipped without it), PyTorch's errors."""
 import math
 
 import numpy as np
@@ -80,6 +80,8 @@ CASES["einsum"] = (   # a batch, a contraction, three operands, one operand, imp
     + mf.einsum("bij,b", t, mf.tensor(EIN3, dtype=t.dtype)),
     lambda a: np.einsum("bij,bij->ij", a, a) + a.sum(0)
     + np.einsum("bij,jk,kl->il", a, EIN, EIN2) + np.einsum("bij,b", a, EIN3))
+CASES["cumsum"] = (lambda t: t.cumsum(1) + t.cumsum(-1, dtype=t.dtype) * 2.0 + t.cumsum(0),
+                   lambda a: np.cumsum(a, 1) + np.cumsum(a, -1) * 2.0 + np.cumsum(a, 0))
 KL_T = R.dirichlet(np.ones(5), (3, 4))
 KL_T[0, 0, :2] = 0.0            # xlogy: 0 where the target is 0
 CASES["kl_div"] = (
@@ -167,6 +169,8 @@ TORCH_CASES = {   # name: (miniflow, torch) functions of a float32 tensor X's sh
                lambda t: torch.nn.functional.kl_div(
                    t.log_softmax(-1), torch.tensor(KL_T.astype(np.float32)),
                    reduction="batchmean")),
+    "cumsum": (lambda t: t.cumsum(1) * 2.0 + t.cumsum(dim=-1),
+               lambda t: t.cumsum(1) * 2.0 + t.cumsum(dim=-1)),
     "einsum": (lambda t: mf.einsum("bij,bkj->bik", t, t * 2.0) + mf.einsum("bij->bi", t)[..., None],
                lambda t: torch.einsum("bij,bkj->bik", t, t * 2.0)
                + torch.einsum("bij->bi", t)[..., None]),
@@ -324,12 +328,34 @@ def test_new_factories_take_the_tensors_dtype():
         x.new_zeros(2, requires_grad=True)
 
 
+def test_cumsum_of_int64_and_0d_tensors_and_float16_as_pytorch():
+    """An int64 tensor eagerly (exact, with NumPy), a 0-d one, float16 summed in float32."""
+    i = np.array([[2 ** 40, 1, -3], [5, 2 ** 40, 7]])
+    got = mf.tensor(i).cumsum(1)
+    assert got.dtype == mf.int64
+    np.testing.assert_array_equal(got.numpy(), np.cumsum(i, 1))
+    assert mf.tensor(np.float32(3.0)).cumsum(0).numpy() == np.float32(3.0)
+    h = np.full(3000, 1.0, np.float16)      # float16 steps of 2 from 2048: a float16 sum stops
+    np.testing.assert_array_equal(mf.tensor(h).cumsum(0).numpy(),
+                                  np.cumsum(h.astype(np.float32)).astype(np.float16))
+    if torch is not None:
+        np.testing.assert_array_equal(mf.tensor(i).cumsum(0).numpy(),
+                                      torch.tensor(i).cumsum(0).numpy())
+
+    class G(nn.Graph):
+        def build(self, x):
+            return x.cumsum(0)
+
+    with pytest.raises(TypeError, match="int64 tensor inside build"):
+        G()(mf.tensor(i))
+
+
 def test_names_not_there_yet_say_what_to_write():
     x = mf.tensor(X)
-    with pytest.raises(AttributeError, match=r"'cumsum': miniflow has no cumulative-sum op"):
-        x.cumsum
-    with pytest.raises(AttributeError, match=r"'cumsum': miniflow has no cumulative-sum op"):
-        mf.cumsum
+    with pytest.raises(AttributeError, match=r"'nonzero': miniflow has no data-dependent shapes"):
+        x.nonzero
+    with pytest.raises(AttributeError, match=r"'cumprod': miniflow has no cumulative-product"):
+        mf.cumprod
     with pytest.raises(AttributeError, match=r"write x.logsumexp\(...\)"):
         mf.logsumexp
     with pytest.raises(AttributeError, match="^'Tensor' object has no attribute 'nothing'$"):

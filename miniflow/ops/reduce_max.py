@@ -17,6 +17,11 @@ returns both), ``reduce_max_grad``, and ``top_k`` (OneFlow's op, ``Tensor.topk``
   ``sorted`` attribute is always true here). No gradient: ``Tensor.topk`` reads the values with
   ``dim_gather``, whose gradient reaches x.
 
+* ``cumsum(x)`` {dim}: the running sum along ``dim`` (``out[..., j, ...] = sum of x[..., :j+1,
+  ...]``), summed in order in float64 for float64 and in float32 for the other floating dtypes,
+  each output rounded once (OneFlow's ``cumsum``, PyTorch's ``torch.cumsum``); its gradient is
+  ``cumsum_grad(dy)`` {dim}: the running sum from the end (OneFlow's ``cumsum_grad``).
+
 In none of OneFlow's AMP lists: they run in float32 under AMP.
 """
 from __future__ import annotations
@@ -29,7 +34,7 @@ from ..dtype import int64
 from .common import check_arity, check_float, float_samples, fmt, rand
 from .registry import register
 
-__all__ = ["reduce_max_reference", "argmax_reference", "top_k_reference"]
+__all__ = ["reduce_max_reference", "argmax_reference", "top_k_reference", "cumsum_reference"]
 
 
 def _norm(op):
@@ -187,3 +192,56 @@ register("top_k", _top_k_infer, normalize=_top_k_norm, grad=lambda n, gs, emit: 
          amp_note=_NOTE + " (its output is int64)",
          doc="out = int64 indices of the k largest (largest False: smallest) of x along the last "
              "axis, best first")
+
+
+def _cumsum_norm(op):
+    def normalize(inputs, attrs):
+        dim = attrs.get("dim")
+        if isinstance(dim, bool) or not isinstance(dim, numbers.Integral):
+            raise TypeError(f"{op}: dim must be an int, got {dim!r}")
+        ndim = len(inputs[0].shape) if inputs else 1
+        if not -max(ndim, 1) <= dim < max(ndim, 1):
+            raise ValueError(f"{op}: dim {dim} is out of range for a tensor of rank {ndim}")
+        return {"dim": int(dim) % max(ndim, 1)}
+    return normalize
+
+
+def _cumsum_infer(op):
+    def infer(inputs, attrs):
+        check_arity(op, inputs, 1)
+        check_float(op, inputs[0])
+        if not inputs[0].shape:
+            raise ValueError(f"{op}: x {fmt(inputs[0])} needs a dimension (reshape a 0-d x to "
+                             f"[1])")
+        return [(inputs[0].shape, inputs[0].dtype)]
+    return infer
+
+
+def cumsum_reference(arrays, attrs):
+    """``[running sum]`` of ``arrays[0]`` along ``attrs["dim"]`` in float64."""
+    return [np.cumsum(arrays[0], axis=attrs["dim"])]
+
+
+def _cumsum_grad_reference(arrays, attrs):
+    flipped = np.flip(arrays[0], axis=attrs["dim"])
+    return [np.flip(np.cumsum(flipped, axis=attrs["dim"]), axis=attrs["dim"])]
+
+
+def _cumsum_samples():
+    def make(dt):
+        r = np.random.default_rng(46)
+        edge = np.array([[1.0, np.nan, 3.0], [np.inf, -np.inf, 2.0], [6e4, 6e4, -6e4]], dt)
+        return [([rand(3, 4, 5, dtype=dt, r=r)], {"dim": 1}),
+                ([rand(2, 70, dtype=dt, r=r)], {"dim": -1}), ([edge], {"dim": 1}),
+                ([edge], {"dim": 0}), ([rand(0, 3, dtype=dt, r=r)], {"dim": 1}),
+                ([rand(7, dtype=dt, r=r)], {"dim": 0})]
+    return float_samples(make)
+
+
+register("cumsum", _cumsum_infer("cumsum"), normalize=_cumsum_norm("cumsum"),
+         grad=lambda n, gs, emit: [emit("cumsum_grad", gs[0], dim=n.attrs["dim"])],
+         reference=cumsum_reference, samples=_cumsum_samples, amp=None, amp_note=_NOTE,
+         doc="out = running sum of x along dim; dx = cumsum_grad(dy)")
+register("cumsum_grad", _cumsum_infer("cumsum_grad"), normalize=_cumsum_norm("cumsum_grad"),
+         reference=_cumsum_grad_reference, samples=_cumsum_samples, amp=None, amp_note=_NOTE,
+         doc="dx = running sum of dy along dim from the end")

@@ -35,10 +35,12 @@ step = TrainStep(model, optimizer); loss = step(x, y)  # one step: gradients and
 
 
 NOT_THERE = {
-    "cumsum": "miniflow has no cumulative-sum op yet: eagerly write "
-              "miniflow.tensor(np.cumsum(x.numpy(), axis=dim)); inside nn.Graph.build, for a "
-              "short last dim of size n, x @ miniflow.ones(n, n).triu() (summed in another "
-              "order, so not bit for bit)",
+    "cumprod": "miniflow has no cumulative-product op yet: eagerly write "
+               "miniflow.tensor(np.cumprod(x.numpy(), axis=dim)); of positive values inside "
+               "nn.Graph.build, x.log().cumsum(dim).exp() (rounded otherwise)",
+    "nonzero": "miniflow has no data-dependent shapes: of an eager tensor write "
+               "miniflow.tensor(np.argwhere(x.numpy())) (as_tuple=True: np.nonzero(x.numpy())); "
+               "inside nn.Graph.build keep the mask and use masked_fill or where",
 }
 """PyTorch's tensor names miniflow has not yet, and what to write instead: the hint of the
 ``AttributeError`` of ``Tensor.<name>`` and ``miniflow.<name>``."""

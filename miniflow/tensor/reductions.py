@@ -1,7 +1,7 @@
 """Reductions: ``sum``, ``mean``, ``var`` / ``std``, ``max`` / ``min`` (with ``dim``: values and
-indices), ``amax`` / ``amin``, ``logsumexp``, ``norm`` and ``argmax`` / ``argmin``, with
-PyTorch's and NumPy's argument names; ``topk`` and ``sort`` (op ``top_k`` in a graph, NumPy
-eagerly) and ``multinomial`` of eager tensors (computed with NumPy: no op)."""
+indices), ``amax`` / ``amin``, ``logsumexp``, ``norm``, ``cumsum`` and ``argmax`` / ``argmin``, with
+PyTorch's and NumPy's argument names; ``topk`` and ``sort`` (op ``top_k`` in a graph, NumPy eagerly)
+and ``multinomial`` of eager tensors (computed with NumPy: no op)."""
 from __future__ import annotations
 
 import collections
@@ -183,6 +183,27 @@ class Reductions:
             raise ValueError(f"norm: p={p!r} is not supported: give 2 (or 'fro'), 1, inf, "
                              f"-inf or a number > 0")
         return x.abs().pow(float(p)).sum(dim, keepdim).pow(1.0 / p)
+
+    def cumsum(self, dim: int, *, dtype=None) -> "Tensor":
+        """The running sum along ``dim`` (``torch.cumsum``: ``out[..., j, ...]`` = the sum of
+        ``x[..., :j+1, ...]``), op ``cumsum`` (OneFlow's): summed in order, in float32 for the
+        half types and float32 (float64 for float64), each element rounded once; its gradient
+        is the running sum of ``dy`` from the end (op ``cumsum_grad``). ``dtype``: cast to it
+        first. An int64 tensor is summed exactly with NumPy, eagerly (no integer op).
+
+        Raises:
+            IndexError: ``dim`` out of range. TypeError: an int64 tensor inside ``build``.
+        """
+        x = self if dtype is None else self.to(dtype)
+        d = _dim("cumsum", dim, max(x.ndim, 1))
+        if not x.dtype.is_float:
+            if current_tracer() is not None:
+                raise TypeError(f"cumsum: a {x.dtype.name} tensor inside build (op cumsum "
+                                f"takes floating tensors): cast it with .float() first")
+            return tensor(np.cumsum(x.numpy().reshape(x.shape or (1,)), axis=d).reshape(x.shape))
+        if x.ndim == 0:
+            return apply("cumsum", [x.reshape(1)], dim=0).reshape(())
+        return apply("cumsum", [x], dim=d)
 
     def var(self, dim=None, unbiased=None, keepdim: bool = False, *, correction=None):
         """Variance over ``dim`` (None: every dim) with Bessel's ``correction`` (default 1:

@@ -6,7 +6,8 @@
 and ``masked_fill`` (Numba loops that copy elements as stored: float16 and bfloat16 as their bits,
 the fill value converted to out's dtype once, at build time); the one-axis ``reduce_max``,
 ``argmax`` and ``reduce_max_grad`` (Numba loops, one output per (parallel) iteration); ``top_k``
-(a Numba loop per row: an insertion into the row's sorted k indices).
+(a Numba loop per row: an insertion into the row's sorted k indices); ``cumsum`` /
+``cumsum_grad`` (a Numba loop per running sum, in order).
 
 ``gather`` checks every index before it copies and raises IndexError on one outside ``[0, n)``;
 the executor then names it (``OpDef.diagnose``). ``unsorted_segment_sum_like`` adds in a scratch
@@ -31,7 +32,8 @@ _before = jitable(indexing.top_k_before)
 
 __all__ = ["gather_kernel", "segment_sum_kernel", "dim_gather_kernel", "dim_scatter_kernel",
            "tril_kernel", "masked_fill_kernel",
-           "max_kernel", "argmax_kernel", "max_grad_kernel", "top_k_kernel", "BUILDERS"]
+           "max_kernel", "argmax_kernel", "max_grad_kernel", "top_k_kernel", "cumsum_kernel",
+           "BUILDERS"]
 
 
 @functools.cache
@@ -370,6 +372,33 @@ def max_grad_steps(x, y, dy, dx, outer, n, inner):
              (flat(x), flat(y), flat(dy), flat(dx), outer, n, inner))]
 
 
+@functools.cache
+def cumsum_kernel(parallel: bool):
+    """``kernel(x, out, outer, n, inner, reverse)``: ``out[o, j, i]`` = the running sum of
+    ``x[o, :, i]`` up to j (``reverse``: from the end down to j), in order, in the compute
+    dtype's accumulator (float64 for float64, else float32), each output rounded once."""
+    loop = loop_for(parallel)
+
+    @jit(parallel)
+    def kernel(x, out, outer, n, inner, reverse):
+        for t_ in loop(outer * inner):
+            t = np.int64(t_)
+            base = t // inner * n * inner + t % inner
+            acc = to_compute(out, 0.0)
+            for j_ in range(n):
+                j = n - 1 - j_ if reverse else j_
+                acc += load(x, base + j * inner)
+                store(out, base + j * inner, acc)
+
+    return kernel
+
+
+def cumsum_steps(x, out, outer, n, inner, reverse: bool):
+    """The step of ``cumsum`` (``reverse``: of ``cumsum_grad``)."""
+    return [(cumsum_kernel(use_parallel(x.size) and outer * inner > 1),
+             (flat(x), flat(out), outer, n, inner, bool(reverse)))]
+
+
 def top_k_steps(x, out, rows, n, k, largest):
     """The step of ``top_k``."""
     return [(top_k_kernel(use_parallel(x.size) and rows > 1),
@@ -384,5 +413,5 @@ BUILDERS = indexing.builders(gather_steps=gather_steps, segment_sum_steps=segmen
                              tril_steps=tril_steps,
                              masked_fill_steps=masked_fill_steps,
                              max_steps=max_steps, max_grad_steps=max_grad_steps,
-                             top_k_steps=top_k_steps)
+                             top_k_steps=top_k_steps, cumsum_steps=cumsum_steps)
 """Op type -> builder of the indexing ops."""

@@ -25,7 +25,8 @@ grid-stride kernels over flat views (``launch.flat_steps``), no atomics:
   rounded to out's dtype.
 * ``reduce_max``, ``argmax``, ``reduce_max_grad`` (one axis): one thread per output, looping
   over the reduced axis; ``top_k``: one thread per row, inserting each element into the row's
-  sorted indices when it beats the last (the CPU's loop).
+  sorted indices when it beats the last (the CPU's loop); ``cumsum`` / ``cumsum_grad``: one
+  thread per running sum, in order (the CPU's loop).
 """
 from __future__ import annotations
 
@@ -41,7 +42,8 @@ from .movement import copy_steps, fill_steps, gather_steps as strided_gather_ste
 
 __all__ = ["gather_kernel", "segment_sum_kernel", "dim_gather_kernel", "dim_scatter_kernel",
            "scatter_kernel", "tril_kernel",
-           "masked_fill_kernel", "max_kernel", "max_grad_kernel", "top_k_kernel", "BUILDERS"]
+           "masked_fill_kernel", "max_kernel", "max_grad_kernel", "top_k_kernel", "cumsum_kernel",
+           "BUILDERS"]
 
 
 @functools.cache
@@ -262,6 +264,32 @@ def top_k_kernel(ld, largest: bool):
     return kernel
 
 
+@functools.cache
+def cumsum_kernel(ld, ct, st):
+    """``kernel(x, out, outer, n, inner, reverse)``: ``out[o, j, i]`` = the running sum of
+    ``x[o, :, i]`` up to j (``reverse``: from the end down to j), in order in the compute type,
+    each output rounded once (the CPU kernel's loop)."""
+
+    @jit
+    def kernel(x, out, outer, n, inner, reverse):
+        for t in range(cuda.grid(1), outer * inner, cuda.gridsize(1)):
+            base = t // inner * n * inner + t % inner
+            acc = ct(0)
+            for j_ in range(n):
+                j = n - 1 - j_ if reverse else j_
+                acc = ct(acc + ld(x[base + j * inner]))
+                out[base + j * inner] = st(acc)
+
+    return kernel
+
+
+def cumsum_steps(x, out, outer, n, inner, reverse: bool):
+    """A grid-stride launch of :func:`cumsum_kernel`, one thread per running sum."""
+    return flat_steps(cumsum_kernel(*types_of(x)), outer * inner,
+                      (flat(x), flat(out), outer, n, inner, bool(reverse)),
+                      f"{'cumsum_grad' if reverse else 'cumsum'} {short(x.dtype)}")
+
+
 def top_k_steps(x, out, rows, n, k, largest):
     """A grid-stride launch of :func:`top_k_kernel` over the rows."""
     return flat_steps(top_k_kernel(types_of(x)[0], bool(largest)), rows,
@@ -367,5 +395,5 @@ BUILDERS = indexing.builders(gather_steps=gather_steps, segment_sum_steps=segmen
                              scatter_steps=scatter_steps, copy_steps=copy_steps,
                              tril_steps=tril_steps, masked_fill_steps=masked_fill_steps,
                              max_steps=max_steps, max_grad_steps=max_grad_steps,
-                             top_k_steps=top_k_steps)
+                             top_k_steps=top_k_steps, cumsum_steps=cumsum_steps)
 """Op type -> builder of the indexing ops."""
