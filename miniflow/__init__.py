@@ -79,7 +79,7 @@ def __getattr__(name):
         AttributeError: any other name the package does not have; one that is a Tensor
             method (``torch.rsqrt(x)`` ported as ``miniflow.rsqrt(x)``) names the method, one
             miniflow has not yet (``nonzero``) what to write instead
-            (``miniflow.tensor.core.NOT_THERE``)."""
+            (``miniflow.tensor.core.NOT_THERE``), any other public name where the list is."""
     if name == "onnx":   # (not ``from . import onnx``: that asks this function again)
         return _importlib.import_module(f"{__name__}.onnx")
     if name == "compile":   # torch.compile; not in __all__, so that * hides no builtin compile
@@ -90,4 +90,5 @@ def __getattr__(name):
         raise AttributeError(f"module 'miniflow' has no attribute {name!r}: miniflow's tensor "
                              f"math is Tensor methods; write x.{name}(...) for "
                              f"torch.{name}(x, ...)")
-    raise _not_there("module 'miniflow'", name)
+    raise _not_there("module 'miniflow'", name, "" if name.startswith("_") else
+                     "docs/differences.md lists the PyTorch names miniflow has and lacks")

@@ -220,6 +220,8 @@ def test_where_takes_a_condition_computed_in_the_graph_and_leaks_no_nan():
         mf.where(c, mf.tensor(a), mf.tensor(b.astype(np.float64)))
     with pytest.raises(TypeError, match="bool or integer mask"):
         mf.where(np.ones(3), mf.tensor(b), 0.0)
+    with pytest.raises(RuntimeError, match=r"\[\[2, 3\], \[2\]\] do not broadcast"):
+        mf.where(c, mf.tensor(b[:2]), 0.0)
 
 
 def test_logsumexp_of_infinite_slices_and_norm_errors_as_pytorch():
@@ -362,6 +364,8 @@ def test_names_not_there_yet_say_what_to_write():
         x.nothing
     with pytest.raises(AttributeError, match="have no .data"):
         x.data
+    with pytest.raises(AttributeError, match="'nothing': docs/differences.md lists"):
+        mf.nothing
 
 
 def test_einsum_errors_as_pytorch():

@@ -376,7 +376,12 @@ def where(condition, input, other) -> "Tensor":
                             f"of {mask.dtype}")
         mask = mask.astype(bool)
         keep = ~mask
-    shape = tuple(np.broadcast_shapes(*(tuple(v.shape) for v in (mask, *tensors))))
+    shapes = [tuple(v.shape) for v in (mask, *tensors)]
+    try:
+        shape = tuple(np.broadcast_shapes(*shapes))
+    except ValueError:
+        raise RuntimeError(f"where: the shapes of condition, input and other "
+                           f"{[list(s) for s in shapes]} do not broadcast together") from None
     x, y = (v if isinstance(v, TensorCore) else tensor(np.broadcast_to(v, shape), dtype=dtype)
             for v in (input, other))
     return x.expand(shape).masked_fill(keep, 0.0) + y.expand(shape).masked_fill(mask, 0.0)

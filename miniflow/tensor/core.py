@@ -46,10 +46,10 @@ NOT_THERE = {
 ``AttributeError`` of ``Tensor.<name>`` and ``miniflow.<name>``."""
 
 
-def not_there(owner: str, name: str) -> AttributeError:
+def not_there(owner: str, name: str, otherwise: str = "") -> AttributeError:
     """The ``AttributeError`` of ``owner``'s missing attribute ``name``, with what to write
-    instead when :data:`NOT_THERE` lists it."""
-    hint = NOT_THERE.get(name)
+    instead when :data:`NOT_THERE` lists it, else ``otherwise`` (a hint, or nothing)."""
+    hint = NOT_THERE.get(name, otherwise)
     return AttributeError(f"{owner} has no attribute {name!r}" + (f": {hint}" if hint else ""))
 
 
