@@ -384,3 +384,36 @@ def test_einsum_errors_as_pytorch():
         mf.einsum("...j->j", b)
     with pytest.raises(NotImplementedError, match="a diagonal"):
         mf.einsum("ii->i", b)
+
+
+class _Everything(nn.Graph):
+    """One SGD step of a loss that uses every name of this file on a Linear's output."""
+
+    def __init__(self, amp: bool):
+        super().__init__()
+        mf.manual_seed(0)
+        self.m = nn.Linear(6, 4)
+        self.add_optimizer(mf.optim.SGD(self.m.parameters(), lr=0.1))
+        if amp:
+            self.config.enable_amp(True, dtype=mf.float16)
+
+    def build(self, x):
+        y = self.m(x)
+        t = mf.tensor(BCE_T[0, :, :4].astype(np.float32)).repeat(2, 1)
+        loss = (F.binary_cross_entropy_with_logits(y, t) + y.logsumexp(1).mean()
+                + mf.where(MASK[:, :4].repeat(2, 0), y, 0.0).cumsum(1).mean()
+                + F.normalize(y).amax(1).mean() + y.flip(1).index_select(1, [0, 2]).round().sum()
+                + F.pad(y, (1, 1)).norm() + mf.einsum("bi,bi->b", y, y).mean()
+                + y.sort(1).values[:, 0].mean() + (y.abs().log1p() + y.floor()).mean()
+                + F.kl_div(y.log_softmax(1), t / 4.0, reduction="batchmean"))
+        loss.backward()
+        return loss
+
+
+def test_every_name_trains_in_one_graph_and_under_amp():
+    """float32 and AMP (float16; the unlisted ops stay float32) take the same steps."""
+    x = R.standard_normal((8, 6)).astype(np.float32)
+    plain, amp = _Everything(False), _Everything(True)
+    for _ in range(3):
+        a, b = float(plain(x).numpy()), float(amp(x).numpy())
+        assert np.isfinite(a) and abs(a - b) < 0.05 * abs(a)
