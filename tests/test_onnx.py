@@ -294,6 +294,23 @@ def test_sin_and_cos_export_as_sin_and_cos(amp, tmp_path):
     assert {"Sin", "Cos"} <= {n.op_type for n in proto.graph.node}
 
 
+class _Steps(_SinCos):
+    """floor, round and cumsum of a Linear's output."""
+
+    def forward(self, x):
+        h = self.a(x)
+        return (h * 2.0).floor() + (h * 2.0).round() * 0.5 + h.cumsum(1) + h.cumsum(0) * 0.25
+
+
+@pytest.mark.parametrize("amp", [False, True], ids=["fp32", "amp"])
+def test_floor_round_and_cumsum_export_as_floor_round_and_cumsum(amp, tmp_path):
+    """Ops ``floor``, ``round`` (halves to even: ONNX's ``Round`` too) and ``cumsum`` are
+    ONNX's ``Floor``, ``Round`` and ``CumSum``; onnxruntime matches miniflow."""
+    miniflow.manual_seed(0)
+    proto = _export_one_activation_chain(_Steps(), amp, tmp_path / "steps.onnx")
+    assert {"Floor", "Round", "CumSum"} <= {n.op_type for n in proto.graph.node}
+
+
 class _Rotary(nn.Module):
     """Rotary embeddings as LLaMA ports write them: halves joined with ``miniflow.cat``, pairs
     with ``miniflow.stack``."""

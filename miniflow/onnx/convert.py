@@ -24,7 +24,8 @@ functions are the model for the choices):
   ``sparse_softmax_cross_entropy`` (``Softmax`` and ``SoftmaxCrossEntropyLoss``, reduction none),
   ``gather`` (``Gather``), ``dim_gather`` (``GatherElements``, axis = dim: ``torch.gather``'s
   export), ``dim_scatter_update`` (``_scalar``) and ``dim_scatter_add`` (``ScatterElements``,
-  reduction none or add: ``torch.scatter`` / ``scatter_add``'s export).
+  reduction none or add: ``torch.scatter`` / ``scatter_add``'s export), ``cumsum`` /
+  ``cumsum_grad`` (``CumSum``, ``reverse`` 1 for the gradient).
 * Elementwise ops and ``fused_elementwise`` expressions by their scalar functions
   (:data:`FUNCTIONS`): ``relu`` -> ``Relu``, ``add`` -> ``Add`` ..., ``gelu`` -> ``Gelu`` from
   opset 20, before it its erf form ``x * 0.5 * (1 + Erf(x / sqrt(2)))``, ``silu`` -> ``x *
@@ -191,6 +192,7 @@ FUNCTIONS = {
     "sigmoid": (_onnx_op("Sigmoid"), False), "reciprocal": (_onnx_op("Reciprocal"), False),
     "sqrt": (_onnx_op("Sqrt"), False), "absolute": (_onnx_op("Abs"), False),
     "sin": (_onnx_op("Sin"), True), "cos": (_onnx_op("Cos"), True),
+    "floor": (_onnx_op("Floor"), True), "round_half_even": (_onnx_op("Round"), True),
     "power": (_onnx_op("Pow"), True), "clip": (_onnx_op("Clip"), False),
     "add": (_onnx_op("Add"), False), "sub": (_onnx_op("Sub"), False),
     "mul": (_onnx_op("Mul"), False), "div": (_onnx_op("Div"), False),
@@ -492,6 +494,12 @@ def _top_k(node, ins, outs, b):
            axis=-1, largest=int(node.attrs["largest"]), sorted=1)
 
 
+def _cumsum(node, ins, outs, b):
+    """CumSum along ``dim`` (``cumsum_grad``: ``reverse=1``), the axis an int64 constant."""
+    b.node("CumSum", [ins[0], b.initializer(np.array(node.attrs["dim"], np.int64))], outs,
+           reverse=int(node.op.name == "cumsum_grad"))
+
+
 def _scatter_elements(node, ins, outs, b):
     """ScatterElements(input, index, src) with axis = dim (``torch.scatter`` / ``scatter_add``'s
     export): reduction "add" for ``dim_scatter_add`` (an attribute from opset 16), none for the
@@ -548,7 +556,7 @@ CONVERTERS = {
     "gather": lambda n, ins, outs, b: b.node("Gather", ins, outs, axis=n.attrs["axis"]),
     "dim_gather": lambda n, ins, outs, b: b.node("GatherElements", ins, outs,
                                                  axis=n.attrs["dim"]),
-    "top_k": _top_k,
+    "top_k": _top_k, "cumsum": _cumsum, "cumsum_grad": _cumsum,
     "dim_scatter_update": _scatter_elements,
     "dim_scatter_update_scalar": _scatter_elements,
     "dim_scatter_add": _scatter_elements,
