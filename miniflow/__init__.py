@@ -49,7 +49,7 @@ from .tensor import (Tensor, arange, from_numpy, full, ones, ones_like, rand, ra
                      tensor, zeros, zeros_like)
 from .join import cat, stack
 from .tensor.arithmetic import einsum, where
-from .tensor.core import not_there as _not_there
+from .tensor.core import LISTED as _LISTED, not_there as _not_there
 from .tensor.indexing import gather, scatter, scatter_add, take_along_dim
 from .trace import enable_grad, is_grad_enabled, no_grad, set_grad_enabled
 from . import amp, cuda, distributed, ir, models, nn, ops, optim  # noqa: E402
@@ -90,5 +90,4 @@ def __getattr__(name):
         raise AttributeError(f"module 'miniflow' has no attribute {name!r}: miniflow's tensor "
                              f"math is Tensor methods; write x.{name}(...) for "
                              f"torch.{name}(x, ...)")
-    raise _not_there("module 'miniflow'", name, "" if name.startswith("_") else
-                     "docs/differences.md lists the PyTorch names miniflow has and lacks")
+    raise _not_there("module 'miniflow'", name, "" if name.startswith("_") else _LISTED)

@@ -366,6 +366,9 @@ def test_names_not_there_yet_say_what_to_write():
         x.data
     with pytest.raises(AttributeError, match="'nothing': docs/differences.md lists"):
         mf.nothing
+    with pytest.raises(AttributeError, match="functional' has no attribute 'ctc_loss': docs/"):
+        F.ctc_loss
+    assert not hasattr(F, "__wrapped__")
 
 
 def test_einsum_errors_as_pytorch():

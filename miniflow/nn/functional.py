@@ -18,6 +18,7 @@ import numpy as np
 from ..checks import is_integer
 from ..dtype import int64
 from ..tensor import Tensor, apply, tensor, zeros
+from ..tensor.core import LISTED, not_there
 from . import activations
 from .activations import *  # noqa: F401,F403  (the activation functions: relu ...)
 from .attention import scaled_dot_product_attention
@@ -372,3 +373,14 @@ def pad(input: Tensor, pad, mode: str = "constant", value=None) -> Tensor:
     start = tuple(max(b, 0) for b, _ in counts)
     return apply("slice_update", [out, inner], start=start,
                  stop=tuple(s + n for s, n in zip(start, inner.shape)), step=(1,) * len(start))
+
+
+def __getattr__(name):
+    """Only for a name the module has not (PyTorch's ``torch.nn.functional`` has many more).
+
+    Raises:
+        AttributeError: always; one of ``miniflow.tensor.core.NOT_THERE`` says what to write
+            instead, another public name's error points to ``docs/differences.md``, which lists
+            the PyTorch names miniflow has and lacks."""
+    raise not_there("module 'miniflow.nn.functional'", name,
+                    "" if name.startswith("_") else LISTED)

@@ -46,6 +46,10 @@ NOT_THERE = {
 ``AttributeError`` of ``Tensor.<name>`` and ``miniflow.<name>``."""
 
 
+LISTED = "docs/differences.md lists the PyTorch names miniflow has and lacks"
+"""The hint of a missing public name of ``miniflow`` and ``miniflow.nn.functional``."""
+
+
 def not_there(owner: str, name: str, otherwise: str = "") -> AttributeError:
     """The ``AttributeError`` of ``owner``'s missing attribute ``name``, with what to write
     instead when :data:`NOT_THERE` lists it, else ``otherwise`` (a hint, or nothing)."""
