@@ -224,6 +224,42 @@ def test_where_takes_a_condition_computed_in_the_graph_and_leaks_no_nan():
         mf.where(c, mf.tensor(b[:2]), 0.0)
 
 
+def test_the_2_norm_of_a_zero_row_trains_as_pytorchs():
+    """``F.normalize`` of an all-zero row (and ``norm``'s) gave NaN gradients (sqrt's ``inf *
+    0``), so one SGD step made the weights NaN; PyTorch's gradient is ``1 / eps`` per element
+    through normalize's clamp and 0 through the norm. Here: one step of lr 1 on
+    ``sum(normalize(w)) + sum(norm(w, dim=1))`` against the closed form (a row r: ``(1 - r *
+    sum(r) / |r|^2) / |r| + r / |r|``)."""
+    class Rows(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = nn.Parameter(np.array([[0.0, 0.0, 0.0], [1.0, 2.0, 2.0]], np.float32))
+
+        def forward(self, x):
+            return (F.normalize(self.w, dim=1) * x).sum() + self.w.norm(dim=1).sum()
+
+    class Step(nn.Graph):
+        def __init__(self, m):
+            super().__init__()
+            self.m = m
+            self.add_optimizer(mf.optim.SGD(m.parameters(), lr=1.0))
+
+        def build(self, x):
+            loss = self.m(x)
+            loss.backward()
+            return loss
+
+    model = Rows()
+    loss = Step(model)(np.ones((2, 3), np.float32))
+    r = np.array([1.0, 2.0, 2.0])
+    grad = (1 - r * r.sum() / 9) / 3 + r / 3
+    np.testing.assert_allclose(loss.numpy(), 5 / 3 + 3, rtol=1e-6)
+    np.testing.assert_array_equal(model.w.numpy()[0], np.float32([-1e12] * 3))   # 1 / eps
+    np.testing.assert_allclose(model.w.numpy()[1], r - grad, rtol=1e-6)
+    x = mf.tensor(np.array([[0.0, 0.0], [3.0, 4.0], [np.inf, 1.0]], np.float32))
+    np.testing.assert_array_equal(x.norm(dim=1).numpy(), [0.0, 5.0, np.inf])
+
+
 def test_logsumexp_of_infinite_slices_and_norm_errors_as_pytorch():
     x = np.array([[-np.inf, -np.inf], [np.inf, 1.0], [np.nan, 1.0], [1e30, 1e30]], np.float32)
     got = mf.tensor(x).logsumexp(1).numpy()

@@ -162,8 +162,10 @@ class Reductions:
         """The vector ``p``-norm over ``dim`` (None: every element), ``torch.Tensor.norm``:
         ``p`` 2 or ``"fro"`` ``sqrt(sum(x^2))``, 1 ``sum(|x|)``, ``inf`` :meth:`amax` of
         ``|x|``, ``-inf`` :meth:`amin`, any other ``p > 0`` ``sum(|x|^p)^(1/p)``; ``dtype``:
-        cast to it first. The gradient of the 2-norm of an all-zero slice is NaN (PyTorch
-        gives 0).
+        cast to it first. The 2-norm ``sqrt(s)``, ``s = sum(x^2)``, is computed in float32
+        (float64 for float64; under AMP too, as PyTorch reduces a half tensor in float32), and
+        its gradient is PyTorch's, 0 for an all-zero slice (``sqrt``'s would be ``inf * 0``,
+        NaN: ``F.normalize`` of a zero row poisoned the weights; ``_two_norm`` says how).
 
         Raises:
             ValueError: ``p`` 0, negative or ``"nuc"`` (not supported: count nonzeros with
@@ -172,7 +174,7 @@ class Reductions:
         x = self if dtype is None else self.to(dtype)
         dim = () if dim is None else dim
         if p in ("fro", 2, 2.0):
-            return x.square().sum(dim, keepdim).sqrt()
+            return _two_norm(x, dim, keepdim)
         if p in (1, 1.0):
             return x.abs().sum(dim, keepdim)
         if p == math.inf:
@@ -310,6 +312,23 @@ def _is_other(dim) -> bool:
     """Whether ``dim`` of ``max`` / ``min`` is a tensor or an array: PyTorch's elementwise
     ``x.max(other)`` / ``x.min(other)``."""
     return isinstance(dim, (TensorCore, np.ndarray)) or _is_torch(dim)
+
+
+def _two_norm(x, dim, keepdim: bool):
+    """``sqrt(sum(x^2))`` over ``dim`` as :meth:`Reductions.norm` says: in float32 (float64 for
+    float64; a float32 tensor pinned there under AMP by ``amp_black_identity``), the result in
+    x's dtype. As ``sqrt(max(s, tiny)) - sqrt(tiny)``, ``tiny`` the smallest positive float
+    (1.4e-45 in float32): 0 for an all-zero slice, with a finite ``sqrt`` gradient there that
+    the clamp then stops, so ``dx`` is 0 as PyTorch's norm backward gives (``sqrt(s)``'s is
+    ``inf * 0``, NaN); the value of ``sqrt(s)`` otherwise (``sqrt(tiny)``, 3.7e-23, is below half
+    an ulp of every norm above 1e-15), inf for inf, NaN for NaN."""
+    if x.dtype.is_half:
+        wide = x.float()
+    else:
+        wide = x if x.dtype.itemsize == 8 else apply("amp_black_identity", [x])
+    tiny = float(np.finfo(wide.dtype.np).smallest_subnormal)
+    n = wide.square().sum(dim, keepdim).clamp(min=tiny).sqrt() - math.sqrt(tiny)
+    return n.to(x.dtype) if x.dtype.is_half else n
 
 
 def _no_keepdim(fn: str, keepdim) -> None:
