@@ -598,6 +598,8 @@ def test_embedding_from_pretrained_copies_keeps_the_dtype_and_freezes_as_pytorch
     assert not frozen.weight.requires_grad
     ids = np.array([1, 3, 3], np.int64)
     np.testing.assert_array_equal(frozen(mf.tensor(ids)).numpy(), np.arange(12).reshape(4, 3)[ids])
+    np.testing.assert_array_equal(frozen(input=mf.tensor(ids)).numpy(),   # PyTorch's keyword
+                                  np.arange(12).reshape(4, 3)[ids])
     for emb in (frozen, free):
         head = nn.Linear(3, 2, dtype=emb.weight.dtype)
         opt = mf.optim.SGD([*emb.parameters(), *head.parameters()], lr=0.5)

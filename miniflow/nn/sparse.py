@@ -111,8 +111,10 @@ class Embedding(Module):
         module.weight.requires_grad_(not freeze)
         return module
 
-    def forward(self, ids):
-        return embedding(ids, self.weight)
+    def forward(self, input):
+        """The rows of ``weight`` at the int64 indices ``input`` (PyTorch's argument name, so
+        ``emb(input=ids)`` works): shape ``input.shape + [embedding_dim]``."""
+        return embedding(input, self.weight)
 
     def extra_repr(self) -> str:
         return f"{self.num_embeddings}, {self.embedding_dim}"
