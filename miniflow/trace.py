@@ -57,6 +57,10 @@ class Tracer:
         whatever the mode outside (the graph's gradients are what ``build`` writes)."""
         self._no_grad_values: set = set()
         self._detached: dict = {}
+        self.made: set = set()
+        """The ids of the eager Tensors made while this build runs (``miniflow.ones(T, T)`` in
+        it): assignments may write them; one made before would be written once, at trace time,
+        where PyTorch writes it at every call."""
 
     def __enter__(self):
         _stack().append(self)

@@ -309,3 +309,18 @@ def test_a_forward_that_needs_a_graph_break_is_refused_naming_it():
     with pytest.raises(RuntimeError, match=r"(?s)miniflow\.compile\(Branchy\): the forward "
                                            r"reads the value.*no graph breaks"):
         mf.compile(Branchy())(_x())
+
+
+def test_a_torch_dtype_argument_is_the_miniflow_dtype_it_names():
+    """``compiled(x, torch.bfloat16)`` was refused ("argument 1 is a dtype") though eager
+    ``x.to(torch.bfloat16)`` takes it: a torch dtype is a constant naming miniflow's."""
+    torch = pytest.importorskip("torch")
+
+    @mf.compile
+    def cast(x, dt):
+        return x.to(dt)
+
+    x = np.ones(2, np.float32)
+    assert cast(x, torch.bfloat16).dtype is mf.bfloat16
+    assert cast(x, torch.float64).dtype is mf.float64
+    assert cast(x, mf.float16).dtype is mf.float16

@@ -64,15 +64,23 @@ def test_a_numpy_or_list_index_gathers_rows_as_torch_eager_and_traced(key):
 
 
 @pytest.mark.parametrize("key,error,match", [
-    (np.array([True, False, True, False]), TypeError,
-     r"a boolean mask of shape \[4\] is not supported.*x\[np.flatnonzero\(mask\)\]"),
-    ([True, False, True, False], TypeError, r"a boolean mask"),
+    ((slice(None), np.ones((5, 6), bool)), TypeError,
+     r"a boolean mask of shape \[5, 6\] is not supported here .a 1-d mask is"),
+    (np.array([True, False, True]), IndexError, r"The shape of the mask \[3\] at index 0"),
     (np.array([0.0, 1.0]), TypeError, r"must hold integers \(got float64\)"),
     ((np.array([0, 1]), [0]), TypeError, r"one array, list or Tensor index is supported"),
-], ids=["bool_array", "bool_list", "float_array", "two_in_a_tuple"])
+], ids=["bool_2d_in_a_tuple", "bool_wrong_length", "float_array", "two_in_a_tuple"])
 def test_an_unsupported_array_index_names_what_is_supported(key, error, match):
     with pytest.raises(error, match=match):
         mf.tensor(X)[key]
+
+
+@pytest.mark.parametrize("key", [np.array([True, False, True, False]),
+                                 [True, False, True, False]], ids=["array", "list"])
+def test_a_1d_bool_mask_selects_its_true_rows_as_pytorch(key):
+    """``x[mask]`` with a 1-d bool mask known when the key is read (a NumPy array or a list)
+    was refused; it selects the True rows as PyTorch's ``x[mask]`` (here rows 0 and 2)."""
+    np.testing.assert_array_equal(mf.tensor(X)[key].numpy(), X[[0, 2]])
 
 
 def test_an_out_of_range_tensor_index_is_named_eagerly():
@@ -973,6 +981,79 @@ def test_the_pytorch_programs_that_assign_run_as_torch():
         tp[:, 0, 0::2] = torch.sin(tpos * tdiv)
         tp[:, 0, 1::2] = torch.cos(tpos * tdiv)
         np.testing.assert_allclose(pe.numpy(), tp.numpy(), rtol=1e-6, atol=1e-6)
+
+
+def test_assignment_into_an_eager_tensor_made_outside_build_is_refused_there():
+    """A new user wrote a graph value into a global eager tensor inside build: the call
+    succeeded and the tensor was destroyed (it became the trace's lazy tensor); a constant was
+    written once, at trace time, where PyTorch writes at every call. Both are refused, naming
+    what to do; a tensor made inside build takes assignments as before."""
+    outside = mf.tensor(np.zeros(3, np.float32))
+
+    class Writes(nn.Graph):
+        def __init__(self, value):
+            super().__init__()
+            self.value = value
+
+        def build(self, x):
+            outside[0] = x.sum() if self.value is None else self.value
+            return x * 1.0
+
+    for value in (None, 5.0):
+        with pytest.raises(RuntimeError, match=r"into an eager tensor \[3\] made outside it: the "
+                                               r"write would happen once, while tracing"):
+            Writes(value)(np.ones(3, np.float32))
+    np.testing.assert_array_equal(outside.numpy(), [0.0, 0.0, 0.0])
+
+    class Local(nn.Graph):
+        def build(self, x):
+            m = mf.ones(3)
+            m[0] = x.sum()
+            m[1] = 5.0
+            return x * m
+
+    np.testing.assert_array_equal(Local()(np.ones(3, np.float32)).numpy(), [3.0, 5.0, 1.0])
+
+
+def test_a_1d_bool_mask_beside_slices_selects_and_assigns_as_pytorch():
+    """``x[:, mask] = v`` and ``x[:, mask]`` with a 1-d NumPy bool mask (known when the key is
+    read: its True positions) were refused; they select and write as PyTorch's, eagerly and in
+    a graph; a mask of the wrong length is PyTorch's IndexError."""
+    m = np.array([True, False, True])
+    x = mf.tensor(np.zeros((2, 3), np.float32))
+    x[:, m] = 1.0
+    np.testing.assert_array_equal(x.numpy(), [[1, 0, 1], [1, 0, 1]])
+    y = mf.tensor(np.arange(6, dtype=np.float32).reshape(2, 3))
+    np.testing.assert_array_equal(y[:, m].numpy(), [[0, 2], [3, 5]])
+    np.testing.assert_array_equal(y[..., m].numpy(), [[0, 2], [3, 5]])
+
+    class Masked(nn.Graph):
+        def build(self, x):
+            out = x * 1.0
+            out[:, m] = 7.0
+            return out
+
+    np.testing.assert_array_equal(Masked()(np.zeros((2, 3), np.float32)).numpy(),
+                                  [[7, 0, 7], [7, 0, 7]])
+    with pytest.raises(IndexError, match=r"The shape of the mask \[2\] at index 1 does not match"):
+        y[:, np.array([True, False])]
+
+
+def test_a_number_that_does_not_fit_the_dtype_is_refused_as_by_pytorch():
+    """``y[0] = float('nan')`` into int64 wrote -9223372036854775808 (NumPy's invalid cast) and
+    1e39 into float32 inf; PyTorch raises "value cannot be converted to type ... without
+    overflow" for both; a float16 tensor takes inf (PyTorch's assignment does), a float into
+    int64 truncates."""
+    for dt, value in ((np.int64, float("nan")), (np.int64, float("inf")), (np.int64, 2.0 ** 63),
+                      (np.float32, 1e39)):
+        y = mf.tensor(np.zeros(2, dt))
+        with pytest.raises(RuntimeError, match="value cannot be converted to type .* without "
+                                               "overflow"):
+            y[0] = value
+        np.testing.assert_array_equal(y.numpy(), [0, 0])
+    half, whole = mf.tensor(np.zeros(2, np.float16)), mf.tensor(np.zeros(2, np.int64))
+    half[0], whole[0] = 1e6, 2.7
+    assert half.numpy()[0] == np.inf and whole.numpy()[0] == 2
 
 
 def test_assignment_casts_to_the_tensors_dtype_as_pytorch():

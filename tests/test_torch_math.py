@@ -224,6 +224,26 @@ def test_where_takes_a_condition_computed_in_the_graph_and_leaks_no_nan():
         mf.where(c, mf.tensor(b[:2]), 0.0)
 
 
+def test_amax_amin_logsumexp_of_a_tensor_with_an_empty_kept_dim():
+    """``amax(1)`` of a [0, 3] tensor raised "Expected reduction dim [1] to have non-zero size"
+    (the reduced size came from the element count), ``amin``'s error named ``amax``; PyTorch's
+    results: empty, and ``logsumexp`` over an empty dim is -inf (log of an empty sum)."""
+    e = mf.tensor(np.zeros((0, 3), np.float32))
+    assert e.amax(1).shape == e.amin(1).shape == e.logsumexp(1).shape == (0,)
+    np.testing.assert_array_equal(e.logsumexp(0).numpy(), [-np.inf] * 3)
+    with pytest.raises(ValueError, match=r"amin\(\): Expected reduction dim \[0\] to have "
+                                         r"non-zero size"):
+        e.amin(0)
+
+
+def test_where_of_a_0d_condition():
+    """``miniflow.where(np.array(True), x, 1.0)`` said "got bool np.False_" (the complement of
+    a 0-d array is a NumPy scalar); PyTorch takes a 0-d condition."""
+    x = mf.tensor(np.array(3.0, np.float32))
+    assert mf.where(np.array(True), x, 1.0).item() == 3.0
+    assert mf.where(np.array(False), x, 1.0).item() == 1.0
+
+
 def test_the_2_norm_of_a_zero_row_trains_as_pytorchs():
     """``F.normalize`` of an all-zero row (and ``norm``'s) gave NaN gradients (sqrt's ``inf *
     0``), so one SGD step made the weights NaN; PyTorch's gradient is ``1 / eps`` per element

@@ -20,7 +20,7 @@ from collections import OrderedDict
 
 import numpy as np
 
-from ..dtype import DType
+from ..dtype import DType, as_dtype
 from ..nn.module import Module
 from ..tensor import Tensor
 from ..tensor.core import LazyValueError
@@ -42,6 +42,11 @@ miniflow's compiler (``nn.Graph``)."""
 
 _CONSTANTS = (type(None), bool, int, float, str, DType)
 """Argument types compiled into the graph as constants (a new value traces again)."""
+
+
+def _is_torch_dtype(value) -> bool:
+    """Whether ``value`` is a ``torch.dtype`` (without importing torch)."""
+    return type(value).__module__ == "torch" and type(value).__name__ == "dtype"
 
 
 def compile(model=None, *, fullgraph: bool = False, dynamic=None, backend="inductor",
@@ -182,6 +187,8 @@ class _Graphs:
                 inputs.append(value)
             elif isinstance(value, _CONSTANTS):
                 slots.append((place, (type(value), value)))
+            elif _is_torch_dtype(value):       # torch.bfloat16 names miniflow's, as in .to()
+                slots.append((place, (DType, as_dtype(value))))
             else:
                 at = f"argument {place}" if isinstance(place, int) else f"argument {place!r}"
                 raise TypeError(f"{self.where}: {at} is a {type(value).__name__}: a compiled "

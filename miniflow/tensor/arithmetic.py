@@ -375,7 +375,7 @@ def where(condition, input, other) -> "Tensor":
             raise TypeError(f"where: the condition must be a bool or integer mask, got an array "
                             f"of {mask.dtype}")
         mask = mask.astype(bool)
-        keep = ~mask
+        keep = np.logical_not(mask, out=np.empty_like(mask))    # 0-d stays an array
     shapes = [tuple(v.shape) for v in (mask, *tensors)]
     try:
         shape = tuple(np.broadcast_shapes(*shapes))

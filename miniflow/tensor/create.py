@@ -38,8 +38,13 @@ def tensor_class(cls: type) -> type:
 
 def new_tensor(data=None, *, _value=None, _tracer=None):
     """``Tensor(data)`` (eager) or ``Tensor(_value=, _tracer=)`` (lazy) of the registered
-    class."""
-    return _tensor_class(data, _value=_value, _tracer=_tracer)
+    class; an eager one made while a build runs is noted in its tracer's ``made``."""
+    t = _tensor_class(data, _value=_value, _tracer=_tracer)
+    if data is not None:
+        tr = current_tracer()
+        if tr is not None:
+            tr.made.add(id(t))
+    return t
 
 
 def _is_torch(value) -> bool:

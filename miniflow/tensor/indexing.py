@@ -7,12 +7,13 @@
 tensors in place, lazy ones as op ``slice_update`` (or ``masked_fill`` for a mask)."""
 from __future__ import annotations
 
+import math
 import numbers
 from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ..dtype import int64
+from ..dtype import float32, int64, max_finite
 from ..ops.indexing import first_bad
 from ..runtime.backend import get_backend
 from ..trace import current_tracer, is_grad_enabled
@@ -409,8 +410,9 @@ def _index_array(key, shape: tuple, dim: int = 0) -> np.ndarray:
     dimension 1).
 
     Raises:
-        TypeError: a boolean mask (its result's shape depends on its values, which a traced
-            graph cannot have) or an array that is not of integers.
+        TypeError: a boolean mask of more than one dimension (a 1-d one, known when the key
+            is read, selects its True positions, as ``np.flatnonzero``), or an array that is
+            not of integers.
         IndexError: a 0-d tensor (nothing to index), or an index outside ``[-n, n)`` (PyTorch's
             message, naming the index as given, unsigned ones included, and its position).
     """
@@ -420,10 +422,17 @@ def _index_array(key, shape: tuple, dim: int = 0) -> np.ndarray:
         arr = np.asarray(key, dtype=object)
     if arr.size == 0 and isinstance(key, (list, tuple)):   # x[:, []]: no index, no dtype
         arr = arr.astype(np.int64)
+    if arr.dtype == np.bool_ and arr.ndim == 1 and shape:   # known now: its True positions
+        if arr.shape[0] != shape[0]:
+            raise IndexError(f"The shape of the mask [{arr.shape[0]}] at index {dim} does not "
+                             f"match the shape of the indexed tensor dimension {dim} of size "
+                             f"{shape[0]}")
+        arr = np.flatnonzero(arr)
     if arr.dtype == np.bool_:
         raise TypeError(f"tensor index: a boolean mask of shape {list(arr.shape)} is not "
-                        f"supported (the result's shape would depend on its values); select "
-                        f"the rows by their int64 indices instead: x[np.flatnonzero(mask)]")
+                        f"supported here (a 1-d mask is, and one of the tensor's leading "
+                        f"shape alone in an assignment); select by int64 indices instead: "
+                        f"np.nonzero(mask)")
     if arr.dtype.kind not in "iu":
         raise TypeError(f"tensor index {key!r}: an array or list index must hold integers (got "
                         f"{arr.dtype}); miniflow supports ints, slices, None, ... and one integer "
@@ -571,6 +580,7 @@ def _assign_eager(t: "Tensor", key, value) -> None:
     arr = backend.to_numpy(t._data)
     view, where, want = _eager_target(arr, key, t.shape)
     values = _value_array(value)
+    _check_number_fits(value, t.dtype)
     fitted = _fitted_shape(values.shape, want)
     with np.errstate(invalid="ignore", over="ignore"):    # PyTorch's casts: inf, truncation
         values = values.astype(t.dtype.np)
@@ -581,10 +591,39 @@ def _assign_eager(t: "Tensor", key, value) -> None:
         written()
 
 
+def _check_number_fits(value, dtype) -> None:
+    """A Python number assigned into an int64 or float32 tensor must fit, as PyTorch's scalar
+    conversion checks (a float16 tensor takes inf, as PyTorch's assignment does).
+
+    Raises:
+        RuntimeError: NaN, inf or a value beyond int64 into int64; a finite value beyond
+            float32's range into float32 (PyTorch's "value cannot be converted to type ...
+            without overflow")."""
+    if not isinstance(value, numbers.Real) or isinstance(value, bool):
+        return
+    v = float(value)
+    if dtype is int64:
+        bad = not math.isfinite(v) or not -2.0 ** 63 <= v < 2.0 ** 63
+    else:
+        bad = dtype is float32 and math.isfinite(v) and abs(v) > max_finite(float32)
+    if bad:
+        raise RuntimeError(f"x[key] = {value!r}: value cannot be converted to type "
+                           f"{dtype.name} without overflow (PyTorch's error)")
+
+
 def _check_assignable(tr, t: "Tensor") -> None:
     """Refuse ``t[key] = value`` inside a build for a parameter or buffer (a variable, which
-    the graph reads from the module's memory and a value cannot change)."""
+    the graph reads from the module's memory and a value cannot change), and for an eager
+    tensor made before the build (a global, a module's plain attribute)."""
     name = tr.variable_names.get(id(t))
+    if t._value is None and name is None and not hasattr(t, "_requires_grad") and \
+            id(t) not in tr.made:
+        raise RuntimeError(f"x[key] = value inside nn.Graph.build into an eager tensor "
+                           f"{list(t.shape)} made outside it: the write would happen once, "
+                           f"while tracing, where PyTorch writes at every call (and a value "
+                           f"computed in the graph cannot be stored there); register it as a "
+                           f"buffer and return the new values from build, or write it outside "
+                           f"the graph, or into a copy made inside, y = x.clone()")
     if t._value is None and (name is not None or hasattr(t, "_requires_grad")):
         what = f"the graph's variable {name!r}" if name is not None else "a parameter"
         raise RuntimeError(f"x[key] = value inside nn.Graph.build into {what}: the graph "

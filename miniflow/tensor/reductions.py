@@ -122,23 +122,12 @@ class Reductions:
             ValueError: a dim out of range or repeated; an empty reduced dimension
                 (PyTorch's "Expected reduction dim ... to have non-zero size").
         """
-        dim, keepdim = _reduce_args("amax", dim, keepdim, None, None)
-        axes = norm_axes("amax", dim, self.ndim) if self.ndim else ()
-        kept = [i for i in range(self.ndim) if i not in axes]
-        moved = self.permute(*kept, *axes) if kept + list(axes) != list(range(self.ndim)) else self
-        flat = moved.reshape(*(self.shape[i] for i in kept), -1 if self.numel() else 0)
-        if flat.shape[-1] == 0:
-            raise ValueError(f"amax(): Expected reduction dim {list(axes)} to have non-zero "
-                             f"size.")
-        out = apply("reduce_max", [flat], axis=flat.ndim - 1)
-        if keepdim:
-            out = out.reshape(tuple(1 if i in axes else n for i, n in enumerate(self.shape)))
-        return out
+        return _amax(self, dim, keepdim, "amax")
 
     def amin(self, dim=(), keepdim: bool = False) -> "Tensor":
         """The smallest element over ``dim``: :meth:`amax` of ``-x``, negated (exact;
         ``torch.amin``); arguments, gradient and errors as :meth:`amax`."""
-        return -(-self).amax(dim, keepdim)
+        return -_amax(-self, dim, keepdim, "amin")
 
     def logsumexp(self, dim, keepdim: bool = False) -> "Tensor":
         """``log(sum(exp(x)))`` over ``dim`` (an int or a sequence of ints), ``torch.logsumexp``,
@@ -149,13 +138,15 @@ class Reductions:
         Raises: as :meth:`amax`.
         """
         from ..dtype import max_finite
+        axes = norm_axes("logsumexp", _reduce_args("logsumexp", dim, False, None, None)[0],
+                         self.ndim) if self.ndim else ()
+        if math.prod(self.shape[i] for i in axes) == 0:   # an empty sum: log 0 = -inf
+            return self.exp().sum(dim, keepdim).log()
         big = max_finite(self.dtype)
         m = self.detach().amax(dim, keepdim=True).clamp(-big, big)
         out = (self - m).exp().sum(dim, keepdim=True).log() + m
         if keepdim:
             return out
-        axes = norm_axes("logsumexp", _reduce_args("logsumexp", dim, False, None, None)[0],
-                         self.ndim) if self.ndim else ()
         return out.reshape(tuple(n for i, n in enumerate(self.shape) if i not in axes))
 
     def norm(self, p="fro", dim=None, keepdim: bool = False, dtype=None) -> "Tensor":
@@ -312,6 +303,24 @@ def _is_other(dim) -> bool:
     """Whether ``dim`` of ``max`` / ``min`` is a tensor or an array: PyTorch's elementwise
     ``x.max(other)`` / ``x.min(other)``."""
     return isinstance(dim, (TensorCore, np.ndarray)) or _is_torch(dim)
+
+
+def _amax(x, dim, keepdim: bool, fn: str):
+    """:meth:`Reductions.amax` of ``x`` (``fn`` names it in the errors: ``amin`` calls it on
+    ``-x``): the reduced dims moved last and merged, one ``reduce_max``; a kept dim of size 0
+    gives an empty result, an empty reduced one PyTorch's error."""
+    dim, keepdim = _reduce_args(fn, dim, keepdim, None, None)
+    axes = norm_axes(fn, dim, x.ndim) if x.ndim else ()
+    kept = [i for i in range(x.ndim) if i not in axes]
+    moved = x.permute(*kept, *axes) if kept + list(axes) != list(range(x.ndim)) else x
+    reduced = math.prod(x.shape[i] for i in axes)
+    if reduced == 0:
+        raise ValueError(f"{fn}(): Expected reduction dim {list(axes)} to have non-zero size.")
+    flat = moved.reshape(*(x.shape[i] for i in kept), reduced)
+    out = apply("reduce_max", [flat], axis=flat.ndim - 1)
+    if keepdim:
+        out = out.reshape(tuple(1 if i in axes else n for i, n in enumerate(x.shape)))
+    return out
 
 
 def _two_norm(x, dim, keepdim: bool):
