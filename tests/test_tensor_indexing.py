@@ -83,6 +83,29 @@ def test_a_1d_bool_mask_selects_its_true_rows_as_pytorch(key):
     np.testing.assert_array_equal(mf.tensor(X)[key].numpy(), X[[0, 2]])
 
 
+def test_eager_int64_tensors_clone_index_flip_and_select_exactly():
+    """``labels[perm]``, ``ids.clone()``, ``ids.flip(0)`` and ``index_select`` of an eager int64
+    tensor raised (ops identity and gather take floating tensors); eagerly they copy with NumPy,
+    exactly beyond 2**53; inside build they still name the op."""
+    big = np.array([[1, 2, 3], [4, 5, 6]], np.int64) * 2 ** 60
+    t = mf.tensor(big)
+    copy = t.clone()
+    copy[0, 0] = 7
+    assert copy.dtype is mf.int64 and t.numpy()[0, 0] == big[0, 0]
+    np.testing.assert_array_equal(t[[1, 0]].numpy(), big[[1, 0]])
+    np.testing.assert_array_equal(t[mf.tensor(np.array([1, 1]))].numpy(), big[[1, 1]])
+    np.testing.assert_array_equal(t[:, [-1]].numpy(), big[:, [-1]])
+    np.testing.assert_array_equal(t.flip(1).numpy(), big[:, ::-1])
+    np.testing.assert_array_equal(t.index_select(1, [2, 0]).numpy(), big[:, [2, 0]])
+
+    class Flip(nn.Graph):
+        def build(self, x):
+            return x.long().flip(0).float()
+
+    with pytest.raises(TypeError, match="gather: input .* must be floating point"):
+        Flip()(np.ones(3, np.float32))
+
+
 def test_an_out_of_range_tensor_index_is_named_eagerly():
     with pytest.raises(IndexError, match=r"gather: index 7 at indices\[1\] is out of range "
                                          r"\[0, 4\) of axis 0"):

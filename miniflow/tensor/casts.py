@@ -9,8 +9,9 @@ import numpy as np
 
 from ..dtype import as_dtype
 from ..runtime.backend import check_device
+from ..trace import current_tracer
 from .core import TensorCore
-from .create import _made, apply, as_numpy, full, new_tensor, ones, zeros
+from .create import _made, apply, as_numpy, full, new_tensor, ones, tensor, zeros
 
 if TYPE_CHECKING:        # the composed class, for the annotations only
     from . import Tensor
@@ -107,7 +108,11 @@ class Casts:
                      else dtype, device, requires_grad)
 
     def clone(self) -> "Tensor":
-        """A copy (op ``identity``; ``torch.Tensor.clone``: its gradient flows to this tensor)."""
+        """A copy (op ``identity``; ``torch.Tensor.clone``: its gradient flows to this tensor);
+        an eager int64 tensor outside a build (which the op, floating only, refuses) is copied
+        with NumPy."""
+        if not self.dtype.is_float and self._value is None and current_tracer() is None:
+            return tensor(self.numpy().copy())
         return apply("identity", [self])
 
 
