@@ -16,13 +16,14 @@ compute in float32 and store them with one rounding.
 """
 from __future__ import annotations
 
+import math
 from types import FunctionType
 
 import numpy as np
 
 __all__ = ["DType", "float64", "float32", "float16", "bfloat16", "int64", "as_dtype",
            "HALF_DTYPES", "FP16_MAX", "FP16_OVERFLOW", "FP16_MIN_NORMAL", "FP16_MIN_SUBNORMAL",
-           "BF16_MAX", "is_bfloat16", "max_finite"]
+           "BF16_MAX", "is_bfloat16", "max_finite", "overflows"]
 
 FP16_MAX = 65504.0
 """Largest finite float16 value."""
@@ -103,6 +104,16 @@ def max_finite(dtype: DType) -> float:
     if dtype.is_half:          # np.finfo knows no ml_dtypes type
         return FP16_MAX if dtype.name == "float16" else BF16_MAX
     return float(np.finfo(dtype.np).max)
+
+
+def overflows(value: float, dtype: DType) -> bool:
+    """Whether the number ``value`` cannot be converted to ``dtype`` without overflow, as
+    PyTorch's scalar conversion checks (``c10::checked_convert``): for a floating dtype a finite
+    value beyond :func:`max_finite` (inf and NaN convert), for int64 NaN, inf or a value outside
+    [-2**63, 2**63)."""
+    if dtype.is_float:
+        return math.isfinite(value) and abs(value) > max_finite(dtype)
+    return not math.isfinite(value) or not -2.0 ** 63 <= value < 2.0 ** 63
 
 _ALL = {d.name: d for d in (float64, float32, float16, bfloat16, int64)}
 _BY_NP = {d.np: d for d in _ALL.values() if d is not bfloat16}

@@ -1026,6 +1026,15 @@ def test_assignment_into_an_eager_tensor_made_outside_build_is_refused_there():
         with pytest.raises(RuntimeError, match=r"into an eager tensor \[3\] made outside it: the "
                                                r"write would happen once, while tracing"):
             Writes(value)(np.ones(3, np.float32))
+
+    class WritesADetached(nn.Graph):              # shares outside's data: made outside too
+        def build(self, x):
+            alias = outside.detach()
+            alias[0] = 5.0
+            return x * 1.0
+
+    with pytest.raises(RuntimeError, match=r"made outside it"):
+        WritesADetached()(np.ones(3, np.float32))
     np.testing.assert_array_equal(outside.numpy(), [0.0, 0.0, 0.0])
 
     class Local(nn.Graph):

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ..dtype import float32, max_finite
+from ..dtype import float32, max_finite, overflows
 from .core import TensorCore
 from .create import apply, as_numpy, tensor
 from .dims import _dim
@@ -298,7 +298,7 @@ class Arithmetic:
                                 f"nonzero = fill), got an array of {arr.dtype}")
             mask = tensor(arr.astype(np.int64))
         value = float(value)
-        if self.dtype.is_float and math.isfinite(value) and abs(value) > max_finite(self.dtype):
+        if self.dtype.is_float and overflows(value, self.dtype):
             raise RuntimeError(
                 f"masked_fill: value {value:g} cannot be converted to {self.dtype.name} without "
                 f"overflow (its largest finite value is {max_finite(self.dtype):g}; PyTorch "

@@ -38,12 +38,19 @@ def tensor_class(cls: type) -> type:
 
 def new_tensor(data=None, *, _value=None, _tracer=None):
     """``Tensor(data)`` (eager) or ``Tensor(_value=, _tracer=)`` (lazy) of the registered
-    class; an eager one made while a build runs is noted in its tracer's ``made``."""
-    t = _tensor_class(data, _value=_value, _tracer=_tracer)
-    if data is not None:
-        tr = current_tracer()
-        if tr is not None:
-            tr.made.add(id(t))
+    class."""
+    return _tensor_class(data, _value=_value, _tracer=_tracer)
+
+
+def _from_host(arr: np.ndarray):
+    """An eager tensor of the NumPy array ``arr`` in the backend's memory (:func:`tensor` and
+    the factories); one made while a build runs is noted in its tracer's ``made``, so that
+    assignments may write it (an eager op's result or a ``detach`` sharing a tensor's data is
+    not: inside a build only these make new eager data)."""
+    t = new_tensor(get_backend().from_numpy(arr))
+    tr = current_tracer()
+    if tr is not None:
+        tr.made.add(id(t))
     return t
 
 
@@ -101,7 +108,7 @@ def tensor(data, dtype=None) -> Tensor:
     else:
         dt = as_dtype(dtype)
         arr = np.asarray(data).astype(dt.np)
-    return new_tensor(get_backend().from_numpy(arr))
+    return _from_host(arr)
 
 
 def from_numpy(ndarray: np.ndarray) -> Tensor:
@@ -167,7 +174,7 @@ def _made(fn: str, arr: np.ndarray, dtype, device, requires_grad) -> Tensor:
     if dtype is not None:
         arr = arr.astype(as_dtype(dtype).np)
     as_dtype(arr.dtype)
-    return new_tensor(get_backend().from_numpy(np.asarray(arr, order="C")))    # 0-d stays 0-d
+    return _from_host(np.asarray(arr, order="C"))    # 0-d stays 0-d
 
 
 def zeros(*size, dtype=None, device=None, requires_grad: bool = False) -> Tensor:

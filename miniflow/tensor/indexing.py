@@ -7,13 +7,12 @@
 tensors in place, lazy ones as op ``slice_update`` (or ``masked_fill`` for a mask)."""
 from __future__ import annotations
 
-import math
 import numbers
 from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ..dtype import float32, int64, max_finite
+from ..dtype import float32, int64, overflows
 from ..ops.indexing import first_bad
 from ..runtime.backend import get_backend
 from ..trace import current_tracer, is_grad_enabled
@@ -610,12 +609,7 @@ def _check_number_fits(value, dtype) -> None:
             without overflow")."""
     if not isinstance(value, numbers.Real) or isinstance(value, bool):
         return
-    v = float(value)
-    if dtype is int64:
-        bad = not math.isfinite(v) or not -2.0 ** 63 <= v < 2.0 ** 63
-    else:
-        bad = dtype is float32 and math.isfinite(v) and abs(v) > max_finite(float32)
-    if bad:
+    if dtype in (int64, float32) and overflows(float(value), dtype):
         raise RuntimeError(f"x[key] = {value!r}: value cannot be converted to type "
                            f"{dtype.name} without overflow (PyTorch's error)")
 
