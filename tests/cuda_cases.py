@@ -72,6 +72,7 @@ def extra_cases(cfg: LaunchConfig = SIMULATOR) -> list:
             Case("reduce_sum", [_r(2, 3, 4, 5, dt=dt)], {"axis": (0, 2), "keepdims": True},
                  "gathered"),
             Case("reduce_sum", [_r(3, 0, 2, dt=dt)], {"axis": (1,)}, "empty-reduced-dim"),
+            Case("top_k", [np.round(_r(n, 20, dt=dt))], {"k": 17}, "grid-stride-sort"),
             Case("cumsum", [_r(n // 4 + 1, 4, dt=dt)], {"dim": 0}, "grid-stride"),
             Case("cumsum_grad", [_r(3, n // 3, dt=dt)], {"dim": 0}, "grid-stride"),
             Case("matmul", [_r(2 * t + 1, 2 * t + 3, dt=dt), _r(2 * t + 3, t + 2, dt=dt, seed=1)],

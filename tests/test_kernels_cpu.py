@@ -273,6 +273,78 @@ def test_sparse_softmax_cross_entropy_label_out_of_range(bad):
         run("sparse_softmax_cross_entropy", [pred, label], [((3, 7), float32), ((3,), float32)])
 
 
+def _top_k_rows(rng, rows, n, dt):
+    """Rows of small integers (many ties) with NaN, inf, -inf and -0.0 sprinkled in."""
+    x = rng.integers(-3, 4, (rows, n)).astype(np.float64)
+    u = rng.random(x.shape)
+    for k, v in enumerate([np.nan, np.inf, -np.inf, -0.0]):
+        x[(u >= 0.05 * k) & (u < 0.05 * (k + 1))] = v
+    return x.astype(dt.np)
+
+
+@pytest.mark.parametrize("dt", FLOATS, ids=lambda d: d.short)
+@pytest.mark.parametrize("n", [5, 16, 17, 33, 100, 4100])
+def test_top_k_inserts_or_merge_sorts_in_the_references_order(n, dt):
+    """``top_k`` inserts for ``k`` up to ``TOP_K_INSERTION_MAX`` and merge-sorts the row above
+    it: both give ``top_k_reference``'s indices exactly (NaN first when largest, last when not,
+    equal values and the two zeros in index order), for k 1, the threshold, one past it, half
+    and all of the row (4100 columns and 3 rows: the parallel loop)."""
+    from miniflow.kernels.common.indexing import TOP_K_INSERTION_MAX as T
+    from miniflow.ops.reduce_max import top_k_reference
+    x = _top_k_rows(np.random.default_rng(n), 3, n, dt)
+    for k in sorted({1, min(T, n), min(T + 1, n), n // 2 or 1, n}):
+        for largest in (True, False):
+            attrs = {"k": k, "largest": largest}
+            (got,) = run_cpu(Case("top_k", [x], attrs))
+            np.testing.assert_array_equal(got, top_k_reference([x], attrs)[0], f"k {k} {attrs}")
+
+
+@pytest.mark.parametrize("dt", [float32, float64], ids=lambda d: d.short)
+def test_top_k_and_its_sort_match_torch(dt):
+    """The indices of a stable ``torch.sort`` (descending when largest: NaN first, as PyTorch's
+    sort and topk put it) cut to k, and ``torch.topk``'s values, on rows of 4100 with ties."""
+    torch = pytest.importorskip("torch")
+    x = _top_k_rows(np.random.default_rng(7), 4, 4100, dt)
+    for k in (1, 8, 17, 4100):
+        for largest in (True, False):
+            (got,) = run_cpu(Case("top_k", [x], {"k": k, "largest": largest}))
+            t = torch.from_numpy(x)
+            want = torch.sort(t, stable=True, dim=-1, descending=largest).indices[:, :k]
+            np.testing.assert_array_equal(got, want.numpy(), f"k {k} largest {largest}")
+            np.testing.assert_array_equal(np.take_along_axis(x, got, -1),
+                                          torch.topk(t, k, largest=largest).values.numpy())
+
+
+def test_top_k_of_a_whole_row_is_n_log_n():
+    """A sort (``Tensor.sort`` inside ``build`` is ``top_k`` of the whole row) compares ``O(n log
+    n)`` times, its worst case: the insertion of every element into the sorted row before it
+    (the kernel for every k, once) made ``n (n - 1) / 2`` comparisons of a row in ascending
+    order, 8.4 million for 4096, where this makes under ``n log2 n`` (the body run as Python,
+    its comparison counted), and the CPU builder launches it for every k above
+    ``TOP_K_INSERTION_MAX``."""
+    from miniflow.kernels.common import indexing
+    from miniflow.kernels.cpu.indexing import top_k_sort_kernel
+    n, count = 4096, [0]
+    before = indexing.top_k_before
+
+    def counted(v, w, largest):
+        count[0] += 1
+        return before(v, w, largest)
+
+    v, out = np.arange(n, dtype=np.float32), np.empty(n, np.int64)
+    a, b = np.empty(n, np.int64), np.empty(n, np.int64)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(indexing, "top_k_before", counted)
+        indexing.top_k_sort(v, a, b, out, 0, 0, n, n, True)
+    np.testing.assert_array_equal(out, np.arange(n)[::-1])
+    assert count[0] < n * 12, count[0]
+    x = v.reshape(1, n)
+    node = Node(get_op("top_k"), [Value("x", x.shape, float32)], [Value("i", (1, 17), int64)],
+                {"k": 17, "largest": True})
+    (fn, _), = builder_for(node.op)(node, [x], [np.empty((1, 17), np.int64)])
+    assert fn is top_k_sort_kernel(False)
+
+
 # ----------------------------------------------------------------------------- matmul, movement
 @pytest.mark.parametrize("dt", FLOATS, ids=lambda d: d.short)
 @pytest.mark.parametrize("ta,tb", [(False, False), (True, False), (False, True), (True, True)])

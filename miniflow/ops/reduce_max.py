@@ -167,7 +167,10 @@ def _top_k_samples():
         r = np.random.default_rng(45)
         ties = np.array([[1.0, np.nan, 3.0, 3.0, -np.inf, np.nan], [2.0, 2.0, 2.0, 0.0, 1.0, 2.0]],
                         dt)
+        long = r.integers(-3, 4, (3, 40)).astype(dt)     # many ties, past the insertion's k
+        long.flat[r.choice(long.size, 24, replace=False)] = [np.nan, np.inf, -np.inf, -0.0] * 6
         return [([rand(3, 4, 7, dtype=dt, r=r)], {"k": 3}),
+                ([long], {"k": 40}), ([long], {"k": 20, "largest": False}),
                 ([rand(5, 9, dtype=dt, r=r)], {"k": 9, "largest": False}),
                 ([ties], {"k": 4}), ([ties], {"k": 5, "largest": False}),
                 ([rand(2, 4, dtype=dt, r=r)], {"k": 0}), ([rand(0, 4, dtype=dt, r=r)], {"k": 2}),

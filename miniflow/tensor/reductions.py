@@ -413,7 +413,8 @@ class Sampling:
         largest first), as PyTorch's ``torch.return_types.sort``: :meth:`topk` of every
         element (``largest=descending``), so NaN sorts last ascending and first descending, as
         PyTorch's, and equal elements keep their index order (``stable`` is taken either way).
-        Inside ``build`` floating tensors (op ``top_k``), whose values train.
+        Inside ``build`` floating tensors (op ``top_k``, whose kernels merge-sort each row:
+        ``O(n log n)``), whose values train.
 
         Raises: as :meth:`topk` (``dim`` out of range; an int64 tensor inside ``build``)."""
         d = _dim("sort", dim, max(self.ndim, 1))

@@ -6,7 +6,8 @@
 and ``masked_fill`` (Numba loops that copy elements as stored: float16 and bfloat16 as their bits,
 the fill value converted to out's dtype once, at build time); the one-axis ``reduce_max``,
 ``argmax`` and ``reduce_max_grad`` (Numba loops, one output per (parallel) iteration); ``top_k``
-(a Numba loop per row: an insertion into the row's sorted k indices); ``cumsum`` /
+(a Numba loop per row: an insertion into the row's sorted k indices, or for a larger k a stable
+merge sort of the row, ``kernels.common.indexing.top_k_sort``); ``cumsum`` /
 ``cumsum_grad`` (a Numba loop per running sum, in order).
 
 ``gather`` checks every index before it copies and raises IndexError on one outside ``[0, n)``;
@@ -29,11 +30,12 @@ from .fp16 import load, store, to_compute
 from .movement import copy_steps
 
 _before = jitable(indexing.top_k_before)
+_sort = jitable(indexing.top_k_sort)
 
 __all__ = ["gather_kernel", "segment_sum_kernel", "dim_gather_kernel", "dim_scatter_kernel",
            "tril_kernel", "masked_fill_kernel",
-           "max_kernel", "argmax_kernel", "max_grad_kernel", "top_k_kernel", "cumsum_kernel",
-           "BUILDERS"]
+           "max_kernel", "argmax_kernel", "max_grad_kernel", "top_k_kernel", "top_k_sort_kernel",
+           "cumsum_kernel", "BUILDERS"]
 
 
 @functools.cache
@@ -288,6 +290,24 @@ def top_k_kernel(parallel: bool):
     return kernel
 
 
+@functools.cache
+def top_k_sort_kernel(parallel: bool):
+    """``kernel(x, v, a, b, out, rows, n, k, largest)``: what :func:`top_k_kernel` computes, by a
+    stable merge sort of each row (``kernels.common.indexing.top_k_sort``; ``v`` the values in the
+    compute type, ``a`` and ``b`` int64 positions: scratch of x's size)."""
+    loop = loop_for(parallel)
+
+    @jit(parallel)
+    def kernel(x, v, a, b, out, rows, n, k, largest):
+        for r_ in loop(rows):
+            r = np.int64(r_)
+            for j in range(r * n, (r + 1) * n):
+                v[j] = load(x, j)
+            _sort(v, a, b, out, r * n, r * k, n, k, largest)
+
+    return kernel
+
+
 def _fill(out, value: float) -> np.ndarray:
     """``value`` in out's dtype, as the kernels see it (a one-element kernel view)."""
     with np.errstate(over="ignore"):
@@ -400,9 +420,15 @@ def cumsum_steps(x, out, outer, n, inner, reverse: bool):
 
 
 def top_k_steps(x, out, rows, n, k, largest):
-    """The step of ``top_k``."""
-    return [(top_k_kernel(use_parallel(x.size) and rows > 1),
-             (flat(x), flat(out), rows, n, k, bool(largest)))]
+    """The step of ``top_k``: the insertion for ``k`` up to ``TOP_K_INSERTION_MAX``, else the
+    merge sort (its scratch allocated here)."""
+    parallel = use_parallel(x.size) and rows > 1
+    if k <= indexing.TOP_K_INSERTION_MAX:
+        return [(top_k_kernel(parallel), (flat(x), flat(out), rows, n, k, bool(largest)))]
+    v = np.empty(x.size, np.float64 if x.dtype == np.float64 else np.float32)
+    a, b = np.empty(x.size, np.int64), np.empty(x.size, np.int64)
+    return [(top_k_sort_kernel(parallel), (flat(x), v, a, b, flat(out), rows, n, k,
+                                           bool(largest)))]
 
 
 BUILDERS = indexing.builders(gather_steps=gather_steps, segment_sum_steps=segment_sum_steps,

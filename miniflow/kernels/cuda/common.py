@@ -96,18 +96,25 @@ def jit(fn):
     return cuda.jit(cache=CACHE.enabled and not SIMULATOR)(fn)
 
 
+_COMMON = __name__.rsplit(".", 2)[0] + ".common."
+"""The package of the kernel bodies both backends compile (``miniflow.kernels.common.``)."""
+
+
 @functools.cache
 def device(fn):
     """The plain scalar function ``fn`` (an op's ``OpDef.scalar``, a body of ``kernels.common``)
     as a CUDA device function.
 
     Under the simulator ``fn`` is first rebuilt with :data:`SimulatorMath` as its ``math``. The
-    helpers it calls (``ops.elementwise.SCALAR_HELPERS``: plain functions, which device code
-    cannot call) become device functions in its rebuilt globals.
+    helpers it calls (``ops.elementwise.SCALAR_HELPERS``, and the plain functions of ``fn``'s own
+    module when that is a ``kernels.common`` one, as ``top_k_sort`` calls ``top_k_before``: plain
+    functions, which device code cannot call) become device functions in its rebuilt globals.
     """
     names = fn.__code__.co_names
-    helpers = {h.__name__: device(h) for h in SCALAR_HELPERS
-               if h.__name__ in names and fn.__globals__.get(h.__name__) is h}
+    common = fn.__module__.startswith(_COMMON)
+    helpers = {name: device(h) for name in names
+               if isinstance(h := fn.__globals__.get(name), _pytypes.FunctionType)
+               and (h in SCALAR_HELPERS or common and h.__module__ == fn.__module__)}
     if SIMULATOR or helpers:
         extra = {"math": SimulatorMath} if SIMULATOR else {}
         fn = _pytypes.FunctionType(fn.__code__, {**fn.__globals__, **extra, **helpers},

@@ -25,7 +25,8 @@ grid-stride kernels over flat views (``launch.flat_steps``), no atomics:
   rounded to out's dtype.
 * ``reduce_max``, ``argmax``, ``reduce_max_grad`` (one axis): one thread per output, looping
   over the reduced axis; ``top_k``: one thread per row, inserting each element into the row's
-  sorted indices when it beats the last (the CPU's loop); ``cumsum`` / ``cumsum_grad``: one
+  sorted indices when it beats the last, or for a larger k merge-sorting the row (the CPU's
+  loops, the sort's body shared); ``cumsum`` / ``cumsum_grad``: one
   thread per running sum, in order (the CPU's loop).
 """
 from __future__ import annotations
@@ -36,14 +37,15 @@ import math
 from numba import cuda
 
 from ..common import indexing
-from .common import device, flat, jit, short, strided_offset, types_of
+from .common import (compute_type, device, flat, jit, scratch, short, strided_offset,
+                     types_of)
 from .launch import flat_steps
 from .movement import copy_steps, fill_steps, gather_steps as strided_gather_steps
 
 __all__ = ["gather_kernel", "segment_sum_kernel", "dim_gather_kernel", "dim_scatter_kernel",
            "scatter_kernel", "tril_kernel",
-           "masked_fill_kernel", "max_kernel", "max_grad_kernel", "top_k_kernel", "cumsum_kernel",
-           "BUILDERS"]
+           "masked_fill_kernel", "max_kernel", "max_grad_kernel", "top_k_kernel",
+           "top_k_sort_kernel", "cumsum_kernel", "BUILDERS"]
 
 
 @functools.cache
@@ -265,6 +267,24 @@ def top_k_kernel(ld, largest: bool):
 
 
 @functools.cache
+def top_k_sort_kernel(ld, largest: bool):
+    """``kernel(x, v, a, b, out, rows, n, k)``: what :func:`top_k_kernel` computes, one thread
+    per row, by a stable merge sort of the row (``kernels.common.indexing.top_k_sort``, the CPU
+    kernel's; ``v`` the values in the compute type, ``a`` and ``b`` int64 positions: scratch of
+    x's size)."""
+    sort = device(indexing.top_k_sort)
+
+    @jit
+    def kernel(x, v, a, b, out, rows, n, k):
+        for r in range(cuda.grid(1), rows, cuda.gridsize(1)):
+            for j in range(r * n, (r + 1) * n):
+                v[j] = ld(x[j])
+            sort(v, a, b, out, r * n, r * k, n, k, largest)
+
+    return kernel
+
+
+@functools.cache
 def cumsum_kernel(ld, ct, st):
     """``kernel(x, out, outer, n, inner, reverse)``: ``out[o, j, i]`` = the running sum of
     ``x[o, :, i]`` up to j (``reverse``: from the end down to j), in order in the compute type,
@@ -291,10 +311,17 @@ def cumsum_steps(x, out, outer, n, inner, reverse: bool):
 
 
 def top_k_steps(x, out, rows, n, k, largest):
-    """A grid-stride launch of :func:`top_k_kernel` over the rows."""
-    return flat_steps(top_k_kernel(types_of(x)[0], bool(largest)), rows,
-                      (flat(x), flat(out), rows, n, k),
-                      f"top_k {'largest' if largest else 'smallest'} {short(x.dtype)}")
+    """A grid-stride launch over the rows of :func:`top_k_kernel` for ``k`` up to
+    ``TOP_K_INSERTION_MAX``, else of :func:`top_k_sort_kernel` (its scratch allocated here)."""
+    label = f"top_k {'largest' if largest else 'smallest'} {short(x.dtype)}"
+    ld = types_of(x)[0]
+    if k <= indexing.TOP_K_INSERTION_MAX:
+        return flat_steps(top_k_kernel(ld, bool(largest)), rows, (flat(x), flat(out), rows, n, k),
+                          label)
+    v = scratch(x, x.size, str(compute_type(x.dtype)))
+    a, b = scratch(x, x.size, "int64"), scratch(x, x.size, "int64")
+    return flat_steps(top_k_sort_kernel(ld, bool(largest)), rows,
+                      (flat(x), v, a, b, flat(out), rows, n, k), f"{label} sort")
 
 
 def max_steps(x, out, outer, n, inner, arg: bool):
