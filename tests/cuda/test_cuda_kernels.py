@@ -132,6 +132,42 @@ def test_dim_scatters_write_the_last_repeat_and_drop_indices_out_of_range():
     np.testing.assert_array_equal(out, [[0, 1, 2, 204], [213, 5, 6, 7], [8, 116, 224, 11]])
 
 
+@pytest.mark.parametrize("dt", [np.float32, np.float16, bfloat16.np, np.float64],
+                         ids=["f32", "f16", "bf16", "f64"])
+def test_dim_scatters_go_by_index_columns_in_index_order(dt):
+    """The ``dim_scatter`` ops run one thread per column of index along ``dim`` (every dim of a
+    3-d out, index shorter than out off ``dim`` and longer along it, every place hit several
+    times): ``dim_scatter_add_like`` is ``np.add.at`` of float64 within the dtype's rounding and
+    the CPU kernel's bits (index order, in float32 for the half types, rounded once), as are
+    ``dim_scatter_add`` and ``dim_scatter_update`` (the last repeat wins); an empty index leaves
+    zeros, or the input."""
+    r = np.random.default_rng(5)
+    for dim in range(3):
+        ishape = [3, 4, 2]
+        ishape[dim] = 9
+        idx = r.integers(0, (4, 5, 3)[dim], ishape)
+        src = r.uniform(-1, 1, ishape).astype(dt)
+        x = r.uniform(-1, 1, (4, 5, 3)).astype(dt)
+        case = Case("dim_scatter_add_like", [np.zeros_like(x), idx, src], {"dim": dim})
+        (got,) = run_cuda(case)
+        want = np.zeros((4, 5, 3))
+        at = [np.arange(s).reshape([-1 if d == k else 1 for k in range(3)]) for d, s in
+              enumerate(ishape)]
+        at[dim] = idx
+        np.add.at(want, tuple(at), src.astype(np.float64))
+        np.testing.assert_allclose(got.astype(np.float64), want, rtol=TOL[np.dtype(dt)][0],
+                                   atol=TOL[np.dtype(dt)][1] * 10)
+        for op, ins in [("dim_scatter_add_like", case.inputs), ("dim_scatter_add", [x, idx, src]),
+                        ("dim_scatter_update", [x, idx, src])]:
+            (got,) = run_cuda(Case(op, ins, {"dim": dim}))
+            assert_bit_exact(got, run_cpu(Case(op, ins, {"dim": dim}))[0], f"{op} dim {dim}")
+    empty, none = np.zeros((3, 0), np.int64), np.zeros((3, 0), dt)
+    (got,) = run_cuda(Case("dim_scatter_add_like", [x[:, :, 0], empty, none], {"dim": 1}))
+    assert_bit_exact(got, np.zeros_like(x[:, :, 0]), "empty index")
+    (got,) = run_cuda(Case("dim_scatter_add", [x[:, :, 0], empty, none], {"dim": 1}))
+    assert_bit_exact(got, x[:, :, 0], "empty index")
+
+
 def test_an_elementwise_op_registered_late_runs_on_both_backends():
     """Elementwise kernels are derived when a plan is built, so an op registered after both kernel
     packages were imported runs through ``nn.Graph`` on both backends at once."""

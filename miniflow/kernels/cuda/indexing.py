@@ -8,15 +8,16 @@ grid-stride kernels over flat views (``launch.flat_steps``), no atomics:
   indices)`` work, fine for an embedding's gradient, no atomics).
 * ``dim_gather``: one thread per output element, NaN for an index value outside ``[0, n)`` as
   ``gather`` (the CPU kernel raises IndexError; PyTorch's CUDA kernel fails a device assert).
-* ``dim_scatter_add_like``: one thread per output element, summing the ``src`` elements of its
-  line along ``dim`` whose index is its position, in index order, in the compute type:
-  deterministic and without ``cuda.atomic.add`` (which float16 and bfloat16 storage lacks, and
-  whose order varies from run to run), as ``unsorted_segment_sum_like``; ``O(out *
-  index.shape[dim])`` work: one term for ``logits.gather(1, y[:, None])``'s gradient, k for a
-  top-k pick. The same kernel, started from the input, does ``dim_scatter_add``, and writing
-  instead of adding (the last in index order wins, as on the CPU) ``dim_scatter_update`` and
-  ``dim_scatter_update_scalar``; an index out of range matches no element and is dropped (the
-  CPU kernels raise IndexError; PyTorch's CUDA kernel fails a device assert).
+* ``dim_scatter_add_like``: one thread per column of index along ``dim`` (index's elements with
+  all but their ``dim`` coordinate in common), adding its ``src`` elements in index order into
+  the column of out they reach, in the compute type (a float32 scratch for the half types,
+  rounded once at the end): deterministic and without ``cuda.atomic.add`` (which float16 and
+  bfloat16 storage lacks, and whose order varies from run to run), as the CPU kernel, since no
+  other thread reaches that column; ``O(out + index)`` work (a column of length m is m
+  additions in order on one thread). The same kernel, started from the input, does
+  ``dim_scatter_add``, and writing instead of adding (the last in index order wins, as on the
+  CPU) ``dim_scatter_update`` and ``dim_scatter_update_scalar``; an index out of range is
+  dropped (the CPU kernels raise IndexError; PyTorch's CUDA kernel fails a device assert).
 * ``slice``: the strided gather of ``kernels.cuda.movement`` from the slice's first element;
   ``slice_grad``: a fill with zero, then a strided scatter of ``dy``; ``slice_update``: the
   movement family's flat copy of ref, then a strided scatter of value; ``cat``: the strided
@@ -39,6 +40,7 @@ from numba import cuda
 from ..common import indexing
 from .common import (compute_type, device, flat, jit, scratch, short, strided_offset,
                      types_of)
+from .elementwise import cast_steps
 from .launch import flat_steps
 from .movement import copy_steps, fill_steps, gather_steps as strided_gather_steps
 
@@ -107,36 +109,33 @@ def dim_gather_kernel(ld, ct, st):
 
 
 @functools.cache
-def dim_scatter_kernel(ld, ct, st, add: bool, like: bool, scalar: bool):
-    """``kernel(x, src, value, idx, out, oshape, ishape, ist, isd, dim)``: ``out[c]`` starts as
-    ``x[c]`` (0 if ``like``), then for every ``j < ishape[dim]`` in order with ``idx[c with c[dim]
-    = j] == c[dim]`` (c inside index's shape off dim) ``src`` there (``value`` if ``scalar``) is
-    added (``add``) or written (the last write wins), in the compute type; ``ist`` index's strides
-    with dim's zeroed, ``isd`` dim's (src has index's shape). An index outside the range matches
-    no element: dropped."""
+def dim_scatter_kernel(ld, ct, add: bool, scalar: bool):
+    """``kernel(src, value, idx, acc, ishape, ist, ost, dim, isd, osd, n, columns)``: one thread
+    per column of index along ``dim`` (a multi-index ``c`` of index's shape with ``c[dim]``
+    left out; ``columns`` of them), which adds (``add``) or writes ``src`` there (``value`` if
+    ``scalar``) into ``acc[c with c[dim] = idx[c]]`` for every ``c[dim] < ishape[dim]`` in order,
+    in the compute type: the elements of acc a column reaches are its own, so no two threads
+    write one element and the order is index order. ``ist`` / ``ost`` index's and acc's strides
+    with dim's zeroed, ``isd`` / ``osd`` dim's (src has index's shape). An index outside ``[0,
+    n)`` is dropped."""
 
     @jit
-    def kernel(x, src, value, idx, out, oshape, ishape, ist, isd, dim):
-        m = ishape[dim]
-        for u in range(cuda.grid(1), out.size, cuda.gridsize(1)):
-            rest, base, s, inside = u, 0, 0, True
-            for d in range(len(oshape) - 1, -1, -1):
-                c = rest % oshape[d]
-                rest //= oshape[d]
-                if d == dim:
-                    s = c
-                elif c < ishape[d]:
-                    base += c * ist[d]
-                else:
-                    inside = False
-            acc = ct(0) if like else ld(x[u])
-            if inside:
-                for j in range(m):
-                    p = base + j * isd
-                    if idx[p] == s:
-                        v = ct(value) if scalar else ld(src[p])
-                        acc = acc + v if add else v
-            out[u] = st(acc)
+    def kernel(src, value, idx, acc, ishape, ist, ost, dim, isd, osd, n, columns):
+        for t in range(cuda.grid(1), columns, cuda.gridsize(1)):
+            rest, ib, ob = t, 0, 0
+            for d in range(len(ishape) - 1, -1, -1):
+                if d != dim:
+                    c = rest % ishape[d]
+                    rest //= ishape[d]
+                    ib += c * ist[d]
+                    ob += c * ost[d]
+            for j in range(ishape[dim]):
+                p = ib + j * isd
+                s = idx[p]
+                if 0 <= s < n:
+                    v = ct(value) if scalar else ld(src[p])
+                    o = ob + s * osd
+                    acc[o] = acc[o] + v if add else v
 
     return kernel
 
@@ -363,15 +362,22 @@ def dim_gather_steps(x, idx, out, dim):
 
 
 def dim_scatter_steps(x, src, idx, out, dim, add):
-    """A grid-stride launch of :func:`dim_scatter_kernel` over out (``x`` None: zeros; a float
-    ``src``: that value; the arrays the kernel then never reads are out's)."""
+    """``acc = x`` (``x`` None: zeros), a grid-stride launch of :func:`dim_scatter_kernel` over
+    index's columns, then ``out = acc`` rounded once: ``acc`` is out itself when out's dtype is
+    its compute type, else a float32 scratch allocated here. ``O(out + index)`` work. A float
+    ``src`` is that value (the src array the kernel then never reads is out's)."""
     ishape, ist, isd = indexing.dim_layout(idx.shape, dim)
-    oshape, _, _ = indexing.dim_layout(out.shape, dim)
+    _, ost, osd = indexing.dim_layout(out.shape, dim)
+    ld, ct, _ = types_of(out)
+    acc = out if str(ct) == out.dtype.name else scratch(out, out.size, str(ct))
     scalar = isinstance(src, float)
-    return flat_steps(dim_scatter_kernel(*types_of(out), add, x is None, scalar), out.size,
-                      (flat(out if x is None else x), flat(out if scalar else src),
-                       src if scalar else 0.0, flat(idx), flat(out), oshape, ishape, ist, isd,
-                       int(dim)), f"dim_scatter {short(out.dtype)}")
+    m = ishape[int(dim)]
+    columns = idx.size // m if m else 0
+    return (fill_steps(acc, 0.0) if x is None else cast_steps(x, acc)) + flat_steps(
+        dim_scatter_kernel(ld, ct, add, scalar), columns,
+        (flat(out if scalar else src), src if scalar else 0.0, flat(idx), flat(acc), ishape, ist,
+         ost, int(dim), isd, osd, int(out.shape[dim]) if out.ndim else 1, columns),
+        f"dim_scatter {short(out.dtype)}") + ([] if acc is out else cast_steps(acc, out))
 
 
 def _dims(shape, strides) -> tuple:
