@@ -288,10 +288,11 @@ def test_top_k_inserts_or_merge_sorts_in_the_references_order(n, dt):
     """``top_k`` inserts for ``k`` up to ``TOP_K_INSERTION_MAX`` and merge-sorts the row above
     it: both give ``top_k_reference``'s indices exactly (NaN first when largest, last when not,
     equal values and the two zeros in index order), for k 1, the threshold, one past it, half
-    and all of the row (4100 columns and 3 rows: the parallel loop)."""
+    and all of the row (4100 columns and 17 rows: the parallel loop, given two Numba threads)."""
     from miniflow.kernels.common.indexing import TOP_K_INSERTION_MAX as T
     from miniflow.ops.reduce_max import top_k_reference
-    x = _top_k_rows(np.random.default_rng(n), 3, n, dt)
+    x = _top_k_rows(np.random.default_rng(n), 17 if n > 4096 else 3, n, dt)
+    assert (x.size >= PARALLEL_MIN_SIZE) == (n > 4096)
     for k in sorted({1, min(T, n), min(T + 1, n), n // 2 or 1, n}):
         for largest in (True, False):
             attrs = {"k": k, "largest": largest}
