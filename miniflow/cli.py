@@ -412,6 +412,8 @@ def _ir(args) -> int:
                       onnx_path=args.onnx, batch_size=args.batch_size))
         if args.netron:
             serve_netron(args.onnx)
+    except BrokenPipeError:     # stdout closed early (| head): the closed-stdout exit, 141
+        raise
     except (ValueError, MissingExtraError, OnnxExportError, OSError) as e:
         print(f"miniflow ir: {e}", file=sys.stderr)      # OSError: the --onnx path (named)
         return 2

@@ -506,12 +506,14 @@ runpy.run_module(sys.argv[0], run_name="__main__", alter_sys=True)
 
 @pytest.mark.skipif(os.name != "posix", reason="a pipe without a reader")
 @pytest.mark.parametrize("buffered", [True, False])
-@pytest.mark.parametrize("argv", [["miniflow", "info"], ["miniflow.exercises", "list"]])
+@pytest.mark.parametrize("argv", [["miniflow", "info"], ["miniflow.exercises", "list"],
+                                  ["miniflow", "ir", "--model", "mlp"]])
 def test_a_closed_stdout_ends_quietly_with_exit_code_141(buffered, argv):
     """``miniflow info | head -1`` (``python -m miniflow.exercises list`` too) ended in a
     ``BrokenPipeError`` traceback (or, with stdout buffered, 'Exception ignored ...
     BrokenPipeError' and exit code 120); it ends as a command that SIGPIPE stops: nothing on
-    stderr, exit code 141 (128 + SIGPIPE)."""
+    stderr, exit code 141 (128 + SIGPIPE). ``miniflow ir | head -1`` took the broken pipe for a
+    bad ``--onnx`` path (an ``OSError``): 'miniflow ir: [Errno 32] Broken pipe', exit code 2."""
     env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}
     if not buffered:
         env["PYTHONUNBUFFERED"] = "1"
