@@ -139,6 +139,17 @@ def test_float16_gradients_are_found_under_amp_only(metrics):
     assert all(n is not None and n > 0 for n in amp["grad_norm"] + fp32["grad_norm"])
 
 
+@pytest.mark.parametrize("log2_scale", [8, 12, 16])
+def test_the_gradient_norm_is_unscaled_under_amp(metrics, log2_scale):
+    """``grad_norm`` (metrics.json, ``train/grad_norm``) is the norm of the unscaled gradients,
+    as summary.md says: under float16 AMP it was read behind the fused model-update cast, still
+    multiplied by the loss scale (2078 at 2^12 for AMP-off's 0.5248). The first step's, before
+    any update, is AMP-off's up to float16 rounding."""
+    amp = _one(metrics, "static_sweep", policy="fp32", scale=2.0 ** log2_scale)["per_step"]
+    fp32 = _one(metrics, "static_sweep", policy="none", scale=2.0 ** log2_scale)["per_step"]
+    assert amp["grad_norm"][0] == pytest.approx(fp32["grad_norm"][0], rel=1e-2)
+
+
 @pytest.mark.parametrize("log2_scale", [16, 17, 20])
 @pytest.mark.parametrize("policy", ["legacy", "cast_back"])
 def test_as_in_oneflow_legacy_and_cast_back_turn_the_weights_nan_at_step_1(metrics, policy,

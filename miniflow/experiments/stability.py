@@ -52,7 +52,7 @@ from ..amp import GradScaler, StaticGradScaler, black_identity, white_identity
 from ..models import lenet
 from ..data import batches, load_digits
 from ..extras import require
-from ..logging import ScalarWriter, grad_norm, run_dir
+from ..logging import ScalarWriter, grad_norm, run_dir, unscaled_gradients
 from ..ops.amp_ops import AMP_IDENTITY_OPS
 from ..optim import SGD
 from ..passes.loss_scale import LossScaleOverflowWarning
@@ -238,11 +238,12 @@ class WeightedTrainGraph(TrainGraph):
 def make_graph(model, policy: str, scaler, log2_weight: int = 0,
                lr: float = LR, amp_dtype: str = "float16") -> WeightedTrainGraph:
     """An SGD(lr x 2^-w, momentum 0.9) training graph of ``model`` under ``policy`` (AMP in
-    ``amp_dtype``)."""
+    ``amp_dtype``, the model-update cast not fused, so that the unscaled gradients are read)."""
     graph = WeightedTrainGraph(model, SGD(model.parameters(), lr=lr * 2.0 ** -log2_weight,
                                           momentum=MOMENTUM), weight=2.0 ** log2_weight)
     if policy != "none":
         graph.config.enable_amp(True, dtype=amp_dtype, loss_scale_policy=policy)
+        graph.config.enable_fused_model_update_cast(False)   # keeps the unscaled gradients
     if scaler is not None:
         graph.set_grad_scaler(scaler)
     return graph
@@ -286,21 +287,22 @@ class GradientReader:
         self._plan = None
 
     def read(self) -> tuple:
-        """``(unscaled, fp16)``: dicts name -> array of the float32 unscaled gradients, and of the
-        scaled half (float16 or bfloat16) gradients the backward made (parameters whose gradient
-        is float32 under AMP, or every parameter without AMP, are absent)."""
+        """``(unscaled, fp16)``: dicts name -> array of the float32 unscaled gradients
+        (``logging.unscaled_gradients``: :func:`make_graph`'s AMP graphs do not fuse the
+        model-update cast, whose gradients stay scaled), and of the scaled half (float16 or
+        bfloat16) gradients the backward made (parameters whose gradient is float32 under AMP,
+        or every parameter without AMP, are absent)."""
         plan = next(reversed(self.graph.plans.values()))
         if plan is not self._plan:
             self._plan = plan
             variables = plan.graph.variables
-            self._unscaled = {n: plan.buffers[v] for n, v in plan.graph.grads.items()}
             self._fp16 = {}
             for n, v in plan.graph.grads.items():
                 g = _backward_grad(v, variables[n].shape)
                 if g.dtype.is_half:
                     self._fp16[n] = plan.buffers[g]
         to_numpy = get_backend().to_numpy
-        return ({n: to_numpy(b) for n, b in self._unscaled.items()},
+        return (unscaled_gradients(self.graph),
                 {n: to_numpy(b) for n, b in self._fp16.items()})
 
 
