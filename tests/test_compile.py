@@ -111,6 +111,7 @@ def test_the_forward_traces_again_for_a_new_shape_dtype_mode_or_constant_only():
     assert len(model.traces) == 4
 
 
+@pytest.mark.filterwarnings("ignore:.*recompile limit:RuntimeWarning")
 def test_graphs_beyond_the_limit_are_evicted_least_recently_used_first():
     """One graph per pattern of constants, MAX_GRAPHS kept (torch.compile's recompile limit)."""
     model = Counted().eval()
@@ -290,10 +291,11 @@ def test_what_is_not_a_model_or_an_argument_is_refused():
     with pytest.raises(TypeError, match="is an nn.Graph"):
         mf.compile(nn.Graph())
     compiled = mf.compile(Counted())
-    with pytest.raises(TypeError, match=r"miniflow\.compile\(Counted\): argument 0 is a list"):
-        compiled([[1.0, 2.0, 3.0, 4.0]])
-    with pytest.raises(TypeError, match=r"argument 'scale' is a dict"):
-        compiled(_x(), scale={})
+    with pytest.raises(TypeError, match=r"miniflow\.compile\(Counted\): argument 0 holds "
+                                        r"something.*tuples, lists and dicts of them; got set"):
+        compiled({1.0, 2.0})
+    with pytest.raises(TypeError, match=r"argument 'scale' holds.*got object at \['a'\]\[1\]"):
+        compiled(_x(), scale={"a": [1.0, object()]})
 
 
 def test_a_forward_that_needs_a_graph_break_is_refused_naming_it():
@@ -324,3 +326,152 @@ def test_a_torch_dtype_argument_is_the_miniflow_dtype_it_names():
     assert cast(x, torch.bfloat16).dtype is mf.bfloat16
     assert cast(x, torch.float64).dtype is mf.float64
     assert cast(x, mf.float16).dtype is mf.float16
+
+
+def test_tuples_lists_and_dicts_of_tensors_and_constants_are_arguments_as_pytrees():
+    """torch.compile takes pytrees (nested tuples, lists and dicts of tensors and Python
+    scalars); miniflow refused a list or dict argument. The tensors are inputs, the structure
+    and the other leaves part of the signature, nested results come back nested."""
+    traces = []
+
+    @mf.compile
+    def f(pair, d, *, opts=None):
+        traces.append(opts)
+        a, b = pair
+        y = (a * b + d["w"][0]) * d["scale"]
+        return {"y": y, "both": [a + 1, (b,)], "none": None}
+
+    a, b, w = _x(), _x(), _x()
+    out = f((a, mf.tensor(b)), {"w": [w], "scale": 2.0})
+    np.testing.assert_allclose(out["y"].numpy(), (a * b + w) * 2, rtol=1e-6)
+    assert out["none"] is None and type(out["both"][1]) is tuple
+    np.testing.assert_array_equal(out["both"][1][0].numpy(), b)
+    f((a + 1, b), {"w": [w], "scale": 2.0})                 # new values only: no trace
+    assert traces == [None]
+    out = f([a, b], {"w": [w], "scale": 3.0}, opts={"k": (1, "s")})   # list, constants
+    np.testing.assert_allclose(out["y"].numpy(), (a * b + w) * 3, rtol=1e-6)
+    f((a, b), {"scale": 2.0, "w": [w]})                     # another key order: a new structure
+    assert traces == [None, {"k": (1, "s")}, None]
+    assert f((a, b), {"w": [w], "scale": 2})["y"].dtype is mf.float32   # int 2 is not 2.0
+    assert len(traces) == 4
+
+
+@needs_torch
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")
+def test_pytree_arguments_give_torch_compiles_results():
+    def f(xs, cfg):
+        return [x * cfg["s"] for x in xs], {"sum": xs[0] + xs[1]}
+
+    a, b = _x(), _x()
+    want = torch.compile(f)([torch.from_numpy(a), torch.from_numpy(b)], {"s": 1.5})
+    got = mf.compile(f)([a, b], {"s": 1.5})
+    assert type(got) is tuple and type(got[0]) is list and list(got[1]) == ["sum"]
+    for g, w in [(got[0][0], want[0][0]), (got[0][1], want[0][1]),
+                 (got[1]["sum"], want[1]["sum"])]:
+        np.testing.assert_allclose(g.numpy(), w.numpy(), rtol=1e-6)
+
+
+SCALE = 2.0
+LIN = nn.Linear(4, 2)
+OFFSET = mf.tensor(np.ones(2, np.float32))
+TRACES = []
+
+
+def _helper(x):
+    return x * SCALE
+
+
+def _reads_globals(x):
+    TRACES.append(SCALE)
+    return _helper(LIN(x)) + OFFSET
+
+
+def test_a_re_bound_global_traces_again_as_torch_compiles_guards():
+    """A compiled function bound the globals it read at its first call: SCALE = 3.0 or
+    LIN = nn.Linear(...) afterwards kept the old ones (torch.compile guards and recompiles).
+    Numbers by value, objects by identity, through the helpers it calls, lambdas and closures."""
+    global SCALE, LIN
+    f = mf.compile(_reads_globals)
+    x = _x()
+    old = (SCALE, LIN)
+    try:
+        TRACES.clear()
+        lin = LIN
+        want = lambda: (x @ LIN.weight.numpy().T + LIN.bias.numpy()) * SCALE + 1  # noqa: E731
+        np.testing.assert_allclose(f(x).numpy(), want(), rtol=1e-5)
+        f(x)
+        SCALE = 3.0                                       # read by the helper only
+        np.testing.assert_allclose(f(x).numpy(), want(), rtol=1e-5)
+        LIN = nn.Linear(4, 2)                             # another module
+        np.testing.assert_allclose(f(x).numpy(), want(), rtol=1e-5)
+        SCALE = 3.0
+        f(x)
+        assert TRACES == [2.0, 3.0, 3.0]
+        LIN = lin                                         # the first module again: its graph
+        SCALE = 2.0
+        f(x)
+        assert TRACES == [2.0, 3.0, 3.0]
+    finally:
+        SCALE, LIN = old
+
+    factor = 2.0
+    g = mf.compile(lambda x: x * factor)                  # a closure variable
+    np.testing.assert_allclose(g(x).numpy(), 2 * x, rtol=1e-6)
+    factor = 5.0
+    np.testing.assert_allclose(g(x).numpy(), 5 * x, rtol=1e-6)
+
+    class Scaled(nn.Module):                              # a compiled module's forward
+        def forward(self, x):
+            return x * factor
+    m = mf.compile(Scaled())
+    m(x)
+    factor = 0.5
+    np.testing.assert_allclose(m(x).numpy(), 0.5 * x, rtol=1e-6)
+
+
+def test_a_global_tensor_is_read_at_every_call_as_torch_compiles_input():
+    """An eager tensor a compiled function read from outside was a constant of its graph: a
+    write into it afterwards was not seen (torch.compile reads its current value). It is a
+    graph variable now, sharing its data; re-binding the name traces again."""
+    global OFFSET
+    f = mf.compile(_reads_globals)
+    x = _x()
+    old = OFFSET
+    try:
+        base = f(x).numpy() - 1
+        OFFSET[0] = 5.0                                   # in place
+        np.testing.assert_allclose(f(x).numpy(), base + [5.0, 1.0], rtol=1e-5)
+        OFFSET = mf.tensor(np.full(2, -1.0, np.float32))  # re-bound
+        np.testing.assert_allclose(f(x).numpy(), base - 1, rtol=1e-5)
+    finally:
+        OFFSET = old
+        OFFSET[0] = 1.0
+    if torch is not None:
+        t = torch.ones(2)
+        tf = torch.compile(lambda x: x + t)
+        tf(torch.zeros(2))
+        t[0] = 5.0
+        assert tf(torch.zeros(2)).tolist() == [5.0, 1.0]   # what miniflow does now
+
+
+def test_the_recompile_limit_warns_as_torch_compile_naming_the_last_reason():
+    step = 0
+
+    def f(x):
+        return x + step
+
+    g = mf.compile(f)
+    x = _x()
+    for step in range(MAX_GRAPHS):
+        g(x)
+    step = MAX_GRAPHS
+    with pytest.warns(RuntimeWarning, match=r"(?s)hit its recompile limit \(8\).*"
+                                            r"config\.recompile_limit.*function: 'f' \(.*"
+                                            r"test_compile\.py:\d+\).*last reason: 'step' "
+                                            r"changed.*least recently used"):
+        np.testing.assert_allclose(g(x).numpy(), x + MAX_GRAPHS, rtol=1e-6)
+    import warnings
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")                    # once
+        step = MAX_GRAPHS + 1
+        g(x)

@@ -4,18 +4,25 @@
 function as a :class:`CompiledFunction`. A call runs the forward as an ``nn.Graph`` (forward
 only: training is a graph with ``add_optimizer``) and returns eager Tensors.
 
-Per call, each argument is a graph input (a NumPy array or an eager Tensor) or a constant (None,
-a bool, int, float or str, a dtype) compiled into the graph. One ``nn.Graph`` is kept per pattern
-of constants (up to :data:`MAX_GRAPHS`, least recently used evicted, as ``torch.compile``'s
-recompile limit), and each graph keeps a plan per input shapes, dtypes and train/eval modes: a
+Per call, each argument is a graph input (a NumPy array or an eager Tensor), a constant (None,
+a bool, int, float or str, a dtype) compiled into the graph, or a tuple, list or dict of them
+(PyTorch's pytrees: flattened, the structure and the constants part of the signature). The
+globals and closure variables the function (or the module's ``forward``) reads are guarded as
+``torch.compile`` guards them: a new value of a number or string, or another object bound to
+the name, traces again. One ``nn.Graph`` is kept per pattern of constants and outside values
+(up to :data:`MAX_GRAPHS`, least recently used evicted, as ``torch.compile``'s recompile limit,
+with its warning), and each graph keeps a plan per input shapes, dtypes and train/eval modes: a
 new shape, dtype, mode or constant traces the forward again, as ``torch.compile`` recompiles on a
-guard that fails. The graphs bind the module's parameters and buffers as variables: a later
-``load_state_dict``, or an optimizer's update in another graph, is seen at the next call.
+guard that fails. The graphs bind the module's parameters and buffers, and the eager Tensors
+the function names, as variables: a later ``load_state_dict``, an optimizer's update in another
+graph, or a write into such a tensor, is seen at the next call.
 """
 from __future__ import annotations
 
 import functools
 import inspect
+import types
+import warnings
 from collections import OrderedDict
 
 import numpy as np
@@ -26,6 +33,7 @@ from ..tensor import Tensor
 from ..tensor.core import LazyValueError
 from ..trace import current_tracer
 from .driver import Graph
+from .outputs import flatten, rebuild
 
 __all__ = ["CompiledFunction", "OptimizedModule", "compile"]
 
@@ -42,6 +50,9 @@ miniflow's compiler (``nn.Graph``)."""
 
 _CONSTANTS = (type(None), bool, int, float, str, DType)
 """Argument types compiled into the graph as constants (a new value traces again)."""
+
+_VALUES = (type(None), bool, int, float, str)
+"""Types of the outside values a graph guards by value (others by identity)."""
 
 
 def _is_torch_dtype(value) -> bool:
@@ -138,24 +149,31 @@ def _check_settings(fullgraph, dynamic, backend, mode, options, disable) -> None
 
 
 class _Forward(Graph):
-    """The graph of one pattern of constant arguments: ``build`` puts the inputs and the
-    constants back in their places and calls the function; the modules it reads are attributes
-    (their parameters and buffers are graph variables)."""
+    """The graph of one pattern of constant arguments and outside values: ``build`` puts the
+    inputs and the constants back in their places and calls the function; the modules it reads
+    are attributes (their parameters and buffers are graph variables), and so are, as
+    variables named ``G.<name>``, the eager Tensors it reads by name (read live, as
+    ``torch.compile`` reads a global tensor at every call)."""
 
-    def __init__(self, fn, modules: dict, slots: tuple, where: str):
+    def __init__(self, fn, slots: tuple, leaves: tuple, reads: dict, where: str):
         super().__init__()
-        self._fn, self._slots, self._where = fn, slots, where
-        for name, module in modules.items():   # (a name of nn.Graph's own: "training")
+        self._fn, self._slots, self._leaves, self._where = fn, slots, leaves, where
+        self._tensors = {name: value for name, value in reads.items()
+                         if isinstance(value, Tensor) and not value.is_lazy}
+        for name, module in _modules_in(fn, reads).items():   # (a name of nn.Graph's own)
             setattr(self, f"module_{name}" if hasattr(Graph, name) else name, module)
 
     def build(self, *inputs):
-        args, kwargs, it = [], {}, iter(inputs)
-        for place, constant in self._slots:
-            value = next(it) if constant is None else constant[1]
+        tracer, it = current_tracer(), iter(inputs)
+        for name, t in self._tensors.items():
+            tracer.bind_state(t, f"G.{name}")
+        values = iter([next(it) if leaf is None else leaf[1] for leaf in self._leaves])
+        args, kwargs = [], {}
+        for place, structure in self._slots:     # each takes its leaves from values
             if isinstance(place, int):
-                args.append(value)
+                args.append(rebuild(structure, values))
             else:
-                kwargs[place] = value
+                kwargs[place] = rebuild(structure, values)
         try:
             return self._fn(*args, **kwargs)
         except LazyValueError as e:
@@ -168,41 +186,74 @@ class _Forward(Graph):
 
 
 class _Graphs:
-    """The graphs of a compiled module or function: per pattern of constant arguments one
-    :class:`_Forward`, least recently used evicted beyond :data:`MAX_GRAPHS`."""
+    """The graphs of a compiled module or function: per pattern of constant arguments and of
+    the outside values it reads (:func:`_outside_reads`) one :class:`_Forward`, least recently
+    used evicted beyond :data:`MAX_GRAPHS` (with ``torch.compile``'s warning, once)."""
 
-    def __init__(self, fn, modules: dict, where: str):
-        self.fn, self.modules, self.where = fn, modules, where
+    def __init__(self, fn, where: str):
+        self.fn, self.where = fn, where
         self.graphs: OrderedDict = OrderedDict()
+        self.warned = False
 
     def __call__(self, args: tuple, kwargs: dict):
         """``fn(*args, **kwargs)`` run as a graph (inside another graph's build: ``fn`` itself,
-        traced into that graph)."""
+        traced into that graph).
+
+        Raises:
+            TypeError: an argument, or a leaf of a tuple, list or dict argument, that is
+                neither an array, a Tensor nor a constant (naming where it is).
+        """
         if current_tracer() is not None:
             return self.fn(*args, **kwargs)
-        slots, inputs = [], []
+        slots, inputs, leaves = [], [], []
         for place, value in [*enumerate(args), *sorted(kwargs.items())]:
-            if isinstance(value, (np.ndarray, Tensor)):
-                slots.append((place, None))
-                inputs.append(value)
-            elif isinstance(value, _CONSTANTS):
-                slots.append((place, (type(value), value)))
-            elif _is_torch_dtype(value):       # torch.bfloat16 names miniflow's, as in .to()
-                slots.append((place, (DType, as_dtype(value))))
-            else:
-                at = f"argument {place}" if isinstance(place, int) else f"argument {place!r}"
-                raise TypeError(f"{self.where}: {at} is a {type(value).__name__}: a compiled "
-                                f"call takes NumPy arrays and Tensors (the graph's inputs) and "
-                                f"None, bool, int, float, str or dtype constants")
-        key = tuple(slots)
+            at = f"argument {place}" if isinstance(place, int) else f"argument {place!r}"
+            found, structure = flatten(value, _is_leaf, f"{self.where}: {at} holds something "
+                                       f"a compiled call does not take: NumPy arrays and Tensors "
+                                       f"(the graph's inputs), None, bool, int, float, str or "
+                                       f"dtype constants, and tuples, lists and dicts of them")
+            slots.append((place, structure))
+            for leaf in found:
+                if isinstance(leaf, (np.ndarray, Tensor)):
+                    leaves.append(None)
+                    inputs.append(leaf)
+                else:           # a torch.bfloat16 names miniflow's, as in .to()
+                    leaf = as_dtype(leaf) if _is_torch_dtype(leaf) else leaf
+                    leaves.append((type(leaf), leaf))
+        reads = _outside_reads(self.fn)
+        guards = tuple((name, _guard(value)) for name, value in reads.items())
+        key = (tuple(slots), tuple(leaves), guards)
         graph = self.graphs.get(key)
         if graph is None:
-            graph = self.graphs[key] = _Forward(self.fn, self.modules, key, self.where)
+            graph = self.graphs[key] = _Forward(self.fn, *key[:2], reads, self.where)
             if len(self.graphs) > MAX_GRAPHS:
-                self.graphs.popitem(last=False)
+                self._evict(guards)
         else:
             self.graphs.move_to_end(key)
         return graph(*inputs)
+
+    def _evict(self, guards: tuple) -> None:
+        """Drop the least recently used graph; the first time, warn as ``torch.compile`` does
+        when it hits its recompile limit, naming the function and why it compiled again."""
+        self.graphs.popitem(last=False)
+        if self.warned:
+            return
+        self.warned = True
+        before = dict(list(self.graphs)[-2][2])   # the graph used last before
+        changed = [name for name, guard in guards if before.get(name, guard) != guard]
+        reason = (f"{', '.join(map(repr, changed))} changed" if changed else
+                  "new constant arguments, or a new structure of tuple, list or dict arguments")
+        code = getattr(_function_of(self.fn), "__code__", None)
+        function = (f"{code.co_name!r} ({code.co_filename}:{code.co_firstlineno})"
+                    if code is not None else repr(_name(self.fn)))
+        warnings.warn(f"{self.where} hit its recompile limit ({MAX_GRAPHS}), as "
+                      f"torch._dynamo hit config.recompile_limit ({MAX_GRAPHS})\n"
+                      f"   function: {function}\n"
+                      f"   last reason: {reason}\n"
+                      f"miniflow keeps compiling, evicting the least recently used graph (PyTorch "
+                      f"runs the function eagerly from here on): pass a value that changes at "
+                      f"every call as a tensor argument", RuntimeWarning,
+                      stacklevel=5 if isinstance(self.fn, Module) else 4)   # the caller's line
 
 
 class OptimizedModule(Module):
@@ -221,7 +272,7 @@ class OptimizedModule(Module):
     @staticmethod
     def _graphs_of(mod: Module) -> _Graphs:
         """The graphs of a new wrapper of ``mod``, none compiled yet."""
-        return _Graphs(mod, {"_orig_mod": mod}, f"miniflow.compile({type(mod).__name__})")
+        return _Graphs(mod, f"miniflow.compile({type(mod).__name__})")
 
     def forward(self, *args, **kwargs):
         """The original's forward on ``args`` (arrays, Tensors, constants), as a graph."""
@@ -246,14 +297,15 @@ class OptimizedModule(Module):
 
 class CompiledFunction:
     """What :func:`compile` returns for a function: called as the function, it runs as a graph
-    (see :mod:`miniflow.compiler.optimized`). The modules the function names (globals and
-    closure variables) are bound as the graph's variables, so their parameters are read live;
-    any other eager Tensor it reads from outside is a constant of the graph."""
+    (see :mod:`miniflow.compiler.optimized`). The modules and eager Tensors the function names
+    (globals and closure variables) are bound as the graph's variables, so their parameters and
+    values are read live; re-binding one of the names it reads traces again
+    (:func:`_outside_reads`)."""
 
     def __init__(self, fn):
         functools.update_wrapper(self, fn)
         self._orig_fn = fn
-        self._graphs = _Graphs(fn, _modules_named_by(fn), f"miniflow.compile({_name(fn)})")
+        self._graphs = _Graphs(fn, f"miniflow.compile({_name(fn)})")
 
     def __call__(self, *args, **kwargs):
         return self._graphs(args, kwargs)
@@ -264,16 +316,78 @@ def _name(fn) -> str:
     return getattr(fn, "__qualname__", None) or type(fn).__name__
 
 
-def _modules_named_by(fn) -> dict:
-    """``name -> Module`` for the modules ``fn`` reads by name: its globals and closure
-    variables (``inspect.getclosurevars``), and ``self`` of a module's method
-    (``compile(model.forward)``); none for a callable that is no Python function."""
+def _is_leaf(value) -> bool:
+    """Whether ``value`` is an argument's leaf: a graph input or a constant (else a container,
+    or refused)."""
+    return (isinstance(value, (np.ndarray, Tensor, *_CONSTANTS)) and value is not None
+            or _is_torch_dtype(value))
+
+
+def _guard(value):
+    """What a value read from outside must stay for a graph to be used again: the value itself
+    for None, a bool, int, float or str (a new value traces again, as ``torch.compile``'s
+    guards compare them), else the object's identity (a re-bound name traces again; the graph
+    holds the object, so its id is not reused)."""
+    return (type(value), value) if type(value) in _VALUES else id(value)
+
+
+def _function_of(fn):
+    """The Python function behind ``fn``: itself, a method's function, or a module's
+    ``forward``'s; None for a callable that is no Python function."""
+    fn = inspect.unwrap(fn)
+    if isinstance(fn, Module):
+        fn = type(fn).forward
+    fn = getattr(fn, "__func__", fn)
+    return fn if isinstance(fn, types.FunctionType) else None
+
+
+def _outside_reads(fn) -> dict:
+    """``name -> value`` of what ``fn`` reads from outside by name, as ``torch.compile``
+    guards on them: the globals its code names (nested functions' and lambdas' code too), its
+    closure variables, and so on through the functions among them defined in the same module
+    (its helpers). A global is ``name``, a closure variable ``name`` too unless a global has
+    it (then ``<function>.name``). Attributes are not followed: ``config.scale`` is read as
+    ``config``, by identity."""
+    first = _function_of(fn)
+    reads: dict = {}
+    todo, seen = [first] if first is not None else [], set()
+    while todo:
+        f = todo.pop()
+        if f in seen:
+            continue
+        seen.add(f)
+        found = [(name, f.__globals__[name]) for name in _names_of(f.__code__)
+                 if name in f.__globals__]
+        for name, cell in zip(f.__code__.co_freevars, f.__closure__ or ()):
+            try:
+                found.append((name if name not in reads else f"{f.__qualname__}.{name}",
+                              cell.cell_contents))
+            except ValueError:                  # a cell not filled yet
+                continue
+        for name, value in found:
+            reads.setdefault(name, value)
+            if isinstance(value, types.FunctionType) and value.__globals__ is first.__globals__:
+                todo.append(value)
+    return reads
+
+
+@functools.lru_cache(maxsize=None)
+def _names_of(code: types.CodeType) -> tuple:
+    """The global (and attribute) names ``code`` and the code objects in it read, in order."""
+    names = dict.fromkeys(code.co_names)
+    for const in code.co_consts:
+        if isinstance(const, types.CodeType):
+            names.update(dict.fromkeys(_names_of(const)))
+    return tuple(names)
+
+
+def _modules_in(fn, reads: dict) -> dict:
+    """``name -> Module`` for the modules bound as a graph's attributes: ``fn`` itself (a
+    compiled module, as ``_orig_mod``), ``self`` of a module's method (``compile(model.forward)``)
+    and the modules among ``reads``."""
+    if isinstance(fn, Module):
+        return {"_orig_mod": fn}
     owner = getattr(fn, "__self__", None)
     named = {"self": owner} if isinstance(owner, Module) else {}
-    try:
-        found = inspect.getclosurevars(inspect.unwrap(fn))
-    except TypeError:
-        return named
-    return {**named, **{name: value for name, value in {**found.globals,
-                                                         **found.nonlocals}.items()
+    return {**named, **{name: value for name, value in reads.items()
                         if isinstance(value, Module)}}

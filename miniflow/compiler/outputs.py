@@ -17,33 +17,37 @@ _NONE = ("None",)
 """The structure of a None (no graph output)."""
 
 
-def flatten(out, is_leaf) -> tuple:
+def flatten(out, is_leaf, what: str = "build must return Tensors, or tuples, lists and "
+                                      "dicts of them") -> tuple:
     """``(leaves, structure)`` of ``out``: its leaves (``is_leaf(x)`` true: the Tensors) in order
-    (a dict's values in its order) and the structure :func:`rebuild` takes (a None stays None).
+    (a dict's values in its order) and the structure :func:`rebuild` takes (a None stays None;
+    hashable, so that it can be part of a cache key).
+
+    Args:
+        what: the message's start for something that is neither a leaf nor a container.
 
     Raises:
         TypeError: something that is neither a leaf nor a tuple, list or dict, naming it and
             where it is (``build returned ... at ['logits']``).
     """
     leaves: list = []
-    return leaves, _flatten(out, is_leaf, leaves, "")
+    return leaves, _flatten(out, is_leaf, leaves, "", what)
 
 
-def _flatten(out, is_leaf, leaves: list, where: str):
+def _flatten(out, is_leaf, leaves: list, where: str, what: str):
     if is_leaf(out):
         leaves.append(out)
         return _LEAF
     if out is None:
         return _NONE
     if isinstance(out, dict):
-        return (type(out), list(out), [_flatten(v, is_leaf, leaves, f"{where}[{k!r}]")
-                                       for k, v in out.items()])
+        return (type(out), tuple(out), tuple(_flatten(v, is_leaf, leaves, f"{where}[{k!r}]",
+                                                      what) for k, v in out.items()))
     if isinstance(out, (tuple, list)):
-        return (type(out), None, [_flatten(v, is_leaf, leaves, f"{where}[{i}]")
-                                  for i, v in enumerate(out)])
+        return (type(out), None, tuple(_flatten(v, is_leaf, leaves, f"{where}[{i}]", what)
+                                       for i, v in enumerate(out)))
     at = f" at {where}" if where else ""
-    raise TypeError(f"build must return Tensors, or tuples, lists and dicts of them; got "
-                    f"{type(out).__name__}{at}")
+    raise TypeError(f"{what}; got {type(out).__name__}{at}")
 
 
 def rebuild(structure, leaves: list):
