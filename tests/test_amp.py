@@ -669,3 +669,90 @@ def test_grad_scaler_takes_torch_amp_grad_scalers_positional_order():
     torch = pytest.importorskip("torch")
     names = list(inspect.signature(torch.amp.GradScaler).parameters)
     assert list(inspect.signature(mf.amp.GradScaler).parameters)[:len(names)] == names
+
+
+class _TypeAs(nn.Graph):
+    """``z.type_as(x @ y)`` (a white matmul's result), read by a white matmul and a gray op and
+    returned; ``z.type_as(x)`` (an input, float32)."""
+
+    def __init__(self, dtype=None):
+        super().__init__()
+        if dtype is not None:
+            self.config.enable_amp(True, dtype)
+
+    def build(self, x, y, z):
+        c = z.type_as(x @ y)
+        return c, c * 2.0, c @ y.T, z.type_as(x)
+
+
+@pytest.mark.parametrize("dtype", [mf.float16, mf.bfloat16], ids=["fp16", "bf16"])
+def test_type_as_follows_the_dtype_amp_gives_the_other_tensor(dtype):
+    """``z.type_as(h)`` cast to h's traced dtype (float32) even where the AMP pass makes h
+    half, as PyTorch's autocast does not: it is op cast_like (OneFlow's), whose dtype follows
+    h's after the pass; z is rounded to the half type there (values against NumPy's and
+    ml_dtypes' rounding), and read back in float32 by the float32 nodes and outputs."""
+    r = np.random.default_rng(5)
+    x, y = r.standard_normal((5, 4), np.float32), r.standard_normal((4, 3), np.float32)
+    z = (r.standard_normal((5, 3)) * 100).astype(np.float32)
+    g = _TypeAs(dtype)
+    ir = g.lower(x, y, z)
+    like = [n for n in ir.nodes if n.op.name == "cast_like"]
+    assert [n.outputs[0].dtype for n in like] == [dtype, f32]
+    matmul = [n for n in ir.nodes if n.op.name == "matmul"][1]
+    assert matmul.inputs[0] is like[0].outputs[0]           # read in half, no cast between
+    c, c2, cy, zx = g(x, y, z)
+    rounded = z.astype(dtype.np).astype(np.float64)
+    assert c.dtype is f32 and not np.array_equal(rounded, z)
+    np.testing.assert_array_equal(c.numpy(), rounded)
+    np.testing.assert_array_equal(c2.numpy(), rounded * 2)
+    np.testing.assert_array_equal(zx.numpy(), z)
+    report = str(g.amp_report())
+    assert "cast_like" in report and "dtype follows its no-cast dtype_like" in report
+
+
+def test_type_as_without_amp_is_cast_like_with_todays_values():
+    r = np.random.default_rng(6)
+    x, y = r.standard_normal((5, 4), np.float32), r.standard_normal((4, 3), np.float32)
+    z = r.standard_normal((5, 3)).astype(np.float32)
+    g = _TypeAs()
+    assert [n.outputs[0].dtype for n in g.lower(x, y, z, after="trace").nodes
+            if n.op.name == "cast_like"] == [f32, f32]
+    c, c2, cy, zx = g(x, y, z)
+    np.testing.assert_array_equal(c.numpy(), z)
+    np.testing.assert_allclose(cy.numpy(), z @ y.T.astype(np.float64), rtol=1e-5, atol=1e-5)
+    t = mf.tensor(z)                                         # eager: to(other.dtype) as before
+    assert t.type_as(mf.tensor(x).half()).dtype is f16
+    with pytest.raises(TypeError, match=r"type_as\(\): argument 'other' \(position 1\) must be "
+                                        r"Tensor, not float"):
+        t.type_as(1.0)
+
+
+def test_type_as_under_amp_trains_its_gradient_cast_back_to_the_parameter():
+    """The gradient of cast_like is cast back to x's dtype: a float32 parameter read as
+    ``w.type_as(h)`` with h half takes SGD's step from it."""
+    class Model(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = nn.Parameter(np.full((5, 3), 0.5, np.float32))
+
+        def forward(self, x, y):
+            return (self.w.type_as(x @ y) * 3.0).sum()
+
+    class Step(nn.Graph):
+        def __init__(self, model):
+            super().__init__()
+            self.model = model
+            self.add_optimizer(mf.optim.SGD(model.parameters(), lr=0.1))
+            self.config.enable_amp(True)
+
+        def build(self, x, y):
+            loss = self.model(x, y)
+            loss.backward()
+            return loss
+
+    model = Model()
+    step = Step(model)
+    x, y = np.ones((5, 4), np.float32), np.ones((4, 3), np.float32)
+    assert float(step(x, y)) == pytest.approx(0.5 * 3 * 15)
+    np.testing.assert_allclose(model.w.numpy(), 0.5 - 0.1 * 3.0, rtol=1e-6)
+    assert [n.outputs[0].dtype for n in step.ir.nodes if n.op.name == "cast_like"] == [f16]

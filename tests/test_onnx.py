@@ -311,6 +311,27 @@ def test_floor_round_and_cumsum_export_as_floor_round_and_cumsum(amp, tmp_path):
     assert {"Floor", "Round", "CumSum"} <= {n.op_type for n in proto.graph.node}
 
 
+class _TypeAs(nn.Module):
+    """``z.type_as(h)`` of a product h: op cast_like, half under AMP."""
+
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Linear(4, 4)
+
+    def forward(self, x):
+        h = x @ x.T[:, :4]
+        return self.a(x).type_as(h) * 0.5 + h
+
+
+@pytest.mark.parametrize("amp", [False, True], ids=["fp32", "amp"])
+def test_type_as_exports_as_cast_like(amp, tmp_path):
+    """Op ``cast_like`` (``type_as`` inside a graph) is ONNX's ``CastLike`` (opset 15, miniflow's
+    lowest); onnxruntime matches miniflow, its input in float16 under AMP."""
+    miniflow.manual_seed(0)
+    proto = _export_one_activation_chain(_TypeAs(), amp, tmp_path / "type_as.onnx")
+    assert "CastLike" in {n.op_type for n in proto.graph.node}
+
+
 class _Rotary(nn.Module):
     """Rotary embeddings as LLaMA ports write them: halves joined with ``miniflow.cat``, pairs
     with ``miniflow.stack``."""

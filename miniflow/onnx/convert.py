@@ -20,7 +20,8 @@ functions are the model for the choices):
   ``GlobalAveragePool`` for a 1x1 output, ``AveragePool`` when the input divides evenly;
   ``flatten`` -> ``Flatten`` (else ``Reshape``); ``reshape``, ``transpose``, ``reduce_sum``,
   ``add_n`` (``Sum``), ``broadcast_like`` (``Unsqueeze`` + ``Expand``), ``expand``, ``softmax``,
-  ``log_softmax``, ``cast``, ``ones_like`` and ``constant`` (``ConstantOfShape``),
+  ``log_softmax``, ``cast``, ``cast_like`` (``CastLike``, opset 15), ``ones_like`` and
+  ``constant`` (``ConstantOfShape``),
   ``sparse_softmax_cross_entropy`` (``Softmax`` and ``SoftmaxCrossEntropyLoss``, reduction none),
   ``gather`` (``Gather``), ``dim_gather`` (``GatherElements``, axis = dim: ``torch.gather``'s
   export), ``dim_scatter_update`` (``_scalar``) and ``dim_scatter_add`` (``ScatterElements``,
@@ -543,6 +544,7 @@ CONVERTERS = {
     "log_softmax": lambda n, ins, outs, b: b.node("LogSoftmax", ins, outs, axis=-1),
     "cast": lambda n, ins, outs, b: b.node("Cast", ins, outs,
                                            to=tensor_type(b.onnx, n.attrs["dtype"])),
+    "cast_like": lambda n, ins, outs, b: b.node("CastLike", ins, outs),
     "ones_like": lambda n, ins, outs, b: _constant_of_shape(
         b, b.node("Shape", ins, 1)[0], outs[0], 1, n.outputs[0].dtype),
     "constant": lambda n, ins, outs, b: _constant_of_shape(

@@ -1,9 +1,10 @@
 """Reductions, layout and creation ops: reduce_sum, broadcast_like, expand, add_n, reshape,
-transpose, detach, ones_like, constant, cast.
+transpose, detach, ones_like, constant, cast, cast_like.
 
 Gradients (OneFlow): reduce_sum -> broadcast_like(dy, x); broadcast_like -> reduce_sum; expand ->
 reduce_sum over the expanded axes, reshaped to x;
-reshape -> reshape back; transpose -> inverse transpose; detach -> none; cast -> cast back to the input dtype.
+reshape -> reshape back; transpose -> inverse transpose; detach -> none; cast -> cast back to
+the input dtype; cast_like -> cast back to the input dtype (none to ``dtype_like``).
 The references round only where the op means it: ``cast`` and ``constant`` to their dtype.
 """
 from __future__ import annotations
@@ -326,3 +327,32 @@ register("cast", _cast_infer, normalize=_cast_norm, grad=_cast_grad, samples=_ca
          amp_note="changes dtype on purpose; the AMP pass inserts the casts it needs itself",
          doc="out = x converted to attrs dtype (f32->f16 rounds to nearest even)")
 
+
+
+# ------------------------------------------------------------------------------ cast_like
+def _cast_like_infer(inputs, attrs):
+    check_arity("cast_like", inputs, 2)
+    x, like = inputs
+    for name, v in (("in", x), ("dtype_like", like)):
+        if not v.dtype.is_float:
+            raise TypeError(f"cast_like: {name} must be floating, got {v.type_str} (cast an "
+                            f"int64 tensor with op cast: x.to(dtype))")
+    return [(x.shape, like.dtype)]
+
+
+def _cast_like_samples():
+    x32, x16 = rand(7, 3), rand(7, 3, dtype=np.float16)
+    special = _cast_samples()[0][0][0]     # f32 values at float16's rounding edges
+    return [([x32, rand(2, dtype=np.float16)], {}), ([x16, rand(1)], {}),
+            ([special, rand(3, 2, dtype=np.float16)], {}), ([x32, rand(2)], {}),
+            ([np.zeros((0, 2), np.float32), rand(1, dtype=np.float16)], {})]
+
+
+register("cast_like", _cast_like_infer,
+         grad=lambda n, gs, emit: [emit("cast", gs[0], dtype=n.inputs[0].dtype), None],
+         samples=_cast_like_samples, reference=lambda xs, a: [xs[0]], amp=None,
+         amp_note="in no OneFlow list; dtype_like gives the dtype only and is never cast, so the "
+                  "output is dtype_like's after the AMP pass (float16 when a white node made it)",
+         no_cast_inputs={1: "dtype_like"},
+         doc="out = in converted to dtype_like's dtype (OneFlow's cast_like; torch's type_as "
+             "inside a graph); the reference is in's values, the kernel rounds to that dtype")

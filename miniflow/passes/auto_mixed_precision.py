@@ -21,7 +21,13 @@ Guarantees:
   the end. Outputs a white node keeps in float32 (batch norm's ``mean`` and ``inv_variance``, in
   the parameter dtype) are read as they are. One cast node per value and dtype, shared by all
   its readers.
-* White nodes' outputs are re-inferred (float16); other nodes keep their dtypes. Values keep their
+* No-cast inputs are never cast, of white nodes or others: a node that is not white and reads a
+  white node's float16 output through one (``cast_like``'s ``dtype_like``, which gives the dtype
+  only) is re-inferred, so ``cast_like`` (``x.type_as(y)``) gives ``y``'s dtype after the pass,
+  and its float16 output is then cast back to float32 for the nodes that are not white and the
+  user outputs, as a white node's.
+* White nodes' outputs are re-inferred (float16); other nodes keep their dtypes (but the one
+  above). Values keep their
   identity, so the results (``loss``, gradients) and ``AutogradState.initial_grad`` stay valid.
   Parameter gradients made by white nodes stay float16: the optimizer stage casts them.
 * Parameters are float32 master weights (else TypeError); they are read through casts, never changed.
@@ -215,6 +221,10 @@ def _decide(node: Node, s: _Sets, names: dict) -> AmpDecision:
                else "")
         return AmpDecision(node, "black",
                            f"{kind}: producer {_label(witness, names)} is black{via}")
+    if cat is None and node.op.no_cast_inputs:     # cast_like
+        return AmpDecision(node, kind, f"unlisted: its dtype follows its no-cast "
+                                       f"{', '.join(node.op.no_cast_inputs.values())}, "
+                                       f"half where a white node made it")
     if cat is None:
         return AmpDecision(node, kind, "unlisted: never float16, does not pass white through")
     if cat == "clear":
@@ -291,7 +301,13 @@ def _insert_casts(graph: Graph, white: dict, half: DType) -> tuple:
                 node.inputs = [to_half(node, k, v) for k, v in enumerate(node.inputs)]
                 _reinfer(node)
             else:
-                node.inputs = [cast(v, float32) if half_output(v) else v for v in node.inputs]
+                node.inputs = [v if k in node.op.no_cast_inputs or not half_output(v)
+                               else cast(v, float32) for k, v in enumerate(node.inputs)]
+                if any(half_output(node.inputs[k]) for k in node.op.no_cast_inputs
+                       if k < len(node.inputs)):     # cast_like of a float16 dtype_like
+                    was = {v for v in node.outputs if v.dtype is float32}
+                    _reinfer(node)
+                    was_f32.update(was)
     for i, v in enumerate(graph.outputs):
         if half_output(v):
             graph.results[output_name(i)] = cast(v, float32)

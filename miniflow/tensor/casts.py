@@ -70,7 +70,21 @@ class Casts:
         return self.to("int64")
 
     def type_as(self, other: "Tensor") -> "Tensor":
-        """``to(other.dtype)`` (``torch.Tensor.type_as``: ``norm(x.float()).type_as(x)``)."""
+        """This tensor in ``other``'s dtype (``torch.Tensor.type_as``:
+        ``norm(x.float()).type_as(x)``): ``to(other.dtype)``, but inside ``build``, of two
+        floating tensors, ``other`` computed in the graph, op ``cast_like`` (OneFlow's), which
+        takes ``other``'s dtype after the AMP pass: float16 where a white op computes ``other``,
+        as ``type_as`` gives under PyTorch's autocast (``to(other.dtype)`` would keep the traced
+        float32). Its gradient is cast back to this tensor's dtype.
+
+        Raises:
+            TypeError: ``other`` is not a Tensor (PyTorch's type).
+        """
+        if not isinstance(other, TensorCore):
+            raise TypeError(f"type_as(): argument 'other' (position 1) must be Tensor, not "
+                            f"{type(other).__name__}")
+        if other._value is not None and self.dtype.is_float and other.dtype.is_float:
+            return apply("cast_like", [self, other])
         return self.to(other.dtype)
 
     def is_floating_point(self) -> bool:

@@ -4,10 +4,11 @@ Every op that declares a scalar function (``OpDef.scalar``) gets a builder by it
 ``out[i] = fn(x[i])`` (map), ``out[i] = fn(x[i], *op.scalar_args(attrs))`` (map with scalars) or
 ``out[idx] = fn(x[idx], y[idx])`` with NumPy broadcasting (zip). The builder is derived when a
 plan is built (:func:`derived_builder`, called by ``table.builder_for``), so an op registered at
-any time, by a tutorial or a test, runs on every backend at once. Four elementwise ops that are
+any time, by a tutorial or a test, runs on every backend at once. Five elementwise ops that are
 not of that form have their own small rules here (:func:`builders`): ``bias_add`` (a zip with the
-bias broadcast along ``axis``), ``add_n`` (pairwise zips), ``cast`` (one rounding) and
-``scalar_mul_by_tensor`` (a zip against a one-element tensor). A new elementwise op therefore needs no change in any backend.
+bias broadcast along ``axis``), ``add_n`` (pairwise zips), ``cast`` and ``cast_like`` (one
+rounding) and ``scalar_mul_by_tensor`` (a zip against a one-element tensor). A new elementwise
+op therefore needs no change in any backend.
 
 A backend describes its loops with a :class:`StepMakers` record and gets its builders from
 :func:`builders` and :func:`derived_builder` (the builder contract:
@@ -95,7 +96,7 @@ def builders(steps: StepMakers) -> dict:
 
     def cast(node, ins, outs):
         """``out = x.astype(attrs["dtype"])``, bit-exact with NumPy (one rounding, NaN stays
-        NaN)."""
+        NaN); ``cast_like`` too, to the dtype of its output (``dtype_like``'s: not read)."""
         return steps.cast(ins[0], outs[0])
 
     def scalar_mul_by_tensor(node, ins, outs):
@@ -105,5 +106,5 @@ def builders(steps: StepMakers) -> dict:
         x, s = ins
         return steps.zip(mul, x, s, outs[0], y_shape=(1,) * len(x.shape))
 
-    return {"bias_add": bias_add, "add_n": add_n, "cast": cast,
+    return {"bias_add": bias_add, "add_n": add_n, "cast": cast, "cast_like": cast,
             "scalar_mul_by_tensor": scalar_mul_by_tensor}
