@@ -158,6 +158,7 @@ class _Forward(Graph):
     def __init__(self, fn, slots: tuple, leaves: tuple, reads: dict, where: str):
         super().__init__()
         self._fn, self._slots, self._leaves, self._where = fn, slots, leaves, where
+        self._reads = reads         # held: the ids its guards compare are not reused meanwhile
         self._tensors = {name: value for name, value in reads.items()
                          if isinstance(value, Tensor) and not value.is_lazy}
         for name, module in _modules_in(fn, reads).items():   # (a name of nn.Graph's own)
@@ -384,10 +385,10 @@ def _names_of(code: types.CodeType) -> tuple:
 def _modules_in(fn, reads: dict) -> dict:
     """``name -> Module`` for the modules bound as a graph's attributes: ``fn`` itself (a
     compiled module, as ``_orig_mod``), ``self`` of a module's method (``compile(model.forward)``)
-    and the modules among ``reads``."""
-    if isinstance(fn, Module):
-        return {"_orig_mod": fn}
-    owner = getattr(fn, "__self__", None)
-    named = {"self": owner} if isinstance(owner, Module) else {}
+    and the modules among ``reads`` (a global module a compiled module's ``forward`` names
+    too)."""
+    owner = fn if isinstance(fn, Module) else getattr(fn, "__self__", None)
+    named = ({} if not isinstance(owner, Module) else {"_orig_mod": fn} if owner is fn
+             else {"self": owner})
     return {**named, **{name: value for name, value in reads.items()
                         if isinstance(value, Module)}}
