@@ -341,13 +341,14 @@ class Arithmetic:
 def where(condition, input, other) -> "Tensor":
     """``input`` where ``condition`` is True (nonzero), else ``other`` (``torch.where(condition,
     input, other)``; OneFlow's op ``where``, here composed exactly of two ``masked_fill``: each
-    operand is expanded to the broadcast shape, the places it does not take are zeroed, and the
-    two are added, so ``inf`` and NaN of the place not taken do not leak, and each gradient is
-    ``dy`` where its operand was taken, summed back to its shape). ``condition``: a bool or
+    operand is expanded to the broadcast shape, the places it does not take are filled with
+    ``-0.0``, and the two are added: ``v + (-0.0)`` is ``v`` bit for bit, a ``-0.0`` taken
+    included, so the result is the element taken, as PyTorch's; ``inf`` and NaN of the place
+    not taken do not leak, and each gradient is ``dy`` where its operand was taken, summed back
+    to its shape). ``condition``: a bool or
     integer array (a comparison's result) or an int64 Tensor, as :meth:`Arithmetic.masked_fill`'s
     mask; ``input`` and ``other``: floating tensors of one dtype, arrays or numbers (an array
-    or a number takes the tensor's dtype; both numbers: float32, PyTorch's default). A zero
-    taken from a ``-0.0`` comes out as ``+0.0`` (the added zero).
+    or a number takes the tensor's dtype; both numbers: float32, PyTorch's default).
 
     Raises:
         TypeError: a condition as :meth:`Arithmetic.masked_fill`'s mask; tensors of two dtypes
@@ -384,7 +385,7 @@ def where(condition, input, other) -> "Tensor":
                            f"{[list(s) for s in shapes]} do not broadcast together") from None
     x, y = (v if isinstance(v, TensorCore) else tensor(np.broadcast_to(v, shape), dtype=dtype)
             for v in (input, other))
-    return x.expand(shape).masked_fill(keep, 0.0) + y.expand(shape).masked_fill(mask, 0.0)
+    return x.expand(shape).masked_fill(keep, -0.0) + y.expand(shape).masked_fill(mask, -0.0)
 
 
 def _promoted(op: str, t: TensorCore, other) -> tuple:
