@@ -23,7 +23,7 @@ import numpy as np
 
 __all__ = ["DType", "float64", "float32", "float16", "bfloat16", "int64", "as_dtype",
            "HALF_DTYPES", "FP16_MAX", "FP16_OVERFLOW", "FP16_MIN_NORMAL", "FP16_MIN_SUBNORMAL",
-           "BF16_MAX", "is_bfloat16", "max_finite", "overflows"]
+           "BF16_MAX", "is_bfloat16", "max_finite", "overflows", "check_fill"]
 
 FP16_MAX = 65504.0
 """Largest finite float16 value."""
@@ -114,6 +114,21 @@ def overflows(value: float, dtype: DType) -> bool:
     if dtype.is_float:
         return math.isfinite(value) and abs(value) > max_finite(dtype)
     return not math.isfinite(value) or not -2.0 ** 63 <= value < 2.0 ** 63
+
+
+def check_fill(op: str, value: float, dtype: DType) -> None:
+    """Refuse filling a tensor of the floating ``dtype`` with ``value`` when it
+    :func:`overflows` (``masked_fill``, ``F.pad``), as PyTorch's "value cannot be converted to
+    type at::Half without overflow".
+
+    Raises:
+        RuntimeError: naming ``op``, the value, the dtype and its largest finite value."""
+    if overflows(value, dtype):
+        raise RuntimeError(
+            f"{op}: value {value:g} cannot be converted to {dtype.name} without overflow (its "
+            f"largest finite value is {max_finite(dtype):g}; PyTorch raises too): give "
+            f"float('inf'), float('-inf') or a value in range")
+
 
 _ALL = {d.name: d for d in (float64, float32, float16, bfloat16, int64)}
 _BY_NP = {d.np: d for d in _ALL.values() if d is not bfloat16}

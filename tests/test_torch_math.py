@@ -399,6 +399,41 @@ def test_pad_index_select_flip_and_sort_errors():
     np.testing.assert_array_equal(i.numpy(), [1, 0, 3, 2])
 
 
+def test_pad_of_a_value_beyond_the_dtype_is_refused_as_by_pytorch():
+    """``F.pad(x_fp16, (1, 1), value=1e9)`` was inf without a word; PyTorch raises "value
+    cannot be converted to type at::Half without overflow", eagerly and in build (float16,
+    bfloat16 and float32 limits); infinities, NaN and the largest finite value pad. Under AMP
+    the traced input is float32 and the pad runs in float32: the value stays."""
+    half = mf.tensor(np.zeros(2, np.float16))
+    for t, value in ((half, 1e9), (half, -65505.0), (half.to(mf.bfloat16), 1e39),
+                     (mf.tensor(np.zeros(2, np.float32)), -1e39)):
+        with pytest.raises(RuntimeError, match=rf"pad: value .* cannot be converted to "
+                                               rf"{t.dtype.name} without overflow \(its "
+                                               r"largest finite value is"):
+            F.pad(t, (1, 1), value=value)
+    for value in (65504.0, -np.inf, np.nan):
+        np.testing.assert_array_equal(F.pad(half, (1, 0), value=value).numpy(), [value, 0, 0])
+    bf16 = F.pad(half.to(mf.bfloat16), (1, 0), value=1e9).float().numpy()
+    assert bf16[0] == np.float32(np.array(1e9).astype(mf.bfloat16.np))
+
+    class G(nn.Graph):
+        def __init__(self, amp):
+            super().__init__()
+            if amp:
+                self.config.enable_amp(True, dtype=mf.float16)
+
+        def build(self, x):
+            return F.pad(x, (1, 1), value=1e9)
+
+    with pytest.raises(RuntimeError, match="pad: value 1e.09 cannot be converted to float16"):
+        G(False)(half)
+    got = G(True)(mf.tensor(np.ones(2, np.float32)))
+    np.testing.assert_array_equal(got.numpy(), [1e9, 1.0, 1.0, 1e9])
+    if torch is not None:
+        with pytest.raises(RuntimeError, match="without overflow"):
+            torch.nn.functional.pad(torch.zeros(2, dtype=torch.half), (1, 1), value=1e9)
+
+
 def test_new_factories_take_the_tensors_dtype():
     x = mf.tensor(X)                     # float64
     assert x.new_zeros(2, 3).dtype == mf.float64 and x.new_zeros((2, 3)).shape == (2, 3)

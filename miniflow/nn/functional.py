@@ -16,7 +16,7 @@ import warnings
 import numpy as np
 
 from ..checks import is_integer
-from ..dtype import int64
+from ..dtype import check_fill, int64
 from ..tensor import Tensor, apply, tensor, zeros
 from ..tensor.core import LISTED, not_there
 from . import activations
@@ -346,7 +346,12 @@ def pad(input: Tensor, pad, mode: str = "constant", value=None) -> Tensor:
             supported). ValueError: ``pad`` of odd length or longer than
             twice the input's dims (PyTorch's "Padding length must be divisible by 2" /
             "Padding length too large"). TypeError: counts that are not ints.
-            RuntimeError: a crop that leaves a negative size.
+            RuntimeError: a crop that leaves a negative size; a finite ``value`` beyond the
+            input's floating dtype (``1e9`` into a float16 tensor), as PyTorch's "value cannot
+            be converted to type at::Half without overflow". Under AMP the traced tensor is
+            float32, so the check passes, and the pad runs in float32 (``slice_update`` is in
+            no AMP list): the value stays, and a float16 op that reads it (a white ``matmul``)
+            rounds it to inf.
     """
     if mode != "constant":
         raise NotImplementedError(f"pad: mode={mode!r} is not supported; miniflow pads with "
@@ -367,7 +372,10 @@ def pad(input: Tensor, pad, mode: str = "constant", value=None) -> Tensor:
                            f"with pad {list(pad)} would be {list(shape)}: sizes must be >= 0")
     crop = tuple(slice(max(-b, 0), n - max(-a, 0)) for n, (b, a) in zip(input.shape, counts))
     inner = input[crop] if any(b < 0 or a < 0 for b, a in counts) else input
-    out = tensor(np.full(shape, 0.0 if value is None else value), dtype=input.dtype)
+    value = 0.0 if value is None else float(value)
+    if input.dtype.is_float:
+        check_fill("pad", value, input.dtype)
+    out = tensor(np.full(shape, value), dtype=input.dtype)
     if 0 in inner.shape:
         return out
     start = tuple(max(b, 0) for b, _ in counts)

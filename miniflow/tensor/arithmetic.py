@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ..dtype import float32, max_finite, overflows
+from ..dtype import check_fill, float32
 from .core import TensorCore
 from .create import apply, as_numpy, tensor
 from .dims import _dim
@@ -298,11 +298,8 @@ class Arithmetic:
                                 f"nonzero = fill), got an array of {arr.dtype}")
             mask = tensor(arr.astype(np.int64))
         value = float(value)
-        if self.dtype.is_float and overflows(value, self.dtype):
-            raise RuntimeError(
-                f"masked_fill: value {value:g} cannot be converted to {self.dtype.name} without "
-                f"overflow (its largest finite value is {max_finite(self.dtype):g}; PyTorch "
-                f"raises too): give float('-inf') or a value in range")
+        if self.dtype.is_float:
+            check_fill("masked_fill", value, self.dtype)
         return apply("masked_fill", [self, mask], value=value)
 
     def where(self, condition, y) -> "Tensor":
