@@ -213,8 +213,8 @@ def test_static_scaler_without_skipping_applies_non_finite_steps():
     (lambda p: mf.optim.SGD([{"params": set(p)}], lr=0.1), TypeError, "ordered collections"),
     (lambda p: mf.optim.SGD([{"params": p[:1]}, {"params": p}], lr=0.1), ValueError,
      "some parameters appear in more than one parameter group"),
-    (lambda p: mf.optim.SGD([{"params": p, "dampening": 0.1}], lr=0.1), ValueError,
-     r"add_param_group: dampening=0.1; miniflow's SGD runs only PyTorch's dampening=0"),
+    (lambda p: mf.optim.SGD([{"params": p, "maximize": True}], lr=0.1), ValueError,
+     r"add_param_group: maximize=True; miniflow's SGD runs only PyTorch's maximize=False"),
     (lambda p: mf.optim.SGD([{"params": p, "lr": -1.0}], lr=0.1), ValueError,
      "lr must be finite"),
 ])

@@ -27,7 +27,8 @@ def _optimizer(kind, params, clip=None, groups=False):
         return mf.optim.Adam(params, lr=1e-2, weight_decay=0.01, amsgrad=kind == "amsgrad",
                              **extra)
     return mf.optim.SGD(params, lr=0.1, momentum=0.0 if kind == "plain" else 0.9,
-                        weight_decay=0.01, nesterov=kind == "nesterov", **extra)
+                        dampening=0.3 if kind == "dampening" else 0.0, weight_decay=0.01,
+                        nesterov=kind == "nesterov", **extra)
 
 
 def _scaler(kind):
@@ -80,7 +81,7 @@ def _train(g, steps, x=X, y=Y):
                                         ("adam", "dynamic"), ("momentum", "none"),
                                         ("nesterov", "dynamic"), ("amsgrad", "dynamic"),
                                         ("adam", "none"), ("adadelta", "dynamic"),
-                                        ("adadelta", "static")])
+                                        ("adadelta", "static"), ("dampening", "dynamic")])
 def test_fused_training_is_bit_identical_to_unfused(dtype, opt, scaler):
     fused, fm, fo, fs = _graph(True, dtype, opt, scaler)
     plain, pm, po, ps = _graph(False, dtype, opt, scaler)
@@ -113,7 +114,7 @@ def test_more_tensors_than_a_pack_train_to_the_unfused_bits_and_compile_few_tupl
     plain, pm, po, ps = _graph(False, mf.float16, opt, "dynamic", sizes=DEEP)
     assert _train(fused, 4) == _train(plain, 4)
     _assert_same_bits(_state(fm, fo, fs), _state(pm, po, ps))
-    multi = (update.multi_sgd_kernel(True, False, False) if opt == "momentum"
+    multi = (update.multi_sgd_kernel(True, False, False, False) if opt == "momentum"
              else update.multi_adam_kernel(False, False))
     for kernel in (multi, loss_scale.count_into_kernel, loss_scale.copy_counts_kernel):
         lengths = {t.count for sig in kernel.signatures for t in sig

@@ -247,8 +247,8 @@ def test_initial_lr_is_a_checked_param_group_key_outside_the_compiled_graph():
     with pytest.raises(ValueError, match=r"SGD: initial_lr must be finite and in \[0, inf\), "
                                          r"got -1.0"):
         opt.param_groups[0]["initial_lr"] = -1.0
-    with pytest.raises(ValueError, match=r"\['dampening'\] = 0.5; miniflow's SGD runs only"):
-        opt.param_groups[0].setdefault("dampening", 0.5)  # PyTorch's key: checked
+    with pytest.raises(ValueError, match=r"\['maximize'\] = True; miniflow's SGD runs only"):
+        opt.param_groups[0].setdefault("maximize", True)  # PyTorch's key: checked
     assert opt.param_groups[0].setdefault("name", "head") == "head" and opt.version == 0
     fresh = sgd(0.1)  # no scheduler yet: loading a group with initial_lr adds it
     fresh.load_state_dict(opt.state_dict())

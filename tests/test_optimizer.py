@@ -174,13 +174,15 @@ def _close(got, want, tol=1e-5):
         np.testing.assert_allclose(g, w, rtol=tol, atol=tol)
 
 
-def _sgd_oracle(lr, momentum, weight_decay, nesterov):
-    """``torch.optim.SGD``'s documented algorithm (dampening 0)."""
+def _sgd_oracle(lr, momentum, weight_decay, nesterov, dampening=0.0):
+    """``torch.optim.SGD``'s documented algorithm: the buffer is ``g`` at the first step, then
+    ``momentum * buf + (1 - dampening) * g``."""
     def update(k, params, grads, state):
         for p, g, s in zip(params, grads, state):
             g = g + weight_decay * p
             if momentum:
-                s["buf"] = g.copy() if k == 0 else momentum * s["buf"] + g
+                s["buf"] = g.copy() if "buf" not in s else momentum * s["buf"] + (
+                    1 - dampening) * g
                 g = g + momentum * s["buf"] if nesterov else s["buf"]
             p -= lr * g
     return update
@@ -223,6 +225,110 @@ def test_turning_nesterov_on_after_compiling_recompiles():
     fit(mf.tensor(_X[1]), mf.tensor(_Y[1]))
     assert [n.attrs.get("nesterov") for n in fit.ir.nodes if n.op.name == "sgd_update"] \
         == [True, True]
+
+
+@pytest.mark.parametrize("dampening", [0.0, 0.5, 1.0])
+@pytest.mark.parametrize("weight_decay", [0.0, 0.1])
+def test_sgd_dampening_follows_torch_and_the_float64_oracle(dampening, weight_decay):
+    """``SGD(dampening=0.5)`` was refused ("the update op has no dampening"): PyTorch's rule,
+    the first step's buffer the gradient itself (undamped), then ``momentum * buf + (1 -
+    dampening) * g``; against NumPy float64 and torch over 30 steps."""
+    hyper = dict(lr=0.05, momentum=0.9, dampening=dampening, weight_decay=weight_decay)
+    got, opt = _miniflow_run(lambda p: mf.optim.SGD(p, **hyper))
+    _close(got, _numpy_run(_sgd_oracle(nesterov=False, **hyper)))
+    assert opt.param_groups[0]["dampening"] == dampening
+    assert set(opt.state_dict()["state"][0]) == {"momentum_buffer"}
+    want, t_opt = _torch_run(lambda optim, p: optim.SGD(p, **hyper))
+    _close(got, want, 1e-6)
+    np.testing.assert_allclose(opt.state_dict()["state"][0]["momentum_buffer"],
+                               t_opt.state_dict()["state"][0]["momentum_buffer"].numpy(),
+                               rtol=1e-5, atol=1e-6)
+
+
+def test_sgd_param_groups_with_different_dampening_follow_the_float64_oracle():
+    """Two groups (the weight damped 0.5 with weight decay, the bias 0.9 without), and the
+    weight's dampening changed to 0.25 after 10 steps (a compiled key: the graph recompiles,
+    the buffers continue)."""
+    model = _start()
+    opt = mf.optim.SGD([{"params": [model.weight], "dampening": 0.5, "weight_decay": 0.1},
+                        {"params": [model.bias], "dampening": 0.9}], lr=0.05, momentum=0.8)
+    fit = MseFit(model, opt)
+    wd, damp = [0.1, 0.0], [0.5, 0.9]
+
+    def update(k, params, grads, state):
+        for p, g, s, w, d in zip(params, grads, state, wd, [0.25 if k >= 10 else damp[0],
+                                                             damp[1]]):
+            g = g + w * p
+            s["buf"] = g.copy() if k == 0 else 0.8 * s["buf"] + (1 - d) * g
+            p -= 0.05 * g * 0 + 0.05 * s["buf"]
+    for k in range(30):
+        if k == 10:
+            opt.param_groups[0]["dampening"] = 0.25
+        fit(mf.tensor(_X[k]), mf.tensor(_Y[k]))
+    _close([model.weight.numpy(), model.bias.numpy()], _numpy_run(update))
+    assert [n.attrs["dampening"] for n in fit.ir.nodes if n.op.name == "sgd_update"] \
+        == [0.25, 0.9]
+
+
+def test_sgd_dampening_state_dict_round_trips_with_torch_exactly():
+    """A torch SGD state dict with dampening (taken 10 steps) loads into miniflow, which
+    continues as torch continues; miniflow's state dict before any step holds no buffer (as
+    PyTorch's: its buffers are None), so torch, loading it, takes the undamped first step too;
+    a parameter left out of a loaded state has not stepped."""
+    torch = pytest.importorskip("torch")
+    hyper = dict(lr=0.05, momentum=0.9, dampening=0.5, weight_decay=0.01)
+    fresh = mf.optim.SGD(_start().parameters(), **hyper)
+    assert fresh.state_dict()["state"] == {}
+    start = _start()
+    w = torch.tensor(start.weight.numpy(), requires_grad=True)
+    b = torch.tensor(start.bias.numpy(), requires_grad=True)
+    t_opt = torch.optim.SGD([w, b], **hyper)
+
+    def to_torch(sd):
+        return {**sd, "state": {i: {k: torch.tensor(v) for k, v in st.items()}
+                                for i, st in sd["state"].items()}}
+    t_opt.load_state_dict(to_torch(fresh.state_dict()))
+
+    def torch_steps(ks):
+        for k in ks:
+            t_opt.zero_grad()
+            d = torch.tensor(_X[k]) @ w.T + b - torch.tensor(_Y[k])
+            (d * d).mean().backward()
+            t_opt.step()
+    torch_steps(range(10))
+    model = _start()
+    model.load_state_dict({"weight": w.detach().numpy(), "bias": b.detach().numpy()})
+    opt = mf.optim.SGD(model.parameters(), **hyper)
+    opt.load_state_dict(t_opt.state_dict())
+    fit = MseFit(model, opt)
+    for k in range(10, 20):
+        fit(mf.tensor(_X[k]), mf.tensor(_Y[k]))
+    torch_steps(range(10, 20))
+    _close([model.weight.numpy(), model.bias.numpy()], [w.detach().numpy(), b.detach().numpy()],
+           1e-6)
+    back = opt.state_dict()
+    assert set(back["state"]) == {0, 1} and set(back["state"][0]) == {"momentum_buffer"}
+    t_opt.load_state_dict(to_torch(back))
+    theirs = t_opt.state_dict()["state"][0]["momentum_buffer"].numpy()
+    np.testing.assert_array_equal(back["state"][0]["momentum_buffer"], theirs)
+    partial = {"state": {0: {"momentum_buffer": back["state"][0]["momentum_buffer"]}},
+               "param_groups": back["param_groups"]}
+    opt.load_state_dict(partial)                    # the bias not stepped: its first step next
+    assert set(opt.state_dict()["state"]) == {0}
+    with pytest.raises(ValueError, match="dampening cannot be changed after the group was made"):
+        opt.param_groups[0]["dampening"] = 0.0
+
+
+def test_sgd_dampening_errors_are_pytorchs():
+    params = list(nn.Linear(2, 2).parameters())
+    with pytest.raises(ValueError, match="Nesterov momentum requires a momentum and zero "
+                                         "dampening.*dampening 0.5"):
+        mf.optim.SGD(params, lr=0.1, momentum=0.9, dampening=0.5, nesterov=True)
+    with pytest.raises(ValueError, match="dampening must be finite"):
+        mf.optim.SGD(params, lr=0.1, momentum=0.9, dampening=float("nan"))
+    opt = mf.optim.SGD(params, lr=0.1, momentum=0.9)
+    with pytest.raises(ValueError, match="dampening cannot be changed after the group was made"):
+        opt.param_groups[0]["dampening"] = 0.5
 
 
 def _adam_oracle(lr, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0, amsgrad=False):

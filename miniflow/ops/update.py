@@ -2,11 +2,15 @@
 (``writes``), which makes them side-effecting, so dead-code elimination keeps them. Their references
 return the new values of the written inputs (float64 arithmetic).
 
-* ``sgd_update(model, model_diff, learning_rate, skip_if[, momentum_buf])`` {momentum,
-  weight_decay[, nesterov]}: PyTorch ``torch.optim.SGD``: ``g = diff + wd * p`` (only when ``wd
-  != 0``, in ``adam_update`` too); ``buf = momentum * buf + g; p -= lr * buf``; with
-  ``nesterov`` (present only when true, and only with momentum) ``p -= lr * (g + momentum *
-  buf)``.
+* ``sgd_update(model, model_diff, learning_rate, skip_if[, momentum_buf[, step]])`` {momentum,
+  weight_decay[, dampening][, nesterov]}: PyTorch ``torch.optim.SGD``: ``g = diff + wd * p``
+  (only when ``wd != 0``, in ``adam_update`` too); ``buf = momentum * buf + g; p -= lr * buf``;
+  with ``nesterov`` (present only when true, and only with momentum and no dampening) ``p -= lr
+  * (g + momentum * buf)``. ``dampening`` (OneFlow's attribute of its momentum update; present
+  only when non-zero, and then with momentum an i64[1] ``step`` input, how many steps updated
+  the buffer): ``buf = g`` at ``step`` 0 (PyTorch's first step, its buffer None), else ``buf =
+  momentum * buf + (1 - dampening) * g``; then ``step += 1``. Without dampening the buffer
+  starts at zeros, and ``momentum * 0 + g`` is PyTorch's first step.
 * ``adam_update(model, model_diff, learning_rate, skip_if, m, v, step[, max_v])`` {beta1, beta2,
   eps, weight_decay[, decoupled_weight_decay][, amsgrad]}: PyTorch ``torch.optim.Adam`` (Kingma &
   Ba 2015, arXiv:1412.6980) with bias correction at step ``step + 1``; ``amsgrad`` (present only
@@ -40,11 +44,12 @@ the same pass over memory, unscale the gradient and write the half copy of each 
 next step's matmuls read:
 
 * ``multi_tensor_sgd_update_with_cast(learning_rate, skip_if, scale_by_tensor, model_0..n-1,
-  model_diff_0.., model_copy_0..[, momentum_buf_0..])`` {momentum, weight_decay[, nesterov],
-  model_copy_dtype}: per tensor ``g = model_diff * scale_by_tensor`` (the diff in float32 or a
-  half type, widened; ``scale_by_tensor`` is 1 / loss scale, f32[1]), then ``sgd_update``'s step
-  on the float32 model, then ``model_copy = model`` rounded to ``model_copy_dtype``. OneFlow has
-  a separate momentum op; here, as ``sgd_update``, momentum != 0 adds the buffers.
+  model_diff_0.., model_copy_0..[, momentum_buf_0..[, step_0..]])`` {momentum,
+  weight_decay[, dampening][, nesterov], model_copy_dtype}: per tensor ``g = model_diff *
+  scale_by_tensor`` (the diff in float32 or a half type, widened; ``scale_by_tensor`` is 1 /
+  loss scale, f32[1]), then ``sgd_update``'s step on the float32 model, then ``model_copy =
+  model`` rounded to ``model_copy_dtype``. OneFlow has a separate momentum op; here, as
+  ``sgd_update``, momentum != 0 adds the buffers (and dampening their step counts).
 * ``multi_tensor_adam_update_with_cast(learning_rate, skip_if, scale_by_tensor, model_0..,
   model_diff_0.., model_copy_0.., m_0.., v_0.., step_0..[, max_v_0..])`` {beta1, beta2, eps,
   weight_decay[, amsgrad], model_copy_dtype}: the same around ``adam_update``'s step, each tensor with its step count.
@@ -94,20 +99,35 @@ def _sgd_norm(inputs, attrs):
     _no_lr_attr("sgd_update", attrs)
     for k in ("momentum", "weight_decay"):
         attrs[k] = float(attrs.get(k, 0.0))
+    if float(attrs.get("dampening", 0.0)) != 0.0:
+        attrs["dampening"] = float(attrs["dampening"])
+    else:
+        attrs.pop("dampening", None)
     if attrs.pop("nesterov", False):
-        if attrs["momentum"] <= 0.0:
-            raise ValueError("sgd_update: nesterov=True needs momentum > 0, got momentum "
-                             f"{attrs['momentum']:g}")
+        if attrs["momentum"] <= 0.0 or "dampening" in attrs:
+            raise ValueError("sgd_update: nesterov=True needs momentum > 0 and dampening 0, got "
+                             f"momentum {attrs['momentum']:g}, dampening "
+                             f"{attrs.get('dampening', 0.0):g}")
         attrs["nesterov"] = True
     return attrs
 
 
+def _sgd_state(attrs) -> int:
+    """``sgd_update``'s state inputs: none without momentum, else the buffer (and its step
+    count with dampening)."""
+    if float(attrs.get("momentum", 0.0)) == 0.0:
+        return 0
+    return 2 if float(attrs.get("dampening", 0.0)) != 0.0 else 1
+
+
 def _sgd_infer(inputs, attrs):
-    n_state = 1 if attrs["momentum"] != 0.0 else 0
+    n_state = _sgd_state(attrs)
     _check("sgd_update", inputs, n_state)
     if n_state and inputs[N_FIXED].shape != inputs[0].shape:
         raise ValueError(f"sgd_update: momentum buffer {fmt(inputs[N_FIXED])} must match "
                          f"{fmt(inputs[0])}")
+    if n_state == 2 and (inputs[-1].dtype is not int64 or inputs[-1].shape != (1,)):
+        raise TypeError(f"sgd_update: step {fmt(inputs[-1])} must be i64[1] (with dampening)")
     return []
 
 
@@ -181,6 +201,17 @@ def _samples(n_state, lr, attrs):
     return make
 
 
+def _dampened_samples() -> list:
+    """SGD with dampening: a first step (step 0: the buffer is the gradient) and a later one,
+    with weight decay; skipped and not."""
+    out = []
+    for step, attrs in ((0, {"momentum": 0.9, "dampening": 0.5, "weight_decay": 0.01}),
+                        (3, {"momentum": 0.8, "dampening": 1.0})):
+        for (arrays, a) in _samples(1, 0.1, attrs)():
+            out.append(([*arrays, np.array([step], np.int64)], a))
+    return out
+
+
 def _adadelta_samples(lr, attrs) -> list:
     """Skipped and not: square_avg and acc_delta >= 0 (sums of squares), one of them 0 in
     some elements (a first step), a step count."""
@@ -196,15 +227,19 @@ def _adadelta_samples(lr, attrs) -> list:
 
 
 def _sgd_ref(arrays, attrs):
-    """PyTorch's SGD step: the new parameter (and momentum buffer)."""
-    p, diff, lr, skip_if, *buf = arrays
+    """PyTorch's SGD step: the new parameter (and momentum buffer, and its step count with
+    dampening)."""
+    p, diff, lr, skip_if, *state = arrays
     if skip_if[0] != 0:
-        return [p.copy(), *(b.copy() for b in buf)]
+        return [p.copy(), *(b.copy() for b in state)]
     g = diff + attrs["weight_decay"] * p if attrs["weight_decay"] else diff
-    if buf:
-        buf = [attrs["momentum"] * buf[0] + g]
-        g = g + attrs["momentum"] * buf[0] if attrs.get("nesterov") else buf[0]
-    return [p - lr[0] * g, *buf]
+    if state:
+        mu, damp = attrs["momentum"], attrs.get("dampening", 0.0)
+        first = len(state) == 2 and state[1][0] == 0
+        buf = g.copy() if first else mu * state[0] + (1.0 - damp) * g
+        g = g + mu * buf if attrs.get("nesterov") else buf
+        state = [buf, *(s + 1 for s in state[1:])]
+    return [p - lr[0] * g, *state]
 
 
 def _adam_ref(arrays, attrs):
@@ -240,10 +275,12 @@ def _adadelta_ref(arrays, attrs):
 
 _UPDATE_NOTE = "optimizer update: runs after AMP, writes the float32 master weights"
 
-register("sgd_update", _sgd_infer, normalize=_sgd_norm, writes=(0, N_FIXED),
+register("sgd_update", _sgd_infer, normalize=_sgd_norm,
+         writes=(0, N_FIXED, N_FIXED + 1),
          reference=_sgd_ref,
          samples=lambda: (_samples(1, 0.1, {"momentum": 0.9, "weight_decay": 0.01})()
-                          + _samples(1, 0.1, {"momentum": 0.9, "nesterov": True})()),
+                          + _samples(1, 0.1, {"momentum": 0.9, "nesterov": True})()
+                          + _dampened_samples()),
          amp=None, amp_note=_UPDATE_NOTE,
          doc="p -= lr * (momentum buffer of diff + wd * p); skipped when skip_if != 0")
 register("adam_update", _adam_infer, normalize=_adam_norm,
@@ -275,14 +312,15 @@ def _n_tensors(op: str, n_inputs: int, per_tensor: int) -> int:
 
 
 def _sgd_cast_per_tensor(attrs) -> int:
-    """model, model_diff, model_copy (and momentum_buf with momentum)."""
-    return 4 if float(attrs.get("momentum", 0.0)) != 0.0 else 3
+    """model, model_diff, model_copy (and momentum_buf with momentum, and step with
+    dampening)."""
+    return 3 + _sgd_state(attrs)
 
 
 def _sgd_cast_writes(attrs, n_inputs: int) -> tuple:
     per = _sgd_cast_per_tensor(attrs)
     n = _n_tensors("multi_tensor_sgd_update_with_cast", n_inputs, per)
-    groups = (0, 2, 3)[:per - 1]                  # models, copies, momentum buffers
+    groups = (0, 2, 3, 4)[:per - 1]               # models, copies, momentum buffers, steps
     return tuple(MULTI_FIXED + g * n + i for g in groups for i in range(n))
 
 
@@ -403,23 +441,6 @@ def _split(arrays, per_tensor: int):
     return (*arrays[:MULTI_FIXED], [rest[g * n:(g + 1) * n] for g in range(per_tensor)])
 
 
-def _sgd_cast_ref(arrays, attrs):
-    """Per tensor: ``g = model_diff * scale_by_tensor``, PyTorch's SGD step on the model (and
-    momentum buffer), ``model_copy = model`` rounded to the copy's dtype; the new models, copies
-    and buffers (none changes when skip_if != 0)."""
-    lr, skip_if, scale, groups = _split(arrays, _sgd_cast_per_tensor(attrs))
-    models, diffs, copies, *bufs = groups
-    if skip_if[0] != 0:
-        return [a.copy() for g in (models, copies, *bufs) for a in g]
-    new_models, new_bufs = [], []
-    for k, (p, d) in enumerate(zip(models, diffs)):
-        p_new, *b = _sgd_ref([p, d * scale[0], lr, skip_if, *(g[k] for g in bufs)], attrs)
-        new_models.append(p_new)
-        new_bufs += b
-    new_copies = [rounded(p, attrs["model_copy_dtype"]) for p in new_models]
-    return new_models + new_copies + new_bufs
-
-
 def _stateful_cast_ref(arrays, attrs, step_ref, per_tensor: int) -> list:
     """Per tensor: ``g = model_diff * scale_by_tensor``, ``step_ref``'s step (the single-tensor
     reference: the new model and state), ``model_copy = model`` rounded; the new models, copies
@@ -433,6 +454,12 @@ def _stateful_cast_ref(arrays, attrs, step_ref, per_tensor: int) -> list:
     new_models = [x[0] for x in new]
     return (new_models + [rounded(p, attrs["model_copy_dtype"]) for p in new_models]
             + [x[j] for j in range(1, 1 + len(state)) for x in new])
+
+
+def _sgd_cast_ref(arrays, attrs):
+    """PyTorch's SGD step with the copies: the new models, copies and momentum buffers (and
+    their step counts with dampening)."""
+    return _stateful_cast_ref(arrays, attrs, _sgd_ref, _sgd_cast_per_tensor(attrs))
 
 
 def _adam_cast_ref(arrays, attrs):
@@ -490,6 +517,13 @@ def _multi_samples(kind: str):
             m = rand(6, r=r)
             out.append(([np.array([0.5]), np.array([0], np.int64), np.array([1.0], np.float32),
                          m, rand(6, r=r), m.astype(np.float16)], {}))
+            for skip in (0, 1):                     # dampening: a first step and a later one
+                ms, ds = [rand(4, 3, r=r), rand(5, r=r)], [rand(4, 3, r=r), rand(5, r=r)]
+                out.append(([np.array([0.5]), np.array([skip], np.int64),
+                             np.array([0.5], np.float32), *ms, *(d.astype(np.float16) for d in ds),
+                             *(m.astype(np.float16) for m in ms), rand(4, 3, r=r), rand(5, r=r),
+                             np.array([0], np.int64), np.array([2], np.int64)],
+                            {"momentum": 0.9, "dampening": 0.3, "weight_decay": 0.01}))
         return out
     return make
 

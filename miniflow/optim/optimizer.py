@@ -594,10 +594,10 @@ class Optimizer:
 
         A ``torch.optim`` state dict of the same algorithm loads, its groups' own keys
         included: PyTorch's keys of :attr:`torch_keys` are accepted at their no-op values
-        (``dampening=0``, ``maximize=False`` ...); ``state`` values may be ``torch.Tensor``s (read
-        with ``miniflow.tensor.as_numpy``: bfloat16 ones bit for bit, as PyTorch keeps AdamW's
-        ``exp_avg`` of bfloat16 parameters; float16, bfloat16 and float32 state is cast to the
-        optimizer's state dtype) and a step count 0-d (PyTorch's).
+        (``maximize=False``, ``capturable=False`` ...); ``state`` values may be
+        ``torch.Tensor``s (read with ``miniflow.tensor.as_numpy``: bfloat16 ones bit for bit,
+        as PyTorch keeps AdamW's ``exp_avg`` of bfloat16 parameters; float16, bfloat16 and
+        float32 state is cast to the optimizer's state dtype) and a step count 0-d (PyTorch's).
 
         Raises:
             KeyError: a missing entry (named);

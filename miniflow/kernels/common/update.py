@@ -29,17 +29,25 @@ __all__ = ["sgd_element", "adam_corrections", "adam_element", "adadelta_element"
 
 
 # ----------------------------------------------------------------------------- scalar bodies
-def sgd_element(p, g, buf, lr, mu, wd, momentum, nesterov):
+def sgd_element(p, g, buf, lr, mu, wd, momentum, nesterov, dampened, one_d, first):
     """One element of an SGD step: ``(p, buf)`` after ``g += wd*p`` (only when ``wd != 0``, as
     ``torch.optim.SGD``: an infinite ``p`` stays infinite rather than ``inf*0 = NaN``); with
     ``momentum`` ``buf = mu*buf + g`` and then ``g = buf``, or with ``nesterov`` ``g = g + mu*buf``
     (Sutskever et al. 2013's Nesterov momentum as ``torch.optim.SGD`` writes it); ``p -= lr*g``
     (buf starts at zeros, which equals PyTorch's first step ``buf = g``; without ``momentum``
-    buf is returned as given and ``nesterov`` is not read)."""
+    buf is returned as given and ``nesterov`` is not read). ``dampened`` (a kernel's constant,
+    only with momentum): ``buf = g`` when ``first`` (PyTorch's first step, its buffer None), else
+    ``buf = mu*buf + one_d*g`` (``one_d = 1 - dampening``); without it ``one_d`` and ``first`` are
+    not read."""
     if wd != 0:
         g = g + wd * p
     if momentum:
-        buf = mu * buf + g
+        if not dampened:
+            buf = mu * buf + g
+        elif first:
+            buf = g
+        else:
+            buf = mu * buf + one_d * g
         if nesterov:
             g = g + mu * buf
         else:
@@ -122,13 +130,20 @@ def _nesterov(attrs) -> bool:
     return bool(attrs.get("nesterov", False))
 
 
+def _dampening(attrs) -> float:
+    """The dampening of SGD update nodes with ``attrs`` (present only when non-zero; read only
+    with momentum, and then the nodes have a step input per tensor)."""
+    return float(attrs.get("dampening", 0.0)) if float(attrs.get("momentum", 0.0)) else 0.0
+
+
 def sgd_builder(sgd_steps):
     """The ``sgd_update`` builder over a backend's ``sgd_steps(p, grad, lr, skip_if, buf, mu,
-    wd, nesterov)`` (``lr`` the f64[1] learning-rate array, ``buf`` None without momentum; mu,
-    wd Python floats, nesterov a bool)."""
+    wd, nesterov, dampening, step)`` (``lr`` the f64[1] learning-rate array, ``buf`` None
+    without momentum; mu, wd, dampening Python floats, nesterov a bool; ``step`` the buffer's
+    i64[1] step count with dampening, else None)."""
     def build_sgd_update(node, ins, outs):
-        """``sgd_update(model, model_diff, learning_rate, skip_if[, momentum_buf])``
-        ``{momentum, weight_decay[, nesterov]}``.
+        """``sgd_update(model, model_diff, learning_rate, skip_if[, momentum_buf[, step]])``
+        ``{momentum, weight_decay[, dampening][, nesterov]}``.
 
         Raises:
             ValueError: ``momentum != 0`` without a momentum buffer input.
@@ -136,8 +151,10 @@ def sgd_builder(sgd_steps):
         a = node.attrs
         mu = _momentum(a, [ins])
         p, grad, lr, skip_if = ins[:4]
+        damp = _dampening(a)
         return sgd_steps(p, grad, lr, skip_if, ins[4] if mu != 0.0 else None, mu,
-                         float(a.get("weight_decay", 0.0)), _nesterov(a))
+                         float(a.get("weight_decay", 0.0)), _nesterov(a), damp,
+                         ins[5] if damp else None)
     return build_sgd_update
 
 
@@ -189,16 +206,19 @@ def multi_tensor_groups(ins, per_tensor: int) -> tuple:
 
 def multi_sgd_cast_builder(multi_sgd_steps):
     """The ``multi_tensor_sgd_update_with_cast`` builder over a backend's
-    ``multi_sgd_steps(models, diffs, copies, bufs, lr, skip_if, scale, mu, wd, nesterov)``
-    (``bufs`` None without momentum; mu, wd Python floats)."""
+    ``multi_sgd_steps(models, diffs, copies, bufs, lr, skip_if, scale, mu, wd, nesterov,
+    dampening, steps)`` (``bufs`` None without momentum, ``steps`` None without dampening; mu,
+    wd, dampening Python floats)."""
     def build_multi_tensor_sgd_update_with_cast(node, ins, outs):
         """``multi_tensor_sgd_update_with_cast(learning_rate, skip_if, scale_by_tensor, models,
-        model_diffs, model_copies[, momentum_bufs])`` ``{momentum, weight_decay[, nesterov]}``."""
+        model_diffs, model_copies[, momentum_bufs[, steps]])`` ``{momentum, weight_decay[,
+        dampening][, nesterov]}``."""
         a = node.attrs
-        mu = float(a.get("momentum", 0.0))
-        lr, skip_if, scale, groups = multi_tensor_groups(ins, 4 if mu != 0.0 else 3)
+        mu, damp = float(a.get("momentum", 0.0)), _dampening(a)
+        lr, skip_if, scale, groups = multi_tensor_groups(ins, 3 + (mu != 0.0) + (damp != 0.0))
         return multi_sgd_steps(*groups[:3], groups[3] if mu != 0.0 else None, lr, skip_if, scale,
-                               mu, float(a.get("weight_decay", 0.0)), _nesterov(a))
+                               mu, float(a.get("weight_decay", 0.0)), _nesterov(a), damp,
+                               groups[4] if damp else None)
     return build_multi_tensor_sgd_update_with_cast
 
 
@@ -234,7 +254,8 @@ def multi_adadelta_cast_builder(multi_adadelta_steps):
 
 def multi_sgd_builder(multi_sgd_steps):
     """The group builder of ``sgd_update`` over a backend's ``multi_sgd_steps(ps, grads, lr,
-    skip_if, bufs, mu, wd, nesterov)`` (lists of arrays, ``bufs`` None without momentum)."""
+    skip_if, bufs, mu, wd, nesterov, dampening, steps)`` (lists of arrays, ``bufs`` None without
+    momentum, ``steps`` None without dampening)."""
     def build_multi_sgd_update(nodes, ins, outs):
         """The ``sgd_update`` nodes ``nodes`` (equal attributes, one lr and skip_if) as one.
 
@@ -244,8 +265,10 @@ def multi_sgd_builder(multi_sgd_steps):
         a = nodes[0].attrs
         mu = _momentum(a, ins)
         bufs = [arrays[4] for arrays in ins] if mu != 0.0 else None
+        damp = _dampening(a)
         return multi_sgd_steps([x[0] for x in ins], [x[1] for x in ins], ins[0][2], ins[0][3],
-                               bufs, mu, float(a.get("weight_decay", 0.0)), _nesterov(a))
+                               bufs, mu, float(a.get("weight_decay", 0.0)), _nesterov(a), damp,
+                               [arrays[5] for arrays in ins] if damp else None)
     return GroupBuilder(build_multi_sgd_update)
 
 

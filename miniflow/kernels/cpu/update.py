@@ -39,23 +39,29 @@ _adadelta = jitable(adadelta_element)
 
 
 @functools.cache
-def sgd_kernel(momentum: bool, nesterov: bool, parallel: bool):
-    """``kernel(p, grad, lr, skip_if, buf, mu, wd)``: ``p[i], buf[i] = sgd_element(...)`` with
-    the learning rate ``lr[0]``, unless skip_if[0] (buf is read and written only with
-    ``momentum``; ``nesterov``: Nesterov momentum)."""
+def sgd_kernel(momentum: bool, nesterov: bool, dampened: bool, parallel: bool):
+    """``kernel(p, grad, lr, skip_if, buf, mu, wd, one_d, step)``: ``p[i], buf[i] =
+    sgd_element(...)`` with the learning rate ``lr[0]``, unless skip_if[0] (buf is read and
+    written only with ``momentum``; ``nesterov``: Nesterov momentum; ``dampened``: ``one_d = 1 -
+    dampening``, the buffer's first step is ``step[0] == 0`` and ``step += 1`` after it, else
+    neither is read)."""
     loop = loop_for(parallel)
 
     @jit(parallel)
-    def kernel(p, grad, lr, skip_if, buf, mu, wd):
+    def kernel(p, grad, lr, skip_if, buf, mu, wd, one_d, step):
         if skip_if[0] != 0:
             return
         lr_c, mu_c, wd_c = to_compute(p, lr[0]), to_compute(p, mu), to_compute(p, wd)
+        one_d_c, first = to_compute(p, one_d), step[0] == 0 if dampened else False
         for i in loop(p.size):
             b = load(buf, i) if momentum else mu_c
-            pi, b = _sgd(load(p, i), load(grad, i), b, lr_c, mu_c, wd_c, momentum, nesterov)
+            pi, b = _sgd(load(p, i), load(grad, i), b, lr_c, mu_c, wd_c, momentum, nesterov,
+                         dampened, one_d_c, first)
             if momentum:
                 store(buf, i, b)
             store(p, i, pi)
+        if dampened:
+            step[0] += 1
 
     return kernel
 
@@ -173,9 +179,11 @@ def _sgd_pairs_impl(p, d, c, buf, start, stop, lr, mu, wd, s, momentum, nesterov
         for i in range(start, stop, PAIR):
             j = i + LANES
             x, bx = _sgd(vload_at(p, i), vload_at(d, i) * s_v,
-                         vload_at(buf, i) if heavy else mu_v, lr_v, mu_v, wd, heavy, nest)
+                         vload_at(buf, i) if heavy else mu_v, lr_v, mu_v, wd, heavy, nest,
+                         False, mu_v, False)
             y, by = _sgd(vload_at(p, j), vload_at(d, j) * s_v,
-                         vload_at(buf, j) if heavy else mu_v, lr_v, mu_v, wd, heavy, nest)
+                         vload_at(buf, j) if heavy else mu_v, lr_v, mu_v, wd, heavy, nest,
+                         False, mu_v, False)
             if heavy:
                 vstore_at(buf, i, bx)
                 vstore_at(buf, j, by)
@@ -187,25 +195,30 @@ def _sgd_pairs_impl(p, d, c, buf, start, stop, lr, mu, wd, s, momentum, nesterov
 
 
 @functools.cache
-def multi_sgd_kernel(momentum: bool, nesterov: bool, parallel: bool):
-    """``kernel(count, models, diffs, copies, bufs, lr, skip_if, scale, mu, wd)`` (tuples of 1-D
-    views, ``common.pack`` s; ``bufs`` read and written only with ``momentum``): unless
-    skip_if[0], for every tensor ``k < count`` and element i ``g = diffs[k][i] * scale[0]``,
-    ``models[k][i], bufs[k][i] = sgd_element(...)``, ``copies[k][i] = models[k][i]`` rounded to
-    the copy's half type (``nesterov``: Nesterov momentum). Float32 models with bfloat16 copies
-    run ``PAIR`` elements a step (:func:`_sgd_pairs`), the last ``size % PAIR`` one at a time."""
+def multi_sgd_kernel(momentum: bool, nesterov: bool, dampened: bool, parallel: bool):
+    """``kernel(count, models, diffs, copies, bufs, lr, skip_if, scale, mu, wd, one_d, steps)``
+    (tuples of 1-D views, ``common.pack`` s; ``bufs`` read and written only with ``momentum``):
+    unless skip_if[0], for every tensor ``k < count`` and element i ``g = diffs[k][i] *
+    scale[0]``, ``models[k][i], bufs[k][i] = sgd_element(...)``, ``copies[k][i] = models[k][i]``
+    rounded to the copy's half type (``nesterov``: Nesterov momentum; ``dampened``: ``one_d``
+    and ``steps`` as :func:`sgd_kernel`'s ``step``, per tensor). Float32 models with bfloat16
+    copies run ``PAIR`` elements a step (:func:`_sgd_pairs`; not with ``dampened``), the last
+    ``size % PAIR`` one at a time."""
     loop = loop_for(parallel)
 
     @jit(parallel)
-    def kernel(count, models, diffs, copies, bufs, lr, skip_if, scale, mu, wd):
+    def kernel(count, models, diffs, copies, bufs, lr, skip_if, scale, mu, wd, one_d, steps):
         if skip_if[0] != 0:
             return
         p0 = models[0]
         lr_c, mu_c, wd_c = to_compute(p0, lr[0]), to_compute(p0, mu), to_compute(p0, wd)
-        s = to_compute(p0, scale[0])
+        s, one_d_c = to_compute(p0, scale[0]), to_compute(p0, one_d)
         for k in range(count):
             p, d, c, buf = models[k], diffs[k], copies[k], bufs[k]
-            n = _vector_pairs(p, d, c, buf) * PAIR
+            first = steps[k][0] == 0 if dampened else False
+            if dampened:
+                steps[k][0] += 1
+            n = 0 if dampened else _vector_pairs(p, d, c, buf) * PAIR
             if n > 0:
                 chunk = CHUNK if parallel else n
                 for q in loop((n + chunk - 1) // chunk):
@@ -215,7 +228,8 @@ def multi_sgd_kernel(momentum: bool, nesterov: bool, parallel: bool):
                 continue
             for i in loop(n, p.size):
                 b = load(buf, i) if momentum else mu_c
-                pi, b = _sgd(load(p, i), load(d, i) * s, b, lr_c, mu_c, wd_c, momentum, nesterov)
+                pi, b = _sgd(load(p, i), load(d, i) * s, b, lr_c, mu_c, wd_c, momentum, nesterov,
+                             dampened, one_d_c, first)
                 if momentum:
                     store(buf, i, b)
                 store(p, i, pi)
@@ -298,17 +312,22 @@ def _packed(arrays, part) -> tuple:
     return pack([flat(arrays[k]) for k in part])
 
 
-def multi_sgd_steps(models, diffs, copies, bufs, lr, skip_if, scale, mu, wd, nesterov):
+def multi_sgd_steps(models, diffs, copies, bufs, lr, skip_if, scale, mu, wd, nesterov, dampening,
+                    step_arrays):
     """A call of :func:`multi_sgd_kernel` per pack of tensors (``common.tensor_packs``; the models
-    stand in for the buffers without momentum: the kernel never touches them then)."""
+    stand in for the buffers without momentum, the skip_if for the step counts without
+    dampening: the kernel never touches them then)."""
     momentum, bufs = bufs is not None, models if bufs is None else bufs
+    dampened = step_arrays is not None
+    counts = step_arrays if dampened else [skip_if] * len(models)
     steps = []
     for part in tensor_packs(len(models)):
         size = sum(models[k].size for k in part)
-        kernel = multi_sgd_kernel(momentum, nesterov, use_parallel(size))
+        kernel = multi_sgd_kernel(momentum, nesterov, dampened, use_parallel(size))
         steps.append((kernel, (len(part), _packed(models, part), _packed(diffs, part),
                                _packed(copies, part), _packed(bufs, part), lr.reshape(-1),
-                               skip_if.reshape(-1), scale.reshape(-1), mu, wd)))
+                               skip_if.reshape(-1), scale.reshape(-1), mu, wd, 1.0 - dampening,
+                               _packed(counts, part))))
     return steps
 
 
@@ -342,11 +361,13 @@ def multi_adadelta_steps(models, diffs, copies, square_avgs, acc_deltas, steps, 
     return calls
 
 
-def sgd_steps(p, grad, lr, skip_if, buf, mu, wd, nesterov):
-    """One call of :func:`sgd_kernel` (a one-element stand-in for ``buf`` without momentum)."""
-    kernel = sgd_kernel(buf is not None, nesterov, use_parallel(p.size))
+def sgd_steps(p, grad, lr, skip_if, buf, mu, wd, nesterov, dampening, step):
+    """One call of :func:`sgd_kernel` (a one-element stand-in for ``buf`` without momentum, the
+    skip_if for ``step`` without dampening)."""
+    kernel = sgd_kernel(buf is not None, nesterov, step is not None, use_parallel(p.size))
     buf = flat(np.zeros(1, p.dtype)) if buf is None else flat(buf)
-    return [(kernel, (flat(p), flat(grad), lr.reshape(-1), skip_if.reshape(-1), buf, mu, wd))]
+    return [(kernel, (flat(p), flat(grad), lr.reshape(-1), skip_if.reshape(-1), buf, mu, wd,
+                      1.0 - dampening, (skip_if if step is None else step).reshape(-1)))]
 
 
 def adam_steps(p, grad, lr, skip_if, m, v, step, beta1, beta2, eps, wd, vmax):

@@ -65,29 +65,34 @@ def _rounding(ct):
 
 
 @functools.cache
-def multi_sgd_kernel(momentum: bool, nesterov: bool, cast: bool, ld, ct, st, ld_g, st_c):
-    """``kernel(ps, grads, bufs, copies, lr, skip_if, scale, mu, wd)``: for every ``k`` and
-    ``i``, ``ps[k][i], bufs[k][i] = sgd_element(...)`` with the learning rate ``lr[0]``, unless
-    skip_if[0] (``bufs`` is read and written only with ``momentum``; with ``cast`` the gradient
-    is ``grads[k][i] * scale[0]`` and ``copies[k][i]`` gets the new weight rounded, else neither
-    ``scale`` nor ``copies`` is touched; ``nesterov``: Nesterov momentum). ``ld``/``ct``/``st``:
-    the parameters' element types, ``ld_g``: the gradients' load, ``st_c``: the copies' store."""
+def multi_sgd_kernel(momentum: bool, nesterov: bool, dampened: bool, cast: bool, ld, ct, st,
+                     ld_g, st_c):
+    """``kernel(ps, grads, bufs, copies, lr, skip_if, scale, mu, wd, one_d, steps)``: for every
+    ``k`` and ``i``, ``ps[k][i], bufs[k][i] = sgd_element(...)`` with the learning rate
+    ``lr[0]``, unless skip_if[0] (``bufs`` is read and written only with ``momentum``; with
+    ``cast`` the gradient is ``grads[k][i] * scale[0]`` and ``copies[k][i]`` gets the new weight
+    rounded, else neither ``scale`` nor ``copies`` is touched; ``nesterov``: Nesterov momentum;
+    ``dampened``: ``one_d = 1 - dampening``, and the buffer's first step is ``steps[k][0] == 0``,
+    counted by :func:`multi_adam_step_kernel` after it, else neither is read).
+    ``ld``/``ct``/``st``: the parameters' element types, ``ld_g``: the gradients' load,
+    ``st_c``: the copies' store."""
     sgd, rnd = device(sgd_element), _rounding(ct)
 
     @jit
-    def kernel(ps, grads, bufs, copies, lr, skip_if, scale, mu, wd):
+    def kernel(ps, grads, bufs, copies, lr, skip_if, scale, mu, wd, one_d, steps):
         if skip_if[0] != 0:
             return
-        lr_c, mu_c, wd_c = ct(lr[0]), ct(mu), ct(wd)
+        lr_c, mu_c, wd_c, one_d_c = ct(lr[0]), ct(mu), ct(wd), ct(one_d)
         s = ct(scale[0]) if cast else ct(1.0)
         start, stride = cuda.grid(1), cuda.gridsize(1)
         offset = 0
         for k in range(len(ps)):
             p, grad, buf, copy = ps[k], grads[k], bufs[k], copies[k]
+            first = steps[k][0] == 0 if dampened else False
             for i in range(first_index(start, stride, offset), p.size, stride):
                 g = rnd(ld_g(grad[i]) * s) if cast else ct(ld_g(grad[i]))
                 pi, b = sgd(ld(p[i]), g, ld(buf[i]) if momentum else mu_c, lr_c, mu_c, wd_c,
-                            momentum, nesterov)
+                            momentum, nesterov, dampened, one_d_c, first)
                 if momentum:
                     buf[i] = st(b)
                 p[i] = st(pi)
@@ -170,7 +175,7 @@ def multi_adadelta_kernel(maximize: bool, cast: bool, ld, ct, st, ld_g, st_c):
 @functools.cache
 def multi_adam_step_kernel():
     """``kernel(skip_if, steps)``: ``steps[k][0] += 1`` for every k (thread k), unless
-    skip_if[0] (Adam's and Adadelta's step counters)."""
+    skip_if[0] (Adam's and Adadelta's step counters, SGD's with dampening)."""
 
     @jit
     def kernel(skip_if, steps):
@@ -185,25 +190,33 @@ def _label(op: str, ps) -> str:
     return f"{op} {short(ps[0].dtype)}" + (f" x{len(ps)}" if len(ps) > 1 else "")
 
 
-def multi_sgd_steps(ps, grads, lr, skip_if, bufs, mu, wd, nesterov, copies=None, scale=None):
+def multi_sgd_steps(ps, grads, lr, skip_if, bufs, mu, wd, nesterov, dampening, step_arrays,
+                    copies=None, scale=None):
     """Launches of :func:`multi_sgd_kernel` over parameters ``ps`` (lists; ``bufs`` None without
-    momentum: the parameters stand in for the buffers; ``copies`` and the f32[1] ``scale``: the
-    update with cast, else the parameters and ``lr`` stand in for them)."""
-    cast = copies is not None
+    momentum: the parameters stand in for the buffers; ``step_arrays`` None without dampening:
+    the learning rate stands in for them; with them each launch is followed by one of
+    :func:`multi_adam_step_kernel`; ``copies`` and the f32[1] ``scale``: the update with cast,
+    else the parameters and ``lr`` stand in for them)."""
+    cast, dampened = copies is not None, step_arrays is not None
     ld_g, st_c = types_of(grads[0])[0], types_of(copies[0] if cast else ps[0])[2]
-    kernel = multi_sgd_kernel(bufs is not None, nesterov, cast, *types_of(ps[0]), ld_g, st_c)
+    kernel = multi_sgd_kernel(bufs is not None, nesterov, dampened, cast, *types_of(ps[0]),
+                              ld_g, st_c)
     bufs = ps if bufs is None else bufs
     copies = copies if cast else ps
     op = "multi_tensor_sgd_update_with_cast" if cast else "sgd_update"
     steps = []
-    for part in chunks(list(range(len(ps))), 4 if cast else 3):
+    for part in chunks(list(range(len(ps))), (4 if cast else 3) + dampened):
         p = tuple(flat(ps[k]) for k in part)
+        t = tuple(flat(step_arrays[k]) for k in part) if dampened else (flat(lr),)
         steps += flat_steps(kernel, sum(a.size for a in p),
                             (p, tuple(flat(grads[k]) for k in part),
                              tuple(flat(bufs[k]) for k in part),
                              tuple(flat(copies[k]) for k in part) if cast else p, flat(lr),
-                             flat(skip_if), flat(scale if cast else lr), mu, wd),
-                            _label(op, p))
+                             flat(skip_if), flat(scale if cast else lr), mu, wd,
+                             1.0 - dampening, t), _label(op, p))
+        if dampened:
+            steps += flat_steps(multi_adam_step_kernel(), len(t), (flat(skip_if), t),
+                                _label("sgd_step", p))
     return steps
 
 
@@ -259,10 +272,11 @@ def multi_adadelta_steps(ps, grads, lr, skip_if, square_avgs, acc_deltas, step_a
     return steps
 
 
-def sgd_steps(p, grad, lr, skip_if, buf, mu, wd, nesterov):
-    """One ``sgd_update`` (``buf`` None without momentum): a group of one."""
+def sgd_steps(p, grad, lr, skip_if, buf, mu, wd, nesterov, dampening, step):
+    """One ``sgd_update`` (``buf`` None without momentum, ``step`` without dampening): a group
+    of one."""
     return multi_sgd_steps([p], [grad], lr, skip_if, None if buf is None else [buf], mu, wd,
-                           nesterov)
+                           nesterov, dampening, None if step is None else [step])
 
 
 def adam_steps(p, grad, lr, skip_if, m, v, step, beta1, beta2, eps, wd, vmax):
@@ -277,9 +291,12 @@ def adadelta_steps(p, grad, lr, skip_if, square_avg, acc_delta, step, rho, eps, 
                                 eps, wd, maximize)
 
 
-def sgd_cast_steps(models, diffs, copies, bufs, lr, skip_if, scale, mu, wd, nesterov):
-    """One ``multi_tensor_sgd_update_with_cast`` (``bufs`` None without momentum)."""
-    return multi_sgd_steps(models, diffs, lr, skip_if, bufs, mu, wd, nesterov, copies, scale)
+def sgd_cast_steps(models, diffs, copies, bufs, lr, skip_if, scale, mu, wd, nesterov, dampening,
+                   step_arrays):
+    """One ``multi_tensor_sgd_update_with_cast`` (``bufs`` None without momentum,
+    ``step_arrays`` without dampening)."""
+    return multi_sgd_steps(models, diffs, lr, skip_if, bufs, mu, wd, nesterov, dampening,
+                           step_arrays, copies, scale)
 
 
 def adam_cast_steps(models, diffs, copies, ms, vs, step_arrays, lr, skip_if, scale, beta1,
