@@ -260,7 +260,7 @@ def test_sgd_param_groups_with_different_dampening_follow_the_float64_oracle():
                                                              damp[1]]):
             g = g + w * p
             s["buf"] = g.copy() if k == 0 else 0.8 * s["buf"] + (1 - d) * g
-            p -= 0.05 * g * 0 + 0.05 * s["buf"]
+            p -= 0.05 * s["buf"]
     for k in range(30):
         if k == 10:
             opt.param_groups[0]["dampening"] = 0.25
