@@ -687,10 +687,10 @@ def test_mean_of_a_half_tensor_accumulates_in_float32_eager_and_traced(half):
                                       t.mean(1).float().numpy())
 
 
-def test_mean_over_nonempty_dims_of_an_empty_batch_is_empty_and_of_an_empty_dim_an_error():
+def test_mean_over_nonempty_dims_of_an_empty_batch_is_empty_and_of_an_empty_dim_nan():
     """``torch.mean`` of a (0, 3) tensor over dim 1 is empty, shape (0,): the count of each
-    mean is the size of the reduced dims (3), not numel(in) / numel(out); over dim 0 it would
-    be the mean of nothing (torch: NaN), which miniflow refuses naming the dims."""
+    mean is the size of the reduced dims (3), not numel(in) / numel(out); over dim 0 it is the
+    mean of nothing, NaN (miniflow refused it), eagerly and in build."""
     z = np.zeros((0, 3), np.float32)
 
     class G(nn.Graph):
@@ -700,12 +700,17 @@ def test_mean_over_nonempty_dims_of_an_empty_batch_is_empty_and_of_an_empty_dim_
     for got in (G()(z), (mf.tensor(z).mean(1), mf.tensor(z).mean(-1, keepdim=True))):
         assert [g.shape for g in got] == [np.mean(z, 1).shape, np.mean(z, -1, keepdims=True).shape]
     assert mf.tensor(np.zeros((2, 0, 3), np.float32)).mean((0, 2)).shape == (0,)
-    for dim in (0, None, (0, 1)):
-        with pytest.raises(ValueError, match=r"mean: dims \[0.*\] of shape \[0, 3\] hold no "
-                                             r"element"):
-            mf.tensor(z).mean(dim)
+    class H(nn.Graph):
+        def build(self, x):
+            return x.mean(0), x.mean(), x.mean((0, 1), keepdim=True)
+
+    for dim, want in ((0, np.full(3, np.nan)), (None, np.nan), ((0, 1), np.nan)):
+        np.testing.assert_array_equal(mf.tensor(z).mean(dim).numpy(), want)
+    for got, want in zip(H()(z), (np.full(3, np.nan), np.nan, np.full((1, 1), np.nan))):
+        np.testing.assert_array_equal(got.numpy(), want)
     if torch is not None:
         assert torch.zeros(0, 3).mean(1).shape == (0,)
+        assert torch.zeros(0, 3).mean(0).isnan().all()
 
 
 @pytest.mark.parametrize("name", ["sum", "mean"])

@@ -179,21 +179,68 @@ def test_every_row_ignored_gives_nan_mean_zero_sum_and_no_gradient_as_torch():
                                                          torch.tensor(every)))
 
 
-def test_an_empty_batch_names_cross_entropy_and_what_to_do():
-    """An empty batch with reduction "mean" was refused by ``Tensor.mean`` ("mean: reducing an
-    empty axis"), naming an op the user never called; PyTorch returns nan."""
-    empty = mf.tensor(np.zeros((0, 5), np.float32))
-    for kw in ({}, {"ignore_index": -100}):
-        with pytest.raises(ValueError, match=r"cross_entropy: the batch is empty \(input of "
-                                             r"shape \[0, 5\]\).*skip empty batches"):
-            nn.functional.cross_entropy(empty, np.zeros(0, np.int64), **kw)
-    assert nn.functional.cross_entropy(empty, np.zeros(0, np.int64), reduction="sum").numpy() == 0.0
-    model = nn.Module()
-    model.logits = nn.Parameter(np.zeros((0, 5), np.float32))   # a training batch of 0 rows
-    step = _IgnoreStep(model, lambda x, y: nn.functional.cross_entropy(x, y))
-    with pytest.raises(ValueError, match=r"cross_entropy: the batch is empty \(input of shape "
-                                         r"\[0, 5\]\)"):
-        step(mf.tensor(np.zeros(0, np.int64)))
+EMPTY_LOSSES = {
+    "cross_entropy": lambda F, x, t, y, w: F.cross_entropy(x, t),
+    "cross_entropy_ignore": lambda F, x, t, y, w: F.cross_entropy(x, t, ignore_index=-100),
+    "cross_entropy_smoothing": lambda F, x, t, y, w: F.cross_entropy(x, t, label_smoothing=0.1),
+    "cross_entropy_weight": lambda F, x, t, y, w: F.cross_entropy(x, t, weight=w),
+    "nll_loss": lambda F, x, t, y, w: F.nll_loss(x, t),
+    "mse_loss": lambda F, x, t, y, w: F.mse_loss(x, y),
+    "l1_loss": lambda F, x, t, y, w: F.l1_loss(x, y),
+    "binary_cross_entropy_with_logits":
+        lambda F, x, t, y, w: F.binary_cross_entropy_with_logits(x, y),
+    "kl_div": lambda F, x, t, y, w: F.kl_div(x, y, reduction="mean"),
+    "kl_div_batchmean": lambda F, x, t, y, w: F.kl_div(x, y, reduction="batchmean"),
+    "mean": lambda F, x, t, y, w: x.mean(),
+    "mean0": lambda F, x, t, y, w: x.mean(0).sum(),
+}
+"""Mean-reduced losses of a batch of 0 rows: ``(functional, logits, labels, targets, class
+weights) -> loss`` (miniflow's or torch's functional)."""
+
+
+class _EmptyStep(nn.Graph):
+    """A linear layer on a static batch of 0 rows, one SGD step of lr 1 (momentum, no weight
+    decay): the parameters move by their gradient."""
+
+    def __init__(self, fn, amp=False):
+        super().__init__()
+        mf.manual_seed(0)
+        self.fc, self.fn = nn.Linear(3, 5), fn
+        self.add_optimizer(mf.optim.SGD(self.fc.parameters(), lr=1.0, momentum=0.9))
+        if amp:
+            self.config.enable_amp(True, dtype=mf.float16)
+
+    def build(self, x, t, y):
+        loss = self.fn(nn.functional, self.fc(x), t, y, np.ones(5, np.float32))
+        loss.backward()
+        return loss
+
+
+@pytest.mark.parametrize("name", sorted(EMPTY_LOSSES))
+def test_the_mean_of_an_empty_batch_is_nan_with_zero_parameter_gradients_as_torch(name):
+    """An empty batch with reduction "mean" was refused (cross_entropy: "the batch is empty";
+    the others: "mean: dims [0, 1] of shape [0, 5] hold no element"); PyTorch's loss is nan
+    (the mean of nothing) and its parameters' gradients are zeros (the gradient of 0 rows):
+    eagerly, and in build (float32 and under AMP) one SGD step leaves the parameters as they
+    were, no NaN in them; reduction "sum" is 0."""
+    fn = EMPTY_LOSSES[name]
+    x, t, y = (np.zeros((0, 3), np.float32), np.zeros(0, np.int64),
+               np.zeros((0, 5), np.float32))
+    assert np.isnan(fn(nn.functional, mf.tensor(np.zeros((0, 5), np.float32)), mf.tensor(t),
+                       mf.tensor(y), np.ones(5, np.float32)).numpy())
+    for amp in (False, True):
+        step = _EmptyStep(fn, amp)
+        before = [p.numpy().copy() for p in step.fc.parameters()]
+        assert np.isnan(step(mf.tensor(x), mf.tensor(t), mf.tensor(y)).numpy())
+        for b, p in zip(before, step.fc.parameters()):
+            np.testing.assert_array_equal(p.numpy(), b)
+    assert nn.functional.cross_entropy(mf.tensor(y), t, reduction="sum").numpy() == 0.0
+    torch = pytest.importorskip("torch")
+    fc = torch.nn.Linear(3, 5)
+    loss = fn(torch.nn.functional, fc(torch.zeros(0, 3)), torch.zeros(0, dtype=torch.long),
+              torch.zeros(0, 5), torch.ones(5))
+    loss.backward()
+    assert torch.isnan(loss) and not fc.weight.grad.any() and not fc.bias.grad.any()
 
 
 def test_a_label_of_minus_100_without_ignore_index_says_how_to_ignore_it():
@@ -452,15 +499,11 @@ def test_l1_loss_and_its_gradient_match_the_float64_oracle_and_torch(reduction):
 
 def test_l1_loss_refuses_the_deprecated_arguments_where_a_third_argument_lands_in_torch():
     """``l1_loss(x, t, "sum")`` is ``size_average="sum"`` in PyTorch (its legacy rule then
-    averages): refused, naming the keyword to use; the mean of nothing is refused as
-    ``mse_loss``'s."""
+    averages): refused, naming the keyword to use."""
     with pytest.raises(ValueError, match=r"l1_loss: size_average and reduce are deprecated"):
         nn.functional.l1_loss(mf.tensor(LOGITS), LOGITS, "sum")
     with pytest.raises(ValueError, match=r"l1_loss: size_average and reduce are deprecated"):
         nn.L1Loss(reduce=False)
-    empty = np.zeros(0, np.float32)       # PyTorch: nan; here the mean's error
-    with pytest.raises(ValueError, match=r"mean: dims \[0\] of shape \[0\] hold no element"):
-        nn.functional.l1_loss(mf.tensor(empty), empty)
 
 
 class _AmpStep(nn.Graph):

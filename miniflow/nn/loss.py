@@ -109,11 +109,11 @@ def cross_entropy(input: Tensor, target, weight=None, size_average=None,
 
     Raises:
         ValueError: an unknown reduction; label_smoothing not a number in [0, 1] (PyTorch's
-            "must be between 0.0 and 1.0"); an empty batch with reduction "mean" (the mean of
-            no rows); shape errors from the op name both shapes. Targets outside [0, C) (other
-            than ``ignore_index``) raise ValueError when the graph runs, naming the first one.
-            ``size_average`` / ``reduce`` given (PyTorch's deprecated arguments); a weight with
-            label_smoothing (not supported); a weight :func:`nll_loss` refuses.
+            "must be between 0.0 and 1.0"); shape errors from the op name both shapes.
+            Targets outside [0, C) (other than ``ignore_index``) raise ValueError when the
+            graph runs, naming the first one. ``size_average`` / ``reduce`` given (PyTorch's
+            deprecated arguments); a weight with label_smoothing (not supported); a weight
+            :func:`nll_loss` refuses. (An empty batch with "mean" is nan, as PyTorch's.)
         TypeError: ``ignore_index`` not an int; a string as ``weight`` (a reduction given
             positionally: it is the seventh argument, as PyTorch's).
     """
@@ -123,11 +123,6 @@ def cross_entropy(input: Tensor, target, weight=None, size_average=None,
         return nll_loss(input.log_softmax(1), target, weight,
                         ignore_index=-100 if ignore_index is None else ignore_index,
                         reduction=reduction)
-    if reduction == "mean" and input.ndim == 2 and input.shape[0] == 0:
-        raise ValueError(f"cross_entropy: the batch is empty (input of shape "
-                         f"{list(input.shape)}): reduction='mean' of no rows has no value "
-                         f"(PyTorch returns nan); skip empty batches (drop_last=True, or a "
-                         f"check of len(batch)), or use reduction='sum'")
     eps = float(label_smoothing)
     labels = target if isinstance(target, Tensor) else tensor(target)
     if ignore_index is not None and labels.dtype is int64:
@@ -224,8 +219,8 @@ def mse_loss(input: Tensor, target, size_average=None, reduce=None,
     Raises:
         ValueError: an unknown reduction; ``size_average`` or ``reduce`` given (PyTorch's
             deprecated arguments; a positional third argument lands there); shapes that differ
-            (PyTorch broadcasts them with a warning that the result is likely wrong); "mean" of
-            an empty input; a weight of another shape than ``input``.
+            (PyTorch broadcasts them with a warning that the result is likely wrong); a weight
+            of another shape than ``input``. ("mean" of an empty input is nan, as PyTorch's.)
         TypeError: ``target`` or ``weight`` of another dtype than ``input`` (naming both).
     """
     _legacy("mse_loss", size_average, reduce)
@@ -310,8 +305,8 @@ def l1_loss(input: Tensor, target, size_average=None, reduce=None,
     Raises:
         ValueError: an unknown reduction; ``size_average`` or ``reduce`` given (PyTorch's
             deprecated arguments; a positional third argument lands there); shapes that differ
-            (PyTorch broadcasts them with a warning); "mean" of an empty input (PyTorch: nan); a
-            weight of another shape than ``input``.
+            (PyTorch broadcasts them with a warning); a weight of another shape than ``input``.
+            ("mean" of an empty input is nan, as PyTorch's.)
         TypeError: ``target`` or ``weight`` of another dtype than ``input`` (naming both).
     """
     _legacy("l1_loss", size_average, reduce)

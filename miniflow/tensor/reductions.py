@@ -257,22 +257,19 @@ class Reductions:
         ``reduce_sum`` then ``scalar_mul(1/n)`` (no mean op type). A float16 / bfloat16 input is
         cast to float32 first and the mean cast back at the end (one rounding), as PyTorch
         accumulates half types in float32: a float16 sum beyond 65504 does not make the mean inf.
+        The mean of nothing (reduced dims of size 0: ``zeros(0).mean()``, a (0, 3) tensor's
+        ``mean(0)``) is NaN, as PyTorch's (``scalar_mul`` by NaN); its gradient is the input's
+        empty one, so nothing before it gets a NaN.
 
         Raises:
-            TypeError: as :meth:`sum`. ValueError: the reduced dims hold no element while
-                the result has some (a (0, 3) tensor's ``mean(1)`` is empty, its
-                ``mean(0)`` an error).
+            TypeError: as :meth:`sum`.
         """
         dim, keepdim = _reduce_args("mean", dim, keepdim, axis, keepdims)
         x = self.to("float32") if self.dtype.is_half else self
         s = x.sum(dim, keepdim)
         axes = norm_axes("mean", dim, self.ndim) if self.ndim else ()
         n = math.prod(self.shape[a] for a in axes)   # the count of each mean: the reduced dims
-        if n == 0 and 0 not in s.shape:
-            raise ValueError(f"mean: dims {list(axes)} of shape {list(self.shape)} hold no "
-                             f"element (the mean of nothing; PyTorch gives NaN): skip empty "
-                             f"inputs or reduce over dims of nonzero size")
-        m = apply("scalar_mul", [s], scalar=1.0 / max(n, 1))
+        m = apply("scalar_mul", [s], scalar=1.0 / n if n else math.nan)
         return m.to(self.dtype) if self.dtype.is_half else m
 
 
