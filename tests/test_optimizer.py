@@ -246,13 +246,14 @@ def test_sgd_dampening_follows_torch_and_the_float64_oracle(dampening, weight_de
 
 
 def test_sgd_param_groups_with_different_dampening_follow_the_float64_oracle():
-    """Two groups (the weight damped 0.5 with weight decay, the bias 0.9 without), and the
+    """Two groups (the weight damped 0.5 with weight decay, the bias 0.9 without), the
     weight's dampening changed to 0.25 after 10 steps (a compiled key: the graph recompiles,
-    the buffers continue)."""
+    the buffers continue) and a StepLR halving both learning rates every 7 steps."""
     model = _start()
     opt = mf.optim.SGD([{"params": [model.weight], "dampening": 0.5, "weight_decay": 0.1},
                         {"params": [model.bias], "dampening": 0.9}], lr=0.05, momentum=0.8)
     fit = MseFit(model, opt)
+    schedule = lr_scheduler.StepLR(opt, step_size=7, gamma=0.5)
     wd, damp = [0.1, 0.0], [0.5, 0.9]
 
     def update(k, params, grads, state):
@@ -260,14 +261,34 @@ def test_sgd_param_groups_with_different_dampening_follow_the_float64_oracle():
                                                              damp[1]]):
             g = g + w * p
             s["buf"] = g.copy() if k == 0 else 0.8 * s["buf"] + (1 - d) * g
-            p -= 0.05 * s["buf"]
+            p -= 0.05 * 0.5 ** (k // 7) * s["buf"]
     for k in range(30):
         if k == 10:
             opt.param_groups[0]["dampening"] = 0.25
         fit(mf.tensor(_X[k]), mf.tensor(_Y[k]))
+        schedule.step()
     _close([model.weight.numpy(), model.bias.numpy()], _numpy_run(update))
     assert [n.attrs["dampening"] for n in fit.ir.nodes if n.op.name == "sgd_update"] \
         == [0.25, 0.9]
+
+
+def test_sgd_dampening_first_step_is_the_first_step_the_grad_scaler_takes():
+    """The grad scaler skips the first two steps (an inf in their inputs): the buffers stay
+    unset (PyTorch's scaler skips ``optimizer.step()``), so the first step taken is the
+    undamped one."""
+    hyper = dict(lr=0.05, momentum=0.9, dampening=0.5)
+    model = _start()
+    opt = mf.optim.SGD(model.parameters(), **hyper)
+    fit = MseFit(model, opt)
+    fit.set_grad_scaler(mf.amp.GradScaler(init_scale=1.0))
+    for k in range(12):
+        x = _X[k].copy()
+        x[0, 0] = np.inf if k < 2 else x[0, 0]
+        fit(mf.tensor(x), mf.tensor(_Y[k]))
+    assert opt.num_skipped_steps == 2
+    oracle = _sgd_oracle(nesterov=False, weight_decay=0.0, **hyper)
+    _close([model.weight.numpy(), model.bias.numpy()],
+           _numpy_run(lambda k, *a: None if k < 2 else oracle(k, *a), steps=12))
 
 
 def test_sgd_dampening_state_dict_round_trips_with_torch_exactly():
