@@ -515,6 +515,43 @@ def test_sgd_update(mu, wd, dt):
 
 
 @pytest.mark.parametrize("dt", [float32, float64], ids=lambda d: d.short)
+def test_sgd_update_with_dampening_counts_its_steps_and_takes_the_first_undamped(dt):
+    """``sgd_update`` {dampening}: at step 0 the buffer is the gradient, then ``mu * buf + (1 -
+    dampening) * g`` (PyTorch's); the step count counts the steps taken, not a skipped one.
+    Without the step input, or with nesterov, the op is refused."""
+    rng = np.random.default_rng(15)
+    p, g = rand(rng, (3, 4), dt), rand(rng, (3, 4), dt)
+    ins = [p.copy(), g, np.array([0.1]), np.zeros(1, np.int64), rand(rng, (3, 4), dt),
+           np.zeros(1, np.int64)]
+    attrs = {"momentum": 0.9, "dampening": 0.3, "weight_decay": 0.01}
+    node = Node(get_op("sgd_update"), [Value(f"i{k}", a.shape, a.dtype) for k, a in enumerate(ins)],
+                [], attrs)
+    steps = builder_for(node.op)(node, ins, [])
+    want_p, g64 = f64(p, g)
+    for k in range(3):
+        for fn, args in steps:
+            fn(*args)
+        d = g64 + 0.01 * want_p
+        buf = d if k == 0 else 0.9 * buf + 0.7 * d
+        want_p = want_p - 0.1 * buf
+    check(ins[0], want_p, dt)
+    check(ins[4], buf, dt)
+    assert ins[5][0] == 3
+    ins[3][0] = 1                                      # skip_if: no step, no count
+    before = [a.copy() for a in ins]
+    for fn, args in steps:
+        fn(*args)
+    assert all(np.array_equal(a.view(np.uint8), b.view(np.uint8)) for a, b in zip(ins, before))
+    vals = [Value(f"i{k}", a.shape, a.dtype) for k, a in enumerate(ins)]
+    vals[0].kind = "variable"
+    with pytest.raises(ValueError, match="sgd_update: expects 6 inputs, got 5"):
+        get_op("sgd_update").infer(vals[:5], get_op("sgd_update").normalize(vals[:5], dict(attrs)))
+    with pytest.raises(ValueError, match=r"nesterov=True needs momentum > 0 and dampening 0, got "
+                                         r"momentum 0.9, dampening 0.3"):
+        get_op("sgd_update").normalize(vals, dict(attrs, nesterov=True))
+
+
+@pytest.mark.parametrize("dt", [float32, float64], ids=lambda d: d.short)
 @pytest.mark.parametrize("wd", [0.0, 0.01])
 def test_adam_update(wd, dt):
     rng = np.random.default_rng(15)
