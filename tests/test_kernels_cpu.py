@@ -528,11 +528,12 @@ def test_sgd_update_with_dampening_counts_its_steps_and_takes_the_first_undamped
                 [], attrs)
     steps = builder_for(node.op)(node, ins, [])
     want_p, g64 = f64(p, g)
-    for k in range(3):
+    buf = None                                         # PyTorch's: no buffer before step 1
+    for _ in range(3):
         for fn, args in steps:
             fn(*args)
         d = g64 + 0.01 * want_p
-        buf = d if k == 0 else 0.9 * buf + 0.7 * d
+        buf = d if buf is None else 0.9 * buf + 0.7 * d
         want_p = want_p - 0.1 * buf
     check(ins[0], want_p, dt)
     check(ins[4], buf, dt)
