@@ -406,6 +406,7 @@ def test_a_torch_state_dict_of_half_precision_state_loads_bit_for_bit(dtype):
     and float32 state not exact in bfloat16 too ("must be a count >= 0 that bfloat16 holds")."""
     torch = pytest.importorskip("torch")
     tdt = getattr(torch, dtype)
+    torch.manual_seed(0)    # unseeded, 5 weights in 200 made torch's float16 exp_avg NaN
     tmodel = torch.nn.Linear(4, 3).to(tdt)
     topt = torch.optim.AdamW(tmodel.parameters(), lr=0.01)
     for seed in (1, 2):
