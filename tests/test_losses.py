@@ -216,6 +216,7 @@ class _EmptyStep(nn.Graph):
         return loss
 
 
+@pytest.mark.filterwarnings("ignore:reduction. 'mean' divides:UserWarning")   # torch's kl_div
 @pytest.mark.parametrize("name", sorted(EMPTY_LOSSES))
 def test_the_mean_of_an_empty_batch_is_nan_with_zero_parameter_gradients_as_torch(name):
     """An empty batch with reduction "mean" was refused (cross_entropy: "the batch is empty";
