@@ -189,3 +189,17 @@ def test_slices_that_overlap_or_leave_gaps_are_summed(parts):
     for i, (a, b) in enumerate(parts):
         want[:, a:b] += i + 1.0
     np.testing.assert_allclose(grad, want, rtol=1e-5)
+
+
+def test_int64_values_computed_from_a_parameter_get_no_gradient():
+    """An int64 value that depends on a parameter (its cast, then ``clone``, ``flip``, an index,
+    ``cumsum``, ``amax``: ops that take int64) carries no gradient, as in PyTorch: the step
+    trains through the float path alone, and no backward op takes an int64 value."""
+    def loss(x):
+        ids = x.long().clone().flip(1)[[3, 0]].cumsum(0)
+        return (x[:, :2] * W).sum() + ids.amax().float() + ids.float().sum() * 0.0
+
+    _, grad, ops = _SplitGraph.run(loss)
+    np.testing.assert_allclose(grad[:, :2], W, rtol=1e-6)
+    assert not grad[:, 2:].any()
+    assert "unsorted_segment_sum_like" not in ops and "cumsum_grad" not in ops, ops

@@ -83,10 +83,10 @@ def test_a_1d_bool_mask_selects_its_true_rows_as_pytorch(key):
     np.testing.assert_array_equal(mf.tensor(X)[key].numpy(), X[[0, 2]])
 
 
-def test_eager_int64_tensors_clone_index_flip_and_select_exactly():
-    """``labels[perm]``, ``ids.clone()``, ``ids.flip(0)`` and ``index_select`` of an eager int64
-    tensor raised (ops identity and gather take floating tensors); eagerly they copy with NumPy,
-    exactly beyond 2**53; inside build they still name the op."""
+def test_int64_tensors_clone_index_flip_and_select_exactly_eager_and_in_build():
+    """``labels[perm]``, ``ids.clone()``, ``ids.flip(0)`` and ``index_select`` of an int64
+    tensor raised (ops identity and gather took floating tensors); they copy exactly beyond
+    2**53, eagerly and inside build."""
     big = np.array([[1, 2, 3], [4, 5, 6]], np.int64) * 2 ** 60
     t = mf.tensor(big)
     copy = t.clone()
@@ -98,12 +98,16 @@ def test_eager_int64_tensors_clone_index_flip_and_select_exactly():
     np.testing.assert_array_equal(t.flip(1).numpy(), big[:, ::-1])
     np.testing.assert_array_equal(t.index_select(1, [2, 0]).numpy(), big[:, [2, 0]])
 
-    class Flip(nn.Graph):
-        def build(self, x):
-            return x.long().flip(0).float()
 
-    with pytest.raises(TypeError, match="gather: input .* must be floating point"):
-        Flip()(np.ones(3, np.float32))
+    class Take(nn.Graph):
+        def build(self, x):
+            return (x.clone(), x[[1, 0]], x[mf.tensor(np.array([1, 1]))], x[:, [-1]], x.flip(1),
+                    x.index_select(1, [2, 0]), x.long().flip(0))
+
+    wants = (big, big[[1, 0]], big[[1, 1]], big[:, [-1]], big[:, ::-1], big[:, [2, 0]], big[::-1])
+    for got, want in zip(Take()(t), wants):
+        assert got.dtype is mf.int64
+        np.testing.assert_array_equal(got.numpy(), want)
 
 
 def test_an_out_of_range_tensor_index_is_named_eagerly():
@@ -1504,6 +1508,22 @@ def test_topk_inside_build_trains_and_equals_eager(dim, largest):
     np.testing.assert_allclose((x - model.x.numpy())[known], grad[known], rtol=1e-6, atol=1e-6)
 
 
+def test_topk_and_sort_of_int64_inside_build_equal_eager():
+    """``topk`` and ``sort`` of an int64 tensor inside build raised (op top_k took floating
+    tensors); they equal the eager results (NumPy), exact beyond 2**53, ties in index order."""
+    ids = np.array([[5, -2 ** 62, 2 ** 62 + 1, 2 ** 62, 5], [0, 3, 3, -1, 2]], np.int64)
+    calls = (lambda x: x.topk(3), lambda x: x.topk(2, dim=0, largest=False),
+             lambda x: x.sort(1, descending=True))
+    for fn in calls:
+        eager = fn(mf.tensor(ids))
+        built = _TopInBuild(lambda x: tuple(fn(x)))(mf.tensor(ids))
+        for got, want in zip(built, eager):
+            assert got.dtype is mf.int64
+            np.testing.assert_array_equal(got.numpy(), want.numpy())
+    np.testing.assert_array_equal(calls[0](mf.tensor(ids)).values.numpy(),
+                                  -np.sort(-ids, axis=1)[:, :3])
+
+
 def test_topk_accuracy_in_an_eval_graph_as_the_imagenet_example():
     """PyTorch's ImageNet example's ``accuracy``: ``_, pred = output.topk(maxk, 1, True,
     True); pred.t().eq(target.view(1, -1).expand_as(pred))``; inside an eval graph under AMP the
@@ -1556,9 +1576,6 @@ def test_topk_and_multinomial_refuse_what_pytorch_refuses():
         mf.ones(3).multinomial(4)
     with pytest.raises(RuntimeError, match="not enough non-negative category"):
         mf.tensor(np.array([1.0, 0.0, 0.0])).multinomial(2)
-    with pytest.raises(TypeError, match="topk: a int64 tensor inside build .op top_k takes "
-                                        "floating tensors.: cast it with .float.. first"):
-        _TopInBuild(lambda x: x.long().topk(2).values)(_first((2, 5)))
     weights = nn.Parameter(np.ones((2, 3), np.float32))     # eager inside build until used
     for fn in (lambda x: x.softmax(-1).multinomial(1), lambda x: weights.multinomial(1) + x):
         with pytest.raises(RuntimeError, match="multinomial: miniflow has no multinomial op, so "

@@ -447,12 +447,20 @@ def test_new_factories_take_the_tensors_dtype():
 
 
 def test_cumsum_of_int64_and_0d_tensors_and_float16_as_pytorch():
-    """An int64 tensor eagerly (exact, with NumPy), a 0-d one, float16 summed in float32."""
-    i = np.array([[2 ** 40, 1, -3], [5, 2 ** 40, 7]])
-    got = mf.tensor(i).cumsum(1)
-    assert got.dtype == mf.int64
-    np.testing.assert_array_equal(got.numpy(), np.cumsum(i, 1))
+    """An int64 tensor exact in int64, eagerly and inside build (which refused it: op cumsum
+    took floating tensors), a 0-d one, float16 summed in float32."""
+    i = np.array([[2 ** 62, 1, -3], [5, 2 ** 53 + 1, 7]])
+
+    class G(nn.Graph):
+        def build(self, x):
+            return x.cumsum(0), x.cumsum(1)
+
+    for got, want in zip((mf.tensor(i).cumsum(0), mf.tensor(i).cumsum(1)) + G()(mf.tensor(i)),
+                         (np.cumsum(i, 0), np.cumsum(i, 1)) * 2):
+        assert got.dtype == mf.int64
+        np.testing.assert_array_equal(got.numpy(), want)
     assert mf.tensor(np.float32(3.0)).cumsum(0).numpy() == np.float32(3.0)
+    assert mf.tensor(np.int64(-4)).cumsum(0).numpy() == -4
     h = np.full(3000, 1.0, np.float16)      # float16 steps of 2 from 2048: a float16 sum stops
     np.testing.assert_array_equal(mf.tensor(h).cumsum(0).numpy(),
                                   np.cumsum(h.astype(np.float32)).astype(np.float16))
@@ -460,12 +468,46 @@ def test_cumsum_of_int64_and_0d_tensors_and_float16_as_pytorch():
         np.testing.assert_array_equal(mf.tensor(i).cumsum(0).numpy(),
                                       torch.tensor(i).cumsum(0).numpy())
 
+
+I64 = np.array([[2 ** 62 + 1, -3, 7, 7], [5, -2 ** 62, 0, -2 ** 62]], np.int64)
+"""int64 values a float64 path would round (2**62 + 1)."""
+
+INT64_CASES = {   # name: (miniflow function, NumPy oracle of the same dtype)
+    "floor": (lambda t: t.floor(), np.floor), "round": (lambda t: t.round(), np.round),
+    "log1p": (lambda t: t.log1p(), lambda a: np.log1p(a.astype(np.float32))),
+    "amax": (lambda t: t.amax(1), lambda a: a.max(1)),
+    "amax_all": (lambda t: t.amax(), lambda a: a.max()),
+    "amax_keepdim": (lambda t: t.amax(0, keepdim=True), lambda a: a.max(0, keepdims=True)),
+    "amin": (lambda t: t.amin(1), lambda a: a.min(1)),
+    "amin_dims": (lambda t: t.amin((1, 0), keepdim=True), lambda a: a.min((0, 1), keepdims=True)),
+}
+
+
+@pytest.mark.parametrize("name", sorted(INT64_CASES))
+def test_int64_floor_round_log1p_amax_amin_as_pytorch_eager_and_in_build(name):
+    """They raised for an int64 tensor (ops floor, round, log1p, reduce_max take floating
+    tensors); now PyTorch's: floor and round a copy (int64), log1p float32 (type promotion),
+    amax and amin the int64 extremes, exact, eagerly and inside build."""
+    fn, oracle = INT64_CASES[name]
+
     class G(nn.Graph):
         def build(self, x):
-            return x.cumsum(0)
+            return fn(x)
 
-    with pytest.raises(TypeError, match="int64 tensor inside build"):
-        G()(mf.tensor(i))
+    with np.errstate(invalid="ignore"):     # log1p of a negative: NaN
+        want = np.asarray(oracle(I64))
+    want = want.astype(np.int64) if name in ("floor", "round") else want
+    for got in (fn(mf.tensor(I64)), G()(mf.tensor(I64))):
+        assert got.dtype.np == want.dtype and got.shape == want.shape
+        np.testing.assert_array_equal(got.numpy(), want)
+    if torch is not None:                   # the same calls on a torch tensor
+        np.testing.assert_array_equal(fn(mf.tensor(I64)).numpy(), fn(torch.tensor(I64)).numpy())
+
+
+def test_round_decimals_of_int64_is_refused_as_pytorch():
+    with pytest.raises(RuntimeError, match=r"round\(\): decimals=1 of a int64 tensor is not "
+                                           r"implemented .*\.to\(miniflow.float64\)"):
+        mf.tensor(I64).round(decimals=1)
 
 
 def test_names_not_there_yet_say_what_to_write():

@@ -35,6 +35,15 @@ def check_float(op: str, *vals) -> DType:
     return dt
 
 
+def float_or_int64(op: str, *vals) -> DType:
+    """The dtype of ``vals``: one floating dtype, or int64 for all (OneFlow's ops of any dtype:
+    ``identity``, ``gather``; an int64 one gets no gradient). Raises TypeError as
+    :func:`check_float`."""
+    if all(v.dtype is int64 for v in vals):
+        return int64
+    return check_float(op, *vals)
+
+
 def norm_axes(op: str, axis, ndim: int) -> tuple:
     """Normalise ``axis`` (None, int or sequence) to a sorted tuple of non-negative ints."""
     if axis is None:
@@ -123,6 +132,6 @@ def float_samples(make):
     return out
 
 
-__all__ = ["FLOATS", "fmt", "check_arity", "check_float", "norm_axes", "broadcast_shape",
-           "unbroadcast", "y_dy_infer", "rounded", "rand", "rng", "float_samples", "int64",
-           "float32"]
+__all__ = ["FLOATS", "fmt", "check_arity", "check_float", "float_or_int64", "norm_axes",
+           "broadcast_shape", "unbroadcast", "y_dy_infer", "rounded", "rand", "rng",
+           "float_samples", "int64", "float32"]

@@ -23,8 +23,8 @@ import math
 
 import numpy as np
 
-from .common import (broadcast_shape, check_arity, check_float, float_samples, fmt, rand,
-                     unbroadcast, y_dy_infer)
+from .common import (broadcast_shape, check_arity, check_float, float_or_int64, float_samples,
+                     fmt, rand, unbroadcast, y_dy_infer)
 from .registry import register
 
 
@@ -282,12 +282,21 @@ def softplus_derivative(x, beta, threshold):
 
 
 # ------------------------------------------------------------------------------ the declaration
-def _unary_infer(op):
+def _unary_infer(op, check=check_float):
     def infer(inputs, attrs):
         check_arity(op, inputs, 1)
-        dt = check_float(op, inputs[0])
+        dt = check(op, inputs[0])
         return [(inputs[0].shape, dt)]
     return infer
+
+
+def _any_dtype_samples():
+    """:func:`unary_samples` and int64 ones (large values, which a float64 path would round),
+    of an op OneFlow runs on any dtype (``identity``)."""
+    r = np.random.default_rng(8)
+    ints = [([r.integers(-2 ** 62, 2 ** 62, (3, 4))], {}),
+            ([np.array([0, 1, -1, 2 ** 53 + 1], np.int64)], {})]
+    return lambda: unary_samples()() + ints
 
 
 def _binary_infer(op):
@@ -356,7 +365,8 @@ def elementwise(name: str, scalar, reference, *, amp: str | None, amp_note: str 
             without one must be given.
     """
     def ref(arrays, attrs):
-        return [np.asarray(reference(*arrays, *op.scalar_args(attrs)), np.float64)]
+        out = np.asarray(reference(*arrays, *op.scalar_args(attrs)))
+        return [out if out.dtype == np.int64 else out.astype(np.float64)]
 
     unary = scalar.__code__.co_argcount - len(scalar_attrs) == 1
     default_infer = _unary_infer(name) if unary else _binary_infer(name)
@@ -389,7 +399,9 @@ def _sigmoid_ref(x):
 elementwise("negative", neg, np.negative, amp=None, amp_note="not in OneFlow's lists",
             grad=lambda n, gs, emit: [emit("negative", gs[0])], doc="out = -x")
 elementwise("identity", identity, np.copy, amp="clear",
-            grad=lambda n, gs, emit: [emit("identity", gs[0])], doc="out = x (a copy)")
+            infer=_unary_infer("identity", float_or_int64), samples=_any_dtype_samples(),
+            grad=lambda n, gs, emit: [emit("identity", gs[0])],
+            doc="out = x (a copy; floating or int64)")
 elementwise("exp", exp, np.exp, amp=None,
             amp_note="not in OneFlow's lists (PyTorch's autocast also runs exp in float32)",
             grad=lambda n, gs, emit: [emit("broadcast_mul", gs[0], n.outputs[0])],

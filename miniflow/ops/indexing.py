@@ -10,7 +10,8 @@ attributes (``oneflow/user/ops/gather_op.cpp``, ``unsorted_segment_sum_op.cpp``,
 ``torch.tril``, ``Tensor.masked_fill``).
 
 * ``gather(in, indices)`` {axis 0}: ``out = in`` indexed by the int64 ``indices`` along ``axis``,
-  shape ``in.shape[:axis] + indices.shape + in.shape[axis + 1:]``. An index outside
+  shape ``in.shape[:axis] + indices.shape + in.shape[axis + 1:]``; ``in`` floating point or
+  int64 (no gradient; OneFlow's takes any dtype). An index outside
   ``[0, in.shape[axis])`` is an error (the CPU kernel raises and the executor names the first
   offending index and where it is; a CUDA kernel cannot raise and writes NaN there instead, as
   the cross-entropy kernels do for a bad label). Gradient (OneFlow's ``gather`` backward):
@@ -73,7 +74,7 @@ import numpy as np
 
 from ..dtype import int64
 from ..ir import format_shape
-from .common import check_arity, check_float, float_samples, fmt, rand
+from .common import check_arity, check_float, float_or_int64, float_samples, fmt, rand
 from .registry import register
 
 __all__ = ["slice_attrs", "slice_index", "first_bad", "cat_slices"]
@@ -103,10 +104,10 @@ def _gather_infer(inputs, attrs):
     op = "gather"
     check_arity(op, inputs, 2)
     x, idx = inputs
-    check_float(op, x)
+    dt = float_or_int64(op, x)
     _check_indices(op, "indices", idx)
     axis = attrs["axis"]
-    return [(x.shape[:axis] + idx.shape + x.shape[axis + 1:], x.dtype)]
+    return [(x.shape[:axis] + idx.shape + x.shape[axis + 1:], dt)]
 
 
 def first_bad(idx: np.ndarray, n: int, low: int = 0):
@@ -153,13 +154,22 @@ def _gather_samples():
                 ([rand(3, 2, dtype=dt, r=r), np.zeros(0, np.int64)], {"axis": 0}),
                 ([np.array([[np.nan, 1.0], [np.inf, 2.0]], dt), np.array([1, 0, 1], np.int64)],
                  {"axis": 0})]
-    return float_samples(make)
+    r = np.random.default_rng(32)
+    return float_samples(make) + [
+        ([r.integers(-2 ** 62, 2 ** 62, (4, 3)), np.array([3, 0, 0, 2], np.int64)], {"axis": 0}),
+        ([r.integers(-50, 50, (2, 5)), np.array([[4], [1]], np.int64)], {"axis": 1})]
+
+
+def _gather_grad(n, gs, emit):
+    if n.inputs[0].dtype is int64:
+        return [None, None]
+    return [emit("unsorted_segment_sum_like", gs[0], n.inputs[1], n.inputs[0],
+                 axis=n.attrs["axis"]), None]
 
 
 register("gather", _gather_infer,
          normalize=lambda ins, a: {"axis": _axis("gather", a, len(ins[0].shape) if ins else 1)},
-         grad=lambda n, gs, emit: [emit("unsorted_segment_sum_like", gs[0], n.inputs[1],
-                                        n.inputs[0], axis=n.attrs["axis"]), None],
+         grad=_gather_grad,
          reference=_gather_reference, samples=_gather_samples, diagnose=_gather_diagnose,
          amp="clear", doc="out = in indexed by int64 indices along axis (embedding lookup)")
 
@@ -239,17 +249,10 @@ def _check_dim_index(op, index, target, dim, what):
                          f"torch.scatter's rule)")
 
 
-def _float_or_int64(op, *vals):
-    """The dtype of ``vals``: one floating dtype, or int64 for all (no gradient then)."""
-    if all(v.dtype is int64 for v in vals):
-        return int64
-    return check_float(op, *vals)
-
-
 def _dim_gather_infer(inputs, attrs):
     check_arity("dim_gather", inputs, 2)
     _check_dim_index("dim_gather", inputs[1], inputs[0], attrs["dim"], "input")
-    return [(inputs[1].shape, _float_or_int64("dim_gather", inputs[0]))]
+    return [(inputs[1].shape, float_or_int64("dim_gather", inputs[0]))]
 
 
 def _dim_out_of_range(op, idx, x_shape, dim) -> str | None:
@@ -317,7 +320,7 @@ def _dim_scatter_infer(op):
         check_arity(op, inputs, 2 if op.endswith("_scalar") else 3)
         x, idx, *src = inputs
         dt = (check_float(op, *src) if op.endswith("_like") else
-              _float_or_int64(op, x, *src))
+              float_or_int64(op, x, *src))
         _check_dim_index(op, idx, x, attrs["dim"], "like" if op.endswith("_like") else "input")
         if src and src[0].shape != idx.shape:
             raise ValueError(f"{op}: src {fmt(src[0])} must have index's shape {fmt(idx)}")

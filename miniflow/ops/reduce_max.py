@@ -2,24 +2,26 @@
 returns both), ``reduce_max_grad``, and ``top_k`` (OneFlow's op, ``Tensor.topk``'s indices).
 
 * ``reduce_max(x)`` {axis, keepdims False}: the maximum along ``axis``, NaN if the slice holds a
-  NaN (PyTorch's and NumPy's). An empty axis is an error (PyTorch: "Expected reduction dim to
-  have non-zero size").
+  NaN (PyTorch's and NumPy's); x floating point or int64 (exact, no gradient). An empty axis is an
+  error (PyTorch: "Expected reduction dim to have non-zero size").
 * ``argmax(x)`` {axis, keepdims False}: int64 index of the first maximum along ``axis`` (of the
-  first NaN if there is one, as PyTorch), no gradient.
+  first NaN if there is one, as PyTorch), no gradient; x floating point or int64.
 * ``reduce_max_grad(x, y, dy)`` {axis, keepdims}: ``dx = dy`` shared equally by the elements equal
   to the maximum ``y`` (OneFlow's ``reduce_max`` backward: ``dy * (x == y) / count``); where the
   maximum is NaN, by the NaN elements.
 
 * ``top_k(x)`` {k, largest True}: the int64 indices of the ``k`` largest (``largest`` False:
-  smallest) elements along the last axis, best first; NaN counts as larger than every number
-  (so it comes first when ``largest``, last otherwise, as PyTorch's ``topk``), equal elements
-  keep the lower index first. OneFlow's ``top_k`` (``oneflow/user/ops/top_k_op.cpp``; its
-  ``sorted`` attribute is always true here). No gradient: ``Tensor.topk`` reads the values with
+  smallest) elements along the last axis (x floating point or int64), best first; NaN counts as
+  larger than every number (so it comes first when ``largest``, last otherwise, as PyTorch's
+  ``topk``), equal elements keep the lower index first. OneFlow's ``top_k``
+  (``oneflow/user/ops/top_k_op.cpp``; its ``sorted`` attribute is always true here). No gradient:
+  ``Tensor.topk`` reads the values with
   ``dim_gather``, whose gradient reaches x.
 
 * ``cumsum(x)`` {dim}: the running sum along ``dim`` (``out[..., j, ...] = sum of x[..., :j+1,
   ...]``), summed in order in float64 for float64 and in float32 for the other floating dtypes,
-  each output rounded once (OneFlow's ``cumsum``, PyTorch's ``torch.cumsum``); its gradient is
+  each output rounded once, in int64 for int64 (wrapping, no gradient) (OneFlow's ``cumsum``,
+  PyTorch's ``torch.cumsum``); its gradient is
   ``cumsum_grad(dy)`` {dim}: the running sum from the end (OneFlow's ``cumsum_grad``).
 
 In none of OneFlow's AMP lists: they run in float32 under AMP.
@@ -31,7 +33,7 @@ import numbers
 import numpy as np
 
 from ..dtype import int64
-from .common import check_arity, check_float, float_samples, fmt, rand
+from .common import check_arity, check_float, float_or_int64, float_samples, fmt, rand
 from .registry import register
 
 __all__ = ["reduce_max_reference", "argmax_reference", "top_k_reference", "cumsum_reference"]
@@ -61,7 +63,7 @@ def _infer(op):
     def infer(inputs, attrs):
         check_arity(op, inputs, 1)
         x = inputs[0]
-        check_float(op, x)
+        float_or_int64(op, x)
         if x.shape[attrs["axis"]] == 0:
             raise ValueError(f"{op}: Expected reduction dim {attrs['axis']} to have non-zero "
                              f"size, got {fmt(x)}")
@@ -114,7 +116,9 @@ def _samples():
                 ([np.array([[1.0, 3.0, 3.0], [np.nan, 2.0, 5.0], [-np.inf, -np.inf, -1.0]], dt)],
                  {"axis": 1}),
                 ([rand(0, 3, dtype=dt, r=r)], {"axis": 1})]
-    return float_samples(make)
+    big = 2 ** 62
+    ints = np.array([[3, -big, big + 1, big], [-5, -5, -7, -big]], np.int64)
+    return float_samples(make) + [([ints], {"axis": 1}), ([ints], {"axis": 0, "keepdims": True})]
 
 
 def _grad_samples():
@@ -141,7 +145,7 @@ def _top_k_infer(inputs, attrs):
     op = "top_k"
     check_arity(op, inputs, 1)
     x = inputs[0]
-    check_float(op, x)
+    float_or_int64(op, x)
     k = attrs["k"]
     if not x.shape or not 0 <= k <= x.shape[-1]:
         raise ValueError(f"top_k: selected index k out of range: k={k} for x {fmt(x)} (top_k "
@@ -175,7 +179,8 @@ def _top_k_samples():
                 ([ties], {"k": 4}), ([ties], {"k": 5, "largest": False}),
                 ([rand(2, 4, dtype=dt, r=r)], {"k": 0}), ([rand(0, 4, dtype=dt, r=r)], {"k": 2}),
                 ([rand(6, dtype=dt, r=r)], {"k": 1})]
-    return float_samples(make)
+    ints = np.array([[5, -2 ** 62, 2 ** 62 + 1, 2 ** 62, 5, 0]], np.int64)
+    return float_samples(make) + [([ints], {"k": 4}), ([ints], {"k": 3, "largest": False})]
 
 
 _NOTE = "in none of OneFlow's lists: stays float32 under AMP"
@@ -212,7 +217,7 @@ def _cumsum_norm(op):
 def _cumsum_infer(op):
     def infer(inputs, attrs):
         check_arity(op, inputs, 1)
-        check_float(op, inputs[0])
+        (float_or_int64 if op == "cumsum" else check_float)(op, inputs[0])
         if not inputs[0].shape:
             raise ValueError(f"{op}: x {fmt(inputs[0])} needs a dimension (reshape a 0-d x to "
                              f"[1])")
@@ -241,9 +246,14 @@ def _cumsum_samples():
     return float_samples(make)
 
 
+def _cumsum_int_samples():
+    ints = np.array([[2 ** 62, 2 ** 53 + 1, -3], [-7, 5, 2 ** 62 - 1]], np.int64)
+    return _cumsum_samples() + [([ints], {"dim": 0}), ([ints], {"dim": 1})]
+
+
 register("cumsum", _cumsum_infer("cumsum"), normalize=_cumsum_norm("cumsum"),
          grad=lambda n, gs, emit: [emit("cumsum_grad", gs[0], dim=n.attrs["dim"])],
-         reference=cumsum_reference, samples=_cumsum_samples, amp=None, amp_note=_NOTE,
+         reference=cumsum_reference, samples=_cumsum_int_samples, amp=None, amp_note=_NOTE,
          doc="out = running sum of x along dim; dx = cumsum_grad(dy)")
 register("cumsum_grad", _cumsum_infer("cumsum_grad"), normalize=_cumsum_norm("cumsum_grad"),
          reference=_cumsum_grad_reference, samples=_cumsum_samples, amp=None, amp_note=_NOTE,

@@ -4,12 +4,12 @@ nodes, each run by one generated kernel (``miniflow/kernels/cpu/fused.py``).
 Assumes: the IR is final but for dead code (autograd, AMP, loss scaling and the optimizer pass have
 run), so dtypes and casts are decided. Fusible nodes: ops whose definition has a scalar function
 (``OpDef.scalar``, any op declared that way, so a new elementwise op fuses without a change here)
-and casts to a float dtype; ``bias_add`` only along the last axis, where it is NumPy broadcasting
-(``broadcast_add``'s function); ``scalar_mul_by_tensor`` (the loss scaler's unscale, the clip
-factor) where its one-element tensor has no more dims than the output, NumPy broadcasting too
-(``broadcast_mul``'s function): with AMP the cast of each float16 gradient to float32 and its
-unscale become one kernel. AMP identities stay visible (a user put them there; AMP prunes
-them).
+with a floating output (an int64 ``identity`` is left alone) and casts to a float dtype;
+``bias_add`` only along the last axis, where it is NumPy broadcasting (``broadcast_add``'s
+function); ``scalar_mul_by_tensor`` (the loss scaler's unscale, the clip factor) where its
+one-element tensor has no more dims than the output, NumPy broadcasting too (``broadcast_mul``'s
+function): with AMP the cast of each float16 gradient to float32 and its unscale become one kernel.
+AMP identities stay visible (a user put them there; AMP prunes them).
 
 Guarantees: the graph computes the same bits as before: the fused expression rounds every result to
 its dtype where the unfused node stored it (``ops/fused.py``). A fused node takes the place of the
@@ -86,7 +86,7 @@ def _fusible(node: Node) -> bool:
     elif name == "scalar_mul_by_tensor":
         ok = len(node.inputs[1].shape) <= len(out.shape)
     else:
-        ok = node.op.scalar is not None
+        ok = node.op.scalar is not None and out.dtype.is_float
     return ok and broadcast_kinds(out.shape, [v.shape for v in node.inputs]) is not None
 
 

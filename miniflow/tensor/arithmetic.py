@@ -146,13 +146,15 @@ class Arithmetic:
 
     def log1p(self):
         """log(1 + x) elementwise, exact for small x (op ``log1p``, OneFlow's; ``torch.log1p``);
-        its gradient is ``dy / (1 + x)``."""
-        return apply("log1p", [self])
+        its gradient is ``dy / (1 + x)``. An int64 tensor is cast to float32 first (PyTorch's
+        type promotion: ``torch.log1p(torch.tensor([3]))`` is float32)."""
+        return apply("log1p", [self if self.dtype.is_float else self.to(float32)])
 
     def floor(self):
         """The largest integer <= x elementwise, in this dtype (op ``floor``, OneFlow's;
-        ``torch.floor``); its gradient is 0, as PyTorch's."""
-        return apply("floor", [self])
+        ``torch.floor``); its gradient is 0, as PyTorch's. Of an int64 tensor a copy (op
+        ``identity``), int64, as PyTorch's."""
+        return apply("floor" if self.dtype.is_float else "identity", [self])
 
     def round(self, *, decimals: int = 0):
         """x rounded to the nearest integer, halves to the even one (op ``round``, OneFlow's;
@@ -160,11 +162,20 @@ class Arithmetic:
         ``round(x * 10**decimals) / 10**decimals`` (for negative decimals ``round(x /
         10**-decimals) * 10**-decimals``). Its gradient is 0, as PyTorch's.
 
+        Of an int64 tensor (``decimals`` 0) a copy (op ``identity``), int64, as PyTorch's.
+
         Raises:
-            TypeError: ``decimals`` not an int."""
+            TypeError: ``decimals`` not an int.
+            RuntimeError: ``decimals`` of an int64 tensor (PyTorch's "round_cpu" error)."""
         if isinstance(decimals, bool) or not isinstance(decimals, numbers.Integral):
             raise TypeError(f"round(): argument 'decimals' must be int, not "
                             f"{type(decimals).__name__}")
+        if not self.dtype.is_float:
+            if decimals != 0:
+                raise RuntimeError(f"round(): decimals={decimals} of a {self.dtype.name} tensor "
+                                   f"is not implemented (PyTorch's neither): cast it with "
+                                   f".to(miniflow.float64) first")
+            return apply("identity", [self])
         if decimals == 0:
             return apply("round", [self])
         scale = 10.0 ** abs(int(decimals))

@@ -9,9 +9,8 @@ import numpy as np
 
 from ..dtype import as_dtype
 from ..runtime.backend import check_device
-from ..trace import current_tracer
 from .core import TensorCore
-from .create import _made, apply, as_numpy, full, new_tensor, ones, tensor, zeros
+from .create import _made, apply, as_numpy, full, new_tensor, ones, zeros
 
 if TYPE_CHECKING:        # the composed class, for the annotations only
     from . import Tensor
@@ -122,11 +121,8 @@ class Casts:
                      else dtype, device, requires_grad)
 
     def clone(self) -> "Tensor":
-        """A copy (op ``identity``; ``torch.Tensor.clone``: its gradient flows to this tensor);
-        an eager int64 tensor outside a build (which the op, floating only, refuses) is copied
-        with NumPy."""
-        if not self.dtype.is_float and self._value is None and current_tracer() is None:
-            return tensor(self.numpy().copy())
+        """A copy (op ``identity``, floating or int64; ``torch.Tensor.clone``: its gradient
+        flows to this tensor)."""
         return apply("identity", [self])
 
 

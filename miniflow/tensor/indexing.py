@@ -94,7 +94,7 @@ class Indexing:
         if isinstance(key, (np.ndarray, list)) or _is_torch(key):  # x[np.array([1, 0])], x[[1, 0]]
             key = _array_index(key, self.shape)
         if isinstance(key, TensorCore):
-            return _gather(self, key, 0)
+            return apply("gather", [self, key], axis=0)
         key = key if isinstance(key, tuple) else (key,)
         arrays = _array_positions(key)
         if len(arrays) == 1:
@@ -226,7 +226,7 @@ class Indexing:
                 0 <= index.numpy().min() and index.numpy().max() < size):
             raise IndexError("index out of range in self")
         x = self.reshape(1) if self.ndim == 0 else self
-        out = _gather(x, index, d)
+        out = apply("gather", [x, index], axis=d)
         return out.reshape(()) if self.ndim == 0 else out
 
     def flip(self, *dims) -> "Tensor":
@@ -246,7 +246,7 @@ class Indexing:
                 raise RuntimeError(f"dim {d} appears multiple times in the list of dims")
         out = self
         for d in normal if self.ndim else ():
-            out = _gather(out, tensor(np.arange(self.shape[d] - 1, -1, -1)), d)
+            out = apply("gather", [out, tensor(np.arange(self.shape[d] - 1, -1, -1))], axis=d)
         return out
 
     def _take(self, key: tuple, pos: int) -> "Tensor":
@@ -260,7 +260,7 @@ class Indexing:
         index = key[pos]
         if not isinstance(index, TensorCore):
             index = _array_index(index, out.shape[axis:], dim)
-        return _gather(out, index, axis)
+        return apply("gather", [out, index], axis=axis)
 
 
 def gather(input, dim: int, index, *, sparse_grad: bool = False) -> "Tensor":
@@ -377,15 +377,6 @@ def _dim_index(fn: str, key, n: int, dim: int) -> "Tensor":
                          f"size {n} (the index's element {list(pos)}; {count} of {arr.size} "
                          f"out of bounds)")
     return tensor(arr.astype(np.int64))
-
-
-def _gather(x, index, axis: int) -> "Tensor":
-    """``x`` indexed by the int64 ``index`` along ``axis``: op ``gather``; an eager int64 ``x``
-    outside a build (which the op, floating only, refuses) with NumPy's ``take``, exactly
-    (``labels[perm]``, ``ids.flip(0)``)."""
-    if not x.dtype.is_float and x._value is None and current_tracer() is None:
-        return tensor(np.take(x.numpy(), as_numpy(index), axis=axis))
-    return apply("gather", [x, index], axis=axis)
 
 
 def _array_positions(key: tuple) -> list:

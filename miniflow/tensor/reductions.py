@@ -116,7 +116,8 @@ class Reductions:
         """The largest element over ``dim`` (an int, a sequence of ints; ``()`` or None: every
         dim), ``torch.amax``: values only, NaN propagates, and the gradient is shared equally by
         every element equal to the maximum (as PyTorch's ``amax``). Op ``reduce_max`` over one
-        axis: several dims are moved last and merged first (``transpose``, ``reshape``).
+        axis: several dims are moved last and merged first (``transpose``, ``reshape``). An
+        int64 tensor gives its int64 maximum, exactly (no gradient).
 
         Raises:
             ValueError: a dim out of range or repeated; an empty reduced dimension
@@ -126,7 +127,10 @@ class Reductions:
 
     def amin(self, dim=(), keepdim: bool = False) -> "Tensor":
         """The smallest element over ``dim``: :meth:`amax` of ``-x``, negated (exact;
-        ``torch.amin``); arguments, gradient and errors as :meth:`amax`."""
+        ``torch.amin``); arguments, gradient and errors as :meth:`amax`. Of an int64 tensor
+        the smallest of :meth:`topk` (op ``top_k``, ``largest=False``), int64."""
+        if not self.dtype.is_float:
+            return _amax(self, dim, keepdim, "amin")
         return -_amax(-self, dim, keepdim, "amin")
 
     def logsumexp(self, dim, keepdim: bool = False) -> "Tensor":
@@ -182,18 +186,14 @@ class Reductions:
         ``x[..., :j+1, ...]``), op ``cumsum`` (OneFlow's): summed in order, in float32 for the
         half types and float32 (float64 for float64), each element rounded once; its gradient
         is the running sum of ``dy`` from the end (op ``cumsum_grad``). ``dtype``: cast to it
-        first. An int64 tensor is summed exactly with NumPy, eagerly (no integer op).
+        first. An int64 tensor is summed exactly in int64 (wrapping on overflow, as PyTorch's),
+        with no gradient.
 
         Raises:
-            IndexError: ``dim`` out of range. TypeError: an int64 tensor inside ``build``.
+            IndexError: ``dim`` out of range.
         """
         x = self if dtype is None else self.to(dtype)
         d = _dim("cumsum", dim, max(x.ndim, 1))
-        if not x.dtype.is_float:
-            if current_tracer() is not None:
-                raise TypeError(f"cumsum: a {x.dtype.name} tensor inside build (op cumsum "
-                                f"takes floating tensors): cast it with .float() first")
-            return tensor(np.cumsum(x.numpy().reshape(x.shape or (1,)), axis=d).reshape(x.shape))
         if x.ndim == 0:
             return apply("cumsum", [x.reshape(1)], dim=0).reshape(())
         return apply("cumsum", [x], dim=d)
@@ -304,8 +304,9 @@ def _is_other(dim) -> bool:
 
 def _amax(x, dim, keepdim: bool, fn: str):
     """:meth:`Reductions.amax` of ``x`` (``fn`` names it in the errors: ``amin`` calls it on
-    ``-x``): the reduced dims moved last and merged, one ``reduce_max``; a kept dim of size 0
-    gives an empty result, an empty reduced one PyTorch's error."""
+    ``-x``, or on an int64 ``x``, whose minimum it then takes): the reduced dims moved last and
+    merged, one ``reduce_max`` (``top_k`` for an int64 minimum: ``-x`` would wrap at -2**63); a
+    kept dim of size 0 gives an empty result, an empty reduced one PyTorch's error."""
     dim, keepdim = _reduce_args(fn, dim, keepdim, None, None)
     axes = norm_axes(fn, dim, x.ndim) if x.ndim else ()
     kept = [i for i in range(x.ndim) if i not in axes]
@@ -314,7 +315,10 @@ def _amax(x, dim, keepdim: bool, fn: str):
     if reduced == 0:
         raise ValueError(f"{fn}(): Expected reduction dim {list(axes)} to have non-zero size.")
     flat = moved.reshape(*(x.shape[i] for i in kept), reduced)
-    out = apply("reduce_max", [flat], axis=flat.ndim - 1)
+    if fn == "amin" and not x.dtype.is_float:
+        out = flat.topk(1, largest=False).values.reshape(flat.shape[:-1])
+    else:
+        out = apply("reduce_max", [flat], axis=flat.ndim - 1)
     if keepdim:
         out = out.reshape(tuple(1 if i in axes else n for i, n in enumerate(x.shape)))
     return out
@@ -370,13 +374,12 @@ class Sampling:
 
         Inside ``build``: op ``top_k`` (OneFlow's, along the last axis: ``dim`` is moved there
         and back with ``transpose``) gives the indices and ``dim_gather`` the values, whose
-        gradient reaches this tensor (floating tensors). Eager tensors of any dtype are computed
-        with the op's NumPy reference.
+        gradient reaches this tensor (floating tensors; int64 ones too, without a gradient).
+        Eager tensors of any dtype are computed with the op's NumPy reference.
 
         Raises:
             RuntimeError: ``k`` out of range (PyTorch's "selected index k out of range").
-            IndexError: ``dim`` out of range. TypeError: ``k`` not an int; an int64 tensor
-                inside ``build``.
+            IndexError: ``dim`` out of range. TypeError: ``k`` not an int.
         """
         d = _dim("topk", dim, max(self.ndim, 1))
         if isinstance(k, bool) or not isinstance(k, (int, np.integer)):
@@ -391,9 +394,6 @@ class Sampling:
             idx = top_k_reference([a], attrs)[0]
             out = [np.moveaxis(v, -1, d) for v in (np.take_along_axis(a, idx, axis=-1), idx)]
             return TopkResult(*(tensor(v.reshape(()) if self.ndim == 0 else v) for v in out))
-        if not self.dtype.is_float:
-            raise TypeError(f"topk: a {self.dtype.name} tensor inside build (op top_k takes "
-                            f"floating tensors): cast it with .float() first")
         x = self.reshape(1) if self.ndim == 0 else self
         last = x.ndim - 1
         moved = x.transpose(d, last) if d != last else x
@@ -410,10 +410,10 @@ class Sampling:
         largest first), as PyTorch's ``torch.return_types.sort``: :meth:`topk` of every
         element (``largest=descending``), so NaN sorts last ascending and first descending, as
         PyTorch's, and equal elements keep their index order (``stable`` is taken either way).
-        Inside ``build`` floating tensors (op ``top_k``, whose kernels merge-sort each row:
-        ``O(n log n)``), whose values train.
+        Inside ``build`` op ``top_k`` (its kernels merge-sort each row: ``O(n log n)``), whose
+        values train (floating tensors).
 
-        Raises: as :meth:`topk` (``dim`` out of range; an int64 tensor inside ``build``)."""
+        Raises: as :meth:`topk` (``dim`` out of range)."""
         d = _dim("sort", dim, max(self.ndim, 1))
         top = self.topk(self.shape[d] if self.ndim else 1, d, largest=bool(descending))
         return SortResult(*top)
