@@ -35,6 +35,8 @@ CASES = [
     ("tanh", [u(3, 4)], {}),
     ("sigmoid", [u(3, 4, lo=-4, hi=4)], {}),
     ("identity", [u(3)], {}),
+    ("cumprod", [np.array([[1.5, 0.0, -0.5, 2.0], [0.0, 0.0, 1.5, 0.5], [0.5, -1.5, 0.0, 1.0]])],
+     {"dim": 1}),    # zeros first, inside, twice: PyTorch's gradient there
     ("amp_white_identity", [u(3)], {}),
     ("amp_black_identity", [u(2, 2)], {}),
     ("reduce_sum", [u(3, 4, 5)], {"axis": (0, 2)}),

@@ -332,6 +332,24 @@ def test_type_as_exports_as_cast_like(amp, tmp_path):
     assert "CastLike" in {n.op_type for n in proto.graph.node}
 
 
+class _Cumprod(_SinCos):
+    """cumprod of a Linear's output."""
+
+    def forward(self, x):
+        return self.a(x).cumprod(1)
+
+
+def test_cumprod_export_is_refused_naming_the_op(tmp_path):
+    """ONNX has no cumulative product: the export of op ``cumprod`` is refused, naming it and
+    why (the stage export, ``after=``, writes it in the ai.miniflow domain)."""
+    miniflow.manual_seed(0)
+    x = np.ones((16, 4), np.float32)
+    with pytest.raises(mo.OnnxExportError, match=r"\(cumprod\) has no standard ONNX form: ONNX "
+                                                 r"has no cumulative-product operator"):
+        mo.export(_Cumprod(), x, tmp_path / "m.onnx")
+    assert not (tmp_path / "m.onnx").exists()
+
+
 class _Rotary(nn.Module):
     """Rotary embeddings as LLaMA ports write them: halves joined with ``miniflow.cat``, pairs
     with ``miniflow.stack``."""

@@ -82,6 +82,8 @@ CASES["einsum"] = (   # a batch, a contraction, three operands, one operand, imp
     + np.einsum("bij,jk,kl->il", a, EIN, EIN2) + np.einsum("bij,b", a, EIN3))
 CASES["cumsum"] = (lambda t: t.cumsum(1) + t.cumsum(-1, dtype=t.dtype) * 2.0 + t.cumsum(0),
                    lambda a: np.cumsum(a, 1) + np.cumsum(a, -1) * 2.0 + np.cumsum(a, 0))
+CASES["cumprod"] = (lambda t: t.cumprod(1) + t.cumprod(-1, dtype=t.dtype) * 2.0 + t.cumprod(0),
+                    lambda a: np.cumprod(a, 1) + np.cumprod(a, -1) * 2.0 + np.cumprod(a, 0))
 KL_T = R.dirichlet(np.ones(5), (3, 4))
 KL_T[0, 0, :2] = 0.0            # xlogy: 0 where the target is 0
 CASES["kl_div"] = (
@@ -171,6 +173,8 @@ TORCH_CASES = {   # name: (miniflow, torch) functions of a float32 tensor X's sh
                    reduction="batchmean")),
     "cumsum": (lambda t: t.cumsum(1) * 2.0 + t.cumsum(dim=-1),
                lambda t: t.cumsum(1) * 2.0 + t.cumsum(dim=-1)),
+    "cumprod": (lambda t: t.cumprod(1) * 2.0 + t.cumprod(dim=-1),
+                lambda t: t.cumprod(1) * 2.0 + t.cumprod(dim=-1)),
     "einsum": (lambda t: mf.einsum("bij,bkj->bik", t, t * 2.0) + mf.einsum("bij->bi", t)[..., None],
                lambda t: torch.einsum("bij,bkj->bik", t, t * 2.0)
                + torch.einsum("bij->bi", t)[..., None]),
@@ -469,6 +473,59 @@ def test_cumsum_of_int64_and_0d_tensors_and_float16_as_pytorch():
                                       torch.tensor(i).cumsum(0).numpy())
 
 
+def test_cumprod_gradient_with_zeros_in_the_row_matches_differences_and_torch():
+    """Rows with no zero, one zero (first, inside, last) and two: the gradient of the running
+    product is PyTorch's (the sum over i >= k of dy[i] times the product of x[:i+1] but x[k]),
+    against central differences in float64 and torch's autograd; values against NumPy."""
+    x = np.array([[1.5, -0.5, 2.0, 0.75, 1.25], [0.0, 1.5, -2.0, 0.5, 3.0],
+                  [0.5, 2.0, 0.0, 1.5, -1.0], [1.5, -1.0, 0.5, 2.0, 0.0],
+                  [2.0, 0.0, 1.5, 0.0, 0.5], [0.0, 0.0, 1.0, 2.0, 3.0]])
+
+    def fn(t):
+        return t.cumprod(1) + t.cumprod(0) * 0.5
+
+    g = _Step(fn, x)
+    np.testing.assert_allclose(g().numpy(), np.cumprod(x, 1) + np.cumprod(x, 0) * 0.5,
+                               rtol=1e-12)
+    got = x - g.m.x.numpy()
+    w = _weights(x.shape)
+    want = np.zeros_like(x)
+    for i in np.ndindex(x.shape):
+        d = np.zeros_like(x)
+        d[i] = 1e-6
+        want[i] = ((fn(mf.tensor(x + d)).numpy() - fn(mf.tensor(x - d)).numpy()) * w).sum() / 2e-6
+    np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-8)
+    if torch is not None:
+        t = torch.tensor(x, requires_grad=True)
+        (fn(t) * torch.tensor(w)).sum().backward()
+        np.testing.assert_allclose(got, t.grad.numpy(), rtol=1e-12, atol=1e-12)
+
+
+def test_cumprod_of_int64_0d_and_float16_tensors_as_pytorch():
+    """int64 in int64 (wrapping past 2**63 as PyTorch's), eagerly and inside build; a 0-d
+    tensor; float16 multiplied in float32 and rounded once per element."""
+    i = np.array([[3, -2, 2 ** 31, 2 ** 31 + 1], [0, 5, -1, 7]], np.int64)
+
+    class G(nn.Graph):
+        def build(self, x):
+            return x.cumprod(1), x.cumprod(0)
+
+    with np.errstate(over="ignore"):
+        wants = (np.cumprod(i, 1), np.cumprod(i, 0))
+    t = mf.tensor(i)
+    for got, want in zip((t.cumprod(1), t.cumprod(0)) + G()(t), wants * 2):
+        assert got.dtype == mf.int64
+        np.testing.assert_array_equal(got.numpy(), want)
+    assert mf.tensor(np.float32(-3.0)).cumprod(0).numpy() == np.float32(-3.0)
+    h = np.full(40, 1.25, np.float16)
+    np.testing.assert_array_equal(mf.tensor(h).cumprod(0).numpy(),
+                                  np.cumprod(h.astype(np.float32)).astype(np.float16))
+    if torch is not None:
+        np.testing.assert_array_equal(t.cumprod(1).numpy(), torch.tensor(i).cumprod(1).numpy())
+    with pytest.raises(IndexError, match="cumprod"):
+        t.cumprod(2)
+
+
 I64 = np.array([[2 ** 62 + 1, -3, 7, 7], [5, -2 ** 62, 0, -2 ** 62]], np.int64)
 """int64 values a float64 path would round (2**62 + 1)."""
 
@@ -514,7 +571,8 @@ def test_names_not_there_yet_say_what_to_write():
     x = mf.tensor(X)
     with pytest.raises(AttributeError, match=r"'nonzero': miniflow has no data-dependent shapes"):
         x.nonzero
-    with pytest.raises(AttributeError, match=r"'cumprod': miniflow has no cumulative-product"):
+    with pytest.raises(AttributeError, match=r"'cumprod': miniflow's tensor math is Tensor "
+                                             r"methods; write x.cumprod\(...\)"):
         mf.cumprod
     with pytest.raises(AttributeError, match=r"write x.logsumexp\(...\)"):
         mf.logsumexp

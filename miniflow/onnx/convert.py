@@ -26,7 +26,8 @@ functions are the model for the choices):
   ``gather`` (``Gather``), ``dim_gather`` (``GatherElements``, axis = dim: ``torch.gather``'s
   export), ``dim_scatter_update`` (``_scalar``) and ``dim_scatter_add`` (``ScatterElements``,
   reduction none or add: ``torch.scatter`` / ``scatter_add``'s export), ``cumsum`` /
-  ``cumsum_grad`` (``CumSum``, ``reverse`` 1 for the gradient).
+  ``cumsum_grad`` (``CumSum``, ``reverse`` 1 for the gradient); ``cumprod`` / ``cumprod_grad``
+  have none (ONNX has no cumulative product): refused, saying so.
 * Elementwise ops and ``fused_elementwise`` expressions by their scalar functions
   (:data:`FUNCTIONS`): ``relu`` -> ``Relu``, ``add`` -> ``Add`` ..., ``gelu`` -> ``Gelu`` from
   opset 20, before it its erf form ``x * 0.5 * (1 + Erf(x / sqrt(2)))``, ``silu`` -> ``x *
@@ -495,6 +496,13 @@ def _top_k(node, ins, outs, b):
            axis=-1, largest=int(node.attrs["largest"]), sorted=1)
 
 
+def _cumprod(node, ins, outs, b):
+    """Refused: ONNX has no cumulative product (CumSum only)."""
+    raise NoStandardForm("ONNX has no cumulative-product operator (only CumSum): export a "
+                         "model without cumprod, or the stage with after=... (the ai.miniflow "
+                         "domain)")
+
+
 def _cumsum(node, ins, outs, b):
     """CumSum along ``dim`` (``cumsum_grad``: ``reverse=1``), the axis an int64 constant."""
     b.node("CumSum", [ins[0], b.initializer(np.array(node.attrs["dim"], np.int64))], outs,
@@ -558,7 +566,8 @@ CONVERTERS = {
     "gather": lambda n, ins, outs, b: b.node("Gather", ins, outs, axis=n.attrs["axis"]),
     "dim_gather": lambda n, ins, outs, b: b.node("GatherElements", ins, outs,
                                                  axis=n.attrs["dim"]),
-    "top_k": _top_k, "cumsum": _cumsum, "cumsum_grad": _cumsum,
+    "top_k": _top_k, "cumsum": _cumsum, "cumsum_grad": _cumsum, "cumprod": _cumprod,
+    "cumprod_grad": _cumprod,
     "dim_scatter_update": _scatter_elements,
     "dim_scatter_update_scalar": _scatter_elements,
     "dim_scatter_add": _scatter_elements,

@@ -24,6 +24,15 @@ returns both), ``reduce_max_grad``, and ``top_k`` (OneFlow's op, ``Tensor.topk``
   PyTorch's ``torch.cumsum``); its gradient is
   ``cumsum_grad(dy)`` {dim}: the running sum from the end (OneFlow's ``cumsum_grad``).
 
+* ``cumprod(x)`` {dim}: the running product along ``dim`` (``out[..., j, ...]`` = the product
+  of ``x[..., :j+1, ...]``), in order, in the compute type as ``cumsum`` (int64 wraps, as
+  PyTorch's; OneFlow's ``cumprod``, ``torch.cumprod``); its gradient is ``cumprod_grad(dy, x)``
+  {dim}: ``dx[k] = sum over i >= k of dy[i] * prod of x[j] for j <= i, j != k``, as PyTorch's
+  also where the row holds zeros. OneFlow's ``cumprod_grad`` takes ``y`` too and divides by
+  ``x`` before the first zero; this one needs no ``y`` and no division: ``dx[k] = p[k] *
+  s[k]``, ``p[k]`` the product of ``x[:k]`` and ``s[k] = dy[k] + x[k+1] * s[k+1]`` from the
+  end (two passes in the compute type, exact where the row holds zeros).
+
 In none of OneFlow's AMP lists: they run in float32 under AMP.
 """
 from __future__ import annotations
@@ -36,7 +45,8 @@ from ..dtype import int64
 from .common import check_arity, check_float, float_or_int64, float_samples, fmt, rand
 from .registry import register
 
-__all__ = ["reduce_max_reference", "argmax_reference", "top_k_reference", "cumsum_reference"]
+__all__ = ["reduce_max_reference", "argmax_reference", "top_k_reference", "cumsum_reference",
+           "cumprod_reference"]
 
 
 def _norm(op):
@@ -217,7 +227,7 @@ def _cumsum_norm(op):
 def _cumsum_infer(op):
     def infer(inputs, attrs):
         check_arity(op, inputs, 1)
-        (float_or_int64 if op == "cumsum" else check_float)(op, inputs[0])
+        (float_or_int64 if op in ("cumsum", "cumprod") else check_float)(op, inputs[0])
         if not inputs[0].shape:
             raise ValueError(f"{op}: x {fmt(inputs[0])} needs a dimension (reshape a 0-d x to "
                              f"[1])")
@@ -258,3 +268,67 @@ register("cumsum", _cumsum_infer("cumsum"), normalize=_cumsum_norm("cumsum"),
 register("cumsum_grad", _cumsum_infer("cumsum_grad"), normalize=_cumsum_norm("cumsum_grad"),
          reference=_cumsum_grad_reference, samples=_cumsum_samples, amp=None, amp_note=_NOTE,
          doc="dx = running sum of dy along dim from the end")
+
+
+def cumprod_reference(arrays, attrs):
+    """``[running product]`` of ``arrays[0]`` along ``attrs["dim"]`` (float64; int64 wraps)."""
+    return [np.cumprod(arrays[0], axis=attrs["dim"])]
+
+
+def _cumprod_grad_infer(inputs, attrs):
+    op = "cumprod_grad"
+    check_arity(op, inputs, 2)
+    dy, x = inputs
+    check_float(op, dy, x)
+    if dy.shape != x.shape or not x.shape:
+        raise ValueError(f"{op}: dy {fmt(dy)} and x {fmt(x)} must have one shape of rank >= 1")
+    return [(x.shape, x.dtype)]
+
+
+def _cumprod_grad_reference(arrays, attrs):
+    """``dx[k] = sum over i >= k of dy[i] * prod of x[j], j <= i, j != k``, term by term in
+    float64 (exact where x holds zeros)."""
+    dy, x = (np.moveaxis(a, attrs["dim"], -1) for a in arrays)
+    dx = np.empty(x.shape)
+    for k in range(x.shape[-1]):
+        others = x.copy()
+        others[..., k] = 1.0
+        dx[..., k] = (np.cumprod(others, axis=-1) * dy)[..., k:].sum(axis=-1)
+    return [np.moveaxis(dx, -1, attrs["dim"])]
+
+
+def _cumprod_samples():
+    def make(dt):
+        r = np.random.default_rng(48)
+        edge = np.array([[1.5, np.nan, 3.0], [np.inf, -2.0, 0.0], [300.0, 300.0, -0.5]], dt)
+        return [([rand(3, 4, 5, dtype=dt, r=r, lo=0.5, hi=1.5)], {"dim": 1}),
+                ([rand(2, 70, dtype=dt, r=r, lo=0.9, hi=1.1)], {"dim": -1}),
+                ([edge], {"dim": 1}), ([edge], {"dim": 0}),
+                ([rand(0, 3, dtype=dt, r=r)], {"dim": 1}), ([rand(7, dtype=dt, r=r)], {"dim": 0})]
+    ints = np.array([[3, -2, 2 ** 31, 2 ** 31 + 1], [0, 5, -1, 7]], np.int64)
+    return float_samples(make) + [([ints], {"dim": 1}), ([ints], {"dim": 0})]
+
+
+def _cumprod_grad_samples():
+    def make(dt):
+        r = np.random.default_rng(49)
+        zeros = np.array([[0.0, 1.5, -0.5, 2.0], [1.5, 0.0, 0.5, 0.0], [0.5, -1.5, 2.0, 0.0],
+                          [1.25, -0.75, 1.5, 0.5]], dt)
+        return [([rand(4, 4, dtype=dt, r=r), zeros], {"dim": 1}),
+                ([rand(4, 4, dtype=dt, r=r), zeros], {"dim": 0}),
+                ([rand(3, 2, 6, dtype=dt, r=r), rand(3, 2, 6, dtype=dt, r=r, lo=0.5, hi=1.5)],
+                 {"dim": 2}),
+                ([rand(0, 3, dtype=dt, r=r), rand(0, 3, dtype=dt, r=r)], {"dim": 1})]
+    return float_samples(make)
+
+
+def _cumprod_grad(n, gs, emit):
+    return [emit("cumprod_grad", gs[0], n.inputs[0], dim=n.attrs["dim"])]
+
+
+register("cumprod", _cumsum_infer("cumprod"), normalize=_cumsum_norm("cumprod"),
+         grad=_cumprod_grad, reference=cumprod_reference, samples=_cumprod_samples, amp=None,
+         amp_note=_NOTE, doc="out = running product of x along dim; dx = cumprod_grad(dy, x)")
+register("cumprod_grad", _cumprod_grad_infer, normalize=_cumsum_norm("cumprod_grad"),
+         reference=_cumprod_grad_reference, samples=_cumprod_grad_samples, amp=None,
+         amp_note=_NOTE, doc="dx[k] = sum over i >= k of dy[i] * prod of x[j <= i, j != k]")

@@ -35,9 +35,6 @@ step = TrainStep(model, optimizer); loss = step(x, y)  # one step: gradients and
 
 
 NOT_THERE = {
-    "cumprod": "miniflow has no cumulative-product op yet: eagerly write "
-               "miniflow.tensor(np.cumprod(x.numpy(), axis=dim)); of positive values inside "
-               "nn.Graph.build, x.log().cumsum(dim).exp() (rounded otherwise)",
     "nonzero": "miniflow has no data-dependent shapes: of an eager tensor write "
                "miniflow.tensor(np.argwhere(x.numpy())) (as_tuple=True: np.nonzero(x.numpy())); "
                "inside nn.Graph.build keep the mask and use masked_fill or where",

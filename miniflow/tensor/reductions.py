@@ -1,7 +1,7 @@
 """Reductions: ``sum``, ``mean``, ``var`` / ``std``, ``max`` / ``min`` (with ``dim``: values and
-indices), ``amax`` / ``amin``, ``logsumexp``, ``norm``, ``cumsum`` and ``argmax`` / ``argmin``, with
-PyTorch's and NumPy's argument names; ``topk`` and ``sort`` (op ``top_k`` in a graph, NumPy eagerly)
-and ``multinomial`` of eager tensors (computed with NumPy: no op)."""
+indices), ``amax`` / ``amin``, ``logsumexp``, ``norm``, ``cumsum``, ``cumprod`` and ``argmax`` /
+``argmin``, with PyTorch's and NumPy's argument names; ``topk`` and ``sort`` (op ``top_k`` in a
+graph, NumPy eagerly) and ``multinomial`` of eager tensors (computed with NumPy: no op)."""
 from __future__ import annotations
 
 import collections
@@ -192,11 +192,20 @@ class Reductions:
         Raises:
             IndexError: ``dim`` out of range.
         """
-        x = self if dtype is None else self.to(dtype)
-        d = _dim("cumsum", dim, max(x.ndim, 1))
-        if x.ndim == 0:
-            return apply("cumsum", [x.reshape(1)], dim=0).reshape(())
-        return apply("cumsum", [x], dim=d)
+        return _scan("cumsum", self, dim, dtype)
+
+    def cumprod(self, dim: int, *, dtype=None) -> "Tensor":
+        """The running product along ``dim`` (``torch.cumprod``: ``out[..., j, ...]`` = the
+        product of ``x[..., :j+1, ...]``), op ``cumprod`` (OneFlow's): multiplied in order, in
+        float32 for the half types and float32 (float64 for float64, int64 for int64, which
+        wraps as PyTorch's), each element rounded once. Its gradient (op ``cumprod_grad``) is
+        PyTorch's also where the row holds zeros: ``dx[k]`` = the sum over ``i >= k`` of
+        ``dy[i]`` times the product of ``x[:i+1]`` but ``x[k]``. ``dtype``: cast to it first.
+
+        Raises:
+            IndexError: ``dim`` out of range.
+        """
+        return _scan("cumprod", self, dim, dtype)
 
     def var(self, dim=None, unbiased=None, keepdim: bool = False, *, correction=None):
         """Variance over ``dim`` (None: every dim) with Bessel's ``correction`` (default 1:
@@ -322,6 +331,16 @@ def _amax(x, dim, keepdim: bool, fn: str):
     if keepdim:
         out = out.reshape(tuple(1 if i in axes else n for i, n in enumerate(x.shape)))
     return out
+
+
+def _scan(op: str, x, dim, dtype):
+    """Op ``op`` (``cumsum``, ``cumprod``) of ``x`` along ``dim``, cast to ``dtype`` first; a 0-d
+    ``x`` as one element."""
+    x = x if dtype is None else x.to(dtype)
+    d = _dim(op, dim, max(x.ndim, 1))
+    if x.ndim == 0:
+        return apply(op, [x.reshape(1)], dim=0).reshape(())
+    return apply(op, [x], dim=d)
 
 
 def _two_norm(x, dim, keepdim: bool):

@@ -2,10 +2,10 @@
 ``dim_gather``, ``dim_scatter_add_like``, ``dim_scatter_add``, ``dim_scatter_update``,
 ``dim_scatter_update_scalar``, ``slice``, ``slice_grad``, ``slice_update``, ``cat``, ``tril``,
 ``masked_fill``, and the one-axis reductions ``reduce_max``, ``argmax``, ``reduce_max_grad``,
-``top_k``), and the scans ``cumsum`` / ``cumsum_grad``, over the backend's step makers: the layouts
-are planned here once (``[outer, n, inner]`` around the gather axis, the C strides around ``dim`` of
-``dim_gather`` (:func:`dim_layout`), the slice's element offset and strides, the mask's broadcast
-strides), the loops are the backend's."""
+``top_k``), and the scans ``cumsum`` / ``cumsum_grad`` and ``cumprod`` / ``cumprod_grad``, over
+the backend's step makers: the layouts are planned here once (``[outer, n, inner]`` around the
+gather axis, the C strides around ``dim`` of ``dim_gather`` (:func:`dim_layout`), the slice's
+element offset and strides, the mask's broadcast strides), the loops are the backend's."""
 from __future__ import annotations
 
 from ...ops.indexing import cat_slices, slice_index
@@ -111,7 +111,7 @@ def slice_layout(shape, attrs) -> tuple:
 def builders(*, gather_steps, segment_sum_steps, dim_gather_steps, dim_scatter_steps,
              slice_steps, slice_grad_steps, scatter_steps, copy_steps,
              tril_steps, masked_fill_steps, max_steps, max_grad_steps, top_k_steps,
-             cumsum_steps) -> dict:
+             cumsum_steps, cumprod_steps, cumprod_grad_steps) -> dict:
     """Op type -> builder of the indexing ops, over a backend's step makers:
 
     * ``gather_steps(x, indices, out, outer, n, inner)``: ``out[o, j, i] = x[o, indices[j], i]``;
@@ -138,7 +138,10 @@ def builders(*, gather_steps, segment_sum_steps, dim_gather_steps, dim_scatter_s
     * ``top_k_steps(x, out, rows, n, k, largest)``: ``out[r, :]`` = the indices of the ``k``
       best of ``x[r, :]`` (rows of ``n``), best first (not called for an empty out);
     * ``cumsum_steps(x, out, outer, n, inner, reverse)``: ``out[o, j, i]`` = the sum of
-      ``x[o, :j+1, i]`` (``reverse``, ``cumsum_grad``: of ``x[o, j:, i]``).
+      ``x[o, :j+1, i]`` (``reverse``, ``cumsum_grad``: of ``x[o, j:, i]``);
+      ``cumprod_steps(x, out, outer, n, inner)``: the product of ``x[o, :j+1, i]``;
+      ``cumprod_grad_steps(dy, x, dx, outer, n, inner)``: its gradient (``ops.reduce_max``
+      says how); none is called for an empty out.
     """
     def gather(node, ins, outs):
         """``out = x`` indexed by ``indices`` along ``axis``."""
@@ -233,6 +236,18 @@ def builders(*, gather_steps, segment_sum_steps, dim_gather_steps, dim_scatter_s
         return cumsum_steps(ins[0], outs[0], *around(ins[0].shape, node.attrs["dim"]),
                             node.op.name == "cumsum_grad")
 
+    def cumprod(node, ins, outs):
+        """``out`` = the running product of ``x`` along ``dim``."""
+        if outs[0].size == 0:
+            return []
+        return cumprod_steps(ins[0], outs[0], *around(ins[0].shape, node.attrs["dim"]))
+
+    def cumprod_grad(node, ins, outs):
+        """``dx`` of ``cumprod`` from ``dy`` and ``x``."""
+        if outs[0].size == 0:
+            return []
+        return cumprod_grad_steps(*ins, outs[0], *around(ins[0].shape, node.attrs["dim"]))
+
     def top_k(node, ins, outs):
         """``out`` = the indices of the ``k`` best of ``x`` along its last axis."""
         if outs[0].size == 0:
@@ -249,4 +264,5 @@ def builders(*, gather_steps, segment_sum_steps, dim_gather_steps, dim_scatter_s
             "slice": slice_, "slice_grad": slice_grad, "slice_update": slice_update, "cat": cat,
             "tril": tril, "masked_fill": masked_fill,
             "reduce_max": reduce_max, "argmax": argmax, "reduce_max_grad": reduce_max_grad,
-            "top_k": top_k, "cumsum": cumsum, "cumsum_grad": cumsum}
+            "top_k": top_k, "cumsum": cumsum, "cumsum_grad": cumsum, "cumprod": cumprod,
+            "cumprod_grad": cumprod_grad}

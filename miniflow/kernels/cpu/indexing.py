@@ -8,7 +8,8 @@ the fill value converted to out's dtype once, at build time); the one-axis ``red
 ``argmax`` and ``reduce_max_grad`` (Numba loops, one output per (parallel) iteration); ``top_k``
 (a Numba loop per row: an insertion into the row's sorted k indices, or for a larger k a stable
 merge sort of the row, ``kernels.common.indexing.top_k_sort``); ``cumsum`` /
-``cumsum_grad`` (a Numba loop per running sum, in order).
+``cumsum_grad`` and ``cumprod`` / ``cumprod_grad`` (a Numba loop per running sum or product,
+in order).
 
 ``gather`` checks every index before it copies and raises IndexError on one outside ``[0, n)``;
 the executor then names it (``OpDef.diagnose``). ``unsorted_segment_sum_like`` adds in a scratch
@@ -35,7 +36,7 @@ _sort = jitable(indexing.top_k_sort)
 __all__ = ["gather_kernel", "segment_sum_kernel", "dim_gather_kernel", "dim_scatter_kernel",
            "tril_kernel", "masked_fill_kernel",
            "max_kernel", "argmax_kernel", "max_grad_kernel", "top_k_kernel", "top_k_sort_kernel",
-           "cumsum_kernel", "BUILDERS"]
+           "cumsum_kernel", "cumprod_kernel", "cumprod_grad_kernel", "BUILDERS"]
 
 
 @functools.cache
@@ -419,6 +420,67 @@ def cumsum_steps(x, out, outer, n, inner, reverse: bool):
              (flat(x), flat(out), outer, n, inner, bool(reverse)))]
 
 
+@functools.cache
+def cumprod_kernel(parallel: bool):
+    """``kernel(x, out, outer, n, inner)``: ``out[o, j, i]`` = the running product of
+    ``x[o, :j+1, i]``, in order in the compute dtype's accumulator (int64 for int64), each
+    output rounded once."""
+    loop = loop_for(parallel)
+
+    @jit(parallel)
+    def kernel(x, out, outer, n, inner):
+        for t_ in loop(outer * inner):
+            t = np.int64(t_)
+            base = t // inner * n * inner + t % inner
+            acc = to_compute(out, 1.0)
+            for j in range(n):
+                acc *= load(x, base + j * inner)
+                store(out, base + j * inner, acc)
+
+    return kernel
+
+
+@functools.cache
+def cumprod_grad_kernel(parallel: bool):
+    """``kernel(dy, x, s, dx, outer, n, inner)``: ``dx[o, k, i] = p[k] * s[k]`` along
+    ``x[o, :, i]``, ``s[k] = dy[k] + x[k+1] * s[k+1]`` from the end (kept in the compute-type
+    scratch ``s``), ``p[k]`` the product of ``x[:k]``: no division, exact at zeros."""
+    loop = loop_for(parallel)
+
+    @jit(parallel)
+    def kernel(dy, x, s, dx, outer, n, inner):
+        for t_ in loop(outer * inner):
+            t = np.int64(t_)
+            base = t // inner * n * inner + t % inner
+            last = base + (n - 1) * inner
+            acc = load(dy, last)
+            s[last] = acc
+            for j_ in range(1, n):
+                i = last - j_ * inner
+                acc = load(dy, i) + load(x, i + inner) * acc
+                s[i] = acc
+            p = to_compute(dx, 1.0)
+            for j in range(n):
+                i = base + j * inner
+                store(dx, i, p * s[i])
+                p *= load(x, i)
+
+    return kernel
+
+
+def cumprod_steps(x, out, outer, n, inner):
+    """The step of ``cumprod``."""
+    return [(cumprod_kernel(use_parallel(x.size) and outer * inner > 1),
+             (flat(x), flat(out), outer, n, inner))]
+
+
+def cumprod_grad_steps(dy, x, dx, outer, n, inner):
+    """The step of ``cumprod_grad`` (a compute-type scratch allocated here)."""
+    s = np.empty(dx.size, np.float64 if dx.dtype == np.float64 else np.float32)
+    return [(cumprod_grad_kernel(use_parallel(x.size) and outer * inner > 1),
+             (flat(dy), flat(x), s, flat(dx), outer, n, inner))]
+
+
 def top_k_steps(x, out, rows, n, k, largest):
     """The step of ``top_k``: the insertion for ``k`` up to ``TOP_K_INSERTION_MAX``, else the
     merge sort (its scratch allocated here)."""
@@ -439,5 +501,6 @@ BUILDERS = indexing.builders(gather_steps=gather_steps, segment_sum_steps=segmen
                              tril_steps=tril_steps,
                              masked_fill_steps=masked_fill_steps,
                              max_steps=max_steps, max_grad_steps=max_grad_steps,
-                             top_k_steps=top_k_steps, cumsum_steps=cumsum_steps)
+                             top_k_steps=top_k_steps, cumsum_steps=cumsum_steps,
+                             cumprod_steps=cumprod_steps, cumprod_grad_steps=cumprod_grad_steps)
 """Op type -> builder of the indexing ops."""

@@ -27,14 +27,15 @@ grid-stride kernels over flat views (``launch.flat_steps``), no atomics:
 * ``reduce_max``, ``argmax``, ``reduce_max_grad`` (one axis): one thread per output, looping
   over the reduced axis; ``top_k``: one thread per row, inserting each element into the row's
   sorted indices when it beats the last, or for a larger k merge-sorting the row (the CPU's
-  loops, the sort's body shared); ``cumsum`` / ``cumsum_grad``: one
-  thread per running sum, in order (the CPU's loop).
+  loops, the sort's body shared); ``cumsum`` / ``cumsum_grad`` and ``cumprod`` /
+  ``cumprod_grad``: one thread per running sum or product, in order (the CPU's loops).
 """
 from __future__ import annotations
 
 import functools
 import math
 
+import numpy as np
 from numba import cuda
 
 from ..common import indexing
@@ -47,7 +48,8 @@ from .movement import copy_steps, fill_steps, gather_steps as strided_gather_ste
 __all__ = ["gather_kernel", "segment_sum_kernel", "dim_gather_kernel", "dim_scatter_kernel",
            "scatter_kernel", "tril_kernel",
            "masked_fill_kernel", "max_kernel", "max_grad_kernel", "top_k_kernel",
-           "top_k_sort_kernel", "cumsum_kernel", "BUILDERS"]
+           "top_k_sort_kernel", "cumsum_kernel", "cumprod_kernel", "cumprod_grad_kernel",
+           "BUILDERS"]
 
 
 @functools.cache
@@ -309,6 +311,65 @@ def cumsum_steps(x, out, outer, n, inner, reverse: bool):
                       f"{'cumsum_grad' if reverse else 'cumsum'} {short(x.dtype)}")
 
 
+@functools.cache
+def cumprod_kernel(ld, ct, st):
+    """``kernel(x, out, outer, n, inner)``: ``out[o, j, i]`` = the running product of
+    ``x[o, :j+1, i]``, in order in the compute type, each output rounded once (the CPU's
+    loop)."""
+
+    @jit
+    def kernel(x, out, outer, n, inner):
+        for t in range(cuda.grid(1), outer * inner, cuda.gridsize(1)):
+            base = t // inner * n * inner + t % inner
+            acc = ct(1)
+            for j in range(n):
+                acc = ct(acc * ld(x[base + j * inner]))
+                out[base + j * inner] = st(acc)
+
+    return kernel
+
+
+@functools.cache
+def cumprod_grad_kernel(ld, ct, st):
+    """``kernel(dy, x, s, dx, outer, n, inner)``: ``dx[o, k, i] = p[k] * s[k]``, ``s[k] =
+    dy[k] + x[k+1] * s[k+1]`` from the end in the compute-type scratch ``s``, ``p[k]`` the
+    product of ``x[:k]`` (the CPU's loops: no division, exact at zeros)."""
+
+    @jit
+    def kernel(dy, x, s, dx, outer, n, inner):
+        for t in range(cuda.grid(1), outer * inner, cuda.gridsize(1)):
+            base = t // inner * n * inner + t % inner
+            last = base + (n - 1) * inner
+            acc = ct(ld(dy[last]))
+            s[last] = acc
+            for j in range(1, n):
+                i = last - j * inner
+                acc = ct(ld(dy[i]) + ld(x[i + inner]) * acc)
+                s[i] = acc
+            p = ct(1)
+            for j in range(n):
+                i = base + j * inner
+                dx[i] = st(ct(p * s[i]))
+                p = ct(p * ld(x[i]))
+
+    return kernel
+
+
+def cumprod_steps(x, out, outer, n, inner):
+    """A grid-stride launch of :func:`cumprod_kernel`, one thread per running product."""
+    return flat_steps(cumprod_kernel(*types_of(x)), outer * inner,
+                      (flat(x), flat(out), outer, n, inner), f"cumprod {short(x.dtype)}")
+
+
+def cumprod_grad_steps(dy, x, dx, outer, n, inner):
+    """A grid-stride launch of :func:`cumprod_grad_kernel` (its compute-type scratch allocated
+    here), one thread per row along dim."""
+    s = scratch(dx, (dx.size,), np.float64 if dx.dtype == np.float64 else np.float32)
+    return flat_steps(cumprod_grad_kernel(*types_of(dx)), outer * inner,
+                      (flat(dy), flat(x), s, flat(dx), outer, n, inner),
+                      f"cumprod_grad {short(dx.dtype)}")
+
+
 def top_k_steps(x, out, rows, n, k, largest):
     """A grid-stride launch over the rows of :func:`top_k_kernel` for ``k`` up to
     ``TOP_K_INSERTION_MAX``, else of :func:`top_k_sort_kernel` (its scratch allocated here)."""
@@ -428,5 +489,6 @@ BUILDERS = indexing.builders(gather_steps=gather_steps, segment_sum_steps=segmen
                              scatter_steps=scatter_steps, copy_steps=copy_steps,
                              tril_steps=tril_steps, masked_fill_steps=masked_fill_steps,
                              max_steps=max_steps, max_grad_steps=max_grad_steps,
-                             top_k_steps=top_k_steps, cumsum_steps=cumsum_steps)
+                             top_k_steps=top_k_steps, cumsum_steps=cumsum_steps,
+                             cumprod_steps=cumprod_steps, cumprod_grad_steps=cumprod_grad_steps)
 """Op type -> builder of the indexing ops."""
