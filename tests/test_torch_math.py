@@ -11,6 +11,7 @@ import math
 
 import numpy as np
 import pytest
+from hypothesis import given, settings, strategies as st
 
 import miniflow as mf
 from miniflow import nn
@@ -84,6 +85,13 @@ CASES["cumsum"] = (lambda t: t.cumsum(1) + t.cumsum(-1, dtype=t.dtype) * 2.0 + t
                    lambda a: np.cumsum(a, 1) + np.cumsum(a, -1) * 2.0 + np.cumsum(a, 0))
 CASES["cumprod"] = (lambda t: t.cumprod(1) + t.cumprod(-1, dtype=t.dtype) * 2.0 + t.cumprod(0),
                     lambda a: np.cumprod(a, 1) + np.cumprod(a, -1) * 2.0 + np.cumprod(a, 0))
+CASES["einsum_dots_diagonal"] = (   # diagonals, ... broadcast, ... summed, the trace
+    lambda t: mf.einsum("bii->bi", t[:, :, :4])
+    + mf.einsum("...j,...j->...", t[:, :, :4], t[0, :, 1:]) + mf.einsum("...ij->j", t)[:4]
+    + mf.einsum("ii", t[0, :, :4]),
+    lambda a: np.einsum("bii->bi", a[:, :, :4])
+    + np.einsum("...j,...j->...", a[:, :, :4], a[0, :, 1:]) + a.sum((0, 1))[:4]
+    + np.trace(a[0, :, :4]))
 KL_T = R.dirichlet(np.ones(5), (3, 4))
 KL_T[0, 0, :2] = 0.0            # xlogy: 0 where the target is 0
 CASES["kl_div"] = (
@@ -178,6 +186,10 @@ TORCH_CASES = {   # name: (miniflow, torch) functions of a float32 tensor X's sh
     "einsum": (lambda t: mf.einsum("bij,bkj->bik", t, t * 2.0) + mf.einsum("bij->bi", t)[..., None],
                lambda t: torch.einsum("bij,bkj->bik", t, t * 2.0)
                + torch.einsum("bij->bi", t)[..., None]),
+    "einsum_dots_diagonal": (CASES["einsum_dots_diagonal"][0],
+                             lambda t: torch.einsum("bii->bi", t[:, :, :4])
+                             + torch.einsum("...j,...j->...", t[:, :, :4], t[0, :, 1:])
+                             + torch.einsum("...ij->j", t)[:4] + torch.einsum("ii", t[0, :, :4])),
     "bce_with_logits": (lambda t: F.binary_cross_entropy_with_logits(
         t, mf.tensor(BCE_T[0, 0].astype(np.float32)).expand(3, 4, 5)),
         lambda t: torch.nn.functional.binary_cross_entropy_with_logits(
@@ -599,10 +611,82 @@ def test_einsum_errors_as_pytorch():
         mf.einsum("ij,jk->ik", b, b)
     with pytest.raises(RuntimeError, match="output subscript k does not appear"):
         mf.einsum("ij->k", b)
-    with pytest.raises(NotImplementedError, match="neither '...'"):
-        mf.einsum("...j->j", b)
-    with pytest.raises(NotImplementedError, match="a diagonal"):
+    with pytest.raises(RuntimeError, match="found '.' for operand 0 for which an ellipsis was "
+                                           "already found"):
+        mf.einsum("......", b)
+    with pytest.raises(RuntimeError, match="found '.' for output that is not part of any "
+                                           "ellipsis"):
+        mf.einsum("ij->i.", b)
+    with pytest.raises(RuntimeError, match=r"subscripts in the equation \(3\) is more than the "
+                                           r"number of dimensions \(2\) for operand 0"):
+        mf.einsum("ij...k", b)
+    with pytest.raises(RuntimeError, match="dimension 0 covered by ellipsis in operand 1 has "
+                                           "size 3 which does not broadcast with previously "
+                                           "seen ellipsis with size 4"):
+        mf.einsum("...i,...i->...", b, a[:, 0])
+    with pytest.raises(RuntimeError, match="subscript i is repeated for operand 0 but the sizes "
+                                           "don't match, 5 != 4"):
         mf.einsum("ii->i", b)
+
+
+@st.composite
+def _einsum_cases(draw):
+    """``(equation, arrays)``: one to three operands of letters from ``abcd`` (repeats make
+    diagonals) and maybe ``...`` (a right-aligned part of one batch shape, some sizes 1:
+    broadcast), the output implicit or explicit (``...`` first where an operand has one:
+    NumPy, the oracle, refuses to sum it)."""
+    r = np.random.default_rng(draw(st.integers(0, 2 ** 16)))
+    sizes = {c: draw(st.integers(1, 3)) for c in "abcd"}
+    batch = draw(st.lists(st.integers(2, 3), max_size=2))
+    terms, arrays = [], []
+    for _ in range(draw(st.integers(1, 3))):
+        letters = draw(st.lists(st.sampled_from("abcd"), max_size=3))
+        shape = [sizes[c] for c in letters]
+        term = "".join(letters)
+        if batch and draw(st.booleans()):
+            dots = [n if draw(st.booleans()) else 1 for n in batch[draw(st.integers(0, 2)):]]
+            at = draw(st.integers(0, len(letters)))
+            term, shape = term[:at] + "..." + term[at:], shape[:at] + dots + shape[at:]
+        terms.append(term)
+        arrays.append(r.standard_normal(shape))
+    equation = ",".join(terms)
+    if draw(st.booleans()):
+        used = sorted(set(equation) - set(".,"))
+        out = draw(st.permutations(used))[:draw(st.integers(0, len(used)))]
+        equation += "->" + ("..." if "..." in equation else "") + "".join(out)
+    return equation, arrays
+
+
+@settings(max_examples=150, deadline=None)
+@given(_einsum_cases())
+def test_einsum_matches_numpy_on_random_equations(case):
+    """Diagonals (a letter repeated in one operand), ``...`` broadcast and implicit outputs:
+    ``miniflow.einsum`` of eager float64 tensors equals ``numpy.einsum``."""
+    equation, arrays = case
+    want = np.einsum(equation, *arrays)
+    got = mf.einsum(equation, *(mf.tensor(a) for a in arrays)).numpy()
+    assert got.shape == want.shape, equation
+    np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12, err_msg=equation)
+
+
+def test_einsum_with_dots_and_diagonals_inside_build_as_numpy():
+    """The same equations traced into one graph (ops permute, reshape, gather, sum and
+    batch_matmul) give NumPy's values; a summed ``...`` (NumPy refuses it) as PyTorch's."""
+    r = np.random.default_rng(5)
+    a, b, c = r.standard_normal((2, 3, 3)), r.standard_normal((4, 1, 3)), r.standard_normal(3)
+    eqs = (("bii->bi", [a]), ("...ii", [a]), ("i...j,...j->...i", [a, b]), ("...i,i", [b, c]),
+           ("ii,bij->bj", [a[0], a]))
+
+    class G(nn.Graph):
+        def build(self, *xs):
+            outs = [mf.einsum(eq, *xs[k:k + len(ops)]) for k, (eq, ops) in
+                    zip(np.cumsum([0] + [len(o) for _, o in eqs]), eqs)]
+            return tuple(outs) + (mf.einsum("...ij->j", xs[0]),)
+
+    got = G()(*(x for _, ops in eqs for x in ops))
+    for g, (eq, ops) in zip(got, eqs):
+        np.testing.assert_allclose(g.numpy(), np.einsum(eq, *ops), rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(got[-1].numpy(), a.sum((0, 1)), rtol=1e-12)
 
 
 class _Everything(nn.Graph):

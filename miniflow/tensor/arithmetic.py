@@ -463,45 +463,48 @@ def _matmul(a: "Tensor", b: "Tensor") -> "Tensor":
 def einsum(equation: str, *operands) -> "Tensor":
     """``torch.einsum``: the sum of products of ``operands`` (tensors, or one list of them)
     that ``equation`` names by one letter per dimension (``"bij,bjk->bik"``; without ``->`` the
-    output is the letters used once, in alphabetical order). Composed exactly of ``permute``,
-    ``reshape``, ``sum`` and one batched product (``@``, op ``batch_matmul``) per pair of
-    operands, left to right: the letters both share and a later operand or the output needs
-    are the batch, the others they share are summed by the product, a letter of one operand
-    alone that nothing later needs is summed first. Gradients are those ops'.
+    output is the letters used once, in alphabetical order). ``...`` stands for the dimensions
+    no letter names, broadcast across the operands as PyTorch's (right-aligned, a size 1
+    stretches; in the output where ``->`` puts it, first without ``->``, summed when the output
+    has none); a letter repeated within one operand takes its diagonal (``"ii->i"``, ``"ii"``
+    the trace, ``"bii->bi"``). Composed exactly of ``permute``, ``reshape``, ``sum``,
+    ``index_select`` (a diagonal: op ``gather`` of the flattened dims) and one batched product
+    (``@``, op ``batch_matmul``) per pair of operands, left to right: the letters both share and
+    a later operand or the output needs are the batch, the others they share are summed by the
+    product, a letter of one operand alone that nothing later needs is summed first. Gradients
+    are those ops'.
 
     Raises:
         RuntimeError: more or fewer operands than the equation's terms, a term of another
-            length than its operand's dimensions, an output letter no input has or given
-            twice, a letter of two sizes (PyTorch's messages; PyTorch broadcasts a size 1).
-        NotImplementedError: ``...`` (broadcast dimensions) or a letter repeated within one
-            term (a diagonal, ``"ii->i"``): write them with ``reshape`` / ``expand``.
+            length than its operand's dimensions, a stray ``.`` or a second ``...``, ``...``
+            dimensions that do not broadcast, a repeated letter of two sizes in one operand, an
+            output letter no input has or given twice, a letter of two sizes (PyTorch's
+            messages; PyTorch broadcasts a size 1 of a letter, miniflow only ``...``'s).
     """
     if len(operands) == 1 and isinstance(operands[0], (list, tuple)):
         operands = tuple(operands[0])
     eq = equation.replace(" ", "")
     lhs, arrow, out = eq.partition("->")
     terms = lhs.split(",")
-    if "." in eq or any(len(set(t)) != len(t) for t in terms):
-        raise NotImplementedError(f"einsum(): {equation!r}: miniflow's einsum takes neither '...' "
-                                  f"nor a letter repeated within one operand (a diagonal); "
-                                  f"write those with reshape, expand or indexing")
     if len(terms) != len(operands):
         more = "more" if len(operands) > len(terms) else "fewer"
         raise RuntimeError(f"einsum(): {more} operands were provided than specified in the "
                            f"equation")
+    for i, t in enumerate(terms + ([out] if arrow else [])):
+        _check_dots(t, f"operand {i}" if i < len(terms) else "output")
+    operands, terms, dots = _spread_ellipsis(list(operands), terms)
     sizes = {}
     for i, (t, x) in enumerate(zip(terms, operands)):
-        if len(t) != x.ndim:
-            raise RuntimeError(f"einsum(): the number of subscripts in the equation ({len(t)}) "
-                               f"does not match the number of dimensions ({x.ndim}) for "
-                               f"operand {i} and no ellipsis was given")
+        operands[i], terms[i] = x, t = _diagonals(x, t, i)
         for c, n in zip(t, x.shape):
             if sizes.setdefault(c, n) != n:
                 raise RuntimeError(f"einsum(): subscript {c} has size {n} for operand {i} "
                                    f"which does not match the previously seen size "
                                    f"{sizes[c]}")
+    letters = lhs.replace("...", "")
     if not arrow:
-        out = "".join(sorted(c for c in sizes if lhs.count(c) == 1))
+        out = dots + "".join(sorted(c for c in sizes if c not in dots and letters.count(c) == 1))
+    out = out.replace("...", dots)
     for c in out:
         if c not in sizes:
             raise RuntimeError(f"einsum(): output subscript {c} does not appear in the "
@@ -526,6 +529,78 @@ def einsum(equation: str, *operands) -> "Tensor":
         x = prod.reshape(tuple(sizes[c] for c in sx))
     x, sx = _summed(x, sx, set(out))
     return _ordered(x, sx, list(out))
+
+
+def _check_dots(term: str, what: str) -> None:
+    """PyTorch's errors for a ``.`` of ``term`` (``what``: ``operand i`` or ``output``) that is
+    no ellipsis, or a second ``...`` (einsum)."""
+    if term.count("...") > 1:
+        raise RuntimeError(f"einsum(): found '.' for {what} for which an ellipsis was already "
+                           f"found")
+    if "." in term.replace("...", "", 1):
+        raise RuntimeError(f"einsum(): found '.' for {what} that is not part of any ellipsis")
+
+
+def _spread_ellipsis(operands: list, terms: list) -> tuple:
+    """``(operands, terms, dots)``: each ``...`` replaced by one symbol per dimension it covers
+    (``dots``, the symbols of the most, right-aligned as PyTorch broadcasts them), a dimension
+    of size 1 where another operand's is larger dropped from its operand (the product then
+    broadcasts it); the terms' lengths checked against the operands' dimensions (einsum)."""
+    covered = []
+    for i, (t, x) in enumerate(zip(terms, operands)):
+        named = len(t.replace("...", ""))
+        if "..." not in t and named != x.ndim:
+            raise RuntimeError(f"einsum(): the number of subscripts in the equation ({named}) "
+                               f"does not match the number of dimensions ({x.ndim}) for "
+                               f"operand {i} and no ellipsis was given")
+        if named > x.ndim:
+            raise RuntimeError(f"einsum(): the number of subscripts in the equation ({named}) "
+                               f"is more than the number of dimensions ({x.ndim}) for operand "
+                               f"{i}")
+        covered.append(x.ndim - named if "..." in t else 0)
+    dots = "".join(chr(0x3b1 + k) for k in range(max(covered, default=0)))
+    size = [1] * len(dots)
+    for i, (t, x, m) in enumerate(zip(terms, operands, covered)):
+        first = t.find("...")
+        for k, n in enumerate(x.shape[first:first + m] if m else ()):
+            d = len(dots) - m + k
+            if n != 1 and size[d] not in (1, n):
+                raise RuntimeError(f"einsum(): dimension {k} covered by ellipsis in operand "
+                                   f"{i} has size {n} which does not broadcast with previously "
+                                   f"seen ellipsis with size {size[d]} for the respective "
+                                   f"dimension")
+            size[d] = max(size[d], n)
+    for i, (t, x, m) in enumerate(zip(terms, operands, covered)):
+        mine = dots[len(dots) - m:]
+        kept = "".join(c for c, n in zip(mine, x.shape[t.find("..."):])
+                       if n != 1 or size[dots.index(c)] == 1)
+        terms[i] = t.replace("...", kept)
+        if len(kept) != m:
+            operands[i] = x.reshape(tuple(n for c, n in zip(t.replace("...", mine), x.shape)
+                                          if c not in mine or c in kept))
+    return operands, terms, dots
+
+
+def _diagonals(x: "Tensor", subs: str, i: int) -> tuple:
+    """``(x, subs)`` with each letter repeated in ``subs`` (operand ``i``) taken once: its
+    diagonal, the repeated dims moved last, merged and read at ``j * (1 + n + n^2 ...)`` by
+    ``index_select`` (einsum)."""
+    for c in dict.fromkeys(subs):
+        where = [k for k, d in enumerate(subs) if d == c]
+        if len(where) < 2:
+            continue
+        n = x.shape[where[0]]
+        for k in where[1:]:
+            if x.shape[k] != n:
+                raise RuntimeError(f"einsum(): subscript {c} is repeated for operand {i} but "
+                                   f"the sizes don't match, {x.shape[k]} != {n}")
+        rest = [k for k in range(len(subs)) if k not in where]
+        x = x.permute(*rest, *where) if rest + where != list(range(len(subs))) else x
+        flat = x.reshape(*x.shape[:len(rest)], n ** len(where))
+        step = sum(n ** j for j in range(len(where)))
+        x, subs = flat.index_select(len(rest), np.arange(n) * step), \
+            "".join(subs[k] for k in rest) + c
+    return x, subs
 
 
 def _summed(x: "Tensor", subs: str, needed: set) -> tuple:
