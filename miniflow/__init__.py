@@ -78,7 +78,7 @@ def __getattr__(name):
     Raises:
         AttributeError: any other name the package does not have; one that is a Tensor
             method (``torch.rsqrt(x)`` ported as ``miniflow.rsqrt(x)``) names the method, one
-            miniflow has not yet (``nonzero``) what to write instead
+            miniflow has not yet what to write instead
             (``miniflow.tensor.core.NOT_THERE``), any other public name where the list is."""
     if name == "onnx":   # (not ``from . import onnx``: that asks this function again)
         return _importlib.import_module(f"{__name__}.onnx")

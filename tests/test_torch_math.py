@@ -3,10 +3,10 @@
 ``sort``, ``floor``, ``round``, ``log1p``, ``isnan``, ``new_zeros`` / ``new_ones`` / ``new_full``
 / ``new_tensor``; ``nn.functional``'s ``normalize``, ``one_hot``, ``pad``,
 ``binary_cross_entropy_with_logits`` (``nn.BCEWithLogitsLoss``) and ``kl_div``
-(``nn.KLDivLoss``); ``cumsum`` and ``miniflow.einsum``; and the hint of the ``AttributeError`` of
-a name that is not there yet (``nonzero``, ``cumprod``). Values against NumPy float64 eagerly and
-inside ``build``, gradients against central differences (both run without torch) and against
-torch (skipped without it), PyTorch's errors."""
+(``nn.KLDivLoss``); ``cumsum``, ``cumprod``, ``nonzero`` / ``argwhere`` and ``miniflow.einsum``;
+and the hint of the ``AttributeError`` of a name that is not there yet. Values against NumPy
+float64 eagerly and inside ``build``, gradients against central differences (both run without
+torch) and against torch (skipped without it), PyTorch's errors."""
 import math
 
 import numpy as np
@@ -579,10 +579,46 @@ def test_round_decimals_of_int64_is_refused_as_pytorch():
         mf.tensor(I64).round(decimals=1)
 
 
-def test_names_not_there_yet_say_what_to_write():
+def test_nonzero_and_argwhere_as_pytorch_eagerly_and_refused_in_build():
+    """``nonzero`` was an AttributeError with a hint: now PyTorch's (NaN counts, a 0-d tensor
+    as ``[1, 0]`` or ``[0, 0]``, ``as_tuple`` one index tensor per dim); inside build refused,
+    saying why (a data-dependent shape) and what to use."""
+    a = np.array([[0.0, 1.5, 0.0], [np.nan, 0.0, -2.0]])
+    for x in (a, a.astype(np.float32), np.array([[0, 3], [-1, 0]]), np.array(5.0),
+              np.array(0), np.zeros((2, 0))):
+        t = mf.tensor(x)
+        for got in (t.nonzero(), t.argwhere()):
+            assert got.dtype is mf.int64
+            np.testing.assert_array_equal(got.numpy(), np.argwhere(x))
+            assert got.shape == np.argwhere(x).shape
+        parts = t.nonzero(as_tuple=True)
+        assert isinstance(parts, tuple) and all(p.dtype is mf.int64 for p in parts)
+        for got, want in zip(parts, np.nonzero(np.atleast_1d(x)), strict=True):
+            np.testing.assert_array_equal(got.numpy(), want)
+        if torch is not None:
+            np.testing.assert_array_equal(t.nonzero().numpy(), torch.tensor(x).nonzero().numpy())
+            for got, want in zip(parts, torch.tensor(x).nonzero(as_tuple=True), strict=True):
+                np.testing.assert_array_equal(got.numpy(), want.numpy())
+
+    class G(nn.Graph):
+        def build(self, x):
+            return x.nonzero()
+
+    with pytest.raises(RuntimeError, match="nonzero: its shape depends on the values .OneFlow's "
+                                           "argwhere has a dynamic shape.*use masked_fill or "
+                                           "miniflow.where instead"):
+        G()(mf.tensor(a))
+
+
+def test_names_not_there_yet_say_what_to_write(monkeypatch):
+    from miniflow.tensor import core
+    monkeypatch.setitem(core.NOT_THERE, "nothing_yet", "write y instead")
     x = mf.tensor(X)
-    with pytest.raises(AttributeError, match=r"'nonzero': miniflow has no data-dependent shapes"):
-        x.nonzero
+    with pytest.raises(AttributeError, match=r"'nothing_yet': write y instead"):
+        x.nothing_yet
+    with pytest.raises(AttributeError, match=r"module 'miniflow' has no attribute "
+                                             r"'nothing_yet': write y instead"):
+        mf.nothing_yet
     with pytest.raises(AttributeError, match=r"'cumprod': miniflow's tensor math is Tensor "
                                              r"methods; write x.cumprod\(...\)"):
         mf.cumprod

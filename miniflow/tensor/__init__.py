@@ -7,7 +7,8 @@ runs the op's kernel at once (eager, forward only), on the same kernels a compil
 conversions) with one method group per module mixed in: ``compare.py`` (``==``, ``<``, ...),
 ``casts.py`` (``to``, ``float``, ``detach``, ...), ``shape.py`` (PyTorch's shape and movement
 surface), ``indexing.py`` (``x[key]``, ``x[key] = v``), ``reductions.py`` (``sum``, ``max``,
-...; and the group ``Sampling``: ``topk`` and ``multinomial`` of eager tensors) and
+...; and the group ``Sampling``: ``topk``, ``sort``, and ``multinomial``, ``nonzero`` of eager
+tensors) and
 ``arithmetic.py`` (operators, elementwise math, ``softmax``, ``masked_fill``). ``create.py`` makes
 tensors (:func:`apply`, :func:`tensor`); ``dims.py`` checks dimension arguments.
 """

@@ -34,11 +34,7 @@ step = TrainStep(model, optimizer); loss = step(x, y)  # one step: gradients and
 """Tensor.backward's error outside ``build``: the five lines of a training graph."""
 
 
-NOT_THERE = {
-    "nonzero": "miniflow has no data-dependent shapes: of an eager tensor write "
-               "miniflow.tensor(np.argwhere(x.numpy())) (as_tuple=True: np.nonzero(x.numpy())); "
-               "inside nn.Graph.build keep the mask and use masked_fill or where",
-}
+NOT_THERE: dict = {}
 """PyTorch's tensor names miniflow has not yet, and what to write instead: the hint of the
 ``AttributeError`` of ``Tensor.<name>`` and ``miniflow.<name>``."""
 

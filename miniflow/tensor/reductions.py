@@ -1,7 +1,8 @@
 """Reductions: ``sum``, ``mean``, ``var`` / ``std``, ``max`` / ``min`` (with ``dim``: values and
 indices), ``amax`` / ``amin``, ``logsumexp``, ``norm``, ``cumsum``, ``cumprod`` and ``argmax`` /
 ``argmin``, with PyTorch's and NumPy's argument names; ``topk`` and ``sort`` (op ``top_k`` in a
-graph, NumPy eagerly) and ``multinomial`` of eager tensors (computed with NumPy: no op)."""
+graph, NumPy eagerly), ``multinomial``, ``nonzero`` and ``argwhere`` of eager tensors (computed
+with NumPy: no op)."""
 from __future__ import annotations
 
 import collections
@@ -382,7 +383,8 @@ def _eager(fn: str, x) -> np.ndarray:
 
 
 class Sampling:
-    """``topk`` and ``multinomial`` of :class:`miniflow.tensor.Tensor` (eager only)."""
+    """``topk``, ``sort``, and ``multinomial``, ``nonzero``, ``argwhere`` (eager only) of
+    :class:`miniflow.tensor.Tensor`."""
 
     def topk(self, k: int, dim: int = -1, largest: bool = True, sorted: bool = True):
         """``(values, indices)`` of the ``k`` largest (``largest=False``: smallest) elements
@@ -436,6 +438,30 @@ class Sampling:
         d = _dim("sort", dim, max(self.ndim, 1))
         top = self.topk(self.shape[d] if self.ndim else 1, d, largest=bool(descending))
         return SortResult(*top)
+
+    def nonzero(self, *, as_tuple: bool = False):
+        """The int64 indices of the nonzero elements (NaN counts), in C order
+        (``torch.nonzero``): ``[n, ndim]`` (a 0-d tensor: ``[1, 0]`` or ``[0, 0]``), or with
+        ``as_tuple`` one 1-D tensor per dimension (a 0-d tensor as 1-D), as PyTorch's. Computed
+        with NumPy, eagerly.
+
+        Raises:
+            RuntimeError: inside ``nn.Graph.build`` (the result's shape depends on the values:
+                OneFlow's ``argwhere`` has a dynamic shape, which miniflow's graphs have not).
+        """
+        if current_tracer() is not None:
+            raise RuntimeError("nonzero: its shape depends on the values (OneFlow's argwhere has "
+                               "a dynamic shape; miniflow's graphs have static ones), so it "
+                               "takes eager tensors only: inside nn.Graph.build keep the mask "
+                               "and use masked_fill or miniflow.where instead")
+        a = self.numpy()
+        if as_tuple:
+            return tuple(tensor(i.astype(np.int64)) for i in np.nonzero(np.atleast_1d(a)))
+        return tensor(np.argwhere(a).astype(np.int64))
+
+    def argwhere(self) -> "Tensor":
+        """``torch.argwhere``: :meth:`nonzero` as ``[n, ndim]``; raises as it."""
+        return self.nonzero()
 
     def multinomial(self, num_samples: int, replacement: bool = False, *, generator=None):
         """``num_samples`` int64 category indices per row, drawn with probabilities
