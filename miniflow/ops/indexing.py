@@ -11,9 +11,9 @@ attributes (``oneflow/user/ops/gather_op.cpp``, ``unsorted_segment_sum_op.cpp``,
 
 * ``gather(in, indices)`` {axis 0}: ``out = in`` indexed by the int64 ``indices`` along ``axis``,
   shape ``in.shape[:axis] + indices.shape + in.shape[axis + 1:]``; ``in`` floating point or
-  int64 (no gradient; OneFlow's takes any dtype). An index outside
-  ``[0, in.shape[axis])`` is an error (the CPU kernel raises and the executor names the first
-  offending index and where it is; a CUDA kernel cannot raise and writes NaN there instead, as
+  int64 (no gradient; OneFlow's takes any dtype). An index outside ``[0, in.shape[axis])`` is
+  an error (the CPU kernel raises and the executor names the first offending index and where it
+  is; a CUDA kernel cannot raise and writes NaN there instead, int64: the conversion of NaN, as
   the cross-entropy kernels do for a bad label). Gradient (OneFlow's ``gather`` backward):
   ``unsorted_segment_sum_like(dy, indices, in)``.
 * ``unsorted_segment_sum_like(data, segment_ids, like)`` {axis 0}: ``out`` of like's shape, zero,
