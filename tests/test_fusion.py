@@ -231,6 +231,24 @@ def test_an_update_between_a_read_and_the_fused_node_stops_fusion():
     assert [n.op.name for n in g.nodes] == ["cast", "sgd_update", "relu"]
 
 
+def test_int64_identities_stay_unfused_and_exact():
+    """``ids.clone().clone()`` (and ``floor`` / ``round`` of int64, copies) are int64
+    ``identity`` chains, which the fused expression language (floats) cannot hold: the pass
+    left one fused node that failed verification; they stay apart and copy exactly."""
+    g = Graph()
+    emit = emitter(g)
+    x = g.add_input("x", (3,), mf.int64)
+    g.set_outputs([emit("identity", emit("identity", x))])
+    assert [n.op.name for n in fuse_elementwise(g).nodes] == ["identity", "identity"]
+
+    class Copies(mf.nn.Graph):
+        def build(self, ids):
+            return ids.clone().clone().floor().round()
+
+    big = np.array([2 ** 62 + 1, -3, 0])
+    np.testing.assert_array_equal(Copies()(mf.tensor(big)).numpy(), big)
+
+
 def test_smaller_producer_joins_only_when_nothing_else_reads_it():
     g, x, _ = _graph()
     emit = emitter(g)

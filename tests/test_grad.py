@@ -195,8 +195,9 @@ def test_slices_that_overlap_or_leave_gaps_are_summed(parts):
 
 def test_int64_values_computed_from_a_parameter_get_no_gradient():
     """An int64 value that depends on a parameter (its cast, then ``clone``, ``flip``, an index,
-    ``cumsum``, ``amax``: ops that take int64) carries no gradient, as in PyTorch: the step
-    trains through the float path alone, and no backward op takes an int64 value."""
+    ``cumsum``, ``amax``: ops that take int64) carries no gradient, as in PyTorch (cast's rule
+    gives none to an int64 input, gather's none from an int64 one): the step trains through the
+    float path alone, and no backward op takes an int64 value."""
     def loss(x):
         ids = x.long().clone().flip(1)[[3, 0]].cumsum(0)
         return (x[:, :2] * W).sum() + ids.amax().float() + ids.float().sum() * 0.0

@@ -36,12 +36,11 @@ class AutogradState:
 
 
 def _needs_grad(graph: Graph, trainable: set) -> set:
-    """The floating Values that depend on a trainable variable AND that the loss depends on (an
-    int64 one, an index or a cast's result, carries no gradient, as in PyTorch)."""
+    """The Values that depend on a trainable variable AND that the loss depends on."""
     fwd = {graph.variables[n] for n in trainable if n in graph.variables}
     for node in graph.nodes:
         if any(v in fwd for v in node.inputs):
-            fwd.update(v for v in node.outputs if v.dtype.is_float)
+            fwd.update(node.outputs)
     back = {graph.loss}
     for node in reversed(graph.nodes):
         if any(v in back for v in node.outputs):
