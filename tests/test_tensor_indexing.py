@@ -1524,6 +1524,19 @@ def test_topk_and_sort_of_int64_inside_build_equal_eager():
                                   -np.sort(-ids, axis=1)[:, :3])
 
 
+def test_sort_of_a_long_int64_row_inside_build_is_exact():
+    """A row longer than ``TOP_K_INSERTION_MAX`` is merge-sorted; its values were read into a
+    float32 scratch, so int64 values that float32 rounds together (2**62 + j) sorted as ties in
+    index order. Inside build they equal NumPy's stable sort, both directions."""
+    rng = np.random.default_rng(0)
+    ids = (2 ** 62 + rng.permutation(40 * 3)).reshape(3, 40).astype(np.int64)
+    for descending in (False, True):
+        built = _TopInBuild(lambda x: tuple(x.sort(1, descending=descending)))(mf.tensor(ids))
+        order = np.argsort(-ids if descending else ids, axis=1, kind="stable")
+        np.testing.assert_array_equal(built[1].numpy(), order)
+        np.testing.assert_array_equal(built[0].numpy(), np.take_along_axis(ids, order, 1))
+
+
 def test_topk_accuracy_in_an_eval_graph_as_the_imagenet_example():
     """PyTorch's ImageNet example's ``accuracy``: ``_, pred = output.topk(maxk, 1, True,
     True); pred.t().eq(target.view(1, -1).expand_as(pred))``; inside an eval graph under AMP the

@@ -315,6 +315,12 @@ def _fill(out, value: float) -> np.ndarray:
         return kview(np.array([value], out.dtype))
 
 
+def _compute_scratch(a: np.ndarray) -> np.ndarray:
+    """An uninitialized array of ``a``'s size in its compute type: float64 and int64 as
+    stored, float32 for the other (float) dtypes."""
+    return np.empty(a.size, a.dtype if a.dtype in (np.float64, np.int64) else np.float32)
+
+
 def gather_steps(x, idx, out, outer, n, inner):
     """The step of ``gather``."""
     return [(gather_kernel(use_parallel(out.size)), (flat(x), idx.reshape(-1), flat(out),
@@ -323,7 +329,7 @@ def gather_steps(x, idx, out, outer, n, inner):
 
 def segment_sum_steps(data, ids, out, outer, n, inner):
     """The step of ``unsorted_segment_sum_like`` (a compute-type scratch allocated here)."""
-    acc = np.empty(out.size, np.float64 if out.dtype == np.float64 else np.float32)
+    acc = _compute_scratch(out)
     return [(segment_sum_kernel(), (flat(data), ids.reshape(-1), acc, flat(out), outer, n,
                                     inner))]
 
@@ -476,7 +482,7 @@ def cumprod_steps(x, out, outer, n, inner):
 
 def cumprod_grad_steps(dy, x, dx, outer, n, inner):
     """The step of ``cumprod_grad`` (a compute-type scratch allocated here)."""
-    s = np.empty(dx.size, np.float64 if dx.dtype == np.float64 else np.float32)
+    s = _compute_scratch(dx)
     return [(cumprod_grad_kernel(use_parallel(x.size) and outer * inner > 1),
              (flat(dy), flat(x), s, flat(dx), outer, n, inner))]
 
@@ -487,7 +493,7 @@ def top_k_steps(x, out, rows, n, k, largest):
     parallel = use_parallel(x.size) and rows > 1
     if k <= indexing.TOP_K_INSERTION_MAX:
         return [(top_k_kernel(parallel), (flat(x), flat(out), rows, n, k, bool(largest)))]
-    v = np.empty(x.size, np.float64 if x.dtype == np.float64 else np.float32)
+    v = _compute_scratch(x)
     a, b = np.empty(x.size, np.int64), np.empty(x.size, np.int64)
     return [(top_k_sort_kernel(parallel), (flat(x), v, a, b, flat(out), rows, n, k,
                                            bool(largest)))]
