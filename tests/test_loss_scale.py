@@ -595,3 +595,32 @@ def test_an_initial_scale_below_1_sets_the_default_floor_to_it():
     assert GradScaler().min_scale == 1.0
     with pytest.raises(ValueError, match="min_scale 1 is above the scale 0.5"):
         GradScaler(init_scale=0.5, min_scale=1.0)
+
+
+def test_torch_grad_scaler_getters_and_setters():
+    """``get_scale()``, ``is_enabled()`` and the ``get_/set_`` growth_factor, backoff_factor and
+    growth_interval methods were an AttributeError: they read and set the settings (the setters
+    checked as the constructor, the graph recompiling), as ``torch.amp.GradScaler``'s."""
+    scaler = GradScaler(init_scale=512.0, growth_factor=4.0, backoff_factor=0.25,
+                        growth_interval=3)
+    got = lambda s: (s.get_scale(), s.is_enabled(), s.get_growth_factor(),  # noqa: E731
+                     s.get_backoff_factor(), s.get_growth_interval())
+    assert got(scaler) == (512.0, True, 4.0, 0.25, 3)
+    version = scaler.version
+    scaler.set_growth_factor(3.0)
+    scaler.set_backoff_factor(0.5)
+    scaler.set_growth_interval(7)
+    assert got(scaler) == (512.0, True, 3.0, 0.5, 7) and scaler.version == version + 3
+    with pytest.raises(ValueError, match="GradScaler: growth_interval must be"):
+        scaler.set_growth_interval(0)
+    with pytest.raises(ValueError, match="GradScaler: backoff_factor"):
+        scaler.set_backoff_factor(1.5)
+    assert got(scaler) == (512.0, True, 3.0, 0.5, 7)
+    assert (StaticGradScaler(8.0).get_scale(), StaticGradScaler(8.0).is_enabled()) == (8.0, True)
+    torch = pytest.importorskip("torch")
+    ts = torch.amp.GradScaler("cpu", init_scale=512.0, growth_factor=4.0, backoff_factor=0.25,
+                              growth_interval=3)
+    ts.set_growth_factor(3.0)
+    ts.set_backoff_factor(0.5)
+    ts.set_growth_interval(7)
+    assert got(ts) == got(scaler)

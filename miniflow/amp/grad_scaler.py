@@ -139,6 +139,15 @@ class _Scaler:
         """The current loss scale (float32 value as a Python float)."""
         return float(get_backend().to_numpy(self._scale)[0])
 
+    def get_scale(self) -> float:
+        """The current loss scale (``torch.amp.GradScaler.get_scale``): :attr:`scale`."""
+        return self.scale
+
+    def is_enabled(self) -> bool:
+        """Always True (``torch.amp.GradScaler.is_enabled``): a scaler is made enabled only; a
+        graph without one scales nothing."""
+        return True
+
     @property
     def growth_tracker(self) -> int:
         """Finite steps since the scale last changed (PyTorch's ``_growth_tracker``)."""
@@ -289,6 +298,33 @@ class GradScaler(_Scaler):
         self.backoff_factor = backoff_factor
         self.growth_interval = growth_interval
         self.min_scale = min_scale
+
+    def get_growth_factor(self) -> float:
+        """``torch.amp.GradScaler.get_growth_factor``: :attr:`growth_factor`."""
+        return self.growth_factor
+
+    def set_growth_factor(self, new_factor: float) -> None:
+        """``torch.amp.GradScaler.set_growth_factor``: ``scaler.growth_factor = new_factor``,
+        checked as the constructor's (a ValueError/TypeError naming it)."""
+        self.growth_factor = new_factor
+
+    def get_backoff_factor(self) -> float:
+        """``torch.amp.GradScaler.get_backoff_factor``: :attr:`backoff_factor`."""
+        return self.backoff_factor
+
+    def set_backoff_factor(self, new_factor: float) -> None:
+        """``torch.amp.GradScaler.set_backoff_factor``: ``scaler.backoff_factor = new_factor``,
+        checked as the constructor's."""
+        self.backoff_factor = new_factor
+
+    def get_growth_interval(self) -> int:
+        """``torch.amp.GradScaler.get_growth_interval``: :attr:`growth_interval`."""
+        return self.growth_interval
+
+    def set_growth_interval(self, new_interval: int) -> None:
+        """``torch.amp.GradScaler.set_growth_interval``: ``scaler.growth_interval =
+        new_interval``, checked as the constructor's."""
+        self.growth_interval = new_interval
 
     _floor_advice = ("The scale cannot go lower, so this is NaN/inf from the data or a diverging "
                      "model, not float16 overflow: check the inputs and the learning rate")
