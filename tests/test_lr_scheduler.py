@@ -18,8 +18,8 @@ from miniflow.data import batches, load_digits
 from miniflow.experiments.mlp import TrainGraph, mlp
 from miniflow.optim import lr_scheduler
 from miniflow.optim.lr_scheduler import (ConstantLR, CosineAnnealingLR, ExponentialLR, LambdaLR,
-                                         LinearLR, LRScheduler, MultiStepLR, PolynomialLR,
-                                         SequentialLR, StepLR)
+                                         LinearLR, LRScheduler, MultiplicativeLR, MultiStepLR,
+                                         PolynomialLR, SequentialLR, StepLR)
 
 from reference_mlp import adadelta_step, adam_step, forward_backward, sgd_step
 
@@ -354,6 +354,50 @@ def test_lambda_lr_saves_callable_objects_attributes_not_functions():
     assert fresh.lr_lambdas[0].base == 0.5
     fresh.step()
     assert fresh.get_last_lr() == [0.5, 1.0]
+
+
+def test_multiplicative_lr_multiplies_the_current_lr_as_pytorchs():
+    """MultiplicativeLR (torch.optim.lr_scheduler's) was an AttributeError: lr_e = lr_(e-1) *
+    lr_lambda(e) from epoch 1, one function per group or one for all, a lr set by other code
+    carried on; its state dict loads into PyTorch's and back; a SequentialLR phase."""
+    class Factor:
+        def __init__(self, f):
+            self.f = f
+
+        def __call__(self, epoch):
+            return self.f
+    fns = lambda: [Factor(0.9), lambda e: 1.0 / (1.0 + 0.1 * e)]  # noqa: E731
+    opt = FakeOptimizer([0.1, 0.02])
+    sched = MultiplicativeLR(opt, fns())
+    expected = [[0.1, 0.02]]
+    for e in range(1, 7):
+        sched.step()
+        expected.append([expected[-1][0] * 0.9, expected[-1][1] / (1.0 + 0.1 * e)])
+        assert_lrs_equal(sched.get_last_lr(), expected[-1])
+    opt.param_groups[0]["lr"] = 0.5                     # carried on, as PyTorch's
+    sched.step()
+    assert_lrs_equal(sched.get_last_lr(), [0.45, expected[-1][1] / 1.7])
+    assert sched.state_dict()["lr_lambdas"] == [{"f": 0.9}, None]
+    with pytest.raises(TypeError, match="MultiplicativeLR: lr_lambda 0 must be callable"):
+        MultiplicativeLR(FakeOptimizer([0.1]), 0.5)
+    torch = pytest.importorskip("torch")
+    import make_lr_schedules as make
+    topt = make.torch_optimizer([0.1, 0.02])
+    theirs = torch.optim.lr_scheduler.MultiplicativeLR(topt, fns())
+    ours = MultiplicativeLR(FakeOptimizer([0.1, 0.02]), fns())
+    assert_lrs_equal(cfg.lr_sequence(ours, steps=4), cfg.lr_sequence(theirs, topt.step, 4))
+    again = MultiplicativeLR(FakeOptimizer(ours.get_last_lr()), fns())
+    again.load_state_dict(theirs.state_dict())
+    theirs.load_state_dict(ours.state_dict())
+    assert again.last_epoch == theirs.last_epoch == 4
+    assert_lrs_equal(cfg.lr_sequence(again, steps=4), cfg.lr_sequence(theirs, topt.step, 4))
+    seqs = []
+    for module, o in ((lr_scheduler, FakeOptimizer([0.1])), (torch.optim.lr_scheduler,
+                                                             make.torch_optimizer([0.1]))):
+        seqs.append(cfg.lr_sequence(module.SequentialLR(o, [
+            module.ConstantLR(o, 0.5, total_iters=3),
+            module.MultiplicativeLR(o, lambda e: 0.8)], [3]), getattr(o, "step", lambda: None)))
+    assert_lrs_equal(*seqs)
 
 
 def test_sequential_lr_state_holds_each_schedulers_state():

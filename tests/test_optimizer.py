@@ -37,6 +37,7 @@ SCHEDULERS = {
     "SequentialLR": lambda o: lr_scheduler.SequentialLR(
         o, [lr_scheduler.LinearLR(o), lr_scheduler.StepLR(o, 2)], milestones=[2]),
     "ReduceLROnPlateau": lambda o: lr_scheduler.ReduceLROnPlateau(o, patience=0),
+    "MultiplicativeLR": lambda o: lr_scheduler.MultiplicativeLR(o, lambda epoch: 0.9),
 }
 """Every name of ``lr_scheduler.__all__`` -> a factory of that scheduler on an optimizer."""
 

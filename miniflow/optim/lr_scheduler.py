@@ -1,7 +1,7 @@
 """Learning-rate schedulers with ``torch.optim.lr_scheduler``'s names, arguments, formulas and
 ``state_dict`` keys: :class:`StepLR`, :class:`MultiStepLR`, :class:`ExponentialLR`,
 :class:`CosineAnnealingLR`, :class:`LinearLR` and :class:`ConstantLR` (warm-ups),
-:class:`PolynomialLR`, :class:`LambdaLR`, :class:`SequentialLR` and
+:class:`PolynomialLR`, :class:`LambdaLR`, :class:`MultiplicativeLR`, :class:`SequentialLR` and
 :class:`ReduceLROnPlateau` (driven by a metric: ``step(val_loss)``; see its docstring).
 
 Use them as in PyTorch: make the scheduler after the optimizer (this sets the first lr), call
@@ -68,8 +68,8 @@ from collections import Counter
 from ..checks import integer, is_real, real
 
 __all__ = ["ConstantLR", "CosineAnnealingLR", "ExponentialLR", "LRScheduler", "LambdaLR",
-           "LinearLR", "MultiStepLR", "PolynomialLR", "ReduceLROnPlateau", "SequentialLR",
-           "StepLR"]
+           "LinearLR", "MultiStepLR", "MultiplicativeLR", "PolynomialLR", "ReduceLROnPlateau",
+           "SequentialLR", "StepLR"]
 
 _TORCH_FLAGS = ("_get_lr_called_within_step", "_is_initial")
 """Keys of PyTorch's scheduler state dicts that are always False between calls."""
@@ -646,14 +646,15 @@ class LambdaLR(LRScheduler):
     """
 
     def __init__(self, optimizer, lr_lambda, last_epoch: int = -1):
-        n = len(_param_groups("LambdaLR", optimizer))
+        name = type(self).__name__
+        n = len(_param_groups(name, optimizer))
         fns = list(lr_lambda) if isinstance(lr_lambda, (list, tuple)) else [lr_lambda] * n
         if len(fns) != n:
-            raise ValueError(f"LambdaLR: expected {n} lr_lambdas (one per param group), got "
+            raise ValueError(f"{name}: expected {n} lr_lambdas (one per param group), got "
                              f"{len(fns)}")
         for i, fn in enumerate(fns):
             if not callable(fn):
-                raise TypeError(f"LambdaLR: lr_lambda {i} must be callable (a function of the "
+                raise TypeError(f"{name}: lr_lambda {i} must be callable (a function of the "
                                 f"epoch returning a factor), got {fn!r}")
         self.lr_lambdas = fns
         super().__init__(optimizer, last_epoch)
@@ -687,6 +688,21 @@ class LambdaLR(LRScheduler):
             if saved is not None:
                 fn.__dict__.update(saved)
         super()._apply(checked)
+
+
+class MultiplicativeLR(LambdaLR):
+    """``lr_e = lr_(e-1) * lr_lambda(e)`` (PyTorch's ``MultiplicativeLR``): the factor
+    multiplies the current lr, so changes made to ``group["lr"]`` by other code carry on; the
+    step the constructor makes keeps the lr, and a :class:`SequentialLR` restarting it at its
+    milestone multiplies by ``lr_lambda(0)``, as PyTorch's. Arguments, state dict and errors
+    are :class:`LambdaLR`'s.
+    """
+
+    def get_lr(self) -> list:
+        if self._step_count == 0:  # the initial step (PyTorch's _is_initial)
+            return self._current()
+        return [lr * fn(self.last_epoch)
+                for fn, lr in zip(self.lr_lambdas, self._current(), strict=True)]
 
 
 class SequentialLR(LRScheduler):
