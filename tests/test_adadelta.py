@@ -109,7 +109,7 @@ def test_defaults_and_keywords_are_pytorchs():
     group = opt.param_groups[0]
     assert {k: group[k] for k in ("lr", "rho", "eps", "weight_decay", "maximize")} == {
         "lr": 1.0, "rho": 0.9, "eps": 1e-6, "weight_decay": 0.0, "maximize": False}
-    assert set(opt.state[0]) == {"square_avg", "acc_delta", "step"}
+    assert set(opt.state[opt.params[0]]) == {"square_avg", "acc_delta", "step"}
     torch = pytest.importorskip("torch")
     tdefaults = torch.optim.Adadelta([torch.zeros(1, requires_grad=True)]).defaults
     assert {k: tdefaults[k] for k in want} == want

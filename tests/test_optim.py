@@ -193,12 +193,12 @@ def test_failed_optimizer_load_changes_nothing(make, change, err, match):
 
 def test_valid_optimizer_load_assigns_everything_in_place():
     opt = _adam()
-    arrays = [s["exp_avg"] for s in opt.state]
+    arrays = [s["exp_avg"] for s in opt.state.values()]
     sd = _other_state(opt)
     sd["state"][0]["exp_avg"] = mf.tensor(sd["state"][0]["exp_avg"])  # Tensors are accepted
     sd["state"][1]["step"] = sd["state"][1]["step"].astype(np.float64)  # whole floats: counts
     opt.load_state_dict(sd)
-    assert all(a is s["exp_avg"] for a, s in zip(arrays, opt.state))  # graphs keep their bindings
+    assert all(a is s["exp_avg"] for a, s in zip(arrays, opt.state.values()))  # bound in graphs
     got = opt.state_dict()
     assert got["param_groups"][0]["lr"] == 0.25 and opt.version == 1
     assert got["state"][1]["step"].tolist() == [6] and got["state"][1]["step"].dtype == np.int64
@@ -257,6 +257,41 @@ def test_optimizer_copies_are_complete_and_independent(clone):
     g(*xy(seed=6))
     assert opt_2.state_dict()["state"][0]["step"][0] == 4
     assert not np.array_equal(param_arrays(model)[0], param_arrays(model_2)[0])
+
+
+def test_optimizer_state_is_keyed_by_the_parameter_as_torchs():
+    """``opt.state[p]["exp_avg"]`` (PyTorch's) was a TypeError, ``state`` a list by index: it is
+    a dict keyed by the parameter, in ``params`` order, holding what torch's holds after the
+    same steps; a copy's is keyed by the copy's parameters."""
+    model, opt, g = _trained_step(mf.optim.Adam, lr=0.01)
+    g(*xy(seed=1))
+    assert list(opt.state) == opt.params and list(opt.state) == list(model.parameters())
+    w = model[0].weight
+    assert set(opt.state[w]) == {"exp_avg", "exp_avg_sq", "step"}
+    assert opt.state[w]["exp_avg"] is next(iter(opt.state.values()))["exp_avg"]
+    model_2, opt_2 = copy.deepcopy((model, opt))
+    assert list(opt_2.state) == list(model_2.parameters())
+    np.testing.assert_array_equal(opt_2.state[model_2[0].weight]["exp_avg"],
+                                  opt.state[w]["exp_avg"])
+    torch = pytest.importorskip("torch")
+    tmodel = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 3))
+    model = small_mlp()
+    tmodel.load_state_dict({k: torch.tensor(v) for k, v in model.state_dict().items()})
+    opt, topt = mf.optim.Adam(model.parameters(), lr=0.01), torch.optim.Adam(tmodel.parameters(),
+                                                                              lr=0.01)
+    g = Step(model, opt)
+    for seed in (0, 1):
+        g(*xy(seed=seed))
+        topt.zero_grad()
+        x, y = xy(seed=seed)
+        torch.nn.functional.cross_entropy(tmodel(torch.tensor(x)), torch.tensor(y)).backward()
+        topt.step()
+    for p, tp in zip(model.parameters(), tmodel.parameters()):
+        assert set(opt.state[p]) == set(topt.state[tp])
+        for k in ("exp_avg", "exp_avg_sq"):
+            np.testing.assert_allclose(opt.state[p][k], topt.state[tp][k].numpy(), rtol=1e-5,
+                                       atol=1e-7)
+        assert int(opt.state[p]["step"][0]) == int(topt.state[tp]["step"]) == 2
 
 
 def test_an_optimizer_copied_alone_owns_copies_of_the_parameters():

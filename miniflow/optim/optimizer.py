@@ -276,7 +276,10 @@ class Optimizer:
     Attributes:
         defaults: the constructor's hyper-parameters (PyTorch's ``optimizer.defaults``).
         params: every parameter, group after group (the indices of :meth:`state_dict`).
-        state: per parameter (as :attr:`params`), its state arrays by name.
+        state: a dict keyed by the parameter, in :attr:`params` order, of its state arrays by
+            name (PyTorch's ``optimizer.state[p]["exp_avg"]``; backend arrays, NumPy on the
+            cpu backend, made with the optimizer: every parameter has its entry from the
+            start, where PyTorch's appear at the first ``step()``).
         learning_rates: per group, the f64[1] backend array holding its ``"lr"``, the
             ``learning_rate`` input of its update ops; :attr:`learning_rate` is group 0's.
         num_steps, num_skipped_steps: how many calls of a graph ran this optimizer's updates,
@@ -329,7 +332,7 @@ class Optimizer:
         self.num_steps = 0
         self.num_skipped_steps = 0
         self.defaults = self.validated(hyper)
-        self.params, self.state, self._groups = [], [], []
+        self.params, self.state, self._groups = [], {}, []
         self.learning_rates, self._lr_host = [], []
         for group in groups:
             self.add_param_group(group)
@@ -399,8 +402,8 @@ class Optimizer:
         self.learning_rates.append(backend.from_numpy(self._lr_host[-1]))
         self._groups.append(ParamGroup(self, {**checked, **torch, **others}, params))
         names = self.group_state_names(checked)
-        self.state += [{s: backend.from_numpy(self._initial_state(s, p)) for s in names}
-                       for p in params]
+        self.state.update((p, {s: backend.from_numpy(self._initial_state(s, p)) for s in names})
+                          for p in params)
         self.params += params
         self.version += 1
 
@@ -547,8 +550,9 @@ class Optimizer:
     def _state_values(self, graph, name, index, names=None):
         """Declare the parameter's state arrays (``names``, default all) as graph variables."""
         vals = []
-        for s in (self.state[index] if names is None else names):
-            arr = self.state[index][s]
+        state = self.state[self.params[index]]
+        for s in (state if names is None else names):
+            arr = state[s]
             vals.append(graph.add_variable(f"{name}.{s}", arr.shape, as_dtype(arr.dtype), data=arr))
         return vals
 
@@ -563,7 +567,7 @@ class Optimizer:
         ``miniflow.optim.lr_scheduler``; PyTorch's ``load_state_dict`` ignores them)."""
         to_numpy = get_backend().to_numpy
         return {"state": {i: {k: to_numpy(v) for k, v in s.items()}
-                          for i, s in enumerate(self.state)},
+                          for i, s in enumerate(self.state.values())},
                 "param_groups": [{**self.torch_keys, **g.values_without_params(),
                                   "params": list(range(first, stop))}
                                  for g, first, stop in self.group_slices()],
@@ -635,7 +639,7 @@ class Optimizer:
         arrays = [{k: self._checked_state(where, i, k, st, v) if i in st else
                    np.asarray(self._initial_state(k, p), np.dtype(v.dtype))
                    for k, v in s.items()}
-                  for i, (s, p) in enumerate(zip(self.state, self.params))]
+                  for i, (p, s) in enumerate(self.state.items())]
         counts = {}
         for key in ("num_steps", "num_skipped_steps"):
             counts[key] = integer(where, key, state_dict.get(key, getattr(self, key)), 0)
@@ -645,7 +649,7 @@ class Optimizer:
 
         def assign():
             backend = get_backend()  # everything is valid: assign
-            for s, new in zip(self.state, arrays):
+            for s, new in zip(self.state.values(), arrays):
                 for k, v in s.items():
                     backend.copy_in(v, new[k])
             for j, (group, (hyper, others)) in enumerate(zip(self._groups, hypers)):
@@ -738,7 +742,7 @@ class Optimizer:
             value = st[i][key]
         except (KeyError, IndexError, TypeError):
             raise KeyError(f"{where}: missing {what}; parameter {i} needs "
-                           f"{list(self.state[i])}") from None
+                           f"{list(self.state[self.params[i]])}") from None
         a = as_numpy(value)                  # a torch bfloat16 tensor too, bit for bit
         dtype = np.dtype(current.dtype)
         if a.dtype.kind not in "iuf" and not is_bfloat16(a.dtype):
@@ -770,13 +774,15 @@ class Optimizer:
         LEDGER.flush()                       # the step counts up to date
         state = dict(self.__dict__)
         to_numpy = get_backend().to_numpy
-        state["state"] = [{k: to_numpy(v) for k, v in s.items()} for s in self.state]
+        state["state"] = {p: {k: to_numpy(v) for k, v in s.items()}
+                          for p, s in self.state.items()}
         state["learning_rates"] = [to_numpy(a) for a in self.learning_rates]
         return state
 
     def __setstate__(self, state: dict) -> None:
         backend = get_backend()
-        state["state"] = [{k: backend.from_numpy(v) for k, v in s.items()} for s in state["state"]]
+        state["state"] = {p: {k: backend.from_numpy(v) for k, v in s.items()}
+                          for p, s in state["state"].items()}
         state["learning_rates"] = [backend.from_numpy(a) for a in state["learning_rates"]]
         state["_lr_host"] = [np.array(a) for a in state["_lr_host"]]
         self.__dict__.update(state)
