@@ -42,7 +42,7 @@ if _numba.config.DISABLE_JIT:
                       "to use miniflow", name=__name__)
 
 from .dtype import DType, bfloat16, float16, float32, float64, int64
-from .random import manual_seed
+from .random import get_rng_state, manual_seed, set_rng_state
 from .serialization import CheckpointError, load, save
 from .runtime.backend import device, get_backend, set_backend
 from .tensor import (Tensor, arange, from_numpy, full, ones, ones_like, rand, randint, randn,
@@ -63,8 +63,9 @@ globals()["float"] = float32    # (so: a plain assignment would hide float() in 
 
 __all__ = ["CheckpointError", "DType", "Tensor", "amp", "arange", "bfloat16", "cat", "cuda",
            "distributed", "device", "enable_grad", "float16", "float32", "float64", "gather",
-           "get_backend", "int64", "ir", "is_grad_enabled", "load", "manual_seed", "models", "nn",
-           "no_grad", "ops", "optim", "save", "set_backend", "set_grad_enabled", "stack",
+           "get_backend", "get_rng_state", "int64", "ir", "is_grad_enabled", "load",
+           "manual_seed", "models", "nn", "no_grad", "ops", "optim", "save", "set_backend",
+           "set_grad_enabled", "set_rng_state", "stack",
            "tensor", "full", "ones", "ones_like", "zeros", "zeros_like", "rand", "randn",
            "randint", "from_numpy", "scatter", "scatter_add", "take_along_dim", "where",
            "einsum"]

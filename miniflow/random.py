@@ -13,7 +13,8 @@ import numpy as np
 
 from .checks import is_integer
 
-__all__ = ["manual_seed", "generator", "register_stream", "RngState"]
+__all__ = ["manual_seed", "generator", "get_rng_state", "set_rng_state", "register_stream",
+           "RngState"]
 
 _GEN = [np.random.default_rng()]
 _STREAMS: dict = {}
@@ -110,6 +111,25 @@ class RngState:
             for name, values in streams.items():
                 _STREAMS[name][1](values)
         return assign
+
+
+def get_rng_state() -> dict:
+    """The state of the global generator and its streams (``torch.get_rng_state``'s role):
+    ``RngState().state_dict()``, a dict of strings and integers (PyTorch's is a uint8 tensor);
+    give it to :func:`set_rng_state` to draw the same numbers again (initialisation, batching,
+    dropout in a graph)."""
+    return RngState().state_dict()
+
+
+def set_rng_state(new_state: dict) -> None:
+    """Make the global generator and its streams continue from ``new_state``, a
+    :func:`get_rng_state` (``torch.set_rng_state``'s role).
+
+    Raises:
+        TypeError/ValueError: not a :func:`get_rng_state` result (as
+            :meth:`RngState.load_state_dict`).
+    """
+    RngState().load_state_dict(new_state)
 
 
 def _copy(state):
