@@ -17,9 +17,10 @@ from miniflow import load, nn, save
 from miniflow.data import batches, load_digits
 from miniflow.experiments.mlp import TrainGraph, mlp
 from miniflow.optim import lr_scheduler
-from miniflow.optim.lr_scheduler import (ConstantLR, CosineAnnealingLR, ExponentialLR, LambdaLR,
-                                         LinearLR, LRScheduler, MultiplicativeLR, MultiStepLR,
-                                         PolynomialLR, SequentialLR, StepLR)
+from miniflow.optim.lr_scheduler import (ChainedScheduler, ConstantLR, CosineAnnealingLR,
+                                         ExponentialLR, LambdaLR, LinearLR, LRScheduler,
+                                         MultiplicativeLR, MultiStepLR, PolynomialLR,
+                                         ReduceLROnPlateau, SequentialLR, StepLR)
 
 from reference_mlp import adadelta_step, adam_step, forward_backward, sgd_step
 
@@ -493,7 +494,7 @@ def _seq_case(kind):
     ("empty", ValueError, r"SequentialLR: expects at least one scheduler"),
     ("other optimizer", ValueError, r"schedulers\[1\] \(StepLR\) belongs to another optimizer"),
     ("not a scheduler", TypeError, r"schedulers\[1\] must be an LRScheduler .*got str"),
-    ("nested", TypeError, r"other than SequentialLR, got SequentialLR"),
+    ("nested", TypeError, r"other than SequentialLR and ChainedScheduler, got SequentialLR"),
     ("milestone count", ValueError, r"one milestone fewer than schedulers, got 2 schedulers and "
                                     r"milestones \[3, 6\]"),
     ("not increasing", ValueError, r"milestones must be strictly increasing, got \[3, 3\]"),
@@ -677,6 +678,80 @@ def test_add_optimizer_lr_sch_steps_the_schedule_after_every_update(accumulate):
     assert lrs[1] == lrs[2] != lrs[3] and lrs[4] == lrs[5] != lrs[6]   # held over the skips
     for a, b in zip(weights, weights2):
         np.testing.assert_array_equal(a, b)
+
+
+def _chain(module, opt):
+    return module.ChainedScheduler([module.ConstantLR(opt, 0.1, total_iters=2),
+                                    module.ExponentialLR(opt, 0.9)])
+
+
+def test_chained_scheduler_steps_each_in_turn_as_pytorchs():
+    """ChainedScheduler (torch.optim.lr_scheduler's) was an AttributeError: each step steps its
+    schedulers in order (a warm-up factor times a decay here); PyTorch's state-dict keys, loaded
+    both ways mid-schedule; given to a graph as lr_sch, the lrs and weights of stepping it by hand
+    (a step the grad scaler skipped held by each scheduler) and its schedulers refuse a step by
+    hand; bad chains refused as PyTorch's."""
+    opt = FakeOptimizer([0.1, 0.05])
+    chain = _chain(lr_scheduler, opt)
+    got = cfg.lr_sequence(chain, steps=6)
+    assert_lrs_equal(got, [[b * (0.1 if e < 2 else 1.0) * 0.9 ** e for b in (0.1, 0.05)]
+                           for e in range(7)])
+    assert set(chain.state_dict()) == {"_last_lr", "_schedulers"}
+    again = _chain(lr_scheduler, FakeOptimizer([0.1, 0.05]))
+    again.load_state_dict(chain.state_dict())
+    assert again.get_last_lr() == got[-1] and again._schedulers[1].last_epoch == 6
+    one = FakeOptimizer([0.1])
+    for make, error, match in [
+            (lambda: ChainedScheduler([]), ValueError, "expects at least one scheduler"),
+            (lambda: ChainedScheduler([ReduceLROnPlateau(one)]), ValueError, "ReduceLROnPlateau"),
+            (lambda: ChainedScheduler([StepLR(one, 1), StepLR(FakeOptimizer([0.1]), 1)]),
+             ValueError, r"schedulers\[1\] \(StepLR\) belongs to another optimizer"),
+            (lambda: SequentialLR(one, [StepLR(one, 1), _chain(lr_scheduler, one)], [2]),
+             TypeError, "other than SequentialLR and ChainedScheduler")]:
+        with pytest.raises(error, match=match):
+            make()
+    with pytest.raises(KeyError, match="unknown keys"):
+        again.load_state_dict({**chain.state_dict(), "last_epoch": 3})
+    runs = []
+    for graph_steps in (False, True):
+        model, opt, graph = _scaled_graph()
+        chain = _chain(lr_scheduler, opt)
+        if graph_steps:
+            graph = _ScheduledGraph(model, opt, chain)
+            graph.set_grad_scaler(mf.amp.GradScaler(init_scale=1024.0))
+            with pytest.raises(RuntimeError, match="was given to nn.Graph"):
+                chain._schedulers[0].step()
+        lrs = []
+        for bad in [False, True, False, False]:
+            lrs.append(opt.param_groups[0]["lr"])
+            graph(*_batch(bad))             # the scaler skips the second: held
+            if not graph_steps:
+                chain.step()
+        runs.append((lrs, [p.numpy() for p in model.parameters()]))
+    assert_lrs_equal(runs[0][0], [0.01, 0.009, 0.009, 0.081])
+    assert runs[0][0] == runs[1][0]
+    for a, b in zip(runs[0][1], runs[1][1]):
+        np.testing.assert_array_equal(a, b)
+    torch = pytest.importorskip("torch")
+    import make_lr_schedules as make
+    topt = make.torch_optimizer([0.1, 0.05])
+    theirs, ours = _chain(torch.optim.lr_scheduler, topt), _chain(lr_scheduler,
+                                                                  FakeOptimizer([0.1, 0.05]))
+    assert_lrs_equal(cfg.lr_sequence(ours, steps=3), cfg.lr_sequence(theirs, topt.step, 3))
+    mine = _chain(lr_scheduler, FakeOptimizer([0.1, 0.05]))
+    for g, lr in zip(mine.optimizer.param_groups, ours.get_last_lr()):
+        g["lr"] = lr                     # as the optimizer's load_state_dict sets it
+    mine.load_state_dict(theirs.state_dict())
+    theirs.load_state_dict(ours.state_dict())
+    assert_lrs_equal(cfg.lr_sequence(mine, steps=3), cfg.lr_sequence(theirs, topt.step, 3))
+    seqs = []                            # a SequentialLR in a chain, as PyTorch's takes it
+    for module, o in ((lr_scheduler, FakeOptimizer([0.1])), (torch.optim.lr_scheduler,
+                                                             make.torch_optimizer([0.1]))):
+        warm = module.SequentialLR(o, [module.ConstantLR(o, 0.5, total_iters=2),
+                                       module.StepLR(o, 2, 0.5)], [2])
+        seqs.append(cfg.lr_sequence(module.ChainedScheduler([warm, module.ExponentialLR(o, 0.9)]),
+                                    getattr(o, "step", lambda: None), 8))
+    assert_lrs_equal(*seqs)
 
 
 def test_add_optimizer_refuses_a_scheduler_it_cannot_step():

@@ -38,6 +38,8 @@ SCHEDULERS = {
         o, [lr_scheduler.LinearLR(o), lr_scheduler.StepLR(o, 2)], milestones=[2]),
     "ReduceLROnPlateau": lambda o: lr_scheduler.ReduceLROnPlateau(o, patience=0),
     "MultiplicativeLR": lambda o: lr_scheduler.MultiplicativeLR(o, lambda epoch: 0.9),
+    "ChainedScheduler": lambda o: lr_scheduler.ChainedScheduler(
+        [lr_scheduler.ConstantLR(o, total_iters=2), lr_scheduler.ExponentialLR(o, 0.9)]),
 }
 """Every name of ``lr_scheduler.__all__`` -> a factory of that scheduler on an optimizer."""
 

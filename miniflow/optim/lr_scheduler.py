@@ -1,8 +1,9 @@
 """Learning-rate schedulers with ``torch.optim.lr_scheduler``'s names, arguments, formulas and
 ``state_dict`` keys: :class:`StepLR`, :class:`MultiStepLR`, :class:`ExponentialLR`,
 :class:`CosineAnnealingLR`, :class:`LinearLR` and :class:`ConstantLR` (warm-ups),
-:class:`PolynomialLR`, :class:`LambdaLR`, :class:`MultiplicativeLR`, :class:`SequentialLR` and
-:class:`ReduceLROnPlateau` (driven by a metric: ``step(val_loss)``; see its docstring).
+:class:`PolynomialLR`, :class:`LambdaLR`, :class:`MultiplicativeLR`, :class:`SequentialLR`,
+:class:`ChainedScheduler` and :class:`ReduceLROnPlateau` (driven by a metric:
+``step(val_loss)``; see its docstring).
 
 Use them as in PyTorch: make the scheduler after the optimizer (this sets the first lr), call
 ``scheduler.step()`` once after every optimizer step (every call of a training nn.Graph), or
@@ -50,8 +51,8 @@ Differences from PyTorch:
   (miniflow optimizers have no ``step()`` to watch).
 - Arguments are validated (PyTorch accepts e.g. ``gamma=0``, ``T_max=0`` or decreasing
   milestones and fails later or never); a SequentialLR cannot contain a SequentialLR (PyTorch's
-  fails at the first milestone); every new lr must be a finite real number (a ``LambdaLR``
-  returning NaN raises) and a step that raises changes nothing.
+  fails at the first milestone) or a ChainedScheduler; every new lr must be a finite real
+  number (a ``LambdaLR`` returning NaN raises) and a step that raises changes nothing.
 - ``load_state_dict`` checks the keys and values (PyTorch's ``state_dict`` of the same class
   loads: its transient flags ``_get_lr_called_within_step`` and ``_is_initial`` are accepted and
   ignored) and applies all or nothing. It does not touch the optimizer: load the optimizer's
@@ -67,9 +68,9 @@ from collections import Counter
 
 from ..checks import integer, is_real, real
 
-__all__ = ["ConstantLR", "CosineAnnealingLR", "ExponentialLR", "LRScheduler", "LambdaLR",
-           "LinearLR", "MultiStepLR", "MultiplicativeLR", "PolynomialLR", "ReduceLROnPlateau",
-           "SequentialLR", "StepLR"]
+__all__ = ["ChainedScheduler", "ConstantLR", "CosineAnnealingLR", "ExponentialLR", "LRScheduler",
+           "LambdaLR", "LinearLR", "MultiStepLR", "MultiplicativeLR", "PolynomialLR",
+           "ReduceLROnPlateau", "SequentialLR", "StepLR"]
 
 _TORCH_FLAGS = ("_get_lr_called_within_step", "_is_initial")
 """Keys of PyTorch's scheduler state dicts that are always False between calls."""
@@ -173,6 +174,18 @@ def _check_last_epoch(owner: str, last_epoch) -> None:
     if isinstance(last_epoch, bool) or last_epoch != -1:
         raise ValueError(f"{owner}: last_epoch={last_epoch!r} is not supported: to resume, make "
                          "the scheduler with last_epoch=-1 and call load_state_dict(saved state)")
+
+
+def _checked_schedulers(where: str, schedulers: list, states) -> list:
+    """Each of ``schedulers`` checks its saved state of ``states`` (a SequentialLR's or a
+    ChainedScheduler's ``_schedulers``); an error names the index."""
+    checked = []
+    for i, (s, sub) in enumerate(zip(schedulers, states)):
+        try:
+            checked.append(s._checked(sub))
+        except (KeyError, TypeError, ValueError) as e:
+            raise type(e)(f"{where}: _schedulers[{i}]: {e.args[0]}") from None
+    return checked
 
 
 # ------------------------------------------------------------------------------------- base
@@ -727,9 +740,10 @@ class SequentialLR(LRScheduler):
         if not schedulers:
             raise ValueError("SequentialLR: expects at least one scheduler, got none")
         for i, s in enumerate(schedulers):
-            if not isinstance(s, LRScheduler) or isinstance(s, SequentialLR):
+            if not isinstance(s, LRScheduler) or isinstance(s, (SequentialLR, ChainedScheduler)):
                 raise TypeError(f"SequentialLR: schedulers[{i}] must be an LRScheduler other "
-                                f"than SequentialLR, got {type(s).__name__}")
+                                f"than SequentialLR and ChainedScheduler, got "
+                                f"{type(s).__name__}")
             if isinstance(s, ReduceLROnPlateau):   # PyTorch's check and message
                 raise ValueError(f"SequentialLR: schedulers[{i}] is a ReduceLROnPlateau, which "
                                  "needs the metric at every step(metric); SequentialLR steps "
@@ -807,12 +821,7 @@ class SequentialLR(LRScheduler):
                              f"{len(subs) if isinstance(subs, (list, tuple)) else subs!r} "
                              f"schedulers; this SequentialLR has {len(self._schedulers)} "
                              "schedulers")
-        checked = []
-        for i, (s, sub) in enumerate(zip(self._schedulers, subs)):
-            try:
-                checked.append(s._checked(sub))
-            except (KeyError, TypeError, ValueError) as e:
-                raise type(e)(f"{where}: _schedulers[{i}]: {e.args[0]}") from None
+        checked = _checked_schedulers(where, self._schedulers, subs)
         return {"_milestones": milestones,
                 "last_epoch": integer(where, "last_epoch", state["last_epoch"], 0),
                 "_last_lr": _reals(where, "_last_lr", state["_last_lr"],
@@ -823,6 +832,88 @@ class SequentialLR(LRScheduler):
         for s, sub in zip(self._schedulers, checked.pop("_schedulers")):
             s._apply(sub)
         super()._apply(checked)
+
+
+class ChainedScheduler(LRScheduler):
+    """Step every scheduler of ``schedulers`` in turn at each :meth:`step` (PyTorch's
+    ``ChainedScheduler``: recursive schedules compose, e.g. ``ChainedScheduler([ConstantLR(opt,
+    0.1, total_iters=2), ExponentialLR(opt, 0.9)])``); :meth:`get_last_lr` is the lrs after
+    the last one. Each scheduler keeps its own ``last_epoch`` and skipped-step rule (the
+    module docstring); the chain has no ``last_epoch`` of its own, as PyTorch's has none.
+    Given to an nn.Graph as ``lr_sch``, the graph steps the chain and none of its schedulers
+    may be stepped by hand.
+
+    Args:
+        schedulers: LRSchedulers of one optimizer (not ReduceLROnPlateau; a SequentialLR or
+            another chain may be one).
+        optimizer: that optimizer (default: the first scheduler's).
+
+    ``state_dict()``: PyTorch's keys, ``_last_lr`` and ``_schedulers`` (each one's state dict).
+
+    Raises:
+        TypeError: an element that is not an LRScheduler.
+        ValueError: no schedulers, a ReduceLROnPlateau (as PyTorch: it needs a metric), a
+            scheduler of another optimizer.
+    """
+
+    def __init__(self, schedulers, optimizer=None):
+        schedulers = list(schedulers)
+        if not schedulers:
+            raise ValueError("ChainedScheduler: expects at least one scheduler to be chained, "
+                             "got none")
+        optimizer = schedulers[0].optimizer if optimizer is None else optimizer
+        for i, s in enumerate(schedulers):
+            if not isinstance(s, LRScheduler):
+                raise TypeError(f"ChainedScheduler: schedulers[{i}] must be an LRScheduler, got "
+                                f"{type(s).__name__}")
+            if isinstance(s, ReduceLROnPlateau):   # PyTorch's check
+                raise ValueError(f"ChainedScheduler: schedulers[{i}] is a ReduceLROnPlateau, "
+                                 "which needs the metric at every step(metric); "
+                                 "ChainedScheduler steps its schedulers without one")
+            if s.optimizer is not optimizer:
+                raise ValueError(f"ChainedScheduler: schedulers[{i}] ({type(s).__name__}) "
+                                 "belongs to another optimizer; all must use one optimizer")
+        self.optimizer = optimizer
+        self._schedulers = schedulers
+        self._last_lr = self._current()
+
+    def _stepped_by(self, graph) -> None:
+        super()._stepped_by(graph)
+        for s in self._schedulers:
+            s._stepped_by(graph)
+
+    def _scheduled_step(self) -> None:
+        """Step each scheduler (each applies the skipped-step rule itself)."""
+        for s in self._schedulers:
+            s._scheduled_step()
+        self._last_lr = self._current()
+
+    def state_dict(self) -> dict:
+        return {"_last_lr": list(self._last_lr),
+                "_schedulers": [s.state_dict() for s in self._schedulers]}
+
+    def _checked(self, state: dict) -> dict:
+        where = "ChainedScheduler.load_state_dict"
+        if not isinstance(state, dict):
+            raise TypeError(f"{where}: expected a dict (a state_dict()), got "
+                            f"{type(state).__name__}")
+        keys = ("_last_lr", "_schedulers")
+        if set(state) != set(keys):
+            raise KeyError(f"{where}: missing keys {[k for k in keys if k not in state]}, "
+                           f"unknown keys {sorted(set(state) - set(keys), key=str)}; "
+                           f"ChainedScheduler has {list(keys)}")
+        subs = state["_schedulers"]
+        if not isinstance(subs, (list, tuple)) or len(subs) != len(self._schedulers):
+            raise ValueError(f"{where}: _schedulers must be a list of {len(self._schedulers)} "
+                             f"state dicts, got {subs!r:.80}")
+        return {"_last_lr": _reals(where, "_last_lr", state["_last_lr"],
+                                   len(self.optimizer.param_groups)),
+                "_schedulers": _checked_schedulers(where, self._schedulers, subs)}
+
+    def _apply(self, checked: dict) -> None:
+        for s, sub in zip(self._schedulers, checked["_schedulers"]):
+            s._apply(sub)
+        self._last_lr = checked["_last_lr"]
 
 
 class ReduceLROnPlateau(LRScheduler):
