@@ -18,9 +18,9 @@ from miniflow.data import batches, load_digits
 from miniflow.experiments.mlp import TrainGraph, mlp
 from miniflow.optim import lr_scheduler
 from miniflow.optim.lr_scheduler import (ChainedScheduler, ConstantLR, CosineAnnealingLR,
-                                         ExponentialLR, LambdaLR, LinearLR, LRScheduler,
-                                         MultiplicativeLR, MultiStepLR, PolynomialLR,
-                                         ReduceLROnPlateau, SequentialLR, StepLR)
+                                         CosineAnnealingWarmRestarts, ExponentialLR, LambdaLR,
+                                         LinearLR, LRScheduler, MultiplicativeLR, MultiStepLR,
+                                         PolynomialLR, ReduceLROnPlateau, SequentialLR, StepLR)
 
 from reference_mlp import adadelta_step, adam_step, forward_backward, sgd_step
 
@@ -678,6 +678,40 @@ def test_add_optimizer_lr_sch_steps_the_schedule_after_every_update(accumulate):
     assert lrs[1] == lrs[2] != lrs[3] and lrs[4] == lrs[5] != lrs[6]   # held over the skips
     for a, b in zip(weights, weights2):
         np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.parametrize("kwargs", [dict(T_0=3), dict(T_0=2, T_mult=2, eta_min=0.001)])
+def test_cosine_annealing_warm_restarts_as_pytorchs(kwargs):
+    """CosineAnnealingWarmRestarts (torch.optim.lr_scheduler's) was an AttributeError: cosine
+    cycles of T_0, T_0 * T_mult ... epochs from the base lr to eta_min (the closed form), T_cur
+    and T_i in the state dict, which loads both ways; a state saved after a fractional
+    step(epoch) is refused."""
+    opt = FakeOptimizer([0.1, 0.02])
+    sched = CosineAnnealingWarmRestarts(opt, **kwargs)
+    got = cfg.lr_sequence(sched, steps=20)
+    t_0, mult, lo = kwargs["T_0"], kwargs.get("T_mult", 1), kwargs.get("eta_min", 0.0)
+    expected, start, length = [], 0, t_0
+    for e in range(21):
+        if e - start == length:
+            start, length = e, length * mult
+        expected.append([lo + (b - lo) * (1 + math.cos(math.pi * (e - start) / length)) / 2
+                         for b in (0.1, 0.02)])
+    assert_lrs_equal(got, expected)
+    assert (sched.T_cur, sched.T_i) == (20 - start, length)
+    with pytest.raises(ValueError, match="T_0 must be an integer >= 1"):
+        CosineAnnealingWarmRestarts(FakeOptimizer([0.1]), 0)
+    with pytest.raises(ValueError, match=r"T_cur 2.5 and T_i .* do not follow from last_epoch"):
+        CosineAnnealingWarmRestarts(FakeOptimizer([0.1, 0.02]), **kwargs).load_state_dict(
+            {**sched.state_dict(), "T_cur": 2.5})
+    torch = pytest.importorskip("torch")
+    import make_lr_schedules as make
+    topt = make.torch_optimizer([0.1, 0.02])
+    theirs = torch.optim.lr_scheduler.CosineAnnealingWarmRestarts(topt, **kwargs)
+    assert_lrs_equal(cfg.lr_sequence(theirs, topt.step, 20), got)
+    mine = CosineAnnealingWarmRestarts(FakeOptimizer([0.1, 0.02]), **kwargs)
+    mine.load_state_dict(theirs.state_dict())
+    theirs.load_state_dict(sched.state_dict())
+    assert_lrs_equal(cfg.lr_sequence(mine, steps=9), cfg.lr_sequence(theirs, topt.step, 9))
 
 
 def _chain(module, opt):

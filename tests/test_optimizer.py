@@ -40,6 +40,7 @@ SCHEDULERS = {
     "MultiplicativeLR": lambda o: lr_scheduler.MultiplicativeLR(o, lambda epoch: 0.9),
     "ChainedScheduler": lambda o: lr_scheduler.ChainedScheduler(
         [lr_scheduler.ConstantLR(o, total_iters=2), lr_scheduler.ExponentialLR(o, 0.9)]),
+    "CosineAnnealingWarmRestarts": lambda o: lr_scheduler.CosineAnnealingWarmRestarts(o, 2, 2),
 }
 """Every name of ``lr_scheduler.__all__`` -> a factory of that scheduler on an optimizer."""
 

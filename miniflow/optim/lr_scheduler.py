@@ -1,9 +1,9 @@
 """Learning-rate schedulers with ``torch.optim.lr_scheduler``'s names, arguments, formulas and
 ``state_dict`` keys: :class:`StepLR`, :class:`MultiStepLR`, :class:`ExponentialLR`,
-:class:`CosineAnnealingLR`, :class:`LinearLR` and :class:`ConstantLR` (warm-ups),
-:class:`PolynomialLR`, :class:`LambdaLR`, :class:`MultiplicativeLR`, :class:`SequentialLR`,
-:class:`ChainedScheduler` and :class:`ReduceLROnPlateau` (driven by a metric:
-``step(val_loss)``; see its docstring).
+:class:`CosineAnnealingLR`, :class:`CosineAnnealingWarmRestarts`, :class:`LinearLR` and
+:class:`ConstantLR` (warm-ups), :class:`PolynomialLR`, :class:`LambdaLR`,
+:class:`MultiplicativeLR`, :class:`SequentialLR`, :class:`ChainedScheduler` and
+:class:`ReduceLROnPlateau` (driven by a metric: ``step(val_loss)``; see its docstring).
 
 Use them as in PyTorch: make the scheduler after the optimizer (this sets the first lr), call
 ``scheduler.step()`` once after every optimizer step (every call of a training nn.Graph), or
@@ -68,9 +68,9 @@ from collections import Counter
 
 from ..checks import integer, is_real, real
 
-__all__ = ["ChainedScheduler", "ConstantLR", "CosineAnnealingLR", "ExponentialLR", "LRScheduler",
-           "LambdaLR", "LinearLR", "MultiStepLR", "MultiplicativeLR", "PolynomialLR",
-           "ReduceLROnPlateau", "SequentialLR", "StepLR"]
+__all__ = ["ChainedScheduler", "ConstantLR", "CosineAnnealingLR", "CosineAnnealingWarmRestarts",
+           "ExponentialLR", "LRScheduler", "LambdaLR", "LinearLR", "MultiStepLR",
+           "MultiplicativeLR", "PolynomialLR", "ReduceLROnPlateau", "SequentialLR", "StepLR"]
 
 _TORCH_FLAGS = ("_get_lr_called_within_step", "_is_initial")
 """Keys of PyTorch's scheduler state dicts that are always False between calls."""
@@ -520,6 +520,66 @@ class CosineAnnealingLR(LRScheduler):
         return [self.eta_min + (b - self.eta_min) * (1 + math.cos(math.pi * self.last_epoch
                                                                   / self.T_max)) / 2
                 for b in self._group_base_lrs()]
+
+
+def _restart_position(epoch: int, t_0: int, t_mult: int) -> tuple:
+    """``(T_cur, T_i)`` at ``epoch``: the epochs since the last restart and the current cycle's
+    length, cycles of ``t_0``, ``t_0 * t_mult``, ... epochs (PyTorch's recursion, in integers)."""
+    t_cur, t_i = epoch, t_0
+    while t_cur >= t_i:
+        t_cur, t_i = t_cur - t_i, t_i * t_mult
+    return t_cur, t_i
+
+
+class CosineAnnealingWarmRestarts(LRScheduler):
+    """Cosine annealing restarted every cycle (SGDR, arXiv:1608.03983), PyTorch's
+    ``CosineAnnealingWarmRestarts``: ``lr_e = eta_min + (base_lr - eta_min) (1 + cos(pi T_cur /
+    T_i)) / 2``, where ``T_cur`` counts the epochs since the last restart and ``T_i``, the
+    cycle's length, starts at ``T_0`` and is multiplied by ``T_mult`` at every restart.
+
+    ``step()`` takes no epoch: PyTorch's ``step(epoch)`` with a fractional epoch (``step(epoch
+    + i / iters)``, restarts within an epoch) is not there; call ``step()`` once per batch with
+    ``T_0`` counted in batches instead. ``T_cur`` and ``T_i`` are in the state dict (PyTorch's
+    keys); a state whose ``T_cur`` or ``T_i`` does not follow from its ``last_epoch`` (saved
+    after a ``step(epoch)``) is refused by ``load_state_dict``.
+
+    Raises:
+        ValueError: T_0 not an integer >= 1, T_mult not an integer >= 1, eta_min not finite
+            >= 0.
+    """
+
+    _hyper = {"T_0": lambda o, n, v: integer(o, n, v, 1),
+              "T_mult": lambda o, n, v: integer(o, n, v, 1),
+              "eta_min": lambda o, n, v: real(o, n, v, 0.0)}
+
+    def __init__(self, optimizer, T_0: int, T_mult: int = 1, eta_min: float = 0.0,
+                 last_epoch: int = -1):
+        self._set_hyper(T_0=T_0, T_mult=T_mult, eta_min=eta_min)
+        self.T_cur, self.T_i = -1, self.T_0
+        super().__init__(optimizer, last_epoch)
+
+    def get_lr(self) -> list:
+        self.T_cur, self.T_i = _restart_position(self.last_epoch, self.T_0, self.T_mult)
+        lo = self.eta_min
+        return [lo + (b - lo) * (1 + math.cos(math.pi * self.T_cur / self.T_i)) / 2
+                for b in self._group_base_lrs()]
+
+    def state_dict(self) -> dict:
+        return {**super().state_dict(), "T_i": self.T_i, "T_cur": self.T_cur}
+
+    def _state_keys(self) -> tuple:
+        return (*super()._state_keys(), "T_i", "T_cur")
+
+    def _checked_extra(self, where: str, state: dict) -> dict:
+        epoch = integer(where, "last_epoch", state["last_epoch"], 0)
+        t_0 = integer(where, "T_0", state["T_0"], 1)
+        expected = _restart_position(epoch, t_0, integer(where, "T_mult", state["T_mult"], 1))
+        if (state["T_cur"], state["T_i"]) != expected:
+            raise ValueError(f"{where}: T_cur {state['T_cur']!r} and T_i {state['T_i']!r} do "
+                             f"not follow from last_epoch {epoch} (expected {expected[0]} and "
+                             f"{expected[1]}): a state saved after step(epoch) with an epoch of "
+                             "its own, which this scheduler has not")
+        return {"T_cur": expected[0], "T_i": expected[1]}
 
 
 class LinearLR(LRScheduler):
