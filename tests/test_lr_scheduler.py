@@ -714,6 +714,18 @@ def test_cosine_annealing_warm_restarts_as_pytorchs(kwargs):
     assert_lrs_equal(cfg.lr_sequence(mine, steps=9), cfg.lr_sequence(theirs, topt.step, 9))
 
 
+@pytest.mark.parametrize("name,match", [
+    ("OneCycleLR", "cycles the momentum .* LambdaLR of the step, or a SequentialLR"),
+    ("CyclicLR", "cycles the momentum"), ("_LRScheduler", "subclass LRScheduler"),
+    ("NoSuchLR", "has no attribute 'NoSuchLR'$")])
+def test_schedulers_miniflow_has_not_say_why_and_what_to_write(name, match):
+    """lr_scheduler.OneCycleLR was a bare AttributeError: the names PyTorch has and miniflow
+    has not say why and what to write instead."""
+    with pytest.raises(AttributeError, match=match):
+        getattr(lr_scheduler, name)
+    assert not hasattr(lr_scheduler, name)
+
+
 def _chain(module, opt):
     return module.ChainedScheduler([module.ConstantLR(opt, 0.1, total_iters=2),
                                     module.ExponentialLR(opt, 0.9)])

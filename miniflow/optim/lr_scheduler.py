@@ -1153,3 +1153,23 @@ class ReduceLROnPlateau(LRScheduler):
             num_bad_epochs=integer(where, "num_bad_epochs", s["num_bad_epochs"], 0),
             _last_lr=_reals(where, "_last_lr", s["_last_lr"], len(self.optimizer.param_groups)))
         return lambda: self.__dict__.update(checked)
+
+
+_NOT_THERE = {
+    "OneCycleLR": "it cycles the momentum (Adam's beta1) with the lr, and miniflow compiles the "
+                  "momentum into the graph (a new value every step would recompile every step); "
+                  "write the lr part as a LambdaLR of the step, or a SequentialLR of LinearLR "
+                  "and CosineAnnealingLR",
+    "CyclicLR": "it cycles the momentum with the lr by default, and miniflow compiles the "
+                "momentum into the graph; write the lr cycle as a LambdaLR of the step",
+    "_LRScheduler": "PyTorch's old name of LRScheduler: subclass LRScheduler",
+}
+"""``torch.optim.lr_scheduler`` names miniflow has not: why, and what to write instead."""
+
+
+def __getattr__(name):
+    """Raises:
+        AttributeError: a name the module has not; one of :data:`_NOT_THERE` says why and what
+            to write instead."""
+    hint = f": {_NOT_THERE[name]}" if name in _NOT_THERE else ""
+    raise AttributeError(f"module 'miniflow.optim.lr_scheduler' has no attribute {name!r}{hint}")
