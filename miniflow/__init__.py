@@ -41,7 +41,7 @@ if _numba.config.DISABLE_JIT:
                       "compiler: float16 intrinsics and IEEE arithmetic); unset NUMBA_DISABLE_JIT "
                       "to use miniflow", name=__name__)
 
-from .dtype import DType, bfloat16, float16, float32, float64, int64
+from .dtype import DType, bfloat16, bool_ as _bool, float16, float32, float64, int64
 from .random import get_rng_state, manual_seed, set_rng_state
 from .serialization import CheckpointError, load, save
 from .runtime.backend import device, get_backend, set_backend
@@ -60,6 +60,7 @@ __version__ = "0.1.0"
 # ``from miniflow import *`` hides no builtin float.
 long, half, double = int64, float16, float64
 globals()["float"] = float32    # (so: a plain assignment would hide float() in this module)
+globals()["bool"] = _bool       # torch.bool, the comparisons' dtype (hiding no builtin here)
 
 __all__ = ["CheckpointError", "DType", "Tensor", "amp", "arange", "bfloat16", "cat", "cuda",
            "distributed", "device", "enable_grad", "float16", "float32", "float64", "gather",

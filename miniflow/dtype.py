@@ -1,4 +1,9 @@
-"""Data types: the five dtypes miniflow knows, their NumPy mapping and the half types' limits.
+"""Data types: the six dtypes miniflow knows, their NumPy mapping and the half types' limits.
+
+``bool`` (:data:`bool_`, ``miniflow.bool`` as ``torch.bool``) is the dtype of eager tensors only:
+comparisons' results and masks. No op computes on it and no graph value has it
+(:func:`graph_dtype`): inside ``nn.Graph.build`` a bool tensor is read as data, as a NumPy bool
+array is.
 
 ``float16`` is IEEE binary16: max finite 65504, values >= 65520 round to inf, smallest normal
 2^-14, smallest subnormal 2^-24 (values at or below 2^-25 round to zero). Source: IEEE 754-2008.
@@ -21,7 +26,8 @@ from types import FunctionType
 
 import numpy as np
 
-__all__ = ["DType", "float64", "float32", "float16", "bfloat16", "int64", "as_dtype",
+__all__ = ["DType", "float64", "float32", "float16", "bfloat16", "int64", "bool_", "as_dtype",
+           "graph_dtype",
            "HALF_DTYPES", "FP16_MAX", "FP16_OVERFLOW", "FP16_MIN_NORMAL", "FP16_MIN_SUBNORMAL",
            "BF16_MAX", "is_bfloat16", "max_finite", "overflows", "check_fill"]
 
@@ -88,6 +94,8 @@ float32 = DType("float32", "f32", np.float32, True)
 float16 = DType("float16", "f16", np.float16, True)
 bfloat16 = DType("bfloat16", "bf16", _ml_dtypes_bfloat16, True, itemsize=2)
 int64 = DType("int64", "i64", np.int64, False)
+bool_ = DType("bool", "b8", np.bool_, False)
+"""``miniflow.bool`` (``torch.bool``; ``bool_`` here, as NumPy's, so that the builtin stays)."""
 
 HALF_DTYPES = (float16, bfloat16)
 """The 16-bit float types."""
@@ -130,7 +138,7 @@ def check_fill(op: str, value: float, dtype: DType) -> None:
             f"float('inf'), float('-inf') or a value in range")
 
 
-_ALL = {d.name: d for d in (float64, float32, float16, bfloat16, int64)}
+_ALL = {d.name: d for d in (float64, float32, float16, bfloat16, int64, bool_)}
 _BY_NP = {d.np: d for d in _ALL.values() if d is not bfloat16}
 
 
@@ -148,8 +156,7 @@ def as_dtype(x) -> DType:
     Integer NumPy types of other widths (int32, uint8) map to int64 is NOT done silently: they raise.
 
     Raises:
-        TypeError: for a dtype miniflow does not support, naming the supported ones; for bool,
-            saying to give a mask as int64 (as a float, an attention mask would be added).
+        TypeError: for a dtype miniflow does not support, naming the supported ones.
     """
     if isinstance(x, DType):
         return x
@@ -165,11 +172,23 @@ def as_dtype(x) -> DType:
         return _BY_NP[npd]
     if npd is not None and is_bfloat16(npd):
         return bfloat16
-    if npd is not None and npd == np.bool_:
-        raise TypeError(
-            f"unsupported dtype {x!r}: miniflow has no bool tensors; give a bool mask as int64 "
-            f"(mask.astype(np.int64): nonzero is True, as masked_fill, attn_mask and "
-            f"key_padding_mask read an int64 mask), not as a float: a float attention mask is "
-            f"added to the scores, so mask.astype(float) would mask nothing")
     raise TypeError(f"unsupported dtype {x!r}: miniflow supports "
                     f"{', '.join(_ALL)} (convert your array with .astype first)")
+
+
+def graph_dtype(x) -> DType:
+    """:func:`as_dtype` of the dtype of something a graph holds (a graph input, a buffer, an IR
+    value): every dtype but bool.
+
+    Raises:
+        TypeError: as :func:`as_dtype`; bool, saying to give a mask as int64 (as a float, an
+            attention mask would be added).
+    """
+    dt = as_dtype(x)
+    if dt is bool_:
+        raise TypeError(
+            "bool tensors are eager in miniflow and no graph value is bool; give a bool mask "
+            "as int64 (mask.long(), or mask.astype(np.int64): nonzero is True, as masked_fill, "
+            "where, attn_mask and key_padding_mask read an int64 mask), not as a float: a float "
+            "attention mask is added to the scores, so mask.float() would mask nothing")
+    return dt

@@ -66,7 +66,7 @@ from typing import Any
 
 import numpy as np
 
-from .dtype import DType, as_dtype
+from .dtype import DType, as_dtype, graph_dtype
 
 __all__ = ["Value", "Node", "Graph", "VerifyError", "MicroBatchSchedule", "runs_per_micro_batch",
            "format_shape", "evaluate", "output_name", "grad_name"]
@@ -121,7 +121,7 @@ class Value:
     def __init__(self, name: str, shape, dtype: DType, kind: str = "node", producer=None):
         self.name = name
         self.shape = tuple(int(s) for s in shape)
-        self.dtype = as_dtype(dtype)
+        self.dtype = graph_dtype(dtype)
         self.kind = kind
         self.producer = producer
 

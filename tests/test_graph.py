@@ -801,18 +801,25 @@ def test_comparing_a_lazy_tensor_in_build_says_it_has_no_value_yet(compare):
         G()(np.ones(3, np.float32))
 
 
-def test_eager_tensors_compare_by_identity_and_hash():
-    """Outside a trace two Tensors under ``==`` / ``!=`` compare as objects (identity: usable in
-    lists, dicts and sets); against a number or an array, and ordered against another tensor,
-    an eager tensor gives the NumPy bool array of its values compared (PyTorch's bool tensor:
-    nanoGPT's ``masked_fill(bias == 0, -inf)``)."""
+def test_eager_tensors_compare_values_and_hash_by_identity():
+    """As torch.Tensor: ``==`` / ``!=`` between two tensors compare values into an eager bool
+    tensor (they were identity, a Python bool), tensors hash by identity (dicts and sets of
+    tensors work), and against a number or an array an eager tensor gives a bool tensor too
+    (nanoGPT's ``masked_fill(bias == 0, -inf)``). NumPy oracle."""
     a, b = mf.tensor([1.0, 2.0]), mf.tensor([1.0, 3.0])
-    assert a == a and a != b and a in [b, a] and len({a, b}) == 2
+    assert (a == a).dtype is mf.bool and (a == a).all() and (a != a).tolist() == [False, False]
+    np.testing.assert_array_equal((a == b).numpy(), [True, False])
+    np.testing.assert_array_equal((a != b).numpy(), [False, True])
+    assert len({a, b}) == 2 and {a: 1, b: 2}[b] == 2 and a in {b, a} and a in [a, b]
     np.testing.assert_array_equal(a == 1.0, [True, False])
     np.testing.assert_array_equal(2.0 <= a, [False, True])
     np.testing.assert_array_equal(a < b, [False, True])
     np.testing.assert_array_equal(a != np.array([1.0, 0.0]), [False, True])
     assert (a == None) is False and (a == "x") is False     # noqa: E711: not an array: objects
+    for ambiguous in (lambda: bool(a == b), lambda: a in [b, a]):    # PyTorch's error too
+        with pytest.raises(RuntimeError, match="Boolean value of Tensor with more than one "
+                                               "value is ambiguous"):
+            ambiguous()
 
 
 def _run_threads(work, n_threads=2):

@@ -628,11 +628,11 @@ def test_a_torch_tensor_keeps_its_floating_dtype_as_torch_tensor_keeps_it():
     float32 (the rule for Python floats), a bfloat16 tensor raised torch's "Got unsupported
     ScalarType BFloat16" and one that requires grad torch's "Can't call numpy() on Tensor that
     requires grad"; now the dtype is kept and the values read as ``load_state_dict`` reads
-    them (integers and bools: int64, miniflow's one integer dtype)."""
+    them (integers: int64, miniflow's one integer dtype; bools: bool)."""
     torch = pytest.importorskip("torch")
     for dt, want in ((torch.float64, mf.float64), (torch.float16, mf.float16),
                      (torch.bfloat16, mf.bfloat16), (torch.int32, mf.int64),
-                     (torch.bool, mf.int64)):
+                     (torch.bool, mf.bool)):
         t = torch.tensor([[1.5, 0.0], [2.0, -3.0]]).to(dt)
         got = mf.tensor(t)
         assert got.dtype is want and got.shape == (2, 2)
@@ -1438,9 +1438,8 @@ def test_a_lazy_tensor_kept_from_a_build_cannot_be_assigned():
 
 def test_eq_and_view_as_count_right_answers_as_the_mnist_example():
     """The PyTorch MNIST example's test loop, ``pred = output.argmax(dim=1, keepdim=True)``,
-    ``correct += pred.eq(target.view_as(pred)).sum().item()``: ``eq`` ... compare values
-    (between two tensors too, where ``==`` is identity) into a NumPy bool array, miniflow's
-    mask; ``view_as`` is ``view`` to the other's shape."""
+    ``correct += pred.eq(target.view_as(pred)).sum().item()``: ``eq`` ... (and ``==`` ...)
+    compare values into an eager bool tensor; ``view_as`` is ``view`` to the other's shape."""
     x = _first((6, 4))
     target = np.array([0, 1, 2, 3, 0, 1])
     out, tgt = mf.tensor(x), mf.tensor(target)
@@ -1451,13 +1450,13 @@ def test_eq_and_view_as_count_right_answers_as_the_mnist_example():
     a, b = mf.tensor(x), mf.tensor(x[::-1].copy())
     for name in ("eq", "ne", "lt", "le", "gt", "ge"):
         got = getattr(a, name)(b)
-        assert got.dtype == np.bool_
+        assert got.dtype is mf.bool
         if torch is not None:
             want = getattr(torch.tensor(x), name)(torch.tensor(x[::-1].copy())).numpy()
             np.testing.assert_array_equal(got, want)
             np.testing.assert_array_equal(getattr(a, name)(0.1),
                                           getattr(torch.tensor(x), name)(0.1).numpy())
-    assert (a == b) is False and a.eq(a).all()
+    assert not (a == b).all() and a.eq(a).all() and (a == a).all()
     with pytest.raises(ValueError):
         tgt.view_as(out)
 

@@ -337,7 +337,7 @@ def test_isnan_floor_and_round_follow_pytorch_at_the_edges():
                   -3.7], np.float32)
     x = mf.tensor(v)
     np.testing.assert_array_equal(x.isnan(), np.isnan(v))
-    assert x.isnan().dtype == bool
+    assert x.isnan().dtype is mf.bool
     for got, want in ((x.floor(), np.floor(v)), (x.round(), np.round(v)),
                       (x.round(decimals=1), np.round(v * 10) / 10)):
         np.testing.assert_array_equal(got.numpy(), want)

@@ -61,7 +61,7 @@ from .. import distributed
 from ..amp.grad_scaler import GradScaler, StaticGradScaler
 from ..amp.report import AmpReport, amp_report as build_amp_report
 from ..checkpoint import restore_as
-from ..dtype import as_dtype
+from ..dtype import as_dtype, graph_dtype
 from ..ir import Graph as IRGraph
 from ..nn.module import Module, same_value
 from ..ops import emitter
@@ -127,7 +127,7 @@ def _record_outcome(scaler, skip_nonfinite: bool, optimizers, names, hosts) -> N
 
 
 _INPUT_DTYPES: set = set()
-"""The NumPy dtypes ``nn.Graph`` inputs were seen with and accepted (``as_dtype``), so that the
+"""The NumPy dtypes ``nn.Graph`` inputs were seen with and accepted (``graph_dtype``), so that the
 next input of one is taken without asking again."""
 
 
@@ -600,7 +600,7 @@ class Graph:
             raise TypeError(f"graph input {i}: {e} (a {type(x).__name__})") from None
         arr = np.asarray(x, order="C")     # not ascontiguousarray: it makes a 0-d input [1]
         try:
-            as_dtype(arr.dtype)
+            graph_dtype(arr.dtype)
         except TypeError as e:
             raise TypeError(f"graph input {i}: {e}") from None
         _INPUT_DTYPES.add(arr.dtype)

@@ -9,9 +9,10 @@ softmax run in float16, OneFlow's rule, unless the scores are pinned with
 ``-inf`` (clear: it keeps the scores' dtype), a boolean mask ``masked_fill`` with ``-inf``, a float
 mask is added.
 
-Masks come as NumPy arrays (bool, integer or float), or as miniflow Tensors: int64 for a boolean
-mask (miniflow has no bool dtype; an integer array is taken as one, nonzero True), float for an
-additive one.
+Masks come as NumPy arrays (bool, integer or float), or as miniflow Tensors: bool (eager: read
+as data, inside ``nn.Graph.build`` too, as a NumPy bool array) or int64 for a boolean mask (an
+integer array or tensor is taken as one, nonzero True: a lazy mask, no graph value being bool),
+float for an additive one.
 """
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ import math
 
 import numpy as np
 
-from ..dtype import int64
+from ..dtype import bool_, int64
 from ..tensor import Tensor, apply, mask_array, tensor
 from .dropout import dropout
 
@@ -28,8 +29,9 @@ __all__ = ["scaled_dot_product_attention"]
 
 def _mask(fn: str, mask, invert: bool = False):
     """``(kind, Tensor)`` of a mask: ``("bool", int64 Tensor, nonzero = masked out)`` or
-    ``("float", Tensor)``; None for no mask. ``invert``: a boolean mask given as True = attend
-    (scaled_dot_product_attention's convention), turned into True = masked out.
+    ``("float", Tensor)``; None for no mask (a bool tensor is data, as a NumPy bool array).
+    ``invert``: a boolean mask given as True = attend (scaled_dot_product_attention's
+    convention), turned into True = masked out.
 
     Raises:
         TypeError: another dtype (PyTorch: "only bool and floating types of masks are
@@ -37,7 +39,7 @@ def _mask(fn: str, mask, invert: bool = False):
     """
     if mask is None:
         return None
-    if not isinstance(mask, Tensor):
+    if not isinstance(mask, Tensor) or mask.dtype is bool_:
         arr = mask_array(fn, mask)
         if arr.dtype == np.bool_:
             return "bool", tensor((~arr if invert else arr).astype(np.int64))
@@ -51,7 +53,7 @@ def _mask(fn: str, mask, invert: bool = False):
         if invert:
             if mask.is_lazy:
                 raise TypeError(f"{fn}: a boolean attn_mask (True = attend) must be data here, "
-                                f"not a traced tensor: pass a NumPy bool array")
+                                f"not a traced tensor: pass a bool tensor or NumPy array")
             return "bool", tensor((mask.numpy() == 0).astype(np.int64))
         return "bool", mask
     if not mask.dtype.is_float:

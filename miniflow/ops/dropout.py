@@ -2,8 +2,8 @@
 Srivastava et al., "Dropout", JMLR 2014, with the inverted scaling ``1 / (1 - rate)``).
 
 ``dropout(x, state)`` {rate} -> ``y, mask``: ``mask[i] = 1`` where element ``i`` is kept (with
-probability ``1 - rate``), else 0, in x's dtype (OneFlow's mask is bool; miniflow has no bool
-dtype); ``y = x * mask * scale`` with ``scale = 1 / (1 - rate)`` (0 for ``rate = 1``: all
+probability ``1 - rate``), else 0, in x's dtype (OneFlow's mask is bool; no miniflow graph
+value is bool); ``y = x * mask * scale`` with ``scale = 1 / (1 - rate)`` (0 for ``rate = 1``: all
 dropped, as PyTorch), so a NaN stays NaN even where dropped, as ``x * mask`` in PyTorch.
 
 ``state`` is the int64 ``[seed, offset]`` of a counter-based random stream, written in place:

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ..dtype import check_fill, float32
+from ..dtype import bool_, check_fill, float32
 from .core import TensorCore
 from .create import apply, as_numpy, tensor
 from .dims import _dim
@@ -39,10 +39,10 @@ class Arithmetic:
         for t in (x, other):
             if isinstance(t, TensorCore) and not t.dtype.is_float:
                 raise TypeError(
-                    f"'{_SYMBOLS[op]}': miniflow has no integer arithmetic (an int64 tensor of "
-                    f"shape {list(t.shape)}); for an index or a count, int(t) gives the Python "
-                    f"int of a one-element tensor (nanoGPT's data[i:i+block_size] is "
-                    f"data[int(i):int(i) + block_size]); for values, cast with "
+                    f"'{_SYMBOLS[op]}': miniflow has no integer arithmetic (a {t.dtype.name} "
+                    f"tensor of shape {list(t.shape)}); for an index or a count, int(t) gives "
+                    f"the Python int of a one-element tensor (nanoGPT's data[i:i+block_size] "
+                    f"is data[int(i):int(i) + block_size]); for values, cast with "
                     f".to(miniflow.float32) first")
         if isinstance(other, numbers.Number) and not isinstance(other, bool):
             return scalar_op(x, float(other))
@@ -290,8 +290,9 @@ class Arithmetic:
 
     def masked_fill(self, mask, value) -> "Tensor":
         """``value`` where ``mask`` is True (nonzero), else this tensor's element (op
-        ``masked_fill``). ``mask``: a bool or integer array or an int64 Tensor that broadcasts
-        to this tensor's shape (a bool array becomes int64: miniflow has no bool dtype).
+        ``masked_fill``). ``mask``: a bool or int64 Tensor or a bool or integer array that
+        broadcasts to this tensor's shape (a bool one is data, read now, inside ``build`` too:
+        it enters the graph as an int64 constant, as no graph value is bool).
 
         Raises:
             TypeError: a mask that is not an array or a Tensor (a Python bool: what ``t == 0``
@@ -302,7 +303,7 @@ class Arithmetic:
                 overflow". Under AMP the traced tensor is float32, so the check passes, and a
                 float16 ``masked_fill`` the AMP pass makes fills -inf (OneFlow's cast).
         """
-        if not isinstance(mask, TensorCore):
+        if not isinstance(mask, TensorCore) or mask.dtype is bool_:
             arr = mask_array("masked_fill", mask)
             if arr.dtype.kind not in "biu":
                 raise TypeError(f"masked_fill: only supports boolean masks (or integer ones: "
@@ -353,10 +354,10 @@ def where(condition, input, other) -> "Tensor":
     ``-0.0``, and the two are added: ``v + (-0.0)`` is ``v`` bit for bit, a ``-0.0`` taken
     included, so the result is the element taken, as PyTorch's; ``inf`` and NaN of the place
     not taken do not leak, and each gradient is ``dy`` where its operand was taken, summed back
-    to its shape). ``condition``: a bool or
-    integer array (a comparison's result) or an int64 Tensor, as :meth:`Arithmetic.masked_fill`'s
-    mask; ``input`` and ``other``: floating tensors of one dtype, arrays or numbers (an array
-    or a number takes the tensor's dtype; both numbers: float32, PyTorch's default).
+    to its shape). ``condition``: a bool tensor (a comparison's result), a bool or integer array
+    or an int64 Tensor, as :meth:`Arithmetic.masked_fill`'s mask; ``input`` and ``other``:
+    floating tensors of one dtype, arrays or numbers (an array or a number takes the tensor's
+    dtype; both numbers: float32, PyTorch's default).
 
     Raises:
         TypeError: a condition as :meth:`Arithmetic.masked_fill`'s mask; tensors of two dtypes
@@ -628,7 +629,8 @@ def _triangle_checks(fn: str, x: "Tensor", diagonal) -> None:
 
 
 def mask_array(fn: str, mask) -> np.ndarray:
-    """``mask`` (a NumPy array or a nested sequence of bools) as an array, for ``fn``'s error.
+    """``mask`` (an eager tensor, a NumPy array or a nested sequence of bools) as an array, for
+    ``fn``'s error.
 
     Raises:
         TypeError: a Python or NumPy scalar, None or ``NotImplemented`` (a mask that PyTorch
@@ -640,4 +642,4 @@ def mask_array(fn: str, mask) -> np.ndarray:
         raise TypeError(f"{fn}: the mask must be a bool array or a Tensor, got "
                         f"{type(mask).__name__} {mask!r}; compare a tensor's values "
                         f"(t == 0 of an eager tensor, or np.asarray(t) == 0) to make one")
-    return np.asarray(mask)
+    return mask.numpy() if isinstance(mask, TensorCore) else np.asarray(mask)

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ..dtype import as_dtype
+from ..dtype import as_dtype, bool_
 from ..runtime.backend import check_device
 from .core import TensorCore
 from .create import _made, apply, as_numpy, full, new_tensor, ones, zeros
@@ -68,6 +68,28 @@ class Casts:
         (``targets.long()`` before a loss; see :meth:`to`)."""
         return self.to("int64")
 
+    def bool(self) -> "Tensor":
+        """``to(miniflow.bool)`` (``torch.Tensor.bool``): True where the value is nonzero (NaN
+        too); an eager tensor, inside ``build`` too (of what can be read there: a lazy tensor
+        computed in the graph is refused, bool tensors being eager; see :meth:`to`)."""
+        return self.to(bool_)
+
+    def int(self) -> "Tensor":
+        """``torch.Tensor.int`` (int32, which miniflow has not): ``to(int64)``, as
+        :meth:`long`, the integer dtype miniflow has."""
+        return self.to("int64")
+
+    def type(self, dtype=None):
+        """``torch.Tensor.type``: without ``dtype`` PyTorch's type string of this tensor's dtype
+        (``'torch.FloatTensor'``); with one (a dtype, a torch.dtype, a name), ``to(dtype)`` (the
+        tutorial's ``(pred.argmax(1) == y).type(torch.float).sum().item()``).
+
+        Raises:
+            TypeError: a dtype miniflow has not."""
+        if dtype is None:
+            return f"torch.{_TYPE_NAMES[self.dtype.name]}Tensor"
+        return self.to(dtype)
+
     def type_as(self, other: "Tensor") -> "Tensor":
         """This tensor in ``other``'s dtype (``torch.Tensor.type_as``:
         ``norm(x.float()).type_as(x)``): ``to(other.dtype)``, but inside ``build``, of two
@@ -124,6 +146,11 @@ class Casts:
         """A copy (op ``identity``, floating or int64; ``torch.Tensor.clone``: its gradient
         flows to this tensor)."""
         return apply("identity", [self])
+
+
+_TYPE_NAMES = {"float64": "Double", "float32": "Float", "float16": "Half", "bfloat16": "BFloat16",
+               "int64": "Long", "bool": "Bool"}
+"""PyTorch's tensor type name of each dtype (``Tensor.type()``: ``torch.LongTensor``)."""
 
 
 _DEVICE_TYPES = ("cpu", "cuda", "mps", "xpu", "hip", "meta")

@@ -207,10 +207,22 @@ class TensorCore:
         return self
 
     def __bool__(self) -> bool:
+        """``bool(t)``, ``if t:``: the truth of a one-element tensor (``if (x == y).all():``).
+
+        Raises:
+            LazyValueError: a lazy tensor inside ``build``.
+            RuntimeError: not one element (PyTorch's "Boolean value of Tensor with more than
+                one value is ambiguous": ``t == u`` compares values, as in PyTorch; ``t is u``
+                is identity)."""
         if self._value is not None:
             raise LazyValueError(f"the truth value of lazy tensor %{self._value.name} is "
                                  "unknown inside nn.Graph.build (no data-dependent Python "
                                  "control flow)")
+        if self.numel() != 1:
+            many = "more than one value" if self.numel() else "no values"
+            raise RuntimeError(f"Boolean value of Tensor with {many} is ambiguous (shape "
+                               f"{list(self.shape)}): reduce it with .any() or .all(); "
+                               f"t == u compares values, as in PyTorch (t is u is identity)")
         return bool(self.item())
 
     def __repr__(self) -> str:

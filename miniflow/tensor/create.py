@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from ..checks import is_integer, is_real
-from ..dtype import as_dtype, bfloat16
+from ..dtype import as_dtype, bfloat16, bool_
 from ..ops import get_op
 from ..random import generator as global_generator
 from ..runtime.backend import check_device, get_backend
@@ -84,10 +84,10 @@ def as_numpy(value) -> np.ndarray:
 def tensor(data, dtype=None) -> Tensor:
     """Create an eager Tensor from array-like ``data``.
 
-    dtype: None keeps a NumPy array's dtype (float64 included) and a torch tensor's floating
-    dtype (``torch.tensor(t)`` keeps it; bfloat16 bit for bit, a tensor that requires grad read
-    detached: :func:`as_numpy`), its integers and bools as int64; Python floats become float32
-    and Python ints int64, as in PyTorch.
+    dtype: None keeps a NumPy array's dtype (float64 and bool included) and a torch tensor's
+    floating or bool dtype (``torch.tensor(t)`` keeps it; bfloat16 bit for bit, a tensor that
+    requires grad read detached: :func:`as_numpy`), its integers as int64; Python floats become
+    float32, Python ints int64 and Python bools bool (``miniflow.bool``), as in PyTorch.
 
     Raises:
         TypeError: unsupported dtype (names the supported ones).
@@ -96,13 +96,13 @@ def tensor(data, dtype=None) -> Tensor:
         data = data.numpy()
     elif _is_torch(data):
         data = as_numpy(data)
-        data = data.astype(np.int64) if data.dtype.kind in "iub" else data
+        data = data.astype(np.int64) if data.dtype.kind in "iu" else data
     if dtype is None:
         arr = np.asarray(data)
         if not isinstance(data, np.ndarray) and not isinstance(data, np.generic):
             if arr.dtype.kind == "f":
                 arr = arr.astype(np.float32)
-            elif arr.dtype.kind in "iub":
+            elif arr.dtype.kind in "iu":
                 arr = arr.astype(np.int64)
         dt = as_dtype(arr.dtype)
     else:
@@ -128,16 +128,20 @@ def apply(op: str, inputs: list, **attrs):
     """Apply op type ``op`` (a registered name) to Tensors: record a node while tracing, else run
     the kernel now.
 
-    Returns one Tensor, or a tuple for multi-output ops.
+    Returns one Tensor, or a tuple for multi-output ops. Bool tensors are eager, inside
+    ``build`` too (:func:`_bool_apply`).
 
     Raises:
-        TypeError: an input that is not a Tensor. KeyError: an unknown op type.
+        TypeError: an input that is not a Tensor; an op that does not move data of a bool
+            tensor (:func:`_bool_apply`). KeyError: an unknown op type.
     """
     for i, t in enumerate(inputs):
         if not isinstance(t, TensorCore):
             raise TypeError(f"{op}: input {i} is a {type(t).__name__}, not a miniflow Tensor; "
                             "wrap data with miniflow.tensor(...) (graph inputs are Tensors "
                             "already)")
+    if any(t.dtype is bool_ for t in inputs) or op == "cast" and as_dtype(attrs["dtype"]) is bool_:
+        return _bool_apply(op, inputs, attrs)
     tr = current_tracer()
     if tr is None:
         for t in inputs:
@@ -151,6 +155,48 @@ def apply(op: str, inputs: list, **attrs):
         res = res if isinstance(res, tuple) else (res,)
         tr.record(res)
         outs = [new_tensor(_value=v, _tracer=tr) for v in res]
+    return outs[0] if len(outs) == 1 else tuple(outs)
+
+
+_BOOL_OPS = frozenset({"slice", "reshape", "transpose", "flatten", "expand", "broadcast_like",
+                       "cat", "gather", "dim_gather", "detach", "identity"})
+"""The ops that only move data, which :func:`_bool_apply` runs on bool tensors."""
+
+
+def _bool_apply(op: str, inputs: list, attrs: dict):
+    """Op ``op`` of eager tensors of which some are bool, or a ``cast`` to bool: run now, inside
+    ``build`` too, so that no graph value is bool (a bool tensor is data there, as a NumPy
+    bool array). ``cast`` converts with NumPy (to bool: nonzero is True, NaN too, as PyTorch);
+    an op of :data:`_BOOL_OPS` runs its kernel on the bools as int64 and gives bool back.
+
+    Raises:
+        TypeError: a lazy operand (a bool tensor has no graph value); any other op (``exp``,
+            ``matmul``, a sum of two bool tensors): naming it and saying to cast first; data
+            of bool and another dtype (``cat``; an index as the data).
+    """
+    lazy = [t for t in inputs if t._value is not None]
+    if lazy:
+        raise TypeError(f"{op}: lazy tensor %{lazy[0]._value.name} ({lazy[0]._value.type_str}) "
+                        f"inside nn.Graph.build with a bool operand or result: bool tensors are "
+                        f"eager in miniflow and no graph value is bool; cast an eager bool "
+                        f"tensor with .float() (or .long(), a mask) before it meets a computed "
+                        f"one (a computed tensor cannot become bool there)")
+    backend = get_backend()
+    if op == "cast":
+        arr = inputs[0].numpy().astype(as_dtype(attrs["dtype"]).np)
+        return new_tensor(backend.from_numpy(arr))
+    dtypes = ", ".join(t.dtype.name for t in inputs)
+    if op not in _BOOL_OPS:
+        raise TypeError(f"{op}: miniflow computes nothing on bool tensors (inputs {dtypes}): "
+                        f"cast first, with .float() (True is 1.0) or .long()")
+    if any(t.dtype is not bool_ for t in (inputs if op == "cat" else inputs[:1])):
+        raise TypeError(f"{op}: its data is bool and not bool (inputs {dtypes}): cast to one "
+                        f"dtype first (.float(), .long() or .bool())")
+    from ..runtime.eager import run_op
+    arrays = [backend.from_numpy(t.numpy().astype(np.int64)) if t.dtype is bool_ else t._data
+              for t in inputs]
+    outs = [new_tensor(backend.from_numpy(backend.to_numpy(a).astype(np.bool_)))
+            for a in run_op(op, arrays, attrs)]
     return outs[0] if len(outs) == 1 else tuple(outs)
 
 
@@ -200,12 +246,13 @@ def ones(*size, dtype=None, device=None, requires_grad: bool = False) -> Tensor:
 
 def full(size, fill_value, *, dtype=None, device=None, requires_grad: bool = False) -> Tensor:
     """An eager tensor of ``size`` (a tuple or list of ints) filled with ``fill_value``
-    (``torch.full``): without a dtype, int64 for an int (and a bool, which has no miniflow
-    dtype), float32 for a float, as PyTorch infers it. Errors as :func:`zeros`."""
+    (``torch.full``): without a dtype, bool for a bool, int64 for an int, float32 for a float,
+    as PyTorch infers it. Errors as :func:`zeros`."""
     if not isinstance(size, (tuple, list)):
         raise TypeError(f"full(): size must be a tuple or list of ints, got "
                         f"{type(size).__name__} (write full((2, 3), value))")
-    kind = np.int64 if is_integer(fill_value) or isinstance(fill_value, bool) else np.float32
+    kind = (np.bool_ if isinstance(fill_value, (bool, np.bool_)) else np.int64
+            if is_integer(fill_value) else np.float32)
     return _made("full", np.full(_size("full", (size,)), fill_value, kind), dtype, device,
                  requires_grad)
 

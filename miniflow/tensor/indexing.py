@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ..dtype import float32, int64, overflows
+from ..dtype import bool_, float32, int64, overflows
 from ..ops.indexing import first_bad
 from ..runtime.backend import get_backend
 from ..trace import current_tracer, is_grad_enabled
@@ -31,8 +31,8 @@ class Indexing:
 
     def __setitem__(self, key, value) -> None:
         """``self[key] = value`` as PyTorch's (``THPVariable_setitem``): ``key`` an int, slice
-        (step > 0), ``None``, ``...`` or a tuple of them; a NumPy bool mask (``x < t`` of an
-        eager tensor gives one) of ``self``'s leading shape; or one integer array, list or
+        (step > 0), ``None``, ``...`` or a tuple of them; a bool mask (a bool tensor, ``x < t``,
+        or a NumPy bool array) of ``self``'s leading shape; or one integer array, list or
         int64 Tensor (alone or in a tuple, as :meth:`__getitem__` takes it). ``value``: a
         number, a Tensor or a NumPy array, broadcast to what ``self[key]`` selects (leading
         size-1 dimensions dropped) and cast to ``self``'s dtype (a float into an int64 tensor
@@ -63,6 +63,7 @@ class Indexing:
             TypeError: a list or another object as the value; inside ``build``, an array index
                 with other indices than ``:`` and ``...``, or computed in the graph.
         """
+        key = _data_keys(key)
         tr = current_tracer()
         if tr is None and self._value is not None:
             raise RuntimeError(_kept_from_trace(self))
@@ -91,6 +92,7 @@ class Indexing:
             IndexError: an index out of range or too many indices (PyTorch's messages).
             ValueError: a step <= 0. TypeError: another kind of index (a boolean mask, two
             array indices in a tuple)."""
+        key = _data_keys(key)
         if isinstance(key, (np.ndarray, list)) or _is_torch(key):  # x[np.array([1, 0])], x[[1, 0]]
             key = _array_index(key, self.shape)
         if isinstance(key, TensorCore):
@@ -395,6 +397,14 @@ def _array_axes(key: tuple, pos: int, ndim: int) -> tuple:
                if k is None or k is Ellipsis or isinstance(k, slice))
     dim = sum(ndim - used if k is Ellipsis else 1 for k in key[:pos] if k is not None)
     return axis, dim
+
+
+def _data_keys(key):
+    """``key`` (an index, or a tuple of them) with each bool tensor as its NumPy array: a bool
+    tensor is data, read now (inside ``build`` too), as a NumPy bool mask."""
+    if isinstance(key, tuple):
+        return tuple(_data_keys(k) for k in key)
+    return key.numpy() if isinstance(key, TensorCore) and key.dtype is bool_ else key
 
 
 def _array_index(key, shape: tuple, dim: int = 0) -> "Tensor":

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from ..dtype import bool_
 from ..ops.common import norm_axes
 from ..ops.reduce_max import top_k_reference
 from .core import TensorCore
@@ -249,7 +250,10 @@ class Reductions:
         """Sum over ``dim`` (an int, a sequence of ints, or None or ``()``: every dim, as in
         torch 2.x), keeping the reduced dims as size 1 when ``keepdim`` (``torch.Tensor.sum``;
         NumPy's names ``axis=`` / ``keepdims=`` are accepted too, as torch accepts them). Op
-        ``reduce_sum`` (OneFlow's attributes ``axis`` and ``keepdims``).
+        ``reduce_sum`` (OneFlow's attributes ``axis`` and ``keepdims``). A bool tensor (inside
+        ``build`` too: it is data) and an eager int64 one outside ``build`` are summed exactly
+        with NumPy into an eager int64 tensor (a bool one counts its True values, as PyTorch's:
+        ``(pred == y).sum().item()``).
 
         Raises:
             TypeError: a dim given twice (``dim`` and ``axis``, ``keepdim`` and ``keepdims``).
@@ -260,6 +264,9 @@ class Reductions:
             for d in dim if isinstance(dim, (tuple, list)) else (dim,):
                 _dim("sum", d, 0)
             dim = None
+        if self.dtype is bool_ or not self.dtype.is_float and current_tracer() is None:
+            axes = None if dim is None else norm_axes("sum", dim, self.ndim)
+            return tensor(np.sum(self.numpy(), axis=axes, dtype=np.int64, keepdims=keepdim))
         return apply("reduce_sum", [self], axis=dim, keepdims=keepdim)
 
     def mean(self, dim=None, keepdim: bool = False, *, axis=None, keepdims=None):
@@ -272,8 +279,13 @@ class Reductions:
         empty one, so nothing before it gets a NaN.
 
         Raises:
-            TypeError: as :meth:`sum`.
+            TypeError: as :meth:`sum`. RuntimeError: a bool tensor (PyTorch's message: cast it
+                with ``.float()`` first).
         """
+        if self.dtype is bool_:
+            raise RuntimeError("mean(): could not infer output dtype. Input dtype must be either "
+                               "a floating point or complex dtype. Got: Bool (cast it first: "
+                               "t.float().mean())")
         dim, keepdim = _reduce_args("mean", dim, keepdim, axis, keepdims)
         x = self.to("float32") if self.dtype.is_half else self
         s = x.sum(dim, keepdim)
