@@ -259,8 +259,11 @@ def test_tensor_truth_value_and_item():
     assert bool(mf.tensor(3.0)) and not bool(mf.tensor([0.0]))
     with pytest.raises(ValueError, match="2 elements"):
         mf.tensor([1.0, 2.0]).item()
-    with pytest.raises(ValueError, match="2 elements"):
+    with pytest.raises(RuntimeError, match="Boolean value of Tensor with more than one value is "
+                                           "ambiguous"):       # PyTorch's error
         bool(mf.tensor([1.0, 2.0]))
+    with pytest.raises(RuntimeError, match="Boolean value of Tensor with no values"):
+        bool(mf.zeros(0))
     with pytest.raises(TypeError, match="0-d"):
         len(mf.tensor(1.0))
     assert (mf.tensor([1.0, -1.0]) / 0).numpy().tolist() == [np.inf, -np.inf]
