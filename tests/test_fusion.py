@@ -148,6 +148,10 @@ def _build(recipe, all_outputs: bool, dtype, shape):
 
 
 @pytest.mark.slow
+# Numba's SSA pass flags horner's loop variable (kernels/cpu/special.py, inline="always"),
+# inlined through erfc_scaled into a fused gelu_grad kernel, as "not in scope": its own pedantic
+# check (the kernels' bits are checked below); some random recipes meet it (CI of 0124c06)
+@pytest.mark.filterwarnings("ignore::numba.core.errors.NumbaIRAssumptionWarning")
 @settings(deadline=None)
 @given(recipe=_recipes(), dtype=st.sampled_from(["f16", "f32"]),
        shape=st.sampled_from([(3, 5), (1, 7), (4, 1), (2, 3, 4)]), seed=st.integers(0, 3))
