@@ -638,12 +638,49 @@ def test_amp_autocast_says_amp_is_a_graph_pass():
         mf.amp.nope
 
 
-def test_grad_scaler_enabled_false_says_to_leave_the_scaler_out():
-    """nanoGPT's ``GradScaler(enabled=(dtype == 'float16'))`` was "unexpected keyword argument
-    'enabled'"; True is taken, anything else says to leave the scaler out of the graph."""
+def test_grad_scaler_enabled_false_scales_nothing_as_pytorchs():
+    """nanoGPT's ``GradScaler(enabled=(dtype == 'float16'))`` for bfloat16 or float32 was a
+    ValueError ("leave it out"); a disabled scaler is PyTorch's: ``is_enabled()`` False,
+    ``get_scale()`` 1.0, ``state_dict()`` ``{}``, ``load_state_dict`` ignores its argument, and
+    a graph given it has no scaler (its steps those of a graph without one, bit for bit). A
+    non-bool ``enabled`` is a TypeError."""
     assert mf.amp.GradScaler(enabled=True).scale == 2.0 ** 16
-    with pytest.raises(ValueError, match=r"enabled=False is not supported: .*leave it out"):
-        mf.amp.GradScaler(enabled=False)
+    off = mf.amp.GradScaler(enabled=np.bool_(False))
+    assert (off.is_enabled(), off.get_scale(), off.state_dict()) == (False, 1.0, {})
+    off.load_state_dict(mf.amp.GradScaler(init_scale=8.0).state_dict())
+    assert off.state_dict() == {} and "enabled=False" in repr(off)
+    assert mf.amp.GradScaler().is_enabled()
+    with pytest.raises(TypeError, match=r"GradScaler: enabled must be True or False, got 0"):
+        mf.amp.GradScaler(enabled=0)
+    runs = []
+    for scaler in (None, mf.amp.GradScaler(init_scale=2.0 ** 10, enabled=False)):
+        mf.manual_seed(0)
+        model = nn.Linear(8, 3)
+        graph = _TrainStep(model, scaler)
+        assert graph.grad_scaler is None
+        x = np.random.default_rng(0).standard_normal((4, 8)).astype(np.float32)
+        losses = [float(graph(x)) for _ in range(3)]
+        runs.append((losses, [p.numpy().copy() for p in model.parameters()]))
+    assert runs[0][0] == runs[1][0]
+    for a, b in zip(runs[0][1], runs[1][1]):
+        np.testing.assert_array_equal(a, b)
+
+
+class _TrainStep(nn.Graph):
+    """SGD steps of ``model(x).square().mean()`` under AMP float16, with ``scaler`` if any."""
+
+    def __init__(self, model, scaler):
+        super().__init__()
+        self.model = model
+        self.add_optimizer(mf.optim.SGD(model.parameters(), lr=0.1))
+        self.config.enable_amp(True)
+        if scaler is not None:
+            self.set_grad_scaler(scaler)
+
+    def build(self, x):
+        loss = self.model(x).square().mean()
+        loss.backward()
+        return loss
 
 
 def test_grad_scaler_takes_torch_amp_grad_scalers_positional_order():
@@ -664,8 +701,7 @@ def test_grad_scaler_takes_torch_amp_grad_scalers_positional_order():
         mf.amp.GradScaler(65536.0)
     with pytest.raises(ValueError, match=r"GradScaler: device='meta' is not this process's"):
         mf.amp.GradScaler("meta")
-    with pytest.raises(ValueError, match="enabled=False is not supported"):
-        mf.amp.GradScaler(None, 2.0 ** 16, 2.0, 0.5, 2000, False)
+    assert not mf.amp.GradScaler(None, 2.0 ** 16, 2.0, 0.5, 2000, False).is_enabled()
     torch = pytest.importorskip("torch")
     names = list(inspect.signature(torch.amp.GradScaler).parameters)
     assert list(inspect.signature(mf.amp.GradScaler).parameters)[:len(names)] == names

@@ -91,6 +91,7 @@ class _Scaler:
 
     dynamic = False
     version = 0
+    _enabled = True
     found_inf = LedgerAttribute()
     num_skipped_steps = LedgerAttribute()
     consecutive_floor_skips = LedgerAttribute()
@@ -140,13 +141,14 @@ class _Scaler:
         return float(get_backend().to_numpy(self._scale)[0])
 
     def get_scale(self) -> float:
-        """The current loss scale (``torch.amp.GradScaler.get_scale``): :attr:`scale`."""
-        return self.scale
+        """The current loss scale (``torch.amp.GradScaler.get_scale``): :attr:`scale`; 1.0 for a
+        disabled scaler, as PyTorch's."""
+        return self.scale if self._enabled else 1.0
 
     def is_enabled(self) -> bool:
-        """Always True (``torch.amp.GradScaler.is_enabled``): a scaler is made enabled only; a
-        graph without one scales nothing."""
-        return True
+        """``torch.amp.GradScaler.is_enabled``: False for ``GradScaler(enabled=False)``, which a
+        graph takes as no scaler (:meth:`nn.Graph.set_grad_scaler`)."""
+        return self._enabled
 
     @property
     def growth_tracker(self) -> int:
@@ -185,7 +187,10 @@ class _Scaler:
     def state_dict(self) -> dict:
         """PyTorch's keys (``scale``, ``growth_factor``, ``backoff_factor``, ``growth_interval``,
         ``_growth_tracker``) plus miniflow's (``min_scale``, ``max_consecutive_skips``,
-        ``found_inf``, ``num_skipped_steps``, ``consecutive_floor_skips``, ``skip_nonfinite``)."""
+        ``found_inf``, ``num_skipped_steps``, ``consecutive_floor_skips``, ``skip_nonfinite``);
+        ``{}`` for a disabled scaler, as PyTorch's."""
+        if not self._enabled:
+            return {}
         return {"scale": self.scale, "_growth_tracker": self.growth_tracker,
                 **{k: getattr(self, k) for k in self._settings}}
 
@@ -208,9 +213,13 @@ class _Scaler:
         arguments that assigns it (``miniflow.checkpoint.restore`` checks several objects
         before it assigns any).
 
+        A disabled scaler ignores ``state``, as PyTorch's.
+
         Raises:
             as :meth:`load_state_dict`.
         """
+        if not self._enabled:
+            return lambda: None
         where = f"{type(self).__name__}.load_state_dict: "
         if not isinstance(state, dict):
             raise TypeError(f"{where}expected a dict (a state_dict()), got {type(state).__name__}")
@@ -255,7 +264,9 @@ class GradScaler(_Scaler):
         min_scale: > 0, the floor, not above the scale (default 1, or ``init_scale`` when that
             is below 1: PyTorch has no floor). max_consecutive_skips: >= 1 (see
             :class:`NonFiniteGradientsError`).
-        enabled: PyTorch's switch, taken at True only (a graph without a scaler has none).
+        enabled: PyTorch's switch (a bool): ``GradScaler(enabled=False)`` is a scaler that
+            scales nothing, as PyTorch's (nanoGPT's ``enabled=(dtype == 'float16')``): a
+            graph given it has no scaler, ``get_scale()`` is 1.0, ``state_dict()`` is ``{}``.
 
     The positional order is ``torch.amp.GradScaler``'s (device, init_scale, growth_factor,
     backoff_factor, growth_interval, enabled); miniflow's ``min_scale`` and
@@ -266,7 +277,7 @@ class GradScaler(_Scaler):
 
     Raises:
         ValueError/TypeError: any argument outside its range or of the wrong type, quoting it;
-            ``enabled`` not True (ValueError: leave the scaler out); a device other than the
+            ``enabled`` not a bool (TypeError); a device other than the
             process's (ValueError), a number as the device (TypeError: the scale is the second
             argument, as PyTorch's).
     """
@@ -286,11 +297,7 @@ class GradScaler(_Scaler):
                             f"torch.amp.GradScaler's, got {device!r}; give the scale by "
                             f"keyword: GradScaler(init_scale={device!r})")
         check_device("GradScaler", device)
-        if enabled is not True:
-            raise ValueError(f"GradScaler: enabled={enabled!r} is not supported: a graph scales "
-                             f"its loss only when given a scaler, so leave it out (no "
-                             f"set_grad_scaler) where PyTorch's would be disabled, e.g. nanoGPT's "
-                             f"enabled=(dtype == 'float16') for bfloat16 or float32")
+        self._enabled = boolean("GradScaler", "enabled", enabled, numpy=True)
         super().__init__(self._checked("init_scale", init_scale, "GradScaler: ", _check_scale),
                          max_consecutive_skips)
         min_scale = min(1.0, self.scale) if min_scale is None else min_scale
@@ -340,7 +347,7 @@ class GradScaler(_Scaler):
     def __repr__(self) -> str:
         return (f"GradScaler(scale={self.scale:g}, growth_factor={self.growth_factor}, "
                 f"backoff_factor={self.backoff_factor}, growth_interval={self.growth_interval}, "
-                f"min_scale={self.min_scale})")
+                f"min_scale={self.min_scale}{'' if self._enabled else ', enabled=False'})")
 
 
 class StaticGradScaler(_Scaler):

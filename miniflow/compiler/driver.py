@@ -297,7 +297,9 @@ class Graph:
 
     def set_grad_scaler(self, scaler) -> None:
         """Scale the loss with ``scaler`` (``miniflow.amp.GradScaler`` or ``StaticGradScaler``),
-        with or without AMP; ``None`` removes it. The graph recompiles at its next call.
+        with or without AMP; ``None`` removes it, and so does a disabled scaler
+        (``GradScaler(enabled=False)``, which scales nothing, as PyTorch's: :attr:`grad_scaler`
+        is then None). The graph recompiles at its next call.
 
         Raises:
             TypeError: not a miniflow grad scaler (nor None).
@@ -305,7 +307,7 @@ class Graph:
         if scaler is not None and not isinstance(scaler, (GradScaler, StaticGradScaler)):
             raise TypeError(f"set_grad_scaler: expected miniflow.amp.GradScaler or "
                             f"StaticGradScaler, got {type(scaler).__name__}")
-        self._grad_scaler = scaler
+        self._grad_scaler = scaler if scaler is not None and scaler.is_enabled() else None
         self._version += 1
 
     @property
