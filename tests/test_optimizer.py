@@ -295,6 +295,30 @@ def test_sgd_dampening_first_step_is_the_first_step_the_grad_scaler_takes():
            _numpy_run(lambda k, *a: None if k < 2 else oracle(k, *a), steps=12))
 
 
+def test_sgd_dampening_resumes_from_its_own_state_dict_exactly():
+    """An SGD with dampening saved after 10 steps and loaded into a new optimizer continues
+    bit for bit as the one that was not stopped: a loaded ``momentum_buffer`` marks its
+    parameter as stepped (the state dict holds no step count), so the next step is damped, not
+    a first one. (The state became a dict keyed by the parameter: the loader read its keys as
+    the states, and every loaded parameter took an undamped first step again.)"""
+    hyper = dict(lr=0.05, momentum=0.9, dampening=0.5)
+    model = _start()
+    opt = mf.optim.SGD(model.parameters(), **hyper)
+    fit = MseFit(model, opt)
+    for k in range(10):
+        fit(mf.tensor(_X[k]), mf.tensor(_Y[k]))
+    resumed = _start()
+    resumed.load_state_dict(model.state_dict())
+    r_opt = mf.optim.SGD(resumed.parameters(), **hyper)
+    r_opt.load_state_dict(opt.state_dict())
+    r_fit = MseFit(resumed, r_opt)
+    for k in range(10, 14):
+        fit(mf.tensor(_X[k]), mf.tensor(_Y[k]))
+        r_fit(mf.tensor(_X[k]), mf.tensor(_Y[k]))
+    for a, b in zip(model.parameters(), resumed.parameters()):
+        np.testing.assert_array_equal(a.numpy(), b.numpy())
+
+
 def test_sgd_dampening_state_dict_round_trips_with_torch_exactly():
     """A torch SGD state dict with dampening (taken 10 steps) loads into miniflow, which
     continues as torch continues; miniflow's state dict before any step holds no buffer (as

@@ -120,7 +120,7 @@ class SGD(Optimizer):
         st = state_dict.get("state") if isinstance(state_dict, dict) else None
         if isinstance(st, dict):
             st = dict(st)
-            for i, s in enumerate(self.state):
+            for i, s in enumerate(self.state.values()):
                 if STEPPED in s and isinstance(st.get(i), dict) and STEPPED not in st[i]:
                     st[i] = {**st[i], STEPPED: np.array([int("momentum_buffer" in st[i])])}
             state_dict = {**state_dict, "state": st}
