@@ -3,7 +3,9 @@ training runs and random elementwise chains), the fused IR prints readably, the 
 readers, update ops and broadcasting, and the expression language parses what it prints."""
 import os
 import re
+import warnings
 
+import numba
 import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
@@ -14,6 +16,7 @@ from miniflow.experiments.mlp import TrainGraph, mlp
 from miniflow.ir import Graph
 from miniflow.kernels.common import codegen
 from miniflow.kernels.cpu import fused as cpu_fused
+from miniflow.kernels.cpu.common import flat
 from miniflow.ops.fused import broadcast_kinds, format_program, parse
 from miniflow.passes import pipeline
 from miniflow.passes.dead_code_elimination import dead_code_elimination
@@ -148,10 +151,6 @@ def _build(recipe, all_outputs: bool, dtype, shape):
 
 
 @pytest.mark.slow
-# Numba's SSA pass flags horner's loop variable (kernels/cpu/special.py, inline="always"),
-# inlined through erfc_scaled into a fused gelu_grad kernel, as "not in scope": its own pedantic
-# check (the kernels' bits are checked below); some random recipes meet it (CI of 0124c06)
-@pytest.mark.filterwarnings("ignore::numba.core.errors.NumbaIRAssumptionWarning")
 @settings(deadline=None)
 @given(recipe=_recipes(), dtype=st.sampled_from(["f16", "f32"]),
        shape=st.sampled_from([(3, 5), (1, 7), (4, 1), (2, 3, 4)]), seed=st.integers(0, 3))
@@ -163,6 +162,27 @@ def test_random_elementwise_chains_fuse_bit_exactly(recipe, dtype, shape, seed):
     fused, fused_ir = _compile(_build(*recipe, DTYPES[dtype], shape), fuse=True)
     for k, (a, b) in enumerate(zip(fused.run(arrays), want)):
         _same_bits(a, b, f"output {k} of\n{fused_ir}")
+
+
+@pytest.mark.parametrize("dtype", [mf.bfloat16, float32])
+def test_a_chain_of_two_gelu_grads_compiles_without_numba_warnings(dtype):
+    """Found by the random chains: the float32 gelu_grad body (kernels/cpu/special.py), inlined
+    twice into one kernel, made Numba's SSA pass warn that a variable of its inlined helpers (a
+    loop's, a conditional expression's) was "not in scope" (``NumbaIRAssumptionWarning``), at every
+    user's first compile of such a chain. Compiled afresh here (a cached kernel compiles nothing)."""
+    from numba.core.errors import NumbaIRAssumptionWarning
+    kernel, numbers = cpu_fused._kernel("gelu_grad(x0, gelu_grad(x0, x1))", (dtype, dtype),
+                                        ("full", "full"), True, False)
+    options = {k: v for k, v in kernel.targetoptions.items() if k not in ("cache", "nopython")}
+    fresh = numba.njit(**options)(kernel.py_func)
+    x = np.linspace(-4, 4, 6, dtype=np.float32).reshape(2, 3).astype(dtype.np)
+    out = np.empty_like(x)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", NumbaIRAssumptionWarning)
+        fresh(*(flat(a) for a in (x, x)), *numbers, flat(out), 2, 3)
+    want = np.empty_like(x)
+    kernel(*(flat(a) for a in (x, x)), *numbers, flat(want), 2, 3)
+    _same_bits(out, want, "fresh against cached")
 
 
 @pytest.mark.parametrize("dtype", [float16, float32])

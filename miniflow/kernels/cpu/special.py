@@ -88,14 +88,25 @@ _TAIL = _F(15.0)             # |x| above: erfc(|x| / sqrt 2) < 2^-165, 0 in floa
 _SCALE_MIN, _SPLIT = _F(-170.0), _F(-120.0)
 
 
-@numba.njit(inline="always", **_IEEE)
 def horner(t, c):
     """sum_k c[k] t^k by Horner's rule in ``t``'s type (``c`` a tuple of that type), one rounding
-    a step (``simd.fma_scalar``)."""
-    r = c[len(c) - 1]
+    a step (``simd.fma_scalar``) in compiled code. Called from Python (no ``fma`` there before
+    Python 3.13), each step rounds twice."""
+    r = c[-1]
     for k in range(len(c) - 2, -1, -1):
-        r = fma_scalar(r, t, c[k])
+        r = r * t + c[k]
     return r
+
+
+@overload(horner, target="cpu", jit_options=_IEEE, inline="always")
+def _horner(t, c):
+    """:func:`horner` for a tuple of ``c.count`` coefficients, its steps written out: straight-line
+    code, as :func:`_zero_if` is a call (a loop inlined twice into one kernel made Numba's SSA pass
+    warn that the loop's variable was "not in scope")."""
+    steps = "".join(f"    r = fma_scalar(r, t, c[{k}])\n" for k in range(c.count - 2, -1, -1))
+    scope = {"fma_scalar": fma_scalar}
+    exec(f"def impl(t, c):\n    r = c[{c.count - 1}]\n{steps}    return r\n", scope)
+    return scope["impl"]
 
 
 @numba.njit(inline="always", **_IEEE)
@@ -111,6 +122,15 @@ def _reciprocal(d):
     the Python error model's test for a zero divisor (``register_jitable`` compiles with it), which
     makes the function raise and the kernel's loop scalar; LLVM inlines this call, which cannot."""
     return _ONE / d
+
+
+@numba.njit(**_IEEE)
+def _zero_if(cond, v):
+    """0 where ``cond``, else the float32 ``v``. Not inlined by Numba (LLVM inlines it, a
+    ``select``): a conditional expression inlined twice into one kernel (``gelu_grad(x,
+    gelu_grad(x, dy))`` fused) made Numba's SSA pass warn that its value was "not in scope"
+    (``NumbaIRAssumptionWarning``), a warning every user compiling such a chain saw."""
+    return _ZERO if cond else v
 
 
 @numba.njit(inline="always", **_IEEE)
@@ -201,8 +221,7 @@ def _terms(x):
     w, s1, s2 = gauss_exp(x)
     xc = x * _INV_SQRT_2PI
     tail = ax > _TAIL
-    return (_ZERO if tail else fma_scalar(f, w + c, f), _ZERO if tail else fma_scalar(xc, w, xc),
-            s1, s2)
+    return _zero_if(tail, fma_scalar(f, w + c, f)), _zero_if(tail, fma_scalar(xc, w, xc)), s1, s2
 
 
 def _gelu_f32(x):
