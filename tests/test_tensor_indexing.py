@@ -301,8 +301,6 @@ def test_argmax_and_squeeze_match_pytorch_eager_and_traced():
         mf.tensor(x).squeeze((1, -2))
     with pytest.raises(IndexError, match=r"argmax\(\): Expected reduction dim 0 to have non-zero"):
         mf.tensor(np.zeros((0, 3), np.float32)).argmax(dim=0)
-    with pytest.raises(TypeError, match=r"argmax: the tensor of shape \[2, 3\] is int64; .*float64"):
-        mf.tensor(np.zeros((2, 3), np.int64)).argmax()
     with pytest.raises(IndexError, match=r"squeeze: Dimension out of range .*\[-3, 2\], but got 3"):
         mf.tensor(x).squeeze(3)
     with pytest.raises(TypeError, match="squeeze: dim must be an int, got 1.0"):
@@ -529,6 +527,50 @@ def test_an_int64_tensor_expands_as_pytorch():
     want = (torch.tensor(X)[:, :2] + ids.float()).numpy()
     np.testing.assert_array_equal(Shifted()(mf.tensor(X)).numpy(), want)
     np.testing.assert_array_equal(EvalGraph(Shifted())(X).numpy(), want)
+
+
+def test_argmax_argmin_and_min_of_int64_are_exact_eager_and_in_build():
+    """``torch.tensor([3, 7, 7]).argmax()`` is 1: argmax of an int64 tensor was a TypeError
+    (cast to float64 first, which rounds beyond 2**53), and argmin and min would have negated
+    it, which wraps at -2**63. Exact against NumPy (the first of ties), flattened, keepdim,
+    negative dims, eagerly and inside build; PyTorch's errors for empty ones."""
+    big = 2 ** 62
+    a = np.array([[3, -2 ** 63, big + 1, big, big + 1], [-5, -5, -7, -big, 2 ** 63 - 1]], np.int64)
+    cases = [((), {}), ((), {"keepdim": True}), ((0,), {}), ((1,), {"keepdim": True}),
+             ((-1,), {}), ((-2,), {"keepdim": True})]
+
+    def want(fn, dim=None, keepdim=False):
+        index = getattr(np, fn)(a if dim is not None else a.reshape(-1), axis=dim or 0)
+        if keepdim:
+            return np.expand_dims(index, dim) if dim is not None else index.reshape(1, 1)
+        return index
+
+    class Arg(nn.Graph):
+        def build(self, t):
+            return tuple(getattr(t, fn)(*args, **kw) for fn in ("argmax", "argmin")
+                         for args, kw in cases) + (*t.min(1), *t.min(-2, keepdim=True), t.min())
+
+    traced = Arg()(mf.tensor(a))
+    for i, (fn, (args, kw)) in enumerate((fn, c) for fn in ("argmax", "argmin") for c in cases):
+        expected = want(fn, *args, **kw)
+        for got in (getattr(mf.tensor(a), fn)(*args, **kw), traced[i]):
+            assert got.dtype is mf.int64 and got.shape == expected.shape, (fn, args, kw)
+            np.testing.assert_array_equal(got.numpy(), expected)
+    assert mf.tensor(np.array([3, 7, 7])).argmax().item() == 1
+    eager = (*mf.tensor(a).min(1), *mf.tensor(a).min(-2, keepdim=True), mf.tensor(a).min())
+    wants = (a.min(1), a.argmin(1), a.min(0, keepdims=True), a.argmin(0)[None], a.min())
+    for got, expected in zip(eager + traced[-5:], wants + wants):
+        assert got.dtype is mf.int64
+        np.testing.assert_array_equal(got.numpy(), expected)
+    assert mf.tensor(np.int64(5)).argmin(0).item() == 0 and mf.tensor(np.int64(5)).min(0)[0] == 5
+    with pytest.raises(IndexError, match=r"argmin\(\): Expected reduction dim to be specified"):
+        mf.tensor(np.zeros(0, np.int64)).argmin()
+    with pytest.raises(IndexError, match=r"argmax\(\): Expected reduction dim 1 to have non-zero"):
+        mf.tensor(np.zeros((2, 0), np.int64)).argmax(1)
+    with pytest.raises(IndexError, match=r"argmin: Dimension out of range .*\[-2, 1\], but got 2"):
+        mf.tensor(a).argmin(2)
+    with pytest.raises(TypeError, match=r"min\(\): keepdim=True needs a dim"):
+        mf.tensor(a).min(keepdim=True)
 
 
 def test_argmin_and_clamp_as_pytorch():

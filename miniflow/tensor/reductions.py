@@ -54,11 +54,8 @@ class Reductions:
         if _is_other(dim):
             _no_keepdim("max", keepdim)
             return self.maximum(dim)
-        if dim is None and keepdim:
-            raise TypeError(f"max(): keepdim=True needs a dim (the tensor has shape "
-                            f"{list(self.shape)}): pass dim=..., or reshape the 0-d maximum, "
-                            f"x.max().reshape({(1,) * self.ndim})")
         if dim is None:
+            _keepdim_needs_dim("max", self, keepdim)
             flat = self.reshape(-1) if self.ndim != 1 else self
             return apply("reduce_max", [flat], axis=0).reshape(())
         d = _dim("max", dim, self.ndim)
@@ -71,48 +68,38 @@ class Reductions:
     def argmax(self, dim: int | None = None, keepdim: bool = False) -> "Tensor":
         """The int64 index of the largest element: in the flattened tensor (0-d; ``keepdim``
         gives it every dimension, of size 1) or along ``dim`` (op ``argmax``, as PyTorch's
-        ``torch.argmax``: NaN counts as the largest, the first maximum's index). It has no
-        gradient.
+        ``torch.argmax``: NaN counts as the largest, the first maximum's index). A floating or
+        int64 tensor (int64 compared exactly, beyond 2**53 too). It has no gradient.
 
         Raises:
             IndexError: ``dim`` out of range; an empty tensor without ``dim``, or an empty
-                reduced dimension (PyTorch's messages). TypeError: an integer tensor (the op
-                takes floating point; PyTorch's takes integers too)."""
-        if not self.dtype.is_float:
-            raise TypeError(f"argmax: the tensor of shape {list(self.shape)} is {self.dtype.name}; "
-                            f"miniflow's argmax takes floating-point tensors: cast it with "
-                            f".to(miniflow.float64) first (exact for integers up to 2**53)")
-        if dim is None:
-            if self.numel() == 0:
-                raise IndexError("argmax(): Expected reduction dim to be specified for "
-                                 "input.numel() == 0.")
-            index = apply("argmax", [self.reshape(-1)], axis=0)
-            return index.reshape((1,) * self.ndim) if keepdim else index
-        d = _dim("argmax", dim, self.ndim)
-        if self.ndim == 0:
-            return apply("argmax", [self.reshape(1)], axis=0)
-        if self.shape[d] == 0:
-            raise IndexError(f"argmax(): Expected reduction dim {d} to have non-zero size.")
-        return apply("argmax", [self], axis=d, keepdims=bool(keepdim))
+                reduced dimension (PyTorch's messages)."""
+        return _arg_reduce("argmax", self, dim, keepdim)
 
     def min(self, dim: int | None = None, keepdim: bool = False):
         """The smallest element, or ``(values, indices)`` along ``dim``: :meth:`max` of ``-x``,
         negated (exact), with PyTorch's ``torch.min`` results (NaN propagates, the first
-        minimum's index); raises as :meth:`max`. ``x.min(other)`` is :meth:`minimum`."""
+        minimum's index); of an int64 tensor the smallest of :meth:`topk` (``largest=False``:
+        ``-x`` wraps at -2**63); raises as :meth:`max`. ``x.min(other)`` is :meth:`minimum`."""
         if _is_other(dim):
             _no_keepdim("min", keepdim)
             return self.minimum(dim)
         if dim is not None:
             _dim("min", dim, self.ndim)
         if dim is None:
-            return -(-self).max(None, keepdim)
-        values, indices = (-self).max(dim, keepdim)
-        return MinResult(-values, indices)
+            _keepdim_needs_dim("min", self, keepdim)
+            return -(-self).max() if self.dtype.is_float else self.amin()
+        if self.dtype.is_float:
+            values, indices = (-self).max(dim, keepdim)
+            return MinResult(-values, indices)
+        return MinResult(*_int_smallest(self, _dim("min", dim, self.ndim), keepdim))
 
     def argmin(self, dim: int | None = None, keepdim: bool = False) -> "Tensor":
-        """The int64 index of the smallest element (:meth:`argmax` of ``-x``; ``torch.argmin``);
-        raises as :meth:`argmax`."""
-        return (-self).argmax(dim, keepdim)
+        """The int64 index of the smallest element (``torch.argmin``; NaN's where there is one,
+        the first of ties): :meth:`argmax` of ``-x``; of an int64 tensor the index of the
+        smallest of :meth:`topk` (``largest=False``; ``-x`` would wrap at -2**63). Arguments
+        and errors as :meth:`argmax`."""
+        return _arg_reduce("argmin", self, dim, keepdim)
 
     def amax(self, dim=(), keepdim: bool = False) -> "Tensor":
         """The largest element over ``dim`` (an int, a sequence of ints; ``()`` or None: every
@@ -322,6 +309,50 @@ def _is_other(dim) -> bool:
     """Whether ``dim`` of ``max`` / ``min`` is a tensor or an array: PyTorch's elementwise
     ``x.max(other)`` / ``x.min(other)``."""
     return isinstance(dim, (TensorCore, np.ndarray)) or _is_torch(dim)
+
+
+def _keepdim_needs_dim(fn: str, x, keepdim) -> None:
+    """``x.max(keepdim=True)`` / ``x.min(keepdim=True)``: PyTorch has no such overload."""
+    if keepdim:
+        raise TypeError(f"{fn}(): keepdim=True needs a dim (the tensor has shape "
+                        f"{list(x.shape)}): pass dim=..., or reshape the 0-d result, "
+                        f"x.{fn}().reshape({(1,) * x.ndim})")
+
+
+def _arg_reduce(fn: str, x, dim, keepdim: bool):
+    """:meth:`Reductions.argmax` (``fn`` "argmax") or ``argmin`` of ``x``: flattened without
+    ``dim``, a 0-d ``x`` as one element, PyTorch's errors for empty ones."""
+    if dim is None:
+        if x.numel() == 0:
+            raise IndexError(f"{fn}(): Expected reduction dim to be specified for "
+                             f"input.numel() == 0.")
+        index = _arg_along(fn, x.reshape(-1), 0, False)
+        return index.reshape((1,) * x.ndim) if keepdim else index
+    d = _dim(fn, dim, x.ndim)
+    if x.ndim == 0:
+        return _arg_along(fn, x.reshape(1), 0, False)
+    if x.shape[d] == 0:
+        raise IndexError(f"{fn}(): Expected reduction dim {d} to have non-zero size.")
+    return _arg_along(fn, x, d, bool(keepdim))
+
+
+def _arg_along(fn: str, x, d: int, keepdim: bool):
+    """Op ``argmax`` of ``x`` (argmin: of ``-x``; of an int64 ``x`` :func:`_int_smallest`)
+    along ``d``, a non-empty dim of ``x``."""
+    if fn == "argmin" and not x.dtype.is_float:
+        return _int_smallest(x, d, keepdim)[1]
+    return apply("argmax", [x if fn == "argmax" else -x], axis=d, keepdims=keepdim)
+
+
+def _int_smallest(x, d: int, keepdim: bool):
+    """``(values, indices)`` of the smallest elements of the int64 ``x`` along ``d``: the first
+    of ``topk(1, largest=False)`` (the first of ties; ``-x`` would wrap at -2**63)."""
+    one = x.reshape(1) if x.ndim == 0 else x
+    values, indices = one.topk(1, d, largest=False)
+    if keepdim and x.ndim:
+        return values, indices
+    shape = tuple(n for i, n in enumerate(one.shape) if i != d)
+    return values.reshape(shape), indices.reshape(shape)
 
 
 def _amax(x, dim, keepdim: bool, fn: str):
