@@ -233,7 +233,7 @@ def reference(case: Case) -> list:
 
 TOL = {np.dtype(np.float16): (2e-3, 2e-3), bfloat16.np: (1.6e-2, 1.6e-2),
        np.dtype(np.float32): (2e-5, 2e-5),
-       np.dtype(np.float64): (1e-12, 1e-12), np.dtype(np.int64): (0, 0)}
+       np.dtype(np.float64): (1e-12, 1e-12)}
 """Per result dtype, ``(rtol, atol)`` of a kernel against the float64 reference rounded to that
 dtype (the kernels compute in float32 for f16/f32, and may round intermediate results)."""
 
@@ -252,8 +252,12 @@ def assert_bit_exact(got, want, what):
 
 
 def assert_close(got, want, what, tol=TOL):
-    """Same dtype and shape, values within ``tol`` of ``want``'s dtype (NaN where NaN)."""
+    """Same dtype and shape, values within ``tol`` of ``want``'s dtype (NaN where NaN); int64
+    exactly (float64 would round beyond 2**53)."""
     assert got.dtype == want.dtype and got.shape == want.shape, what
+    if want.dtype == np.int64:
+        np.testing.assert_array_equal(got, want, err_msg=what)
+        return
     rtol, atol = tol[want.dtype]
     np.testing.assert_allclose(got.astype(np.float64), want.astype(np.float64), rtol=rtol,
                                atol=atol, equal_nan=True, err_msg=what)

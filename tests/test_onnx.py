@@ -333,21 +333,22 @@ def test_type_as_exports_as_cast_like(amp, tmp_path):
 
 
 class _Ids(nn.Module):
-    """int64 ids cloned, flipped, indexed, summed, reduced and sorted."""
+    """int64 ids cloned, flipped, indexed, summed, reduced, sorted and negated."""
 
     def forward(self, ids):
         c = ids.clone().flip(1)
         return (c[:, [2, 0]], c.cumsum(1), ids.amax(1), ids.amin(0), ids.topk(2).values,
-                ids.sort(1).values)
+                ids.sort(1).values, -ids)
 
 
 def test_int64_ops_export_and_onnxruntime_matches_exactly(tmp_path):
-    """Ops identity, gather, cumsum, reduce_max and top_k of an int64 input (which they took
-    only as floating tensors) export as ONNX's Identity, Gather, CumSum, ReduceMax and TopK;
-    onnxruntime gives miniflow's int64 values exactly, beyond 2**53."""
-    ids = np.array([[5, -2 ** 62, 2 ** 62 + 1], [0, 3, 3]], np.int64)
+    """Ops identity, gather, cumsum, reduce_max, top_k and negative of an int64 input (which
+    they took only as floating tensors) export as ONNX's Identity, Gather, CumSum, ReduceMax,
+    TopK and Neg; onnxruntime gives miniflow's int64 values exactly, beyond 2**53, and
+    -(-2**63) wraps in both."""
+    ids = np.array([[5, -2 ** 62, 2 ** 62 + 1], [0, 3, -2 ** 63]], np.int64)
     proto = mo.export(_Ids(), ids, tmp_path / "ids.onnx")
-    assert {"Identity", "Gather", "CumSum", "ReduceMax", "TopK"} <= {
+    assert {"Identity", "Gather", "CumSum", "ReduceMax", "TopK", "Neg"} <= {
         n.op_type for n in proto.graph.node}
     got = _run(tmp_path / "ids.onnx", {"input0": ids})
     for g, w in zip(got, _Ids()(miniflow.tensor(ids)), strict=True):

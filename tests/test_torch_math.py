@@ -549,14 +549,16 @@ INT64_CASES = {   # name: (miniflow function, NumPy oracle of the same dtype)
     "amax_keepdim": (lambda t: t.amax(0, keepdim=True), lambda a: a.max(0, keepdims=True)),
     "amin": (lambda t: t.amin(1), lambda a: a.min(1)),
     "amin_dims": (lambda t: t.amin((1, 0), keepdim=True), lambda a: a.min((0, 1), keepdims=True)),
+    "neg": (lambda t: -t, np.negative), "neg_method": (lambda t: t.neg(), np.negative),
 }
 
 
 @pytest.mark.parametrize("name", sorted(INT64_CASES))
-def test_int64_floor_round_log1p_amax_amin_as_pytorch_eager_and_in_build(name):
-    """They raised for an int64 tensor (ops floor, round, log1p, reduce_max take floating
-    tensors); now PyTorch's: floor and round a copy (int64), log1p float32 (type promotion),
-    amax and amin the int64 extremes, exact, eagerly and inside build."""
+def test_int64_floor_round_log1p_amax_amin_neg_as_pytorch_eager_and_in_build(name):
+    """They raised for an int64 tensor (ops floor, round, log1p, reduce_max, negative take
+    floating tensors); now PyTorch's: floor and round a copy (int64), log1p float32 (type
+    promotion), amax and amin the int64 extremes, ``-x`` int64, exact, eagerly and inside
+    build."""
     fn, oracle = INT64_CASES[name]
 
     class G(nn.Graph):
@@ -571,6 +573,32 @@ def test_int64_floor_round_log1p_amax_amin_as_pytorch_eager_and_in_build(name):
         np.testing.assert_array_equal(got.numpy(), want)
     if torch is not None:                   # the same calls on a torch tensor
         np.testing.assert_array_equal(fn(mf.tensor(I64)).numpy(), fn(torch.tensor(I64)).numpy())
+
+
+def test_negating_int64_wraps_at_its_minimum_as_pytorch_also_under_amp():
+    """``-x`` of an int64 tensor (op ``negative``, which took floating tensors only) is exact
+    and wraps as PyTorch's: -(-2**63) is -2**63; under AMP too (the int64 value is no float to
+    cast), next to a float computation."""
+    ids = np.array([-2 ** 63, 2 ** 63 - 1, 0, -(2 ** 62) - 1], np.int64)
+    want = np.array([-2 ** 63, -2 ** 63 + 1, 0, 2 ** 62 + 1], np.int64)
+
+    class Neg(nn.Graph):
+        def __init__(self, amp):
+            super().__init__()
+            self.config.enable_amp(amp)
+
+        def build(self, x, f):
+            return -x, x.neg().neg(), (-f).matmul(f)
+
+    f = np.ones((2, 2), np.float32)
+    np.testing.assert_array_equal((-mf.tensor(ids)).numpy(), want)
+    for amp in (False, True):
+        neg, twice, _ = Neg(amp)(mf.tensor(ids), mf.tensor(f))
+        assert neg.dtype is twice.dtype is mf.int64
+        np.testing.assert_array_equal(neg.numpy(), want)
+        np.testing.assert_array_equal(twice.numpy(), ids)
+    if torch is not None:
+        np.testing.assert_array_equal((-torch.tensor(ids)).numpy(), want)
 
 
 def test_round_decimals_of_int64_is_refused_as_pytorch():

@@ -290,12 +290,12 @@ def _unary_infer(op, check=check_float):
     return infer
 
 
-def _any_dtype_samples():
-    """:func:`unary_samples` and int64 ones (large values, which a float64 path would round),
-    of an op OneFlow runs on any dtype (``identity``)."""
+def _any_dtype_samples(edge=()):
+    """:func:`unary_samples` and int64 ones (large values, which a float64 path would round,
+    and the ints of ``edge``), of an op OneFlow runs on any dtype (``identity``)."""
     r = np.random.default_rng(8)
     ints = [([r.integers(-2 ** 62, 2 ** 62, (3, 4))], {}),
-            ([np.array([0, 1, -1, 2 ** 53 + 1], np.int64)], {})]
+            ([np.array([0, 1, -1, 2 ** 53 + 1, *edge], np.int64)], {})]
     return lambda: unary_samples()() + ints
 
 
@@ -397,7 +397,10 @@ def _sigmoid_ref(x):
 
 
 elementwise("negative", neg, np.negative, amp=None, amp_note="not in OneFlow's lists",
-            grad=lambda n, gs, emit: [emit("negative", gs[0])], doc="out = -x")
+            infer=_unary_infer("negative", float_or_int64),
+            samples=_any_dtype_samples([-2 ** 63, 2 ** 63 - 1]),
+            grad=lambda n, gs, emit: [emit("negative", gs[0])],
+            doc="out = -x (floating or int64: -(-2**63) wraps to -2**63, as PyTorch's)")
 elementwise("identity", identity, np.copy, amp="clear",
             infer=_unary_infer("identity", float_or_int64), samples=_any_dtype_samples(),
             grad=lambda n, gs, emit: [emit("identity", gs[0])],
