@@ -601,6 +601,32 @@ def test_negating_int64_wraps_at_its_minimum_as_pytorch_also_under_amp():
         np.testing.assert_array_equal((-torch.tensor(ids)).numpy(), want)
 
 
+@pytest.mark.parametrize("fn", ["mean", "var", "std"])
+def test_mean_var_std_of_int64_are_pytorchs_runtime_error_eager_and_in_build(fn):
+    """``int64_tensor.mean()`` was op scalar_mul's TypeError: it is PyTorch's RuntimeError
+    ("could not infer output dtype ... Got: Long"; var and std: "only support floating point"),
+    saying to cast with ``.float()`` first, eagerly and inside build."""
+    said = ("could not infer output dtype. Input dtype must be either a floating point or "
+            "complex dtype" if fn == "mean" else "std and var only support floating point and "
+            "complex dtypes")
+    match = rf"{fn}\(\): {said}. Got: Long \(cast it first: t.float\(\).{fn}\(\)\)"
+
+    class G(nn.Graph):
+        def build(self, x):
+            return getattr(x, fn)(0)
+
+    with pytest.raises(RuntimeError, match=match):
+        getattr(mf.tensor(I64), fn)()
+    with pytest.raises(RuntimeError, match=match):
+        G()(mf.tensor(I64))
+    np.testing.assert_allclose(getattr(mf.tensor(I64).float(), fn)(0).numpy(),
+                               getattr(np, fn)(I64.astype(np.float32), 0, **(
+                                   {} if fn == "mean" else {"ddof": 1})), rtol=1e-6)
+    if torch is not None:
+        with pytest.raises(RuntimeError, match=said):
+            getattr(torch.tensor(I64), fn)()
+
+
 def test_round_decimals_of_int64_is_refused_as_pytorch():
     with pytest.raises(RuntimeError, match=r"round\(\): decimals=1 of a int64 tensor is not "
                                            r"implemented .*\.to\(miniflow.float64\)"):

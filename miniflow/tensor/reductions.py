@@ -15,6 +15,7 @@ import numpy as np
 from ..dtype import bool_
 from ..ops.common import norm_axes
 from ..ops.reduce_max import top_k_reference
+from .casts import _TYPE_NAMES
 from .core import TensorCore
 from ..random import generator as global_generator
 from ..trace import current_tracer
@@ -205,6 +206,8 @@ class Reductions:
         Raises:
             TypeError: both ``unbiased`` and ``correction`` given.
             ValueError: ``n - correction <= 0`` (PyTorch gives nan or inf with a warning).
+            RuntimeError: an int64 or bool tensor (PyTorch's message: cast it with ``.float()``
+                first).
         """
         return self._moment("var", dim, unbiased, keepdim, correction, sqrt=False)
 
@@ -214,6 +217,10 @@ class Reductions:
         return self._moment("std", dim, unbiased, keepdim, correction, sqrt=True)
 
     def _moment(self, fn, dim, unbiased, keepdim, correction, sqrt: bool):
+        if not self.dtype.is_float:
+            raise RuntimeError(f"{fn}(): std and var only support floating point and complex "
+                               f"dtypes. Got: {_TYPE_NAMES[self.dtype.name]} (cast it first: "
+                               f"t.float().{fn}())")
         if unbiased is not None and correction is not None:
             raise TypeError(f"{fn}: got both unbiased={unbiased!r} and correction="
                             f"{correction!r}; pass one (unbiased=False is correction=0)")
@@ -266,13 +273,13 @@ class Reductions:
         empty one, so nothing before it gets a NaN.
 
         Raises:
-            TypeError: as :meth:`sum`. RuntimeError: a bool tensor (PyTorch's message: cast it
-                with ``.float()`` first).
+            TypeError: as :meth:`sum`. RuntimeError: an int64 or bool tensor (PyTorch's
+                message: cast it with ``.float()`` first).
         """
-        if self.dtype is bool_:
-            raise RuntimeError("mean(): could not infer output dtype. Input dtype must be either "
-                               "a floating point or complex dtype. Got: Bool (cast it first: "
-                               "t.float().mean())")
+        if not self.dtype.is_float:
+            raise RuntimeError(f"mean(): could not infer output dtype. Input dtype must be either "
+                               f"a floating point or complex dtype. Got: "
+                               f"{_TYPE_NAMES[self.dtype.name]} (cast it first: t.float().mean())")
         dim, keepdim = _reduce_args("mean", dim, keepdim, axis, keepdims)
         x = self.to("float32") if self.dtype.is_half else self
         s = x.sum(dim, keepdim)
