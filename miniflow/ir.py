@@ -673,7 +673,8 @@ def evaluate(graph: Graph, inputs, variables: dict | None = None) -> dict:
     """Run ``graph`` through its ops' NumPy references in float64 (integers in int64): the reference
     interpreter (JAX's ``eval_jaxpr``). Each node's ``op.reference`` maps its input arrays to its
     output arrays, then the new values of the inputs it writes (:attr:`Node.written`), which
-    later nodes then read. Only ``cast`` and ``constant`` round (to their dtype). A graph with
+    later nodes then read. Only ``cast`` and ``constant`` round (to their dtype), and the ops
+    with ``round_outputs`` (``cast_like``), whose outputs it rounds to their dtypes. A graph with
     micro-batches runs in its :meth:`Graph.micro_batch_schedule`.
 
     Args:
@@ -713,6 +714,8 @@ def evaluate(graph: Graph, inputs, variables: dict | None = None) -> dict:
             if op.micro_batch[0] == "collect" and micro_batch > 0:
                 args += [env[v] for v in node.outputs]
         arrays = [_as64(a) for a in op.reference(args, attrs)]
+        if op.round_outputs:
+            arrays = [_as64(a.astype(v.dtype.np)) for a, v in zip(arrays, targets)]
         if len(arrays) != len(targets):
             raise ValueError(f"evaluate: the reference of {op.name} gave {len(arrays)} "
                              f"array(s) for {len(targets)} value(s)")

@@ -26,8 +26,8 @@ from miniflow.ops.fused import arity
 from miniflow.ops.registry import OP_REGISTRY
 
 from op_cases import (Case, assert_bit_exact, assert_matches_reference, bfloat16_cases,
-                      cast_cases, float64_cases, host_buffers, late_op, make_node, registry_cases,
-                      results, run_cpu_placed)
+                      cast_cases, float64_cases, host_buffers, late_op, make_node, reference,
+                      registry_cases, results, run_cpu_placed)
 
 CASES = registry_cases() + float64_cases() + bfloat16_cases() + cast_cases()
 
@@ -55,6 +55,24 @@ def run_cpu(case) -> list:
 @pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
 def test_cpu_kernel_matches_the_float64_reference(case):
     assert_matches_reference(case, run_cpu(case))
+
+
+CAST_LIKE = [c for c in CASES if c.op == "cast_like"]
+
+
+@pytest.mark.parametrize("case", CAST_LIKE, ids=[c.id for c in CAST_LIKE])
+def test_cast_like_reference_rounds_to_the_dtype_of_like_as_the_kernel(case):
+    """Op cast_like's reference gave ``in``'s values unrounded (``evaluate`` of a float32 0.1
+    cast like a float16 was 0.1, the kernel's 0.0999755859375): only the kernel tests rounded
+    it. ``evaluate`` rounds it to ``dtype_like``'s dtype (``round_outputs``): the kernel's
+    values, bit for bit, for float16 and bfloat16 likes too."""
+    (got,), (want,) = run_cpu(case), reference(case)
+    assert want.dtype == np.float64
+    np.testing.assert_array_equal(got.astype(np.float64), want, err_msg=case.id)
+
+
+def test_cast_like_cases_hold_float16_and_bfloat16_likes():
+    assert {c.inputs[1].dtype.name for c in CAST_LIKE} >= {"float16", "bfloat16", "float32"}
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])

@@ -54,7 +54,8 @@ class OpDef:
         reference: ``(arrays, attrs) -> list[np.ndarray]``: the op in NumPy float64 (int64 stays
             int64), one array per output, then, for an op that writes inputs (:meth:`written`),
             their new values in that order (those of its inputs that exist). Used by
-            ``miniflow.ir.evaluate``. Only ``cast`` and ``constant`` round, to their dtype.
+            ``miniflow.ir.evaluate``. Only ``cast`` and ``constant`` round, to their dtype, and
+            ``evaluate`` rounds the outputs of an op with ``round_outputs``.
         samples: ``() -> list[(list[np.ndarray], attrs)]`` small example inputs for kernel tests.
         amp: the op's AMP list, ``"white"``, ``"black"``, ``"gray"`` or ``"clear"`` (OneFlow's
             lists, ``miniflow.amp.lists``), or None: in no list.
@@ -91,6 +92,10 @@ class OpDef:
             ``broadcast_like``'s like): a node whose other inputs are all constants (``constant``
             has none) computes a constant, which a plan computes once, at its first run
             (``runtime.plan.constant_nodes``).
+        round_outputs: whether ``ir.evaluate`` rounds the reference's outputs to the dtypes
+            of the node's outputs, as the kernel stores them: for an op whose rounding its
+            reference cannot see (``cast_like``: its dtype is ``dtype_like``'s, and the
+            reference gets float64 arrays).
         doc: one line: what the op computes.
     """
 
@@ -110,6 +115,7 @@ class OpDef:
     diagnose: Callable | None = None
     micro_batch: tuple | None = None
     shape_inputs: tuple = ()
+    round_outputs: bool = False
     doc: str = field(default="", repr=False)
 
     def written(self, attrs, n_inputs: int) -> tuple:

@@ -350,9 +350,10 @@ def _cast_like_samples():
 
 register("cast_like", _cast_like_infer,
          grad=lambda n, gs, emit: [emit("cast", gs[0], dtype=n.inputs[0].dtype), None],
-         samples=_cast_like_samples, reference=lambda xs, a: [xs[0]], amp=None,
+         samples=_cast_like_samples, reference=lambda xs, a: [xs[0]], round_outputs=True,
+         amp=None,
          amp_note="in no OneFlow list; dtype_like gives the dtype only and is never cast, so the "
                   "output is dtype_like's after the AMP pass (float16 when a white node made it)",
          no_cast_inputs={1: "dtype_like"},
          doc="out = in converted to dtype_like's dtype (OneFlow's cast_like; torch's type_as "
-             "inside a graph); the reference is in's values, the kernel rounds to that dtype")
+             "inside a graph), rounded to nearest even")
