@@ -74,6 +74,55 @@ def test_training_is_bit_identical_with_and_without_fusion(amp, monkeypatch):
         _same_bits(fused_params[name], plain_params[name], name)
 
 
+class _TypeAs(mf.nn.Module):
+    """A gate computed in float32 and cast back with ``type_as`` (op ``cast_like`` in build)."""
+
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = mf.nn.Linear(8, 8), mf.nn.Linear(8, 3)
+
+    def forward(self, x):
+        h = self.a(x)                                   # float16 under AMP
+        return self.b((h.float() * 0.5).sigmoid().type_as(h) * h)
+
+
+def _train_type_as():
+    mf.manual_seed(0)
+    model = _TypeAs()
+    opt = mf.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+
+    class Train(mf.nn.Graph):
+        def __init__(self):
+            super().__init__()
+            self.model = model
+            self.add_optimizer(opt)
+            self.config.enable_amp()
+
+        def build(self, x, y):
+            loss = mf.nn.functional.cross_entropy(self.model(x), y)
+            loss.backward()
+            return loss
+
+    graph, rng = Train(), np.random.default_rng(0)
+    losses = [graph(rng.normal(size=(6, 8)).astype(np.float32), rng.integers(0, 3, 6)).numpy()
+              for _ in range(4)]
+    return graph, losses, model.state_dict()
+
+
+def test_type_as_under_amp_fuses_and_trains_bit_identically(monkeypatch):
+    """``type_as`` inside build under AMP is op cast_like, which fusion left as a kernel of its
+    own: it joins the fused gate, and the training run keeps its bits."""
+    fused, fused_losses, fused_params = _train_type_as()
+    assert "cast_like" not in fused.ir.count_ops()
+    _without_fusion(monkeypatch)
+    plain, plain_losses, plain_params = _train_type_as()
+    assert "cast_like" in plain.ir.count_ops()
+    for k, (a, b) in enumerate(zip(fused_losses, plain_losses)):
+        _same_bits(a, b, f"loss {k}")
+    for name in plain_params:
+        _same_bits(fused_params[name], plain_params[name], name)
+
+
 def test_fused_ir_prints_readably():
     graph, _, _ = _train(amp=False, steps=4)
     text = str(graph.ir)
@@ -112,11 +161,12 @@ def _compile(graph, fuse: bool):
 @st.composite
 def _recipes(draw):
     """Ops of a random elementwise chain: ``(op, argument indices, attrs)``; values 0, 1 are the
-    inputs (full shape), 2 a row vector; every op appends one value."""
+    inputs (full shape), 2 a row vector; every op appends one value. A ``cast`` picks a dtype,
+    a ``cast_like`` a value to take it from."""
     recipe, types = [], [("in", True), ("in", True), ("in", False)]   # (dtype, full shape?)
     for _ in range(draw(st.integers(3, 8))):
         x = draw(st.integers(0, len(types) - 1))
-        kind = draw(st.sampled_from(["unary", "binary", "scalar", "cast"]))
+        kind = draw(st.sampled_from(["unary", "binary", "scalar", "cast", "cast_like"]))
         dtype, full = types[x]
         if kind == "unary":
             recipe.append((draw(st.sampled_from(UNARY)), (x,), {}))
@@ -127,6 +177,10 @@ def _recipes(draw):
         elif kind == "cast":
             dtype = draw(st.sampled_from(sorted(DTYPES)))
             recipe.append(("cast", (x,), {"dtype": DTYPES[dtype]}))
+        elif kind == "cast_like":            # like any value, of any shape: its dtype only
+            like = draw(st.integers(0, len(types) - 1))
+            recipe.append(("cast_like", (x, like), {}))
+            dtype = types[like][0]
         else:
             op = draw(st.sampled_from(BINARY))
             same = [k for k, t in enumerate(types)
@@ -209,6 +263,31 @@ def test_dead_member_does_not_add_an_unread_input():
     assert [n.op.name for n in ir.nodes] == ["fused_elementwise"] and len(ir.nodes[0].inputs) == 1
     x = np.linspace(-2, 2, 15, dtype=np.float16).reshape(3, 5)
     _same_bits(fused.run([x, x, x[0]])[0], np.maximum(x, 0), str(ir))
+
+
+def test_cast_like_fuses_as_a_cast_without_reading_its_like():
+    """``x.float().exp().type_as(x)`` under AMP: op cast_like (a cast to the dtype of
+    ``dtype_like``, known once AMP ran) was never fused, a kernel of its own between two fused
+    groups; it fuses as the cast to its output's dtype, and the fused node does not read the
+    like (here a value of another shape, which does not broadcast to the output, computed for
+    its dtype only), bit for bit as the unfused graph."""
+    def graph():
+        g = Graph()
+        emit = emitter(g)
+        x, y = g.add_input("x", (3, 5), float32), g.add_input("y", (7,), float16)
+        out = emit("scalar_mul", emit("cast_like", emit("exp", x), emit("relu", y)), scalar=3.0)
+        g.set_outputs([emit("broadcast_add", out, emit("cast", x, dtype=float16))])
+        return g
+
+    fused, ir = _compile(graph(), fuse=True)
+    assert [n.op.name for n in ir.nodes] == ["fused_elementwise"]
+    assert [v.name for v in ir.nodes[0].inputs] == ["x"] and ir.nodes[0].attrs["expr"] == (
+        "add(mul(f16(exp(x0)), 3.0), f16(x0))")
+    arrays = [np.linspace(-12, 12, 15, dtype=np.float32).reshape(3, 5), np.ones(7, np.float16)]
+    arrays[0][0, 0] = np.nan
+    want = _compile(graph(), fuse=False)[0].run(arrays)[0]
+    assert want.dtype == np.float16 and np.isinf(want).any()      # exp(12) overflows float16
+    _same_bits(fused.run(arrays)[0], want, str(ir))
 
 
 # ------------------------------------------------------------------------------ legality

@@ -326,10 +326,16 @@ class _TypeAs(nn.Module):
 @pytest.mark.parametrize("amp", [False, True], ids=["fp32", "amp"])
 def test_type_as_exports_as_cast_like(amp, tmp_path):
     """Op ``cast_like`` (``type_as`` inside a graph) is ONNX's ``CastLike`` (opset 15, miniflow's
-    lowest); onnxruntime matches miniflow, its input in float16 under AMP."""
+    lowest) at the stages before fusion, which makes it a cast of its fused chain (``Cast`` in
+    the inference export); onnxruntime matches miniflow, its input in float16 under AMP."""
     miniflow.manual_seed(0)
     proto = _export_one_activation_chain(_TypeAs(), amp, tmp_path / "type_as.onnx")
-    assert "CastLike" in {n.op_type for n in proto.graph.node}
+    assert "Cast" in {n.op_type for n in proto.graph.node}
+    graph = EvalGraph(_TypeAs())
+    graph.config.enable_amp(amp)
+    staged = mo.export(graph, np.ones((16, 4), np.float32), tmp_path / "staged.onnx",
+                       after="amp" if amp else "trace")
+    assert "CastLike" in {n.op_type for n in staged.graph.node}
 
 
 class _Ids(nn.Module):

@@ -4,7 +4,9 @@ nodes, each run by one generated kernel (``miniflow/kernels/cpu/fused.py``).
 Assumes: the IR is final but for dead code (autograd, AMP, loss scaling and the optimizer pass have
 run), so dtypes and casts are decided. Fusible nodes: ops whose definition has a scalar function
 (``OpDef.scalar``, any op declared that way, so a new elementwise op fuses without a change here)
-with a floating output (an int64 ``identity`` is left alone) and casts to a float dtype;
+with a floating output (an int64 ``identity`` is left alone) and casts to a float dtype
+(``cast``, and ``cast_like``, a cast to its output's dtype, decided once AMP ran: its
+``dtype_like`` input gives the dtype only, so the group does not read it);
 ``bias_add`` only along the last axis, where it is NumPy broadcasting (``broadcast_add``'s
 function); ``scalar_mul_by_tensor`` (the loss scaler's unscale, the clip factor) where its
 one-element tensor has no more dims than the output, NumPy broadcasting too (``broadcast_mul``'s
@@ -61,11 +63,16 @@ def fuse_elementwise(graph: Graph, ctx=None) -> Graph:
     return graph
 
 
+def _read(node: Node) -> list:
+    """The inputs whose values ``node`` reads: all but ``cast_like``'s ``dtype_like``."""
+    return node.inputs[:1] if node.op.name == "cast_like" else node.inputs
+
+
 def _term(node: Node, args: list):
-    """The expression term of ``node`` applied to argument terms ``args``."""
+    """The expression term of ``node`` applied to argument terms ``args`` (of :func:`_read`)."""
     op = node.op
-    if op.name == "cast":
-        return ("call", _CASTS[node.attrs["dtype"].name], tuple(args))
+    if op.name in ("cast", "cast_like"):
+        return ("call", _CASTS[node.outputs[0].dtype.name], tuple(args))
     if op.name == "bias_add":            # along the last axis: NumPy broadcasting of an add
         op = get_op("broadcast_add")
     elif op.name == "scalar_mul_by_tensor":     # a one-element tensor: NumPy broadcasting
@@ -79,7 +86,7 @@ def _fusible(node: Node) -> bool:
     name = node.op.name
     if out is None or out.size == 0 or name in AMP_IDENTITY_OPS:
         return False
-    if name == "cast":
+    if name in ("cast", "cast_like"):
         ok = out.dtype.name in _CASTS
     elif name == "bias_add":
         ok = node.attrs["axis"] == len(out.shape) - 1
@@ -87,7 +94,7 @@ def _fusible(node: Node) -> bool:
         ok = len(node.inputs[1].shape) <= len(out.shape)
     else:
         ok = node.op.scalar is not None and out.dtype.is_float
-    return ok and broadcast_kinds(out.shape, [v.shape for v in node.inputs]) is not None
+    return ok and broadcast_kinds(out.shape, [v.shape for v in _read(node)]) is not None
 
 
 class _Fusion:
@@ -121,7 +128,7 @@ class _Fusion:
     @staticmethod
     def _producer_groups(node: Node, group_of: dict) -> list:
         out, seen = [], set()
-        for v in node.inputs:
+        for v in _read(node):
             g = group_of.get(v.producer) if v.producer is not None else None
             if g is not None and id(g) not in seen:
                 seen.add(id(g))
@@ -159,7 +166,7 @@ class _Fusion:
         made = {v for n in members for v in n.outputs}
         out, seen = [], set()
         for n in members:
-            for v in n.inputs:
+            for v in _read(n):
                 if v not in made and v not in seen:
                     seen.add(v)
                     out.append(v)
@@ -171,12 +178,12 @@ class _Fusion:
         index = {v: k for k, v in enumerate(inputs)}
         uses: dict = {}
         for n in members:
-            for v in n.inputs:
+            for v in _read(n):
                 uses[v] = uses.get(v, 0) + 1
         terms, statements, outputs, temps = {}, [], [], 0
         for n in members:
             v = n.outputs[0]
-            args = [("x", index[a]) if a in index else terms[a] for a in n.inputs]
+            args = [("x", index[a]) if a in index else terms[a] for a in _read(n)]
             term = _term(n, args)
             if self._outside_readers(v, members) or v in self.pinned:
                 name = f"y{len(outputs)}"
