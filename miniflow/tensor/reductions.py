@@ -85,15 +85,14 @@ class Reductions:
         if _is_other(dim):
             _no_keepdim("min", keepdim)
             return self.minimum(dim)
-        if dim is not None:
-            _dim("min", dim, self.ndim)
         if dim is None:
             _keepdim_needs_dim("min", self, keepdim)
             return -(-self).max() if self.dtype.is_float else self.amin()
-        if self.dtype.is_float:
-            values, indices = (-self).max(dim, keepdim)
-            return MinResult(-values, indices)
-        return MinResult(*_int_smallest(self, _dim("min", dim, self.ndim), keepdim))
+        d = _dim("min", dim, self.ndim)
+        if not self.dtype.is_float:
+            return MinResult(*_int_smallest(self, d, keepdim))
+        values, indices = (-self).max(d, keepdim)
+        return MinResult(-values, indices)
 
     def argmin(self, dim: int | None = None, keepdim: bool = False) -> "Tensor":
         """The int64 index of the smallest element (``torch.argmin``; NaN's where there is one,
