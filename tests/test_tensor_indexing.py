@@ -1517,6 +1517,26 @@ def test_topk_as_pytorch_on_eager_tensors(dim, largest):
         np.testing.assert_array_equal(got.indices.numpy(), want.indices.numpy())
 
 
+@pytest.mark.parametrize("dtype", [mf.bfloat16, mf.float16])
+def test_topk_and_sort_of_eager_half_tensors_as_float64(dtype):
+    """Eager ``topk`` / ``sort`` of a bfloat16 tensor was a NumPy TypeError ('invert' not
+    supported: ml_dtypes' bfloat16 is not of NumPy's float kind, so the reference took it for
+    an integer): both half types sort as their float64 values do, NaN the largest."""
+    x = np.array([[0.5, -2.0, np.nan, 3.0, -np.inf], [1.0, 0.25, -0.0, 7.0, 2.0]], np.float32)
+    t = mf.tensor(x, dtype=dtype)
+    exact = x.astype(np.float64)                   # these values are exact in both half types
+    order = np.argsort(np.where(np.isnan(exact), -np.inf, -exact), axis=1, kind="stable")
+    top = t.topk(3)
+    assert top.values.dtype is dtype
+    np.testing.assert_array_equal(top.indices.numpy(), order[:, :3])
+    ascending = t.sort(1)
+    np.testing.assert_array_equal(ascending.values.numpy().astype(np.float64),
+                                  np.sort(exact, 1))
+    np.testing.assert_array_equal(t.sort(0, descending=True).indices.numpy(),
+                                  np.argsort(-np.nan_to_num(exact, nan=np.inf), 0,
+                                             kind="stable"))
+
+
 class _Topk(nn.Module):
     """A weighted sum of ``topk`` values along ``dim`` of a parameter, plus the indices."""
 

@@ -168,9 +168,10 @@ def top_k_reference(arrays, attrs):
     (NaN or not, the value, the position): NaN above every number, equal elements in index
     order. Any real dtype (``Tensor.topk`` of an eager int64 tensor uses it too)."""
     x = arrays[0]
-    nan = np.isnan(x) if x.dtype.kind == "f" else np.zeros(x.shape, bool)
-    value = np.where(nan, 0.0, x.astype(np.float64)) if x.dtype.kind == "f" else x
-    down = -value if x.dtype.kind == "f" else ~value        # ~v = -v - 1: no int64 overflow
+    integral = x.dtype.kind in "iu"         # bfloat16 (ml_dtypes) is kind "V": a float too
+    nan = np.zeros(x.shape, bool) if integral else np.isnan(x)
+    value = x if integral else np.where(nan, 0.0, x.astype(np.float64))
+    down = ~value if integral else -value        # ~v = -v - 1: no int64 overflow
     position = np.broadcast_to(np.arange(x.shape[-1]), x.shape)
     keys = (position, down, ~nan) if attrs["largest"] else (position, value, nan)
     return [np.lexsort(keys, axis=-1)[..., :attrs["k"]].astype(np.int64)]
