@@ -731,6 +731,20 @@ def test_a_0d_tensor_takes_dim_0_or_minus_1_only_and_does_not_split():
         t.chunk(1)
 
 
+def test_flatten_of_a_0d_tensor_takes_dims_0_and_minus_1_only():
+    """``flatten(1)`` of a 0-d tensor gave ``[1]`` whatever the dims; PyTorch's IndexError now
+    (a 0-d tensor takes 0 and -1), eagerly and inside ``build``; the dims it takes still give
+    a 1-D tensor of its value."""
+    t = mf.tensor(np.float32(2.5))
+    for start, end in ((0, -1), (-1, 0), (0, 0)):
+        assert t.flatten(start, end).tolist() == [2.5]
+    for start, end in ((1, -1), (0, 1), (-2, 0)):
+        with pytest.raises(IndexError, match=r"flatten: Dimension out of range .*\[-1, 0\]"):
+            t.flatten(start, end)
+        with pytest.raises(IndexError, match="flatten: Dimension out of range"):
+            mf.compile(lambda x: x.flatten(start, end))(t)
+
+
 TUPLE_KEYS = [np.s_[:, [-1], :], np.s_[..., [0, 3]], np.s_[0, :, [1, 2]], np.s_[[1, 0], 0],
               np.s_[None, :, [[0, 1], [2, 0]]], np.s_[1:, np.array([4, -5]), ::2],
               np.s_[..., [-1], None], np.s_[:, np.array(2)], np.s_[:, [], :], np.s_[2, [0], 3],

@@ -133,8 +133,14 @@ class Shape:
         return self.reshape(tuple(n for d, n in enumerate(self.shape) if d not in listed))
 
     def flatten(self, start_dim: int = 0, end_dim: int = -1) -> "Tensor":
-        """Dimensions ``start_dim .. end_dim`` merged into one (op ``flatten``)."""
+        """Dimensions ``start_dim .. end_dim`` merged into one (op ``flatten``); a 0-d tensor
+        becomes 1-D, its dims 0 or -1 (``torch.Tensor.flatten``).
+
+        Raises:
+            IndexError: a dim out of range (PyTorch's message)."""
         if self.ndim == 0:
+            for d in (start_dim, end_dim):
+                _dim("flatten", d, 0)
             return self.reshape(1)
         return apply("flatten", [self], start_dim=start_dim, end_dim=end_dim)
 
