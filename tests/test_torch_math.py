@@ -349,6 +349,30 @@ def test_isnan_floor_and_round_follow_pytorch_at_the_edges():
         np.testing.assert_array_equal(x.floor().numpy(), t.floor().numpy())
 
 
+@pytest.mark.parametrize("dtype", [mf.float16, mf.bfloat16])
+def test_half_norm_p_and_round_decimals_are_computed_in_float32(dtype):
+    """``norm(3)`` and ``round(decimals=...)`` of a half tensor were computed in it:
+    ``|x|^3`` of 0.0026 underflowed float16 to a norm of 0, of 50 overflowed it to inf, and
+    ``x * 10**4`` of 7.0 overflowed float16 (round gave inf). As PyTorch's, they are computed
+    in float32 and rounded once to the tensor's dtype, eagerly and inside ``build``."""
+    v = np.array([[0.0026, -1e-3, 0.0], [50.0, -7.0, 2.236]], np.float32)
+    half = mf.tensor(v, dtype=dtype)
+    exact = half.numpy().astype(np.float64)
+    calls = {"norm3": (lambda x: x.norm(3, dim=1),
+                       lambda a: (abs(a) ** 3).sum(1) ** (1 / 3)),
+             "norm0.5": (lambda x: x.norm(0.5),
+                         lambda a: np.sqrt(abs(a)).sum() ** 2),
+             "round4": (lambda x: x.round(decimals=4),
+                        lambda a: np.round(a * 1e4) / 1e4),
+             "round2": (lambda x: x.round(decimals=2), lambda a: np.round(a * 100) / 100)}
+    for fn, oracle in calls.values():
+        want = oracle(exact).astype(np.float32)
+        for got in (fn(half), mf.compile(fn)(half)):
+            assert got.dtype is dtype
+            np.testing.assert_allclose(got.numpy().astype(np.float64),
+                                       want.astype(dtype.np).astype(np.float64), rtol=1e-2)
+
+
 def test_one_hot_as_pytorch_eager_and_from_an_index_of_the_graph():
     idx = np.array([[0, 3], [2, 1]])
     want = np.eye(4, dtype=np.int64)[idx]

@@ -160,7 +160,9 @@ class Arithmetic:
         """x rounded to the nearest integer, halves to the even one (op ``round``, OneFlow's;
         ``torch.round``: ``round(2.5) = 2``); with ``decimals``, as PyTorch computes it:
         ``round(x * 10**decimals) / 10**decimals`` (for negative decimals ``round(x /
-        10**-decimals) * 10**-decimals``). Its gradient is 0, as PyTorch's.
+        10**-decimals) * 10**-decimals``), in float32 for the half types, rounded once, as
+        PyTorch's (``x * 10**decimals`` of a float16 overflows from 6.6 with ``decimals=4``).
+        Its gradient is 0, as PyTorch's.
 
         Of an int64 tensor (``decimals`` 0) a copy (op ``identity``), int64, as PyTorch's.
 
@@ -178,10 +180,13 @@ class Arithmetic:
             return apply("identity", [self])
         if decimals == 0:
             return apply("round", [self])
+        wide = self.float() if self.dtype.is_half else self    # x * 10**d overflows a half
         scale = 10.0 ** abs(int(decimals))
         if decimals > 0:
-            return apply("round", [self * scale]) / scale
-        return apply("round", [self / scale]) * scale
+            out = apply("round", [wide * scale]) / scale
+        else:
+            out = apply("round", [wide / scale]) * scale
+        return out.to(self.dtype) if self.dtype.is_half else out
 
     def sqrt(self):
         """sqrt(x) elementwise (op ``sqrt``); sqrt(x<0) = NaN."""

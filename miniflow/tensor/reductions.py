@@ -147,7 +147,8 @@ class Reductions:
         ``p`` 2 or ``"fro"`` ``sqrt(sum(x^2))``, 1 ``sum(|x|)``, ``inf`` :meth:`amax` of
         ``|x|``, ``-inf`` :meth:`amin`, any other ``p > 0`` ``sum(|x|^p)^(1/p)``; ``dtype``:
         cast to it first. The 2-norm ``sqrt(s)``, ``s = sum(x^2)``, is computed in float32
-        (float64 for float64; under AMP too, as PyTorch reduces a half tensor in float32), and
+        (float64 for float64; under AMP too, as PyTorch reduces a half tensor in float32), any
+        other ``p``'s of a half tensor in float32 too (``|x|^3`` of float16 overflows at 41), and
         its gradient is PyTorch's, 0 for an all-zero slice (``sqrt``'s would be ``inf * 0``,
         NaN: ``F.normalize`` of a zero row poisoned the weights; ``_two_norm`` says how).
 
@@ -168,7 +169,9 @@ class Reductions:
         if isinstance(p, bool) or not isinstance(p, numbers.Real) or not p > 0:
             raise ValueError(f"norm: p={p!r} is not supported: give 2 (or 'fro'), 1, inf, "
                              f"-inf or a number > 0")
-        return x.abs().pow(float(p)).sum(dim, keepdim).pow(1.0 / p)
+        wide = x.float() if x.dtype.is_half else x     # |x|^p over- or underflows a half type
+        n = wide.abs().pow(float(p)).sum(dim, keepdim).pow(1.0 / p)
+        return n.to(x.dtype) if x.dtype.is_half else n
 
     def cumsum(self, dim: int, *, dtype=None) -> "Tensor":
         """The running sum along ``dim`` (``torch.cumsum``: ``out[..., j, ...]`` = the sum of
