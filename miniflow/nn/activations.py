@@ -48,13 +48,16 @@ def gelu(input: Tensor, approximate: str = "none") -> Tensor:
     """x * Phi(x), Phi the standard normal CDF: ``approximate='none'`` (PyTorch's default) is the
     exact (erf) GELU (op ``gelu``; gradient op ``gelu_grad``); ``'tanh'`` is Hendrycks & Gimpel's
     approximation (GPT-2's), ``0.5 x (1 + tanh(sqrt(2 / pi) (x + 0.044715 x^3)))``, composed of
-    ``tanh`` and arithmetic ops, as ``torch.nn.functional.gelu(x, approximate='tanh')``.
+    ``tanh`` and arithmetic ops, as ``torch.nn.functional.gelu(x, approximate='tanh')``: of a
+    float16 or bfloat16 tensor in float32, the result rounded once to its dtype, as PyTorch's.
 
     Raises:
         ValueError: ``approximate`` is neither ``'none'`` nor ``'tanh'``."""
     if approximate == "tanh":
-        inner = (input + input * input * input * 0.044715) * _SQRT_2_OVER_PI
-        return input * 0.5 * (inner.tanh() + 1.0)
+        x = input.float() if input.dtype.is_half else input   # rounded once, as PyTorch's
+        inner = (x + x * x * x * 0.044715) * _SQRT_2_OVER_PI
+        out = x * 0.5 * (inner.tanh() + 1.0)
+        return out.to(input.dtype) if input.dtype.is_half else out
     if approximate != "none":
         raise ValueError(f"gelu: approximate must be 'none' or 'tanh' (PyTorch's choices), got "
                          f"{approximate!r}")
