@@ -277,6 +277,22 @@ def test_amax_amin_logsumexp_of_a_tensor_with_an_empty_kept_dim():
         e.amin(0)
 
 
+def test_amax_and_amin_of_a_0d_tensor_take_dims_0_and_minus_1_only():
+    """``amax(1)`` / ``amin(-2)`` of a 0-d tensor returned its value; PyTorch's IndexError
+    now, eagerly and inside ``build``, as ``sum``'s; dims 0 and -1 (alone, in a tuple, kept)
+    still give the value."""
+    t = mf.tensor(np.float32(2.5))
+    for name in ("amax", "amin"):
+        for dim in (0, -1, (0,), [-1], ()):
+            got = getattr(t, name)(dim, keepdim=True)
+            assert got.shape == () and got.item() == 2.5
+        for bad in (1, -2, (0, 1)):
+            with pytest.raises(IndexError, match=f"{name}: Dimension out of range"):
+                getattr(t, name)(bad)
+            with pytest.raises(IndexError, match=f"{name}: Dimension out of range"):
+                mf.compile(lambda x: getattr(x, name)(bad))(t)
+
+
 def test_where_of_a_0d_condition():
     """``miniflow.where(np.array(True), x, 1.0)`` said "got bool np.False_" (the complement of
     a 0-d array is a NumPy scalar); PyTorch takes a 0-d condition."""

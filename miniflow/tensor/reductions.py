@@ -111,6 +111,7 @@ class Reductions:
         Raises:
             ValueError: a dim out of range or repeated; an empty reduced dimension
                 (PyTorch's "Expected reduction dim ... to have non-zero size").
+            IndexError: a dim of a 0-d tensor other than 0 or -1 (PyTorch's message).
         """
         return _amax(self, dim, keepdim, "amax")
 
@@ -256,9 +257,8 @@ class Reductions:
             IndexError: a dim of a 0-d tensor other than 0 or -1 (PyTorch's message).
         """
         dim, keepdim = _reduce_args("sum", dim, keepdim, axis, keepdims)
-        if self.ndim == 0 and dim is not None:   # PyTorch: dim 0 or -1 of a 0-d tensor
-            for d in dim if isinstance(dim, (tuple, list)) else (dim,):
-                _dim("sum", d, 0)
+        if self.ndim == 0 and dim is not None:
+            _check_0d_dims("sum", dim)
             dim = None
         if self.dtype is bool_ or not self.dtype.is_float and current_tracer() is None:
             axes = None if dim is None else norm_axes("sum", dim, self.ndim)
@@ -364,12 +364,21 @@ def _int_smallest(x, d: int, keepdim: bool):
     return values.reshape(shape), indices.reshape(shape)
 
 
+def _check_0d_dims(fn: str, dim) -> None:
+    """PyTorch's IndexError for a dim of a 0-d tensor other than 0 or -1 (``dim`` an int or a
+    sequence of them)."""
+    for d in dim if isinstance(dim, (tuple, list)) else (dim,):
+        _dim(fn, d, 0)
+
+
 def _amax(x, dim, keepdim: bool, fn: str):
     """:meth:`Reductions.amax` of ``x`` (``fn`` names it in the errors: ``amin`` calls it on
     ``-x``, or on an int64 ``x``, whose minimum it then takes): the reduced dims moved last and
     merged, one ``reduce_max`` (``top_k`` for an int64 minimum: ``-x`` would wrap at -2**63); a
     kept dim of size 0 gives an empty result, an empty reduced one PyTorch's error."""
     dim, keepdim = _reduce_args(fn, dim, keepdim, None, None)
+    if x.ndim == 0 and dim is not None:
+        _check_0d_dims(fn, dim)
     axes = norm_axes(fn, dim, x.ndim) if x.ndim else ()
     kept = [i for i in range(x.ndim) if i not in axes]
     moved = x.permute(*kept, *axes) if kept + list(axes) != list(range(x.ndim)) else x
