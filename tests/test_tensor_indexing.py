@@ -445,6 +445,31 @@ class _SumStep(nn.Graph):
         return out
 
 
+class _Std(nn.Module):
+    def __init__(self, x):
+        super().__init__()
+        self.x = nn.Parameter(x)
+
+    def forward(self, w):
+        return self.x.std(1) * w + self.x.std(1, correction=0)
+
+
+def test_std_of_a_constant_slice_has_a_zero_gradient_as_pytorchs():
+    """``std`` of a constant row trained to NaN weights (the square root's gradient at 0,
+    ``inf * 0``); PyTorch's std backward gives 0 there. The gradient is 0 on the constant row
+    and ``(x - mean) / ((n - c) std)`` elsewhere (float64 oracle), the values unchanged."""
+    x = np.stack([np.full(4, 0.7), X[0, 0, :4], X[1, 2, :4]])
+    w = np.array([1.0, 2.0, -1.0])
+    model = _Std(x.copy())
+    out = _SumStep(model)(w).numpy()
+    np.testing.assert_allclose(out, x.std(1, ddof=1) * w + x.std(1), rtol=1e-14)
+    dev = x - x.mean(1, keepdims=True)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        want = np.nan_to_num(dev * (w / (3 * x.std(1, ddof=1)) + 1 / (4 * x.std(1)))[:, None])
+    np.testing.assert_allclose(x - model.x.numpy(), want, rtol=1e-9, atol=1e-12)
+    assert (x - model.x.numpy())[0].tolist() == [0.0] * 4
+
+
 class _Powers(nn.Module):
     """``x ** e`` of parameters, a broadcast exponent, and RoPE's ``theta ** (i / d)``."""
 

@@ -216,7 +216,8 @@ class Reductions:
 
     def std(self, dim=None, unbiased=None, keepdim: bool = False, *, correction=None):
         """Standard deviation: the square root of :meth:`var` (same arguments and errors),
-        ``torch.Tensor.std``."""
+        ``torch.Tensor.std``; its gradient is 0 where the deviation is 0 (a constant slice), as
+        PyTorch's (the square root's would be NaN)."""
         return self._moment("std", dim, unbiased, keepdim, correction, sqrt=True)
 
     def _moment(self, fn, dim, unbiased, keepdim, correction, sqrt: bool):
@@ -240,7 +241,7 @@ class Reductions:
         x = self.to("float32") if self.dtype.is_half else self
         deviation = x - x.mean(dim, keepdim=True)
         v = apply("scalar_div", [deviation.square().sum(dim, keepdim)], scalar=max(n - c, 1.0))
-        v = v.sqrt() if sqrt else v
+        v = _sqrt_of_sum(v) if sqrt else v
         return v.to(self.dtype) if self.dtype.is_half else v
 
     def sum(self, dim=None, keepdim: bool = False, *, axis=None, keepdims=None):
@@ -417,9 +418,18 @@ def _two_norm(x, dim, keepdim: bool):
         wide = x.float()
     else:
         wide = x if x.dtype.itemsize == 8 else apply("amp_black_identity", [x])
-    tiny = float(np.finfo(wide.dtype.np).smallest_subnormal)
-    n = wide.square().sum(dim, keepdim).clamp(min=tiny).sqrt() - math.sqrt(tiny)
+    n = _sqrt_of_sum(wide.square().sum(dim, keepdim))
     return n.to(x.dtype) if x.dtype.is_half else n
+
+
+def _sqrt_of_sum(s):
+    """``sqrt(s)`` of a sum of squares ``s >= 0`` whose gradient is 0 where ``s`` is 0, as
+    PyTorch's norm and std backward give it (``sqrt``'s, ``inf * 0``, is NaN): as
+    ``sqrt(max(s, tiny)) - sqrt(tiny)``, ``tiny`` the dtype's smallest positive float, where the
+    clamp stops the finite gradient of ``sqrt(tiny)``; :func:`_two_norm` says why the value is
+    ``sqrt(s)``'s."""
+    tiny = float(np.finfo(s.dtype.np).smallest_subnormal)
+    return s.clamp(min=tiny).sqrt() - math.sqrt(tiny)
 
 
 def _no_keepdim(fn: str, keepdim) -> None:
