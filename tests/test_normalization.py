@@ -667,3 +667,51 @@ def test_rms_norm_errors_name_the_layer_and_what_is_wrong():
         nn.RMSNorm(4, eps=-1)
     with pytest.raises(ValueError, match=r"RMSNorm: normalized_shape must be a positive int"):
         nn.RMSNorm(0)
+
+
+class _BatchStatistics(nn.Graph):
+    """``sum(w * F.batch_norm(x, None, None, gamma, beta, training=True))`` of a parameter x,
+    one SGD step of lr 1: x moves by minus its gradient."""
+
+    def __init__(self, x, gamma, beta):
+        super().__init__()
+        self.m = nn.Module()
+        self.m.x = nn.Parameter(x.copy())
+        self.gamma, self.beta = gamma, beta
+        self.add_optimizer(mf.optim.SGD(self.m.parameters(), lr=1.0))
+
+    def build(self, w):
+        y = nn.functional.batch_norm(self.m.x, None, None, self.gamma, self.beta, training=True)
+        (y * w).sum().backward()
+        return y
+
+
+def test_batch_norm_without_running_statistics_trains_on_the_batch_statistics():
+    """``F.batch_norm(x, None, None, training=True)`` (PyTorch's batch statistics alone) was a
+    ValueError asking for buffers. It normalizes by the batch mean and biased variance over
+    every dim but 1, eagerly and inside ``build``, with the batch-norm gradient (float64
+    oracles); a half input is computed in float32; PyTorch's errors otherwise."""
+    r = np.random.default_rng(4)
+    x = r.standard_normal((3, 2, 5)) * 3.0 + 1.0
+    gamma, beta, w = r.uniform(0.5, 2.0, 2), r.standard_normal(2), r.standard_normal(x.shape)
+    mu, var = x.mean((0, 2), keepdims=True), x.var((0, 2), keepdims=True)
+    xhat = (x - mu) / np.sqrt(var + 1e-5)
+    want = xhat * gamma[:, None] + beta[:, None]
+    F_ = nn.functional
+    eager = F_.batch_norm(mf.tensor(x), None, None, mf.tensor(gamma), mf.tensor(beta), True)
+    np.testing.assert_allclose(eager.numpy(), want, rtol=1e-12, atol=1e-12)
+    step = _BatchStatistics(x, mf.tensor(gamma), mf.tensor(beta))
+    np.testing.assert_allclose(step(w).numpy(), want, rtol=1e-12, atol=1e-12)
+    grad = gamma[:, None] / np.sqrt(var + 1e-5) * (
+        w - w.mean((0, 2), keepdims=True) - xhat * (w * xhat).mean((0, 2), keepdims=True))
+    np.testing.assert_allclose(x - step.m.x.numpy(), grad, rtol=1e-9, atol=1e-12)
+    half = F_.batch_norm(mf.tensor(x, dtype=mf.float16), None, None, training=True)
+    assert half.dtype is mf.float16
+    np.testing.assert_allclose(half.numpy(), xhat.astype(np.float16), rtol=2e-3, atol=2e-3)
+    t = mf.tensor(x)
+    with pytest.raises(RuntimeError, match="running_mean must be defined in evaluation mode"):
+        F_.batch_norm(t, None, None)
+    with pytest.raises(ValueError, match="must either both be None or neither be None"):
+        F_.batch_norm(t, mf.zeros(2, dtype=mf.float64), None, training=True)
+    with pytest.raises(ValueError, match="Expected more than 1 value per channel when training"):
+        F_.batch_norm(t[:1, :, :1], None, None, training=True)

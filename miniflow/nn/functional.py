@@ -236,15 +236,26 @@ def batch_norm(input: Tensor, running_mean: Tensor, running_var: Tensor,
     mode (an empty output; zero gradients for ``weight`` / ``bias``) and updates nothing, as
     PyTorch's ``batch_norm`` returns early for an input with no element.
 
+    Training without running statistics (``running_mean`` and ``running_var`` both None, as
+    PyTorch's ``F.batch_norm(x, None, None, training=True)``) normalizes by the batch
+    statistics alone, composed of ``mean``, ``rsqrt`` and arithmetic ops (the biased variance;
+    a half input in float32, rounded once), and updates nothing.
+
     Raises:
-        ValueError: no running statistics (miniflow's op always has them: pass buffers), a
-            ``momentum`` that is None (PyTorch's cumulative average is not supported) or outside
-            [0, 1], training with an ``eps`` that is not positive; at trace time, training
-            with one value per channel.
+        ValueError: one of the running statistics None (PyTorch's message), a ``momentum`` that
+            is None (PyTorch's cumulative average is not supported) or outside [0, 1], training
+            with an ``eps`` that is not positive or with one value per channel (at trace time
+            with running statistics).
+        RuntimeError: no running statistics in eval mode (PyTorch's message).
     """
-    if running_mean is None or running_var is None:
-        raise ValueError("batch_norm: running_mean and running_var are required (pass buffers; "
-                         "nn.BatchNorm2d(track_running_stats=False) keeps scratch ones)")
+    if (running_mean is None) != (running_var is None):
+        raise ValueError("batch_norm: running_mean and running_var must either both be None or "
+                         "neither be None (PyTorch's rule)")
+    if running_mean is None:
+        if not training:
+            raise RuntimeError("batch_norm: running_mean must be defined in evaluation mode "
+                               "(pass running statistics, or training=True)")
+        return _batch_statistics_norm(input, weight, bias, eps)
     if momentum is None or not 0.0 <= float(momentum) <= 1.0:
         raise ValueError(f"batch_norm: momentum must be a number in [0, 1], got {momentum!r} "
                          f"(the cumulative moving average, momentum=None, is not supported)")
@@ -259,6 +270,27 @@ def batch_norm(input: Tensor, running_mean: Tensor, running_var: Tensor,
     outs = apply("normalization", [input, running_mean, running_var, weight, bias], axis=1,
                  epsilon=float(eps), momentum=1.0 - float(momentum), training=bool(training))
     return outs[0] if training else outs
+
+
+def _batch_statistics_norm(input: Tensor, weight, bias, eps: float) -> Tensor:
+    """:func:`batch_norm` in training without running statistics: ``(x - mean) / sqrt(var +
+    eps) * weight + bias``, the statistics over every dim but 1, the variance biased."""
+    if input.ndim < 2 or not float(eps) > 0.0:
+        raise ValueError(f"batch_norm: training without running statistics needs an input [N, "
+                         f"C, ...] and a positive eps, got {list(input.shape)} and eps={eps!r}")
+    if input.numel() and input.numel() // input.shape[1] <= 1:
+        raise ValueError(f"batch_norm: Expected more than 1 value per channel when training, "
+                         f"got input size {list(input.shape)}")
+    axes = (0, *range(2, input.ndim))
+    x = input.float() if input.dtype.is_half else input
+    deviation = x - x.mean(axes, keepdim=True)
+    y = deviation * (deviation.square().mean(axes, keepdim=True) + float(eps)).rsqrt()
+    shape = (1, input.shape[1]) + (1,) * (input.ndim - 2)
+    if weight is not None:
+        y = y * weight.to(x.dtype).reshape(shape)
+    if bias is not None:
+        y = y + bias.to(x.dtype).reshape(shape)
+    return y.to(input.dtype) if input.dtype.is_half else y
 
 
 def flatten(input: Tensor, start_dim: int = 0, end_dim: int = -1) -> Tensor:
