@@ -3,6 +3,8 @@ PyTorch's ``torch.nn.functional.cross_entropy`` doc (target ``(1 - ε) onehot + 
 ``test/test_nn.py`` label-smoothing tests (value and gradient against the smoothed-target
 formula, every reduction): a NumPy float64 oracle, and PyTorch when it is installed. The
 gradient is read from one SGD step of lr 1 on the logits in an nn.Graph."""
+from functools import partial
+
 import numpy as np
 import pytest
 
@@ -77,6 +79,19 @@ def test_no_smoothing_builds_the_plain_graph_and_bad_values_are_refused():
         with pytest.raises(ValueError, match="label_smoothing must be a number between 0.0 and "
                                              "1.0"):
             nn.functional.cross_entropy(mf.tensor(LOGITS), LABELS, label_smoothing=bad)
+
+
+def test_label_smoothing_over_no_class_is_the_label_error():
+    """Logits of no class with ``label_smoothing`` inside ``build`` were a bare
+    ZeroDivisionError (eps / C) at trace time: every label is out of range, and the op's
+    ValueError says so when the graph runs, as without smoothing and eagerly (PyTorch's
+    IndexError "Target 0 is out of bounds")."""
+    logits = mf.tensor(np.zeros((2, 0), np.float32))
+    for eps in (0.0, 0.1):
+        loss = partial(nn.functional.cross_entropy, target=[0, 0], label_smoothing=eps)
+        for call in (loss, mf.compile(loss)):
+            with pytest.raises(ValueError, match=r"label out of range \[0, num_classes\)"):
+                call(logits)
 
 
 def _ops(eps) -> list:

@@ -131,7 +131,8 @@ def cross_entropy(input: Tensor, target, weight=None, size_average=None,
         ignored = None
     _, per_row = apply("sparse_softmax_cross_entropy", [input, labels])
     if eps != 0.0:
-        uniform = apply("log_softmax", [input]).sum(-1) * (-eps / input.shape[-1])
+        classes = max(input.shape[-1], 1)      # no class: the op's label error, not a 1/0
+        uniform = apply("log_softmax", [input]).sum(-1) * (-eps / classes)
         per_row = per_row * (1.0 - eps) + uniform
     if ignored is not None:
         per_row = per_row.masked_fill(ignored, 0.0)
