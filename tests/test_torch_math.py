@@ -667,6 +667,25 @@ def test_mean_var_std_of_int64_are_pytorchs_runtime_error_eager_and_in_build(fn)
             getattr(torch.tensor(I64), fn)()
 
 
+@pytest.mark.parametrize("shape,dim,keepdim", [
+    ((3, 4, 5), 1, False), ((3, 4, 5), (0, 2), True), ((3, 4, 5), None, False), ((), None, False),
+    ((), -1, True), ((3, 0), 1, False), ((3, 0), 0, True), ((0, 4), (0, 1), False),
+    ((6,), -1, True)])
+def test_int64_sum_inside_build_is_exact_as_eagerly(shape, dim, keepdim):
+    """``ids.sum(dim)`` of an int64 tensor inside ``build`` was a TypeError (op reduce_sum adds
+    in floats), eagerly an exact int64 sum: inside ``build`` too now, beyond 2**53 (the values
+    here near 2**60), over empty dims (0), 0-d, kept dims, as NumPy's int64 sum."""
+    ids = np.random.default_rng(5).integers(-2 ** 60, 2 ** 60, size=shape).astype(np.int64)
+
+    def fn(x):
+        return x.sum(dim, keepdim)
+
+    want = np.sum(ids, axis=dim, keepdims=keepdim, dtype=np.int64)
+    for got in (fn(mf.tensor(ids)), mf.compile(fn)(mf.tensor(ids)), mf.compile(fn)(ids)):
+        assert got.dtype is mf.int64 and got.shape == want.shape
+        np.testing.assert_array_equal(got.numpy(), want)
+
+
 def test_round_decimals_of_int64_is_refused_as_pytorch():
     with pytest.raises(RuntimeError, match=r"round\(\): decimals=1 of a int64 tensor is not "
                                            r"implemented .*\.to\(miniflow.float64\)"):

@@ -12,14 +12,14 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ..dtype import bool_
+from ..dtype import bool_, int64
 from ..ops.common import norm_axes
 from ..ops.reduce_max import top_k_reference
 from .casts import _TYPE_NAMES
 from .core import TensorCore
 from ..random import generator as global_generator
 from ..trace import current_tracer
-from .create import _is_torch, apply, tensor
+from .create import _is_torch, apply, tensor, zeros
 from .dims import _dim
 
 if TYPE_CHECKING:        # the composed class, for the annotations only
@@ -251,7 +251,8 @@ class Reductions:
         ``reduce_sum`` (OneFlow's attributes ``axis`` and ``keepdims``). A bool tensor (inside
         ``build`` too: it is data) and an eager int64 one outside ``build`` are summed exactly
         with NumPy into an eager int64 tensor (a bool one counts its True values, as PyTorch's:
-        ``(pred == y).sum().item()``).
+        ``(pred == y).sum().item()``); an int64 one inside ``build`` exactly too
+        (:func:`_int64_sum`).
 
         Raises:
             TypeError: a dim given twice (``dim`` and ``axis``, ``keepdim`` and ``keepdims``).
@@ -264,6 +265,8 @@ class Reductions:
         if self.dtype is bool_ or not self.dtype.is_float and current_tracer() is None:
             axes = None if dim is None else norm_axes("sum", dim, self.ndim)
             return tensor(np.sum(self.numpy(), axis=axes, dtype=np.int64, keepdims=keepdim))
+        if not self.dtype.is_float:
+            return _int64_sum(self, norm_axes("sum", dim, self.ndim), keepdim)
         return apply("reduce_sum", [self], axis=dim, keepdims=keepdim)
 
     def mean(self, dim=None, keepdim: bool = False, *, axis=None, keepdims=None):
@@ -365,6 +368,24 @@ def _int_smallest(x, d: int, keepdim: bool):
     return values.reshape(shape), indices.reshape(shape)
 
 
+def _merged_last(x, axes: tuple):
+    """``x`` with the dims ``axes`` moved last (``transpose``) and merged into one
+    (``reshape``), the other dims in order before it."""
+    kept = [i for i in range(x.ndim) if i not in axes]
+    moved = x.permute(*kept, *axes) if kept + list(axes) != list(range(x.ndim)) else x
+    return moved.reshape(*(x.shape[i] for i in kept), math.prod(x.shape[i] for i in axes))
+
+
+def _int64_sum(x, axes: tuple, keepdim: bool):
+    """The sum of an int64 ``x`` over ``axes`` inside ``build``, exact (wrapping at 2**63, as
+    PyTorch's): the last of op ``cumsum``'s running sums (op ``reduce_sum`` adds in floats) of
+    the reduced dims merged last; of no element an int64 zero constant."""
+    shape = tuple(1 if i in axes else n for i, n in enumerate(x.shape) if keepdim or i not in axes)
+    if 0 in x.shape:
+        return zeros(shape, dtype=int64)
+    return _merged_last(x, axes).cumsum(-1)[..., -1].reshape(shape)
+
+
 def _check_0d_dims(fn: str, dim) -> None:
     """PyTorch's IndexError for a dim of a 0-d tensor other than 0 or -1 (``dim`` an int or a
     sequence of them)."""
@@ -381,12 +402,9 @@ def _amax(x, dim, keepdim: bool, fn: str):
     if x.ndim == 0 and dim is not None:
         _check_0d_dims(fn, dim)
     axes = norm_axes(fn, dim, x.ndim) if x.ndim else ()
-    kept = [i for i in range(x.ndim) if i not in axes]
-    moved = x.permute(*kept, *axes) if kept + list(axes) != list(range(x.ndim)) else x
-    reduced = math.prod(x.shape[i] for i in axes)
-    if reduced == 0:
+    if math.prod(x.shape[i] for i in axes) == 0:
         raise ValueError(f"{fn}(): Expected reduction dim {list(axes)} to have non-zero size.")
-    flat = moved.reshape(*(x.shape[i] for i in kept), reduced)
+    flat = _merged_last(x, axes)
     if fn == "amin" and not x.dtype.is_float:
         out = flat.topk(1, largest=False).values.reshape(flat.shape[:-1])
     else:
