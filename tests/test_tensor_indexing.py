@@ -617,6 +617,32 @@ def test_argmin_and_clamp_as_pytorch():
         t.clamp(0.0, t)
 
 
+class _Clamp(nn.Module):
+    def __init__(self, x, lo, hi):
+        super().__init__()
+        self.x, self.lo, self.hi = nn.Parameter(x), lo, hi
+
+    def forward(self, w):
+        return self.x.clamp(self.lo, self.hi) * w
+
+
+@pytest.mark.parametrize("lo,hi", [(np.nan, None), (None, np.nan), (np.nan, 1.0), (-1.0, np.nan)])
+def test_clamp_with_a_nan_bound_is_nan_as_pytorchs(lo, hi):
+    """``clamp(min=nan)`` gave inf everywhere (and ``max=nan`` the other bound): a NaN bound
+    makes every element NaN, as PyTorch's ``min(max(x, lo), hi)`` with NaN propagating
+    (NumPy's minimum / maximum are the oracle), eagerly and inside ``build``, with a zero
+    gradient (no element is inside the bounds)."""
+    x = X[0].astype(np.float64)
+    with np.errstate(invalid="ignore"):
+        want = np.minimum(np.maximum(x, -np.inf if lo is None else lo),
+                          np.inf if hi is None else hi)
+    assert np.isnan(want).all()
+    np.testing.assert_array_equal(mf.tensor(x).clamp(lo, hi).numpy(), want)
+    model = _Clamp(x.copy(), lo, hi)
+    np.testing.assert_array_equal(_SumStep(model)(np.ones_like(x)).numpy(), want)
+    np.testing.assert_array_equal(model.x.numpy(), x)
+
+
 @pytest.mark.parametrize("value", [2.7, -2.7, 3.0, 0.0])
 def test_python_number_conversions_of_one_element_as_pytorch(value):
     """``int(t)``, ``f"{loss:.4f}"``, ``t.tolist()`` and ``itos[t]`` (training and sampling loops

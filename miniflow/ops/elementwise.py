@@ -843,12 +843,13 @@ elementwise("elu_derivative", elu_derivative, _elu_derivative_ref, amp="gray",
 # ------------------------------------------------------------------------------ clip_by_scalar
 def clip(x, lo, hi):
     """PyTorch's ``clamp(x, min=lo, max=hi)``: ``min(max(x, lo), hi)``, so ``hi`` where ``lo >
-    hi``; NaN propagates. Source: https://pytorch.org/docs/stable/generated/torch.clamp.html;
-    OneFlow's op ``clip_by_scalar`` (attributes ``floating_min``, ``floating_max``)."""
+    hi``; NaN propagates, from ``x`` or from a bound (``clamp(x, min=nan)`` is NaN, as
+    PyTorch's). Source: https://pytorch.org/docs/stable/generated/torch.clamp.html; OneFlow's
+    op ``clip_by_scalar`` (attributes ``floating_min``, ``floating_max``)."""
     if x != x:
         return x
-    y = x if x > lo else lo
-    return y if y < hi else hi
+    y = x if x > lo else lo                 # NaN where lo is
+    return y if y < hi or y != y else hi    # hi where hi is NaN
 
 
 def clip_derivative(x, lo, hi):
@@ -872,10 +873,12 @@ def _clip_derivative_ref(x, lo, hi):
 
 
 def _clip_samples():
-    """Both bounds, one of them (the default the other), and ``lo > hi`` (every result hi)."""
+    """Both bounds, one of them (the default the other), ``lo > hi`` (every result hi) and a
+    NaN bound (every result NaN)."""
     cases = [unary_samples(attrs=a) for a in (
         {"floating_min": -0.5, "floating_max": 1.0}, {"floating_min": 0.25},
-        {"floating_max": -1.0}, {"floating_min": 1.0, "floating_max": -1.0})]
+        {"floating_max": -1.0}, {"floating_min": 1.0, "floating_max": -1.0},
+        {"floating_min": math.nan, "floating_max": 1.0}, {"floating_max": math.nan})]
     return lambda: [s for make in cases for s in make()]
 
 
