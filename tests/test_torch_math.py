@@ -686,6 +686,22 @@ def test_int64_sum_inside_build_is_exact_as_eagerly(shape, dim, keepdim):
         np.testing.assert_array_equal(got.numpy(), want)
 
 
+def test_sum_takes_pytorchs_dtype():
+    """``x.sum(dtype=torch.float64)`` and ``mask.sum(1, dtype=torch.float32)`` were a TypeError
+    (unexpected keyword): the tensor is cast to ``dtype`` first, as PyTorch's, eagerly and
+    inside ``build``."""
+    x = np.random.default_rng(6).standard_normal((3, 4)).astype(np.float32)
+    mask, ids = x > 0, np.arange(6).reshape(2, 3)
+    got = mf.tensor(x).sum(dtype=mf.float64)
+    assert got.dtype is mf.float64 and got.item() == x.astype(np.float64).sum()
+    counts = mf.tensor(mask).sum(1, dtype=mf.float32)
+    assert counts.dtype is mf.float32 and counts.tolist() == mask.sum(1).tolist()
+    assert mf.tensor(ids).sum(0, True, dtype=mf.float32).tolist() == [[3.0, 5.0, 7.0]]
+    built = mf.compile(lambda t: t.sum(-1, dtype=mf.float64))(x)
+    assert built.dtype is mf.float64
+    np.testing.assert_allclose(built.numpy(), x.astype(np.float64).sum(-1), rtol=1e-15)
+
+
 def test_round_decimals_of_int64_is_refused_as_pytorch():
     with pytest.raises(RuntimeError, match=r"round\(\): decimals=1 of a int64 tensor is not "
                                            r"implemented .*\.to\(miniflow.float64\)"):

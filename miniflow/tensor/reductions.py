@@ -244,7 +244,7 @@ class Reductions:
         v = _sqrt_of_sum(v) if sqrt else v
         return v.to(self.dtype) if self.dtype.is_half else v
 
-    def sum(self, dim=None, keepdim: bool = False, *, axis=None, keepdims=None):
+    def sum(self, dim=None, keepdim: bool = False, *, dtype=None, axis=None, keepdims=None):
         """Sum over ``dim`` (an int, a sequence of ints, or None or ``()``: every dim, as in
         torch 2.x), keeping the reduced dims as size 1 when ``keepdim`` (``torch.Tensor.sum``;
         NumPy's names ``axis=`` / ``keepdims=`` are accepted too, as torch accepts them). Op
@@ -252,13 +252,16 @@ class Reductions:
         ``build`` too: it is data) and an eager int64 one outside ``build`` are summed exactly
         with NumPy into an eager int64 tensor (a bool one counts its True values, as PyTorch's:
         ``(pred == y).sum().item()``); an int64 one inside ``build`` exactly too
-        (:func:`_int64_sum`).
+        (:func:`_int64_sum`). ``dtype``: cast to it first, as PyTorch's (``mask.sum(dtype=
+        torch.float32)`` counts in float32).
 
         Raises:
             TypeError: a dim given twice (``dim`` and ``axis``, ``keepdim`` and ``keepdims``).
             IndexError: a dim of a 0-d tensor other than 0 or -1 (PyTorch's message).
         """
         dim, keepdim = _reduce_args("sum", dim, keepdim, axis, keepdims)
+        if dtype is not None:
+            return self.to(dtype).sum(dim, keepdim)
         if self.ndim == 0 and dim is not None:
             _check_0d_dims("sum", dim)
             dim = None
