@@ -470,6 +470,27 @@ def test_std_of_a_constant_slice_has_a_zero_gradient_as_pytorchs():
     assert (x - model.x.numpy())[0].tolist() == [0.0] * 4
 
 
+def test_pow_promotes_an_int64_operand_beside_a_float_as_pytorch():
+    """``x ** torch.tensor(2)``, ``ids ** 0.5``, ``2.0 ** ids`` and ``ids ** x`` were a TypeError
+    (op broadcast_pow / scalar_pow of an int64 input; ``2.0 ** ids`` made the base an int64
+    constant) where ``*`` and ``/`` promote: the int64 operand takes the float one's dtype, or
+    float32 beside a Python float, as PyTorch's, eagerly and inside ``build``; int64 ``**`` an
+    int is still refused (no integer arithmetic)."""
+    x = np.random.default_rng(7).uniform(0.5, 2.0, (3, 4))
+    ids = np.arange(4)
+    calls = [(lambda t, i: t ** mf.tensor(2), x ** 2), (lambda t, i: t ** i, x ** ids),
+             (lambda t, i: i ** 0.5, np.sqrt(ids)), (lambda t, i: 2.0 ** i, 2.0 ** ids),
+             (lambda t, i: i ** t, ids ** x), (lambda t, i: i.pow(1.5), ids ** 1.5)]
+    for dtype in (mf.float32, mf.float64):
+        for fn, want in calls:
+            for got in (fn(mf.tensor(x, dtype=dtype), mf.tensor(ids)),
+                        mf.compile(fn)(mf.tensor(x, dtype=dtype), ids)):
+                assert got.dtype is (dtype if got.shape == x.shape else mf.float32)
+                np.testing.assert_allclose(got.numpy(), want, rtol=1e-6)
+    with pytest.raises(TypeError, match="scalar_pow: input .* must be floating point"):
+        mf.tensor(ids) ** 2
+
+
 class _Powers(nn.Module):
     """``x ** e`` of parameters, a broadcast exponent, and RoPE's ``theta ** (i / d)``."""
 

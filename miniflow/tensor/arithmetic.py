@@ -209,21 +209,28 @@ class Arithmetic:
         with both gradients (the exponent's ``x ** y * log(x)``, 0 where x = 0 and y >= 0, as
         PyTorch's).
 
+        An int64 operand beside a floating one (``x ** torch.tensor(2)``, ``ids ** 0.5``) is
+        promoted as PyTorch's (:func:`_promoted`); int64 ``**`` an integer is not there.
+
         Raises:
-            TypeError: an exponent of another dtype (the op's message), or a bool.
+            TypeError: an exponent of another floating dtype (the op's message), or a bool.
         """
         if isinstance(exponent, bool):
             raise TypeError("pow: the exponent must be a number or a tensor, got a bool")
         if isinstance(exponent, numbers.Real):
-            return apply("scalar_pow", [self], scalar=float(exponent))
-        return apply("broadcast_pow", [self, _other_tensor(self, exponent)])
+            x, _ = _promoted("scalar_pow", self, exponent)
+            return apply("scalar_pow", [x], scalar=float(exponent))
+        x, exponent = _promoted("broadcast_pow", self, exponent)
+        return apply("broadcast_pow", [x, _other_tensor(x, exponent)])
 
     __pow__ = pow
 
     def __rpow__(self, base):
         """``base ** x`` of a number (or an array) ``base`` (``torch.pow(base, x)``; op
-        ``broadcast_pow``, the base a constant of this dtype): RoPE's ``theta ** (i / d)``."""
-        return apply("broadcast_pow", [_other_tensor(self, base), self])
+        ``broadcast_pow``, the base a constant of this dtype; an int64 ``x`` under a float
+        base is promoted to float32, as PyTorch's): RoPE's ``theta ** (i / d)``."""
+        x, _ = _promoted("broadcast_pow", self, base)
+        return apply("broadcast_pow", [_other_tensor(x, base), x])
 
     def square(self):
         """x * x elementwise (op ``scalar_pow`` with exponent 2)."""
