@@ -982,6 +982,23 @@ def test_a_number_for_maximum_names_clamp():
         mf.tensor(X).minimum(1)
 
 
+def test_maximum_and_minimum_promote_an_int64_tensor_beside_a_float():
+    """``x.maximum(ids)`` / ``ids.minimum(x)`` of a float and an int64 tensor were a TypeError
+    (op broadcast_maximum of an int64 input) where ``x * ids`` promotes: the int64 operand
+    takes the float one's dtype, as PyTorch's, eagerly and inside ``build``; two int64 tensors
+    are still refused."""
+    x, ids = X[0].astype(np.float32), np.arange(X.shape[-1]) - 2
+    calls = [(lambda t, i: t.maximum(i), np.maximum(x, ids)),
+             (lambda t, i: i.minimum(t), np.minimum(x, ids)),
+             (lambda t, i: t.max(i) + t.min(i), np.maximum(x, ids) + np.minimum(x, ids))]
+    for fn, want in calls:
+        for got in (fn(mf.tensor(x), mf.tensor(ids)), mf.compile(fn)(x, ids)):
+            assert got.dtype is mf.float32
+            np.testing.assert_array_equal(got.numpy(), want.astype(np.float32))
+    with pytest.raises(TypeError, match="broadcast_maximum: input .* must be floating point"):
+        mf.tensor(ids).maximum(mf.tensor(ids))
+
+
 def test_masked_fill_of_a_value_beyond_the_dtype_is_refused_as_by_pytorch():
     """-1e9 into a float16 tensor was -inf without a word; PyTorch raises "value cannot be
     converted to type c10::Half without overflow" (its limit is the largest finite value);

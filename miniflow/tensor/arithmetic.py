@@ -288,17 +288,19 @@ class Arithmetic:
         """The elementwise larger of this tensor and ``other`` (a Tensor, or an array made a
         tensor of this dtype; broadcast), NaN where either is NaN, a tie's gradient split in
         halves: ``torch.maximum`` and ``x.max(other)``. Op ``broadcast_maximum`` (OneFlow's).
+        An int64 operand beside a floating one takes its dtype, as PyTorch's promotion.
 
         Raises:
             TypeError: a number as ``other`` (PyTorch's ``maximum`` takes a tensor; a number
-                bound is :meth:`clamp`); ``other`` of another dtype (the op's message).
+                bound is :meth:`clamp`); ``other`` of another floating dtype (the op's
+                message), or both int64.
         """
-        return apply("broadcast_maximum", [self, _other("maximum", self, other, "min")])
+        return apply("broadcast_maximum", list(_other("maximum", self, other, "min")))
 
     def minimum(self, other) -> "Tensor":
         """The elementwise smaller of this tensor and ``other``, as :meth:`maximum`
         (``torch.minimum``, ``x.min(other)``; op ``broadcast_minimum``)."""
-        return apply("broadcast_minimum", [self, _other("minimum", self, other, "max")])
+        return apply("broadcast_minimum", list(_other("minimum", self, other, "max")))
 
     def masked_fill(self, mask, value) -> "Tensor":
         """``value`` where ``mask`` is True (nonzero), else this tensor's element (op
@@ -440,9 +442,10 @@ def _other_tensor(t: TensorCore, other) -> TensorCore:
     return other if isinstance(other, TensorCore) else tensor(other, dtype=t.dtype)
 
 
-def _other(fn: str, t: TensorCore, other, bound: str) -> TensorCore:
-    """``other`` of ``t.maximum`` / ``t.minimum`` as a Tensor (an array or a torch tensor made
-    one of ``t``'s dtype).
+def _other(fn: str, t: TensorCore, other, bound: str) -> tuple:
+    """The operands ``(t, other)`` of ``t.maximum(other)`` / ``t.minimum(other)``: an int64 one
+    beside a floating one promoted as PyTorch's (:func:`_promoted`), ``other`` a Tensor (an
+    array or a torch tensor made one of ``t``'s dtype).
 
     Raises:
         TypeError: a number (naming :meth:`Arithmetic.clamp`'s ``bound``) or a bool.
@@ -450,7 +453,8 @@ def _other(fn: str, t: TensorCore, other, bound: str) -> TensorCore:
     if isinstance(other, (numbers.Number, bool)):
         raise TypeError(f"{fn}(): argument 'other' must be a Tensor, not "
                         f"{type(other).__name__}: for a number write x.clamp({bound}={other!r})")
-    return _other_tensor(t, other)
+    t, other = _promoted(fn, t, other)
+    return t, _other_tensor(t, other)
 
 
 def _matmul(a: "Tensor", b: "Tensor") -> "Tensor":
