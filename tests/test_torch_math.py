@@ -3,7 +3,8 @@
 ``sort``, ``floor``, ``round``, ``log1p``, ``isnan``, ``new_zeros`` / ``new_ones`` / ``new_full``
 / ``new_tensor``; ``nn.functional``'s ``normalize``, ``one_hot``, ``pad``,
 ``binary_cross_entropy_with_logits`` (``nn.BCEWithLogitsLoss``) and ``kl_div``
-(``nn.KLDivLoss``); ``cumsum``, ``cumprod``, ``nonzero`` / ``argwhere`` and ``miniflow.einsum``;
+(``nn.KLDivLoss``); ``cumsum``, ``cumprod``, ``prod``, ``nonzero`` / ``argwhere``,
+``miniflow.einsum``, ``narrow``, ``select``, ``movedim``, ``unflatten``;
 and the hint of the ``AttributeError`` of a name that is not there yet. Values against NumPy
 float64 eagerly and inside ``build``, gradients against central differences (both run without
 torch) and against torch (skipped without it), PyTorch's errors."""
@@ -85,6 +86,14 @@ CASES["cumsum"] = (lambda t: t.cumsum(1) + t.cumsum(-1, dtype=t.dtype) * 2.0 + t
                    lambda a: np.cumsum(a, 1) + np.cumsum(a, -1) * 2.0 + np.cumsum(a, 0))
 CASES["cumprod"] = (lambda t: t.cumprod(1) + t.cumprod(-1, dtype=t.dtype) * 2.0 + t.cumprod(0),
                     lambda a: np.cumprod(a, 1) + np.cumprod(a, -1) * 2.0 + np.cumprod(a, 0))
+CASES["prod"] = (lambda t: t.prod(1) + t.prod(-1, keepdim=True).sum(1) + t[0, :2].prod(),
+                 lambda a: np.prod(a, 1) + np.prod(a, -1, keepdims=True).sum(1) + a[0, :2].prod())
+CASES["narrow_select_movedim_unflatten"] = (   # shape moves: a copy of the elements they name
+    lambda t: t.narrow(2, -3, 2) + t.select(2, 1)[..., None] * 2.0
+    + t.movedim((0, 2), (2, 0)).narrow(0, 1, 2).movedim(0, -1).moveaxis(1, 0)
+    + t.unflatten(1, (2, -1)).sum(1)[:, :, :2].repeat(1, 2, 1),
+    lambda a: a[..., -3:-1] + a[..., 1][..., None] * 2.0 + a[..., 1:3]
+    + np.tile(a.reshape(3, 2, 2, 5).sum(1)[:, :, :2], (1, 2, 1)))
 CASES["einsum_dots_diagonal"] = (   # diagonals, ... broadcast, ... summed, the trace
     lambda t: mf.einsum("bii->bi", t[:, :, :4])
     + mf.einsum("...j,...j->...", t[:, :, :4], t[0, :, 1:]) + mf.einsum("...ij->j", t)[:4]
@@ -183,6 +192,13 @@ TORCH_CASES = {   # name: (miniflow, torch) functions of a float32 tensor X's sh
                lambda t: t.cumsum(1) * 2.0 + t.cumsum(dim=-1)),
     "cumprod": (lambda t: t.cumprod(1) * 2.0 + t.cumprod(dim=-1),
                 lambda t: t.cumprod(1) * 2.0 + t.cumprod(dim=-1)),
+    "prod": (lambda t: t.prod(1) * 2.0 + t.prod(dim=-1, keepdim=True).sum(1),
+             lambda t: t.prod(1) * 2.0 + t.prod(dim=-1, keepdim=True).sum(1)),
+    "narrow_select_movedim_unflatten": (
+        CASES["narrow_select_movedim_unflatten"][0],
+        lambda t: t.narrow(2, -3, 2) + t.select(2, 1)[..., None] * 2.0
+        + t.movedim((0, 2), (2, 0)).narrow(0, 1, 2).movedim(0, -1).moveaxis(1, 0)
+        + t.unflatten(1, (2, -1)).sum(1)[:, :, :2].repeat(1, 2, 1)),
     "einsum": (lambda t: mf.einsum("bij,bkj->bik", t, t * 2.0) + mf.einsum("bij->bi", t)[..., None],
                lambda t: torch.einsum("bij,bkj->bik", t, t * 2.0)
                + torch.einsum("bij->bi", t)[..., None]),
@@ -887,3 +903,49 @@ def test_every_name_trains_in_one_graph_and_under_amp():
     for _ in range(3):
         a, b = float(plain(x).numpy()), float(amp(x).numpy())
         assert np.isfinite(a) and abs(a - b) < 0.05 * abs(a)
+
+
+def test_prod_edges_and_shape_moves_errors_are_pytorchs():
+    """prod: of nothing 1, a bool tensor's int64, int64 exact (wrapping), 0-d, a float16 slice
+    multiplied in float32 and rounded once, dtype= and one int dim only; mean(dtype=) of int64;
+    nelement / element_size; narrow / select / movedim / unflatten PyTorch's errors."""
+    assert mf.zeros(0, 3).prod(0).numpy().tolist() == [1.0, 1.0, 1.0]
+    flags = mf.tensor(np.array([True, True, False]))
+    assert flags.prod().dtype is mf.int64 and flags.prod().item() == 0
+    big = np.array([[2 ** 31, 2 ** 31 + 1, 3], [5, -7, 11]], np.int64)
+    np.testing.assert_array_equal(mf.tensor(big).prod(1).numpy(), np.prod(big, 1))
+    assert mf.tensor(2.5).prod(0, keepdim=True).numpy() == 2.5
+    h = np.full(40, 1.25, np.float16)     # each float16 product rounded: not the float32 one
+    assert mf.tensor(h).prod().item() == np.float16(np.prod(h.astype(np.float32)))
+    assert mf.tensor(big).prod(dtype=mf.float64).dtype is mf.float64
+    with pytest.raises(TypeError, match="keepdim=True needs a dim"):
+        mf.tensor(X).prod(keepdim=True)
+    with pytest.raises(TypeError, match="one int"):
+        mf.tensor(X).prod((0, 1))
+    assert mf.tensor(np.array([1, 2], np.int64)).mean(dtype=mf.float64).item() == 1.5
+    t = mf.tensor(X.astype(np.float16))
+    assert (t.nelement(), t.element_size(), mf.tensor(big).element_size(),
+            flags.element_size()) == (60, 2, 8, 1)
+    bad = [(lambda lib, x: x.narrow(0, 5, 1), IndexError, r"start out of range \(expected "
+            r"to be in range of \[-3, 3\], but got 5\)"),
+           (lambda lib, x: x.narrow(0, 2, 2), RuntimeError, r"start \(2\) \+ length \(2\) "
+            r"exceeds dimension size \(3\)"),
+           (lambda lib, x: x.narrow(0, 0, -1), RuntimeError, "length must be non-negative"),
+           (lambda lib, x: lib.tensor(1.0).narrow(0, 0, 1), RuntimeError, "0-dim"),
+           (lambda lib, x: x.select(0, 3), IndexError, r"select\(\): index 3 out of range for "
+            r"tensor of size \[3, 4, 5\] at dimension 0"),
+           (lambda lib, x: lib.tensor(1.0).select(0, 0), IndexError, "0-dim"),
+           (lambda lib, x: x.movedim((0, 0), (1, 2)), RuntimeError, "repeated dim in `source`"),
+           (lambda lib, x: x.movedim((0, 1), (1,)), RuntimeError, "same number of dims"),
+           (lambda lib, x: x.movedim(0, (1, 2)), TypeError, None),
+           (lambda lib, x: x.unflatten(1, (3, 2)), RuntimeError, r"sizes \[3, 2\] don't "
+            r"multiply up to the size of dim 1 \(4\)"),
+           (lambda lib, x: x.unflatten(1, (-1, -1)), RuntimeError, "only one dimension"),
+           (lambda lib, x: x.unflatten(1, ()), RuntimeError, "non-empty"),
+           (lambda lib, x: x.prod((0, 1)), TypeError, None)]
+    for fn, error, match in bad:
+        with pytest.raises(error, match=match):
+            fn(mf, t)
+        if torch is not None:     # torch raises the same type
+            with pytest.raises(error):
+                fn(torch, torch.tensor(X))

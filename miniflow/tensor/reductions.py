@@ -1,8 +1,8 @@
-"""Reductions: ``sum``, ``mean``, ``var`` / ``std``, ``max`` / ``min`` (with ``dim``: values and
-indices), ``amax`` / ``amin``, ``logsumexp``, ``norm``, ``cumsum``, ``cumprod`` and ``argmax`` /
-``argmin``, with PyTorch's and NumPy's argument names; ``topk`` and ``sort`` (op ``top_k`` in a
-graph, NumPy eagerly), ``multinomial``, ``nonzero`` and ``argwhere`` of eager tensors (computed
-with NumPy: no op)."""
+"""Reductions: ``sum``, ``mean``, ``prod``, ``var`` / ``std``, ``max`` / ``min`` (with ``dim``:
+values and indices), ``amax`` / ``amin``, ``logsumexp``, ``norm``, ``cumsum``, ``cumprod`` and
+``argmax`` / ``argmin``, with PyTorch's and NumPy's argument names; ``topk`` and ``sort`` (op
+``top_k`` in a graph, NumPy eagerly), ``multinomial``, ``nonzero`` and ``argwhere`` of eager
+tensors (computed with NumPy: no op)."""
 from __future__ import annotations
 
 import collections
@@ -19,7 +19,7 @@ from .casts import _TYPE_NAMES
 from .core import TensorCore
 from ..random import generator as global_generator
 from ..trace import current_tracer
-from .create import _is_torch, apply, tensor, zeros
+from .create import _is_torch, apply, ones, tensor, zeros
 from .dims import _dim
 
 if TYPE_CHECKING:        # the composed class, for the annotations only
@@ -200,6 +200,36 @@ class Reductions:
         """
         return _scan("cumprod", self, dim, dtype)
 
+    def prod(self, dim: int | None = None, keepdim: bool = False, *, dtype=None) -> "Tensor":
+        """The product of every element, or over the one dim ``dim`` (kept as size 1 when
+        ``keepdim``), ``torch.Tensor.prod``: the last of :meth:`cumprod`'s running products, so
+        multiplied in order in float32 for the half types and float32 (int64 wrapping, as
+        PyTorch's), rounded once, with cumprod's gradient, PyTorch's also where the slice holds
+        zeros. A bool tensor's product is int64, as PyTorch's; the product of nothing is 1.
+        ``dtype``: cast to it first.
+
+        Raises:
+            TypeError: ``keepdim`` without ``dim``, or a ``dim`` that is not one int (PyTorch's
+                prod takes one). IndexError: ``dim`` out of range."""
+        if dtype is not None or self.dtype is bool_:
+            return self.to(int64 if dtype is None else dtype).prod(dim, keepdim)
+        if dim is None:
+            if keepdim:
+                raise TypeError("prod(): keepdim=True needs a dim (PyTorch's prod takes keepdim "
+                                "only with one int dim)")
+            x, d, shape = self.reshape(-1), 0, ()
+        else:
+            if isinstance(dim, bool) or not isinstance(dim, numbers.Integral):
+                raise TypeError(f"prod(): dim must be one int, as torch.prod's, got {dim!r} (for "
+                                f"several dims take the product over one at a time)")
+            d = _dim("prod", dim, self.ndim)
+            x = self.reshape(1) if self.ndim == 0 else self
+            shape = tuple(1 if i == d else n for i, n in enumerate(self.shape)
+                          if keepdim or i != d)
+        if x.shape[d] == 0:
+            return ones(shape, dtype=self.dtype)
+        return x.cumprod(d).narrow(d, x.shape[d] - 1, 1).reshape(shape)
+
     def var(self, dim=None, unbiased=None, keepdim: bool = False, *, correction=None):
         """Variance over ``dim`` (None: every dim) with Bessel's ``correction`` (default 1:
         ``sum((x - mean)^2) / (n - correction)``), PyTorch's ``torch.Tensor.var``; ``unbiased``
@@ -272,19 +302,22 @@ class Reductions:
             return _int64_sum(self, norm_axes("sum", dim, self.ndim), keepdim)
         return apply("reduce_sum", [self], axis=dim, keepdims=keepdim)
 
-    def mean(self, dim=None, keepdim: bool = False, *, axis=None, keepdims=None):
+    def mean(self, dim=None, keepdim: bool = False, *, dtype=None, axis=None, keepdims=None):
         """Mean over ``dim`` (arguments as :meth:`sum`, ``torch.Tensor.mean``): traced as
         ``reduce_sum`` then ``scalar_mul(1/n)`` (no mean op type). A float16 / bfloat16 input is
         cast to float32 first and the mean cast back at the end (one rounding), as PyTorch
         accumulates half types in float32: a float16 sum beyond 65504 does not make the mean inf.
         The mean of nothing (reduced dims of size 0: ``zeros(0).mean()``, a (0, 3) tensor's
         ``mean(0)``) is NaN, as PyTorch's (``scalar_mul`` by NaN); its gradient is the input's
-        empty one, so nothing before it gets a NaN.
+        empty one, so nothing before it gets a NaN. ``dtype``: cast to it first, as PyTorch's
+        (``ids.mean(dtype=torch.float64)``).
 
         Raises:
-            TypeError: as :meth:`sum`. RuntimeError: an int64 or bool tensor (PyTorch's
-                message: cast it with ``.float()`` first).
+            TypeError: as :meth:`sum`. RuntimeError: an int64 or bool tensor without a floating
+                ``dtype`` (PyTorch's message: cast it with ``.float()`` first).
         """
+        if dtype is not None:
+            return self.to(dtype).mean(dim, keepdim, axis=axis, keepdims=keepdims)
         if not self.dtype.is_float:
             raise RuntimeError(f"mean(): could not infer output dtype. Input dtype must be either "
                                f"a floating point or complex dtype. Got: "

@@ -1,6 +1,7 @@
 """PyTorch's shape and movement surface: ``size``, ``numel``, ``view`` / ``reshape``,
-``expand``, ``repeat``, ``squeeze`` / ``unsqueeze``, ``flatten``, ``transpose`` / ``permute`` /
-``T``, and ``split`` / ``chunk`` / ``unbind``."""
+``expand``, ``repeat``, ``squeeze`` / ``unsqueeze``, ``flatten`` / ``unflatten``, ``transpose`` /
+``permute`` / ``movedim`` / ``T``, ``narrow`` / ``select``, and ``split`` / ``chunk`` /
+``unbind``."""
 from __future__ import annotations
 
 import math
@@ -38,6 +39,15 @@ class Shape:
         """The number of elements, the product of the shape (1 for a 0-d tensor;
         ``torch.Tensor.numel``): ``sum(p.numel() for p in model.parameters())``."""
         return math.prod(self.shape)
+
+    def nelement(self) -> int:
+        """:meth:`numel` (``torch.Tensor.nelement``, its other name)."""
+        return self.numel()
+
+    def element_size(self) -> int:
+        """The bytes of one element (``torch.Tensor.element_size``): 4 for float32, 2 for float16
+        and bfloat16, 8 for float64 and int64, 1 for bool."""
+        return np.dtype(self.dtype.np).itemsize
 
     def view(self, *shape) -> "Tensor":
         """The same elements in ``shape`` (one entry may be -1): op ``reshape`` (miniflow's
@@ -211,6 +221,105 @@ class Shape:
                                f"matrices. Got {self.ndim}-D tensor.")
         return self.transpose(-2, -1)
 
+
+    def movedim(self, source, destination) -> "Tensor":
+        """This tensor with dims ``source`` moved to the places ``destination`` (two ints, or two
+        sequences of ints of one length; negative dims count from the end), the other dims in
+        their order in the places left (``torch.Tensor.movedim``; ``moveaxis`` is its other
+        name): :meth:`permute`.
+
+        Raises:
+            TypeError: an int and a sequence. IndexError: a dim out of range.
+            RuntimeError: sequences of different lengths, or a dim repeated in one (PyTorch's
+                messages)."""
+        one = [isinstance(a, (tuple, list)) for a in (source, destination)]
+        if one[0] != one[1]:
+            raise TypeError(f"movedim(source, destination) takes two ints or two sequences of "
+                            f"ints, got {source!r} and {destination!r}")
+        src, dst = ((tuple(a) if many else (a,)) for a, many in zip((source, destination), one))
+        if len(src) != len(dst):
+            raise RuntimeError(f"movedim: Invalid source or destination dims: source ({list(src)} "
+                               f"dims) should contain the same number of dims as destination "
+                               f"({list(dst)} dims)")
+        src, dst = ([_dim("movedim", d, self.ndim) for d in a] for a in (src, dst))
+        for name, dims in (("source", src), ("destination", dst)):
+            if len(set(dims)) != len(dims):
+                raise RuntimeError(f"movedim: repeated dim in `{name}` ({dims})")
+        if self.ndim == 0:
+            return self
+        order = dict(zip(dst, src))
+        rest = iter(d for d in range(self.ndim) if d not in src)
+        return self.permute(*(order[k] if k in order else next(rest) for k in range(self.ndim)))
+
+    moveaxis = movedim
+
+    def unflatten(self, dim: int, sizes) -> "Tensor":
+        """Dim ``dim`` split into dims of ``sizes`` (one of them may be -1, inferred), the others
+        as they are (``torch.Tensor.unflatten``; the inverse of :meth:`flatten`): op ``reshape``.
+
+        Raises:
+            IndexError: ``dim`` out of range. RuntimeError: ``sizes`` empty, with more than one
+                -1, or not multiplying up to the dim's size (PyTorch's message)."""
+        d = _dim("unflatten", dim, self.ndim)
+        if self.ndim == 0:
+            raise IndexError(f"unflatten: Dimension specified as {dim} but tensor has no "
+                             f"dimensions")
+        sizes = tuple(sizes)
+        if not sizes:
+            raise RuntimeError("unflatten: sizes must be non-empty")
+        if sizes.count(-1) > 1:
+            raise RuntimeError(f"unflatten: only one dimension can be inferred, got sizes "
+                               f"{list(sizes)}")
+        n, known = self.shape[d], math.prod(k for k in sizes if k != -1)
+        if (n != known) if -1 not in sizes else (known == 0 or n % known):
+            raise RuntimeError(f"unflatten: Provided sizes {list(sizes)} don't multiply up to "
+                               f"the size of dim {dim} ({n}) in the input tensor")
+        return self.reshape(*self.shape[:d], *sizes, *self.shape[d + 1:])
+
+    def narrow(self, dim: int, start: int, length: int) -> "Tensor":
+        """Elements ``start .. start + length - 1`` of dim ``dim`` (a negative ``start`` counts
+        from the end), ``torch.Tensor.narrow``: the slice ``[start:start + length]`` at that dim,
+        a copy (miniflow's tensors are always contiguous).
+
+        Raises:
+            IndexError: ``dim`` out of range, ``start`` outside ``[-n, n]``. RuntimeError: a 0-d
+                tensor, a negative ``length``, ``start + length`` beyond the dim (PyTorch's
+                messages). TypeError: ``start`` or ``length`` not an int."""
+        if self.ndim == 0:
+            raise RuntimeError("narrow() cannot be applied to a 0-dim tensor.")
+        d = _dim("narrow", dim, self.ndim)
+        for name, value in (("start", start), ("length", length)):
+            if not is_integer(value):
+                raise TypeError(f"narrow(): {name} must be an int, got {value!r}")
+        n = self.shape[d]
+        if not -n <= start <= n:
+            raise IndexError(f"start out of range (expected to be in range of [{-n}, {n}], but "
+                             f"got {start})")
+        start = start + n if start < 0 else start
+        if length < 0:
+            raise RuntimeError("narrow(): length must be non-negative.")
+        if start + length > n:
+            raise RuntimeError(f"start ({start}) + length ({length}) exceeds dimension size "
+                               f"({n}).")
+        return self[(slice(None),) * d + (slice(start, start + length),)]
+
+    def select(self, dim: int, index: int) -> "Tensor":
+        """The slice at ``index`` of dim ``dim``, that dim removed (``torch.Tensor.select``:
+        ``x.select(1, i)`` is ``x[:, i]``; a negative ``index`` counts from the end).
+
+        Raises:
+            IndexError: a 0-d tensor, ``dim`` or ``index`` out of range (PyTorch's messages).
+            TypeError: ``index`` not an int."""
+        if self.ndim == 0:
+            raise IndexError("select() cannot be applied to a 0-dim tensor.")
+        d = _dim("select", dim, self.ndim)
+        if not is_integer(index):
+            raise TypeError(f"select(): index must be an int, got {index!r}")
+        n = self.shape[d]
+        if not -n <= index < n:
+            raise IndexError(f"select(): index {index} out of range for tensor of size "
+                             f"{list(self.shape)} at dimension {d}")
+        return self[(slice(None),) * d + (int(index) % n,)]
 
     def split(self, split_size, dim: int = 0) -> tuple:
         """Pieces of ``split_size`` along ``dim`` (the last one shorter), or of the given
