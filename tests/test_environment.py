@@ -192,6 +192,25 @@ def test_info_names_the_isa_numba_compiles_for_under_numba_cpu_name(tmp_path):
     assert "features avx, fma, f16c" in line
 
 
+def test_a_numba_cpu_name_llvm_does_not_know_is_refused_by_name(tmp_path):
+    """``NUMBA_CPU_NAME=Haswell`` (the docs pair ``haswell`` with ``OPENBLAS_CORETYPE=Haswell``):
+    LLVM knows no such CPU, and with the feature string miniflow empties for a named CPU it
+    compiled for no CPU at all and aborted the process at the first kernel ("LLVM ERROR: 64-bit
+    code requested ...", no traceback). Now an ImportError naming the variable, when the kernels
+    are first imported (the first op), in a script and in the CLI."""
+    sentence = ("miniflow: NUMBA_CPU_NAME='Haswell' is not a CPU name LLVM knows: write one of "
+                "its names, in lower case")
+    env = dict(PYTHONPATH=str(PACKAGE.parent), NUMBA_CPU_NAME="Haswell",
+               NUMBA_CACHE_DIR=str(tmp_path / "cache"))
+    r = _run(["-c", "import miniflow, numpy; print(miniflow.tensor(numpy.ones(3)).exp())"],
+             tmp_path, **env)
+    assert r.returncode == 1 and r.stderr.splitlines()[-1].startswith(f"ImportError: {sentence}")
+    assert "LLVM ERROR" not in r.stderr
+    cli = _run(["-m", "miniflow", "info"], tmp_path, **env)
+    assert cli.returncode == 1 and sentence in cli.stderr.splitlines()[-1]
+    assert "LLVM ERROR" not in cli.stderr
+
+
 def miniflow_target_is_x86() -> bool:
     import platform
     return platform.machine() in ("x86_64", "AMD64", "i686")

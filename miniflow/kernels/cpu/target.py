@@ -2,14 +2,15 @@
 
 What the kernels may use is decided by the *target*, not by the host: Numba compiles for
 ``NUMBA_CPU_NAME`` (default: the host CPU) with ``NUMBA_CPU_FEATURES`` (default: the host's
-features, or none for ``generic``). Numba's own rule keeps the host's features under any other
-name (``numba/core/codegen.py``, ``_get_host_cpu_features``): ``NUMBA_CPU_NAME=haswell`` alone
-would still compile AVX-512 code on an AVX-512 host. So that the name means that CPU, importing
-this module (``miniflow`` does it first, before any kernel compiles) sets Numba's
-``config.CPU_FEATURES`` to ``""`` when ``NUMBA_CPU_NAME`` names a CPU and ``NUMBA_CPU_FEATURES``
-is unset: LLVM then takes the named CPU's own features, the rule Numba already applies to
-``generic``. A process that compiled Numba code before importing miniflow keeps what it had; this
-module reads whatever Numba's compiler was created with.
+features, or none for ``generic``). Numba's own rule keeps the host's features under any other name
+(``numba/core/codegen.py``, ``_get_host_cpu_features``): ``NUMBA_CPU_NAME=haswell`` alone would
+still compile AVX-512 code on an AVX-512 host. So that the name means that CPU, importing this
+module (``miniflow`` does it first, before any kernel compiles) sets Numba's
+``config.CPU_FEATURES`` to ``""`` when ``NUMBA_CPU_NAME`` names a CPU and ``NUMBA_CPU_FEATURES`` is
+unset: LLVM then takes the named CPU's own features, the rule Numba already applies to ``generic``.
+A name LLVM does not know (``Haswell`` for ``haswell``) is an ``ImportError`` naming the variable:
+LLVM would compile for no CPU at all, and abort. A process that compiled Numba code before
+importing miniflow keeps what it had; this module reads whatever Numba's compiler was created with.
 
 The features are read back from LLVM, not from a table of CPU names: :func:`has` compiles a small
 probe function per feature with a target machine made like Numba's (its triple, CPU name and
@@ -28,7 +29,10 @@ gemm-config.c``: f32 gemm 6 x 8 on aarch64 NEON-FMA). The tile must fit the regi
 from __future__ import annotations
 
 import functools
+import os
 import platform
+import sys
+import tempfile
 from dataclasses import dataclass
 
 import llvmlite.binding as llvm
@@ -37,8 +41,35 @@ from numba.core.registry import cpu_target
 
 __all__ = ["Isa", "TILES", "ISA", "cpu", "has", "describe", "PROBED"]
 
+
+
+def _llvm_knows(name: str) -> bool:
+    """Whether LLVM knows the CPU ``name``: making a target machine for one it does not know,
+    LLVM says "is not a recognized processor" on the process's stderr (read here through a
+    temporary file in its place) and goes on for no CPU at all."""
+    llvm.initialize_native_target()
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile() as said:
+        os.dup2(said.fileno(), 2)
+        try:
+            llvm.Target.from_default_triple().create_target_machine(cpu=name).target_data
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+        said.seek(0)
+        return b"not a recognized processor" not in said.read()
+
+
 if numba.config.CPU_NAME not in (None, "", "host") and numba.config.CPU_FEATURES is None \
         and "_toplevel_target_context" not in cpu_target.__dict__:
+    if not _llvm_knows(numba.config.CPU_NAME):
+        # with no features at all (not even 64-bit code) LLVM aborts the process at the first
+        # compile, with no Python error ("64-bit code requested on a subtarget ...")
+        raise ImportError(f"miniflow: NUMBA_CPU_NAME={numba.config.CPU_NAME!r} is not a CPU name "
+                          f"LLVM knows: write one of its names, in lower case (haswell, "
+                          f"skylake-avx512, znver3, x86-64-v3; `llc -mcpu=help` lists them), "
+                          f"or unset it to compile for this machine", name=__name__)
     numba.config.CPU_FEATURES = ""      # the named CPU's own features (module docstring)
 
 
