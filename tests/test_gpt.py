@@ -62,6 +62,21 @@ def test_state_dict_has_nanogpts_keys_and_the_logits_match():
     assert model.transformer.wte.weight is model.lm_head.weight
 
 
+def test_a_bfloat16_or_requires_grad_torch_state_dict_loads():
+    """The tied-weight check read the state dict with ``np.asarray``: a bfloat16 torch state
+    dict (``ref.to(torch.bfloat16).state_dict()``) was torch's "unsupported ScalarType
+    BFloat16" and parameters that require grad (``dict(ref.named_parameters())``) its "Can't
+    call numpy() on Tensor that requires grad", where Module's loader reads both."""
+    ref, model = _pair()
+    live = dict(ref.named_parameters()) | {"lm_head.weight": ref.lm_head.weight}
+    model.load_state_dict(live)
+    np.testing.assert_array_equal(model.lm_head.weight.numpy(), ref.lm_head.weight.detach())
+    half = {k: v.to(torch.bfloat16) for k, v in ref.state_dict().items()}
+    model.load_state_dict(half)
+    np.testing.assert_array_equal(model.transformer.wte.weight.numpy(),
+                                  half["transformer.wte.weight"].float().numpy())
+
+
 def test_training_steps_match_pytorch():
     """SGD, not Adam: the key bias's exact gradient is zero (softmax ignores a shift shared by a
     row's scores), so both frameworks' gradients there are rounding noise, which Adam would

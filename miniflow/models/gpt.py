@@ -209,7 +209,7 @@ class GPT(nn.Module):
         if isinstance(state_dict, dict):
             state_dict = {k: v for k, v in state_dict.items() if not _causal_mask(k, v)}
         if isinstance(state_dict, dict) and all(k in state_dict for k in self.TIED):
-            head, emb = (np.asarray(state_dict[k]) for k in self.TIED)
+            head, emb = (as_numpy(state_dict[k]) for k in self.TIED)
             if emb.shape == head.shape and not (np.array_equal(emb, head) or (
                     emb.dtype == head.dtype and emb.tobytes() == head.tobytes())):
                 raise ValueError(f"gpt: {self.TIED[0]} and {self.TIED[1]} differ: this model "
