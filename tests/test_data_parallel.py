@@ -273,6 +273,22 @@ def test_two_ranks_of_32_equal_one_rank_of_64(tmp_path):
     assert two[0]["local_all_reduce_nodes"] == 0
 
 
+@requires_mpi
+@pytest.mark.parametrize("seeds", ["apart", "alike"])
+def test_each_rank_keeps_its_own_dropout_stream(tmp_path, seeds):
+    """The compile's broadcast of rank 0's variables gave every rank rank 0's dropout stream too:
+    ranks seeded apart (nanoGPT's ``manual_seed(1337 + rank)``) drew rank 0's masks. Now each
+    keeps its own, as PyTorch's DDP never syncs a generator: seeded apart, the ranks' losses on
+    one batch differ, seeded alike they are equal; the weights are the same on both either way
+    (the averaged gradients)."""
+    rc, output, _ = run_mpi("training.py", 2, tmp_path, "dropout", seeds)
+    assert rc == 0, output
+    r0, r1 = rank_results(tmp_path, 2)
+    assert r0["weights"] == r1["weights"]
+    assert [r0["stream"][0], r1["stream"][0]] == ([7, 8] if seeds == "apart" else [7, 7])
+    assert (r0["losses"] != r1["losses"]) == (seeds == "apart"), (r0["losses"], r1["losses"])
+
+
 @pytest.mark.slow
 @requires_mpi
 def test_overflow_on_one_rank_makes_every_rank_skip_and_back_off(tmp_path):

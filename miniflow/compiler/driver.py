@@ -63,6 +63,7 @@ from ..amp.report import AmpReport, amp_report as build_amp_report
 from ..checkpoint import restore_as
 from ..dtype import as_dtype, graph_dtype
 from ..ir import Graph as IRGraph
+from ..nn.dropout import dropout_state
 from ..nn.module import Module, same_value
 from ..ops import emitter
 from ..optim.lr_scheduler import LRScheduler, ReduceLROnPlateau
@@ -724,7 +725,9 @@ class Graph:
 
     def _sync_ranks(self, graph: IRGraph, ctx: CompileContext) -> None:
         """Check that every rank compiled the same graph, then give every rank rank 0's variables
-        (parameters, optimizer state, loss scale): collective, at every compile.
+        (parameters, optimizer state, loss scale): collective, at every compile. The dropout
+        stream stays each rank's own, as PyTorch's DDP never syncs a random generator: ranks
+        seeded apart (nanoGPT's ``manual_seed(1337 + rank)``) draw their own masks.
 
         Raises:
             RankMismatchError: on every rank, when the ranks' trained parameters (names, shapes,
@@ -736,8 +739,9 @@ class Graph:
         distributed.check_same_across_ranks(str(graph), f"compiled graphs of {name} (the "
                                             f"printed IR: inputs, variables, nodes)")
         backend = get_backend()
-        names = sorted(graph.variables)
-        arrays = [graph.variable_data[n] for n in names]
+        stream = dropout_state()._data
+        arrays = [graph.variable_data[n] for n in sorted(graph.variables)]
+        arrays = [a for a in arrays if a is not stream]
         hosts = [a if isinstance(a, np.ndarray) else backend.to_numpy(a) for a in arrays]
         fn, args = distributed.broadcast_step(hosts, root=0)
         fn(*args)

@@ -24,6 +24,9 @@ MLP through nn.Graph. ``python training.py OUT MODE``; every rank writes OUT/ran
   train(), then rank 1 alone calls ``model.eval()``: its plan is compiled already, another than
   rank 0's) and every rank steps again: every rank raises RankMismatchError (uncaught: the job
   ends). Writes nothing.
+* ``dropout SEEDS``: the MLP with a Dropout(0.5), 3 SGD steps on one batch the same on every
+  rank, the dropout stream seeded ``7 + rank`` (SEEDS ``apart``) or 7 (``alike``) after the
+  model: writes the losses, the stream's ``[seed, offset]`` and a digest of the first layer.
 * ``tiny``: 4 AMP steps (dynamic GradScaler, Adam) of an 8-16-3 MLP on 6 random rows per rank,
   on the backend ``MINIFLOW_BACKEND`` names (the cuda lane runs it under the CUDA simulator):
   writes the losses, the scale and every variable.
@@ -236,5 +239,15 @@ elif mode == "tiny":
         scales.append(scaler.scale)
     save({"losses": losses, "scales": scales, "backend": mf.get_backend().name},
          variables(graph))
+elif mode == "dropout":
+    seeds = sys.argv[3]            # "apart": rank r seeds 7 + r (nanoGPT's); "alike": 7 on all
+    model = model_for_rank()
+    model = mf.nn.Sequential(model[0], model[1], mf.nn.Dropout(0.5), model[2])
+    graph = TrainGraph(model, mf.optim.SGD(model.parameters(), lr=0.1))
+    mf.manual_seed(7 + (rank if seeds == "apart" else 0))
+    x, y = data.x_train[:32], data.y_train[:32]       # one batch, the same on every rank
+    losses = [float(graph(x, y)) for _ in range(3)]
+    stream = model[2].rng_state.numpy().tolist()
+    save({"losses": losses, "stream": stream, "weights": digest(graph, "0.")})
 else:
     raise SystemExit(f"unknown mode {mode!r}")
