@@ -321,6 +321,26 @@ def test_a_threaded_choice_timed_on_busy_cores_is_kept_in_memory_not_written(tmp
         assert list(choices)[0].endswith("| threads 2/2")
 
 
+def test_more_threads_than_the_process_has_cores_is_steady_on_idle_cores(tmp_path,
+                                                                         monkeypatch):
+    """Numba's 2 threads where the process may run on one core (``taskset -c 1``, a container's
+    cpuset): a run has at most that core, and the cores are idle: the choice is written. It was
+    unsteady whatever the load (team_size(2, 1, 0.0) is 1), measured again in every run, its
+    winner and so the bits differing from run to run. Another process keeping that core busy
+    still makes it unsteady."""
+    monkeypatch.setattr(tune, "_threads", lambda: (2, 1))
+    monkeypatch.setattr(team, "cores", lambda: [1])
+    t = _tuner(tmp_path, monkeypatch, FakeTimer(numba=2e-3, blas=1e-3))
+    t.watch = _watch(0.0)
+    assert _names(_matmul(16, 300, 1000, tb=True)[0]) == "dot"
+    assert t.unsteady == 0 and (tmp_path / "tuning.json").exists()
+    (tmp_path / "tuning.json").unlink()
+    t = _tuner(tmp_path, monkeypatch, FakeTimer(numba=2e-3, blas=1e-3))
+    t.watch = _watch(1.0)
+    assert _names(_matmul(16, 300, 1000, tb=True)[0]) == "dot"
+    assert t.unsteady == 1 and not (tmp_path / "tuning.json").exists()
+
+
 def test_a_one_thread_choice_timed_on_busy_cores_is_written(tmp_path, monkeypatch):
     """At one thread the timer is the calling thread's CPU time: the time other processes take
     is not counted, so the choice is written."""

@@ -41,7 +41,7 @@ import numba
 
 
 __all__ = ["INTERVAL_S", "MIN_WINDOW_S", "GAP_S", "BUSY_SLACK", "cores", "snapshot",
-           "others_between", "team_size", "Team", "TEAM", "begin", "end"]
+           "others_between", "free_cores", "team_size", "Team", "TEAM", "begin", "end"]
 
 INTERVAL_S = 0.2
 """Seconds between two looks at how busy the cores are (a look reads ``/proc/stat``: 22 us on 2
@@ -92,12 +92,16 @@ def others_between(before, after) -> float | None:
     return max(0.0, used / (after[2] - before[2]))
 
 
+def free_cores(cores: int, others: float) -> int:
+    """The ``cores`` that other processes, keeping ``others`` cores' worth busy, leave free
+    (``others`` rounded up past :data:`BUSY_SLACK`; 0 when they keep every one busy)."""
+    return max(0, cores - max(0, math.ceil(others - BUSY_SLACK)))
+
+
 def team_size(wanted: int, cores: int, others: float) -> int:
-    """Threads for a run: ``wanted``, at most the ``cores`` that other processes, keeping
-    ``others`` cores' worth busy, leave free (``others`` rounded up past :data:`BUSY_SLACK`),
-    at least one. E.g. 2 cores, 2 wanted: others 0.2 -> 2, 0.3 or 1.0 -> 1."""
-    free = cores - max(0, math.ceil(others - BUSY_SLACK))
-    return max(1, min(wanted, free))
+    """Threads for a run: ``wanted``, at most the :func:`free_cores`, at least one. E.g. 2 cores,
+    2 wanted: others 0.2 -> 2, 0.3 or 1.0 -> 1."""
+    return max(1, min(wanted, free_cores(cores, others)))
 
 
 class Team:

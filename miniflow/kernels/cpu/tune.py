@@ -447,7 +447,10 @@ class Tuner:
         """``(winner, measured, steady)``: every candidate built on sample arrays and timed
         (module docstring); ``measured`` is False when their steps call the same kernels (the
         first wins; nothing is timed); ``steady`` is False when the candidates ran on more than
-        one thread while other processes left fewer free cores than that (:attr:`watch`).
+        one thread while other processes left fewer free cores than that (:attr:`watch`), the
+        threads counted up to the cores this process may run on (``NUMBA_NUM_THREADS=2`` under
+        ``taskset -c 1``: one; counting two, every such class was unsteady and measured again in
+        every run, its choice and so the bits differing from run to run).
         ``first``: the first candidate's steps on the real buffers."""
         rng = np.random.default_rng(0)
         sample_ins = _samples(ins, rng)
@@ -486,8 +489,8 @@ class Tuner:
         median = {name: float(np.median(t)) for name, t in times.items()}
         preferred = PREFERRED if PREFERRED in median else names[0]
         faster = [n for n in names if median[n] * (1 + MARGIN) < median[preferred]]
-        steady = others is None or team.team_size(max(threads), len(team.cores()),
-                                                  others) >= max(threads)
+        usable = min(max(threads), len(team.cores()))    # the most a run can have here
+        steady = others is None or team.free_cores(len(team.cores()), others) >= usable
         return (min(faster, key=median.get) if faster else preferred), True, steady
 
     def choose(self, kind: str, key: str, node, ins, outs, candidates: dict) -> list:
