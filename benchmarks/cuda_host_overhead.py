@@ -186,7 +186,7 @@ def packing_report(make) -> dict:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--steps", type=int, default=300, help="timed steps per workload and path")
     p.add_argument("--batch", type=int, default=64)
     p.add_argument("--json", type=Path, help="write the report (JSON) here")

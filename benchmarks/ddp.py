@@ -236,7 +236,7 @@ def table(results: list) -> str:
 
 
 def main(argv=None) -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--repeats", type=int, default=5, help="rounds per case (median)")
     p.add_argument("--models", default=",".join(MODELS),
                    help=f"of {', '.join(MODELS)}, resnet50 (default: the MLPs)")

@@ -343,7 +343,7 @@ def cli_train(out, epochs: int, left: float, env) -> None:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "gpu_check.txt")
     p.add_argument("--budget", type=float, default=280.0, help="seconds for the whole check")
     p.add_argument("--epochs", type=int, default=2, help="epochs of `miniflow train`")

@@ -84,7 +84,7 @@ def table(res: list) -> str:
 
 
 def main(argv=None) -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--repeats", type=int, default=7)
     p.add_argument("--dtypes", default="bf16,fp16")
     p.add_argument("--batches", default="1,16,64,256")

@@ -132,10 +132,13 @@ def isa_cache_dirs(isa: str) -> dict:
 
 
 def isa_line() -> str:
-    """The ISA this process runs as (``--isa``) and the CPU the kernels were compiled for."""
-    from miniflow.kernels.cpu import target
+    """The ISA this process runs as (``--isa``), the CPU the kernels were compiled for and the
+    BLAS in use with its core type (``miniflow info``'s, from threadpoolctl: what OpenBLAS chose,
+    not what ``OPENBLAS_CORETYPE`` asked for, which OpenBLAS may not know)."""
+    from miniflow.kernels.cpu import target, tune
+    blas = "; ".join(tune.machine()["blas"]) or "none loaded"
     return f"--isa {os.environ.get(ISA_VARIABLE, 'native')}; kernels for {target.describe()}; " \
-           f"OPENBLAS_CORETYPE={os.environ.get('OPENBLAS_CORETYPE', '(auto)')}"
+           f"BLAS {blas} (OPENBLAS_CORETYPE={os.environ.get('OPENBLAS_CORETYPE', 'unset')})"
 
 
 def pin_threads(n: int, frameworks=("miniflow", "torch")) -> str:

@@ -358,7 +358,7 @@ def cold_start() -> list:
 
 # ----------------------------------------------------------------------------- main
 def main(argv=None) -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--threads", type=harness.positive_int,
                    default=len(os.sched_getaffinity(0)))
     p.add_argument("--repeats", type=harness.positive_int, default=7)

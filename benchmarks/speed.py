@@ -704,7 +704,7 @@ def plot(results: list, path: Path) -> None:
 
 
 def main(argv=None) -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--core", type=int, default=harness.default_core(),
                    help="the core to pin the process to (default: the highest available)")
     p.add_argument("--threads", type=harness.positive_int, default=1,

@@ -37,7 +37,7 @@ def _median_time(fn, steps: int, repeats: int) -> float:
 
 
 def main(argv=None) -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--repeats", type=int, default=7)
     p.add_argument("--steps", type=int, default=200)
     args = p.parse_args(argv)

@@ -143,6 +143,18 @@ def test_isa_runs_the_benchmark_again_in_a_child_with_that_cpus_environment(tmp_
     assert harness.run_as_isa("native", str(script), []) is False
 
 
+def test_the_isa_line_names_the_blas_core_type_in_use_not_the_variable(monkeypatch):
+    """``OPENBLAS_CORETYPE=Bogus``: the results' ISA line said ``OPENBLAS_CORETYPE=Bogus`` where
+    OpenBLAS ran its default kernels, and a native run said ``(auto)``. It names the core type
+    threadpoolctl reads from the loaded BLAS (``miniflow info``'s), the variable beside it."""
+    import harness
+    from miniflow.kernels.cpu import tune
+
+    monkeypatch.setenv("OPENBLAS_CORETYPE", "Bogus")
+    monkeypatch.setattr(tune, "machine", lambda: {"blas": ["openblas 0.3 SkylakeX"]})
+    assert harness.isa_line().endswith("; BLAS openblas 0.3 SkylakeX (OPENBLAS_CORETYPE=Bogus)")
+
+
 def test_profile_times_every_node_once_and_names_its_kernels(data):
     res = speed.profile("mlp", "bf16", 8, data, steps=2)
     nodes = res["nodes"]
