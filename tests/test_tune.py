@@ -144,6 +144,9 @@ def test_a_corrupt_or_foreign_file_is_ignored_with_one_notice(tmp_path, monkeypa
     _matmul(16, 1000, 300)
     err = capsys.readouterr().err
     assert err.count("miniflow: ignoring the kernel choices in") == 1 and why in err, err
+    assert "a run measures them again and replaces the file" in err, err
+    if "VAX" in content:    # what differs, both ways, not the file's whole machine
+        assert f"cpu: file 'a VAX', here {tune.machine()['cpu']!r}; features: file 'None'" in err
     data = json.loads((tmp_path / "tuning.json").read_text())      # replaced by a valid file
     assert data["machine"] == tune.machine() and len(data["choices"]) == 2
     assert "k" not in data["choices"]

@@ -185,6 +185,19 @@ def _umask() -> int:
     return mask
 
 
+def _differences(theirs, ours: dict) -> str:
+    """What differs between a tuning file's ``machine`` and this one's (:func:`machine`): each
+    differing key with the file's value and this machine's, values cut to 60 characters."""
+    def cut(value) -> str:
+        text = str(value)
+        return repr(text if len(text) <= 60 else text[:57] + "...")
+
+    if not isinstance(theirs, dict):
+        return f"its machine is {cut(theirs)}"
+    return "; ".join(f"{k}: file {cut(theirs.get(k))}, here {cut(ours.get(k))}"
+                     for k in sorted(set(theirs) | set(ours)) if theirs.get(k) != ours.get(k))
+
+
 def _notice(kind: str, text: str) -> None:
     """Print ``text`` to stderr, once per process and ``kind`` (above a progress bar, as the
     compile notice)."""
@@ -358,13 +371,13 @@ class Tuner:
             return self._ignored(notify, f"it is not a {FORMAT} file")
         if data.get("machine") != self.machine:
             return self._ignored(notify, "it was written for another machine or configuration "
-                                         f"({data.get('machine')!r})")
+                                         f"({_differences(data.get('machine'), self.machine)})")
         return dict(data["choices"])
 
     def _ignored(self, notify: bool, why: str) -> dict:
         if notify:
             _notice("ignored", f"miniflow: ignoring the kernel choices in {self.path}: {why}; "
-                               f"measuring them again and replacing the file")
+                               f"a run measures them again and replaces the file")
         return {}
 
     def load(self) -> dict:
