@@ -59,8 +59,9 @@ __all__ = ["RankMismatchError", "abort", "all_gather_object", "allreduce_mean_st
            "allreduce_sum_int64_step", "announced_world_size",
            "barrier", "broadcast_object", "broadcast_step", "check_same_across_ranks",
            "check_same_values",
-           "compute_bucket_assignment_by_size", "init", "is_initialized", "local_world_size",
-           "rank", "same_values", "world_size"]
+           "compute_bucket_assignment_by_size", "destroy_process_group", "get_rank",
+           "get_world_size", "init", "init_process_group", "is_initialized", "local_world_size",
+           "rank", "same_values", "world_size", "TORCH_BACKENDS"]
 
 DEFAULT_TIMEOUT_S = 600.0
 """How long a collective may wait for the other ranks before the job is aborted (PyTorch's NCCL
@@ -280,6 +281,51 @@ def rank() -> int:
 def world_size() -> int:
     """The number of processes (1 without a launcher). Raises RuntimeError before :func:`init`."""
     return _world("world_size").size
+
+
+def get_rank() -> int:
+    """``torch.distributed.get_rank()``: :func:`rank`."""
+    return _world("get_rank").rank
+
+
+def get_world_size() -> int:
+    """``torch.distributed.get_world_size()``: :func:`world_size`."""
+    return _world("get_world_size").size
+
+
+TORCH_BACKENDS = ("mpi", "gloo", "nccl")
+"""The ``backend`` names :func:`init_process_group` takes: miniflow's transport is MPI whatever
+PyTorch's would be (nanoGPT passes ``"nccl"``)."""
+
+
+def init_process_group(backend: str | None = None, *, timeout=None, world_size: int = -1,
+                       rank: int = -1, **others) -> None:
+    """``torch.distributed.init_process_group``: :func:`init` over MPI, for the ranks
+    ``mpiexec`` started (torchrun's environment is not read). ``backend`` may name PyTorch's
+    (``"nccl"``, ``"gloo"``, ``"mpi"``: all run on MPI here); ``timeout`` is seconds or a
+    ``datetime.timedelta``; ``world_size`` and ``rank``, when given, must be MPI's.
+
+    Raises:
+        ValueError: another backend, a world size or rank that is not MPI's, an argument
+            miniflow has no use for (``init_method``, ``store`` ...: MPI's launcher sets the
+            world up). Else as :func:`init`."""
+    if others:
+        raise ValueError(f"init_process_group: {sorted(others)} are not taken: miniflow's world "
+                         f"is the ranks mpiexec started (mpiexec -n N python script.py)")
+    if backend is not None and str(backend).lower() not in TORCH_BACKENDS:
+        raise ValueError(f"init_process_group: backend {backend!r} is not one of "
+                         f"{TORCH_BACKENDS} (miniflow runs every one on MPI)")
+    init(timeout.total_seconds() if hasattr(timeout, "total_seconds") else timeout)
+    for name, given, actual in (("world_size", world_size, get_world_size()),
+                                ("rank", rank, get_rank())):
+        if given != -1 and given != actual:
+            raise ValueError(f"init_process_group: {name}={given} but mpiexec started this "
+                             f"process as {name} {actual}; leave {name} out")
+
+
+def destroy_process_group() -> None:
+    """``torch.distributed.destroy_process_group()``: nothing to do: MPI ends the world when
+    the process exits (it cannot be set up again in one process)."""
 
 
 def abort(code: int = 1) -> None:

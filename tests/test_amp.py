@@ -638,6 +638,20 @@ def test_amp_autocast_says_amp_is_a_graph_pass():
         mf.amp.nope
 
 
+def test_nanogpts_grad_scaler_lines_run():
+    """``GradScaler("cuda", enabled=False)`` on a CPU was a ValueError (the device is not this
+    process's) though a disabled scaler keeps nothing anywhere, and
+    ``miniflow.cuda.amp.GradScaler(enabled=...)`` (nanoGPT's ``torch.cuda.amp.GradScaler``) a bare
+    AttributeError: both are PyTorch's; an enabled scaler on another device is still refused."""
+    assert not mf.amp.GradScaler("cuda", enabled=False).is_enabled()
+    with pytest.warns(FutureWarning, match=r"use miniflow.amp.GradScaler\(args...\) instead"):
+        old = mf.cuda.amp.GradScaler(init_scale=8.0, enabled=True)
+    assert old.is_enabled() and old.get_scale() == 8.0
+    if mf.get_backend().name == "cpu":
+        with pytest.raises(ValueError, match="device='cuda' is not this process's device"):
+            mf.amp.GradScaler("cuda")
+
+
 def test_grad_scaler_enabled_false_scales_nothing_as_pytorchs():
     """nanoGPT's ``GradScaler(enabled=(dtype == 'float16'))`` for bfloat16 or float32 was a
     ValueError ("leave it out"); a disabled scaler is PyTorch's: ``is_enabled()`` False,

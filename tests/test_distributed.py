@@ -46,6 +46,27 @@ def test_world_of_one_process_without_a_launcher(fresh):
     assert dist.same_values([0.1, 2.0]) and dist.all_gather_object(True, "flags") == [True]
 
 
+def test_torch_distributed_names_set_up_and_query_the_mpi_world(fresh):
+    """nanoGPT's ``init_process_group(backend="nccl")``, ``get_rank()``, ``get_world_size()``
+    and ``destroy_process_group()`` were bare AttributeErrors: they are :func:`init`, ``rank``,
+    ``world_size`` and a no-op; a backend, world size or argument miniflow cannot honour is a
+    ValueError naming it."""
+    import datetime
+    with pytest.raises(RuntimeError, match="call miniflow.distributed.init"):
+        dist.get_rank()
+    with pytest.raises(ValueError, match=r"backend 'ucc' is not one of \('mpi', 'gloo', 'nccl'\)"):
+        dist.init_process_group("ucc")
+    with pytest.raises(ValueError, match=r"\['init_method'\] are not taken"):
+        dist.init_process_group("nccl", init_method="env://")
+    assert not dist.is_initialized()
+    dist.init_process_group(backend="nccl", timeout=datetime.timedelta(seconds=30))
+    assert (dist.get_rank(), dist.get_world_size(), dist.is_initialized()) == (0, 1, True)
+    with pytest.raises(ValueError, match="world_size=4 but mpiexec started this process as "
+                                         "world_size 1"):
+        dist.init_process_group(world_size=4)
+    dist.destroy_process_group()
+
+
 def test_the_announced_world_size_comes_from_the_launchers_variables(monkeypatch):
     for var in LAUNCHER_VARS:
         monkeypatch.delenv(var, raising=False)

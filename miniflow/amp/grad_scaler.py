@@ -278,8 +278,9 @@ class GradScaler(_Scaler):
     Raises:
         ValueError/TypeError: any argument outside its range or of the wrong type, quoting it;
             ``enabled`` not a bool (TypeError); a device other than the
-            process's (ValueError), a number as the device (TypeError: the scale is the second
-            argument, as PyTorch's).
+            process's for an enabled scaler (ValueError; a disabled one takes any, as nanoGPT's
+            ``GradScaler("cuda", enabled=False)`` on a CPU), a number as the device (TypeError:
+            the scale is the second argument, as PyTorch's).
     """
 
     dynamic = True
@@ -296,8 +297,9 @@ class GradScaler(_Scaler):
             raise TypeError(f"GradScaler: the first argument is the device, as "
                             f"torch.amp.GradScaler's, got {device!r}; give the scale by "
                             f"keyword: GradScaler(init_scale={device!r})")
-        check_device("GradScaler", device)
         self._enabled = boolean("GradScaler", "enabled", enabled, numpy=True)
+        if self._enabled:    # a disabled scaler keeps nothing anywhere: any device, as torch's
+            check_device("GradScaler", device)
         super().__init__(self._checked("init_scale", init_scale, "GradScaler: ", _check_scale),
                          max_consecutive_skips)
         min_scale = min(1.0, self.scale) if min_scale is None else min_scale

@@ -34,7 +34,11 @@ step = TrainStep(model, optimizer); loss = step(x, y)  # one step: gradients and
 """Tensor.backward's error outside ``build``: the five lines of a training graph."""
 
 
-NOT_THERE: dict = {}
+NOT_THERE: dict = {
+    "backends": "torch.backends switches (cuda.matmul.allow_tf32, cudnn.benchmark) have no "
+                "miniflow counterpart: drop the line (float32 products are float32; kernel "
+                "choices are measured on this machine, docs/usage.md)",
+}
 """PyTorch's tensor names miniflow has not yet, and what to write instead: the hint of the
 ``AttributeError`` of ``Tensor.<name>`` and ``miniflow.<name>``."""
 
