@@ -360,8 +360,8 @@ def _train_loop(graph, model, corpus, c, run, losses, sched, total, seed, report
                 if run["step"] % c["steps_per_epoch"] == 0 and rank == 0:
                     model.eval()
                     try:
-                        run["val_losses"].append(_val_loss(evaluator, corpus, c["eval_batches"],
-                                                           bs, bl, seed))
+                        run["val_losses"].append(_val_loss(   # the whole step's windows
+                            evaluator, corpus, c["eval_batches"], bs * world, bl, seed))
                     finally:
                         model.train()
                     if log is not None:
@@ -383,12 +383,17 @@ def _train_loop(graph, model, corpus, c, run, losses, sched, total, seed, report
 def _update(graph, corpus, bs: int, bl: int, rank: int, world: int, losses: list, log,
             sched) -> None:
     """One update on this rank's rows of the step's windows: its loss recorded (the mean of the
-    micro-batch losses with accumulation), logged, the schedule stepped."""
+    micro-batch losses with accumulation; of more than one rank, the mean of the ranks' losses:
+    the loss of the step's whole batch, as one process training on it records), logged, the
+    schedule stepped."""
     x, y = corpus.batch("train", bs * world, bl)
     loss = graph(tensor(x[rank * bs:(rank + 1) * bs]), tensor(y[rank * bs:(rank + 1) * bs]))
-    losses.append(float(np.mean(loss.numpy())))
+    value = float(np.mean(loss.numpy()))
+    if world > 1:
+        value = float(np.mean(distributed.all_gather_object(value, "the step's loss")))
+    losses.append(value)
     if log is not None:
-        log.step(loss)
+        log.step(value if world > 1 else loss)
     if sched is not None:
         sched.step()
 
