@@ -223,7 +223,8 @@ def test_a_chain_of_two_gelu_grads_compiles_without_numba_warnings(dtype):
     """Found by the random chains: the float32 gelu_grad body (kernels/cpu/special.py), inlined
     twice into one kernel, made Numba's SSA pass warn that a variable of its inlined helpers (a
     loop's, a conditional expression's) was "not in scope" (``NumbaIRAssumptionWarning``), at every
-    user's first compile of such a chain. Compiled afresh here (a cached kernel compiles nothing)."""
+    user's first compile of such a chain. Compiled afresh here (a cached kernel compiles
+    nothing)."""
     from numba.core.errors import NumbaIRAssumptionWarning
     kernel, numbers = cpu_fused._kernel("gelu_grad(x0, gelu_grad(x0, x1))", (dtype, dtype),
                                         ("full", "full"), True, False)
