@@ -88,10 +88,11 @@ class OpDef:
             the first micro-batch), and the attribute holding the number of micro-batches; None
             for every other op. Such an op runs once per micro-batch with ``attrs["micro_batch"]``
             set to the micro-batch's index (``miniflow.ir.Graph.micro_batch_schedule``).
-        shape_inputs: indices of the inputs read for their shape only (``ones_like``'s x,
-            ``broadcast_like``'s like): a node whose other inputs are all constants (``constant``
-            has none) computes a constant, which a plan computes once, at its first run
-            (``runtime.plan.constant_nodes``).
+        shape_inputs: indices of the inputs read for their shape or dtype only (``ones_like``'s
+            x, ``broadcast_like``'s like, ``cast_like``'s dtype_like): a node whose other inputs
+            are all constants (``constant`` has none) computes a constant, which a plan computes
+            once, at its first run (``runtime.plan.constant_nodes``); the fusion pass does not
+            make a fused group read them.
         round_outputs: whether ``ir.evaluate`` rounds the reference's outputs to the dtypes
             of the node's outputs, as the kernel stores them: for an op whose rounding its
             reference cannot see (``cast_like``: its dtype is ``dtype_like``'s, and the

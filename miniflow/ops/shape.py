@@ -351,7 +351,7 @@ def _cast_like_samples():
 register("cast_like", _cast_like_infer,
          grad=lambda n, gs, emit: [emit("cast", gs[0], dtype=n.inputs[0].dtype), None],
          samples=_cast_like_samples, reference=lambda xs, a: [xs[0]], round_outputs=True,
-         amp=None,
+         amp=None, shape_inputs=(1,),
          amp_note="in no OneFlow list; dtype_like gives the dtype only and is never cast, so the "
                   "output is dtype_like's after the AMP pass (float16 when a white node made it)",
          no_cast_inputs={1: "dtype_like"},

@@ -64,8 +64,9 @@ def fuse_elementwise(graph: Graph, ctx=None) -> Graph:
 
 
 def _read(node: Node) -> list:
-    """The inputs whose values ``node`` reads: all but ``cast_like``'s ``dtype_like``."""
-    return node.inputs[:1] if node.op.name == "cast_like" else node.inputs
+    """The inputs whose values ``node`` reads: all but its op's ``shape_inputs``
+    (``cast_like``'s ``dtype_like``)."""
+    return [v for k, v in enumerate(node.inputs) if k not in node.op.shape_inputs]
 
 
 def _term(node: Node, args: list):
